@@ -1,0 +1,40 @@
+"""Agent states and lifecycle event types (SPEC d)."""
+
+from django.db import models
+
+
+class AgentState(models.TextChoices):
+    SPAWNING = "spawning", "Spawning"
+    RUNNING = "running", "Running"
+    DRAINING = "draining", "Draining"
+    DESTROYING = "destroying", "Destroying"
+    DESTROYED = "destroyed", "Destroyed"
+    FAILED = "failed", "Failed"
+
+
+#: States that hold a slot and whose sandbox may exist.
+ACTIVE_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING, AgentState.DESTROYING)
+TERMINAL_STATES = (AgentState.DESTROYED, AgentState.FAILED)
+
+STATE_COLOURS = {
+    AgentState.SPAWNING: "blue",
+    AgentState.RUNNING: "green",
+    AgentState.DRAINING: "amber",
+    AgentState.DESTROYING: "amber",
+    AgentState.DESTROYED: "grey",
+    AgentState.FAILED: "red",
+}
+
+
+class EventType(models.TextChoices):
+    """The five scaler lifecycle events of the reference, plus the console's own milestones."""
+
+    PROVISIONING = "scaler.provisioning", "provisioning"
+    NETWORK = "scaler.network", "network"
+    READY = "scaler.ready", "ready"
+    FAILED = "scaler.failed", "failed"
+    CONNECTING = "agent.connecting", "connecting"
+    REGISTERED = "agent.registered", "registered"
+    DRAINING = "agent.draining", "draining"
+    DESTROYED = "agent.destroyed", "destroyed"
+    RELEASED = "reservation.released", "reservation released"

@@ -1,0 +1,90 @@
+"""Agents, their single-use registration tokens, and their lifecycle events."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from .choices import ACTIVE_STATES, AgentState, EventType
+
+
+class AgentQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(state__in=ACTIVE_STATES)
+
+
+class Agent(models.Model):
+    """One ephemeral CI agent: a container, a microVM, a host process or an external machine.
+
+    ``agent_id`` is ``scaler-<type>-<8 hex>`` (SPEC c.1 step 6). ``managed_id`` is the backend's own
+    handle (container id, VM id, pid). ``host_access`` is the resolved allowlist stored at spawn
+    time, because a self-heal has no orchestrator URL to re-derive it (seed firecracker-backend.d.ts).
+    """
+
+    agent_id = models.CharField(max_length=100, unique=True)
+    scaler = models.ForeignKey("scalers.Scaler", on_delete=models.PROTECT, related_name="agents")
+    label_set = models.ForeignKey("scalers.LabelSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="agents")
+    state = models.CharField(max_length=20, choices=AgentState.choices, default=AgentState.SPAWNING, db_index=True)
+    labels = models.JSONField(default=list, blank=True, help_text="full labels, incl. kici: auto labels")
+    managed_id = models.CharField(max_length=200, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    host_access = models.JSONField(null=True, blank=True)
+    host_access_explicit = models.BooleanField(default=False)
+    warm = models.BooleanField(default=False)
+    bound_job_id = models.CharField(max_length=200, blank=True)
+    run_id = models.CharField(max_length=200, blank=True)
+    owner_instance = models.CharField(max_length=200, blank=True)
+    rq_job_id = models.CharField(max_length=100, blank=True)
+    active_jobs = models.PositiveIntegerField(default=0)
+    failure_reason = models.TextField(blank=True)
+    backend_context = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    spawn_started_at = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = AgentQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["scaler", "state"])]
+
+    def __str__(self):
+        return self.agent_id
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+class AgentToken(models.Model):
+    """A single-use ephemeral registration token; only its SHA-256 is stored (SPEC d)."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, blank=True, help_text="first characters, for support")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"token {self.prefix}… for {self.agent_id}"
+
+
+class ScalerEvent(models.Model):
+    """One lifecycle event of an agent (SPEC d: ``{agentId, eventType, detail, timestampMs}``)."""
+
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
+    agent_ref = models.CharField(max_length=100, blank=True, db_index=True, help_text="agent id, kept if the agent row goes")
+    scaler_name = models.CharField(max_length=200, blank=True)
+    type = models.CharField(max_length=40, choices=EventType.choices)
+    detail = models.TextField(blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.type} {self.agent_ref}"

@@ -1,0 +1,95 @@
+"""Typed readers for settings that come from the environment.
+
+Every helper refuses a malformed value with ``ImproperlyConfigured`` naming the
+variable and the value, so a typo fails at start-up rather than as a surprise later.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    """Return ``$name`` or ``default`` when unset or empty."""
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    """Parse ``$name`` as a boolean (1/0, true/false, yes/no, on/off)."""
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true or false)")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Parse ``$name`` as an integer within ``[minimum, maximum]``."""
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum {maximum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """Parse ``$name`` as a comma-separated list (blank items dropped)."""
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def database_from_url(name: str, url: str) -> dict:
+    """Turn ``postgres://user:pass@host:port/db`` into a Django DATABASES entry.
+
+    Only PostgreSQL is accepted: admission relies on its row locks and advisory locks.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ImproperlyConfigured(f"{name}={url!r}: only postgres:// URLs are supported")
+    db = parts.path.lstrip("/")
+    if not db:
+        raise ImproperlyConfigured(f"{name}={url!r}: the URL names no database")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={url!r}: the port is not a number") from None
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(db),
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(port or 5432),
+    }
+
+
+def redis_url(name: str, default: str) -> str:
+    """Return ``$name`` after checking it is a redis:// or rediss:// URL."""
+    url = env_str(name, default)
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ImproperlyConfigured(f"{name}={url!r}: expected a redis:// URL")
+    try:
+        parts.port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={url!r}: the port is not a number") from None
+    return url

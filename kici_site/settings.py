@@ -1,0 +1,150 @@
+"""Settings for the KiCI Scaler Console, read from the environment (see README "Configuration")."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .env import database_from_url, env_bool, env_int, env_list, env_str, redis_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _secret_key() -> str:
+    key = env_str("SECRET_KEY")
+    if key:
+        return key
+    path = Path(env_str("SECRET_KEY_FILE", str(BASE_DIR / ".secret_key")))
+    if path.exists():
+        key = path.read_text().strip()
+        if key:
+            return key
+    raise ImproperlyConfigured(
+        f"SECRET_KEY is unset and {path} does not exist: run `make run` (it generates one) or export SECRET_KEY"
+    )
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "django_rq",
+    "scalers",
+    "agents",
+    "network",
+    "operations",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "kici_site.urls"
+ASGI_APPLICATION = "kici_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": database_from_url("DATABASE_URL", env_str("DATABASE_URL", "postgres://127.0.0.1:5432/kici"))}
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
+DATABASES["default"]["TEST"] = {"NAME": env_str("KICI_TEST_DATABASE", "test_kici")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # redis-py 8 drops idle sockets after 5 s unless socket_timeout is None.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "capacity": 1000, "expiry": 30},
+    }
+}
+
+# The host this process runs on owns the docker host / VM host resources it acts on:
+# operations that touch them run on the queue "host:<KICI_HOST_NAME>".
+KICI_HOST_NAME = env_str("KICI_HOST_NAME", socket.gethostname())
+KICI_HOST_QUEUE = f"host:{KICI_HOST_NAME}"
+RQ_QUEUES = {
+    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": env_int("KICI_JOB_TIMEOUT", 900, minimum=10)}
+    for name in ["default", KICI_HOST_QUEUE, *env_list("KICI_EXTRA_QUEUES", [])]
+}
+RQ = {"COMMIT_MODE": "on_db_commit"}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+
+# --- Scaler ----------------------------------------------------------------------------------
+KICI_SCALER_CONFIG_PATH = env_str("KICI_SCALER_CONFIG_PATH")
+KICI_SCALER_CONFIG_DIR = env_str("KICI_SCALER_CONFIG_DIR")
+DOCKER_HOST = env_str("DOCKER_HOST")
+# Bearer token the orchestrator presents on POST /api/v1/scale.
+KICI_API_TOKEN = env_str("KICI_API_TOKEN")
+# Stable id of this console instance: owner of the reservations it writes (SPEC c.4, c.5).
+KICI_INSTANCE_ID = env_str("KICI_INSTANCE_ID", KICI_HOST_NAME)
+# URL agents dial back to register (scaler orchestratorUrl wins when set; SPEC d).
+KICI_CONSOLE_URL = env_str("KICI_CONSOLE_URL", "http://172.30.0.1:8000")
+KICI_AGENT_TOKEN_TTL_SECONDS = env_int("KICI_AGENT_TOKEN_TTL_SECONDS", 3600, minimum=10)
+KICI_SPAWN_TIMEOUT_SECONDS = env_int("KICI_SPAWN_TIMEOUT_SECONDS", 300, minimum=1)
+KICI_STORAGE_URL = env_str("KICI_STORAGE_URL")
+KICI_AGENT_IMAGE = env_str("KICI_AGENT_IMAGE", "kici-agent:local")
+KICI_NFT_TABLE = env_str("KICI_NFT_TABLE", "kici")
+KICI_NETWORK_ISOLATION = env_bool("KICI_NETWORK_ISOLATION", True)
+KICI_OPERATION_PLAN_TTL_SECONDS = env_int("KICI_OPERATION_PLAN_TTL_SECONDS", 3600, minimum=10)
+KICI_SWEEP_INTERVAL_SECONDS = env_int("KICI_SWEEP_INTERVAL_SECONDS", 900, minimum=5)
+KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", False)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+

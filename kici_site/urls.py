@@ -1,0 +1,15 @@
+"""URL map. Each app contributes its own ``urls.py``; APIs live under ``/api/v1/``."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from . import health
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("admin/rq/", include("django_rq.urls")),
+    path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+]

@@ -1,0 +1,45 @@
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from kici_site import env
+
+
+def test_it_parses_a_database_url():
+    db = env.database_from_url("DATABASE_URL", "postgres://u:p%40ss@db.local:6543/kici")
+    assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == ("kici", "u", "p@ss", "db.local", "6543")
+
+
+@pytest.mark.parametrize(
+    "url, fragment",
+    [("mysql://x/kici", "only postgres"), ("postgres://127.0.0.1:5432", "names no database"), ("postgres://h:port/x", "port")],
+)
+def test_it_refuses_a_bad_database_url_naming_it(url, fragment):
+    with pytest.raises(ImproperlyConfigured, match=fragment) as exc:
+        env.database_from_url("DATABASE_URL", url)
+    assert "DATABASE_URL" in str(exc.value)
+
+
+def test_it_refuses_a_non_boolean(monkeypatch):
+    monkeypatch.setenv("DEBUG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="DEBUG='maybe'"):
+        env.env_bool("DEBUG")
+
+
+def test_it_refuses_an_int_below_minimum(monkeypatch):
+    monkeypatch.setenv("X_SECONDS", "0")
+    with pytest.raises(ImproperlyConfigured, match="below the minimum"):
+        env.env_int("X_SECONDS", 5, minimum=1)
+
+
+def test_it_refuses_a_non_redis_url(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "http://127.0.0.1:6379")
+    with pytest.raises(ImproperlyConfigured, match="REDIS_URL"):
+        env.redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.mark.django_db
+def test_healthz_reports_each_check(client):
+    body = client.get("/healthz").json()
+    assert set(body["checks"]) == {"database", "redis", "docker", "workers"}
+    assert body["checks"]["database"]["ok"] is True
+    assert body["checks"]["redis"]["ok"] is True
