@@ -1,0 +1,17 @@
+# KiCI Scaler Console. Quick start: `make run`, then `make test`.
+.PHONY: run test check bench clean
+
+run:  ## set up everything missing, then run the console, its rq worker and the sweeper
+	bash scripts/run.sh
+
+test:  ## the whole suite (real PostgreSQL, Redis, dockerd, nft, Chromium)
+	bash scripts/test.sh $(ARGS)
+
+check:  ## validate the scaler config without applying it
+	.venv/bin/python manage.py import_scalers $${KICI_SCALER_CONFIG_PATH:-examples/scalers.yaml} --check
+
+bench:  ## print the benchmark figures
+	for b in bench/*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf .venv var .pytest_cache

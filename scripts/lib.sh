@@ -1,0 +1,116 @@
+# Shared shell helpers for scripts/*.sh (sourced, not run).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+RUN_DIR="$ROOT/var/run"
+LOG_DIR="$ROOT/var/log"
+mkdir -p "$RUN_DIR" "$LOG_DIR"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+warn() { printf '\033[33mwarning:\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[31merror:\033[0m %s\n' "$*" >&2; exit 1; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || die "run as root or install sudo"
+  SUDO="sudo"
+fi
+
+APT_UPDATED=0
+apt_install() {  # apt_install pkg...: install only the packages that are missing
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  say "apt-get install ${missing[*]}"
+  if [ "$APT_UPDATED" -eq 0 ]; then $SUDO apt-get update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+find_python() {  # prints a python >= 3.12, installing Debian's python3 when none is found
+  local c
+  for c in python3.13 python3.12 python3 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3 /root/.pyenv/versions/3.1[2-9]*/bin/python3; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
+       && "$c" -c 'import venv, ensurepip' 2>/dev/null; then
+      command -v "$c"; return 0
+    fi
+  done
+  apt_install python3 python3-venv
+  if python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then command -v python3; return 0; fi
+  die "Django 6 needs Python >= 3.12; this system's python3 is $(python3 --version 2>&1). Install python3.12+ (e.g. pyenv) and retry."
+}
+
+ensure_venv() {  # the venv with the exact pins of requirements.lock; re-installed when the lock changes
+  local stamp="$VENV/.lock-sha"
+  local want; want="$(sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1)"
+  if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return 0; fi
+  local py; py="$(find_python)"
+  say "creating the virtualenv with $py"
+  [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.lock"
+  echo "$want" > "$stamp"
+}
+
+ensure_postgres() {
+  if ! command -v pg_ctlcluster >/dev/null 2>&1 && ! command -v psql >/dev/null 2>&1; then apt_install postgresql; fi
+  if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    say "starting PostgreSQL"
+    local v
+    for v in $(ls /etc/postgresql 2>/dev/null); do
+      $SUDO pg_ctlcluster --skip-systemctl-redirect "$v" main start 2>/dev/null || $SUDO pg_ctlcluster "$v" main start || true
+    done
+    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+    pg_isready -q -h 127.0.0.1 -p 5432 || die "PostgreSQL did not start on 127.0.0.1:5432"
+  fi
+}
+
+# Make sure DATABASE_URL names a database we can use; on a fresh install (password auth on TCP)
+# create a role with a generated password and remember the URL in var/env.
+ensure_database() {
+  local url="${DATABASE_URL:-postgres://127.0.0.1:5432/kici}"
+  local db="${url##*/}"
+  if psql "${url%/*}/postgres" -Atqc 'select 1' >/dev/null 2>&1; then
+    psql "${url%/*}/postgres" -Atqc "select 1 from pg_database where datname='$db'" | grep -q 1 \
+      || psql "${url%/*}/postgres" -qc "create database \"$db\"" >/dev/null
+    export DATABASE_URL="$url"; return 0
+  fi
+  [ -n "${DATABASE_URL:-}" ] && die "cannot connect with DATABASE_URL=$DATABASE_URL"
+  say "creating PostgreSQL role and database 'kici' (password auth)"
+  local pw; pw="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
+  $SUDO -u postgres psql -qc "do \$\$ begin if not exists (select from pg_roles where rolname='kici') then create role kici login createdb password '$pw'; else alter role kici password '$pw'; end if; end \$\$;" >/dev/null
+  $SUDO -u postgres psql -Atqc "select 1 from pg_database where datname='kici'" | grep -q 1 || $SUDO -u postgres createdb -O kici kici
+  export DATABASE_URL="postgres://kici:$pw@127.0.0.1:5432/kici"
+  echo "DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env"
+}
+
+ensure_redis() {
+  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    say "starting Redis"
+    $SUDO mkdir -p /var/lib/redis /var/log/redis
+    $SUDO redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+      --dir /var/lib/redis --logfile /var/log/redis/kici.log
+    for _ in $(seq 1 20); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.25; done
+    redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null || die "Redis did not start on 127.0.0.1:6379"
+  fi
+}
+
+ensure_dockerd() {
+  command -v dockerd >/dev/null 2>&1 || apt_install docker.io
+  if ! docker info >/dev/null 2>&1; then
+    say "starting dockerd"
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
+      $SUDO systemctl start docker
+    else
+      $SUDO sh -c "nohup dockerd ${KICI_DOCKERD_FLAGS:-} >'$LOG_DIR/dockerd.log' 2>&1 &"
+    fi
+    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+    docker info >/dev/null 2>&1 || die "dockerd did not start; see $LOG_DIR/dockerd.log"
+  fi
+}
+
+load_env() {  # var/env holds what set-up generated (DATABASE_URL for password auth); SECRET_KEY lives in .secret_key
+  if [ -f "$ROOT/var/env" ]; then set -a; . "$ROOT/var/env"; set +a; fi
+  if [ -z "${SECRET_KEY:-}" ] && [ ! -s "$ROOT/.secret_key" ]; then
+    umask 077; head -c 48 /dev/urandom | base64 | tr -d '\n' > "$ROOT/.secret_key"
+  fi
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# `make run`: set up everything this machine lacks, then run the console with its workers.
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+
+apt_install nftables iproute2 busybox-static e2fsprogs ca-certificates
+ensure_postgres
+ensure_redis
+ensure_dockerd
+ensure_venv
+load_env
+ensure_database
+
+export KICI_SCALER_CONFIG_PATH="${KICI_SCALER_CONFIG_PATH:-$ROOT/examples/scalers.yaml}"
+PORT="${KICI_PORT:-8000}"
+export KICI_CONSOLE_URL="${KICI_CONSOLE_URL:-http://172.30.0.1:$PORT}"
+PY="$VENV/bin/python"
+M="$PY manage.py"
+
+say "migrating the database"
+$M migrate --noinput -v0
+say "building the agent image"
+bash agent/build_image.sh
+say "creating the isolated agent network"
+$M ensure_agent_network
+$M ensure_admin
+say "importing $KICI_SCALER_CONFIG_PATH"
+$M import_scalers "$KICI_SCALER_CONFIG_PATH" ${KICI_SCALER_CONFIG_DIR:+--dir "$KICI_SCALER_CONFIG_DIR"}
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  say "stopping"
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  exit 0
+}
+trap stop INT TERM EXIT
+
+QUEUE="$($PY -c 'import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup();from django.conf import settings;print(settings.KICI_HOST_QUEUE)')"
+$VENV/bin/daphne -e "tcp:$PORT:interface=127.0.0.1" -e "tcp:$PORT:interface=172.30.0.1" \
+  --access-log "$LOG_DIR/access.log" kici_site.asgi:application > "$LOG_DIR/daphne.log" 2>&1 &
+pids+=($!)
+$M rqworker default "$QUEUE" --with-scheduler > "$LOG_DIR/worker.log" 2>&1 &
+pids+=($!)
+$M scaler_sweeper > "$LOG_DIR/sweeper.log" 2>&1 &
+pids+=($!)
+
+for _ in $(seq 1 60); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/healthz" 2>/dev/null && break; sleep 0.5; done
+say "KiCI Scaler Console: http://127.0.0.1:$PORT/   (logs in var/log/, Ctrl-C stops)"
+wait -n "${pids[@]}" || true
+warn "a process exited; see var/log/"
+stop

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# `make test`: install what the suite needs, start PostgreSQL and Redis when stopped, run pytest.
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT"
+
+apt_install nftables iproute2 busybox-static e2fsprogs docker.io chromium ca-certificates curl
+ensure_postgres
+ensure_redis
+ensure_venv
+load_env
+ensure_database
+export SECRET_KEY="${SECRET_KEY:-test-only-not-secret}"
+set +e
+"$VENV/bin/pytest" "$@"
+rc=$?
+set -e
+[ $rc -eq 5 ] && { warn "pytest collected no tests"; exit 1; }
+exit $rc
