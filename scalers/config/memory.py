@@ -1,0 +1,78 @@
+"""Memory strings of ``scalers.yaml`` (``512m``, ``2g``, ``1024k``).
+
+Rule source: SPEC (a.3). The grammar is deliberately narrow: digits, an optional
+decimal fraction, optional whitespace, then exactly one unit letter ``k``, ``m`` or
+``g`` in either case. Multipliers are binary (k = 1024, m = 1024**2, g = 1024**3) and
+the result is floored to whole bytes. Everything else (no unit, ``b``, ``Gi``,
+``GB``, leading or trailing spaces, the empty string) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+
+__all__ = ["InvalidMemoryFormat", "MEMORY_UNITS", "parse_memory", "format_memory"]
+
+#: Byte multiplier per unit letter (lower-case), SPEC (a.3).
+MEMORY_UNITS: dict[str, int] = {"k": 1024, "m": 1024**2, "g": 1024**3}
+
+# ASCII digits only ("\d" would accept other scripts' digits); fullmatch so that a
+# trailing newline or space is refused too.
+_MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([kKmMgG])")
+
+
+class InvalidMemoryFormat(ValueError):
+    """A memory string that does not follow SPEC (a.3).
+
+    ``str(error)`` is the reference wording:
+    ``Invalid memory format: "<s>". Expected format like "512m", "2g", or "1024k".``
+    ``error.value`` holds the offending input.
+    """
+
+    def __init__(self, value: object):
+        self.value = value
+        shown = value if isinstance(value, str) else repr(value)
+        super().__init__(
+            f'Invalid memory format: "{shown}". Expected format like "512m", "2g", or "1024k".'
+        )
+
+
+def parse_memory(value: str) -> int:
+    """Parse a memory string into a whole number of bytes.
+
+    ``parse_memory("512m") == 536870912``; ``"2G"`` -> 2147483648; ``"1024k"`` -> 1048576;
+    ``"1.5g"`` -> 1610612736; ``"512 m"`` -> 536870912 (whitespace allowed only
+    between number and unit). The decimal is evaluated exactly and floored, so
+    ``"0.1k"`` -> 102.
+
+    Raises :class:`InvalidMemoryFormat` (a ``ValueError``) for anything else,
+    including non-string input. Source: SPEC (a.3).
+    """
+    if not isinstance(value, str):
+        raise InvalidMemoryFormat(value)
+    match = _MEMORY_RE.fullmatch(value)
+    if match is None:
+        raise InvalidMemoryFormat(value)
+    number, unit = match.groups()
+    return math.floor(Decimal(number) * MEMORY_UNITS[unit.lower()])
+
+
+def format_memory(num_bytes: int) -> str:
+    """Render a byte count in the largest unit that divides it exactly.
+
+    ``format_memory(2147483648) == "2g"``, ``format_memory(1536) == "1.5k"`` (a count
+    that no unit divides evenly is shown in ``k`` with up to three decimals), and
+    ``format_memory(512) == "512b"``. For display only: the ``b`` form does not
+    parse back.
+    """
+    if num_bytes < 0:
+        raise ValueError(f"format_memory: negative byte count {num_bytes}")
+    for unit in ("g", "m", "k"):
+        mult = MEMORY_UNITS[unit]
+        if num_bytes >= mult and num_bytes % mult == 0:
+            return f"{num_bytes // mult}{unit}"
+    if num_bytes >= 1024:
+        return f"{num_bytes / 1024:.3f}".rstrip("0").rstrip(".") + "k"
+    return f"{num_bytes}b"
