@@ -1,0 +1,131 @@
+/* KiCI Scaler Console: small page behaviours shared by every page (no framework beyond htmx).
+
+   1. The "kici-live" htmx extension, enabled next to "ws" (hx-ext="ws,kici-live") on a ws-connect
+      element. The server pushes one message per event with several top-level elements, each swapped
+      out-of-band. A page shows only some of them, so before htmx swaps the message this extension
+      - drops elements whose out-of-band target is not on this page (no console noise),
+      - "upserts" rows: in <tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>, a <tr id=...>
+        already on the page is replaced in place, a new one is inserted at the top,
+      - trims a tbody with data-max-rows after the swap.
+   2. A connection indicator: an element with [data-live-status] inside the ws-connect element shows
+      open / closed; after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
+      was missed while the socket was away (messages sent meanwhile are lost).
+   3. Relative times: <time data-rel datetime="ISO"> shows "12s ago" and is refreshed every 10 s.
+   4. Keyboard: "/" focuses the page's [data-search] input, "?" opens the shortcut help, Esc leaves
+      an input. Pages may add their own keys (see console.js). */
+(function () {
+  "use strict";
+
+  function oobSelector(el) {
+    var v = el.getAttribute("hx-swap-oob") || el.getAttribute("data-hx-swap-oob") || "true";
+    var i = v.indexOf(":");
+    if (i > 0) return v.slice(i + 1);
+    return el.id ? "#" + CSS.escape(el.id) : null;
+  }
+
+  function transform(text) {
+    if (text.indexOf("hx-swap-oob") < 0) return text;
+    var tpl = document.createElement("template");
+    tpl.innerHTML = text;
+    var out = [];
+    Array.prototype.slice.call(tpl.content.children).forEach(function (el) {
+      var sel = oobSelector(el);
+      var target = null;
+      try { target = sel ? document.querySelector(sel) : null; } catch (e) { target = null; }
+      if (!target) return; // not on this page
+      if (el.hasAttribute("data-upsert")) {
+        Array.prototype.slice.call(el.querySelectorAll(":scope > [id]")).forEach(function (row) {
+          if (document.getElementById(row.id)) {
+            el.removeChild(row);
+            row.setAttribute("hx-swap-oob", "outerHTML");
+            out.push(row.outerHTML);
+          } else {
+            row.classList.add("is-new");
+          }
+        });
+        if (!el.children.length) return;
+        el.removeAttribute("data-upsert");
+      } else if (el.tagName === "TBODY") {
+        Array.prototype.slice.call(el.children).forEach(function (row) { row.classList.add("is-new"); });
+      }
+      out.push(el.outerHTML);
+    });
+    return out.join("\n");
+  }
+
+  function trim() {
+    document.querySelectorAll("[data-max-rows]").forEach(function (body) {
+      var max = parseInt(body.getAttribute("data-max-rows"), 10) || 200;
+      while (body.children.length > max) body.removeChild(body.lastElementChild);
+      var empty = body.querySelector("tr.empty-row");
+      if (empty && body.children.length > 1) body.removeChild(empty);
+    });
+  }
+
+  if (window.htmx) {
+    htmx.defineExtension("kici-live", {
+      // Only WebSocket messages (no xhr): a normal hx-get response keeps htmx's own handling.
+      transformResponse: function (text, xhr) { return xhr ? text : transform(text); },
+    });
+  }
+
+  // ---- connection indicator and resync -------------------------------------------------------
+  var opened = new WeakSet();
+  function setStatus(elt, state) {
+    var s = elt.querySelector("[data-live-status]");
+    if (!s) return;
+    s.classList.toggle("is-open", state === "open");
+    s.classList.toggle("is-closed", state === "closed");
+    s.textContent = state === "open" ? "live" : state === "closed" ? "disconnected" : "connecting";
+  }
+  document.addEventListener("htmx:wsOpen", function (e) {
+    var elt = e.target;
+    setStatus(elt, "open");
+    if (opened.has(elt)) htmx.trigger(document.body, "kici:resync");
+    opened.add(elt);
+  });
+  document.addEventListener("htmx:wsClose", function (e) { setStatus(e.target, "closed"); });
+  document.addEventListener("htmx:wsAfterMessage", function () { trim(); refreshTimes(); });
+
+  // ---- relative times ------------------------------------------------------------------------
+  function rel(seconds) {
+    var s = Math.max(0, Math.round(seconds));
+    if (s < 60) return s + "s ago";
+    var m = Math.floor(s / 60);
+    if (m < 60) return m + "m ago";
+    var h = Math.floor(m / 60);
+    if (h < 48) return h + "h " + (m % 60) + "m ago";
+    return Math.floor(h / 24) + "d ago";
+  }
+  function refreshTimes() {
+    var now = Date.now();
+    document.querySelectorAll("time[data-rel]").forEach(function (t) {
+      var d = Date.parse(t.getAttribute("datetime"));
+      if (!isNaN(d)) t.textContent = rel((now - d) / 1000);
+    });
+  }
+  setInterval(refreshTimes, 10000);
+  document.addEventListener("htmx:afterSettle", refreshTimes);
+  document.addEventListener("DOMContentLoaded", refreshTimes);
+
+  // ---- keyboard ------------------------------------------------------------------------------
+  function typing(e) {
+    var t = e.target;
+    return t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName));
+  }
+  window.kiciTyping = typing;
+  document.addEventListener("keydown", function (e) {
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    if (typing(e)) {
+      if (e.key === "Escape") e.target.blur();
+      return;
+    }
+    if (e.key === "/") {
+      var s = document.querySelector("[data-search]");
+      if (s) { e.preventDefault(); s.focus(); s.select && s.select(); }
+    } else if (e.key === "?") {
+      var d = document.getElementById("kbd-help");
+      if (d && d.showModal) { e.preventDefault(); d.open ? d.close() : d.showModal(); }
+    }
+  });
+})();
