@@ -1,0 +1,79 @@
+"""Serial-console failure detection (SPEC h "Serial/VMM logs"; FC-11).
+
+Pure functions: classify a line or a whole log; wrap non-JSON serial lines as ``{level, message}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+#: Case-insensitive fragments that make a serial line an error (SPEC h).
+FAILURE_PATTERNS = (
+    "kernel panic",
+    "failed to execute /init",
+    "failed to start",
+    "systemd[1]: failed",
+    "vfs: unable to mount root fs",
+    "not syncing",
+)
+
+KERNEL_PANIC = "kernel-panic"
+INIT_FAILURE = "init-failure"
+ROOTFS_MOUNT_FAILURE = "rootfs-mount-failure"
+UNKNOWN = "unknown"
+
+#: Most specific first: a real rootfs failure also prints "Kernel panic - not syncing: VFS: ...",
+#: and a missing /init ends in "Kernel panic - not syncing: No working init found".
+_TYPE_ORDER = (
+    ("vfs: unable to mount root fs", ROOTFS_MOUNT_FAILURE),
+    ("failed to execute /init", INIT_FAILURE),
+    ("kernel panic", KERNEL_PANIC),
+)
+
+#: How much of the end of the serial log :func:`read_failure_type` inspects (bytes).
+TAIL_BYTES = 1024 * 1024
+
+
+def is_failure_line(line: str) -> bool:
+    """True when ``line`` matches one of :data:`FAILURE_PATTERNS` (case-insensitive)."""
+    low = line.lower()
+    return any(p in low for p in FAILURE_PATTERNS)
+
+
+def classify_failure(text: str) -> str:
+    """Failure type of a serial log text: ``rootfs-mount-failure``, ``init-failure``, ``kernel-panic``
+    or ``unknown`` (FC-11), checked most specific first."""
+    low = text.lower()
+    for fragment, kind in _TYPE_ORDER:
+        if fragment in low:
+            return kind
+    return UNKNOWN
+
+
+def read_failure_type(serial_log: str | os.PathLike) -> str:
+    """Classify the last :data:`TAIL_BYTES` of a serial log file; ``unknown`` if it cannot be read."""
+    try:
+        with open(Path(serial_log), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return UNKNOWN
+    return classify_failure(data.decode("utf-8", errors="replace"))
+
+
+def wrap_serial_line(line: str) -> dict:
+    """A JSON-object line is passed through as parsed; any other line becomes
+    ``{"level": "error"|"debug", "message": line}`` with ``error`` on a failure pattern."""
+    stripped = line.strip()
+    if stripped.startswith("{"):
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            return obj
+    return {"level": "error" if is_failure_line(line) else "debug", "message": line}
