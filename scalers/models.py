@@ -121,3 +121,103 @@ class Reservation(models.Model):
 
     def __str__(self):
         return f"reservation {self.agent_id} on {self.scaler_id}"
+
+
+# --- Admission records (helper "adm"; SPEC c, j, m) ------------------------------------------
+
+
+class ScaleOutcome(models.TextChoices):
+    """What ``request_scale`` answered (SPEC c.1). ``assigned`` = an idle warm agent was bound."""
+
+    SPAWNING = "spawning", "spawning"
+    ASSIGNED = "assigned", "assigned a warm agent"
+    AT_CAPACITY = "at-capacity", "at capacity"
+    NO_BACKEND = "no-backend", "no matching label set"
+    SKIPPED = "skipped", "skipped"
+
+
+#: Outcomes that leave the job queued at the orchestrator ("why is this job waiting?").
+WAITING_OUTCOMES = (ScaleOutcome.AT_CAPACITY, ScaleOutcome.NO_BACKEND, ScaleOutcome.SKIPPED)
+
+
+class ScaleRequest(models.Model):
+    """The latest admission decision for one job (one row per job id, upserted per request).
+
+    ``cap`` names the cap that refused (``maxAgents``, ``globalMaxAgents``, ``resourceCap.cpu``,
+    ``resourceCap.memory``, ``globalResourceCap.cpu``, ``globalResourceCap.memory``,
+    ``machinePool.cpu``, ``machinePool.memory``, ``maxConcurrentSpawns``); ``attempts`` counts
+    the requests seen for the job. Read by the "Why is this job waiting?" page.
+    """
+
+    job_id = models.CharField(max_length=200, unique=True)
+    run_id = models.CharField(max_length=200, blank=True)
+    labels = models.JSONField(default=list, blank=True)
+    resources = models.JSONField(null=True, blank=True, help_text="the job's resources as requested")
+    cpus = models.FloatField(default=0, help_text="resolved request, cpus")
+    memory_bytes = models.BigIntegerField(default=0, help_text="resolved request, bytes")
+    outcome = models.CharField(max_length=20, choices=ScaleOutcome.choices)
+    cap = models.CharField(max_length=40, blank=True)
+    reason = models.TextField(blank=True)
+    scaler_name = models.CharField(max_length=200, blank=True)
+    agent_ref = models.CharField(max_length=100, blank=True, help_text="agent id admitted or assigned")
+    attempts = models.PositiveIntegerField(default=1)
+    owner_instance = models.CharField(max_length=200, blank=True)
+    first_requested_at = models.DateTimeField()
+    decided_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-decided_at"]
+        indexes = [models.Index(fields=["outcome", "decided_at"])]
+
+    def __str__(self):
+        return f"{self.job_id}: {self.outcome} {self.cap}".strip()
+
+
+class MetricCounter(models.Model):
+    """A Prometheus counter shared by every console process (incremented in SQL, read at scrape).
+
+    ``label_key`` is the canonical ``k=v,k=v`` rendering of ``labels`` (unique with ``name``).
+    """
+
+    name = models.CharField(max_length=200)
+    label_key = models.CharField(max_length=500, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    value = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "label_key"], name="metriccounter_name_labels_unique")]
+
+    def __str__(self):
+        return f"{self.name}{{{self.label_key}}} {self.value}"
+
+
+class RecoveryReport(models.Model):
+    """Counts of one ``recover_state`` run (seed scaler-state-store.d.ts ``ScalerStateRecovery``)."""
+
+    instance_id = models.CharField(max_length=200)
+    trigger = models.CharField(max_length=20, help_text="boot | leader-change | manual")
+    spawning_agents_rehydrated = models.PositiveIntegerField(default=0)
+    spawning_dropped = models.PositiveIntegerField(default=0)
+    agent_jobs_rehydrated = models.PositiveIntegerField(default=0)
+    reservations_rehydrated = models.PositiveIntegerField(default=0)
+    reservations_dropped = models.PositiveIntegerField(default=0)
+    buffered_events_lost = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"recovery {self.trigger} on {self.instance_id} at {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ScalerTeardown(models.Model):
+    """A retiring scaler that the retirement sweep found empty and tore down (SPEC c.8)."""
+
+    scaler = models.OneToOneField(Scaler, on_delete=models.CASCADE, related_name="teardown")
+    torn_down_at = models.DateTimeField(auto_now_add=True)
+    detail = models.TextField(blank=True)
+
+    def __str__(self):
+        return f"{self.scaler.name} torn down at {self.torn_down_at:%Y-%m-%d %H:%M:%S}"
