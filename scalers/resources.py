@@ -1,0 +1,173 @@
+"""Resource requests: mirroring, the job → label set → defaults cascade, limits.
+
+Pure functions, rule source SPEC (a.4) (reference S:20270-20308, S:21395-21420).
+
+Units: ``cpus`` are (fractional) CPUs, ``mem_bytes`` are bytes. A resolved value of
+``0`` means "undeclared"; such values are dropped from the limits handed to a
+backend (:func:`effective_limits`).
+
+Inputs are ``scalers.config.ResourceRequest`` objects (nested shape; the schema has
+already turned a flat ``{cpus, memory}`` into ``{requests: ..., limits: ...}``) or
+plain mappings of either shape, or ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scalers.config.memory import parse_memory
+
+__all__ = [
+    "ResourceAmount",
+    "MirroredRequest",
+    "ResolvedResources",
+    "EffectiveLimits",
+    "mirror_request",
+    "resolve_resources",
+    "effective_limits",
+    "has_declared_shape",
+]
+
+
+@dataclass(frozen=True)
+class ResourceAmount:
+    """One resolved side: ``cpus`` (CPUs, 0 = undeclared), ``mem_bytes`` (bytes, 0 = undeclared)."""
+
+    cpus: float = 0
+    mem_bytes: int = 0
+
+    @property
+    def is_zero(self) -> bool:
+        return not self.cpus and not self.mem_bytes
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One declared side before cascading: ``None`` field = not declared at this layer."""
+
+    cpus: float | None = None
+    memory: str | None = None
+
+
+@dataclass(frozen=True)
+class MirroredRequest:
+    """A layer after mirroring (SPEC a.4): both sides set, or both ``None`` (undeclared)."""
+
+    requests: _Side | None
+    limits: _Side | None
+
+    @property
+    def declared(self) -> bool:
+        return self.requests is not None
+
+
+@dataclass(frozen=True)
+class ResolvedResources:
+    """Result of :func:`resolve_resources`: resolved ``requests`` and ``limits``."""
+
+    requests: ResourceAmount
+    limits: ResourceAmount
+
+
+@dataclass(frozen=True)
+class EffectiveLimits:
+    """Limits handed to a backend; a ``None`` field is not limited (SPEC a.4)."""
+
+    cpus: float | None = None
+    mem_bytes: int | None = None
+
+
+def _side(value: Any) -> _Side | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return _Side(cpus=value.get("cpus"), memory=value.get("memory"))
+    return _Side(cpus=getattr(value, "cpus", None), memory=getattr(value, "memory", None))
+
+
+def _sides(request: Any) -> tuple[_Side | None, _Side | None]:
+    if request is None:
+        return None, None
+    if isinstance(request, dict):
+        if set(request) & {"requests", "limits"}:
+            return _side(request.get("requests")), _side(request.get("limits"))
+        if set(request) & {"cpus", "memory"}:  # flat shape: both sides alike
+            flat = _side(request)
+            return flat, flat
+        return None, None
+    return _side(getattr(request, "requests", None)), _side(getattr(request, "limits", None))
+
+
+def mirror_request(request: Any) -> MirroredRequest:
+    """Mirror one layer's one-sided request, SPEC (a.4).
+
+    Only ``requests`` ⇒ limits := requests; only ``limits`` ⇒ requests := limits;
+    both ⇒ unchanged; neither (or ``None``) ⇒ undeclared (both ``None``).
+    """
+    requests, limits = _sides(request)
+    if requests is None and limits is None:
+        return MirroredRequest(None, None)
+    if requests is None:
+        requests = limits
+    if limits is None:
+        limits = requests
+    return MirroredRequest(requests, limits)
+
+
+def _first_defined(layers: list[_Side | None], attr: str) -> Any:
+    for side in layers:
+        if side is not None:
+            value = getattr(side, attr)
+            if value is not None:
+                return value
+    return None
+
+
+def _resolve_side(layers: list[_Side | None]) -> ResourceAmount:
+    cpus = _first_defined(layers, "cpus")
+    memory = _first_defined(layers, "memory")
+    mem_bytes = parse_memory(memory) if memory is not None else 0
+    return ResourceAmount(cpus=float(cpus) if cpus is not None else 0, mem_bytes=mem_bytes)
+
+
+def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = None) -> ResolvedResources:
+    """Resolve effective requests and limits through the cascade, SPEC (a.4).
+
+    Each layer (``job`` resources, the label set's ``resources``, top-level
+    ``defaults.resources``) is mirrored first; then per field (``cpus``, ``memory``)
+    and per side (requests, limits independently) the first layer that defines it
+    wins; nothing anywhere ⇒ 0. Memory strings are parsed here (bytes): a bad one
+    raises ``scalers.config.memory.InvalidMemoryFormat`` (a ``ValueError``, message
+    ``Invalid memory format: "<s>". ...``).
+
+    Example (CASES RES-02): defaults ``{requests: {cpus 1, 1g}, limits: {cpus 2, 2g}}``,
+    label set flat ``{cpus 4, 8g}``, job ``{limits: {memory: 16g}}`` ⇒ requests and
+    limits both ``ResourceAmount(cpus=4, mem_bytes=17179869184)``.
+    """
+    layers = [mirror_request(job), mirror_request(label_set), mirror_request(defaults)]
+    requests = _resolve_side([m.requests for m in layers])
+    limits = _resolve_side([m.limits for m in layers])
+    return ResolvedResources(requests=requests, limits=limits)
+
+
+def effective_limits(limits: ResourceAmount) -> EffectiveLimits | None:
+    """Limits to hand to a backend: zero fields dropped, all-zero ⇒ ``None``, SPEC (a.4).
+
+    ``ResourceAmount(2, 0)`` ⇒ ``EffectiveLimits(cpus=2, mem_bytes=None)`` (CASES RES-04);
+    ``ResourceAmount(0, 0)`` ⇒ ``None`` (RES-03).
+    """
+    cpus = limits.cpus if limits.cpus > 0 else None
+    mem = limits.mem_bytes if limits.mem_bytes > 0 else None
+    if cpus is None and mem is None:
+        return None
+    return EffectiveLimits(cpus=cpus, mem_bytes=mem)
+
+
+def has_declared_shape(label_set: Any = None, defaults: Any = None) -> bool:
+    """Whether a label set resolves to a non-zero shape from itself or ``defaults``
+    (cpus or memory on either side; limits alone count). A warm pool is only
+    configured for such sets, SPEC (j). Raises ``InvalidMemoryFormat`` like
+    :func:`resolve_resources`."""
+    resolved = resolve_resources(None, label_set, defaults)
+    return not (resolved.requests.is_zero and resolved.limits.is_zero)
