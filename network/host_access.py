@@ -1,0 +1,378 @@
+"""What a scaled agent may reach on the console host's own addresses (SPEC g; seed host-access.d.ts).
+
+A sandbox's packets to one of the host's addresses (the bridge gateway, the host's LAN address) are
+delivered on the netfilter *input* hook and never cross *forward*, so forward rules alone leave every
+host port open. The entries here are the narrow set an agent may reach, in the ``hostAccess``
+vocabulary an operator writes in ``scalers.yaml``; ``network.nft.render`` turns them into input rules.
+
+Grammar (SPEC g.1, plus bracketed IPv6 beyond the reference)::
+
+    5000                 port 5000 on any IPv4 host address
+    *:5000               same
+    10.0.0.1:5000        one address, one port
+    10.98.0.0/24:443     a CIDR, one port
+    192.168.1.40         one address, every port and protocol
+    10.0.0.0/8           a CIDR, every port
+    *                    the whole host (IPv4)
+    10.0.0.1:*           same as ``10.0.0.1``
+    [fd00::1]:9000       IPv6 address, one port
+    [fd00::/64]:443      IPv6 CIDR, one port
+    [fd00::1]            IPv6 address, every port
+
+Refused, each with a message naming the entry: empty entries, hostnames, unbracketed IPv6, CIDRs with
+host bits set (``10.0.0.1/24``: ambiguous, say ``10.0.0.0/24`` or ``10.0.0.1``), ports outside
+1-65535, non-numeric ports.
+
+Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
+only through an explicit bracketed entry, so moving the rules to an ``inet`` table did not silently
+widen what ``*:4000`` meant in the reference's IPv4-only table.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Family = Literal["ipv4", "ipv6"]
+
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+_DOTTED_QUAD = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})", re.ASCII)
+_IPV4_OR_CIDR = re.compile(r"([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?:/([0-9]{1,2}))?", re.ASCII)
+
+# Ports implied by a URL scheme when the URL names none (SPEC g.2 and g.3).
+SCHEME_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+
+_NOT_AN_ADDRESS = (
+    'which is not an IPv4 address, an IPv4 CIDR, or "*". Hostnames are not accepted: a firewall '
+    "rule needs an address, and a name can resolve to a different one later. IPv6 addresses go in "
+    'brackets, e.g. "[fd00::1]:9000".'
+)
+
+
+class HostAccessError(ValueError):
+    """A ``hostAccess`` entry that does not parse; ``entry`` is the raw text, ``reason`` why."""
+
+    def __init__(self, entry: object, message: str):
+        super().__init__(message)
+        self.entry = entry
+
+
+@dataclass(frozen=True)
+class HostAccessEntry:
+    """One parsed ``hostAccess`` entry (SPEC g.1).
+
+    ``daddr``: the host address or network the entry allows, or ``None`` for any IPv4 host
+    address (``*``, ``*:port``, a bare port). A single address is a /32 (or /128) network.
+    ``port``: 1-65535, or ``None`` for every port and protocol. With a port, the entry allows that
+    port on TCP and on UDP. ``family``: ``"ipv4"`` (addresses, CIDRs and wildcards) or ``"ipv6"``
+    (bracketed entries only). ``text``: the entry as written (trimmed).
+    """
+
+    text: str
+    daddr: IPNetwork | None
+    port: int | None
+    family: Family
+
+    @property
+    def canonical(self) -> str:
+        """The entry in normal form: ``*:4000``, ``10.0.0.1:53``, ``[fd00::/64]:443``, ``*``."""
+        if self.daddr is None:
+            addr = "*"
+        else:
+            single = self.daddr.prefixlen == self.daddr.max_prefixlen
+            addr = str(self.daddr.network_address) if single else str(self.daddr)
+            if self.family == "ipv6":
+                addr = f"[{addr}]"
+        return addr if self.port is None else f"{addr}:{self.port}"
+
+
+def _quote(text: object) -> str:
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _parse_port(entry: str, text: str | None) -> int | None:
+    """Port part of an entry: ``None``/``*`` mean every port; otherwise 1-65535."""
+    if text is None or text == "*":
+        return None
+    if not _DIGITS.fullmatch(text):
+        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has a non-numeric port {_quote(text)}")
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has port {text}, outside 1-65535")
+    return port
+
+
+def _host_bits_error(entry: str, net_text: str, version: int) -> HostAccessError:
+    net = ipaddress.ip_network(net_text, strict=False)
+    addr = net_text.split("/")[0]
+    if version == 6:
+        hint = f'"[{net}]" for the network or "[{addr}]" for the one address'
+    else:
+        hint = f'"{net}" for the network or "{addr}" for the one address'
+    return HostAccessError(
+        entry,
+        f"hostAccess entry {_quote(entry)} has CIDR {_quote(net_text)} with host bits set, which is "
+        f"ambiguous: write {hint}",
+    )
+
+
+def _parse_ipv4(entry: str, text: str) -> ipaddress.IPv4Network:
+    """An IPv4 address or CIDR (octets 0-255 without leading zeros, prefix 0-32, no host bits)."""
+    match = _IPV4_OR_CIDR.fullmatch(text)
+    if match is None:
+        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has address {_quote(text)}, {_NOT_AN_ADDRESS}")
+    try:
+        ipaddress.IPv4Address(match.group(1))
+        prefix = match.group(2)
+        if prefix is not None and (int(prefix) > 32 or (len(prefix) > 1 and prefix[0] == "0")):
+            raise ValueError(prefix)
+    except ValueError:
+        raise HostAccessError(
+            entry, f"hostAccess entry {_quote(entry)} has address {_quote(text)}, {_NOT_AN_ADDRESS}"
+        ) from None
+    try:
+        return ipaddress.IPv4Network(text, strict=True)
+    except ValueError:
+        raise _host_bits_error(entry, text, 4) from None
+
+
+def _looks_like_ipv6(text: str) -> bool:
+    """Whether unbracketed text is (or starts with) an IPv6 literal, for a pointed error message."""
+    if text.count(":") < 2:
+        return False
+    try:
+        ipaddress.ip_network(text, strict=False)
+        return True
+    except ValueError:
+        head = text.rsplit(":", 1)[0]
+        try:
+            ipaddress.ip_network(head, strict=False)
+            return True
+        except ValueError:
+            return False
+
+
+def _parse_bracketed(entry: str) -> HostAccessEntry:
+    close = entry.find("]")
+    if close < 0:
+        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} opens a bracket but never closes it")
+    inner, rest = entry[1:close], entry[close + 1 :]
+    if rest == "":
+        port_text = None
+    elif rest.startswith(":"):
+        port_text = rest[1:]
+    else:
+        raise HostAccessError(
+            entry, f"hostAccess entry {_quote(entry)} has {_quote(rest)} after the bracket; expected nothing or :port"
+        )
+    if "%" in inner:
+        raise HostAccessError(
+            entry, f"hostAccess entry {_quote(entry)} has a zone index; scoped IPv6 addresses are not accepted"
+        )
+    try:
+        ipaddress.IPv6Network(inner, strict=False)
+        if "/" in inner:
+            prefix = inner.split("/", 1)[1]
+            if not _DIGITS.fullmatch(prefix) or (len(prefix) > 1 and prefix[0] == "0"):
+                raise ValueError(prefix)
+    except ValueError:
+        raise HostAccessError(
+            entry,
+            f"hostAccess entry {_quote(entry)} has {_quote(inner)} in brackets, which is not an IPv6 address "
+            "or IPv6 CIDR",
+        ) from None
+    try:
+        net = ipaddress.IPv6Network(inner, strict=True)
+    except ValueError:
+        raise _host_bits_error(entry, inner, 6) from None
+    return HostAccessEntry(text=entry, daddr=net, port=_parse_port(entry, port_text), family="ipv6")
+
+
+def parse_host_access_entry(text: str) -> HostAccessEntry:
+    """Parse one ``hostAccess`` entry (SPEC g.1, seed host-access.d.ts; grammar in the module doc).
+
+    Returns a :class:`HostAccessEntry`. Raises :class:`HostAccessError` (a ``ValueError``) whose
+    message names the entry and the reason: ``hostAccess entry is empty``, ``... which is not an
+    IPv4 address, an IPv4 CIDR, or "*". Hostnames are not accepted ...`` (also for unbracketed
+    IPv6, with a hint), ``... host bits set ...``, ``... non-numeric port ...``, ``... outside
+    1-65535``. Non-string input raises ``HostAccessError`` too.
+    """
+    if not isinstance(text, str):
+        raise HostAccessError(text, f"hostAccess entry {text!r} must be a string, not {type(text).__name__}")
+    entry = text.strip()
+    if entry == "":
+        raise HostAccessError(text, f"hostAccess entry is empty (got {_quote(text)})")
+    if _DIGITS.fullmatch(entry):
+        return HostAccessEntry(text=entry, daddr=None, port=_parse_port(entry, entry), family="ipv4")
+    if entry.startswith("["):
+        return _parse_bracketed(entry)
+    if _looks_like_ipv6(entry):
+        raise HostAccessError(
+            entry,
+            f"hostAccess entry {_quote(entry)} is an unbracketed IPv6 address, {_NOT_AN_ADDRESS}",
+        )
+    if ":" in entry:
+        addr_text, port_text = entry.rsplit(":", 1)
+    else:
+        addr_text, port_text = entry, None
+    if addr_text == "*":
+        daddr = None
+    else:
+        daddr = _parse_ipv4(entry, addr_text)
+    return HostAccessEntry(text=entry, daddr=daddr, port=_parse_port(entry, port_text), family="ipv4")
+
+
+def parse_host_access(entries: Iterable[str]) -> list[HostAccessEntry]:
+    """Parse a whole ``hostAccess`` list, all or nothing.
+
+    Raises :class:`HostAccessError` for the first bad entry, its message prefixed with the entry's
+    index (``hostAccess[2]: ...``), so nothing is applied from a list with one bad entry.
+    """
+    parsed = []
+    for index, text in enumerate(entries):
+        try:
+            parsed.append(parse_host_access_entry(text))
+        except HostAccessError as exc:
+            raise HostAccessError(exc.entry, f"hostAccess[{index}]: {exc}") from None
+    return parsed
+
+
+def _url_port(url: str) -> tuple[str | None, int | None, bool] | None:
+    """(host, port, explicit) for a URL, or None when it does not parse or its scheme has no default port."""
+    try:
+        parts = urlsplit(url.strip())
+        explicit = parts.port
+    except (ValueError, AttributeError):
+        return None
+    if explicit is not None:
+        if explicit == 0:
+            return None
+        return parts.hostname, explicit, True
+    implied = SCHEME_PORTS.get(parts.scheme.lower())
+    if implied is None or not parts.netloc:
+        return None
+    return parts.hostname, implied, False
+
+
+def _ip_literal(host: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not host:
+        return None
+    if _DOTTED_QUAD.fullmatch(host):
+        try:
+            return ipaddress.IPv4Address(host)
+        except ValueError:
+            return None
+    if ":" in host:
+        try:
+            return ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+    return None
+
+
+def agent_facing_storage_url(
+    storage_type: str | None,
+    *,
+    external_endpoint: str | None = None,
+    endpoint: str | None = None,
+    fs_base_url: str | None = None,
+    console_port: int | str | None = None,
+) -> str | None:
+    """The storage URL a scaled agent dials (SPEC g.2), from the storage settings.
+
+    ``s3``: ``external_endpoint`` (KICI_STORAGE_EXTERNAL_ENDPOINT) else ``endpoint``
+    (KICI_STORAGE_ENDPOINT); ``filesystem``: ``fs_base_url`` (KICI_STORAGE_FS_BASE_URL) else
+    ``http://127.0.0.1:<console_port>`` (KICI_PORT); anything else, or nothing set: ``None``.
+    """
+    kind = (storage_type or "").strip().lower()
+    if kind == "s3":
+        return external_endpoint or endpoint or None
+    if kind == "filesystem":
+        if fs_base_url:
+            return fs_base_url
+        if console_port not in (None, ""):
+            return f"http://127.0.0.1:{console_port}"
+    return None
+
+
+def storage_host_access_entries(storage_url: str | None) -> list[str]:
+    """Host-access entries for the agent-facing storage endpoint (SPEC g.2, seed host-access.d.ts).
+
+    ``storage_url``: the URL agents dial (see :func:`agent_facing_storage_url`), or ``None``.
+    Returns ``["<ip>:<port>"]`` when the host is an IP literal (port explicit or implied by the
+    scheme: http/ws 80, https/wss 443; IPv6 literals come back bracketed), ``["*:<port>"]`` for a
+    name with an explicit port, and ``[]`` for a name without a port (a remote endpoint reached
+    through forward, which no input rule governs), an unknown scheme without a port, ``None``, or
+    an unparseable URL. Never raises.
+    """
+    if not storage_url or not isinstance(storage_url, str):
+        return []
+    parsed = _url_port(storage_url)
+    if parsed is None:
+        return []
+    host, port, explicit = parsed
+    literal = _ip_literal(host)
+    if isinstance(literal, ipaddress.IPv4Address):
+        return [f"{literal}:{port}"]
+    if isinstance(literal, ipaddress.IPv6Address):
+        return [f"[{literal}]:{port}"]
+    if explicit:
+        return [f"*:{port}"]
+    return []
+
+
+def _policy_host_access(policy: Any) -> list[str] | None:
+    if policy is None:
+        return None
+    if isinstance(policy, dict):
+        if "host_access" in policy:
+            value = policy["host_access"]
+        else:
+            value = policy.get("hostAccess")
+    else:
+        value = getattr(policy, "host_access", None)
+    return None if value is None else list(value)
+
+
+def resolve_agent_host_access(
+    policy: Any,
+    orchestrator_url: str,
+    gateway: str,
+    host_services: Iterable[str] | None = None,
+) -> list[str]:
+    """The ``hostAccess`` list in force for one agent sandbox (SPEC g.3, seed host-access.d.ts).
+
+    ``policy``: the label set's network policy (an object with ``host_access``, a dict with
+    ``host_access``/``hostAccess``, or ``None``). An explicit list, even ``[]``, wins outright and
+    is returned verbatim. Otherwise the default: ``<gateway>:53`` (DNS on the bridge gateway),
+    ``*:<console port>`` (explicit or scheme-implied; omitted when ``orchestrator_url`` does not
+    parse or has an unknown scheme), then ``host_services`` (e.g. from
+    :func:`storage_host_access_entries`), de-duplicated keeping the first occurrence.
+    Returns entry strings; they are not parsed here (the renderer parses and refuses bad ones).
+    """
+    explicit = _policy_host_access(policy)
+    if explicit is not None:
+        return explicit
+    gw = str(gateway).strip()
+    try:
+        if isinstance(ipaddress.ip_address(gw), ipaddress.IPv6Address):
+            gw = f"[{gw}]"
+    except ValueError:
+        pass
+    candidates = [f"{gw}:53"]
+    parsed = _url_port(orchestrator_url) if isinstance(orchestrator_url, str) else None
+    if parsed is not None:
+        candidates.append(f"*:{parsed[1]}")
+    candidates.extend(host_services or ())
+    seen: set[str] = set()
+    resolved = []
+    for item in candidates:
+        if item not in seen:
+            seen.add(item)
+            resolved.append(item)
+    return resolved

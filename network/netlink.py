@@ -1,0 +1,260 @@
+"""Bridge and TAP plumbing over netlink (pyroute2), with bridge port isolation (SPEC f, h;
+seed firecracker-backend.d.ts ``assertBridgePortIsolationSupported``).
+
+Every VM TAP (and, in tests, every agent veth) is enslaved with ``IFLA_BRPORT_ISOLATED`` on: two
+isolated ports of one bridge cannot exchange frames at all, and no nft rule sees that L2 traffic,
+so without the flag tenants reach each other whatever the firewall says.
+
+Every function takes ``netns``: the name of a network namespace (``/run/netns/<name>``) to act in,
+``None`` for the caller's own. Errors from the kernel surface as :class:`NetlinkError` naming the
+interface and the operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import re
+from collections.abc import Mapping
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError as _PyrNetlinkError
+
+log = logging.getLogger(__name__)
+
+IFNAMSIZ = 15  # bytes, excluding the terminating NUL
+TAP_PREFIX = "kici-"
+PROBE_TAP = "kici-isoprobe"
+_SUFFIX_OK = re.compile(r"[A-Za-z0-9_.\-]+", re.ASCII)
+
+
+class NetlinkError(RuntimeError):
+    """A netlink operation failed; the message names the interface and the operation."""
+
+
+class BridgePortIsolationUnavailable(NetlinkError):
+    """The kernel, or the bridge, refused to isolate a port: VMs must not run (fail closed)."""
+
+
+def _ipr(netns: str | None) -> IPRoute:
+    return IPRoute(netns=netns) if netns else IPRoute()
+
+
+def _index(ipr: IPRoute, name: str) -> int | None:
+    found = ipr.link_lookup(ifname=name)
+    return found[0] if found else None
+
+
+def _where(netns: str | None) -> str:
+    return f" in netns {netns}" if netns else ""
+
+
+def validate_ifname(name: str) -> str:
+    """Return ``name`` if Linux accepts it as an interface name (1-15 bytes, no ``/``, ``:`` or
+    whitespace, not ``.``/``..``); raise ``ValueError`` naming it otherwise."""
+    if not isinstance(name, str) or not name or len(name.encode()) > IFNAMSIZ or name in (".", ".."):
+        raise ValueError(f"interface name {name!r} must be 1-{IFNAMSIZ} bytes")
+    if any(c in name for c in "/:%") or any(c.isspace() for c in name):
+        raise ValueError(f"interface name {name!r} contains '/', ':', '%' or whitespace")
+    return name
+
+
+def _hashed_tap_name(agent_id: str) -> str:
+    return TAP_PREFIX + "x" + hashlib.sha256(agent_id.encode()).hexdigest()[:9]
+
+
+def tap_name_for(agent_id: str, in_use: Mapping[str, str] | None = None) -> str:
+    """The TAP name for a VM (SPEC h; CASES IP-07): ``kici-<last 8 characters of the id>``.
+
+    ``scaler-firecracker-1d993749`` → ``kici-1d993749``; ``abc`` → ``kici-abc``; at most 13 bytes.
+
+    Fallback (documented, collision-free in practice): when the last 8 characters hold anything
+    but ASCII letters, digits, ``_``, ``.``, ``-``, or when ``in_use`` (existing TAP name → the
+    agent id that owns it, e.g. from ``IpAllocation`` rows) says another agent already has the
+    name, the name is ``kici-x`` + the first 9 hex digits of SHA-256(agent id) (15 bytes, 36 bits).
+    Both forms are deterministic for a given id and ``in_use``; store the returned name (the
+    ``tap_device`` column) rather than re-deriving it. Raises ``ValueError`` for an empty id or
+    when even the hashed name is held by another agent.
+    """
+    if not isinstance(agent_id, str) or not agent_id:
+        raise ValueError(f"agent id {agent_id!r} must be a non-empty string")
+    owners = in_use or {}
+    suffix = agent_id[-8:]
+    if _SUFFIX_OK.fullmatch(suffix) and suffix not in (".", ".."):
+        name = TAP_PREFIX + suffix
+        if owners.get(name, agent_id) == agent_id:
+            return name
+    name = _hashed_tap_name(agent_id)
+    if owners.get(name, agent_id) != agent_id:
+        raise ValueError(f"TAP name {name} for agent {agent_id!r} is held by agent {owners[name]!r}")
+    return name
+
+
+def link_names(netns: str | None = None) -> list[str]:
+    """Names of every interface in the namespace."""
+    with _ipr(netns) as ipr:
+        return [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
+
+
+def ensure_bridge(name: str, address: str | None = None, netns: str | None = None) -> int:
+    """Create bridge ``name`` unless it exists, set it up, and add ``address`` (``10.0.0.1/24``)
+    unless already present. Idempotent. Returns the ifindex. Raises NetlinkError, or
+    ``ValueError`` for a bad name/address; an existing non-bridge of that name is an error.
+    """
+    validate_ifname(name)
+    iface = ipaddress.ip_interface(address) if address else None
+    with _ipr(netns) as ipr:
+        idx = _index(ipr, name)
+        if idx is None:
+            try:
+                ipr.link("add", ifname=name, kind="bridge")
+            except _PyrNetlinkError as exc:
+                if exc.code != 17:  # EEXIST: a concurrent creator won
+                    raise NetlinkError(f"creating bridge {name}{_where(netns)} failed: {exc}") from exc
+            idx = _index(ipr, name)
+        link = ipr.get_links(idx)[0]
+        info = link.get_attr("IFLA_LINKINFO")
+        kind = info.get_attr("IFLA_INFO_KIND") if info else None
+        if kind != "bridge":
+            raise NetlinkError(f"{name}{_where(netns)} exists but is a {kind or 'plain'} link, not a bridge")
+        if iface is not None:
+            have = {
+                (a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=idx, family=_af(iface))
+            }
+            if (str(iface.ip), iface.network.prefixlen) not in have:
+                try:
+                    ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+                except _PyrNetlinkError as exc:
+                    if exc.code != 17:
+                        raise NetlinkError(f"adding {iface} to {name}{_where(netns)} failed: {exc}") from exc
+        ipr.link("set", index=idx, state="up")
+        return idx
+
+
+def _af(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> int:
+    import socket
+
+    return socket.AF_INET if iface.version == 4 else socket.AF_INET6
+
+
+def set_port_isolation(ifname: str, isolated: bool = True, netns: str | None = None) -> None:
+    """Set ``IFLA_BRPORT_ISOLATED`` on a bridge port. Raises BridgePortIsolationUnavailable when
+    the kernel refuses and NetlinkError when the interface is missing."""
+    with _ipr(netns) as ipr:
+        idx = _index(ipr, ifname)
+        if idx is None:
+            raise NetlinkError(f"interface {ifname}{_where(netns)} does not exist")
+        try:
+            ipr.brport("set", index=idx, isolated=1 if isolated else 0)
+        except _PyrNetlinkError as exc:
+            raise BridgePortIsolationUnavailable(
+                f"setting bridge port isolation on {ifname}{_where(netns)} failed: {exc}"
+            ) from exc
+    if isolated and not port_isolated(ifname, netns):
+        raise BridgePortIsolationUnavailable(
+            f"bridge port isolation on {ifname}{_where(netns)} did not take effect (the kernel ignored it)"
+        )
+
+
+def port_isolated(ifname: str, netns: str | None = None) -> bool:
+    """Whether the bridge port ``ifname`` is isolated, as the kernel reports it now."""
+    with _ipr(netns) as ipr:
+        idx = _index(ipr, ifname)
+        if idx is None:
+            raise NetlinkError(f"interface {ifname}{_where(netns)} does not exist")
+        for msg in ipr.brport("show", index=idx):
+            info = msg.get_attr("IFLA_PROTINFO")
+            if info is not None and info.get_attr("IFLA_BRPORT_ISOLATED"):
+                return True
+    return False
+
+
+def enslave(ifname: str, bridge: str, isolated: bool = True, netns: str | None = None, up: bool = True) -> None:
+    """Attach ``ifname`` to ``bridge``, set port isolation (on by default), bring it up.
+
+    Isolation is set before the link comes up, so the port never forwards unisolated. Raises
+    NetlinkError / BridgePortIsolationUnavailable; on an isolation failure the link stays down.
+    """
+    with _ipr(netns) as ipr:
+        idx, br = _index(ipr, ifname), _index(ipr, bridge)
+        if idx is None:
+            raise NetlinkError(f"interface {ifname}{_where(netns)} does not exist")
+        if br is None:
+            raise NetlinkError(f"bridge {bridge}{_where(netns)} does not exist")
+        try:
+            ipr.link("set", index=idx, master=br)
+        except _PyrNetlinkError as exc:
+            raise NetlinkError(f"enslaving {ifname} to {bridge}{_where(netns)} failed: {exc}") from exc
+    set_port_isolation(ifname, isolated, netns)
+    if up:
+        with _ipr(netns) as ipr:
+            ipr.link("set", index=_index(ipr, ifname), state="up")
+
+
+def create_tap(name: str, bridge: str, isolated: bool = True, netns: str | None = None, up: bool = True) -> int:
+    """Create persistent TAP ``name`` (no packet-info header, as ``ip tuntap add mode tap``),
+    enslave it to ``bridge`` isolated, bring it up (SPEC h, FC-04). Returns the ifindex.
+
+    On any failure after creation the TAP is deleted again, so a half-plumbed, unisolated TAP is
+    never left behind. Raises NetlinkError / BridgePortIsolationUnavailable.
+    """
+    validate_ifname(name)
+    with _ipr(netns) as ipr:
+        try:
+            ipr.link("add", ifname=name, kind="tuntap", mode="tap", ifr={"no_pi": True})
+        except (_PyrNetlinkError, OSError) as exc:
+            raise NetlinkError(f"creating TAP {name}{_where(netns)} failed: {exc}") from exc
+        idx = _index(ipr, name)
+    if idx is None:
+        raise NetlinkError(f"TAP {name}{_where(netns)} was not created")
+    try:
+        enslave(name, bridge, isolated=isolated, netns=netns, up=up)
+    except Exception:
+        delete_link(name, netns)
+        raise
+    return idx
+
+
+def delete_link(name: str, netns: str | None = None) -> bool:
+    """Delete an interface; a missing one is a no-op. Returns True when one was deleted."""
+    with _ipr(netns) as ipr:
+        idx = _index(ipr, name)
+        if idx is None:
+            return False
+        try:
+            ipr.link("del", index=idx)
+        except _PyrNetlinkError as exc:
+            if exc.code == 19:  # ENODEV: gone meanwhile
+                return False
+            raise NetlinkError(f"deleting {name}{_where(netns)} failed: {exc}") from exc
+    return True
+
+
+def assert_bridge_port_isolation_supported(bridge: str, netns: str | None = None, probe: str = PROBE_TAP) -> bool:
+    """End-to-end probe that ``bridge`` will isolate ports (seed firecracker-backend.d.ts; FC-17).
+
+    Creates TAP ``kici-isoprobe``, enslaves it isolated, reads the flag back, deletes it.
+    Returns True when isolation works. Returns False (with a warning) when the probe TAP cannot be
+    created at all, which says nothing about isolation. Raises BridgePortIsolationUnavailable
+    (``bridge port isolation is not available on <bridge>: ...``) when the TAP exists but cannot be
+    isolated, or the bridge is missing: refuse to run VMs rather than run them unisolated.
+    """
+    delete_link(probe, netns)  # a leftover from a crashed probe
+    with _ipr(netns) as ipr:
+        if _index(ipr, bridge) is None:
+            raise BridgePortIsolationUnavailable(
+                f"bridge port isolation is not available on {bridge}: the bridge does not exist{_where(netns)}"
+            )
+        try:
+            ipr.link("add", ifname=probe, kind="tuntap", mode="tap", ifr={"no_pi": True})
+        except (_PyrNetlinkError, OSError) as exc:
+            log.warning("bridge isolation probe skipped: could not create TAP %s%s: %s", probe, _where(netns), exc)
+            return False
+    try:
+        enslave(probe, bridge, isolated=True, netns=netns, up=False)
+    except NetlinkError as exc:
+        raise BridgePortIsolationUnavailable(f"bridge port isolation is not available on {bridge}: {exc}") from exc
+    finally:
+        delete_link(probe, netns)
+    return True

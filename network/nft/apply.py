@@ -1,0 +1,367 @@
+"""The one place that sends isolation rules to the kernel (SPEC f; seed container-backend.d.ts,
+firecracker-backend.d.ts).
+
+Every change is ONE ``nft -j -f -`` transaction, so all of an agent's rules appear or none do.
+Reads use ``nft -j list ...`` and are interpreted by chain and map names (``network.nft.render``),
+never by matching rule text.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from network.nft.render import (
+    FAMILY,
+    MAPS,
+    AgentSpec,
+    IPAddress,
+    describe_expr,
+    document,
+    parse_chain_name,
+    render_agent_add,
+    render_agent_remove,
+    render_full,
+    render_table_base,
+    validate_table_name,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 10.0  # seconds per nft invocation (SPEC f)
+
+
+class NftError(RuntimeError):
+    """An nft invocation failed. ``argv``, ``returncode`` and ``stderr`` say how."""
+
+    def __init__(self, message: str, *, argv: list[str] | None = None, returncode: int | None = None, stderr: str = ""):
+        super().__init__(message)
+        self.argv = argv or []
+        self.returncode = returncode
+        self.stderr = stderr
+
+    @property
+    def missing_object(self) -> bool:
+        """True when nft reported that a table, chain, map or element does not exist."""
+        return "No such file or directory" in self.stderr
+
+
+class NftUnavailableError(NftError):
+    """nftables cannot be used here: the binary is missing or the process lacks CAP_NET_ADMIN."""
+
+
+@dataclass
+class AgentRules:
+    """One agent's rules as read back from the kernel.
+
+    ``forward`` / ``input``: the rules of its chains, each a list of nft JSON expressions, in
+    order (empty when the chain is missing). ``has_forward_chain`` / ``has_input_chain``: whether
+    the chains exist. ``mapped_forward`` / ``mapped_input``: whether the address is in the
+    forward / input verdict map (pointing at its own chain).
+    """
+
+    address: IPAddress
+    forward: list[list[dict]] = field(default_factory=list)
+    input: list[list[dict]] = field(default_factory=list)
+    has_forward_chain: bool = False
+    has_input_chain: bool = False
+    mapped_forward: bool = False
+    mapped_input: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Both chains exist and both map elements point at them."""
+        return self.has_forward_chain and self.has_input_chain and self.mapped_forward and self.mapped_input
+
+    def describe(self) -> list[str]:
+        """Human-readable lines, ``forward: ip daddr 172.30.0.1 accept`` etc., in chain order."""
+        lines = [f"forward: {describe_expr(e)}" for e in self.forward]
+        lines += [f"input: {describe_expr(e)}" for e in self.input]
+        if not (self.mapped_forward and self.mapped_input):
+            missing = [k for k, ok in (("forward", self.mapped_forward), ("input", self.mapped_input)) if not ok]
+            lines.append(f"warning: not in the {' and '.join(missing)} map; these rules are not in force")
+        return lines
+
+
+class NftClient:
+    """Applies and reads one console's isolation table (``inet <table>``).
+
+    ``table``: the configured table name (seed ``nftOpts``; never a hard-coded one).
+    ``nft_binary``: path or name of nft. ``sudo``: prefix ``sudo -n``. ``netns``: run inside a named
+    network namespace (``ip netns exec <netns> nft ...``), as the tests and the bench do.
+    ``timeout``: seconds per invocation. Raises :class:`RuleSpecError` for a bad table name.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        nft_binary: str = "nft",
+        sudo: bool = False,
+        netns: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
+        self.table = validate_table_name(table)
+        self.nft_binary = nft_binary
+        self.sudo = sudo
+        self.netns = netns
+        self.timeout = timeout
+        self._base_ready = False
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _argv(self, *args: str) -> list[str]:
+        argv = [self.nft_binary, *args]
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
+        if self.sudo:
+            argv = ["sudo", "-n", *argv]
+        return argv
+
+    def _run(self, args: list[str], stdin: str | None = None) -> str:
+        argv = self._argv(*args)
+        try:
+            proc = subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, timeout=self.timeout, check=False
+            )
+        except FileNotFoundError as exc:
+            raise NftUnavailableError(
+                f"nftables is not available: {exc.filename or argv[0]!r} was not found. Install the nftables "
+                "package, or turn network isolation off for this scaler.",
+                argv=argv,
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise NftError(f"{' '.join(argv)} timed out after {self.timeout} s", argv=argv) from None
+        if proc.returncode != 0:
+            stderr = proc.stderr.strip()
+            raise NftError(
+                f"{' '.join(argv[:8])}{' ...' if len(argv) > 8 else ''} failed (exit {proc.returncode}): "
+                f"{stderr[:2000]}",
+                argv=argv,
+                returncode=proc.returncode,
+                stderr=stderr,
+            )
+        return proc.stdout
+
+    def apply_document(self, commands: list[dict]) -> None:
+        """Send commands as ONE ``nft -j -f -`` transaction (all apply or none). Raises NftError."""
+        if not commands:
+            return
+        self._run(["-j", "-f", "-"], stdin=json.dumps(document(commands)))
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def check_available(self) -> None:
+        """Fail closed when nft cannot be used (SPEC f "Availability check", CASES CTR-18).
+
+        Runs ``nft -j list tables``. Raises :class:`NftUnavailableError` saying the binary is
+        missing or that the process lacks CAP_NET_ADMIN, or :class:`NftError` for anything else.
+        """
+        try:
+            self._run(["-j", "list", "tables"])
+        except NftUnavailableError:
+            raise
+        except NftError as exc:
+            text = exc.stderr or str(exc)
+            if "Operation not permitted" in text or "Permission denied" in text:
+                raise NftUnavailableError(
+                    "nftables is installed but this process may not change rules (missing CAP_NET_ADMIN). "
+                    "Run the worker as root, grant it CAP_NET_ADMIN, set sudo for nft, or turn network "
+                    f"isolation off for this scaler. nft said: {text}",
+                    argv=exc.argv,
+                    returncode=exc.returncode,
+                    stderr=exc.stderr,
+                ) from None
+            if "not found" in text.lower() or "No such file" in text:
+                raise NftUnavailableError(
+                    f"nftables is not available: {text}", argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr
+                ) from None
+            raise NftError(f"nftables check failed: {text}", argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr) from None
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def ensure_table(self, guard_interfaces: Iterable[str] = ()) -> None:
+        """Create (or refresh) the table, maps, guard set and base chains; agent rules are kept.
+
+        ``guard_interfaces``: bridge names whose unmapped traffic is dropped (see render). Safe to
+        call any number of times. Raises NftError.
+        """
+        self.apply_document(render_table_base(self.table, guard_interfaces))
+        self._base_ready = True
+
+    def apply_agent(self, spec: AgentSpec) -> None:
+        """Write (or replace) one agent's rules in one transaction; creates the base on first use.
+
+        Replacing flushes and refills the agent's chains in the same transaction as the new rules,
+        so there is no moment without rules and no duplicate after a repeat. Raises NftError.
+        """
+        if not self._base_ready:
+            self.ensure_table()
+        try:
+            self.apply_document(render_agent_add(self.table, spec))
+        except NftError as exc:
+            if not exc.missing_object:
+                raise
+            # The table vanished under us (deleted by hand, a host reboot of nft state): rebuild once.
+            self.ensure_table()
+            self.apply_document(render_agent_add(self.table, spec))
+
+    def remove_agent(self, address: IPAddress | str) -> bool:
+        """Delete one agent's map elements and chains in one transaction.
+
+        Missing table, chain or element is a no-op. Returns True when something was removed.
+        Raises NftError for other failures.
+        """
+        addr = ipaddress.ip_address(address) if isinstance(address, str) else address
+        try:
+            self.apply_document(render_agent_remove(self.table, addr))
+            return True
+        except NftError as exc:
+            if not exc.missing_object:
+                raise
+        # Something is missing, and one missing object fails the whole transaction: read what
+        # exists and delete only that.
+        agents = self.list_agents()
+        if agents is None or addr not in agents:
+            return False
+        current = agents[addr]
+        cmds = render_agent_remove(
+            self.table,
+            addr,
+            mapped=[k for k, ok in (("fwd", current.mapped_forward), ("in", current.mapped_input)) if ok],
+            chains=[k for k, ok in (("fwd", current.has_forward_chain), ("in", current.has_input_chain)) if ok],
+        )
+        self.apply_document(cmds)
+        return bool(cmds)
+
+    def self_heal(self, specs: Iterable[AgentSpec], guard_interfaces: Iterable[str] = ()) -> None:
+        """Re-apply the base and every given agent in ONE transaction (seed
+        ``reapplyIsolationForTrackedVms``). Idempotent: twice in a row leaves exactly one copy of
+        each rule. Agents not in ``specs`` are left alone (reaping is a separate decision).
+        """
+        self.apply_document(render_full(self.table, list(specs), guard_interfaces))
+        self._base_ready = True
+
+    def delete_table(self) -> bool:
+        """Delete the whole table (tests, bench, decommissioning). Missing → False."""
+        try:
+            self.apply_document([{"delete": {"table": {"family": FAMILY, "name": self.table}}}])
+        except NftError as exc:
+            if exc.missing_object:
+                return False
+            raise
+        self._base_ready = False
+        return True
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def list_table(self) -> list[dict] | None:
+        """The ``nftables`` array of ``nft -j list table inet <table>``; None if the table is absent."""
+        try:
+            out = self._run(["-j", "list", "table", FAMILY, self.table])
+        except NftError as exc:
+            if exc.missing_object:
+                return None
+            raise
+        return json.loads(out).get("nftables", [])
+
+    def list_agents(self) -> dict[IPAddress, AgentRules]:
+        """Every agent with a chain or map element in the table, read back from the kernel.
+
+        Ownership comes from names only: chains ``a4-…-fwd``/``-in`` and map elements of
+        ``agents{4,6}_{fwd,in}``. Returns ``{}`` when the table is absent. Raises NftError when
+        the listing fails (callers that must not act blind catch it).
+        """
+        items = self.list_table()
+        if items is None:
+            return {}
+        agents: dict[IPAddress, AgentRules] = {}
+
+        def get(addr: IPAddress) -> AgentRules:
+            if addr not in agents:
+                agents[addr] = AgentRules(address=addr)
+            return agents[addr]
+
+        map_kinds = {name: kind for (kind, _), name in MAPS.items()}
+        for item in items:
+            if "chain" in item:
+                parsed = parse_chain_name(item["chain"].get("name", ""))
+                if parsed:
+                    addr, kind = parsed
+                    setattr(get(addr), "has_forward_chain" if kind == "fwd" else "has_input_chain", True)
+            elif "rule" in item:
+                parsed = parse_chain_name(item["rule"].get("chain", ""))
+                if parsed:
+                    addr, kind = parsed
+                    rules = get(addr).forward if kind == "fwd" else get(addr).input
+                    rules.append(item["rule"].get("expr", []))
+            elif "map" in item and item["map"].get("name") in map_kinds:
+                kind = map_kinds[item["map"]["name"]]
+                for elem in item["map"].get("elem", []):
+                    key, verdict = elem[0], elem[1]
+                    if isinstance(key, dict) and "elem" in key:  # element with options (timeouts, comments)
+                        key = key["elem"].get("val")
+                    try:
+                        addr = ipaddress.ip_address(key)
+                    except (ValueError, TypeError):
+                        continue
+                    target = (verdict.get("jump") or verdict.get("goto") or {}).get("target", "")
+                    if parse_chain_name(target) == (addr, kind):
+                        setattr(get(addr), "mapped_forward" if kind == "fwd" else "mapped_input", True)
+                    else:
+                        # An element pointing somewhere unexpected still belongs to this address.
+                        get(addr)
+        return agents
+
+    def reap_unowned_isolation_rules(
+        self, live_addresses: Iterable[IPAddress | str] | None, subnet: str | ipaddress.IPv4Network | ipaddress.IPv6Network
+    ) -> list[str]:
+        """Delete the rules of every agent address inside ``subnet`` that no live sandbox holds.
+
+        ``live_addresses``: addresses held by live sandboxes across ALL scalers and consoles on
+        this host (seed container-backend.d.ts ``isolatedNetworkAddressesInUse``), or ``None`` when
+        that listing failed, in which case nothing is reaped. Addresses outside ``subnet`` (e.g.
+        172.30.0.0/16) are never touched; a failure to read the table reaps nothing. One
+        transaction for all deletions. Returns the reaped addresses as strings, sorted.
+        """
+        if live_addresses is None:
+            log.warning("reap skipped: the live address listing failed, so nothing is reaped")
+            return []
+        net = ipaddress.ip_network(subnet) if isinstance(subnet, str) else subnet
+        live = {ipaddress.ip_address(a) if isinstance(a, str) else a for a in live_addresses}
+        try:
+            agents = self.list_agents()
+        except NftError as exc:
+            log.warning("reap skipped: could not list table %s: %s", self.table, exc)
+            return []
+        stale = sorted(
+            (a for a in agents if a.version == net.version and a in net and a not in live),
+            key=lambda a: (a.version, int(a)),
+        )
+        cmds: list[dict] = []
+        for addr in stale:
+            r = agents[addr]
+            cmds += render_agent_remove(
+                self.table,
+                addr,
+                mapped=[k for k, ok in (("fwd", r.mapped_forward), ("in", r.mapped_input)) if ok],
+                chains=[k for k, ok in (("fwd", r.has_forward_chain), ("in", r.has_input_chain)) if ok],
+            )
+        self.apply_document(cmds)
+        return [str(a) for a in stale]
+
+
+def describe_agent_rules(client: NftClient, address: IPAddress | str) -> list[str]:
+    """The rules in force for one agent, read back from the kernel, as human-readable lines.
+
+    For the agent page (issue 5 item 7). ``["no isolation rules in force for <addr>"]`` when the
+    agent has none; listing failures raise NftError.
+    """
+    addr = ipaddress.ip_address(address) if isinstance(address, str) else address
+    agents = client.list_agents() or {}
+    if addr not in agents:
+        return [f"no isolation rules in force for {addr}"]
+    return agents[addr].describe()
