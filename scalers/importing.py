@@ -1,0 +1,284 @@
+"""Apply a validated ``scalers.yaml`` to the database, all or nothing.
+
+Rule sources: issue 2 item 3 (``import_scalers``), SPEC (c.8) reload semantics: scalers
+in the file are created or updated, scalers missing from it are marked *retiring*
+(never deleted: their agents and reservations still count until the retirement sweep
+tears them down), a backend type never changes under live agents.
+
+Everything happens inside one transaction that first locks the ``ConfigState``
+singleton row, the same row admission locks to serialise its decisions, so an
+admission sees either the old configuration or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from .config import ConfigInvalid, ConfigProblem, ScalersConfig
+from .config.schema import LabelSet as LabelSetConfig
+from .config.schema import ScalerEntry
+from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
+
+__all__ = ["ImportSummary", "apply_scalers_config"]
+
+# Label-set rows are matched to config entries by their normalised labels, not by position,
+# so that an agent's label_set keeps pointing at the same labels when the file is reordered.
+# Rows are parked at these index offsets (pk added, so unique) while being renumbered, and
+# retired rows stay parked, clear of the (scaler, index) unique constraint.
+_PARKED_BASE = 1_000_000_000
+_RETIRED_BASE = 1_500_000_000
+
+
+@dataclass
+class ImportSummary:
+    """What :func:`apply_scalers_config` did (scaler names, config order where possible).
+
+    ``created``: new scalers; ``changed``: existing scalers whose entry or label sets
+    changed; ``resurrected``: retiring scalers back in the file; ``unchanged``;
+    ``retiring``: scalers newly marked retiring (missing from the file);
+    ``label_sets``: label sets in the file; ``retired_label_sets``: label-set rows
+    newly retired; ``pools_removed``: machine-pool rows deleted (unreferenced and no
+    longer in the file); ``pools_kept``: pools no longer in the file but still
+    referenced by a retiring scaler or a reservation, kept so their cap holds.
+    """
+
+    source: str
+    created: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    resurrected: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    retiring: list[str] = field(default_factory=list)
+    label_sets: int = 0
+    retired_label_sets: int = 0
+    pools_removed: list[str] = field(default_factory=list)
+    pools_kept: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        def names(items: list[str]) -> str:
+            return ", ".join(items) if items else "none"
+
+        return (
+            f"Imported {self.source}: created {names(self.created)}; changed {names(self.changed)}; "
+            f"resurrected {names(self.resurrected)}; retiring {names(self.retiring)}; "
+            f"unchanged {len(self.unchanged)}; {self.label_sets} label sets"
+        )
+
+
+def _scaler_fields(entry: ScalerEntry, pools: dict[str, MachinePool]) -> dict[str, Any]:
+    cap = entry.resource_cap
+    warm = entry.warm_pool
+    return {
+        "type": entry.type,
+        "max_agents": entry.max_agents,
+        "max_concurrent_spawns": entry.max_concurrent_spawns,
+        "max_cpu": cap.max_cpu if cap else None,
+        "max_memory_bytes": cap.max_memory_bytes if cap else None,
+        "machine_pool_id": pools[entry.machine_pool].pk if entry.machine_pool else None,
+        "mandatory_labels": list(entry.mandatory_labels),
+        "roles": entry.roles,
+        "orchestrator_url": entry.orchestrator_url or "",
+        "warm_pool_enabled": bool(warm and warm.enabled),
+        "warm_pool_size": warm.size if warm else 0,
+        "warm_pool_idle_timeout_seconds": float(warm.idle_timeout_seconds) if warm else 300.0,
+        "config": entry.to_raw(),
+    }
+
+
+def _label_set_fields(ls: LabelSetConfig) -> dict[str, Any]:
+    policy = ls.network_policy
+    return {
+        "labels": list(ls.labels),
+        "normalized": ls.normalized,
+        "config": ls.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "host_access": list(policy.host_access) if policy and policy.host_access is not None else None,
+    }
+
+
+def _differs(obj: Any, fields: dict[str, Any]) -> bool:
+    for name, value in fields.items():
+        current = getattr(obj, name)
+        if isinstance(current, float) or isinstance(value, float):
+            if current is None or value is None:
+                if current is not value:
+                    return True
+                continue
+            if float(current) != float(value):
+                return True
+        elif current != value:
+            return True
+    return False
+
+
+def _live_count(scaler: Scaler) -> int:
+    from agents.choices import ACTIVE_STATES
+
+    agents = scaler.agents.filter(state__in=ACTIVE_STATES).count()
+    return agents + Reservation.objects.filter(scaler=scaler).count()
+
+
+def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig]) -> tuple[bool, int]:
+    """Make ``scaler``'s label-set rows match ``entries``. Returns (changed, newly retired)."""
+    rows = list(LabelSet.objects.select_for_update().filter(scaler=scaler).order_by("retired", "index"))
+    by_key: dict[str, list[LabelSet]] = {}
+    for row in rows:
+        by_key.setdefault(row.normalized, []).append(row)
+
+    plan: list[tuple[int, LabelSet | None, dict[str, Any]]] = []
+    claimed: set[int] = set()
+    for index, ls in enumerate(entries):
+        fields = _label_set_fields(ls)
+        candidates = [r for r in by_key.get(fields["normalized"], []) if r.pk not in claimed]
+        row = candidates[0] if candidates else None
+        if row is not None:
+            claimed.add(row.pk)
+        plan.append((index, row, fields))
+
+    changed = False
+    # Park every row that will move, so renumbering never collides on (scaler, index).
+    for index, row, _ in plan:
+        if row is not None and row.index != index:
+            LabelSet.objects.filter(pk=row.pk).update(index=_PARKED_BASE + row.pk)
+    newly_retired = 0
+    for row in rows:
+        if row.pk not in claimed:
+            if not row.retired or row.index != _RETIRED_BASE + row.pk:
+                LabelSet.objects.filter(pk=row.pk).update(retired=True, index=_RETIRED_BASE + row.pk)
+            if not row.retired:
+                newly_retired += 1
+                changed = True
+    for index, row, fields in plan:
+        if row is None:
+            LabelSet.objects.create(scaler=scaler, index=index, retired=False, **fields)
+            changed = True
+            continue
+        wanted = {**fields, "index": index, "retired": False}
+        if row.index != index or _differs(row, wanted):
+            changed = True
+            LabelSet.objects.filter(pk=row.pk).update(**wanted)
+    return changed, newly_retired
+
+
+def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
+    """Write ``config`` to the database in one transaction and report what changed.
+
+    * ``ConfigState`` (pk 1): global caps, ``defaults`` (the ``defaults.resources``
+      request as a nested dict, ``{}`` when absent), the ``firecracker`` block (``{}``
+      when absent), ``source``, ``imported_at`` (always bumped), ``raw`` (the whole
+      config with YAML key names).
+    * ``MachinePool`` rows upserted by name; pools no longer in the file are deleted
+      unless a scaler or reservation still references them (then kept, reported).
+    * ``Scaler`` rows upserted by name (``config`` = the entry with YAML key names);
+      a retiring scaler back in the file is resurrected; scalers missing from the
+      file are marked ``retiring`` (``retiring_since`` = now), never deleted.
+    * ``LabelSet`` rows matched by normalised labels (so reordering keeps identities),
+      renumbered to config order; rows no longer in the file are marked ``retired``.
+
+    Raises :class:`~scalers.config.ConfigInvalid` (nothing written) when a scaler's
+    ``type`` would change while it still has live agents or reservations (SPEC c.8:
+    a backend type never changes under running agents; retire it first).
+    """
+    now = timezone.now()
+    summary = ImportSummary(source=source)
+    with transaction.atomic():
+        ConfigState.objects.get_or_create(pk=1)
+        state = ConfigState.objects.select_for_update().get(pk=1)
+
+        existing = {s.name: s for s in Scaler.objects.select_for_update().all()}
+        problems = []
+        for i, entry in enumerate(config.scalers):
+            row = existing.get(entry.name)
+            if row is not None and row.type != entry.type:
+                live = _live_count(row)
+                if live:
+                    problems.append(
+                        ConfigProblem(
+                            source,
+                            None,
+                            f"scalers.{i}.type",
+                            f'backend type of scaler "{entry.name}" cannot change from {row.type} to '
+                            f"{entry.type} while it has {live} live agent(s) or reservation(s); remove it "
+                            "from the file, let it drain, then add it back with the new type",
+                        )
+                    )
+        if problems:
+            raise ConfigInvalid(problems)
+
+        # Machine pools.
+        pools = {p.name: p for p in MachinePool.objects.select_for_update().all()}
+        for pool in config.machine_pools:
+            fields = {"max_cpu": pool.cap.max_cpu, "max_memory_bytes": pool.cap.max_memory_bytes}
+            row = pools.get(pool.name)
+            if row is None:
+                pools[pool.name] = MachinePool.objects.create(name=pool.name, **fields)
+            elif _differs(row, fields):
+                MachinePool.objects.filter(pk=row.pk).update(**fields)
+                for k, v in fields.items():
+                    setattr(row, k, v)
+
+        # Scalers and their label sets.
+        in_file = set()
+        for entry in config.scalers:
+            in_file.add(entry.name)
+            fields = _scaler_fields(entry, pools)
+            row = existing.get(entry.name)
+            if row is None:
+                row = Scaler.objects.create(name=entry.name, retiring=False, **fields)
+                _sync_label_sets(row, list(entry.label_sets))
+                summary.created.append(entry.name)
+            else:
+                was_retiring = row.retiring
+                scaler_changed = _differs(row, fields)
+                if scaler_changed or was_retiring:
+                    for k, v in fields.items():
+                        setattr(row, k, v)
+                    row.retiring = False
+                    row.retiring_since = None
+                    row.save()
+                sets_changed, retired = _sync_label_sets(row, list(entry.label_sets))
+                summary.retired_label_sets += retired
+                if was_retiring:
+                    summary.resurrected.append(entry.name)
+                elif scaler_changed or sets_changed:
+                    summary.changed.append(entry.name)
+                else:
+                    summary.unchanged.append(entry.name)
+            summary.label_sets += len(entry.label_sets)
+
+        for name, row in sorted(existing.items()):
+            if name not in in_file and not row.retiring:
+                Scaler.objects.filter(pk=row.pk).update(retiring=True, retiring_since=now, updated_at=now)
+                summary.retiring.append(name)
+
+        # Pools that left the file: delete when nothing refers to them any more.
+        wanted_pools = {p.name for p in config.machine_pools}
+        for name, pool in sorted(pools.items()):
+            if name in wanted_pools:
+                continue
+            referenced = (
+                Scaler.objects.filter(machine_pool=pool).exists()
+                or Reservation.objects.filter(machine_pool=pool).exists()
+            )
+            if referenced:
+                summary.pools_kept.append(name)
+            else:
+                pool.delete()
+                summary.pools_removed.append(name)
+
+        cap = config.global_resource_cap
+        state.global_max_agents = config.global_max_agents
+        state.global_max_cpu = cap.max_cpu if cap else None
+        state.global_max_memory_bytes = cap.max_memory_bytes if cap else None
+        resources = config.default_resources
+        state.defaults = resources.model_dump(mode="json", by_alias=True, exclude_none=True) if resources else {}
+        state.firecracker = (
+            config.firecracker.model_dump(mode="json", by_alias=True) if config.firecracker is not None else {}
+        )
+        state.source = source[:500]
+        state.imported_at = now
+        state.raw = config.to_raw()
+        state.save()
+    return summary
