@@ -421,3 +421,20 @@ def test_config_invalid_message_lists_every_problem():
         parse_scalers_config_text("version: 3\nscalers: 5\n", "x.yaml")
     assert str(info.value).splitlines() == [str(p) for p in info.value.problems]
     assert len(info.value.problems) == 2
+
+
+def test_merge_keys_overridden_in_place_are_not_duplicates():
+    config = parse_scalers_config_text(
+        textwrap.dedent(
+            """\
+            version: 1
+            base: &base {type: container, maxAgents: 3}
+            scalers:
+              - <<: *base
+                maxAgents: 4
+                name: a
+                labelSets: [{labels: [a], image: i}]
+            """
+        )
+    )
+    assert config.scalers[0].max_agents == 4
