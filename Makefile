@@ -7,8 +7,8 @@ run:  ## set up everything missing, then run the console, its rq worker and the 
 test:  ## the whole suite (real PostgreSQL, Redis, dockerd, nft, Chromium)
 	bash scripts/test.sh $(ARGS)
 
-check:  ## validate the scaler config without applying it
-	.venv/bin/python manage.py import_scalers $${KICI_SCALER_CONFIG_PATH:-examples/scalers.yaml} --check
+check:  ## validate the scaler config without applying it (CONFIG=path to check another file)
+	bash scripts/check.sh $(CONFIG)
 
 bench:  ## print the benchmark figures
 	for b in bench/*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
