@@ -32,3 +32,47 @@ def run_rq_jobs():
         return worker.successful_job_count if hasattr(worker, "successful_job_count") else 0
 
     return run
+
+
+# --- private dockerd (helper ctr; see tests/dockerd.py) -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def dockerd():
+    """``DOCKER_HOST`` URL of the private test dockerd, started (or reused) for this session.
+
+    Fails (never skips) in CI when the daemon cannot start; skips elsewhere.
+    """
+    from tests.dockerd import DockerdUnavailable, ensure_private_dockerd
+
+    try:
+        return ensure_private_dockerd()
+    except DockerdUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"the private test dockerd could not start: {exc}")
+        pytest.skip(f"private dockerd unavailable: {exc}")
+
+
+@pytest.fixture
+def docker_client(dockerd, settings):
+    """A docker SDK client on the private dockerd; ``settings.DOCKER_HOST`` points at it too."""
+    from tests.dockerd import docker_client as make_client
+
+    settings.DOCKER_HOST = dockerd
+    client = make_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def agent_image(dockerd):
+    """Build (or reuse) the reference agent image ``kici-agent:local`` on the private dockerd."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "agent" / "build_image.sh"
+    env = {**os.environ, "DOCKER_HOST": dockerd}
+    proc = subprocess.run(["sh", str(script), "kici-agent:local"], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"agent/build_image.sh failed:\n{proc.stdout}\n{proc.stderr}")
+    return "kici-agent:local"

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""KiCI reference agent (Python standard library only) for bare-metal process mode.
+
+Same protocol as ``agent/kici_agent.sh``: reads ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``,
+``KICI_AGENT_TOKEN`` (and informational ``KICI_LABELS``) from the environment (SPEC (l) process
+mode env), registers once with ``POST /api/v1/agents/register`` (bearer = the single-use
+ephemeral token), then heartbeats ``POST /api/v1/agents/<id>/heartbeat`` (bearer = the session
+token from the register answer) every ``heartbeatIntervalSeconds`` until the console answers
+``{"stop": true}``, the console stays unreachable for 12 beats, or SIGTERM arrives.
+
+Exit status: 0 on a requested stop or SIGTERM, 1 when registration or the console fails,
+2 on missing environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+_stopping = False
+
+
+def _on_term(signum, frame):  # noqa: ARG001
+    global _stopping
+    _stopping = True
+
+
+def log(msg: str) -> None:
+    print(f"kici-agent: {msg}", flush=True)
+
+
+def post(url: str, bearer: str, body: dict, timeout: float = 10.0) -> dict:
+    """POST JSON with a bearer token; return the decoded JSON answer. Raises urllib errors."""
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - console URL from our own env
+        return json.loads(resp.read() or b"{}")
+
+
+def sleep_interruptibly(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while not _stopping and time.monotonic() < end:
+        time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    base = os.environ.get("KICI_ORCHESTRATOR_URL", "").rstrip("/")
+    agent = os.environ.get("KICI_AGENT_ID", "")
+    token = os.environ.get("KICI_AGENT_TOKEN", "")
+    if not (base and agent and token):
+        log("KICI_ORCHESTRATOR_URL, KICI_AGENT_ID and KICI_AGENT_TOKEN are required")
+        return 2
+    log(f"registering {agent} with {base} (labels: {os.environ.get('KICI_LABELS', '')})")
+    answer = None
+    for attempt in range(1, 11):
+        if _stopping:
+            return 0
+        try:
+            answer = post(f"{base}/api/v1/agents/register", token, {"agentId": agent})
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code in (400, 401, 403, 404, 409):
+                log(f"registration refused: HTTP {exc.code}")
+                return 1
+            log(f"registration attempt {attempt}: HTTP {exc.code}")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log(f"registration attempt {attempt}: {exc}")
+        sleep_interruptibly(1.0)
+    if not answer or not answer.get("sessionToken"):
+        log("registration failed")
+        return 1
+    session = answer["sessionToken"]
+    interval = float(answer.get("heartbeatIntervalSeconds") or os.environ.get("KICI_HEARTBEAT_SECONDS") or 5)
+    log(f"registered; heartbeat every {interval:g}s")
+    misses = 0
+    while not _stopping:
+        sleep_interruptibly(interval)
+        if _stopping:
+            break
+        try:
+            beat = post(f"{base}/api/v1/agents/{agent}/heartbeat", session, {"activeJobs": 0})
+            misses = 0
+            if beat.get("stop"):
+                log("console asked us to stop")
+                return 0
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403, 404, 410):
+                log(f"console no longer knows this agent: HTTP {exc.code}")
+                return 0
+            misses += 1
+            log(f"heartbeat failed ({misses}): HTTP {exc.code}")
+            if misses >= 12:
+                return 1
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            misses += 1
+            log(f"heartbeat failed ({misses}): {exc}")
+            if misses >= 12:
+                log("console unreachable; exiting")
+                return 1
+    log("terminated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

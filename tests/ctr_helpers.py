@@ -1,0 +1,76 @@
+"""Shared builders for the container / bare-metal / event backend tests (helper ctr)."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from contextlib import contextmanager
+
+from agents.choices import AgentState
+from agents.models import Agent
+from scalers.models import LabelSet, Reservation, Scaler
+
+#: Docker label value prefix for every scaler name these tests create (cleanup by prefix).
+PREFIX = "ctr-t-"
+
+
+def make_scaler(name: str | None = None, type: str = "container", labels=("linux", "ctr"), ls_config: dict | None = None, **fields) -> Scaler:
+    """A scaler with one label set; ``ls_config`` is the label-set entry (yaml names)."""
+    name = name or f"{PREFIX}{secrets.token_hex(3)}"
+    config = fields.pop("config", {})
+    scaler = Scaler.objects.create(name=name, type=type, max_agents=fields.pop("max_agents", 10), config=config, **fields)
+    entry = {"labels": list(labels), "image": "kici-agent:local", "imagePullPolicy": "Never"}
+    if ls_config is not None:
+        entry = {"labels": list(labels), **ls_config}
+    LabelSet.objects.create(
+        scaler=scaler, index=0, labels=list(labels), normalized=",".join(sorted(set(labels))), config=entry,
+        host_access=(entry.get("networkPolicy") or {}).get("hostAccess"),
+    )
+    return scaler
+
+
+def make_agent(scaler: Scaler, state: str = AgentState.SPAWNING, reserve: bool = True, **fields) -> Agent:
+    """An admitted agent row (and its reservation), as admission would write it."""
+    agent_id = fields.pop("agent_id", f"scaler-{scaler.type}-{secrets.token_hex(4)}")
+    ls = scaler.label_sets.first()
+    agent = Agent.objects.create(
+        agent_id=agent_id, scaler=scaler, label_set=ls, state=state,
+        labels=fields.pop("labels", list(ls.labels) + [f"kici:agent:{scaler.type}", f"kici:scaler:{scaler.name}"]),
+        owner_instance="test", **fields,
+    )
+    if reserve:
+        Reservation.objects.create(scaler=scaler, agent=agent, cpus=1, memory_bytes=1 << 30, owner_instance="test")
+    return agent
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def wsgi_server(host: str, port: int):
+    """Serve the Django WSGI app threaded on ``host:port`` (the test's own bridge or loopback)."""
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+    from socketserver import ThreadingMixIn
+
+    from django.core.wsgi import get_wsgi_application
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = make_server(host, port, get_wsgi_application(), server_class=Server, handler_class=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,172 @@
+"""A private dockerd for the test session (and the benches), never the host's own daemon.
+
+Its data root, exec root, pidfile and socket are its own, and it runs with
+``--iptables=false --ip6tables=false --ip-forward=false --bridge=none``: it writes no NAT or
+filter rules, does not enable forwarding and creates no default bridge, so a container it starts
+can reach only the bridges the tests create themselves (``kici-agent-net``), never the network
+beyond this machine (HELPER_COMMON "Network safety").
+
+``ensure_private_dockerd()`` reuses a daemon already listening on the socket (another test
+session, or ``make test`` run twice) and otherwise starts one, detached, under a file lock so
+two sessions starting at once do not race. It is left running afterwards on purpose: parallel
+test sessions share it, and restarting a dockerd costs seconds. ``python -m tests.dockerd stop``
+stops it.
+
+Installs nothing. When ``dockerd`` is missing or does not come up, ``DockerdUnavailable`` is
+raised with the daemon's last log lines; the ``dockerd`` fixture turns that into a failure in CI
+(``CI=true``) and a skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SOCKET_PATH = "/run/kici-test-docker.sock"
+DOCKER_HOST = f"unix://{SOCKET_PATH}"
+DATA_ROOT = "/var/lib/kici-test-docker"
+EXEC_ROOT = "/run/kici-test-docker-exec"
+PIDFILE = "/run/kici-test-docker.pid"
+LOGFILE = "/tmp/kici-test-dockerd.log"
+LOCKFILE = "/run/kici-test-docker.lock"
+START_TIMEOUT_SECONDS = 60.0
+
+DOCKERD_ARGS = [
+    "--data-root", DATA_ROOT,
+    "--exec-root", EXEC_ROOT,
+    "--pidfile", PIDFILE,
+    "-H", DOCKER_HOST,
+    "--iptables=false",
+    "--ip6tables=false",
+    "--ip-forward=false",
+    "--bridge=none",
+]
+
+
+class DockerdUnavailable(RuntimeError):
+    """The private dockerd could not be reached or started; the message says why."""
+
+
+def _ping() -> bool:
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=DOCKER_HOST, version="auto", timeout=5)
+    except Exception:  # noqa: BLE001 - not listening (yet)
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:  # noqa: BLE001
+        return False
+    finally:
+        client.close()
+
+
+def _log_tail(lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(LOGFILE).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def ensure_private_dockerd() -> str:
+    """Reuse or start the private dockerd; return its ``DOCKER_HOST`` URL (``unix://…``).
+
+    Raises ``DockerdUnavailable`` when not root, when ``dockerd`` is not installed, or when the
+    daemon does not answer a ping within ``START_TIMEOUT_SECONDS`` (60 s).
+    """
+    if _ping():
+        return DOCKER_HOST
+    if os.geteuid() != 0:
+        raise DockerdUnavailable("the private dockerd needs root")
+    dockerd = shutil.which("dockerd")
+    if not dockerd:
+        raise DockerdUnavailable("dockerd is not installed (apt-get install docker.io; `make run` does this)")
+    with open(LOCKFILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _ping():
+            return DOCKER_HOST
+        _stop_stale()
+        for d in (DATA_ROOT, EXEC_ROOT):
+            os.makedirs(d, exist_ok=True)
+        with open(LOGFILE, "ab") as log:
+            proc = subprocess.Popen(
+                [dockerd, *DOCKERD_ARGS],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if _ping():
+                return DOCKER_HOST
+            if proc.poll() is not None:
+                raise DockerdUnavailable(f"dockerd exited with status {proc.returncode}:\n{_log_tail()}")
+            time.sleep(0.2)
+        raise DockerdUnavailable(f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}")
+
+
+def _read_pid() -> int | None:
+    try:
+        return int(Path(PIDFILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _stop_stale() -> None:
+    """Stop a daemon whose pidfile names a live process that does not answer (a hung start)."""
+    pid = _read_pid()
+    if pid is None:
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if not cmdline or not cmdline[0].endswith(b"dockerd") or DATA_ROOT.encode() not in cmdline:
+        return  # a recycled pid: not ours
+    _terminate(pid)
+
+
+def _terminate(pid: int, timeout: float = 20.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+def stop_private_dockerd() -> None:
+    """Stop the private dockerd started by ``ensure_private_dockerd`` (no-op when not running)."""
+    pid = _read_pid()
+    if pid is not None:
+        _stop_stale()
+
+
+def docker_client():
+    """A docker SDK client for the private daemon (API version negotiated)."""
+    import docker
+
+    return docker.DockerClient(base_url=DOCKER_HOST, version="auto", timeout=120)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else "start"
+    if cmd == "stop":
+        stop_private_dockerd()
+    else:
+        print(ensure_private_dockerd())
