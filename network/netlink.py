@@ -5,18 +5,24 @@ Every VM TAP (and, in tests, every agent veth) is enslaved with ``IFLA_BRPORT_IS
 isolated ports of one bridge cannot exchange frames at all, and no nft rule sees that L2 traffic,
 so without the flag tenants reach each other whatever the firewall says.
 
-Every function takes ``netns``: the name of a network namespace (``/run/netns/<name>``) to act in,
-``None`` for the caller's own. Errors from the kernel surface as :class:`NetlinkError` naming the
+Every public function takes a keyword-only ``netns``: the name of a network namespace
+(``/run/netns/<name>``) to act in, ``None`` for the caller's own; the work then runs on a thread
+that joined the namespace with ``setns`` (no fork). Errors from the kernel surface as :class:`NetlinkError` naming the
 interface and the operation.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import logging
+import os
 import re
-from collections.abc import Mapping
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as _PyrNetlinkError
@@ -37,8 +43,56 @@ class BridgePortIsolationUnavailable(NetlinkError):
     """The kernel, or the bridge, refused to isolate a port: VMs must not run (fail closed)."""
 
 
-def _ipr(netns: str | None) -> IPRoute:
-    return IPRoute(netns=netns) if netns else IPRoute()
+T = TypeVar("T")
+_state = threading.local()
+
+
+def _run_in_netns(netns: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on a short-lived thread that has joined ``/run/netns/<netns>``.
+
+    ``setns`` changes only the calling thread's namespace, so this neither forks (pyroute2's own
+    netns support forks, which is unsafe in a threaded server) nor moves the caller. Netlink
+    sockets and TAPs created on that thread belong to the namespace.
+    """
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        except OSError as exc:
+            box["error"] = NetlinkError(f"network namespace {netns} cannot be opened: {exc}")
+            return
+        try:
+            os.setns(fd, os.CLONE_NEWNET)
+            _state.netns = netns
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=target, name=f"netns-{netns}")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")  # type: ignore[return-value]
+
+
+def _netns_aware(fn: Callable[..., T]) -> Callable[..., T]:
+    """Give ``fn`` a keyword-only ``netns``: run it inside that namespace (None = here)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, netns: str | None = None, **kwargs) -> T:
+        if netns is None or getattr(_state, "netns", None) == netns:
+            return fn(*args, **kwargs)
+        return _run_in_netns(netns, lambda: fn(*args, **kwargs))
+
+    return wrapper
+
+
+def _ipr() -> IPRoute:
+    return IPRoute()
 
 
 def _index(ipr: IPRoute, name: str) -> int | None:
@@ -46,7 +100,8 @@ def _index(ipr: IPRoute, name: str) -> int | None:
     return found[0] if found else None
 
 
-def _where(netns: str | None) -> str:
+def _where() -> str:
+    netns = getattr(_state, "netns", None)
     return f" in netns {netns}" if netns else ""
 
 
@@ -91,33 +146,35 @@ def tap_name_for(agent_id: str, in_use: Mapping[str, str] | None = None) -> str:
     return name
 
 
-def link_names(netns: str | None = None) -> list[str]:
+@_netns_aware
+def link_names() -> list[str]:
     """Names of every interface in the namespace."""
-    with _ipr(netns) as ipr:
+    with _ipr() as ipr:
         return [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
 
 
-def ensure_bridge(name: str, address: str | None = None, netns: str | None = None) -> int:
+@_netns_aware
+def ensure_bridge(name: str, address: str | None = None) -> int:
     """Create bridge ``name`` unless it exists, set it up, and add ``address`` (``10.0.0.1/24``)
     unless already present. Idempotent. Returns the ifindex. Raises NetlinkError, or
     ``ValueError`` for a bad name/address; an existing non-bridge of that name is an error.
     """
     validate_ifname(name)
     iface = ipaddress.ip_interface(address) if address else None
-    with _ipr(netns) as ipr:
+    with _ipr() as ipr:
         idx = _index(ipr, name)
         if idx is None:
             try:
                 ipr.link("add", ifname=name, kind="bridge")
             except _PyrNetlinkError as exc:
                 if exc.code != 17:  # EEXIST: a concurrent creator won
-                    raise NetlinkError(f"creating bridge {name}{_where(netns)} failed: {exc}") from exc
+                    raise NetlinkError(f"creating bridge {name}{_where()} failed: {exc}") from exc
             idx = _index(ipr, name)
         link = ipr.get_links(idx)[0]
         info = link.get_attr("IFLA_LINKINFO")
         kind = info.get_attr("IFLA_INFO_KIND") if info else None
         if kind != "bridge":
-            raise NetlinkError(f"{name}{_where(netns)} exists but is a {kind or 'plain'} link, not a bridge")
+            raise NetlinkError(f"{name}{_where()} exists but is a {kind or 'plain'} link, not a bridge")
         if iface is not None:
             have = {
                 (a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=idx, family=_af(iface))
@@ -127,42 +184,42 @@ def ensure_bridge(name: str, address: str | None = None, netns: str | None = Non
                     ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
                 except _PyrNetlinkError as exc:
                     if exc.code != 17:
-                        raise NetlinkError(f"adding {iface} to {name}{_where(netns)} failed: {exc}") from exc
+                        raise NetlinkError(f"adding {iface} to {name}{_where()} failed: {exc}") from exc
         ipr.link("set", index=idx, state="up")
         return idx
 
 
 def _af(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> int:
-    import socket
-
     return socket.AF_INET if iface.version == 4 else socket.AF_INET6
 
 
-def set_port_isolation(ifname: str, isolated: bool = True, netns: str | None = None) -> None:
+@_netns_aware
+def set_port_isolation(ifname: str, isolated: bool = True) -> None:
     """Set ``IFLA_BRPORT_ISOLATED`` on a bridge port. Raises BridgePortIsolationUnavailable when
     the kernel refuses and NetlinkError when the interface is missing."""
-    with _ipr(netns) as ipr:
+    with _ipr() as ipr:
         idx = _index(ipr, ifname)
         if idx is None:
-            raise NetlinkError(f"interface {ifname}{_where(netns)} does not exist")
+            raise NetlinkError(f"interface {ifname}{_where()} does not exist")
         try:
             ipr.brport("set", index=idx, isolated=1 if isolated else 0)
         except _PyrNetlinkError as exc:
             raise BridgePortIsolationUnavailable(
-                f"setting bridge port isolation on {ifname}{_where(netns)} failed: {exc}"
+                f"setting bridge port isolation on {ifname}{_where()} failed: {exc}"
             ) from exc
-    if isolated and not port_isolated(ifname, netns):
+    if isolated and not port_isolated(ifname):
         raise BridgePortIsolationUnavailable(
-            f"bridge port isolation on {ifname}{_where(netns)} did not take effect (the kernel ignored it)"
+            f"bridge port isolation on {ifname}{_where()} did not take effect (the kernel ignored it)"
         )
 
 
-def port_isolated(ifname: str, netns: str | None = None) -> bool:
+@_netns_aware
+def port_isolated(ifname: str) -> bool:
     """Whether the bridge port ``ifname`` is isolated, as the kernel reports it now."""
-    with _ipr(netns) as ipr:
+    with _ipr() as ipr:
         idx = _index(ipr, ifname)
         if idx is None:
-            raise NetlinkError(f"interface {ifname}{_where(netns)} does not exist")
+            raise NetlinkError(f"interface {ifname}{_where()} does not exist")
         for msg in ipr.brport("show", index=idx):
             info = msg.get_attr("IFLA_PROTINFO")
             if info is not None and info.get_attr("IFLA_BRPORT_ISOLATED"):
@@ -170,29 +227,31 @@ def port_isolated(ifname: str, netns: str | None = None) -> bool:
     return False
 
 
-def enslave(ifname: str, bridge: str, isolated: bool = True, netns: str | None = None, up: bool = True) -> None:
+@_netns_aware
+def enslave(ifname: str, bridge: str, isolated: bool = True, up: bool = True) -> None:
     """Attach ``ifname`` to ``bridge``, set port isolation (on by default), bring it up.
 
     Isolation is set before the link comes up, so the port never forwards unisolated. Raises
     NetlinkError / BridgePortIsolationUnavailable; on an isolation failure the link stays down.
     """
-    with _ipr(netns) as ipr:
+    with _ipr() as ipr:
         idx, br = _index(ipr, ifname), _index(ipr, bridge)
         if idx is None:
-            raise NetlinkError(f"interface {ifname}{_where(netns)} does not exist")
+            raise NetlinkError(f"interface {ifname}{_where()} does not exist")
         if br is None:
-            raise NetlinkError(f"bridge {bridge}{_where(netns)} does not exist")
+            raise NetlinkError(f"bridge {bridge}{_where()} does not exist")
         try:
             ipr.link("set", index=idx, master=br)
         except _PyrNetlinkError as exc:
-            raise NetlinkError(f"enslaving {ifname} to {bridge}{_where(netns)} failed: {exc}") from exc
-    set_port_isolation(ifname, isolated, netns)
+            raise NetlinkError(f"enslaving {ifname} to {bridge}{_where()} failed: {exc}") from exc
+    set_port_isolation(ifname, isolated)
     if up:
-        with _ipr(netns) as ipr:
+        with _ipr() as ipr:
             ipr.link("set", index=_index(ipr, ifname), state="up")
 
 
-def create_tap(name: str, bridge: str, isolated: bool = True, netns: str | None = None, up: bool = True) -> int:
+@_netns_aware
+def create_tap(name: str, bridge: str, isolated: bool = True, up: bool = True) -> int:
     """Create persistent TAP ``name`` (no packet-info header, as ``ip tuntap add mode tap``),
     enslave it to ``bridge`` isolated, bring it up (SPEC h, FC-04). Returns the ifindex.
 
@@ -200,25 +259,26 @@ def create_tap(name: str, bridge: str, isolated: bool = True, netns: str | None 
     never left behind. Raises NetlinkError / BridgePortIsolationUnavailable.
     """
     validate_ifname(name)
-    with _ipr(netns) as ipr:
+    with _ipr() as ipr:
         try:
             ipr.link("add", ifname=name, kind="tuntap", mode="tap", ifr={"no_pi": True})
         except (_PyrNetlinkError, OSError) as exc:
-            raise NetlinkError(f"creating TAP {name}{_where(netns)} failed: {exc}") from exc
+            raise NetlinkError(f"creating TAP {name}{_where()} failed: {exc}") from exc
         idx = _index(ipr, name)
     if idx is None:
-        raise NetlinkError(f"TAP {name}{_where(netns)} was not created")
+        raise NetlinkError(f"TAP {name}{_where()} was not created")
     try:
-        enslave(name, bridge, isolated=isolated, netns=netns, up=up)
+        enslave(name, bridge, isolated=isolated, up=up)
     except Exception:
-        delete_link(name, netns)
+        delete_link(name)
         raise
     return idx
 
 
-def delete_link(name: str, netns: str | None = None) -> bool:
+@_netns_aware
+def delete_link(name: str) -> bool:
     """Delete an interface; a missing one is a no-op. Returns True when one was deleted."""
-    with _ipr(netns) as ipr:
+    with _ipr() as ipr:
         idx = _index(ipr, name)
         if idx is None:
             return False
@@ -227,11 +287,12 @@ def delete_link(name: str, netns: str | None = None) -> bool:
         except _PyrNetlinkError as exc:
             if exc.code == 19:  # ENODEV: gone meanwhile
                 return False
-            raise NetlinkError(f"deleting {name}{_where(netns)} failed: {exc}") from exc
+            raise NetlinkError(f"deleting {name}{_where()} failed: {exc}") from exc
     return True
 
 
-def assert_bridge_port_isolation_supported(bridge: str, netns: str | None = None, probe: str = PROBE_TAP) -> bool:
+@_netns_aware
+def assert_bridge_port_isolation_supported(bridge: str, probe: str = PROBE_TAP) -> bool:
     """End-to-end probe that ``bridge`` will isolate ports (seed firecracker-backend.d.ts; FC-17).
 
     Creates TAP ``kici-isoprobe``, enslaves it isolated, reads the flag back, deletes it.
@@ -240,21 +301,21 @@ def assert_bridge_port_isolation_supported(bridge: str, netns: str | None = None
     (``bridge port isolation is not available on <bridge>: ...``) when the TAP exists but cannot be
     isolated, or the bridge is missing: refuse to run VMs rather than run them unisolated.
     """
-    delete_link(probe, netns)  # a leftover from a crashed probe
-    with _ipr(netns) as ipr:
+    delete_link(probe)  # a leftover from a crashed probe
+    with _ipr() as ipr:
         if _index(ipr, bridge) is None:
             raise BridgePortIsolationUnavailable(
-                f"bridge port isolation is not available on {bridge}: the bridge does not exist{_where(netns)}"
+                f"bridge port isolation is not available on {bridge}: the bridge does not exist{_where()}"
             )
         try:
             ipr.link("add", ifname=probe, kind="tuntap", mode="tap", ifr={"no_pi": True})
-        except (_PyrNetlinkError, OSError) as exc:
-            log.warning("bridge isolation probe skipped: could not create TAP %s%s: %s", probe, _where(netns), exc)
+        except (_PyrNetlinkError, OSError, ValueError) as exc:
+            log.warning("bridge isolation probe skipped: could not create TAP %s%s: %s", probe, _where(), exc)
             return False
     try:
-        enslave(probe, bridge, isolated=True, netns=netns, up=False)
+        enslave(probe, bridge, isolated=True, up=False)
     except NetlinkError as exc:
         raise BridgePortIsolationUnavailable(f"bridge port isolation is not available on {bridge}: {exc}") from exc
     finally:
-        delete_link(probe, netns)
+        delete_link(probe)
     return True

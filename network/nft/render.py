@@ -472,7 +472,8 @@ def describe_expr(expr: list[dict]) -> str:
             if "payload" in left:
                 words.append(f"{left['payload']['protocol']} {left['payload']['field']}")
             elif "meta" in left:
-                words.append(f"meta {left['meta']['key']}")
+                key = left["meta"]["key"]
+                words.append(key if key in ("iifname", "oifname", "iif", "oif") else f"meta {key}")
             elif "ct" in left:
                 words.append(f"ct {left['ct']['key']}")
             else:

@@ -1,0 +1,170 @@
+"""Isolation proven with real TCP and UDP packets (issue 5, "How it is checked").
+
+A "host" namespace with a bridge, agents behind it on isolated ports, a "lan" namespace routed
+behind the host (see tests/netns.py). The rules are rendered by network.nft.render and applied by
+NftClient inside the host namespace, exactly as a console applies them on the real host.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from network import netlink
+from network.host_access import resolve_agent_host_access
+from network.nft.apply import NftClient
+from network.nft.render import AgentSpec
+from tests.conftest import require_root
+from tests.netns import Lab, Target, both, reachability
+
+pytestmark = pytest.mark.root
+
+GW = "10.213.0.1"
+GW6 = "fd13::1"
+CONSOLE_URL = f"ws://{GW}:4000/ws"
+
+# What the default host access (gateway DNS + the console port) must open and close on the host.
+HOST_OPEN = both(GW, 53, 4000) + both("10.99.0.1", 4000)  # *:4000 is any IPv4 host address
+HOST_CLOSED = both(GW, 4001, 9000) + both("10.99.0.1", 53, 9000) + both("169.254.1.1", 53, 9000)
+FORWARD_DROPPED = both("10.214.0.2", 80) + both("169.254.169.254", 80)
+FORWARD_OTHER = both("100.64.0.7", 80)
+HOST_V6 = both(GW6, 4000) + both(GW6, 9000)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    require_root()
+    lab = Lab.create()
+    try:
+        lab.add_agent("a1", "10.213.0.5", "fd13::5")
+        lab.add_agent("a2", "10.213.0.6", "fd13::6")
+        lab.add_agent("a3", None, "fd13::7")  # an IPv6-addressed agent
+        lab.add_agent("a4", "10.213.0.9", "fd13::9")  # never given rules
+        yield lab
+    finally:
+        lab.close()
+
+
+@pytest.fixture
+def nft(lab):
+    client = NftClient(f"net_iso{secrets.token_hex(2)}", netns=lab.host.name)
+    yield client
+    client.delete_table()
+
+
+def default_spec(address="10.213.0.5", **kw):
+    kw.setdefault("host_access", resolve_agent_host_access(None, CONSOLE_URL, GW, []))
+    return AgentSpec.build(address, GW, **kw)
+
+
+def apply(lab, nft, *specs):
+    nft.ensure_table([lab.bridge])
+    for spec in specs:
+        nft.apply_agent(spec)
+
+
+def probe(lab, agent, targets):
+    return reachability(lab.agents[agent].ns, targets)
+
+
+def assert_all(results, expected: bool):
+    wrong = [t for t, ok in results.items() if ok is not expected]
+    assert not wrong, f"expected {'open' if expected else 'closed'}: {wrong}"
+
+
+def test_without_rules_every_target_is_reachable(lab, nft):
+    """The control: every target below is open until rules say otherwise (so 'closed' means the rules)."""
+    assert_all(probe(lab, "a1", HOST_OPEN + HOST_CLOSED + FORWARD_DROPPED + FORWARD_OTHER + HOST_V6), True)
+
+
+def test_the_default_host_access_opens_gateway_dns_and_the_console_port_only(lab, nft):
+    spec = default_spec()
+    assert [e.canonical for e in spec.host_access] == [f"{GW}:53", "*:4000"]
+    apply(lab, nft, spec)
+    assert_all(probe(lab, "a1", HOST_OPEN), True)
+    assert_all(probe(lab, "a1", HOST_CLOSED), False)
+
+
+def test_private_and_link_local_destinations_are_dropped_on_forward(lab, nft):
+    apply(lab, nft, default_spec())
+    assert_all(probe(lab, "a1", FORWARD_DROPPED), False)
+    assert_all(probe(lab, "a1", FORWARD_OTHER), True)
+
+
+def test_deny_all_closes_everything_but_the_gateway_and_the_allowlist(lab, nft):
+    apply(lab, nft, default_spec(deny_all=True, allowlist=["10.214.0.2/32"]))
+    assert_all(probe(lab, "a1", both("10.214.0.2", 80) + both(GW, 53)), True)
+    assert_all(probe(lab, "a1", FORWARD_OTHER + both("169.254.169.254", 80) + both(GW, 4001)), False)
+
+
+def test_an_allowlisted_private_address_is_reachable_without_deny_all(lab, nft):
+    apply(lab, nft, default_spec(allowlist=["10.214.0.2"]))
+    assert_all(probe(lab, "a1", both("10.214.0.2", 80)), True)
+    assert_all(probe(lab, "a1", both("169.254.169.254", 80)), False)
+
+
+def test_an_empty_host_access_still_lets_host_opened_connections_get_replies(lab, nft):
+    apply(lab, nft, default_spec(host_access=[]))
+    assert_all(probe(lab, "a1", both(GW, 53, 4000)), False)
+    from_host = reachability(lab.host, both("10.213.0.5", lab.agent_port))
+    assert_all(from_host, True)
+
+
+def test_the_other_agent_is_unreachable(lab, nft):
+    apply(lab, nft, default_spec("10.213.0.5"), default_spec("10.213.0.6"))
+    assert_all(probe(lab, "a1", both("10.213.0.6", 7000) + both("fd13::6", 7000)), False)
+    assert_all(probe(lab, "a2", both("10.213.0.5", 7000) + both("fd13::5", 7000)), False)
+
+
+def test_bridge_port_isolation_alone_keeps_agents_apart(lab, nft):
+    """No nft rules at all: isolated ports cannot talk; one port un-isolated, they can."""
+    peer = both("10.213.0.6", 7000)
+    assert_all(probe(lab, "a1", peer), False)
+    netlink.set_port_isolation("a2", False, netns=lab.host.name)
+    try:
+        assert_all(probe(lab, "a1", peer), True)
+    finally:
+        netlink.set_port_isolation("a2", True, netns=lab.host.name)
+    assert netlink.port_isolated("a2", netns=lab.host.name)
+    assert_all(probe(lab, "a1", peer), False)
+
+
+def test_ipv6_from_an_ipv4_agent_is_dropped_even_when_an_entry_names_it(lab, nft):
+    apply(lab, nft, default_spec(host_access=["*:4000", f"[{GW6}]:4000"]))
+    assert_all(probe(lab, "a1", HOST_V6), False)
+    assert_all(probe(lab, "a1", both(GW, 4000)), True)
+
+
+def test_an_ipv6_agent_reaches_only_its_bracketed_entries(lab, nft):
+    apply(lab, nft, AgentSpec.build("fd13::7", GW6, host_access=[f"[{GW6}]:4000", "*:9000"]))
+    assert_all(probe(lab, "a3", both(GW6, 4000)), True)
+    assert_all(probe(lab, "a3", both(GW6, 9000, 53)), False)  # *:9000 is IPv4 only
+
+
+def test_an_address_without_rules_reaches_nothing_through_a_guarded_bridge(lab, nft):
+    nft.ensure_table()  # no guard yet: an unmapped address falls through to policy accept
+    nft.apply_agent(default_spec())
+    assert_all(probe(lab, "a4", both(GW, 4000)), True)
+    nft.ensure_table([lab.bridge])
+    assert_all(probe(lab, "a4", both(GW, 53, 4000) + FORWARD_OTHER + both(GW6, 4000)), False)
+
+
+def test_removing_an_agent_leaves_its_address_closed(lab, nft):
+    apply(lab, nft, default_spec())
+    assert_all(probe(lab, "a1", both(GW, 53)), True)
+    assert nft.remove_agent("10.213.0.5")
+    assert_all(probe(lab, "a1", both(GW, 53) + FORWARD_OTHER), False)
+
+
+def test_replacing_the_rules_takes_effect_for_new_connections(lab, nft):
+    apply(lab, nft, default_spec(host_access=["*:4000"]))
+    assert probe(lab, "a1", [Target("tcp", GW, 4000), Target("tcp", GW, 9000)]) == {
+        f"tcp:{GW}:4000": True,
+        f"tcp:{GW}:9000": False,
+    }
+    nft.apply_agent(default_spec(host_access=["*:9000"]))
+    assert probe(lab, "a1", [Target("tcp", GW, 4000), Target("tcp", GW, 9000)]) == {
+        f"tcp:{GW}:4000": False,
+        f"tcp:{GW}:9000": True,
+    }

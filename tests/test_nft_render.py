@@ -1,0 +1,212 @@
+"""Rule rendering as a pure function (SPEC f, CASES NFT-01..09, issue 5 item 2)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from network.nft.render import (
+    MAPS,
+    AgentSpec,
+    RuleSpecError,
+    agent_chain_names,
+    describe_expr,
+    document,
+    forward_rule_exprs,
+    input_rule_exprs,
+    parse_allowlist_entry,
+    parse_chain_name,
+    render_agent_add,
+    render_agent_remove,
+    render_full,
+    render_table_base,
+)
+
+GW = "172.30.0.1"
+DROPS = [
+    "ip daddr 10.0.0.0/8 drop",
+    "ip daddr 172.16.0.0/12 drop",
+    "ip daddr 192.168.0.0/16 drop",
+    "ip daddr 169.254.0.0/16 drop",
+]
+
+
+def fwd(**kw):
+    return [describe_expr(e) for e in forward_rule_exprs(AgentSpec.build("172.30.0.5", GW, **kw))]
+
+
+def inp(host_access):
+    return [describe_expr(e) for e in input_rule_exprs(AgentSpec.build("172.30.0.5", GW, host_access=host_access))]
+
+
+def test_the_forward_chain_without_a_policy():  # NFT-01
+    assert fwd() == ["ip daddr 172.30.0.1 accept", *DROPS, "meta nfproto ipv6 drop", "accept"]
+
+
+def test_allowlist_accepts_come_after_the_gateway_and_before_every_drop():  # NFT-02
+    rules = fwd(allowlist=["10.67.0.1/32", "100.64.0.7/32"])
+    assert rules[:3] == ["ip daddr 172.30.0.1 accept", "ip daddr 10.67.0.1 accept", "ip daddr 100.64.0.7 accept"]
+    assert rules[3:7] == DROPS
+
+
+def test_deny_all_ends_the_forward_chain_with_a_drop():  # NFT-03
+    rules = fwd(deny_all=True)
+    assert rules[-1] == "drop"
+    assert "accept" not in rules
+
+
+def test_the_input_chain_for_dns_and_the_console_port():  # NFT-06
+    assert inp(["172.30.0.1:53", "*:4000"]) == [
+        "ct state established,related accept",
+        "ip daddr 172.30.0.1 tcp dport 53 accept",
+        "ip daddr 172.30.0.1 udp dport 53 accept",
+        "meta nfproto ipv4 tcp dport 4000 accept",
+        "meta nfproto ipv4 udp dport 4000 accept",
+        "drop",
+    ]
+
+
+def test_an_empty_host_access_leaves_only_replies():  # NFT-07
+    assert inp([]) == ["ct state established,related accept", "drop"]
+
+
+def test_an_address_without_a_port_is_one_rule():  # NFT-08
+    assert inp(["192.168.1.40"]) == ["ct state established,related accept", "ip daddr 192.168.1.40 accept", "drop"]
+
+
+def test_a_star_opens_the_whole_host_on_ipv4_only():  # NFT-09
+    assert inp(["*"]) == ["ct state established,related accept", "meta nfproto ipv4 accept", "drop"]
+
+
+def test_ipv6_entries_render_ip6_matches():
+    assert inp(["[fd00::/64]:443", "[fd00::1]"]) == [
+        "ct state established,related accept",
+        "ip6 daddr fd00::/64 tcp dport 443 accept",
+        "ip6 daddr fd00::/64 udp dport 443 accept",
+        "ip6 daddr fd00::1 accept",
+        "drop",
+    ]
+
+
+def test_an_ipv6_agent_gets_ip6_gateway_and_allowlist_rules():
+    spec = AgentSpec.build("fd13::7", "fd13::1", allowlist=["fd99::/48"])
+    assert [describe_expr(e) for e in forward_rule_exprs(spec)][:2] == [
+        "ip6 daddr fd13::1 accept",
+        "ip6 daddr fd99::/48 accept",
+    ]
+    assert agent_chain_names("fd13::7") == ("a6-fd13--7-fwd", "a6-fd13--7-in")
+
+
+def commands_touching(cmds, table):
+    """Every (verb, kind, name) in a command list; asserts each names ``table``."""
+    out = []
+    for cmd in cmds:
+        (verb, body), = cmd.items()
+        (kind, obj), = body.items()
+        assert obj.get("table", obj.get("name")) == table or kind == "table" and obj["name"] == table
+        out.append((verb, kind, obj.get("name") or obj.get("chain")))
+    return out
+
+
+def test_adding_an_agent_touches_only_its_chains_and_map_elements():
+    spec = AgentSpec.build("172.30.0.5", GW, host_access=["*:4000"])
+    touched = commands_touching(render_agent_add("kici_a", spec), "kici_a")
+    names = {name for _, _, name in touched}
+    assert names == {"a4-172-30-0-5-fwd", "a4-172-30-0-5-in", MAPS["fwd", 4], MAPS["in", 4]}
+    elems = [c["add"]["element"] for c in render_agent_add("kici_a", spec) if "element" in c.get("add", {})]
+    assert [e["elem"] for e in elems] == [
+        [["172.30.0.5", {"jump": {"target": "a4-172-30-0-5-fwd"}}]],
+        [["172.30.0.5", {"jump": {"target": "a4-172-30-0-5-in"}}]],
+    ]
+    # Replacing = flush + refill in the same document, so a repeat cannot duplicate.
+    assert ("flush", "chain", "a4-172-30-0-5-fwd") in touched and ("flush", "chain", "a4-172-30-0-5-in") in touched
+
+
+def test_removing_an_agent_touches_only_its_chains_and_map_elements():
+    touched = commands_touching(render_agent_remove("kici_b", "172.30.0.9"), "kici_b")
+    assert touched == [
+        ("delete", "element", MAPS["fwd", 4]),
+        ("delete", "element", MAPS["in", 4]),
+        ("flush", "chain", "a4-172-30-0-9-fwd"),
+        ("delete", "chain", "a4-172-30-0-9-fwd"),
+        ("flush", "chain", "a4-172-30-0-9-in"),
+        ("delete", "chain", "a4-172-30-0-9-in"),
+    ]
+    assert render_agent_remove("kici_b", "172.30.0.9", mapped=(), chains=("in",))[0]["flush"]["chain"]["name"] == (
+        "a4-172-30-0-9-in"
+    )
+
+
+def test_the_table_is_the_configured_one_everywhere():
+    specs = [AgentSpec.build(f"172.30.0.{i}", GW, host_access=["*:4000"]) for i in (5, 6)]
+    text = json.dumps(document(render_full("console_b", specs, ["kici-br0"])))
+    assert '"kici"' not in text
+    for cmds in (render_table_base("console_b"), render_agent_add("console_b", specs[0]), render_agent_remove("console_b", "172.30.0.5")):
+        commands_touching(cmds, "console_b")
+
+
+def test_the_base_chains_jump_through_verdict_maps_and_guard_the_bridges():
+    cmds = render_table_base("kici", ["kici-br0"])
+    rules = {}
+    for c in cmds:
+        if "rule" in c.get("add", {}):
+            rules.setdefault(c["add"]["rule"]["chain"], []).append(describe_expr(c["add"]["rule"]["expr"]))
+    assert rules["forward"] == ["ip saddr vmap @agents4_fwd", "ip6 saddr vmap @agents6_fwd", "iifname @guard_ifaces drop"]
+    assert rules["input"][1:] == ["ip saddr vmap @agents4_in", "ip6 saddr vmap @agents6_in", "iifname @guard_ifaces drop"]
+    assert rules["input"][0].startswith("icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert }")
+    flushed = [c["flush"]["chain"]["name"] for c in cmds if "flush" in c]
+    assert flushed == ["forward", "input"]
+    guard = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
+    assert guard == [{"family": "inet", "table": "kici", "name": "guard_ifaces", "elem": ["kici-br0"]}]
+
+
+def test_a_full_render_batches_map_elements_and_refuses_duplicates():
+    specs = [AgentSpec.build(f"172.30.{i // 250}.{i % 250 + 2}", GW) for i in range(600)]
+    cmds = render_full("kici", specs)
+    elements = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
+    assert [len(e["elem"]) for e in elements] == [600, 600]
+    with pytest.raises(RuleSpecError, match="appears twice"):
+        render_full("kici", [specs[0], specs[0]])
+
+
+def test_chain_names_round_trip_and_foreign_names_are_not_agents():
+    for addr in ("172.30.0.5", "10.0.0.20", "fd00::5", "2001:db8::a:b"):
+        fwd_name, in_name = agent_chain_names(addr)
+        assert parse_chain_name(fwd_name) == (ipaddress.ip_address(addr), "fwd")
+        assert parse_chain_name(in_name) == (ipaddress.ip_address(addr), "in")
+    for name in ("forward", "input", "baseline", "a4-172-30-0-5", "a4-172-30-0-05-fwd", "a4-999-0-0-1-fwd", "a6-1-2-3-4-in"):
+        assert parse_chain_name(name) is None
+
+
+@pytest.mark.parametrize("table", ["", "kici table", "1kici", "k;i", "x" * 65, None])
+def test_it_refuses_unusable_table_names(table):
+    with pytest.raises(RuleSpecError, match="nft table name"):
+        render_table_base(table)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"address": "172.30.0.0/24"}, "agent address"),
+        ({"address": "agent-1"}, "agent address"),
+        ({"gateway": "gw"}, "gateway"),
+        ({"allowlist": ["example.com"]}, "allowlist entry \"example.com\""),
+        ({"allowlist": ["10.1.0.5/16"]}, "host bits set"),
+        ({"allowlist": "10.0.0.0/8"}, "allowlist must be a list"),
+        ({"host_access": ["registry.internal:5000"]}, r"hostAccess\[0\]: hostAccess entry \"registry.internal:5000\""),
+        ({"host_access": ["*:4000", "*:0"]}, r"hostAccess\[1\].*outside 1-65535"),
+        ({"deny_all": "yes"}, "denyAll"),
+    ],
+)
+def test_bad_specs_are_refused_before_anything_is_rendered(kwargs, message):
+    args = {"address": "172.30.0.5", "gateway": GW, **kwargs}
+    with pytest.raises(RuleSpecError, match=message):
+        AgentSpec.build(**args)
+
+
+def test_allowlist_entries_accept_addresses_and_cidrs_of_both_families():
+    assert parse_allowlist_entry("10.67.0.1") == ipaddress.ip_network("10.67.0.1/32")
+    assert parse_allowlist_entry(" 10.0.0.0/8 ") == ipaddress.ip_network("10.0.0.0/8")
+    assert parse_allowlist_entry("fd00::/8") == ipaddress.ip_network("fd00::/8")
