@@ -1,0 +1,155 @@
+"""The cap check of admission as pure arithmetic over a usage snapshot (SPEC c.2).
+
+No database here: :mod:`scalers.admission.ledger` reads the snapshot under the admission lock,
+:func:`first_refusing_cap` decides one request against it and :meth:`Usage.admit` books the
+admitted request into it, so the next request of the same batch sees it.
+
+Cap names (the ``cap`` of a refusal, the ``cap`` label of ``kici_scaler_spawn_refusals_total``):
+``globalMaxAgents``, ``maxAgents``, ``resourceCap.cpu``, ``resourceCap.memory``,
+``globalResourceCap.cpu``, ``globalResourceCap.memory``, ``machinePool.cpu``,
+``machinePool.memory``, ``maxConcurrentSpawns``, checked in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Every cap name in check order (SPEC c.2 steps 1, 2, 3, 6; then the spawn semaphore of c.1 step 9).
+CAP_ORDER = (
+    "globalMaxAgents",
+    "maxAgents",
+    "resourceCap.cpu",
+    "resourceCap.memory",
+    "globalResourceCap.cpu",
+    "globalResourceCap.memory",
+    "machinePool.cpu",
+    "machinePool.memory",
+    "maxConcurrentSpawns",
+)
+#: Caps on agent counts: a refusal on one of these may warrant the ledger warning (seed manager.d.ts).
+COUNT_CAPS = frozenset({"globalMaxAgents", "maxAgents"})
+#: Caps the reference's unlabelled refusal gauge does not count (SPEC c.2: a machine-pool refusal
+#: does not bump it; ``maxConcurrentSpawns`` is a queue there, not a refusal).
+NOT_IN_REFERENCE_GAUGE = frozenset({"machinePool.cpu", "machinePool.memory", "maxConcurrentSpawns"})
+
+# Sums of float cpus drift (0.1 + 0.2 > 0.3); a request that fits "exactly" must be admitted (ADM-08).
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class ScalerCaps:
+    """One scaler's caps. ``None`` = uncapped. cpus in cores, memory in bytes."""
+
+    scaler_id: int
+    max_agents: int
+    max_concurrent_spawns: int
+    max_cpu: float | None = None
+    max_memory_bytes: int | None = None
+    machine_pool_id: int | None = None
+
+
+@dataclass(frozen=True)
+class GlobalCaps:
+    """``globalMaxAgents`` and ``globalResourceCap`` (cores, bytes; ``None`` = uncapped)."""
+
+    max_agents: int
+    max_cpu: float | None = None
+    max_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class PoolCaps:
+    """One ``machinePools[]`` entry (cores, bytes; ``None`` = uncapped)."""
+
+    pool_id: int
+    max_cpu: float | None = None
+    max_memory_bytes: int | None = None
+
+
+@dataclass
+class Tally:
+    """Usage of one scope: reservation rows, active agents, spawning agents, reserved cpus and bytes."""
+
+    reservations: int = 0
+    active: int = 0
+    spawning: int = 0
+    cpus: float = 0.0
+    memory_bytes: int = 0
+
+    @property
+    def count(self) -> int:
+        """The occupied slots: ``max(active agents, reservations)`` (SPEC c.2 steps 1-2)."""
+        return max(self.active, self.reservations)
+
+
+@dataclass
+class Usage:
+    """The whole snapshot: global, per scaler (by id) and per machine pool (by id)."""
+
+    total: Tally = field(default_factory=Tally)
+    scalers: dict[int, Tally] = field(default_factory=dict)
+    pools: dict[int, Tally] = field(default_factory=dict)
+
+    def scaler(self, scaler_id: int) -> Tally:
+        return self.scalers.setdefault(scaler_id, Tally())
+
+    def pool(self, pool_id: int) -> Tally:
+        return self.pools.setdefault(pool_id, Tally())
+
+    def admit(self, caps: ScalerCaps, cpus: float, memory_bytes: int) -> None:
+        """Book one admitted spawn: a reservation, an active spawning agent, its requests."""
+        scopes = [self.total, self.scaler(caps.scaler_id)]
+        if caps.machine_pool_id is not None:
+            scopes.append(self.pool(caps.machine_pool_id))
+        for t in scopes:
+            t.reservations += 1
+            t.active += 1
+            t.spawning += 1
+            t.cpus += cpus
+            t.memory_bytes += memory_bytes
+
+    def ledger_outruns_agents(self) -> bool:
+        """True when more reservations exist than active agents (capacity billed to no agent)."""
+        return self.total.reservations > self.total.active
+
+
+def _over(used: float, request: float, cap: float | None) -> bool:
+    return cap is not None and used + request > cap + _EPS
+
+
+def first_refusing_cap(
+    usage: Usage,
+    glob: GlobalCaps,
+    caps: ScalerCaps,
+    pool: PoolCaps | None,
+    cpus: float,
+    memory_bytes: int,
+) -> str | None:
+    """Return the first cap (in :data:`CAP_ORDER`) that refuses this request, or ``None``.
+
+    ``cpus`` (cores) and ``memory_bytes`` are the resolved requests (SPEC a.4). Count caps refuse
+    at ``count >= max``; resource caps refuse at ``used + request > cap`` (equal is admitted,
+    ADM-08). ``pool`` is the scaler's machine pool, or ``None``. Source: SPEC (c.2).
+    """
+    s = usage.scaler(caps.scaler_id)
+    if usage.total.count >= glob.max_agents:
+        return "globalMaxAgents"
+    if s.count >= caps.max_agents:
+        return "maxAgents"
+    if _over(s.cpus, cpus, caps.max_cpu):
+        return "resourceCap.cpu"
+    if _over(s.memory_bytes, memory_bytes, caps.max_memory_bytes):
+        return "resourceCap.memory"
+    if _over(usage.total.cpus, cpus, glob.max_cpu):
+        return "globalResourceCap.cpu"
+    if _over(usage.total.memory_bytes, memory_bytes, glob.max_memory_bytes):
+        return "globalResourceCap.memory"
+    if pool is not None:
+        p = usage.pool(pool.pool_id)
+        if _over(p.cpus, cpus, pool.max_cpu):
+            return "machinePool.cpu"
+        if _over(p.memory_bytes, memory_bytes, pool.max_memory_bytes):
+            return "machinePool.memory"
+    if s.spawning >= caps.max_concurrent_spawns:
+        return "maxConcurrentSpawns"
+    return None

@@ -1,0 +1,329 @@
+"""Deciding a batch of scale requests under the admission lock (SPEC c.1, c.2, j).
+
+:func:`decide_batch` is the one place that admits: it takes the lock
+(:func:`scalers.admission.ledger.lock_admission`), reads the usage snapshot, decides every request
+of the batch in order against it (booking each admission into the snapshot, so request *n+1*
+sees request *n*), and writes the agents, reservations, request records and counters in the same
+transaction. One request or five hundred, it is one transaction and one lock hold; see
+:mod:`scalers.admission.queue` for how concurrent callers are grouped into batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agents.choices import AgentState, EventType
+from agents.models import Agent
+from scalers.models import Reservation, ScaleOutcome
+from scalers.resources import resolve_resources
+
+from . import ledger
+from .backoff import backoff_reason
+from .caps import COUNT_CAPS, NOT_IN_REFERENCE_GAUGE, first_refusing_cap
+from .matching import LabelSetInfo, ScalerInfo, World
+from .warmfit import Shape, warm_agent_can_serve
+
+log = logging.getLogger("scalers.admission")
+
+REFUSALS = "kici_scaler_spawn_refusals_total"
+REFERENCE_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
+WARM_SPAWNS = "kici_orch_scaler_warm_pool_spawns_total"
+LEDGER_WARNING = "refused a spawn on reserved capacity no running agent accounts for"
+
+_console_draining = threading.Event()
+
+
+def set_console_draining(draining: bool = True) -> None:
+    """Mark this console process as shutting down: every request answers ``skipped`` (ADM-01)."""
+    if draining:
+        _console_draining.set()
+    else:
+        _console_draining.clear()
+
+
+def is_console_draining() -> bool:
+    return _console_draining.is_set()
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """The answer to one scale request (SPEC c.1).
+
+    ``action``: ``spawning`` (admitted; an agent row in state spawning and its reservation were
+    written), ``assigned`` (an idle warm agent was bound to the job instead), ``at-capacity``
+    (``cap`` names the refusing cap), ``no-backend`` (no label set matches) or ``skipped``
+    (console draining, provision backoff, a label set whose resources do not resolve).
+    ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned.
+    """
+
+    action: str
+    agent: str | None = None
+    scaler: str | None = None
+    cap: str | None = None
+    reason: str = ""
+    backend_type: str | None = None
+    agent_pk: int | None = None
+    labels: tuple[str, ...] = ()
+
+    @property
+    def admitted(self) -> bool:
+        return self.action == ScaleOutcome.SPAWNING
+
+
+@dataclass
+class Request:
+    """One request to decide. ``target`` = ``(scaler pk, label set pk)`` skips routing (warm spawns)."""
+
+    labels: tuple[str, ...]
+    job_id: str
+    resources: Any = None
+    run_id: str = ""
+    exclude: tuple[str, ...] = ()
+    warm: bool = False
+    target: tuple[int, int] | None = None
+    job_image: str | None = None
+    raw_resources: Any = None  # as the caller sent it, for the request record
+
+
+@dataclass
+class BatchResult:
+    decisions: list[ScaleDecision]
+    admitted: list[Agent] = field(default_factory=list)
+
+
+def mint_agent_id(scaler_type: str) -> str:
+    """``scaler-<type>-<first 8 hex of a UUID v4>`` (SPEC c.1 step 6)."""
+    return f"scaler-{scaler_type}-{uuid.uuid4().hex[:8]}"
+
+
+def _backoffs(cursor, names: set[str], now: datetime) -> dict[str, str]:
+    """Provision backoff reasons of event scalers (failures since the last registration)."""
+    out = {}
+    for name in names:
+        cursor.execute(
+            "SELECT count(*), max(created_at) FROM agents_scalerevent WHERE scaler_name = %s AND type = %s "
+            "AND created_at > coalesce((SELECT max(created_at) FROM agents_scalerevent WHERE scaler_name = %s "
+            "AND type = %s), '-infinity'::timestamptz)",
+            [name, str(EventType.FAILED), name, str(EventType.REGISTERED)],
+        )
+        n, last = cursor.fetchone()
+        reason = backoff_reason(name, n, last, now)
+        if reason:
+            out[name] = reason
+    return out
+
+
+def _never_fits(cap: str, info: ScalerInfo, world: World, cpus: float, mem: int) -> bool:
+    limit = {
+        "resourceCap.cpu": (info.caps.max_cpu, cpus),
+        "resourceCap.memory": (info.caps.max_memory_bytes, mem),
+        "globalResourceCap.cpu": (world.glob.max_cpu, cpus),
+        "globalResourceCap.memory": (world.glob.max_memory_bytes, mem),
+    }
+    pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
+    if pool is not None:
+        limit["machinePool.cpu"] = (pool.max_cpu, cpus)
+        limit["machinePool.memory"] = (pool.max_memory_bytes, mem)
+    cap_value, req = limit.get(cap, (None, 0))
+    return cap_value is not None and req > cap_value + 1e-9
+
+
+def decide_batch(requests: list[Request], *, instance_id: str | None = None, now: datetime | None = None) -> BatchResult:
+    """Decide ``requests`` in order under the admission lock, in one transaction.
+
+    Per request (SPEC c.1): console draining ⇒ skipped; route (SPEC b) ⇒ no-backend; event
+    scaler in provision backoff ⇒ skipped; resolve resources (SPEC a.4); an idle warm agent that
+    fits (CASES WP-14) ⇒ assigned; the caps in SPEC (c.2) order ⇒ at-capacity naming the cap;
+    otherwise a spawning Agent plus its Reservation are written. Refusals increment
+    ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the reference's unlabelled gauge,
+    which leaves out machine-pool refusals). Raises database errors; then nothing is written.
+
+    The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
+    """
+    instance_id = instance_id or settings.KICI_INSTANCE_ID
+    now = now or timezone.now()
+    with transaction.atomic(), connection.cursor() as cur:
+        config_row = ledger.lock_admission(cur)
+        world = ledger.load_world(cur, config_row)
+        usage = ledger.load_usage(cur)
+
+        # Route first (pure), so the warm-agent and backoff look-ups run once per batch.
+        routed: list[tuple[ScalerInfo, LabelSetInfo] | None] = []
+        for req in requests:
+            if req.target is not None:
+                info = world.scalers.get(req.target[0])
+                ls = info.label_set(req.target[1]) if info else None
+                routed.append((info, ls) if info and ls and not info.retiring else None)
+            else:
+                routed.append(world.match(req.labels, req.exclude))
+        event_names = {m[0].name for m in routed if m and m[0].type == "event"}
+        backoffs = _backoffs(cur, event_names, now) if event_names else {}
+        warm_scalers = {m[0].pk for m, r in zip(routed, requests) if m and not r.warm and m[0].warm_pool_enabled}
+        idle = ledger.idle_warm_agents(cur, warm_scalers) if warm_scalers else []
+        taken: set[int] = set()
+
+        decisions: list[ScaleDecision] = []
+        records: list[dict] = []
+        counters: dict[tuple[str, str], tuple[dict, float]] = {}
+        new_agents: list[Agent] = []
+        new_reservations: list[Reservation] = []
+        spawned: list[tuple[int, dict | None, Agent, str]] = []  # (decision index, record, agent, type)
+        count_cap_refused = False
+
+        def bump(name: str, labels: dict, amount: float = 1.0) -> None:
+            key = (name, ledger.label_key(labels))
+            prev = counters.get(key, (labels, 0.0))[1]
+            counters[key] = (labels, prev + amount)
+
+        for req, match in zip(requests, routed):
+            record = {
+                "job_id": req.job_id,
+                "run_id": req.run_id,
+                "labels": list(req.labels),
+                "resources": req.raw_resources,
+                "cpus": 0.0,
+                "memory_bytes": 0,
+                "cap": "",
+                "reason": "",
+                "scaler_name": "",
+                "agent_ref": "",
+            }
+
+            def done(decision: ScaleDecision) -> None:
+                decisions.append(decision)
+                if req.job_id:
+                    record.update(outcome=decision.action, cap=decision.cap or "", reason=decision.reason,
+                                  scaler_name=decision.scaler or "", agent_ref=decision.agent or "")
+                    records.append(record)
+
+            if is_console_draining():
+                done(ScaleDecision("skipped", reason="draining"))
+                continue
+            if match is None:
+                log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
+                done(ScaleDecision("no-backend", reason="no-matching-label-set", labels=tuple(req.labels)))
+                continue
+            info, ls = match
+            if info.name in backoffs:
+                done(ScaleDecision("skipped", scaler=info.name, reason=backoffs[info.name], backend_type=info.type))
+                continue
+            try:
+                resolved = resolve_resources(None if req.warm else req.resources, ls.resources, world.defaults)
+            except ValueError as exc:
+                done(ScaleDecision("skipped", scaler=info.name, backend_type=info.type,
+                                   reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}"))
+                continue
+            cpus, mem = float(resolved.requests.cpus), int(resolved.requests.mem_bytes)
+            record.update(cpus=cpus, memory_bytes=mem)
+
+            if not req.warm and info.warm_pool_enabled and idle:
+                chosen = None
+                for cand in idle:
+                    if cand["id"] in taken or cand["scaler_id"] != info.pk:
+                        continue
+                    cls = info.label_set(cand["label_set_id"]) if cand["label_set_id"] else None
+                    if cls is None or any(g not in {x.strip().lower() for x in req.labels} for g in cls.gate):
+                        continue
+                    job = {x.strip().lower() for x in req.labels}
+                    if not job <= cls.enriched or not {x.strip().lower() for x in req.exclude}.isdisjoint(cls.enriched):
+                        continue
+                    shape = Shape(cand["cpus"], cand["memory_bytes"], cand["limit_cpus"], cand["limit_memory_bytes"])
+                    if not warm_agent_can_serve(req.resources, shape, job_image=req.job_image):
+                        continue
+                    taken.add(cand["id"])
+                    if ledger.bind_warm_agent(cur, cand["id"], req.job_id, req.run_id):
+                        chosen = cand
+                        break
+                if chosen is not None:
+                    done(ScaleDecision("assigned", agent=chosen["agent_id"], agent_pk=chosen["id"], scaler=info.name,
+                                       backend_type=info.type, reason="idle warm agent"))
+                    continue
+
+            pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
+            cap = first_refusing_cap(usage, world.glob, info.caps, pool, cpus, mem)
+            if cap is not None:
+                bump(REFUSALS, {"scaler": info.name, "cap": cap})
+                if cap not in NOT_IN_REFERENCE_GAUGE:
+                    bump(REFERENCE_REFUSALS, {})
+                if cap in COUNT_CAPS:
+                    count_cap_refused = True
+                reason = f"{cap} reached on scaler {info.name}"
+                if _never_fits(cap, info, world, cpus, mem):
+                    reason = f"request ({cpus:g} cpus, {mem} bytes) exceeds {cap} even with nothing else running"
+                log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
+                done(ScaleDecision("at-capacity", scaler=info.name, cap=cap, reason=reason, backend_type=info.type))
+                continue
+
+            usage.admit(info.caps, cpus, mem)
+            agent = Agent(
+                agent_id=mint_agent_id(info.type),
+                scaler_id=info.pk,
+                label_set_id=ls.pk,
+                state=AgentState.SPAWNING,
+                labels=list(ls.agent_labels),
+                warm=req.warm,
+                bound_job_id="" if req.warm else req.job_id,
+                run_id="" if req.warm else req.run_id,
+                owner_instance=instance_id,
+            )
+            new_agents.append(agent)
+            new_reservations.append(
+                Reservation(
+                    scaler_id=info.pk,
+                    agent=agent,
+                    machine_pool_id=info.caps.machine_pool_id,
+                    cpus=cpus,
+                    memory_bytes=mem,
+                    limit_cpus=float(resolved.limits.cpus),
+                    limit_memory_bytes=int(resolved.limits.mem_bytes),
+                    owner_instance=instance_id,
+                )
+            )
+            if req.warm:
+                bump(WARM_SPAWNS, {"scaler": info.name})
+            done(ScaleDecision("spawning", agent=agent.agent_id, scaler=info.name, backend_type=info.type,
+                               labels=tuple(ls.agent_labels)))
+            spawned.append((len(decisions) - 1, record if req.job_id else None, agent, info.type))
+
+        if count_cap_refused and usage.ledger_outruns_agents():
+            log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active)
+
+        if new_agents:
+            _fix_id_collisions(cur, spawned)
+            Agent.objects.bulk_create(new_agents)
+            for r in new_reservations:
+                r.agent_id = r.agent.pk
+            Reservation.objects.bulk_create(new_reservations)
+            for index, record, agent, _type in spawned:
+                decisions[index] = replace(decisions[index], agent=agent.agent_id, agent_pk=agent.pk)
+                if record is not None:
+                    record["agent_ref"] = agent.agent_id
+        ledger.upsert_scale_requests(cur, records, instance_id, now)
+        ledger.increment_counters(cur, counters)
+    return BatchResult(decisions=decisions, admitted=new_agents)
+
+
+def _fix_id_collisions(cur, spawned: list[tuple[int, dict | None, Agent, str]]) -> None:
+    """Re-mint agent ids that already exist or repeat within the batch (8 hex digits collide
+    around 10^5 agents). Safe against other writers because minting happens under the lock."""
+    for _ in range(10):
+        clash = ledger.existing_agent_ids(cur, [a.agent_id for _, _, a, _ in spawned])
+        seen: set[str] = set()
+        changed = False
+        for _, _, agent, kind in spawned:
+            if agent.agent_id in clash or agent.agent_id in seen:
+                agent.agent_id = mint_agent_id(kind)
+                changed = True
+            seen.add(agent.agent_id)
+        if not changed:
+            return
+    raise RuntimeError("could not mint a unique agent id in 10 attempts")

@@ -1,0 +1,199 @@
+"""The routing view of the database: enriched label sets of every non-retiring scaler (SPEC b).
+
+Adapter between the ``Scaler``/``LabelSet`` rows and helper "cfg"'s pure :mod:`scalers.labels`
+(``routing_entry_for_scaler``, ``find_backend_for_labels``). A :class:`World` is built once per
+config version (see :func:`world_version_sql`) and shared by every batch until the config changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from scalers import labels as labelmod
+
+from .caps import GlobalCaps, PoolCaps, ScalerCaps
+
+
+@dataclass(frozen=True)
+class LabelSetInfo:
+    """One routable label set: row pk, config index, declared labels, enriched set and gate."""
+
+    pk: int
+    index: int
+    declared: tuple[str, ...]
+    enriched: frozenset[str]
+    gate: tuple[str, ...]
+    resources: Any  # the label set's ``resources`` as imported (dict) or None
+    image: str | None = None
+    agent_labels: tuple[str, ...] = ()  # labels its agents are spawned with (SPEC d)
+
+
+@dataclass(frozen=True)
+class ScalerInfo:
+    """One scaler as admission needs it: caps, type, routing data and warm-pool settings."""
+
+    pk: int
+    name: str
+    type: str
+    caps: ScalerCaps
+    retiring: bool
+    roles: Any
+    platform: Any
+    label_sets: tuple[LabelSetInfo, ...]
+    warm_pool_enabled: bool = False
+    warm_pool_size: int = 0
+    warm_pool_idle_timeout_seconds: float = 300.0
+    config: dict = field(default_factory=dict, compare=False)
+
+    def label_set(self, pk: int) -> LabelSetInfo | None:
+        for ls in self.label_sets:
+            if ls.pk == pk:
+                return ls
+        return None
+
+
+@dataclass
+class World:
+    """Everything routing and the caps read from config rows, for one config version."""
+
+    version: str
+    glob: GlobalCaps
+    defaults: Any
+    scalers: dict[int, ScalerInfo]
+    pools: dict[int, PoolCaps]
+    entries: list[labelmod.RoutingEntry]
+    # entries[i] belongs to scaler _entry_scalers[i]; label-set position j -> LabelSetInfo
+    _entry_scalers: list[ScalerInfo]
+
+    def by_name(self, name: str) -> ScalerInfo | None:
+        for s in self.scalers.values():
+            if s.name == name:
+                return s
+        return None
+
+    def match(self, job_labels, exclude=()) -> tuple[ScalerInfo, LabelSetInfo] | None:
+        """Route a job (SPEC b ``findBackendForLabels``); ``None`` = no backend."""
+        found = labelmod.find_backend_for_labels(job_labels, self.entries, exclude)
+        if found is None:
+            return None
+        for entry, info in zip(self.entries, self._entry_scalers):
+            if entry.scaler_name == found.scaler_name:
+                return info, info.label_sets[found.label_set_index]
+        return None  # pragma: no cover - entries and infos are built together
+
+
+def _platform(config: dict) -> Any:
+    p = (config or {}).get("platform")
+    if isinstance(p, dict) and p.get("os") and p.get("arch"):
+        return SimpleNamespace(os=p["os"], arch=p["arch"])
+    return None
+
+
+def build_world(version: str, config_row: dict, scaler_rows: list[dict], label_set_rows: list[dict], pool_rows: list[dict]) -> World:
+    """Assemble a :class:`World` from plain row dicts (pure; see :mod:`scalers.admission.ledger`).
+
+    ``config_row``: ``global_max_agents``, ``global_max_cpu``, ``global_max_memory_bytes``,
+    ``defaults``. Retiring scalers and retired label sets are kept in ``scalers`` (their
+    reservations still count) but left out of routing (SPEC c.8).
+    """
+    by_scaler: dict[int, list[dict]] = {}
+    for ls in label_set_rows:
+        if not ls["retired"]:
+            by_scaler.setdefault(ls["scaler_id"], []).append(ls)
+    scalers: dict[int, ScalerInfo] = {}
+    entries = []
+    entry_scalers = []
+    for row in scaler_rows:
+        platform = _platform(row["config"])
+        mandatory = list(row["mandatory_labels"] or [])
+        sets = sorted(by_scaler.get(row["id"], []), key=lambda r: r["index"])
+        shim = SimpleNamespace(
+            name=row["name"],
+            type=row["type"],
+            roles=row["roles"],
+            platform=platform,
+            mandatory_labels=mandatory,
+            label_sets=[SimpleNamespace(labels=list(ls["labels"] or [])) for ls in sets],
+        )
+        entry = labelmod.routing_entry_for_scaler(shim)
+        infos = tuple(
+            LabelSetInfo(
+                pk=ls["id"],
+                index=ls["index"],
+                declared=entry.declared[i],
+                enriched=entry.label_sets[i],
+                gate=tuple(entry.gates[i]),
+                resources=(ls["config"] or {}).get("resources"),
+                image=(ls["config"] or {}).get("image"),
+                agent_labels=tuple(
+                    labelmod.agent_labels(
+                        entry.declared[i], scaler_name=row["name"], scaler_type=row["type"], roles=row["roles"], platform=platform
+                    )
+                ),
+            )
+            for i, ls in enumerate(sets)
+        )
+        info = ScalerInfo(
+            pk=row["id"],
+            name=row["name"],
+            type=row["type"],
+            caps=ScalerCaps(
+                scaler_id=row["id"],
+                max_agents=row["max_agents"],
+                max_concurrent_spawns=row["max_concurrent_spawns"],
+                max_cpu=row["max_cpu"],
+                max_memory_bytes=row["max_memory_bytes"],
+                machine_pool_id=row["machine_pool_id"],
+            ),
+            retiring=row["retiring"],
+            roles=row["roles"],
+            platform=platform,
+            label_sets=infos,
+            warm_pool_enabled=row["warm_pool_enabled"],
+            warm_pool_size=row["warm_pool_size"],
+            warm_pool_idle_timeout_seconds=row["warm_pool_idle_timeout_seconds"],
+            config=row["config"] or {},
+        )
+        scalers[row["id"]] = info
+        if not row["retiring"] and infos:
+            entries.append(entry)
+            entry_scalers.append(info)
+    return World(
+        version=version,
+        glob=GlobalCaps(
+            max_agents=config_row["global_max_agents"],
+            max_cpu=config_row["global_max_cpu"],
+            max_memory_bytes=config_row["global_max_memory_bytes"],
+        ),
+        defaults=config_row.get("defaults") or None,
+        scalers=scalers,
+        pools={p["id"]: PoolCaps(pool_id=p["id"], max_cpu=p["max_cpu"], max_memory_bytes=p["max_memory_bytes"]) for p in pool_rows},
+        entries=entries,
+        _entry_scalers=entry_scalers,
+    )
+
+
+class WorldCache:
+    """One :class:`World` per config version, shared by threads (rebuilt when the version changes)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._world: World | None = None
+
+    def get(self, version: str) -> World | None:
+        w = self._world
+        return w if w is not None and w.version == version else None
+
+    def put(self, world: World) -> None:
+        with self._lock:
+            self._world = world
+
+    def clear(self) -> None:
+        with self._lock:
+            self._world = None
+
+
+WORLD_CACHE = WorldCache()

@@ -1,0 +1,238 @@
+"""Group commit for admission: many callers, one decider thread per process, one lock per batch.
+
+Why: the decision must be serialised across every console process (SPEC c.2), and MEASURED.md
+shows a per-request ``SELECT ... FOR UPDATE`` transaction peaking near 1,800/s and collapsing to
+~480/s at 200 connections (lock pile-up: every waiter holds a connection and a backend). Here a
+caller thread does not touch the database at all: it appends its request to an in-process queue
+and waits. One decider thread per process takes *everything queued* (up to ``max_batch``),
+decides it in one transaction under the one lock (:func:`scalers.admission.decide.decide_batch`)
+and wakes the callers. While a batch commits the next one accumulates, so the batch size grows
+with the load and the commit flush (~0.65 ms) and the lock hand-off are paid once per batch
+instead of once per request. Database connections used for admission: one per process, however
+many requesters. Several processes remain correct because each batch still takes the row lock;
+they simply take turns per batch.
+
+Throughput is bounded by the per-request Python work inside the batch (routing, building rows)
+plus a fixed ~10 round trips per batch; see ``bench/admission.py`` for measured figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from django.db import connection
+
+from .decide import BatchResult, Request, ScaleDecision, decide_batch
+
+log = logging.getLogger("scalers.admission")
+
+QUEUED, TAKEN, CANCELLED = 0, 1, 2
+
+
+class AdmissionTimeout(Exception):
+    """The request was not taken into a batch within the caller's timeout (nothing was written)."""
+
+
+class _Pending:
+    __slots__ = ("request", "event", "decision", "agent", "error", "state", "on_done")
+
+    def __init__(self, request: Request, on_done: Callable[["_Pending"], None] | None = None):
+        self.request = request
+        self.event = threading.Event()
+        self.decision: ScaleDecision | None = None
+        self.agent = None
+        self.error: BaseException | None = None
+        self.state = QUEUED
+        self.on_done = on_done
+
+    def finish(self) -> None:
+        self.event.set()
+        if self.on_done is not None:
+            self.on_done(self)
+
+
+class AdmissionQueue:
+    """An in-process queue feeding one decider thread (started on first use).
+
+    ``max_batch``: most requests decided per transaction. ``idle_close_seconds``: the decider
+    closes its database connection after this long without work (so test databases can be
+    dropped and idle consoles hold no connection). ``decide``: the batch function (tests and the
+    bench may pass their own instance id through it).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_batch: int = 512,
+        idle_close_seconds: float = 5.0,
+        lock_timeout_ms: int = 10_000,
+        decide: Callable[[list[Request]], BatchResult] | None = None,
+        name: str = "kici-admission",
+    ):
+        self.max_batch = max_batch
+        self.idle_close_seconds = idle_close_seconds
+        self.lock_timeout_ms = lock_timeout_ms
+        self._decide = decide or (lambda reqs: decide_batch(reqs))
+        self._name = name
+        self._cv = threading.Condition()
+        self._items: list[_Pending] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._pid = os.getpid()
+        self._conn_seen = None
+        self.batches = 0
+        self.decided = 0
+
+    # ------------------------------------------------------------------ caller side
+
+    def submit(self, request: Request, timeout: float | None = 30.0) -> tuple[ScaleDecision, object]:
+        """Queue ``request`` and wait for its decision; returns ``(decision, agent or None)``.
+
+        Raises :class:`AdmissionTimeout` when no batch took the request within ``timeout``
+        seconds (then it never will), or the database error that failed its batch (then the
+        batch's transaction rolled back and nothing was written).
+        """
+        p = _Pending(request)
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("admission queue is shut down")
+            self._ensure_thread()
+            self._items.append(p)
+            self._cv.notify()
+        if not p.event.wait(timeout):
+            with self._cv:
+                if p.state == QUEUED:
+                    p.state = CANCELLED
+                    self._items.remove(p)
+                    raise AdmissionTimeout(f"no admission decision within {timeout}s")
+            p.event.wait()  # taken into a batch: its outcome is real, wait for it
+        if p.error is not None:
+            raise p.error
+        return p.decision, p.agent
+
+    async def submit_async(self, request: Request, timeout: float | None = 30.0) -> tuple[ScaleDecision, object]:
+        """:meth:`submit` for async views: awaits the decision without holding a thread."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def wake(p: _Pending) -> None:
+            def settle() -> None:
+                if not future.done():
+                    future.set_result(p)
+
+            loop.call_soon_threadsafe(settle)
+
+        p = _Pending(request, on_done=wake)
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("admission queue is shut down")
+            self._ensure_thread()
+            self._items.append(p)
+            self._cv.notify()
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            with self._cv:
+                if p.state == QUEUED:
+                    p.state = CANCELLED
+                    self._items.remove(p)
+                    raise AdmissionTimeout(f"no admission decision within {timeout}s") from None
+            await future
+        if p.error is not None:
+            raise p.error
+        return p.decision, p.agent
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ decider side
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._items and not self._stopping:
+                        if not self._cv.wait(self.idle_close_seconds) and not self._items:
+                            self._close_connection()
+                    if not self._items:
+                        break
+                    batch = self._items[: self.max_batch]
+                    del self._items[: self.max_batch]
+                    for p in batch:
+                        p.state = TAKEN
+                self._run_batch(batch)
+        finally:
+            self._close_connection()
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        try:
+            self._prepare_connection()
+            result = self._decide([p.request for p in batch])
+        except BaseException as exc:  # noqa: BLE001 - every waiter must be woken
+            log.warning("admission batch of %d failed: %s", len(batch), exc)
+            self._close_connection()
+            for p in batch:
+                p.error = exc
+                p.finish()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        by_id = {a.agent_id: a for a in result.admitted}
+        self.batches += 1
+        self.decided += len(batch)
+        for p, decision in zip(batch, result.decisions):
+            p.decision = decision
+            p.agent = by_id.get(decision.agent) if decision.action == "spawning" else None
+            p.finish()
+
+    def _prepare_connection(self) -> None:
+        connection.ensure_connection()
+        raw = connection.connection
+        if raw is not self._conn_seen:
+            with connection.cursor() as cur:
+                cur.execute(f"SET lock_timeout = {int(self.lock_timeout_ms)}")
+            self._conn_seen = raw
+
+    def _close_connection(self) -> None:
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001
+            pass
+        self._conn_seen = None
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Decide what is queued, stop the decider thread and close its connection."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+_QUEUE: AdmissionQueue | None = None
+_QUEUE_LOCK = threading.Lock()
+
+
+def get_queue() -> AdmissionQueue:
+    """This process's admission queue (re-created after a fork: threads do not survive one)."""
+    global _QUEUE
+    with _QUEUE_LOCK:
+        if _QUEUE is None or _QUEUE._pid != os.getpid():
+            _QUEUE = AdmissionQueue()
+        return _QUEUE
+
+
+def shutdown_queue() -> None:
+    """Stop this process's decider thread (tests call it so the test database can be dropped)."""
+    global _QUEUE
+    with _QUEUE_LOCK:
+        q, _QUEUE = _QUEUE, None
+    if q is not None and q._pid == os.getpid():
+        q.shutdown()

@@ -1,0 +1,157 @@
+"""Recovery on boot and on leader change (SPEC c.5, seed scaler-state-store.d.ts).
+
+The database is the state here, so "rehydrating" keeps rows rather than loading them into a
+map; what recovery *drops* is what could never complete:
+
+* Spawning agents owned by this instance whose backend is local (container, firecracker,
+  bare-metal) are dropped (``spawning_dropped``): state ``failed``, reservation deleted. One
+  adaptation of the reference: the spawn runs in an rq worker, not in the console process, so a
+  local spawn whose rq job is still queued or running in a live worker *did* survive the restart
+  and is kept (counted as rehydrated). Event-backend spawns are rehydrated; their prune clock
+  starts at ``spawn_started_at``, else at the row's creation (``spawnStartedAt = spawnedAt``).
+* Reservations owned by this instance that no spawn backs are dropped (``reservations_dropped``).
+  Here "backed" = its agent is still active (spawning and kept, running, draining, destroying):
+  unlike the reference's in-process agents, a running container outlives a console restart and
+  its agent keeps its slot.
+* ``agent_jobs_rehydrated``: active agents bound to a job (all owners, as in the reference).
+* ``buffered_events_lost`` is always 0: events are stored, never buffered in memory.
+
+Rows of other instances are neither touched nor counted (CASES REC-04).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.choices import ACTIVE_STATES, AgentState, EventType
+from agents.events import record_event
+from agents.models import Agent
+from scalers.choices import LOCAL_SCALER_TYPES
+from scalers.models import RecoveryReport, Reservation
+
+from . import ledger
+
+log = logging.getLogger("scalers.admission")
+
+_ALIVE_RQ_STATES = {"queued", "started", "deferred", "scheduled"}
+
+
+@dataclass(frozen=True)
+class ScalerStateRecovery:
+    """Counts of one recovery (seed scaler-state-store.d.ts ``ScalerStateRecovery``)."""
+
+    spawning_agents_rehydrated: int = 0
+    spawning_dropped: int = 0
+    agent_jobs_rehydrated: int = 0
+    reservations_rehydrated: int = 0
+    reservations_dropped: int = 0
+    buffered_events_lost: int = 0
+
+
+def rq_job_alive(agent: Agent) -> bool:
+    """True when the agent's spawn job is queued/started/deferred/scheduled in rq.
+
+    No ``rq_job_id`` ⇒ False. Redis unreachable ⇒ True (do not drop what might be running;
+    the stale prune and the token TTL catch it later).
+    """
+    if not agent.rq_job_id:
+        return False
+    try:
+        import django_rq
+        from rq.job import Job
+
+        job = Job.fetch_many([agent.rq_job_id], connection=django_rq.get_connection("default"))[0]
+    except Exception as exc:  # noqa: BLE001
+        log.warning("recovery: cannot ask rq about %s (%s); keeping it", agent.agent_id, exc)
+        return True
+    return job is not None and str(job.get_status(refresh=False)) in _ALIVE_RQ_STATES
+
+
+def recover_state(
+    instance_id: str | None = None,
+    *,
+    trigger: str = "boot",
+    spawn_alive: Callable[[Agent], bool] = rq_job_alive,
+) -> ScalerStateRecovery:
+    """Reconcile this instance's spawning agents and reservations; report and store the counts.
+
+    ``instance_id`` defaults to ``settings.KICI_INSTANCE_ID``; ``trigger`` is ``boot``,
+    ``leader-change`` or ``manual``; ``spawn_alive(agent)`` tells whether a local spawn is still
+    in progress elsewhere (default: its rq job is alive). Runs under the admission lock in one
+    transaction. Any error is logged, stored in the :class:`RecoveryReport` and answered with
+    zero counts (SPEC c.5 "start empty"). Never raises.
+    """
+    instance_id = instance_id or settings.KICI_INSTANCE_ID
+    try:
+        result = _recover(instance_id, spawn_alive)
+        error = ""
+    except Exception as exc:  # noqa: BLE001 - a failed recovery must not stop the console
+        log.exception("scaler state recovery failed; starting empty")
+        result, error = ScalerStateRecovery(), f"{type(exc).__name__}: {exc}"
+    RecoveryReport.objects.create(instance_id=instance_id, trigger=trigger, error=error, **asdict(result))
+    log.info(
+        "scaler state recovery (%s, instance %s): spawning_agents_rehydrated=%d spawning_dropped=%d "
+        "agent_jobs_rehydrated=%d reservations_rehydrated=%d reservations_dropped=%d buffered_events_lost=%d",
+        trigger, instance_id, result.spawning_agents_rehydrated, result.spawning_dropped,
+        result.agent_jobs_rehydrated, result.reservations_rehydrated, result.reservations_dropped,
+        result.buffered_events_lost,
+    )
+    if result.reservations_dropped:
+        log.warning("recovery dropped %d reservation rows no spawn backs", result.reservations_dropped)
+    return result
+
+
+def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> ScalerStateRecovery:
+    now = timezone.now()
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            ledger.lock_admission(cur)
+        spawning = list(
+            Agent.objects.select_related("scaler").filter(owner_instance=instance_id, state=AgentState.SPAWNING)
+        )
+        dropped_ids: set[int] = set()
+        for agent in spawning:
+            if agent.scaler.type in LOCAL_SCALER_TYPES and not spawn_alive(agent):
+                dropped_ids.add(agent.pk)
+        if dropped_ids:
+            Agent.objects.filter(pk__in=dropped_ids).update(
+                state=AgentState.FAILED,
+                finished_at=now,
+                updated_at=now,
+                failure_reason="dropped at recovery: a local spawn does not survive the process that ran it",
+            )
+        # Event spawns: the prune clock starts at spawnedAt when the spawn never recorded a start.
+        Agent.objects.filter(
+            owner_instance=instance_id, state=AgentState.SPAWNING, spawn_started_at__isnull=True
+        ).exclude(pk__in=dropped_ids).exclude(scaler__type__in=list(LOCAL_SCALER_TYPES)).update(
+            spawn_started_at=F("created_at")
+        )
+
+        rehydrated_res = 0
+        dropped_res: list[Reservation] = []
+        for res in Reservation.objects.select_related("agent", "agent__scaler").filter(owner_instance=instance_id):
+            backed = res.agent.state in ACTIVE_STATES and res.agent_id not in dropped_ids
+            if backed:
+                rehydrated_res += 1
+            else:
+                dropped_res.append(res)
+        if dropped_res:
+            Reservation.objects.filter(pk__in=[r.pk for r in dropped_res]).delete()
+            for res in dropped_res:
+                record_event(res.agent, EventType.RELEASED, detail="recovery", payload={"reason": "recovery"})
+        agent_jobs = Agent.objects.filter(state__in=ACTIVE_STATES).exclude(bound_job_id="").count()
+    return ScalerStateRecovery(
+        spawning_agents_rehydrated=len(spawning) - len(dropped_ids),
+        spawning_dropped=len(dropped_ids),
+        agent_jobs_rehydrated=agent_jobs,
+        reservations_rehydrated=rehydrated_res,
+        reservations_dropped=len(dropped_res),
+        buffered_events_lost=0,
+    )

@@ -1,0 +1,103 @@
+"""``request_scale``: the entry point every caller uses (the API view, warm pools, tests)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from agents.models import Agent
+
+from .decide import Request, ScaleDecision, decide_batch
+from .queue import get_queue
+from .release import fail_spawn
+from .validate import InvalidScaleRequest, _labels, validate_resources
+
+log = logging.getLogger("scalers.admission")
+
+
+def enqueue_spawn_for(agent: Agent) -> None:
+    """Hand an admitted agent to helper "ctr"'s spawn job (``scalers.jobs.enqueue_spawn``).
+
+    TODO(lead): while ``scalers.jobs`` does not exist the spawn is not enqueued (logged); any
+    other import error is raised.
+    """
+    try:
+        from scalers.jobs import enqueue_spawn
+    except ModuleNotFoundError as exc:
+        if exc.name == "scalers.jobs":
+            log.warning("scalers.jobs is not installed: spawn of %s not enqueued", agent.agent_id)
+            return
+        raise
+    enqueue_spawn(agent)
+
+
+def _enqueue_or_fail(decision: ScaleDecision, agent: Agent) -> ScaleDecision:
+    try:
+        enqueue_spawn_for(agent)
+    except Exception as exc:  # noqa: BLE001 - the admission must not outlive a lost spawn
+        log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
+        fail_spawn(Agent.objects.select_related("scaler").get(pk=agent.pk),
+                   f"could not enqueue the spawn: {exc}", reason="enqueue-failed")
+        return ScaleDecision("skipped", scaler=decision.scaler, backend_type=decision.backend_type,
+                             reason=f"spawn queue unavailable: {exc}")
+    return decision
+
+
+def request_scale(
+    labels,
+    job_id: str,
+    resources: Any = None,
+    run_id: str = "",
+    exclude=(),
+    warm: bool = False,
+    *,
+    job_image: str | None = None,
+    timeout: float | None = 30.0,
+) -> ScaleDecision:
+    """Decide whether a job may get an agent, and if so reserve it and enqueue its spawn.
+
+    ``labels``: the job's ``runsOn`` (list of strings; ``[]`` routes to the first label set with
+    an empty gate, SPEC b). ``job_id``/``run_id``: strings recorded on the agent and the request
+    record. ``resources``: flat ``{cpus, memory}`` or nested ``{requests, limits}`` (SPEC a.4;
+    cpus in cores, memory strings like ``"2g"``). ``exclude``: labels whose label sets must not
+    be chosen. ``warm=True`` spawns an unbound warm agent instead. ``job_image``: a job bringing
+    its own image never takes a warm agent (CASES WP-14).
+
+    Returns a :class:`ScaleDecision` (see there for ``action``). On ``spawning`` the agent row and
+    its reservation are committed and the spawn is enqueued (``scalers.jobs.enqueue_spawn``); if
+    enqueueing fails the agent is failed and released and ``skipped`` is returned.
+
+    Raises :class:`InvalidScaleRequest` for malformed input (nothing written), ``AdmissionTimeout``
+    when no batch took the request within ``timeout`` seconds, or the database error of its batch.
+
+    Outside a transaction the request joins this process's group-commit queue
+    (:mod:`scalers.admission.queue`); inside one (``transaction.atomic``) it is decided inline on
+    the caller's connection and the spawn is enqueued when the caller commits.
+    """
+    labels = _labels(list(labels) if isinstance(labels, (list, tuple)) else labels, "labels", allow_empty=True)
+    exclude = _labels(list(exclude or ()), "exclude", allow_empty=True)
+    if not isinstance(job_id, str) or (not job_id.strip() and not warm):
+        raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {job_id!r}")
+    parsed = validate_resources(resources) if not hasattr(resources, "requests") else resources
+    raw = resources.model_dump(mode="json", exclude_none=True) if hasattr(resources, "model_dump") else resources
+    req = Request(
+        labels=labels, job_id=job_id.strip(), resources=parsed, run_id=run_id or "", exclude=exclude,
+        warm=warm, job_image=job_image, raw_resources=raw,
+    )
+    if connection.in_atomic_block or not getattr(settings, "KICI_ADMISSION_BATCHING", True):
+        result = decide_batch([req])
+        decision = result.decisions[0]
+        if decision.action == "spawning":
+            agent = result.admitted[0]
+            if connection.in_atomic_block:
+                transaction.on_commit(lambda: _enqueue_or_fail(decision, agent))
+            else:
+                decision = _enqueue_or_fail(decision, agent)
+        return decision
+    decision, agent = get_queue().submit(req, timeout=timeout)
+    if decision.action == "spawning" and agent is not None:
+        decision = _enqueue_or_fail(decision, agent)
+    return decision

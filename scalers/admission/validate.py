@@ -1,0 +1,119 @@
+"""Validating a scale request before anything is decided (pure; used by the API and
+``request_scale``). Errors name the field and the offending value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scalers.config import parse_memory, parse_resource_request
+
+MAX_LABELS = 64
+MAX_LABEL_LENGTH = 200
+MAX_ID_LENGTH = 200
+#: Largest memory a single job may request (bytes): 16 TiB. More is refused as malformed.
+MAX_MEMORY_BYTES = 16 * 1024**4
+ALLOWED_FIELDS = frozenset({"labels", "jobId", "runId", "resources", "exclude"})
+
+
+class InvalidScaleRequest(ValueError):
+    """A malformed scale request. ``field`` is the JSON path (``labels[2]``,
+    ``resources.requests.cpus``); ``str(error)`` reads ``<field>: <message>``."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class ScaleInput:
+    """A validated request: labels (trimmed), job id, run id, exclude labels, the parsed
+    resources (``scalers.config.ResourceRequest``) and the resources as sent."""
+
+    labels: tuple[str, ...]
+    job_id: str
+    run_id: str = ""
+    exclude: tuple[str, ...] = ()
+    resources: Any = None
+    raw_resources: Any = None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _labels(value: Any, field: str, *, allow_empty: bool) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidScaleRequest(field, f"must be a list of strings, got {_short(value)}")
+    if not value and not allow_empty:
+        raise InvalidScaleRequest(field, "must name at least one label")
+    if len(value) > MAX_LABELS:
+        raise InvalidScaleRequest(field, f"at most {MAX_LABELS} labels, got {len(value)}")
+    out = []
+    for i, label in enumerate(value):
+        if not isinstance(label, str):
+            raise InvalidScaleRequest(f"{field}[{i}]", f"must be a string, got {_short(label)}")
+        label = label.strip()
+        if not label:
+            raise InvalidScaleRequest(f"{field}[{i}]", "must not be empty")
+        if len(label) > MAX_LABEL_LENGTH or not label.isprintable():
+            raise InvalidScaleRequest(f"{field}[{i}]", f"must be printable and at most {MAX_LABEL_LENGTH} characters")
+        out.append(label)
+    return tuple(out)
+
+
+def _ident(value: Any, field: str, *, required: bool) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise InvalidScaleRequest(field, f"must be a non-empty string, got {_short(value)}")
+    if len(value) > MAX_ID_LENGTH or not value.isprintable():
+        raise InvalidScaleRequest(field, f"must be printable and at most {MAX_ID_LENGTH} characters")
+    return value.strip()
+
+
+def validate_resources(value: Any) -> Any:
+    """Parse a job's ``resources`` (flat or nested, SPEC a.4) and refuse negative or huge values.
+
+    Returns a ``scalers.config.ResourceRequest`` (``None`` for absent). Raises
+    :class:`InvalidScaleRequest` naming ``resources.<side>.<field>``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidScaleRequest("resources", f"must be an object, got {_short(value)}")
+    try:
+        parsed = parse_resource_request(value)
+    except ValueError as exc:
+        text = str(exc)
+        field = text.split(":", 1)[0] if text.startswith("resources") else "resources"
+        raise InvalidScaleRequest(field, text.split(": ", 1)[1] if text.startswith("resources") and ": " in text else text) from None
+    for side in ("requests", "limits"):
+        spec = getattr(parsed, side)
+        if spec is not None and spec.memory is not None and parse_memory(spec.memory) > MAX_MEMORY_BYTES:
+            raise InvalidScaleRequest(f"resources.{side}.memory", f"{spec.memory!r} is more than 16 TiB")
+    return parsed
+
+
+def validate_scale_request(payload: Any) -> ScaleInput:
+    """Validate the JSON body of ``POST /api/v1/scale``: ``{labels, jobId, resources?, runId?,
+    exclude?}``. Unknown keys are refused (a misspelt ``resource`` must not silently spawn a
+    default-sized agent). Raises :class:`InvalidScaleRequest`."""
+    if not isinstance(payload, dict):
+        raise InvalidScaleRequest("body", f"must be a JSON object, got {_short(payload)}")
+    unknown = sorted(set(payload) - ALLOWED_FIELDS)
+    if unknown:
+        raise InvalidScaleRequest(unknown[0], f"unknown field (allowed: {', '.join(sorted(ALLOWED_FIELDS))})")
+    if "labels" not in payload:
+        raise InvalidScaleRequest("labels", "is required")
+    labels = _labels(payload["labels"], "labels", allow_empty=False)
+    if "jobId" not in payload:
+        raise InvalidScaleRequest("jobId", "is required")
+    job_id = _ident(payload["jobId"], "jobId", required=True)
+    run_id = _ident(payload.get("runId"), "runId", required=False)
+    exclude = _labels(payload.get("exclude") or [], "exclude", allow_empty=True)
+    raw = payload.get("resources")
+    resources = validate_resources(raw)
+    return ScaleInput(labels=labels, job_id=job_id, run_id=run_id, exclude=exclude, resources=resources, raw_resources=raw)
