@@ -6,6 +6,8 @@
       - drops elements whose out-of-band target is not on this page (no console noise),
       - "upserts" rows: in <tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>, a <tr id=...>
         already on the page is replaced in place, a new one is inserted at the top,
+      - keeps only rows matching the target's data-accept selector, if it has one
+        (e.g. data-accept='[data-scaler="ci"]' on a scaler page's tables),
       - trims a tbody with data-max-rows after the swap.
    2. A connection indicator: an element with [data-live-status] inside the ws-connect element shows
       open / closed; after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
@@ -33,6 +35,15 @@
       var target = null;
       try { target = sel ? document.querySelector(sel) : null; } catch (e) { target = null; }
       if (!target) return; // not on this page
+      var accept = target.getAttribute("data-accept");
+      if (accept && el.tagName === "TBODY") {
+        Array.prototype.slice.call(el.children).forEach(function (row) {
+          var ok = false;
+          try { ok = row.matches(accept); } catch (e) { ok = false; }
+          if (!ok) el.removeChild(row);
+        });
+        if (!el.children.length) return;
+      }
       if (el.hasAttribute("data-upsert")) {
         Array.prototype.slice.call(el.querySelectorAll(":scope > [id]")).forEach(function (row) {
           if (document.getElementById(row.id)) {

@@ -1,0 +1,55 @@
+"""HTML for live pushes, rendered from the same template partials as the pages.
+
+The ``ws/events/`` and ``ws/agents/<id>/events/`` consumers receive ``{"type": "event.message",
+"event_id": pk}`` group messages (see ``agents.events.record_event``) and send each client the string
+:func:`render_live_update` returns. The htmx ``ws`` extension swaps every top-level element of that
+string out of band; the page's ``kici-live`` extension (static/js/kici.js) first drops the elements
+whose target the page does not have, and upserts agent rows (replace in place, or insert at the top).
+"""
+
+from __future__ import annotations
+
+from django.template.loader import render_to_string
+
+from .capacity import global_capacity, scaler_capacities
+from .models import Agent, ScalerEvent
+
+PAGE = "dashboard/index.html"
+
+
+def render_agent_row(agent: Agent) -> str:
+    """One ``<tr id="agent-<agent_id>">``, exactly as the dashboard and the agents list render it."""
+    return render_to_string(f"{PAGE}#agent_row", {"agent": agent})
+
+
+def render_event_row(event: ScalerEvent) -> str:
+    """One ``<tr id="event-<pk>">``, exactly as the feeds and the agent timeline render it."""
+    return render_to_string(f"{PAGE}#event_row", {"event": event})
+
+
+def render_live_update(event: ScalerEvent | int) -> str:
+    """The WebSocket message for one stored event (a ScalerEvent or its pk); ``""`` if it is gone.
+
+    Synchronous (database reads): call it from an async consumer through
+    ``channels.db.database_sync_to_async``. The string holds, each swapped out of band:
+
+    1. ``<tbody hx-swap-oob="afterbegin:#event-rows">`` with the event row (feeds, timelines);
+    2. when the event has an agent: ``<tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>``
+       with the agent's row as it is now (state changes, new agents);
+    3. the capacity cards of the agent's scaler and of the whole console
+       (``<div id="cap-scaler-<pk>" hx-swap-oob="outerHTML">``, ``#cap-global``).
+    """
+    if not isinstance(event, ScalerEvent):
+        event = ScalerEvent.objects.select_related("agent", "agent__scaler").filter(pk=event).first()
+        if event is None:
+            return ""
+    parts = [render_to_string(f"{PAGE}#event_oob", {"event": event})]
+    agent = None
+    if event.agent_id:
+        agent = Agent.objects.select_related("scaler").filter(pk=event.agent_id).first()
+    if agent is not None:
+        parts.append(render_to_string(f"{PAGE}#agent_oob", {"agent": agent}))
+        for cap in scaler_capacities([agent.scaler]):
+            parts.append(render_to_string(f"{PAGE}#cap_card", {"cap": cap, "oob": True}))
+        parts.append(render_to_string(f"{PAGE}#cap_card", {"cap": global_capacity(), "oob": True}))
+    return "\n".join(p.strip() for p in parts)

@@ -1,0 +1,120 @@
+"""Template helpers for the console pages: byte sizes, percentages, relative times, label chips."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+
+register = template.Library()
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+@register.filter
+def bytes_iec(value) -> str:
+    """Format a byte count with binary units: ``1610612736`` → ``"1.5 GiB"``; ``None`` → ``"—"``."""
+    if value is None or value == "":
+        return "—"
+    size = float(value)
+    for unit in _UNITS:
+        if abs(size) < 1024 or unit == _UNITS[-1]:
+            if unit == "B":
+                return f"{int(size)} B"
+            return f"{size:.1f} {unit}".replace(".0 ", " ")
+        size /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+@register.filter
+def cpus(value) -> str:
+    """Format a CPU count without noise: ``2.0`` → ``"2"``, ``0.25`` → ``"0.25"``; ``None`` → ``"—"``."""
+    if value is None or value == "":
+        return "—"
+    return f"{float(value):.2f}".rstrip("0").rstrip(".")
+
+
+@register.simple_tag
+def pct(part, whole) -> float:
+    """``part`` as a percentage of ``whole``, clamped to 0-100 for bar widths; 0 when ``whole`` is 0/None."""
+    try:
+        part, whole = float(part or 0), float(whole or 0)
+    except (TypeError, ValueError):
+        return 0.0
+    if whole <= 0:
+        return 0.0
+    return round(max(0.0, min(100.0, 100.0 * part / whole)), 1)
+
+
+def _short_delta(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s ago"
+    m = s // 60
+    if m < 60:
+        return f"{m}m ago"
+    h = m // 60
+    if h < 48:
+        return f"{h}h {m % 60}m ago"
+    return f"{h // 24}d ago"
+
+
+@register.simple_tag
+def rel_time(value: datetime | None, empty: str = "—"):
+    """``<time data-rel>`` showing "12s ago" (refreshed in the browser by kici.js), absolute UTC in the title."""
+    if not value:
+        return format_html('<span class="muted">{}</span>', empty)
+    iso = value.isoformat()
+    return format_html(
+        '<time data-rel datetime="{}" title="{}">{}</time>',
+        iso,
+        value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        _short_delta((timezone.now() - value).total_seconds()),
+    )
+
+
+@register.simple_tag
+def abs_time(value: datetime | None, empty: str = "—"):
+    """An absolute UTC timestamp (``2026-11-29 16:55:03``) in a ``<time>`` element."""
+    if not value:
+        return format_html('<span class="muted">{}</span>', empty)
+    return format_html(
+        '<time datetime="{}">{}</time>', value.isoformat(), value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    )
+
+
+@register.filter
+def declared_labels(labels) -> list[str]:
+    """The labels without the automatic ``kici:`` ones (SPEC a.10), for compact tables."""
+    return [label for label in (labels or []) if not str(label).startswith("kici:")]
+
+
+@register.filter
+def first_line(text: str) -> str:
+    """The first line of a multi-line text (failure details carry captured output after it)."""
+    return (text or "").split("\n", 1)[0]
+
+
+@register.filter
+def rest_lines(text: str) -> str:
+    """Everything after the first line, or ``""``."""
+    parts = (text or "").split("\n", 1)
+    return parts[1] if len(parts) > 1 else ""
+
+
+_EVENT_COLOURS = {
+    "scaler.failed": "b-red",
+    "scaler.ready": "b-green",
+    "agent.registered": "b-green",
+    "agent.draining": "b-amber",
+    "agent.destroyed": "b-grey",
+    "reservation.released": "b-grey",
+}
+
+
+@register.filter
+def event_badge(event_type: str) -> str:
+    """CSS badge class for an event type (failed red, ready/registered green, others blue)."""
+    return _EVENT_COLOURS.get(event_type, "b-blue")

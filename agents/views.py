@@ -1,0 +1,424 @@
+"""Operator pages for agents: dashboard, agents list, agent page, console page, events feed.
+
+Every page needs a signed-in user with ``agents.view_agent`` (anonymous users are sent to the login
+page, signed-in users without the permission get 403). htmx requests (not boosted) get the named
+partial of the same template instead of the whole page, so a table re-fetch and the first render
+share their markup.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from functools import wraps
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.http import Http404
+from django.shortcuts import get_object_or_404, render
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from scalers.models import Scaler
+
+from .capacity import global_capacity, pool_capacities, scaler_capacities
+from .choices import ACTIVE_STATES, AgentState, EventType
+from .models import Agent, ScalerEvent
+
+log = logging.getLogger(__name__)
+
+VIEW_PERM = "agents.view_agent"
+#: Running the live isolation self-test sends probe packets from inside the agent's namespace.
+SELFTEST_PERM = "agents.change_agent"
+
+DASHBOARD_AGENT_LIMIT = 500
+DASHBOARD_EVENT_LIMIT = 30
+LIST_PAGE_SIZE = 100
+EVENTS_PAGE_SIZE = 200
+
+
+def viewer_required(view):
+    """``login_required`` + ``agents.view_agent`` (403 for a signed-in user without it)."""
+    return login_required(permission_required(VIEW_PERM, raise_exception=True)(wraps(view)(view)))
+
+
+def wants_partial(request) -> bool:
+    """True for an htmx request that is not a boosted page navigation (NetBox's rule)."""
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.boosted
+
+
+def template_exists(name: str) -> bool:
+    try:
+        get_template(name)
+    except TemplateDoesNotExist:
+        return False
+    return True
+
+
+def css_attr_selector(attr: str, value: str) -> str:
+    """``[attr="value"]`` with ``value`` escaped as a CSS string (for ``data-accept`` filters)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'[{attr}="{escaped}"]'
+
+
+def recovery_report() -> dict | None:
+    """The last boot's recovery counts from helper "adm", if this build records them.
+
+    Returns ``{"at": datetime|None, "counts": [(name, n)], "total": int}`` or None.
+    """
+    try:
+        from scalers.admission import recovery  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    getter = getattr(recovery, "last_recovery_report", None)
+    if getter is None:
+        return None
+    try:
+        report = getter()
+    except Exception:  # noqa: BLE001 - the dashboard must render without it
+        log.warning("could not read the last recovery report", exc_info=True)
+        return None
+    if not report:
+        return None
+    if not isinstance(report, dict):
+        report = dict(getattr(report, "__dict__", {}))
+    at = report.pop("at", None) or report.pop("finished_at", None) or report.pop("created_at", None)
+    counts = [(k.replace("_", " "), v) for k, v in report.items() if isinstance(v, int) and not isinstance(v, bool)]
+    return {"at": at, "counts": counts, "total": sum(v for _, v in counts)}
+
+
+# --- dashboard ----------------------------------------------------------------------------------
+
+
+@require_GET
+@viewer_required
+def dashboard(request):
+    """``/``: capacity per scaler (and pools, and the console), live agents, recent events."""
+    agents = Agent.objects.active().select_related("scaler")[:DASHBOARD_AGENT_LIMIT]
+    events = ScalerEvent.objects.all()[:DASHBOARD_EVENT_LIMIT]
+    url = reverse("dashboard")
+    ctx = {
+        "nav": "dashboard",
+        "agents": agents,
+        "events": events,
+        "max_rows": DASHBOARD_EVENT_LIMIT,
+        "empty_text": "No live agents.",
+    }
+    part = request.GET.get("part")
+    if part == "agents":
+        return render(request, "dashboard/index.html#agent_tbody", {**ctx, "resync_url": f"{url}?part=agents"})
+    if part == "events":
+        return render(request, "dashboard/index.html#event_tbody", {**ctx, "resync_url": f"{url}?part=events"})
+    ctx.update(
+        global_cap=global_capacity(),
+        pool_caps=pool_capacities(),
+        scaler_caps=scaler_capacities(Scaler.objects.filter(Q(retiring=False) | Q(agents__state__in=ACTIVE_STATES)).distinct()),
+        recovery=recovery_report(),
+        agent_resync_url=f"{url}?part=agents",
+        event_resync_url=f"{url}?part=events",
+    )
+    return render(request, "dashboard/index.html", ctx)
+
+
+# --- agents list --------------------------------------------------------------------------------
+
+STATE_FILTERS = [("active", "active"), ("all", "all states"), *[(s.value, s.value) for s in AgentState]]
+
+
+def filter_agents(params) -> tuple:
+    """Apply the list filters ``state`` (a state, ``active`` or ``all``; default active), ``scaler``
+    (name) and ``q`` (substring of agent id, managed id, address, bound job, or a label) to agents.
+
+    Returns ``(queryset, cleaned)`` with ``cleaned`` the values actually applied (unknown ones dropped).
+    """
+    qs = Agent.objects.select_related("scaler")
+    state = params.get("state") or "active"
+    if state == "active":
+        qs = qs.filter(state__in=ACTIVE_STATES)
+    elif state in AgentState.values:
+        qs = qs.filter(state=state)
+    else:
+        state = "all"
+    scaler = (params.get("scaler") or "").strip()
+    if scaler:
+        qs = qs.filter(scaler__name=scaler)
+    q = (params.get("q") or "").strip()[:200]
+    if q:
+        cond = Q(agent_id__icontains=q) | Q(managed_id__icontains=q) | Q(bound_job_id__icontains=q) | Q(labels__contains=[q])
+        try:
+            cond |= Q(ip=str(ipaddress.ip_address(q)))
+        except ValueError:
+            pass
+        qs = qs.filter(cond)
+    return qs, {"state": state, "scaler": scaler, "q": q}
+
+
+@require_GET
+@viewer_required
+def agent_list(request):
+    """``/agents/``: every agent with filters; htmx requests get only the table."""
+    qs, cleaned = filter_agents(request.GET)
+    page = Paginator(qs, LIST_PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    ctx = {
+        "nav": "agents",
+        "page": page,
+        "agents": page.object_list,
+        "filters": cleaned,
+        "state_filters": STATE_FILTERS,
+        "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
+        "query": query.urlencode(),
+        "empty_text": "No agent matches these filters.",
+    }
+    if wants_partial(request):
+        return render(request, "agents/list.html#results", ctx)
+    return render(request, "agents/list.html", ctx)
+
+
+# --- agent page ---------------------------------------------------------------------------------
+
+
+def _get_agent(agent_id: str) -> Agent:
+    return get_object_or_404(Agent.objects.select_related("scaler", "label_set"), agent_id=agent_id)
+
+
+def host_access_view(agent: Agent) -> dict:
+    """What the agent page says about host access (issue 5 item 7).
+
+    ``entries``: the resolved list stored at spawn (None when not resolved yet); ``explicit``: the
+    label set's explicit list was used (else the default, SPEC g.3); ``label_set_entries`` /
+    ``label_set_explicit``: what the label set says now; ``drift``: the two differ, so a host-access
+    change is waiting to be applied to this agent.
+    """
+    ls = agent.label_set
+    ls_entries = ls.host_access if ls is not None else None
+    drift = False
+    if ls is not None and agent.host_access is not None:
+        if ls_entries is not None:
+            drift = (not agent.host_access_explicit) or list(ls_entries) != list(agent.host_access)
+        else:
+            drift = agent.host_access_explicit
+    return {
+        "entries": agent.host_access,
+        "explicit": agent.host_access_explicit,
+        "label_set_entries": ls_entries,
+        "label_set_explicit": ls_entries is not None,
+        "drift": drift,
+    }
+
+
+def ops_request_available() -> bool:
+    return template_exists("operations/request_button.html")
+
+
+@require_GET
+@viewer_required
+def agent_detail(request, agent_id: str):
+    """``/agents/<agent_id>/``: state, labels, timestamps, host access, rules in force, timeline."""
+    agent = _get_agent(agent_id)
+    events = ScalerEvent.objects.filter(Q(agent=agent) | Q(agent_ref=agent.agent_id)).order_by("-created_at", "-id")[:500]
+    if request.GET.get("part") == "events":
+        return render(request, "dashboard/index.html#event_tbody", {"events": events, "max_rows": 500, "resync_url": request.get_full_path()})
+    ctx = {
+        "nav": "agents",
+        "agent": agent,
+        "agents": [agent],
+        "events": events,
+        "max_rows": 500,
+        "host_access": host_access_view(agent),
+        "ops_buttons": ops_request_available(),
+        "can_selftest": request.user.has_perm(SELFTEST_PERM),
+        "selftest_available": selftest_function() is not None,
+        "streams": console_streams(agent),
+        "event_resync_url": f"{reverse('agent_detail', args=[agent.agent_id])}?part=events",
+    }
+    return render(request, "agents/detail.html", ctx)
+
+
+def nft_table_for(agent: Agent) -> str:
+    """The nftables table holding this agent's isolation rules: the firecracker block's ``table``
+    for VMs (SPEC a.9), ``settings.KICI_NFT_TABLE`` otherwise."""
+    if agent.scaler.type == "firecracker":
+        from scalers.models import ConfigState
+
+        return (ConfigState.load().firecracker or {}).get("table") or settings.KICI_NFT_TABLE
+    return settings.KICI_NFT_TABLE
+
+
+@require_GET
+@viewer_required
+def agent_isolation(request, agent_id: str):
+    """Fragment: the agent's isolation rules read back from the kernel (loaded after the page)."""
+    agent = _get_agent(agent_id)
+    ctx = {"agent": agent, "table": nft_table_for(agent), "lines": None, "error": "", "complete": None}
+    if not agent.ip:
+        ctx["error"] = "the agent has no address yet, so it has no isolation rules"
+    else:
+        try:
+            from network.nft.apply import NftClient
+
+            rules = NftClient(ctx["table"]).list_agents().get(ipaddress.ip_address(agent.ip))
+        except Exception as exc:  # noqa: BLE001 - nft missing, no privilege, bad table: say so
+            ctx["error"] = f"could not read table inet {ctx['table']}: {exc}"
+        else:
+            if rules is None:
+                ctx["lines"] = []
+            else:
+                ctx["lines"] = rules.describe()
+                ctx["complete"] = rules.complete
+    return render(request, "agents/detail.html#isolation", ctx)
+
+
+def selftest_function():
+    """helper "net"'s ``run_isolation_selftest`` if this build has it, else None."""
+    for module_name in ("network.selftest", "network.isolation_selftest"):
+        try:
+            module = __import__(module_name, fromlist=["run_isolation_selftest"])
+        except ImportError:
+            continue
+        fn = getattr(module, "run_isolation_selftest", None)
+        if fn is not None:
+            return fn
+    return None
+
+
+def _selftest_rows(result) -> list[dict]:
+    """Normalise a self-test result into rows ``{target, expected, observed, ok, detail}``."""
+    probes = getattr(result, "probes", None)
+    if probes is None and isinstance(result, dict):
+        probes = result.get("probes")
+    if probes is None:
+        probes = result if isinstance(result, (list, tuple)) else []
+    rows = []
+    for p in probes:
+        get = p.get if isinstance(p, dict) else (lambda k, d=None, _p=p: getattr(_p, k, d))
+        expected = get("expected", get("expect", ""))
+        observed = get("observed", get("result", ""))
+        ok = get("ok", get("passed", None))
+        if ok is None:
+            ok = str(expected) == str(observed)
+        target = get("target", None) or " ".join(str(x) for x in (get("address", ""), get("proto", get("protocol", "")), get("port", "")) if x not in ("", None))
+        rows.append(
+            {
+                "target": target,
+                "kind": get("kind", get("category", "")),
+                "expected": "reachable" if expected is True else "unreachable" if expected is False else expected,
+                "observed": "reachable" if observed is True else "unreachable" if observed is False else observed,
+                "ok": bool(ok),
+                "detail": get("detail", get("reason", "")),
+            }
+        )
+    return rows
+
+
+@require_POST
+@viewer_required
+def agent_selftest(request, agent_id: str):
+    """POST: run the live isolation self-test for this agent and render the reachability table."""
+    agent = _get_agent(agent_id)
+    if not request.user.has_perm(SELFTEST_PERM):
+        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": "you lack the permission agents.change_agent to run the self-test"}, status=403)
+    fn = selftest_function()
+    if fn is None:
+        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": "the isolation self-test is not available in this build"})
+    if not agent.is_active or not agent.ip:
+        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"})
+    try:
+        result = fn(agent)
+    except Exception as exc:  # noqa: BLE001 - show why, never a 500 page in a fragment
+        log.warning("isolation self-test for %s failed", agent.agent_id, exc_info=True)
+        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": f"the self-test could not run: {exc}"})
+    rows = _selftest_rows(result)
+    ctx = {"agent": agent, "rows": rows, "passed": all(r["ok"] for r in rows) and bool(rows), "failed": sum(1 for r in rows if not r["ok"])}
+    return render(request, "agents/detail.html#selftest", ctx)
+
+
+# --- console ------------------------------------------------------------------------------------
+
+
+def console_streams(agent: Agent) -> list[tuple[str, str]]:
+    """``[(stream, label)]`` the console page offers: VMs have ``serial`` and ``vmm``, others ``console``."""
+    if agent.scaler.type == "firecracker":
+        return [("serial", "Serial console"), ("vmm", "VMM log")]
+    return [("console", "Console")]
+
+
+@require_GET
+@viewer_required
+def agent_console(request, agent_id: str, stream: str | None = None):
+    """``/agents/<id>/console/[<stream>/]``: the live console with follow, search, download, links."""
+    agent = _get_agent(agent_id)
+    streams = console_streams(agent)
+    names = [s for s, _ in streams]
+    if stream is None:
+        stream = names[0]
+    elif stream not in names:
+        raise Http404(f"agent {agent.agent_id} has no stream {stream!r}; it has {', '.join(names)}")
+    ctx = {
+        "nav": "agents",
+        "agent": agent,
+        "agents": [agent],
+        "stream": stream,
+        "streams": streams,
+        "ws_url": f"/ws/agents/{agent.agent_id}/console/{stream}/",
+        "download_url": download_url(agent, stream),
+    }
+    return render(request, "agents/console.html", ctx)
+
+
+def download_url(agent: Agent, stream: str) -> str | None:
+    """The full-log download URL (helper "tail"'s view) if it is routed in this build."""
+    from django.urls import NoReverseMatch
+
+    for name in ("agent_console_download", "agents:console_download"):
+        try:
+            return reverse(name, args=[agent.agent_id, stream])
+        except NoReverseMatch:
+            continue
+    return f"/agents/{agent.agent_id}/console/{stream}/download"
+
+
+# --- events feed ----------------------------------------------------------------------------------
+
+
+@require_GET
+@viewer_required
+def event_list(request):
+    """``/events/``: the global event feed, newest first, live; filters ``type``, ``scaler``, ``q``."""
+    qs = ScalerEvent.objects.all()
+    etype = request.GET.get("type") or ""
+    if etype in EventType.values:
+        qs = qs.filter(type=etype)
+    else:
+        etype = ""
+    scaler = (request.GET.get("scaler") or "").strip()
+    if scaler:
+        qs = qs.filter(scaler_name=scaler)
+    q = (request.GET.get("q") or "").strip()[:200]
+    if q:
+        qs = qs.filter(Q(agent_ref__icontains=q) | Q(detail__icontains=q))
+    filtered = bool(etype or scaler or q)
+    events = qs[:EVENTS_PAGE_SIZE]
+    accept = "".join(
+        css_attr_selector(attr, value) for attr, value in (("data-type", etype), ("data-scaler", scaler)) if value
+    )
+    ctx = {
+        "accept": accept,
+        "nav": "events",
+        "events": events,
+        "max_rows": EVENTS_PAGE_SIZE,
+        "filters": {"type": etype, "scaler": scaler, "q": q},
+        "filtered": filtered,
+        "event_types": EventType.choices,
+        "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
+    }
+    if wants_partial(request):
+        return render(request, "agents/events.html#results", ctx)
+    return render(request, "agents/events.html", ctx)
+

@@ -1,0 +1,215 @@
+"""The label-set host-access editor's planning: validate what the operator typed, resolve the
+effective list, and compute the input-rule diff for every live agent of the label set.
+
+Pure apart from reading the database (no nft, no writes), so the preview endpoint can call it on
+every keystroke and the apply view re-runs the very same function before it asks for an operation.
+Rules follow SPEC (g): an explicit list, even empty, wins outright; otherwise the default list
+``<gateway>:53``, ``*:<console port>``, storage entries (``network.host_access``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from agents.choices import ACTIVE_STATES
+from agents.models import Agent
+from network.host_access import (
+    HostAccessEntry,
+    HostAccessError,
+    parse_host_access_entry,
+    resolve_agent_host_access,
+    storage_host_access_entries,
+)
+from network.nft.render import AgentSpec, RuleSpecError, describe_expr, input_rule_exprs
+
+from .choices import ScalerType
+from .models import ConfigState, LabelSet, Scaler
+
+DEFAULT = "default"
+EXPLICIT = "explicit"
+MODES = (DEFAULT, EXPLICIT)
+
+#: Gateway of the container agents' bridge network (SPEC g.3; scalers.backends.docker_net).
+CONTAINER_GATEWAY = "172.30.0.1"
+#: An editor is for people: more entries than this is a paste accident, refused with a reason.
+MAX_ENTRIES = 256
+
+
+@dataclass
+class EntryCheck:
+    """One typed line: ``line`` (1-based), ``text`` (trimmed), ``ok``, and ``meaning`` (what it
+    allows) or ``error`` (why it is refused, naming the entry). ``duplicate``: a repeat of an
+    earlier line (allowed, but pointless)."""
+
+    line: int
+    text: str
+    ok: bool
+    meaning: str = ""
+    error: str = ""
+    duplicate: bool = False
+
+
+@dataclass
+class AgentRuleDiff:
+    """The input-chain change for one live agent: ``lines`` are ``(op, text)`` with op ``add``,
+    ``del`` or ``same``; ``before`` / ``after`` the host-access lists; ``error`` when its rules
+    cannot be rendered (e.g. no address yet)."""
+
+    agent: Agent
+    before: list[str]
+    after: list[str]
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return any(op != "same" for op, _ in self.lines)
+
+
+@dataclass
+class EditorPlan:
+    """Everything the editor shows for one input.
+
+    ``mode``: ``default`` or ``explicit``. ``checks``: one per non-blank typed line. ``errors``:
+    messages that block applying (bad entries, bad mode, too many entries). ``entries``: the
+    explicit list to store (None for the default). ``effective``: what agents of this label set
+    would get (SPEC g.3). ``diffs``: per live agent. ``unchanged``: the input equals what the label
+    set has now.
+    """
+
+    label_set: LabelSet
+    mode: str
+    checks: list[EntryCheck]
+    errors: list[str]
+    entries: list[str] | None
+    effective: list[str]
+    diffs: list[AgentRuleDiff]
+    unchanged: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def changed_agents(self) -> list[AgentRuleDiff]:
+        return [d for d in self.diffs if d.changed or d.error]
+
+
+def describe_entry(entry: HostAccessEntry) -> str:
+    """What a parsed entry allows, in words: ``tcp+udp port 53 on 172.30.0.1``."""
+    where = "any IPv4 host address" if entry.daddr is None else (
+        str(entry.daddr.network_address) if entry.daddr.prefixlen == entry.daddr.max_prefixlen else str(entry.daddr)
+    )
+    if entry.port is None:
+        return f"every port and protocol on {where}"
+    return f"tcp+udp port {entry.port} on {where}"
+
+
+def check_lines(text: str) -> list[EntryCheck]:
+    """Parse the textarea: one entry per line, commas also separate entries. Blank lines are
+    layout and ignored; an empty piece between commas (``5000, ,6000``) is an empty entry and is
+    refused like ``""`` in scalers.yaml."""
+    checks: list[EntryCheck] = []
+    seen: set[str] = set()
+    for number, raw in enumerate((text or "").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        for piece in raw.split(","):
+            item = piece.strip()
+            try:
+                parsed = parse_host_access_entry(item)
+            except HostAccessError as exc:
+                checks.append(EntryCheck(line=number, text=item, ok=False, error=str(exc)))
+                continue
+            checks.append(EntryCheck(line=number, text=parsed.text, ok=True, meaning=describe_entry(parsed), duplicate=parsed.text in seen))
+            seen.add(parsed.text)
+    return checks
+
+
+def gateway_for(scaler: Scaler) -> str:
+    """The bridge gateway agents of ``scaler`` sit behind: the firecracker block's ``gateway``
+    (default 10.0.0.1, SPEC a.9) for VMs, 172.30.0.1 otherwise (SPEC g.3)."""
+    if scaler.type == ScalerType.FIRECRACKER:
+        return (ConfigState.load().firecracker or {}).get("gateway") or "10.0.0.1"
+    return CONTAINER_GATEWAY
+
+
+def effective_host_access(label_set: LabelSet, entries: list[str] | None) -> list[str]:
+    """SPEC g.3 for ``label_set`` with ``entries`` as its hostAccess (None = the default list).
+
+    Orchestrator URL: the scaler's ``orchestrator_url``, else ``settings.KICI_CONSOLE_URL``; host
+    services: ``storage_host_access_entries(settings.KICI_STORAGE_URL)``.
+    """
+    scaler = label_set.scaler
+    policy = None if entries is None else {"host_access": list(entries)}
+    return resolve_agent_host_access(
+        policy,
+        scaler.orchestrator_url or settings.KICI_CONSOLE_URL,
+        gateway_for(scaler),
+        storage_host_access_entries(settings.KICI_STORAGE_URL),
+    )
+
+
+def _input_lines(address: str, gateway: str, host_access: list[str]) -> list[str]:
+    spec = AgentSpec.build(address=address, gateway=gateway, host_access=host_access)
+    return [describe_expr(expr) for expr in input_rule_exprs(spec)]
+
+
+def rule_diff(agent: Agent, after: list[str], gateway: str, current_default: list[str]) -> AgentRuleDiff:
+    """The input-chain diff for ``agent`` going from its stored list (or, if it has none stored,
+    ``current_default``) to ``after``."""
+    before = list(agent.host_access) if agent.host_access is not None else list(current_default)
+    diff = AgentRuleDiff(agent=agent, before=before, after=list(after))
+    if not agent.ip:
+        diff.error = "no address yet: its rules are written when it gets one"
+        return diff
+    try:
+        old = _input_lines(agent.ip, gateway, before)
+    except RuleSpecError as exc:
+        old = [f"(current list does not render: {exc})"]
+    new = _input_lines(agent.ip, gateway, after)
+    for line in difflib.ndiff(old, new):
+        tag, body = line[:2], line[2:]
+        if tag == "  ":
+            diff.lines.append(("same", body))
+        elif tag == "- ":
+            diff.lines.append(("del", body))
+        elif tag == "+ ":
+            diff.lines.append(("add", body))
+    return diff
+
+
+def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_limit: int = 200) -> EditorPlan:
+    """Validate ``mode`` (``default`` | ``explicit``) and ``text`` (entries, one per line) for
+    ``label_set`` and compute the effective list and the per-agent rule diffs.
+
+    Never raises for bad input: every problem is in ``errors`` (and per line in ``checks``), and
+    an input with errors gets no diffs, so nothing can be applied from it.
+    """
+    errors: list[str] = []
+    checks: list[EntryCheck] = []
+    entries: list[str] | None = None
+    if mode not in MODES:
+        errors.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    elif mode == EXPLICIT:
+        checks = check_lines(text)
+        bad = [c for c in checks if not c.ok]
+        errors += [f"line {c.line}: {c.error}" for c in bad]
+        if len(checks) > MAX_ENTRIES:
+            errors.append(f"{len(checks)} entries: at most {MAX_ENTRIES} are accepted")
+        entries = [] if bad else list(dict.fromkeys(c.text for c in checks))
+    current = label_set.host_access
+    unchanged = (mode == DEFAULT and current is None) or (mode == EXPLICIT and not errors and current is not None and list(current) == entries)
+    if errors:
+        return EditorPlan(label_set, mode, checks, errors, None, [], [], False)
+    effective = effective_host_access(label_set, entries)
+    gateway = gateway_for(label_set.scaler)
+    current_effective = effective_host_access(label_set, current)
+    agents = list(
+        Agent.objects.filter(label_set=label_set, state__in=ACTIVE_STATES).order_by("created_at")[:agent_limit]
+    )
+    diffs = [rule_diff(a, effective, gateway, current_effective) for a in agents]
+    return EditorPlan(label_set, mode, checks, [], entries, effective, diffs, unchanged)

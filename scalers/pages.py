@@ -1,0 +1,169 @@
+"""Operator pages for scalers: list, detail with label sets, and the label-set host-access editor.
+
+Viewing needs ``agents.view_agent`` (see ``agents.views.viewer_required``). Applying a host-access
+change never writes rules or the label set here: it asks helper "ops" for a planned
+``host-access-apply`` operation, which a person approves and a worker runs (issue 5 item 7, issue 8).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from agents.capacity import scaler_capacities
+from agents.choices import ACTIVE_STATES
+from agents.models import Agent, ScalerEvent
+from agents.views import css_attr_selector, template_exists, viewer_required
+
+from .host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
+from .models import LabelSet, Scaler
+
+log = logging.getLogger(__name__)
+
+HOST_ACCESS_KIND = "host-access-apply"
+REQUEST_PERM = "operations.request_operation"
+
+
+@require_GET
+@viewer_required
+def scaler_list(request):
+    """``/scalers/``: every scaler with its capacity and label-set count."""
+    scalers = Scaler.objects.annotate(n_label_sets=Count("label_sets", filter=Q(label_sets__retired=False))).select_related("machine_pool")
+    return render(request, "scalers/list.html", {"nav": "scalers", "caps": scaler_capacities(scalers)})
+
+
+def _scaler(name: str) -> Scaler:
+    return get_object_or_404(Scaler.objects.select_related("machine_pool"), name=name)
+
+
+@require_GET
+@viewer_required
+def scaler_detail(request, name: str):
+    """``/scalers/<name>/``: caps, configuration, label sets with host access, live agents, events."""
+    scaler = _scaler(name)
+    label_sets = list(
+        scaler.label_sets.annotate(n_active=Count("agents", filter=Q(agents__state__in=ACTIVE_STATES))).order_by("index")
+    )
+    for ls in label_sets:
+        cfg = ls.config or {}
+        ls.backend_summary = cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or ""
+    agents = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).select_related("scaler")[:500]
+    events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
+    ctx = {
+        "nav": "scalers",
+        "scaler": scaler,
+        "cap": scaler_capacities([scaler])[0],
+        "label_sets": label_sets,
+        "agents": agents,
+        "events": events,
+        "max_rows": 50,
+        "empty_text": "No live agents on this scaler.",
+        "ops_buttons": template_exists("operations/request_button.html"),
+        "config_items": _config_items(scaler),
+        "accept": css_attr_selector("data-scaler", scaler.name),
+    }
+    return render(request, "scalers/detail.html", ctx)
+
+
+def _config_items(scaler: Scaler) -> list[tuple[str, object]]:
+    """The scaler entry's settings worth a glance, as ``(key, value)`` from its imported config."""
+    skip = {"name", "type", "labelSets", "maxAgents", "resourceCap", "machinePool", "warmPool", "mandatoryLabels", "roles"}
+    return [(k, v) for k, v in (scaler.config or {}).items() if k not in skip and not isinstance(v, (dict, list))]
+
+
+def _label_set(name: str, index: int) -> LabelSet:
+    return get_object_or_404(LabelSet.objects.select_related("scaler"), scaler__name=name, index=index)
+
+
+def _initial_text(label_set: LabelSet) -> str:
+    return "\n".join(label_set.host_access or [])
+
+
+def _editor_context(request, label_set: LabelSet, mode: str, text: str) -> dict:
+    plan = plan_host_access_change(label_set, mode, text)
+    return {
+        "nav": "scalers",
+        "scaler": label_set.scaler,
+        "label_set": label_set,
+        "mode": mode,
+        "text": text,
+        "plan": plan,
+        "current_effective": effective_host_access(label_set, label_set.host_access),
+        "can_apply": request.user.has_perm(REQUEST_PERM),
+        "ops_available": _ops_available(),
+        "preview_url": reverse("host_access_preview", args=[label_set.scaler.name, label_set.index]),
+        "apply_url": reverse("host_access_apply", args=[label_set.scaler.name, label_set.index]),
+    }
+
+
+def _ops_available() -> bool:
+    try:
+        from operations import services
+
+        return hasattr(services, "create_operation")
+    except ImportError:
+        return False
+
+
+@require_GET
+@viewer_required
+def host_access_editor(request, name: str, index: int):
+    """``/scalers/<name>/label-sets/<index>/host-access/``: edit, preview, and request an apply."""
+    label_set = _label_set(name, index)
+    mode = EXPLICIT if label_set.host_access is not None else DEFAULT
+    return render(request, "scalers/host_access.html", _editor_context(request, label_set, mode, _initial_text(label_set)))
+
+
+@require_POST
+@viewer_required
+def host_access_preview(request, name: str, index: int):
+    """POST-only, side-effect free: validate the typed entries and render the preview fragment."""
+    label_set = _label_set(name, index)
+    ctx = _editor_context(request, label_set, request.POST.get("mode", EXPLICIT), request.POST.get("entries", ""))
+    return render(request, "scalers/host_access.html#preview", ctx)
+
+
+@require_POST
+@viewer_required
+def host_access_apply(request, name: str, index: int):
+    """Re-validate with the same planning function, then ask for a planned ``host-access-apply``
+    operation and redirect to it. Bad entries re-render the editor (422) and nothing is requested."""
+    label_set = _label_set(name, index)
+    mode = request.POST.get("mode", EXPLICIT)
+    text = request.POST.get("entries", "")
+    ctx = _editor_context(request, label_set, mode, text)
+    plan = ctx["plan"]
+    if not plan.ok:
+        ctx["apply_error"] = "Nothing was applied: fix the entries marked below."
+        return render(request, "scalers/host_access.html", ctx, status=422)
+    if plan.unchanged:
+        ctx["apply_error"] = "Nothing was applied: this is what the label set already has."
+        return render(request, "scalers/host_access.html", ctx, status=422)
+    if not request.user.has_perm(REQUEST_PERM):
+        raise PermissionDenied(f"requesting an operation needs the permission {REQUEST_PERM}")
+    if not ctx["ops_available"]:
+        ctx["apply_error"] = "Operations are not available in this build, so the change cannot be applied."
+        return render(request, "scalers/host_access.html", ctx, status=503)
+    from operations import services
+
+    params = {"host_access": plan.entries, "host_access_default": plan.entries is None}
+    try:
+        operation = services.create_operation(HOST_ACCESS_KIND, {"label_set": label_set, "params": params}, request.user)
+    except PermissionDenied:
+        raise
+    except Exception as exc:  # noqa: BLE001 - NothingToDo, ScopeInvalid, planner errors: all say why
+        log.info("host-access apply for %s refused: %s", label_set, exc)
+        ctx["apply_error"] = f"Nothing was applied: {exc}"
+        return render(request, "scalers/host_access.html", ctx, status=422)
+    if getattr(operation, "reused", False):
+        messages.info(request, f"An identical planned operation already exists: #{operation.pk}.")
+    try:
+        return redirect(reverse("operations:detail", args=[operation.pk]))
+    except NoReverseMatch:  # pragma: no cover - operations pages not mounted
+        return redirect(f"/operations/{operation.pk}/")
