@@ -1,6 +1,20 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+def _sync_roles(sender, **kwargs):
+    from django.apps import apps
+
+    from .roles import sync_groups
+
+    sync_groups(apps)
 
 
 class OperationsConfig(AppConfig):
     name = "operations"
     default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Operations"
+
+    def ready(self):
+        # After every migrate: view permissions of models added since join the groups.
+        post_migrate.connect(_sync_roles, sender=self, dispatch_uid="operations.sync_roles")

@@ -1,0 +1,154 @@
+"""The Operation record and its audit log (issue 8).
+
+Every destructive action (a reap, a release, a drain, a destroy, a retirement, a rule change, a config
+reload) is an :class:`Operation`: planned with the evidence for each target, previewed, decided by a
+person (or by an explicit auto-approve policy), then run by an rq worker that re-plans and acts only on
+targets whose evidence has not changed. Status moves only by compare-and-swap (see ``services``).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from .choices import (
+    ACTIVE_STATUSES,
+    STATUS_COLOURS,
+    TERMINAL_STATUSES,
+    AuditAction,
+    OperationKind,
+    OperationStatus,
+    RequestedVia,
+    TargetOutcome,
+)
+
+
+class Operation(models.Model):
+    """One planned destructive action.
+
+    ``plan`` is a list of targets ``{"key", "action", "subject", "evidence": {...}}``; ``spared`` lists
+    the candidates the planner looked at and left alone, each with a ``reason``. ``outcomes`` maps a
+    target key to ``{"outcome": TargetOutcome, "detail": str, "at": iso8601}``. ``log`` is a list of
+    ``{"at", "level", "message"}``. ``scope`` is what the planner was asked about (scaler, agent ids,
+    label set, parameters); ``host_queue`` is the rq queue of the host that owns the targets.
+    """
+
+    kind = models.CharField(max_length=40, choices=OperationKind.choices, db_index=True)
+    status = models.CharField(max_length=20, choices=OperationStatus.choices, default=OperationStatus.PLANNED, db_index=True)
+
+    # Scope
+    scaler = models.ForeignKey("scalers.Scaler", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations")
+    scaler_name = models.CharField(max_length=200, blank=True, help_text="kept if the scaler row goes")
+    label_set = models.ForeignKey("scalers.LabelSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations")
+    agent_ids = models.JSONField(default=list, blank=True)
+    params = models.JSONField(default=dict, blank=True, help_text="kind-specific inputs, e.g. the new hostAccess list")
+    host_queue = models.CharField(max_length=200, help_text="rq queue host:<name> of the host owning the targets")
+    scope_key = models.CharField(max_length=500, db_index=True, help_text="kind + scope, for duplicate detection")
+
+    # Plan and results
+    plan = models.JSONField(default=list, blank=True)
+    spared = models.JSONField(default=list, blank=True)
+    notes = models.JSONField(default=list, blank=True, help_text="planner remarks shown above the plan")
+    plan_digest = models.CharField(max_length=64, db_index=True, help_text="sha256 of the plan's stable evidence")
+    outcomes = models.JSONField(default=dict, blank=True)
+    log = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    rq_job_id = models.CharField(max_length=100, blank=True)
+
+    # People
+    requested_via = models.CharField(max_length=10, choices=RequestedVia.choices, default=RequestedVia.UI)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    approved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    rejected_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    auto_approved = models.BooleanField(default=False)
+    decision_note = models.TextField(blank=True)
+
+    # Time
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        permissions = [
+            ("request_operation", "Can request (plan) an operation"),
+            ("approve_operation", "Can approve or reject an operation"),
+        ]
+        indexes = [models.Index(fields=["status", "kind", "scope_key"])]
+
+    def __str__(self):
+        return f"#{self.pk} {self.get_kind_display()} ({self.status})"
+
+    @property
+    def colour(self) -> str:
+        return STATUS_COLOURS.get(self.status, "grey")
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def scope_label(self) -> str:
+        """A short human description of the scope, e.g. ``scaler ci · agents a, b``."""
+        parts = []
+        if self.scaler_name:
+            parts.append(f"scaler {self.scaler_name}")
+        if self.label_set_id:
+            parts.append(f"label set #{self.label_set_id}")
+        if self.agent_ids:
+            parts.append("agents " + ", ".join(self.agent_ids))
+        return " · ".join(parts) or "this host"
+
+    def counts(self) -> dict[str, int]:
+        """Targets per outcome, plus ``pending`` and ``total`` (for the progress bar)."""
+        result = {o.value: 0 for o in TargetOutcome}
+        for entry in (self.outcomes or {}).values():
+            name = entry.get("outcome")
+            result[name if name in result else TargetOutcome.FAILED.value] += 1
+        result["total"] = len(self.plan)
+        result["pending"] = max(0, result["total"] - sum(result[o.value] for o in TargetOutcome))
+        return result
+
+
+def target_dom_id(key: str) -> str:
+    """A DOM id for one target row, stable between the page render and a WebSocket push."""
+    import hashlib
+
+    return "target-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class AuditEntry(models.Model):
+    """One state change of an operation: who, when, from which status to which, and why."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="audit")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    username = models.CharField(max_length=150, blank=True, help_text="kept if the user goes; 'system' for sweeps and workers")
+    action = models.CharField(max_length=20, choices=AuditAction.choices)
+    from_status = models.CharField(max_length=20, choices=OperationStatus.choices, blank=True)
+    to_status = models.CharField(max_length=20, choices=OperationStatus.choices)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or 'system'} {self.action} #{self.operation_id}"
+
+
+class SweepState(models.Model):
+    """When each periodic sweep (kind + scope) last ran, so a sweep runs once per interval."""
+
+    sweep_key = models.CharField(max_length=500, unique=True)
+    last_run_at = models.DateTimeField()
+    last_result = models.TextField(blank=True)
+
+    def __str__(self):
+        return f"{self.sweep_key} @ {self.last_run_at:%H:%M:%S}"

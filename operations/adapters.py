@@ -1,0 +1,191 @@
+"""The calls operation kinds make into the other apps, in one place.
+
+Each function names the API it stands for (owner in /work/CONTRACTS.md). Keeping them here means a
+kind reads as its rule, and an API that changes shape is adapted once.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+
+# --- registry (agents) --------------------------------------------------------------------------
+
+
+def is_registered(agent) -> bool:
+    """Whether an agent row says its agent registered and is still live (SPEC d "isRegistered")."""
+    from agents.choices import AgentState
+
+    return agent is not None and agent.registered_at is not None and agent.state in (AgentState.RUNNING, AgentState.DRAINING)
+
+
+def age_seconds(since: datetime | None, now: datetime | None = None) -> int | None:
+    if since is None:
+        return None
+    return max(0, int(((now or timezone.now()) - since).total_seconds()))
+
+
+# --- backends (ctr, fc) -------------------------------------------------------------------------
+
+
+def get_backend(scaler, **options):
+    """``scalers.backends.base.get_backend(scaler)`` (ctr); a container backend's nft client runs in
+    :data:`NFT_NETNS` when that is set."""
+    from scalers.backends.base import get_backend as factory
+
+    if NFT_NETNS and scaler.type == "container" and "nft" not in options:
+        from scalers.backends.isolation import nft_table_for
+
+        options["nft"] = nft_client(nft_table_for(scaler))
+    return factory(scaler, **options)
+
+
+def docker_for_scaler(scaler):
+    """A docker SDK client for the runtime of ``scaler`` (ctr ``scalers.backends.runtime``)."""
+    from scalers.backends.runtime import docker_client_for, runtime_for_scaler
+
+    return docker_client_for(runtime_for_scaler(scaler), timeout=30)
+
+
+def list_kici_containers(scaler) -> list[dict] | None:
+    """Every ``kici-managed=true`` container summary on ``scaler``'s runtime (any scaler, any console),
+    or None when the runtime cannot be listed. One list call (``GET /containers/json?all=1``)."""
+    try:
+        client = docker_for_scaler(scaler)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("cannot reach the container runtime of %s: %s", scaler, exc)
+        return None
+    try:
+        return client.api.containers(all=True, filters={"label": ["kici-managed=true"]})
+    except Exception as exc:  # noqa: BLE001
+        log.warning("cannot list containers of %s: %s", scaler, exc)
+        return None
+    finally:
+        client.close()
+
+
+# --- admission (adm) ----------------------------------------------------------------------------
+
+
+def release(agent_id: str, reason: str) -> Any:
+    """``scalers.admission.release(agent_id, reason)`` (adm; idempotent)."""
+    from scalers.admission import release as admission_release
+
+    return admission_release(agent_id, reason)
+
+
+def mark_draining(agent_id: str) -> int | None:
+    """``scalers.admission.mark_draining(agent_id)`` → active-job count, None when not tracked (adm)."""
+    from scalers.admission import mark_draining as admission_mark_draining
+
+    return admission_mark_draining(agent_id)
+
+
+def clear_draining(agent_id: str) -> None:
+    """``scalers.admission.clear_draining(agent_id)`` (adm): undo a drain whose teardown did not happen."""
+    from scalers.admission import clear_draining as admission_clear_draining
+
+    admission_clear_draining(agent_id)
+
+
+def destroy_agent(agent, reason: str) -> None:
+    """Tear the agent's sandbox down through its backend, then release its reservation (SPEC d
+    "Disconnect": destroy, delete rows, release)."""
+    backend = get_backend(agent.scaler)
+    backend.destroy(agent, reason)
+    release(agent.agent_id, reason)
+
+
+def teardown_retired_scaler(scaler, reason: str) -> str:
+    """adm's retirement teardown of one empty retiring scaler (SPEC c.8); returns its detail line."""
+    from scalers.admission import teardown_scaler
+
+    result = teardown_scaler(scaler, reason)
+    return str(result) if result is not None else "torn down"
+
+
+# --- config (cfg) -------------------------------------------------------------------------------
+
+
+def config_paths(params: dict) -> tuple[str | None, str | None]:
+    path = params.get("config_path") or settings.KICI_SCALER_CONFIG_PATH
+    drop_in = params.get("config_dir") or settings.KICI_SCALER_CONFIG_DIR
+    return path, drop_in
+
+
+def load_config(path: str, drop_in_dir: str | None):
+    """``scalers.config.load_scalers_config`` (cfg); raises ``ConfigInvalid`` with every problem."""
+    from scalers.config import load_scalers_config
+
+    return load_scalers_config(path, drop_in_dir)
+
+
+def apply_config(config, source: str):
+    """``scalers.importing.apply_scalers_config`` (cfg): one transaction; returns its ImportSummary."""
+    from scalers.importing import apply_scalers_config
+
+    return apply_scalers_config(config, source)
+
+
+# --- network (net) ------------------------------------------------------------------------------
+
+
+#: Network namespace the nft commands of operations run in; None = the host's own. Tests set it to a
+#: namespace they created, so no rule lands in the host's tables.
+NFT_NETNS: str | None = None
+
+
+def nft_client(table: str):
+    """``network.nft.apply.NftClient(table)`` (net), in :data:`NFT_NETNS` when set."""
+    from network.nft.apply import NftClient
+
+    return NftClient(table, netns=NFT_NETNS) if NFT_NETNS else NftClient(table)
+
+
+def isolation_target(scaler) -> tuple[str, str, str] | None:
+    """``(table, gateway, subnet)`` of the isolation rules of ``scaler``'s agents, or None when the
+    console writes none (event scalers: the machines are someone else's).
+
+    Container and bare-metal agents sit on ``kici-agent-net`` (172.30.0.0/16, gateway 172.30.0.1) in
+    the scaler's ``nftTable`` else ``KICI_NFT_TABLE``; Firecracker VMs on the ``firecracker`` block's
+    cidr/gateway/table (SPEC a.9).
+    """
+    from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
+    from scalers.backends.isolation import nft_table_for
+
+    if scaler.type in ("container", "bare-metal"):
+        return nft_table_for(scaler), ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
+    if scaler.type == "firecracker":
+        import ipaddress
+
+        from scalers.backends.firecracker.settings import NETWORK_DEFAULTS
+        from scalers.models import ConfigState
+
+        net = {**NETWORK_DEFAULTS, **(ConfigState.load().firecracker or {})}
+        return str(net["table"]), str(net["gateway"]), str(ipaddress.ip_network(str(net["cidr"]), strict=False))
+    return None
+
+
+def orchestrator_url_for(scaler) -> str:
+    """The URL agents of ``scaler`` dial back: its ``orchestratorUrl``, else ``KICI_CONSOLE_URL`` (SPEC d)."""
+    return scaler.orchestrator_url or settings.KICI_CONSOLE_URL
+
+
+def resolve_host_access(host_access: list[str] | None, scaler, gateway: str) -> list[str]:
+    """The host access in force for an agent whose label set says ``host_access`` (None = default),
+    SPEC g.3 (net ``resolve_agent_host_access`` with the console's host services)."""
+    from network.host_access import resolve_agent_host_access, storage_host_access_entries
+
+    return resolve_agent_host_access(
+        {"hostAccess": host_access} if host_access is not None else None,
+        orchestrator_url_for(scaler),
+        gateway,
+        storage_host_access_entries(getattr(settings, "KICI_STORAGE_URL", None)),
+    )

@@ -1,0 +1,57 @@
+"""Live progress of one operation over a WebSocket (``ws/operations/<id>/``, group ``operation.<id>``).
+
+On connect the viewer gets a snapshot (status, progress, every row, the whole log, audit), because
+messages sent while a socket was away are lost; then each ``operation.progress`` notice is rendered
+from the database with the page's own partials (``operations/detail.html#live_update``) and sent as
+out-of-band swaps for the htmx ``ws`` extension. Viewers need ``operations.view_operation``.
+"""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.template.loader import render_to_string
+
+from .live import group_name
+from .models import Operation
+from .presenters import detail_context
+
+
+def render_update(operation_id: int, user, keys=None, log_from: int | None = None, snapshot: bool = False) -> str | None:
+    """The HTML of one push (None when the operation is gone). ``keys=None`` renders every row."""
+    operation = Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by").filter(pk=operation_id).first()
+    if operation is None:
+        return None
+    context = detail_context(operation, user, keys=keys, log_from=None if snapshot or not log_from else log_from)
+    context.update(oob=True, snapshot=snapshot or log_from == 0)
+    if not snapshot and log_from is None:
+        context["log_entries"] = []
+    return render_to_string("operations/detail.html#live_update", context)
+
+
+class OperationConsumer(AsyncWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        if not (user and user.is_authenticated and await database_sync_to_async(user.has_perm)("operations.view_operation")):
+            await self.close(code=4403)
+            return
+        self.operation_id = int(self.scope["url_route"]["kwargs"]["operation_id"])
+        self.group = group_name(self.operation_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        html = await database_sync_to_async(render_update)(self.operation_id, user, snapshot=True)
+        if html is None:
+            await self.close(code=4404)
+            return
+        await self.send(text_data=html)
+
+    async def disconnect(self, code):
+        group = getattr(self, "group", None)
+        if group:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def operation_progress(self, event):
+        keys = event.get("keys") or []
+        html = await database_sync_to_async(render_update)(self.operation_id, self.scope["user"], keys=keys, log_from=event.get("log_from"))
+        if html is not None:
+            await self.send(text_data=html)

@@ -1,0 +1,128 @@
+"""The rq job that runs an approved operation (issue 8, "Execution").
+
+The run re-plans with the kind's one planning function and acts only on approved targets still in
+the fresh plan with the same evidence; every other target is skipped with the reason (a container
+that registered since the preview is never reaped). Outcomes and log lines are written in batches
+(at most every ``FLUSH_SECONDS``) and pushed to the operation's page as they are written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+
+from django.utils import timezone
+
+from . import live
+from .choices import AuditAction, OperationStatus, TargetOutcome
+from .kinds import get_kind
+from .kinds.base import recheck
+from .models import Operation
+from .services import scope_of, transition
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.25  # seconds between progress writes (and pushes) while targets are processed
+
+
+class Progress:
+    """Collects per-target outcomes and log lines of one run; writes and pushes them in batches."""
+
+    def __init__(self, operation: Operation):
+        self.operation = operation
+        self.operation_id = operation.pk
+        self.outcomes: dict = dict(operation.outcomes or {})
+        self.entries: list = list(operation.log or [])
+        self._dirty_keys: list[str] = []
+        self._log_from: int | None = None
+        self._last_flush = 0.0
+
+    def report(self, key: str, outcome: TargetOutcome | str, detail: str = "") -> None:
+        """Record what happened to target ``key`` (first report wins: a target is acted on once)."""
+        if key in self.outcomes:
+            return
+        self.outcomes[key] = {"outcome": TargetOutcome(outcome).value, "detail": detail, "at": timezone.now().isoformat()}
+        self._dirty_keys.append(key)
+        self._maybe_flush()
+
+    def log(self, message: str, level: str = "info") -> None:
+        if self._log_from is None:
+            self._log_from = len(self.entries)
+        self.entries.append({"at": timezone.now().isoformat(), "level": level, "message": message})
+        getattr(log, "warning" if level == "warning" else "error" if level == "error" else "info")("operation %s: %s", self.operation.pk, message)
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._dirty_keys and self._log_from is None:
+            return
+        Operation.objects.filter(pk=self.operation.pk).update(outcomes=self.outcomes, log=self.entries)
+        self.operation.outcomes, self.operation.log = self.outcomes, self.entries
+        keys, log_from = self._dirty_keys, self._log_from
+        self._dirty_keys, self._log_from = [], None
+        self._last_flush = time.monotonic()
+        live.publish(self.operation.pk, keys, log_from)
+
+
+def run_operation(operation_pk: int) -> str:
+    """Run approved operation ``operation_pk``: approved → running → succeeded | failed.
+
+    Returns a one-line summary (stored by rq as the job result). An operation that is not approved
+    (rejected, expired, already running or run) is left alone. The operation fails when the re-plan
+    raises or any target failed; skipped targets do not fail it.
+    """
+    operation = Operation.objects.select_related("scaler", "label_set").get(pk=operation_pk)
+    if not transition(
+        operation, OperationStatus.APPROVED, OperationStatus.RUNNING, action=AuditAction.STARTED, started_at=timezone.now()
+    ):
+        operation.refresh_from_db()
+        return f"operation #{operation_pk} is {operation.status}; nothing run"
+    progress = Progress(operation)
+    error = ""
+    try:
+        module = get_kind(operation.kind)
+        scope = scope_of(operation)
+        progress.log(f"re-planning {operation.get_kind_display().lower()} to re-check {len(operation.plan)} target(s)")
+        fresh = module.plan(scope)
+        for note in fresh.notes:
+            progress.log(note)
+        checked = recheck(operation.plan, fresh, module.VOLATILE)
+        for key, reason in checked.skipped:
+            progress.report(key, TargetOutcome.SKIPPED, reason)
+        matched = checked.matched
+        if module.ATOMIC and checked.skipped and matched:
+            for target in matched:
+                progress.report(target.key, TargetOutcome.SKIPPED, "not applied: this plan is applied whole and part of it changed since the preview")
+            matched = []
+        progress.log(f"{len(matched)} target(s) unchanged since the preview, {len(checked.skipped)} skipped")
+        if matched:
+            module.act(progress, scope, fresh, matched)
+        for target in matched:
+            progress.report(target.key, TargetOutcome.FAILED, "no result was reported for this target")
+    except Exception as exc:  # noqa: BLE001 - any failure ends the run as failed, with the reason
+        error = f"{type(exc).__name__}: {exc}"
+        progress.log(f"run failed: {error}", "error")
+        log.error("operation %s failed:\n%s", operation_pk, traceback.format_exc())
+        for target in operation.plan:
+            progress.report(target["key"], TargetOutcome.SKIPPED, f"not attempted: the run failed ({error})")
+    failed = sum(1 for o in progress.outcomes.values() if o["outcome"] == TargetOutcome.FAILED)
+    done = sum(1 for o in progress.outcomes.values() if o["outcome"] == TargetOutcome.DONE)
+    skipped = sum(1 for o in progress.outcomes.values() if o["outcome"] == TargetOutcome.SKIPPED)
+    summary = f"{done} done, {skipped} skipped, {failed} failed"
+    progress.log(f"finished: {summary}", "error" if (error or failed) else "info")
+    progress.flush()
+    final = OperationStatus.FAILED if (error or failed) else OperationStatus.SUCCEEDED
+    transition(
+        operation,
+        OperationStatus.RUNNING,
+        final,
+        action=AuditAction.FAILED if final == OperationStatus.FAILED else AuditAction.SUCCEEDED,
+        detail=error or summary,
+        finished_at=timezone.now(),
+        error=error or (f"{failed} target(s) failed" if failed else ""),
+    )
+    return f"operation #{operation_pk} {final}: {summary}"

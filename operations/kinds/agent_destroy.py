@@ -1,0 +1,67 @@
+"""Destroy agents: tear down the sandbox and release the reservation (SPEC d "Disconnect").
+
+Scope: one or more agent ids (of one scaler). Target: an agent in an active state. At run time each
+agent is first marked draining; one that still has active jobs is left running, the drain undone,
+and the target skipped with the count (seed manager.d.ts ``markDraining`` / ``clearDraining``):
+drain it first. ``active_jobs`` is compared: a job started since the preview skips the agent.
+"""
+
+from __future__ import annotations
+
+from agents.choices import ACTIVE_STATES
+
+from ..adapters import clear_draining, destroy_agent, mark_draining
+from ..choices import OperationKind, TargetOutcome
+from .agent_drain import agent_evidence
+from .base import Plan, Scope, Spared, Target, require_agents
+
+KIND = OperationKind.AGENT_DESTROY
+VOLATILE = frozenset({"age_seconds", "last_heartbeat_seconds"})
+ATOMIC = False
+SWEPT = False
+
+
+def validate_scope(scope: Scope) -> None:
+    require_agents(scope, "destroying")
+
+
+def sweep_scopes() -> list[Scope]:
+    return []
+
+
+def plan(scope: Scope) -> Plan:
+    from agents.models import Agent
+
+    result = Plan()
+    agents = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=scope.agent_ids).select_related("scaler")}
+    for agent_id in scope.agent_ids:
+        agent = agents.get(agent_id)
+        key = f"agent:{agent_id}"
+        if agent is None:
+            result.spared.append(Spared(key, agent_id, "no such agent"))
+        elif agent.state in ACTIVE_STATES:
+            result.targets.append(Target(key, "destroy", agent_id, agent_evidence(agent)))
+            if agent.active_jobs:
+                result.notes.append(f"{agent_id} has {agent.active_jobs} active job(s): it is skipped at run time unless they finish; drain it instead")
+        else:
+            result.spared.append(Spared(key, agent_id, f"agent is already {agent.state}", agent_evidence(agent)))
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    from agents.models import Agent
+
+    for target in targets:
+        agent_id = target.subject
+        try:
+            active = mark_draining(agent_id)
+            if active:
+                clear_draining(agent_id)
+                run.report(target.key, TargetOutcome.SKIPPED, f"has {active} active job(s); drain it first")
+                continue
+            agent = Agent.objects.select_related("scaler").get(agent_id=agent_id)
+            destroy_agent(agent, f"destroyed by operation #{run.operation_id}")
+        except Exception as exc:  # noqa: BLE001
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            continue
+        run.report(target.key, TargetOutcome.DONE, "sandbox destroyed, reservation released")

@@ -1,0 +1,77 @@
+"""Drain agents: no new jobs are dispatched to them; each is torn down once its jobs finish
+(SPEC d "Draining"; seed manager.d.ts ``markDraining``).
+
+Scope: one or more agent ids (of one scaler). Target: an agent in ``spawning`` or ``running``.
+Spared: agents already draining, being destroyed, or gone. ``active_jobs`` is volatile: a job that
+starts or ends between the preview and the run does not change the decision to drain.
+"""
+
+from __future__ import annotations
+
+from agents.choices import AgentState
+
+from ..adapters import age_seconds, is_registered, mark_draining
+from ..choices import OperationKind, TargetOutcome
+from .base import Plan, Scope, Spared, Target, require_agents
+
+KIND = OperationKind.AGENT_DRAIN
+VOLATILE = frozenset({"age_seconds", "active_jobs", "last_heartbeat_seconds"})
+ATOMIC = False
+SWEPT = False
+
+DRAINABLE = (AgentState.SPAWNING, AgentState.RUNNING)
+
+
+def validate_scope(scope: Scope) -> None:
+    require_agents(scope, "draining")
+
+
+def sweep_scopes() -> list[Scope]:
+    return []
+
+
+def agent_evidence(agent) -> dict:
+    """The facts a drain or destroy decision rests on, for one agent row."""
+    return {
+        "state": agent.state,
+        "registered": is_registered(agent),
+        "active_jobs": agent.active_jobs,
+        "bound_job": agent.bound_job_id or None,
+        "warm": agent.warm,
+        "managed_id": agent.managed_id or None,
+        "ip": agent.ip,
+        "owner_instance": agent.owner_instance or None,
+        "age_seconds": age_seconds(agent.created_at),
+        "last_heartbeat_seconds": age_seconds(agent.last_heartbeat),
+    }
+
+
+def plan(scope: Scope) -> Plan:
+    from agents.models import Agent
+
+    result = Plan()
+    agents = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=scope.agent_ids).select_related("scaler")}
+    for agent_id in scope.agent_ids:
+        agent = agents.get(agent_id)
+        key = f"agent:{agent_id}"
+        if agent is None:
+            result.spared.append(Spared(key, agent_id, "no such agent"))
+        elif agent.state in DRAINABLE:
+            result.targets.append(Target(key, "drain", agent_id, agent_evidence(agent)))
+        else:
+            result.spared.append(Spared(key, agent_id, f"agent is {agent.state}", agent_evidence(agent)))
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    for target in targets:
+        agent_id = target.subject
+        try:
+            active = mark_draining(agent_id)
+        except Exception as exc:  # noqa: BLE001 - one agent failing does not stop the others
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            continue
+        if active is None:
+            run.report(target.key, TargetOutcome.SKIPPED, "the agent is no longer tracked")
+        else:
+            run.report(target.key, TargetOutcome.DONE, f"draining; {active} active job(s) finish first" if active else "draining; idle")

@@ -1,0 +1,181 @@
+"""Apply a host-access change: set a label set's ``networkPolicy.hostAccess`` and re-write the input
+rules of its live agents (SPEC f, g; issue 5 item 7 "applies only through an approved operation").
+
+Scope: one label set and ``params.host_access``: a list of entries (an explicit list, even empty,
+wins outright) or ``None`` (back to the default: gateway DNS, the console port, host services).
+Every entry is validated with the reference grammar first; a bad one is refused naming the entry.
+
+Targets:
+
+* ``labelset:<pk>``: the stored value, from → to;
+* ``agent:<id>`` for each live agent of the label set with an address: its resolved host access now
+  and after, and the rule diff (input-chain rules read back from the kernel vs the rules the new
+  list renders). An agent whose rules already match is spared.
+
+``ATOMIC``: if the label set or any agent's rules changed since the preview, nothing is applied.
+The run writes the label set first, then each agent's rules in one nft transaction per agent and
+the agent row's stored host access (a later self-heal re-applies what is stored).
+
+Note: ``scalers.yaml`` stays the source of truth on reload; the preview says so when the file's
+value differs.
+"""
+
+from __future__ import annotations
+
+from agents.choices import AgentState
+
+from ..adapters import isolation_target, nft_client, resolve_host_access
+from ..choices import OperationKind, TargetOutcome
+from .base import Plan, Scope, ScopeInvalid, Spared, Target
+
+KIND = OperationKind.HOST_ACCESS_APPLY
+VOLATILE = frozenset()
+ATOMIC = True
+SWEPT = False
+
+LIVE_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING)
+
+
+def validate_scope(scope: Scope) -> None:
+    from network.host_access import HostAccessError, parse_host_access_entry
+
+    if scope.label_set is None:
+        raise ScopeInvalid("label_set", "a host-access change needs a label set")
+    if "host_access" not in scope.params:
+        raise ScopeInvalid("host_access", "give the new list (one entry per line; an empty list is explicit) or ask for the default")
+    entries = scope.params["host_access"]
+    if entries is None:
+        return
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise ScopeInvalid("host_access", f"must be a list of entries, not {entries!r}")
+    for index, entry in enumerate(entries):
+        try:
+            parse_host_access_entry(entry)
+        except HostAccessError as exc:
+            raise ScopeInvalid("host_access", f"entry {index + 1} {entry!r}: {exc}") from None
+
+
+def sweep_scopes() -> list[Scope]:
+    return []
+
+
+def _policy(label_set) -> dict:
+    return dict((label_set.config or {}).get("networkPolicy") or {})
+
+
+def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
+    from network.nft.render import AgentSpec
+
+    return AgentSpec.build(
+        agent.ip,
+        gateway,
+        allowlist=list(policy.get("allowlist") or []),
+        deny_all=bool(policy.get("denyAll", False)),
+        host_access=list(host_access),
+    )
+
+
+def _input_lines(spec) -> list[str]:
+    from network.nft.render import describe_expr, input_rule_exprs
+
+    return [describe_expr(e) for e in input_rule_exprs(spec)]
+
+
+def plan(scope: Scope) -> Plan:
+    from agents.models import Agent
+    from network.nft.render import describe_expr
+    from scalers.models import LabelSet
+
+    label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
+    scaler = label_set.scaler
+    new = scope.params["host_access"]
+    result = Plan()
+    key = f"labelset:{label_set.pk}"
+    subject = f"{scaler.name}[{label_set.index}] {label_set.normalized}"
+    ls_evidence = {"host_access_from": label_set.host_access, "host_access_to": new, "scaler": scaler.name}
+    if label_set.host_access == new:
+        result.spared.append(Spared(key, subject, "the label set already has this value", ls_evidence))
+    else:
+        result.targets.append(Target(key, "set hostAccess" if new is not None else "reset hostAccess to the default", subject, ls_evidence))
+    file_value = _policy(label_set).get("hostAccess")
+    if file_value != new:
+        result.notes.append(
+            f"scalers.yaml says hostAccess {file_value if file_value is not None else '(default)'} for this label set: "
+            "the next reload restores the file's value unless the file is changed too"
+        )
+
+    where = isolation_target(scaler)
+    agents = list(Agent.objects.filter(label_set=label_set, state__in=LIVE_STATES).order_by("agent_id"))
+    if where is None:
+        if agents:
+            result.notes.append(f"{scaler.type} agents run on machines this console does not firewall: no rules to change")
+        return result
+    table, gateway, _subnet = where
+    try:
+        in_force = nft_client(table).list_agents()
+    except Exception as exc:  # noqa: BLE001 - without the kernel's view, nothing is planned for agents
+        in_force = None
+        result.notes.append(f"could not read table {table}: {exc}; agent rules are not planned")
+    policy = _policy(label_set)
+    resolved_new = resolve_host_access(new, scaler, gateway)
+    for agent in agents:
+        akey = f"agent:{agent.agent_id}"
+        if not agent.ip:
+            result.spared.append(Spared(akey, agent.agent_id, "has no address yet (its rules are written when it gets one)"))
+            continue
+        if in_force is None:
+            result.spared.append(Spared(akey, agent.agent_id, f"table {table} could not be read"))
+            continue
+        import ipaddress
+
+        current = in_force.get(ipaddress.ip_address(agent.ip))
+        now_lines = [describe_expr(e) for e in current.input] if current is not None else []
+        want_lines = _input_lines(_spec(agent, gateway, policy, resolved_new))
+        evidence = {
+            "ip": agent.ip,
+            "state": agent.state,
+            "table": table,
+            "host_access_now": agent.host_access,
+            "host_access_new": resolved_new,
+            "rules_add": [line for line in want_lines if line not in now_lines],
+            "rules_remove": [line for line in now_lines if line not in want_lines],
+        }
+        if now_lines == want_lines and agent.host_access == resolved_new:
+            result.spared.append(Spared(akey, agent.agent_id, "its rules already match", evidence))
+        else:
+            result.targets.append(Target(akey, "re-write input rules", agent.agent_id, evidence))
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    from agents.models import Agent
+    from scalers.models import LabelSet
+
+    new = scope.params["host_access"]
+    ordered = sorted(targets, key=lambda t: not t.key.startswith("labelset:"))
+    label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
+    scaler = label_set.scaler
+    for target in ordered:
+        try:
+            if target.key.startswith("labelset:"):
+                config = dict(label_set.config or {})
+                policy = dict(config.get("networkPolicy") or {})
+                if new is None:
+                    policy.pop("hostAccess", None)
+                else:
+                    policy["hostAccess"] = list(new)
+                if policy:
+                    config["networkPolicy"] = policy
+                else:
+                    config.pop("networkPolicy", None)
+                LabelSet.objects.filter(pk=label_set.pk).update(host_access=new, config=config)
+                run.report(target.key, TargetOutcome.DONE, f"hostAccess = {new if new is not None else '(default)'}")
+                continue
+            table, gateway, _ = isolation_target(scaler)
+            agent = Agent.objects.get(agent_id=target.subject)
+            resolved = target.evidence["host_access_new"]
+            nft_client(table).apply_agent(_spec(agent, gateway, _policy(label_set), resolved))
+            Agent.objects.filter(pk=agent.pk).update(host_access=resolved, host_access_explicit=new is not None)
+            run.report(target.key, TargetOutcome.DONE, f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed")
+        except Exception as exc:  # noqa: BLE001
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")

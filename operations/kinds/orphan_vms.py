@@ -1,0 +1,122 @@
+"""Reap orphan Firecracker VMs, chroots, TAPs and rules of one firecracker scaler (SPEC h
+``cleanupOrphans``; seed firecracker-backend.d.ts; issue 6 item 5).
+
+The passes and their rules are the backend's (``scalers.backends.firecracker.orphans``): live =
+tracked ids ∪ chroots whose pid file names a running process (confirmed or not: a chroot is never
+deleted from under a live process). Pass 1 allocations of this scaler whose VM is not live, pass 2
+chroot dirs with no allocation, pass 3 stray ``kici-<8 hex>`` interfaces, pass 4 rules of IPs this
+scaler allocated to a VM that is not live. Each target carries the pid-probe result of its chroot;
+live chroots are listed as spared. At run time the backend re-checks every target once more
+(``orphan_recheck``) right before acting.
+
+Scope: one ``firecracker`` scaler.
+"""
+
+from __future__ import annotations
+
+from ..adapters import get_backend
+from ..choices import OperationKind, TargetOutcome
+from .base import Plan, Scope, Spared, Target, require_scaler
+
+KIND = OperationKind.ORPHAN_VMS
+VOLATILE = frozenset()
+ATOMIC = False
+SWEPT = True
+
+TYPES = ("firecracker",)
+
+_ACTIONS = {
+    "allocation": "release address, delete TAP, remove chroot",
+    "chroot": "remove chroot",
+    "tap": "delete interface",
+    "rules": "delete rule set",
+}
+
+
+def validate_scope(scope: Scope) -> None:
+    require_scaler(scope, TYPES, "an orphan-VM reap")
+
+
+def sweep_scopes() -> list[Scope]:
+    from scalers.models import Scaler
+
+    return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES)]
+
+
+def target_key(t) -> str:
+    if t.kind == "tap":
+        return f"tap:{t.tap}"
+    if t.kind == "rules":
+        return f"rules:{t.ip}"
+    return f"{t.kind}:{t.agent_id}"
+
+
+def _probe(backend, agent_id: str | None) -> str | None:
+    if not agent_id:
+        return None
+    from scalers.backends.firecracker.pidprobe import probe_vm_pid
+
+    p = probe_vm_pid(backend.chroot_dir(agent_id))
+    return f"{p.reason}" + (f" (pid {p.pid})" if p.pid else "")
+
+
+def plan(scope: Scope) -> Plan:
+    from agents.models import Agent
+    from scalers.backends.firecracker.orphans import plan_orphans
+
+    backend = get_backend(scope.scaler)
+    facts = backend.orphan_facts()  # raises when the tracked set cannot be read: never reap blind
+    targets = plan_orphans(facts)
+    rows = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=[t.agent_id for t in targets if t.agent_id] + list(facts.chroot_ids))}
+    allocations = {r.vm_id: r for r in facts.allocations_before}
+    result = Plan(context={})
+    for t in targets:
+        agent = rows.get(t.agent_id) if t.agent_id else None
+        alloc = allocations.get(t.agent_id) if t.agent_id else None
+        evidence = {
+            "pass": t.pass_no,
+            "agent_id": t.agent_id,
+            "ip": t.ip,
+            "tap": t.tap,
+            "tracked": False,
+            "pid_probe": _probe(backend, t.agent_id),
+            "chroot": t.agent_id in facts.chroot_ids if t.agent_id else None,
+            "allocation_owner": alloc.scaler_name if alloc else None,
+            "agent_row": agent.state if agent else "none",
+            "owner_instance": (agent.owner_instance or None) if agent else None,
+            "why": t.describe(),
+        }
+        key = target_key(t)
+        result.targets.append(Target(key, _ACTIONS.get(t.kind, t.kind), t.agent_id or t.tap or t.ip or key, evidence))
+        result.context[key] = t
+    for vm_id in sorted(set(facts.chroot_ids) | set(facts.tracked)):
+        if vm_id in facts.tracked:
+            reason = "tracked: an active agent row or this process owns it"
+        elif vm_id in facts.live_chroots:
+            reason = "its pid file names a running process"
+        else:
+            continue
+        agent = rows.get(vm_id)
+        result.spared.append(
+            Spared(f"chroot:{vm_id}", vm_id, reason, {"pid_probe": _probe(backend, vm_id), "agent_row": agent.state if agent else "none"})
+        )
+    if facts.rule_ips is None:
+        result.notes.append("the rule table could not be read: no rule is planned")
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    backend = get_backend(scope.scaler)
+    for target in targets:
+        orphan = plan.context[target.key]
+        try:
+            why = backend.orphan_recheck(orphan)
+            if why is None:
+                backend.orphan_act(orphan)
+        except Exception as exc:  # noqa: BLE001
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            continue
+        if why is None:
+            run.report(target.key, TargetOutcome.DONE, "done")
+        else:
+            run.report(target.key, TargetOutcome.SKIPPED, f"the backend's last re-check declined: {why}")

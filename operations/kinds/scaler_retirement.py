@@ -1,0 +1,78 @@
+"""Tear down a retired scaler: one removed from ``scalers.yaml`` (marked retiring by the reload) is
+torn down once it has no active agent, no reservation and no spawn in flight (SPEC c.8).
+
+Scope: one scaler; the sweep plans every retiring scaler not yet torn down. The single target is the
+scaler itself, with its counts as evidence; a scaler that still holds agents or reservations is
+spared with the counts (it drains first).
+"""
+
+from __future__ import annotations
+
+from agents.choices import ACTIVE_STATES, AgentState
+
+from ..adapters import age_seconds, teardown_retired_scaler
+from ..choices import OperationKind, TargetOutcome
+from .base import Plan, Scope, ScopeInvalid, Spared, Target, require_scaler
+
+KIND = OperationKind.SCALER_RETIREMENT
+VOLATILE = frozenset({"retiring_seconds"})
+ATOMIC = False
+SWEPT = True
+
+
+def validate_scope(scope: Scope) -> None:
+    require_scaler(scope, what="a retirement")
+    if not scope.scaler.retiring:
+        raise ScopeInvalid("scaler", f"scaler {scope.scaler.name!r} is not retiring (it is still in scalers.yaml)")
+
+
+def _torn_down(scaler) -> bool:
+    from scalers.models import ScalerTeardown
+
+    return ScalerTeardown.objects.filter(scaler=scaler).exists()
+
+
+def sweep_scopes() -> list[Scope]:
+    from scalers.models import Scaler
+
+    return [Scope(scaler=s) for s in Scaler.objects.filter(retiring=True, teardown__isnull=True)]
+
+
+def plan(scope: Scope) -> Plan:
+    from scalers.models import Reservation, Scaler
+
+    scaler = Scaler.objects.get(pk=scope.scaler.pk)
+    key = f"scaler:{scaler.name}"
+    result = Plan()
+    if not scaler.retiring:
+        result.spared.append(Spared(key, scaler.name, "no longer retiring (back in scalers.yaml)"))
+        return result
+    if _torn_down(scaler):
+        result.spared.append(Spared(key, scaler.name, "already torn down"))
+        return result
+    active = scaler.agents.filter(state__in=ACTIVE_STATES)
+    evidence = {
+        "retiring": True,
+        "retiring_seconds": age_seconds(scaler.retiring_since),
+        "active_agents": active.count(),
+        "spawning": active.filter(state=AgentState.SPAWNING).count(),
+        "reservations": Reservation.objects.filter(scaler=scaler).count(),
+        "type": scaler.type,
+    }
+    if evidence["active_agents"] or evidence["reservations"]:
+        result.spared.append(
+            Spared(key, scaler.name, f"still draining: {evidence['active_agents']} active agent(s), {evidence['reservations']} reservation(s)", evidence)
+        )
+        return result
+    result.targets.append(Target(key, "tear down", scaler.name, evidence))
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    for target in targets:
+        try:
+            detail = teardown_retired_scaler(scope.scaler, f"retired scaler torn down by operation #{run.operation_id}")
+        except Exception as exc:  # noqa: BLE001
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            continue
+        run.report(target.key, TargetOutcome.DONE, detail)

@@ -1,0 +1,115 @@
+"""Reap stale isolation rules on ``kici-agent-net`` (SPEC e ``reapUnownedIsolationRules``; seed
+container-backend.d.ts; issue 4 item 5, issue 5 item 6).
+
+An agent address with rules in this console's table is stale when no ``kici-managed`` container
+on the runtime holds it (ANY scaler, ANY console: the network is shared) and no active agent row
+has it. When the runtime or the table cannot be listed, nothing is planned: reaping blind is worse
+than leaving a stale rule. Addresses still held are listed as spared with their holders.
+
+Scope: one container scaler (its runtime and its table, ``nftTable`` else ``KICI_NFT_TABLE``); the
+sweep plans one scaler per distinct (runtime, table). Firecracker rules are part of orphan-vms.
+"""
+
+from __future__ import annotations
+
+from ..adapters import get_backend
+from ..choices import OperationKind, TargetOutcome
+from .base import Plan, Scope, Target, Spared, require_scaler
+
+KIND = OperationKind.STALE_ISOLATION_RULES
+VOLATILE = frozenset()
+ATOMIC = False
+SWEPT = True
+
+TYPES = ("container",)
+
+
+def validate_scope(scope: Scope) -> None:
+    require_scaler(scope, TYPES, "a stale-rule reap")
+
+
+def sweep_scopes() -> list[Scope]:
+    from scalers.backends.base import scaler_option
+    from scalers.backends.isolation import nft_table_for
+    from scalers.models import Scaler
+
+    seen = set()
+    scopes = []
+    for scaler in Scaler.objects.filter(type__in=TYPES).order_by("name"):
+        where = (nft_table_for(scaler), scaler_option(scaler, "host") or scaler_option(scaler, "socketPath") or "")
+        if where not in seen:
+            seen.add(where)
+            scopes.append(Scope(scaler=scaler))
+    return scopes
+
+
+def _holders(summaries) -> dict[str, list[str]]:
+    from scalers.backends.orphans import container_addresses
+
+    holders: dict[str, list[str]] = {}
+    for s in summaries:
+        labels = s.get("Labels") or {}
+        if labels.get("kici-managed") != "true":
+            continue
+        name = ((s.get("Names") or [""])[0] or "").lstrip("/") or s["Id"][:12]
+        for address in container_addresses(s):
+            holders.setdefault(address, []).append(f"container {name} (scaler {labels.get('kici-scaler-name') or '?'})")
+    return holders
+
+
+def plan(scope: Scope) -> Plan:
+    from agents.models import Agent
+    from scalers.backends.orphans import OrphanTarget
+
+    scaler = scope.scaler
+    backend = get_backend(scaler)
+    result = Plan(context={})
+    if not getattr(backend, "network_isolation", True):
+        result.notes.append(f"network isolation is off for {scaler.name}: it writes no rules")
+        return result
+    table = backend.isolation.table
+    try:
+        summaries = backend.list_managed()
+    except Exception as exc:  # noqa: BLE001
+        result.notes.append(f"the container runtime could not be listed ({exc}): nothing is planned")
+        return result
+    with_rules = backend.isolation.addresses_with_rules()
+    if with_rules is None:
+        result.notes.append(f"table {table} could not be read: nothing is planned")
+        return result
+    holders = _holders(summaries)
+    rows = {}
+    for agent in Agent.objects.filter(ip__in=with_rules).order_by("created_at"):
+        rows.setdefault(agent.ip, []).append(agent)
+    for address in with_rules:
+        agents = rows.get(address, [])
+        active = [a for a in agents if a.is_active]
+        held = holders.get(address, []) + [f"agent {a.agent_id} ({a.state})" for a in active]
+        last = agents[-1] if agents else None
+        evidence = {
+            "address": address,
+            "table": table,
+            "address_holders": held,
+            "last_agent": f"{last.agent_id} ({last.state})" if last else None,
+        }
+        key = f"rules:{table}:{address}"
+        if held:
+            result.spared.append(Spared(key, address, "held by " + ", ".join(held), evidence))
+            continue
+        result.targets.append(Target(key, "delete rule set", address, evidence))
+        result.context[key] = OrphanTarget("rule", address, scaler.name, "", f"rules in table {table} for {address}, which no container holds", {"table": table, "address": address})
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    backend = get_backend(scope.scaler)
+    for target in targets:
+        try:
+            removed = backend.apply_orphans([plan.context[target.key]])
+        except Exception as exc:  # noqa: BLE001
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            continue
+        if removed:
+            run.report(target.key, TargetOutcome.DONE, "deleted")
+        else:
+            run.report(target.key, TargetOutcome.SKIPPED, "the backend's last re-check declined: the address is held now, or its rules are gone")

@@ -1,0 +1,151 @@
+"""Release stale reservations: capacity held for agents that can no longer use it (SPEC c.3, c.6;
+issue 3 "Release on every path").
+
+A reservation is stale when its agent
+
+* is ``destroyed`` or ``failed`` and its sandbox no longer runs ("a failed agent stops counting
+  unless its container or VM still runs"), or
+* is still ``spawning``, never registered, and started longer ago than the stale-spawn window
+  ``max(KICI_SPAWN_TIMEOUT_SECONDS, 300 s)`` (SPEC c.6), with no rq spawn job still running.
+
+Scope: optionally one scaler (else every scaler). Everything else is left alone; a terminal agent
+whose container still runs is listed as spared with that reason. Releasing goes through
+``scalers.admission.release`` (idempotent).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from agents.choices import AgentState, TERMINAL_STATES
+
+from ..adapters import age_seconds, is_registered, list_kici_containers, release
+from ..choices import OperationKind, TargetOutcome
+from .base import Plan, Scope, Spared, Target
+
+KIND = OperationKind.STALE_RESERVATIONS
+VOLATILE = frozenset({"age_seconds", "spawning_seconds"})
+ATOMIC = False
+SWEPT = True
+
+STALE_SPAWN_FLOOR_SECONDS = 300  # SPEC c.6: the window is never shorter than 5 minutes
+
+
+def validate_scope(scope: Scope) -> None:
+    return None
+
+
+def sweep_scopes() -> list[Scope]:
+    return [Scope()]
+
+
+def stale_spawn_window_seconds() -> int:
+    return max(settings.KICI_SPAWN_TIMEOUT_SECONDS, STALE_SPAWN_FLOOR_SECONDS)
+
+
+def _rq_job_status(job_id: str) -> str | None:
+    if not job_id:
+        return None
+    try:
+        import django_rq
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job
+
+        connection = django_rq.get_connection("default")
+        try:
+            return str(Job.fetch(job_id, connection=connection).get_status(refresh=True))
+        except NoSuchJobError:
+            return "gone"
+    except Exception:  # noqa: BLE001 - unknown is reported as such
+        return "unknown"
+
+
+def _sandbox_states(reservations) -> dict[str, str]:
+    """agent id → container state for container-type agents whose sandbox can be listed; an agent
+    missing from a successful listing maps to ``"gone"``; an unlistable runtime to ``"unknown"``."""
+    states: dict[str, str] = {}
+    by_scaler: dict[int, list] = {}
+    for r in reservations:
+        if r.agent.scaler.type in ("container", "bare-metal"):
+            by_scaler.setdefault(r.scaler_id, []).append(r)
+    for rows in by_scaler.values():
+        listing = list_kici_containers(rows[0].agent.scaler)
+        if listing is None:
+            for r in rows:
+                states[r.agent.agent_id] = "unknown"
+            continue
+        found = {}
+        for summary in listing:
+            agent_id = (summary.get("Labels") or {}).get("kici-agent-id")
+            if agent_id:
+                found[agent_id] = str(summary.get("State") or "").lower()
+        for r in rows:
+            states[r.agent.agent_id] = found.get(r.agent.agent_id, "gone")
+    return states
+
+
+def plan(scope: Scope) -> Plan:
+    from scalers.models import Reservation
+
+    now = timezone.now()
+    window = stale_spawn_window_seconds()
+    qs = Reservation.objects.select_related("agent", "agent__scaler", "scaler")
+    if scope.scaler is not None:
+        qs = qs.filter(scaler=scope.scaler)
+    candidates = []
+    for r in qs:
+        agent = r.agent
+        if agent.state in TERMINAL_STATES:
+            candidates.append(r)
+        elif agent.state == AgentState.SPAWNING and agent.registered_at is None:
+            started = agent.spawn_started_at or agent.created_at
+            if started <= now - timedelta(seconds=window):
+                candidates.append(r)
+    sandboxes = _sandbox_states(candidates)
+    result = Plan()
+    for r in candidates:
+        agent = r.agent
+        started = agent.spawn_started_at or agent.created_at
+        evidence = {
+            "agent_state": agent.state,
+            "registered": is_registered(agent),
+            "scaler": r.scaler.name,
+            "owner_instance": r.owner_instance,
+            "cpus": r.cpus,
+            "memory_bytes": r.memory_bytes,
+            "sandbox": sandboxes.get(agent.agent_id, "not probed"),
+            "age_seconds": age_seconds(r.created_at, now),
+        }
+        key = f"reservation:{agent.agent_id}"
+        if agent.state == AgentState.SPAWNING:
+            job = _rq_job_status(agent.rq_job_id)
+            evidence["spawning_seconds"] = age_seconds(started, now)
+            evidence["spawn_job"] = job
+            if job in ("started", "queued", "deferred", "scheduled"):
+                result.spared.append(Spared(key, agent.agent_id, f"its spawn job is still {job}", evidence))
+                continue
+            reason = f"spawning for longer than {window}s and never registered"
+        else:
+            reason = f"agent {agent.state}"
+        if evidence["sandbox"] in ("running", "paused", "restarting"):
+            result.spared.append(Spared(key, agent.agent_id, f"{reason}, but its container is still {evidence['sandbox']}", evidence))
+            continue
+        if evidence["sandbox"] == "unknown":
+            result.spared.append(Spared(key, agent.agent_id, f"{reason}, but its runtime could not be listed", evidence))
+            continue
+        evidence["why"] = reason
+        result.targets.append(Target(key, "release reservation", agent.agent_id, evidence))
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    for target in targets:
+        try:
+            release(target.subject, f"stale reservation released by operation #{run.operation_id}")
+        except Exception as exc:  # noqa: BLE001
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            continue
+        run.report(target.key, TargetOutcome.DONE, "released")

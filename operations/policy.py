@@ -1,0 +1,53 @@
+"""Per-kind sweep interval and auto-approve policy, read from the environment at each sweep.
+
+* ``KICI_SWEEP_<KIND>_SECONDS`` (``<KIND>`` = the kind upper-cased with ``-`` as ``_``, e.g.
+  ``KICI_SWEEP_ORPHAN_CONTAINERS_SECONDS``): seconds between two sweeps of that kind for one scope;
+  ``0`` turns the sweep off; default ``settings.KICI_SWEEP_INTERVAL_SECONDS`` (900 s, the reference's
+  15-minute orphan sweep, SPEC h). Minimum 5.
+* ``KICI_AUTO_APPROVE``: comma-separated kinds whose swept operations are approved without a person,
+  e.g. ``stale-reservations,scaler-retirement``. Empty by default: nothing is reaped, released or
+  retired on a guess (issue 8). Unknown kinds are refused naming the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from kici_site.env import env_int, env_list
+
+from .choices import OperationKind
+
+
+@dataclass(frozen=True)
+class SweepPolicy:
+    interval_seconds: int  # 0 = off
+    auto_approve: bool
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_seconds > 0
+
+
+def interval_variable(kind: str) -> str:
+    return f"KICI_SWEEP_{OperationKind(kind).value.upper().replace('-', '_')}_SECONDS"
+
+
+def auto_approved_kinds() -> frozenset[str]:
+    kinds = env_list("KICI_AUTO_APPROVE", [])
+    known = {k.value for k in OperationKind}
+    for kind in kinds:
+        if kind not in known:
+            raise ImproperlyConfigured(f"KICI_AUTO_APPROVE: {kind!r} is not an operation kind (known: {', '.join(sorted(known))})")
+    return frozenset(kinds)
+
+
+def sweep_policy(kind: str) -> SweepPolicy:
+    """The policy of ``kind`` (an OperationKind value); ImproperlyConfigured names a bad variable."""
+    name = interval_variable(kind)
+    seconds = env_int(name, settings.KICI_SWEEP_INTERVAL_SECONDS, minimum=0)
+    if 0 < seconds < 5:
+        raise ImproperlyConfigured(f"{name}={seconds} is below the minimum 5 (0 turns the sweep off)")
+    return SweepPolicy(interval_seconds=seconds, auto_approve=OperationKind(kind).value in auto_approved_kinds())

@@ -1,0 +1,95 @@
+"""Context for the operation templates, shared by the page views and the WebSocket consumer so a
+live update renders exactly what the page rendered."""
+
+from __future__ import annotations
+
+import json
+
+from .choices import OUTCOME_COLOURS, STATUS_COLOURS
+from .models import Operation, target_dom_id
+
+_LABELS = {
+    "age_seconds": "age",
+    "owner_instance": "owner",
+    "pid_probe": "pid probe",
+    "container_state": "container",
+    "address_holders": "address held by",
+}
+
+
+def humanize_seconds(seconds) -> str:
+    """``75`` → ``1m 15s``; ``90000`` → ``1d 1h``."""
+    try:
+        s = int(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _value(name: str, value) -> str:
+    if name.endswith("_seconds") and isinstance(value, (int, float)):
+        return humanize_seconds(value)
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def evidence_items(evidence: dict) -> list[tuple[str, str]]:
+    """``[(label, text)]`` of one target's evidence, in its own order."""
+    return [(_LABELS.get(k, k.replace("_", " ")), _value(k, v)) for k, v in (evidence or {}).items()]
+
+
+def target_rows(operation: Operation, keys=None) -> list[dict]:
+    """Plan targets joined with their outcome; only ``keys`` when given (for live updates)."""
+    wanted = set(keys) if keys is not None else None
+    rows = []
+    for index, target in enumerate(operation.plan):
+        if wanted is not None and target["key"] not in wanted:
+            continue
+        outcome = (operation.outcomes or {}).get(target["key"])
+        rows.append(
+            {
+                **target,
+                "index": index + 1,
+                "dom_id": target_dom_id(target["key"]),
+                "evidence_items": evidence_items(target.get("evidence", {})),
+                "outcome": outcome,
+                "outcome_colour": OUTCOME_COLOURS.get(outcome["outcome"], "grey") if outcome else "",
+            }
+        )
+    return rows
+
+
+def detail_context(operation: Operation, user, keys=None, log_from: int | None = None) -> dict:
+    """Everything ``operations/detail.html`` and its partials need."""
+    from .services import can_approve
+
+    allowed, why_not = can_approve(user, operation)
+    counts = operation.counts()
+    log = list(operation.log or [])
+    return {
+        "operation": operation,
+        "status_colour": STATUS_COLOURS.get(operation.status, "grey"),
+        "rows": target_rows(operation, keys),
+        "spared": [{**s, "evidence_items": evidence_items(s.get("evidence", {}))} for s in operation.spared or []],
+        "counts": counts,
+        "processed": counts["total"] - counts["pending"],
+        "log_entries": log[log_from:] if log_from is not None else log,
+        "audit": list(operation.audit.select_related("user").all()),
+        "can_decide": allowed,
+        "cannot_decide_reason": why_not,
+        "live": not operation.is_terminal,
+        "ws_path": f"/ws/operations/{operation.pk}/",
+    }

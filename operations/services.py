@@ -1,0 +1,379 @@
+"""Creating, approving, rejecting and expiring operations: the one path for the UI, the CLI and sweeps.
+
+Every status change is a compare-and-swap (``filter(pk=..., status=old).update(...)``) that proceeds
+only if exactly one row changed, and writes one :class:`~operations.models.AuditEntry` in the same
+transaction. Permissions (issue 8 "Permissions and audit"):
+
+* ``operations.view_operation``: see operations (viewers);
+* ``operations.request_operation``: plan one (operators);
+* ``operations.approve_operation``: approve or reject one (approvers); with
+  ``settings.KICI_REQUIRE_DISTINCT_APPROVER`` the approver must not be the requester.
+
+A ``user`` of ``None`` is the system (periodic sweeps, auto-approve policy, the worker).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.db import connection, transaction
+from django.utils import timezone
+
+from . import live
+from .choices import AuditAction, OperationStatus, RequestedVia
+from .kinds import Plan, Scope, ScopeInvalid, get_kind
+from .kinds.base import jsonable, plan_digest
+from .models import AuditEntry, Operation
+from .queues import QueueNotConfigured, get_queue, queue_for_scaler, workers_listening
+
+REQUEST_PERM = "operations.request_operation"
+APPROVE_PERM = "operations.approve_operation"
+VIEW_PERM = "operations.view_operation"
+
+
+class OperationError(Exception):
+    """A refusal the user should read (the message says what and why; nothing was changed)."""
+
+
+class NothingToDo(OperationError):
+    """The planner found no target; ``plan`` holds what it spared and its notes."""
+
+    def __init__(self, kind: str, plan: Plan):
+        self.plan = plan
+        spared = f"; {len(plan.spared)} candidate(s) spared" if plan.spared else ""
+        super().__init__(f"nothing to do for {kind}{spared}")
+
+
+class PlanExpired(OperationError):
+    """The plan is older than ``KICI_OPERATION_PLAN_TTL_SECONDS``; plan again."""
+
+
+class InvalidTransition(OperationError):
+    """The operation is not in a status that allows this action."""
+
+
+class NoWorkerListening(OperationError):
+    """No rq worker listens on the operation's queue, so it would never run."""
+
+
+class ApproverMustDiffer(PermissionDenied):
+    """``KICI_REQUIRE_DISTINCT_APPROVER`` is on and the approver requested the operation."""
+
+
+# --- scope ------------------------------------------------------------------------------------
+
+
+def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, params: dict | None = None) -> Scope:
+    """Build and validate a :class:`Scope` from names and ids as a form or the CLI gives them.
+
+    ``scaler``: a Scaler or its name; ``agent_ids``: agent id strings; ``label_set``: a LabelSet or
+    its primary key; ``params``: kind-specific inputs. The scaler is derived from the agents or the
+    label set when not given. Raises :class:`ScopeInvalid` naming the field and the value.
+    """
+    from agents.models import Agent
+    from scalers.models import LabelSet, Scaler
+
+    if isinstance(scaler, str):
+        name = scaler.strip()
+        scaler = Scaler.objects.filter(name=name).first() if name else None
+        if name and scaler is None:
+            raise ScopeInvalid("scaler", f"no scaler named {name!r}")
+    if label_set is not None and not isinstance(label_set, LabelSet):
+        try:
+            label_set = LabelSet.objects.select_related("scaler").get(pk=int(label_set))
+        except (ValueError, TypeError, LabelSet.DoesNotExist):
+            raise ScopeInvalid("label_set", f"no label set with id {label_set!r}") from None
+    ids = tuple(dict.fromkeys(a.strip() for a in agent_ids if a and a.strip()))
+    if ids:
+        found = dict(Agent.objects.filter(agent_id__in=ids).values_list("agent_id", "scaler_id"))
+        missing = [a for a in ids if a not in found]
+        if missing:
+            raise ScopeInvalid("agent", f"no agent with id {', '.join(map(repr, missing))}")
+        scaler_ids = set(found.values())
+        if len(scaler_ids) > 1:
+            raise ScopeInvalid("agent", "the agents belong to different scalers; plan one operation per scaler")
+        agent_scaler = Scaler.objects.get(pk=scaler_ids.pop())
+        if scaler is not None and scaler.pk != agent_scaler.pk:
+            raise ScopeInvalid("agent", f"the agents belong to scaler {agent_scaler.name!r}, not {scaler.name!r}")
+        scaler = agent_scaler
+    if label_set is not None:
+        if scaler is not None and label_set.scaler_id != scaler.pk:
+            raise ScopeInvalid("label_set", f"label set #{label_set.pk} belongs to scaler {label_set.scaler.name!r}")
+        scaler = label_set.scaler
+    scope = Scope(scaler=scaler, agent_ids=ids, label_set=label_set, params=jsonable(params or {}))
+    get_kind(kind).validate_scope(scope)
+    return scope
+
+
+def scope_of(operation: Operation) -> Scope:
+    """The scope an operation was planned for, rebuilt from its row (for the run's re-plan)."""
+    return Scope(
+        scaler=operation.scaler,
+        agent_ids=tuple(operation.agent_ids),
+        label_set=operation.label_set,
+        params=operation.params or {},
+    )
+
+
+def host_queue_for(kind: str, scope: Scope) -> str:
+    module = get_kind(kind)
+    chooser = getattr(module, "host_queue", None)
+    return chooser(scope) if chooser else queue_for_scaler(scope.scaler)
+
+
+# --- audit and compare-and-swap ---------------------------------------------------------------
+
+
+def _username(user) -> str:
+    return user.get_username() if user is not None else "system"
+
+
+def _audit(operation: Operation, user, action: str, from_status: str, to_status: str, detail: str = "") -> AuditEntry:
+    return AuditEntry.objects.create(
+        operation=operation,
+        user=user if user is not None and user.pk else None,
+        username=_username(user),
+        action=action,
+        from_status=from_status,
+        to_status=to_status,
+        detail=detail,
+    )
+
+
+def transition(operation: Operation, from_status: str, to_status: str, *, action: str, user=None, detail: str = "", where: dict | None = None, **fields) -> bool:
+    """Move ``operation`` from ``from_status`` to ``to_status`` by compare-and-swap, setting ``fields``.
+
+    Returns False (and changes nothing) when the row was no longer in ``from_status`` or did not match
+    ``where``. On success writes the audit entry, updates the instance, and pushes the change live
+    after commit.
+    """
+    with transaction.atomic():
+        changed = Operation.objects.filter(pk=operation.pk, status=from_status, **(where or {})).update(status=to_status, **fields)
+        if changed != 1:
+            return False
+        _audit(operation, user, action, from_status, to_status, detail)
+    operation.status = to_status
+    for name, value in fields.items():
+        setattr(operation, name, value)
+    live.publish_on_commit(operation.pk)
+    return True
+
+
+# --- create -----------------------------------------------------------------------------------
+
+
+def _require(user, perm: str) -> None:
+    if user is None:
+        return
+    if not (user.is_active and user.has_perm(perm)):
+        raise PermissionDenied(f"{_username(user)} lacks the permission {perm}")
+
+
+def create_operation(kind: str, scope: Scope | dict, user, *, via: str = RequestedVia.UI, now: datetime | None = None) -> Operation:
+    """Plan ``kind`` for ``scope`` and store it as a *planned* operation awaiting a decision.
+
+    ``scope`` is a :class:`Scope` or the keyword arguments of :func:`resolve_scope`. ``user`` needs
+    ``operations.request_operation`` (None = the system). Returns the new operation, or the open
+    identical one (same kind, scope and plan digest, not expired) with ``reused = True``.
+
+    Raises PermissionDenied, ScopeInvalid (naming the field), :class:`NothingToDo` when the plan is
+    empty (nothing is stored), or whatever the planner raises when it cannot look (nothing is stored).
+    """
+    _require(user, REQUEST_PERM)
+    module = get_kind(kind)
+    kind = module.KIND.value
+    if not isinstance(scope, Scope):
+        scope = resolve_scope(kind, **scope)
+    else:
+        module.validate_scope(scope)
+    plan = module.plan(scope)
+    if not plan.targets:
+        raise NothingToDo(kind, plan)
+    return store_plan(kind, scope, plan, user, via=via, now=now)
+
+
+def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: datetime | None = None) -> Operation:
+    """Store an already computed non-empty plan (sweeps plan first to decide whether to store)."""
+    module = get_kind(kind)
+    now = now or timezone.now()
+    targets = [jsonable(t.as_json()) for t in plan.targets]
+    digest = plan_digest(targets, module.VOLATILE)
+    scope_key = scope.key(kind)
+    with transaction.atomic():
+        # Two sweeps (or a sweep and a person) planning the same scope at once must not both store.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 8))", [f"operations:{scope_key}"])
+        existing = (
+            Operation.objects.filter(kind=kind, scope_key=scope_key, plan_digest=digest, status=OperationStatus.PLANNED, expires_at__gt=now)
+            .order_by("-created_at")
+            .first()
+        )
+        if existing is not None:
+            existing.reused = True
+            return existing
+        operation = Operation.objects.create(
+            kind=kind,
+            status=OperationStatus.PLANNED,
+            scaler=scope.scaler,
+            scaler_name=scope.scaler.name if scope.scaler else "",
+            label_set=scope.label_set,
+            agent_ids=list(scope.agent_ids),
+            params=scope.params,
+            host_queue=host_queue_for(kind, scope),
+            scope_key=scope_key,
+            plan=targets,
+            spared=[jsonable(s.as_json()) for s in plan.spared],
+            notes=list(plan.notes),
+            plan_digest=digest,
+            requested_via=via,
+            requested_by=user if user is not None and user.pk else None,
+            expires_at=now + timedelta(seconds=settings.KICI_OPERATION_PLAN_TTL_SECONDS),
+        )
+        Operation.objects.filter(pk=operation.pk).update(created_at=now)
+        operation.created_at = now
+        _audit(operation, user, AuditAction.REQUESTED, "", OperationStatus.PLANNED, f"{len(targets)} target(s) via {via}")
+    operation.reused = False
+    return operation
+
+
+# --- decide -----------------------------------------------------------------------------------
+
+
+def _refuse_if_expired(operation: Operation, now: datetime) -> None:
+    if operation.status == OperationStatus.PLANNED and operation.expires_at <= now:
+        transition(operation, OperationStatus.PLANNED, OperationStatus.EXPIRED, action=AuditAction.EXPIRED, detail="expired when a decision was attempted")
+    if operation.status == OperationStatus.EXPIRED:
+        raise PlanExpired(
+            f"operation #{operation.pk} expired at {operation.expires_at:%Y-%m-%d %H:%M:%S %Z}: its evidence is too old to act on; plan it again"
+        )
+
+
+def _refuse_unless_planned(operation: Operation, verb: str) -> None:
+    if operation.status != OperationStatus.PLANNED:
+        raise InvalidTransition(f"operation #{operation.pk} is {operation.status}: only a planned operation can be {verb}")
+
+
+def check_worker(operation: Operation) -> None:
+    """Raise :class:`NoWorkerListening` unless an rq worker listens on the operation's queue."""
+    try:
+        count = workers_listening(operation.host_queue)
+    except QueueNotConfigured as exc:
+        raise NoWorkerListening(f"{exc}; nothing was approved") from None
+    if count == 0:
+        raise NoWorkerListening(
+            f"no rq worker listens on queue {operation.host_queue}, so this operation would never run: "
+            f"start one on that host (`manage.py rqworker {operation.host_queue}`); nothing was approved"
+        )
+
+
+def approve_operation(
+    operation: Operation, user, *, note: str = "", now: datetime | None = None, require_worker: bool = True, enqueue: bool = True
+) -> Operation:
+    """Approve a planned operation and enqueue its run on commit (queue ``operation.host_queue``).
+
+    Checks, in order, each raising with nothing changed: ``operations.approve_operation``
+    (PermissionDenied), the distinct-approver setting (ApproverMustDiffer), status planned
+    (InvalidTransition), not expired (PlanExpired: the operation is marked expired), a worker listening
+    on the queue (NoWorkerListening; ``require_worker=False`` skips this for the CLI's ``--run-now``).
+    ``enqueue=False`` approves without enqueueing (the caller runs it inline).
+    """
+    if user is None:
+        raise PermissionDenied("an operation is approved by a person (or auto_approve for a policy)")
+    _require(user, APPROVE_PERM)
+    operation.refresh_from_db()
+    if settings.KICI_REQUIRE_DISTINCT_APPROVER and operation.requested_by_id == user.pk:
+        raise ApproverMustDiffer(
+            f"{_username(user)} requested operation #{operation.pk}; KICI_REQUIRE_DISTINCT_APPROVER needs another approver"
+        )
+    now = now or timezone.now()
+    _refuse_if_expired(operation, now)
+    _refuse_unless_planned(operation, "approved")
+    if require_worker:
+        check_worker(operation)
+    return _approve(operation, user, AuditAction.APPROVED, note, now, enqueue=enqueue, auto=False)
+
+
+def auto_approve(operation: Operation, *, now: datetime | None = None) -> Operation:
+    """Approve by the kind's auto-approve policy (sweeps only); enqueued even with no worker yet."""
+    now = now or timezone.now()
+    _refuse_if_expired(operation, now)
+    _refuse_unless_planned(operation, "approved")
+    return _approve(operation, None, AuditAction.AUTO_APPROVED, "approved by the auto-approve policy of this kind", now, enqueue=True, auto=True)
+
+
+def _approve(operation: Operation, user, action: str, note: str, now: datetime, *, enqueue: bool, auto: bool) -> Operation:
+    job_id = f"operation-{operation.pk}"
+    with transaction.atomic():
+        ok = transition(
+            operation,
+            OperationStatus.PLANNED,
+            OperationStatus.APPROVED,
+            action=action,
+            user=user,
+            detail=note,
+            where={"expires_at__gt": now},
+            approved_by=user,
+            decided_at=now,
+            decision_note=note,
+            rq_job_id=job_id if enqueue else "",
+            auto_approved=auto,
+        )
+        if not ok:
+            operation.refresh_from_db()
+            _refuse_if_expired(operation, now)
+            _refuse_unless_planned(operation, "approved")
+            raise InvalidTransition(f"operation #{operation.pk} changed while it was being approved; look again")
+        if enqueue:
+            get_queue(operation.host_queue).enqueue("operations.jobs.run_operation", operation.pk, job_id=job_id)
+    return operation
+
+
+def reject_operation(operation: Operation, user, *, note: str = "", now: datetime | None = None) -> Operation:
+    """Reject a planned operation: it never runs. Needs ``operations.approve_operation``; raises
+    PermissionDenied or InvalidTransition (e.g. already approved) with nothing changed."""
+    if user is None:
+        raise PermissionDenied("an operation is rejected by a person")
+    _require(user, APPROVE_PERM)
+    operation.refresh_from_db()
+    now = now or timezone.now()
+    _refuse_unless_planned(operation, "rejected")
+    ok = transition(
+        operation,
+        OperationStatus.PLANNED,
+        OperationStatus.REJECTED,
+        action=AuditAction.REJECTED,
+        user=user,
+        detail=note,
+        rejected_by=user,
+        decided_at=now,
+        decision_note=note,
+    )
+    if not ok:
+        operation.refresh_from_db()
+        _refuse_unless_planned(operation, "rejected")
+    return operation
+
+
+def expire_due_operations(now: datetime | None = None) -> list[int]:
+    """Mark every planned operation past its ``expires_at`` as expired; returns their ids."""
+    now = now or timezone.now()
+    expired = []
+    for operation in Operation.objects.filter(status=OperationStatus.PLANNED, expires_at__lte=now):
+        if transition(operation, OperationStatus.PLANNED, OperationStatus.EXPIRED, action=AuditAction.EXPIRED, detail="plan TTL elapsed"):
+            expired.append(operation.pk)
+    return expired
+
+
+def can_approve(user, operation: Operation) -> tuple[bool, str]:
+    """Whether ``user`` may decide ``operation`` now, and if not why (for the page's buttons)."""
+    if not (user and user.is_authenticated and user.has_perm(APPROVE_PERM)):
+        return False, "you lack the permission to approve operations"
+    if operation.status != OperationStatus.PLANNED:
+        return False, f"the operation is {operation.status}"
+    if operation.expires_at <= timezone.now():
+        return False, "the plan has expired"
+    if settings.KICI_REQUIRE_DISTINCT_APPROVER and operation.requested_by_id == user.pk:
+        return False, "another approver must decide: you requested it"
+    return True, ""

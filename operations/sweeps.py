@@ -1,0 +1,116 @@
+"""Periodic sweeps: plan each swept kind for each of its scopes and store what they find as planned
+operations (issue 8, "Periodic sweeps"). Called by the sweeper command (``scaler_sweeper``) on the
+leading console.
+
+* A sweep runs for one (kind, scope) at most once per its policy interval (``operations.policy``).
+* A sweep that finds nothing creates nothing.
+* No duplicate while an identical planned operation (same kind, scope and plan digest) is open.
+* A kind listed in ``KICI_AUTO_APPROVE`` is approved and enqueued by policy; others wait for a person.
+* Planned operations past their TTL are marked expired; approved or running operations whose rq job
+  was lost (failed, stopped or vanished) are marked failed, so nothing hangs in "running" forever.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from .choices import AuditAction, OperationStatus, RequestedVia
+from .kinds import all_kinds
+from .models import Operation, SweepState
+from .policy import sweep_policy
+from .services import auto_approve, expire_due_operations, store_plan, transition
+
+log = logging.getLogger(__name__)
+
+#: an approved operation whose job has not started within this many seconds is checked with rq
+LOST_JOB_GRACE_SECONDS = 60
+
+
+def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
+    """Run every due sweep; return the operations created (or auto-approved) by this call.
+
+    Never raises for one failing scope: the error is logged and stored in ``SweepState.last_result``
+    and the other sweeps go on.
+    """
+    now = now or timezone.now()
+    expire_due_operations(now)
+    fail_lost_runs(now)
+    created: list[Operation] = []
+    for module in all_kinds():
+        if not getattr(module, "SWEPT", False):
+            continue
+        policy = sweep_policy(module.KIND)
+        if not policy.enabled:
+            continue
+        try:
+            scopes = module.sweep_scopes()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("sweep %s: could not list scopes: %s", module.KIND, exc, exc_info=True)
+            continue
+        for scope in scopes:
+            key = scope.key(module.KIND)
+            state = SweepState.objects.filter(sweep_key=key).first()
+            if state and state.last_run_at + timedelta(seconds=policy.interval_seconds) > now:
+                continue
+            result = ""
+            try:
+                plan = module.plan(scope)
+                if plan.targets:
+                    operation = store_plan(module.KIND, scope, plan, None, via=RequestedVia.SWEEP, now=now)
+                    if operation.reused:
+                        result = f"{len(plan.targets)} target(s); identical operation #{operation.pk} still open"
+                    else:
+                        result = f"{len(plan.targets)} target(s): operation #{operation.pk}"
+                        if policy.auto_approve:
+                            auto_approve(operation, now=now)
+                            result += " (auto-approved)"
+                        created.append(operation)
+                else:
+                    result = f"nothing found ({len(plan.spared)} spared)"
+            except Exception as exc:  # noqa: BLE001 - one scope failing must not stop the others
+                result = f"error: {type(exc).__name__}: {exc}"
+                log.warning("sweep %s failed: %s", key, exc, exc_info=True)
+            SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]})
+    return created
+
+
+def fail_lost_runs(now: datetime | None = None) -> list[int]:
+    """Mark approved/running operations whose rq job failed, was stopped or vanished as failed."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job, JobStatus
+
+    from .queues import QueueNotConfigured, get_queue
+
+    now = now or timezone.now()
+    lost = []
+    grace = now - timedelta(seconds=LOST_JOB_GRACE_SECONDS)
+    candidates = Operation.objects.filter(status__in=[OperationStatus.APPROVED, OperationStatus.RUNNING], decided_at__lt=grace).exclude(rq_job_id="")
+    for operation in candidates:
+        try:
+            queue = get_queue(operation.host_queue)
+            job = Job.fetch(operation.rq_job_id, connection=queue.connection)
+            status = job.get_status(refresh=True)
+        except NoSuchJobError:
+            status = None
+        except (QueueNotConfigured, Exception) as exc:  # noqa: BLE001 - cannot tell: leave it
+            log.debug("cannot check job of operation %s: %s", operation.pk, exc)
+            continue
+        if status is None or status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+            if status is None and operation.status == OperationStatus.APPROVED:
+                reason = f"its rq job {operation.rq_job_id} vanished before it started"
+            else:
+                reason = f"its rq job {operation.rq_job_id} is {status or 'gone'} (worker killed or timed out)"
+            if transition(
+                operation,
+                operation.status,
+                OperationStatus.FAILED,
+                action=AuditAction.FAILED,
+                detail=reason,
+                finished_at=now,
+                error=reason,
+            ):
+                lost.append(operation.pk)
+    return lost

@@ -1,0 +1,165 @@
+"""Operation pages: the list with filters, the operation page, the plan request, approve / reject.
+
+Every POST is CSRF-protected (Django's middleware; htmx sends the token from ``<body hx-headers>``)
+and checks its permission first (403 with nothing changed). Refusals the operator can act on
+(expired plan, no worker on the queue, nothing to do) come back as a page that says so.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from .choices import OperationKind, OperationStatus, RequestedVia
+from .kinds import PlanRefused, ScopeInvalid, get_kind
+from .models import Operation
+from .presenters import detail_context
+from .services import (
+    APPROVE_PERM,
+    REQUEST_PERM,
+    VIEW_PERM,
+    NothingToDo,
+    OperationError,
+    approve_operation,
+    create_operation,
+    reject_operation,
+)
+
+PAGE_SIZE = 50
+
+
+def _is_partial(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.boosted
+
+
+@require_GET
+@login_required
+@permission_required(VIEW_PERM, raise_exception=True)
+def operation_list(request: HttpRequest) -> HttpResponse:
+    """``/operations/?status=&kind=&scaler=``: newest first, 50 a page."""
+    qs = Operation.objects.select_related("requested_by", "approved_by", "rejected_by")
+    status = request.GET.get("status", "")
+    kind = request.GET.get("kind", "")
+    scaler = request.GET.get("scaler", "").strip()
+    if status in OperationStatus.values:
+        qs = qs.filter(status=status)
+    if kind in OperationKind.values:
+        qs = qs.filter(kind=kind)
+    if scaler:
+        qs = qs.filter(scaler_name=scaler)
+    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    from scalers.models import Scaler
+
+    context = {
+        "nav": "operations",
+        "page": page,
+        "operations": page.object_list,
+        "filters": {"status": status, "kind": kind, "scaler": scaler},
+        "statuses": OperationStatus.choices,
+        "kinds": OperationKind.choices,
+        "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
+    }
+    template = "operations/list.html#rows" if _is_partial(request) else "operations/list.html"
+    return render(request, template, context)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW_PERM, raise_exception=True)
+def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    operation = get_object_or_404(Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by"), pk=pk)
+    return render(request, "operations/detail.html", {"nav": "operations", **detail_context(operation, request.user)})
+
+
+def _scope_from_post(request: HttpRequest) -> dict:
+    params: dict = {}
+    if request.POST.get("host_access_default"):
+        params["host_access"] = None
+    elif request.POST.get("host_access_set") or "host_access" in request.POST:
+        params["host_access"] = [
+            line.strip() for value in request.POST.getlist("host_access") for line in value.splitlines() if line.strip()
+        ]
+    for name in ("config_path", "config_dir"):
+        if request.POST.get(name, "").strip():
+            params[name] = request.POST[name].strip()
+    return {
+        "scaler": request.POST.get("scaler", "").strip() or None,
+        "agent_ids": request.POST.getlist("agent"),
+        "label_set": request.POST.get("label_set", "").strip() or None,
+        "params": params,
+    }
+
+
+@require_POST
+@login_required
+@permission_required(REQUEST_PERM, raise_exception=True)
+def operation_plan(request: HttpRequest) -> HttpResponse:
+    """Plan an operation from a form (``kind``, ``scaler``, ``agent`` (repeatable), ``label_set``,
+    ``host_access`` (repeatable, one entry per line; with ``host_access_set=1`` an empty list is
+    explicit) or ``host_access_default=1`` (back to the default), ``config_path``, ``config_dir``)
+    and show its preview. An identical open plan is shown instead of a duplicate."""
+    kind = request.POST.get("kind", "")
+    try:
+        module = get_kind(kind)
+    except ValueError as exc:
+        return render(request, "operations/refused.html", {"title": "Unknown operation", "message": str(exc)}, status=400)
+    try:
+        operation = create_operation(module.KIND, _scope_from_post(request), request.user, via=RequestedVia.UI)
+    except (ScopeInvalid, PlanRefused) as exc:
+        return render(request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=400)
+    except NothingToDo as exc:
+        return render(
+            request,
+            "operations/nothing.html",
+            {"nav": "operations", "kind_label": module.KIND.label, "plan": exc.plan, "message": str(exc)},
+            status=200,
+        )
+    except OperationError as exc:
+        return render(request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=409)
+    if operation.reused:
+        messages.info(request, f"An identical plan is already open: operation #{operation.pk}.")
+    url = reverse("operations:detail", args=[operation.pk])
+    return HttpResponseClientRedirect(url) if _is_partial(request) else redirect(url)
+
+
+def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
+    if not request.user.has_perm(APPROVE_PERM):
+        raise PermissionDenied(f"you lack the permission {APPROVE_PERM}")
+    operation = get_object_or_404(Operation, pk=pk)
+    context = {"nav": "operations", "verb": verb, **detail_context(operation, request.user)}
+    if request.method == "GET":
+        return render(request, "operations/confirm.html", context)
+    note = request.POST.get("note", "").strip()[:2000]
+    try:
+        if verb == "approve":
+            approve_operation(operation, request.user, note=note)
+            messages.success(request, f"Operation #{operation.pk} approved; it runs on queue {operation.host_queue}.")
+        else:
+            reject_operation(operation, request.user, note=note)
+            messages.success(request, f"Operation #{operation.pk} rejected; it will never run.")
+    except OperationError as exc:
+        return render(request, "operations/refused.html", {**context, "title": f"Not {verb}d", "message": str(exc)}, status=409)
+    url = reverse("operations:detail", args=[operation.pk])
+    return HttpResponseClientRedirect(url) if _is_partial(request) else redirect(url)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def operation_approve(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: the confirmation step; POST: approve and enqueue (403 without ``approve_operation``)."""
+    return _decide(request, pk, "approve")
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def operation_reject(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: the confirmation step; POST: reject (403 without ``approve_operation``)."""
+    return _decide(request, pk, "reject")
