@@ -1,0 +1,157 @@
+"""The backend protocol every scaler type implements, spawn control, and the factory.
+
+A backend instance is cheap and stateless: what it tracks lives in the database (``Agent``
+rows), so any console process, and a console after a restart, sees the same view. Backends
+record lifecycle events themselves (SPEC (d)) through ``agents.events.record_event``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+    from scalers.models import Scaler
+
+    from .orphans import OrphanTarget
+
+
+class SpawnAborted(Exception):
+    """The spawn was given up: its deadline passed (``reason="deadline"``) or it was cancelled
+    (``reason="cancelled"``, e.g. the agent row left ``spawning``). Raised between backend calls by
+    :meth:`SpawnControl.check`; the backend cleans up what it created before re-raising.
+    """
+
+    def __init__(self, reason: str, stage: str, detail: str = ""):
+        self.reason = reason
+        self.stage = stage
+        super().__init__(detail or f"spawn {reason} during {stage}")
+
+
+class SpawnError(Exception):
+    """A spawn failed at ``stage``; ``captured_output`` holds up to the last 50 output lines."""
+
+    def __init__(self, message: str, stage: str = "", captured_output: list[str] | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.captured_output = list(captured_output or [])[-50:]
+
+
+@dataclass
+class SpawnControl:
+    """Deadline and cancellation for one spawn (SPEC c.1 step 9; seed firecracker-api.d.ts "signal").
+
+    ``deadline``: wall-clock epoch seconds after which the spawn is abandoned, or ``None``.
+    ``cancelled``: returns a reason string when the spawn must stop (None = carry on); the rq job
+    wires it to "the agent row is no longer ``spawning``". ``check(stage)`` raises
+    :class:`SpawnAborted`; backends call it between runtime calls.
+    """
+
+    deadline: float | None = None
+    cancelled: Callable[[], str | None] = lambda: None
+    stages: list[str] = field(default_factory=list)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (may be negative), or None without a deadline."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+    def check(self, stage: str) -> None:
+        """Record ``stage`` and raise :class:`SpawnAborted` when past the deadline or cancelled."""
+        self.stages.append(stage)
+        if self.deadline is not None and time.time() >= self.deadline:
+            raise SpawnAborted("deadline", stage, f"spawn deadline passed before {stage}")
+        why = self.cancelled()
+        if why:
+            raise SpawnAborted("cancelled", stage, f"spawn cancelled before {stage}: {why}")
+
+
+@dataclass
+class SpawnResult:
+    """What a successful spawn produced: the backend handle, address, resolved host access, context."""
+
+    managed_id: str
+    ip: str | None = None
+    host_access: list[str] | None = None
+    host_access_explicit: bool = False
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every scaler backend offers (seed types.d.ts ``ScalerBackend``, in Python).
+
+    - ``spawn(agent, control) -> SpawnResult``: provision the sandbox, record the SPEC (d)
+      events up to ``agent.connecting``; on any failure remove what it created and raise
+      ``SpawnError`` / ``SpawnAborted``. Does not wait for registration (``scalers.jobs`` does).
+    - ``destroy(agent)``: tear down; idempotent; an already-gone sandbox is not an error.
+    - ``reap_unowned(agent_id) -> bool``: remove sandboxes this backend spawned for that id
+      (a refused registration); True when something was removed.
+    - ``plan_orphans() -> list[OrphanTarget]`` / ``apply_orphans(plan) -> int``: the orphan
+      sweep split into a previewable plan and an apply that re-checks each target.
+    - ``cleanup_orphans() -> int``: plan + apply.
+    - ``reload(scaler)``: replace the entry read at every spawn.
+    """
+
+    type: str
+    scaler: Scaler
+    spawns_on_local_host: bool
+
+    def spawn(self, agent: Agent, control: SpawnControl) -> SpawnResult: ...
+
+    def destroy(self, agent: Agent, reason: str = "shutdown") -> None: ...
+
+    def reap_unowned(self, agent_id: str) -> bool: ...
+
+    def plan_orphans(self) -> list[OrphanTarget]: ...
+
+    def apply_orphans(self, plan: list[OrphanTarget]) -> int: ...
+
+    def cleanup_orphans(self) -> int: ...
+
+    def reload(self, scaler: Scaler) -> None: ...
+
+
+def scaler_option(scaler_or_config: Any, key: str, default: Any = None) -> Any:
+    """Read a field of a scaler entry (``Scaler.config``) by its ``scalers.yaml`` name.
+
+    ``key`` is the camelCase yaml name (``networkIsolation``); the snake_case spelling is
+    accepted too, whichever the importer stored. Returns ``default`` when absent or None.
+    """
+    config = scaler_or_config.config if hasattr(scaler_or_config, "config") else scaler_or_config
+    config = config or {}
+    snake = "".join("_" + c.lower() if c.isupper() else c for c in key)
+    for name in (key, snake):
+        if name in config and config[name] is not None:
+            return config[name]
+    return default
+
+
+def get_backend(scaler: Scaler, **options: Any) -> Backend:
+    """The backend for ``scaler`` by ``scaler.type`` (``scalers.choices.ScalerType``).
+
+    ``options`` are passed to the backend constructor (tests inject ``docker``, ``is_registered``,
+    ``tracked_ids``, ``nft``). Raises ``ValueError`` naming the type for an unknown one.
+    """
+    from scalers.choices import ScalerType
+
+    kind = scaler.type
+    if kind == ScalerType.CONTAINER:
+        from .container import ContainerBackend
+
+        return ContainerBackend(scaler, **options)
+    if kind == ScalerType.BARE_METAL:
+        from .baremetal import BareMetalBackend
+
+        return BareMetalBackend(scaler, **options)
+    if kind == ScalerType.EVENT:
+        from .event import EventBackend
+
+        return EventBackend(scaler, **options)
+    if kind == ScalerType.FIRECRACKER:
+        from .firecracker.backend import FirecrackerBackend
+
+        return FirecrackerBackend(scaler, **options)
+    raise ValueError(f"scaler {scaler.name!r} has type {kind!r}, which no backend implements")

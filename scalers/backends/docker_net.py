@@ -1,0 +1,93 @@
+"""The isolated agent network ``kici-agent-net`` (SPEC (e) "Isolated network", seed container-backend.d.ts).
+
+Module-level because both agent-container spawn paths (container backend, bare-metal container
+mode) must land on it: a container created anywhere else runs on the runtime's default bridge
+with full LAN, RFC1918 and cloud-metadata reach.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from docker.errors import APIError, NotFound
+from docker.types import IPAMConfig, IPAMPool
+
+log = logging.getLogger(__name__)
+
+ISOLATED_NETWORK_NAME = "kici-agent-net"
+ISOLATED_NETWORK_SUBNET = "172.30.0.0/16"
+ISOLATED_NETWORK_GATEWAY = "172.30.0.1"
+#: Prefix of every address the isolated network hands out (rule reaping looks only at these).
+ISOLATED_ADDRESS_PREFIX = "172.30."
+
+
+class IsolatedNetworkError(RuntimeError):
+    """The isolated network could neither be found nor created."""
+
+
+def _api(docker):
+    """Accept a ``docker.DockerClient`` or its low-level ``APIClient``."""
+    return getattr(docker, "api", docker)
+
+
+def find_isolated_network(docker) -> dict | None:
+    """Return the network summary whose name is EXACTLY ``kici-agent-net``, or ``None``.
+
+    The runtime's name filter matches substrings (``kici-agent-net-old`` would match), so the
+    listing is re-checked by exact name (CASES CTR-13).
+    """
+    for net in _api(docker).networks(names=[ISOLATED_NETWORK_NAME]) or []:
+        if net.get("Name") == ISOLATED_NETWORK_NAME:
+            return net
+    return None
+
+
+def ensure_isolated_network(docker) -> str:
+    """Create or find ``kici-agent-net`` and return its id.
+
+    Created as ``{Name: kici-agent-net, Driver: bridge, IPAM: 172.30.0.0/16 gw 172.30.0.1,
+    Labels: {kici-managed: "true"}}`` (CTR-12). Idempotent, also against a concurrent creator:
+    a 409 on create re-lists and uses the winner's network (CTR-14).
+
+    Raises ``IsolatedNetworkError`` (``... after 409 conflict``) when the network is still
+    missing after a conflict, and lets other ``docker.errors.APIError`` propagate.
+    """
+    existing = find_isolated_network(docker)
+    if existing:
+        return existing["Id"]
+    api = _api(docker)
+    ipam = IPAMConfig(driver="default", pool_configs=[IPAMPool(subnet=ISOLATED_NETWORK_SUBNET, gateway=ISOLATED_NETWORK_GATEWAY)])
+    try:
+        created = api.create_network(
+            ISOLATED_NETWORK_NAME,
+            driver="bridge",
+            ipam=ipam,
+            labels={"kici-managed": "true"},
+            check_duplicate=True,
+        )
+        log.info("created isolated network %s (%s)", ISOLATED_NETWORK_NAME, created.get("Id", "")[:12])
+        return created["Id"]
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
+    again = find_isolated_network(docker)
+    if again:
+        return again["Id"]
+    raise IsolatedNetworkError(f"network {ISOLATED_NETWORK_NAME} not found after 409 conflict")
+
+
+def container_network_ip(docker, container_id: str) -> str | None:
+    """IPv4 address of a container on ``kici-agent-net``, or ``None`` when it has none (or is gone)."""
+    try:
+        info = _api(docker).inspect_container(container_id)
+    except NotFound:
+        return None
+    nets = (info.get("NetworkSettings") or {}).get("Networks") or {}
+    ip = (nets.get(ISOLATED_NETWORK_NAME) or {}).get("IPAddress")
+    return ip or None
+
+
+def bridge_interface_name(network: dict) -> str:
+    """Host bridge interface of a network summary: option ``com.docker.network.bridge.name``, else ``br-<12 of id>``."""
+    opts = network.get("Options") or {}
+    return opts.get("com.docker.network.bridge.name") or f"br-{network['Id'][:12]}"

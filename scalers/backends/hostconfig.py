@@ -1,0 +1,75 @@
+"""The one ``HostConfig`` builder for every KiCI agent container (seed container-hostconfig.d.ts).
+
+Two paths create an agent container: the container backend and the bare-metal backend's
+container mode. They once diverged (one applied the operator's limits, the other dropped them),
+so both call :func:`build_agent_container_host_config` and nothing else builds a HostConfig.
+
+Why there is NO ``CapDrop`` and no ``no-new-privileges`` here: both paths run the agent with
+``KICI_EXECUTION_MODE=bare-metal``, so unless a job brings its own image the workflow's build
+steps run as ordinary processes INSIDE this container. ``apt-get``/``dpkg`` need CHOWN,
+DAC_OVERRIDE, FOWNER, SETUID and SETGID, and ``no-new-privileges`` breaks ``sudo`` and every
+setuid binary; dropping them would silently break every ``type: container`` build with no
+opt-out. The confining boundary is one level in: the agent applies ``CapDrop: ALL``,
+``no-new-privileges`` and a tighter pids limit to each nested JOB container. This container
+hosts that boundary; it is not it.
+
+``PidsLimit`` is the exception and stays: 4096 bounds a fork bomb and costs a build nothing.
+``Init`` runs docker's init (tini) as PID 1 so the agent gets SIGTERM delivered and reaped
+promptly and ``stop(t=10)`` returns in well under its timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Maximum processes in one agent container (seed container-hostconfig.d.ts). Not configurable.
+AGENT_CONTAINER_PIDS_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class EffectiveLimits:
+    """A resolved cpu / memory ceiling for one spawn. ``cpus`` in cores, ``mem_bytes`` in bytes; 0 = unset."""
+
+    cpus: float = 0.0
+    mem_bytes: int = 0
+
+    @property
+    def is_set(self) -> bool:
+        return self.cpus > 0 or self.mem_bytes > 0
+
+
+def build_agent_container_host_config(
+    limits: EffectiveLimits | None = None,
+    binds: list[str] | None = None,
+    extra_hosts: list[str] | None = None,
+) -> dict:
+    """Return the agent container's HostConfig as a Docker Engine API dict.
+
+    - ``Memory`` (bytes) only when ``limits.mem_bytes > 0``; ``NanoCpus = round(cpus * 1e9)``
+      only when ``limits.cpus > 0`` (SPEC (e) "HostConfig", CASES CTR-04/CTR-06).
+    - ``Binds`` only when non-empty (``/host:/ctr[:ro]`` strings); ``ExtraHosts`` only when
+      non-empty (``name:ip`` strings).
+    - Always ``AutoRemove: false``, ``PidsLimit: 4096``, ``Init: true``; never ``CapDrop`` or
+      ``SecurityOpt`` (CTR-07; the module docstring says why).
+
+    Raises ``ValueError`` naming the field for a negative limit or a non-string bind/host entry.
+    """
+    host_config: dict = {"AutoRemove": False, "PidsLimit": AGENT_CONTAINER_PIDS_LIMIT, "Init": True}
+    if limits is not None:
+        if limits.cpus < 0:
+            raise ValueError(f"limits.cpus must not be negative, got {limits.cpus!r}")
+        if limits.mem_bytes < 0:
+            raise ValueError(f"limits.mem_bytes must not be negative, got {limits.mem_bytes!r}")
+        if limits.mem_bytes > 0:
+            host_config["Memory"] = int(limits.mem_bytes)
+        if limits.cpus > 0:
+            host_config["NanoCpus"] = int(round(limits.cpus * 1e9))
+    for field, values in (("binds", binds), ("extra_hosts", extra_hosts)):
+        for value in values or []:
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{field} entries must be non-empty strings, got {value!r}")
+    if binds:
+        host_config["Binds"] = list(binds)
+    if extra_hosts:
+        host_config["ExtraHosts"] = list(extra_hosts)
+    return host_config

@@ -1,0 +1,99 @@
+"""Per-agent network isolation for agent containers, through helper "net"'s ``NftClient`` (SPEC (e), (f), (g)).
+
+One :class:`ContainerIsolation` per backend instance: the table is ``nftTable`` on the scaler
+entry when set, else ``settings.KICI_NFT_TABLE`` (seed firecracker-backend.d.ts ``nftOpts``:
+never a hard-coded table another console may own). No guard interfaces are installed on
+``kici-agent-net``: that bridge is shared by every console on the docker host, and a guard in
+this console's table would drop a neighbour's agents.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+
+from .base import scaler_option
+from .docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
+
+log = logging.getLogger(__name__)
+
+
+def nft_table_for(scaler: Any) -> str:
+    """The nft table this scaler's rules live in: entry ``nftTable``, else ``settings.KICI_NFT_TABLE``."""
+    return str(scaler_option(scaler, "nftTable") or settings.KICI_NFT_TABLE)
+
+
+def host_services() -> list[str]:
+    """Host-access entries for the console's own object storage (SPEC g.2; seed ``hostServices``)."""
+    from network.host_access import storage_host_access_entries
+
+    return storage_host_access_entries(getattr(settings, "KICI_STORAGE_URL", None))
+
+
+def resolve_host_access(policy: Any, orchestrator_url: str, gateway: str = ISOLATED_NETWORK_GATEWAY) -> tuple[list[str], bool]:
+    """``(entries, explicit)``: the label set's explicit ``hostAccess`` verbatim, else the SPEC g.3
+    default (gateway DNS, the console port, host services)."""
+    from network.host_access import resolve_agent_host_access
+
+    explicit = isinstance(policy, dict) and (policy.get("hostAccess") is not None or policy.get("host_access") is not None)
+    return resolve_agent_host_access(policy, orchestrator_url, gateway, host_services()), explicit
+
+
+class ContainerIsolation:
+    """Writes and removes one console's per-container rules on ``kici-agent-net``.
+
+    ``client``: an ``network.nft.apply.NftClient`` (injected by tests), else one for ``table``.
+    """
+
+    def __init__(self, table: str, client: Any = None):
+        if client is None:
+            from network.nft.apply import NftClient
+
+            client = NftClient(table)
+        self.client = client
+        self.table = client.table
+
+    def check(self) -> None:
+        """Fail closed when nft is unusable (CTR-18): raises ``NftUnavailableError`` / ``NftError``."""
+        self.client.check_available()
+        self.client.ensure_table()
+
+    def apply(self, address: str, policy: dict | None, host_access: Iterable[str]) -> None:
+        """Write forward (gateway accept, allowlist, private drops, denyAll) and input (host access)
+        rules for one container address in one transaction. Raises ``RuleSpecError``/``NftError``."""
+        from network.nft.render import AgentSpec
+
+        policy = policy or {}
+        spec = AgentSpec.build(
+            address,
+            ISOLATED_NETWORK_GATEWAY,
+            allowlist=list(policy.get("allowlist") or []),
+            deny_all=bool(policy.get("denyAll", policy.get("deny_all", False))),
+            host_access=list(host_access),
+        )
+        self.client.apply_agent(spec)
+
+    def remove(self, address: str | None) -> bool:
+        """Delete one address's rules; a missing address or table is a no-op (False)."""
+        if not address:
+            return False
+        return bool(self.client.remove_agent(address))
+
+    def addresses_with_rules(self) -> list[str] | None:
+        """Addresses on the isolated subnet that have rules in this table; None when unreadable."""
+        import ipaddress
+
+        try:
+            agents = self.client.list_agents()
+        except Exception as exc:  # noqa: BLE001 - a failed read plans nothing
+            log.warning("could not list isolation rules in table %s: %s", self.table, exc)
+            return None
+        net = ipaddress.ip_network(ISOLATED_NETWORK_SUBNET)
+        return sorted((str(a) for a in agents if a.version == 4 and a in net), key=lambda s: ipaddress.ip_address(s))
+
+    def reap(self, live_addresses: Iterable[str] | None) -> list[str]:
+        """Delete rules of addresses on 172.30.0.0/16 that no live container holds; None → nothing."""
+        return self.client.reap_unowned_isolation_rules(live_addresses, ISOLATED_NETWORK_SUBNET)

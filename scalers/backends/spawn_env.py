@@ -1,0 +1,187 @@
+"""What every agent is spawned with: labels, console URL, environment, limits (SPEC (d), (e), (l)).
+
+Pure functions over a scaler, its label set and an agent, shared by the container, bare-metal
+and event backends so the three cannot drift.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from .base import scaler_option
+from .hostconfig import EffectiveLimits
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+    from scalers.models import LabelSet, Scaler
+
+#: Prefix of host environment variables forwarded into every agent, suffix = the agent's name.
+FORWARD_PREFIX = "KICI_AGENT_ENV_"
+
+#: System variables a bare-metal process inherits (SPEC (l) "allow-list"); everything else is dropped
+#: unless KICI_TRUSTED_ENV=true.
+PROCESS_ENV_ALLOWLIST = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ", "TMPDIR", "TERM")
+
+
+def label_set_option(label_set: LabelSet | None, key: str, default: Any = None) -> Any:
+    """Read a label-set field by its yaml name (camelCase; snake_case accepted), else ``default``."""
+    if label_set is None:
+        return default
+    return scaler_option(label_set.config or {}, key, default)
+
+
+def console_url(scaler: Scaler) -> str:
+    """The URL agents dial back: the scaler's ``orchestratorUrl``, else ``settings.KICI_CONSOLE_URL`` (SPEC (d))."""
+    return (scaler.orchestrator_url or scaler_option(scaler, "orchestratorUrl") or settings.KICI_CONSOLE_URL).strip()
+
+
+def full_labels(agent: Agent) -> list[str]:
+    """The agent's full labels (declared + ``kici:`` auto labels), as admission stored them.
+
+    Falls back to ``scalers.labels.agent_labels`` over the label set when the row carries none.
+    """
+    if agent.labels:
+        return list(agent.labels)
+    from scalers.labels import agent_labels
+
+    declared = agent.label_set.labels if agent.label_set_id else []
+    return agent_labels(declared, scaler_name=agent.scaler.name, scaler_type=agent.scaler.type, roles=agent.scaler.roles)
+
+
+def normalized_label_set(agent: Agent) -> str:
+    """``kici-labels`` value: the label set's normalized form (sorted, de-duplicated, comma-joined)."""
+    if agent.label_set_id:
+        return agent.label_set.normalized
+    declared = [label for label in full_labels(agent) if not label.startswith("kici:")]
+    return ",".join(sorted(set(declared)))
+
+
+def forwarded_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """Host ``KICI_AGENT_ENV_<X>=v`` as ``(X, v)``, in sorted order; an empty suffix is skipped (SPEC (e))."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for key in sorted(environ):
+        if key.startswith(FORWARD_PREFIX) and len(key) > len(FORWARD_PREFIX):
+            out.append((key[len(FORWARD_PREFIX):], environ[key]))
+    return out
+
+
+def _label_env(label_set: LabelSet | None) -> list[tuple[str, str]]:
+    env = label_set_option(label_set, "env", {}) or {}
+    if not isinstance(env, Mapping):
+        raise ValueError(f"labelSets.env must be a mapping, got {type(env).__name__}")
+    return [(str(k), str(v)) for k, v in env.items()]
+
+
+def container_env(agent: Agent, token: str | None, *, image: str, environ: Mapping[str, str] | None = None, job_image: bool = False) -> list[str]:
+    """``Env`` of an agent container, in SPEC (e) order (CASES CTR-01..03).
+
+    ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``, ``KICI_LABELS``, ``KICI_SCALER_MANAGED=1``,
+    ``KICI_EXECUTION_MODE=bare-metal``, ``KICI_RUNTIME_IMAGE``, ``KICI_AGENT_TOKEN`` (when
+    minted), ``KICI_BACKPRESSURE_MODE`` (label set ``backpressureMode``), ``KICI_JOB_IMAGE_AGENT=1``
+    (bare-metal container mode), forwarded ``KICI_AGENT_ENV_*``, then label-set ``env`` (later
+    entries win, so the yaml beats the forwarded value).
+    """
+    pairs: list[tuple[str, str]] = [
+        ("KICI_ORCHESTRATOR_URL", console_url(agent.scaler)),
+        ("KICI_AGENT_ID", agent.agent_id),
+        ("KICI_LABELS", ",".join(full_labels(agent))),
+        ("KICI_SCALER_MANAGED", "1"),
+        ("KICI_EXECUTION_MODE", "bare-metal"),
+        ("KICI_RUNTIME_IMAGE", image),
+    ]
+    if token:
+        pairs.append(("KICI_AGENT_TOKEN", token))
+    backpressure = label_set_option(agent.label_set, "backpressureMode")
+    if backpressure:
+        pairs.append(("KICI_BACKPRESSURE_MODE", str(backpressure)))
+    if job_image:
+        pairs.append(("KICI_JOB_IMAGE_AGENT", "1"))
+    pairs += forwarded_env(environ)
+    pairs += _label_env(agent.label_set)
+    return [f"{k}={v}" for k, v in pairs]
+
+
+def process_env(agent: Agent, token: str | None, *, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a bare-metal agent process (SPEC (l) process mode, CASES BM-04).
+
+    Allow-listed system variables (all of them when ``KICI_TRUSTED_ENV=true`` in the label env
+    or the forwarded host env), forwarded ``KICI_AGENT_ENV_*``, then ``KICI_AGENT_TOKEN``,
+    ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``, ``KICI_LABELS``, ``KICI_SCALER_MANAGED=1``,
+    ``KICI_EXECUTION_MODE=bare-metal``, ``KICI_PORT=0``, ``KICI_RUNTIME_IMAGE`` (if an image),
+    ``KICI_BACKPRESSURE_MODE``, then label-set ``env`` (wins).
+    """
+    environ = os.environ if environ is None else environ
+    forwarded = forwarded_env(environ)
+    label_env = _label_env(agent.label_set)
+    trusted = dict(label_env).get("KICI_TRUSTED_ENV") == "true" or dict(forwarded).get("KICI_TRUSTED_ENV") == "true"
+    env: dict[str, str] = dict(environ) if trusted else {k: environ[k] for k in PROCESS_ENV_ALLOWLIST if k in environ}
+    env.update(forwarded)
+    if token:
+        env["KICI_AGENT_TOKEN"] = token
+    env.update(
+        {
+            "KICI_ORCHESTRATOR_URL": console_url(agent.scaler),
+            "KICI_AGENT_ID": agent.agent_id,
+            "KICI_LABELS": ",".join(full_labels(agent)),
+            "KICI_SCALER_MANAGED": "1",
+            "KICI_EXECUTION_MODE": "bare-metal",
+            "KICI_PORT": "0",
+        }
+    )
+    image = label_set_option(agent.label_set, "image")
+    if image:
+        env["KICI_RUNTIME_IMAGE"] = str(image)
+    backpressure = label_set_option(agent.label_set, "backpressureMode")
+    if backpressure:
+        env["KICI_BACKPRESSURE_MODE"] = str(backpressure)
+    env.update(label_env)
+    return env
+
+
+def container_labels(agent: Agent, *, bound_job_labels: bool = True) -> dict[str, str]:
+    """Labels stamped on an agent container (SPEC (e), CASES CTR-08, BM-07).
+
+    ``kici-managed=true``, ``kici-scaler-name``, ``kici-agent-id``, ``kici-labels``; plus
+    ``kici-bound-job-id`` / ``kici-run-id`` for a job-bound spawn when ``bound_job_labels``.
+    """
+    labels = {
+        "kici-managed": "true",
+        "kici-scaler-name": agent.scaler.name,
+        "kici-agent-id": agent.agent_id,
+        "kici-labels": normalized_label_set(agent),
+    }
+    if bound_job_labels and agent.bound_job_id:
+        labels["kici-bound-job-id"] = agent.bound_job_id
+        if agent.run_id:
+            labels["kici-run-id"] = agent.run_id
+    return labels
+
+
+def spawn_limits(agent: Agent) -> EffectiveLimits:
+    """Limits for this spawn: the reservation's resolved limits when either is set, else the
+    label set's (or ``defaults``') limits side (SPEC (e) "Limits", CASES CTR-04/CTR-06)."""
+    reservation = getattr(agent, "reservation", None) if agent.pk else None
+    try:
+        if reservation is not None and (reservation.limit_cpus > 0 or reservation.limit_memory_bytes > 0):
+            return EffectiveLimits(cpus=float(reservation.limit_cpus or 0), mem_bytes=int(reservation.limit_memory_bytes or 0))
+    except Exception:  # noqa: BLE001 - RelatedObjectDoesNotExist: no reservation row
+        pass
+    from scalers.models import ConfigState
+    from scalers.resources import resolve_resources
+
+    ls = agent.label_set
+    ls_resources = label_set_option(ls, "resources")
+    flat = {k: label_set_option(ls, k) for k in ("cpus", "memory") if label_set_option(ls, k) is not None}
+    layer = ls_resources if ls_resources is not None else (flat or None)
+    state = ConfigState.objects.filter(pk=1).first()
+    defaults = (state.defaults or {}) if state else {}
+    if "resources" in defaults:
+        defaults = defaults["resources"]
+    defaults = defaults or None
+    resolved = resolve_resources(None, layer, defaults)
+    return EffectiveLimits(cpus=float(resolved.limits.cpus or 0), mem_bytes=int(resolved.limits.mem_bytes or 0))
