@@ -80,3 +80,141 @@ def tiny_kernel(message: str, then: str = "reset") -> bytes:
 def fake_kernel(*directives: str) -> bytes:
     """A "kernel" for the fake VMM: one directive per line (see tests/fakes/fake_firecracker.py)."""
     return ("\n".join(directives) + "\n").encode()
+
+
+# ---- a Firecracker scaler inside a throwaway network namespace ---------------------------------
+
+import itertools  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+_counter = itertools.count(1)
+
+
+@dataclass
+class FcEnv:
+    """One test's Firecracker world: a netns holding bridge, TAPs and the nft table; a chroot base;
+    a subnet used nowhere else; recorded events and log lines."""
+
+    netns: str
+    base: Path
+    images: Path
+    cidr: str
+    gateway: str
+    bridge: str = "kici-br0"
+    table: str = "fctest"
+    events: list = field(default_factory=list)
+    log_lines: list = field(default_factory=list)
+    backends: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def emit(self, agent_id, type_, detail, payload):
+        with self.lock:
+            self.events.append((agent_id, type_, detail, dict(payload)))
+
+    def sink(self, agent_id, source, record):
+        with self.lock:
+            self.log_lines.append((agent_id, source, record))
+
+    def failed(self, agent_id=None):
+        return [e for e in self.events if e[1] == "scaler.failed" and (agent_id is None or e[0] == agent_id)]
+
+    def write_image(self, name: str, data: bytes) -> Path:
+        p = self.images / name
+        p.write_bytes(data)
+        return p
+
+    def rootfs(self) -> Path:
+        p = self.images / "rootfs.ext4"
+        if not p.exists():
+            with open(p, "wb") as f:
+                f.truncate(8 * 1024 * 1024)
+            subprocess.run(["mkfs.ext4", "-qF", str(p)], check=True)
+        return p
+
+    def backend(self, *, jailer: Path, firecracker: Path | str, kernel: Path, name: str = "fc-test", **overrides):
+        from scalers.backends.firecracker.alloc import DbAllocations
+        from scalers.backends.firecracker.backend import FirecrackerBackend
+        from scalers.backends.firecracker.settings import FirecrackerSettings
+        from network.nft.apply import NftClient
+
+        entry = {
+            "name": name, "maxAgents": 4, "firecrackerPath": str(firecracker), "jailerPath": str(jailer),
+            "kernelPath": str(kernel), "chrootBaseDir": str(self.base), "uid": 10000, "gid": 10000,
+        }  # fmt: skip
+        net = {"cidr": self.cidr, "gateway": self.gateway, "bridgeName": self.bridge, "table": self.table,
+               "netmask": "255.255.255.0"}  # fmt: skip
+        settings = FirecrackerSettings.from_config(entry, net, netns=self.netns, **overrides)
+        b = FirecrackerBackend(
+            settings, DbAllocations(self.cidr, self.gateway), NftClient(self.table, netns=self.netns),
+            mint_token=lambda agent_id, labels: f"tok-{agent_id}", emit=self.emit, log_sink=self.sink,
+            environ={"KICI_AGENT_ENV_HTTP_PROXY": "http://proxy:3128", "PATH": "/bin"},
+        )  # fmt: skip
+        self.backends.append(b)
+        return b
+
+    def ip(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.netns, "ip", *args], capture_output=True, text=True)
+
+    def links(self) -> list[str]:
+        from network.netlink import link_names
+
+        return link_names(netns=self.netns)
+
+
+def make_fc_env(tmp_path: Path) -> FcEnv:
+    n = next(_counter)
+    ns = f"fc-{os.getpid()}-{n}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+    octet = 20 + (os.getpid() * 7 + n) % 200
+    base = tmp_path / "jailer"
+    images = tmp_path / "images"
+    base.mkdir()
+    images.mkdir()
+    return FcEnv(netns=ns, base=base, images=images, cidr=f"10.213.{octet}.0/24", gateway=f"10.213.{octet}.1")
+
+
+def teardown_fc_env(env: FcEnv) -> None:
+    """Kill whatever still runs out of the env's chroots, drop the namespace and the files."""
+    import signal as _signal
+
+    top = env.base / "firecracker"
+    if top.is_dir():
+        for d in top.iterdir():
+            try:
+                pid = int((d / "root" / "firecracker.pid").read_text().strip())
+                with open(f"/proc/{pid}/stat"):
+                    pass
+                os.kill(pid, _signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+    for b in env.backends:
+        b.stop_periodic_sweep()
+        for vm_id in list(b.tracked_ids()):
+            vm = b.get(vm_id)
+            if vm is not None and vm.logs is not None:
+                vm.logs.stop(1)
+    subprocess.run(["ip", "netns", "del", env.netns], check=False)
+    shutil.rmtree(env.base, ignore_errors=True)
+
+
+@pytest.fixture
+def fc_env(tmp_path):
+    from tests.conftest import require_root
+
+    require_root()
+    env = make_fc_env(tmp_path)
+    yield env
+    teardown_fc_env(env)
+
+
+def make_agent_row(scaler_name: str, agent_id: str, state: str = "spawning"):
+    """A Scaler (created once) and an Agent row, as the manager writes them before a spawn."""
+    from agents.models import Agent
+    from scalers.models import Scaler
+
+    scaler, _ = Scaler.objects.get_or_create(name=scaler_name, defaults={"type": "firecracker", "max_agents": 4})
+    return Agent.objects.create(agent_id=agent_id, scaler=scaler, state=state)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from .cancel import CancelSignal
 
 DEFAULT_TIMEOUT_S = 10.0
+#: sun_path size including the terminating NUL.
+UNIX_PATH_MAX = 108
 
 
 class FirecrackerApiError(Exception):
@@ -43,7 +46,16 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(self._socket_path)
+            if len(os.fsencode(self._socket_path)) < UNIX_PATH_MAX:
+                sock.connect(self._socket_path)
+            else:
+                # sun_path holds 107 bytes; a deep chroot base exceeds it. Reach the socket through
+                # an O_PATH descriptor of its directory instead (a short /proc/self/fd path).
+                dirfd = os.open(os.path.dirname(self._socket_path), os.O_PATH | os.O_DIRECTORY)
+                try:
+                    sock.connect(f"/proc/self/fd/{dirfd}/{os.path.basename(self._socket_path)}")
+                finally:
+                    os.close(dirfd)
         except BaseException:
             sock.close()
             raise

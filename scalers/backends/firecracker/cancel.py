@@ -64,6 +64,7 @@ class CancelSignal(threading.Event):
     def cancel_after(self, seconds: float, reason: str) -> threading.Timer:
         """Cancel with ``reason`` after ``seconds`` (a daemon timer; ``.cancel()`` the timer to disarm)."""
         timer = threading.Timer(max(0.0, seconds), self.cancel, args=(reason,))
+        timer.name = "fc-deadline"
         timer.daemon = True
         timer.start()
         return timer

@@ -1,0 +1,124 @@
+"""Forwarding a VM's serial console and VMM log (SPEC h "Serial/VMM logs").
+
+One daemon thread per VM runs ``agents.tail.tail_file`` on both files in its own event loop and
+hands every line to a sink as ``sink(agent_id, source, record)``: source ``firecracker-serial``
+(record from :func:`failure.wrap_serial_line`) or ``firecracker-vmm`` (``{"level": "info",
+"message": line}``). The last 50 serial lines are kept for failure details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+from agents.tail import split_lines, tail_file
+
+from .failure import wrap_serial_line
+
+log = logging.getLogger(__name__)
+
+SERIAL_SOURCE = "firecracker-serial"
+VMM_SOURCE = "firecracker-vmm"
+KEEP_LINES = 50
+#: Most bytes of a log file :func:`forward_remaining` reads (from its end).
+REMAINING_MAX_BYTES = 1024 * 1024
+
+LogSink = Callable[[str, str, dict], None]
+
+
+def _record(source: str, line: str) -> dict:
+    return wrap_serial_line(line) if source == SERIAL_SOURCE else {"level": "info", "message": line}
+
+
+class LogForwarder:
+    """Tails ``serial_log`` and ``vmm_log`` until :meth:`stop`; see the module doc.
+
+    ``sink`` may be None (lines are then only kept in :attr:`recent`). A sink that raises is
+    logged and the line dropped; the tail goes on.
+    """
+
+    def __init__(self, agent_id: str, serial_log: Path, vmm_log: Path, sink: LogSink | None):
+        self.agent_id = agent_id
+        self.files = ((SERIAL_SOURCE, Path(serial_log)), (VMM_SOURCE, Path(vmm_log)))
+        self.sink = sink
+        self.recent: deque[str] = deque(maxlen=KEEP_LINES)
+        self.lines = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"fc-logs:{agent_id}", daemon=True)
+
+    def start(self) -> "LogForwarder":
+        self._thread.start()
+        self._started.wait(5)
+        return self
+
+    def _emit(self, source: str, line: str) -> None:
+        if source == SERIAL_SOURCE:
+            self.recent.append(line)
+        self.lines += 1
+        if self.sink is not None:
+            try:
+                self.sink(self.agent_id, source, _record(source, line))
+            except Exception:  # noqa: BLE001
+                log.warning("log sink failed for %s", self.agent_id, exc_info=True)
+
+    async def _follow(self, source: str, path: Path, stop: asyncio.Event) -> None:
+        try:
+            async for line in tail_file(path, stop=stop):
+                self._emit(source, line)
+        except OSError as e:
+            log.warning("cannot tail %s for %s: %s", path, self.agent_id, e)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._started.set()
+        await asyncio.gather(*(self._follow(s, p, self._stop) for s, p in self.files))
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        finally:
+            self._started.set()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop both tails after they yielded what is already written; waits up to ``timeout`` s."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogSink | None) -> int:
+    """Send what a dead VM's logs still hold (the last 1 MiB of each) to ``sink``; returns the line count.
+
+    Used by ``reap_unowned`` and the orphan passes, which find VMs no tail is following.
+    """
+    count = 0
+    for source, path in ((SERIAL_SOURCE, Path(serial_log)), (VMM_SOURCE, Path(vmm_log))):
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - REMAINING_MAX_BYTES))
+                data = f.read()
+        except OSError:
+            continue
+        for line in split_lines([data]):
+            count += 1
+            if sink is not None:
+                try:
+                    sink(agent_id, source, _record(source, line))
+                except Exception:  # noqa: BLE001
+                    log.warning("log sink failed for %s", agent_id, exc_info=True)
+    return count

@@ -1,0 +1,114 @@
+"""Host provisioning for Firecracker scalers when ``autoProvisionHost`` is set (SPEC f "Firecracker
+host baseline" and "Bridge port isolation"; seed firecracker-backend.d.ts ``ensureHostReady``,
+``assertBridgePortIsolationSupported``, ``reapplyIsolationForTrackedVms``, ``nftOpts``).
+
+Order: bridge (``gateway/prefix``, up) → ``net.ipv4.ip_forward=1`` → the isolation table in the
+*configured* table name with the bridge as a guarded interface → the baseline (masquerade of the
+subnet out of the default-route interface, TCP MSS clamp to 1460) → the end-to-end port-isolation
+probe (fail-closed) → every tracked VM's rules re-applied in one transaction.
+
+Not done (host-specific, left to the operator): iptables ``DOCKER-USER`` accepts and the
+NetworkManager unmanaged-devices snippet of the reference.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import subprocess
+from typing import Any
+
+from network import netlink
+from network.nft.render import FAMILY
+
+log = logging.getLogger(__name__)
+
+NAT_CHAIN = "fc_postrouting"
+MSS_CHAIN = "fc_mss"
+MSS = 1460
+
+
+def _in_netns(argv: list[str], netns: str | None, sudo: bool) -> list[str]:
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    return (["sudo", "-n"] if sudo else []) + argv
+
+
+def default_route_interface(netns: str | None = None, sudo: bool = False) -> str | None:
+    """Name of the interface of the IPv4 default route, or None when there is none."""
+    proc = subprocess.run(_in_netns(["ip", "-j", "route", "show", "default"], netns, sudo), capture_output=True, text=True, timeout=10)
+    if proc.returncode != 0:
+        return None
+    try:
+        routes = json.loads(proc.stdout or "[]")
+    except ValueError:
+        return None
+    for r in routes:
+        if r.get("dev"):
+            return r["dev"]
+    return None
+
+
+def render_baseline(table: str, cidr: str, uplink: str | None) -> list[dict]:
+    """nft JSON commands: NAT chain (masquerade ``cidr`` out of ``uplink``) and MSS-clamp chain,
+    each created if missing, flushed and refilled, so re-running never duplicates a rule."""
+    net = ipaddress.IPv4Network(cidr, strict=False)
+    saddr = {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
+                       "right": {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}}}  # fmt: skip
+    chain = lambda name, **kw: {"family": FAMILY, "table": table, "name": name, **kw}  # noqa: E731
+    cmds: list[dict] = [
+        {"add": {"chain": chain(NAT_CHAIN, type="nat", hook="postrouting", prio=100, policy="accept")}},
+        {"flush": {"chain": chain(NAT_CHAIN)}},
+        {"add": {"chain": chain(MSS_CHAIN, type="filter", hook="forward", prio=-150, policy="accept")}},
+        {"flush": {"chain": chain(MSS_CHAIN)}},
+    ]
+    if uplink:
+        cmds.append({"add": {"rule": {"family": FAMILY, "table": table, "chain": NAT_CHAIN, "expr": [
+            saddr, {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": uplink}}, {"masquerade": None},
+        ]}}})  # fmt: skip
+    cmds.append({"add": {"rule": {"family": FAMILY, "table": table, "chain": MSS_CHAIN, "expr": [
+        saddr,
+        {"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, ["syn", "rst"]]}, "right": "syn"}},
+        {"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": MSS}},
+    ]}}})  # fmt: skip
+    return cmds
+
+
+def ensure_host_ready(backend: Any) -> bool:
+    """Provision the host for ``backend`` (a ``FirecrackerBackend``); False when autoProvisionHost is off.
+
+    Raises ``network.netlink.BridgePortIsolationUnavailable`` (``bridge port isolation is not
+    available on <bridge>``) when the bridge will not isolate ports — the scaler must not run VMs
+    then — and NetlinkError/NftError/RuntimeError for other provisioning failures.
+    """
+    s = backend.settings
+    if not s.auto_provision_host:
+        return False
+    netlink.ensure_bridge(s.bridge_name, f"{s.gateway}/{s.prefix}", netns=s.netns)
+    proc = subprocess.run(
+        _in_netns(["sysctl", "-w", "net.ipv4.ip_forward=1"], s.netns, s.require_sudo), capture_output=True, text=True, timeout=10
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"enabling net.ipv4.ip_forward failed: {proc.stderr.strip()}")
+    backend.nft.ensure_table(guard_interfaces=[s.bridge_name])
+    uplink = default_route_interface(s.netns, s.require_sudo)
+    if uplink is None:
+        log.warning("no IPv4 default route: VMs of %s get no masquerade (no internet)", s.name)
+    backend.nft.apply_document(render_baseline(s.table, s.cidr, uplink))
+    netlink.assert_bridge_port_isolation_supported(s.bridge_name, netns=s.netns)
+    reapply_isolation_for_tracked_vms(backend)
+    return True
+
+
+def reapply_isolation_for_tracked_vms(backend: Any) -> int:
+    """Re-write the rules of every VM this process tracks that has an IP, in one transaction
+    (idempotent: each agent's chains are flushed and refilled). Returns how many VMs."""
+    s = backend.settings
+    specs = []
+    for agent_id in sorted(backend.tracked_ids()):
+        vm = backend.get(agent_id)
+        if vm is not None and vm.ip and not vm.abandoned:
+            specs.append(backend.rule_spec(vm.ip, vm.label_set, vm.host_access))
+    backend.nft.self_heal(specs, guard_interfaces=[s.bridge_name])
+    return len(specs)
