@@ -79,8 +79,10 @@ def detail_context(operation: Operation, user, keys=None, log_from: int | None =
     allowed, why_not = can_approve(user, operation)
     counts = operation.counts()
     log = list(operation.log or [])
+    decider = operation.approved_by or operation.rejected_by
     return {
         "operation": operation,
+        "decided_by": decider.get_username() if decider else "",
         "status_colour": STATUS_COLOURS.get(operation.status, "grey"),
         "rows": target_rows(operation, keys),
         "spared": [{**s, "evidence_items": evidence_items(s.get("evidence", {}))} for s in operation.spared or []],
