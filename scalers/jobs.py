@@ -207,27 +207,28 @@ def expire_overdue_spawns(now: datetime | None = None) -> int:
 def spawn_job_failed(job, connection, type, value, traceback):  # noqa: A002 - rq's callback signature
     """rq ``on_failure`` callback of :func:`spawn_agent` (hard kill, timeout, crash).
 
-    Removes what the backend created for the agent (best effort), then hands over to
-    ``scalers.admission.on_spawn_job_failure`` (same arguments) when admission provides it, else
-    records the failure and releases the reservation itself.
+    Hands over to ``scalers.admission.on_spawn_job_failure`` (same arguments), which tears the
+    sandbox down through the backend and releases the reservation. Without admission installed,
+    destroys through the backend and fails the spawn itself.
     """
-    from scalers.backends.base import get_backend
-
-    agent_pk = job.args[0] if job.args else None
-    agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first() if agent_pk else None
-    if agent is not None and agent.state not in TERMINAL_STATES and agent.state == AgentState.SPAWNING:
-        try:
-            get_backend(agent.scaler).destroy(agent, reason="spawn-failed")
-        except Exception:  # noqa: BLE001
-            log.warning("cleanup after the failed spawn job of %s failed", agent.agent_id, exc_info=True)
     try:
         from scalers.admission import on_spawn_job_failure
     except ImportError:
         on_spawn_job_failure = None
     if on_spawn_job_failure is not None:
         on_spawn_job_failure(job, connection, type, value, traceback)
-    elif agent is not None:
-        fail_spawn(agent, value if isinstance(value, BaseException) else RuntimeError(str(value)), reason="spawn-failed")
+        return
+    from scalers.backends.base import get_backend
+
+    agent_pk = job.args[0] if job.args else None
+    agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first() if agent_pk else None
+    if agent is None or agent.state != AgentState.SPAWNING:
+        return
+    try:
+        get_backend(agent.scaler).destroy(agent, reason="spawn-failed")
+    except Exception:  # noqa: BLE001
+        log.warning("cleanup after the failed spawn job of %s failed", agent.agent_id, exc_info=True)
+    fail_spawn(agent, value if isinstance(value, BaseException) else RuntimeError(str(value)), reason="spawn-failed")
 
 
 def enqueue_destroy(agent: Agent, reason: str = "shutdown") -> None:
