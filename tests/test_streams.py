@@ -289,7 +289,7 @@ async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, ag
         async with asyncio.timeout(20):
             async for line in docker_log_lines(container, tail="all"):
                 got.append(line)
-        assert got[0] == "first" and "err line" in got
+        assert "first" in got and "err line" in got  # stdout and stderr interleave freely
         assert "x" * 65536 + " [truncated]" in got
         assert got[-2:] == ["café", "last"]
     finally:

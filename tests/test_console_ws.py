@@ -1,0 +1,282 @@
+"""Live console and event WebSockets (agents.consumers) over the real Redis channel layer."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, Permission, User
+
+from agents.consumers import close_console_hub, get_console_hub
+from agents.models import Agent
+from agents.routing import websocket_urlpatterns
+from agents.streams import StreamKey
+from scalers.models import Scaler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AGENT_ID = "scaler-firecracker-7a11c0de"
+ROW_RE = re.compile(r'<tr id="L(\d+)"')
+
+
+def append(path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+@pytest.fixture(autouse=True)
+async def clean_redis():
+    """Each test starts with an empty Redis db of its own (REDIS_URL must not be db 0)."""
+    import redis.asyncio
+
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    client = redis.asyncio.from_url(settings.REDIS_URL)
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    if int(db) == 0:
+        pytest.skip("set REDIS_URL to a Redis db of your own (not 0): these tests flush it")
+    await client.flushdb()
+    yield
+    await close_console_hub()
+    await client.flushdb()
+    await client.aclose()
+
+
+def _make_world(tmp_path):
+    scaler = Scaler.objects.create(name="tail-fc", type="firecracker", max_agents=4)
+    logs = {"serial": str(tmp_path / "serial-console.log"), "vmm": str(tmp_path / "vmm.log")}
+    Agent.objects.create(agent_id=AGENT_ID, scaler=scaler, backend_context={"console_logs": logs})
+    viewer = User.objects.create_user("tail-viewer", password="pw-tail-viewer")
+    viewer.user_permissions.add(Permission.objects.get(codename="view_agent", content_type__app_label="agents"))
+    outsider = User.objects.create_user("tail-outsider", password="pw-tail-outsider")
+    return scaler, User.objects.get(pk=viewer.pk), outsider
+
+
+@pytest.fixture
+async def world(tmp_path):
+    scaler, viewer, outsider = await database_sync_to_async(_make_world)(tmp_path)
+    return {"serial": tmp_path / "serial-console.log", "viewer": viewer, "outsider": outsider, "scaler": scaler}
+
+
+def communicator(path: str, user) -> WebsocketCommunicator:
+    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    comm.scope["user"] = user
+    return comm
+
+
+async def connect(path: str, user) -> WebsocketCommunicator:
+    comm = communicator(path, user)
+    connected, _ = await comm.connect()
+    assert connected
+    return comm
+
+
+async def frames_until(comm, predicate, timeout: float = 10.0) -> list[str]:
+    frames = []
+    async with asyncio.timeout(timeout):
+        while True:
+            frames.append(await comm.receive_from(timeout=timeout))
+            if predicate(frames):
+                return frames
+
+
+def seqs(frames) -> list[int]:
+    return [int(n) for frame in frames for n in ROW_RE.findall(frame)]
+
+
+CONSOLE = f"/ws/agents/{AGENT_ID}/console/serial/"
+
+
+async def test_a_late_joiner_gets_the_last_500_lines_then_live_lines(world):
+    first = await connect(CONSOLE, world["viewer"])
+    opening = await first.receive_from()
+    assert opening == '<tbody id="console-lines" hx-swap-oob="innerHTML"></tbody>'
+    append(world["serial"], b"".join(b"boot line %d\n" % i for i in range(1, 601)))
+    await frames_until(first, lambda f: 600 in seqs(f))
+
+    late = await connect(CONSOLE, world["viewer"])
+    snapshot = await late.receive_from()
+    assert snapshot.startswith('<tbody id="console-lines" hx-swap-oob="innerHTML">')
+    assert seqs([snapshot]) == list(range(101, 601))
+    assert "boot line 600</td>" in snapshot
+
+    append(world["serial"], b"after the join\n")
+    live = await frames_until(late, lambda f: 601 in seqs(f))
+    assert live[-1].startswith('<tbody id="console-lines" hx-swap-oob="beforeend">')
+    assert seqs(live) == [601]
+    await first.disconnect()
+    await late.disconnect()
+
+
+async def test_two_viewers_share_one_pump_and_the_last_disconnect_cancels_it(world):
+    import redis.asyncio
+
+    one = await connect(CONSOLE, world["viewer"])
+    two = await connect(CONSOLE, world["viewer"])
+    await one.receive_from()  # the snapshot: both are subscribed now
+    await two.receive_from()
+    hub = get_console_hub()
+    key = StreamKey(AGENT_ID, "serial")
+    pump = hub.pump_task(key)
+    assert pump is not None and not pump.done()
+    assert hub.pumps_started == 1
+
+    append(world["serial"], b"shared line\n")
+    for comm in (one, two):
+        frames = await frames_until(comm, lambda f: 1 in seqs(f))
+        assert "shared line" in frames[-1]
+
+    client = redis.asyncio.from_url(settings.REDIS_URL)
+    owner = f"kici:console:{AGENT_ID}:serial:owner"
+    assert await client.exists(owner)
+    await one.disconnect()
+    assert not pump.done()
+    await two.disconnect()
+    assert pump.done()
+    assert hub.pump_task(key) is None
+    assert not await client.exists(owner)  # the lock is released for the next first viewer
+    await client.aclose()
+
+
+async def test_a_slow_viewer_gets_a_drop_row_and_a_fast_one_loses_nothing(world):
+    fast = await connect(CONSOLE, world["viewer"])
+    slow = await connect(CONSOLE + "?flow=ack", world["viewer"])  # never acknowledges: stalls
+    await fast.receive_from()
+    await slow.receive_from()
+
+    for block in range(10):
+        append(world["serial"], b"".join(b"row %d\n" % i for i in range(block * 500 + 1, block * 500 + 501)))
+        await asyncio.sleep(0.05)
+    fast_frames = await frames_until(fast, lambda f: 5000 in seqs(f))
+    assert seqs(fast_frames) == list(range(1, 5001))
+    assert not any("dropped" in frame for frame in fast_frames)
+
+    await slow.send_to(text_data='{"ack": 1000}')  # catch up now
+    slow_frames = []
+    async with asyncio.timeout(10):
+        while 5000 not in seqs(slow_frames):
+            slow_frames.append(await slow.receive_from(timeout=5))
+            await slow.send_to(text_data='{"ack": 1}')
+    text = "".join(slow_frames)
+    dropped = re.findall(r"… (\d+) lines dropped", text)
+    assert len(dropped) == 1
+    received = seqs(slow_frames)
+    assert received == sorted(received) and received[-1] == 5000
+    assert len(received) + int(dropped[0]) == 5000  # every line is either shown or counted
+    await fast.disconnect()
+    await slow.disconnect()
+
+
+async def test_serial_failure_lines_are_highlighted(world):
+    comm = await connect(CONSOLE, world["viewer"])
+    await comm.receive_from()
+    append(world["serial"], b"fine\nKernel panic - not syncing: No working init found.\n")
+    frames = await frames_until(comm, lambda f: 2 in seqs(f))
+    text = "".join(frames)
+    assert re.search(r'<tr id="L2"[^>]* class="is-error"', text)
+    assert not re.search(r'<tr id="L1"[^>]* class=', text)
+    await comm.disconnect()
+
+
+async def test_it_escapes_what_the_guest_writes(world):
+    comm = await connect(CONSOLE, world["viewer"])
+    await comm.receive_from()
+    append(world["serial"], b"<script>alert(1)</script>\n")
+    frames = await frames_until(comm, lambda f: 1 in seqs(f))
+    assert "<script>" not in "".join(frames) and "&lt;script&gt;" in "".join(frames)
+    await comm.disconnect()
+
+
+async def expect_close(comm, code: int) -> None:
+    connected, _ = await comm.connect()
+    assert connected
+    message = await comm.receive_output(timeout=2)
+    assert message == {"type": "websocket.close", "code": code}
+    await comm.disconnect()
+
+
+async def test_it_refuses_an_anonymous_user(world):
+    await expect_close(communicator(CONSOLE, AnonymousUser()), 4403)
+    await expect_close(communicator("/ws/events/", AnonymousUser()), 4403)
+
+
+async def test_it_refuses_a_user_without_the_view_permission(world):
+    await expect_close(communicator(CONSOLE, world["outsider"]), 4403)
+    await expect_close(communicator(f"/ws/agents/{AGENT_ID}/events/", world["outsider"]), 4403)
+
+
+async def test_it_refuses_an_unknown_agent_or_stream(world):
+    await expect_close(communicator("/ws/agents/scaler-firecracker-00000000/console/serial/", world["viewer"]), 4404)
+    await expect_close(communicator(f"/ws/agents/{AGENT_ID}/console/console/", world["viewer"]), 4404)
+
+
+def _session_cookie(user) -> bytes:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+async def test_a_logged_in_session_gets_the_console_through_the_full_stack(world):
+    from kici_site.asgi import application
+
+    cookie = await database_sync_to_async(_session_cookie)(world["viewer"])
+    comm = WebsocketCommunicator(application, CONSOLE, headers=[(b"origin", b"http://127.0.0.1:8000"), (b"cookie", cookie), (b"host", b"127.0.0.1:8000")])
+    connected, _ = await comm.connect()
+    assert connected
+    assert (await comm.receive_from()).startswith('<tbody id="console-lines"')
+    await comm.disconnect()
+
+
+async def test_the_full_stack_refuses_a_foreign_origin(world):
+    from kici_site.asgi import application
+
+    cookie = await database_sync_to_async(_session_cookie)(world["viewer"])
+    comm = WebsocketCommunicator(application, CONSOLE, headers=[(b"origin", b"http://evil.example"), (b"cookie", cookie), (b"host", b"127.0.0.1:8000")])
+    connected, _ = await comm.connect()
+    assert not connected
+
+
+# --- events ------------------------------------------------------------------------------------------
+
+
+def _record(agent_id: str, detail: str):
+    from agents.events import record_event
+
+    agent = Agent.objects.select_related("scaler").get(agent_id=agent_id)
+    return record_event(agent, "scaler.ready", detail).pk
+
+
+async def test_published_events_reach_the_feed_and_the_agent_timeline(world):
+    feed = await connect("/ws/events/", world["viewer"])
+    timeline = await connect(f"/ws/agents/{AGENT_ID}/events/", world["viewer"])
+    other = await connect("/ws/agents/scaler-firecracker-99999999/events/", world["viewer"])
+
+    pk = await database_sync_to_async(_record)(AGENT_ID, "vm is up")
+    for comm in (feed, timeline):
+        frame = await comm.receive_from(timeout=5)
+        assert f'id="event-{pk}"' in frame and "vm is up" in frame
+    assert await other.receive_nothing(timeout=0.5)
+    for comm in (feed, timeline, other):
+        await comm.disconnect()
+
+
+async def test_many_events_arrive_in_few_frames_and_in_order(world):
+    from agents.streams import apublish_message
+
+    feed = await connect("/ws/events/", world["viewer"])
+    for i in range(1, 201):
+        await apublish_message({"type": "event.message", "event_id": i, "html": f"<p id=e{i}></p>"}, ["events.global"])
+    frames = []
+    async with asyncio.timeout(10):
+        while "id=e200>" not in "".join(frames):
+            frames.append(await feed.receive_from(timeout=5))
+    ids = [int(n) for n in re.findall(r"id=e(\d+)>", "".join(frames))]
+    assert ids == list(range(1, 201))
+    assert len(frames) < 50  # batched, not one frame per event
+    await feed.disconnect()
