@@ -25,12 +25,7 @@ from network.nft.render import (
 )
 
 GW = "172.30.0.1"
-DROPS = [
-    "ip daddr 10.0.0.0/8 drop",
-    "ip daddr 172.16.0.0/12 drop",
-    "ip daddr 192.168.0.0/16 drop",
-    "ip daddr 169.254.0.0/16 drop",
-]
+DROPS = ["ip daddr @private4 drop"]
 
 
 def fwd(**kw):
@@ -48,7 +43,7 @@ def test_the_forward_chain_without_a_policy():  # NFT-01
 def test_allowlist_accepts_come_after_the_gateway_and_before_every_drop():  # NFT-02
     rules = fwd(allowlist=["10.67.0.1/32", "100.64.0.7/32"])
     assert rules[:3] == ["ip daddr 172.30.0.1 accept", "ip daddr 10.67.0.1 accept", "ip daddr 100.64.0.7 accept"]
-    assert rules[3:7] == DROPS
+    assert rules[3:4] == DROPS
 
 
 def test_deny_all_ends_the_forward_chain_with_a_drop():  # NFT-03
@@ -147,6 +142,17 @@ def test_the_table_is_the_configured_one_everywhere():
         commands_touching(cmds, "console_b")
 
 
+def test_the_private_set_holds_rfc1918_and_link_local():  # NFT-01's four drops
+    cmds = render_table_base("kici")
+    elems = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
+    assert elems == [{"family": "inet", "table": "kici", "name": "private4", "elem": [
+        {"prefix": {"addr": "10.0.0.0", "len": 8}},
+        {"prefix": {"addr": "172.16.0.0", "len": 12}},
+        {"prefix": {"addr": "192.168.0.0", "len": 16}},
+        {"prefix": {"addr": "169.254.0.0", "len": 16}},
+    ]}]
+
+
 def test_the_base_chains_jump_through_verdict_maps_and_guard_the_bridges():
     cmds = render_table_base("kici", ["kici-br0"])
     rules = {}
@@ -158,14 +164,14 @@ def test_the_base_chains_jump_through_verdict_maps_and_guard_the_bridges():
     assert rules["input"][0].startswith("icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert }")
     flushed = [c["flush"]["chain"]["name"] for c in cmds if "flush" in c]
     assert flushed == ["forward", "input"]
-    guard = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
+    guard = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") == "guard_ifaces"]
     assert guard == [{"family": "inet", "table": "kici", "name": "guard_ifaces", "elem": ["kici-br0"]}]
 
 
 def test_a_full_render_batches_map_elements_and_refuses_duplicates():
     specs = [AgentSpec.build(f"172.30.{i // 250}.{i % 250 + 2}", GW) for i in range(600)]
     cmds = render_full("kici", specs)
-    elements = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
+    elements = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") in MAPS.values()]
     assert [len(e["elem"]) for e in elements] == [600, 600]
     with pytest.raises(RuleSpecError, match="appears twice"):
         render_full("kici", [specs[0], specs[0]])
