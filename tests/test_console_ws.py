@@ -280,3 +280,85 @@ async def test_many_events_arrive_in_few_frames_and_in_order(world):
     assert ids == list(range(1, 201))
     assert len(frames) < 50  # batched, not one frame per event
     await feed.disconnect()
+
+
+# --- several processes (two hubs with their own relay channel on the same Redis) -----------------
+
+
+@pytest.fixture
+async def two_processes():
+    import redis.asyncio
+    from channels.layers import get_channel_layer
+
+    from agents.streams import ConsoleHub, RedisTransport
+
+    hubs = []
+    for _ in range(2):
+        transport = RedisTransport(get_channel_layer(), redis.asyncio.from_url(settings.REDIS_URL), lock_ttl=1.5)
+        hubs.append(ConsoleHub(transport, tick=0.2))
+    yield hubs
+    for hub in hubs:
+        await hub.aclose()
+        await hub.transport.aclose()
+        await hub.transport.redis.aclose()
+
+
+async def next_rows(viewer, timeout: float = 5.0):
+    async with asyncio.timeout(timeout):
+        return await viewer.next_batch()
+
+
+async def test_viewers_in_two_processes_share_one_pump_which_stops_when_the_last_leaves(tmp_path, two_processes):
+    from agents.streams import file_source
+
+    hub_a, hub_b = two_processes
+    path = tmp_path / "serial-console.log"
+    key = StreamKey(AGENT_ID, "serial")
+    in_a = await hub_a.subscribe(key, file_source(path, poll_interval=0.02))
+    in_b = await hub_b.subscribe(key, file_source(path, poll_interval=0.02))
+    pump = hub_a.pump_task(key)
+    assert pump is not None and hub_b.pump_task(key) is None  # the lock holder pumps for both
+
+    append(path, b"to both\n")
+    for viewer in (in_a, in_b):
+        rows, _ = await next_rows(viewer)
+        assert [(r.text, r.seq) for r in rows] == [("to both", 1)]
+
+    await hub_a.unsubscribe(in_a)
+    assert not pump.done()  # a viewer elsewhere still watches
+    append(path, b"only b watches\n")
+    rows, _ = await next_rows(in_b)
+    assert [r.text for r in rows] == ["only b watches"]
+
+    await hub_b.unsubscribe(in_b)
+    async with asyncio.timeout(3):
+        while not pump.done():
+            await asyncio.sleep(0.02)
+
+
+async def test_another_process_takes_over_the_pump_when_its_owner_dies(tmp_path, two_processes):
+    from agents.streams import file_source
+
+    hub_a, hub_b = two_processes
+    path = tmp_path / "serial-console.log"
+    key = StreamKey(AGENT_ID, "serial")
+    await hub_a.subscribe(key, file_source(path, poll_interval=0.02))
+    in_b = await hub_b.subscribe(key, file_source(path, poll_interval=0.02))
+    append(path, b"before the crash\n")
+    rows, _ = await next_rows(in_b)
+    assert [r.text for r in rows] == ["before the crash"]
+
+    hub_a.transport.token = "crashed"  # its lock can be neither renewed nor released: a dead process
+    await hub_a.aclose()
+    async with asyncio.timeout(5):
+        while hub_b.pump_task(key) is None:
+            await asyncio.sleep(0.05)
+    rows, reset = await next_rows(in_b)
+    assert reset  # a new generation: the view is replaced, numbering starts again
+    append(path, b"after the takeover\n")
+    seen = [r.text for r in rows]
+    async with asyncio.timeout(5):
+        while "after the takeover" not in seen:
+            more, _ = await in_b.next_batch()
+            seen += [r.text for r in more]
+    assert seen == ["before the crash", "after the takeover"]
