@@ -95,20 +95,37 @@ def clear_draining(agent_id: str) -> None:
     admission_clear_draining(agent_id)
 
 
-def destroy_agent(agent, reason: str) -> None:
-    """Tear the agent's sandbox down through its backend, then release its reservation (SPEC d
-    "Disconnect": destroy, delete rows, release)."""
-    backend = get_backend(agent.scaler)
-    backend.destroy(agent, reason)
-    release(agent.agent_id, reason)
+def teardown_agent(agent, reason: str) -> bool:
+    """``scalers.admission.teardown_agent(agent, reason)`` (adm): destroy the sandbox through its
+    backend, mark the agent destroyed, release its reservation. False when the destroy failed (the
+    agent stays ``destroying`` with its reservation; adm's sweeper retries) or it was released already."""
+    from scalers.admission import teardown_agent as admission_teardown
+
+    return admission_teardown(agent, reason, destroy_reason="shutdown")
 
 
 def teardown_retired_scaler(scaler, reason: str) -> str:
-    """adm's retirement teardown of one empty retiring scaler (SPEC c.8); returns its detail line."""
-    from scalers.admission import teardown_scaler
+    """Tear down one empty retiring scaler as adm's ``retirement_sweep`` does for all of them (SPEC
+    c.8): the backend's optional ``teardown()``, then a ``ScalerTeardown`` row. Refuses (ValueError)
+    when the scaler is not retiring or still holds an active agent or a reservation."""
+    from agents.choices import ACTIVE_STATES
+    from scalers.models import Reservation, Scaler, ScalerTeardown
 
-    result = teardown_scaler(scaler, reason)
-    return str(result) if result is not None else "torn down"
+    scaler = Scaler.objects.get(pk=scaler.pk)
+    if not scaler.retiring:
+        raise ValueError(f"scaler {scaler.name!r} is not retiring")
+    if scaler.agents.filter(state__in=ACTIVE_STATES).exists() or Reservation.objects.filter(scaler=scaler).exists():
+        raise ValueError(f"scaler {scaler.name!r} still holds agents or reservations")
+    detail = reason
+    try:
+        hook = getattr(get_backend(scaler), "teardown", None)
+        if callable(hook):
+            hook()
+            detail += "; backend teardown ran"
+    except Exception as exc:  # noqa: BLE001 - recorded; the scaler is empty either way
+        detail += f"; backend teardown failed: {exc}"
+    row, created = ScalerTeardown.objects.get_or_create(scaler=scaler, defaults={"detail": detail})
+    return detail if created else f"already torn down at {row.torn_down_at:%Y-%m-%d %H:%M:%S}"
 
 
 # --- config (cfg) -------------------------------------------------------------------------------

@@ -1,16 +1,19 @@
 """Destroy agents: tear down the sandbox and release the reservation (SPEC d "Disconnect").
 
-Scope: one or more agent ids (of one scaler). Target: an agent in an active state. At run time each
-agent is first marked draining; one that still has active jobs is left running, the drain undone,
-and the target skipped with the count (seed manager.d.ts ``markDraining`` / ``clearDraining``):
-drain it first. ``active_jobs`` is compared: a job started since the preview skips the agent.
+Scope: one or more agent ids (of one scaler). Target: an agent in an active state. At run time a
+running agent is first marked draining; one that still has active jobs is left running, the drain
+undone, and the target skipped with the count (seed manager.d.ts ``markDraining`` /
+``clearDraining``): drain it first. An agent an operator already drained keeps draining while it
+has jobs. ``active_jobs`` is compared: a job started since the preview skips the agent. The
+teardown is ``scalers.admission.teardown_agent`` (backend destroy, agent destroyed, reservation
+released).
 """
 
 from __future__ import annotations
 
-from agents.choices import ACTIVE_STATES
+from agents.choices import ACTIVE_STATES, AgentState
 
-from ..adapters import clear_draining, destroy_agent, mark_draining
+from ..adapters import clear_draining, mark_draining, teardown_agent
 from ..choices import OperationKind, TargetOutcome
 from .agent_drain import agent_evidence
 from .base import Plan, Scope, Spared, Target, require_agents
@@ -54,14 +57,23 @@ def act(run, scope, plan, targets) -> None:
     for target in targets:
         agent_id = target.subject
         try:
-            active = mark_draining(agent_id)
-            if active:
-                clear_draining(agent_id)
-                run.report(target.key, TargetOutcome.SKIPPED, f"has {active} active job(s); drain it first")
-                continue
             agent = Agent.objects.select_related("scaler").get(agent_id=agent_id)
-            destroy_agent(agent, f"destroyed by operation #{run.operation_id}")
+            if agent.state == AgentState.RUNNING:
+                active = mark_draining(agent_id)
+                if active:
+                    clear_draining(agent_id)
+                    run.report(target.key, TargetOutcome.SKIPPED, f"has {active} active job(s); drain it first")
+                    continue
+                agent.refresh_from_db()
+            elif agent.state == AgentState.DRAINING and agent.active_jobs:
+                run.report(target.key, TargetOutcome.SKIPPED, f"draining with {agent.active_jobs} active job(s); it is destroyed when they finish")
+                continue
+            teardown_agent(agent, f"destroyed by operation #{run.operation_id}")
+            agent.refresh_from_db()
         except Exception as exc:  # noqa: BLE001
             run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
             continue
-        run.report(target.key, TargetOutcome.DONE, "sandbox destroyed, reservation released")
+        if agent.state in (AgentState.DESTROYED, AgentState.FAILED):
+            run.report(target.key, TargetOutcome.DONE, f"sandbox destroyed, agent {agent.state}, reservation released")
+        else:
+            run.report(target.key, TargetOutcome.FAILED, f"the backend could not destroy it; the agent stays {agent.state} and the sweeper retries")

@@ -1,8 +1,9 @@
 """Drain agents: no new jobs are dispatched to them; each is torn down once its jobs finish
 (SPEC d "Draining"; seed manager.d.ts ``markDraining``).
 
-Scope: one or more agent ids (of one scaler). Target: an agent in ``spawning`` or ``running``.
-Spared: agents already draining, being destroyed, or gone. ``active_jobs`` is volatile: a job that
+Scope: one or more agent ids (of one scaler). Target: a ``running`` agent (``scalers.admission.
+mark_draining`` drains only those). Spared: agents still spawning (destroy those instead), already
+draining, being destroyed, or gone. ``active_jobs`` is volatile: a job that
 starts or ends between the preview and the run does not change the decision to drain.
 """
 
@@ -19,7 +20,7 @@ VOLATILE = frozenset({"age_seconds", "active_jobs", "last_heartbeat_seconds"})
 ATOMIC = False
 SWEPT = False
 
-DRAINABLE = (AgentState.SPAWNING, AgentState.RUNNING)
+DRAINABLE = (AgentState.RUNNING,)
 
 
 def validate_scope(scope: Scope) -> None:
@@ -58,6 +59,8 @@ def plan(scope: Scope) -> Plan:
             result.spared.append(Spared(key, agent_id, "no such agent"))
         elif agent.state in DRAINABLE:
             result.targets.append(Target(key, "drain", agent_id, agent_evidence(agent)))
+        elif agent.state == AgentState.SPAWNING:
+            result.spared.append(Spared(key, agent_id, "still spawning: nothing to drain (destroy it instead)", agent_evidence(agent)))
         else:
             result.spared.append(Spared(key, agent_id, f"agent is {agent.state}", agent_evidence(agent)))
     return result
@@ -72,6 +75,6 @@ def act(run, scope, plan, targets) -> None:
             run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
             continue
         if active is None:
-            run.report(target.key, TargetOutcome.SKIPPED, "the agent is no longer tracked")
+            run.report(target.key, TargetOutcome.SKIPPED, "the agent is no longer running")
         else:
             run.report(target.key, TargetOutcome.DONE, f"draining; {active} active job(s) finish first" if active else "draining; idle")

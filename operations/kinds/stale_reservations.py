@@ -43,7 +43,12 @@ def sweep_scopes() -> list[Scope]:
 
 
 def stale_spawn_window_seconds() -> int:
-    return max(settings.KICI_SPAWN_TIMEOUT_SECONDS, STALE_SPAWN_FLOOR_SECONDS)
+    """``max(KICI_SPAWN_TIMEOUT_SECONDS, 300)`` as admission computes it (SPEC c.6)."""
+    try:
+        from scalers.admission.release import stale_window_seconds
+    except ImportError:
+        return max(settings.KICI_SPAWN_TIMEOUT_SECONDS, STALE_SPAWN_FLOOR_SECONDS)
+    return stale_window_seconds()
 
 
 def _rq_job_status(job_id: str) -> str | None:
