@@ -17,3 +17,4 @@ urlpatterns = [
 urlpatterns += [path("scalers/", include("scalers.page_urls"))]
 urlpatterns += [path("", include("agents.page_urls"))]
 urlpatterns += [path("api/v1/agents/", include("agents.urls"))]
+urlpatterns += [path("", include("scalers.urls"))]

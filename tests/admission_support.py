@@ -106,3 +106,61 @@ def run_threads(n: int, target: Callable[[int], object]) -> list:
     for t in threads:
         t.join(120)
     return results
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def daphne_server(transactional_db, settings):
+    """A real daphne (the production ASGI server) on a free loopback port, serving this test's
+    database; yields its base URL. Stopped (SIGTERM, then SIGKILL) at teardown."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import requests
+
+    db = connection.settings_dict
+    port = _free_port()
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
+        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "KICI_API_TOKEN": settings.KICI_API_TOKEN or "",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "kici_site.asgi:application"],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            requests.get(url + "/metrics", timeout=1)
+            break
+        except requests.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"daphne did not start: {proc.stderr.read().decode()[-2000:]}") from None
+            time.sleep(0.2)
+    try:
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

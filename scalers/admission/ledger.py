@@ -29,6 +29,21 @@ class ConfigMissing(Exception):
     """No ``ConfigState`` row and none could be created (should not happen)."""
 
 
+def read_config(cursor) -> dict:
+    """The global config row without locking (metrics, pages); defaults when never imported."""
+    cursor.execute(
+        "SELECT global_max_agents, global_max_cpu, global_max_memory_bytes, defaults, "
+        "coalesce(imported_at::text, '') || '|' || global_max_agents || '|' || coalesce(global_max_cpu::text, '') "
+        "|| '|' || coalesce(global_max_memory_bytes::text, '') || '|' || md5(defaults::text) || md5(raw::text) "
+        "FROM scalers_configstate WHERE id = 1"
+    )
+    row = cursor.fetchone()
+    if row is None:
+        return {"global_max_agents": 50, "global_max_cpu": None, "global_max_memory_bytes": None, "defaults": {}, "version": "none"}
+    defaults = json.loads(row[3]) if isinstance(row[3], str) else row[3]
+    return {"global_max_agents": row[0], "global_max_cpu": row[1], "global_max_memory_bytes": row[2], "defaults": defaults, "version": row[4]}
+
+
 def lock_admission(cursor) -> dict:
     """Take the admission lock; return the global config row as a dict.
 
@@ -232,3 +247,16 @@ def increment_counters(cursor, increments: dict[tuple[str, str], tuple[dict, flo
         "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value",
         [names, keys, labels, amounts],
     )
+
+
+def add_to_counters(increments: dict[tuple[str, str], tuple[dict, float]]) -> None:
+    """:func:`increment_counters` on the current connection (own statement, autocommit or not)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        increment_counters(cur, increments)
+
+
+def counter_increment(name: str, labels: dict, amount: float = 1.0) -> dict[tuple[str, str], tuple[dict, float]]:
+    """One increment in the shape :func:`increment_counters` takes."""
+    return {(name, label_key(labels)): (labels, amount)}

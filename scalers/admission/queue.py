@@ -176,6 +176,7 @@ class AdmissionQueue:
             result = self._decide([p.request for p in batch])
         except BaseException as exc:  # noqa: BLE001 - every waiter must be woken
             log.warning("admission batch of %d failed: %s", len(batch), exc)
+            _count_lock_failure(exc)
             self._close_connection()
             for p in batch:
                 p.error = exc
@@ -184,6 +185,7 @@ class AdmissionQueue:
                 raise
             return
         by_id = {a.agent_id: a for a in result.admitted}
+        _observe_batch(len(batch))
         self.batches += 1
         self.decided += len(batch)
         for p, decision in zip(batch, result.decisions):
@@ -214,6 +216,33 @@ class AdmissionQueue:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+
+
+def lock_failure_reason(exc: BaseException) -> str | None:
+    """``contended`` for a lock timeout (SQLSTATE 55P03), ``unreachable`` for other database
+    operational errors, else None (SPEC c.2 step 4, ``cap_lock_failures_total{reason}``)."""
+    from django.db import InterfaceError, OperationalError
+
+    cause = exc.__cause__ or exc
+    if getattr(cause, "sqlstate", None) == "55P03":
+        return "contended"
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return "unreachable"
+    return None
+
+
+def _count_lock_failure(exc: BaseException) -> None:
+    reason = lock_failure_reason(exc)
+    if reason:
+        from scalers.metrics import CAP_LOCK_FAILURES
+
+        CAP_LOCK_FAILURES.labels(reason=reason).inc()
+
+
+def _observe_batch(n: int) -> None:
+    from scalers.metrics import BATCH_SIZE
+
+    BATCH_SIZE.observe(n)
 
 
 _QUEUE: AdmissionQueue | None = None

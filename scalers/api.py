@@ -1,0 +1,125 @@
+"""``POST /api/v1/scale``: the orchestrator asks for an agent for one job (SPEC c.1).
+
+Request: JSON ``{labels: [str, ...], jobId: str, resources?: {...}, runId?: str, exclude?: [str]}``
+with ``Authorization: Bearer <KICI_API_TOKEN>``.
+
+Answers (JSON):
+
+* 201 ``{agentId, scaler, backendType}``: admitted; the agent is spawning.
+* 200 ``{agentId, scaler, backendType, warm: true}``: an idle warm agent was bound to the job.
+* 409 ``{reason: "at-capacity", cap, scaler, detail}``: a cap refused; the job should wait.
+* 422 ``{reason: "no-matching-label-set"}``.
+* 400 ``{reason: "invalid-request", field, error}``: malformed JSON, missing or empty labels,
+  non-string labels, negative or huge resources, unknown fields.
+* 401 ``{reason: "unauthorized"}`` without the right bearer token.
+* 503 ``{reason: "skipped" | "unavailable", detail}``: console draining, provision backoff,
+  database or spawn queue unavailable (with ``Retry-After``).
+
+The view is async: while a request waits for its batch it holds no thread and no database
+connection (see ``scalers.admission.queue``). Nothing is written unless the decision is
+``spawning``/``assigned``, and then atomically.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, close_old_connections
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from scalers.admission.decide import Request
+from scalers.admission.queue import AdmissionTimeout, get_queue
+from scalers.admission.service import _enqueue_or_fail
+from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+
+log = logging.getLogger(__name__)
+
+
+def _enqueue_in_worker(decision, agent):
+    """Enqueue the spawn from an executor thread, then let that thread's connection go the way
+    ``CONN_MAX_AGE`` says (the request cycle that would close it does not run in this thread)."""
+    try:
+        return _enqueue_or_fail(decision, agent)
+    finally:
+        close_old_connections()
+
+
+def _error(status: int, reason: str, **extra) -> JsonResponse:
+    response = JsonResponse({"reason": reason, **extra}, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="kici"'
+    if status == 503:
+        response["Retry-After"] = "5"
+    return response
+
+
+def _authorized(request) -> bool | None:
+    """True/False for the bearer token; None when no token is configured."""
+    expected = settings.KICI_API_TOKEN
+    if not expected:
+        return None
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return False
+    return hmac.compare_digest(token.strip().encode(), expected.encode())
+
+
+@csrf_exempt
+async def scale(request):
+    """Admit (or refuse) one job; see the module docstring for the answers."""
+    if request.method != "POST":
+        return _error(405, "method-not-allowed", allowed=["POST"])
+    auth = _authorized(request)
+    if auth is None:
+        return _error(503, "unavailable", detail="KICI_API_TOKEN is not configured on this console")
+    if not auth:
+        return _error(401, "unauthorized", detail="send Authorization: Bearer <KICI_API_TOKEN>")
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        return _error(413, "invalid-request", field="body", error="request body too large")
+    try:
+        payload = json.loads(body or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, "invalid-request", field="body", error=f"malformed JSON: {exc}")
+    try:
+        data = validate_scale_request(payload)
+    except InvalidScaleRequest as exc:
+        return _error(400, "invalid-request", field=exc.field, error=exc.message)
+
+    req = Request(
+        labels=data.labels,
+        job_id=data.job_id,
+        resources=data.resources,
+        run_id=data.run_id,
+        exclude=data.exclude,
+        raw_resources=data.raw_resources,
+    )
+    try:
+        decision, agent = await get_queue().submit_async(req)
+    except AdmissionTimeout as exc:
+        return _error(503, "unavailable", detail=str(exc))
+    except DatabaseError as exc:
+        log.warning("scale request %s: database error %s", data.job_id, exc)
+        return _error(503, "unavailable", detail="database unavailable")
+    if decision.action == "spawning" and agent is not None:
+        decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
+
+    if decision.action == "spawning":
+        return JsonResponse({"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201)
+    if decision.action == "assigned":
+        return JsonResponse(
+            {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type, "warm": True}, status=200
+        )
+    if decision.action == "at-capacity":
+        return _error(409, "at-capacity", cap=decision.cap, scaler=decision.scaler, detail=decision.reason)
+    if decision.action == "no-backend":
+        return _error(422, "no-matching-label-set", labels=list(data.labels))
+    return _error(503, "skipped", detail=decision.reason)

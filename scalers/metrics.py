@@ -1,0 +1,163 @@
+"""Prometheus metrics on ``/metrics`` (SPEC m).
+
+Values that several console processes produce (refusals, warm-pool spawns and reaps) are kept
+in :class:`scalers.models.MetricCounter` rows, incremented in the same transaction as the work,
+and read at scrape time, so any process can serve ``/metrics`` and the numbers survive restarts.
+Gauges (usage, warm pools) are computed from the database at scrape time too.
+
+Exported:
+
+* ``kici_scaler_spawn_refusals_total{scaler,cap}``: every refusal by cap (this console's own).
+* ``kici_orch_scaler_spawn_refusals_total`` (a gauge despite the name, as in the reference):
+  count and resource-cap refusals, machine-pool ones left out (SPEC c.2, ADM-13).
+* ``kici_orch_scaler_cpus_used`` / ``kici_orch_scaler_memory_bytes_used`` ``{scaler, scalerType}``
+  with a ``__global__`` rollup (ADM-18).
+* ``kici_orch_scaler_warm_pool_target`` / ``_ready`` / ``_in_flight`` ``{scaler, labelSet}``;
+  ``kici_orch_scaler_warm_pool_spawns_total`` / ``_reaped_total`` ``{scaler}``.
+* ``kici_orch_scaler_spawn_failures_total{backend, bound}``: ``scaler.failed`` events stored.
+* ``kici_orch_scaler_cap_lock_failures_total{reason}``: in-process (contended / unreachable).
+* ``kici_scaler_reservations{scaler}``, ``kici_scaler_agents{scaler, state}``,
+  ``kici_scaler_admission_batch_size`` (in-process histogram).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import connection
+from django.http import HttpResponse, HttpResponseNotAllowed
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from agents.choices import ACTIVE_STATES, EventType
+
+log = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry(auto_describe=False)
+
+CAP_LOCK_FAILURES = Counter(
+    "kici_orch_scaler_cap_lock_failures",
+    "Admission batches that could not take the cap lock (contended: lock timeout; unreachable: database error).",
+    ["reason"],
+    registry=REGISTRY,
+)
+BATCH_SIZE = Histogram(
+    "kici_scaler_admission_batch_size",
+    "Requests decided per admission transaction (group commit).",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
+    registry=REGISTRY,
+)
+
+_HELP = {
+    "kici_scaler_spawn_refusals_total": "Spawn requests refused, by scaler and the cap that refused.",
+    "kici_orch_scaler_warm_pool_spawns_total": "Warm spawns admitted, by scaler.",
+    "kici_orch_scaler_warm_pool_reaped_total": "Idle warm agents destroyed, by scaler.",
+}
+REFERENCE_GAUGE = "kici_orch_scaler_spawn_refusals_total"
+
+
+class DatabaseCollector:
+    """Reads counters and gauges from the database at scrape time."""
+
+    def collect(self):
+        try:
+            yield from self._collect()
+            up = 1
+        except Exception:  # noqa: BLE001 - a scrape must answer even without a database
+            log.warning("metrics: database read failed", exc_info=True)
+            up = 0
+        g = GaugeMetricFamily("kici_scaler_metrics_database_up", "1 when /metrics could read the database.")
+        g.add_metric([], up)
+        yield g
+
+    def _collect(self):
+        from scalers.models import MetricCounter
+
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        label_names: dict[str, list[str]] = {}
+        rows = list(MetricCounter.objects.order_by("name", "label_key").values_list("name", "labels", "value"))
+        for name, labels, value in rows:
+            names = sorted(labels)
+            if name not in families:
+                if name == REFERENCE_GAUGE:
+                    families[name] = GaugeMetricFamily(name, "Spawn refusals on count and resource caps (reference gauge).")
+                else:
+                    families[name] = CounterMetricFamily(name, _HELP.get(name, name), labels=names)
+                label_names[name] = names
+            if label_names[name] != names:
+                continue  # a row written with another label set: skip rather than break the scrape
+            families[name].add_metric([str(labels[k]) for k in names], value)
+        if REFERENCE_GAUGE not in families:
+            g = GaugeMetricFamily(REFERENCE_GAUGE, "Spawn refusals on count and resource caps (reference gauge).")
+            g.add_metric([], 0)
+            families[REFERENCE_GAUGE] = g
+        yield from families.values()
+        yield from self._usage()
+        yield from self._warm_pools()
+        yield from self._failures()
+
+    def _usage(self):
+        cpus = GaugeMetricFamily("kici_orch_scaler_cpus_used", "CPUs reserved.", labels=["scaler", "scalerType"])
+        mem = GaugeMetricFamily("kici_orch_scaler_memory_bytes_used", "Memory reserved (bytes).", labels=["scaler", "scalerType"])
+        res = GaugeMetricFamily("kici_scaler_reservations", "Reservation rows held.", labels=["scaler"])
+        agents = GaugeMetricFamily("kici_scaler_agents", "Active agents by state.", labels=["scaler", "state"])
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT s.name, s.type, count(r.id), coalesce(sum(r.cpus), 0), coalesce(sum(r.memory_bytes), 0) "
+                "FROM scalers_scaler s LEFT JOIN scalers_reservation r ON r.scaler_id = s.id GROUP BY s.id ORDER BY s.name"
+            )
+            total_c, total_m = 0.0, 0
+            for name, kind, n, c, m in cur.fetchall():
+                cpus.add_metric([name, kind], float(c))
+                mem.add_metric([name, kind], int(m))
+                res.add_metric([name], n)
+                total_c += float(c)
+                total_m += int(m)
+            cpus.add_metric(["__global__", "__global__"], total_c)
+            mem.add_metric(["__global__", "__global__"], total_m)
+            cur.execute(
+                "SELECT s.name, a.state, count(*) FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id "
+                "WHERE a.state = ANY(%s) GROUP BY s.name, a.state ORDER BY 1, 2",
+                [[str(x) for x in ACTIVE_STATES]],
+            )
+            for name, state, n in cur.fetchall():
+                agents.add_metric([name, state], n)
+        yield from (cpus, mem, res, agents)
+
+    def _warm_pools(self):
+        from scalers.warm_pools import pool_status
+
+        target = GaugeMetricFamily("kici_orch_scaler_warm_pool_target", "Warm pool target size.", labels=["scaler", "labelSet"])
+        ready = GaugeMetricFamily("kici_orch_scaler_warm_pool_ready", "Idle warm agents ready.", labels=["scaler", "labelSet"])
+        flight = GaugeMetricFamily("kici_orch_scaler_warm_pool_in_flight", "Warm agents spawning.", labels=["scaler", "labelSet"])
+        for p in pool_status():
+            target.add_metric([p.scaler, p.label_set], p.target)
+            ready.add_metric([p.scaler, p.label_set], p.ready)
+            flight.add_metric([p.scaler, p.label_set], p.in_flight)
+        yield from (target, ready, flight)
+
+    def _failures(self):
+        fam = CounterMetricFamily(
+            "kici_orch_scaler_spawn_failures", "scaler.failed events stored, by backend and whether a job was bound.",
+            labels=["backend", "bound"],
+        )
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT s.type, (a.bound_job_id <> '') AS bound, count(*) FROM agents_scalerevent e "
+                "JOIN agents_agent a ON a.id = e.agent_id JOIN scalers_scaler s ON s.id = a.scaler_id "
+                "WHERE e.type = %s GROUP BY 1, 2 ORDER BY 1, 2",
+                [str(EventType.FAILED)],
+            )
+            for kind, bound, n in cur.fetchall():
+                fam.add_metric([kind, "true" if bound else "false"], n)
+        yield fam
+
+
+REGISTRY.register(DatabaseCollector())
+
+
+def metrics_view(request):
+    """``GET /metrics``: the Prometheus text exposition of :data:`REGISTRY`."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,158 @@
+"""The "Why is this job waiting?" page: each waiting request, the cap that refused it, and the
+reservations holding that cap (issue 3 "Refusals are visible").
+
+A request is waiting when its latest decision (``ScaleRequest``) was ``at-capacity``,
+``no-backend`` or ``skipped`` within :data:`WAITING_WINDOW`. Requests are grouped by what holds
+them (outcome, cap, scaler); each group lists its jobs and, for a cap, the reservations that
+count against it: agent id, state, age, owner instance, cpus and memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.utils import timezone
+
+from agents.choices import AgentState
+from scalers.models import ConfigState, Reservation, Scaler, ScaleRequest, WAITING_OUTCOMES
+
+#: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
+WAITING_WINDOW = timedelta(hours=6)
+MAX_REQUESTS = 500
+MAX_HOLDERS = 50
+
+_CAP_SCOPE = {
+    "globalMaxAgents": "global",
+    "globalResourceCap.cpu": "global",
+    "globalResourceCap.memory": "global",
+    "maxAgents": "scaler",
+    "resourceCap.cpu": "scaler",
+    "resourceCap.memory": "scaler",
+    "machinePool.cpu": "pool",
+    "machinePool.memory": "pool",
+    "maxConcurrentSpawns": "spawning",
+}
+
+
+@dataclass
+class Holder:
+    """One reservation holding a cap. ``age_seconds`` since it was created."""
+
+    agent_id: str
+    state: str
+    age_seconds: float
+    owner_instance: str
+    cpus: float
+    memory_bytes: int
+    warm: bool
+    job_id: str
+
+
+@dataclass
+class WaitingGroup:
+    """Jobs held by the same thing: ``outcome`` + ``cap`` + ``scaler``; ``limit`` describes the cap."""
+
+    outcome: str
+    cap: str
+    scaler: str
+    scope: str
+    limit: str
+    requests: list = field(default_factory=list)
+    holders: list[Holder] = field(default_factory=list)
+    holders_total: int = 0
+    held_cpus: float = 0.0
+    held_memory_bytes: int = 0
+
+
+def _limit_text(cap: str, scaler: Scaler | None, cfg: ConfigState) -> str:
+    if cap == "globalMaxAgents":
+        return f"globalMaxAgents = {cfg.global_max_agents}"
+    if cap == "globalResourceCap.cpu":
+        return f"globalResourceCap.maxCpu = {cfg.global_max_cpu}"
+    if cap == "globalResourceCap.memory":
+        return f"globalResourceCap.maxMemory = {cfg.global_max_memory_bytes} bytes"
+    if scaler is None:
+        return cap
+    if cap == "maxAgents":
+        return f"maxAgents = {scaler.max_agents}"
+    if cap == "resourceCap.cpu":
+        return f"resourceCap.maxCpu = {scaler.max_cpu}"
+    if cap == "resourceCap.memory":
+        return f"resourceCap.maxMemory = {scaler.max_memory_bytes} bytes"
+    if cap == "maxConcurrentSpawns":
+        return f"maxConcurrentSpawns = {scaler.max_concurrent_spawns}"
+    pool = scaler.machine_pool
+    if pool is None:
+        return cap
+    if cap == "machinePool.cpu":
+        return f"machine pool {pool.name}: maxCpu = {pool.max_cpu}"
+    return f"machine pool {pool.name}: maxMemory = {pool.max_memory_bytes} bytes"
+
+
+def _holders(scope: str, scaler: Scaler | None):
+    qs = Reservation.objects.select_related("agent")
+    if scope == "scaler":
+        qs = qs.filter(scaler=scaler)
+    elif scope == "pool":
+        qs = qs.filter(machine_pool_id=scaler.machine_pool_id) if scaler and scaler.machine_pool_id else qs.none()
+    elif scope == "spawning":
+        qs = qs.filter(scaler=scaler, agent__state=AgentState.SPAWNING)
+    return qs.order_by("created_at", "id")
+
+
+def waiting_groups(now=None) -> list[WaitingGroup]:
+    """The page's data (see the module docstring); groups ordered by their newest request."""
+    now = now or timezone.now()
+    cfg = ConfigState.load()
+    requests = list(
+        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW).order_by("-decided_at")[
+            :MAX_REQUESTS
+        ]
+    )
+    scalers = {s.name: s for s in Scaler.objects.select_related("machine_pool").filter(name__in={r.scaler_name for r in requests})}
+    groups: dict[tuple[str, str, str], WaitingGroup] = {}
+    for r in requests:
+        key = (r.outcome, r.cap, r.scaler_name if _CAP_SCOPE.get(r.cap) != "global" else "")
+        group = groups.get(key)
+        if group is None:
+            scaler = scalers.get(r.scaler_name)
+            scope = _CAP_SCOPE.get(r.cap, "")
+            group = WaitingGroup(outcome=r.outcome, cap=r.cap, scaler=key[2], scope=scope,
+                                 limit=_limit_text(r.cap, scaler, cfg) if r.cap else "")
+            if scope:
+                qs = _holders(scope, scaler)
+                group.holders_total = qs.count()
+                for res in qs[:MAX_HOLDERS]:
+                    group.holders.append(
+                        Holder(
+                            agent_id=res.agent.agent_id,
+                            state=res.agent.state,
+                            age_seconds=(now - res.created_at).total_seconds(),
+                            owner_instance=res.owner_instance,
+                            cpus=res.cpus,
+                            memory_bytes=res.memory_bytes,
+                            warm=res.agent.warm,
+                            job_id=res.agent.bound_job_id,
+                        )
+                    )
+                agg = [(h.cpus, h.memory_bytes) for h in group.holders]
+                group.held_cpus = sum(c for c, _ in agg)
+                group.held_memory_bytes = sum(m for _, m in agg)
+            groups[key] = group
+        group.requests.append(r)
+    return list(groups.values())
+
+
+@login_required
+def why_waiting(request):
+    """``GET /scalers/why-waiting/`` (login required)."""
+    groups = waiting_groups()
+    return render(
+        request,
+        "scalers/why_waiting.html",
+        {"groups": groups, "nav": "waiting", "window_hours": int(WAITING_WINDOW.total_seconds() // 3600),
+         "n_requests": sum(len(g.requests) for g in groups)},
+    )

@@ -1,0 +1,246 @@
+"""Warm pools: idle agents kept ready per (scaler × label set) (SPEC j; CASES WP-*).
+
+* A pool exists for each label set of a non-retiring scaler with ``warmPool.enabled`` when (1)
+  the set's gate is reachable from its query labels (declared labels ∪ platform taints) and (2)
+  the set resolves to a non-zero shape from itself or ``defaults`` (limits alone count). Else a
+  warning and no pool (WP-11, WP-12). Target = the scaler's ``warmPool.size``.
+* Tick (every :data:`WARM_TICK_SECONDS`, the first one immediately in :func:`start_warm_pools`):
+  idle check, then deficit pass. The gauges are computed from the database at scrape time
+  (:mod:`scalers.metrics`), so each pool's target is visible before its first fill.
+* Deficit pass (:func:`deficit_pass`): under the admission lock, in one transaction with the
+  spawns it issues, so two passes (two processes) never overshoot: ``deficit = size − ready −
+  in_flight`` where ready = idle warm agents of the set and in_flight = its warm agents still
+  spawning, clamped by the remaining headroom ``min(globalMaxAgents − global count, maxAgents −
+  scaler count)`` tracked across the whole pass (WP-02). Warm spawns go through the same caps
+  as jobs, so warm agents count toward every cap. A refused or failed warm spawn simply is not
+  in flight any more (derived), and the next tick retries (WP-04).
+* Idle check (:func:`idle_check`): per pool, ``excess = idle − size``; among the oldest
+  ``excess`` idle agents (by ``registered_at``) those idle longer than ``idleTimeoutSeconds`` are
+  drained and destroyed (WP-06/07/08). Idle agents of a pool that no longer exists are destroyed
+  at once; after a config change a shrunk pool loses its oldest surplus at once (WP-09).
+  Destroy goes through ``mark_draining`` first and is abandoned if the agent took a job (WP-13).
+* A job consumes an idle warm agent before a spawn: see ``scalers.admission.decide`` (WP-14).
+
+Idle and excess are counted per pool (label set), not per scaler, so one full pool of a scaler
+never makes another of its pools reap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agents.choices import AgentState
+from agents.models import Agent
+from scalers.labels import platform_to_taints
+from scalers.resources import has_declared_shape
+
+from .admission import ledger
+from .admission.decide import Request, decide_batch
+from .admission.draining import drain_and_destroy
+from .admission.matching import World
+
+log = logging.getLogger("scalers.warm_pools")
+
+#: Seconds between ticks (SPEC j: 30 s).
+WARM_TICK_SECONDS = 30.0
+REAPED = "kici_orch_scaler_warm_pool_reaped_total"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One configured pool: its scaler and label set, target size and idle timeout (seconds)."""
+
+    scaler_pk: int
+    scaler_name: str
+    label_set_pk: int
+    key: str  # normalised declared labels
+    size: int
+    idle_timeout_seconds: float
+
+
+def configured_pools(world: World) -> tuple[list[PoolSpec], list[str]]:
+    """The pools the config asks for, and one warning per pool refused (pure, SPEC j)."""
+    pools: list[PoolSpec] = []
+    warnings: list[str] = []
+    for info in world.scalers.values():
+        if not info.warm_pool_enabled or info.retiring:
+            continue
+        for ls in info.label_sets:
+            key = ",".join(sorted(set(ls.declared)))
+            query = set(ls.declared) | set(platform_to_taints(info.platform))
+            missing = [g for g in ls.gate if g not in query]
+            if missing:
+                warnings.append(f"warm pool {info.name}[{key}] not configured: gate labels {missing} unreachable")
+                continue
+            try:
+                shaped = has_declared_shape(ls.resources, world.defaults)
+            except ValueError as exc:
+                warnings.append(f"warm pool {info.name}[{key}] not configured: {exc}")
+                continue
+            if not shaped:
+                warnings.append(
+                    f"warm pool {info.name}[{key}] not configured: neither the label set nor defaults declare cpus or memory"
+                )
+                continue
+            pools.append(PoolSpec(info.pk, info.name, ls.pk, key, info.warm_pool_size, info.warm_pool_idle_timeout_seconds))
+    return pools, warnings
+
+
+def _pool_counts(cursor) -> dict[int, tuple[int, int]]:
+    """``{label set pk: (ready, in_flight)}`` for warm agents."""
+    cursor.execute(
+        "SELECT label_set_id, count(*) FILTER (WHERE state = %s AND bound_job_id = '' AND active_jobs = 0), "
+        "count(*) FILTER (WHERE state = %s) FROM agents_agent WHERE warm AND state IN (%s, %s) "
+        "AND label_set_id IS NOT NULL GROUP BY label_set_id",
+        [str(AgentState.RUNNING), str(AgentState.SPAWNING), str(AgentState.RUNNING), str(AgentState.SPAWNING)],
+    )
+    return {r[0]: (r[1], r[2]) for r in cursor.fetchall()}
+
+
+def read_world() -> World:
+    """The routing/caps view without taking the admission lock."""
+    with connection.cursor() as cur:
+        return ledger.load_world(cur, ledger.read_config(cur))
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """Gauge values of one pool: ``target``, ``ready`` (idle warm agents), ``in_flight``."""
+
+    scaler: str
+    label_set: str
+    target: int
+    ready: int
+    in_flight: int
+
+
+def pool_status() -> list[PoolStatus]:
+    """Every configured pool with its target / ready / in-flight counts (for /metrics, pages)."""
+    world = read_world()
+    pools, _ = configured_pools(world)
+    with connection.cursor() as cur:
+        counts = _pool_counts(cur)
+    return [PoolStatus(p.scaler_name, p.key, p.size, *counts.get(p.label_set_pk, (0, 0))) for p in pools]
+
+
+def deficit_pass() -> int:
+    """Issue the warm spawns every pool lacks, under the admission lock. Returns spawns admitted."""
+    from .admission.service import _enqueue_or_fail
+
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            config_row = ledger.lock_admission(cur)
+            world = ledger.load_world(cur, config_row)
+            usage = ledger.load_usage(cur)
+            counts = _pool_counts(cur)
+        pools, warnings = configured_pools(world)
+        for w in warnings:
+            log.warning(w)
+        global_left = world.glob.max_agents - usage.total.count
+        scaler_left: dict[int, int] = {}
+        requests: list[Request] = []
+        for pool in pools:
+            if pool.size <= 0:
+                continue
+            ready, in_flight = counts.get(pool.label_set_pk, (0, 0))
+            deficit = pool.size - ready - in_flight
+            if deficit <= 0:
+                continue
+            caps = world.scalers[pool.scaler_pk].caps
+            left = scaler_left.setdefault(pool.scaler_pk, caps.max_agents - usage.scaler(pool.scaler_pk).count)
+            n = max(0, min(deficit, left, global_left))
+            scaler_left[pool.scaler_pk] = left - n
+            global_left -= n
+            requests += [Request(labels=(), job_id="", warm=True, target=(pool.scaler_pk, pool.label_set_pk)) for _ in range(n)]
+        if not requests:
+            return 0
+        result = decide_batch(requests)
+    for decision, agent in zip([d for d in result.decisions if d.action == "spawning"], result.admitted):
+        _enqueue_or_fail(decision, agent)
+    refused = [d for d in result.decisions if d.action != "spawning"]
+    if refused:
+        log.info("warm pass: %d warm spawns refused (%s)", len(refused), ", ".join(sorted({d.cap or d.reason for d in refused})))
+    return len(result.admitted)
+
+
+def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
+    """Destroy surplus idle warm agents (see the module docstring). ``reconcile=True`` (after a
+    config change) destroys a shrunk pool's oldest surplus without waiting for the idle timeout.
+    Returns how many were destroyed."""
+    now = now or timezone.now()
+    pools, _ = configured_pools(read_world())
+    by_set = {p.label_set_pk: p for p in pools}
+    idle = list(
+        Agent.objects.select_related("scaler")
+        .filter(warm=True, state=AgentState.RUNNING, bound_job_id="", active_jobs=0)
+        .order_by("registered_at", "id")
+    )
+    groups: dict[int | None, list[Agent]] = {}
+    for a in idle:
+        groups.setdefault(a.label_set_id, []).append(a)
+    destroyed = 0
+    for ls_pk, agents in groups.items():
+        pool = by_set.get(ls_pk)
+        excess = len(agents) - (pool.size if pool else 0)
+        if excess <= 0:
+            continue
+        for agent in agents[:excess]:
+            since = agent.registered_at or agent.created_at
+            idle_for = (now - since).total_seconds()
+            timeout = pool.idle_timeout_seconds if pool else 0.0
+            if pool is not None and not reconcile and idle_for <= timeout:
+                continue
+            if drain_and_destroy(agent, "warm-pool-idle", destroy_reason="idle"):
+                destroyed += 1
+                ledger.add_to_counters(ledger.counter_increment(REAPED, {"scaler": agent.scaler.name}))
+    return destroyed
+
+
+class WarmPools:
+    """The periodic driver: ``start()`` runs the first tick now and arms the interval; ``tick()``
+    is called by the sweeper. Tracks the config version to reconcile after a change (WP-09)."""
+
+    def __init__(self, interval: float = WARM_TICK_SECONDS):
+        self.interval = interval
+        self.started = False
+        self._last_tick: float | None = None
+        self._last_version: str | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self.started = True
+        self.tick(force=True)
+
+    def due(self, monotonic_now: float) -> bool:
+        return self.started and (self._last_tick is None or monotonic_now - self._last_tick >= self.interval)
+
+    def tick(self, *, force: bool = False, now: datetime | None = None) -> bool:
+        """Idle check then deficit pass. Returns True when an agent was destroyed or spawned."""
+        import time
+
+        with self._lock:
+            if not self.started or (not force and not self.due(time.monotonic())):
+                return False
+            self._last_tick = time.monotonic()
+            version = read_world().version
+            reconcile = self._last_version is not None and version != self._last_version
+            self._last_version = version
+            destroyed = idle_check(now, reconcile=reconcile)
+            spawned = deficit_pass()
+            return bool(destroyed or spawned)
+
+
+WARM_POOLS = WarmPools()
+
+
+def start_warm_pools() -> None:
+    """Run the pools' first deficit pass now and arm their periodic tick (seed manager.d.ts
+    ``startWarmPools``: separate from start so the first fill waits until everything a spawn
+    reaches is wired; the sweeper calls it once it leads)."""
+    WARM_POOLS.start()
