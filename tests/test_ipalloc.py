@@ -114,3 +114,106 @@ def test_state_is_rebuilt_from_rows_and_interfaces_never_from_empty():
     assert alloc.allocate("vm-a").ip == "10.0.0.2"
     with pytest.raises(TypeError):
         IpAllocator("10.0.0.0/24", "10.0.0.1")  # live state is required
+
+
+# -- the database-backed allocator (IP-12) ------------------------------------------------------
+
+
+@pytest.fixture
+def db_alloc(db):
+    from network.ipalloc_db import DbIpAllocator
+
+    return DbIpAllocator("10.0.0.0/24", "10.0.0.1")
+
+
+def test_db_allocations_are_rows_and_come_back_for_the_same_vm(db_alloc):
+    from network.models import IpAllocation
+
+    a = db_alloc.allocate("scaler-firecracker-1d993749", "fc1")
+    assert (a.ip, a.mac, a.tap_device) == ("10.0.0.2", "06:00:AC:00:00:02", "kici-1d993749")
+    row = IpAllocation.objects.get(pk="10.0.0.2")
+    assert (row.vm_id, row.scaler_name, row.tap_device, row.mac_address) == (
+        "scaler-firecracker-1d993749", "fc1", "kici-1d993749", "06:00:AC:00:00:02"
+    )
+    assert db_alloc.allocate("scaler-firecracker-1d993749", "fc1").ip == "10.0.0.2"
+    assert db_alloc.allocate("scaler-firecracker-00000002", "fc2").ip == "10.0.0.3"
+
+
+def test_db_allocation_sees_other_scalers_rows_and_interface_addresses(db):
+    from network.ipalloc_db import DbIpAllocator
+    from network.models import IpAllocation
+
+    IpAllocation.objects.create(ip="10.0.0.2", vm_id="vm-other", scaler_name="fc-b", tap_device="kici-other", mac_address="x")
+    alloc = DbIpAllocator("10.0.0.0/24", "10.0.0.1", interface_addresses=lambda: ["10.0.0.3"])
+    assert alloc.allocate("vm-mine", "fc-a").ip == "10.0.0.4"
+
+
+def test_db_release_frees_the_address(db_alloc):
+    for vm in ("vm-001", "vm-002", "vm-003"):
+        db_alloc.allocate(vm, "fc1")
+    assert db_alloc.release("vm-001") == "10.0.0.2"
+    assert db_alloc.release("vm-001") is None
+    assert db_alloc.allocate("vm-004", "fc1").ip == "10.0.0.2"
+    assert db_alloc.release_by_ip("10.0.0.3") == "vm-002"
+    assert [r.ip for r in db_alloc.allocations("fc1")] == ["10.0.0.2", "10.0.0.4"]
+
+
+def test_a_tap_name_held_by_another_vm_is_not_reused(db_alloc):
+    a = db_alloc.allocate("scaler-a-1d993749", "fc1")
+    b = db_alloc.allocate("scaler-b-1d993749", "fc1")
+    assert a.tap_device == "kici-1d993749"
+    assert b.tap_device != a.tap_device and len(b.tap_device) <= 15
+
+
+def test_sixteen_consecutive_primary_key_conflicts_give_up(db):  # IP-12
+    from network.ipalloc_db import DbIpAllocator, IpAllocationConflict
+    from network.models import IpAllocation
+
+    for n in range(2, 40):
+        IpAllocation.objects.create(ip=f"10.0.0.{n}", vm_id=f"vm-{n}", scaler_name="other", tap_device=f"t{n}", mac_address="x")
+
+    class StaleReader(DbIpAllocator):
+        """Reads as if no row existed, as a peer that keeps winning every race would look."""
+
+        def _live(self):
+            return IpAllocator(self.cidr, self.gateway, taken={})
+
+    with pytest.raises(IpAllocationConflict, match="16 consecutive ip_allocations_pkey conflicts"):
+        StaleReader("10.0.0.0/24", "10.0.0.1").allocate("vm-new", "fc1")
+    assert not IpAllocation.objects.filter(vm_id="vm-new").exists()
+    # A reader that loses fewer than 16 races re-picks and succeeds.
+    IpAllocation.objects.filter(ip__in=[f"10.0.0.{n}" for n in range(10, 40)]).delete()
+    assert StaleReader("10.0.0.0/24", "10.0.0.1").allocate("vm-new", "fc1").ip == "10.0.0.10"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_allocators_never_hand_out_one_address_twice():
+    import threading
+
+    from django.db import connection
+
+    from network.ipalloc_db import DbIpAllocator
+    from network.models import IpAllocation
+
+    results, errors = [], []
+    start = threading.Barrier(6)
+
+    def worker(n):
+        try:
+            alloc = DbIpAllocator("10.0.0.0/24", "10.0.0.1")
+            start.wait()
+            for k in range(6):
+                results.append(alloc.allocate(f"vm-{n}-{k}", f"fc{n}").ip)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(results) == len(set(results)) == 36
+    assert IpAllocation.objects.count() == 36
