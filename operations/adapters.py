@@ -44,7 +44,25 @@ def get_backend(scaler, **options):
         from scalers.backends.isolation import nft_table_for
 
         options["nft"] = nft_client(nft_table_for(scaler))
+    if scaler.type == "firecracker":
+        return firecracker_backend(scaler)
     return factory(scaler, **options)
+
+
+def firecracker_backend(scaler):
+    """A ``FirecrackerBackend`` for a firecracker Scaler row: its settings from the scaler entry and
+    the top-level ``firecracker`` block (SPEC a.6, a.9), the database allocator, the configured nft
+    table; in :data:`NFT_NETNS` when set. For sweeps and operations only (it tracks no VM itself:
+    live VMs are the active agent rows and the running chroot pids)."""
+    from scalers.backends.firecracker.alloc import DbAllocations
+    from scalers.backends.firecracker.backend import FirecrackerBackend
+    from scalers.backends.firecracker.settings import FirecrackerSettings
+    from scalers.models import ConfigState
+
+    entry = {**(scaler.config or {}), "name": scaler.name, "maxAgents": scaler.max_agents}
+    overrides = {"netns": NFT_NETNS} if NFT_NETNS else {}
+    fc = FirecrackerSettings.from_config(entry, ConfigState.load().firecracker or {}, **overrides)
+    return FirecrackerBackend(fc, DbAllocations(fc.cidr, fc.gateway), nft_client(fc.table))
 
 
 def docker_for_scaler(scaler):
@@ -154,8 +172,8 @@ def apply_config(config, source: str):
 # --- network (net) ------------------------------------------------------------------------------
 
 
-#: Network namespace the nft commands of operations run in; None = the host's own. Tests set it to a
-#: namespace they created, so no rule lands in the host's tables.
+#: Network namespace the nft commands (and Firecracker links) of operations run in; None = the host's
+#: own. Tests set it to a namespace they created, so no rule or link of theirs lands on the host.
 NFT_NETNS: str | None = None
 
 

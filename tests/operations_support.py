@@ -16,6 +16,7 @@ __all__ = [
     "write_config",
     "csrf_client",
     "login",
+    "netns_nft",
 ]
 
 CONTAINER_CONFIG = """
@@ -84,3 +85,24 @@ def write_config(path, name: str, label: str = "ops") -> str:
 def config_file(tmp_path):
     """A valid scalers.yaml with one container scaler ``ops-reload`` (returns its path)."""
     return write_config(tmp_path / "scalers.yaml", "ops-reload")
+
+
+@pytest.fixture
+def netns_nft(monkeypatch, settings):
+    """Operations' nft (and Firecracker link) commands run inside a namespace of our own, so no rule
+    lands in the host's tables; yields an NftClient on table ``ops_kici`` (= KICI_NFT_TABLE) there."""
+    import secrets
+    import subprocess
+
+    from tests.conftest import require_root
+
+    require_root()
+    import operations.adapters
+
+    name = f"ops-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+    monkeypatch.setattr(operations.adapters, "NFT_NETNS", name)
+    settings.KICI_NFT_TABLE = "ops_kici"
+    yield operations.adapters.nft_client("ops_kici")
+    subprocess.run(["ip", "netns", "delete", name], check=False)

@@ -4,7 +4,6 @@ own), the real database and an rq SimpleWorker: preview, a target registers mean
 from __future__ import annotations
 
 import secrets
-import subprocess
 
 import pytest
 from django.conf import settings
@@ -15,7 +14,6 @@ from agents.choices import AgentState
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
 from operations.models import AuditEntry, Operation
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
-from tests.conftest import require_root
 from tests.ctr_helpers import make_agent, make_scaler
 from tests.operations_support import *  # noqa: F403
 from tests.operations_support import listening_worker
@@ -133,20 +131,6 @@ def test_a_plan_that_finds_nothing_creates_nothing(users, box):
     text = response.content.decode()
     assert "nothing to do" in text and "tracked: agent" in text
     assert Operation.objects.count() == 0
-
-
-@pytest.fixture
-def netns_nft(monkeypatch, settings):
-    """nft runs inside a namespace of our own (no rule lands in the host's tables)."""
-    require_root()
-    import operations.adapters
-
-    name = f"ops-{secrets.token_hex(3)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    monkeypatch.setattr(operations.adapters, "NFT_NETNS", name)
-    settings.KICI_NFT_TABLE = "ops_kici"
-    yield operations.adapters.nft_client("ops_kici")
-    subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
 def test_stale_rules_are_reaped_but_never_an_address_a_container_holds(users, box, netns_nft, run_rq_jobs):
