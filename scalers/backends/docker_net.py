@@ -8,6 +8,7 @@ with full LAN, RFC1918 and cloud-metadata reach.
 from __future__ import annotations
 
 import logging
+import time
 
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
@@ -49,8 +50,9 @@ def ensure_isolated_network(docker) -> str:
     Labels: {kici-managed: "true"}}`` (CTR-12). Idempotent, also against a concurrent creator:
     a 409 on create re-lists and uses the winner's network (CTR-14).
 
-    Raises ``IsolatedNetworkError`` (``... after 409 conflict``) when the network is still
-    missing after a conflict, and lets other ``docker.errors.APIError`` propagate.
+    A 403 whose cause is a concurrent creator holding the subnet ("pool overlaps") is treated
+    the same way. Raises ``IsolatedNetworkError`` (``... after 409 conflict``) when the network
+    is still missing after a conflict (or a 403 names another network holding the subnet), and lets other ``docker.errors.APIError`` propagate.
     """
     existing = find_isolated_network(docker)
     if existing:
@@ -68,12 +70,20 @@ def ensure_isolated_network(docker) -> str:
         log.info("created isolated network %s (%s)", ISOLATED_NETWORK_NAME, created.get("Id", "")[:12])
         return created["Id"]
     except APIError as exc:
-        if exc.status_code != 409:
+        # 409: the name exists. 403 "pool overlaps": a concurrent creator got past the name
+        # check first and holds the subnet. Either way the winner's network is the one to use.
+        if exc.status_code not in (409, 403):
             raise
-    again = find_isolated_network(docker)
-    if again:
-        return again["Id"]
-    raise IsolatedNetworkError(f"network {ISOLATED_NETWORK_NAME} not found after 409 conflict")
+        status, explanation = exc.status_code, exc.explanation
+    # The winner may still be committing its network: look again for up to ~2 s.
+    for delay in (0, 0.05, 0.1, 0.2, 0.4, 0.8, 0.8):
+        time.sleep(delay)
+        again = find_isolated_network(docker)
+        if again:
+            return again["Id"]
+    if status == 409:
+        raise IsolatedNetworkError(f"network {ISOLATED_NETWORK_NAME} not found after 409 conflict")
+    raise IsolatedNetworkError(f"network {ISOLATED_NETWORK_NAME} could not be created: {explanation}")
 
 
 def container_network_ip(docker, container_id: str) -> str | None:
