@@ -227,6 +227,23 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
     return HostAccessEntry(text=entry, daddr=daddr, port=_parse_port(entry, port_text), family="ipv4")
 
 
+def describe_host_access_entry(entry: HostAccessEntry) -> str:
+    """Plain words for one parsed entry, for the host-access editor.
+
+    ``*:4000`` → ``TCP and UDP port 4000 on any IPv4 address of the host``;
+    ``192.168.1.40`` → ``every port and protocol on 192.168.1.40``.
+    """
+    if entry.daddr is None:
+        where = "any IPv4 address of the host"
+    elif entry.daddr.prefixlen == entry.daddr.max_prefixlen:
+        where = str(entry.daddr.network_address)
+    else:
+        where = f"host addresses in {entry.daddr}"
+    if entry.port is None:
+        return f"every port and protocol on {where}"
+    return f"TCP and UDP port {entry.port} on {where}"
+
+
 def parse_host_access(entries: Iterable[str]) -> list[HostAccessEntry]:
     """Parse a whole ``hostAccess`` list, all or nothing.
 

@@ -248,3 +248,18 @@ def test_every_resolved_default_entry_parses():
         None, "wss://ci.example.com/ws", "172.30.0.1", storage_host_access_entries("https://minio.lan:9443")
     )
     assert [parse_host_access_entry(e).canonical for e in resolved] == ["172.30.0.1:53", "*:443", "*:9443"]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("*:4000", "TCP and UDP port 4000 on any IPv4 address of the host"),
+        ("192.168.1.40", "every port and protocol on 192.168.1.40"),
+        ("[fd00::/64]:443", "TCP and UDP port 443 on host addresses in fd00::/64"),
+        ("*", "every port and protocol on any IPv4 address of the host"),
+    ],
+)
+def test_entries_are_explained_in_plain_words(text, words):
+    from network.host_access import describe_host_access_entry
+
+    assert describe_host_access_entry(parse_host_access_entry(text)) == words

@@ -7,6 +7,7 @@ NftClient inside the host namespace, exactly as a console applies them on the re
 
 from __future__ import annotations
 
+import os
 import secrets
 
 import pytest
@@ -168,3 +169,68 @@ def test_replacing_the_rules_takes_effect_for_new_connections(lab, nft):
         f"tcp:{GW}:4000": False,
         f"tcp:{GW}:9000": True,
     }
+
+
+# -- the live self-test (network.selftest) ----------------------------------------------------
+
+
+def selftest_targets(spec):
+    from network.selftest import default_selftest_targets
+
+    return default_selftest_targets(
+        spec,
+        other_agents=["10.213.0.6"],
+        private_canaries=[("10.214.0.2", 80), ("169.254.169.254", 80)],
+        host_sample_ports=(22, 4001, 9000),
+        metadata=None,
+        agent_port=7000,
+    )
+
+
+def table(results):
+    return {f"{r.target}": (r.state, r.passed) for r in results}
+
+
+def test_the_self_test_passes_when_isolation_holds(lab, nft):
+    from network.selftest import run_isolation_selftest
+
+    spec = default_spec()
+    apply(lab, nft, spec, default_spec("10.213.0.6"))
+    results = run_isolation_selftest(lab.agents["a1"].ns.name, selftest_targets(spec), timeout=0.5)
+    got = table(results)
+    peer_state, peer_passed = got.pop("tcp 10.213.0.6:7000")
+    assert peer_state in ("filtered", "unreachable") and peer_passed is True  # no ARP answer across isolated ports
+    assert got == {
+        "tcp 10.213.0.1:53": ("open", True),
+        "tcp 10.213.0.1:4000": ("open", True),
+        "tcp 10.213.0.1:22": ("filtered", True),
+        "tcp 10.213.0.1:4001": ("filtered", True),
+        "tcp 10.213.0.1:9000": ("filtered", True),
+        "tcp 10.214.0.2:80": ("filtered", True),
+        "tcp 169.254.169.254:80": ("filtered", True),
+    }
+    assert all(r.elapsed_s < 2 for r in results)
+
+
+def test_the_self_test_fails_loudly_without_rules_and_runs_from_a_pid(lab, nft):
+    import subprocess
+
+    from network.selftest import run_isolation_selftest
+
+    sleeper = subprocess.Popen(["ip", "netns", "exec", lab.agents["a1"].ns.name, "sleep", "30"])
+    try:
+        import time
+
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait until the child has joined the namespace
+            if os.stat(f"/proc/{sleeper.pid}/ns/net").st_ino == os.stat(f"/run/netns/{lab.agents['a1'].ns.name}").st_ino:
+                break
+            time.sleep(0.02)
+        results = table(run_isolation_selftest(sleeper.pid, selftest_targets(default_spec()), timeout=0.5))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert results["tcp 10.213.0.1:4001"] == ("open", False)
+    assert results["tcp 10.213.0.1:22"] == ("refused", False)  # reached the host: closed, not isolated
+    assert results["tcp 10.214.0.2:80"] == ("open", False)
+    assert results["tcp 10.213.0.1:53"] == ("open", True)

@@ -216,3 +216,33 @@ def test_allowlist_entries_accept_addresses_and_cidrs_of_both_families():
     assert parse_allowlist_entry("10.67.0.1") == ipaddress.ip_network("10.67.0.1/32")
     assert parse_allowlist_entry(" 10.0.0.0/8 ") == ipaddress.ip_network("10.0.0.0/8")
     assert parse_allowlist_entry("fd00::/8") == ipaddress.ip_network("fd00::/8")
+
+
+# -- plan_rule_diff (the host-access editor's preview) -----------------------------------------
+
+
+def test_a_policy_change_lists_only_the_rules_that_change():
+    from network.nft.plan import plan_rule_diff
+
+    old = [AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:4000"]),
+           AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"])]
+    new = [AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:9000"]),
+           AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"]),
+           AgentSpec.build("172.30.0.7", GW, deny_all=True)]
+    changes = plan_rule_diff(old, new)
+    assert [(str(c.address), c.action) for c in changes] == [("172.30.0.5", "change"), ("172.30.0.7", "add")]
+    assert changes[0].removed == ("input: meta nfproto ipv4 tcp dport 4000 accept", "input: meta nfproto ipv4 udp dport 4000 accept")
+    assert changes[0].added == ("input: meta nfproto ipv4 tcp dport 9000 accept", "input: meta nfproto ipv4 udp dport 9000 accept")
+    assert changes[1].added[-1] == "input: drop" and "forward: drop" in changes[1].added
+    gone = plan_rule_diff(new, new[:1])
+    assert [(str(c.address), c.action) for c in gone] == [("172.30.0.6", "remove"), ("172.30.0.7", "remove")]
+
+
+def test_reordering_entries_is_a_change_because_the_first_match_decides():
+    from network.nft.plan import plan_rule_diff
+
+    a = AgentSpec.build("172.30.0.5", GW, host_access=["*:4000", "172.30.0.1:53"])
+    b = AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:4000"])
+    (change,) = plan_rule_diff([a], [b])
+    assert change.reordered is True
+    assert plan_rule_diff([a], [a]) == []
