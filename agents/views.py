@@ -12,7 +12,6 @@ import ipaddress
 import logging
 from functools import wraps
 
-from django.conf import settings
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.paginator import Paginator
 from django.db.models import Q
@@ -241,22 +240,14 @@ def agent_detail(request, agent_id: str):
     return render(request, "agents/detail.html", ctx)
 
 
-def nft_table_for(agent: Agent) -> str:
-    """The nftables table holding this agent's isolation rules: the firecracker block's ``table``
-    for VMs (SPEC a.9), ``settings.KICI_NFT_TABLE`` otherwise."""
-    if agent.scaler.type == "firecracker":
-        from scalers.models import ConfigState
-
-        return (ConfigState.load().firecracker or {}).get("table") or settings.KICI_NFT_TABLE
-    return settings.KICI_NFT_TABLE
-
-
 @require_GET
 @viewer_required
 def agent_isolation(request, agent_id: str):
     """Fragment: the agent's isolation rules read back from the kernel (loaded after the page)."""
     agent = _get_agent(agent_id)
-    ctx = {"agent": agent, "table": nft_table_for(agent), "lines": None, "error": "", "complete": None}
+    from .selftest import isolation_context
+
+    ctx = {"agent": agent, "table": isolation_context(agent).table, "lines": None, "error": "", "complete": None}
     if not agent.ip:
         ctx["error"] = "the agent has no address yet, so it has no isolation rules"
     else:
@@ -276,42 +267,31 @@ def agent_isolation(request, agent_id: str):
 
 
 def selftest_function():
-    """helper "net"'s ``run_isolation_selftest`` if this build has it, else None."""
-    for module_name in ("network.selftest", "network.isolation_selftest"):
-        try:
-            module = __import__(module_name, fromlist=["run_isolation_selftest"])
-        except ImportError:
-            continue
-        fn = getattr(module, "run_isolation_selftest", None)
-        if fn is not None:
-            return fn
-    return None
+    """The self-test runner for this build (``agents.selftest.run_agent_selftest`` over helper
+    "net"'s ``network.selftest``), or None when net's module is missing."""
+    try:
+        import network.selftest  # noqa: F401
+    except ImportError:
+        return None
+    from .selftest import run_agent_selftest
+
+    return run_agent_selftest
 
 
-def _selftest_rows(result) -> list[dict]:
-    """Normalise a self-test result into rows ``{target, expected, observed, ok, detail}``."""
-    probes = getattr(result, "probes", None)
-    if probes is None and isinstance(result, dict):
-        probes = result.get("probes")
-    if probes is None:
-        probes = result if isinstance(result, (list, tuple)) else []
+def selftest_rows(results) -> list[dict]:
+    """``network.selftest.ProbeResult`` list → table rows ``{target, why, expected, observed, ok,
+    detail, ms}``; ``ok`` is True / False, or None when a UDP probe cannot tell."""
     rows = []
-    for p in probes:
-        get = p.get if isinstance(p, dict) else (lambda k, d=None, _p=p: getattr(_p, k, d))
-        expected = get("expected", get("expect", ""))
-        observed = get("observed", get("result", ""))
-        ok = get("ok", get("passed", None))
-        if ok is None:
-            ok = str(expected) == str(observed)
-        target = get("target", None) or " ".join(str(x) for x in (get("address", ""), get("proto", get("protocol", "")), get("port", "")) if x not in ("", None))
+    for r in results:
         rows.append(
             {
-                "target": target,
-                "kind": get("kind", get("category", "")),
-                "expected": "reachable" if expected is True else "unreachable" if expected is False else expected,
-                "observed": "reachable" if observed is True else "unreachable" if observed is False else observed,
-                "ok": bool(ok),
-                "detail": get("detail", get("reason", "")),
+                "target": str(r.target),
+                "why": r.target.label,
+                "expected": "reachable" if r.target.expect_reachable else "blocked",
+                "observed": r.state,
+                "ok": r.passed,
+                "detail": r.detail,
+                "ms": round(r.elapsed_s * 1000),
             }
         )
     return rows
@@ -320,22 +300,29 @@ def _selftest_rows(result) -> list[dict]:
 @require_POST
 @viewer_required
 def agent_selftest(request, agent_id: str):
-    """POST: run the live isolation self-test for this agent and render the reachability table."""
+    """POST: run the live isolation self-test for this agent and render the reachability table.
+
+    Needs ``agents.change_agent`` (it sends probe packets from inside the agent's namespace).
+    Refusals render as a message in the fragment, never a 500."""
     agent = _get_agent(agent_id)
+    ctx = {"agent": agent}
     if not request.user.has_perm(SELFTEST_PERM):
-        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": "you lack the permission agents.change_agent to run the self-test"}, status=403)
+        ctx["error"] = f"you lack the permission {SELFTEST_PERM} to run the self-test"
+        return render(request, "agents/detail.html#selftest", ctx, status=403)
     fn = selftest_function()
     if fn is None:
-        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": "the isolation self-test is not available in this build"})
-    if not agent.is_active or not agent.ip:
-        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"})
-    try:
-        result = fn(agent)
-    except Exception as exc:  # noqa: BLE001 - show why, never a 500 page in a fragment
-        log.warning("isolation self-test for %s failed", agent.agent_id, exc_info=True)
-        return render(request, "agents/detail.html#selftest", {"agent": agent, "error": f"the self-test could not run: {exc}"})
-    rows = _selftest_rows(result)
-    ctx = {"agent": agent, "rows": rows, "passed": all(r["ok"] for r in rows) and bool(rows), "failed": sum(1 for r in rows if not r["ok"])}
+        ctx["error"] = "the isolation self-test is not available in this build"
+    elif not agent.is_active or not agent.ip:
+        ctx["error"] = f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"
+    else:
+        try:
+            rows = selftest_rows(fn(agent))
+        except Exception as exc:  # noqa: BLE001 - show why, never a 500 in a fragment
+            log.info("isolation self-test for %s could not run: %s", agent.agent_id, exc)
+            ctx["error"] = f"the self-test could not run: {exc}"
+        else:
+            ctx.update(rows=rows, failed=sum(1 for r in rows if r["ok"] is False), unknown=sum(1 for r in rows if r["ok"] is None))
+            ctx["passed"] = bool(rows) and ctx["failed"] == 0
     return render(request, "agents/detail.html#selftest", ctx)
 
 

@@ -73,8 +73,9 @@ class AgentRuleDiff:
 class EditorPlan:
     """Everything the editor shows for one input.
 
-    ``mode``: ``default`` or ``explicit``. ``checks``: one per non-blank typed line. ``errors``:
-    messages that block applying (bad entries, bad mode, too many entries). ``entries``: the
+    ``mode``: ``default`` or ``explicit``. ``checks``: one per typed entry. ``errors``: every
+    message that blocks applying (each refused entry, with its line, then ``general_errors``: a bad
+    mode, too many entries). ``entries``: the
     explicit list to store (None for the default). ``effective``: what agents of this label set
     would get (SPEC g.3). ``diffs``: per live agent. ``unchanged``: the input equals what the label
     set has now.
@@ -83,11 +84,19 @@ class EditorPlan:
     label_set: LabelSet
     mode: str
     checks: list[EntryCheck]
-    errors: list[str]
+    general_errors: list[str]
     entries: list[str] | None
     effective: list[str]
     diffs: list[AgentRuleDiff]
     unchanged: bool
+
+    @property
+    def refused(self) -> list[EntryCheck]:
+        return [c for c in self.checks if not c.ok]
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"line {c.line}: {c.error}" for c in self.refused] + list(self.general_errors)
 
     @property
     def ok(self) -> bool:
@@ -189,22 +198,20 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     Never raises for bad input: every problem is in ``errors`` (and per line in ``checks``), and
     an input with errors gets no diffs, so nothing can be applied from it.
     """
-    errors: list[str] = []
+    general: list[str] = []
     checks: list[EntryCheck] = []
     entries: list[str] | None = None
     if mode not in MODES:
-        errors.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        general.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
     elif mode == EXPLICIT:
         checks = check_lines(text)
-        bad = [c for c in checks if not c.ok]
-        errors += [f"line {c.line}: {c.error}" for c in bad]
         if len(checks) > MAX_ENTRIES:
-            errors.append(f"{len(checks)} entries: at most {MAX_ENTRIES} are accepted")
-        entries = [] if bad else list(dict.fromkeys(c.text for c in checks))
+            general.append(f"{len(checks)} entries: at most {MAX_ENTRIES} are accepted")
+        entries = list(dict.fromkeys(c.text for c in checks if c.ok))
+    if general or any(not c.ok for c in checks):
+        return EditorPlan(label_set, mode, checks, general, None, [], [], False)
     current = label_set.host_access
-    unchanged = (mode == DEFAULT and current is None) or (mode == EXPLICIT and not errors and current is not None and list(current) == entries)
-    if errors:
-        return EditorPlan(label_set, mode, checks, errors, None, [], [], False)
+    unchanged = (mode == DEFAULT and current is None) or (mode == EXPLICIT and current is not None and list(current) == entries)
     effective = effective_host_access(label_set, entries)
     gateway = gateway_for(label_set.scaler)
     current_effective = effective_host_access(label_set, current)
@@ -212,4 +219,4 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         Agent.objects.filter(label_set=label_set, state__in=ACTIVE_STATES).order_by("created_at")[:agent_limit]
     )
     diffs = [rule_diff(a, effective, gateway, current_effective) for a in agents]
-    return EditorPlan(label_set, mode, checks, [], entries, effective, diffs, unchanged)
+    return EditorPlan(label_set, mode, checks, general, entries, effective, diffs, unchanged)

@@ -152,7 +152,7 @@ def host_access_apply(request, name: str, index: int):
         return render(request, "scalers/host_access.html", ctx, status=503)
     from operations import services
 
-    params = {"host_access": plan.entries, "host_access_default": plan.entries is None}
+    params = {"host_access": plan.entries}  # None = back to the default (operations.kinds.host_access_apply)
     try:
         operation = services.create_operation(HOST_ACCESS_KIND, {"label_set": label_set, "params": params}, request.user)
     except PermissionDenied:

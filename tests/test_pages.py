@@ -330,3 +330,38 @@ def test_a_scaler_named_like_the_why_waiting_page_is_not_captured(viewer_client,
     except Resolver404:
         return
     assert match.url_name != "scaler_detail"
+
+
+# --- live isolation self-test ------------------------------------------------------------------
+
+
+@pytest.fixture
+def empty_netns():
+    """A network namespace with no interface up: every probe from it fails locally, nothing leaves."""
+    import secrets
+    import subprocess
+
+    from tests.conftest import require_root
+
+    require_root()
+    name = f"ui-st-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+def test_the_selftest_probes_from_the_agents_namespace_and_shows_a_reachability_table(client, scaler, empty_netns):
+    agent = _agent(scaler, 1, host_access=["172.30.0.1:53", "*:8000"], backend_context={"netns": empty_netns})
+    client.force_login(_user("op", "agents.view_agent", "agents.change_agent"))
+    response = client.post(f"/agents/{agent.agent_id}/isolation/selftest", **HTMX)
+    assert response.status_code == 200
+    html = response.content.decode()
+    rows = re.findall(r'<tr class="(probe-ok|probe-fail)"><td class="mono nowrap">([^<]+)</td>', html)
+    probes = {target: cls for cls, target in rows}
+    # Allowed entries cannot answer from a namespace with no route: the table says FAIL for them ...
+    assert probes["tcp 172.30.0.1:53"] == "probe-fail" and probes["tcp 172.30.0.1:8000"] == "probe-fail"
+    # ... and every probe expected blocked is blocked (other host ports, the metadata address).
+    assert probes["tcp 172.30.0.1:22"] == "probe-ok" and probes["tcp 169.254.169.254:80"] == "probe-ok"
+    assert "2 of" in html and "did not behave as expected" in html

@@ -5,7 +5,8 @@
       out-of-band. A page shows only some of them, so before htmx swaps the message this extension
       - drops elements whose out-of-band target is not on this page (no console noise),
       - "upserts" rows: in <tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>, a <tr id=...>
-        already on the page is replaced in place, a new one is inserted at the top,
+        already on the page is replaced in place (right here), a new one is inserted at the top;
+        of several rows with one id in a frame only the last counts,
       - keeps only rows matching the target's data-accept selector, if it has one
         (e.g. data-accept='[data-scaler="ci"]' on a scaler page's tables),
       - trims a tbody with data-max-rows after the swap.
@@ -30,6 +31,16 @@
     var tpl = document.createElement("template");
     tpl.innerHTML = text;
     var out = [];
+    // One frame may carry several events of one agent: only its last row (latest state) counts.
+    var lastRow = {};
+    var upsertRows = [];
+    Array.prototype.forEach.call(tpl.content.children, function (el) {
+      if (!el.hasAttribute("data-upsert")) return;
+      Array.prototype.forEach.call(el.children, function (row) {
+        if (row.id) { lastRow[row.id] = row; upsertRows.push(row); }
+      });
+    });
+    upsertRows.forEach(function (row) { if (lastRow[row.id] !== row) row.parentNode.removeChild(row); });
     Array.prototype.slice.call(tpl.content.children).forEach(function (el) {
       var sel = oobSelector(el);
       var target = null;
@@ -45,11 +56,16 @@
         if (!el.children.length) return;
       }
       if (el.hasAttribute("data-upsert")) {
-        Array.prototype.slice.call(el.querySelectorAll(":scope > [id]")).forEach(function (row) {
-          if (document.getElementById(row.id)) {
+        Array.prototype.slice.call(el.children).forEach(function (row) {
+          if (!row.id) return;
+          var existing = document.getElementById(row.id);
+          if (existing) {
+            // Replace in place here: a bare <tr> cannot travel as a top-level oob element
+            // (the HTML parser would wrap it in an anonymous <tbody>).
             el.removeChild(row);
-            row.setAttribute("hx-swap-oob", "outerHTML");
-            out.push(row.outerHTML);
+            var fresh = document.importNode(row, true);
+            existing.replaceWith(fresh);
+            htmx.process(fresh);
           } else {
             row.classList.add("is-new");
           }

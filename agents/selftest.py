@@ -1,0 +1,110 @@
+"""The agent page's live isolation self-test: from an Agent row to helper "net"'s canary probes.
+
+``network.selftest.run_isolation_selftest`` probes from inside a network namespace; this module
+finds the agent's namespace, rebuilds its rule spec from what is stored (address, resolved host
+access, the label set's allowlist/denyAll), picks the canaries with
+``network.selftest.default_selftest_targets`` (each host-access entry expected reachable; other host
+ports, other agents and the metadata address expected blocked) and returns the results.
+
+Only the metadata address and addresses of this console's own agents are probed: no RFC1918
+canaries outside what the console owns, so a broken firewall cannot send a probe off the machine
+to someone else's network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .choices import ACTIVE_STATES
+from .models import Agent
+
+OTHER_AGENT_SAMPLE = 4
+
+
+class SelftestUnavailable(RuntimeError):
+    """The self-test cannot run for this agent; the message says why (shown on the page)."""
+
+
+@dataclass(frozen=True)
+class IsolationContext:
+    """Where an agent's rules live: nft ``table``, bridge ``gateway`` (SPEC g.3, a.9)."""
+
+    table: str
+    gateway: str
+
+
+def isolation_context(agent: Agent) -> IsolationContext:
+    """Table and gateway of ``agent``'s isolation rules: the firecracker block for VMs, else the
+    scaler's ``nftTable`` (or ``KICI_NFT_TABLE``) on ``kici-agent-net`` (gateway 172.30.0.1)."""
+    from django.conf import settings
+
+    scaler = agent.scaler
+    if scaler.type == "firecracker":
+        from scalers.models import ConfigState
+
+        block = ConfigState.load().firecracker or {}
+        return IsolationContext(str(block.get("table") or "kici"), str(block.get("gateway") or "10.0.0.1"))
+    try:
+        from scalers.backends.isolation import nft_table_for
+
+        table = nft_table_for(scaler)
+    except ImportError:  # pragma: no cover - container backend not in this build
+        table = settings.KICI_NFT_TABLE
+    return IsolationContext(table, "172.30.0.1")
+
+
+def agent_namespace(agent: Agent) -> str | int:
+    """The namespace to probe from: ``backend_context["netns"]`` (a named namespace) or
+    ``["pid"]``, else a container's init pid from docker. Raises :class:`SelftestUnavailable`."""
+    ctx = agent.backend_context or {}
+    if ctx.get("netns"):
+        return str(ctx["netns"])
+    if ctx.get("pid"):
+        return int(ctx["pid"])
+    if agent.scaler.type == "container" and agent.managed_id:
+        try:
+            from scalers.backends.runtime import docker_client_for, runtime_for_scaler
+
+            container = docker_client_for(runtime_for_scaler(agent.scaler)).containers.get(agent.managed_id)
+        except Exception as exc:  # noqa: BLE001 - docker down, container gone: say so
+            raise SelftestUnavailable(f"could not find container {agent.managed_id[:12]}: {exc}") from None
+        pid = (container.attrs.get("State") or {}).get("Pid") or 0
+        if not pid:
+            raise SelftestUnavailable(f"container {agent.managed_id[:12]} is not running")
+        return int(pid)
+    raise SelftestUnavailable(
+        f"no network namespace is known for this {agent.scaler.type} agent (a VM is probed from a namespace the backend records as backend_context.netns)"
+    )
+
+
+def agent_spec(agent: Agent, gateway: str):
+    """The agent's rule spec from its stored host access and its label set's network policy."""
+    from network.nft.render import AgentSpec
+
+    policy = dict(((agent.label_set.config if agent.label_set else None) or {}).get("networkPolicy") or {})
+    return AgentSpec.build(
+        agent.ip,
+        gateway,
+        allowlist=list(policy.get("allowlist") or []),
+        deny_all=bool(policy.get("denyAll", False)),
+        host_access=list(agent.host_access or []),
+    )
+
+
+def run_agent_selftest(agent: Agent, *, timeout: float = 1.0) -> list:
+    """Probe from inside ``agent``'s namespace; returns ``network.selftest.ProbeResult`` rows in
+    target order. Raises :class:`SelftestUnavailable` (no namespace, no address) or what
+    ``run_isolation_selftest`` raises (``RuntimeError`` when the namespace cannot be joined)."""
+    from network.selftest import default_selftest_targets, run_isolation_selftest
+
+    if not agent.ip:
+        raise SelftestUnavailable("the agent has no address yet")
+    ctx = isolation_context(agent)
+    spec = agent_spec(agent, ctx.gateway)
+    others = list(
+        Agent.objects.filter(scaler__type=agent.scaler.type, state__in=ACTIVE_STATES, ip__isnull=False)
+        .exclude(pk=agent.pk)
+        .values_list("ip", flat=True)[:OTHER_AGENT_SAMPLE]
+    )
+    targets = default_selftest_targets(spec, other_agents=others)
+    return run_isolation_selftest(agent_namespace(agent), targets, timeout=timeout)
