@@ -10,7 +10,7 @@ import secrets
 import pytest
 
 from network.nft.apply import NftClient, NftError, NftUnavailableError, describe_agent_rules
-from network.nft.render import AgentSpec, describe_expr, forward_rule_exprs, input_rule_exprs
+from network.nft.render import AgentSpec, RuleSpecError, describe_expr, forward_rule_exprs, input_rule_exprs
 from tests.conftest import require_root
 from tests.netns import Netns
 
@@ -205,3 +205,18 @@ def test_the_json_listing_is_what_ownership_is_read_from(client, netns):
     assert list(map(str, client.list_agents())) == ["172.30.0.5"]
     listing = json.loads(netns.exec("nft", "-j", "list", "table", "inet", client.table).stdout)
     assert any(item.get("chain", {}).get("name") == "a4-172-30-0-50" for item in listing["nftables"])
+
+
+def test_the_egress_baseline_is_accepted_and_idempotent(client, netns):
+    client.apply_agent(spec("10.0.0.2"))
+    client.ensure_egress("10.0.0.0/24", "eth9")
+    once = ruleset(netns, client.table)
+    client.ensure_egress("10.0.0.0/24", "eth9")
+    client.ensure_table(["kici-br0"])
+    again = ruleset(netns, client.table)
+    assert again.count('ip saddr 10.0.0.0/24 oifname "eth9" masquerade') == 1
+    assert again.count("tcp option maxseg size set 1460") == 1
+    assert once.count("masquerade") == 1
+    assert list(map(str, client.list_agents())) == ["10.0.0.2"]
+    with pytest.raises(RuleSpecError):
+        client.ensure_egress("10.0.0.1/24", "eth9")

@@ -25,6 +25,7 @@ from network.nft.render import (
     parse_chain_name,
     render_agent_add,
     render_agent_remove,
+    render_egress_baseline,
     render_full,
     render_table_base,
     validate_table_name,
@@ -191,6 +192,11 @@ class NftClient:
         """
         self.apply_document(render_table_base(self.table, guard_interfaces))
         self._base_ready = True
+
+    def ensure_egress(self, subnet: str, egress_interface: str, mss: int = 1460) -> None:
+        """Masquerade and MSS clamp for a VM subnet leaving through ``egress_interface``
+        (``render_egress_baseline``); idempotent. Raises RuleSpecError / NftError."""
+        self.apply_document(render_egress_baseline(self.table, subnet, egress_interface, mss))
 
     def apply_agent(self, spec: AgentSpec) -> None:
         """Write (or replace) one agent's rules in one transaction; creates the base on first use.

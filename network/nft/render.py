@@ -384,6 +384,40 @@ def render_table_base(table: str, guard_interfaces: Iterable[str] = ()) -> list[
     return cmds
 
 
+EGRESS_NAT_CHAIN = "postrouting"
+EGRESS_MSS_CHAIN = "egress"
+
+
+def render_egress_baseline(table: str, subnet: str, egress_interface: str, mss: int = 1460) -> list[dict]:
+    """Commands for a VM bridge's way out (SPEC f "Firecracker host baseline"), in the same table.
+
+    Chain ``postrouting`` (nat hook, priority srcnat): ``ip saddr <subnet> oifname <egress>
+    masquerade``. Chain ``egress`` (filter hook forward, priority mangle): ``ip saddr <subnet> tcp
+    flags syn / syn,rst tcp option maxseg size set <mss>``. Both are flushed and refilled, so
+    re-running never duplicates. Isolation itself stays in the agent chains and the guard; the
+    reference's subnet-scoped ``baseline`` accepts/drops are covered by them. Raises
+    :class:`RuleSpecError` for a bad subnet, interface or MSS.
+    """
+    validate_table_name(table)
+    try:
+        net = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError:
+        raise RuleSpecError(f"egress subnet {subnet!r} is not an IPv4 CIDR without host bits") from None
+    (ifname,) = _validate_ifnames([egress_interface])
+    if not isinstance(mss, int) or not 536 <= mss <= 65495:
+        raise RuleSpecError(f"MSS {mss!r} must be an integer in 536-65495")
+    saddr = _match(_payload("ip", "saddr"), _addr_right(net))
+    syn = _match({"&": [_payload("tcp", "flags"), ["syn", "rst"]]}, "syn")
+    clamp = {"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": mss}}
+    cmds: list[dict] = [{"add": {"table": {"family": FAMILY, "name": table}}}]
+    for chain, kind, hook, prio in ((EGRESS_NAT_CHAIN, "nat", "postrouting", 100), (EGRESS_MSS_CHAIN, "filter", "forward", -150)):
+        cmds.append({"add": _obj("chain", table, name=chain, type=kind, hook=hook, prio=prio, policy="accept")})
+        cmds.append({"flush": _obj("chain", table, name=chain)})
+    cmds.append(_rule(table, EGRESS_NAT_CHAIN, [saddr, _match({"meta": {"key": "oifname"}}, ifname), {"masquerade": None}]))
+    cmds.append(_rule(table, EGRESS_MSS_CHAIN, [saddr, syn, clamp]))
+    return cmds
+
+
 def _agent_chain_cmds(table: str, spec: AgentSpec) -> list[dict]:
     fwd, inp = agent_chain_names(spec.address)
     cmds: list[dict] = []
