@@ -1,0 +1,101 @@
+"""Which console process leads the sweeps: a PostgreSQL session advisory lock.
+
+Several consoles may share one database; only one should run the stale prune, the retirement
+sweep, warm-pool ticks and token-TTL expiry (they are safe to race, but doubled work is waste).
+:class:`Leadership` holds ``pg_try_advisory_lock(LEADER_LOCK_KEY)`` on a *dedicated* psycopg
+connection, separate from Django's (which Django may close between units of work): the lock
+lives exactly as long as that connection. If the connection dies, PostgreSQL releases the lock
+and another process takes over on its next poll; this process notices on its next poll (the
+liveness query fails) and stops leading.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+#: Advisory lock key (int64): "kici" in ASCII, then 1 for the sweeper.
+LEADER_LOCK_KEY = 0x6B696369_00000001
+
+
+def _conninfo(alias: str = "default") -> dict:
+    db = settings.DATABASES[alias]
+    info = {"dbname": db["NAME"], "application_name": "kici-scaler-leader"}
+    for key, name in (("USER", "user"), ("PASSWORD", "password"), ("HOST", "host"), ("PORT", "port")):
+        if db.get(key):
+            info[name] = str(db[key])
+    return info
+
+
+def database_name(alias: str = "default") -> str:
+    """The database this process leads in (tests swap in the test database)."""
+    from django.db import connections
+
+    return connections[alias].settings_dict["NAME"]
+
+
+class Leadership:
+    """Hold or seek the sweeper lock. ``poll()`` → ``(is_leader, became_leader)``.
+
+    ``key``: the advisory lock key. ``alias``: Django database alias whose settings are used.
+    ``release()`` drops leadership and closes the dedicated connection.
+    """
+
+    def __init__(self, key: int = LEADER_LOCK_KEY, alias: str = "default"):
+        self.key = key
+        self.alias = alias
+        self._conn: psycopg.Connection | None = None
+        self.is_leader = False
+
+    def _connect(self) -> psycopg.Connection:
+        info = _conninfo(self.alias)
+        from django.db import connections
+
+        info["dbname"] = connections[self.alias].settings_dict["NAME"]
+        return psycopg.connect(autocommit=True, connect_timeout=5, **info)
+
+    def poll(self) -> tuple[bool, bool]:
+        """Check (or try to take) leadership. Never raises; a database error means "not leader"."""
+        if self.is_leader:
+            try:
+                self._conn.execute("SELECT 1")
+                return True, False
+            except Exception as exc:  # noqa: BLE001
+                log.warning("lost the sweeper leadership: %s", exc)
+                self._drop()
+                return False, False
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+            row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", [self.key]).fetchone()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cannot reach the database to seek leadership: %s", exc)
+            self._drop()
+            return False, False
+        if row and row[0]:
+            self.is_leader = True
+            log.info("this process now leads the scaler sweeps")
+            return True, True
+        return False, False
+
+    def _drop(self) -> None:
+        self.is_leader = False
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._conn = None
+
+    def release(self) -> None:
+        """Give leadership up (unlock, close the connection)."""
+        if self._conn is not None and self.is_leader:
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", [self.key])
+            except Exception:  # noqa: BLE001
+                pass
+        self._drop()

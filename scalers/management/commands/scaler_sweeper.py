@@ -1,0 +1,147 @@
+"""``python manage.py scaler_sweeper [--once] [--interval SECONDS]``: the long-running sweeper.
+
+At start it recovers this instance's rows (``recover_state``, trigger ``boot``). Then every
+``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
+boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
+that reports whether it did anything: the stale-spawn prune (SPEC c.6), token-TTL expiry, the
+check of failed spawn jobs in rq, retries of failed teardowns, the retirement sweep (SPEC c.8),
+the warm-pool tick (SPEC j; started with ``start_warm_pools`` once this process leads) and the
+pruning of old request records. SIGTERM / SIGINT stop it after the current unit of work.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from scalers.admission import (
+    expire_unregistered_agents,
+    prune_stale_spawns,
+    reap_failed_spawn_jobs,
+    recover_state,
+    retirement_sweep,
+    retry_stuck_teardowns,
+)
+from scalers.leader import Leadership
+from scalers.models import RecoveryReport, ScaleRequest
+from scalers.warm_pools import WARM_POOLS, start_warm_pools
+
+log = logging.getLogger("scalers.sweeper")
+
+#: How long a request record is kept after its last decision (seconds).
+SCALE_REQUEST_RETENTION_SECONDS = 24 * 3600
+RECOVERY_REPORTS_KEPT = 200
+
+
+class Command(BaseCommand):
+    help = "Recover on boot and lead the scaler sweeps (stale prune, token TTL, retirement, warm pools)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="run one round and exit (tests, cron)")
+        parser.add_argument("--interval", type=float, default=5.0, help="seconds between rounds (default 5)")
+        parser.add_argument("--no-warm-pools", action="store_true", help="do not start the warm pools")
+
+    def on_signal(self, signum, frame):
+        log.info("scaler sweeper: %s received, stopping", signal.Signals(signum).name)
+        self.shutdown = True
+
+    def handle(self, *args, once: bool = False, interval: float = 5.0, no_warm_pools: bool = False, **options):
+        if interval <= 0:
+            from django.core.management.base import CommandError
+
+            raise CommandError(f"--interval must be positive, got {interval}")
+        self.shutdown = False
+        self.warm = not no_warm_pools
+        self.booted = False
+        self.instance_id = settings.KICI_INSTANCE_ID
+        self.leadership = Leadership()
+        if not once:
+            signal.signal(signal.SIGTERM, self.on_signal)
+            signal.signal(signal.SIGINT, self.on_signal)
+        try:
+            while not self.shutdown:
+                self.tick()
+                if once:
+                    break
+                deadline = time.monotonic() + interval
+                while not self.shutdown and time.monotonic() < deadline:
+                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        finally:
+            self.leadership.release()
+            connection.close()
+
+    # One round ---------------------------------------------------------------------------------
+
+    def tick(self) -> bool:
+        """One round; True when any unit of work did something."""
+        leader, became = self.leadership.poll()
+        did = False
+        if not self.booted:
+            self.booted = True
+            did |= self._run(lambda: recover_state(self.instance_id, trigger="boot") is not None)
+        elif became:
+            did |= self._run(lambda: recover_state(self.instance_id, trigger="leader-change") is not None)
+        if not leader:
+            return did
+        for unit in (
+            self.handle_stale_spawns,
+            self.handle_token_expiry,
+            self.handle_failed_spawn_jobs,
+            self.handle_stuck_teardowns,
+            self.handle_retirement,
+            self.handle_warm_pools,
+            self.handle_old_records,
+        ):
+            if self.shutdown:
+                break
+            did |= self._run(unit)
+        return did
+
+    def _run(self, unit) -> bool:
+        try:
+            return bool(unit())
+        except Exception:  # noqa: BLE001 - one failing unit must not stop the others
+            log.exception("scaler sweeper: %s failed", getattr(unit, "__name__", unit))
+            return False
+        finally:
+            close_old_connections()
+
+    # Units of work -----------------------------------------------------------------------------
+
+    def handle_stale_spawns(self) -> bool:
+        return prune_stale_spawns() > 0
+
+    def handle_token_expiry(self) -> bool:
+        return expire_unregistered_agents() > 0
+
+    def handle_failed_spawn_jobs(self) -> bool:
+        return reap_failed_spawn_jobs() > 0
+
+    def handle_stuck_teardowns(self) -> bool:
+        return retry_stuck_teardowns() > 0
+
+    def handle_retirement(self) -> bool:
+        return retirement_sweep()
+
+    def handle_warm_pools(self) -> bool:
+        if not self.warm:
+            return False
+        if not WARM_POOLS.started:
+            start_warm_pools()
+            return True
+        return WARM_POOLS.tick()
+
+    def handle_old_records(self) -> bool:
+        cutoff = timezone.now() - timedelta(seconds=SCALE_REQUEST_RETENTION_SECONDS)
+        n = ScaleRequest.objects.filter(decided_at__lt=cutoff).delete()[0]
+        keep = list(RecoveryReport.objects.values_list("pk", flat=True)[:RECOVERY_REPORTS_KEPT])
+        if len(keep) == RECOVERY_REPORTS_KEPT:
+            n += RecoveryReport.objects.exclude(pk__in=keep).delete()[0]
+        return n > 0
