@@ -125,7 +125,7 @@ def _parse_ipv4(entry: str, text: str) -> ipaddress.IPv4Network:
     """An IPv4 address or CIDR (octets 0-255 without leading zeros, prefix 0-32, no host bits)."""
     match = _IPV4_OR_CIDR.fullmatch(text)
     if match is None:
-        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has address {_quote(text)}, {_NOT_AN_ADDRESS}")
+        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} names {_quote(text)}, {_NOT_AN_ADDRESS}")
     try:
         ipaddress.IPv4Address(match.group(1))
         prefix = match.group(2)
@@ -133,7 +133,7 @@ def _parse_ipv4(entry: str, text: str) -> ipaddress.IPv4Network:
             raise ValueError(prefix)
     except ValueError:
         raise HostAccessError(
-            entry, f"hostAccess entry {_quote(entry)} has address {_quote(text)}, {_NOT_AN_ADDRESS}"
+            entry, f"hostAccess entry {_quote(entry)} names {_quote(text)}, {_NOT_AN_ADDRESS}"
         ) from None
     try:
         return ipaddress.IPv4Network(text, strict=True)

@@ -263,3 +263,14 @@ def test_entries_are_explained_in_plain_words(text, words):
     from network.host_access import describe_host_access_entry
 
     assert describe_host_access_entry(parse_host_access_entry(text)) == words
+
+
+def test_a_hostname_error_reads_as_the_reference_example():
+    """/work/shared/examples/README.md, invalid-04: the entry, then the name it wrongly gives."""
+    from network.host_access import HostAccessError, parse_host_access_entry
+
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry("registry.internal:5000")
+    assert str(exc.value).startswith(
+        'hostAccess entry "registry.internal:5000" names "registry.internal", which is not an IPv4 address, an IPv4 CIDR, or "*".'
+    )

@@ -66,7 +66,7 @@ BAD_ENTRIES = [
     ("ci.example.com:443", "Hostnames are not accepted"),
     ("*:0", "outside 1-65535"),
     ("*:65536", "outside 1-65535"),
-    (":53", 'has address ""'),
+    (":53", 'names ""'),
     ("fd00::1", "unbracketed IPv6"),
     ("10.0.0.1/24", "host bits set"),
 ]
@@ -114,7 +114,7 @@ def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
 def test_the_preview_shows_the_effective_list_and_the_rule_diff_for_live_agents(viewer_client, label_set):
     agent = _live_agent(label_set)
     html = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.98.0.0/24:443"}, **HTMX).content.decode()
-    assert "tcp+udp port 443 on 10.98.0.0/24" in html
+    assert "TCP and UDP port 443 on host addresses in 10.98.0.0/24" in html
     effective = html[html.index('id="effective"'):]
     assert "10.98.0.0/24:443" in effective[: effective.index("</ul>")]
     assert agent.agent_id in html and "1 of 1 live agent would get different input rules" in html
