@@ -135,7 +135,7 @@ class FcEnv:
         return p
 
     def backend(self, *, jailer: Path, firecracker: Path | str, kernel: Path, name: str = "fc-test", **overrides):
-        from scalers.backends.firecracker.alloc import DbAllocations
+        from network.ipalloc_db import DbIpAllocator
         from scalers.backends.firecracker.backend import FirecrackerBackend
         from scalers.backends.firecracker.settings import FirecrackerSettings
         from network.nft.apply import NftClient
@@ -148,7 +148,7 @@ class FcEnv:
                "netmask": "255.255.255.0"}  # fmt: skip
         settings = FirecrackerSettings.from_config(entry, net, netns=self.netns, **overrides)
         b = FirecrackerBackend(
-            settings, DbAllocations(self.cidr, self.gateway), NftClient(self.table, netns=self.netns),
+            settings, DbIpAllocator(self.cidr, self.gateway), NftClient(self.table, netns=self.netns),
             mint_token=lambda agent_id, labels: f"tok-{agent_id}", emit=self.emit, log_sink=self.sink,
             environ={"KICI_AGENT_ENV_HTTP_PROXY": "http://proxy:3128", "PATH": "/bin"},
         )  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ import pytest
 from network import netlink
 from network.models import IpAllocation
 from scalers.backends.firecracker.orphans import AllocationRow, OrphanFacts, OrphanTarget, PeriodicSweep, plan_orphans
-from tests.firecracker_support import fake_kernel, fc_env, make_agent_row  # noqa: F401
+from tests.firecracker_support import fc_env  # noqa: F401
 
 ME, OTHER = "fc-test", "fc-other"
 
@@ -103,9 +102,9 @@ def _setup(env):
 
 
 def _allocate(env, b, vm_id, scaler=ME, tap=True, rules=True):
-    from scalers.backends.firecracker.alloc import DbAllocations
+    from network.ipalloc_db import DbIpAllocator
 
-    alloc = DbAllocations(env.cidr, env.gateway).allocate(vm_id, scaler)
+    alloc = DbIpAllocator(env.cidr, env.gateway).allocate(vm_id, scaler)
     if tap:
         netlink.create_tap(alloc.tap_device, env.bridge, netns=env.netns)
     if rules:

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from scalers.backends.firecracker.provision import MSS_CHAIN, NAT_CHAIN, render_baseline
+from network.nft.render import EGRESS_MSS_CHAIN as MSS_CHAIN
+from network.nft.render import EGRESS_NAT_CHAIN as NAT_CHAIN
 from scalers.backends.firecracker.settings import FirecrackerSettings
 from tests.firecracker_support import FAKE_JAILER, fake_kernel, fc_env  # noqa: F401
 
@@ -42,19 +43,6 @@ def test_settings_name_the_bad_field(change, message):
 def test_settings_refuse_a_gateway_outside_the_subnet():
     with pytest.raises(ValueError, match="firecracker.gateway 10.1.0.1 is outside firecracker.cidr 10.0.0.0/24"):
         FirecrackerSettings.from_config(ENTRY, {"gateway": "10.1.0.1"})
-
-
-def test_the_baseline_masquerades_the_subnet_and_clamps_mss_in_the_configured_table():
-    cmds = render_baseline("kici_b", "10.0.4.0/22", "eth9")
-    for cmd in cmds:
-        (obj,) = cmd.values()
-        (inner,) = obj.values()
-        assert (inner["family"], inner["table"]) == ("inet", "kici_b")
-    rules = [c["add"]["rule"] for c in cmds if "rule" in c.get("add", {})]
-    assert [r["chain"] for r in rules] == [NAT_CHAIN, MSS_CHAIN]
-    assert rules[0]["expr"][0]["match"]["right"] == {"prefix": {"addr": "10.0.4.0", "len": 22}}
-    assert rules[0]["expr"][1]["match"]["right"] == "eth9" and "masquerade" in rules[0]["expr"][2]
-    assert [r["chain"] for r in (c["add"]["rule"] for c in render_baseline("t", "10.0.0.0/24", None) if "rule" in c.get("add", {}))] == [MSS_CHAIN]
 
 
 def _nft_list(env):

@@ -29,11 +29,11 @@ def _wait(pred, timeout=10.0):
     return pred()
 
 
-def _real_backend(env, kernel_bytes: bytes):
+def _real_backend(env, kernel_bytes: bytes, **overrides):
     fc, jailer = real_binaries()
     require_kvm()
     kernel = env.write_image("vmlinux", kernel_bytes)
-    b = env.backend(jailer=jailer, firecracker=fc, kernel=kernel)
+    b = env.backend(jailer=jailer, firecracker=fc, kernel=kernel, **overrides)
     assert b.ensure_host_ready()
     return b
 
@@ -76,7 +76,7 @@ def test_a_real_guest_that_cannot_boot_is_detected_reported_and_leaves_nothing_b
 
 def test_a_real_vm_serves_mmds_is_confirmed_by_its_pid_file_and_stops_on_ctrl_alt_del(fc_env):
     env = fc_env
-    b = _real_backend(env, tiny_kernel("kici tiny guest idling", then="halt"))
+    b = _real_backend(env, tiny_kernel("kici tiny guest idling", then="halt"), destroy_wait_s=20)
     agent_id = "scaler-firecracker-00001d1e"
     vm = b.spawn(agent_id, _label_set(env), None, f"ws://{env.gateway}:8080/ws", labels=["linux", "vm"], timeout_s=30)
     meta = FirecrackerApi(str(vm.layout.socket)).get_mmds()["latest"]["meta-data"]
@@ -90,6 +90,6 @@ def test_a_real_vm_serves_mmds_is_confirmed_by_its_pid_file_and_stops_on_ctrl_al
     b.mark_registered(agent_id)
     started = time.monotonic()
     assert b.destroy(agent_id)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # it stopped on Ctrl-Alt-Del: no 20 s wait, no SIGKILL
     assert _nothing_left(env, b, agent_id, vm.ip)
     assert env.failed() == []

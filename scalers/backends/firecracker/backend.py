@@ -28,7 +28,7 @@ from .api import FirecrackerApi
 from .cancel import CancelSignal
 from .failure import read_failure_type
 from .logs import LogForwarder, LogSink
-from .pidprobe import is_vm_process_alive, read_vm_pid
+from .pidprobe import probe_vm_pid
 from .settings import FirecrackerSettings
 from .sweeps import SweepMixin, default_tracked_provider
 from .teardown import TeardownMixin
@@ -107,9 +107,8 @@ def _default_store_host_access(agent_id: str, host_access: list[str]) -> None:
 class FirecrackerBackend(TeardownMixin, SweepMixin):
     """One Firecracker scaler on this host.
 
-    ``settings``: :class:`FirecrackerSettings`. ``ip_allocator``: the DB-backed allocator
-    (``allocate(vm_id, scaler_name)``, ``release(vm_id)``, ``lookup(vm_id)``, ``rows()``; see
-    ``scalers.backends.firecracker.alloc``). ``nft``: ``network.nft.apply.NftClient`` on the
+    ``settings``: :class:`FirecrackerSettings`. ``ip_allocator``: ``network.ipalloc_db.DbIpAllocator``
+    (``allocate(vm_id, scaler_name)``, ``release(vm_id)``, ``allocations(scaler_name=None)``). ``nft``: ``network.nft.apply.NftClient`` on the
     configured table. ``mint_token(agent_id, labels) -> str | None``. ``emit(agent_id, type,
     detail, payload)``: lifecycle events (``scaler.failed`` payload ``{"reason", "failureType"}``).
     ``host_services``: extra default ``hostAccess`` entries (SPEC g.2). ``log_sink(agent_id,
@@ -342,15 +341,21 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
                 self.abandon_spawn(vm.agent_id, f"jailer exited during boot ({how}, {kind})")
             return
         # --new-pid-ns: the jailer's parent exits 0 once its child runs; follow that child instead.
-        pid, deadline = None, time.monotonic() + s.socket_wait_s
+        chroot, pid = vm.layout.chroot, None
+        deadline = time.monotonic() + s.socket_wait_s
         while pid is None and time.monotonic() < deadline and self._booting(vm):
-            pid = read_vm_pid(vm.layout.chroot)
+            pid = probe_vm_pid(chroot).pid
             if pid is None:
                 time.sleep(0.05)
-        try:
-            fd = os.pidfd_open(pid) if pid is not None else None
-        except ProcessLookupError:
-            fd = None
+        fd = None
+        if pid is not None:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                fd = None
+            if fd is not None and not probe_vm_pid(chroot).running:  # pinned, but a zombie or a reused number
+                os.close(fd)
+                fd = None
         try:
             while fd is not None and self._booting(vm):
                 if select.select([fd], [], [], 0.25)[0]:
@@ -358,10 +363,10 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
         finally:
             if fd is not None:
                 os.close(fd)
-        if pid is None and not self._booting(vm):
+        if not self._booting(vm):
             return
         time.sleep(s.exit_grace_s)
-        if self._booting(vm) and not is_vm_process_alive(vm.layout.chroot):
+        if self._booting(vm) and not probe_vm_pid(chroot).running:
             kind = read_failure_type(vm.layout.serial_log)
             what = f"firecracker pid {pid} exited" if pid else "firecracker process not found"
             self.abandon_spawn(vm.agent_id, f"jailer exited during boot (code 0, {what}, {kind})")

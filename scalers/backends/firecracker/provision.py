@@ -3,9 +3,10 @@ host baseline" and "Bridge port isolation"; seed firecracker-backend.d.ts ``ensu
 ``assertBridgePortIsolationSupported``, ``reapplyIsolationForTrackedVms``, ``nftOpts``).
 
 Order: bridge (``gateway/prefix``, up) → ``net.ipv4.ip_forward=1`` → the isolation table in the
-*configured* table name with the bridge as a guarded interface → the baseline (masquerade of the
-subnet out of the default-route interface, TCP MSS clamp to 1460) → the end-to-end port-isolation
-probe (fail-closed) → every tracked VM's rules re-applied in one transaction.
+*configured* table name with the bridge as a guarded interface → the egress baseline
+(``NftClient.ensure_egress``: masquerade of the subnet out of the default-route interface, TCP MSS
+clamp to 1460; skipped with a warning when there is no default route) → the end-to-end
+port-isolation probe (fail-closed) → every tracked VM's rules re-applied in one transaction.
 
 Not done (host-specific, left to the operator): iptables ``DOCKER-USER`` accepts and the
 NetworkManager unmanaged-devices snippet of the reference.
@@ -13,20 +14,14 @@ NetworkManager unmanaged-devices snippet of the reference.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import subprocess
 from typing import Any
 
 from network import netlink
-from network.nft.render import FAMILY
 
 log = logging.getLogger(__name__)
-
-NAT_CHAIN = "fc_postrouting"
-MSS_CHAIN = "fc_mss"
-MSS = 1460
 
 
 def _in_netns(argv: list[str], netns: str | None, sudo: bool) -> list[str]:
@@ -50,31 +45,6 @@ def default_route_interface(netns: str | None = None, sudo: bool = False) -> str
     return None
 
 
-def render_baseline(table: str, cidr: str, uplink: str | None) -> list[dict]:
-    """nft JSON commands: NAT chain (masquerade ``cidr`` out of ``uplink``) and MSS-clamp chain,
-    each created if missing, flushed and refilled, so re-running never duplicates a rule."""
-    net = ipaddress.IPv4Network(cidr, strict=False)
-    saddr = {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
-                       "right": {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}}}  # fmt: skip
-    chain = lambda name, **kw: {"family": FAMILY, "table": table, "name": name, **kw}  # noqa: E731
-    cmds: list[dict] = [
-        {"add": {"chain": chain(NAT_CHAIN, type="nat", hook="postrouting", prio=100, policy="accept")}},
-        {"flush": {"chain": chain(NAT_CHAIN)}},
-        {"add": {"chain": chain(MSS_CHAIN, type="filter", hook="forward", prio=-150, policy="accept")}},
-        {"flush": {"chain": chain(MSS_CHAIN)}},
-    ]
-    if uplink:
-        cmds.append({"add": {"rule": {"family": FAMILY, "table": table, "chain": NAT_CHAIN, "expr": [
-            saddr, {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": uplink}}, {"masquerade": None},
-        ]}}})  # fmt: skip
-    cmds.append({"add": {"rule": {"family": FAMILY, "table": table, "chain": MSS_CHAIN, "expr": [
-        saddr,
-        {"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, ["syn", "rst"]]}, "right": "syn"}},
-        {"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": MSS}},
-    ]}}})  # fmt: skip
-    return cmds
-
-
 def ensure_host_ready(backend: Any) -> bool:
     """Provision the host for ``backend`` (a ``FirecrackerBackend``); False when autoProvisionHost is off.
 
@@ -94,8 +64,9 @@ def ensure_host_ready(backend: Any) -> bool:
     backend.nft.ensure_table(guard_interfaces=[s.bridge_name])
     uplink = default_route_interface(s.netns, s.require_sudo)
     if uplink is None:
-        log.warning("no IPv4 default route: VMs of %s get no masquerade (no internet)", s.name)
-    backend.nft.apply_document(render_baseline(s.table, s.cidr, uplink))
+        log.warning("no IPv4 default route: VMs of %s get no masquerade and no MSS clamp (no internet)", s.name)
+    else:
+        backend.nft.ensure_egress(s.cidr, uplink)
     netlink.assert_bridge_port_isolation_supported(s.bridge_name, netns=s.netns)
     reapply_isolation_for_tracked_vms(backend)
     return True

@@ -47,7 +47,7 @@ class SweepMixin:
     def _rows(self) -> tuple[AllocationRow, ...]:
         return tuple(
             AllocationRow(ip=str(r.ip), vm_id=r.vm_id, scaler_name=r.scaler_name, tap_device=r.tap_device)
-            for r in self.ip_allocator.rows()
+            for r in self.ip_allocator.allocations()
         )
 
     def _chroot_ids(self) -> list[str]:

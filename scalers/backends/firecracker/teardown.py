@@ -95,8 +95,8 @@ class TeardownMixin:
                 log.warning("teardown of %s for %s failed", what, agent_id, exc_info=True)
 
     def _owned_allocation(self, agent_id: str):
-        row = self.ip_allocator.lookup(agent_id)
-        return row if row is not None and row.scaler_name == self.name else None
+        row = next((r for r in self.ip_allocator.allocations(self.name) if r.vm_id == agent_id), None)
+        return row
 
     def destroy(self, agent_id: str) -> bool:
         """Ctrl-Alt-Del, wait ≤ ``destroy_wait_s`` (200 ms polls), SIGKILL only a confirmed VM process,
