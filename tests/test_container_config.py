@@ -13,6 +13,7 @@ from scalers.backends.docker_net import (
     IsolatedNetworkError,
     ensure_isolated_network,
     find_isolated_network,
+    forget_isolated_network,
 )
 from scalers.backends.hostconfig import AGENT_CONTAINER_PIDS_LIMIT, EffectiveLimits, build_agent_container_host_config
 from scalers.backends.runtime import NO_RUNTIME_MESSAGE, NoContainerRuntime, RuntimeInfo, detect_container_runtime
@@ -202,6 +203,7 @@ def test_concurrent_creators_end_with_one_network_with_the_fixed_subnet(docker_c
         if attached:
             pytest.fail(f"{ISOLATED_NETWORK_NAME} still has containers attached: {list(attached)}")
         docker_client.api.remove_network(existing["Id"])
+    forget_isolated_network()
     ids, errors = [], []
 
     def create():

@@ -123,7 +123,7 @@ def test_a_cancelled_agent_is_not_spawned_at_all(docker_client, agent_image, nft
     assert not docker_client.api.containers(all=True, filters={"label": f"kici-agent-id={agent.agent_id}"})
 
 
-@pytest.mark.parametrize("cancel_at", ["pull", "create", "start", "network", "ready"])
+@pytest.mark.parametrize("cancel_at", ["create", "start", "network", "ready"])
 def test_a_spawn_cancelled_between_runtime_calls_cleans_up(docker_client, agent_image, nft_table, cancel_at):
     agent = make_agent(make_scaler(orchestrator_url="http://127.0.0.1:9/"))
     seen: list[str] = []

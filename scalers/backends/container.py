@@ -1,8 +1,8 @@
 """The container backend: agent containers on ``kici-agent-net`` through the docker SDK (SPEC (e)).
 
 Spawn, in order (each step preceded by ``control.check(stage)``, so a spawn past its deadline or
-cancelled stops issuing runtime calls): pull if missing (``imagePullPolicy``), mint the token,
-``create`` (labels, env, the one HostConfig builder, attached to ``kici-agent-net``), ``start``,
+cancelled stops issuing runtime calls): mint the token, ``create`` (pulling per
+``imagePullPolicy``: first for ``Always``, on "no such image" for ``IfNotPresent``) (labels, env, the one HostConfig builder, attached to ``kici-agent-net``), ``start``,
 then the network stage: read the container's address and write its forward and input rules
 (address known only after start; job code runs only after the agent registers, which it can
 only do through those rules), then ``scaler.ready`` and ``agent.connecting``. Any failure removes
@@ -19,13 +19,20 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from docker.errors import APIError, ImageNotFound, NotFound
 
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 
 from .base import SpawnAborted, SpawnControl, SpawnError, SpawnResult, scaler_option
-from .docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, container_network_ip, ensure_isolated_network
+from .docker_net import (
+    ISOLATED_NETWORK_GATEWAY,
+    ISOLATED_NETWORK_NAME,
+    cached_isolated_network,
+    container_network_ip,
+    ensure_isolated_network,
+)
 from .hostconfig import build_agent_container_host_config
 from .isolation import ContainerIsolation, nft_table_for, resolve_host_access
 from .orphans import ALIVE_STATES, OrphanTarget, live_addresses, plan_container_orphans, plan_rule_orphans
@@ -159,16 +166,22 @@ class ContainerBackend:
                 binds.append(f"{sock}:{sock}")
         return binds
 
-    def _pull_if_missing(self, image: str, policy: str) -> None:
+    def _pull(self, agent, image: str) -> None:
+        record_event(agent, EventType.PROVISIONING, f"pulling image {image}")
+        self.api.pull(image)
+
+    def _create(self, agent, kwargs: dict, image: str, policy: str) -> dict:
+        """``create_container``, pulling first for ``Always`` and on "no such image" for
+        ``IfNotPresent`` (the create itself is the presence check: one runtime call saved)."""
         if policy == "Always":
-            self.api.pull(image)
-            return
+            self._pull(agent, image)
         try:
-            self.api.inspect_image(image)
+            return self.api.create_container(**kwargs)
         except ImageNotFound:
             if policy == "Never":
-                raise SpawnError(f"image {image} is not present and imagePullPolicy is Never", "pull") from None
-            self.api.pull(image)
+                raise SpawnError(f"image {image} is not present and imagePullPolicy is Never", "create") from None
+            self._pull(agent, image)
+            return self.api.create_container(**kwargs)
 
     def create_config(self, agent, token: str | None, image: str) -> dict:
         """Keyword arguments of ``APIClient.create_container`` for this agent (pure apart from the
@@ -204,19 +217,17 @@ class ContainerBackend:
         address: str | None = None
         started = False
         try:
-            control.check("pull")
-            record_event(agent, EventType.PROVISIONING, f"checking image {image} ({policy})")
-            self._pull_if_missing(image, policy)
-            if self.network_isolation:
-                ensure_isolated_network(self.docker)
-
             control.check("create")
-            token = mint_registration_token(agent)
-            record_event(agent, EventType.PROVISIONING, "creating container")
-            created = self.api.create_container(**self.create_config(agent, token, image))
+            if self.network_isolation:
+                cached_isolated_network(self.docker, str(getattr(self.api, "base_url", id(self.docker))))
+            with transaction.atomic():  # one commit for the token and the event
+                token = mint_registration_token(agent)
+                record_event(agent, EventType.PROVISIONING, "creating container")
+            created = self._create(agent, self.create_config(agent, token, image), image, policy)
             container_id = created["Id"]
-            Agent.objects.filter(pk=agent.pk).update(managed_id=container_id)
             agent.managed_id = container_id
+            # At once: a worker killed from here on leaves a container the failure path must find.
+            Agent.objects.filter(pk=agent.pk).update(managed_id=container_id)
 
             control.check("start")
             self.api.start(container_id)
@@ -226,20 +237,22 @@ class ContainerBackend:
             explicit = False
             if self.network_isolation:
                 control.check("network")
-                record_event(agent, EventType.NETWORK, "configuring network isolation")
                 address = container_network_ip(self.docker, container_id)
                 policy_cfg = label_set_option(ls, "networkPolicy") or {}
                 host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
                 # Stored before the rules are written, so a concurrent rule sweep counts it as live.
-                Agent.objects.filter(pk=agent.pk).update(ip=address, host_access=host_access, host_access_explicit=explicit)
+                with transaction.atomic():
+                    Agent.objects.filter(pk=agent.pk).update(ip=address, host_access=host_access, host_access_explicit=explicit)
+                    record_event(agent, EventType.NETWORK, "configuring network isolation")
                 if address:
                     self.isolation.apply(address, policy_cfg, host_access)
                 else:
                     log.warning("agent %s has no address on %s; no isolation rules written", agent.agent_id, ISOLATED_NETWORK_NAME)
 
             control.check("ready")
-            record_event(agent, EventType.READY, "container started")
-            record_event(agent, EventType.CONNECTING, "waiting for agent registration")
+            with transaction.atomic():
+                record_event(agent, EventType.READY, "container started")
+                record_event(agent, EventType.CONNECTING, "waiting for agent registration")
             return SpawnResult(
                 managed_id=container_id,
                 ip=address,

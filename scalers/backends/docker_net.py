@@ -86,6 +86,29 @@ def ensure_isolated_network(docker) -> str:
     raise IsolatedNetworkError(f"network {ISOLATED_NETWORK_NAME} could not be created: {explanation}")
 
 
+_network_cache: dict[str, tuple[str, float]] = {}
+#: Seconds a found network id is trusted before the next spawn looks again.
+NETWORK_CACHE_SECONDS = 60.0
+
+
+def cached_isolated_network(docker, key: str) -> str:
+    """:func:`ensure_isolated_network`, remembered per runtime ``key`` (its base URL) for
+    ``NETWORK_CACHE_SECONDS``: spawns skip a list call. A network removed meanwhile makes the
+    next create fail loudly (``network kici-agent-net not found``), never attach elsewhere."""
+    hit = _network_cache.get(key)
+    now = time.monotonic()
+    if hit and now - hit[1] < NETWORK_CACHE_SECONDS:
+        return hit[0]
+    net_id = ensure_isolated_network(docker)
+    _network_cache[key] = (net_id, now)
+    return net_id
+
+
+def forget_isolated_network() -> None:
+    """Drop the cache (tests that remove the network)."""
+    _network_cache.clear()
+
+
 def container_network_ip(docker, container_id: str) -> str | None:
     """IPv4 address of a container on ``kici-agent-net``, or ``None`` when it has none (or is gone)."""
     try:
