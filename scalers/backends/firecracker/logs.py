@@ -12,11 +12,12 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from agents.tail import split_lines, tail_file
+from agents.tail import FileTail, split_lines
 
 from .failure import wrap_serial_line
 
@@ -51,6 +52,7 @@ class LogForwarder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
+        self._tails: list[tuple[FileTail, Path]] = []
         self._thread = threading.Thread(target=self._run, name=f"fc-logs:{agent_id}", daemon=True)
 
     def start(self) -> "LogForwarder":
@@ -69,9 +71,12 @@ class LogForwarder:
                 log.warning("log sink failed for %s", self.agent_id, exc_info=True)
 
     async def _follow(self, source: str, path: Path, stop: asyncio.Event) -> None:
+        tail = FileTail(path)
+        self._tails.append((tail, path))
         try:
-            async for line in tail_file(path, stop=stop):
-                self._emit(source, line)
+            async for batch in tail.batches(stop):
+                for line in batch:
+                    self._emit(source, line)
         except OSError as e:
             log.warning("cannot tail %s for %s: %s", path, self.agent_id, e)
 
@@ -87,8 +92,21 @@ class LogForwarder:
         finally:
             self._started.set()
 
+    def caught_up(self) -> bool:
+        """Whether every tail has read its file up to the file's current size."""
+        for tail, path in list(self._tails):
+            try:
+                if tail.offset < os.stat(path).st_size:
+                    return False
+            except OSError:
+                continue
+        return True
+
     def stop(self, timeout: float = 3.0) -> None:
-        """Stop both tails after they yielded what is already written; waits up to ``timeout`` s."""
+        """Let the tails read what is already written (≤ 1 s), then stop them; waits up to ``timeout`` s."""
+        deadline = time.monotonic() + 1.0
+        while self._thread.is_alive() and not self.caught_up() and time.monotonic() < deadline:
+            time.sleep(0.02)
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not loop.is_closed():
             try:

@@ -64,7 +64,7 @@ class TeardownMixin:
         chroot = chroot or vm.layout.chroot
         if graceful:
             try:
-                FirecrackerApi(str(jail.api_socket_path(chroot)), timeout=2).send_ctrl_alt_del()
+                FirecrackerApi(str(jail.api_socket_path(chroot)), timeout=3).send_ctrl_alt_del()
             except Exception as e:  # noqa: BLE001 - a dead or unresponsive VM is killed below
                 log.info("SendCtrlAltDel to %s failed: %s", chroot, e)
             deadline = time.monotonic() + self.settings.destroy_wait_s
