@@ -17,8 +17,11 @@ from .models import Operation
 from .presenters import detail_context
 
 
-def render_update(operation_id: int, user, keys=None, log_from: int | None = None, snapshot: bool = False) -> str | None:
-    """The HTML of one push (None when the operation is gone). ``keys=None`` renders every row."""
+def render_update(operation_id: int, user, keys=None, log_from: int | None = None, snapshot: bool = False) -> list[str] | None:
+    """The WebSocket messages of one push (None when the operation is gone): status, progress, new
+    log lines and audit; then, in a message of their own, the target rows of ``keys`` (every row
+    when ``keys`` is None). Table rows travel alone because an HTML template parses ``<tr>`` only
+    when the first element is table content."""
     operation = Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by").filter(pk=operation_id).first()
     if operation is None:
         return None
@@ -26,7 +29,10 @@ def render_update(operation_id: int, user, keys=None, log_from: int | None = Non
     context.update(oob=True, snapshot=snapshot or log_from == 0)
     if not snapshot and log_from is None:
         context["log_entries"] = []
-    return render_to_string("operations/detail.html#live_update", context)
+    messages = [render_to_string("operations/detail.html#live_update", context)]
+    if context["rows"]:
+        messages.append(render_to_string("operations/detail.html#live_rows", context).strip())
+    return messages
 
 
 class OperationConsumer(AsyncWebsocketConsumer):
@@ -39,11 +45,12 @@ class OperationConsumer(AsyncWebsocketConsumer):
         self.group = group_name(self.operation_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
-        html = await database_sync_to_async(render_update)(self.operation_id, user, snapshot=True)
-        if html is None:
+        messages = await database_sync_to_async(render_update)(self.operation_id, user, snapshot=True)
+        if messages is None:
             await self.close(code=4404)
             return
-        await self.send(text_data=html)
+        for html in messages:
+            await self.send(text_data=html)
 
     async def disconnect(self, code):
         group = getattr(self, "group", None)
@@ -52,6 +59,6 @@ class OperationConsumer(AsyncWebsocketConsumer):
 
     async def operation_progress(self, event):
         keys = event.get("keys") or []
-        html = await database_sync_to_async(render_update)(self.operation_id, self.scope["user"], keys=keys, log_from=event.get("log_from"))
-        if html is not None:
+        messages = await database_sync_to_async(render_update)(self.operation_id, self.scope["user"], keys=keys, log_from=event.get("log_from"))
+        for html in messages or []:
             await self.send(text_data=html)

@@ -70,7 +70,9 @@ def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, param
 
     ``scaler``: a Scaler or its name; ``agent_ids``: agent id strings; ``label_set``: a LabelSet or
     its primary key; ``params``: kind-specific inputs. The scaler is derived from the agents or the
-    label set when not given. Raises :class:`ScopeInvalid` naming the field and the value.
+    label set when not given; ``params`` keys the kind does not read (its ``PARAMS``) are dropped, so
+    two requests for the same change share one scope. Raises :class:`ScopeInvalid` naming the field
+    and the value.
     """
     from agents.models import Agent
     from scalers.models import LabelSet, Scaler
@@ -102,8 +104,10 @@ def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, param
         if scaler is not None and label_set.scaler_id != scaler.pk:
             raise ScopeInvalid("label_set", f"label set #{label_set.pk} belongs to scaler {label_set.scaler.name!r}")
         scaler = label_set.scaler
-    scope = Scope(scaler=scaler, agent_ids=ids, label_set=label_set, params=jsonable(params or {}))
-    get_kind(kind).validate_scope(scope)
+    module = get_kind(kind)
+    known = getattr(module, "PARAMS", ())
+    scope = Scope(scaler=scaler, agent_ids=ids, label_set=label_set, params=jsonable({k: v for k, v in (params or {}).items() if k in known}))
+    module.validate_scope(scope)
     return scope
 
 

@@ -53,7 +53,9 @@ async def test_a_viewer_gets_a_snapshot_then_live_progress_to_the_end(users, con
         assert connected
         snapshot = await communicator.receive_from(timeout=5)
         assert 'id="op-status"' in snapshot and 'hx-swap-oob="true"' in snapshot and 'data-status="planned"' in snapshot
-        assert 'id="op-log"' in snapshot and "scaler:ops-reload" in snapshot
+        assert 'id="op-log"' in snapshot and '<tr id="target-' not in snapshot
+        rows = await communicator.receive_from(timeout=5)
+        assert rows.startswith('<tr id="target-') and "scaler:ops-reload" in rows and rows.count("<tr ") == 2
 
         def approve_and_run():
             with listening_worker(settings.KICI_HOST_QUEUE):
@@ -103,8 +105,9 @@ async def test_the_page_and_the_push_render_the_same_row(users, config_file):
         return html[start : html.index("</tr>", start)]
 
     page = await sync_to_async(page_row)()
-    push = await sync_to_async(render_update)(op.pk, users["viewer"], keys=[op.plan[0]["key"]])
+    main, push = await sync_to_async(render_update)(op.pk, users["viewer"], keys=[op.plan[0]["key"]])
+    assert push.startswith('<tr id="target-') and push.count("<tr ") == 1
     start = push.index('<tr id="target-')
     pushed = push[start : push.index("</tr>", start)]
     assert pushed.replace(' hx-swap-oob="true"', "") == page
-    assert OperationStatus.PLANNED in push
+    assert 'data-status="planned"' in main and "<tr id=" not in main and OperationStatus.PLANNED in main

@@ -21,6 +21,7 @@ from .base import Plan, Scope, Spared, Target, require_agents
 KIND = OperationKind.AGENT_DESTROY
 VOLATILE = frozenset({"age_seconds", "last_heartbeat_seconds"})
 ATOMIC = False
+PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = False
 
 

@@ -18,6 +18,7 @@ from .base import Plan, Scope, Spared, Target, require_agents
 KIND = OperationKind.AGENT_DRAIN
 VOLATILE = frozenset({"age_seconds", "active_jobs", "last_heartbeat_seconds"})
 ATOMIC = False
+PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = False
 
 DRAINABLE = (AgentState.RUNNING,)

@@ -122,6 +122,10 @@ class KindModule(Protocol):
     VOLATILE: frozenset[str]
     #: True when the targets are applied together (a config reload): any change skips all
     ATOMIC: bool
+    #: the ``Scope.params`` keys the kind reads
+    PARAMS: tuple[str, ...]
+    #: planned by the periodic sweeps
+    SWEPT: bool
 
     def validate_scope(self, scope: Scope) -> None: ...
     def plan(self, scope: Scope) -> Plan: ...

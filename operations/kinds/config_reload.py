@@ -26,6 +26,7 @@ from .base import Plan, PlanRefused, Scope, ScopeInvalid, Spared, Target
 KIND = OperationKind.CONFIG_RELOAD
 VOLATILE = frozenset()
 ATOMIC = True
+PARAMS = ("config_path", "config_dir")  # the scope params this kind reads; others are dropped
 SWEPT = False
 
 _SCALER_FIELDS = (

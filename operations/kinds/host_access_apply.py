@@ -31,6 +31,7 @@ from .base import Plan, Scope, ScopeInvalid, Spared, Target
 KIND = OperationKind.HOST_ACCESS_APPLY
 VOLATILE = frozenset()
 ATOMIC = True
+PARAMS = ("host_access",)  # the scope params this kind reads; others are dropped
 SWEPT = False
 
 LIVE_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING)

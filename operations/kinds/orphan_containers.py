@@ -23,6 +23,7 @@ from .base import Plan, Scope, Spared, Target, require_scaler
 KIND = OperationKind.ORPHAN_CONTAINERS
 VOLATILE = frozenset({"status", "age_seconds"})
 ATOMIC = False
+PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = True
 
 TYPES = ("container",)

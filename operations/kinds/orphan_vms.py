@@ -21,6 +21,7 @@ from .base import Plan, Scope, Spared, Target, require_scaler
 KIND = OperationKind.ORPHAN_VMS
 VOLATILE = frozenset()
 ATOMIC = False
+PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = True
 
 TYPES = ("firecracker",)

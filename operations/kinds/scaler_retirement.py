@@ -17,6 +17,7 @@ from .base import Plan, Scope, ScopeInvalid, Spared, Target, require_scaler
 KIND = OperationKind.SCALER_RETIREMENT
 VOLATILE = frozenset({"retiring_seconds"})
 ATOMIC = False
+PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = True
 
 

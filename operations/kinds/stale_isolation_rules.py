@@ -19,6 +19,7 @@ from .base import Plan, Scope, Target, Spared, require_scaler
 KIND = OperationKind.STALE_ISOLATION_RULES
 VOLATILE = frozenset()
 ATOMIC = False
+PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = True
 
 TYPES = ("container",)

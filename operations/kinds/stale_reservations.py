@@ -29,6 +29,7 @@ from .base import Plan, Scope, Spared, Target
 KIND = OperationKind.STALE_RESERVATIONS
 VOLATILE = frozenset({"age_seconds", "spawning_seconds"})
 ATOMIC = False
+PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = True
 
 STALE_SPAWN_FLOOR_SECONDS = 300  # SPEC c.6: the window is never shorter than 5 minutes
