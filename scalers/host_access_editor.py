@@ -17,13 +17,14 @@ from django.conf import settings
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent
 from network.host_access import (
-    HostAccessEntry,
     HostAccessError,
+    describe_host_access_entry,
     parse_host_access_entry,
     resolve_agent_host_access,
     storage_host_access_entries,
 )
-from network.nft.render import AgentSpec, RuleSpecError, describe_expr, input_rule_exprs
+from network.nft.plan import spec_rule_lines
+from network.nft.render import AgentSpec, RuleSpecError
 
 from .choices import ScalerType
 from .models import ConfigState, LabelSet, Scaler
@@ -107,16 +108,6 @@ class EditorPlan:
         return [d for d in self.diffs if d.changed or d.error]
 
 
-def describe_entry(entry: HostAccessEntry) -> str:
-    """What a parsed entry allows, in words: ``tcp+udp port 53 on 172.30.0.1``."""
-    where = "any IPv4 host address" if entry.daddr is None else (
-        str(entry.daddr.network_address) if entry.daddr.prefixlen == entry.daddr.max_prefixlen else str(entry.daddr)
-    )
-    if entry.port is None:
-        return f"every port and protocol on {where}"
-    return f"tcp+udp port {entry.port} on {where}"
-
-
 def check_lines(text: str) -> list[EntryCheck]:
     """Parse the textarea: one entry per line, commas also separate entries. Blank lines are
     layout and ignored; an empty piece between commas (``5000, ,6000``) is an empty entry and is
@@ -133,7 +124,7 @@ def check_lines(text: str) -> list[EntryCheck]:
             except HostAccessError as exc:
                 checks.append(EntryCheck(line=number, text=item, ok=False, error=str(exc)))
                 continue
-            checks.append(EntryCheck(line=number, text=parsed.text, ok=True, meaning=describe_entry(parsed), duplicate=parsed.text in seen))
+            checks.append(EntryCheck(line=number, text=parsed.text, ok=True, meaning=describe_host_access_entry(parsed), duplicate=parsed.text in seen))
             seen.add(parsed.text)
     return checks
 
@@ -162,9 +153,18 @@ def effective_host_access(label_set: LabelSet, entries: list[str] | None) -> lis
     )
 
 
-def _input_lines(address: str, gateway: str, host_access: list[str]) -> list[str]:
-    spec = AgentSpec.build(address=address, gateway=gateway, host_access=host_access)
-    return [describe_expr(expr) for expr in input_rule_exprs(spec)]
+def _input_lines(agent: Agent, gateway: str, host_access: list[str]) -> list[str]:
+    """The agent's input-chain rules (the only chain host access changes) as ``input: ...`` lines,
+    worded as ``network.nft.plan.spec_rule_lines`` and the kernel read-back word them."""
+    policy = dict(((agent.label_set.config if agent.label_set else None) or {}).get("networkPolicy") or {})
+    spec = AgentSpec.build(
+        address=agent.ip,
+        gateway=gateway,
+        allowlist=list(policy.get("allowlist") or []),
+        deny_all=bool(policy.get("denyAll", False)),
+        host_access=host_access,
+    )
+    return [line for line in spec_rule_lines(spec) if line.startswith("input: ")]
 
 
 def rule_diff(agent: Agent, after: list[str], gateway: str, current_default: list[str]) -> AgentRuleDiff:
@@ -176,10 +176,14 @@ def rule_diff(agent: Agent, after: list[str], gateway: str, current_default: lis
         diff.error = "no address yet: its rules are written when it gets one"
         return diff
     try:
-        old = _input_lines(agent.ip, gateway, before)
+        old = _input_lines(agent, gateway, before)
     except RuleSpecError as exc:
-        old = [f"(current list does not render: {exc})"]
-    new = _input_lines(agent.ip, gateway, after)
+        old = [f"(the current list does not render: {exc})"]
+    try:
+        new = _input_lines(agent, gateway, after)
+    except RuleSpecError as exc:  # e.g. an allowlist entry the label set carries is bad
+        diff.error = str(exc)
+        return diff
     for line in difflib.ndiff(old, new):
         tag, body = line[:2], line[2:]
         if tag == "  ":
@@ -216,7 +220,7 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     gateway = gateway_for(label_set.scaler)
     current_effective = effective_host_access(label_set, current)
     agents = list(
-        Agent.objects.filter(label_set=label_set, state__in=ACTIVE_STATES).order_by("created_at")[:agent_limit]
+        Agent.objects.filter(label_set=label_set, state__in=ACTIVE_STATES).select_related("label_set").order_by("created_at")[:agent_limit]
     )
     diffs = [rule_diff(a, effective, gateway, current_effective) for a in agents]
     return EditorPlan(label_set, mode, checks, general, entries, effective, diffs, unchanged)

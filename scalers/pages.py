@@ -74,7 +74,12 @@ def scaler_detail(request, name: str):
 def _config_items(scaler: Scaler) -> list[tuple[str, object]]:
     """The scaler entry's settings worth a glance, as ``(key, value)`` from its imported config."""
     skip = {"name", "type", "labelSets", "maxAgents", "resourceCap", "machinePool", "warmPool", "mandatoryLabels", "roles"}
-    return [(k, v) for k, v in (scaler.config or {}).items() if k not in skip and not isinstance(v, (dict, list))]
+    items = []
+    for key, value in (scaler.config or {}).items():
+        if key in skip or isinstance(value, (dict, list)):
+            continue
+        items.append((key, ("true" if value else "false") if isinstance(value, bool) else value))
+    return items
 
 
 def _label_set(name: str, index: int) -> LabelSet:

@@ -365,3 +365,15 @@ def test_the_selftest_probes_from_the_agents_namespace_and_shows_a_reachability_
     # ... and every probe expected blocked is blocked (other host ports, the metadata address).
     assert probes["tcp 172.30.0.1:22"] == "probe-ok" and probes["tcp 169.254.169.254:80"] == "probe-ok"
     assert "2 of" in html and "did not behave as expected" in html
+
+
+def test_the_dashboard_reports_the_last_recovery_counts(viewer_client, scaler):
+    from scalers.models import RecoveryReport
+
+    RecoveryReport.objects.create(instance_id="host-a", trigger="boot", spawning_dropped=2, reservations_dropped=1)
+    html = viewer_client.get("/").content.decode()
+    box = html[html.index('id="recovery"'):]
+    box = box[: box.index("</div>")]
+    assert "boot" in box and "host-a" in box
+    assert "spawning dropped <b>2</b>" in box and "reservations dropped <b>1</b>" in box
+    assert "alert-warn" in html[html.index('id="recovery"') - 60: html.index('id="recovery"')]

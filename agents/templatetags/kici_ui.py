@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
+from urllib.parse import quote
 
 from django import template
+from django.urls import get_script_prefix, get_urlconf, reverse
+from django.utils.http import RFC3986_SUBDELIMS
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -118,3 +122,20 @@ _EVENT_COLOURS = {
 def event_badge(event_type: str) -> str:
     """CSS badge class for an event type (failed red, ready/registered green, others blue)."""
     return _EVENT_COLOURS.get(event_type, "b-blue")
+
+
+_PLACEHOLDER = "0kiciplaceholder0"
+
+
+@lru_cache(maxsize=64)
+def _url_pattern(name: str, urlconf: str | None, prefix: str) -> str:
+    return reverse(name, args=[_PLACEHOLDER], urlconf=urlconf)
+
+
+@register.simple_tag
+def url_for(name: str, value) -> str:
+    """``{% url name value %}`` for a one-argument route, resolved once per route instead of per
+    row (``reverse`` costs ~80 µs here; a table of 500 agents has 1,500 links). ``value`` is
+    percent-quoted as ``reverse`` would."""
+    pattern = _url_pattern(name, get_urlconf(), get_script_prefix())
+    return pattern.replace(_PLACEHOLDER, quote(str(value), safe=RFC3986_SUBDELIMS + "~:@"))

@@ -69,7 +69,7 @@ def test_the_host_access_editor_flags_a_hostname_as_it_is_typed(browser_page):
 
     textarea.fill("172.30.0.1:53\n10.0.0.5:443")
     page.locator("#entry-checks tr.entry-bad").wait_for(state="detached")
-    assert "tcp+udp port 443 on 10.0.0.5" in page.locator("#entry-checks").inner_text()
+    assert "TCP and UDP port 443 on 10.0.0.5" in page.locator("#entry-checks").inner_text()
     assert "10.0.0.5:443" in page.locator("#effective").inner_text()
     assert page.locator("#preview #apply").is_enabled()
 
