@@ -1,0 +1,279 @@
+"""The bare-metal backend: agents as host processes, or as containers in container mode (SPEC (l)).
+
+Process mode (label set with ``binaryPath``): the binary (e.g. ``agent/kici_agent.py``) runs
+detached in its own session and process group, with the SPEC (l) environment. With
+``enforceCgroups`` on Linux, a positive limit and a working ``systemd-run --user`` it runs under
+``systemd-run --user --scope ... --property=CPUQuota=..% --property=MemoryMax=..`` (CASES BM-02);
+when systemd cannot be reached (no user bus, as in containers and minimal VMs) it runs directly
+and the ``scaler.provisioning`` event says the limits were NOT enforced. Destroy: SIGTERM to the
+group, up to 5 s, then SIGKILL to the group; the pid is acted on only while
+``/proc/<pid>/stat`` still shows the start time recorded at spawn (a recycled pid is left alone).
+
+Container mode (label set with ``image`` and no ``binaryPath``): the container backend's path with
+the four ownership labels (no bound-job labels), ``KICI_JOB_IMAGE_AGENT=1``, the same HostConfig
+builder, ``kici-agent-net`` and the same forward + input rules (CASES BM-07).
+
+``networkPolicy`` on a process-mode label set cannot be enforced: :func:`process_mode_policy_warnings`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from agents.choices import EventType
+from agents.events import record_event
+
+from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
+from .container import ContainerBackend
+from .hostconfig import EffectiveLimits
+from .orphans import OrphanTarget
+from .spawn_env import label_set_option, process_env, spawn_limits
+
+log = logging.getLogger(__name__)
+
+TERM_GRACE_SECONDS = 5.0
+CAPTURED_LINES = 50
+_systemd_user_ok: bool | None = None
+
+
+def build_process_command(
+    binary: str, agent_id: str, limits: EffectiveLimits | None, enforce_cgroups: bool, *, platform: str = sys.platform
+) -> list[str]:
+    """argv for a process-mode agent (SPEC (l); CASES BM-01..BM-03).
+
+    Without ``enforce_cgroups``, off Linux, or without a positive limit: ``[binary]``. Otherwise
+    ``systemd-run --user --scope --quiet --slice=kici-scaler --unit=kici-agent-<id>
+    [--property=CPUQuota=<max(1, round(cpus*100))>%] [--property=MemoryMax=<bytes>] <binary>``.
+    """
+    cpus = limits.cpus if limits else 0
+    mem = limits.mem_bytes if limits else 0
+    if not enforce_cgroups or not platform.startswith("linux") or (cpus <= 0 and mem <= 0):
+        return [binary]
+    argv = ["systemd-run", "--user", "--scope", "--quiet", "--slice=kici-scaler", f"--unit=kici-agent-{agent_id}"]
+    if cpus > 0:
+        argv.append(f"--property=CPUQuota={max(1, round(cpus * 100))}%")
+    if mem > 0:
+        argv.append(f"--property=MemoryMax={int(mem)}")
+    return [*argv, binary]
+
+
+def systemd_user_scope_available() -> bool:
+    """Whether ``systemd-run --user --scope`` works here (probed once per process)."""
+    global _systemd_user_ok
+    if _systemd_user_ok is None:
+        if not shutil.which("systemd-run"):
+            _systemd_user_ok = False
+        else:
+            try:
+                proc = subprocess.run(["systemd-run", "--user", "--scope", "--quiet", "true"], capture_output=True, timeout=10)
+                _systemd_user_ok = proc.returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                _systemd_user_ok = False
+    return _systemd_user_ok
+
+
+def process_mode_policy_warnings(scaler: Any) -> list[str]:
+    """One warning per process-mode label set that declares a ``networkPolicy`` (CASES BM-06):
+    nothing can enforce it on a host process. Image-only label sets are not warned about."""
+    warnings = []
+    for ls in scaler.label_sets.all():
+        if label_set_option(ls, "binaryPath") and label_set_option(ls, "networkPolicy"):
+            warnings.append(
+                f'scaler "{scaler.name}" label set [{ls.index}] runs host processes (binaryPath); its networkPolicy is not enforced'
+            )
+    return warnings
+
+
+def _proc_start_time(pid: int) -> int | None:
+    """Field 22 (starttime, clock ticks since boot) of ``/proc/<pid>/stat``; None if gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _reap_if_child(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _alive(pid: int, start_time: int | None) -> bool:
+    _reap_if_child(pid)
+    current = _proc_start_time(pid)
+    return current is not None and (start_time is None or current == start_time)
+
+
+def agent_log_dir() -> Path:
+    """Where process-mode agents write stdout/stderr: ``KICI_AGENT_LOG_DIR`` or ``<BASE_DIR>/var/agents``."""
+    base = getattr(settings, "KICI_AGENT_LOG_DIR", None) or os.environ.get("KICI_AGENT_LOG_DIR") or str(Path(settings.BASE_DIR) / "var" / "agents")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class BareMetalContainerMode(ContainerBackend):
+    """Container mode of a bare-metal scaler: the container path with job-image semantics."""
+
+    type = "bare-metal"
+
+    def create_config(self, agent, token, image):
+        from .spawn_env import container_env, container_labels
+
+        kwargs = super().create_config(agent, token, image)
+        kwargs["labels"] = container_labels(agent, bound_job_labels=False)
+        kwargs["environment"] = container_env(agent, token, image=image, job_image=True)
+        return kwargs
+
+
+class BareMetalBackend:
+    """``type: bare-metal`` scalers (SPEC (l)); options as for ``ContainerBackend`` (container mode)."""
+
+    type = "bare-metal"
+
+    def __init__(self, scaler, **container_options: Any):
+        self.scaler = scaler
+        self.containers = BareMetalContainerMode(scaler, **container_options)
+
+    @property
+    def spawns_on_local_host(self) -> bool:
+        return True
+
+    def reload(self, scaler) -> None:
+        self.scaler = scaler
+        self.containers.reload(scaler)
+        for warning in process_mode_policy_warnings(scaler):
+            log.warning(warning)
+
+    def ensure_host_ready(self) -> None:
+        if any(not label_set_option(ls, "binaryPath") for ls in self.scaler.label_sets.all()):
+            self.containers.ensure_host_ready()
+
+    @staticmethod
+    def mode_for(agent) -> str:
+        """``process`` when the agent's label set has ``binaryPath``, else ``container``."""
+        if (agent.backend_context or {}).get("mode"):
+            return agent.backend_context["mode"]
+        return "process" if label_set_option(agent.label_set, "binaryPath") else "container"
+
+    # -- spawn ---------------------------------------------------------------------------------
+
+    def spawn(self, agent, control: SpawnControl) -> SpawnResult:
+        if self.mode_for(agent) == "container":
+            result = self.containers.spawn(agent, control)
+            result.context["mode"] = "container"
+            return result
+        return self._spawn_process(agent, control)
+
+    def _spawn_process(self, agent, control: SpawnControl) -> SpawnResult:
+        from agents.models import Agent
+        from agents.tokens import mint_registration_token, revoke_agent_tokens
+
+        binary = str(label_set_option(agent.label_set, "binaryPath"))
+        control.check("spawn")
+        if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+            raise SpawnError(f"binaryPath {binary} is not an executable file", "spawn")
+        limits = spawn_limits(agent)
+        enforce = bool(scaler_option(self.scaler, "enforceCgroups", False))
+        argv = build_process_command(binary, agent.agent_id, limits, enforce)
+        note = ""
+        if argv[0] == "systemd-run" and not systemd_user_scope_available():
+            argv = [binary]
+            note = " (cgroup limits NOT enforced: systemd-run --user is unavailable here)"
+        token = mint_registration_token(agent)
+        record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
+        log_path = agent_log_dir() / f"{agent.agent_id}.log"
+        try:
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(
+                    argv, env=process_env(agent, token), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True, close_fds=True, cwd="/",
+                )
+        except OSError as exc:
+            revoke_agent_tokens(agent)
+            raise SpawnError(f"spawn failed: {exc}", "spawn") from exc
+        start_time = _proc_start_time(proc.pid)
+        context = {"mode": "process", "pid": proc.pid, "pgid": proc.pid, "start_time": start_time, "log_path": str(log_path), "argv": argv}
+        Agent.objects.filter(pk=agent.pk).update(managed_id=str(proc.pid), backend_context=context)
+        agent.managed_id, agent.backend_context = str(proc.pid), context
+        try:
+            control.check("ready")
+        except BaseException:
+            self._terminate(proc.pid, start_time)
+            revoke_agent_tokens(agent)
+            raise
+        record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
+        record_event(agent, EventType.CONNECTING, "waiting for agent registration")
+        return SpawnResult(managed_id=str(proc.pid), context=context)
+
+    # -- destroy -------------------------------------------------------------------------------
+
+    def _terminate(self, pid: int, start_time: int | None) -> None:
+        """SIGTERM to the group, wait up to 5 s, SIGKILL to the group (SPEC (l) Destroy)."""
+        if not _alive(pid, start_time):
+            return
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + TERM_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            if not _alive(pid, start_time):
+                break
+            time.sleep(0.05)
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the group: children outlive a leader that exited on TERM
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 2.0  # SIGKILL is asynchronous: see it land
+        while time.monotonic() < deadline and _alive(pid, start_time):
+            time.sleep(0.02)
+
+    def destroy(self, agent, reason: str = "shutdown") -> None:
+        """Process mode: SIGTERM → 5 s → SIGKILL to the agent's group; container mode: container destroy."""
+        if self.mode_for(agent) == "container":
+            self.containers.destroy(agent, reason)
+            return
+        ctx = agent.backend_context or {}
+        pid = ctx.get("pid") or (int(agent.managed_id) if str(agent.managed_id).isdigit() else None)
+        if pid:
+            self._terminate(int(pid), ctx.get("start_time"))
+
+    def captured_output_for(self, agent) -> list[str]:
+        if self.mode_for(agent) == "container":
+            return self.containers.captured_output_for(agent)
+        path = (agent.backend_context or {}).get("log_path")
+        try:
+            return Path(path).read_text(errors="replace").splitlines()[-CAPTURED_LINES:] if path else []
+        except OSError:
+            return []
+
+    # -- orphans (container mode only: a host process carries no ownership labels) ------------
+
+    def reap_unowned(self, agent_id: str) -> bool:
+        """Reclaims container-mode agents only, by ``kici-agent-id`` + ``kici-scaler-name`` (SPEC (l))."""
+        return self.containers.reap_unowned(agent_id)
+
+    def plan_orphans(self) -> list[OrphanTarget]:
+        return self.containers.plan_orphans()
+
+    def apply_orphans(self, plan: list[OrphanTarget]) -> int:
+        return self.containers.apply_orphans(plan)
+
+    def cleanup_orphans(self) -> int:
+        return self.containers.cleanup_orphans()
