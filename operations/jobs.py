@@ -8,10 +8,12 @@ that registered since the preview is never reaped). Outcomes and log lines are w
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import traceback
 
+from django.db import connection
 from django.utils import timezone
 
 from . import live
@@ -23,7 +25,8 @@ from .services import scope_of, transition
 
 log = logging.getLogger(__name__)
 
-FLUSH_SECONDS = 0.25  # seconds between progress writes (and pushes) while targets are processed
+FLUSH_SECONDS = 0.25  # seconds between progress writes (and pushes) for a small plan
+FLUSH_SECONDS_MAX = 2.0  # ... growing with the plan (1 ms per target) up to this, to bound the writes
 
 
 class Progress:
@@ -37,6 +40,7 @@ class Progress:
         self._dirty_keys: list[str] = []
         self._log_from: int | None = None
         self._last_flush = 0.0
+        self.interval = min(FLUSH_SECONDS_MAX, max(FLUSH_SECONDS, len(operation.plan or []) / 1000))
 
     def report(self, key: str, outcome: TargetOutcome | str, detail: str = "") -> None:
         """Record what happened to target ``key`` (first report wins: a target is acted on once)."""
@@ -54,13 +58,21 @@ class Progress:
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+        if time.monotonic() - self._last_flush >= self.interval:
             self.flush()
 
     def flush(self) -> None:
+        """Write the new outcomes and log lines (only the delta crosses the wire: ``jsonb ||``), then
+        push them to the operation's viewers."""
         if not self._dirty_keys and self._log_from is None:
             return
-        Operation.objects.filter(pk=self.operation.pk).update(outcomes=self.outcomes, log=self.entries)
+        delta = {k: self.outcomes[k] for k in self._dirty_keys}
+        new_log = self.entries[self._log_from :] if self._log_from is not None else []
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {Operation._meta.db_table} SET outcomes = outcomes || %s::jsonb, log = log || %s::jsonb WHERE id = %s",
+                [json.dumps(delta), json.dumps(new_log), self.operation.pk],
+            )
         self.operation.outcomes, self.operation.log = self.outcomes, self.entries
         keys, log_from = self._dirty_keys, self._log_from
         self._dirty_keys, self._log_from = [], None

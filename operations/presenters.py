@@ -51,12 +51,18 @@ def evidence_items(evidence: dict) -> list[tuple[str, str]]:
     return [(_LABELS.get(k, k.replace("_", " ")), _value(k, v)) for k, v in (evidence or {}).items()]
 
 
-def target_rows(operation: Operation, keys=None) -> list[dict]:
-    """Plan targets joined with their outcome; only ``keys`` when given (for live updates)."""
+#: plan rows per page of the operation page (a reap may plan thousands of targets)
+ROWS_PER_PAGE = 200
+
+
+def target_rows(operation: Operation, keys=None, start: int = 0, stop: int | None = None) -> list[dict]:
+    """Plan targets ``[start:stop]`` joined with their outcome; only ``keys`` when given (live updates)."""
     wanted = set(keys) if keys is not None else None
     rows = []
     for index, target in enumerate(operation.plan):
         if wanted is not None and target["key"] not in wanted:
+            continue
+        if wanted is None and (index < start or (stop is not None and index >= stop)):
             continue
         outcome = (operation.outcomes or {}).get(target["key"])
         rows.append(
@@ -72,9 +78,17 @@ def target_rows(operation: Operation, keys=None) -> list[dict]:
     return rows
 
 
-def detail_context(operation: Operation, user, keys=None, log_from: int | None = None) -> dict:
-    """Everything ``operations/detail.html`` and its partials need."""
+def detail_context(operation: Operation, user, keys=None, log_from: int | None = None, page: int | None = None) -> dict:
+    """Everything ``operations/detail.html`` and its partials need. ``page`` (1-based) picks
+    :data:`ROWS_PER_PAGE` plan rows; None renders all (or only ``keys``)."""
     from .services import can_approve
+
+    total = len(operation.plan or [])
+    pages = max(1, -(-total // ROWS_PER_PAGE))
+    start, stop = 0, None
+    if page is not None:
+        page = min(max(1, page), pages)
+        start, stop = (page - 1) * ROWS_PER_PAGE, page * ROWS_PER_PAGE
 
     allowed, why_not = can_approve(user, operation)
     counts = operation.counts()
@@ -84,7 +98,11 @@ def detail_context(operation: Operation, user, keys=None, log_from: int | None =
         "operation": operation,
         "decided_by": decider.get_username() if decider else "",
         "status_colour": STATUS_COLOURS.get(operation.status, "grey"),
-        "rows": target_rows(operation, keys),
+        "rows": target_rows(operation, keys, start, stop),
+        "rows_page": page or 1,
+        "rows_pages": pages,
+        "rows_first": start + 1,
+        "rows_last": min(total, stop) if stop is not None else total,
         "spared": [{**s, "evidence_items": evidence_items(s.get("evidence", {}))} for s in operation.spared or []],
         "counts": counts,
         "processed": counts["total"] - counts["pending"],

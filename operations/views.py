@@ -76,7 +76,11 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 @permission_required(VIEW_PERM, raise_exception=True)
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     operation = get_object_or_404(Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by"), pk=pk)
-    return render(request, "operations/detail.html", {"nav": "operations", **detail_context(operation, request.user)})
+    try:
+        page = int(request.GET.get("page", "1"))
+    except ValueError:
+        page = 1
+    return render(request, "operations/detail.html", {"nav": "operations", **detail_context(operation, request.user, page=page)})
 
 
 def _scope_from_post(request: HttpRequest) -> dict:
@@ -134,7 +138,7 @@ def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
     if not request.user.has_perm(APPROVE_PERM):
         raise PermissionDenied(f"you lack the permission {APPROVE_PERM}")
     operation = get_object_or_404(Operation, pk=pk)
-    context = {"nav": "operations", "verb": verb, **detail_context(operation, request.user)}
+    context = {"nav": "operations", "verb": verb, **detail_context(operation, request.user, page=1)}
     if request.method == "GET":
         return render(request, "operations/confirm.html", context)
     note = request.POST.get("note", "").strip()[:2000]

@@ -283,3 +283,28 @@ def test_the_role_groups_exist_with_their_permissions(users):
     assert users["operator"].has_perm("operations.request_operation") and not users["operator"].has_perm("operations.approve_operation")
     assert users["approver"].has_perm("operations.approve_operation")
     assert not users["outsider"].has_perm("operations.view_operation")
+
+
+def test_a_remote_docker_host_has_its_own_queue_and_approval_says_when_nothing_serves_it(users, config_file):
+    from operations.queues import queue_for_scaler
+
+    assert queue_for_scaler(Scaler(name="r", type="container", max_agents=1, config={"host": "tcp://dockerhost-b:2376"})) == "host:dockerhost-b"
+    assert queue_for_scaler(Scaler(name="l", type="container", max_agents=1, config={})) == QUEUE
+    assert queue_for_scaler(Scaler(name="f", type="firecracker", max_agents=1, config={})) == QUEUE
+    op = plan_reload(config_file, users["operator"])
+    Operation.objects.filter(pk=op.pk).update(host_queue="host:dockerhost-b")
+    with pytest.raises(NoWorkerListening, match="queue 'host:dockerhost-b' is not configured .*KICI_EXTRA_QUEUES"):
+        approve_operation(op, users["approver"])
+    op.refresh_from_db()
+    assert op.status == OperationStatus.PLANNED
+
+
+def test_a_large_plan_is_shown_a_page_of_rows_at_a_time(users, config_file, client):
+    op = plan_reload(config_file, users["operator"])
+    plan = [{"key": f"container:{i:04d}", "action": "remove", "subject": f"c-{i:04d}", "evidence": {"n": i}} for i in range(450)]
+    Operation.objects.filter(pk=op.pk).update(plan=plan)
+    login(client, users["viewer"])
+    page = client.get(f"/operations/{op.pk}/?page=3").content.decode()
+    assert "rows 401–450" in page and "page 3 of 3" in page
+    assert page.count('<tr id="target-') == 50 and "c-0449" in page and "c-0399" not in page
+    assert client.get(f"/operations/{op.pk}/?page=x").status_code == 200
