@@ -4,7 +4,6 @@ then the periodic sweeps and their policy."""
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import time
@@ -20,7 +19,7 @@ from agents.models import Agent, ScalerEvent
 from operations.choices import OperationStatus, RequestedVia, TargetOutcome
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
-from scalers.models import ConfigState, Reservation, Scaler, ScalerTeardown
+from scalers.models import ConfigState, Reservation, ScalerTeardown
 from tests.ctr_helpers import make_agent, make_scaler
 from tests.operations_support import *  # noqa: F403
 from tests.operations_support import listening_worker
