@@ -129,7 +129,7 @@ def test_a_vm_boots_serves_its_token_over_mmds_and_is_destroyed_without_a_trace(
     pid = probe.pid
     assert b.destroy(agent_id) is True
     # It left on Ctrl-Alt-Del (the "guest" says so on its console), not through the SIGKILL fallback.
-    assert any(r.get("message") == "reboot: Restarting system" for _, s, r in env.log_lines)
+    assert _wait(lambda: any(r.get("message") == "reboot: Restarting system" for _, s, r in env.log_lines), 5)
     assert _wait(lambda: _gone(pid), 1)
     _assert_nothing_left(env, b, agent_id, vm.ip)
     assert env.failed() == []

@@ -102,7 +102,7 @@ class LogForwarder:
                 continue
         return True
 
-    def stop(self, timeout: float = 3.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Let the tails read what is already written (≤ 1 s), then stop them; waits up to ``timeout`` s."""
         deadline = time.monotonic() + 1.0
         while self._thread.is_alive() and not self.caught_up() and time.monotonic() < deadline:
