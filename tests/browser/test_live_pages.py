@@ -49,6 +49,18 @@ def test_the_dashboard_shows_a_new_agent_and_its_state_changes_without_reload(br
         f"document.querySelector('#agent-{agent.agent_id} .badge').textContent.trim() === 'running'"
     )
     assert page.locator(f"#agent-{agent.agent_id}").count() == 1  # updated in place, not duplicated
+
+    def burst():  # several events of one agent, most likely pushed in one frame
+        record_event(agent, EventType.CONNECTING, "waiting for agent WS registration")
+        Agent.objects.filter(pk=agent.pk).update(active_jobs=1, bound_job_id="job-77")
+        record_event(agent, EventType.REGISTERED, "registered")
+
+    off_loop(burst)
+    page.locator("#event-rows").get_by_text("waiting for agent WS registration").wait_for()
+    page.locator("#event-rows").get_by_text("registered", exact=True).wait_for()
+    page.wait_for_function(f"document.querySelector('#agent-{agent.agent_id}').innerText.includes('job-77')")
+    assert page.locator(f"#agent-{agent.agent_id}").count() == 1
+    assert page.locator("#event-rows > tr").count() == 4
     assert page.evaluate("window.__not_reloaded") is True
     assert not [e for e in page.js_errors if "htmx" in e or "page error" in e], page.js_errors
 
