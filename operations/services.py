@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from . import live
 from .choices import AuditAction, OperationStatus, RequestedVia
-from .kinds import Plan, Scope, ScopeInvalid, get_kind
+from .kinds import Plan, PlanRefused, Scope, ScopeInvalid, get_kind
 from .kinds.base import jsonable, plan_digest
 from .models import AuditEntry, Operation
 from .queues import QueueNotConfigured, get_queue, queue_for_scaler, workers_listening
@@ -183,7 +183,8 @@ def create_operation(kind: str, scope: Scope | dict, user, *, via: str = Request
     identical one (same kind, scope and plan digest, not expired) with ``reused = True``.
 
     Raises PermissionDenied, ScopeInvalid (naming the field), :class:`NothingToDo` when the plan is
-    empty (nothing is stored), or whatever the planner raises when it cannot look (nothing is stored).
+    empty, or PlanRefused when the planner refuses or cannot look (e.g. the runtime is unreachable);
+    nothing is stored in any of these cases.
     """
     _require(user, REQUEST_PERM)
     module = get_kind(kind)
@@ -192,7 +193,12 @@ def create_operation(kind: str, scope: Scope | dict, user, *, via: str = Request
         scope = resolve_scope(kind, **scope)
     else:
         module.validate_scope(scope)
-    plan = module.plan(scope)
+    try:
+        plan = module.plan(scope)
+    except (ScopeInvalid, PlanRefused):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a planner that cannot look plans nothing, and says why
+        raise PlanRefused(f"the planner could not look ({type(exc).__name__}: {exc}); nothing was planned") from exc
     if not plan.targets:
         raise NothingToDo(kind, plan)
     return store_plan(kind, scope, plan, user, via=via, now=now)

@@ -308,3 +308,15 @@ def test_a_large_plan_is_shown_a_page_of_rows_at_a_time(users, config_file, clie
     assert "rows 401–450" in page and "page 3 of 3" in page
     assert page.count('<tr id="target-') == 50 and "c-0449" in page and "c-0399" not in page
     assert client.get(f"/operations/{op.pk}/?page=x").status_code == 200
+
+
+def test_a_planner_that_cannot_look_plans_nothing_and_says_why(users, client, settings):
+    settings.DOCKER_HOST = "unix:///run/ops-no-such-docker.sock"
+    Scaler.objects.create(name="ops-blind", type="container", max_agents=1, config={"networkIsolation": False})
+    login(client, users["operator"])
+    response = client.post("/operations/plan/", {"kind": "orphan-containers", "scaler": "ops-blind"})
+    assert response.status_code == 400
+    assert "the planner could not look" in response.content.decode() and "nothing was planned" in response.content.decode()
+    assert Operation.objects.count() == 0
+    response = client.post("/operations/plan/", {"kind": "orphan-vms", "scaler": "ops-blind"})
+    assert response.status_code == 400 and "applies to firecracker scalers" in response.content.decode()
