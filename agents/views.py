@@ -370,16 +370,77 @@ def agent_console(request, agent_id: str, stream: str | None = None):
     return render(request, "agents/console.html", ctx)
 
 
-def download_url(agent: Agent, stream: str) -> str | None:
-    """The full-log download URL (helper "tail"'s view) if it is routed in this build."""
-    from django.urls import NoReverseMatch
+def download_url(agent: Agent, stream: str) -> str:
+    return reverse("agent_console_download", args=[agent.agent_id, stream])
 
-    for name in ("agent_console_download", "agents:console_download"):
+
+def console_log_path(agent: Agent, stream: str):
+    """The file behind a console stream, or None when the stream is docker logs.
+
+    The same resolution as the live consumer (``agents.consumers.console_source``): VMs'
+    ``serial``/``vmm`` files (``backend_context["console_logs"]``, the chroot, or
+    ``<chrootBaseDir>/firecracker/<id>/root``), else ``backend_context["console_log"]``.
+    """
+    from pathlib import Path
+
+    if stream in ("serial", "vmm"):
+        from .consumers import _firecracker_log
+
+        return _firecracker_log(agent, stream)
+    path = (agent.backend_context or {}).get("console_log")
+    return Path(path) if path else None
+
+
+def _docker_log_chunks(agent: Agent):
+    from scalers.backends.runtime import docker_client_for, runtime_for_scaler
+
+    container = docker_client_for(runtime_for_scaler(agent.scaler)).containers.get(agent.managed_id or agent.agent_id)
+    stream = container.logs(stream=True, follow=False, stdout=True, stderr=True)
+    try:
+        yield from stream
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+
+
+@require_GET
+@viewer_required
+def agent_console_download(request, agent_id: str, stream: str):
+    """``/agents/<id>/console/<stream>/download``: the whole log as a text attachment.
+
+    File-backed streams are sent as they are on disk (bytes, never decoded); a container's
+    ``console`` without a file is its docker logs (stdout and stderr), streamed."""
+    from django.http import FileResponse, HttpResponse, StreamingHttpResponse
+
+    agent = _get_agent(agent_id)
+    if stream not in [s for s, _ in console_streams(agent)]:
+        raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
+    filename = f"{agent.agent_id}-{stream}.log"
+    path = console_log_path(agent, stream)
+    if path is not None:
         try:
-            return reverse(name, args=[agent.agent_id, stream])
-        except NoReverseMatch:
-            continue
-    return f"/agents/{agent.agent_id}/console/{stream}/download"
+            handle = open(path, "rb")  # noqa: SIM115 - FileResponse closes it
+        except FileNotFoundError:
+            raise Http404(f"{path} does not exist (yet)") from None
+        except OSError as exc:
+            return HttpResponse(f"could not read {path}: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
+        return FileResponse(handle, as_attachment=True, filename=filename, content_type="text/plain; charset=utf-8")
+    if agent.scaler.type != "container":
+        raise Http404(f"agent {agent.agent_id} ({agent.scaler.type}) has no console log to download")
+    try:
+        chunks = _docker_log_chunks(agent)
+        first = next(chunks, b"")
+    except Exception as exc:  # noqa: BLE001 - docker down or the container is gone
+        return HttpResponse(f"could not read the container's logs: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
+
+    def body():
+        yield first
+        yield from chunks
+
+    response = StreamingHttpResponse(body(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 # --- events feed ----------------------------------------------------------------------------------

@@ -377,3 +377,22 @@ def test_the_dashboard_reports_the_last_recovery_counts(viewer_client, scaler):
     assert "boot" in box and "host-a" in box
     assert "spawning dropped <b>2</b>" in box and "reservations dropped <b>1</b>" in box
     assert "alert-warn" in html[html.index('id="recovery"') - 60: html.index('id="recovery"')]
+
+
+def test_the_full_log_downloads_as_an_attachment_byte_for_byte(viewer_client, db, tmp_path):
+    vm = Scaler.objects.create(name="fc-dl", type="firecracker", max_agents=1)
+    serial = tmp_path / "serial-console.log"
+    serial.write_bytes(b"line 1\nbad \xff byte\n" + b"x" * 70000 + b"\n")
+    agent = Agent.objects.create(agent_id="scaler-firecracker-000000d1", scaler=vm, state=AgentState.RUNNING, backend_context={"console_logs": {"serial": str(serial)}})
+    response = viewer_client.get(f"/agents/{agent.agent_id}/console/serial/download")
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == f'attachment; filename="{agent.agent_id}-serial.log"'
+    assert b"".join(response.streaming_content) == serial.read_bytes()
+    assert viewer_client.get(f"/agents/{agent.agent_id}/console/vmm/download").status_code == 404  # no vmm.log yet
+    assert viewer_client.get(f"/agents/{agent.agent_id}/console/console/download").status_code == 404
+
+
+def test_the_download_needs_the_view_permission(client, outsider, scaler):
+    agent = _agent(scaler, 1, backend_context={"console_log": "/dev/null"})
+    client.force_login(outsider)
+    assert client.get(f"/agents/{agent.agent_id}/console/console/download").status_code == 403
