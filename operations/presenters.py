@@ -32,9 +32,21 @@ def humanize_seconds(seconds) -> str:
     return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
+def humanize_bytes(n) -> str:
+    """``1073741824`` → ``1.0 GiB`` (binary units)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
 def _value(name: str, value) -> str:
     if name.endswith("_seconds") and isinstance(value, (int, float)):
         return humanize_seconds(value)
+    if name.endswith("_bytes") and isinstance(value, (int, float)):
+        return humanize_bytes(value)
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -46,9 +58,19 @@ def _value(name: str, value) -> str:
     return str(value)
 
 
+#: evidence fields shown first, in this order (JSONB does not keep a dict's order); the rest follow
+#: alphabetically
+_FIRST = (
+    "why", "agent_id", "agent_state", "agent_row", "state", "container", "container_state", "status", "registered",
+    "tracked", "pid_probe", "address", "addresses", "ip", "address_holders", "owner_instance", "age_seconds",
+)  # fmt: skip
+
+
 def evidence_items(evidence: dict) -> list[tuple[str, str]]:
-    """``[(label, text)]`` of one target's evidence, in its own order."""
-    return [(_LABELS.get(k, k.replace("_", " ")), _value(k, v)) for k, v in (evidence or {}).items()]
+    """``[(label, text)]`` of one target's evidence, the telling fields first."""
+    evidence = evidence or {}
+    order = [k for k in _FIRST if k in evidence] + sorted(k for k in evidence if k not in _FIRST)
+    return [(_LABELS.get(k, k.replace("_", " ")), _value(k, evidence[k])) for k in order]
 
 
 #: plan rows per page of the operation page (a reap may plan thousands of targets)
