@@ -341,3 +341,38 @@ def test_a_run_whose_rq_job_vanished_is_marked_failed(users, config_file):
     assert fail_lost_runs() == [op.pk]
     op.refresh_from_db()
     assert op.status == OperationStatus.FAILED and "vanished" in op.error
+
+
+def test_two_approvers_at_once_approve_it_exactly_once(users, config_file):
+    import threading
+
+    import django_rq
+    from django.db import connections
+
+    from operations.choices import AuditAction
+    from operations.models import AuditEntry
+    from operations.services import OperationError
+
+    op = create_operation("config-reload", {"params": {"config_path": config_file}}, users["operator"])
+    barrier = threading.Barrier(2)
+    results = []
+
+    def approve(user):
+        try:
+            barrier.wait(5)
+            approve_operation(Operation.objects.get(pk=op.pk), user)
+            results.append("approved")
+        except OperationError as exc:
+            results.append(str(exc))
+        finally:
+            connections.close_all()
+
+    with listening_worker(QUEUE):
+        threads = [threading.Thread(target=approve, args=(users[name],)) for name in ("approver", "approver2")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert sorted(results)[0] == "approved" and results.count("approved") == 1, results
+    assert AuditEntry.objects.filter(operation=op, action=AuditAction.APPROVED).count() == 1
+    assert django_rq.get_queue(QUEUE).count == 1
