@@ -1,0 +1,133 @@
+"""The event backend: agents provisioned by someone else, asked for by signed events (SPEC (k)).
+
+Spawn registers a claim and emits ``kici.scaler.scale-up`` to the scaler's
+``provisioningTargets``; the provisioner redeems the claim code (``POST /api/v1/agents/claim``)
+for a registration token and starts an agent that registers like any other. The token is never
+in the event. Destroy emits ``kici.scaler.scale-down`` once (idempotent) and invalidates the
+claims. ``shutdown_all`` emits nothing: cloud instances outlive the console process.
+
+``roles``, ``mandatoryLabels``, ``agentTokenTtlSeconds``, ``claimTtlSeconds`` and
+``provisioningTargets`` are read off ``self.scaler`` at every spawn; :meth:`EventBackend.reload`
+replaces that entry, so a reload takes effect on the next spawn (seed event-backend.d.ts).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from agents.choices import EventType
+from agents.events import record_event
+
+from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
+from .claims import DEFAULT_AGENT_TOKEN_TTL_SECONDS, DEFAULT_CLAIM_TTL_SECONDS, create_claim, invalidate_claims
+from .emitter import SCALE_DOWN, SCALE_UP, EventEmitError, HttpEventEmitter
+from .orphans import OrphanTarget
+from .spawn_env import console_url, full_labels
+
+log = logging.getLogger(__name__)
+
+
+class EventBackend:
+    """``type: event`` scalers. ``emitter``: anything with ``emit(event, payload, targets, deadline)``."""
+
+    type = "event"
+    spawns_on_local_host = False
+
+    def __init__(self, scaler, *, emitter: Any = None, **_ignored: Any):
+        self.scaler = scaler
+        self.emitter = emitter or HttpEventEmitter()
+
+    def reload(self, scaler) -> None:
+        """Replace the entry: roles, token TTL and targets apply from the next spawn."""
+        self.scaler = scaler
+
+    def ensure_host_ready(self) -> None:
+        return None
+
+    @property
+    def targets(self) -> list[str]:
+        return [str(t) for t in scaler_option(self.scaler, "provisioningTargets", []) or []]
+
+    def scale_up_payload(self, agent, claim_code: str, request_id: str) -> dict:
+        """``{scalerName, agentId, labels, mandatoryLabels, resources{cpus?, memBytes?},
+        orchestratorUrl, claimCode, jobId?, requestId}`` (CASES EV-01); never the token."""
+        resources: dict = {}
+        reservation = getattr(agent, "reservation", None)
+        if reservation is not None:
+            if reservation.cpus:
+                resources["cpus"] = reservation.cpus
+            if reservation.memory_bytes:
+                resources["memBytes"] = reservation.memory_bytes
+        payload = {
+            "scalerName": self.scaler.name,
+            "agentId": agent.agent_id,
+            "labels": full_labels(agent),
+            "mandatoryLabels": list(self.scaler.mandatory_labels or []),
+            "resources": resources,
+            "orchestratorUrl": console_url(self.scaler),
+            "claimCode": claim_code,
+            "requestId": request_id,
+        }
+        if agent.bound_job_id:
+            payload["jobId"] = agent.bound_job_id
+        return payload
+
+    def spawn(self, agent, control: SpawnControl) -> SpawnResult:
+        """Register a claim and emit scale-up; on an emit failure the claim is dropped and
+        ``SpawnError`` raised (the job fails the agent and releases its reservation, EV-02)."""
+        agent.scaler = self.scaler  # the entry in force now, not the one the row was loaded with
+        control.check("emit")
+        claim_ttl = int(scaler_option(self.scaler, "claimTtlSeconds", DEFAULT_CLAIM_TTL_SECONDS))
+        token_ttl = int(scaler_option(self.scaler, "agentTokenTtlSeconds", DEFAULT_AGENT_TOKEN_TTL_SECONDS))
+        code = create_claim(agent, claim_ttl, token_ttl)
+        request_id = str(uuid.uuid4())
+        targets = self.targets
+        record_event(agent, EventType.PROVISIONING, f"emitting {SCALE_UP} to {', '.join(targets) or 'no target'}")
+        try:
+            self.emitter.emit(SCALE_UP, self.scale_up_payload(agent, code, request_id), targets, control.deadline)
+        except Exception as exc:
+            invalidate_claims(agent.agent_id)
+            raise SpawnError(f"scale-up emit failed: {exc}", "emit") from exc
+        record_event(agent, EventType.CONNECTING, "waiting for the provisioned agent to register")
+        return SpawnResult(managed_id=agent.agent_id, context={"requestId": request_id, "targets": targets})
+
+    def destroy(self, agent, reason: str = "shutdown") -> None:
+        """Emit scale-down once per agent (a second destroy emits nothing, EV-03), to the targets
+        recorded at spawn, else the configured ones; then invalidate claims (failure only logged)."""
+        from agents.models import Agent
+
+        updated = (
+            Agent.objects.filter(pk=agent.pk)
+            .exclude(backend_context__has_key="scaleDownSent")
+            .update(backend_context={**(agent.backend_context or {}), "scaleDownSent": reason})
+        )
+        if updated:
+            targets = (agent.backend_context or {}).get("targets") or self.targets
+            payload = {"scalerName": self.scaler.name, "agentId": agent.agent_id, "reason": reason or "shutdown", "requestId": str(uuid.uuid4())}
+            try:
+                self.emitter.emit(SCALE_DOWN, payload, targets)
+            except EventEmitError:
+                Agent.objects.filter(pk=agent.pk).update(backend_context=agent.backend_context or {})
+                raise
+        try:
+            invalidate_claims(agent.agent_id)
+        except Exception:  # noqa: BLE001 - a claim left behind expires on its own
+            log.warning("could not invalidate the claims of %s", agent.agent_id, exc_info=True)
+
+    def shutdown_all(self) -> None:
+        """Emits nothing (CASES EV-04)."""
+        return None
+
+    def reap_unowned(self, agent_id: str) -> bool:
+        return False
+
+    def plan_orphans(self) -> list[OrphanTarget]:
+        return []
+
+    def apply_orphans(self, plan: list[OrphanTarget]) -> int:
+        return 0
+
+    def cleanup_orphans(self) -> int:
+        return 0
