@@ -27,6 +27,7 @@
   var current = -1;
   var targetSeq = null;
   var autoscrolling = false;
+  var snapshotSeen = false; // the first frame is the snapshot: not "new" lines
 
   var m = /^#L(\d+)$/.exec(location.hash);
   if (m) { targetSeq = m[1]; follow = false; }
@@ -166,7 +167,8 @@
     trim();
     matches = matches.filter(function (r) { return r.isConnected; });
     applySearch(added, false);
-    if (follow) scrollBottom(); else unseen += added.length;
+    if (follow) scrollBottom(); else if (snapshotSeen) unseen += added.length;
+    snapshotSeen = true;
     showTarget();
     status();
   }).observe(body, { childList: true });

@@ -127,3 +127,9 @@ def test_the_console_page_shows_lines_appended_to_the_serial_log_live(browser_pa
     assert "1 new below" in page.locator("#console-new").inner_text()
     page.keyboard.press("Shift+G")
     assert page.locator("#console-root").get_attribute("data-follow") == "on"
+
+    # a line number is a link to that line
+    page.locator("#L2 td.ln a").click()
+    assert page.evaluate("location.hash") == "#L2"
+    assert "is-target" in page.locator("#L2").get_attribute("class")
+    assert page.locator("#console-root").get_attribute("data-follow") == "off"
