@@ -164,3 +164,19 @@ def test_stale_rules_are_reaped_but_never_an_address_a_container_holds(users, bo
     assert outcomes["172.30.250.22"]["outcome"] == TargetOutcome.SKIPPED
     assert "spared since the preview: held by agent" in outcomes["172.30.250.22"]["detail"]
     assert {str(a) for a in netns_nft.list_agents()} == {"172.30.250.22", held}
+
+
+def test_a_bare_metal_scaler_in_container_mode_has_its_orphan_containers_reaped_too(users, box, run_rq_jobs):
+    scaler = make_scaler(
+        name=f"ops-bm-{secrets.token_hex(3)}", type="bare-metal", config={"networkIsolation": False},
+        ls_config={"image": "kici-agent:local"},
+    )
+    orphan = box.make(scaler.name, agent_id(), state="exited")
+    op = Operation.objects.get(pk=_client(users["operator"]).post("/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name}).url.split("/")[-2])
+    assert [t["key"] for t in op.plan] == [f"container:{orphan}"]
+    with listening_worker(QUEUE):
+        assert _client(users["approver"]).post(f"/operations/{op.pk}/approve/").status_code == 302
+    run_rq_jobs(QUEUE)
+    op.refresh_from_db()
+    assert op.outcomes[f"container:{orphan}"]["outcome"] == TargetOutcome.DONE, op.outcomes
+    assert orphan not in box.ids()

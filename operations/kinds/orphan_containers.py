@@ -9,7 +9,9 @@ whose agent registered (or became tracked) since the preview is not in the fresh
 skipped with that reason, and ``apply_orphans`` re-checks each container once more right before
 stopping and removing it.
 
-Scope: one ``container`` scaler. Stale isolation rules are a separate kind (``stale-isolation-rules``).
+Scope: one ``container`` scaler, or a ``bare-metal`` scaler with container-mode label sets (its agent
+containers carry the same labels; SPEC l). Stale isolation rules are a separate kind
+(``stale-isolation-rules``).
 """
 
 from __future__ import annotations
@@ -26,17 +28,29 @@ ATOMIC = False
 PARAMS = ()  # the scope params this kind reads; others are dropped
 SWEPT = True
 
-TYPES = ("container",)
+TYPES = ("container", "bare-metal")
 
 
 def validate_scope(scope: Scope) -> None:
     require_scaler(scope, TYPES, "an orphan-container reap")
 
 
+def _runs_containers(scaler) -> bool:
+    """A container scaler, or a bare-metal one with a label set in container mode (image, no binaryPath)."""
+    if scaler.type == "container":
+        return True
+    return any((ls.config or {}).get("image") and not (ls.config or {}).get("binaryPath") for ls in scaler.label_sets.filter(retired=False))
+
+
 def sweep_scopes() -> list[Scope]:
     from scalers.models import Scaler
 
-    return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES)]
+    return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES) if _runs_containers(s)]
+
+
+def _list_managed(backend) -> list[dict]:
+    containers = backend if hasattr(backend, "list_managed") else getattr(backend, "containers", None)
+    return containers.list_managed() if containers is not None else []
 
 
 def _agent_rows(agent_ids):
@@ -77,7 +91,7 @@ def plan(scope: Scope) -> Plan:
     containers = [t for t in planned if t.kind == "container"]
     rules = [t for t in planned if t.kind == "rule"]
     try:
-        summaries = backend.list_managed()
+        summaries = _list_managed(backend)
     except Exception:  # noqa: BLE001 - the spared list is informational
         summaries = []
     by_id = {s["Id"]: s for s in summaries}
