@@ -133,3 +133,18 @@ def test_the_console_page_shows_lines_appended_to_the_serial_log_live(browser_pa
     assert page.evaluate("location.hash") == "#L2"
     assert "is-target" in page.locator("#L2").get_attribute("class")
     assert page.locator("#console-root").get_attribute("data-follow") == "off"
+
+
+def test_the_agents_list_filters_as_you_type_from_the_keyboard(browser_page):
+    scaler = _container_scaler()
+    for n, job in ((1, "job-alpha"), (2, "job-beta")):
+        Agent.objects.create(agent_id=f"scaler-container-0f11e00{n}", scaler=scaler, state=AgentState.RUNNING, labels=["linux"], bound_job_id=job)
+    page = browser_page()
+    page.goto("/agents/")
+    page.evaluate("window.__not_reloaded = true")
+    assert page.locator("#agent-rows > tr").count() == 2
+    page.locator("body").press("/")
+    page.keyboard.type("beta")
+    page.wait_for_function("document.querySelectorAll('#agent-rows > tr').length === 1")
+    assert page.locator("#agent-rows > tr").first.get_attribute("id") == "agent-scaler-container-0f11e002"
+    assert "q=beta" in page.url and page.evaluate("window.__not_reloaded") is True
