@@ -264,6 +264,7 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     assert plan[f"labelset:{label_set.pk}"]["evidence"]["host_access_to"] == ["*:9000"]
     diff = plan[f"agent:{agent.agent_id}"]["evidence"]
     assert any("dport 9000" in line for line in diff["rules_add"]) and any("dport 8000" in line for line in diff["rules_remove"])
+    assert all(line.startswith("input: ") for line in diff["rules_add"] + diff["rules_remove"]), "forward rules do not change"
     assert any("scalers.yaml says hostAccess" in note for note in op.notes)
 
     op = approve_and_run(op, users["approver"], run_rq_jobs)

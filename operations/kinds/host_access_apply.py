@@ -9,8 +9,9 @@ Targets:
 
 * ``labelset:<pk>``: the stored value, from → to;
 * ``agent:<id>`` for each live agent of the label set with an address: its resolved host access now
-  and after, and the rule diff (input-chain rules read back from the kernel vs the rules the new
-  list renders). An agent whose rules already match is spared.
+  and after, and the rule diff: the rules read back from the kernel (``AgentRules.describe()``) vs
+  the rules the new list renders (``network.nft.plan.spec_rule_lines``), so the preview shows what
+  is really in force, not what should be. An agent whose rules already match is spared.
 
 ``ATOMIC``: if the label set or any agent's rules changed since the preview, nothing is applied.
 The run writes the label set first, then each agent's rules in one nft transaction per agent and
@@ -76,15 +77,23 @@ def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
     )
 
 
-def _input_lines(spec) -> list[str]:
-    from network.nft.render import describe_expr, input_rule_exprs
+def _line_diff(before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
+    """``(removed, added)`` rule lines, in chain order (as ``network.nft.plan.plan_rule_diff``)."""
+    import difflib
 
-    return [describe_expr(e) for e in input_rule_exprs(spec)]
+    removed: list[str] = []
+    added: list[str] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
+        if op in ("replace", "delete"):
+            removed += before[i1:i2]
+        if op in ("replace", "insert"):
+            added += after[j1:j2]
+    return removed, added
 
 
 def plan(scope: Scope) -> Plan:
     from agents.models import Agent
-    from network.nft.render import describe_expr
+    from network.nft.plan import spec_rule_lines
     from scalers.models import LabelSet
 
     label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
@@ -130,16 +139,17 @@ def plan(scope: Scope) -> Plan:
         import ipaddress
 
         current = in_force.get(ipaddress.ip_address(agent.ip))
-        now_lines = [describe_expr(e) for e in current.input] if current is not None else []
-        want_lines = _input_lines(_spec(agent, gateway, policy, resolved_new))
+        now_lines = current.describe() if current is not None else []
+        want_lines = spec_rule_lines(_spec(agent, gateway, policy, resolved_new))
+        removed, added = _line_diff(now_lines, want_lines)
         evidence = {
             "ip": agent.ip,
             "state": agent.state,
             "table": table,
             "host_access_now": agent.host_access,
             "host_access_new": resolved_new,
-            "rules_add": [line for line in want_lines if line not in now_lines],
-            "rules_remove": [line for line in now_lines if line not in want_lines],
+            "rules_add": added,
+            "rules_remove": removed,
         }
         if now_lines == want_lines and agent.host_access == resolved_new:
             result.spared.append(Spared(akey, agent.agent_id, "its rules already match", evidence))
