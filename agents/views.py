@@ -31,8 +31,14 @@ from .models import Agent, ScalerEvent
 log = logging.getLogger(__name__)
 
 VIEW_PERM = "agents.view_agent"
-#: Running the live isolation self-test sends probe packets from inside the agent's namespace.
-SELFTEST_PERM = "agents.change_agent"
+#: Running the live isolation self-test sends probe packets from inside the agent's namespace:
+#: an operator's action (the "operators" group of operations.roles has request_operation).
+SELFTEST_PERMS = ("operations.request_operation", "agents.change_agent")
+
+
+def can_run_selftest(user) -> bool:
+    """Operators (``operations.request_operation``) or users with ``agents.change_agent``."""
+    return any(user.has_perm(p) for p in SELFTEST_PERMS)
 
 DASHBOARD_AGENT_LIMIT = 200
 DASHBOARD_EVENT_LIMIT = 30
@@ -243,7 +249,7 @@ def agent_detail(request, agent_id: str):
         "max_rows": 500,
         "host_access": host_access_view(agent),
         "ops_buttons": ops_request_available(),
-        "can_selftest": request.user.has_perm(SELFTEST_PERM),
+        "can_selftest": can_run_selftest(request.user),
         "selftest_available": selftest_function() is not None,
         "streams": console_streams(agent),
         "event_resync_url": f"{reverse('agent_detail', args=[agent.agent_id])}?part=events",
@@ -313,12 +319,13 @@ def selftest_rows(results) -> list[dict]:
 def agent_selftest(request, agent_id: str):
     """POST: run the live isolation self-test for this agent and render the reachability table.
 
-    Needs ``agents.change_agent`` (it sends probe packets from inside the agent's namespace).
+    Needs ``operations.request_operation`` or ``agents.change_agent`` (it sends probe packets from
+    inside the agent's namespace).
     Refusals render as a message in the fragment, never a 500."""
     agent = _get_agent(agent_id)
     ctx = {"agent": agent}
-    if not request.user.has_perm(SELFTEST_PERM):
-        ctx["error"] = f"you lack the permission {SELFTEST_PERM} to run the self-test"
+    if not can_run_selftest(request.user):
+        ctx["error"] = "running the self-test needs the permission operations.request_operation (operators)"
         return render(request, "agents/detail.html#selftest", ctx, status=403)
     fn = selftest_function()
     if fn is None:

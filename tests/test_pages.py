@@ -254,13 +254,13 @@ def test_the_isolation_fragment_reports_an_absent_table_without_failing(viewer_c
     assert "No isolation rules in force" in html or "could not read table inet ui_test_absent_table" in html
 
 
-def test_the_selftest_is_post_only_and_needs_the_change_permission(client, viewer, scaler):
+def test_the_selftest_is_post_only_and_needs_the_operator_permission(client, viewer, scaler):
     agent = _agent(scaler, 1)
     client.force_login(viewer)
     assert client.get(f"/agents/{agent.agent_id}/isolation/selftest").status_code == 405
     response = client.post(f"/agents/{agent.agent_id}/isolation/selftest", **HTMX)
     assert response.status_code == 403
-    assert b"agents.change_agent" in response.content
+    assert b"operations.request_operation" in response.content
 
 
 def test_the_selftest_refuses_a_finished_agent_plainly(client, scaler):
@@ -354,7 +354,7 @@ def empty_netns():
 
 def test_the_selftest_probes_from_the_agents_namespace_and_shows_a_reachability_table(client, scaler, empty_netns):
     agent = _agent(scaler, 1, host_access=["172.30.0.1:53", "*:8000"], backend_context={"netns": empty_netns})
-    client.force_login(_user("op", "agents.view_agent", "agents.change_agent"))
+    client.force_login(_user("op", "agents.view_agent", "operations.request_operation"))
     response = client.post(f"/agents/{agent.agent_id}/isolation/selftest", **HTMX)
     assert response.status_code == 200
     html = response.content.decode()
@@ -396,3 +396,13 @@ def test_the_download_needs_the_view_permission(client, outsider, scaler):
     agent = _agent(scaler, 1, backend_context={"console_log": "/dev/null"})
     client.force_login(outsider)
     assert client.get(f"/agents/{agent.agent_id}/console/console/download").status_code == 403
+
+
+def test_operators_get_the_selftest_button_and_viewers_a_disabled_one(client, viewer, scaler):
+    agent = _agent(scaler, 1)
+    url = f"/agents/{agent.agent_id}/"
+    client.force_login(viewer)
+    html = client.get(url).content.decode()
+    assert f'hx-post="/agents/{agent.agent_id}/isolation/selftest"' not in html and "Run self-test</button>" in html
+    client.force_login(_user("op", "agents.view_agent", "operations.request_operation"))
+    assert f'hx-post="/agents/{agent.agent_id}/isolation/selftest"' in client.get(url).content.decode()
