@@ -36,9 +36,11 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from .tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, DropMarker, FileTail, LineQueue, LineSplitter
+import msgpack
+
+from .tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, DropMarker, FileTail, LineQueue, LineSplitter, SkipMarker
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,9 @@ BATCH_CHARS = 256 * 1024
 BACKLOG_BYTES = 256 * 1024
 """How much of an existing file a new pump reads before following it (the rest: download)."""
 
+MAX_LAG_BYTES = 4 * 1024 * 1024
+"""How far a console pump may fall behind a file before it skips ahead (``[skipped N bytes]``)."""
+
 LEVEL_DEBUG = "debug"
 LEVEL_ERROR = "error"
 LEVEL_DROPPED = "dropped"
@@ -71,6 +76,16 @@ FAILURE_PATTERNS = (
     "not syncing",
 )
 _FAILURE_RE = re.compile("|".join(map(re.escape, FAILURE_PATTERNS)), re.IGNORECASE)
+_FAILURE_FOLDED = tuple(p.casefold() for p in FAILURE_PATTERNS)
+
+
+def failure_indexes(texts: Sequence[str]) -> list[int]:
+    """Indexes of the failure lines in ``texts``; one casefolded ``find`` per pattern on the
+    whole batch first (a case-insensitive regex over 100 KB costs milliseconds)."""
+    folded = "\n".join(texts).casefold()
+    if not any(p in folded for p in _FAILURE_FOLDED):
+        return []
+    return [i for i, text in enumerate(texts) if _FAILURE_RE.search(text)]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
@@ -80,13 +95,13 @@ def is_failure_line(text: str) -> bool:
     return _FAILURE_RE.search(text) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Line:
+class Line(NamedTuple):
     """One console row: ``text``; ``seq`` (1-based within its generation); ``level``.
 
     ``level`` is ``"debug"`` (plain), ``"error"`` (a failure pattern, serial console only) or
     ``"dropped"`` (an in-band marker). A viewer drop row has ``dropped`` = how many lines it
-    stands for and ``seq`` = the first of them; it is not a line of the stream.
+    stands for and ``seq`` = the first of them; it is not a line of the stream. (A named tuple:
+    hundreds of thousands are made per second.)
     """
 
     text: str
@@ -265,12 +280,21 @@ SourceFactory = Callable[[], AsyncIterator[Sequence[str]]]
 """A zero-argument callable returning an async iterator of line batches (lists of ``str``)."""
 
 
-def file_source(path: str | os.PathLike, *, backlog_bytes: int = BACKLOG_BYTES, poll_interval: float = 0.1) -> SourceFactory:
+def file_source(
+    path: str | os.PathLike,
+    *,
+    backlog_bytes: int = BACKLOG_BYTES,
+    poll_interval: float = 0.1,
+    max_lag_bytes: int | None = MAX_LAG_BYTES,
+) -> SourceFactory:
     """A source following ``path`` with :class:`agents.tail.FileTail` (all of SPEC (i)'s caps).
 
     A new pump starts ``backlog_bytes`` before the end of the file (at the next line start) so a
     viewer sees the recent past at once; older content is for the download link. The file is
     created if missing (its directory must exist: the pump then reports ``FileNotFoundError``).
+    The tail is paced by the pump (nothing read is dropped); when the pump falls more than
+    ``max_lag_bytes`` behind a flooding guest it skips ahead with a ``[skipped N bytes]`` marker
+    (None: never skip).
     """
 
     def open_source() -> AsyncIterator[Sequence[str]]:
@@ -278,7 +302,9 @@ def file_source(path: str | os.PathLike, *, backlog_bytes: int = BACKLOG_BYTES, 
             size = os.stat(path).st_size
         except FileNotFoundError:
             size = 0
-        tail = FileTail(path, poll_interval=poll_interval, start_offset=max(0, size - backlog_bytes))
+        tail = FileTail(
+            path, poll_interval=poll_interval, start_offset=max(0, size - backlog_bytes), pace=True, max_lag_bytes=max_lag_bytes
+        )
         return tail.batches()
 
     return open_source
@@ -417,30 +443,40 @@ class Transport(Protocol):
     async def leave(self, key: StreamKey, viewer_id: str) -> None: ...
     async def viewer_count(self, key: StreamKey, local: int) -> int: ...
     async def begin(self, key: StreamKey) -> int: ...
-    async def publish_lines(self, key: StreamKey, message: dict, ring: list[str]) -> None: ...
+    async def publish_lines(self, key: StreamKey, message: dict) -> None: ...
     async def snapshot(self, key: StreamKey) -> tuple[int | None, list[Line]]: ...
     async def aclose(self) -> None: ...
-
-
-def encode_ring_entry(seq: int, level: str, text: str) -> str:
-    return f"{seq}\t{level}\t{text}"
-
-
-def decode_ring_entry(entry: str | bytes) -> Line:
-    if isinstance(entry, bytes):
-        entry = entry.decode("utf-8", "replace")
-    seq, level, text = entry.split("\t", 2)
-    return Line(text, int(seq), level)
 
 
 def lines_from_message(message: dict) -> list[Line]:
     """The :class:`Line` list of a ``console.lines`` message (``seq``, ``texts``, ``marks``)."""
     first = message["seq"]
-    lines = [Line(text, first + i) for i, text in enumerate(message["texts"])]
+    texts = message["texts"]
+    lines = list(map(Line, texts, range(first, first + len(texts))))
     for index, level in message.get("marks") or ():
         line = lines[index]
         lines[index] = Line(line.text, line.seq, level)
     return lines
+
+
+def ring_blob(message: dict, keep: int = RING_LINES) -> tuple[bytes, int]:
+    """The last ``keep`` lines of a ``console.lines`` message packed as one ring entry.
+
+    Returns ``(blob, line_count)``; :func:`lines_from_blobs` reads them back.
+    """
+    texts = message["texts"]
+    start = max(0, len(texts) - keep)
+    marks = [[i - start, level] for i, level in message.get("marks") or () if i >= start]
+    return msgpack.packb([message["seq"] + start, texts[start:], marks]), len(texts) - start
+
+
+def lines_from_blobs(blobs: Iterable[bytes], keep: int = RING_LINES) -> list[Line]:
+    """The last ``keep`` lines stored in ring entries (oldest entry first)."""
+    lines: list[Line] = []
+    for blob in blobs:
+        first, texts, marks = msgpack.unpackb(blob)
+        lines.extend(lines_from_message({"seq": first, "texts": texts, "marks": marks}))
+    return lines[-keep:]
 
 
 class LocalTransport:
@@ -489,8 +525,8 @@ class LocalTransport:
         self._rings[key] = deque(maxlen=self.ring_size)
         return self._gens[key]
 
-    async def publish_lines(self, key, message, ring):
-        self._rings.setdefault(key, deque(maxlen=self.ring_size)).extend(map(decode_ring_entry, ring))
+    async def publish_lines(self, key, message):
+        self._rings.setdefault(key, deque(maxlen=self.ring_size)).extend(lines_from_message(message))
         self.deliver(message)
 
     def deliver(self, message: dict) -> None:
@@ -510,6 +546,24 @@ class LocalTransport:
         self._listeners.clear()
 
 
+# Append one packed batch to the ring, then drop the oldest entries while the rest still holds
+# at least ARGV[3] lines. KEYS: ring, counts. ARGV: blob, its line count, ring size, ttl seconds.
+_RING_PUSH = """
+redis.call('rpush', KEYS[1], ARGV[1])
+redis.call('rpush', KEYS[2], ARGV[2])
+local total = 0
+for _, n in ipairs(redis.call('lrange', KEYS[2], 0, -1)) do total = total + tonumber(n) end
+while true do
+  local oldest = tonumber(redis.call('lindex', KEYS[2], 0))
+  if oldest == nil or total - oldest < tonumber(ARGV[3]) then break end
+  total = total - oldest
+  redis.call('lpop', KEYS[2])
+  redis.call('lpop', KEYS[1])
+end
+redis.call('expire', KEYS[1], ARGV[4])
+redis.call('expire', KEYS[2], ARGV[4])
+return total
+"""
 _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
@@ -521,8 +575,8 @@ class RedisTransport:
     One process-wide channel (``layer.new_channel()``) joins each group that has local listeners,
     so a batch crosses Redis once per process, not once per viewer. Keys (prefix
     ``kici:console:<agent_id>:<stream>:``): ``owner`` (lock: random token, ``lock_ttl`` seconds,
-    renewed by the hub every ``lock_ttl / 3``), ``ring`` (last ``ring_size`` lines as
-    ``seq\\tlevel\\ttext``), ``gen`` (generation counter), ``viewers`` (sorted set of viewer ids
+    renewed by the hub every ``lock_ttl / 3``), ``ring`` (the last batches, packed, holding at
+    least the last ``ring_size`` lines; ``ring-counts`` their sizes), ``gen`` (generation counter), ``viewers`` (sorted set of viewer ids
     scored by expiry, refreshed by each process). The ring is written before the batch is sent,
     so a viewer that reads the snapshot after joining misses nothing.
     """
@@ -541,6 +595,7 @@ class RedisTransport:
         self._start_lock = asyncio.Lock()
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
+        self._ring_push = redis.register_script(_RING_PUSH)
 
     def _key(self, key: StreamKey, what: str) -> str:
         return f"{self.prefix}:{key.agent_id}:{key.stream}:{what}"
@@ -626,17 +681,13 @@ class RedisTransport:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.incr(self._key(key, "gen"))
             pipe.expire(self._key(key, "gen"), 7 * 86400)
-            pipe.delete(self._key(key, "ring"))
+            pipe.delete(self._key(key, "ring"), self._key(key, "ring-counts"))
             gen, _, _ = await pipe.execute()
         return int(gen)
 
-    async def publish_lines(self, key, message, ring):
-        name = self._key(key, "ring")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(name, *ring)
-            pipe.ltrim(name, -self.ring_size, -1)
-            pipe.expire(name, 86400)
-            await pipe.execute()
+    async def publish_lines(self, key, message):
+        blob, count = ring_blob(message, self.ring_size)
+        await self._ring_push(keys=[self._key(key, "ring"), self._key(key, "ring-counts")], args=[blob, count, self.ring_size, 86400])
         await self.layer.group_send(message["group"], message)
 
     async def send_group(self, group: str, message: dict) -> None:
@@ -646,8 +697,8 @@ class RedisTransport:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.get(self._key(key, "gen"))
             pipe.lrange(self._key(key, "ring"), 0, -1)
-            gen, entries = await pipe.execute()
-        return (int(gen) if gen is not None else None), [decode_ring_entry(e) for e in entries]
+            gen, blobs = await pipe.execute()
+        return (int(gen) if gen is not None else None), lines_from_blobs(blobs, self.ring_size)
 
     async def aclose(self):
         if self._receiver is not None:
@@ -847,14 +898,14 @@ class ConsoleHub:
                 async for texts in source:
                     if not texts:
                         continue
-                    head_marker = isinstance(texts[0], DropMarker)
+                    head_marker = isinstance(texts[0], (DropMarker, SkipMarker))
                     for chunk in split_batches(texts, self.batch_lines, self.batch_chars):
                         marks = []
                         if head_marker:
                             marks.append([0, LEVEL_DROPPED])
                             head_marker = False
-                        if st.flag_failures and _FAILURE_RE.search("\n".join(chunk)):
-                            marks.extend([i, LEVEL_ERROR] for i, text in enumerate(chunk) if _FAILURE_RE.search(text))
+                        if st.flag_failures:
+                            marks.extend([i, LEVEL_ERROR] for i in failure_indexes(chunk))
                         await self._publish(key, gen, seq + 1, list(chunk), marks)
                         seq += len(chunk)
         except asyncio.CancelledError:
@@ -867,10 +918,7 @@ class ConsoleHub:
 
     async def _publish(self, key: StreamKey, gen: int, first: int, texts: list[str], marks: list) -> None:
         message = {"type": "console.lines", "group": key.group, "gen": gen, "seq": first, "texts": texts, "marks": marks}
-        levels = dict((i, level) for i, level in marks) if marks else {}
-        start = max(0, len(texts) - RING_LINES)
-        ring = [encode_ring_entry(first + i, levels.get(i, LEVEL_DEBUG), texts[i]) for i in range(start, len(texts))]
-        await self.transport.publish_lines(key, message, ring)
+        await self.transport.publish_lines(key, message)
 
     async def aclose(self) -> None:
         """Stop every keeper and pump (tests, shutdown)."""

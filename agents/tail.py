@@ -60,6 +60,18 @@ class DropMarker(str):
         return marker
 
 
+class SkipMarker(str):
+    """``[skipped N bytes]``: a paced tail (``FileTail(pace=True, max_lag_bytes=...)``) jumped
+    over ``skipped`` bytes it had fallen behind by. Not part of SPEC (i); see :class:`FileTail`."""
+
+    skipped: int
+
+    def __new__(cls, skipped: int) -> SkipMarker:
+        marker = super().__new__(cls, f"[skipped {skipped} bytes]")
+        marker.skipped = skipped
+        return marker
+
+
 class LineSplitter:
     """Turns a byte stream into capped, non-empty lines; the partial line never exceeds the cap.
 
@@ -223,9 +235,16 @@ class FileTail:
     flushes the partial line and follows the new file from its start. While the path is missing
     the old file keeps being read.
 
+    ``pace=True`` (not the reference's behaviour; used by the console pump): the reader stops
+    reading while half the queue is full and resumes when the consumer takes lines, so nothing
+    is dropped and no CPU is spent on lines that would be dropped — the file is the buffer.
+    With ``max_lag_bytes`` a paced reader that falls further behind than that jumps to
+    ``max_lag_bytes / 2`` before the end (at the next line) and queues a :class:`SkipMarker`,
+    so a flooding guest costs neither memory nor unbounded lag.
+
     Counters for tests and benches: ``reads`` (slices read), ``bytes_read``, ``offset`` (bytes
     consumed of the current file), ``rotations``, ``truncations``, ``splitter.peak_partial``,
-    ``queue.dropped``.
+    ``queue.dropped``, ``skipped_bytes``.
     """
 
     def __init__(
@@ -238,11 +257,20 @@ class FileTail:
         max_line: int = MAX_LINE_BYTES,
         max_read: int = MAX_READ_BYTES,
         max_queued: int = MAX_QUEUED_LINES,
+        pace: bool = False,
+        max_lag_bytes: int | None = None,
     ):
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         if max_read < 1:
             raise ValueError(f"max_read must be >= 1 byte, got {max_read!r}")
+        if max_lag_bytes is not None and (not pace or max_lag_bytes < 2 * max_read):
+            raise ValueError(f"max_lag_bytes needs pace=True and at least 2 * max_read ({2 * max_read}) bytes, got {max_lag_bytes!r}")
+        self.pace = pace
+        self.max_lag_bytes = max_lag_bytes
+        self.skipped_bytes = 0
+        self._taken = asyncio.Event()
+        self._stop: asyncio.Event | None = None
         self.path = os.fspath(path)
         self.poll_interval = poll_interval
         self.max_read = max_read
@@ -301,14 +329,43 @@ class FileTail:
         # slower than the file loses lines.
         step = max(1, self.queue.maxlen // 2)
         for start in range(0, len(lines), step):
-            if start:
+            chunk = lines[start : start + step] if len(lines) > step else lines
+            if self.pace:
+                await self._wait_for_room(len(chunk))
+            elif start:
                 await asyncio.sleep(0)
-            self._push(lines[start : start + step] if len(lines) > step else lines)
+            self._push(chunk)
         return self.offset < size
+
+    async def _wait_for_room(self, count: int) -> None:
+        """Paced: wait until ``count`` more lines fit in the queue (or the tail is stopping)."""
+        stop = self._stop
+        while len(self.queue) + count > self.queue.maxlen and not (stop is not None and stop.is_set()):
+            self._taken.clear()
+            waiter = asyncio.ensure_future(self._taken.wait())
+            stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+            try:
+                await asyncio.wait({f for f in (waiter, stopper) if f is not None}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                if stopper is not None:
+                    stopper.cancel()
+
+    def _skip_ahead(self, size: int) -> None:
+        """Paced and too far behind: jump to ``max_lag_bytes / 2`` before the end, next line."""
+        target = size - self.max_lag_bytes // 2
+        skipped = target - self.offset
+        self.offset = target
+        self.skipped_bytes += skipped
+        self.splitter.flush()  # the cut partial line is part of what is skipped
+        self.splitter._skipping = True
+        self._push([SkipMarker(skipped)])
 
     async def _poll_once(self) -> bool:
         """Look at the file once, read at most one slice; True when more data is waiting."""
         size = os.fstat(self._fd).st_size
+        if self.max_lag_bytes is not None and size - self.offset > self.max_lag_bytes and not self.queue:
+            self._skip_ahead(size)
         try:
             current = _identity(os.stat(self.path))
         except FileNotFoundError:
@@ -339,8 +396,13 @@ class FileTail:
         """
         if self._fd is None:
             self._open()
+        self._stop = stop
         try:
             while not stop.is_set():
+                if self.pace and len(self.queue) >= self.queue.maxlen // 2:
+                    # Paced: the file is the buffer; wait for the consumer instead of dropping.
+                    await self._wait_for_room(self.queue.maxlen // 2 + 1)
+                    continue
                 if await self._poll_once():
                     await asyncio.sleep(0)  # let the consumer run between slices
                     continue
@@ -373,7 +435,9 @@ class FileTail:
                 await self._ready.wait()
                 self._ready.clear()
                 while self.queue:
-                    yield self.queue.take(max_lines)
+                    batch = self.queue.take(max_lines)
+                    self._taken.set()
+                    yield batch
                 if self._reader_done:
                     break
             if reader.done() and not reader.cancelled() and reader.exception() is not None:

@@ -376,3 +376,48 @@ def test_the_splitter_flushes_an_incomplete_character_as_a_replacement():
     splitter = LineSplitter()
     assert splitter.feed(b"end \xe2\x82") == []
     assert splitter.flush() == ["end \ufffd"]
+
+
+# --- paced mode (the console pump's source; not SPEC (i)) ----------------------------------------
+
+
+async def test_a_paced_tail_waits_for_a_slow_consumer_instead_of_dropping(tmp_path):
+    from agents.tail import SkipMarker
+
+    path = tmp_path / "log"
+    path.write_bytes(b"".join(b"paced line %06d\n" % i for i in range(100_000)))
+    tail = FileTail(path, poll_interval=POLL, pace=True)
+    stop = asyncio.Event()
+    got, peak = [], 0
+    async for batch in tail.batches(stop):
+        peak = max(peak, len(batch) + len(tail.queue))
+        got.extend(batch)
+        await asyncio.sleep(0.002)  # slower than the disk
+        if len(got) >= 100_000:
+            stop.set()
+    assert got == [f"paced line {i:06d}" for i in range(100_000)]
+    assert tail.queue.dropped == 0 and peak <= MAX_QUEUED_LINES
+    assert not any(isinstance(line, (DropMarker, SkipMarker)) for line in got)
+
+
+async def test_a_paced_tail_skips_ahead_when_it_falls_too_far_behind(tmp_path):
+    path = tmp_path / "log"
+    line = b"f" * 99 + b"\n"
+    path.write_bytes(line * (12 * 1024 * 1024 // 100))  # 12 MiB behind from the start
+    tail = FileTail(path, poll_interval=POLL, pace=True, max_lag_bytes=4 * MAX_READ_BYTES)
+    stop = asyncio.Event()
+    got = []
+    async for batch in tail.batches(stop):
+        got.extend(batch)
+        if tail.offset >= path.stat().st_size and not tail.queue:
+            stop.set()
+    skipped = path.stat().st_size - 2 * MAX_READ_BYTES
+    assert got[0] == f"[skipped {skipped} bytes]" and tail.skipped_bytes == skipped
+    assert len(got) - 1 <= 2 * MAX_READ_BYTES // 100 and set(got[1:]) == {"f" * 99}
+
+
+def test_max_lag_needs_pacing_and_room_for_two_reads(tmp_path):
+    with pytest.raises(ValueError, match="max_lag_bytes"):
+        FileTail(tmp_path / "log", max_lag_bytes=8 * MAX_READ_BYTES)
+    with pytest.raises(ValueError, match="max_lag_bytes"):
+        FileTail(tmp_path / "log", pace=True, max_lag_bytes=MAX_READ_BYTES)
