@@ -114,7 +114,8 @@ def fail_spawn(agent: Agent, error: BaseException | str, *, captured: list[str] 
         Agent.objects.filter(pk=agent.pk, state=AgentState.SPAWNING).update(
             state=AgentState.FAILED, failure_reason=detail[:4000], finished_at=now
         )
-        record_event(agent, EventType.FAILED, detail, payload={"stage": stage, "reason": reason})
+        if not getattr(error, "event_recorded", False):  # a backend that reported its own failure
+            record_event(agent, EventType.FAILED, detail, payload={"stage": stage, "reason": reason})
     try:
         from agents.tokens import revoke_agent_tokens
 
@@ -171,8 +172,9 @@ def schedule_expiry(agent: Agent) -> None:
 def expire_spawn(agent_pk: int, *, now: datetime | None = None) -> bool:
     """Give up on an agent still ``spawning`` past its deadline (the registration wait).
 
-    Captures its output, destroys its sandbox through the backend, records ``scaler.failed``
-    ("did not register within N s"), marks it failed, releases the reservation. Returns True
+    Captures its output, then ``scalers.admission.fail_spawn``: ``scaler.failed`` ("did not
+    register within N s" + captured output), destroy through the backend, mark failed and release
+    (a destroy that fails keeps the reservation for the sweeper to retry). Returns True
     when it expired the agent, False when it registered, was already handled, or is not due.
     """
     from scalers.backends.base import get_backend
@@ -189,10 +191,27 @@ def expire_spawn(agent_pk: int, *, now: datetime | None = None) -> bool:
         capture = getattr(backend, "captured_output_for", None)
         if capture:
             captured = capture(agent)
+    except Exception:  # noqa: BLE001 - the output is a courtesy
+        log.warning("could not capture the output of %s", agent.agent_id, exc_info=True)
+    from scalers.backends.container import failure_detail
+
+    error = RuntimeError(f"agent did not register within {spawn_timeout_seconds()} s")
+    from agents.tokens import revoke_agent_tokens
+
+    revoke_agent_tokens(agent)  # a late registration must not revive it
+    try:
+        from scalers.admission import fail_spawn as admission_fail_spawn
+    except ImportError:
+        admission_fail_spawn = None
+    if admission_fail_spawn is not None:
+        # destroy first, release only once destroy succeeded (else the sweeper retries)
+        admission_fail_spawn(agent, failure_detail(error, captured), reason="spawn-timeout", destroy_reason="spawn-timeout")
+        return True
+    try:
         backend.destroy(agent, reason="spawn-timeout")
     except Exception:  # noqa: BLE001 - report the expiry anyway; the orphan sweep is the backstop
         log.warning("could not destroy the expired spawn %s", agent.agent_id, exc_info=True)
-    fail_spawn(agent, RuntimeError(f"agent did not register within {spawn_timeout_seconds()} s"), captured=captured, reason="spawn-timeout")
+    fail_spawn(agent, error, captured=captured, reason="spawn-timeout")
     return True
 
 

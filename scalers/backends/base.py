@@ -151,7 +151,7 @@ def get_backend(scaler: Scaler, **options: Any) -> Backend:
 
         return EventBackend(scaler, **options)
     if kind == ScalerType.FIRECRACKER:
-        from .firecracker.backend import FirecrackerBackend
+        from .firecracker_adapter import FirecrackerAdapter
 
-        return FirecrackerBackend(scaler, **options)
+        return FirecrackerAdapter(scaler, **options)
     raise ValueError(f"scaler {scaler.name!r} has type {kind!r}, which no backend implements")

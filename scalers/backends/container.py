@@ -216,8 +216,22 @@ class ContainerBackend:
         container_id: str | None = None
         address: str | None = None
         started = False
+        if self._docker is None:  # even the client's version handshake honours the deadline
+            remaining = control.remaining()
+            self._docker = docker_client_for(self.runtime, timeout=60 if remaining is None else max(1.0, min(60.0, remaining)))
+            self.api.timeout = 60
+        base_timeout = getattr(self.api, "timeout", None)
+
+        def check(stage: str) -> None:
+            # Each runtime call is bounded by what is left of the deadline, so a hung runtime
+            # cannot hold a spawn the manager has given up on.
+            control.check(stage)
+            remaining = control.remaining()
+            if remaining is not None and isinstance(base_timeout, int | float):
+                self.api.timeout = max(1.0, min(float(base_timeout), remaining))
+
         try:
-            control.check("create")
+            check("create")
             if self.network_isolation:
                 cached_isolated_network(self.docker, str(getattr(self.api, "base_url", id(self.docker))))
             with transaction.atomic():  # one commit for the token and the event
@@ -229,14 +243,14 @@ class ContainerBackend:
             # At once: a worker killed from here on leaves a container the failure path must find.
             Agent.objects.filter(pk=agent.pk).update(managed_id=container_id)
 
-            control.check("start")
+            check("start")
             self.api.start(container_id)
             started = True
 
             host_access: list[str] | None = None
             explicit = False
             if self.network_isolation:
-                control.check("network")
+                check("network")
                 address = container_network_ip(self.docker, container_id)
                 policy_cfg = label_set_option(ls, "networkPolicy") or {}
                 host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
@@ -249,10 +263,12 @@ class ContainerBackend:
                 else:
                     log.warning("agent %s has no address on %s; no isolation rules written", agent.agent_id, ISOLATED_NETWORK_NAME)
 
-            control.check("ready")
+            check("ready")
             with transaction.atomic():
                 record_event(agent, EventType.READY, "container started")
                 record_event(agent, EventType.CONNECTING, "waiting for agent registration")
+            if base_timeout is not None:
+                self.api.timeout = base_timeout
             return SpawnResult(
                 managed_id=container_id,
                 ip=address,
@@ -261,6 +277,8 @@ class ContainerBackend:
                 context={"container_id": container_id, "image": image, "network": ISOLATED_NETWORK_NAME if self.network_isolation else None},
             )
         except BaseException as exc:
+            if base_timeout is not None:
+                self.api.timeout = base_timeout
             captured = self._captured_output(container_id) if started else []
             self._cleanup_failed_spawn(container_id, address)
             try:

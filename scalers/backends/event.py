@@ -95,9 +95,15 @@ class EventBackend:
 
     def destroy(self, agent, reason: str = "shutdown") -> None:
         """Emit scale-down once per agent (a second destroy emits nothing, EV-03), to the targets
-        recorded at spawn, else the configured ones; then invalidate claims (failure only logged)."""
+        recorded at spawn, else the configured ones; then invalidate claims (failure only logged).
+        An agent whose scale-up was never delivered gets no scale-down. A failed delivery raises
+        ``EventEmitError`` (the caller keeps the reservation and retries)."""
         from agents.models import Agent
 
+        if not (agent.backend_context or {}).get("requestId"):
+            # No scale-up was ever delivered for this agent: there is nothing to scale down.
+            self._invalidate(agent)
+            return
         updated = (
             Agent.objects.filter(pk=agent.pk)
             .exclude(backend_context__has_key="scaleDownSent")
@@ -111,6 +117,10 @@ class EventBackend:
             except EventEmitError:
                 Agent.objects.filter(pk=agent.pk).update(backend_context=agent.backend_context or {})
                 raise
+        self._invalidate(agent)
+
+    @staticmethod
+    def _invalidate(agent) -> None:
         try:
             invalidate_claims(agent.agent_id)
         except Exception:  # noqa: BLE001 - a claim left behind expires on its own
