@@ -237,3 +237,28 @@ def test_a_409_with_nothing_to_find_afterwards_is_an_error():
 
     with pytest.raises(IsolatedNetworkError, match="after 409 conflict"):
         ensure_isolated_network(Api())
+
+
+# -- fail-closed isolation and idempotent destroy ----------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_backend_with_isolation_refuses_to_start_when_nft_is_unusable():
+    from network.nft.apply import NftClient, NftUnavailableError
+
+    broken = NftClient("ctr_kici_none", nft_binary="/nonexistent/nft")
+    with pytest.raises(NftUnavailableError, match="not available"):
+        ContainerBackend(make_scaler(), docker=object(), runtime=LOCAL, nft=broken).ensure_host_ready()
+    # isolation off: no nft check at all
+    ContainerBackend(make_scaler(config={"networkIsolation": False}), docker=object(), runtime=LOCAL, nft=broken).ensure_host_ready()
+
+
+@pytest.mark.docker
+@pytest.mark.django_db
+def test_destroy_is_a_no_op_for_an_unknown_or_already_removed_container(docker_client, agent_image):
+    scaler = make_scaler(config={"networkIsolation": False})
+    backend = ContainerBackend(scaler, docker=docker_client)
+    backend.destroy(make_agent(scaler))  # never spawned: nothing to find
+    c = docker_client.api.create_container(agent_image, command=["true"], labels={"kici-managed": "true", "kici-scaler-name": scaler.name})
+    docker_client.api.remove_container(c["Id"], force=True)
+    backend.destroy(make_agent(scaler, managed_id=c["Id"]))  # already gone: no error
