@@ -17,7 +17,9 @@ from .models import Operation
 from .presenters import detail_context
 
 
-def render_update(operation_id: int, user, keys=None, log_from: int | None = None, snapshot: bool = False) -> list[str] | None:
+def render_update(
+    operation_id: int, user, keys=None, log_from: int | None = None, snapshot: bool = False, log_to: int | None = None
+) -> list[str] | None:
     """The WebSocket messages of one push (None when the operation is gone): status, progress, new
     log lines and audit; then, in a message of their own, the target rows of ``keys`` (every row
     when ``keys`` is None). Table rows travel alone because an HTML template parses ``<tr>`` only
@@ -25,10 +27,13 @@ def render_update(operation_id: int, user, keys=None, log_from: int | None = Non
     operation = Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by").filter(pk=operation_id).first()
     if operation is None:
         return None
-    context = detail_context(operation, user, keys=keys, log_from=None if snapshot or not log_from else log_from)
-    context.update(oob=True, snapshot=snapshot or log_from == 0)
-    if not snapshot and log_from is None:
-        context["log_entries"] = []
+    if snapshot:
+        context = detail_context(operation, user, keys=keys)
+    else:
+        context = detail_context(operation, user, keys=keys, log_from=log_from or 0, log_to=log_to)
+        if log_from is None:
+            context["log_entries"] = []
+    context.update(oob=True, snapshot=snapshot)
     messages = [render_to_string("operations/detail.html#live_update", context)]
     if context["rows"]:
         messages.append(render_to_string("operations/detail.html#live_rows", context).strip())
@@ -59,6 +64,8 @@ class OperationConsumer(AsyncWebsocketConsumer):
 
     async def operation_progress(self, event):
         keys = event.get("keys") or []
-        messages = await database_sync_to_async(render_update)(self.operation_id, self.scope["user"], keys=keys, log_from=event.get("log_from"))
+        messages = await database_sync_to_async(render_update)(
+            self.operation_id, self.scope["user"], keys=keys, log_from=event.get("log_from"), log_to=event.get("log_to")
+        )
         for html in messages or []:
             await self.send(text_data=html)

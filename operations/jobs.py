@@ -77,7 +77,7 @@ class Progress:
         keys, log_from = self._dirty_keys, self._log_from
         self._dirty_keys, self._log_from = [], None
         self._last_flush = time.monotonic()
-        live.publish(self.operation.pk, keys, log_from)
+        live.publish(self.operation.pk, keys, log_from, len(self.entries) if log_from is not None else None)
 
 
 def run_operation(operation_pk: int) -> str:

@@ -100,7 +100,9 @@ def target_rows(operation: Operation, keys=None, start: int = 0, stop: int | Non
     return rows
 
 
-def detail_context(operation: Operation, user, keys=None, log_from: int | None = None, page: int | None = None) -> dict:
+def detail_context(
+    operation: Operation, user, keys=None, log_from: int | None = None, page: int | None = None, log_to: int | None = None
+) -> dict:
     """Everything ``operations/detail.html`` and its partials need. ``page`` (1-based) picks
     :data:`ROWS_PER_PAGE` plan rows; None renders all (or only ``keys``)."""
     from .services import can_approve
@@ -128,7 +130,11 @@ def detail_context(operation: Operation, user, keys=None, log_from: int | None =
         "spared": [{**s, "evidence_items": evidence_items(s.get("evidence", {}))} for s in operation.spared or []],
         "counts": counts,
         "processed": counts["total"] - counts["pending"],
-        "log_entries": log[log_from:] if log_from is not None else log,
+        "log_entries": [
+            {**entry, "index": index}
+            for index, entry in enumerate(log)
+            if (log_from is None or index >= log_from) and (log_to is None or index < log_to)
+        ],
         "audit": list(operation.audit.select_related("user").all()),
         "can_decide": allowed,
         "cannot_decide_reason": why_not,

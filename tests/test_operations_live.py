@@ -111,3 +111,18 @@ async def test_the_page_and_the_push_render_the_same_row(users, config_file):
     pushed = push[start : push.index("</tr>", start)]
     assert pushed.replace(' hx-swap-oob="true"', "") == page
     assert 'data-status="planned"' in main and "<tr id=" not in main and OperationStatus.PLANNED in main
+
+
+async def test_a_late_notice_renders_only_its_own_log_lines(users, config_file):
+    from operations.consumers import render_update
+    from operations.models import Operation
+
+    op = await sync_to_async(_plan)(config_file, users["operator"])
+    lines = [{"at": "2026-01-01T00:00:0%d+00:00" % i, "level": "info", "message": f"line {i}"} for i in range(5)]
+    await sync_to_async(Operation.objects.filter(pk=op.pk).update)(log=lines)
+    # the notice for lines 3..4 is handled only after line 4 was written too
+    (main,) = await sync_to_async(render_update)(op.pk, users["viewer"], keys=[], log_from=3, log_to=4)
+    assert "line 3" in main and "line 4" not in main and 'id="op-log-3"' in main
+    assert 'hx-swap-oob="beforeend:#op-log" data-upsert' in main and 'id="op-log-empty" hx-swap-oob="delete"' in main
+    (status_only,) = await sync_to_async(render_update)(op.pk, users["viewer"], keys=[])
+    assert "line " not in status_only

@@ -66,6 +66,9 @@ def test_preview_approve_live_progress_done(browser_page, wait_live, off_loop):
     page.wait_for_selector('#op-status[data-status="succeeded"]')
     page.wait_for_selector('#op-targets tr[data-outcome="done"]')
     page.locator("#op-log").get_by_text("finished: 1 done, 0 skipped, 0 failed").wait_for()
+    op.refresh_from_db()
+    page.wait_for_function(f"document.querySelectorAll('#op-log li').length === {len(op.log)}")
+    assert page.locator("#op-log-empty").count() == 0, "the placeholder goes when the first line arrives"
     assert "1 of 1 target processed" in page.locator("#op-progress").inner_text()
     assert page.evaluate("window.__not_reloaded") is True
     assert not Reservation.objects.filter(agent=agent).exists()
