@@ -45,12 +45,19 @@ def get_backend(scaler, **options):
 
         options["nft"] = nft_client(nft_table_for(scaler))
     if scaler.type == "firecracker":
-        return firecracker_backend(scaler)
+        if NFT_NETNS:
+            options.setdefault("netns", NFT_NETNS)
+        try:
+            backend = factory(scaler, **options)
+        except (ImportError, TypeError):  # a build whose factory cannot yet build from a scaler row
+            return firecracker_backend(scaler)
+        return backend if hasattr(backend, "orphan_facts") else firecracker_backend(scaler)
     return factory(scaler, **options)
 
 
 def firecracker_backend(scaler):
-    """A ``FirecrackerBackend`` for a firecracker Scaler row: its settings from the scaler entry and
+    """Fallback when ``get_backend`` gives no orphan API: a ``FirecrackerBackend`` for a firecracker
+    Scaler row, its settings from the scaler entry and
     the top-level ``firecracker`` block (SPEC a.6, a.9), the database allocator, the configured nft
     table; in :data:`NFT_NETNS` when set. For sweeps and operations only (it tracks no VM itself:
     live VMs are the active agent rows and the running chroot pids)."""
