@@ -17,6 +17,12 @@ def require_root():
         pytest.skip("needs root")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Run the browser tests last: Playwright's sync API leaves an event loop running in the
+    main thread for the rest of the session, which breaks async tests that come after it."""
+    items.sort(key=lambda item: "tests/browser/" in item.nodeid.replace("\\", "/"))
+
+
 @pytest.fixture
 def run_rq_jobs():
     """Run every queued rq job with a burst-mode SimpleWorker (no fork: shares the test's DB safely)."""
