@@ -212,3 +212,18 @@ def test_routing_prefers_the_smallest_label_set_and_respects_exclude():
     assert Agent.objects.get(agent_id=d.agent).label_set.index == 0
     d = request_scale(["linux", "node20"], "c")
     assert Agent.objects.get(agent_id=d.agent).label_set.index == 1
+
+
+def test_an_agent_id_that_already_exists_is_minted_again(monkeypatch):
+    from scalers.admission import decide
+
+    make_scaler("c", max_agents=5)
+    first = request_scale(["linux"], "a").agent
+    ids = iter([first, first, "scaler-container-0000000b", "scaler-container-0000000c"])
+    monkeypatch.setattr(decide, "mint_agent_id", lambda kind: next(ids))
+    d = request_scale(["linux"], "b")
+    assert d.action == "spawning" and d.agent not in (first,)
+    assert Agent.objects.count() == 2 == Reservation.objects.count()
+    rec = ScaleRequest.objects.get(job_id="b")
+    assert rec.agent_ref == d.agent and rec.attempts == 1
+    assert Reservation.objects.get(agent__agent_id=d.agent).agent.bound_job_id == "b"

@@ -10,6 +10,7 @@ transaction. One request or five hundred, it is one transaction and one lock hol
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -17,13 +18,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent
-from scalers.models import Reservation, ScaleOutcome
+from scalers.models import ScaleOutcome
 from scalers.resources import resolve_resources
 
 from . import ledger
@@ -94,10 +96,47 @@ class Request:
     raw_resources: Any = None  # as the caller sent it, for the request record
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """An agent admitted by a batch (written, committed with it): enough to enqueue its spawn."""
+
+    pk: int
+    agent_id: str
+    scaler_id: int
+    label_set_id: int | None
+    labels: tuple[str, ...]
+    warm: bool
+    bound_job_id: str
+    run_id: str
+    owner_instance: str
+
+    def to_agent(self) -> Agent:
+        """An ``Agent`` instance for this row as written (no query)."""
+        agent = Agent(
+            id=self.pk, agent_id=self.agent_id, scaler_id=self.scaler_id, label_set_id=self.label_set_id,
+            state=AgentState.SPAWNING, labels=list(self.labels), warm=self.warm, bound_job_id=self.bound_job_id,
+            run_id=self.run_id, owner_instance=self.owner_instance,
+        )
+        agent._state.adding = False
+        agent._state.db = "default"
+        return agent
+
+
 @dataclass
 class BatchResult:
     decisions: list[ScaleDecision]
-    admitted: list[Agent] = field(default_factory=list)
+    admitted: list[Admitted] = field(default_factory=list)
+
+
+class _Spawn:
+    """One admission being written (mutable until the batch statement runs)."""
+
+    __slots__ = ("index", "record", "kind", "agent_id", "scaler_id", "label_set_id", "labels", "labels_json",
+                 "warm", "job", "run", "pool_id", "cpus", "mem", "lcpus", "lmem")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
 
 
 def mint_agent_id(scaler_type: str) -> str:
@@ -151,179 +190,196 @@ def decide_batch(requests: list[Request], *, instance_id: str | None = None, now
     """
     instance_id = instance_id or settings.KICI_INSTANCE_ID
     now = now or timezone.now()
-    with transaction.atomic(), connection.cursor() as cur:
-        config_row = ledger.lock_admission(cur)
-        world = ledger.load_world(cur, config_row)
-        usage = ledger.load_usage(cur)
+    with transaction.atomic():
+        connection.ensure_connection()
+        # Server-side binding (Django's cursors bind client-side, quoting every array element in
+        # Python): this path runs once per batch with a few large array parameters.
+        with psycopg.Cursor(connection.connection) as cur:
+            return _decide(cur, requests, instance_id, now)
 
-        # Route first (pure), so the warm-agent and backoff look-ups run once per batch.
-        routed: list[tuple[ScalerInfo, LabelSetInfo] | None] = []
-        for req in requests:
-            if req.target is not None:
-                info = world.scalers.get(req.target[0])
-                ls = info.label_set(req.target[1]) if info else None
-                routed.append((info, ls) if info and ls and not info.retiring else None)
-            else:
-                routed.append(world.match(req.labels, req.exclude))
-        event_names = {m[0].name for m in routed if m and m[0].type == "event"}
-        backoffs = _backoffs(cur, event_names, now) if event_names else {}
-        warm_scalers = {m[0].pk for m, r in zip(routed, requests) if m and not r.warm and m[0].warm_pool_enabled}
-        idle = ledger.idle_warm_agents(cur, warm_scalers) if warm_scalers else []
-        taken: set[int] = set()
 
-        decisions: list[ScaleDecision] = []
-        records: list[dict] = []
-        counters: dict[tuple[str, str], tuple[dict, float]] = {}
-        new_agents: list[Agent] = []
-        new_reservations: list[Reservation] = []
-        spawned: list[tuple[int, dict | None, Agent, str]] = []  # (decision index, record, agent, type)
-        count_cap_refused = False
+def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> BatchResult:
+    _config_row, world, usage = ledger.lock_and_snapshot(cur.connection)
 
-        def bump(name: str, labels: dict, amount: float = 1.0) -> None:
-            key = (name, ledger.label_key(labels))
-            prev = counters.get(key, (labels, 0.0))[1]
-            counters[key] = (labels, prev + amount)
+    # Route first (pure), so the warm-agent and backoff look-ups run once per batch.
+    routed: list[tuple[ScalerInfo, LabelSetInfo] | None] = []
+    for req in requests:
+        if req.target is not None:
+            info = world.scalers.get(req.target[0])
+            ls = info.label_set(req.target[1]) if info else None
+            routed.append((info, ls) if info and ls and not info.retiring else None)
+        else:
+            routed.append(world.match(req.labels, req.exclude))
+    event_names = {m[0].name for m in routed if m and m[0].type == "event"}
+    backoffs = _backoffs(cur, event_names, now) if event_names else {}
+    warm_scalers = {m[0].pk for m, r in zip(routed, requests) if m and not r.warm and m[0].warm_pool_enabled}
+    idle = ledger.idle_warm_agents(cur, warm_scalers) if warm_scalers else []
+    taken: set[int] = set()
 
-        for req, match in zip(requests, routed):
+    decisions: list[ScaleDecision] = []
+    records: list[dict] = []
+    counters: dict[tuple[str, str], tuple[dict, float]] = {}
+    spawns: list[_Spawn] = []
+    labels_json: dict[int, str] = {}
+    resolved_cache: dict = {}
+    count_cap_refused = False
+    draining = is_console_draining()
+
+    def bump(name: str, labels: dict, amount: float = 1.0) -> None:
+        key = (name, ledger.label_key(labels))
+        prev = counters.get(key, (labels, 0.0))[1]
+        counters[key] = (labels, prev + amount)
+
+    for req, match in zip(requests, routed):
+        record = None
+        if req.job_id:
             record = {
-                "job_id": req.job_id,
-                "run_id": req.run_id,
-                "labels": list(req.labels),
-                "resources": req.raw_resources,
-                "cpus": 0.0,
-                "memory_bytes": 0,
-                "cap": "",
-                "reason": "",
-                "scaler_name": "",
-                "agent_ref": "",
+                "job_id": req.job_id, "run_id": req.run_id, "labels": list(req.labels), "resources": req.raw_resources,
+                "cpus": 0.0, "memory_bytes": 0, "cap": "", "reason": "", "scaler_name": "", "agent_ref": "",
             }
+            records.append(record)
 
-            def done(decision: ScaleDecision) -> None:
-                decisions.append(decision)
-                if req.job_id:
-                    record.update(outcome=decision.action, cap=decision.cap or "", reason=decision.reason,
-                                  scaler_name=decision.scaler or "", agent_ref=decision.agent or "")
-                    records.append(record)
+        def done(decision: ScaleDecision) -> None:
+            decisions.append(decision)
+            if record is not None:
+                record.update(outcome=decision.action, cap=decision.cap or "", reason=decision.reason,
+                              scaler_name=decision.scaler or "", agent_ref=decision.agent or "")
 
-            if is_console_draining():
-                done(ScaleDecision("skipped", reason="draining"))
-                continue
-            if match is None:
-                log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
-                done(ScaleDecision("no-backend", reason="no-matching-label-set", labels=tuple(req.labels)))
-                continue
-            info, ls = match
-            if info.name in backoffs:
-                done(ScaleDecision("skipped", scaler=info.name, reason=backoffs[info.name], backend_type=info.type))
-                continue
+        if draining:
+            done(ScaleDecision("skipped", reason="draining"))
+            continue
+        if match is None:
+            log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
+            done(ScaleDecision("no-backend", reason="no-matching-label-set", labels=tuple(req.labels)))
+            continue
+        info, ls = match
+        if info.name in backoffs:
+            done(ScaleDecision("skipped", scaler=info.name, reason=backoffs[info.name], backend_type=info.type))
+            continue
+        job_res = None if req.warm else req.resources
+        try:
+            key = (ls.pk, job_res)
+            resolved = resolved_cache.get(key)
+            if resolved is None:
+                resolved = resolve_resources(job_res, ls.resources, world.defaults)
+                resolved_cache[key] = resolved
+        except TypeError:  # an unhashable (dict) resources value: resolve without the cache
+            resolved = None
+        except ValueError as exc:
+            done(ScaleDecision("skipped", scaler=info.name, backend_type=info.type,
+                               reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}"))
+            continue
+        if resolved is None:
             try:
-                resolved = resolve_resources(None if req.warm else req.resources, ls.resources, world.defaults)
+                resolved = resolve_resources(job_res, ls.resources, world.defaults)
             except ValueError as exc:
                 done(ScaleDecision("skipped", scaler=info.name, backend_type=info.type,
                                    reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}"))
                 continue
-            cpus, mem = float(resolved.requests.cpus), int(resolved.requests.mem_bytes)
-            record.update(cpus=cpus, memory_bytes=mem)
+        cpus, mem = float(resolved.requests.cpus), int(resolved.requests.mem_bytes)
+        if record is not None:
+            record["cpus"], record["memory_bytes"] = cpus, mem
 
-            if not req.warm and info.warm_pool_enabled and idle:
-                chosen = None
-                for cand in idle:
-                    if cand["id"] in taken or cand["scaler_id"] != info.pk:
-                        continue
-                    cls = info.label_set(cand["label_set_id"]) if cand["label_set_id"] else None
-                    if cls is None or any(g not in {x.strip().lower() for x in req.labels} for g in cls.gate):
-                        continue
-                    job = {x.strip().lower() for x in req.labels}
-                    if not job <= cls.enriched or not {x.strip().lower() for x in req.exclude}.isdisjoint(cls.enriched):
-                        continue
-                    shape = Shape(cand["cpus"], cand["memory_bytes"], cand["limit_cpus"], cand["limit_memory_bytes"])
-                    if not warm_agent_can_serve(req.resources, shape, job_image=req.job_image):
-                        continue
-                    taken.add(cand["id"])
-                    if ledger.bind_warm_agent(cur, cand["id"], req.job_id, req.run_id):
-                        chosen = cand
-                        break
-                if chosen is not None:
-                    done(ScaleDecision("assigned", agent=chosen["agent_id"], agent_pk=chosen["id"], scaler=info.name,
-                                       backend_type=info.type, reason="idle warm agent"))
-                    continue
-
-            pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
-            cap = first_refusing_cap(usage, world.glob, info.caps, pool, cpus, mem)
-            if cap is not None:
-                bump(REFUSALS, {"scaler": info.name, "cap": cap})
-                if cap not in NOT_IN_REFERENCE_GAUGE:
-                    bump(REFERENCE_REFUSALS, {})
-                if cap in COUNT_CAPS:
-                    count_cap_refused = True
-                reason = f"{cap} reached on scaler {info.name}"
-                if _never_fits(cap, info, world, cpus, mem):
-                    reason = f"request ({cpus:g} cpus, {mem} bytes) exceeds {cap} even with nothing else running"
-                log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
-                done(ScaleDecision("at-capacity", scaler=info.name, cap=cap, reason=reason, backend_type=info.type))
+        if not req.warm and info.warm_pool_enabled and idle:
+            chosen = _pick_warm(cur, idle, taken, info, req)
+            if chosen is not None:
+                done(ScaleDecision("assigned", agent=chosen["agent_id"], agent_pk=chosen["id"], scaler=info.name,
+                                   backend_type=info.type, reason="idle warm agent"))
                 continue
 
-            usage.admit(info.caps, cpus, mem)
-            agent = Agent(
-                agent_id=mint_agent_id(info.type),
-                scaler_id=info.pk,
-                label_set_id=ls.pk,
-                state=AgentState.SPAWNING,
-                labels=list(ls.agent_labels),
-                warm=req.warm,
-                bound_job_id="" if req.warm else req.job_id,
-                run_id="" if req.warm else req.run_id,
-                owner_instance=instance_id,
-            )
-            new_agents.append(agent)
-            new_reservations.append(
-                Reservation(
-                    scaler_id=info.pk,
-                    agent=agent,
-                    machine_pool_id=info.caps.machine_pool_id,
-                    cpus=cpus,
-                    memory_bytes=mem,
-                    limit_cpus=float(resolved.limits.cpus),
-                    limit_memory_bytes=int(resolved.limits.mem_bytes),
-                    owner_instance=instance_id,
-                )
-            )
-            if req.warm:
-                bump(WARM_SPAWNS, {"scaler": info.name})
-            done(ScaleDecision("spawning", agent=agent.agent_id, scaler=info.name, backend_type=info.type,
-                               labels=tuple(ls.agent_labels)))
-            spawned.append((len(decisions) - 1, record if req.job_id else None, agent, info.type))
+        pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
+        cap = first_refusing_cap(usage, world.glob, info.caps, pool, cpus, mem)
+        if cap is not None:
+            bump(REFUSALS, {"scaler": info.name, "cap": cap})
+            if cap not in NOT_IN_REFERENCE_GAUGE:
+                bump(REFERENCE_REFUSALS, {})
+            if cap in COUNT_CAPS:
+                count_cap_refused = True
+            reason = f"{cap} reached on scaler {info.name}"
+            if _never_fits(cap, info, world, cpus, mem):
+                reason = f"request ({cpus:g} cpus, {mem} bytes) exceeds {cap} even with nothing else running"
+            log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
+            done(ScaleDecision("at-capacity", scaler=info.name, cap=cap, reason=reason, backend_type=info.type))
+            continue
 
-        if count_cap_refused and usage.ledger_outruns_agents():
-            log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active)
+        usage.admit(info.caps, cpus, mem)
+        lj = labels_json.get(ls.pk)
+        if lj is None:
+            lj = labels_json[ls.pk] = json.dumps(list(ls.agent_labels))
+        agent_id = mint_agent_id(info.type)
+        spawns.append(_Spawn(
+            index=len(decisions), record=record, kind=info.type, agent_id=agent_id, scaler_id=info.pk,
+            label_set_id=ls.pk, labels=ls.agent_labels, labels_json=lj, warm=req.warm,
+            job="" if req.warm else req.job_id, run="" if req.warm else req.run_id, pool_id=info.caps.machine_pool_id,
+            cpus=cpus, mem=mem, lcpus=float(resolved.limits.cpus), lmem=int(resolved.limits.mem_bytes),
+        ))
+        if req.warm:
+            bump(WARM_SPAWNS, {"scaler": info.name})
+        done(ScaleDecision("spawning", agent=agent_id, scaler=info.name, backend_type=info.type,
+                           labels=tuple(ls.agent_labels)))
 
-        if new_agents:
-            _fix_id_collisions(cur, spawned)
-            Agent.objects.bulk_create(new_agents)
-            for r in new_reservations:
-                r.agent_id = r.agent.pk
-            Reservation.objects.bulk_create(new_reservations)
-            for index, record, agent, _type in spawned:
-                decisions[index] = replace(decisions[index], agent=agent.agent_id, agent_pk=agent.pk)
-                if record is not None:
-                    record["agent_ref"] = agent.agent_id
-        ledger.upsert_scale_requests(cur, records, instance_id, now)
-        ledger.increment_counters(cur, counters)
-    return BatchResult(decisions=decisions, admitted=new_agents)
+    if count_cap_refused and usage.ledger_outruns_agents():
+        log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active)
+
+    _dedupe_ids(spawns)
+    pks = _write(cur, now, instance_id, spawns, records, counters, count_attempts=True)
+    for _ in range(10):  # an id that already existed was skipped: re-mint it and write it again
+        missing = [sp for sp in spawns if sp.agent_id not in pks]
+        if not missing:
+            break
+        for sp in missing:
+            sp.agent_id = mint_agent_id(sp.kind)
+        _dedupe_ids(spawns)
+        pks.update(_write(cur, now, instance_id, missing, [sp.record for sp in missing if sp.record is not None], {},
+                          count_attempts=False))
+    else:
+        raise RuntimeError("could not mint a unique agent id in 10 attempts")
+    admitted = []
+    for sp in spawns:
+        pk = pks[sp.agent_id]
+        decisions[sp.index] = replace(decisions[sp.index], agent=sp.agent_id, agent_pk=pk)
+        admitted.append(Admitted(pk, sp.agent_id, sp.scaler_id, sp.label_set_id, tuple(sp.labels), sp.warm, sp.job,
+                                 sp.run, instance_id))
+    return BatchResult(decisions=decisions, admitted=admitted)
 
 
-def _fix_id_collisions(cur, spawned: list[tuple[int, dict | None, Agent, str]]) -> None:
-    """Re-mint agent ids that already exist or repeat within the batch (8 hex digits collide
-    around 10^5 agents). Safe against other writers because minting happens under the lock."""
-    for _ in range(10):
-        clash = ledger.existing_agent_ids(cur, [a.agent_id for _, _, a, _ in spawned])
-        seen: set[str] = set()
-        changed = False
-        for _, _, agent, kind in spawned:
-            if agent.agent_id in clash or agent.agent_id in seen:
-                agent.agent_id = mint_agent_id(kind)
-                changed = True
-            seen.add(agent.agent_id)
-        if not changed:
-            return
-    raise RuntimeError("could not mint a unique agent id in 10 attempts")
+def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Request) -> dict | None:
+    """Bind the oldest idle warm agent of ``info`` that may serve ``req`` (CASES WP-14)."""
+    job = {x.strip().lower() for x in req.labels}
+    excluded = {x.strip().lower() for x in req.exclude}
+    for cand in idle:
+        if cand["id"] in taken or cand["scaler_id"] != info.pk:
+            continue
+        cls = info.label_set(cand["label_set_id"]) if cand["label_set_id"] else None
+        if cls is None or any(g not in job for g in cls.gate):
+            continue
+        if not job <= cls.enriched or not excluded.isdisjoint(cls.enriched):
+            continue
+        shape = Shape(cand["cpus"], cand["memory_bytes"], cand["limit_cpus"], cand["limit_memory_bytes"])
+        if not warm_agent_can_serve(req.resources, shape, job_image=req.job_image):
+            continue
+        taken.add(cand["id"])
+        if ledger.bind_warm_agent(cur, cand["id"], req.job_id, req.run_id):
+            return cand
+    return None
+
+
+def _dedupe_ids(spawns: list[_Spawn]) -> None:
+    """Re-mint ids repeated within the batch (ids already in the table are caught by the write)."""
+    seen: set[str] = set()
+    for sp in spawns:
+        while sp.agent_id in seen:
+            sp.agent_id = mint_agent_id(sp.kind)
+        seen.add(sp.agent_id)
+
+
+def _write(cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, count_attempts: bool) -> dict[str, int]:
+    for sp in spawns:
+        if sp.record is not None:
+            sp.record["agent_ref"] = sp.agent_id
+    return ledger.write_batch(
+        cur, now=now, instance_id=instance_id,
+        agents=[(sp.agent_id, sp.scaler_id, sp.label_set_id, sp.labels_json, sp.warm, sp.job, sp.run) for sp in spawns],
+        reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],
+        records=records, counters=counters, count_attempts=count_attempts,
+    )

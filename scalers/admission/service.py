@@ -10,7 +10,7 @@ from django.db import connection, transaction
 
 from agents.models import Agent
 
-from .decide import Request, ScaleDecision, decide_batch
+from .decide import Admitted, Request, ScaleDecision, decide_batch
 from .queue import get_queue
 from .release import fail_spawn
 from .validate import InvalidScaleRequest, _labels, validate_resources
@@ -34,7 +34,11 @@ def enqueue_spawn_for(agent: Agent) -> None:
     enqueue_spawn(agent)
 
 
-def _enqueue_or_fail(decision: ScaleDecision, agent: Agent) -> ScaleDecision:
+def _enqueue_or_fail(decision: ScaleDecision, agent) -> ScaleDecision:
+    """Enqueue an admitted agent's spawn (``agent``: an ``Agent`` or a batch's ``Admitted``);
+    on failure fail the agent, release its reservation and answer ``skipped``."""
+    if isinstance(agent, Admitted):
+        agent = agent.to_agent()
     try:
         enqueue_spawn_for(agent)
     except Exception as exc:  # noqa: BLE001 - the admission must not outlive a lost spawn
