@@ -262,3 +262,18 @@ def test_destroy_is_a_no_op_for_an_unknown_or_already_removed_container(docker_c
     c = docker_client.api.create_container(agent_image, command=["true"], labels={"kici-managed": "true", "kici-scaler-name": scaler.name})
     docker_client.api.remove_container(c["Id"], force=True)
     backend.destroy(make_agent(scaler, managed_id=c["Id"]))  # already gone: no error
+
+
+@pytest.mark.django_db
+def test_the_label_set_column_decides_host_access_not_the_imported_config(settings):
+    from scalers.backends.isolation import resolve_host_access
+    from scalers.backends.spawn_env import network_policy
+
+    settings.KICI_STORAGE_URL = None
+    scaler = make_scaler(ls_config={"image": "i", "networkPolicy": {"allowlist": ["10.1.0.0/16"], "hostAccess": ["*:1"]}})
+    ls = scaler.label_sets.get()
+    ls.host_access = ["*:9999"]  # changed in the editor after the import
+    assert network_policy(ls) == {"allowlist": ["10.1.0.0/16"], "hostAccess": ["*:9999"]}
+    assert resolve_host_access(network_policy(ls), "http://172.30.0.1:8000") == (["*:9999"], True)
+    ls.host_access = None  # back to the default
+    assert resolve_host_access(network_policy(ls), "http://172.30.0.1:8000") == (["172.30.0.1:53", "*:8000"], False)

@@ -37,7 +37,7 @@ from .hostconfig import build_agent_container_host_config
 from .isolation import ContainerIsolation, nft_table_for, resolve_host_access
 from .orphans import ALIVE_STATES, OrphanTarget, live_addresses, plan_container_orphans, plan_rule_orphans
 from .runtime import RuntimeInfo, docker_client_for, runtime_for_scaler
-from .spawn_env import console_url, container_env, container_labels, label_set_option, spawn_limits
+from .spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ class ContainerBackend:
             if self.network_isolation:
                 check("network")
                 address = container_network_ip(self.docker, container_id)
-                policy_cfg = label_set_option(ls, "networkPolicy") or {}
+                policy_cfg = network_policy(ls)
                 host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
                 # Stored before the rules are written, so a concurrent rule sweep counts it as live.
                 with transaction.atomic():

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .base import SpawnControl, SpawnError, SpawnResult
-from .spawn_env import console_url, full_labels, spawn_limits
+from .spawn_env import console_url, full_labels, network_policy, spawn_limits
 
 
 def build_firecracker_backend(scaler, **options: Any):
@@ -60,9 +60,11 @@ class FirecrackerAdapter:
         limits = spawn_limits(agent)
         fc_limits = SimpleNamespace(cpus=limits.cpus or None, memory_bytes=limits.mem_bytes or None) if limits.is_set else None
         remaining = control.remaining()
+        entry = dict(agent.label_set.config if agent.label_set_id else {})
+        entry["networkPolicy"] = network_policy(agent.label_set)
         try:
             vm = self.fc.spawn(
-                agent.agent_id, dict(agent.label_set.config if agent.label_set_id else {}), fc_limits, console_url(agent.scaler),
+                agent.agent_id, entry, fc_limits, console_url(agent.scaler),
                 labels=full_labels(agent), timeout_s=max(1.0, remaining) if remaining is not None else None,
             )
         except Exception as exc:

@@ -34,6 +34,20 @@ def label_set_option(label_set: LabelSet | None, key: str, default: Any = None) 
     return scaler_option(label_set.config or {}, key, default)
 
 
+def network_policy(label_set: LabelSet | None) -> dict:
+    """The label set's ``networkPolicy`` with ``hostAccess`` taken from ``LabelSet.host_access``.
+
+    The column is the source of truth (the host-access editor changes it without re-importing):
+    a list (even ``[]``) is the explicit policy, ``None`` means the SPEC g.3 default.
+    """
+    policy = dict(label_set_option(label_set, "networkPolicy") or {})
+    policy.pop("hostAccess", None)
+    policy.pop("host_access", None)
+    if label_set is not None and label_set.host_access is not None:
+        policy["hostAccess"] = list(label_set.host_access)
+    return policy
+
+
 def console_url(scaler: Scaler) -> str:
     """The URL agents dial back: the scaler's ``orchestratorUrl``, else ``settings.KICI_CONSOLE_URL`` (SPEC (d))."""
     return (scaler.orchestrator_url or scaler_option(scaler, "orchestratorUrl") or settings.KICI_CONSOLE_URL).strip()
