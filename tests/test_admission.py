@@ -227,3 +227,40 @@ def test_an_agent_id_that_already_exists_is_minted_again(monkeypatch):
     rec = ScaleRequest.objects.get(job_id="b")
     assert rec.agent_ref == d.agent and rec.attempts == 1
     assert Reservation.objects.get(agent__agent_id=d.agent).agent.bound_job_id == "b"
+
+
+def test_inside_a_transaction_the_spawn_is_enqueued_only_on_commit(monkeypatch):
+    from django.db import transaction
+
+    enqueued = []
+    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: enqueued.append(agent.agent_id))
+    make_scaler("c")
+    with transaction.atomic():
+        d = request_scale(["linux"], "j")
+        assert d.action == "spawning" and enqueued == []
+    assert enqueued == [d.agent]
+
+
+def test_a_rolled_back_caller_transaction_leaves_nothing(monkeypatch):
+    from django.db import transaction
+
+    enqueued = []
+    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: enqueued.append(agent.agent_id))
+    make_scaler("c")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert request_scale(["linux"], "j").action == "spawning"
+        raise RuntimeError("caller failed after admission")
+    assert enqueued == [] and not Agent.objects.exists() and not Reservation.objects.exists()
+
+
+def test_bad_input_to_request_scale_names_the_field():
+    from scalers.admission import InvalidScaleRequest
+
+    make_scaler("c")
+    with pytest.raises(InvalidScaleRequest, match=r"labels\[0\]"):
+        request_scale([3], "j")
+    with pytest.raises(InvalidScaleRequest, match="jobId"):
+        request_scale(["linux"], "")
+    with pytest.raises(InvalidScaleRequest, match=r"resources\.cpus"):
+        request_scale(["linux"], "j", resources={"cpus": -2})
+    assert not Agent.objects.exists() and not ScaleRequest.objects.exists()

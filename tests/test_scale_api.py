@@ -157,3 +157,17 @@ def test_100_concurrent_async_posts_admit_exactly_max_agents():
     codes = [r.status_code for r in responses]
     assert codes.count(201) == 5 and codes.count(409) == 95
     assert Reservation.objects.count() == 5
+
+
+def test_a_draining_console_answers_503_skipped():
+    from scalers.admission import set_console_draining
+
+    make_scaler("c")
+    set_console_draining(True)
+    try:
+        r = post(Client(), {"labels": ["linux"], "jobId": "j"})
+    finally:
+        set_console_draining(False)
+    assert r.status_code == 503 and r.json() == {"reason": "skipped", "detail": "draining"}
+    assert r["Retry-After"]
+    assert_nothing_written()

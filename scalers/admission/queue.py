@@ -12,8 +12,13 @@ instead of once per request. Database connections used for admission: one per pr
 many requesters. Several processes remain correct because each batch still takes the row lock;
 they simply take turns per batch.
 
-Throughput is bounded by the per-request Python work inside the batch (routing, building rows)
-plus a fixed ~10 round trips per batch; see ``bench/admission.py`` for measured figures.
+Per batch: one pipelined round trip for lock + snapshot, one statement writing every agent,
+reservation, request record and counter of the batch, one commit. Throughput is then bounded by
+the per-request Python work (routing, resource resolution, building arrays). Measured with
+``bench/admission.py`` (PostgreSQL 15, fsync on, 2 cores shared with other work at load 4-12):
+200 requesters 2,600-4,000 decisions/s, batches of ~100, beside pgbench -N at 200 clients
+2,300-3,900 tps on the same database; two processes x 100 requesters ~2,700-4,500/s; 20
+requesters ~1,000-1,500/s; 1 requester 100-250/s (p50 3-9 ms). Zero over-admissions throughout.
 """
 
 from __future__ import annotations
