@@ -32,3 +32,25 @@ class ReservationAdmin(admin.ModelAdmin):
 
 admin.site.register(MachinePool)
 admin.site.register(ConfigState)
+
+
+# --- Admission records (helper "adm") ---------------------------------------------------------
+from .models import MetricCounter, RecoveryReport, ScalerTeardown, ScaleRequest  # noqa: E402
+
+
+@admin.register(ScaleRequest)
+class ScaleRequestAdmin(admin.ModelAdmin):
+    list_display = ("job_id", "outcome", "cap", "scaler_name", "agent_ref", "attempts", "decided_at")
+    list_filter = ("outcome", "cap", "scaler_name")
+    search_fields = ("job_id", "run_id", "agent_ref")
+
+
+@admin.register(RecoveryReport)
+class RecoveryReportAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "instance_id", "trigger", "spawning_agents_rehydrated", "spawning_dropped",
+                    "reservations_rehydrated", "reservations_dropped", "error")
+    list_filter = ("trigger", "instance_id")
+
+
+admin.site.register(MetricCounter)
+admin.site.register(ScalerTeardown)
