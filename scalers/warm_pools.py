@@ -136,8 +136,7 @@ def deficit_pass() -> int:
     with transaction.atomic():
         with connection.cursor() as cur:
             config_row = ledger.lock_admission(cur)
-            world = ledger.load_world(cur, config_row)
-            usage = ledger.load_usage(cur)
+            world, usage = ledger.load_snapshot(cur, config_row)
             counts = _pool_counts(cur)
         pools, warnings = configured_pools(world)
         for w in warnings:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from agents.choices import ACTIVE_STATES, AgentState
 
-from .caps import Tally, Usage
+from .caps import Usage
 from .matching import WORLD_CACHE, World, build_world
 
 _ACTIVE = tuple(str(s) for s in ACTIVE_STATES)
@@ -170,12 +170,6 @@ def _usage_from_rows(rows) -> Usage:
     return usage
 
 
-def load_usage(cursor) -> Usage:
-    """Usage derived from the reservation rows and the active agents (never a stored counter)."""
-    cursor.execute(_USAGE_SQL, {"spawning": str(AgentState.SPAWNING), "active": list(_ACTIVE)})
-    return _usage_from_rows(cursor.fetchall())
-
-
 _SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0::float8, 0::int8, (" + _VERSION_SQL + ")"
 
 
@@ -239,41 +233,6 @@ def bind_warm_agent(cursor, agent_pk: int, job_id: str, run_id: str) -> bool:
         [job_id, run_id, agent_pk, str(AgentState.RUNNING)],
     )
     return cursor.rowcount == 1
-
-
-def upsert_scale_requests(cursor, rows: list[dict], instance_id: str, now) -> None:
-    """Record the latest decision per job (one row per job id; ``attempts`` counts requests)."""
-    if not rows:
-        return
-    latest: dict[str, dict] = {}
-    counts: dict[str, int] = {}
-    for r in rows:
-        latest[r["job_id"]] = r
-        counts[r["job_id"]] = counts.get(r["job_id"], 0) + 1
-    rows = list(latest.values())
-    cols = ["job_id", "run_id", "labels", "resources", "cpus", "memory_bytes", "outcome", "cap", "reason", "scaler_name", "agent_ref"]
-    arrays = {c: [] for c in cols}
-    attempts = []
-    for r in rows:
-        for c in cols:
-            v = r.get(c)
-            if c in ("labels", "resources"):
-                v = None if v is None else json.dumps(v)
-            arrays[c].append(v)
-        attempts.append(counts[r["job_id"]])
-    cursor.execute(
-        "INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, reason, "
-        "scaler_name, agent_ref, attempts, owner_instance, first_requested_at, decided_at) "
-        "SELECT j, r, l::jsonb, res::jsonb, c, m, o, cap, reason, s, a, n, %s, %s, %s FROM unnest("
-        "%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::int8[], %s::text[], %s::text[], %s::text[], "
-        "%s::text[], %s::text[], %s::int4[]) AS u(j, r, l, res, c, m, o, cap, reason, s, a, n) "
-        "ON CONFLICT (job_id) DO UPDATE SET run_id = EXCLUDED.run_id, labels = EXCLUDED.labels, "
-        "resources = EXCLUDED.resources, cpus = EXCLUDED.cpus, memory_bytes = EXCLUDED.memory_bytes, "
-        "outcome = EXCLUDED.outcome, cap = EXCLUDED.cap, reason = EXCLUDED.reason, scaler_name = EXCLUDED.scaler_name, "
-        "agent_ref = EXCLUDED.agent_ref, attempts = scalers_scalerequest.attempts + EXCLUDED.attempts, "
-        "owner_instance = EXCLUDED.owner_instance, decided_at = EXCLUDED.decided_at",
-        [instance_id, now, now] + [arrays[c] for c in cols] + [attempts],
-    )
 
 
 def label_key(labels: dict) -> str:
