@@ -59,6 +59,9 @@ BATCH_CHARS = 256 * 1024
 BACKLOG_BYTES = 256 * 1024
 """How much of an existing file a new pump reads before following it (the rest: download)."""
 
+STALE_BATCH_SECONDS = 2.0
+"""A batch older than this when it reaches a process is skipped there (the process is behind)."""
+
 MAX_LAG_BYTES = 4 * 1024 * 1024
 """How far a console pump may fall behind a file before it skips ahead (``[skipped N bytes]``)."""
 
@@ -618,6 +621,7 @@ class RedisTransport:
                 await asyncio.sleep(1)
                 continue
             self.deliver(message)
+            await asyncio.sleep(0)  # let the viewers' writers run between two batches
 
     def deliver(self, message: dict) -> None:
         for callback in list(self._listeners.get(message.get("group"), ())):
@@ -757,6 +761,10 @@ class ConsoleHub:
     characters per published batch. ``tick``: seconds between ownership checks (lock renewal,
     viewer heartbeats, takeover of a dead owner's pump); a third of the lock TTL or less.
 
+    A process that receives a batch more than :data:`STALE_BATCH_SECONDS` old skips it
+    undecoded (counted in ``stale_batches``): a process that fell behind catches up at once, and
+    its viewers get a drop row for the gap.
+
     ``subscribe(key, source, flag_failures=...)`` returns a :class:`Viewer` whose ``snapshot``
     holds up to 500 recent lines; ``unsubscribe(viewer)`` (idempotent) removes it, and the pump
     stops when no viewer is left anywhere. ``pump_task(key)`` exposes the running pump (tests).
@@ -771,6 +779,7 @@ class ConsoleHub:
         self._streams: dict[StreamKey, _Stream] = {}
         self._lock = asyncio.Lock()
         self.pumps_started = 0
+        self.stale_batches = 0
 
     def pump_task(self, key: StreamKey) -> asyncio.Task | None:
         st = self._streams.get(key)
@@ -884,6 +893,11 @@ class ConsoleHub:
     def _on_message(self, st: _Stream, message: dict) -> None:
         if message.get("type") != "console.lines" or not st.viewers:
             return
+        if time.time() - message.get("ts", 0) > STALE_BATCH_SECONDS:
+            # This process is behind: drop the batch undecoded so the backlog drains fast; the
+            # viewers see the gap in seq as one "… N lines dropped" row.
+            self.stale_batches += 1
+            return
         lines = lines_from_message(message)
         gen = message["gen"]
         for viewer in list(st.viewers.values()):
@@ -917,7 +931,7 @@ class ConsoleHub:
         st.finished = True
 
     async def _publish(self, key: StreamKey, gen: int, first: int, texts: list[str], marks: list) -> None:
-        message = {"type": "console.lines", "group": key.group, "gen": gen, "seq": first, "texts": texts, "marks": marks}
+        message = {"type": "console.lines", "group": key.group, "gen": gen, "seq": first, "texts": texts, "marks": marks, "ts": time.time()}
         await self.transport.publish_lines(key, message)
 
     async def aclose(self) -> None:

@@ -89,7 +89,10 @@ REDIS_URL = redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # Pub/Sub: one PUBLISH per group message and pushed delivery; the list-based
+        # RedisChannelLayer needs ~4 round trips per received message and could not carry
+        # 1,000 events/s to a daphne on this box (bench/fanout.py --layer redis|pubsub).
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         # redis-py 8 drops idle sockets after 5 s unless socket_timeout is None.
         "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "capacity": 1000, "expiry": 30},
     }
