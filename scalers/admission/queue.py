@@ -73,7 +73,7 @@ class AdmissionQueue:
         self,
         *,
         max_batch: int = 512,
-        idle_close_seconds: float = 5.0,
+        idle_close_seconds: float = 2.0,
         lock_timeout_ms: int = 10_000,
         decide: Callable[[list[Request]], BatchResult] | None = None,
         name: str = "kici-admission",
