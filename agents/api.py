@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from django.db import transaction
 from django.http import JsonResponse
@@ -28,6 +29,8 @@ from .choices import TERMINAL_STATES, AgentState, EventType
 from .events import record_event
 from .models import Agent
 from .tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_SECONDS = 5
 MAX_ACTIVE_JOBS = 10_000
@@ -67,6 +70,27 @@ def _mandatory_labels(agent: Agent) -> list[str]:
     return list(agent.scaler.mandatory_labels or [])
 
 
+def _registration_hooks(agent: Agent) -> None:
+    """The backend's optional hooks after a registration, each failure logged, never fatal:
+    ``mark_registered(agent)`` (firecracker: the VM's exit is no longer a boot failure) and
+    ``clear_mmds(agent)`` (firecracker: SPEC d config.ack; the registration answer is this
+    console's config, so the spent token leaves the metadata service now)."""
+    try:
+        from scalers.backends.base import get_backend
+
+        backend = get_backend(agent.scaler)
+    except Exception:  # noqa: BLE001
+        log.warning("no backend for the registration hooks of %s", agent.agent_id, exc_info=True)
+        return
+    for name in ("mark_registered", "clear_mmds"):
+        hook = getattr(backend, name, None)
+        if hook is not None:
+            try:
+                hook(agent)
+            except Exception:  # noqa: BLE001
+                log.warning("%s of %s failed", name, agent.agent_id, exc_info=True)
+
+
 @csrf_exempt
 @require_POST
 def register(request):
@@ -98,6 +122,7 @@ def register(request):
         agent.state, agent.registered_at, agent.last_heartbeat = AgentState.RUNNING, now, now
         session = mint_session_token(agent)
         record_event(agent, EventType.REGISTERED, "agent registered", payload={"remote": request.META.get("REMOTE_ADDR", "")})
+    _registration_hooks(agent)
     return JsonResponse(
         {
             "agentId": agent.agent_id,

@@ -61,15 +61,9 @@ def firecracker_backend(scaler):
     the top-level ``firecracker`` block (SPEC a.6, a.9), the database allocator, the configured nft
     table; in :data:`NFT_NETNS` when set. For sweeps and operations only (it tracks no VM itself:
     live VMs are the active agent rows and the running chroot pids)."""
-    from network.ipalloc_db import DbIpAllocator
-    from scalers.backends.firecracker.backend import FirecrackerBackend
-    from scalers.backends.firecracker.settings import FirecrackerSettings
-    from scalers.models import ConfigState
+    from scalers.backends.base import get_backend as factory  # the firecracker adapter (fcint)
 
-    entry = {**(scaler.config or {}), "name": scaler.name, "maxAgents": scaler.max_agents}
-    overrides = {"netns": NFT_NETNS} if NFT_NETNS else {}
-    fc = FirecrackerSettings.from_config(entry, ConfigState.load().firecracker or {}, **overrides)
-    return FirecrackerBackend(fc, DbIpAllocator(fc.cidr, fc.gateway), nft_client(fc.table))
+    return factory(scaler, netns=NFT_NETNS) if NFT_NETNS else factory(scaler)
 
 
 def docker_for_scaler(scaler):

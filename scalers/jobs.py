@@ -156,7 +156,8 @@ def spawn_agent(agent_pk: int) -> str:
         fields["host_access_explicit"] = result.host_access_explicit
     Agent.objects.filter(pk=agent.pk).update(**fields)
     schedule_expiry(agent)
-    return "spawned"
+    waiter = getattr(backend, "await_registration", None)  # firecracker: its boot watcher lives in this process
+    return waiter(agent, control) if waiter is not None else "spawned"
 
 
 def schedule_expiry(agent: Agent) -> None:

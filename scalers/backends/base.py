@@ -151,7 +151,7 @@ def get_backend(scaler: Scaler, **options: Any) -> Backend:
 
         return EventBackend(scaler, **options)
     if kind == ScalerType.FIRECRACKER:
-        from .firecracker_adapter import FirecrackerAdapter
+        from .firecracker.adapter import FirecrackerScalerBackend
 
-        return FirecrackerAdapter(scaler, **options)
+        return FirecrackerScalerBackend(scaler, **options)
     raise ValueError(f"scaler {scaler.name!r} has type {kind!r}, which no backend implements")

@@ -1,0 +1,352 @@
+"""A ``type: firecracker`` scaler through the common backend protocol (``scalers.backends.base``).
+
+``get_backend(scaler)`` returns a :class:`FirecrackerScalerBackend`: it builds helper "fc"'s
+:class:`~.backend.FirecrackerBackend` from the scaler row (``FirecrackerSettings.from_config`` of
+``Scaler.config`` and the imported top-level ``firecracker`` block), the database IP allocator,
+an ``NftClient`` on the configured ``firecracker.table``, registration tokens from
+``agents.tokens`` and events through ``agents.events.record_event``.
+
+Lifetime (SPEC h): the VM's boot watcher and log tail are threads of the process that ran the
+spawn, so the rq spawn job must outlive the boot. ``scalers.jobs.spawn_agent`` therefore calls
+:meth:`FirecrackerScalerBackend.await_registration` after storing the spawn result: it polls the
+agent row until the agent registers (row ``running``), the VM dies during boot (the watcher
+abandons the spawn: ``scaler.failed`` with its failure type, cleanup, release), the row is taken
+away from ``spawning`` by someone else (then this process stops watching), or the spawn deadline
+passes (abandoned: "agent did not register within N s").
+
+Failure bookkeeping: every ``scaler.failed`` the Firecracker backend emits is recorded with its
+payload (``reason``, ``failureType``) plus the last 50 serial lines, the agent is marked failed
+(compare-and-swap from ``spawning``) and its tokens revoked; once the failed spawn's rules, TAP,
+IP row and directory are gone the reservation is released (``scalers.admission.release``).
+
+Tests: ``settings.KICI_FIRECRACKER_NETNS`` (or the ``netns`` option) names a network namespace
+holding bridge, TAPs and table; unset in production.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.db import transaction
+from django.utils import timezone
+
+from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
+from . import watch
+from .backend import ABORT_REASON, FirecrackerCapacityError, FirecrackerSpawnError, release_thread_db
+from .cancel import CancelSignal
+from .settings import FirecrackerSettings
+from .watch import POLL_SECONDS, WatchedBackend, serial_tail
+
+log = logging.getLogger(__name__)
+
+FAILED = "scaler.failed"
+
+#: Settings this process already provisioned the host for (``ensure_host_ready``).
+_PROVISIONED: set[FirecrackerSettings] = set()
+
+
+class FirecrackerScalerBackend:
+    """The ``Backend`` of one firecracker scaler (see the module doc).
+
+    Options: ``netns`` (namespace of bridge/TAPs/table; default ``settings.KICI_FIRECRACKER_NETNS``),
+    ``nft`` (an ``NftClient``), ``ip_allocator``, ``environ`` (source of ``KICI_AGENT_ENV_*``),
+    ``log_sink``, ``tracked_provider``; any other keyword overrides a ``FirecrackerSettings`` field
+    (``socket_wait_s``, ``destroy_wait_s``, ``exit_grace_s``). Raises ``ValueError`` naming the
+    field for an invalid entry (``FirecrackerSettings.from_config``), ``TypeError`` for an unknown option.
+    """
+
+    type = "firecracker"
+    spawns_on_local_host = True
+
+    def __init__(self, scaler, *, netns: str | None = None, nft: Any = None, ip_allocator: Any = None,
+                 environ: Any = None, log_sink: Any = None, tracked_provider: Any = None, **overrides: Any):  # fmt: skip
+        from network.ipalloc_db import DbIpAllocator
+        from network.nft.apply import NftClient
+
+        from ..isolation import host_services
+        from .sweeps import default_tracked_provider
+
+        self.scaler = scaler
+        self._overrides = dict(overrides)
+        self.netns = netns if netns is not None else (getattr(django_settings, "KICI_FIRECRACKER_NETNS", None) or None)
+        fs = self._settings(scaler)
+        self.fc = WatchedBackend(
+            fs, ip_allocator or DbIpAllocator(fs.cidr, fs.gateway), nft or NftClient(fs.table, netns=self.netns),
+            mint_token=self._mint_token, emit=self._emit, host_services=host_services(), log_sink=log_sink,
+            environ=environ, tracked_provider=tracked_provider or default_tracked_provider,
+        )  # fmt: skip
+        self.fc.on_cleaned = self._release_after_cleanup
+        self._agents: dict[str, Any] = {}
+        self._release_reasons: dict[str, str] = {}
+        self._failed_emitted: dict[str, list[str]] = {}
+
+    def _settings(self, scaler) -> FirecrackerSettings:
+        from scalers.models import ConfigState
+
+        entry = {**(scaler.config or {}), "name": scaler.name, "maxAgents": scaler.max_agents}
+        extra = {"netns": self.netns} if self.netns else {}
+        return FirecrackerSettings.from_config(entry, ConfigState.load().firecracker or {}, **extra, **self._overrides)
+
+    def reload(self, scaler) -> None:
+        """Replace the entry read at every spawn (SPEC c.8); VMs already tracked keep running."""
+        self.scaler = scaler
+        self.fc.settings = self._settings(scaler)
+        self.fc.name = self.fc.settings.name
+
+    # ---- callbacks handed to the Firecracker backend -------------------------------------------
+
+    def _agent(self, agent_id: str):
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            from agents.models import Agent
+
+            agent = Agent.objects.select_related("scaler").filter(agent_id=agent_id).first()
+        return agent
+
+    def _mint_token(self, agent_id: str, labels: list[str]) -> str | None:
+        from agents.tokens import mint_registration_token
+
+        agent = self._agent(agent_id)
+        return mint_registration_token(agent) if agent is not None else None
+
+    def _emit(self, agent_id: str, type_: str, detail: str, payload: dict) -> None:
+        from agents.events import record_event
+
+        agent = self._agent(agent_id)
+        if agent is None:
+            log.warning("event %s for unknown agent %s: %s", type_, agent_id, detail)
+            return
+        if type_ != FAILED:
+            record_event(agent, type_, detail, payload or None)
+            return
+        self._record_failure(agent, detail, payload)
+
+    def _record_failure(self, agent, detail: str, payload: dict) -> None:
+        """``scaler.failed`` + captured serial output; the agent failed (CAS from spawning); tokens revoked."""
+        from agents.events import record_event
+        from agents.models import Agent
+        from agents.tokens import revoke_agent_tokens
+
+        captured = serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log")
+        self._failed_emitted[agent.agent_id] = captured
+        full = detail + ("\n--- captured output ---\n" + "\n".join(captured) if captured else "")
+        release_reason = self._release_reasons.get(agent.agent_id, "spawn-failed")
+        with transaction.atomic():
+            Agent.objects.filter(pk=agent.pk, state="spawning").update(
+                state="failed", failure_reason=full[:4000], finished_at=timezone.now()
+            )
+            record_event(agent, FAILED, full, payload={**(payload or {}), "stage": "boot", "release": release_reason})
+        try:
+            revoke_agent_tokens(agent)
+        except Exception:  # noqa: BLE001 - the token dies with its TTL anyway
+            log.warning("could not revoke the tokens of %s", agent.agent_id, exc_info=True)
+
+    def _release_after_cleanup(self, agent_id: str) -> None:
+        """The failed spawn's sandbox is gone: release its reservation (idempotent)."""
+        if agent_id not in self._failed_emitted:
+            return  # no scaler.failed (e.g. a destroy raced the spawn): whoever destroys releases
+        from scalers.admission import release
+
+        try:
+            release(agent_id, self._release_reasons.get(agent_id, "spawn-failed"))
+        except Exception:  # noqa: BLE001 - the stale-spawn prune is the backstop
+            log.warning("could not release the reservation of %s", agent_id, exc_info=True)
+        finally:
+            release_thread_db()
+
+    # ---- spawn ----------------------------------------------------------------------------------
+
+    def ensure_host_ready(self) -> bool:
+        """Provision bridge, forwarding, table, egress and port isolation (``provision``); False when
+        ``autoProvisionHost`` is off. Serialised between processes by ``<chrootBaseDir>/.provision-<bridge>.lock``
+        (concurrent spawns in forked workers share the bridge probe). Raises what provisioning raises."""
+        s = self.fc.settings
+        os.makedirs(s.chroot_base_dir, exist_ok=True)
+        with open(os.path.join(s.chroot_base_dir, f".provision-{s.bridge_name}.lock"), "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            ready = self.fc.ensure_host_ready()
+        _PROVISIONED.add(s)
+        return ready
+
+    def _label_set(self, agent) -> dict:
+        ls = agent.label_set
+        entry = dict((ls.config if ls is not None else None) or {})
+        policy = {k: v for k, v in dict(entry.get("networkPolicy") or {}).items() if k not in ("hostAccess", "host_access")}
+        if ls is not None and ls.host_access is not None:  # the host-access editor's word wins (SPEC g.3)
+            policy["hostAccess"] = list(ls.host_access)
+        entry["networkPolicy"] = policy
+        return entry
+
+    def _bridge_control(self, agent_id: str, control: SpawnControl, cancel: CancelSignal, stop: threading.Event) -> None:
+        try:
+            while not stop.wait(POLL_SECONDS):
+                if control.deadline is not None and time.time() >= control.deadline:
+                    self._release_reasons[agent_id] = "spawn-timeout"
+                    cancel.cancel(ABORT_REASON)
+                    return
+                why = control.cancelled()
+                if why:
+                    cancel.cancel(f"spawn cancelled: {why}")
+                    return
+        finally:
+            release_thread_db()
+
+    def spawn(self, agent, control: SpawnControl) -> SpawnResult:
+        """Boot the agent's VM (SPEC h spawn sequence) and return once MMDS holds its token.
+
+        Provisions the host first (once per process and settings). The deadline and the
+        ``control.cancelled`` callback are bridged to the backend's ``CancelSignal`` (checked every
+        0.2 s). Raises ``SpawnAborted`` (deadline/cancelled) or ``SpawnError`` after everything
+        created was removed; ``event_recorded`` is True when ``scaler.failed`` was already recorded.
+        """
+        from ..spawn_env import console_url, full_labels, spawn_limits
+
+        agent_id = agent.agent_id
+        control.check("provisioning")
+        if self.fc.settings not in _PROVISIONED:
+            try:
+                self.ensure_host_ready()
+            except Exception as exc:  # noqa: BLE001 - fail closed: no VM on an unprovisioned host
+                raise SpawnError(f"host provisioning failed: {exc}", "provisioning") from exc
+        self._agents[agent_id] = agent
+        cancel, stop = CancelSignal(), threading.Event()
+        watch.track(agent_id, self.fc)
+        bridge = threading.Thread(
+            target=self._bridge_control, args=(agent_id, control, cancel, stop), name=f"fc-control:{agent_id}", daemon=True
+        )
+        bridge.start()
+        try:
+            vm = self.fc.spawn(
+                agent_id, self._label_set(agent), spawn_limits(agent), console_url(agent.scaler),
+                labels=full_labels(agent), cancel=cancel,
+            )  # fmt: skip
+        except FirecrackerCapacityError as exc:
+            self._forget(agent_id)
+            raise SpawnError(exc.reason, "capacity") from exc
+        except Exception as exc:  # noqa: BLE001 - FirecrackerSpawnError and anything before tracking
+            self._forget(agent_id)
+            reason = exc.reason if isinstance(exc, FirecrackerSpawnError) else str(exc)
+            captured = self._failed_emitted.get(agent_id, [])
+            if cancel.is_set() and self._release_reasons.get(agent_id) == "spawn-timeout":
+                err: Exception = SpawnAborted("deadline", "boot", reason)
+            elif cancel.is_set() and (cancel.reason or "").startswith("spawn cancelled"):
+                err = SpawnAborted("cancelled", "boot", reason)
+            else:
+                err = SpawnError(reason, "boot", captured)
+            err.captured_output = captured  # type: ignore[attr-defined]
+            err.event_recorded = agent_id in self._failed_emitted  # type: ignore[attr-defined]
+            raise err from exc
+        finally:
+            stop.set()
+            bridge.join(2)
+        policy = self._label_set(agent)["networkPolicy"]
+        layout = vm.layout
+        context = {
+            "chroot": str(layout.chroot),
+            "console_path": str(layout.serial_log),
+            "vmm_log_path": str(layout.vmm_log),
+            "console_logs": {"serial": str(layout.serial_log), "vmm": str(layout.vmm_log)},
+            "tap": vm.tap,
+            "mac": vm.mac,
+            "bridge": self.fc.settings.bridge_name,
+            "table": self.fc.settings.table,
+        }
+        if self.netns:
+            context["host_netns"] = self.netns
+        return SpawnResult(
+            managed_id=agent_id, ip=vm.ip, host_access=list(vm.host_access),
+            host_access_explicit="hostAccess" in policy, context=context,
+        )  # fmt: skip
+
+    def _forget(self, agent_id: str) -> None:
+        watch.untrack(agent_id, self.fc)
+
+    def await_registration(self, agent, control: SpawnControl) -> str:
+        """Block until the agent registers or its boot fails; the spawn job calls it after ``spawn``.
+
+        Returns ``spawned`` (registered: the VM's exit is no longer a boot failure), ``failed`` (the
+        VM died during boot, or the deadline passed: abandoned with "agent did not register within
+        N s", cleaned up, released) or ``cancelled`` (the row left ``spawning`` for another reason).
+        See ``watch.await_registration``.
+        """
+
+        def at_deadline() -> str:
+            from scalers.jobs import spawn_timeout_seconds
+
+            self._release_reasons[agent.agent_id] = "spawn-timeout"
+            return f"agent did not register within {spawn_timeout_seconds()} s"
+
+        return watch.await_registration(self.fc, agent.agent_id, control.deadline, at_deadline)
+
+    # ---- registration -------------------------------------------------------------------------
+
+    def mark_registered(self, agent) -> None:
+        """The agent registered: its VM's exit is no longer a boot failure (in every instance of this process)."""
+        agent_id = getattr(agent, "agent_id", agent)
+        live = watch.live(agent_id)
+        if live is not None:
+            live.mark_registered(agent_id)
+        self.fc.mark_registered(agent_id)
+
+    def clear_mmds(self, agent) -> None:
+        """``PUT /mmds`` with empty meta-data (SPEC d config.ack). Raises ``FirecrackerApiError``/``OSError``."""
+        self.fc.clear_mmds(getattr(agent, "agent_id", agent))
+
+    def captured_output_for(self, agent) -> list[str]:
+        """The last 50 serial-console lines of the agent's VM ([] when there is no log)."""
+        return serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log")
+
+    # ---- teardown and sweeps ------------------------------------------------------------------
+
+    def destroy(self, agent, reason: str = "shutdown") -> None:
+        """Ctrl-Alt-Del, wait, SIGKILL a confirmed VM, then rules, TAP, IP row, directory (SPEC h).
+
+        Works from disk for a VM another process spawned; idempotent. Raises ``RuntimeError`` when
+        the VM directory is still there afterwards (the caller keeps the reservation and retries)."""
+        agent_id = agent.agent_id
+        fc = watch.live(agent_id) or self.fc
+        fc.destroy(agent_id)
+        self._forget(agent_id)
+        if self.fc.chroot_dir(agent_id).parent.exists():
+            raise RuntimeError(f"the VM directory of {agent_id} is still present after destroy")
+
+    def reap_unowned(self, agent_id: str) -> bool:
+        """Force-reclaim an untracked VM of this scaler (SPEC h ``reapUnowned``); True when reclaimed."""
+        if watch.live(agent_id) is not None:
+            return False
+        return self.fc.reap_unowned(agent_id)
+
+    def plan_orphans(self) -> list:
+        """The four orphan passes' targets now (``orphans.OrphanTarget``); changes nothing."""
+        return self.fc.plan_orphans()
+
+    def apply_orphans(self, plan) -> int:
+        """Apply ``plan`` re-checking each target; returns sandboxes cleaned + rule sets deleted."""
+        report = self.fc.apply_orphans(plan)
+        return int(report.cleaned) + int(report.rules_deleted)
+
+    def cleanup_orphans(self) -> int:
+        """``apply_orphans(plan_orphans())``."""
+        return self.apply_orphans(self.plan_orphans())
+
+    # The pieces operation kinds use to show evidence and re-check targets one by one.
+    def orphan_facts(self):
+        return self.fc.orphan_facts()
+
+    def orphan_recheck(self, target) -> str | None:
+        return self.fc.orphan_recheck(target)
+
+    def orphan_act(self, target) -> None:
+        self.fc.orphan_act(target)
+
+    def chroot_dir(self, agent_id: str):
+        return self.fc.chroot_dir(agent_id)
+
+
+__all__ = ["FirecrackerScalerBackend", "serial_tail"]
