@@ -5,8 +5,9 @@ At start it recovers this instance's rows (``recover_state``, trigger ``boot``).
 boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
 that reports whether it did anything: the stale-spawn prune (SPEC c.6), token-TTL expiry, the
 check of failed spawn jobs in rq, retries of failed teardowns, the retirement sweep (SPEC c.8),
-the warm-pool tick (SPEC j; started with ``start_warm_pools`` once this process leads) and the
-pruning of old request records. SIGTERM / SIGINT stop it after the current unit of work.
+the warm-pool tick (SPEC j; started with ``start_warm_pools`` once this process leads), the
+periodic operation sweeps (``operations.sweeps``: plans only) and the pruning of old request
+records. SIGTERM / SIGINT stop it after the current unit of work.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Command(BaseCommand):
             self.handle_stuck_teardowns,
             self.handle_retirement,
             self.handle_warm_pools,
+            self.handle_operation_sweeps,
             self.handle_old_records,
         ):
             if self.shutdown:
@@ -137,6 +139,13 @@ class Command(BaseCommand):
             start_warm_pools()
             return True
         return WARM_POOLS.tick()
+
+    def handle_operation_sweeps(self) -> bool:
+        """Periodic orphan / rule / reservation sweeps: they only *plan* operations (issue 8);
+        nothing is reaped until an approver (or an explicit auto-approve policy) says so."""
+        from operations.sweeps import run_periodic_sweeps
+
+        return bool(run_periodic_sweeps(timezone.now()))
 
     def handle_old_records(self) -> bool:
         cutoff = timezone.now() - timedelta(seconds=SCALE_REQUEST_RETENTION_SECONDS)
