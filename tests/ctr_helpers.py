@@ -74,3 +74,13 @@ def wsgi_server(host: str, port: int):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def remove_test_containers(client) -> int:
+    """Force-remove every kici-managed container of a scaler named ``ctr-t-…`` (a failed test's leftovers)."""
+    removed = 0
+    for c in client.api.containers(all=True, filters={"label": "kici-managed=true"}):
+        if (c.get("Labels") or {}).get("kici-scaler-name", "").startswith(PREFIX):
+            client.api.remove_container(c["Id"], force=True)
+            removed += 1
+    return removed

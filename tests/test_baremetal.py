@@ -21,7 +21,7 @@ from scalers.backends.baremetal import (
 from scalers.backends.hostconfig import EffectiveLimits
 from scalers.jobs import destroy_agent, spawn_agent
 from scalers.models import Reservation
-from tests.ctr_helpers import free_port, make_agent, make_scaler, wsgi_server
+from tests.ctr_helpers import remove_test_containers, free_port, make_agent, make_scaler, wsgi_server
 
 ROOT = Path(__file__).resolve().parent.parent
 ID = "scaler-bare-metal-ab12cd34"
@@ -178,3 +178,4 @@ def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, a
         assert all(str(a) != agent.ip for a in nft.list_agents())
     finally:
         nft.delete_table()
+        remove_test_containers(docker_client)

@@ -14,7 +14,7 @@ from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWO
 from scalers.jobs import destroy_agent, enqueue_spawn
 from scalers.models import Reservation
 from tests.conftest import require_root
-from tests.ctr_helpers import free_port, make_agent, make_scaler, wsgi_server
+from tests.ctr_helpers import remove_test_containers, free_port, make_agent, make_scaler, wsgi_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -30,6 +30,12 @@ def nft_table(settings):
     client = NftClient(TABLE)
     yield client
     client.delete_table()
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_containers(docker_client):
+    yield
+    remove_test_containers(docker_client)
 
 
 def wait_for(predicate, timeout: float, step: float = 0.1):

@@ -16,7 +16,7 @@ from scalers.backends.container import ContainerBackend
 from scalers.jobs import expire_spawn, spawn_agent
 from scalers.models import Reservation
 from tests.conftest import require_root
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.ctr_helpers import remove_test_containers, make_agent, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -33,6 +33,12 @@ def nft_table(settings):
     client.ensure_table()
     yield client
     client.delete_table()
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_containers(docker_client):
+    yield
+    remove_test_containers(docker_client)
 
 
 def assert_nothing_left(agent: Agent, docker_client, nft_table):
