@@ -163,15 +163,12 @@ def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_af
     socket_path = env.base / "firecracker" / agent_id / "root" / "run" / "firecracker.socket"
     guest = FakeGuest(socket_path)
     guest.start()
-    started = time.monotonic()
     run_rq_jobs(settings.KICI_HOST_QUEUE)  # the job returns once the agent registered
     guest.join(5)
-    took = time.monotonic() - started
 
     assert guest.response is not None and guest.response.status_code == 200, getattr(guest.response, "content", None)
     job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
     assert job.return_value() == "spawned"
-    assert took < 15
     agent = Agent.objects.get(agent_id=agent_id)
     assert agent.state == AgentState.RUNNING and agent.registered_at is not None
     assert guest.meta["kici-orchestrator-url"] == f"http://{env.gateway}:8000"
@@ -212,18 +209,15 @@ def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_rele
     decision = request_scale(["linux", "vm"], "job-fcint-2")
     assert decision.action == "spawning", decision
     agent_id = decision.agent
-    started = time.monotonic()
     run_rq_jobs(settings.KICI_HOST_QUEUE)
-    took = time.monotonic() - started
 
     job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
     assert job.return_value() == "failed"
-    assert took < 15  # the boot watcher caught it; nobody waited for the 20 s deadline
     agent = Agent.objects.get(agent_id=agent_id)
     assert agent.state == AgentState.FAILED
     failed = [e for e in events(agent_id) if e.type == EventType.FAILED]
     assert len(failed) == 1, [(e.type, e.detail) for e in events(agent_id)]
-    assert failed[0].detail.startswith("jailer exited during boot (code 0, ")
+    assert failed[0].detail.startswith("jailer exited during boot (code 0, ")  # the watcher, not the 20 s deadline
     assert failed[0].payload["failureType"] == "kernel-panic"
     assert "--- captured output ---\nKernel panic - not syncing: VFS: no PVM guest kernel here" in failed[0].detail
     assert agent.failure_reason.startswith("jailer exited during boot")
@@ -241,13 +235,10 @@ def test_a_vm_that_dies_while_the_job_waits_for_registration_is_caught_by_the_jo
 
     decision = request_scale(["linux", "vm"], "job-fcint-3")
     agent_id = decision.agent
-    started = time.monotonic()
     run_rq_jobs(settings.KICI_HOST_QUEUE)
-    took = time.monotonic() - started
 
     job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
     assert job.return_value() == "failed"  # the job outlived the boot and saw the VM die
-    assert took < 10
     types = [e.type for e in events(agent_id)]
     assert types[-3:] == ["agent.connecting", "scaler.failed", "reservation.released"], types
     failed = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.FAILED)
@@ -274,6 +265,27 @@ def test_an_agent_that_never_registers_is_abandoned_at_the_deadline_by_the_waiti
     assert "a guest whose agent never starts" in failed.detail  # the captured serial output
     released = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.RELEASED)
     assert released.detail == "spawn-timeout"
+    agent = Agent.objects.get(agent_id=agent_id)
+    assert agent.state == AgentState.FAILED
+    assert nothing_left(env, agent_id, agent.ip) == []
+
+
+def test_the_spawn_deadline_aborts_a_boot_that_hangs_before_its_api_socket_appears(product, settings, run_rq_jobs):
+    env = product
+    settings.KICI_SPAWN_TIMEOUT_SECONDS = 1  # the socket wait alone would take 5 s
+    kernel = env.write_image("vmlinux", fake_kernel("api off", "serial stuck before the API"))
+    import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
+
+    agent_id = request_scale(["linux", "vm"], "job-fcint-5").agent
+    run_rq_jobs(settings.KICI_HOST_QUEUE)
+
+    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    assert job.return_value() == "failed"
+    failed = ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.FAILED)
+    assert failed.count() == 1  # recorded once: the job does not repeat the backend's report
+    # the bridged deadline cancelled the socket wait (not its own 5 s timeout)
+    assert failed.get().detail.startswith("spawn aborted (deadline or shutdown)")
+    assert ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.RELEASED).detail == "spawn-timeout"
     agent = Agent.objects.get(agent_id=agent_id)
     assert agent.state == AgentState.FAILED
     assert nothing_left(env, agent_id, agent.ip) == []
