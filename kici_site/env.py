@@ -93,3 +93,18 @@ def redis_url(name: str, default: str) -> str:
     except ValueError:
         raise ImproperlyConfigured(f"{name}={url!r}: the port is not a number") from None
     return url
+
+
+def env_url_map(name: str) -> dict[str, str]:
+    """Parse ``$name`` as ``key=http(s)://url,key2=...`` (e.g. provisioning target names to URLs)."""
+    raw = os.environ.get(name, "")
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        key, sep, url = part.partition("=")
+        key, url = key.strip(), url.strip()
+        if not sep or not key or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+            raise ImproperlyConfigured(f"{name}: {part!r} is not NAME=http(s)://host/path")
+        out[key] = url
+    return out

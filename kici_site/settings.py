@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .env import database_from_url, env_bool, env_int, env_list, env_str, redis_url
+from .env import database_from_url, env_bool, env_int, env_list, env_str, env_url_map, redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -143,6 +143,11 @@ KICI_NETWORK_ISOLATION = env_bool("KICI_NETWORK_ISOLATION", True)
 KICI_OPERATION_PLAN_TTL_SECONDS = env_int("KICI_OPERATION_PLAN_TTL_SECONDS", 3600, minimum=10)
 KICI_SWEEP_INTERVAL_SECONDS = env_int("KICI_SWEEP_INTERVAL_SECONDS", 900, minimum=5)
 KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", False)
+# Event backend (SPEC k): HMAC key for scale-up/-down deliveries, and target names -> URLs.
+KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")
+KICI_PROVISIONING_TARGET_URLS = env_url_map("KICI_PROVISIONING_TARGET_URLS")
+# Where bare-metal process-mode agents write their output.
+KICI_AGENT_LOG_DIR = env_str("KICI_AGENT_LOG_DIR", str(BASE_DIR / "var" / "agents"))
 
 LOGGING = {
     "version": 1,

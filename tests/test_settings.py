@@ -43,3 +43,15 @@ def test_healthz_reports_each_check(client):
     assert set(body["checks"]) == {"database", "redis", "docker", "workers"}
     assert body["checks"]["database"]["ok"] is True
     assert body["checks"]["redis"]["ok"] is True
+
+
+def test_it_parses_provisioning_target_urls(monkeypatch):
+    monkeypatch.setenv("KICI_PROVISIONING_TARGET_URLS", "myorg/infra=https://hooks.invalid/x, b=http://127.0.0.1:9/y")
+    assert env.env_url_map("KICI_PROVISIONING_TARGET_URLS") == {"myorg/infra": "https://hooks.invalid/x", "b": "http://127.0.0.1:9/y"}
+
+
+@pytest.mark.parametrize("raw", ["noequals", "a=ftp://x", "=https://x", "a=https://"])
+def test_it_refuses_a_bad_target_map_naming_the_item(monkeypatch, raw):
+    monkeypatch.setenv("KICI_PROVISIONING_TARGET_URLS", raw)
+    with pytest.raises(ImproperlyConfigured, match="KICI_PROVISIONING_TARGET_URLS"):
+        env.env_url_map("KICI_PROVISIONING_TARGET_URLS")
