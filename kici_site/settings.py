@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -87,14 +88,17 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# Redis Pub/Sub channels are shared by every database of a server: the prefix carries the db
+# number so two consoles (or two test runs) on one Redis never hear each other's groups.
+_REDIS_DB = (urlsplit(REDIS_URL).path.strip("/") or "0") if REDIS_URL.startswith("redis") else "0"
 CHANNEL_LAYERS = {
     "default": {
         # Pub/Sub: one PUBLISH per group message and pushed delivery; the list-based
         # RedisChannelLayer needs ~4 round trips per received message and could not carry
-        # 1,000 events/s to a daphne on this box (bench/fanout.py --layer redis|pubsub).
+        # 1,000 events/s to a daphne on this box (bench/fanout.py --layer project|list).
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         # redis-py 8 drops idle sockets after 5 s unless socket_timeout is None.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "capacity": 1000, "expiry": 30},
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "prefix": f"asgi.db{_REDIS_DB}."},
     }
 }
 
