@@ -57,7 +57,8 @@ def make_layer():
     if LAYER == "project":
         from channels_redis.pubsub import RedisPubSubChannelLayer
 
-        return RedisPubSubChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}])
+        db = REDIS_URL.rsplit("/", 1)[-1] if REDIS_URL.count("/") >= 3 else "0"
+        return RedisPubSubChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}], prefix=f"tailbench.db{db}.")
     from channels_redis.core import RedisChannelLayer
 
     return RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}], capacity=1000, expiry=30)
