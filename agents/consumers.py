@@ -166,21 +166,32 @@ def _docker_source(agent) -> SourceFactory:
     return open_source
 
 
-def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
-    """``(source, flag_failures)`` of one console stream of ``agent``; ``LookupError`` if none.
+def console_log_file(agent, stream: str) -> Path | None:
+    """The file behind a console stream, or None when it is not a file (a container's docker logs).
 
-    Firecracker: ``serial`` / ``vmm`` files from ``backend_context["console_logs"][stream]``,
-    else ``backend_context["chroot"]``, else ``<chrootBaseDir>/firecracker/<id>/root`` (SPEC h);
-    serial lines are checked for failure patterns. ``console``: ``backend_context["console_log"]``
-    when set (a file), else the container's docker logs (container ``managed_id``).
+    Firecracker ``serial`` / ``vmm``: ``backend_context["console_logs"][stream]``, else
+    ``backend_context["chroot"]``, else ``<chrootBaseDir>/firecracker/<id>/root`` (SPEC h).
+    ``console``: ``backend_context["console_log"]`` when set. Raises ``LookupError`` for a stream
+    the agent does not have. For the full-log download as well as the live stream.
     """
     if stream not in console_streams_of(agent):
         raise LookupError(f"agent {agent.agent_id} has no console stream {stream!r}")
     if stream in ("serial", "vmm"):
-        return file_source(_firecracker_log(agent, stream)), stream == "serial"
+        return _firecracker_log(agent, stream)
     path = (agent.backend_context or {}).get("console_log")
-    if path:
-        return file_source(path), False
+    return Path(path) if path else None
+
+
+def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
+    """``(source, flag_failures)`` of one console stream of ``agent``; ``LookupError`` if none.
+
+    A file (see :func:`console_log_file`) is followed with :func:`agents.streams.file_source`;
+    serial lines are checked for failure patterns. A container without a log file streams its
+    docker logs (container ``managed_id``, else the agent id as its name).
+    """
+    path = console_log_file(agent, stream)
+    if path is not None:
+        return file_source(path), stream == "serial"
     if agent.scaler.type == "container":
         return _docker_source(agent), False
     raise LookupError(f"agent {agent.agent_id} ({agent.scaler.type}) has no console output to stream")

@@ -293,8 +293,8 @@ def file_source(
     """A source following ``path`` with :class:`agents.tail.FileTail` (all of SPEC (i)'s caps).
 
     A new pump starts ``backlog_bytes`` before the end of the file (at the next line start) so a
-    viewer sees the recent past at once; older content is for the download link. The file is
-    created if missing (its directory must exist: the pump then reports ``FileNotFoundError``).
+    viewer sees the recent past at once; older content is for the download link. A missing file
+    is waited for, never created (the spawn creates it).
     The tail is paced by the pump (nothing read is dropped); when the pump falls more than
     ``max_lag_bytes`` behind a flooding guest it skips ahead with a ``[skipped N bytes]`` marker
     (None: never skip).
@@ -306,7 +306,12 @@ def file_source(
         except FileNotFoundError:
             size = 0
         tail = FileTail(
-            path, poll_interval=poll_interval, start_offset=max(0, size - backlog_bytes), pace=True, max_lag_bytes=max_lag_bytes
+            path,
+            poll_interval=poll_interval,
+            start_offset=max(0, size - backlog_bytes),
+            pace=True,
+            max_lag_bytes=max_lag_bytes,
+            create=False,
         )
         return tail.batches()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import os
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
@@ -224,7 +225,9 @@ class FileTail:
     """Follows one file: a reader task fills a :class:`LineQueue`, the consumer takes batches.
 
     ``path``: the file; created empty (append mode) if missing, its directory must exist
-    (``FileNotFoundError`` otherwise). ``from_start``: read existing content (True) or only what
+    (``FileNotFoundError`` otherwise). With ``create=False`` a missing file (or directory) is
+    waited for instead, polled every ``poll_interval`` (a viewer must not create files in a
+    VM's chroot). ``from_start``: read existing content (True) or only what
     is appended after the start (False). ``start_offset``: explicit byte offset to start at
     (overrides ``from_start``; the first, possibly partial, line is skipped when it is > 0).
 
@@ -259,6 +262,7 @@ class FileTail:
         max_queued: int = MAX_QUEUED_LINES,
         pace: bool = False,
         max_lag_bytes: int | None = None,
+        create: bool = True,
     ):
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
@@ -267,6 +271,7 @@ class FileTail:
         if max_lag_bytes is not None and (not pace or max_lag_bytes < 2 * max_read):
             raise ValueError(f"max_lag_bytes needs pace=True and at least 2 * max_read ({2 * max_read}) bytes, got {max_lag_bytes!r}")
         self.pace = pace
+        self.create = create
         self.max_lag_bytes = max_lag_bytes
         self.skipped_bytes = 0
         self._taken = asyncio.Event()
@@ -290,10 +295,17 @@ class FileTail:
 
     # -- file handling -------------------------------------------------------------------------
 
-    def _open(self) -> None:
-        with open(self.path, "ab"):
-            pass  # create if missing, like the reference (append, empty)
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+    def _open(self) -> bool:
+        """Open the file (creating it when ``create``); False if it is missing and not created."""
+        if self.create:
+            with open(self.path, "ab"):
+                pass  # create if missing, like the reference (append, empty)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if self.create:
+                raise
+            return False
         st = os.fstat(fd)
         self._fd, self._identity = fd, _identity(st)
         if self._start_offset is not None:
@@ -302,6 +314,7 @@ class FileTail:
                 self.splitter._skipping = True  # mid-line: resume at the next line boundary
         else:
             self.offset = 0 if self._from_start else st.st_size
+        return True
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -394,10 +407,15 @@ class FileTail:
         :meth:`batches` runs this as a task; tests and benches may run it alone to observe the
         queue without a consumer. Raises ``OSError`` from opening or reading the file.
         """
-        if self._fd is None:
-            self._open()
         self._stop = stop
         try:
+            while self._fd is None and not self._open():
+                # Not created by us and not there yet (a VM still spawning): look again later.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_interval):
+                        await stop.wait()
+                if stop.is_set():
+                    return
             while not stop.is_set():
                 if self.pace and len(self.queue) >= self.queue.maxlen // 2:
                     # Paced: the file is the buffer; wait for the consumer instead of dropping.
@@ -428,7 +446,8 @@ class FileTail:
         ``max_lines`` caps one batch (None: everything queued).
         """
         stop = stop if stop is not None else asyncio.Event()
-        self._open()
+        if self.create:
+            self._open()  # a missing directory fails here, at the first iteration
         reader = asyncio.create_task(self.run(stop), name=f"tail:{self.path}")
         try:
             while True:

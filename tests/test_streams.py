@@ -257,9 +257,22 @@ async def test_a_file_source_starts_near_the_end_of_a_big_file(hub, tmp_path):
 
 
 async def test_a_source_that_fails_is_reported_to_the_viewers(hub, tmp_path):
-    viewer = await hub.subscribe(KEY, source_for(tmp_path / "missing-dir" / "serial-console.log"))
+    path = tmp_path / "serial-console.log"
+    path.mkdir()  # a directory where the log should be: reading it fails
+    viewer = await hub.subscribe(KEY, source_for(path))
     (row,) = await drain(viewer, 1)
     assert row.level == LEVEL_ERROR and row.text.startswith("[console source failed:")
+
+
+async def test_a_missing_console_file_is_waited_for_not_created(hub, tmp_path):
+    path = tmp_path / "vm" / "serial-console.log"
+    viewer = await hub.subscribe(KEY, source_for(path))
+    await asyncio.sleep(0.1)
+    assert not path.parent.exists()  # viewing creates nothing
+    path.parent.mkdir()
+    path.write_bytes(b"first boot line\n")
+    rows = await drain(viewer, 1)
+    assert [r.text for r in rows] == ["first boot line"]
 
 
 def test_it_refuses_a_bad_stream_key():
