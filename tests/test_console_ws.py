@@ -362,3 +362,30 @@ async def test_another_process_takes_over_the_pump_when_its_owner_dies(tmp_path,
             more, _ = await in_b.next_batch()
             seen += [r.text for r in more]
     assert seen == ["before the crash", "after the takeover"]
+
+
+# --- a container's console is its docker logs ------------------------------------------------------
+
+
+def _container_agent(container_id: str):
+    scaler = Scaler.objects.create(name="tail-ctr", type="container", max_agents=4)
+    return Agent.objects.create(agent_id="scaler-container-7a11c0de", scaler=scaler, managed_id=container_id)
+
+
+@pytest.mark.docker
+async def test_a_container_console_streams_its_docker_logs(world, docker_client, agent_image):
+    import uuid
+
+    container = docker_client.containers.run(
+        agent_image, ["sh", "-c", "echo hello from the container; echo '<b>bold</b>'; sleep 30"],
+        name=f"tail-console-{uuid.uuid4().hex[:8]}", detach=True, network_mode="none", labels={"kici.test": "tail"},
+    )
+    try:
+        agent = await database_sync_to_async(_container_agent)(container.id)
+        comm = await connect(f"/ws/agents/{agent.agent_id}/console/console/", world["viewer"])
+        frames = await frames_until(comm, lambda f: 2 in seqs(f))
+        text = "".join(frames)
+        assert "hello from the container" in text and "&lt;b&gt;bold&lt;/b&gt;" in text
+        await comm.disconnect()
+    finally:
+        container.remove(force=True)
