@@ -283,9 +283,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument(
         "--layer", choices=["project", "list"], default="project",
-        help="project: the settings' layer (Redis Pub/Sub); list: channels_redis RedisChannelLayer (bench/list_layer_settings.py)",
+        help="project: the settings' layer (Redis Pub/Sub); list: channels_redis RedisChannelLayer (bench/settings/list_layer.py)",
     )
     args = parser.parse_args()
     if args.layer == "list":
-        ENV["DJANGO_SETTINGS_MODULE"] = "bench.list_layer_settings"
+        ENV["DJANGO_SETTINGS_MODULE"] = "bench.settings.list_layer"
     asyncio.run(main(args))

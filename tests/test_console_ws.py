@@ -31,18 +31,21 @@ def append(path, data: bytes) -> None:
 
 @pytest.fixture(autouse=True)
 async def clean_redis():
-    """Each test starts with an empty Redis db of its own (REDIS_URL must not be db 0)."""
+    """Each test starts and ends without console keys of the agents these tests use."""
     import redis.asyncio
 
     assert settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_redis.")  # a Redis layer, not in-memory
     client = redis.asyncio.from_url(settings.REDIS_URL)
-    db = client.connection_pool.connection_kwargs.get("db", 0)
-    if int(db) == 0:
-        pytest.skip("set REDIS_URL to a Redis db of your own (not 0): these tests flush it")
-    await client.flushdb()
+
+    async def clean():
+        for agent_id in (AGENT_ID, "scaler-container-7a11c0de"):
+            async for name in client.scan_iter(f"kici:console:{agent_id}:*"):
+                await client.delete(name)
+
+    await clean()
     yield
     await close_console_hub()
-    await client.flushdb()
+    await clean()
     await client.aclose()
 
 
