@@ -8,9 +8,12 @@ beyond this machine (HELPER_COMMON "Network safety").
 
 ``ensure_private_dockerd()`` reuses a daemon already listening on the socket (another test
 session, or ``make test`` run twice) and otherwise starts one, detached, under a file lock so
-two sessions starting at once do not race. It is left running afterwards on purpose: parallel
-test sessions share it, and restarting a dockerd costs seconds. ``python -m tests.dockerd stop``
-stops it.
+two sessions starting at once do not race. It is left running afterwards so that parallel test
+sessions can share it; ``make test`` stops it at the end (``python -m tests.dockerd stop``), first
+removing its containers and networks, because dockerd leaves a user network's bridge behind when
+it stops, and a stale bridge holding 172.30.0.1 would collide with ``make run``'s own
+``kici-agent-net``. For the same reason the daemon refuses to serve a session while another
+interface (``make run``'s dockerd) already holds the agent-network gateway.
 
 Installs nothing. When ``dockerd`` is missing or does not come up, ``DockerdUnavailable`` is
 raised with the daemon's last log lines; the ``dockerd`` fixture turns that into a failure in CI
@@ -82,6 +85,7 @@ def ensure_private_dockerd() -> str:
     daemon does not answer a ping within ``START_TIMEOUT_SECONDS`` (60 s).
     """
     if _ping():
+        _check_gateway_owner()
         return DOCKER_HOST
     if os.geteuid() != 0:
         raise DockerdUnavailable("the private dockerd needs root")
@@ -107,11 +111,54 @@ def ensure_private_dockerd() -> str:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if _ping():
+                _check_gateway_owner()
                 return DOCKER_HOST
             if proc.poll() is not None:
                 raise DockerdUnavailable(f"dockerd exited with status {proc.returncode}:\n{_log_tail()}")
             time.sleep(0.2)
         raise DockerdUnavailable(f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}")
+
+
+AGENT_GATEWAY = "172.30.0.1"
+
+
+def _interfaces_holding(address: str) -> list[str]:
+    """Names of the host interfaces that carry ``address`` (read with ``ip -j addr``)."""
+    import json
+
+    try:
+        out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [
+        link["ifname"]
+        for link in json.loads(out or "[]")
+        if any(a.get("local") == address for a in link.get("addr_info", []))
+    ]
+
+
+def _check_gateway_owner() -> None:
+    """Refuse when an interface that is not one of this daemon's bridges holds 172.30.0.1.
+
+    That is ``make run``'s dockerd (or a stale bridge): two bridges with one gateway address
+    would route the test agents' packets to the wrong one.
+    """
+    holders = _interfaces_holding(AGENT_GATEWAY)
+    if not holders:
+        return
+    client = docker_client()
+    try:
+        ours = {f"br-{n.id[:12]}" for n in client.networks.list()}
+        ours |= {n.attrs.get("Options", {}).get("com.docker.network.bridge.name") for n in client.networks.list()}
+    finally:
+        client.close()
+    foreign = [h for h in holders if h not in ours]
+    if foreign:
+        raise DockerdUnavailable(
+            f"interface {', '.join(foreign)} already holds {AGENT_GATEWAY}, the gateway of kici-agent-net: "
+            "another dockerd (`make run`?) owns the agent network. Stop it (Ctrl-C `make run`), or remove a "
+            f"stale bridge with `ip link del {foreign[0]}`, then run the tests again."
+        )
 
 
 def _read_pid() -> int | None:
@@ -151,7 +198,24 @@ def _terminate(pid: int, timeout: float = 20.0) -> None:
 
 
 def stop_private_dockerd() -> None:
-    """Stop the private dockerd started by ``ensure_private_dockerd`` (no-op when not running)."""
+    """Stop the private dockerd (no-op when not running), first removing its kici-managed
+    containers and its networks so that no bridge is left holding the agent gateway."""
+    if _ping():
+        client = docker_client()
+        try:
+            for c in client.containers.list(all=True, filters={"label": "kici-managed=true"}):
+                try:
+                    c.remove(force=True)
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+            for n in client.networks.list():
+                if n.name not in ("bridge", "host", "none"):
+                    try:
+                        n.remove()
+                    except Exception as exc:  # noqa: BLE001 - still in use: reported, not fatal
+                        print(f"could not remove network {n.name}: {exc}", file=sys.stderr)
+        finally:
+            client.close()
     pid = _read_pid()
     if pid is not None:
         _stop_stale()
