@@ -10,6 +10,9 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 warn() { printf '\033[33mwarning:\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[31merror:\033[0m %s\n' "$*" >&2; exit 1; }
 
+STARTED_POSTGRES=0
+STARTED_REDIS=0
+STARTED_DOCKERD=0
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || die "run as root or install sudo"
@@ -54,6 +57,7 @@ ensure_postgres() {
   if ! command -v pg_ctlcluster >/dev/null 2>&1 && ! command -v psql >/dev/null 2>&1; then apt_install postgresql; fi
   if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
     say "starting PostgreSQL"
+    STARTED_POSTGRES=1
     local v
     for v in $(ls /etc/postgresql 2>/dev/null); do
       $SUDO pg_ctlcluster --skip-systemctl-redirect "$v" main start 2>/dev/null || $SUDO pg_ctlcluster "$v" main start || true
@@ -86,6 +90,7 @@ ensure_redis() {
   command -v redis-server >/dev/null 2>&1 || apt_install redis-server
   if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     say "starting Redis"
+    STARTED_REDIS=1
     $SUDO mkdir -p /var/lib/redis /var/log/redis
     $SUDO redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
       --dir /var/lib/redis --logfile /var/log/redis/kici.log
@@ -101,7 +106,8 @@ ensure_dockerd() {
     if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
       $SUDO systemctl start docker
     else
-      $SUDO sh -c "nohup dockerd ${KICI_DOCKERD_FLAGS:-} >'$LOG_DIR/dockerd.log' 2>&1 &"
+      $SUDO sh -c "nohup dockerd --pidfile '$RUN_DIR/dockerd.pid' ${KICI_DOCKERD_FLAGS:-} >'$LOG_DIR/dockerd.log' 2>&1 &"
+      STARTED_DOCKERD=1
     fi
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
     docker info >/dev/null 2>&1 || die "dockerd did not start; see $LOG_DIR/dockerd.log"
@@ -112,5 +118,26 @@ load_env() {  # var/env holds what set-up generated (DATABASE_URL for password a
   if [ -f "$ROOT/var/env" ]; then set -a; . "$ROOT/var/env"; set +a; fi
   if [ -z "${SECRET_KEY:-}" ] && [ ! -s "$ROOT/.secret_key" ]; then
     umask 077; head -c 48 /dev/urandom | base64 | tr -d '\n' > "$ROOT/.secret_key"
+  fi
+}
+
+stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), newest first
+  if [ "$STARTED_DOCKERD" = 1 ]; then
+    say "stopping the dockerd make run started (its agent containers and kici-agent-net first)"
+    docker ps -aq --filter label=kici-managed=true | xargs -r docker rm -f >/dev/null 2>&1 || true
+    docker network rm kici-agent-net >/dev/null 2>&1 || true
+    [ -f "$RUN_DIR/dockerd.pid" ] && $SUDO kill "$(cat "$RUN_DIR/dockerd.pid")" 2>/dev/null || true
+  fi
+  if [ "$STARTED_REDIS" = 1 ]; then say "stopping Redis"; redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1 || true; fi
+  if [ "$STARTED_POSTGRES" = 1 ]; then
+    say "stopping PostgreSQL"
+    for v in $(ls /etc/postgresql 2>/dev/null); do $SUDO pg_ctlcluster --skip-systemctl-redirect "$v" main stop 2>/dev/null || true; done
+  fi
+}
+
+stop_test_dockerd() {  # the test suite's private dockerd would hold 172.30.0.1 too
+  if [ -S /run/kici-test-docker.sock ] && [ -x "$VENV/bin/python" ]; then
+    say "stopping the test suite's private dockerd (its agent network collides with kici-agent-net)"
+    (cd "$ROOT" && "$VENV/bin/python" -m tests.dockerd stop) || true
   fi
 }

@@ -3,11 +3,13 @@
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-apt_install nftables iproute2 busybox-static e2fsprogs ca-certificates
+apt_install nftables iproute2 busybox-static e2fsprogs ca-certificates curl
+trap stop_started_services EXIT
+ensure_venv
 ensure_postgres
 ensure_redis
+stop_test_dockerd
 ensure_dockerd
-ensure_venv
 load_env
 ensure_database
 
@@ -33,6 +35,7 @@ stop() {
   say "stopping"
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  stop_started_services
   exit 0
 }
 trap stop INT TERM EXIT
