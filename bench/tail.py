@@ -262,13 +262,19 @@ async def main(args) -> None:
     async for name in client.scan_iter("tail-bench:*"):
         await client.delete(name)
     await client.aclose()
-    with tempfile.TemporaryDirectory(prefix="tail-bench-", dir="/tmp") as tmp:
-        tmp = Path(tmp)
-        await burst(tmp, args.lines)
-        for rate in args.rates:
-            await sustained(tmp, rate, args.seconds)
-        if not args.skip_flood:
-            await flood(tmp, args.flood_gib)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tail-bench-", dir="/tmp") as tmp:
+            tmp = Path(tmp)
+            await burst(tmp, args.lines)
+            for rate in args.rates:
+                await sustained(tmp, rate, args.seconds)
+            if not args.skip_flood:
+                await flood(tmp, args.flood_gib)
+    finally:
+        client = redis.asyncio.from_url(REDIS_URL)
+        async for name in client.scan_iter("tail-bench:*"):
+            await client.delete(name)
+        await client.aclose()
 
 
 if __name__ == "__main__":
