@@ -44,7 +44,7 @@ QUEUE="$($PY -c 'import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE"
 $VENV/bin/daphne -e "tcp:$PORT:interface=127.0.0.1" -e "tcp:$PORT:interface=172.30.0.1" \
   --access-log "$LOG_DIR/access.log" kici_site.asgi:application > "$LOG_DIR/daphne.log" 2>&1 &
 pids+=($!)
-$M rqworker default "$QUEUE" --with-scheduler > "$LOG_DIR/worker.log" 2>&1 &
+$M rqworker default "$QUEUE" --with-scheduler --worker-class kici_site.worker.KiciWorker > "$LOG_DIR/worker.log" 2>&1 &
 pids+=($!)
 $M scaler_sweeper > "$LOG_DIR/sweeper.log" 2>&1 &
 pids+=($!)
