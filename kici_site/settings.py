@@ -127,6 +127,7 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every request when it is missing
 
 # --- Scaler ----------------------------------------------------------------------------------
 KICI_SCALER_CONFIG_PATH = env_str("KICI_SCALER_CONFIG_PATH")
