@@ -137,7 +137,7 @@ def console_streams_of(agent) -> tuple[str, ...]:
     return ("serial", "vmm") if agent.scaler.type == "firecracker" else ("console",)
 
 
-def _firecracker_log(agent, stream: str) -> Path:
+def firecracker_log_path(agent, stream: str) -> Path:
     ctx = agent.backend_context or {}
     explicit = (ctx.get("console_logs") or {}).get(stream)
     if explicit:
@@ -177,7 +177,7 @@ def console_log_file(agent, stream: str) -> Path | None:
     if stream not in console_streams_of(agent):
         raise LookupError(f"agent {agent.agent_id} has no console stream {stream!r}")
     if stream in ("serial", "vmm"):
-        return _firecracker_log(agent, stream)
+        return firecracker_log_path(agent, stream)
     path = (agent.backend_context or {}).get("console_log")
     return Path(path) if path else None
 

@@ -347,11 +347,14 @@ def agent_selftest(request, agent_id: str):
 # --- console ------------------------------------------------------------------------------------
 
 
+_STREAM_TITLES = {"serial": "Serial console", "vmm": "VMM log", "console": "Console"}
+
+
 def console_streams(agent: Agent) -> list[tuple[str, str]]:
-    """``[(stream, label)]`` the console page offers: VMs have ``serial`` and ``vmm``, others ``console``."""
-    if agent.scaler.type == "firecracker":
-        return [("serial", "Serial console"), ("vmm", "VMM log")]
-    return [("console", "Console")]
+    """``[(stream, label)]`` the console page offers (``agents.consumers.console_streams_of``)."""
+    from .consumers import console_streams_of
+
+    return [(name, _STREAM_TITLES[name]) for name in console_streams_of(agent)]
 
 
 @require_GET
@@ -381,23 +384,6 @@ def download_url(agent: Agent, stream: str) -> str:
     return reverse("agent_console_download", args=[agent.agent_id, stream])
 
 
-def console_log_path(agent: Agent, stream: str):
-    """The file behind a console stream, or None when the stream is docker logs.
-
-    The same resolution as the live consumer (``agents.consumers.console_source``): VMs'
-    ``serial``/``vmm`` files (``backend_context["console_logs"]``, the chroot, or
-    ``<chrootBaseDir>/firecracker/<id>/root``), else ``backend_context["console_log"]``.
-    """
-    from pathlib import Path
-
-    if stream in ("serial", "vmm"):
-        from .consumers import _firecracker_log
-
-        return _firecracker_log(agent, stream)
-    path = (agent.backend_context or {}).get("console_log")
-    return Path(path) if path else None
-
-
 def _docker_log_chunks(agent: Agent):
     from scalers.backends.runtime import docker_client_for, runtime_for_scaler
 
@@ -424,7 +410,9 @@ def agent_console_download(request, agent_id: str, stream: str):
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
     filename = f"{agent.agent_id}-{stream}.log"
-    path = console_log_path(agent, stream)
+    from .consumers import console_log_file
+
+    path = console_log_file(agent, stream)
     if path is not None:
         try:
             handle = open(path, "rb")  # noqa: SIM115 - FileResponse closes it
