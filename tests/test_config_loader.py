@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 import glob
 import os
 import textwrap
@@ -17,7 +18,7 @@ from scalers.config import (
     parse_scalers_config_text,
 )
 
-EXAMPLES = "/work/shared/examples"
+EXAMPLES = str(Path(__file__).resolve().parent / "fixtures" / "reference-examples")
 
 
 def problems_of(text: str, filename: str = "scalers.yaml") -> list[ConfigProblem]:

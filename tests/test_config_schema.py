@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 import copy
 
 import pytest
@@ -659,7 +660,7 @@ def test_scalers_config_itself_enforces_the_refinements():
 
 
 def test_the_raw_dump_round_trips():
-    with open("/work/shared/examples/05-mixed-pools-warm.yaml") as fh:
+    with open(Path(__file__).resolve().parent / "fixtures" / "reference-examples" / "05-mixed-pools-warm.yaml") as fh:
         import yaml
 
         original = yaml.safe_load(fh)

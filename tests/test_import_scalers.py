@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 import io
 import textwrap
 
@@ -16,7 +17,7 @@ from scalers.models import ConfigState, LabelSet, MachinePool, Scaler
 
 pytestmark = pytest.mark.django_db
 
-EXAMPLES = "/work/shared/examples"
+EXAMPLES = str(Path(__file__).resolve().parent / "fixtures" / "reference-examples")
 
 BASE = """\
 version: 1
