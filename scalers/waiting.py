@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required, permission_required
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -147,8 +147,9 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
 
 
 @login_required
+@permission_required("agents.view_agent", raise_exception=True)
 def why_waiting(request):
-    """``GET /scalers/why-waiting/`` (login required)."""
+    """``GET /scalers/why-waiting/``: login and ``agents.view_agent`` required, like every page."""
     groups = waiting_groups()
     return render(
         request,

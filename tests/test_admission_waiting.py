@@ -22,7 +22,10 @@ def no_enqueue(monkeypatch):
 @pytest.fixture
 def browser_client(settings):
     settings.KICI_INSTANCE_ID = "console-a"
+    from django.contrib.auth.models import Permission
+
     user = get_user_model().objects.create_user("viewer", password="pw-123456789")
+    user.user_permissions.add(Permission.objects.get(codename="view_agent", content_type__app_label="agents"))
     c = Client()
     c.force_login(user)
     return c
@@ -31,6 +34,13 @@ def browser_client(settings):
 def test_it_requires_login():
     r = Client().get("/scalers/why-waiting/")
     assert r.status_code == 302 and "/accounts/login/" in r["Location"]
+
+
+def test_it_refuses_a_signed_in_user_without_view_permission():
+    user = get_user_model().objects.create_user("nobody", password="pw-123456789")
+    c = Client()
+    c.force_login(user)
+    assert c.get("/scalers/why-waiting/").status_code == 403
 
 
 def test_it_shows_the_refusing_cap_and_the_reservations_holding_it(browser_client):
