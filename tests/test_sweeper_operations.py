@@ -23,3 +23,36 @@ def test_a_sweep_that_finds_nothing_plans_nothing():
     cmd = Command()
     cmd.handle(once=True, no_warm_pools=True)
     assert Operation.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hosts_are_readied_once_per_scaler_version_and_a_failure_only_degrades_that_scaler(monkeypatch):
+    from scalers.models import Scaler
+
+    good = Scaler.objects.create(name="ready-ok", type="container", max_agents=1)
+    Scaler.objects.create(name="ready-broken", type="firecracker", max_agents=1)
+    Scaler.objects.create(name="ready-event", type="event", max_agents=1)
+    calls = []
+
+    class FakeBackend:
+        def __init__(self, scaler):
+            self.scaler = scaler
+
+        def ensure_host_ready(self):
+            calls.append(self.scaler.name)
+            if self.scaler.name == "ready-broken":
+                raise RuntimeError("bridge port isolation is not available on kici-br0")
+
+    monkeypatch.setattr("scalers.backends.base.get_backend", lambda scaler, **kw: FakeBackend(scaler))
+    cmd = Command()
+    cmd.hosts_ready = set()
+    assert cmd.handle_host_readiness() is True
+    assert sorted(calls) == ["ready-broken", "ready-ok"]  # event scalers have no host
+    calls.clear()
+    cmd.handle_host_readiness()
+    assert calls == ["ready-broken"]  # the degraded one is retried, the ready one is not
+    good.max_agents = 2
+    good.save()  # a reload that changes the scaler readies it again
+    calls.clear()
+    cmd.handle_host_readiness()
+    assert sorted(calls) == ["ready-broken", "ready-ok"]

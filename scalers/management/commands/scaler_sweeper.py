@@ -31,7 +31,8 @@ from scalers.admission import (
     retry_stuck_teardowns,
 )
 from scalers.leader import Leadership
-from scalers.models import RecoveryReport, ScaleRequest
+from scalers.choices import ScalerType
+from scalers.models import RecoveryReport, ScaleRequest, Scaler
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 
 log = logging.getLogger("scalers.sweeper")
@@ -62,6 +63,7 @@ class Command(BaseCommand):
         self.warm = not no_warm_pools
         self.booted = False
         self.instance_id = settings.KICI_INSTANCE_ID
+        self.hosts_ready: set[tuple[int, object]] = set()
         self.leadership = Leadership()
         if not once:
             signal.signal(signal.SIGTERM, self.on_signal)
@@ -92,6 +94,7 @@ class Command(BaseCommand):
         if not leader:
             return did
         for unit in (
+            self.handle_host_readiness,
             self.handle_stale_spawns,
             self.handle_token_expiry,
             self.handle_failed_spawn_jobs,
@@ -116,6 +119,28 @@ class Command(BaseCommand):
             close_old_connections()
 
     # Units of work -----------------------------------------------------------------------------
+
+    def handle_host_readiness(self) -> bool:
+        """``ensure_host_ready`` for every local scaler not yet readied in this version (at boot,
+        and for scalers a reload added or changed; SPEC c.7 ``ensureHostsReady``): container
+        backends check nft (fail closed) and create kici-agent-net, firecracker backends provision
+        the bridge, baseline rules and the port-isolation probe. A failure only degrades that
+        scaler: it is logged and retried on the next round."""
+        from scalers.backends.base import get_backend
+
+        did = False
+        for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):
+            key = (scaler.pk, scaler.updated_at)
+            if key in self.hosts_ready:
+                continue
+            try:
+                get_backend(scaler).ensure_host_ready()
+            except Exception as exc:  # noqa: BLE001 - per-scaler degradation
+                log.warning("scaler %s: host not ready (spawns will fail until fixed): %s", scaler.name, exc)
+                continue
+            self.hosts_ready.add(key)
+            did = True
+        return did
 
     def handle_stale_spawns(self) -> bool:
         return prune_stale_spawns() > 0
