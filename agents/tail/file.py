@@ -1,220 +1,24 @@
-"""Bounded tail of an append-only log file (seed ``file-tail.d.ts``, SPEC (i)).
+"""Following one log file on disk: the reader loop and the consumer's batches (SPEC (i)).
 
-The guest of a microVM writes to its serial console unprivileged, so every byte this module
-buffers is tenant-controlled. Every buffer is bounded and an overflow is reported in-band:
-
-* a logical line longer than :data:`MAX_LINE_BYTES` is emitted as its first ``MAX_LINE_BYTES``
-  characters followed by ``" [truncated]"``; when the overflow is seen before the newline (a
-  guest running ``yes | tr -d '\\n' > /dev/console``) the truncated line is emitted at once and
-  the rest of that logical line is discarded, without decoding it, up to the next newline;
-* the file is read at most :data:`MAX_READ_BYTES` per slice, and a waiting burst is drained slice
-  after slice without waiting for the next poll;
-* at most :data:`MAX_QUEUED_LINES` complete lines wait for the consumer; on overflow the oldest
-  are dropped and a single head marker ``[dropped N lines]`` carries the cumulative count.
-
-Choice (SPEC (i) says "measured on the decoded string, despite the name"): the line cap counts
-**decoded characters**, like the reference, so a line of 65,536 four-byte characters is kept whole
-(at most 256 KiB of text). The partial-line buffer therefore never holds more than 65,536
-characters, whatever the byte stream.
-
-Lines are split on ``"\\n"`` only (a ``"\\r"`` before it is kept, as in the reference); empty
-lines are skipped.
+The I/O half of the tail; the caps live in :mod:`agents.tail.lines` and :mod:`agents.tail.queue`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import os
-from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 
-MAX_LINE_BYTES = 65536
-"""Longest logical line kept intact, in decoded characters (SPEC (i))."""
+from .lines import MAX_LINE_BYTES, LineSplitter, lines_of
+from .markers import SkipMarker
+from .queue import MAX_QUEUED_LINES, LineQueue
 
 MAX_READ_BYTES = 1024 * 1024
 """Largest slice read from the file per read, in bytes (SPEC (i))."""
 
-MAX_QUEUED_LINES = 10000
-"""Largest number of lines (marker included) waiting for the consumer (SPEC (i))."""
-
 POLL_INTERVAL = 0.1
 """Seconds between two looks at the file when no data is waiting (SPEC (i): 100 ms)."""
-
-TRUNCATED_SUFFIX = " [truncated]"
-DROP_MARKER_PREFIX = "[dropped "
-
-
-class DropMarker(str):
-    """The in-band ``[dropped N lines]`` head marker; a ``str`` whose ``count`` is N.
-
-    A distinct type rather than a prefix test, so a guest printing ``[dropped 5 lines]`` itself
-    is counted as an ordinary line and cannot reset the count (the reference tests the prefix).
-    """
-
-    count: int
-
-    def __new__(cls, count: int) -> DropMarker:
-        marker = super().__new__(cls, f"{DROP_MARKER_PREFIX}{count} lines]")
-        marker.count = count
-        return marker
-
-
-class SkipMarker(str):
-    """``[skipped N bytes]``: a paced tail (``FileTail(pace=True, max_lag_bytes=...)``) jumped
-    over ``skipped`` bytes it had fallen behind by. Not part of SPEC (i); see :class:`FileTail`."""
-
-    skipped: int
-
-    def __new__(cls, skipped: int) -> SkipMarker:
-        marker = super().__new__(cls, f"[skipped {skipped} bytes]")
-        marker.skipped = skipped
-        return marker
-
-
-class LineSplitter:
-    """Turns a byte stream into capped, non-empty lines; the partial line never exceeds the cap.
-
-    ``feed(data)`` takes bytes (any size, any split point, invalid UTF-8 allowed: replaced with
-    U+FFFD) and returns the complete lines they finish, as a list of ``str``. ``flush()`` returns
-    the pending partial line (and any undecodable tail bytes as U+FFFD), if any, and resets.
-    ``peak_partial`` records the largest partial line ever held, in characters, for tests and
-    benches. Used by :class:`FileTail` and by the docker log stream (``agents.streams``).
-    """
-
-    __slots__ = ("max_line", "_decoder", "_partial", "_skipping", "peak_partial")
-
-    def __init__(self, max_line: int = MAX_LINE_BYTES):
-        if max_line < 1:
-            raise ValueError(f"max_line must be >= 1, got {max_line!r}")
-        self.max_line = max_line
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._partial = ""
-        self._skipping = False
-        self.peak_partial = 0
-
-    @property
-    def skipping(self) -> bool:
-        """True while discarding the rest of an over-long logical line."""
-        return self._skipping
-
-    @property
-    def partial(self) -> str:
-        return self._partial
-
-    def feed(self, data: bytes | bytearray) -> list[str]:
-        if self._skipping:
-            newline = data.find(b"\n")
-            if newline < 0:
-                return []
-            data = data[newline + 1 :]
-            self._skipping = False
-            self._decoder.reset()
-        text = self._decoder.decode(data)
-        if not text:
-            return []
-        parts = text.split("\n")
-        if self._partial:
-            parts[0] = self._partial + parts[0]
-            self._partial = ""
-        rest = parts.pop()
-        cap = self.max_line
-        if parts:
-            lines = list(filter(None, parts))
-            if lines and max(map(len, lines)) > cap:
-                lines = [line if len(line) <= cap else line[:cap] + TRUNCATED_SUFFIX for line in lines]
-        else:
-            lines = []
-        if len(rest) > cap:
-            # Over-long partial: emit now, discard the remainder of this logical line.
-            lines.append(rest[:cap] + TRUNCATED_SUFFIX)
-            self._skipping = True
-            self._decoder.reset()
-        else:
-            self._partial = rest
-            if len(rest) > self.peak_partial:
-                self.peak_partial = len(rest)
-        return lines
-
-    def flush(self) -> list[str]:
-        tail = self._decoder.decode(b"", final=True)
-        text = "" if self._skipping else self._partial + tail
-        self._partial = ""
-        self._skipping = False
-        self._decoder.reset()
-        if not text:
-            return []
-        if len(text) > self.max_line:
-            text = text[: self.max_line] + TRUNCATED_SUFFIX
-        return [text]
-
-
-class LineQueue:
-    """FIFO of at most ``maxlen`` lines with a single cumulative ``[dropped N lines]`` head marker.
-
-    ``extend(lines)`` appends, then, if more than ``maxlen`` entries are held, drops the oldest so
-    exactly ``maxlen`` remain, the first being a :class:`DropMarker` whose count is the number of
-    real lines dropped since the queue was created (an existing head marker is replaced, not
-    counted) — SPEC (i), CASES TAIL-10/11. O(1) amortised per line (a deque).
-    """
-
-    __slots__ = ("maxlen", "_q", "_has_marker", "dropped")
-
-    def __init__(self, maxlen: int = MAX_QUEUED_LINES):
-        if maxlen < 2:
-            raise ValueError(f"maxlen must be >= 2 (room for the marker), got {maxlen!r}")
-        self.maxlen = maxlen
-        self._q: deque[str] = deque()
-        self._has_marker = False
-        self.dropped = 0
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __bool__(self) -> bool:
-        return bool(self._q)
-
-    def snapshot(self) -> list[str]:
-        """A copy of the queued entries, oldest first (for tests)."""
-        return list(self._q)
-
-    def extend(self, lines: list[str]) -> None:
-        q = self._q
-        if len(q) + len(lines) <= self.maxlen:
-            q.extend(lines)
-            return
-        if self._has_marker:
-            q.popleft()
-            self._has_marker = False
-        keep = self.maxlen - 1
-        if len(lines) >= keep:
-            self.dropped += len(q) + len(lines) - keep
-            q.clear()
-            q.extend(lines[len(lines) - keep :])
-        else:
-            q.extend(lines)
-            excess = len(q) - keep
-            self.dropped += excess
-            popleft = q.popleft
-            for _ in range(excess):
-                popleft()
-        q.appendleft(DropMarker(self.dropped))
-        self._has_marker = True
-
-    def take(self, limit: int | None = None) -> list[str]:
-        """Remove and return up to ``limit`` (all if None) entries, oldest first."""
-        q = self._q
-        if not q:
-            return []
-        if limit is None or limit >= len(q):
-            out = list(q)
-            q.clear()
-        else:
-            popleft = q.popleft
-            out = [popleft() for _ in range(limit)]
-        self._has_marker = False
-        return out
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -496,23 +300,7 @@ async def tail_file(
     followed (see :class:`FileTail`).
     """
     tail = FileTail(path, poll_interval=poll_interval, from_start=from_start)
-    batches = tail.batches(stop)
-    try:
-        async for batch in batches:
-            for line in batch:
-                yield line
-    finally:
-        await batches.aclose()
+    async with contextlib.aclosing(lines_of(tail.batches(stop))) as lines:
+        async for line in lines:
+            yield line
 
-
-def split_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE_BYTES) -> list[str]:
-    """Split a finite sequence of byte chunks with the tail's rules (cap, skip empties, flush).
-
-    Convenience for tests and for callers holding a whole log in memory.
-    """
-    splitter = LineSplitter(max_line)
-    out: list[str] = []
-    for chunk in chunks:
-        out.extend(splitter.feed(chunk))
-    out.extend(splitter.flush())
-    return out
