@@ -1,0 +1,74 @@
+"""Pushing stored events to the live pages' Channels groups (SPEC (h)); Django only when called."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from .lines import StreamKey
+
+log = logging.getLogger(__name__)
+
+EVENTS_GLOBAL_GROUP = "events.global"
+
+
+def events_agent_group(agent_id: str) -> str:
+    """``events.agent.<agent_id>``: the group of one agent's timeline."""
+    StreamKey(agent_id, "events")  # validates the id
+    return f"events.agent.{agent_id}"
+
+
+def event_groups(agent_ref: str | None) -> list[str]:
+    groups = [EVENTS_GLOBAL_GROUP]
+    if agent_ref:
+        groups.append(events_agent_group(agent_ref))
+    return groups
+
+
+def event_message(event: Any) -> dict:
+    """The ``event.message`` group message for a stored ``ScalerEvent``, rendered once here.
+
+    ``{"type": "event.message", "event_id": pk, "agent_ref": id, "html": <agents.render
+    .render_live_update(event)>}``. When rendering fails the message goes without ``html`` and
+    each receiving process renders it from the database instead.
+    """
+    message = {"type": "event.message", "event_id": event.pk, "agent_ref": event.agent_ref or ""}
+    try:
+        from ..render import render_live_update
+
+        message["html"] = render_live_update(event)
+    except Exception:  # noqa: BLE001 - the receivers can still render from the database
+        log.warning("could not render event %s for the live push", event.pk, exc_info=True)
+    return message
+
+
+async def apublish_message(message: dict, groups: Iterable[str], layer: Any = None) -> None:
+    """Send ``message`` to each of ``groups`` (the message gets a ``group`` field per group)."""
+    if layer is None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+    for group in groups:
+        await layer.group_send(group, {**message, "group": group})
+
+
+async def apublish_event(event: Any, layer: Any = None) -> None:
+    """Async :func:`publish_event` (for async producers)."""
+    from asgiref.sync import sync_to_async
+
+    message = await sync_to_async(event_message)(event)
+    await apublish_message(message, event_groups(message["agent_ref"]), layer)
+
+
+def publish_event(event: Any) -> None:
+    """Push a stored ``ScalerEvent`` to ``events.global`` and ``events.agent.<agent_id>`` (sync).
+
+    Called by ``agents.events.record_event`` after commit. Renders the live HTML once (see
+    :func:`event_message`), then ``async_to_sync(channel_layer.group_send)`` per group. Raises
+    whatever the channel layer raises (the caller logs it).
+    """
+    from asgiref.sync import async_to_sync
+
+    message = event_message(event)
+    async_to_sync(apublish_message)(message, event_groups(message["agent_ref"]))

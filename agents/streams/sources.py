@@ -1,0 +1,153 @@
+"""Where a console pump reads its lines from: a log file or a container's docker logs (SPEC (i)).
+
+A source is a :data:`SourceFactory`: a zero-argument callable returning an async iterator of line
+batches, with every cap of :mod:`agents.tail`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from ..tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, lines_of
+from .ring import RING_LINES
+
+BACKLOG_BYTES = 256 * 1024
+"""How much of an existing file a new pump reads before following it (the rest: download)."""
+
+MAX_LAG_BYTES = 4 * 1024 * 1024
+"""How far a console pump may fall behind a file before it skips ahead (``[skipped N bytes]``)."""
+
+SourceFactory = Callable[[], AsyncIterator[Sequence[str]]]
+"""A zero-argument callable returning an async iterator of line batches (lists of ``str``)."""
+
+
+def file_source(
+    path: str | os.PathLike,
+    *,
+    backlog_bytes: int = BACKLOG_BYTES,
+    poll_interval: float = 0.1,
+    max_lag_bytes: int | None = MAX_LAG_BYTES,
+) -> SourceFactory:
+    """A source following ``path`` with :class:`agents.tail.FileTail` (all of SPEC (i)'s caps).
+
+    A new pump starts ``backlog_bytes`` before the end of the file (at the next line start) so a
+    viewer sees the recent past at once; older content is for the download link. A missing file
+    is waited for, never created (the spawn creates it).
+    The tail is paced by the pump (nothing read is dropped); when the pump falls more than
+    ``max_lag_bytes`` behind a flooding guest it skips ahead with a ``[skipped N bytes]`` marker
+    (None: never skip).
+    """
+
+    def open_source() -> AsyncIterator[Sequence[str]]:
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            size = 0
+        tail = FileTail(
+            path,
+            poll_interval=poll_interval,
+            start_offset=max(0, size - backlog_bytes),
+            pace=True,
+            max_lag_bytes=max_lag_bytes,
+            create=False,
+        )
+        return tail.batches()
+
+    return open_source
+
+
+def _close_stream(stream: Any) -> None:
+    close = getattr(stream, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+
+
+async def docker_log_source(
+    container: Any,
+    *,
+    tail: int | str = RING_LINES,
+    max_line: int = MAX_LINE_BYTES,
+    max_queued: int = MAX_QUEUED_LINES,
+) -> AsyncIterator[list[str]]:
+    """Follow a container's logs (stdout and stderr) as batches of capped lines.
+
+    ``container``: a docker SDK ``Container``. ``tail``: how many existing lines to start with
+    (``"all"`` for all). The blocking SDK stream runs in a thread; its bytes go through the same
+    :class:`agents.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful UTF-8)
+    and a bounded :class:`agents.tail.LineQueue` (10,000 lines, ``[dropped N lines]`` marker), so a
+    chatty container cannot grow this process. Ends when the container's log stream ends;
+    closing the iterator closes the docker stream. Docker errors are raised from the iterator.
+    """
+    loop = asyncio.get_running_loop()
+    splitter = LineSplitter(max_line)
+    queue = LineQueue(max_queued)
+    lock = threading.Lock()
+    ready = asyncio.Event()
+    state: dict[str, Any] = {"done": False, "error": None, "stream": None, "closed": False}
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # loop closed
+            loop.call_soon_threadsafe(ready.set)
+
+    def pump() -> None:
+        try:
+            stream = container.logs(stream=True, follow=True, stdout=True, stderr=True, tail=tail)
+            state["stream"] = stream
+            if state["closed"]:
+                _close_stream(stream)
+                return
+            for chunk in stream:
+                lines = splitter.feed(chunk)
+                if lines:
+                    with lock:
+                        queue.extend(lines)
+                    wake()
+        except Exception as exc:  # noqa: BLE001 - handed to the async side
+            if not state["closed"]:
+                state["error"] = exc
+        finally:
+            with lock:
+                queue.extend(splitter.flush())
+            state["done"] = True
+            wake()
+
+    thread = threading.Thread(target=pump, name="docker-logs", daemon=True)
+    thread.start()
+    try:
+        while True:
+            await ready.wait()
+            ready.clear()
+            with lock:
+                lines = queue.take()
+            if lines:
+                yield lines
+            if state["done"]:
+                with lock:
+                    lines = queue.take()
+                if lines:
+                    yield lines
+                if state["error"] is not None:
+                    raise state["error"]
+                return
+    finally:
+        state["closed"] = True
+        if state["stream"] is not None:
+            await asyncio.to_thread(_close_stream, state["stream"])
+
+
+async def docker_log_lines(container: Any, **kwargs: Any) -> AsyncIterator[str]:
+    """Follow a container's logs line by line; see :func:`docker_log_source` for the caps."""
+    async with contextlib.aclosing(lines_of(docker_log_source(container, **kwargs))) as lines:
+        async for line in lines:
+            yield line
+
+
+def docker_source(container: Any, **kwargs: Any) -> SourceFactory:
+    """A :data:`SourceFactory` for :func:`docker_log_source`."""
+    return lambda: docker_log_source(container, **kwargs)
