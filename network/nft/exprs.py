@@ -1,0 +1,117 @@
+"""Rule expressions in nft JSON (schema 1, as nft 1.0.6 reads and prints it): the base chains and
+an agent's forward and input chains, SPEC f (NFT-01..09). Pure; see :mod:`network.nft.render` for the layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from typing import Any
+
+from network.host_access import HostAccessEntry
+
+from .names import FORWARD_CHAIN, GUARD_SET, INPUT_CHAIN, MAPS, PRIVATE_SET
+from .spec import AgentSpec, IPAddress, IPNetwork
+
+# Dropped on forward after the gateway and allowlist accepts (SPEC f, NFT-01): RFC1918 and
+# link-local, which covers the 169.254.169.254 metadata service.
+PRIVATE_DROPS = tuple(
+    ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
+)
+
+
+def _match(left: dict, right: Any, op: str = "==") -> dict:
+    return {"match": {"op": op, "left": left, "right": right}}
+
+
+def _payload(protocol: str, fld: str) -> dict:
+    return {"payload": {"protocol": protocol, "field": fld}}
+
+
+def _addr_right(net: IPNetwork) -> Any:
+    if net.prefixlen == net.max_prefixlen:
+        return str(net.network_address)
+    return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
+
+
+def _daddr(net: IPNetwork) -> dict:
+    return _match(_payload("ip" if net.version == 4 else "ip6", "daddr"), _addr_right(net))
+
+
+def _nfproto(family: str) -> dict:
+    return _match({"meta": {"key": "nfproto"}}, family)
+
+
+ACCEPT = {"accept": None}
+DROP = {"drop": None}
+
+
+def _as_net(addr: IPAddress) -> IPNetwork:
+    return ipaddress.ip_network(addr)
+
+
+_PRIVATE_DROP = [_match(_payload("ip", "daddr"), f"@{PRIVATE_SET}"), DROP]
+_V6_DROP = [_nfproto("ipv6"), DROP]
+_CT_ACCEPT = [_match({"ct": {"key": "state"}}, ["established", "related"], op="in"), ACCEPT]
+
+
+def forward_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
+    """The agent's forward chain, head to tail, as a list of expression lists (SPEC f, NFT-01..03).
+
+    The four private-range drops of NFT-01 are one lookup in the table's ``private4`` interval set
+    (10/8, 172.16/12, 192.168/16, 169.254/16): same verdict per packet, three fewer rules per
+    agent. The returned lists are shared between agents with the same policy: do not mutate.
+    """
+    return _forward_rules(spec.gateway, spec.allowlist, spec.deny_all)
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_rules(gateway: IPAddress, allowlist: tuple[IPNetwork, ...], deny_all: bool) -> list[list[dict]]:
+    rules = [[_daddr(_as_net(gateway)), ACCEPT]]
+    rules += [[_daddr(net), ACCEPT] for net in allowlist]
+    rules.append(_PRIVATE_DROP)
+    if deny_all:
+        rules.append([DROP])
+    else:
+        rules.append(_V6_DROP)
+        rules.append([ACCEPT])
+    return rules
+
+
+@functools.lru_cache(maxsize=1024)
+def host_access_rule_exprs(entry: HostAccessEntry) -> list[list[dict]]:
+    """Input rules for one entry (NFT-06, 08, 09): tcp and udp when it has a port, else one rule.
+
+    Wildcard entries are restricted to IPv4 (``meta nfproto ipv4``); see the module doc.
+    """
+    head = [_nfproto("ipv4")] if entry.daddr is None else [_daddr(entry.daddr)]
+    if entry.port is None:
+        return [head + [ACCEPT]]
+    return [head + [_match(_payload(proto, "dport"), entry.port), ACCEPT] for proto in ("tcp", "udp")]
+
+
+def input_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
+    """The agent's input chain, head to tail (SPEC f, NFT-06..09): ct accept, entries, drop."""
+    rules = [_CT_ACCEPT]
+    for entry in spec.host_access:
+        rules += host_access_rule_exprs(entry)
+    rules.append([DROP])
+    return rules
+
+
+def base_rule_exprs() -> dict[str, list[list[dict]]]:
+    """Rules of the two base chains (see the module doc), by chain name."""
+
+    def vmap(proto: str, name: str) -> list[dict]:
+        return [{"vmap": {"key": _payload(proto, "saddr"), "data": f"@{name}"}}]
+
+    guard = [_match({"meta": {"key": "iifname"}}, f"@{GUARD_SET}"), DROP]
+    nd = [
+        _match(_payload("icmpv6", "type"), {"set": ["nd-neighbor-solicit", "nd-neighbor-advert"]}),
+        _match(_payload("ip6", "hoplimit"), 255),
+        ACCEPT,
+    ]
+    return {
+        FORWARD_CHAIN: [vmap("ip", MAPS["fwd", 4]), vmap("ip6", MAPS["fwd", 6]), guard],
+        INPUT_CHAIN: [nd, vmap("ip", MAPS["in", 4]), vmap("ip6", MAPS["in", 6]), guard],
+    }

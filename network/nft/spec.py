@@ -1,0 +1,117 @@
+"""What one agent's isolation rules depend on, validated before anything is rendered (SPEC f, g).
+
+:class:`AgentSpec` (built with :meth:`AgentSpec.build`), the table-name and allowlist checks, and
+:class:`RuleSpecError`, which names the field and the value.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from network.host_access import HostAccessEntry, HostAccessError, parse_host_access_entry
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}", re.ASCII)
+
+
+class RuleSpecError(ValueError):
+    """Bad input to the renderer; the message names the field and the value."""
+
+
+def validate_table_name(table: str) -> str:
+    """Return ``table`` if it is a usable nft table name (letters, digits, ``_``, ``-``; ≤ 64).
+
+    Raises :class:`RuleSpecError` naming the value otherwise.
+    """
+    if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):
+        raise RuleSpecError(
+            f"nft table name {table!r} is not usable: use letters, digits, '_' or '-', starting with a "
+            "letter or '_', at most 64 characters"
+        )
+    return table
+
+
+def parse_allowlist_entry(text: str) -> IPNetwork:
+    """One ``networkPolicy.allowlist`` entry: an IPv4/IPv6 address or CIDR (no brackets, no port).
+
+    Returns the network (a single address becomes /32 or /128). Raises :class:`RuleSpecError`
+    naming the entry for anything else, including CIDRs with host bits set (``10.1.0.5/16``),
+    which would otherwise be silently widened or narrowed.
+    """
+    if not isinstance(text, str):
+        raise RuleSpecError(f"allowlist entry {text!r} must be a string, not {type(text).__name__}")
+    value = text.strip()
+    try:
+        loose = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise RuleSpecError(
+            f'allowlist entry "{text}" is not an IPv4/IPv6 address or CIDR (hostnames and ports are not accepted)'
+        ) from None
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        raise RuleSpecError(
+            f'allowlist entry "{text}" has host bits set: write "{loose}" for the network or '
+            f'"{value.split("/")[0]}" for the one address'
+        ) from None
+    return net
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Everything the rules for one agent depend on (SPEC f and g), already validated.
+
+    ``address``: the agent's source address, the key of its map elements and chain names.
+    ``gateway``: the bridge gateway (accepted on forward, NFT-01). ``allowlist``: networks accepted
+    on forward ahead of the private-range drops, in order. ``deny_all``: drop everything else on
+    forward. ``host_access``: the *resolved* entries (SPEC g.3), rendered on input in order.
+    Build one with :meth:`build`, which validates every field first.
+    """
+
+    address: IPAddress
+    gateway: IPAddress
+    allowlist: tuple[IPNetwork, ...] = ()
+    deny_all: bool = False
+    host_access: tuple[HostAccessEntry, ...] = field(default=())
+
+    @classmethod
+    def build(
+        cls,
+        address: str,
+        gateway: str,
+        allowlist: Iterable[str] = (),
+        deny_all: bool = False,
+        host_access: Iterable[str] = (),
+    ) -> AgentSpec:
+        """Validate and build a spec from strings; raises :class:`RuleSpecError` naming the field.
+
+        ``host_access`` entries are parsed with ``parse_host_access_entry``; a bad one raises
+        ``RuleSpecError`` carrying its message, so nothing is rendered from a list with one bad entry.
+        """
+        try:
+            addr = ipaddress.ip_address(str(address).strip())
+        except ValueError:
+            raise RuleSpecError(f"agent address {address!r} is not an IPv4 or IPv6 address") from None
+        try:
+            gw = ipaddress.ip_address(str(gateway).strip())
+        except ValueError:
+            raise RuleSpecError(f"gateway {gateway!r} is not an IPv4 or IPv6 address") from None
+        if isinstance(allowlist, str):
+            raise RuleSpecError(f"allowlist must be a list of addresses, not the string {allowlist!r}")
+        if isinstance(host_access, str):
+            raise RuleSpecError(f"hostAccess must be a list of entries, not the string {host_access!r}")
+        nets = tuple(parse_allowlist_entry(e) for e in allowlist)
+        entries = []
+        for index, text in enumerate(host_access):
+            try:
+                entries.append(parse_host_access_entry(text))
+            except HostAccessError as exc:
+                raise RuleSpecError(f"hostAccess[{index}]: {exc}") from None
+        if not isinstance(deny_all, bool):
+            raise RuleSpecError(f"denyAll must be true or false, not {deny_all!r}")
+        return cls(address=addr, gateway=gw, allowlist=nets, deny_all=deny_all, host_access=tuple(entries))
