@@ -1,0 +1,53 @@
+"""What every agent page shares: the access rule, the htmx partial rule, small template helpers."""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required, permission_required
+from django.shortcuts import get_object_or_404
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
+
+from ..models import Agent
+
+VIEW_PERM = "agents.view_agent"
+#: Running the live isolation self-test sends probe packets from inside the agent's namespace:
+#: an operator's action (the "operators" group of operations.roles has request_operation).
+SELFTEST_PERMS = ("operations.request_operation", "agents.change_agent")
+
+
+def can_run_selftest(user) -> bool:
+    """Operators (``operations.request_operation``) or users with ``agents.change_agent``."""
+    return any(user.has_perm(p) for p in SELFTEST_PERMS)
+
+
+def viewer_required(view):
+    """``login_required`` + ``agents.view_agent`` (403 for a signed-in user without it)."""
+    return login_required(permission_required(VIEW_PERM, raise_exception=True)(wraps(view)(view)))
+
+
+def wants_partial(request) -> bool:
+    """True for an htmx request that is not a boosted page navigation (NetBox's rule)."""
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.boosted
+
+
+def template_exists(name: str) -> bool:
+    """True when the template loader finds ``name`` (an optional app's template is installed)."""
+    try:
+        get_template(name)
+    except TemplateDoesNotExist:
+        return False
+    return True
+
+
+def css_attr_selector(attr: str, value: str) -> str:
+    """``[attr="value"]`` with ``value`` escaped as a CSS string (for ``data-accept`` filters)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'[{attr}="{escaped}"]'
+
+
+def agent_or_404(agent_id: str) -> Agent:
+    """The agent with ``agent_id`` (its scaler and label set loaded), or ``Http404``."""
+    return get_object_or_404(Agent.objects.select_related("scaler", "label_set"), agent_id=agent_id)

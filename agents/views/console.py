@@ -1,0 +1,101 @@
+"""``/agents/<agent_id>/console/``: the live console page and the full-log download."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from ..models import Agent
+from .common import agent_or_404, viewer_required
+
+_STREAM_TITLES = {"serial": "Serial console", "vmm": "VMM log", "console": "Console"}
+
+
+def console_streams(agent: Agent) -> list[tuple[str, str]]:
+    """``[(stream, label)]`` the console page offers (``agents.consumers.console_streams_of``)."""
+    from ..consumers import console_streams_of
+
+    return [(name, _STREAM_TITLES[name]) for name in console_streams_of(agent)]
+
+
+@require_GET
+@viewer_required
+def agent_console(request, agent_id: str, stream: str | None = None):
+    """``/agents/<id>/console/[<stream>/]``: the live console with follow, search, download, links."""
+    agent = agent_or_404(agent_id)
+    streams = console_streams(agent)
+    names = [s for s, _ in streams]
+    if stream is None:
+        stream = names[0]
+    elif stream not in names:
+        raise Http404(f"agent {agent.agent_id} has no stream {stream!r}; it has {', '.join(names)}")
+    ctx = {
+        "nav": "agents",
+        "agent": agent,
+        "agents": [agent],
+        "stream": stream,
+        "streams": streams,
+        "ws_url": f"/ws/agents/{agent.agent_id}/console/{stream}/",
+        "download_url": download_url(agent, stream),
+    }
+    return render(request, "agents/console.html", ctx)
+
+
+def download_url(agent: Agent, stream: str) -> str:
+    return reverse("agent_console_download", args=[agent.agent_id, stream])
+
+
+def _docker_log_chunks(agent: Agent):
+    from scalers.backends.runtime import docker_client_for, runtime_for_scaler
+
+    container = docker_client_for(runtime_for_scaler(agent.scaler)).containers.get(agent.managed_id or agent.agent_id)
+    stream = container.logs(stream=True, follow=False, stdout=True, stderr=True)
+    try:
+        yield from stream
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+
+
+@require_GET
+@viewer_required
+def agent_console_download(request, agent_id: str, stream: str):
+    """``/agents/<id>/console/<stream>/download``: the whole log as a text attachment.
+
+    File-backed streams are sent as they are on disk (bytes, never decoded); a container's
+    ``console`` without a file is its docker logs (stdout and stderr), streamed."""
+    from django.http import FileResponse, HttpResponse, StreamingHttpResponse
+
+    agent = agent_or_404(agent_id)
+    if stream not in [s for s, _ in console_streams(agent)]:
+        raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
+    filename = f"{agent.agent_id}-{stream}.log"
+    from ..consumers import console_log_file
+
+    path = console_log_file(agent, stream)
+    if path is not None:
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - FileResponse closes it
+        except FileNotFoundError:
+            raise Http404(f"{path} does not exist (yet)") from None
+        except OSError as exc:
+            return HttpResponse(f"could not read {path}: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
+        return FileResponse(handle, as_attachment=True, filename=filename, content_type="text/plain; charset=utf-8")
+    if agent.scaler.type != "container":
+        raise Http404(f"agent {agent.agent_id} ({agent.scaler.type}) has no console log to download")
+    try:
+        chunks = _docker_log_chunks(agent)
+        first = next(chunks, b"")
+    except Exception as exc:  # noqa: BLE001 - docker down or the container is gone
+        return HttpResponse(f"could not read the container's logs: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
+
+    def body():
+        yield first
+        yield from chunks
+
+    response = StreamingHttpResponse(body(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response

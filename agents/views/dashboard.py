@@ -1,0 +1,85 @@
+"""``/``: the dashboard (capacity, live agents, recent events, the last recovery)."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from scalers.models import Scaler
+
+from ..capacity import global_capacity, pool_capacities, scaler_capacities
+from ..choices import ACTIVE_STATES
+from ..models import Agent, ScalerEvent
+from .common import viewer_required
+
+DASHBOARD_AGENT_LIMIT = 200
+DASHBOARD_EVENT_LIMIT = 30
+
+
+RECOVERY_COUNTS = (
+    ("spawning_dropped", "spawning dropped"),
+    ("reservations_dropped", "reservations dropped"),
+    ("buffered_events_lost", "buffered events lost"),
+    ("spawning_agents_rehydrated", "spawning rehydrated"),
+    ("reservations_rehydrated", "reservations rehydrated"),
+    ("agent_jobs_rehydrated", "agent jobs rehydrated"),
+)
+
+
+def recovery_report() -> dict | None:
+    """The latest recovery run's counts (helper "adm"'s ``scalers.models.RecoveryReport``, written at
+    every boot and leader change, SPEC c.5), or None when there is none.
+
+    Returns ``{"at", "trigger", "instance", "counts": [(label, n)], "dropped": int, "error"}``;
+    ``dropped`` sums what recovery threw away (shown as a warning when not zero).
+    """
+    try:
+        from scalers.models import RecoveryReport
+    except ImportError:  # pragma: no cover - admission not in this build
+        return None
+    report = RecoveryReport.objects.first()
+    if report is None:
+        return None
+    counts = [(label, getattr(report, name, 0)) for name, label in RECOVERY_COUNTS]
+    dropped = report.spawning_dropped + report.reservations_dropped + report.buffered_events_lost
+    return {
+        "at": report.created_at,
+        "trigger": report.trigger,
+        "instance": report.instance_id,
+        "counts": counts,
+        "dropped": dropped,
+        "error": report.error,
+    }
+
+
+@require_GET
+@viewer_required
+def dashboard(request):
+    """``/``: capacity per scaler (and pools, and the console), live agents, recent events."""
+    agents = list(Agent.objects.active().select_related("scaler")[:DASHBOARD_AGENT_LIMIT])
+    events = ScalerEvent.objects.all()[:DASHBOARD_EVENT_LIMIT]
+    url = reverse("dashboard")
+    ctx = {
+        "agent_limit": DASHBOARD_AGENT_LIMIT,
+        "nav": "dashboard",
+        "agents": agents,
+        "events": events,
+        "max_rows": DASHBOARD_EVENT_LIMIT,
+        "empty_text": "No live agents.",
+    }
+    part = request.GET.get("part")
+    if part == "agents":
+        return render(request, "dashboard/index.html#agent_tbody", {**ctx, "resync_url": f"{url}?part=agents"})
+    if part == "events":
+        return render(request, "dashboard/index.html#event_tbody", {**ctx, "resync_url": f"{url}?part=events"})
+    ctx.update(
+        global_cap=global_capacity(),
+        pool_caps=pool_capacities(),
+        scaler_caps=scaler_capacities(Scaler.objects.filter(Q(retiring=False) | Q(agents__state__in=ACTIVE_STATES)).distinct()),
+        recovery=recovery_report(),
+        agent_resync_url=f"{url}?part=agents",
+        event_resync_url=f"{url}?part=events",
+    )
+    return render(request, "dashboard/index.html", ctx)

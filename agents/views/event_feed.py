@@ -1,0 +1,51 @@
+"""``/events/``: the global event feed, newest first, live."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from scalers.models import Scaler
+
+from ..choices import EventType
+from ..models import ScalerEvent
+from .common import css_attr_selector, viewer_required, wants_partial
+
+EVENTS_PAGE_SIZE = 200
+
+
+@require_GET
+@viewer_required
+def event_list(request):
+    """``/events/``: the global event feed, newest first, live; filters ``type``, ``scaler``, ``q``."""
+    qs = ScalerEvent.objects.all()
+    etype = request.GET.get("type") or ""
+    if etype in EventType.values:
+        qs = qs.filter(type=etype)
+    else:
+        etype = ""
+    scaler = (request.GET.get("scaler") or "").strip()
+    if scaler:
+        qs = qs.filter(scaler_name=scaler)
+    q = (request.GET.get("q") or "").strip()[:200]
+    if q:
+        qs = qs.filter(Q(agent_ref__icontains=q) | Q(detail__icontains=q))
+    filtered = bool(etype or scaler or q)
+    events = qs[:EVENTS_PAGE_SIZE]
+    accept = "".join(
+        css_attr_selector(attr, value) for attr, value in (("data-type", etype), ("data-scaler", scaler)) if value
+    )
+    ctx = {
+        "accept": accept,
+        "nav": "events",
+        "events": events,
+        "max_rows": EVENTS_PAGE_SIZE,
+        "filters": {"type": etype, "scaler": scaler, "q": q},
+        "filtered": filtered,
+        "event_types": EventType.choices,
+        "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
+    }
+    if wants_partial(request):
+        return render(request, "agents/events.html#results", ctx)
+    return render(request, "agents/events.html", ctx)

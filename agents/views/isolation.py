@@ -1,0 +1,99 @@
+"""The agent page's isolation fragments: rules read back from the kernel, and the live self-test."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+
+from .common import agent_or_404, can_run_selftest, viewer_required
+
+log = logging.getLogger(__name__)
+
+@require_GET
+@viewer_required
+def agent_isolation(request, agent_id: str):
+    """Fragment: the agent's isolation rules read back from the kernel (loaded after the page)."""
+    agent = agent_or_404(agent_id)
+    from ..selftest import isolation_context
+
+    ctx = {"agent": agent, "table": isolation_context(agent).table, "lines": None, "error": "", "complete": None}
+    if not agent.ip:
+        ctx["error"] = "the agent has no address yet, so it has no isolation rules"
+    else:
+        try:
+            from network.nft.apply import NftClient
+
+            rules = NftClient(ctx["table"]).list_agents().get(ipaddress.ip_address(agent.ip))
+        except Exception as exc:  # noqa: BLE001 - nft missing, no privilege, bad table: say so
+            ctx["error"] = f"could not read table inet {ctx['table']}: {exc}"
+        else:
+            if rules is None:
+                ctx["lines"] = []
+            else:
+                ctx["lines"] = rules.describe()
+                ctx["complete"] = rules.complete
+    return render(request, "agents/detail.html#isolation", ctx)
+
+
+def selftest_function():
+    """The self-test runner for this build (``agents.selftest.run_agent_selftest`` over helper
+    "net"'s ``network.selftest``), or None when net's module is missing."""
+    try:
+        import network.selftest  # noqa: F401
+    except ImportError:
+        return None
+    from ..selftest import run_agent_selftest
+
+    return run_agent_selftest
+
+
+def selftest_rows(results) -> list[dict]:
+    """``network.selftest.ProbeResult`` list → table rows ``{target, why, expected, observed, ok,
+    detail, ms}``; ``ok`` is True / False, or None when a UDP probe cannot tell."""
+    rows = []
+    for r in results:
+        rows.append(
+            {
+                "target": str(r.target),
+                "why": r.target.label,
+                "expected": "reachable" if r.target.expect_reachable else "blocked",
+                "observed": r.state,
+                "ok": r.passed,
+                "detail": r.detail,
+                "ms": round(r.elapsed_s * 1000),
+            }
+        )
+    return rows
+
+
+@require_POST
+@viewer_required
+def agent_selftest(request, agent_id: str):
+    """POST: run the live isolation self-test for this agent and render the reachability table.
+
+    Needs ``operations.request_operation`` or ``agents.change_agent`` (it sends probe packets from
+    inside the agent's namespace).
+    Refusals render as a message in the fragment, never a 500."""
+    agent = agent_or_404(agent_id)
+    ctx = {"agent": agent}
+    if not can_run_selftest(request.user):
+        ctx["error"] = "running the self-test needs the permission operations.request_operation (operators)"
+        return render(request, "agents/detail.html#selftest", ctx, status=403)
+    fn = selftest_function()
+    if fn is None:
+        ctx["error"] = "the isolation self-test is not available in this build"
+    elif not agent.is_active or not agent.ip:
+        ctx["error"] = f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"
+    else:
+        try:
+            rows = selftest_rows(fn(agent))
+        except Exception as exc:  # noqa: BLE001 - show why, never a 500 in a fragment
+            log.info("isolation self-test for %s could not run: %s", agent.agent_id, exc)
+            ctx["error"] = f"the self-test could not run: {exc}"
+        else:
+            ctx.update(rows=rows, failed=sum(1 for r in rows if r["ok"] is False), unknown=sum(1 for r in rows if r["ok"] is None))
+            ctx["passed"] = bool(rows) and ctx["failed"] == 0
+    return render(request, "agents/detail.html#selftest", ctx)
