@@ -7,6 +7,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from ..consoles import agent_container, console_log_file, console_streams_of
 from ..models import Agent
 from .common import agent_or_404, viewer_required
 
@@ -14,9 +15,7 @@ _STREAM_TITLES = {"serial": "Serial console", "vmm": "VMM log", "console": "Cons
 
 
 def console_streams(agent: Agent) -> list[tuple[str, str]]:
-    """``[(stream, label)]`` the console page offers (``agents.consumers.console_streams_of``)."""
-    from ..consumers import console_streams_of
-
+    """``[(stream, label)]`` the console page offers (:func:`agents.consoles.console_streams_of`)."""
     return [(name, _STREAM_TITLES[name]) for name in console_streams_of(agent)]
 
 
@@ -48,10 +47,7 @@ def download_url(agent: Agent, stream: str) -> str:
 
 
 def _docker_log_chunks(agent: Agent):
-    from scalers.backends.runtime import docker_client_for, runtime_for_scaler
-
-    container = docker_client_for(runtime_for_scaler(agent.scaler)).containers.get(agent.managed_id or agent.agent_id)
-    stream = container.logs(stream=True, follow=False, stdout=True, stderr=True)
+    stream = agent_container(agent).logs(stream=True, follow=False, stdout=True, stderr=True)
     try:
         yield from stream
     finally:
@@ -73,8 +69,6 @@ def agent_console_download(request, agent_id: str, stream: str):
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
     filename = f"{agent.agent_id}-{stream}.log"
-    from ..consumers import console_log_file
-
     path = console_log_file(agent, stream)
     if path is not None:
         try:

@@ -1,0 +1,84 @@
+"""An agent's console streams and what is behind each: a log file, or a container's docker logs.
+
+One resolution for the console page, its download and the console WebSocket (SPEC h, issue 7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from .streams import SourceFactory, docker_log_source, file_source
+
+
+def console_streams_of(agent) -> tuple[str, ...]:
+    """The console streams an agent has: ``("serial", "vmm")`` for a VM, else ``("console",)``."""
+    return ("serial", "vmm") if agent.scaler.type == "firecracker" else ("console",)
+
+
+def firecracker_log_path(agent, stream: str) -> Path:
+    """Where a VM's ``serial`` or ``vmm`` log is: ``backend_context["console_logs"][stream]``, else in
+    ``backend_context["chroot"]``, else under ``<chrootBaseDir>/firecracker/<id>/root`` (SPEC h)."""
+    ctx = agent.backend_context or {}
+    explicit = (ctx.get("console_logs") or {}).get(stream)
+    if explicit:
+        return Path(explicit)
+    name = "serial-console.log" if stream == "serial" else "vmm.log"
+    if ctx.get("chroot"):
+        return Path(ctx["chroot"]) / name
+    base = (agent.scaler.config or {}).get("chrootBaseDir") or "/srv/jailer"
+    return Path(base) / "firecracker" / agent.agent_id / "root" / name
+
+
+def agent_container(agent, **client_kwargs):
+    """The docker SDK ``Container`` of a container agent: its ``managed_id``, else the agent id as
+    the container's name, on its scaler's runtime (``client_kwargs`` go to
+    ``scalers.backends.runtime.docker_client_for``, e.g. ``timeout``). Raises the SDK's errors
+    (``docker.errors.NotFound``, ``DockerException``)."""
+    from scalers.backends.runtime import docker_client_for, runtime_for_scaler
+
+    client = docker_client_for(runtime_for_scaler(agent.scaler), **client_kwargs)
+    return client.containers.get(agent.managed_id or agent.agent_id)
+
+
+def _docker_source(agent) -> SourceFactory:
+    async def open_source():
+        # No read timeout: a quiet container must not end its log stream.
+        container = await asyncio.to_thread(agent_container, agent, timeout=None)
+        async with contextlib.aclosing(docker_log_source(container)) as batches:
+            async for batch in batches:
+                yield batch
+
+    return open_source
+
+
+def console_log_file(agent, stream: str) -> Path | None:
+    """The file behind a console stream, or None when it is not a file (a container's docker logs).
+
+    Firecracker ``serial`` / ``vmm``: ``backend_context["console_logs"][stream]``, else
+    ``backend_context["chroot"]``, else ``<chrootBaseDir>/firecracker/<id>/root`` (SPEC h).
+    ``console``: ``backend_context["console_log"]`` when set. Raises ``LookupError`` for a stream
+    the agent does not have. For the full-log download as well as the live stream.
+    """
+    if stream not in console_streams_of(agent):
+        raise LookupError(f"agent {agent.agent_id} has no console stream {stream!r}")
+    if stream in ("serial", "vmm"):
+        return firecracker_log_path(agent, stream)
+    path = (agent.backend_context or {}).get("console_log")
+    return Path(path) if path else None
+
+
+def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
+    """``(source, flag_failures)`` of one console stream of ``agent``; ``LookupError`` if none.
+
+    A file (see :func:`console_log_file`) is followed with :func:`agents.streams.file_source`;
+    serial lines are checked for failure patterns. A container without a log file streams its
+    docker logs (container ``managed_id``, else the agent id as its name).
+    """
+    path = console_log_file(agent, stream)
+    if path is not None:
+        return file_source(path), stream == "serial"
+    if agent.scaler.type == "container":
+        return _docker_source(agent), False
+    raise LookupError(f"agent {agent.agent_id} ({agent.scaler.type}) has no console output to stream")
