@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 import glob
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 import copy
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 import io
 import textwrap
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
