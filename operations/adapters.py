@@ -1,7 +1,10 @@
 """The calls operation kinds make into the other apps, in one place.
 
-Each function names the API it stands for (owner in /work/CONTRACTS.md). Keeping them here means a
-kind reads as its rule, and an API that changes shape is adapted once.
+Each function names the API it stands for and the module that owns it: ``agents`` (registry),
+``scalers.backends`` (backends, runtimes, isolation), ``scalers.admission`` (release, draining,
+teardown), ``scalers.config`` and ``scalers.importing`` (configuration), ``network.nft`` and
+``network.host_access`` (rules). Keeping them here means a kind reads as its rule, and an API that
+changes shape is adapted once.
 """
 
 from __future__ import annotations
