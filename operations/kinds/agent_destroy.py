@@ -15,7 +15,7 @@ from agents.choices import ACTIVE_STATES, AgentState
 
 from ..adapters import clear_draining, mark_draining, teardown_agent
 from ..choices import OperationKind, TargetOutcome
-from .agent_drain import agent_evidence
+from .agent_targets import agent_evidence, plan_agents
 from .base import Plan, Scope, Spared, Target, require_agents
 
 KIND = OperationKind.AGENT_DESTROY
@@ -33,23 +33,18 @@ def sweep_scopes() -> list[Scope]:
     return []
 
 
-def plan(scope: Scope) -> Plan:
-    from agents.models import Agent
+def _decide(result: Plan, key: str, agent) -> None:
+    agent_id = agent.agent_id
+    if agent.state in ACTIVE_STATES:
+        result.targets.append(Target(key, "destroy", agent_id, agent_evidence(agent)))
+        if agent.active_jobs:
+            result.notes.append(f"{agent_id} has {agent.active_jobs} active job(s): it is skipped at run time unless they finish; drain it instead")
+    else:
+        result.spared.append(Spared(key, agent_id, f"agent is already {agent.state}", agent_evidence(agent)))
 
-    result = Plan()
-    agents = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=scope.agent_ids).select_related("scaler")}
-    for agent_id in scope.agent_ids:
-        agent = agents.get(agent_id)
-        key = f"agent:{agent_id}"
-        if agent is None:
-            result.spared.append(Spared(key, agent_id, "no such agent"))
-        elif agent.state in ACTIVE_STATES:
-            result.targets.append(Target(key, "destroy", agent_id, agent_evidence(agent)))
-            if agent.active_jobs:
-                result.notes.append(f"{agent_id} has {agent.active_jobs} active job(s): it is skipped at run time unless they finish; drain it instead")
-        else:
-            result.spared.append(Spared(key, agent_id, f"agent is already {agent.state}", agent_evidence(agent)))
-    return result
+
+def plan(scope: Scope) -> Plan:
+    return plan_agents(scope, _decide)
 
 
 def act(run, scope, plan, targets) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from agents.choices import AgentState
 
-from ..adapters import age_seconds, is_registered, mark_draining
+from ..adapters import mark_draining
 from ..choices import OperationKind, TargetOutcome
+from .agent_targets import agent_evidence, plan_agents
 from .base import Plan, Scope, Spared, Target, require_agents
 
 KIND = OperationKind.AGENT_DRAIN
@@ -32,39 +33,18 @@ def sweep_scopes() -> list[Scope]:
     return []
 
 
-def agent_evidence(agent) -> dict:
-    """The facts a drain or destroy decision rests on, for one agent row."""
-    return {
-        "state": agent.state,
-        "registered": is_registered(agent),
-        "active_jobs": agent.active_jobs,
-        "bound_job": agent.bound_job_id or None,
-        "warm": agent.warm,
-        "managed_id": agent.managed_id or None,
-        "ip": agent.ip,
-        "owner_instance": agent.owner_instance or None,
-        "age_seconds": age_seconds(agent.created_at),
-        "last_heartbeat_seconds": age_seconds(agent.last_heartbeat),
-    }
+def _decide(result: Plan, key: str, agent) -> None:
+    agent_id = agent.agent_id
+    if agent.state in DRAINABLE:
+        result.targets.append(Target(key, "drain", agent_id, agent_evidence(agent)))
+    elif agent.state == AgentState.SPAWNING:
+        result.spared.append(Spared(key, agent_id, "still spawning: nothing to drain (destroy it instead)", agent_evidence(agent)))
+    else:
+        result.spared.append(Spared(key, agent_id, f"agent is {agent.state}", agent_evidence(agent)))
 
 
 def plan(scope: Scope) -> Plan:
-    from agents.models import Agent
-
-    result = Plan()
-    agents = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=scope.agent_ids).select_related("scaler")}
-    for agent_id in scope.agent_ids:
-        agent = agents.get(agent_id)
-        key = f"agent:{agent_id}"
-        if agent is None:
-            result.spared.append(Spared(key, agent_id, "no such agent"))
-        elif agent.state in DRAINABLE:
-            result.targets.append(Target(key, "drain", agent_id, agent_evidence(agent)))
-        elif agent.state == AgentState.SPAWNING:
-            result.spared.append(Spared(key, agent_id, "still spawning: nothing to drain (destroy it instead)", agent_evidence(agent)))
-        else:
-            result.spared.append(Spared(key, agent_id, f"agent is {agent.state}", agent_evidence(agent)))
-    return result
+    return plan_agents(scope, _decide)
 
 
 def act(run, scope, plan, targets) -> None:
