@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 
-from ..adapters import age_seconds, get_backend
+from ..adapters import get_backend
 from ..choices import OperationKind, TargetOutcome
 from .base import Plan, Scope, Spared, Target, require_scaler
+from .reaping import act_on_planned
 
 KIND = OperationKind.ORPHAN_CONTAINERS
 VOLATILE = frozenset({"status", "age_seconds"})
@@ -138,16 +139,11 @@ def plan(scope: Scope) -> Plan:
     return result
 
 
+def _remove(backend, orphan, target) -> tuple[TargetOutcome, str]:
+    if backend.apply_orphans([orphan]):
+        return TargetOutcome.DONE, "stopped and removed" if target.evidence.get("container_state") in ("running", "paused", "restarting") else "removed"
+    return TargetOutcome.SKIPPED, "the backend's last re-check declined: tracked, registered or already gone"
+
+
 def act(run, scope, plan, targets) -> None:
-    backend = get_backend(scope.scaler)
-    for target in targets:
-        orphan = plan.context[target.key]
-        try:
-            removed = backend.apply_orphans([orphan])
-        except Exception as exc:  # noqa: BLE001
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        if removed:
-            run.report(target.key, TargetOutcome.DONE, "stopped and removed" if target.evidence.get("container_state") in ("running", "paused", "restarting") else "removed")
-        else:
-            run.report(target.key, TargetOutcome.SKIPPED, "the backend's last re-check declined: tracked, registered or already gone")
+    act_on_planned(run, scope, plan, targets, _remove)

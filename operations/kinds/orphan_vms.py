@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..adapters import get_backend
 from ..choices import OperationKind, TargetOutcome
 from .base import Plan, Scope, Spared, Target, require_scaler
+from .reaping import act_on_planned
 
 KIND = OperationKind.ORPHAN_VMS
 VOLATILE = frozenset()
@@ -106,18 +107,13 @@ def plan(scope: Scope) -> Plan:
     return result
 
 
+def _reap(backend, orphan, target) -> tuple[TargetOutcome, str]:
+    why = backend.orphan_recheck(orphan)
+    if why is not None:
+        return TargetOutcome.SKIPPED, f"the backend's last re-check declined: {why}"
+    backend.orphan_act(orphan)
+    return TargetOutcome.DONE, "done"
+
+
 def act(run, scope, plan, targets) -> None:
-    backend = get_backend(scope.scaler)
-    for target in targets:
-        orphan = plan.context[target.key]
-        try:
-            why = backend.orphan_recheck(orphan)
-            if why is None:
-                backend.orphan_act(orphan)
-        except Exception as exc:  # noqa: BLE001
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        if why is None:
-            run.report(target.key, TargetOutcome.DONE, "done")
-        else:
-            run.report(target.key, TargetOutcome.SKIPPED, f"the backend's last re-check declined: {why}")
+    act_on_planned(run, scope, plan, targets, _reap)

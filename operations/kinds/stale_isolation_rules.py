@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ..adapters import get_backend
 from ..choices import OperationKind, TargetOutcome
-from .base import Plan, Scope, Target, Spared, require_scaler
+from .base import Plan, Scope, Spared, Target, require_scaler
+from .reaping import act_on_planned
 
 KIND = OperationKind.STALE_ISOLATION_RULES
 VOLATILE = frozenset()
@@ -102,15 +103,11 @@ def plan(scope: Scope) -> Plan:
     return result
 
 
+def _delete(backend, orphan, target) -> tuple[TargetOutcome, str]:
+    if backend.apply_orphans([orphan]):
+        return TargetOutcome.DONE, "deleted"
+    return TargetOutcome.SKIPPED, "the backend's last re-check declined: the address is held now, or its rules are gone"
+
+
 def act(run, scope, plan, targets) -> None:
-    backend = get_backend(scope.scaler)
-    for target in targets:
-        try:
-            removed = backend.apply_orphans([plan.context[target.key]])
-        except Exception as exc:  # noqa: BLE001
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        if removed:
-            run.report(target.key, TargetOutcome.DONE, "deleted")
-        else:
-            run.report(target.key, TargetOutcome.SKIPPED, "the backend's last re-check declined: the address is held now, or its rules are gone")
+    act_on_planned(run, scope, plan, targets, _delete)
