@@ -38,6 +38,19 @@ class RuleChange:
     reordered: bool = False
 
 
+def line_diff(before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
+    """``(removed, added)``: the lines of ``before`` that leave and the lines of ``after`` that arrive,
+    each in chain order (difflib opcodes, no junk heuristic)."""
+    removed: list[str] = []
+    added: list[str] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
+        if op in ("replace", "delete"):
+            removed += before[i1:i2]
+        if op in ("replace", "insert"):
+            added += after[j1:j2]
+    return removed, added
+
+
 def _by_address(specs: Iterable[AgentSpec]) -> dict[IPAddress, AgentSpec]:
     out: dict[IPAddress, AgentSpec] = {}
     for spec in specs:
@@ -66,13 +79,7 @@ def plan_rule_diff(old_specs: Iterable[AgentSpec], new_specs: Iterable[AgentSpec
         if addr not in new:
             changes.append(RuleChange(addr, "remove", removed=tuple(before)))
             continue
-        removed: list[str] = []
-        added: list[str] = []
-        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
-            if op in ("replace", "delete"):
-                removed += before[i1:i2]
-            if op in ("replace", "insert"):
-                added += after[j1:j2]
+        removed, added = line_diff(before, after)
         reordered = sorted(before) == sorted(after)
         changes.append(RuleChange(addr, "change", tuple(removed), tuple(added), reordered))
     return changes

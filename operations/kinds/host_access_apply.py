@@ -77,23 +77,9 @@ def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
     )
 
 
-def _line_diff(before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
-    """``(removed, added)`` rule lines, in chain order (as ``network.nft.plan.plan_rule_diff``)."""
-    import difflib
-
-    removed: list[str] = []
-    added: list[str] = []
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
-        if op in ("replace", "delete"):
-            removed += before[i1:i2]
-        if op in ("replace", "insert"):
-            added += after[j1:j2]
-    return removed, added
-
-
 def plan(scope: Scope) -> Plan:
     from agents.models import Agent
-    from network.nft.plan import spec_rule_lines
+    from network.nft.plan import line_diff, spec_rule_lines
     from scalers.models import LabelSet
 
     label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
@@ -141,7 +127,7 @@ def plan(scope: Scope) -> Plan:
         current = in_force.get(ipaddress.ip_address(agent.ip))
         now_lines = current.describe() if current is not None else []
         want_lines = spec_rule_lines(_spec(agent, gateway, policy, resolved_new))
-        removed, added = _line_diff(now_lines, want_lines)
+        removed, added = line_diff(now_lines, want_lines)
         evidence = {
             "ip": agent.ip,
             "state": agent.state,
