@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import wraps
 
 from django.db import transaction
 from django.http import JsonResponse
@@ -66,6 +67,28 @@ def _unauthorized(reason: str) -> JsonResponse:
     return resp
 
 
+def _bad_request(detail: str) -> JsonResponse:
+    return JsonResponse({"error": "bad-request", "detail": detail}, status=400)
+
+
+def _bearer_request(view):
+    """Decorator of the bearer-authenticated endpoints: 401 without a bearer token, then 400 for a
+    body that is not a JSON object; otherwise ``view(request, token, body, *args, **kwargs)``."""
+
+    @wraps(view)
+    def checked(request, *args, **kwargs):
+        token = _bearer(request)
+        if token is None:
+            return _unauthorized("missing bearer token")
+        try:
+            body = _json_body(request)
+        except BadRequest as exc:
+            return _bad_request(str(exc))
+        return view(request, token, body, *args, **kwargs)
+
+    return checked
+
+
 def _mandatory_labels(agent: Agent) -> list[str]:
     return list(agent.scaler.mandatory_labels or [])
 
@@ -93,18 +116,12 @@ def _registration_hooks(agent: Agent) -> None:
 
 @csrf_exempt
 @require_POST
-def register(request):
+@_bearer_request
+def register(request, raw: str, body: dict):
     """Redeem the ephemeral token once and mark the agent running (see the module doc)."""
-    raw = _bearer(request)
-    if raw is None:
-        return _unauthorized("missing bearer token")
-    try:
-        body = _json_body(request)
-    except BadRequest as exc:
-        return JsonResponse({"error": "bad-request", "detail": str(exc)}, status=400)
     claimed_id = body.get("agentId")
     if claimed_id is not None and not isinstance(claimed_id, str):
-        return JsonResponse({"error": "bad-request", "detail": f"agentId must be a string, got {claimed_id!r}"}, status=400)
+        return _bad_request(f"agentId must be a string, got {claimed_id!r}")
     try:
         agent = redeem_registration_token(raw)
     except TokenRejected as exc:
@@ -140,18 +157,12 @@ def register(request):
 
 @csrf_exempt
 @require_POST
-def heartbeat(request, agent_id: str):
+@_bearer_request
+def heartbeat(request, raw: str, body: dict, agent_id: str):
     """Record a heartbeat from a registered agent (see the module doc)."""
-    raw = _bearer(request)
-    if raw is None:
-        return _unauthorized("missing bearer token")
-    try:
-        body = _json_body(request)
-    except BadRequest as exc:
-        return JsonResponse({"error": "bad-request", "detail": str(exc)}, status=400)
     active = body.get("activeJobs")
     if active is not None and (not isinstance(active, int) or isinstance(active, bool) or not 0 <= active <= MAX_ACTIVE_JOBS):
-        return JsonResponse({"error": "bad-request", "detail": f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {active!r}"}, status=400)
+        return _bad_request(f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {active!r}")
     try:
         agent = authenticate_session(raw, agent_id)
     except TokenRejected as exc:
@@ -176,10 +187,10 @@ def claim(request):
     try:
         body = _json_body(request)
     except BadRequest as exc:
-        return JsonResponse({"error": "bad-request", "detail": str(exc)}, status=400)
+        return _bad_request(str(exc))
     code = body.get("claimCode")
     if not isinstance(code, str) or not code:
-        return JsonResponse({"error": "bad-request", "detail": f"claimCode must be a non-empty string, got {code!r}"}, status=400)
+        return _bad_request(f"claimCode must be a non-empty string, got {code!r}")
     try:
         grant = redeem_claim(code)
     except ClaimError as exc:
