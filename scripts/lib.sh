@@ -106,7 +106,7 @@ ensure_dockerd() {
     if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
       $SUDO systemctl start docker
     else
-      $SUDO sh -c "nohup dockerd --pidfile '$RUN_DIR/dockerd.pid' ${KICI_DOCKERD_FLAGS:-} >'$LOG_DIR/dockerd.log' 2>&1 &"
+      $SUDO setsid sh -c "nohup dockerd --pidfile '$RUN_DIR/dockerd.pid' ${KICI_DOCKERD_FLAGS:-} >'$LOG_DIR/dockerd.log' 2>&1 &"
       STARTED_DOCKERD=1
     fi
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
