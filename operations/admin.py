@@ -14,8 +14,21 @@ class AuditEntryInline(admin.TabularInline):
         return False
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Every field shown read-only; nothing is added or changed from the admin."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Operation)
-class OperationAdmin(admin.ModelAdmin):
+class OperationAdmin(ReadOnlyAdmin):
     """Read-only: operations move only through the services (approve / reject / run)."""
 
     list_display = ("id", "kind", "status", "scaler_name", "requested_by", "approved_by", "rejected_by", "created_at", "finished_at")
@@ -23,31 +36,13 @@ class OperationAdmin(admin.ModelAdmin):
     search_fields = ("scaler_name", "agent_ids", "rq_job_id")
     inlines = [AuditEntryInline]
 
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ("at", "operation", "username", "action", "from_status", "to_status", "detail")
     list_filter = ("action", "to_status")
     search_fields = ("username", "detail")
     date_hierarchy = "at"
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
     def has_delete_permission(self, request, obj=None):
         return False
