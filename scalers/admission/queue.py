@@ -102,22 +102,12 @@ class AdmissionQueue:
         batch's transaction rolled back and nothing was written).
         """
         p = _Pending(request)
-        with self._cv:
-            if self._stopping:
-                raise RuntimeError("admission queue is shut down")
-            self._ensure_thread()
-            self._items.append(p)
-            self._cv.notify()
+        self._enqueue(p)
         if not p.event.wait(timeout):
-            with self._cv:
-                if p.state == QUEUED:
-                    p.state = CANCELLED
-                    self._items.remove(p)
-                    raise AdmissionTimeout(f"no admission decision within {timeout}s")
+            if self._withdraw(p):
+                raise AdmissionTimeout(f"no admission decision within {timeout}s")
             p.event.wait()  # taken into a batch: its outcome is real, wait for it
-        if p.error is not None:
-            raise p.error
-        return p.decision, p.agent
+        return self._outcome(p)
 
     async def submit_async(self, request: Request, timeout: float | None = 30.0) -> tuple[ScaleDecision, object]:
         """:meth:`submit` for async views: awaits the decision without holding a thread."""
@@ -132,21 +122,35 @@ class AdmissionQueue:
             loop.call_soon_threadsafe(settle)
 
         p = _Pending(request, on_done=wake)
+        self._enqueue(p)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            if self._withdraw(p):
+                raise AdmissionTimeout(f"no admission decision within {timeout}s") from None
+            await future
+        return self._outcome(p)
+
+    def _enqueue(self, p: _Pending) -> None:
         with self._cv:
             if self._stopping:
                 raise RuntimeError("admission queue is shut down")
             self._ensure_thread()
             self._items.append(p)
             self._cv.notify()
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
-        except TimeoutError:
-            with self._cv:
-                if p.state == QUEUED:
-                    p.state = CANCELLED
-                    self._items.remove(p)
-                    raise AdmissionTimeout(f"no admission decision within {timeout}s") from None
-            await future
+
+    def _withdraw(self, p: _Pending) -> bool:
+        """Take back a request no batch has taken yet (its caller gave up waiting); False when a
+        batch already has it, so its outcome is real and must be waited for."""
+        with self._cv:
+            if p.state == QUEUED:
+                p.state = CANCELLED
+                self._items.remove(p)
+                return True
+        return False
+
+    @staticmethod
+    def _outcome(p: _Pending) -> tuple[ScaleDecision, object]:
         if p.error is not None:
             raise p.error
         return p.decision, p.agent
