@@ -72,6 +72,15 @@ async def make_hub(prefix: str):
     return ConsoleHub(transport, tick=1.0, batch_lines=int(os.environ.get("BENCH_BATCH_LINES", "1000"))), client
 
 
+async def close_hub(hub, client, viewer, path: Path) -> None:
+    """Unsubscribe the viewer, close the hub, its transport and the Redis client, remove the file."""
+    await hub.unsubscribe(viewer)
+    await hub.aclose()
+    await hub.transport.aclose()
+    await client.aclose()
+    path.unlink()
+
+
 def write_at_rate(path: str, rate: int, total: int) -> None:
     """Append ``total`` 100-byte lines at ``rate`` lines/s, a write every 20 ms (own process)."""
     step = max(1, rate // 50)
@@ -153,11 +162,7 @@ async def burst(tmp: Path, count: int) -> None:
         f"tail queue dropped {tail.queue.dropped:,}, viewer dropped {counter.viewer_dropped:,}"
     )
     counter.task.cancel()
-    await hub.unsubscribe(viewer)
-    await hub.aclose()
-    await hub.transport.aclose()
-    await client.aclose()
-    path.unlink()
+    await close_hub(hub, client, viewer, path)
 
 
 async def sustained(tmp: Path, rate: int, seconds: float) -> None:
@@ -192,11 +197,7 @@ async def sustained(tmp: Path, rate: int, seconds: float) -> None:
         f"tail queue dropped {tail.queue.dropped:,}, viewer dropped {counter.viewer_dropped:,}"
     )
     counter.task.cancel()
-    await hub.unsubscribe(viewer)
-    await hub.aclose()
-    await hub.transport.aclose()
-    await client.aclose()
-    path.unlink()
+    await close_hub(hub, client, viewer, path)
 
 
 async def flood(tmp: Path, gib: float) -> None:
@@ -248,11 +249,7 @@ async def flood(tmp: Path, gib: float) -> None:
         f"lines out: {len(rows)} ({', '.join(f'{len(r.text):,} chars' for r in rows[:3])}); "
         f"largest partial held {tail.splitter.peak_partial:,} chars"
     )
-    await hub.unsubscribe(viewer)
-    await hub.aclose()
-    await hub.transport.aclose()
-    await client.aclose()
-    path.unlink()
+    await close_hub(hub, client, viewer, path)
 
 
 async def main(args) -> None:
