@@ -9,15 +9,11 @@ import json
 import os
 from pathlib import Path
 
-#: Case-insensitive fragments that make a serial line an error (SPEC h).
-FAILURE_PATTERNS = (
-    "kernel panic",
-    "failed to execute /init",
-    "failed to start",
-    "systemd[1]: failed",
-    "vfs: unable to mount root fs",
-    "not syncing",
-)
+from agents.streams.lines import FAILURE_PATTERNS as _SPEC_FAILURE_PATTERNS
+
+#: Case-insensitive fragments that make a serial line an error (SPEC h), lower-cased: the live
+#: console's list (``agents.streams.FAILURE_PATTERNS``), so the two cannot drift apart.
+FAILURE_PATTERNS = tuple(p.lower() for p in _SPEC_FAILURE_PATTERNS)
 
 KERNEL_PANIC = "kernel-panic"
 INIT_FAILURE = "init-failure"
