@@ -103,7 +103,7 @@ def fail_spawn(agent: Agent, error: BaseException | str, *, captured: list[str] 
     The state change is a compare-and-swap from ``spawning``; the event and the release happen
     regardless (both idempotent in effect), so a spawn someone else gave up on still reports why.
     """
-    from scalers.backends.container import failure_detail
+    from scalers.backends.failure import failure_detail
 
     if isinstance(error, BaseException):
         captured = list(captured or getattr(error, "captured_output", None) or [])
@@ -194,7 +194,7 @@ def expire_spawn(agent_pk: int, *, now: datetime | None = None) -> bool:
             captured = capture(agent)
     except Exception:  # noqa: BLE001 - the output is a courtesy
         log.warning("could not capture the output of %s", agent.agent_id, exc_info=True)
-    from scalers.backends.container import failure_detail
+    from scalers.backends.failure import failure_detail
 
     error = RuntimeError(f"agent did not register within {spawn_timeout_seconds()} s")
     from agents.tokens import revoke_agent_tokens

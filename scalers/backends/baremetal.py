@@ -35,6 +35,7 @@ from agents.events import record_event
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .container import ContainerBackend
+from .failure import CAPTURED_LINES
 from .hostconfig import EffectiveLimits
 from .orphans import OrphanTarget
 from .spawn_env import label_set_option, process_env, spawn_limits
@@ -42,7 +43,6 @@ from .spawn_env import label_set_option, process_env, spawn_limits
 log = logging.getLogger(__name__)
 
 TERM_GRACE_SECONDS = 5.0
-CAPTURED_LINES = 50
 _systemd_user_ok: bool | None = None
 
 

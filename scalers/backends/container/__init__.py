@@ -13,14 +13,13 @@ Ownership on a shared docker host: see ``orphans`` for the sweep's rules.
 
 Modules: :mod:`~scalers.backends.container.backend` (:class:`ContainerBackend`, destroy),
 :mod:`~scalers.backends.container.spawn`, :mod:`~scalers.backends.container.sweep`,
-:mod:`~scalers.backends.container.registry` (database reads) and
-:mod:`~scalers.backends.container.failure` (the failure detail). The names below are importable
-from ``scalers.backends.container``.
+:mod:`~scalers.backends.container.registry` (database reads); the failure detail is
+:mod:`scalers.backends.failure`. The names below are importable from ``scalers.backends.container``.
 """
 
 from ..docker_net import ISOLATED_NETWORK_GATEWAY
+from ..failure import CAPTURED_LINES, failure_detail
 from .backend import STOP_TIMEOUT_SECONDS, ContainerBackend
-from .failure import CAPTURED_LINES, failure_detail
 from .registry import REGISTRY, db_registered_ids, db_tracked_ids, tracked_addresses
 from .sweep import ORPHAN_STOP_TIMEOUT_SECONDS
 

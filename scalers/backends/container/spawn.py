@@ -14,11 +14,11 @@ from agents.events import record_event
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult, scaler_option
 from ..docker_net import ISOLATED_NETWORK_NAME, cached_isolated_network, container_network_ip
+from ..failure import CAPTURED_LINES
 from ..hostconfig import build_agent_container_host_config
 from ..isolation import resolve_host_access
 from ..runtime import docker_client_for
 from ..spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
-from .failure import CAPTURED_LINES
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
-"""The ``scaler.failed`` detail of a container spawn: the error plus the container's last lines (SPEC (d))."""
+"""The ``scaler.failed`` detail of a failed spawn: the error plus the agent's last output lines (SPEC (d))."""
 
 from __future__ import annotations
 
-#: Lines of container output attached to a ``scaler.failed`` detail (SPEC (d)).
+#: Lines of agent output (a container's logs, a process's log file) attached to a ``scaler.failed``
+#: detail (SPEC (d)).
 CAPTURED_LINES = 50
 
 
