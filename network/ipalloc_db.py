@@ -1,7 +1,10 @@
 """Database-backed VM address allocation (SPEC h: the ``ip_allocations`` table; CASES IP-12).
 
-The ``IpAllocation`` primary key is the address, so two consoles (or two workers) racing for the
-same address collide in PostgreSQL and the loser re-picks. Every allocation reads the live rows
+Allocators on one database take a transaction-level advisory lock on the subnet around their
+read-and-insert, so they do not race at all: without it every contender picks the same lowest
+free address, one wins each round, and a slow allocator could lose sixteen rounds in a row. The
+``IpAllocation`` primary key (the address) remains the backstop against any writer that does not
+take the lock: a loser re-picks, up to 16 times. Every allocation reads the live rows
 first (all scalers: the subnet is shared by every Firecracker scaler on the host) plus any
 addresses the caller found on interfaces, so state is never rebuilt from empty.
 """
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from network.ipalloc import Allocation, IpAllocator, IpPoolExhausted, mac_for_ip
 from network.models import IpAllocation
@@ -41,6 +44,11 @@ class DbIpAllocator:
         rows = IpAllocation.objects.values_list("ip", "vm_id")
         return IpAllocator.from_live_state(self.cidr, self.gateway, rows, self.interface_addresses())
 
+    def _lock_subnet(self) -> None:
+        """``pg_advisory_xact_lock`` keyed by the subnet: held until the enclosing transaction ends."""
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"kici-ipalloc:{self.cidr}"])
+
     def _record(self, row: IpAllocation) -> Allocation:
         return self._live().allocation_for(row.vm_id, row.ip, row.tap_device)
 
@@ -58,21 +66,23 @@ class DbIpAllocator:
             return self._record(existing)
         lost: set[str] = set()
         for _ in range(MAX_PK_CONFLICTS):
-            live = self._live()
-            for ip in lost:
-                live.mark_taken(ip)
-            ip = next(iter(live.candidates()), None)
-            if ip is None:
-                raise IpPoolExhausted(
-                    f"IP pool exhausted: no available addresses in {live.range.start}-{live.range.end}"
-                )
-            owners = dict(IpAllocation.objects.values_list("tap_device", "vm_id"))
-            tap = tap_device or tap_name_for(vm_id, owners)
             try:
                 with transaction.atomic():
-                    IpAllocation.objects.create(
-                        ip=ip, vm_id=vm_id, scaler_name=scaler_name, tap_device=tap, mac_address=mac_for_ip(ip)
-                    )
+                    self._lock_subnet()
+                    live = self._live()
+                    for ip in lost:
+                        live.mark_taken(ip)
+                    ip = next(iter(live.candidates()), None)
+                    if ip is None:
+                        raise IpPoolExhausted(
+                            f"IP pool exhausted: no available addresses in {live.range.start}-{live.range.end}"
+                        )
+                    owners = dict(IpAllocation.objects.values_list("tap_device", "vm_id"))
+                    tap = tap_device or tap_name_for(vm_id, owners)
+                    with transaction.atomic():
+                        IpAllocation.objects.create(
+                            ip=ip, vm_id=vm_id, scaler_name=scaler_name, tap_device=tap, mac_address=mac_for_ip(ip)
+                        )
             except IntegrityError:
                 mine = IpAllocation.objects.filter(vm_id=vm_id).first()
                 if mine is not None:  # a concurrent call for the same VM won: same answer
