@@ -22,7 +22,6 @@ STALE_BATCH_SECONDS = 2.0
 """A batch older than this when it reaches a process is skipped there (the process is behind)."""
 
 
-
 class Viewer:
     """One subscriber of a console stream: ``snapshot`` (the ring when it joined), then batches.
 
