@@ -137,11 +137,35 @@ def _interfaces_holding(address: str) -> list[str]:
     ]
 
 
+def _other_dockerd_running() -> bool:
+    """True when a dockerd other than the private one is running (its bridges are its own)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(b"dockerd") and DATA_ROOT.encode() not in cmdline:
+            return True
+    return False
+
+
+def _is_stale_docker_bridge(name: str) -> bool:
+    """A ``br-<12 hex>`` bridge with no ports, left behind by a dockerd that is no longer running."""
+    import re
+
+    if not re.fullmatch(r"br-[0-9a-f]{12}", name) or _other_dockerd_running():
+        return False
+    return not any(Path(f"/sys/class/net/{name}/brif").iterdir()) if Path(f"/sys/class/net/{name}/brif").exists() else False
+
+
 def _check_gateway_owner() -> None:
     """Refuse when an interface that is not one of this daemon's bridges holds 172.30.0.1.
 
-    That is ``make run``'s dockerd (or a stale bridge): two bridges with one gateway address
-    would route the test agents' packets to the wrong one.
+    That is ``make run``'s dockerd, or a bridge a stopped dockerd left behind: two bridges with
+    one gateway address would route the test agents' packets to the wrong one. A left-behind
+    bridge (``br-<id>``, no ports, no other dockerd running) is deleted; a live one is refused.
     """
     holders = _interfaces_holding(AGENT_GATEWAY)
     if not holders:
@@ -153,6 +177,10 @@ def _check_gateway_owner() -> None:
     finally:
         client.close()
     foreign = [h for h in holders if h not in ours]
+    for name in [h for h in foreign if _is_stale_docker_bridge(h)]:
+        print(f"removing bridge {name}: it holds {AGENT_GATEWAY} and no running dockerd owns it", file=sys.stderr)
+        subprocess.run(["ip", "link", "del", name], check=False, timeout=10)
+        foreign.remove(name)
     if foreign:
         raise DockerdUnavailable(
             f"interface {', '.join(foreign)} already holds {AGENT_GATEWAY}, the gateway of kici-agent-net: "
