@@ -114,11 +114,19 @@ ensure_dockerd() {
   fi
 }
 
-load_env() {  # var/env holds what set-up generated (DATABASE_URL for password auth); SECRET_KEY lives in .secret_key
+load_env() {  # var/env holds what set-up generated (DATABASE_URL for password auth, KICI_API_TOKEN); SECRET_KEY lives in .secret_key
   if [ -f "$ROOT/var/env" ]; then set -a; . "$ROOT/var/env"; set +a; fi
   if [ -z "${SECRET_KEY:-}" ] && [ ! -s "$ROOT/.secret_key" ]; then
     umask 077; head -c 48 /dev/urandom | base64 | tr -d '\n' > "$ROOT/.secret_key"
   fi
+}
+
+ensure_api_token() {  # the orchestrator's bearer token for /api/v1/scale, generated once into var/env
+  if [ -n "${KICI_API_TOKEN:-}" ]; then return 0; fi
+  KICI_API_TOKEN="kici_$(head -c 24 /dev/urandom | base64 | tr -d '/+=' | head -c 32)"
+  export KICI_API_TOKEN
+  (umask 077; echo "KICI_API_TOKEN=$KICI_API_TOKEN" >> "$ROOT/var/env")
+  say "generated the orchestrator API token (kept in var/env): $KICI_API_TOKEN"
 }
 
 stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), newest first

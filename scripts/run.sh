@@ -12,6 +12,7 @@ stop_test_dockerd
 ensure_dockerd
 load_env
 ensure_database
+ensure_api_token
 
 export KICI_SCALER_CONFIG_PATH="${KICI_SCALER_CONFIG_PATH:-$ROOT/examples/scalers.yaml}"
 PORT="${KICI_PORT:-8000}"
@@ -41,12 +42,13 @@ stop() {
 trap stop INT TERM EXIT
 
 QUEUE="$($PY -c 'import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup();from django.conf import settings;print(settings.KICI_HOST_QUEUE)')"
-$VENV/bin/daphne -e "tcp:$PORT:interface=127.0.0.1" -e "tcp:$PORT:interface=172.30.0.1" \
+# Each child in its own session: a Ctrl-C reaches only this script, whose stop() ends them in order.
+setsid $VENV/bin/daphne -e "tcp:$PORT:interface=127.0.0.1" -e "tcp:$PORT:interface=172.30.0.1" \
   --access-log "$LOG_DIR/access.log" kici_site.asgi:application > "$LOG_DIR/daphne.log" 2>&1 &
 pids+=($!)
-$M rqworker default "$QUEUE" --with-scheduler --worker-class kici_site.worker.KiciWorker > "$LOG_DIR/worker.log" 2>&1 &
+setsid $M rqworker default "$QUEUE" --with-scheduler --worker-class kici_site.worker.KiciWorker > "$LOG_DIR/worker.log" 2>&1 &
 pids+=($!)
-$M scaler_sweeper > "$LOG_DIR/sweeper.log" 2>&1 &
+setsid $M scaler_sweeper > "$LOG_DIR/sweeper.log" 2>&1 &
 pids+=($!)
 
 for _ in $(seq 1 60); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/healthz" 2>/dev/null && break; sleep 0.5; done
