@@ -87,9 +87,9 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
     raw, full = [], []
     import agents.events
 
-    real_publish = agents.events._publish
+    real_publish = agents.events._publish_now
     if not live_publish:  # isolate the spawn path from the live-push rendering (agents.streams)
-        agents.events._publish = lambda event: None
+        agents.events._publish_now = lambda event: None
     try:
         for i in range(spawns + 1):  # the first round of each is a warm-up, not counted
             # raw: what `docker create` + `docker start` cost on the same network
@@ -114,7 +114,7 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
                 raw.append(t_raw)
                 full.append(t_full)
     finally:
-        agents.events._publish = real_publish
+        agents.events._publish_now = real_publish
         nft.delete_table()
     return {"raw_ms": [x * 1000 for x in raw], "full_ms": [x * 1000 for x in full]}
 
