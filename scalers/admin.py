@@ -1,17 +1,33 @@
+"""Scalers, label sets, reservations and admission records in the admin: view only.
+
+Configuration comes from ``scalers.yaml`` (import / config-reload operation); host access and
+capacity change through approved operations (``kici_site.readonly_admin``).
+"""
+
 from django.contrib import admin
 
-from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
+from kici_site.readonly_admin import ReadOnlyAdmin, ReadOnlyInline
+
+from .models import (
+    ConfigState,
+    LabelSet,
+    MachinePool,
+    MetricCounter,
+    RecoveryReport,
+    Reservation,
+    Scaler,
+    ScalerTeardown,
+    ScaleRequest,
+)
 
 
-class LabelSetInline(admin.TabularInline):
+class LabelSetInline(ReadOnlyInline):
     model = LabelSet
-    extra = 0
     fields = ("index", "normalized", "host_access", "retired")
-    readonly_fields = ("index", "normalized")
 
 
 @admin.register(Scaler)
-class ScalerAdmin(admin.ModelAdmin):
+class ScalerAdmin(ReadOnlyAdmin):
     list_display = ("name", "type", "max_agents", "machine_pool", "retiring", "updated_at")
     list_filter = ("type", "retiring")
     search_fields = ("name",)
@@ -19,38 +35,30 @@ class ScalerAdmin(admin.ModelAdmin):
 
 
 @admin.register(LabelSet)
-class LabelSetAdmin(admin.ModelAdmin):
+class LabelSetAdmin(ReadOnlyAdmin):
     list_display = ("scaler", "index", "normalized", "retired")
     list_filter = ("scaler",)
 
 
 @admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin):
+class ReservationAdmin(ReadOnlyAdmin):
     list_display = ("agent", "scaler", "cpus", "memory_bytes", "owner_instance", "created_at")
     list_filter = ("scaler", "owner_instance")
 
 
-admin.site.register(MachinePool)
-admin.site.register(ConfigState)
-
-
-# --- Admission records (helper "adm") ---------------------------------------------------------
-from .models import MetricCounter, RecoveryReport, ScalerTeardown, ScaleRequest  # noqa: E402
-
-
 @admin.register(ScaleRequest)
-class ScaleRequestAdmin(admin.ModelAdmin):
+class ScaleRequestAdmin(ReadOnlyAdmin):
     list_display = ("job_id", "outcome", "cap", "scaler_name", "agent_ref", "attempts", "decided_at")
     list_filter = ("outcome", "cap", "scaler_name")
     search_fields = ("job_id", "run_id", "agent_ref")
 
 
 @admin.register(RecoveryReport)
-class RecoveryReportAdmin(admin.ModelAdmin):
+class RecoveryReportAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "instance_id", "trigger", "spawning_agents_rehydrated", "spawning_dropped",
                     "reservations_rehydrated", "reservations_dropped", "error")
     list_filter = ("trigger", "instance_id")
 
 
-admin.site.register(MetricCounter)
-admin.site.register(ScalerTeardown)
+for _model in (MachinePool, ConfigState, MetricCounter, ScalerTeardown):
+    admin.site.register(_model, ReadOnlyAdmin)
