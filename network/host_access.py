@@ -19,9 +19,14 @@ Grammar (SPEC g.1, plus bracketed IPv6 beyond the reference)::
     [fd00::/64]:443      IPv6 CIDR, one port
     [fd00::1]            IPv6 address, every port
 
-Refused, each with a message naming the entry: empty entries, hostnames, unbracketed IPv6, CIDRs with
-host bits set (``10.0.0.1/24``: ambiguous, say ``10.0.0.0/24`` or ``10.0.0.1``), ports outside
-1-65535, non-numeric ports.
+Refused, each with a message naming the entry: empty entries, an empty address before the port
+(``:53``: write ``*:53`` or ``53``), hostnames, dotted numbers that are not a valid IPv4 address or
+CIDR (``192.168.1.256``: octet 256 is above 255; also leading zeros, three or five parts, prefix
+above 32), unbracketed IPv6, CIDRs with host bits set (``10.0.0.1/24``: ambiguous, say
+``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535, non-numeric ports.
+
+Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
+(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach.
 
 Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
 only through an explicit bracketed entry, so moving the rules to an ``inet`` table did not silently
@@ -42,7 +47,8 @@ Family = Literal["ipv4", "ipv6"]
 
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _DOTTED_QUAD = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})", re.ASCII)
-_IPV4_OR_CIDR = re.compile(r"([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?:/([0-9]{1,2}))?", re.ASCII)
+#: Digits and dots, maybe with a ``/prefix``: written as an IPv4 address or CIDR, not as a name.
+_IPV4_SHAPED = re.compile(r"[0-9.]+(?:/[^/]*)?", re.ASCII)
 
 # Ports implied by a URL scheme when the URL names none (SPEC g.2 and g.3).
 SCHEME_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
@@ -121,20 +127,48 @@ def _host_bits_error(entry: str, net_text: str, version: int) -> HostAccessError
     )
 
 
+def _ipv4_problem(text: str) -> str | None:
+    """Why ``text`` (digits and dots, maybe ``/prefix``: written as an IPv4 address or CIDR) is not
+    a valid one, in words (``octet 256 is above 255``); None when it is valid."""
+    addr, slash, prefix = text.partition("/")
+    parts = addr.split(".")
+    if len(parts) != 4:
+        return f"it has {len(parts)} dot-separated part{'s' if len(parts) != 1 else ''}, an IPv4 address has 4"
+    for part in parts:
+        if part == "":
+            return "one of its four octets is empty"
+        if not _DIGITS.fullmatch(part):
+            return f"octet {_quote(part)} is not a number"
+        if len(part) > 1 and part[0] == "0":
+            return f"octet {_quote(part)} has a leading zero (octal or decimal? write it without)"
+        if int(part) > 255:
+            return f"octet {part} is above 255"
+    if slash:
+        if not _DIGITS.fullmatch(prefix):
+            return f"the prefix after \"/\" is {_quote(prefix)}, not a number 0-32"
+        if len(prefix) > 1 and prefix[0] == "0":
+            return f"prefix /{prefix} has a leading zero"
+        if int(prefix) > 32:
+            return f"prefix /{prefix} is above 32"
+    return None
+
+
 def _parse_ipv4(entry: str, text: str) -> ipaddress.IPv4Network:
-    """An IPv4 address or CIDR (octets 0-255 without leading zeros, prefix 0-32, no host bits)."""
-    match = _IPV4_OR_CIDR.fullmatch(text)
-    if match is None:
+    """An IPv4 address or CIDR (octets 0-255 without leading zeros, prefix 0-32, no host bits).
+
+    Text made only of digits and dots (and a ``/prefix``) was meant as an address, so it is refused
+    saying what is wrong with it (``192.168.1.256``: octet 256 is above 255); anything else (letters,
+    ``-``) is a hostname and gets the reference wording (seed host-access.d.ts).
+    """
+    if _IPV4_SHAPED.fullmatch(text):
+        problem = _ipv4_problem(text)
+        if problem is not None:
+            kind = "CIDR" if "/" in text else "address"
+            raise HostAccessError(
+                entry, f"hostAccess entry {_quote(entry)} names {_quote(text)}, which is not a valid IPv4 {kind}: {problem}"
+            )
+    else:
         raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} names {_quote(text)}, {_NOT_AN_ADDRESS}")
-    try:
-        ipaddress.IPv4Address(match.group(1))
-        prefix = match.group(2)
-        if prefix is not None and (int(prefix) > 32 or (len(prefix) > 1 and prefix[0] == "0")):
-            raise ValueError(prefix)
-    except ValueError:
-        raise HostAccessError(
-            entry, f"hostAccess entry {_quote(entry)} names {_quote(text)}, {_NOT_AN_ADDRESS}"
-        ) from None
     try:
         return ipaddress.IPv4Network(text, strict=True)
     except ValueError:
@@ -197,10 +231,11 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
     """Parse one ``hostAccess`` entry (SPEC g.1, seed host-access.d.ts; grammar in the module doc).
 
     Returns a :class:`HostAccessEntry`. Raises :class:`HostAccessError` (a ``ValueError``) whose
-    message names the entry and the reason: ``hostAccess entry is empty``, ``... which is not an
-    IPv4 address, an IPv4 CIDR, or "*". Hostnames are not accepted ...`` (also for unbracketed
-    IPv6, with a hint), ``... host bits set ...``, ``... non-numeric port ...``, ``... outside
-    1-65535``. Non-string input raises ``HostAccessError`` too.
+    message names the entry and the reason: ``hostAccess entry is empty``, ``... has no address
+    before the ":" ...``, ``... which is not a valid IPv4 address: octet 256 is above 255`` (dotted
+    numbers), ``... which is not an IPv4 address, an IPv4 CIDR, or "*". Hostnames are not accepted
+    ...`` (names; also for unbracketed IPv6, with a hint), ``... host bits set ...``, ``...
+    non-numeric port ...``, ``... outside 1-65535``. Non-string input raises ``HostAccessError`` too.
     """
     if not isinstance(text, str):
         raise HostAccessError(text, f"hostAccess entry {text!r} must be a string, not {type(text).__name__}")
@@ -220,11 +255,51 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
         addr_text, port_text = entry.rsplit(":", 1)
     else:
         addr_text, port_text = entry, None
+    if addr_text == "":
+        if port_text is not None and _DIGITS.fullmatch(port_text):
+            hint = f'write "*:{port_text}" (or just "{port_text}") for port {port_text} on any IPv4 host address'
+        else:
+            hint = 'write an IPv4 address, an IPv4 CIDR or "*" before the ":"'
+        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has no address before the \":\": {hint}")
     if addr_text == "*":
         daddr = None
     else:
         daddr = _parse_ipv4(entry, addr_text)
     return HostAccessEntry(text=entry, daddr=daddr, port=_parse_port(entry, port_text), family="ipv4")
+
+
+_LOOPBACK4 = ipaddress.IPv4Network("127.0.0.0/8")
+_LOOPBACK6 = ipaddress.IPv6Network("::1/128")
+
+
+def host_access_warnings(entries: Iterable[str | HostAccessEntry]) -> list[str]:
+    """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
+
+    Today: an entry naming the host's loopback (inside ``127.0.0.0/8``, or ``[::1]``). An agent's
+    packets arrive on the bridge, and the kernel drops packets addressed to a loopback address that
+    arrive on any other interface (martians), so such an entry opens nothing; a service listening
+    only on 127.0.0.1 must listen on the gateway address instead. A CIDR that merely contains
+    loopback (``0.0.0.0/0``) is not warned about. Entries that do not parse are skipped (the
+    parser reports them). Returns one message per warned entry, naming it, in list order.
+    """
+    warnings = []
+    for item in entries:
+        try:
+            entry = item if isinstance(item, HostAccessEntry) else parse_host_access_entry(item)
+        except HostAccessError:
+            continue
+        net = entry.daddr
+        if net is None:
+            continue
+        inside = net.subnet_of(_LOOPBACK4) if net.version == 4 else net.subnet_of(_LOOPBACK6)
+        if inside:
+            where = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+            warnings.append(
+                f"hostAccess entry {_quote(entry.text)} names the host's loopback ({where}): agents cannot reach "
+                "the host's loopback, their packets arrive on the agents' bridge, so this entry opens nothing. "
+                "Make the service listen on the bridge gateway address and allow that instead."
+            )
+    return warnings
 
 
 def describe_host_access_entry(entry: HostAccessEntry) -> str:

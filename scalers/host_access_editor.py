@@ -19,6 +19,7 @@ from agents.models import Agent
 from network.host_access import (
     HostAccessError,
     describe_host_access_entry,
+    host_access_warnings,
     parse_host_access_entry,
     resolve_agent_host_access,
     storage_host_access_entries,
@@ -43,7 +44,8 @@ MAX_ENTRIES = 256
 class EntryCheck:
     """One typed line: ``line`` (1-based), ``text`` (trimmed), ``ok``, and ``meaning`` (what it
     allows) or ``error`` (why it is refused, naming the entry). ``duplicate``: a repeat of an
-    earlier line (allowed, but pointless)."""
+    earlier line (allowed, but pointless). ``warning``: why an accepted entry will not do what it
+    seems to (``network.host_access.host_access_warnings``, e.g. loopback); never blocks."""
 
     line: int
     text: str
@@ -51,6 +53,7 @@ class EntryCheck:
     meaning: str = ""
     error: str = ""
     duplicate: bool = False
+    warning: str = ""
 
 
 @dataclass
@@ -76,7 +79,8 @@ class EditorPlan:
 
     ``mode``: ``default`` or ``explicit``. ``checks``: one per typed entry. ``errors``: every
     message that blocks applying (each refused entry, with its line, then ``general_errors``: a bad
-    mode, too many entries). ``entries``: the
+    mode, too many entries). ``warnings``: messages that do not block applying (loopback entries,
+    typed or in the effective list). ``entries``: the
     explicit list to store (None for the default). ``effective``: what agents of this label set
     would get (SPEC g.3). ``diffs``: per live agent. ``unchanged``: the input equals what the label
     set has now.
@@ -104,6 +108,13 @@ class EditorPlan:
         return not self.errors
 
     @property
+    def warnings(self) -> list[str]:
+        typed = [f"line {c.line}: {c.warning}" for c in self.checks if c.ok and c.warning]
+        seen = {c.text for c in self.checks}
+        rest = [e for e in self.effective if e not in seen]
+        return typed + [f"default entry: {w}" for w in host_access_warnings(rest)]
+
+    @property
     def changed_agents(self) -> list[AgentRuleDiff]:
         return [d for d in self.diffs if d.changed or d.error]
 
@@ -124,7 +135,13 @@ def check_lines(text: str) -> list[EntryCheck]:
             except HostAccessError as exc:
                 checks.append(EntryCheck(line=number, text=item, ok=False, error=str(exc)))
                 continue
-            checks.append(EntryCheck(line=number, text=parsed.text, ok=True, meaning=describe_host_access_entry(parsed), duplicate=parsed.text in seen))
+            warning = next(iter(host_access_warnings([parsed])), "")
+            checks.append(
+                EntryCheck(
+                    line=number, text=parsed.text, ok=True, meaning=describe_host_access_entry(parsed),
+                    duplicate=parsed.text in seen, warning=warning,
+                )
+            )
             seen.add(parsed.text)
     return checks
 

@@ -9,6 +9,7 @@ import pytest
 from network.host_access import (
     HostAccessError,
     agent_facing_storage_url,
+    host_access_warnings,
     parse_host_access,
     parse_host_access_entry,
     resolve_agent_host_access,
@@ -78,13 +79,61 @@ def test_it_refuses_non_numeric_ports(text):  # HA-08
     assert f'"{text}"' in str(exc.value)
 
 
-@pytest.mark.parametrize(
-    "text", ["10.0.0.0/33:443", "999.0.0.1:443", "::1:53", ":53", "10.0.0:80", "010.0.0.1", "10.0.0.1/024", "localhost"]
-)
+@pytest.mark.parametrize("text", ["::1:53", "localhost", "ci-runner:22", "host_1"])
 def test_it_refuses_what_is_not_an_ipv4_address(text):  # HA-09
     with pytest.raises(HostAccessError, match="not an IPv4 address") as exc:
         parse_host_access_entry(text)
     assert f'"{text}"' in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("192.168.1.256", 'names "192.168.1.256", which is not a valid IPv4 address: octet 256 is above 255'),
+        ("999.0.0.1:443", "not a valid IPv4 address: octet 999 is above 255"),
+        ("10.0.0:80", "not a valid IPv4 address: it has 3 dot-separated parts, an IPv4 address has 4"),
+        ("1.2.3.4.5", "it has 5 dot-separated parts"),
+        ("10..0.1", "one of its four octets is empty"),
+        ("010.0.0.1", 'octet "010" has a leading zero'),
+        ("10.0.0.0/33:443", "not a valid IPv4 CIDR: prefix /33 is above 32"),
+        ("10.0.0.1/024", "not a valid IPv4 CIDR: prefix /024 has a leading zero"),
+        ("10.0.0.0/", 'the prefix after "/" is "", not a number 0-32'),
+    ],
+)
+def test_a_dotted_number_that_is_no_address_says_what_is_wrong_not_hostnames(text, reason):
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry(text)
+    msg = str(exc.value)
+    assert msg.startswith(f'hostAccess entry "{text}" ') and reason in msg
+    assert "Hostnames" not in msg and "hostname" not in msg.lower()
+
+
+@pytest.mark.parametrize(
+    "text,hint",
+    [
+        (":53", 'has no address before the ":": write "*:53" (or just "53") for port 53 on any IPv4 host address'),
+        (":", 'has no address before the ":": write an IPv4 address, an IPv4 CIDR or "*" before the ":"'),
+        (":http", 'write an IPv4 address, an IPv4 CIDR or "*"'),
+    ],
+)
+def test_an_empty_address_before_the_port_says_so_and_suggests_the_wildcard(text, hint):
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry(text)
+    msg = str(exc.value)
+    assert msg.startswith(f'hostAccess entry "{text}" ') and hint in msg
+    assert 'names ""' not in msg and "Hostnames" not in msg
+
+
+def test_loopback_entries_are_accepted_with_a_warning_and_others_are_not_warned_about():
+    entries = ["127.0.0.1:5432", "[::1]", "127.0.0.0/8", "0.0.0.0/0", "*:53", "172.30.0.1:53", "[fd00::1]:9000", "bad entry"]
+    for text in entries[:-1]:
+        parse_host_access_entry(text)  # all accepted
+    warnings = host_access_warnings(entries)
+    assert len(warnings) == 3
+    assert warnings[0].startswith('hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach')
+    assert 'hostAccess entry "[::1]" names the host\'s loopback (::1)' in warnings[1]
+    assert "(127.0.0.0/8)" in warnings[2]
+    assert host_access_warnings([]) == []
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\t"])

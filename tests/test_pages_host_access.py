@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission, User
 
 from agents.choices import AgentState
 from agents.models import Agent
+from network.host_access import host_access_warnings
 from scalers.host_access_editor import check_lines, plan_host_access_change
 from scalers.models import LabelSet, Scaler
 
@@ -66,7 +67,8 @@ BAD_ENTRIES = [
     ("ci.example.com:443", "Hostnames are not accepted"),
     ("*:0", "outside 1-65535"),
     ("*:65536", "outside 1-65535"),
-    (":53", 'names ""'),
+    (":53", 'has no address before the ":": write "*:53"'),
+    ("192.168.1.256", "not a valid IPv4 address: octet 256 is above 255"),
     ("fd00::1", "unbracketed IPv6"),
     ("10.0.0.1/24", "host bits set"),
 ]
@@ -190,3 +192,24 @@ def test_apply_back_to_the_default_sends_none(operator_client, label_set):
     response = operator_client.post(BASE + "apply", {"mode": "default", "entries": "5000"})
     assert response.status_code == 302
     assert Operation.objects.get().params["host_access"] is None
+
+
+def test_a_loopback_entry_is_warned_about_but_does_not_block_apply(operator_client, label_set, settings):
+    html = unescape(
+        operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n127.0.0.1:5432"}, **HTMX).content.decode()
+    )
+    warnings = html[html.index('id="preview-warnings"'):]
+    warnings = warnings[: warnings.index("</div>")]
+    assert "1 warning" in warnings and "do not block Apply" in warnings
+    assert 'line 2: hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach' in warnings
+    assert "nothing can be applied" not in html
+    assert 'id="apply"' in html  # Apply stays enabled
+    plan = plan_host_access_change(label_set, "explicit", "[::1]")
+    assert plan.ok and plan.warnings and plan.warnings[0].startswith("line 1: ")
+
+
+def test_a_loopback_entry_in_the_default_list_is_warned_about(viewer_client, label_set, settings):
+    settings.KICI_STORAGE_URL = "http://127.0.0.1:9000"  # filesystem storage on the console's loopback
+    plan = plan_host_access_change(label_set, "default", "")
+    assert plan.ok and plan.effective[-1] == "127.0.0.1:9000"
+    assert plan.warnings == [f"default entry: {w}" for w in host_access_warnings(["127.0.0.1:9000"])]
