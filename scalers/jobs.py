@@ -100,10 +100,13 @@ def release_reservation(agent: Agent, reason: str) -> None:
 def fail_spawn(agent: Agent, error: BaseException | str, *, captured: list[str] | None = None, reason: str = "spawn-failed") -> None:
     """Record ``scaler.failed`` (+ captured output), mark the agent failed, release its reservation.
 
-    The state change is a compare-and-swap from ``spawning``; the event and the release happen
+    Called once the backend's failure path removed what the spawn created, so the state change is
+    a compare-and-swap from any state in ``scalers.backends.failure.SPAWN_FAILURE_ENDS``: an agent
+    that registered (``running``) or was drained while its spawn was still finishing ends
+    ``failed`` too, instead of staying active with no sandbox. The event and the release happen
     regardless (both idempotent in effect), so a spawn someone else gave up on still reports why.
     """
-    from scalers.backends.failure import failure_detail
+    from scalers.backends.failure import failure_detail, mark_spawn_failed
 
     if isinstance(error, BaseException):
         captured = list(captured or getattr(error, "captured_output", None) or [])
@@ -111,9 +114,7 @@ def fail_spawn(agent: Agent, error: BaseException | str, *, captured: list[str] 
     stage = getattr(error, "stage", "")
     now = timezone.now()
     with transaction.atomic():
-        Agent.objects.filter(pk=agent.pk, state=AgentState.SPAWNING).update(
-            state=AgentState.FAILED, failure_reason=detail[:4000], finished_at=now
-        )
+        mark_spawn_failed(agent.pk, detail, now)
         if not getattr(error, "event_recorded", False):  # a backend that reported its own failure
             record_event(agent, EventType.FAILED, detail, payload={"stage": stage, "reason": reason})
     try:

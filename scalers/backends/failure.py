@@ -1,6 +1,9 @@
-"""The ``scaler.failed`` detail of a failed spawn: the error plus the agent's last output lines (SPEC (d))."""
+"""A failed spawn: the ``scaler.failed`` detail (the error plus the agent's last output lines, SPEC
+(d)) and the agent's final state once the failure path removed what the spawn created."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 #: Lines of agent output (a container's logs, a process's log file) attached to a ``scaler.failed``
 #: detail (SPEC (d)).
@@ -13,3 +16,29 @@ def failure_detail(error: BaseException, captured: list[str]) -> str:
     if captured:
         detail += "\n--- captured output ---\n" + "\n".join(captured[-CAPTURED_LINES:])
     return detail
+
+
+#: The states a spawn failure ends (becomes ``failed``). The failure path removed the sandbox, so an
+#: agent that registered meanwhile (``running``) or was drained since (``draining``) has nothing left
+#: to run on: leaving it active would hold its slot for nothing (issue: "a spawn that fails after
+#: the agent registered"). ``destroying`` is left to the teardown in progress, which ends it
+#: ``destroyed`` and releases; terminal states stay as they are.
+SPAWN_FAILURE_ENDS = ("spawning", "running", "draining")
+
+
+def mark_spawn_failed(agent_pk: int, detail: str, now: datetime | None = None) -> bool:
+    """Compare-and-swap the agent row ``agent_pk`` from any of :data:`SPAWN_FAILURE_ENDS` to
+    ``failed`` with ``failure_reason`` = ``detail`` (first 4000 characters) and ``finished_at``.
+
+    Call it only once the failure path removed the sandbox (container, VM, process). Returns True
+    when this call moved the row. The caller records ``scaler.failed`` and releases the reservation.
+    """
+    from django.utils import timezone
+
+    from agents.models import Agent
+
+    return bool(
+        Agent.objects.filter(pk=agent_pk, state__in=SPAWN_FAILURE_ENDS).update(
+            state="failed", failure_reason=detail[:4000], finished_at=now or timezone.now(), updated_at=now or timezone.now()
+        )
+    )

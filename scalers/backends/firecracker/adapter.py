@@ -34,7 +34,6 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.db import transaction
-from django.utils import timezone
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from . import watch
@@ -128,19 +127,20 @@ class FirecrackerScalerBackend:
         self._record_failure(agent, detail, payload)
 
     def _record_failure(self, agent, detail: str, payload: dict) -> None:
-        """``scaler.failed`` + captured serial output; the agent failed (CAS from spawning); tokens revoked."""
+        """``scaler.failed`` + captured serial output; the agent failed (CAS from any state of
+        ``SPAWN_FAILURE_ENDS``: the failed spawn's VM is removed, so an agent that registered while
+        the spawn was finishing ends too); tokens revoked."""
         from agents.events import record_event
-        from agents.models import Agent
         from agents.tokens import revoke_agent_tokens
+
+        from ..failure import mark_spawn_failed
 
         captured = serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log")
         self._failed_emitted[agent.agent_id] = captured
         full = detail + ("\n--- captured output ---\n" + "\n".join(captured) if captured else "")
         release_reason = self._release_reasons.get(agent.agent_id, "spawn-failed")
         with transaction.atomic():
-            Agent.objects.filter(pk=agent.pk, state="spawning").update(
-                state="failed", failure_reason=full[:4000], finished_at=timezone.now()
-            )
+            mark_spawn_failed(agent.pk, full)
             record_event(agent, FAILED, full, payload={**(payload or {}), "stage": "boot", "release": release_reason})
         try:
             revoke_agent_tokens(agent)
