@@ -136,6 +136,56 @@ class Listener:
         self.sock.close()
 
 
+class EchoListener:
+    """A TCP server in a namespace that keeps each connection open and echoes what it receives
+    (for tests that follow one long-lived connection across a rule change)."""
+
+    def __init__(self, ns: Netns, port: int, bind: str = "0.0.0.0"):
+        self.sock = ns.socket(_family(bind), socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((bind, port))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.stopped = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True, name=f"echo-{ns.name}-{port}")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        while not self.stopped.is_set():
+            try:
+                data = conn.recv(2048)
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                conn.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=2)
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()
+
+
 @dataclass(frozen=True)
 class Target:
     """A probe target: ``proto`` (tcp/udp), ``host`` (address literal), ``port``."""

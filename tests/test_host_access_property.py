@@ -96,7 +96,8 @@ def packet_matches(expr: list[dict], pkt: dict) -> str | None:
     """Walk one rule's expressions over ``pkt``; return its verdict, or None when a match fails.
 
     ``pkt``: {"family": 4|6, "daddr": ip_address, "proto": "tcp"|"udp"|"icmp", "dport": int,
-    "ct": "new"}. Unknown expressions raise, so a new rule shape cannot pass unexamined.
+    "ct": "new", "ctdir": "original"|"reply" (default original)}. Unknown expressions raise, so
+    a new rule shape cannot pass unexamined.
     """
     for item in expr:
         if "accept" in item:
@@ -107,9 +108,11 @@ def packet_matches(expr: list[dict], pkt: dict) -> str | None:
         left, right, op = m["left"], m["right"], m["op"]
         if "meta" in left and left["meta"]["key"] == "nfproto":
             ok = {"ipv4": 4, "ipv6": 6}[right] == pkt["family"]
-        elif "ct" in left:
-            assert op == "in" and left["ct"]["key"] == "state"
+        elif "ct" in left and left["ct"]["key"] == "state":
+            assert op == "in"
             ok = pkt["ct"] in right
+        elif "ct" in left and left["ct"]["key"] == "direction":
+            ok = pkt.get("ctdir", "original") == right
         elif "payload" in left and left["payload"]["field"] == "daddr":
             version = {"ip": 4, "ip6": 6}[left["payload"]["protocol"]]
             if pkt["family"] != version:
@@ -208,5 +211,10 @@ def test_an_agent_input_chain_accepts_exactly_the_union_of_its_entries(texts, da
         for pkt in packets_near(entry, data.draw):
             verdict = next(v for v in (packet_matches(r, pkt) for r in chain) if v is not None)
             assert (verdict == "accept") == any(entry_allows(e, pkt) for e in spec.host_access)
-            established = dict(pkt, ct="established")
-            assert next(v for v in (packet_matches(r, established) for r in chain) if v) == "accept"
+            # A reply to a flow the host opened passes whatever the entries say; a packet of a
+            # flow the agent opened is judged by the entries even once established.
+            reply = dict(pkt, ct="established", ctdir="reply")
+            assert next(v for v in (packet_matches(r, reply) for r in chain) if v) == "accept"
+            own = dict(pkt, ct="established", ctdir="original")
+            verdict = next(v for v in (packet_matches(r, own) for r in chain) if v is not None)
+            assert (verdict == "accept") == any(entry_allows(e, pkt) for e in spec.host_access)

@@ -171,6 +171,69 @@ def test_replacing_the_rules_takes_effect_for_new_connections(lab, nft):
     }
 
 
+def _exchange(sock, data: bytes) -> bytes | None:
+    """Send ``data`` on an open connection; the echo, or None when nothing came back in 1 s."""
+    sock.sendall(data)
+    try:
+        return sock.recv(64)
+    except (TimeoutError, OSError):
+        return None
+
+
+def test_a_connection_the_agent_opened_before_its_rules_stops_passing_once_they_apply(lab, nft):
+    """The container runs for a moment before its rules are written. A connection it opened to a
+    host port in that moment must not survive them: only replies to host-opened flows pass by
+    conntrack state; the agent's own packets are re-checked against its entries."""
+    import socket
+
+    from tests.netns import EchoListener
+
+    # As on a live host: the table is there (no guard on the shared bridge) and another agent's
+    # rules already have conntrack tracking every flow, so the early connection is tracked.
+    nft.ensure_table()
+    nft.apply_agent(default_spec("10.213.0.6"))
+    denied, allowed = EchoListener(lab.host, 9100), EchoListener(lab.host, 9101)
+    agent = lab.agents["a1"].ns
+    early, kept = agent.socket(socket.AF_INET, socket.SOCK_STREAM), agent.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        for sock, port in ((early, 9100), (kept, 9101)):
+            sock.settimeout(1.0)
+            sock.connect((GW, port))
+            assert _exchange(sock, b"before") == b"before"  # no rules for a1 yet: both pass
+        nft.apply_agent(default_spec(host_access=[f"{GW}:53", "*:9101"]))
+        assert _exchange(early, b"after") is None, "an agent-opened connection to a closed host port survived the rules"
+        assert _exchange(kept, b"after") == b"after", "a connection through an allowed entry must keep working"
+        assert probe(lab, "a1", [Target("tcp", GW, 9100)]) == {f"tcp:{GW}:9100": False}
+    finally:
+        early.close()
+        kept.close()
+        denied.close()
+        allowed.close()
+
+
+def test_replies_to_a_connection_the_host_opened_before_the_rules_keep_passing(lab, nft):
+    """Reply direction is what conntrack still lets through: the agent answering the host, even
+    with an empty host access."""
+    import socket
+
+    from tests.netns import EchoListener
+
+    nft.ensure_table()
+    nft.apply_agent(default_spec("10.213.0.6"))  # conntrack is on, as on a live host
+    echo = EchoListener(lab.agents["a1"].ns, 7100)
+    sock = lab.host.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(1.0)
+        sock.connect(("10.213.0.5", 7100))
+        assert _exchange(sock, b"before") == b"before"
+        nft.apply_agent(default_spec(host_access=[]))
+        assert _exchange(sock, b"after") == b"after"
+    finally:
+        sock.close()
+        echo.close()
+    assert_all(reachability(lab.host, both("10.213.0.5", lab.agent_port)), True)
+
+
 # -- the live self-test (network.selftest) ----------------------------------------------------
 
 

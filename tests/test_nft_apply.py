@@ -99,7 +99,7 @@ def test_self_heal_twice_leaves_exactly_one_copy(client, netns):
     client.self_heal(specs, ["br-a"])
     assert ruleset(netns, client.table) == once
     assert len(client.list_agents()) == 10
-    assert once.count("ct state established,related accept") == 10
+    assert once.count("ct direction reply ct state established,related accept") == 10
 
 
 def test_re_applying_replaces_the_old_rules_in_one_step(client):

@@ -54,7 +54,7 @@ def test_deny_all_ends_the_forward_chain_with_a_drop():  # NFT-03
 
 def test_the_input_chain_for_dns_and_the_console_port():  # NFT-06
     assert inp(["172.30.0.1:53", "*:4000"]) == [
-        "ct state established,related accept",
+        "ct direction reply ct state established,related accept",
         "ip daddr 172.30.0.1 tcp dport 53 accept",
         "ip daddr 172.30.0.1 udp dport 53 accept",
         "meta nfproto ipv4 tcp dport 4000 accept",
@@ -64,20 +64,20 @@ def test_the_input_chain_for_dns_and_the_console_port():  # NFT-06
 
 
 def test_an_empty_host_access_leaves_only_replies():  # NFT-07
-    assert inp([]) == ["ct state established,related accept", "drop"]
+    assert inp([]) == ["ct direction reply ct state established,related accept", "drop"]
 
 
 def test_an_address_without_a_port_is_one_rule():  # NFT-08
-    assert inp(["192.168.1.40"]) == ["ct state established,related accept", "ip daddr 192.168.1.40 accept", "drop"]
+    assert inp(["192.168.1.40"]) == ["ct direction reply ct state established,related accept", "ip daddr 192.168.1.40 accept", "drop"]
 
 
 def test_a_star_opens_the_whole_host_on_ipv4_only():  # NFT-09
-    assert inp(["*"]) == ["ct state established,related accept", "meta nfproto ipv4 accept", "drop"]
+    assert inp(["*"]) == ["ct direction reply ct state established,related accept", "meta nfproto ipv4 accept", "drop"]
 
 
 def test_ipv6_entries_render_ip6_matches():
     assert inp(["[fd00::/64]:443", "[fd00::1]"]) == [
-        "ct state established,related accept",
+        "ct direction reply ct state established,related accept",
         "ip6 daddr fd00::/64 tcp dport 443 accept",
         "ip6 daddr fd00::/64 udp dport 443 accept",
         "ip6 daddr fd00::1 accept",

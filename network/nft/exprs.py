@@ -52,7 +52,14 @@ def _as_net(addr: IPAddress) -> IPNetwork:
 
 _PRIVATE_DROP = [_match(_payload("ip", "daddr"), f"@{PRIVATE_SET}"), DROP]
 _V6_DROP = [_nfproto("ipv6"), DROP]
-_CT_ACCEPT = [_match({"ct": {"key": "state"}}, ["established", "related"], op="in"), ACCEPT]
+# Replies to flows the HOST opened (ct direction reply), never the agent's own packets: a flow the
+# agent opened before its rules existed (the container runs ~50 ms before they are written) would
+# otherwise stay established and bypass the entries below for its whole life.
+_CT_ACCEPT = [
+    _match({"ct": {"key": "direction"}}, "reply"),
+    _match({"ct": {"key": "state"}}, ["established", "related"], op="in"),
+    ACCEPT,
+]
 
 
 def forward_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
@@ -91,7 +98,15 @@ def host_access_rule_exprs(entry: HostAccessEntry) -> list[list[dict]]:
 
 
 def input_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
-    """The agent's input chain, head to tail (SPEC f, NFT-06..09): ct accept, entries, drop."""
+    """The agent's input chain, head to tail (SPEC f, NFT-06..09): reply-direction ct accept,
+    entries, drop.
+
+    Only packets in the *reply* direction of a tracked flow (the agent answering a connection the
+    host opened, and ICMP errors about it) are accepted by conntrack state. Every packet of a flow
+    the agent opened (original direction) is checked against the entries, so a connection opened
+    before the rules were written stops at the first packet after they are, and one to an allowed
+    entry keeps passing through that entry.
+    """
     rules = [_CT_ACCEPT]
     for entry in spec.host_access:
         rules += host_access_rule_exprs(entry)

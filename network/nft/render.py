@@ -29,9 +29,16 @@ literal, so two consoles on one host never touch each other's rules — seed fir
         meta nfproto ipv6 drop
         accept
     chain a4-172-30-0-5-in    (what the agent reaches ON the host; NFT-06..09)
-        ct state established,related accept
+        ct direction reply ct state established,related accept
         ip daddr A tcp dport P accept ; ip daddr A udp dport P accept    (each entry)
         drop
+
+Conntrack on input accepts only the REPLY direction (the agent answering a connection the host
+opened). The reference accepts ``ct state established,related`` in both directions; here a flow the
+agent opened is re-checked packet by packet against its entries, because a container runs for a
+moment before its rules are written (see ``scalers.backends.container``) and a connection it opened
+to a host port in that moment would otherwise stay open for good. An allowed entry passes every
+packet of its flows anyway, so only flows the entries do not allow are affected.
 
 Per-packet cost is one hash lookup however many agents there are, and adding or removing an agent
 touches only its two map elements and its two chains. Ownership is read from names: chain

@@ -9,6 +9,20 @@ only do through those rules), then ``scaler.ready`` and ``agent.connecting``. An
 the rules and the container and re-raises; ``scalers.jobs`` records ``scaler.failed`` and
 releases the reservation.
 
+The start-up gap, stated honestly: docker assigns the address when the container starts, so the
+rules can only be written after ``start``, roughly 50 ms later (one inspect, one database write,
+one nft transaction). During that gap the container's packets are not filtered by this console:
+``kici-agent-net`` has no guard rule, because the bridge is shared with other consoles' agents,
+and an unmapped address falls through to the hooks' accept policy. What bounds the damage: job
+code cannot run yet (it arrives only after the agent registers, through the rules); the forward
+chain has no conntrack shortcut, so every packet of a flow opened in the gap (to the LAN, to
+169.254.169.254) is re-checked once the rules exist; and the input chain accepts conntrack state
+only in the reply direction, so a connection the image's entrypoint opened to a host port in the
+gap stops at its next packet (``network.nft.render``; tests/test_isolation_packets.py). What is
+NOT covered: packets sent and answered entirely within the gap (one short request to a host port,
+the LAN or a metadata service, or a UDP datagram). Closing it needs the address before ``start``
+(a static address per container), which this backend does not do yet.
+
 Ownership on a shared docker host: see ``orphans`` for the sweep's rules.
 
 Modules: :mod:`~scalers.backends.container.backend` (:class:`ContainerBackend`, destroy),
