@@ -45,6 +45,26 @@ def record_event(agent: Agent | None, type: str, detail: str = "", payload: dict
     return event
 
 
+def record_connecting(agent: Agent, detail: str, payload: dict | None = None) -> ScalerEvent | None:
+    """Record ``agent.connecting`` ("waiting for agent registration") unless the agent registered.
+
+    A fast agent can register before its backend reaches this step; stored afterwards the event
+    would claim the console waits for a registration it already has (and sit after
+    ``agent.registered`` in the timeline). So the agent row is locked (``SELECT ... FOR UPDATE``)
+    and the event stored only while it is ``spawning`` and unregistered: the registration's own
+    compare-and-swap then waits for this transaction, which puts ``agent.connecting`` before
+    ``agent.registered``. Returns the event, or None when nothing was stored (registered, or no
+    longer spawning). Source: SPEC (d) event order.
+    """
+    from .choices import AgentState, EventType
+
+    with transaction.atomic():
+        row = Agent.objects.select_for_update().filter(pk=agent.pk).values_list("state", "registered_at").first()
+        if row is None or row[0] != AgentState.SPAWNING or row[1] is not None:
+            return None
+        return record_event(agent, EventType.CONNECTING, detail, payload)
+
+
 def flush_events(timeout: float = 5.0) -> bool:
     """Wait until every submitted event was pushed (or ``timeout`` seconds pass); True when drained."""
     return _PUBLISHER.flush(timeout)

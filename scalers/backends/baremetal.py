@@ -31,7 +31,7 @@ from typing import Any
 from django.conf import settings
 
 from agents.choices import EventType
-from agents.events import record_event
+from agents.events import record_connecting, record_event
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .container import ContainerBackend
@@ -218,7 +218,7 @@ class BareMetalBackend:
             revoke_agent_tokens(agent)
             raise
         record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
-        record_event(agent, EventType.CONNECTING, "waiting for agent registration")
+        record_connecting(agent, "waiting for agent registration")
         return SpawnResult(managed_id=str(proc.pid), context=context)
 
     # -- destroy -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from agents.choices import EventType
-from agents.events import record_event
+from agents.events import record_connecting, record_event
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .claims import DEFAULT_AGENT_TOKEN_TTL_SECONDS, DEFAULT_CLAIM_TTL_SECONDS, create_claim, invalidate_claims
@@ -90,7 +90,7 @@ class EventBackend:
         except Exception as exc:
             invalidate_claims(agent.agent_id)
             raise SpawnError(f"scale-up emit failed: {exc}", "emit") from exc
-        record_event(agent, EventType.CONNECTING, "waiting for the provisioned agent to register")
+        record_connecting(agent, "waiting for the provisioned agent to register")
         return SpawnResult(managed_id=agent.agent_id, context={"requestId": request_id, "targets": targets})
 
     def destroy(self, agent, reason: str = "shutdown") -> None:

@@ -10,7 +10,7 @@ from django.db import transaction
 from docker.errors import ImageNotFound
 
 from agents.choices import EventType
-from agents.events import record_event
+from agents.events import record_connecting, record_event
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult, scaler_option
 from ..docker_net import ISOLATED_NETWORK_NAME, cached_isolated_network, container_network_ip
@@ -136,7 +136,7 @@ class SpawnMixin:
             check("ready")
             with transaction.atomic():
                 record_event(agent, EventType.READY, "container started")
-                record_event(agent, EventType.CONNECTING, "waiting for agent registration")
+                record_connecting(agent, "waiting for agent registration")
             if base_timeout is not None:
                 self.api.timeout = base_timeout
             return SpawnResult(

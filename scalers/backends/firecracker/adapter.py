@@ -45,6 +45,7 @@ from .watch import POLL_SECONDS, WatchedBackend, serial_tail
 log = logging.getLogger(__name__)
 
 FAILED = "scaler.failed"
+CONNECTING = "agent.connecting"
 
 #: Settings this process already provisioned the host for (``ensure_host_ready``).
 _PROVISIONED: set[FirecrackerSettings] = set()
@@ -115,11 +116,14 @@ class FirecrackerScalerBackend:
         return mint_registration_token(agent) if agent is not None else None
 
     def _emit(self, agent_id: str, type_: str, detail: str, payload: dict) -> None:
-        from agents.events import record_event
+        from agents.events import record_connecting, record_event
 
         agent = self._agent(agent_id)
         if agent is None:
             log.warning("event %s for unknown agent %s: %s", type_, agent_id, detail)
+            return
+        if type_ == CONNECTING:  # not once the VM's agent registered (it may beat the emit)
+            record_connecting(agent, detail, payload or None)
             return
         if type_ != FAILED:
             record_event(agent, type_, detail, payload or None)
