@@ -132,12 +132,14 @@ class ScaleOutcome(models.TextChoices):
     SPAWNING = "spawning", "spawning"
     ASSIGNED = "assigned", "assigned a warm agent"
     AT_CAPACITY = "at-capacity", "at capacity"
+    EXCEEDS_CAP = "exceeds-cap", "exceeds a cap: can never be admitted"
     NO_BACKEND = "no-backend", "no matching label set"
     SKIPPED = "skipped", "skipped"
 
 
-#: Outcomes that leave the job queued at the orchestrator ("why is this job waiting?").
-WAITING_OUTCOMES = (ScaleOutcome.AT_CAPACITY, ScaleOutcome.NO_BACKEND, ScaleOutcome.SKIPPED)
+#: Outcomes that leave the job queued at the orchestrator ("why is this job waiting?"); an
+#: ``exceeds-cap`` job waits for a change of configuration, never for capacity.
+WAITING_OUTCOMES = (ScaleOutcome.AT_CAPACITY, ScaleOutcome.EXCEEDS_CAP, ScaleOutcome.NO_BACKEND, ScaleOutcome.SKIPPED)
 
 
 class ScaleRequest(models.Model):

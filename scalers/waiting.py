@@ -4,7 +4,9 @@ reservations holding that cap (issue 3 "Refusals are visible").
 A request is waiting when its latest decision (``ScaleRequest``) was ``at-capacity``,
 ``no-backend`` or ``skipped`` within :data:`WAITING_WINDOW`. Requests are grouped by what holds
 them (outcome, cap, scaler); each group lists its jobs and, for a cap, the reservations that
-count against it: agent id, state, age, owner instance, cpus and memory.
+count against it: agent id, state, age, owner instance, cpus and memory. An ``exceeds-cap`` group
+(a request larger than the cap on its own) lists no holders: no reservation holds it back, and it
+can never be admitted until the cap is raised.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from agents.choices import AgentState
-from scalers.models import ConfigState, Reservation, Scaler, ScaleRequest, WAITING_OUTCOMES
+from scalers.models import ConfigState, Reservation, Scaler, ScaleOutcome, ScaleRequest, WAITING_OUTCOMES
 
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
 WAITING_WINDOW = timedelta(hours=6)
@@ -119,7 +121,7 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
         group = groups.get(key)
         if group is None:
             scaler = scalers.get(r.scaler_name)
-            scope = _CAP_SCOPE.get(r.cap, "")
+            scope = _CAP_SCOPE.get(r.cap, "") if r.outcome != ScaleOutcome.EXCEEDS_CAP else ""
             group = WaitingGroup(outcome=r.outcome, cap=r.cap, scaler=key[2], scope=scope,
                                  limit=_limit_text(r.cap, scaler, cfg) if r.cap else "")
             if scope:

@@ -111,10 +111,44 @@ def test_scaler_memory_then_global_cpu_order():
     set_global(max_agents=50, cpu=1)
     make_scaler("c", max_agents=10, memory=GiB)
     d = request_scale(["linux"], "a", resources={"cpus": 2, "memory": "2g"})
-    assert d.cap == "resourceCap.memory"
+    assert (d.action, d.cap) == ("exceeds-cap", "resourceCap.memory")
     d = request_scale(["linux"], "b", resources={"cpus": 2, "memory": "512m"})
-    assert d.cap == "globalResourceCap.cpu"
+    assert (d.action, d.cap) == ("exceeds-cap", "globalResourceCap.cpu")
     assert "even with nothing else running" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("caps", "resources", "cap"),
+    [
+        ({"global_cpu": 4}, {"cpus": 5}, "globalResourceCap.cpu"),
+        ({"global_memory": GiB}, {"memory": "2g"}, "globalResourceCap.memory"),
+        ({"cpu": 2}, {"cpus": 3}, "resourceCap.cpu"),
+        ({"memory": GiB}, {"memory": "1025m"}, "resourceCap.memory"),
+        ({"pool_cpu": 2}, {"cpus": 2.5}, "machinePool.cpu"),
+        ({"pool_memory": GiB}, {"memory": "2g"}, "machinePool.memory"),
+    ],
+)
+def test_a_request_larger_than_a_cap_alone_is_refused_for_good_not_at_capacity(caps, resources, cap):
+    # Retrying cannot help: the answer is the permanent exceeds-cap, nothing is reserved, and the
+    # request record says so (an orchestrator told "at-capacity" would retry forever).
+    set_global(max_agents=50, cpu=caps.get("global_cpu"), memory=caps.get("global_memory"))
+    pool = make_pool("box", cpu=caps.get("pool_cpu"), memory=caps.get("pool_memory")) if "pool_cpu" in caps or "pool_memory" in caps else None
+    make_scaler("c", max_agents=10, cpu=caps.get("cpu"), memory=caps.get("memory"), pool=pool)
+    d = request_scale(["linux"], "too-big", resources=resources)
+    assert (d.action, d.cap, d.scaler) == ("exceeds-cap", cap, "c")
+    assert "can never be admitted" in d.reason
+    assert not Agent.objects.exists() and not Reservation.objects.exists()
+    rec = ScaleRequest.objects.get(job_id="too-big")
+    assert (rec.outcome, rec.cap) == ("exceeds-cap", cap)
+    assert counter("kici_scaler_spawn_refusals_total", scaler="c", cap=cap) == 1
+
+
+def test_a_request_that_fits_the_caps_alone_still_waits_at_capacity_when_they_are_full():
+    set_global(max_agents=50, cpu=4)
+    make_scaler("c", max_agents=10)
+    assert request_scale(["linux"], "a", resources={"cpus": 3}).action == "spawning"
+    d = request_scale(["linux"], "b", resources={"cpus": 4})
+    assert (d.action, d.cap) == ("at-capacity", "globalResourceCap.cpu")
 
 
 def test_machine_pool_is_shared_by_scalers_and_not_in_the_reference_gauge():

@@ -92,3 +92,15 @@ def test_a_job_admitted_later_stops_waiting():
     release(first.agent, "done")
     assert request_scale(["linux"], "second").action == "spawning"
     assert waiting_groups() == []
+
+
+def test_a_request_that_exceeds_a_cap_is_shown_as_never_admittable_without_holders(browser_client):
+    set_global(max_agents=10, cpu=4)
+    make_scaler("c", max_agents=5)
+    held = request_scale(["linux"], "small", resources={"cpus": 1}).agent
+    assert request_scale(["linux"], "huge", resources={"cpus": 5}).action == "exceeds-cap"
+    (group,) = waiting_groups()
+    assert (group.outcome, group.cap, group.scope, group.holders) == ("exceeds-cap", "globalResourceCap.cpu", "", [])
+    html = browser_client.get("/scalers/why-waiting/").content.decode()
+    assert "can never be admitted: request exceeds cap" in html.lower() and "globalResourceCap.cpu" in html
+    assert "huge" in html and "Reservations holding" not in html and held not in html

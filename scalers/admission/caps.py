@@ -26,6 +26,16 @@ CAP_ORDER = (
     "machinePool.memory",
     "maxConcurrentSpawns",
 )
+#: Caps on resources: a request larger than one of these *alone* can never be admitted while the cap
+#: stands (:func:`cap_exceeded_alone`), whatever else runs.
+RESOURCE_CAPS = (
+    "resourceCap.cpu",
+    "resourceCap.memory",
+    "globalResourceCap.cpu",
+    "globalResourceCap.memory",
+    "machinePool.cpu",
+    "machinePool.memory",
+)
 #: Caps on agent counts: a refusal on one of these may warrant the ledger warning (seed manager.d.ts).
 COUNT_CAPS = frozenset({"globalMaxAgents", "maxAgents"})
 #: Caps the reference's unlabelled refusal gauge does not count (SPEC c.2: a machine-pool refusal
@@ -152,4 +162,33 @@ def first_refusing_cap(
             return "machinePool.memory"
     if s.spawning >= caps.max_concurrent_spawns:
         return "maxConcurrentSpawns"
+    return None
+
+
+def resource_cap_limits(glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | None) -> dict[str, float | int | None]:
+    """Every resource cap in force for one scaler: cap name → its value (cores or bytes; None =
+    uncapped), in :data:`RESOURCE_CAPS` order. ``pool`` is the scaler's machine pool or None."""
+    return {
+        "resourceCap.cpu": caps.max_cpu,
+        "resourceCap.memory": caps.max_memory_bytes,
+        "globalResourceCap.cpu": glob.max_cpu,
+        "globalResourceCap.memory": glob.max_memory_bytes,
+        "machinePool.cpu": pool.max_cpu if pool is not None else None,
+        "machinePool.memory": pool.max_memory_bytes if pool is not None else None,
+    }
+
+
+def cap_exceeded_alone(glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | None, cpus: float, memory_bytes: int) -> str | None:
+    """The first resource cap (in :data:`RESOURCE_CAPS` order) that ``cpus`` cores or
+    ``memory_bytes`` exceed on their own, or None.
+
+    Such a request can never be admitted while the configuration stands, even with nothing else
+    running: admission answers it with the permanent ``exceeds-cap`` refusal instead of
+    ``at-capacity`` (which tells the orchestrator to retry). Equal to the cap fits (ADM-08).
+    Count caps are not considered here: a slot frees when an agent ends.
+    """
+    for name, limit in resource_cap_limits(glob, caps, pool).items():
+        request = cpus if name.endswith(".cpu") else memory_bytes
+        if limit is not None and request > limit + _EPS:
+            return name
     return None

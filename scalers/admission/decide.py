@@ -30,7 +30,7 @@ from scalers.resources import resolve_resources
 
 from . import ledger
 from .backoff import backoff_reason
-from .caps import COUNT_CAPS, NOT_IN_REFERENCE_GAUGE, first_refusing_cap
+from .caps import COUNT_CAPS, NOT_IN_REFERENCE_GAUGE, cap_exceeded_alone, first_refusing_cap, resource_cap_limits
 from .matching import LabelSetInfo, ScalerInfo, World
 from .warmfit import Shape, warm_agent_can_serve
 
@@ -62,7 +62,9 @@ class ScaleDecision:
 
     ``action``: ``spawning`` (admitted; an agent row in state spawning and its reservation were
     written), ``assigned`` (an idle warm agent was bound to the job instead), ``at-capacity``
-    (``cap`` names the refusing cap), ``no-backend`` (no label set matches) or ``skipped``
+    (``cap`` names the refusing cap; retrying later may succeed), ``exceeds-cap`` (the request
+    alone is larger than resource cap ``cap``: it can never be admitted while that cap stands, so
+    retrying cannot help), ``no-backend`` (no label set matches) or ``skipped``
     (console draining, provision backoff, a label set whose resources do not resolve).
     ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned.
     """
@@ -161,19 +163,15 @@ def _backoffs(cursor, names: set[str], now: datetime) -> dict[str, str]:
     return out
 
 
-def _never_fits(cap: str, info: ScalerInfo, world: World, cpus: float, mem: int) -> bool:
-    limit = {
-        "resourceCap.cpu": (info.caps.max_cpu, cpus),
-        "resourceCap.memory": (info.caps.max_memory_bytes, mem),
-        "globalResourceCap.cpu": (world.glob.max_cpu, cpus),
-        "globalResourceCap.memory": (world.glob.max_memory_bytes, mem),
-    }
+def _exceeds_cap_reason(cap: str, info: ScalerInfo, world: World, cpus: float, mem: int) -> str:
     pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
-    if pool is not None:
-        limit["machinePool.cpu"] = (pool.max_cpu, cpus)
-        limit["machinePool.memory"] = (pool.max_memory_bytes, mem)
-    cap_value, req = limit.get(cap, (None, 0))
-    return cap_value is not None and req > cap_value + 1e-9
+    limit = resource_cap_limits(world.glob, info.caps, pool)[cap]
+    if cap.endswith(".cpu"):
+        asked, allowed = f"{cpus:g} cpus", f"{limit:g} cpus"
+    else:
+        asked, allowed = f"{mem} bytes of memory", f"{int(limit)} bytes"
+    return (f"request ({asked}) exceeds {cap} ({allowed}) on scaler {info.name} even with nothing else "
+            "running: it can never be admitted while this cap stands")
 
 
 def decide_batch(requests: list[Request], *, instance_id: str | None = None, now: datetime | None = None) -> BatchResult:
@@ -181,7 +179,9 @@ def decide_batch(requests: list[Request], *, instance_id: str | None = None, now
 
     Per request (SPEC c.1): console draining ⇒ skipped; route (SPEC b) ⇒ no-backend; event
     scaler in provision backoff ⇒ skipped; resolve resources (SPEC a.4); an idle warm agent that
-    fits (CASES WP-14) ⇒ assigned; the caps in SPEC (c.2) order ⇒ at-capacity naming the cap;
+    fits (CASES WP-14) ⇒ assigned; a request larger than a resource cap on its own ⇒
+    exceeds-cap naming the cap (permanent; the reference answers at-capacity and the orchestrator
+    would retry forever); the caps in SPEC (c.2) order ⇒ at-capacity naming the cap;
     otherwise a spawning Agent plus its Reservation are written. Refusals increment
     ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the reference's unlabelled gauge,
     which leaves out machine-pool refusals). Raises database errors; then nothing is written.
@@ -288,18 +288,21 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 continue
 
         pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
-        cap = first_refusing_cap(usage, world.glob, info.caps, pool, cpus, mem)
+        never = cap_exceeded_alone(world.glob, info.caps, pool, cpus, mem)
+        cap = never or first_refusing_cap(usage, world.glob, info.caps, pool, cpus, mem)
         if cap is not None:
             bump(REFUSALS, {"scaler": info.name, "cap": cap})
             if cap not in NOT_IN_REFERENCE_GAUGE:
                 bump(REFERENCE_REFUSALS, {})
+            log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
+            if never:  # permanent: retrying cannot help, so it is not "at capacity"
+                done(ScaleDecision("exceeds-cap", scaler=info.name, cap=cap, backend_type=info.type,
+                                   reason=_exceeds_cap_reason(cap, info, world, cpus, mem)))
+                continue
             if cap in COUNT_CAPS:
                 count_cap_refused = True
-            reason = f"{cap} reached on scaler {info.name}"
-            if _never_fits(cap, info, world, cpus, mem):
-                reason = f"request ({cpus:g} cpus, {mem} bytes) exceeds {cap} even with nothing else running"
-            log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
-            done(ScaleDecision("at-capacity", scaler=info.name, cap=cap, reason=reason, backend_type=info.type))
+            done(ScaleDecision("at-capacity", scaler=info.name, cap=cap, reason=f"{cap} reached on scaler {info.name}",
+                               backend_type=info.type))
             continue
 
         usage.admit(info.caps, cpus, mem)
