@@ -58,12 +58,17 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # JSON errors on /api/, styled pages for empty errors (405); outside the NUL guard's 400s.
+    "kici_site.middleware.ErrorBodyMiddleware",
+    # 400 naming the field for a NUL byte in the path, a parameter, a form field or an API body.
+    "kici_site.middleware.NulByteMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "kici_site.urls"
+CSRF_FAILURE_VIEW = "kici_site.errors.csrf_failure"
 ASGI_APPLICATION = "kici_site.asgi.application"
 
 TEMPLATES = [
@@ -158,7 +163,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Client errors (4xx) are logged as one line, without Django's traceback.
+    "filters": {"one_line_4xx": {"()": "kici_site.logfilters.OneLineClientErrors"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["one_line_4xx"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

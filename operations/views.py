@@ -150,7 +150,8 @@ def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
             reject_operation(operation, request.user, note=note)
             messages.success(request, f"Operation #{operation.pk} rejected; it will never run.")
     except OperationError as exc:
-        return render(request, "operations/refused.html", {**context, "title": f"Not {verb}d", "message": str(exc)}, status=409)
+        title = "Not approved" if verb == "approve" else "Not rejected"
+        return render(request, "operations/refused.html", {**context, "title": title, "message": str(exc)}, status=409)
     url = reverse("operations:detail", args=[operation.pk])
     return HttpResponseClientRedirect(url) if _is_partial(request) else redirect(url)
 

@@ -1,0 +1,187 @@
+"""Request guards and error bodies shared by every page and API (see ``kici_site.errors``).
+
+* :class:`NulByteMiddleware`: a NUL byte (``\\x00``) can never be stored in PostgreSQL text, so a
+  request carrying one in its path, a query parameter, a form field or (on ``/api/``) a JSON
+  string is answered 400 naming the field, before any view runs or any query is made.
+* :class:`ErrorBodyMiddleware`: error responses without a useful body get one: ``/api/`` errors
+  that are not JSON (Django's 404 page, the empty 405 of ``require_POST``, a 500 page) become the
+  JSON error shape; an empty page error (405) becomes the styled page.
+
+Both work in sync and async stacks (the scale API is an async view).
+"""
+
+from __future__ import annotations
+
+import json
+from inspect import iscoroutinefunction
+
+from asgiref.sync import markcoroutinefunction, sync_to_async
+from django.core.exceptions import RequestDataTooBig
+
+from .errors import api_error, error_page, is_api_request
+
+NUL = "\x00"
+_JSON_NUL = b"\\u0000"
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _json_nul_field(value, path: str = "") -> str | None:
+    """The JSON path (``labels[2]``, ``resources.memory``) of the first string or key holding NUL."""
+    if isinstance(value, str):
+        return (path or "body") if NUL in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if NUL in str(key):
+                return here.replace(NUL, "\\u0000")
+            found = _json_nul_field(item, here)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _json_nul_field(item, f"{path}[{index}]" if path else f"[{index}]")
+            if found:
+                return found
+    return None
+
+
+def _query_dict_field(data, where: str) -> str | None:
+    for key, values in data.lists():
+        if NUL in key:
+            return f"{where} parameter name {key.replace(NUL, '\\x00')!r}"
+        if any(NUL in v for v in values if isinstance(v, str)):
+            return key
+    return None
+
+
+def nul_field(request) -> str | None:
+    """Where a request carries a NUL byte: ``"path"``, a query or form field name, a JSON path
+    (``/api/`` bodies), or None. Pure (no database); reads the body only when it holds one."""
+    if NUL in request.path_info or NUL in request.path:
+        return "path"
+    field = _query_dict_field(request.GET, "query")
+    if field:
+        return field
+    if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+        content_type = request.content_type or ""
+        try:
+            if content_type in _FORM_TYPES:
+                return _query_dict_field(request.POST, "form")
+            if is_api_request(request):
+                body = request.body
+                if _JSON_NUL in body:
+                    try:
+                        return _json_nul_field(json.loads(body))
+                    except (ValueError, UnicodeDecodeError):
+                        return None  # malformed JSON: the view says so
+        except RequestDataTooBig:
+            return None  # the view answers 413
+    return None
+
+
+def nul_refusal(request, field: str):
+    """The 400 answer for a NUL byte in ``field`` (JSON on ``/api/``, else the styled page)."""
+    message = f"{field} contains a NUL byte (\\x00), which is never valid here; nothing was done"
+    if is_api_request(request):
+        return api_error(400, "invalid-request", message, field=field)
+    return error_page(request, 400, message, title="Bad request")
+
+
+class _DualMiddleware:
+    """Middleware usable in sync and async stacks; subclasses define ``handle`` / ``ahandle``."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.is_async:
+            return self.ahandle(request)
+        return self.handle(request)
+
+
+class NulByteMiddleware(_DualMiddleware):
+    """400 naming the field for a NUL byte anywhere a view would read it (module doc)."""
+
+    def handle(self, request):
+        field = nul_field(request)
+        if field:
+            return nul_refusal(request, field)
+        return self.get_response(request)
+
+    async def ahandle(self, request):
+        field = nul_field(request)
+        if field:
+            # The page frame reads the session user: database access, so off the event loop.
+            return await sync_to_async(nul_refusal)(request, field)
+        return await self.get_response(request)
+
+
+_PAGE_MESSAGES = {
+    405: "This address does not accept a {method} request. Use the buttons and forms of the console pages.",
+}
+
+
+def _needs_api_body(request, response) -> bool:
+    return (
+        response.status_code >= 400
+        and is_api_request(request)
+        and not response.get("Content-Type", "").startswith("application/json")
+        and not getattr(response, "streaming", False)
+    )
+
+
+def _needs_page_body(request, response) -> bool:
+    return (
+        response.status_code in _PAGE_MESSAGES
+        and not is_api_request(request)
+        and not getattr(response, "streaming", False)
+        and not response.content
+    )
+
+
+def _api_body(request, response):
+    status = response.status_code
+    message = ""
+    if status == 405:
+        allowed = response.get("Allow", "")
+        message = f"{request.method} is not allowed here; allowed: {allowed or 'none'}"
+    elif status == 404:
+        message = f"no API endpoint at {request.path}"
+    fixed = api_error(status, None, message)
+    for header in ("Allow", "WWW-Authenticate", "Retry-After"):
+        if response.has_header(header):
+            fixed[header] = response[header]
+    return fixed
+
+
+def _page_body(request, response):
+    fixed = error_page(request, response.status_code, _PAGE_MESSAGES[response.status_code].format(method=request.method))
+    if response.has_header("Allow"):
+        fixed["Allow"] = response["Allow"]
+    return fixed
+
+
+class ErrorBodyMiddleware(_DualMiddleware):
+    """JSON bodies for ``/api/`` errors, styled pages for empty page errors (module doc)."""
+
+    def handle(self, request):
+        response = self.get_response(request)
+        if _needs_api_body(request, response):
+            return _api_body(request, response)
+        if _needs_page_body(request, response):
+            return _page_body(request, response)
+        return response
+
+    async def ahandle(self, request):
+        response = await self.get_response(request)
+        if _needs_api_body(request, response):
+            return _api_body(request, response)
+        if _needs_page_body(request, response):
+            return await sync_to_async(_page_body)(request, response)
+        return response
