@@ -8,10 +8,17 @@
   given up); 400 for malformed JSON.
 - ``POST /api/v1/agents/<agent_id>/heartbeat`` — bearer: the session token. Body (optional):
   ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}``; 410 with
-  ``stop: true`` once the agent is destroyed or failed; 401 for a bad token; 400 for bad input.
+  ``{state, drain: false, stop: true}`` (plus the error) once the agent is destroyed or failed;
+  401 for a bad token; 400 for bad input.
 - ``POST /api/v1/agents/claim`` — body ``{"claimCode": "..."}`` from a ``kici.scaler.scale-up``
-  event; 200 → ``{agentId, token, orchestratorUrl, labels}``; 401 with the claim store's message
-  (``invalid claim code`` / ``claim code already consumed`` / ``claim code expired``).
+  event; 200 → ``{agentId, token, orchestratorUrl, labels}``; 401 with reason ``invalid-claim`` /
+  ``claim-used`` / ``claim-expired`` and the claim store's message (``invalid claim code`` /
+  ``claim code already consumed`` / ``claim code expired``) as ``error.message``.
+
+Every error answer has the one ``/api/v1`` shape (``kici_site.errors.api_error``):
+``{"error": {"code", "message", "field"?}, "reason": code}``; a 401's ``reason`` says why the token
+was refused (``missing-token``, ``invalid-token``, ``unknown``, ``expired``, ``used``,
+``agent-mismatch``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from django.http import JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+
+from kici_site.errors import api_error
 
 from .choices import TERMINAL_STATES, AgentState, EventType
 from .events import record_event
@@ -61,14 +70,40 @@ def _json_body(request) -> dict:
     return data
 
 
+_TOKEN_MESSAGES = {
+    "missing-token": "send Authorization: Bearer <token>",
+    "invalid-token": "the bearer token is not a token of this kind",
+    "unknown": "the bearer token is not known to this console",
+    "expired": "the bearer token has expired",
+    "used": "the registration token was already used",
+    "agent-mismatch": "the token belongs to another agent",
+}
+
+
 def _unauthorized(reason: str) -> JsonResponse:
-    resp = JsonResponse({"error": "unauthorized", "reason": reason}, status=401)
-    resp["WWW-Authenticate"] = "Bearer"
-    return resp
+    """401 with ``error.code`` and ``reason`` both the token's refusal reason."""
+    return api_error(401, reason, _TOKEN_MESSAGES.get(reason, reason))
 
 
-def _bad_request(detail: str) -> JsonResponse:
-    return JsonResponse({"error": "bad-request", "detail": detail}, status=400)
+def _bad_request(message: str, field: str | None = None) -> JsonResponse:
+    return api_error(400, "invalid-request", message, field=field)
+
+
+#: ``reason`` of a refused claim, by the claim store's message (``scalers.backends.claims.MESSAGES``).
+_CLAIM_CODES = {
+    "invalid claim code": "invalid-claim",
+    "claim code already consumed": "claim-used",
+    "claim code expired": "claim-expired",
+}
+
+
+def _json_text(value) -> str:
+    """A value as the caller wrote it in JSON (``null``, ``true``, ``"x"``), for error messages."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bearer_request(view):
@@ -79,11 +114,11 @@ def _bearer_request(view):
     def checked(request, *args, **kwargs):
         token = _bearer(request)
         if token is None:
-            return _unauthorized("missing bearer token")
+            return _unauthorized("missing-token")
         try:
             body = _json_body(request)
         except BadRequest as exc:
-            return _bad_request(str(exc))
+            return _bad_request(str(exc), "body")
         return view(request, token, body, *args, **kwargs)
 
     return checked
@@ -121,7 +156,7 @@ def register(request, raw: str, body: dict):
     """Redeem the ephemeral token once and mark the agent running (see the module doc)."""
     claimed_id = body.get("agentId")
     if claimed_id is not None and not isinstance(claimed_id, str):
-        return _bad_request(f"agentId must be a string, got {claimed_id!r}")
+        return _bad_request(f"agentId must be a string, got {_json_text(claimed_id)}", "agentId")
     try:
         agent = redeem_registration_token(raw)
     except TokenRejected as exc:
@@ -135,7 +170,7 @@ def register(request, raw: str, body: dict):
         )
         if not won:
             current = Agent.objects.filter(pk=agent.pk).values_list("state", flat=True).first()
-            return JsonResponse({"error": "not-spawning", "state": current}, status=409)
+            return api_error(409, "not-spawning", f"agent {agent.agent_id} is {current}, no longer spawning: its spawn was given up", state=current)
         agent.state, agent.registered_at, agent.last_heartbeat = AgentState.RUNNING, now, now
         session = mint_session_token(agent)
         record_event(agent, EventType.REGISTERED, "agent registered", payload={"remote": request.META.get("REMOTE_ADDR", "")})
@@ -162,13 +197,13 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
     """Record a heartbeat from a registered agent (see the module doc)."""
     active = body.get("activeJobs")
     if active is not None and (not isinstance(active, int) or isinstance(active, bool) or not 0 <= active <= MAX_ACTIVE_JOBS):
-        return _bad_request(f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {active!r}")
+        return _bad_request(f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {_json_text(active)}", "activeJobs")
     try:
         agent = authenticate_session(raw, agent_id)
     except TokenRejected as exc:
         return _unauthorized(exc.reason)
     if agent.state in TERMINAL_STATES:
-        return JsonResponse({"state": agent.state, "drain": False, "stop": True}, status=410)
+        return api_error(410, "agent-finished", f"agent {agent.agent_id} is {agent.state}: stop", state=agent.state, drain=False, stop=True)
     fields = {"last_heartbeat": timezone.now()}
     if active is not None:
         fields["active_jobs"] = active
@@ -187,12 +222,12 @@ def claim(request):
     try:
         body = _json_body(request)
     except BadRequest as exc:
-        return _bad_request(str(exc))
+        return _bad_request(str(exc), "body")
     code = body.get("claimCode")
     if not isinstance(code, str) or not code:
-        return _bad_request(f"claimCode must be a non-empty string, got {code!r}")
+        return _bad_request(f"claimCode must be a non-empty string, got {_json_text(code)}", "claimCode")
     try:
         grant = redeem_claim(code)
     except ClaimError as exc:
-        return JsonResponse({"error": "unauthorized", "reason": str(exc)}, status=401)
+        return api_error(401, _CLAIM_CODES.get(str(exc), "invalid-claim"), str(exc))
     return JsonResponse(grant)

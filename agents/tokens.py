@@ -30,7 +30,10 @@ SESSION_TTL_SECONDS = 30 * 24 * 3600
 
 
 class TokenRejected(Exception):
-    """A token that does not authenticate. ``reason``: unknown | expired | used | wrong-kind | agent-mismatch."""
+    """A token that does not authenticate. ``reason``: unknown | expired | used | invalid-token | agent-mismatch.
+
+    ``invalid-token``: not a token of the kind asked for (no ``ket_`` / ``kas_`` prefix).
+    """
 
     def __init__(self, reason: str):
         super().__init__(f"token rejected: {reason}")
@@ -69,11 +72,11 @@ def redeem_registration_token(raw: str) -> Agent:
     """Consume a registration token atomically and return its agent.
 
     Compare-and-swap on ``used_at IS NULL AND expires_at > now``, so two concurrent redemptions
-    of one token cannot both win. Raises :class:`TokenRejected` (``wrong-kind``, ``unknown``,
+    of one token cannot both win. Raises :class:`TokenRejected` (``invalid-token``, ``unknown``,
     ``used`` or ``expired``).
     """
     if not isinstance(raw, str) or not raw.startswith(REGISTRATION_PREFIX):
-        raise TokenRejected("wrong-kind")
+        raise TokenRejected("invalid-token")
     digest = hash_token(raw)
     now = timezone.now()
     with transaction.atomic():
@@ -94,10 +97,10 @@ def mint_session_token(agent: Agent) -> str:
 def authenticate_session(raw: str, agent_id: str) -> Agent:
     """The agent a session token belongs to, checked against ``agent_id`` from the URL.
 
-    Raises :class:`TokenRejected` (``wrong-kind``, ``unknown``, ``expired``, ``agent-mismatch``).
+    Raises :class:`TokenRejected` (``invalid-token``, ``unknown``, ``expired``, ``agent-mismatch``).
     """
     if not isinstance(raw, str) or not raw.startswith(SESSION_PREFIX):
-        raise TokenRejected("wrong-kind")
+        raise TokenRejected("invalid-token")
     token = AgentToken.objects.select_related("agent", "agent__scaler").filter(token_hash=hash_token(raw)).first()
     if token is None:
         raise TokenRejected("unknown")

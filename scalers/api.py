@@ -7,13 +7,19 @@ Answers (JSON):
 
 * 201 ``{agentId, scaler, backendType}``: admitted; the agent is spawning.
 * 200 ``{agentId, scaler, backendType, warm: true}``: an idle warm agent was bound to the job.
-* 409 ``{reason: "at-capacity", cap, scaler, detail}``: a cap refused; the job should wait.
-* 422 ``{reason: "no-matching-label-set"}``.
-* 400 ``{reason: "invalid-request", field, error}``: malformed JSON, missing or empty labels,
-  non-string labels, negative or huge resources, unknown fields.
+
+Errors have the one ``/api/v1`` shape (``kici_site.errors.api_error``)
+``{"error": {"code", "message", "field"?}, "reason": code, ...}``; ``reason`` and the extras below
+stay at the top level where issue 2 puts them:
+
+* 409 ``{reason: "at-capacity", cap, scaler}``: a cap refused; the job should wait.
+* 422 ``{reason: "no-matching-label-set", labels}``.
+* 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
+  labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
-* 503 ``{reason: "skipped" | "unavailable", detail}``: console draining, provision backoff,
-  database or spawn queue unavailable (with ``Retry-After``).
+* 405 ``{reason: "method-not-allowed"}`` for anything but POST.
+* 503 ``{reason: "skipped" | "unavailable"}``: console draining, provision backoff, database or
+  spawn queue unavailable (with ``Retry-After``).
 
 The view is async: while a request waits for its batch it holds no thread and no database
 connection (see ``scalers.admission.queue``). Nothing is written unless the decision is
@@ -36,6 +42,7 @@ from django.views.decorators.csrf import csrf_exempt
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.service import _enqueue_or_fail
+from kici_site.errors import api_error
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
 
 log = logging.getLogger(__name__)
@@ -50,13 +57,9 @@ def _enqueue_in_worker(decision, agent):
         close_old_connections()
 
 
-def _error(status: int, reason: str, **extra) -> JsonResponse:
-    response = JsonResponse({"reason": reason, **extra}, status=status)
-    if status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="kici"'
-    if status == 503:
-        response["Retry-After"] = "5"
-    return response
+def _error(status: int, reason: str, message: str, *, field: str | None = None, **extra) -> JsonResponse:
+    """``kici_site.errors.api_error`` with ``reason`` as the code (module doc)."""
+    return api_error(status, reason, message, field=field, **extra)
 
 
 def _authorized(request) -> bool | None:
@@ -75,24 +78,26 @@ def _authorized(request) -> bool | None:
 async def scale(request):
     """Admit (or refuse) one job; see the module docstring for the answers."""
     if request.method != "POST":
-        return _error(405, "method-not-allowed", allowed=["POST"])
+        response = _error(405, "method-not-allowed", f"{request.method} is not allowed here; allowed: POST")
+        response["Allow"] = "POST"
+        return response
     auth = _authorized(request)
     if auth is None:
-        return _error(503, "unavailable", detail="KICI_API_TOKEN is not configured on this console")
+        return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
     if not auth:
-        return _error(401, "unauthorized", detail="send Authorization: Bearer <KICI_API_TOKEN>")
+        return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
     try:
         body = request.body
     except RequestDataTooBig:
-        return _error(413, "invalid-request", field="body", error="request body too large")
+        return _error(413, "invalid-request", "request body too large", field="body")
     try:
         payload = json.loads(body or b"")
     except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, "invalid-request", field="body", error=f"malformed JSON: {exc}")
+        return _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
     try:
         data = validate_scale_request(payload)
     except InvalidScaleRequest as exc:
-        return _error(400, "invalid-request", field=exc.field, error=exc.message)
+        return _error(400, "invalid-request", str(exc), field=exc.field)
 
     req = Request(
         labels=data.labels,
@@ -105,10 +110,10 @@ async def scale(request):
     try:
         decision, agent = await get_queue().submit_async(req)
     except AdmissionTimeout as exc:
-        return _error(503, "unavailable", detail=str(exc))
+        return _error(503, "unavailable", str(exc))
     except DatabaseError as exc:
         log.warning("scale request %s: database error %s", data.job_id, exc)
-        return _error(503, "unavailable", detail="database unavailable")
+        return _error(503, "unavailable", "database unavailable")
     if decision.action == "spawning" and agent is not None:
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
 
@@ -119,7 +124,7 @@ async def scale(request):
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type, "warm": True}, status=200
         )
     if decision.action == "at-capacity":
-        return _error(409, "at-capacity", cap=decision.cap, scaler=decision.scaler, detail=decision.reason)
+        return _error(409, "at-capacity", decision.reason, cap=decision.cap, scaler=decision.scaler)
     if decision.action == "no-backend":
-        return _error(422, "no-matching-label-set", labels=list(data.labels))
-    return _error(503, "skipped", detail=decision.reason)
+        return _error(422, "no-matching-label-set", f"no label set of any scaler matches {list(data.labels)}", labels=list(data.labels))
+    return _error(503, "skipped", decision.reason)

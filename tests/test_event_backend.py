@@ -184,7 +184,8 @@ def test_a_claim_is_redeemed_once_for_a_token_that_registers(client, receiver):
     ttl = (token_row.expires_at - token_row.created_at).total_seconds()
     assert 899 <= ttl <= 901, "agentTokenTtlSeconds"
     again = client.post("/api/v1/agents/claim", data=json.dumps({"claimCode": code}), content_type="application/json")
-    assert again.status_code == 401 and again.json()["reason"] == "claim code already consumed"
+    assert again.status_code == 401 and again.json()["reason"] == "claim-used"
+    assert again.json()["error"]["message"] == "claim code already consumed"
     reg = client.post("/api/v1/agents/register", data="", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {grant['token']}")
     assert reg.status_code == 200
     assert Agent.objects.get(pk=agent.pk).state == AgentState.RUNNING
@@ -200,7 +201,7 @@ def test_expired_and_unknown_claims_are_refused(client):
     with pytest.raises(ClaimError, match="invalid claim code"):
         redeem_claim("0" * 64)
     resp = client.post("/api/v1/agents/claim", data="{}", content_type="application/json")
-    assert resp.status_code == 400 and "claimCode" in resp.json()["detail"]
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == "claimCode" and "got null" in resp.json()["error"]["message"]
 
 
 @pytest.mark.django_db

@@ -56,7 +56,10 @@ def test_it_answers_409_naming_the_cap():
 def test_it_answers_422_when_no_label_set_matches():
     make_scaler("c")
     r = post(Client(), {"labels": ["macos"], "jobId": "j1"})
-    assert r.status_code == 422 and r.json() == {"reason": "no-matching-label-set", "labels": ["macos"]}
+    assert r.status_code == 422
+    body = r.json()
+    assert body["reason"] == "no-matching-label-set" and body["labels"] == ["macos"]
+    assert body["error"]["code"] == "no-matching-label-set" and "macos" in body["error"]["message"]
     assert_nothing_written()
 
 
@@ -64,7 +67,7 @@ def test_it_refuses_resources_over_every_cap_with_a_reason():
     make_scaler("c", cpu=4)
     r = post(Client(), {"labels": ["linux"], "jobId": "j1", "resources": {"cpus": 64}})
     assert r.status_code == 409 and r.json()["cap"] == "resourceCap.cpu"
-    assert "even with nothing else running" in r.json()["detail"]
+    assert "even with nothing else running" in r.json()["error"]["message"]
     assert_nothing_written()
 
 
@@ -84,8 +87,10 @@ def test_it_refuses_resources_over_every_cap_with_a_reason():
         ({"labels": ["linux"], "jobId": "j", "runId": 5}, "runId"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"cpus": -1}}, "resources.cpus"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"cpus": 100000}}, "resources.cpus"),
-        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "99999999g"}}, "resources.requests.memory"),
-        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "4Gi"}}, "resources.requests.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "99999999g"}}, "resources.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "4Gi"}}, "resources.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "-5g"}}, "resources.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"limits": {"memory": "-5g"}}}, "resources.limits.memory"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"requests": {"cpus": "two"}}}, "resources.requests.cpus"),
         ({"labels": ["linux"], "jobId": "j", "resources": "big"}, "resources"),
         ({"labels": ["linux"], "jobId": "j", "resource": {"cpus": 1}}, "resource"),
@@ -96,7 +101,8 @@ def test_it_refuses_malformed_input_naming_the_field(body, field):
     r = post(Client(), body, raw=isinstance(body, str))
     assert r.status_code == 400, r.content
     assert r.json()["reason"] == "invalid-request"
-    assert r.json()["field"] == field, r.json()
+    assert r.json()["error"]["code"] == "invalid-request" and r.json()["error"]["field"] == field, r.json()
+    assert r.json()["error"]["message"].startswith(field if field != "body" else "")
     assert_nothing_written()
     assert not ScaleRequest.objects.exists()
 
@@ -168,6 +174,6 @@ def test_a_draining_console_answers_503_skipped():
         r = post(Client(), {"labels": ["linux"], "jobId": "j"})
     finally:
         set_console_draining(False)
-    assert r.status_code == 503 and r.json() == {"reason": "skipped", "detail": "draining"}
+    assert r.status_code == 503 and r.json() == {"error": {"code": "skipped", "message": "draining"}, "reason": "skipped"}
     assert r["Retry-After"]
     assert_nothing_written()

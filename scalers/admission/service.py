@@ -13,7 +13,7 @@ from agents.models import Agent
 from .decide import Admitted, Request, ScaleDecision, decide_batch
 from .queue import get_queue
 from .release import fail_spawn
-from .validate import InvalidScaleRequest, _labels, validate_resources
+from .validate import InvalidScaleRequest, _labels, _short, validate_resources
 
 log = logging.getLogger("scalers.admission")
 
@@ -84,7 +84,7 @@ def request_scale(
     labels = _labels(list(labels) if isinstance(labels, (list, tuple)) else labels, "labels", allow_empty=True)
     exclude = _labels(list(exclude or ()), "exclude", allow_empty=True)
     if not isinstance(job_id, str) or (not job_id.strip() and not warm):
-        raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {job_id!r}")
+        raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {_short(job_id)}")
     parsed = validate_resources(resources) if not hasattr(resources, "requests") else resources
     raw = resources.model_dump(mode="json", exclude_none=True) if hasattr(resources, "model_dump") else resources
     req = Request(

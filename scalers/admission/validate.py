@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,21 @@ class ScaleInput:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    """``value`` as the caller wrote it in JSON (``null``, ``true``, ``"x"``), at most 60 characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _as_written(field: str, value: dict) -> str:
+    """The field path in the caller's shape: a flat ``{cpus, memory}`` request is reported as
+    ``resources.memory``, not as the ``resources.requests.memory`` it is parsed into."""
+    flat = not ({"requests", "limits"} & set(value))
+    if flat and field.startswith("resources.requests."):
+        return "resources." + field[len("resources.requests."):]
+    return field
 
 
 def _labels(value: Any, field: str, *, allow_empty: bool) -> tuple[str, ...]:
@@ -78,7 +92,8 @@ def validate_resources(value: Any) -> Any:
     """Parse a job's ``resources`` (flat or nested, SPEC a.4) and refuse negative or huge values.
 
     Returns a ``scalers.config.ResourceRequest`` (``None`` for absent). Raises
-    :class:`InvalidScaleRequest` naming ``resources.<side>.<field>``.
+    :class:`InvalidScaleRequest` naming the field as the caller wrote it:
+    ``resources.<side>.<field>`` for the nested shape, ``resources.<field>`` for the flat one.
     """
     if value is None:
         return None
@@ -89,11 +104,12 @@ def validate_resources(value: Any) -> Any:
     except ValueError as exc:
         text = str(exc)
         field = text.split(":", 1)[0] if text.startswith("resources") else "resources"
-        raise InvalidScaleRequest(field, text.split(": ", 1)[1] if text.startswith("resources") and ": " in text else text) from None
+        message = text.split(": ", 1)[1] if text.startswith("resources") and ": " in text else text
+        raise InvalidScaleRequest(_as_written(field, value), message) from None
     for side in ("requests", "limits"):
         spec = getattr(parsed, side)
         if spec is not None and spec.memory is not None and parse_memory(spec.memory) > MAX_MEMORY_BYTES:
-            raise InvalidScaleRequest(f"resources.{side}.memory", f"{spec.memory!r} is more than 16 TiB")
+            raise InvalidScaleRequest(_as_written(f"resources.{side}.memory", value), f"{_short(spec.memory)} is more than 16 TiB")
     return parsed
 
 
