@@ -7,7 +7,8 @@
   ``agentId`` that is not the token's); 409 when the agent is no longer spawning (its spawn was
   given up); 400 for malformed JSON.
 - ``POST /api/v1/agents/<agent_id>/heartbeat`` — bearer: the session token. Body (optional):
-  ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}``; 410 with
+  ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}``; the agent's row on open
+  pages is refreshed live (at most every 10 s, ``agents.heartbeats``); 410 with
   ``{state, drain: false, stop: true}`` (plus the error) once the agent is destroyed or failed;
   401 for a bad token; 400 for bad input.
 - ``POST /api/v1/agents/claim`` — body ``{"claimCode": "..."}`` from a ``kici.scaler.scale-up``
@@ -37,6 +38,7 @@ from kici_site.errors import api_error
 
 from .choices import TERMINAL_STATES, AgentState, EventType
 from .events import record_event
+from .heartbeats import push_heartbeat_row, row_push_due
 from .models import Agent
 from .tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 
@@ -204,10 +206,13 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
         return _unauthorized(exc.reason)
     if agent.state in TERMINAL_STATES:
         return api_error(410, "agent-finished", f"agent {agent.agent_id} is {agent.state}: stop", state=agent.state, drain=False, stop=True)
-    fields = {"last_heartbeat": timezone.now()}
+    now = timezone.now()
+    fields = {"last_heartbeat": now}
     if active is not None:
         fields["active_jobs"] = active
     Agent.objects.filter(pk=agent.pk).update(**fields)
+    if row_push_due(agent.last_heartbeat, now) or (active is not None and active != agent.active_jobs):
+        push_heartbeat_row(agent.pk)  # open pages show the new age (throttled: agents.heartbeats)
     return JsonResponse(
         {"state": agent.state, "drain": agent.state == AgentState.DRAINING, "stop": agent.state == AgentState.DESTROYING}
     )

@@ -65,6 +65,13 @@ def record_connecting(agent: Agent, detail: str, payload: dict | None = None) ->
         return record_event(agent, EventType.CONNECTING, detail, payload)
 
 
+def push_after_commit(push) -> None:
+    """Run ``push()`` (a zero-argument callable doing a live push, e.g. an agent row update without
+    an event, see ``agents.heartbeats``) on the publisher thread once the current transaction
+    commits, in order with the event pushes. Its failures are logged, never raised."""
+    transaction.on_commit(lambda: _PUBLISHER.submit(push))
+
+
 def flush_events(timeout: float = 5.0) -> bool:
     """Wait until every submitted event was pushed (or ``timeout`` seconds pass); True when drained."""
     return _PUBLISHER.flush(timeout)
@@ -97,7 +104,7 @@ class _Publisher:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            log.warning("event publisher backlog full: event %s is stored but not pushed live", event.pk)
+            log.warning("event publisher backlog full: %s is stored but not pushed live", getattr(event, "pk", event))
             self._done()
 
     def _done(self) -> None:
@@ -112,9 +119,12 @@ class _Publisher:
         while True:
             event = self._queue.get()
             try:
-                _publish_now(event)
+                if callable(event):  # push_after_commit
+                    event()
+                else:
+                    _publish_now(event)
             except Exception:  # noqa: BLE001 - a push failure must never fail the producer
-                log.warning("could not publish event %s", event.pk, exc_info=True)
+                log.warning("could not publish %s", getattr(event, "pk", event), exc_info=True)
             finally:
                 close_old_connections()
                 self._done()

@@ -9,11 +9,14 @@
         of several rows with one id in a frame only the last counts,
       - keeps only rows matching the target's data-accept selector, if it has one
         (e.g. data-accept='[data-scaler="ci"]' on a scaler page's tables),
-      - trims a tbody with data-max-rows after the swap.
+      - trims a tbody with data-max-rows after the swap, and removes a table's "nothing here"
+        placeholder row (tr.empty-row) once a live row has arrived in its tbody.
    2. A connection indicator: an element with [data-live-status] inside the ws-connect element shows
       open / closed; after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
       was missed while the socket was away (messages sent meanwhile are lost).
-   3. Relative times: <time data-rel datetime="ISO"> shows "12s ago" and is refreshed every 10 s.
+   3. Relative times: <time data-rel datetime="ISO"> shows "12s ago" and is refreshed every
+      REL_REFRESH_MS by the browser's clock (after every swap too), so an age keeps counting
+      between server pushes; heartbeats push the agent's row at most every 10 s (agents.heartbeats).
    4. Keyboard: "/" focuses the page's [data-search] input, "?" opens the shortcut help, Esc leaves
       an input. Pages may add their own keys (see console.js). */
 (function () {
@@ -84,8 +87,11 @@
     document.querySelectorAll("[data-max-rows]").forEach(function (body) {
       var max = parseInt(body.getAttribute("data-max-rows"), 10) || 200;
       while (body.children.length > max) body.removeChild(body.lastElementChild);
-      var empty = body.querySelector("tr.empty-row");
-      if (empty && body.children.length > 1) body.removeChild(empty);
+    });
+    // A placeholder ("No live agents.") goes as soon as its tbody holds a real row.
+    document.querySelectorAll("tbody > tr.empty-row").forEach(function (empty) {
+      var body = empty.parentNode;
+      if (body && body.children.length > 1) body.removeChild(empty);
     });
   }
 
@@ -124,14 +130,26 @@
     if (h < 48) return h + "h " + (m % 60) + "m ago";
     return Math.floor(h / 24) + "d ago";
   }
+  var REL_REFRESH_MS = 5000;
+  // The server's clock at page load (<meta name="kici-server-time">): ages are counted on it, so a
+  // browser whose clock is off does not show healthy agents as stale (or from the future).
+  var skewMs = 0;
+  (function () {
+    var m = document.querySelector('meta[name="kici-server-time"]');
+    var t = m ? Date.parse(m.getAttribute("content")) : NaN;
+    if (!isNaN(t)) skewMs = t - Date.now();
+  })();
   function refreshTimes() {
-    var now = Date.now();
+    var now = Date.now() + skewMs;
     document.querySelectorAll("time[data-rel]").forEach(function (t) {
       var d = Date.parse(t.getAttribute("datetime"));
-      if (!isNaN(d)) t.textContent = rel((now - d) / 1000);
+      if (isNaN(d)) return;
+      var text = rel((now - d) / 1000);
+      if (t.textContent !== text) t.textContent = text;
     });
   }
-  setInterval(refreshTimes, 10000);
+  window.kiciRefreshTimes = refreshTimes;
+  setInterval(refreshTimes, REL_REFRESH_MS);
   document.addEventListener("htmx:afterSettle", refreshTimes);
   document.addEventListener("DOMContentLoaded", refreshTimes);
 
