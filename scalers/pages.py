@@ -71,14 +71,34 @@ def scaler_detail(request, name: str):
     return render(request, "scalers/detail.html", ctx)
 
 
+#: The type-specific settings of a scaler entry (``scalers.config.entries.ScalerEntry``), in the
+#: order the Configuration panel shows them. Every entry carries every type's fields with their
+#: defaults, so the panel picks its type's only; the shared ones have their own rows.
+TYPE_FIELDS = {
+    "container": ("host", "socketPath", "runtime", "extraHosts", "networkIsolation"),
+    # bare-metal runs container-mode label sets through the container backend's settings
+    "bare-metal": ("enforceCgroups", "host", "socketPath", "runtime", "extraHosts", "networkIsolation"),
+    "firecracker": (
+        "firecrackerPath", "jailerPath", "kernelPath", "chrootBaseDir", "uid", "gid", "vcpuCount", "memSizeMib", "requireSudo",
+    ),
+    "event": ("provisioningTargets", "claimTtlSeconds", "agentTokenTtlSeconds"),
+}
+
+
 def _config_items(scaler: Scaler) -> list[tuple[str, object]]:
-    """The scaler entry's settings worth a glance, as ``(key, value)`` from its imported config."""
-    skip = {"name", "type", "labelSets", "maxAgents", "resourceCap", "machinePool", "warmPool", "mandatoryLabels", "roles"}
+    """The settings of the scaler's own type, once each, as ``(key, text)`` from its imported
+    config (:data:`TYPE_FIELDS`); unset ones are left out, lists joined with ", "."""
+    config = scaler.config or {}
     items = []
-    for key, value in (scaler.config or {}).items():
-        if key in skip or isinstance(value, (dict, list)):
+    for key in TYPE_FIELDS.get(scaler.type, ()):
+        value = config.get(key)
+        if value is None:
             continue
-        items.append((key, ("true" if value else "false") if isinstance(value, bool) else value))
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "none"
+        items.append((key, value))
     return items
 
 

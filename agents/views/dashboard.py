@@ -32,8 +32,10 @@ def recovery_report() -> dict | None:
     """The latest recovery run's counts (helper "adm"'s ``scalers.models.RecoveryReport``, written at
     every boot and leader change, SPEC c.5), or None when there is none.
 
-    Returns ``{"at", "trigger", "instance", "counts": [(label, n)], "dropped": int, "error"}``;
-    ``dropped`` sums what recovery threw away (shown as a warning when not zero).
+    Returns ``{"at", "trigger", "instance", "counts": [(label, n)], "nonzero": [(label, n)],
+    "dropped": int, "error", "eventful": bool}``; ``dropped`` sums what recovery threw away (shown as a warning when not
+    zero); ``eventful`` is False when it dropped and rehydrated nothing and failed in nothing (the
+    dashboard then shows one quiet line instead of a banner of zeros).
     """
     try:
         from scalers.models import RecoveryReport
@@ -51,6 +53,8 @@ def recovery_report() -> dict | None:
         "counts": counts,
         "dropped": dropped,
         "error": report.error,
+        "nonzero": [(label, n) for label, n in counts if n],
+        "eventful": bool(report.error) or any(n for _, n in counts),
     }
 
 
