@@ -42,10 +42,27 @@ def agent_container(agent, **client_kwargs):
     return client.containers.get(agent.managed_id or agent.agent_id)
 
 
+class SandboxGone(RuntimeError):
+    """The agent's container no longer exists: its live output ended with it."""
+
+
+def _container_or_gone(agent, **client_kwargs):
+    """:func:`agent_container`, with docker's 404 said in words (:class:`SandboxGone`)."""
+    import docker.errors
+
+    try:
+        return agent_container(agent, **client_kwargs)
+    except docker.errors.NotFound:
+        raise SandboxGone(
+            f"the container of agent {agent.agent_id} is gone (the agent is {agent.state}); "
+            "its live output ended with it: see the agent's timeline for what was captured"
+        ) from None
+
+
 def _docker_source(agent) -> SourceFactory:
     async def open_source():
         # No read timeout: a quiet container must not end its log stream.
-        container = await asyncio.to_thread(agent_container, agent, timeout=None)
+        container = await asyncio.to_thread(_container_or_gone, agent, timeout=None)
         async with contextlib.aclosing(docker_log_source(container)) as batches:
             async for batch in batches:
                 yield batch
@@ -82,3 +99,42 @@ def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
     if agent.scaler.type == "container":
         return _docker_source(agent), False
     raise LookupError(f"agent {agent.agent_id} ({agent.scaler.type}) has no console output to stream")
+
+
+#: Separator of the captured output in a ``scaler.failed`` detail
+#: (``scalers.backends.failure.failure_detail``).
+CAPTURED_MARKER = "\n--- captured output ---\n"
+
+
+def sandbox_gone(agent, stream: str) -> bool:
+    """True when a finished agent (``destroyed`` / ``failed``) has nothing left behind ``stream``:
+    its container is removed with it, and a VM's or process's log file no longer exists."""
+    if agent.is_active:
+        return False
+    try:
+        path = console_log_file(agent, stream)
+    except LookupError:
+        return True
+    return path is None or not path.exists()
+
+
+def captured_output(agent) -> dict:
+    """What was kept of a finished agent's output: the last lines (up to 50) attached to its latest
+    ``scaler.failed`` event (else to its ``failure_reason``) when a spawn failed.
+
+    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str]}``; ``lines`` is empty
+    when nothing was captured (a destroyed agent keeps no output).
+    """
+    from django.db.models import Q
+
+    from .choices import EventType
+    from .models import ScalerEvent
+
+    event = (
+        ScalerEvent.objects.filter(Q(agent=agent) | Q(agent_ref=agent.agent_id), type=EventType.FAILED)
+        .order_by("-created_at", "-id")
+        .first()
+    )
+    text = event.detail if event is not None else (agent.failure_reason or "")
+    message, marker, rest = text.partition(CAPTURED_MARKER)
+    return {"event": event, "message": message.strip(), "lines": rest.split("\n") if marker and rest else []}

@@ -108,3 +108,11 @@ def test_the_scaler_page_cites_no_spec_section(viewer_client):
     scaler = _container_scaler()
     html = viewer_client.get(f"/scalers/{scaler.name}/").content.decode()
     assert "SPEC" not in html
+
+
+def test_the_agent_page_and_the_host_access_editor_cite_no_spec_section(viewer_client):
+    scaler = _container_scaler("polish-spec")
+    agent = Agent.objects.create(agent_id="polish-spec-a", scaler=scaler, label_set=scaler.label_sets.get(), state=AgentState.RUNNING)
+    for url in (f"/agents/{agent.agent_id}/", f"/scalers/{scaler.name}/label-sets/0/host-access/", "/", "/agents/", "/events/"):
+        html = viewer_client.get(url).content.decode()
+        assert "SPEC" not in html, url

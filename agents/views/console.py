@@ -7,7 +7,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from ..consoles import agent_container, console_log_file, console_streams_of
+from ..consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
 from ..models import Agent
 from .common import agent_or_404, viewer_required
 
@@ -22,7 +22,11 @@ def console_streams(agent: Agent) -> list[tuple[str, str]]:
 @require_GET
 @viewer_required
 def agent_console(request, agent_id: str, stream: str | None = None):
-    """``/agents/<id>/console/[<stream>/]``: the live console with follow, search, download, links."""
+    """``/agents/<id>/console/[<stream>/]``: the live console with follow, search, download, links.
+
+    A finished agent whose sandbox is gone (:func:`agents.consoles.sandbox_gone`) gets no live
+    stream: the page says so and shows what was captured (the last output lines of a failed
+    spawn), with links to its timeline."""
     agent = agent_or_404(agent_id)
     streams = console_streams(agent)
     names = [s for s, _ in streams]
@@ -38,7 +42,10 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         "streams": streams,
         "ws_url": f"/ws/agents/{agent.agent_id}/console/{stream}/",
         "download_url": download_url(agent, stream),
+        "gone": sandbox_gone(agent, stream),
     }
+    if ctx["gone"]:
+        ctx["captured"] = captured_output(agent)
     return render(request, "agents/console.html", ctx)
 
 
@@ -62,13 +69,23 @@ def agent_console_download(request, agent_id: str, stream: str):
     """``/agents/<id>/console/<stream>/download``: the whole log as a text attachment.
 
     File-backed streams are sent as they are on disk (bytes, never decoded); a container's
-    ``console`` without a file is its docker logs (stdout and stderr), streamed."""
+    ``console`` without a file is its docker logs (stdout and stderr), streamed. A finished agent
+    whose sandbox is gone downloads what was captured (404 when nothing was)."""
     from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
     filename = f"{agent.agent_id}-{stream}.log"
+    if sandbox_gone(agent, stream):
+        lines = captured_output(agent)["lines"]
+        if not lines:
+            raise Http404(f"the sandbox of agent {agent.agent_id} is gone ({agent.state}) and none of its output was captured")
+        return HttpResponse(
+            "\n".join(lines) + "\n",
+            content_type="text/plain; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{agent.agent_id}-{stream}-captured.log"'},
+        )
     path = console_log_file(agent, stream)
     if path is not None:
         try:

@@ -8,19 +8,26 @@ import logging
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from .common import agent_or_404, can_run_selftest, viewer_required
+from .common import agent_or_404, can_run_selftest, viewer_required, wants_partial
 
 log = logging.getLogger(__name__)
 
 @require_GET
 @viewer_required
 def agent_isolation(request, agent_id: str):
-    """Fragment: the agent's isolation rules read back from the kernel (loaded after the page)."""
+    """The agent's isolation rules read back from the kernel: a fragment for the agent page's htmx
+    request, the same inside the page frame when the address is opened directly.
+
+    A finished agent (``destroyed`` / ``failed``) is not read back: its rules were removed with it,
+    and its former address may belong to another agent by now, whose rules a read-back would show
+    as this agent's (``removed`` in the context)."""
     agent = agent_or_404(agent_id)
     from ..selftest import isolation_context
 
-    ctx = {"agent": agent, "table": isolation_context(agent).table, "lines": None, "error": "", "complete": None}
-    if not agent.ip:
+    ctx = {"agent": agent, "table": isolation_context(agent).table, "lines": None, "error": "", "complete": None, "removed": False}
+    if not agent.is_active:
+        ctx["removed"] = True
+    elif not agent.ip:
         ctx["error"] = "the agent has no address yet, so it has no isolation rules"
     else:
         try:
@@ -35,6 +42,8 @@ def agent_isolation(request, agent_id: str):
             else:
                 ctx["lines"] = rules.describe()
                 ctx["complete"] = rules.complete
+    if not wants_partial(request):
+        return render(request, "agents/isolation_page.html", {**ctx, "nav": "agents"})
     return render(request, "agents/detail.html#isolation", ctx)
 
 
