@@ -169,7 +169,9 @@ def _exceeds_cap_reason(cap: str, info: ScalerInfo, world: World, cpus: float, m
     if cap.endswith(".cpu"):
         asked, allowed = f"{cpus:g} cpus", f"{limit:g} cpus"
     else:
-        asked, allowed = f"{mem} bytes of memory", f"{int(limit)} bytes"
+        from agents.templatetags.kici_ui import bytes_iec
+
+        asked, allowed = f"{bytes_iec(mem)} of memory", bytes_iec(int(limit))
     return (f"request ({asked}) exceeds {cap} ({allowed}) on scaler {info.name} even with nothing else "
             "running: it can never be admitted while this cap stands")
 
