@@ -36,5 +36,6 @@ class EventType(models.TextChoices):
     CONNECTING = "agent.connecting", "connecting"
     REGISTERED = "agent.registered", "registered"
     DRAINING = "agent.draining", "draining"
+    LOST = "agent.lost", "lost"
     DESTROYED = "agent.destroyed", "destroyed"
     RELEASED = "reservation.released", "reservation released"

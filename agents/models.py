@@ -37,6 +37,10 @@ class Agent(models.Model):
     active_jobs = models.PositiveIntegerField(default=0)
     failure_reason = models.TextField(blank=True)
     backend_context = models.JSONField(default=dict, blank=True)
+    lost = models.JSONField(
+        default=dict, blank=True,
+        help_text="the lost-agents sweep's mark while this agent is lost (agents.liveness.current_mark); {} otherwise",
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     spawn_started_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(null=True, blank=True)

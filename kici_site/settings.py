@@ -152,6 +152,11 @@ KICI_NFT_TABLE = env_str("KICI_NFT_TABLE", "kici")
 KICI_NETWORK_ISOLATION = env_bool("KICI_NETWORK_ISOLATION", True)
 KICI_OPERATION_PLAN_TTL_SECONDS = env_int("KICI_OPERATION_PLAN_TTL_SECONDS", 3600, minimum=10)
 KICI_SWEEP_INTERVAL_SECONDS = env_int("KICI_SWEEP_INTERVAL_SECONDS", 900, minimum=5)
+# An agent running/draining that sent no heartbeat for this long is lost (agents.liveness); agents beat every 5 s.
+KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS = env_int("KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS", 90, minimum=10)
+# The lost-agents sweep approves by itself the release of agents whose sandbox is provably gone
+# (container exited/missing, VM or process not running); silence alone always waits for a person.
+KICI_LOST_AGENTS_AUTO_RELEASE = env_bool("KICI_LOST_AGENTS_AUTO_RELEASE", True)
 KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", False)
 # Event backend (SPEC k): HMAC key for scale-up/-down deliveries, and target names -> URLs.
 KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")

@@ -126,6 +126,42 @@ def teardown_agent(agent, reason: str) -> bool:
     return admission_teardown(agent, reason, destroy_reason="shutdown")
 
 
+def teardown_lost_agent(agent_pk: int, state: str, last_heartbeat, *, reason: str, failure_reason: str) -> tuple[str, str]:
+    """Release one lost agent (``operations.kinds.lost_agents``) → ``(TargetOutcome, detail)``.
+
+    A compare-and-swap moves the row from ``state`` with exactly ``last_heartbeat`` (a datetime or
+    None, as planned) to ``destroying``; a row that heartbeated or changed state since is left alone
+    (``skipped``, saying what it is now). Then ``scalers.admission.teardown_agent`` with
+    ``final_state=failed`` and destroy reason ``heartbeat-timeout``: the backend removes the sandbox
+    remains, the agent ends ``failed`` with ``failure_reason``, the reservation is released. A
+    destroy that raises leaves the agent ``destroying`` with its reservation (``failed``; adm's
+    sweeper retries the teardown).
+    """
+    from agents.choices import AgentState
+    from agents.models import Agent
+    from scalers.admission import teardown_agent as admission_teardown
+
+    from .choices import TargetOutcome
+
+    now = timezone.now()
+    moved = Agent.objects.filter(pk=agent_pk, state=state, last_heartbeat=last_heartbeat).update(state=AgentState.DESTROYING, updated_at=now)
+    if not moved:
+        row = Agent.objects.filter(pk=agent_pk).values("state", "last_heartbeat").first()
+        if row is None:
+            return TargetOutcome.SKIPPED, "the agent row is gone"
+        if row["last_heartbeat"] != last_heartbeat:
+            return TargetOutcome.SKIPPED, f"it heartbeated since the re-check (last heartbeat {row['last_heartbeat']}): not lost"
+        return TargetOutcome.SKIPPED, f"it is {row['state']} now, no longer {state}"
+    agent = Agent.objects.select_related("scaler").get(pk=agent_pk)
+    released = admission_teardown(
+        agent, reason, final_state=AgentState.FAILED, failure_reason=failure_reason, destroy_reason="heartbeat-timeout"
+    )
+    agent.refresh_from_db()
+    if agent.state != AgentState.FAILED:
+        return TargetOutcome.FAILED, f"the backend could not remove its remains; the agent stays {agent.state} with its reservation and the sweeper retries"
+    return TargetOutcome.DONE, "remains removed, agent failed, " + ("reservation released" if released else "it held no reservation")
+
+
 def teardown_retired_scaler(scaler, reason: str) -> str:
     """Tear down one empty retiring scaler as adm's ``retirement_sweep`` does for all of them (SPEC
     c.8): the backend's optional ``teardown()``, then a ``ScalerTeardown`` row. Refuses (ValueError)

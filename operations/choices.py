@@ -10,6 +10,7 @@ class OperationKind(models.TextChoices):
     ORPHAN_VMS = "orphan-vms", "Reap orphan VMs and chroots"
     STALE_ISOLATION_RULES = "stale-isolation-rules", "Reap stale isolation rules"
     STALE_RESERVATIONS = "stale-reservations", "Release stale reservations"
+    LOST_AGENTS = "lost-agents", "Release lost agents"
     AGENT_DRAIN = "agent-drain", "Drain agents"
     AGENT_DESTROY = "agent-destroy", "Destroy agents"
     SCALER_RETIREMENT = "scaler-retirement", "Tear down a retired scaler"

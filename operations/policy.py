@@ -2,8 +2,9 @@
 
 * ``KICI_SWEEP_<KIND>_SECONDS`` (``<KIND>`` = the kind upper-cased with ``-`` as ``_``, e.g.
   ``KICI_SWEEP_ORPHAN_CONTAINERS_SECONDS``): seconds between two sweeps of that kind for one scope;
-  ``0`` turns the sweep off; default ``settings.KICI_SWEEP_INTERVAL_SECONDS`` (900 s, the reference's
-  15-minute orphan sweep, SPEC h). Minimum 5.
+  ``0`` turns the sweep off; default the kind's own ``SWEEP_SECONDS`` when it has one (lost agents:
+  30 s), else ``settings.KICI_SWEEP_INTERVAL_SECONDS`` (900 s, the reference's 15-minute orphan
+  sweep, SPEC h). Minimum 5.
 * ``KICI_AUTO_APPROVE``: comma-separated kinds whose swept operations are approved without a person,
   e.g. ``stale-reservations,scaler-retirement``. Empty by default: nothing is reaped, released or
   retired on a guess (issue 8). Unknown kinds are refused naming the value.
@@ -46,8 +47,10 @@ def auto_approved_kinds() -> frozenset[str]:
 
 def sweep_policy(kind: str) -> SweepPolicy:
     """The policy of ``kind`` (an OperationKind value); ImproperlyConfigured names a bad variable."""
+    from .kinds import get_kind
+
     name = interval_variable(kind)
-    seconds = env_int(name, settings.KICI_SWEEP_INTERVAL_SECONDS, minimum=0)
+    seconds = env_int(name, getattr(get_kind(kind), "SWEEP_SECONDS", settings.KICI_SWEEP_INTERVAL_SECONDS), minimum=0)
     if 0 < seconds < 5:
         raise ImproperlyConfigured(f"{name}={seconds} is below the minimum 5 (0 turns the sweep off)")
     return SweepPolicy(interval_seconds=seconds, auto_approve=OperationKind(kind).value in auto_approved_kinds())

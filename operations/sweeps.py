@@ -5,7 +5,11 @@ leading console.
 * A sweep runs for one (kind, scope) at most once per its policy interval (``operations.policy``).
 * A sweep that finds nothing creates nothing.
 * No duplicate while an identical planned operation (same kind, scope and plan digest) is open.
-* A kind listed in ``KICI_AUTO_APPROVE`` is approved and enqueued by policy; others wait for a person.
+* A kind listed in ``KICI_AUTO_APPROVE`` is approved and enqueued by policy; so is an operation
+  whose kind's ``auto_approves(scope)`` says so (lost agents whose sandbox is provably gone);
+  others wait for a person.
+* A kind with ``observe(scope, plan, operation)`` is told what each sweep found, also when it found
+  nothing (lost agents mark their rows).
 * Planned operations past their TTL are marked expired; approved or running operations whose rq job
   was lost (failed, stopped or vanished) are marked failed, so nothing hangs in "running" forever.
 """
@@ -58,23 +62,33 @@ def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
             result = ""
             try:
                 plan = module.plan(scope)
+                operation = None
                 if plan.targets:
                     operation = store_plan(module.KIND, scope, plan, None, via=RequestedVia.SWEEP, now=now)
                     if operation.reused:
                         result = f"{len(plan.targets)} target(s); identical operation #{operation.pk} still open"
                     else:
                         result = f"{len(plan.targets)} target(s): operation #{operation.pk}"
-                        if policy.auto_approve:
+                        if policy.auto_approve or _kind_auto_approves(module, scope):
                             auto_approve(operation, now=now)
                             result += " (auto-approved)"
                         created.append(operation)
                 else:
                     result = f"nothing found ({len(plan.spared)} spared)"
+                observe = getattr(module, "observe", None)
+                if observe is not None:
+                    observe(scope, plan, operation)
             except Exception as exc:  # noqa: BLE001 - one scope failing must not stop the others
                 result = f"error: {type(exc).__name__}: {exc}"
                 log.warning("sweep %s failed: %s", key, exc, exc_info=True)
             SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]})
     return created
+
+
+def _kind_auto_approves(module, scope) -> bool:
+    """The kind's own per-scope auto-approve rule (``auto_approves(scope)``), False without one."""
+    decide = getattr(module, "auto_approves", None)
+    return bool(decide(scope)) if decide is not None else False
 
 
 def fail_lost_runs(now: datetime | None = None) -> list[int]:

@@ -108,8 +108,18 @@ def rest_lines(text: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+@register.filter
+def lost_mark(agent):
+    """The lost-agents sweep's mark on ``agent`` while it still holds (``agents.liveness.current_mark``:
+    ``{"lost_by", "sandbox", "reasons", "operation", "at", "heartbeat_at"}``), else None. No query."""
+    from agents.liveness import current_mark
+
+    return current_mark(agent)
+
+
 _EVENT_COLOURS = {
     "scaler.failed": "b-red",
+    "agent.lost": "b-red",
     "scaler.ready": "b-green",
     "agent.registered": "b-green",
     "agent.draining": "b-amber",

@@ -17,6 +17,7 @@ _MODULES = {
     OperationKind.ORPHAN_VMS: "orphan_vms",
     OperationKind.STALE_ISOLATION_RULES: "stale_isolation_rules",
     OperationKind.STALE_RESERVATIONS: "stale_reservations",
+    OperationKind.LOST_AGENTS: "lost_agents",
     OperationKind.AGENT_DRAIN: "agent_drain",
     OperationKind.AGENT_DESTROY: "agent_destroy",
     OperationKind.SCALER_RETIREMENT: "scaler_retirement",

@@ -77,6 +77,9 @@ def _spared_reason(summary: dict, agent, scaler_name: str) -> str:
         return f"being removed by the runtime ({state})"
     if agent is not None and agent.is_active and agent.scaler.name == scaler_name:
         registered = " and registered" if agent.registered_at else ""
+        if state not in ALIVE_STATES and agent.state in ("running", "draining"):
+            # its agent is lost: released (with this container) by a lost-agents operation
+            return f"tracked: agent {agent_id} is {agent.state}{registered}, but its container is {state or 'gone'}: see lost-agents"
         return f"tracked: agent {agent_id} is {agent.state}{registered}"
     if state in ALIVE_STATES:
         if not agent_id:

@@ -8,6 +8,9 @@ A reservation is stale when its agent
 * is still ``spawning``, never registered, and started longer ago than the stale-spawn window
   ``max(KICI_SPAWN_TIMEOUT_SECONDS, 300 s)`` (SPEC c.6), with no rq spawn job still running.
 
+An agent still ``running``/``draining`` whose sandbox is gone or that stopped heartbeating is not
+stale here but *lost*: the ``lost-agents`` kind releases it (and removes the sandbox remains).
+
 Scope: optionally one scaler (else every scaler). Everything else is left alone; a terminal agent
 whose container still runs is listed as spared with that reason. Releasing goes through
 ``scalers.admission.release`` (idempotent).

@@ -1,0 +1,222 @@
+"""Release lost agents: agents still ``running``/``draining`` whose sandbox is gone or that stopped
+heartbeating (``agents.liveness`` has the rule; issue "an agent whose container dies stays running
+forever").
+
+Such an agent keeps its reservation and its slot although nothing runs: the stale-reservations kind
+does not see it (its agent is active), and the orphan sweep spares its container (its agent is
+tracked). This kind lists each lost agent with its evidence:
+
+* ``lost_by``: ``sandbox`` (provably gone: container missing/exited/dead, VM process not running,
+  bare-metal process gone) or ``heartbeat`` (no heartbeat for longer than
+  ``KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS``, counted from the console's last boot at the earliest);
+* ``last_heartbeat`` (ISO time) and ``heartbeat_age_seconds``; the sandbox state and its detail.
+
+The run re-plans: an agent that heartbeated since the preview (``last_heartbeat`` changed), left
+running/draining, or changed ``lost_by`` is skipped with the reason. Then, per agent, a
+compare-and-swap on (state, last heartbeat) moves it to ``destroying`` (a heartbeat that lands
+between re-plan and act still skips it), ``scalers.admission.teardown_agent`` removes the sandbox
+remains through the backend (an exited container, its rules; scale-down ``heartbeat-timeout`` for
+an event agent), marks the agent ``failed`` ("lost: ...") and releases its reservation.
+
+Scope: optionally one scaler; ``params.evidence`` = ``sandbox-gone`` or ``heartbeat`` restricts the
+plan to one kind of evidence (the other kind is listed as spared). The periodic sweep plans both,
+per scaler, every ``KICI_SWEEP_LOST_AGENTS_SECONDS`` (default :data:`SWEEP_SECONDS`).
+
+Auto-approval (:func:`auto_approves`): a ``sandbox-gone`` operation is approved by the sweep itself
+unless ``KICI_LOST_AGENTS_AUTO_RELEASE=false``: its reservation is held by nothing (the container
+exited or is missing, the VM or process is not running), so waiting for a person only keeps a slot
+from other jobs; the run re-checks the evidence before acting. A ``heartbeat`` operation always
+waits for a person (unless ``lost-agents`` is listed in ``KICI_AUTO_APPROVE``): a silent agent's
+sandbox may still run a job (a network partition, a hung console), and destroying it is a guess.
+
+Every sweep also marks the lost agents it found on their rows (``Agent.lost``, shown next to the
+state on the dashboard and the agent pages, ``agents.liveness.current_mark``) and records one
+``agent.lost`` event per agent when the mark is new: lost agents are visible before anyone opens
+the operation.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.utils import timezone
+
+from agents.liveness import WATCHED_STATES, assess, heartbeat_key, heartbeat_timeout_seconds
+
+from ..adapters import age_seconds, is_registered, teardown_lost_agent
+from ..choices import OperationKind, TargetOutcome
+from .base import Plan, Scope, ScopeInvalid, Spared, Target
+
+KIND = OperationKind.LOST_AGENTS
+VOLATILE = frozenset({"heartbeat_age_seconds", "silent_seconds", "age_seconds", "sandbox", "sandbox_detail", "why"})
+ATOMIC = False
+PARAMS = ("evidence",)
+SWEPT = True
+#: Default seconds between two lost-agent sweeps of one scope (``KICI_SWEEP_LOST_AGENTS_SECONDS``):
+#: short, because a lost agent holds a slot other jobs wait for.
+SWEEP_SECONDS = 30
+
+EVIDENCE = ("sandbox-gone", "heartbeat")
+_CLASS = {"sandbox": "sandbox-gone", "heartbeat": "heartbeat"}
+ACTION = "remove remains, fail agent, release reservation"
+
+
+def validate_scope(scope: Scope) -> None:
+    evidence = scope.params.get("evidence")
+    if evidence is not None and evidence not in EVIDENCE:
+        raise ScopeInvalid("evidence", f"{evidence!r} is not one of {', '.join(EVIDENCE)}")
+
+
+def sweep_scopes() -> list[Scope]:
+    """Per scaler with a running or draining agent: one scope per kind of evidence."""
+    from agents.models import Agent
+    from scalers.models import Scaler
+
+    scaler_ids = set(Agent.objects.filter(state__in=WATCHED_STATES).values_list("scaler_id", flat=True))
+    return [Scope(scaler=s, params={"evidence": e}) for s in Scaler.objects.filter(pk__in=scaler_ids).order_by("name") for e in EVIDENCE]
+
+
+def auto_approves(scope: Scope) -> bool:
+    """Whether a swept operation of ``scope`` is approved without a person (module doc): only
+    ``sandbox-gone`` ones, unless ``KICI_LOST_AGENTS_AUTO_RELEASE`` is off."""
+    return scope.params.get("evidence") == "sandbox-gone" and bool(getattr(settings, "KICI_LOST_AGENTS_AUTO_RELEASE", True))
+
+
+def console_boot_time() -> datetime | None:
+    """When a console last booted (its latest boot recovery, SPEC c.5): heartbeats sent while it was
+    down were never heard, so silence is counted from then at the earliest."""
+    from scalers.models import RecoveryReport
+
+    return RecoveryReport.objects.filter(trigger="boot").order_by("-created_at").values_list("created_at", flat=True).first()
+
+
+def plan(scope: Scope) -> Plan:
+    from agents.models import Agent
+    from scalers.backends.sandboxes import probe_sandboxes
+
+    now = timezone.now()
+    timeout = heartbeat_timeout_seconds()
+    since = console_boot_time()
+    wanted = scope.params.get("evidence")
+    qs = Agent.objects.select_related("scaler").filter(state__in=WATCHED_STATES).order_by("created_at", "id")
+    if scope.scaler is not None:
+        qs = qs.filter(scaler=scope.scaler)
+    rows = list(qs)
+    by_scaler: dict[int, list] = {}
+    for agent in rows:
+        by_scaler.setdefault(agent.scaler_id, []).append(agent)
+    probes = {}
+    for agents in by_scaler.values():
+        probes.update(probe_sandboxes(agents[0].scaler, agents))
+    from scalers.models import Reservation
+
+    reserved = set(Reservation.objects.filter(agent__in=rows).values_list("agent_id", flat=True))
+    result = Plan(context={"rows": {}, "lost": {}})
+    result.notes.append(
+        f"an agent is lost when its sandbox is provably gone or it sent no heartbeat for {timeout}s "
+        "(KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS)" + (f", counted from the console's boot at {since:%Y-%m-%d %H:%M:%S %Z} at the earliest" if since else "")
+    )
+    for agent in rows:
+        probe = probes.get(agent.agent_id)
+        heard = agent.last_heartbeat or agent.registered_at or agent.created_at
+        verdict = assess(
+            agent.state, heard, probe.state if probe else "not probed", now=now, timeout_seconds=timeout, since=since,
+            sandbox_detail=probe.detail if probe else "", what=probe.what if probe else "sandbox",
+        )
+        evidence = {
+            "state": agent.state,
+            "registered": is_registered(agent),
+            "scaler": agent.scaler.name,
+            "lost_by": verdict.lost_by,
+            "last_heartbeat": heartbeat_key(agent.last_heartbeat),
+            "heartbeat_age_seconds": verdict.heartbeat_age_seconds,
+            "silent_seconds": verdict.silent_seconds,
+            "heartbeat_timeout_seconds": timeout,
+            "sandbox": verdict.sandbox,
+            "sandbox_gone": verdict.sandbox_gone,
+            "sandbox_detail": verdict.sandbox_detail,
+            "managed_id": agent.managed_id or None,
+            "reservation": agent.pk in reserved,
+            "bound_job": agent.bound_job_id or None,
+            "owner_instance": agent.owner_instance or None,
+            "age_seconds": age_seconds(agent.created_at, now),
+            "why": "; ".join(verdict.reasons),
+        }
+        key = f"agent:{agent.agent_id}"
+        if not verdict.lost:
+            heard_text = "never" if verdict.heartbeat_age_seconds is None else f"{verdict.heartbeat_age_seconds}s ago"
+            result.spared.append(Spared(key, agent.agent_id, f"alive: last heartbeat {heard_text}, {verdict.sandbox} {probe.what if probe else 'sandbox'}", evidence))
+            continue
+        result.context["lost"][agent.agent_id] = evidence
+        result.context["rows"][agent.agent_id] = (agent.pk, agent.state, agent.last_heartbeat)
+        if wanted is not None and _CLASS[verdict.lost_by] != wanted:
+            other = "its sandbox is provably gone" if verdict.lost_by == "sandbox" else "only its heartbeat is missing (its sandbox is not proven gone)"
+            result.spared.append(Spared(key, agent.agent_id, f"lost, but {other}: planned under evidence={_CLASS[verdict.lost_by]}", evidence))
+            continue
+        result.targets.append(Target(key, ACTION, agent.agent_id, evidence))
+    return result
+
+
+def act(run, scope, plan, targets) -> None:
+    rows = plan.context["rows"]
+    for target in targets:
+        pk, state, last_heartbeat = rows[target.subject]
+        why = target.evidence.get("why") or target.evidence.get("lost_by")
+        try:
+            outcome, detail = teardown_lost_agent(
+                pk, state, last_heartbeat,
+                reason=f"lost agent released by operation #{run.operation_id}",
+                failure_reason=f"lost ({why}); released by operation #{run.operation_id}",
+            )
+        except Exception as exc:  # noqa: BLE001 - one agent failing does not stop the others
+            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            continue
+        run.report(target.key, outcome, detail)
+
+
+def observe(scope: Scope, plan: Plan, operation=None) -> int:
+    """Mark the lost agents this sweep found on their rows and clear stale marks (module doc).
+
+    Called by the periodic sweep after it planned ``scope`` (``operation``: the operation it stored
+    or reused for this plan's targets, else None). Marks only this plan's targets (the other
+    evidence scope marks its own); clears the mark of every watched agent of the scope found not
+    lost. Records ``agent.lost`` when a mark is new or its evidence (heartbeat, lost_by) changed.
+    Returns how many agents were newly marked.
+    """
+    from agents.choices import EventType
+    from agents.events import record_event
+    from agents.models import Agent
+    from django.db import transaction
+
+    now = timezone.now()
+    lost = plan.context["lost"] if plan.context else {}
+    stale = Agent.objects.filter(state__in=WATCHED_STATES).exclude(lost={}).exclude(agent_id__in=list(lost))
+    if scope.scaler is not None:
+        stale = stale.filter(scaler=scope.scaler)
+    stale.update(lost={})
+    new = 0
+    for target in plan.targets:
+        ev = target.evidence
+        mark = {
+            "at": now.isoformat(),
+            "heartbeat_at": ev["last_heartbeat"],
+            "lost_by": ev["lost_by"],
+            "sandbox": ev["sandbox"],
+            "reasons": [r for r in (ev.get("why") or "").split("; ") if r],
+            "operation": operation.pk if operation is not None else None,
+        }
+        with transaction.atomic():
+            agent = Agent.objects.select_for_update().select_related("scaler").filter(agent_id=target.subject, state__in=WATCHED_STATES).first()
+            if agent is None or heartbeat_key(agent.last_heartbeat) != ev["last_heartbeat"]:
+                continue  # it moved on since the plan: nothing to mark
+            before = agent.lost or {}
+            if before.get("heartbeat_at") == mark["heartbeat_at"] and before.get("lost_by") == mark["lost_by"]:
+                if before.get("operation") != mark["operation"] or before.get("sandbox") != mark["sandbox"]:
+                    Agent.objects.filter(pk=agent.pk).update(lost={**mark, "at": before.get("at", mark["at"])})
+                continue
+            Agent.objects.filter(pk=agent.pk).update(lost=mark)
+            where = f"; release: operation #{mark['operation']}" if mark["operation"] else ""
+            record_event(agent, EventType.LOST, f"lost: {ev.get('why') or ev['lost_by']}{where}", payload={k: v for k, v in mark.items() if k != "at"})
+            new += 1
+    return new
