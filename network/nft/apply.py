@@ -323,15 +323,20 @@ class NftClient:
         return agents
 
     def reap_unowned_isolation_rules(
-        self, live_addresses: Iterable[IPAddress | str] | None, subnet: str | ipaddress.IPv4Network | ipaddress.IPv6Network
+        self,
+        live_addresses: Iterable[IPAddress | str] | None,
+        subnet: str | ipaddress.IPv4Network | ipaddress.IPv6Network,
+        only: Iterable[IPAddress | str] | None = None,
     ) -> list[str]:
         """Delete the rules of every agent address inside ``subnet`` that no live sandbox holds.
 
         ``live_addresses``: addresses held by live sandboxes across ALL scalers and consoles on
         this host (seed container-backend.d.ts ``isolatedNetworkAddressesInUse``), or ``None`` when
         that listing failed, in which case nothing is reaped. Addresses outside ``subnet`` (e.g.
-        172.30.0.0/16) are never touched; a failure to read the table reaps nothing. One
-        transaction for all deletions. Returns the reaped addresses as strings, sorted.
+        172.30.0.0/16) are never touched; a failure to read the table reaps nothing. ``only``:
+        when given, no address outside it is touched either (the caller's re-checked candidates,
+        so rules written after its holder listing are never reaped). One transaction for all
+        deletions. Returns the reaped addresses as strings, sorted.
         """
         if live_addresses is None:
             log.warning("reap skipped: the live address listing failed, so nothing is reaped")
@@ -343,8 +348,9 @@ class NftClient:
         except NftError as exc:
             log.warning("reap skipped: could not list table %s: %s", self.table, exc)
             return []
+        allowed = None if only is None else {ipaddress.ip_address(a) if isinstance(a, str) else a for a in only}
         stale = sorted(
-            (a for a in agents if a.version == net.version and a in net and a not in live),
+            (a for a in agents if a.version == net.version and a in net and a not in live and (allowed is None or a in allowed)),
             key=lambda a: (a.version, int(a)),
         )
         cmds: list[dict] = []

@@ -15,7 +15,9 @@ Targets:
 
 ``ATOMIC``: if the label set or any agent's rules changed since the preview, nothing is applied.
 The run writes the label set first, then each agent's rules in one nft transaction per agent and
-the agent row's stored host access (a later self-heal re-applies what is stored).
+the agent row's stored host access (a later self-heal re-applies what is stored). An agent whose
+address another sandbox holds by then (``scalers.backends.holders``) is skipped: its rules are
+keyed by that address and would replace the holder's.
 
 Note: ``scalers.yaml`` stays the source of truth on reload; the preview says so when the file's
 value differs.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from agents.choices import AgentState
 
-from ..adapters import isolation_target, nft_client, resolve_host_access
+from ..adapters import isolation_target, list_kici_containers, nft_client, resolve_host_access
 from ..choices import OperationKind, TargetOutcome
 from .base import Plan, Scope, ScopeInvalid, Spared, Target
 
@@ -148,6 +150,8 @@ def act(run, scope, plan, targets) -> None:
     from agents.models import Agent
     from scalers.models import LabelSet
 
+    from scalers.backends.holders import address_holders, address_lock
+
     new = scope.params["host_access"]
     ordered = sorted(targets, key=lambda t: not t.key.startswith("labelset:"))
     label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
@@ -171,7 +175,12 @@ def act(run, scope, plan, targets) -> None:
             table, gateway, _ = isolation_target(scaler)
             agent = Agent.objects.get(agent_id=target.subject)
             resolved = target.evidence["host_access_new"]
-            nft_client(table).apply_agent(_spec(agent, gateway, _policy(label_set), resolved))
+            with address_lock(agent.ip):
+                others = address_holders(agent.ip, exclude=(agent.agent_id, agent.managed_id), list_containers=lambda: list_kici_containers(scaler) or [])
+                if others:
+                    run.report(target.key, TargetOutcome.SKIPPED, f"address {agent.ip} is held by {', '.join(map(str, others))} now: writing this agent's rules would replace theirs")
+                    continue
+                nft_client(table).apply_agent(_spec(agent, gateway, _policy(label_set), resolved))
             Agent.objects.filter(pk=agent.pk).update(host_access=resolved, host_access_explicit=new is not None)
             run.report(target.key, TargetOutcome.DONE, f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed")
         except Exception as exc:  # noqa: BLE001

@@ -1,9 +1,9 @@
 """Reap stale isolation rules on ``kici-agent-net`` (SPEC e ``reapUnownedIsolationRules``; seed
 container-backend.d.ts; issue 4 item 5, issue 5 item 6).
 
-An agent address with rules in this console's table is stale when no ``kici-managed`` container
-on the runtime holds it (ANY scaler, ANY console: the network is shared) and no active agent row
-has it. When the runtime or the table cannot be listed, nothing is planned: reaping blind is worse
+An agent address with rules in this console's table is stale when nothing holds it
+(``scalers.backends.holders``: no ``kici-managed`` container on the runtime, of ANY scaler or
+console since the network is shared; no active agent row; no VM allocation). When the runtime or the table cannot be listed, nothing is planned: reaping blind is worse
 than leaving a stale rule. Addresses still held are listed as spared with their holders.
 
 Scope: one container scaler (its runtime and its table, ``nftTable`` else ``KICI_NFT_TABLE``); the
@@ -45,22 +45,9 @@ def sweep_scopes() -> list[Scope]:
     return scopes
 
 
-def _holders(summaries) -> dict[str, list[str]]:
-    from scalers.backends.orphans import container_addresses
-
-    holders: dict[str, list[str]] = {}
-    for s in summaries:
-        labels = s.get("Labels") or {}
-        if labels.get("kici-managed") != "true":
-            continue
-        name = ((s.get("Names") or [""])[0] or "").lstrip("/") or s["Id"][:12]
-        for address in container_addresses(s):
-            holders.setdefault(address, []).append(f"container {name} (scaler {labels.get('kici-scaler-name') or '?'})")
-    return holders
-
-
 def plan(scope: Scope) -> Plan:
     from agents.models import Agent
+    from scalers.backends.holders import read_holders
     from scalers.backends.orphans import OrphanTarget
 
     scaler = scope.scaler
@@ -79,14 +66,13 @@ def plan(scope: Scope) -> Plan:
     if with_rules is None:
         result.notes.append(f"table {table} could not be read: nothing is planned")
         return result
-    holders = _holders(summaries)
+    holders = read_holders(with_rules, containers=summaries)
     rows = {}
     for agent in Agent.objects.filter(ip__in=with_rules).order_by("created_at"):
         rows.setdefault(agent.ip, []).append(agent)
     for address in with_rules:
         agents = rows.get(address, [])
-        active = [a for a in agents if a.is_active]
-        held = holders.get(address, []) + [f"agent {a.agent_id} ({a.state})" for a in active]
+        held = [str(h) for h in holders.get(address, [])]
         last = agents[-1] if agents else None
         evidence = {
             "address": address,

@@ -63,8 +63,16 @@ class ContainerIsolation:
 
     def apply(self, address: str, policy: dict | None, host_access: Iterable[str]) -> None:
         """Write forward (gateway accept, allowlist, private drops, denyAll) and input (host access)
-        rules for one container address in one transaction. Raises ``RuleSpecError``/``NftError``."""
+        rules for one container address in one transaction. Raises ``RuleSpecError``/``NftError``.
+
+        Rules left behind for the address by a previous holder are replaced in that same
+        transaction (chains flushed and refilled, map elements re-pointed). Written under the
+        address's lock (``holders.address_lock``), so a concurrent teardown of a previous holder
+        cannot delete them between its holder check and its delete.
+        """
         from network.nft.render import AgentSpec
+
+        from .holders import address_lock
 
         policy = policy or {}
         spec = AgentSpec.build(
@@ -74,13 +82,29 @@ class ContainerIsolation:
             deny_all=bool(policy.get("denyAll", policy.get("deny_all", False))),
             host_access=list(host_access),
         )
-        self.client.apply_agent(spec)
+        with address_lock(str(spec.address)):
+            self.client.apply_agent(spec)
 
     def remove(self, address: str | None) -> bool:
-        """Delete one address's rules; a missing address or table is a no-op (False)."""
+        """Delete one address's rules unconditionally; a missing address or table is a no-op (False).
+
+        Only for an address already known to be unheld; a teardown uses :meth:`remove_unless_held`.
+        """
         if not address:
             return False
         return bool(self.client.remove_agent(address))
+
+    def remove_unless_held(
+        self, address: str | None, *, exclude: Iterable[str] = (), list_containers: Any = None, why: str = ""
+    ) -> tuple[bool, list]:
+        """Delete one address's rules unless a sandbox other than ``exclude`` holds the address now
+        (``holders.remove_unless_held``: active agent rows, kici-managed containers from
+        ``list_containers()``, VM allocations). Returns ``(removed, holders)``; ``holders`` non-empty
+        means the rules were kept. Raises ``NftError`` / database errors."""
+        from .holders import remove_unless_held
+
+        removed, held = remove_unless_held(address, self.remove, exclude=exclude, list_containers=list_containers, why=why)
+        return bool(removed), held
 
     def addresses_with_rules(self) -> list[str] | None:
         """Addresses on the isolated subnet that have rules in this table; None when unreadable."""
@@ -94,6 +118,7 @@ class ContainerIsolation:
         net = ipaddress.ip_network(ISOLATED_NETWORK_SUBNET)
         return sorted((str(a) for a in agents if a.version == 4 and a in net), key=lambda s: ipaddress.ip_address(s))
 
-    def reap(self, live_addresses: Iterable[str] | None) -> list[str]:
-        """Delete rules of addresses on 172.30.0.0/16 that no live container holds; None → nothing."""
-        return self.client.reap_unowned_isolation_rules(live_addresses, ISOLATED_NETWORK_SUBNET)
+    def reap(self, live_addresses: Iterable[str] | None, only: Iterable[str] | None = None) -> list[str]:
+        """Delete rules of addresses on 172.30.0.0/16 that no live container holds; None → nothing.
+        ``only``: consider just these addresses (the ones the caller locked and re-checked)."""
+        return self.client.reap_unowned_isolation_rules(live_addresses, ISOLATED_NETWORK_SUBNET, only=only)

@@ -12,9 +12,9 @@ planned for removal only when ALL of these hold:
 - it is not running, or it is running and its agent id is NOT registered. A running container
   without an agent id, or any running container when the registry is unwired, is spared.
 
-Rules: an address on ``kici-agent-net`` with rules in this console's table and no kici-managed
-container (of ANY scaler or console) holding it. When the runtime listing failed, no rule is
-planned.
+Rules: an address on ``kici-agent-net`` with rules in this console's table that nothing holds
+(``scalers.backends.holders``: no kici-managed container of ANY scaler or console, no active agent
+row, no VM allocation). When the runtime listing failed, no rule is planned.
 """
 
 from __future__ import annotations
@@ -81,19 +81,6 @@ def container_addresses(summary: dict) -> list[str]:
     return out
 
 
-def live_addresses(summaries: Iterable[dict]) -> set[str]:
-    """Every ``kici-agent-net`` address held by a ``kici-managed=true`` container, ANY scaler or console.
-
-    Deliberately not filtered by ``kici-scaler-name``: a neighbour is by definition stamped with
-    a name this console does not know (seed ``isolatedNetworkAddressesInUse``).
-    """
-    live: set[str] = set()
-    for s in summaries:
-        if (s.get("Labels") or {}).get("kici-managed") == "true":
-            live.update(container_addresses(s))
-    return live
-
-
 def plan_container_orphans(
     summaries: Iterable[dict],
     scaler_name: str,
@@ -140,7 +127,7 @@ def plan_container_orphans(
 
 
 def plan_rule_orphans(addresses_with_rules: Iterable[str] | None, live: set[str] | None, scaler_name: str, table: str) -> list[OrphanTarget]:
-    """Rule sets to delete: addresses with rules that no kici-managed container holds; pure.
+    """Rule sets to delete: addresses with rules that nothing in ``live`` holds; pure.
 
     ``addresses_with_rules`` None (unreadable table) or ``live`` None (runtime listing failed)
     plans nothing: reaping blind is worse than leaving a stale rule (seed container-backend.d.ts).

@@ -34,7 +34,7 @@ Modules: :mod:`~scalers.backends.container.backend` (:class:`ContainerBackend`, 
 from ..docker_net import ISOLATED_NETWORK_GATEWAY
 from ..failure import CAPTURED_LINES, failure_detail
 from .backend import STOP_TIMEOUT_SECONDS, ContainerBackend
-from .registry import REGISTRY, db_registered_ids, db_tracked_ids, tracked_addresses
+from .registry import REGISTRY, db_registered_ids, db_tracked_ids
 from .sweep import ORPHAN_STOP_TIMEOUT_SECONDS
 
 __all__ = ["ContainerBackend", "failure_detail", "ISOLATED_NETWORK_GATEWAY"]

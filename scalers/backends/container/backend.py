@@ -115,6 +115,9 @@ class ContainerBackend(SpawnMixin, SweepMixin):
     def destroy(self, agent, reason: str = "shutdown") -> None:
         """Remove rules, ``stop(t=10)``, ``remove(force)`` (SPEC (e) Destroy, CTR-19).
 
+        The rules go only while no other sandbox holds the agent's address: a dead agent's
+        address may already belong to a new container, whose rules share the address key
+        (``holders.remove_unless_held``; the agent and its own container are left out).
         Idempotent: an unknown id or an already-removed container is not an error.
         """
         container_id = agent.managed_id or self._find_container(agent.agent_id)
@@ -122,7 +125,7 @@ class ContainerBackend(SpawnMixin, SweepMixin):
         if container_id and not address and self.network_isolation:
             address = container_network_ip(self.docker, container_id)
         if address and self.network_isolation:
-            self.isolation.remove(address)
+            self._remove_rules_unless_held(address, (agent.agent_id, container_id or ""), f"destroy of {agent.agent_id}")
         if not container_id:
             return
         try:

@@ -25,9 +25,3 @@ def db_registered_ids(agent_ids: list[str]) -> set[str]:
         ).values_list("agent_id", flat=True)
     )
 
-
-def tracked_addresses() -> set[str]:
-    """Addresses of every active agent row (any scaler): live even before the runtime lists them."""
-    from agents.models import Agent
-
-    return {ip for ip in Agent.objects.active().exclude(ip=None).values_list("ip", flat=True) if ip}

@@ -150,7 +150,7 @@ class SpawnMixin:
             if base_timeout is not None:
                 self.api.timeout = base_timeout
             captured = self._captured_output(container_id) if started else []
-            self._cleanup_failed_spawn(container_id, address)
+            self._cleanup_failed_spawn(container_id, address, agent.agent_id)
             try:
                 revoke_agent_tokens(agent)
             except Exception:  # noqa: BLE001 - best effort
@@ -177,8 +177,8 @@ class SpawnMixin:
         """Last 50 output lines of the agent's container (for a ``scaler.failed`` detail); [] if none."""
         return self._captured_output(agent.managed_id or self._find_container(agent.agent_id))
 
-    def _cleanup_failed_spawn(self, container_id: str | None, address: str | None) -> None:
-        if address:
-            self._remove_rules_quietly(address)  # keep cleaning; the rule reaper is the backstop
+    def _cleanup_failed_spawn(self, container_id: str | None, address: str | None, agent_id: str = "") -> None:
+        if address:  # only while no other sandbox holds it; keep cleaning, the rule reaper is the backstop
+            self._remove_rules_quietly(address, (agent_id, container_id or ""), f"failed spawn of {agent_id}")
         if container_id:
             self._remove_container(container_id)

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from docker.errors import APIError, NotFound
 
 from ..docker_net import ISOLATED_NETWORK_NAME
-from ..orphans import ALIVE_STATES, OrphanTarget, container_addresses, live_addresses, plan_container_orphans, plan_rule_orphans
-from .registry import REGISTRY, db_registered_ids, tracked_addresses
+from ..holders import address_lock, read_holders
+from ..orphans import ALIVE_STATES, OrphanTarget, container_addresses, plan_container_orphans, plan_rule_orphans
+from .registry import REGISTRY, db_registered_ids
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class SweepMixin:
             if labels.get("kici-scaler-name") != self.scaler.name or labels.get("kici-agent-id") != agent_id:
                 continue
             for address in self._addresses(summary):
-                self._remove_rules_quietly(address)
+                self._remove_rules_quietly(address, (summary["Id"], agent_id), f"refused registration of {agent_id}")
             removed = self._remove_container(summary["Id"]) or removed
         return removed
 
@@ -83,7 +84,7 @@ class SweepMixin:
         return plan
 
     def plan_rule_orphans(self, summaries: list[dict] | None = None) -> list[OrphanTarget]:
-        """Rule sets on ``kici-agent-net`` addresses that no kici-managed container holds.
+        """Rule sets on ``kici-agent-net`` addresses that nothing holds (``scalers.backends.holders``).
 
         ``summaries``: a listing already made, else one is made; a failed listing plans nothing.
         """
@@ -93,7 +94,7 @@ class SweepMixin:
             except Exception:  # noqa: BLE001
                 log.warning("rule reap skipped: the runtime could not be listed", exc_info=True)
                 return []
-        live = live_addresses(summaries) | tracked_addresses()
+        live = set(read_holders(containers=summaries))
         return plan_rule_orphans(self.isolation.addresses_with_rules(), live, self.scaler.name, self.isolation.table)
 
     def apply_orphans(self, plan: list[OrphanTarget]) -> int:
@@ -101,8 +102,9 @@ class SweepMixin:
 
         A container is removed only if it still carries this scaler's name and the same agent
         id, that id is still untracked, and (when alive) still unregistered; one that vanished
-        meanwhile is skipped without error. A rule set is deleted only if no kici-managed
-        container holds its address now (a fresh listing; a failed listing deletes none).
+        meanwhile is skipped without error. A rule set is deleted only if nothing holds its
+        address now (``holders.remove_unless_held``: a fresh listing under the address's lock; a
+        failed listing deletes none).
         """
         count = 0
         tracked = self._tracked_ids()
@@ -110,21 +112,10 @@ class SweepMixin:
             if target.scaler != self.scaler.name:
                 continue
             count += self._apply_container_target(target, tracked)
-        rule_targets = [t for t in plan if t.kind == "rule"]
-        if rule_targets and self.network_isolation:
-            try:
-                live = live_addresses(self.list_managed()) | tracked_addresses()
-            except Exception:  # noqa: BLE001
-                log.warning("rule reap skipped: the runtime could not be listed", exc_info=True)
-                return count
-            for target in rule_targets:
-                if target.target in live:
-                    continue
-                try:
-                    if self.isolation.remove(target.target):
-                        count += 1
-                except Exception:  # noqa: BLE001
-                    log.warning("could not remove rules for %s", target.target, exc_info=True)
+        if self.network_isolation:
+            for target in (t for t in plan if t.kind == "rule"):
+                if self._remove_rules_quietly(target.target, (), "stale rule set"):
+                    count += 1
         return count
 
     def _apply_container_target(self, target: OrphanTarget, tracked: set[str]) -> int:
@@ -164,33 +155,52 @@ class SweepMixin:
             log.warning("could not remove orphan %s", target.target[:12], exc_info=True)
             return 0
         for address in addresses:
-            self._remove_rules_quietly(address)
+            self._remove_rules_quietly(address, (target.target, agent_id), f"orphan container {target.target[:12]}")
         return 1 if removed else 0
 
     def _addresses(self, summary: dict) -> list[str]:
         return container_addresses(summary)
 
-    def _remove_rules_quietly(self, address: str) -> None:
+    def _remove_rules_unless_held(self, address: str, exclude, why: str) -> bool:
+        """Delete ``address``'s rules unless a sandbox other than ``exclude`` (ids of the one
+        going away) holds it now: any active agent row, any kici-managed container on this
+        runtime, any VM allocation (``scalers.backends.holders``). True when deleted."""
+        removed, _ = self.isolation.remove_unless_held(address, exclude=exclude, list_containers=self.list_managed, why=why)
+        return removed
+
+    def _remove_rules_quietly(self, address: str, exclude=(), why: str = "") -> bool:
+        """:meth:`_remove_rules_unless_held`, logging instead of raising (the reaper is the backstop)."""
         if not self.network_isolation:
-            return
+            return False
         try:
-            self.isolation.remove(address)
+            return self._remove_rules_unless_held(address, exclude, why)
         except Exception:  # noqa: BLE001
             log.warning("could not remove rules for %s", address, exc_info=True)
+            return False
 
     def cleanup_orphans(self) -> int:
         """``apply_orphans(plan_orphans())`` (SPEC (e) ``cleanupOrphans``): containers + rule sets removed."""
         return self.apply_orphans(self.plan_orphans())
 
     def reap_unowned_isolation_rules(self) -> int:
-        """Delete rules for ``kici-agent-net`` addresses no kici-managed container holds (ALL
-        scalers and consoles); reaps nothing when the runtime cannot be listed. Returns the count."""
+        """Delete rules for ``kici-agent-net`` addresses nothing holds (``holders``: kici-managed
+        containers of ALL scalers and consoles, active agent rows, VM allocations); reaps nothing
+        when the runtime or the table cannot be listed. The candidates are locked and re-checked
+        with a fresh listing before one nft transaction deletes them. Returns the count."""
         if not self.network_isolation:
             return 0
         try:
-            live = live_addresses(self.list_managed())
+            live = set(read_holders(containers=self.list_managed()))
         except Exception:  # noqa: BLE001
             log.warning("rule reap skipped: the runtime could not be listed", exc_info=True)
             return 0
-        live |= tracked_addresses()
-        return len(self.isolation.reap(live))
+        candidates = [a for a in (self.isolation.addresses_with_rules() or []) if a not in live]
+        if not candidates:
+            return 0
+        with address_lock(*candidates):
+            try:
+                held = read_holders(candidates, list_containers=self.list_managed)
+            except Exception:  # noqa: BLE001
+                log.warning("rule reap skipped: the holders could not be re-read", exc_info=True)
+                return 0
+            return len(self.isolation.reap({a for a, h in held.items() if h}, only=candidates))

@@ -23,6 +23,7 @@ from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.render import AgentSpec
 
+from ..holders import address_lock
 from . import jail
 from .api import FirecrackerApi
 from .cancel import CancelSignal
@@ -267,7 +268,8 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
         netlink.create_tap(vm.tap, s.bridge_name, isolated=True, netns=s.netns)
         vm.tap_created = True
         self._emit(aid, NETWORK, f"allocating IP {vm.ip}")
-        self.nft.apply_agent(self.rule_spec(vm.ip, ls, vm.host_access))
+        with address_lock(vm.ip):  # not between a teardown's holder check and its delete
+            self.nft.apply_agent(self.rule_spec(vm.ip, ls, vm.host_access))
         self._check(vm)
         vcpus, mib = jail.resolve_vm_shape(limits, ls, s.scaler_shape())
         config = jail.build_vm_config(

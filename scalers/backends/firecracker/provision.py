@@ -74,12 +74,28 @@ def ensure_host_ready(backend: Any) -> bool:
 
 def reapply_isolation_for_tracked_vms(backend: Any) -> int:
     """Re-write the rules of every VM this process tracks that has an IP, in one transaction
-    (idempotent: each agent's chains are flushed and refilled). Returns how many VMs."""
+    (idempotent: each agent's chains are flushed and refilled). Returns how many VMs.
+
+    A VM whose address another sandbox holds now (another allocation row or active agent row:
+    ``scalers.backends.holders``) is skipped with a warning: writing its policy would replace the
+    holder's rules. The addresses are locked while they are checked and written.
+    """
+    from ..holders import address_lock, other_holders, read_holders
+
     s = backend.settings
-    specs = []
+    vms = []
     for agent_id in sorted(backend.tracked_ids()):
         vm = backend.get(agent_id)
         if vm is not None and vm.ip and not vm.abandoned:
+            vms.append(vm)
+    with address_lock(*(vm.ip for vm in vms)):
+        held = read_holders([vm.ip for vm in vms], allocations=backend._allocation_rows) if vms else {}
+        specs = []
+        for vm in vms:
+            others = other_holders(held.get(str(vm.ip), []), (vm.agent_id,))
+            if others:
+                log.warning("rules of %s not re-applied for %s: the address is held by %s", vm.ip, vm.agent_id, ", ".join(map(str, others)))
+                continue
             specs.append(backend.rule_spec(vm.ip, vm.label_set, vm.host_access))
-    backend.nft.self_heal(specs, guard_interfaces=[s.bridge_name])
+        backend.nft.self_heal(specs, guard_interfaces=[s.bridge_name])
     return len(specs)

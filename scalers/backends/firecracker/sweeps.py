@@ -124,7 +124,8 @@ class SweepMixin:
         elif target.kind == "tap":
             netlink.delete_link(target.tap, netns=s.netns)
         elif target.kind == "rules":
-            self.nft.remove_agent(target.ip)
+            if not self._remove_rules_unless_held(target.agent_id, target.ip, f"orphan rules of {target.agent_id}"):
+                raise RuntimeError(f"the address {target.ip} is held again: its rules were kept")
 
     def apply_orphans(self, plan: Iterable[OrphanTarget]) -> OrphanReport:
         """Apply a plan from :meth:`plan_orphans` (re-checking each target)."""

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from network import netlink
 
+from ..holders import remove_unless_held
 from . import jail
 from .api import FirecrackerApi
 from .failure import read_failure_type
@@ -79,11 +80,24 @@ class TeardownMixin:
             jailer.kill()  # our own child: its identity is certain
             jailer.wait(5)
 
+    def _allocation_rows(self) -> list[tuple[str, str, str]]:
+        """``(ip, vm_id, scaler_name)`` of every address allocation (any scaler), from this backend's allocator."""
+        return [(str(r.ip), r.vm_id, r.scaler_name) for r in self.ip_allocator.allocations()]
+
+    def _remove_rules_unless_held(self, agent_id: str | None, ip: str, why: str) -> bool:
+        """Delete ``ip``'s rules unless a sandbox other than VM ``agent_id`` holds it now (another
+        allocation row, an active agent row: ``scalers.backends.holders``). True when deleted."""
+        _, held = remove_unless_held(
+            ip, self.nft.remove_agent, exclude=(agent_id or "",), allocations=self._allocation_rows, why=why
+        )
+        return not held
+
     def _teardown(self, agent_id: str, ip: str | None, tap: str | None, release: bool) -> None:
-        """Remove a VM's rules, TAP and (when ``release``) its IP row; each step logs and goes on."""
+        """Remove a VM's rules (only while no other sandbox holds its address), TAP and (when
+        ``release``) its IP row; each step logs and goes on."""
         steps: list[tuple[str, Callable[[], Any]]] = []
         if ip:
-            steps.append(("rules", lambda: self.nft.remove_agent(ip)))
+            steps.append(("rules", lambda: self._remove_rules_unless_held(agent_id, ip, f"teardown of {agent_id}")))
         if tap:
             steps.append(("tap", lambda: netlink.delete_link(tap, netns=self.settings.netns)))
         if release:
