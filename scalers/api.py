@@ -13,6 +13,10 @@ Errors have the one ``/api/v1`` shape (``kici_site.errors.api_error``)
 stay at the top level where issue 2 puts them:
 
 * 409 ``{reason: "at-capacity", cap, scaler}``: a cap refused; the job should wait.
+* 422 ``{reason: "exceeds-cap", cap, scaler, detail}``: the request alone is larger than resource
+  cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
+  retrying cannot help (nothing is reserved; the request is recorded with that outcome). The
+  reference answers this shape at-capacity, which makes an orchestrator retry forever.
 * 422 ``{reason: "no-matching-label-set", labels}``.
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
@@ -125,6 +129,8 @@ async def scale(request):
         )
     if decision.action == "at-capacity":
         return _error(409, "at-capacity", decision.reason, cap=decision.cap, scaler=decision.scaler)
+    if decision.action == "exceeds-cap":
+        return _error(422, "exceeds-cap", decision.reason, cap=decision.cap, scaler=decision.scaler, detail=decision.reason)
     if decision.action == "no-backend":
         return _error(422, "no-matching-label-set", f"no label set of any scaler matches {list(data.labels)}", labels=list(data.labels))
     return _error(503, "skipped", decision.reason)

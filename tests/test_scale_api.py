@@ -63,12 +63,29 @@ def test_it_answers_422_when_no_label_set_matches():
     assert_nothing_written()
 
 
-def test_it_refuses_resources_over_every_cap_with_a_reason():
+def test_it_refuses_resources_over_a_cap_for_good_with_422_exceeds_cap():
     make_scaler("c", cpu=4)
     r = post(Client(), {"labels": ["linux"], "jobId": "j1", "resources": {"cpus": 64}})
-    assert r.status_code == 409 and r.json()["cap"] == "resourceCap.cpu"
-    assert "even with nothing else running" in r.json()["error"]["message"]
+    assert r.status_code == 422, r.content
+    body = r.json()
+    assert (body["reason"], body["cap"], body["scaler"]) == ("exceeds-cap", "resourceCap.cpu", "c")
+    assert "even with nothing else running" in body["detail"] and "can never be admitted" in body["detail"]
+    assert body["error"]["code"] == "exceeds-cap"
     assert_nothing_written()
+    assert ScaleRequest.objects.get(job_id="j1").outcome == "exceeds-cap"
+
+
+def test_a_request_larger_than_the_global_cap_is_422_even_while_the_console_is_full():
+    from tests.admission_support import set_global
+
+    set_global(max_agents=1, cpu=4)
+    make_scaler("c", max_agents=5)
+    assert post(Client(), {"labels": ["linux"], "jobId": "small", "resources": {"cpus": 1}}).status_code == 201
+    full = post(Client(), {"labels": ["linux"], "jobId": "fits-later", "resources": {"cpus": 1}})
+    assert full.status_code == 409 and full.json()["cap"] == "globalMaxAgents"
+    never = post(Client(), {"labels": ["linux"], "jobId": "too-big", "resources": {"cpus": 5}})
+    assert never.status_code == 422 and never.json()["cap"] == "globalResourceCap.cpu"
+    assert Reservation.objects.count() == 1
 
 
 @pytest.mark.parametrize(
