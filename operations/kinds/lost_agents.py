@@ -63,6 +63,7 @@ ACTION = "remove remains, fail agent, release reservation"
 
 
 def validate_scope(scope: Scope) -> None:
+    """ScopeInvalid naming ``evidence`` unless it is absent, ``sandbox-gone`` or ``heartbeat``."""
     evidence = scope.params.get("evidence")
     if evidence is not None and evidence not in EVIDENCE:
         raise ScopeInvalid("evidence", f"{evidence!r} is not one of {', '.join(EVIDENCE)}")
@@ -92,6 +93,11 @@ def console_boot_time() -> datetime | None:
 
 
 def plan(scope: Scope) -> Plan:
+    """Every running/draining agent of the scope, probed (one runtime listing per scaler): lost ones
+    are targets (``agent:<id>``, evidence as in the module doc), live ones and lost ones of the other
+    ``evidence`` are spared with the reason. ``context``: ``rows`` (agent id → (pk, state, last
+    heartbeat datetime) for the run's compare-and-swap) and ``lost`` (agent id → evidence, all
+    evidence kinds, for :func:`observe`)."""
     from agents.models import Agent
     from scalers.backends.sandboxes import probe_sandboxes
 
@@ -159,6 +165,8 @@ def plan(scope: Scope) -> Plan:
 
 
 def act(run, scope, plan, targets) -> None:
+    """Release each re-checked target through ``operations.adapters.teardown_lost_agent`` (which
+    skips an agent whose state or last heartbeat moved since the re-plan) and report the outcome."""
     rows = plan.context["rows"]
     for target in targets:
         pk, state, last_heartbeat = rows[target.subject]
