@@ -16,6 +16,8 @@ Exported:
   ``kici_orch_scaler_warm_pool_spawns_total`` / ``_reaped_total`` ``{scaler}``.
 * ``kici_orch_scaler_spawn_failures_total{backend, bound}``: ``scaler.failed`` events stored.
 * ``kici_orch_scaler_cap_lock_failures_total{reason}``: in-process (contended / unreachable).
+* ``kici_scaler_lost_agents{scaler, lostBy}``: running/draining agents the last lost-agents sweep
+  marked lost (``sandbox`` or ``heartbeat`` evidence; ``agents.liveness``), not yet released.
 * ``kici_scaler_reservations{scaler}``, ``kici_scaler_agents{scaler, state}``,
   ``kici_scaler_admission_batch_size`` (in-process histogram).
 """
@@ -122,7 +124,14 @@ class DatabaseCollector:
             )
             for name, state, n in cur.fetchall():
                 agents.add_metric([name, state], n)
-        yield from (cpus, mem, res, agents)
+            lost = GaugeMetricFamily("kici_scaler_lost_agents", "Running or draining agents marked lost, by evidence.", labels=["scaler", "lostBy"])
+            cur.execute(
+                "SELECT s.name, a.lost->>'lost_by', count(*) FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id "
+                "WHERE a.state IN ('running', 'draining') AND a.lost <> '{}'::jsonb GROUP BY 1, 2 ORDER BY 1, 2"
+            )
+            for name, lost_by, n in cur.fetchall():
+                lost.add_metric([name, lost_by or "unknown"], n)
+        yield from (cpus, mem, res, agents, lost)
 
     def _warm_pools(self):
         from scalers.warm_pools import pool_status
