@@ -61,7 +61,8 @@ def _value(name: str, value) -> str:
 #: evidence fields shown first, in this order (JSONB does not keep a dict's order); the rest follow
 #: alphabetically
 _FIRST = (
-    "why", "agent_id", "agent_state", "agent_row", "state", "container", "container_state", "status", "registered",
+    "why", "agent_id", "agent_state", "agent_row", "state", "lost_by", "sandbox", "sandbox_detail", "last_heartbeat",
+    "heartbeat_age_seconds", "container", "container_state", "status", "registered",
     "tracked", "pid_probe", "address", "addresses", "ip", "address_holders", "owner_instance", "age_seconds",
 )  # fmt: skip
 
