@@ -1,14 +1,16 @@
-"""The agent page's live isolation self-test: from an Agent row to helper "net"'s canary probes.
+"""The agent page's live isolation self-test: from an Agent row to ``network.selftest``.
 
 ``network.selftest.run_isolation_selftest`` probes from inside a network namespace; this module
 finds the agent's namespace, rebuilds its rule spec from what is stored (address, resolved host
 access, the label set's allowlist/denyAll), picks the canaries with
-``network.selftest.default_selftest_targets`` (each host-access entry expected reachable; other host
-ports, other agents and the metadata address expected blocked) and returns the results.
+``network.selftest.default_selftest_targets``, reads the agent's rules and the table's address sets
+back from the kernel, sets up the route guard (``network.probe_guard``: the bridge is the interface
+holding the gateway address) and returns the results.
 
-Only the metadata address and addresses of this console's own agents are probed: no RFC1918
-canaries outside what the console owns, so a broken firewall cannot send a probe off the machine
-to someone else's network.
+No packet can leave this machine (issue 8): real packets go only to the host's own addresses and
+to other agents on the same bridge, each after a route check; RFC1918, the metadata service and
+public addresses are verified from the rules in force and shown as "blocked by rule (verified,
+not probed)".
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ class SelftestUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class IsolationContext:
-    """Where an agent's rules live: nft ``table``, bridge ``gateway`` (SPEC g.3, a.9)."""
+    """Where an agent's rules live: nft ``table``, bridge ``gateway`` (SPEC g.3, a.9), and the
+    host network namespace holding the bridge and the table (``netns``; None: this process's)."""
 
     table: str
     gateway: str
+    netns: str | None = None
 
 
 def isolation_context(agent: Agent) -> IsolationContext:
@@ -43,7 +47,8 @@ def isolation_context(agent: Agent) -> IsolationContext:
         from scalers.models import ConfigState
 
         block = ConfigState.load().firecracker or {}
-        return IsolationContext(str(block.get("table") or "kici"), str(block.get("gateway") or "10.0.0.1"))
+        netns = getattr(settings, "KICI_FIRECRACKER_NETNS", None) or None
+        return IsolationContext(str(block.get("table") or "kici"), str(block.get("gateway") or "10.0.0.1"), netns)
     try:
         from scalers.backends.isolation import nft_table_for
 
@@ -92,9 +97,14 @@ def agent_spec(agent: Agent, gateway: str):
 
 
 def run_agent_selftest(agent: Agent, *, timeout: float = 1.0) -> list:
-    """Probe from inside ``agent``'s namespace; returns ``network.selftest.ProbeResult`` rows in
-    target order. Raises :class:`SelftestUnavailable` (no namespace, no address) or what
-    ``run_isolation_selftest`` raises (``RuntimeError`` when the namespace cannot be joined)."""
+    """Run the self-test for ``agent``; returns ``network.selftest.ProbeResult`` rows in target
+    order. Raises :class:`SelftestUnavailable` (no namespace, no address, no interface holds the
+    gateway, the rules cannot be read) or what ``run_isolation_selftest`` raises
+    (``RuntimeError`` when the namespace cannot be joined)."""
+    import ipaddress
+
+    from network.nft.apply import NftClient, NftError
+    from network.probe_guard import ProbeGuard, ProbeGuardError
     from network.selftest import default_selftest_targets, run_isolation_selftest
 
     if not agent.ip:
@@ -107,4 +117,15 @@ def run_agent_selftest(agent: Agent, *, timeout: float = 1.0) -> list:
         .values_list("ip", flat=True)[:OTHER_AGENT_SAMPLE]
     )
     targets = default_selftest_targets(spec, other_agents=others)
-    return run_isolation_selftest(agent_namespace(agent), targets, timeout=timeout)
+    namespace = agent_namespace(agent)
+    try:
+        guard = ProbeGuard.for_gateway(agent.ip, ctx.gateway, ctx.netns)
+    except ProbeGuardError as exc:
+        raise SelftestUnavailable(f"no probe is sent without a route check, and it cannot be set up: {exc}") from None
+    client = NftClient(ctx.table, netns=ctx.netns)
+    try:
+        rules = client.list_agents().get(ipaddress.ip_address(agent.ip))
+        sets = client.list_address_sets()
+    except NftError as exc:
+        raise SelftestUnavailable(f"could not read table inet {ctx.table}: {exc}") from None
+    return run_isolation_selftest(namespace, targets, timeout=timeout, guard=guard, rules=rules, sets=sets)

@@ -1,16 +1,30 @@
-"""Live isolation self-test: canary connections from inside an agent's network namespace
-(issue 5 item 7, the agent page's "self-test" button).
+"""Live isolation self-test: does an agent's isolation hold? (issue 5 item 7, the agent page's
+"self-test" button; issue 8: without sending anything that could leave this machine).
 
-Sockets are created on a thread that joined the agent's namespace with ``setns`` (from a named
-namespace or from ``/proc/<pid>/ns/net`` of any process inside the sandbox, e.g. a container's
-init), so the probes leave from the agent's own interface with the agent's own address and hit the
-same rules its traffic does. Every probe has a timeout; probes run in parallel; the number of
-targets is capped. Needs CAP_SYS_ADMIN (setns) — the console's network worker runs as root.
+Two kinds of evidence, per target:
 
-Reading a result: ``open`` (handshake completed) and ``refused`` (the host answered with a reset
-or an ICMP port-unreachable) both mean packets got through the firewall; ``filtered`` (silence
-until the timeout) and ``unreachable`` (no route / ICMP unreachable) mean they did not. A target
-expected blocked that answers ``refused`` is a FAIL: the port is merely closed, not isolated.
+* **Probed** (real packets): only destinations whose route ends on this machine, as the
+  :class:`~network.probe_guard.ProbeGuard` finds before each probe: the host's own addresses (the
+  bridge gateway's ports, host-access entries on host addresses) and other agents on the same
+  bridge. Sockets are created on a thread that joined the agent's namespace with ``setns`` (a
+  named namespace or ``/proc/<pid>/ns/net`` of a process in the sandbox, e.g. a container's init),
+  so the probes leave from the agent's own interface with its own address and meet the same rules
+  its traffic does. Every probe has a timeout; probes run in parallel; the number of targets is
+  capped. Needs CAP_SYS_ADMIN (setns): the console's worker runs as root.
+* **Verified from the rules, not probed**: RFC1918, the metadata service, public addresses, and
+  any probe target the route check refuses. The agent's chain is read back from the kernel
+  (``NftClient.list_agents`` / ``list_address_sets``) and evaluated for that packet
+  (``network.nft.verdict``): "blocked by rule (verified, not probed)" means the address is in the
+  verdict map pointing at its chain and that chain's first deciding rule drops it (nothing earlier
+  accepts it). The chain is the forward chain, or the input chain when the destination is a host
+  address.
+
+Reading a probe: ``open`` (handshake completed) and ``refused`` (the host answered with a reset or
+an ICMP port-unreachable) both mean packets got through the firewall; ``filtered`` (silence until
+the timeout) and ``unreachable`` (no route / ICMP unreachable) mean they did not. A target expected
+blocked that answers ``refused`` is a FAIL: the port is merely closed, not isolated. Rule states:
+``blocked-by-rule``, ``allowed-by-rule``, ``unverified`` (no rules in force, the address not
+mapped, or a rule that cannot be read: a FAIL for a target expected blocked).
 """
 
 from __future__ import annotations
@@ -22,31 +36,51 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from network.nft.render import PRIVATE_DROPS, AgentSpec
+from network.nft.verdict import Packet, chain_verdict
+
+if TYPE_CHECKING:
+    from network.nft.apply import AgentRules
+    from network.probe_guard import ProbeGuard
 
 MAX_TARGETS = 64
 DEFAULT_TIMEOUT = 1.0  # seconds per probe
 DEFAULT_HOST_SAMPLE_PORTS = (22, 80, 443, 2375, 5432, 6379, 8080)
 METADATA = "169.254.169.254"
+#: One canary per RFC1918 range, at addresses unlikely to be a host's own (verified, never probed).
+DEFAULT_PRIVATE_CANARIES = (("10.255.255.254", 80), ("172.31.255.254", 80), ("192.168.255.254", 80))
+#: A public destination (TEST-NET-3: it is never contacted, only judged by the rules).
+DEFAULT_PUBLIC_CANARY = ("203.0.113.10", 443)
 
-State = Literal["open", "refused", "filtered", "unreachable", "no-reply", "error"]
+State = Literal[
+    "open", "refused", "filtered", "unreachable", "no-reply", "error", "blocked-by-rule", "allowed-by-rule", "unverified"
+]
+#: Human wording of the rule-verified states, for the reachability table.
+RULE_STATE_TEXT = {
+    "blocked-by-rule": "blocked by rule (verified, not probed)",
+    "allowed-by-rule": "allowed by rule (verified, not probed)",
+    "unverified": "not verified (not probed)",
+}
 
 
 @dataclass(frozen=True)
 class ProbeTarget:
     """One canary: ``proto`` ``tcp``/``udp``, ``host`` (an address literal, never a name),
-    ``port``, ``expect_reachable``, and a ``label`` saying why it is probed."""
+    ``port``, ``expect_reachable``, a ``label`` saying why it is there, and ``mode``: ``probe``
+    (send packets when the route check allows, else verify from the rules) or ``rule`` (never
+    send a packet: verify from the rules)."""
 
     proto: str
     host: str
     port: int
     expect_reachable: bool
     label: str = ""
+    mode: str = "probe"
 
     def __post_init__(self):
         if self.proto not in ("tcp", "udp"):
@@ -54,6 +88,8 @@ class ProbeTarget:
         ipaddress.ip_address(self.host)  # raises ValueError naming the value
         if not 1 <= int(self.port) <= 65535:
             raise ValueError(f"probe port {self.port!r} is outside 1-65535")
+        if self.mode not in ("probe", "rule"):
+            raise ValueError(f"probe mode {self.mode!r} must be probe or rule")
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -62,14 +98,21 @@ class ProbeTarget:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """``state`` as in the module doc; ``passed``: matches the expectation (None when a UDP probe
-    cannot tell); ``elapsed_s`` seconds; ``detail`` the errno text or note."""
+    """``state`` as in the module doc; ``passed``: matches the expectation (None when it cannot
+    tell); ``elapsed_s`` seconds; ``detail`` the errno text, the deciding rule, or a note.
+    ``probed``: whether packets were sent for it."""
 
     target: ProbeTarget
     state: State
     passed: bool | None
     elapsed_s: float
     detail: str = ""
+    probed: bool = True
+
+    @property
+    def observed(self) -> str:
+        """``state`` in words (``blocked by rule (verified, not probed)`` for rule states)."""
+        return RULE_STATE_TEXT.get(self.state, self.state)
 
 
 def _netns_path(netns_or_pid: str | int) -> str:
@@ -156,44 +199,114 @@ def _probe(sock: socket.socket, target: ProbeTarget, timeout: float) -> ProbeRes
     return ProbeResult(target, state, passed, round(elapsed, 4), detail)
 
 
+def verify_by_rules(
+    target: ProbeTarget,
+    rules: AgentRules | None,
+    sets: Mapping[str, Iterable] | None,
+    *,
+    host_local: bool = False,
+    note: str = "",
+) -> ProbeResult:
+    """Judge ``target`` from the agent's rules read back from the kernel; no packet is sent.
+
+    ``rules``: the agent's :class:`~network.nft.apply.AgentRules` (None: it has none in force).
+    ``sets``: the table's address sets (``NftClient.list_address_sets``). ``host_local``: the
+    destination is a host address, so the input chain applies, else the forward chain. ``note``:
+    why it was not probed (the route check's answer), prefixed to the detail. Blocked means: the
+    address is in the chain's verdict map and the chain's first deciding rule drops it.
+    """
+    start = time.monotonic()
+    chain_name = "input" if host_local else "forward"
+    prefix = f"{note}; " if note else ""
+    state: State
+    if rules is None:
+        state, detail = "unverified", "no isolation rules are in force for this agent"
+    elif not (rules.mapped_input if host_local else rules.mapped_forward):
+        state, detail = "unverified", f"the agent's address is not in the {chain_name} verdict map: its {chain_name} rules are not in force"
+    else:
+        pkt = Packet(ipaddress.ip_address(target.host), target.proto, target.port)
+        verdict = chain_verdict(rules.input if host_local else rules.forward, pkt, sets or {})
+        if verdict.verdict == "unknown":
+            state, detail = "unverified", f"{chain_name} rule {verdict.index + 1} cannot be read: {verdict.rule}"
+        elif verdict.blocks:
+            state, detail = "blocked-by-rule", f"{chain_name} rule {verdict.index + 1}: {verdict.rule}"
+        elif verdict.verdict == "accept":
+            state, detail = "allowed-by-rule", f"{chain_name} rule {verdict.index + 1}: {verdict.rule}"
+        else:
+            state, detail = "allowed-by-rule", f"no {chain_name} rule decides it: the hook's accept policy passes it"
+    if state == "unverified":
+        passed = None if target.expect_reachable else False
+    else:
+        passed = (state == "allowed-by-rule") == target.expect_reachable
+    return ProbeResult(target, state, passed, round(time.monotonic() - start, 4), prefix + detail, probed=False)
+
+
 def run_isolation_selftest(
-    netns_or_container_pid: str | int, targets: Iterable[ProbeTarget], timeout: float = DEFAULT_TIMEOUT
+    netns_or_container_pid: str | int,
+    targets: Iterable[ProbeTarget],
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    guard: ProbeGuard,
+    rules: AgentRules | None = None,
+    sets: Mapping[str, Iterable] | None = None,
 ) -> list[ProbeResult]:
-    """Probe every target from inside the agent's network namespace; results in target order.
+    """Run every target; results in target order.
 
     ``netns_or_container_pid``: a namespace name (``/run/netns/<name>``) or the pid of any process
-    in the sandbox (``/proc/<pid>/ns/net``; a container's ``State.Pid``). ``timeout``: seconds per
-    probe (0 < t ≤ 10). At most 64 targets. Raises ``ValueError`` for bad arguments and
-    ``RuntimeError`` when the namespace cannot be joined.
+    in the sandbox (``/proc/<pid>/ns/net``; a container's ``State.Pid``). ``guard``: the route
+    check (:class:`~network.probe_guard.ProbeGuard`, required: no packet is sent without it).
+    ``rules`` / ``sets``: the agent's rules and the table's address sets read back from the kernel,
+    for the targets that are verified instead of probed (``mode="rule"``, or refused by the
+    guard). ``timeout``: seconds per probe (0 < t ≤ 10). At most 64 targets. Raises
+    ``ValueError`` for bad arguments and ``RuntimeError`` when the namespace cannot be joined.
     """
     targets = list(targets)
     if len(targets) > MAX_TARGETS:
         raise ValueError(f"{len(targets)} probe targets; at most {MAX_TARGETS}")
     if not 0 < timeout <= 10:
         raise ValueError(f"probe timeout {timeout!r} must be in (0, 10] seconds")
+    if guard is None:
+        raise ValueError("a route guard is required: no probe is sent without one")
     if not targets:
         return []
-    socks = _open_sockets(_netns_path(netns_or_container_pid), targets)
-    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        return list(pool.map(lambda pair: _probe(pair[0], pair[1], timeout), zip(socks, targets, strict=True)))
+    results: list[ProbeResult | None] = [None] * len(targets)
+    to_probe: list[int] = []
+    for i, t in enumerate(targets):
+        route = guard.check(t.host)
+        if t.mode == "probe" and route.ok:
+            to_probe.append(i)
+            continue
+        note = "never probed" if t.mode == "rule" else route.detail
+        results[i] = verify_by_rules(t, rules, sets, host_local=route.where == "local", note=note)
+    if to_probe:
+        chosen = [targets[i] for i in to_probe]
+        socks = _open_sockets(_netns_path(netns_or_container_pid), chosen)
+        with ThreadPoolExecutor(max_workers=min(16, len(chosen))) as pool:
+            probed = list(pool.map(lambda pair: _probe(pair[0], pair[1], timeout), zip(socks, chosen, strict=True)))
+        for i, r in zip(to_probe, probed, strict=True):
+            results[i] = r
+    return [r for r in results if r is not None]
 
 
 def default_selftest_targets(
     spec: AgentSpec,
     *,
     other_agents: Iterable[str] = (),
-    private_canaries: Iterable[tuple[str, int]] = (),
+    private_canaries: Iterable[tuple[str, int]] = DEFAULT_PRIVATE_CANARIES,
     host_sample_ports: Iterable[int] = DEFAULT_HOST_SAMPLE_PORTS,
     metadata: tuple[str, int] | None = (METADATA, 80),
+    public: tuple[str, int] | None = DEFAULT_PUBLIC_CANARY,
     agent_port: int = 22,
 ) -> list[ProbeTarget]:
-    """The canaries for one agent, from its resolved rules (issue 5 item 7).
+    """The canaries for one agent, from its resolved rules (issue 5 item 7, issue 8).
 
-    Expected reachable: each host-access entry with a port, on its address (the gateway for a
-    wildcard entry; the network's first address for a CIDR), over TCP. Expected blocked: a sample
-    of other gateway ports not allowed by any entry, ``other_agents`` (their ``agent_port``),
-    ``private_canaries`` (address, port) in RFC1918 unless allowlisted, and the metadata service.
-    Capped at 64 targets.
+    Probed (``mode="probe"``, each still subject to the route check): each host-access entry with a
+    port, on its address (the gateway for a wildcard entry; the network's first address for a
+    CIDR), over TCP, expected reachable; a sample of other gateway ports no entry allows and
+    ``other_agents`` (their ``agent_port``), expected blocked. Verified from the rules, never
+    probed (``mode="rule"``): ``private_canaries`` (address, port) in RFC1918, the metadata
+    service and one ``public`` address; expected blocked, except an allowlisted one and, without
+    ``denyAll``, the public one. Capped at 64 targets.
     """
     gw = str(spec.gateway)
     allowed: list[ProbeTarget] = []
@@ -215,6 +328,9 @@ def default_selftest_targets(
                 return True
         return False
 
+    def allowlisted(host: str) -> bool:
+        return any(ipaddress.ip_address(host) in n for n in spec.allowlist)
+
     blocked = [
         ProbeTarget("tcp", gw, p, False, "host port not in hostAccess")
         for p in host_sample_ports
@@ -222,11 +338,14 @@ def default_selftest_targets(
     ]
     blocked += [ProbeTarget("tcp", a, agent_port, False, "another agent") for a in other_agents]
     for host, port in private_canaries:
-        addr = ipaddress.ip_address(host)
-        if any(addr in n for n in spec.allowlist):
+        if allowlisted(host):
             continue
-        label = "metadata / link-local" if addr in PRIVATE_DROPS[3] else "RFC1918"
-        blocked.append(ProbeTarget("tcp", host, port, False, label))
-    if metadata is not None and not any(ipaddress.ip_address(metadata[0]) in n for n in spec.allowlist):
-        blocked.append(ProbeTarget("tcp", metadata[0], metadata[1], False, "cloud metadata service"))
+        label = "metadata / link-local" if ipaddress.ip_address(host) in PRIVATE_DROPS[3] else "RFC1918"
+        blocked.append(ProbeTarget("tcp", host, port, False, label, mode="rule"))
+    if metadata is not None and not allowlisted(metadata[0]):
+        blocked.append(ProbeTarget("tcp", metadata[0], metadata[1], False, "cloud metadata service", mode="rule"))
+    if public is not None:
+        reachable = allowlisted(public[0]) or not spec.deny_all
+        why = "a public address" + (" (denyAll)" if spec.deny_all else "")
+        blocked.append(ProbeTarget("tcp", public[0], public[1], reachable, why, mode="rule"))
     return (allowed + blocked)[:MAX_TARGETS]

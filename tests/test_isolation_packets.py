@@ -246,6 +246,7 @@ def selftest_targets(spec):
         private_canaries=[("10.214.0.2", 80), ("169.254.169.254", 80)],
         host_sample_ports=(22, 4001, 9000),
         metadata=None,
+        public=("100.64.0.7", 80),
         agent_port=7000,
     )
 
@@ -254,33 +255,108 @@ def table(results):
     return {f"{r.target}": (r.state, r.passed) for r in results}
 
 
-def test_the_self_test_passes_when_isolation_holds(lab, nft):
+def guard(lab, agent="10.213.0.5"):
+    from network.probe_guard import ProbeGuard
+
+    return ProbeGuard.for_gateway(agent, GW, lab.host.name)
+
+
+def run_selftest(lab, nft, spec, netns=None):
+    import ipaddress
+
     from network.selftest import run_isolation_selftest
 
+    rules = nft.list_agents().get(ipaddress.ip_address(str(spec.address)))
+    return run_isolation_selftest(
+        netns or lab.agents["a1"].ns.name, selftest_targets(spec), timeout=0.5,
+        guard=guard(lab, str(spec.address)), rules=rules, sets=nft.list_address_sets(),
+    )  # fmt: skip
+
+
+class LanCounter:
+    """Counts packets from an agent address arriving in the lab's "lan" namespace (beyond the host:
+    where a probe must never go), with an nft counter of its own."""
+
+    def __init__(self, lab, source="10.213.0.5"):
+        self.lab, self.table = lab, f"sec_count{secrets.token_hex(2)}"
+        rules = (
+            f"table inet {self.table} {{\n chain pre {{\n  type filter hook prerouting priority -300; policy accept;\n"
+            f"  ip saddr {source} counter\n }}\n}}\n"
+        )
+        import subprocess
+
+        subprocess.run(["ip", "netns", "exec", lab.lan.name, "nft", "-f", "-"], input=rules, text=True, check=True)
+
+    def packets(self) -> int:
+        import json
+
+        out = self.lab.lan.exec("nft", "-j", "list", "table", "inet", self.table).stdout
+        items = json.loads(out)["nftables"]
+        return sum(e["counter"]["packets"] for i in items if "rule" in i for e in i["rule"]["expr"] if "counter" in e)
+
+    def close(self):
+        self.lab.lan.exec("nft", "delete", "table", "inet", self.table, check=False)
+
+
+def test_the_route_guard_lets_probes_reach_only_host_addresses_and_the_bridge(lab):
+    g = guard(lab)
+    assert [(d, g.check(d).where) for d in (GW, "10.99.0.1", "10.213.0.6")] == [(GW, "local"), ("10.99.0.1", "local"), ("10.213.0.6", "bridge")]
+    for dst, dev in (("10.214.0.2", "lan0"), ("100.64.0.7", "lan0"), ("169.254.169.254", "lan0")):
+        check = g.check(dst)
+        assert (check.ok, check.where, check.dev) == (False, "leaves", dev)
+        assert f"the route to {dst} leaves through lan0" in check.detail
+    # A host that does not forward answers "No route to host" for the agent: the host's own route decides.
+    lab.host.sysctl("net.ipv4.ip_forward", "0")
+    try:
+        g = guard(lab)
+        assert g.check("10.213.0.6").where == "bridge" and g.check(GW).where == "local"
+        assert g.check("100.64.0.7").where == "leaves" and not g.check("100.64.0.7").ok
+    finally:
+        lab.host.sysctl("net.ipv4.ip_forward", "1")
+
+
+def test_the_self_test_passes_when_isolation_holds_and_sends_nothing_beyond_the_host(lab, nft):
     spec = default_spec()
     apply(lab, nft, spec, default_spec("10.213.0.6"))
-    results = run_isolation_selftest(lab.agents["a1"].ns.name, selftest_targets(spec), timeout=0.5)
+    lan = LanCounter(lab)
+    try:
+        before = lan.packets()
+        results = run_selftest(lab, nft, spec)
+        assert lan.packets() == before, "a self-test probe reached the network beyond the host"
+    finally:
+        lan.close()
     got = table(results)
     peer_state, peer_passed = got.pop("tcp 10.213.0.6:7000")
-    assert peer_state in ("filtered", "unreachable") and peer_passed is True  # no ARP answer across isolated ports
+    assert peer_state in ("filtered", "unreachable") and peer_passed is True  # probed: no ARP answer across isolated ports
     assert got == {
         "tcp 10.213.0.1:53": ("open", True),
         "tcp 10.213.0.1:4000": ("open", True),
         "tcp 10.213.0.1:22": ("filtered", True),
         "tcp 10.213.0.1:4001": ("filtered", True),
         "tcp 10.213.0.1:9000": ("filtered", True),
-        "tcp 10.214.0.2:80": ("filtered", True),
-        "tcp 169.254.169.254:80": ("filtered", True),
+        "tcp 10.214.0.2:80": ("blocked-by-rule", True),
+        "tcp 169.254.169.254:80": ("blocked-by-rule", True),
+        "tcp 100.64.0.7:80": ("allowed-by-rule", True),  # no denyAll: the public stand-in is allowed
     }
+    by_target = {str(r.target): r for r in results}
+    assert by_target["tcp 169.254.169.254:80"].observed == "blocked by rule (verified, not probed)"
+    assert by_target["tcp 169.254.169.254:80"].detail == "never probed; forward rule 2: ip daddr @private4 drop"
+    assert not by_target["tcp 10.214.0.2:80"].probed and by_target["tcp 10.213.0.1:53"].probed
     assert all(r.elapsed_s < 2 for r in results)
 
 
-def test_the_self_test_fails_loudly_without_rules_and_runs_from_a_pid(lab, nft):
+def test_deny_all_is_verified_for_the_public_address_without_a_packet(lab, nft):
+    spec = default_spec(deny_all=True)
+    apply(lab, nft, spec)
+    got = table(run_selftest(lab, nft, spec))
+    assert got["tcp 100.64.0.7:80"] == ("blocked-by-rule", True)
+
+
+def test_the_self_test_fails_loudly_without_rules_and_still_sends_nothing_beyond_the_host(lab, nft):
     import subprocess
 
-    from network.selftest import run_isolation_selftest
-
     sleeper = subprocess.Popen(["ip", "netns", "exec", lab.agents["a1"].ns.name, "sleep", "30"])
+    lan = LanCounter(lab)
     try:
         import time
 
@@ -289,11 +365,56 @@ def test_the_self_test_fails_loudly_without_rules_and_runs_from_a_pid(lab, nft):
             if os.stat(f"/proc/{sleeper.pid}/ns/net").st_ino == os.stat(f"/run/netns/{lab.agents['a1'].ns.name}").st_ino:
                 break
             time.sleep(0.02)
-        results = table(run_isolation_selftest(sleeper.pid, selftest_targets(default_spec()), timeout=0.5))
+        before = lan.packets()
+        spec = default_spec(host_access=[f"{GW}:53", "*:4000", "10.214.0.2:80"])  # the last is not a host address
+        results = run_selftest(lab, nft, spec, netns=str(sleeper.pid))
+        assert lan.packets() == before, "with isolation broken, a self-test probe left the host"
+        assert probe(lab, "a1", [Target("tcp", "10.214.0.2", 80)]) == {"tcp:10.214.0.2:80": True}
+        assert lan.packets() > before, "the counter must see what does leave (else the check above proves nothing)"
     finally:
+        lan.close()
         sleeper.kill()
         sleeper.wait()
-    assert results["tcp 10.213.0.1:4001"] == ("open", False)
-    assert results["tcp 10.213.0.1:22"] == ("refused", False)  # reached the host: closed, not isolated
-    assert results["tcp 10.214.0.2:80"] == ("open", False)
-    assert results["tcp 10.213.0.1:53"] == ("open", True)
+    got = table(results)
+    assert got["tcp 10.213.0.1:4001"] == ("open", False)
+    assert got["tcp 10.213.0.1:22"] == ("refused", False)  # reached the host: closed, not isolated
+    assert got["tcp 10.213.0.1:53"] == ("open", True)
+    assert got["tcp 10.214.0.2:80"] == ("unverified", False)  # never probed: no rules to verify
+    assert got["tcp 169.254.169.254:80"] == ("unverified", False)
+    entry = next(r for r in results if r.target.label == "hostAccess 10.214.0.2:80")
+    assert not entry.probed and entry.passed is None
+    assert entry.detail.startswith("the route to 10.214.0.2 leaves through lan0: not probed; ")
+
+
+@pytest.mark.django_db
+def test_the_agent_page_self_test_shows_verified_rows_and_probes_only_locally(lab, nft, settings, client):
+    from django.contrib.auth.models import Permission, User
+
+    from agents.models import Agent
+    from scalers.models import ConfigState, Scaler
+
+    settings.KICI_FIRECRACKER_NETNS = lab.host.name
+    ConfigState.objects.update_or_create(pk=1, defaults={"firecracker": {"table": nft.table, "gateway": GW}})
+    scaler = Scaler.objects.create(name="sec-selftest", type="firecracker", max_agents=2)
+    host_access = [f"{GW}:53", "*:4000"]
+    agent = Agent.objects.create(
+        agent_id="scaler-firecracker-5ec0a001", scaler=scaler, state="running", ip="10.213.0.5",
+        host_access=host_access, backend_context={"netns": lab.agents["a1"].ns.name},
+    )  # fmt: skip
+    apply(lab, nft, default_spec(host_access=host_access))
+    user = User.objects.create_user("sec-op")
+    for app, codename in (("agents", "view_agent"), ("operations", "request_operation")):
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
+    client.force_login(user)
+    lan = LanCounter(lab)
+    try:
+        before = lan.packets()
+        html = client.post(f"/agents/{agent.agent_id}/isolation/selftest").content.decode()
+        assert lan.packets() == before
+    finally:
+        lan.close()
+    assert 'id="selftest-verdict"' in html and "Isolation holds" in html, html
+    assert html.count("blocked by rule (verified, not probed)") == 4  # three RFC1918 canaries and the metadata service
+    assert "allowed by rule (verified, not probed)" in html  # the public stand-in, no denyAll
+    assert "never probed; forward rule 2: ip daddr @private4 drop" in html
+    assert 'id="selftest-method"' in html and "verified from the rules in force, never probed" in html

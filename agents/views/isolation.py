@@ -61,7 +61,9 @@ def selftest_function():
 
 def selftest_rows(results) -> list[dict]:
     """``network.selftest.ProbeResult`` list → table rows ``{target, why, expected, observed, ok,
-    detail, ms}``; ``ok`` is True / False, or None when a UDP probe cannot tell."""
+    detail, ms, probed}``; ``ok`` is True / False, or None when it cannot tell (a UDP probe, an
+    unverifiable target expected reachable). ``observed`` is worded for people: a target judged
+    from the rules reads "blocked by rule (verified, not probed)"."""
     rows = []
     for r in results:
         rows.append(
@@ -69,10 +71,11 @@ def selftest_rows(results) -> list[dict]:
                 "target": str(r.target),
                 "why": r.target.label,
                 "expected": "reachable" if r.target.expect_reachable else "blocked",
-                "observed": r.state,
+                "observed": getattr(r, "observed", r.state),
                 "ok": r.passed,
                 "detail": r.detail,
                 "ms": round(r.elapsed_s * 1000),
+                "probed": getattr(r, "probed", True),
             }
         )
     return rows
@@ -104,5 +107,6 @@ def agent_selftest(request, agent_id: str):
             ctx["error"] = f"the self-test could not run: {exc}"
         else:
             ctx.update(rows=rows, failed=sum(1 for r in rows if r["ok"] is False), unknown=sum(1 for r in rows if r["ok"] is None))
+            ctx.update(probed=sum(1 for r in rows if r["probed"]), verified=sum(1 for r in rows if not r["probed"]))
             ctx["passed"] = bool(rows) and ctx["failed"] == 0
     return render(request, "agents/detail.html#selftest", ctx)

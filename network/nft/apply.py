@@ -274,6 +274,29 @@ class NftClient:
             raise
         return json.loads(out).get("nftables", [])
 
+    def list_address_sets(self) -> dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+        """The table's address sets (``private4`` …) read back from the kernel: set name → its
+        elements as networks (single addresses as /32 or /128, ranges summarised). Sets of other
+        types (``guard_ifaces``) are left out. ``{}`` when the table is absent; raises NftError."""
+        out: dict[str, list] = {}
+        for item in self.list_table() or []:
+            body = item.get("set")
+            if not body or body.get("type") not in ("ipv4_addr", "ipv6_addr"):
+                continue
+            nets: list = []
+            for elem in body.get("elem", []):
+                if isinstance(elem, dict) and "elem" in elem:
+                    elem = elem["elem"].get("val")
+                if isinstance(elem, dict) and "prefix" in elem:
+                    nets.append(ipaddress.ip_network(f"{elem['prefix']['addr']}/{elem['prefix']['len']}"))
+                elif isinstance(elem, dict) and "range" in elem:
+                    lo, hi = (ipaddress.ip_address(v) for v in elem["range"])
+                    nets.extend(ipaddress.summarize_address_range(lo, hi))
+                elif isinstance(elem, str):
+                    nets.append(ipaddress.ip_network(elem))
+            out[body["name"]] = nets
+        return out
+
     def list_agents(self) -> dict[IPAddress, AgentRules]:
         """Every agent with a chain or map element in the table, read back from the kernel.
 
