@@ -48,12 +48,7 @@ def agent_isolation(request, agent_id: str):
 
 
 def selftest_function():
-    """The self-test runner for this build (``agents.selftest.run_agent_selftest`` over helper
-    "net"'s ``network.selftest``), or None when net's module is missing."""
-    try:
-        import network.selftest  # noqa: F401
-    except ImportError:
-        return None
+    """The self-test runner: ``agents.selftest.run_agent_selftest`` (over ``network.selftest``)."""
     from ..selftest import run_agent_selftest
 
     return run_agent_selftest
