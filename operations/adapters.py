@@ -69,31 +69,12 @@ def firecracker_backend(scaler):
     return factory(scaler, netns=NFT_NETNS) if NFT_NETNS else factory(scaler)
 
 
-def docker_for_scaler(scaler):
-    """A docker SDK client for the runtime of ``scaler`` (ctr ``scalers.backends.runtime``)."""
-    from scalers.backends.runtime import docker_client_for, runtime_for_scaler
-
-    return docker_client_for(runtime_for_scaler(scaler), timeout=30)
-
-
 def list_kici_containers(scaler) -> list[dict] | None:
     """Every ``kici-managed=true`` container summary on ``scaler``'s runtime (any scaler, any console),
-    or None when the runtime cannot be listed. One list call (``GET /containers/json?all=1``)."""
-    try:
-        client = docker_for_scaler(scaler)
-    except Exception as exc:  # noqa: BLE001
-        log.warning("cannot reach the container runtime of %s: %s", scaler, exc)
-        return None
-    try:
-        return client.api.containers(all=True, filters={"label": ["kici-managed=true"]})
-    except Exception as exc:  # noqa: BLE001
-        log.warning("cannot list containers of %s: %s", scaler, exc)
-        return None
-    finally:
-        client.close()
+    or None when the runtime cannot be listed (``scalers.backends.sandboxes.list_kici_containers``)."""
+    from scalers.backends.sandboxes import list_kici_containers as list_containers
 
-
-# --- admission (adm) ----------------------------------------------------------------------------
+    return list_containers(scaler)
 
 
 def release(agent_id: str, reason: str) -> Any:

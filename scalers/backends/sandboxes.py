@@ -36,7 +36,7 @@ class SandboxProbe:
     what: str = "sandbox"
 
 
-def _list_containers(scaler) -> list[dict] | None:
+def list_kici_containers(scaler) -> list[dict] | None:
     """Every kici-managed container summary on ``scaler``'s runtime, or None when it cannot be listed."""
     from .runtime import docker_client_for, runtime_for_scaler
 
@@ -55,7 +55,7 @@ def _list_containers(scaler) -> list[dict] | None:
 
 
 def _container_probes(scaler, agents) -> dict[str, SandboxProbe]:
-    listing = _list_containers(scaler)
+    listing = list_kici_containers(scaler)
     if listing is None:
         return {a.agent_id: SandboxProbe("unknown", "the container runtime could not be listed", "container") for a in agents}
     by_agent: dict[str, dict] = {}
