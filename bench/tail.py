@@ -202,8 +202,8 @@ async def sustained(tmp: Path, rate: int, seconds: float) -> None:
 
 async def flood(tmp: Path, gib: float) -> None:
     path = tmp / "tail-bench-flood.log"
-    size = int(gib * (1 << 30))
     block = b"y" * MAX_READ_BYTES
+    size = int(gib * (1 << 30)) // len(block) * len(block)  # whole blocks: the size the tail waits for
     t0 = time.perf_counter()
     with open(path, "wb") as f:
         for _ in range(size // len(block)):
