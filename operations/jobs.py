@@ -87,7 +87,10 @@ def run_operation(operation_pk: int) -> str:
     (rejected, expired, already running or run) is left alone. The operation fails when the re-plan
     raises or any target failed; skipped targets do not fail it.
     """
-    operation = Operation.objects.select_related("scaler", "label_set").get(pk=operation_pk)
+    operation = Operation.objects.select_related("scaler", "label_set").filter(pk=operation_pk).first()
+    if operation is None:  # a job left in Redis by another database (or a deleted operation)
+        log.warning("rq job for operation #%s: no such operation in this database; dropped", operation_pk)
+        return f"operation #{operation_pk} does not exist; nothing run"
     if not transition(
         operation, OperationStatus.APPROVED, OperationStatus.RUNNING, action=AuditAction.STARTED, started_at=timezone.now()
     ):

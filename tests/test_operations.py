@@ -320,3 +320,10 @@ def test_a_planner_that_cannot_look_plans_nothing_and_says_why(users, client, se
     assert Operation.objects.count() == 0
     response = client.post("/operations/plan/", {"kind": "orphan-vms", "scaler": "ops-blind"})
     assert response.status_code == 400 and "applies to firecracker scalers" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_job_for_an_operation_this_database_does_not_have_is_dropped_quietly():
+    from operations.jobs import run_operation
+
+    assert run_operation(987654321) == "operation #987654321 does not exist; nothing run"
