@@ -110,6 +110,8 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
             t_full = time.perf_counter() - t0
             agent.refresh_from_db()
             backend.destroy(agent)
+            # as the destroy job does: the agent is over, so it no longer holds its address
+            Agent.objects.filter(pk=agent.pk).update(state="destroyed")
             if i:
                 raw.append(t_raw)
                 full.append(t_full)
