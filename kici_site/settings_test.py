@@ -7,3 +7,7 @@ os.environ.setdefault("SECRET_KEY", "test-only-not-secret-0123456789abcdef012345
 from .settings import *  # noqa: E402,F401,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Tests never write to the default console table of this host ("kici"): a leftover there would
+# judge the sandboxes of a `make run` on the same machine. tests/conftest.py drops it at the end.
+KICI_NFT_TABLE = "kicitest"

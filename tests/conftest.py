@@ -17,6 +17,15 @@ def require_root():
         pytest.skip("needs root")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Drop the tests' default nft table (settings_test.KICI_NFT_TABLE) so no rule outlives the run."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() == 0 and shutil.which("nft"):
+        subprocess.run(["nft", "delete", "table", "inet", "kicitest"], capture_output=True, check=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Run the browser tests last: Playwright's sync API leaves an event loop running in the
     main thread for the rest of the session, which breaks async tests that come after it."""
