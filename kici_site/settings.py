@@ -160,6 +160,8 @@ KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", Fals
 # Event backend (SPEC k): HMAC key for scale-up/-down deliveries, and target names -> URLs.
 KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")
 KICI_PROVISIONING_TARGET_URLS = env_url_map("KICI_PROVISIONING_TARGET_URLS")
+# Render live event rows in the producer (rq worker, API) instead of in each console process.
+KICI_RENDER_EVENTS_AT_PUBLISH = env_bool("KICI_RENDER_EVENTS_AT_PUBLISH", False)
 # Where bare-metal process-mode agents write their output.
 KICI_AGENT_LOG_DIR = env_str("KICI_AGENT_LOG_DIR", str(BASE_DIR / "var" / "agents"))
 

@@ -41,3 +41,15 @@ def test_a_rolled_back_event_is_never_pushed(monkeypatch):
         events.record_event(None, EventType.READY, "kept", agent_ref="x")
     assert events.flush_events(timeout=10)
     assert pushed == ["kept"]
+
+
+@pytest.mark.django_db
+def test_the_producer_sends_the_event_id_and_leaves_rendering_to_the_console_processes(settings):
+    from agents.models import ScalerEvent
+    from agents.streams.publish import event_message
+
+    event = ScalerEvent.objects.create(agent_ref="scaler-container-0000aaaa", type=EventType.READY, detail="container started")
+    message = event_message(event)
+    assert message == {"type": "event.message", "event_id": event.pk, "agent_ref": "scaler-container-0000aaaa"}
+    settings.KICI_RENDER_EVENTS_AT_PUBLISH = True
+    assert "container started" in event_message(event)["html"]

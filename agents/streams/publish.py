@@ -26,14 +26,23 @@ def event_groups(agent_ref: str | None) -> list[str]:
     return groups
 
 
-def event_message(event: Any) -> dict:
-    """The ``event.message`` group message for a stored ``ScalerEvent``, rendered once here.
+def event_message(event: Any, render: bool | None = None) -> dict:
+    """The ``event.message`` group message for a stored ``ScalerEvent``.
 
-    ``{"type": "event.message", "event_id": pk, "agent_ref": id, "html": <agents.render
-    .render_live_update(event)>}``. When rendering fails the message goes without ``html`` and
-    each receiving process renders it from the database instead.
+    ``{"type": "event.message", "event_id": pk, "agent_ref": id[, "html": <agents.render
+    .render_live_update(event)>]}``. Without ``html`` each receiving console process renders the
+    event from the database once (``agents.consumers.events``). ``render`` defaults to
+    ``settings.KICI_RENDER_EVENTS_AT_PUBLISH`` (False): rendering in the producer would put the
+    template work on the spawn worker's critical path (issue 4, spawn overhead). When rendering
+    fails the message goes without ``html`` too.
     """
     message = {"type": "event.message", "event_id": event.pk, "agent_ref": event.agent_ref or ""}
+    if render is None:
+        from django.conf import settings
+
+        render = getattr(settings, "KICI_RENDER_EVENTS_AT_PUBLISH", False)
+    if not render:
+        return message
     try:
         from ..render import render_live_update
 
