@@ -14,7 +14,7 @@ from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWO
 from scalers.jobs import destroy_agent, enqueue_spawn
 from scalers.models import Reservation
 from tests.conftest import require_root
-from tests.ctr_helpers import remove_test_containers, free_port, make_agent, make_scaler, wsgi_server
+from tests.ctr_helpers import free_port, make_agent, make_scaler, register_at_network_stage, remove_test_containers, wsgi_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -110,32 +110,10 @@ def test_an_agent_that_registers_before_its_spawn_finishes_gets_no_connecting_ev
 ):
     # The agent registers while its spawn is still at the network stage (a fast agent); "waiting for
     # agent registration" must then not be stored after "agent registered".
-    import json
-
-    from django.test import Client
-
-    import agents.tokens
-    import scalers.backends.container.spawn as spawn_module
     from scalers.jobs import spawn_agent
 
     agent = make_agent(make_scaler(orchestrator_url="http://127.0.0.1:9/"))
-    minted: list[str] = []
-    real_mint, real_ip = agents.tokens.mint_registration_token, spawn_module.container_network_ip
-
-    def mint(a, *args, **kwargs):
-        minted.append(real_mint(a, *args, **kwargs))
-        return minted[-1]
-
-    def register_then_address(docker, container_id):
-        answer = Client().post(
-            "/api/v1/agents/register", data=json.dumps({"agentId": agent.agent_id}), content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {minted[-1]}",
-        )
-        assert answer.status_code == 200, answer.content
-        return real_ip(docker, container_id)
-
-    monkeypatch.setattr(agents.tokens, "mint_registration_token", mint)
-    monkeypatch.setattr(spawn_module, "container_network_ip", register_then_address)
+    register_at_network_stage(monkeypatch, agent)
     assert spawn_agent(agent.pk) == "spawned"
     types = list(ScalerEvent.objects.filter(agent=agent).order_by("created_at", "id").values_list("type", flat=True))
     assert types == [EventType.PROVISIONING, EventType.REGISTERED, EventType.NETWORK, EventType.READY], types

@@ -16,7 +16,7 @@ from scalers.backends.container import ContainerBackend
 from scalers.jobs import expire_spawn, spawn_agent
 from scalers.models import Reservation
 from tests.conftest import require_root
-from tests.ctr_helpers import remove_test_containers, make_agent, make_scaler
+from tests.ctr_helpers import make_agent, make_scaler, register_at_network_stage, remove_test_containers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -151,32 +151,10 @@ def test_an_agent_that_registered_before_its_network_stage_failed_ends_failed_an
     # The agent registers as soon as its container starts; the isolation step then fails (a hostname
     # is refused by the rule renderer). The failure path removes the container, so the registered
     # agent must end failed and release its slot, not stay "running" with nothing behind it.
-    import json
-
-    from django.test import Client
-
-    import agents.tokens
-    import scalers.backends.container.spawn as spawn_module
 
     policy = {"networkPolicy": {"hostAccess": ["registry.internal:5000"]}}
     agent = make_agent(make_scaler(ls_config={"image": agent_image, "imagePullPolicy": "Never", **policy}))
-    minted: list[str] = []
-    real_mint, real_ip = agents.tokens.mint_registration_token, spawn_module.container_network_ip
-
-    def mint(a, *args, **kwargs):
-        minted.append(real_mint(a, *args, **kwargs))
-        return minted[-1]
-
-    def register_then_address(docker, container_id):
-        answer = Client().post(
-            "/api/v1/agents/register", data=json.dumps({"agentId": agent.agent_id}), content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {minted[-1]}",
-        )
-        assert answer.status_code == 200, answer.content
-        return real_ip(docker, container_id)
-
-    monkeypatch.setattr(agents.tokens, "mint_registration_token", mint)
-    monkeypatch.setattr(spawn_module, "container_network_ip", register_then_address)
+    register_at_network_stage(monkeypatch, agent)
     assert spawn(agent) == "failed"
     types = list(ScalerEvent.objects.filter(agent=agent).order_by("created_at", "id").values_list("type", flat=True))
     assert types.index(EventType.REGISTERED) < types.index(EventType.NETWORK) < types.index(EventType.FAILED), types
