@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.contrib.auth.decorators import login_required, permission_required
 from django.shortcuts import render
 from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.templatetags.kici_ui import bytes_iec
+from agents.views.common import viewer_required
 from scalers.models import ConfigState, Reservation, Scaler, ScaleOutcome, ScaleRequest, WAITING_OUTCOMES
 
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
@@ -149,8 +149,7 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
     return list(groups.values())
 
 
-@login_required
-@permission_required("agents.view_agent", raise_exception=True)
+@viewer_required
 def why_waiting(request):
     """``GET /scalers/why-waiting/``: login and ``agents.view_agent`` required, like every page."""
     groups = waiting_groups()
