@@ -210,3 +210,25 @@ def test_spawn_refuses_past_max_agents_and_a_duplicate_id(fc_env):
         b.spawn("scaler-firecracker-00000001", _label_set(env), None, "ws://x:1/ws")
     assert b.destroy(vm.agent_id)
     _assert_nothing_left(env, b, vm.agent_id, vm.ip)
+
+
+def test_a_stopped_log_forwarder_still_forwards_what_a_starved_tail_had_not_read(tmp_path, monkeypatch):
+    import functools
+
+    from scalers.backends.firecracker import logs
+
+    serial, vmm = tmp_path / "serial-console.log", tmp_path / "vmm.log"
+    serial.write_text("")
+    vmm.write_text("")
+    # A starved tail: it looked once at start and does not look again before stop.
+    monkeypatch.setattr(logs, "FileTail", functools.partial(logs.FileTail, poll_interval=60))
+    got = []
+    fwd = logs.LogForwarder("scaler-firecracker-0a0a0a0a", serial, vmm, lambda a, s, r: got.append(r.get("message")))
+    fwd.start()
+    assert _wait(lambda: len(fwd._tails) == 2)
+    time.sleep(0.3)
+    monkeypatch.setattr(fwd, "caught_up", lambda: True)  # stop does not wait for it either
+    with open(serial, "a") as f:
+        f.write("reboot: Restarting system\n")
+    fwd.stop()
+    assert got.count("reboot: Restarting system") == 1

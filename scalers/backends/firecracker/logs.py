@@ -115,6 +115,26 @@ class LogForwarder:
                 pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._forward_unread()
+
+    def _forward_unread(self) -> None:
+        """Emit what the tails had not read when they stopped (a starved tail on a loaded host),
+        so a VM's last console lines are never lost at destroy; at most the last 1 MiB per file."""
+        source_of = {path: source for source, path in self.files}
+        for tail, path in list(self._tails):
+            source = source_of[path]
+            try:
+                with open(path, "rb") as f:
+                    size = f.seek(0, os.SEEK_END)
+                    if tail.offset >= size:
+                        continue
+                    f.seek(max(tail.offset, size - REMAINING_MAX_BYTES))
+                    data = f.read()
+            except OSError:
+                continue
+            for line in split_lines([data]):
+                self._emit(source, line)
 
 
 def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogSink | None) -> int:
