@@ -127,9 +127,14 @@ def test_a_vm_boots_serves_its_token_over_mmds_and_is_destroyed_without_a_trace(
     assert _wait(lambda: any("fake guest: init started" in r.get("message", "") for _, s, r in env.log_lines))
 
     pid = probe.pid
+    forwarder = b.get(agent_id).logs
+    started = time.monotonic()
     assert b.destroy(agent_id) is True
+    took = time.monotonic() - started
     # It left on Ctrl-Alt-Del (the "guest" says so on its console), not through the SIGKILL fallback.
-    assert _wait(lambda: any(r.get("message") == "reboot: Restarting system" for _, s, r in env.log_lines), 5)
+    assert _wait(lambda: any(r.get("message") == "reboot: Restarting system" for _, s, r in env.log_lines), 5), (
+        f"destroy took {took:.2f} s; last serial lines read: {list(forwarder.recent)}"
+    )
     assert _wait(lambda: _gone(pid), 1)
     _assert_nothing_left(env, b, agent_id, vm.ip)
     assert env.failed() == []

@@ -85,6 +85,9 @@ class LogForwarder:
         self._stop = asyncio.Event()
         self._started.set()
         await asyncio.gather(*(self._follow(s, p, self._stop) for s, p in self.files))
+        # The tails stopped: their last act is forwarding what they had not read yet (a tail
+        # starved on a loaded host), done here in this thread so no line is emitted twice.
+        self._forward_unread()
 
     def _run(self) -> None:
         try:
@@ -115,8 +118,8 @@ class LogForwarder:
                 pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self._forward_unread()
+            if self._thread.is_alive():
+                log.warning("log forwarder of %s did not stop within %.1f s; its last lines may be late", self.agent_id, timeout)
 
     def _forward_unread(self) -> None:
         """Emit what the tails had not read when they stopped (a starved tail on a loaded host),
