@@ -180,6 +180,22 @@ def test_a_guest_that_panics_during_boot_is_abandoned_with_kernel_panic(fc_env):
     _assert_nothing_left(env, b, agent_id)
 
 
+def test_a_guest_that_dies_right_after_its_socket_answered_is_reported_by_its_exit_not_the_refused_call(fc_env):
+    """The MMDS write that follows readiness is refused because the VM exited; the failure is the exit
+    (with its failure type), whichever of the spawn and the boot watcher sees it first."""
+    env = fc_env
+    b = _backend(env, "panic-after-ready Kernel panic - not syncing: Attempted to kill init!")
+    agent_id = "scaler-firecracker-0000bad2"
+    with pytest.raises(FirecrackerSpawnError) as err:
+        b.spawn(agent_id, _label_set(env), None, "ws://x:1/ws")
+    assert err.value.reason.startswith("jailer exited during boot (code 0, firecracker pid "), err.value.reason
+    assert err.value.reason.endswith(" exited, kernel-panic)")
+    assert err.value.failure_type == "kernel-panic"
+    failed = env.failed(agent_id)
+    assert len(failed) == 1 and failed[0][3] == {"reason": err.value.reason, "failureType": "kernel-panic"}
+    _assert_nothing_left(env, b, agent_id)
+
+
 def test_a_spawn_deadline_aborts_kills_the_vm_and_releases_everything(fc_env):
     env = fc_env
     b = _backend(env, "api off")
@@ -235,5 +251,6 @@ def test_a_stopped_log_forwarder_still_forwards_what_a_starved_tail_had_not_read
     monkeypatch.setattr(fwd, "caught_up", lambda: True)  # stop does not wait for it either
     with open(serial, "a") as f:
         f.write("reboot: Restarting system\n")
+    serial.unlink()  # even once the VM's directory is gone (a forwarder that stopped late)
     fwd.stop()
     assert got.count("reboot: Restarting system") == 1

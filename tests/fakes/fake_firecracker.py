@@ -16,7 +16,9 @@ backend redirects to ``serial-console.log``) receives the "guest" output.
 
 The "kernel" file drives the guest, one directive per line:
 ``serial <text>`` print a serial line at boot; ``api off`` never bind the socket;
-``exit <seconds> <code>`` exit with ``code`` after ``seconds``; ``ignore-ctrl-alt-del`` keep running.
+``exit <seconds> <code>`` exit with ``code`` after ``seconds``; ``ignore-ctrl-alt-del`` keep running;
+``panic-after-ready <text>`` once ``GET /`` has answered, print ``<text>`` and exit 0 at once (a guest
+that dies right after its API socket came up: the next API call is refused).
 Env ``FAKE_JAILER_EXIT=<code>``: the jailer itself fails before forking (prints to stderr).
 """
 
@@ -93,6 +95,10 @@ def make_handler(state: dict):
         def do_GET(self):
             if self.path == "/":
                 self._send(200, {"id": state["id"], "state": "Running", "vmm_version": "1.12.1", "app_name": "Firecracker"})
+                if state["panic_after_ready"] is not None:
+                    self.wfile.flush()
+                    state["log"](state["panic_after_ready"])
+                    os._exit(0)
             elif self.path == "/mmds":
                 self._send(200, state["mmds"])
             else:
@@ -155,7 +161,8 @@ def run_vmm(opts: dict, fc_opts: dict) -> None:
     if fc_opts.get("log_path"):
         with open(fc_opts["log_path"], "a") as f:
             f.write(f"[{opts['id']}:main] Running Firecracker v1.12.1 (fake)\n")
-    state = {"id": opts["id"], "mmds": {}, "log": log, "ignore_cad": any(d == "ignore-ctrl-alt-del" for d, _ in directives)}
+    state = {"id": opts["id"], "mmds": {}, "log": log, "ignore_cad": any(d == "ignore-ctrl-alt-del" for d, _ in directives),
+             "panic_after_ready": next((a for d, a in directives if d == "panic-after-ready"), None)}  # fmt: skip
     api = not any(d == "api" and a.strip() == "off" for d, a in directives)
     server = None
     if api:

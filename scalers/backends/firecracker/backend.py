@@ -241,7 +241,13 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
             self._emit(agent_id, CONNECTING, "waiting for agent WS registration from VM")
             return vm
         except BaseException as e:
-            reason = vm.failure_reason or (cancel.reason if cancel.is_set() else None) or str(e) or type(e).__name__
+            reason = (
+                vm.failure_reason
+                or (cancel.reason if cancel.is_set() else None)
+                or (None if isinstance(e, _Aborted) else self._boot_exit_reason(vm))
+                or str(e)
+                or type(e).__name__
+            )
             self.abandon_spawn(agent_id, reason)
             raise FirecrackerSpawnError(agent_id, vm.failure_reason or reason, vm.failure_type) from e
         finally:
@@ -338,9 +344,7 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
         if rc != 0:
             time.sleep(s.exit_grace_s)
             if self._booting(vm):
-                kind = read_failure_type(vm.layout.serial_log)
-                how = f"code {rc}" if rc >= 0 else f"code null, signal {signal.Signals(-rc).name}"
-                self.abandon_spawn(vm.agent_id, f"jailer exited during boot ({how}, {kind})")
+                self.abandon_spawn(vm.agent_id, self._exit_text(vm, rc, None))
             return
         # --new-pid-ns: the jailer's parent exits 0 once its child runs; follow that child instead.
         chroot, pid = vm.layout.chroot, None
@@ -369,9 +373,38 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
             return
         time.sleep(s.exit_grace_s)
         if self._booting(vm) and not probe_vm_pid(chroot).running:
-            kind = read_failure_type(vm.layout.serial_log)
-            what = f"firecracker pid {pid} exited" if pid else "firecracker process not found"
-            self.abandon_spawn(vm.agent_id, f"jailer exited during boot (code 0, {what}, {kind})")
+            self.abandon_spawn(vm.agent_id, self._exit_text(vm, 0, pid))
+
+    def _exit_text(self, vm: FirecrackerVm, rc: int, pid: int | None) -> str:
+        """``jailer exited during boot (code N[, signal S][, firecracker pid P exited], <failureType>)``
+        (SPEC h abandonSpawn), the failure type read from the serial log."""
+        kind = read_failure_type(vm.layout.serial_log)
+        how = f"code {rc}" if rc >= 0 else f"code null, signal {signal.Signals(-rc).name}"
+        if rc == 0:
+            how += f", firecracker pid {pid} exited" if pid else ", firecracker process not found"
+        return f"jailer exited during boot ({how}, {kind})"
+
+    def _boot_exit_reason(self, vm: FirecrackerVm) -> str | None:
+        """Why a spawn step failed when the VM itself is the cause: its jailer or VM process exited.
+
+        A guest that panics right after its API socket answered makes the next API call fail with
+        ``Connection refused``; that error is only a consequence, so the exit is reported instead,
+        as the boot watcher would (SPEC h). Waits up to ``exit_grace_s`` for an exiting process to
+        be gone. None when the VM still runs (the error is the failure) or was never launched.
+        """
+        if vm.jailer is None:
+            return None
+        deadline = time.monotonic() + self.settings.exit_grace_s
+        while True:
+            rc = vm.jailer.poll()
+            if rc is not None and rc != 0:
+                return self._exit_text(vm, rc, None)
+            probe = probe_vm_pid(vm.layout.chroot)
+            if rc == 0 and not probe.running:
+                return self._exit_text(vm, 0, probe.pid)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def mark_registered(self, agent_id: str) -> None:
         """The agent registered: its VM has booted, so a later exit is no longer a boot failure."""

@@ -52,7 +52,7 @@ class LogForwarder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
-        self._tails: list[tuple[FileTail, Path]] = []
+        self._tails: list[tuple[FileTail, Path, int]] = []
         self._thread = threading.Thread(target=self._run, name=f"fc-logs:{agent_id}", daemon=True)
 
     def start(self) -> "LogForwarder":
@@ -72,7 +72,14 @@ class LogForwarder:
 
     async def _follow(self, source: str, path: Path, stop: asyncio.Event) -> None:
         tail = FileTail(path)
-        self._tails.append((tail, path))
+        try:
+            # Held open until the forwarder ends, so what the tail leaves unread can still be
+            # read after destroy removed the VM's directory (see _forward_unread).
+            keep = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            log.warning("cannot tail %s for %s: %s", path, self.agent_id, e)
+            return
+        self._tails.append((tail, path, keep))
         try:
             async for batch in tail.batches(stop):
                 for line in batch:
@@ -97,9 +104,9 @@ class LogForwarder:
 
     def caught_up(self) -> bool:
         """Whether every tail has read its file up to the file's current size."""
-        for tail, path in list(self._tails):
+        for tail, _, keep in list(self._tails):
             try:
-                if tail.offset < os.stat(path).st_size:
+                if tail.offset < os.fstat(keep).st_size:
                     return False
             except OSError:
                 continue
@@ -123,22 +130,22 @@ class LogForwarder:
 
     def _forward_unread(self) -> None:
         """Emit what the tails had not read when they stopped (a starved tail on a loaded host),
-        so a VM's last console lines are never lost at destroy; at most the last 1 MiB per file."""
+        so a VM's last console lines are never lost at destroy; at most the last 1 MiB per file.
+        Reads through the descriptors held since the start; closes them."""
         source_of = {path: source for source, path in self.files}
-        for tail, path in list(self._tails):
-            source = source_of[path]
+        tails, self._tails = list(self._tails), []
+        for tail, path, keep in tails:
             try:
-                with open(path, "rb") as f:
-                    size = f.seek(0, os.SEEK_END)
-                    if tail.offset >= size:
-                        continue
-                    f.seek(max(tail.offset, size - REMAINING_MAX_BYTES))
-                    data = f.read()
+                st = os.fstat(keep)
+                if tail.offset < st.st_size and tail._identity in (None, (st.st_dev, st.st_ino)):
+                    start = max(tail.offset, st.st_size - REMAINING_MAX_BYTES)
+                    data = os.pread(keep, st.st_size - start, start)
+                    for line in split_lines([data]):
+                        self._emit(source_of[path], line)
             except OSError:
-                continue
-            for line in split_lines([data]):
-                self._emit(source, line)
-
+                pass
+            finally:
+                os.close(keep)
 
 def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogSink | None) -> int:
     """Send what a dead VM's logs still hold (the last 1 MiB of each) to ``sink``; returns the line count.
