@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import expect
 from django.conf import settings
 from django.utils import timezone
 
@@ -69,7 +70,7 @@ def test_preview_approve_live_progress_done(browser_page, wait_live, off_loop):
     op.refresh_from_db()
     page.wait_for_function(f"document.querySelectorAll('#op-log li').length === {len(op.log)}")
     assert page.locator("#op-log-empty").count() == 0, "the placeholder goes when the first line arrives"
-    assert "1 of 1 target processed" in page.locator("#op-progress").inner_text()
+    expect(page.locator("#op-progress")).to_contain_text("1 of 1 target processed")
     assert page.evaluate("window.__not_reloaded") is True
     assert not Reservation.objects.filter(agent=agent).exists()
     assert not [e for e in page.js_errors if "page error" in e], page.js_errors
