@@ -254,3 +254,43 @@ def test_a_stopped_log_forwarder_still_forwards_what_a_starved_tail_had_not_read
     serial.unlink()  # even once the VM's directory is gone (a forwarder that stopped late)
     fwd.stop()
     assert got.count("reboot: Restarting system") == 1
+
+
+def test_the_disk_guard_refuses_a_vm_on_a_chroot_volume_below_its_floor(fc_env):  # FC-19, SPEC c.7
+    import re
+    import subprocess
+
+    env = fc_env
+    env.base.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "kici-fc19", str(env.base)], check=True)
+    try:
+        b = _backend(env)  # the default floor, 1 GiB, is above this 64 MiB volume
+        agent_id = "scaler-firecracker-0000f019"
+        with pytest.raises(FirecrackerSpawnError) as err:
+            b.spawn(agent_id, _label_set(env), None, "ws://x:1/ws")
+        assert re.fullmatch(
+            rf"disk guard: the chroot volume of {re.escape(str(env.base))} has 6[34] MiB free, below the 1024 MiB "
+            r"floor; no VM is spawned until space is freed \(plan an orphan-VM reap under Operations, or free the volume\)",
+            err.value.reason,
+        ), err.value.reason
+        assert [e[2] for e in env.failed(agent_id)] == [err.value.reason]
+        _assert_nothing_left(env, b, agent_id)
+
+        # Below the volume's size, the floor lets the same volume take the VM.
+        b2 = _backend(env, min_free_bytes=16 << 20)
+        vm = b2.spawn("scaler-firecracker-0000f01a", _label_set(env), None, "ws://x:1/ws")
+        assert b2.destroy(vm.agent_id)
+        _assert_nothing_left(env, b2, vm.agent_id, vm.ip)
+    finally:
+        subprocess.run(["umount", "-l", str(env.base)], check=False)
+
+
+def test_free_space_is_read_from_the_nearest_existing_directory_and_a_zero_floor_is_off(tmp_path):
+    from scalers.backends.firecracker import jail
+
+    missing = tmp_path / "not" / "yet"
+    assert jail.free_bytes(missing) > 0
+    assert jail.check_free_space(missing, 0) > 0
+    with pytest.raises(jail.ChrootVolumeFull) as err:
+        jail.check_free_space(missing, 1 << 62)
+    assert err.value.floor == 1 << 62 and err.value.free < err.value.floor

@@ -267,6 +267,7 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
     def _boot(self, vm: FirecrackerVm, limits: Any, orchestrator_url: str) -> None:
         s, ls, aid = self.settings, vm.label_set, vm.agent_id
         self._emit(aid, PROVISIONING, "preparing rootfs and kernel")
+        jail.check_free_space(s.chroot_base_dir, s.min_free_bytes)  # the disk guard: ChrootVolumeFull
         alloc = self.ip_allocator.allocate(aid, self.name)
         vm.ip, vm.mac, vm.tap = alloc.ip, alloc.mac, alloc.tap_device
         self._check(vm)

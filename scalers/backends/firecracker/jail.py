@@ -187,6 +187,40 @@ def sudo_wrap(argv: Sequence[str], require_sudo: bool) -> list[str]:
 
 # ---- disk ----------------------------------------------------------------------------------
 
+#: The disk guard's floor, in bytes (SPEC c.7: "Firecracker chroot volume < 1 GiB free").
+MIN_FREE_BYTES = 1 << 30
+
+
+class ChrootVolumeFull(RuntimeError):
+    """The chroot volume has less free space than the disk guard's floor; ``free``/``floor`` in bytes."""
+
+    def __init__(self, base: str | os.PathLike, free: int, floor: int):
+        self.base, self.free, self.floor = str(base), free, floor
+        super().__init__(
+            f"disk guard: the chroot volume of {self.base} has {free / 2**20:.0f} MiB free, below the "
+            f"{floor / 2**20:.0f} MiB floor; no VM is spawned until space is freed (plan an orphan-VM "
+            f"reap under Operations, or free the volume)"
+        )
+
+
+def free_bytes(base: str | os.PathLike) -> int:
+    """Bytes available to unprivileged writers on the volume holding ``base`` (its nearest existing
+    ancestor when ``base`` does not exist yet). Raises ``OSError`` from ``statvfs``."""
+    path = Path(base)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def check_free_space(base: str | os.PathLike, floor: int = MIN_FREE_BYTES) -> int:
+    """The disk guard (SPEC c.7, CASES FC-19): returns the free bytes of ``base``'s volume, or raises
+    :class:`ChrootVolumeFull` when they are below ``floor`` (bytes; 0 turns the guard off)."""
+    free = free_bytes(base)
+    if floor > 0 and free < floor:
+        raise ChrootVolumeFull(base, free, floor)
+    return free
+
 
 @dataclass(frozen=True)
 class ChrootLayout:

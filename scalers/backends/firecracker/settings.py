@@ -46,6 +46,8 @@ class FirecrackerSettings:
     socket_wait_s: float = 5.0
     destroy_wait_s: float = 5.0
     exit_grace_s: float = 0.5
+    #: Disk guard floor (SPEC c.7): below this many free bytes on the chroot volume no VM is spawned.
+    min_free_bytes: int = 1 << 30
 
     @property
     def prefix(self) -> int:
