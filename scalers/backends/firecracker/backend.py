@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
-import signal
 import subprocess
 import threading
 import time
@@ -27,12 +25,11 @@ from ..holders import address_lock
 from . import jail
 from .api import FirecrackerApi
 from .cancel import CancelSignal
-from .failure import read_failure_type
 from .logs import LogForwarder, LogSink
-from .pidprobe import probe_vm_pid
 from .settings import FirecrackerSettings
 from .sweeps import SweepMixin, default_tracked_provider
 from .teardown import TeardownMixin
+from .bootwatch import BootWatchMixin, release_thread_db
 from . import provision
 
 log = logging.getLogger(__name__)
@@ -88,24 +85,13 @@ class FirecrackerVm:
         return dict(self.label_set.get("networkPolicy") or {})
 
 
-def release_thread_db() -> None:
-    """Close this thread's database connections; for the backend's own threads (watcher, deadline)."""
-    if threading.current_thread().name.startswith("fc-"):
-        try:
-            from django.db import connections
-
-            connections.close_all()
-        except Exception:  # noqa: BLE001 - no Django, or nothing to close
-            pass
-
-
 def _default_store_host_access(agent_id: str, host_access: list[str]) -> None:
     from agents.models import Agent
 
     Agent.objects.filter(agent_id=agent_id).update(host_access=host_access)
 
 
-class FirecrackerBackend(TeardownMixin, SweepMixin):
+class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
     """One Firecracker scaler on this host.
 
     ``settings``: :class:`FirecrackerSettings`. ``ip_allocator``: ``network.ipalloc_db.DbIpAllocator``
@@ -327,85 +313,6 @@ class FirecrackerBackend(TeardownMixin, SweepMixin):
                 raise RuntimeError(f"Firecracker API socket not ready within {s.socket_wait_s:g}s for agent {vm.agent_id}")
             if vm.cancel.wait(0.1):
                 raise _Aborted()
-
-    def _booting(self, vm: FirecrackerVm) -> bool:
-        with self._lock:
-            return self._vms.get(vm.agent_id) is vm and not vm.abandoned and not vm.registered and vm.state != "destroying"
-
-    def _watch_boot(self, vm: FirecrackerVm) -> None:
-        """Abandon the spawn when the jailer, or the VM process it forked, exits before registration."""
-        try:
-            self._watch_boot_inner(vm)
-        finally:
-            release_thread_db()
-
-    def _watch_boot_inner(self, vm: FirecrackerVm) -> None:
-        s = self.settings
-        rc = vm.jailer.wait()
-        if rc != 0:
-            time.sleep(s.exit_grace_s)
-            if self._booting(vm):
-                self.abandon_spawn(vm.agent_id, self._exit_text(vm, rc, None))
-            return
-        # --new-pid-ns: the jailer's parent exits 0 once its child runs; follow that child instead.
-        chroot, pid = vm.layout.chroot, None
-        deadline = time.monotonic() + s.socket_wait_s
-        while pid is None and time.monotonic() < deadline and self._booting(vm):
-            pid = probe_vm_pid(chroot).pid
-            if pid is None:
-                time.sleep(0.05)
-        fd = None
-        if pid is not None:
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                fd = None
-            if fd is not None and not probe_vm_pid(chroot).running:  # pinned, but a zombie or a reused number
-                os.close(fd)
-                fd = None
-        try:
-            while fd is not None and self._booting(vm):
-                if select.select([fd], [], [], 0.25)[0]:
-                    break
-        finally:
-            if fd is not None:
-                os.close(fd)
-        if not self._booting(vm):
-            return
-        time.sleep(s.exit_grace_s)
-        if self._booting(vm) and not probe_vm_pid(chroot).running:
-            self.abandon_spawn(vm.agent_id, self._exit_text(vm, 0, pid))
-
-    def _exit_text(self, vm: FirecrackerVm, rc: int, pid: int | None) -> str:
-        """``jailer exited during boot (code N[, signal S][, firecracker pid P exited], <failureType>)``
-        (SPEC h abandonSpawn), the failure type read from the serial log."""
-        kind = read_failure_type(vm.layout.serial_log)
-        how = f"code {rc}" if rc >= 0 else f"code null, signal {signal.Signals(-rc).name}"
-        if rc == 0:
-            how += f", firecracker pid {pid} exited" if pid else ", firecracker process not found"
-        return f"jailer exited during boot ({how}, {kind})"
-
-    def _boot_exit_reason(self, vm: FirecrackerVm) -> str | None:
-        """Why a spawn step failed when the VM itself is the cause: its jailer or VM process exited.
-
-        A guest that panics right after its API socket answered makes the next API call fail with
-        ``Connection refused``; that error is only a consequence, so the exit is reported instead,
-        as the boot watcher would (SPEC h). Waits up to ``exit_grace_s`` for an exiting process to
-        be gone. None when the VM still runs (the error is the failure) or was never launched.
-        """
-        if vm.jailer is None:
-            return None
-        deadline = time.monotonic() + self.settings.exit_grace_s
-        while True:
-            rc = vm.jailer.poll()
-            if rc is not None and rc != 0:
-                return self._exit_text(vm, rc, None)
-            probe = probe_vm_pid(vm.layout.chroot)
-            if rc == 0 and not probe.running:
-                return self._exit_text(vm, 0, probe.pid)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.05)
 
     def mark_registered(self, agent_id: str) -> None:
         """The agent registered: its VM has booted, so a later exit is no longer a boot failure."""
