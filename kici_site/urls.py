@@ -2,12 +2,16 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from . import health
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
+    # Browsers ask for /favicon.ico on pages without a <link rel=icon> (/metrics, /healthz, JSON).
+    path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True)),
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),

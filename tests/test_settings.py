@@ -55,3 +55,12 @@ def test_it_refuses_a_bad_target_map_naming_the_item(monkeypatch, raw):
     monkeypatch.setenv("KICI_PROVISIONING_TARGET_URLS", raw)
     with pytest.raises(ImproperlyConfigured, match="KICI_PROVISIONING_TARGET_URLS"):
         env.env_url_map("KICI_PROVISIONING_TARGET_URLS")
+
+
+def test_favicon_ico_leads_to_the_vendored_icon(client):
+    """Browsers ask for /favicon.ico on pages that do not name an icon (/metrics, /healthz)."""
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301 and response["Location"] == "/static/img/favicon.svg"
+    icon = client.get(response["Location"])
+    body = b"".join(icon.streaming_content) if icon.streaming else icon.content
+    assert icon.status_code == 200 and icon["Content-Type"].startswith("image/svg+xml") and b"<svg" in body
