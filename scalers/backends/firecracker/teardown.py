@@ -75,9 +75,10 @@ class TeardownMixin:
                 log.log(level, "SendCtrlAltDel to %s failed (%s); the VM is killed if it does not stop", chroot, e)
             while is_vm_process_alive(chroot) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            if is_vm_process_alive(chroot):
-                log.warning("VM in %s still runs %.1f s after Ctrl-Alt-Del: SIGKILL", chroot, budget)
-        if kill_confirmed(chroot) is not None:
+        killed = kill_confirmed(chroot)
+        if killed is not None:
+            if graceful:
+                log.warning("VM in %s (pid %d) still ran %.1f s after Ctrl-Alt-Del: SIGKILL sent", chroot, killed, budget)
             deadline = time.monotonic() + 2
             while is_vm_process_alive(chroot) and time.monotonic() < deadline:
                 time.sleep(0.05)
