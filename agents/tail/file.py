@@ -97,6 +97,11 @@ class FileTail:
         self._ready = asyncio.Event()
         self._reader_done = False
 
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of the file being followed (None before it was opened)."""
+        return self._identity
+
     # -- file handling -------------------------------------------------------------------------
 
     def _open(self) -> bool:

@@ -137,15 +137,21 @@ class LogForwarder:
         for tail, path, keep in tails:
             try:
                 st = os.fstat(keep)
-                if tail.offset < st.st_size and tail._identity in (None, (st.st_dev, st.st_ino)):
-                    start = max(tail.offset, st.st_size - REMAINING_MAX_BYTES)
-                    data = os.pread(keep, st.st_size - start, start)
-                    for line in split_lines([data]):
+                if tail.identity in (None, (st.st_dev, st.st_ino)):  # not a file it rotated away from
+                    for line in split_lines([_read_end(keep, tail.offset)]):
                         self._emit(source_of[path], line)
             except OSError:
                 pass
             finally:
                 os.close(keep)
+
+
+def _read_end(fd: int, offset: int = 0) -> bytes:
+    """The bytes of ``fd`` from ``offset`` to its end, at most the last :data:`REMAINING_MAX_BYTES`."""
+    size = os.fstat(fd).st_size
+    start = max(offset, size - REMAINING_MAX_BYTES)
+    return os.pread(fd, size - start, start) if start < size else b""
+
 
 def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogSink | None) -> int:
     """Send what a dead VM's logs still hold (the last 1 MiB of each) to ``sink``; returns the line count.
@@ -156,10 +162,7 @@ def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogS
     for source, path in ((SERIAL_SOURCE, Path(serial_log)), (VMM_SOURCE, Path(vmm_log))):
         try:
             with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - REMAINING_MAX_BYTES))
-                data = f.read()
+                data = _read_end(f.fileno())
         except OSError:
             continue
         for line in split_lines([data]):
