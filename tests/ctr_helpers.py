@@ -113,3 +113,19 @@ def register_at_network_stage(monkeypatch, agent) -> None:
 
     monkeypatch.setattr(agents.tokens, "mint_registration_token", mint)
     monkeypatch.setattr(spawn_module, "container_network_ip", register_then_address)
+
+
+def nft_table_for(settings, table: str, *, create: bool = True):
+    """Fixture body: make ``table`` the console's nft table (``settings.KICI_NFT_TABLE``), create it
+    unless ``create`` is False (the code under test must then create it), yield its ``NftClient``,
+    and drop it afterwards. Use as ``yield from nft_table_for(settings, TABLE)``; needs root."""
+    from network.nft.apply import NftClient
+    from tests.conftest import require_root
+
+    require_root()
+    settings.KICI_NFT_TABLE = table
+    client = NftClient(table)
+    if create:
+        client.ensure_table()
+    yield client
+    client.delete_table()

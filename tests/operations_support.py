@@ -17,6 +17,8 @@ __all__ = [
     "csrf_client",
     "login",
     "netns_nft",
+    "approve_and_run",
+    "outcome",
 ]
 
 CONTAINER_CONFIG = """
@@ -106,3 +108,19 @@ def netns_nft(monkeypatch, settings):
     settings.KICI_NFT_TABLE = "ops_kici"
     yield operations.adapters.nft_client("ops_kici")
     subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+def approve_and_run(op, approver, run_rq_jobs):
+    """Approve ``op`` while a worker listens on its host queue, run the queued job, return ``op`` reloaded."""
+    from operations.services import approve_operation
+
+    with listening_worker(op.host_queue):
+        approve_operation(op, approver)
+    run_rq_jobs(op.host_queue)
+    op.refresh_from_db()
+    return op
+
+
+def outcome(op, key):
+    """``(outcome, detail)`` recorded for target ``key`` of ``op``."""
+    return op.outcomes[key]["outcome"], op.outcomes[key]["detail"]

@@ -22,8 +22,7 @@ from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWO
 from scalers.backends.holders import AGENT, CONTAINER, UNKNOWN, VM, Holder, holders_by_address, other_holders
 from scalers.backends.isolation import ContainerIsolation
 from scalers.jobs import spawn_agent
-from tests.conftest import require_root
-from tests.ctr_helpers import make_agent, make_scaler, remove_test_containers
+from tests.ctr_helpers import nft_table_for, make_agent, make_scaler, remove_test_containers
 
 TABLE = "sec_kici"
 
@@ -69,14 +68,7 @@ def test_the_sandbox_going_away_is_not_its_own_holder_but_a_new_one_is():
 
 @pytest.fixture
 def nft_table(settings):
-    require_root()
-    from network.nft.apply import NftClient
-
-    settings.KICI_NFT_TABLE = TABLE
-    client = NftClient(TABLE)
-    client.ensure_table()
-    yield client
-    client.delete_table()
+    yield from nft_table_for(settings, TABLE)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ container-backend.d.ts ``cleanupOrphans``; SPEC (e); CASES CTR-21, CTR-22)."""
 from __future__ import annotations
 
 import secrets
-import time
 
 import pytest
 from django.utils import timezone
@@ -13,8 +12,7 @@ from agents.choices import AgentState
 from scalers.backends.container import ContainerBackend
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.backends.orphans import OrphanSweepRefused, OrphanTarget, plan_container_orphans
-from tests.conftest import require_root
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.ctr_helpers import nft_table_for, make_agent, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -179,15 +177,7 @@ def test_reap_unowned_answers_false_when_the_runtime_cannot_be_listed(settings):
 
 @pytest.fixture
 def nft_table(settings):
-    require_root()
-    from network.nft.apply import NftClient
-
-    table = "ctr_kici_orph"
-    settings.KICI_NFT_TABLE = table
-    client = NftClient(table)
-    client.ensure_table()
-    yield client
-    client.delete_table()
+    yield from nft_table_for(settings, "ctr_kici_orph")
 
 
 def test_rules_are_reaped_only_for_addresses_no_kici_container_holds(box, docker_client, nft_table):

@@ -13,8 +13,7 @@ from agents.models import Agent, ScalerEvent
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.jobs import destroy_agent, enqueue_spawn
 from scalers.models import Reservation
-from tests.conftest import require_root
-from tests.ctr_helpers import free_port, make_agent, make_scaler, register_at_network_stage, remove_test_containers, wsgi_server
+from tests.ctr_helpers import nft_table_for, free_port, make_agent, make_scaler, register_at_network_stage, remove_test_containers, wsgi_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -23,13 +22,7 @@ TABLE = "ctr_kici"
 
 @pytest.fixture
 def nft_table(settings):
-    require_root()
-    from network.nft.apply import NftClient
-
-    settings.KICI_NFT_TABLE = TABLE
-    client = NftClient(TABLE)
-    yield client
-    client.delete_table()
+    yield from nft_table_for(settings, TABLE, create=False)
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,7 @@ from scalers.backends.base import SpawnAborted, SpawnControl
 from scalers.backends.container import ContainerBackend
 from scalers.jobs import expire_spawn, spawn_agent
 from scalers.models import Reservation
-from tests.conftest import require_root
-from tests.ctr_helpers import make_agent, make_scaler, register_at_network_stage, remove_test_containers
+from tests.ctr_helpers import nft_table_for, make_agent, make_scaler, register_at_network_stage, remove_test_containers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -25,14 +24,7 @@ TABLE = "ctr_kici_fail"
 
 @pytest.fixture
 def nft_table(settings):
-    require_root()
-    from network.nft.apply import NftClient
-
-    settings.KICI_NFT_TABLE = TABLE
-    client = NftClient(TABLE)
-    client.ensure_table()
-    yield client
-    client.delete_table()
+    yield from nft_table_for(settings, TABLE)
 
 
 @pytest.fixture(autouse=True)

@@ -18,11 +18,11 @@ from agents.liveness import assess, current_mark
 from agents.models import Agent, ScalerEvent
 from operations.choices import OperationStatus, RequestedVia, TargetOutcome
 from operations.models import Operation
-from operations.services import NothingToDo, approve_operation, create_operation
+from operations.services import NothingToDo, create_operation
 from scalers.models import RecoveryReport, Reservation
 from tests.ctr_helpers import make_agent, make_scaler
 from tests.operations_support import *  # noqa: F403
-from tests.operations_support import listening_worker
+from tests.operations_support import approve_and_run, outcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,18 +46,6 @@ def only_lost_agent_sweeps(monkeypatch, settings):
 @pytest.fixture
 def no_spawn(monkeypatch):
     monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
-
-
-def approve_and_run(op, approver, run_rq_jobs):
-    with listening_worker(op.host_queue):
-        approve_operation(op, approver)
-    run_rq_jobs(op.host_queue)
-    op.refresh_from_db()
-    return op
-
-
-def outcome(op, key):
-    return op.outcomes[key]["outcome"], op.outcomes[key]["detail"]
 
 
 def sweep(now=None):

@@ -22,6 +22,7 @@ from operations.services import NothingToDo, approve_operation, create_operation
 from scalers.models import ConfigState, Reservation, ScalerTeardown
 from tests.ctr_helpers import make_agent, make_scaler
 from tests.operations_support import *  # noqa: F403
+from tests.operations_support import approve_and_run, outcome
 from tests.operations_support import listening_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,18 +36,6 @@ def empty_queues():
 
     for name in settings.RQ_QUEUES:
         django_rq.get_queue(name).empty()
-
-
-def approve_and_run(op, approver, run_rq_jobs):
-    with listening_worker(op.host_queue):
-        approve_operation(op, approver)
-    run_rq_jobs(op.host_queue)
-    op.refresh_from_db()
-    return op
-
-
-def outcome(op, key):
-    return op.outcomes[key]["outcome"], op.outcomes[key]["detail"]
 
 
 # --- Firecracker orphans ------------------------------------------------------------------------
