@@ -1,11 +1,14 @@
 # KiCI Scaler Console. Quick start: `make run`, then `make test`.
-.PHONY: run test check bench clean
+.PHONY: run test lint check bench clean
 
 run:  ## set up everything missing, then run the console, its rq worker and the sweeper
 	bash scripts/run.sh
 
 test:  ## the whole suite (real PostgreSQL, Redis, dockerd, nft, Chromium)
 	bash scripts/test.sh $(ARGS)
+
+lint:  ## ruff: lint, import order and formatting (FIX=1 rewrites the files)
+	bash scripts/lint.sh $(if $(FIX),--fix,)
 
 check:  ## validate the scaler config without applying it (CONFIG=path to check another file)
 	bash scripts/check.sh $(CONFIG)

@@ -172,10 +172,17 @@ def register(request, raw: str, body: dict):
         )
         if not won:
             current = Agent.objects.filter(pk=agent.pk).values_list("state", flat=True).first()
-            return api_error(409, "not-spawning", f"agent {agent.agent_id} is {current}, no longer spawning: its spawn was given up", state=current)
+            return api_error(
+                409,
+                "not-spawning",
+                f"agent {agent.agent_id} is {current}, no longer spawning: its spawn was given up",
+                state=current,
+            )
         agent.state, agent.registered_at, agent.last_heartbeat = AgentState.RUNNING, now, now
         session = mint_session_token(agent)
-        record_event(agent, EventType.REGISTERED, "agent registered", payload={"remote": request.META.get("REMOTE_ADDR", "")})
+        record_event(
+            agent, EventType.REGISTERED, "agent registered", payload={"remote": request.META.get("REMOTE_ADDR", "")}
+        )
     _registration_hooks(agent)
     return JsonResponse(
         {
@@ -198,14 +205,25 @@ def register(request, raw: str, body: dict):
 def heartbeat(request, raw: str, body: dict, agent_id: str):
     """Record a heartbeat from a registered agent (see the module doc)."""
     active = body.get("activeJobs")
-    if active is not None and (not isinstance(active, int) or isinstance(active, bool) or not 0 <= active <= MAX_ACTIVE_JOBS):
-        return _bad_request(f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {_json_text(active)}", "activeJobs")
+    if active is not None and (
+        not isinstance(active, int) or isinstance(active, bool) or not 0 <= active <= MAX_ACTIVE_JOBS
+    ):
+        return _bad_request(
+            f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {_json_text(active)}", "activeJobs"
+        )
     try:
         agent = authenticate_session(raw, agent_id)
     except TokenRejected as exc:
         return _unauthorized(exc.reason)
     if agent.state in TERMINAL_STATES:
-        return api_error(410, "agent-finished", f"agent {agent.agent_id} is {agent.state}: stop", state=agent.state, drain=False, stop=True)
+        return api_error(
+            410,
+            "agent-finished",
+            f"agent {agent.agent_id} is {agent.state}: stop",
+            state=agent.state,
+            drain=False,
+            stop=True,
+        )
     now = timezone.now()
     fields = {"last_heartbeat": now}
     if active is not None:
@@ -214,7 +232,11 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
     if row_push_due(agent.last_heartbeat, now) or (active is not None and active != agent.active_jobs):
         push_heartbeat_row(agent.pk)  # open pages show the new age (throttled: agents.heartbeats)
     return JsonResponse(
-        {"state": agent.state, "drain": agent.state == AgentState.DRAINING, "stop": agent.state == AgentState.DESTROYING}
+        {
+            "state": agent.state,
+            "drain": agent.state == AgentState.DRAINING,
+            "stop": agent.state == AgentState.DESTROYING,
+        }
     )
 
 

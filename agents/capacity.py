@@ -74,7 +74,9 @@ def scaler_capacities(scalers=None) -> list[Capacity]:
     }
     states: dict[int, dict[str, int]] = defaultdict(dict)
     for row in (
-        Agent.objects.filter(scaler_id__in=ids, state__in=ACTIVE_STATES).values("scaler_id", "state").annotate(n=Count("id"))
+        Agent.objects.filter(scaler_id__in=ids, state__in=ACTIVE_STATES)
+        .values("scaler_id", "state")
+        .annotate(n=Count("id"))
     ):
         states[row["scaler_id"]][row["state"]] = row["n"]
     out = []

@@ -27,7 +27,15 @@ log = logging.getLogger(__name__)
 MAX_PENDING_PUBLICATIONS = 10_000
 
 
-def record_event(agent: Agent | None, type: str, detail: str = "", payload: dict | None = None, *, agent_ref: str = "", scaler_name: str = "") -> ScalerEvent:
+def record_event(
+    agent: Agent | None,
+    type: str,
+    detail: str = "",
+    payload: dict | None = None,
+    *,
+    agent_ref: str = "",
+    scaler_name: str = "",
+) -> ScalerEvent:
     """Store one event (``type`` is an ``agents.choices.EventType`` value) and publish it on commit.
 
     The live push goes to the channel-layer groups ``events.global`` and ``events.agent.<agent_id>``

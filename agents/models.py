@@ -22,7 +22,9 @@ class Agent(models.Model):
 
     agent_id = models.CharField(max_length=100, unique=True)
     scaler = models.ForeignKey("scalers.Scaler", on_delete=models.PROTECT, related_name="agents")
-    label_set = models.ForeignKey("scalers.LabelSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="agents")
+    label_set = models.ForeignKey(
+        "scalers.LabelSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="agents"
+    )
     state = models.CharField(max_length=20, choices=AgentState.choices, default=AgentState.SPAWNING, db_index=True)
     labels = models.JSONField(default=list, blank=True, help_text="full labels, incl. kici: auto labels")
     managed_id = models.CharField(max_length=200, blank=True)
@@ -38,7 +40,8 @@ class Agent(models.Model):
     failure_reason = models.TextField(blank=True)
     backend_context = models.JSONField(default=dict, blank=True)
     lost = models.JSONField(
-        default=dict, blank=True,
+        default=dict,
+        blank=True,
         help_text="the lost-agents sweep's mark while this agent is lost (agents.liveness.current_mark); {} otherwise",
     )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -80,7 +83,9 @@ class ScalerEvent(models.Model):
     """One lifecycle event of an agent (SPEC d: ``{agentId, eventType, detail, timestampMs}``)."""
 
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
-    agent_ref = models.CharField(max_length=100, blank=True, db_index=True, help_text="agent id, kept if the agent row goes")
+    agent_ref = models.CharField(
+        max_length=100, blank=True, db_index=True, help_text="agent id, kept if the agent row goes"
+    )
     scaler_name = models.CharField(max_length=200, blank=True)
     type = models.CharField(max_length=40, choices=EventType.choices)
     detail = models.TextField(blank=True)

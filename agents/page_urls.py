@@ -12,6 +12,10 @@ urlpatterns = [
     path("agents/<str:agent_id>/isolation/selftest", views.agent_selftest, name="agent_selftest"),
     path("agents/<str:agent_id>/console/", views.agent_console, name="agent_console"),
     path("agents/<str:agent_id>/console/<str:stream>/", views.agent_console, name="agent_console_stream"),
-    path("agents/<str:agent_id>/console/<str:stream>/download", views.agent_console_download, name="agent_console_download"),
+    path(
+        "agents/<str:agent_id>/console/<str:stream>/download",
+        views.agent_console_download,
+        name="agent_console_download",
+    ),
     path("events/", views.event_list, name="event_list"),
 ]

@@ -61,9 +61,13 @@ class PrivatePostgres:
 
     def start(self) -> str:
         self._as_postgres(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
-        opts = f"-c port={self.port} -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=128MB " \
-               f"-c unix_socket_directories={self.dir} -c fsync=on -c synchronous_commit=on"
-        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start")
+        opts = (
+            f"-c port={self.port} -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=128MB "
+            f"-c unix_socket_directories={self.dir} -c fsync=on -c synchronous_commit=on"
+        )
+        self._as_postgres(
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start"
+        )
         return f"postgres://postgres@127.0.0.1:{self.port}/{DB}"
 
     def stop(self) -> None:
@@ -92,7 +96,9 @@ def drop_database(url: str) -> None:
 def pgbench(url: str, clients: int, seconds: int) -> float:
     out = subprocess.run(
         ["pgbench", "-N", "-M", "prepared", "-j", "2", "-c", str(clients), "-T", str(seconds), url],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     for line in out.splitlines():
         if line.startswith("tps = "):
@@ -128,23 +134,37 @@ def configure_round(rng: random.Random) -> None:
     from scalers.models import ConfigState, LabelSet, MachinePool, Scaler
 
     with connection.cursor() as cur:
-        cur.execute("DELETE FROM scalers_reservation; DELETE FROM agents_agent; DELETE FROM scalers_scalerequest; "
-                    "DELETE FROM scalers_labelset; DELETE FROM scalers_scaler; DELETE FROM scalers_machinepool")
+        cur.execute(
+            "DELETE FROM scalers_reservation; DELETE FROM agents_agent; DELETE FROM scalers_scalerequest; "
+            "DELETE FROM scalers_labelset; DELETE FROM scalers_scaler; DELETE FROM scalers_machinepool"
+        )
     cfg = ConfigState.load()
     cfg.global_max_agents = rng.randint(500, 900)
     cfg.global_max_cpu = rng.choice([None, float(rng.randint(400, 900))])
     cfg.global_max_memory_bytes = rng.choice([None, rng.randint(600, 1200) * GiB])
     cfg.defaults = {}
     cfg.save()
-    pool = MachinePool.objects.create(name="box", max_cpu=float(rng.randint(150, 400)), max_memory_bytes=rng.randint(200, 600) * GiB)
+    pool = MachinePool.objects.create(
+        name="box", max_cpu=float(rng.randint(150, 400)), max_memory_bytes=rng.randint(200, 600) * GiB
+    )
     for i, name in enumerate(SCALERS):
         s = Scaler.objects.create(
-            name=name, type="container", max_agents=rng.randint(100, 350), max_concurrent_spawns=100_000,
-            max_cpu=rng.choice([None, float(rng.randint(100, 300))]), max_memory_bytes=rng.choice([None, rng.randint(100, 400) * GiB]),
-            machine_pool=pool if i < 2 else None, config={"name": name},
+            name=name,
+            type="container",
+            max_agents=rng.randint(100, 350),
+            max_concurrent_spawns=100_000,
+            max_cpu=rng.choice([None, float(rng.randint(100, 300))]),
+            max_memory_bytes=rng.choice([None, rng.randint(100, 400) * GiB]),
+            machine_pool=pool if i < 2 else None,
+            config={"name": name},
         )
-        LabelSet.objects.create(scaler=s, index=0, labels=["linux", name], normalized=f"linux,{name}",
-                                config={"labels": ["linux", name], "image": "a:1"})
+        LabelSet.objects.create(
+            scaler=s,
+            index=0,
+            labels=["linux", name],
+            normalized=f"linux,{name}",
+            config={"labels": ["linux", name], "image": "a:1"},
+        )
 
 
 def random_request(rng: random.Random) -> tuple[list[str], dict | None]:
@@ -159,7 +179,9 @@ def check_round() -> int:
 
     bad = 0
     with connection.cursor() as cur:
-        cur.execute("SELECT global_max_agents, global_max_cpu, global_max_memory_bytes FROM scalers_configstate WHERE id = 1")
+        cur.execute(
+            "SELECT global_max_agents, global_max_cpu, global_max_memory_bytes FROM scalers_configstate WHERE id = 1"
+        )
         gmax, gcpu, gmem = cur.fetchone()
         cur.execute("SELECT count(*), coalesce(sum(cpus), 0), coalesce(sum(memory_bytes), 0) FROM scalers_reservation")
         n, c, m = cur.fetchone()
@@ -181,12 +203,16 @@ def check_round() -> int:
         for mc, mm, c, m in cur.fetchall():
             bad += mc is not None and c > mc + 1e-6
             bad += mm is not None and m > mm
-        cur.execute("SELECT count(*) FROM agents_agent a LEFT JOIN scalers_reservation r ON r.agent_id = a.id WHERE r.id IS NULL")
+        cur.execute(
+            "SELECT count(*) FROM agents_agent a LEFT JOIN scalers_reservation r ON r.agent_id = a.id WHERE r.id IS NULL"
+        )
         bad += cur.fetchone()[0]  # an agent without a reservation would be capacity nobody counts
     return int(bad)
 
 
-def run_requesters(threads: int, per_thread: int, tag: str, start: threading.Barrier | None = None) -> tuple[list[float], dict, float]:
+def run_requesters(
+    threads: int, per_thread: int, tag: str, start: threading.Barrier | None = None
+) -> tuple[list[float], dict, float]:
     """``threads`` requesters each send ``per_thread`` requests; returns latencies (s), action
     counts and the wall time from the common start to the last answer."""
     from django.db import connection
@@ -298,7 +324,9 @@ def bench_processes(url: str, processes: int, threads: int, seconds: float, seed
     rounds = max(2, int(seconds // 1.5))
     barrier = ctx.Barrier(processes + 1)
     out = ctx.Queue()
-    children = [ctx.Process(target=_child, args=(url, per_proc, per_thread, rounds, i, barrier, out)) for i in range(processes)]
+    children = [
+        ctx.Process(target=_child, args=(url, per_proc, per_thread, rounds, i, barrier, out)) for i in range(processes)
+    ]
     for c in children:
         c.start()
     rng = random.Random(seed)
@@ -331,7 +359,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="timed seconds per measurement (default 8)")
     ap.add_argument("--concurrency", default="1,20,200", help="comma-separated requester counts")
     ap.add_argument("--processes", type=int, default=2, help="processes for the multi-process run (0 = skip)")
-    ap.add_argument("--database-url", help="use this server instead of a private one (its database %s is replaced)" % DB)
+    ap.add_argument(
+        "--database-url", help="use this server instead of a private one (its database %s is replaced)" % DB
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -374,17 +404,23 @@ def main() -> int:
         if pg is not None:
             pg.stop()
 
-    print(f"\nAdmission vs pgbench -N on the same database (PostgreSQL 15, fsync on; 2 cores shared; "
-          f"load average at start {load:.1f})")
-    print(f"{'requesters':>10} {'procs':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'avg batch':>9} {'admitted':>9} "
-          f"{'decisions':>9} {'pgbench tps':>12} {'ratio':>6} {'over-admissions':>16}")
+    print(
+        f"\nAdmission vs pgbench -N on the same database (PostgreSQL 15, fsync on; 2 cores shared; "
+        f"load average at start {load:.1f})"
+    )
+    print(
+        f"{'requesters':>10} {'procs':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'avg batch':>9} {'admitted':>9} "
+        f"{'decisions':>9} {'pgbench tps':>12} {'ratio':>6} {'over-admissions':>16}"
+    )
     bad = 0
     for r in results:
         ratio = r["per_second"] / r["pgbench_tps"] if r["pgbench_tps"] else 0.0
         bad += r["violations"]
         batch = f"{r['avg_batch']:.1f}" if "avg_batch" in r else "-"
-        print(f"{r['requesters']:>10} {r['processes']:>5} {r['per_second']:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {batch:>9} "
-              f"{r['admitted']:>9} {r['decisions']:>9} {r['pgbench_tps']:>12.0f} {ratio:>6.2f} {r['violations']:>16}")
+        print(
+            f"{r['requesters']:>10} {r['processes']:>5} {r['per_second']:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {batch:>9} "
+            f"{r['admitted']:>9} {r['decisions']:>9} {r['pgbench_tps']:>12.0f} {ratio:>6.2f} {r['violations']:>16}"
+        )
     print(f"\nover-admissions: {bad}")
     if args.json:
         print(json.dumps(results, indent=2))

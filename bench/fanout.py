@@ -87,9 +87,21 @@ def free_port() -> int:
 
 
 def start_daphne(port: int) -> subprocess.Popen:
-    prefix = [str(ROOT / ".venv" / "bin" / "python"), "-m", "cProfile", "-o", PROFILE] if PROFILE else [str(ROOT / ".venv" / "bin" / "python")]
+    prefix = (
+        [str(ROOT / ".venv" / "bin" / "python"), "-m", "cProfile", "-o", PROFILE]
+        if PROFILE
+        else [str(ROOT / ".venv" / "bin" / "python")]
+    )
     return subprocess.Popen(
-        [*prefix, str(ROOT / ".venv" / "bin" / "daphne"), "-b", "127.0.0.1", "-p", str(port), "kici_site.asgi:application"],
+        [
+            *prefix,
+            str(ROOT / ".venv" / "bin" / "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "kici_site.asgi:application",
+        ],
         cwd=ROOT,
         env=ENV,
         stdout=subprocess.DEVNULL,
@@ -209,7 +221,9 @@ async def publish(rate: int, seconds: float) -> int:
         if delay > 0:
             await asyncio.sleep(delay)
         html = f'<tbody hx-swap-oob="afterbegin:#event-rows"><tr id="event-{i}" data-bench="{i} {time.time():.6f}"><td>scaler.ready</td></tr></tbody>'
-        await apublish_message({"type": "event.message", "event_id": i, "agent_ref": "", "html": html}, [EVENTS_GLOBAL_GROUP], layer)
+        await apublish_message(
+            {"type": "event.message", "event_id": i, "agent_ref": "", "html": html}, [EVENTS_GLOBAL_GROUP], layer
+        )
     return total
 
 
@@ -282,7 +296,9 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument(
-        "--layer", choices=["project", "list"], default="project",
+        "--layer",
+        choices=["project", "list"],
+        default="project",
         help="project: the settings' layer (Redis Pub/Sub); list: channels_redis RedisChannelLayer (bench/settings/list_layer.py)",
     )
     args = parser.parse_args()

@@ -85,15 +85,21 @@ def main() -> int:
         print(f"apply {args.agents} agents, one nft -j -f transaction:   {big_full:.4f} s  ({rules} listed lines)")
         print(f"apply 10 agents, one transaction:                    {small_full:.4f} s")
         print(f"add one agent    @10: {small_add:.4f} s   @{args.agents}: {big_add:.4f} s   (median of {args.repeat})")
-        print(f"remove one agent @10: {small_remove:.4f} s   @{args.agents}: {big_remove:.4f} s   (median of {args.repeat})")
+        print(
+            f"remove one agent @10: {small_remove:.4f} s   @{args.agents}: {big_remove:.4f} s   (median of {args.repeat})"
+        )
         ok_full = big_full < 1.0
         ok_add = big_add < max(2 * small_add, small_add + 0.010)
-        print(f"target < 1 s for {args.agents}: {'met' if ok_full else 'MISSED'}; "
-              f"add-one flat (@{args.agents} < max(2x, +10 ms) of @10): {'met' if ok_add else 'MISSED'}")
+        print(
+            f"target < 1 s for {args.agents}: {'met' if ok_full else 'MISSED'}; "
+            f"add-one flat (@{args.agents} < max(2x, +10 ms) of @10): {'met' if ok_add else 'MISSED'}"
+        )
         if not ok_add:
-            print("  note: the kernel work per add is constant (two chains, two map elements); the growth is nft's\n"
-                  "  userspace cache fetch of the table's chains and map elements before it commits, which\n"
-                  "  every nft invocation pays. Only a direct netlink writer would remove it.")
+            print(
+                "  note: the kernel work per add is constant (two chains, two map elements); the growth is nft's\n"
+                "  userspace cache fetch of the table's chains and map elements before it commits, which\n"
+                "  every nft invocation pays. Only a direct netlink writer would remove it."
+            )
         return 0 if ok_full and ok_add else 1
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -82,9 +82,16 @@ def run(n: int) -> int:
             "stop and remove container",
             f"kici-agent-{i:08x}",
             {
-                "agent_id": f"scaler-container-{i:08x}", "container_state": "exited", "status": "Exited (0) 3 minutes ago",
-                "registered": False, "agent_row": "failed", "owner_instance": "console-a", "addresses": [f"172.30.{i // 250}.{i % 250 + 2}"],
-                "labels": {"kici-managed": "true", "kici-scaler-name": "ci"}, "age_seconds": 180 + i, "why": "exited, not tracked",
+                "agent_id": f"scaler-container-{i:08x}",
+                "container_state": "exited",
+                "status": "Exited (0) 3 minutes ago",
+                "registered": False,
+                "agent_row": "failed",
+                "owner_instance": "console-a",
+                "addresses": [f"172.30.{i // 250}.{i % 250 + 2}"],
+                "labels": {"kici-managed": "true", "kici-scaler-name": "ci"},
+                "age_seconds": 180 + i,
+                "why": "exited, not tracked",
             },
         )  # fmt: skip
         for i in range(n)
@@ -115,7 +122,9 @@ def run(n: int) -> int:
 
             writes["count"] += 1
             new_log = self.entries[self._log_from :] if self._log_from is not None else []
-            writes["bytes"] += len(json.dumps({k: self.outcomes[k] for k in self._dirty_keys})) + len(json.dumps(new_log))
+            writes["bytes"] += len(json.dumps({k: self.outcomes[k] for k in self._dirty_keys})) + len(
+                json.dumps(new_log)
+            )
         real_flush(self)
 
     Progress.flush = counting_flush
@@ -126,18 +135,26 @@ def run(n: int) -> int:
         time.sleep(0.0005)  # a docker remove takes far longer; this only spreads reports over time
     progress.flush()
     elapsed = time.perf_counter() - t0
-    print(f"run progress: {elapsed:.2f} s for {n} outcomes (incl. {n * 0.5:.0f} ms of simulated work); "
-          f"{writes['count']} writes, {writes['bytes'] / 1e6:.1f} MB of JSON sent")
+    print(
+        f"run progress: {elapsed:.2f} s for {n} outcomes (incl. {n * 0.5:.0f} ms of simulated work); "
+        f"{writes['count']} writes, {writes['bytes'] / 1e6:.1f} MB of JSON sent"
+    )
 
     op = Operation.objects.get(pk=op.pk)
-    render_to_string("operations/detail.html", {**detail_context(op, user, page=1), "request": None, "user": user})  # compile
+    render_to_string(
+        "operations/detail.html", {**detail_context(op, user, page=1), "request": None, "user": user}
+    )  # compile
     render_update(op.pk, user, keys=[targets[0].key])
     t0 = time.perf_counter()
-    html = render_to_string("operations/detail.html", {**detail_context(op, user, page=1), "request": None, "user": user})
+    html = render_to_string(
+        "operations/detail.html", {**detail_context(op, user, page=1), "request": None, "user": user}
+    )
     t1 = time.perf_counter()
     messages = render_update(op.pk, user, keys=[targets[-1].key])
     t2 = time.perf_counter()
-    print(f"page render: {1000 * (t1 - t0):.0f} ms ({len(html) / 1e6:.1f} MB); one live row push: {1000 * (t2 - t1):.1f} ms ({sum(map(len, messages))} bytes)")
+    print(
+        f"page render: {1000 * (t1 - t0):.0f} ms ({len(html) / 1e6:.1f} MB); one live row push: {1000 * (t2 - t1):.1f} ms ({sum(map(len, messages))} bytes)"
+    )
     return 0
 
 

@@ -44,8 +44,15 @@ def bench_plan(client, image: str, n: int, run: str) -> dict:
     api = client.api
     name = f"ctr-bench-{run}"
     created_s = create_many(
-        api, image, n,
-        lambda i: {"kici-managed": "true", "kici-scaler-name": name, "kici-agent-id": f"scaler-container-{i:08x}", "ctr-bench": run},
+        api,
+        image,
+        n,
+        lambda i: {
+            "kici-managed": "true",
+            "kici-scaler-name": name,
+            "kici-agent-id": f"scaler-container-{i:08x}",
+            "ctr-bench": run,
+        },
     )
     calls = {"list": 0}
     real = api.containers
@@ -56,7 +63,9 @@ def bench_plan(client, image: str, n: int, run: str) -> dict:
 
     api.containers = counted
     scaler = Scaler(name=name, type="container", max_agents=1)
-    backend = ContainerBackend(scaler, docker=client, network_isolation=False, tracked_ids=set, is_registered=lambda _id: False)
+    backend = ContainerBackend(
+        scaler, docker=client, network_isolation=False, tracked_ids=set, is_registered=lambda _id: False
+    )
     times = []
     for _ in range(3):
         calls["list"] = 0
@@ -82,7 +91,13 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
     nft = NftClient(table)
     nft.ensure_table()
     scaler = Scaler.objects.create(name=f"ctr-bench-spawn-{run}", type="container", max_agents=100)
-    ls = LabelSet.objects.create(scaler=scaler, index=0, labels=["linux"], normalized="linux", config={"labels": ["linux"], "image": image, "imagePullPolicy": "Never"})
+    ls = LabelSet.objects.create(
+        scaler=scaler,
+        index=0,
+        labels=["linux"],
+        normalized="linux",
+        config={"labels": ["linux"], "image": image, "imagePullPolicy": "Never"},
+    )
     backend = ContainerBackend(scaler, docker=client, nft=nft)
     raw, full = [], []
     import agents.events
@@ -95,7 +110,9 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
             # raw: what `docker create` + `docker start` cost on the same network
             t0 = time.perf_counter()
             c = api.create_container(
-                image, command=["sleep", "60"], labels={"ctr-bench": run},
+                image,
+                command=["sleep", "60"],
+                labels={"ctr-bench": run},
                 environment=[f"K{j}=v" for j in range(10)],
                 host_config=api.create_host_config(network_mode=ISOLATED_NETWORK_NAME, init=True, pids_limit=4096),
                 networking_config={"EndpointsConfig": {ISOLATED_NETWORK_NAME: {}}},
@@ -104,7 +121,9 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
             t_raw = time.perf_counter() - t0
             api.remove_container(c["Id"], force=True)
             # full: the backend's spawn, everything included
-            agent = Agent.objects.create(agent_id=f"scaler-container-{secrets.token_hex(4)}", scaler=scaler, label_set=ls, labels=["linux"])
+            agent = Agent.objects.create(
+                agent_id=f"scaler-container-{secrets.token_hex(4)}", scaler=scaler, label_set=ls, labels=["linux"]
+            )
             t0 = time.perf_counter()
             backend.spawn(agent, SpawnControl(deadline=time.time() + 60, cancelled=lambda: None))
             t_full = time.perf_counter() - t0
@@ -138,7 +157,12 @@ def main() -> int:
     os.environ["DOCKER_HOST"] = host
     import subprocess
 
-    subprocess.run(["sh", str(ROOT / "agent" / "build_image.sh"), "kici-agent:local"], check=True, env={**os.environ}, capture_output=True)
+    subprocess.run(
+        ["sh", str(ROOT / "agent" / "build_image.sh"), "kici-agent:local"],
+        check=True,
+        env={**os.environ},
+        capture_output=True,
+    )
     client = docker_client()
     run = secrets.token_hex(3)
     old = setup_databases(verbosity=0, interactive=False)
@@ -156,12 +180,20 @@ def main() -> int:
     best_plan = min(plan["plan_s"])
     raw_med, full_med = statistics.median(spawn["raw_ms"]), statistics.median(spawn["full_ms"])
     ratio = full_med / raw_med
-    print(f"orphan plan: {plan['containers']} labelled containers (created in {plan['create_s']:.1f} s, pruned in {prune_s:.1f} s)")
-    print(f"  plan_orphans: {', '.join(f'{t:.3f}' for t in plan['plan_s'])} s (best {best_plan:.3f} s, target < 2 s) "
-          f"-> {plan['planned']} targets, {plan['list_calls']} list call(s) per plan (target 1)")
+    print(
+        f"orphan plan: {plan['containers']} labelled containers (created in {plan['create_s']:.1f} s, pruned in {prune_s:.1f} s)"
+    )
+    print(
+        f"  plan_orphans: {', '.join(f'{t:.3f}' for t in plan['plan_s'])} s (best {best_plan:.3f} s, target < 2 s) "
+        f"-> {plan['planned']} targets, {plan['list_calls']} list call(s) per plan (target 1)"
+    )
     print(f"spawn overhead over {len(spawn['raw_ms'])} spawns:")
-    print(f"  raw docker create+start  median {raw_med:.1f} ms (min {min(spawn['raw_ms']):.1f}, max {max(spawn['raw_ms']):.1f})")
-    print(f"  backend spawn (full)     median {full_med:.1f} ms (min {min(spawn['full_ms']):.1f}, max {max(spawn['full_ms']):.1f})")
+    print(
+        f"  raw docker create+start  median {raw_med:.1f} ms (min {min(spawn['raw_ms']):.1f}, max {max(spawn['raw_ms']):.1f})"
+    )
+    print(
+        f"  backend spawn (full)     median {full_med:.1f} ms (min {min(spawn['full_ms']):.1f}, max {max(spawn['full_ms']):.1f})"
+    )
     print(f"  ratio {ratio:.3f}x (target <= 1.15x)")
     q_raw, q_full = statistics.median(quiet["raw_ms"]), statistics.median(quiet["full_ms"])
     print(f"  same, live event push disabled: raw {q_raw:.1f} ms, backend {q_full:.1f} ms, ratio {q_full / q_raw:.3f}x")

@@ -58,7 +58,9 @@ def make_layer():
         from channels_redis.pubsub import RedisPubSubChannelLayer
 
         db = REDIS_URL.rsplit("/", 1)[-1] if REDIS_URL.count("/") >= 3 else "0"
-        return RedisPubSubChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}], prefix=f"tailbench.db{db}.")
+        return RedisPubSubChannelLayer(
+            hosts=[{"address": REDIS_URL, "socket_timeout": None}], prefix=f"tailbench.db{db}."
+        )
     from channels_redis.core import RedisChannelLayer
 
     return RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}], capacity=1000, expiry=30)
@@ -281,7 +283,12 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--flood-gib", type=float, default=1.0)
     parser.add_argument("--skip-flood", action="store_true")
-    parser.add_argument("--layer", choices=["project", "list"], default="project", help="project: Redis Pub/Sub layer; list: RedisChannelLayer")
+    parser.add_argument(
+        "--layer",
+        choices=["project", "list"],
+        default="project",
+        help="project: Redis Pub/Sub layer; list: RedisChannelLayer",
+    )
     args = parser.parse_args()
     LAYER = args.layer
     asyncio.run(main(args))

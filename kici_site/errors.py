@@ -49,7 +49,9 @@ def is_api_request(request: HttpRequest) -> bool:
     return request.path_info.startswith(API_PREFIX)
 
 
-def api_error(status: int, code: str | None = None, message: str = "", *, field: str | None = None, **extra) -> JsonResponse:
+def api_error(
+    status: int, code: str | None = None, message: str = "", *, field: str | None = None, **extra
+) -> JsonResponse:
     """The JSON error response of every ``/api/v1`` endpoint (shape in the module doc).
 
     ``code`` defaults to :data:`STATUS_CODES` for ``status``; ``message`` to the status phrase.
@@ -71,7 +73,12 @@ def api_error(status: int, code: str | None = None, message: str = "", *, field:
 def error_page(request: HttpRequest, status: int, message: str = "", *, title: str = "") -> HttpResponse:
     """A styled error page (``templates/<status>.html``, else ``templates/error.html``) with the
     page frame's navigation. ``message`` says what went wrong in the operator's words."""
-    context = {"status": status, "title": title or HTTPStatus(status).phrase, "message": message, "request_path": request.path}
+    context = {
+        "status": status,
+        "title": title or HTTPStatus(status).phrase,
+        "message": message,
+        "request_path": request.path,
+    }
     try:
         html = render_to_string(f"{status}.html", context, request=request)
     except TemplateDoesNotExist:

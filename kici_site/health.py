@@ -41,9 +41,8 @@ def _check_docker() -> tuple[bool, str]:
 
 
 def _check_workers() -> tuple[bool, str]:
-    from rq import Worker
-
     import django_rq
+    from rq import Worker
 
     try:
         conn = django_rq.get_connection("default")
@@ -63,7 +62,12 @@ def healthz(request):
     Status 200 when every check passes, 503 otherwise.
     """
     checks = {}
-    for name, fn in (("database", _check_database), ("redis", _check_redis), ("docker", _check_docker), ("workers", _check_workers)):
+    for name, fn in (
+        ("database", _check_database),
+        ("redis", _check_redis),
+        ("docker", _check_docker),
+        ("workers", _check_workers),
+    ):
         ok, detail = fn()
         checks[name] = {"ok": ok, "detail": detail}
     healthy = all(c["ok"] for c in checks.values())

@@ -161,7 +161,9 @@ def _api_body(request, response):
 
 
 def _page_body(request, response):
-    fixed = error_page(request, response.status_code, _PAGE_MESSAGES[response.status_code].format(method=request.method))
+    fixed = error_page(
+        request, response.status_code, _PAGE_MESSAGES[response.status_code].format(method=request.method)
+    )
     if response.has_header("Allow"):
         fixed["Allow"] = response["Allow"]
     return fixed

@@ -69,7 +69,11 @@ def parse_cidr(cidr: str) -> CidrRange:
     first = int(net.network_address) + 1
     last = int(net.broadcast_address) - 1
     return CidrRange(
-        network=str(net), prefix=net.prefixlen, start=number_to_ip(first), end=number_to_ip(last), netmask=str(net.netmask)
+        network=str(net),
+        prefix=net.prefixlen,
+        start=number_to_ip(first),
+        end=number_to_ip(last),
+        netmask=str(net.netmask),
     )
 
 

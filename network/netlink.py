@@ -176,9 +176,7 @@ def ensure_bridge(name: str, address: str | None = None) -> int:
         if kind != "bridge":
             raise NetlinkError(f"{name}{_where()} exists but is a {kind or 'plain'} link, not a bridge")
         if iface is not None:
-            have = {
-                (a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=idx, family=_af(iface))
-            }
+            have = {(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=idx, family=_af(iface))}
             if (str(iface.ip), iface.network.prefixlen) not in have:
                 try:
                     ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)

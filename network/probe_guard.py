@@ -118,4 +118,6 @@ class ProbeGuard:
         if not routes:
             return RouteCheck(dst, False, "unknown", "", f"no route answer for {dst} ({first}): not probed")
         check = _judge(dst, routes[0], self.bridge)
-        return RouteCheck(check.destination, check.ok, check.where, check.dev, f"{check.detail} (the agent's lookup said: {first})")
+        return RouteCheck(
+            check.destination, check.ok, check.where, check.dev, f"{check.detail} (the agent's lookup said: {first})"
+        )

@@ -58,7 +58,15 @@ DEFAULT_PRIVATE_CANARIES = (("10.255.255.254", 80), ("172.31.255.254", 80), ("19
 DEFAULT_PUBLIC_CANARY = ("203.0.113.10", 443)
 
 State = Literal[
-    "open", "refused", "filtered", "unreachable", "no-reply", "error", "blocked-by-rule", "allowed-by-rule", "unverified"
+    "open",
+    "refused",
+    "filtered",
+    "unreachable",
+    "no-reply",
+    "error",
+    "blocked-by-rule",
+    "allowed-by-rule",
+    "unverified",
 ]
 #: Human wording of the rule-verified states, for the reachability table.
 RULE_STATE_TEXT = {
@@ -175,7 +183,7 @@ def _probe(sock: socket.socket, target: ProbeTarget, timeout: float) -> ProbeRes
             sock.send(b"kici-selftest-" + secrets.token_hex(4).encode())
             sock.recv(512)
             state = "open"
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         state = "filtered" if target.proto == "tcp" else "no-reply"
     except ConnectionRefusedError:
         state = "refused"
@@ -222,7 +230,10 @@ def verify_by_rules(
     if rules is None:
         state, detail = "unverified", "no isolation rules are in force for this agent"
     elif not (rules.mapped_input if host_local else rules.mapped_forward):
-        state, detail = "unverified", f"the agent's address is not in the {chain_name} verdict map: its {chain_name} rules are not in force"
+        state, detail = (
+            "unverified",
+            f"the agent's address is not in the {chain_name} verdict map: its {chain_name} rules are not in force",
+        )
     else:
         pkt = Packet(ipaddress.ip_address(target.host), target.proto, target.port)
         verdict = chain_verdict(rules.input if host_local else rules.forward, pkt, sets or {})
@@ -317,7 +328,11 @@ def default_selftest_targets(
             host = gw if spec.gateway.version == 4 else None
         else:
             net = entry.daddr
-            host = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(next(net.hosts(), net.network_address))
+            host = (
+                str(net.network_address)
+                if net.prefixlen == net.max_prefixlen
+                else str(next(net.hosts(), net.network_address))
+            )
         if host is not None:
             allowed.append(ProbeTarget("tcp", host, entry.port, True, f"hostAccess {entry.canonical}"))
 

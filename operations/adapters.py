@@ -26,7 +26,11 @@ def is_registered(agent) -> bool:
     """Whether an agent row says its agent registered and is still live (SPEC d "isRegistered")."""
     from agents.choices import AgentState
 
-    return agent is not None and agent.registered_at is not None and agent.state in (AgentState.RUNNING, AgentState.DRAINING)
+    return (
+        agent is not None
+        and agent.registered_at is not None
+        and agent.state in (AgentState.RUNNING, AgentState.DRAINING)
+    )
 
 
 def age_seconds(since: datetime | None, now: datetime | None = None) -> int | None:
@@ -107,7 +111,9 @@ def teardown_agent(agent, reason: str) -> bool:
     return admission_teardown(agent, reason, destroy_reason="shutdown")
 
 
-def teardown_lost_agent(agent_pk: int, state: str, last_heartbeat, *, reason: str, failure_reason: str) -> tuple[str, str]:
+def teardown_lost_agent(
+    agent_pk: int, state: str, last_heartbeat, *, reason: str, failure_reason: str
+) -> tuple[str, str]:
     """Release one lost agent (``operations.kinds.lost_agents``) → ``(TargetOutcome, detail)``.
 
     A compare-and-swap moves the row from ``state`` with exactly ``last_heartbeat`` (a datetime or
@@ -125,13 +131,18 @@ def teardown_lost_agent(agent_pk: int, state: str, last_heartbeat, *, reason: st
     from .choices import TargetOutcome
 
     now = timezone.now()
-    moved = Agent.objects.filter(pk=agent_pk, state=state, last_heartbeat=last_heartbeat).update(state=AgentState.DESTROYING, updated_at=now)
+    moved = Agent.objects.filter(pk=agent_pk, state=state, last_heartbeat=last_heartbeat).update(
+        state=AgentState.DESTROYING, updated_at=now
+    )
     if not moved:
         row = Agent.objects.filter(pk=agent_pk).values("state", "last_heartbeat").first()
         if row is None:
             return TargetOutcome.SKIPPED, "the agent row is gone"
         if row["last_heartbeat"] != last_heartbeat:
-            return TargetOutcome.SKIPPED, f"it heartbeated since the re-check (last heartbeat {row['last_heartbeat']}): not lost"
+            return (
+                TargetOutcome.SKIPPED,
+                f"it heartbeated since the re-check (last heartbeat {row['last_heartbeat']}): not lost",
+            )
         return TargetOutcome.SKIPPED, f"it is {row['state']} now, no longer {state}"
     agent = Agent.objects.select_related("scaler").get(pk=agent_pk)
     released = admission_teardown(
@@ -139,8 +150,13 @@ def teardown_lost_agent(agent_pk: int, state: str, last_heartbeat, *, reason: st
     )
     agent.refresh_from_db()
     if agent.state != AgentState.FAILED:
-        return TargetOutcome.FAILED, f"the backend could not remove its remains; the agent stays {agent.state} with its reservation and the sweeper retries"
-    return TargetOutcome.DONE, "remains removed, agent failed, " + ("reservation released" if released else "it held no reservation")
+        return (
+            TargetOutcome.FAILED,
+            f"the backend could not remove its remains; the agent stays {agent.state} with its reservation and the sweeper retries",
+        )
+    return TargetOutcome.DONE, "remains removed, agent failed, " + (
+        "reservation released" if released else "it held no reservation"
+    )
 
 
 def teardown_retired_scaler(scaler, reason: str) -> str:

@@ -18,7 +18,17 @@ class AuditEntryInline(ReadOnlyInline):
 
 @admin.register(Operation)
 class OperationAdmin(ReadOnlyAdmin):
-    list_display = ("id", "kind", "status", "scaler_name", "requested_by", "approved_by", "rejected_by", "created_at", "finished_at")
+    list_display = (
+        "id",
+        "kind",
+        "status",
+        "scaler_name",
+        "requested_by",
+        "approved_by",
+        "rejected_by",
+        "created_at",
+        "finished_at",
+    )
     list_filter = ("status", "kind", "requested_via", "auto_approved")
     search_fields = ("scaler_name", "agent_ids", "rq_job_id")
     inlines = [AuditEntryInline]

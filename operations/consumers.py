@@ -24,7 +24,11 @@ def render_update(
     log lines and audit; then, in a message of their own, the target rows of ``keys`` (every row
     when ``keys`` is None). Table rows travel alone because an HTML template parses ``<tr>`` only
     when the first element is table content."""
-    operation = Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by").filter(pk=operation_id).first()
+    operation = (
+        Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by")
+        .filter(pk=operation_id)
+        .first()
+    )
     if operation is None:
         return None
     if snapshot:
@@ -43,7 +47,9 @@ def render_update(
 class OperationConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
-        if not (user and user.is_authenticated and await database_sync_to_async(user.has_perm)("operations.view_operation")):
+        if not (
+            user and user.is_authenticated and await database_sync_to_async(user.has_perm)("operations.view_operation")
+        ):
             await self.close(code=4403)
             return
         self.operation_id = int(self.scope["url_route"]["kwargs"]["operation_id"])

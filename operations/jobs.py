@@ -46,7 +46,11 @@ class Progress:
         """Record what happened to target ``key`` (first report wins: a target is acted on once)."""
         if key in self.outcomes:
             return
-        self.outcomes[key] = {"outcome": TargetOutcome(outcome).value, "detail": detail, "at": timezone.now().isoformat()}
+        self.outcomes[key] = {
+            "outcome": TargetOutcome(outcome).value,
+            "detail": detail,
+            "at": timezone.now().isoformat(),
+        }
         self._dirty_keys.append(key)
         self._maybe_flush()
 
@@ -54,7 +58,9 @@ class Progress:
         if self._log_from is None:
             self._log_from = len(self.entries)
         self.entries.append({"at": timezone.now().isoformat(), "level": level, "message": message})
-        getattr(log, "warning" if level == "warning" else "error" if level == "error" else "info")("operation %s: %s", self.operation.pk, message)
+        getattr(log, "warning" if level == "warning" else "error" if level == "error" else "info")(
+            "operation %s: %s", self.operation.pk, message
+        )
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
@@ -92,7 +98,11 @@ def run_operation(operation_pk: int) -> str:
         log.warning("rq job for operation #%s: no such operation in this database; dropped", operation_pk)
         return f"operation #{operation_pk} does not exist; nothing run"
     if not transition(
-        operation, OperationStatus.APPROVED, OperationStatus.RUNNING, action=AuditAction.STARTED, started_at=timezone.now()
+        operation,
+        OperationStatus.APPROVED,
+        OperationStatus.RUNNING,
+        action=AuditAction.STARTED,
+        started_at=timezone.now(),
     ):
         operation.refresh_from_db()
         return f"operation #{operation_pk} is {operation.status}; nothing run"
@@ -111,7 +121,11 @@ def run_operation(operation_pk: int) -> str:
         matched = checked.matched
         if module.ATOMIC and checked.skipped and matched:
             for target in matched:
-                progress.report(target.key, TargetOutcome.SKIPPED, "not applied: this plan is applied whole and part of it changed since the preview")
+                progress.report(
+                    target.key,
+                    TargetOutcome.SKIPPED,
+                    "not applied: this plan is applied whole and part of it changed since the preview",
+                )
             matched = []
         progress.log(f"{len(matched)} target(s) unchanged since the preview, {len(checked.skipped)} skipped")
         if matched:

@@ -17,7 +17,9 @@ def group_name(operation_id: int) -> str:
     return f"operation.{operation_id}"
 
 
-def publish(operation_id: int, keys: Iterable[str] = (), log_from: int | None = None, log_to: int | None = None) -> None:
+def publish(
+    operation_id: int, keys: Iterable[str] = (), log_from: int | None = None, log_to: int | None = None
+) -> None:
     """Tell the operation's viewers that its status changed, that the targets ``keys`` have new
     outcomes, and that log entries ``[log_from:log_to]`` are new (the consumer renders exactly that
     slice from the database, so a notice handled late never repeats a line). Never raises: a push
@@ -31,7 +33,13 @@ def publish(operation_id: int, keys: Iterable[str] = (), log_from: int | None = 
             return
         async_to_sync(layer.group_send)(
             group_name(operation_id),
-            {"type": "operation.progress", "operation_id": operation_id, "keys": list(keys), "log_from": log_from, "log_to": log_to},
+            {
+                "type": "operation.progress",
+                "operation_id": operation_id,
+                "keys": list(keys),
+                "log_from": log_from,
+                "log_to": log_to,
+            },
         )
     except Exception:  # noqa: BLE001
         log.warning("could not publish progress of operation %s", operation_id, exc_info=True)

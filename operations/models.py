@@ -34,12 +34,18 @@ class Operation(models.Model):
     """
 
     kind = models.CharField(max_length=40, choices=OperationKind.choices, db_index=True)
-    status = models.CharField(max_length=20, choices=OperationStatus.choices, default=OperationStatus.PLANNED, db_index=True)
+    status = models.CharField(
+        max_length=20, choices=OperationStatus.choices, default=OperationStatus.PLANNED, db_index=True
+    )
 
     # Scope
-    scaler = models.ForeignKey("scalers.Scaler", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations")
+    scaler = models.ForeignKey(
+        "scalers.Scaler", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
+    )
     scaler_name = models.CharField(max_length=200, blank=True, help_text="kept if the scaler row goes")
-    label_set = models.ForeignKey("scalers.LabelSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations")
+    label_set = models.ForeignKey(
+        "scalers.LabelSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
+    )
     agent_ids = models.JSONField(default=list, blank=True)
     params = models.JSONField(default=dict, blank=True, help_text="kind-specific inputs, e.g. the new hostAccess list")
     host_queue = models.CharField(max_length=200, help_text="rq queue host:<name> of the host owning the targets")
@@ -57,9 +63,15 @@ class Operation(models.Model):
 
     # People
     requested_via = models.CharField(max_length=10, choices=RequestedVia.choices, default=RequestedVia.UI)
-    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    approved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    rejected_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    rejected_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     auto_approved = models.BooleanField(default=False)
     decision_note = models.TextField(blank=True)
 
@@ -127,8 +139,12 @@ class AuditEntry(models.Model):
     """One state change of an operation: who, when, from which status to which, and why."""
 
     operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="audit")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    username = models.CharField(max_length=150, blank=True, help_text="kept if the user goes; 'system' for sweeps and workers")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(
+        max_length=150, blank=True, help_text="kept if the user goes; 'system' for sweeps and workers"
+    )
     action = models.CharField(max_length=20, choices=AuditAction.choices)
     from_status = models.CharField(max_length=20, choices=OperationStatus.choices, blank=True)
     to_status = models.CharField(max_length=20, choices=OperationStatus.choices)

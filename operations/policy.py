@@ -41,7 +41,9 @@ def auto_approved_kinds() -> frozenset[str]:
     known = {k.value for k in OperationKind}
     for kind in kinds:
         if kind not in known:
-            raise ImproperlyConfigured(f"KICI_AUTO_APPROVE: {kind!r} is not an operation kind (known: {', '.join(sorted(known))})")
+            raise ImproperlyConfigured(
+                f"KICI_AUTO_APPROVE: {kind!r} is not an operation kind (known: {', '.join(sorted(known))})"
+            )
     return frozenset(kinds)
 
 

@@ -102,7 +102,12 @@ def target_rows(operation: Operation, keys=None, start: int = 0, stop: int | Non
 
 
 def detail_context(
-    operation: Operation, user, keys=None, log_from: int | None = None, page: int | None = None, log_to: int | None = None
+    operation: Operation,
+    user,
+    keys=None,
+    log_from: int | None = None,
+    page: int | None = None,
+    log_to: int | None = None,
 ) -> dict:
     """Everything ``operations/detail.html`` and its partials need. ``page`` (1-based) picks
     :data:`ROWS_PER_PAGE` plan rows; None renders all (or only ``keys``)."""

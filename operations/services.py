@@ -106,7 +106,12 @@ def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, param
         scaler = label_set.scaler
     module = get_kind(kind)
     known = getattr(module, "PARAMS", ())
-    scope = Scope(scaler=scaler, agent_ids=ids, label_set=label_set, params=jsonable({k: v for k, v in (params or {}).items() if k in known}))
+    scope = Scope(
+        scaler=scaler,
+        agent_ids=ids,
+        label_set=label_set,
+        params=jsonable({k: v for k, v in (params or {}).items() if k in known}),
+    )
     module.validate_scope(scope)
     return scope
 
@@ -146,7 +151,17 @@ def _audit(operation: Operation, user, action: str, from_status: str, to_status:
     )
 
 
-def transition(operation: Operation, from_status: str, to_status: str, *, action: str, user=None, detail: str = "", where: dict | None = None, **fields) -> bool:
+def transition(
+    operation: Operation,
+    from_status: str,
+    to_status: str,
+    *,
+    action: str,
+    user=None,
+    detail: str = "",
+    where: dict | None = None,
+    **fields,
+) -> bool:
     """Move ``operation`` from ``from_status`` to ``to_status`` by compare-and-swap, setting ``fields``.
 
     Returns False (and changes nothing) when the row was no longer in ``from_status`` or did not match
@@ -154,7 +169,9 @@ def transition(operation: Operation, from_status: str, to_status: str, *, action
     after commit.
     """
     with transaction.atomic():
-        changed = Operation.objects.filter(pk=operation.pk, status=from_status, **(where or {})).update(status=to_status, **fields)
+        changed = Operation.objects.filter(pk=operation.pk, status=from_status, **(where or {})).update(
+            status=to_status, **fields
+        )
         if changed != 1:
             return False
         _audit(operation, user, action, from_status, to_status, detail)
@@ -175,7 +192,9 @@ def _require(user, perm: str) -> None:
         raise PermissionDenied(f"{_username(user)} lacks the permission {perm}")
 
 
-def create_operation(kind: str, scope: Scope | dict, user, *, via: str = RequestedVia.UI, now: datetime | None = None) -> Operation:
+def create_operation(
+    kind: str, scope: Scope | dict, user, *, via: str = RequestedVia.UI, now: datetime | None = None
+) -> Operation:
     """Plan ``kind`` for ``scope`` and store it as a *planned* operation awaiting a decision.
 
     ``scope`` is a :class:`Scope` or the keyword arguments of :func:`resolve_scope`. ``user`` needs
@@ -216,7 +235,9 @@ def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: date
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 8))", [f"operations:{scope_key}"])
         existing = (
-            Operation.objects.filter(kind=kind, scope_key=scope_key, plan_digest=digest, status=OperationStatus.PLANNED, expires_at__gt=now)
+            Operation.objects.filter(
+                kind=kind, scope_key=scope_key, plan_digest=digest, status=OperationStatus.PLANNED, expires_at__gt=now
+            )
             .order_by("-created_at")
             .first()
         )
@@ -243,7 +264,9 @@ def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: date
         )
         Operation.objects.filter(pk=operation.pk).update(created_at=now)
         operation.created_at = now
-        _audit(operation, user, AuditAction.REQUESTED, "", OperationStatus.PLANNED, f"{len(targets)} target(s) via {via}")
+        _audit(
+            operation, user, AuditAction.REQUESTED, "", OperationStatus.PLANNED, f"{len(targets)} target(s) via {via}"
+        )
     operation.reused = False
     return operation
 
@@ -253,7 +276,13 @@ def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: date
 
 def _refuse_if_expired(operation: Operation, now: datetime) -> None:
     if operation.status == OperationStatus.PLANNED and operation.expires_at <= now:
-        transition(operation, OperationStatus.PLANNED, OperationStatus.EXPIRED, action=AuditAction.EXPIRED, detail="expired when a decision was attempted")
+        transition(
+            operation,
+            OperationStatus.PLANNED,
+            OperationStatus.EXPIRED,
+            action=AuditAction.EXPIRED,
+            detail="expired when a decision was attempted",
+        )
     if operation.status == OperationStatus.EXPIRED:
         raise PlanExpired(
             f"operation #{operation.pk} expired at {operation.expires_at:%Y-%m-%d %H:%M:%S %Z}: its evidence is too old to act on; plan it again"
@@ -262,7 +291,9 @@ def _refuse_if_expired(operation: Operation, now: datetime) -> None:
 
 def _refuse_unless_planned(operation: Operation, verb: str) -> None:
     if operation.status != OperationStatus.PLANNED:
-        raise InvalidTransition(f"operation #{operation.pk} is {operation.status}: only a planned operation can be {verb}")
+        raise InvalidTransition(
+            f"operation #{operation.pk} is {operation.status}: only a planned operation can be {verb}"
+        )
 
 
 def check_worker(operation: Operation) -> None:
@@ -279,7 +310,13 @@ def check_worker(operation: Operation) -> None:
 
 
 def approve_operation(
-    operation: Operation, user, *, note: str = "", now: datetime | None = None, require_worker: bool = True, enqueue: bool = True
+    operation: Operation,
+    user,
+    *,
+    note: str = "",
+    now: datetime | None = None,
+    require_worker: bool = True,
+    enqueue: bool = True,
 ) -> Operation:
     """Approve a planned operation and enqueue its run on commit (queue ``operation.host_queue``).
 
@@ -310,10 +347,20 @@ def auto_approve(operation: Operation, *, now: datetime | None = None) -> Operat
     now = now or timezone.now()
     _refuse_if_expired(operation, now)
     _refuse_unless_planned(operation, "approved")
-    return _approve(operation, None, AuditAction.AUTO_APPROVED, "approved by the auto-approve policy of this kind", now, enqueue=True, auto=True)
+    return _approve(
+        operation,
+        None,
+        AuditAction.AUTO_APPROVED,
+        "approved by the auto-approve policy of this kind",
+        now,
+        enqueue=True,
+        auto=True,
+    )
 
 
-def _approve(operation: Operation, user, action: str, note: str, now: datetime, *, enqueue: bool, auto: bool) -> Operation:
+def _approve(
+    operation: Operation, user, action: str, note: str, now: datetime, *, enqueue: bool, auto: bool
+) -> Operation:
     job_id = f"operation-{operation.pk}"
     with transaction.atomic():
         ok = transition(
@@ -371,7 +418,13 @@ def expire_due_operations(now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     expired = []
     for operation in Operation.objects.filter(status=OperationStatus.PLANNED, expires_at__lte=now):
-        if transition(operation, OperationStatus.PLANNED, OperationStatus.EXPIRED, action=AuditAction.EXPIRED, detail="plan TTL elapsed"):
+        if transition(
+            operation,
+            OperationStatus.PLANNED,
+            OperationStatus.EXPIRED,
+            action=AuditAction.EXPIRED,
+            detail="plan TTL elapsed",
+        ):
             expired.append(operation.pk)
     return expired
 

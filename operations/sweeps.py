@@ -81,7 +81,9 @@ def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
             except Exception as exc:  # noqa: BLE001 - one scope failing must not stop the others
                 result = f"error: {type(exc).__name__}: {exc}"
                 log.warning("sweep %s failed: %s", key, exc, exc_info=True)
-            SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]})
+            SweepState.objects.update_or_create(
+                sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]}
+            )
     return created
 
 
@@ -101,7 +103,9 @@ def fail_lost_runs(now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     lost = []
     grace = now - timedelta(seconds=LOST_JOB_GRACE_SECONDS)
-    candidates = Operation.objects.filter(status__in=[OperationStatus.APPROVED, OperationStatus.RUNNING], decided_at__lt=grace).exclude(rq_job_id="")
+    candidates = Operation.objects.filter(
+        status__in=[OperationStatus.APPROVED, OperationStatus.RUNNING], decided_at__lt=grace
+    ).exclude(rq_job_id="")
     for operation in candidates:
         try:
             queue = get_queue(operation.host_queue)

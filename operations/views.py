@@ -75,12 +75,16 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    operation = get_object_or_404(Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by"), pk=pk)
+    operation = get_object_or_404(
+        Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by"), pk=pk
+    )
     try:
         page = int(request.GET.get("page", "1"))
     except ValueError:
         page = 1
-    return render(request, "operations/detail.html", {"nav": "operations", **detail_context(operation, request.user, page=page)})
+    return render(
+        request, "operations/detail.html", {"nav": "operations", **detail_context(operation, request.user, page=page)}
+    )
 
 
 def _scope_from_post(request: HttpRequest) -> dict:
@@ -114,11 +118,15 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     try:
         module = get_kind(kind)
     except ValueError as exc:
-        return render(request, "operations/refused.html", {"title": "Unknown operation", "message": str(exc)}, status=400)
+        return render(
+            request, "operations/refused.html", {"title": "Unknown operation", "message": str(exc)}, status=400
+        )
     try:
         operation = create_operation(module.KIND, _scope_from_post(request), request.user, via=RequestedVia.UI)
     except (ScopeInvalid, PlanRefused) as exc:
-        return render(request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=400)
+        return render(
+            request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=400
+        )
     except NothingToDo as exc:
         return render(
             request,
@@ -127,7 +135,9 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
             status=200,
         )
     except OperationError as exc:
-        return render(request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=409)
+        return render(
+            request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=409
+        )
     if operation.reused:
         messages.info(request, f"An identical plan is already open: operation #{operation.pk}.")
     url = reverse("operations:detail", args=[operation.pk])

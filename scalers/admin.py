@@ -16,8 +16,8 @@ from .models import (
     RecoveryReport,
     Reservation,
     Scaler,
-    ScalerTeardown,
     ScaleRequest,
+    ScalerTeardown,
 )
 
 
@@ -55,8 +55,16 @@ class ScaleRequestAdmin(ReadOnlyAdmin):
 
 @admin.register(RecoveryReport)
 class RecoveryReportAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "instance_id", "trigger", "spawning_agents_rehydrated", "spawning_dropped",
-                    "reservations_rehydrated", "reservations_dropped", "error")
+    list_display = (
+        "created_at",
+        "instance_id",
+        "trigger",
+        "spawning_agents_rehydrated",
+        "spawning_dropped",
+        "reservations_rehydrated",
+        "reservations_dropped",
+        "error",
+    )
     list_filter = ("trigger", "instance_id")
 
 

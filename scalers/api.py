@@ -43,10 +43,10 @@ from django.db import DatabaseError, close_old_connections
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from kici_site.errors import api_error
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.service import _enqueue_or_fail
-from kici_site.errors import api_error
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
 
 log = logging.getLogger(__name__)
@@ -122,15 +122,25 @@ async def scale(request):
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
 
     if decision.action == "spawning":
-        return JsonResponse({"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201)
+        return JsonResponse(
+            {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201
+        )
     if decision.action == "assigned":
         return JsonResponse(
-            {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type, "warm": True}, status=200
+            {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type, "warm": True},
+            status=200,
         )
     if decision.action == "at-capacity":
         return _error(409, "at-capacity", decision.reason, cap=decision.cap, scaler=decision.scaler)
     if decision.action == "exceeds-cap":
-        return _error(422, "exceeds-cap", decision.reason, cap=decision.cap, scaler=decision.scaler, detail=decision.reason)
+        return _error(
+            422, "exceeds-cap", decision.reason, cap=decision.cap, scaler=decision.scaler, detail=decision.reason
+        )
     if decision.action == "no-backend":
-        return _error(422, "no-matching-label-set", f"no label set of any scaler matches {list(data.labels)}", labels=list(data.labels))
+        return _error(
+            422,
+            "no-matching-label-set",
+            f"no label set of any scaler matches {list(data.labels)}",
+            labels=list(data.labels),
+        )
     return _error(503, "skipped", decision.reason)

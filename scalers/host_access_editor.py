@@ -138,8 +138,12 @@ def check_lines(text: str) -> list[EntryCheck]:
             warning = next(iter(host_access_warnings([parsed])), "")
             checks.append(
                 EntryCheck(
-                    line=number, text=parsed.text, ok=True, meaning=describe_host_access_entry(parsed),
-                    duplicate=parsed.text in seen, warning=warning,
+                    line=number,
+                    text=parsed.text,
+                    ok=True,
+                    meaning=describe_host_access_entry(parsed),
+                    duplicate=parsed.text in seen,
+                    warning=warning,
                 )
             )
             seen.add(parsed.text)
@@ -232,12 +236,16 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     if general or any(not c.ok for c in checks):
         return EditorPlan(label_set, mode, checks, general, None, [], [], False)
     current = label_set.host_access
-    unchanged = (mode == DEFAULT and current is None) or (mode == EXPLICIT and current is not None and list(current) == entries)
+    unchanged = (mode == DEFAULT and current is None) or (
+        mode == EXPLICIT and current is not None and list(current) == entries
+    )
     effective = effective_host_access(label_set, entries)
     gateway = gateway_for(label_set.scaler)
     current_effective = effective_host_access(label_set, current)
     agents = list(
-        Agent.objects.filter(label_set=label_set, state__in=ACTIVE_STATES).select_related("label_set").order_by("created_at")[:agent_limit]
+        Agent.objects.filter(label_set=label_set, state__in=ACTIVE_STATES)
+        .select_related("label_set")
+        .order_by("created_at")[:agent_limit]
     )
     diffs = [rule_diff(a, effective, gateway, current_effective) for a in agents]
     return EditorPlan(label_set, mode, checks, general, entries, effective, diffs, unchanged)

@@ -15,8 +15,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import django_rq
 from django.conf import settings
@@ -97,7 +96,9 @@ def release_reservation(agent: Agent, reason: str) -> None:
     release(agent.agent_id, reason)
 
 
-def fail_spawn(agent: Agent, error: BaseException | str, *, captured: list[str] | None = None, reason: str = "spawn-failed") -> None:
+def fail_spawn(
+    agent: Agent, error: BaseException | str, *, captured: list[str] | None = None, reason: str = "spawn-failed"
+) -> None:
     """Record ``scaler.failed`` (+ captured output), mark the agent failed, release its reservation.
 
     Called once the backend's failure path removed what the spawn created, so the state change is
@@ -164,9 +165,15 @@ def spawn_agent(agent_pk: int) -> str:
 def schedule_expiry(agent: Agent) -> None:
     """Schedule :func:`expire_spawn` at the agent's spawn deadline (needs a worker ``--with-scheduler``;
     ``expire_overdue_spawns`` is the periodic backstop)."""
-    when = datetime.fromtimestamp(_deadline(agent), tz=dt_timezone.utc)
+    when = datetime.fromtimestamp(_deadline(agent), tz=UTC)
     try:
-        host_queue().enqueue_at(when, expire_spawn, agent.pk, job_id=f"expire-{agent.agent_id}", description=f"registration deadline of {agent.agent_id}")
+        host_queue().enqueue_at(
+            when,
+            expire_spawn,
+            agent.pk,
+            job_id=f"expire-{agent.agent_id}",
+            description=f"registration deadline of {agent.agent_id}",
+        )
     except Exception:  # noqa: BLE001 - the periodic sweep still catches it
         log.warning("could not schedule the registration deadline of %s", agent.agent_id, exc_info=True)
 
@@ -207,7 +214,9 @@ def expire_spawn(agent_pk: int, *, now: datetime | None = None) -> bool:
         admission_fail_spawn = None
     if admission_fail_spawn is not None:
         # destroy first, release only once destroy succeeded (else the sweeper retries)
-        admission_fail_spawn(agent, failure_detail(error, captured), reason="spawn-timeout", destroy_reason="spawn-timeout")
+        admission_fail_spawn(
+            agent, failure_detail(error, captured), reason="spawn-timeout", destroy_reason="spawn-timeout"
+        )
         return True
     try:
         backend.destroy(agent, reason="spawn-timeout")

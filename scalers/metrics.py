@@ -82,7 +82,9 @@ class DatabaseCollector:
             names = sorted(labels)
             if name not in families:
                 if name == REFERENCE_GAUGE:
-                    families[name] = GaugeMetricFamily(name, "Spawn refusals on count and resource caps (reference gauge).")
+                    families[name] = GaugeMetricFamily(
+                        name, "Spawn refusals on count and resource caps (reference gauge)."
+                    )
                 else:
                     families[name] = CounterMetricFamily(name, _HELP.get(name, name), labels=names)
                 label_names[name] = names
@@ -100,7 +102,9 @@ class DatabaseCollector:
 
     def _usage(self):
         cpus = GaugeMetricFamily("kici_orch_scaler_cpus_used", "CPUs reserved.", labels=["scaler", "scalerType"])
-        mem = GaugeMetricFamily("kici_orch_scaler_memory_bytes_used", "Memory reserved (bytes).", labels=["scaler", "scalerType"])
+        mem = GaugeMetricFamily(
+            "kici_orch_scaler_memory_bytes_used", "Memory reserved (bytes).", labels=["scaler", "scalerType"]
+        )
         res = GaugeMetricFamily("kici_scaler_reservations", "Reservation rows held.", labels=["scaler"])
         agents = GaugeMetricFamily("kici_scaler_agents", "Active agents by state.", labels=["scaler", "state"])
         with connection.cursor() as cur:
@@ -124,7 +128,11 @@ class DatabaseCollector:
             )
             for name, state, n in cur.fetchall():
                 agents.add_metric([name, state], n)
-            lost = GaugeMetricFamily("kici_scaler_lost_agents", "Running or draining agents marked lost, by evidence.", labels=["scaler", "lostBy"])
+            lost = GaugeMetricFamily(
+                "kici_scaler_lost_agents",
+                "Running or draining agents marked lost, by evidence.",
+                labels=["scaler", "lostBy"],
+            )
             cur.execute(
                 "SELECT s.name, a.lost->>'lost_by', count(*) FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id "
                 "WHERE a.state IN ('running', 'draining') AND a.lost <> '{}'::jsonb GROUP BY 1, 2 ORDER BY 1, 2"
@@ -136,9 +144,15 @@ class DatabaseCollector:
     def _warm_pools(self):
         from scalers.warm_pools import pool_status
 
-        target = GaugeMetricFamily("kici_orch_scaler_warm_pool_target", "Warm pool target size.", labels=["scaler", "labelSet"])
-        ready = GaugeMetricFamily("kici_orch_scaler_warm_pool_ready", "Idle warm agents ready.", labels=["scaler", "labelSet"])
-        flight = GaugeMetricFamily("kici_orch_scaler_warm_pool_in_flight", "Warm agents spawning.", labels=["scaler", "labelSet"])
+        target = GaugeMetricFamily(
+            "kici_orch_scaler_warm_pool_target", "Warm pool target size.", labels=["scaler", "labelSet"]
+        )
+        ready = GaugeMetricFamily(
+            "kici_orch_scaler_warm_pool_ready", "Idle warm agents ready.", labels=["scaler", "labelSet"]
+        )
+        flight = GaugeMetricFamily(
+            "kici_orch_scaler_warm_pool_in_flight", "Warm agents spawning.", labels=["scaler", "labelSet"]
+        )
         for p in pool_status():
             target.add_metric([p.scaler, p.label_set], p.target)
             ready.add_metric([p.scaler, p.label_set], p.ready)
@@ -147,7 +161,8 @@ class DatabaseCollector:
 
     def _failures(self):
         fam = CounterMetricFamily(
-            "kici_orch_scaler_spawn_failures", "scaler.failed events stored, by backend and whether a job was bound.",
+            "kici_orch_scaler_spawn_failures",
+            "scaler.failed events stored, by backend and whether a job was bound.",
             labels=["backend", "bound"],
         )
         with connection.cursor() as cur:

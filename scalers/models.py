@@ -34,7 +34,7 @@ class ConfigState(models.Model):
         return f"config from {self.source or '(none)'}"
 
     @classmethod
-    def load(cls) -> "ConfigState":
+    def load(cls) -> ConfigState:
         obj, _ = cls.objects.get_or_create(pk=1)
         return obj
 
@@ -59,7 +59,9 @@ class Scaler(models.Model):
     max_concurrent_spawns = models.PositiveIntegerField(default=8)
     max_cpu = models.FloatField(null=True, blank=True, help_text="resourceCap.maxCpu")
     max_memory_bytes = models.BigIntegerField(null=True, blank=True, help_text="resourceCap.maxMemory in bytes")
-    machine_pool = models.ForeignKey(MachinePool, null=True, blank=True, on_delete=models.SET_NULL, related_name="scalers")
+    machine_pool = models.ForeignKey(
+        MachinePool, null=True, blank=True, on_delete=models.SET_NULL, related_name="scalers"
+    )
     mandatory_labels = models.JSONField(default=list, blank=True)
     roles = models.JSONField(null=True, blank=True, help_text="null = all roles")
     orchestrator_url = models.CharField(max_length=500, blank=True)

@@ -25,6 +25,10 @@ urlpatterns = [
     path("", pages.scaler_list, name="scaler_list"),
     path("<scaler:name>/", pages.scaler_detail, name="scaler_detail"),
     path("<scaler:name>/label-sets/<int:index>/host-access/", pages.host_access_editor, name="host_access_editor"),
-    path("<scaler:name>/label-sets/<int:index>/host-access/preview", pages.host_access_preview, name="host_access_preview"),
+    path(
+        "<scaler:name>/label-sets/<int:index>/host-access/preview",
+        pages.host_access_preview,
+        name="host_access_preview",
+    ),
     path("<scaler:name>/label-sets/<int:index>/host-access/apply", pages.host_access_apply, name="host_access_apply"),
 ]

@@ -34,7 +34,9 @@ REQUEST_PERM = "operations.request_operation"
 @viewer_required
 def scaler_list(request):
     """``/scalers/``: every scaler with its capacity and label-set count."""
-    scalers = Scaler.objects.annotate(n_label_sets=Count("label_sets", filter=Q(label_sets__retired=False))).select_related("machine_pool")
+    scalers = Scaler.objects.annotate(
+        n_label_sets=Count("label_sets", filter=Q(label_sets__retired=False))
+    ).select_related("machine_pool")
     return render(request, "scalers/list.html", {"nav": "scalers", "caps": scaler_capacities(scalers)})
 
 
@@ -48,7 +50,9 @@ def scaler_detail(request, name: str):
     """``/scalers/<name>/``: caps, configuration, label sets with host access, live agents, events."""
     scaler = _scaler(name)
     label_sets = list(
-        scaler.label_sets.annotate(n_active=Count("agents", filter=Q(agents__state__in=ACTIVE_STATES))).order_by("index")
+        scaler.label_sets.annotate(n_active=Count("agents", filter=Q(agents__state__in=ACTIVE_STATES))).order_by(
+            "index"
+        )
     )
     for ls in label_sets:
         cfg = ls.config or {}
@@ -79,7 +83,15 @@ TYPE_FIELDS = {
     # bare-metal runs container-mode label sets through the container backend's settings
     "bare-metal": ("enforceCgroups", "host", "socketPath", "runtime", "extraHosts", "networkIsolation"),
     "firecracker": (
-        "firecrackerPath", "jailerPath", "kernelPath", "chrootBaseDir", "uid", "gid", "vcpuCount", "memSizeMib", "requireSudo",
+        "firecrackerPath",
+        "jailerPath",
+        "kernelPath",
+        "chrootBaseDir",
+        "uid",
+        "gid",
+        "vcpuCount",
+        "memSizeMib",
+        "requireSudo",
     ),
     "event": ("provisioningTargets", "claimTtlSeconds", "agentTokenTtlSeconds"),
 }
@@ -142,7 +154,9 @@ def host_access_editor(request, name: str, index: int):
     """``/scalers/<name>/label-sets/<index>/host-access/``: edit, preview, and request an apply."""
     label_set = _label_set(name, index)
     mode = EXPLICIT if label_set.host_access is not None else DEFAULT
-    return render(request, "scalers/host_access.html", _editor_context(request, label_set, mode, _initial_text(label_set)))
+    return render(
+        request, "scalers/host_access.html", _editor_context(request, label_set, mode, _initial_text(label_set))
+    )
 
 
 @require_POST
@@ -179,7 +193,9 @@ def host_access_apply(request, name: str, index: int):
 
     params = {"host_access": plan.entries}  # None = back to the default (operations.kinds.host_access_apply)
     try:
-        operation = services.create_operation(HOST_ACCESS_KIND, {"label_set": label_set, "params": params}, request.user)
+        operation = services.create_operation(
+            HOST_ACCESS_KIND, {"label_set": label_set, "params": params}, request.user
+        )
     except PermissionDenied:
         raise
     except Exception as exc:  # noqa: BLE001 - NothingToDo, ScopeInvalid, planner errors: all say why

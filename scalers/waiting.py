@@ -20,7 +20,7 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.templatetags.kici_ui import bytes_iec
 from agents.views.common import viewer_required
-from scalers.models import ConfigState, Reservation, Scaler, ScaleOutcome, ScaleRequest, WAITING_OUTCOMES
+from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
 
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
 WAITING_WINDOW = timedelta(hours=6)
@@ -111,11 +111,14 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
     now = now or timezone.now()
     cfg = ConfigState.load()
     requests = list(
-        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW).order_by("-decided_at")[
-            :MAX_REQUESTS
-        ]
+        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW).order_by(
+            "-decided_at"
+        )[:MAX_REQUESTS]
     )
-    scalers = {s.name: s for s in Scaler.objects.select_related("machine_pool").filter(name__in={r.scaler_name for r in requests})}
+    scalers = {
+        s.name: s
+        for s in Scaler.objects.select_related("machine_pool").filter(name__in={r.scaler_name for r in requests})
+    }
     groups: dict[tuple[str, str, str], WaitingGroup] = {}
     for r in requests:
         key = (r.outcome, r.cap, r.scaler_name if _CAP_SCOPE.get(r.cap) != "global" else "")
@@ -123,8 +126,13 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
         if group is None:
             scaler = scalers.get(r.scaler_name)
             scope = _CAP_SCOPE.get(r.cap, "") if r.outcome != ScaleOutcome.EXCEEDS_CAP else ""
-            group = WaitingGroup(outcome=r.outcome, cap=r.cap, scaler=key[2], scope=scope,
-                                 limit=_limit_text(r.cap, scaler, cfg) if r.cap else "")
+            group = WaitingGroup(
+                outcome=r.outcome,
+                cap=r.cap,
+                scaler=key[2],
+                scope=scope,
+                limit=_limit_text(r.cap, scaler, cfg) if r.cap else "",
+            )
             if scope:
                 qs = _holders(scope, scaler)
                 group.holders_total = qs.count()
@@ -156,6 +164,10 @@ def why_waiting(request):
     return render(
         request,
         "scalers/why_waiting.html",
-        {"groups": groups, "nav": "waiting", "window_hours": int(WAITING_WINDOW.total_seconds() // 3600),
-         "n_requests": sum(len(g.requests) for g in groups)},
+        {
+            "groups": groups,
+            "nav": "waiting",
+            "window_hours": int(WAITING_WINDOW.total_seconds() // 3600),
+            "n_requests": sum(len(g.requests) for g in groups),
+        },
     )

@@ -88,7 +88,9 @@ def configured_pools(world: World) -> tuple[list[PoolSpec], list[str]]:
                     f"warm pool {info.name}[{key}] not configured: neither the label set nor defaults declare cpus or memory"
                 )
                 continue
-            pools.append(PoolSpec(info.pk, info.name, ls.pk, key, info.warm_pool_size, info.warm_pool_idle_timeout_seconds))
+            pools.append(
+                PoolSpec(info.pk, info.name, ls.pk, key, info.warm_pool_size, info.warm_pool_idle_timeout_seconds)
+            )
     return pools, warnings
 
 
@@ -156,7 +158,9 @@ def deficit_pass() -> int:
             n = max(0, min(deficit, left, global_left))
             scaler_left[pool.scaler_pk] = left - n
             global_left -= n
-            requests += [Request(labels=(), job_id="", warm=True, target=(pool.scaler_pk, pool.label_set_pk)) for _ in range(n)]
+            requests += [
+                Request(labels=(), job_id="", warm=True, target=(pool.scaler_pk, pool.label_set_pk)) for _ in range(n)
+            ]
         if not requests:
             return 0
         result = decide_batch(requests)
@@ -164,7 +168,11 @@ def deficit_pass() -> int:
         _enqueue_or_fail(decision, agent)
     refused = [d for d in result.decisions if d.action != "spawning"]
     if refused:
-        log.info("warm pass: %d warm spawns refused (%s)", len(refused), ", ".join(sorted({d.cap or d.reason for d in refused})))
+        log.info(
+            "warm pass: %d warm spawns refused (%s)",
+            len(refused),
+            ", ".join(sorted({d.cap or d.reason for d in refused})),
+        )
     return len(result.admitted)
 
 

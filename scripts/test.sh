@@ -9,6 +9,8 @@ ensure_redis
 ensure_venv
 load_env
 ensure_database
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
 export SECRET_KEY="${SECRET_KEY:-test-only-not-secret}"
 set +e
 "$VENV/bin/pytest" "$@"

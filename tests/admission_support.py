@@ -25,7 +25,9 @@ def _stop_admission_queue():
     WORLD_CACHE.clear()
 
 
-def set_global(max_agents: int = 50, cpu: float | None = None, memory: int | None = None, defaults: dict | None = None) -> ConfigState:
+def set_global(
+    max_agents: int = 50, cpu: float | None = None, memory: int | None = None, defaults: dict | None = None
+) -> ConfigState:
     cfg = ConfigState.load()
     cfg.global_max_agents = max_agents
     cfg.global_max_cpu = cpu
@@ -142,7 +144,11 @@ def daphne_server(transactional_db, settings):
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "kici_site.asgi:application"],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

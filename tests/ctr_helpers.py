@@ -15,16 +15,24 @@ from scalers.models import LabelSet, Reservation, Scaler
 PREFIX = "ctr-t-"
 
 
-def make_scaler(name: str | None = None, type: str = "container", labels=("linux", "ctr"), ls_config: dict | None = None, **fields) -> Scaler:
+def make_scaler(
+    name: str | None = None, type: str = "container", labels=("linux", "ctr"), ls_config: dict | None = None, **fields
+) -> Scaler:
     """A scaler with one label set; ``ls_config`` is the label-set entry (yaml names)."""
     name = name or f"{PREFIX}{secrets.token_hex(3)}"
     config = fields.pop("config", {})
-    scaler = Scaler.objects.create(name=name, type=type, max_agents=fields.pop("max_agents", 10), config=config, **fields)
+    scaler = Scaler.objects.create(
+        name=name, type=type, max_agents=fields.pop("max_agents", 10), config=config, **fields
+    )
     entry = {"labels": list(labels), "image": "kici-agent:local", "imagePullPolicy": "Never"}
     if ls_config is not None:
         entry = {"labels": list(labels), **ls_config}
     LabelSet.objects.create(
-        scaler=scaler, index=0, labels=list(labels), normalized=",".join(sorted(set(labels))), config=entry,
+        scaler=scaler,
+        index=0,
+        labels=list(labels),
+        normalized=",".join(sorted(set(labels))),
+        config=entry,
         host_access=(entry.get("networkPolicy") or {}).get("hostAccess"),
     )
     return scaler
@@ -35,9 +43,13 @@ def make_agent(scaler: Scaler, state: str = AgentState.SPAWNING, reserve: bool =
     agent_id = fields.pop("agent_id", f"scaler-{scaler.type}-{secrets.token_hex(4)}")
     ls = scaler.label_sets.first()
     agent = Agent.objects.create(
-        agent_id=agent_id, scaler=scaler, label_set=ls, state=state,
+        agent_id=agent_id,
+        scaler=scaler,
+        label_set=ls,
+        state=state,
         labels=fields.pop("labels", list(ls.labels) + [f"kici:agent:{scaler.type}", f"kici:scaler:{scaler.name}"]),
-        owner_instance="test", **fields,
+        owner_instance="test",
+        **fields,
     )
     if reserve:
         Reservation.objects.create(scaler=scaler, agent=agent, cpus=1, memory_bytes=1 << 30, owner_instance="test")
@@ -53,8 +65,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 @contextmanager
 def wsgi_server(host: str, port: int):
     """Serve the Django WSGI app threaded on ``host:port`` (the test's own bridge or loopback)."""
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
     from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     from django.core.wsgi import get_wsgi_application
 
@@ -105,7 +117,9 @@ def register_at_network_stage(monkeypatch, agent) -> None:
 
     def register_then_address(docker, container_id):
         answer = Client().post(
-            "/api/v1/agents/register", data=json.dumps({"agentId": agent.agent_id}), content_type="application/json",
+            "/api/v1/agents/register",
+            data=json.dumps({"agentId": agent.agent_id}),
+            content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {minted[-1]}",
         )
         assert answer.status_code == 200, answer.content

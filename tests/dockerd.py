@@ -41,10 +41,14 @@ LOCKFILE = "/run/kici-test-docker.lock"
 START_TIMEOUT_SECONDS = 60.0
 
 DOCKERD_ARGS = [
-    "--data-root", DATA_ROOT,
-    "--exec-root", EXEC_ROOT,
-    "--pidfile", PIDFILE,
-    "-H", DOCKER_HOST,
+    "--data-root",
+    DATA_ROOT,
+    "--exec-root",
+    EXEC_ROOT,
+    "--pidfile",
+    PIDFILE,
+    "-H",
+    DOCKER_HOST,
     "--iptables=false",
     "--ip6tables=false",
     "--ip-forward=false",
@@ -116,7 +120,9 @@ def ensure_private_dockerd() -> str:
             if proc.poll() is not None:
                 raise DockerdUnavailable(f"dockerd exited with status {proc.returncode}:\n{_log_tail()}")
             time.sleep(0.2)
-        raise DockerdUnavailable(f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}")
+        raise DockerdUnavailable(
+            f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}"
+        )
 
 
 AGENT_GATEWAY = "172.30.0.1"
@@ -157,7 +163,11 @@ def _is_stale_docker_bridge(name: str) -> bool:
 
     if not re.fullmatch(r"br-[0-9a-f]{12}", name) or _other_dockerd_running():
         return False
-    return not any(Path(f"/sys/class/net/{name}/brif").iterdir()) if Path(f"/sys/class/net/{name}/brif").exists() else False
+    return (
+        not any(Path(f"/sys/class/net/{name}/brif").iterdir())
+        if Path(f"/sys/class/net/{name}/brif").exists()
+        else False
+    )
 
 
 def _check_gateway_owner() -> None:

@@ -63,11 +63,11 @@ def tiny_kernel(message: str, then: str = "reset") -> bytes:
     """An ELF "kernel" that prints ``message`` on ttyS0, then ``reset``s or ``halt``s (see module doc)."""
     msg = message.encode() + b"\n\0"
     # mov edx,0x3f8 ; lea rsi,[rip+msg] ; 1: lodsb ; test al,al ; jz 2f ; out dx,al ; jmp 1b ; 2:
-    head = bytes.fromhex("BAF8030000" "488D35") + b"\0\0\0\0" + bytes.fromhex("AC84C0" "7403" "EE" "EBF8")
+    head = bytes.fromhex("BAF8030000488D35") + b"\0\0\0\0" + bytes.fromhex("AC84C07403EEEBF8")
     if then == "reset":
-        tail = bytes.fromhex("B0FE" "E664" "F4" "EBFD")  # mov al,0xfe ; out 0x64,al ; 3: hlt ; jmp 3b
+        tail = bytes.fromhex("B0FEE664F4EBFD")  # mov al,0xfe ; out 0x64,al ; 3: hlt ; jmp 3b
     else:
-        tail = bytes.fromhex("FB" "F4" "EBFC")  # sti ; 3: hlt ; jmp 3b
+        tail = bytes.fromhex("FBF4EBFC")  # sti ; 3: hlt ; jmp 3b
     rel = len(head) + len(tail) - 12  # rip after the lea is offset 12
     code = head[:8] + struct.pack("<i", rel) + head[12:] + tail + msg
     base = 0x1000000
@@ -136,9 +136,9 @@ class FcEnv:
 
     def backend(self, *, jailer: Path, firecracker: Path | str, kernel: Path, name: str = "fc-test", **overrides):
         from network.ipalloc_db import DbIpAllocator
+        from network.nft.apply import NftClient
         from scalers.backends.firecracker.backend import FirecrackerBackend
         from scalers.backends.firecracker.settings import FirecrackerSettings
-        from network.nft.apply import NftClient
 
         entry = {
             "name": name, "maxAgents": 4, "firecrackerPath": str(firecracker), "jailerPath": str(jailer),

@@ -124,7 +124,7 @@ class Listener:
                 else:
                     data, peer = self.sock.recvfrom(2048)
                     self.sock.sendto(data, peer)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 if self.stopped.is_set():
@@ -155,7 +155,7 @@ class EchoListener:
         while not self.stopped.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -167,7 +167,7 @@ class EchoListener:
         while not self.stopped.is_set():
             try:
                 data = conn.recv(2048)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -41,7 +41,13 @@ def users(db):
     from django.contrib.auth.models import Group, User
 
     made = {}
-    for name, group in [("viewer", "viewers"), ("operator", "operators"), ("approver", "approvers"), ("approver2", "approvers"), ("outsider", None)]:
+    for name, group in [
+        ("viewer", "viewers"),
+        ("operator", "operators"),
+        ("approver", "approvers"),
+        ("approver2", "approvers"),
+        ("outsider", None),
+    ]:
         user = User.objects.create_user(f"ops-{name}", password=f"pw-{name}")
         if group:
             user.groups.add(Group.objects.get(name=group))

@@ -22,7 +22,7 @@ from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWO
 from scalers.backends.holders import AGENT, CONTAINER, UNKNOWN, VM, Holder, holders_by_address, other_holders
 from scalers.backends.isolation import ContainerIsolation
 from scalers.jobs import spawn_agent
-from tests.ctr_helpers import nft_table_for, make_agent, make_scaler, remove_test_containers
+from tests.ctr_helpers import make_agent, make_scaler, nft_table_for, remove_test_containers
 
 TABLE = "sec_kici"
 
@@ -41,7 +41,10 @@ def _summary(cid, agent_id, address, scaler="ci", state="running"):
 def test_every_kind_of_holder_is_found_by_its_address():
     found = holders_by_address(
         agents=[("agent-b", "172.30.0.2", "running"), ("agent-c", "172.30.0.9", "spawning")],
-        containers=[_summary("c" * 64, "agent-b", "172.30.0.2"), {**_summary("d" * 64, "x", "172.30.0.3"), "Labels": {}}],
+        containers=[
+            _summary("c" * 64, "agent-b", "172.30.0.2"),
+            {**_summary("d" * 64, "x", "172.30.0.3"), "Labels": {}},
+        ],
         allocations=[("10.0.0.2", "vm-1", "fc")],
     )
     assert sorted(found) == ["10.0.0.2", "172.30.0.2", "172.30.0.9"]  # an unlabelled container holds nothing
@@ -90,7 +93,9 @@ def _pin_address(monkeypatch, agent_id: str, address: str) -> None:
     def create_config(self, agent, token, image):
         kwargs = real(self, agent, token, image)
         if agent.agent_id == agent_id:
-            kwargs["networking_config"] = {"EndpointsConfig": {ISOLATED_NETWORK_NAME: {"IPAMConfig": {"IPv4Address": address}}}}
+            kwargs["networking_config"] = {
+                "EndpointsConfig": {ISOLATED_NETWORK_NAME: {"IPAMConfig": {"IPv4Address": address}}}
+            }
         return kwargs
 
     monkeypatch.setattr(ContainerBackend, "create_config", create_config)
@@ -160,7 +165,9 @@ def _spec(agent):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.docker
-def test_the_sweeps_and_a_failed_spawn_cleanup_spare_an_address_an_active_agent_row_holds(docker_client, nft_table, settings):
+def test_the_sweeps_and_a_failed_spawn_cleanup_spare_an_address_an_active_agent_row_holds(
+    docker_client, nft_table, settings
+):
     ensure_isolated_network(docker_client)
     scaler = make_scaler()
     x = f"172.30.251.{secrets.randbelow(200) + 20}"

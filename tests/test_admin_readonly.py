@@ -27,13 +27,13 @@ def superuser_client(client):
 def label_set():
     ConfigState.objects.update_or_create(pk=1, defaults={"global_max_agents": 5})
     scaler = Scaler.objects.create(name="adm-ci", type="container", max_agents=2)
-    return LabelSet.objects.create(scaler=scaler, index=0, labels=["linux"], normalized="linux", host_access=["172.30.0.1:53"])
+    return LabelSet.objects.create(
+        scaler=scaler, index=0, labels=["linux"], normalized="linux", host_access=["172.30.0.1:53"]
+    )
 
 
 def _project_models():
-    return sorted(
-        (m for m in admin.site._registry if m._meta.app_label in PROJECT_APPS), key=lambda m: m._meta.label
-    )
+    return sorted((m for m in admin.site._registry if m._meta.app_label in PROJECT_APPS), key=lambda m: m._meta.label)
 
 
 def test_every_project_model_is_registered_with_the_read_only_base():
@@ -60,8 +60,17 @@ def test_a_label_sets_host_access_cannot_be_changed_or_deleted_there(superuser_c
     url = reverse("admin:scalers_labelset_change", args=[label_set.pk])
     page = superuser_client.get(url)
     assert page.status_code == 200 and b'name="host_access"' not in page.content  # shown, not editable
-    posted = superuser_client.post(url, {"scaler": label_set.scaler_id, "index": 0, "labels": '["linux"]', "normalized": "linux",
-                                         "host_access": '["example.com:443","*:0"]', "config": "{}"})
+    posted = superuser_client.post(
+        url,
+        {
+            "scaler": label_set.scaler_id,
+            "index": 0,
+            "labels": '["linux"]',
+            "normalized": "linux",
+            "host_access": '["example.com:443","*:0"]',
+            "config": "{}",
+        },
+    )
     assert posted.status_code == 403
     deleted = superuser_client.post(reverse("admin:scalers_labelset_delete", args=[label_set.pk]), {"post": "yes"})
     assert deleted.status_code == 403
@@ -76,7 +85,9 @@ def test_the_scaler_page_shows_its_label_sets_without_forms(superuser_client, la
 
 
 def test_an_agent_cannot_be_bulk_deleted_from_the_list(superuser_client, label_set):
-    agent = Agent.objects.create(agent_id="adm-agent-1", scaler=label_set.scaler, label_set=label_set, state=AgentState.RUNNING)
+    agent = Agent.objects.create(
+        agent_id="adm-agent-1", scaler=label_set.scaler, label_set=label_set, state=AgentState.RUNNING
+    )
     url = reverse("admin:agents_agent_changelist")
     assert b"delete_selected" not in superuser_client.get(url).content
     superuser_client.post(url, {"action": "delete_selected", "_selected_action": [agent.pk], "post": "yes"})

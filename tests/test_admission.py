@@ -132,7 +132,11 @@ def test_a_request_larger_than_a_cap_alone_is_refused_for_good_not_at_capacity(c
     # Retrying cannot help: the answer is the permanent exceeds-cap, nothing is reserved, and the
     # request record says so (an orchestrator told "at-capacity" would retry forever).
     set_global(max_agents=50, cpu=caps.get("global_cpu"), memory=caps.get("global_memory"))
-    pool = make_pool("box", cpu=caps.get("pool_cpu"), memory=caps.get("pool_memory")) if "pool_cpu" in caps or "pool_memory" in caps else None
+    pool = (
+        make_pool("box", cpu=caps.get("pool_cpu"), memory=caps.get("pool_memory"))
+        if "pool_cpu" in caps or "pool_memory" in caps
+        else None
+    )
     make_scaler("c", max_agents=10, cpu=caps.get("cpu"), memory=caps.get("memory"), pool=pool)
     d = request_scale(["linux"], "too-big", resources=resources)
     assert (d.action, d.cap, d.scaler) == ("exceeds-cap", cap, "c")
@@ -181,8 +185,14 @@ def test_max_concurrent_spawns_refuses_last():
 
 def test_cap_order_constant_is_the_reference_order():
     assert CAP_ORDER == (
-        "globalMaxAgents", "maxAgents", "resourceCap.cpu", "resourceCap.memory",
-        "globalResourceCap.cpu", "globalResourceCap.memory", "machinePool.cpu", "machinePool.memory",
+        "globalMaxAgents",
+        "maxAgents",
+        "resourceCap.cpu",
+        "resourceCap.memory",
+        "globalResourceCap.cpu",
+        "globalResourceCap.memory",
+        "machinePool.cpu",
+        "machinePool.memory",
         "maxConcurrentSpawns",
     )
 

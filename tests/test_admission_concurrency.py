@@ -32,7 +32,9 @@ def _random_config(rng: random.Random):
         cpu=rng.choice([None, rng.uniform(8, 40)]),
         memory=rng.choice([None, rng.randint(8, 64) * GiB]),
     )
-    pool = make_pool("box", cpu=rng.choice([None, rng.uniform(4, 20)]), memory=rng.choice([None, rng.randint(4, 32) * GiB]))
+    pool = make_pool(
+        "box", cpu=rng.choice([None, rng.uniform(4, 20)]), memory=rng.choice([None, rng.randint(4, 32) * GiB])
+    )
     for i, name in enumerate(["s0", "s1", "s2"]):
         make_scaler(
             name,
@@ -47,8 +49,14 @@ def _random_config(rng: random.Random):
 
 def _random_request(rng: random.Random, i: int) -> Request:
     label = rng.choice(["s0", "s1", "s2", "s2", "nowhere"])
-    resources = rng.choice([None, {"cpus": rng.choice([0.5, 1, 1.5, 2, 3])}, {"cpus": 1, "memory": f"{rng.randint(1, 4)}g"},
-                            {"limits": {"memory": f"{rng.randint(256, 2048)}m"}}])
+    resources = rng.choice(
+        [
+            None,
+            {"cpus": rng.choice([0.5, 1, 1.5, 2, 3])},
+            {"cpus": 1, "memory": f"{rng.randint(1, 4)}g"},
+            {"limits": {"memory": f"{rng.randint(256, 2048)}m"}},
+        ]
+    )
     return Request(labels=("linux", label), job_id=f"job-{i}", resources=resources, raw_resources=resources)
 
 
@@ -96,7 +104,8 @@ def _check_round(outcomes):
             "resourceCap.cpu": s.max_cpu is not None and s_cpu + req_cpus > s.max_cpu - eps,
             "resourceCap.memory": s.max_memory_bytes is not None and s_mem + req_mem > s.max_memory_bytes,
             "globalResourceCap.cpu": cfg.global_max_cpu is not None and cpus + req_cpus > cfg.global_max_cpu - eps,
-            "globalResourceCap.memory": cfg.global_max_memory_bytes is not None and mem + req_mem > cfg.global_max_memory_bytes,
+            "globalResourceCap.memory": cfg.global_max_memory_bytes is not None
+            and mem + req_mem > cfg.global_max_memory_bytes,
             "machinePool.cpu": pool.max_cpu is not None and pool_cpu + req_cpus > pool.max_cpu - eps,
             "machinePool.memory": pool.max_memory_bytes is not None and pool_mem + req_mem > pool.max_memory_bytes,
             "maxConcurrentSpawns": n >= s.max_concurrent_spawns,

@@ -21,7 +21,9 @@ def no_enqueue(monkeypatch):
 
 
 def running(decision, **fields):
-    Agent.objects.filter(agent_id=decision.agent).update(state=AgentState.RUNNING, registered_at=timezone.now(), **fields)
+    Agent.objects.filter(agent_id=decision.agent).update(
+        state=AgentState.RUNNING, registered_at=timezone.now(), **fields
+    )
     return Agent.objects.get(agent_id=decision.agent)
 
 

@@ -56,7 +56,9 @@ def test_it_shows_the_refusing_cap_and_the_reservations_holding_it(browser_clien
         assert agent_id in html
     assert "console-a" in html and "spawning" in html
     assert "lost-job" in html and "No label set matches" in html
-    assert "run-0" not in html.split("Waiting jobs")[1].split("Reservations holding")[0]  # admitted jobs are not waiting
+    assert (
+        "run-0" not in html.split("Waiting jobs")[1].split("Reservations holding")[0]
+    )  # admitted jobs are not waiting
 
 
 def test_groups_scope_holders_to_the_cap():

@@ -54,7 +54,9 @@ def test_a_missing_bearer_token_says_so_with_a_code(client):
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
-@pytest.mark.parametrize("url", ["/api/v1/agents/register", "/api/v1/agents/claim", "/api/v1/agents/a-1/heartbeat", "/api/v1/scale"])
+@pytest.mark.parametrize(
+    "url", ["/api/v1/agents/register", "/api/v1/agents/claim", "/api/v1/agents/a-1/heartbeat", "/api/v1/scale"]
+)
 def test_a_get_on_a_post_endpoint_is_a_json_405(client, url):
     response = client.get(url)
     assert_error_shape(response, 405, "method-not-allowed")
@@ -68,7 +70,9 @@ def test_an_unknown_api_address_is_a_json_404(client):
 def test_a_wrongly_typed_agent_id_says_null_and_names_the_field(client):
     agent = make_agent(make_scaler())
     token = mint_registration_token(agent)
-    body = assert_error_shape(post_json(client, "/api/v1/agents/register", {"agentId": 5}, token=token), 400, "invalid-request", "agentId")
+    body = assert_error_shape(
+        post_json(client, "/api/v1/agents/register", {"agentId": 5}, token=token), 400, "invalid-request", "agentId"
+    )
     assert body["error"]["message"] == "agentId must be a string, got 5"
 
 
@@ -77,9 +81,15 @@ def test_the_scale_api_keeps_its_documented_top_level_keys(client):
     make_admission_scaler("c", max_agents=1, label_sets=(("linux",),))
     first = post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j1"}, token=TOKEN)
     assert first.status_code == 201
-    body = assert_error_shape(post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j2"}, token=TOKEN), 409, "at-capacity")
+    body = assert_error_shape(
+        post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j2"}, token=TOKEN), 409, "at-capacity"
+    )
     assert body["cap"] == "maxAgents" and body["scaler"] == "c"
-    body = assert_error_shape(post_json(client, "/api/v1/scale", {"labels": ["macos"], "jobId": "j3"}, token=TOKEN), 422, "no-matching-label-set")
+    body = assert_error_shape(
+        post_json(client, "/api/v1/scale", {"labels": ["macos"], "jobId": "j3"}, token=TOKEN),
+        422,
+        "no-matching-label-set",
+    )
     assert body["labels"] == ["macos"]
     assert_error_shape(post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j4"}), 401, "unauthorized")
 
@@ -88,11 +98,20 @@ def test_the_scale_api_keeps_its_documented_top_level_keys(client):
 def test_a_flat_memory_error_names_the_field_as_written_and_says_null(client):
     make_admission_scaler("c", label_sets=(("linux",),))
     body = assert_error_shape(
-        post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j", "resources": {"memory": "-5g"}}, token=TOKEN),
-        400, "invalid-request", "resources.memory",
+        post_json(
+            client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j", "resources": {"memory": "-5g"}}, token=TOKEN
+        ),
+        400,
+        "invalid-request",
+        "resources.memory",
     )
     assert "requests" not in body["error"]["message"]
-    body = assert_error_shape(post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": None}, token=TOKEN), 400, "invalid-request", "jobId")
+    body = assert_error_shape(
+        post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": None}, token=TOKEN),
+        400,
+        "invalid-request",
+        "jobId",
+    )
     assert body["error"]["message"].endswith("got null") and "None" not in body["error"]["message"]
 
 
@@ -101,9 +120,13 @@ def test_a_heartbeat_of_a_finished_agent_is_a_410_that_still_says_stop(client):
     from agents.models import Agent
 
     agent = make_agent(make_scaler())
-    session = post_json(client, "/api/v1/agents/register", {}, token=mint_registration_token(agent)).json()["sessionToken"]
+    session = post_json(client, "/api/v1/agents/register", {}, token=mint_registration_token(agent)).json()[
+        "sessionToken"
+    ]
     Agent.objects.filter(pk=agent.pk).update(state=AgentState.DESTROYED)
-    body = assert_error_shape(post_json(client, f"/api/v1/agents/{agent.agent_id}/heartbeat", {}, token=session), 410, "agent-finished")
+    body = assert_error_shape(
+        post_json(client, f"/api/v1/agents/{agent.agent_id}/heartbeat", {}, token=session), 410, "agent-finished"
+    )
     assert body["stop"] is True and body["state"] == "destroyed"
 
 
@@ -133,7 +156,9 @@ def test_a_server_error_keeps_its_traceback():
     except RuntimeError:
         import sys
 
-        record = logging.LogRecord("django.request", logging.ERROR, __file__, 1, "Internal Server Error: %s", ("/x",), sys.exc_info())
+        record = logging.LogRecord(
+            "django.request", logging.ERROR, __file__, 1, "Internal Server Error: %s", ("/x",), sys.exc_info()
+        )
     record.status_code = 500
     OneLineClientErrors().filter(record)
     assert record.exc_info is not None

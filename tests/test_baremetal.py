@@ -21,21 +21,30 @@ from scalers.backends.baremetal import (
 from scalers.backends.hostconfig import EffectiveLimits
 from scalers.jobs import destroy_agent, spawn_agent
 from scalers.models import Reservation
-from tests.ctr_helpers import remove_test_containers, free_port, make_agent, make_scaler, wsgi_server
+from tests.ctr_helpers import free_port, make_agent, make_scaler, remove_test_containers, wsgi_server
 
 ROOT = Path(__file__).resolve().parent.parent
 ID = "scaler-bare-metal-ab12cd34"
 
 
 def test_without_cgroups_the_command_is_the_binary_alone():
-    assert build_process_command("/opt/kici-agent", ID, EffectiveLimits(1.5, 2 << 30), False, platform="linux") == ["/opt/kici-agent"]
+    assert build_process_command("/opt/kici-agent", ID, EffectiveLimits(1.5, 2 << 30), False, platform="linux") == [
+        "/opt/kici-agent"
+    ]
 
 
 def test_with_cgroups_the_binary_runs_in_a_systemd_scope_with_quota_and_memory_max():
     argv = build_process_command("/opt/kici-agent", ID, EffectiveLimits(1.5, 2147483648), True, platform="linux")
     assert argv == [
-        "systemd-run", "--user", "--scope", "--quiet", "--slice=kici-scaler", f"--unit=kici-agent-{ID}",
-        "--property=CPUQuota=150%", "--property=MemoryMax=2147483648", "/opt/kici-agent",
+        "systemd-run",
+        "--user",
+        "--scope",
+        "--quiet",
+        "--slice=kici-scaler",
+        f"--unit=kici-agent-{ID}",
+        "--property=CPUQuota=150%",
+        "--property=MemoryMax=2147483648",
+        "/opt/kici-agent",
     ]
 
 
@@ -49,9 +58,13 @@ def test_a_tiny_cpu_limit_rounds_up_to_one_percent_and_no_limit_or_macos_runs_di
 
 @pytest.mark.django_db
 def test_a_network_policy_on_a_process_label_set_is_warned_about_and_on_an_image_one_is_not():
-    scaler = make_scaler(type="bare-metal", ls_config={"binaryPath": "/b", "networkPolicy": {"allowlist": ["10.0.5.0/24"]}})
+    scaler = make_scaler(
+        type="bare-metal", ls_config={"binaryPath": "/b", "networkPolicy": {"allowlist": ["10.0.5.0/24"]}}
+    )
     assert len(process_mode_policy_warnings(scaler)) == 1 and "not enforced" in process_mode_policy_warnings(scaler)[0]
-    image_only = make_scaler(type="bare-metal", ls_config={"image": "i", "networkPolicy": {"allowlist": ["10.0.5.0/24"]}})
+    image_only = make_scaler(
+        type="bare-metal", ls_config={"image": "i", "networkPolicy": {"allowlist": ["10.0.5.0/24"]}}
+    )
     assert process_mode_policy_warnings(image_only) == []
 
 
@@ -65,7 +78,9 @@ def write_script(tmp_path: Path, name: str, body: str) -> str:
 @pytest.fixture
 def agent_binary(tmp_path):
     """The reference Python agent behind a wrapper that pins this venv's interpreter."""
-    return write_script(tmp_path, "kici-agent", f"#!/bin/sh\nexec {sys.executable} {ROOT / 'agent' / 'kici_agent.py'}\n")
+    return write_script(
+        tmp_path, "kici-agent", f"#!/bin/sh\nexec {sys.executable} {ROOT / 'agent' / 'kici_agent.py'}\n"
+    )
 
 
 def wait_for(predicate, timeout):
@@ -83,8 +98,12 @@ def test_a_process_agent_registers_and_is_terminated_with_its_group(agent_binary
     settings.KICI_AGENT_LOG_DIR = str(tmp_path / "logs")
     port = free_port()
     with wsgi_server("127.0.0.1", port) as url:
-        scaler = make_scaler(type="bare-metal", orchestrator_url=url, config={"enforceCgroups": True},
-                             ls_config={"binaryPath": agent_binary, "resources": {"cpus": 1, "memory": "512m"}})
+        scaler = make_scaler(
+            type="bare-metal",
+            orchestrator_url=url,
+            config={"enforceCgroups": True},
+            ls_config={"binaryPath": agent_binary, "resources": {"cpus": 1, "memory": "512m"}},
+        )
         agent = make_agent(scaler)
         assert spawn_agent(agent.pk) == "spawned"
         assert wait_for(lambda: Agent.objects.get(pk=agent.pk).state == AgentState.RUNNING, 10)
@@ -121,7 +140,9 @@ def test_a_process_that_ignores_sigterm_is_killed_after_five_seconds_with_its_ch
 @pytest.mark.django_db(transaction=True)
 def test_a_recycled_pid_is_never_signalled(settings, tmp_path):
     scaler = make_scaler(type="bare-metal", ls_config={"binaryPath": "/bin/true"})
-    agent = make_agent(scaler, managed_id=str(os.getpid()), backend_context={"mode": "process", "pid": os.getpid(), "start_time": 1})
+    agent = make_agent(
+        scaler, managed_id=str(os.getpid()), backend_context={"mode": "process", "pid": os.getpid(), "start_time": 1}
+    )
     BareMetalBackend(scaler).destroy(agent)  # our own pid with another start time: must survive
     assert _proc_start_time(os.getpid()) is not None
 
@@ -160,8 +181,11 @@ def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, a
     settings.KICI_NFT_TABLE = "ctr_kici_bm"
     nft = NftClient("ctr_kici_bm")
     try:
-        scaler = make_scaler(type="bare-metal", orchestrator_url="http://127.0.0.1:9/",
-                             ls_config={"image": agent_image, "imagePullPolicy": "Never", "resources": {"cpus": 1, "memory": "256m"}})
+        scaler = make_scaler(
+            type="bare-metal",
+            orchestrator_url="http://127.0.0.1:9/",
+            ls_config={"image": agent_image, "imagePullPolicy": "Never", "resources": {"cpus": 1, "memory": "256m"}},
+        )
         agent = make_agent(scaler, bound_job_id="job-1", run_id="run-1")
         assert spawn_agent(agent.pk) == "spawned"
         agent.refresh_from_db()

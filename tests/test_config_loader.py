@@ -81,7 +81,7 @@ def test_every_valid_example_loads(path):
         (
             "invalid-04-hostaccess-hostname.yaml",
             "scalers.0.labelSets.0.networkPolicy.hostAccess",
-            "which is not an IPv4 address, an IPv4 CIDR, or \"*\"",
+            'which is not an IPv4 address, an IPv4 CIDR, or "*"',
         ),
         (
             "invalid-05-event-no-targets.yaml",

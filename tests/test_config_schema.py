@@ -329,7 +329,9 @@ def test_labels_are_canonicalised_keeping_order_and_length():
 
 @pytest.mark.parametrize("label", ["", "   ", "a,b"])
 def test_empty_labels_and_commas_are_refused(label):
-    assert invalid(doc(container(labelSets=[{"labels": [label], "image": "a"}])))[0][0] == "scalers.0.labelSets.0.labels.0"
+    assert (
+        invalid(doc(container(labelSets=[{"labels": [label], "image": "a"}])))[0][0] == "scalers.0.labelSets.0.labels.0"
+    )
 
 
 def test_label_set_env_must_map_strings_to_strings():
@@ -394,9 +396,12 @@ def test_cfg23_host_access_port_range_and_empty_list():
 
 
 def test_network_policy_is_not_strict_and_keeps_allowlist():
-    policy = valid(
-        doc(with_label_set(networkPolicy={"allowlist": ["10.0.5.0/24"], "denyAll": True, "other": 1}))
-    ).scalers[0].label_sets[0].network_policy
+    policy = (
+        valid(doc(with_label_set(networkPolicy={"allowlist": ["10.0.5.0/24"], "denyAll": True, "other": 1})))
+        .scalers[0]
+        .label_sets[0]
+        .network_policy
+    )
     assert policy.allowlist == ["10.0.5.0/24"]
     assert policy.deny_all is True
 

@@ -229,7 +229,11 @@ async def test_a_logged_in_session_gets_the_console_through_the_full_stack(world
     from kici_site.asgi import application
 
     cookie = await database_sync_to_async(_session_cookie)(world["viewer"])
-    comm = WebsocketCommunicator(application, CONSOLE, headers=[(b"origin", b"http://127.0.0.1:8000"), (b"cookie", cookie), (b"host", b"127.0.0.1:8000")])
+    comm = WebsocketCommunicator(
+        application,
+        CONSOLE,
+        headers=[(b"origin", b"http://127.0.0.1:8000"), (b"cookie", cookie), (b"host", b"127.0.0.1:8000")],
+    )
     connected, _ = await comm.connect()
     assert connected
     assert (await comm.receive_from()).startswith('<tbody id="console-lines"')
@@ -240,7 +244,11 @@ async def test_the_full_stack_refuses_a_foreign_origin(world):
     from kici_site.asgi import application
 
     cookie = await database_sync_to_async(_session_cookie)(world["viewer"])
-    comm = WebsocketCommunicator(application, CONSOLE, headers=[(b"origin", b"http://evil.example"), (b"cookie", cookie), (b"host", b"127.0.0.1:8000")])
+    comm = WebsocketCommunicator(
+        application,
+        CONSOLE,
+        headers=[(b"origin", b"http://evil.example"), (b"cookie", cookie), (b"host", b"127.0.0.1:8000")],
+    )
     connected, _ = await comm.connect()
     assert not connected
 
@@ -380,8 +388,12 @@ async def test_a_container_console_streams_its_docker_logs(world, docker_client,
     import uuid
 
     container = docker_client.containers.run(
-        agent_image, ["sh", "-c", "echo hello from the container; echo '<b>bold</b>'; sleep 30"],
-        name=f"tail-console-{uuid.uuid4().hex[:8]}", detach=True, network_mode="none", labels={"kici.test": "tail"},
+        agent_image,
+        ["sh", "-c", "echo hello from the container; echo '<b>bold</b>'; sleep 30"],
+        name=f"tail-console-{uuid.uuid4().hex[:8]}",
+        detach=True,
+        network_mode="none",
+        labels={"kici.test": "tail"},
     )
     try:
         agent = await database_sync_to_async(_container_agent)(container.id)

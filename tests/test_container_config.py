@@ -35,7 +35,9 @@ def test_the_host_config_always_bounds_pids_and_never_drops_capabilities():
 
 
 def test_the_host_config_carries_the_operators_limits_binds_and_hosts():
-    hc = build_agent_container_host_config(EffectiveLimits(cpus=0.5, mem_bytes=1 << 30), ["/a:/b:ro"], ["reg.lan:10.9.0.1"])
+    hc = build_agent_container_host_config(
+        EffectiveLimits(cpus=0.5, mem_bytes=1 << 30), ["/a:/b:ro"], ["reg.lan:10.9.0.1"]
+    )
     assert hc["Memory"] == 1073741824 and hc["NanoCpus"] == 500000000
     assert hc["Binds"] == ["/a:/b:ro"] and hc["ExtraHosts"] == ["reg.lan:10.9.0.1"]
 
@@ -62,9 +64,24 @@ def backend_for(scaler, **kw):
 @pytest.mark.django_db
 def test_the_env_carries_url_id_labels_token_and_image_in_order(settings):
     settings.KICI_CONSOLE_URL = "http://localhost:4000"
-    scaler = make_scaler(name="test-container", labels=("linux", "docker"), ls_config={"image": "img:1", "env": {"NODE_VERSION": "20"}})
-    agent = make_agent(scaler, agent_id="agent-1", labels=["linux", "docker", "kici:agent:container", "kici:scaler:test-container", "kici:role:builder", "kici:role:init-runner"])
-    env = container_env(agent, "ket_x", image="img:1", environ={"KICI_AGENT_ENV_FOO": "bar", "KICI_AGENT_ENV_": "skipped"})
+    scaler = make_scaler(
+        name="test-container", labels=("linux", "docker"), ls_config={"image": "img:1", "env": {"NODE_VERSION": "20"}}
+    )
+    agent = make_agent(
+        scaler,
+        agent_id="agent-1",
+        labels=[
+            "linux",
+            "docker",
+            "kici:agent:container",
+            "kici:scaler:test-container",
+            "kici:role:builder",
+            "kici:role:init-runner",
+        ],
+    )
+    env = container_env(
+        agent, "ket_x", image="img:1", environ={"KICI_AGENT_ENV_FOO": "bar", "KICI_AGENT_ENV_": "skipped"}
+    )
     assert env[:7] == [
         "KICI_ORCHESTRATOR_URL=http://localhost:4000",
         "KICI_AGENT_ID=agent-1",
@@ -97,9 +114,14 @@ def test_container_labels_carry_ownership_and_bound_job_only_when_bound():
     scaler = make_scaler(name="test-container", labels=("linux", "docker"))
     free = backend_for(scaler).create_config(make_agent(scaler, agent_id="agent-1"), None, "img")
     assert free["labels"] == {
-        "kici-managed": "true", "kici-scaler-name": "test-container", "kici-agent-id": "agent-1", "kici-labels": "docker,linux",
+        "kici-managed": "true",
+        "kici-scaler-name": "test-container",
+        "kici-agent-id": "agent-1",
+        "kici-labels": "docker,linux",
     }
-    bound = backend_for(scaler).create_config(make_agent(scaler, agent_id="agent-2", bound_job_id="job-123", run_id="run-456"), None, "img")
+    bound = backend_for(scaler).create_config(
+        make_agent(scaler, agent_id="agent-2", bound_job_id="job-123", run_id="run-456"), None, "img"
+    )
     assert bound["labels"]["kici-bound-job-id"] == "job-123" and bound["labels"]["kici-run-id"] == "run-456"
 
 
@@ -124,7 +146,9 @@ def test_the_container_socket_is_bound_only_for_a_local_runtime():
     hc = backend_for(scaler, runtime=podman).create_config(make_agent(scaler), None, "i")["host_config"]
     assert hc["Binds"] == ["/run/podman/podman.sock:/run/podman/podman.sock"]
     remote = make_scaler(ls_config={"image": "i", "containerSocket": True}, config={"host": "tcp://h:2376"})
-    hc = backend_for(remote, runtime=RuntimeInfo("docker", "tcp://h:2376")).create_config(make_agent(remote), None, "i")["host_config"]
+    hc = backend_for(remote, runtime=RuntimeInfo("docker", "tcp://h:2376")).create_config(
+        make_agent(remote), None, "i"
+    )["host_config"]
     assert "Binds" not in hc
     plain = make_scaler(ls_config={"image": "i"})
     assert "Binds" not in backend_for(plain).create_config(make_agent(plain), None, "i")["host_config"]
@@ -149,9 +173,16 @@ def test_a_failure_detail_appends_the_captured_output():
 @pytest.mark.django_db
 def test_process_env_has_port_zero_and_label_env_wins():
     scaler = make_scaler(type="bare-metal", ls_config={"binaryPath": "/bin/true", "env": {"FOO": "yaml"}})
-    env = process_env(make_agent(scaler), "ket_y", environ={"PATH": "/usr/bin", "SECRET": "x", "KICI_AGENT_ENV_FOO": "fwd"})
+    env = process_env(
+        make_agent(scaler), "ket_y", environ={"PATH": "/usr/bin", "SECRET": "x", "KICI_AGENT_ENV_FOO": "fwd"}
+    )
     assert env["KICI_PORT"] == "0" and env["KICI_SCALER_MANAGED"] == "1" and env["KICI_EXECUTION_MODE"] == "bare-metal"
-    assert env["FOO"] == "yaml" and env["PATH"] == "/usr/bin" and "SECRET" not in env and env["KICI_AGENT_TOKEN"] == "ket_y"
+    assert (
+        env["FOO"] == "yaml"
+        and env["PATH"] == "/usr/bin"
+        and "SECRET" not in env
+        and env["KICI_AGENT_TOKEN"] == "ket_y"
+    )
     trusted = make_scaler(type="bare-metal", ls_config={"binaryPath": "/bin/true", "env": {"KICI_TRUSTED_ENV": "true"}})
     assert process_env(make_agent(trusted), None, environ={"SECRET": "x"})["SECRET"] == "x"
 
@@ -163,7 +194,9 @@ def test_runtime_detection_probes_docker_then_podman():
     docker_only = detect_container_runtime(accessible=lambda p: p == "/var/run/docker.sock", environ={})
     assert docker_only == RuntimeInfo("docker", "unix:///var/run/docker.sock", "/var/run/docker.sock")
     probed = []
-    with pytest.raises(NoContainerRuntime, match="No container runtime found. Install Docker or Podman, or configure host."):
+    with pytest.raises(
+        NoContainerRuntime, match="No container runtime found. Install Docker or Podman, or configure host."
+    ):
         detect_container_runtime(hint="podman", accessible=lambda p: probed.append(p) and False, environ={})
     assert probed == ["/run/podman/podman.sock"]
     assert NO_RUNTIME_MESSAGE.startswith("No container runtime found")
@@ -250,7 +283,9 @@ def test_a_backend_with_isolation_refuses_to_start_when_nft_is_unusable():
     with pytest.raises(NftUnavailableError, match="not available"):
         ContainerBackend(make_scaler(), docker=object(), runtime=LOCAL, nft=broken).ensure_host_ready()
     # isolation off: no nft check at all
-    ContainerBackend(make_scaler(config={"networkIsolation": False}), docker=object(), runtime=LOCAL, nft=broken).ensure_host_ready()
+    ContainerBackend(
+        make_scaler(config={"networkIsolation": False}), docker=object(), runtime=LOCAL, nft=broken
+    ).ensure_host_ready()
 
 
 @pytest.mark.docker
@@ -259,7 +294,9 @@ def test_destroy_is_a_no_op_for_an_unknown_or_already_removed_container(docker_c
     scaler = make_scaler(config={"networkIsolation": False})
     backend = ContainerBackend(scaler, docker=docker_client)
     backend.destroy(make_agent(scaler))  # never spawned: nothing to find
-    c = docker_client.api.create_container(agent_image, command=["true"], labels={"kici-managed": "true", "kici-scaler-name": scaler.name})
+    c = docker_client.api.create_container(
+        agent_image, command=["true"], labels={"kici-managed": "true", "kici-scaler-name": scaler.name}
+    )
     docker_client.api.remove_container(c["Id"], force=True)
     backend.destroy(make_agent(scaler, managed_id=c["Id"]))  # already gone: no error
 
@@ -270,7 +307,9 @@ def test_the_label_set_column_decides_host_access_not_the_imported_config(settin
     from scalers.backends.spawn_env import network_policy
 
     settings.KICI_STORAGE_URL = None
-    scaler = make_scaler(ls_config={"image": "i", "networkPolicy": {"allowlist": ["10.1.0.0/16"], "hostAccess": ["*:1"]}})
+    scaler = make_scaler(
+        ls_config={"image": "i", "networkPolicy": {"allowlist": ["10.1.0.0/16"], "hostAccess": ["*:1"]}}
+    )
     ls = scaler.label_sets.get()
     ls.host_access = ["*:9999"]  # changed in the editor after the import
     assert network_policy(ls) == {"allowlist": ["10.1.0.0/16"], "hostAccess": ["*:9999"]}

@@ -12,7 +12,7 @@ from agents.choices import AgentState
 from scalers.backends.container import ContainerBackend
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.backends.orphans import OrphanSweepRefused, OrphanTarget, plan_container_orphans
-from tests.ctr_helpers import nft_table_for, make_agent, make_scaler
+from tests.ctr_helpers import make_agent, make_scaler, nft_table_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -30,7 +30,9 @@ def box(docker_client, agent_image):
         def make(self, labels: dict, state: str = "running") -> str:
             host_config = api.create_host_config(network_mode=ISOLATED_NETWORK_NAME, init=True)
             command = ["sleep", "600"] if state == "running" else ["true"]
-            c = api.create_container(agent_image, command=command, labels={**labels, TEST_LABEL: run}, host_config=host_config)
+            c = api.create_container(
+                agent_image, command=command, labels={**labels, TEST_LABEL: run}, host_config=host_config
+            )
             if state in ("running", "exited"):
                 api.start(c["Id"])
             if state == "exited":
@@ -91,7 +93,9 @@ def test_two_consoles_sweeping_1000_times_never_touch_each_others_running_agents
     console_a = ContainerBackend(a, docker=docker_client, network_isolation=False)
     console_b = ContainerBackend(b, docker=docker_client, network_isolation=False)
     # A restarted console A: nothing tracked in memory and no registry wired (assume registered).
-    restarted_a = ContainerBackend(a, docker=docker_client, network_isolation=False, tracked_ids=set, is_registered=None)
+    restarted_a = ContainerBackend(
+        a, docker=docker_client, network_isolation=False, tracked_ids=set, is_registered=None
+    )
 
     # Console A tracks its spawning agent (a database row), so its created container is not an orphan;
     # after a restart with an empty view it is one (a local spawn cannot outlive its process, SPEC c.5).
@@ -185,7 +189,9 @@ def test_rules_are_reaped_only_for_addresses_no_kici_container_holds(box, docker
 
     a, b = make_scaler(), make_scaler()
     neighbour = box.make(managed(b.name, "scaler-container-90000001"))
-    held = docker_client.api.inspect_container(neighbour)["NetworkSettings"]["Networks"][ISOLATED_NETWORK_NAME]["IPAddress"]
+    held = docker_client.api.inspect_container(neighbour)["NetworkSettings"]["Networks"][ISOLATED_NETWORK_NAME][
+        "IPAddress"
+    ]
     for address in ("172.30.250.9", held, "10.0.0.7"):
         nft_table.apply_agent(AgentSpec.build(address, "172.30.0.1", host_access=["*:8000"]))
     backend = ContainerBackend(a, docker=docker_client, nft=nft_table)
@@ -202,6 +208,7 @@ def test_rules_are_reaped_only_for_addresses_no_kici_container_holds(box, docker
 
 def test_no_rule_is_reaped_when_the_runtime_cannot_be_listed(nft_table):
     import docker
+
     from network.nft.render import AgentSpec
 
     nft_table.apply_agent(AgentSpec.build("172.30.250.10", "172.30.0.1", host_access=[]))

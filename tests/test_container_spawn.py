@@ -13,7 +13,15 @@ from agents.models import Agent, ScalerEvent
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.jobs import destroy_agent, enqueue_spawn
 from scalers.models import Reservation
-from tests.ctr_helpers import nft_table_for, free_port, make_agent, make_scaler, register_at_network_stage, remove_test_containers, wsgi_server
+from tests.ctr_helpers import (
+    free_port,
+    make_agent,
+    make_scaler,
+    nft_table_for,
+    register_at_network_stage,
+    remove_test_containers,
+    wsgi_server,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -58,7 +66,9 @@ def test_a_spawned_busybox_agent_registers_with_the_console_within_10_seconds(
         assert agent.state in (AgentState.SPAWNING, AgentState.RUNNING), agent.failure_reason
 
         registered = wait_for(lambda: Agent.objects.filter(pk=agent.pk, state=AgentState.RUNNING).exists(), 10)
-        assert registered, f"agent did not register: {ScalerEvent.objects.filter(agent=agent).values_list('type', 'detail')}"
+        assert registered, (
+            f"agent did not register: {ScalerEvent.objects.filter(agent=agent).values_list('type', 'detail')}"
+        )
         assert time.monotonic() - started < 10
 
         agent.refresh_from_db()
@@ -79,7 +89,9 @@ def test_a_spawned_busybox_agent_registers_with_the_console_within_10_seconds(
         rules = nft_table.list_agents()
         assert any(str(a) == agent.ip and r.complete for a, r in rules.items())
 
-        types = list(ScalerEvent.objects.filter(agent=agent).order_by("created_at", "id").values_list("type", flat=True))
+        types = list(
+            ScalerEvent.objects.filter(agent=agent).order_by("created_at", "id").values_list("type", flat=True)
+        )
         backend_types = [t for t in types if t != EventType.REGISTERED]  # registration may overtake "ready"
         assert backend_types[:3] == [EventType.PROVISIONING, EventType.NETWORK, EventType.READY]
         assert EventType.REGISTERED in types

@@ -15,7 +15,7 @@ from scalers.backends.base import SpawnAborted, SpawnControl
 from scalers.backends.container import ContainerBackend
 from scalers.jobs import expire_spawn, spawn_agent
 from scalers.models import Reservation
-from tests.ctr_helpers import nft_table_for, make_agent, make_scaler, register_at_network_stage, remove_test_containers
+from tests.ctr_helpers import make_agent, make_scaler, nft_table_for, register_at_network_stage, remove_test_containers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -60,7 +60,9 @@ def test_a_missing_image_fails_before_anything_is_created(docker_client, agent_i
 
 
 def test_a_failing_create_leaves_nothing(docker_client, agent_image, nft_table):
-    agent = make_agent(make_scaler(ls_config={"image": agent_image, "imagePullPolicy": "Never", "volumes": ["::not-a-bind::"]}))
+    agent = make_agent(
+        make_scaler(ls_config={"image": agent_image, "imagePullPolicy": "Never", "volumes": ["::not-a-bind::"]})
+    )
     assert spawn(agent) == "failed"
     assert "create failed" in failed_detail(agent)
     assert_nothing_left(agent, docker_client, nft_table)
@@ -68,7 +70,9 @@ def test_a_failing_create_leaves_nothing(docker_client, agent_image, nft_table):
 
 def test_a_failing_start_removes_the_created_container(docker_client, agent_image, nft_table):
     # A file bind-mounted over a directory: accepted by create, refused by the runtime at start.
-    agent = make_agent(make_scaler(ls_config={"image": agent_image, "imagePullPolicy": "Never", "volumes": ["/etc/hostname:/tmp"]}))
+    agent = make_agent(
+        make_scaler(ls_config={"image": agent_image, "imagePullPolicy": "Never", "volumes": ["/etc/hostname:/tmp"]})
+    )
     assert spawn(agent) == "failed"
     assert "start failed" in failed_detail(agent)
     assert_nothing_left(agent, docker_client, nft_table)
@@ -139,7 +143,9 @@ def test_a_spawn_cancelled_between_runtime_calls_cleans_up(docker_client, agent_
     assert nft_table.list_agents() == {}
 
 
-def test_an_agent_that_registered_before_its_network_stage_failed_ends_failed_and_released(docker_client, agent_image, nft_table, monkeypatch):
+def test_an_agent_that_registered_before_its_network_stage_failed_ends_failed_and_released(
+    docker_client, agent_image, nft_table, monkeypatch
+):
     # The agent registers as soon as its container starts; the isolation step then fails (a hostname
     # is refused by the rule renderer). The failure path removes the container, so the registered
     # agent must end failed and release its slot, not stay "running" with nothing behind it.

@@ -8,11 +8,9 @@ import hmac
 import json
 import threading
 import time
-from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
@@ -21,7 +19,7 @@ from scalers.backends.claims import ClaimError, create_claim, redeem_claim
 from scalers.backends.emitter import EventEmitError, HttpEventEmitter, resolve_target
 from scalers.backends.event import EventBackend
 from scalers.backends.event_reaper import Verdict, flap_grace_ms, may_reap, reap_verdict
-from scalers.jobs import destroy_agent, spawn_agent
+from scalers.jobs import spawn_agent
 from scalers.models import Reservation
 from tests.ctr_helpers import make_agent, make_scaler
 
@@ -73,7 +71,9 @@ def secret(settings):
 
 def event_scaler(url, **extra):
     config = {"provisioningTargets": [url], "claimTtlSeconds": 600, "agentTokenTtlSeconds": 900, **extra}
-    return make_scaler(type="event", config=config, ls_config={}, orchestrator_url="http://172.30.0.1:8000", mandatory_labels=["cloud"])
+    return make_scaler(
+        type="event", config=config, ls_config={}, orchestrator_url="http://172.30.0.1:8000", mandatory_labels=["cloud"]
+    )
 
 
 def fast(secret=SECRET):
@@ -88,11 +88,25 @@ def test_spawn_emits_one_signed_scale_up_without_the_token(receiver):
     assert len(receiver.requests) == 1
     req = receiver.requests[0]
     expected = "sha256=" + hmac.new(SECRET.encode(), req["body"], hashlib.sha256).hexdigest()
-    assert req["headers"]["X-Kici-Signature-256"] == expected and req["headers"]["X-Kici-Event"] == "kici.scaler.scale-up"
+    assert (
+        req["headers"]["X-Kici-Signature-256"] == expected and req["headers"]["X-Kici-Event"] == "kici.scaler.scale-up"
+    )
     body = json.loads(req["body"])
     payload = body["payload"]
-    assert set(payload) == {"scalerName", "agentId", "labels", "mandatoryLabels", "resources", "orchestratorUrl", "claimCode", "jobId", "requestId"}
-    assert payload["agentId"] == agent.agent_id and payload["jobId"] == "job-7" and payload["mandatoryLabels"] == ["cloud"]
+    assert set(payload) == {
+        "scalerName",
+        "agentId",
+        "labels",
+        "mandatoryLabels",
+        "resources",
+        "orchestratorUrl",
+        "claimCode",
+        "jobId",
+        "requestId",
+    }
+    assert (
+        payload["agentId"] == agent.agent_id and payload["jobId"] == "job-7" and payload["mandatoryLabels"] == ["cloud"]
+    )
     assert payload["resources"] == {"cpus": 1.0, "memBytes": 1 << 30} and len(payload["claimCode"]) == 64
     assert b"ket_" not in req["body"] and b"kas_" not in req["body"]
     agent.refresh_from_db()
@@ -152,7 +166,11 @@ def test_destroy_twice_emits_exactly_one_scale_down_and_invalidates_claims(recei
     backend.destroy(agent)
     backend.destroy(Agent.objects.get(pk=agent.pk))
     downs = [d for d in receiver.deliveries() if d["event"] == "kici.scaler.scale-down"]
-    assert len(downs) == 1 and downs[0]["payload"]["reason"] == "shutdown" and downs[0]["payload"]["agentId"] == agent.agent_id
+    assert (
+        len(downs) == 1
+        and downs[0]["payload"]["reason"] == "shutdown"
+        and downs[0]["payload"]["agentId"] == agent.agent_id
+    )
     with pytest.raises(ClaimError, match="invalid claim code"):
         redeem_claim(code)
     backend.shutdown_all()
@@ -186,7 +204,12 @@ def test_a_claim_is_redeemed_once_for_a_token_that_registers(client, receiver):
     again = client.post("/api/v1/agents/claim", data=json.dumps({"claimCode": code}), content_type="application/json")
     assert again.status_code == 401 and again.json()["reason"] == "claim-used"
     assert again.json()["error"]["message"] == "claim code already consumed"
-    reg = client.post("/api/v1/agents/register", data="", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {grant['token']}")
+    reg = client.post(
+        "/api/v1/agents/register",
+        data="",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {grant['token']}",
+    )
     assert reg.status_code == 200
     assert Agent.objects.get(pk=agent.pk).state == AgentState.RUNNING
 
@@ -201,7 +224,11 @@ def test_expired_and_unknown_claims_are_refused(client):
     with pytest.raises(ClaimError, match="invalid claim code"):
         redeem_claim("0" * 64)
     resp = client.post("/api/v1/agents/claim", data="{}", content_type="application/json")
-    assert resp.status_code == 400 and resp.json()["error"]["field"] == "claimCode" and "got null" in resp.json()["error"]["message"]
+    assert (
+        resp.status_code == 400
+        and resp.json()["error"]["field"] == "claimCode"
+        and "got null" in resp.json()["error"]["message"]
+    )
 
 
 @pytest.mark.django_db
@@ -241,12 +268,23 @@ def test_the_reaper_flap_grace_and_guard():
 
 
 def test_the_reaper_verdicts():
-    base = dict(now_ms=10_000_000, grace_ms=120_000, owner="i1", adopted_by=None, adopter_alive=False, spawned_at_ms=0, spawn_timeout_ms=300_000)
+    base = dict(
+        now_ms=10_000_000,
+        grace_ms=120_000,
+        owner="i1",
+        adopted_by=None,
+        adopter_alive=False,
+        spawned_at_ms=0,
+        spawn_timeout_ms=300_000,
+    )
     assert reap_verdict(registered=True, unseen_since_ms=None, **base) == Verdict("spare", "reset", "registered")
     assert reap_verdict(registered=False, unseen_since_ms=None, **base).clock == "start"
     assert reap_verdict(registered=False, unseen_since_ms=10_000_000 - 1000, **base).action == "spare"
     old = 10_000_000 - 200_000
-    assert reap_verdict(registered=False, unseen_since_ms=old, **{**base, "adopted_by": "i2"}).action == "heartbeat-timeout"
+    assert (
+        reap_verdict(registered=False, unseen_since_ms=old, **{**base, "adopted_by": "i2"}).action
+        == "heartbeat-timeout"
+    )
     live = {**base, "adopted_by": "i2", "adopter_alive": True}
     assert reap_verdict(registered=False, unseen_since_ms=old, **live).action == "spare"
     assert reap_verdict(registered=False, unseen_since_ms=10_000_000 - 1_800_000, **live).action == "heartbeat-timeout"

@@ -24,7 +24,12 @@ def test_connecting_is_stored_while_the_agent_waits_and_never_after_it_registere
     agent = make_agent(make_scaler())
     assert record_connecting(agent, "waiting for agent registration") is not None
     token = mint_registration_token(agent)
-    answer = client.post("/api/v1/agents/register", data=json.dumps({}), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    answer = client.post(
+        "/api/v1/agents/register",
+        data=json.dumps({}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
     assert answer.status_code == 200, answer.content
     assert record_connecting(agent, "waiting for agent registration") is None
     assert stored_types(agent) == [EventType.CONNECTING, EventType.REGISTERED]
@@ -33,7 +38,9 @@ def test_connecting_is_stored_while_the_agent_waits_and_never_after_it_registere
 def test_an_agent_that_registered_first_gets_no_connecting_event(client):
     agent = make_agent(make_scaler())
     token = mint_registration_token(agent)
-    answer = client.post("/api/v1/agents/register", data="", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    answer = client.post(
+        "/api/v1/agents/register", data="", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
     assert answer.status_code == 200, answer.content
     assert record_connecting(agent, "waiting for agent registration") is None
     assert stored_types(agent) == [EventType.REGISTERED]

@@ -48,7 +48,9 @@ def test_the_producer_sends_the_event_id_and_leaves_rendering_to_the_console_pro
     from agents.models import ScalerEvent
     from agents.streams.publish import event_message
 
-    event = ScalerEvent.objects.create(agent_ref="scaler-container-0000aaaa", type=EventType.READY, detail="container started")
+    event = ScalerEvent.objects.create(
+        agent_ref="scaler-container-0000aaaa", type=EventType.READY, detail="container started"
+    )
     message = event_message(event)
     assert message == {"type": "event.message", "event_id": event.pk, "agent_ref": "scaler-container-0000aaaa"}
     settings.KICI_RENDER_EVENTS_AT_PUBLISH = True

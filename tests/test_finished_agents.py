@@ -40,7 +40,10 @@ def no_nft(monkeypatch):
 
 def _failed_agent():
     agent = make_agent(make_scaler(), state=AgentState.FAILED, ip="172.30.0.2", finished_at=timezone.now())
-    detail = failure_detail(RuntimeError("network failed: hostAccess[0] is not an address"), ["booting", "agent: dial 172.30.0.1:8000", "exit 1"])
+    detail = failure_detail(
+        RuntimeError("network failed: hostAccess[0] is not an address"),
+        ["booting", "agent: dial 172.30.0.1:8000", "exit 1"],
+    )
     agent.failure_reason = detail
     agent.save(update_fields=["failure_reason"])
     record_event(agent, EventType.FAILED, detail, {"reason": "spawn-failed"})
@@ -74,7 +77,7 @@ def test_a_finished_agent_reads_back_no_rules_for_its_old_address(viewer_client,
     agent = _failed_agent()
     fragment = viewer_client.get(f"/agents/{agent.agent_id}/isolation/", **HTMX).content.decode()
     assert 'id="rules-removed"' in fragment and "removed with it" in fragment and "172.30.0.2" in fragment
-    assert "badge b-green\">in force" not in fragment and "No isolation rules in force" not in fragment
+    assert 'badge b-green">in force' not in fragment and "No isolation rules in force" not in fragment
     page = viewer_client.get(f"/agents/{agent.agent_id}/").content.decode()
     assert "Rules in force" not in page and "Isolation rules" in page
 

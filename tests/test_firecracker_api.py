@@ -19,7 +19,9 @@ from tests.firecracker_support import real_binaries
 def real_api(tmp_path):
     fc, _ = real_binaries()
     sock = tmp_path / "fc.sock"
-    proc = subprocess.Popen([str(fc), "--api-sock", str(sock), "--level", "Warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(fc), "--api-sock", str(sock), "--level", "Warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 5
     while not sock.exists() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -161,7 +161,10 @@ def test_a_jailer_that_exits_non_zero_is_reported_once_with_the_failure_type(fc_
     with pytest.raises(FirecrackerSpawnError, match=r"jailer exited during boot \(code 3, unknown\)"):
         b.spawn(agent_id, _label_set(env), None, "ws://x:1/ws")
     failed = env.failed(agent_id)
-    assert len(failed) == 1 and failed[0][3] == {"reason": "jailer exited during boot (code 3, unknown)", "failureType": "unknown"}
+    assert len(failed) == 1 and failed[0][3] == {
+        "reason": "jailer exited during boot (code 3, unknown)",
+        "failureType": "unknown",
+    }
     _assert_nothing_left(env, b, agent_id)
 
 

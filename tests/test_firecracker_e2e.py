@@ -151,7 +151,9 @@ class FakeGuest(threading.Thread):
             connection.close()
 
 
-def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_after_teardown(product, settings, run_rq_jobs):
+def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_after_teardown(
+    product, settings, run_rq_jobs
+):
     env = product
     kernel = env.write_image("vmlinux", fake_kernel("serial fake guest: init started"))
     name = import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
@@ -199,7 +201,9 @@ def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_af
     assert not ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.FAILED).exists()
 
 
-def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_releases_everything(product, settings, run_rq_jobs):
+def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_releases_everything(
+    product, settings, run_rq_jobs
+):
     env = product
     fc, jailer = real_binaries()
     require_kvm()
@@ -227,10 +231,14 @@ def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_rele
     assert not ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.REGISTERED).exists()
 
 
-def test_a_vm_that_dies_while_the_job_waits_for_registration_is_caught_by_the_job_itself(product, settings, run_rq_jobs):
+def test_a_vm_that_dies_while_the_job_waits_for_registration_is_caught_by_the_job_itself(
+    product, settings, run_rq_jobs
+):
     env = product
     # MMDS is written and spawn returns; 1.5 s later the "guest" panics and the VMM exits.
-    kernel = env.write_image("vmlinux", fake_kernel("serial Kernel panic - not syncing: Attempted to kill init!", "exit 1.5 0"))
+    kernel = env.write_image(
+        "vmlinux", fake_kernel("serial Kernel panic - not syncing: Attempted to kill init!", "exit 1.5 0")
+    )
     import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
 
     decision = request_scale(["linux", "vm"], "job-fcint-3")

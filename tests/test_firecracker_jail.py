@@ -46,7 +46,9 @@ def test_config_json_boots_from_the_kernel_with_two_drives_and_mmds_on_eth0():  
         {"drive_id": "overlay", "path_on_host": "/overlay.ext4", "is_root_device": False, "is_read_only": False},
     ]
     assert cfg["machine-config"] == {"vcpu_count": 2, "mem_size_mib": 512, "smt": False}
-    assert cfg["network-interfaces"] == [{"iface_id": "eth0", "guest_mac": "06:00:AC:00:00:02", "host_dev_name": "kici-1d993749"}]
+    assert cfg["network-interfaces"] == [
+        {"iface_id": "eth0", "guest_mac": "06:00:AC:00:00:02", "host_dev_name": "kici-1d993749"}
+    ]
     assert cfg["mmds-config"] == {"network_interfaces": ["eth0"], "ipv4_address": "169.254.169.254"}
     assert "InstanceStart" not in json.dumps(cfg)
 
@@ -63,7 +65,10 @@ def test_config_json_boots_from_the_kernel_with_two_drives_and_mmds_on_eth0():  
     ],
 )
 def test_effective_limits_win_over_label_set_and_scaler(limits, expected):  # FC-03
-    assert jail.resolve_vm_shape(limits, {"vcpuCount": 4, "memSizeMib": 1024}, {"vcpuCount": 2, "memSizeMib": 512}) == expected
+    assert (
+        jail.resolve_vm_shape(limits, {"vcpuCount": 4, "memSizeMib": 1024}, {"vcpuCount": 2, "memSizeMib": 512})
+        == expected
+    )
 
 
 def test_the_scaler_shape_applies_when_the_label_set_has_none():
@@ -73,7 +78,10 @@ def test_the_scaler_shape_applies_when_the_label_set_has_none():
 
 def test_mmds_payload_carries_the_bootstrap_keys_and_only_the_optional_ones_that_are_set():  # FC-07
     bare = jail.build_mmds_payload(
-        orchestrator_url="ws://10.0.0.1:8080/ws", agent_id=AGENT, labels=["linux", "kici:agent:firecracker"], gateway="10.0.0.1"
+        orchestrator_url="ws://10.0.0.1:8080/ws",
+        agent_id=AGENT,
+        labels=["linux", "kici:agent:firecracker"],
+        gateway="10.0.0.1",
     )
     assert bare == {
         "latest": {
@@ -87,9 +95,19 @@ def test_mmds_payload_carries_the_bootstrap_keys_and_only_the_optional_ones_that
         }
     }
     full = jail.build_mmds_payload(
-        orchestrator_url="u", agent_id=AGENT, labels=[], gateway="10.0.0.1", token="tok", backpressure_mode="pause", env={"A": "1"}
+        orchestrator_url="u",
+        agent_id=AGENT,
+        labels=[],
+        gateway="10.0.0.1",
+        token="tok",
+        backpressure_mode="pause",
+        env={"A": "1"},
     )["latest"]["meta-data"]
-    assert full["kici-agent-token"] == "tok" and full["kici-backpressure-mode"] == "pause" and full["kici-env"] == {"A": "1"}
+    assert (
+        full["kici-agent-token"] == "tok"
+        and full["kici-backpressure-mode"] == "pause"
+        and full["kici-env"] == {"A": "1"}
+    )
 
 
 def test_forwarded_env_strips_the_prefix_overlays_label_env_and_drops_bad_keys():  # FC-08
@@ -139,7 +157,14 @@ def test_prepare_chroot_lays_out_the_jail_and_formats_a_sparse_overlay(jail_base
     rootfs, kernel = _images(tmp_path / "images")
     cfg = {"boot-source": {"kernel_image_path": "/kernel"}}
     layout = jail.prepare_chroot(
-        base=jail_base, agent_id=AGENT, rootfs_path=rootfs, kernel_path=kernel, overlay_mib=16, config=cfg, uid=10000, gid=10001
+        base=jail_base,
+        agent_id=AGENT,
+        rootfs_path=rootfs,
+        kernel_path=kernel,
+        overlay_mib=16,
+        config=cfg,
+        uid=10000,
+        gid=10001,
     )
     assert layout.chroot == jail_base / "firecracker" / AGENT / "root"
     assert layout.socket == layout.chroot / "run" / "firecracker.socket"
@@ -177,7 +202,14 @@ def test_prepare_chroot_names_a_missing_rootfs(jail_base, tmp_path):
     _, kernel = _images(tmp_path / "images")
     with pytest.raises(FileNotFoundError, match="rootfsPath '/nope/rootfs.ext4'"):
         jail.prepare_chroot(
-            base=jail_base, agent_id=AGENT, rootfs_path="/nope/rootfs.ext4", kernel_path=kernel, overlay_mib=8, config={}, uid=0, gid=0
+            base=jail_base,
+            agent_id=AGENT,
+            rootfs_path="/nope/rootfs.ext4",
+            kernel_path=kernel,
+            overlay_mib=8,
+            config={},
+            uid=0,
+            gid=0,
         )
     assert not (jail_base / "firecracker" / AGENT).exists()
 
@@ -198,7 +230,10 @@ def test_failure_type_is_read_from_the_serial_text(text, kind):  # FC-11
 
 
 def test_failure_lines_are_wrapped_as_errors_and_json_lines_pass_through(tmp_path):
-    assert wrap_serial_line("systemd[1]: Failed to start foo") == {"level": "error", "message": "systemd[1]: Failed to start foo"}
+    assert wrap_serial_line("systemd[1]: Failed to start foo") == {
+        "level": "error",
+        "message": "systemd[1]: Failed to start foo",
+    }
     assert wrap_serial_line("hello") == {"level": "debug", "message": "hello"}
     assert wrap_serial_line('{"level": "info", "msg": "x"}') == {"level": "info", "msg": "x"}
     assert is_failure_line("end Kernel Panic - not syncing")

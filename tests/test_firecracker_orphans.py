@@ -63,7 +63,10 @@ def test_pass_1_takes_this_scalers_dead_allocations_only():  # FC-13
 def test_pass_2_takes_unallocated_dead_chroots_and_a_failed_rule_listing_plans_no_rules():  # FC-14
     a, b, c = "scaler-firecracker-0000000a", "scaler-firecracker-0000000b", "scaler-firecracker-0000000c"
     facts = _facts(
-        chroot_ids=(a, b, c), live_chroots=frozenset({b}), allocations_before=(_row(c, "10.9.0.9", OTHER),), rule_ips=None
+        chroot_ids=(a, b, c),
+        live_chroots=frozenset({b}),
+        allocations_before=(_row(c, "10.9.0.9", OTHER),),
+        rule_ips=None,
     )
     assert plan_orphans(facts) == [OrphanTarget(2, "chroot", a)]
 
@@ -117,14 +120,18 @@ def _allocate(env, b, vm_id, scaler=ME, tap=True, rules=True):
 def test_cleanup_orphans_plans_then_applies_the_passes_and_spares_live_vms(fc_env):  # FC-13, FC-14, FC-12
     env = fc_env
     b = _setup(env)
-    ids = {k: f"scaler-firecracker-{n:08x}" for n, k in enumerate(["dead", "other", "alive", "nodb", "stray"], start=0xa0)}
+    ids = {
+        k: f"scaler-firecracker-{n:08x}" for n, k in enumerate(["dead", "other", "alive", "nodb", "stray"], start=0xA0)
+    }
     dead = _allocate(env, b, ids["dead"])
     _vm_dir(env, ids["dead"])
     other = _allocate(env, b, ids["other"], scaler=OTHER)
     alive = _allocate(env, b, ids["alive"])
     proc = _start_in_chroot("bash", _vm_dir(env, ids["alive"]))  # running, identity unconfirmed: spared
     _vm_dir(env, ids["nodb"])
-    subprocess.run(["ip", "netns", "exec", env.netns, "ip", "tuntap", "add", "kici-1a2b3c4d", "mode", "tap"], check=True)
+    subprocess.run(
+        ["ip", "netns", "exec", env.netns, "ip", "tuntap", "add", "kici-1a2b3c4d", "mode", "tap"], check=True
+    )
     sink_before = len(env.log_lines)
     try:
         plan = b.plan_orphans()
@@ -135,7 +142,10 @@ def test_cleanup_orphans_plans_then_applies_the_passes_and_spares_live_vms(fc_en
         report = b.apply_orphans(plan)
         assert (report.cleaned, report.rules_deleted, report.skipped) == (3, 1, [])
         assert not IpAllocation.objects.filter(vm_id=ids["dead"]).exists()
-        assert not (env.base / "firecracker" / ids["dead"]).exists() and not (env.base / "firecracker" / ids["nodb"]).exists()
+        assert (
+            not (env.base / "firecracker" / ids["dead"]).exists()
+            and not (env.base / "firecracker" / ids["nodb"]).exists()
+        )
         links = env.links()
         assert dead.tap_device not in links and "kici-1a2b3c4d" not in links
         assert other.tap_device in links and alive.tap_device in links
@@ -166,7 +176,9 @@ def test_a_stale_plan_is_rechecked_and_a_target_that_came_alive_is_skipped(fc_en
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.root
-def test_reap_unowned_kills_a_confirmed_vm_and_removes_only_its_directory_when_another_scaler_owns_the_ip(fc_env):  # FC-16
+def test_reap_unowned_kills_a_confirmed_vm_and_removes_only_its_directory_when_another_scaler_owns_the_ip(
+    fc_env,
+):  # FC-16
     env = fc_env
     b = _setup(env)
     assert b.reap_unowned("scaler-firecracker-000000c0") is False

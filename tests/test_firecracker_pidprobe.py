@@ -154,7 +154,11 @@ def test_an_unreadable_root_link_counts_as_confirmed(procs, dirs):  # FC-09
     drop = ["setpriv", "--reuid=10002", "--regid=10002", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
     # The venv's interpreter may live under a directory uid 10002 cannot enter (e.g. /root/.pyenv).
     python = next(
-        (c for c in (sys.executable, "/usr/bin/python3") if subprocess.run([*drop, c, "-c", "pass"], capture_output=True).returncode == 0),
+        (
+            c
+            for c in (sys.executable, "/usr/bin/python3")
+            if subprocess.run([*drop, c, "-c", "pass"], capture_output=True).returncode == 0
+        ),
         None,
     )
     assert python, "no Python interpreter usable by an unprivileged user"

@@ -91,6 +91,8 @@ def test_provisioning_builds_bridge_table_baseline_and_reapplies_tracked_vms_rul
 @pytest.mark.root
 def test_without_auto_provisioning_nothing_is_touched(fc_env):
     env = fc_env
-    b = env.backend(jailer=FAKE_JAILER, firecracker="/opt/fc/firecracker", kernel="/bin/false", auto_provision_host=False)
+    b = env.backend(
+        jailer=FAKE_JAILER, firecracker="/opt/fc/firecracker", kernel="/bin/false", auto_provision_host=False
+    )
     assert b.ensure_host_ready() is False
     assert env.bridge not in env.links()

@@ -39,7 +39,13 @@ def _real_backend(env, kernel_bytes: bytes, **overrides):
 
 
 def _label_set(env):
-    return {"labels": ["linux", "vm"], "rootfsPath": str(env.rootfs()), "overlayDriveSizeMib": 8, "memSizeMib": 128, "vcpuCount": 1}
+    return {
+        "labels": ["linux", "vm"],
+        "rootfsPath": str(env.rootfs()),
+        "overlayDriveSizeMib": 8,
+        "memSizeMib": 128,
+        "vcpuCount": 1,
+    }
 
 
 def _nothing_left(env, b, agent_id, ip):

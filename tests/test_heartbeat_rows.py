@@ -40,14 +40,22 @@ def pushes(monkeypatch):
 @pytest.fixture
 def session(client):
     agent = make_agent(make_scaler())
-    response = client.post("/api/v1/agents/register", data="", content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {mint_registration_token(agent)}")
+    response = client.post(
+        "/api/v1/agents/register",
+        data="",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {mint_registration_token(agent)}",
+    )
     return agent, response.json()["sessionToken"]
 
 
 def beat(client, agent, token, body=None):
-    return client.post(f"/api/v1/agents/{agent.agent_id}/heartbeat", data=json.dumps(body or {}),
-                       content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client.post(
+        f"/api/v1/agents/{agent.agent_id}/heartbeat",
+        data=json.dumps(body or {}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
 
 
 def test_a_heartbeat_after_a_quiet_spell_pushes_the_row_once(client, session, pushes):

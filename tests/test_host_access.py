@@ -47,8 +47,14 @@ def test_an_address_without_a_port_means_every_port():  # HA-04
 
 @pytest.mark.parametrize(
     "text, daddr, port",
-    [("*", None, None), ("10.0.0.1:*", "10.0.0.1/32", None), ("  172.30.0.1:53 ", "172.30.0.1/32", 53),
-     ("0.0.0.0/0:22", "0.0.0.0/0", 22), ("10.0.0.0/8", "10.0.0.0/8", None), ("65535", None, 65535)],
+    [
+        ("*", None, None),
+        ("10.0.0.1:*", "10.0.0.1/32", None),
+        ("  172.30.0.1:53 ", "172.30.0.1/32", 53),
+        ("0.0.0.0/0:22", "0.0.0.0/0", 22),
+        ("10.0.0.0/8", "10.0.0.0/8", None),
+        ("65535", None, 65535),
+    ],
 )
 def test_other_accepted_ipv4_shapes(text, daddr, port):
     e = parse_host_access_entry(text)
@@ -125,12 +131,23 @@ def test_an_empty_address_before_the_port_says_so_and_suggests_the_wildcard(text
 
 
 def test_loopback_entries_are_accepted_with_a_warning_and_others_are_not_warned_about():
-    entries = ["127.0.0.1:5432", "[::1]", "127.0.0.0/8", "0.0.0.0/0", "*:53", "172.30.0.1:53", "[fd00::1]:9000", "bad entry"]
+    entries = [
+        "127.0.0.1:5432",
+        "[::1]",
+        "127.0.0.0/8",
+        "0.0.0.0/0",
+        "*:53",
+        "172.30.0.1:53",
+        "[fd00::1]:9000",
+        "bad entry",
+    ]
     for text in entries[:-1]:
         parse_host_access_entry(text)  # all accepted
     warnings = host_access_warnings(entries)
     assert len(warnings) == 3
-    assert warnings[0].startswith('hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach')
+    assert warnings[0].startswith(
+        'hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach'
+    )
     assert 'hostAccess entry "[::1]" names the host\'s loopback (::1)' in warnings[1]
     assert "(127.0.0.0/8)" in warnings[2]
     assert host_access_warnings([]) == []

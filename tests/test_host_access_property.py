@@ -68,7 +68,9 @@ noisy_entries = st.one_of(
     st.builds(lambda n, p: f"{n}:{p}", v4_nets.map(str), bad_ports),
     st.builds(lambda a, p: f"{a}:{p}", st.sampled_from(["*", "10.0.0.1", "[fd00::1]"]), bad_ports),
     st.builds(lambda n: str(n), v6_nets),  # unbracketed IPv6
-    st.builds(lambda a, b: f"{a}.{b}", st.from_regex(r"[a-z]{1,8}", fullmatch=True), st.sampled_from(["lan:80", "internal"])),
+    st.builds(
+        lambda a, b: f"{a}.{b}", st.from_regex(r"[a-z]{1,8}", fullmatch=True), st.sampled_from(["lan:80", "internal"])
+    ),
 )
 
 
@@ -148,7 +150,10 @@ def entry_allows(entry, pkt) -> bool:
 
 def packets_near(entry, draw) -> list[dict]:
     """Packets on and just around the entry's edges, plus random ones of both families."""
-    addrs = [ipaddress.ip_address(draw(st.integers(0, 2**32 - 1))), ipaddress.ip_address(draw(st.integers(0, 2**128 - 1)))]
+    addrs = [
+        ipaddress.ip_address(draw(st.integers(0, 2**32 - 1))),
+        ipaddress.ip_address(draw(st.integers(0, 2**128 - 1))),
+    ]
     if entry.daddr is not None:
         lo, hi = int(entry.daddr.network_address), int(entry.daddr.broadcast_address)
         top = 2**entry.daddr.max_prefixlen - 1
@@ -178,7 +183,10 @@ def test_well_formed_entries_parse_to_what_was_written(case):
     assert (entry.daddr, entry.port) == (daddr, port)
     assert entry.family == ("ipv6" if daddr is not None and daddr.version == 6 else "ipv4")
     assert parse_host_access_entry(entry.canonical) == parse_host_access_entry(entry.canonical)
-    assert (parse_host_access_entry(entry.canonical).daddr, parse_host_access_entry(entry.canonical).port) == (daddr, port)
+    assert (parse_host_access_entry(entry.canonical).daddr, parse_host_access_entry(entry.canonical).port) == (
+        daddr,
+        port,
+    )
 
 
 @MANY

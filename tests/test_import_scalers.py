@@ -108,10 +108,13 @@ def test_check_accepts_every_valid_example_and_writes_nothing(name, counts):
     "name, line_prefix",
     [
         ("invalid-01-container-missing-image.yaml", ":7: scalers.0.labelSets.0.image: Container scaler"),
-        ("invalid-02-unknown-machine-pool.yaml", ":10: scalers.0.machinePool: Scaler \"bare-metal-builders\""),
-        ("invalid-03-gate-label-missing.yaml", ":10: scalers.0.labelSets.1.labels: Scaler \"leaky-gate\" gate label"),
-        ("invalid-04-hostaccess-hostname.yaml", ":11: scalers.0.labelSets.0.networkPolicy.hostAccess.0: hostAccess entry"),
-        ("invalid-05-event-no-targets.yaml", ":3: scalers.0.provisioningTargets: Event scaler \"cloud\""),
+        ("invalid-02-unknown-machine-pool.yaml", ':10: scalers.0.machinePool: Scaler "bare-metal-builders"'),
+        ("invalid-03-gate-label-missing.yaml", ':10: scalers.0.labelSets.1.labels: Scaler "leaky-gate" gate label'),
+        (
+            "invalid-04-hostaccess-hostname.yaml",
+            ":11: scalers.0.labelSets.0.networkPolicy.hostAccess.0: hostAccess entry",
+        ),
+        ("invalid-05-event-no-targets.yaml", ':3: scalers.0.provisioningTargets: Event scaler "cloud"'),
     ],
 )
 def test_check_rejects_every_invalid_example_naming_the_field(name, line_prefix):
@@ -137,7 +140,7 @@ def test_every_problem_gets_its_own_line(tmp_path):
     code, _, err = run(path, "--check")
     assert code == 1
     assert err.splitlines() == [
-        f'{path}:4: scalers.0.type: Input should be \'container\', \'bare-metal\', \'firecracker\' or \'event\', received "docker"',
+        f"{path}:4: scalers.0.type: Input should be 'container', 'bare-metal', 'firecracker' or 'event', received \"docker\"",
         f"{path}:5: scalers.0.maxAgents: Input should be greater than 0, received 0",
     ]
 

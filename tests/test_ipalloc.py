@@ -133,7 +133,10 @@ def test_db_allocations_are_rows_and_come_back_for_the_same_vm(db_alloc):
     assert (a.ip, a.mac, a.tap_device) == ("10.0.0.2", "06:00:AC:00:00:02", "kici-1d993749")
     row = IpAllocation.objects.get(pk="10.0.0.2")
     assert (row.vm_id, row.scaler_name, row.tap_device, row.mac_address) == (
-        "scaler-firecracker-1d993749", "fc1", "kici-1d993749", "06:00:AC:00:00:02"
+        "scaler-firecracker-1d993749",
+        "fc1",
+        "kici-1d993749",
+        "06:00:AC:00:00:02",
     )
     assert db_alloc.allocate("scaler-firecracker-1d993749", "fc1").ip == "10.0.0.2"
     assert db_alloc.allocate("scaler-firecracker-00000002", "fc2").ip == "10.0.0.3"
@@ -143,7 +146,9 @@ def test_db_allocation_sees_other_scalers_rows_and_interface_addresses(db):
     from network.ipalloc_db import DbIpAllocator
     from network.models import IpAllocation
 
-    IpAllocation.objects.create(ip="10.0.0.2", vm_id="vm-other", scaler_name="fc-b", tap_device="kici-other", mac_address="x")
+    IpAllocation.objects.create(
+        ip="10.0.0.2", vm_id="vm-other", scaler_name="fc-b", tap_device="kici-other", mac_address="x"
+    )
     alloc = DbIpAllocator("10.0.0.0/24", "10.0.0.1", interface_addresses=lambda: ["10.0.0.3"])
     assert alloc.allocate("vm-mine", "fc-a").ip == "10.0.0.4"
 
@@ -170,7 +175,9 @@ def test_sixteen_consecutive_primary_key_conflicts_give_up(db):  # IP-12
     from network.models import IpAllocation
 
     for n in range(2, 40):
-        IpAllocation.objects.create(ip=f"10.0.0.{n}", vm_id=f"vm-{n}", scaler_name="other", tap_device=f"t{n}", mac_address="x")
+        IpAllocation.objects.create(
+            ip=f"10.0.0.{n}", vm_id=f"vm-{n}", scaler_name="other", tap_device=f"t{n}", mac_address="x"
+        )
 
     class StaleReader(DbIpAllocator):
         """Reads as if no row existed, as a peer that keeps winning every race would look."""

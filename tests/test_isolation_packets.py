@@ -300,7 +300,11 @@ class LanCounter:
 
 def test_the_route_guard_lets_probes_reach_only_host_addresses_and_the_bridge(lab):
     g = guard(lab)
-    assert [(d, g.check(d).where) for d in (GW, "10.99.0.1", "10.213.0.6")] == [(GW, "local"), ("10.99.0.1", "local"), ("10.213.0.6", "bridge")]
+    assert [(d, g.check(d).where) for d in (GW, "10.99.0.1", "10.213.0.6")] == [
+        (GW, "local"),
+        ("10.99.0.1", "local"),
+        ("10.213.0.6", "bridge"),
+    ]
     for dst, dev in (("10.214.0.2", "lan0"), ("100.64.0.7", "lan0"), ("169.254.169.254", "lan0")):
         check = g.check(dst)
         assert (check.ok, check.where, check.dev) == (False, "leaves", dev)
@@ -327,7 +331,9 @@ def test_the_self_test_passes_when_isolation_holds_and_sends_nothing_beyond_the_
         lan.close()
     got = table(results)
     peer_state, peer_passed = got.pop("tcp 10.213.0.6:7000")
-    assert peer_state in ("filtered", "unreachable") and peer_passed is True  # probed: no ARP answer across isolated ports
+    assert (
+        peer_state in ("filtered", "unreachable") and peer_passed is True
+    )  # probed: no ARP answer across isolated ports
     assert got == {
         "tcp 10.213.0.1:53": ("open", True),
         "tcp 10.213.0.1:4000": ("open", True),
@@ -362,7 +368,10 @@ def test_the_self_test_fails_loudly_without_rules_and_still_sends_nothing_beyond
 
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # wait until the child has joined the namespace
-            if os.stat(f"/proc/{sleeper.pid}/ns/net").st_ino == os.stat(f"/run/netns/{lab.agents['a1'].ns.name}").st_ino:
+            if (
+                os.stat(f"/proc/{sleeper.pid}/ns/net").st_ino
+                == os.stat(f"/run/netns/{lab.agents['a1'].ns.name}").st_ino
+            ):
                 break
             time.sleep(0.02)
         before = lan.packets()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scalers.config import validate_document
+from scalers.config.schema import Platform
 from scalers.labels import (
     BackendMatch,
     LabelSetOverlap,
@@ -23,7 +24,6 @@ from scalers.labels import (
     roles_allow,
     unreachable_gate_labels,
 )
-from scalers.config.schema import Platform
 
 
 def scaler(name, sets, type="container", **extra):
@@ -203,9 +203,7 @@ def test_roles_limit_the_injected_role_labels():
 
 
 def test_lbl21_declared_platform_gates_and_labels():
-    routing = entries(
-        scaler("mac", [["xcode"]], type="bare-metal", platform={"os": "macos", "arch": "arm64"})
-    )
+    routing = entries(scaler("mac", [["xcode"]], type="bare-metal", platform={"os": "macos", "arch": "arm64"}))
     assert match(["xcode"], routing) is None
     assert match(["xcode", "macos", "arm64"], routing) == ("mac", 0)
     assert match(["xcode", "macos"], routing) is None
@@ -256,20 +254,31 @@ def test_os_arch_label_shapes(os_name, arch, expected):
 
 @pytest.mark.parametrize(
     "os_name, arch, taints",
-    [("linux", "x64", []), ("linux", "arm64", ["arm64"]), ("macos", "arm64", ["macos", "arm64"]), ("windows", "x64", ["windows"])],
+    [
+        ("linux", "x64", []),
+        ("linux", "arm64", ["arm64"]),
+        ("macos", "arm64", ["macos", "arm64"]),
+        ("windows", "x64", ["windows"]),
+    ],
 )
 def test_platform_taints(os_name, arch, taints):
     assert platform_to_taints(Platform(os=os_name, arch=arch)) == taints
 
 
 def test_gate_combines_mandatory_platform_and_plain_taints():
-    assert label_set_gate(["linux", "Arm", "gpu"], ["GPU"], Platform(os="windows", arch="x64")) == ["gpu", "windows", "arm"]
+    assert label_set_gate(["linux", "Arm", "gpu"], ["GPU"], Platform(os="windows", arch="x64")) == [
+        "gpu",
+        "windows",
+        "arm",
+    ]
     assert unreachable_gate_labels(["linux"], ["gpu"], Platform(os="macos", arch="arm64")) == ["gpu"]
     assert unreachable_gate_labels(["xcode"], [], Platform(os="macos", arch="arm64")) == []
 
 
 def test_enrich_label_set_order():
-    assert enrich_label_set(["linux", "docker"], scaler_name="C1", scaler_type="container", os_name="linux", arch="x64") == [
+    assert enrich_label_set(
+        ["linux", "docker"], scaler_name="C1", scaler_type="container", os_name="linux", arch="x64"
+    ) == [
         "linux",
         "docker",
         "kici:os:linux",
@@ -287,7 +296,9 @@ def test_agent_labels_match_the_reference_example():
     assert ",".join(labels) == (
         "linux,docker,kici:agent:container,kici:scaler:test-container,kici:role:builder,kici:role:init-runner"
     )
-    assert agent_labels(["x"], scaler_name="m", scaler_type="bare-metal", roles=[], platform=Platform(os="macos", arch="arm64")) == [
+    assert agent_labels(
+        ["x"], scaler_name="m", scaler_type="bare-metal", roles=[], platform=Platform(os="macos", arch="arm64")
+    ) == [
         "x",
         "kici:agent:bare-metal",
         "kici:scaler:m",
@@ -337,9 +348,7 @@ def test_lbl24_the_same_set_twice_in_one_scaler_is_not_an_overlap():
 
 
 def test_overlaps_accept_config_entries():
-    config, _ = validate_document(
-        {"version": 1, "scalers": [scaler("a", [["x", "y"]]), scaler("b", [["z"]])]}
-    )
+    config, _ = validate_document({"version": 1, "scalers": [scaler("a", [["x", "y"]]), scaler("b", [["z"]])]})
     assert find_label_set_overlaps(config.scalers) == []
 
 

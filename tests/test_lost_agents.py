@@ -66,7 +66,9 @@ def container_agent(docker_client, agent_image):
         fields.setdefault("last_heartbeat", timezone.now())
         agent = make_agent(scaler, state=AgentState.RUNNING, **fields)
         c = api.create_container(
-            agent_image, command=["sleep", "600"], name=f"life-{agent.agent_id}",
+            agent_image,
+            command=["sleep", "600"],
+            name=f"life-{agent.agent_id}",
             host_config=api.create_host_config(network_mode="none", init=True),
             labels={"kici-managed": "true", "kici-scaler-name": scaler.name, "kici-agent-id": agent.agent_id},
         )
@@ -92,7 +94,9 @@ def docker_scaler(**fields):
 def test_the_rule_lost_by_a_gone_sandbox_at_once_by_silence_only_past_the_timeout_counted_from_boot():
     now = timezone.now()
     fresh, old = now - timedelta(seconds=3), now - timedelta(seconds=300)
-    gone = assess("running", fresh, "exited", now=now, timeout_seconds=90, sandbox_detail="Exited (137)", what="container")
+    gone = assess(
+        "running", fresh, "exited", now=now, timeout_seconds=90, sandbox_detail="Exited (137)", what="container"
+    )
     assert (gone.lost, gone.lost_by, gone.reasons) == (True, "sandbox", ("container exited (Exited (137))",))
     silent = assess("draining", old, "running", now=now, timeout_seconds=90)
     assert (silent.lost, silent.lost_by, silent.silent_seconds) == (True, "heartbeat", 300)
@@ -100,7 +104,9 @@ def test_the_rule_lost_by_a_gone_sandbox_at_once_by_silence_only_past_the_timeou
     assert not assess("running", old, "unknown", now=now, timeout_seconds=90, since=now - timedelta(seconds=20)).lost, (
         "a console that booted 20 s ago heard nobody before: no silence verdict yet"
     )
-    assert not assess("spawning", old, "missing", now=now, timeout_seconds=90).lost, "only registered agents can be lost"
+    assert not assess("spawning", old, "missing", now=now, timeout_seconds=90).lost, (
+        "only registered agents can be lost"
+    )
     assert not assess("failed", old, "missing", now=now, timeout_seconds=90).lost
 
 
@@ -124,7 +130,12 @@ def test_a_killed_container_is_planned_by_the_sweep_shown_lost_and_released_so_t
     assert sweep() == [], "not due yet: one sweep per scope every 30 s"
     t1 = timezone.now() + timedelta(seconds=31)
     (op,) = sweep(t1)
-    assert (op.kind, op.status, op.requested_via, op.params) == ("lost-agents", OperationStatus.PLANNED, RequestedVia.SWEEP, {"evidence": "sandbox-gone"})
+    assert (op.kind, op.status, op.requested_via, op.params) == (
+        "lost-agents",
+        OperationStatus.PLANNED,
+        RequestedVia.SWEEP,
+        {"evidence": "sandbox-gone"},
+    )
     (target,) = op.plan
     ev = target["evidence"]
     assert target["subject"] == agent.agent_id
@@ -135,7 +146,10 @@ def test_a_killed_container_is_planned_by_the_sweep_shown_lost_and_released_so_t
     with pytest.raises(NothingToDo) as spared:  # the orphan sweep still spares it: tracked, but says where it goes
         create_operation("orphan-containers", {"scaler": scaler.name}, users["operator"])
     (orphan,) = spared.value.plan.spared
-    assert orphan.reason == f"tracked: agent {agent.agent_id} is running and registered, but its container is exited: see lost-agents"
+    assert (
+        orphan.reason
+        == f"tracked: agent {agent.agent_id} is running and registered, but its container is exited: see lost-agents"
+    )
 
     agent.refresh_from_db()
     mark = current_mark(agent)
@@ -154,7 +168,10 @@ def test_a_killed_container_is_planned_by_the_sweep_shown_lost_and_released_so_t
 
     op = approve_and_run(op, users["approver"], run_rq_jobs)
     assert op.status == OperationStatus.SUCCEEDED, (op.error, op.log)
-    assert outcome(op, f"agent:{agent.agent_id}") == (TargetOutcome.DONE, "remains removed, agent failed, reservation released")
+    assert outcome(op, f"agent:{agent.agent_id}") == (
+        TargetOutcome.DONE,
+        "remains removed, agent failed, reservation released",
+    )
     agent.refresh_from_db()
     assert agent.state == AgentState.FAILED and agent.failure_reason.startswith("lost (container exited")
     assert not Reservation.objects.filter(agent=agent).exists()
@@ -164,7 +181,9 @@ def test_a_killed_container_is_planned_by_the_sweep_shown_lost_and_released_so_t
 
 
 @pytest.mark.docker
-def test_an_agent_that_heartbeats_after_the_preview_is_skipped_with_the_reason(users, container_agent, docker_client, run_rq_jobs, client):
+def test_an_agent_that_heartbeats_after_the_preview_is_skipped_with_the_reason(
+    users, container_agent, docker_client, run_rq_jobs, client
+):
     from agents.tokens import mint_session_token
 
     scaler = docker_scaler()
@@ -175,8 +194,12 @@ def test_an_agent_that_heartbeats_after_the_preview_is_skipped_with_the_reason(u
     assert [t["subject"] for t in op.plan] == [agent.agent_id]
 
     time.sleep(0.01)
-    beat = client.post(f"/api/v1/agents/{agent.agent_id}/heartbeat", data=json.dumps({"activeJobs": 0}),
-                       content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {session}")
+    beat = client.post(
+        f"/api/v1/agents/{agent.agent_id}/heartbeat",
+        data=json.dumps({"activeJobs": 0}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {session}",
+    )
     assert beat.status_code == 200, beat.content
     op = approve_and_run(op, users["approver"], run_rq_jobs)
     result, detail = outcome(op, f"agent:{agent.agent_id}")
@@ -203,7 +226,11 @@ def test_by_default_a_gone_sandbox_is_released_by_policy_and_a_silent_running_on
     assert [t["subject"] for t in gone.plan] == [dead.agent_id]
     assert heartbeat.status == OperationStatus.PLANNED and not heartbeat.auto_approved
     (t,) = heartbeat.plan
-    assert (t["subject"], t["evidence"]["lost_by"], t["evidence"]["sandbox"]) == (silent.agent_id, "heartbeat", "running")
+    assert (t["subject"], t["evidence"]["lost_by"], t["evidence"]["sandbox"]) == (
+        silent.agent_id,
+        "heartbeat",
+        "running",
+    )
     assert t["evidence"]["heartbeat_age_seconds"] >= 600
     spared = {s["subject"]: s["reason"] for s in heartbeat.spared}
     assert spared[alive.agent_id].startswith("alive: last heartbeat")
@@ -213,9 +240,15 @@ def test_by_default_a_gone_sandbox_is_released_by_policy_and_a_silent_running_on
     gone.refresh_from_db()
     assert gone.status == OperationStatus.SUCCEEDED, (gone.error, gone.log)
     states = dict(Agent.objects.filter(pk__in=[dead.pk, silent.pk, alive.pk]).values_list("agent_id", "state"))
-    assert states == {dead.agent_id: AgentState.FAILED, silent.agent_id: AgentState.RUNNING, alive.agent_id: AgentState.RUNNING}
+    assert states == {
+        dead.agent_id: AgentState.FAILED,
+        silent.agent_id: AgentState.RUNNING,
+        alive.agent_id: AgentState.RUNNING,
+    }
     assert not docker_client.api.containers(all=True, filters={"id": dead_cid})
-    assert docker_client.api.containers(filters={"id": silent_cid}), "a silent agent's running container is left to a person"
+    assert docker_client.api.containers(filters={"id": silent_cid}), (
+        "a silent agent's running container is left to a person"
+    )
 
 
 # --- the other backends' probes -------------------------------------------------------------------
@@ -223,10 +256,19 @@ def test_by_default_a_gone_sandbox_is_released_by_policy_and_a_silent_running_on
 
 def test_a_silent_event_agent_is_lost_by_heartbeat_and_a_console_boot_restarts_the_clock(users):
     scaler = make_scaler(name=f"life-ev-{secrets.token_hex(2)}", type="event")
-    agent = make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now(), last_heartbeat=timezone.now() - timedelta(seconds=200))
+    agent = make_agent(
+        scaler,
+        state=AgentState.RUNNING,
+        registered_at=timezone.now(),
+        last_heartbeat=timezone.now() - timedelta(seconds=200),
+    )
     op = create_operation("lost-agents", {"scaler": scaler.name}, users["operator"])
     (t,) = op.plan
-    assert (t["subject"], t["evidence"]["lost_by"], t["evidence"]["sandbox"]) == (agent.agent_id, "heartbeat", "not probed")
+    assert (t["subject"], t["evidence"]["lost_by"], t["evidence"]["sandbox"]) == (
+        agent.agent_id,
+        "heartbeat",
+        "not probed",
+    )
 
     RecoveryReport.objects.create(instance_id="life", trigger="boot")  # the console just came back
     with pytest.raises(NothingToDo) as exc:
@@ -247,10 +289,30 @@ def test_a_firecracker_vm_whose_process_exited_is_lost_and_a_running_one_is_not(
     try:
         (roots["live"] / "firecracker.pid").write_text(str(sleeper.pid))
         now = timezone.now()
-        dead = make_agent(scaler, state=AgentState.RUNNING, registered_at=now, last_heartbeat=now, backend_context={"chroot": str(roots["dead"])})
-        live = make_agent(scaler, state=AgentState.RUNNING, registered_at=now, last_heartbeat=now, backend_context={"chroot": str(roots["live"])})
-        vanished = make_agent(scaler, state=AgentState.DRAINING, registered_at=now, last_heartbeat=now, backend_context={"chroot": str(tmp_path / "gone" / "root")})
-        op = create_operation("lost-agents", {"scaler": scaler.name, "params": {"evidence": "sandbox-gone"}}, users["operator"])
+        dead = make_agent(
+            scaler,
+            state=AgentState.RUNNING,
+            registered_at=now,
+            last_heartbeat=now,
+            backend_context={"chroot": str(roots["dead"])},
+        )
+        live = make_agent(
+            scaler,
+            state=AgentState.RUNNING,
+            registered_at=now,
+            last_heartbeat=now,
+            backend_context={"chroot": str(roots["live"])},
+        )
+        vanished = make_agent(
+            scaler,
+            state=AgentState.DRAINING,
+            registered_at=now,
+            last_heartbeat=now,
+            backend_context={"chroot": str(tmp_path / "gone" / "root")},
+        )
+        op = create_operation(
+            "lost-agents", {"scaler": scaler.name, "params": {"evidence": "sandbox-gone"}}, users["operator"]
+        )
         plan = {t["subject"]: t["evidence"] for t in op.plan}
         assert set(plan) == {dead.agent_id, vanished.agent_id}
         assert plan[dead.agent_id]["sandbox"] == "exited" and "not running" in plan[dead.agent_id]["sandbox_detail"]
@@ -264,14 +326,28 @@ def test_a_firecracker_vm_whose_process_exited_is_lost_and_a_running_one_is_not(
 def test_a_bare_metal_process_that_is_gone_is_lost(users):
     from scalers.backends.sandboxes import probe_sandboxes
 
-    scaler = make_scaler(name=f"life-bm-{secrets.token_hex(2)}", type="bare-metal", ls_config={"binaryPath": "/bin/true"})
+    scaler = make_scaler(
+        name=f"life-bm-{secrets.token_hex(2)}", type="bare-metal", ls_config={"binaryPath": "/bin/true"}
+    )
     gone = subprocess.Popen(["true"])
     gone.wait()
     sleeper = subprocess.Popen(["sleep", "300"])
     try:
         now = timezone.now()
-        dead = make_agent(scaler, state=AgentState.RUNNING, registered_at=now, last_heartbeat=now, backend_context={"mode": "process", "pid": gone.pid})
-        live = make_agent(scaler, state=AgentState.RUNNING, registered_at=now, last_heartbeat=now, backend_context={"mode": "process", "pid": sleeper.pid})
+        dead = make_agent(
+            scaler,
+            state=AgentState.RUNNING,
+            registered_at=now,
+            last_heartbeat=now,
+            backend_context={"mode": "process", "pid": gone.pid},
+        )
+        live = make_agent(
+            scaler,
+            state=AgentState.RUNNING,
+            registered_at=now,
+            last_heartbeat=now,
+            backend_context={"mode": "process", "pid": sleeper.pid},
+        )
         probes = probe_sandboxes(scaler, [dead, live])
         assert (probes[dead.agent_id].state, probes[live.agent_id].state) == ("exited", "running")
         op = create_operation("lost-agents", {"scaler": scaler.name}, users["operator"])

@@ -49,9 +49,7 @@ def test_it_parses_binary_units(text, expected):
 def test_it_refuses_anything_else_with_the_reference_message(text):
     with pytest.raises(InvalidMemoryFormat) as info:
         parse_memory(text)
-    assert str(info.value) == (
-        f'Invalid memory format: "{text}". Expected format like "512m", "2g", or "1024k".'
-    )
+    assert str(info.value) == (f'Invalid memory format: "{text}". Expected format like "512m", "2g", or "1024k".')
     assert isinstance(info.value, ValueError)
 
 

@@ -102,8 +102,9 @@ def test_a_real_lock_timeout_is_reported_as_contended():
     set_global(max_agents=10)
     before = CAP_LOCK_FAILURES.labels(reason="contended")._value.get()
     db = connection.settings_dict
-    holder = psycopg.connect(dbname=db["NAME"], user=db["USER"] or "postgres", host=db["HOST"] or "127.0.0.1",
-                             port=db["PORT"] or 5432)
+    holder = psycopg.connect(
+        dbname=db["NAME"], user=db["USER"] or "postgres", host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432
+    )
     q = AdmissionQueue(lock_timeout_ms=200, name="adm-lock-test")
     try:
         holder.execute("SELECT 1 FROM scalers_configstate WHERE id = 1 FOR UPDATE")

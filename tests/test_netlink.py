@@ -138,7 +138,9 @@ def test_the_isolation_probe_fails_closed_when_the_bridge_is_missing(ns):
 @pytest.mark.root
 def test_the_isolation_probe_is_skipped_when_no_tap_can_be_created(ns, caplog):  # FC-17
     netlink.ensure_bridge("kici-br9", netns=ns.name)
-    assert netlink.assert_bridge_port_isolation_supported("kici-br9", probe="kici-probe-too-long", netns=ns.name) is False
+    assert (
+        netlink.assert_bridge_port_isolation_supported("kici-br9", probe="kici-probe-too-long", netns=ns.name) is False
+    )
     assert "probe skipped" in caplog.text
 
 

@@ -74,7 +74,10 @@ def test_ensuring_the_table_twice_leaves_one_copy_of_the_base(client, netns):
 
 
 def test_an_agent_reads_back_exactly_as_rendered(client):
-    s = spec(allowlist=["10.67.0.1/32", "fd99::/48"], host_access=["172.30.0.1:53", "*:4000", "[fd00::/64]:443", "*", "10.0.0.0/8"])
+    s = spec(
+        allowlist=["10.67.0.1/32", "fd99::/48"],
+        host_access=["172.30.0.1:53", "*:4000", "[fd00::/64]:443", "*", "10.0.0.0/8"],
+    )
     client.apply_agent(s)
     agents = client.list_agents()
     got = agents[ipaddress.ip_address("172.30.0.5")]
@@ -130,7 +133,12 @@ def test_a_half_removed_agent_is_finished_off(client, netns):
     netns.exec("nft", "delete", "element", "inet", client.table, "agents4_in", "{ 172.30.0.5 }")
     netns.exec("nft", "delete", "chain", "inet", client.table, "a4-172-30-0-5-in")
     half = client.list_agents()[ipaddress.ip_address("172.30.0.5")]
-    assert (half.has_forward_chain, half.mapped_forward, half.has_input_chain, half.mapped_input) == (True, True, False, False)
+    assert (half.has_forward_chain, half.mapped_forward, half.has_input_chain, half.mapped_input) == (
+        True,
+        True,
+        False,
+        False,
+    )
     assert client.remove_agent("172.30.0.5") is True
     assert client.list_agents() == {}
 
@@ -181,8 +189,14 @@ def test_two_consoles_with_their_own_tables_never_touch_each_other(netns):
 def test_a_rejected_transaction_changes_nothing(client, netns):
     client.apply_agent(spec("172.30.0.5"))
     before = ruleset(netns, client.table)
-    bad = [{"add": {"chain": {"family": "inet", "table": client.table, "name": "a4-172-30-0-7-fwd"}}},
-           {"add": {"rule": {"family": "inet", "table": client.table, "chain": "no-such-chain", "expr": [{"accept": None}]}}}]
+    bad = [
+        {"add": {"chain": {"family": "inet", "table": client.table, "name": "a4-172-30-0-7-fwd"}}},
+        {
+            "add": {
+                "rule": {"family": "inet", "table": client.table, "chain": "no-such-chain", "expr": [{"accept": None}]}
+            }
+        },
+    ]
     with pytest.raises(NftError):
         client.apply_document(bad)
     assert ruleset(netns, client.table) == before

@@ -68,7 +68,11 @@ def test_an_empty_host_access_leaves_only_replies():  # NFT-07
 
 
 def test_an_address_without_a_port_is_one_rule():  # NFT-08
-    assert inp(["192.168.1.40"]) == ["ct direction reply ct state established,related accept", "ip daddr 192.168.1.40 accept", "drop"]
+    assert inp(["192.168.1.40"]) == [
+        "ct direction reply ct state established,related accept",
+        "ip daddr 192.168.1.40 accept",
+        "drop",
+    ]
 
 
 def test_a_star_opens_the_whole_host_on_ipv4_only():  # NFT-09
@@ -98,8 +102,8 @@ def commands_touching(cmds, table):
     """Every (verb, kind, name) in a command list; asserts each names ``table``."""
     out = []
     for cmd in cmds:
-        (verb, body), = cmd.items()
-        (kind, obj), = body.items()
+        ((verb, body),) = cmd.items()
+        ((kind, obj),) = body.items()
         assert obj.get("table", obj.get("name")) == table or kind == "table" and obj["name"] == table
         out.append((verb, kind, obj.get("name") or obj.get("chain")))
     return out
@@ -138,19 +142,30 @@ def test_the_table_is_the_configured_one_everywhere():
     specs = [AgentSpec.build(f"172.30.0.{i}", GW, host_access=["*:4000"]) for i in (5, 6)]
     text = json.dumps(document(render_full("console_b", specs, ["kici-br0"])))
     assert '"kici"' not in text
-    for cmds in (render_table_base("console_b"), render_agent_add("console_b", specs[0]), render_agent_remove("console_b", "172.30.0.5")):
+    for cmds in (
+        render_table_base("console_b"),
+        render_agent_add("console_b", specs[0]),
+        render_agent_remove("console_b", "172.30.0.5"),
+    ):
         commands_touching(cmds, "console_b")
 
 
 def test_the_private_set_holds_rfc1918_and_link_local():  # NFT-01's four drops
     cmds = render_table_base("kici")
     elems = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
-    assert elems == [{"family": "inet", "table": "kici", "name": "private4", "elem": [
-        {"prefix": {"addr": "10.0.0.0", "len": 8}},
-        {"prefix": {"addr": "172.16.0.0", "len": 12}},
-        {"prefix": {"addr": "192.168.0.0", "len": 16}},
-        {"prefix": {"addr": "169.254.0.0", "len": 16}},
-    ]}]
+    assert elems == [
+        {
+            "family": "inet",
+            "table": "kici",
+            "name": "private4",
+            "elem": [
+                {"prefix": {"addr": "10.0.0.0", "len": 8}},
+                {"prefix": {"addr": "172.16.0.0", "len": 12}},
+                {"prefix": {"addr": "192.168.0.0", "len": 16}},
+                {"prefix": {"addr": "169.254.0.0", "len": 16}},
+            ],
+        }
+    ]
 
 
 def test_the_base_chains_jump_through_verdict_maps_and_guard_the_bridges():
@@ -159,8 +174,16 @@ def test_the_base_chains_jump_through_verdict_maps_and_guard_the_bridges():
     for c in cmds:
         if "rule" in c.get("add", {}):
             rules.setdefault(c["add"]["rule"]["chain"], []).append(describe_expr(c["add"]["rule"]["expr"]))
-    assert rules["forward"] == ["ip saddr vmap @agents4_fwd", "ip6 saddr vmap @agents6_fwd", "iifname @guard_ifaces drop"]
-    assert rules["input"][1:] == ["ip saddr vmap @agents4_in", "ip6 saddr vmap @agents6_in", "iifname @guard_ifaces drop"]
+    assert rules["forward"] == [
+        "ip saddr vmap @agents4_fwd",
+        "ip6 saddr vmap @agents6_fwd",
+        "iifname @guard_ifaces drop",
+    ]
+    assert rules["input"][1:] == [
+        "ip saddr vmap @agents4_in",
+        "ip6 saddr vmap @agents6_in",
+        "iifname @guard_ifaces drop",
+    ]
     assert rules["input"][0].startswith("icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert }")
     flushed = [c["flush"]["chain"]["name"] for c in cmds if "flush" in c]
     assert flushed == ["forward", "input"]
@@ -182,7 +205,15 @@ def test_chain_names_round_trip_and_foreign_names_are_not_agents():
         fwd_name, in_name = agent_chain_names(addr)
         assert parse_chain_name(fwd_name) == (ipaddress.ip_address(addr), "fwd")
         assert parse_chain_name(in_name) == (ipaddress.ip_address(addr), "in")
-    for name in ("forward", "input", "baseline", "a4-172-30-0-5", "a4-172-30-0-05-fwd", "a4-999-0-0-1-fwd", "a6-1-2-3-4-in"):
+    for name in (
+        "forward",
+        "input",
+        "baseline",
+        "a4-172-30-0-5",
+        "a4-172-30-0-05-fwd",
+        "a4-999-0-0-1-fwd",
+        "a6-1-2-3-4-in",
+    ):
         assert parse_chain_name(name) is None
 
 
@@ -198,7 +229,7 @@ def test_it_refuses_unusable_table_names(table):
         ({"address": "172.30.0.0/24"}, "agent address"),
         ({"address": "agent-1"}, "agent address"),
         ({"gateway": "gw"}, "gateway"),
-        ({"allowlist": ["example.com"]}, "allowlist entry \"example.com\""),
+        ({"allowlist": ["example.com"]}, 'allowlist entry "example.com"'),
         ({"allowlist": ["10.1.0.5/16"]}, "host bits set"),
         ({"allowlist": "10.0.0.0/8"}, "allowlist must be a list"),
         ({"host_access": ["registry.internal:5000"]}, r"hostAccess\[0\]: hostAccess entry \"registry.internal:5000\""),
@@ -224,15 +255,25 @@ def test_allowlist_entries_accept_addresses_and_cidrs_of_both_families():
 def test_a_policy_change_lists_only_the_rules_that_change():
     from network.nft.plan import plan_rule_diff
 
-    old = [AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:4000"]),
-           AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"])]
-    new = [AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:9000"]),
-           AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"]),
-           AgentSpec.build("172.30.0.7", GW, deny_all=True)]
+    old = [
+        AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:4000"]),
+        AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"]),
+    ]
+    new = [
+        AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:9000"]),
+        AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"]),
+        AgentSpec.build("172.30.0.7", GW, deny_all=True),
+    ]
     changes = plan_rule_diff(old, new)
     assert [(str(c.address), c.action) for c in changes] == [("172.30.0.5", "change"), ("172.30.0.7", "add")]
-    assert changes[0].removed == ("input: meta nfproto ipv4 tcp dport 4000 accept", "input: meta nfproto ipv4 udp dport 4000 accept")
-    assert changes[0].added == ("input: meta nfproto ipv4 tcp dport 9000 accept", "input: meta nfproto ipv4 udp dport 9000 accept")
+    assert changes[0].removed == (
+        "input: meta nfproto ipv4 tcp dport 4000 accept",
+        "input: meta nfproto ipv4 udp dport 4000 accept",
+    )
+    assert changes[0].added == (
+        "input: meta nfproto ipv4 tcp dport 9000 accept",
+        "input: meta nfproto ipv4 udp dport 9000 accept",
+    )
     assert changes[1].added[-1] == "input: drop" and "forward: drop" in changes[1].added
     gone = plan_rule_diff(new, new[:1])
     assert [(str(c.address), c.action) for c in gone] == [("172.30.0.6", "remove"), ("172.30.0.7", "remove")]

@@ -38,7 +38,10 @@ def test_the_input_chain_accepts_by_state_only_in_the_reply_direction():
 
 
 def test_a_rule_it_cannot_read_stops_the_walk_as_unknown():
-    rules = [[{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 1}}, {"accept": None}], [{"drop": None}]]
+    rules = [
+        [{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 1}}, {"accept": None}],
+        [{"drop": None}],
+    ]
     assert chain_verdict(rules, Packet(ipaddress.ip_address("10.0.0.1"), "tcp", 80)).verdict == "unknown"
     assert chain_verdict([[{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@nope"}}, {"drop": None}]],
                          Packet(ipaddress.ip_address("10.0.0.1")), {}).verdict == "unknown"  # fmt: skip

@@ -66,7 +66,9 @@ def test_a_nul_in_an_approval_note_is_a_400_and_the_plan_stays_planned(client, u
 
 
 def _post_json(client, url, body, token="x"):
-    return client.post(url, data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client.post(
+        url, data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,10 @@ def test_a_nul_in_an_api_path_is_a_json_400(client):
 def test_an_escaped_backslash_u0000_is_ordinary_text(client):
     # "\\u0000" in JSON is the six characters \u0000, not a NUL: the view decides (a bad token here).
     response = client.post(
-        "/api/v1/agents/register", data='{"agentId": "a\\\\u0000"}', content_type="application/json", HTTP_AUTHORIZATION="Bearer nope"
+        "/api/v1/agents/register",
+        data='{"agentId": "a\\\\u0000"}',
+        content_type="application/json",
+        HTTP_AUTHORIZATION="Bearer nope",
     )
     assert response.status_code == 401 and response.json()["reason"] == "invalid-token"
 

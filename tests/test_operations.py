@@ -52,7 +52,10 @@ def actions(op):
 def test_a_plan_shows_what_the_reload_would_do_and_changes_nothing(users, config_file):
     op = plan_reload(config_file, users["operator"])
     assert op.status == OperationStatus.PLANNED
-    assert [(t["key"], t["action"]) for t in op.plan] == [("scaler:ops-reload", "create scaler"), ("config:globals", "update global settings")]
+    assert [(t["key"], t["action"]) for t in op.plan] == [
+        ("scaler:ops-reload", "create scaler"),
+        ("config:globals", "update global settings"),
+    ]
     assert op.plan[0]["evidence"]["type"] == "container"
     assert op.plan[1]["evidence"]["global_max_agents_after"] == 10
     assert re.fullmatch(r"[0-9a-f]{64}", op.plan[0]["evidence"]["config_sha256"])
@@ -69,7 +72,9 @@ def test_an_identical_open_plan_is_not_duplicated(users, config_file):
     assert Operation.objects.count() == 1
 
 
-def test_approval_enqueues_on_commit_and_the_worker_runs_it(users, config_file, run_rq_jobs, django_capture_on_commit_callbacks):
+def test_approval_enqueues_on_commit_and_the_worker_runs_it(
+    users, config_file, run_rq_jobs, django_capture_on_commit_callbacks
+):
     op = plan_reload(config_file, users["operator"])
     with listening_worker(QUEUE), django_capture_on_commit_callbacks(execute=True) as callbacks:
         approve_operation(op, users["approver"], note="looks right")
@@ -78,7 +83,11 @@ def test_approval_enqueues_on_commit_and_the_worker_runs_it(users, config_file, 
         assert django_rq.get_queue(QUEUE).count == 0, "nothing is enqueued before the commit"
     assert callbacks
     op.refresh_from_db()
-    assert (op.status, op.approved_by, op.rq_job_id) == (OperationStatus.APPROVED, users["approver"], f"operation-{op.pk}")
+    assert (op.status, op.approved_by, op.rq_job_id) == (
+        OperationStatus.APPROVED,
+        users["approver"],
+        f"operation-{op.pk}",
+    )
     run_rq_jobs(QUEUE)
     op.refresh_from_db()
     assert op.status == OperationStatus.SUCCEEDED, op.log
@@ -87,10 +96,17 @@ def test_approval_enqueues_on_commit_and_the_worker_runs_it(users, config_file, 
     assert op.started_at and op.finished_at and op.decided_at
     assert actions(op) == [AuditAction.REQUESTED, AuditAction.APPROVED, AuditAction.STARTED, AuditAction.SUCCEEDED]
     entry = AuditEntry.objects.get(operation=op, action=AuditAction.APPROVED)
-    assert (entry.username, entry.from_status, entry.to_status, entry.detail) == ("ops-approver", "planned", "approved", "looks right")
+    assert (entry.username, entry.from_status, entry.to_status, entry.detail) == (
+        "ops-approver",
+        "planned",
+        "approved",
+        "looks right",
+    )
 
 
-def test_a_run_skips_everything_when_the_file_changed_since_the_preview(users, config_file, run_rq_jobs, django_capture_on_commit_callbacks, tmp_path):
+def test_a_run_skips_everything_when_the_file_changed_since_the_preview(
+    users, config_file, run_rq_jobs, django_capture_on_commit_callbacks, tmp_path
+):
     op = plan_reload(config_file, users["operator"])
     write_config(tmp_path / "scalers.yaml", "ops-reload", label="edited")
     with listening_worker(QUEUE), django_capture_on_commit_callbacks(execute=True):
@@ -164,7 +180,9 @@ def test_csrf_is_enforced_on_every_post(users, config_file, csrf_client):
     import django_rq
 
     login(csrf_client, users["approver"])
-    assert csrf_client.post("/operations/plan/", {"kind": "config-reload", "config_path": config_file}).status_code == 403
+    assert (
+        csrf_client.post("/operations/plan/", {"kind": "config-reload", "config_path": config_file}).status_code == 403
+    )
     assert Operation.objects.count() == 0
     op = plan_reload(config_file, users["operator"])
     with listening_worker(QUEUE):
@@ -232,7 +250,9 @@ def test_an_invalid_config_is_refused_with_every_problem_and_nothing_stored(user
 
 def test_the_list_filters_by_status_kind_and_scaler(users, config_file, client, tmp_path):
     op = plan_reload(config_file, users["operator"])
-    other = create_operation("config-reload", {"params": {"config_path": write_config(tmp_path / "b.yaml", "ops-other")}}, users["operator"])
+    other = create_operation(
+        "config-reload", {"params": {"config_path": write_config(tmp_path / "b.yaml", "ops-other")}}, users["operator"]
+    )
     reject_operation(other, users["approver"])
     login(client, users["viewer"])
     page = client.get("/operations/?status=planned").content.decode()
@@ -280,7 +300,9 @@ def test_the_admin_shows_the_audit_log(users, config_file, admin_client):
 def test_the_role_groups_exist_with_their_permissions(users):
     assert users["viewer"].has_perm("operations.view_operation") and users["viewer"].has_perm("agents.view_agent")
     assert not users["viewer"].has_perm("operations.request_operation")
-    assert users["operator"].has_perm("operations.request_operation") and not users["operator"].has_perm("operations.approve_operation")
+    assert users["operator"].has_perm("operations.request_operation") and not users["operator"].has_perm(
+        "operations.approve_operation"
+    )
     assert users["approver"].has_perm("operations.approve_operation")
     assert not users["outsider"].has_perm("operations.view_operation")
 
@@ -288,7 +310,10 @@ def test_the_role_groups_exist_with_their_permissions(users):
 def test_a_remote_docker_host_has_its_own_queue_and_approval_says_when_nothing_serves_it(users, config_file):
     from operations.queues import queue_for_scaler
 
-    assert queue_for_scaler(Scaler(name="r", type="container", max_agents=1, config={"host": "tcp://dockerhost-b:2376"})) == "host:dockerhost-b"
+    assert (
+        queue_for_scaler(Scaler(name="r", type="container", max_agents=1, config={"host": "tcp://dockerhost-b:2376"}))
+        == "host:dockerhost-b"
+    )
     assert queue_for_scaler(Scaler(name="l", type="container", max_agents=1, config={})) == QUEUE
     assert queue_for_scaler(Scaler(name="f", type="firecracker", max_agents=1, config={})) == QUEUE
     op = plan_reload(config_file, users["operator"])
@@ -301,7 +326,10 @@ def test_a_remote_docker_host_has_its_own_queue_and_approval_says_when_nothing_s
 
 def test_a_large_plan_is_shown_a_page_of_rows_at_a_time(users, config_file, client):
     op = plan_reload(config_file, users["operator"])
-    plan = [{"key": f"container:{i:04d}", "action": "remove", "subject": f"c-{i:04d}", "evidence": {"n": i}} for i in range(450)]
+    plan = [
+        {"key": f"container:{i:04d}", "action": "remove", "subject": f"c-{i:04d}", "evidence": {"n": i}}
+        for i in range(450)
+    ]
     Operation.objects.filter(pk=op.pk).update(plan=plan)
     login(client, users["viewer"])
     page = client.get(f"/operations/{op.pk}/?page=3").content.decode()
@@ -316,7 +344,9 @@ def test_a_planner_that_cannot_look_plans_nothing_and_says_why(users, client, se
     login(client, users["operator"])
     response = client.post("/operations/plan/", {"kind": "orphan-containers", "scaler": "ops-blind"})
     assert response.status_code == 400
-    assert "the planner could not look" in response.content.decode() and "nothing was planned" in response.content.decode()
+    assert (
+        "the planner could not look" in response.content.decode() and "nothing was planned" in response.content.decode()
+    )
     assert Operation.objects.count() == 0
     response = client.post("/operations/plan/", {"kind": "orphan-vms", "scaler": "ops-blind"})
     assert response.status_code == 400 and "applies to firecracker scalers" in response.content.decode()

@@ -22,8 +22,7 @@ from operations.services import NothingToDo, approve_operation, create_operation
 from scalers.models import ConfigState, Reservation, ScalerTeardown
 from tests.ctr_helpers import make_agent, make_scaler
 from tests.operations_support import *  # noqa: F403
-from tests.operations_support import approve_and_run, outcome
-from tests.operations_support import listening_worker
+from tests.operations_support import approve_and_run, listening_worker, outcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,12 +46,28 @@ def fc_scaler(netns_nft, tmp_path):
     from operations import adapters
 
     ConfigState.objects.update_or_create(
-        pk=1, defaults={"firecracker": {"cidr": "10.213.77.0/24", "gateway": "10.213.77.1", "bridgeName": "ops-br0", "table": "ops_fc", "netmask": "255.255.255.0"}}
+        pk=1,
+        defaults={
+            "firecracker": {
+                "cidr": "10.213.77.0/24",
+                "gateway": "10.213.77.1",
+                "bridgeName": "ops-br0",
+                "table": "ops_fc",
+                "netmask": "255.255.255.0",
+            }
+        },
     )
     netlink.ensure_bridge("ops-br0", netns=adapters.NFT_NETNS)
     base = tmp_path / "jailer"
     (base / "firecracker").mkdir(parents=True)
-    config = {"firecrackerPath": "/bin/true", "jailerPath": "/bin/true", "kernelPath": "/nonexistent", "chrootBaseDir": str(base), "uid": 0, "gid": 0}
+    config = {
+        "firecrackerPath": "/bin/true",
+        "jailerPath": "/bin/true",
+        "kernelPath": "/nonexistent",
+        "chrootBaseDir": str(base),
+        "uid": 0,
+        "gid": 0,
+    }
     scaler = make_scaler(name=f"ops-fc-{secrets.token_hex(2)}", type="firecracker", config=config)
     procs = []
     yield scaler, base, procs
@@ -68,7 +83,9 @@ def _chroot(base: Path, vm_id: str) -> Path:
     return root
 
 
-def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_preview_is_spared(users, fc_scaler, run_rq_jobs):
+def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_preview_is_spared(
+    users, fc_scaler, run_rq_jobs
+):
     from network import netlink
     from network.models import IpAllocation
     from network.nft.render import AgentSpec
@@ -79,7 +96,9 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
     vm_a, vm_b, vm_c = (f"scaler-firecracker-{secrets.token_hex(4)}" for _ in range(3))
     tap_a = netlink.tap_name_for(vm_a)
     _chroot(base, vm_a)
-    IpAllocation.objects.create(ip="10.213.77.2", vm_id=vm_a, scaler_name=scaler.name, tap_device=tap_a, mac_address="06:00:AC:D5:4D:02")
+    IpAllocation.objects.create(
+        ip="10.213.77.2", vm_id=vm_a, scaler_name=scaler.name, tap_device=tap_a, mac_address="06:00:AC:D5:4D:02"
+    )
     netlink.create_tap(tap_a, "ops-br0", netns=ns)
     netlink.create_tap("kici-0badf00d", "ops-br0", netns=ns)
     fc_nft = adapters.nft_client("ops_fc")
@@ -104,7 +123,10 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
     make_agent(scaler, state=AgentState.SPAWNING, agent_id=vm_b, reserve=False)  # vm_b becomes tracked
     op = approve_and_run(op, users["approver"], run_rq_jobs)
     assert op.status == OperationStatus.SUCCEEDED, (op.error, op.log)
-    assert outcome(op, f"chroot:{vm_b}") == (TargetOutcome.SKIPPED, "spared since the preview: tracked: an active agent row or this process owns it")
+    assert outcome(op, f"chroot:{vm_b}") == (
+        TargetOutcome.SKIPPED,
+        "spared since the preview: tracked: an active agent row or this process owns it",
+    )
     for key in (f"allocation:{vm_a}", "tap:kici-0badf00d", "rules:10.213.77.2"):
         assert outcome(op, key)[0] == TargetOutcome.DONE, (key, op.outcomes[key])
     assert not (base / "firecracker" / vm_a).exists() and (base / "firecracker" / vm_b).exists() and live_root.exists()
@@ -118,7 +140,9 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
 # --- stale reservations -------------------------------------------------------------------------
 
 
-def test_stale_reservations_are_released_and_a_live_spawn_or_an_unlistable_runtime_is_spared(users, run_rq_jobs, settings):
+def test_stale_reservations_are_released_and_a_live_spawn_or_an_unlistable_runtime_is_spared(
+    users, run_rq_jobs, settings
+):
     settings.DOCKER_HOST = "unix:///run/ops-no-such-docker.sock"
     event = make_scaler(name=f"ops-ev-{secrets.token_hex(2)}", type="event")
     failed = make_agent(event, state=AgentState.FAILED, finished_at=timezone.now())
@@ -132,7 +156,11 @@ def test_stale_reservations_are_released_and_a_live_spawn_or_an_unlistable_runti
     op = create_operation("stale-reservations", {}, users["operator"])
     assert {t["subject"] for t in op.plan} == {failed.agent_id, stuck.agent_id}
     stuck_evidence = next(t["evidence"] for t in op.plan if t["subject"] == stuck.agent_id)
-    assert stuck_evidence["spawn_job"] is None and stuck_evidence["registered"] is False and stuck_evidence["spawning_seconds"] >= 3600
+    assert (
+        stuck_evidence["spawn_job"] is None
+        and stuck_evidence["registered"] is False
+        and stuck_evidence["spawning_seconds"] >= 3600
+    )
     spared = {s["subject"]: s["reason"] for s in op.spared}
     assert spared == {blind.agent_id: "agent failed, but its runtime could not be listed"}
 
@@ -140,7 +168,9 @@ def test_stale_reservations_are_released_and_a_live_spawn_or_an_unlistable_runti
     assert op.status == OperationStatus.SUCCEEDED, op.log
     left = set(Reservation.objects.values_list("agent__agent_id", flat=True))
     assert left == {young.agent_id, running.agent_id, blind.agent_id}
-    assert ScalerEvent.objects.filter(agent=failed, type=EventType.RELEASED, detail__contains=f"operation #{op.pk}").exists()
+    assert ScalerEvent.objects.filter(
+        agent=failed, type=EventType.RELEASED, detail__contains=f"operation #{op.pk}"
+    ).exists()
 
 
 # --- drain and destroy --------------------------------------------------------------------------
@@ -170,7 +200,9 @@ def test_destroy_tears_an_idle_agent_down_and_leaves_a_busy_one_running(users, d
     idle = make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now())
     busy = make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now())
     c = api.create_container(
-        agent_image, command=["sleep", "600"], host_config=api.create_host_config(network_mode=ISOLATED_NETWORK_NAME, init=True),
+        agent_image,
+        command=["sleep", "600"],
+        host_config=api.create_host_config(network_mode=ISOLATED_NETWORK_NAME, init=True),
         labels={"kici-managed": "true", "kici-scaler-name": scaler.name, "kici-agent-id": idle.agent_id},
     )
     try:
@@ -214,8 +246,12 @@ def test_destroy_skips_an_agent_whose_jobs_started_at_run_time(users, run_rq_job
 
 
 def test_an_empty_retiring_scaler_is_torn_down_and_a_busy_one_waits(users, run_rq_jobs):
-    empty = make_scaler(name=f"ops-rt-{secrets.token_hex(2)}", type="event", retiring=True, retiring_since=timezone.now())
-    busy = make_scaler(name=f"ops-rb-{secrets.token_hex(2)}", type="event", retiring=True, retiring_since=timezone.now())
+    empty = make_scaler(
+        name=f"ops-rt-{secrets.token_hex(2)}", type="event", retiring=True, retiring_since=timezone.now()
+    )
+    busy = make_scaler(
+        name=f"ops-rb-{secrets.token_hex(2)}", type="event", retiring=True, retiring_since=timezone.now()
+    )
     make_agent(busy, state=AgentState.RUNNING, registered_at=timezone.now())
     with pytest.raises(NothingToDo) as exc:
         create_operation("scaler-retirement", {"scaler": busy.name}, users["operator"])
@@ -224,36 +260,61 @@ def test_an_empty_retiring_scaler_is_torn_down_and_a_busy_one_waits(users, run_r
     assert op.plan[0]["evidence"]["active_agents"] == 0
     op = approve_and_run(op, users["approver"], run_rq_jobs)
     assert op.status == OperationStatus.SUCCEEDED, op.log
-    assert ScalerTeardown.objects.filter(scaler=empty).exists() and not ScalerTeardown.objects.filter(scaler=busy).exists()
+    assert (
+        ScalerTeardown.objects.filter(scaler=empty).exists() and not ScalerTeardown.objects.filter(scaler=busy).exists()
+    )
 
 
 # --- host-access apply --------------------------------------------------------------------------
 
 
-def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_rules(users, netns_nft, run_rq_jobs, client):
+def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_rules(
+    users, netns_nft, run_rq_jobs, client
+):
     from network.nft.render import AgentSpec
 
     scaler = make_scaler(name=f"ops-ha-{secrets.token_hex(2)}", orchestrator_url="http://172.30.0.1:8000")
     label_set = scaler.label_sets.get()
-    agent = make_agent(scaler, state=AgentState.RUNNING, ip="172.30.250.31", registered_at=timezone.now(), host_access=["172.30.0.1:53", "*:8000"])
-    other = make_agent(scaler, state=AgentState.RUNNING, ip="172.30.250.32", registered_at=timezone.now(), host_access=["172.30.0.1:53", "*:8000"])
+    agent = make_agent(
+        scaler,
+        state=AgentState.RUNNING,
+        ip="172.30.250.31",
+        registered_at=timezone.now(),
+        host_access=["172.30.0.1:53", "*:8000"],
+    )
+    other = make_agent(
+        scaler,
+        state=AgentState.RUNNING,
+        ip="172.30.250.32",
+        registered_at=timezone.now(),
+        host_access=["172.30.0.1:53", "*:8000"],
+    )
     netns_nft.ensure_table()
     for a in (agent, other):
         netns_nft.apply_agent(AgentSpec.build(a.ip, "172.30.0.1", host_access=a.host_access))
 
     client.force_login(users["operator"])
-    bad = client.post("/operations/plan/", {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000\nbuild.example.com:443"})
+    bad = client.post(
+        "/operations/plan/",
+        {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000\nbuild.example.com:443"},
+    )
     assert bad.status_code == 400 and "entry 2 &#x27;build.example.com:443&#x27;" in bad.content.decode()
     assert Operation.objects.count() == 0
 
-    response = client.post("/operations/plan/", {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000"})
+    response = client.post(
+        "/operations/plan/", {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000"}
+    )
     assert response.status_code == 302
     op = Operation.objects.get()
     plan = {t["key"]: t for t in op.plan}
     assert plan[f"labelset:{label_set.pk}"]["evidence"]["host_access_to"] == ["*:9000"]
     diff = plan[f"agent:{agent.agent_id}"]["evidence"]
-    assert any("dport 9000" in line for line in diff["rules_add"]) and any("dport 8000" in line for line in diff["rules_remove"])
-    assert all(line.startswith("input: ") for line in diff["rules_add"] + diff["rules_remove"]), "forward rules do not change"
+    assert any("dport 9000" in line for line in diff["rules_add"]) and any(
+        "dport 8000" in line for line in diff["rules_remove"]
+    )
+    assert all(line.startswith("input: ") for line in diff["rules_add"] + diff["rules_remove"]), (
+        "forward rules do not change"
+    )
     assert any("scalers.yaml says hostAccess" in note for note in op.notes)
 
     op = approve_and_run(op, users["approver"], run_rq_jobs)
@@ -283,7 +344,9 @@ def only_reservation_sweeps(monkeypatch):
     monkeypatch.delenv("KICI_AUTO_APPROVE", raising=False)
 
 
-def test_sweeps_plan_once_per_interval_never_duplicate_and_create_nothing_when_clean(only_reservation_sweeps, monkeypatch):
+def test_sweeps_plan_once_per_interval_never_duplicate_and_create_nothing_when_clean(
+    only_reservation_sweeps, monkeypatch
+):
     from operations.sweeps import run_periodic_sweeps
 
     now = timezone.now()
@@ -292,7 +355,12 @@ def test_sweeps_plan_once_per_interval_never_duplicate_and_create_nothing_when_c
     failed = make_agent(scaler, state=AgentState.FAILED)
     assert run_periodic_sweeps(now + timedelta(seconds=60)) == [], "not due yet"
     (op,) = run_periodic_sweeps(now + timedelta(seconds=901))
-    assert (op.kind, op.status, op.requested_via, op.requested_by) == ("stale-reservations", OperationStatus.PLANNED, RequestedVia.SWEEP, None)
+    assert (op.kind, op.status, op.requested_via, op.requested_by) == (
+        "stale-reservations",
+        OperationStatus.PLANNED,
+        RequestedVia.SWEEP,
+        None,
+    )
     assert [t["subject"] for t in op.plan] == [failed.agent_id]
     assert run_periodic_sweeps(now + timedelta(seconds=1802)) == [], "the identical plan is still open"
     assert Operation.objects.count() == 1
@@ -327,7 +395,9 @@ def test_a_run_whose_rq_job_vanished_is_marked_failed(users, config_file):
     op = create_operation("config-reload", {"params": {"config_path": config_file}}, users["operator"])
     with listening_worker(QUEUE):
         approve_operation(op, users["approver"], enqueue=False)
-    Operation.objects.filter(pk=op.pk).update(rq_job_id="operation-gone", decided_at=timezone.now() - timedelta(minutes=5))
+    Operation.objects.filter(pk=op.pk).update(
+        rq_job_id="operation-gone", decided_at=timezone.now() - timedelta(minutes=5)
+    )
     assert fail_lost_runs() == [op.pk]
     op.refresh_from_db()
     assert op.status == OperationStatus.FAILED and "vanished" in op.error

@@ -41,10 +41,17 @@ def box(docker_client, agent_image):
 
     class Box:
         def make(self, scaler_name: str, agent_id: str, state: str = "running") -> str:
-            labels = {"kici-managed": "true", "kici-scaler-name": scaler_name, "kici-agent-id": agent_id, TEST_LABEL: run}
+            labels = {
+                "kici-managed": "true",
+                "kici-scaler-name": scaler_name,
+                "kici-agent-id": agent_id,
+                TEST_LABEL: run,
+            }
             host_config = api.create_host_config(network_mode=ISOLATED_NETWORK_NAME, init=True)
             command = ["sleep", "600"] if state == "running" else ["true"]
-            c = api.create_container(agent_image, command=command, labels=labels, host_config=host_config, name=f"ops-{agent_id[-8:]}-{run}")
+            c = api.create_container(
+                agent_image, command=command, labels=labels, host_config=host_config, name=f"ops-{agent_id[-8:]}-{run}"
+            )
             api.start(c["Id"])
             if state == "exited":
                 api.wait(c["Id"], timeout=30)
@@ -76,7 +83,9 @@ def test_a_target_that_registered_since_the_preview_is_skipped_and_the_rest_remo
     neighbour = make_scaler(name=scaler.name + "-2", config={"networkIsolation": False})
     late, failed, exited, live = agent_id(), agent_id(), agent_id(), agent_id()
     make_agent(scaler, state=AgentState.FAILED, agent_id=failed, reserve=False)
-    live_agent = make_agent(scaler, state=AgentState.RUNNING, agent_id=live, registered_at=timezone.now(), reserve=False)
+    live_agent = make_agent(
+        scaler, state=AgentState.RUNNING, agent_id=live, registered_at=timezone.now(), reserve=False
+    )
     c_late = box.make(scaler.name, late)  # running, no agent row yet: an orphan at preview time
     c_failed = box.make(scaler.name, failed)  # running, its agent failed: an orphan
     c_exited = box.make(scaler.name, exited, state="exited")  # exited and untracked: an orphan
@@ -84,7 +93,9 @@ def test_a_target_that_registered_since_the_preview_is_skipped_and_the_rest_remo
     c_neighbour = box.make(neighbour.name, agent_id(), state="exited")  # another scaler's: never ours
 
     # preview, as an operator, through the page
-    response = _client(users["operator"]).post("/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name})
+    response = _client(users["operator"]).post(
+        "/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name}
+    )
     assert response.status_code == 302
     op = Operation.objects.get()
     planned = {t["key"]: t for t in op.plan}
@@ -112,13 +123,20 @@ def test_a_target_that_registered_since_the_preview_is_skipped_and_the_rest_remo
     late_outcome = op.outcomes[f"container:{c_late}"]
     assert late_outcome["outcome"] == TargetOutcome.SKIPPED
     assert late_outcome["detail"] == f"spared since the preview: tracked: agent {late} is running and registered"
-    assert op.outcomes[f"container:{c_failed}"] == {**op.outcomes[f"container:{c_failed}"], "outcome": "done", "detail": "stopped and removed"}
+    assert op.outcomes[f"container:{c_failed}"] == {
+        **op.outcomes[f"container:{c_failed}"],
+        "outcome": "done",
+        "detail": "stopped and removed",
+    }
     assert op.outcomes[f"container:{c_exited}"]["outcome"] == TargetOutcome.DONE
     left = box.ids()
     assert c_late in left and c_live in left and c_neighbour in left
     assert c_failed not in left and c_exited not in left
     assert [a.action for a in AuditEntry.objects.filter(operation=op).order_by("at", "id")] == [
-        AuditAction.REQUESTED, AuditAction.APPROVED, AuditAction.STARTED, AuditAction.SUCCEEDED,
+        AuditAction.REQUESTED,
+        AuditAction.APPROVED,
+        AuditAction.STARTED,
+        AuditAction.SUCCEEDED,
     ]
 
 
@@ -126,7 +144,9 @@ def test_a_plan_that_finds_nothing_creates_nothing(users, box):
     scaler = make_scaler(name=f"ops-o-{secrets.token_hex(3)}", config={"networkIsolation": False})
     live = make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now(), reserve=False)
     box.make(scaler.name, live.agent_id)
-    response = _client(users["operator"]).post("/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name})
+    response = _client(users["operator"]).post(
+        "/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name}
+    )
     assert response.status_code == 200
     text = response.content.decode()
     assert "nothing to do" in text and "tracked: agent" in text
@@ -144,13 +164,15 @@ def test_stale_rules_are_reaped_but_never_an_address_a_container_holds(users, bo
     for address in ("172.30.250.21", "172.30.250.22", held):
         netns_nft.apply_agent(AgentSpec.build(address, "172.30.0.1", host_access=["*:8000"]))
 
-    response = _client(users["operator"]).post("/operations/plan/", {"kind": "stale-isolation-rules", "scaler": scaler.name})
+    response = _client(users["operator"]).post(
+        "/operations/plan/", {"kind": "stale-isolation-rules", "scaler": scaler.name}
+    )
     assert response.status_code == 302, response.content.decode()[:500]
     op = Operation.objects.get()
     assert sorted(t["subject"] for t in op.plan) == ["172.30.250.21", "172.30.250.22"]
     assert all(t["evidence"]["address_holders"] == [] for t in op.plan)
     (spared,) = op.spared
-    assert spared["subject"] == held and f"container ops-" in spared["reason"] and neighbour.name in spared["reason"]
+    assert spared["subject"] == held and "container ops-" in spared["reason"] and neighbour.name in spared["reason"]
 
     # an agent takes 172.30.250.22 before the approval: its rules must survive
     make_agent(scaler, state=AgentState.RUNNING, ip="172.30.250.22", registered_at=timezone.now(), reserve=False)
@@ -168,11 +190,17 @@ def test_stale_rules_are_reaped_but_never_an_address_a_container_holds(users, bo
 
 def test_a_bare_metal_scaler_in_container_mode_has_its_orphan_containers_reaped_too(users, box, run_rq_jobs):
     scaler = make_scaler(
-        name=f"ops-bm-{secrets.token_hex(3)}", type="bare-metal", config={"networkIsolation": False},
+        name=f"ops-bm-{secrets.token_hex(3)}",
+        type="bare-metal",
+        config={"networkIsolation": False},
         ls_config={"image": "kici-agent:local"},
     )
     orphan = box.make(scaler.name, agent_id(), state="exited")
-    op = Operation.objects.get(pk=_client(users["operator"]).post("/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name}).url.split("/")[-2])
+    op = Operation.objects.get(
+        pk=_client(users["operator"])
+        .post("/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name})
+        .url.split("/")[-2]
+    )
     assert [t["key"] for t in op.plan] == [f"container:{orphan}"]
     with listening_worker(QUEUE):
         assert _client(users["approver"]).post(f"/operations/{op.pk}/approve/").status_code == 302

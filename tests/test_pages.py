@@ -48,9 +48,15 @@ def viewer_client(client, viewer):
 @pytest.fixture
 def scaler():
     ConfigState.objects.update_or_create(pk=1, defaults={"global_max_agents": 20, "global_max_cpu": 16.0})
-    s = Scaler.objects.create(name="ci-containers", type="container", max_agents=5, max_cpu=4.0, max_memory_bytes=8 * 2**30)
-    LabelSet.objects.create(scaler=s, index=0, labels=["linux", "docker"], normalized="docker,linux", config={"image": "kici-agent:local"})
-    LabelSet.objects.create(scaler=s, index=1, labels=["linux", "big"], normalized="big,linux", host_access=["172.30.0.1:53", "*:8000"])
+    s = Scaler.objects.create(
+        name="ci-containers", type="container", max_agents=5, max_cpu=4.0, max_memory_bytes=8 * 2**30
+    )
+    LabelSet.objects.create(
+        scaler=s, index=0, labels=["linux", "docker"], normalized="docker,linux", config={"image": "kici-agent:local"}
+    )
+    LabelSet.objects.create(
+        scaler=s, index=1, labels=["linux", "big"], normalized="big,linux", host_access=["172.30.0.1:53", "*:8000"]
+    )
     return s
 
 
@@ -106,7 +112,11 @@ def test_it_shows_each_page_to_a_viewer(viewer_client, scaler, url):
 def test_the_agent_pages_require_the_permission_too(client, outsider, scaler):
     agent = _agent(scaler, 1)
     client.force_login(outsider)
-    for url in (f"/agents/{agent.agent_id}/", f"/agents/{agent.agent_id}/console/", f"/agents/{agent.agent_id}/isolation/"):
+    for url in (
+        f"/agents/{agent.agent_id}/",
+        f"/agents/{agent.agent_id}/console/",
+        f"/agents/{agent.agent_id}/isolation/",
+    ):
         assert client.get(url).status_code == 403, url
 
 
@@ -131,7 +141,7 @@ def test_the_dashboard_shows_capacity_agents_and_events(viewer_client, scaler):
     _agent(scaler, 3, state=AgentState.DESTROYED)  # terminal: not a live agent, still holds its row here
     record_event(running, EventType.READY, "container started")
     html = viewer_client.get("/").content.decode()
-    card = html[html.index('id="cap-scaler-'):]
+    card = html[html.index('id="cap-scaler-') :]
     card = card[: card.index("</div>\n</div>") if "</div>\n</div>" in card else 2000]
     assert "<b>3</b> / 5" in html  # three reservations against maxAgents 5
     assert "1 running" in html and "1 spawning" in html
@@ -177,7 +187,9 @@ def test_the_live_update_of_a_vanished_event_is_empty(db):
 
 
 def test_the_live_update_of_an_event_without_an_agent_has_only_the_event_row(scaler):
-    event = record_event(None, EventType.FAILED, "spawn refused", agent_ref="scaler-container-deadbeef", scaler_name=scaler.name)
+    event = record_event(
+        None, EventType.FAILED, "spawn refused", agent_ref="scaler-container-deadbeef", scaler_name=scaler.name
+    )
     html = render_live_update(event)
     assert "spawn refused" in html and "agent-rows" not in html
 
@@ -216,7 +228,9 @@ def test_the_agents_list_answers_htmx_with_the_results_partial(viewer_client, sc
 
 
 def test_the_agent_page_shows_state_labels_host_access_and_timeline(viewer_client, scaler):
-    agent = _agent(scaler, 1, host_access=["172.30.0.1:53", "*:8000"], host_access_explicit=False, registered_at=timezone.now())
+    agent = _agent(
+        scaler, 1, host_access=["172.30.0.1:53", "*:8000"], host_access_explicit=False, registered_at=timezone.now()
+    )
     record_event(agent, EventType.PROVISIONING, "creating container")
     record_event(agent, EventType.READY, "container started")
     html = viewer_client.get(f"/agents/{agent.agent_id}/").content.decode()
@@ -377,18 +391,23 @@ def test_the_dashboard_reports_the_last_recovery_counts(viewer_client, scaler):
 
     RecoveryReport.objects.create(instance_id="host-a", trigger="boot", spawning_dropped=2, reservations_dropped=1)
     html = viewer_client.get("/").content.decode()
-    box = html[html.index('id="recovery"'):]
+    box = html[html.index('id="recovery"') :]
     box = box[: box.index("</div>")]
     assert "boot" in box and "host-a" in box
     assert "spawning dropped <b>2</b>" in box and "reservations dropped <b>1</b>" in box
-    assert "alert-warn" in html[html.index('id="recovery"') - 60: html.index('id="recovery"')]
+    assert "alert-warn" in html[html.index('id="recovery"') - 60 : html.index('id="recovery"')]
 
 
 def test_the_full_log_downloads_as_an_attachment_byte_for_byte(viewer_client, db, tmp_path):
     vm = Scaler.objects.create(name="fc-dl", type="firecracker", max_agents=1)
     serial = tmp_path / "serial-console.log"
     serial.write_bytes(b"line 1\nbad \xff byte\n" + b"x" * 70000 + b"\n")
-    agent = Agent.objects.create(agent_id="scaler-firecracker-000000d1", scaler=vm, state=AgentState.RUNNING, backend_context={"console_logs": {"serial": str(serial)}})
+    agent = Agent.objects.create(
+        agent_id="scaler-firecracker-000000d1",
+        scaler=vm,
+        state=AgentState.RUNNING,
+        backend_context={"console_logs": {"serial": str(serial)}},
+    )
     response = viewer_client.get(f"/agents/{agent.agent_id}/console/serial/download")
     assert response.status_code == 200
     assert response["Content-Disposition"] == f'attachment; filename="{agent.agent_id}-serial.log"'

@@ -80,7 +80,7 @@ def test_the_preview_refuses_a_bad_entry_with_the_entry_and_the_reason(viewer_cl
     assert response.status_code == 200
     html = response.content.decode()
     assert "<html" not in html and html.lstrip().startswith('<div id="preview"')
-    bad = unescape(html[html.index('class="entry-bad"'):])
+    bad = unescape(html[html.index('class="entry-bad"') :])
     assert entry in bad and reason in bad
     assert "nothing can be applied" in html
     assert 'id="apply"' not in html  # the Apply button is disabled
@@ -107,7 +107,7 @@ def test_the_editor_requires_the_view_permission(client, label_set):
 
 def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
     html = viewer_client.get(BASE).content.decode()
-    effective = html[html.index('id="effective"'):]
+    effective = html[html.index('id="effective"') :]
     effective = effective[: effective.index("</ul>")]
     assert "172.30.0.1:53" in effective and "*:8000" in effective
     assert 'value="default" checked' in html
@@ -115,9 +115,11 @@ def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
 
 def test_the_preview_shows_the_effective_list_and_the_rule_diff_for_live_agents(viewer_client, label_set):
     agent = _live_agent(label_set)
-    html = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.98.0.0/24:443"}, **HTMX).content.decode()
+    html = viewer_client.post(
+        BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.98.0.0/24:443"}, **HTMX
+    ).content.decode()
     assert "TCP and UDP port 443 on host addresses in 10.98.0.0/24" in html
-    effective = html[html.index('id="effective"'):]
+    effective = html[html.index('id="effective"') :]
     assert "10.98.0.0/24:443" in effective[: effective.index("</ul>")]
     assert agent.agent_id in html and "1 of 1 live agent would get different input rules" in html
     assert '<span class="add">+ input: ip daddr 10.98.0.0/24 tcp dport 443 accept</span>' in html
@@ -144,7 +146,9 @@ def test_the_plan_says_when_nothing_changes(label_set):
     label_set.save()
     assert plan_host_access_change(label_set, "explicit", "5000").unchanged
     assert not plan_host_access_change(label_set, "explicit", "5001").unchanged
-    assert plan_host_access_change(label_set, "sideways", "").errors == ["mode 'sideways' is not one of default, explicit"]
+    assert plan_host_access_change(label_set, "sideways", "").errors == [
+        "mode 'sideways' is not one of default, explicit"
+    ]
 
 
 def test_apply_with_a_bad_entry_applies_nothing(operator_client, label_set):
@@ -196,12 +200,17 @@ def test_apply_back_to_the_default_sends_none(operator_client, label_set):
 
 def test_a_loopback_entry_is_warned_about_but_does_not_block_apply(operator_client, label_set, settings):
     html = unescape(
-        operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n127.0.0.1:5432"}, **HTMX).content.decode()
+        operator_client.post(
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n127.0.0.1:5432"}, **HTMX
+        ).content.decode()
     )
-    warnings = html[html.index('id="preview-warnings"'):]
+    warnings = html[html.index('id="preview-warnings"') :]
     warnings = warnings[: warnings.index("</div>")]
     assert "1 warning" in warnings and "do not block Apply" in warnings
-    assert 'line 2: hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach' in warnings
+    assert (
+        'line 2: hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach'
+        in warnings
+    )
     assert "nothing can be applied" not in html
     assert 'id="apply"' in html  # Apply stays enabled
     plan = plan_host_access_change(label_set, "explicit", "[::1]")

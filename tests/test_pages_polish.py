@@ -25,23 +25,34 @@ def viewer_client(client):
 def _container_scaler(name: str = "polish-ci") -> Scaler:
     ConfigState.objects.update_or_create(pk=1, defaults={"global_max_agents": 10})
     entry = ScalerEntry.model_validate(
-        {"name": name, "type": "container", "maxAgents": 3, "labelSets": [{"labels": ["linux"], "image": "kici-agent:local"}]}
+        {
+            "name": name,
+            "type": "container",
+            "maxAgents": 3,
+            "labelSets": [{"labels": ["linux"], "image": "kici-agent:local"}],
+        }
     )
     scaler = Scaler.objects.create(name=name, type="container", max_agents=3, config=entry.to_raw())
-    LabelSet.objects.create(scaler=scaler, index=0, labels=["linux"], normalized="linux", config={"image": "kici-agent:local"})
+    LabelSet.objects.create(
+        scaler=scaler, index=0, labels=["linux"], normalized="linux", config={"image": "kici-agent:local"}
+    )
     return scaler
 
 
 def _row(html: str, agent_id: str) -> str:
     start = html.index(f'<tr id="agent-{agent_id}"')
-    return html[start: html.index("</tr>", start)]
+    return html[start : html.index("</tr>", start)]
 
 
 def test_the_job_column_names_the_bound_job_and_counts_running_jobs_apart(viewer_client):
     scaler = _container_scaler()
     ls = scaler.label_sets.get()
-    Agent.objects.create(agent_id="polish-a1", scaler=scaler, label_set=ls, state=AgentState.RUNNING, bound_job_id="job-1")
-    Agent.objects.create(agent_id="polish-a2", scaler=scaler, label_set=ls, state=AgentState.RUNNING, bound_job_id="job-2", active_jobs=2)
+    Agent.objects.create(
+        agent_id="polish-a1", scaler=scaler, label_set=ls, state=AgentState.RUNNING, bound_job_id="job-1"
+    )
+    Agent.objects.create(
+        agent_id="polish-a2", scaler=scaler, label_set=ls, state=AgentState.RUNNING, bound_job_id="job-2", active_jobs=2
+    )
     Agent.objects.create(agent_id="polish-a3", scaler=scaler, label_set=ls, state=AgentState.RUNNING, warm=True)
     html = viewer_client.get("/").content.decode()
     idle = _row(html, "polish-a1")
@@ -58,7 +69,7 @@ def test_an_uneventful_recovery_is_one_quiet_line(viewer_client):
     RecoveryReport.objects.create(instance_id="host-q", trigger="boot")
     html = viewer_client.get("/").content.decode()
     start = html.index('id="recovery"')
-    line = html[html.rindex("<", 0, start): html.index("\n", start)]
+    line = html[html.rindex("<", 0, start) : html.index("\n", start)]
     assert line.startswith('<p class="small muted"') and "nothing to drop or rehydrate" in line
     assert "alert" not in line and "spawning dropped" not in html
 
@@ -69,18 +80,25 @@ def test_an_eventful_recovery_lists_only_what_happened(viewer_client):
     _container_scaler()
     RecoveryReport.objects.create(instance_id="host-r", trigger="boot", reservations_rehydrated=3)
     html = viewer_client.get("/").content.decode()
-    box = html[html.index('id="recovery"'):]
+    box = html[html.index('id="recovery"') :]
     box = box[: box.index("</div>")]
     assert "reservations rehydrated <b>3</b>" in box and "spawning dropped" not in box
-    assert "alert-ok" in html[html.index('id="recovery"') - 60: html.index('id="recovery"')]
+    assert "alert-ok" in html[html.index('id="recovery"') - 60 : html.index('id="recovery"')]
 
 
 def test_a_container_scaler_shows_its_own_settings_once(viewer_client):
     scaler = _container_scaler()
     html = viewer_client.get(f"/scalers/{scaler.name}/").content.decode()
-    panel = html[html.index('id="h-config"'): html.index('id="h-ls"')]
+    panel = html[html.index('id="h-config"') : html.index('id="h-ls"')]
     assert panel.count("<dt>maxConcurrentSpawns</dt>") == 1
-    for firecracker_field in ("vcpuCount", "chrootBaseDir", "memSizeMib", "requireSudo", "claimTtlSeconds", "enforceCgroups"):
+    for firecracker_field in (
+        "vcpuCount",
+        "chrootBaseDir",
+        "memSizeMib",
+        "requireSudo",
+        "claimTtlSeconds",
+        "enforceCgroups",
+    ):
         assert firecracker_field not in panel, firecracker_field
     assert "<dt>runtime</dt>" in panel and "<dt>networkIsolation</dt>" in panel
 
@@ -89,10 +107,17 @@ def test_a_firecracker_scaler_shows_its_vm_settings():
     from scalers.pages import _config_items
 
     entry = ScalerEntry.model_validate(
-        {"name": "vm", "type": "firecracker", "maxAgents": 1, "labelSets": [{"labels": ["kvm"], "rootfsPath": "/r.ext4"}]}
+        {
+            "name": "vm",
+            "type": "firecracker",
+            "maxAgents": 1,
+            "labelSets": [{"labels": ["kvm"], "rootfsPath": "/r.ext4"}],
+        }
     )
     keys = [k for k, _ in _config_items(Scaler(name="vm", type="firecracker", max_agents=1, config=entry.to_raw()))]
-    assert "vcpuCount" in keys and "chrootBaseDir" in keys and "runtime" not in keys and "maxConcurrentSpawns" not in keys
+    assert (
+        "vcpuCount" in keys and "chrootBaseDir" in keys and "runtime" not in keys and "maxConcurrentSpawns" not in keys
+    )
 
 
 def test_why_waiting_states_memory_caps_in_binary_units():
@@ -112,7 +137,15 @@ def test_the_scaler_page_cites_no_spec_section(viewer_client):
 
 def test_the_agent_page_and_the_host_access_editor_cite_no_spec_section(viewer_client):
     scaler = _container_scaler("polish-spec")
-    agent = Agent.objects.create(agent_id="polish-spec-a", scaler=scaler, label_set=scaler.label_sets.get(), state=AgentState.RUNNING)
-    for url in (f"/agents/{agent.agent_id}/", f"/scalers/{scaler.name}/label-sets/0/host-access/", "/", "/agents/", "/events/"):
+    agent = Agent.objects.create(
+        agent_id="polish-spec-a", scaler=scaler, label_set=scaler.label_sets.get(), state=AgentState.RUNNING
+    )
+    for url in (
+        f"/agents/{agent.agent_id}/",
+        f"/scalers/{scaler.name}/label-sets/0/host-access/",
+        "/",
+        "/agents/",
+        "/events/",
+    ):
         html = viewer_client.get(url).content.decode()
         assert "SPEC" not in html, url

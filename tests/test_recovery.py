@@ -110,7 +110,12 @@ def test_buffered_events_lost_is_always_zero_and_the_report_is_stored():
     r = recover_state(ME, trigger="leader-change", spawn_alive=lambda a: False)
     assert r.buffered_events_lost == 0
     report = RecoveryReport.objects.get()
-    assert (report.instance_id, report.trigger, report.spawning_dropped, report.reservations_dropped) == (ME, "leader-change", 1, 1)
+    assert (report.instance_id, report.trigger, report.spawning_dropped, report.reservations_dropped) == (
+        ME,
+        "leader-change",
+        1,
+        1,
+    )
     assert report.error == ""
 
 

@@ -83,7 +83,11 @@ def test_it_answers_409_when_the_spawn_was_given_up(client, agent):
 def test_it_rejects_malformed_json(client, agent):
     token = mint_registration_token(agent)
     resp = client.post(REGISTER, data="{nope", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
-    assert resp.status_code == 400 and "JSON" in resp.json()["error"]["message"] and resp.json()["error"]["field"] == "body"
+    assert (
+        resp.status_code == 400
+        and "JSON" in resp.json()["error"]["message"]
+        and resp.json()["error"]["field"] == "body"
+    )
     # the token was not burnt by the bad request
     assert post(client, REGISTER, token).status_code == 200
 
@@ -108,7 +112,11 @@ def test_it_rejects_a_bad_active_jobs_count(client, agent):
     session = post(client, REGISTER, mint_registration_token(agent)).json()["sessionToken"]
     for bad in (-1, "3", 10**9, True):
         resp = post(client, f"/api/v1/agents/{agent.agent_id}/heartbeat", session, {"activeJobs": bad})
-        assert resp.status_code == 400 and "activeJobs" in resp.json()["error"]["message"] and resp.json()["error"]["field"] == "activeJobs"
+        assert (
+            resp.status_code == 400
+            and "activeJobs" in resp.json()["error"]["message"]
+            and resp.json()["error"]["field"] == "activeJobs"
+        )
 
 
 def test_it_tells_a_destroyed_agent_to_stop(client, agent):

@@ -154,8 +154,14 @@ def test_a_killed_worker_releases_through_rq_abandoned_job_cleanup(admitted, doc
         "REDIS_URL": django_settings.REDIS_URL,
     }
     root = Path(__file__).resolve().parent.parent
-    worker = subprocess.Popen([sys.executable, "manage.py", "rqworker", "default", "--burst"], cwd=root, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "rqworker", "default", "--burst"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while job.get_status(refresh=True) != "started":

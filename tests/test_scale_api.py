@@ -36,7 +36,10 @@ def assert_nothing_written():
 
 def test_it_answers_201_with_the_agent_id():
     make_scaler("c", max_agents=2)
-    r = post(Client(), {"labels": ["linux", "docker"], "jobId": "j1", "runId": "r1", "resources": {"cpus": 1, "memory": "1g"}})
+    r = post(
+        Client(),
+        {"labels": ["linux", "docker"], "jobId": "j1", "runId": "r1", "resources": {"cpus": 1, "memory": "1g"}},
+    )
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["scaler"] == "c" and body["agentId"].startswith("scaler-container-")
@@ -149,8 +152,12 @@ def test_100_concurrent_posts_to_daphne_admit_exactly_max_agents(daphne_server):
     url = f"{daphne_server}/api/v1/scale"
 
     def one(i: int):
-        r = requests.post(url, json={"labels": ["linux", "docker"], "jobId": f"job-{i}"},
-                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        r = requests.post(
+            url,
+            json={"labels": ["linux", "docker"], "jobId": f"job-{i}"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=60,
+        )
         return r.status_code, r.json()
 
     results = run_threads(100, one)
@@ -170,8 +177,12 @@ def test_100_concurrent_async_posts_admit_exactly_max_agents():
     async def main():
         client = AsyncClient()
         coros = [
-            client.post("/api/v1/scale", data=json.dumps({"labels": ["linux"], "jobId": f"a-{i}"}),
-                        content_type="application/json", headers={"Authorization": f"Bearer {TOKEN}"})
+            client.post(
+                "/api/v1/scale",
+                data=json.dumps({"labels": ["linux"], "jobId": f"a-{i}"}),
+                content_type="application/json",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
             for i in range(100)
         ]
         return await asyncio.gather(*coros)
@@ -191,6 +202,9 @@ def test_a_draining_console_answers_503_skipped():
         r = post(Client(), {"labels": ["linux"], "jobId": "j"})
     finally:
         set_console_draining(False)
-    assert r.status_code == 503 and r.json() == {"error": {"code": "skipped", "message": "draining"}, "reason": "skipped"}
+    assert r.status_code == 503 and r.json() == {
+        "error": {"code": "skipped", "message": "draining"},
+        "reason": "skipped",
+    }
     assert r["Retry-After"]
     assert_nothing_written()

@@ -11,7 +11,11 @@ def test_it_parses_a_database_url():
 
 @pytest.mark.parametrize(
     "url, fragment",
-    [("mysql://x/kici", "only postgres"), ("postgres://127.0.0.1:5432", "names no database"), ("postgres://h:port/x", "port")],
+    [
+        ("mysql://x/kici", "only postgres"),
+        ("postgres://127.0.0.1:5432", "names no database"),
+        ("postgres://h:port/x", "port"),
+    ],
 )
 def test_it_refuses_a_bad_database_url_naming_it(url, fragment):
     with pytest.raises(ImproperlyConfigured, match=fragment) as exc:
@@ -47,7 +51,10 @@ def test_healthz_reports_each_check(client):
 
 def test_it_parses_provisioning_target_urls(monkeypatch):
     monkeypatch.setenv("KICI_PROVISIONING_TARGET_URLS", "myorg/infra=https://hooks.invalid/x, b=http://127.0.0.1:9/y")
-    assert env.env_url_map("KICI_PROVISIONING_TARGET_URLS") == {"myorg/infra": "https://hooks.invalid/x", "b": "http://127.0.0.1:9/y"}
+    assert env.env_url_map("KICI_PROVISIONING_TARGET_URLS") == {
+        "myorg/infra": "https://hooks.invalid/x",
+        "b": "http://127.0.0.1:9/y",
+    }
 
 
 @pytest.mark.parametrize("raw", ["noequals", "a=ftp://x", "=https://x", "a=https://"])

@@ -111,8 +111,10 @@ def test_the_failure_callback_fails_the_agent_and_releases_it(queue):
 
 def test_a_registration_deadline_is_scheduled_and_overdue_spawns_are_expired(queue, settings):
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 60
-    agent = make_agent(make_scaler(type="event", config={"provisioningTargets": ["http://127.0.0.1:9/"]}, ls_config={}),
-                       spawn_started_at=timezone.now())
+    agent = make_agent(
+        make_scaler(type="event", config={"provisioningTargets": ["http://127.0.0.1:9/"]}, ls_config={}),
+        spawn_started_at=timezone.now(),
+    )
     schedule_expiry(agent)
     from rq.registry import ScheduledJobRegistry
 

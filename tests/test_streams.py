@@ -228,7 +228,10 @@ async def test_a_tail_drop_marker_reaches_viewers_as_a_marker_row(hub):
 
     viewer = await hub.subscribe(KEY, source)
     rows = await drain(viewer, 2)
-    assert [(r.text, r.level, r.seq) for r in rows] == [("[dropped 42 lines]", LEVEL_DROPPED, 1), ("after the gap", LEVEL_DEBUG, 2)]
+    assert [(r.text, r.level, r.seq) for r in rows] == [
+        ("[dropped 42 lines]", LEVEL_DROPPED, 1),
+        ("after the gap", LEVEL_DEBUG, 2),
+    ]
     assert rows[0].dropped == 0  # a line of the stream, not a viewer drop row
 
 
@@ -294,7 +297,11 @@ async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, ag
     )
     name = f"tail-logs-{uuid.uuid4().hex[:8]}"
     container = docker_client.containers.run(
-        agent_image, ["sh", "-c", script], name=name, detach=True, network_mode="none",
+        agent_image,
+        ["sh", "-c", script],
+        name=name,
+        detach=True,
+        network_mode="none",
         labels={"kici.test": "tail"},
     )
     try:

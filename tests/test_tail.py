@@ -37,7 +37,9 @@ class Tail:
 
     async def _run(self, path, kwargs):
         try:
-            async for line in tail_file(path, stop=self.stop, poll_interval=kwargs.pop("poll_interval", POLL), **kwargs):
+            async for line in tail_file(
+                path, stop=self.stop, poll_interval=kwargs.pop("poll_interval", POLL), **kwargs
+            ):
                 self.lines.append(line)
         finally:
             self.finished.set()

@@ -36,12 +36,24 @@ def warm_agent(scaler, index=0, *, state=AgentState.RUNNING, idle_seconds=0.0, c
     n[0] += 1
     ls = LabelSet.objects.get(scaler=scaler, index=index)
     agent = Agent.objects.create(
-        agent_id=f"scaler-container-w{n[0]:07x}", scaler=scaler, label_set=ls, state=state, warm=True,
-        owner_instance="t", labels=ls.labels,
+        agent_id=f"scaler-container-w{n[0]:07x}",
+        scaler=scaler,
+        label_set=ls,
+        state=state,
+        warm=True,
+        owner_instance="t",
+        labels=ls.labels,
         registered_at=(timezone.now() - timedelta(seconds=idle_seconds)) if state == AgentState.RUNNING else None,
     )
-    Reservation.objects.create(scaler=scaler, agent=agent, cpus=cpus, memory_bytes=memory, limit_cpus=cpus,
-                               limit_memory_bytes=memory, owner_instance="t")
+    Reservation.objects.create(
+        scaler=scaler,
+        agent=agent,
+        cpus=cpus,
+        memory_bytes=memory,
+        limit_cpus=cpus,
+        limit_memory_bytes=memory,
+        owner_instance="t",
+    )
     return agent
 
 
@@ -226,8 +238,12 @@ def test_the_api_answers_200_with_the_consumed_warm_agent(settings):
     settings.KICI_API_TOKEN = "t"
     s = warm_scaler(size=1)
     agent = warm_agent(s)
-    r = Client().post("/api/v1/scale", data={"labels": ["linux"], "jobId": "j"}, content_type="application/json",
-                      HTTP_AUTHORIZATION="Bearer t")
+    r = Client().post(
+        "/api/v1/scale",
+        data={"labels": ["linux"], "jobId": "j"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION="Bearer t",
+    )
     assert r.status_code == 200 and r.json()["agentId"] == agent.agent_id and r.json()["warm"] is True
 
 

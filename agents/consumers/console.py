@@ -13,6 +13,7 @@ from .frames import render_console_frame
 from .hubs import get_console_hub
 from .live import CLOSE_NOT_FOUND, FRAME_MAX_ROWS, _LiveConsumer
 
+
 @database_sync_to_async
 def _load_agent(agent_id: str):
     from ..models import Agent

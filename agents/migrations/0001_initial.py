@@ -4,67 +4,104 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Agent',
+            name="Agent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('agent_id', models.CharField(max_length=100, unique=True)),
-                ('state', models.CharField(choices=[('spawning', 'Spawning'), ('running', 'Running'), ('draining', 'Draining'), ('destroying', 'Destroying'), ('destroyed', 'Destroyed'), ('failed', 'Failed')], db_index=True, default='spawning', max_length=20)),
-                ('labels', models.JSONField(blank=True, default=list, help_text='full labels, incl. kici: auto labels')),
-                ('managed_id', models.CharField(blank=True, max_length=200)),
-                ('ip', models.GenericIPAddressField(blank=True, null=True)),
-                ('host_access', models.JSONField(blank=True, null=True)),
-                ('host_access_explicit', models.BooleanField(default=False)),
-                ('warm', models.BooleanField(default=False)),
-                ('bound_job_id', models.CharField(blank=True, max_length=200)),
-                ('run_id', models.CharField(blank=True, max_length=200)),
-                ('owner_instance', models.CharField(blank=True, max_length=200)),
-                ('rq_job_id', models.CharField(blank=True, max_length=100)),
-                ('active_jobs', models.PositiveIntegerField(default=0)),
-                ('failure_reason', models.TextField(blank=True)),
-                ('backend_context', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('spawn_started_at', models.DateTimeField(blank=True, null=True)),
-                ('registered_at', models.DateTimeField(blank=True, null=True)),
-                ('last_heartbeat', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("agent_id", models.CharField(max_length=100, unique=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("spawning", "Spawning"),
+                            ("running", "Running"),
+                            ("draining", "Draining"),
+                            ("destroying", "Destroying"),
+                            ("destroyed", "Destroyed"),
+                            ("failed", "Failed"),
+                        ],
+                        db_index=True,
+                        default="spawning",
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "labels",
+                    models.JSONField(blank=True, default=list, help_text="full labels, incl. kici: auto labels"),
+                ),
+                ("managed_id", models.CharField(blank=True, max_length=200)),
+                ("ip", models.GenericIPAddressField(blank=True, null=True)),
+                ("host_access", models.JSONField(blank=True, null=True)),
+                ("host_access_explicit", models.BooleanField(default=False)),
+                ("warm", models.BooleanField(default=False)),
+                ("bound_job_id", models.CharField(blank=True, max_length=200)),
+                ("run_id", models.CharField(blank=True, max_length=200)),
+                ("owner_instance", models.CharField(blank=True, max_length=200)),
+                ("rq_job_id", models.CharField(blank=True, max_length=100)),
+                ("active_jobs", models.PositiveIntegerField(default=0)),
+                ("failure_reason", models.TextField(blank=True)),
+                ("backend_context", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("spawn_started_at", models.DateTimeField(blank=True, null=True)),
+                ("registered_at", models.DateTimeField(blank=True, null=True)),
+                ("last_heartbeat", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='AgentToken',
+            name="AgentToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('token_hash', models.CharField(max_length=64, unique=True)),
-                ('prefix', models.CharField(blank=True, help_text='first characters, for support', max_length=12)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField()),
-                ('used_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("token_hash", models.CharField(max_length=64, unique=True)),
+                ("prefix", models.CharField(blank=True, help_text="first characters, for support", max_length=12)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField()),
+                ("used_at", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.CreateModel(
-            name='ScalerEvent',
+            name="ScalerEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('agent_ref', models.CharField(blank=True, db_index=True, help_text='agent id, kept if the agent row goes', max_length=100)),
-                ('scaler_name', models.CharField(blank=True, max_length=200)),
-                ('type', models.CharField(choices=[('scaler.provisioning', 'provisioning'), ('scaler.network', 'network'), ('scaler.ready', 'ready'), ('scaler.failed', 'failed'), ('agent.connecting', 'connecting'), ('agent.registered', 'registered'), ('agent.draining', 'draining'), ('agent.destroyed', 'destroyed'), ('reservation.released', 'reservation released')], max_length=40)),
-                ('detail', models.TextField(blank=True)),
-                ('payload', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "agent_ref",
+                    models.CharField(
+                        blank=True, db_index=True, help_text="agent id, kept if the agent row goes", max_length=100
+                    ),
+                ),
+                ("scaler_name", models.CharField(blank=True, max_length=200)),
+                (
+                    "type",
+                    models.CharField(
+                        choices=[
+                            ("scaler.provisioning", "provisioning"),
+                            ("scaler.network", "network"),
+                            ("scaler.ready", "ready"),
+                            ("scaler.failed", "failed"),
+                            ("agent.connecting", "connecting"),
+                            ("agent.registered", "registered"),
+                            ("agent.draining", "draining"),
+                            ("agent.destroyed", "destroyed"),
+                            ("reservation.released", "reservation released"),
+                        ],
+                        max_length=40,
+                    ),
+                ),
+                ("detail", models.TextField(blank=True)),
+                ("payload", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
     ]

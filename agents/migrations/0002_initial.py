@@ -5,37 +5,52 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('agents', '0001_initial'),
-        ('scalers', '0001_initial'),
+        ("agents", "0001_initial"),
+        ("scalers", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='agent',
-            name='label_set',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='agents', to='scalers.labelset'),
+            model_name="agent",
+            name="label_set",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="agents",
+                to="scalers.labelset",
+            ),
         ),
         migrations.AddField(
-            model_name='agent',
-            name='scaler',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='agents', to='scalers.scaler'),
+            model_name="agent",
+            name="scaler",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="agents", to="scalers.scaler"
+            ),
         ),
         migrations.AddField(
-            model_name='agenttoken',
-            name='agent',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='agents.agent'),
+            model_name="agenttoken",
+            name="agent",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="tokens", to="agents.agent"
+            ),
         ),
         migrations.AddField(
-            model_name='scalerevent',
-            name='agent',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='agents.agent'),
+            model_name="scalerevent",
+            name="agent",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="events",
+                to="agents.agent",
+            ),
         ),
         migrations.AddIndex(
-            model_name='agent',
-            index=models.Index(fields=['scaler', 'state'], name='agents_agen_scaler__a81151_idx'),
+            model_name="agent",
+            index=models.Index(fields=["scaler", "state"], name="agents_agen_scaler__a81151_idx"),
         ),
     ]

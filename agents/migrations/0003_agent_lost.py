@@ -4,20 +4,37 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agents', '0002_initial'),
+        ("agents", "0002_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='agent',
-            name='lost',
-            field=models.JSONField(blank=True, default=dict, help_text="the lost-agents sweep's mark while this agent is lost (agents.liveness.current_mark); {} otherwise"),
+            model_name="agent",
+            name="lost",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="the lost-agents sweep's mark while this agent is lost (agents.liveness.current_mark); {} otherwise",
+            ),
         ),
         migrations.AlterField(
-            model_name='scalerevent',
-            name='type',
-            field=models.CharField(choices=[('scaler.provisioning', 'provisioning'), ('scaler.network', 'network'), ('scaler.ready', 'ready'), ('scaler.failed', 'failed'), ('agent.connecting', 'connecting'), ('agent.registered', 'registered'), ('agent.draining', 'draining'), ('agent.lost', 'lost'), ('agent.destroyed', 'destroyed'), ('reservation.released', 'reservation released')], max_length=40),
+            model_name="scalerevent",
+            name="type",
+            field=models.CharField(
+                choices=[
+                    ("scaler.provisioning", "provisioning"),
+                    ("scaler.network", "network"),
+                    ("scaler.ready", "ready"),
+                    ("scaler.failed", "failed"),
+                    ("agent.connecting", "connecting"),
+                    ("agent.registered", "registered"),
+                    ("agent.draining", "draining"),
+                    ("agent.lost", "lost"),
+                    ("agent.destroyed", "destroyed"),
+                    ("reservation.released", "reservation released"),
+                ],
+                max_length=40,
+            ),
         ),
     ]

@@ -54,7 +54,15 @@ from .publish import (
     publish_event,
 )
 from .ring import RING_LINES, lines_from_blobs, lines_from_message, ring_blob
-from .sources import BACKLOG_BYTES, MAX_LAG_BYTES, SourceFactory, docker_log_lines, docker_log_source, docker_source, file_source
+from .sources import (
+    BACKLOG_BYTES,
+    MAX_LAG_BYTES,
+    SourceFactory,
+    docker_log_lines,
+    docker_log_source,
+    docker_source,
+    file_source,
+)
 from .transport import Listener, LocalTransport, RedisTransport, Transport, deliver_to
 
 __all__ = [

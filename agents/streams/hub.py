@@ -72,7 +72,15 @@ class ConsoleHub:
     stops when no viewer is left anywhere. ``pump_task(key)`` exposes the running pump (tests).
     """
 
-    def __init__(self, transport: Transport | None = None, *, viewer_lines: int = VIEWER_BUFFER_LINES, batch_lines: int = BATCH_LINES, batch_chars: int = BATCH_CHARS, tick: float = 2.0):
+    def __init__(
+        self,
+        transport: Transport | None = None,
+        *,
+        viewer_lines: int = VIEWER_BUFFER_LINES,
+        batch_lines: int = BATCH_LINES,
+        batch_chars: int = BATCH_CHARS,
+        tick: float = 2.0,
+    ):
         self.transport = transport if transport is not None else LocalTransport()
         self.viewer_lines = viewer_lines
         self.batch_lines = batch_lines
@@ -233,7 +241,15 @@ class ConsoleHub:
         st.finished = True
 
     async def _publish(self, key: StreamKey, gen: int, first: int, texts: list[str], marks: list) -> None:
-        message = {"type": "console.lines", "group": key.group, "gen": gen, "seq": first, "texts": texts, "marks": marks, "ts": time.time()}
+        message = {
+            "type": "console.lines",
+            "group": key.group,
+            "gen": gen,
+            "seq": first,
+            "texts": texts,
+            "marks": marks,
+            "ts": time.time(),
+        }
         await self.transport.publish_lines(key, message)
 
     async def aclose(self) -> None:

@@ -92,7 +92,9 @@ class StreamKey:
         return f"console.{self.agent_id}.{self.stream}"
 
 
-def split_batches(texts: Sequence[str], max_lines: int = BATCH_LINES, max_chars: int = BATCH_CHARS) -> list[Sequence[str]]:
+def split_batches(
+    texts: Sequence[str], max_lines: int = BATCH_LINES, max_chars: int = BATCH_CHARS
+) -> list[Sequence[str]]:
     """Cut ``texts`` into runs of at most ``max_lines`` lines and ``max_chars`` characters.
 
     A single line longer than ``max_chars`` travels alone. Order is kept.

@@ -132,7 +132,9 @@ redis.call('expire', KEYS[1], ARGV[4])
 redis.call('expire', KEYS[2], ARGV[4])
 return total
 """
-_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+)
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
 
@@ -149,7 +151,16 @@ class RedisTransport:
     so a viewer that reads the snapshot after joining misses nothing.
     """
 
-    def __init__(self, layer: Any, redis: Any, *, lock_ttl: float = 6.0, viewer_ttl: float = 15.0, ring_size: int = RING_LINES, prefix: str = "kici:console"):
+    def __init__(
+        self,
+        layer: Any,
+        redis: Any,
+        *,
+        lock_ttl: float = 6.0,
+        viewer_ttl: float = 15.0,
+        ring_size: int = RING_LINES,
+        prefix: str = "kici:console",
+    ):
         self.layer = layer
         self.redis = redis
         self.lock_ttl = lock_ttl
@@ -252,7 +263,9 @@ class RedisTransport:
 
     async def publish_lines(self, key, message):
         blob, count = ring_blob(message, self.ring_size)
-        await self._ring_push(keys=[self._key(key, "ring"), self._key(key, "ring-counts")], args=[blob, count, self.ring_size, 86400])
+        await self._ring_push(
+            keys=[self._key(key, "ring"), self._key(key, "ring-counts")], args=[blob, count, self.ring_size, 86400]
+        )
         await self.layer.group_send(message["group"], message)
 
     async def send_group(self, group: str, message: dict) -> None:

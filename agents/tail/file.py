@@ -73,7 +73,9 @@ class FileTail:
         if max_read < 1:
             raise ValueError(f"max_read must be >= 1 byte, got {max_read!r}")
         if max_lag_bytes is not None and (not pace or max_lag_bytes < 2 * max_read):
-            raise ValueError(f"max_lag_bytes needs pace=True and at least 2 * max_read ({2 * max_read}) bytes, got {max_lag_bytes!r}")
+            raise ValueError(
+                f"max_lag_bytes needs pace=True and at least 2 * max_read ({2 * max_read}) bytes, got {max_lag_bytes!r}"
+            )
         self.pace = pace
         self.create = create
         self.max_lag_bytes = max_lag_bytes
@@ -308,4 +310,3 @@ async def tail_file(
     async with contextlib.aclosing(lines_of(tail.batches(stop))) as lines:
         async for line in lines:
             yield line
-

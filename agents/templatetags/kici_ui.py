@@ -8,9 +8,9 @@ from urllib.parse import quote
 
 from django import template
 from django.urls import get_script_prefix, get_urlconf, reverse
-from django.utils.http import RFC3986_SUBDELIMS
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.http import RFC3986_SUBDELIMS
 
 register = template.Library()
 

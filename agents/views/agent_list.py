@@ -40,7 +40,12 @@ def filter_agents(params) -> tuple:
         qs = qs.filter(scaler__name=scaler)
     q = (params.get("q") or "").strip()[:200]
     if q:
-        cond = Q(agent_id__icontains=q) | Q(managed_id__icontains=q) | Q(bound_job_id__icontains=q) | Q(labels__contains=[q])
+        cond = (
+            Q(agent_id__icontains=q)
+            | Q(managed_id__icontains=q)
+            | Q(bound_job_id__icontains=q)
+            | Q(labels__contains=[q])
+        )
         try:
             cond |= Q(ip=str(ipaddress.ip_address(q)))
         except ValueError:

@@ -12,6 +12,7 @@ from .common import agent_or_404, can_run_selftest, template_exists, viewer_requ
 from .console import console_streams
 from .isolation import selftest_function
 
+
 def host_access_view(agent: Agent) -> dict:
     """What the agent page says about host access (issue 5 item 7).
 
@@ -46,9 +47,15 @@ def ops_request_available() -> bool:
 def agent_detail(request, agent_id: str):
     """``/agents/<agent_id>/``: state, labels, timestamps, host access, rules in force, timeline."""
     agent = agent_or_404(agent_id)
-    events = ScalerEvent.objects.filter(Q(agent=agent) | Q(agent_ref=agent.agent_id)).order_by("-created_at", "-id")[:500]
+    events = ScalerEvent.objects.filter(Q(agent=agent) | Q(agent_ref=agent.agent_id)).order_by("-created_at", "-id")[
+        :500
+    ]
     if request.GET.get("part") == "events":
-        return render(request, "dashboard/index.html#event_tbody", {"events": events, "max_rows": 500, "resync_url": request.get_full_path()})
+        return render(
+            request,
+            "dashboard/index.html#event_tbody",
+            {"events": events, "max_rows": 500, "resync_url": request.get_full_path()},
+        )
     ctx = {
         "nav": "agents",
         "agent": agent,

@@ -80,7 +80,9 @@ def agent_console_download(request, agent_id: str, stream: str):
     if sandbox_gone(agent, stream):
         lines = captured_output(agent)["lines"]
         if not lines:
-            raise Http404(f"the sandbox of agent {agent.agent_id} is gone ({agent.state}) and none of its output was captured")
+            raise Http404(
+                f"the sandbox of agent {agent.agent_id} is gone ({agent.state}) and none of its output was captured"
+            )
         return HttpResponse(
             "\n".join(lines) + "\n",
             content_type="text/plain; charset=utf-8",
@@ -101,7 +103,9 @@ def agent_console_download(request, agent_id: str, stream: str):
         chunks = _docker_log_chunks(agent)
         first = next(chunks, b"")
     except Exception as exc:  # noqa: BLE001 - docker down or the container is gone
-        return HttpResponse(f"could not read the container's logs: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
+        return HttpResponse(
+            f"could not read the container's logs: {exc}\n", status=502, content_type="text/plain; charset=utf-8"
+        )
 
     def body():
         yield first

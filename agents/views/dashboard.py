@@ -81,7 +81,9 @@ def dashboard(request):
     ctx.update(
         global_cap=global_capacity(),
         pool_caps=pool_capacities(),
-        scaler_caps=scaler_capacities(Scaler.objects.filter(Q(retiring=False) | Q(agents__state__in=ACTIVE_STATES)).distinct()),
+        scaler_caps=scaler_capacities(
+            Scaler.objects.filter(Q(retiring=False) | Q(agents__state__in=ACTIVE_STATES)).distinct()
+        ),
         recovery=recovery_report(),
         agent_resync_url=f"{url}?part=agents",
         event_resync_url=f"{url}?part=events",

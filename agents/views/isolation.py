@@ -12,6 +12,7 @@ from .common import agent_or_404, can_run_selftest, viewer_required, wants_parti
 
 log = logging.getLogger(__name__)
 
+
 @require_GET
 @viewer_required
 def agent_isolation(request, agent_id: str):
@@ -24,7 +25,14 @@ def agent_isolation(request, agent_id: str):
     agent = agent_or_404(agent_id)
     from ..selftest import isolation_context
 
-    ctx = {"agent": agent, "table": isolation_context(agent).table, "lines": None, "error": "", "complete": None, "removed": False}
+    ctx = {
+        "agent": agent,
+        "table": isolation_context(agent).table,
+        "lines": None,
+        "error": "",
+        "complete": None,
+        "removed": False,
+    }
     if not agent.is_active:
         ctx["removed"] = True
     elif not agent.ip:
@@ -93,7 +101,9 @@ def agent_selftest(request, agent_id: str):
     if fn is None:
         ctx["error"] = "the isolation self-test is not available in this build"
     elif not agent.is_active or not agent.ip:
-        ctx["error"] = f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"
+        ctx["error"] = (
+            f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"
+        )
     else:
         try:
             rows = selftest_rows(fn(agent))
@@ -101,7 +111,11 @@ def agent_selftest(request, agent_id: str):
             log.info("isolation self-test for %s could not run: %s", agent.agent_id, exc)
             ctx["error"] = f"the self-test could not run: {exc}"
         else:
-            ctx.update(rows=rows, failed=sum(1 for r in rows if r["ok"] is False), unknown=sum(1 for r in rows if r["ok"] is None))
+            ctx.update(
+                rows=rows,
+                failed=sum(1 for r in rows if r["ok"] is False),
+                unknown=sum(1 for r in rows if r["ok"] is None),
+            )
             ctx.update(probed=sum(1 for r in rows if r["probed"]), verified=sum(1 for r in rows if not r["probed"]))
             ctx["passed"] = bool(rows) and ctx["failed"] == 0
     return render(request, "agents/detail.html#selftest", ctx)

@@ -110,7 +110,7 @@ def _ipv4_problem(text: str) -> str | None:
             return f"octet {part} is above 255"
     if slash:
         if not _DIGITS.fullmatch(prefix):
-            return f"the prefix after \"/\" is {_quote(prefix)}, not a number 0-32"
+            return f'the prefix after "/" is {_quote(prefix)}, not a number 0-32'
         if len(prefix) > 1 and prefix[0] == "0":
             return f"prefix /{prefix} has a leading zero"
         if int(prefix) > 32:
@@ -130,7 +130,8 @@ def _parse_ipv4(entry: str, text: str) -> ipaddress.IPv4Network:
         if problem is not None:
             kind = "CIDR" if "/" in text else "address"
             raise HostAccessError(
-                entry, f"hostAccess entry {_quote(entry)} names {_quote(text)}, which is not a valid IPv4 {kind}: {problem}"
+                entry,
+                f"hostAccess entry {_quote(entry)} names {_quote(text)}, which is not a valid IPv4 {kind}: {problem}",
             )
     else:
         raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} names {_quote(text)}, {_NOT_AN_ADDRESS}")
@@ -225,7 +226,7 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
             hint = f'write "*:{port_text}" (or just "{port_text}") for port {port_text} on any IPv4 host address'
         else:
             hint = 'write an IPv4 address, an IPv4 CIDR or "*" before the ":"'
-        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has no address before the \":\": {hint}")
+        raise HostAccessError(entry, f'hostAccess entry {_quote(entry)} has no address before the ":": {hint}')
     if addr_text == "*":
         daddr = None
     else:

@@ -4,22 +4,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='IpAllocation',
+            name="IpAllocation",
             fields=[
-                ('ip', models.GenericIPAddressField(primary_key=True, protocol='IPv4', serialize=False)),
-                ('vm_id', models.CharField(max_length=100, unique=True)),
-                ('scaler_name', models.CharField(db_index=True, max_length=200)),
-                ('tap_device', models.CharField(max_length=15)),
-                ('mac_address', models.CharField(max_length=17)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("ip", models.GenericIPAddressField(primary_key=True, protocol="IPv4", serialize=False)),
+                ("vm_id", models.CharField(max_length=100, unique=True)),
+                ("scaler_name", models.CharField(db_index=True, max_length=200)),
+                ("tap_device", models.CharField(max_length=15)),
+                ("mac_address", models.CharField(max_length=17)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
     ]

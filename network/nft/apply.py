@@ -125,9 +125,7 @@ class NftClient:
     def _run(self, args: list[str], stdin: str | None = None) -> str:
         argv = self._argv(*args)
         try:
-            proc = subprocess.run(
-                argv, input=stdin, capture_output=True, text=True, timeout=self.timeout, check=False
-            )
+            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=self.timeout, check=False)
         except FileNotFoundError as exc:
             raise NftUnavailableError(
                 f"nftables is not available: {exc.filename or argv[0]!r} was not found. Install the nftables "
@@ -180,7 +178,9 @@ class NftClient:
                 raise NftUnavailableError(
                     f"nftables is not available: {text}", argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr
                 ) from None
-            raise NftError(f"nftables check failed: {text}", argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr) from None
+            raise NftError(
+                f"nftables check failed: {text}", argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr
+            ) from None
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -373,7 +373,11 @@ class NftClient:
             return []
         allowed = None if only is None else {ipaddress.ip_address(a) if isinstance(a, str) else a for a in only}
         stale = sorted(
-            (a for a in agents if a.version == net.version and a in net and a not in live and (allowed is None or a in allowed)),
+            (
+                a
+                for a in agents
+                if a.version == net.version and a in net and a not in live and (allowed is None or a in allowed)
+            ),
             key=lambda a: (a.version, int(a)),
         )
         cmds: list[dict] = []

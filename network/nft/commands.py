@@ -56,9 +56,7 @@ def render_table_base(table: str, guard_interfaces: Iterable[str] = ()) -> list[
     if ifnames:
         cmds.append({"add": _elem(table, GUARD_SET, ifnames)})
     for chain, hook in ((FORWARD_CHAIN, "forward"), (INPUT_CHAIN, "input")):
-        cmds.append(
-            {"add": _obj("chain", table, name=chain, type="filter", hook=hook, prio=0, policy="accept")}
-        )
+        cmds.append({"add": _obj("chain", table, name=chain, type="filter", hook=hook, prio=0, policy="accept")})
         cmds.append({"flush": _obj("chain", table, name=chain)})
     for chain, rules in base_rule_exprs().items():
         cmds += [_rule(table, chain, expr) for expr in rules]
@@ -91,10 +89,15 @@ def render_egress_baseline(table: str, subnet: str, egress_interface: str, mss: 
     syn = _match({"&": [_payload("tcp", "flags"), ["syn", "rst"]]}, "syn")
     clamp = {"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": mss}}
     cmds: list[dict] = [{"add": {"table": {"family": FAMILY, "name": table}}}]
-    for chain, kind, hook, prio in ((EGRESS_NAT_CHAIN, "nat", "postrouting", 100), (EGRESS_MSS_CHAIN, "filter", "forward", -150)):
+    for chain, kind, hook, prio in (
+        (EGRESS_NAT_CHAIN, "nat", "postrouting", 100),
+        (EGRESS_MSS_CHAIN, "filter", "forward", -150),
+    ):
         cmds.append({"add": _obj("chain", table, name=chain, type=kind, hook=hook, prio=prio, policy="accept")})
         cmds.append({"flush": _obj("chain", table, name=chain)})
-    cmds.append(_rule(table, EGRESS_NAT_CHAIN, [saddr, _match({"meta": {"key": "oifname"}}, ifname), {"masquerade": None}]))
+    cmds.append(
+        _rule(table, EGRESS_NAT_CHAIN, [saddr, _match({"meta": {"key": "oifname"}}, ifname), {"masquerade": None}])
+    )
     cmds.append(_rule(table, EGRESS_MSS_CHAIN, [saddr, syn, clamp]))
     return cmds
 

@@ -85,7 +85,15 @@ from .commands import (
     render_table_base,
 )
 from .describe import describe_expr
-from .exprs import ACCEPT, DROP, PRIVATE_DROPS, base_rule_exprs, forward_rule_exprs, host_access_rule_exprs, input_rule_exprs
+from .exprs import (
+    ACCEPT,
+    DROP,
+    PRIVATE_DROPS,
+    base_rule_exprs,
+    forward_rule_exprs,
+    host_access_rule_exprs,
+    input_rule_exprs,
+)
 from .names import (
     FAMILY,
     FORWARD_CHAIN,

@@ -31,7 +31,9 @@ def get_kind(kind: str):
     try:
         name = _MODULES[OperationKind(kind)]
     except ValueError:
-        raise ValueError(f"kind: unknown operation kind {kind!r}; known: {', '.join(k.value for k in OperationKind)}") from None
+        raise ValueError(
+            f"kind: unknown operation kind {kind!r}; known: {', '.join(k.value for k in OperationKind)}"
+        ) from None
     return import_module(f"{__name__}.{name}")
 
 

@@ -38,7 +38,9 @@ def _decide(result: Plan, key: str, agent) -> None:
     if agent.state in ACTIVE_STATES:
         result.targets.append(Target(key, "destroy", agent_id, agent_evidence(agent)))
         if agent.active_jobs:
-            result.notes.append(f"{agent_id} has {agent.active_jobs} active job(s): it is skipped at run time unless they finish; drain it instead")
+            result.notes.append(
+                f"{agent_id} has {agent.active_jobs} active job(s): it is skipped at run time unless they finish; drain it instead"
+            )
     else:
         result.spared.append(Spared(key, agent_id, f"agent is already {agent.state}", agent_evidence(agent)))
 
@@ -62,7 +64,11 @@ def act(run, scope, plan, targets) -> None:
                     continue
                 agent.refresh_from_db()
             elif agent.state == AgentState.DRAINING and agent.active_jobs:
-                run.report(target.key, TargetOutcome.SKIPPED, f"draining with {agent.active_jobs} active job(s); it is destroyed when they finish")
+                run.report(
+                    target.key,
+                    TargetOutcome.SKIPPED,
+                    f"draining with {agent.active_jobs} active job(s); it is destroyed when they finish",
+                )
                 continue
             teardown_agent(agent, f"destroyed by operation #{run.operation_id}")
             agent.refresh_from_db()
@@ -72,4 +78,8 @@ def act(run, scope, plan, targets) -> None:
         if agent.state in (AgentState.DESTROYED, AgentState.FAILED):
             run.report(target.key, TargetOutcome.DONE, f"sandbox destroyed, agent {agent.state}, reservation released")
         else:
-            run.report(target.key, TargetOutcome.FAILED, f"the backend could not destroy it; the agent stays {agent.state} and the sweeper retries")
+            run.report(
+                target.key,
+                TargetOutcome.FAILED,
+                f"the backend could not destroy it; the agent stays {agent.state} and the sweeper retries",
+            )

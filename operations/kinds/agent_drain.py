@@ -38,7 +38,9 @@ def _decide(result: Plan, key: str, agent) -> None:
     if agent.state in DRAINABLE:
         result.targets.append(Target(key, "drain", agent_id, agent_evidence(agent)))
     elif agent.state == AgentState.SPAWNING:
-        result.spared.append(Spared(key, agent_id, "still spawning: nothing to drain (destroy it instead)", agent_evidence(agent)))
+        result.spared.append(
+            Spared(key, agent_id, "still spawning: nothing to drain (destroy it instead)", agent_evidence(agent))
+        )
     else:
         result.spared.append(Spared(key, agent_id, f"agent is {agent.state}", agent_evidence(agent)))
 
@@ -58,4 +60,8 @@ def act(run, scope, plan, targets) -> None:
         if active is None:
             run.report(target.key, TargetOutcome.SKIPPED, "the agent is no longer running")
         else:
-            run.report(target.key, TargetOutcome.DONE, f"draining; {active} active job(s) finish first" if active else "draining; idle")
+            run.report(
+                target.key,
+                TargetOutcome.DONE,
+                f"draining; {active} active job(s) finish first" if active else "draining; idle",
+            )

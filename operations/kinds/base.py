@@ -210,7 +210,10 @@ def require_scaler(scope: Scope, types: Iterable[str] | None = None, what: str =
     if scope.scaler is None:
         raise ScopeInvalid("scaler", f"{what} needs a scaler")
     if types is not None and scope.scaler.type not in set(types):
-        raise ScopeInvalid("scaler", f"{what} applies to {' or '.join(sorted(types))} scalers; {scope.scaler.name!r} is {scope.scaler.type}")
+        raise ScopeInvalid(
+            "scaler",
+            f"{what} applies to {' or '.join(sorted(types))} scalers; {scope.scaler.name!r} is {scope.scaler.type}",
+        )
 
 
 def require_agents(scope: Scope, what: str) -> None:

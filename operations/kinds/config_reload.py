@@ -30,8 +30,20 @@ PARAMS = ("config_path", "config_dir")  # the scope params this kind reads; othe
 SWEPT = False
 
 _SCALER_FIELDS = (
-    "type", "max_agents", "max_concurrent_spawns", "max_cpu", "max_memory_bytes", "machine_pool_id", "mandatory_labels",
-    "roles", "orchestrator_url", "warm_pool_enabled", "warm_pool_size", "warm_pool_idle_timeout_seconds", "config", "retiring",
+    "type",
+    "max_agents",
+    "max_concurrent_spawns",
+    "max_cpu",
+    "max_memory_bytes",
+    "machine_pool_id",
+    "mandatory_labels",
+    "roles",
+    "orchestrator_url",
+    "warm_pool_enabled",
+    "warm_pool_size",
+    "warm_pool_idle_timeout_seconds",
+    "config",
+    "retiring",
 )
 _GLOBAL_FIELDS = ("global_max_agents", "global_max_cpu", "global_max_memory_bytes", "defaults", "firecracker")
 
@@ -73,7 +85,9 @@ def _snapshot():
     scalers = {s.name: {f: getattr(s, f) for f in _SCALER_FIELDS} for s in Scaler.objects.all()}
     sets: dict[str, list[str]] = {}
     for ls in LabelSet.objects.filter(retired=False).select_related("scaler").order_by("index"):
-        sets.setdefault(ls.scaler.name, []).append(ls.normalized + (f" hostAccess={ls.host_access}" if ls.host_access is not None else ""))
+        sets.setdefault(ls.scaler.name, []).append(
+            ls.normalized + (f" hostAccess={ls.host_access}" if ls.host_access is not None else "")
+        )
     return {f: getattr(state, f) for f in _GLOBAL_FIELDS}, scalers, sets
 
 
@@ -107,7 +121,14 @@ def plan(scope: Scope) -> Plan:
         return [f for f in _SCALER_FIELDS if before.get(f) != after.get(f)]
 
     for name in summary.created:
-        result.targets.append(Target(f"scaler:{name}", "create scaler", name, {**base, "type": scalers_after[name]["type"], "label_sets": sets_after.get(name, [])}))
+        result.targets.append(
+            Target(
+                f"scaler:{name}",
+                "create scaler",
+                name,
+                {**base, "type": scalers_after[name]["type"], "label_sets": sets_after.get(name, [])},
+            )
+        )
     for name in summary.changed:
         evidence = {**base, "fields": changed_fields(name)}
         if sets_before.get(name) != sets_after.get(name):
@@ -115,20 +136,38 @@ def plan(scope: Scope) -> Plan:
             evidence["label_sets_after"] = sets_after.get(name, [])
         result.targets.append(Target(f"scaler:{name}", "update scaler", name, evidence))
     for name in summary.resurrected:
-        result.targets.append(Target(f"scaler:{name}", "resurrect retiring scaler", name, {**base, "label_sets": sets_after.get(name, [])}))
+        result.targets.append(
+            Target(
+                f"scaler:{name}", "resurrect retiring scaler", name, {**base, "label_sets": sets_after.get(name, [])}
+            )
+        )
     for name in summary.retiring:
-        result.targets.append(Target(f"scaler:{name}", "mark retiring (stops admitting, drains, then torn down)", name, {**base, "type": scalers_before[name]["type"]}))
+        result.targets.append(
+            Target(
+                f"scaler:{name}",
+                "mark retiring (stops admitting, drains, then torn down)",
+                name,
+                {**base, "type": scalers_before[name]["type"]},
+            )
+        )
     for name in summary.pools_removed:
         result.targets.append(Target(f"pool:{name}", "delete machine pool", name, base))
     if globals_before != globals_after:
         fields = [f for f in _GLOBAL_FIELDS if globals_before[f] != globals_after[f]]
         result.targets.append(
-            Target("config:globals", "update global settings", "globals", {**base, "fields": fields, **{f"{f}_after": globals_after[f] for f in fields}})
+            Target(
+                "config:globals",
+                "update global settings",
+                "globals",
+                {**base, "fields": fields, **{f"{f}_after": globals_after[f] for f in fields}},
+            )
         )
     for name in summary.unchanged:
         result.spared.append(Spared(f"scaler:{name}", name, "unchanged"))
     for name in summary.pools_kept:
-        result.notes.append(f"machine pool {name} left the file but is kept: a retiring scaler or a reservation still uses it")
+        result.notes.append(
+            f"machine pool {name} left the file but is kept: a retiring scaler or a reservation still uses it"
+        )
     return result
 
 

@@ -46,7 +46,9 @@ def validate_scope(scope: Scope) -> None:
     if scope.label_set is None:
         raise ScopeInvalid("label_set", "a host-access change needs a label set")
     if "host_access" not in scope.params:
-        raise ScopeInvalid("host_access", "give the new list (one entry per line; an empty list is explicit) or ask for the default")
+        raise ScopeInvalid(
+            "host_access", "give the new list (one entry per line; an empty list is explicit) or ask for the default"
+        )
     entries = scope.params["host_access"]
     if entries is None:
         return
@@ -94,7 +96,11 @@ def plan(scope: Scope) -> Plan:
     if label_set.host_access == new:
         result.spared.append(Spared(key, subject, "the label set already has this value", ls_evidence))
     else:
-        result.targets.append(Target(key, "set hostAccess" if new is not None else "reset hostAccess to the default", subject, ls_evidence))
+        result.targets.append(
+            Target(
+                key, "set hostAccess" if new is not None else "reset hostAccess to the default", subject, ls_evidence
+            )
+        )
     file_value = _policy(label_set).get("hostAccess")
     if file_value != new:
         result.notes.append(
@@ -106,7 +112,9 @@ def plan(scope: Scope) -> Plan:
     agents = list(Agent.objects.filter(label_set=label_set, state__in=LIVE_STATES).order_by("agent_id"))
     if where is None:
         if agents:
-            result.notes.append(f"{scaler.type} agents run on machines this console does not firewall: no rules to change")
+            result.notes.append(
+                f"{scaler.type} agents run on machines this console does not firewall: no rules to change"
+            )
         return result
     table, gateway, _subnet = where
     try:
@@ -119,7 +127,9 @@ def plan(scope: Scope) -> Plan:
     for agent in agents:
         akey = f"agent:{agent.agent_id}"
         if not agent.ip:
-            result.spared.append(Spared(akey, agent.agent_id, "has no address yet (its rules are written when it gets one)"))
+            result.spared.append(
+                Spared(akey, agent.agent_id, "has no address yet (its rules are written when it gets one)")
+            )
             continue
         if in_force is None:
             result.spared.append(Spared(akey, agent.agent_id, f"table {table} could not be read"))
@@ -148,9 +158,8 @@ def plan(scope: Scope) -> Plan:
 
 def act(run, scope, plan, targets) -> None:
     from agents.models import Agent
-    from scalers.models import LabelSet
-
     from scalers.backends.holders import address_holders, address_lock
+    from scalers.models import LabelSet
 
     new = scope.params["host_access"]
     ordered = sorted(targets, key=lambda t: not t.key.startswith("labelset:"))
@@ -176,12 +185,24 @@ def act(run, scope, plan, targets) -> None:
             agent = Agent.objects.get(agent_id=target.subject)
             resolved = target.evidence["host_access_new"]
             with address_lock(agent.ip):
-                others = address_holders(agent.ip, exclude=(agent.agent_id, agent.managed_id), list_containers=lambda: list_kici_containers(scaler) or [])
+                others = address_holders(
+                    agent.ip,
+                    exclude=(agent.agent_id, agent.managed_id),
+                    list_containers=lambda: list_kici_containers(scaler) or [],
+                )
                 if others:
-                    run.report(target.key, TargetOutcome.SKIPPED, f"address {agent.ip} is held by {', '.join(map(str, others))} now: writing this agent's rules would replace theirs")
+                    run.report(
+                        target.key,
+                        TargetOutcome.SKIPPED,
+                        f"address {agent.ip} is held by {', '.join(map(str, others))} now: writing this agent's rules would replace theirs",
+                    )
                     continue
                 nft_client(table).apply_agent(_spec(agent, gateway, _policy(label_set), resolved))
             Agent.objects.filter(pk=agent.pk).update(host_access=resolved, host_access_explicit=new is not None)
-            run.report(target.key, TargetOutcome.DONE, f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed")
+            run.report(
+                target.key,
+                TargetOutcome.DONE,
+                f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed",
+            )
         except Exception as exc:  # noqa: BLE001
             run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")

@@ -75,13 +75,19 @@ def sweep_scopes() -> list[Scope]:
     from scalers.models import Scaler
 
     scaler_ids = set(Agent.objects.filter(state__in=WATCHED_STATES).values_list("scaler_id", flat=True))
-    return [Scope(scaler=s, params={"evidence": e}) for s in Scaler.objects.filter(pk__in=scaler_ids).order_by("name") for e in EVIDENCE]
+    return [
+        Scope(scaler=s, params={"evidence": e})
+        for s in Scaler.objects.filter(pk__in=scaler_ids).order_by("name")
+        for e in EVIDENCE
+    ]
 
 
 def auto_approves(scope: Scope) -> bool:
     """Whether a swept operation of ``scope`` is approved without a person (module doc): only
     ``sandbox-gone`` ones, unless ``KICI_LOST_AGENTS_AUTO_RELEASE`` is off."""
-    return scope.params.get("evidence") == "sandbox-gone" and bool(getattr(settings, "KICI_LOST_AGENTS_AUTO_RELEASE", True))
+    return scope.params.get("evidence") == "sandbox-gone" and bool(
+        getattr(settings, "KICI_LOST_AGENTS_AUTO_RELEASE", True)
+    )
 
 
 def console_boot_time() -> datetime | None:
@@ -89,7 +95,12 @@ def console_boot_time() -> datetime | None:
     down were never heard, so silence is counted from then at the earliest."""
     from scalers.models import RecoveryReport
 
-    return RecoveryReport.objects.filter(trigger="boot").order_by("-created_at").values_list("created_at", flat=True).first()
+    return (
+        RecoveryReport.objects.filter(trigger="boot")
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
 
 
 def plan(scope: Scope) -> Plan:
@@ -121,14 +132,21 @@ def plan(scope: Scope) -> Plan:
     result = Plan(context={"rows": {}, "lost": {}})
     result.notes.append(
         f"an agent is lost when its sandbox is provably gone or it sent no heartbeat for {timeout}s "
-        "(KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS)" + (f", counted from the console's boot at {since:%Y-%m-%d %H:%M:%S %Z} at the earliest" if since else "")
+        "(KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS)"
+        + (f", counted from the console's boot at {since:%Y-%m-%d %H:%M:%S %Z} at the earliest" if since else "")
     )
     for agent in rows:
         probe = probes.get(agent.agent_id)
         heard = agent.last_heartbeat or agent.registered_at or agent.created_at
         verdict = assess(
-            agent.state, heard, probe.state if probe else "not probed", now=now, timeout_seconds=timeout, since=since,
-            sandbox_detail=probe.detail if probe else "", what=probe.what if probe else "sandbox",
+            agent.state,
+            heard,
+            probe.state if probe else "not probed",
+            now=now,
+            timeout_seconds=timeout,
+            since=since,
+            sandbox_detail=probe.detail if probe else "",
+            what=probe.what if probe else "sandbox",
         )
         evidence = {
             "state": agent.state,
@@ -152,13 +170,31 @@ def plan(scope: Scope) -> Plan:
         key = f"agent:{agent.agent_id}"
         if not verdict.lost:
             heard_text = "never" if verdict.heartbeat_age_seconds is None else f"{verdict.heartbeat_age_seconds}s ago"
-            result.spared.append(Spared(key, agent.agent_id, f"alive: last heartbeat {heard_text}, {verdict.sandbox} {probe.what if probe else 'sandbox'}", evidence))
+            result.spared.append(
+                Spared(
+                    key,
+                    agent.agent_id,
+                    f"alive: last heartbeat {heard_text}, {verdict.sandbox} {probe.what if probe else 'sandbox'}",
+                    evidence,
+                )
+            )
             continue
         result.context["lost"][agent.agent_id] = evidence
         result.context["rows"][agent.agent_id] = (agent.pk, agent.state, agent.last_heartbeat)
         if wanted is not None and _CLASS[verdict.lost_by] != wanted:
-            other = "its sandbox is provably gone" if verdict.lost_by == "sandbox" else "only its heartbeat is missing (its sandbox is not proven gone)"
-            result.spared.append(Spared(key, agent.agent_id, f"lost, but {other}: planned under evidence={_CLASS[verdict.lost_by]}", evidence))
+            other = (
+                "its sandbox is provably gone"
+                if verdict.lost_by == "sandbox"
+                else "only its heartbeat is missing (its sandbox is not proven gone)"
+            )
+            result.spared.append(
+                Spared(
+                    key,
+                    agent.agent_id,
+                    f"lost, but {other}: planned under evidence={_CLASS[verdict.lost_by]}",
+                    evidence,
+                )
+            )
             continue
         result.targets.append(Target(key, ACTION, agent.agent_id, evidence))
     return result
@@ -173,7 +209,9 @@ def act(run, scope, plan, targets) -> None:
         why = target.evidence.get("why") or target.evidence.get("lost_by")
         try:
             outcome, detail = teardown_lost_agent(
-                pk, state, last_heartbeat,
+                pk,
+                state,
+                last_heartbeat,
                 reason=f"lost agent released by operation #{run.operation_id}",
                 failure_reason=f"lost ({why}); released by operation #{run.operation_id}",
             )
@@ -192,10 +230,11 @@ def observe(scope: Scope, plan: Plan, operation=None) -> int:
     lost. Records ``agent.lost`` when a mark is new or its evidence (heartbeat, lost_by) changed.
     Returns how many agents were newly marked.
     """
+    from django.db import transaction
+
     from agents.choices import EventType
     from agents.events import record_event
     from agents.models import Agent
-    from django.db import transaction
 
     now = timezone.now()
     lost = plan.context["lost"] if plan.context else {}
@@ -215,7 +254,12 @@ def observe(scope: Scope, plan: Plan, operation=None) -> int:
             "operation": operation.pk if operation is not None else None,
         }
         with transaction.atomic():
-            agent = Agent.objects.select_for_update().select_related("scaler").filter(agent_id=target.subject, state__in=WATCHED_STATES).first()
+            agent = (
+                Agent.objects.select_for_update()
+                .select_related("scaler")
+                .filter(agent_id=target.subject, state__in=WATCHED_STATES)
+                .first()
+            )
             if agent is None or heartbeat_key(agent.last_heartbeat) != ev["last_heartbeat"]:
                 continue  # it moved on since the plan: nothing to mark
             before = agent.lost or {}
@@ -225,6 +269,11 @@ def observe(scope: Scope, plan: Plan, operation=None) -> int:
                 continue
             Agent.objects.filter(pk=agent.pk).update(lost=mark)
             where = f"; release: operation #{mark['operation']}" if mark["operation"] else ""
-            record_event(agent, EventType.LOST, f"lost: {ev.get('why') or ev['lost_by']}{where}", payload={k: v for k, v in mark.items() if k != "at"})
+            record_event(
+                agent,
+                EventType.LOST,
+                f"lost: {ev.get('why') or ev['lost_by']}{where}",
+                payload={k: v for k, v in mark.items() if k != "at"},
+            )
             new += 1
     return new

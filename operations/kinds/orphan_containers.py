@@ -40,7 +40,10 @@ def _runs_containers(scaler) -> bool:
     """A container scaler, or a bare-metal one with a label set in container mode (image, no binaryPath)."""
     if scaler.type == "container":
         return True
-    return any((ls.config or {}).get("image") and not (ls.config or {}).get("binaryPath") for ls in scaler.label_sets.filter(retired=False))
+    return any(
+        (ls.config or {}).get("image") and not (ls.config or {}).get("binaryPath")
+        for ls in scaler.label_sets.filter(retired=False)
+    )
 
 
 def sweep_scopes() -> list[Scope]:
@@ -100,7 +103,9 @@ def plan(scope: Scope) -> Plan:
         summaries = []
     by_id = {s["Id"]: s for s in summaries}
     mine = [s for s in summaries if (s.get("Labels") or {}).get("kici-scaler-name") == scaler.name]
-    rows = _agent_rows([t.agent_id for t in containers] + [(s.get("Labels") or {}).get("kici-agent-id", "") for s in mine])
+    rows = _agent_rows(
+        [t.agent_id for t in containers] + [(s.get("Labels") or {}).get("kici-agent-id", "") for s in mine]
+    )
     result = Plan(context={})
     for t in containers:
         agent = rows.get(t.agent_id)
@@ -120,7 +125,9 @@ def plan(scope: Scope) -> Plan:
             "why": t.reason,
         }
         key = f"container:{t.target}"
-        result.targets.append(Target(key, "stop and remove container", t.evidence.get("name") or t.target[:12], evidence))
+        result.targets.append(
+            Target(key, "stop and remove container", t.evidence.get("name") or t.target[:12], evidence)
+        )
         result.context[key] = t
     planned_ids = {t.target for t in containers}
     for s in mine:
@@ -138,13 +145,19 @@ def plan(scope: Scope) -> Plan:
         }
         result.spared.append(Spared(f"container:{s['Id']}", name, _spared_reason(s, agent, scaler.name), evidence))
     if rules:
-        result.notes.append(f"{len(rules)} stale isolation rule set(s) on this host are planned separately (stale-isolation-rules)")
+        result.notes.append(
+            f"{len(rules)} stale isolation rule set(s) on this host are planned separately (stale-isolation-rules)"
+        )
     return result
 
 
 def _remove(backend, orphan, target) -> tuple[TargetOutcome, str]:
     if backend.apply_orphans([orphan]):
-        return TargetOutcome.DONE, "stopped and removed" if target.evidence.get("container_state") in ("running", "paused", "restarting") else "removed"
+        return TargetOutcome.DONE, "stopped and removed" if target.evidence.get("container_state") in (
+            "running",
+            "paused",
+            "restarting",
+        ) else "removed"
     return TargetOutcome.SKIPPED, "the backend's last re-check declined: tracked, registered or already gone"
 
 

@@ -69,7 +69,10 @@ def plan(scope: Scope) -> Plan:
     backend = get_backend(scope.scaler)
     facts = backend.orphan_facts()  # raises when the tracked set cannot be read: never reap blind
     targets = plan_orphans(facts)
-    rows = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=[t.agent_id for t in targets if t.agent_id] + list(facts.chroot_ids))}
+    rows = {
+        a.agent_id: a
+        for a in Agent.objects.filter(agent_id__in=[t.agent_id for t in targets if t.agent_id] + list(facts.chroot_ids))
+    }
     allocations = {r.vm_id: r for r in facts.allocations_before}
     result = Plan(context={})
     for t in targets:
@@ -100,7 +103,12 @@ def plan(scope: Scope) -> Plan:
             continue
         agent = rows.get(vm_id)
         result.spared.append(
-            Spared(f"chroot:{vm_id}", vm_id, reason, {"pid_probe": _probe(backend, vm_id), "agent_row": agent.state if agent else "none"})
+            Spared(
+                f"chroot:{vm_id}",
+                vm_id,
+                reason,
+                {"pid_probe": _probe(backend, vm_id), "agent_row": agent.state if agent else "none"},
+            )
         )
     if facts.rule_ips is None:
         result.notes.append("the rule table could not be read: no rule is planned")

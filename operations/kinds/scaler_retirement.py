@@ -62,7 +62,12 @@ def plan(scope: Scope) -> Plan:
     }
     if evidence["active_agents"] or evidence["reservations"]:
         result.spared.append(
-            Spared(key, scaler.name, f"still draining: {evidence['active_agents']} active agent(s), {evidence['reservations']} reservation(s)", evidence)
+            Spared(
+                key,
+                scaler.name,
+                f"still draining: {evidence['active_agents']} active agent(s), {evidence['reservations']} reservation(s)",
+                evidence,
+            )
         )
         return result
     result.targets.append(Target(key, "tear down", scaler.name, evidence))

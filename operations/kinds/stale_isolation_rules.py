@@ -85,7 +85,14 @@ def plan(scope: Scope) -> Plan:
             result.spared.append(Spared(key, address, "held by " + ", ".join(held), evidence))
             continue
         result.targets.append(Target(key, "delete rule set", address, evidence))
-        result.context[key] = OrphanTarget("rule", address, scaler.name, "", f"rules in table {table} for {address}, which no container holds", {"table": table, "address": address})
+        result.context[key] = OrphanTarget(
+            "rule",
+            address,
+            scaler.name,
+            "",
+            f"rules in table {table} for {address}, which no container holds",
+            {"table": table, "address": address},
+        )
     return result
 
 

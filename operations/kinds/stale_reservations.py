@@ -23,7 +23,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from agents.choices import AgentState, TERMINAL_STATES
+from agents.choices import TERMINAL_STATES, AgentState
 
 from ..adapters import age_seconds, is_registered, list_kici_containers, release
 from ..choices import OperationKind, TargetOutcome
@@ -140,10 +140,14 @@ def plan(scope: Scope) -> Plan:
         else:
             reason = f"agent {agent.state}"
         if evidence["sandbox"] in ("running", "paused", "restarting"):
-            result.spared.append(Spared(key, agent.agent_id, f"{reason}, but its container is still {evidence['sandbox']}", evidence))
+            result.spared.append(
+                Spared(key, agent.agent_id, f"{reason}, but its container is still {evidence['sandbox']}", evidence)
+            )
             continue
         if evidence["sandbox"] == "unknown":
-            result.spared.append(Spared(key, agent.agent_id, f"{reason}, but its runtime could not be listed", evidence))
+            result.spared.append(
+                Spared(key, agent.agent_id, f"{reason}, but its runtime could not be listed", evidence)
+            )
             continue
         evidence["why"] = reason
         result.targets.append(Target(key, "release reservation", agent.agent_id, evidence))

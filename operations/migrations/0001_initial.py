@@ -6,82 +6,246 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('scalers', '0002_admission'),
+        ("scalers", "0002_admission"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='SweepState',
+            name="SweepState",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('sweep_key', models.CharField(max_length=500, unique=True)),
-                ('last_run_at', models.DateTimeField()),
-                ('last_result', models.TextField(blank=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("sweep_key", models.CharField(max_length=500, unique=True)),
+                ("last_run_at", models.DateTimeField()),
+                ("last_result", models.TextField(blank=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Operation',
+            name="Operation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('orphan-containers', 'Reap orphan containers'), ('orphan-vms', 'Reap orphan VMs and chroots'), ('stale-isolation-rules', 'Reap stale isolation rules'), ('stale-reservations', 'Release stale reservations'), ('agent-drain', 'Drain agents'), ('agent-destroy', 'Destroy agents'), ('scaler-retirement', 'Tear down a retired scaler'), ('host-access-apply', 'Apply a host-access change'), ('config-reload', 'Reload scalers.yaml')], db_index=True, max_length=40)),
-                ('status', models.CharField(choices=[('planned', 'Planned'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('expired', 'Expired')], db_index=True, default='planned', max_length=20)),
-                ('scaler_name', models.CharField(blank=True, help_text='kept if the scaler row goes', max_length=200)),
-                ('agent_ids', models.JSONField(blank=True, default=list)),
-                ('params', models.JSONField(blank=True, default=dict, help_text='kind-specific inputs, e.g. the new hostAccess list')),
-                ('host_queue', models.CharField(help_text='rq queue host:<name> of the host owning the targets', max_length=200)),
-                ('scope_key', models.CharField(db_index=True, help_text='kind + scope, for duplicate detection', max_length=500)),
-                ('plan', models.JSONField(blank=True, default=list)),
-                ('spared', models.JSONField(blank=True, default=list)),
-                ('notes', models.JSONField(blank=True, default=list, help_text='planner remarks shown above the plan')),
-                ('plan_digest', models.CharField(db_index=True, help_text="sha256 of the plan's stable evidence", max_length=64)),
-                ('outcomes', models.JSONField(blank=True, default=dict)),
-                ('log', models.JSONField(blank=True, default=list)),
-                ('error', models.TextField(blank=True)),
-                ('rq_job_id', models.CharField(blank=True, max_length=100)),
-                ('requested_via', models.CharField(choices=[('ui', 'Web UI'), ('cli', 'manage.py operations'), ('sweep', 'Periodic sweep')], default='ui', max_length=10)),
-                ('auto_approved', models.BooleanField(default=False)),
-                ('decision_note', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('expires_at', models.DateTimeField()),
-                ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('approved_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('label_set', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='operations', to='scalers.labelset')),
-                ('rejected_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('scaler', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='operations', to='scalers.scaler')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("orphan-containers", "Reap orphan containers"),
+                            ("orphan-vms", "Reap orphan VMs and chroots"),
+                            ("stale-isolation-rules", "Reap stale isolation rules"),
+                            ("stale-reservations", "Release stale reservations"),
+                            ("agent-drain", "Drain agents"),
+                            ("agent-destroy", "Destroy agents"),
+                            ("scaler-retirement", "Tear down a retired scaler"),
+                            ("host-access-apply", "Apply a host-access change"),
+                            ("config-reload", "Reload scalers.yaml"),
+                        ],
+                        db_index=True,
+                        max_length=40,
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("planned", "Planned"),
+                            ("approved", "Approved"),
+                            ("rejected", "Rejected"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("expired", "Expired"),
+                        ],
+                        db_index=True,
+                        default="planned",
+                        max_length=20,
+                    ),
+                ),
+                ("scaler_name", models.CharField(blank=True, help_text="kept if the scaler row goes", max_length=200)),
+                ("agent_ids", models.JSONField(blank=True, default=list)),
+                (
+                    "params",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="kind-specific inputs, e.g. the new hostAccess list"
+                    ),
+                ),
+                (
+                    "host_queue",
+                    models.CharField(help_text="rq queue host:<name> of the host owning the targets", max_length=200),
+                ),
+                (
+                    "scope_key",
+                    models.CharField(db_index=True, help_text="kind + scope, for duplicate detection", max_length=500),
+                ),
+                ("plan", models.JSONField(blank=True, default=list)),
+                ("spared", models.JSONField(blank=True, default=list)),
+                ("notes", models.JSONField(blank=True, default=list, help_text="planner remarks shown above the plan")),
+                (
+                    "plan_digest",
+                    models.CharField(db_index=True, help_text="sha256 of the plan's stable evidence", max_length=64),
+                ),
+                ("outcomes", models.JSONField(blank=True, default=dict)),
+                ("log", models.JSONField(blank=True, default=list)),
+                ("error", models.TextField(blank=True)),
+                ("rq_job_id", models.CharField(blank=True, max_length=100)),
+                (
+                    "requested_via",
+                    models.CharField(
+                        choices=[("ui", "Web UI"), ("cli", "manage.py operations"), ("sweep", "Periodic sweep")],
+                        default="ui",
+                        max_length=10,
+                    ),
+                ),
+                ("auto_approved", models.BooleanField(default=False)),
+                ("decision_note", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("expires_at", models.DateTimeField()),
+                ("decided_at", models.DateTimeField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "approved_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "label_set",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="operations",
+                        to="scalers.labelset",
+                    ),
+                ),
+                (
+                    "rejected_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "scaler",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="operations",
+                        to="scalers.scaler",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'permissions': [('request_operation', 'Can request (plan) an operation'), ('approve_operation', 'Can approve or reject an operation')],
+                "ordering": ["-created_at", "-id"],
+                "permissions": [
+                    ("request_operation", "Can request (plan) an operation"),
+                    ("approve_operation", "Can approve or reject an operation"),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='AuditEntry',
+            name="AuditEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('username', models.CharField(blank=True, help_text="kept if the user goes; 'system' for sweeps and workers", max_length=150)),
-                ('action', models.CharField(choices=[('requested', 'Requested'), ('approved', 'Approved'), ('auto-approved', 'Auto-approved by policy'), ('rejected', 'Rejected'), ('expired', 'Expired'), ('started', 'Started'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], max_length=20)),
-                ('from_status', models.CharField(blank=True, choices=[('planned', 'Planned'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('expired', 'Expired')], max_length=20)),
-                ('to_status', models.CharField(choices=[('planned', 'Planned'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('expired', 'Expired')], max_length=20)),
-                ('at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('detail', models.TextField(blank=True)),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('operation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='audit', to='operations.operation')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "username",
+                    models.CharField(
+                        blank=True, help_text="kept if the user goes; 'system' for sweeps and workers", max_length=150
+                    ),
+                ),
+                (
+                    "action",
+                    models.CharField(
+                        choices=[
+                            ("requested", "Requested"),
+                            ("approved", "Approved"),
+                            ("auto-approved", "Auto-approved by policy"),
+                            ("rejected", "Rejected"),
+                            ("expired", "Expired"),
+                            ("started", "Started"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "from_status",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("planned", "Planned"),
+                            ("approved", "Approved"),
+                            ("rejected", "Rejected"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("expired", "Expired"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "to_status",
+                    models.CharField(
+                        choices=[
+                            ("planned", "Planned"),
+                            ("approved", "Approved"),
+                            ("rejected", "Rejected"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("expired", "Expired"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("detail", models.TextField(blank=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "operation",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="audit", to="operations.operation"
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'audit entries',
-                'ordering': ['at', 'id'],
+                "verbose_name_plural": "audit entries",
+                "ordering": ["at", "id"],
             },
         ),
         migrations.AddIndex(
-            model_name='operation',
-            index=models.Index(fields=['status', 'kind', 'scope_key'], name='operations__status_e73f1b_idx'),
+            model_name="operation",
+            index=models.Index(fields=["status", "kind", "scope_key"], name="operations__status_e73f1b_idx"),
         ),
     ]

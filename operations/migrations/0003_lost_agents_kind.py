@@ -4,15 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('operations', '0002_roles'),
+        ("operations", "0002_roles"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='operation',
-            name='kind',
-            field=models.CharField(choices=[('orphan-containers', 'Reap orphan containers'), ('orphan-vms', 'Reap orphan VMs and chroots'), ('stale-isolation-rules', 'Reap stale isolation rules'), ('stale-reservations', 'Release stale reservations'), ('lost-agents', 'Release lost agents'), ('agent-drain', 'Drain agents'), ('agent-destroy', 'Destroy agents'), ('scaler-retirement', 'Tear down a retired scaler'), ('host-access-apply', 'Apply a host-access change'), ('config-reload', 'Reload scalers.yaml')], db_index=True, max_length=40),
+            model_name="operation",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("orphan-containers", "Reap orphan containers"),
+                    ("orphan-vms", "Reap orphan VMs and chroots"),
+                    ("stale-isolation-rules", "Reap stale isolation rules"),
+                    ("stale-reservations", "Release stale reservations"),
+                    ("lost-agents", "Release lost agents"),
+                    ("agent-drain", "Drain agents"),
+                    ("agent-destroy", "Destroy agents"),
+                    ("scaler-retirement", "Tear down a retired scaler"),
+                    ("host-access-apply", "Apply a host-access change"),
+                    ("config-reload", "Reload scalers.yaml"),
+                ],
+                db_index=True,
+                max_length=40,
+            ),
         ),
     ]

@@ -14,14 +14,18 @@ BACKOFF_MAX_SECONDS = 900.0
 CONSISTENT_FAILURES = 5
 
 
-def backoff_seconds(consecutive_failures: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_MAX_SECONDS) -> float:
+def backoff_seconds(
+    consecutive_failures: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_MAX_SECONDS
+) -> float:
     """Seconds to wait after ``consecutive_failures`` failures (0 failures => 0)."""
     if consecutive_failures <= 0:
         return 0.0
     return min(base * 2 ** (consecutive_failures - 1), cap)
 
 
-def backoff_reason(scaler_name: str, consecutive_failures: int, last_failure: datetime | None, now: datetime) -> str | None:
+def backoff_reason(
+    scaler_name: str, consecutive_failures: int, last_failure: datetime | None, now: datetime
+) -> str | None:
     """The ``skipped`` reason while inside the backoff window, else ``None``."""
     if consecutive_failures <= 0 or last_failure is None:
         return None
@@ -30,7 +34,4 @@ def backoff_reason(scaler_name: str, consecutive_failures: int, last_failure: da
         return None
     left = (until - now).total_seconds()
     how = "is consistently failing" if consecutive_failures >= CONSISTENT_FAILURES else "failed to provision"
-    return (
-        f'scaler "{scaler_name}" {how} ({consecutive_failures} consecutive failures); '
-        f"next attempt in {left:.0f}s"
-    )
+    return f'scaler "{scaler_name}" {how} ({consecutive_failures} consecutive failures); next attempt in {left:.0f}s'

@@ -178,7 +178,9 @@ def resource_cap_limits(glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | Non
     }
 
 
-def cap_exceeded_alone(glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | None, cpus: float, memory_bytes: int) -> str | None:
+def cap_exceeded_alone(
+    glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | None, cpus: float, memory_bytes: int
+) -> str | None:
     """The first resource cap (in :data:`RESOURCE_CAPS` order) that ``cpus`` cores or
     ``memory_bytes`` exceed on their own, or None.
 

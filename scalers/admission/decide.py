@@ -115,9 +115,16 @@ class Admitted:
     def to_agent(self) -> Agent:
         """An ``Agent`` instance for this row as written (no query)."""
         agent = Agent(
-            id=self.pk, agent_id=self.agent_id, scaler_id=self.scaler_id, label_set_id=self.label_set_id,
-            state=AgentState.SPAWNING, labels=list(self.labels), warm=self.warm, bound_job_id=self.bound_job_id,
-            run_id=self.run_id, owner_instance=self.owner_instance,
+            id=self.pk,
+            agent_id=self.agent_id,
+            scaler_id=self.scaler_id,
+            label_set_id=self.label_set_id,
+            state=AgentState.SPAWNING,
+            labels=list(self.labels),
+            warm=self.warm,
+            bound_job_id=self.bound_job_id,
+            run_id=self.run_id,
+            owner_instance=self.owner_instance,
         )
         agent._state.adding = False
         agent._state.db = "default"
@@ -133,8 +140,24 @@ class BatchResult:
 class _Spawn:
     """One admission being written (mutable until the batch statement runs)."""
 
-    __slots__ = ("index", "record", "kind", "agent_id", "scaler_id", "label_set_id", "labels", "labels_json",
-                 "warm", "job", "run", "pool_id", "cpus", "mem", "lcpus", "lmem")
+    __slots__ = (
+        "index",
+        "record",
+        "kind",
+        "agent_id",
+        "scaler_id",
+        "label_set_id",
+        "labels",
+        "labels_json",
+        "warm",
+        "job",
+        "run",
+        "pool_id",
+        "cpus",
+        "mem",
+        "lcpus",
+        "lmem",
+    )
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -172,11 +195,15 @@ def _exceeds_cap_reason(cap: str, info: ScalerInfo, world: World, cpus: float, m
         from agents.templatetags.kici_ui import bytes_iec
 
         asked, allowed = f"{bytes_iec(mem)} of memory", bytes_iec(int(limit))
-    return (f"request ({asked}) exceeds {cap} ({allowed}) on scaler {info.name} even with nothing else "
-            "running: it can never be admitted while this cap stands")
+    return (
+        f"request ({asked}) exceeds {cap} ({allowed}) on scaler {info.name} even with nothing else "
+        "running: it can never be admitted while this cap stands"
+    )
 
 
-def decide_batch(requests: list[Request], *, instance_id: str | None = None, now: datetime | None = None) -> BatchResult:
+def decide_batch(
+    requests: list[Request], *, instance_id: str | None = None, now: datetime | None = None
+) -> BatchResult:
     """Decide ``requests`` in order under the admission lock, in one transaction.
 
     Per request (SPEC c.1): console draining ⇒ skipped; route (SPEC b) ⇒ no-backend; event
@@ -236,16 +263,29 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         record = None
         if req.job_id:
             record = {
-                "job_id": req.job_id, "run_id": req.run_id, "labels": list(req.labels), "resources": req.raw_resources,
-                "cpus": 0.0, "memory_bytes": 0, "cap": "", "reason": "", "scaler_name": "", "agent_ref": "",
+                "job_id": req.job_id,
+                "run_id": req.run_id,
+                "labels": list(req.labels),
+                "resources": req.raw_resources,
+                "cpus": 0.0,
+                "memory_bytes": 0,
+                "cap": "",
+                "reason": "",
+                "scaler_name": "",
+                "agent_ref": "",
             }
             records.append(record)
 
         def done(decision: ScaleDecision) -> None:
             decisions.append(decision)
             if record is not None:
-                record.update(outcome=decision.action, cap=decision.cap or "", reason=decision.reason,
-                              scaler_name=decision.scaler or "", agent_ref=decision.agent or "")
+                record.update(
+                    outcome=decision.action,
+                    cap=decision.cap or "",
+                    reason=decision.reason,
+                    scaler_name=decision.scaler or "",
+                    agent_ref=decision.agent or "",
+                )
 
         if draining:
             done(ScaleDecision("skipped", reason="draining"))
@@ -268,15 +308,27 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         except TypeError:  # an unhashable (dict) resources value: resolve without the cache
             resolved = None
         except ValueError as exc:
-            done(ScaleDecision("skipped", scaler=info.name, backend_type=info.type,
-                               reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}"))
+            done(
+                ScaleDecision(
+                    "skipped",
+                    scaler=info.name,
+                    backend_type=info.type,
+                    reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}",
+                )
+            )
             continue
         if resolved is None:
             try:
                 resolved = resolve_resources(job_res, ls.resources, world.defaults)
             except ValueError as exc:
-                done(ScaleDecision("skipped", scaler=info.name, backend_type=info.type,
-                                   reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}"))
+                done(
+                    ScaleDecision(
+                        "skipped",
+                        scaler=info.name,
+                        backend_type=info.type,
+                        reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}",
+                    )
+                )
                 continue
         cpus, mem = float(resolved.requests.cpus), int(resolved.requests.mem_bytes)
         if record is not None:
@@ -285,8 +337,16 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         if not req.warm and info.warm_pool_enabled and idle:
             chosen = _pick_warm(cur, idle, taken, info, req)
             if chosen is not None:
-                done(ScaleDecision("assigned", agent=chosen["agent_id"], agent_pk=chosen["id"], scaler=info.name,
-                                   backend_type=info.type, reason="idle warm agent"))
+                done(
+                    ScaleDecision(
+                        "assigned",
+                        agent=chosen["agent_id"],
+                        agent_pk=chosen["id"],
+                        scaler=info.name,
+                        backend_type=info.type,
+                        reason="idle warm agent",
+                    )
+                )
                 continue
 
         pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
@@ -298,13 +358,27 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 bump(REFERENCE_REFUSALS, {})
             log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
             if never:  # permanent: retrying cannot help, so it is not "at capacity"
-                done(ScaleDecision("exceeds-cap", scaler=info.name, cap=cap, backend_type=info.type,
-                                   reason=_exceeds_cap_reason(cap, info, world, cpus, mem)))
+                done(
+                    ScaleDecision(
+                        "exceeds-cap",
+                        scaler=info.name,
+                        cap=cap,
+                        backend_type=info.type,
+                        reason=_exceeds_cap_reason(cap, info, world, cpus, mem),
+                    )
+                )
                 continue
             if cap in COUNT_CAPS:
                 count_cap_refused = True
-            done(ScaleDecision("at-capacity", scaler=info.name, cap=cap, reason=f"{cap} reached on scaler {info.name}",
-                               backend_type=info.type))
+            done(
+                ScaleDecision(
+                    "at-capacity",
+                    scaler=info.name,
+                    cap=cap,
+                    reason=f"{cap} reached on scaler {info.name}",
+                    backend_type=info.type,
+                )
+            )
             continue
 
         usage.admit(info.caps, cpus, mem)
@@ -312,19 +386,38 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         if lj is None:
             lj = labels_json[ls.pk] = json.dumps(list(ls.agent_labels))
         agent_id = mint_agent_id(info.type)
-        spawns.append(_Spawn(
-            index=len(decisions), record=record, kind=info.type, agent_id=agent_id, scaler_id=info.pk,
-            label_set_id=ls.pk, labels=ls.agent_labels, labels_json=lj, warm=req.warm,
-            job="" if req.warm else req.job_id, run="" if req.warm else req.run_id, pool_id=info.caps.machine_pool_id,
-            cpus=cpus, mem=mem, lcpus=float(resolved.limits.cpus), lmem=int(resolved.limits.mem_bytes),
-        ))
+        spawns.append(
+            _Spawn(
+                index=len(decisions),
+                record=record,
+                kind=info.type,
+                agent_id=agent_id,
+                scaler_id=info.pk,
+                label_set_id=ls.pk,
+                labels=ls.agent_labels,
+                labels_json=lj,
+                warm=req.warm,
+                job="" if req.warm else req.job_id,
+                run="" if req.warm else req.run_id,
+                pool_id=info.caps.machine_pool_id,
+                cpus=cpus,
+                mem=mem,
+                lcpus=float(resolved.limits.cpus),
+                lmem=int(resolved.limits.mem_bytes),
+            )
+        )
         if req.warm:
             bump(WARM_SPAWNS, {"scaler": info.name})
-        done(ScaleDecision("spawning", agent=agent_id, scaler=info.name, backend_type=info.type,
-                           labels=tuple(ls.agent_labels)))
+        done(
+            ScaleDecision(
+                "spawning", agent=agent_id, scaler=info.name, backend_type=info.type, labels=tuple(ls.agent_labels)
+            )
+        )
 
     if count_cap_refused and usage.ledger_outruns_agents():
-        log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active)
+        log.warning(
+            "%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active
+        )
 
     _dedupe_ids(spawns)
     pks = _write(cur, now, instance_id, spawns, records, counters, count_attempts=True)
@@ -335,16 +428,28 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         for sp in missing:
             sp.agent_id = mint_agent_id(sp.kind)
         _dedupe_ids(spawns)
-        pks.update(_write(cur, now, instance_id, missing, [sp.record for sp in missing if sp.record is not None], {},
-                          count_attempts=False))
+        pks.update(
+            _write(
+                cur,
+                now,
+                instance_id,
+                missing,
+                [sp.record for sp in missing if sp.record is not None],
+                {},
+                count_attempts=False,
+            )
+        )
     else:
         raise RuntimeError("could not mint a unique agent id in 10 attempts")
     admitted = []
     for sp in spawns:
         pk = pks[sp.agent_id]
         decisions[sp.index] = replace(decisions[sp.index], agent=sp.agent_id, agent_pk=pk)
-        admitted.append(Admitted(pk, sp.agent_id, sp.scaler_id, sp.label_set_id, tuple(sp.labels), sp.warm, sp.job,
-                                 sp.run, instance_id))
+        admitted.append(
+            Admitted(
+                pk, sp.agent_id, sp.scaler_id, sp.label_set_id, tuple(sp.labels), sp.warm, sp.job, sp.run, instance_id
+            )
+        )
     return BatchResult(decisions=decisions, admitted=admitted)
 
 
@@ -378,13 +483,19 @@ def _dedupe_ids(spawns: list[_Spawn]) -> None:
         seen.add(sp.agent_id)
 
 
-def _write(cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, count_attempts: bool) -> dict[str, int]:
+def _write(
+    cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, count_attempts: bool
+) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
             sp.record["agent_ref"] = sp.agent_id
     return ledger.write_batch(
-        cur, now=now, instance_id=instance_id,
+        cur,
+        now=now,
+        instance_id=instance_id,
         agents=[(sp.agent_id, sp.scaler_id, sp.label_set_id, sp.labels_json, sp.warm, sp.job, sp.run) for sp in spawns],
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],
-        records=records, counters=counters, count_attempts=count_attempts,
+        records=records,
+        counters=counters,
+        count_attempts=count_attempts,
     )

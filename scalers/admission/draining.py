@@ -40,7 +40,10 @@ def mark_draining(agent_id: str) -> int | None:
             agent = Agent.objects.select_related("scaler").get(pk=row[0])
             record_event(agent, EventType.DRAINING, detail="condemned before teardown", payload={"activeJobs": row[1]})
             return row[1]
-        cur.execute("SELECT active_jobs FROM agents_agent WHERE agent_id = %s AND state = %s", [agent_id, str(AgentState.DRAINING)])
+        cur.execute(
+            "SELECT active_jobs FROM agents_agent WHERE agent_id = %s AND state = %s",
+            [agent_id, str(AgentState.DRAINING)],
+        )
         row = cur.fetchone()
         return row[0] if row else None
 

@@ -92,7 +92,9 @@ def _platform(config: dict) -> Any:
     return None
 
 
-def build_world(version: str, config_row: dict, scaler_rows: list[dict], label_set_rows: list[dict], pool_rows: list[dict]) -> World:
+def build_world(
+    version: str, config_row: dict, scaler_rows: list[dict], label_set_rows: list[dict], pool_rows: list[dict]
+) -> World:
     """Assemble a :class:`World` from plain row dicts (pure; see :mod:`scalers.admission.ledger`).
 
     ``config_row``: ``global_max_agents``, ``global_max_cpu``, ``global_max_memory_bytes``,
@@ -130,7 +132,11 @@ def build_world(version: str, config_row: dict, scaler_rows: list[dict], label_s
                 image=(ls["config"] or {}).get("image"),
                 agent_labels=tuple(
                     labelmod.agent_labels(
-                        entry.declared[i], scaler_name=row["name"], scaler_type=row["type"], roles=row["roles"], platform=platform
+                        entry.declared[i],
+                        scaler_name=row["name"],
+                        scaler_type=row["type"],
+                        roles=row["roles"],
+                        platform=platform,
                     )
                 ),
             )
@@ -170,7 +176,10 @@ def build_world(version: str, config_row: dict, scaler_rows: list[dict], label_s
         ),
         defaults=config_row.get("defaults") or None,
         scalers=scalers,
-        pools={p["id"]: PoolCaps(pool_id=p["id"], max_cpu=p["max_cpu"], max_memory_bytes=p["max_memory_bytes"]) for p in pool_rows},
+        pools={
+            p["id"]: PoolCaps(pool_id=p["id"], max_cpu=p["max_cpu"], max_memory_bytes=p["max_memory_bytes"])
+            for p in pool_rows
+        },
         entries=entries,
         _entry_scalers=entry_scalers,
     )

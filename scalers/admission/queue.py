@@ -45,7 +45,7 @@ class AdmissionTimeout(Exception):
 class _Pending:
     __slots__ = ("request", "event", "decision", "agent", "error", "state", "on_done")
 
-    def __init__(self, request: Request, on_done: Callable[["_Pending"], None] | None = None):
+    def __init__(self, request: Request, on_done: Callable[[_Pending], None] | None = None):
         self.request = request
         self.event = threading.Event()
         self.decision: ScaleDecision | None = None

@@ -99,8 +99,13 @@ def recover_state(
     log.info(
         "scaler state recovery (%s, instance %s): spawning_agents_rehydrated=%d spawning_dropped=%d "
         "agent_jobs_rehydrated=%d reservations_rehydrated=%d reservations_dropped=%d buffered_events_lost=%d",
-        trigger, instance_id, result.spawning_agents_rehydrated, result.spawning_dropped,
-        result.agent_jobs_rehydrated, result.reservations_rehydrated, result.reservations_dropped,
+        trigger,
+        instance_id,
+        result.spawning_agents_rehydrated,
+        result.spawning_dropped,
+        result.agent_jobs_rehydrated,
+        result.reservations_rehydrated,
+        result.reservations_dropped,
         result.buffered_events_lost,
     )
     if result.reservations_dropped:

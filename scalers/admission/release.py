@@ -173,7 +173,9 @@ def teardown_agent(
     return released
 
 
-def fail_spawn(agent: Agent, detail: str, *, reason: str = "spawn-failed", destroy_reason: str = "spawn-timeout") -> bool:
+def fail_spawn(
+    agent: Agent, detail: str, *, reason: str = "spawn-failed", destroy_reason: str = "spawn-timeout"
+) -> bool:
     """Mark a spawn as failed: a ``scaler.failed`` event (unless the spawn job already recorded
     one), then :func:`teardown_agent` with ``final_state=failed``. True when released now."""
     if not ScalerEvent.objects.filter(agent=agent, type=EventType.FAILED).exists():
@@ -297,9 +299,9 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
     """
     now = now or timezone.now()
     agents = list(
-        Agent.objects.select_related("scaler").filter(
-            state=AgentState.SPAWNING, created_at__lt=now - timedelta(seconds=min_age_seconds)
-        ).exclude(rq_job_id="")
+        Agent.objects.select_related("scaler")
+        .filter(state=AgentState.SPAWNING, created_at__lt=now - timedelta(seconds=min_age_seconds))
+        .exclude(rq_job_id="")
     )
     if not agents:
         return 0

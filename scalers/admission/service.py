@@ -43,10 +43,17 @@ def _enqueue_or_fail(decision: ScaleDecision, agent) -> ScaleDecision:
         enqueue_spawn_for(agent)
     except Exception as exc:  # noqa: BLE001 - the admission must not outlive a lost spawn
         log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
-        fail_spawn(Agent.objects.select_related("scaler").get(pk=agent.pk),
-                   f"could not enqueue the spawn: {exc}", reason="enqueue-failed")
-        return ScaleDecision("skipped", scaler=decision.scaler, backend_type=decision.backend_type,
-                             reason=f"spawn queue unavailable: {exc}")
+        fail_spawn(
+            Agent.objects.select_related("scaler").get(pk=agent.pk),
+            f"could not enqueue the spawn: {exc}",
+            reason="enqueue-failed",
+        )
+        return ScaleDecision(
+            "skipped",
+            scaler=decision.scaler,
+            backend_type=decision.backend_type,
+            reason=f"spawn queue unavailable: {exc}",
+        )
     return decision
 
 
@@ -88,8 +95,14 @@ def request_scale(
     parsed = validate_resources(resources) if not hasattr(resources, "requests") else resources
     raw = resources.model_dump(mode="json", exclude_none=True) if hasattr(resources, "model_dump") else resources
     req = Request(
-        labels=labels, job_id=job_id.strip(), resources=parsed, run_id=run_id or "", exclude=exclude,
-        warm=warm, job_image=job_image, raw_resources=raw,
+        labels=labels,
+        job_id=job_id.strip(),
+        resources=parsed,
+        run_id=run_id or "",
+        exclude=exclude,
+        warm=warm,
+        job_image=job_image,
+        raw_resources=raw,
     )
     if connection.in_atomic_block or not getattr(settings, "KICI_ADMISSION_BATCHING", True):
         result = decide_batch([req])

@@ -54,7 +54,7 @@ def _as_written(field: str, value: dict) -> str:
     ``resources.memory``, not as the ``resources.requests.memory`` it is parsed into."""
     flat = not ({"requests", "limits"} & set(value))
     if flat and field.startswith("resources.requests."):
-        return "resources." + field[len("resources.requests."):]
+        return "resources." + field[len("resources.requests.") :]
     return field
 
 
@@ -109,7 +109,9 @@ def validate_resources(value: Any) -> Any:
     for side in ("requests", "limits"):
         spec = getattr(parsed, side)
         if spec is not None and spec.memory is not None and parse_memory(spec.memory) > MAX_MEMORY_BYTES:
-            raise InvalidScaleRequest(_as_written(f"resources.{side}.memory", value), f"{_short(spec.memory)} is more than 16 TiB")
+            raise InvalidScaleRequest(
+                _as_written(f"resources.{side}.memory", value), f"{_short(spec.memory)} is more than 16 TiB"
+            )
     return parsed
 
 
@@ -132,4 +134,6 @@ def validate_scale_request(payload: Any) -> ScaleInput:
     exclude = _labels(payload.get("exclude") or [], "exclude", allow_empty=True)
     raw = payload.get("resources")
     resources = validate_resources(raw)
-    return ScaleInput(labels=labels, job_id=job_id, run_id=run_id, exclude=exclude, resources=resources, raw_resources=raw)
+    return ScaleInput(
+        labels=labels, job_id=job_id, run_id=run_id, exclude=exclude, resources=resources, raw_resources=raw
+    )

@@ -75,7 +75,9 @@ def systemd_user_scope_available() -> bool:
             _systemd_user_ok = False
         else:
             try:
-                proc = subprocess.run(["systemd-run", "--user", "--scope", "--quiet", "true"], capture_output=True, timeout=10)
+                proc = subprocess.run(
+                    ["systemd-run", "--user", "--scope", "--quiet", "true"], capture_output=True, timeout=10
+                )
                 _systemd_user_ok = proc.returncode == 0
             except (OSError, subprocess.TimeoutExpired):
                 _systemd_user_ok = False
@@ -100,7 +102,7 @@ def _proc_start_time(pid: int) -> int | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()
+    fields = raw[raw.rindex(")") + 2 :].split()
     if fields[0] == "Z":
         return None
     return int(fields[19])
@@ -121,7 +123,11 @@ def _alive(pid: int, start_time: int | None) -> bool:
 
 def agent_log_dir() -> Path:
     """Where process-mode agents write stdout/stderr: ``KICI_AGENT_LOG_DIR`` or ``<BASE_DIR>/var/agents``."""
-    base = getattr(settings, "KICI_AGENT_LOG_DIR", None) or os.environ.get("KICI_AGENT_LOG_DIR") or str(Path(settings.BASE_DIR) / "var" / "agents")
+    base = (
+        getattr(settings, "KICI_AGENT_LOG_DIR", None)
+        or os.environ.get("KICI_AGENT_LOG_DIR")
+        or str(Path(settings.BASE_DIR) / "var" / "agents")
+    )
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -201,14 +207,27 @@ class BareMetalBackend:
         try:
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
-                    argv, env=process_env(agent, token), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True, close_fds=True, cwd="/",
+                    argv,
+                    env=process_env(agent, token),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    cwd="/",
                 )
         except OSError as exc:
             revoke_agent_tokens(agent)
             raise SpawnError(f"spawn failed: {exc}", "spawn") from exc
         start_time = _proc_start_time(proc.pid)
-        context = {"mode": "process", "pid": proc.pid, "pgid": proc.pid, "start_time": start_time, "log_path": str(log_path), "argv": argv}
+        context = {
+            "mode": "process",
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "start_time": start_time,
+            "log_path": str(log_path),
+            "argv": argv,
+        }
         Agent.objects.filter(pk=agent.pk).update(managed_id=str(proc.pid), backend_context=context)
         agent.managed_id, agent.backend_context = str(proc.pid), context
         try:

@@ -55,7 +55,9 @@ def _agent_key(agent_id: str) -> str:
     return f"kici:claims-of:{agent_id}"
 
 
-def create_claim(agent, ttl_seconds: int = DEFAULT_CLAIM_TTL_SECONDS, token_ttl_seconds: int = DEFAULT_AGENT_TOKEN_TTL_SECONDS) -> str:
+def create_claim(
+    agent, ttl_seconds: int = DEFAULT_CLAIM_TTL_SECONDS, token_ttl_seconds: int = DEFAULT_AGENT_TOKEN_TTL_SECONDS
+) -> str:
     """Register a claim for ``agent``; returns the code (shown once). ``ttl_seconds`` > 0."""
     if ttl_seconds <= 0 or token_ttl_seconds <= 0:
         raise ValueError(f"claim ttl and token ttl must be positive, got {ttl_seconds!r}, {token_ttl_seconds!r}")
@@ -64,10 +66,17 @@ def create_claim(agent, ttl_seconds: int = DEFAULT_CLAIM_TTL_SECONDS, token_ttl_
     now = time.time()
     r = _redis()
     pipe = r.pipeline()
-    pipe.hset(_key(digest), mapping={
-        "agent_id": agent.agent_id, "scaler": agent.scaler.name, "prefix": code[:12],
-        "expires_at": repr(now + ttl_seconds), "token_ttl": str(int(token_ttl_seconds)), "state": "pending",
-    })
+    pipe.hset(
+        _key(digest),
+        mapping={
+            "agent_id": agent.agent_id,
+            "scaler": agent.scaler.name,
+            "prefix": code[:12],
+            "expires_at": repr(now + ttl_seconds),
+            "token_ttl": str(int(token_ttl_seconds)),
+            "state": "pending",
+        },
+    )
     pipe.expire(_key(digest), int(ttl_seconds + CLAIM_RETENTION_SECONDS))
     pipe.sadd(_agent_key(agent.agent_id), digest)
     pipe.expire(_agent_key(agent.agent_id), int(ttl_seconds + CLAIM_RETENTION_SECONDS))
@@ -101,7 +110,12 @@ def redeem_claim(code: str) -> dict:
     if agent is None or agent.state != AgentState.SPAWNING:
         raise ClaimError(MESSAGES["invalid"])
     token = mint_registration_token(agent, ttl_seconds=int(fields.get("token_ttl") or DEFAULT_AGENT_TOKEN_TTL_SECONDS))
-    return {"agentId": agent.agent_id, "token": token, "orchestratorUrl": console_url(agent.scaler), "labels": full_labels(agent)}
+    return {
+        "agentId": agent.agent_id,
+        "token": token,
+        "orchestratorUrl": console_url(agent.scaler),
+        "labels": full_labels(agent),
+    }
 
 
 def invalidate_claims(agent_id: str) -> int:

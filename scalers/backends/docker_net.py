@@ -58,7 +58,9 @@ def ensure_isolated_network(docker) -> str:
     if existing:
         return existing["Id"]
     api = _api(docker)
-    ipam = IPAMConfig(driver="default", pool_configs=[IPAMPool(subnet=ISOLATED_NETWORK_SUBNET, gateway=ISOLATED_NETWORK_GATEWAY)])
+    ipam = IPAMConfig(
+        driver="default", pool_configs=[IPAMPool(subnet=ISOLATED_NETWORK_SUBNET, gateway=ISOLATED_NETWORK_GATEWAY)]
+    )
     try:
         created = api.create_network(
             ISOLATED_NETWORK_NAME,

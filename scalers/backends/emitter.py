@@ -74,7 +74,16 @@ def sign(secret: str, body: bytes) -> str:
 class HttpEventEmitter:
     """Signs and POSTs events; ``secret`` defaults to ``KICI_PROVISIONING_SECRET``."""
 
-    def __init__(self, secret: str | None = None, *, attempts: int = 5, timeout: float = 10.0, backoff: float = 0.5, max_backoff: float = 8.0, session=None):
+    def __init__(
+        self,
+        secret: str | None = None,
+        *,
+        attempts: int = 5,
+        timeout: float = 10.0,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        session=None,
+    ):
         self.secret = secret if secret is not None else _setting("KICI_PROVISIONING_SECRET")
         self.attempts, self.timeout, self.backoff, self.max_backoff = attempts, timeout, backoff, max_backoff
         self._session = session
@@ -100,8 +109,16 @@ class HttpEventEmitter:
         import requests
 
         delivery = str(uuid.uuid4())
-        body = json.dumps({"event": event, "deliveryId": delivery, "timestampMs": int(time.time() * 1000), "payload": payload}, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json", "X-Kici-Event": event, "X-Kici-Delivery": delivery, "X-Kici-Signature-256": sign(self.secret, body)}
+        body = json.dumps(
+            {"event": event, "deliveryId": delivery, "timestampMs": int(time.time() * 1000), "payload": payload},
+            separators=(",", ":"),
+        ).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-Kici-Event": event,
+            "X-Kici-Delivery": delivery,
+            "X-Kici-Signature-256": sign(self.secret, body),
+        }
         last = ""
         for attempt in range(1, self.attempts + 1):
             try:

@@ -111,7 +111,12 @@ class EventBackend:
         )
         if updated:
             targets = (agent.backend_context or {}).get("targets") or self.targets
-            payload = {"scalerName": self.scaler.name, "agentId": agent.agent_id, "reason": reason or "shutdown", "requestId": str(uuid.uuid4())}
+            payload = {
+                "scalerName": self.scaler.name,
+                "agentId": agent.agent_id,
+                "reason": reason or "shutdown",
+                "requestId": str(uuid.uuid4()),
+            }
             try:
                 self.emitter.emit(SCALE_DOWN, payload, targets)
             except EventEmitError:

@@ -39,6 +39,9 @@ def mark_spawn_failed(agent_pk: int, detail: str, now: datetime | None = None) -
 
     return bool(
         Agent.objects.filter(pk=agent_pk, state__in=SPAWN_FAILURE_ENDS).update(
-            state="failed", failure_reason=detail[:4000], finished_at=now or timezone.now(), updated_at=now or timezone.now()
+            state="failed",
+            failure_reason=detail[:4000],
+            finished_at=now or timezone.now(),
+            updated_at=now or timezone.now(),
         )
     )

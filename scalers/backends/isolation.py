@@ -33,12 +33,16 @@ def host_services() -> list[str]:
     return storage_host_access_entries(getattr(settings, "KICI_STORAGE_URL", None))
 
 
-def resolve_host_access(policy: Any, orchestrator_url: str, gateway: str = ISOLATED_NETWORK_GATEWAY) -> tuple[list[str], bool]:
+def resolve_host_access(
+    policy: Any, orchestrator_url: str, gateway: str = ISOLATED_NETWORK_GATEWAY
+) -> tuple[list[str], bool]:
     """``(entries, explicit)``: the label set's explicit ``hostAccess`` verbatim, else the SPEC g.3
     default (gateway DNS, the console port, host services)."""
     from network.host_access import resolve_agent_host_access
 
-    explicit = isinstance(policy, dict) and (policy.get("hostAccess") is not None or policy.get("host_access") is not None)
+    explicit = isinstance(policy, dict) and (
+        policy.get("hostAccess") is not None or policy.get("host_access") is not None
+    )
     return resolve_agent_host_access(policy, orchestrator_url, gateway, host_services()), explicit
 
 
@@ -103,7 +107,9 @@ class ContainerIsolation:
         means the rules were kept. Raises ``NftError`` / database errors."""
         from .holders import remove_unless_held
 
-        removed, held = remove_unless_held(address, self.remove, exclude=exclude, list_containers=list_containers, why=why)
+        removed, held = remove_unless_held(
+            address, self.remove, exclude=exclude, list_containers=list_containers, why=why
+        )
         return bool(removed), held
 
     def addresses_with_rules(self) -> list[str] | None:

@@ -126,7 +126,9 @@ def plan_container_orphans(
     return targets
 
 
-def plan_rule_orphans(addresses_with_rules: Iterable[str] | None, live: set[str] | None, scaler_name: str, table: str) -> list[OrphanTarget]:
+def plan_rule_orphans(
+    addresses_with_rules: Iterable[str] | None, live: set[str] | None, scaler_name: str, table: str
+) -> list[OrphanTarget]:
     """Rule sets to delete: addresses with rules that nothing in ``live`` holds; pure.
 
     ``addresses_with_rules`` None (unreadable table) or ``live`` None (runtime listing failed)
@@ -135,7 +137,14 @@ def plan_rule_orphans(addresses_with_rules: Iterable[str] | None, live: set[str]
     if addresses_with_rules is None or live is None:
         return []
     return [
-        OrphanTarget("rule", addr, scaler_name, "", f"rules in table {table} for {addr}, which no container holds", {"table": table, "address": addr})
+        OrphanTarget(
+            "rule",
+            addr,
+            scaler_name,
+            "",
+            f"rules in table {table} for {addr}, which no container holds",
+            {"table": table, "address": addr},
+        )
         for addr in addresses_with_rules
         if addr not in live
     ]

@@ -67,7 +67,11 @@ def detect_container_runtime(
     if host:
         return RuntimeInfo(runtime="podman" if hint == "podman" else "docker", base_url=host)
     if socket_path:
-        return RuntimeInfo(runtime="podman" if "podman" in socket_path else "docker", base_url=f"unix://{socket_path}", socket_path=socket_path)
+        return RuntimeInfo(
+            runtime="podman" if "podman" in socket_path else "docker",
+            base_url=f"unix://{socket_path}",
+            socket_path=socket_path,
+        )
     for path, runtime in probe_paths(hint, environ):
         if accessible(path):
             return RuntimeInfo(runtime=runtime, base_url=f"unix://{path}", socket_path=path)
@@ -83,7 +87,7 @@ def runtime_for_scaler(scaler: Any) -> RuntimeInfo:
     if not host and not socket_path and settings.DOCKER_HOST:
         url = settings.DOCKER_HOST
         if url.startswith("unix://"):
-            path = url[len("unix://"):]
+            path = url[len("unix://") :]
             return RuntimeInfo(runtime="podman" if "podman" in path else "docker", base_url=url, socket_path=path)
         return RuntimeInfo(runtime="podman" if hint == "podman" else "docker", base_url=url)
     return detect_container_runtime(host, socket_path, hint if hint != "auto" else None)

@@ -57,7 +57,10 @@ def list_kici_containers(scaler) -> list[dict] | None:
 def _container_probes(scaler, agents) -> dict[str, SandboxProbe]:
     listing = list_kici_containers(scaler)
     if listing is None:
-        return {a.agent_id: SandboxProbe("unknown", "the container runtime could not be listed", "container") for a in agents}
+        return {
+            a.agent_id: SandboxProbe("unknown", "the container runtime could not be listed", "container")
+            for a in agents
+        }
     by_agent: dict[str, dict] = {}
     by_id: dict[str, dict] = {}
     for summary in listing:
@@ -71,7 +74,9 @@ def _container_probes(scaler, agents) -> dict[str, SandboxProbe]:
         if summary is None:
             out[agent.agent_id] = SandboxProbe("missing", "no such container on the runtime", "container")
         else:
-            out[agent.agent_id] = SandboxProbe(str(summary.get("State") or "unknown").lower(), str(summary.get("Status") or ""), "container")
+            out[agent.agent_id] = SandboxProbe(
+                str(summary.get("State") or "unknown").lower(), str(summary.get("Status") or ""), "container"
+            )
     return out
 
 
@@ -112,7 +117,12 @@ def probe_sandboxes(scaler, agents) -> dict[str, SandboxProbe]:
     if not agents:
         return {}
     if scaler.type == "event":
-        return {a.agent_id: SandboxProbe("not probed", "an event agent runs on a machine this console does not manage", "machine") for a in agents}
+        return {
+            a.agent_id: SandboxProbe(
+                "not probed", "an event agent runs on a machine this console does not manage", "machine"
+            )
+            for a in agents
+        }
     if scaler.type == "firecracker":
         return {a.agent_id: _vm_probe(a) for a in agents}
     in_containers = agents

@@ -63,7 +63,9 @@ def full_labels(agent: Agent) -> list[str]:
     from scalers.labels import agent_labels
 
     declared = agent.label_set.labels if agent.label_set_id else []
-    return agent_labels(declared, scaler_name=agent.scaler.name, scaler_type=agent.scaler.type, roles=agent.scaler.roles)
+    return agent_labels(
+        declared, scaler_name=agent.scaler.name, scaler_type=agent.scaler.type, roles=agent.scaler.roles
+    )
 
 
 def normalized_label_set(agent: Agent) -> str:
@@ -80,7 +82,7 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, s
     out = []
     for key in sorted(environ):
         if key.startswith(FORWARD_PREFIX) and len(key) > len(FORWARD_PREFIX):
-            out.append((key[len(FORWARD_PREFIX):], environ[key]))
+            out.append((key[len(FORWARD_PREFIX) :], environ[key]))
     return out
 
 
@@ -91,7 +93,9 @@ def _label_env(label_set: LabelSet | None) -> list[tuple[str, str]]:
     return [(str(k), str(v)) for k, v in env.items()]
 
 
-def container_env(agent: Agent, token: str | None, *, image: str, environ: Mapping[str, str] | None = None, job_image: bool = False) -> list[str]:
+def container_env(
+    agent: Agent, token: str | None, *, image: str, environ: Mapping[str, str] | None = None, job_image: bool = False
+) -> list[str]:
     """``Env`` of an agent container, in SPEC (e) order (CASES CTR-01..03).
 
     ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``, ``KICI_LABELS``, ``KICI_SCALER_MANAGED=1``,
@@ -182,7 +186,9 @@ def spawn_limits(agent: Agent) -> EffectiveLimits:
     reservation = getattr(agent, "reservation", None) if agent.pk else None
     try:
         if reservation is not None and (reservation.limit_cpus > 0 or reservation.limit_memory_bytes > 0):
-            return EffectiveLimits(cpus=float(reservation.limit_cpus or 0), mem_bytes=int(reservation.limit_memory_bytes or 0))
+            return EffectiveLimits(
+                cpus=float(reservation.limit_cpus or 0), mem_bytes=int(reservation.limit_memory_bytes or 0)
+            )
     except Exception:  # noqa: BLE001 - RelatedObjectDoesNotExist: no reservation row
         pass
     from scalers.models import ConfigState

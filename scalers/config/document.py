@@ -14,6 +14,7 @@ from .issues import SchemaIssue, describe_value
 from .refinements import _cross_issues, scaler_entry_issues
 from .resource_shapes import MachinePool, ResourceCap, ResourceRequest, Resources
 
+
 class Defaults(_Loose):
     """``defaults`` (only ``resources`` is recognised), SPEC (a.2)."""
 
@@ -84,7 +85,7 @@ class ScalersConfig(_TopLevel):
     scalers: list[ScalerEntry]
 
     @model_validator(mode="after")
-    def _refinements(self) -> "ScalersConfig":
+    def _refinements(self) -> ScalersConfig:
         issues = [
             SchemaIssue(("scalers", i, *issue.path), issue.message)
             for i, scaler in enumerate(self.scalers)

@@ -131,10 +131,7 @@ class ScalerEntry(_Strict):
     @property
     def gates(self) -> list[list[str]]:
         """The gate of each label set, in order (SPEC b)."""
-        return [
-            labelmod.label_set_gate(ls.labels, self.mandatory_labels, self.platform)
-            for ls in self.label_sets
-        ]
+        return [labelmod.label_set_gate(ls.labels, self.mandatory_labels, self.platform) for ls in self.label_sets]
 
     def to_raw(self) -> dict[str, Any]:
         """JSON-safe dict with the YAML key names; validates back to an equal entry."""

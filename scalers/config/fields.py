@@ -7,7 +7,7 @@ Numbers and integers as zod reads them, canonical labels, host-access entries (v
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -48,7 +48,7 @@ def _integer(value: Any) -> Any:
 
 
 #: A JSON/YAML number (int or float, never a bool or a numeric string), as zod's z.number().
-Number = Annotated[Union[int, float], BeforeValidator(_number)]
+Number = Annotated[int | float, BeforeValidator(_number)]
 #: An integer (an integral float such as 2.0 is accepted, as in JavaScript).
 Integer = Annotated[int, BeforeValidator(_integer)]
 
@@ -59,8 +59,7 @@ def _label(value: str, *, where: str) -> str:
         raise ValueError(f"Label must not be empty, received {describe_value(value)}")
     if labelmod.is_reserved_label(text):
         raise ValueError(
-            f"Labels with 'kici:' prefix are reserved and cannot be used in {where}, "
-            f"received {describe_value(value)}"
+            f"Labels with 'kici:' prefix are reserved and cannot be used in {where}, received {describe_value(value)}"
         )
     if "," in text:
         raise ValueError(

@@ -79,7 +79,4 @@ def _issue_message(err: dict[str, Any]) -> str:
 
 
 def _issues_from(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[SchemaIssue]:
-    return [
-        SchemaIssue(prefix + _loc(err["loc"]), _issue_message(err))
-        for err in exc.errors(include_url=False)
-    ]
+    return [SchemaIssue(prefix + _loc(err["loc"]), _issue_message(err)) for err in exc.errors(include_url=False)]

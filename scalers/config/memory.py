@@ -34,9 +34,7 @@ class InvalidMemoryFormat(ValueError):
     def __init__(self, value: object):
         self.value = value
         shown = value if isinstance(value, str) else repr(value)
-        super().__init__(
-            f'Invalid memory format: "{shown}". Expected format like "512m", "2g", or "1024k".'
-        )
+        super().__init__(f'Invalid memory format: "{shown}". Expected format like "512m", "2g", or "1024k".')
 
 
 def parse_memory(value: str) -> int:

@@ -10,6 +10,7 @@ from scalers import labels as labelmod
 from .entries import ScalerEntry
 from .issues import SchemaIssue
 
+
 def scaler_entry_issues(entry: ScalerEntry) -> list[SchemaIssue]:
     """Per-type requirements and gate reachability of one entry, SPEC (a.6).
 
@@ -56,9 +57,7 @@ def scaler_entry_issues(entry: ScalerEntry) -> list[SchemaIssue]:
         ):
             value = getattr(entry, field_name)
             if value is None or value == "":
-                issues.append(
-                    SchemaIssue((alias,), f"Firecracker scaler \"{name}\" requires a '{alias}' field")
-                )
+                issues.append(SchemaIssue((alias,), f"Firecracker scaler \"{name}\" requires a '{alias}' field"))
         for i, ls in enumerate(entry.label_sets):
             if not ls.rootfs_path:
                 issues.append(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
 from .fields import NonEmptyStr, Number, _memory_string, _Strict
 from .issues import _FLAT, _NESTED
 from .memory import parse_memory
+
 
 class ResourceSpec(_Strict):
     """One side of a resource request: ``{cpus?: number > 0 ≤ 256, memory?: string}``.
@@ -66,7 +67,7 @@ def _flat_to_nested(value: ResourceRequest | ResourceSpec) -> ResourceRequest:
 #: ``resources`` of a label set or of ``defaults``: nested or flat, never mixed.
 Resources = Annotated[
     Annotated[
-        Union[Annotated[ResourceRequest, Tag(_NESTED)], Annotated[ResourceSpec, Tag(_FLAT)]],
+        Annotated[ResourceRequest, Tag(_NESTED)] | Annotated[ResourceSpec, Tag(_FLAT)],
         Discriminator(
             _resource_shape,
             custom_error_type="resources_shape",

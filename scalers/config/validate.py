@@ -14,6 +14,7 @@ from .memory import InvalidMemoryFormat, parse_memory
 from .refinements import _cross_issues, scaler_entry_issues
 from .resource_shapes import ResourceRequest, Resources
 
+
 def validate_document(data: Any) -> tuple[ScalersConfig | None, list[SchemaIssue]]:
     """Validate a parsed (merged) ``scalers.yaml`` document, collecting every issue.
 

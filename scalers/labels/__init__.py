@@ -22,9 +22,23 @@ Modules, one job each (every name is importable from ``scalers.labels``):
 from .canonical import RESERVED_PREFIX, canonicalize_labels, is_reserved_label, normalize_label_set
 from .gates import agent_labels, enrich_label_set, label_set_gate, scaler_identity_labels, unreachable_gate_labels
 from .overlaps import LabelSetOverlap, find_label_set_overlaps
-from .platforms import PLAIN_TAINT_LABELS, PlatformLike, host_arch, host_os, os_arch_labels, plain_taints, platform_to_taints
+from .platforms import (
+    PLAIN_TAINT_LABELS,
+    PlatformLike,
+    host_arch,
+    host_os,
+    os_arch_labels,
+    plain_taints,
+    platform_to_taints,
+)
 from .roles import ROLE_ALL, ROLE_BUILDER, ROLE_INIT_RUNNER, JobKind, normalize_roles, role_labels, roles_allow
-from .routing import BackendMatch, RoutingEntry, build_routing_entries, find_backend_for_labels, routing_entry_for_scaler
+from .routing import (
+    BackendMatch,
+    RoutingEntry,
+    build_routing_entries,
+    find_backend_for_labels,
+    routing_entry_for_scaler,
+)
 
 __all__ = [
     "RESERVED_PREFIX",

@@ -9,6 +9,7 @@ from .canonical import dedupe
 from .platforms import PlatformLike, host_arch, host_os, os_arch_labels, plain_taints, platform_to_taints
 from .roles import role_labels
 
+
 def label_set_gate(
     labels: Iterable[str],
     mandatory_labels: Iterable[str] = (),
@@ -21,11 +22,7 @@ def label_set_gate(
     Source: SPEC (b) per-label-set gate, SPEC (a.6) gate reachability.
     """
     labels = list(labels)
-    return dedupe(
-        [m.strip().lower() for m in mandatory_labels]
-        + platform_to_taints(platform)
-        + plain_taints(labels)
-    )
+    return dedupe([m.strip().lower() for m in mandatory_labels] + platform_to_taints(platform) + plain_taints(labels))
 
 
 def unreachable_gate_labels(
@@ -97,8 +94,5 @@ def agent_labels(
     """
     declared = [label.strip().lower() for label in labels]
     return dedupe(
-        declared
-        + scaler_identity_labels(scaler_name, scaler_type)
-        + role_labels(roles)
-        + platform_to_taints(platform)
+        declared + scaler_identity_labels(scaler_name, scaler_type) + role_labels(roles) + platform_to_taints(platform)
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from .canonical import normalize_label_set
 
+
 @dataclass(frozen=True)
 class LabelSetOverlap:
     """Two different scalers declaring the same normalised label set, SPEC (b).

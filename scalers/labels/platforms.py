@@ -10,9 +10,7 @@ from typing import Protocol
 
 #: Plain (un-prefixed) labels that taint a label set when declared in it: a job must
 #: name them to land there. ENG denylist, SPEC (b). Linux and x64 never taint.
-PLAIN_TAINT_LABELS: frozenset[str] = frozenset(
-    {"windows", "win32", "macos", "darwin", "arm64", "aarch64", "arm"}
-)
+PLAIN_TAINT_LABELS: frozenset[str] = frozenset({"windows", "win32", "macos", "darwin", "arm64", "aarch64", "arm"})
 
 
 class PlatformLike(Protocol):

@@ -9,6 +9,7 @@ from typing import Any
 from .gates import enrich_label_set, label_set_gate
 from .platforms import host_arch, host_os
 
+
 @dataclass(frozen=True)
 class RoutingEntry:
     """One routable scaler: its enriched label sets and the gate of each.
@@ -93,11 +94,7 @@ def build_routing_entries(
     ``retiring`` names scalers that take no new work (SPEC c.8); they are left out.
     """
     retiring = set(retiring)
-    return [
-        routing_entry_for_scaler(s, os_name=os_name, arch=arch)
-        for s in scalers
-        if s.name not in retiring
-    ]
+    return [routing_entry_for_scaler(s, os_name=os_name, arch=arch) for s in scalers if s.name not in retiring]
 
 
 def find_backend_for_labels(

@@ -5,100 +5,160 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('agents', '0001_initial'),
+        ("agents", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ConfigState',
+            name="ConfigState",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('global_max_agents', models.PositiveIntegerField(default=50)),
-                ('global_max_cpu', models.FloatField(blank=True, null=True)),
-                ('global_max_memory_bytes', models.BigIntegerField(blank=True, null=True)),
-                ('defaults', models.JSONField(blank=True, default=dict, help_text='defaults.resources as in scalers.yaml')),
-                ('firecracker', models.JSONField(blank=True, default=dict, help_text='the top-level firecracker network block')),
-                ('source', models.CharField(blank=True, max_length=500)),
-                ('imported_at', models.DateTimeField(blank=True, null=True)),
-                ('raw', models.JSONField(blank=True, default=dict)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("global_max_agents", models.PositiveIntegerField(default=50)),
+                ("global_max_cpu", models.FloatField(blank=True, null=True)),
+                ("global_max_memory_bytes", models.BigIntegerField(blank=True, null=True)),
+                (
+                    "defaults",
+                    models.JSONField(blank=True, default=dict, help_text="defaults.resources as in scalers.yaml"),
+                ),
+                (
+                    "firecracker",
+                    models.JSONField(blank=True, default=dict, help_text="the top-level firecracker network block"),
+                ),
+                ("source", models.CharField(blank=True, max_length=500)),
+                ("imported_at", models.DateTimeField(blank=True, null=True)),
+                ("raw", models.JSONField(blank=True, default=dict)),
             ],
             options={
-                'verbose_name': 'config state',
+                "verbose_name": "config state",
             },
         ),
         migrations.CreateModel(
-            name='MachinePool',
+            name="MachinePool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200, unique=True)),
-                ('max_cpu', models.FloatField(blank=True, null=True)),
-                ('max_memory_bytes', models.BigIntegerField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200, unique=True)),
+                ("max_cpu", models.FloatField(blank=True, null=True)),
+                ("max_memory_bytes", models.BigIntegerField(blank=True, null=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Scaler',
+            name="Scaler",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200, unique=True)),
-                ('type', models.CharField(choices=[('container', 'Container'), ('bare-metal', 'Bare metal'), ('firecracker', 'Firecracker'), ('event', 'Event')], max_length=20)),
-                ('max_agents', models.PositiveIntegerField()),
-                ('max_concurrent_spawns', models.PositiveIntegerField(default=8)),
-                ('max_cpu', models.FloatField(blank=True, help_text='resourceCap.maxCpu', null=True)),
-                ('max_memory_bytes', models.BigIntegerField(blank=True, help_text='resourceCap.maxMemory in bytes', null=True)),
-                ('mandatory_labels', models.JSONField(blank=True, default=list)),
-                ('roles', models.JSONField(blank=True, help_text='null = all roles', null=True)),
-                ('orchestrator_url', models.CharField(blank=True, max_length=500)),
-                ('warm_pool_enabled', models.BooleanField(default=False)),
-                ('warm_pool_size', models.PositiveIntegerField(default=0)),
-                ('warm_pool_idle_timeout_seconds', models.FloatField(default=300)),
-                ('config', models.JSONField(blank=True, default=dict, help_text='the whole entry as imported')),
-                ('retiring', models.BooleanField(default=False)),
-                ('retiring_since', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('machine_pool', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='scalers', to='scalers.machinepool')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200, unique=True)),
+                (
+                    "type",
+                    models.CharField(
+                        choices=[
+                            ("container", "Container"),
+                            ("bare-metal", "Bare metal"),
+                            ("firecracker", "Firecracker"),
+                            ("event", "Event"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("max_agents", models.PositiveIntegerField()),
+                ("max_concurrent_spawns", models.PositiveIntegerField(default=8)),
+                ("max_cpu", models.FloatField(blank=True, help_text="resourceCap.maxCpu", null=True)),
+                (
+                    "max_memory_bytes",
+                    models.BigIntegerField(blank=True, help_text="resourceCap.maxMemory in bytes", null=True),
+                ),
+                ("mandatory_labels", models.JSONField(blank=True, default=list)),
+                ("roles", models.JSONField(blank=True, help_text="null = all roles", null=True)),
+                ("orchestrator_url", models.CharField(blank=True, max_length=500)),
+                ("warm_pool_enabled", models.BooleanField(default=False)),
+                ("warm_pool_size", models.PositiveIntegerField(default=0)),
+                ("warm_pool_idle_timeout_seconds", models.FloatField(default=300)),
+                ("config", models.JSONField(blank=True, default=dict, help_text="the whole entry as imported")),
+                ("retiring", models.BooleanField(default=False)),
+                ("retiring_since", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "machine_pool",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="scalers",
+                        to="scalers.machinepool",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Reservation',
+            name="Reservation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('cpus', models.FloatField(default=0)),
-                ('memory_bytes', models.BigIntegerField(default=0)),
-                ('limit_cpus', models.FloatField(default=0)),
-                ('limit_memory_bytes', models.BigIntegerField(default=0)),
-                ('owner_instance', models.CharField(max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('agent', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='reservation', to='agents.agent')),
-                ('machine_pool', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='scalers.machinepool')),
-                ('scaler', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='reservations', to='scalers.scaler')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("cpus", models.FloatField(default=0)),
+                ("memory_bytes", models.BigIntegerField(default=0)),
+                ("limit_cpus", models.FloatField(default=0)),
+                ("limit_memory_bytes", models.BigIntegerField(default=0)),
+                ("owner_instance", models.CharField(max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "agent",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="reservation", to="agents.agent"
+                    ),
+                ),
+                (
+                    "machine_pool",
+                    models.ForeignKey(
+                        blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to="scalers.machinepool"
+                    ),
+                ),
+                (
+                    "scaler",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="reservations", to="scalers.scaler"
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['owner_instance'], name='scalers_res_owner_i_317fca_idx')],
+                "indexes": [models.Index(fields=["owner_instance"], name="scalers_res_owner_i_317fca_idx")],
             },
         ),
         migrations.CreateModel(
-            name='LabelSet',
+            name="LabelSet",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('labels', models.JSONField(help_text='canonical (trimmed, lower-case) declared labels')),
-                ('normalized', models.CharField(help_text='sorted, de-duplicated, comma-joined', max_length=1000)),
-                ('config', models.JSONField(blank=True, default=dict, help_text='the whole label-set entry as imported')),
-                ('host_access', models.JSONField(blank=True, help_text='explicit networkPolicy.hostAccess; null = the default (SPEC g.3)', null=True)),
-                ('retired', models.BooleanField(default=False)),
-                ('scaler', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='label_sets', to='scalers.scaler')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("index", models.PositiveIntegerField()),
+                ("labels", models.JSONField(help_text="canonical (trimmed, lower-case) declared labels")),
+                ("normalized", models.CharField(help_text="sorted, de-duplicated, comma-joined", max_length=1000)),
+                (
+                    "config",
+                    models.JSONField(blank=True, default=dict, help_text="the whole label-set entry as imported"),
+                ),
+                (
+                    "host_access",
+                    models.JSONField(
+                        blank=True,
+                        help_text="explicit networkPolicy.hostAccess; null = the default (SPEC g.3)",
+                        null=True,
+                    ),
+                ),
+                ("retired", models.BooleanField(default=False)),
+                (
+                    "scaler",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="label_sets", to="scalers.scaler"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['scaler__name', 'index'],
-                'constraints': [models.UniqueConstraint(fields=('scaler', 'index'), name='labelset_scaler_index_unique')],
+                "ordering": ["scaler__name", "index"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("scaler", "index"), name="labelset_scaler_index_unique")
+                ],
             },
         ),
     ]

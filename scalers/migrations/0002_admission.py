@@ -5,76 +5,94 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scalers', '0001_initial'),
+        ("scalers", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RecoveryReport',
+            name="RecoveryReport",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('instance_id', models.CharField(max_length=200)),
-                ('trigger', models.CharField(help_text='boot | leader-change | manual', max_length=20)),
-                ('spawning_agents_rehydrated', models.PositiveIntegerField(default=0)),
-                ('spawning_dropped', models.PositiveIntegerField(default=0)),
-                ('agent_jobs_rehydrated', models.PositiveIntegerField(default=0)),
-                ('reservations_rehydrated', models.PositiveIntegerField(default=0)),
-                ('reservations_dropped', models.PositiveIntegerField(default=0)),
-                ('buffered_events_lost', models.PositiveIntegerField(default=0)),
-                ('error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("instance_id", models.CharField(max_length=200)),
+                ("trigger", models.CharField(help_text="boot | leader-change | manual", max_length=20)),
+                ("spawning_agents_rehydrated", models.PositiveIntegerField(default=0)),
+                ("spawning_dropped", models.PositiveIntegerField(default=0)),
+                ("agent_jobs_rehydrated", models.PositiveIntegerField(default=0)),
+                ("reservations_rehydrated", models.PositiveIntegerField(default=0)),
+                ("reservations_dropped", models.PositiveIntegerField(default=0)),
+                ("buffered_events_lost", models.PositiveIntegerField(default=0)),
+                ("error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='MetricCounter',
+            name="MetricCounter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('label_key', models.CharField(blank=True, max_length=500)),
-                ('labels', models.JSONField(blank=True, default=dict)),
-                ('value', models.FloatField(default=0)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200)),
+                ("label_key", models.CharField(blank=True, max_length=500)),
+                ("labels", models.JSONField(blank=True, default=dict)),
+                ("value", models.FloatField(default=0)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('name', 'label_key'), name='metriccounter_name_labels_unique')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("name", "label_key"), name="metriccounter_name_labels_unique")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ScaleRequest',
+            name="ScaleRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.CharField(max_length=200, unique=True)),
-                ('run_id', models.CharField(blank=True, max_length=200)),
-                ('labels', models.JSONField(blank=True, default=list)),
-                ('resources', models.JSONField(blank=True, help_text="the job's resources as requested", null=True)),
-                ('cpus', models.FloatField(default=0, help_text='resolved request, cpus')),
-                ('memory_bytes', models.BigIntegerField(default=0, help_text='resolved request, bytes')),
-                ('outcome', models.CharField(choices=[('spawning', 'spawning'), ('assigned', 'assigned a warm agent'), ('at-capacity', 'at capacity'), ('no-backend', 'no matching label set'), ('skipped', 'skipped')], max_length=20)),
-                ('cap', models.CharField(blank=True, max_length=40)),
-                ('reason', models.TextField(blank=True)),
-                ('scaler_name', models.CharField(blank=True, max_length=200)),
-                ('agent_ref', models.CharField(blank=True, help_text='agent id admitted or assigned', max_length=100)),
-                ('attempts', models.PositiveIntegerField(default=1)),
-                ('owner_instance', models.CharField(blank=True, max_length=200)),
-                ('first_requested_at', models.DateTimeField()),
-                ('decided_at', models.DateTimeField(db_index=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("job_id", models.CharField(max_length=200, unique=True)),
+                ("run_id", models.CharField(blank=True, max_length=200)),
+                ("labels", models.JSONField(blank=True, default=list)),
+                ("resources", models.JSONField(blank=True, help_text="the job's resources as requested", null=True)),
+                ("cpus", models.FloatField(default=0, help_text="resolved request, cpus")),
+                ("memory_bytes", models.BigIntegerField(default=0, help_text="resolved request, bytes")),
+                (
+                    "outcome",
+                    models.CharField(
+                        choices=[
+                            ("spawning", "spawning"),
+                            ("assigned", "assigned a warm agent"),
+                            ("at-capacity", "at capacity"),
+                            ("no-backend", "no matching label set"),
+                            ("skipped", "skipped"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("cap", models.CharField(blank=True, max_length=40)),
+                ("reason", models.TextField(blank=True)),
+                ("scaler_name", models.CharField(blank=True, max_length=200)),
+                ("agent_ref", models.CharField(blank=True, help_text="agent id admitted or assigned", max_length=100)),
+                ("attempts", models.PositiveIntegerField(default=1)),
+                ("owner_instance", models.CharField(blank=True, max_length=200)),
+                ("first_requested_at", models.DateTimeField()),
+                ("decided_at", models.DateTimeField(db_index=True)),
             ],
             options={
-                'ordering': ['-decided_at'],
-                'indexes': [models.Index(fields=['outcome', 'decided_at'], name='scalers_sca_outcome_dba354_idx')],
+                "ordering": ["-decided_at"],
+                "indexes": [models.Index(fields=["outcome", "decided_at"], name="scalers_sca_outcome_dba354_idx")],
             },
         ),
         migrations.CreateModel(
-            name='ScalerTeardown',
+            name="ScalerTeardown",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('torn_down_at', models.DateTimeField(auto_now_add=True)),
-                ('detail', models.TextField(blank=True)),
-                ('scaler', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='teardown', to='scalers.scaler')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("torn_down_at", models.DateTimeField(auto_now_add=True)),
+                ("detail", models.TextField(blank=True)),
+                (
+                    "scaler",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="teardown", to="scalers.scaler"
+                    ),
+                ),
             ],
         ),
     ]

@@ -4,15 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scalers', '0002_admission'),
+        ("scalers", "0002_admission"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='scalerequest',
-            name='outcome',
-            field=models.CharField(choices=[('spawning', 'spawning'), ('assigned', 'assigned a warm agent'), ('at-capacity', 'at capacity'), ('exceeds-cap', 'exceeds a cap: can never be admitted'), ('no-backend', 'no matching label set'), ('skipped', 'skipped')], max_length=20),
+            model_name="scalerequest",
+            name="outcome",
+            field=models.CharField(
+                choices=[
+                    ("spawning", "spawning"),
+                    ("assigned", "assigned a warm agent"),
+                    ("at-capacity", "at capacity"),
+                    ("exceeds-cap", "exceeds a cap: can never be admitted"),
+                    ("no-backend", "no matching label set"),
+                    ("skipped", "skipped"),
+                ],
+                max_length=20,
+            ),
         ),
     ]

@@ -180,7 +180,9 @@ def browser_page(transactional_db, live_daphne, chromium):
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-        page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
+        page.on(
+            "console", lambda msg: errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None
+        )
         page.js_errors = errors
         return page
 

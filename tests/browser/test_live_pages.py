@@ -33,7 +33,11 @@ def test_the_dashboard_shows_a_new_agent_and_its_state_changes_without_reload(br
     assert "0 / 4" in card.inner_text().replace("\n", " ")
 
     agent = Agent.objects.create(
-        agent_id="scaler-container-0b0e5e01", scaler=scaler, label_set=scaler.label_sets.get(), state=AgentState.SPAWNING, labels=["linux"]
+        agent_id="scaler-container-0b0e5e01",
+        scaler=scaler,
+        label_set=scaler.label_sets.get(),
+        state=AgentState.SPAWNING,
+        labels=["linux"],
     )
     Reservation.objects.create(scaler=scaler, agent=agent, cpus=1, memory_bytes=2**30, owner_instance="ui")
     off_loop(record_event, agent, EventType.PROVISIONING, "creating container")
@@ -42,13 +46,13 @@ def test_the_dashboard_shows_a_new_agent_and_its_state_changes_without_reload(br
     row.wait_for()
     assert "spawning" in row.inner_text()
     page.locator("#event-rows").get_by_text("creating container").wait_for()
-    page.wait_for_function(f"document.querySelector('#cap-scaler-{scaler.pk}').innerText.replace(/\\s+/g, ' ').includes('1 / 4')")
+    page.wait_for_function(
+        f"document.querySelector('#cap-scaler-{scaler.pk}').innerText.replace(/\\s+/g, ' ').includes('1 / 4')"
+    )
 
     Agent.objects.filter(pk=agent.pk).update(state=AgentState.RUNNING, ip="172.30.0.9")
     off_loop(record_event, agent, EventType.READY, "container started")
-    page.wait_for_function(
-        f"document.querySelector('#agent-{agent.agent_id} .badge').textContent.trim() === 'running'"
-    )
+    page.wait_for_function(f"document.querySelector('#agent-{agent.agent_id} .badge').textContent.trim() === 'running'")
     assert page.locator(f"#agent-{agent.agent_id}").count() == 1  # updated in place, not duplicated
 
     def burst():  # several events of one agent, most likely pushed in one frame
@@ -140,7 +144,13 @@ def test_the_console_page_shows_lines_appended_to_the_serial_log_live(browser_pa
 def test_the_agents_list_filters_as_you_type_from_the_keyboard(browser_page):
     scaler = _container_scaler()
     for n, job in ((1, "job-alpha"), (2, "job-beta")):
-        Agent.objects.create(agent_id=f"scaler-container-0f11e00{n}", scaler=scaler, state=AgentState.RUNNING, labels=["linux"], bound_job_id=job)
+        Agent.objects.create(
+            agent_id=f"scaler-container-0f11e00{n}",
+            scaler=scaler,
+            state=AgentState.RUNNING,
+            labels=["linux"],
+            bound_job_id=job,
+        )
     page = browser_page()
     page.goto("/agents/")
     page.evaluate("window.__not_reloaded = true")

@@ -47,8 +47,13 @@ def _heartbeat(base: str, agent: Agent, token: str) -> int:
 def test_a_heartbeat_age_counts_up_in_the_browser_and_resets_on_a_heartbeat(browser_page, wait_live, live_daphne):
     scaler = _scaler()
     agent = Agent.objects.create(
-        agent_id="scaler-container-7135e001", scaler=scaler, label_set=scaler.label_sets.get(), state=AgentState.RUNNING,
-        labels=["linux"], registered_at=timezone.now(), last_heartbeat=timezone.now() - timedelta(seconds=50),
+        agent_id="scaler-container-7135e001",
+        scaler=scaler,
+        label_set=scaler.label_sets.get(),
+        state=AgentState.RUNNING,
+        labels=["linux"],
+        registered_at=timezone.now(),
+        last_heartbeat=timezone.now() - timedelta(seconds=50),
     )
     Reservation.objects.create(scaler=scaler, agent=agent, cpus=1, memory_bytes=2**30, owner_instance="ui")
     token = mint_session_token(agent)
@@ -62,7 +67,9 @@ def test_a_heartbeat_age_counts_up_in_the_browser_and_resets_on_a_heartbeat(brow
     page.wait_for_function(f"({AGE_OF})({json.dumps(cell)}) >= {start + 4}", timeout=9000)
 
     assert _heartbeat(live_daphne, agent, token) == 200
-    page.wait_for_function(f"({AGE_OF})({json.dumps(cell)}) !== null && ({AGE_OF})({json.dumps(cell)}) < 10", timeout=8000)
+    page.wait_for_function(
+        f"({AGE_OF})({json.dumps(cell)}) !== null && ({AGE_OF})({json.dumps(cell)}) < 10", timeout=8000
+    )
     assert page.locator(f"#agent-{agent.agent_id}").count() == 1
     assert not [e for e in page.js_errors if "page error" in e], page.js_errors
 
@@ -76,7 +83,11 @@ def test_the_placeholder_goes_when_the_first_live_agent_arrives(browser_page, wa
     assert placeholder.inner_text().strip() == "No live agents."
 
     agent = Agent.objects.create(
-        agent_id="scaler-container-7135e002", scaler=scaler, label_set=scaler.label_sets.get(), state=AgentState.SPAWNING, labels=["linux"]
+        agent_id="scaler-container-7135e002",
+        scaler=scaler,
+        label_set=scaler.label_sets.get(),
+        state=AgentState.SPAWNING,
+        labels=["linux"],
     )
     off_loop(record_event, agent, EventType.PROVISIONING, "creating container")
     page.locator(f"#agent-rows > #agent-{agent.agent_id}").wait_for()

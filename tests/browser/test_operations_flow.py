@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import expect
 from django.conf import settings
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -25,7 +25,12 @@ def _stale_reservation() -> Agent:
     scaler = Scaler.objects.create(name="ops-browser-ev", type="event", max_agents=4)
     ls = LabelSet.objects.create(scaler=scaler, index=0, labels=["linux"], normalized="linux")
     agent = Agent.objects.create(
-        agent_id="scaler-event-0b5e0001", scaler=scaler, label_set=ls, state=AgentState.FAILED, labels=["linux"], finished_at=timezone.now()
+        agent_id="scaler-event-0b5e0001",
+        scaler=scaler,
+        label_set=ls,
+        state=AgentState.FAILED,
+        labels=["linux"],
+        finished_at=timezone.now(),
     )
     Reservation.objects.create(scaler=scaler, agent=agent, cpus=1, memory_bytes=2**30, owner_instance="ops")
     return agent

@@ -94,7 +94,9 @@ def make_handler(state: dict):
 
         def do_GET(self):
             if self.path == "/":
-                self._send(200, {"id": state["id"], "state": "Running", "vmm_version": "1.12.1", "app_name": "Firecracker"})
+                self._send(
+                    200, {"id": state["id"], "state": "Running", "vmm_version": "1.12.1", "app_name": "Firecracker"}
+                )
                 if state["panic_after_ready"] is not None:
                     self.wfile.flush()
                     state["log"](state["panic_after_ready"])

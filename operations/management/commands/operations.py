@@ -40,7 +40,12 @@ class Command(BaseCommand):
         plan.add_argument("--agent", action="append", default=[], help="agent id (repeatable)")
         plan.add_argument("--label-set", type=int)
         group = plan.add_mutually_exclusive_group()
-        group.add_argument("--host-access", nargs="*", metavar="ENTRY", help="the new hostAccess list (no entries = explicit empty list)")
+        group.add_argument(
+            "--host-access",
+            nargs="*",
+            metavar="ENTRY",
+            help="the new hostAccess list (no entries = explicit empty list)",
+        )
         group.add_argument("--host-access-default", action="store_true", help="back to the default host access")
         plan.add_argument("--config", help="scalers.yaml path (default KICI_SCALER_CONFIG_PATH)")
         plan.add_argument("--config-dir", help="drop-in directory (default KICI_SCALER_CONFIG_DIR)")
@@ -55,7 +60,11 @@ class Command(BaseCommand):
             p.add_argument("--user", required=True, help="the deciding user (needs operations.approve_operation)")
             p.add_argument("--note", default="")
             if verb == "approve":
-                p.add_argument("--run-now", action="store_true", help="run here and now instead of enqueueing (this host's queue only)")
+                p.add_argument(
+                    "--run-now",
+                    action="store_true",
+                    help="run here and now instead of enqueueing (this host's queue only)",
+                )
 
         lst = sub.add_parser("list", help="list operations, newest first")
         lst.add_argument("--status", choices=[s.value for s in OperationStatus])
@@ -85,10 +94,15 @@ class Command(BaseCommand):
         w = self.stdout.write
         w(f"operation #{op.pk}: {op.get_kind_display()} [{op.status}]")
         w(f"  scope: {op.scope_label}; queue {op.host_queue}")
-        w(f"  requested by {op.requested_by.get_username() if op.requested_by else 'system'} via {op.requested_via} at {op.created_at:%Y-%m-%d %H:%M:%S}; expires {op.expires_at:%Y-%m-%d %H:%M:%S}")
+        w(
+            f"  requested by {op.requested_by.get_username() if op.requested_by else 'system'} via {op.requested_via} at {op.created_at:%Y-%m-%d %H:%M:%S}; expires {op.expires_at:%Y-%m-%d %H:%M:%S}"
+        )
         if op.decided_at:
             who = "policy" if op.auto_approved else (op.approved_by or op.rejected_by)
-            w(f"  decided by {who} at {op.decided_at:%Y-%m-%d %H:%M:%S}" + (f": {op.decision_note}" if op.decision_note else ""))
+            w(
+                f"  decided by {who} at {op.decided_at:%Y-%m-%d %H:%M:%S}"
+                + (f": {op.decision_note}" if op.decision_note else "")
+            )
         if op.error:
             w(f"  error: {op.error}")
         for note in op.notes:
@@ -117,7 +131,12 @@ class Command(BaseCommand):
             params["config_path"] = options["config"]
         if options["config_dir"]:
             params["config_dir"] = options["config_dir"]
-        scope = {"scaler": options["scaler"], "agent_ids": options["agent"], "label_set": options["label_set"], "params": params}
+        scope = {
+            "scaler": options["scaler"],
+            "agent_ids": options["agent"],
+            "label_set": options["label_set"],
+            "params": params,
+        }
         try:
             op = create_operation(options["kind"], scope, user, via=RequestedVia.CLI)
         except PermissionDenied as exc:
@@ -144,14 +163,19 @@ class Command(BaseCommand):
                 self.stdout.write(f"    {entry['at'][:19]} {entry['level']}: {entry['message']}")
         self.stdout.write("  audit:")
         for a in op.audit.all():
-            self.stdout.write(f"    {a.at:%Y-%m-%d %H:%M:%S} {a.username or 'system'} {a.action} {a.from_status or '-'} -> {a.to_status}" + (f": {a.detail}" if a.detail else ""))
+            self.stdout.write(
+                f"    {a.at:%Y-%m-%d %H:%M:%S} {a.username or 'system'} {a.action} {a.from_status or '-'} -> {a.to_status}"
+                + (f": {a.detail}" if a.detail else "")
+            )
 
     def do_approve(self, options):
         user = self._user(options["user"])
         op = self._operation(options["id"])
         run_now = options.get("run_now")
         if run_now and op.host_queue != settings.KICI_HOST_QUEUE:
-            raise CommandError(f"--run-now runs on this host ({settings.KICI_HOST_QUEUE}); operation #{op.pk} belongs to {op.host_queue}")
+            raise CommandError(
+                f"--run-now runs on this host ({settings.KICI_HOST_QUEUE}); operation #{op.pk} belongs to {op.host_queue}"
+            )
         try:
             approve_operation(op, user, note=options["note"], require_worker=not run_now, enqueue=not run_now)
         except PermissionDenied as exc:

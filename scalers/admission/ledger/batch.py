@@ -10,14 +10,24 @@ from agents.choices import AgentState
 AGENT_ROW = ("agent_id", "scaler_id", "label_set_id", "labels", "warm", "bound_job_id", "run_id")
 AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text")
 #: Per-row columns of a new reservation (joined to its agent by ``agent_id``).
-RESERVATION_ROW = ("agent_ref", "scaler_id", "machine_pool_id", "cpus", "memory_bytes", "limit_cpus", "limit_memory_bytes")
+RESERVATION_ROW = (
+    "agent_ref",
+    "scaler_id",
+    "machine_pool_id",
+    "cpus",
+    "memory_bytes",
+    "limit_cpus",
+    "limit_memory_bytes",
+)
 RESERVATION_ROW_TYPES = ("text", "int8", "int8", "float8", "int8", "float8", "int8")
 
 _WRITE_SQL: str | None = None
 _WRITE_DEFAULTS: dict | None = None
 
 
-def _insert_columns(model, per_row: dict[str, str], fixed: dict[str, str], params: dict, prefix: str) -> tuple[list, list]:
+def _insert_columns(
+    model, per_row: dict[str, str], fixed: dict[str, str], params: dict, prefix: str
+) -> tuple[list, list]:
     """Columns and SELECT expressions for an INSERT of ``model`` rows: ``per_row`` maps column ->
     expression over the unnest alias, ``fixed`` column -> named parameter; every other concrete
     column gets its field default (so columns other helpers add keep working)."""
@@ -51,17 +61,33 @@ def _write_statement() -> tuple[str, dict]:
     defaults: dict = {}
     a_cols, a_exprs = _insert_columns(
         Agent,
-        {"agent_id": "u.agent_id", "scaler_id": "u.scaler_id", "label_set_id": "u.label_set_id",
-         "labels": "u.labels::jsonb", "warm": "u.warm", "bound_job_id": "u.bound_job_id", "run_id": "u.run_id"},
+        {
+            "agent_id": "u.agent_id",
+            "scaler_id": "u.scaler_id",
+            "label_set_id": "u.label_set_id",
+            "labels": "u.labels::jsonb",
+            "warm": "u.warm",
+            "bound_job_id": "u.bound_job_id",
+            "run_id": "u.run_id",
+        },
         {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
-        defaults, "a",
+        defaults,
+        "a",
     )
     r_cols, r_exprs = _insert_columns(
         Reservation,
-        {"agent_id": "a.id", "scaler_id": "v.scaler_id", "machine_pool_id": "v.machine_pool_id", "cpus": "v.cpus",
-         "memory_bytes": "v.memory_bytes", "limit_cpus": "v.limit_cpus", "limit_memory_bytes": "v.limit_memory_bytes"},
+        {
+            "agent_id": "a.id",
+            "scaler_id": "v.scaler_id",
+            "machine_pool_id": "v.machine_pool_id",
+            "cpus": "v.cpus",
+            "memory_bytes": "v.memory_bytes",
+            "limit_cpus": "v.limit_cpus",
+            "limit_memory_bytes": "v.limit_memory_bytes",
+        },
         {"owner_instance": "owner", "created_at": "now"},
-        defaults, "r",
+        defaults,
+        "r",
     )
     a_unnest = ", ".join(f"%(a_{c})b::{t}[]" for c, t in zip(AGENT_ROW, AGENT_ROW_TYPES))
     r_unnest = ", ".join(f"%(r_{c})b::{t}[]" for c, t in zip(RESERVATION_ROW, RESERVATION_ROW_TYPES))
@@ -91,9 +117,17 @@ def _write_statement() -> tuple[str, dict]:
     return sql, defaults
 
 
-def write_batch(cursor, *, now, instance_id: str, agents: list[tuple], reservations: list[tuple],
-                records: list[dict], counters: dict[tuple[str, str], tuple[dict, float]],
-                count_attempts: bool = True) -> dict[str, int]:
+def write_batch(
+    cursor,
+    *,
+    now,
+    instance_id: str,
+    agents: list[tuple],
+    reservations: list[tuple],
+    records: list[dict],
+    counters: dict[tuple[str, str], tuple[dict, float]],
+    count_attempts: bool = True,
+) -> dict[str, int]:
     """Write a decided batch in ONE statement: new agents (state spawning), their reservations,
     the request records (one per job id, ``attempts`` summed unless ``count_attempts`` is False)
     and the counter increments.

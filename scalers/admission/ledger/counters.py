@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+
 def label_key(labels: dict) -> str:
     """Canonical ``k=v,k=v`` (sorted) rendering of a label dict, the counter row key."""
     return ",".join(f"{k}={labels[k]}" for k in sorted(labels))

@@ -23,7 +23,13 @@ def read_config(cursor) -> dict:
     cursor.execute(_CONFIG_SQL)
     row = cursor.fetchone()
     if row is None:
-        return {"global_max_agents": 50, "global_max_cpu": None, "global_max_memory_bytes": None, "defaults": {}, "version": "none"}
+        return {
+            "global_max_agents": 50,
+            "global_max_cpu": None,
+            "global_max_memory_bytes": None,
+            "defaults": {},
+            "version": "none",
+        }
     return _config_dict(row)
 
 

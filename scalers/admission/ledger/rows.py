@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+
 def dict_rows(cursor, sql: str, params=()) -> list[dict]:
     """Run ``sql`` and return its rows as ``{column: value}``; the JSON columns admission reads
     (``config``, ``labels``, ``mandatory_labels``, ``roles``) are decoded when they come back as text."""

@@ -44,7 +44,9 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
     )
     # Config order (routing ties and empty runsOn pick the first, SPEC b): the order of the
     # imported file's ``scalers`` list; scalers not in it (retiring, hand-made) after, by id.
-    cursor.execute("SELECT coalesce(jsonb_path_query_array(raw, '$.scalers[*].name'), '[]') FROM scalers_configstate WHERE id = 1")
+    cursor.execute(
+        "SELECT coalesce(jsonb_path_query_array(raw, '$.scalers[*].name'), '[]') FROM scalers_configstate WHERE id = 1"
+    )
     row = cursor.fetchone()
     order = row[0] if row else []
     if isinstance(order, str):

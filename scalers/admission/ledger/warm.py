@@ -8,6 +8,7 @@ from agents.choices import AgentState
 
 from .rows import dict_rows
 
+
 def idle_warm_agents(cursor, scaler_ids: Iterable[int]) -> list[dict]:
     """Idle warm agents (running, warm, unbound, no active jobs) of ``scaler_ids``, oldest first,
     with their reservation shape."""

@@ -54,7 +54,9 @@ class ContainerBackend(SpawnMixin, SweepMixin):
         self._docker = docker
         self._runtime = runtime
         if network_isolation is None:
-            network_isolation = bool(scaler_option(scaler, "networkIsolation", True)) and settings.KICI_NETWORK_ISOLATION
+            network_isolation = (
+                bool(scaler_option(scaler, "networkIsolation", True)) and settings.KICI_NETWORK_ISOLATION
+            )
         self.network_isolation = network_isolation
         self._nft = nft
         self._isolation: ContainerIsolation | None = None
@@ -125,7 +127,9 @@ class ContainerBackend(SpawnMixin, SweepMixin):
         if container_id and not address and self.network_isolation:
             address = container_network_ip(self.docker, container_id)
         if address and self.network_isolation:
-            self._remove_rules_unless_held(address, (agent.agent_id, container_id or ""), f"destroy of {agent.agent_id}")
+            self._remove_rules_unless_held(
+                address, (agent.agent_id, container_id or ""), f"destroy of {agent.agent_id}"
+            )
         if not container_id:
             return
         try:

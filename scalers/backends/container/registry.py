@@ -24,4 +24,3 @@ def db_registered_ids(agent_ids: list[str]) -> set[str]:
             agent_id__in=agent_ids, registered_at__isnull=False, state__in=[AgentState.RUNNING, AgentState.DRAINING]
         ).values_list("agent_id", flat=True)
     )
-

@@ -88,7 +88,9 @@ class SpawnMixin:
         started = False
         if self._docker is None:  # even the client's version handshake honours the deadline
             remaining = control.remaining()
-            self._docker = docker_client_for(self.runtime, timeout=60 if remaining is None else max(1.0, min(60.0, remaining)))
+            self._docker = docker_client_for(
+                self.runtime, timeout=60 if remaining is None else max(1.0, min(60.0, remaining))
+            )
             self.api.timeout = 60
         base_timeout = getattr(self.api, "timeout", None)
 
@@ -126,12 +128,18 @@ class SpawnMixin:
                 host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
                 # Stored before the rules are written, so a concurrent rule sweep counts it as live.
                 with transaction.atomic():
-                    Agent.objects.filter(pk=agent.pk).update(ip=address, host_access=host_access, host_access_explicit=explicit)
+                    Agent.objects.filter(pk=agent.pk).update(
+                        ip=address, host_access=host_access, host_access_explicit=explicit
+                    )
                     record_event(agent, EventType.NETWORK, "configuring network isolation")
                 if address:
                     self.isolation.apply(address, policy_cfg, host_access)
                 else:
-                    log.warning("agent %s has no address on %s; no isolation rules written", agent.agent_id, ISOLATED_NETWORK_NAME)
+                    log.warning(
+                        "agent %s has no address on %s; no isolation rules written",
+                        agent.agent_id,
+                        ISOLATED_NETWORK_NAME,
+                    )
 
             check("ready")
             with transaction.atomic():
@@ -144,7 +152,11 @@ class SpawnMixin:
                 ip=address,
                 host_access=host_access,
                 host_access_explicit=explicit,
-                context={"container_id": container_id, "image": image, "network": ISOLATED_NETWORK_NAME if self.network_isolation else None},
+                context={
+                    "container_id": container_id,
+                    "image": image,
+                    "network": ISOLATED_NETWORK_NAME if self.network_isolation else None,
+                },
             )
         except BaseException as exc:
             if base_timeout is not None:

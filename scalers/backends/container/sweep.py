@@ -165,7 +165,9 @@ class SweepMixin:
         """Delete ``address``'s rules unless a sandbox other than ``exclude`` (ids of the one
         going away) holds it now: any active agent row, any kici-managed container on this
         runtime, any VM allocation (``scalers.backends.holders``). True when deleted."""
-        removed, _ = self.isolation.remove_unless_held(address, exclude=exclude, list_containers=self.list_managed, why=why)
+        removed, _ = self.isolation.remove_unless_held(
+            address, exclude=exclude, list_containers=self.list_managed, why=why
+        )
         return removed
 
     def _remove_rules_quietly(self, address: str, exclude=(), why: str = "") -> bool:

@@ -181,13 +181,17 @@ class FirecrackerScalerBackend:
     def _label_set(self, agent) -> dict:
         ls = agent.label_set
         entry = dict((ls.config if ls is not None else None) or {})
-        policy = {k: v for k, v in dict(entry.get("networkPolicy") or {}).items() if k not in ("hostAccess", "host_access")}
+        policy = {
+            k: v for k, v in dict(entry.get("networkPolicy") or {}).items() if k not in ("hostAccess", "host_access")
+        }
         if ls is not None and ls.host_access is not None:  # the host-access editor's word wins (SPEC g.3)
             policy["hostAccess"] = list(ls.host_access)
         entry["networkPolicy"] = policy
         return entry
 
-    def _bridge_control(self, agent_id: str, control: SpawnControl, cancel: CancelSignal, stop: threading.Event) -> None:
+    def _bridge_control(
+        self, agent_id: str, control: SpawnControl, cancel: CancelSignal, stop: threading.Event
+    ) -> None:
         try:
             while not stop.wait(POLL_SECONDS):
                 if control.deadline is not None and time.time() >= control.deadline:
@@ -222,7 +226,10 @@ class FirecrackerScalerBackend:
         cancel, stop = CancelSignal(), threading.Event()
         watch.track(agent_id, self.fc)
         bridge = threading.Thread(
-            target=self._bridge_control, args=(agent_id, control, cancel, stop), name=f"fc-control:{agent_id}", daemon=True
+            target=self._bridge_control,
+            args=(agent_id, control, cancel, stop),
+            name=f"fc-control:{agent_id}",
+            daemon=True,
         )
         bridge.start()
         try:

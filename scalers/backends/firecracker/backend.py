@@ -14,23 +14,23 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.render import AgentSpec
 
 from ..holders import address_lock
-from . import jail
+from . import jail, provision
 from .api import FirecrackerApi
+from .bootwatch import BootWatchMixin, release_thread_db
 from .cancel import CancelSignal
 from .logs import LogForwarder, LogSink
 from .settings import FirecrackerSettings
 from .sweeps import SweepMixin, default_tracked_provider
 from .teardown import TeardownMixin
-from .bootwatch import BootWatchMixin, release_thread_db
-from . import provision
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,7 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
                 host_access=host_access, layout=layout, cancel=cancel,
             )  # fmt: skip
             self._vms[agent_id] = vm
+
         def on_cancel() -> None:
             self.abandon_spawn(agent_id, cancel.reason or ABORT_REASON)
             release_thread_db()
@@ -306,11 +307,15 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
         deadline = time.monotonic() + s.socket_wait_s
         while True:
             if s.require_sudo:
-                subprocess.run(jail.sudo_wrap(["chmod", "-R", "go+rX", str(vm.layout.chroot)], True), capture_output=True)
+                subprocess.run(
+                    jail.sudo_wrap(["chmod", "-R", "go+rX", str(vm.layout.chroot)], True), capture_output=True
+                )
             if api.is_ready():
                 return
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"Firecracker API socket not ready within {s.socket_wait_s:g}s for agent {vm.agent_id}")
+                raise RuntimeError(
+                    f"Firecracker API socket not ready within {s.socket_wait_s:g}s for agent {vm.agent_id}"
+                )
             if vm.cancel.wait(0.1):
                 raise _Aborted()
 

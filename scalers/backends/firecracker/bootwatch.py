@@ -30,7 +30,9 @@ class BootWatchMixin:
 
     def _booting(self, vm: Any) -> bool:
         with self._lock:
-            return self._vms.get(vm.agent_id) is vm and not vm.abandoned and not vm.registered and vm.state != "destroying"
+            return (
+                self._vms.get(vm.agent_id) is vm and not vm.abandoned and not vm.registered and vm.state != "destroying"
+            )
 
     def _watch_boot(self, vm: Any) -> None:
         """Abandon the spawn when the jailer, or the VM process it forked, exits before registration."""

@@ -8,7 +8,7 @@ in-flight and subsequent request on this client").
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 
 class CancelSignal(threading.Event):

@@ -15,9 +15,10 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,7 @@ def build_vm_config(*, ip: str, gateway: str, netmask: str, mac: str, tap: str, 
         "boot-source": {
             "kernel_image_path": "/kernel",
             "boot_args": (
-                "console=ttyS0 reboot=k panic=1 random.trust_cpu=on init=/init "
-                f"ip={ip}::{gateway}:{netmask}::eth0:off"
+                f"console=ttyS0 reboot=k panic=1 random.trust_cpu=on init=/init ip={ip}::{gateway}:{netmask}::eth0:off"
             ),
         },
         "drives": [
@@ -238,7 +238,7 @@ class ChrootLayout:
     pid_file: Path
 
     @classmethod
-    def for_agent(cls, base: str | os.PathLike, agent_id: str) -> "ChrootLayout":
+    def for_agent(cls, base: str | os.PathLike, agent_id: str) -> ChrootLayout:
         root = chroot_dir(base, agent_id)
         return cls(
             vm_dir=root.parent, chroot=root, rootfs=root / "rootfs.ext4", kernel=root / "kernel",

@@ -14,8 +14,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from agents.tail import FileTail, split_lines
 
@@ -55,7 +55,7 @@ class LogForwarder:
         self._tails: list[tuple[FileTail, Path, int]] = []
         self._thread = threading.Thread(target=self._run, name=f"fc-logs:{agent_id}", daemon=True)
 
-    def start(self) -> "LogForwarder":
+    def start(self) -> LogForwarder:
         self._thread.start()
         self._started.wait(5)
         return self
@@ -126,7 +126,9 @@ class LogForwarder:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
             if self._thread.is_alive():
-                log.warning("log forwarder of %s did not stop within %.1f s; its last lines may be late", self.agent_id, timeout)
+                log.warning(
+                    "log forwarder of %s did not stop within %.1f s; its last lines may be late", self.agent_id, timeout
+                )
 
     def _forward_unread(self) -> None:
         """Emit what the tails had not read when they stopped (a starved tail on a loaded host),

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from network.netlink import tap_name_for
 
@@ -175,7 +176,7 @@ class PeriodicSweep:
         while not self._stop.wait(self.interval_s):
             self.run_once()
 
-    def start(self) -> "PeriodicSweep":
+    def start(self) -> PeriodicSweep:
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)

@@ -32,7 +32,9 @@ def _in_netns(argv: list[str], netns: str | None, sudo: bool) -> list[str]:
 
 def default_route_interface(netns: str | None = None, sudo: bool = False) -> str | None:
     """Name of the interface of the IPv4 default route, or None when there is none."""
-    proc = subprocess.run(_in_netns(["ip", "-j", "route", "show", "default"], netns, sudo), capture_output=True, text=True, timeout=10)
+    proc = subprocess.run(
+        _in_netns(["ip", "-j", "route", "show", "default"], netns, sudo), capture_output=True, text=True, timeout=10
+    )
     if proc.returncode != 0:
         return None
     try:
@@ -57,7 +59,10 @@ def ensure_host_ready(backend: Any) -> bool:
         return False
     netlink.ensure_bridge(s.bridge_name, f"{s.gateway}/{s.prefix}", netns=s.netns)
     proc = subprocess.run(
-        _in_netns(["sysctl", "-w", "net.ipv4.ip_forward=1"], s.netns, s.require_sudo), capture_output=True, text=True, timeout=10
+        _in_netns(["sysctl", "-w", "net.ipv4.ip_forward=1"], s.netns, s.require_sudo),
+        capture_output=True,
+        text=True,
+        timeout=10,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"enabling net.ipv4.ip_forward failed: {proc.stderr.strip()}")
@@ -94,7 +99,12 @@ def reapply_isolation_for_tracked_vms(backend: Any) -> int:
         for vm in vms:
             others = other_holders(held.get(str(vm.ip), []), (vm.agent_id,))
             if others:
-                log.warning("rules of %s not re-applied for %s: the address is held by %s", vm.ip, vm.agent_id, ", ".join(map(str, others)))
+                log.warning(
+                    "rules of %s not re-applied for %s: the address is held by %s",
+                    vm.ip,
+                    vm.agent_id,
+                    ", ".join(map(str, others)),
+                )
                 continue
             specs.append(backend.rule_spec(vm.ip, vm.label_set, vm.host_access))
         backend.nft.self_heal(specs, guard_interfaces=[s.bridge_name])

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 NETWORK_DEFAULTS = {
     "cidr": "10.0.0.0/24",
@@ -58,7 +59,9 @@ class FirecrackerSettings:
         return {"vcpuCount": self.vcpu_count, "memSizeMib": self.mem_size_mib}
 
     @classmethod
-    def from_config(cls, entry: Mapping[str, Any], network: Mapping[str, Any] | None = None, **overrides: Any) -> "FirecrackerSettings":
+    def from_config(
+        cls, entry: Mapping[str, Any], network: Mapping[str, Any] | None = None, **overrides: Any
+    ) -> FirecrackerSettings:
         """Build from a ``scalers[]`` entry and the top-level ``firecracker`` block (camelCase keys).
 
         Raises ValueError naming the field and value: ``Firecracker scaler "X" requires a
@@ -79,7 +82,9 @@ class FirecrackerSettings:
 
         for key in ("uid", "gid"):
             if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < 0:
-                raise ValueError(f"Firecracker scaler \"{name}\": '{key}' must be a non-negative integer, got {entry[key]!r}")
+                raise ValueError(
+                    f"Firecracker scaler \"{name}\": '{key}' must be a non-negative integer, got {entry[key]!r}"
+                )
         try:
             subnet = ipaddress.IPv4Network(str(net["cidr"]), strict=False)
         except ValueError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from network import netlink
 
@@ -31,7 +31,9 @@ def default_tracked_provider(scaler_name: str) -> set[str]:
     from agents.choices import ACTIVE_STATES
     from agents.models import Agent
 
-    return set(Agent.objects.filter(scaler__name=scaler_name, state__in=ACTIVE_STATES).values_list("agent_id", flat=True))
+    return set(
+        Agent.objects.filter(scaler__name=scaler_name, state__in=ACTIVE_STATES).values_list("agent_id", flat=True)
+    )
 
 
 class SweepMixin:

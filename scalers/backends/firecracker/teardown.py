@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from network import netlink
 
@@ -78,7 +79,9 @@ class TeardownMixin:
         killed = kill_confirmed(chroot)
         if killed is not None:
             if graceful:
-                log.warning("VM in %s (pid %d) still ran %.1f s after Ctrl-Alt-Del: SIGKILL sent", chroot, killed, budget)
+                log.warning(
+                    "VM in %s (pid %d) still ran %.1f s after Ctrl-Alt-Del: SIGKILL sent", chroot, killed, budget
+                )
             deadline = time.monotonic() + 2
             while is_vm_process_alive(chroot) and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -16,7 +16,8 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .backend import FirecrackerBackend
 
@@ -27,24 +28,24 @@ POLL_SECONDS = 0.2
 #: Seconds a finished wait lets a running cleanup complete before the job returns.
 CLEANUP_WAIT_SECONDS = 20.0
 
-_LIVE: dict[str, "WatchedBackend"] = {}
+_LIVE: dict[str, WatchedBackend] = {}
 _LIVE_LOCK = threading.Lock()
 
 
-def track(agent_id: str, backend: "WatchedBackend") -> None:
+def track(agent_id: str, backend: WatchedBackend) -> None:
     """Record that ``backend`` (in this process) watches the boot of ``agent_id``."""
     with _LIVE_LOCK:
         _LIVE[agent_id] = backend
 
 
-def untrack(agent_id: str, backend: "WatchedBackend") -> None:
+def untrack(agent_id: str, backend: WatchedBackend) -> None:
     """Forget ``agent_id`` if ``backend`` is the one watching it."""
     with _LIVE_LOCK:
         if _LIVE.get(agent_id) is backend:
             del _LIVE[agent_id]
 
 
-def live(agent_id: str) -> "WatchedBackend | None":
+def live(agent_id: str) -> WatchedBackend | None:
     """The backend instance of this process watching ``agent_id``'s boot, or None."""
     with _LIVE_LOCK:
         return _LIVE.get(agent_id)
@@ -111,7 +112,9 @@ class WatchedBackend(FirecrackerBackend):
         return self.get(agent_id) is None
 
 
-def await_registration(backend: WatchedBackend, agent_id: str, deadline: float | None, on_deadline: Callable[[], str]) -> str:
+def await_registration(
+    backend: WatchedBackend, agent_id: str, deadline: float | None, on_deadline: Callable[[], str]
+) -> str:
     """Poll the agent row every :data:`POLL_SECONDS` until the boot of ``agent_id`` is over.
 
     ``deadline``: epoch seconds or None. At the deadline ``on_deadline()`` is called and its text

@@ -30,9 +30,9 @@ from scalers.admission import (
     retirement_sweep,
     retry_stuck_teardowns,
 )
-from scalers.leader import Leadership
 from scalers.choices import ScalerType
-from scalers.models import RecoveryReport, ScaleRequest, Scaler
+from scalers.leader import Leadership
+from scalers.models import RecoveryReport, Scaler, ScaleRequest
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 
 log = logging.getLogger("scalers.sweeper")
