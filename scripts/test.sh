@@ -9,8 +9,7 @@ ensure_redis
 ensure_venv
 load_env
 ensure_database
-"$VENV/bin/ruff" check .
-"$VENV/bin/ruff" format --check .
+bash "$ROOT/scripts/lint.sh"
 export SECRET_KEY="${SECRET_KEY:-test-only-not-secret}"
 set +e
 "$VENV/bin/pytest" "$@"
