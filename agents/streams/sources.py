@@ -77,29 +77,36 @@ async def docker_log_source(
 ) -> AsyncIterator[list[str]]:
     """Follow a container's logs (stdout and stderr) as batches of capped lines.
 
-    ``container``: a docker SDK ``Container``. ``tail``: how many existing lines to start with
-    (``"all"`` for all). The blocking SDK stream runs in a thread; its bytes go through the same
-    :class:`agents.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful UTF-8)
-    and a bounded :class:`agents.tail.LineQueue` (10,000 lines, ``[dropped N lines]`` marker), so a
-    chatty container cannot grow this process. Ends when the container's log stream ends;
-    closing the iterator closes the docker stream. Docker errors are raised from the iterator.
+    ``container``: a docker SDK ``Container``. ``tail``: how many existing lines of each stream to
+    start with (``"all"`` for all). Stdout and stderr are read as two docker streams, each through
+    its own :class:`agents.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful
+    UTF-8), so a stderr line written while a stdout line is still open is never spliced into it;
+    lines of the two streams interleave in arrival order. Both feed one bounded
+    :class:`agents.tail.LineQueue` (10,000 lines, ``[dropped N lines]`` marker), so a chatty
+    container cannot grow this process. The blocking SDK streams run in threads. Ends when both
+    log streams end; closing the iterator closes the docker streams. Docker errors are raised from
+    the iterator.
     """
     loop = asyncio.get_running_loop()
-    splitter = LineSplitter(max_line)
     queue = LineQueue(max_queued)
     lock = threading.Lock()
     ready = asyncio.Event()
-    state: dict[str, Any] = {"done": False, "error": None, "stream": None, "closed": False}
+    closed = threading.Event()
+    streams: list[Any] = []
+    errors: list[BaseException] = []
+    running = [2]
 
     def wake() -> None:
         with contextlib.suppress(RuntimeError):  # loop closed
             loop.call_soon_threadsafe(ready.set)
 
-    def pump() -> None:
+    def pump(stdout: bool) -> None:
+        splitter = LineSplitter(max_line)
         try:
-            stream = container.logs(stream=True, follow=True, stdout=True, stderr=True, tail=tail)
-            state["stream"] = stream
-            if state["closed"]:
+            stream = container.logs(stream=True, follow=True, stdout=stdout, stderr=not stdout, tail=tail)
+            with lock:
+                streams.append(stream)
+            if closed.is_set():
                 _close_stream(stream)
                 return
             for chunk in stream:
@@ -109,36 +116,37 @@ async def docker_log_source(
                         queue.extend(lines)
                     wake()
         except Exception as exc:  # noqa: BLE001 - handed to the async side
-            if not state["closed"]:
-                state["error"] = exc
+            if not closed.is_set():
+                with lock:
+                    errors.append(exc)
         finally:
             with lock:
                 queue.extend(splitter.flush())
-            state["done"] = True
+                running[0] -= 1
             wake()
 
-    thread = threading.Thread(target=pump, name="docker-logs", daemon=True)
-    thread.start()
+    for stdout in (True, False):
+        name = "docker-logs-stdout" if stdout else "docker-logs-stderr"
+        threading.Thread(target=pump, args=(stdout,), name=name, daemon=True).start()
     try:
         while True:
             await ready.wait()
             ready.clear()
             with lock:
                 lines = queue.take()
+                done = running[0] == 0
             if lines:
                 yield lines
-            if state["done"]:
-                with lock:
-                    lines = queue.take()
-                if lines:
-                    yield lines
-                if state["error"] is not None:
-                    raise state["error"]
+            if done:
+                if errors:
+                    raise errors[0]
                 return
     finally:
-        state["closed"] = True
-        if state["stream"] is not None:
-            await asyncio.to_thread(_close_stream, state["stream"])
+        closed.set()
+        with lock:
+            opened = list(streams)
+        for stream in opened:
+            await asyncio.to_thread(_close_stream, stream)
 
 
 async def docker_log_lines(container: Any, **kwargs: Any) -> AsyncIterator[str]:
