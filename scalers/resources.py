@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scalers.config.memory import parse_memory
+from lib.units import parse_memory
 
 __all__ = [
     "ResourceAmount",
@@ -138,7 +138,7 @@ def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = No
     ``defaults.resources``) is mirrored first; then per field (``cpus``, ``memory``)
     and per side (requests, limits independently) the first layer that defines it
     wins; nothing anywhere ⇒ 0. Memory strings are parsed here (bytes): a bad one
-    raises ``scalers.config.memory.InvalidMemoryFormat`` (a ``ValueError``, message
+    raises ``lib.units.InvalidMemoryFormat`` (a ``ValueError``, message
     ``Invalid memory format: "<s>". ...``).
 
     Example (CASES RES-02): defaults ``{requests: {cpus 1, 1g}, limits: {cpus 2, 2g}}``,

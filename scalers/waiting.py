@@ -18,8 +18,8 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from agents.choices import AgentState
-from agents.templatetags.kici_ui import bytes_iec
 from agents.views.common import viewer_required
+from lib.units import format_bytes_iec
 from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
 
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
@@ -76,7 +76,7 @@ def _limit_text(cap: str, scaler: Scaler | None, cfg: ConfigState) -> str:
     if cap == "globalResourceCap.cpu":
         return f"globalResourceCap.maxCpu = {cfg.global_max_cpu}"
     if cap == "globalResourceCap.memory":
-        return f"globalResourceCap.maxMemory = {bytes_iec(cfg.global_max_memory_bytes)}"
+        return f"globalResourceCap.maxMemory = {format_bytes_iec(cfg.global_max_memory_bytes)}"
     if scaler is None:
         return cap
     if cap == "maxAgents":
@@ -84,7 +84,7 @@ def _limit_text(cap: str, scaler: Scaler | None, cfg: ConfigState) -> str:
     if cap == "resourceCap.cpu":
         return f"resourceCap.maxCpu = {scaler.max_cpu}"
     if cap == "resourceCap.memory":
-        return f"resourceCap.maxMemory = {bytes_iec(scaler.max_memory_bytes)}"
+        return f"resourceCap.maxMemory = {format_bytes_iec(scaler.max_memory_bytes)}"
     if cap == "maxConcurrentSpawns":
         return f"maxConcurrentSpawns = {scaler.max_concurrent_spawns}"
     pool = scaler.machine_pool
@@ -92,7 +92,7 @@ def _limit_text(cap: str, scaler: Scaler | None, cfg: ConfigState) -> str:
         return cap
     if cap == "machinePool.cpu":
         return f"machine pool {pool.name}: maxCpu = {pool.max_cpu}"
-    return f"machine pool {pool.name}: maxMemory = {bytes_iec(pool.max_memory_bytes)}"
+    return f"machine pool {pool.name}: maxMemory = {format_bytes_iec(pool.max_memory_bytes)}"
 
 
 def _holders(scope: str, scaler: Scaler | None):

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent
+from lib.units import format_bytes_iec
 from scalers.models import ScaleOutcome
 from scalers.resources import resolve_resources
 
@@ -192,9 +193,7 @@ def _exceeds_cap_reason(cap: str, info: ScalerInfo, world: World, cpus: float, m
     if cap.endswith(".cpu"):
         asked, allowed = f"{cpus:g} cpus", f"{limit:g} cpus"
     else:
-        from agents.templatetags.kici_ui import bytes_iec
-
-        asked, allowed = f"{bytes_iec(mem)} of memory", bytes_iec(int(limit))
+        asked, allowed = f"{format_bytes_iec(mem)} of memory", format_bytes_iec(int(limit))
     return (
         f"request ({asked}) exceeds {cap} ({allowed}) on scaler {info.name} even with nothing else "
         "running: it can never be admitted while this cap stands"

@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from scalers.config import parse_memory, parse_resource_request
+from lib.units import parse_memory
+from scalers.config import parse_resource_request
 
 MAX_LABELS = 64
 MAX_LABEL_LENGTH = 200

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scalers.config.memory import parse_memory
+from lib.units import parse_memory
 from scalers.resources import mirror_request
 
 

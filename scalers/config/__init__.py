@@ -14,7 +14,6 @@ Public API (re-exported here):
 """
 
 from .loader import ConfigInvalid, ConfigProblem, drop_in_files, load_scalers_config, parse_scalers_config_text
-from .memory import InvalidMemoryFormat, format_memory, parse_memory
 from .schema import (
     Defaults,
     FirecrackerNetwork,
@@ -39,7 +38,6 @@ __all__ = [
     "ConfigProblem",
     "Defaults",
     "FirecrackerNetwork",
-    "InvalidMemoryFormat",
     "LabelSet",
     "MachinePool",
     "NetworkPolicy",
@@ -52,9 +50,7 @@ __all__ = [
     "SchemaIssue",
     "WarmPool",
     "drop_in_files",
-    "format_memory",
     "load_scalers_config",
-    "parse_memory",
     "parse_resource_request",
     "parse_scalers_config_text",
     "scaler_entry_issues",

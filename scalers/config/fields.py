@@ -13,10 +13,10 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from lib.units import InvalidMemoryFormat, parse_memory
 from scalers import labels as labelmod
 
 from .issues import describe_value
-from .memory import InvalidMemoryFormat, parse_memory
 
 # --------------------------------------------------------------------------- scalar types
 

@@ -6,9 +6,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
+from lib.units import parse_memory
+
 from .fields import NonEmptyStr, Number, _memory_string, _Strict
 from .issues import _FLAT, _NESTED
-from .memory import parse_memory
 
 
 class ResourceSpec(_Strict):

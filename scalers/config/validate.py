@@ -6,11 +6,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from lib.units import InvalidMemoryFormat, parse_memory
+
 from .document import ScalersConfig, _TopLevel
 from .entries import ScalerEntry
 from .fields import _Strict
 from .issues import SchemaIssue, _issues_from, describe_value
-from .memory import InvalidMemoryFormat, parse_memory
 from .refinements import _cross_issues, scaler_entry_issues
 from .resource_shapes import ResourceRequest, Resources
 
