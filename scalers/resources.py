@@ -6,7 +6,7 @@ Units: ``cpus`` are (fractional) CPUs, ``mem_bytes`` are bytes. A resolved value
 ``0`` means "undeclared"; such values are dropped from the limits handed to a
 backend (:func:`effective_limits`).
 
-Inputs are ``scalers.config.ResourceRequest`` objects (nested shape; the schema has
+Inputs are ``scalers.config.schema.ResourceRequest`` objects (nested shape; the schema has
 already turned a flat ``{cpus, memory}`` into ``{requests: ..., limits: ...}``) or
 plain mappings of either shape, or ``None``.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lib.units import InvalidMemoryFormat
-from scalers.config import parse_resource_request, validate_document
+from scalers.config.schema import parse_resource_request, validate_document
 from scalers.resources import (
     EffectiveLimits,
     ResourceAmount,
