@@ -31,7 +31,14 @@ from scalers.resources import resolve_resources
 
 from . import ledger
 from .backoff import backoff_reason
-from .caps import COUNT_CAPS, NOT_IN_REFERENCE_GAUGE, cap_exceeded_alone, first_refusing_cap, resource_cap_limits
+from .caps import (
+    COUNT_CAPS,
+    NOT_IN_REFERENCE_GAUGE,
+    CapName,
+    cap_exceeded_alone,
+    first_refusing_cap,
+    resource_cap_limits,
+)
 from .matching import LabelSetInfo, ScalerInfo, World
 from .warmfit import Shape, warm_agent_can_serve
 
@@ -187,7 +194,7 @@ def _backoffs(cursor, names: set[str], now: datetime) -> dict[str, str]:
     return out
 
 
-def _exceeds_cap_reason(cap: str, info: ScalerInfo, world: World, cpus: float, mem: int) -> str:
+def _exceeds_cap_reason(cap: CapName, info: ScalerInfo, world: World, cpus: float, mem: int) -> str:
     pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
     limit = resource_cap_limits(world.glob, info.caps, pool)[cap]
     if cap.endswith(".cpu"):
