@@ -193,8 +193,8 @@ def config_paths(params: dict) -> tuple[str | None, str | None]:
 
 
 def load_config(path: str, drop_in_dir: str | None):
-    """``scalers.config.load_scalers_config`` (cfg); raises ``ConfigInvalid`` with every problem."""
-    from scalers.config import load_scalers_config
+    """``scalers.config.loader.load_scalers_config`` (cfg); raises ``ConfigInvalid`` with every problem."""
+    from scalers.config.loader import load_scalers_config
 
     return load_scalers_config(path, drop_in_dir)
 

@@ -18,9 +18,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .config import ConfigInvalid, ConfigProblem, ScalersConfig
+from .config.loader import ConfigInvalid, ConfigProblem
 from .config.schema import LabelSet as LabelSetConfig
-from .config.schema import ScalerEntry
+from .config.schema import ScalerEntry, ScalersConfig
 from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
 
 __all__ = ["ImportSummary", "apply_scalers_config"]
@@ -177,7 +177,7 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
     * ``LabelSet`` rows matched by normalised labels (so reordering keeps identities),
       renumbered to config order; rows no longer in the file are marked ``retired``.
 
-    Raises :class:`~scalers.config.ConfigInvalid` (nothing written) when a scaler's
+    Raises :class:`~scalers.config.loader.ConfigInvalid` (nothing written) when a scaler's
     ``type`` would change while it still has live agents or reservations (SPEC c.8:
     a backend type never changes under running agents; retire it first).
     """

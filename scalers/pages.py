@@ -75,7 +75,7 @@ def scaler_detail(request, name: str):
     return render(request, "scalers/detail.html", ctx)
 
 
-#: The type-specific settings of a scaler entry (``scalers.config.entries.ScalerEntry``), in the
+#: The type-specific settings of a scaler entry (``scalers.config.schema.ScalerEntry``), in the
 #: order the Configuration panel shows them. Every entry carries every type's fields with their
 #: defaults, so the panel picks its type's only; the shared ones have their own rows.
 TYPE_FIELDS = {

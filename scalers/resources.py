@@ -6,7 +6,7 @@ Units: ``cpus`` are (fractional) CPUs, ``mem_bytes`` are bytes. A resolved value
 ``0`` means "undeclared"; such values are dropped from the limits handed to a
 backend (:func:`effective_limits`).
 
-Inputs are ``scalers.config.ResourceRequest`` objects (nested shape; the schema has
+Inputs are ``scalers.config.schema.ResourceRequest`` objects (nested shape; the schema has
 already turned a flat ``{cpus, memory}`` into ``{requests: ..., limits: ...}``) or
 plain mappings of either shape, or ``None``.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scalers.config.memory import parse_memory
+from lib.units import parse_memory
 
 __all__ = [
     "ResourceAmount",
@@ -138,7 +138,7 @@ def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = No
     ``defaults.resources``) is mirrored first; then per field (``cpus``, ``memory``)
     and per side (requests, limits independently) the first layer that defines it
     wins; nothing anywhere ⇒ 0. Memory strings are parsed here (bytes): a bad one
-    raises ``scalers.config.memory.InvalidMemoryFormat`` (a ``ValueError``, message
+    raises ``lib.units.InvalidMemoryFormat`` (a ``ValueError``, message
     ``Invalid memory format: "<s>". ...``).
 
     Example (CASES RES-02): defaults ``{requests: {cpus 1, 1g}, limits: {cpus 2, 2g}}``,

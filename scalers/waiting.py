@@ -18,8 +18,9 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from agents.choices import AgentState
-from agents.templatetags.kici_ui import bytes_iec
 from agents.views.common import viewer_required
+from lib.units import format_bytes_iec
+from scalers.admission.caps import CapName
 from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
 
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
@@ -28,15 +29,15 @@ MAX_REQUESTS = 500
 MAX_HOLDERS = 50
 
 _CAP_SCOPE = {
-    "globalMaxAgents": "global",
-    "globalResourceCap.cpu": "global",
-    "globalResourceCap.memory": "global",
-    "maxAgents": "scaler",
-    "resourceCap.cpu": "scaler",
-    "resourceCap.memory": "scaler",
-    "machinePool.cpu": "pool",
-    "machinePool.memory": "pool",
-    "maxConcurrentSpawns": "spawning",
+    CapName.GLOBAL_MAX_AGENTS: "global",
+    CapName.GLOBAL_RESOURCE_CAP_CPU: "global",
+    CapName.GLOBAL_RESOURCE_CAP_MEMORY: "global",
+    CapName.MAX_AGENTS: "scaler",
+    CapName.RESOURCE_CAP_CPU: "scaler",
+    CapName.RESOURCE_CAP_MEMORY: "scaler",
+    CapName.MACHINE_POOL_CPU: "pool",
+    CapName.MACHINE_POOL_MEMORY: "pool",
+    CapName.MAX_CONCURRENT_SPAWNS: "spawning",
 }
 
 
@@ -71,28 +72,28 @@ class WaitingGroup:
 
 
 def _limit_text(cap: str, scaler: Scaler | None, cfg: ConfigState) -> str:
-    if cap == "globalMaxAgents":
+    if cap == CapName.GLOBAL_MAX_AGENTS:
         return f"globalMaxAgents = {cfg.global_max_agents}"
-    if cap == "globalResourceCap.cpu":
+    if cap == CapName.GLOBAL_RESOURCE_CAP_CPU:
         return f"globalResourceCap.maxCpu = {cfg.global_max_cpu}"
-    if cap == "globalResourceCap.memory":
-        return f"globalResourceCap.maxMemory = {bytes_iec(cfg.global_max_memory_bytes)}"
+    if cap == CapName.GLOBAL_RESOURCE_CAP_MEMORY:
+        return f"globalResourceCap.maxMemory = {format_bytes_iec(cfg.global_max_memory_bytes)}"
     if scaler is None:
         return cap
-    if cap == "maxAgents":
+    if cap == CapName.MAX_AGENTS:
         return f"maxAgents = {scaler.max_agents}"
-    if cap == "resourceCap.cpu":
+    if cap == CapName.RESOURCE_CAP_CPU:
         return f"resourceCap.maxCpu = {scaler.max_cpu}"
-    if cap == "resourceCap.memory":
-        return f"resourceCap.maxMemory = {bytes_iec(scaler.max_memory_bytes)}"
-    if cap == "maxConcurrentSpawns":
+    if cap == CapName.RESOURCE_CAP_MEMORY:
+        return f"resourceCap.maxMemory = {format_bytes_iec(scaler.max_memory_bytes)}"
+    if cap == CapName.MAX_CONCURRENT_SPAWNS:
         return f"maxConcurrentSpawns = {scaler.max_concurrent_spawns}"
     pool = scaler.machine_pool
     if pool is None:
         return cap
-    if cap == "machinePool.cpu":
+    if cap == CapName.MACHINE_POOL_CPU:
         return f"machine pool {pool.name}: maxCpu = {pool.max_cpu}"
-    return f"machine pool {pool.name}: maxMemory = {bytes_iec(pool.max_memory_bytes)}"
+    return f"machine pool {pool.name}: maxMemory = {format_bytes_iec(pool.max_memory_bytes)}"
 
 
 def _holders(scope: str, scaler: Scaler | None):

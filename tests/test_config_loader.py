@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from scalers.config import (
+from scalers.config.loader import (
     ConfigInvalid,
     ConfigProblem,
-    ScalersConfig,
     drop_in_files,
     load_scalers_config,
     parse_scalers_config_text,
 )
+from scalers.config.schema import ScalersConfig
 
 EXAMPLES = str(Path(__file__).resolve().parent / "fixtures" / "reference-examples")
 

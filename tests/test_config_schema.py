@@ -8,13 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from scalers.config import (
-    ResourceRequest,
-    ScalerEntry,
-    ScalersConfig,
-    parse_resource_request,
-    validate_document,
-)
+from scalers.config.schema import ResourceRequest, ScalerEntry, ScalersConfig, parse_resource_request, validate_document
 
 
 def container(**extra):

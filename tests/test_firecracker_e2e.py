@@ -29,7 +29,7 @@ from scalers.backends.base import get_backend
 from scalers.backends.firecracker.adapter import FirecrackerScalerBackend
 from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
-from scalers.config import load_scalers_config
+from scalers.config.loader import load_scalers_config
 from scalers.importing import apply_scalers_config
 from scalers.models import Reservation
 from tests.firecracker_support import FAKE_JAILER, fake_kernel, fc_env, real_binaries, require_kvm, tiny_kernel  # noqa: F401

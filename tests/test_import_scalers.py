@@ -11,7 +11,7 @@ from django.core.management import call_command
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.config import ConfigInvalid, parse_scalers_config_text
+from scalers.config.loader import ConfigInvalid, parse_scalers_config_text
 from scalers.importing import apply_scalers_config
 from scalers.models import ConfigState, LabelSet, MachinePool, Scaler
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalers.config import validate_document
-from scalers.config.schema import Platform
+from scalers.config.schema import Platform, validate_document
 from scalers.labels import (
     BackendMatch,
     LabelSetOverlap,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scalers.config.memory import InvalidMemoryFormat, format_memory, parse_memory
+from lib.units import InvalidMemoryFormat, format_memory, parse_memory
 
 
 @pytest.mark.parametrize(

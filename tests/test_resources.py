@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scalers.config import InvalidMemoryFormat, parse_resource_request, validate_document
+from lib.units import InvalidMemoryFormat
+from scalers.config.schema import parse_resource_request, validate_document
 from scalers.resources import (
     EffectiveLimits,
     ResourceAmount,

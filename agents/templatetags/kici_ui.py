@@ -12,24 +12,15 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import RFC3986_SUBDELIMS
 
-register = template.Library()
+from lib.units import format_bytes_iec
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+register = template.Library()
 
 
 @register.filter
 def bytes_iec(value) -> str:
-    """Format a byte count with binary units: ``1610612736`` → ``"1.5 GiB"``; ``None`` → ``"—"``."""
-    if value is None or value == "":
-        return "—"
-    size = float(value)
-    for unit in _UNITS:
-        if abs(size) < 1024 or unit == _UNITS[-1]:
-            if unit == "B":
-                return f"{int(size)} B"
-            return f"{size:.1f} {unit}".replace(".0 ", " ")
-        size /= 1024
-    return f"{size} B"  # pragma: no cover
+    """Format a byte count with binary units (``lib.units.format_bytes_iec``)."""
+    return format_bytes_iec(value)
 
 
 @register.filter

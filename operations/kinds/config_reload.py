@@ -92,7 +92,7 @@ def _snapshot():
 
 
 def plan(scope: Scope) -> Plan:
-    from scalers.config import ConfigInvalid
+    from scalers.config.loader import ConfigInvalid
 
     path, drop_in = config_paths(scope.params)
     digest, files = files_digest(path, drop_in)

@@ -13,34 +13,43 @@ Cap names (the ``cap`` of a refusal, the ``cap`` label of ``kici_scaler_spawn_re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class CapName(StrEnum):
+    """The name of a cap, as stored (``ScaleRequest.cap``), answered and used as a metric label.
+    Members are declared in check order."""
+
+    GLOBAL_MAX_AGENTS = "globalMaxAgents"
+    MAX_AGENTS = "maxAgents"
+    RESOURCE_CAP_CPU = "resourceCap.cpu"
+    RESOURCE_CAP_MEMORY = "resourceCap.memory"
+    GLOBAL_RESOURCE_CAP_CPU = "globalResourceCap.cpu"
+    GLOBAL_RESOURCE_CAP_MEMORY = "globalResourceCap.memory"
+    MACHINE_POOL_CPU = "machinePool.cpu"
+    MACHINE_POOL_MEMORY = "machinePool.memory"
+    MAX_CONCURRENT_SPAWNS = "maxConcurrentSpawns"
+
 
 #: Every cap name in check order (SPEC c.2 steps 1, 2, 3, 6; then the spawn semaphore of c.1 step 9).
-CAP_ORDER = (
-    "globalMaxAgents",
-    "maxAgents",
-    "resourceCap.cpu",
-    "resourceCap.memory",
-    "globalResourceCap.cpu",
-    "globalResourceCap.memory",
-    "machinePool.cpu",
-    "machinePool.memory",
-    "maxConcurrentSpawns",
-)
+CAP_ORDER = tuple(CapName)
 #: Caps on resources: a request larger than one of these *alone* can never be admitted while the cap
 #: stands (:func:`cap_exceeded_alone`), whatever else runs.
 RESOURCE_CAPS = (
-    "resourceCap.cpu",
-    "resourceCap.memory",
-    "globalResourceCap.cpu",
-    "globalResourceCap.memory",
-    "machinePool.cpu",
-    "machinePool.memory",
+    CapName.RESOURCE_CAP_CPU,
+    CapName.RESOURCE_CAP_MEMORY,
+    CapName.GLOBAL_RESOURCE_CAP_CPU,
+    CapName.GLOBAL_RESOURCE_CAP_MEMORY,
+    CapName.MACHINE_POOL_CPU,
+    CapName.MACHINE_POOL_MEMORY,
 )
 #: Caps on agent counts: a refusal on one of these may warrant the ledger warning (seed manager.d.ts).
-COUNT_CAPS = frozenset({"globalMaxAgents", "maxAgents"})
+COUNT_CAPS = frozenset({CapName.GLOBAL_MAX_AGENTS, CapName.MAX_AGENTS})
 #: Caps the reference's unlabelled refusal gauge does not count (SPEC c.2: a machine-pool refusal
 #: does not bump it; ``maxConcurrentSpawns`` is a queue there, not a refusal).
-NOT_IN_REFERENCE_GAUGE = frozenset({"machinePool.cpu", "machinePool.memory", "maxConcurrentSpawns"})
+NOT_IN_REFERENCE_GAUGE = frozenset(
+    {CapName.MACHINE_POOL_CPU, CapName.MACHINE_POOL_MEMORY, CapName.MAX_CONCURRENT_SPAWNS}
+)
 
 # Sums of float cpus drift (0.1 + 0.2 > 0.3); a request that fits "exactly" must be admitted (ADM-08).
 _EPS = 1e-9
@@ -134,7 +143,7 @@ def first_refusing_cap(
     pool: PoolCaps | None,
     cpus: float,
     memory_bytes: int,
-) -> str | None:
+) -> CapName | None:
     """Return the first cap (in :data:`CAP_ORDER`) that refuses this request, or ``None``.
 
     ``cpus`` (cores) and ``memory_bytes`` are the resolved requests (SPEC a.4). Count caps refuse
@@ -143,44 +152,44 @@ def first_refusing_cap(
     """
     s = usage.scaler(caps.scaler_id)
     if usage.total.count >= glob.max_agents:
-        return "globalMaxAgents"
+        return CapName.GLOBAL_MAX_AGENTS
     if s.count >= caps.max_agents:
-        return "maxAgents"
+        return CapName.MAX_AGENTS
     if _over(s.cpus, cpus, caps.max_cpu):
-        return "resourceCap.cpu"
+        return CapName.RESOURCE_CAP_CPU
     if _over(s.memory_bytes, memory_bytes, caps.max_memory_bytes):
-        return "resourceCap.memory"
+        return CapName.RESOURCE_CAP_MEMORY
     if _over(usage.total.cpus, cpus, glob.max_cpu):
-        return "globalResourceCap.cpu"
+        return CapName.GLOBAL_RESOURCE_CAP_CPU
     if _over(usage.total.memory_bytes, memory_bytes, glob.max_memory_bytes):
-        return "globalResourceCap.memory"
+        return CapName.GLOBAL_RESOURCE_CAP_MEMORY
     if pool is not None:
         p = usage.pool(pool.pool_id)
         if _over(p.cpus, cpus, pool.max_cpu):
-            return "machinePool.cpu"
+            return CapName.MACHINE_POOL_CPU
         if _over(p.memory_bytes, memory_bytes, pool.max_memory_bytes):
-            return "machinePool.memory"
+            return CapName.MACHINE_POOL_MEMORY
     if s.spawning >= caps.max_concurrent_spawns:
-        return "maxConcurrentSpawns"
+        return CapName.MAX_CONCURRENT_SPAWNS
     return None
 
 
-def resource_cap_limits(glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | None) -> dict[str, float | int | None]:
+def resource_cap_limits(glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | None) -> dict[CapName, float | int | None]:
     """Every resource cap in force for one scaler: cap name → its value (cores or bytes; None =
     uncapped), in :data:`RESOURCE_CAPS` order. ``pool`` is the scaler's machine pool or None."""
     return {
-        "resourceCap.cpu": caps.max_cpu,
-        "resourceCap.memory": caps.max_memory_bytes,
-        "globalResourceCap.cpu": glob.max_cpu,
-        "globalResourceCap.memory": glob.max_memory_bytes,
-        "machinePool.cpu": pool.max_cpu if pool is not None else None,
-        "machinePool.memory": pool.max_memory_bytes if pool is not None else None,
+        CapName.RESOURCE_CAP_CPU: caps.max_cpu,
+        CapName.RESOURCE_CAP_MEMORY: caps.max_memory_bytes,
+        CapName.GLOBAL_RESOURCE_CAP_CPU: glob.max_cpu,
+        CapName.GLOBAL_RESOURCE_CAP_MEMORY: glob.max_memory_bytes,
+        CapName.MACHINE_POOL_CPU: pool.max_cpu if pool is not None else None,
+        CapName.MACHINE_POOL_MEMORY: pool.max_memory_bytes if pool is not None else None,
     }
 
 
 def cap_exceeded_alone(
     glob: GlobalCaps, caps: ScalerCaps, pool: PoolCaps | None, cpus: float, memory_bytes: int
-) -> str | None:
+) -> CapName | None:
     """The first resource cap (in :data:`RESOURCE_CAPS` order) that ``cpus`` cores or
     ``memory_bytes`` exceed on their own, or None.
 

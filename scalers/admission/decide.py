@@ -25,12 +25,20 @@ from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent
+from lib.units import format_bytes_iec
 from scalers.models import ScaleOutcome
 from scalers.resources import resolve_resources
 
 from . import ledger
 from .backoff import backoff_reason
-from .caps import COUNT_CAPS, NOT_IN_REFERENCE_GAUGE, cap_exceeded_alone, first_refusing_cap, resource_cap_limits
+from .caps import (
+    COUNT_CAPS,
+    NOT_IN_REFERENCE_GAUGE,
+    CapName,
+    cap_exceeded_alone,
+    first_refusing_cap,
+    resource_cap_limits,
+)
 from .matching import LabelSetInfo, ScalerInfo, World
 from .warmfit import Shape, warm_agent_can_serve
 
@@ -186,15 +194,13 @@ def _backoffs(cursor, names: set[str], now: datetime) -> dict[str, str]:
     return out
 
 
-def _exceeds_cap_reason(cap: str, info: ScalerInfo, world: World, cpus: float, mem: int) -> str:
+def _exceeds_cap_reason(cap: CapName, info: ScalerInfo, world: World, cpus: float, mem: int) -> str:
     pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
     limit = resource_cap_limits(world.glob, info.caps, pool)[cap]
     if cap.endswith(".cpu"):
         asked, allowed = f"{cpus:g} cpus", f"{limit:g} cpus"
     else:
-        from agents.templatetags.kici_ui import bytes_iec
-
-        asked, allowed = f"{bytes_iec(mem)} of memory", bytes_iec(int(limit))
+        asked, allowed = f"{format_bytes_iec(mem)} of memory", format_bytes_iec(int(limit))
     return (
         f"request ({asked}) exceeds {cap} ({allowed}) on scaler {info.name} even with nothing else "
         "running: it can never be admitted while this cap stands"

@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from scalers.config import parse_memory, parse_resource_request
+from lib.units import parse_memory
+from scalers.config.schema import parse_resource_request
 
 MAX_LABELS = 64
 MAX_LABEL_LENGTH = 200
@@ -30,7 +31,7 @@ class InvalidScaleRequest(ValueError):
 @dataclass(frozen=True)
 class ScaleInput:
     """A validated request: labels (trimmed), job id, run id, exclude labels, the parsed
-    resources (``scalers.config.ResourceRequest``) and the resources as sent."""
+    resources (``scalers.config.schema.ResourceRequest``) and the resources as sent."""
 
     labels: tuple[str, ...]
     job_id: str
@@ -91,7 +92,7 @@ def _ident(value: Any, field: str, *, required: bool) -> str:
 def validate_resources(value: Any) -> Any:
     """Parse a job's ``resources`` (flat or nested, SPEC a.4) and refuse negative or huge values.
 
-    Returns a ``scalers.config.ResourceRequest`` (``None`` for absent). Raises
+    Returns a ``scalers.config.schema.ResourceRequest`` (``None`` for absent). Raises
     :class:`InvalidScaleRequest` naming the field as the caller wrote it:
     ``resources.<side>.<field>`` for the nested shape, ``resources.<field>`` for the flat one.
     """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scalers.config.memory import parse_memory
+from lib.units import parse_memory
 from scalers.resources import mirror_request
 
 
@@ -34,7 +34,7 @@ def warm_agent_can_serve(job_resources: Any, shape: Shape | None, *, job_image: 
     """True when an idle warm agent reserved as ``shape`` may take a job with ``job_resources``.
 
     ``job_resources`` is the job's ``resources`` (flat ``{cpus, memory}``, nested
-    ``{requests, limits}``, a ``scalers.config.ResourceRequest``, or ``None``). ``shape`` is
+    ``{requests, limits}``, a ``scalers.config.schema.ResourceRequest``, or ``None``). ``shape`` is
     ``None`` for a non-warm agent, which always may (CASES WP-14). Raises ``ValueError`` for an
     unparsable memory string (the API validates before this is reached).
     """

@@ -1,7 +1,7 @@
 """Load ``scalers.yaml`` (plus drop-ins) and report every problem with file and line.
 
-Rule source: SPEC (a.1) loading and merging, (a.2)-(a.9) via ``schema``, the overlap
-check of SPEC (b) at load time.
+Loading and merging the main file and its drop-ins; the schema rules, including the
+cross-scaler label-set overlap check, come from :mod:`scalers.config.schema`.
 
 Every problem becomes one :class:`ConfigProblem` whose ``str()`` is
 ``FILE:LINE: dotted.path: message``. LINE is the line of the offending key (found by
@@ -20,14 +20,6 @@ from typing import Any
 import yaml
 
 from .schema import ScalersConfig, SchemaIssue, validate_document
-
-__all__ = [
-    "ConfigProblem",
-    "ConfigInvalid",
-    "load_scalers_config",
-    "parse_scalers_config_text",
-    "drop_in_files",
-]
 
 Path = tuple[str | int, ...]
 
@@ -161,7 +153,7 @@ def _read(path: str) -> tuple[str | None, ConfigProblem | None]:
 
 def drop_in_files(drop_in_dir: str) -> list[str]:
     """Paths of the drop-in files of ``drop_in_dir``: regular files whose names end in
-    ``.yaml`` or ``.yml``, in plain lexicographic order of their names (SPEC a.1).
+    ``.yaml`` or ``.yml``, in plain lexicographic order of their names.
     Raises ``OSError`` if the directory cannot be listed."""
     names = sorted(n for n in os.listdir(drop_in_dir) if n.endswith((".yaml", ".yml")))
     paths = [os.path.join(drop_in_dir, n) for n in names]
@@ -251,7 +243,7 @@ def parse_scalers_config_text(text: str, filename: str = "<string>") -> ScalersC
 
 
 def load_scalers_config(path: str, drop_in_dir: str | None = None) -> ScalersConfig:
-    """Load the main config file and, if given, the drop-in directory (SPEC a.1).
+    """Load the main config file and, if given, the drop-in directory.
 
     Drop-ins: ``*.yaml`` / ``*.yml`` regular files of ``drop_in_dir`` in lexicographic
     order; only each one's top-level ``scalers`` list (when it is a list) is appended

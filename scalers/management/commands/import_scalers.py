@@ -13,7 +13,7 @@ import sys
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from scalers.config import ConfigInvalid, load_scalers_config
+from scalers.config.loader import ConfigInvalid, load_scalers_config
 from scalers.importing import apply_scalers_config
 
 

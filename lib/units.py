@@ -1,10 +1,10 @@
-"""Memory strings of ``scalers.yaml`` (``512m``, ``2g``, ``1024k``).
+"""Memory sizes: parsing the memory strings of ``scalers.yaml`` (``512m``, ``2g``, ``1024k``) and
+rendering byte counts, both as such a string and with IEC units for display (``1.5 GiB``).
 
-Rule source: SPEC (a.3). The grammar is deliberately narrow: digits, an optional
-decimal fraction, optional whitespace, then exactly one unit letter ``k``, ``m`` or
-``g`` in either case. Multipliers are binary (k = 1024, m = 1024**2, g = 1024**3) and
-the result is floored to whole bytes. Everything else (no unit, ``b``, ``Gi``,
-``GB``, leading or trailing spaces, the empty string) is refused.
+The memory-string grammar is deliberately narrow: digits, an optional decimal fraction, optional
+whitespace, then exactly one unit letter ``k``, ``m`` or ``g`` in either case. Multipliers are
+binary (k = 1024, m = 1024**2, g = 1024**3) and the result is floored to whole bytes. Everything
+else (no unit, ``b``, ``Gi``, ``GB``, leading or trailing spaces, the empty string) is refused.
 """
 
 from __future__ import annotations
@@ -13,18 +13,19 @@ import math
 import re
 from decimal import Decimal
 
-__all__ = ["InvalidMemoryFormat", "MEMORY_UNITS", "parse_memory", "format_memory"]
-
-#: Byte multiplier per unit letter (lower-case), SPEC (a.3).
+#: Byte multiplier per unit letter (lower-case) of a memory string.
 MEMORY_UNITS: dict[str, int] = {"k": 1024, "m": 1024**2, "g": 1024**3}
 
 # ASCII digits only ("\d" would accept other scripts' digits); fullmatch so that a
 # trailing newline or space is refused too.
 _MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([kKmMgG])")
 
+#: Display units of :func:`format_bytes_iec`, smallest first.
+_IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
 
 class InvalidMemoryFormat(ValueError):
-    """A memory string that does not follow SPEC (a.3).
+    """A memory string that does not follow the grammar above.
 
     ``str(error)`` is the reference wording:
     ``Invalid memory format: "<s>". Expected format like "512m", "2g", or "1024k".``
@@ -46,7 +47,7 @@ def parse_memory(value: str) -> int:
     ``"0.1k"`` -> 102.
 
     Raises :class:`InvalidMemoryFormat` (a ``ValueError``) for anything else,
-    including non-string input. Source: SPEC (a.3).
+    including non-string input.
     """
     if not isinstance(value, str):
         raise InvalidMemoryFormat(value)
@@ -74,3 +75,17 @@ def format_memory(num_bytes: int) -> str:
     if num_bytes >= 1024:
         return f"{num_bytes / 1024:.3f}".rstrip("0").rstrip(".") + "k"
     return f"{num_bytes}b"
+
+
+def format_bytes_iec(value) -> str:
+    """Format a byte count with binary units: ``1610612736`` → ``"1.5 GiB"``; ``None`` → ``"—"``."""
+    if value is None or value == "":
+        return "—"
+    size = float(value)
+    for unit in _IEC_UNITS:
+        if abs(size) < 1024 or unit == _IEC_UNITS[-1]:
+            if unit == "B":
+                return f"{int(size)} B"
+            return f"{size:.1f} {unit}".replace(".0 ", " ")
+        size /= 1024
+    return f"{size} B"  # pragma: no cover
