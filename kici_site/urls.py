@@ -19,6 +19,6 @@ urlpatterns = [
     path("operations/", include("operations.urls")),
 ]
 urlpatterns += [path("scalers/", include("scalers.page_urls"))]
-urlpatterns += [path("", include("agents.page_urls"))]
+urlpatterns += [path("", include("front.urls"))]
 urlpatterns += [path("api/v1/agents/", include("agents.urls"))]
 urlpatterns += [path("", include("scalers.urls"))]

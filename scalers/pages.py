@@ -1,6 +1,6 @@
 """Operator pages for scalers: list, detail with label sets, and the label-set host-access editor.
 
-Viewing needs ``agents.view_agent`` (see ``agents.views.viewer_required``). Applying a host-access
+Viewing needs ``agents.view_agent`` (see ``front.views.common.viewer_required``). Applying a host-access
 change never writes rules or the label set here: it asks helper "ops" for a planned
 ``host-access-apply`` operation, which a person approves and a worker runs (issue 5 item 7, issue 8).
 """
@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.capacity import scaler_capacities
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
-from agents.views import css_attr_selector, template_exists, viewer_required
+from front.views.common import css_attr_selector, template_exists, viewer_required
 
 from .host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
 from .models import LabelSet, Scaler

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.templatetags.kici_ui import bytes_iec
-from agents.views.common import viewer_required
+from front.views.common import viewer_required
 from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
 
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).

@@ -7,11 +7,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from agents.capacity import global_capacity, pool_capacities, scaler_capacities
+from agents.choices import ACTIVE_STATES
+from agents.models import Agent, ScalerEvent
 from scalers.models import Scaler
 
-from ..capacity import global_capacity, pool_capacities, scaler_capacities
-from ..choices import ACTIVE_STATES
-from ..models import Agent, ScalerEvent
 from .common import viewer_required
 
 DASHBOARD_AGENT_LIMIT = 200

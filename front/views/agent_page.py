@@ -7,7 +7,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from ..models import Agent, ScalerEvent
+from agents.models import Agent, ScalerEvent
+
 from .common import agent_or_404, can_run_selftest, template_exists, viewer_required
 from .console import console_streams
 from .isolation import selftest_function

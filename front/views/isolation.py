@@ -23,7 +23,7 @@ def agent_isolation(request, agent_id: str):
     and its former address may belong to another agent by now, whose rules a read-back would show
     as this agent's (``removed`` in the context)."""
     agent = agent_or_404(agent_id)
-    from ..selftest import isolation_context
+    from agents.selftest import isolation_context
 
     ctx = {
         "agent": agent,
@@ -57,7 +57,7 @@ def agent_isolation(request, agent_id: str):
 
 def selftest_function():
     """The self-test runner: ``agents.selftest.run_agent_selftest`` (over ``network.selftest``)."""
-    from ..selftest import run_agent_selftest
+    from agents.selftest import run_agent_selftest
 
     return run_agent_selftest
 

@@ -9,10 +9,10 @@ from django.db.models import Q
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from agents.choices import ACTIVE_STATES, AgentState
+from agents.models import Agent
 from scalers.models import Scaler
 
-from ..choices import ACTIVE_STATES, AgentState
-from ..models import Agent
 from .common import viewer_required, wants_partial
 
 LIST_PAGE_SIZE = 100

@@ -1,4 +1,10 @@
-"""What every agent page shares: the access rule, the htmx partial rule, small template helpers."""
+"""What every operator page shares: the access rule, the htmx partial rule, small template helpers.
+
+Every page needs a signed-in user with ``agents.view_agent`` (anonymous users are sent to the login
+page, signed-in users without the permission get 403). htmx requests (not boosted) get the named
+partial of the same template instead of the whole page, so a table re-fetch and the first render
+share their markup.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from django.shortcuts import get_object_or_404
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 
-from ..models import Agent
+from agents.models import Agent
 
 VIEW_PERM = "agents.view_agent"
 #: Running the live isolation self-test sends probe packets from inside the agent's namespace:

@@ -7,8 +7,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from ..consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
-from ..models import Agent
+from agents.consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
+from agents.models import Agent
+
 from .common import agent_or_404, viewer_required
 
 _STREAM_TITLES = {"serial": "Serial console", "vmm": "VMM log", "console": "Console"}
