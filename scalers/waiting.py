@@ -18,7 +18,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from agents.choices import AgentState
-from agents.templatetags.kici_ui import bytes_iec
+from front.templatetags.kici_ui import bytes_iec
 from front.views.common import viewer_required
 from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
 

@@ -192,7 +192,7 @@ def _exceeds_cap_reason(cap: str, info: ScalerInfo, world: World, cpus: float, m
     if cap.endswith(".cpu"):
         asked, allowed = f"{cpus:g} cpus", f"{limit:g} cpus"
     else:
-        from agents.templatetags.kici_ui import bytes_iec
+        from front.templatetags.kici_ui import bytes_iec
 
         asked, allowed = f"{bytes_iec(mem)} of memory", bytes_iec(int(limit))
     return (
