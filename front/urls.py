@@ -1,9 +1,25 @@
 """Page routes of the operator console (the JSON APIs are in ``agents.urls`` and ``scalers.urls``):
 mounted at ``/``."""
 
-from django.urls import path
+from django.urls import path, register_converter
 
-from .views import agent_list, agent_page, console, dashboard, event_feed, isolation
+from .views import agent_list, agent_page, console, dashboard, event_feed, isolation, scalers
+
+
+class ScalerNameConverter:
+    """A scaler name in a page path: never ``why-waiting``, so the ``/scalers/why-waiting/`` page
+    (``scalers.urls``) works whichever order the two route lists are mounted in."""
+
+    regex = r"(?!why-waiting(?:/|$))[^/]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(ScalerNameConverter, "scaler")
 
 urlpatterns = [
     path("", dashboard.dashboard, name="dashboard"),
@@ -19,4 +35,21 @@ urlpatterns = [
         name="agent_console_download",
     ),
     path("events/", event_feed.event_list, name="event_list"),
+    path("scalers/", scalers.scaler_list, name="scaler_list"),
+    path("scalers/<scaler:name>/", scalers.scaler_detail, name="scaler_detail"),
+    path(
+        "scalers/<scaler:name>/label-sets/<int:index>/host-access/",
+        scalers.host_access_editor,
+        name="host_access_editor",
+    ),
+    path(
+        "scalers/<scaler:name>/label-sets/<int:index>/host-access/preview",
+        scalers.host_access_preview,
+        name="host_access_preview",
+    ),
+    path(
+        "scalers/<scaler:name>/label-sets/<int:index>/host-access/apply",
+        scalers.host_access_apply,
+        name="host_access_apply",
+    ),
 ]

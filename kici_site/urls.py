@@ -18,7 +18,6 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("operations/", include("operations.urls")),
 ]
-urlpatterns += [path("scalers/", include("scalers.page_urls"))]
 urlpatterns += [path("", include("front.urls"))]
 urlpatterns += [path("api/v1/agents/", include("agents.urls"))]
 urlpatterns += [path("", include("scalers.urls"))]

@@ -26,9 +26,8 @@ from network.host_access import (
 )
 from network.nft.plan import spec_rule_lines
 from network.nft.render import AgentSpec, RuleSpecError
-
-from .choices import ScalerType
-from .models import ConfigState, LabelSet, Scaler
+from scalers.choices import ScalerType
+from scalers.models import ConfigState, LabelSet, Scaler
 
 DEFAULT = "default"
 EXPLICIT = "explicit"

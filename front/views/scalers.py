@@ -19,10 +19,10 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.capacity import scaler_capacities
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
-from front.views.common import css_attr_selector, template_exists, viewer_required
+from scalers.models import LabelSet, Scaler
 
-from .host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
-from .models import LabelSet, Scaler
+from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
+from .common import css_attr_selector, template_exists, viewer_required
 
 log = logging.getLogger(__name__)
 
