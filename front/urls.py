@@ -1,9 +1,9 @@
 """Page routes of the operator console (the JSON APIs are in ``agents.urls`` and ``scalers.urls``):
 mounted at ``/``."""
 
-from django.urls import path, register_converter
+from django.urls import include, path, register_converter
 
-from .views import agent_list, agent_page, console, dashboard, event_feed, isolation, scalers
+from .views import agent_list, agent_page, console, dashboard, event_feed, isolation, operations, scalers
 
 
 class ScalerNameConverter:
@@ -21,7 +21,17 @@ class ScalerNameConverter:
 
 register_converter(ScalerNameConverter, "scaler")
 
+#: ``/operations/`` pages, reversed as ``operations:<name>``.
+operation_patterns = [
+    path("", operations.operation_list, name="list"),
+    path("plan/", operations.operation_plan, name="plan"),
+    path("<int:pk>/", operations.operation_detail, name="detail"),
+    path("<int:pk>/approve/", operations.operation_approve, name="approve"),
+    path("<int:pk>/reject/", operations.operation_reject, name="reject"),
+]
+
 urlpatterns = [
+    path("operations/", include((operation_patterns, "operations"))),
     path("", dashboard.dashboard, name="dashboard"),
     path("agents/", agent_list.agent_list, name="agent_list"),
     path("agents/<str:agent_id>/", agent_page.agent_detail, name="agent_detail"),

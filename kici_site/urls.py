@@ -16,7 +16,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("operations/", include("operations.urls")),
 ]
 urlpatterns += [path("", include("front.urls"))]
 urlpatterns += [path("api/v1/agents/", include("agents.urls"))]

@@ -17,11 +17,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from .choices import OperationKind, OperationStatus, RequestedVia
-from .kinds import PlanRefused, ScopeInvalid, get_kind
-from .models import Operation
-from .presenters import detail_context
-from .services import (
+from operations.choices import OperationKind, OperationStatus, RequestedVia
+from operations.kinds import PlanRefused, ScopeInvalid, get_kind
+from operations.models import Operation
+from operations.services import (
     APPROVE_PERM,
     REQUEST_PERM,
     VIEW_PERM,
@@ -31,6 +30,8 @@ from .services import (
     create_operation,
     reject_operation,
 )
+
+from ..presenters import detail_context
 
 PAGE_SIZE = 50
 
