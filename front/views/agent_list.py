@@ -11,9 +11,10 @@ from django.views.decorators.http import require_GET
 
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
+from lib.htmx import wants_partial
 from scalers.models import Scaler
 
-from .common import viewer_required, wants_partial
+from .common import viewer_required
 
 LIST_PAGE_SIZE = 100
 

@@ -8,9 +8,10 @@ from django.views.decorators.http import require_GET
 
 from agents.choices import EventType
 from agents.models import ScalerEvent
+from lib.htmx import wants_partial
 from scalers.models import Scaler
 
-from .common import css_attr_selector, viewer_required, wants_partial
+from .common import css_attr_selector, viewer_required
 
 EVENTS_PAGE_SIZE = 200
 

@@ -8,7 +8,9 @@ import logging
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from .common import agent_or_404, can_run_selftest, viewer_required, wants_partial
+from lib.htmx import wants_partial
+
+from .common import agent_or_404, can_run_selftest, viewer_required
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from lib.htmx import wants_partial
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds import PlanRefused, ScopeInvalid, get_kind
 from operations.models import Operation
@@ -34,11 +35,6 @@ from operations.services import (
 from ..presenters import detail_context
 
 PAGE_SIZE = 50
-
-
-def _is_partial(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted
 
 
 @require_GET
@@ -68,7 +64,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         "kinds": OperationKind.choices,
         "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
     }
-    template = "operations/list.html#rows" if _is_partial(request) else "operations/list.html"
+    template = "operations/list.html#rows" if wants_partial(request) else "operations/list.html"
     return render(request, template, context)
 
 
@@ -142,7 +138,7 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     if operation.reused:
         messages.info(request, f"An identical plan is already open: operation #{operation.pk}.")
     url = reverse("operations:detail", args=[operation.pk])
-    return HttpResponseClientRedirect(url) if _is_partial(request) else redirect(url)
+    return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 
 
 def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
@@ -164,7 +160,7 @@ def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
         title = "Not approved" if verb == "approve" else "Not rejected"
         return render(request, "operations/refused.html", {**context, "title": title, "message": str(exc)}, status=409)
     url = reverse("operations:detail", args=[operation.pk])
-    return HttpResponseClientRedirect(url) if _is_partial(request) else redirect(url)
+    return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 
 
 @require_http_methods(["GET", "POST"])
