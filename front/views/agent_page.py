@@ -9,9 +9,8 @@ from django.views.decorators.http import require_GET
 
 from agents.models import Agent, ScalerEvent
 
-from .common import agent_or_404, can_run_selftest, template_exists, viewer_required
+from .common import agent_or_404, can_run_selftest, viewer_required
 from .console import console_streams
-from .isolation import selftest_function
 
 
 def host_access_view(agent: Agent) -> dict:
@@ -39,10 +38,6 @@ def host_access_view(agent: Agent) -> dict:
     }
 
 
-def ops_request_available() -> bool:
-    return template_exists("operations/request_button.html")
-
-
 @require_GET
 @viewer_required
 def agent_detail(request, agent_id: str):
@@ -64,9 +59,7 @@ def agent_detail(request, agent_id: str):
         "events": events,
         "max_rows": 500,
         "host_access": host_access_view(agent),
-        "ops_buttons": ops_request_available(),
         "can_selftest": can_run_selftest(request.user),
-        "selftest_available": selftest_function() is not None,
         "streams": console_streams(agent),
         "event_resync_url": f"{reverse('agent_detail', args=[agent.agent_id])}?part=events",
     }

@@ -12,8 +12,6 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required, permission_required
 from django.shortcuts import get_object_or_404
-from django.template import TemplateDoesNotExist
-from django.template.loader import get_template
 
 from agents.models import Agent
 
@@ -31,15 +29,6 @@ def can_run_selftest(user) -> bool:
 def viewer_required(view):
     """``login_required`` + ``agents.view_agent`` (403 for a signed-in user without it)."""
     return login_required(permission_required(VIEW_PERM, raise_exception=True)(wraps(view)(view)))
-
-
-def template_exists(name: str) -> bool:
-    """True when the template loader finds ``name`` (an optional app's template is installed)."""
-    try:
-        get_template(name)
-    except TemplateDoesNotExist:
-        return False
-    return True
 
 
 def css_attr_selector(attr: str, value: str) -> str:

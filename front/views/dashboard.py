@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 from agents.capacity import global_capacity, pool_capacities, scaler_capacities
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
-from scalers.models import Scaler
+from scalers.models import RecoveryReport, Scaler
 
 from .common import viewer_required
 
@@ -37,10 +37,6 @@ def recovery_report() -> dict | None:
     zero); ``eventful`` is False when it dropped and rehydrated nothing and failed in nothing (the
     dashboard then shows one quiet line instead of a banner of zeros).
     """
-    try:
-        from scalers.models import RecoveryReport
-    except ImportError:  # pragma: no cover - admission not in this build
-        return None
     report = RecoveryReport.objects.first()
     if report is None:
         return None
