@@ -14,10 +14,10 @@ from .console import console_streams
 
 
 def host_access_view(agent: Agent) -> dict:
-    """What the agent page says about host access (issue 5 item 7).
+    """What the agent page says about host access.
 
     ``entries``: the resolved list stored at spawn (None when not resolved yet); ``explicit``: the
-    label set's explicit list was used (else the default, SPEC g.3); ``label_set_entries`` /
+    label set's explicit list was used (else the default list); ``label_set_entries`` /
     ``label_set_explicit``: what the label set says now; ``drift``: the two differ, so a host-access
     change is waiting to be applied to this agent.
     """

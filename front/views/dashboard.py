@@ -29,8 +29,8 @@ RECOVERY_COUNTS = (
 
 
 def recovery_report() -> dict | None:
-    """The latest recovery run's counts (helper "adm"'s ``scalers.models.RecoveryReport``, written at
-    every boot and leader change, SPEC c.5), or None when there is none.
+    """The latest recovery run's counts (``scalers.models.RecoveryReport``, written at every boot
+    and leader change), or None when there is none.
 
     Returns ``{"at", "trigger", "instance", "counts": [(label, n)], "nonzero": [(label, n)],
     "dropped": int, "error", "eventful": bool}``; ``dropped`` sums what recovery threw away (shown as a warning when not

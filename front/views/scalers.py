@@ -1,8 +1,8 @@
 """Operator pages for scalers: list, detail with label sets, and the label-set host-access editor.
 
 Viewing needs ``agents.view_agent`` (see ``front.views.common.viewer_required``). Applying a host-access
-change never writes rules or the label set here: it asks helper "ops" for a planned
-``host-access-apply`` operation, which a person approves and a worker runs (issue 5 item 7, issue 8).
+change never writes rules or the label set here: it asks for a planned ``host-access-apply``
+operation, which a person approves and a worker runs.
 """
 
 from __future__ import annotations
