@@ -31,6 +31,7 @@ from operations.services import (
     create_operation,
     reject_operation,
 )
+from scalers.models import Scaler
 
 from ..presenters import detail_context
 
@@ -53,8 +54,6 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     if scaler:
         qs = qs.filter(scaler_name=scaler)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
-    from scalers.models import Scaler
-
     context = {
         "nav": "operations",
         "page": page,
