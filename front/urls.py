@@ -32,19 +32,6 @@ operation_patterns = [
 
 urlpatterns = [
     path("operations/", include((operation_patterns, "operations"))),
-    path("", dashboard.dashboard, name="dashboard"),
-    path("agents/", agent_list.agent_list, name="agent_list"),
-    path("agents/<str:agent_id>/", agent_page.agent_detail, name="agent_detail"),
-    path("agents/<str:agent_id>/isolation/", isolation.agent_isolation, name="agent_isolation"),
-    path("agents/<str:agent_id>/isolation/selftest", isolation.agent_selftest, name="agent_selftest"),
-    path("agents/<str:agent_id>/console/", console.agent_console, name="agent_console"),
-    path("agents/<str:agent_id>/console/<str:stream>/", console.agent_console, name="agent_console_stream"),
-    path(
-        "agents/<str:agent_id>/console/<str:stream>/download",
-        console.agent_console_download,
-        name="agent_console_download",
-    ),
-    path("events/", event_feed.event_list, name="event_list"),
     path("scalers/", scalers.scaler_list, name="scaler_list"),
     path("scalers/<scaler:name>/", scalers.scaler_detail, name="scaler_detail"),
     path(
@@ -62,4 +49,17 @@ urlpatterns = [
         scalers.host_access_apply,
         name="host_access_apply",
     ),
+    path("", dashboard.dashboard, name="dashboard"),
+    path("agents/", agent_list.agent_list, name="agent_list"),
+    path("agents/<str:agent_id>/", agent_page.agent_detail, name="agent_detail"),
+    path("agents/<str:agent_id>/isolation/", isolation.agent_isolation, name="agent_isolation"),
+    path("agents/<str:agent_id>/isolation/selftest", isolation.agent_selftest, name="agent_selftest"),
+    path("agents/<str:agent_id>/console/", console.agent_console, name="agent_console"),
+    path("agents/<str:agent_id>/console/<str:stream>/", console.agent_console, name="agent_console_stream"),
+    path(
+        "agents/<str:agent_id>/console/<str:stream>/download",
+        console.agent_console_download,
+        name="agent_console_download",
+    ),
+    path("events/", event_feed.event_list, name="event_list"),
 ]
