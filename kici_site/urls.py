@@ -1,4 +1,5 @@
-"""URL map. Each app contributes its own ``urls.py``; APIs live under ``/api/v1/``."""
+"""URL map: the operator pages (``front.urls``) and the APIs under ``/api/v1/`` (``agents.urls``,
+``scalers.urls``)."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -16,9 +17,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("operations/", include("operations.urls")),
+    path("", include("front.urls")),
+    path("api/v1/agents/", include("agents.urls")),
+    path("", include("scalers.urls")),
 ]
-urlpatterns += [path("scalers/", include("scalers.page_urls"))]
-urlpatterns += [path("", include("agents.page_urls"))]
-urlpatterns += [path("api/v1/agents/", include("agents.urls"))]
-urlpatterns += [path("", include("scalers.urls"))]

@@ -12,9 +12,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.template.loader import render_to_string
 
+from front.presenters import detail_context
+
 from .live import group_name
 from .models import Operation
-from .presenters import detail_context
 
 
 def render_update(

@@ -18,7 +18,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from agents.choices import AgentState
-from agents.views.common import viewer_required
+from front.views.common import viewer_required
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName
 from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest

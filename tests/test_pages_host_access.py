@@ -10,8 +10,8 @@ from django.contrib.auth.models import Permission, User
 
 from agents.choices import AgentState
 from agents.models import Agent
+from front.host_access_editor import check_lines, plan_host_access_change
 from network.host_access import host_access_warnings
-from scalers.host_access_editor import check_lines, plan_host_access_change
 from scalers.models import LabelSet, Scaler
 
 pytestmark = pytest.mark.django_db

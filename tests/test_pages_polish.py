@@ -104,7 +104,7 @@ def test_a_container_scaler_shows_its_own_settings_once(viewer_client):
 
 
 def test_a_firecracker_scaler_shows_its_vm_settings():
-    from scalers.pages import _config_items
+    from front.views.scalers import _config_items
 
     entry = ScalerEntry.model_validate(
         {

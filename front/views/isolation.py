@@ -8,7 +8,10 @@ import logging
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from .common import agent_or_404, can_run_selftest, viewer_required, wants_partial
+from agents.selftest import isolation_context, run_agent_selftest
+from lib.htmx import wants_partial
+
+from .common import agent_or_404, can_run_selftest, viewer_required
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +26,6 @@ def agent_isolation(request, agent_id: str):
     and its former address may belong to another agent by now, whose rules a read-back would show
     as this agent's (``removed`` in the context)."""
     agent = agent_or_404(agent_id)
-    from ..selftest import isolation_context
-
     ctx = {
         "agent": agent,
         "table": isolation_context(agent).table,
@@ -53,13 +54,6 @@ def agent_isolation(request, agent_id: str):
     if not wants_partial(request):
         return render(request, "agents/isolation_page.html", {**ctx, "nav": "agents"})
     return render(request, "agents/detail.html#isolation", ctx)
-
-
-def selftest_function():
-    """The self-test runner: ``agents.selftest.run_agent_selftest`` (over ``network.selftest``)."""
-    from ..selftest import run_agent_selftest
-
-    return run_agent_selftest
 
 
 def selftest_rows(results) -> list[dict]:
@@ -97,16 +91,13 @@ def agent_selftest(request, agent_id: str):
     if not can_run_selftest(request.user):
         ctx["error"] = "running the self-test needs the permission operations.request_operation (operators)"
         return render(request, "agents/detail.html#selftest", ctx, status=403)
-    fn = selftest_function()
-    if fn is None:
-        ctx["error"] = "the isolation self-test is not available in this build"
-    elif not agent.is_active or not agent.ip:
+    if not agent.is_active or not agent.ip:
         ctx["error"] = (
             f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"
         )
     else:
         try:
-            rows = selftest_rows(fn(agent))
+            rows = selftest_rows(run_agent_selftest(agent))
         except Exception as exc:  # noqa: BLE001 - show why, never a 500 in a fragment
             log.info("isolation self-test for %s could not run: %s", agent.agent_id, exc)
             ctx["error"] = f"the self-test could not run: {exc}"

@@ -7,17 +7,17 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from ..models import Agent, ScalerEvent
-from .common import agent_or_404, can_run_selftest, template_exists, viewer_required
+from agents.models import Agent, ScalerEvent
+
+from .common import agent_or_404, can_run_selftest, viewer_required
 from .console import console_streams
-from .isolation import selftest_function
 
 
 def host_access_view(agent: Agent) -> dict:
-    """What the agent page says about host access (issue 5 item 7).
+    """What the agent page says about host access.
 
     ``entries``: the resolved list stored at spawn (None when not resolved yet); ``explicit``: the
-    label set's explicit list was used (else the default, SPEC g.3); ``label_set_entries`` /
+    label set's explicit list was used (else the default list); ``label_set_entries`` /
     ``label_set_explicit``: what the label set says now; ``drift``: the two differ, so a host-access
     change is waiting to be applied to this agent.
     """
@@ -36,10 +36,6 @@ def host_access_view(agent: Agent) -> dict:
         "label_set_explicit": ls_entries is not None,
         "drift": drift,
     }
-
-
-def ops_request_available() -> bool:
-    return template_exists("operations/request_button.html")
 
 
 @require_GET
@@ -63,9 +59,7 @@ def agent_detail(request, agent_id: str):
         "events": events,
         "max_rows": 500,
         "host_access": host_access_view(agent),
-        "ops_buttons": ops_request_available(),
         "can_selftest": can_run_selftest(request.user),
-        "selftest_available": selftest_function() is not None,
         "streams": console_streams(agent),
         "event_resync_url": f"{reverse('agent_detail', args=[agent.agent_id])}?part=events",
     }

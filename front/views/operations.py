@@ -17,11 +17,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from .choices import OperationKind, OperationStatus, RequestedVia
-from .kinds import PlanRefused, ScopeInvalid, get_kind
-from .models import Operation
-from .presenters import detail_context
-from .services import (
+from lib.htmx import wants_partial
+from operations.choices import OperationKind, OperationStatus, RequestedVia
+from operations.kinds import PlanRefused, ScopeInvalid, get_kind
+from operations.models import Operation
+from operations.services import (
     APPROVE_PERM,
     REQUEST_PERM,
     VIEW_PERM,
@@ -31,13 +31,11 @@ from .services import (
     create_operation,
     reject_operation,
 )
+from scalers.models import Scaler
+
+from ..presenters import detail_context
 
 PAGE_SIZE = 50
-
-
-def _is_partial(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted
 
 
 @require_GET
@@ -56,8 +54,6 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     if scaler:
         qs = qs.filter(scaler_name=scaler)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
-    from scalers.models import Scaler
-
     context = {
         "nav": "operations",
         "page": page,
@@ -67,7 +63,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         "kinds": OperationKind.choices,
         "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
     }
-    template = "operations/list.html#rows" if _is_partial(request) else "operations/list.html"
+    template = "operations/list.html#rows" if wants_partial(request) else "operations/list.html"
     return render(request, template, context)
 
 
@@ -141,7 +137,7 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     if operation.reused:
         messages.info(request, f"An identical plan is already open: operation #{operation.pk}.")
     url = reverse("operations:detail", args=[operation.pk])
-    return HttpResponseClientRedirect(url) if _is_partial(request) else redirect(url)
+    return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 
 
 def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
@@ -163,7 +159,7 @@ def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
         title = "Not approved" if verb == "approve" else "Not rejected"
         return render(request, "operations/refused.html", {**context, "title": title, "message": str(exc)}, status=409)
     url = reverse("operations:detail", args=[operation.pk])
-    return HttpResponseClientRedirect(url) if _is_partial(request) else redirect(url)
+    return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 
 
 @require_http_methods(["GET", "POST"])

@@ -9,11 +9,12 @@ from django.db.models import Q
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from agents.choices import ACTIVE_STATES, AgentState
+from agents.models import Agent
+from lib.htmx import wants_partial
 from scalers.models import Scaler
 
-from ..choices import ACTIVE_STATES, AgentState
-from ..models import Agent
-from .common import viewer_required, wants_partial
+from .common import viewer_required
 
 LIST_PAGE_SIZE = 100
 

@@ -1,8 +1,8 @@
 """Operator pages for scalers: list, detail with label sets, and the label-set host-access editor.
 
-Viewing needs ``agents.view_agent`` (see ``agents.views.viewer_required``). Applying a host-access
-change never writes rules or the label set here: it asks helper "ops" for a planned
-``host-access-apply`` operation, which a person approves and a worker runs (issue 5 item 7, issue 8).
+Viewing needs ``agents.view_agent`` (see ``front.views.common.viewer_required``). Applying a host-access
+change never writes rules or the label set here: it asks for a planned ``host-access-apply``
+operation, which a person approves and a worker runs.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.capacity import scaler_capacities
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
-from agents.views import css_attr_selector, template_exists, viewer_required
+from operations.services import create_operation
+from scalers.models import LabelSet, Scaler
 
-from .host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
-from .models import LabelSet, Scaler
+from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
+from .common import css_attr_selector, viewer_required
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ def scaler_detail(request, name: str):
         "events": events,
         "max_rows": 50,
         "empty_text": "No live agents on this scaler.",
-        "ops_buttons": template_exists("operations/request_button.html"),
         "config_items": _config_items(scaler),
         "accept": css_attr_selector("data-scaler", scaler.name),
     }
@@ -133,19 +133,9 @@ def _editor_context(request, label_set: LabelSet, mode: str, text: str) -> dict:
         "plan": plan,
         "current_effective": effective_host_access(label_set, label_set.host_access),
         "can_apply": request.user.has_perm(REQUEST_PERM),
-        "ops_available": _ops_available(),
         "preview_url": reverse("host_access_preview", args=[label_set.scaler.name, label_set.index]),
         "apply_url": reverse("host_access_apply", args=[label_set.scaler.name, label_set.index]),
     }
-
-
-def _ops_available() -> bool:
-    try:
-        from operations import services
-
-        return hasattr(services, "create_operation")
-    except ImportError:
-        return False
 
 
 @require_GET
@@ -186,16 +176,9 @@ def host_access_apply(request, name: str, index: int):
         return render(request, "scalers/host_access.html", ctx, status=422)
     if not request.user.has_perm(REQUEST_PERM):
         raise PermissionDenied(f"requesting an operation needs the permission {REQUEST_PERM}")
-    if not ctx["ops_available"]:
-        ctx["apply_error"] = "Operations are not available in this build, so the change cannot be applied."
-        return render(request, "scalers/host_access.html", ctx, status=503)
-    from operations import services
-
     params = {"host_access": plan.entries}  # None = back to the default (operations.kinds.host_access_apply)
     try:
-        operation = services.create_operation(
-            HOST_ACCESS_KIND, {"label_set": label_set, "params": params}, request.user
-        )
+        operation = create_operation(HOST_ACCESS_KIND, {"label_set": label_set, "params": params}, request.user)
     except PermissionDenied:
         raise
     except Exception as exc:  # noqa: BLE001 - NothingToDo, ScopeInvalid, planner errors: all say why
@@ -204,7 +187,4 @@ def host_access_apply(request, name: str, index: int):
         return render(request, "scalers/host_access.html", ctx, status=422)
     if getattr(operation, "reused", False):
         messages.info(request, f"An identical planned operation already exists: #{operation.pk}.")
-    try:
-        return redirect(reverse("operations:detail", args=[operation.pk]))
-    except NoReverseMatch:  # pragma: no cover - operations pages not mounted
-        return redirect(f"/operations/{operation.pk}/")
+    return redirect(reverse("operations:detail", args=[operation.pk]))

@@ -82,7 +82,7 @@ def abs_time(value: datetime | None, empty: str = "—"):
 
 @register.filter
 def declared_labels(labels) -> list[str]:
-    """The labels without the automatic ``kici:`` ones (SPEC a.10), for compact tables."""
+    """The labels without the automatic ``kici:`` ones (added to every agent), for compact tables."""
     return [label for label in (labels or []) if not str(label).startswith("kici:")]
 
 
@@ -136,7 +136,7 @@ def _url_pattern(name: str, urlconf: str | None, prefix: str) -> str:
 @register.simple_tag
 def url_for(name: str, value) -> str:
     """``{% url name value %}`` for a one-argument route, resolved once per route instead of per
-    row (``reverse`` costs ~80 µs here; a table of 500 agents has 1,500 links). ``value`` is
+    row (a table of agents has several links per row, and ``reverse`` is slow). ``value`` is
     percent-quoted as ``reverse`` would."""
     pattern = _url_pattern(name, get_urlconf(), get_script_prefix())
     return pattern.replace(_PLACEHOLDER, quote(str(value), safe=RFC3986_SUBDELIMS + "~:@"))

@@ -1,4 +1,10 @@
-"""What every agent page shares: the access rule, the htmx partial rule, small template helpers."""
+"""What every operator page shares: the access rule and small template helpers.
+
+Every page needs a signed-in user with ``agents.view_agent`` (anonymous users are sent to the login
+page, signed-in users without the permission get 403). htmx requests (not boosted) get the named
+partial of the same template instead of the whole page (``lib.htmx.wants_partial``), so a table
+re-fetch and the first render share their markup.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,8 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required, permission_required
 from django.shortcuts import get_object_or_404
-from django.template import TemplateDoesNotExist
-from django.template.loader import get_template
 
-from ..models import Agent
+from agents.models import Agent
 
 VIEW_PERM = "agents.view_agent"
 #: Running the live isolation self-test sends probe packets from inside the agent's namespace:
@@ -25,21 +29,6 @@ def can_run_selftest(user) -> bool:
 def viewer_required(view):
     """``login_required`` + ``agents.view_agent`` (403 for a signed-in user without it)."""
     return login_required(permission_required(VIEW_PERM, raise_exception=True)(wraps(view)(view)))
-
-
-def wants_partial(request) -> bool:
-    """True for an htmx request that is not a boosted page navigation (NetBox's rule)."""
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted
-
-
-def template_exists(name: str) -> bool:
-    """True when the template loader finds ``name`` (an optional app's template is installed)."""
-    try:
-        get_template(name)
-    except TemplateDoesNotExist:
-        return False
-    return True
 
 
 def css_attr_selector(attr: str, value: str) -> str:

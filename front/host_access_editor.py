@@ -3,7 +3,7 @@ effective list, and compute the input-rule diff for every live agent of the labe
 
 Pure apart from reading the database (no nft, no writes), so the preview endpoint can call it on
 every keystroke and the apply view re-runs the very same function before it asks for an operation.
-Rules follow SPEC (g): an explicit list, even empty, wins outright; otherwise the default list
+An explicit list, even empty, wins outright; otherwise the default list
 ``<gateway>:53``, ``*:<console port>``, storage entries (``network.host_access``).
 """
 
@@ -26,15 +26,14 @@ from network.host_access import (
 )
 from network.nft.plan import spec_rule_lines
 from network.nft.render import AgentSpec, RuleSpecError
-
-from .choices import ScalerType
-from .models import ConfigState, LabelSet, Scaler
+from scalers.choices import ScalerType
+from scalers.models import ConfigState, LabelSet, Scaler
 
 DEFAULT = "default"
 EXPLICIT = "explicit"
 MODES = (DEFAULT, EXPLICIT)
 
-#: Gateway of the container agents' bridge network (SPEC g.3; scalers.backends.docker_net).
+#: Gateway of the container agents' bridge network (scalers.backends.docker_net).
 CONTAINER_GATEWAY = "172.30.0.1"
 #: An editor is for people: more entries than this is a paste accident, refused with a reason.
 MAX_ENTRIES = 256
@@ -82,7 +81,7 @@ class EditorPlan:
     mode, too many entries). ``warnings``: messages that do not block applying (loopback entries,
     typed or in the effective list). ``entries``: the
     explicit list to store (None for the default). ``effective``: what agents of this label set
-    would get (SPEC g.3). ``diffs``: per live agent. ``unchanged``: the input equals what the label
+    would get. ``diffs``: per live agent. ``unchanged``: the input equals what the label
     set has now.
     """
 
@@ -152,14 +151,15 @@ def check_lines(text: str) -> list[EntryCheck]:
 
 def gateway_for(scaler: Scaler) -> str:
     """The bridge gateway agents of ``scaler`` sit behind: the firecracker block's ``gateway``
-    (default 10.0.0.1, SPEC a.9) for VMs, 172.30.0.1 otherwise (SPEC g.3)."""
+    (default 10.0.0.1) for VMs, 172.30.0.1 otherwise."""
     if scaler.type == ScalerType.FIRECRACKER:
         return (ConfigState.load().firecracker or {}).get("gateway") or "10.0.0.1"
     return CONTAINER_GATEWAY
 
 
 def effective_host_access(label_set: LabelSet, entries: list[str] | None) -> list[str]:
-    """SPEC g.3 for ``label_set`` with ``entries`` as its hostAccess (None = the default list).
+    """The host-access list agents of ``label_set`` get with ``entries`` as its hostAccess (None =
+    the default list).
 
     Orchestrator URL: the scaler's ``orchestrator_url``, else ``settings.KICI_CONSOLE_URL``; host
     services: ``storage_host_access_entries(settings.KICI_STORAGE_URL)``.

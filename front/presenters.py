@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-from .choices import OUTCOME_COLOURS, STATUS_COLOURS
-from .models import Operation, target_dom_id
+from operations.choices import OUTCOME_COLOURS, STATUS_COLOURS
+from operations.models import Operation, target_dom_id
+from operations.services import can_approve
 
 _LABELS = {
     "age_seconds": "age",
@@ -111,8 +112,6 @@ def detail_context(
 ) -> dict:
     """Everything ``operations/detail.html`` and its partials need. ``page`` (1-based) picks
     :data:`ROWS_PER_PAGE` plan rows; None renders all (or only ``keys``)."""
-    from .services import can_approve
-
     total = len(operation.plan or [])
     pages = max(1, -(-total // ROWS_PER_PAGE))
     start, stop = 0, None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from django.http import Http404
+from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from ..consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
-from ..models import Agent
+from agents.consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
+from agents.models import Agent
+
 from .common import agent_or_404, viewer_required
 
 _STREAM_TITLES = {"serial": "Serial console", "vmm": "VMM log", "console": "Console"}
@@ -71,8 +72,6 @@ def agent_console_download(request, agent_id: str, stream: str):
     File-backed streams are sent as they are on disk (bytes, never decoded); a container's
     ``console`` without a file is its docker logs (stdout and stderr), streamed. A finished agent
     whose sandbox is gone downloads what was captured (404 when nothing was)."""
-    from django.http import FileResponse, HttpResponse, StreamingHttpResponse
-
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")

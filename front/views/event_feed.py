@@ -6,11 +6,12 @@ from django.db.models import Q
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from agents.choices import EventType
+from agents.models import ScalerEvent
+from lib.htmx import wants_partial
 from scalers.models import Scaler
 
-from ..choices import EventType
-from ..models import ScalerEvent
-from .common import css_attr_selector, viewer_required, wants_partial
+from .common import css_attr_selector, viewer_required
 
 EVENTS_PAGE_SIZE = 200
 

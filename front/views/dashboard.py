@@ -7,11 +7,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from scalers.models import Scaler
+from agents.capacity import global_capacity, pool_capacities, scaler_capacities
+from agents.choices import ACTIVE_STATES
+from agents.models import Agent, ScalerEvent
+from scalers.models import RecoveryReport, Scaler
 
-from ..capacity import global_capacity, pool_capacities, scaler_capacities
-from ..choices import ACTIVE_STATES
-from ..models import Agent, ScalerEvent
 from .common import viewer_required
 
 DASHBOARD_AGENT_LIMIT = 200
@@ -29,18 +29,14 @@ RECOVERY_COUNTS = (
 
 
 def recovery_report() -> dict | None:
-    """The latest recovery run's counts (helper "adm"'s ``scalers.models.RecoveryReport``, written at
-    every boot and leader change, SPEC c.5), or None when there is none.
+    """The latest recovery run's counts (``scalers.models.RecoveryReport``, written at every boot
+    and leader change), or None when there is none.
 
     Returns ``{"at", "trigger", "instance", "counts": [(label, n)], "nonzero": [(label, n)],
     "dropped": int, "error", "eventful": bool}``; ``dropped`` sums what recovery threw away (shown as a warning when not
     zero); ``eventful`` is False when it dropped and rehydrated nothing and failed in nothing (the
     dashboard then shows one quiet line instead of a banner of zeros).
     """
-    try:
-        from scalers.models import RecoveryReport
-    except ImportError:  # pragma: no cover - admission not in this build
-        return None
     report = RecoveryReport.objects.first()
     if report is None:
         return None
