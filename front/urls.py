@@ -3,12 +3,12 @@ mounted at ``/``."""
 
 from django.urls import include, path, register_converter
 
-from .views import agent_list, agent_page, console, dashboard, event_feed, isolation, operations, scalers
+from .views import agent_list, agent_page, console, dashboard, event_feed, isolation, operations, scalers, waiting
 
 
 class ScalerNameConverter:
-    """A scaler name in a page path: never ``why-waiting``, so the ``/scalers/why-waiting/`` page
-    (``scalers.urls``) works whichever order the two route lists are mounted in."""
+    """A scaler name in a page path: never ``why-waiting``, the path of the "Why is this job
+    waiting?" page, so the two can never be confused whatever the route order."""
 
     regex = r"(?!why-waiting(?:/|$))[^/]+"
 
@@ -33,6 +33,7 @@ operation_patterns = [
 urlpatterns = [
     path("operations/", include((operation_patterns, "operations"))),
     path("scalers/", scalers.scaler_list, name="scaler_list"),
+    path("scalers/why-waiting/", waiting.why_waiting, name="why_waiting"),
     path("scalers/<scaler:name>/", scalers.scaler_detail, name="scaler_detail"),
     path(
         "scalers/<scaler:name>/label-sets/<int:index>/host-access/",

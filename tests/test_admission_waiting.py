@@ -7,8 +7,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from front.views.waiting import waiting_groups
 from scalers.admission import request_scale
-from scalers.waiting import waiting_groups
 from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

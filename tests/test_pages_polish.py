@@ -121,7 +121,7 @@ def test_a_firecracker_scaler_shows_its_vm_settings():
 
 
 def test_why_waiting_states_memory_caps_in_binary_units():
-    from scalers.waiting import _limit_text
+    from front.views.waiting import _limit_text
 
     scaler = Scaler(name="m", type="container", max_agents=1, max_memory_bytes=4 * 2**30)
     cfg = ConfigState(global_max_memory_bytes=256 * 2**20)

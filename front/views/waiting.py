@@ -1,5 +1,5 @@
 """The "Why is this job waiting?" page: each waiting request, the cap that refused it, and the
-reservations holding that cap (issue 3 "Refusals are visible").
+reservations holding that cap.
 
 A request is waiting when its latest decision (``ScaleRequest``) was ``at-capacity``,
 ``no-backend`` or ``skipped`` within :data:`WAITING_WINDOW`. Requests are grouped by what holds
@@ -18,10 +18,11 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from agents.choices import AgentState
-from front.views.common import viewer_required
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName
 from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
+
+from .common import viewer_required
 
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
 WAITING_WINDOW = timedelta(hours=6)
