@@ -217,7 +217,7 @@ def run_requesters(
     counts and the wall time from the common start to the last answer."""
     from django.db import connection
 
-    from scalers.admission import request_scale
+    from scalers.admission.service import request_scale
 
     lat: list[list[float]] = [[] for _ in range(threads)]
     actions: list[dict] = [{} for _ in range(threads)]
@@ -393,7 +393,7 @@ def main() -> int:
         from django.db import connection
 
         connection.close()
-        from scalers.admission import shutdown_queue
+        from scalers.admission.queue import shutdown_queue
 
         shutdown_queue()
     finally:

@@ -86,7 +86,7 @@ def _deadline(agent: Agent) -> float:
 def release_reservation(agent: Agent, reason: str) -> None:
     """Release the agent's reservation through admission (``scalers.admission.release``, idempotent)."""
     try:
-        from scalers.admission import release
+        from scalers.admission.release import release
     except ImportError:  # admission not installed in this build: drop the row ourselves
         from scalers.models import Reservation
 
@@ -209,7 +209,7 @@ def expire_spawn(agent_pk: int, *, now: datetime | None = None) -> bool:
 
     revoke_agent_tokens(agent)  # a late registration must not revive it
     try:
-        from scalers.admission import fail_spawn as admission_fail_spawn
+        from scalers.admission.release import fail_spawn as admission_fail_spawn
     except ImportError:
         admission_fail_spawn = None
     if admission_fail_spawn is not None:
@@ -242,7 +242,7 @@ def spawn_job_failed(job, connection, type, value, traceback):  # noqa: A002 - r
     destroys through the backend and fails the spawn itself.
     """
     try:
-        from scalers.admission import on_spawn_job_failure
+        from scalers.admission.release import on_spawn_job_failure
     except ImportError:
         on_spawn_job_failure = None
     if on_spawn_job_failure is not None:

@@ -10,8 +10,9 @@ import pytest
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission import request_scale, set_console_draining
 from scalers.admission.caps import CAP_ORDER
+from scalers.admission.decide import set_console_draining
+from scalers.admission.service import request_scale
 from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
@@ -298,7 +299,7 @@ def test_a_rolled_back_caller_transaction_leaves_nothing(monkeypatch):
 
 
 def test_bad_input_to_request_scale_names_the_field():
-    from scalers.admission import InvalidScaleRequest
+    from scalers.admission.validate import InvalidScaleRequest
 
     make_scaler("c")
     with pytest.raises(InvalidScaleRequest, match=r"labels\[0\]"):

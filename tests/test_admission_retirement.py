@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission import mark_draining, request_scale, retirement_sweep
+from scalers.admission.draining import mark_draining, retirement_sweep
+from scalers.admission.service import request_scale
 from scalers.models import Reservation, Scaler, ScalerTeardown
 from tests.admission_support import _stop_admission_queue, make_scaler  # noqa: F401
 

@@ -23,18 +23,19 @@ from rq.registry import StartedJobRegistry
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
-from scalers.admission import (
+from scalers.admission.release import (
     CAPACITY_FREED,
+    CapacityFreed,
     expire_unregistered_agents,
     on_spawn_job_failure,
     prune_stale_spawns,
     reap_failed_spawn_jobs,
     release,
-    request_scale,
     retry_stuck_teardowns,
+    stale_window_seconds,
     teardown_agent,
 )
-from scalers.admission.release import CapacityFreed, stale_window_seconds
+from scalers.admission.service import request_scale
 from scalers.models import Reservation
 from tests.admission_support import _stop_admission_queue, make_scaler, run_threads  # noqa: F401
 

@@ -194,7 +194,7 @@ def test_100_concurrent_async_posts_admit_exactly_max_agents():
 
 
 def test_a_draining_console_answers_503_skipped():
-    from scalers.admission import set_console_draining
+    from scalers.admission.decide import set_console_draining
 
     make_scaler("c")
     set_console_draining(True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scalers.admission import request_scale, shutdown_queue
+from scalers.admission.queue import shutdown_queue
+from scalers.admission.service import request_scale
 from tests.admission_support import make_scaler
 
 pytestmark = pytest.mark.browser
