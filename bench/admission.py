@@ -118,10 +118,9 @@ def setup_django(url: str) -> None:
     import django
 
     django.setup()
-    import scalers.admission.service as service
+    import scalers.jobs as jobs
 
-    service.enqueue_spawn = None
-    service.enqueue_spawn_for = lambda agent: None  # decisions only: no rq
+    jobs.enqueue_spawn = lambda agent: None  # decisions only: no rq
 
 
 SCALERS = ("s0", "s1", "s2", "s3")

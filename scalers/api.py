@@ -46,8 +46,8 @@ from django.views.decorators.csrf import csrf_exempt
 from kici_site.errors import api_error
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
-from scalers.admission.service import _enqueue_or_fail
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+from scalers.jobs import enqueue_spawn_or_fail
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _enqueue_in_worker(decision, agent):
     """Enqueue the spawn from an executor thread, then let that thread's connection go the way
     ``CONN_MAX_AGE`` says (the request cycle that would close it does not run in this thread)."""
     try:
-        return _enqueue_or_fail(decision, agent)
+        return enqueue_spawn_or_fail(decision, agent)
     finally:
         close_old_connections()
 

@@ -44,6 +44,7 @@ from .admission import ledger
 from .admission.decide import Request, decide_batch
 from .admission.draining import drain_and_destroy
 from .admission.matching import World
+from .jobs import enqueue_spawn_or_fail
 
 log = logging.getLogger("scalers.warm_pools")
 
@@ -133,8 +134,6 @@ def pool_status() -> list[PoolStatus]:
 
 def deficit_pass() -> int:
     """Issue the warm spawns every pool lacks, under the admission lock. Returns spawns admitted."""
-    from .admission.service import _enqueue_or_fail
-
     with transaction.atomic():
         with connection.cursor() as cur:
             config_row = ledger.lock_admission(cur)
@@ -165,7 +164,7 @@ def deficit_pass() -> int:
             return 0
         result = decide_batch(requests)
     for decision, agent in zip([d for d in result.decisions if d.action == "spawning"], result.admitted):
-        _enqueue_or_fail(decision, agent)
+        enqueue_spawn_or_fail(decision, agent)
     refused = [d for d in result.decisions if d.action != "spawning"]
     if refused:
         log.info(

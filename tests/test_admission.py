@@ -278,7 +278,7 @@ def test_inside_a_transaction_the_spawn_is_enqueued_only_on_commit(monkeypatch):
     from django.db import transaction
 
     enqueued = []
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
     make_scaler("c")
     with transaction.atomic():
         d = request_scale(["linux"], "j")
@@ -290,7 +290,7 @@ def test_a_rolled_back_caller_transaction_leaves_nothing(monkeypatch):
     from django.db import transaction
 
     enqueued = []
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
     make_scaler("c")
     with pytest.raises(RuntimeError), transaction.atomic():
         assert request_scale(["linux"], "j").action == "spawning"

@@ -45,7 +45,7 @@ def only_lost_agent_sweeps(monkeypatch, settings):
 
 @pytest.fixture
 def no_spawn(monkeypatch):
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 def sweep(now=None):

@@ -26,7 +26,7 @@ SHAPE = {"resources": {"cpus": 2, "memory": "4g"}}
 
 @pytest.fixture(autouse=True)
 def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 def warm_scaler(size=3, max_agents=10, label_sets=(("linux", "docker"),), **kw):
