@@ -22,7 +22,7 @@ stay at the top level where issue 2 puts them:
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
 * 405 ``{reason: "method-not-allowed"}`` for anything but POST.
-* 503 ``{reason: "skipped" | "unavailable"}``: console draining, provision backoff, database or
+* 503 ``{reason: "skipped" | "unavailable"}``: provision backoff, unresolvable resources, database or
   spawn queue unavailable (with ``Retry-After``).
 
 The view is async: while a request waits for its batch it holds no thread and no database

@@ -11,7 +11,6 @@ import pytest
 from agents.choices import AgentState
 from agents.models import Agent
 from scalers.admission.caps import CAP_ORDER
-from scalers.admission.decide import set_console_draining
 from scalers.admission.service import request_scale
 from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
@@ -51,15 +50,13 @@ def test_it_answers_no_backend_for_labels_that_match_nothing():
     assert ScaleRequest.objects.get(job_id="job-x").outcome == "no-backend"
 
 
-def test_it_skips_while_the_console_drains():
-    make_scaler("c")
-    set_console_draining(True)
-    try:
-        d = request_scale(["linux"], "job-d")
-    finally:
-        set_console_draining(False)
-    assert (d.action, d.reason) == ("skipped", "draining")
+def test_it_skips_when_the_label_set_resources_do_not_resolve():
+    make_scaler("c", label_set_config={"resources": {"memory": "lots"}})
+    d = request_scale(["linux"], "job-d")
+    assert d.action == "skipped" and d.scaler == "c"
+    assert d.reason.startswith("resources of c label set [0] do not resolve: Invalid memory format")
     assert not Reservation.objects.exists()
+    assert ScaleRequest.objects.get(job_id="job-d").outcome == "skipped"
 
 
 def test_it_refuses_at_max_agents_and_counts_the_refusal():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -41,20 +40,6 @@ REFERENCE_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
 WARM_SPAWNS = "kici_orch_scaler_warm_pool_spawns_total"
 LEDGER_WARNING = "refused a spawn on reserved capacity no running agent accounts for"
 
-_console_draining = threading.Event()
-
-
-def set_console_draining(draining: bool = True) -> None:
-    """Mark this console process as shutting down: every request answers ``skipped`` (ADM-01)."""
-    if draining:
-        _console_draining.set()
-    else:
-        _console_draining.clear()
-
-
-def is_console_draining() -> bool:
-    return _console_draining.is_set()
-
 
 @dataclass(frozen=True)
 class ScaleDecision:
@@ -65,7 +50,7 @@ class ScaleDecision:
     (``cap`` names the refusing cap; retrying later may succeed), ``exceeds-cap`` (the request
     alone is larger than resource cap ``cap``: it can never be admitted while that cap stands, so
     retrying cannot help), ``no-backend`` (no label set matches) or ``skipped``
-    (console draining, provision backoff, a label set whose resources do not resolve).
+    (provision backoff, a label set whose resources do not resolve).
     ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned.
     """
 
@@ -206,7 +191,7 @@ def decide_batch(
 ) -> BatchResult:
     """Decide ``requests`` in order under the admission lock, in one transaction.
 
-    Per request (SPEC c.1): console draining ⇒ skipped; route (SPEC b) ⇒ no-backend; event
+    Per request (SPEC c.1): route (SPEC b) ⇒ no-backend; event
     scaler in provision backoff ⇒ skipped; resolve resources (SPEC a.4); an idle warm agent that
     fits (CASES WP-14) ⇒ assigned; a request larger than a resource cap on its own ⇒
     exceeds-cap naming the cap (permanent; the reference answers at-capacity and the orchestrator
@@ -252,7 +237,6 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
     labels_json: dict[int, str] = {}
     resolved_cache: dict = {}
     count_cap_refused = False
-    draining = is_console_draining()
 
     def bump(name: str, labels: dict, amount: float = 1.0) -> None:
         key = (name, ledger.label_key(labels))
@@ -287,9 +271,6 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                     agent_ref=decision.agent or "",
                 )
 
-        if draining:
-            done(ScaleDecision("skipped", reason="draining"))
-            continue
         if match is None:
             log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
             done(ScaleDecision("no-backend", reason="no-matching-label-set", labels=tuple(req.labels)))
