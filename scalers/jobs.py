@@ -30,6 +30,7 @@ from agents.tokens import revoke_agent_tokens
 from scalers.admission.decide import Admitted, ScaleDecision
 from scalers.admission.release import fail_spawn, on_spawn_job_failure
 from scalers.backends.base import SpawnControl, get_backend
+from scalers.models import ScaleOutcome
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ def enqueue_spawn_or_fail(decision: ScaleDecision, agent: Agent | Admitted) -> S
             reason="enqueue-failed",
         )
         return ScaleDecision(
-            "skipped",
+            ScaleOutcome.SKIPPED,
             scaler=decision.scaler,
             backend_type=decision.backend_type,
             reason=f"spawn queue unavailable: {exc}",

@@ -38,6 +38,7 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.models import Agent
 from scalers.labels import platform_to_taints
+from scalers.models import ScaleOutcome
 from scalers.resources import has_declared_shape
 
 from .admission import ledger
@@ -163,9 +164,9 @@ def deficit_pass() -> int:
         if not requests:
             return 0
         result = decide_batch(requests)
-    for decision, agent in zip([d for d in result.decisions if d.action == "spawning"], result.admitted):
+    for decision, agent in zip([d for d in result.decisions if d.action == ScaleOutcome.SPAWNING], result.admitted):
         enqueue_spawn_or_fail(decision, agent)
-    refused = [d for d in result.decisions if d.action != "spawning"]
+    refused = [d for d in result.decisions if d.action != ScaleOutcome.SPAWNING]
     if refused:
         log.info(
             "warm pass: %d warm spawns refused (%s)",

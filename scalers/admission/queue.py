@@ -31,6 +31,8 @@ from collections.abc import Callable
 
 from django.db import connection
 
+from scalers.models import ScaleOutcome
+
 from .decide import BatchResult, Request, ScaleDecision, decide_batch
 
 log = logging.getLogger("scalers.admission")
@@ -199,7 +201,7 @@ class AdmissionQueue:
         self.decided += len(batch)
         for p, decision in zip(batch, result.decisions):
             p.decision = decision
-            p.agent = by_id.get(decision.agent) if decision.action == "spawning" else None
+            p.agent = by_id.get(decision.agent) if decision.action == ScaleOutcome.SPAWNING else None
             p.finish()
 
     def _prepare_connection(self) -> None:

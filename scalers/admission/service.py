@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from scalers.jobs import enqueue_spawn_or_fail
+from scalers.models import ScaleOutcome
 
 from .decide import Request, ScaleDecision, decide_batch
 from .queue import get_queue
@@ -67,7 +68,7 @@ def request_scale(
     if connection.in_atomic_block or not getattr(settings, "KICI_ADMISSION_BATCHING", True):
         result = decide_batch([req])
         decision = result.decisions[0]
-        if decision.action == "spawning":
+        if decision.action == ScaleOutcome.SPAWNING:
             agent = result.admitted[0]
             if connection.in_atomic_block:
                 transaction.on_commit(lambda: enqueue_spawn_or_fail(decision, agent))
@@ -75,6 +76,6 @@ def request_scale(
                 decision = enqueue_spawn_or_fail(decision, agent)
         return decision
     decision, agent = get_queue().submit(req, timeout=timeout)
-    if decision.action == "spawning" and agent is not None:
+    if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = enqueue_spawn_or_fail(decision, agent)
     return decision
