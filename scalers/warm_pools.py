@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -229,8 +230,6 @@ class WarmPools:
 
     def tick(self, *, force: bool = False, now: datetime | None = None) -> bool:
         """Idle check then deficit pass. Returns True when an agent was destroyed or spawned."""
-        import time
-
         with self._lock:
             if not self.started or (not force and not self.due(time.monotonic())):
                 return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.conf import settings
@@ -14,8 +13,6 @@ from scalers.models import ScaleOutcome
 from .decide import Request, ScaleDecision, decide_batch
 from .queue import get_queue
 from .validate import InvalidScaleRequest, _labels, _short, validate_resources
-
-log = logging.getLogger("scalers.admission")
 
 
 def request_scale(
