@@ -118,10 +118,9 @@ def setup_django(url: str) -> None:
     import django
 
     django.setup()
-    import scalers.admission.service as service
+    import scalers.jobs as jobs
 
-    service.enqueue_spawn = None
-    service.enqueue_spawn_for = lambda agent: None  # decisions only: no rq
+    jobs.enqueue_spawn = lambda agent: None  # decisions only: no rq
 
 
 SCALERS = ("s0", "s1", "s2", "s3")
@@ -217,7 +216,7 @@ def run_requesters(
     counts and the wall time from the common start to the last answer."""
     from django.db import connection
 
-    from scalers.admission import request_scale
+    from scalers.admission.service import request_scale
 
     lat: list[list[float]] = [[] for _ in range(threads)]
     actions: list[dict] = [{} for _ in range(threads)]
@@ -393,7 +392,7 @@ def main() -> int:
         from django.db import connection
 
         connection.close()
-        from scalers.admission import shutdown_queue
+        from scalers.admission.queue import shutdown_queue
 
         shutdown_queue()
     finally:

@@ -83,21 +83,21 @@ def list_kici_containers(scaler) -> list[dict] | None:
 
 def release(agent_id: str, reason: str) -> Any:
     """``scalers.admission.release(agent_id, reason)`` (adm; idempotent)."""
-    from scalers.admission import release as admission_release
+    from scalers.admission.release import release as admission_release
 
     return admission_release(agent_id, reason)
 
 
 def mark_draining(agent_id: str) -> int | None:
     """``scalers.admission.mark_draining(agent_id)`` → active-job count, None when not tracked (adm)."""
-    from scalers.admission import mark_draining as admission_mark_draining
+    from scalers.admission.draining import mark_draining as admission_mark_draining
 
     return admission_mark_draining(agent_id)
 
 
 def clear_draining(agent_id: str) -> None:
     """``scalers.admission.clear_draining(agent_id)`` (adm): undo a drain whose teardown did not happen."""
-    from scalers.admission import clear_draining as admission_clear_draining
+    from scalers.admission.draining import clear_draining as admission_clear_draining
 
     admission_clear_draining(agent_id)
 
@@ -106,7 +106,7 @@ def teardown_agent(agent, reason: str) -> bool:
     """``scalers.admission.teardown_agent(agent, reason)`` (adm): destroy the sandbox through its
     backend, mark the agent destroyed, release its reservation. False when the destroy failed (the
     agent stays ``destroying`` with its reservation; adm's sweeper retries) or it was released already."""
-    from scalers.admission import teardown_agent as admission_teardown
+    from scalers.admission.release import teardown_agent as admission_teardown
 
     return admission_teardown(agent, reason, destroy_reason="shutdown")
 
@@ -126,7 +126,7 @@ def teardown_lost_agent(
     """
     from agents.choices import AgentState
     from agents.models import Agent
-    from scalers.admission import teardown_agent as admission_teardown
+    from scalers.admission.release import teardown_agent as admission_teardown
 
     from .choices import TargetOutcome
 

@@ -22,7 +22,7 @@ stay at the top level where issue 2 puts them:
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
 * 405 ``{reason: "method-not-allowed"}`` for anything but POST.
-* 503 ``{reason: "skipped" | "unavailable"}``: console draining, provision backoff, database or
+* 503 ``{reason: "skipped" | "unavailable"}``: provision backoff, unresolvable resources, database or
   spawn queue unavailable (with ``Retry-After``).
 
 The view is async: while a request waits for its batch it holds no thread and no database
@@ -46,8 +46,9 @@ from django.views.decorators.csrf import csrf_exempt
 from kici_site.errors import api_error
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
-from scalers.admission.service import _enqueue_or_fail
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+from scalers.jobs import enqueue_spawn_or_fail
+from scalers.models import ScaleOutcome
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def _enqueue_in_worker(decision, agent):
     """Enqueue the spawn from an executor thread, then let that thread's connection go the way
     ``CONN_MAX_AGE`` says (the request cycle that would close it does not run in this thread)."""
     try:
-        return _enqueue_or_fail(decision, agent)
+        return enqueue_spawn_or_fail(decision, agent)
     finally:
         close_old_connections()
 
@@ -118,25 +119,25 @@ async def scale(request):
     except DatabaseError as exc:
         log.warning("scale request %s: database error %s", data.job_id, exc)
         return _error(503, "unavailable", "database unavailable")
-    if decision.action == "spawning" and agent is not None:
+    if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
 
-    if decision.action == "spawning":
+    if decision.action == ScaleOutcome.SPAWNING:
         return JsonResponse(
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201
         )
-    if decision.action == "assigned":
+    if decision.action == ScaleOutcome.ASSIGNED:
         return JsonResponse(
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type, "warm": True},
             status=200,
         )
-    if decision.action == "at-capacity":
+    if decision.action == ScaleOutcome.AT_CAPACITY:
         return _error(409, "at-capacity", decision.reason, cap=decision.cap, scaler=decision.scaler)
-    if decision.action == "exceeds-cap":
+    if decision.action == ScaleOutcome.EXCEEDS_CAP:
         return _error(
             422, "exceeds-cap", decision.reason, cap=decision.cap, scaler=decision.scaler, detail=decision.reason
         )
-    if decision.action == "no-backend":
+    if decision.action == ScaleOutcome.NO_BACKEND:
         return _error(
             422,
             "no-matching-label-set",

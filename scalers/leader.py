@@ -31,13 +31,6 @@ def _conninfo(alias: str = "default") -> dict:
     return info
 
 
-def database_name(alias: str = "default") -> str:
-    """The database this process leads in (tests swap in the test database)."""
-    from django.db import connections
-
-    return connections[alias].settings_dict["NAME"]
-
-
 class Leadership:
     """Hold or seek the sweeper lock. ``poll()`` → ``(is_leader, became_leader)``.
 

@@ -32,6 +32,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agents.choices import ACTIVE_STATES, EventType
+from scalers.models import MetricCounter
+from scalers.warm_pools import pool_status
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,6 @@ class DatabaseCollector:
         yield g
 
     def _collect(self):
-        from scalers.models import MetricCounter
-
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         label_names: dict[str, list[str]] = {}
         rows = list(MetricCounter.objects.order_by("name", "label_key").values_list("name", "labels", "value"))
@@ -142,8 +142,6 @@ class DatabaseCollector:
         yield from (cpus, mem, res, agents, lost)
 
     def _warm_pools(self):
-        from scalers.warm_pools import pool_status
-
         target = GaugeMetricFamily(
             "kici_orch_scaler_warm_pool_target", "Warm pool target size.", labels=["scaler", "labelSet"]
         )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -38,12 +39,14 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.models import Agent
 from scalers.labels import platform_to_taints
+from scalers.models import ScaleOutcome
 from scalers.resources import has_declared_shape
 
 from .admission import ledger
 from .admission.decide import Request, decide_batch
 from .admission.draining import drain_and_destroy
 from .admission.matching import World
+from .jobs import enqueue_spawn_or_fail
 
 log = logging.getLogger("scalers.warm_pools")
 
@@ -133,8 +136,6 @@ def pool_status() -> list[PoolStatus]:
 
 def deficit_pass() -> int:
     """Issue the warm spawns every pool lacks, under the admission lock. Returns spawns admitted."""
-    from .admission.service import _enqueue_or_fail
-
     with transaction.atomic():
         with connection.cursor() as cur:
             config_row = ledger.lock_admission(cur)
@@ -164,9 +165,9 @@ def deficit_pass() -> int:
         if not requests:
             return 0
         result = decide_batch(requests)
-    for decision, agent in zip([d for d in result.decisions if d.action == "spawning"], result.admitted):
-        _enqueue_or_fail(decision, agent)
-    refused = [d for d in result.decisions if d.action != "spawning"]
+    for decision, agent in zip([d for d in result.decisions if d.action == ScaleOutcome.SPAWNING], result.admitted):
+        enqueue_spawn_or_fail(decision, agent)
+    refused = [d for d in result.decisions if d.action != ScaleOutcome.SPAWNING]
     if refused:
         log.info(
             "warm pass: %d warm spawns refused (%s)",
@@ -229,8 +230,6 @@ class WarmPools:
 
     def tick(self, *, force: bool = False, now: datetime | None = None) -> bool:
         """Idle check then deficit pass. Returns True when an agent was destroyed or spawned."""
-        import time
-
         with self._lock:
             if not self.started or (not force and not self.due(time.monotonic())):
                 return False

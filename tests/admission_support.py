@@ -16,8 +16,8 @@ from scalers.models import ConfigState, LabelSet, MachinePool, Scaler
 @pytest.fixture(autouse=True)
 def _stop_admission_queue():
     """Every test starts and ends without a decider thread (it holds a DB connection)."""
-    from scalers.admission import shutdown_queue
     from scalers.admission.matching import WORLD_CACHE
+    from scalers.admission.queue import shutdown_queue
 
     WORLD_CACHE.clear()
     yield

@@ -10,8 +10,8 @@ import pytest
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission import request_scale, set_console_draining
 from scalers.admission.caps import CAP_ORDER
+from scalers.admission.service import request_scale
 from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
@@ -50,15 +50,13 @@ def test_it_answers_no_backend_for_labels_that_match_nothing():
     assert ScaleRequest.objects.get(job_id="job-x").outcome == "no-backend"
 
 
-def test_it_skips_while_the_console_drains():
-    make_scaler("c")
-    set_console_draining(True)
-    try:
-        d = request_scale(["linux"], "job-d")
-    finally:
-        set_console_draining(False)
-    assert (d.action, d.reason) == ("skipped", "draining")
+def test_it_skips_when_the_label_set_resources_do_not_resolve():
+    make_scaler("c", label_set_config={"resources": {"memory": "lots"}})
+    d = request_scale(["linux"], "job-d")
+    assert d.action == "skipped" and d.scaler == "c"
+    assert d.reason.startswith("resources of c label set [0] do not resolve: Invalid memory format")
     assert not Reservation.objects.exists()
+    assert ScaleRequest.objects.get(job_id="job-d").outcome == "skipped"
 
 
 def test_it_refuses_at_max_agents_and_counts_the_refusal():
@@ -277,7 +275,7 @@ def test_inside_a_transaction_the_spawn_is_enqueued_only_on_commit(monkeypatch):
     from django.db import transaction
 
     enqueued = []
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
     make_scaler("c")
     with transaction.atomic():
         d = request_scale(["linux"], "j")
@@ -289,7 +287,7 @@ def test_a_rolled_back_caller_transaction_leaves_nothing(monkeypatch):
     from django.db import transaction
 
     enqueued = []
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
     make_scaler("c")
     with pytest.raises(RuntimeError), transaction.atomic():
         assert request_scale(["linux"], "j").action == "spawning"
@@ -298,7 +296,7 @@ def test_a_rolled_back_caller_transaction_leaves_nothing(monkeypatch):
 
 
 def test_bad_input_to_request_scale_names_the_field():
-    from scalers.admission import InvalidScaleRequest
+    from scalers.admission.validate import InvalidScaleRequest
 
     make_scaler("c")
     with pytest.raises(InvalidScaleRequest, match=r"labels\[0\]"):

@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission import mark_draining, request_scale, retirement_sweep
+from scalers.admission.draining import mark_draining, retirement_sweep
+from scalers.admission.service import request_scale
 from scalers.models import Reservation, Scaler, ScalerTeardown
 from tests.admission_support import _stop_admission_queue, make_scaler  # noqa: F401
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 def running(decision, **fields):

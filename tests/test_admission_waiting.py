@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from front.views.waiting import waiting_groups
-from scalers.admission import request_scale
+from scalers.admission.service import request_scale
 from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_a_job_admitted_later_stops_waiting():
     assert [r.job_id for g in waiting_groups() for r in g.requests] == ["second"]
     from agents.choices import AgentState
     from agents.models import Agent
-    from scalers.admission import release
+    from scalers.admission.release import release
 
     Agent.objects.filter(agent_id=first.agent).update(state=AgentState.DESTROYED)
     release(first.agent, "done")

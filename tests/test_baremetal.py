@@ -12,6 +12,7 @@ import pytest
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
+from scalers.admission.release import teardown_agent
 from scalers.backends.baremetal import (
     BareMetalBackend,
     _proc_start_time,
@@ -19,7 +20,7 @@ from scalers.backends.baremetal import (
     process_mode_policy_warnings,
 )
 from scalers.backends.hostconfig import EffectiveLimits
-from scalers.jobs import destroy_agent, spawn_agent
+from scalers.jobs import spawn_agent
 from scalers.models import Reservation
 from tests.ctr_helpers import free_port, make_agent, make_scaler, remove_test_containers, wsgi_server
 
@@ -113,7 +114,7 @@ def test_a_process_agent_registers_and_is_terminated_with_its_group(agent_binary
         types = list(ScalerEvent.objects.filter(agent=agent).order_by("id").values_list("type", "detail"))
         assert types[0][0] == EventType.PROVISIONING and types[0][1].startswith("spawning agent process")
         assert (EventType.READY, f"agent process started (PID {pid})") in types
-        assert destroy_agent(agent.pk)
+        assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")
         assert wait_for(lambda: _proc_start_time(pid) is None, 2)
     assert not Reservation.objects.filter(agent=agent).exists()
 
@@ -197,7 +198,7 @@ def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, a
         hc = info["HostConfig"]
         assert hc["PidsLimit"] == 4096 and hc["Memory"] == 256 << 20 and hc["NanoCpus"] == 10**9
         assert any(str(a) == agent.ip and r.complete for a, r in nft.list_agents().items())
-        assert destroy_agent(agent.pk)
+        assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")
         assert not docker_client.api.containers(all=True, filters={"label": f"kici-agent-id={agent.agent_id}"})
         assert all(str(a) != agent.ip for a in nft.list_agents())
     finally:

@@ -10,8 +10,9 @@ from django.db import transaction
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
+from scalers.admission.release import teardown_agent
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
-from scalers.jobs import destroy_agent, enqueue_spawn
+from scalers.jobs import enqueue_spawn
 from scalers.models import Reservation
 from tests.ctr_helpers import (
     free_port,
@@ -102,7 +103,7 @@ def test_a_spawned_busybox_agent_registers_with_the_console_within_10_seconds(
         assert wait_for(lambda: Agent.objects.get(pk=agent.pk).last_heartbeat > agent.registered_at, 15)
 
         t0 = time.monotonic()
-        assert destroy_agent(agent.pk)
+        assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")
         assert time.monotonic() - t0 < 5, "stop should be fast with an init process"
     assert not docker_client.api.containers(all=True, filters={"label": f"kici-agent-id={agent.agent_id}"})
     assert all(str(a) != agent.ip for a in nft_table.list_agents())
@@ -123,4 +124,4 @@ def test_an_agent_that_registers_before_its_spawn_finishes_gets_no_connecting_ev
     types = list(ScalerEvent.objects.filter(agent=agent).order_by("created_at", "id").values_list("type", flat=True))
     assert types == [EventType.PROVISIONING, EventType.REGISTERED, EventType.NETWORK, EventType.READY], types
     assert Agent.objects.get(pk=agent.pk).state == AgentState.RUNNING
-    assert destroy_agent(agent.pk)
+    assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")

@@ -24,7 +24,8 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from network.models import IpAllocation
 from network.nft.apply import NftClient
-from scalers.admission import request_scale, teardown_agent
+from scalers.admission.release import teardown_agent
+from scalers.admission.service import request_scale
 from scalers.backends.base import get_backend
 from scalers.backends.firecracker.adapter import FirecrackerScalerBackend
 from scalers.backends.firecracker.api import FirecrackerApi

@@ -9,8 +9,8 @@ from django.test import Client
 from agents.choices import EventType
 from agents.events import record_event
 from agents.models import Agent
-from scalers.admission import request_scale
 from scalers.admission.queue import lock_failure_reason
+from scalers.admission.service import request_scale
 from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 def scrape() -> str:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission import recover_state
+from scalers.admission.recovery import recover_state
 from scalers.leader import Leadership
 from scalers.models import RecoveryReport, Reservation
 from tests.admission_support import _stop_admission_queue, make_scaler  # noqa: F401

@@ -16,25 +16,25 @@ from pathlib import Path
 import django_rq
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from rq import Callback
 from rq.registry import StartedJobRegistry
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
-from scalers.admission import (
-    CAPACITY_FREED,
+from scalers.admission.release import (
     expire_unregistered_agents,
+    fail_spawn,
     on_spawn_job_failure,
     prune_stale_spawns,
     reap_failed_spawn_jobs,
     release,
-    request_scale,
     retry_stuck_teardowns,
+    stale_window_seconds,
     teardown_agent,
 )
-from scalers.admission.release import CapacityFreed, stale_window_seconds
+from scalers.admission.service import request_scale
 from scalers.models import Reservation
 from tests.admission_support import _stop_admission_queue, make_scaler, run_threads  # noqa: F401
 
@@ -53,7 +53,7 @@ def sleepy_job(agent_pk: int, seconds: float = 30.0) -> None:
 @pytest.fixture
 def no_enqueue(monkeypatch):
     """Admit without handing the spawn to ctr's job: these tests drive the release paths."""
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 @pytest.fixture
@@ -89,9 +89,7 @@ def test_release_of_an_unknown_agent_is_false(db):
 
 
 def test_the_spawn_failure_event_path_releases(admitted):
-    from scalers.jobs import fail_spawn as ctr_fail_spawn
-
-    ctr_fail_spawn(admitted, RuntimeError("image missing"), reason="spawn-failed")
+    fail_spawn(admitted, RuntimeError("image missing"), reason="spawn-failed", cleaned_up=True)
     admitted.refresh_from_db()
     assert admitted.state == AgentState.FAILED
     assert not Reservation.objects.exists()
@@ -238,7 +236,7 @@ def test_a_spawn_that_cannot_be_enqueued_is_released(monkeypatch, db, docker_cli
     def broken(agent):
         raise ConnectionError("redis is down")
 
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", broken)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", broken)
     make_scaler("c", max_agents=3)
     d = request_scale(["linux"], "job-1")
     assert d.action == "skipped" and "redis is down" in d.reason
@@ -246,27 +244,17 @@ def test_a_spawn_that_cannot_be_enqueued_is_released(monkeypatch, db, docker_cli
     assert Agent.objects.get().state == AgentState.FAILED
 
 
-def test_capacity_freed_twice_within_the_window_fires_once():
-    calls = []
-    freed = CapacityFreed(delay=0.25)
-    freed.subscribe(lambda: calls.append(time.monotonic()))
-    freed.notify()
-    time.sleep(0.1)
-    freed.notify()
-    time.sleep(0.5)
-    assert len(calls) == 1
+def test_a_release_frees_the_slot_for_the_next_request_at_once(admitted):
+    assert [request_scale(["linux"], f"job-{i}").action for i in (2, 3, 4)] == ["spawning", "spawning", "at-capacity"]
+    assert release(admitted.agent_id, "x") is True
+    Agent.objects.filter(pk=admitted.pk).update(state=AgentState.DESTROYED)
+    assert request_scale(["linux"], "job-5").action == "spawning"
 
 
-def test_release_notifies_capacity_freed(admitted):
-    calls = []
-
-    def callback():
-        calls.append(1)
-
-    CAPACITY_FREED.subscribe(callback)
-    try:
-        release(admitted.agent_id, "x")
-        time.sleep(0.5)
-    finally:
-        CAPACITY_FREED.unsubscribe(callback)
-    assert calls == [1]
+def test_a_release_rolled_back_with_its_transaction_keeps_the_reservation(admitted):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert release(admitted.agent_id, "x") is True
+        raise RuntimeError("rolled back")
+    assert Reservation.objects.filter(agent=admitted).exists()
+    assert released_events(admitted) == 0
+    assert release(admitted.agent_id, "x") is True

@@ -193,17 +193,13 @@ def test_100_concurrent_async_posts_admit_exactly_max_agents():
     assert Reservation.objects.count() == 5
 
 
-def test_a_draining_console_answers_503_skipped():
-    from scalers.admission import set_console_draining
-
-    make_scaler("c")
-    set_console_draining(True)
-    try:
-        r = post(Client(), {"labels": ["linux"], "jobId": "j"})
-    finally:
-        set_console_draining(False)
+def test_a_skipped_decision_answers_503_with_retry_after():
+    make_scaler("c", label_set_config={"resources": {"memory": "lots"}})
+    r = post(Client(), {"labels": ["linux"], "jobId": "j"})
+    message = 'resources of c label set [0] do not resolve: Invalid memory format: "lots". '
+    message += 'Expected format like "512m", "2g", or "1024k".'
     assert r.status_code == 503 and r.json() == {
-        "error": {"code": "skipped", "message": "draining"},
+        "error": {"code": "skipped", "message": message},
         "reason": "skipped",
     }
     assert r["Retry-After"]

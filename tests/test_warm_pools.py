@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission import clear_draining, mark_draining, request_scale
+from scalers.admission.draining import clear_draining, mark_draining
 from scalers.admission.matching import WORLD_CACHE
+from scalers.admission.service import request_scale
 from scalers.models import LabelSet, Reservation, Scaler
 from scalers.warm_pools import WarmPools, configured_pools, deficit_pass, idle_check, pool_status, read_world
 from tests.admission_support import _stop_admission_queue, make_scaler, run_threads, set_global  # noqa: F401
@@ -25,7 +26,7 @@ SHAPE = {"resources": {"cpus": 2, "memory": "4g"}}
 
 @pytest.fixture(autouse=True)
 def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 def warm_scaler(size=3, max_agents=10, label_sets=(("linux", "docker"),), **kw):

@@ -1,4 +1,4 @@
-"""Deciding a batch of scale requests under the admission lock (SPEC c.1, c.2, j).
+"""Deciding a batch of scale requests under the admission lock.
 
 :func:`decide_batch` is the one place that admits: it takes the lock
 (:func:`scalers.admission.ledger.lock_admission`), reads the usage snapshot, decides every request
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -26,6 +25,7 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.models import Agent
 from lib.units import format_bytes_iec
+from scalers.choices import ScalerType
 from scalers.models import ScaleOutcome
 from scalers.resources import resolve_resources
 
@@ -49,35 +49,22 @@ REFERENCE_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
 WARM_SPAWNS = "kici_orch_scaler_warm_pool_spawns_total"
 LEDGER_WARNING = "refused a spawn on reserved capacity no running agent accounts for"
 
-_console_draining = threading.Event()
-
-
-def set_console_draining(draining: bool = True) -> None:
-    """Mark this console process as shutting down: every request answers ``skipped`` (ADM-01)."""
-    if draining:
-        _console_draining.set()
-    else:
-        _console_draining.clear()
-
-
-def is_console_draining() -> bool:
-    return _console_draining.is_set()
-
 
 @dataclass(frozen=True)
 class ScaleDecision:
-    """The answer to one scale request (SPEC c.1).
+    """The answer to one scale request.
 
-    ``action``: ``spawning`` (admitted; an agent row in state spawning and its reservation were
+    ``action`` (a :class:`scalers.models.ScaleOutcome`, stored as the request record's
+    ``outcome``): ``spawning`` (admitted; an agent row in state spawning and its reservation were
     written), ``assigned`` (an idle warm agent was bound to the job instead), ``at-capacity``
     (``cap`` names the refusing cap; retrying later may succeed), ``exceeds-cap`` (the request
     alone is larger than resource cap ``cap``: it can never be admitted while that cap stands, so
     retrying cannot help), ``no-backend`` (no label set matches) or ``skipped``
-    (console draining, provision backoff, a label set whose resources do not resolve).
+    (provision backoff, a label set whose resources do not resolve).
     ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned.
     """
 
-    action: str
+    action: ScaleOutcome
     agent: str | None = None
     scaler: str | None = None
     cap: str | None = None
@@ -212,11 +199,11 @@ def decide_batch(
 ) -> BatchResult:
     """Decide ``requests`` in order under the admission lock, in one transaction.
 
-    Per request (SPEC c.1): console draining ⇒ skipped; route (SPEC b) ⇒ no-backend; event
-    scaler in provision backoff ⇒ skipped; resolve resources (SPEC a.4); an idle warm agent that
-    fits (CASES WP-14) ⇒ assigned; a request larger than a resource cap on its own ⇒
-    exceeds-cap naming the cap (permanent; the reference answers at-capacity and the orchestrator
-    would retry forever); the caps in SPEC (c.2) order ⇒ at-capacity naming the cap;
+    Per request: route ⇒ no-backend; event scaler in provision backoff ⇒ skipped; resolve
+    resources; an idle warm agent that fits ⇒ assigned; a request larger than a resource cap on
+    its own ⇒ exceeds-cap naming the cap (permanent; the reference answers at-capacity and the
+    orchestrator would retry forever); the caps in :data:`~scalers.admission.caps.CAP_ORDER` ⇒
+    at-capacity naming the cap;
     otherwise a spawning Agent plus its Reservation are written. Refusals increment
     ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the reference's unlabelled gauge,
     which leaves out machine-pool refusals). Raises database errors; then nothing is written.
@@ -245,7 +232,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             routed.append((info, ls) if info and ls and not info.retiring else None)
         else:
             routed.append(world.match(req.labels, req.exclude))
-    event_names = {m[0].name for m in routed if m and m[0].type == "event"}
+    event_names = {m[0].name for m in routed if m and m[0].type == ScalerType.EVENT}
     backoffs = _backoffs(cur, event_names, now) if event_names else {}
     warm_scalers = {m[0].pk for m, r in zip(routed, requests) if m and not r.warm and m[0].warm_pool_enabled}
     idle = ledger.idle_warm_agents(cur, warm_scalers) if warm_scalers else []
@@ -258,7 +245,6 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
     labels_json: dict[int, str] = {}
     resolved_cache: dict = {}
     count_cap_refused = False
-    draining = is_console_draining()
 
     def bump(name: str, labels: dict, amount: float = 1.0) -> None:
         key = (name, ledger.label_key(labels))
@@ -293,16 +279,17 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                     agent_ref=decision.agent or "",
                 )
 
-        if draining:
-            done(ScaleDecision("skipped", reason="draining"))
-            continue
         if match is None:
             log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
-            done(ScaleDecision("no-backend", reason="no-matching-label-set", labels=tuple(req.labels)))
+            done(ScaleDecision(ScaleOutcome.NO_BACKEND, reason="no-matching-label-set", labels=tuple(req.labels)))
             continue
         info, ls = match
         if info.name in backoffs:
-            done(ScaleDecision("skipped", scaler=info.name, reason=backoffs[info.name], backend_type=info.type))
+            done(
+                ScaleDecision(
+                    ScaleOutcome.SKIPPED, scaler=info.name, reason=backoffs[info.name], backend_type=info.type
+                )
+            )
             continue
         job_res = None if req.warm else req.resources
         try:
@@ -316,7 +303,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         except ValueError as exc:
             done(
                 ScaleDecision(
-                    "skipped",
+                    ScaleOutcome.SKIPPED,
                     scaler=info.name,
                     backend_type=info.type,
                     reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}",
@@ -329,7 +316,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             except ValueError as exc:
                 done(
                     ScaleDecision(
-                        "skipped",
+                        ScaleOutcome.SKIPPED,
                         scaler=info.name,
                         backend_type=info.type,
                         reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}",
@@ -345,7 +332,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             if chosen is not None:
                 done(
                     ScaleDecision(
-                        "assigned",
+                        ScaleOutcome.ASSIGNED,
                         agent=chosen["agent_id"],
                         agent_pk=chosen["id"],
                         scaler=info.name,
@@ -366,7 +353,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             if never:  # permanent: retrying cannot help, so it is not "at capacity"
                 done(
                     ScaleDecision(
-                        "exceeds-cap",
+                        ScaleOutcome.EXCEEDS_CAP,
                         scaler=info.name,
                         cap=cap,
                         backend_type=info.type,
@@ -378,7 +365,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 count_cap_refused = True
             done(
                 ScaleDecision(
-                    "at-capacity",
+                    ScaleOutcome.AT_CAPACITY,
                     scaler=info.name,
                     cap=cap,
                     reason=f"{cap} reached on scaler {info.name}",
@@ -416,7 +403,11 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             bump(WARM_SPAWNS, {"scaler": info.name})
         done(
             ScaleDecision(
-                "spawning", agent=agent_id, scaler=info.name, backend_type=info.type, labels=tuple(ls.agent_labels)
+                ScaleOutcome.SPAWNING,
+                agent=agent_id,
+                scaler=info.name,
+                backend_type=info.type,
+                labels=tuple(ls.agent_labels),
             )
         )
 

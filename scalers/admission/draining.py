@@ -15,6 +15,7 @@ from django.utils import timezone
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent
+from scalers.backends.base import get_backend
 from scalers.models import Reservation, Scaler, ScalerTeardown
 
 from .release import teardown_agent
@@ -96,8 +97,6 @@ def retirement_sweep() -> bool:
             continue
         detail = ""
         try:
-            from scalers.backends.base import get_backend
-
             backend = get_backend(scaler)
             hook = getattr(backend, "teardown", None)
             if callable(hook):

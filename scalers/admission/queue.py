@@ -29,7 +29,10 @@ import os
 import threading
 from collections.abc import Callable
 
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
+
+from scalers.metrics import BATCH_SIZE, CAP_LOCK_FAILURES
+from scalers.models import ScaleOutcome
 
 from .decide import BatchResult, Request, ScaleDecision, decide_batch
 
@@ -199,7 +202,7 @@ class AdmissionQueue:
         self.decided += len(batch)
         for p, decision in zip(batch, result.decisions):
             p.decision = decision
-            p.agent = by_id.get(decision.agent) if decision.action == "spawning" else None
+            p.agent = by_id.get(decision.agent) if decision.action == ScaleOutcome.SPAWNING else None
             p.finish()
 
     def _prepare_connection(self) -> None:
@@ -230,8 +233,6 @@ class AdmissionQueue:
 def lock_failure_reason(exc: BaseException) -> str | None:
     """``contended`` for a lock timeout (SQLSTATE 55P03), ``unreachable`` for other database
     operational errors, else None (SPEC c.2 step 4, ``cap_lock_failures_total{reason}``)."""
-    from django.db import InterfaceError, OperationalError
-
     cause = exc.__cause__ or exc
     if getattr(cause, "sqlstate", None) == "55P03":
         return "contended"
@@ -243,14 +244,10 @@ def lock_failure_reason(exc: BaseException) -> str | None:
 def _count_lock_failure(exc: BaseException) -> None:
     reason = lock_failure_reason(exc)
     if reason:
-        from scalers.metrics import CAP_LOCK_FAILURES
-
         CAP_LOCK_FAILURES.labels(reason=reason).inc()
 
 
 def _observe_batch(n: int) -> None:
-    from scalers.metrics import BATCH_SIZE
-
     BATCH_SIZE.observe(n)
 
 

@@ -25,10 +25,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import django_rq
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from rq.job import Job
 
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
@@ -64,9 +66,6 @@ def rq_job_alive(agent: Agent) -> bool:
     if not agent.rq_job_id:
         return False
     try:
-        import django_rq
-        from rq.job import Job
-
         job = Job.fetch_many([agent.rq_job_id], connection=django_rq.get_connection("default"))[0]
     except Exception as exc:  # noqa: BLE001
         log.warning("recovery: cannot ask rq about %s (%s); keeping it", agent.agent_id, exc)

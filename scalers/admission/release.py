@@ -1,4 +1,4 @@
-"""Giving capacity back: ``release`` and every path that leads to it (SPEC c.3, c.6, d).
+"""Giving capacity back: ``release`` and every path that leads to it.
 
 The rule for "a failed agent stops counting unless its sandbox still runs": an agent counts
 through its reservation row (and while it is in an active state). :func:`teardown_agent` removes
@@ -9,91 +9,52 @@ A sandbox that was never created (no ``managed_id``, local backend) has nothing 
 
 Release paths and their ``reason``:
 
-* spawn failure event / rq job crash or timeout / worker killed: :func:`on_spawn_job_failure`
-  (``spawn-job-failed``), attached by ``scalers.jobs`` as the spawn job's ``on_failure``;
-  a killed worker's job reaches it through rq's abandoned-job cleanup, and
-  :func:`reap_failed_spawn_jobs` checks rq for the rest;
+* the spawn job failed and its backend cleaned up: :func:`fail_spawn` with ``cleaned_up=True``
+  (``spawn-failed``, ``spawn-timeout``), called by ``scalers.jobs.spawn_agent``;
+* rq job crash or timeout / worker killed: :func:`on_spawn_job_failure` (``spawn-job-failed``),
+  attached by ``scalers.jobs`` as the spawn job's ``on_failure``; a killed worker's job reaches
+  it through rq's abandoned-job cleanup, and :func:`reap_failed_spawn_jobs` checks rq for the rest;
 * destroy: :func:`teardown_agent` (any reason);
-* spawn deadline reached: ``scalers.jobs`` (ctr) raises; the failure callback releases;
+* registration deadline reached: ``scalers.jobs.expire_spawn`` calls :func:`fail_spawn`
+  (``spawn-timeout``);
 * agent never registered within its token TTL: :func:`expire_unregistered_agents`
   (``token-expired``);
-* stale prune (SPEC c.6): :func:`prune_stale_spawns` (``stale-prune``).
+* stale prune: :func:`prune_stale_spawns` (``stale-prune``);
+* a spawn that could not be enqueued: ``scalers.jobs.enqueue_spawn_or_fail`` (``enqueue-failed``).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import timedelta
 
+import django_rq
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max
 from django.utils import timezone
+from rq.job import Job, JobStatus
 
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent, ScalerEvent
+from agents.tokens import revoke_agent_tokens
+from scalers.backends.base import get_backend
+from scalers.backends.failure import failure_detail, mark_spawn_failed
 from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
 
 log = logging.getLogger("scalers.admission")
 
 #: Minimum stale-prune window (SPEC c.6: ``max(spawnTimeout, 300 s)``).
 MIN_STALE_WINDOW_SECONDS = 300
-#: Trailing debounce of the capacity-freed callback (SPEC c.3, CASES ADM-17).
-CAPACITY_FREED_DEBOUNCE_SECONDS = 0.25
-
-
-class CapacityFreed:
-    """Trailing-debounced "capacity freed" notification (SPEC c.3: 250 ms).
-
-    ``notify()`` (called after every release) schedules one call of every subscriber
-    ``delay`` seconds after the *last* notify; two releases within the window yield one call.
-    """
-
-    def __init__(self, delay: float = CAPACITY_FREED_DEBOUNCE_SECONDS):
-        self.delay = delay
-        self._subscribers: list = []
-        self._timer: threading.Timer | None = None
-        self._lock = threading.Lock()
-
-    def subscribe(self, callback) -> None:
-        self._subscribers.append(callback)
-
-    def unsubscribe(self, callback) -> None:
-        if callback in self._subscribers:
-            self._subscribers.remove(callback)
-
-    def notify(self) -> None:
-        if not self._subscribers:
-            return
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(self.delay, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._timer = None
-        for cb in list(self._subscribers):
-            try:
-                cb()
-            except Exception:  # noqa: BLE001
-                log.warning("capacity-freed callback failed", exc_info=True)
-
-
-CAPACITY_FREED = CapacityFreed()
 
 
 def release(agent_id: str, reason: str) -> bool:
     """Delete the reservation of ``agent_id``; True if one was held, False if already released.
 
     Idempotent and safe to race (one ``DELETE ... RETURNING`` decides who released). Records a
-    ``reservation.released`` event (detail = ``reason``, payload = the freed cpus/bytes) and fires
-    the debounced capacity-freed notification after commit. Does not change the agent's state.
-    Source: SPEC (c.3) ``releaseAll``.
+    ``reservation.released`` event (detail = ``reason``, payload = the freed cpus/bytes). Does not
+    change the agent's state.
     """
     with transaction.atomic():
         with connection.cursor() as cur:
@@ -112,14 +73,7 @@ def release(agent_id: str, reason: str) -> bool:
             detail=reason,
             payload={"reason": reason, "cpus": row[0], "memoryBytes": row[1]},
         )
-        transaction.on_commit(CAPACITY_FREED.notify)
     return True
-
-
-def _get_backend(scaler):
-    from scalers.backends.base import get_backend  # owned by helper "ctr"; imported lazily
-
-    return get_backend(scaler)
 
 
 def teardown_agent(
@@ -148,8 +102,8 @@ def teardown_agent(
         agent.state = AgentState.DESTROYING
     if agent.state == AgentState.DESTROYING:
         try:
-            backend = _get_backend(agent.scaler)
-        except (ImportError, ValueError) as exc:
+            backend = get_backend(agent.scaler)
+        except ValueError as exc:
             if agent.managed_id or agent.scaler.type not in LOCAL_SCALER_TYPES:
                 log.warning("cannot load the backend to destroy %s (%s); keeping its reservation", agent.agent_id, exc)
                 return False
@@ -174,15 +128,54 @@ def teardown_agent(
 
 
 def fail_spawn(
-    agent: Agent, detail: str, *, reason: str = "spawn-failed", destroy_reason: str = "spawn-timeout"
+    agent: Agent,
+    error: BaseException | str,
+    *,
+    reason: str = "spawn-failed",
+    destroy_reason: str = "spawn-timeout",
+    captured: list[str] | None = None,
+    cleaned_up: bool = False,
 ) -> bool:
-    """Mark a spawn as failed: a ``scaler.failed`` event (unless the spawn job already recorded
-    one), then :func:`teardown_agent` with ``final_state=failed``. True when released now."""
-    if not ScalerEvent.objects.filter(agent=agent, type=EventType.FAILED).exists():
-        record_event(agent, EventType.FAILED, detail=detail)
-    return teardown_agent(
-        agent, reason, final_state=AgentState.FAILED, failure_reason=detail, destroy_reason=destroy_reason
-    )
+    """Fail a spawn: record ``scaler.failed``, mark the agent failed, release its reservation.
+
+    ``error``: the exception the spawn raised, or a detail string; ``captured``: the agent's last
+    output lines for the detail (an exception's own ``captured_output`` when not given).
+
+    ``cleaned_up=False`` (the sweeps, the rq failure callback, the registration deadline, a spawn
+    that could not be enqueued): a ``scaler.failed`` event unless one was already recorded for
+    the agent, then :func:`teardown_agent` with ``final_state=failed``, which removes the sandbox
+    first and keeps the reservation when that fails (the sweeper retries).
+
+    ``cleaned_up=True`` (the spawn job, once the backend's failure path removed what the spawn
+    created): a compare-and-swap to ``failed`` from any state in
+    ``scalers.backends.failure.SPAWN_FAILURE_ENDS`` (an agent that registered or was drained while
+    its spawn was still finishing ends ``failed`` too, instead of staying active with no
+    sandbox), the event with the failed ``stage`` unless the backend reported its own failure
+    (``event_recorded``), its tokens revoked, and the release. The event and the release happen
+    even when someone else already moved the agent, so a spawn given up on still reports why.
+
+    Returns True when the reservation was released by this call.
+    """
+    if isinstance(error, BaseException):
+        captured = list(captured or getattr(error, "captured_output", None) or [])
+    detail = failure_detail(error if isinstance(error, BaseException) else RuntimeError(error), captured or [])
+    if not cleaned_up:
+        if not ScalerEvent.objects.filter(agent=agent, type=EventType.FAILED).exists():
+            record_event(agent, EventType.FAILED, detail=detail)
+        return teardown_agent(
+            agent, reason, final_state=AgentState.FAILED, failure_reason=detail, destroy_reason=destroy_reason
+        )
+    with transaction.atomic():
+        mark_spawn_failed(agent.pk, detail, timezone.now())
+        if not getattr(error, "event_recorded", False):
+            record_event(
+                agent, EventType.FAILED, detail, payload={"stage": getattr(error, "stage", ""), "reason": reason}
+            )
+    try:
+        revoke_agent_tokens(agent)
+    except Exception:  # noqa: BLE001
+        log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
+    return release(agent.agent_id, reason)
 
 
 def _agent_from_job(job) -> Agent | None:
@@ -217,16 +210,6 @@ def on_spawn_job_failure(job, connection_=None, exc_type=None, exc_value=None, t
     name = getattr(exc_type, "__name__", None) or type(exc_value).__name__
     detail = f"spawn job {getattr(job, 'id', '')} failed: {name}: {exc_value}".strip()
     fail_spawn(agent, detail, reason="spawn-job-failed")
-
-
-def spawn_job_exception_handler(job, exc_type, exc_value, tb) -> bool:
-    """The same as :func:`on_spawn_job_failure` in rq's worker ``exception_handlers`` shape
-    (returns True so the next handler runs)."""
-    try:
-        on_spawn_job_failure(job, None, exc_type, exc_value, tb)
-    except Exception:  # noqa: BLE001
-        log.exception("spawn failure handler crashed")
-    return True
 
 
 def release_if_terminal(agent: Agent) -> bool:
@@ -305,9 +288,6 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
     )
     if not agents:
         return 0
-    import django_rq
-    from rq.job import Job, JobStatus
-
     try:
         jobs = Job.fetch_many([a.rq_job_id for a in agents], connection=django_rq.get_connection("default"))
     except Exception as exc:  # noqa: BLE001 - Redis down: try again next sweep

@@ -2,59 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from agents.models import Agent
+from scalers.jobs import enqueue_spawn_or_fail
+from scalers.models import ScaleOutcome
 
-from .decide import Admitted, Request, ScaleDecision, decide_batch
+from .decide import Request, ScaleDecision, decide_batch
 from .queue import get_queue
-from .release import fail_spawn
 from .validate import InvalidScaleRequest, _labels, _short, validate_resources
-
-log = logging.getLogger("scalers.admission")
-
-
-def enqueue_spawn_for(agent: Agent) -> None:
-    """Hand an admitted agent to helper "ctr"'s spawn job (``scalers.jobs.enqueue_spawn``).
-
-    TODO(lead): while ``scalers.jobs`` does not exist the spawn is not enqueued (logged); any
-    other import error is raised.
-    """
-    try:
-        from scalers.jobs import enqueue_spawn
-    except ModuleNotFoundError as exc:
-        if exc.name == "scalers.jobs":
-            log.warning("scalers.jobs is not installed: spawn of %s not enqueued", agent.agent_id)
-            return
-        raise
-    enqueue_spawn(agent)
-
-
-def _enqueue_or_fail(decision: ScaleDecision, agent) -> ScaleDecision:
-    """Enqueue an admitted agent's spawn (``agent``: an ``Agent`` or a batch's ``Admitted``);
-    on failure fail the agent, release its reservation and answer ``skipped``."""
-    if isinstance(agent, Admitted):
-        agent = agent.to_agent()
-    try:
-        enqueue_spawn_for(agent)
-    except Exception as exc:  # noqa: BLE001 - the admission must not outlive a lost spawn
-        log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
-        fail_spawn(
-            Agent.objects.select_related("scaler").get(pk=agent.pk),
-            f"could not enqueue the spawn: {exc}",
-            reason="enqueue-failed",
-        )
-        return ScaleDecision(
-            "skipped",
-            scaler=decision.scaler,
-            backend_type=decision.backend_type,
-            reason=f"spawn queue unavailable: {exc}",
-        )
-    return decision
 
 
 def request_scale(
@@ -107,14 +65,14 @@ def request_scale(
     if connection.in_atomic_block or not getattr(settings, "KICI_ADMISSION_BATCHING", True):
         result = decide_batch([req])
         decision = result.decisions[0]
-        if decision.action == "spawning":
+        if decision.action == ScaleOutcome.SPAWNING:
             agent = result.admitted[0]
             if connection.in_atomic_block:
-                transaction.on_commit(lambda: _enqueue_or_fail(decision, agent))
+                transaction.on_commit(lambda: enqueue_spawn_or_fail(decision, agent))
             else:
-                decision = _enqueue_or_fail(decision, agent)
+                decision = enqueue_spawn_or_fail(decision, agent)
         return decision
     decision, agent = get_queue().submit(req, timeout=timeout)
-    if decision.action == "spawning" and agent is not None:
-        decision = _enqueue_or_fail(decision, agent)
+    if decision.action == ScaleOutcome.SPAWNING and agent is not None:
+        decision = enqueue_spawn_or_fail(decision, agent)
     return decision

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scalers.admission import request_scale, shutdown_queue
+from scalers.admission.queue import shutdown_queue
+from scalers.admission.service import request_scale
 from tests.admission_support import make_scaler
 
 pytestmark = pytest.mark.browser
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(autouse=True)
 def no_spawns(monkeypatch):
-    monkeypatch.setattr("scalers.admission.service.enqueue_spawn_for", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
     yield
     shutdown_queue()
 

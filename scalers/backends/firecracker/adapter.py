@@ -155,7 +155,7 @@ class FirecrackerScalerBackend:
         """The failed spawn's sandbox is gone: release its reservation (idempotent)."""
         if agent_id not in self._failed_emitted:
             return  # no scaler.failed (e.g. a destroy raced the spawn): whoever destroys releases
-        from scalers.admission import release
+        from scalers.admission.release import release
 
         try:
             release(agent_id, self._release_reasons.get(agent_id, "spawn-failed"))

@@ -22,12 +22,12 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from scalers.admission import (
+from scalers.admission.draining import retirement_sweep
+from scalers.admission.recovery import recover_state
+from scalers.admission.release import (
     expire_unregistered_agents,
     prune_stale_spawns,
     reap_failed_spawn_jobs,
-    recover_state,
-    retirement_sweep,
     retry_stuck_teardowns,
 )
 from scalers.choices import ScalerType

@@ -1,0 +1,468 @@
+"""Database side of admission: the lock, the usage snapshot, idle warm agents, metric counters
+and writing a decided batch.
+
+Every function here runs inside the caller's transaction on the caller's connection
+(:mod:`scalers.admission.decide` opens it). SQL is written out because these few statements run
+once per *batch* on the hot path; everything else uses the ORM.
+
+The lock (one mutex shared by every console process on the database):
+``SELECT ... FROM scalers_configstate WHERE id = 1 FOR UPDATE``. Chosen over a transaction-level
+advisory lock because the same statement returns the global caps, and because a config import
+that updates that row is serialised with admission for free. Reads that follow the lock are
+separate statements, so under READ COMMITTED they see every transaction committed before the
+lock was granted (a sub-select in the locking statement would keep its pre-wait snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import psycopg
+from django.db import connection
+
+from agents.choices import ACTIVE_STATES, AgentState
+from agents.models import Agent
+from scalers.models import Reservation
+
+from .caps import Usage
+from .matching import WORLD_CACHE, World, build_world
+
+# --------------------------------------------------------------------------- query rows
+
+
+def dict_rows(cursor, sql: str, params=()) -> list[dict]:
+    """Run ``sql`` and return its rows as ``{column: value}``; the JSON columns admission reads
+    (``config``, ``labels``, ``mandatory_labels``, ``roles``) are decoded when they come back as text."""
+    cursor.execute(sql, params)
+    cols = [c[0] for c in cursor.description]
+    out = []
+    for r in cursor.fetchall():
+        d = dict(zip(cols, r))
+        for k, v in d.items():
+            if k in ("config", "labels", "mandatory_labels", "roles") and isinstance(v, str):
+                d[k] = json.loads(v)
+        out.append(d)
+    return out
+
+
+# --------------------------------------------------------------------------- the lock and the config row
+
+# The global config row and its version (everything admission-relevant in it, fingerprinted).
+_CONFIG_SQL = (
+    "SELECT global_max_agents, global_max_cpu, global_max_memory_bytes, defaults, "
+    "coalesce(imported_at::text, '') || '|' || global_max_agents || '|' || coalesce(global_max_cpu::text, '') "
+    "|| '|' || coalesce(global_max_memory_bytes::text, '') || '|' || md5(defaults::text) || md5(raw::text) "
+    "FROM scalers_configstate WHERE id = 1"
+)
+_LOCK_SQL = _CONFIG_SQL + " FOR UPDATE"
+
+
+class ConfigMissing(Exception):
+    """No ``ConfigState`` row and none could be created (should not happen)."""
+
+
+def read_config(cursor) -> dict:
+    """The global config row without locking (metrics, pages); defaults when never imported."""
+    cursor.execute(_CONFIG_SQL)
+    row = cursor.fetchone()
+    if row is None:
+        return {
+            "global_max_agents": 50,
+            "global_max_cpu": None,
+            "global_max_memory_bytes": None,
+            "defaults": {},
+            "version": "none",
+        }
+    return _config_dict(row)
+
+
+def _config_dict(row) -> dict:
+    """The config row (a :data:`_CONFIG_SQL` result) as the dict admission reads."""
+    defaults = row[3]
+    if isinstance(defaults, str):
+        defaults = json.loads(defaults)
+    return {
+        "global_max_agents": row[0],
+        "global_max_cpu": row[1],
+        "global_max_memory_bytes": row[2],
+        "defaults": defaults,
+        "version": row[4],
+    }
+
+
+def lock_admission(cursor) -> dict:
+    """Take the admission lock; return the global config row as a dict.
+
+    Creates the singleton row (defaults: ``globalMaxAgents`` 50, no resource caps) when the
+    config was never imported, then locks it. Blocks until the lock is granted.
+    """
+    sql = _LOCK_SQL
+    cursor.execute(sql)
+    row = cursor.fetchone()
+    if row is None:
+        cursor.execute(
+            "INSERT INTO scalers_configstate (id, global_max_agents, defaults, firecracker, source, raw) "
+            "VALUES (1, 50, '{}', '{}', '', '{}') ON CONFLICT (id) DO NOTHING"
+        )
+        cursor.execute(sql)
+        row = cursor.fetchone()
+        if row is None:  # pragma: no cover
+            raise ConfigMissing("scalers_configstate row 1 could not be created")
+    return _config_dict(row)
+
+
+# --------------------------------------------------------------------------- metric counters
+
+
+def label_key(labels: dict) -> str:
+    """Canonical ``k=v,k=v`` (sorted) rendering of a label dict, the counter row key."""
+    return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
+
+
+def increment_counters(cursor, increments: dict[tuple[str, str], tuple[dict, float]]) -> None:
+    """Add to :class:`scalers.models.MetricCounter` rows: ``{(name, label_key): (labels, amount)}``."""
+    if not increments:
+        return
+    names, keys, labels, amounts = [], [], [], []
+    for (name, key), (lab, amount) in increments.items():
+        names.append(name)
+        keys.append(key)
+        labels.append(json.dumps(lab))
+        amounts.append(float(amount))
+    cursor.execute(
+        "INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
+        "SELECT n, k, l::jsonb, v FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[]) AS u(n, k, l, v) "
+        "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value",
+        [names, keys, labels, amounts],
+    )
+
+
+def add_to_counters(increments: dict[tuple[str, str], tuple[dict, float]]) -> None:
+    """:func:`increment_counters` on the current connection (own statement, autocommit or not)."""
+    with connection.cursor() as cur:
+        increment_counters(cur, increments)
+
+
+def counter_increment(name: str, labels: dict, amount: float = 1.0) -> dict[tuple[str, str], tuple[dict, float]]:
+    """One increment in the shape :func:`increment_counters` takes."""
+    return {(name, label_key(labels)): (labels, amount)}
+
+
+# --------------------------------------------------------------------------- idle warm agents
+
+
+def idle_warm_agents(cursor, scaler_ids: Iterable[int]) -> list[dict]:
+    """Idle warm agents (running, warm, unbound, no active jobs) of ``scaler_ids``, oldest first,
+    with their reservation shape."""
+    ids = list(scaler_ids)
+    if not ids:
+        return []
+    return dict_rows(
+        cursor,
+        "SELECT a.id, a.agent_id, a.scaler_id, a.label_set_id, r.cpus, r.memory_bytes, r.limit_cpus, r.limit_memory_bytes "
+        "FROM agents_agent a JOIN scalers_reservation r ON r.agent_id = a.id "
+        "WHERE a.warm AND a.state = %s AND a.bound_job_id = '' AND a.active_jobs = 0 AND a.scaler_id = ANY(%s) "
+        "ORDER BY a.registered_at NULLS LAST, a.id",
+        [str(AgentState.RUNNING), ids],
+    )
+
+
+def bind_warm_agent(cursor, agent_pk: int, job_id: str, run_id: str) -> bool:
+    """Compare-and-swap an idle warm agent onto a job; False if it stopped being idle."""
+    cursor.execute(
+        "UPDATE agents_agent SET bound_job_id = %s, run_id = %s, updated_at = now() "
+        "WHERE id = %s AND state = %s AND bound_job_id = '' AND active_jobs = 0",
+        [job_id, run_id, agent_pk, str(AgentState.RUNNING)],
+    )
+    return cursor.rowcount == 1
+
+
+# --------------------------------------------------------------------------- World and Usage after the lock
+
+_ACTIVE = tuple(str(s) for s in ACTIVE_STATES)
+
+# Any change to a row admission reads (by the importer, the admin, or a raw UPDATE that leaves
+# updated_at alone) changes this fingerprint and rebuilds the cached World. A few dozen rows:
+# well under a millisecond per batch.
+_VERSION_SQL = (
+    "SELECT md5(coalesce((SELECT string_agg(t::text, '|' ORDER BY id) FROM scalers_scaler t), '')) "
+    "|| md5(coalesce((SELECT string_agg(t::text, '|' ORDER BY id) FROM scalers_labelset t), '')) "
+    "|| md5(coalesce((SELECT string_agg(t::text, '|' ORDER BY id) FROM scalers_machinepool t), ''))"
+)
+
+
+def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> World:
+    """The routing/caps view for the current config version (cached across batches).
+
+    ``fingerprint``: the rows' fingerprint when the caller already read it (see
+    :func:`load_snapshot`), else it is read here."""
+    if fingerprint is None:
+        cursor.execute(_VERSION_SQL)
+        fingerprint = cursor.fetchone()[0]
+    version = config_row["version"] + "#" + fingerprint
+    world = WORLD_CACHE.get(version)
+    if world is not None:
+        return world
+    scalers = dict_rows(
+        cursor,
+        "SELECT id, name, type, max_agents, max_concurrent_spawns, max_cpu, max_memory_bytes, machine_pool_id, "
+        "mandatory_labels, roles, config, retiring, warm_pool_enabled, warm_pool_size, warm_pool_idle_timeout_seconds "
+        "FROM scalers_scaler ORDER BY id",
+    )
+    # Config order (routing ties and empty runsOn pick the first): the order of the
+    # imported file's ``scalers`` list; scalers not in it (retiring, hand-made) after, by id.
+    cursor.execute(
+        "SELECT coalesce(jsonb_path_query_array(raw, '$.scalers[*].name'), '[]') FROM scalers_configstate WHERE id = 1"
+    )
+    row = cursor.fetchone()
+    order = row[0] if row else []
+    if isinstance(order, str):
+        order = json.loads(order)
+    position = {name: i for i, name in enumerate(order or [])}
+    scalers.sort(key=lambda s: (position.get(s["name"], len(position)), s["id"]))
+    label_sets = dict_rows(cursor, "SELECT id, scaler_id, index, labels, config, retired FROM scalers_labelset")
+    pools = dict_rows(cursor, "SELECT id, max_cpu, max_memory_bytes FROM scalers_machinepool")
+    world = build_world(version, config_row, scalers, label_sets, pools)
+    WORLD_CACHE.put(world)
+    return world
+
+
+_USAGE_SQL = (
+    "SELECT 0, scaler_id, machine_pool_id, count(*), coalesce(sum(cpus), 0)::float8, coalesce(sum(memory_bytes), 0)::int8, "
+    "NULL::text FROM scalers_reservation GROUP BY scaler_id, machine_pool_id "
+    "UNION ALL "
+    "SELECT 1, scaler_id, NULL, count(*), (count(*) FILTER (WHERE state = %(spawning)s))::float8, 0::int8, NULL::text "
+    "FROM agents_agent WHERE state = ANY(%(active)s) GROUP BY scaler_id"
+)
+
+
+def _usage_from_rows(rows) -> Usage:
+    usage = Usage()
+    for kind, scaler_id, pool_id, n, a, b, _ in rows:
+        if kind == 2:
+            continue
+        s = usage.scaler(scaler_id)
+        if kind == 0:
+            for t in (usage.total, s) + ((usage.pool(pool_id),) if pool_id is not None else ()):
+                t.reservations += n
+                t.cpus += float(a)
+                t.memory_bytes += int(b)
+        else:
+            for t in (usage.total, s):
+                t.active += n
+                t.spawning += int(a)
+    return usage
+
+
+_SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0::float8, 0::int8, (" + _VERSION_SQL + ")"
+
+
+def _snapshot_params() -> dict:
+    return {"spawning": str(AgentState.SPAWNING), "active": list(_ACTIVE)}
+
+
+def _fingerprint(rows) -> str:
+    """The config rows' fingerprint, carried by the snapshot's kind-2 row."""
+    return next(r[6] for r in rows if r[0] == 2)
+
+
+def lock_and_snapshot(conn) -> tuple[dict, World, Usage]:
+    """Lock, then read the snapshot, in ONE round trip (psycopg pipeline mode).
+
+    Both statements are sent together; the server runs the snapshot statement only after the
+    locking one returned, and under READ COMMITTED it takes its own snapshot then, so it sees
+    everything committed before the lock was granted. ``conn``: the raw psycopg connection,
+    inside the caller's transaction.
+    """
+    params = _snapshot_params()
+    with psycopg.Cursor(conn) as lock_cur, psycopg.Cursor(conn) as snap_cur:
+        with conn.pipeline():
+            lock_cur.execute(_LOCK_SQL)
+            snap_cur.execute(_SNAPSHOT_SQL, params)
+        row = lock_cur.fetchone()
+        rows = snap_cur.fetchall()
+        if row is None:  # never imported: create the row, then lock it the plain way
+            config_row = lock_admission(lock_cur)
+            snap_cur.execute(_SNAPSHOT_SQL, params)
+            rows = snap_cur.fetchall()
+        else:
+            config_row = _config_dict(row)
+        return config_row, load_world(lock_cur, config_row, _fingerprint(rows)), _usage_from_rows(rows)
+
+
+def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:
+    """The World and the Usage in one round trip (one statement, one snapshot) after the lock."""
+    cursor.execute(_SNAPSHOT_SQL, _snapshot_params())
+    rows = cursor.fetchall()
+    fingerprint = _fingerprint(rows)
+    usage = _usage_from_rows(rows)
+    return load_world(cursor, config_row, fingerprint), usage
+
+
+# --------------------------------------------------------------------------- writing a decided batch
+
+#: Per-row columns of a new agent, in the order of the ``agents`` tuples :func:`write_batch` takes.
+AGENT_ROW = ("agent_id", "scaler_id", "label_set_id", "labels", "warm", "bound_job_id", "run_id")
+AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text")
+#: Per-row columns of a new reservation (joined to its agent by ``agent_id``).
+RESERVATION_ROW = (
+    "agent_ref",
+    "scaler_id",
+    "machine_pool_id",
+    "cpus",
+    "memory_bytes",
+    "limit_cpus",
+    "limit_memory_bytes",
+)
+RESERVATION_ROW_TYPES = ("text", "int8", "int8", "float8", "int8", "float8", "int8")
+
+_WRITE_SQL: str | None = None
+_WRITE_DEFAULTS: dict | None = None
+
+
+def _insert_columns(
+    model, per_row: dict[str, str], fixed: dict[str, str], params: dict, prefix: str
+) -> tuple[list, list]:
+    """Columns and SELECT expressions for an INSERT of ``model`` rows: ``per_row`` maps column ->
+    expression over the unnest alias, ``fixed`` column -> named parameter; every other concrete
+    column gets its field default (so columns other helpers add keep working)."""
+    cols, exprs = [], []
+    for f in model._meta.concrete_fields:
+        if f.primary_key:
+            continue
+        col = f.column
+        cols.append(col)
+        if col in per_row:
+            exprs.append(per_row[col])
+        elif col in fixed:
+            exprs.append(f"%({fixed[col]})s::{f.cast_db_type(connection)}")
+        else:
+            name = f"{prefix}_{col}"
+            params[name] = f.get_db_prep_save(f.get_default(), connection)
+            exprs.append(f"%({name})s::{f.cast_db_type(connection)}")
+    return cols, exprs
+
+
+def _write_statement() -> tuple[str, dict]:
+    """The one statement that writes a decided batch (built once per process from the models)."""
+    global _WRITE_SQL, _WRITE_DEFAULTS
+    if _WRITE_SQL is not None:
+        return _WRITE_SQL, _WRITE_DEFAULTS
+    defaults: dict = {}
+    a_cols, a_exprs = _insert_columns(
+        Agent,
+        {
+            "agent_id": "u.agent_id",
+            "scaler_id": "u.scaler_id",
+            "label_set_id": "u.label_set_id",
+            "labels": "u.labels::jsonb",
+            "warm": "u.warm",
+            "bound_job_id": "u.bound_job_id",
+            "run_id": "u.run_id",
+        },
+        {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
+        defaults,
+        "a",
+    )
+    r_cols, r_exprs = _insert_columns(
+        Reservation,
+        {
+            "agent_id": "a.id",
+            "scaler_id": "v.scaler_id",
+            "machine_pool_id": "v.machine_pool_id",
+            "cpus": "v.cpus",
+            "memory_bytes": "v.memory_bytes",
+            "limit_cpus": "v.limit_cpus",
+            "limit_memory_bytes": "v.limit_memory_bytes",
+        },
+        {"owner_instance": "owner", "created_at": "now"},
+        defaults,
+        "r",
+    )
+    a_unnest = ", ".join(f"%(a_{c})b::{t}[]" for c, t in zip(AGENT_ROW, AGENT_ROW_TYPES))
+    r_unnest = ", ".join(f"%(r_{c})b::{t}[]" for c, t in zip(RESERVATION_ROW, RESERVATION_ROW_TYPES))
+    sql = (
+        f"WITH a AS (INSERT INTO agents_agent ({', '.join(a_cols)}) SELECT {', '.join(a_exprs)} "
+        f"FROM unnest({a_unnest}) AS u({', '.join(AGENT_ROW)}) ON CONFLICT (agent_id) DO NOTHING RETURNING id, agent_id), "
+        f"r AS (INSERT INTO scalers_reservation ({', '.join(r_cols)}) SELECT {', '.join(r_exprs)} "
+        f"FROM a JOIN unnest({r_unnest}) AS v({', '.join(RESERVATION_ROW)}) ON v.agent_ref = a.agent_id RETURNING 1), "
+        "s AS (INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, "
+        "reason, scaler_name, agent_ref, attempts, owner_instance, first_requested_at, decided_at) "
+        "SELECT j, rn, l::jsonb, res::jsonb, c, m, o, cap, reason, sn, ar, n, %(owner)s, %(now)s, %(now)s FROM unnest("
+        "%(s_job)b::text[], %(s_run)b::text[], %(s_labels)b::text[], %(s_res)b::text[], %(s_cpus)b::float8[], "
+        "%(s_mem)b::int8[], %(s_outcome)b::text[], %(s_cap)b::text[], %(s_reason)b::text[], %(s_scaler)b::text[], "
+        "%(s_agent)b::text[], %(s_n)b::int4[]) AS w(j, rn, l, res, c, m, o, cap, reason, sn, ar, n) "
+        "ON CONFLICT (job_id) DO UPDATE SET run_id = EXCLUDED.run_id, labels = EXCLUDED.labels, "
+        "resources = EXCLUDED.resources, cpus = EXCLUDED.cpus, memory_bytes = EXCLUDED.memory_bytes, "
+        "outcome = EXCLUDED.outcome, cap = EXCLUDED.cap, reason = EXCLUDED.reason, scaler_name = EXCLUDED.scaler_name, "
+        "agent_ref = EXCLUDED.agent_ref, attempts = scalers_scalerequest.attempts + EXCLUDED.attempts, "
+        "owner_instance = EXCLUDED.owner_instance, decided_at = EXCLUDED.decided_at RETURNING 1), "
+        "c AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
+        "SELECT cn, ck, cl::jsonb, cv FROM unnest(%(c_name)b::text[], %(c_key)b::text[], %(c_labels)b::text[], "
+        "%(c_value)b::float8[]) AS x(cn, ck, cl, cv) "
+        "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value RETURNING 1) "
+        "SELECT a.id, a.agent_id FROM a"
+    )
+    _WRITE_SQL, _WRITE_DEFAULTS = sql, defaults
+    return sql, defaults
+
+
+def write_batch(
+    cursor,
+    *,
+    now,
+    instance_id: str,
+    agents: list[tuple],
+    reservations: list[tuple],
+    records: list[dict],
+    counters: dict[tuple[str, str], tuple[dict, float]],
+    count_attempts: bool = True,
+) -> dict[str, int]:
+    """Write a decided batch in ONE statement: new agents (state spawning), their reservations,
+    the request records (one per job id, ``attempts`` summed unless ``count_attempts`` is False)
+    and the counter increments.
+
+    ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` as a JSON string);
+    ``reservations``: tuples in :data:`RESERVATION_ROW` order. Returns ``{agent_id: pk}`` for the
+    agents written: an agent id that already exists is skipped (``ON CONFLICT DO NOTHING``) with
+    its reservation, and is missing from the answer; the caller re-mints and writes it again.
+    """
+    sql, defaults = _write_statement()
+    params = dict(defaults)
+    params.update(state=str(AgentState.SPAWNING), owner=instance_id, now=now)
+    cols = list(zip(*agents)) if agents else [[] for _ in AGENT_ROW]
+    for name, values in zip(AGENT_ROW, cols):
+        params[f"a_{name}"] = list(values)
+    cols = list(zip(*reservations)) if reservations else [[] for _ in RESERVATION_ROW]
+    for name, values in zip(RESERVATION_ROW, cols):
+        params[f"r_{name}"] = list(values)
+
+    latest: dict[str, dict] = {}
+    attempts: dict[str, int] = {}
+    for r in records:
+        latest[r["job_id"]] = r
+        attempts[r["job_id"]] = attempts.get(r["job_id"], 0) + 1
+    rows = list(latest.values())
+    params.update(
+        s_job=[r["job_id"] for r in rows],
+        s_run=[r["run_id"] for r in rows],
+        s_labels=[json.dumps(r["labels"]) for r in rows],
+        s_res=[None if r["resources"] is None else json.dumps(r["resources"]) for r in rows],
+        s_cpus=[float(r["cpus"]) for r in rows],
+        s_mem=[int(r["memory_bytes"]) for r in rows],
+        s_outcome=[r["outcome"] for r in rows],
+        s_cap=[r["cap"] for r in rows],
+        s_reason=[r["reason"] for r in rows],
+        s_scaler=[r["scaler_name"] for r in rows],
+        s_agent=[r["agent_ref"] for r in rows],
+        s_n=[attempts[r["job_id"]] if count_attempts else 0 for r in rows],
+    )
+    params.update(
+        c_name=[k[0] for k in counters],
+        c_key=[k[1] for k in counters],
+        c_labels=[json.dumps(v[0]) for v in counters.values()],
+        c_value=[float(v[1]) for v in counters.values()],
+    )
+    cursor.execute(sql, params)
+    return {agent_id: pk for pk, agent_id in cursor.fetchall()}
