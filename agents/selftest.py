@@ -84,7 +84,7 @@ def agent_namespace(agent: Agent) -> str | int:
 
 def agent_spec(agent: Agent, gateway: str):
     """The agent's rule spec from its stored host access and its label set's network policy."""
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     policy = dict(((agent.label_set.config if agent.label_set else None) or {}).get("networkPolicy") or {})
     return AgentSpec.build(

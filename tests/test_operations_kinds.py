@@ -88,7 +88,7 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
 ):
     from network import netlink
     from network.models import IpAllocation
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
     from operations import adapters
 
     scaler, base, procs = fc_scaler
@@ -271,7 +271,7 @@ def test_an_empty_retiring_scaler_is_torn_down_and_a_busy_one_waits(users, run_r
 def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_rules(
     users, netns_nft, run_rq_jobs, client
 ):
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     scaler = make_scaler(name=f"ops-ha-{secrets.token_hex(2)}", orchestrator_url="http://172.30.0.1:8000")
     label_set = scaler.label_sets.get()
@@ -326,7 +326,7 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     rules = netns_nft.list_agents()
     from ipaddress import ip_address
 
-    from network.nft.render import describe_expr
+    from network.nft.describe import describe_expr
 
     lines = [describe_expr(e) for e in rules[ip_address(agent.ip)].input]
     assert any("dport 9000" in line for line in lines) and not any("dport 8000" in line for line in lines)

@@ -70,7 +70,7 @@ def _policy(label_set) -> dict:
 
 
 def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     return AgentSpec.build(
         agent.ip,
