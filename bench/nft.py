@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from network.nft.apply import NftClient  # noqa: E402
-from network.nft.commands import render_full  # noqa: E402
+from network.nft.render import render_full  # noqa: E402
 from network.nft.spec import AgentSpec  # noqa: E402
 
 GW = "172.30.0.1"

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from network.nft.commands import EGRESS_MSS_CHAIN as MSS_CHAIN
-from network.nft.commands import EGRESS_NAT_CHAIN as NAT_CHAIN
+from network.nft.render import EGRESS_MSS_CHAIN as MSS_CHAIN
+from network.nft.render import EGRESS_NAT_CHAIN as NAT_CHAIN
 from scalers.backends.firecracker.settings import FirecrackerSettings
 from tests.firecracker_support import FAKE_JAILER, fake_kernel, fc_env  # noqa: F401
 

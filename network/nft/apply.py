@@ -15,7 +15,9 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from network.nft.commands import (
+from network.nft.describe import describe_expr
+from network.nft.names import FAMILY, MAPS, parse_chain_name
+from network.nft.render import (
     document,
     render_agent_add,
     render_agent_remove,
@@ -23,8 +25,6 @@ from network.nft.commands import (
     render_full,
     render_table_base,
 )
-from network.nft.describe import describe_expr
-from network.nft.names import FAMILY, MAPS, parse_chain_name
 from network.nft.spec import AgentSpec, IPAddress, validate_table_name
 
 log = logging.getLogger(__name__)
