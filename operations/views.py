@@ -18,7 +18,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from .choices import OperationKind, OperationStatus, RequestedVia
-from .kinds import PlanRefused, ScopeInvalid, get_kind
+from .kinds.base import PlanRefused, ScopeInvalid
+from .kinds.registry import get_kind
 from .models import Operation
 from .presenters import detail_context
 from .services import (
@@ -116,13 +117,13 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     and show its preview. An identical open plan is shown instead of a duplicate."""
     kind = request.POST.get("kind", "")
     try:
-        module = get_kind(kind)
+        operation_kind = get_kind(kind)
     except ValueError as exc:
         return render(
             request, "operations/refused.html", {"title": "Unknown operation", "message": str(exc)}, status=400
         )
     try:
-        operation = create_operation(module.KIND, _scope_from_post(request), request.user, via=RequestedVia.UI)
+        operation = create_operation(operation_kind.name, _scope_from_post(request), request.user, via=RequestedVia.UI)
     except (ScopeInvalid, PlanRefused) as exc:
         return render(
             request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=400
@@ -131,7 +132,7 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
         return render(
             request,
             "operations/nothing.html",
-            {"nav": "operations", "kind_label": module.KIND.label, "plan": exc.plan, "message": str(exc)},
+            {"nav": "operations", "kind_label": operation_kind.label, "plan": exc.plan, "message": str(exc)},
             status=200,
         )
     except OperationError as exc:

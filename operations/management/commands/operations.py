@@ -22,7 +22,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from operations.choices import OperationKind, OperationStatus, RequestedVia
-from operations.kinds import PlanRefused, ScopeInvalid
+from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.models import Operation
 from operations.presenters import evidence_items
 from operations.services import NothingToDo, OperationError, approve_operation, create_operation, reject_operation
