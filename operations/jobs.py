@@ -1,4 +1,4 @@
-"""The rq job that runs an approved operation (issue 8, "Execution").
+"""The rq job that runs an approved operation.
 
 The run re-plans with the kind's one planning function and acts only on approved targets still in
 the fresh plan with the same evidence; every other target is skipped with the reason (a container

@@ -2,7 +2,7 @@
 
 Every status change is a compare-and-swap (``filter(pk=..., status=old).update(...)``) that proceeds
 only if exactly one row changed, and writes one :class:`~operations.models.AuditEntry` in the same
-transaction. Permissions (issue 8 "Permissions and audit"):
+transaction. Permissions:
 
 * ``operations.view_operation``: see operations (viewers);
 * ``operations.request_operation``: plan one (operators);

@@ -1,5 +1,5 @@
 """Periodic sweeps: plan each swept kind for each of its scopes and store what they find as planned
-operations (issue 8, "Periodic sweeps"). Called by the sweeper command (``scaler_sweeper``) on the
+operations. Called by the sweeper command (``scaler_sweeper``) on the
 leading console.
 
 * A sweep runs for one (kind, scope) at most once per its policy interval (``operations.policy``).

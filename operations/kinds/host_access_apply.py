@@ -3,7 +3,7 @@ rules of its live agents (a host-access change applies only through an approved 
 
 Scope: one label set and ``params.host_access``: a list of entries (an explicit list, even empty,
 wins outright) or ``None`` (back to the default: gateway DNS, the console port, host services).
-Every entry is validated with the reference grammar first; a bad one is refused naming the entry.
+Every entry is validated with the ``hostAccess`` grammar first; a bad one is refused naming the entry.
 
 Targets:
 
