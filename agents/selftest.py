@@ -49,13 +49,9 @@ def isolation_context(agent: Agent) -> IsolationContext:
         block = ConfigState.load().firecracker or {}
         netns = getattr(settings, "KICI_FIRECRACKER_NETNS", None) or None
         return IsolationContext(str(block.get("table") or "kici"), str(block.get("gateway") or "10.0.0.1"), netns)
-    try:
-        from scalers.backends.isolation import nft_table_for
+    from scalers.backends.isolation import nft_table_for
 
-        table = nft_table_for(scaler)
-    except ImportError:  # pragma: no cover - container backend not in this build
-        table = settings.KICI_NFT_TABLE
-    return IsolationContext(table, "172.30.0.1")
+    return IsolationContext(nft_table_for(scaler), "172.30.0.1")
 
 
 def agent_namespace(agent: Agent) -> str | int:
@@ -84,7 +80,7 @@ def agent_namespace(agent: Agent) -> str | int:
 
 def agent_spec(agent: Agent, gateway: str):
     """The agent's rule spec from its stored host access and its label set's network policy."""
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     policy = dict(((agent.label_set.config if agent.label_set else None) or {}).get("networkPolicy") or {})
     return AgentSpec.build(

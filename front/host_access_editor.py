@@ -25,7 +25,7 @@ from network.host_access import (
     storage_host_access_entries,
 )
 from network.nft.plan import spec_rule_lines
-from network.nft.render import AgentSpec, RuleSpecError
+from network.nft.spec import AgentSpec, RuleSpecError
 from scalers.choices import ScalerType
 from scalers.models import ConfigState, LabelSet, Scaler
 

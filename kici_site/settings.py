@@ -149,6 +149,9 @@ KICI_SPAWN_TIMEOUT_SECONDS = env_int("KICI_SPAWN_TIMEOUT_SECONDS", 300, minimum=
 KICI_STORAGE_URL = env_str("KICI_STORAGE_URL")
 KICI_AGENT_IMAGE = env_str("KICI_AGENT_IMAGE", "kici-agent:local")
 KICI_NFT_TABLE = env_str("KICI_NFT_TABLE", "kici")
+# Network namespace the nft commands (and Firecracker links) of operations run in; None = the host's
+# own. Tests set it to a namespace they created, so no rule or link of theirs lands on the host.
+KICI_NFT_NETNS = None
 KICI_NETWORK_ISOLATION = env_bool("KICI_NETWORK_ISOLATION", True)
 KICI_OPERATION_PLAN_TTL_SECONDS = env_int("KICI_OPERATION_PLAN_TTL_SECONDS", 3600, minimum=10)
 KICI_SWEEP_INTERVAL_SECONDS = env_int("KICI_SWEEP_INTERVAL_SECONDS", 900, minimum=5)

@@ -41,7 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from network.nft.render import PRIVATE_DROPS, AgentSpec
+from network.nft.exprs import PRIVATE_DROPS
+from network.nft.spec import AgentSpec
 from network.nft.verdict import Packet, chain_verdict
 
 if TYPE_CHECKING:

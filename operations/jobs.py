@@ -1,4 +1,4 @@
-"""The rq job that runs an approved operation (issue 8, "Execution").
+"""The rq job that runs an approved operation.
 
 The run re-plans with the kind's one planning function and acts only on approved targets still in
 the fresh plan with the same evidence; every other target is skipped with the reason (a container
@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from . import live
 from .choices import AuditAction, OperationStatus, TargetOutcome
-from .kinds import get_kind
 from .kinds.base import recheck
+from .kinds.registry import get_kind
 from .models import Operation
 from .services import scope_of, transition
 
@@ -109,17 +109,17 @@ def run_operation(operation_pk: int) -> str:
     progress = Progress(operation)
     error = ""
     try:
-        module = get_kind(operation.kind)
+        operation_kind = get_kind(operation.kind)
         scope = scope_of(operation)
         progress.log(f"re-planning {operation.get_kind_display().lower()} to re-check {len(operation.plan)} target(s)")
-        fresh = module.plan(scope)
+        fresh = operation_kind.plan(scope)
         for note in fresh.notes:
             progress.log(note)
-        checked = recheck(operation.plan, fresh, module.VOLATILE)
+        checked = recheck(operation.plan, fresh, operation_kind.volatile)
         for key, reason in checked.skipped:
             progress.report(key, TargetOutcome.SKIPPED, reason)
         matched = checked.matched
-        if module.ATOMIC and checked.skipped and matched:
+        if operation_kind.atomic and checked.skipped and matched:
             for target in matched:
                 progress.report(
                     target.key,
@@ -129,7 +129,7 @@ def run_operation(operation_pk: int) -> str:
             matched = []
         progress.log(f"{len(matched)} target(s) unchanged since the preview, {len(checked.skipped)} skipped")
         if matched:
-            module.act(progress, scope, fresh, matched)
+            operation_kind.act(progress, scope, fresh, matched)
         for target in matched:
             progress.report(target.key, TargetOutcome.FAILED, "no result was reported for this target")
     except Exception as exc:  # noqa: BLE001 - any failure ends the run as failed, with the reason

@@ -2,12 +2,11 @@
 
 * ``KICI_SWEEP_<KIND>_SECONDS`` (``<KIND>`` = the kind upper-cased with ``-`` as ``_``, e.g.
   ``KICI_SWEEP_ORPHAN_CONTAINERS_SECONDS``): seconds between two sweeps of that kind for one scope;
-  ``0`` turns the sweep off; default the kind's own ``SWEEP_SECONDS`` when it has one (lost agents:
-  30 s), else ``settings.KICI_SWEEP_INTERVAL_SECONDS`` (900 s, the reference's 15-minute orphan
-  sweep, SPEC h). Minimum 5.
+  ``0`` turns the sweep off; default the kind's own ``sweep_seconds`` when it has one (lost agents:
+  30 s), else ``settings.KICI_SWEEP_INTERVAL_SECONDS`` (900 s, a 15-minute orphan sweep). Minimum 5.
 * ``KICI_AUTO_APPROVE``: comma-separated kinds whose swept operations are approved without a person,
   e.g. ``stale-reservations,scaler-retirement``. Empty by default: nothing is reaped, released or
-  retired on a guess (issue 8). Unknown kinds are refused naming the value.
+  retired on a guess. Unknown kinds are refused naming the value.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kici_site.env import env_int, env_list
 
 from .choices import OperationKind
+from .kinds.registry import get_kind
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,9 @@ def auto_approved_kinds() -> frozenset[str]:
 
 def sweep_policy(kind: str) -> SweepPolicy:
     """The policy of ``kind`` (an OperationKind value); ImproperlyConfigured names a bad variable."""
-    from .kinds import get_kind
-
     name = interval_variable(kind)
-    seconds = env_int(name, getattr(get_kind(kind), "SWEEP_SECONDS", settings.KICI_SWEEP_INTERVAL_SECONDS), minimum=0)
+    default = get_kind(kind).sweep_seconds
+    seconds = env_int(name, settings.KICI_SWEEP_INTERVAL_SECONDS if default is None else default, minimum=0)
     if 0 < seconds < 5:
         raise ImproperlyConfigured(f"{name}={seconds} is below the minimum 5 (0 turns the sweep off)")
     return SweepPolicy(interval_seconds=seconds, auto_approve=OperationKind(kind).value in auto_approved_kinds())

@@ -2,7 +2,7 @@
 
 Every status change is a compare-and-swap (``filter(pk=..., status=old).update(...)``) that proceeds
 only if exactly one row changed, and writes one :class:`~operations.models.AuditEntry` in the same
-transaction. Permissions (issue 8 "Permissions and audit"):
+transaction. Permissions:
 
 * ``operations.view_operation``: see operations (viewers);
 * ``operations.request_operation``: plan one (operators);
@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from . import live
 from .choices import AuditAction, OperationStatus, RequestedVia
-from .kinds import Plan, PlanRefused, Scope, ScopeInvalid, get_kind
-from .kinds.base import jsonable, plan_digest
+from .kinds.base import Plan, PlanRefused, Scope, ScopeInvalid, jsonable, plan_digest
+from .kinds.registry import get_kind
 from .models import AuditEntry, Operation
 from .queues import QueueNotConfigured, get_queue, queue_for_scaler, workers_listening
 
@@ -70,7 +70,7 @@ def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, param
 
     ``scaler``: a Scaler or its name; ``agent_ids``: agent id strings; ``label_set``: a LabelSet or
     its primary key; ``params``: kind-specific inputs. The scaler is derived from the agents or the
-    label set when not given; ``params`` keys the kind does not read (its ``PARAMS``) are dropped, so
+    label set when not given; ``params`` keys the kind does not read (its ``params``) are dropped, so
     two requests for the same change share one scope. Raises :class:`ScopeInvalid` naming the field
     and the value.
     """
@@ -104,15 +104,14 @@ def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, param
         if scaler is not None and label_set.scaler_id != scaler.pk:
             raise ScopeInvalid("label_set", f"label set #{label_set.pk} belongs to scaler {label_set.scaler.name!r}")
         scaler = label_set.scaler
-    module = get_kind(kind)
-    known = getattr(module, "PARAMS", ())
+    operation_kind = get_kind(kind)
     scope = Scope(
         scaler=scaler,
         agent_ids=ids,
         label_set=label_set,
-        params=jsonable({k: v for k, v in (params or {}).items() if k in known}),
+        params=jsonable({k: v for k, v in (params or {}).items() if k in operation_kind.params}),
     )
-    module.validate_scope(scope)
+    operation_kind.validate_scope(scope)
     return scope
 
 
@@ -124,12 +123,6 @@ def scope_of(operation: Operation) -> Scope:
         label_set=operation.label_set,
         params=operation.params or {},
     )
-
-
-def host_queue_for(kind: str, scope: Scope) -> str:
-    module = get_kind(kind)
-    chooser = getattr(module, "host_queue", None)
-    return chooser(scope) if chooser else queue_for_scaler(scope.scaler)
 
 
 # --- audit and compare-and-swap ---------------------------------------------------------------
@@ -206,14 +199,14 @@ def create_operation(
     nothing is stored in any of these cases.
     """
     _require(user, REQUEST_PERM)
-    module = get_kind(kind)
-    kind = module.KIND.value
+    operation_kind = get_kind(kind)
+    kind = operation_kind.name.value
     if not isinstance(scope, Scope):
         scope = resolve_scope(kind, **scope)
     else:
-        module.validate_scope(scope)
+        operation_kind.validate_scope(scope)
     try:
-        plan = module.plan(scope)
+        plan = operation_kind.plan(scope)
     except (ScopeInvalid, PlanRefused):
         raise
     except Exception as exc:  # noqa: BLE001 - a planner that cannot look plans nothing, and says why
@@ -225,10 +218,9 @@ def create_operation(
 
 def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: datetime | None = None) -> Operation:
     """Store an already computed non-empty plan (sweeps plan first to decide whether to store)."""
-    module = get_kind(kind)
     now = now or timezone.now()
     targets = [jsonable(t.as_json()) for t in plan.targets]
-    digest = plan_digest(targets, module.VOLATILE)
+    digest = plan_digest(targets, get_kind(kind).volatile)
     scope_key = scope.key(kind)
     with transaction.atomic():
         # Two sweeps (or a sweep and a person) planning the same scope at once must not both store.
@@ -252,7 +244,7 @@ def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: date
             label_set=scope.label_set,
             agent_ids=list(scope.agent_ids),
             params=scope.params,
-            host_queue=host_queue_for(kind, scope),
+            host_queue=queue_for_scaler(scope.scaler),
             scope_key=scope_key,
             plan=targets,
             spared=[jsonable(s.as_json()) for s in plan.spared],

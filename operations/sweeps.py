@@ -1,5 +1,5 @@
 """Periodic sweeps: plan each swept kind for each of its scopes and store what they find as planned
-operations (issue 8, "Periodic sweeps"). Called by the sweeper command (``scaler_sweeper``) on the
+operations. Called by the sweeper command (``scaler_sweeper``) on the
 leading console.
 
 * A sweep runs for one (kind, scope) at most once per its policy interval (``operations.policy``).
@@ -8,7 +8,7 @@ leading console.
 * A kind listed in ``KICI_AUTO_APPROVE`` is approved and enqueued by policy; so is an operation
   whose kind's ``auto_approves(scope)`` says so (lost agents whose sandbox is provably gone);
   others wait for a person.
-* A kind with ``observe(scope, plan, operation)`` is told what each sweep found, also when it found
+* Each kind's ``observe(scope, plan, operation)`` is told what each sweep found, also when it found
   nothing (lost agents mark their rows).
 * Planned operations past their TTL are marked expired; approved or running operations whose rq job
   was lost (failed, stopped or vanished) are marked failed, so nothing hangs in "running" forever.
@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from .choices import AuditAction, OperationStatus, RequestedVia
-from .kinds import all_kinds
+from .kinds.registry import all_kinds
 from .models import Operation, SweepState
 from .policy import sweep_policy
 from .services import auto_approve, expire_due_operations, store_plan, transition
@@ -43,41 +43,39 @@ def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
     expire_due_operations(now)
     fail_lost_runs(now)
     created: list[Operation] = []
-    for module in all_kinds():
-        if not getattr(module, "SWEPT", False):
+    for kind in all_kinds():
+        if not kind.swept:
             continue
-        policy = sweep_policy(module.KIND)
+        policy = sweep_policy(kind.name)
         if not policy.enabled:
             continue
         try:
-            scopes = module.sweep_scopes()
+            scopes = kind.sweep_scopes()
         except Exception as exc:  # noqa: BLE001
-            log.warning("sweep %s: could not list scopes: %s", module.KIND, exc, exc_info=True)
+            log.warning("sweep %s: could not list scopes: %s", kind.name, exc, exc_info=True)
             continue
         for scope in scopes:
-            key = scope.key(module.KIND)
+            key = scope.key(kind.name)
             state = SweepState.objects.filter(sweep_key=key).first()
             if state and state.last_run_at + timedelta(seconds=policy.interval_seconds) > now:
                 continue
             result = ""
             try:
-                plan = module.plan(scope)
+                plan = kind.plan(scope)
                 operation = None
                 if plan.targets:
-                    operation = store_plan(module.KIND, scope, plan, None, via=RequestedVia.SWEEP, now=now)
+                    operation = store_plan(kind.name, scope, plan, None, via=RequestedVia.SWEEP, now=now)
                     if operation.reused:
                         result = f"{len(plan.targets)} target(s); identical operation #{operation.pk} still open"
                     else:
                         result = f"{len(plan.targets)} target(s): operation #{operation.pk}"
-                        if policy.auto_approve or _kind_auto_approves(module, scope):
+                        if policy.auto_approve or kind.auto_approves(scope):
                             auto_approve(operation, now=now)
                             result += " (auto-approved)"
                         created.append(operation)
                 else:
                     result = f"nothing found ({len(plan.spared)} spared)"
-                observe = getattr(module, "observe", None)
-                if observe is not None:
-                    observe(scope, plan, operation)
+                kind.observe(scope, plan, operation)
             except Exception as exc:  # noqa: BLE001 - one scope failing must not stop the others
                 result = f"error: {type(exc).__name__}: {exc}"
                 log.warning("sweep %s failed: %s", key, exc, exc_info=True)
@@ -85,12 +83,6 @@ def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
                 sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]}
             )
     return created
-
-
-def _kind_auto_approves(module, scope) -> bool:
-    """The kind's own per-scope auto-approve rule (``auto_approves(scope)``), False without one."""
-    decide = getattr(module, "auto_approves", None)
-    return bool(decide(scope)) if decide is not None else False
 
 
 def fail_lost_runs(now: datetime | None = None) -> list[int]:

@@ -96,7 +96,7 @@ def config_file(tmp_path):
 
 
 @pytest.fixture
-def netns_nft(monkeypatch, settings):
+def netns_nft(settings):
     """Operations' nft (and Firecracker link) commands run inside a namespace of our own, so no rule
     lands in the host's tables; yields an NftClient on table ``ops_kici`` (= KICI_NFT_TABLE) there."""
     import secrets
@@ -105,14 +105,14 @@ def netns_nft(monkeypatch, settings):
     from tests.conftest import require_root
 
     require_root()
-    import operations.adapters
+    from network.nft.apply import NftClient
 
     name = f"ops-{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
-    monkeypatch.setattr(operations.adapters, "NFT_NETNS", name)
+    settings.KICI_NFT_NETNS = name
     settings.KICI_NFT_TABLE = "ops_kici"
-    yield operations.adapters.nft_client("ops_kici")
+    yield NftClient("ops_kici", netns=name)
     subprocess.run(["ip", "netns", "delete", name], check=False)
 
 

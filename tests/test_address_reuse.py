@@ -156,7 +156,7 @@ def test_destroying_a_dead_agent_leaves_the_rules_of_the_live_agent_now_on_its_a
 
 def _spec(agent):
     """The rule spec the container backend writes for ``agent`` (ContainerIsolation.apply)."""
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     policy = (agent.label_set.config or {}).get("networkPolicy") or {}
     return AgentSpec.build(agent.ip, ISOLATED_NETWORK_GATEWAY, allowlist=policy.get("allowlist") or [],

@@ -185,7 +185,7 @@ def nft_table(settings):
 
 
 def test_rules_are_reaped_only_for_addresses_no_kici_container_holds(box, docker_client, nft_table):
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     a, b = make_scaler(), make_scaler()
     neighbour = box.make(managed(b.name, "scaler-container-90000001"))
@@ -209,7 +209,7 @@ def test_rules_are_reaped_only_for_addresses_no_kici_container_holds(box, docker
 def test_no_rule_is_reaped_when_the_runtime_cannot_be_listed(nft_table):
     import docker
 
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     nft_table.apply_agent(AgentSpec.build("172.30.250.10", "172.30.0.1", host_access=[]))
     dead = docker.DockerClient(base_url="unix:///run/ctr-no-such-docker.sock", version="1.41", timeout=2)

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from network.host_access import HostAccessError, parse_host_access_entry
-from network.nft.render import AgentSpec, host_access_rule_exprs, input_rule_exprs
+from network.nft.exprs import host_access_rule_exprs, input_rule_exprs
+from network.nft.spec import AgentSpec
 
 MANY = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -15,7 +15,7 @@ import pytest
 from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.apply import NftClient
-from network.nft.render import AgentSpec
+from network.nft.spec import AgentSpec
 from tests.conftest import require_root
 from tests.netns import Lab, Target, both, reachability
 

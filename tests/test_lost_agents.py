@@ -358,7 +358,7 @@ def test_a_bare_metal_process_that_is_gone_is_lost(users):
 
 
 def test_an_unknown_evidence_scope_is_refused_by_name(users):
-    from operations.kinds import ScopeInvalid
+    from operations.kinds.base import ScopeInvalid
 
     with pytest.raises(ScopeInvalid, match="evidence: 'guess' is not one of sandbox-gone, heartbeat"):
         create_operation("lost-agents", {"params": {"evidence": "guess"}}, users["operator"])

@@ -10,7 +10,9 @@ import secrets
 import pytest
 
 from network.nft.apply import NftClient, NftError, NftUnavailableError, describe_agent_rules
-from network.nft.render import AgentSpec, RuleSpecError, describe_expr, forward_rule_exprs, input_rule_exprs
+from network.nft.describe import describe_expr
+from network.nft.exprs import forward_rule_exprs, input_rule_exprs
+from network.nft.spec import AgentSpec, RuleSpecError
 from tests.conftest import require_root
 from tests.netns import Netns
 

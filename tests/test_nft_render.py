@@ -7,22 +7,11 @@ import json
 
 import pytest
 
-from network.nft.render import (
-    MAPS,
-    AgentSpec,
-    RuleSpecError,
-    agent_chain_names,
-    describe_expr,
-    document,
-    forward_rule_exprs,
-    input_rule_exprs,
-    parse_allowlist_entry,
-    parse_chain_name,
-    render_agent_add,
-    render_agent_remove,
-    render_full,
-    render_table_base,
-)
+from network.nft.describe import describe_expr
+from network.nft.exprs import forward_rule_exprs, input_rule_exprs
+from network.nft.names import MAPS, agent_chain_names, parse_chain_name
+from network.nft.render import document, render_agent_add, render_agent_remove, render_full, render_table_base
+from network.nft.spec import AgentSpec, RuleSpecError, parse_allowlist_entry
 
 GW = "172.30.0.1"
 DROPS = ["ip daddr @private4 drop"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from network.nft.render import PRIVATE_DROPS, AgentSpec, forward_rule_exprs, input_rule_exprs
+from network.nft.exprs import PRIVATE_DROPS, forward_rule_exprs, input_rule_exprs
+from network.nft.spec import AgentSpec
 from network.nft.verdict import ChainVerdict, Packet, chain_verdict
 
 SETS = {"private4": list(PRIVATE_DROPS)}

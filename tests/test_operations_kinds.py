@@ -41,9 +41,8 @@ def empty_queues():
 
 
 @pytest.fixture
-def fc_scaler(netns_nft, tmp_path):
+def fc_scaler(netns_nft, tmp_path, settings):
     from network import netlink
-    from operations import adapters
 
     ConfigState.objects.update_or_create(
         pk=1,
@@ -57,7 +56,7 @@ def fc_scaler(netns_nft, tmp_path):
             }
         },
     )
-    netlink.ensure_bridge("ops-br0", netns=adapters.NFT_NETNS)
+    netlink.ensure_bridge("ops-br0", netns=settings.KICI_NFT_NETNS)
     base = tmp_path / "jailer"
     (base / "firecracker").mkdir(parents=True)
     config = {
@@ -84,15 +83,15 @@ def _chroot(base: Path, vm_id: str) -> Path:
 
 
 def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_preview_is_spared(
-    users, fc_scaler, run_rq_jobs
+    users, fc_scaler, run_rq_jobs, settings
 ):
     from network import netlink
     from network.models import IpAllocation
-    from network.nft.render import AgentSpec
-    from operations import adapters
+    from network.nft.apply import NftClient
+    from network.nft.spec import AgentSpec
 
     scaler, base, procs = fc_scaler
-    ns = adapters.NFT_NETNS
+    ns = settings.KICI_NFT_NETNS
     vm_a, vm_b, vm_c = (f"scaler-firecracker-{secrets.token_hex(4)}" for _ in range(3))
     tap_a = netlink.tap_name_for(vm_a)
     _chroot(base, vm_a)
@@ -101,7 +100,7 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
     )
     netlink.create_tap(tap_a, "ops-br0", netns=ns)
     netlink.create_tap("kici-0badf00d", "ops-br0", netns=ns)
-    fc_nft = adapters.nft_client("ops_fc")
+    fc_nft = NftClient("ops_fc", netns=ns)
     fc_nft.ensure_table()
     fc_nft.apply_agent(AgentSpec.build("10.213.77.2", "10.213.77.1", host_access=[]))
     _chroot(base, vm_b)  # no allocation, no process: pass 2
@@ -224,12 +223,12 @@ def test_destroy_tears_an_idle_agent_down_and_leaves_a_busy_one_running(users, d
 
 
 def test_destroy_skips_an_agent_whose_jobs_started_at_run_time(users, run_rq_jobs, monkeypatch):
-    from operations import adapters
+    from scalers.admission.draining import mark_draining
 
     scaler = make_scaler(name=f"ops-dj-{secrets.token_hex(2)}", type="event")
     agent = make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now())
     op = create_operation("agent-destroy", {"agent_ids": [agent.agent_id]}, users["operator"])
-    real = adapters.mark_draining
+    real = mark_draining
 
     def job_arrives_first(agent_id):
         Agent.objects.filter(agent_id=agent_id).update(active_jobs=1)
@@ -271,7 +270,7 @@ def test_an_empty_retiring_scaler_is_torn_down_and_a_busy_one_waits(users, run_r
 def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_rules(
     users, netns_nft, run_rq_jobs, client
 ):
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     scaler = make_scaler(name=f"ops-ha-{secrets.token_hex(2)}", orchestrator_url="http://172.30.0.1:8000")
     label_set = scaler.label_sets.get()
@@ -326,7 +325,7 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     rules = netns_nft.list_agents()
     from ipaddress import ip_address
 
-    from network.nft.render import describe_expr
+    from network.nft.describe import describe_expr
 
     lines = [describe_expr(e) for e in rules[ip_address(agent.ip)].input]
     assert any("dport 9000" in line for line in lines) and not any("dport 8000" in line for line in lines)

@@ -154,7 +154,7 @@ def test_a_plan_that_finds_nothing_creates_nothing(users, box):
 
 
 def test_stale_rules_are_reaped_but_never_an_address_a_container_holds(users, box, netns_nft, run_rq_jobs):
-    from network.nft.render import AgentSpec
+    from network.nft.spec import AgentSpec
 
     scaler = make_scaler(name=f"ops-r-{secrets.token_hex(3)}")
     neighbour = make_scaler(name=f"ops-r-{secrets.token_hex(3)}")

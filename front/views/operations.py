@@ -19,7 +19,8 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from lib.htmx import wants_partial
 from operations.choices import OperationKind, OperationStatus, RequestedVia
-from operations.kinds import PlanRefused, ScopeInvalid, get_kind
+from operations.kinds.base import PlanRefused, ScopeInvalid
+from operations.kinds.registry import get_kind
 from operations.models import Operation
 from operations.services import (
     APPROVE_PERM,
@@ -112,13 +113,13 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     and show its preview. An identical open plan is shown instead of a duplicate."""
     kind = request.POST.get("kind", "")
     try:
-        module = get_kind(kind)
+        operation_kind = get_kind(kind)
     except ValueError as exc:
         return render(
             request, "operations/refused.html", {"title": "Unknown operation", "message": str(exc)}, status=400
         )
     try:
-        operation = create_operation(module.KIND, _scope_from_post(request), request.user, via=RequestedVia.UI)
+        operation = create_operation(operation_kind.name, _scope_from_post(request), request.user, via=RequestedVia.UI)
     except (ScopeInvalid, PlanRefused) as exc:
         return render(
             request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=400
@@ -127,7 +128,7 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
         return render(
             request,
             "operations/nothing.html",
-            {"nav": "operations", "kind_label": module.KIND.label, "plan": exc.plan, "message": str(exc)},
+            {"nav": "operations", "kind_label": operation_kind.label, "plan": exc.plan, "message": str(exc)},
             status=200,
         )
     except OperationError as exc:

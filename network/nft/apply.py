@@ -15,21 +15,17 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from network.nft.describe import describe_expr
+from network.nft.names import FAMILY, MAPS, parse_chain_name
 from network.nft.render import (
-    FAMILY,
-    MAPS,
-    AgentSpec,
-    IPAddress,
-    describe_expr,
     document,
-    parse_chain_name,
     render_agent_add,
     render_agent_remove,
     render_egress_baseline,
     render_full,
     render_table_base,
-    validate_table_name,
 )
+from network.nft.spec import AgentSpec, IPAddress, validate_table_name
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from network.nft.render import AgentSpec, IPAddress, describe_expr, forward_rule_exprs, input_rule_exprs
+from network.nft.describe import describe_expr
+from network.nft.exprs import forward_rule_exprs, input_rule_exprs
+from network.nft.spec import AgentSpec, IPAddress
 
 Action = Literal["add", "remove", "change"]
 

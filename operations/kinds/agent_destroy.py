@@ -1,9 +1,8 @@
-"""Destroy agents: tear down the sandbox and release the reservation (SPEC d "Disconnect").
+"""Destroy agents: tear down the sandbox and release the reservation.
 
 Scope: one or more agent ids (of one scaler). Target: an agent in an active state. At run time a
 running agent is first marked draining; one that still has active jobs is left running, the drain
-undone, and the target skipped with the count (seed manager.d.ts ``markDraining`` /
-``clearDraining``): drain it first. An agent an operator already drained keeps draining while it
+undone, and the target skipped with the count: drain it first. An agent an operator already drained keeps draining while it
 has jobs. ``active_jobs`` is compared: a job started since the preview skips the agent. The
 teardown is ``scalers.admission.teardown_agent`` (backend destroy, agent destroyed, reservation
 released).
@@ -12,25 +11,12 @@ released).
 from __future__ import annotations
 
 from agents.choices import ACTIVE_STATES, AgentState
+from scalers.admission.draining import clear_draining, mark_draining
+from scalers.admission.release import teardown_agent
 
-from ..adapters import clear_draining, mark_draining, teardown_agent
 from ..choices import OperationKind, TargetOutcome
 from .agent_targets import agent_evidence, plan_agents
-from .base import Plan, Scope, Spared, Target, require_agents
-
-KIND = OperationKind.AGENT_DESTROY
-VOLATILE = frozenset({"age_seconds", "last_heartbeat_seconds"})
-ATOMIC = False
-PARAMS = ()  # the scope params this kind reads; others are dropped
-SWEPT = False
-
-
-def validate_scope(scope: Scope) -> None:
-    require_agents(scope, "destroying")
-
-
-def sweep_scopes() -> list[Scope]:
-    return []
+from .base import Kind, Plan, Scope, Spared, Target, require_agents
 
 
 def _decide(result: Plan, key: str, agent) -> None:
@@ -45,41 +31,49 @@ def _decide(result: Plan, key: str, agent) -> None:
         result.spared.append(Spared(key, agent_id, f"agent is already {agent.state}", agent_evidence(agent)))
 
 
-def plan(scope: Scope) -> Plan:
-    return plan_agents(scope, _decide)
+class AgentDestroy(Kind):
+    name = OperationKind.AGENT_DESTROY
+    volatile = frozenset({"age_seconds", "last_heartbeat_seconds"})
 
+    def validate_scope(self, scope: Scope) -> None:
+        require_agents(scope, "destroying")
 
-def act(run, scope, plan, targets) -> None:
-    from agents.models import Agent
+    def plan(self, scope: Scope) -> Plan:
+        return plan_agents(scope, _decide)
 
-    for target in targets:
-        agent_id = target.subject
-        try:
-            agent = Agent.objects.select_related("scaler").get(agent_id=agent_id)
-            if agent.state == AgentState.RUNNING:
-                active = mark_draining(agent_id)
-                if active:
-                    clear_draining(agent_id)
-                    run.report(target.key, TargetOutcome.SKIPPED, f"has {active} active job(s); drain it first")
+    def act(self, run, scope, plan, targets) -> None:
+        from agents.models import Agent
+
+        for target in targets:
+            agent_id = target.subject
+            try:
+                agent = Agent.objects.select_related("scaler").get(agent_id=agent_id)
+                if agent.state == AgentState.RUNNING:
+                    active = mark_draining(agent_id)
+                    if active:
+                        clear_draining(agent_id)
+                        run.report(target.key, TargetOutcome.SKIPPED, f"has {active} active job(s); drain it first")
+                        continue
+                    agent.refresh_from_db()
+                elif agent.state == AgentState.DRAINING and agent.active_jobs:
+                    run.report(
+                        target.key,
+                        TargetOutcome.SKIPPED,
+                        f"draining with {agent.active_jobs} active job(s); it is destroyed when they finish",
+                    )
                     continue
+                teardown_agent(agent, f"destroyed by operation #{run.operation_id}", destroy_reason="shutdown")
                 agent.refresh_from_db()
-            elif agent.state == AgentState.DRAINING and agent.active_jobs:
+            except Exception as exc:  # noqa: BLE001
+                run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+                continue
+            if agent.state in (AgentState.DESTROYED, AgentState.FAILED):
+                run.report(
+                    target.key, TargetOutcome.DONE, f"sandbox destroyed, agent {agent.state}, reservation released"
+                )
+            else:
                 run.report(
                     target.key,
-                    TargetOutcome.SKIPPED,
-                    f"draining with {agent.active_jobs} active job(s); it is destroyed when they finish",
+                    TargetOutcome.FAILED,
+                    f"the backend could not destroy it; the agent stays {agent.state} and the sweeper retries",
                 )
-                continue
-            teardown_agent(agent, f"destroyed by operation #{run.operation_id}")
-            agent.refresh_from_db()
-        except Exception as exc:  # noqa: BLE001
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        if agent.state in (AgentState.DESTROYED, AgentState.FAILED):
-            run.report(target.key, TargetOutcome.DONE, f"sandbox destroyed, agent {agent.state}, reservation released")
-        else:
-            run.report(
-                target.key,
-                TargetOutcome.FAILED,
-                f"the backend could not destroy it; the agent stays {agent.state} and the sweeper retries",
-            )

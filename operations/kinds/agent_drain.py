@@ -1,5 +1,4 @@
-"""Drain agents: no new jobs are dispatched to them; each is torn down once its jobs finish
-(SPEC d "Draining"; seed manager.d.ts ``markDraining``).
+"""Drain agents: no new jobs are dispatched to them; each is torn down once its jobs finish.
 
 Scope: one or more agent ids (of one scaler). Target: a ``running`` agent (``scalers.admission.
 mark_draining`` drains only those). Spared: agents still spawning (destroy those instead), already
@@ -10,27 +9,13 @@ starts or ends between the preview and the run does not change the decision to d
 from __future__ import annotations
 
 from agents.choices import AgentState
+from scalers.admission.draining import mark_draining
 
-from ..adapters import mark_draining
 from ..choices import OperationKind, TargetOutcome
 from .agent_targets import agent_evidence, plan_agents
-from .base import Plan, Scope, Spared, Target, require_agents
-
-KIND = OperationKind.AGENT_DRAIN
-VOLATILE = frozenset({"age_seconds", "active_jobs", "last_heartbeat_seconds"})
-ATOMIC = False
-PARAMS = ()  # the scope params this kind reads; others are dropped
-SWEPT = False
+from .base import Kind, Plan, Scope, Spared, Target, require_agents
 
 DRAINABLE = (AgentState.RUNNING,)
-
-
-def validate_scope(scope: Scope) -> None:
-    require_agents(scope, "draining")
-
-
-def sweep_scopes() -> list[Scope]:
-    return []
 
 
 def _decide(result: Plan, key: str, agent) -> None:
@@ -45,23 +30,29 @@ def _decide(result: Plan, key: str, agent) -> None:
         result.spared.append(Spared(key, agent_id, f"agent is {agent.state}", agent_evidence(agent)))
 
 
-def plan(scope: Scope) -> Plan:
-    return plan_agents(scope, _decide)
+class AgentDrain(Kind):
+    name = OperationKind.AGENT_DRAIN
+    volatile = frozenset({"age_seconds", "active_jobs", "last_heartbeat_seconds"})
 
+    def validate_scope(self, scope: Scope) -> None:
+        require_agents(scope, "draining")
 
-def act(run, scope, plan, targets) -> None:
-    for target in targets:
-        agent_id = target.subject
-        try:
-            active = mark_draining(agent_id)
-        except Exception as exc:  # noqa: BLE001 - one agent failing does not stop the others
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        if active is None:
-            run.report(target.key, TargetOutcome.SKIPPED, "the agent is no longer running")
-        else:
-            run.report(
-                target.key,
-                TargetOutcome.DONE,
-                f"draining; {active} active job(s) finish first" if active else "draining; idle",
-            )
+    def plan(self, scope: Scope) -> Plan:
+        return plan_agents(scope, _decide)
+
+    def act(self, run, scope, plan, targets) -> None:
+        for target in targets:
+            agent_id = target.subject
+            try:
+                active = mark_draining(agent_id)
+            except Exception as exc:  # noqa: BLE001 - one agent failing does not stop the others
+                run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+                continue
+            if active is None:
+                run.report(target.key, TargetOutcome.SKIPPED, "the agent is no longer running")
+            else:
+                run.report(
+                    target.key,
+                    TargetOutcome.DONE,
+                    f"draining; {active} active job(s) finish first" if active else "draining; idle",
+                )

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters import age_seconds, is_registered
-from .base import Plan, Scope, Spared
+from .base import Plan, Scope, Spared, age_seconds, is_registered
 
 
 def agent_evidence(agent) -> dict:

@@ -1,8 +1,8 @@
 """What every operation kind provides, and the pure re-check that guards every run.
 
-A kind is a module with one planning function used for the preview *and* at run time, and one acting
-function that is handed only the targets whose evidence is unchanged (issue 8, "one planning function
-per kind"). Nothing here touches docker, nft or the database.
+A kind is a :class:`Kind` subclass with one planning method used for the preview *and* at run time,
+and one acting method that is handed only the targets whose evidence is unchanged. Nothing here
+touches docker, nft or the database.
 """
 
 from __future__ import annotations
@@ -11,7 +11,12 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any, ClassVar, Protocol
+
+from django.utils import timezone
+
+from agents.choices import AgentState
 
 from ..choices import OperationKind, TargetOutcome
 
@@ -114,23 +119,63 @@ class Run(Protocol):
     def log(self, message: str, level: str = "info") -> None: ...
 
 
-class KindModule(Protocol):
-    """The shape of every module in ``operations.kinds``."""
+class Kind:
+    """One operation kind: what it plans for a scope and how it acts on the approved targets.
 
-    KIND: OperationKind
+    Subclasses set :attr:`name` and override :meth:`plan` and :meth:`act`; the registry
+    (``operations.kinds.registry``) maps each name to its class.
+    """
+
+    name: ClassVar[OperationKind]
     #: evidence fields that drift by themselves (ages) and are not compared at run time
-    VOLATILE: frozenset[str]
+    volatile: ClassVar[frozenset[str]] = frozenset()
     #: True when the targets are applied together (a config reload): any change skips all
-    ATOMIC: bool
-    #: the ``Scope.params`` keys the kind reads
-    PARAMS: tuple[str, ...]
+    atomic: ClassVar[bool] = False
+    #: the ``Scope.params`` keys the kind reads; others are dropped
+    params: ClassVar[tuple[str, ...]] = ()
     #: planned by the periodic sweeps
-    SWEPT: bool
+    swept: ClassVar[bool] = False
+    #: default seconds between two sweeps of one scope; None = ``settings.KICI_SWEEP_INTERVAL_SECONDS``
+    sweep_seconds: ClassVar[int | None] = None
 
-    def validate_scope(self, scope: Scope) -> None: ...
-    def plan(self, scope: Scope) -> Plan: ...
-    def act(self, run: Run, scope: Scope, plan: Plan, targets: list[Target]) -> None: ...
-    def sweep_scopes(self) -> list[Scope]: ...
+    @property
+    def label(self) -> str:
+        return self.name.label
+
+    def validate_scope(self, scope: Scope) -> None:
+        """Raise :class:`ScopeInvalid` naming the field when ``scope`` does not fit the kind."""
+
+    def sweep_scopes(self) -> list[Scope]:
+        """The scopes a periodic sweep plans (swept kinds only)."""
+        return []
+
+    def plan(self, scope: Scope) -> Plan:
+        raise NotImplementedError
+
+    def act(self, run: Run, scope: Scope, plan: Plan, targets: list[Target]) -> None:
+        raise NotImplementedError
+
+    def auto_approves(self, scope: Scope) -> bool:
+        """Whether a swept operation of ``scope`` is approved without a person."""
+        return False
+
+    def observe(self, scope: Scope, plan: Plan, operation=None) -> None:
+        """Told what each sweep of ``scope`` found (also when it found nothing)."""
+
+
+def is_registered(agent) -> bool:
+    """Whether an agent row says its agent registered and is still live."""
+    return (
+        agent is not None
+        and agent.registered_at is not None
+        and agent.state in (AgentState.RUNNING, AgentState.DRAINING)
+    )
+
+
+def age_seconds(since: datetime | None, now: datetime | None = None) -> int | None:
+    if since is None:
+        return None
+    return max(0, int(((now or timezone.now()) - since).total_seconds()))
 
 
 def jsonable(value: Any) -> Any:

@@ -1,12 +1,11 @@
-"""Reload ``scalers.yaml``: validate, show the diff, commit on approval (SPEC c.8; issue 8 "plan →
-validate → commit").
+"""Reload ``scalers.yaml``: validate, show the diff, commit on approval (plan → validate → commit).
 
 The plan is the real import run inside a transaction that is rolled back, so the preview and the
 commit go through the same code (``scalers.importing.apply_scalers_config``) and cannot disagree.
 Targets: each scaler created, updated (with the fields and label sets that change), resurrected or
 marked retiring, each machine pool deleted, and the global settings when they change; unchanged
 scalers are listed as spared. Every target carries the sha256 of the files read, so an edit to the
-file after the preview skips the whole reload (``ATOMIC``: it is applied whole or not at all).
+file after the preview skips the whole reload (``atomic``: it is applied whole or not at all).
 
 Scope params: ``config_path`` (default ``KICI_SCALER_CONFIG_PATH``), ``config_dir`` (default
 ``KICI_SCALER_CONFIG_DIR``). An invalid file is refused with every problem, ``FILE:LINE: path: message``.
@@ -17,17 +16,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 
-from ..adapters import apply_config, config_paths, load_config
-from ..choices import OperationKind, TargetOutcome
-from .base import Plan, PlanRefused, Scope, ScopeInvalid, Spared, Target
+from scalers.config.loader import ConfigInvalid, load_scalers_config
+from scalers.importing import apply_scalers_config
 
-KIND = OperationKind.CONFIG_RELOAD
-VOLATILE = frozenset()
-ATOMIC = True
-PARAMS = ("config_path", "config_dir")  # the scope params this kind reads; others are dropped
-SWEPT = False
+from ..choices import OperationKind, TargetOutcome
+from .base import Kind, Plan, PlanRefused, Scope, ScopeInvalid, Spared, Target
 
 _SCALER_FIELDS = (
     "type",
@@ -52,14 +48,11 @@ class _DryRun(Exception):
     pass
 
 
-def validate_scope(scope: Scope) -> None:
-    path, _ = config_paths(scope.params)
-    if not path:
-        raise ScopeInvalid("config_path", "no config file: KICI_SCALER_CONFIG_PATH is unset and no path was given")
-
-
-def sweep_scopes() -> list[Scope]:
-    return []
+def config_paths(params: dict) -> tuple[str | None, str | None]:
+    """The config file and drop-in directory a scope names, else the configured ones."""
+    path = params.get("config_path") or settings.KICI_SCALER_CONFIG_PATH
+    drop_in = params.get("config_dir") or settings.KICI_SCALER_CONFIG_DIR
+    return path, drop_in
 
 
 def files_digest(path: str, drop_in_dir: str | None) -> tuple[str, list[str]]:
@@ -91,88 +84,100 @@ def _snapshot():
     return {f: getattr(state, f) for f in _GLOBAL_FIELDS}, scalers, sets
 
 
-def plan(scope: Scope) -> Plan:
-    from scalers.config.loader import ConfigInvalid
+class ConfigReload(Kind):
+    name = OperationKind.CONFIG_RELOAD
+    atomic = True
+    params = ("config_path", "config_dir")
 
-    path, drop_in = config_paths(scope.params)
-    digest, files = files_digest(path, drop_in)
-    try:
-        config = load_config(path, drop_in)
-    except ConfigInvalid as exc:
-        raise PlanRefused(f"{path} is invalid; nothing was planned", [str(p) for p in exc.problems]) from None
-    source = path if not drop_in else f"{path} + {drop_in}"
-    globals_before, scalers_before, sets_before = _snapshot()
-    try:
-        with transaction.atomic():
-            summary = apply_config(config, source)
-            globals_after, scalers_after, sets_after = _snapshot()
-            raise _DryRun
-    except _DryRun:
-        pass
-    except ConfigInvalid as exc:
-        raise PlanRefused(f"{path} cannot be applied; nothing was planned", [str(p) for p in exc.problems]) from None
+    def validate_scope(self, scope: Scope) -> None:
+        path, _ = config_paths(scope.params)
+        if not path:
+            raise ScopeInvalid("config_path", "no config file: KICI_SCALER_CONFIG_PATH is unset and no path was given")
 
-    result = Plan(context={"config": config, "source": source})
-    result.notes.append(f"read {', '.join(files)} (sha256 {digest[:12]}…)")
-    base = {"config_sha256": digest}
+    def plan(self, scope: Scope) -> Plan:
+        path, drop_in = config_paths(scope.params)
+        digest, files = files_digest(path, drop_in)
+        try:
+            config = load_scalers_config(path, drop_in)
+        except ConfigInvalid as exc:
+            raise PlanRefused(f"{path} is invalid; nothing was planned", [str(p) for p in exc.problems]) from None
+        source = path if not drop_in else f"{path} + {drop_in}"
+        globals_before, scalers_before, sets_before = _snapshot()
+        try:
+            with transaction.atomic():
+                summary = apply_scalers_config(config, source)
+                globals_after, scalers_after, sets_after = _snapshot()
+                raise _DryRun
+        except _DryRun:
+            pass
+        except ConfigInvalid as exc:
+            raise PlanRefused(
+                f"{path} cannot be applied; nothing was planned", [str(p) for p in exc.problems]
+            ) from None
 
-    def changed_fields(name: str) -> list[str]:
-        before, after = scalers_before.get(name, {}), scalers_after.get(name, {})
-        return [f for f in _SCALER_FIELDS if before.get(f) != after.get(f)]
+        result = Plan(context={"config": config, "source": source})
+        result.notes.append(f"read {', '.join(files)} (sha256 {digest[:12]}…)")
+        base = {"config_sha256": digest}
 
-    for name in summary.created:
-        result.targets.append(
-            Target(
-                f"scaler:{name}",
-                "create scaler",
-                name,
-                {**base, "type": scalers_after[name]["type"], "label_sets": sets_after.get(name, [])},
+        def changed_fields(name: str) -> list[str]:
+            before, after = scalers_before.get(name, {}), scalers_after.get(name, {})
+            return [f for f in _SCALER_FIELDS if before.get(f) != after.get(f)]
+
+        for name in summary.created:
+            result.targets.append(
+                Target(
+                    f"scaler:{name}",
+                    "create scaler",
+                    name,
+                    {**base, "type": scalers_after[name]["type"], "label_sets": sets_after.get(name, [])},
+                )
             )
-        )
-    for name in summary.changed:
-        evidence = {**base, "fields": changed_fields(name)}
-        if sets_before.get(name) != sets_after.get(name):
-            evidence["label_sets_before"] = sets_before.get(name, [])
-            evidence["label_sets_after"] = sets_after.get(name, [])
-        result.targets.append(Target(f"scaler:{name}", "update scaler", name, evidence))
-    for name in summary.resurrected:
-        result.targets.append(
-            Target(
-                f"scaler:{name}", "resurrect retiring scaler", name, {**base, "label_sets": sets_after.get(name, [])}
+        for name in summary.changed:
+            evidence = {**base, "fields": changed_fields(name)}
+            if sets_before.get(name) != sets_after.get(name):
+                evidence["label_sets_before"] = sets_before.get(name, [])
+                evidence["label_sets_after"] = sets_after.get(name, [])
+            result.targets.append(Target(f"scaler:{name}", "update scaler", name, evidence))
+        for name in summary.resurrected:
+            result.targets.append(
+                Target(
+                    f"scaler:{name}",
+                    "resurrect retiring scaler",
+                    name,
+                    {**base, "label_sets": sets_after.get(name, [])},
+                )
             )
-        )
-    for name in summary.retiring:
-        result.targets.append(
-            Target(
-                f"scaler:{name}",
-                "mark retiring (stops admitting, drains, then torn down)",
-                name,
-                {**base, "type": scalers_before[name]["type"]},
+        for name in summary.retiring:
+            result.targets.append(
+                Target(
+                    f"scaler:{name}",
+                    "mark retiring (stops admitting, drains, then torn down)",
+                    name,
+                    {**base, "type": scalers_before[name]["type"]},
+                )
             )
-        )
-    for name in summary.pools_removed:
-        result.targets.append(Target(f"pool:{name}", "delete machine pool", name, base))
-    if globals_before != globals_after:
-        fields = [f for f in _GLOBAL_FIELDS if globals_before[f] != globals_after[f]]
-        result.targets.append(
-            Target(
-                "config:globals",
-                "update global settings",
-                "globals",
-                {**base, "fields": fields, **{f"{f}_after": globals_after[f] for f in fields}},
+        for name in summary.pools_removed:
+            result.targets.append(Target(f"pool:{name}", "delete machine pool", name, base))
+        if globals_before != globals_after:
+            fields = [f for f in _GLOBAL_FIELDS if globals_before[f] != globals_after[f]]
+            result.targets.append(
+                Target(
+                    "config:globals",
+                    "update global settings",
+                    "globals",
+                    {**base, "fields": fields, **{f"{f}_after": globals_after[f] for f in fields}},
+                )
             )
-        )
-    for name in summary.unchanged:
-        result.spared.append(Spared(f"scaler:{name}", name, "unchanged"))
-    for name in summary.pools_kept:
-        result.notes.append(
-            f"machine pool {name} left the file but is kept: a retiring scaler or a reservation still uses it"
-        )
-    return result
+        for name in summary.unchanged:
+            result.spared.append(Spared(f"scaler:{name}", name, "unchanged"))
+        for name in summary.pools_kept:
+            result.notes.append(
+                f"machine pool {name} left the file but is kept: a retiring scaler or a reservation still uses it"
+            )
+        return result
 
-
-def act(run, scope, plan, targets) -> None:
-    summary = apply_config(plan.context["config"], plan.context["source"])
-    run.log(str(summary))
-    for target in targets:
-        run.report(target.key, TargetOutcome.DONE, "applied")
+    def act(self, run, scope, plan, targets) -> None:
+        summary = apply_scalers_config(plan.context["config"], plan.context["source"])
+        run.log(str(summary))
+        for target in targets:
+            run.report(target.key, TargetOutcome.DONE, "applied")

@@ -1,9 +1,9 @@
 """Apply a host-access change: set a label set's ``networkPolicy.hostAccess`` and re-write the input
-rules of its live agents (SPEC f, g; issue 5 item 7 "applies only through an approved operation").
+rules of its live agents (a host-access change applies only through an approved operation).
 
 Scope: one label set and ``params.host_access``: a list of entries (an explicit list, even empty,
 wins outright) or ``None`` (back to the default: gateway DNS, the console port, host services).
-Every entry is validated with the reference grammar first; a bad one is refused naming the entry.
+Every entry is validated with the ``hostAccess`` grammar first; a bad one is refused naming the entry.
 
 Targets:
 
@@ -13,7 +13,7 @@ Targets:
   the rules the new list renders (``network.nft.plan.spec_rule_lines``), so the preview shows what
   is really in force, not what should be. An agent whose rules already match is spared.
 
-``ATOMIC``: if the label set or any agent's rules changed since the preview, nothing is applied.
+``atomic``: if the label set or any agent's rules changed since the preview, nothing is applied.
 The run writes the label set first, then each agent's rules in one nft transaction per agent and
 the agent row's stored host access (a later self-heal re-applies what is stored). An agent whose
 address another sandbox holds by then (``scalers.backends.holders``) is skipped: its rules are
@@ -25,44 +25,53 @@ value differs.
 
 from __future__ import annotations
 
+import ipaddress
+
+from django.conf import settings
+
 from agents.choices import AgentState
+from network.host_access import HostAccessError, parse_host_access_entry
+from network.nft.apply import NftClient
+from network.nft.plan import line_diff, spec_rule_lines
+from network.nft.spec import AgentSpec
+from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
+from scalers.backends.firecracker.settings import NETWORK_DEFAULTS
+from scalers.backends.isolation import nft_table_for, resolve_host_access
+from scalers.backends.sandboxes import list_kici_containers
 
-from ..adapters import isolation_target, list_kici_containers, nft_client, resolve_host_access
 from ..choices import OperationKind, TargetOutcome
-from .base import Plan, Scope, ScopeInvalid, Spared, Target
-
-KIND = OperationKind.HOST_ACCESS_APPLY
-VOLATILE = frozenset()
-ATOMIC = True
-PARAMS = ("host_access",)  # the scope params this kind reads; others are dropped
-SWEPT = False
+from .base import Kind, Plan, Scope, ScopeInvalid, Spared, Target
 
 LIVE_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING)
 
 
-def validate_scope(scope: Scope) -> None:
-    from network.host_access import HostAccessError, parse_host_access_entry
+def isolation_target(scaler) -> tuple[str, str, str] | None:
+    """``(table, gateway, subnet)`` of the isolation rules of ``scaler``'s agents, or None when the
+    console writes none (event scalers: the machines are someone else's).
 
-    if scope.label_set is None:
-        raise ScopeInvalid("label_set", "a host-access change needs a label set")
-    if "host_access" not in scope.params:
-        raise ScopeInvalid(
-            "host_access", "give the new list (one entry per line; an empty list is explicit) or ask for the default"
-        )
-    entries = scope.params["host_access"]
-    if entries is None:
-        return
-    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-        raise ScopeInvalid("host_access", f"must be a list of entries, not {entries!r}")
-    for index, entry in enumerate(entries):
-        try:
-            parse_host_access_entry(entry)
-        except HostAccessError as exc:
-            raise ScopeInvalid("host_access", f"entry {index + 1} {entry!r}: {exc}") from None
+    Container and bare-metal agents sit on ``kici-agent-net`` (172.30.0.0/16, gateway 172.30.0.1) in
+    the scaler's ``nftTable`` else ``KICI_NFT_TABLE``; Firecracker VMs on the ``firecracker`` block's
+    cidr/gateway/table.
+    """
+    from scalers.models import ConfigState
+
+    if scaler.type in ("container", "bare-metal"):
+        return nft_table_for(scaler), ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
+    if scaler.type == "firecracker":
+        net = {**NETWORK_DEFAULTS, **(ConfigState.load().firecracker or {})}
+        return str(net["table"]), str(net["gateway"]), str(ipaddress.ip_network(str(net["cidr"]), strict=False))
+    return None
 
 
-def sweep_scopes() -> list[Scope]:
-    return []
+def resolved_host_access(host_access: list[str] | None, scaler, gateway: str) -> list[str]:
+    """The host access in force for an agent of ``scaler`` whose label set says ``host_access``
+    (None = the default: gateway DNS, the console port, host services)."""
+    entries, _ = resolve_host_access(
+        {"hostAccess": host_access} if host_access is not None else None,
+        scaler.orchestrator_url or settings.KICI_CONSOLE_URL,
+        gateway,
+    )
+    return entries
 
 
 def _policy(label_set) -> dict:
@@ -70,8 +79,6 @@ def _policy(label_set) -> dict:
 
 
 def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
-    from network.nft.render import AgentSpec
-
     return AgentSpec.build(
         agent.ip,
         gateway,
@@ -81,128 +88,155 @@ def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
     )
 
 
-def plan(scope: Scope) -> Plan:
-    from agents.models import Agent
-    from network.nft.plan import line_diff, spec_rule_lines
-    from scalers.models import LabelSet
+class HostAccessApply(Kind):
+    name = OperationKind.HOST_ACCESS_APPLY
+    atomic = True
+    params = ("host_access",)
 
-    label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
-    scaler = label_set.scaler
-    new = scope.params["host_access"]
-    result = Plan()
-    key = f"labelset:{label_set.pk}"
-    subject = f"{scaler.name}[{label_set.index}] {label_set.normalized}"
-    ls_evidence = {"host_access_from": label_set.host_access, "host_access_to": new, "scaler": scaler.name}
-    if label_set.host_access == new:
-        result.spared.append(Spared(key, subject, "the label set already has this value", ls_evidence))
-    else:
-        result.targets.append(
-            Target(
-                key, "set hostAccess" if new is not None else "reset hostAccess to the default", subject, ls_evidence
+    def validate_scope(self, scope: Scope) -> None:
+        if scope.label_set is None:
+            raise ScopeInvalid("label_set", "a host-access change needs a label set")
+        if "host_access" not in scope.params:
+            raise ScopeInvalid(
+                "host_access",
+                "give the new list (one entry per line; an empty list is explicit) or ask for the default",
             )
-        )
-    file_value = _policy(label_set).get("hostAccess")
-    if file_value != new:
-        result.notes.append(
-            f"scalers.yaml says hostAccess {file_value if file_value is not None else '(default)'} for this label set: "
-            "the next reload restores the file's value unless the file is changed too"
-        )
+        entries = scope.params["host_access"]
+        if entries is None:
+            return
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            raise ScopeInvalid("host_access", f"must be a list of entries, not {entries!r}")
+        for index, entry in enumerate(entries):
+            try:
+                parse_host_access_entry(entry)
+            except HostAccessError as exc:
+                raise ScopeInvalid("host_access", f"entry {index + 1} {entry!r}: {exc}") from None
 
-    where = isolation_target(scaler)
-    agents = list(Agent.objects.filter(label_set=label_set, state__in=LIVE_STATES).order_by("agent_id"))
-    if where is None:
-        if agents:
-            result.notes.append(
-                f"{scaler.type} agents run on machines this console does not firewall: no rules to change"
-            )
-        return result
-    table, gateway, _subnet = where
-    try:
-        in_force = nft_client(table).list_agents()
-    except Exception as exc:  # noqa: BLE001 - without the kernel's view, nothing is planned for agents
-        in_force = None
-        result.notes.append(f"could not read table {table}: {exc}; agent rules are not planned")
-    policy = _policy(label_set)
-    resolved_new = resolve_host_access(new, scaler, gateway)
-    for agent in agents:
-        akey = f"agent:{agent.agent_id}"
-        if not agent.ip:
-            result.spared.append(
-                Spared(akey, agent.agent_id, "has no address yet (its rules are written when it gets one)")
-            )
-            continue
-        if in_force is None:
-            result.spared.append(Spared(akey, agent.agent_id, f"table {table} could not be read"))
-            continue
-        import ipaddress
+    def plan(self, scope: Scope) -> Plan:
+        from agents.models import Agent
+        from scalers.models import LabelSet
 
-        current = in_force.get(ipaddress.ip_address(agent.ip))
-        now_lines = current.describe() if current is not None else []
-        want_lines = spec_rule_lines(_spec(agent, gateway, policy, resolved_new))
-        removed, added = line_diff(now_lines, want_lines)
-        evidence = {
-            "ip": agent.ip,
-            "state": agent.state,
-            "table": table,
-            "host_access_now": agent.host_access,
-            "host_access_new": resolved_new,
-            "rules_add": added,
-            "rules_remove": removed,
-        }
-        if now_lines == want_lines and agent.host_access == resolved_new:
-            result.spared.append(Spared(akey, agent.agent_id, "its rules already match", evidence))
+        label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
+        scaler = label_set.scaler
+        new = scope.params["host_access"]
+        result = Plan()
+        key = f"labelset:{label_set.pk}"
+        subject = f"{scaler.name}[{label_set.index}] {label_set.normalized}"
+        ls_evidence = {"host_access_from": label_set.host_access, "host_access_to": new, "scaler": scaler.name}
+        if label_set.host_access == new:
+            result.spared.append(Spared(key, subject, "the label set already has this value", ls_evidence))
         else:
-            result.targets.append(Target(akey, "re-write input rules", agent.agent_id, evidence))
-    return result
-
-
-def act(run, scope, plan, targets) -> None:
-    from agents.models import Agent
-    from scalers.backends.holders import address_holders, address_lock
-    from scalers.models import LabelSet
-
-    new = scope.params["host_access"]
-    ordered = sorted(targets, key=lambda t: not t.key.startswith("labelset:"))
-    label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
-    scaler = label_set.scaler
-    for target in ordered:
-        try:
-            if target.key.startswith("labelset:"):
-                config = dict(label_set.config or {})
-                policy = dict(config.get("networkPolicy") or {})
-                if new is None:
-                    policy.pop("hostAccess", None)
-                else:
-                    policy["hostAccess"] = list(new)
-                if policy:
-                    config["networkPolicy"] = policy
-                else:
-                    config.pop("networkPolicy", None)
-                LabelSet.objects.filter(pk=label_set.pk).update(host_access=new, config=config)
-                run.report(target.key, TargetOutcome.DONE, f"hostAccess = {new if new is not None else '(default)'}")
-                continue
-            table, gateway, _ = isolation_target(scaler)
-            agent = Agent.objects.get(agent_id=target.subject)
-            resolved = target.evidence["host_access_new"]
-            with address_lock(agent.ip):
-                others = address_holders(
-                    agent.ip,
-                    exclude=(agent.agent_id, agent.managed_id),
-                    list_containers=lambda: list_kici_containers(scaler) or [],
+            result.targets.append(
+                Target(
+                    key,
+                    "set hostAccess" if new is not None else "reset hostAccess to the default",
+                    subject,
+                    ls_evidence,
                 )
-                if others:
+            )
+        file_value = _policy(label_set).get("hostAccess")
+        if file_value != new:
+            result.notes.append(
+                f"scalers.yaml says hostAccess {file_value if file_value is not None else '(default)'} for this label set: "
+                "the next reload restores the file's value unless the file is changed too"
+            )
+
+        where = isolation_target(scaler)
+        agents = list(Agent.objects.filter(label_set=label_set, state__in=LIVE_STATES).order_by("agent_id"))
+        if where is None:
+            if agents:
+                result.notes.append(
+                    f"{scaler.type} agents run on machines this console does not firewall: no rules to change"
+                )
+            return result
+        table, gateway, _subnet = where
+        try:
+            in_force = NftClient(table, netns=settings.KICI_NFT_NETNS).list_agents()
+        except Exception as exc:  # noqa: BLE001 - without the kernel's view, nothing is planned for agents
+            in_force = None
+            result.notes.append(f"could not read table {table}: {exc}; agent rules are not planned")
+        policy = _policy(label_set)
+        resolved_new = resolved_host_access(new, scaler, gateway)
+        for agent in agents:
+            akey = f"agent:{agent.agent_id}"
+            if not agent.ip:
+                result.spared.append(
+                    Spared(akey, agent.agent_id, "has no address yet (its rules are written when it gets one)")
+                )
+                continue
+            if in_force is None:
+                result.spared.append(Spared(akey, agent.agent_id, f"table {table} could not be read"))
+                continue
+            current = in_force.get(ipaddress.ip_address(agent.ip))
+            now_lines = current.describe() if current is not None else []
+            want_lines = spec_rule_lines(_spec(agent, gateway, policy, resolved_new))
+            removed, added = line_diff(now_lines, want_lines)
+            evidence = {
+                "ip": agent.ip,
+                "state": agent.state,
+                "table": table,
+                "host_access_now": agent.host_access,
+                "host_access_new": resolved_new,
+                "rules_add": added,
+                "rules_remove": removed,
+            }
+            if now_lines == want_lines and agent.host_access == resolved_new:
+                result.spared.append(Spared(akey, agent.agent_id, "its rules already match", evidence))
+            else:
+                result.targets.append(Target(akey, "re-write input rules", agent.agent_id, evidence))
+        return result
+
+    def act(self, run, scope, plan, targets) -> None:
+        from agents.models import Agent
+        from scalers.backends.holders import address_holders, address_lock
+        from scalers.models import LabelSet
+
+        new = scope.params["host_access"]
+        ordered = sorted(targets, key=lambda t: not t.key.startswith("labelset:"))
+        label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
+        scaler = label_set.scaler
+        for target in ordered:
+            try:
+                if target.key.startswith("labelset:"):
+                    config = dict(label_set.config or {})
+                    policy = dict(config.get("networkPolicy") or {})
+                    if new is None:
+                        policy.pop("hostAccess", None)
+                    else:
+                        policy["hostAccess"] = list(new)
+                    if policy:
+                        config["networkPolicy"] = policy
+                    else:
+                        config.pop("networkPolicy", None)
+                    LabelSet.objects.filter(pk=label_set.pk).update(host_access=new, config=config)
                     run.report(
-                        target.key,
-                        TargetOutcome.SKIPPED,
-                        f"address {agent.ip} is held by {', '.join(map(str, others))} now: writing this agent's rules would replace theirs",
+                        target.key, TargetOutcome.DONE, f"hostAccess = {new if new is not None else '(default)'}"
                     )
                     continue
-                nft_client(table).apply_agent(_spec(agent, gateway, _policy(label_set), resolved))
-            Agent.objects.filter(pk=agent.pk).update(host_access=resolved, host_access_explicit=new is not None)
-            run.report(
-                target.key,
-                TargetOutcome.DONE,
-                f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed",
-            )
-        except Exception as exc:  # noqa: BLE001
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+                table, gateway, _ = isolation_target(scaler)
+                agent = Agent.objects.get(agent_id=target.subject)
+                resolved = target.evidence["host_access_new"]
+                with address_lock(agent.ip):
+                    others = address_holders(
+                        agent.ip,
+                        exclude=(agent.agent_id, agent.managed_id),
+                        list_containers=lambda: list_kici_containers(scaler) or [],
+                    )
+                    if others:
+                        run.report(
+                            target.key,
+                            TargetOutcome.SKIPPED,
+                            f"address {agent.ip} is held by {', '.join(map(str, others))} now: writing this agent's rules would replace theirs",
+                        )
+                        continue
+                    NftClient(table, netns=settings.KICI_NFT_NETNS).apply_agent(
+                        _spec(agent, gateway, _policy(label_set), resolved)
+                    )
+                Agent.objects.filter(pk=agent.pk).update(host_access=resolved, host_access_explicit=new is not None)
+                run.report(
+                    target.key,
+                    TargetOutcome.DONE,
+                    f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed",
+                )
+            except Exception as exc:  # noqa: BLE001
+                run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")

@@ -1,6 +1,6 @@
 """Release lost agents: agents still ``running``/``draining`` whose sandbox is gone or that stopped
-heartbeating (``agents.liveness`` has the rule; issue "an agent whose container dies stays running
-forever").
+heartbeating (``agents.liveness`` has the rule): otherwise an agent whose container dies stays
+running forever.
 
 Such an agent keeps its reservation and its slot although nothing runs: the stale-reservations kind
 does not see it (its agent is active), and the orphan sweep spares its container (its agent is
@@ -20,9 +20,9 @@ an event agent), marks the agent ``failed`` ("lost: ...") and releases its reser
 
 Scope: optionally one scaler; ``params.evidence`` = ``sandbox-gone`` or ``heartbeat`` restricts the
 plan to one kind of evidence (the other kind is listed as spared). The periodic sweep plans both,
-per scaler, every ``KICI_SWEEP_LOST_AGENTS_SECONDS`` (default :data:`SWEEP_SECONDS`).
+per scaler, every ``KICI_SWEEP_LOST_AGENTS_SECONDS`` (default :attr:`LostAgents.sweep_seconds`).
 
-Auto-approval (:func:`auto_approves`): a ``sandbox-gone`` operation is approved by the sweep itself
+Auto-approval (:meth:`LostAgents.auto_approves`): a ``sandbox-gone`` operation is approved by the sweep itself
 unless ``KICI_LOST_AGENTS_AUTO_RELEASE=false``: its reservation is held by nothing (the container
 exited or is missing, the VM or process is not running), so waiting for a person only keeps a slot
 from other jobs; the run re-checks the evidence before acting. A ``heartbeat`` operation always
@@ -42,56 +42,20 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
+from agents.choices import AgentState
 from agents.liveness import WATCHED_STATES, assess, heartbeat_key, heartbeat_timeout_seconds
+from scalers.admission.release import teardown_agent
 
-from ..adapters import age_seconds, is_registered, teardown_lost_agent
 from ..choices import OperationKind, TargetOutcome
-from .base import Plan, Scope, ScopeInvalid, Spared, Target
-
-KIND = OperationKind.LOST_AGENTS
-VOLATILE = frozenset({"heartbeat_age_seconds", "silent_seconds", "age_seconds", "sandbox", "sandbox_detail", "why"})
-ATOMIC = False
-PARAMS = ("evidence",)
-SWEPT = True
-#: Default seconds between two lost-agent sweeps of one scope (``KICI_SWEEP_LOST_AGENTS_SECONDS``):
-#: short, because a lost agent holds a slot other jobs wait for.
-SWEEP_SECONDS = 30
+from .base import Kind, Plan, Scope, ScopeInvalid, Spared, Target, age_seconds, is_registered
 
 EVIDENCE = ("sandbox-gone", "heartbeat")
 _CLASS = {"sandbox": "sandbox-gone", "heartbeat": "heartbeat"}
 ACTION = "remove remains, fail agent, release reservation"
 
 
-def validate_scope(scope: Scope) -> None:
-    """ScopeInvalid naming ``evidence`` unless it is absent, ``sandbox-gone`` or ``heartbeat``."""
-    evidence = scope.params.get("evidence")
-    if evidence is not None and evidence not in EVIDENCE:
-        raise ScopeInvalid("evidence", f"{evidence!r} is not one of {', '.join(EVIDENCE)}")
-
-
-def sweep_scopes() -> list[Scope]:
-    """Per scaler with a running or draining agent: one scope per kind of evidence."""
-    from agents.models import Agent
-    from scalers.models import Scaler
-
-    scaler_ids = set(Agent.objects.filter(state__in=WATCHED_STATES).values_list("scaler_id", flat=True))
-    return [
-        Scope(scaler=s, params={"evidence": e})
-        for s in Scaler.objects.filter(pk__in=scaler_ids).order_by("name")
-        for e in EVIDENCE
-    ]
-
-
-def auto_approves(scope: Scope) -> bool:
-    """Whether a swept operation of ``scope`` is approved without a person (module doc): only
-    ``sandbox-gone`` ones, unless ``KICI_LOST_AGENTS_AUTO_RELEASE`` is off."""
-    return scope.params.get("evidence") == "sandbox-gone" and bool(
-        getattr(settings, "KICI_LOST_AGENTS_AUTO_RELEASE", True)
-    )
-
-
 def console_boot_time() -> datetime | None:
-    """When a console last booted (its latest boot recovery, SPEC c.5): heartbeats sent while it was
+    """When a console last booted (its latest boot recovery): heartbeats sent while it was
     down were never heard, so silence is counted from then at the earliest."""
     from scalers.models import RecoveryReport
 
@@ -103,177 +67,255 @@ def console_boot_time() -> datetime | None:
     )
 
 
-def plan(scope: Scope) -> Plan:
-    """Every running/draining agent of the scope, probed (one runtime listing per scaler): lost ones
-    are targets (``agent:<id>``, evidence as in the module doc), live ones and lost ones of the other
-    ``evidence`` are spared with the reason. ``context``: ``rows`` (agent id → (pk, state, last
-    heartbeat datetime) for the run's compare-and-swap) and ``lost`` (agent id → evidence, all
-    evidence kinds, for :func:`observe`)."""
-    from agents.models import Agent
-    from scalers.backends.sandboxes import probe_sandboxes
+def teardown_lost_agent(
+    agent_pk: int, state: str, last_heartbeat, *, reason: str, failure_reason: str
+) -> tuple[str, str]:
+    """Release one lost agent → ``(TargetOutcome, detail)``.
 
-    now = timezone.now()
-    timeout = heartbeat_timeout_seconds()
-    since = console_boot_time()
-    wanted = scope.params.get("evidence")
-    qs = Agent.objects.select_related("scaler").filter(state__in=WATCHED_STATES).order_by("created_at", "id")
-    if scope.scaler is not None:
-        qs = qs.filter(scaler=scope.scaler)
-    rows = list(qs)
-    by_scaler: dict[int, list] = {}
-    for agent in rows:
-        by_scaler.setdefault(agent.scaler_id, []).append(agent)
-    probes = {}
-    for agents in by_scaler.values():
-        probes.update(probe_sandboxes(agents[0].scaler, agents))
-    from scalers.models import Reservation
-
-    reserved = set(Reservation.objects.filter(agent__in=rows).values_list("agent_id", flat=True))
-    result = Plan(context={"rows": {}, "lost": {}})
-    result.notes.append(
-        f"an agent is lost when its sandbox is provably gone or it sent no heartbeat for {timeout}s "
-        "(KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS)"
-        + (f", counted from the console's boot at {since:%Y-%m-%d %H:%M:%S %Z} at the earliest" if since else "")
-    )
-    for agent in rows:
-        probe = probes.get(agent.agent_id)
-        heard = agent.last_heartbeat or agent.registered_at or agent.created_at
-        verdict = assess(
-            agent.state,
-            heard,
-            probe.state if probe else "not probed",
-            now=now,
-            timeout_seconds=timeout,
-            since=since,
-            sandbox_detail=probe.detail if probe else "",
-            what=probe.what if probe else "sandbox",
-        )
-        evidence = {
-            "state": agent.state,
-            "registered": is_registered(agent),
-            "scaler": agent.scaler.name,
-            "lost_by": verdict.lost_by,
-            "last_heartbeat": heartbeat_key(agent.last_heartbeat),
-            "heartbeat_age_seconds": verdict.heartbeat_age_seconds,
-            "silent_seconds": verdict.silent_seconds,
-            "heartbeat_timeout_seconds": timeout,
-            "sandbox": verdict.sandbox,
-            "sandbox_gone": verdict.sandbox_gone,
-            "sandbox_detail": verdict.sandbox_detail,
-            "managed_id": agent.managed_id or None,
-            "reservation": agent.pk in reserved,
-            "bound_job": agent.bound_job_id or None,
-            "owner_instance": agent.owner_instance or None,
-            "age_seconds": age_seconds(agent.created_at, now),
-            "why": "; ".join(verdict.reasons),
-        }
-        key = f"agent:{agent.agent_id}"
-        if not verdict.lost:
-            heard_text = "never" if verdict.heartbeat_age_seconds is None else f"{verdict.heartbeat_age_seconds}s ago"
-            result.spared.append(
-                Spared(
-                    key,
-                    agent.agent_id,
-                    f"alive: last heartbeat {heard_text}, {verdict.sandbox} {probe.what if probe else 'sandbox'}",
-                    evidence,
-                )
-            )
-            continue
-        result.context["lost"][agent.agent_id] = evidence
-        result.context["rows"][agent.agent_id] = (agent.pk, agent.state, agent.last_heartbeat)
-        if wanted is not None and _CLASS[verdict.lost_by] != wanted:
-            other = (
-                "its sandbox is provably gone"
-                if verdict.lost_by == "sandbox"
-                else "only its heartbeat is missing (its sandbox is not proven gone)"
-            )
-            result.spared.append(
-                Spared(
-                    key,
-                    agent.agent_id,
-                    f"lost, but {other}: planned under evidence={_CLASS[verdict.lost_by]}",
-                    evidence,
-                )
-            )
-            continue
-        result.targets.append(Target(key, ACTION, agent.agent_id, evidence))
-    return result
-
-
-def act(run, scope, plan, targets) -> None:
-    """Release each re-checked target through ``operations.adapters.teardown_lost_agent`` (which
-    skips an agent whose state or last heartbeat moved since the re-plan) and report the outcome."""
-    rows = plan.context["rows"]
-    for target in targets:
-        pk, state, last_heartbeat = rows[target.subject]
-        why = target.evidence.get("why") or target.evidence.get("lost_by")
-        try:
-            outcome, detail = teardown_lost_agent(
-                pk,
-                state,
-                last_heartbeat,
-                reason=f"lost agent released by operation #{run.operation_id}",
-                failure_reason=f"lost ({why}); released by operation #{run.operation_id}",
-            )
-        except Exception as exc:  # noqa: BLE001 - one agent failing does not stop the others
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        run.report(target.key, outcome, detail)
-
-
-def observe(scope: Scope, plan: Plan, operation=None) -> int:
-    """Mark the lost agents this sweep found on their rows and clear stale marks (module doc).
-
-    Called by the periodic sweep after it planned ``scope`` (``operation``: the operation it stored
-    or reused for this plan's targets, else None). Marks only this plan's targets (the other
-    evidence scope marks its own); clears the mark of every watched agent of the scope found not
-    lost. Records ``agent.lost`` when a mark is new or its evidence (heartbeat, lost_by) changed.
-    Returns how many agents were newly marked.
+    A compare-and-swap moves the row from ``state`` with exactly ``last_heartbeat`` (a datetime or
+    None, as planned) to ``destroying``; a row that heartbeated or changed state since is left alone
+    (``skipped``, saying what it is now). Then ``scalers.admission.release.teardown_agent`` with
+    ``final_state=failed`` and destroy reason ``heartbeat-timeout``: the backend removes the sandbox
+    remains, the agent ends ``failed`` with ``failure_reason``, the reservation is released. A
+    destroy that raises leaves the agent ``destroying`` with its reservation (``failed``; admission's
+    sweeper retries the teardown).
     """
-    from django.db import transaction
-
-    from agents.choices import EventType
-    from agents.events import record_event
     from agents.models import Agent
 
     now = timezone.now()
-    lost = plan.context["lost"] if plan.context else {}
-    stale = Agent.objects.filter(state__in=WATCHED_STATES).exclude(lost={}).exclude(agent_id__in=list(lost))
-    if scope.scaler is not None:
-        stale = stale.filter(scaler=scope.scaler)
-    stale.update(lost={})
-    new = 0
-    for target in plan.targets:
-        ev = target.evidence
-        mark = {
-            "at": now.isoformat(),
-            "heartbeat_at": ev["last_heartbeat"],
-            "lost_by": ev["lost_by"],
-            "sandbox": ev["sandbox"],
-            "reasons": [r for r in (ev.get("why") or "").split("; ") if r],
-            "operation": operation.pk if operation is not None else None,
-        }
-        with transaction.atomic():
-            agent = (
-                Agent.objects.select_for_update()
-                .select_related("scaler")
-                .filter(agent_id=target.subject, state__in=WATCHED_STATES)
-                .first()
+    moved = Agent.objects.filter(pk=agent_pk, state=state, last_heartbeat=last_heartbeat).update(
+        state=AgentState.DESTROYING, updated_at=now
+    )
+    if not moved:
+        row = Agent.objects.filter(pk=agent_pk).values("state", "last_heartbeat").first()
+        if row is None:
+            return TargetOutcome.SKIPPED, "the agent row is gone"
+        if row["last_heartbeat"] != last_heartbeat:
+            return (
+                TargetOutcome.SKIPPED,
+                f"it heartbeated since the re-check (last heartbeat {row['last_heartbeat']}): not lost",
             )
-            if agent is None or heartbeat_key(agent.last_heartbeat) != ev["last_heartbeat"]:
-                continue  # it moved on since the plan: nothing to mark
-            before = agent.lost or {}
-            if before.get("heartbeat_at") == mark["heartbeat_at"] and before.get("lost_by") == mark["lost_by"]:
-                if before.get("operation") != mark["operation"] or before.get("sandbox") != mark["sandbox"]:
-                    Agent.objects.filter(pk=agent.pk).update(lost={**mark, "at": before.get("at", mark["at"])})
+        return TargetOutcome.SKIPPED, f"it is {row['state']} now, no longer {state}"
+    agent = Agent.objects.select_related("scaler").get(pk=agent_pk)
+    released = teardown_agent(
+        agent, reason, final_state=AgentState.FAILED, failure_reason=failure_reason, destroy_reason="heartbeat-timeout"
+    )
+    agent.refresh_from_db()
+    if agent.state != AgentState.FAILED:
+        return (
+            TargetOutcome.FAILED,
+            f"the backend could not remove its remains; the agent stays {agent.state} with its reservation and the sweeper retries",
+        )
+    return TargetOutcome.DONE, "remains removed, agent failed, " + (
+        "reservation released" if released else "it held no reservation"
+    )
+
+
+class LostAgents(Kind):
+    name = OperationKind.LOST_AGENTS
+    volatile = frozenset({"heartbeat_age_seconds", "silent_seconds", "age_seconds", "sandbox", "sandbox_detail", "why"})
+    params = ("evidence",)
+    swept = True
+    #: Default seconds between two lost-agent sweeps of one scope (``KICI_SWEEP_LOST_AGENTS_SECONDS``):
+    #: short, because a lost agent holds a slot other jobs wait for.
+    sweep_seconds = 30
+
+    def validate_scope(self, scope: Scope) -> None:
+        """ScopeInvalid naming ``evidence`` unless it is absent, ``sandbox-gone`` or ``heartbeat``."""
+        evidence = scope.params.get("evidence")
+        if evidence is not None and evidence not in EVIDENCE:
+            raise ScopeInvalid("evidence", f"{evidence!r} is not one of {', '.join(EVIDENCE)}")
+
+    def sweep_scopes(self) -> list[Scope]:
+        """Per scaler with a running or draining agent: one scope per kind of evidence."""
+        from agents.models import Agent
+        from scalers.models import Scaler
+
+        scaler_ids = set(Agent.objects.filter(state__in=WATCHED_STATES).values_list("scaler_id", flat=True))
+        return [
+            Scope(scaler=s, params={"evidence": e})
+            for s in Scaler.objects.filter(pk__in=scaler_ids).order_by("name")
+            for e in EVIDENCE
+        ]
+
+    def auto_approves(self, scope: Scope) -> bool:
+        """Whether a swept operation of ``scope`` is approved without a person (module doc): only
+        ``sandbox-gone`` ones, unless ``KICI_LOST_AGENTS_AUTO_RELEASE`` is off."""
+        return scope.params.get("evidence") == "sandbox-gone" and bool(
+            getattr(settings, "KICI_LOST_AGENTS_AUTO_RELEASE", True)
+        )
+
+    def plan(self, scope: Scope) -> Plan:
+        """Every running/draining agent of the scope, probed (one runtime listing per scaler): lost ones
+        are targets (``agent:<id>``, evidence as in the module doc), live ones and lost ones of the other
+        ``evidence`` are spared with the reason. ``context``: ``rows`` (agent id → (pk, state, last
+        heartbeat datetime) for the run's compare-and-swap) and ``lost`` (agent id → evidence, all
+        evidence kinds, for :meth:`observe`)."""
+        from agents.models import Agent
+        from scalers.backends.sandboxes import probe_sandboxes
+
+        now = timezone.now()
+        timeout = heartbeat_timeout_seconds()
+        since = console_boot_time()
+        wanted = scope.params.get("evidence")
+        qs = Agent.objects.select_related("scaler").filter(state__in=WATCHED_STATES).order_by("created_at", "id")
+        if scope.scaler is not None:
+            qs = qs.filter(scaler=scope.scaler)
+        rows = list(qs)
+        by_scaler: dict[int, list] = {}
+        for agent in rows:
+            by_scaler.setdefault(agent.scaler_id, []).append(agent)
+        probes = {}
+        for agents in by_scaler.values():
+            probes.update(probe_sandboxes(agents[0].scaler, agents))
+        from scalers.models import Reservation
+
+        reserved = set(Reservation.objects.filter(agent__in=rows).values_list("agent_id", flat=True))
+        result = Plan(context={"rows": {}, "lost": {}})
+        result.notes.append(
+            f"an agent is lost when its sandbox is provably gone or it sent no heartbeat for {timeout}s "
+            "(KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS)"
+            + (f", counted from the console's boot at {since:%Y-%m-%d %H:%M:%S %Z} at the earliest" if since else "")
+        )
+        for agent in rows:
+            probe = probes.get(agent.agent_id)
+            heard = agent.last_heartbeat or agent.registered_at or agent.created_at
+            verdict = assess(
+                agent.state,
+                heard,
+                probe.state if probe else "not probed",
+                now=now,
+                timeout_seconds=timeout,
+                since=since,
+                sandbox_detail=probe.detail if probe else "",
+                what=probe.what if probe else "sandbox",
+            )
+            evidence = {
+                "state": agent.state,
+                "registered": is_registered(agent),
+                "scaler": agent.scaler.name,
+                "lost_by": verdict.lost_by,
+                "last_heartbeat": heartbeat_key(agent.last_heartbeat),
+                "heartbeat_age_seconds": verdict.heartbeat_age_seconds,
+                "silent_seconds": verdict.silent_seconds,
+                "heartbeat_timeout_seconds": timeout,
+                "sandbox": verdict.sandbox,
+                "sandbox_gone": verdict.sandbox_gone,
+                "sandbox_detail": verdict.sandbox_detail,
+                "managed_id": agent.managed_id or None,
+                "reservation": agent.pk in reserved,
+                "bound_job": agent.bound_job_id or None,
+                "owner_instance": agent.owner_instance or None,
+                "age_seconds": age_seconds(agent.created_at, now),
+                "why": "; ".join(verdict.reasons),
+            }
+            key = f"agent:{agent.agent_id}"
+            if not verdict.lost:
+                heard_text = (
+                    "never" if verdict.heartbeat_age_seconds is None else f"{verdict.heartbeat_age_seconds}s ago"
+                )
+                result.spared.append(
+                    Spared(
+                        key,
+                        agent.agent_id,
+                        f"alive: last heartbeat {heard_text}, {verdict.sandbox} {probe.what if probe else 'sandbox'}",
+                        evidence,
+                    )
+                )
                 continue
-            Agent.objects.filter(pk=agent.pk).update(lost=mark)
-            where = f"; release: operation #{mark['operation']}" if mark["operation"] else ""
-            record_event(
-                agent,
-                EventType.LOST,
-                f"lost: {ev.get('why') or ev['lost_by']}{where}",
-                payload={k: v for k, v in mark.items() if k != "at"},
-            )
-            new += 1
-    return new
+            result.context["lost"][agent.agent_id] = evidence
+            result.context["rows"][agent.agent_id] = (agent.pk, agent.state, agent.last_heartbeat)
+            if wanted is not None and _CLASS[verdict.lost_by] != wanted:
+                other = (
+                    "its sandbox is provably gone"
+                    if verdict.lost_by == "sandbox"
+                    else "only its heartbeat is missing (its sandbox is not proven gone)"
+                )
+                result.spared.append(
+                    Spared(
+                        key,
+                        agent.agent_id,
+                        f"lost, but {other}: planned under evidence={_CLASS[verdict.lost_by]}",
+                        evidence,
+                    )
+                )
+                continue
+            result.targets.append(Target(key, ACTION, agent.agent_id, evidence))
+        return result
+
+    def act(self, run, scope, plan, targets) -> None:
+        """Release each re-checked target through :func:`teardown_lost_agent` (which
+        skips an agent whose state or last heartbeat moved since the re-plan) and report the outcome."""
+        rows = plan.context["rows"]
+        for target in targets:
+            pk, state, last_heartbeat = rows[target.subject]
+            why = target.evidence.get("why") or target.evidence.get("lost_by")
+            try:
+                outcome, detail = teardown_lost_agent(
+                    pk,
+                    state,
+                    last_heartbeat,
+                    reason=f"lost agent released by operation #{run.operation_id}",
+                    failure_reason=f"lost ({why}); released by operation #{run.operation_id}",
+                )
+            except Exception as exc:  # noqa: BLE001 - one agent failing does not stop the others
+                run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+                continue
+            run.report(target.key, outcome, detail)
+
+    def observe(self, scope: Scope, plan: Plan, operation=None) -> int:
+        """Mark the lost agents this sweep found on their rows and clear stale marks (module doc).
+
+        Called by the periodic sweep after it planned ``scope`` (``operation``: the operation it stored
+        or reused for this plan's targets, else None). Marks only this plan's targets (the other
+        evidence scope marks its own); clears the mark of every watched agent of the scope found not
+        lost. Records ``agent.lost`` when a mark is new or its evidence (heartbeat, lost_by) changed.
+        Returns how many agents were newly marked.
+        """
+        from django.db import transaction
+
+        from agents.choices import EventType
+        from agents.events import record_event
+        from agents.models import Agent
+
+        now = timezone.now()
+        lost = plan.context["lost"] if plan.context else {}
+        stale = Agent.objects.filter(state__in=WATCHED_STATES).exclude(lost={}).exclude(agent_id__in=list(lost))
+        if scope.scaler is not None:
+            stale = stale.filter(scaler=scope.scaler)
+        stale.update(lost={})
+        new = 0
+        for target in plan.targets:
+            ev = target.evidence
+            mark = {
+                "at": now.isoformat(),
+                "heartbeat_at": ev["last_heartbeat"],
+                "lost_by": ev["lost_by"],
+                "sandbox": ev["sandbox"],
+                "reasons": [r for r in (ev.get("why") or "").split("; ") if r],
+                "operation": operation.pk if operation is not None else None,
+            }
+            with transaction.atomic():
+                agent = (
+                    Agent.objects.select_for_update()
+                    .select_related("scaler")
+                    .filter(agent_id=target.subject, state__in=WATCHED_STATES)
+                    .first()
+                )
+                if agent is None or heartbeat_key(agent.last_heartbeat) != ev["last_heartbeat"]:
+                    continue  # it moved on since the plan: nothing to mark
+                before = agent.lost or {}
+                if before.get("heartbeat_at") == mark["heartbeat_at"] and before.get("lost_by") == mark["lost_by"]:
+                    if before.get("operation") != mark["operation"] or before.get("sandbox") != mark["sandbox"]:
+                        Agent.objects.filter(pk=agent.pk).update(lost={**mark, "at": before.get("at", mark["at"])})
+                    continue
+                Agent.objects.filter(pk=agent.pk).update(lost=mark)
+                where = f"; release: operation #{mark['operation']}" if mark["operation"] else ""
+                record_event(
+                    agent,
+                    EventType.LOST,
+                    f"lost: {ev.get('why') or ev['lost_by']}{where}",
+                    payload={k: v for k, v in mark.items() if k != "at"},
+                )
+                new += 1
+        return new

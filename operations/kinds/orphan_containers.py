@@ -1,5 +1,4 @@
-"""Reap orphan containers of one container scaler (SPEC e ``cleanupOrphans``; seed
-container-backend.d.ts; issue 4 item 3).
+"""Reap orphan containers of one container scaler.
 
 The rules are the backend's (``scalers.backends.orphans``): only containers stamped with this
 scaler's own name, never one whose agent this console tracks, and a running one only when its
@@ -10,7 +9,7 @@ skipped with that reason, and ``apply_orphans`` re-checks each container once mo
 stopping and removing it.
 
 Scope: one ``container`` scaler, or a ``bare-metal`` scaler with container-mode label sets (its agent
-containers carry the same labels; SPEC l). Stale isolation rules are a separate kind
+containers carry the same labels). Stale isolation rules are a separate kind
 (``stale-isolation-rules``).
 """
 
@@ -18,22 +17,11 @@ from __future__ import annotations
 
 import time
 
-from ..adapters import get_backend
 from ..choices import OperationKind, TargetOutcome
-from .base import Plan, Scope, Spared, Target, require_scaler
-from .reaping import act_on_planned
-
-KIND = OperationKind.ORPHAN_CONTAINERS
-VOLATILE = frozenset({"status", "age_seconds"})
-ATOMIC = False
-PARAMS = ()  # the scope params this kind reads; others are dropped
-SWEPT = True
+from .base import Kind, Plan, Scope, Spared, Target, require_scaler
+from .reaping import act_on_planned, backend_for
 
 TYPES = ("container", "bare-metal")
-
-
-def validate_scope(scope: Scope) -> None:
-    require_scaler(scope, TYPES, "an orphan-container reap")
 
 
 def _runs_containers(scaler) -> bool:
@@ -44,12 +32,6 @@ def _runs_containers(scaler) -> bool:
         (ls.config or {}).get("image") and not (ls.config or {}).get("binaryPath")
         for ls in scaler.label_sets.filter(retired=False)
     )
-
-
-def sweep_scopes() -> list[Scope]:
-    from scalers.models import Scaler
-
-    return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES) if _runs_containers(s)]
 
 
 def _list_managed(backend) -> list[dict]:
@@ -91,66 +73,6 @@ def _spared_reason(summary: dict, agent, scaler_name: str) -> str:
     return "not planned by the backend"
 
 
-def plan(scope: Scope) -> Plan:
-    scaler = scope.scaler
-    backend = get_backend(scaler)
-    planned = backend.plan_orphans()  # raises when the runtime cannot be listed: nothing is planned blind
-    containers = [t for t in planned if t.kind == "container"]
-    rules = [t for t in planned if t.kind == "rule"]
-    try:
-        summaries = _list_managed(backend)
-    except Exception:  # noqa: BLE001 - the spared list is informational
-        summaries = []
-    by_id = {s["Id"]: s for s in summaries}
-    mine = [s for s in summaries if (s.get("Labels") or {}).get("kici-scaler-name") == scaler.name]
-    rows = _agent_rows(
-        [t.agent_id for t in containers] + [(s.get("Labels") or {}).get("kici-agent-id", "") for s in mine]
-    )
-    result = Plan(context={})
-    for t in containers:
-        agent = rows.get(t.agent_id)
-        summary = by_id.get(t.target, {})
-        evidence = {
-            "agent_id": t.agent_id or None,
-            "container": t.evidence.get("name"),
-            "container_state": t.evidence.get("state"),
-            "status": t.evidence.get("status"),
-            "tracked": False,
-            "registered": bool(agent and agent.registered_at and agent.is_active),
-            "agent_row": agent.state if agent else "none",
-            "owner_instance": (agent.owner_instance or None) if agent else None,
-            "addresses": t.evidence.get("addresses", []),
-            "labels": t.evidence.get("labels", {}),
-            "age_seconds": _created_age(summary),
-            "why": t.reason,
-        }
-        key = f"container:{t.target}"
-        result.targets.append(
-            Target(key, "stop and remove container", t.evidence.get("name") or t.target[:12], evidence)
-        )
-        result.context[key] = t
-    planned_ids = {t.target for t in containers}
-    for s in mine:
-        if s["Id"] in planned_ids:
-            continue
-        labels = s.get("Labels") or {}
-        agent = rows.get(labels.get("kici-agent-id", ""))
-        name = ((s.get("Names") or [""])[0] or "").lstrip("/") or s["Id"][:12]
-        evidence = {
-            "agent_id": labels.get("kici-agent-id") or None,
-            "container_state": str(s.get("State") or "").lower(),
-            "agent_row": agent.state if agent else "none",
-            "registered": bool(agent and agent.registered_at and agent.is_active),
-            "age_seconds": _created_age(s),
-        }
-        result.spared.append(Spared(f"container:{s['Id']}", name, _spared_reason(s, agent, scaler.name), evidence))
-    if rules:
-        result.notes.append(
-            f"{len(rules)} stale isolation rule set(s) on this host are planned separately (stale-isolation-rules)"
-        )
-    return result
-
-
 def _remove(backend, orphan, target) -> tuple[TargetOutcome, str]:
     if backend.apply_orphans([orphan]):
         return TargetOutcome.DONE, "stopped and removed" if target.evidence.get("container_state") in (
@@ -161,5 +83,77 @@ def _remove(backend, orphan, target) -> tuple[TargetOutcome, str]:
     return TargetOutcome.SKIPPED, "the backend's last re-check declined: tracked, registered or already gone"
 
 
-def act(run, scope, plan, targets) -> None:
-    act_on_planned(run, scope, plan, targets, _remove)
+class OrphanContainers(Kind):
+    name = OperationKind.ORPHAN_CONTAINERS
+    volatile = frozenset({"status", "age_seconds"})
+    swept = True
+
+    def validate_scope(self, scope: Scope) -> None:
+        require_scaler(scope, TYPES, "an orphan-container reap")
+
+    def sweep_scopes(self) -> list[Scope]:
+        from scalers.models import Scaler
+
+        return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES) if _runs_containers(s)]
+
+    def plan(self, scope: Scope) -> Plan:
+        scaler = scope.scaler
+        backend = backend_for(scaler)
+        planned = backend.plan_orphans()  # raises when the runtime cannot be listed: nothing is planned blind
+        containers = [t for t in planned if t.kind == "container"]
+        rules = [t for t in planned if t.kind == "rule"]
+        try:
+            summaries = _list_managed(backend)
+        except Exception:  # noqa: BLE001 - the spared list is informational
+            summaries = []
+        by_id = {s["Id"]: s for s in summaries}
+        mine = [s for s in summaries if (s.get("Labels") or {}).get("kici-scaler-name") == scaler.name]
+        rows = _agent_rows(
+            [t.agent_id for t in containers] + [(s.get("Labels") or {}).get("kici-agent-id", "") for s in mine]
+        )
+        result = Plan(context={})
+        for t in containers:
+            agent = rows.get(t.agent_id)
+            summary = by_id.get(t.target, {})
+            evidence = {
+                "agent_id": t.agent_id or None,
+                "container": t.evidence.get("name"),
+                "container_state": t.evidence.get("state"),
+                "status": t.evidence.get("status"),
+                "tracked": False,
+                "registered": bool(agent and agent.registered_at and agent.is_active),
+                "agent_row": agent.state if agent else "none",
+                "owner_instance": (agent.owner_instance or None) if agent else None,
+                "addresses": t.evidence.get("addresses", []),
+                "labels": t.evidence.get("labels", {}),
+                "age_seconds": _created_age(summary),
+                "why": t.reason,
+            }
+            key = f"container:{t.target}"
+            result.targets.append(
+                Target(key, "stop and remove container", t.evidence.get("name") or t.target[:12], evidence)
+            )
+            result.context[key] = t
+        planned_ids = {t.target for t in containers}
+        for s in mine:
+            if s["Id"] in planned_ids:
+                continue
+            labels = s.get("Labels") or {}
+            agent = rows.get(labels.get("kici-agent-id", ""))
+            name = ((s.get("Names") or [""])[0] or "").lstrip("/") or s["Id"][:12]
+            evidence = {
+                "agent_id": labels.get("kici-agent-id") or None,
+                "container_state": str(s.get("State") or "").lower(),
+                "agent_row": agent.state if agent else "none",
+                "registered": bool(agent and agent.registered_at and agent.is_active),
+                "age_seconds": _created_age(s),
+            }
+            result.spared.append(Spared(f"container:{s['Id']}", name, _spared_reason(s, agent, scaler.name), evidence))
+        if rules:
+            result.notes.append(
+                f"{len(rules)} stale isolation rule set(s) on this host are planned separately (stale-isolation-rules)"
+            )
+        return result
+
+    def act(self, run, scope, plan, targets) -> None:
+        act_on_planned(run, scope, plan, targets, _remove)

@@ -1,5 +1,4 @@
-"""Reap orphan Firecracker VMs, chroots, TAPs and rules of one firecracker scaler (SPEC h
-``cleanupOrphans``; seed firecracker-backend.d.ts; issue 6 item 5).
+"""Reap orphan Firecracker VMs, chroots, TAPs and rules of one firecracker scaler.
 
 The passes and their rules are the backend's (``scalers.backends.firecracker.orphans``): live =
 tracked ids ∪ chroots whose pid file names a running process (confirmed or not: a chroot is never
@@ -14,16 +13,9 @@ Scope: one ``firecracker`` scaler.
 
 from __future__ import annotations
 
-from ..adapters import get_backend
 from ..choices import OperationKind, TargetOutcome
-from .base import Plan, Scope, Spared, Target, require_scaler
-from .reaping import act_on_planned
-
-KIND = OperationKind.ORPHAN_VMS
-VOLATILE = frozenset()
-ATOMIC = False
-PARAMS = ()  # the scope params this kind reads; others are dropped
-SWEPT = True
+from .base import Kind, Plan, Scope, Spared, Target, require_scaler
+from .reaping import act_on_planned, backend_for
 
 TYPES = ("firecracker",)
 
@@ -33,16 +25,6 @@ _ACTIONS = {
     "tap": "delete interface",
     "rules": "delete rule set",
 }
-
-
-def validate_scope(scope: Scope) -> None:
-    require_scaler(scope, TYPES, "an orphan-VM reap")
-
-
-def sweep_scopes() -> list[Scope]:
-    from scalers.models import Scaler
-
-    return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES)]
 
 
 def target_key(t) -> str:
@@ -62,59 +44,6 @@ def _probe(backend, agent_id: str | None) -> str | None:
     return f"{p.reason}" + (f" (pid {p.pid})" if p.pid else "")
 
 
-def plan(scope: Scope) -> Plan:
-    from agents.models import Agent
-    from scalers.backends.firecracker.orphans import plan_orphans
-
-    backend = get_backend(scope.scaler)
-    facts = backend.orphan_facts()  # raises when the tracked set cannot be read: never reap blind
-    targets = plan_orphans(facts)
-    rows = {
-        a.agent_id: a
-        for a in Agent.objects.filter(agent_id__in=[t.agent_id for t in targets if t.agent_id] + list(facts.chroot_ids))
-    }
-    allocations = {r.vm_id: r for r in facts.allocations_before}
-    result = Plan(context={})
-    for t in targets:
-        agent = rows.get(t.agent_id) if t.agent_id else None
-        alloc = allocations.get(t.agent_id) if t.agent_id else None
-        evidence = {
-            "pass": t.pass_no,
-            "agent_id": t.agent_id,
-            "ip": t.ip,
-            "tap": t.tap,
-            "tracked": False,
-            "pid_probe": _probe(backend, t.agent_id),
-            "chroot": t.agent_id in facts.chroot_ids if t.agent_id else None,
-            "allocation_owner": alloc.scaler_name if alloc else None,
-            "agent_row": agent.state if agent else "none",
-            "owner_instance": (agent.owner_instance or None) if agent else None,
-            "why": t.describe(),
-        }
-        key = target_key(t)
-        result.targets.append(Target(key, _ACTIONS.get(t.kind, t.kind), t.agent_id or t.tap or t.ip or key, evidence))
-        result.context[key] = t
-    for vm_id in sorted(set(facts.chroot_ids) | set(facts.tracked)):
-        if vm_id in facts.tracked:
-            reason = "tracked: an active agent row or this process owns it"
-        elif vm_id in facts.live_chroots:
-            reason = "its pid file names a running process"
-        else:
-            continue
-        agent = rows.get(vm_id)
-        result.spared.append(
-            Spared(
-                f"chroot:{vm_id}",
-                vm_id,
-                reason,
-                {"pid_probe": _probe(backend, vm_id), "agent_row": agent.state if agent else "none"},
-            )
-        )
-    if facts.rule_ips is None:
-        result.notes.append("the rule table could not be read: no rule is planned")
-    return result
-
-
 def _reap(backend, orphan, target) -> tuple[TargetOutcome, str]:
     why = backend.orphan_recheck(orphan)
     if why is not None:
@@ -123,5 +52,73 @@ def _reap(backend, orphan, target) -> tuple[TargetOutcome, str]:
     return TargetOutcome.DONE, "done"
 
 
-def act(run, scope, plan, targets) -> None:
-    act_on_planned(run, scope, plan, targets, _reap)
+class OrphanVms(Kind):
+    name = OperationKind.ORPHAN_VMS
+    swept = True
+
+    def validate_scope(self, scope: Scope) -> None:
+        require_scaler(scope, TYPES, "an orphan-VM reap")
+
+    def sweep_scopes(self) -> list[Scope]:
+        from scalers.models import Scaler
+
+        return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES)]
+
+    def plan(self, scope: Scope) -> Plan:
+        from agents.models import Agent
+        from scalers.backends.firecracker.orphans import plan_orphans
+
+        backend = backend_for(scope.scaler)
+        facts = backend.orphan_facts()  # raises when the tracked set cannot be read: never reap blind
+        targets = plan_orphans(facts)
+        rows = {
+            a.agent_id: a
+            for a in Agent.objects.filter(
+                agent_id__in=[t.agent_id for t in targets if t.agent_id] + list(facts.chroot_ids)
+            )
+        }
+        allocations = {r.vm_id: r for r in facts.allocations_before}
+        result = Plan(context={})
+        for t in targets:
+            agent = rows.get(t.agent_id) if t.agent_id else None
+            alloc = allocations.get(t.agent_id) if t.agent_id else None
+            evidence = {
+                "pass": t.pass_no,
+                "agent_id": t.agent_id,
+                "ip": t.ip,
+                "tap": t.tap,
+                "tracked": False,
+                "pid_probe": _probe(backend, t.agent_id),
+                "chroot": t.agent_id in facts.chroot_ids if t.agent_id else None,
+                "allocation_owner": alloc.scaler_name if alloc else None,
+                "agent_row": agent.state if agent else "none",
+                "owner_instance": (agent.owner_instance or None) if agent else None,
+                "why": t.describe(),
+            }
+            key = target_key(t)
+            result.targets.append(
+                Target(key, _ACTIONS.get(t.kind, t.kind), t.agent_id or t.tap or t.ip or key, evidence)
+            )
+            result.context[key] = t
+        for vm_id in sorted(set(facts.chroot_ids) | set(facts.tracked)):
+            if vm_id in facts.tracked:
+                reason = "tracked: an active agent row or this process owns it"
+            elif vm_id in facts.live_chroots:
+                reason = "its pid file names a running process"
+            else:
+                continue
+            agent = rows.get(vm_id)
+            result.spared.append(
+                Spared(
+                    f"chroot:{vm_id}",
+                    vm_id,
+                    reason,
+                    {"pid_probe": _probe(backend, vm_id), "agent_row": agent.state if agent else "none"},
+                )
+            )
+        if facts.rule_ips is None:
+            result.notes.append("the rule table could not be read: no rule is planned")
+        return result
+
+    def act(self, run, scope, plan, targets) -> None:
+        act_on_planned(run, scope, plan, targets, _reap)

@@ -1,14 +1,32 @@
-"""The acting loop the reaping kinds share (orphan containers, orphan VMs, stale isolation rules):
-each approved target is handed, with the object its plan kept for it, to the scaler's backend."""
+"""What the kinds that act through a scaler's backend share: the backend itself, and the acting
+loop of the reaping kinds (orphan containers, orphan VMs, stale isolation rules), where each
+approved target is handed, with the object its plan kept for it, to the backend."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters import get_backend
+from django.conf import settings
+
+from network.nft.apply import NftClient
+from scalers.backends.base import get_backend
+from scalers.backends.isolation import nft_table_for
+from scalers.choices import ScalerType
+
 from ..choices import TargetOutcome
 from .base import Plan, Run, Scope, Target
+
+
+def backend_for(scaler):
+    """``get_backend(scaler)``, its nft commands (and a Firecracker scaler's links) in the network
+    namespace ``settings.KICI_NFT_NETNS`` when that is set (tests: no rule lands on the host)."""
+    netns = settings.KICI_NFT_NETNS
+    if netns and scaler.type == ScalerType.CONTAINER:
+        return get_backend(scaler, nft=NftClient(nft_table_for(scaler), netns=netns))
+    if netns and scaler.type == ScalerType.FIRECRACKER:
+        return get_backend(scaler, netns=netns)
+    return get_backend(scaler)
 
 
 def act_on_planned(
@@ -19,10 +37,10 @@ def act_on_planned(
     attempt: Callable[[Any, Any, Target], tuple[TargetOutcome, str]],
 ) -> None:
     """For each target, ``attempt(backend, planned, target)`` with the backend of ``scope.scaler``
-    (``operations.adapters.get_backend``, built once) and ``planned`` = ``plan.context[target.key]``;
-    it returns the ``(outcome, detail)`` to report. An exception from it is reported ``failed`` as
+    (:func:`backend_for`, built once) and ``planned`` = ``plan.context[target.key]``; it returns the
+    ``(outcome, detail)`` to report. An exception from it is reported ``failed`` as
     ``<Type>: <message>`` and the next target still runs."""
-    backend = get_backend(scope.scaler)
+    backend = backend_for(scope.scaler)
     for target in targets:
         planned = plan.context[target.key]
         try:

@@ -1,5 +1,4 @@
-"""Reap stale isolation rules on ``kici-agent-net`` (SPEC e ``reapUnownedIsolationRules``; seed
-container-backend.d.ts; issue 4 item 5, issue 5 item 6).
+"""Reap stale isolation rules on ``kici-agent-net``.
 
 An agent address with rules in this console's table is stale when nothing holds it
 (``scalers.backends.holders``: no ``kici-managed`` container on the runtime, of ANY scaler or
@@ -12,88 +11,11 @@ sweep plans one scaler per distinct (runtime, table). Firecracker rules are part
 
 from __future__ import annotations
 
-from ..adapters import get_backend
 from ..choices import OperationKind, TargetOutcome
-from .base import Plan, Scope, Spared, Target, require_scaler
-from .reaping import act_on_planned
-
-KIND = OperationKind.STALE_ISOLATION_RULES
-VOLATILE = frozenset()
-ATOMIC = False
-PARAMS = ()  # the scope params this kind reads; others are dropped
-SWEPT = True
+from .base import Kind, Plan, Scope, Spared, Target, require_scaler
+from .reaping import act_on_planned, backend_for
 
 TYPES = ("container",)
-
-
-def validate_scope(scope: Scope) -> None:
-    require_scaler(scope, TYPES, "a stale-rule reap")
-
-
-def sweep_scopes() -> list[Scope]:
-    from scalers.backends.base import scaler_option
-    from scalers.backends.isolation import nft_table_for
-    from scalers.models import Scaler
-
-    seen = set()
-    scopes = []
-    for scaler in Scaler.objects.filter(type__in=TYPES).order_by("name"):
-        where = (nft_table_for(scaler), scaler_option(scaler, "host") or scaler_option(scaler, "socketPath") or "")
-        if where not in seen:
-            seen.add(where)
-            scopes.append(Scope(scaler=scaler))
-    return scopes
-
-
-def plan(scope: Scope) -> Plan:
-    from agents.models import Agent
-    from scalers.backends.holders import read_holders
-    from scalers.backends.orphans import OrphanTarget
-
-    scaler = scope.scaler
-    backend = get_backend(scaler)
-    result = Plan(context={})
-    if not getattr(backend, "network_isolation", True):
-        result.notes.append(f"network isolation is off for {scaler.name}: it writes no rules")
-        return result
-    table = backend.isolation.table
-    try:
-        summaries = backend.list_managed()
-    except Exception as exc:  # noqa: BLE001
-        result.notes.append(f"the container runtime could not be listed ({exc}): nothing is planned")
-        return result
-    with_rules = backend.isolation.addresses_with_rules()
-    if with_rules is None:
-        result.notes.append(f"table {table} could not be read: nothing is planned")
-        return result
-    holders = read_holders(with_rules, containers=summaries)
-    rows = {}
-    for agent in Agent.objects.filter(ip__in=with_rules).order_by("created_at"):
-        rows.setdefault(agent.ip, []).append(agent)
-    for address in with_rules:
-        agents = rows.get(address, [])
-        held = [str(h) for h in holders.get(address, [])]
-        last = agents[-1] if agents else None
-        evidence = {
-            "address": address,
-            "table": table,
-            "address_holders": held,
-            "last_agent": f"{last.agent_id} ({last.state})" if last else None,
-        }
-        key = f"rules:{table}:{address}"
-        if held:
-            result.spared.append(Spared(key, address, "held by " + ", ".join(held), evidence))
-            continue
-        result.targets.append(Target(key, "delete rule set", address, evidence))
-        result.context[key] = OrphanTarget(
-            "rule",
-            address,
-            scaler.name,
-            "",
-            f"rules in table {table} for {address}, which no container holds",
-            {"table": table, "address": address},
-        )
-    return result
 
 
 def _delete(backend, orphan, target) -> tuple[TargetOutcome, str]:
@@ -102,5 +24,76 @@ def _delete(backend, orphan, target) -> tuple[TargetOutcome, str]:
     return TargetOutcome.SKIPPED, "the backend's last re-check declined: the address is held now, or its rules are gone"
 
 
-def act(run, scope, plan, targets) -> None:
-    act_on_planned(run, scope, plan, targets, _delete)
+class StaleIsolationRules(Kind):
+    name = OperationKind.STALE_ISOLATION_RULES
+    swept = True
+
+    def validate_scope(self, scope: Scope) -> None:
+        require_scaler(scope, TYPES, "a stale-rule reap")
+
+    def sweep_scopes(self) -> list[Scope]:
+        from scalers.backends.base import scaler_option
+        from scalers.backends.isolation import nft_table_for
+        from scalers.models import Scaler
+
+        seen = set()
+        scopes = []
+        for scaler in Scaler.objects.filter(type__in=TYPES).order_by("name"):
+            where = (nft_table_for(scaler), scaler_option(scaler, "host") or scaler_option(scaler, "socketPath") or "")
+            if where not in seen:
+                seen.add(where)
+                scopes.append(Scope(scaler=scaler))
+        return scopes
+
+    def plan(self, scope: Scope) -> Plan:
+        from agents.models import Agent
+        from scalers.backends.holders import read_holders
+        from scalers.backends.orphans import OrphanTarget
+
+        scaler = scope.scaler
+        backend = backend_for(scaler)
+        result = Plan(context={})
+        if not getattr(backend, "network_isolation", True):
+            result.notes.append(f"network isolation is off for {scaler.name}: it writes no rules")
+            return result
+        table = backend.isolation.table
+        try:
+            summaries = backend.list_managed()
+        except Exception as exc:  # noqa: BLE001
+            result.notes.append(f"the container runtime could not be listed ({exc}): nothing is planned")
+            return result
+        with_rules = backend.isolation.addresses_with_rules()
+        if with_rules is None:
+            result.notes.append(f"table {table} could not be read: nothing is planned")
+            return result
+        holders = read_holders(with_rules, containers=summaries)
+        rows = {}
+        for agent in Agent.objects.filter(ip__in=with_rules).order_by("created_at"):
+            rows.setdefault(agent.ip, []).append(agent)
+        for address in with_rules:
+            agents = rows.get(address, [])
+            held = [str(h) for h in holders.get(address, [])]
+            last = agents[-1] if agents else None
+            evidence = {
+                "address": address,
+                "table": table,
+                "address_holders": held,
+                "last_agent": f"{last.agent_id} ({last.state})" if last else None,
+            }
+            key = f"rules:{table}:{address}"
+            if held:
+                result.spared.append(Spared(key, address, "held by " + ", ".join(held), evidence))
+                continue
+            result.targets.append(Target(key, "delete rule set", address, evidence))
+            result.context[key] = OrphanTarget(
+                "rule",
+                address,
+                scaler.name,
+                "",
+                f"rules in table {table} for {address}, which no container holds",
+                {"table": table, "address": address},
+            )
+        return result
+
+    def act(self, run, scope, plan, targets) -> None:
+        act_on_planned(run, scope, plan, targets, _delete)

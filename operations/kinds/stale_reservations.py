@@ -1,58 +1,32 @@
-"""Release stale reservations: capacity held for agents that can no longer use it (SPEC c.3, c.6;
-issue 3 "Release on every path").
+"""Release stale reservations: capacity held for agents that can no longer use it.
 
 A reservation is stale when its agent
 
 * is ``destroyed`` or ``failed`` and its sandbox no longer runs ("a failed agent stops counting
   unless its container or VM still runs"), or
 * is still ``spawning``, never registered, and started longer ago than the stale-spawn window
-  ``max(KICI_SPAWN_TIMEOUT_SECONDS, 300 s)`` (SPEC c.6), with no rq spawn job still running.
+  ``max(KICI_SPAWN_TIMEOUT_SECONDS, 300 s)``, with no rq spawn job still running.
 
 An agent still ``running``/``draining`` whose sandbox is gone or that stopped heartbeating is not
 stale here but *lost*: the ``lost-agents`` kind releases it (and removes the sandbox remains).
 
 Scope: optionally one scaler (else every scaler). Everything else is left alone; a terminal agent
 whose container still runs is listed as spared with that reason. Releasing goes through
-``scalers.admission.release`` (idempotent).
+``scalers.admission.release.release`` (idempotent).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
 from agents.choices import TERMINAL_STATES, AgentState
+from scalers.admission.release import release, stale_window_seconds
+from scalers.backends.sandboxes import list_kici_containers
 
-from ..adapters import age_seconds, is_registered, list_kici_containers, release
 from ..choices import OperationKind, TargetOutcome
-from .base import Plan, Scope, Spared, Target
-
-KIND = OperationKind.STALE_RESERVATIONS
-VOLATILE = frozenset({"age_seconds", "spawning_seconds"})
-ATOMIC = False
-PARAMS = ()  # the scope params this kind reads; others are dropped
-SWEPT = True
-
-STALE_SPAWN_FLOOR_SECONDS = 300  # SPEC c.6: the window is never shorter than 5 minutes
-
-
-def validate_scope(scope: Scope) -> None:
-    return None
-
-
-def sweep_scopes() -> list[Scope]:
-    return [Scope()]
-
-
-def stale_spawn_window_seconds() -> int:
-    """``max(KICI_SPAWN_TIMEOUT_SECONDS, 300)`` as admission computes it (SPEC c.6)."""
-    try:
-        from scalers.admission.release import stale_window_seconds
-    except ImportError:
-        return max(settings.KICI_SPAWN_TIMEOUT_SECONDS, STALE_SPAWN_FLOOR_SECONDS)
-    return stale_window_seconds()
+from .base import Kind, Plan, Scope, Spared, Target, age_seconds, is_registered
 
 
 def _rq_job_status(job_id: str) -> str | None:
@@ -96,69 +70,76 @@ def _sandbox_states(reservations) -> dict[str, str]:
     return states
 
 
-def plan(scope: Scope) -> Plan:
-    from scalers.models import Reservation
+class StaleReservations(Kind):
+    name = OperationKind.STALE_RESERVATIONS
+    volatile = frozenset({"age_seconds", "spawning_seconds"})
+    swept = True
 
-    now = timezone.now()
-    window = stale_spawn_window_seconds()
-    qs = Reservation.objects.select_related("agent", "agent__scaler", "scaler")
-    if scope.scaler is not None:
-        qs = qs.filter(scaler=scope.scaler)
-    candidates = []
-    for r in qs:
-        agent = r.agent
-        if agent.state in TERMINAL_STATES:
-            candidates.append(r)
-        elif agent.state == AgentState.SPAWNING and agent.registered_at is None:
-            started = agent.spawn_started_at or agent.created_at
-            if started <= now - timedelta(seconds=window):
+    def sweep_scopes(self) -> list[Scope]:
+        return [Scope()]
+
+    def plan(self, scope: Scope) -> Plan:
+        from scalers.models import Reservation
+
+        now = timezone.now()
+        window = stale_window_seconds()
+        qs = Reservation.objects.select_related("agent", "agent__scaler", "scaler")
+        if scope.scaler is not None:
+            qs = qs.filter(scaler=scope.scaler)
+        candidates = []
+        for r in qs:
+            agent = r.agent
+            if agent.state in TERMINAL_STATES:
                 candidates.append(r)
-    sandboxes = _sandbox_states(candidates)
-    result = Plan()
-    for r in candidates:
-        agent = r.agent
-        started = agent.spawn_started_at or agent.created_at
-        evidence = {
-            "agent_state": agent.state,
-            "registered": is_registered(agent),
-            "scaler": r.scaler.name,
-            "owner_instance": r.owner_instance,
-            "cpus": r.cpus,
-            "memory_bytes": r.memory_bytes,
-            "sandbox": sandboxes.get(agent.agent_id, "not probed"),
-            "age_seconds": age_seconds(r.created_at, now),
-        }
-        key = f"reservation:{agent.agent_id}"
-        if agent.state == AgentState.SPAWNING:
-            job = _rq_job_status(agent.rq_job_id)
-            evidence["spawning_seconds"] = age_seconds(started, now)
-            evidence["spawn_job"] = job
-            if job in ("started", "queued", "deferred", "scheduled"):
-                result.spared.append(Spared(key, agent.agent_id, f"its spawn job is still {job}", evidence))
+            elif agent.state == AgentState.SPAWNING and agent.registered_at is None:
+                started = agent.spawn_started_at or agent.created_at
+                if started <= now - timedelta(seconds=window):
+                    candidates.append(r)
+        sandboxes = _sandbox_states(candidates)
+        result = Plan()
+        for r in candidates:
+            agent = r.agent
+            started = agent.spawn_started_at or agent.created_at
+            evidence = {
+                "agent_state": agent.state,
+                "registered": is_registered(agent),
+                "scaler": r.scaler.name,
+                "owner_instance": r.owner_instance,
+                "cpus": r.cpus,
+                "memory_bytes": r.memory_bytes,
+                "sandbox": sandboxes.get(agent.agent_id, "not probed"),
+                "age_seconds": age_seconds(r.created_at, now),
+            }
+            key = f"reservation:{agent.agent_id}"
+            if agent.state == AgentState.SPAWNING:
+                job = _rq_job_status(agent.rq_job_id)
+                evidence["spawning_seconds"] = age_seconds(started, now)
+                evidence["spawn_job"] = job
+                if job in ("started", "queued", "deferred", "scheduled"):
+                    result.spared.append(Spared(key, agent.agent_id, f"its spawn job is still {job}", evidence))
+                    continue
+                reason = f"spawning for longer than {window}s and never registered"
+            else:
+                reason = f"agent {agent.state}"
+            if evidence["sandbox"] in ("running", "paused", "restarting"):
+                result.spared.append(
+                    Spared(key, agent.agent_id, f"{reason}, but its container is still {evidence['sandbox']}", evidence)
+                )
                 continue
-            reason = f"spawning for longer than {window}s and never registered"
-        else:
-            reason = f"agent {agent.state}"
-        if evidence["sandbox"] in ("running", "paused", "restarting"):
-            result.spared.append(
-                Spared(key, agent.agent_id, f"{reason}, but its container is still {evidence['sandbox']}", evidence)
-            )
-            continue
-        if evidence["sandbox"] == "unknown":
-            result.spared.append(
-                Spared(key, agent.agent_id, f"{reason}, but its runtime could not be listed", evidence)
-            )
-            continue
-        evidence["why"] = reason
-        result.targets.append(Target(key, "release reservation", agent.agent_id, evidence))
-    return result
+            if evidence["sandbox"] == "unknown":
+                result.spared.append(
+                    Spared(key, agent.agent_id, f"{reason}, but its runtime could not be listed", evidence)
+                )
+                continue
+            evidence["why"] = reason
+            result.targets.append(Target(key, "release reservation", agent.agent_id, evidence))
+        return result
 
-
-def act(run, scope, plan, targets) -> None:
-    for target in targets:
-        try:
-            release(target.subject, f"stale reservation released by operation #{run.operation_id}")
-        except Exception as exc:  # noqa: BLE001
-            run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        run.report(target.key, TargetOutcome.DONE, "released")
+    def act(self, run, scope, plan, targets) -> None:
+        for target in targets:
+            try:
+                release(target.subject, f"stale reservation released by operation #{run.operation_id}")
+            except Exception as exc:  # noqa: BLE001
+                run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+                continue
+            run.report(target.key, TargetOutcome.DONE, "released")

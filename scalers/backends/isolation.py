@@ -74,7 +74,7 @@ class ContainerIsolation:
         address's lock (``holders.address_lock``), so a concurrent teardown of a previous holder
         cannot delete them between its holder check and its delete.
         """
-        from network.nft.render import AgentSpec
+        from network.nft.spec import AgentSpec
 
         from .holders import address_lock
 

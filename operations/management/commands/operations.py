@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from front.presenters import evidence_items
 from operations.choices import OperationKind, OperationStatus, RequestedVia
-from operations.kinds import PlanRefused, ScopeInvalid
+from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.models import Operation
 from operations.services import NothingToDo, OperationError, approve_operation, create_operation, reject_operation
 

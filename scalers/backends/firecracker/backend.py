@@ -20,7 +20,7 @@ from typing import Any
 
 from network import netlink
 from network.host_access import resolve_agent_host_access
-from network.nft.render import AgentSpec
+from network.nft.spec import AgentSpec
 
 from ..holders import address_lock
 from . import jail, provision

@@ -1,4 +1,38 @@
-"""The ``hostAccess`` entry grammar: parsing, refusal messages, warnings (SPEC g.1; see the package doc)."""
+"""What a scaled agent may reach on the console host's own addresses: the ``hostAccess`` entry
+grammar (parsing, refusal messages, warnings) and the resolution of one agent's host access (the
+default set and the storage endpoint).
+
+A sandbox's packets to one of the host's addresses (the bridge gateway, the host's LAN address) are
+delivered on the netfilter *input* hook and never cross *forward*, so forward rules alone leave every
+host port open. The entries here are the narrow set an agent may reach, in the ``hostAccess``
+vocabulary an operator writes in ``scalers.yaml``; ``network.nft.render`` turns them into input rules.
+
+Grammar (bracketed IPv6 included)::
+
+    5000                 port 5000 on any IPv4 host address
+    *:5000               same
+    10.0.0.1:5000        one address, one port
+    10.98.0.0/24:443     a CIDR, one port
+    192.168.1.40         one address, every port and protocol
+    10.0.0.0/8           a CIDR, every port
+    *                    the whole host (IPv4)
+    10.0.0.1:*           same as ``10.0.0.1``
+    [fd00::1]:9000       IPv6 address, one port
+    [fd00::/64]:443      IPv6 CIDR, one port
+    [fd00::1]            IPv6 address, every port
+
+Refused, each with a message naming the entry: empty entries, an empty address before the port
+(``:53``: write ``*:53`` or ``53``), hostnames, dotted numbers that are not a valid IPv4 address or
+CIDR (``192.168.1.256``: octet 256 is above 255; also leading zeros, three or five parts, prefix
+above 32), unbracketed IPv6, CIDRs with host bits set (``10.0.0.1/24``: ambiguous, say
+``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535, non-numeric ports.
+
+Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
+(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach.
+
+Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
+only through an explicit bracketed entry, so ``*:4000`` never opens an IPv6 port.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +40,8 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Family = Literal["ipv4", "ipv6"]
@@ -15,8 +50,6 @@ _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _DOTTED_QUAD = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})", re.ASCII)
 #: Digits and dots, maybe with a ``/prefix``: written as an IPv4 address or CIDR, not as a name.
 _IPV4_SHAPED = re.compile(r"[0-9.]+(?:/[^/]*)?", re.ASCII)
-
-# Ports implied by a URL scheme when the URL names none (SPEC g.2 and g.3).
 
 _NOT_AN_ADDRESS = (
     'which is not an IPv4 address, an IPv4 CIDR, or "*". Hostnames are not accepted: a firewall '
@@ -35,7 +68,7 @@ class HostAccessError(ValueError):
 
 @dataclass(frozen=True)
 class HostAccessEntry:
-    """One parsed ``hostAccess`` entry (SPEC g.1).
+    """One parsed ``hostAccess`` entry.
 
     ``daddr``: the host address or network the entry allows, or ``None`` for any IPv4 host
     address (``*``, ``*:port``, a bare port). A single address is a /32 (or /128) network.
@@ -123,7 +156,7 @@ def _parse_ipv4(entry: str, text: str) -> ipaddress.IPv4Network:
 
     Text made only of digits and dots (and a ``/prefix``) was meant as an address, so it is refused
     saying what is wrong with it (``192.168.1.256``: octet 256 is above 255); anything else (letters,
-    ``-``) is a hostname and gets the reference wording (seed host-access.d.ts).
+    ``-``) is a hostname and is refused as one.
     """
     if _IPV4_SHAPED.fullmatch(text):
         problem = _ipv4_problem(text)
@@ -194,7 +227,7 @@ def _parse_bracketed(entry: str) -> HostAccessEntry:
 
 
 def parse_host_access_entry(text: str) -> HostAccessEntry:
-    """Parse one ``hostAccess`` entry (SPEC g.1, seed host-access.d.ts; grammar in the module doc).
+    """Parse one ``hostAccess`` entry (grammar in the module doc).
 
     Returns a :class:`HostAccessEntry`. Raises :class:`HostAccessError` (a ``ValueError``) whose
     message names the entry and the reason: ``hostAccess entry is empty``, ``... has no address
@@ -298,3 +331,145 @@ def parse_host_access(entries: Iterable[str]) -> list[HostAccessEntry]:
         except HostAccessError as exc:
             raise HostAccessError(exc.entry, f"hostAccess[{index}]: {exc}") from None
     return parsed
+
+
+# --- resolving one agent's host access -----------------------------------------------------------
+
+#: Ports implied by a URL scheme when the URL names none.
+SCHEME_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+
+
+def _url_port(url: str) -> tuple[str | None, int | None, bool] | None:
+    """(host, port, explicit) for a URL, or None when it does not parse or its scheme has no default port."""
+    try:
+        parts = urlsplit(url.strip())
+        explicit = parts.port
+    except (ValueError, AttributeError):
+        return None
+    if explicit is not None:
+        if explicit == 0:
+            return None
+        return parts.hostname, explicit, True
+    implied = SCHEME_PORTS.get(parts.scheme.lower())
+    if implied is None or not parts.netloc:
+        return None
+    return parts.hostname, implied, False
+
+
+def _ip_literal(host: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not host:
+        return None
+    if _DOTTED_QUAD.fullmatch(host):
+        try:
+            return ipaddress.IPv4Address(host)
+        except ValueError:
+            return None
+    if ":" in host:
+        try:
+            return ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+    return None
+
+
+def agent_facing_storage_url(
+    storage_type: str | None,
+    *,
+    external_endpoint: str | None = None,
+    endpoint: str | None = None,
+    fs_base_url: str | None = None,
+    console_port: int | str | None = None,
+) -> str | None:
+    """The storage URL a scaled agent dials, from the storage settings.
+
+    ``s3``: ``external_endpoint`` (KICI_STORAGE_EXTERNAL_ENDPOINT) else ``endpoint``
+    (KICI_STORAGE_ENDPOINT); ``filesystem``: ``fs_base_url`` (KICI_STORAGE_FS_BASE_URL) else
+    ``http://127.0.0.1:<console_port>`` (KICI_PORT); anything else, or nothing set: ``None``.
+    """
+    kind = (storage_type or "").strip().lower()
+    if kind == "s3":
+        return external_endpoint or endpoint or None
+    if kind == "filesystem":
+        if fs_base_url:
+            return fs_base_url
+        if console_port not in (None, ""):
+            return f"http://127.0.0.1:{console_port}"
+    return None
+
+
+def storage_host_access_entries(storage_url: str | None) -> list[str]:
+    """Host-access entries for the agent-facing storage endpoint.
+
+    ``storage_url``: the URL agents dial (see :func:`agent_facing_storage_url`), or ``None``.
+    Returns ``["<ip>:<port>"]`` when the host is an IP literal (port explicit or implied by the
+    scheme: http/ws 80, https/wss 443; IPv6 literals come back bracketed), ``["*:<port>"]`` for a
+    name with an explicit port, and ``[]`` for a name without a port (a remote endpoint reached
+    through forward, which no input rule governs), an unknown scheme without a port, ``None``, or
+    an unparseable URL. Never raises.
+    """
+    if not storage_url or not isinstance(storage_url, str):
+        return []
+    parsed = _url_port(storage_url)
+    if parsed is None:
+        return []
+    host, port, explicit = parsed
+    literal = _ip_literal(host)
+    if isinstance(literal, ipaddress.IPv4Address):
+        return [f"{literal}:{port}"]
+    if isinstance(literal, ipaddress.IPv6Address):
+        return [f"[{literal}]:{port}"]
+    if explicit:
+        return [f"*:{port}"]
+    return []
+
+
+def _policy_host_access(policy: Any) -> list[str] | None:
+    if policy is None:
+        return None
+    if isinstance(policy, dict):
+        if "host_access" in policy:
+            value = policy["host_access"]
+        else:
+            value = policy.get("hostAccess")
+    else:
+        value = getattr(policy, "host_access", None)
+    return None if value is None else list(value)
+
+
+def resolve_agent_host_access(
+    policy: Any,
+    orchestrator_url: str,
+    gateway: str,
+    host_services: Iterable[str] | None = None,
+) -> list[str]:
+    """The ``hostAccess`` list in force for one agent sandbox.
+
+    ``policy``: the label set's network policy (an object with ``host_access``, a dict with
+    ``host_access``/``hostAccess``, or ``None``). An explicit list, even ``[]``, wins outright and
+    is returned verbatim. Otherwise the default: ``<gateway>:53`` (DNS on the bridge gateway),
+    ``*:<console port>`` (explicit or scheme-implied; omitted when ``orchestrator_url`` does not
+    parse or has an unknown scheme), then ``host_services`` (e.g. from
+    :func:`storage_host_access_entries`), de-duplicated keeping the first occurrence.
+    Returns entry strings; they are not parsed here (the renderer parses and refuses bad ones).
+    """
+    explicit = _policy_host_access(policy)
+    if explicit is not None:
+        return explicit
+    gw = str(gateway).strip()
+    try:
+        if isinstance(ipaddress.ip_address(gw), ipaddress.IPv6Address):
+            gw = f"[{gw}]"
+    except ValueError:
+        pass
+    candidates = [f"{gw}:53"]
+    parsed = _url_port(orchestrator_url) if isinstance(orchestrator_url, str) else None
+    if parsed is not None:
+        candidates.append(f"*:{parsed[1]}")
+    candidates.extend(host_services or ())
+    seen: set[str] = set()
+    resolved = []
+    for item in candidates:
+        if item not in seen:
+            seen.add(item)
+            resolved.append(item)
+    return resolved
