@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "agents",
     "network",
     "operations",
+    "live",
 ]
 
 MIDDLEWARE = [
