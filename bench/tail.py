@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.streams import MAX_LAG_BYTES, ConsoleHub, RedisTransport, StreamKey  # noqa: E402
-from agents.tail import MAX_READ_BYTES, FileTail  # noqa: E402
+from live.tail import MAX_READ_BYTES, FileTail  # noqa: E402
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/7")
 LINE = b"x" * 90  # + " %08d\n" = 100 bytes

@@ -6,7 +6,8 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from ..tail import take_oldest
+from live.tail import take_oldest
+
 from .lines import Line, drop_row
 
 VIEWER_BUFFER_LINES = 2000

@@ -9,7 +9,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..tail import DropMarker, SkipMarker
+from live.tail import DropMarker, SkipMarker
+
 from .buffer import VIEWER_BUFFER_LINES, ViewerBuffer
 from .lines import BATCH_CHARS, BATCH_LINES, LEVEL_DROPPED, LEVEL_ERROR, Line, StreamKey, failure_indexes, split_batches
 from .ring import lines_from_message

@@ -13,7 +13,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from ..tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, lines_of
+from live.tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, lines_of
+
 from .ring import RING_LINES
 
 BACKLOG_BYTES = 256 * 1024
