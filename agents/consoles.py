@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from .streams import SourceFactory, docker_log_source, file_source
+from live.sources import SourceFactory, docker_log_source, file_source
 
 
 def console_streams_of(agent) -> tuple[str, ...]:
@@ -89,7 +89,7 @@ def console_log_file(agent, stream: str) -> Path | None:
 def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
     """``(source, flag_failures)`` of one console stream of ``agent``; ``LookupError`` if none.
 
-    A file (see :func:`console_log_file`) is followed with :func:`agents.streams.file_source`;
+    A file (see :func:`console_log_file`) is followed with :func:`live.sources.file_source`;
     serial lines are checked for failure patterns. A container without a log file streams its
     docker logs (container ``managed_id``, else the agent id as its name).
     """

@@ -1,4 +1,4 @@
-"""Console fan-out core (agents.streams): shared pump, ring, bounded per-viewer buffers, sources."""
+"""Console fan-out core (live.streams, live.hub, live.sources): shared pump, ring, bounded per-viewer buffers, sources."""
 
 from __future__ import annotations
 
@@ -7,16 +7,15 @@ import uuid
 
 import pytest
 
-from agents.streams import (
+from live.hub import ConsoleHub
+from live.sources import docker_log_lines, file_source
+from live.streams import (
     LEVEL_DEBUG,
     LEVEL_DROPPED,
     LEVEL_ERROR,
-    ConsoleHub,
     Line,
     StreamKey,
     ViewerBuffer,
-    docker_log_lines,
-    file_source,
     is_failure_line,
     split_batches,
 )

@@ -6,8 +6,9 @@ import asyncio
 
 from channels.db import database_sync_to_async
 
+from live.streams import StreamKey
+
 from ..consoles import console_source
-from ..streams import StreamKey
 from .flow import _flow_from_scope
 from .frames import render_console_frame
 from .hubs import get_console_hub

@@ -10,7 +10,9 @@ from collections import OrderedDict
 from channels.db import database_sync_to_async
 from django.template.loader import render_to_string
 
-from ..streams import EVENTS_GLOBAL_GROUP, Line, ViewerBuffer, events_agent_group
+from live.publish import EVENTS_GLOBAL_GROUP, events_agent_group
+from live.streams import Line, ViewerBuffer
+
 from .flow import _flow_from_scope
 from .frames import FALLBACK_TEMPLATE
 from .hubs import get_console_hub

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 
-from ..streams import Line
+from live.streams import Line
 
 CONSOLE_TBODY_ID = "console-lines"
 ROW_TEMPLATES = ("agents/console.html#lines", "agents/console_lines.html#lines")

@@ -8,7 +8,8 @@ import weakref
 
 from django.conf import settings
 
-from ..streams import ConsoleHub, RedisTransport
+from live.hub import ConsoleHub
+from live.transport import RedisTransport
 
 _hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -16,7 +17,7 @@ _hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def get_console_hub() -> ConsoleHub:
     """This process's hub (one per event loop) on the Redis layer ``settings.CHANNEL_LAYERS``.
 
-    Its :class:`agents.streams.RedisTransport` also carries the event groups. Call from a
+    Its :class:`live.transport.RedisTransport` also carries the event groups. Call from a
     coroutine.
     """
     loop = asyncio.get_running_loop()

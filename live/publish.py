@@ -1,4 +1,4 @@
-"""Pushing stored events to the live pages' Channels groups (SPEC (h)); Django only when called."""
+"""Pushing stored events to the live pages' Channels groups; Django only when called."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from .lines import StreamKey
+from .streams import StreamKey
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +29,11 @@ def event_groups(agent_ref: str | None) -> list[str]:
 def event_message(event: Any, render: bool | None = None) -> dict:
     """The ``event.message`` group message for a stored ``ScalerEvent``.
 
-    ``{"type": "event.message", "event_id": pk, "agent_ref": id[, "html": <agents.render
+    ``{"type": "event.message", "event_id": pk, "agent_ref": id[, "html": <live.render
     .render_live_update(event)>]}``. Without ``html`` each receiving console process renders the
-    event from the database once (``agents.consumers.events``). ``render`` defaults to
+    event from the database once (``live.consumers.EventsConsumer``). ``render`` defaults to
     ``settings.KICI_RENDER_EVENTS_AT_PUBLISH`` (False): rendering in the producer would put the
-    template work on the spawn worker's critical path (issue 4, spawn overhead). When rendering
+    template work on the spawn worker's critical path. When rendering
     fails the message goes without ``html`` too.
     """
     message = {"type": "event.message", "event_id": event.pk, "agent_ref": event.agent_ref or ""}
@@ -44,7 +44,7 @@ def event_message(event: Any, render: bool | None = None) -> dict:
     if not render:
         return message
     try:
-        from ..render import render_live_update
+        from agents.render import render_live_update
 
         message["html"] = render_live_update(event)
     except Exception:  # noqa: BLE001 - the receivers can still render from the database
