@@ -44,7 +44,7 @@ def event_message(event: Any, render: bool | None = None) -> dict:
     if not render:
         return message
     try:
-        from agents.render import render_live_update
+        from .render import render_live_update
 
         message["html"] = render_live_update(event)
     except Exception:  # noqa: BLE001 - the receivers can still render from the database

@@ -13,7 +13,7 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent
-from agents.render import render_agent_row, render_live_update
+from live.render import render_agent_row, render_live_update
 from scalers.models import ConfigState, LabelSet, Reservation, Scaler
 
 pytestmark = pytest.mark.django_db

@@ -43,7 +43,8 @@ and :mod:`~agents.consumers.hubs` (the per-process hub). Which streams an agent 
 docker logs behind each, is :mod:`agents.consoles`.
 """
 
-from ..consoles import agent_container, console_log_file, console_source, console_streams_of, firecracker_log_path
+from live.consoles import agent_container, console_log_file, console_source, console_streams_of, firecracker_log_path
+
 from .console import ConsoleConsumer
 from .events import EVENT_BUFFER, EventsConsumer
 from .flow import ACK_WINDOW

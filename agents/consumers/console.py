@@ -6,9 +6,9 @@ import asyncio
 
 from channels.db import database_sync_to_async
 
+from live.consoles import console_source
 from live.streams import StreamKey
 
-from ..consoles import console_source
 from .flow import _flow_from_scope
 from .frames import render_console_frame
 from .hubs import get_console_hub

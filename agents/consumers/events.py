@@ -31,7 +31,7 @@ def _rendered(event_id: int) -> asyncio.Future:
     cache = _render_cache.setdefault(loop, OrderedDict())
     task = cache.get(event_id)
     if task is None:
-        from ..render import render_live_update
+        from live.render import render_live_update
 
         task = asyncio.ensure_future(database_sync_to_async(render_live_update)(event_id))
         cache[event_id] = task
