@@ -65,9 +65,9 @@ def run(n: int) -> int:
     from django.contrib.auth.models import User
     from django.template.loader import render_to_string
 
+    from live.consumers import render_update
     from operations import live
     from operations.choices import RequestedVia, TargetOutcome
-    from operations.consumers import render_update
     from operations.jobs import Progress
     from operations.kinds.base import Plan, Scope, Target, plan_digest, recheck
     from operations.models import Operation

@@ -1,4 +1,4 @@
-"""Live console and event WebSockets (agents.consumers) over the real Redis channel layer."""
+"""Live console and event WebSockets (live.consumers) over the real Redis channel layer."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Permission, User
 
-from agents.consumers import close_console_hub, get_console_hub
 from agents.models import Agent
-from agents.routing import websocket_urlpatterns
+from live.consumers import close_console_hub, get_console_hub
+from live.routing import websocket_urlpatterns
 from live.streams import StreamKey
 from scalers.models import Scaler
 
