@@ -59,13 +59,12 @@ from django.conf import settings
 from django.template.loader import get_template, render_to_string
 
 from agents.models import Agent
-from operations.live import group_name
 from operations.models import Operation
 from operations.presenters import detail_context
 
 from .consoles import console_source
 from .hub import ConsoleHub
-from .publish import EVENTS_GLOBAL_GROUP, events_agent_group
+from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
 from .render import render_live_update
 from .streams import Line, StreamKey, ViewerBuffer
 from .transport import RedisTransport
@@ -406,7 +405,7 @@ class OperationConsumer(AsyncWebsocketConsumer):
             await self.close(code=4403)
             return
         self.operation_id = int(self.scope["url_route"]["kwargs"]["operation_id"])
-        self.group = group_name(self.operation_id)
+        self.group = operation_group(self.operation_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         messages = await database_sync_to_async(render_update)(self.operation_id, user, snapshot=True)

@@ -1,4 +1,11 @@
-"""Pushing stored events to the live pages' Channels groups; Django only when called."""
+"""Pushing to the live pages' Channels groups; Django only when called.
+
+Stored events go to ``events.global`` and ``events.agent.<agent_id>`` (:func:`publish_event`). An
+operation's progress goes to ``operation.<id>`` (:func:`publish_progress`) as a small notice: the
+consumer renders the changed parts from the database with the same template partials as the page
+(``operations/detail.html#...``), so the markup of a row cannot drift between the first render and
+a live update.
+"""
 
 from __future__ import annotations
 
@@ -81,3 +88,44 @@ def publish_event(event: Any) -> None:
 
     message = event_message(event)
     async_to_sync(apublish_message)(message, event_groups(message["agent_ref"]))
+
+
+def operation_group(operation_id: int) -> str:
+    """``operation.<id>``: the group of one operation's page."""
+    return f"operation.{operation_id}"
+
+
+def publish_progress(
+    operation_id: int, keys: Iterable[str] = (), log_from: int | None = None, log_to: int | None = None
+) -> None:
+    """Tell the operation's viewers that its status changed, that the targets ``keys`` have new
+    outcomes, and that log entries ``[log_from:log_to]`` are new (the consumer renders exactly that
+    slice from the database, so a notice handled late never repeats a line). Never raises: a push
+    failure must not fail the producer."""
+    try:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        async_to_sync(layer.group_send)(
+            operation_group(operation_id),
+            {
+                "type": "operation.progress",
+                "operation_id": operation_id,
+                "keys": list(keys),
+                "log_from": log_from,
+                "log_to": log_to,
+            },
+        )
+    except Exception:  # noqa: BLE001
+        log.warning("could not publish progress of operation %s", operation_id, exc_info=True)
+
+
+def publish_progress_on_commit(operation_id: int, keys: Iterable[str] = (), log_from: int | None = None) -> None:
+    """:func:`publish_progress` once the surrounding transaction commits (immediately outside one)."""
+    from django.db import transaction
+
+    keys = list(keys)
+    transaction.on_commit(lambda: publish_progress(operation_id, keys, log_from))
