@@ -17,16 +17,6 @@ from agents.models import Agent, ScalerEvent
 PAGE = "dashboard/index.html"
 
 
-def render_agent_row(agent: Agent) -> str:
-    """One ``<tr id="agent-<agent_id>">``, exactly as the dashboard and the agents list render it."""
-    return render_to_string(f"{PAGE}#agent_row", {"agent": agent})
-
-
-def render_event_row(event: ScalerEvent) -> str:
-    """One ``<tr id="event-<pk>">``, exactly as the feeds and the agent timeline render it."""
-    return render_to_string(f"{PAGE}#event_row", {"event": event})
-
-
 def render_live_update(event: ScalerEvent | int) -> str:
     """The WebSocket message for one stored event (a ScalerEvent or its pk); ``""`` if it is gone.
 
