@@ -39,7 +39,7 @@ def record_event(
     """Store one event (``type`` is an ``agents.choices.EventType`` value) and publish it on commit.
 
     The live push goes to the channel-layer groups ``events.global`` and ``events.agent.<agent_id>``
-    (``agents.streams.publish_event``), from the publisher thread.
+    (``live.publish.publish_event``), from the publisher thread.
     """
     event = ScalerEvent.objects.create(
         agent=agent,
@@ -86,7 +86,7 @@ def flush_events(timeout: float = 5.0) -> bool:
 
 
 def _publish_now(event: ScalerEvent) -> None:
-    from .streams import publish_event
+    from live.publish import publish_event
 
     publish_event(event)
 

@@ -41,8 +41,9 @@ def publish_agent_row(agent_pk: int) -> None:
     """Render the agent's row as it is now and send it to its event groups (sync; channel layer)."""
     from asgiref.sync import async_to_sync
 
+    from live.publish import apublish_message, event_groups
+
     from .models import Agent
-    from .streams import apublish_message, event_groups
 
     agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
     if agent is None:

@@ -4,7 +4,7 @@ Sets up a throwaway database (``kici_bench_fanout``, dropped afterwards) and a u
 ``agents.view_agent``, starts ``daphne kici_site.asgi:application`` on a free loopback port, opens
 50 logged-in WebSocket clients on ``/ws/events/`` (a minimal RFC 6455 client; Origin checked by the
 server), then publishes ``event.message`` group messages (each carrying its send time) at 1,000/s
-for ``--seconds`` (default 8) through the Redis channel layer, exactly as ``agents.streams
+for ``--seconds`` (default 8) through the Redis channel layer, exactly as ``live.publish
 .apublish_message`` does for ``publish_event``. Prints events delivered per client, drop rows, and
 p50 / p95 / p99 / max delivery latency (publish → parsed by the client). Target (issue 7): p95 <
 250 ms. Redis: ``REDIS_URL`` (default db 7). Bounded: about ``--seconds`` + 20 s (migrations).
@@ -211,7 +211,7 @@ def percentile(values: list[float], q: float) -> float:
 async def publish(rate: int, seconds: float) -> int:
     from channels.layers import get_channel_layer
 
-    from agents.streams import EVENTS_GLOBAL_GROUP, apublish_message
+    from live.publish import EVENTS_GLOBAL_GROUP, apublish_message
 
     layer = get_channel_layer()
     total = int(rate * seconds)

@@ -103,7 +103,7 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
     import agents.events
 
     real_publish = agents.events._publish_now
-    if not live_publish:  # isolate the spawn path from the live-push rendering (agents.streams)
+    if not live_publish:  # isolate the spawn path from the live-push rendering (live.publish)
         agents.events._publish_now = lambda event: None
     try:
         for i in range(spawns + 1):  # the first round of each is a warm-up, not counted

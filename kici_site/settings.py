@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "network",
     "operations",
     "front",
+    "live",
 ]
 
 MIDDLEWARE = [

@@ -16,7 +16,8 @@ import traceback
 from django.db import connection
 from django.utils import timezone
 
-from . import live
+import live.publish
+
 from .choices import AuditAction, OperationStatus, TargetOutcome
 from .kinds.base import recheck
 from .kinds.registry import get_kind
@@ -83,7 +84,9 @@ class Progress:
         keys, log_from = self._dirty_keys, self._log_from
         self._dirty_keys, self._log_from = [], None
         self._last_flush = time.monotonic()
-        live.publish(self.operation.pk, keys, log_from, len(self.entries) if log_from is not None else None)
+        live.publish.publish_progress(
+            self.operation.pk, keys, log_from, len(self.entries) if log_from is not None else None
+        )
 
 
 def run_operation(operation_pk: int) -> str:

@@ -21,7 +21,8 @@ from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import live
+import live.publish
+
 from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.base import Plan, PlanRefused, Scope, ScopeInvalid, jsonable, plan_digest
 from .kinds.registry import get_kind
@@ -171,7 +172,7 @@ def transition(
     operation.status = to_status
     for name, value in fields.items():
         setattr(operation, name, value)
-    live.publish_on_commit(operation.pk)
+    live.publish.publish_progress_on_commit(operation.pk)
     return True
 
 

@@ -1,4 +1,4 @@
-"""Live console and event WebSockets (agents.consumers) over the real Redis channel layer."""
+"""Live console and event WebSockets (live.consumers) over the real Redis channel layer."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Permission, User
 
-from agents.consumers import close_console_hub, get_console_hub
 from agents.models import Agent
-from agents.routing import websocket_urlpatterns
-from agents.streams import StreamKey
+from live.consumers import close_console_hub, get_console_hub
+from live.routing import websocket_urlpatterns
+from live.streams import StreamKey
 from scalers.models import Scaler
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -278,7 +278,7 @@ async def test_published_events_reach_the_feed_and_the_agent_timeline(world):
 
 
 async def test_many_events_arrive_in_few_frames_and_in_order(world):
-    from agents.streams import apublish_message
+    from live.publish import apublish_message
 
     feed = await connect("/ws/events/", world["viewer"])
     for i in range(1, 201):
@@ -301,7 +301,8 @@ async def two_processes():
     import redis.asyncio
     from channels.layers import get_channel_layer
 
-    from agents.streams import ConsoleHub, RedisTransport
+    from live.hub import ConsoleHub
+    from live.transport import RedisTransport
 
     hubs = []
     for _ in range(2):
@@ -320,7 +321,7 @@ async def next_rows(viewer, timeout: float = 5.0):
 
 
 async def test_viewers_in_two_processes_share_one_pump_which_stops_when_the_last_leaves(tmp_path, two_processes):
-    from agents.streams import file_source
+    from live.sources import file_source
 
     hub_a, hub_b = two_processes
     path = tmp_path / "serial-console.log"
@@ -348,7 +349,7 @@ async def test_viewers_in_two_processes_share_one_pump_which_stops_when_the_last
 
 
 async def test_another_process_takes_over_the_pump_when_its_owner_dies(tmp_path, two_processes):
-    from agents.streams import file_source
+    from live.sources import file_source
 
     hub_a, hub_b = two_processes
     path = tmp_path / "serial-console.log"

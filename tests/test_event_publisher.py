@@ -46,7 +46,7 @@ def test_a_rolled_back_event_is_never_pushed(monkeypatch):
 @pytest.mark.django_db
 def test_the_producer_sends_the_event_id_and_leaves_rendering_to_the_console_processes(settings):
     from agents.models import ScalerEvent
-    from agents.streams.publish import event_message
+    from live.publish import event_message
 
     event = ScalerEvent.objects.create(
         agent_ref="scaler-container-0000aaaa", type=EventType.READY, detail="container started"

@@ -98,7 +98,7 @@ def test_the_isolation_address_opened_directly_is_a_full_page(viewer_client, no_
 def test_a_vanished_container_is_said_in_words_on_the_live_stream(monkeypatch):
     import docker.errors
 
-    import agents.consoles as consoles
+    import live.consoles as consoles
 
     agent = make_agent(make_scaler(), state=AgentState.DESTROYED)
 

@@ -25,7 +25,7 @@ async def close_thread_connections():
 
 
 def _app():
-    from operations.routing import websocket_urlpatterns
+    from live.routing import websocket_urlpatterns
 
     return URLRouter(websocket_urlpatterns)
 
@@ -93,7 +93,7 @@ async def test_a_socket_without_view_permission_is_closed(users, config_file, wh
 async def test_the_page_and_the_push_render_the_same_row(users, config_file):
     from django.test import Client
 
-    from operations.consumers import render_update
+    from live.consumers import render_update
 
     op = await sync_to_async(_plan)(config_file, users["operator"])
 
@@ -114,7 +114,7 @@ async def test_the_page_and_the_push_render_the_same_row(users, config_file):
 
 
 async def test_a_late_notice_renders_only_its_own_log_lines(users, config_file):
-    from operations.consumers import render_update
+    from live.consumers import render_update
     from operations.models import Operation
 
     op = await sync_to_async(_plan)(config_file, users["operator"])

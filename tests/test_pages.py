@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.events import record_event
+from agents.heartbeats import agent_row_message
 from agents.models import Agent
-from agents.render import render_agent_row, render_live_update
+from live.render import render_live_update
 from scalers.models import ConfigState, LabelSet, Reservation, Scaler
 
 pytestmark = pytest.mark.django_db
@@ -163,10 +164,17 @@ def test_the_dashboard_answers_a_resync_with_the_table_body_only(viewer_client, 
     assert "<html" not in html
 
 
+def _pushed_agent_row(html: str) -> str:
+    """The agent row a live push carries in its ``data-upsert`` tbody."""
+    start = html.index("data-upsert>") + len("data-upsert>")
+    return html[start : html.index("</tbody>", start)].strip()
+
+
 def test_a_page_row_and_a_live_row_are_the_same_markup(viewer_client, scaler):
     agent = _agent(scaler, 1)
     page = viewer_client.get("/").content.decode()
-    row = render_agent_row(agent).strip()
+    row = _pushed_agent_row(agent_row_message(agent)["html"])
+    assert row.startswith(f'<tr id="agent-{agent.agent_id}"')
     assert row in page
 
 
@@ -177,7 +185,7 @@ def test_the_live_update_carries_the_event_the_agent_row_and_the_capacity(scaler
     assert '<tbody hx-swap-oob="afterbegin:#event-rows">' in html
     assert f'id="event-{event.pk}"' in html and "creating container" in html
     assert '<tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>' in html
-    assert render_agent_row(agent).strip() in html
+    assert _pushed_agent_row(html) == _pushed_agent_row(agent_row_message(agent)["html"])
     assert f'id="cap-scaler-{scaler.pk}" hx-swap-oob="outerHTML"' in html
     assert 'id="cap-global" hx-swap-oob="outerHTML"' in html
 

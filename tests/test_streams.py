@@ -1,4 +1,4 @@
-"""Console fan-out core (agents.streams): shared pump, ring, bounded per-viewer buffers, sources."""
+"""Console fan-out core (live.streams, live.hub, live.sources): shared pump, ring, bounded per-viewer buffers, sources."""
 
 from __future__ import annotations
 
@@ -7,16 +7,15 @@ import uuid
 
 import pytest
 
-from agents.streams import (
+from live.hub import ConsoleHub
+from live.sources import docker_log_lines, file_source
+from live.streams import (
     LEVEL_DEBUG,
     LEVEL_DROPPED,
     LEVEL_ERROR,
-    ConsoleHub,
     Line,
     StreamKey,
     ViewerBuffer,
-    docker_log_lines,
-    file_source,
     is_failure_line,
     split_batches,
 )
@@ -220,7 +219,7 @@ async def test_the_vmm_log_is_not_flagged(hub, tmp_path):
 
 
 async def test_a_tail_drop_marker_reaches_viewers_as_a_marker_row(hub):
-    from agents.tail import DropMarker
+    from live.tail import DropMarker
 
     async def source():
         yield [DropMarker(42), "after the gap"]

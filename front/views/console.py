@@ -7,8 +7,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from agents.consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
 from agents.models import Agent
+from live.consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
 
 from .common import agent_or_404, viewer_required
 
@@ -16,7 +16,7 @@ _STREAM_TITLES = {"serial": "Serial console", "vmm": "VMM log", "console": "Cons
 
 
 def console_streams(agent: Agent) -> list[tuple[str, str]]:
-    """``[(stream, label)]`` the console page offers (:func:`agents.consoles.console_streams_of`)."""
+    """``[(stream, label)]`` the console page offers (:func:`live.consoles.console_streams_of`)."""
     return [(name, _STREAM_TITLES[name]) for name in console_streams_of(agent)]
 
 
@@ -25,7 +25,7 @@ def console_streams(agent: Agent) -> list[tuple[str, str]]:
 def agent_console(request, agent_id: str, stream: str | None = None):
     """``/agents/<id>/console/[<stream>/]``: the live console with follow, search, download, links.
 
-    A finished agent whose sandbox is gone (:func:`agents.consoles.sandbox_gone`) gets no live
+    A finished agent whose sandbox is gone (:func:`live.consoles.sandbox_gone`) gets no live
     stream: the page says so and shows what was captured (the last output lines of a failed
     spawn), with links to its timeline."""
     agent = agent_or_404(agent_id)

@@ -35,6 +35,8 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.db import transaction
 
+from agents.choices import EventType
+
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from . import watch
 from .backend import ABORT_REASON, FirecrackerCapacityError, FirecrackerSpawnError, release_thread_db
@@ -43,9 +45,6 @@ from .settings import FirecrackerSettings
 from .watch import POLL_SECONDS, WatchedBackend, serial_tail
 
 log = logging.getLogger(__name__)
-
-FAILED = "scaler.failed"
-CONNECTING = "agent.connecting"
 
 #: Settings this process already provisioned the host for (``ensure_host_ready``).
 _PROVISIONED: set[FirecrackerSettings] = set()
@@ -122,10 +121,10 @@ class FirecrackerScalerBackend:
         if agent is None:
             log.warning("event %s for unknown agent %s: %s", type_, agent_id, detail)
             return
-        if type_ == CONNECTING:  # not once the VM's agent registered (it may beat the emit)
+        if type_ == EventType.CONNECTING:  # not once the VM's agent registered (it may beat the emit)
             record_connecting(agent, detail, payload or None)
             return
-        if type_ != FAILED:
+        if type_ != EventType.FAILED:
             record_event(agent, type_, detail, payload or None)
             return
         self._record_failure(agent, detail, payload)
@@ -145,7 +144,9 @@ class FirecrackerScalerBackend:
         release_reason = self._release_reasons.get(agent.agent_id, "spawn-failed")
         with transaction.atomic():
             mark_spawn_failed(agent.pk, full)
-            record_event(agent, FAILED, full, payload={**(payload or {}), "stage": "boot", "release": release_reason})
+            record_event(
+                agent, EventType.FAILED, full, payload={**(payload or {}), "stage": "boot", "release": release_reason}
+            )
         try:
             revoke_agent_tokens(agent)
         except Exception:  # noqa: BLE001 - the token dies with its TTL anyway

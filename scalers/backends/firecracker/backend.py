@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.choices import EventType
 from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.spec import AgentSpec
@@ -35,7 +36,6 @@ from .teardown import TeardownMixin
 log = logging.getLogger(__name__)
 
 ABORT_REASON = "spawn aborted (deadline or shutdown)"
-PROVISIONING, NETWORK, READY, CONNECTING = "scaler.provisioning", "scaler.network", "scaler.ready", "agent.connecting"
 
 Emit = Callable[[str, str, str, dict], None]
 
@@ -224,8 +224,8 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
                 if vm.abandoned:
                     raise _Aborted()
                 vm.state = "running"
-            self._emit(agent_id, READY, "microVM booted")
-            self._emit(agent_id, CONNECTING, "waiting for agent WS registration from VM")
+            self._emit(agent_id, EventType.READY, "microVM booted")
+            self._emit(agent_id, EventType.CONNECTING, "waiting for agent WS registration from VM")
             return vm
         except BaseException as e:
             reason = (
@@ -253,15 +253,15 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
 
     def _boot(self, vm: FirecrackerVm, limits: Any, orchestrator_url: str) -> None:
         s, ls, aid = self.settings, vm.label_set, vm.agent_id
-        self._emit(aid, PROVISIONING, "preparing rootfs and kernel")
+        self._emit(aid, EventType.PROVISIONING, "preparing rootfs and kernel")
         jail.check_free_space(s.chroot_base_dir, s.min_free_bytes)  # the disk guard: ChrootVolumeFull
         alloc = self.ip_allocator.allocate(aid, self.name)
         vm.ip, vm.mac, vm.tap = alloc.ip, alloc.mac, alloc.tap_device
         self._check(vm)
-        self._emit(aid, NETWORK, f"configuring TAP device {vm.tap}")
+        self._emit(aid, EventType.NETWORK, f"configuring TAP device {vm.tap}")
         netlink.create_tap(vm.tap, s.bridge_name, isolated=True, netns=s.netns)
         vm.tap_created = True
-        self._emit(aid, NETWORK, f"allocating IP {vm.ip}")
+        self._emit(aid, EventType.NETWORK, f"allocating IP {vm.ip}")
         with address_lock(vm.ip):  # not between a teardown's holder check and its delete
             self.nft.apply_agent(self.rule_spec(vm.ip, ls, vm.host_access))
         self._check(vm)
@@ -276,7 +276,7 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
             config=config, uid=s.uid, gid=s.gid, require_sudo=s.require_sudo,
         )  # fmt: skip
         self._check(vm)
-        self._emit(aid, PROVISIONING, "booting microVM")
+        self._emit(aid, EventType.PROVISIONING, "booting microVM")
         vm.jailer = self._launch_jailer(vm)
         vm.logs = LogForwarder(aid, vm.layout.serial_log, vm.layout.vmm_log, self.log_sink).start()
         threading.Thread(target=self._watch_boot, args=(vm,), name=f"fc-watch:{aid}", daemon=True).start()

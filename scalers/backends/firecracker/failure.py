@@ -9,10 +9,10 @@ import json
 import os
 from pathlib import Path
 
-from agents.streams.lines import FAILURE_PATTERNS as _SPEC_FAILURE_PATTERNS
+from live.streams import FAILURE_PATTERNS as _SPEC_FAILURE_PATTERNS
 
 #: Case-insensitive fragments that make a serial line an error (SPEC h), lower-cased: the live
-#: console's list (``agents.streams.FAILURE_PATTERNS``), so the two cannot drift apart.
+#: console's list (``live.streams.FAILURE_PATTERNS``), so the two cannot drift apart.
 FAILURE_PATTERNS = tuple(p.lower() for p in _SPEC_FAILURE_PATTERNS)
 
 KERNEL_PANIC = "kernel-panic"

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agents.choices import EventType
 from network import netlink
 
 from ..holders import remove_unless_held
@@ -18,8 +19,6 @@ from .logs import forward_remaining
 from .pidprobe import is_vm_process_alive, kill_confirmed
 
 log = logging.getLogger(__name__)
-
-FAILED = "scaler.failed"
 
 
 class TeardownMixin:
@@ -43,7 +42,7 @@ class TeardownMixin:
             vm.failure_type = read_failure_type(vm.layout.serial_log)
             cleanup_now = not vm.spawn_active
         log.warning("firecracker spawn of %s abandoned: %s", agent_id, reason)
-        self._emit(agent_id, FAILED, reason, {"reason": reason, "failureType": vm.failure_type})
+        self._emit(agent_id, EventType.FAILED, reason, {"reason": reason, "failureType": vm.failure_type})
         vm.cancel.cancel(reason)
         if cleanup_now:
             self._cleanup_failed_spawn(vm)

@@ -1,24 +1,257 @@
-"""Following one log file on disk: the reader loop and the consumer's batches (SPEC (i)).
+"""Bounded tail of an append-only log file.
 
-The I/O half of the tail; the caps live in :mod:`agents.tail.lines` and :mod:`agents.tail.queue`.
+The guest of a microVM writes to its serial console unprivileged, so every byte this module
+buffers is tenant-controlled. Every buffer is bounded and an overflow is reported in-band:
+
+* a logical line longer than :data:`MAX_LINE_BYTES` is emitted as its first ``MAX_LINE_BYTES``
+  characters followed by ``" [truncated]"``; when the overflow is seen before the newline (a
+  guest running ``yes | tr -d '\\n' > /dev/console``) the truncated line is emitted at once and
+  the rest of that logical line is discarded, without decoding it, up to the next newline;
+* the file is read at most :data:`MAX_READ_BYTES` per slice, and a waiting burst is drained slice
+  after slice without waiting for the next poll;
+* at most :data:`MAX_QUEUED_LINES` complete lines wait for the consumer; on overflow the oldest
+  are dropped and a single head marker ``[dropped N lines]`` carries the cumulative count.
+
+The line cap counts **decoded characters**, despite its name, so a line of 65,536 four-byte
+characters is kept whole (at most 256 KiB of text). The partial-line buffer therefore never holds
+more than 65,536 characters, whatever the byte stream.
+
+Lines are split on ``"\\n"`` only (a ``"\\r"`` before it is kept); empty lines are skipped.
+
+Parts, in order: the in-band markers, bytes to capped lines (:class:`LineSplitter`, pure), the
+bounded queue (:class:`LineQueue`, pure), following a file on disk (:class:`FileTail`,
+:func:`tail_file`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
 
-from .lines import MAX_LINE_BYTES, LineSplitter, lines_of
-from .markers import SkipMarker
-from .queue import MAX_QUEUED_LINES, LineQueue
+DROP_MARKER_PREFIX = "[dropped "
+
+
+class DropMarker(str):
+    """The in-band ``[dropped N lines]`` head marker; a ``str`` whose ``count`` is N.
+
+    A distinct type rather than a prefix test, so a guest printing ``[dropped 5 lines]`` itself
+    is counted as an ordinary line and cannot reset the count.
+    """
+
+    count: int
+
+    def __new__(cls, count: int) -> DropMarker:
+        marker = super().__new__(cls, f"{DROP_MARKER_PREFIX}{count} lines]")
+        marker.count = count
+        return marker
+
+
+class SkipMarker(str):
+    """``[skipped N bytes]``: a paced tail (``FileTail(pace=True, max_lag_bytes=...)``) jumped
+    over ``skipped`` bytes it had fallen behind by; see :class:`FileTail`."""
+
+    skipped: int
+
+    def __new__(cls, skipped: int) -> SkipMarker:
+        marker = super().__new__(cls, f"[skipped {skipped} bytes]")
+        marker.skipped = skipped
+        return marker
+
+
+MAX_LINE_BYTES = 65536
+"""Longest logical line kept intact, in decoded characters."""
+
+TRUNCATED_SUFFIX = " [truncated]"
+
+
+class LineSplitter:
+    """Turns a byte stream into capped, non-empty lines; the partial line never exceeds the cap.
+
+    ``feed(data)`` takes bytes (any size, any split point, invalid UTF-8 allowed: replaced with
+    U+FFFD) and returns the complete lines they finish, as a list of ``str``. ``flush()`` returns
+    the pending partial line (and any undecodable tail bytes as U+FFFD), if any, and resets.
+    ``peak_partial`` records the largest partial line ever held, in characters, for tests and
+    benches. Used by :class:`FileTail` and by the docker log source (``live.sources``).
+    """
+
+    __slots__ = ("max_line", "_decoder", "_partial", "_skipping", "peak_partial")
+
+    def __init__(self, max_line: int = MAX_LINE_BYTES):
+        if max_line < 1:
+            raise ValueError(f"max_line must be >= 1, got {max_line!r}")
+        self.max_line = max_line
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+        self._skipping = False
+        self.peak_partial = 0
+
+    @property
+    def skipping(self) -> bool:
+        """True while discarding the rest of an over-long logical line."""
+        return self._skipping
+
+    @property
+    def partial(self) -> str:
+        return self._partial
+
+    def feed(self, data: bytes | bytearray) -> list[str]:
+        if self._skipping:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return []
+            data = data[newline + 1 :]
+            self._skipping = False
+            self._decoder.reset()
+        text = self._decoder.decode(data)
+        if not text:
+            return []
+        parts = text.split("\n")
+        if self._partial:
+            parts[0] = self._partial + parts[0]
+            self._partial = ""
+        rest = parts.pop()
+        cap = self.max_line
+        if parts:
+            lines = list(filter(None, parts))
+            if lines and max(map(len, lines)) > cap:
+                lines = [line if len(line) <= cap else line[:cap] + TRUNCATED_SUFFIX for line in lines]
+        else:
+            lines = []
+        if len(rest) > cap:
+            # Over-long partial: emit now, discard the remainder of this logical line.
+            lines.append(rest[:cap] + TRUNCATED_SUFFIX)
+            self._skipping = True
+            self._decoder.reset()
+        else:
+            self._partial = rest
+            if len(rest) > self.peak_partial:
+                self.peak_partial = len(rest)
+        return lines
+
+    def flush(self) -> list[str]:
+        tail = self._decoder.decode(b"", final=True)
+        text = "" if self._skipping else self._partial + tail
+        self._partial = ""
+        self._skipping = False
+        self._decoder.reset()
+        if not text:
+            return []
+        if len(text) > self.max_line:
+            text = text[: self.max_line] + TRUNCATED_SUFFIX
+        return [text]
+
+
+def split_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE_BYTES) -> list[str]:
+    """Split a finite sequence of byte chunks with the tail's rules (cap, skip empties, flush).
+
+    Convenience for tests and for callers holding a whole log in memory.
+    """
+    splitter = LineSplitter(max_line)
+    out: list[str] = []
+    for chunk in chunks:
+        out.extend(splitter.feed(chunk))
+    out.extend(splitter.flush())
+    return out
+
+
+async def lines_of(batches: AsyncIterator[Sequence[str]]) -> AsyncIterator[str]:
+    """Yield each line of each batch of ``batches`` in order; closing this iterator (or ending
+    it) closes ``batches`` too (:func:`tail_file`, ``live.sources.docker_log_lines``)."""
+    try:
+        async for batch in batches:
+            for line in batch:
+                yield line
+    finally:
+        await batches.aclose()
+
+
+MAX_QUEUED_LINES = 10000
+"""Largest number of lines (marker included) waiting for the consumer."""
+
+
+def take_oldest(q: deque, limit: int | None = None) -> list:
+    """Remove and return up to ``limit`` (all if None) entries from the left of ``q``, oldest first.
+
+    Shared by :meth:`LineQueue.take` and ``live.streams.ViewerBuffer.pop_batch``.
+    """
+    if limit is None or limit >= len(q):
+        out = list(q)
+        q.clear()
+        return out
+    popleft = q.popleft
+    return [popleft() for _ in range(limit)]
+
+
+class LineQueue:
+    """FIFO of at most ``maxlen`` lines with a single cumulative ``[dropped N lines]`` head marker.
+
+    ``extend(lines)`` appends, then, if more than ``maxlen`` entries are held, drops the oldest so
+    exactly ``maxlen`` remain, the first being a :class:`DropMarker` whose count is the number of
+    real lines dropped since the queue was created (an existing head marker is replaced, not
+    counted). O(1) amortised per line (a deque).
+    """
+
+    __slots__ = ("maxlen", "_q", "_has_marker", "dropped")
+
+    def __init__(self, maxlen: int = MAX_QUEUED_LINES):
+        if maxlen < 2:
+            raise ValueError(f"maxlen must be >= 2 (room for the marker), got {maxlen!r}")
+        self.maxlen = maxlen
+        self._q: deque[str] = deque()
+        self._has_marker = False
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+    def snapshot(self) -> list[str]:
+        """A copy of the queued entries, oldest first (for tests)."""
+        return list(self._q)
+
+    def extend(self, lines: list[str]) -> None:
+        q = self._q
+        if len(q) + len(lines) <= self.maxlen:
+            q.extend(lines)
+            return
+        if self._has_marker:
+            q.popleft()
+            self._has_marker = False
+        keep = self.maxlen - 1
+        if len(lines) >= keep:
+            self.dropped += len(q) + len(lines) - keep
+            q.clear()
+            q.extend(lines[len(lines) - keep :])
+        else:
+            q.extend(lines)
+            excess = len(q) - keep
+            self.dropped += excess
+            popleft = q.popleft
+            for _ in range(excess):
+                popleft()
+        q.appendleft(DropMarker(self.dropped))
+        self._has_marker = True
+
+    def take(self, limit: int | None = None) -> list[str]:
+        """Remove and return up to ``limit`` (all if None) entries, oldest first."""
+        if not self._q:
+            return []
+        out = take_oldest(self._q, limit)
+        self._has_marker = False
+        return out
+
 
 MAX_READ_BYTES = 1024 * 1024
-"""Largest slice read from the file per read, in bytes (SPEC (i))."""
+"""Largest slice read from the file per read, in bytes."""
 
 POLL_INTERVAL = 0.1
-"""Seconds between two looks at the file when no data is waiting (SPEC (i): 100 ms)."""
+"""Seconds between two looks at the file when no data is waiting."""
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -42,7 +275,7 @@ class FileTail:
     flushes the partial line and follows the new file from its start. While the path is missing
     the old file keeps being read.
 
-    ``pace=True`` (not the reference's behaviour; used by the console pump): the reader stops
+    ``pace=True`` (used by the console pump): the reader stops
     reading while half the queue is full and resumes when the consumer takes lines, so nothing
     is dropped and no CPU is spent on lines that would be dropped — the file is the buffer.
     With ``max_lag_bytes`` a paced reader that falls further behind than that jumps to
@@ -110,7 +343,7 @@ class FileTail:
         """Open the file (creating it when ``create``); False if it is missing and not created."""
         if self.create:
             with open(self.path, "ab"):
-                pass  # create if missing, like the reference (append, empty)
+                pass  # create if missing (append, empty)
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -252,7 +485,7 @@ class FileTail:
     ) -> AsyncIterator[list[str]]:
         """Yield lists of lines (never empty) as they arrive, until ``stop`` is set.
 
-        On stop: what is queued is yielded, then the partial line (SPEC (i) "Abort"). Breaking
+        On stop: what is queued is yielded, then the partial line. Breaking
         out of the iteration (or cancelling) stops the reader and closes the file.
         ``max_lines`` caps one batch (None: everything queued).
         """
@@ -292,13 +525,12 @@ async def tail_file(
     poll_interval: float = POLL_INTERVAL,
     from_start: bool = True,
 ) -> AsyncIterator[str]:
-    """Yield the complete lines appended to ``path`` until ``stop`` is set (seed file-tail.d.ts).
+    """Yield the complete lines appended to ``path`` until ``stop`` is set.
 
     ``path``: file to follow; created empty if missing (its directory must exist:
     ``FileNotFoundError``). ``stop``: when set, the tail stops watching, yields what is queued,
-    then any remaining partial line, and ends (SPEC (i) "Abort"). ``poll_interval``: seconds
-    between looks at the file (100 ms, SPEC (i)). ``from_start``: begin at offset 0 (the
-    reference) or at the current end.
+    then any remaining partial line, and ends. ``poll_interval``: seconds between looks at the
+    file (100 ms). ``from_start``: begin at offset 0 or at the current end.
 
     Yields ``str`` lines without their newline; empty lines are skipped; over-long lines end in
     ``" [truncated]"``; when the consumer falls more than 10,000 lines behind, the oldest are

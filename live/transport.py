@@ -1,4 +1,4 @@
-"""What carries a :class:`~agents.streams.hub.ConsoleHub`: in one process, or across processes on Redis.
+"""What carries a :class:`~live.hub.ConsoleHub`: in one process, or across processes on Redis.
 
 :class:`LocalTransport` keeps everything in memory (unit tests, single-process tools);
 :class:`RedisTransport` sends batches through the Channels Redis layer and keeps the pump lock,
@@ -16,8 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from .lines import Line, StreamKey
-from .ring import RING_LINES, lines_from_blobs, lines_from_message, ring_blob
+from .streams import RING_LINES, Line, StreamKey, lines_from_blobs, lines_from_message, ring_blob
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
-"""WebSocket routes of the agents app (gathered by ``kici_site.routing``); see ``agents.consumers``."""
+"""Every WebSocket route of the console; served by ``kici_site/asgi.py``. Consumers: :mod:`live.consumers`."""
 
 from django.urls import path
 
-from .consumers import ConsoleConsumer, EventsConsumer
+from .consumers import ConsoleConsumer, EventsConsumer, OperationConsumer
 
 websocket_urlpatterns = [
     path("ws/agents/<str:agent_id>/console/<str:stream>/", ConsoleConsumer.as_asgi()),
     path("ws/agents/<str:agent_id>/events/", EventsConsumer.as_asgi()),
     path("ws/events/", EventsConsumer.as_asgi()),
+    path("ws/operations/<int:operation_id>/", OperationConsumer.as_asgi()),
 ]

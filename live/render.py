@@ -1,7 +1,7 @@
 """HTML for live pushes, rendered from the same template partials as the pages.
 
 The ``ws/events/`` and ``ws/agents/<id>/events/`` consumers receive ``{"type": "event.message",
-"event_id": pk}`` group messages (see ``agents.events.record_event``) and send each client the string
+"event_id": pk}`` group messages (see ``live.publish.event_message``) and send each client the string
 :func:`render_live_update` returns. The htmx ``ws`` extension swaps every top-level element of that
 string out of band; the page's ``kici-live`` extension (static/js/kici.js) first drops the elements
 whose target the page does not have, and upserts agent rows (replace in place, or insert at the top).
@@ -11,20 +11,10 @@ from __future__ import annotations
 
 from django.template.loader import render_to_string
 
-from .capacity import global_capacity, scaler_capacities
-from .models import Agent, ScalerEvent
+from agents.capacity import global_capacity, scaler_capacities
+from agents.models import Agent, ScalerEvent
 
 PAGE = "dashboard/index.html"
-
-
-def render_agent_row(agent: Agent) -> str:
-    """One ``<tr id="agent-<agent_id>">``, exactly as the dashboard and the agents list render it."""
-    return render_to_string(f"{PAGE}#agent_row", {"agent": agent})
-
-
-def render_event_row(event: ScalerEvent) -> str:
-    """One ``<tr id="event-<pk>">``, exactly as the feeds and the agent timeline render it."""
-    return render_to_string(f"{PAGE}#event_row", {"event": event})
 
 
 def render_live_update(event: ScalerEvent | int) -> str:

@@ -1,6 +1,6 @@
 """An agent's console streams and what is behind each: a log file, or a container's docker logs.
 
-One resolution for the console page, its download and the console WebSocket (SPEC h, issue 7).
+One resolution for the console page, its download and the console WebSocket.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from .streams import SourceFactory, docker_log_source, file_source
+from .sources import SourceFactory, docker_log_source, file_source
 
 
 def console_streams_of(agent) -> tuple[str, ...]:
@@ -19,7 +19,7 @@ def console_streams_of(agent) -> tuple[str, ...]:
 
 def firecracker_log_path(agent, stream: str) -> Path:
     """Where a VM's ``serial`` or ``vmm`` log is: ``backend_context["console_logs"][stream]``, else in
-    ``backend_context["chroot"]``, else under ``<chrootBaseDir>/firecracker/<id>/root`` (SPEC h)."""
+    ``backend_context["chroot"]``, else under ``<chrootBaseDir>/firecracker/<id>/root``."""
     ctx = agent.backend_context or {}
     explicit = (ctx.get("console_logs") or {}).get(stream)
     if explicit:
@@ -74,7 +74,7 @@ def console_log_file(agent, stream: str) -> Path | None:
     """The file behind a console stream, or None when it is not a file (a container's docker logs).
 
     Firecracker ``serial`` / ``vmm``: ``backend_context["console_logs"][stream]``, else
-    ``backend_context["chroot"]``, else ``<chrootBaseDir>/firecracker/<id>/root`` (SPEC h).
+    ``backend_context["chroot"]``, else ``<chrootBaseDir>/firecracker/<id>/root``.
     ``console``: ``backend_context["console_log"]`` when set. Raises ``LookupError`` for a stream
     the agent does not have. For the full-log download as well as the live stream.
     """
@@ -89,7 +89,7 @@ def console_log_file(agent, stream: str) -> Path | None:
 def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
     """``(source, flag_failures)`` of one console stream of ``agent``; ``LookupError`` if none.
 
-    A file (see :func:`console_log_file`) is followed with :func:`agents.streams.file_source`;
+    A file (see :func:`console_log_file`) is followed with :func:`live.sources.file_source`;
     serial lines are checked for failure patterns. A container without a log file streams its
     docker logs (container ``managed_id``, else the agent id as its name).
     """
@@ -127,8 +127,8 @@ def captured_output(agent) -> dict:
     """
     from django.db.models import Q
 
-    from .choices import EventType
-    from .models import ScalerEvent
+    from agents.choices import EventType
+    from agents.models import ScalerEvent
 
     event = (
         ScalerEvent.objects.filter(Q(agent=agent) | Q(agent_ref=agent.agent_id), type=EventType.FAILED)

@@ -1,4 +1,11 @@
-"""Pushing stored events to the live pages' Channels groups (SPEC (h)); Django only when called."""
+"""Pushing to the live pages' Channels groups; Django only when called.
+
+Stored events go to ``events.global`` and ``events.agent.<agent_id>`` (:func:`publish_event`). An
+operation's progress goes to ``operation.<id>`` (:func:`publish_progress`) as a small notice: the
+consumer renders the changed parts from the database with the same template partials as the page
+(``operations/detail.html#...``), so the markup of a row cannot drift between the first render and
+a live update.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from .lines import StreamKey
+from .streams import StreamKey
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +36,11 @@ def event_groups(agent_ref: str | None) -> list[str]:
 def event_message(event: Any, render: bool | None = None) -> dict:
     """The ``event.message`` group message for a stored ``ScalerEvent``.
 
-    ``{"type": "event.message", "event_id": pk, "agent_ref": id[, "html": <agents.render
+    ``{"type": "event.message", "event_id": pk, "agent_ref": id[, "html": <live.render
     .render_live_update(event)>]}``. Without ``html`` each receiving console process renders the
-    event from the database once (``agents.consumers.events``). ``render`` defaults to
+    event from the database once (``live.consumers.EventsConsumer``). ``render`` defaults to
     ``settings.KICI_RENDER_EVENTS_AT_PUBLISH`` (False): rendering in the producer would put the
-    template work on the spawn worker's critical path (issue 4, spawn overhead). When rendering
+    template work on the spawn worker's critical path. When rendering
     fails the message goes without ``html`` too.
     """
     message = {"type": "event.message", "event_id": event.pk, "agent_ref": event.agent_ref or ""}
@@ -44,7 +51,7 @@ def event_message(event: Any, render: bool | None = None) -> dict:
     if not render:
         return message
     try:
-        from ..render import render_live_update
+        from .render import render_live_update
 
         message["html"] = render_live_update(event)
     except Exception:  # noqa: BLE001 - the receivers can still render from the database
@@ -81,3 +88,44 @@ def publish_event(event: Any) -> None:
 
     message = event_message(event)
     async_to_sync(apublish_message)(message, event_groups(message["agent_ref"]))
+
+
+def operation_group(operation_id: int) -> str:
+    """``operation.<id>``: the group of one operation's page."""
+    return f"operation.{operation_id}"
+
+
+def publish_progress(
+    operation_id: int, keys: Iterable[str] = (), log_from: int | None = None, log_to: int | None = None
+) -> None:
+    """Tell the operation's viewers that its status changed, that the targets ``keys`` have new
+    outcomes, and that log entries ``[log_from:log_to]`` are new (the consumer renders exactly that
+    slice from the database, so a notice handled late never repeats a line). Never raises: a push
+    failure must not fail the producer."""
+    try:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        async_to_sync(layer.group_send)(
+            operation_group(operation_id),
+            {
+                "type": "operation.progress",
+                "operation_id": operation_id,
+                "keys": list(keys),
+                "log_from": log_from,
+                "log_to": log_to,
+            },
+        )
+    except Exception:  # noqa: BLE001
+        log.warning("could not publish progress of operation %s", operation_id, exc_info=True)
+
+
+def publish_progress_on_commit(operation_id: int, keys: Iterable[str] = (), log_from: int | None = None) -> None:
+    """:func:`publish_progress` once the surrounding transaction commits (immediately outside one)."""
+    from django.db import transaction
+
+    keys = list(keys)
+    transaction.on_commit(lambda: publish_progress(operation_id, keys, log_from))

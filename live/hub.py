@@ -1,4 +1,4 @@
-"""One pump per console stream shared among its viewers (issue 7); see :mod:`agents.streams`."""
+"""One pump per console stream shared among its viewers; see ``docs/live-streams.md``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,21 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..tail import DropMarker, SkipMarker
-from .buffer import VIEWER_BUFFER_LINES, ViewerBuffer
-from .lines import BATCH_CHARS, BATCH_LINES, LEVEL_DROPPED, LEVEL_ERROR, Line, StreamKey, failure_indexes, split_batches
-from .ring import lines_from_message
 from .sources import SourceFactory
+from .streams import (
+    BATCH_CHARS,
+    BATCH_LINES,
+    LEVEL_DROPPED,
+    LEVEL_ERROR,
+    VIEWER_BUFFER_LINES,
+    Line,
+    StreamKey,
+    ViewerBuffer,
+    failure_indexes,
+    lines_from_message,
+    split_batches,
+)
+from .tail import DropMarker, SkipMarker
 from .transport import Listener, LocalTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -56,7 +66,7 @@ class _Stream:
 
 
 class ConsoleHub:
-    """Shares one pump per console stream among its viewers (issue 7); see the module docstring.
+    """Shares one pump per console stream among its viewers; see ``docs/live-streams.md``.
 
     ``transport``: :class:`LocalTransport` (default) or :class:`RedisTransport`.
     ``viewer_lines``: per-viewer buffer (2,000). ``batch_lines`` / ``batch_chars``: most lines /

@@ -1,0 +1,429 @@
+"""WebSocket consumers: an agent's live console, the live event feeds and an operation's progress.
+
+Routes (:mod:`live.routing`), behind ``AllowedHostsOriginValidator(AuthMiddlewareStack(...))`` in
+``kici_site/asgi.py`` (origin must match ``ALLOWED_HOSTS``):
+
+* ``ws/agents/<agent_id>/console/<stream>/`` → :class:`ConsoleConsumer`; ``stream`` is ``serial``
+  or ``vmm`` for a Firecracker VM (``serial-console.log`` / ``vmm.log`` in its chroot), ``console``
+  for a container (its docker logs) or any agent whose ``backend_context["console_log"]`` names a
+  file (which streams an agent has, and what is behind each, is :mod:`live.consoles`);
+* ``ws/events/`` and ``ws/agents/<agent_id>/events/`` → :class:`EventsConsumer`, relaying the
+  ``events.global`` / ``events.agent.<agent_id>`` groups (producers call
+  :func:`live.publish.publish_event`);
+* ``ws/operations/<operation_id>/`` → :class:`OperationConsumer` (group ``operation.<id>``).
+
+The console and event consumers need an authenticated user with ``agents.view_agent``; otherwise the
+socket is accepted and closed at once with code 4403 (a code the htmx ``ws`` extension does not
+reconnect on). An unknown agent or stream closes with 4404.
+
+Messages to the browser (text frames, HTML for the htmx ``ws`` extension, each top-level element
+swapped out of band):
+
+* console, first frame and after a restart of the stream (a new generation):
+  ``<tbody id="console-lines" hx-swap-oob="innerHTML">ROWS</tbody>`` — replaces what is shown
+  (the last 500 lines);
+* console, live: ``<tbody id="console-lines" hx-swap-oob="beforeend">ROWS</tbody>``;
+  ROWS come from the console page's ``agents/console.html#lines`` partial with context ``lines``
+  (:class:`live.streams.Line`: text, seq, level, dropped). A viewer that cannot keep up gets a
+  ``… N lines dropped`` row (``dropped`` > 0) in place of the lines it missed;
+* events: the HTML rendered by :func:`live.render.render_live_update` for each event, several per
+  frame; a slow viewer gets ``<tbody hx-swap-oob="afterbegin:#event-rows">`` with one
+  ``… N events dropped`` row.
+
+Frames go out at most every :data:`FRAME_INTERVAL` seconds with at most :data:`FRAME_MAX_ROWS`
+rows. Optional flow control: connect with ``?flow=ack`` and send ``{"ack": 1}`` (any JSON object
+with an ``ack`` count) after handling each frame; at most :data:`ACK_WINDOW` frames are then in
+flight, and a client that stops acknowledging loses lines to the drop row instead of growing the
+server's socket buffers (daphne does not apply back-pressure on WebSocket sends).
+
+An operation's viewer gets a snapshot on connect (status, progress, every row, the whole log,
+audit), because messages sent while a socket was away are lost; then each ``operation.progress``
+notice is rendered from the database with the page's own partials
+(``operations/detail.html#live_update``) and sent as out-of-band swaps. Viewers need
+``operations.view_operation``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import weakref
+from collections import OrderedDict
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.template.loader import get_template, render_to_string
+
+from agents.models import Agent
+from front.presenters import detail_context
+from operations.models import Operation
+
+from .consoles import console_source
+from .hub import ConsoleHub
+from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
+from .render import render_live_update
+from .streams import Line, StreamKey, ViewerBuffer
+from .transport import RedisTransport
+
+log = logging.getLogger(__name__)
+
+
+ACK_WINDOW = 4
+"""Frames in flight to a ``?flow=ack`` viewer."""
+
+
+class _Flow:
+    """The ``?flow=ack`` window: ``await acquire()`` before a frame, ``ack(n)`` on the client's word."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.in_flight = 0
+        self._changed = asyncio.Event()
+
+    async def acquire(self) -> None:
+        while self.in_flight >= self.window:
+            self._changed.clear()
+            await self._changed.wait()
+        self.in_flight += 1
+
+    def ack(self, count: int) -> None:
+        self.in_flight = max(0, self.in_flight - max(0, count))
+        self._changed.set()
+
+
+def _flow_from_scope(scope) -> _Flow | None:
+    query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
+    return _Flow(ACK_WINDOW) if "ack" in query.get("flow", []) else None
+
+
+def _ack_count(text_data: str | None) -> int:
+    if not text_data:
+        return 0
+    if text_data.strip() == "ack":
+        return 1
+    try:
+        data = json.loads(text_data)
+    except ValueError:
+        return 0
+    if not isinstance(data, dict) or "ack" not in data:
+        return 0
+    try:
+        return max(0, min(int(data["ack"]), 1000))
+    except (TypeError, ValueError):
+        return 1
+
+
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+
+FRAME_INTERVAL = 0.05
+"""Seconds between two frames to one viewer (so at most 20 frames/s per viewer)."""
+
+FRAME_MAX_ROWS = 500
+"""Most rows in one frame; the rest wait in the viewer's bounded buffer."""
+
+
+@database_sync_to_async
+def _may_view(user) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_active and user.has_perm("agents.view_agent"))
+
+
+class _LiveConsumer(AsyncWebsocketConsumer):
+    """Common parts: access check, flow control, the writer task."""
+
+    writer: asyncio.Task | None = None
+    flow: _Flow | None = None
+
+    async def _refuse(self, code: int) -> None:
+        await self.accept()
+        await self.close(code=code)
+
+    async def _allowed(self) -> bool:
+        if await _may_view(self.scope.get("user")):
+            return True
+        await self._refuse(CLOSE_FORBIDDEN)
+        return False
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.flow is not None:
+            count = _ack_count(text_data)
+            if count:
+                self.flow.ack(count)
+
+    async def _send_frame(self, text: str, *, reserved: bool = False) -> None:
+        if self.flow is not None and not reserved:
+            await self.flow.acquire()
+        await self.send(text_data=text)
+
+    async def _next_frame(self) -> str | None:
+        raise NotImplementedError
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                if self.flow is not None:
+                    await self.flow.acquire()  # room first: meanwhile lines wait in the bounded buffer
+                frame = await self._next_frame()
+                if frame:
+                    await self._send_frame(frame, reserved=True)
+                elif self.flow is not None:
+                    self.flow.ack(1)  # give the unused slot back
+                await asyncio.sleep(FRAME_INTERVAL)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the socket is gone or rendering broke: end this viewer
+            log.warning("live writer stopped", exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+
+    async def _stop_writer(self) -> None:
+        if self.writer is not None:
+            self.writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.writer
+            self.writer = None
+
+
+_hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def get_console_hub() -> ConsoleHub:
+    """This process's hub (one per event loop) on the Redis layer ``settings.CHANNEL_LAYERS``.
+
+    Its :class:`live.transport.RedisTransport` also carries the event groups. Call from a
+    coroutine.
+    """
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None:
+        import redis.asyncio
+        from channels.layers import get_channel_layer
+
+        transport = RedisTransport(get_channel_layer(), redis.asyncio.from_url(settings.REDIS_URL))
+        hub = ConsoleHub(transport)
+        _hubs[loop] = hub
+    return hub
+
+
+async def close_console_hub() -> None:
+    """Stop this loop's hub, its pumps and its relay channel (tests, shutdown)."""
+    hub = _hubs.pop(asyncio.get_running_loop(), None)
+    if hub is None:
+        return
+    await hub.aclose()
+    await hub.transport.aclose()
+    with contextlib.suppress(Exception):
+        await hub.transport.redis.aclose()
+
+
+CONSOLE_TBODY_ID = "console-lines"
+ROW_TEMPLATE = "agents/console.html#lines"
+EVENTS_DROPPED_TEMPLATE = "dashboard/index.html#events_dropped"
+
+_row_template = None
+
+
+def _rows_template():
+    global _row_template
+    if _row_template is None:
+        _row_template = get_template(ROW_TEMPLATE)
+    return _row_template
+
+
+def render_console_rows(lines: list[Line]) -> str:
+    """Rows for ``lines`` from the console page's ``lines`` partial (see the module docstring)."""
+    return _rows_template().render({"lines": lines})
+
+
+def render_console_frame(lines: list[Line], *, replace: bool) -> str:
+    """One console frame: the rows wrapped for an out-of-band swap into ``#console-lines``."""
+    swap = "innerHTML" if replace else "beforeend"
+    return f'<tbody id="{CONSOLE_TBODY_ID}" hx-swap-oob="{swap}">{render_console_rows(lines)}</tbody>'
+
+
+@database_sync_to_async
+def _load_agent(agent_id: str):
+    return Agent.objects.select_related("scaler").filter(agent_id=agent_id).first()
+
+
+class ConsoleConsumer(_LiveConsumer):
+    """One viewer of ``ws/agents/<agent_id>/console/<stream>/`` (see the module docstring)."""
+
+    viewer = None
+
+    async def connect(self):
+        if not await self._allowed():
+            return
+        kwargs = self.scope["url_route"]["kwargs"]
+        try:
+            key = StreamKey(kwargs.get("agent_id", ""), kwargs.get("stream", ""))
+        except ValueError:
+            return await self._refuse(CLOSE_NOT_FOUND)
+        agent = await _load_agent(key.agent_id)
+        if agent is None:
+            return await self._refuse(CLOSE_NOT_FOUND)
+        try:
+            source, flag_failures = console_source(agent, key.stream)
+        except LookupError:
+            return await self._refuse(CLOSE_NOT_FOUND)
+        self.flow = _flow_from_scope(self.scope)
+        # Subscribed before the socket opens: once the client sees it open, nothing is missed.
+        self.viewer = await get_console_hub().subscribe(key, source, flag_failures=flag_failures)
+        await self.accept()
+        await self._send_frame(render_console_frame(self.viewer.snapshot, replace=True))
+        self.writer = asyncio.create_task(self._write())
+
+    async def _next_frame(self) -> str | None:
+        rows, reset = await self.viewer.next_batch(FRAME_MAX_ROWS)
+        if not rows and not reset:
+            return None
+        return render_console_frame(rows, replace=reset)
+
+    async def disconnect(self, code):
+        await self._stop_writer()
+        if self.viewer is not None:
+            viewer, self.viewer = self.viewer, None
+            await get_console_hub().unsubscribe(viewer)
+
+
+EVENT_BUFFER = 1000
+"""Events buffered per viewer before the oldest become one drop row."""
+
+_RENDER_CACHE_SIZE = 256
+_render_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _rendered(event_id: int) -> asyncio.Future:
+    """The live HTML of an event that came without it, rendered once per process."""
+    loop = asyncio.get_running_loop()
+    cache = _render_cache.setdefault(loop, OrderedDict())
+    task = cache.get(event_id)
+    if task is None:
+        task = asyncio.ensure_future(database_sync_to_async(render_live_update)(event_id))
+        cache[event_id] = task
+        while len(cache) > _RENDER_CACHE_SIZE:
+            cache.popitem(last=False)
+    return task
+
+
+class EventsConsumer(_LiveConsumer):
+    """``ws/events/`` (all events) or ``ws/agents/<agent_id>/events/`` (one agent's timeline).
+
+    Relays the ``event.message`` group messages of ``events.global`` /
+    ``events.agent.<agent_id>`` (their ``html``), batched per frame, through a bounded buffer.
+    """
+
+    group: str | None = None
+    buffer: ViewerBuffer | None = None
+
+    async def connect(self):
+        if not await self._allowed():
+            return
+        agent_id = self.scope["url_route"]["kwargs"].get("agent_id")
+        try:
+            self.group = events_agent_group(agent_id) if agent_id else EVENTS_GLOBAL_GROUP
+        except ValueError:
+            return await self._refuse(CLOSE_NOT_FOUND)
+        self.flow = _flow_from_scope(self.scope)
+        self.buffer = ViewerBuffer(EVENT_BUFFER, ordered=False, noun="events")
+        await get_console_hub().transport.listen(self.group, self._on_event)
+        await self.accept()
+        self.writer = asyncio.create_task(self._write())
+
+    def _on_event(self, message: dict) -> None:
+        if message.get("type") != "event.message":
+            return
+        html = message.get("html")
+        event_id = message.get("event_id") or 0
+        if html is not None:
+            self.buffer.push([Line(html, event_id, "event")])
+        elif event_id:
+            task = _rendered(event_id)
+            task.add_done_callback(lambda t, event_id=event_id: self._on_rendered(t, event_id))
+
+    def _on_rendered(self, task: asyncio.Future, event_id: int) -> None:
+        if self.buffer is None or task.cancelled() or task.exception() is not None:
+            return
+        if task.result():
+            self.buffer.push([Line(task.result(), event_id, "event")])
+
+    async def _next_frame(self) -> str | None:
+        rows, _ = await self.buffer.next_batch(FRAME_MAX_ROWS)
+        parts = []
+        for row in rows:
+            if row.dropped:
+                parts.append(render_to_string(EVENTS_DROPPED_TEMPLATE, {"count": row.dropped}))
+            else:
+                parts.append(row.text)
+        return "\n".join(parts) if parts else None
+
+    async def disconnect(self, code):
+        await self._stop_writer()
+        if self.group is not None:
+            group, self.group = self.group, None
+            with contextlib.suppress(Exception):
+                await get_console_hub().transport.unlisten(group, self._on_event)
+
+
+def render_update(
+    operation_id: int, user, keys=None, log_from: int | None = None, snapshot: bool = False, log_to: int | None = None
+) -> list[str] | None:
+    """The WebSocket messages of one push (None when the operation is gone): status, progress, new
+    log lines and audit; then, in a message of their own, the target rows of ``keys`` (every row
+    when ``keys`` is None). Table rows travel alone because an HTML template parses ``<tr>`` only
+    when the first element is table content."""
+    operation = (
+        Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by")
+        .filter(pk=operation_id)
+        .first()
+    )
+    if operation is None:
+        return None
+    if snapshot:
+        context = detail_context(operation, user, keys=keys)
+    else:
+        context = detail_context(operation, user, keys=keys, log_from=log_from or 0, log_to=log_to)
+        if log_from is None:
+            context["log_entries"] = []
+    context.update(oob=True, snapshot=snapshot)
+    messages = [render_to_string("operations/detail.html#live_update", context)]
+    if context["rows"]:
+        messages.append(render_to_string("operations/detail.html#live_rows", context).strip())
+    return messages
+
+
+class OperationConsumer(AsyncWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        if not (
+            user and user.is_authenticated and await database_sync_to_async(user.has_perm)("operations.view_operation")
+        ):
+            await self.close(code=4403)
+            return
+        self.operation_id = int(self.scope["url_route"]["kwargs"]["operation_id"])
+        self.group = operation_group(self.operation_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        messages = await database_sync_to_async(render_update)(self.operation_id, user, snapshot=True)
+        if messages is None:
+            await self.close(code=4404)
+            return
+        for html in messages:
+            await self.send(text_data=html)
+
+    async def disconnect(self, code):
+        group = getattr(self, "group", None)
+        if group:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def operation_progress(self, event):
+        keys = event.get("keys") or []
+        messages = await database_sync_to_async(render_update)(
+            self.operation_id, self.scope["user"], keys=keys, log_from=event.get("log_from"), log_to=event.get("log_to")
+        )
+        for html in messages or []:
+            await self.send(text_data=html)
