@@ -49,6 +49,18 @@ def test_healthz_reports_each_check(client):
     assert body["checks"]["redis"]["ok"] is True
 
 
+@pytest.mark.django_db
+def test_healthz_names_a_failed_check_without_its_exception_text(client, settings, caplog):
+    settings.DOCKER_HOST = "tcp://127.0.0.1:9"  # loopback, nothing listens: connection refused
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "degraded"
+    assert body["checks"]["docker"] == {"ok": False, "detail": "unreachable"}
+    assert "refused" not in response.content.decode().lower()
+    assert "health check docker failed" in caplog.text and "refused" in caplog.text.lower()
+
+
 def test_it_parses_provisioning_target_urls(monkeypatch):
     monkeypatch.setenv("KICI_PROVISIONING_TARGET_URLS", "myorg/infra=https://hooks.invalid/x, b=http://127.0.0.1:9/y")
     assert env.env_url_map("KICI_PROVISIONING_TARGET_URLS") == {
