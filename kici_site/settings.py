@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "channels",
     "django_rq",
+    "axes",
     "scalers",
     "agents",
     "network",
@@ -66,6 +67,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Login throttling; last, as django-axes requires.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "kici_site.urls"
@@ -121,6 +124,14 @@ RQ = {"COMMIT_MODE": "on_db_commit"}
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Login throttling (django-axes): after KICI_LOGIN_FAILURE_LIMIT failed logins for one user name
+# from one address, that pair is refused (429) for KICI_LOGIN_COOLOFF_SECONDS; a success resets it.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("KICI_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_int("KICI_LOGIN_COOLOFF_SECONDS", 900, minimum=1) / 3600  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
