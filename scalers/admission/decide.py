@@ -45,7 +45,7 @@ from .warmfit import Shape, warm_agent_can_serve
 log = logging.getLogger("scalers.admission")
 
 REFUSALS = "kici_scaler_spawn_refusals_total"
-REFERENCE_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
+UNLABELLED_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
 WARM_SPAWNS = "kici_orch_scaler_warm_pool_spawns_total"
 LEDGER_WARNING = "refused a spawn on reserved capacity no running agent accounts for"
 
@@ -350,7 +350,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         if cap is not None:
             bump(REFUSALS, {"scaler": info.name, "cap": cap})
             if cap not in NOT_IN_ORCH_REFUSAL_GAUGE:
-                bump(REFERENCE_REFUSALS, {})
+                bump(UNLABELLED_REFUSALS, {})
             log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
             if never:  # permanent: retrying cannot help, so it is not "at capacity"
                 done(

@@ -27,8 +27,7 @@ def mark_draining(agent_id: str) -> int | None:
     """Flag a running agent ``draining`` and return its active-job count.
 
     Returns ``None`` when the agent is unknown or not running/draining (not registered, or
-    already on its way out). Records ``agent.draining`` on the transition. Seed manager.d.ts
-    ``markDraining``.
+    already on its way out). Records ``agent.draining`` on the transition.
     """
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(
