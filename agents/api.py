@@ -1,4 +1,4 @@
-"""Agent-facing API: registration, heartbeat, event-scaler claims (SPEC (d), (k)).
+"""Agent-facing API: registration, heartbeat, event-scaler claims.
 
 - ``POST /api/v1/agents/register`` — bearer: the single-use ephemeral token from
   ``KICI_AGENT_TOKEN``. Body (optional JSON): ``{"agentId": "..."}``. 200 →
@@ -133,8 +133,8 @@ def _mandatory_labels(agent: Agent) -> list[str]:
 def _registration_hooks(agent: Agent) -> None:
     """The backend's optional hooks after a registration, each failure logged, never fatal:
     ``mark_registered(agent)`` (firecracker: the VM's exit is no longer a boot failure) and
-    ``clear_mmds(agent)`` (firecracker: SPEC d config.ack; the registration answer is this
-    console's config, so the spent token leaves the metadata service now)."""
+    ``clear_mmds(agent)`` (firecracker: the registration answer is this console's config, so the
+    spent token leaves the metadata service now)."""
     try:
         from scalers.backends.base import get_backend
 
@@ -243,7 +243,7 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
 @csrf_exempt
 @require_POST
 def claim(request):
-    """Exchange an event scaler's claim code for a registration token (SPEC (k) claim store)."""
+    """Exchange an event scaler's claim code for a registration token (from the claim store)."""
     from scalers.backends.claims import ClaimError, redeem_claim
 
     try:

@@ -1,7 +1,7 @@
 """Capacity figures for the dashboard: what each scaler holds against its caps, read from the database.
 
-Counts come from the reservation rows (the admitted set, seed manager.d.ts ``reservedCountForScaler``)
-and from agent states; nothing here is cached or kept beside them.
+Counts come from the reservation rows (the admitted set) and from agent states; nothing here is
+cached or kept beside them.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def scaler_capacities(scalers=None) -> list[Capacity]:
 
 
 def global_capacity() -> Capacity:
-    """The console-wide figures against ``globalMaxAgents`` and ``globalResourceCap`` (SPEC c.2)."""
+    """The console-wide figures against ``globalMaxAgents`` and ``globalResourceCap``."""
     cfg = ConfigState.load()
     agg = Reservation.objects.aggregate(n=Count("id"), cpu=Sum("cpus"), mem=Sum("memory_bytes"))
     states = {
@@ -121,7 +121,7 @@ def global_capacity() -> Capacity:
 
 
 def pool_capacities() -> list[Capacity]:
-    """Machine pools (shared CPU/memory caps, SPEC c.4) with what their reservations hold."""
+    """Machine pools (shared CPU/memory caps) with what their reservations hold."""
     pools = list(MachinePool.objects.all())
     if not pools:
         return []

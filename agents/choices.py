@@ -1,4 +1,4 @@
-"""Agent states and lifecycle event types (SPEC d)."""
+"""Agent states and lifecycle event types."""
 
 from django.db import models
 
@@ -27,7 +27,7 @@ STATE_COLOURS = {
 
 
 class EventType(models.TextChoices):
-    """The five scaler lifecycle events of the reference, plus the console's own milestones."""
+    """The five scaler lifecycle events an orchestrator knows, plus the console's own milestones."""
 
     PROVISIONING = "scaler.provisioning", "provisioning"
     NETWORK = "scaler.network", "network"

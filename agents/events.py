@@ -3,7 +3,8 @@
 Every producer (rq jobs, API views, sweeps) calls :func:`record_event`. The push happens only
 after the surrounding transaction commits, so a browser never sees an event that was rolled back,
 and it happens on a background publisher thread, so rendering the live HTML and talking to the
-channel layer never sit on a spawn's critical path (issue 4: spawn overhead ≤ 1.15× raw docker).
+channel layer never sit on a spawn's critical path (a spawn must cost little more than a raw
+``docker run``).
 A process that is about to exit calls :func:`flush_events` (the rq worker class
 ``kici_site.worker.KiciWorker`` does so after every job).
 """
@@ -62,7 +63,7 @@ def record_connecting(agent: Agent, detail: str, payload: dict | None = None) ->
     and the event stored only while it is ``spawning`` and unregistered: the registration's own
     compare-and-swap then waits for this transaction, which puts ``agent.connecting`` before
     ``agent.registered``. Returns the event, or None when nothing was stored (registered, or no
-    longer spawning). Source: SPEC (d) event order.
+    longer spawning).
     """
     from .choices import AgentState, EventType
 

@@ -3,10 +3,9 @@
 An agent is **lost** when it is ``running`` or ``draining`` (it registered and holds a slot) and
 
 * its sandbox is **provably gone**: the container is missing or exited/dead (docker), the VM's
-  firecracker process is not running per the pid probe (SPEC h "PID probe"), the bare-metal
-  process is gone; or
+  firecracker process is not running per the pid probe, the bare-metal process is gone; or
 * its last heartbeat is older than ``settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` (default 90 s;
-  agents beat every 5 s, SPEC d). The age counts from the later of the last heartbeat and the
+  agents beat every 5 s). The age counts from the later of the last heartbeat and the
   console's last boot (a console that was down heard nobody; ``since``).
 
 ``lost_by`` says which evidence decides: ``sandbox`` (provably gone: the reservation is held by

@@ -15,9 +15,9 @@ class AgentQuerySet(models.QuerySet):
 class Agent(models.Model):
     """One ephemeral CI agent: a container, a microVM, a host process or an external machine.
 
-    ``agent_id`` is ``scaler-<type>-<8 hex>`` (SPEC c.1 step 6). ``managed_id`` is the backend's own
+    ``agent_id`` is ``scaler-<type>-<8 hex>``. ``managed_id`` is the backend's own
     handle (container id, VM id, pid). ``host_access`` is the resolved allowlist stored at spawn
-    time, because a self-heal has no orchestrator URL to re-derive it (seed firecracker-backend.d.ts).
+    time, because a self-heal has no orchestrator URL to re-derive it.
     """
 
     agent_id = models.CharField(max_length=100, unique=True)
@@ -66,7 +66,7 @@ class Agent(models.Model):
 
 
 class AgentToken(models.Model):
-    """A single-use ephemeral registration token; only its SHA-256 is stored (SPEC d)."""
+    """A single-use ephemeral registration token; only its SHA-256 is stored."""
 
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tokens")
     token_hash = models.CharField(max_length=64, unique=True)
@@ -80,7 +80,7 @@ class AgentToken(models.Model):
 
 
 class ScalerEvent(models.Model):
-    """One lifecycle event of an agent (SPEC d: ``{agentId, eventType, detail, timestampMs}``)."""
+    """One lifecycle event of an agent (sent as ``{agentId, eventType, detail, timestampMs}``)."""
 
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
     agent_ref = models.CharField(

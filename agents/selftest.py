@@ -7,7 +7,7 @@ access, the label set's allowlist/denyAll), picks the canaries with
 back from the kernel, sets up the route guard (``network.probe_guard``: the bridge is the interface
 holding the gateway address) and returns the results.
 
-No packet can leave this machine (issue 8): real packets go only to the host's own addresses and
+No packet can leave this machine: real packets go only to the host's own addresses and
 to other agents on the same bridge, each after a route check; RFC1918, the metadata service and
 public addresses are verified from the rules in force and shown as "blocked by rule (verified,
 not probed)".
@@ -29,7 +29,7 @@ class SelftestUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class IsolationContext:
-    """Where an agent's rules live: nft ``table``, bridge ``gateway`` (SPEC g.3, a.9), and the
+    """Where an agent's rules live: nft ``table``, bridge ``gateway``, and the
     host network namespace holding the bridge and the table (``netns``; None: this process's)."""
 
     table: str
@@ -74,7 +74,8 @@ def agent_namespace(agent: Agent) -> str | int:
             raise SelftestUnavailable(f"container {agent.managed_id[:12]} is not running")
         return int(pid)
     raise SelftestUnavailable(
-        f"no network namespace is known for this {agent.scaler.type} agent (a VM is probed from a namespace the backend records as backend_context.netns)"
+        f"no network namespace is known for this {agent.scaler.type} agent "
+        "(a VM is probed from a namespace the backend records as backend_context.netns)"
     )
 
 

@@ -1,4 +1,4 @@
-"""Agent credentials: single-use registration tokens and per-agent session tokens (SPEC (d)).
+"""Agent credentials: single-use registration tokens and per-agent session tokens.
 
 Only the SHA-256 of a token is stored (``AgentToken.token_hash``) plus its first characters
 (``prefix``) for support. Two kinds, told apart by their text prefix:

@@ -189,7 +189,8 @@ def check_round() -> int:
         bad += gmem is not None and m > gmem
         cur.execute(
             "SELECT s.max_agents, s.max_cpu, s.max_memory_bytes, count(r.id), coalesce(sum(r.cpus), 0), "
-            "coalesce(sum(r.memory_bytes), 0) FROM scalers_scaler s LEFT JOIN scalers_reservation r ON r.scaler_id = s.id GROUP BY s.id"
+            "coalesce(sum(r.memory_bytes), 0) FROM scalers_scaler s LEFT JOIN scalers_reservation r ON "
+            "r.scaler_id = s.id GROUP BY s.id"
         )
         for mx, mc, mm, n, c, m in cur.fetchall():
             bad += n > mx
@@ -203,7 +204,8 @@ def check_round() -> int:
             bad += mc is not None and c > mc + 1e-6
             bad += mm is not None and m > mm
         cur.execute(
-            "SELECT count(*) FROM agents_agent a LEFT JOIN scalers_reservation r ON r.agent_id = a.id WHERE r.id IS NULL"
+            "SELECT count(*) FROM agents_agent a LEFT JOIN scalers_reservation r ON r.agent_id = a.id WHERE r.id "
+            "IS NULL"
         )
         bad += cur.fetchone()[0]  # an agent without a reservation would be capacity nobody counts
     return int(bad)
@@ -358,9 +360,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="timed seconds per measurement (default 8)")
     ap.add_argument("--concurrency", default="1,20,200", help="comma-separated requester counts")
     ap.add_argument("--processes", type=int, default=2, help="processes for the multi-process run (0 = skip)")
-    ap.add_argument(
-        "--database-url", help="use this server instead of a private one (its database %s is replaced)" % DB
-    )
+    ap.add_argument("--database-url", help=f"use this server instead of a private one (its database {DB} is replaced)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -408,7 +408,8 @@ def main() -> int:
         f"load average at start {load:.1f})"
     )
     print(
-        f"{'requesters':>10} {'procs':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'avg batch':>9} {'admitted':>9} "
+        f"{'requesters':>10} {'procs':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'avg batch':>9} "
+        f"{'admitted':>9} "
         f"{'decisions':>9} {'pgbench tps':>12} {'ratio':>6} {'over-admissions':>16}"
     )
     bad = 0
@@ -417,7 +418,8 @@ def main() -> int:
         bad += r["violations"]
         batch = f"{r['avg_batch']:.1f}" if "avg_batch" in r else "-"
         print(
-            f"{r['requesters']:>10} {r['processes']:>5} {r['per_second']:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {batch:>9} "
+            f"{r['requesters']:>10} {r['processes']:>5} {r['per_second']:>12.0f} {r['p50_ms']:>8.2f} "
+            f"{r['p99_ms']:>8.2f} {batch:>9} "
             f"{r['admitted']:>9} {r['decisions']:>9} {r['pgbench_tps']:>12.0f} {ratio:>6.2f} {r['violations']:>16}"
         )
     print(f"\nover-admissions: {bad}")

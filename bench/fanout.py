@@ -6,7 +6,7 @@ Sets up a throwaway database (``kici_bench_fanout``, dropped afterwards) and a u
 server), then publishes ``event.message`` group messages (each carrying its send time) at 1,000/s
 for ``--seconds`` (default 8) through the Redis channel layer, exactly as ``live.publish
 .apublish_message`` does for ``publish_event``. Prints events delivered per client, drop rows, and
-p50 / p95 / p99 / max delivery latency (publish → parsed by the client). Target (issue 7): p95 <
+p50 / p95 / p99 / max delivery latency (publish → parsed by the client). Target: p95 <
 250 ms. Redis: ``REDIS_URL`` (default db 7). Bounded: about ``--seconds`` + 20 s (migrations).
 
     .venv/bin/python bench/fanout.py [--clients 50] [--rate 1000] [--seconds 8] [--layer project|list]
@@ -220,7 +220,10 @@ async def publish(rate: int, seconds: float) -> int:
         delay = t0 + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        html = f'<tbody hx-swap-oob="afterbegin:#event-rows"><tr id="event-{i}" data-bench="{i} {time.time():.6f}"><td>scaler.ready</td></tr></tbody>'
+        html = (
+            f'<tbody hx-swap-oob="afterbegin:#event-rows"><tr id="event-{i}" data-bench="{i} '
+            f'{time.time():.6f}"><td>scaler.ready</td></tr></tbody>'
+        )
         await apublish_message(
             {"type": "event.message", "event_id": i, "agent_ref": "", "html": html}, [EVENTS_GLOBAL_GROUP], layer
         )
@@ -257,21 +260,27 @@ async def main(args) -> None:
         latencies = [x for c in clients for x in c.latencies]
         delivered = [c.events for c in clients]
         print(
-            f"fanout     {args.clients} clients, {total:,} events published at {total / publish_s:,.0f}/s over {publish_s:.1f} s "
+            f"fanout     {args.clients} clients, {total:,} events published at {total / publish_s:,.0f}/s over "
+            f"{publish_s:.1f} s "
             f"(target {args.rate:,}/s); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
         print(
-            f"delivered  per client min {min(delivered):,} / median {int(statistics.median(delivered)):,} of {total:,}; "
-            f"drop rows {sum(c.drop_rows for c in clients)}; frames per client median {int(statistics.median(c.frames for c in clients))}"
+            f"delivered  per client min {min(delivered):,} / median {int(statistics.median(delivered)):,} of "
+            f"{total:,}; "
+            f"drop rows {sum(c.drop_rows for c in clients)}; frames per client median "
+            f"{int(statistics.median(c.frames for c in clients))}"
         )
         print(
-            f"cpu        daphne {proc_cpu(daphne.pid) - daphne_cpu0:.2f} s, this bench process {time.process_time() - bench_cpu0:.2f} s, "
+            f"cpu        daphne {proc_cpu(daphne.pid) - daphne_cpu0:.2f} s, this bench process "
+            f"{time.process_time() - bench_cpu0:.2f} s, "
             f"redis-server {redis_cpu() - redis_cpu0:.2f} s during the run"
         )
         if latencies:
             print(
-                f"latency    p50 {percentile(latencies, 0.50) * 1000:.1f} ms, p95 {percentile(latencies, 0.95) * 1000:.1f} ms, "
-                f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms over {len(latencies):,} deliveries"
+                f"latency    p50 {percentile(latencies, 0.50) * 1000:.1f} ms, p95 "
+                f"{percentile(latencies, 0.95) * 1000:.1f} ms, "
+                f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms over "
+                f"{len(latencies):,} deliveries"
             )
     finally:
         for task in tasks:
@@ -299,7 +308,8 @@ if __name__ == "__main__":
         "--layer",
         choices=["project", "list"],
         default="project",
-        help="project: the settings' layer (Redis Pub/Sub); list: channels_redis RedisChannelLayer (bench/settings/list_layer.py)",
+        help="project: the settings' layer (Redis Pub/Sub); list: channels_redis RedisChannelLayer "
+        "(bench/settings/list_layer.py)",
     )
     args = parser.parse_args()
     if args.layer == "list":

@@ -1,4 +1,4 @@
-"""Benchmark: isolation rules for 1,000 agents, and the cost of adding/removing one (issue 5).
+"""Benchmark: isolation rules for 1,000 agents, and the cost of adding/removing one.
 
 Runs inside a throwaway network namespace (created and deleted here), as root:
 
@@ -52,8 +52,8 @@ def add_remove_costs(client: NftClient, population: int, repeat: int) -> tuple[f
     adds, removes = [], []
     for n in range(repeat):
         extra = spec(50_000 + n)
-        adds.append(timed(lambda: client.apply_agent(extra)))
-        removes.append(timed(lambda: client.remove_agent(extra.address)))
+        adds.append(timed(lambda extra=extra: client.apply_agent(extra)))
+        removes.append(timed(lambda extra=extra: client.remove_agent(extra.address)))
     agents = client.list_agents()
     assert len(agents) == population and all(a.complete for a in agents.values()), "read-back mismatch"
     return full, statistics.median(adds), statistics.median(removes)
@@ -87,7 +87,8 @@ def main() -> int:
         print(f"apply 10 agents, one transaction:                    {small_full:.4f} s")
         print(f"add one agent    @10: {small_add:.4f} s   @{args.agents}: {big_add:.4f} s   (median of {args.repeat})")
         print(
-            f"remove one agent @10: {small_remove:.4f} s   @{args.agents}: {big_remove:.4f} s   (median of {args.repeat})"
+            f"remove one agent @10: {small_remove:.4f} s   @{args.agents}: {big_remove:.4f} s   (median of "
+            f"{args.repeat})"
         )
         ok_full = big_full < 1.0
         ok_add = big_add < max(2 * small_add, small_add + 0.010)

@@ -153,7 +153,8 @@ def run(n: int) -> int:
     messages = render_update(op.pk, user, keys=[targets[-1].key])
     t2 = time.perf_counter()
     print(
-        f"page render: {1000 * (t1 - t0):.0f} ms ({len(html) / 1e6:.1f} MB); one live row push: {1000 * (t2 - t1):.1f} ms ({sum(map(len, messages))} bytes)"
+        f"page render: {1000 * (t1 - t0):.0f} ms ({len(html) / 1e6:.1f} MB); one live row push: "
+        f"{1000 * (t2 - t1):.1f} ms ({sum(map(len, messages))} bytes)"
     )
     return 0
 

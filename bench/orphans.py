@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bench: the orphan plan over 5,000 labelled containers, and spawn overhead vs raw docker.
 
-Targets (issue 4): ``plan_orphans`` over 5,000 labelled (created, never started) containers in
+Targets: ``plan_orphans`` over 5,000 labelled (created, never started) containers in
 < 2 s with ONE list call; a full backend spawn (token, events, create, start, address, nft rules)
 within 1.15x of a raw ``create`` + ``start`` on the same network, measured in the same run.
 
@@ -181,7 +181,8 @@ def main() -> int:
     raw_med, full_med = statistics.median(spawn["raw_ms"]), statistics.median(spawn["full_ms"])
     ratio = full_med / raw_med
     print(
-        f"orphan plan: {plan['containers']} labelled containers (created in {plan['create_s']:.1f} s, pruned in {prune_s:.1f} s)"
+        f"orphan plan: {plan['containers']} labelled containers (created in {plan['create_s']:.1f} s, pruned in "
+        f"{prune_s:.1f} s)"
     )
     print(
         f"  plan_orphans: {', '.join(f'{t:.3f}' for t in plan['plan_s'])} s (best {best_plan:.3f} s, target < 2 s) "
@@ -189,10 +190,12 @@ def main() -> int:
     )
     print(f"spawn overhead over {len(spawn['raw_ms'])} spawns:")
     print(
-        f"  raw docker create+start  median {raw_med:.1f} ms (min {min(spawn['raw_ms']):.1f}, max {max(spawn['raw_ms']):.1f})"
+        f"  raw docker create+start  median {raw_med:.1f} ms (min {min(spawn['raw_ms']):.1f}, max "
+        f"{max(spawn['raw_ms']):.1f})"
     )
     print(
-        f"  backend spawn (full)     median {full_med:.1f} ms (min {min(spawn['full_ms']):.1f}, max {max(spawn['full_ms']):.1f})"
+        f"  backend spawn (full)     median {full_med:.1f} ms (min {min(spawn['full_ms']):.1f}, max "
+        f"{max(spawn['full_ms']):.1f})"
     )
     print(f"  ratio {ratio:.3f}x (target <= 1.15x)")
     q_raw, q_full = statistics.median(quiet["raw_ms"]), statistics.median(quiet["full_ms"])

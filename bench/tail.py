@@ -9,7 +9,7 @@ Prints:
 3. ``flood``: a 1 GiB file with no newline at all, tailed through the same pipeline; peak RSS growth
    of this process (VmHWM after a reset, minus the RSS before) and the single truncated line.
 
-Targets (issue 7): >= 200,000 lines/s; RSS growth < 32 MiB. Runs ~30 s; files go to /tmp (named
+Targets: >= 200,000 lines/s; RSS growth < 32 MiB. Runs ~30 s; files go to /tmp (named
 ``tail-bench-*``) and are deleted afterwards. Redis: ``REDIS_URL`` (default db 7), flushed of this
 bench's keys only.
 
@@ -159,7 +159,8 @@ async def burst(tmp: Path, count: int) -> None:
     cpu = time.process_time() - c0
     tail = holder["tail"]
     print(
-        f"burst      this process used {cpu:.2f} CPU-s = {counter.lines / cpu:,.0f} lines per CPU-second; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        f"burst      this process used {cpu:.2f} CPU-s = {counter.lines / cpu:,.0f} lines per CPU-second; load "
+        f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     print(
         f"burst      {count:>9,} lines in file: delivered {counter.lines:,} in {elapsed:.2f} s = "
@@ -196,7 +197,8 @@ async def sustained(tmp: Path, rate: int, seconds: float) -> None:
         await asyncio.sleep(0.01)
     elapsed = last_change - t0
     print(
-        f"sustained  writer at {rate:,} lines/s for {write_elapsed:.1f} s ({total:,} lines): delivered {counter.lines:,} "
+        f"sustained  writer at {rate:,} lines/s for {write_elapsed:.1f} s ({total:,} lines): delivered "
+        f"{counter.lines:,} "
         f"= {counter.lines / elapsed:,.0f} lines/s, caught up {elapsed - write_elapsed:.2f} s after the writer; "
         f"skipped {tail.skipped_bytes:,} bytes (~{tail.skipped_bytes // 100:,} lines) in {counter.markers} jumps, "
         f"tail queue dropped {tail.queue.dropped:,}, viewer dropped {counter.viewer_dropped:,}"
@@ -248,7 +250,8 @@ async def flood(tmp: Path, gib: float) -> None:
     peak = status_kib("VmHWM")
     tail = holder["tail"]
     print(
-        f"flood      {size / (1 << 30):.2f} GiB without a newline (generated in {gen_s:.1f} s): read in {elapsed:.2f} s "
+        f"flood      {size / (1 << 30):.2f} GiB without a newline (generated in {gen_s:.1f} s): read in "
+        f"{elapsed:.2f} s "
         f"({size / elapsed / (1 << 20):,.0f} MiB/s); RSS before {before / 1024:.1f} MiB, peak {peak / 1024:.1f} MiB, "
         f"growth {(peak - before) / 1024:.1f} MiB (max sampled {max(samples) / 1024:.1f} MiB); "
         f"lines out: {len(rows)} ({', '.join(f'{len(r.text):,} chars' for r in rows[:3])}); "

@@ -89,7 +89,7 @@ def redis_url(name: str, default: str) -> str:
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ImproperlyConfigured(f"{name}={url!r}: expected a redis:// URL")
     try:
-        parts.port
+        _ = parts.port  # urlsplit parses the port lazily: reading it raises on a non-number
     except ValueError:
         raise ImproperlyConfigured(f"{name}={url!r}: the port is not a number") from None
     return url

@@ -7,8 +7,8 @@ JSON (every ``/api/v1`` endpoint)::
      "reason": "invalid-request",              # the same code, kept at the top level
      ...}                                      # endpoint extras, e.g. /scale's 409 "cap"
 
-``reason`` stays at the top level because the scale API's callers read it there (issue 2:
-409 ``{reason: "at-capacity", cap}``, 422 ``{reason: "no-matching-label-set"}``).
+``reason`` stays at the top level because the scale API's callers read it there
+(409 ``{reason: "at-capacity", cap}``, 422 ``{reason: "no-matching-label-set"}``).
 
 Pages: ``templates/400.html`` / ``403.html`` / ``404.html`` / ``405.html`` extend the page frame
 (navigation, styling); ``templates/500.html`` is static (no database, no request context).

@@ -1,10 +1,10 @@
 """The one admin base for every project model: view only (no add, change or delete).
 
 Configuration comes from ``scalers.yaml`` (``import_scalers`` / the config-reload operation) and
-every change to agents, reservations, host access or capacity goes through an approved operation
-(SPEC c.8, issue 8). The Django admin would bypass both the validation and the approval workflow,
-so the project's models are registered with :class:`ReadOnlyAdmin` (and inlines with
-:class:`ReadOnlyInline`). Users and groups keep Django's own, editable admins.
+every change to agents, reservations, host access or capacity goes through an approved operation.
+The Django admin would bypass both the validation and the approval workflow, so the project's
+models are registered with :class:`ReadOnlyAdmin` (and inlines with :class:`ReadOnlyInline`).
+Users and groups keep Django's own, editable admins.
 """
 
 from __future__ import annotations

@@ -103,8 +103,8 @@ _REDIS_DB = (urlsplit(REDIS_URL).path.strip("/") or "0") if REDIS_URL.startswith
 CHANNEL_LAYERS = {
     "default": {
         # Pub/Sub: one PUBLISH per group message and pushed delivery; the list-based
-        # RedisChannelLayer needs ~4 round trips per received message and could not carry
-        # 1,000 events/s to a daphne on this box (bench/fanout.py --layer project|list).
+        # RedisChannelLayer needs several round trips per received message, too slow for the
+        # live fan-out (compare with bench/fanout.py --layer project|list).
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         # redis-py 8 drops idle sockets after 5 s unless socket_timeout is None.
         "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "prefix": f"asgi.db{_REDIS_DB}."},
@@ -152,9 +152,9 @@ KICI_SCALER_CONFIG_DIR = env_str("KICI_SCALER_CONFIG_DIR")
 DOCKER_HOST = env_str("DOCKER_HOST")
 # Bearer token the orchestrator presents on POST /api/v1/scale.
 KICI_API_TOKEN = env_str("KICI_API_TOKEN")
-# Stable id of this console instance: owner of the reservations it writes (SPEC c.4, c.5).
+# Stable id of this console instance: owner of the reservations it writes.
 KICI_INSTANCE_ID = env_str("KICI_INSTANCE_ID", KICI_HOST_NAME)
-# URL agents dial back to register (scaler orchestratorUrl wins when set; SPEC d).
+# URL agents dial back to register (scaler orchestratorUrl wins when set).
 KICI_CONSOLE_URL = env_str("KICI_CONSOLE_URL", "http://172.30.0.1:8000")
 KICI_AGENT_TOKEN_TTL_SECONDS = env_int("KICI_AGENT_TOKEN_TTL_SECONDS", 3600, minimum=10)
 KICI_SPAWN_TIMEOUT_SECONDS = env_int("KICI_SPAWN_TIMEOUT_SECONDS", 300, minimum=1)
@@ -173,7 +173,7 @@ KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS = env_int("KICI_AGENT_HEARTBEAT_TIMEOUT_SEC
 # (container exited/missing, VM or process not running); silence alone always waits for a person.
 KICI_LOST_AGENTS_AUTO_RELEASE = env_bool("KICI_LOST_AGENTS_AUTO_RELEASE", True)
 KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", False)
-# Event backend (SPEC k): HMAC key for scale-up/-down deliveries, and target names -> URLs.
+# Event backend: HMAC key for scale-up/-down deliveries, and target names -> URLs.
 KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")
 KICI_PROVISIONING_TARGET_URLS = env_url_map("KICI_PROVISIONING_TARGET_URLS")
 # Render live event rows in the producer (rq worker, API) instead of in each console process.

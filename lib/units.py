@@ -27,7 +27,7 @@ _IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 class InvalidMemoryFormat(ValueError):
     """A memory string that does not follow the grammar above.
 
-    ``str(error)`` is the reference wording:
+    ``str(error)`` reads:
     ``Invalid memory format: "<s>". Expected format like "512m", "2g", or "1024k".``
     ``error.value`` holds the offending input.
     """

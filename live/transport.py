@@ -145,9 +145,10 @@ class RedisTransport:
     so a batch crosses Redis once per process, not once per viewer. Keys (prefix
     ``kici:console:<agent_id>:<stream>:``): ``owner`` (lock: random token, ``lock_ttl`` seconds,
     renewed by the hub every ``lock_ttl / 3``), ``ring`` (the last batches, packed, holding at
-    least the last ``ring_size`` lines; ``ring-counts`` their sizes), ``gen`` (generation counter), ``viewers`` (sorted set of viewer ids
-    scored by expiry, refreshed by each process). The ring is written before the batch is sent,
-    so a viewer that reads the snapshot after joining misses nothing.
+    least the last ``ring_size`` lines; ``ring-counts`` their sizes), ``gen`` (generation counter),
+    ``viewers`` (sorted set of viewer ids scored by expiry, refreshed by each process). The ring is
+    written before the batch is sent, so a viewer that reads the snapshot after joining misses
+    nothing.
     """
 
     def __init__(

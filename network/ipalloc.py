@@ -1,4 +1,4 @@
-"""VM address allocation on a bridge subnet (SPEC h; CASES IP-01..11).
+"""VM address allocation on a bridge subnet.
 
 Pure helpers plus :class:`IpAllocator`, whose state is always rebuilt from live state handed in by
 the caller (``IpAllocation`` rows and the addresses found on interfaces): there is deliberately no
@@ -20,7 +20,7 @@ _DOTTED = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})", 
 
 
 def ip_to_number(ip: str) -> int:
-    """``"10.0.0.1"`` → 167772161 (IP-01). Raises ``ValueError("Invalid IP address: ...")`` (IP-02)."""
+    """``"10.0.0.1"`` → 167772161. Raises ``ValueError("Invalid IP address: ...")``."""
     match = _DOTTED.fullmatch(ip) if isinstance(ip, str) else None
     if match is None or any(int(o) > 255 for o in match.groups()):
         raise ValueError(f"Invalid IP address: {ip!r}")
@@ -29,7 +29,7 @@ def ip_to_number(ip: str) -> int:
 
 
 def number_to_ip(number: int) -> str:
-    """167772161 → ``"10.0.0.1"`` (IP-03). Raises ``ValueError`` outside 0..2**32-1."""
+    """167772161 → ``"10.0.0.1"``. Raises ``ValueError`` outside 0..2**32-1."""
     if not isinstance(number, int) or not 0 <= number <= 0xFFFFFFFF:
         raise ValueError(f"Invalid IP number: {number!r}")
     return ".".join(str((number >> shift) & 0xFF) for shift in (24, 16, 8, 0))
@@ -51,7 +51,7 @@ class CidrRange:
 
 
 def parse_cidr(cidr: str) -> CidrRange:
-    """``"10.0.0.0/24"`` → start ``10.0.0.1``, end ``10.0.0.254`` (IP-04).
+    """``"10.0.0.0/24"`` → start ``10.0.0.1``, end ``10.0.0.254``.
 
     Raises ``ValueError`` naming the value for a malformed CIDR, one with host bits set, or one
     with no usable address (/31, /32).
@@ -78,8 +78,8 @@ def parse_cidr(cidr: str) -> CidrRange:
 
 
 def mac_for_ip(ip: str) -> str:
-    """``"10.0.1.42"`` → ``"06:00:AC:00:01:2A"``: locally administered, from the last three octets
-    (IP-06). Raises ``ValueError("Invalid IP address: ...")``."""
+    """``"10.0.1.42"`` → ``"06:00:AC:00:01:2A"``: locally administered, from the last three octets.
+    Raises ``ValueError("Invalid IP address: ...")``."""
     n = ip_to_number(ip)
     return "06:00:AC:" + ":".join(f"{(n >> s) & 0xFF:02X}" for s in (16, 8, 0))
 
@@ -91,7 +91,7 @@ class IpPoolExhausted(RuntimeError):
 @dataclass(frozen=True)
 class Allocation:
     """One VM's network identity: ``ip``, ``mac``, ``tap_device``, plus the subnet's ``gateway``,
-    ``netmask`` and ``prefix`` (echoed for the VM's boot arguments, IP-08)."""
+    ``netmask`` and ``prefix`` (echoed for the VM's boot arguments)."""
 
     vm_id: str
     ip: str
@@ -103,7 +103,7 @@ class Allocation:
 
 
 class IpAllocator:
-    """In-memory allocator for one subnet (workers and the CLI reaper; SPEC h).
+    """In-memory allocator for one subnet (workers and the CLI reaper).
 
     ``cidr``: the subnet (``10.0.0.0/24``); ``gateway``: never handed out. ``taken``: the live
     state, REQUIRED: a mapping of address → vm id (or ``None`` for an address held by something
@@ -167,7 +167,7 @@ class IpAllocator:
         )
 
     def allocate(self, vm_id: str, tap_device: str | None = None) -> Allocation:
-        """Give ``vm_id`` the lowest free address (IP-08, IP-09). A VM that already holds one gets
+        """Give ``vm_id`` the lowest free address. A VM that already holds one gets
         the same one back. Raises :class:`IpPoolExhausted`."""
         if vm_id in self._by_vm:
             return self.allocation_for(vm_id, number_to_ip(self._by_vm[vm_id]), tap_device)
@@ -177,7 +177,7 @@ class IpAllocator:
         raise IpPoolExhausted(f"IP pool exhausted: no available addresses in {self.range.start}-{self.range.end}")
 
     def release(self, vm_id: str) -> str | None:
-        """Free ``vm_id``'s address; unknown vm → no-op (IP-11). Returns the freed address."""
+        """Free ``vm_id``'s address; unknown vm → no-op. Returns the freed address."""
         n = self._by_vm.pop(vm_id, None)
         if n is None:
             return None

@@ -1,4 +1,4 @@
-"""Database-backed VM address allocation (SPEC h: the ``ip_allocations`` table; CASES IP-12).
+"""Database-backed VM address allocation (the ``ip_allocations`` table).
 
 Allocators on one database take a transaction-level advisory lock on the subnet around their
 read-and-insert, so they do not race at all: without it every contender picks the same lowest

@@ -1,4 +1,4 @@
-"""Address allocations for microVM TAPs (SPEC h: the ``ip_allocations`` table)."""
+"""Address allocations for microVM TAPs (the ``ip_allocations`` table)."""
 
 from django.db import models
 

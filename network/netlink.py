@@ -1,5 +1,4 @@
-"""Bridge and TAP plumbing over netlink (pyroute2), with bridge port isolation (SPEC f, h;
-seed firecracker-backend.d.ts ``assertBridgePortIsolationSupported``).
+"""Bridge and TAP plumbing over netlink (pyroute2), with bridge port isolation.
 
 Every VM TAP (and, in tests, every agent veth) is enslaved with ``IFLA_BRPORT_ISOLATED`` on: two
 isolated ports of one bridge cannot exchange frames at all, and no nft rule sees that L2 traffic,
@@ -22,7 +21,6 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as _PyrNetlinkError
@@ -43,11 +41,10 @@ class BridgePortIsolationUnavailable(NetlinkError):
     """The kernel, or the bridge, refused to isolate a port: VMs must not run (fail closed)."""
 
 
-T = TypeVar("T")
 _state = threading.local()
 
 
-def _run_in_netns(netns: str, fn: Callable[[], T]) -> T:
+def _run_in_netns[T](netns: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` on a short-lived thread that has joined ``/run/netns/<netns>``.
 
     ``setns`` changes only the calling thread's namespace, so this neither forks (pyroute2's own
@@ -79,7 +76,7 @@ def _run_in_netns(netns: str, fn: Callable[[], T]) -> T:
     return box.get("value")  # type: ignore[return-value]
 
 
-def _netns_aware(fn: Callable[..., T]) -> Callable[..., T]:
+def _netns_aware[T](fn: Callable[..., T]) -> Callable[..., T]:
     """Give ``fn`` a keyword-only ``netns``: run it inside that namespace (None = here)."""
 
     @functools.wraps(fn)
@@ -120,7 +117,7 @@ def _hashed_tap_name(agent_id: str) -> str:
 
 
 def tap_name_for(agent_id: str, in_use: Mapping[str, str] | None = None) -> str:
-    """The TAP name for a VM (SPEC h; CASES IP-07): ``kici-<last 8 characters of the id>``.
+    """The TAP name for a VM: ``kici-<last 8 characters of the id>``.
 
     ``scaler-firecracker-1d993749`` → ``kici-1d993749``; ``abc`` → ``kici-abc``; at most 13 bytes.
 
@@ -251,7 +248,7 @@ def enslave(ifname: str, bridge: str, isolated: bool = True, up: bool = True) ->
 @_netns_aware
 def create_tap(name: str, bridge: str, isolated: bool = True, up: bool = True) -> int:
     """Create persistent TAP ``name`` (no packet-info header, as ``ip tuntap add mode tap``),
-    enslave it to ``bridge`` isolated, bring it up (SPEC h, FC-04). Returns the ifindex.
+    enslave it to ``bridge`` isolated, bring it up. Returns the ifindex.
 
     On any failure after creation the TAP is deleted again, so a half-plumbed, unisolated TAP is
     never left behind. Raises NetlinkError / BridgePortIsolationUnavailable.
@@ -291,7 +288,7 @@ def delete_link(name: str) -> bool:
 
 @_netns_aware
 def assert_bridge_port_isolation_supported(bridge: str, probe: str = PROBE_TAP) -> bool:
-    """End-to-end probe that ``bridge`` will isolate ports (seed firecracker-backend.d.ts; FC-17).
+    """End-to-end probe that ``bridge`` will isolate ports.
 
     Creates TAP ``kici-isoprobe``, enslaves it isolated, reads the flag back, deletes it.
     Returns True when isolation works. Returns False (with a warning) when the probe TAP cannot be

@@ -1,5 +1,5 @@
-"""The route check every self-test probe passes before a packet is sent (issue 8: a self-test must
-never generate traffic that could leave this machine).
+"""The route check every self-test probe passes before a packet is sent: a self-test must
+never generate traffic that could leave this machine.
 
 The live isolation self-test sends real packets from inside an agent's namespace. Should the
 agent's rules be broken, such a packet goes wherever the host routes it, so the only safe

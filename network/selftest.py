@@ -1,5 +1,5 @@
-"""Live isolation self-test: does an agent's isolation hold? (issue 5 item 7, the agent page's
-"self-test" button; issue 8: without sending anything that could leave this machine).
+"""Live isolation self-test: does an agent's isolation hold? (the agent page's "self-test"
+button), without sending anything that could leave this machine.
 
 Two kinds of evidence, per target:
 
@@ -310,7 +310,7 @@ def default_selftest_targets(
     public: tuple[str, int] | None = DEFAULT_PUBLIC_CANARY,
     agent_port: int = 22,
 ) -> list[ProbeTarget]:
-    """The canaries for one agent, from its resolved rules (issue 5 item 7, issue 8).
+    """The canaries for one agent, from its resolved rules.
 
     Probed (``mode="probe"``, each still subject to the route check): each host-access entry with a
     port, on its address (the gateway for a wildcard entry; the network's first address for a

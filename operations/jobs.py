@@ -77,7 +77,8 @@ class Progress:
         new_log = self.entries[self._log_from :] if self._log_from is not None else []
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {Operation._meta.db_table} SET outcomes = outcomes || %s::jsonb, log = log || %s::jsonb WHERE id = %s",
+                f"UPDATE {Operation._meta.db_table} SET outcomes = outcomes || %s::jsonb, log = log || %s::jsonb "
+                "WHERE id = %s",
                 [json.dumps(delta), json.dumps(new_log), self.operation.pk],
             )
         self.operation.outcomes, self.operation.log = self.outcomes, self.entries

@@ -1,4 +1,4 @@
-"""The Operation record and its audit log (issue 8).
+"""The Operation record and its audit log.
 
 Every destructive action (a reap, a release, a drain, a destroy, a retirement, a rule change, a config
 reload) is an :class:`Operation`: planned with the evidence for each target, previewed, decided by a

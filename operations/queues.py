@@ -1,4 +1,4 @@
-"""Which rq queue runs an operation, and whether anyone listens on it (issue 8, "Execution").
+"""Which rq queue runs an operation, and whether anyone listens on it.
 
 An operation runs on the queue of the host that owns its targets, ``host:<name>``: the docker host
 or VM host the containers, VMs, chroots and rules live on, so several hosts each run a worker for

@@ -1,4 +1,4 @@
-"""The three roles (issue 8 "Permissions and audit") as Django groups.
+"""The three roles as Django groups.
 
 * ``viewers``: ``view_*`` on every model of scalers, agents, network and operations;
 * ``operators``: viewers + ``operations.request_operation`` (plan an operation);

@@ -278,7 +278,8 @@ def _refuse_if_expired(operation: Operation, now: datetime) -> None:
         )
     if operation.status == OperationStatus.EXPIRED:
         raise PlanExpired(
-            f"operation #{operation.pk} expired at {operation.expires_at:%Y-%m-%d %H:%M:%S %Z}: its evidence is too old to act on; plan it again"
+            f"operation #{operation.pk} expired at {operation.expires_at:%Y-%m-%d %H:%M:%S %Z}: its evidence is "
+            "too old to act on; plan it again"
         )
 
 
@@ -325,7 +326,8 @@ def approve_operation(
     operation.refresh_from_db()
     if settings.KICI_REQUIRE_DISTINCT_APPROVER and operation.requested_by_id == user.pk:
         raise ApproverMustDiffer(
-            f"{_username(user)} requested operation #{operation.pk}; KICI_REQUIRE_DISTINCT_APPROVER needs another approver"
+            f"{_username(user)} requested operation #{operation.pk}; KICI_REQUIRE_DISTINCT_APPROVER needs "
+            "another approver"
         )
     now = now or timezone.now()
     _refuse_if_expired(operation, now)

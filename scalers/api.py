@@ -1,4 +1,4 @@
-"""``POST /api/v1/scale``: the orchestrator asks for an agent for one job (SPEC c.1).
+"""``POST /api/v1/scale``: the orchestrator asks for an agent for one job.
 
 Request: JSON ``{labels: [str, ...], jobId: str, resources?: {...}, runId?: str, exclude?: [str]}``
 with ``Authorization: Bearer <KICI_API_TOKEN>``.
@@ -10,13 +10,13 @@ Answers (JSON):
 
 Errors have the one ``/api/v1`` shape (``kici_site.errors.api_error``)
 ``{"error": {"code", "message", "field"?}, "reason": code, ...}``; ``reason`` and the extras below
-stay at the top level where issue 2 puts them:
+stay at the top level, where orchestrators read them:
 
 * 409 ``{reason: "at-capacity", cap, scaler}``: a cap refused; the job should wait.
 * 422 ``{reason: "exceeds-cap", cap, scaler, detail}``: the request alone is larger than resource
   cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
-  retrying cannot help (nothing is reserved; the request is recorded with that outcome). The
-  reference answers this shape at-capacity, which makes an orchestrator retry forever.
+  retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
+  at-capacity here would make an orchestrator retry forever.
 * 422 ``{reason: "no-matching-label-set", labels}``.
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).

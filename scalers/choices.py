@@ -1,4 +1,4 @@
-"""Status values for scalers (TextChoices; SPEC a.6)."""
+"""Status values for scalers (TextChoices)."""
 
 from django.db import models
 
@@ -10,5 +10,5 @@ class ScalerType(models.TextChoices):
     EVENT = "event", "Event"
 
 
-#: Backends whose spawns run in this process's host and cannot outlive it (SPEC c.5).
+#: Backends whose spawns run in this process's host and cannot outlive it.
 LOCAL_SCALER_TYPES = frozenset({ScalerType.CONTAINER, ScalerType.BARE_METAL, ScalerType.FIRECRACKER})

@@ -1,9 +1,9 @@
 """Apply a validated ``scalers.yaml`` to the database, all or nothing.
 
-Rule sources: issue 2 item 3 (``import_scalers``), SPEC (c.8) reload semantics: scalers
-in the file are created or updated, scalers missing from it are marked *retiring*
-(never deleted: their agents and reservations still count until the retirement sweep
-tears them down), a backend type never changes under live agents.
+Used by ``import_scalers`` and the config reload. Scalers in the file are created or updated,
+scalers missing from it are marked *retiring* (never deleted: their agents and reservations
+still count until the retirement sweep tears them down), a backend type never changes under
+live agents.
 
 Everything happens inside one transaction that first locks the ``ConfigState``
 singleton row, the same row admission locks to serialise its decisions, so an
@@ -178,8 +178,8 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
       renumbered to config order; rows no longer in the file are marked ``retired``.
 
     Raises :class:`~scalers.config.loader.ConfigInvalid` (nothing written) when a scaler's
-    ``type`` would change while it still has live agents or reservations (SPEC c.8:
-    a backend type never changes under running agents; retire it first).
+    ``type`` would change while it still has live agents or reservations (a
+    backend type never changes under running agents; retire it first).
     """
     now = timezone.now()
     summary = ImportSummary(source=source)

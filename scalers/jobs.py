@@ -39,7 +39,7 @@ CLEANUP_GRACE_SECONDS = 30
 
 
 def spawn_timeout_seconds() -> int:
-    """The spawn deadline in seconds (``settings.KICI_SPAWN_TIMEOUT_SECONDS``, SPEC c.1 step 9)."""
+    """The spawn deadline in seconds (``settings.KICI_SPAWN_TIMEOUT_SECONDS``)."""
     return int(settings.KICI_SPAWN_TIMEOUT_SECONDS)
 
 

@@ -451,7 +451,7 @@ class LabelSetOverlap:
 
     @property
     def message(self) -> str:
-        """The reference error text."""
+        """The error text shown for the overlap (kept word for word)."""
         return f'Label set [{self.labels}] overlaps between scalers "{self.scaler1}" and "{self.scaler2}"'
 
 

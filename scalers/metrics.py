@@ -1,4 +1,4 @@
-"""Prometheus metrics on ``/metrics`` (SPEC m).
+"""Prometheus metrics on ``/metrics``.
 
 Values that several console processes produce (refusals, warm-pool spawns and reaps) are kept
 in :class:`scalers.models.MetricCounter` rows, incremented in the same transaction as the work,
@@ -8,10 +8,10 @@ Gauges (usage, warm pools) are computed from the database at scrape time too.
 Exported:
 
 * ``kici_scaler_spawn_refusals_total{scaler,cap}``: every refusal by cap (this console's own).
-* ``kici_orch_scaler_spawn_refusals_total`` (a gauge despite the name, as in the reference):
-  count and resource-cap refusals, machine-pool ones left out (SPEC c.2, ADM-13).
+* ``kici_orch_scaler_spawn_refusals_total`` (a gauge despite the name, kept so existing dashboards work):
+  count and resource-cap refusals, machine-pool ones left out.
 * ``kici_orch_scaler_cpus_used`` / ``kici_orch_scaler_memory_bytes_used`` ``{scaler, scalerType}``
-  with a ``__global__`` rollup (ADM-18).
+  with a ``__global__`` rollup.
 * ``kici_orch_scaler_warm_pool_target`` / ``_ready`` / ``_in_flight`` ``{scaler, labelSet}``;
   ``kici_orch_scaler_warm_pool_spawns_total`` / ``_reaped_total`` ``{scaler}``.
 * ``kici_orch_scaler_spawn_failures_total{backend, bound}``: ``scaler.failed`` events stored.
@@ -57,7 +57,7 @@ _HELP = {
     "kici_orch_scaler_warm_pool_spawns_total": "Warm spawns admitted, by scaler.",
     "kici_orch_scaler_warm_pool_reaped_total": "Idle warm agents destroyed, by scaler.",
 }
-REFERENCE_GAUGE = "kici_orch_scaler_spawn_refusals_total"
+ORCH_REFUSAL_GAUGE = "kici_orch_scaler_spawn_refusals_total"
 
 
 class DatabaseCollector:
@@ -81,9 +81,9 @@ class DatabaseCollector:
         for name, labels, value in rows:
             names = sorted(labels)
             if name not in families:
-                if name == REFERENCE_GAUGE:
+                if name == ORCH_REFUSAL_GAUGE:
                     families[name] = GaugeMetricFamily(
-                        name, "Spawn refusals on count and resource caps (reference gauge)."
+                        name, "Spawn refusals on count and resource caps (unlabelled gauge)."
                     )
                 else:
                     families[name] = CounterMetricFamily(name, _HELP.get(name, name), labels=names)
@@ -91,10 +91,10 @@ class DatabaseCollector:
             if label_names[name] != names:
                 continue  # a row written with another label set: skip rather than break the scrape
             families[name].add_metric([str(labels[k]) for k in names], value)
-        if REFERENCE_GAUGE not in families:
-            g = GaugeMetricFamily(REFERENCE_GAUGE, "Spawn refusals on count and resource caps (reference gauge).")
+        if ORCH_REFUSAL_GAUGE not in families:
+            g = GaugeMetricFamily(ORCH_REFUSAL_GAUGE, "Spawn refusals on count and resource caps (unlabelled gauge).")
             g.add_metric([], 0)
-            families[REFERENCE_GAUGE] = g
+            families[ORCH_REFUSAL_GAUGE] = g
         yield from families.values()
         yield from self._usage()
         yield from self._warm_pools()
@@ -110,7 +110,8 @@ class DatabaseCollector:
         with connection.cursor() as cur:
             cur.execute(
                 "SELECT s.name, s.type, count(r.id), coalesce(sum(r.cpus), 0), coalesce(sum(r.memory_bytes), 0) "
-                "FROM scalers_scaler s LEFT JOIN scalers_reservation r ON r.scaler_id = s.id GROUP BY s.id ORDER BY s.name"
+                "FROM scalers_scaler s LEFT JOIN scalers_reservation r ON r.scaler_id = s.id "
+                "GROUP BY s.id ORDER BY s.name"
             )
             total_c, total_m = 0.0, 0
             for name, kind, n, c, m in cur.fetchall():
@@ -134,7 +135,8 @@ class DatabaseCollector:
                 labels=["scaler", "lostBy"],
             )
             cur.execute(
-                "SELECT s.name, a.lost->>'lost_by', count(*) FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id "
+                "SELECT s.name, a.lost->>'lost_by', count(*) "
+                "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id "
                 "WHERE a.state IN ('running', 'draining') AND a.lost <> '{}'::jsonb GROUP BY 1, 2 ORDER BY 1, 2"
             )
             for name, lost_by, n in cur.fetchall():

@@ -1,7 +1,7 @@
 """Scalers, label sets, caps and the reservation ledger.
 
 The reservation rows ARE the admitted set: every count cap is derived from them, never from a
-counter kept beside them (seed manager.d.ts, ``reservedCountForScaler``).
+counter kept beside them.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ConfigState(models.Model):
 
 
 class MachinePool(models.Model):
-    """A resource cap shared by several scalers on one machine (SPEC c.4; replaces the file ledger)."""
+    """A resource cap shared by several scalers on one machine."""
 
     name = models.CharField(max_length=200, unique=True)
     max_cpu = models.FloatField(null=True, blank=True)
@@ -51,7 +51,7 @@ class MachinePool(models.Model):
 
 
 class Scaler(models.Model):
-    """One ``scalers[]`` entry. Removed entries are kept, marked retiring (SPEC c.8)."""
+    """One ``scalers[]`` entry. Removed entries are kept, marked retiring."""
 
     name = models.CharField(max_length=200, unique=True)
     type = models.CharField(max_length=20, choices=ScalerType.choices)
@@ -90,7 +90,7 @@ class LabelSet(models.Model):
     normalized = models.CharField(max_length=1000, help_text="sorted, de-duplicated, comma-joined")
     config = models.JSONField(default=dict, blank=True, help_text="the whole label-set entry as imported")
     host_access = models.JSONField(
-        null=True, blank=True, help_text="explicit networkPolicy.hostAccess; null = the default (SPEC g.3)"
+        null=True, blank=True, help_text="explicit networkPolicy.hostAccess; null = the default"
     )
     retired = models.BooleanField(default=False)
 
@@ -103,7 +103,7 @@ class LabelSet(models.Model):
 
 
 class Reservation(models.Model):
-    """Capacity held for one agent from admission until release (SPEC c.2, c.3).
+    """Capacity held for one agent from admission until release.
 
     ``cpus`` and ``memory_bytes`` are the resolved *requests*; caps compare their sums.
     """
@@ -125,11 +125,11 @@ class Reservation(models.Model):
         return f"reservation {self.agent_id} on {self.scaler_id}"
 
 
-# --- Admission records (helper "adm"; SPEC c, j, m) ------------------------------------------
+# --- Admission records ------------------------------------------------------------------------
 
 
 class ScaleOutcome(models.TextChoices):
-    """What ``request_scale`` answered (SPEC c.1). ``assigned`` = an idle warm agent was bound."""
+    """What ``request_scale`` answered. ``assigned`` = an idle warm agent was bound."""
 
     SPAWNING = "spawning", "spawning"
     ASSIGNED = "assigned", "assigned a warm agent"
@@ -196,7 +196,7 @@ class MetricCounter(models.Model):
 
 
 class RecoveryReport(models.Model):
-    """Counts of one ``recover_state`` run (seed scaler-state-store.d.ts ``ScalerStateRecovery``)."""
+    """Counts of one ``recover_state`` run."""
 
     instance_id = models.CharField(max_length=200)
     trigger = models.CharField(max_length=20, help_text="boot | leader-change | manual")
@@ -217,7 +217,7 @@ class RecoveryReport(models.Model):
 
 
 class ScalerTeardown(models.Model):
-    """A retiring scaler that the retirement sweep found empty and tore down (SPEC c.8)."""
+    """A retiring scaler that the retirement sweep found empty and tore down."""
 
     scaler = models.OneToOneField(Scaler, on_delete=models.CASCADE, related_name="teardown")
     torn_down_at = models.DateTimeField(auto_now_add=True)

@@ -1,6 +1,6 @@
 """Resource requests: mirroring, the job → label set → defaults cascade, limits.
 
-Pure functions, rule source SPEC (a.4) (reference S:20270-20308, S:21395-21420).
+Pure functions.
 
 Units: ``cpus`` are (fractional) CPUs, ``mem_bytes`` are bytes. A resolved value of
 ``0`` means "undeclared"; such values are dropped from the limits handed to a
@@ -52,7 +52,7 @@ class _Side:
 
 @dataclass(frozen=True)
 class MirroredRequest:
-    """A layer after mirroring (SPEC a.4): both sides set, or both ``None`` (undeclared)."""
+    """A layer after mirroring: both sides set, or both ``None`` (undeclared)."""
 
     requests: _Side | None
     limits: _Side | None
@@ -72,7 +72,7 @@ class ResolvedResources:
 
 @dataclass(frozen=True)
 class EffectiveLimits:
-    """Limits handed to a backend; a ``None`` field is not limited (SPEC a.4)."""
+    """Limits handed to a backend; a ``None`` field is not limited."""
 
     cpus: float | None = None
     mem_bytes: int | None = None
@@ -100,7 +100,7 @@ def _sides(request: Any) -> tuple[_Side | None, _Side | None]:
 
 
 def mirror_request(request: Any) -> MirroredRequest:
-    """Mirror one layer's one-sided request, SPEC (a.4).
+    """Mirror one layer's one-sided request.
 
     Only ``requests`` ⇒ limits := requests; only ``limits`` ⇒ requests := limits;
     both ⇒ unchanged; neither (or ``None``) ⇒ undeclared (both ``None``).
@@ -132,7 +132,7 @@ def _resolve_side(layers: list[_Side | None]) -> ResourceAmount:
 
 
 def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = None) -> ResolvedResources:
-    """Resolve effective requests and limits through the cascade, SPEC (a.4).
+    """Resolve effective requests and limits through the cascade.
 
     Each layer (``job`` resources, the label set's ``resources``, top-level
     ``defaults.resources``) is mirrored first; then per field (``cpus``, ``memory``)
@@ -141,7 +141,7 @@ def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = No
     raises ``lib.units.InvalidMemoryFormat`` (a ``ValueError``, message
     ``Invalid memory format: "<s>". ...``).
 
-    Example (CASES RES-02): defaults ``{requests: {cpus 1, 1g}, limits: {cpus 2, 2g}}``,
+    Example: defaults ``{requests: {cpus 1, 1g}, limits: {cpus 2, 2g}}``,
     label set flat ``{cpus 4, 8g}``, job ``{limits: {memory: 16g}}`` ⇒ requests and
     limits both ``ResourceAmount(cpus=4, mem_bytes=17179869184)``.
     """
@@ -152,10 +152,10 @@ def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = No
 
 
 def effective_limits(limits: ResourceAmount) -> EffectiveLimits | None:
-    """Limits to hand to a backend: zero fields dropped, all-zero ⇒ ``None``, SPEC (a.4).
+    """Limits to hand to a backend: zero fields dropped, all-zero ⇒ ``None``.
 
-    ``ResourceAmount(2, 0)`` ⇒ ``EffectiveLimits(cpus=2, mem_bytes=None)`` (CASES RES-04);
-    ``ResourceAmount(0, 0)`` ⇒ ``None`` (RES-03).
+    ``ResourceAmount(2, 0)`` ⇒ ``EffectiveLimits(cpus=2, mem_bytes=None)``;
+    ``ResourceAmount(0, 0)`` ⇒ ``None``.
     """
     cpus = limits.cpus if limits.cpus > 0 else None
     mem = limits.mem_bytes if limits.mem_bytes > 0 else None
@@ -167,7 +167,7 @@ def effective_limits(limits: ResourceAmount) -> EffectiveLimits | None:
 def has_declared_shape(label_set: Any = None, defaults: Any = None) -> bool:
     """Whether a label set resolves to a non-zero shape from itself or ``defaults``
     (cpus or memory on either side; limits alone count). A warm pool is only
-    configured for such sets, SPEC (j). Raises ``InvalidMemoryFormat`` like
+    configured for such sets. Raises ``InvalidMemoryFormat`` like
     :func:`resolve_resources`."""
     resolved = resolve_resources(None, label_set, defaults)
     return not (resolved.requests.is_zero and resolved.limits.is_zero)

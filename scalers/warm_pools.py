@@ -1,9 +1,9 @@
-"""Warm pools: idle agents kept ready per (scaler × label set) (SPEC j; CASES WP-*).
+"""Warm pools: idle agents kept ready per (scaler × label set).
 
 * A pool exists for each label set of a non-retiring scaler with ``warmPool.enabled`` when (1)
   the set's gate is reachable from its query labels (declared labels ∪ platform taints) and (2)
   the set resolves to a non-zero shape from itself or ``defaults`` (limits alone count). Else a
-  warning and no pool (WP-11, WP-12). Target = the scaler's ``warmPool.size``.
+  warning and no pool. Target = the scaler's ``warmPool.size``.
 * Tick (every :data:`WARM_TICK_SECONDS`, the first one immediately in :func:`start_warm_pools`):
   idle check, then deficit pass. The gauges are computed from the database at scrape time
   (:mod:`scalers.metrics`), so each pool's target is visible before its first fill.
@@ -11,15 +11,15 @@
   spawns it issues, so two passes (two processes) never overshoot: ``deficit = size − ready −
   in_flight`` where ready = idle warm agents of the set and in_flight = its warm agents still
   spawning, clamped by the remaining headroom ``min(globalMaxAgents − global count, maxAgents −
-  scaler count)`` tracked across the whole pass (WP-02). Warm spawns go through the same caps
+  scaler count)`` tracked across the whole pass. Warm spawns go through the same caps
   as jobs, so warm agents count toward every cap. A refused or failed warm spawn simply is not
-  in flight any more (derived), and the next tick retries (WP-04).
+  in flight any more (derived), and the next tick retries.
 * Idle check (:func:`idle_check`): per pool, ``excess = idle − size``; among the oldest
   ``excess`` idle agents (by ``registered_at``) those idle longer than ``idleTimeoutSeconds`` are
-  drained and destroyed (WP-06/07/08). Idle agents of a pool that no longer exists are destroyed
-  at once; after a config change a shrunk pool loses its oldest surplus at once (WP-09).
-  Destroy goes through ``mark_draining`` first and is abandoned if the agent took a job (WP-13).
-* A job consumes an idle warm agent before a spawn: see ``scalers.admission.decide`` (WP-14).
+  drained and destroyed. Idle agents of a pool that no longer exists are destroyed
+  at once; after a config change a shrunk pool loses its oldest surplus at once.
+  Destroy goes through ``mark_draining`` first and is abandoned if the agent took a job.
+* A job consumes an idle warm agent before a spawn: see ``scalers.admission.decide``.
 
 Idle and excess are counted per pool (label set), not per scaler, so one full pool of a scaler
 never makes another of its pools reap.
@@ -50,7 +50,7 @@ from .jobs import enqueue_spawn_or_fail
 
 log = logging.getLogger("scalers.warm_pools")
 
-#: Seconds between ticks (SPEC j: 30 s).
+#: Seconds between ticks.
 WARM_TICK_SECONDS = 30.0
 REAPED = "kici_orch_scaler_warm_pool_reaped_total"
 
@@ -68,7 +68,7 @@ class PoolSpec:
 
 
 def configured_pools(world: World) -> tuple[list[PoolSpec], list[str]]:
-    """The pools the config asks for, and one warning per pool refused (pure, SPEC j)."""
+    """The pools the config asks for, and one warning per pool refused (pure)."""
     pools: list[PoolSpec] = []
     warnings: list[str] = []
     for info in world.scalers.values():
@@ -88,7 +88,8 @@ def configured_pools(world: World) -> tuple[list[PoolSpec], list[str]]:
                 continue
             if not shaped:
                 warnings.append(
-                    f"warm pool {info.name}[{key}] not configured: neither the label set nor defaults declare cpus or memory"
+                    f"warm pool {info.name}[{key}] not configured: "
+                    "neither the label set nor defaults declare cpus or memory"
                 )
                 continue
             pools.append(
@@ -165,7 +166,9 @@ def deficit_pass() -> int:
         if not requests:
             return 0
         result = decide_batch(requests)
-    for decision, agent in zip([d for d in result.decisions if d.action == ScaleOutcome.SPAWNING], result.admitted):
+    for decision, agent in zip(
+        [d for d in result.decisions if d.action == ScaleOutcome.SPAWNING], result.admitted, strict=True
+    ):
         enqueue_spawn_or_fail(decision, agent)
     refused = [d for d in result.decisions if d.action != ScaleOutcome.SPAWNING]
     if refused:
@@ -212,7 +215,7 @@ def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
 
 class WarmPools:
     """The periodic driver: ``start()`` runs the first tick now and arms the interval; ``tick()``
-    is called by the sweeper. Tracks the config version to reconcile after a change (WP-09)."""
+    is called by the sweeper. Tracks the config version to reconcile after a change."""
 
     def __init__(self, interval: float = WARM_TICK_SECONDS):
         self.interval = interval
@@ -246,7 +249,7 @@ WARM_POOLS = WarmPools()
 
 
 def start_warm_pools() -> None:
-    """Run the pools' first deficit pass now and arm their periodic tick (seed manager.d.ts
-    ``startWarmPools``: separate from start so the first fill waits until everything a spawn
-    reaches is wired; the sweeper calls it once it leads)."""
+    """Run the pools' first deficit pass now and arm their periodic tick (separate from start so
+    the first fill waits until everything a spawn reaches is wired; the sweeper calls it once it
+    leads)."""
     WARM_POOLS.start()

@@ -1,5 +1,5 @@
-"""A reused agent address keeps its new holder's isolation rules (issue: destroying a dead agent
-removed a live agent's rules; SPEC (e) Destroy, (f); ``scalers.backends.holders``).
+"""A reused agent address keeps its new holder's isolation rules: destroying a dead
+agent must not remove a live agent's rules (``scalers.backends.holders``).
 
 Rules are keyed by address. Docker hands a dead container's address to the next container and the
 VM allocator hands out the lowest free address, so every path that deletes an address's rules must
@@ -113,8 +113,10 @@ def test_destroying_a_dead_agent_leaves_the_rules_of_the_live_agent_now_on_its_a
     ensure_isolated_network(docker_client)
     scaler = make_scaler(orchestrator_url=f"http://{ISOLATED_NETWORK_GATEWAY}:9")
     # B's label set opens a different host port, so B's rules are told apart from A's.
-    explicit = make_scaler(orchestrator_url=f"http://{ISOLATED_NETWORK_GATEWAY}:9",
-                           ls_config={"image": agent_image, "imagePullPolicy": "Never", "networkPolicy": {"hostAccess": ["*:4444"]}})  # fmt: skip
+    explicit = make_scaler(
+        orchestrator_url=f"http://{ISOLATED_NETWORK_GATEWAY}:9",
+        ls_config={"image": agent_image, "imagePullPolicy": "Never", "networkPolicy": {"hostAccess": ["*:4444"]}},
+    )
     a = make_agent(scaler)
     assert spawn_agent(a.pk) == "spawned", a.failure_reason
     a.refresh_from_db()

@@ -1,5 +1,5 @@
-"""Admission: routing, every cap in the reference's order, refusal accounting (SPEC b, c.1, c.2;
-CASES ADM-*). Decisions go through ``request_scale`` against real PostgreSQL."""
+"""Admission: routing, every cap in check order, refusal accounting. Decisions go through
+``request_scale`` against real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_it_refuses_at_max_agents_and_counts_the_refusal():
 
 
 def test_global_count_refuses_first_even_when_resources_would_too():
-    # ADM-12: order global count -> scaler count -> resources; one refusal per request.
+    # order global count -> scaler count -> resources; one refusal per request.
     set_global(max_agents=1, cpu=1)
     make_scaler("c", max_agents=1, cpu=1)
     assert request_scale(["linux"], "a", resources={"cpus": 1}).action == "spawning"
@@ -82,7 +82,6 @@ def test_global_count_refuses_first_even_when_resources_would_too():
 
 
 def test_resource_cap_admits_equal_and_refuses_over():
-    # ADM-07 / ADM-08
     make_scaler("c", max_agents=10, cpu=2)
     assert request_scale(["linux"], "a", resources={"cpus": 1.5}).action == "spawning"
     d = request_scale(["linux"], "b", resources={"cpus": 1})
@@ -91,14 +90,12 @@ def test_resource_cap_admits_equal_and_refuses_over():
 
 
 def test_limits_only_requests_are_mirrored_before_the_cap():
-    # ADM-11
     make_scaler("c", max_agents=10, cpu=2)
     assert request_scale(["linux"], "a", resources={"limits": {"cpus": 2}}).action == "spawning"
     assert request_scale(["linux"], "b", resources={"limits": {"cpus": 0.5}}).cap == "resourceCap.cpu"
 
 
 def test_global_memory_cap():
-    # ADM-09
     set_global(max_agents=50, memory=2 * GiB)
     make_scaler("c", max_agents=10)
     assert request_scale(["linux"], "a", resources={"memory": "1500m"}).action == "spawning"
@@ -153,8 +150,8 @@ def test_a_request_that_fits_the_caps_alone_still_waits_at_capacity_when_they_ar
     assert (d.action, d.cap) == ("at-capacity", "globalResourceCap.cpu")
 
 
-def test_machine_pool_is_shared_by_scalers_and_not_in_the_reference_gauge():
-    # ADM-13: a machine-pool refusal leaves the unlabelled reference gauge unchanged.
+def test_machine_pool_is_shared_by_scalers_and_not_in_the_unlabelled_gauge():
+    # a machine-pool refusal leaves the unlabelled refusal gauge unchanged.
     pool = make_pool("box", cpu=3)
     make_scaler("a", max_agents=10, pool=pool, label_sets=[["linux", "a"]])
     make_scaler("b", max_agents=10, pool=pool, label_sets=[["linux", "b"]])
@@ -181,7 +178,7 @@ def test_max_concurrent_spawns_refuses_last():
     assert request_scale(["linux"], "j4").action == "spawning"
 
 
-def test_cap_order_constant_is_the_reference_order():
+def test_cap_order_constant_is_the_check_order():
     assert CAP_ORDER == (
         "globalMaxAgents",
         "maxAgents",

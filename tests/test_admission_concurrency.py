@@ -134,7 +134,7 @@ def test_200_concurrent_requests_never_admit_past_any_cap_over_many_rounds():
             _random_config(rng)
             requests = [_random_request(rng, i) for i in range(REQUESTS)]
 
-            def one(i: int):
+            def one(i: int, requests=requests):
                 req = requests[i]
                 if i % 10 == 0:  # decided inline: its own connection, its own transaction
                     d = decide_batch([req]).decisions[0]
@@ -146,7 +146,7 @@ def test_200_concurrent_requests_never_admit_past_any_cap_over_many_rounds():
             errors = [r for r in results if isinstance(r, BaseException)]
             assert not errors, errors[:3]
             outcomes = []
-            for req, d in zip(requests, results):
+            for req, d in zip(requests, results, strict=True):
                 from scalers.resources import resolve_resources
 
                 resolved = resolve_resources(req.resources, None, None)

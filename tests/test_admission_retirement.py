@@ -1,4 +1,4 @@
-"""Draining and retirement (SPEC c.8, d): a scaler removed from the config admits nothing,
+"""Draining and retirement: a scaler removed from the config admits nothing,
 drains its idle agents, leaves busy ones alone, and is torn down once empty."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loading scalers.yaml files: lines, drop-ins, every problem (SPEC a.1, CASES CFG-51/52, examples)."""
+"""Loading scalers.yaml files: lines, drop-ins, every problem, the example files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scalers.yaml schema (SPEC a.2-a.11, CASES CFG-*), on already-parsed documents."""
+"""The scalers.yaml schema, on already-parsed documents."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from scalers.config.schema import ResourceRequest, ScalerEntry, ScalersConfig, p
 
 
 def container(**extra):
-    """CASES ``C(x)``: a container entry with ``extra`` merged in."""
+    """A container entry with ``extra`` merged in."""
     entry = {"name": "c", "type": "container", "maxAgents": 5, "labelSets": [{"labels": ["linux"], "image": "a:1"}]}
     entry.update(extra)
     return entry
@@ -539,7 +539,7 @@ def test_resource_caps_are_checked_at_load(cap, path):
     assert issues[0][0] == path
 
 
-def test_a_bad_cap_memory_names_the_reference_message():
+def test_a_bad_cap_memory_names_the_memory_format_message():
     ((_, message),) = invalid(doc(container(resourceCap={"maxMemory": "4Gi"})))
     assert message.startswith('Invalid memory format: "4Gi".')
 

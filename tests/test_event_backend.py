@@ -1,5 +1,4 @@
-"""Event backend: signed scale-up/scale-down deliveries with retries, the claim store, reload
-(SPEC (k); seed event-backend.d.ts; CASES EV-01..EV-08)."""
+"""Event backend: signed scale-up/scale-down deliveries with retries, the claim store, reload."""
 
 from __future__ import annotations
 

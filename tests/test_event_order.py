@@ -1,5 +1,5 @@
 """Lifecycle events are stored in the order they happened: ``agent.connecting`` ("waiting for agent
-registration") is never stored after ``agent.registered`` (SPEC (d) event order)."""
+registration") is never stored after ``agent.registered``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Host-access grammar and resolution (SPEC g, CASES HA-*)."""
+"""Host-access grammar and resolution."""
 
 from __future__ import annotations
 
@@ -24,22 +24,22 @@ def net(text):
 # -- grammar -----------------------------------------------------------------------------------
 
 
-def test_a_bare_port_means_that_port_on_any_address():  # HA-01
+def test_a_bare_port_means_that_port_on_any_address():
     e = parse_host_access_entry("5000")
     assert (e.daddr, e.port, e.family) == (None, 5000, "ipv4")
 
 
-def test_a_cidr_with_a_port():  # HA-02
+def test_a_cidr_with_a_port():
     e = parse_host_access_entry("10.98.0.0/24:443")
     assert (e.daddr, e.port) == (net("10.98.0.0/24"), 443)
 
 
-def test_a_star_with_a_port():  # HA-03
+def test_a_star_with_a_port():
     e = parse_host_access_entry("*:10143")
     assert (e.daddr, e.port) == (None, 10143)
 
 
-def test_an_address_without_a_port_means_every_port():  # HA-04
+def test_an_address_without_a_port_means_every_port():
     e = parse_host_access_entry("192.168.1.40")
     assert (e.daddr, e.port) == (net("192.168.1.40/32"), None)
     assert e.canonical == "192.168.1.40"
@@ -62,7 +62,7 @@ def test_other_accepted_ipv4_shapes(text, daddr, port):
     assert e.port == port
 
 
-def test_it_refuses_a_hostname_and_says_why():  # HA-06
+def test_it_refuses_a_hostname_and_says_why():
     with pytest.raises(HostAccessError) as exc:
         parse_host_access_entry("registry.internal:5000")
     msg = str(exc.value)
@@ -72,21 +72,21 @@ def test_it_refuses_a_hostname_and_says_why():  # HA-06
 
 
 @pytest.mark.parametrize("text", ["*:0", "*:70000", "65536", "*:65536", "0"])
-def test_it_refuses_ports_outside_the_range(text):  # HA-07
+def test_it_refuses_ports_outside_the_range(text):
     with pytest.raises(HostAccessError, match="outside 1-65535") as exc:
         parse_host_access_entry(text)
     assert f'"{text}"' in str(exc.value)
 
 
 @pytest.mark.parametrize("text", ["*:-1", "10.0.0.1:", "*:http", "*:4000/tcp", "10.0.0.1:5 3"])
-def test_it_refuses_non_numeric_ports(text):  # HA-08
+def test_it_refuses_non_numeric_ports(text):
     with pytest.raises(HostAccessError, match="non-numeric port") as exc:
         parse_host_access_entry(text)
     assert f'"{text}"' in str(exc.value)
 
 
 @pytest.mark.parametrize("text", ["::1:53", "localhost", "ci-runner:22", "host_1"])
-def test_it_refuses_what_is_not_an_ipv4_address(text):  # HA-09
+def test_it_refuses_what_is_not_an_ipv4_address(text):
     with pytest.raises(HostAccessError, match="not an IPv4 address") as exc:
         parse_host_access_entry(text)
     assert f'"{text}"' in str(exc.value)
@@ -204,21 +204,21 @@ def test_a_list_is_all_or_nothing_and_names_the_index():
 # -- storage endpoint (g.2) --------------------------------------------------------------------
 
 
-def test_storage_at_an_ip_literal_is_scoped_to_that_address_and_port():  # HA-11
+def test_storage_at_an_ip_literal_is_scoped_to_that_address_and_port():
     assert storage_host_access_entries("http://192.168.1.5:9000") == ["192.168.1.5:9000"]
 
 
-def test_storage_at_an_ip_literal_without_a_port_uses_the_scheme_port():  # HA-12
+def test_storage_at_an_ip_literal_without_a_port_uses_the_scheme_port():
     assert storage_host_access_entries("http://10.0.0.9") == ["10.0.0.9:80"]
     assert storage_host_access_entries("https://10.0.0.9/bucket") == ["10.0.0.9:443"]
 
 
-def test_storage_at_a_name():  # HA-13
+def test_storage_at_a_name():
     assert storage_host_access_entries("https://s3.us-east-1.amazonaws.com") == []
     assert storage_host_access_entries("https://minio.lan:9443") == ["*:9443"]
 
 
-def test_filesystem_storage_urls():  # HA-14
+def test_filesystem_storage_urls():
     url = agent_facing_storage_url("filesystem", console_port=4000)
     assert url == "http://127.0.0.1:4000"
     assert storage_host_access_entries(url) == ["127.0.0.1:4000"]
@@ -245,21 +245,21 @@ def test_storage_at_an_ipv6_literal_is_bracketed():
 # -- resolution (g.3) --------------------------------------------------------------------------
 
 
-def test_the_default_is_gateway_dns_and_the_console_port():  # HA-16
+def test_the_default_is_gateway_dns_and_the_console_port():
     assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", []) == ["172.30.0.1:53", "*:4000"]
 
 
-def test_the_console_port_comes_from_the_scheme_when_the_url_has_none():  # HA-17
+def test_the_console_port_comes_from_the_scheme_when_the_url_has_none():
     assert resolve_agent_host_access(None, "wss://ci.example.com/ws", "172.30.0.1") == ["172.30.0.1:53", "*:443"]
     assert resolve_agent_host_access(None, "ws://host/ws", "172.30.0.1") == ["172.30.0.1:53", "*:80"]
 
 
-def test_an_unparseable_console_url_is_left_out():  # HA-18
+def test_an_unparseable_console_url_is_left_out():
     assert resolve_agent_host_access(None, "::::", "172.30.0.1", ["*:9000"]) == ["172.30.0.1:53", "*:9000"]
     assert resolve_agent_host_access(None, "gopher://x/", "172.30.0.1", ["*:9000"]) == ["172.30.0.1:53", "*:9000"]
 
 
-def test_duplicates_keep_the_first_occurrence():  # HA-19
+def test_duplicates_keep_the_first_occurrence():
     assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", ["*:4000"]) == [
         "172.30.0.1:53",
         "*:4000",
@@ -271,7 +271,7 @@ def test_duplicates_keep_the_first_occurrence():  # HA-19
     ]
 
 
-def test_an_allowlist_alone_keeps_the_default():  # HA-21
+def test_an_allowlist_alone_keeps_the_default():
     policy = {"allowlist": ["10.1.0.0/16"]}
     assert resolve_agent_host_access(policy, "ws://10.0.0.1:4000/ws", "172.30.0.1") == ["172.30.0.1:53", "*:4000"]
 
@@ -286,7 +286,7 @@ def test_an_explicit_list_wins_outright_even_when_empty():
     assert resolve_agent_host_access(Policy(), "ws://x:1", "172.30.0.1", ["*:9000"]) == ["10.0.0.1:5432"]
 
 
-def test_the_spec_examples():  # SPEC g.3 examples
+def test_the_documented_examples():
     s3 = storage_host_access_entries("http://192.168.1.5:9000")
     assert resolve_agent_host_access(None, "ws://10.1.2.3:4000/ws", "172.30.0.1", s3) == [
         "172.30.0.1:53",
@@ -338,5 +338,6 @@ def test_a_hostname_error_reads_as_the_reference_example():
     with pytest.raises(HostAccessError) as exc:
         parse_host_access_entry("registry.internal:5000")
     assert str(exc.value).startswith(
-        'hostAccess entry "registry.internal:5000" names "registry.internal", which is not an IPv4 address, an IPv4 CIDR, or "*".'
+        'hostAccess entry "registry.internal:5000" names "registry.internal", '
+        'which is not an IPv4 address, an IPv4 CIDR, or "*".'
     )

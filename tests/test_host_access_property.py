@@ -1,4 +1,4 @@
-"""Property tests: thousands of random hostAccess entries (issue 5, "How it is checked").
+"""Property tests: thousands of random hostAccess entries.
 
 Every entry either parses or fails with a message naming it, and the rules rendered for an entry
 accept exactly the packets the entry allows: never a broader one. The rules are judged by a small

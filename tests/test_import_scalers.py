@@ -1,4 +1,4 @@
-"""``manage.py import_scalers`` and ``scalers.importing.apply_scalers_config`` (issue 2 item 3, SPEC c.8)."""
+"""``manage.py import_scalers`` and ``scalers.importing.apply_scalers_config``."""
 
 from __future__ import annotations
 
@@ -140,7 +140,8 @@ def test_every_problem_gets_its_own_line(tmp_path):
     code, _, err = run(path, "--check")
     assert code == 1
     assert err.splitlines() == [
-        f"{path}:4: scalers.0.type: Input should be 'container', 'bare-metal', 'firecracker' or 'event', received \"docker\"",
+        f"{path}:4: scalers.0.type: Input should be 'container', 'bare-metal', 'firecracker' or 'event', "
+        'received "docker"',
         f"{path}:5: scalers.0.maxAgents: Input should be greater than 0, received 0",
     ]
 
@@ -162,7 +163,8 @@ def test_check_uses_the_drop_in_directory(tmp_path):
     code, _, err = run(path, "--dir", str(d), "--check")
     assert code == 1
     assert err.strip() == (
-        f"{d / 'x.yaml'}:1: scalers.0.labelSets.0.image: Container scaler \"gamma\" label set [0] requires an 'image' field"
+        f"{d / 'x.yaml'}:1: scalers.0.labelSets.0.image: "
+        "Container scaler \"gamma\" label set [0] requires an 'image' field"
     )
 
 

@@ -1,4 +1,4 @@
-"""IP allocator and address helpers (SPEC h; CASES IP-01..IP-11)."""
+"""IP allocator and address helpers."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from network.ipalloc import (
     "ip, number",
     [("0.0.0.0", 0), ("255.255.255.255", 4294967295), ("10.0.0.1", 167772161), ("192.168.1.100", 3232235876)],
 )
-def test_addresses_convert_to_numbers_and_back(ip, number):  # IP-01, IP-03
+def test_addresses_convert_to_numbers_and_back(ip, number):
     assert ip_to_number(ip) == number
     assert number_to_ip(number) == ip
 
 
 @pytest.mark.parametrize("bad", ["not-an-ip", "10.0.0", "10.0.0.256", "", " 10.0.0.1", None])
-def test_bad_addresses_are_refused(bad):  # IP-02
+def test_bad_addresses_are_refused(bad):
     with pytest.raises(ValueError, match="Invalid IP address"):
         ip_to_number(bad)
 
@@ -44,7 +44,7 @@ def test_bad_numbers_are_refused(bad):
         ("10.0.0.0/30", 30, "10.0.0.1", "10.0.0.2"),
     ],
 )
-def test_cidr_usable_ranges(cidr, prefix, start, end):  # IP-04
+def test_cidr_usable_ranges(cidr, prefix, start, end):
     r = parse_cidr(cidr)
     assert (r.prefix, r.start, r.end) == (prefix, start, end)
 
@@ -59,7 +59,7 @@ def test_unusable_cidrs_are_refused(bad):
     "ip, mac",
     [("10.0.0.5", "06:00:AC:00:00:05"), ("10.0.1.42", "06:00:AC:00:01:2A"), ("10.255.255.255", "06:00:AC:FF:FF:FF")],
 )
-def test_macs_derive_from_the_address(ip, mac):  # IP-06
+def test_macs_derive_from_the_address(ip, mac):
     assert mac_for_ip(ip) == mac
 
 
@@ -68,18 +68,18 @@ def test_a_mac_for_a_non_address_is_refused():
         mac_for_ip("not-an-ip")
 
 
-def test_the_first_allocation_skips_the_gateway():  # IP-08
+def test_the_first_allocation_skips_the_gateway():
     a = IpAllocator("10.0.0.0/24", "10.0.0.1", taken={}).allocate("scaler-firecracker-1d993749")
     assert (a.ip, a.mac, a.tap_device) == ("10.0.0.2", "06:00:AC:00:00:02", "kici-1d993749")
     assert (a.gateway, a.netmask, a.prefix) == ("10.0.0.1", "255.255.255.0", 24)
 
 
-def test_taken_addresses_are_skipped():  # IP-09
+def test_taken_addresses_are_skipped():
     alloc = IpAllocator("10.0.0.0/24", "10.0.0.1", taken={"10.0.0.2": "vm-a", "10.0.0.3": None})
     assert alloc.allocate("vm-b").ip == "10.0.0.4"
 
 
-def test_release_makes_the_lowest_address_available_again():  # IP-11
+def test_release_makes_the_lowest_address_available_again():
     alloc = IpAllocator("10.0.0.0/24", "10.0.0.1", taken={})
     assert [alloc.allocate(v).ip for v in ("vm-001", "vm-002", "vm-003")] == ["10.0.0.2", "10.0.0.3", "10.0.0.4"]
     assert alloc.release("vm-001") == "10.0.0.2"
@@ -116,7 +116,7 @@ def test_state_is_rebuilt_from_rows_and_interfaces_never_from_empty():
         IpAllocator("10.0.0.0/24", "10.0.0.1")  # live state is required
 
 
-# -- the database-backed allocator (IP-12) ------------------------------------------------------
+# -- the database-backed allocator ------------------------------------------------------
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_a_tap_name_held_by_another_vm_is_not_reused(db_alloc):
     assert b.tap_device != a.tap_device and len(b.tap_device) <= 15
 
 
-def test_sixteen_consecutive_primary_key_conflicts_give_up(db):  # IP-12
+def test_sixteen_consecutive_primary_key_conflicts_give_up(db):
     from network.ipalloc_db import DbIpAllocator, IpAllocationConflict
     from network.models import IpAllocation
 

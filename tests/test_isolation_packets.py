@@ -1,4 +1,4 @@
-"""Isolation proven with real TCP and UDP packets (issue 5, "How it is checked").
+"""Isolation proven with real TCP and UDP packets.
 
 A "host" namespace with a bridge, agents behind it on isolated ports, a "lan" namespace routed
 behind the host (see tests/netns.py). The rules are rendered by network.nft.render and applied by

@@ -1,4 +1,4 @@
-"""Label logic: canonical forms, enrichment, gates, routing, overlaps (SPEC a.10, a.11, b; CASES LBL-*)."""
+"""Label logic: canonical forms, enrichment, gates, routing, overlaps."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def fixture_f():
 @pytest.mark.parametrize(
     "labels, key",
     [
-        (["docker", "linux"], "docker,linux"),  # LBL-01
+        (["docker", "linux"], "docker,linux"),
         (["linux", "docker"], "docker,linux"),
         (["Docker", "linux", "linux"], "docker,linux"),
         ([], ""),
@@ -84,12 +84,12 @@ def test_canonicalize_keeps_order_and_duplicates():
 @pytest.mark.parametrize(
     "job, exclude, expected",
     [
-        (["linux", "docker"], (), ("docker-linux", 0)),  # LBL-02
-        (["linux", "node20"], (), ("docker-linux", 1)),  # LBL-03
-        (["linux", "gpu", "cuda"], (), ("bare-metal-gpu", 0)),  # LBL-04
-        (["linux"], (), ("docker-linux", 0)),  # LBL-06: smallest, first wins a tie
-        (["Linux", "Docker"], (), ("docker-linux", 0)),  # LBL-07
-        (["linux"], ["gpu"], ("docker-linux", 0)),  # LBL-08
+        (["linux", "docker"], (), ("docker-linux", 0)),
+        (["linux", "node20"], (), ("docker-linux", 1)),
+        (["linux", "gpu", "cuda"], (), ("bare-metal-gpu", 0)),
+        (["linux"], (), ("docker-linux", 0)),  # smallest, first wins a tie
+        (["Linux", "Docker"], (), ("docker-linux", 0)),
+        (["linux"], ["gpu"], ("docker-linux", 0)),
         (["linux"], [], ("docker-linux", 0)),
         (["linux", "windows"], (), None),
         (["linux", "docker", "node20"], (), None),
@@ -290,7 +290,7 @@ def test_enrich_label_set_order():
     ]
 
 
-def test_agent_labels_match_the_reference_example():
+def test_agent_labels_match_the_example():
     labels = agent_labels(["linux", "docker"], scaler_name="test-container", scaler_type="container")
     assert ",".join(labels) == (
         "linux,docker,kici:agent:container,kici:scaler:test-container,kici:role:builder,kici:role:init-runner"
@@ -306,7 +306,7 @@ def test_agent_labels_match_the_reference_example():
     ]
 
 
-# ----------------------------------------------------------------------------- roles (SPEC a.11)
+# ----------------------------------------------------------------------------- roles
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""``/metrics`` (SPEC m): refusals by scaler and cap, the reference gauge, usage rollups,
+"""``/metrics``: refusals by scaler and cap, the unlabelled refusal gauge, usage rollups,
 spawn failures, and the in-process cap-lock counter."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_refusals_are_counted_by_scaler_and_cap():
     assert "# TYPE kici_orch_scaler_spawn_refusals_total gauge" in body
 
 
-def test_machine_pool_refusals_stay_out_of_the_reference_gauge():
+def test_machine_pool_refusals_stay_out_of_the_unlabelled_gauge():
     pool = make_pool("box", cpu=1)
     make_scaler("c", max_agents=5, pool=pool)
     request_scale(["linux"], "a", resources={"cpus": 1})
@@ -49,7 +49,6 @@ def test_machine_pool_refusals_stay_out_of_the_reference_gauge():
 
 
 def test_usage_has_a_row_per_scaler_and_a_global_rollup():
-    # ADM-18
     make_scaler("ci-pool", max_agents=5, label_sets=[["ci"]])
     make_scaler("heavy", type="bare-metal", max_agents=5, label_sets=[["heavy"]])
     request_scale(["ci"], "a", resources={"cpus": 2, "memory": "1k"})

@@ -1,4 +1,4 @@
-"""Bridge and TAP plumbing over netlink, in a throwaway namespace (SPEC f, h; CASES IP-07, FC-04, FC-17)."""
+"""Bridge and TAP plumbing over netlink, in a throwaway namespace."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.netns import Netns
         ("vm-001", "kici-vm-001"),
     ],
 )
-def test_tap_names_are_kici_and_the_last_eight_characters(agent_id, name):  # IP-07
+def test_tap_names_are_kici_and_the_last_eight_characters(agent_id, name):
     assert tap_name_for(agent_id) == name
     assert len(tap_name_for(agent_id).encode()) <= 15
 
@@ -93,7 +93,7 @@ def test_a_name_taken_by_something_else_is_not_mistaken_for_a_bridge(ns):
 
 
 @pytest.mark.root
-def test_a_tap_is_created_enslaved_isolated_and_up(ns):  # FC-04
+def test_a_tap_is_created_enslaved_isolated_and_up(ns):
     netlink.ensure_bridge("kici-br9", netns=ns.name)
     netlink.create_tap("kici-1d993749", "kici-br9", netns=ns.name)
     detail = link_detail(ns, "kici-1d993749")
@@ -122,7 +122,7 @@ def test_the_isolation_probe_passes_on_a_bridge_and_cleans_up(ns):
 
 
 @pytest.mark.root
-def test_the_isolation_probe_fails_closed_when_the_port_cannot_be_isolated(ns):  # FC-17
+def test_the_isolation_probe_fails_closed_when_the_port_cannot_be_isolated(ns):
     ns.ip("link", "add", "kici-br9", "type", "veth", "peer", "name", "kici-br9p")  # not a bridge
     with pytest.raises(BridgePortIsolationUnavailable, match="bridge port isolation is not available on kici-br9"):
         netlink.assert_bridge_port_isolation_supported("kici-br9", netns=ns.name)
@@ -136,7 +136,7 @@ def test_the_isolation_probe_fails_closed_when_the_bridge_is_missing(ns):
 
 
 @pytest.mark.root
-def test_the_isolation_probe_is_skipped_when_no_tap_can_be_created(ns, caplog):  # FC-17
+def test_the_isolation_probe_is_skipped_when_no_tap_can_be_created(ns, caplog):
     netlink.ensure_bridge("kici-br9", netns=ns.name)
     assert (
         netlink.assert_bridge_port_isolation_supported("kici-br9", probe="kici-probe-too-long", netns=ns.name) is False

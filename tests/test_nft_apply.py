@@ -1,5 +1,5 @@
-"""The nft applier against the real kernel, inside a throwaway network namespace (SPEC f; seed
-container-backend.d.ts and firecracker-backend.d.ts on reaping and self-heal)."""
+"""The nft applier against the real kernel, inside a throwaway network namespace: applying,
+reaping and self-heal."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_apply_recreates_a_table_deleted_behind_its_back(client, netns):
     assert "ip saddr vmap @agents4_in" in ruleset(netns, client.table)
 
 
-def test_reaping_deletes_only_unheld_addresses_inside_the_subnet(client):  # CTR-21
+def test_reaping_deletes_only_unheld_addresses_inside_the_subnet(client):
     for addr in ("172.30.0.5", "172.30.0.9", "10.0.0.7"):
         client.apply_agent(spec(addr))
     reaped = client.reap_unowned_isolation_rules({"172.30.0.5"}, "172.30.0.0/16")

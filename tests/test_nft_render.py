@@ -1,4 +1,4 @@
-"""Rule rendering as a pure function (SPEC f, CASES NFT-01..09, issue 5 item 2)."""
+"""Rule rendering as a pure function."""
 
 from __future__ import annotations
 
@@ -25,23 +25,23 @@ def inp(host_access):
     return [describe_expr(e) for e in input_rule_exprs(AgentSpec.build("172.30.0.5", GW, host_access=host_access))]
 
 
-def test_the_forward_chain_without_a_policy():  # NFT-01
+def test_the_forward_chain_without_a_policy():
     assert fwd() == ["ip daddr 172.30.0.1 accept", *DROPS, "meta nfproto ipv6 drop", "accept"]
 
 
-def test_allowlist_accepts_come_after_the_gateway_and_before_every_drop():  # NFT-02
+def test_allowlist_accepts_come_after_the_gateway_and_before_every_drop():
     rules = fwd(allowlist=["10.67.0.1/32", "100.64.0.7/32"])
     assert rules[:3] == ["ip daddr 172.30.0.1 accept", "ip daddr 10.67.0.1 accept", "ip daddr 100.64.0.7 accept"]
     assert rules[3:4] == DROPS
 
 
-def test_deny_all_ends_the_forward_chain_with_a_drop():  # NFT-03
+def test_deny_all_ends_the_forward_chain_with_a_drop():
     rules = fwd(deny_all=True)
     assert rules[-1] == "drop"
     assert "accept" not in rules
 
 
-def test_the_input_chain_for_dns_and_the_console_port():  # NFT-06
+def test_the_input_chain_for_dns_and_the_console_port():
     assert inp(["172.30.0.1:53", "*:4000"]) == [
         "ct direction reply ct state established,related accept",
         "ip daddr 172.30.0.1 tcp dport 53 accept",
@@ -52,11 +52,11 @@ def test_the_input_chain_for_dns_and_the_console_port():  # NFT-06
     ]
 
 
-def test_an_empty_host_access_leaves_only_replies():  # NFT-07
+def test_an_empty_host_access_leaves_only_replies():
     assert inp([]) == ["ct direction reply ct state established,related accept", "drop"]
 
 
-def test_an_address_without_a_port_is_one_rule():  # NFT-08
+def test_an_address_without_a_port_is_one_rule():
     assert inp(["192.168.1.40"]) == [
         "ct direction reply ct state established,related accept",
         "ip daddr 192.168.1.40 accept",
@@ -64,7 +64,7 @@ def test_an_address_without_a_port_is_one_rule():  # NFT-08
     ]
 
 
-def test_a_star_opens_the_whole_host_on_ipv4_only():  # NFT-09
+def test_a_star_opens_the_whole_host_on_ipv4_only():
     assert inp(["*"]) == ["ct direction reply ct state established,related accept", "meta nfproto ipv4 accept", "drop"]
 
 
@@ -139,7 +139,7 @@ def test_the_table_is_the_configured_one_everywhere():
         commands_touching(cmds, "console_b")
 
 
-def test_the_private_set_holds_rfc1918_and_link_local():  # NFT-01's four drops
+def test_the_private_set_holds_rfc1918_and_link_local():
     cmds = render_table_base("kici")
     elems = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
     assert elems == [

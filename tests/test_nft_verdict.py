@@ -44,6 +44,9 @@ def test_a_rule_it_cannot_read_stops_the_walk_as_unknown():
         [{"drop": None}],
     ]
     assert chain_verdict(rules, Packet(ipaddress.ip_address("10.0.0.1"), "tcp", 80)).verdict == "unknown"
-    assert chain_verdict([[{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@nope"}}, {"drop": None}]],
-                         Packet(ipaddress.ip_address("10.0.0.1")), {}).verdict == "unknown"  # fmt: skip
+    unknown_set = {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@nope"}}
+    assert (
+        chain_verdict([[unknown_set, {"drop": None}]], Packet(ipaddress.ip_address("10.0.0.1")), {}).verdict
+        == "unknown"
+    )
     assert chain_verdict([], Packet(ipaddress.ip_address("10.0.0.1"))).verdict == "fallthrough"

@@ -118,7 +118,7 @@ async def test_a_late_notice_renders_only_its_own_log_lines(users, config_file):
     from operations.models import Operation
 
     op = await sync_to_async(_plan)(config_file, users["operator"])
-    lines = [{"at": "2026-01-01T00:00:0%d+00:00" % i, "level": "info", "message": f"line {i}"} for i in range(5)]
+    lines = [{"at": f"2026-01-01T00:00:0{i}+00:00", "level": "info", "message": f"line {i}"} for i in range(5)]
     await sync_to_async(Operation.objects.filter(pk=op.pk).update)(log=lines)
     # the notice for lines 3..4 is handled only after line 4 was written too
     (main,) = await sync_to_async(render_update)(op.pk, users["viewer"], keys=[], log_from=3, log_to=4)

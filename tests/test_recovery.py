@@ -1,4 +1,4 @@
-"""Recovery on boot and on leader change (SPEC c.5; CASES REC-*), leader election with a
+"""Recovery on boot and on leader change, leader election with a
 PostgreSQL advisory lock, and the sweeper command that runs both."""
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ def counts(r):
 
 
 def test_a_local_spawn_and_its_reservation_are_dropped():
-    # REC-01
     agent = seed_agent(make_scaler("c", type="container"))
     r = recover_state(ME, spawn_alive=lambda a: False)
     assert counts(r) == (0, 1, 0, 1)
@@ -54,7 +53,6 @@ def test_every_local_backend_type_is_dropped(kind):
 
 
 def test_an_event_spawn_is_rehydrated_and_its_prune_clock_starts_at_spawned_at():
-    # REC-02
     scaler = make_scaler("ev", type="event", config={"provisioningTargets": ["wf"]})
     agent = seed_agent(scaler, cpus=2, memory=4 * GiB)
     Agent.objects.filter(pk=agent.pk).update(created_at=timezone.now() - timedelta(minutes=3))
@@ -68,7 +66,7 @@ def test_an_event_spawn_is_rehydrated_and_its_prune_clock_starts_at_spawned_at()
 
 
 def test_a_reservation_no_spawn_backs_is_dropped():
-    # REC-03: the agent is gone (failed) but its reservation row survived.
+    # the agent is gone (failed) but its reservation row survived.
     seed_agent(make_scaler("c"), state=AgentState.FAILED)
     r = recover_state(ME)
     assert counts(r) == (0, 0, 0, 1)
@@ -76,7 +74,6 @@ def test_a_reservation_no_spawn_backs_is_dropped():
 
 
 def test_rows_of_another_instance_are_untouched_and_uncounted():
-    # REC-04
     scaler = make_scaler("c")
     seed_agent(scaler, owner=OTHER)
     seed_agent(scaler, owner=OTHER, state=AgentState.FAILED)
@@ -105,7 +102,6 @@ def test_a_local_spawn_with_no_rq_job_is_dropped_by_the_default_check():
 
 
 def test_buffered_events_lost_is_always_zero_and_the_report_is_stored():
-    # REC-06
     seed_agent(make_scaler("c"))
     r = recover_state(ME, trigger="leader-change", spawn_alive=lambda a: False)
     assert r.buffered_events_lost == 0

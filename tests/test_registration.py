@@ -1,4 +1,4 @@
-"""Agent registration and heartbeat API (issue 2 item 7; SPEC (d))."""
+"""Agent registration and heartbeat API."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every release path gives the reservation back exactly once (SPEC c.3, c.6, d): the
+"""Every release path gives the reservation back exactly once: the
 ``release`` primitive, the spawn failure event, destroy (and a destroy that fails), the rq job
 crashing, timing out, or dying with its worker, a spawn that never registers within its token
 TTL, the stale prune, and a spawn that could not be enqueued."""
@@ -148,7 +148,9 @@ def test_a_killed_worker_releases_through_rq_abandoned_job_cleanup(admitted, doc
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DATABASE_URL": (
+            f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
         "REDIS_URL": django_settings.REDIS_URL,
     }
     root = Path(__file__).resolve().parent.parent

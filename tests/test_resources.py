@@ -1,4 +1,4 @@
-"""Resource mirroring, the job → label set → defaults cascade and backend limits (SPEC a.4, CASES RES-*)."""
+"""Resource mirroring, the job → label set → defaults cascade and backend limits."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def req(value):
     return parse_resource_request(value)
 
 
-# ----------------------------------------------------------------------------- RES-01 mirroring
+# ----------------------------------------------------------------------------- mirroring
 
 
 def test_res01_requests_only_is_mirrored_to_limits():
@@ -54,7 +54,7 @@ def test_mirroring_accepts_plain_mappings_of_either_shape():
     assert mirror_request({"limits": {"cpus": 3}}).requests.cpus == 3
 
 
-# ----------------------------------------------------------------------------- RES-02 cascade
+# ----------------------------------------------------------------------------- cascade
 
 
 def test_res02_cascade_job_over_label_set_over_defaults():
@@ -87,7 +87,7 @@ def test_defaults_alone_apply():
     assert resolved.requests == resolved.limits == ResourceAmount(2, 2 * GIB)
 
 
-# ----------------------------------------------------------------------------- RES-03 / RES-04 limits
+# ----------------------------------------------------------------------------- limits
 
 
 def test_res03_nothing_declared_anywhere():

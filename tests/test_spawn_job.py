@@ -1,5 +1,4 @@
-"""The spawn job: enqueued on commit on the host queue, deadline-bounded, failure callback
-(issue 2 items 5-6; SPEC c.1 step 9)."""
+"""The spawn job: enqueued on commit on the host queue, deadline-bounded, failure callback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Console fan-out core (live.streams, live.hub, live.sources): shared pump, ring, bounded per-viewer buffers, sources."""
+"""Console fan-out core (live.streams, live.hub, live.sources): shared pump, ring, bounded
+per-viewer buffers, sources."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def source_for(path):
     return file_source(path, poll_interval=0.02)
 
 
-# --- failure lines (SPEC h) ----------------------------------------------------------------------
+# --- failure lines ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The bounded file tail (seed file-tail.d.ts, SPEC (i), CASES section 9), on real files."""
+"""The bounded file tail, on real files."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from live.tail import (
     tail_file,
 )
 
-POLL = 0.02  # tests poll faster than the reference's 100 ms to stay quick
+POLL = 0.02  # tests poll faster than the default 100 ms to stay quick
 
 
 def append(path, data: bytes) -> None:
@@ -78,10 +78,10 @@ async def run_reader(tail: FileTail, until_offset: int) -> asyncio.Event:
     return stop
 
 
-# --- CASES section 9 ---------------------------------------------------------------------------
+# --- lines, aborts, truncation, decoding ------------------------------------------------------
 
 
-async def test_it_yields_appended_lines_in_order(tmp_path):  # TAIL-01
+async def test_it_yields_appended_lines_in_order(tmp_path):
     path = tmp_path / "serial-console.log"
     path.write_bytes(b"")
     tail = await started(path)
@@ -90,7 +90,7 @@ async def test_it_yields_appended_lines_in_order(tmp_path):  # TAIL-01
     await tail.abort()
 
 
-async def test_it_joins_a_line_written_in_two_parts(tmp_path):  # TAIL-02
+async def test_it_joins_a_line_written_in_two_parts(tmp_path):
     path = tmp_path / "serial-console.log"
     tail = await started(path)
     append(path, b"partial ")
@@ -101,7 +101,7 @@ async def test_it_joins_a_line_written_in_two_parts(tmp_path):  # TAIL-02
     await tail.abort()
 
 
-async def test_it_skips_empty_lines(tmp_path):  # TAIL-03
+async def test_it_skips_empty_lines(tmp_path):
     path = tmp_path / "log"
     tail = await started(path)
     append(path, b"first\n\n\nsecond\n")
@@ -109,7 +109,7 @@ async def test_it_skips_empty_lines(tmp_path):  # TAIL-03
     assert await tail.abort() == ["first", "second"]
 
 
-async def test_it_ends_after_abort_with_what_was_read(tmp_path):  # TAIL-04
+async def test_it_ends_after_abort_with_what_was_read(tmp_path):
     path = tmp_path / "log"
     tail = await started(path)
     append(path, b"before abort\n")
@@ -118,7 +118,7 @@ async def test_it_ends_after_abort_with_what_was_read(tmp_path):  # TAIL-04
     assert tail.task.done()
 
 
-async def test_it_flushes_the_partial_line_on_abort(tmp_path):  # TAIL-06
+async def test_it_flushes_the_partial_line_on_abort(tmp_path):
     path = tmp_path / "log"
     tail = await started(path)
     append(path, b"complete line\nno trailing newline")
@@ -127,7 +127,7 @@ async def test_it_flushes_the_partial_line_on_abort(tmp_path):  # TAIL-06
     assert await tail.abort() == ["complete line", "no trailing newline"]
 
 
-async def test_it_creates_a_missing_file_and_follows_it(tmp_path):  # TAIL-07
+async def test_it_creates_a_missing_file_and_follows_it(tmp_path):
     path = tmp_path / "vmm.log"
     assert not path.exists()
     tail = await started(path)
@@ -143,7 +143,7 @@ async def test_it_refuses_a_path_whose_directory_is_missing(tmp_path):
             pass
 
 
-async def test_it_truncates_an_over_long_complete_line(tmp_path):  # TAIL-08
+async def test_it_truncates_an_over_long_complete_line(tmp_path):
     path = tmp_path / "log"
     tail = await started(path)
     append(path, b"x" * 70_000 + b"\n")
@@ -152,7 +152,7 @@ async def test_it_truncates_an_over_long_complete_line(tmp_path):  # TAIL-08
     assert await tail.abort() == [line]
 
 
-async def test_it_discards_the_rest_of_an_over_long_partial_line(tmp_path):  # TAIL-09
+async def test_it_discards_the_rest_of_an_over_long_partial_line(tmp_path):
     path = tmp_path / "log"
     tail = await started(path)
     append(path, b"x" * 70_000)
@@ -163,7 +163,7 @@ async def test_it_discards_the_rest_of_an_over_long_partial_line(tmp_path):  # T
     assert await tail.abort() == [line, "next"]
 
 
-async def test_it_keeps_a_cumulative_drop_marker_at_the_head(tmp_path):  # TAIL-10, TAIL-11
+async def test_it_keeps_a_cumulative_drop_marker_at_the_head(tmp_path):
     path = tmp_path / "log"
     path.write_bytes(b"".join(b"line %d\n" % i for i in range(1, 10_006)))  # one read, no consumer
     tail = FileTail(path, poll_interval=POLL)
@@ -191,7 +191,7 @@ async def test_it_keeps_a_cumulative_drop_marker_at_the_head(tmp_path):  # TAIL-
     assert sum(1 for entry in queued if isinstance(entry, DropMarker)) == 1
 
 
-async def test_it_decodes_a_character_straddling_a_read_boundary(tmp_path):  # TAIL-12
+async def test_it_decodes_a_character_straddling_a_read_boundary(tmp_path):
     path = tmp_path / "log"
     filler = b"a" * 99 + b"\n"
     body = filler * ((MAX_READ_BYTES - 200) // len(filler))
@@ -206,7 +206,7 @@ async def test_it_decodes_a_character_straddling_a_read_boundary(tmp_path):  # T
     assert not any("\ufffd" in line for line in lines)
 
 
-async def test_it_drains_a_burst_without_waiting_for_the_next_poll(tmp_path):  # TAIL-13
+async def test_it_drains_a_burst_without_waiting_for_the_next_poll(tmp_path):
     path = tmp_path / "log"
     line = b"z" * 1023 + b"\n"
     path.write_bytes(line * (3 * 1024 + 512))  # 3.5 MiB: four slices
@@ -225,7 +225,7 @@ async def test_it_drains_a_burst_without_waiting_for_the_next_poll(tmp_path):  #
     assert got == 3 * 1024 + 512
 
 
-# --- issue 7 ---------------------------------------------------------------------------------
+# --- bursts, bad input, truncated and replaced files ---------------------------------------------
 
 
 async def test_a_5_mib_line_without_newline_becomes_one_truncated_line_in_bounded_memory(tmp_path):
@@ -380,7 +380,7 @@ def test_the_splitter_flushes_an_incomplete_character_as_a_replacement():
     assert splitter.flush() == ["end \ufffd"]
 
 
-# --- paced mode (the console pump's source; not SPEC (i)) ----------------------------------------
+# --- paced mode (the console pump's source) ----------------------------------------------------
 
 
 async def test_a_paced_tail_waits_for_a_slow_consumer_instead_of_dropping(tmp_path):

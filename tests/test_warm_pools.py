@@ -1,8 +1,9 @@
-"""Warm pools (SPEC j; CASES WP-*): deficit pass under the admission lock, idle reaping through
+"""Warm pools: deficit pass under the admission lock, idle reaping through
 mark_draining, consumption by jobs, and the gauges on /metrics."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 
 import pytest
@@ -33,11 +34,15 @@ def warm_scaler(size=3, max_agents=10, label_sets=(("linux", "docker"),), **kw):
     return make_scaler("w", max_agents=max_agents, label_sets=label_sets, warm_size=size, label_set_config=SHAPE, **kw)
 
 
-def warm_agent(scaler, index=0, *, state=AgentState.RUNNING, idle_seconds=0.0, cpus=2.0, memory=4 * GiB, n=[0]):
-    n[0] += 1
+#: Serial numbers of the warm agents the tests create (unique agent ids across tests).
+_WARM_IDS = itertools.count(1)
+
+
+def warm_agent(scaler, index=0, *, state=AgentState.RUNNING, idle_seconds=0.0, cpus=2.0, memory=4 * GiB):
+    n = next(_WARM_IDS)
     ls = LabelSet.objects.get(scaler=scaler, index=index)
     agent = Agent.objects.create(
-        agent_id=f"scaler-container-w{n[0]:07x}",
+        agent_id=f"scaler-container-w{n:07x}",
         scaler=scaler,
         label_set=ls,
         state=state,
@@ -64,7 +69,6 @@ def warm_counts(scaler):
 
 
 def test_the_deficit_pass_fills_size_minus_ready_minus_in_flight():
-    # WP-01
     s = warm_scaler(size=3)
     warm_agent(s)
     assert deficit_pass() == 2
@@ -76,7 +80,6 @@ def test_the_deficit_pass_fills_size_minus_ready_minus_in_flight():
 
 
 def test_the_headroom_is_shared_across_the_pass():
-    # WP-02
     s = warm_scaler(size=3, max_agents=4, label_sets=[["linux", "a"], ["linux", "b"]])
     assert deficit_pass() == 4
     per_set = sorted(Agent.objects.filter(scaler=s).values_list("label_set__index", flat=True))
@@ -84,7 +87,6 @@ def test_the_headroom_is_shared_across_the_pass():
 
 
 def test_no_headroom_no_spawn():
-    # WP-03
     set_global(max_agents=2)
     warm_scaler(size=3)
     make_scaler("busy", max_agents=5, label_sets=[["busy"]])
@@ -101,7 +103,7 @@ def test_warm_agents_count_toward_every_cap():
 
 
 def test_a_refused_warm_spawn_is_not_in_flight_and_the_next_tick_retries():
-    # WP-04: the resource cap refuses the warm spawns; once it is raised, the next pass fills.
+    # the resource cap refuses the warm spawns; once it is raised, the next pass fills.
     s = warm_scaler(size=2, cpu=1)
     assert deficit_pass() == 0
     assert warm_counts(s) == (0, 0)
@@ -128,9 +130,9 @@ def test_concurrent_deficit_passes_never_overshoot():
 @pytest.mark.parametrize(
     ("size", "ages", "destroyed"),
     [
-        (2, [600, 360, 60], [600]),  # WP-06: only the oldest of the excess, and only if idle too long
-        (2, [3600, 3600], []),  # WP-07: never reaps at or below the target
-        (0, [600, 60], [600]),  # WP-08: size 0 drains, still honouring the idle timeout
+        (2, [600, 360, 60], [600]),  # only the oldest of the excess, and only if idle too long
+        (2, [3600, 3600], []),  # never reaps at or below the target
+        (0, [600, 60], [600]),  # size 0 drains, still honouring the idle timeout
     ],
 )
 def test_the_idle_check_reaps_only_old_surplus(size, ages, destroyed, docker_client):
@@ -143,7 +145,7 @@ def test_the_idle_check_reaps_only_old_surplus(size, ages, destroyed, docker_cli
 
 
 def test_a_removed_pool_loses_all_its_idle_agents(docker_client):
-    # WP-09 (removed)
+    # a removed pool
     s = warm_scaler(size=2)
     warm_agent(s, idle_seconds=10)
     warm_agent(s, idle_seconds=20)
@@ -153,7 +155,7 @@ def test_a_removed_pool_loses_all_its_idle_agents(docker_client):
 
 
 def test_a_shrunk_pool_loses_its_oldest_surplus_at_once_after_a_config_change(docker_client):
-    # WP-09 (shrunk 5 -> 2 with 4 idle)
+    # a pool shrunk 5 -> 2 with 4 idle
     s = warm_scaler(size=5)
     ages = [40, 30, 20, 10]
     agents = [warm_agent(s, idle_seconds=a) for a in ages]
@@ -168,7 +170,6 @@ def test_a_shrunk_pool_loses_its_oldest_surplus_at_once_after_a_config_change(do
 
 
 def test_pools_without_a_shape_or_with_a_bad_memory_string_are_not_configured():
-    # WP-11, WP-12
     make_scaler("none", warm_size=2, label_sets=[["a"]])
     make_scaler("bad", warm_size=2, label_sets=[["b"]], label_set_config={"resources": {"memory": "4Gi"}})
     make_scaler("good", warm_size=2, label_sets=[["c"]], label_set_config=SHAPE)
@@ -185,7 +186,6 @@ def test_defaults_alone_give_a_pool_its_shape():
 
 
 def test_a_warm_agent_with_a_job_is_not_destroyed(docker_client):
-    # WP-13
     s = warm_scaler(size=0)
     agent = warm_agent(s, idle_seconds=3600)
     Agent.objects.filter(pk=agent.pk).update(active_jobs=1)
@@ -209,7 +209,6 @@ def test_a_warm_agent_with_a_job_is_not_destroyed(docker_client):
     ],
 )
 def test_a_job_consumes_an_idle_warm_agent_that_fits(resources, assigned):
-    # WP-14
     s = warm_scaler(size=1)
     agent = warm_agent(s, idle_seconds=5)
     d = request_scale(["linux", "docker"], "job-1", resources=resources)

@@ -93,7 +93,8 @@ def agent_selftest(request, agent_id: str):
         return render(request, "agents/detail.html#selftest", ctx, status=403)
     if not agent.is_active or not agent.ip:
         ctx["error"] = (
-            f"agent {agent.agent_id} is {agent.state} and has {'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"
+            f"agent {agent.agent_id} is {agent.state} and has "
+            f"{'address ' + agent.ip if agent.ip else 'no address'}: nothing to probe"
         )
     else:
         try:

@@ -1,5 +1,4 @@
-"""The one place that sends isolation rules to the kernel (SPEC f; seed container-backend.d.ts,
-firecracker-backend.d.ts).
+"""The one place that sends isolation rules to the kernel, for container and firecracker agents.
 
 Every change is ONE ``nft -j -f -`` transaction, so all of an agent's rules appear or none do.
 Reads use ``nft -j list ...`` and are interpreted by chain and map names (``network.nft.render``),
@@ -29,7 +28,7 @@ from network.nft.spec import AgentSpec, IPAddress, validate_table_name
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 10.0  # seconds per nft invocation (SPEC f)
+DEFAULT_TIMEOUT = 10.0  # seconds per nft invocation
 
 
 class NftError(RuntimeError):
@@ -87,7 +86,7 @@ class AgentRules:
 class NftClient:
     """Applies and reads one console's isolation table (``inet <table>``).
 
-    ``table``: the configured table name (seed ``nftOpts``; never a hard-coded one).
+    ``table``: the configured table name (never a hard-coded one).
     ``nft_binary``: path or name of nft. ``sudo``: prefix ``sudo -n``. ``netns``: run inside a named
     network namespace (``ip netns exec <netns> nft ...``), as the tests and the bench do.
     ``timeout``: seconds per invocation. Raises :class:`RuleSpecError` for a bad table name.
@@ -150,7 +149,7 @@ class NftClient:
     # -- checks --------------------------------------------------------------------------------
 
     def check_available(self) -> None:
-        """Fail closed when nft cannot be used (SPEC f "Availability check", CASES CTR-18).
+        """Fail closed when nft cannot be used.
 
         Runs ``nft -j list tables``. Raises :class:`NftUnavailableError` saying the binary is
         missing or that the process lacks CAP_NET_ADMIN, or :class:`NftError` for anything else.
@@ -240,9 +239,9 @@ class NftClient:
         return bool(cmds)
 
     def self_heal(self, specs: Iterable[AgentSpec], guard_interfaces: Iterable[str] = ()) -> None:
-        """Re-apply the base and every given agent in ONE transaction (seed
-        ``reapplyIsolationForTrackedVms``). Idempotent: twice in a row leaves exactly one copy of
-        each rule. Agents not in ``specs`` are left alone (reaping is a separate decision).
+        """Re-apply the base and every given agent in ONE transaction. Idempotent: twice in a row
+        leaves exactly one copy of each rule. Agents not in ``specs`` are left alone (reaping is a
+        separate decision).
         """
         self.apply_document(render_full(self.table, list(specs), guard_interfaces))
         self._base_ready = True
@@ -350,12 +349,11 @@ class NftClient:
         """Delete the rules of every agent address inside ``subnet`` that no live sandbox holds.
 
         ``live_addresses``: addresses held by live sandboxes across ALL scalers and consoles on
-        this host (seed container-backend.d.ts ``isolatedNetworkAddressesInUse``), or ``None`` when
-        that listing failed, in which case nothing is reaped. Addresses outside ``subnet`` (e.g.
-        172.30.0.0/16) are never touched; a failure to read the table reaps nothing. ``only``:
-        when given, no address outside it is touched either (the caller's re-checked candidates,
-        so rules written after its holder listing are never reaped). One transaction for all
-        deletions. Returns the reaped addresses as strings, sorted.
+        this host, or ``None`` when that listing failed, in which case nothing is reaped. Addresses
+        outside ``subnet`` (e.g. 172.30.0.0/16) are never touched; a failure to read the table reaps
+        nothing. ``only``: when given, no address outside it is touched either (the caller's
+        re-checked candidates, so rules written after its holder listing are never reaped). One
+        transaction for all deletions. Returns the reaped addresses as strings, sorted.
         """
         if live_addresses is None:
             log.warning("reap skipped: the live address listing failed, so nothing is reaped")
@@ -392,7 +390,7 @@ class NftClient:
 def describe_agent_rules(client: NftClient, address: IPAddress | str) -> list[str]:
     """The rules in force for one agent, read back from the kernel, as human-readable lines.
 
-    For the agent page (issue 5 item 7). ``["no isolation rules in force for <addr>"]`` when the
+    For the agent page. ``["no isolation rules in force for <addr>"]`` when the
     agent has none; listing failures raise NftError.
     """
     addr = ipaddress.ip_address(address) if isinstance(address, str) else address

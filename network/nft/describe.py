@@ -1,5 +1,5 @@
 """nft JSON rule expressions in nft-like text, for the agent page's "rules in force" and for test
-diagnostics (SPEC f)."""
+diagnostics."""
 
 from __future__ import annotations
 

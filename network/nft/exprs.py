@@ -1,5 +1,5 @@
 """Rule expressions in nft JSON (schema 1, as nft 1.0.6 reads and prints it): the base chains and
-an agent's forward and input chains, SPEC f (NFT-01..09). Pure; see :mod:`network.nft.render` for the layout.
+an agent's forward and input chains. Pure; see :mod:`network.nft.render` for the layout.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from network.host_access import HostAccessEntry
 from .names import FORWARD_CHAIN, GUARD_SET, INPUT_CHAIN, MAPS, PRIVATE_SET
 from .spec import AgentSpec, IPAddress, IPNetwork
 
-# Dropped on forward after the gateway and allowlist accepts (SPEC f, NFT-01): RFC1918 and
+# Dropped on forward after the gateway and allowlist accepts: RFC1918 and
 # link-local, which covers the 169.254.169.254 metadata service.
 PRIVATE_DROPS = tuple(
     ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
@@ -53,7 +53,7 @@ def _as_net(addr: IPAddress) -> IPNetwork:
 _PRIVATE_DROP = [_match(_payload("ip", "daddr"), f"@{PRIVATE_SET}"), DROP]
 _V6_DROP = [_nfproto("ipv6"), DROP]
 # Replies to flows the HOST opened (ct direction reply), never the agent's own packets: a flow the
-# agent opened before its rules existed (the container runs ~50 ms before they are written) would
+# agent opened before its rules existed (the container runs briefly before they are written) would
 # otherwise stay established and bypass the entries below for its whole life.
 _CT_ACCEPT = [
     _match({"ct": {"key": "direction"}}, "reply"),
@@ -63,9 +63,9 @@ _CT_ACCEPT = [
 
 
 def forward_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
-    """The agent's forward chain, head to tail, as a list of expression lists (SPEC f, NFT-01..03).
+    """The agent's forward chain, head to tail, as a list of expression lists.
 
-    The four private-range drops of NFT-01 are one lookup in the table's ``private4`` interval set
+    The four private-range drops are one lookup in the table's ``private4`` interval set
     (10/8, 172.16/12, 192.168/16, 169.254/16): same verdict per packet, three fewer rules per
     agent. The returned lists are shared between agents with the same policy: do not mutate.
     """
@@ -87,7 +87,7 @@ def _forward_rules(gateway: IPAddress, allowlist: tuple[IPNetwork, ...], deny_al
 
 @functools.lru_cache(maxsize=1024)
 def host_access_rule_exprs(entry: HostAccessEntry) -> list[list[dict]]:
-    """Input rules for one entry (NFT-06, 08, 09): tcp and udp when it has a port, else one rule.
+    """Input rules for one entry: tcp and udp when it has a port, else one rule.
 
     Wildcard entries are restricted to IPv4 (``meta nfproto ipv4``); see the module doc.
     """
@@ -98,7 +98,7 @@ def host_access_rule_exprs(entry: HostAccessEntry) -> list[list[dict]]:
 
 
 def input_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
-    """The agent's input chain, head to tail (SPEC f, NFT-06..09): reply-direction ct accept,
+    """The agent's input chain, head to tail: reply-direction ct accept,
     entries, drop.
 
     Only packets in the *reply* direction of a tracked flow (the agent answering a connection the

@@ -1,4 +1,4 @@
-"""Names in a console's nft table: the table's objects and an agent's chains, read both ways (SPEC f).
+"""Names in a console's nft table: the table's objects and an agent's chains, read both ways.
 
 Ownership is read from names: chain ``a4-172-30-0-5-fwd`` belongs to agent 172.30.0.5 (see
 :mod:`network.nft.render`).

@@ -1,5 +1,5 @@
-"""Which rules would change for live agents if a policy changed (issue 5 item 7: the host-access
-editor's preview). Pure: the same function serves the preview and the approved apply's re-check.
+"""Which rules would change for live agents if a policy changed (the host-access editor's
+preview). Pure: the same function serves the preview and the approved apply's re-check.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What one agent's isolation rules depend on, validated before anything is rendered (SPEC f, g).
+"""What one agent's isolation rules depend on, validated before anything is rendered.
 
 :class:`AgentSpec` (built with :meth:`AgentSpec.build`), the table-name and allowlist checks, and
 :class:`RuleSpecError`, which names the field and the value.
@@ -64,12 +64,12 @@ def parse_allowlist_entry(text: str) -> IPNetwork:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """Everything the rules for one agent depend on (SPEC f and g), already validated.
+    """Everything the rules for one agent depend on, already validated.
 
     ``address``: the agent's source address, the key of its map elements and chain names.
-    ``gateway``: the bridge gateway (accepted on forward, NFT-01). ``allowlist``: networks accepted
+    ``gateway``: the bridge gateway (accepted on forward). ``allowlist``: networks accepted
     on forward ahead of the private-range drops, in order. ``deny_all``: drop everything else on
-    forward. ``host_access``: the *resolved* entries (SPEC g.3), rendered on input in order.
+    forward. ``host_access``: the *resolved* entries, rendered on input in order.
     Build one with :meth:`build`, which validates every field first.
     """
 

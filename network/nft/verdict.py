@@ -1,5 +1,5 @@
 """What an agent's chain does with one packet, worked out from its rules as nft prints them back
-(SPEC f; the live self-test's "blocked by rule (verified, not probed)", issue 8).
+(the live self-test's "blocked by rule (verified, not probed)").
 
 The self-test may not send packets to destinations that could leave the machine (RFC1918, the
 metadata service, public addresses), so for those it reads the agent's chain back from the kernel

@@ -2,10 +2,10 @@
 
 Scope: one or more agent ids (of one scaler). Target: an agent in an active state. At run time a
 running agent is first marked draining; one that still has active jobs is left running, the drain
-undone, and the target skipped with the count: drain it first. An agent an operator already drained keeps draining while it
-has jobs. ``active_jobs`` is compared: a job started since the preview skips the agent. The
-teardown is ``scalers.admission.teardown_agent`` (backend destroy, agent destroyed, reservation
-released).
+undone, and the target skipped with the count: drain it first. An agent an operator already
+drained keeps draining while it has jobs. ``active_jobs`` is compared: a job started since the
+preview skips the agent. The teardown is ``scalers.admission.release.teardown_agent`` (backend
+destroy, agent destroyed, reservation released).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def _decide(result: Plan, key: str, agent) -> None:
         result.targets.append(Target(key, "destroy", agent_id, agent_evidence(agent)))
         if agent.active_jobs:
             result.notes.append(
-                f"{agent_id} has {agent.active_jobs} active job(s): it is skipped at run time unless they finish; drain it instead"
+                f"{agent_id} has {agent.active_jobs} active job(s): it is skipped at run time unless they "
+                "finish; drain it instead"
             )
     else:
         result.spared.append(Spared(key, agent_id, f"agent is already {agent.state}", agent_evidence(agent)))

@@ -137,7 +137,8 @@ class HostAccessApply(Kind):
         file_value = _policy(label_set).get("hostAccess")
         if file_value != new:
             result.notes.append(
-                f"scalers.yaml says hostAccess {file_value if file_value is not None else '(default)'} for this label set: "
+                f"scalers.yaml says hostAccess {file_value if file_value is not None else '(default)'} for this "
+                "label set: "
                 "the next reload restores the file's value unless the file is changed too"
             )
 
@@ -226,7 +227,8 @@ class HostAccessApply(Kind):
                         run.report(
                             target.key,
                             TargetOutcome.SKIPPED,
-                            f"address {agent.ip} is held by {', '.join(map(str, others))} now: writing this agent's rules would replace theirs",
+                            f"address {agent.ip} is held by {', '.join(map(str, others))} now: writing this "
+                            "agent's rules would replace theirs",
                         )
                         continue
                     NftClient(table, netns=settings.KICI_NFT_NETNS).apply_agent(
@@ -236,7 +238,8 @@ class HostAccessApply(Kind):
                 run.report(
                     target.key,
                     TargetOutcome.DONE,
-                    f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed",
+                    f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} "
+                    "removed",
                 )
             except Exception as exc:  # noqa: BLE001
                 run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")

@@ -104,7 +104,8 @@ def teardown_lost_agent(
     if agent.state != AgentState.FAILED:
         return (
             TargetOutcome.FAILED,
-            f"the backend could not remove its remains; the agent stays {agent.state} with its reservation and the sweeper retries",
+            f"the backend could not remove its remains; the agent stays {agent.state} with its reservation and "
+            "the sweeper retries",
         )
     return TargetOutcome.DONE, "remains removed, agent failed, " + (
         "reservation released" if released else "it held no reservation"

@@ -85,7 +85,8 @@ class ScalerRetirement(Kind):
                 Spared(
                     key,
                     scaler.name,
-                    f"still draining: {evidence['active_agents']} active agent(s), {evidence['reservations']} reservation(s)",
+                    f"still draining: {evidence['active_agents']} active agent(s), {evidence['reservations']} "
+                    "reservation(s)",
                     evidence,
                 )
             )

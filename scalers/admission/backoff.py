@@ -1,4 +1,4 @@
-"""Provision backoff of a scaler whose spawns keep failing (SPEC c.1 step 4). Pure.
+"""Provision backoff of a scaler whose spawns keep failing. Pure.
 
 Backoff after ``n`` consecutive failures = ``base * 2**(n-1)`` seconds, capped at ``max``
 (defaults 30 s and 900 s), counted from the last failure; at ``n >= 5`` the reason says the

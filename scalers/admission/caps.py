@@ -1,4 +1,4 @@
-"""The cap check of admission as pure arithmetic over a usage snapshot (SPEC c.2).
+"""The cap check of admission as pure arithmetic over a usage snapshot.
 
 No database here: :mod:`scalers.admission.ledger` reads the snapshot under the admission lock,
 :func:`first_refusing_cap` decides one request against it and :meth:`Usage.admit` books the
@@ -31,7 +31,7 @@ class CapName(StrEnum):
     MAX_CONCURRENT_SPAWNS = "maxConcurrentSpawns"
 
 
-#: Every cap name in check order (SPEC c.2 steps 1, 2, 3, 6; then the spawn semaphore of c.1 step 9).
+#: Every cap name in check order (the declaration order of :class:`CapName`).
 CAP_ORDER = tuple(CapName)
 #: Caps on resources: a request larger than one of these *alone* can never be admitted while the cap
 #: stands (:func:`cap_exceeded_alone`), whatever else runs.
@@ -43,15 +43,15 @@ RESOURCE_CAPS = (
     CapName.MACHINE_POOL_CPU,
     CapName.MACHINE_POOL_MEMORY,
 )
-#: Caps on agent counts: a refusal on one of these may warrant the ledger warning (seed manager.d.ts).
+#: Caps on agent counts: a refusal on one of these may warrant the ledger warning.
 COUNT_CAPS = frozenset({CapName.GLOBAL_MAX_AGENTS, CapName.MAX_AGENTS})
-#: Caps the reference's unlabelled refusal gauge does not count (SPEC c.2: a machine-pool refusal
-#: does not bump it; ``maxConcurrentSpawns`` is a queue there, not a refusal).
-NOT_IN_REFERENCE_GAUGE = frozenset(
+#: Caps the unlabelled refusal gauge ``kici_orch_scaler_spawn_refusals_total`` does not count: a
+#: machine-pool refusal does not bump it, and ``maxConcurrentSpawns`` is a queue, not a refusal.
+NOT_IN_ORCH_REFUSAL_GAUGE = frozenset(
     {CapName.MACHINE_POOL_CPU, CapName.MACHINE_POOL_MEMORY, CapName.MAX_CONCURRENT_SPAWNS}
 )
 
-# Sums of float cpus drift (0.1 + 0.2 > 0.3); a request that fits "exactly" must be admitted (ADM-08).
+# Sums of float cpus drift (0.1 + 0.2 > 0.3); a request that fits "exactly" must be admitted.
 _EPS = 1e-9
 
 
@@ -97,7 +97,7 @@ class Tally:
 
     @property
     def count(self) -> int:
-        """The occupied slots: ``max(active agents, reservations)`` (SPEC c.2 steps 1-2)."""
+        """The occupied slots: ``max(active agents, reservations)``."""
         return max(self.active, self.reservations)
 
 
@@ -146,9 +146,9 @@ def first_refusing_cap(
 ) -> CapName | None:
     """Return the first cap (in :data:`CAP_ORDER`) that refuses this request, or ``None``.
 
-    ``cpus`` (cores) and ``memory_bytes`` are the resolved requests (SPEC a.4). Count caps refuse
-    at ``count >= max``; resource caps refuse at ``used + request > cap`` (equal is admitted,
-    ADM-08). ``pool`` is the scaler's machine pool, or ``None``. Source: SPEC (c.2).
+    ``cpus`` (cores) and ``memory_bytes`` are the resolved requests. Count caps refuse
+    at ``count >= max``; resource caps refuse at ``used + request > cap`` (equal is admitted).
+    ``pool`` is the scaler's machine pool, or ``None``.
     """
     s = usage.scaler(caps.scaler_id)
     if usage.total.count >= glob.max_agents:
@@ -195,7 +195,7 @@ def cap_exceeded_alone(
 
     Such a request can never be admitted while the configuration stands, even with nothing else
     running: admission answers it with the permanent ``exceeds-cap`` refusal instead of
-    ``at-capacity`` (which tells the orchestrator to retry). Equal to the cap fits (ADM-08).
+    ``at-capacity`` (which tells the orchestrator to retry). Equal to the cap fits.
     Count caps are not considered here: a slot frees when an agent ends.
     """
     for name, limit in resource_cap_limits(glob, caps, pool).items():

@@ -33,7 +33,7 @@ from . import ledger
 from .backoff import backoff_reason
 from .caps import (
     COUNT_CAPS,
-    NOT_IN_REFERENCE_GAUGE,
+    NOT_IN_ORCH_REFUSAL_GAUGE,
     CapName,
     cap_exceeded_alone,
     first_refusing_cap,
@@ -45,7 +45,7 @@ from .warmfit import Shape, warm_agent_can_serve
 log = logging.getLogger("scalers.admission")
 
 REFUSALS = "kici_scaler_spawn_refusals_total"
-REFERENCE_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
+UNLABELLED_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
 WARM_SPAWNS = "kici_orch_scaler_warm_pool_spawns_total"
 LEDGER_WARNING = "refused a spawn on reserved capacity no running agent accounts for"
 
@@ -160,7 +160,7 @@ class _Spawn:
 
 
 def mint_agent_id(scaler_type: str) -> str:
-    """``scaler-<type>-<first 8 hex of a UUID v4>`` (SPEC c.1 step 6)."""
+    """``scaler-<type>-<first 8 hex of a UUID v4>``."""
     return f"scaler-{scaler_type}-{uuid.uuid4().hex[:8]}"
 
 
@@ -201,12 +201,12 @@ def decide_batch(
 
     Per request: route ⇒ no-backend; event scaler in provision backoff ⇒ skipped; resolve
     resources; an idle warm agent that fits ⇒ assigned; a request larger than a resource cap on
-    its own ⇒ exceeds-cap naming the cap (permanent; the reference answers at-capacity and the
+    its own ⇒ exceeds-cap naming the cap (permanent: answered at-capacity, the
     orchestrator would retry forever); the caps in :data:`~scalers.admission.caps.CAP_ORDER` ⇒
     at-capacity naming the cap;
     otherwise a spawning Agent plus its Reservation are written. Refusals increment
-    ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the reference's unlabelled gauge,
-    which leaves out machine-pool refusals). Raises database errors; then nothing is written.
+    ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the unlabelled gauge, which leaves out
+    machine-pool refusals). Raises database errors; then nothing is written.
 
     The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
     """
@@ -234,7 +234,9 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             routed.append(world.match(req.labels, req.exclude))
     event_names = {m[0].name for m in routed if m and m[0].type == ScalerType.EVENT}
     backoffs = _backoffs(cur, event_names, now) if event_names else {}
-    warm_scalers = {m[0].pk for m, r in zip(routed, requests) if m and not r.warm and m[0].warm_pool_enabled}
+    warm_scalers = {
+        m[0].pk for m, r in zip(routed, requests, strict=True) if m and not r.warm and m[0].warm_pool_enabled
+    }
     idle = ledger.idle_warm_agents(cur, warm_scalers) if warm_scalers else []
     taken: set[int] = set()
 
@@ -251,7 +253,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         prev = counters.get(key, (labels, 0.0))[1]
         counters[key] = (labels, prev + amount)
 
-    for req, match in zip(requests, routed):
+    for req, match in zip(requests, routed, strict=True):
         record = None
         if req.job_id:
             record = {
@@ -268,7 +270,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             }
             records.append(record)
 
-        def done(decision: ScaleDecision) -> None:
+        def done(decision: ScaleDecision, record: dict | None = record) -> None:
             decisions.append(decision)
             if record is not None:
                 record.update(
@@ -347,8 +349,8 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         cap = never or first_refusing_cap(usage, world.glob, info.caps, pool, cpus, mem)
         if cap is not None:
             bump(REFUSALS, {"scaler": info.name, "cap": cap})
-            if cap not in NOT_IN_REFERENCE_GAUGE:
-                bump(REFERENCE_REFUSALS, {})
+            if cap not in NOT_IN_ORCH_REFUSAL_GAUGE:
+                bump(UNLABELLED_REFUSALS, {})
             log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
             if never:  # permanent: retrying cannot help, so it is not "at capacity"
                 done(
@@ -451,7 +453,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
 
 
 def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Request) -> dict | None:
-    """Bind the oldest idle warm agent of ``info`` that may serve ``req`` (CASES WP-14)."""
+    """Bind the oldest idle warm agent of ``info`` that may serve ``req``."""
     job = {x.strip().lower() for x in req.labels}
     excluded = {x.strip().lower() for x in req.exclude}
     for cand in idle:

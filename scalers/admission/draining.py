@@ -1,6 +1,6 @@
-"""Draining one agent before teardown, and retiring scalers removed from the config (SPEC c.8, d).
+"""Draining one agent before teardown, and retiring scalers removed from the config.
 
-``mark_draining`` / ``clear_draining`` follow seed manager.d.ts: condemn an agent (no new
+``mark_draining`` / ``clear_draining``: condemn an agent (no new
 dispatches) and learn its active-job count; undo when the teardown did not happen. A draining
 agent is never bound to a job by admission (only ``running`` agents are).
 """
@@ -27,8 +27,7 @@ def mark_draining(agent_id: str) -> int | None:
     """Flag a running agent ``draining`` and return its active-job count.
 
     Returns ``None`` when the agent is unknown or not running/draining (not registered, or
-    already on its way out). Records ``agent.draining`` on the transition. Seed manager.d.ts
-    ``markDraining``; SPEC (d).
+    already on its way out). Records ``agent.draining`` on the transition.
     """
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(
@@ -57,7 +56,7 @@ def clear_draining(agent_id: str) -> None:
 
 
 def drain_and_destroy(agent: Agent, reason: str, *, destroy_reason: str = "drain") -> bool:
-    """Destroy an idle agent the safe way (SPEC d "Draining (warm-pool destroy only)").
+    """Destroy an idle agent the safe way (used by warm-pool destroys only).
 
     :func:`mark_draining`; if it has active jobs, :func:`clear_draining` and keep it (False);
     if it is not running, do nothing (False); otherwise :func:`teardown_agent` (True when its
@@ -74,7 +73,7 @@ def drain_and_destroy(agent: Agent, reason: str, *, destroy_reason: str = "drain
 
 
 def retirement_sweep() -> bool:
-    """Drain and tear down retiring scalers (SPEC c.8). Returns True when it did anything.
+    """Drain and tear down retiring scalers. Returns True when it did anything.
 
     For every retiring scaler not yet torn down: idle agents (running, unbound, no active jobs)
     are drained and destroyed; agents working on a job are left to finish. Once the scaler

@@ -38,7 +38,7 @@ def dict_rows(cursor, sql: str, params=()) -> list[dict]:
     cols = [c[0] for c in cursor.description]
     out = []
     for r in cursor.fetchall():
-        d = dict(zip(cols, r))
+        d = dict(zip(cols, r, strict=True))
         for k, v in d.items():
             if k in ("config", "labels", "mandatory_labels", "roles") and isinstance(v, str):
                 d[k] = json.loads(v)
@@ -160,7 +160,8 @@ def idle_warm_agents(cursor, scaler_ids: Iterable[int]) -> list[dict]:
         return []
     return dict_rows(
         cursor,
-        "SELECT a.id, a.agent_id, a.scaler_id, a.label_set_id, r.cpus, r.memory_bytes, r.limit_cpus, r.limit_memory_bytes "
+        "SELECT a.id, a.agent_id, a.scaler_id, a.label_set_id, r.cpus, r.memory_bytes, "
+        "r.limit_cpus, r.limit_memory_bytes "
         "FROM agents_agent a JOIN scalers_reservation r ON r.agent_id = a.id "
         "WHERE a.warm AND a.state = %s AND a.bound_job_id = '' AND a.active_jobs = 0 AND a.scaler_id = ANY(%s) "
         "ORDER BY a.registered_at NULLS LAST, a.id",
@@ -229,7 +230,8 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
 
 
 _USAGE_SQL = (
-    "SELECT 0, scaler_id, machine_pool_id, count(*), coalesce(sum(cpus), 0)::float8, coalesce(sum(memory_bytes), 0)::int8, "
+    "SELECT 0, scaler_id, machine_pool_id, count(*), coalesce(sum(cpus), 0)::float8, "
+    "coalesce(sum(memory_bytes), 0)::int8, "
     "NULL::text FROM scalers_reservation GROUP BY scaler_id, machine_pool_id "
     "UNION ALL "
     "SELECT 1, scaler_id, NULL, count(*), (count(*) FILTER (WHERE state = %(spawning)s))::float8, 0::int8, NULL::text "
@@ -380,11 +382,12 @@ def _write_statement() -> tuple[str, dict]:
         defaults,
         "r",
     )
-    a_unnest = ", ".join(f"%(a_{c})b::{t}[]" for c, t in zip(AGENT_ROW, AGENT_ROW_TYPES))
-    r_unnest = ", ".join(f"%(r_{c})b::{t}[]" for c, t in zip(RESERVATION_ROW, RESERVATION_ROW_TYPES))
+    a_unnest = ", ".join(f"%(a_{c})b::{t}[]" for c, t in zip(AGENT_ROW, AGENT_ROW_TYPES, strict=True))
+    r_unnest = ", ".join(f"%(r_{c})b::{t}[]" for c, t in zip(RESERVATION_ROW, RESERVATION_ROW_TYPES, strict=True))
     sql = (
         f"WITH a AS (INSERT INTO agents_agent ({', '.join(a_cols)}) SELECT {', '.join(a_exprs)} "
-        f"FROM unnest({a_unnest}) AS u({', '.join(AGENT_ROW)}) ON CONFLICT (agent_id) DO NOTHING RETURNING id, agent_id), "
+        f"FROM unnest({a_unnest}) AS u({', '.join(AGENT_ROW)}) "
+        "ON CONFLICT (agent_id) DO NOTHING RETURNING id, agent_id), "
         f"r AS (INSERT INTO scalers_reservation ({', '.join(r_cols)}) SELECT {', '.join(r_exprs)} "
         f"FROM a JOIN unnest({r_unnest}) AS v({', '.join(RESERVATION_ROW)}) ON v.agent_ref = a.agent_id RETURNING 1), "
         "s AS (INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, "
@@ -431,11 +434,11 @@ def write_batch(
     sql, defaults = _write_statement()
     params = dict(defaults)
     params.update(state=str(AgentState.SPAWNING), owner=instance_id, now=now)
-    cols = list(zip(*agents)) if agents else [[] for _ in AGENT_ROW]
-    for name, values in zip(AGENT_ROW, cols):
+    cols = list(zip(*agents, strict=True)) if agents else [[] for _ in AGENT_ROW]
+    for name, values in zip(AGENT_ROW, cols, strict=True):
         params[f"a_{name}"] = list(values)
-    cols = list(zip(*reservations)) if reservations else [[] for _ in RESERVATION_ROW]
-    for name, values in zip(RESERVATION_ROW, cols):
+    cols = list(zip(*reservations, strict=True)) if reservations else [[] for _ in RESERVATION_ROW]
+    for name, values in zip(RESERVATION_ROW, cols, strict=True):
         params[f"r_{name}"] = list(values)
 
     latest: dict[str, dict] = {}

@@ -1,6 +1,6 @@
-"""The routing view of the database: enriched label sets of every non-retiring scaler (SPEC b).
+"""The routing view of the database: enriched label sets of every non-retiring scaler.
 
-Adapter between the ``Scaler``/``LabelSet`` rows and helper "cfg"'s pure :mod:`scalers.labels`
+Adapter between the ``Scaler``/``LabelSet`` rows and the pure :mod:`scalers.labels`
 (``routing_entry_for_scaler``, ``find_backend_for_labels``). A :class:`World` is built once per
 config version (see :func:`world_version_sql`) and shared by every batch until the config changes.
 """
@@ -28,7 +28,7 @@ class LabelSetInfo:
     gate: tuple[str, ...]
     resources: Any  # the label set's ``resources`` as imported (dict) or None
     image: str | None = None
-    agent_labels: tuple[str, ...] = ()  # labels its agents are spawned with (SPEC d)
+    agent_labels: tuple[str, ...] = ()  # labels its agents are spawned with
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,11 @@ class World:
         return None
 
     def match(self, job_labels, exclude=()) -> tuple[ScalerInfo, LabelSetInfo] | None:
-        """Route a job (SPEC b ``findBackendForLabels``); ``None`` = no backend."""
+        """Route a job with ``find_backend_for_labels``; ``None`` = no backend."""
         found = labelmod.find_backend_for_labels(job_labels, self.entries, exclude)
         if found is None:
             return None
-        for entry, info in zip(self.entries, self._entry_scalers):
+        for entry, info in zip(self.entries, self._entry_scalers, strict=True):
             if entry.scaler_name == found.scaler_name:
                 return info, info.label_sets[found.label_set_index]
         return None  # pragma: no cover - entries and infos are built together
@@ -99,7 +99,7 @@ def build_world(
 
     ``config_row``: ``global_max_agents``, ``global_max_cpu``, ``global_max_memory_bytes``,
     ``defaults``. Retiring scalers and retired label sets are kept in ``scalers`` (their
-    reservations still count) but left out of routing (SPEC c.8).
+    reservations still count) but left out of routing.
     """
     by_scaler: dict[int, list[dict]] = {}
     for ls in label_set_rows:

@@ -1,24 +1,8 @@
 """Group commit for admission: many callers, one decider thread per process, one lock per batch.
 
-Why: the decision must be serialised across every console process (SPEC c.2), and MEASURED.md
-shows a per-request ``SELECT ... FOR UPDATE`` transaction peaking near 1,800/s and collapsing to
-~480/s at 200 connections (lock pile-up: every waiter holds a connection and a backend). Here a
-caller thread does not touch the database at all: it appends its request to an in-process queue
-and waits. One decider thread per process takes *everything queued* (up to ``max_batch``),
-decides it in one transaction under the one lock (:func:`scalers.admission.decide.decide_batch`)
-and wakes the callers. While a batch commits the next one accumulates, so the batch size grows
-with the load and the commit flush (~0.65 ms) and the lock hand-off are paid once per batch
-instead of once per request. Database connections used for admission: one per process, however
-many requesters. Several processes remain correct because each batch still takes the row lock;
-they simply take turns per batch.
-
-Per batch: one pipelined round trip for lock + snapshot, one statement writing every agent,
-reservation, request record and counter of the batch, one commit. Throughput is then bounded by
-the per-request Python work (routing, resource resolution, building arrays). Measured with
-``bench/admission.py`` (PostgreSQL 15, fsync on, 2 cores shared with other work at load 4-12):
-200 requesters 2,600-4,000 decisions/s, batches of ~100, beside pgbench -N at 200 clients
-2,300-3,900 tps on the same database; two processes x 100 requesters ~2,700-4,500/s; 20
-requesters ~1,000-1,500/s; 1 requester 100-250/s (p50 3-9 ms). Zero over-admissions throughout.
+A caller queues its request and waits; the decider takes everything queued, decides it in one
+transaction under the admission lock and wakes the callers. Why a batch and what one costs:
+``docs/admission.md``.
 """
 
 from __future__ import annotations
@@ -200,7 +184,7 @@ class AdmissionQueue:
         _observe_batch(len(batch))
         self.batches += 1
         self.decided += len(batch)
-        for p, decision in zip(batch, result.decisions):
+        for p, decision in zip(batch, result.decisions, strict=True):
             p.decision = decision
             p.agent = by_id.get(decision.agent) if decision.action == ScaleOutcome.SPAWNING else None
             p.finish()
@@ -232,7 +216,7 @@ class AdmissionQueue:
 
 def lock_failure_reason(exc: BaseException) -> str | None:
     """``contended`` for a lock timeout (SQLSTATE 55P03), ``unreachable`` for other database
-    operational errors, else None (SPEC c.2 step 4, ``cap_lock_failures_total{reason}``)."""
+    operational errors, else None (the ``reason`` label of ``cap_lock_failures_total``)."""
     cause = exc.__cause__ or exc
     if getattr(cause, "sqlstate", None) == "55P03":
         return "contended"

@@ -1,22 +1,6 @@
-"""Recovery on boot and on leader change (SPEC c.5, seed scaler-state-store.d.ts).
-
-The database is the state here, so "rehydrating" keeps rows rather than loading them into a
-map; what recovery *drops* is what could never complete:
-
-* Spawning agents owned by this instance whose backend is local (container, firecracker,
-  bare-metal) are dropped (``spawning_dropped``): state ``failed``, reservation deleted. One
-  adaptation of the reference: the spawn runs in an rq worker, not in the console process, so a
-  local spawn whose rq job is still queued or running in a live worker *did* survive the restart
-  and is kept (counted as rehydrated). Event-backend spawns are rehydrated; their prune clock
-  starts at ``spawn_started_at``, else at the row's creation (``spawnStartedAt = spawnedAt``).
-* Reservations owned by this instance that no spawn backs are dropped (``reservations_dropped``).
-  Here "backed" = its agent is still active (spawning and kept, running, draining, destroying):
-  unlike the reference's in-process agents, a running container outlives a console restart and
-  its agent keeps its slot.
-* ``agent_jobs_rehydrated``: active agents bound to a job (all owners, as in the reference).
-* ``buffered_events_lost`` is always 0: events are stored, never buffered in memory.
-
-Rows of other instances are neither touched nor counted (CASES REC-04).
+"""Recovery on boot and on leader change: drop this instance's spawns and reservations that could
+never complete, keep everything else, report the counts. What is dropped and why:
+``docs/recovery.md``.
 """
 
 from __future__ import annotations
@@ -47,7 +31,7 @@ _ALIVE_RQ_STATES = {"queued", "started", "deferred", "scheduled"}
 
 @dataclass(frozen=True)
 class ScalerStateRecovery:
-    """Counts of one recovery (seed scaler-state-store.d.ts ``ScalerStateRecovery``)."""
+    """Counts of one recovery."""
 
     spawning_agents_rehydrated: int = 0
     spawning_dropped: int = 0
@@ -85,7 +69,7 @@ def recover_state(
     ``leader-change`` or ``manual``; ``spawn_alive(agent)`` tells whether a local spawn is still
     in progress elsewhere (default: its rq job is alive). Runs under the admission lock in one
     transaction. Any error is logged, stored in the :class:`RecoveryReport` and answered with
-    zero counts (SPEC c.5 "start empty"). Never raises.
+    zero counts. Never raises.
     """
     instance_id = instance_id or settings.KICI_INSTANCE_ID
     try:

@@ -45,7 +45,7 @@ from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
 
 log = logging.getLogger("scalers.admission")
 
-#: Minimum stale-prune window (SPEC c.6: ``max(spawnTimeout, 300 s)``).
+#: Minimum stale-prune window in seconds: the window is ``max(spawnTimeout, 300 s)``.
 MIN_STALE_WINDOW_SECONDS = 300
 
 
@@ -220,12 +220,12 @@ def release_if_terminal(agent: Agent) -> bool:
 
 
 def stale_window_seconds() -> int:
-    """``max(spawn timeout, 300 s)`` (SPEC c.6, CASES ADM-16)."""
+    """``max(spawn timeout, 300 s)``."""
     return max(int(settings.KICI_SPAWN_TIMEOUT_SECONDS), MIN_STALE_WINDOW_SECONDS)
 
 
 def prune_stale_spawns(now=None) -> int:
-    """Fail and release spawns running longer than :func:`stale_window_seconds` (SPEC c.6).
+    """Fail and release spawns running longer than :func:`stale_window_seconds`.
 
     The clock starts at ``spawn_started_at`` (set when the rq job actually began); spawns still
     queued (``spawn_started_at`` null) are never pruned here. Returns how many were pruned.
@@ -241,7 +241,7 @@ def prune_stale_spawns(now=None) -> int:
 
 
 def token_ttl_seconds(agent: Agent) -> int:
-    """How long an agent may take to register: the token TTL (SPEC d). Event scalers mint at
+    """How long an agent may take to register: the token TTL. Event scalers mint at
     claim time, so their window is ``claimTtlSeconds`` + ``agentTokenTtlSeconds`` (300 + 600)."""
     if agent.scaler.type == ScalerType.EVENT:
         cfg = agent.scaler.config or {}
@@ -294,7 +294,7 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
         log.warning("cannot read rq job states: %s", exc)
         return 0
     n = 0
-    for agent, job in zip(agents, jobs):
+    for agent, job in zip(agents, jobs, strict=True):
         if job is None:
             continue
         status = job.get_status(refresh=False)

@@ -29,11 +29,11 @@ def request_scale(
     """Decide whether a job may get an agent, and if so reserve it and enqueue its spawn.
 
     ``labels``: the job's ``runsOn`` (list of strings; ``[]`` routes to the first label set with
-    an empty gate, SPEC b). ``job_id``/``run_id``: strings recorded on the agent and the request
-    record. ``resources``: flat ``{cpus, memory}`` or nested ``{requests, limits}`` (SPEC a.4;
-    cpus in cores, memory strings like ``"2g"``). ``exclude``: labels whose label sets must not
+    an empty gate). ``job_id``/``run_id``: strings recorded on the agent and the request
+    record. ``resources``: flat ``{cpus, memory}`` or nested ``{requests, limits}`` (cpus
+    in cores, memory strings like ``"2g"``). ``exclude``: labels whose label sets must not
     be chosen. ``warm=True`` spawns an unbound warm agent instead. ``job_image``: a job bringing
-    its own image never takes a warm agent (CASES WP-14).
+    its own image never takes a warm agent.
 
     Returns a :class:`ScaleDecision` (see there for ``action``). On ``spawning`` the agent row and
     its reservation are committed and the spawn is enqueued (``scalers.jobs.enqueue_spawn``); if

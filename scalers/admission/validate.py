@@ -90,7 +90,7 @@ def _ident(value: Any, field: str, *, required: bool) -> str:
 
 
 def validate_resources(value: Any) -> Any:
-    """Parse a job's ``resources`` (flat or nested, SPEC a.4) and refuse negative or huge values.
+    """Parse a job's ``resources`` (flat or nested) and refuse negative or huge values.
 
     Returns a ``scalers.config.schema.ResourceRequest`` (``None`` for absent). Raises
     :class:`InvalidScaleRequest` naming the field as the caller wrote it:

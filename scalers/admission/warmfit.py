@@ -1,8 +1,8 @@
-"""Which idle warm agent may serve a job (SPEC j, CASES WP-14). Pure functions.
+"""Which idle warm agent may serve a job. Pure functions.
 
 A warm agent was spawned with the label set's / defaults' shape, so it only serves a job whose
 *declared* resources match that shape exactly: every field the job declares (after mirroring the
-job's own layer, SPEC a.4), on both sides (requests and limits), must equal the agent's
+job's own layer), on both sides (requests and limits), must equal the agent's
 reservation. A job that declares nothing fits any warm agent; a job bringing its own container
 image never uses one (the image is chosen at spawn time).
 """
@@ -35,7 +35,7 @@ def warm_agent_can_serve(job_resources: Any, shape: Shape | None, *, job_image: 
 
     ``job_resources`` is the job's ``resources`` (flat ``{cpus, memory}``, nested
     ``{requests, limits}``, a ``scalers.config.schema.ResourceRequest``, or ``None``). ``shape`` is
-    ``None`` for a non-warm agent, which always may (CASES WP-14). Raises ``ValueError`` for an
+    ``None`` for a non-warm agent, which always may. Raises ``ValueError`` for an
     unparsable memory string (the API validates before this is reached).
     """
     if shape is None:

@@ -1,12 +1,12 @@
-"""The ``scalers.yaml`` schema (pydantic v2), the reference format read unchanged.
+"""The ``scalers.yaml`` schema (pydantic v2); existing ``scalers.yaml`` files are read unchanged.
 
 Python attributes are snake_case; the YAML keys (camelCase) are the aliases, and only
-the aliases are accepted on input (``max_agents:`` in a YAML file is an unknown key,
-as in the reference). ``model_dump(by_alias=True, exclude_none=True)`` (or
+the aliases are accepted on input (``max_agents:`` in a YAML file is an unknown key).
+``model_dump(by_alias=True, exclude_none=True)`` (or
 :meth:`ScalersConfig.to_raw`) gives back a document that validates to an equal object,
 which is what the database stores.
 
-Strictness follows the reference: scaler entries, label sets, resource shapes,
+Strictness: scaler entries, label sets, resource shapes,
 resource caps, machine pools and ``platform`` refuse unknown keys
 (``unrecognized_keys``); the top level, ``defaults``, ``warmPool``, ``networkPolicy``
 and the ``firecracker`` block drop them silently. An explicit YAML ``null`` on an
@@ -26,7 +26,7 @@ own path:
    :func:`scaler_entry_issues` for its refinements.)
 
 Sections, in order: validation issues (:class:`SchemaIssue`, pydantic errors in the
-reference's words), scalar types and the strict and loose base objects, resource shapes
+established message wording), scalar types and the strict and loose base objects, resource shapes
 (requests, caps, machine pools), a scaler entry and its parts, the refinements within and
 across entries, the top level (:class:`ScalersConfig`), and validating a whole document
 (:func:`validate_document`, :func:`parse_resource_request`).
@@ -473,7 +473,7 @@ def scaler_entry_issues(entry: ScalerEntry) -> list[SchemaIssue]:
     """Per-type requirements and gate reachability of one entry.
 
     Paths are relative to the entry (``("labelSets", 0, "image")``). Messages are
-    the reference texts.
+    kept word for word: users and tests match them.
     """
     issues: list[SchemaIssue] = []
     name = entry.name

@@ -142,7 +142,7 @@ class Migration(migrations.Migration):
                     "host_access",
                     models.JSONField(
                         blank=True,
-                        help_text="explicit networkPolicy.hostAccess; null = the default (SPEC g.3)",
+                        help_text="explicit networkPolicy.hostAccess; null = the default",
                         null=True,
                     ),
                 ),

@@ -70,7 +70,9 @@ def _database_url(settings_dict: dict) -> str:
     user = quote(settings_dict.get("USER") or "postgres")
     password = settings_dict.get("PASSWORD") or ""
     auth = f"{user}:{quote(password)}@" if password else f"{user}@"
-    return f"postgres://{auth}{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{quote(settings_dict['NAME'])}"
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{quote(settings_dict['NAME'])}"
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """An operation in Debian Chromium against a real daphne: preview from the scaler page → approve with
-the confirmation step → live progress over the WebSocket → done, without a reload (issue 8)."""
+the confirmation step → live progress over the WebSocket → done, without a reload."""
 
 from __future__ import annotations
 

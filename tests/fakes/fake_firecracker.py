@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in for ``jailer`` + ``firecracker`` for hosts where a guest cannot boot (tests only).
 
-Invoked exactly like the real jailer (SPEC h, FC-01)::
+Invoked exactly like the real jailer::
 
     fake_firecracker.py --id <id> --exec-file <fc> --uid <uid> --gid <gid> --chroot-base-dir <base>
         --new-pid-ns -- --config-file /config.json --log-path /vmm.log --level Warning
@@ -163,8 +163,13 @@ def run_vmm(opts: dict, fc_opts: dict) -> None:
     if fc_opts.get("log_path"):
         with open(fc_opts["log_path"], "a") as f:
             f.write(f"[{opts['id']}:main] Running Firecracker v1.12.1 (fake)\n")
-    state = {"id": opts["id"], "mmds": {}, "log": log, "ignore_cad": any(d == "ignore-ctrl-alt-del" for d, _ in directives),
-             "panic_after_ready": next((a for d, a in directives if d == "panic-after-ready"), None)}  # fmt: skip
+    state = {
+        "id": opts["id"],
+        "mmds": {},
+        "log": log,
+        "ignore_cad": any(d == "ignore-ctrl-alt-del" for d, _ in directives),
+        "panic_after_ready": next((a for d, a in directives if d == "panic-after-ready"), None),
+    }
     api = not any(d == "api" and a.strip() == "off" for d, a in directives)
     server = None
     if api:

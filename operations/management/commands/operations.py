@@ -95,7 +95,8 @@ class Command(BaseCommand):
         w(f"operation #{op.pk}: {op.get_kind_display()} [{op.status}]")
         w(f"  scope: {op.scope_label}; queue {op.host_queue}")
         w(
-            f"  requested by {op.requested_by.get_username() if op.requested_by else 'system'} via {op.requested_via} at {op.created_at:%Y-%m-%d %H:%M:%S}; expires {op.expires_at:%Y-%m-%d %H:%M:%S}"
+            f"  requested by {op.requested_by.get_username() if op.requested_by else 'system'} via "
+            f"{op.requested_via} at {op.created_at:%Y-%m-%d %H:%M:%S}; expires {op.expires_at:%Y-%m-%d %H:%M:%S}"
         )
         if op.decided_at:
             who = "policy" if op.auto_approved else (op.approved_by or op.rejected_by)
@@ -164,8 +165,8 @@ class Command(BaseCommand):
         self.stdout.write("  audit:")
         for a in op.audit.all():
             self.stdout.write(
-                f"    {a.at:%Y-%m-%d %H:%M:%S} {a.username or 'system'} {a.action} {a.from_status or '-'} -> {a.to_status}"
-                + (f": {a.detail}" if a.detail else "")
+                f"    {a.at:%Y-%m-%d %H:%M:%S} {a.username or 'system'} {a.action} {a.from_status or '-'} -> "
+                f"{a.to_status}" + (f": {a.detail}" if a.detail else "")
             )
 
     def do_approve(self, options):
@@ -174,7 +175,8 @@ class Command(BaseCommand):
         run_now = options.get("run_now")
         if run_now and op.host_queue != settings.KICI_HOST_QUEUE:
             raise CommandError(
-                f"--run-now runs on this host ({settings.KICI_HOST_QUEUE}); operation #{op.pk} belongs to {op.host_queue}"
+                f"--run-now runs on this host ({settings.KICI_HOST_QUEUE}); operation #{op.pk} belongs to "
+                f"{op.host_queue}"
             )
         try:
             approve_operation(op, user, note=options["note"], require_worker=not run_now, enqueue=not run_now)

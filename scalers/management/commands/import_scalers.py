@@ -1,4 +1,4 @@
-"""``python manage.py import_scalers PATH [--dir DIR] [--check]`` (issue 2 item 3).
+"""``python manage.py import_scalers PATH [--dir DIR] [--check]``.
 
 Validates ``scalers.yaml`` (plus drop-ins) and, unless ``--check``, applies it to the
 database in one transaction (``scalers.importing.apply_scalers_config``). On invalid

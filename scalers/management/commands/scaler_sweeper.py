@@ -3,9 +3,9 @@
 At start it recovers this instance's rows (``recover_state``, trigger ``boot``). Then every
 ``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
 boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
-that reports whether it did anything: the stale-spawn prune (SPEC c.6), token-TTL expiry, the
-check of failed spawn jobs in rq, retries of failed teardowns, the retirement sweep (SPEC c.8),
-the warm-pool tick (SPEC j; started with ``start_warm_pools`` once this process leads), the
+that reports whether it did anything: the stale-spawn prune, token-TTL expiry, the
+check of failed spawn jobs in rq, retries of failed teardowns, the retirement sweep,
+the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
 periodic operation sweeps (``operations.sweeps``: plans only) and the pruning of old request
 records. SIGTERM / SIGINT stop it after the current unit of work.
 """
@@ -122,7 +122,7 @@ class Command(BaseCommand):
 
     def handle_host_readiness(self) -> bool:
         """``ensure_host_ready`` for every local scaler not yet readied in this version (at boot,
-        and for scalers a reload added or changed; SPEC c.7 ``ensureHostsReady``): container
+        and for scalers a reload added or changed): container
         backends check nft (fail closed) and create kici-agent-net, firecracker backends provision
         the bridge, baseline rules and the port-isolation probe. A failure only degrades that
         scaler: it is logged and retried on the next round."""
@@ -166,7 +166,7 @@ class Command(BaseCommand):
         return WARM_POOLS.tick()
 
     def handle_operation_sweeps(self) -> bool:
-        """Periodic orphan / rule / reservation sweeps: they only *plan* operations (issue 8);
+        """Periodic orphan / rule / reservation sweeps: they only *plan* operations;
         nothing is reaped until an approver (or an explicit auto-approve policy) says so."""
         from operations.sweeps import run_periodic_sweeps
 
