@@ -6,6 +6,10 @@
 an ``NftClient`` on the configured ``firecracker.table``, registration tokens from
 ``agents.tokens`` and events through ``agents.events.record_event``.
 
+This is the one layer around the backend, and it is kept apart on purpose: the backend speaks
+agent ids, label-set entries and callbacks, so it runs (and is tested) without agent rows; this
+layer is the part to read for how a scaler's rows, spawn control and events map onto it.
+
 Lifetime: the VM's boot watcher and log tail are threads of the process that ran the spawn, so
 the rq spawn job must outlive the boot. ``scalers.jobs.spawn_agent`` therefore calls
 :meth:`FirecrackerScalerBackend.await_registration` after storing the spawn result: it polls the
@@ -41,10 +45,11 @@ from agents.choices import EventType
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from . import watch
-from .backend import ABORT_REASON, FirecrackerCapacityError, FirecrackerSpawnError, release_thread_db
+from .backend import ABORT_REASON, FirecrackerBackend, FirecrackerCapacityError, FirecrackerSpawnError
+from .bootwatch import release_thread_db
 from .cancel import CancelSignal
 from .settings import FirecrackerSettings
-from .watch import POLL_SECONDS, WatchedBackend, serial_tail
+from .watch import POLL_SECONDS, serial_tail
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +82,11 @@ class FirecrackerScalerBackend:
         self._overrides = dict(overrides)
         self.netns = netns if netns is not None else (getattr(django_settings, "KICI_FIRECRACKER_NETNS", None) or None)
         fs = self._settings(scaler)
-        self.fc = WatchedBackend(
+        self.fc = FirecrackerBackend(
             fs, ip_allocator or DbIpAllocator(fs.cidr, fs.gateway), nft or NftClient(fs.table, netns=self.netns),
             mint_token=self._mint_token, emit=self._emit, host_services=host_services(), log_sink=log_sink,
             environ=environ, tracked_provider=tracked_provider or default_tracked_provider,
+            boot_over=watch.boot_over,
         )  # fmt: skip
         self._agents: dict[str, Any] = {}
         self._release_reasons: dict[str, str] = {}
@@ -97,8 +103,7 @@ class FirecrackerScalerBackend:
     def reload(self, scaler) -> None:
         """Replace the entry read at every spawn; VMs already tracked keep running."""
         self.scaler = scaler
-        self.fc.settings = self._settings(scaler)
-        self.fc.name = self.fc.settings.name
+        self.fc.reload(self._settings(scaler))
 
     # ---- callbacks handed to the Firecracker backend -------------------------------------------
 
@@ -339,11 +344,11 @@ class FirecrackerScalerBackend:
 
     def plan_orphans(self) -> list:
         """The four orphan passes' targets now (``orphans.OrphanTarget``); changes nothing."""
-        return self.fc.plan_orphans()
+        return self.fc.orphans.plan_orphans()
 
     def apply_orphans(self, plan) -> int:
         """Apply ``plan`` re-checking each target; returns sandboxes cleaned + rule sets deleted."""
-        report = self.fc.apply_orphans(plan)
+        report = self.fc.orphans.apply_orphans(plan)
         return int(report.cleaned) + int(report.rules_deleted)
 
     def cleanup_orphans(self) -> int:
@@ -352,13 +357,13 @@ class FirecrackerScalerBackend:
 
     # The pieces operation kinds use to show evidence and re-check targets one by one.
     def orphan_facts(self):
-        return self.fc.orphan_facts()
+        return self.fc.orphans.orphan_facts()
 
     def orphan_recheck(self, target) -> str | None:
-        return self.fc.orphan_recheck(target)
+        return self.fc.orphans.orphan_recheck(target)
 
     def orphan_act(self, target) -> None:
-        self.fc.orphan_act(target)
+        self.fc.orphans.orphan_act(target)
 
     def chroot_dir(self, agent_id: str):
         return self.fc.chroot_dir(agent_id)
