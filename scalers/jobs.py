@@ -93,7 +93,9 @@ def spawn_agent(agent_pk: int) -> str:
 
     Skips an agent that is no longer ``spawning`` (cancelled before the job ran). Sets
     ``spawn_started_at`` once (the deadline counts from it), runs the backend spawn, stores the
-    result and schedules :func:`expire_spawn` at the deadline.
+    result and schedules :func:`expire_spawn` at the deadline. A backend with ``await_registration``
+    (firecracker) is then waited on until the boot is over; a boot that fails there is failed and
+    released like a failed spawn.
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
     if agent is None or agent.state != AgentState.SPAWNING:
@@ -106,14 +108,7 @@ def spawn_agent(agent_pk: int) -> str:
         backend = get_backend(agent.scaler)
         result = backend.spawn(agent, control)
     except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
-        log.info("spawn of %s failed: %s", agent.agent_id, exc)
-        fail_spawn(
-            agent,
-            exc,
-            reason="spawn-timeout" if getattr(exc, "reason", "") == "deadline" else "spawn-failed",
-            cleaned_up=True,
-        )
-        return "failed"
+        return _spawn_failed(agent, exc)
     fields = {"managed_id": result.managed_id, "backend_context": result.context}
     if result.ip:
         fields["ip"] = result.ip
@@ -123,7 +118,25 @@ def spawn_agent(agent_pk: int) -> str:
     Agent.objects.filter(pk=agent.pk).update(**fields)
     schedule_expiry(agent)
     waiter = getattr(backend, "await_registration", None)  # firecracker: its boot watcher lives in this process
-    return waiter(agent, control) if waiter is not None else "spawned"
+    if waiter is None:
+        return "spawned"
+    try:
+        return waiter(agent, control, spawn_timeout_seconds())
+    except Exception as exc:  # noqa: BLE001 - the boot failed after spawn returned; the backend cleaned up
+        return _spawn_failed(agent, exc)
+
+
+def _spawn_failed(agent: Agent, exc: Exception) -> str:
+    """A spawn (or the boot it waited for) failed and the backend removed what it created: fail the
+    agent and release its reservation (``fail_spawn`` with ``cleaned_up=True``)."""
+    log.info("spawn of %s failed: %s", agent.agent_id, exc)
+    fail_spawn(
+        agent,
+        exc,
+        reason="spawn-timeout" if getattr(exc, "reason", "") == "deadline" else "spawn-failed",
+        cleaned_up=True,
+    )
+    return "failed"
 
 
 def schedule_expiry(agent: Agent) -> None:

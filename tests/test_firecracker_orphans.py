@@ -134,12 +134,12 @@ def test_cleanup_orphans_plans_then_applies_the_passes_and_spares_live_vms(fc_en
     )
     sink_before = len(env.log_lines)
     try:
-        plan = b.plan_orphans()
+        plan = b.orphans.plan_orphans()
         assert {(t.pass_no, t.agent_id or t.tap) for t in plan} == {
             (1, ids["dead"]), (2, ids["nodb"]), (3, "kici-1a2b3c4d"), (4, ids["dead"]),
         }  # fmt: skip
         assert (env.base / "firecracker" / ids["nodb"]).exists()  # planning touched nothing
-        report = b.apply_orphans(plan)
+        report = b.orphans.apply_orphans(plan)
         assert (report.cleaned, report.rules_deleted, report.skipped) == (3, 1, [])
         assert not IpAllocation.objects.filter(vm_id=ids["dead"]).exists()
         assert (
@@ -153,7 +153,7 @@ def test_cleanup_orphans_plans_then_applies_the_passes_and_spares_live_vms(fc_en
         assert dead.ip not in rules and {other.ip, alive.ip} <= rules
         assert (env.base / "firecracker" / ids["alive"]).exists() and proc.poll() is None
         assert any(r["message"] == f"last words of {ids['dead']}" for _, _, r in env.log_lines[sink_before:])
-        assert b.cleanup_orphans() == 0
+        assert b.orphans.cleanup_orphans() == 0
     finally:
         proc.kill()
         proc.wait()
@@ -166,10 +166,10 @@ def test_a_stale_plan_is_rechecked_and_a_target_that_came_alive_is_skipped(fc_en
     b = _setup(env)
     vm_id = "scaler-firecracker-000000b1"
     _vm_dir(env, vm_id)
-    plan = b.plan_orphans()
+    plan = b.orphans.plan_orphans()
     assert [t.agent_id for t in plan] == [vm_id]
     b.tracked_provider = lambda name: {vm_id}  # another worker started spawning it meanwhile
-    report = b.apply_orphans(plan)
+    report = b.orphans.apply_orphans(plan)
     assert report.cleaned == 0 and report.skipped == [(plan[0], "the VM is live now")]
     assert (env.base / "firecracker" / vm_id).exists()
 

@@ -1,23 +1,29 @@
 """A ``type: firecracker`` scaler through the common backend protocol (``scalers.backends.base``).
 
-``get_backend(scaler)`` returns a :class:`FirecrackerScalerBackend`: it builds helper "fc"'s
+``get_backend(scaler)`` returns a :class:`FirecrackerScalerBackend`: it builds the
 :class:`~.backend.FirecrackerBackend` from the scaler row (``FirecrackerSettings.from_config`` of
 ``Scaler.config`` and the imported top-level ``firecracker`` block), the database IP allocator,
 an ``NftClient`` on the configured ``firecracker.table``, registration tokens from
 ``agents.tokens`` and events through ``agents.events.record_event``.
 
-Lifetime (SPEC h): the VM's boot watcher and log tail are threads of the process that ran the
-spawn, so the rq spawn job must outlive the boot. ``scalers.jobs.spawn_agent`` therefore calls
+This is the one layer around the backend, and it is kept apart on purpose: the backend speaks
+agent ids, label-set entries and callbacks, so it runs (and is tested) without agent rows; this
+layer is the part to read for how a scaler's rows, spawn control and events map onto it.
+
+Lifetime: the VM's boot watcher and log tail are threads of the process that ran the spawn, so
+the rq spawn job must outlive the boot. ``scalers.jobs.spawn_agent`` therefore calls
 :meth:`FirecrackerScalerBackend.await_registration` after storing the spawn result: it polls the
 agent row until the agent registers (row ``running``), the VM dies during boot (the watcher
-abandons the spawn: ``scaler.failed`` with its failure type, cleanup, release), the row is taken
-away from ``spawning`` by someone else (then this process stops watching), or the spawn deadline
-passes (abandoned: "agent did not register within N s").
+abandons the spawn: ``scaler.failed`` with its failure type, cleanup), the row is taken away from
+``spawning`` by someone else (then this process stops watching), or the spawn deadline passes
+(abandoned: "agent did not register within N s").
 
 Failure bookkeeping: every ``scaler.failed`` the Firecracker backend emits is recorded with its
 payload (``reason``, ``failureType``) plus the last 50 serial lines, the agent is marked failed
-(compare-and-swap from ``spawning``) and its tokens revoked; once the failed spawn's rules, TAP,
-IP row and directory are gone the reservation is released (``scalers.admission.release``).
+(compare-and-swap from ``spawning``) and its tokens revoked. The reservation is the caller's: a
+failed spawn raises ``SpawnError``/``SpawnAborted`` (from :meth:`~FirecrackerScalerBackend.spawn`,
+or from :meth:`~FirecrackerScalerBackend.await_registration` once the failed boot's rules, TAP,
+IP row and directory are gone) and the spawn job releases it.
 
 Tests: ``settings.KICI_FIRECRACKER_NETNS`` (or the ``netns`` option) names a network namespace
 holding bridge, TAPs and table; unset in production.
@@ -39,10 +45,11 @@ from agents.choices import EventType
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from . import watch
-from .backend import ABORT_REASON, FirecrackerCapacityError, FirecrackerSpawnError, release_thread_db
+from .backend import ABORT_REASON, FirecrackerBackend, FirecrackerCapacityError, FirecrackerSpawnError
+from .bootwatch import release_thread_db
 from .cancel import CancelSignal
 from .settings import FirecrackerSettings
-from .watch import POLL_SECONDS, WatchedBackend, serial_tail
+from .watch import POLL_SECONDS, serial_tail
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +82,16 @@ class FirecrackerScalerBackend:
         self._overrides = dict(overrides)
         self.netns = netns if netns is not None else (getattr(django_settings, "KICI_FIRECRACKER_NETNS", None) or None)
         fs = self._settings(scaler)
-        self.fc = WatchedBackend(
+        self.fc = FirecrackerBackend(
             fs, ip_allocator or DbIpAllocator(fs.cidr, fs.gateway), nft or NftClient(fs.table, netns=self.netns),
             mint_token=self._mint_token, emit=self._emit, host_services=host_services(), log_sink=log_sink,
             environ=environ, tracked_provider=tracked_provider or default_tracked_provider,
+            boot_over=watch.boot_over,
         )  # fmt: skip
-        self.fc.on_cleaned = self._release_after_cleanup
         self._agents: dict[str, Any] = {}
         self._release_reasons: dict[str, str] = {}
-        self._failed_emitted: dict[str, list[str]] = {}
+        #: agent id -> (detail, captured serial lines) of the ``scaler.failed`` recorded here.
+        self._failed_emitted: dict[str, tuple[str, list[str]]] = {}
 
     def _settings(self, scaler) -> FirecrackerSettings:
         from scalers.models import ConfigState
@@ -93,10 +101,9 @@ class FirecrackerScalerBackend:
         return FirecrackerSettings.from_config(entry, ConfigState.load().firecracker or {}, **extra, **self._overrides)
 
     def reload(self, scaler) -> None:
-        """Replace the entry read at every spawn (SPEC c.8); VMs already tracked keep running."""
+        """Replace the entry read at every spawn; VMs already tracked keep running."""
         self.scaler = scaler
-        self.fc.settings = self._settings(scaler)
-        self.fc.name = self.fc.settings.name
+        self.fc.reload(self._settings(scaler))
 
     # ---- callbacks handed to the Firecracker backend -------------------------------------------
 
@@ -139,7 +146,7 @@ class FirecrackerScalerBackend:
         from ..failure import mark_spawn_failed
 
         captured = serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log")
-        self._failed_emitted[agent.agent_id] = captured
+        self._failed_emitted[agent.agent_id] = (detail, captured)
         full = detail + ("\n--- captured output ---\n" + "\n".join(captured) if captured else "")
         release_reason = self._release_reasons.get(agent.agent_id, "spawn-failed")
         with transaction.atomic():
@@ -151,19 +158,6 @@ class FirecrackerScalerBackend:
             revoke_agent_tokens(agent)
         except Exception:  # noqa: BLE001 - the token dies with its TTL anyway
             log.warning("could not revoke the tokens of %s", agent.agent_id, exc_info=True)
-
-    def _release_after_cleanup(self, agent_id: str) -> None:
-        """The failed spawn's sandbox is gone: release its reservation (idempotent)."""
-        if agent_id not in self._failed_emitted:
-            return  # no scaler.failed (e.g. a destroy raced the spawn): whoever destroys releases
-        from scalers.admission.release import release
-
-        try:
-            release(agent_id, self._release_reasons.get(agent_id, "spawn-failed"))
-        except Exception:  # noqa: BLE001 - the stale-spawn prune is the backstop
-            log.warning("could not release the reservation of %s", agent_id, exc_info=True)
-        finally:
-            release_thread_db()
 
     # ---- spawn ----------------------------------------------------------------------------------
 
@@ -185,7 +179,7 @@ class FirecrackerScalerBackend:
         policy = {
             k: v for k, v in dict(entry.get("networkPolicy") or {}).items() if k not in ("hostAccess", "host_access")
         }
-        if ls is not None and ls.host_access is not None:  # the host-access editor's word wins (SPEC g.3)
+        if ls is not None and ls.host_access is not None:  # the host-access editor's word wins
             policy["hostAccess"] = list(ls.host_access)
         entry["networkPolicy"] = policy
         return entry
@@ -207,7 +201,7 @@ class FirecrackerScalerBackend:
             release_thread_db()
 
     def spawn(self, agent, control: SpawnControl) -> SpawnResult:
-        """Boot the agent's VM (SPEC h spawn sequence) and return once MMDS holds its token.
+        """Boot the agent's VM and return once MMDS holds its token.
 
         Provisions the host first (once per process and settings). The deadline and the
         ``control.cancelled`` callback are bridged to the backend's ``CancelSignal`` (checked every
@@ -244,7 +238,7 @@ class FirecrackerScalerBackend:
         except Exception as exc:  # noqa: BLE001 - FirecrackerSpawnError and anything before tracking
             self._forget(agent_id)
             reason = exc.reason if isinstance(exc, FirecrackerSpawnError) else str(exc)
-            captured = self._failed_emitted.get(agent_id, [])
+            captured = self._failed_emitted.get(agent_id, ("", []))[1]
             if cancel.is_set() and self._release_reasons.get(agent_id) == "spawn-timeout":
                 err: Exception = SpawnAborted("deadline", "boot", reason)
             elif cancel.is_set() and (cancel.reason or "").startswith("spawn cancelled"):
@@ -279,22 +273,36 @@ class FirecrackerScalerBackend:
     def _forget(self, agent_id: str) -> None:
         watch.untrack(agent_id, self.fc)
 
-    def await_registration(self, agent, control: SpawnControl) -> str:
+    def await_registration(self, agent, control: SpawnControl, timeout_s: float) -> str:
         """Block until the agent registers or its boot fails; the spawn job calls it after ``spawn``.
 
-        Returns ``spawned`` (registered: the VM's exit is no longer a boot failure), ``failed`` (the
-        VM died during boot, or the deadline passed: abandoned with "agent did not register within
-        N s", cleaned up, released) or ``cancelled`` (the row left ``spawning`` for another reason).
-        See ``watch.await_registration``.
+        ``timeout_s``: the spawn timeout, named in the abandon reason at ``control.deadline``.
+        Returns ``spawned`` (registered: the VM's exit is no longer a boot failure), ``cancelled``
+        (the row left ``spawning`` for another reason) or ``failed`` (the boot ended without a
+        failure of this spawn to report, e.g. a destroy raced it; whoever ended it releases). Raises
+        ``SpawnError`` (the VM died during boot) or ``SpawnAborted`` with reason ``deadline``
+        (abandoned with "agent did not register within N s") once ``scaler.failed`` is recorded
+        (``event_recorded``) and the VM's rules, TAP, IP row and directory are gone: the caller
+        releases the reservation. See ``watch.await_registration``.
         """
+        agent_id = agent.agent_id
 
         def at_deadline() -> str:
-            from scalers.jobs import spawn_timeout_seconds
+            self._release_reasons[agent_id] = "spawn-timeout"
+            return f"agent did not register within {timeout_s} s"
 
-            self._release_reasons[agent.agent_id] = "spawn-timeout"
-            return f"agent did not register within {spawn_timeout_seconds()} s"
-
-        return watch.await_registration(self.fc, agent.agent_id, control.deadline, at_deadline)
+        outcome = watch.await_registration(self.fc, agent_id, control.deadline, at_deadline)
+        failure = self._failed_emitted.get(agent_id)
+        if outcome != "failed" or failure is None or self.fc.get(agent_id) is not None:
+            return outcome  # no failure of ours, or its cleanup still runs: not released here
+        detail, captured = failure
+        if self._release_reasons.get(agent_id) == "spawn-timeout":
+            err: Exception = SpawnAborted("deadline", "boot", detail)
+        else:
+            err = SpawnError(detail, "boot", captured)
+        err.captured_output = captured  # type: ignore[attr-defined]
+        err.event_recorded = True  # type: ignore[attr-defined]
+        raise err
 
     # ---- registration -------------------------------------------------------------------------
 
@@ -307,7 +315,7 @@ class FirecrackerScalerBackend:
         self.fc.mark_registered(agent_id)
 
     def clear_mmds(self, agent) -> None:
-        """``PUT /mmds`` with empty meta-data (SPEC d config.ack). Raises ``FirecrackerApiError``/``OSError``."""
+        """``PUT /mmds`` with empty meta-data (the config.ack). Raises ``FirecrackerApiError``/``OSError``."""
         self.fc.clear_mmds(getattr(agent, "agent_id", agent))
 
     def captured_output_for(self, agent) -> list[str]:
@@ -317,7 +325,7 @@ class FirecrackerScalerBackend:
     # ---- teardown and sweeps ------------------------------------------------------------------
 
     def destroy(self, agent, reason: str = "shutdown") -> None:
-        """Ctrl-Alt-Del, wait, SIGKILL a confirmed VM, then rules, TAP, IP row, directory (SPEC h).
+        """Ctrl-Alt-Del, wait, SIGKILL a confirmed VM, then rules, TAP, IP row, directory.
 
         Works from disk for a VM another process spawned; idempotent. Raises ``RuntimeError`` when
         the VM directory is still there afterwards (the caller keeps the reservation and retries)."""
@@ -329,18 +337,18 @@ class FirecrackerScalerBackend:
             raise RuntimeError(f"the VM directory of {agent_id} is still present after destroy")
 
     def reap_unowned(self, agent_id: str) -> bool:
-        """Force-reclaim an untracked VM of this scaler (SPEC h ``reapUnowned``); True when reclaimed."""
+        """Force-reclaim an untracked VM of this scaler; True when reclaimed."""
         if watch.live(agent_id) is not None:
             return False
         return self.fc.reap_unowned(agent_id)
 
     def plan_orphans(self) -> list:
         """The four orphan passes' targets now (``orphans.OrphanTarget``); changes nothing."""
-        return self.fc.plan_orphans()
+        return self.fc.orphans.plan_orphans()
 
     def apply_orphans(self, plan) -> int:
         """Apply ``plan`` re-checking each target; returns sandboxes cleaned + rule sets deleted."""
-        report = self.fc.apply_orphans(plan)
+        report = self.fc.orphans.apply_orphans(plan)
         return int(report.cleaned) + int(report.rules_deleted)
 
     def cleanup_orphans(self) -> int:
@@ -349,16 +357,13 @@ class FirecrackerScalerBackend:
 
     # The pieces operation kinds use to show evidence and re-check targets one by one.
     def orphan_facts(self):
-        return self.fc.orphan_facts()
+        return self.fc.orphans.orphan_facts()
 
     def orphan_recheck(self, target) -> str | None:
-        return self.fc.orphan_recheck(target)
+        return self.fc.orphans.orphan_recheck(target)
 
     def orphan_act(self, target) -> None:
-        self.fc.orphan_act(target)
+        self.fc.orphans.orphan_act(target)
 
     def chroot_dir(self, agent_id: str):
         return self.fc.chroot_dir(agent_id)
-
-
-__all__ = ["FirecrackerScalerBackend", "serial_tail"]

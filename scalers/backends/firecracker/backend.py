@@ -1,10 +1,17 @@
-"""The Firecracker scaler backend: spawn, abandon, destroy, reap (seed firecracker-backend.d.ts; SPEC h).
+"""The Firecracker scaler backend: spawn, abandon, destroy, reap.
 
 Threads, not asyncio: a spawn runs in an rq worker. Per VM the backend keeps a :class:`FirecrackerVm`
 in memory; the jailer watcher and the log forwarder are daemon threads of the process that called
 ``spawn``, so that process must outlive the VM's boot (a long-lived worker, not a forked work-horse).
 Everything a *different* process needs (destroy, reap, orphan sweeps) is re-derived from disk (the
 chroot and its pid file) and the ``ip_allocations`` rows.
+
+:class:`FirecrackerBackend` is the one object a scaler uses; it keeps the VMs of this process and
+runs the spawn sequence, and composes the parts that each do one thing: the jail (``jail``: chroot
+layout, jailer argv, config and MMDS documents), the VMM API client (``api.FirecrackerApi``), the
+boot watcher (``bootwatch``), the rule writer (``rules.RuleWriter``), the teardown
+(``teardown.Teardown``), the log forwarder (``logs.LogForwarder``) and the orphan sweeps
+(``sweeps.OrphanSweeps``).
 """
 
 from __future__ import annotations
@@ -23,19 +30,24 @@ from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.spec import AgentSpec
 
-from ..holders import address_lock
 from . import jail, provision
 from .api import FirecrackerApi
-from .bootwatch import BootWatchMixin, release_thread_db
+from .bootwatch import boot_exit_reason, release_thread_db, watch_boot
 from .cancel import CancelSignal
-from .logs import LogForwarder, LogSink
+from .failure import read_failure_type
+from .logs import LogForwarder, LogSink, forward_remaining
+from .orphans import PeriodicSweep
+from .pidprobe import kill_confirmed
+from .rules import RuleWriter, agent_spec
 from .settings import FirecrackerSettings
-from .sweeps import SweepMixin, default_tracked_provider
-from .teardown import TeardownMixin
+from .sweeps import OrphanSweeps, default_tracked_provider
+from .teardown import Teardown
 
 log = logging.getLogger(__name__)
 
 ABORT_REASON = "spawn aborted (deadline or shutdown)"
+#: Seconds :meth:`FirecrackerBackend.wait_cleaned` waits by default for a failed spawn's cleanup.
+CLEANUP_WAIT_SECONDS = 20.0
 
 Emit = Callable[[str, str, str, dict], None]
 
@@ -58,7 +70,7 @@ class _Aborted(Exception):
 
 @dataclass
 class FirecrackerVm:
-    """One VM this process tracks (seed ``FirecrackerManagedAgent``); ``host_access`` is the resolved list."""
+    """One VM this process tracks; ``host_access`` is the resolved list."""
 
     agent_id: str
     labels: list[str]
@@ -91,18 +103,23 @@ def _default_store_host_access(agent_id: str, host_access: list[str]) -> None:
     Agent.objects.filter(agent_id=agent_id).update(host_access=host_access)
 
 
-class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
+class FirecrackerBackend:
     """One Firecracker scaler on this host.
 
     ``settings``: :class:`FirecrackerSettings`. ``ip_allocator``: ``network.ipalloc_db.DbIpAllocator``
     (``allocate(vm_id, scaler_name)``, ``release(vm_id)``, ``allocations(scaler_name=None)``). ``nft``: ``network.nft.apply.NftClient`` on the
     configured table. ``mint_token(agent_id, labels) -> str | None``. ``emit(agent_id, type,
     detail, payload)``: lifecycle events (``scaler.failed`` payload ``{"reason", "failureType"}``).
-    ``host_services``: extra default ``hostAccess`` entries (SPEC g.2). ``log_sink(agent_id,
-    source, record)``. ``store_host_access(agent_id, entries)``: persists the resolved list on the
-    agent record (default: ``agents.Agent.host_access``). ``environ``: source of ``KICI_AGENT_ENV_*``.
+    ``host_services``: extra default ``hostAccess`` entries. ``log_sink(agent_id, source,
+    record)``. ``store_host_access(agent_id, entries)``: persists the resolved list on the agent
+    record (default: ``agents.Agent.host_access``). ``environ``: source of ``KICI_AGENT_ENV_*``.
     ``tracked_provider(scaler_name)``: ids other processes are spawning or running (default: active
-    ``agents.Agent`` rows); orphan sweeps treat them as live.
+    ``agents.Agent`` rows); orphan sweeps treat them as live. ``boot_over(agent_id)``: asked before
+    a VM whose spawn returned is abandoned; True (the agent registered, or another path ends it)
+    leaves the VM alone and stops watching its boot. None: never.
+
+    Parts: ``rules`` (:class:`~.rules.RuleWriter`), ``teardown`` (:class:`~.teardown.Teardown`),
+    ``orphans`` (:class:`~.sweeps.OrphanSweeps`).
     """
 
     backend_type = "firecracker"
@@ -121,9 +138,8 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
         store_host_access: Callable[[str, list[str]], None] | None = _default_store_host_access,
         environ: Mapping[str, str] | None = None,
         tracked_provider: Callable[[str], Any] | None = default_tracked_provider,
+        boot_over: Callable[[str], bool] | None = None,
     ):
-        self.settings = settings
-        self.name = settings.name
         self.ip_allocator = ip_allocator
         self.nft = nft
         self.mint_token = mint_token
@@ -132,10 +148,22 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
         self.log_sink = log_sink
         self.store_host_access = store_host_access
         self.environ = os.environ if environ is None else environ
+        self.tracked_provider = tracked_provider
+        self.boot_over = boot_over
         self._lock = threading.RLock()
         self._vms: dict[str, FirecrackerVm] = {}
-        self.tracked_provider = tracked_provider
-        self._sweeper = None
+        self._sweeper: PeriodicSweep | None = None
+        self.rules = RuleWriter(nft, ip_allocator)
+        self.reload(settings)
+
+    def reload(self, settings: FirecrackerSettings) -> None:
+        """Use ``settings`` from now on (the next spawn, teardown and sweep); tracked VMs keep running."""
+        self.settings = settings
+        self.name = settings.name
+        self.teardown = Teardown(settings, self.rules, self.ip_allocator)
+        self.orphans = OrphanSweeps(
+            settings, self.nft, self.ip_allocator, self.rules, self._sweep_tracked, log_sink=self.log_sink
+        )
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -154,6 +182,12 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
     def chroot_dir(self, agent_id: str):
         return jail.chroot_dir(self.settings.chroot_base_dir, agent_id)
 
+    def _sweep_tracked(self) -> set[str]:
+        tracked = set(self.tracked_ids())
+        if self.tracked_provider is not None:
+            tracked |= set(self.tracked_provider(self.name))  # a failure here aborts the sweep: never reap blind
+        return tracked
+
     def _emit(self, agent_id: str, type_: str, detail: str, payload: dict | None = None) -> None:
         if self._emit_cb is None:
             return
@@ -163,12 +197,8 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
             log.warning("event emitter failed for %s %s", agent_id, type_, exc_info=True)
 
     def rule_spec(self, ip: str, label_set: Mapping, host_access: Sequence[str]) -> AgentSpec:
-        """The isolation rules of one VM: ``saddr`` = its IP, gateway accepted, policy from the label set."""
-        policy = dict(label_set.get("networkPolicy") or {})
-        return AgentSpec.build(
-            address=ip, gateway=self.settings.gateway, allowlist=list(policy.get("allowlist") or []),
-            deny_all=bool(policy.get("denyAll", False)), host_access=list(host_access),
-        )  # fmt: skip
+        """The isolation rules of one VM of this scaler (``rules.agent_spec`` with its gateway)."""
+        return agent_spec(ip, self.settings.gateway, label_set, host_access)
 
     # ---- spawn ----------------------------------------------------------------------------
 
@@ -183,7 +213,7 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
         cancel: CancelSignal | None = None,
         timeout_s: float | None = None,
     ) -> FirecrackerVm:
-        """Boot one VM (SPEC h spawn sequence) and return its record once MMDS holds the bootstrap data.
+        """Boot one VM and return its record once MMDS holds the bootstrap data.
 
         ``label_set``: the label-set entry (camelCase: ``labels``, ``rootfsPath``, ``kernelPath``,
         ``overlayDriveSizeMib``, ``vcpuCount``, ``memSizeMib``, ``env``, ``networkPolicy``,
@@ -231,7 +261,7 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
             reason = (
                 vm.failure_reason
                 or (cancel.reason if cancel.is_set() else None)
-                or (None if isinstance(e, _Aborted) else self._boot_exit_reason(vm))
+                or (None if isinstance(e, _Aborted) else boot_exit_reason(vm, s.exit_grace_s))
                 or str(e)
                 or type(e).__name__
             )
@@ -262,8 +292,7 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
         netlink.create_tap(vm.tap, s.bridge_name, isolated=True, netns=s.netns)
         vm.tap_created = True
         self._emit(aid, EventType.NETWORK, f"allocating IP {vm.ip}")
-        with address_lock(vm.ip):  # not between a teardown's holder check and its delete
-            self.nft.apply_agent(self.rule_spec(vm.ip, ls, vm.host_access))
+        self.rules.write(vm.ip, s.gateway, ls, vm.host_access)  # not between a teardown's holder check and its delete
         self._check(vm)
         vcpus, mib = jail.resolve_vm_shape(limits, ls, s.scaler_shape())
         config = jail.build_vm_config(
@@ -279,7 +308,10 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
         self._emit(aid, EventType.PROVISIONING, "booting microVM")
         vm.jailer = self._launch_jailer(vm)
         vm.logs = LogForwarder(aid, vm.layout.serial_log, vm.layout.vmm_log, self.log_sink).start()
-        threading.Thread(target=self._watch_boot, args=(vm,), name=f"fc-watch:{aid}", daemon=True).start()
+        threading.Thread(
+            target=watch_boot, args=(vm, s, lambda: self._booting(vm), self.abandon_spawn),
+            name=f"fc-watch:{aid}", daemon=True,
+        ).start()  # fmt: skip
         self._wait_for_socket(vm)
         token = self.mint_token(aid, vm.labels) if self.mint_token else None
         self._check(vm)
@@ -319,6 +351,13 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
             if vm.cancel.wait(0.1):
                 raise _Aborted()
 
+    def _booting(self, vm: FirecrackerVm) -> bool:
+        """Whether the boot watcher of ``vm`` still watches: tracked, not abandoned, registered or destroyed."""
+        with self._lock:
+            return (
+                self._vms.get(vm.agent_id) is vm and not vm.abandoned and not vm.registered and vm.state != "destroying"
+            )
+
     def mark_registered(self, agent_id: str) -> None:
         """The agent registered: its VM has booted, so a later exit is no longer a boot failure."""
         with self._lock:
@@ -326,10 +365,128 @@ class FirecrackerBackend(BootWatchMixin, TeardownMixin, SweepMixin):
             if vm is not None:
                 vm.registered = True
 
+    def detach(self, agent_id: str) -> None:
+        """Stop watching a VM whose boot is over (registered, or ended by someone else): the watcher
+        goes quiet and the log tail stops. The VM itself is untouched."""
+        vm = self.get(agent_id)
+        self.mark_registered(agent_id)
+        if vm is not None and vm.logs is not None:
+            vm.logs.stop(2)
+
+    def wait_cleaned(self, agent_id: str, timeout: float = CLEANUP_WAIT_SECONDS) -> bool:
+        """Wait until a failed spawn's cleanup removed it from tracking; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self.get(agent_id) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.get(agent_id) is None
+
     def clear_mmds(self, agent_id: str) -> None:
-        """``PUT /mmds`` with empty meta-data, after the agent's config.ack (SPEC d). Raises API errors."""
+        """``PUT /mmds`` with empty meta-data, after the agent's config.ack. Raises API errors."""
         FirecrackerApi(str(jail.api_socket_path(self.chroot_dir(agent_id))), timeout=5).clear_mmds()
 
     def ensure_host_ready(self) -> bool:
         """Provision bridge, baseline and isolation when autoProvisionHost is set (see ``provision``)."""
         return provision.ensure_host_ready(self)
+
+    # ---- failure and teardown -------------------------------------------------------------
+
+    def abandon_spawn(self, agent_id: str, reason: str) -> bool:
+        """Give up on a spawn from outside ``spawn``'s own flow (deadline, jailer exit) or from its catch.
+
+        Idempotent: the first caller wins and returns True; later ones (and calls for an agent that
+        is not tracked or is being destroyed, or whose boot ``boot_over`` says is over) return
+        False. Emits ``scaler.failed`` with ``reason`` and the failure type read from the serial
+        log, aborts in-flight API calls, and removes rules, TAP, IP, directory (now, or when the
+        spawn thread unwinds if it is still running).
+        """
+        vm = self.get(agent_id)
+        if vm is not None and not vm.spawn_active and self.boot_over is not None and self.boot_over(agent_id):
+            self.mark_registered(agent_id)
+            return False
+        with self._lock:
+            vm = self._vms.get(agent_id)
+            if vm is None or vm.abandoned or vm.state == "destroying":
+                return False
+            vm.abandoned = True
+            vm.failure_reason = reason
+            vm.failure_type = read_failure_type(vm.layout.serial_log)
+            cleanup_now = not vm.spawn_active
+        log.warning("firecracker spawn of %s abandoned: %s", agent_id, reason)
+        self._emit(agent_id, EventType.FAILED, reason, {"reason": reason, "failureType": vm.failure_type})
+        vm.cancel.cancel(reason)
+        if cleanup_now:
+            self._cleanup_failed_spawn(vm)
+        return True
+
+    def _cleanup_failed_spawn(self, vm: FirecrackerVm) -> None:
+        if vm.cleaned.is_set():
+            return
+        vm.cleaned.set()
+        self.teardown.stop_vm_process(vm.layout.chroot, vm.jailer, graceful=False)
+        if vm.logs is not None:
+            vm.logs.stop()
+        self.teardown.remove_network(vm.agent_id, vm.ip, vm.tap if vm.tap_created else None, release=vm.ip is not None)
+        self.teardown.remove_vm_dir(vm.agent_id)
+        with self._lock:
+            if self._vms.get(vm.agent_id) is vm:
+                del self._vms[vm.agent_id]
+
+    def destroy(self, agent_id: str) -> bool:
+        """Ctrl-Alt-Del, wait ≤ ``destroy_wait_s`` (200 ms polls), SIGKILL only a confirmed VM process,
+        then rules, TAP, IP row and directory. Works for VMs spawned by another process (state
+        re-derived from disk and the allocation row). Returns False when there was nothing."""
+        with self._lock:
+            vm = self._vms.get(agent_id)
+            if vm is not None:
+                if vm.state == "destroying":
+                    return False
+                vm.state = "destroying"
+        chroot = self.chroot_dir(agent_id)
+        row = self.teardown.owned_allocation(agent_id)
+        if vm is None and row is None and not chroot.parent.exists():
+            return False
+        self.teardown.stop_vm_process(chroot, vm.jailer if vm is not None else None, graceful=True)
+        if vm is not None and vm.logs is not None:
+            vm.logs.stop()
+        ip = vm.ip if vm is not None else (row.ip if row else None)
+        tap = (vm.tap if vm.tap_created else None) if vm is not None else (row.tap_device if row else None)
+        self.teardown.remove_network(agent_id, ip, tap, release=ip is not None)
+        self.teardown.remove_vm_dir(agent_id)
+        with self._lock:
+            if vm is not None and self._vms.get(agent_id) is vm:
+                del self._vms[agent_id]
+        return True
+
+    def reap_unowned(self, agent_id: str) -> bool:
+        """Force-reclaim a VM this backend does not track.
+
+        False (nothing touched) when tracked or when ``<base>/firecracker/<id>`` does not exist.
+        Otherwise forwards the remaining logs, SIGKILLs a confirmed VM process, removes rules, TAP
+        and IP only when the allocation row names this scaler, always removes the directory: True.
+        """
+        if agent_id in self.tracked_ids():
+            return False
+        chroot = self.chroot_dir(agent_id)
+        if not chroot.parent.is_dir():
+            return False
+        forward_remaining(agent_id, chroot / "serial-console.log", chroot / "vmm.log", self.log_sink)
+        kill_confirmed(chroot)
+        row = self.teardown.owned_allocation(agent_id)
+        if row is not None:
+            self.teardown.remove_network(agent_id, row.ip, row.tap_device, release=True)
+        self.teardown.remove_vm_dir(agent_id)
+        return True
+
+    # ---- periodic orphan sweep ------------------------------------------------------------
+
+    def start_periodic_sweep(self, interval_s: float | None = None) -> PeriodicSweep:
+        """Start (or return the running) 15-minute orphan sweep for this scaler (non-reentrant)."""
+        if self._sweeper is None:
+            self._sweeper = PeriodicSweep(
+                lambda: self.orphans.cleanup_orphans(), interval_s or 900.0, name=f"fc-sweep:{self.name}"
+            )
+        return self._sweeper.start()
+
+    def stop_periodic_sweep(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.stop()

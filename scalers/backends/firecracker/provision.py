@@ -94,7 +94,7 @@ def reapply_isolation_for_tracked_vms(backend: Any) -> int:
         if vm is not None and vm.ip and not vm.abandoned:
             vms.append(vm)
     with address_lock(*(vm.ip for vm in vms)):
-        held = read_holders([vm.ip for vm in vms], allocations=backend._allocation_rows) if vms else {}
+        held = read_holders([vm.ip for vm in vms], allocations=backend.rules.allocation_rows) if vms else {}
         specs = []
         for vm in vms:
             others = other_holders(held.get(str(vm.ip), []), (vm.agent_id,))

@@ -1,27 +1,31 @@
-"""Orphan sweeps wired to a live backend: facts, re-checks, actions (seed firecracker-backend.d.ts
-``cleanupOrphans``/``reapUnownedIsolationRules``; SPEC h). Mixed into ``FirecrackerBackend``;
-the planning itself is ``orphans.plan_orphans``."""
+"""Orphan sweeps of one Firecracker scaler on the live host: facts, re-checks, actions.
+
+The planning itself is ``orphans.plan_orphans`` (pure); :class:`OrphanSweeps` reads the host for
+it and carries out a plan, re-checking every target right before acting.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from network import netlink
 
 from . import jail
-from .logs import forward_remaining
+from .logs import LogSink, forward_remaining
 from .orphans import (
     AllocationRow,
     OrphanFacts,
     OrphanReport,
     OrphanTarget,
-    PeriodicSweep,
     apply_orphans,
     plan_orphans,
 )
 from .pidprobe import is_chroot_pid_running
+from .rules import RuleWriter
+from .settings import FirecrackerSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +40,34 @@ def default_tracked_provider(scaler_name: str) -> set[str]:
     )
 
 
-class SweepMixin:
-    """Needs from the host class: ``settings``, ``name``, ``nft``, ``ip_allocator``, ``log_sink``,
-    ``tracked_ids``, ``tracked_provider``, ``chroot_dir``, ``_sweeper``."""
+class OrphanSweeps:
+    """The sweeps of the scaler ``settings`` names.
 
-    def _sweep_tracked(self) -> set[str]:
-        tracked = set(self.tracked_ids())
-        if self.tracked_provider is not None:
-            tracked |= set(self.tracked_provider(self.name))  # a failure here aborts the sweep: never reap blind
-        return tracked
+    ``tracked()``: the ids that count as live whatever their chroot shows (this process's VMs and
+    those other processes are spawning or running); a failure there aborts the sweep, so nothing is
+    reaped blind. ``ip_allocator``: ``network.ipalloc_db.DbIpAllocator``; ``log_sink``: where the
+    remaining logs of a reaped VM go.
+    """
+
+    def __init__(
+        self,
+        settings: FirecrackerSettings,
+        nft: Any,
+        ip_allocator: Any,
+        rules: RuleWriter,
+        tracked: Callable[[], set[str]],
+        log_sink: LogSink | None = None,
+    ):
+        self.settings = settings
+        self.name = settings.name
+        self.nft = nft
+        self.ip_allocator = ip_allocator
+        self.rules = rules
+        self.tracked = tracked
+        self.log_sink = log_sink
+
+    def chroot_dir(self, agent_id: str):
+        return jail.chroot_dir(self.settings.chroot_base_dir, agent_id)
 
     def _rows(self) -> tuple[AllocationRow, ...]:
         return tuple(
@@ -62,7 +85,7 @@ class SweepMixin:
 
     def orphan_facts(self) -> OrphanFacts:
         """Read the host once for :func:`plan_orphans`. Raises when the tracked set cannot be read."""
-        tracked = self._sweep_tracked()
+        tracked = self.tracked()
         chroot_ids = self._chroot_ids()
         live = {i for i in chroot_ids if is_chroot_pid_running(self.chroot_dir(i))}
         before = self._rows()
@@ -83,9 +106,7 @@ class SweepMixin:
         return plan_orphans(self.orphan_facts())
 
     def _live(self, agent_id: str | None) -> bool:
-        return agent_id is not None and (
-            agent_id in self._sweep_tracked() or is_chroot_pid_running(self.chroot_dir(agent_id))
-        )
+        return agent_id is not None and (agent_id in self.tracked() or is_chroot_pid_running(self.chroot_dir(agent_id)))
 
     def orphan_recheck(self, target: OrphanTarget) -> str | None:
         """None when ``target`` is still an orphan now, else why it is spared."""
@@ -103,7 +124,7 @@ class SweepMixin:
                 return "the interface is gone"
             if any(r.tap_device == target.tap for r in rows):
                 return "an allocation row names the interface"
-            live_ids = self._sweep_tracked()
+            live_ids = self.tracked()
             if any(netlink.tap_name_for(i) == target.tap for i in live_ids):
                 return "a tracked VM owns the interface"
         elif target.kind == "rules":
@@ -126,7 +147,7 @@ class SweepMixin:
         elif target.kind == "tap":
             netlink.delete_link(target.tap, netns=s.netns)
         elif target.kind == "rules":
-            if not self._remove_rules_unless_held(target.agent_id, target.ip, f"orphan rules of {target.agent_id}"):
+            if not self.rules.remove_unless_held(target.agent_id, target.ip, f"orphan rules of {target.agent_id}"):
                 raise RuntimeError(f"the address {target.ip} is held again: its rules were kept")
 
     def apply_orphans(self, plan: Iterable[OrphanTarget]) -> OrphanReport:
@@ -137,15 +158,5 @@ class SweepMixin:
         return report
 
     def cleanup_orphans(self) -> int:
-        """Plan and apply now; returns the number of orphans cleaned in passes 1-3 (SPEC h)."""
+        """Plan and apply now; returns the number of orphans cleaned in passes 1-3."""
         return self.apply_orphans(self.plan_orphans()).cleaned
-
-    def start_periodic_sweep(self, interval_s: float | None = None) -> PeriodicSweep:
-        """Start (or return the running) 15-minute sweep for this scaler (non-reentrant)."""
-        if self._sweeper is None:
-            self._sweeper = PeriodicSweep(self.cleanup_orphans, interval_s or 900.0, name=f"fc-sweep:{self.name}")
-        return self._sweeper.start()
-
-    def stop_periodic_sweep(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.stop()

@@ -1,68 +1,44 @@
-"""Failure and teardown paths of the Firecracker backend: ``abandon_spawn``, ``destroy``,
-``reap_unowned`` (seed firecracker-backend.d.ts; SPEC h). Mixed into ``FirecrackerBackend``."""
+"""The teardown of a Firecracker VM: stop its process, remove its rules, TAP, IP row and directory.
+
+Every step works from disk (the chroot and its pid file) and the allocation rows, so a process
+other than the one that spawned the VM can tear it down. The order (process first, then the
+network, then the directory) is the caller's: ``FirecrackerBackend`` runs it for a failed spawn,
+a destroy and a reap.
+"""
 
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from agents.choices import EventType
 from network import netlink
 
-from ..holders import remove_unless_held
 from . import jail
 from .api import FirecrackerApi
-from .failure import read_failure_type
-from .logs import forward_remaining
 from .pidprobe import is_vm_process_alive, kill_confirmed
+from .rules import RuleWriter
+from .settings import FirecrackerSettings
 
 log = logging.getLogger(__name__)
 
 
-class TeardownMixin:
-    """Needs from the host class: ``settings``, ``name``, ``nft``, ``ip_allocator``, ``log_sink``,
-    ``_lock``, ``_vms``, ``_emit``, ``tracked_ids``, ``chroot_dir``."""
+class Teardown:
+    """Tears down the VMs of one scaler (``settings``) through ``rules`` and ``ip_allocator``
+    (``network.ipalloc_db.DbIpAllocator``)."""
 
-    def abandon_spawn(self, agent_id: str, reason: str) -> bool:
-        """Give up on a spawn from outside ``spawn``'s own flow (deadline, jailer exit) or from its catch.
+    def __init__(self, settings: FirecrackerSettings, rules: RuleWriter, ip_allocator: Any):
+        self.settings = settings
+        self.rules = rules
+        self.ip_allocator = ip_allocator
 
-        Idempotent: the first caller wins and returns True; later ones (and calls for an agent that
-        is not tracked or is being destroyed) return False. Emits ``scaler.failed`` with ``reason``
-        and the failure type read from the serial log, aborts in-flight API calls, and removes
-        rules, TAP, IP, directory (now, or when the spawn thread unwinds if it is still running).
-        """
-        with self._lock:
-            vm = self._vms.get(agent_id)
-            if vm is None or vm.abandoned or vm.state == "destroying":
-                return False
-            vm.abandoned = True
-            vm.failure_reason = reason
-            vm.failure_type = read_failure_type(vm.layout.serial_log)
-            cleanup_now = not vm.spawn_active
-        log.warning("firecracker spawn of %s abandoned: %s", agent_id, reason)
-        self._emit(agent_id, EventType.FAILED, reason, {"reason": reason, "failureType": vm.failure_type})
-        vm.cancel.cancel(reason)
-        if cleanup_now:
-            self._cleanup_failed_spawn(vm)
-        return True
-
-    def _cleanup_failed_spawn(self, vm: Any) -> None:
-        if vm.cleaned.is_set():
-            return
-        vm.cleaned.set()
-        self._stop_vm_process(vm, graceful=False)
-        if vm.logs is not None:
-            vm.logs.stop()
-        self._teardown(vm.agent_id, vm.ip, vm.tap if vm.tap_created else None, release=vm.ip is not None)
-        jail.remove_vm_dir(self.settings.chroot_base_dir, vm.agent_id, self.settings.require_sudo)
-        with self._lock:
-            if self._vms.get(vm.agent_id) is vm:
-                del self._vms[vm.agent_id]
-
-    def _stop_vm_process(self, vm: Any, graceful: bool, chroot=None) -> None:
-        chroot = chroot or vm.layout.chroot
+    def stop_vm_process(self, chroot: Path, jailer: subprocess.Popen | None, graceful: bool) -> None:
+        """Stop the VM process of ``chroot``: with ``graceful``, Ctrl-Alt-Del and wait up to
+        ``destroy_wait_s`` (200 ms polls); then SIGKILL a still running, confirmed VM process, and
+        kill ``jailer`` (this process's own child) if it still runs."""
         if graceful:
             # One budget of destroy_wait_s covers both the request and the wait for the exit, so a
             # slow API answer on a loaded host is not a failed shutdown.
@@ -84,29 +60,16 @@ class TeardownMixin:
             deadline = time.monotonic() + 2
             while is_vm_process_alive(chroot) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        jailer = vm.jailer if vm is not None else None
         if jailer is not None and jailer.poll() is None:
             jailer.kill()  # our own child: its identity is certain
             jailer.wait(5)
 
-    def _allocation_rows(self) -> list[tuple[str, str, str]]:
-        """``(ip, vm_id, scaler_name)`` of every address allocation (any scaler), from this backend's allocator."""
-        return [(str(r.ip), r.vm_id, r.scaler_name) for r in self.ip_allocator.allocations()]
-
-    def _remove_rules_unless_held(self, agent_id: str | None, ip: str, why: str) -> bool:
-        """Delete ``ip``'s rules unless a sandbox other than VM ``agent_id`` holds it now (another
-        allocation row, an active agent row: ``scalers.backends.holders``). True when deleted."""
-        _, held = remove_unless_held(
-            ip, self.nft.remove_agent, exclude=(agent_id or "",), allocations=self._allocation_rows, why=why
-        )
-        return not held
-
-    def _teardown(self, agent_id: str, ip: str | None, tap: str | None, release: bool) -> None:
+    def remove_network(self, agent_id: str, ip: str | None, tap: str | None, release: bool) -> None:
         """Remove a VM's rules (only while no other sandbox holds its address), TAP and (when
         ``release``) its IP row; each step logs and goes on."""
         steps: list[tuple[str, Callable[[], Any]]] = []
         if ip:
-            steps.append(("rules", lambda: self._remove_rules_unless_held(agent_id, ip, f"teardown of {agent_id}")))
+            steps.append(("rules", lambda: self.rules.remove_unless_held(agent_id, ip, f"teardown of {agent_id}")))
         if tap:
             steps.append(("tap", lambda: netlink.delete_link(tap, netns=self.settings.netns)))
         if release:
@@ -117,52 +80,10 @@ class TeardownMixin:
             except Exception:  # noqa: BLE001
                 log.warning("teardown of %s for %s failed", what, agent_id, exc_info=True)
 
-    def _owned_allocation(self, agent_id: str):
-        row = next((r for r in self.ip_allocator.allocations(self.name) if r.vm_id == agent_id), None)
-        return row
+    def owned_allocation(self, agent_id: str):
+        """The allocation row of ``agent_id`` when it names this scaler, else None."""
+        return next((r for r in self.ip_allocator.allocations(self.settings.name) if r.vm_id == agent_id), None)
 
-    def destroy(self, agent_id: str) -> bool:
-        """Ctrl-Alt-Del, wait ≤ ``destroy_wait_s`` (200 ms polls), SIGKILL only a confirmed VM process,
-        then rules, TAP, IP row and directory (SPEC h). Works for VMs spawned by another process
-        (state re-derived from disk and the allocation row). Returns False when there was nothing."""
-        with self._lock:
-            vm = self._vms.get(agent_id)
-            if vm is not None:
-                if vm.state == "destroying":
-                    return False
-                vm.state = "destroying"
-        chroot = self.chroot_dir(agent_id)
-        row = self._owned_allocation(agent_id)
-        if vm is None and row is None and not chroot.parent.exists():
-            return False
-        self._stop_vm_process(vm, graceful=True, chroot=chroot)
-        if vm is not None and vm.logs is not None:
-            vm.logs.stop()
-        ip = vm.ip if vm is not None else (row.ip if row else None)
-        tap = (vm.tap if vm.tap_created else None) if vm is not None else (row.tap_device if row else None)
-        self._teardown(agent_id, ip, tap, release=ip is not None)
-        jail.remove_vm_dir(self.settings.chroot_base_dir, agent_id, self.settings.require_sudo)
-        with self._lock:
-            if vm is not None and self._vms.get(agent_id) is vm:
-                del self._vms[agent_id]
-        return True
-
-    def reap_unowned(self, agent_id: str) -> bool:
-        """Force-reclaim a VM this backend does not track (SPEC h ``reapUnowned``; FC-16).
-
-        False (nothing touched) when tracked or when ``<base>/firecracker/<id>`` does not exist.
-        Otherwise forwards the remaining logs, SIGKILLs a confirmed VM process, removes rules, TAP
-        and IP only when the allocation row names this scaler, always removes the directory: True.
-        """
-        if agent_id in self.tracked_ids():
-            return False
-        chroot = self.chroot_dir(agent_id)
-        if not chroot.parent.is_dir():
-            return False
-        forward_remaining(agent_id, chroot / "serial-console.log", chroot / "vmm.log", self.log_sink)
-        kill_confirmed(chroot)
-        row = self._owned_allocation(agent_id)
-        if row is not None:
-            self._teardown(agent_id, row.ip, row.tap_device, release=True)
-        jail.remove_vm_dir(self.settings.chroot_base_dir, agent_id, self.settings.require_sudo)
-        return True
+    def remove_vm_dir(self, agent_id: str) -> bool:
+        """``rm -rf <chrootBaseDir>/firecracker/<id>`` (``jail.remove_vm_dir``)."""
+        return jail.remove_vm_dir(self.settings.chroot_base_dir, agent_id, self.settings.require_sudo)
