@@ -108,3 +108,29 @@ def env_url_map(name: str) -> dict[str, str]:
             raise ImproperlyConfigured(f"{name}: {part!r} is not NAME=http(s)://host/path")
         out[key] = url
     return out
+
+
+def env_listeners(name: str, default: str) -> list[tuple[str, int | None]]:
+    """Parse ``$name`` as comma-separated ``host:port`` listeners (``[v6]:port``; port ``*`` = any).
+
+    Returns ``(host, port)`` pairs, ``port`` None for ``*``. Refuses an item without a host or port,
+    or with a port outside 1-65535, naming the variable and the item.
+    """
+    raw = os.environ.get(name, "") or default
+    listeners = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not host:port")
+        if port == "*":
+            listeners.append((host, None))
+            continue
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ImproperlyConfigured(f"{name}: {item!r} has no port in 1-65535 (or *)")
+        listeners.append((host, int(port)))
+    if not listeners:
+        raise ImproperlyConfigured(f"{name} names no listener")
+    return listeners

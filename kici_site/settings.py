@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .env import database_from_url, env_bool, env_int, env_list, env_str, env_url_map, redis_url
+from .env import database_from_url, env_bool, env_int, env_list, env_listeners, env_str, env_url_map, redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -131,6 +131,7 @@ AXES_FAILURE_LIMIT = env_int("KICI_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = env_int("KICI_LOGIN_COOLOFF_SECONDS", 900, minimum=1) / 3600  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -156,6 +157,13 @@ KICI_API_TOKEN = env_str("KICI_API_TOKEN")
 KICI_INSTANCE_ID = env_str("KICI_INSTANCE_ID", KICI_HOST_NAME)
 # URL agents dial back to register (scaler orchestratorUrl wins when set).
 KICI_CONSOLE_URL = env_str("KICI_CONSOLE_URL", "http://172.30.0.1:8000")
+# Where the operator side is served (pages, admin, /metrics, /healthz, the scale API). A request on
+# any other listener, such as the agents' gateway of KICI_CONSOLE_URL, reaches only the agent API
+# (kici_site.listeners).
+KICI_OPERATOR_LISTEN = env_listeners("KICI_OPERATOR_LISTEN", "127.0.0.1:8000")
+# Request bodies above this many bytes are refused with 413 before the application reads them.
+KICI_MAX_REQUEST_BODY_BYTES = env_int("KICI_MAX_REQUEST_BODY_BYTES", 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = KICI_MAX_REQUEST_BODY_BYTES
 KICI_AGENT_TOKEN_TTL_SECONDS = env_int("KICI_AGENT_TOKEN_TTL_SECONDS", 3600, minimum=10)
 KICI_SPAWN_TIMEOUT_SECONDS = env_int("KICI_SPAWN_TIMEOUT_SECONDS", 300, minimum=1)
 KICI_STORAGE_URL = env_str("KICI_STORAGE_URL")

@@ -17,6 +17,7 @@ ensure_api_token
 export KICI_SCALER_CONFIG_PATH="${KICI_SCALER_CONFIG_PATH:-$ROOT/examples/scalers.yaml}"
 PORT="${KICI_PORT:-8000}"
 export KICI_CONSOLE_URL="${KICI_CONSOLE_URL:-http://172.30.0.1:$PORT}"
+export KICI_OPERATOR_LISTEN="${KICI_OPERATOR_LISTEN:-127.0.0.1:$PORT}"
 PY="$VENV/bin/python"
 M="$PY manage.py"
 
@@ -41,9 +42,17 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-QUEUE="$($PY -c 'import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup();from django.conf import settings;print(settings.KICI_HOST_QUEUE)')"
+DJANGO='import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup()'
+QUEUE="$($PY -c "$DJANGO"'
+from django.conf import settings;print(settings.KICI_HOST_QUEUE)')"
+# The operator listener(s) and the agents' gateway; on the gateway only the agent API is served.
+ENDPOINTS_TEXT="$($PY -c "$DJANGO"'
+from kici_site.listeners import daphne_endpoints;print("\n".join(daphne_endpoints()))')"
+mapfile -t ENDPOINTS <<< "$ENDPOINTS_TEXT"
+DAPHNE_ARGS=()
+for e in "${ENDPOINTS[@]}"; do DAPHNE_ARGS+=(-e "$e"); done
 # Each child in its own session: a Ctrl-C reaches only this script, whose stop() ends them in order.
-setsid $VENV/bin/daphne -e "tcp:$PORT:interface=127.0.0.1" -e "tcp:$PORT:interface=172.30.0.1" \
+setsid $VENV/bin/daphne "${DAPHNE_ARGS[@]}" \
   --access-log "$LOG_DIR/access.log" kici_site.asgi:application > "$LOG_DIR/daphne.log" 2>&1 &
 pids+=($!)
 setsid $M rqworker default "$QUEUE" --with-scheduler --worker-class kici_site.worker.KiciWorker > "$LOG_DIR/worker.log" 2>&1 &

@@ -3,6 +3,7 @@ each use their own database connection, and the admission queue shut down after 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable
 
@@ -118,10 +119,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def daphne_server(transactional_db, settings):
-    """A real daphne (the production ASGI server) on a free loopback port, serving this test's
-    database; yields its base URL. Stopped (SIGTERM, then SIGKILL) at teardown."""
+@contextlib.contextmanager
+def run_daphne(endpoints: list[str], *, operator_listen: str, extra_env: dict | None = None):
+    """A real daphne (the production ASGI server) on ``endpoints`` (twisted endpoint strings on
+    loopback addresses), serving this test's database, ``KICI_OPERATOR_LISTEN`` set to
+    ``operator_listen``. Waits until the first endpoint answers; stopped (SIGTERM, then SIGKILL)
+    on exit. Raises RuntimeError with daphne's output when it does not start within 30 s."""
     import os
     import signal
     import subprocess
@@ -132,31 +135,31 @@ def daphne_server(transactional_db, settings):
     import requests
 
     db = connection.settings_dict
-    port = _free_port()
     root = Path(__file__).resolve().parent.parent
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
-        "DATABASE_URL": (
-            f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-        ),
-        "KICI_API_TOKEN": settings.KICI_API_TOKEN or "",
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,127.0.0.2",
+        "KICI_OPERATOR_LISTEN": operator_listen,
         "LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
     }
+    args = [arg for endpoint in endpoints for arg in ("-e", endpoint)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "kici_site.asgi:application"],
+        [sys.executable, "-m", "daphne", *args, "kici_site.asgi:application"],
         cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    url = f"http://127.0.0.1:{port}"
+    first = dict(part.split("=", 1) for part in endpoints[0].split(":")[1:])
+    url = f"http://{first['interface']}:{first['port']}"
     deadline = time.monotonic() + 30
     while True:
         try:
-            requests.get(url + "/metrics", timeout=1)
+            requests.get(url + "/healthz", timeout=1)
             break
         except requests.ConnectionError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -164,7 +167,7 @@ def daphne_server(transactional_db, settings):
                 raise RuntimeError(f"daphne did not start: {proc.stderr.read().decode()[-2000:]}") from None
             time.sleep(0.2)
     try:
-        yield url
+        yield
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -172,3 +175,15 @@ def daphne_server(transactional_db, settings):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@pytest.fixture
+def daphne_server(transactional_db, settings):
+    """A real daphne on a free loopback port (the operator listener); yields its base URL."""
+    port = _free_port()
+    with run_daphne(
+        [f"tcp:port={port}:interface=127.0.0.1"],
+        operator_listen=f"127.0.0.1:{port}",
+        extra_env={"KICI_API_TOKEN": settings.KICI_API_TOKEN or ""},
+    ):
+        yield f"http://127.0.0.1:{port}"
