@@ -49,7 +49,7 @@ def run_rq_jobs():
     return run
 
 
-# --- private dockerd (helper ctr; see tests/dockerd.py) -------------------------------------------
+# --- private dockerd (helper ctr; see tests/support/docker.py) -------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +58,7 @@ def dockerd():
 
     Fails (never skips) in CI when the daemon cannot start; skips elsewhere.
     """
-    from tests.dockerd import DockerdUnavailable, ensure_private_dockerd
+    from tests.support.docker import DockerdUnavailable, ensure_private_dockerd
 
     try:
         return ensure_private_dockerd()
@@ -71,7 +71,7 @@ def dockerd():
 @pytest.fixture
 def docker_client(dockerd, settings):
     """A docker SDK client on the private dockerd; ``settings.DOCKER_HOST`` points at it too."""
-    from tests.dockerd import docker_client as make_client
+    from tests.support.docker import docker_client as make_client
 
     settings.DOCKER_HOST = dockerd
     client = make_client()

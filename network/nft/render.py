@@ -45,7 +45,7 @@ touches only its two map elements and its two chains. Ownership is read from nam
 ``a4-172-30-0-5-fwd`` belongs to agent 172.30.0.5 (``a6-`` chains to IPv6 agents, ``:`` written as
 ``-``), never from rule text.
 
-IPv6 policy (decided here, tested with packets in tests/test_isolation_packets.py):
+IPv6 policy (decided here, tested with packets in tests/network/test_isolation_packets.py):
 
 * An agent is keyed by one address. Traffic from an address in no map that arrives on a guarded
   interface (the agents' bridge) is dropped on both hooks. This drops every IPv6 packet from an

@@ -11,7 +11,7 @@ from agents.choices import EventType
 from agents.events import record_connecting
 from agents.models import ScalerEvent
 from agents.tokens import mint_registration_token
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
 

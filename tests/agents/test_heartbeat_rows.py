@@ -13,7 +13,7 @@ import agents.api
 from agents.heartbeats import ROW_PUSH_SECONDS, agent_row_message, row_push_due
 from agents.models import Agent
 from agents.tokens import mint_registration_token
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
 from agents.tokens import hash_token, mint_registration_token
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.test import Client
 
 from front.views.waiting import waiting_groups
 from scalers.admission.service import request_scale
-from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

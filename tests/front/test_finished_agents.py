@@ -11,7 +11,7 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.events import record_event
 from scalers.backends.failure import failure_detail
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
 

@@ -377,7 +377,7 @@ def empty_netns():
 
 def test_the_selftest_sends_nothing_when_its_route_check_cannot_be_set_up(client, empty_netns, settings):
     """No probe without the route guard (issue 8). The reachability table itself, probed and
-    rule-verified rows, is checked with real packets in tests/test_isolation_packets.py."""
+    rule-verified rows, is checked with real packets in tests/network/test_isolation_packets.py."""
     settings.KICI_FIRECRACKER_NETNS = empty_netns  # the "host" side: no interface holds the gateway
     ConfigState.objects.update_or_create(pk=1, defaults={"firecracker": {"table": "ui_st", "gateway": "10.213.249.1"}})
     vm = Scaler.objects.create(name="fc-st", type="firecracker", max_agents=1)

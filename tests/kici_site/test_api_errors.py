@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from agents.tokens import mint_registration_token
-from tests.admission_support import _stop_admission_queue  # noqa: F401 - autouse: no decider thread left behind
-from tests.admission_support import make_scaler as make_admission_scaler
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.admission import _stop_admission_queue  # noqa: F401 - autouse: no decider thread left behind
+from tests.support.admission import make_scaler as make_admission_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
 

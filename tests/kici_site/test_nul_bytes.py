@@ -11,8 +11,8 @@ import pytest
 
 from operations.choices import OperationStatus
 from operations.services import create_operation
-from tests.operations_support import *  # noqa: F403
-from tests.operations_support import login
+from tests.support.operations import *  # noqa: F403
+from tests.support.operations import login
 
 pytestmark = pytest.mark.django_db
 

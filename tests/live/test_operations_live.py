@@ -9,8 +9,8 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from operations.choices import OperationStatus
-from tests.operations_support import *  # noqa: F403
-from tests.operations_support import listening_worker
+from tests.support.operations import *  # noqa: F403
+from tests.support.operations import listening_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

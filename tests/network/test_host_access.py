@@ -332,7 +332,7 @@ def test_entries_are_explained_in_plain_words(text, words):
 
 
 def test_a_hostname_error_reads_as_the_reference_example():
-    """tests/fixtures/reference-examples/README.md, invalid-04: the entry, then the name it wrongly gives."""
+    """tests/scalers/config/examples/README.md, invalid-04: the entry, then the name it wrongly gives."""
     from network.host_access import HostAccessError, parse_host_access_entry
 
     with pytest.raises(HostAccessError) as exc:

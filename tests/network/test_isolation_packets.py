@@ -1,7 +1,7 @@
 """Isolation proven with real TCP and UDP packets (issue 5, "How it is checked").
 
 A "host" namespace with a bridge, agents behind it on isolated ports, a "lan" namespace routed
-behind the host (see tests/netns.py). The rules are rendered by network.nft.render and applied by
+behind the host (see tests/support/network_lab.py). The rules are rendered by network.nft.render and applied by
 NftClient inside the host namespace, exactly as a console applies them on the real host.
 """
 
@@ -17,7 +17,7 @@ from network.host_access import resolve_agent_host_access
 from network.nft.apply import NftClient
 from network.nft.spec import AgentSpec
 from tests.conftest import require_root
-from tests.netns import Lab, Target, both, reachability
+from tests.support.network_lab import Lab, Target, both, reachability
 
 pytestmark = pytest.mark.root
 
@@ -186,7 +186,7 @@ def test_a_connection_the_agent_opened_before_its_rules_stops_passing_once_they_
     conntrack state; the agent's own packets are re-checked against its entries."""
     import socket
 
-    from tests.netns import EchoListener
+    from tests.support.network_lab import EchoListener
 
     # As on a live host: the table is there (no guard on the shared bridge) and another agent's
     # rules already have conntrack tracking every flow, so the early connection is tracked.
@@ -216,7 +216,7 @@ def test_replies_to_a_connection_the_host_opened_before_the_rules_keep_passing(l
     with an empty host access."""
     import socket
 
-    from tests.netns import EchoListener
+    from tests.support.network_lab import EchoListener
 
     nft.ensure_table()
     nft.apply_agent(default_spec("10.213.0.6"))  # conntrack is on, as on a live host

@@ -9,7 +9,7 @@ import pytest
 from network import netlink
 from network.netlink import BridgePortIsolationUnavailable, NetlinkError, tap_name_for
 from tests.conftest import require_root
-from tests.netns import Netns
+from tests.support.network_lab import Netns
 
 # -- names (pure) ------------------------------------------------------------------------------
 

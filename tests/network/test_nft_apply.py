@@ -14,7 +14,7 @@ from network.nft.describe import describe_expr
 from network.nft.exprs import forward_rule_exprs, input_rule_exprs
 from network.nft.spec import AgentSpec, RuleSpecError
 from tests.conftest import require_root
-from tests.netns import Netns
+from tests.support.network_lab import Netns
 
 pytestmark = pytest.mark.root
 GW = "172.30.0.1"

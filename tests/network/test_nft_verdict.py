@@ -1,6 +1,6 @@
 """The rule evaluator behind the self-test's "blocked by rule (verified, not probed)"
 (network.nft.verdict): a packet walked through an agent's rendered chains. The same evaluation over
-rules read back from the kernel is exercised in tests/test_isolation_packets.py."""
+rules read back from the kernel is exercised in tests/network/test_isolation_packets.py."""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ from operations.services import (
     reject_operation,
 )
 from scalers.models import Scaler
-from tests.operations_support import *  # noqa: F403
-from tests.operations_support import listening_worker, login, write_config
+from tests.support.operations import *  # noqa: F403
+from tests.support.operations import listening_worker, login, write_config
 
 pytestmark = pytest.mark.django_db
 

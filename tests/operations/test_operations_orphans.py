@@ -14,9 +14,9 @@ from agents.choices import AgentState
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
 from operations.models import AuditEntry, Operation
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
-from tests.ctr_helpers import make_agent, make_scaler
-from tests.operations_support import *  # noqa: F403
-from tests.operations_support import listening_worker
+from tests.support.operations import *  # noqa: F403
+from tests.support.operations import listening_worker
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 

@@ -17,7 +17,7 @@ from scalers.models import ConfigState, LabelSet, MachinePool, Scaler
 
 pytestmark = pytest.mark.django_db
 
-EXAMPLES = str(Path(__file__).resolve().parent / "fixtures" / "reference-examples")
+EXAMPLES = str(Path(__file__).resolve().parent / "config" / "examples")
 
 BASE = """\
 version: 1

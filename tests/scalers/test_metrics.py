@@ -11,7 +11,7 @@ from agents.events import record_event
 from agents.models import Agent
 from scalers.admission.queue import lock_failure_reason
 from scalers.admission.service import request_scale
-from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from django.test import AsyncClient, Client
 
 from agents.models import Agent
 from scalers.models import Reservation, ScaleRequest
-from tests.admission_support import _stop_admission_queue, daphne_server, make_scaler, run_threads  # noqa: F401
+from tests.support.admission import _stop_admission_queue, daphne_server, make_scaler, run_threads  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,7 +79,7 @@ def test_it_refuses_resources_over_a_cap_for_good_with_422_exceeds_cap():
 
 
 def test_a_request_larger_than_the_global_cap_is_422_even_while_the_console_is_full():
-    from tests.admission_support import set_global
+    from tests.support.admission import set_global
 
     set_global(max_agents=1, cpu=4)
     make_scaler("c", max_agents=5)

@@ -24,7 +24,7 @@ from scalers.jobs import (
     spawn_job_failed,
 )
 from scalers.models import Reservation
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from scalers.admission.matching import WORLD_CACHE
 from scalers.admission.service import request_scale
 from scalers.models import LabelSet, Reservation, Scaler
 from scalers.warm_pools import WarmPools, configured_pools, deficit_pass, idle_check, pool_status, read_world
-from tests.admission_support import _stop_admission_queue, make_scaler, run_threads, set_global  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_scaler, run_threads, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

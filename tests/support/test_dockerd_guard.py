@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import require_root
-from tests.dockerd import DockerdUnavailable, _check_gateway_owner
+from tests.support.docker import DockerdUnavailable, _check_gateway_owner
 
 
 def test_it_refuses_when_another_interface_holds_the_agent_gateway(dockerd):
@@ -23,7 +23,7 @@ def test_it_refuses_when_another_interface_holds_the_agent_gateway(dockerd):
 
 def test_it_removes_a_bridge_a_stopped_dockerd_left_holding_the_gateway(dockerd, monkeypatch):
     require_root()
-    import tests.dockerd as d
+    import tests.support.docker as d
 
     name = "br-0badc0ffee00"
     monkeypatch.setattr(d, "_other_dockerd_running", lambda: False)
@@ -38,7 +38,7 @@ def test_it_removes_a_bridge_a_stopped_dockerd_left_holding_the_gateway(dockerd,
 
 def test_it_keeps_a_bridge_another_running_dockerd_owns(dockerd, monkeypatch):
     require_root()
-    import tests.dockerd as d
+    import tests.support.docker as d
 
     name = "br-0badc0ffee01"
     monkeypatch.setattr(d, "_other_dockerd_running", lambda: True)

@@ -13,7 +13,7 @@ from agents.models import Agent
 from scalers.admission.caps import CAP_ORDER
 from scalers.admission.service import request_scale
 from scalers.models import MetricCounter, Reservation, ScaleRequest
-from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from scalers.admission.decide import Request, decide_batch
 from scalers.admission.matching import WORLD_CACHE
 from scalers.admission.queue import AdmissionQueue
 from scalers.models import ConfigState, LabelSet, MachinePool, Reservation, Scaler, ScaleRequest
-from tests.admission_support import _stop_admission_queue, make_pool, make_scaler, run_threads, set_global  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, run_threads, set_global  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from agents.models import Agent
 from scalers.admission.draining import mark_draining, retirement_sweep
 from scalers.admission.service import request_scale
 from scalers.models import Reservation, Scaler, ScalerTeardown
-from tests.admission_support import _stop_admission_queue, make_scaler  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_scaler  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,7 +58,7 @@ def test_a_scaler_back_in_the_config_loses_its_teardown(docker_client):
 
 
 def test_reservations_of_a_retiring_scaler_still_count_globally():
-    from tests.admission_support import set_global
+    from tests.support.admission import set_global
 
     set_global(max_agents=1)
     old = make_scaler("old", label_sets=[["old"]])

@@ -14,7 +14,7 @@ from agents.models import Agent
 from scalers.admission.recovery import recover_state
 from scalers.leader import Leadership
 from scalers.models import RecoveryReport, Reservation
-from tests.admission_support import _stop_admission_queue, make_scaler  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_scaler  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

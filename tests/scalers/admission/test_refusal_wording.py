@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scalers.admission.service import request_scale
-from tests.admission_support import _stop_admission_queue, make_scaler, set_global  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_scaler, set_global  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -36,7 +36,7 @@ from scalers.admission.release import (
 )
 from scalers.admission.service import request_scale
 from scalers.models import Reservation
-from tests.admission_support import _stop_admission_queue, make_scaler, run_threads  # noqa: F401
+from tests.support.admission import _stop_admission_queue, make_scaler, run_threads  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,7 +110,7 @@ def test_a_failing_destroy_keeps_the_reservation_until_a_retry_succeeds(admitted
     admitted.refresh_from_db()
     assert admitted.state == AgentState.DESTROYING
     assert Reservation.objects.count() == 1  # the sandbox may still run: still billed
-    from tests.dockerd import DOCKER_HOST
+    from tests.support.docker import DOCKER_HOST
 
     settings.DOCKER_HOST = DOCKER_HOST
     assert retry_stuck_teardowns(min_age_seconds=0) == 1
@@ -151,7 +151,7 @@ def test_a_killed_worker_releases_through_rq_abandoned_job_cleanup(admitted, doc
         "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
         "REDIS_URL": django_settings.REDIS_URL,
     }
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     worker = subprocess.Popen(
         [sys.executable, "manage.py", "rqworker", "default", "--burst"],
         cwd=root,

@@ -22,7 +22,7 @@ from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWO
 from scalers.backends.holders import AGENT, CONTAINER, UNKNOWN, VM, Holder, holders_by_address, other_holders
 from scalers.backends.isolation import ContainerIsolation
 from scalers.jobs import spawn_agent
-from tests.ctr_helpers import make_agent, make_scaler, nft_table_for, remove_test_containers
+from tests.support.scalers import make_agent, make_scaler, nft_table_for, remove_test_containers
 
 TABLE = "sec_kici"
 
@@ -108,7 +108,7 @@ def test_destroying_a_dead_agent_leaves_the_rules_of_the_live_agent_now_on_its_a
 ):
     from operations.choices import OperationStatus, TargetOutcome
     from operations.services import approve_operation, create_operation
-    from tests.operations_support import listening_worker
+    from tests.support.operations import listening_worker
 
     ensure_isolated_network(docker_client)
     scaler = make_scaler(orchestrator_url=f"http://{ISOLATED_NETWORK_GATEWAY}:9")
@@ -213,7 +213,7 @@ def test_destroying_a_vm_whose_address_was_allocated_again_leaves_the_new_vms_ru
     from scalers.backends.firecracker.backend import FirecrackerVm
     from scalers.backends.firecracker.cancel import CancelSignal
     from scalers.backends.firecracker.provision import reapply_isolation_for_tracked_vms
-    from tests.firecracker_support import make_agent_row
+    from tests.support.firecracker import make_agent_row
 
     env = fc_env
     b = env.backend(jailer="/bin/false", firecracker="/opt/fc/firecracker", kernel="/bin/false", name="fc-sec")
@@ -244,5 +244,5 @@ def test_destroying_a_vm_whose_address_was_allocated_again_leaves_the_new_vms_ru
     assert new_rules and any("dport 4444" in line for line in new_rules)
 
 
-from tests.firecracker_support import fc_env  # noqa: E402,F401
-from tests.operations_support import users  # noqa: E402,F401
+from tests.support.firecracker import fc_env  # noqa: E402,F401
+from tests.support.operations import users  # noqa: E402,F401

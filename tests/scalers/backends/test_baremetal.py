@@ -22,9 +22,9 @@ from scalers.backends.baremetal import (
 from scalers.backends.hostconfig import EffectiveLimits
 from scalers.jobs import spawn_agent
 from scalers.models import Reservation
-from tests.ctr_helpers import free_port, make_agent, make_scaler, remove_test_containers, wsgi_server
+from tests.support.scalers import free_port, make_agent, make_scaler, remove_test_containers, wsgi_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 ID = "scaler-bare-metal-ab12cd34"
 
 

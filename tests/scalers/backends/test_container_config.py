@@ -19,7 +19,7 @@ from scalers.backends.hostconfig import AGENT_CONTAINER_PIDS_LIMIT, EffectiveLim
 from scalers.backends.runtime import NO_RUNTIME_MESSAGE, NoContainerRuntime, RuntimeInfo, detect_container_runtime
 from scalers.backends.spawn_env import container_env, process_env
 from scalers.models import Reservation
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 LOCAL = RuntimeInfo(runtime="docker", base_url="unix:///var/run/docker.sock", socket_path="/var/run/docker.sock")
 

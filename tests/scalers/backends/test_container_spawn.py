@@ -14,7 +14,7 @@ from scalers.admission.release import teardown_agent
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.jobs import enqueue_spawn
 from scalers.models import Reservation
-from tests.ctr_helpers import (
+from tests.support.scalers import (
     free_port,
     make_agent,
     make_scaler,

@@ -15,7 +15,13 @@ from scalers.backends.base import SpawnAborted, SpawnControl
 from scalers.backends.container import ContainerBackend
 from scalers.jobs import expire_spawn, spawn_agent
 from scalers.models import Reservation
-from tests.ctr_helpers import make_agent, make_scaler, nft_table_for, register_at_network_stage, remove_test_containers
+from tests.support.scalers import (
+    make_agent,
+    make_scaler,
+    nft_table_for,
+    register_at_network_stage,
+    remove_test_containers,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 

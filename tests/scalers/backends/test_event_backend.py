@@ -21,7 +21,7 @@ from scalers.backends.event import EventBackend
 from scalers.backends.event_reaper import Verdict, flap_grace_ms, may_reap, reap_verdict
 from scalers.jobs import spawn_agent
 from scalers.models import Reservation
-from tests.ctr_helpers import make_agent, make_scaler
+from tests.support.scalers import make_agent, make_scaler
 
 SECRET = "ctr-test-secret"
 

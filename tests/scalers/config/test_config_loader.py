@@ -18,7 +18,7 @@ from scalers.config.loader import (
 )
 from scalers.config.schema import ScalersConfig
 
-EXAMPLES = str(Path(__file__).resolve().parent / "fixtures" / "reference-examples")
+EXAMPLES = str(Path(__file__).resolve().parent / "examples")
 
 
 def problems_of(text: str, filename: str = "scalers.yaml") -> list[ConfigProblem]:

@@ -659,7 +659,7 @@ def test_scalers_config_itself_enforces_the_refinements():
 
 
 def test_the_raw_dump_round_trips():
-    with open(Path(__file__).resolve().parent / "fixtures" / "reference-examples" / "05-mixed-pools-warm.yaml") as fh:
+    with open(Path(__file__).resolve().parent / "examples" / "05-mixed-pools-warm.yaml") as fh:
         import yaml
 
         original = yaml.safe_load(fh)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 IN_CI = os.environ.get("CI") == "true"
-REPO = Path(__file__).resolve().parent.parent
-FAKE_JAILER = Path(__file__).resolve().parent / "fakes" / "fake_firecracker.py"
+REPO = Path(__file__).resolve().parents[2]
+FAKE_JAILER = Path(__file__).resolve().parent / "fake_firecracker.py"
 
 
 def _pinned_wheel() -> bool:
@@ -78,7 +78,7 @@ def tiny_kernel(message: str, then: str = "reset") -> bytes:
 
 
 def fake_kernel(*directives: str) -> bytes:
-    """A "kernel" for the fake VMM: one directive per line (see tests/fakes/fake_firecracker.py)."""
+    """A "kernel" for the fake VMM: one directive per line (see tests/support/fake_firecracker.py)."""
     return ("\n".join(directives) + "\n").encode()
 
 

@@ -1,5 +1,5 @@
 """Fixtures shared by tests/test_operations*.py: the three roles, an outsider, a listening rq worker,
-a scalers.yaml on disk. Import with ``from tests.operations_support import *``."""
+a scalers.yaml on disk. Import with ``from tests.support.operations import *``."""
 
 from __future__ import annotations
 

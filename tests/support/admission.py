@@ -133,7 +133,7 @@ def daphne_server(transactional_db, settings):
 
     db = connection.settings_dict
     port = _free_port()
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",

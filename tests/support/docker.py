@@ -9,7 +9,7 @@ beyond this machine (HELPER_COMMON "Network safety").
 ``ensure_private_dockerd()`` reuses a daemon already listening on the socket (another test
 session, or ``make test`` run twice) and otherwise starts one, detached, under a file lock so
 two sessions starting at once do not race. It is left running afterwards so that parallel test
-sessions can share it; ``make test`` stops it at the end (``python -m tests.dockerd stop``), first
+sessions can share it; ``make test`` stops it at the end (``python -m tests.support.docker stop``), first
 removing its containers and networks, because dockerd leaves a user network's bridge behind when
 it stops, and a stale bridge holding 172.30.0.1 would collide with ``make run``'s own
 ``kici-agent-net``. For the same reason the daemon refuses to serve a session while another
