@@ -4,31 +4,19 @@ reservations holding that cap (age, agent, state, owner instance)."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from front.views.waiting import waiting_groups
 from scalers.admission.service import request_scale
-from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
+from tests.support.scalers import make_pool, make_scaler, set_global
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
 
 
 @pytest.fixture
-def browser_client(settings):
+def browser_client(settings, viewer_client):
     settings.KICI_INSTANCE_ID = "console-a"
-    from django.contrib.auth.models import Permission
-
-    user = get_user_model().objects.create_user("viewer", password="pw-123456789")
-    user.user_permissions.add(Permission.objects.get(codename="view_agent", content_type__app_label="agents"))
-    c = Client()
-    c.force_login(user)
-    return c
+    return viewer_client
 
 
 def test_it_requires_login():
@@ -36,11 +24,8 @@ def test_it_requires_login():
     assert r.status_code == 302 and "/accounts/login/" in r["Location"]
 
 
-def test_it_refuses_a_signed_in_user_without_view_permission():
-    user = get_user_model().objects.create_user("nobody", password="pw-123456789")
-    c = Client()
-    c.force_login(user)
-    assert c.get("/scalers/why-waiting/").status_code == 403
+def test_it_refuses_a_signed_in_user_without_view_permission(outsider_client):
+    assert outsider_client.get("/scalers/why-waiting/").status_code == 403
 
 
 def test_it_shows_the_refusing_cap_and_the_reservations_holding_it(browser_client):

@@ -5,7 +5,6 @@ another agent by now."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
 from agents.choices import AgentState, EventType
@@ -16,14 +15,6 @@ from tests.support.scalers import make_agent, make_scaler
 pytestmark = pytest.mark.django_db
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
-
-
-@pytest.fixture
-def viewer_client(client):
-    user = User.objects.create_user("finished-viewer")
-    user.user_permissions.add(Permission.objects.get(content_type__app_label="agents", codename="view_agent"))
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

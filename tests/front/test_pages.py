@@ -31,22 +31,6 @@ def _user(username: str, *perms: str) -> User:
 
 
 @pytest.fixture
-def viewer():
-    return _user("viewer", "agents.view_agent")
-
-
-@pytest.fixture
-def outsider():
-    return _user("outsider")
-
-
-@pytest.fixture
-def viewer_client(client, viewer):
-    client.force_login(viewer)
-    return client
-
-
-@pytest.fixture
 def scaler():
     ConfigState.objects.update_or_create(pk=1, defaults={"global_max_agents": 20, "global_max_cpu": 16.0})
     s = Scaler.objects.create(
@@ -124,7 +108,9 @@ def test_the_agent_pages_require_the_permission_too(client, outsider, scaler):
 def test_the_login_page_renders_and_signs_in(client, viewer):
     page = client.get("/accounts/login/?next=/agents/")
     assert page.status_code == 200 and b'name="username"' in page.content
-    response = client.post("/accounts/login/", {"username": "viewer", "password": "pw-viewer", "next": "/agents/"})
+    response = client.post(
+        "/accounts/login/", {"username": viewer.username, "password": "pw-viewer", "next": "/agents/"}
+    )
     assert response.status_code == 302 and response.url == "/agents/"
 
 
@@ -364,7 +350,7 @@ def empty_netns():
     import secrets
     import subprocess
 
-    from tests.conftest import require_root
+    from tests.support.root import require_root
 
     require_root()
     name = f"ui-st-{secrets.token_hex(3)}"

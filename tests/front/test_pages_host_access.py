@@ -6,7 +6,6 @@ from __future__ import annotations
 from html import unescape
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -20,14 +19,6 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 BASE = "/scalers/ci/label-sets/0/host-access/"
 
 
-def _user(username: str, *perms: str) -> User:
-    user = User.objects.create_user(username)
-    for perm in ("agents.view_agent", *perms):
-        app, codename = perm.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
-    return user
-
-
 @pytest.fixture(autouse=True)
 def _console_url(settings):
     settings.KICI_CONSOLE_URL = "http://172.30.0.1:8000"
@@ -38,18 +29,6 @@ def _console_url(settings):
 def label_set():
     scaler = Scaler.objects.create(name="ci", type="container", max_agents=5)
     return LabelSet.objects.create(scaler=scaler, index=0, labels=["linux"], normalized="linux")
-
-
-@pytest.fixture
-def viewer_client(client):
-    client.force_login(_user("viewer"))
-    return client
-
-
-@pytest.fixture
-def operator_client(client):
-    client.force_login(_user("operator", "operations.request_operation"))
-    return client
 
 
 def _live_agent(label_set, n=1, host_access=None, ip="172.30.0.21"):
@@ -98,9 +77,9 @@ def test_the_preview_is_post_only_and_changes_nothing(viewer_client, label_set):
     assert label_set.host_access is None
 
 
-def test_the_editor_requires_the_view_permission(client, label_set):
+def test_the_editor_requires_the_view_permission(client, outsider, label_set):
     assert client.post(BASE + "preview", {"entries": "5000"}).status_code == 302  # to the login page
-    client.force_login(User.objects.create_user("nobody"))
+    client.force_login(outsider)
     assert client.post(BASE + "preview", {"entries": "5000"}).status_code == 403
     assert client.get(BASE).status_code == 403
 

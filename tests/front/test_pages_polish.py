@@ -4,7 +4,6 @@ scaler's own settings only, byte sizes in binary units, no spec citations in the
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -12,14 +11,6 @@ from scalers.config.schema import ScalerEntry
 from scalers.models import ConfigState, LabelSet, Scaler
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def viewer_client(client):
-    user = User.objects.create_user("polish-viewer")
-    user.user_permissions.add(Permission.objects.get(content_type__app_label="agents", codename="view_agent"))
-    client.force_login(user)
-    return client
 
 
 def _container_scaler(name: str = "polish-ci") -> Scaler:

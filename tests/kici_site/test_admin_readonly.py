@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import User
 from django.urls import reverse
 
 from agents.choices import AgentState
@@ -15,12 +14,6 @@ from scalers.models import ConfigState, LabelSet, Scaler
 pytestmark = pytest.mark.django_db
 
 PROJECT_APPS = {"scalers", "agents", "network", "operations"}
-
-
-@pytest.fixture
-def superuser_client(client):
-    client.force_login(User.objects.create_superuser("root-admin", password="pw-root"))
-    return client
 
 
 @pytest.fixture
@@ -46,21 +39,21 @@ def test_every_project_model_is_registered_with_the_read_only_base():
 
 
 @pytest.mark.parametrize("model", _project_models(), ids=lambda m: m._meta.label)
-def test_a_superuser_can_list_but_never_add_a_project_model(superuser_client, model):
+def test_a_superuser_can_list_but_never_add_a_project_model(admin_client, model):
     opts = model._meta
     add_url = reverse(f"admin:{opts.app_label}_{opts.model_name}_add")
-    changelist = superuser_client.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
+    changelist = admin_client.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
     assert changelist.status_code == 200
     assert add_url.encode() not in changelist.content
-    add = superuser_client.get(add_url)
+    add = admin_client.get(add_url)
     assert add.status_code == 403
 
 
-def test_a_label_sets_host_access_cannot_be_changed_or_deleted_there(superuser_client, label_set):
+def test_a_label_sets_host_access_cannot_be_changed_or_deleted_there(admin_client, label_set):
     url = reverse("admin:scalers_labelset_change", args=[label_set.pk])
-    page = superuser_client.get(url)
+    page = admin_client.get(url)
     assert page.status_code == 200 and b'name="host_access"' not in page.content  # shown, not editable
-    posted = superuser_client.post(
+    posted = admin_client.post(
         url,
         {
             "scaler": label_set.scaler_id,
@@ -72,28 +65,28 @@ def test_a_label_sets_host_access_cannot_be_changed_or_deleted_there(superuser_c
         },
     )
     assert posted.status_code == 403
-    deleted = superuser_client.post(reverse("admin:scalers_labelset_delete", args=[label_set.pk]), {"post": "yes"})
+    deleted = admin_client.post(reverse("admin:scalers_labelset_delete", args=[label_set.pk]), {"post": "yes"})
     assert deleted.status_code == 403
     label_set.refresh_from_db()
     assert label_set.host_access == ["172.30.0.1:53"]
 
 
-def test_the_scaler_page_shows_its_label_sets_without_forms(superuser_client, label_set):
-    page = superuser_client.get(reverse("admin:scalers_scaler_change", args=[label_set.scaler_id]))
+def test_the_scaler_page_shows_its_label_sets_without_forms(admin_client, label_set):
+    page = admin_client.get(reverse("admin:scalers_scaler_change", args=[label_set.scaler_id]))
     assert page.status_code == 200
     assert b"172.30.0.1:53" in page.content and b"label_sets-0-host_access" not in page.content
 
 
-def test_an_agent_cannot_be_bulk_deleted_from_the_list(superuser_client, label_set):
+def test_an_agent_cannot_be_bulk_deleted_from_the_list(admin_client, label_set):
     agent = Agent.objects.create(
         agent_id="adm-agent-1", scaler=label_set.scaler, label_set=label_set, state=AgentState.RUNNING
     )
     url = reverse("admin:agents_agent_changelist")
-    assert b"delete_selected" not in superuser_client.get(url).content
-    superuser_client.post(url, {"action": "delete_selected", "_selected_action": [agent.pk], "post": "yes"})
+    assert b"delete_selected" not in admin_client.get(url).content
+    admin_client.post(url, {"action": "delete_selected", "_selected_action": [agent.pk], "post": "yes"})
     assert Agent.objects.filter(pk=agent.pk).exists()
 
 
-def test_users_and_groups_stay_editable(superuser_client):
-    assert superuser_client.get(reverse("admin:auth_user_add")).status_code == 200
-    assert superuser_client.get(reverse("admin:auth_group_add")).status_code == 200
+def test_users_and_groups_stay_editable(admin_client):
+    assert admin_client.get(reverse("admin:auth_user_add")).status_code == 200
+    assert admin_client.get(reverse("admin:auth_group_add")).status_code == 200

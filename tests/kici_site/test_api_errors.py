@@ -9,11 +9,9 @@ import logging
 import pytest
 
 from agents.tokens import mint_registration_token
-from tests.support.admission import _stop_admission_queue  # noqa: F401 - autouse: no decider thread left behind
-from tests.support.admission import make_scaler as make_admission_scaler
 from tests.support.scalers import make_agent, make_scaler
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("stop_admission_queue")]
 
 TOKEN = "api-errors-token"
 
@@ -78,7 +76,7 @@ def test_a_wrongly_typed_agent_id_says_null_and_names_the_field(client):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_scale_api_keeps_its_documented_top_level_keys(client):
-    make_admission_scaler("c", max_agents=1, label_sets=(("linux",),))
+    make_scaler("c", max_agents=1, label_sets=(("linux",),))
     first = post_json(client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j1"}, token=TOKEN)
     assert first.status_code == 201
     body = assert_error_shape(
@@ -96,7 +94,7 @@ def test_the_scale_api_keeps_its_documented_top_level_keys(client):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_flat_memory_error_names_the_field_as_written_and_says_null(client):
-    make_admission_scaler("c", label_sets=(("linux",),))
+    make_scaler("c", label_sets=(("linux",),))
     body = assert_error_shape(
         post_json(
             client, "/api/v1/scale", {"labels": ["linux"], "jobId": "j", "resources": {"memory": "-5g"}}, token=TOKEN

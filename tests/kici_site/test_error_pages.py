@@ -7,7 +7,6 @@ import pytest
 from django.template.loader import render_to_string
 
 from operations.services import create_operation, reject_operation
-from tests.support.operations import *  # noqa: F403
 from tests.support.operations import login
 
 pytestmark = pytest.mark.django_db

@@ -11,15 +11,9 @@ import pytest
 
 from operations.choices import OperationStatus
 from operations.services import create_operation
-from tests.support.operations import *  # noqa: F403
 from tests.support.operations import login
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def viewer_client(client, users):
-    return login(client, users["approver"])
 
 
 def assert_page_400(response, field: str):
@@ -44,8 +38,8 @@ def assert_page_400(response, field: str):
         ("/events/?scaler=x&type=a%00", "type"),
     ],
 )
-def test_a_nul_in_a_page_address_is_a_400_naming_the_field(viewer_client, url, field):
-    assert_page_400(viewer_client.get(url), field)
+def test_a_nul_in_a_page_address_is_a_400_naming_the_field(approver_client, url, field):
+    assert_page_400(approver_client.get(url), field)
 
 
 @pytest.mark.parametrize("field", ["agent", "scaler", "label_set", "kind"])
@@ -107,8 +101,8 @@ def test_an_escaped_backslash_u0000_is_ordinary_text(client):
     assert response.status_code == 401 and response.json()["reason"] == "invalid-token"
 
 
-def test_without_the_guard_these_addresses_reach_the_database(viewer_client, settings):
+def test_without_the_guard_these_addresses_reach_the_database(approver_client, settings):
     """Without the guard the first URL above is a 500 (psycopg DataError): the tests above test it."""
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if not m.endswith("NulByteMiddleware")]
-    viewer_client.raise_request_exception = False
-    assert viewer_client.get("/agents/?q=%00").status_code == 500
+    approver_client.raise_request_exception = False
+    assert approver_client.get("/agents/?q=%00").status_code == 500

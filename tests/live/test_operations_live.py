@@ -9,7 +9,6 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from operations.choices import OperationStatus
-from tests.support.operations import *  # noqa: F403
 from tests.support.operations import listening_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]

@@ -16,8 +16,8 @@ from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.apply import NftClient
 from network.nft.spec import AgentSpec
-from tests.conftest import require_root
 from tests.support.network_lab import Lab, Target, both, reachability
+from tests.support.root import require_root
 
 pytestmark = pytest.mark.root
 

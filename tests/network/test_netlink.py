@@ -8,8 +8,8 @@ import pytest
 
 from network import netlink
 from network.netlink import BridgePortIsolationUnavailable, NetlinkError, tap_name_for
-from tests.conftest import require_root
 from tests.support.network_lab import Netns
+from tests.support.root import require_root
 
 # -- names (pure) ------------------------------------------------------------------------------
 

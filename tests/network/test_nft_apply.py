@@ -13,8 +13,8 @@ from network.nft.apply import NftClient, NftError, NftUnavailableError, describe
 from network.nft.describe import describe_expr
 from network.nft.exprs import forward_rule_exprs, input_rule_exprs
 from network.nft.spec import AgentSpec, RuleSpecError
-from tests.conftest import require_root
 from tests.support.network_lab import Netns
+from tests.support.root import require_root
 
 pytestmark = pytest.mark.root
 GW = "172.30.0.1"

@@ -24,7 +24,6 @@ from operations.services import (
     reject_operation,
 )
 from scalers.models import Scaler
-from tests.support.operations import *  # noqa: F403
 from tests.support.operations import listening_worker, login, write_config
 
 pytestmark = pytest.mark.django_db

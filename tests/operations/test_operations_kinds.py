@@ -20,7 +20,6 @@ from operations.choices import OperationStatus, RequestedVia, TargetOutcome
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
 from scalers.models import ConfigState, Reservation, ScalerTeardown
-from tests.support.operations import *  # noqa: F403
 from tests.support.operations import approve_and_run, listening_worker, outcome
 from tests.support.scalers import make_agent, make_scaler
 

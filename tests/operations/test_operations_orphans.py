@@ -14,7 +14,6 @@ from agents.choices import AgentState
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
 from operations.models import AuditEntry, Operation
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
-from tests.support.operations import *  # noqa: F403
 from tests.support.operations import listening_worker
 from tests.support.scalers import make_agent, make_scaler
 

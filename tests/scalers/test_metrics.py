@@ -11,14 +11,9 @@ from agents.events import record_event
 from agents.models import Agent
 from scalers.admission.queue import lock_failure_reason
 from scalers.admission.service import request_scale
-from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
+from tests.support.scalers import make_pool, make_scaler, set_global
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
 
 
 def scrape() -> str:

@@ -11,9 +11,10 @@ from django.test import AsyncClient, Client
 
 from agents.models import Agent
 from scalers.models import Reservation, ScaleRequest
-from tests.support.admission import _stop_admission_queue, daphne_server, make_scaler, run_threads  # noqa: F401
+from tests.support.concurrency import run_threads
+from tests.support.scalers import make_scaler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
 
 TOKEN = "test-orchestrator-token"
 
@@ -35,7 +36,7 @@ def assert_nothing_written():
 
 
 def test_it_answers_201_with_the_agent_id():
-    make_scaler("c", max_agents=2)
+    make_scaler("c", labels=("linux", "docker"), max_agents=2)
     r = post(
         Client(),
         {"labels": ["linux", "docker"], "jobId": "j1", "runId": "r1", "resources": {"cpus": 1, "memory": "1g"}},
@@ -79,7 +80,7 @@ def test_it_refuses_resources_over_a_cap_for_good_with_422_exceeds_cap():
 
 
 def test_a_request_larger_than_the_global_cap_is_422_even_while_the_console_is_full():
-    from tests.support.admission import set_global
+    from tests.support.scalers import set_global
 
     set_global(max_agents=1, cpu=4)
     make_scaler("c", max_agents=5)
@@ -148,7 +149,7 @@ def test_it_refuses_get():
 
 
 def test_100_concurrent_posts_to_daphne_admit_exactly_max_agents(daphne_server):
-    make_scaler("c", max_agents=5)
+    make_scaler("c", labels=("linux", "docker"), max_agents=5)
     url = f"{daphne_server}/api/v1/scale"
 
     def one(i: int):
@@ -194,7 +195,7 @@ def test_100_concurrent_async_posts_admit_exactly_max_agents():
 
 
 def test_a_skipped_decision_answers_503_with_retry_after():
-    make_scaler("c", label_set_config={"resources": {"memory": "lots"}})
+    make_scaler("c", ls_config={"resources": {"memory": "lots"}})
     r = post(Client(), {"labels": ["linux"], "jobId": "j"})
     message = 'resources of c label set [0] do not resolve: Invalid memory format: "lots". '
     message += 'Expected format like "512m", "2g", or "1024k".'

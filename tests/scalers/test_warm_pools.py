@@ -16,21 +16,17 @@ from scalers.admission.matching import WORLD_CACHE
 from scalers.admission.service import request_scale
 from scalers.models import LabelSet, Reservation, Scaler
 from scalers.warm_pools import WarmPools, configured_pools, deficit_pass, idle_check, pool_status, read_world
-from tests.support.admission import _stop_admission_queue, make_scaler, run_threads, set_global  # noqa: F401
+from tests.support.concurrency import run_threads
+from tests.support.scalers import make_scaler, set_global
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
 
 GiB = 1024**3
 SHAPE = {"resources": {"cpus": 2, "memory": "4g"}}
 
 
-@pytest.fixture(autouse=True)
-def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
-
-
 def warm_scaler(size=3, max_agents=10, label_sets=(("linux", "docker"),), **kw):
-    return make_scaler("w", max_agents=max_agents, label_sets=label_sets, warm_size=size, label_set_config=SHAPE, **kw)
+    return make_scaler("w", max_agents=max_agents, label_sets=label_sets, warm_size=size, ls_config=SHAPE, **kw)
 
 
 def warm_agent(scaler, index=0, *, state=AgentState.RUNNING, idle_seconds=0.0, cpus=2.0, memory=4 * GiB, n=[0]):
@@ -170,8 +166,8 @@ def test_a_shrunk_pool_loses_its_oldest_surplus_at_once_after_a_config_change(do
 def test_pools_without_a_shape_or_with_a_bad_memory_string_are_not_configured():
     # WP-11, WP-12
     make_scaler("none", warm_size=2, label_sets=[["a"]])
-    make_scaler("bad", warm_size=2, label_sets=[["b"]], label_set_config={"resources": {"memory": "4Gi"}})
-    make_scaler("good", warm_size=2, label_sets=[["c"]], label_set_config=SHAPE)
+    make_scaler("bad", warm_size=2, label_sets=[["b"]], ls_config={"resources": {"memory": "4Gi"}})
+    make_scaler("good", warm_size=2, label_sets=[["c"]], ls_config=SHAPE)
     pools, warnings = configured_pools(read_world())
     assert [p.scaler_name for p in pools] == ["good"]
     assert any("none" in w and "declare" in w for w in warnings)

@@ -14,13 +14,19 @@ Ctrl-Alt-Del then raises an interrupt with no handler: a triple fault, so the VM
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
+import shutil
 import struct
+import subprocess
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-IN_CI = os.environ.get("CI") == "true"
+from tests.support.root import IN_CI, require_root
+
 REPO = Path(__file__).resolve().parents[2]
 FAKE_JAILER = Path(__file__).resolve().parent / "fake_firecracker.py"
 
@@ -83,12 +89,6 @@ def fake_kernel(*directives: str) -> bytes:
 
 
 # ---- a Firecracker scaler inside a throwaway network namespace ---------------------------------
-
-import itertools  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 
 _counter = itertools.count(1)
 
@@ -165,6 +165,8 @@ class FcEnv:
 
 
 def make_fc_env(tmp_path: Path) -> FcEnv:
+    """A fresh namespace and directories under ``tmp_path`` for one test; needs root."""
+    require_root()
     n = next(_counter)
     ns = f"fc-{os.getpid()}-{n}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
@@ -199,16 +201,6 @@ def teardown_fc_env(env: FcEnv) -> None:
                 vm.logs.stop(1)
     subprocess.run(["ip", "netns", "del", env.netns], check=False)
     shutil.rmtree(env.base, ignore_errors=True)
-
-
-@pytest.fixture
-def fc_env(tmp_path):
-    from tests.conftest import require_root
-
-    require_root()
-    env = make_fc_env(tmp_path)
-    yield env
-    teardown_fc_env(env)
 
 
 def make_agent_row(scaler_name: str, agent_id: str, state: str = "spawning"):

@@ -1,25 +1,10 @@
-"""Fixtures shared by tests/test_operations*.py: the three roles, an outsider, a listening rq worker,
-a scalers.yaml on disk. Import with ``from tests.support.operations import *``."""
+"""Operations driven for real: a listening rq worker, a scalers.yaml on disk, approve-and-run, outcomes."""
 
 from __future__ import annotations
 
 import contextlib
 import textwrap
 import uuid
-
-import pytest
-
-__all__ = [
-    "users",
-    "listening_worker",
-    "config_file",
-    "write_config",
-    "csrf_client",
-    "login",
-    "netns_nft",
-    "approve_and_run",
-    "outcome",
-]
 
 CONTAINER_CONFIG = """
 version: 1
@@ -34,38 +19,9 @@ scalers:
 """
 
 
-@pytest.fixture
-def users(db):
-    """``{"viewer", "operator", "approver", "approver2", "outsider"}`` → users in the role groups
-    created by the data migration (the outsider is in none). Password ``pw-<name>``."""
-    from django.contrib.auth.models import Group, User
-
-    made = {}
-    for name, group in [
-        ("viewer", "viewers"),
-        ("operator", "operators"),
-        ("approver", "approvers"),
-        ("approver2", "approvers"),
-        ("outsider", None),
-    ]:
-        user = User.objects.create_user(f"ops-{name}", password=f"pw-{name}")
-        if group:
-            user.groups.add(Group.objects.get(name=group))
-        made[name] = User.objects.get(pk=user.pk)  # fresh: no cached permissions
-    return made
-
-
 def login(client, user):
     client.force_login(user)
     return client
-
-
-@pytest.fixture
-def csrf_client():
-    """A test client that enforces CSRF like a browser-facing server does."""
-    from django.test import Client
-
-    return Client(enforce_csrf_checks=True)
 
 
 @contextlib.contextmanager
@@ -87,33 +43,6 @@ def listening_worker(queue_name: str):
 def write_config(path, name: str, label: str = "ops") -> str:
     path.write_text(textwrap.dedent(CONTAINER_CONFIG.format(name=name, label=label)))
     return str(path)
-
-
-@pytest.fixture
-def config_file(tmp_path):
-    """A valid scalers.yaml with one container scaler ``ops-reload`` (returns its path)."""
-    return write_config(tmp_path / "scalers.yaml", "ops-reload")
-
-
-@pytest.fixture
-def netns_nft(settings):
-    """Operations' nft (and Firecracker link) commands run inside a namespace of our own, so no rule
-    lands in the host's tables; yields an NftClient on table ``ops_kici`` (= KICI_NFT_TABLE) there."""
-    import secrets
-    import subprocess
-
-    from tests.conftest import require_root
-
-    require_root()
-    from network.nft.apply import NftClient
-
-    name = f"ops-{secrets.token_hex(3)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
-    settings.KICI_NFT_NETNS = name
-    settings.KICI_NFT_TABLE = "ops_kici"
-    yield NftClient("ops_kici", netns=name)
-    subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
 def approve_and_run(op, approver, run_rq_jobs):

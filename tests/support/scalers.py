@@ -1,41 +1,92 @@
-"""Shared builders for the container / bare-metal / event backend tests (helper ctr)."""
+"""Scaler, machine-pool, global-config and agent rows written straight to the database, as the
+importer and admission would write them."""
 
 from __future__ import annotations
 
 import secrets
-import socket
-import threading
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.models import LabelSet, Reservation, Scaler
+from scalers.labels import normalize_label_set
+from scalers.models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
 
-#: Docker label value prefix for every scaler name these tests create (cleanup by prefix).
+#: Prefix of the scaler names made up by ``make_scaler`` (docker containers are cleaned up by it).
 PREFIX = "ctr-t-"
+
+#: The label-set entry used when none is given: the agent image built for the tests, never pulled.
+DEFAULT_LABEL_SET_ENTRY = {"image": "kici-agent:local", "imagePullPolicy": "Never"}
 
 
 def make_scaler(
-    name: str | None = None, type: str = "container", labels=("linux", "ctr"), ls_config: dict | None = None, **fields
+    name: str | None = None,
+    type: str = "container",
+    labels: Iterable[str] = ("linux", "ctr"),
+    ls_config: dict | None = None,
+    *,
+    label_sets: Iterable[Iterable[str]] | None = None,
+    max_agents: int = 10,
+    cpu: float | None = None,
+    memory: int | None = None,
+    pool: MachinePool | None = None,
+    mandatory: Iterable[str] = (),
+    warm_size: int | None = None,
+    warm_idle_timeout: float = 300,
+    config: dict | None = None,
+    **fields,
 ) -> Scaler:
-    """A scaler with one label set; ``ls_config`` is the label-set entry (yaml names)."""
+    """A scaler (``name`` defaults to a fresh ``PREFIX`` name) with one label set ``labels``, or one
+    per entry of ``label_sets``. Each set's entry (yaml names) is ``ls_config`` plus its labels, by
+    default ``DEFAULT_LABEL_SET_ENTRY``; its host access is the entry's ``networkPolicy.hostAccess``.
+    ``cpu``/``memory`` are the scaler's resource cap, ``pool`` its machine pool, ``warm_size`` turns
+    a warm pool on; any other Scaler field (``max_concurrent_spawns``, ``retiring``, ``roles``,
+    ``orchestrator_url``, ...) is passed through."""
     name = name or f"{PREFIX}{secrets.token_hex(3)}"
-    config = fields.pop("config", {})
     scaler = Scaler.objects.create(
-        name=name, type=type, max_agents=fields.pop("max_agents", 10), config=config, **fields
+        **{
+            "name": name,
+            "type": type,
+            "max_agents": max_agents,
+            "max_cpu": cpu,
+            "max_memory_bytes": memory,
+            "machine_pool": pool,
+            "mandatory_labels": list(mandatory),
+            "warm_pool_enabled": warm_size is not None,
+            "warm_pool_size": warm_size or 0,
+            "warm_pool_idle_timeout_seconds": warm_idle_timeout,
+            "config": config if config is not None else {},
+            **fields,
+        }
     )
-    entry = {"labels": list(labels), "image": "kici-agent:local", "imagePullPolicy": "Never"}
-    if ls_config is not None:
-        entry = {"labels": list(labels), **ls_config}
-    LabelSet.objects.create(
-        scaler=scaler,
-        index=0,
-        labels=list(labels),
-        normalized=",".join(sorted(set(labels))),
-        config=entry,
-        host_access=(entry.get("networkPolicy") or {}).get("hostAccess"),
-    )
+    for index, declared in enumerate(label_sets if label_sets is not None else [labels]):
+        declared = [label.lower() for label in declared]
+        entry = {"labels": declared, **(ls_config if ls_config is not None else DEFAULT_LABEL_SET_ENTRY)}
+        LabelSet.objects.create(
+            scaler=scaler,
+            index=index,
+            labels=declared,
+            normalized=normalize_label_set(declared),
+            config=entry,
+            host_access=(entry.get("networkPolicy") or {}).get("hostAccess"),
+        )
     return scaler
+
+
+def make_pool(name: str, cpu: float | None = None, memory: int | None = None) -> MachinePool:
+    return MachinePool.objects.create(name=name, max_cpu=cpu, max_memory_bytes=memory)
+
+
+def set_global(
+    max_agents: int = 50, cpu: float | None = None, memory: int | None = None, defaults: dict | None = None
+) -> ConfigState:
+    """The global caps and defaults (``globalMaxAgents``, ``globalResourceCap``, ``defaults``)."""
+    cfg = ConfigState.load()
+    cfg.global_max_agents = max_agents
+    cfg.global_max_cpu = cpu
+    cfg.global_max_memory_bytes = memory
+    cfg.defaults = defaults or {}
+    cfg.save()
+    return cfg
 
 
 def make_agent(scaler: Scaler, state: str = AgentState.SPAWNING, reserve: bool = True, **fields) -> Agent:
@@ -54,92 +105,3 @@ def make_agent(scaler: Scaler, state: str = AgentState.SPAWNING, reserve: bool =
     if reserve:
         Reservation.objects.create(scaler=scaler, agent=agent, cpus=1, memory_bytes=1 << 30, owner_instance="test")
     return agent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def wsgi_server(host: str, port: int):
-    """Serve the Django WSGI app threaded on ``host:port`` (the test's own bridge or loopback)."""
-    from socketserver import ThreadingMixIn
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-    from django.core.wsgi import get_wsgi_application
-
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-        allow_reuse_address = True
-
-    class QuietHandler(WSGIRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = make_server(host, port, get_wsgi_application(), server_class=Server, handler_class=QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def remove_test_containers(client) -> int:
-    """Force-remove every kici-managed container of a scaler named ``ctr-t-…`` (a failed test's leftovers)."""
-    removed = 0
-    for c in client.api.containers(all=True, filters={"label": "kici-managed=true"}):
-        if (c.get("Labels") or {}).get("kici-scaler-name", "").startswith(PREFIX):
-            client.api.remove_container(c["Id"], force=True)
-            removed += 1
-    return removed
-
-
-def register_at_network_stage(monkeypatch, agent) -> None:
-    """Make ``agent`` register (real endpoint, with the token its spawn minted) at the moment its
-    spawn asks for the container's address: a fast agent, registered before the network stage ends."""
-    import json
-
-    from django.test import Client
-
-    import agents.tokens
-    import scalers.backends.container.spawn as spawn_module
-
-    minted: list[str] = []
-    real_mint, real_ip = agents.tokens.mint_registration_token, spawn_module.container_network_ip
-
-    def mint(a, *args, **kwargs):
-        minted.append(real_mint(a, *args, **kwargs))
-        return minted[-1]
-
-    def register_then_address(docker, container_id):
-        answer = Client().post(
-            "/api/v1/agents/register",
-            data=json.dumps({"agentId": agent.agent_id}),
-            content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {minted[-1]}",
-        )
-        assert answer.status_code == 200, answer.content
-        return real_ip(docker, container_id)
-
-    monkeypatch.setattr(agents.tokens, "mint_registration_token", mint)
-    monkeypatch.setattr(spawn_module, "container_network_ip", register_then_address)
-
-
-def nft_table_for(settings, table: str, *, create: bool = True):
-    """Fixture body: make ``table`` the console's nft table (``settings.KICI_NFT_TABLE``), create it
-    unless ``create`` is False (the code under test must then create it), yield its ``NftClient``,
-    and drop it afterwards. Use as ``yield from nft_table_for(settings, TABLE)``; needs root."""
-    from network.nft.apply import NftClient
-    from tests.conftest import require_root
-
-    require_root()
-    settings.KICI_NFT_TABLE = table
-    client = NftClient(table)
-    if create:
-        client.ensure_table()
-    yield client
-    client.delete_table()

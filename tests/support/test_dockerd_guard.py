@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import require_root
 from tests.support.docker import DockerdUnavailable, _check_gateway_owner
+from tests.support.root import require_root
 
 
 def test_it_refuses_when_another_interface_holds_the_agent_gateway(dockerd):

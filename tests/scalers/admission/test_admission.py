@@ -13,9 +13,9 @@ from agents.models import Agent
 from scalers.admission.caps import CAP_ORDER
 from scalers.admission.service import request_scale
 from scalers.models import MetricCounter, Reservation, ScaleRequest
-from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, set_global  # noqa: F401
+from tests.support.scalers import make_pool, make_scaler, set_global
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
 
 GiB = 1024**3
 
@@ -28,7 +28,7 @@ def counter(name: str, **labels) -> float:
 
 
 def test_it_admits_and_writes_agent_and_reservation():
-    make_scaler("c", max_agents=3)
+    make_scaler("c", labels=("linux", "docker"), max_agents=3)
     d = request_scale(["linux", "docker"], "job-1", run_id="run-1")
     assert d.action == "spawning"
     assert d.scaler == "c" and d.backend_type == "container"
@@ -51,7 +51,7 @@ def test_it_answers_no_backend_for_labels_that_match_nothing():
 
 
 def test_it_skips_when_the_label_set_resources_do_not_resolve():
-    make_scaler("c", label_set_config={"resources": {"memory": "lots"}})
+    make_scaler("c", ls_config={"resources": {"memory": "lots"}})
     d = request_scale(["linux"], "job-d")
     assert d.action == "skipped" and d.scaler == "c"
     assert d.reason.startswith("resources of c label set [0] do not resolve: Invalid memory format")
@@ -197,7 +197,7 @@ def test_cap_order_constant_is_the_reference_order():
 
 def test_resources_cascade_from_label_set_and_defaults():
     set_global(defaults={"requests": {"cpus": 1, "memory": "1g"}, "limits": {"cpus": 2, "memory": "2g"}})
-    make_scaler("c", label_set_config={"resources": {"requests": {"cpus": 4}, "limits": {"cpus": 4}}})
+    make_scaler("c", ls_config={"resources": {"requests": {"cpus": 4}, "limits": {"cpus": 4}}})
     d = request_scale(["linux"], "j", resources={"limits": {"memory": "16g"}})
     r = Reservation.objects.get(agent__agent_id=d.agent)
     assert (r.cpus, r.memory_bytes, r.limit_cpus, r.limit_memory_bytes) == (4, 16 * GiB, 4, 16 * GiB)

@@ -17,9 +17,14 @@ from scalers.admission.decide import Request, decide_batch
 from scalers.admission.matching import WORLD_CACHE
 from scalers.admission.queue import AdmissionQueue
 from scalers.models import ConfigState, LabelSet, MachinePool, Reservation, Scaler, ScaleRequest
-from tests.support.admission import _stop_admission_queue, make_pool, make_scaler, run_threads, set_global  # noqa: F401
+from tests.support.concurrency import run_threads
+from tests.support.scalers import make_pool, make_scaler, set_global
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.usefixtures("stop_admission_queue"),
+]
 
 GiB = 1024**3
 ROUNDS = 6

@@ -11,14 +11,9 @@ from agents.models import Agent
 from scalers.admission.draining import mark_draining, retirement_sweep
 from scalers.admission.service import request_scale
 from scalers.models import Reservation, Scaler, ScalerTeardown
-from tests.support.admission import _stop_admission_queue, make_scaler  # noqa: F401
+from tests.support.scalers import make_scaler
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def no_enqueue(monkeypatch):
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
 
 
 def running(decision, **fields):
@@ -58,7 +53,7 @@ def test_a_scaler_back_in_the_config_loses_its_teardown(docker_client):
 
 
 def test_reservations_of_a_retiring_scaler_still_count_globally():
-    from tests.support.admission import set_global
+    from tests.support.scalers import set_global
 
     set_global(max_agents=1)
     old = make_scaler("old", label_sets=[["old"]])

@@ -14,9 +14,9 @@ from agents.models import Agent
 from scalers.admission.recovery import recover_state
 from scalers.leader import Leadership
 from scalers.models import RecoveryReport, Reservation
-from tests.support.admission import _stop_admission_queue, make_scaler  # noqa: F401
+from tests.support.scalers import make_scaler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
 
 ME = "console-a"
 OTHER = "console-b"

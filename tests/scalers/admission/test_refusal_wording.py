@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scalers.admission.service import request_scale
-from tests.support.admission import _stop_admission_queue, make_scaler, set_global  # noqa: F401
+from tests.support.scalers import make_scaler, set_global
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
 
 
 def test_a_request_over_a_memory_cap_says_how_much_in_gib():

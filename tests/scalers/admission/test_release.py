@@ -36,9 +36,10 @@ from scalers.admission.release import (
 )
 from scalers.admission.service import request_scale
 from scalers.models import Reservation
-from tests.support.admission import _stop_admission_queue, make_scaler, run_threads  # noqa: F401
+from tests.support.concurrency import run_threads
+from tests.support.scalers import make_scaler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
 
 
 # Jobs run by the rq workers below (imported by name by the worker).
@@ -48,12 +49,6 @@ def crash_job(agent_pk: int) -> None:
 
 def sleepy_job(agent_pk: int, seconds: float = 30.0) -> None:
     time.sleep(seconds)
-
-
-@pytest.fixture
-def no_enqueue(monkeypatch):
-    """Admit without handing the spawn to ctr's job: these tests drive the release paths."""
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
 
 
 @pytest.fixture

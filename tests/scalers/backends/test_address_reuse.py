@@ -22,7 +22,9 @@ from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWO
 from scalers.backends.holders import AGENT, CONTAINER, UNKNOWN, VM, Holder, holders_by_address, other_holders
 from scalers.backends.isolation import ContainerIsolation
 from scalers.jobs import spawn_agent
-from tests.support.scalers import make_agent, make_scaler, nft_table_for, remove_test_containers
+from tests.support.containers import remove_test_containers
+from tests.support.nft import nft_table_for
+from tests.support.scalers import make_agent, make_scaler
 
 TABLE = "sec_kici"
 
@@ -242,7 +244,3 @@ def test_destroying_a_vm_whose_address_was_allocated_again_leaves_the_new_vms_ru
     assert b.destroy(old) is True
     assert _rules_in_force(b.nft, x) == new_rules
     assert new_rules and any("dport 4444" in line for line in new_rules)
-
-
-from tests.support.firecracker import fc_env  # noqa: E402,F401
-from tests.support.operations import users  # noqa: E402,F401

@@ -22,7 +22,9 @@ from scalers.backends.baremetal import (
 from scalers.backends.hostconfig import EffectiveLimits
 from scalers.jobs import spawn_agent
 from scalers.models import Reservation
-from tests.support.scalers import free_port, make_agent, make_scaler, remove_test_containers, wsgi_server
+from tests.support.containers import remove_test_containers
+from tests.support.scalers import make_agent, make_scaler
+from tests.support.servers import free_port, wsgi_server
 
 ROOT = Path(__file__).resolve().parents[3]
 ID = "scaler-bare-metal-ab12cd34"
@@ -174,7 +176,7 @@ def test_an_agent_that_exits_at_once_reports_its_output_at_the_deadline(settings
 @pytest.mark.docker
 @pytest.mark.django_db(transaction=True)
 def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, agent_image, settings):
-    from tests.conftest import require_root
+    from tests.support.root import require_root
 
     require_root()
     from network.nft.apply import NftClient

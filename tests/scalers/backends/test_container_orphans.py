@@ -12,7 +12,8 @@ from agents.choices import AgentState
 from scalers.backends.container import ContainerBackend
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.backends.orphans import OrphanSweepRefused, OrphanTarget, plan_container_orphans
-from tests.support.scalers import make_agent, make_scaler, nft_table_for
+from tests.support.nft import nft_table_for
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 

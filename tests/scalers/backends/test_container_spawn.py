@@ -14,15 +14,10 @@ from scalers.admission.release import teardown_agent
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.jobs import enqueue_spawn
 from scalers.models import Reservation
-from tests.support.scalers import (
-    free_port,
-    make_agent,
-    make_scaler,
-    nft_table_for,
-    register_at_network_stage,
-    remove_test_containers,
-    wsgi_server,
-)
+from tests.support.containers import register_at_network_stage, remove_test_containers
+from tests.support.nft import nft_table_for
+from tests.support.scalers import make_agent, make_scaler
+from tests.support.servers import free_port, wsgi_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 

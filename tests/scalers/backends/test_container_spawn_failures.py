@@ -15,13 +15,9 @@ from scalers.backends.base import SpawnAborted, SpawnControl
 from scalers.backends.container import ContainerBackend
 from scalers.jobs import expire_spawn, spawn_agent
 from scalers.models import Reservation
-from tests.support.scalers import (
-    make_agent,
-    make_scaler,
-    nft_table_for,
-    register_at_network_stage,
-    remove_test_containers,
-)
+from tests.support.containers import register_at_network_stage, remove_test_containers
+from tests.support.nft import nft_table_for
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 

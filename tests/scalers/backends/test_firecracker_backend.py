@@ -15,7 +15,7 @@ from network.netlink import port_isolated
 from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.backend import FirecrackerSpawnError
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
-from tests.support.firecracker import FAKE_JAILER, fake_kernel, fc_env, make_agent_row  # noqa: F401
+from tests.support.firecracker import FAKE_JAILER, fake_kernel, make_agent_row
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
 

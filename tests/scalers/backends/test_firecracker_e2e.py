@@ -33,7 +33,7 @@ from scalers.backends.firecracker.pidprobe import probe_vm_pid
 from scalers.config.loader import load_scalers_config
 from scalers.importing import apply_scalers_config
 from scalers.models import Reservation
-from tests.support.firecracker import FAKE_JAILER, fake_kernel, fc_env, real_binaries, require_kvm, tiny_kernel  # noqa: F401
+from tests.support.firecracker import FAKE_JAILER, fake_kernel, real_binaries, require_kvm, tiny_kernel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
 

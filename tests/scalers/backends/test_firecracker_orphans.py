@@ -12,7 +12,6 @@ import pytest
 from network import netlink
 from network.models import IpAllocation
 from scalers.backends.firecracker.orphans import AllocationRow, OrphanFacts, OrphanTarget, PeriodicSweep, plan_orphans
-from tests.support.firecracker import fc_env  # noqa: F401
 
 ME, OTHER = "fc-test", "fc-other"
 

@@ -20,7 +20,7 @@ from scalers.backends.firecracker.pidprobe import (
     probe_vm_pid,
     read_vm_pid,
 )
-from tests.conftest import require_root
+from tests.support.root import require_root
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -11,7 +11,7 @@ import pytest
 from network.nft.render import EGRESS_MSS_CHAIN as MSS_CHAIN
 from network.nft.render import EGRESS_NAT_CHAIN as NAT_CHAIN
 from scalers.backends.firecracker.settings import FirecrackerSettings
-from tests.support.firecracker import FAKE_JAILER, fake_kernel, fc_env  # noqa: F401
+from tests.support.firecracker import FAKE_JAILER, fake_kernel
 
 ENTRY = {"name": "fc1", "maxAgents": 3, "firecrackerPath": "/usr/bin/firecracker", "jailerPath": "/usr/bin/jailer",
          "kernelPath": "/var/lib/kici/vmlinux", "uid": 1000, "gid": 1000}  # fmt: skip

@@ -15,7 +15,7 @@ from network.models import IpAllocation
 from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.backend import FirecrackerSpawnError
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
-from tests.support.firecracker import fc_env, make_agent_row, real_binaries, require_kvm, tiny_kernel  # noqa: F401
+from tests.support.firecracker import make_agent_row, real_binaries, require_kvm, tiny_kernel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
 
