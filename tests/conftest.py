@@ -196,7 +196,7 @@ def docker_client(dockerd, settings):
 
 @pytest.fixture(scope="session")
 def agent_image(dockerd):
-    """Build (or reuse) the reference agent image ``kici-agent:local`` on the private dockerd."""
+    """Build (or reuse) the agent image ``kici-agent:local`` (agent/build_image.sh) on the private dockerd."""
     import subprocess
     from pathlib import Path
 

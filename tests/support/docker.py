@@ -4,7 +4,7 @@ Its data root, exec root, pidfile and socket are its own, and it runs with
 ``--iptables=false --ip6tables=false --ip-forward=false --bridge=none``: it writes no NAT or
 filter rules, does not enable forwarding and creates no default bridge, so a container it starts
 can reach only the bridges the tests create themselves (``kici-agent-net``), never the network
-beyond this machine (HELPER_COMMON "Network safety").
+beyond this machine.
 
 ``ensure_private_dockerd()`` reuses a daemon already listening on the socket (another test
 session, or ``make test`` run twice) and otherwise starts one, detached, under a file lock so

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in for ``jailer`` + ``firecracker`` for hosts where a guest cannot boot (tests only).
 
-Invoked exactly like the real jailer (SPEC h, FC-01)::
+Invoked exactly like the real jailer::
 
     fake_firecracker.py --id <id> --exec-file <fc> --uid <uid> --gid <gid> --chroot-base-dir <base>
         --new-pid-ns -- --config-file /config.json --log-path /vmm.log --level Warning

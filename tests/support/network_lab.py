@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from network import netlink
 
-NS_PREFIX = "net-"  # every namespace this harness creates starts with the helper's name
+NS_PREFIX = "net-"  # every namespace this harness creates starts with it (found again by prefix)
 HELLO = b"hello\n"
 
 
