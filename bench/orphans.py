@@ -5,7 +5,7 @@ Targets: ``plan_orphans`` over 5,000 labelled (created, never started) container
 < 2 s with ONE list call; a full backend spawn (token, events, create, start, address, nft rules)
 within 1.15x of a raw ``create`` + ``start`` on the same network, measured in the same run.
 
-Runs against the private test dockerd (``tests/dockerd.py``; started if needed) and a throwaway
+Runs against the private test dockerd (``tests/support/docker.py``; started if needed) and a throwaway
 PostgreSQL database ``bench_kici_ctr``; removes every container it created. Needs root (dockerd,
 nft). Usage::
 
@@ -151,7 +151,7 @@ def main() -> int:
     django.setup()
     from django.test.utils import setup_databases, teardown_databases
 
-    from tests.dockerd import docker_client, ensure_private_dockerd
+    from tests.support.docker import docker_client, ensure_private_dockerd
 
     host = ensure_private_dockerd()
     os.environ["DOCKER_HOST"] = host

@@ -150,6 +150,6 @@ stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), new
 stop_test_dockerd() {  # the test suite's private dockerd would hold 172.30.0.1 too
   if [ -S /run/kici-test-docker.sock ] && [ -x "$VENV/bin/python" ]; then
     say "stopping the test suite's private dockerd (its agent network collides with kici-agent-net)"
-    (cd "$ROOT" && "$VENV/bin/python" -m tests.dockerd stop) || true
+    (cd "$ROOT" && "$VENV/bin/python" -m tests.support.docker stop) || true
   fi
 }

@@ -16,7 +16,7 @@ set +e
 rc=$?
 set -e
 # The suite's private dockerd: stop it (and remove its networks) unless asked to keep it, so no
-# bridge is left holding 172.30.0.1 for `make run`'s own kici-agent-net (tests/dockerd.py).
-if [ -z "${KICI_TEST_KEEP_DOCKERD:-}" ]; then "$VENV/bin/python" -m tests.dockerd stop || true; fi
+# bridge is left holding 172.30.0.1 for `make run`'s own kici-agent-net (tests/support/docker.py).
+if [ -z "${KICI_TEST_KEEP_DOCKERD:-}" ]; then "$VENV/bin/python" -m tests.support.docker stop || true; fi
 [ $rc -eq 5 ] && { warn "pytest collected no tests"; exit 1; }
 exit $rc

@@ -1,4 +1,6 @@
-"""Shared fixtures: users with the three roles (viewer, operator, approver) and an rq SimpleWorker."""
+"""The suite's fixtures, registered once: users in each role and their clients, the rq worker, the
+admission queue's shutdown, the private dockerd, network namespaces, Firecracker environments and a
+real daphne. Helpers that are not fixtures live in tests/support/."""
 
 from __future__ import annotations
 
@@ -6,15 +8,7 @@ import os
 
 import pytest
 
-IN_CI = os.environ.get("CI") == "true"
-
-
-def require_root():
-    """Fail (in CI) or skip (elsewhere) a test that needs root for netns/nft/TAPs."""
-    if os.geteuid() != 0:
-        if IN_CI:
-            pytest.fail("this test needs root (netns, nft, TAPs) and CI runs as root")
-        pytest.skip("needs root")
+from tests.support.root import IN_CI, require_root
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -30,6 +24,88 @@ def pytest_collection_modifyitems(config, items):
     """Run the browser tests last: Playwright's sync API leaves an event loop running in the
     main thread for the rest of the session, which breaks async tests that come after it."""
     items.sort(key=lambda item: "tests/browser/" in item.nodeid.replace("\\", "/"))
+
+
+# --- users in the role groups (operations.roles) and their clients ---------------------------------
+
+#: user name suffix -> role group (created by the data migration); the outsider is in none.
+ROLES = {
+    "viewer": "viewers",
+    "operator": "operators",
+    "approver": "approvers",
+    "approver2": "approvers",
+    "outsider": None,
+}
+
+
+@pytest.fixture
+def users(db):
+    """``{"viewer", "operator", "approver", "approver2", "outsider"}`` -> users ``ops-<name>`` in the
+    role groups (the outsider is in none). Password ``pw-<name>``."""
+    from django.contrib.auth.models import Group, User
+
+    made = {}
+    for name, group in ROLES.items():
+        user = User.objects.create_user(f"ops-{name}", password=f"pw-{name}")
+        if group:
+            user.groups.add(Group.objects.get(name=group))
+        made[name] = User.objects.get(pk=user.pk)  # fresh: no cached permissions
+    return made
+
+
+@pytest.fixture
+def viewer(users):
+    return users["viewer"]
+
+
+@pytest.fixture
+def operator(users):
+    return users["operator"]
+
+
+@pytest.fixture
+def approver(users):
+    return users["approver"]
+
+
+@pytest.fixture
+def outsider(users):
+    return users["outsider"]
+
+
+@pytest.fixture
+def viewer_client(client, viewer):
+    client.force_login(viewer)
+    return client
+
+
+@pytest.fixture
+def operator_client(client, operator):
+    client.force_login(operator)
+    return client
+
+
+@pytest.fixture
+def approver_client(client, approver):
+    client.force_login(approver)
+    return client
+
+
+@pytest.fixture
+def outsider_client(client, outsider):
+    client.force_login(outsider)
+    return client
+
+
+@pytest.fixture
+def csrf_client():
+    """A test client that enforces CSRF like a browser-facing server does."""
+    from django.test import Client
+
+    return Client(enforce_csrf_checks=True)
+
+
+# --- rq and admission ----------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -49,7 +125,46 @@ def run_rq_jobs():
     return run
 
 
-# --- private dockerd (helper ctr; see tests/dockerd.py) -------------------------------------------
+@pytest.fixture
+def stop_admission_queue():
+    """The test starts and ends without a decider thread (it holds a DB connection) and with an
+    empty world cache. Modules that admit use it with ``pytest.mark.usefixtures``."""
+    from scalers.admission.matching import WORLD_CACHE
+    from scalers.admission.queue import shutdown_queue
+
+    WORLD_CACHE.clear()
+    yield
+    shutdown_queue()
+    WORLD_CACHE.clear()
+
+
+@pytest.fixture
+def no_enqueue(monkeypatch):
+    """Admission admits, but hands no spawn to the rq job: the agents stay as admission wrote them."""
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    """A valid scalers.yaml with one container scaler ``ops-reload`` (returns its path)."""
+    from tests.support.operations import write_config
+
+    return write_config(tmp_path / "scalers.yaml", "ops-reload")
+
+
+@pytest.fixture
+def daphne_server(transactional_db, settings):
+    """A real daphne (the production ASGI server) on a free loopback port, serving this test's
+    database; yields its base URL."""
+    from django.db import connection
+
+    from tests.support.servers import daphne_server as serve
+
+    with serve(connection.settings_dict, settings.KICI_API_TOKEN or "") as url:
+        yield url
+
+
+# --- private dockerd (tests/support/docker.py) ---------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +173,7 @@ def dockerd():
 
     Fails (never skips) in CI when the daemon cannot start; skips elsewhere.
     """
-    from tests.dockerd import DockerdUnavailable, ensure_private_dockerd
+    from tests.support.docker import DockerdUnavailable, ensure_private_dockerd
 
     try:
         return ensure_private_dockerd()
@@ -71,7 +186,7 @@ def dockerd():
 @pytest.fixture
 def docker_client(dockerd, settings):
     """A docker SDK client on the private dockerd; ``settings.DOCKER_HOST`` points at it too."""
-    from tests.dockerd import docker_client as make_client
+    from tests.support.docker import docker_client as make_client
 
     settings.DOCKER_HOST = dockerd
     client = make_client()
@@ -81,7 +196,7 @@ def docker_client(dockerd, settings):
 
 @pytest.fixture(scope="session")
 def agent_image(dockerd):
-    """Build (or reuse) the reference agent image ``kici-agent:local`` on the private dockerd."""
+    """Build (or reuse) the agent image ``kici-agent:local`` (agent/build_image.sh) on the private dockerd."""
     import subprocess
     from pathlib import Path
 
@@ -91,3 +206,35 @@ def agent_image(dockerd):
     if proc.returncode != 0:
         pytest.fail(f"agent/build_image.sh failed:\n{proc.stdout}\n{proc.stderr}")
     return "kici-agent:local"
+
+
+# --- network namespaces and Firecracker (root) ---------------------------------------------------
+
+
+@pytest.fixture
+def netns_nft(settings):
+    """Operations' nft (and Firecracker link) commands run inside a namespace of our own, so no rule
+    lands in the host's tables; yields an NftClient on table ``ops_kici`` (= KICI_NFT_TABLE) there."""
+    import secrets
+    import subprocess
+
+    from network.nft.apply import NftClient
+
+    require_root()
+    name = f"ops-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+    settings.KICI_NFT_NETNS = name
+    settings.KICI_NFT_TABLE = "ops_kici"
+    yield NftClient("ops_kici", netns=name)
+    subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+@pytest.fixture
+def fc_env(tmp_path):
+    """One test's Firecracker world (tests.support.firecracker.FcEnv), torn down afterwards."""
+    from tests.support.firecracker import make_fc_env, teardown_fc_env
+
+    env = make_fc_env(tmp_path)
+    yield env
+    teardown_fc_env(env)

@@ -14,7 +14,7 @@ from agents.choices import AgentState
 from agents.models import Agent
 from operations.models import Operation
 from scalers.models import LabelSet, Reservation, Scaler
-from tests.operations_support import listening_worker
+from tests.support.operations import listening_worker
 
 pytestmark = pytest.mark.browser
 

@@ -6,7 +6,7 @@ import pytest
 
 from scalers.admission.queue import shutdown_queue
 from scalers.admission.service import request_scale
-from tests.admission_support import make_scaler
+from tests.support.scalers import make_scaler
 
 pytestmark = pytest.mark.browser
 

@@ -1,0 +1,93 @@
+"""The "Why is this job waiting?" page: each waiting request, the cap that refused it, and the
+reservations holding that cap (age, agent, state, owner instance)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from front.views.waiting import waiting_groups
+from scalers.admission.service import request_scale
+from tests.support.scalers import make_pool, make_scaler, set_global
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
+
+
+@pytest.fixture
+def browser_client(settings, viewer_client):
+    settings.KICI_INSTANCE_ID = "console-a"
+    return viewer_client
+
+
+def test_it_requires_login():
+    r = Client().get("/scalers/why-waiting/")
+    assert r.status_code == 302 and "/accounts/login/" in r["Location"]
+
+
+def test_it_refuses_a_signed_in_user_without_view_permission(outsider_client):
+    assert outsider_client.get("/scalers/why-waiting/").status_code == 403
+
+
+def test_it_shows_the_refusing_cap_and_the_reservations_holding_it(browser_client):
+    make_scaler("c", max_agents=2)
+    held = [request_scale(["linux"], f"run-{i}").agent for i in range(2)]
+    request_scale(["linux"], "waiting-job", run_id="run-9")
+    request_scale(["windows"], "lost-job")
+    r = browser_client.get("/scalers/why-waiting/")
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert "waiting-job" in html and "maxAgents" in html and "maxAgents = 2" in html
+    for agent_id in held:
+        assert agent_id in html
+    assert "console-a" in html and "spawning" in html
+    assert "lost-job" in html and "No label set matches" in html
+    assert (
+        "run-0" not in html.split("Waiting jobs")[1].split("Reservations holding")[0]
+    )  # admitted jobs are not waiting
+
+
+def test_groups_scope_holders_to_the_cap():
+    set_global(max_agents=3)
+    pool = make_pool("box", cpu=2)
+    make_scaler("a", max_agents=5, label_sets=[["a"]], pool=pool)
+    make_scaler("b", max_agents=5, label_sets=[["b"]], pool=pool)
+    make_scaler("x", max_agents=5, label_sets=[["x"]])
+    a1 = request_scale(["a"], "a1", resources={"cpus": 2}).agent
+    request_scale(["b"], "b1", resources={"cpus": 1})  # machinePool.cpu on b, held by a's agent
+    x1 = request_scale(["x"], "x1").agent
+    x2 = request_scale(["x"], "x2").agent
+    request_scale(["x"], "x3")  # globalMaxAgents, held by everyone
+    groups = {(g.cap, g.scaler): g for g in waiting_groups()}
+    pool_group = groups[("machinePool.cpu", "b")]
+    assert [h.agent_id for h in pool_group.holders] == [a1]
+    assert pool_group.requests[0].job_id == "b1"
+    glob = groups[("globalMaxAgents", "")]
+    assert {h.agent_id for h in glob.holders} == {a1, x1, x2}
+    assert glob.holders_total == 3 and glob.limit == "globalMaxAgents = 3"
+
+
+def test_a_job_admitted_later_stops_waiting():
+    make_scaler("c", max_agents=1)
+    first = request_scale(["linux"], "first")
+    request_scale(["linux"], "second")
+    assert [r.job_id for g in waiting_groups() for r in g.requests] == ["second"]
+    from agents.choices import AgentState
+    from agents.models import Agent
+    from scalers.admission.release import release
+
+    Agent.objects.filter(agent_id=first.agent).update(state=AgentState.DESTROYED)
+    release(first.agent, "done")
+    assert request_scale(["linux"], "second").action == "spawning"
+    assert waiting_groups() == []
+
+
+def test_a_request_that_exceeds_a_cap_is_shown_as_never_admittable_without_holders(browser_client):
+    set_global(max_agents=10, cpu=4)
+    make_scaler("c", max_agents=5)
+    held = request_scale(["linux"], "small", resources={"cpus": 1}).agent
+    assert request_scale(["linux"], "huge", resources={"cpus": 5}).action == "exceeds-cap"
+    (group,) = waiting_groups()
+    assert (group.outcome, group.cap, group.scope, group.holders) == ("exceeds-cap", "globalResourceCap.cpu", "", [])
+    html = browser_client.get("/scalers/why-waiting/").content.decode()
+    assert "can never be admitted: request exceeds cap" in html.lower() and "globalResourceCap.cpu" in html
+    assert "huge" in html and "Reservations holding" not in html and held not in html

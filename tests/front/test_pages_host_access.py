@@ -1,0 +1,203 @@
+"""The label-set host-access editor: live validation (POST-only, side-effect-free preview), the
+effective list, the rule diff for live agents, and applying only through a planned operation."""
+
+from __future__ import annotations
+
+from html import unescape
+
+import pytest
+
+from agents.choices import AgentState
+from agents.models import Agent
+from front.host_access_editor import check_lines, plan_host_access_change
+from network.host_access import host_access_warnings
+from scalers.models import LabelSet, Scaler
+
+pytestmark = pytest.mark.django_db
+
+HTMX = {"HTTP_HX_REQUEST": "true"}
+BASE = "/scalers/ci/label-sets/0/host-access/"
+
+
+@pytest.fixture(autouse=True)
+def _console_url(settings):
+    settings.KICI_CONSOLE_URL = "http://172.30.0.1:8000"
+    settings.KICI_STORAGE_URL = None
+
+
+@pytest.fixture
+def label_set():
+    scaler = Scaler.objects.create(name="ci", type="container", max_agents=5)
+    return LabelSet.objects.create(scaler=scaler, index=0, labels=["linux"], normalized="linux")
+
+
+def _live_agent(label_set, n=1, host_access=None, ip="172.30.0.21"):
+    return Agent.objects.create(
+        agent_id=f"scaler-container-{n:08x}",
+        scaler=label_set.scaler,
+        label_set=label_set,
+        state=AgentState.RUNNING,
+        ip=ip,
+        host_access=host_access if host_access is not None else ["172.30.0.1:53", "*:8000"],
+    )
+
+
+BAD_ENTRIES = [
+    ("ci.example.com:443", "Hostnames are not accepted"),
+    ("*:0", "outside 1-65535"),
+    ("*:65536", "outside 1-65535"),
+    (":53", 'has no address before the ":": write "*:53"'),
+    ("192.168.1.256", "not a valid IPv4 address: octet 256 is above 255"),
+    ("fd00::1", "unbracketed IPv6"),
+    ("10.0.0.1/24", "host bits set"),
+]
+
+
+@pytest.mark.parametrize("entry,reason", BAD_ENTRIES)
+def test_the_preview_refuses_a_bad_entry_with_the_entry_and_the_reason(viewer_client, label_set, entry, reason):
+    response = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": f"172.30.0.1:53\n{entry}"}, **HTMX)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<html" not in html and html.lstrip().startswith('<div id="preview"')
+    bad = unescape(html[html.index('class="entry-bad"') :])
+    assert entry in bad and reason in bad
+    assert "nothing can be applied" in html
+    assert 'id="apply"' not in html  # the Apply button is disabled
+
+
+def test_an_empty_entry_between_commas_is_refused(viewer_client, label_set):
+    html = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": "5000, ,6000"}, **HTMX).content.decode()
+    assert "hostAccess entry is empty" in unescape(html)
+
+
+def test_the_preview_is_post_only_and_changes_nothing(viewer_client, label_set):
+    assert viewer_client.get(BASE + "preview").status_code == 405
+    viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": "10.0.0.5:443"}, **HTMX)
+    label_set.refresh_from_db()
+    assert label_set.host_access is None
+
+
+def test_the_editor_requires_the_view_permission(client, outsider, label_set):
+    assert client.post(BASE + "preview", {"entries": "5000"}).status_code == 302  # to the login page
+    client.force_login(outsider)
+    assert client.post(BASE + "preview", {"entries": "5000"}).status_code == 403
+    assert client.get(BASE).status_code == 403
+
+
+def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
+    html = viewer_client.get(BASE).content.decode()
+    effective = html[html.index('id="effective"') :]
+    effective = effective[: effective.index("</ul>")]
+    assert "172.30.0.1:53" in effective and "*:8000" in effective
+    assert 'value="default" checked' in html
+
+
+def test_the_preview_shows_the_effective_list_and_the_rule_diff_for_live_agents(viewer_client, label_set):
+    agent = _live_agent(label_set)
+    html = viewer_client.post(
+        BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.98.0.0/24:443"}, **HTMX
+    ).content.decode()
+    assert "TCP and UDP port 443 on host addresses in 10.98.0.0/24" in html
+    effective = html[html.index('id="effective"') :]
+    assert "10.98.0.0/24:443" in effective[: effective.index("</ul>")]
+    assert agent.agent_id in html and "1 of 1 live agent would get different input rules" in html
+    assert '<span class="add">+ input: ip daddr 10.98.0.0/24 tcp dport 443 accept</span>' in html
+    assert '<span class="del">- input: meta nfproto ipv4 tcp dport 8000 accept</span>' in html
+    assert '<span class="same">  input: ip daddr 172.30.0.1 udp dport 53 accept</span>' in html
+
+
+def test_an_explicit_empty_list_is_valid_and_says_what_it_means(viewer_client, label_set):
+    html = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": ""}, **HTMX).content.decode()
+    assert "no</b> port on the host" in html
+    assert "nothing can be applied" not in html
+
+
+def test_the_plan_ignores_blank_lines_and_marks_duplicates():
+    checks = check_lines("5000\n\n  \n*:5000\n5000")
+    assert [c.text for c in checks] == ["5000", "*:5000", "5000"]
+    assert [c.duplicate for c in checks] == [False, False, True]
+    assert all(c.ok for c in checks)
+
+
+def test_the_plan_says_when_nothing_changes(label_set):
+    assert plan_host_access_change(label_set, "default", "").unchanged
+    label_set.host_access = ["5000"]
+    label_set.save()
+    assert plan_host_access_change(label_set, "explicit", "5000").unchanged
+    assert not plan_host_access_change(label_set, "explicit", "5001").unchanged
+    assert plan_host_access_change(label_set, "sideways", "").errors == [
+        "mode 'sideways' is not one of default, explicit"
+    ]
+
+
+def test_apply_with_a_bad_entry_applies_nothing(operator_client, label_set):
+    from operations.models import Operation
+
+    response = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": "ci.example.com:443"})
+    assert response.status_code == 422
+    assert b"Nothing was applied" in response.content and b"Hostnames are not accepted" in response.content
+    label_set.refresh_from_db()
+    assert label_set.host_access is None
+    assert Operation.objects.count() == 0
+
+
+def test_apply_needs_the_request_permission(viewer_client, label_set):
+    from operations.models import Operation
+
+    response = viewer_client.post(BASE + "apply", {"mode": "explicit", "entries": "10.0.0.5:443"})
+    assert response.status_code == 403
+    assert Operation.objects.count() == 0
+
+
+def test_apply_of_an_unchanged_list_is_refused(operator_client, label_set):
+    response = operator_client.post(BASE + "apply", {"mode": "default", "entries": ""})
+    assert response.status_code == 422 and b"already has" in response.content
+
+
+def test_apply_plans_an_operation_and_redirects_to_it(operator_client, label_set):
+    from operations.models import Operation
+
+    response = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443"})
+    operation = Operation.objects.get()
+    assert response.status_code == 302 and response.url == f"/operations/{operation.pk}/"
+    assert operation.kind == "host-access-apply" and operation.status == "planned"
+    assert operation.params["host_access"] == ["172.30.0.1:53", "10.0.0.5:443"]
+    assert operation.label_set_id == label_set.pk
+    label_set.refresh_from_db()
+    assert label_set.host_access is None  # nothing changes before approval and a run
+
+
+def test_apply_back_to_the_default_sends_none(operator_client, label_set):
+    from operations.models import Operation
+
+    label_set.host_access = ["5000"]
+    label_set.save()
+    response = operator_client.post(BASE + "apply", {"mode": "default", "entries": "5000"})
+    assert response.status_code == 302
+    assert Operation.objects.get().params["host_access"] is None
+
+
+def test_a_loopback_entry_is_warned_about_but_does_not_block_apply(operator_client, label_set, settings):
+    html = unescape(
+        operator_client.post(
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n127.0.0.1:5432"}, **HTMX
+        ).content.decode()
+    )
+    warnings = html[html.index('id="preview-warnings"') :]
+    warnings = warnings[: warnings.index("</div>")]
+    assert "1 warning" in warnings and "do not block Apply" in warnings
+    assert (
+        'line 2: hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach'
+        in warnings
+    )
+    assert "nothing can be applied" not in html
+    assert 'id="apply"' in html  # Apply stays enabled
+    plan = plan_host_access_change(label_set, "explicit", "[::1]")
+    assert plan.ok and plan.warnings and plan.warnings[0].startswith("line 1: ")
+
+
+def test_a_loopback_entry_in_the_default_list_is_warned_about(viewer_client, label_set, settings):
+    settings.KICI_STORAGE_URL = "http://127.0.0.1:9000"  # filesystem storage on the console's loopback
+    plan = plan_host_access_change(label_set, "default", "")
+    assert plan.ok and plan.effective[-1] == "127.0.0.1:9000"
+    assert plan.warnings == [f"default entry: {w}" for w in host_access_warnings(["127.0.0.1:9000"])]

@@ -1,0 +1,343 @@
+"""Host-access grammar and resolution."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from network.host_access import (
+    HostAccessError,
+    agent_facing_storage_url,
+    host_access_warnings,
+    parse_host_access,
+    parse_host_access_entry,
+    resolve_agent_host_access,
+    storage_host_access_entries,
+)
+
+
+def net(text):
+    return ipaddress.ip_network(text)
+
+
+# -- grammar -----------------------------------------------------------------------------------
+
+
+def test_a_bare_port_means_that_port_on_any_address():
+    e = parse_host_access_entry("5000")
+    assert (e.daddr, e.port, e.family) == (None, 5000, "ipv4")
+
+
+def test_a_cidr_with_a_port():
+    e = parse_host_access_entry("10.98.0.0/24:443")
+    assert (e.daddr, e.port) == (net("10.98.0.0/24"), 443)
+
+
+def test_a_star_with_a_port():
+    e = parse_host_access_entry("*:10143")
+    assert (e.daddr, e.port) == (None, 10143)
+
+
+def test_an_address_without_a_port_means_every_port():
+    e = parse_host_access_entry("192.168.1.40")
+    assert (e.daddr, e.port) == (net("192.168.1.40/32"), None)
+    assert e.canonical == "192.168.1.40"
+
+
+@pytest.mark.parametrize(
+    "text, daddr, port",
+    [
+        ("*", None, None),
+        ("10.0.0.1:*", "10.0.0.1/32", None),
+        ("  172.30.0.1:53 ", "172.30.0.1/32", 53),
+        ("0.0.0.0/0:22", "0.0.0.0/0", 22),
+        ("10.0.0.0/8", "10.0.0.0/8", None),
+        ("65535", None, 65535),
+    ],
+)
+def test_other_accepted_ipv4_shapes(text, daddr, port):
+    e = parse_host_access_entry(text)
+    assert e.daddr == (net(daddr) if daddr else None)
+    assert e.port == port
+
+
+def test_it_refuses_a_hostname_and_says_why():
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry("registry.internal:5000")
+    msg = str(exc.value)
+    assert '"registry.internal:5000"' in msg
+    assert 'which is not an IPv4 address, an IPv4 CIDR, or "*"' in msg
+    assert "Hostnames are not accepted" in msg
+
+
+@pytest.mark.parametrize("text", ["*:0", "*:70000", "65536", "*:65536", "0"])
+def test_it_refuses_ports_outside_the_range(text):
+    with pytest.raises(HostAccessError, match="outside 1-65535") as exc:
+        parse_host_access_entry(text)
+    assert f'"{text}"' in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["*:-1", "10.0.0.1:", "*:http", "*:4000/tcp", "10.0.0.1:5 3"])
+def test_it_refuses_non_numeric_ports(text):
+    with pytest.raises(HostAccessError, match="non-numeric port") as exc:
+        parse_host_access_entry(text)
+    assert f'"{text}"' in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["::1:53", "localhost", "ci-runner:22", "host_1"])
+def test_it_refuses_what_is_not_an_ipv4_address(text):
+    with pytest.raises(HostAccessError, match="not an IPv4 address") as exc:
+        parse_host_access_entry(text)
+    assert f'"{text}"' in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("192.168.1.256", 'names "192.168.1.256", which is not a valid IPv4 address: octet 256 is above 255'),
+        ("999.0.0.1:443", "not a valid IPv4 address: octet 999 is above 255"),
+        ("10.0.0:80", "not a valid IPv4 address: it has 3 dot-separated parts, an IPv4 address has 4"),
+        ("1.2.3.4.5", "it has 5 dot-separated parts"),
+        ("10..0.1", "one of its four octets is empty"),
+        ("010.0.0.1", 'octet "010" has a leading zero'),
+        ("10.0.0.0/33:443", "not a valid IPv4 CIDR: prefix /33 is above 32"),
+        ("10.0.0.1/024", "not a valid IPv4 CIDR: prefix /024 has a leading zero"),
+        ("10.0.0.0/", 'the prefix after "/" is "", not a number 0-32'),
+    ],
+)
+def test_a_dotted_number_that_is_no_address_says_what_is_wrong_not_hostnames(text, reason):
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry(text)
+    msg = str(exc.value)
+    assert msg.startswith(f'hostAccess entry "{text}" ') and reason in msg
+    assert "Hostnames" not in msg and "hostname" not in msg.lower()
+
+
+@pytest.mark.parametrize(
+    "text,hint",
+    [
+        (":53", 'has no address before the ":": write "*:53" (or just "53") for port 53 on any IPv4 host address'),
+        (":", 'has no address before the ":": write an IPv4 address, an IPv4 CIDR or "*" before the ":"'),
+        (":http", 'write an IPv4 address, an IPv4 CIDR or "*"'),
+    ],
+)
+def test_an_empty_address_before_the_port_says_so_and_suggests_the_wildcard(text, hint):
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry(text)
+    msg = str(exc.value)
+    assert msg.startswith(f'hostAccess entry "{text}" ') and hint in msg
+    assert 'names ""' not in msg and "Hostnames" not in msg
+
+
+def test_loopback_entries_are_accepted_with_a_warning_and_others_are_not_warned_about():
+    entries = [
+        "127.0.0.1:5432",
+        "[::1]",
+        "127.0.0.0/8",
+        "0.0.0.0/0",
+        "*:53",
+        "172.30.0.1:53",
+        "[fd00::1]:9000",
+        "bad entry",
+    ]
+    for text in entries[:-1]:
+        parse_host_access_entry(text)  # all accepted
+    warnings = host_access_warnings(entries)
+    assert len(warnings) == 3
+    assert warnings[0].startswith(
+        'hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach'
+    )
+    assert 'hostAccess entry "[::1]" names the host\'s loopback (::1)' in warnings[1]
+    assert "(127.0.0.0/8)" in warnings[2]
+    assert host_access_warnings([]) == []
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\t"])
+def test_it_refuses_an_empty_entry(text):
+    with pytest.raises(HostAccessError, match="hostAccess entry is empty"):
+        parse_host_access_entry(text)
+
+
+def test_it_refuses_a_non_string():
+    with pytest.raises(HostAccessError, match="must be a string"):
+        parse_host_access_entry(5000)
+
+
+@pytest.mark.parametrize("text, hint", [("10.0.0.1/24:443", '"10.0.0.0/24"'), ("[fd00::1/64]:443", '"[fd00::/64]"')])
+def test_it_refuses_a_cidr_with_host_bits_set_and_says_so(text, hint):
+    with pytest.raises(HostAccessError, match="host bits set") as exc:
+        parse_host_access_entry(text)
+    assert f'"{text}"' in str(exc.value)
+    assert hint in str(exc.value)
+
+
+def test_bracketed_ipv6_entries_parse():
+    a = parse_host_access_entry("[fd00::1]:9000")
+    b = parse_host_access_entry("[fd00::/64]:443")
+    c = parse_host_access_entry("[fd00::1]")
+    assert (a.daddr, a.port, a.family) == (net("fd00::1/128"), 9000, "ipv6")
+    assert (b.daddr, b.port, b.family) == (net("fd00::/64"), 443, "ipv6")
+    assert (c.daddr, c.port, c.family) == (net("fd00::1/128"), None, "ipv6")
+    assert [x.canonical for x in (a, b, c)] == ["[fd00::1]:9000", "[fd00::/64]:443", "[fd00::1]"]
+
+
+@pytest.mark.parametrize("text", ["fd00::1", "fd00::1:9000", "2001:db8::/32"])
+def test_it_refuses_unbracketed_ipv6_and_shows_the_bracketed_form(text):
+    with pytest.raises(HostAccessError, match="unbracketed IPv6") as exc:
+        parse_host_access_entry(text)
+    assert "[fd00::1]:9000" in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["[fd00::1", "[fd00::1]x", "[10.0.0.1]:80", "[fe80::1%eth0]:22", "[fd00::1]:0"])
+def test_it_refuses_malformed_brackets(text):
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry(text)
+    assert f'"{text}"' in str(exc.value)
+
+
+def test_a_list_is_all_or_nothing_and_names_the_index():
+    with pytest.raises(HostAccessError, match=r"hostAccess\[1\]: .*registry"):
+        parse_host_access(["*:4000", "registry:5000", "*:9000"])
+
+
+# -- storage endpoint (g.2) --------------------------------------------------------------------
+
+
+def test_storage_at_an_ip_literal_is_scoped_to_that_address_and_port():
+    assert storage_host_access_entries("http://192.168.1.5:9000") == ["192.168.1.5:9000"]
+
+
+def test_storage_at_an_ip_literal_without_a_port_uses_the_scheme_port():
+    assert storage_host_access_entries("http://10.0.0.9") == ["10.0.0.9:80"]
+    assert storage_host_access_entries("https://10.0.0.9/bucket") == ["10.0.0.9:443"]
+
+
+def test_storage_at_a_name():
+    assert storage_host_access_entries("https://s3.us-east-1.amazonaws.com") == []
+    assert storage_host_access_entries("https://minio.lan:9443") == ["*:9443"]
+
+
+def test_filesystem_storage_urls():
+    url = agent_facing_storage_url("filesystem", console_port=4000)
+    assert url == "http://127.0.0.1:4000"
+    assert storage_host_access_entries(url) == ["127.0.0.1:4000"]
+    assert storage_host_access_entries(agent_facing_storage_url("filesystem", fs_base_url="http://ci.lan:8080")) == [
+        "*:8080"
+    ]
+    assert storage_host_access_entries(agent_facing_storage_url(None)) == []
+
+
+def test_s3_prefers_the_external_endpoint():
+    assert agent_facing_storage_url("s3", external_endpoint="http://a:1", endpoint="http://b:2") == "http://a:1"
+    assert agent_facing_storage_url("s3", endpoint="http://b:2") == "http://b:2"
+
+
+@pytest.mark.parametrize("url", [None, "", "not a url", "ftp://10.0.0.1/x", "http://10.0.0.1:99999", "http://[::1"])
+def test_unusable_storage_urls_give_nothing(url):
+    assert storage_host_access_entries(url) == []
+
+
+def test_storage_at_an_ipv6_literal_is_bracketed():
+    assert storage_host_access_entries("http://[fd00::9]:9000") == ["[fd00::9]:9000"]
+
+
+# -- resolution (g.3) --------------------------------------------------------------------------
+
+
+def test_the_default_is_gateway_dns_and_the_console_port():
+    assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", []) == ["172.30.0.1:53", "*:4000"]
+
+
+def test_the_console_port_comes_from_the_scheme_when_the_url_has_none():
+    assert resolve_agent_host_access(None, "wss://ci.example.com/ws", "172.30.0.1") == ["172.30.0.1:53", "*:443"]
+    assert resolve_agent_host_access(None, "ws://host/ws", "172.30.0.1") == ["172.30.0.1:53", "*:80"]
+
+
+def test_an_unparseable_console_url_is_left_out():
+    assert resolve_agent_host_access(None, "::::", "172.30.0.1", ["*:9000"]) == ["172.30.0.1:53", "*:9000"]
+    assert resolve_agent_host_access(None, "gopher://x/", "172.30.0.1", ["*:9000"]) == ["172.30.0.1:53", "*:9000"]
+
+
+def test_duplicates_keep_the_first_occurrence():
+    assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", ["*:4000"]) == [
+        "172.30.0.1:53",
+        "*:4000",
+    ]
+    assert resolve_agent_host_access(None, "ws://x:4000", "10.0.0.1", ["10.0.0.1:53", "*:9", "*:9"]) == [
+        "10.0.0.1:53",
+        "*:4000",
+        "*:9",
+    ]
+
+
+def test_an_allowlist_alone_keeps_the_default():
+    policy = {"allowlist": ["10.1.0.0/16"]}
+    assert resolve_agent_host_access(policy, "ws://10.0.0.1:4000/ws", "172.30.0.1") == ["172.30.0.1:53", "*:4000"]
+
+
+def test_an_explicit_list_wins_outright_even_when_empty():
+    assert resolve_agent_host_access({"hostAccess": []}, "ws://10.0.0.1:4000/ws", "172.30.0.1", ["*:9000"]) == []
+    assert resolve_agent_host_access({"host_access": ["*:22", "*:22"]}, "ws://x:1", "172.30.0.1") == ["*:22", "*:22"]
+
+    class Policy:
+        host_access = ["10.0.0.1:5432"]
+
+    assert resolve_agent_host_access(Policy(), "ws://x:1", "172.30.0.1", ["*:9000"]) == ["10.0.0.1:5432"]
+
+
+def test_the_documented_examples():
+    s3 = storage_host_access_entries("http://192.168.1.5:9000")
+    assert resolve_agent_host_access(None, "ws://10.1.2.3:4000/ws", "172.30.0.1", s3) == [
+        "172.30.0.1:53",
+        "*:4000",
+        "192.168.1.5:9000",
+    ]
+    aws = storage_host_access_entries("https://s3.amazonaws.com")
+    assert resolve_agent_host_access(None, "ws://10.0.0.1:8080/ws", "10.0.0.1", aws) == ["10.0.0.1:53", "*:8080"]
+    fs = storage_host_access_entries(agent_facing_storage_url("filesystem", console_port=4000))
+    assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "10.0.0.1", fs) == [
+        "10.0.0.1:53",
+        "*:4000",
+        "127.0.0.1:4000",
+    ]
+
+
+def test_an_ipv6_gateway_gets_a_bracketed_dns_entry():
+    resolved = resolve_agent_host_access(None, "ws://x:4000", "fd13::1")
+    assert resolved == ["[fd13::1]:53", "*:4000"]
+    assert [parse_host_access_entry(e).family for e in resolved] == ["ipv6", "ipv4"]
+
+
+def test_every_resolved_default_entry_parses():
+    resolved = resolve_agent_host_access(
+        None, "wss://ci.example.com/ws", "172.30.0.1", storage_host_access_entries("https://minio.lan:9443")
+    )
+    assert [parse_host_access_entry(e).canonical for e in resolved] == ["172.30.0.1:53", "*:443", "*:9443"]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("*:4000", "TCP and UDP port 4000 on any IPv4 address of the host"),
+        ("192.168.1.40", "every port and protocol on 192.168.1.40"),
+        ("[fd00::/64]:443", "TCP and UDP port 443 on host addresses in fd00::/64"),
+        ("*", "every port and protocol on any IPv4 address of the host"),
+    ],
+)
+def test_entries_are_explained_in_plain_words(text, words):
+    from network.host_access import describe_host_access_entry
+
+    assert describe_host_access_entry(parse_host_access_entry(text)) == words
+
+
+def test_a_hostname_error_reads_as_the_reference_example():
+    """tests/scalers/config/examples/README.md, invalid-04: the entry, then the name it wrongly gives."""
+    from network.host_access import HostAccessError, parse_host_access_entry
+
+    with pytest.raises(HostAccessError) as exc:
+        parse_host_access_entry("registry.internal:5000")
+    assert str(exc.value).startswith(
+        'hostAccess entry "registry.internal:5000" names "registry.internal", '
+        'which is not an IPv4 address, an IPv4 CIDR, or "*".'
+    )

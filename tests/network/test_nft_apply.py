@@ -1,0 +1,238 @@
+"""The nft applier against the real kernel, inside a throwaway network namespace: applying,
+reaping and self-heal."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+
+import pytest
+
+from network.nft.apply import NftClient, NftError, NftUnavailableError, describe_agent_rules
+from network.nft.describe import describe_expr
+from network.nft.exprs import forward_rule_exprs, input_rule_exprs
+from network.nft.spec import AgentSpec, RuleSpecError
+from tests.support.network_lab import Netns
+from tests.support.root import require_root
+
+pytestmark = pytest.mark.root
+GW = "172.30.0.1"
+
+
+@pytest.fixture(scope="module")
+def netns():
+    require_root()
+    ns = Netns(f"net-{secrets.token_hex(3)}-nft")
+    yield ns
+    ns.delete()
+
+
+@pytest.fixture
+def client(netns):
+    c = NftClient(f"net_t{secrets.token_hex(2)}", netns=netns.name)
+    yield c
+    c.delete_table()
+
+
+def spec(addr="172.30.0.5", **kw):
+    kw.setdefault("host_access", ["172.30.0.1:53", "*:4000"])
+    return AgentSpec.build(addr, GW, **kw)
+
+
+def ruleset(netns, table):
+    return netns.exec("nft", "list", "table", "inet", table).stdout
+
+
+def described(rules):
+    return [describe_expr(e) for e in rules]
+
+
+def test_nft_is_available_in_the_namespace(client):
+    client.check_available()
+
+
+def test_a_missing_nft_binary_is_reported_as_missing(netns):
+    with pytest.raises(NftUnavailableError, match="not available"):
+        NftClient("net_x", nft_binary="/nonexistent/nft").check_available()
+
+
+def test_a_process_without_net_admin_is_told_so(netns, tmp_path):
+    wrapper = tmp_path / "nft-without-net-admin"
+    wrapper.write_text('#!/bin/sh\nexec setpriv --bounding-set -net_admin --inh-caps -net_admin nft "$@"\n')
+    wrapper.chmod(0o755)
+    with pytest.raises(NftUnavailableError, match="CAP_NET_ADMIN"):
+        NftClient("net_x", nft_binary=str(wrapper), netns=netns.name).check_available()
+
+
+def test_ensuring_the_table_twice_leaves_one_copy_of_the_base(client, netns):
+    client.ensure_table(["br-a"])
+    first = ruleset(netns, client.table)
+    client.ensure_table(["br-a"])
+    client.ensure_table()
+    assert ruleset(netns, client.table) == first
+    assert first.count("ip saddr vmap @agents4_fwd") == 1
+    assert '"br-a"' in first
+
+
+def test_an_agent_reads_back_exactly_as_rendered(client):
+    s = spec(
+        allowlist=["10.67.0.1/32", "fd99::/48"],
+        host_access=["172.30.0.1:53", "*:4000", "[fd00::/64]:443", "*", "10.0.0.0/8"],
+    )
+    client.apply_agent(s)
+    agents = client.list_agents()
+    got = agents[ipaddress.ip_address("172.30.0.5")]
+    assert got.complete
+    assert described(got.forward) == described(forward_rule_exprs(s))
+    assert described(got.input) == described(input_rule_exprs(s))
+
+
+def test_applying_an_agent_twice_leaves_exactly_one_copy(client, netns):
+    client.apply_agent(spec())
+    once = ruleset(netns, client.table)
+    client.apply_agent(spec())
+    assert ruleset(netns, client.table) == once
+    assert once.count("tcp dport 4000 accept") == 1
+
+
+def test_self_heal_twice_leaves_exactly_one_copy(client, netns):
+    specs = [spec(f"172.30.0.{i}") for i in range(2, 12)]
+    client.apply_agent(specs[0])
+    client.self_heal(specs, ["br-a"])
+    once = ruleset(netns, client.table)
+    client.self_heal(specs, ["br-a"])
+    assert ruleset(netns, client.table) == once
+    assert len(client.list_agents()) == 10
+    assert once.count("ct direction reply ct state established,related accept") == 10
+
+
+def test_re_applying_replaces_the_old_rules_in_one_step(client):
+    client.apply_agent(spec(host_access=["*:4000"]))
+    client.apply_agent(spec(host_access=["*:9000"], deny_all=True))
+    got = client.list_agents()[ipaddress.ip_address("172.30.0.5")]
+    text = "\n".join(described(got.input + got.forward))
+    assert "9000" in text and "4000" not in text
+    assert described(got.forward)[-1] == "drop"
+
+
+def test_removing_an_agent_then_removing_it_again(client, netns):
+    client.apply_agent(spec("172.30.0.5"))
+    client.apply_agent(spec("172.30.0.6"))
+    assert client.remove_agent("172.30.0.5") is True
+    assert client.remove_agent("172.30.0.5") is False
+    assert list(client.list_agents()) == [ipaddress.ip_address("172.30.0.6")]
+    assert "172.30.0.5" not in ruleset(netns, client.table)
+
+
+def test_removing_from_a_missing_table_is_a_no_op(client):
+    assert client.list_agents() == {}
+    assert client.remove_agent("172.30.0.5") is False
+
+
+def test_a_half_removed_agent_is_finished_off(client, netns):
+    client.apply_agent(spec("172.30.0.5"))
+    netns.exec("nft", "delete", "element", "inet", client.table, "agents4_in", "{ 172.30.0.5 }")
+    netns.exec("nft", "delete", "chain", "inet", client.table, "a4-172-30-0-5-in")
+    half = client.list_agents()[ipaddress.ip_address("172.30.0.5")]
+    assert (half.has_forward_chain, half.mapped_forward, half.has_input_chain, half.mapped_input) == (
+        True,
+        True,
+        False,
+        False,
+    )
+    assert client.remove_agent("172.30.0.5") is True
+    assert client.list_agents() == {}
+
+
+def test_apply_recreates_a_table_deleted_behind_its_back(client, netns):
+    client.apply_agent(spec("172.30.0.5"))
+    netns.exec("nft", "delete", "table", "inet", client.table)
+    client.apply_agent(spec("172.30.0.6"))
+    assert list(client.list_agents()) == [ipaddress.ip_address("172.30.0.6")]
+    assert "ip saddr vmap @agents4_in" in ruleset(netns, client.table)
+
+
+def test_reaping_deletes_only_unheld_addresses_inside_the_subnet(client):
+    for addr in ("172.30.0.5", "172.30.0.9", "10.0.0.7"):
+        client.apply_agent(spec(addr))
+    reaped = client.reap_unowned_isolation_rules({"172.30.0.5"}, "172.30.0.0/16")
+    assert reaped == ["172.30.0.9"]
+    assert sorted(map(str, client.list_agents())) == ["10.0.0.7", "172.30.0.5"]
+
+
+def test_a_failed_live_listing_reaps_nothing(client):
+    client.apply_agent(spec("172.30.0.9"))
+    assert client.reap_unowned_isolation_rules(None, "172.30.0.0/16") == []
+    assert list(map(str, client.list_agents())) == ["172.30.0.9"]
+
+
+def test_a_failed_rule_listing_reaps_nothing(netns):
+    broken = NftClient("net_x", nft_binary="/nonexistent/nft", netns=netns.name)
+    assert broken.reap_unowned_isolation_rules(set(), "172.30.0.0/16") == []
+
+
+def test_two_consoles_with_their_own_tables_never_touch_each_other(netns):
+    a = NftClient(f"net_a{secrets.token_hex(2)}", netns=netns.name)
+    b = NftClient(f"net_b{secrets.token_hex(2)}", netns=netns.name)
+    try:
+        a.apply_agent(spec("172.30.0.5"))
+        b.apply_agent(spec("172.30.0.6"))
+        assert a.reap_unowned_isolation_rules(set(), "172.30.0.0/16") == ["172.30.0.5"]
+        assert list(map(str, b.list_agents())) == ["172.30.0.6"]
+        assert a.remove_agent("172.30.0.6") is False
+        a.delete_table()
+        assert list(map(str, b.list_agents())) == ["172.30.0.6"]
+    finally:
+        a.delete_table()
+        b.delete_table()
+
+
+def test_a_rejected_transaction_changes_nothing(client, netns):
+    client.apply_agent(spec("172.30.0.5"))
+    before = ruleset(netns, client.table)
+    bad = [
+        {"add": {"chain": {"family": "inet", "table": client.table, "name": "a4-172-30-0-7-fwd"}}},
+        {
+            "add": {
+                "rule": {"family": "inet", "table": client.table, "chain": "no-such-chain", "expr": [{"accept": None}]}
+            }
+        },
+    ]
+    with pytest.raises(NftError):
+        client.apply_document(bad)
+    assert ruleset(netns, client.table) == before
+
+
+def test_the_rules_in_force_are_described_in_words(client):
+    client.apply_agent(spec("172.30.0.5", host_access=["172.30.0.1:53"]))
+    lines = describe_agent_rules(client, "172.30.0.5")
+    assert lines[0] == "forward: ip daddr 172.30.0.1 accept"
+    assert "input: ip daddr 172.30.0.1 udp dport 53 accept" in lines
+    assert lines[-1] == "input: drop"
+    assert describe_agent_rules(client, "172.30.0.77") == ["no isolation rules in force for 172.30.0.77"]
+
+
+def test_the_json_listing_is_what_ownership_is_read_from(client, netns):
+    client.apply_agent(spec("172.30.0.5"))
+    # A hand-written chain with a look-alike name but no agent shape is not claimed.
+    netns.exec("nft", "add", "chain", "inet", client.table, "a4-172-30-0-50")
+    netns.exec("nft", "add", "rule", "inet", client.table, "a4-172-30-0-50", "ip saddr 172.30.0.5 drop")
+    assert list(map(str, client.list_agents())) == ["172.30.0.5"]
+    listing = json.loads(netns.exec("nft", "-j", "list", "table", "inet", client.table).stdout)
+    assert any(item.get("chain", {}).get("name") == "a4-172-30-0-50" for item in listing["nftables"])
+
+
+def test_the_egress_baseline_is_accepted_and_idempotent(client, netns):
+    client.apply_agent(spec("10.0.0.2"))
+    client.ensure_egress("10.0.0.0/24", "eth9")
+    once = ruleset(netns, client.table)
+    client.ensure_egress("10.0.0.0/24", "eth9")
+    client.ensure_table(["kici-br0"])
+    again = ruleset(netns, client.table)
+    assert again.count('ip saddr 10.0.0.0/24 oifname "eth9" masquerade') == 1
+    assert again.count("tcp option maxseg size set 1460") == 1
+    assert once.count("masquerade") == 1
+    assert list(map(str, client.list_agents())) == ["10.0.0.2"]
+    with pytest.raises(RuleSpecError):
+        client.ensure_egress("10.0.0.1/24", "eth9")

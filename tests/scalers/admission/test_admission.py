@@ -1,0 +1,305 @@
+"""Admission: routing, every cap in check order, refusal accounting. Decisions go through
+``request_scale`` against real PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+from agents.choices import AgentState
+from agents.models import Agent
+from scalers.admission.caps import CAP_ORDER
+from scalers.admission.service import request_scale
+from scalers.models import MetricCounter, Reservation, ScaleRequest
+from tests.support.scalers import make_pool, make_scaler, set_global
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
+
+GiB = 1024**3
+
+
+def counter(name: str, **labels) -> float:
+    from scalers.admission.ledger import label_key
+
+    row = MetricCounter.objects.filter(name=name, label_key=label_key(labels)).first()
+    return row.value if row else 0.0
+
+
+def test_it_admits_and_writes_agent_and_reservation():
+    make_scaler("c", labels=("linux", "docker"), max_agents=3)
+    d = request_scale(["linux", "docker"], "job-1", run_id="run-1")
+    assert d.action == "spawning"
+    assert d.scaler == "c" and d.backend_type == "container"
+    assert re.fullmatch(r"scaler-container-[0-9a-f]{8}", d.agent)
+    agent = Agent.objects.get(agent_id=d.agent)
+    assert agent.state == AgentState.SPAWNING
+    assert agent.bound_job_id == "job-1" and agent.run_id == "run-1"
+    assert agent.labels[:2] == ["linux", "docker"] and "kici:agent:container" in agent.labels
+    assert Reservation.objects.get(agent=agent).owner_instance
+    rec = ScaleRequest.objects.get(job_id="job-1")
+    assert rec.outcome == "spawning" and rec.agent_ref == d.agent
+
+
+def test_it_answers_no_backend_for_labels_that_match_nothing():
+    make_scaler("c")
+    d = request_scale(["windows"], "job-x")
+    assert d.action == "no-backend" and d.reason == "no-matching-label-set"
+    assert not Agent.objects.exists() and not Reservation.objects.exists()
+    assert ScaleRequest.objects.get(job_id="job-x").outcome == "no-backend"
+
+
+def test_it_skips_when_the_label_set_resources_do_not_resolve():
+    make_scaler("c", ls_config={"resources": {"memory": "lots"}})
+    d = request_scale(["linux"], "job-d")
+    assert d.action == "skipped" and d.scaler == "c"
+    assert d.reason.startswith("resources of c label set [0] do not resolve: Invalid memory format")
+    assert not Reservation.objects.exists()
+    assert ScaleRequest.objects.get(job_id="job-d").outcome == "skipped"
+
+
+def test_it_refuses_at_max_agents_and_counts_the_refusal():
+    make_scaler("c", max_agents=3)
+    actions = [request_scale(["linux"], f"j{i}").action for i in range(4)]
+    assert actions == ["spawning"] * 3 + ["at-capacity"]
+    d = request_scale(["linux"], "j-late")
+    assert d.cap == "maxAgents"
+    assert counter("kici_scaler_spawn_refusals_total", scaler="c", cap="maxAgents") == 2
+    assert counter("kici_orch_scaler_spawn_refusals_total") == 2
+    rec = ScaleRequest.objects.get(job_id="j-late")
+    assert (rec.outcome, rec.cap) == ("at-capacity", "maxAgents")
+
+
+def test_global_count_refuses_first_even_when_resources_would_too():
+    # order global count -> scaler count -> resources; one refusal per request.
+    set_global(max_agents=1, cpu=1)
+    make_scaler("c", max_agents=1, cpu=1)
+    assert request_scale(["linux"], "a", resources={"cpus": 1}).action == "spawning"
+    d = request_scale(["linux"], "b", resources={"cpus": 1})
+    assert d.cap == "globalMaxAgents"
+    assert counter("kici_orch_scaler_spawn_refusals_total") == 1
+
+
+def test_resource_cap_admits_equal_and_refuses_over():
+    make_scaler("c", max_agents=10, cpu=2)
+    assert request_scale(["linux"], "a", resources={"cpus": 1.5}).action == "spawning"
+    d = request_scale(["linux"], "b", resources={"cpus": 1})
+    assert (d.action, d.cap) == ("at-capacity", "resourceCap.cpu")
+    assert request_scale(["linux"], "c", resources={"cpus": 0.5}).action == "spawning"
+
+
+def test_limits_only_requests_are_mirrored_before_the_cap():
+    make_scaler("c", max_agents=10, cpu=2)
+    assert request_scale(["linux"], "a", resources={"limits": {"cpus": 2}}).action == "spawning"
+    assert request_scale(["linux"], "b", resources={"limits": {"cpus": 0.5}}).cap == "resourceCap.cpu"
+
+
+def test_global_memory_cap():
+    set_global(max_agents=50, memory=2 * GiB)
+    make_scaler("c", max_agents=10)
+    assert request_scale(["linux"], "a", resources={"memory": "1500m"}).action == "spawning"
+    assert request_scale(["linux"], "b", resources={"memory": "1g"}).cap == "globalResourceCap.memory"
+
+
+def test_scaler_memory_then_global_cpu_order():
+    set_global(max_agents=50, cpu=1)
+    make_scaler("c", max_agents=10, memory=GiB)
+    d = request_scale(["linux"], "a", resources={"cpus": 2, "memory": "2g"})
+    assert (d.action, d.cap) == ("exceeds-cap", "resourceCap.memory")
+    d = request_scale(["linux"], "b", resources={"cpus": 2, "memory": "512m"})
+    assert (d.action, d.cap) == ("exceeds-cap", "globalResourceCap.cpu")
+    assert "even with nothing else running" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("caps", "resources", "cap"),
+    [
+        ({"global_cpu": 4}, {"cpus": 5}, "globalResourceCap.cpu"),
+        ({"global_memory": GiB}, {"memory": "2g"}, "globalResourceCap.memory"),
+        ({"cpu": 2}, {"cpus": 3}, "resourceCap.cpu"),
+        ({"memory": GiB}, {"memory": "1025m"}, "resourceCap.memory"),
+        ({"pool_cpu": 2}, {"cpus": 2.5}, "machinePool.cpu"),
+        ({"pool_memory": GiB}, {"memory": "2g"}, "machinePool.memory"),
+    ],
+)
+def test_a_request_larger_than_a_cap_alone_is_refused_for_good_not_at_capacity(caps, resources, cap):
+    # Retrying cannot help: the answer is the permanent exceeds-cap, nothing is reserved, and the
+    # request record says so (an orchestrator told "at-capacity" would retry forever).
+    set_global(max_agents=50, cpu=caps.get("global_cpu"), memory=caps.get("global_memory"))
+    pool = (
+        make_pool("box", cpu=caps.get("pool_cpu"), memory=caps.get("pool_memory"))
+        if "pool_cpu" in caps or "pool_memory" in caps
+        else None
+    )
+    make_scaler("c", max_agents=10, cpu=caps.get("cpu"), memory=caps.get("memory"), pool=pool)
+    d = request_scale(["linux"], "too-big", resources=resources)
+    assert (d.action, d.cap, d.scaler) == ("exceeds-cap", cap, "c")
+    assert "can never be admitted" in d.reason
+    assert not Agent.objects.exists() and not Reservation.objects.exists()
+    rec = ScaleRequest.objects.get(job_id="too-big")
+    assert (rec.outcome, rec.cap) == ("exceeds-cap", cap)
+    assert counter("kici_scaler_spawn_refusals_total", scaler="c", cap=cap) == 1
+
+
+def test_a_request_that_fits_the_caps_alone_still_waits_at_capacity_when_they_are_full():
+    set_global(max_agents=50, cpu=4)
+    make_scaler("c", max_agents=10)
+    assert request_scale(["linux"], "a", resources={"cpus": 3}).action == "spawning"
+    d = request_scale(["linux"], "b", resources={"cpus": 4})
+    assert (d.action, d.cap) == ("at-capacity", "globalResourceCap.cpu")
+
+
+def test_machine_pool_is_shared_by_scalers_and_not_in_the_unlabelled_gauge():
+    # a machine-pool refusal leaves the unlabelled refusal gauge unchanged.
+    pool = make_pool("box", cpu=3)
+    make_scaler("a", max_agents=10, pool=pool, label_sets=[["linux", "a"]])
+    make_scaler("b", max_agents=10, pool=pool, label_sets=[["linux", "b"]])
+    assert request_scale(["a"], "j1", resources={"cpus": 2}).action == "spawning"
+    d = request_scale(["b"], "j2", resources={"cpus": 2})
+    assert (d.action, d.cap, d.scaler) == ("at-capacity", "machinePool.cpu", "b")
+    assert counter("kici_orch_scaler_spawn_refusals_total") == 0
+    assert counter("kici_scaler_spawn_refusals_total", scaler="b", cap="machinePool.cpu") == 1
+    assert request_scale(["b"], "j3", resources={"cpus": 1}).action == "spawning"
+
+
+def test_machine_pool_memory():
+    pool = make_pool("box", memory=GiB)
+    make_scaler("a", max_agents=10, pool=pool)
+    assert request_scale(["linux"], "j1", resources={"memory": "1g"}).action == "spawning"
+    assert request_scale(["linux"], "j2", resources={"memory": "1k"}).cap == "machinePool.memory"
+
+
+def test_max_concurrent_spawns_refuses_last():
+    make_scaler("c", max_agents=10, max_concurrent_spawns=2)
+    assert [request_scale(["linux"], f"j{i}").action for i in range(2)] == ["spawning"] * 2
+    assert request_scale(["linux"], "j3").cap == "maxConcurrentSpawns"
+    Agent.objects.filter(state=AgentState.SPAWNING).update(state=AgentState.RUNNING)
+    assert request_scale(["linux"], "j4").action == "spawning"
+
+
+def test_cap_order_constant_is_the_check_order():
+    assert CAP_ORDER == (
+        "globalMaxAgents",
+        "maxAgents",
+        "resourceCap.cpu",
+        "resourceCap.memory",
+        "globalResourceCap.cpu",
+        "globalResourceCap.memory",
+        "machinePool.cpu",
+        "machinePool.memory",
+        "maxConcurrentSpawns",
+    )
+
+
+def test_resources_cascade_from_label_set_and_defaults():
+    set_global(defaults={"requests": {"cpus": 1, "memory": "1g"}, "limits": {"cpus": 2, "memory": "2g"}})
+    make_scaler("c", ls_config={"resources": {"requests": {"cpus": 4}, "limits": {"cpus": 4}}})
+    d = request_scale(["linux"], "j", resources={"limits": {"memory": "16g"}})
+    r = Reservation.objects.get(agent__agent_id=d.agent)
+    assert (r.cpus, r.memory_bytes, r.limit_cpus, r.limit_memory_bytes) == (4, 16 * GiB, 4, 16 * GiB)
+
+
+def test_a_retiring_scaler_admits_nothing():
+    make_scaler("old", retiring=True)
+    assert request_scale(["linux"], "j").action == "no-backend"
+
+
+def test_it_warns_only_when_the_ledger_outruns_the_active_agents(caplog):
+    make_scaler("c", max_agents=1)
+    first = request_scale(["linux"], "a")
+    with caplog.at_level(logging.WARNING, logger="scalers.admission"):
+        assert request_scale(["linux"], "b").cap == "maxAgents"
+    assert "no running agent accounts for" not in caplog.text  # ordinary saturation
+    # The agent failed but its reservation was never released: capacity billed to nobody.
+    Agent.objects.filter(agent_id=first.agent).update(state=AgentState.FAILED)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="scalers.admission"):
+        assert request_scale(["linux"], "c").cap == "maxAgents"
+    assert "refused a spawn on reserved capacity no running agent accounts for" in caplog.text
+
+
+def test_an_event_scaler_in_provision_backoff_is_skipped():
+    from agents.choices import EventType
+    from agents.events import record_event
+
+    scaler = make_scaler("ev", type="event", config={"provisioningTargets": ["x"]})
+    d = request_scale(["linux"], "j1")
+    agent = Agent.objects.get(agent_id=d.agent)
+    record_event(agent, EventType.FAILED, "boom")
+    d2 = request_scale(["linux"], "j2")
+    assert d2.action == "skipped" and "consecutive failures" in d2.reason
+    record_event(agent, EventType.REGISTERED, "ok")
+    assert request_scale(["linux"], "j3").action == "spawning"
+    assert scaler.pk
+
+
+def test_the_same_job_requested_twice_keeps_one_record_with_attempts():
+    make_scaler("c", max_agents=1)
+    request_scale(["linux"], "other")
+    request_scale(["linux"], "j")
+    request_scale(["linux"], "j")
+    rec = ScaleRequest.objects.get(job_id="j")
+    assert (rec.outcome, rec.attempts) == ("at-capacity", 2)
+
+
+def test_routing_prefers_the_smallest_label_set_and_respects_exclude():
+    make_scaler("docker-linux", label_sets=[["linux", "docker"], ["linux", "node20"]])
+    make_scaler("gpu", type="bare-metal", label_sets=[["linux", "gpu", "cuda"]])
+    assert request_scale(["linux", "gpu", "cuda"], "a").scaler == "gpu"
+    d = request_scale(["linux"], "b", exclude=["gpu"])
+    assert Agent.objects.get(agent_id=d.agent).label_set.index == 0
+    d = request_scale(["linux", "node20"], "c")
+    assert Agent.objects.get(agent_id=d.agent).label_set.index == 1
+
+
+def test_an_agent_id_that_already_exists_is_minted_again(monkeypatch):
+    from scalers.admission import decide
+
+    make_scaler("c", max_agents=5)
+    first = request_scale(["linux"], "a").agent
+    ids = iter([first, first, "scaler-container-0000000b", "scaler-container-0000000c"])
+    monkeypatch.setattr(decide, "mint_agent_id", lambda kind: next(ids))
+    d = request_scale(["linux"], "b")
+    assert d.action == "spawning" and d.agent not in (first,)
+    assert Agent.objects.count() == 2 == Reservation.objects.count()
+    rec = ScaleRequest.objects.get(job_id="b")
+    assert rec.agent_ref == d.agent and rec.attempts == 1
+    assert Reservation.objects.get(agent__agent_id=d.agent).agent.bound_job_id == "b"
+
+
+def test_inside_a_transaction_the_spawn_is_enqueued_only_on_commit(monkeypatch):
+    from django.db import transaction
+
+    enqueued = []
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
+    make_scaler("c")
+    with transaction.atomic():
+        d = request_scale(["linux"], "j")
+        assert d.action == "spawning" and enqueued == []
+    assert enqueued == [d.agent]
+
+
+def test_a_rolled_back_caller_transaction_leaves_nothing(monkeypatch):
+    from django.db import transaction
+
+    enqueued = []
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
+    make_scaler("c")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert request_scale(["linux"], "j").action == "spawning"
+        raise RuntimeError("caller failed after admission")
+    assert enqueued == [] and not Agent.objects.exists() and not Reservation.objects.exists()
+
+
+def test_bad_input_to_request_scale_names_the_field():
+    from scalers.admission.validate import InvalidScaleRequest
+
+    make_scaler("c")
+    with pytest.raises(InvalidScaleRequest, match=r"labels\[0\]"):
+        request_scale([3], "j")
+    with pytest.raises(InvalidScaleRequest, match="jobId"):
+        request_scale(["linux"], "")
+    with pytest.raises(InvalidScaleRequest, match=r"resources\.cpus"):
+        request_scale(["linux"], "j", resources={"cpus": -2})
+    assert not Agent.objects.exists() and not ScaleRequest.objects.exists()

@@ -1,0 +1,169 @@
+"""Recovery on boot and on leader change, leader election with a
+PostgreSQL advisory lock, and the sweeper command that runs both."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from agents.choices import AgentState
+from agents.models import Agent
+from scalers.admission.recovery import recover_state
+from scalers.leader import Leadership
+from scalers.models import RecoveryReport, Reservation
+from tests.support.scalers import make_scaler
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
+
+ME = "console-a"
+OTHER = "console-b"
+GiB = 1024**3
+
+
+def seed_agent(scaler, *, state=AgentState.SPAWNING, owner=ME, cpus=0.0, memory=0, reservation=True, **fields):
+    n = Agent.objects.count()
+    agent = Agent.objects.create(
+        agent_id=f"scaler-{scaler.type}-{n:08x}", scaler=scaler, state=state, owner_instance=owner, **fields
+    )
+    if reservation:
+        Reservation.objects.create(scaler=scaler, agent=agent, cpus=cpus, memory_bytes=memory, owner_instance=owner)
+    return agent
+
+
+def counts(r):
+    return (r.spawning_agents_rehydrated, r.spawning_dropped, r.reservations_rehydrated, r.reservations_dropped)
+
+
+def test_a_local_spawn_and_its_reservation_are_dropped():
+    agent = seed_agent(make_scaler("c", type="container"))
+    r = recover_state(ME, spawn_alive=lambda a: False)
+    assert counts(r) == (0, 1, 0, 1)
+    agent.refresh_from_db()
+    assert agent.state == AgentState.FAILED and "does not survive" in agent.failure_reason
+    assert not Reservation.objects.exists()
+
+
+@pytest.mark.parametrize("kind", ["container", "firecracker", "bare-metal"])
+def test_every_local_backend_type_is_dropped(kind):
+    seed_agent(make_scaler("s", type=kind))
+    assert recover_state(ME, spawn_alive=lambda a: False).spawning_dropped == 1
+
+
+def test_an_event_spawn_is_rehydrated_and_its_prune_clock_starts_at_spawned_at():
+    scaler = make_scaler("ev", type="event", config={"provisioningTargets": ["wf"]})
+    agent = seed_agent(scaler, cpus=2, memory=4 * GiB)
+    Agent.objects.filter(pk=agent.pk).update(created_at=timezone.now() - timedelta(minutes=3))
+    r = recover_state(ME)
+    assert counts(r) == (1, 0, 1, 0)
+    agent.refresh_from_db()
+    assert agent.state == AgentState.SPAWNING
+    assert agent.spawn_started_at == agent.created_at
+    res = Reservation.objects.get()
+    assert (res.cpus, res.memory_bytes) == (2, 4 * GiB)
+
+
+def test_a_reservation_no_spawn_backs_is_dropped():
+    # the agent is gone (failed) but its reservation row survived.
+    seed_agent(make_scaler("c"), state=AgentState.FAILED)
+    r = recover_state(ME)
+    assert counts(r) == (0, 0, 0, 1)
+    assert not Reservation.objects.exists()
+
+
+def test_rows_of_another_instance_are_untouched_and_uncounted():
+    scaler = make_scaler("c")
+    seed_agent(scaler, owner=OTHER)
+    seed_agent(scaler, owner=OTHER, state=AgentState.FAILED)
+    r = recover_state(ME, spawn_alive=lambda a: False)
+    assert counts(r) == (0, 0, 0, 0)
+    assert Reservation.objects.count() == 2
+    assert Agent.objects.filter(state=AgentState.SPAWNING).count() == 1
+
+
+def test_a_running_agent_keeps_its_reservation():
+    seed_agent(make_scaler("c"), state=AgentState.RUNNING, bound_job_id="job-1", registered_at=timezone.now())
+    r = recover_state(ME)
+    assert counts(r) == (0, 0, 1, 0)
+    assert r.agent_jobs_rehydrated == 1
+
+
+def test_a_local_spawn_whose_rq_job_still_runs_is_kept():
+    seed_agent(make_scaler("c"))
+    r = recover_state(ME, spawn_alive=lambda a: True)
+    assert counts(r) == (1, 0, 1, 0)
+
+
+def test_a_local_spawn_with_no_rq_job_is_dropped_by_the_default_check():
+    seed_agent(make_scaler("c"))  # rq_job_id empty: nothing can be running it
+    assert recover_state(ME).spawning_dropped == 1
+
+
+def test_buffered_events_lost_is_always_zero_and_the_report_is_stored():
+    seed_agent(make_scaler("c"))
+    r = recover_state(ME, trigger="leader-change", spawn_alive=lambda a: False)
+    assert r.buffered_events_lost == 0
+    report = RecoveryReport.objects.get()
+    assert (report.instance_id, report.trigger, report.spawning_dropped, report.reservations_dropped) == (
+        ME,
+        "leader-change",
+        1,
+        1,
+    )
+    assert report.error == ""
+
+
+def test_recovery_logs_the_counts(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="scalers.admission"):
+        recover_state(ME)
+    assert "spawning_dropped=0" in caplog.text and "reservations_dropped=0" in caplog.text
+
+
+def test_only_one_process_leads_and_another_takes_over():
+    a, b = Leadership(), Leadership()
+    try:
+        assert a.poll() == (True, True)
+        assert b.poll() == (False, False)
+        assert a.poll() == (True, False)
+        a.release()
+        assert b.poll() == (True, True)
+    finally:
+        a.release()
+        b.release()
+
+
+def test_a_leader_whose_connection_dies_loses_leadership_to_the_next():
+    a, b = Leadership(), Leadership()
+    try:
+        assert a.poll()[0]
+        a._conn.close()  # the session ends: PostgreSQL releases the advisory lock
+        assert a.poll() == (False, False)
+        assert b.poll() == (True, True)
+    finally:
+        a.release()
+        b.release()
+
+
+def test_the_sweeper_recovers_at_boot_and_sweeps_when_leading(settings):
+    settings.KICI_INSTANCE_ID = ME
+    seed_agent(make_scaler("c"))
+    call_command("scaler_sweeper", "--once", "--no-warm-pools")
+    report = RecoveryReport.objects.get()
+    assert (report.trigger, report.spawning_dropped) == ("boot", 1)
+    assert not Reservation.objects.exists()
+
+
+def test_the_sweeper_still_recovers_when_another_process_leads(settings):
+    settings.KICI_INSTANCE_ID = ME
+    seed_agent(make_scaler("c"), state=AgentState.FAILED)
+    other = Leadership()
+    try:
+        assert other.poll()[0]
+        call_command("scaler_sweeper", "--once", "--no-warm-pools")
+    finally:
+        other.release()
+    assert RecoveryReport.objects.get().reservations_dropped == 1

@@ -1,0 +1,220 @@
+"""The orphan sweep on a docker host shared by two consoles (issue 4 items 3-5; seed
+container-backend.d.ts ``cleanupOrphans``; SPEC (e); CASES CTR-21, CTR-22)."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+from django.utils import timezone
+
+from agents.choices import AgentState
+from scalers.backends.container import ContainerBackend
+from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
+from scalers.backends.orphans import OrphanSweepRefused, OrphanTarget, plan_container_orphans
+from tests.support.nft import nft_table_for
+from tests.support.scalers import make_agent, make_scaler
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+
+TEST_LABEL = "ctr-test-orphans"
+
+
+@pytest.fixture
+def box(docker_client, agent_image):
+    """Creates labelled busybox containers on kici-agent-net; removes every one at the end."""
+    ensure_isolated_network(docker_client)
+    api = docker_client.api
+    run = secrets.token_hex(3)
+
+    class Box:
+        def make(self, labels: dict, state: str = "running") -> str:
+            host_config = api.create_host_config(network_mode=ISOLATED_NETWORK_NAME, init=True)
+            command = ["sleep", "600"] if state == "running" else ["true"]
+            c = api.create_container(
+                agent_image, command=command, labels={**labels, TEST_LABEL: run}, host_config=host_config
+            )
+            if state in ("running", "exited"):
+                api.start(c["Id"])
+            if state == "exited":
+                api.wait(c["Id"], timeout=30)
+            return c["Id"]
+
+        def ids(self) -> set[str]:
+            return {c["Id"] for c in api.containers(all=True, filters={"label": f"{TEST_LABEL}={run}"})}
+
+    yield Box()
+    for c in api.containers(all=True, filters={"label": f"{TEST_LABEL}={run}"}):
+        api.remove_container(c["Id"], force=True)
+
+
+def managed(scaler_name: str | None, agent_id: str | None = None, managed_value: str | None = "true") -> dict:
+    labels = {}
+    if managed_value is not None:
+        labels["kici-managed"] = managed_value
+    if scaler_name is not None:
+        labels["kici-scaler-name"] = scaler_name
+    if agent_id is not None:
+        labels["kici-agent-id"] = agent_id
+    return labels
+
+
+def test_two_consoles_sweeping_1000_times_never_touch_each_others_running_agents(box, docker_client):
+    suffix = secrets.token_hex(2)
+    a = make_scaler(name=f"ctr-o{suffix}-ci")
+    b = make_scaler(name=f"ctr-o{suffix}-ci-2")  # a prefix look-alike of a
+    registered_a = make_agent(a, state=AgentState.RUNNING, registered_at=timezone.now())
+    spawning_a = make_agent(a, state=AgentState.SPAWNING)
+    registered_b = make_agent(b, state=AgentState.RUNNING, registered_at=timezone.now())
+
+    keep = {
+        "a running registered": box.make(managed(a.name, registered_a.agent_id)),
+        "a running without agent id": box.make(managed(a.name)),
+        "b running registered": box.make(managed(b.name, registered_b.agent_id)),
+        "empty scaler name": box.make(managed("", "scaler-container-e0000001"), state="exited"),
+        "missing scaler name": box.make(managed(None, "scaler-container-e0000002"), state="exited"),
+        "upper-case look-alike": box.make(managed(a.name.upper(), "scaler-container-e0000003"), state="exited"),
+        "trailing-space look-alike": box.make(managed(a.name + " ", "scaler-container-e0000004"), state="exited"),
+        "prefix of a": box.make(managed(a.name[:-1], "scaler-container-e0000005"), state="exited"),
+        "not kici-managed": box.make(managed(a.name, "scaler-container-e0000006", managed_value=None), state="exited"),
+        "kici-managed empty": box.make(managed(a.name, "scaler-container-e0000007", managed_value=""), state="exited"),
+    }
+    reap_by_a = {
+        "a exited": box.make(managed(a.name, "scaler-container-a0000001"), state="exited"),
+        "a created, untracked": box.make(managed(a.name, "scaler-container-a0000002"), state="created"),
+        "a running, never registered": box.make(managed(a.name, "scaler-container-a0000003")),
+        "a exited, empty agent id": box.make(managed(a.name, ""), state="exited"),
+    }
+    reap_by_b = {
+        "b exited": box.make(managed(b.name, "scaler-container-b0000002"), state="exited"),
+        "b running unregistered": box.make(managed(b.name, "scaler-container-b0000001")),
+    }
+    tracked_created = box.make(managed(a.name, spawning_a.agent_id), state="created")
+
+    console_a = ContainerBackend(a, docker=docker_client, network_isolation=False)
+    console_b = ContainerBackend(b, docker=docker_client, network_isolation=False)
+    # A restarted console A: nothing tracked in memory and no registry wired (assume registered).
+    restarted_a = ContainerBackend(
+        a, docker=docker_client, network_isolation=False, tracked_ids=set, is_registered=None
+    )
+
+    # Console A tracks its spawning agent (a database row), so its created container is not an orphan;
+    # after a restart with an empty view it is one (a local spawn cannot outlive its process, SPEC c.5).
+    assert tracked_created not in {t.target for t in console_a.plan_orphans()}
+
+    removed = {"a": 0, "b": 0, "restarted": 0}
+    sweepers = [("restarted", restarted_a), ("b", console_b), ("a", console_a)]
+    for i in range(1000):
+        name, backend = sweepers[i % 3]
+        removed[name] += backend.cleanup_orphans()
+        if i < 3:
+            continue
+        if i % 97 == 0:
+            ids = box.ids()
+            assert set(keep.values()) <= ids, (i, name, {k for k, v in keep.items() if v not in ids})
+    remaining = box.ids()
+    assert set(keep.values()) <= remaining, {k for k, v in keep.items() if v not in remaining}
+    assert not (set(reap_by_a.values()) | set(reap_by_b.values()) | {tracked_created}) & remaining
+    # the restarted console (unwired registry) reaps a's stopped ones but never a running one
+    assert removed == {"restarted": 4, "b": 2, "a": 1}
+    for cid in (keep["a running registered"], keep["b running registered"], keep["a running without agent id"]):
+        assert docker_client.api.inspect_container(cid)["State"]["Running"]
+
+
+def test_the_plan_shows_evidence_and_survives_serialisation(box, docker_client):
+    a = make_scaler()
+    cid = box.make(managed(a.name, "scaler-container-c0000001"), state="exited")
+    backend = ContainerBackend(a, docker=docker_client, network_isolation=False)
+    plan = backend.plan_orphans()
+    assert [t.target for t in plan] == [cid]
+    target = plan[0]
+    assert target.kind == "container" and target.agent_id == "scaler-container-c0000001"
+    assert target.evidence["state"] == "exited" and target.evidence["labels"]["kici-scaler-name"] == a.name
+    assert OrphanTarget.from_dict(target.to_dict()) == target
+    assert cid in box.ids(), "planning changes nothing"
+    assert backend.apply_orphans([OrphanTarget.from_dict(t.to_dict()) for t in plan]) == 1
+    assert cid not in box.ids()
+
+
+def test_apply_rechecks_each_target_before_removing_it(box, docker_client):
+    a = make_scaler()
+    agent = make_agent(a, state=AgentState.SPAWNING, reserve=False)
+    unregistered = box.make(managed(a.name, agent.agent_id))
+    gone = box.make(managed(a.name, "scaler-container-d0000001"), state="exited")
+    backend = ContainerBackend(a, docker=docker_client, network_isolation=False, tracked_ids=set)
+    plan = backend.plan_orphans()
+    assert {t.target for t in plan} == {unregistered, gone}
+    # between plan and apply: the agent registers, and the other container is removed by someone else
+    type(agent).objects.filter(pk=agent.pk).update(state=AgentState.RUNNING, registered_at=timezone.now())
+    docker_client.api.remove_container(gone, force=True)
+    assert backend.apply_orphans(plan) == 0
+    assert unregistered in box.ids()
+
+
+def test_a_blank_scaler_name_refuses_to_sweep(docker_client):
+    for name in ("", "   "):
+        with pytest.raises(OrphanSweepRefused, match="blank"):
+            plan_container_orphans([], name, set(), None)
+    blank = make_scaler(name=" ")
+    with pytest.raises(OrphanSweepRefused):
+        ContainerBackend(blank, docker=docker_client, network_isolation=False).plan_orphans()
+
+
+def test_reap_unowned_removes_only_this_scalers_container_for_that_agent_id(box, docker_client):
+    a, b = make_scaler(), make_scaler()
+    own = box.make(managed(a.name, "scaler-container-f0000001"))
+    other_scaler = box.make(managed(b.name, "scaler-container-f0000001"))
+    other_agent = box.make(managed(a.name, "scaler-container-f0000002"))
+    backend = ContainerBackend(a, docker=docker_client, network_isolation=False)
+    assert backend.reap_unowned("scaler-container-f0000001") is True
+    assert backend.reap_unowned("scaler-container-f0000001") is False
+    remaining = box.ids()
+    assert own not in remaining and {other_scaler, other_agent} <= remaining
+
+
+def test_reap_unowned_answers_false_when_the_runtime_cannot_be_listed(settings):
+    import docker
+
+    a = make_scaler()
+    dead = docker.DockerClient(base_url="unix:///run/ctr-no-such-docker.sock", version="1.41", timeout=2)
+    assert ContainerBackend(a, docker=dead, network_isolation=False).reap_unowned("scaler-container-f0000003") is False
+
+
+@pytest.fixture
+def nft_table(settings):
+    yield from nft_table_for(settings, "ctr_kici_orph")
+
+
+def test_rules_are_reaped_only_for_addresses_no_kici_container_holds(box, docker_client, nft_table):
+    from network.nft.spec import AgentSpec
+
+    a, b = make_scaler(), make_scaler()
+    neighbour = box.make(managed(b.name, "scaler-container-90000001"))
+    held = docker_client.api.inspect_container(neighbour)["NetworkSettings"]["Networks"][ISOLATED_NETWORK_NAME][
+        "IPAddress"
+    ]
+    for address in ("172.30.250.9", held, "10.0.0.7"):
+        nft_table.apply_agent(AgentSpec.build(address, "172.30.0.1", host_access=["*:8000"]))
+    backend = ContainerBackend(a, docker=docker_client, nft=nft_table)
+    plan = backend.plan_orphans()
+    assert [(t.kind, t.target) for t in plan] == [("rule", "172.30.250.9")]
+    assert backend.apply_orphans(plan) == 1
+    left = {str(x) for x in nft_table.list_agents()}
+    assert left == {held, "10.0.0.7"}, "the neighbour's rules and addresses outside 172.30/16 stay"
+    # once the neighbour is gone its rules are stale
+    docker_client.api.remove_container(neighbour, force=True)
+    assert backend.reap_unowned_isolation_rules() == 1
+    assert {str(x) for x in nft_table.list_agents()} == {"10.0.0.7"}
+
+
+def test_no_rule_is_reaped_when_the_runtime_cannot_be_listed(nft_table):
+    import docker
+
+    from network.nft.spec import AgentSpec
+
+    nft_table.apply_agent(AgentSpec.build("172.30.250.10", "172.30.0.1", host_access=[]))
+    dead = docker.DockerClient(base_url="unix:///run/ctr-no-such-docker.sock", version="1.41", timeout=2)
+    backend = ContainerBackend(make_scaler(), docker=dead, nft=nft_table)
+    assert backend.reap_unowned_isolation_rules() == 0
+    assert backend.plan_rule_orphans() == []
+    assert {str(x) for x in nft_table.list_agents()} == {"172.30.250.10"}

@@ -1,0 +1,332 @@
+"""A firecracker scaler end to end through the product's common path (issue 6; SPEC c, d, h):
+scalers.yaml import → ``request_scale`` → the rq spawn job (``get_backend`` → the firecracker
+adapter) → registration through the real endpoint → teardown, and a guest that cannot boot.
+
+The network side (bridge, TAPs, nft table) lives in a throwaway namespace (``fc_env``). The
+success path uses the fake VMM (it serves the real API and MMDS; the guest agent is a thread of
+this test that reads MMDS through the API socket, as the guest reads 169.254.169.254, and
+registers with the Django test client). The failure path boots the REAL jailer + firecracker
+v1.12.1 on a tiny kernel that panics at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import django_rq
+import pytest
+from django.test import Client
+from rq.job import Job
+
+from agents.choices import AgentState, EventType
+from agents.models import Agent, ScalerEvent
+from network.models import IpAllocation
+from network.nft.apply import NftClient
+from scalers.admission.release import teardown_agent
+from scalers.admission.service import request_scale
+from scalers.backends.base import get_backend
+from scalers.backends.firecracker.adapter import FirecrackerScalerBackend
+from scalers.backends.firecracker.api import FirecrackerApi
+from scalers.backends.firecracker.pidprobe import probe_vm_pid
+from scalers.config.loader import load_scalers_config
+from scalers.importing import apply_scalers_config
+from scalers.models import Reservation
+from tests.support.firecracker import FAKE_JAILER, fake_kernel, real_binaries, require_kvm, tiny_kernel
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
+
+TABLE = "fcint"
+REGISTER = "/api/v1/agents/register"
+
+
+@pytest.fixture
+def product(fc_env, settings):
+    """Settings for a spawn in ``fc_env``'s namespace, an empty host queue."""
+    settings.KICI_FIRECRACKER_NETNS = fc_env.netns
+    settings.KICI_SPAWN_TIMEOUT_SECONDS = 20
+    settings.KICI_ADMISSION_BATCHING = False
+    django_rq.get_queue(settings.KICI_HOST_QUEUE).empty()
+    return fc_env
+
+
+def import_scalers(env, *, jailer, firecracker, kernel) -> str:
+    """Write and import a scalers.yaml with one firecracker scaler; returns the scaler name."""
+    name = "fcint-vm"
+    text = f"""version: 1
+globalMaxAgents: 4
+firecracker:
+  cidr: '{env.cidr}'
+  gateway: '{env.gateway}'
+  netmask: '255.255.255.0'
+  bridgeName: {env.bridge}
+  table: {TABLE}
+  autoProvisionHost: true
+scalers:
+  - name: {name}
+    type: firecracker
+    maxAgents: 2
+    firecrackerPath: {firecracker}
+    jailerPath: {jailer}
+    kernelPath: {kernel}
+    chrootBaseDir: {env.base}
+    uid: 10000
+    gid: 10000
+    vcpuCount: 1
+    memSizeMib: 128
+    orchestratorUrl: 'http://{env.gateway}:8000'
+    labelSets:
+      - labels: [linux, vm]
+        rootfsPath: {env.rootfs()}
+        overlayDriveSizeMib: 8
+"""
+    path = env.images / "scalers.yaml"
+    path.write_text(text)
+    apply_scalers_config(load_scalers_config(str(path), None), str(path))
+    return name
+
+
+def wait_for(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    return pred()
+
+
+def nothing_left(env, agent_id: str, ip: str | None) -> list[str]:
+    """What of the VM is still there (empty when nothing)."""
+    left = []
+    if (env.base / "firecracker" / agent_id).exists():
+        left.append("directory")
+    if IpAllocation.objects.filter(vm_id=agent_id).exists():
+        left.append("ip row")
+    taps = [n for n in env.links() if n.startswith("kici-") and n != env.bridge]
+    if taps:
+        left.append(f"taps {taps}")
+    if ip and ip in {str(a) for a in NftClient(TABLE, netns=env.netns).list_agents()}:
+        left.append("rules")
+    if Reservation.objects.filter(agent__agent_id=agent_id).exists():
+        left.append("reservation")
+    return left
+
+
+def events(agent_id: str) -> list[ScalerEvent]:
+    return list(ScalerEvent.objects.filter(agent_ref=agent_id).order_by("pk"))
+
+
+class FakeGuest(threading.Thread):
+    """The guest agent: reads its bootstrap data from MMDS, then registers with the console."""
+
+    def __init__(self, socket_path):
+        super().__init__(name="fake-guest", daemon=True)
+        self.socket_path = socket_path
+        self.meta: dict | None = None
+        self.response = None
+
+    def run(self):
+        from django.db import connection
+
+        try:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    meta = FirecrackerApi(str(self.socket_path), timeout=1).get_mmds()["latest"]["meta-data"]
+                except (OSError, KeyError, TypeError):
+                    meta = None
+                if meta and meta.get("kici-agent-token"):
+                    self.meta = meta
+                    break
+                time.sleep(0.05)
+            if self.meta is None:
+                return
+            body = json.dumps({"agentId": self.meta["kici-agent-id"]})
+            self.response = Client().post(
+                REGISTER, data=body, content_type="application/json",
+                HTTP_AUTHORIZATION=f"Bearer {self.meta['kici-agent-token']}",
+            )  # fmt: skip
+        finally:
+            connection.close()
+
+
+def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_after_teardown(
+    product, settings, run_rq_jobs
+):
+    env = product
+    kernel = env.write_image("vmlinux", fake_kernel("serial fake guest: init started"))
+    name = import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
+    assert isinstance(get_backend(_scaler(name)), FirecrackerScalerBackend)
+
+    decision = request_scale(["linux", "vm"], "job-fcint-1")
+    assert decision.action == "spawning", decision
+    agent_id = decision.agent
+    socket_path = env.base / "firecracker" / agent_id / "root" / "run" / "firecracker.socket"
+    guest = FakeGuest(socket_path)
+    guest.start()
+    run_rq_jobs(settings.KICI_HOST_QUEUE)  # the job returns once the agent registered
+    guest.join(5)
+
+    assert guest.response is not None and guest.response.status_code == 200, getattr(guest.response, "content", None)
+    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    assert job.return_value() == "spawned"
+    agent = Agent.objects.get(agent_id=agent_id)
+    assert agent.state == AgentState.RUNNING and agent.registered_at is not None
+    assert guest.meta["kici-orchestrator-url"] == f"http://{env.gateway}:8000"
+    assert guest.meta["kici-labels"].split(",")[:2] == ["linux", "vm"]
+    assert agent.host_access == [f"{env.gateway}:53", "*:8000"] and agent.host_access_explicit is False
+    ctx = agent.backend_context
+    assert ctx["console_path"].endswith(f"/firecracker/{agent_id}/root/serial-console.log")
+    assert ctx["vmm_log_path"].endswith("/vmm.log") and ctx["chroot"].endswith(f"/{agent_id}/root")
+    assert "fake guest: init started" in open(ctx["console_path"]).read()
+    assert agent.ip and IpAllocation.objects.filter(vm_id=agent_id, ip=agent.ip).exists()
+    assert ctx["tap"] in env.links()
+    assert agent.ip in {str(a) for a in NftClient(TABLE, netns=env.netns).list_agents()}
+    assert [e.type for e in events(agent_id)] == [
+        "scaler.provisioning", "scaler.network", "scaler.network", "scaler.provisioning",
+        "scaler.ready", "agent.connecting", "agent.registered",
+    ]  # fmt: skip
+    # registration acted as the config ack: the spent token left the metadata service
+    assert FirecrackerApi(str(socket_path)).get_mmds() == {"latest": {"meta-data": {}}}
+    pid = probe_vm_pid(socket_path.parent.parent).pid
+    assert pid
+
+    assert teardown_agent(agent, "shutdown") is True
+    agent.refresh_from_db()
+    assert agent.state == AgentState.DESTROYED
+    assert nothing_left(env, agent_id, agent.ip) == []
+    assert wait_for(lambda: not _alive(pid), 5)
+    assert ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.RELEASED).count() == 1
+    assert not ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.FAILED).exists()
+
+
+def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_releases_everything(
+    product, settings, run_rq_jobs
+):
+    env = product
+    fc, jailer = real_binaries()
+    require_kvm()
+    kernel = env.write_image("vmlinux", tiny_kernel("Kernel panic - not syncing: VFS: no PVM guest kernel here"))
+    import_scalers(env, jailer=jailer, firecracker=fc, kernel=kernel)
+
+    decision = request_scale(["linux", "vm"], "job-fcint-2")
+    assert decision.action == "spawning", decision
+    agent_id = decision.agent
+    run_rq_jobs(settings.KICI_HOST_QUEUE)
+
+    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    assert job.return_value() == "failed"
+    agent = Agent.objects.get(agent_id=agent_id)
+    assert agent.state == AgentState.FAILED
+    failed = [e for e in events(agent_id) if e.type == EventType.FAILED]
+    assert len(failed) == 1, [(e.type, e.detail) for e in events(agent_id)]
+    assert failed[0].detail.startswith("jailer exited during boot (code 0, ")  # the watcher, not the 20 s deadline
+    assert failed[0].payload["failureType"] == "kernel-panic"
+    assert "--- captured output ---\nKernel panic - not syncing: VFS: no PVM guest kernel here" in failed[0].detail
+    assert agent.failure_reason.startswith("jailer exited during boot")
+    assert nothing_left(env, agent_id, agent.ip) == []
+    released = ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.RELEASED)
+    assert released.count() == 1 and released.get().detail == "spawn-failed"
+    assert not ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.REGISTERED).exists()
+
+
+def test_a_vm_that_dies_while_the_job_waits_for_registration_is_caught_by_the_job_itself(
+    product, settings, run_rq_jobs
+):
+    env = product
+    # MMDS is written and spawn returns; 1.5 s later the "guest" panics and the VMM exits.
+    kernel = env.write_image(
+        "vmlinux", fake_kernel("serial Kernel panic - not syncing: Attempted to kill init!", "exit 1.5 0")
+    )
+    import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
+
+    decision = request_scale(["linux", "vm"], "job-fcint-3")
+    agent_id = decision.agent
+    run_rq_jobs(settings.KICI_HOST_QUEUE)
+
+    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    assert job.return_value() == "failed"  # the job outlived the boot and saw the VM die
+    types = [e.type for e in events(agent_id)]
+    assert types[-3:] == ["agent.connecting", "scaler.failed", "reservation.released"], types
+    failed = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.FAILED)
+    assert failed.detail.startswith("jailer exited during boot (code 0, firecracker pid ")
+    assert failed.payload["failureType"] == "kernel-panic"
+    agent = Agent.objects.get(agent_id=agent_id)
+    assert agent.state == AgentState.FAILED
+    assert nothing_left(env, agent_id, agent.ip) == []
+
+
+def test_an_agent_that_never_registers_is_abandoned_at_the_deadline_by_the_waiting_job(product, settings, run_rq_jobs):
+    env = product
+    settings.KICI_SPAWN_TIMEOUT_SECONDS = 2
+    kernel = env.write_image("vmlinux", fake_kernel("serial a guest whose agent never starts"))
+    import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
+
+    agent_id = request_scale(["linux", "vm"], "job-fcint-4").agent
+    run_rq_jobs(settings.KICI_HOST_QUEUE)
+
+    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    assert job.return_value() == "failed"
+    failed = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.FAILED)
+    assert failed.detail.startswith("agent did not register within 2 s")
+    assert "a guest whose agent never starts" in failed.detail  # the captured serial output
+    released = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.RELEASED)
+    assert released.detail == "spawn-timeout"
+    agent = Agent.objects.get(agent_id=agent_id)
+    assert agent.state == AgentState.FAILED
+    assert nothing_left(env, agent_id, agent.ip) == []
+
+
+def test_the_spawn_deadline_aborts_a_boot_that_hangs_before_its_api_socket_appears(product, settings, run_rq_jobs):
+    env = product
+    settings.KICI_SPAWN_TIMEOUT_SECONDS = 1  # the socket wait alone would take 5 s
+    kernel = env.write_image("vmlinux", fake_kernel("api off", "serial stuck before the API"))
+    import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
+
+    agent_id = request_scale(["linux", "vm"], "job-fcint-5").agent
+    run_rq_jobs(settings.KICI_HOST_QUEUE)
+
+    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    assert job.return_value() == "failed"
+    failed = ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.FAILED)
+    assert failed.count() == 1  # recorded once: the job does not repeat the backend's report
+    # the bridged deadline cancelled the socket wait (not its own 5 s timeout)
+    assert failed.get().detail.startswith("spawn aborted (deadline or shutdown)")
+    assert ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.RELEASED).detail == "spawn-timeout"
+    agent = Agent.objects.get(agent_id=agent_id)
+    assert agent.state == AgentState.FAILED
+    assert nothing_left(env, agent_id, agent.ip) == []
+
+
+def test_the_orphan_plan_of_a_firecracker_scaler_is_reachable_through_get_backend(product):
+    env = product
+    kernel = env.write_image("vmlinux", fake_kernel("serial idle"))
+    name = import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
+    backend = get_backend(_scaler(name))
+    assert backend.ensure_host_ready() is True
+    stray = env.base / "firecracker" / "scaler-firecracker-0000dead" / "root"
+    stray.mkdir(parents=True)
+    env.ip("tuntap", "add", "kici-0000beef", "mode", "tap")
+    plan = backend.plan_orphans()
+    assert sorted((t.pass_no, t.kind, t.agent_id or t.tap) for t in plan) == [
+        (2, "chroot", "scaler-firecracker-0000dead"), (3, "tap", "kici-0000beef"),
+    ]  # fmt: skip
+    assert backend.apply_orphans(plan) == 2
+    assert not stray.parent.exists() and "kici-0000beef" not in env.links()
+    assert backend.plan_orphans() == []
+
+
+def _scaler(name):
+    from scalers.models import Scaler
+
+    return Scaler.objects.get(name=name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False

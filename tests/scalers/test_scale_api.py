@@ -1,0 +1,207 @@
+"""``POST /api/v1/scale``: answers, authentication, bad input, and real concurrency over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import requests
+from django.test import AsyncClient, Client
+
+from agents.models import Agent
+from scalers.models import Reservation, ScaleRequest
+from tests.support.concurrency import run_threads
+from tests.support.scalers import make_scaler
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
+
+TOKEN = "test-orchestrator-token"
+
+
+@pytest.fixture(autouse=True)
+def _api_token(settings):
+    settings.KICI_API_TOKEN = TOKEN
+
+
+def post(client: Client, body, token: str | None = TOKEN, raw: bool = False):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    data = body if raw else json.dumps(body)
+    return client.post("/api/v1/scale", data=data, content_type="application/json", **headers)
+
+
+def assert_nothing_written():
+    assert not Agent.objects.exists()
+    assert not Reservation.objects.exists()
+
+
+def test_it_answers_201_with_the_agent_id():
+    make_scaler("c", labels=("linux", "docker"), max_agents=2)
+    r = post(
+        Client(),
+        {"labels": ["linux", "docker"], "jobId": "j1", "runId": "r1", "resources": {"cpus": 1, "memory": "1g"}},
+    )
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["scaler"] == "c" and body["agentId"].startswith("scaler-container-")
+    res = Reservation.objects.get(agent__agent_id=body["agentId"])
+    assert (res.cpus, res.memory_bytes) == (1, 1024**3)
+
+
+def test_it_answers_409_naming_the_cap():
+    make_scaler("c", max_agents=1)
+    assert post(Client(), {"labels": ["linux"], "jobId": "j1"}).status_code == 201
+    r = post(Client(), {"labels": ["linux"], "jobId": "j2"})
+    assert r.status_code == 409
+    assert r.json()["reason"] == "at-capacity" and r.json()["cap"] == "maxAgents"
+    assert Reservation.objects.count() == 1
+
+
+def test_it_answers_422_when_no_label_set_matches():
+    make_scaler("c")
+    r = post(Client(), {"labels": ["macos"], "jobId": "j1"})
+    assert r.status_code == 422
+    body = r.json()
+    assert body["reason"] == "no-matching-label-set" and body["labels"] == ["macos"]
+    assert body["error"]["code"] == "no-matching-label-set" and "macos" in body["error"]["message"]
+    assert_nothing_written()
+
+
+def test_it_refuses_resources_over_a_cap_for_good_with_422_exceeds_cap():
+    make_scaler("c", cpu=4)
+    r = post(Client(), {"labels": ["linux"], "jobId": "j1", "resources": {"cpus": 64}})
+    assert r.status_code == 422, r.content
+    body = r.json()
+    assert (body["reason"], body["cap"], body["scaler"]) == ("exceeds-cap", "resourceCap.cpu", "c")
+    assert "even with nothing else running" in body["detail"] and "can never be admitted" in body["detail"]
+    assert body["error"]["code"] == "exceeds-cap"
+    assert_nothing_written()
+    assert ScaleRequest.objects.get(job_id="j1").outcome == "exceeds-cap"
+
+
+def test_a_request_larger_than_the_global_cap_is_422_even_while_the_console_is_full():
+    from tests.support.scalers import set_global
+
+    set_global(max_agents=1, cpu=4)
+    make_scaler("c", max_agents=5)
+    assert post(Client(), {"labels": ["linux"], "jobId": "small", "resources": {"cpus": 1}}).status_code == 201
+    full = post(Client(), {"labels": ["linux"], "jobId": "fits-later", "resources": {"cpus": 1}})
+    assert full.status_code == 409 and full.json()["cap"] == "globalMaxAgents"
+    never = post(Client(), {"labels": ["linux"], "jobId": "too-big", "resources": {"cpus": 5}})
+    assert never.status_code == 422 and never.json()["cap"] == "globalResourceCap.cpu"
+    assert Reservation.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("{not json", "body"),
+        ("[1, 2]", "body"),
+        ({"jobId": "j"}, "labels"),
+        ({"labels": [], "jobId": "j"}, "labels"),
+        ({"labels": "linux", "jobId": "j"}, "labels"),
+        ({"labels": ["linux", 3], "jobId": "j"}, "labels[1]"),
+        ({"labels": ["linux", "  "], "jobId": "j"}, "labels[1]"),
+        ({"labels": ["linux"]}, "jobId"),
+        ({"labels": ["linux"], "jobId": ""}, "jobId"),
+        ({"labels": ["linux"], "jobId": 7}, "jobId"),
+        ({"labels": ["linux"], "jobId": "j", "runId": 5}, "runId"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"cpus": -1}}, "resources.cpus"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"cpus": 100000}}, "resources.cpus"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "99999999g"}}, "resources.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "4Gi"}}, "resources.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "-5g"}}, "resources.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"limits": {"memory": "-5g"}}}, "resources.limits.memory"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"requests": {"cpus": "two"}}}, "resources.requests.cpus"),
+        ({"labels": ["linux"], "jobId": "j", "resources": "big"}, "resources"),
+        ({"labels": ["linux"], "jobId": "j", "resource": {"cpus": 1}}, "resource"),
+    ],
+)
+def test_it_refuses_malformed_input_naming_the_field(body, field):
+    make_scaler("c")
+    r = post(Client(), body, raw=isinstance(body, str))
+    assert r.status_code == 400, r.content
+    assert r.json()["reason"] == "invalid-request"
+    assert r.json()["error"]["code"] == "invalid-request" and r.json()["error"]["field"] == field, r.json()
+    assert r.json()["error"]["message"].startswith(field if field != "body" else "")
+    assert_nothing_written()
+    assert not ScaleRequest.objects.exists()
+
+
+@pytest.mark.parametrize("token", [None, "wrong", ""])
+def test_it_answers_401_without_the_token(token):
+    make_scaler("c")
+    r = post(Client(), {"labels": ["linux"], "jobId": "j"}, token=token)
+    assert r.status_code == 401 and r.json()["reason"] == "unauthorized"
+    assert_nothing_written()
+
+
+def test_it_refuses_everything_when_no_token_is_configured(settings):
+    settings.KICI_API_TOKEN = None
+    make_scaler("c")
+    r = post(Client(), {"labels": ["linux"], "jobId": "j"})
+    assert r.status_code == 503
+    assert_nothing_written()
+
+
+def test_it_refuses_get():
+    assert Client().get("/api/v1/scale", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 405
+
+
+def test_100_concurrent_posts_to_daphne_admit_exactly_max_agents(daphne_server):
+    make_scaler("c", labels=("linux", "docker"), max_agents=5)
+    url = f"{daphne_server}/api/v1/scale"
+
+    def one(i: int):
+        r = requests.post(
+            url,
+            json={"labels": ["linux", "docker"], "jobId": f"job-{i}"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=60,
+        )
+        return r.status_code, r.json()
+
+    results = run_threads(100, one)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors[:3]
+    codes = sorted(code for code, _ in results)
+    assert codes.count(201) == 5
+    assert codes.count(409) == 95
+    assert {body["cap"] for code, body in results if code == 409} == {"maxAgents"}
+    assert Reservation.objects.count() == 5 == Agent.objects.count()
+    assert len({body["agentId"] for code, body in results if code == 201}) == 5
+
+
+def test_100_concurrent_async_posts_admit_exactly_max_agents():
+    make_scaler("c", max_agents=5)
+
+    async def main():
+        client = AsyncClient()
+        coros = [
+            client.post(
+                "/api/v1/scale",
+                data=json.dumps({"labels": ["linux"], "jobId": f"a-{i}"}),
+                content_type="application/json",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+            for i in range(100)
+        ]
+        return await asyncio.gather(*coros)
+
+    responses = asyncio.run(main())
+    codes = [r.status_code for r in responses]
+    assert codes.count(201) == 5 and codes.count(409) == 95
+    assert Reservation.objects.count() == 5
+
+
+def test_a_skipped_decision_answers_503_with_retry_after():
+    make_scaler("c", ls_config={"resources": {"memory": "lots"}})
+    r = post(Client(), {"labels": ["linux"], "jobId": "j"})
+    message = 'resources of c label set [0] do not resolve: Invalid memory format: "lots". '
+    message += 'Expected format like "512m", "2g", or "1024k".'
+    assert r.status_code == 503 and r.json() == {
+        "error": {"code": "skipped", "message": message},
+        "reason": "skipped",
+    }
+    assert r["Retry-After"]
+    assert_nothing_written()

@@ -1,0 +1,274 @@
+"""A private dockerd for the test session (and the benches), never the host's own daemon.
+
+Its data root, exec root, pidfile and socket are its own, and it runs with
+``--iptables=false --ip6tables=false --ip-forward=false --bridge=none``: it writes no NAT or
+filter rules, does not enable forwarding and creates no default bridge, so a container it starts
+can reach only the bridges the tests create themselves (``kici-agent-net``), never the network
+beyond this machine.
+
+``ensure_private_dockerd()`` reuses a daemon already listening on the socket (another test
+session, or ``make test`` run twice) and otherwise starts one, detached, under a file lock so
+two sessions starting at once do not race. It is left running afterwards so that parallel test
+sessions can share it; ``make test`` stops it at the end (``python -m tests.support.docker stop``), first
+removing its containers and networks, because dockerd leaves a user network's bridge behind when
+it stops, and a stale bridge holding 172.30.0.1 would collide with ``make run``'s own
+``kici-agent-net``. For the same reason the daemon refuses to serve a session while another
+interface (``make run``'s dockerd) already holds the agent-network gateway.
+
+Installs nothing. When ``dockerd`` is missing or does not come up, ``DockerdUnavailable`` is
+raised with the daemon's last log lines; the ``dockerd`` fixture turns that into a failure in CI
+(``CI=true``) and a skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SOCKET_PATH = "/run/kici-test-docker.sock"
+DOCKER_HOST = f"unix://{SOCKET_PATH}"
+DATA_ROOT = "/var/lib/kici-test-docker"
+EXEC_ROOT = "/run/kici-test-docker-exec"
+PIDFILE = "/run/kici-test-docker.pid"
+LOGFILE = "/tmp/kici-test-dockerd.log"
+LOCKFILE = "/run/kici-test-docker.lock"
+START_TIMEOUT_SECONDS = 60.0
+
+DOCKERD_ARGS = [
+    "--data-root",
+    DATA_ROOT,
+    "--exec-root",
+    EXEC_ROOT,
+    "--pidfile",
+    PIDFILE,
+    "-H",
+    DOCKER_HOST,
+    "--iptables=false",
+    "--ip6tables=false",
+    "--ip-forward=false",
+    "--bridge=none",
+]
+
+
+class DockerdUnavailable(RuntimeError):
+    """The private dockerd could not be reached or started; the message says why."""
+
+
+def _ping() -> bool:
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=DOCKER_HOST, version="auto", timeout=5)
+    except Exception:  # noqa: BLE001 - not listening (yet)
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:  # noqa: BLE001
+        return False
+    finally:
+        client.close()
+
+
+def _log_tail(lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(LOGFILE).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def ensure_private_dockerd() -> str:
+    """Reuse or start the private dockerd; return its ``DOCKER_HOST`` URL (``unix://…``).
+
+    Raises ``DockerdUnavailable`` when not root, when ``dockerd`` is not installed, or when the
+    daemon does not answer a ping within ``START_TIMEOUT_SECONDS`` (60 s).
+    """
+    if _ping():
+        _check_gateway_owner()
+        return DOCKER_HOST
+    if os.geteuid() != 0:
+        raise DockerdUnavailable("the private dockerd needs root")
+    dockerd = shutil.which("dockerd")
+    if not dockerd:
+        raise DockerdUnavailable("dockerd is not installed (apt-get install docker.io; `make run` does this)")
+    with open(LOCKFILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _ping():
+            return DOCKER_HOST
+        _stop_stale()
+        for d in (DATA_ROOT, EXEC_ROOT):
+            os.makedirs(d, exist_ok=True)
+        with open(LOGFILE, "ab") as log:
+            proc = subprocess.Popen(
+                [dockerd, *DOCKERD_ARGS],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if _ping():
+                _check_gateway_owner()
+                return DOCKER_HOST
+            if proc.poll() is not None:
+                raise DockerdUnavailable(f"dockerd exited with status {proc.returncode}:\n{_log_tail()}")
+            time.sleep(0.2)
+        raise DockerdUnavailable(
+            f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}"
+        )
+
+
+AGENT_GATEWAY = "172.30.0.1"
+
+
+def _interfaces_holding(address: str) -> list[str]:
+    """Names of the host interfaces that carry ``address`` (read with ``ip -j addr``)."""
+    import json
+
+    try:
+        out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [
+        link["ifname"]
+        for link in json.loads(out or "[]")
+        if any(a.get("local") == address for a in link.get("addr_info", []))
+    ]
+
+
+def _other_dockerd_running() -> bool:
+    """True when a dockerd other than the private one is running (its bridges are its own)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(b"dockerd") and DATA_ROOT.encode() not in cmdline:
+            return True
+    return False
+
+
+def _is_stale_docker_bridge(name: str) -> bool:
+    """A ``br-<12 hex>`` bridge with no ports, left behind by a dockerd that is no longer running."""
+    import re
+
+    if not re.fullmatch(r"br-[0-9a-f]{12}", name) or _other_dockerd_running():
+        return False
+    return (
+        not any(Path(f"/sys/class/net/{name}/brif").iterdir())
+        if Path(f"/sys/class/net/{name}/brif").exists()
+        else False
+    )
+
+
+def _check_gateway_owner() -> None:
+    """Refuse when an interface that is not one of this daemon's bridges holds 172.30.0.1.
+
+    That is ``make run``'s dockerd, or a bridge a stopped dockerd left behind: two bridges with
+    one gateway address would route the test agents' packets to the wrong one. A left-behind
+    bridge (``br-<id>``, no ports, no other dockerd running) is deleted; a live one is refused.
+    """
+    holders = _interfaces_holding(AGENT_GATEWAY)
+    if not holders:
+        return
+    client = docker_client()
+    try:
+        ours = {f"br-{n.id[:12]}" for n in client.networks.list()}
+        ours |= {n.attrs.get("Options", {}).get("com.docker.network.bridge.name") for n in client.networks.list()}
+    finally:
+        client.close()
+    foreign = [h for h in holders if h not in ours]
+    for name in [h for h in foreign if _is_stale_docker_bridge(h)]:
+        print(f"removing bridge {name}: it holds {AGENT_GATEWAY} and no running dockerd owns it", file=sys.stderr)
+        subprocess.run(["ip", "link", "del", name], check=False, timeout=10)
+        foreign.remove(name)
+    if foreign:
+        raise DockerdUnavailable(
+            f"interface {', '.join(foreign)} already holds {AGENT_GATEWAY}, the gateway of kici-agent-net: "
+            "another dockerd (`make run`?) owns the agent network. Stop it (Ctrl-C `make run`), or remove a "
+            f"stale bridge with `ip link del {foreign[0]}`, then run the tests again."
+        )
+
+
+def _read_pid() -> int | None:
+    try:
+        return int(Path(PIDFILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _stop_stale() -> None:
+    """Stop a daemon whose pidfile names a live process that does not answer (a hung start)."""
+    pid = _read_pid()
+    if pid is None:
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if not cmdline or not cmdline[0].endswith(b"dockerd") or DATA_ROOT.encode() not in cmdline:
+        return  # a recycled pid: not ours
+    _terminate(pid)
+
+
+def _terminate(pid: int, timeout: float = 20.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+def stop_private_dockerd() -> None:
+    """Stop the private dockerd (no-op when not running), first removing its kici-managed
+    containers and its networks so that no bridge is left holding the agent gateway."""
+    if _ping():
+        client = docker_client()
+        try:
+            for c in client.containers.list(all=True, filters={"label": "kici-managed=true"}):
+                try:
+                    c.remove(force=True)
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+            for n in client.networks.list():
+                if n.name not in ("bridge", "host", "none"):
+                    try:
+                        n.remove()
+                    except Exception as exc:  # noqa: BLE001 - still in use: reported, not fatal
+                        print(f"could not remove network {n.name}: {exc}", file=sys.stderr)
+        finally:
+            client.close()
+    pid = _read_pid()
+    if pid is not None:
+        _stop_stale()
+
+
+def docker_client():
+    """A docker SDK client for the private daemon (API version negotiated)."""
+    import docker
+
+    return docker.DockerClient(base_url=DOCKER_HOST, version="auto", timeout=120)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else "start"
+    if cmd == "stop":
+        stop_private_dockerd()
+    else:
+        print(ensure_private_dockerd())
