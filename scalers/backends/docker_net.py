@@ -120,9 +120,3 @@ def container_network_ip(docker, container_id: str) -> str | None:
     nets = (info.get("NetworkSettings") or {}).get("Networks") or {}
     ip = (nets.get(ISOLATED_NETWORK_NAME) or {}).get("IPAddress")
     return ip or None
-
-
-def bridge_interface_name(network: dict) -> str:
-    """Host bridge interface of a network summary: option ``com.docker.network.bridge.name``, else ``br-<12 of id>``."""
-    opts = network.get("Options") or {}
-    return opts.get("com.docker.network.bridge.name") or f"br-{network['Id'][:12]}"
