@@ -36,7 +36,7 @@ literal, so two consoles on one host never touch each other's rules)::
 
 Conntrack on input accepts only the REPLY direction (the agent answering a connection the host
 opened); a flow the agent opened is re-checked packet by packet against its entries, because a container runs for a
-moment before its rules are written (see ``scalers.backends.container``) and a connection it opened
+moment before its rules are written (see ``scalers.backends.container.spawn``) and a connection it opened
 to a host port in that moment would otherwise stay open for good. An allowed entry passes every
 packet of its flows anyway, so only flows the entries do not allow are affected.
 

@@ -120,3 +120,16 @@ def container_network_ip(docker, container_id: str) -> str | None:
     nets = (info.get("NetworkSettings") or {}).get("Networks") or {}
     ip = (nets.get(ISOLATED_NETWORK_NAME) or {}).get("IPAddress")
     return ip or None
+
+
+def container_addresses(summary: dict) -> list[str]:
+    """Addresses a container summary holds or has reserved on ``kici-agent-net`` (dynamic and static)."""
+    nets = (summary.get("NetworkSettings") or {}).get("Networks") or {}
+    ep = nets.get(ISOLATED_NETWORK_NAME) or {}
+    out = []
+    if ep.get("IPAddress"):
+        out.append(ep["IPAddress"])
+    static = (ep.get("IPAMConfig") or {}).get("IPv4Address")
+    if static and static not in out:
+        out.append(static)
+    return out
