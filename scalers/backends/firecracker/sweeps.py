@@ -10,13 +10,13 @@ from collections.abc import Iterable
 
 from network import netlink
 
+from ..orphans import OrphanTarget
 from . import jail
 from .logs import forward_remaining
 from .orphans import (
     AllocationRow,
     OrphanFacts,
     OrphanReport,
-    OrphanTarget,
     PeriodicSweep,
     apply_orphans,
     plan_orphans,
