@@ -136,7 +136,7 @@ def _registration_hooks(agent: Agent) -> None:
     ``clear_mmds(agent)`` (firecracker: the registration answer is this console's config, so the
     spent token leaves the metadata service now)."""
     try:
-        from scalers.backends.base import get_backend
+        from scalers.backends.factory import get_backend
 
         backend = get_backend(agent.scaler)
     except Exception:  # noqa: BLE001

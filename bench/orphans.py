@@ -38,7 +38,7 @@ def create_many(api, image: str, n: int, labels_for) -> float:
 
 
 def bench_plan(client, image: str, n: int, run: str) -> dict:
-    from scalers.backends.container import ContainerBackend
+    from scalers.backends.container.backend import ContainerBackend
     from scalers.models import Scaler
 
     api = client.api
@@ -81,7 +81,7 @@ def bench_spawn(client, image: str, spawns: int, run: str, live_publish: bool = 
     from agents.models import Agent
     from network.nft.apply import NftClient
     from scalers.backends.base import SpawnControl
-    from scalers.backends.container import ContainerBackend
+    from scalers.backends.container.backend import ContainerBackend
     from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
     from scalers.models import LabelSet, Scaler
 

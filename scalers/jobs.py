@@ -29,7 +29,8 @@ from agents.models import Agent
 from agents.tokens import revoke_agent_tokens
 from scalers.admission.decide import Admitted, ScaleDecision
 from scalers.admission.release import fail_spawn, on_spawn_job_failure
-from scalers.backends.base import SpawnControl, get_backend
+from scalers.backends.base import SpawnControl
+from scalers.backends.factory import get_backend
 from scalers.models import ScaleOutcome
 
 log = logging.getLogger(__name__)

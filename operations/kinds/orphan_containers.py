@@ -1,12 +1,12 @@
 """Reap orphan containers of one container scaler.
 
-The rules are the backend's (``scalers.backends.orphans``): only containers stamped with this
-scaler's own name, never one whose agent this console tracks, and a running one only when its
-agent is not registered. The plan is the backend's ``plan_orphans()``; the preview also lists
-every other container of this scaler with the reason it is spared. The run re-plans; a container
-whose agent registered (or became tracked) since the preview is not in the fresh plan and is
-skipped with that reason, and ``apply_orphans`` re-checks each container once more right before
-stopping and removing it.
+The rule is the backend's, written once (``scalers.backends.container.orphans.judge_container``):
+only containers stamped with this scaler's own name, never one whose agent this console tracks,
+and a running one only when its agent is not registered. The plan is the backend's
+``plan_containers()``: its targets, and every other container of this scaler with the reason the
+rule spares it. The run re-plans; a container whose agent registered (or became tracked) since the
+preview is spared in the fresh plan and is skipped with that reason, and ``apply_orphans`` judges
+each container once more, freshly inspected, right before stopping and removing it.
 
 Scope: one ``container`` scaler, or a ``bare-metal`` scaler with container-mode label sets (its agent
 containers carry the same labels). Stale isolation rules are a separate kind
@@ -34,11 +34,6 @@ def _runs_containers(scaler) -> bool:
     )
 
 
-def _list_managed(backend) -> list[dict]:
-    containers = backend if hasattr(backend, "list_managed") else getattr(backend, "containers", None)
-    return containers.list_managed() if containers is not None else []
-
-
 def _agent_rows(agent_ids):
     from agents.models import Agent
 
@@ -50,27 +45,6 @@ def _created_age(summary: dict) -> int | None:
     if isinstance(created, (int, float)) and created > 0:
         return max(0, int(time.time() - created))
     return None
-
-
-def _spared_reason(summary: dict, agent, scaler_name: str) -> str:
-    from scalers.backends.orphans import ALIVE_STATES, SKIP_STATES
-
-    labels = summary.get("Labels") or {}
-    state = str(summary.get("State") or "").lower()
-    agent_id = labels.get("kici-agent-id") or ""
-    if state in SKIP_STATES:
-        return f"being removed by the runtime ({state})"
-    if agent is not None and agent.is_active and agent.scaler.name == scaler_name:
-        registered = " and registered" if agent.registered_at else ""
-        if state not in ALIVE_STATES and agent.state in ("running", "draining"):
-            # its agent is lost: released (with this container) by a lost-agents operation
-            return f"tracked: agent {agent_id} is {agent.state}{registered}, but its container is {state or 'gone'}: see lost-agents"
-        return f"tracked: agent {agent_id} is {agent.state}{registered}"
-    if state in ALIVE_STATES:
-        if not agent_id:
-            return f"{state} with no kici-agent-id label: cannot tell whose it is"
-        return f"{state} and agent {agent_id} is registered"
-    return "not planned by the backend"
 
 
 def _remove(backend, orphan, target) -> tuple[TargetOutcome, str]:
@@ -99,20 +73,12 @@ class OrphanContainers(Kind):
     def plan(self, scope: Scope) -> Plan:
         scaler = scope.scaler
         backend = backend_for(scaler)
-        planned = backend.plan_orphans()  # raises when the runtime cannot be listed: nothing is planned blind
-        containers = [t for t in planned if t.kind == "container"]
-        rules = [t for t in planned if t.kind == "rule"]
-        try:
-            summaries = _list_managed(backend)
-        except Exception:  # noqa: BLE001 - the spared list is informational
-            summaries = []
-        by_id = {s["Id"]: s for s in summaries}
-        mine = [s for s in summaries if (s.get("Labels") or {}).get("kici-scaler-name") == scaler.name]
-        rows = _agent_rows(
-            [t.agent_id for t in containers] + [(s.get("Labels") or {}).get("kici-agent-id", "") for s in mine]
-        )
+        verdicts = backend.plan_containers()  # raises when the runtime cannot be listed: nothing is planned blind
+        rules = verdicts.rules
+        by_id = verdicts.summaries
+        rows = _agent_rows([t.agent_id for t in verdicts.targets] + [s.agent_id for s in verdicts.spared])
         result = Plan(context={})
-        for t in containers:
+        for t in verdicts.targets:
             agent = rows.get(t.agent_id)
             summary = by_id.get(t.target, {})
             evidence = {
@@ -134,21 +100,18 @@ class OrphanContainers(Kind):
                 Target(key, "stop and remove container", t.evidence.get("name") or t.target[:12], evidence)
             )
             result.context[key] = t
-        planned_ids = {t.target for t in containers}
-        for s in mine:
-            if s["Id"] in planned_ids:
-                continue
-            labels = s.get("Labels") or {}
-            agent = rows.get(labels.get("kici-agent-id", ""))
-            name = ((s.get("Names") or [""])[0] or "").lstrip("/") or s["Id"][:12]
+        for s in verdicts.spared:
+            agent = rows.get(s.agent_id)
             evidence = {
-                "agent_id": labels.get("kici-agent-id") or None,
-                "container_state": str(s.get("State") or "").lower(),
+                "agent_id": s.agent_id or None,
+                "container_state": s.state,
                 "agent_row": agent.state if agent else "none",
                 "registered": bool(agent and agent.registered_at and agent.is_active),
-                "age_seconds": _created_age(s),
+                "age_seconds": _created_age(by_id.get(s.container_id, {})),
             }
-            result.spared.append(Spared(f"container:{s['Id']}", name, _spared_reason(s, agent, scaler.name), evidence))
+            result.spared.append(
+                Spared(f"container:{s.container_id}", s.name or s.container_id[:12], s.reason, evidence)
+            )
         if rules:
             result.notes.append(
                 f"{len(rules)} stale isolation rule set(s) on this host are planned separately (stale-isolation-rules)"

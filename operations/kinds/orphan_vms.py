@@ -1,11 +1,11 @@
 """Reap orphan Firecracker VMs, chroots, TAPs and rules of one firecracker scaler.
 
 The passes and their rules are the backend's (``scalers.backends.firecracker.orphans``): live =
-tracked ids ∪ chroots whose pid file names a running process (confirmed or not: a chroot is never
-deleted from under a live process). Pass 1 allocations of this scaler whose VM is not live, pass 2
-chroot dirs with no allocation, pass 3 stray ``kici-<8 hex>`` interfaces, pass 4 rules of IPs this
-scaler allocated to a VM that is not live. Each target carries the pid-probe result of its chroot;
-live chroots are listed as spared. At run time the backend re-checks every target once more
+tracked ids ∪ chroots whose pid file names a running process (``vm_live_reason``; confirmed or not:
+a chroot is never deleted from under a live process). Pass 1 allocations of this scaler whose VM is
+not live, pass 2 chroot dirs with no allocation, pass 3 stray ``kici-<8 hex>`` interfaces, pass 4
+rules of IPs this scaler allocated to a VM that is not live. Each target carries the pid-probe
+result of its chroot; live VMs are listed as spared with the rule's reason (``spared_vms``). At run time the backend re-checks every target once more
 (``orphan_recheck``) right before acting.
 
 Scope: one ``firecracker`` scaler.
@@ -66,7 +66,7 @@ class OrphanVms(Kind):
 
     def plan(self, scope: Scope) -> Plan:
         from agents.models import Agent
-        from scalers.backends.firecracker.orphans import plan_orphans
+        from scalers.backends.firecracker.orphans import plan_orphans, spared_vms
 
         backend = backend_for(scope.scaler)
         facts = backend.orphan_facts()  # raises when the tracked set cannot be read: never reap blind
@@ -84,7 +84,7 @@ class OrphanVms(Kind):
             alloc = allocations.get(t.agent_id) if t.agent_id else None
             evidence = {
                 "pass": t.pass_no,
-                "agent_id": t.agent_id,
+                "agent_id": t.agent_id or None,
                 "ip": t.ip,
                 "tap": t.tap,
                 "tracked": False,
@@ -93,20 +93,14 @@ class OrphanVms(Kind):
                 "allocation_owner": alloc.scaler_name if alloc else None,
                 "agent_row": agent.state if agent else "none",
                 "owner_instance": (agent.owner_instance or None) if agent else None,
-                "why": t.describe(),
+                "why": t.reason,
             }
             key = target_key(t)
             result.targets.append(
                 Target(key, _ACTIONS.get(t.kind, t.kind), t.agent_id or t.tap or t.ip or key, evidence)
             )
             result.context[key] = t
-        for vm_id in sorted(set(facts.chroot_ids) | set(facts.tracked)):
-            if vm_id in facts.tracked:
-                reason = "tracked: an active agent row or this process owns it"
-            elif vm_id in facts.live_chroots:
-                reason = "its pid file names a running process"
-            else:
-                continue
+        for vm_id, reason in spared_vms(facts):
             agent = rows.get(vm_id)
             result.spared.append(
                 Spared(

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from network.nft.apply import NftClient
-from scalers.backends.base import get_backend
+from scalers.backends.factory import get_backend
 from scalers.backends.isolation import nft_table_for
 from scalers.choices import ScalerType
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent
-from scalers.backends.base import get_backend
+from scalers.backends.factory import get_backend
 from scalers.models import Reservation, Scaler, ScalerTeardown
 
 from .release import teardown_agent

@@ -39,7 +39,7 @@ from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent, ScalerEvent
 from agents.tokens import revoke_agent_tokens
-from scalers.backends.base import get_backend
+from scalers.backends.factory import get_backend
 from scalers.backends.failure import failure_detail, mark_spawn_failed
 from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
 

@@ -34,7 +34,8 @@ from agents.choices import EventType
 from agents.events import record_connecting, record_event
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
-from .container import ContainerBackend
+from .container.backend import ContainerBackend
+from .container.orphans import ContainerPlan
 from .failure import CAPTURED_LINES
 from .hostconfig import EffectiveLimits
 from .orphans import OrphanTarget
@@ -133,28 +134,15 @@ def agent_log_dir() -> Path:
     return path
 
 
-class BareMetalContainerMode(ContainerBackend):
-    """Container mode of a bare-metal scaler: the container path with job-image semantics."""
-
-    type = "bare-metal"
-
-    def create_config(self, agent, token, image):
-        from .spawn_env import container_env, container_labels
-
-        kwargs = super().create_config(agent, token, image)
-        kwargs["labels"] = container_labels(agent, bound_job_labels=False)
-        kwargs["environment"] = container_env(agent, token, image=image, job_image=True)
-        return kwargs
-
-
 class BareMetalBackend:
-    """``type: bare-metal`` scalers (SPEC (l)); options as for ``ContainerBackend`` (container mode)."""
+    """``type: bare-metal`` scalers; options as for ``ContainerBackend``, which runs the container mode
+    (configured with ``job_image``: job-image env, no bound-job labels)."""
 
     type = "bare-metal"
 
     def __init__(self, scaler, **container_options: Any):
         self.scaler = scaler
-        self.containers = BareMetalContainerMode(scaler, **container_options)
+        self.containers = ContainerBackend(scaler, job_image=True, **container_options)
 
     @property
     def spawns_on_local_host(self) -> bool:
@@ -287,6 +275,9 @@ class BareMetalBackend:
     def reap_unowned(self, agent_id: str) -> bool:
         """Reclaims container-mode agents only, by ``kici-agent-id`` + ``kici-scaler-name`` (SPEC (l))."""
         return self.containers.reap_unowned(agent_id)
+
+    def plan_containers(self) -> ContainerPlan:
+        return self.containers.plan_containers()
 
     def plan_orphans(self) -> list[OrphanTarget]:
         return self.containers.plan_orphans()

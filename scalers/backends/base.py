@@ -1,4 +1,4 @@
-"""The backend protocol every scaler type implements, spawn control, and the factory.
+"""The backend protocol every scaler type implements, spawn control, and entry options.
 
 A backend instance is cheap and stateless: what it tracks lives in the database (``Agent``
 rows), so any console process, and a console after a restart, sees the same view. Backends
@@ -117,41 +117,9 @@ class Backend(Protocol):
 def scaler_option(scaler_or_config: Any, key: str, default: Any = None) -> Any:
     """Read a field of a scaler entry (``Scaler.config``) by its ``scalers.yaml`` name.
 
-    ``key`` is the camelCase yaml name (``networkIsolation``); the snake_case spelling is
-    accepted too, whichever the importer stored. Returns ``default`` when absent or None.
+    ``key`` is the camelCase yaml name (``networkIsolation``), the spelling the importer stores.
+    Returns ``default`` when absent or None.
     """
     config = scaler_or_config.config if hasattr(scaler_or_config, "config") else scaler_or_config
-    config = config or {}
-    snake = "".join("_" + c.lower() if c.isupper() else c for c in key)
-    for name in (key, snake):
-        if name in config and config[name] is not None:
-            return config[name]
-    return default
-
-
-def get_backend(scaler: Scaler, **options: Any) -> Backend:
-    """The backend for ``scaler`` by ``scaler.type`` (``scalers.choices.ScalerType``).
-
-    ``options`` are passed to the backend constructor (tests inject ``docker``, ``is_registered``,
-    ``tracked_ids``, ``nft``). Raises ``ValueError`` naming the type for an unknown one.
-    """
-    from scalers.choices import ScalerType
-
-    kind = scaler.type
-    if kind == ScalerType.CONTAINER:
-        from .container import ContainerBackend
-
-        return ContainerBackend(scaler, **options)
-    if kind == ScalerType.BARE_METAL:
-        from .baremetal import BareMetalBackend
-
-        return BareMetalBackend(scaler, **options)
-    if kind == ScalerType.EVENT:
-        from .event import EventBackend
-
-        return EventBackend(scaler, **options)
-    if kind == ScalerType.FIRECRACKER:
-        from .firecracker.adapter import FirecrackerScalerBackend
-
-        return FirecrackerScalerBackend(scaler, **options)
-    raise ValueError(f"scaler {scaler.name!r} has type {kind!r}, which no backend implements")
+    value = (config or {}).get(key)
+    return default if value is None else value

@@ -122,7 +122,14 @@ def container_network_ip(docker, container_id: str) -> str | None:
     return ip or None
 
 
-def bridge_interface_name(network: dict) -> str:
-    """Host bridge interface of a network summary: option ``com.docker.network.bridge.name``, else ``br-<12 of id>``."""
-    opts = network.get("Options") or {}
-    return opts.get("com.docker.network.bridge.name") or f"br-{network['Id'][:12]}"
+def container_addresses(summary: dict) -> list[str]:
+    """Addresses a container summary holds or has reserved on ``kici-agent-net`` (dynamic and static)."""
+    nets = (summary.get("NetworkSettings") or {}).get("Networks") or {}
+    ep = nets.get(ISOLATED_NETWORK_NAME) or {}
+    out = []
+    if ep.get("IPAddress"):
+        out.append(ep["IPAddress"])
+    static = (ep.get("IPAMConfig") or {}).get("IPv4Address")
+    if static and static not in out:
+        out.append(static)
+    return out

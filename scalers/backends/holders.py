@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .orphans import container_addresses
+from .docker_net import container_addresses
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def holders_by_address(
 
     ``agents``: ``(agent_id, ip, state)`` of ACTIVE agent rows. ``containers``: container
     summaries (only ``kici-managed=true`` ones count; addresses per
-    ``orphans.container_addresses``). ``allocations``: ``(ip, vm_id, scaler_name)``. Addresses are
+    ``docker_net.container_addresses``). ``allocations``: ``(ip, vm_id, scaler_name)``. Addresses are
     normalised (``ipaddress``); unparsable ones are skipped. Order: agents, containers, VMs.
     """
     out: dict[str, list[Holder]] = {}

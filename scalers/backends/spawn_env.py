@@ -28,7 +28,7 @@ PROCESS_ENV_ALLOWLIST = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC
 
 
 def label_set_option(label_set: LabelSet | None, key: str, default: Any = None) -> Any:
-    """Read a label-set field by its yaml name (camelCase; snake_case accepted), else ``default``."""
+    """Read a label-set field by its yaml name (camelCase), else ``default``."""
     if label_set is None:
         return default
     return scaler_option(label_set.config or {}, key, default)

@@ -43,7 +43,7 @@ def test_hosts_are_readied_once_per_scaler_version_and_a_failure_only_degrades_t
             if self.scaler.name == "ready-broken":
                 raise RuntimeError("bridge port isolation is not available on kici-br0")
 
-    monkeypatch.setattr("scalers.backends.base.get_backend", lambda scaler, **kw: FakeBackend(scaler))
+    monkeypatch.setattr("scalers.backends.factory.get_backend", lambda scaler, **kw: FakeBackend(scaler))
     cmd = Command()
     cmd.hosts_ready = set()
     assert cmd.handle_host_readiness() is True

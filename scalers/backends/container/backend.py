@@ -1,7 +1,10 @@
-"""The container backend object: its runtime and rules plumbing, and destroy (SPEC (e)).
+"""The container backend: agent containers on ``kici-agent-net`` through the docker SDK.
 
-Spawning is :class:`~scalers.backends.container.spawn.SpawnMixin`, sweeping
-:class:`~scalers.backends.container.sweep.SweepMixin`.
+One :class:`ContainerBackend` is composed of its parts: the runtime (:class:`~.host.DockerHost`),
+the rule writer (:class:`~.rules.AgentRules` over the isolation object), the create-config
+builders and the spawn steps (:mod:`~scalers.backends.container.spawn`), and the sweeps
+(:mod:`~scalers.backends.container.sweep`, by the one orphan rule of
+:mod:`~scalers.backends.container.orphans`). The failure detail is :mod:`scalers.backends.failure`.
 """
 
 from __future__ import annotations
@@ -13,31 +16,34 @@ from typing import Any
 from django.conf import settings
 from docker.errors import APIError, NotFound
 
-from ..base import scaler_option
+from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import container_network_ip, ensure_isolated_network
 from ..isolation import ContainerIsolation, nft_table_for
-from ..runtime import RuntimeInfo, docker_client_for, runtime_for_scaler
-from .registry import REGISTRY, db_tracked_ids
-from .spawn import SpawnMixin
-from .sweep import SweepMixin
+from ..orphans import OrphanTarget
+from ..runtime import RuntimeInfo, runtime_for_scaler
+from . import sweep
+from .host import DockerHost
+from .orphans import ContainerPlan, TrackedAgent
+from .registry import REGISTRY, db_tracked_agents
+from .rules import AgentRules
+from .spawn import cleanup_failed_spawn, container_binds, container_create_config, spawn_container
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SECONDS = 10
 
 
-class ContainerBackend(SpawnMixin, SweepMixin):
-    """``type: container`` scalers (SPEC (e)).
+class ContainerBackend:
+    """``type: container`` scalers, and the container mode of ``bare-metal`` ones.
 
     ``docker``: a ``docker.DockerClient`` (default: the scaler's runtime, see ``runtime``).
     ``nft``: an ``NftClient`` (default: one for the scaler's table). ``network_isolation``:
     override of the entry's ``networkIsolation`` (default true; ``settings.KICI_NETWORK_ISOLATION``
     false turns it off everywhere). ``tracked_ids``: ``() -> set[str]`` (default: the database).
     ``is_registered``: ``(agent_id) -> bool``, ``None`` = unwired (assume registered), default:
-    the database registry.
+    the database registry. ``job_image``: a bare-metal scaler's container mode (job-image env,
+    no bound-job labels; ``type`` is then ``bare-metal``).
     """
-
-    type = "container"
 
     def __init__(
         self,
@@ -49,87 +55,107 @@ class ContainerBackend(SpawnMixin, SweepMixin):
         tracked_ids: Callable[[], set[str]] | None = None,
         is_registered: Any = REGISTRY,
         runtime: RuntimeInfo | None = None,
+        job_image: bool = False,
     ):
         self.scaler = scaler
-        self._docker = docker
-        self._runtime = runtime
+        self.type = "bare-metal" if job_image else "container"
+        self.job_image = job_image
         if network_isolation is None:
             network_isolation = (
                 bool(scaler_option(scaler, "networkIsolation", True)) and settings.KICI_NETWORK_ISOLATION
             )
         self.network_isolation = network_isolation
-        self._nft = nft
-        self._isolation: ContainerIsolation | None = None
-        self._tracked_ids = tracked_ids or (lambda: db_tracked_ids(self.scaler))
+        self.host = DockerHost(lambda: runtime_for_scaler(self.scaler), docker=docker, runtime=runtime)
+        self.rules = AgentRules(
+            lambda: ContainerIsolation(nft_table_for(self.scaler), nft), self.host.list_managed, network_isolation
+        )
+        self._tracked_ids = tracked_ids
         self._is_registered = is_registered
 
-    # -- plumbing ------------------------------------------------------------------------------
+    # -- parts ---------------------------------------------------------------------------------
 
     @property
     def runtime(self) -> RuntimeInfo:
-        if self._runtime is None:
-            self._runtime = runtime_for_scaler(self.scaler)
-        return self._runtime
+        return self.host.runtime
 
     @property
     def docker(self):
-        if self._docker is None:
-            self._docker = docker_client_for(self.runtime)
-        return self._docker
+        return self.host.docker
 
     @property
     def api(self):
-        return self.docker.api
+        return self.host.api
+
+    @property
+    def isolation(self) -> ContainerIsolation:
+        return self.rules.isolation
 
     @property
     def spawns_on_local_host(self) -> bool:
         return not scaler_option(self.scaler, "host")
 
-    @property
-    def isolation(self) -> ContainerIsolation:
-        if self._isolation is None:
-            self._isolation = ContainerIsolation(nft_table_for(self.scaler), self._nft)
-        return self._isolation
+    def tracked(self) -> dict[str, TrackedAgent]:
+        """The agent ids this console tracks for the scaler (the database, or ``tracked_ids()``)."""
+        if self._tracked_ids is None:
+            return db_tracked_agents(self.scaler)
+        return {agent_id: TrackedAgent() for agent_id in self._tracked_ids()}
 
     def reload(self, scaler) -> None:
-        """Replace the entry read at every spawn (SPEC c.8)."""
+        """Replace the entry read at every spawn."""
         self.scaler = scaler
 
     def ensure_host_ready(self) -> None:
-        """Fail closed when isolation is on and nft is unusable (CTR-18), then ensure the network."""
+        """Fail closed when isolation is on and nft is unusable, then ensure the network."""
         if self.network_isolation:
             self.isolation.check()
             ensure_isolated_network(self.docker)
 
-    def _remove_container(self, container_id: str) -> bool:
-        try:
-            self.api.remove_container(container_id, force=True)
-            return True
-        except NotFound:
-            return False
-        except APIError as exc:
-            if exc.status_code == 409 and "already in progress" in str(exc):
-                return False
-            raise
+    # -- spawn ---------------------------------------------------------------------------------
+
+    def create_config(self, agent, token: str | None, image: str) -> dict:
+        """Keyword arguments of ``APIClient.create_container`` for this agent (``spawn.container_create_config``)."""
+
+        def local_socket() -> str | None:
+            return self.runtime.socket_path if self.spawns_on_local_host else None
+
+        return container_create_config(
+            agent,
+            token,
+            image,
+            binds=container_binds(agent.label_set, local_socket),
+            extra_hosts=[str(h) for h in scaler_option(self.scaler, "extraHosts", []) or []],
+            network_isolation=self.network_isolation,
+            job_image=self.job_image,
+        )
+
+    def spawn(self, agent, control: SpawnControl) -> SpawnResult:
+        """Provision one agent container (``spawn.spawn_container``)."""
+        return spawn_container(agent, control, host=self.host, rules=self.rules, build_config=self.create_config)
+
+    def cleanup_failed_spawn(self, container_id: str | None, address: str | None, agent_id: str = "") -> None:
+        """Remove the rules (unless held) and the container a failed spawn left (``spawn.cleanup_failed_spawn``)."""
+        cleanup_failed_spawn(self.host, self.rules, container_id, address, agent_id)
+
+    def captured_output_for(self, agent) -> list[str]:
+        """Last 50 output lines of the agent's container (for a ``scaler.failed`` detail); [] if none."""
+        return self.host.output_tail(agent.managed_id or self.host.find(self.scaler.name, agent.agent_id))
 
     # -- destroy -------------------------------------------------------------------------------
 
     def destroy(self, agent, reason: str = "shutdown") -> None:
-        """Remove rules, ``stop(t=10)``, ``remove(force)`` (SPEC (e) Destroy, CTR-19).
+        """Remove rules, ``stop(t=10)``, ``remove(force)``.
 
         The rules go only while no other sandbox holds the agent's address: a dead agent's
         address may already belong to a new container, whose rules share the address key
         (``holders.remove_unless_held``; the agent and its own container are left out).
         Idempotent: an unknown id or an already-removed container is not an error.
         """
-        container_id = agent.managed_id or self._find_container(agent.agent_id)
+        container_id = agent.managed_id or self.host.find(self.scaler.name, agent.agent_id)
         address = agent.ip
         if container_id and not address and self.network_isolation:
             address = container_network_ip(self.docker, container_id)
         if address and self.network_isolation:
-            self._remove_rules_unless_held(
-                address, (agent.agent_id, container_id or ""), f"destroy of {agent.agent_id}"
-            )
+            self.rules.remove_unless_held(address, (agent.agent_id, container_id or ""), f"destroy of {agent.agent_id}")
         if not container_id:
             return
         try:
@@ -138,15 +164,48 @@ class ContainerBackend(SpawnMixin, SweepMixin):
             return
         except APIError as exc:
             log.warning("stop of %s failed: %s", container_id[:12], exc)
-        self._remove_container(container_id)
+        self.host.remove(container_id)
 
-    def _agent_filters(self, agent_id: str) -> dict:
-        """List filters for this scaler's containers of one agent id (the three ownership labels)."""
-        return {"label": ["kici-managed=true", f"kici-scaler-name={self.scaler.name}", f"kici-agent-id={agent_id}"]}
+    # -- sweeps --------------------------------------------------------------------------------
 
-    def _find_container(self, agent_id: str) -> str | None:
-        found = self._list(self._agent_filters(agent_id))
-        return found[0]["Id"] if found else None
+    def reap_unowned(self, agent_id: str) -> bool:
+        """Force-remove this scaler's containers for one agent id (``sweep.reap_unowned``)."""
+        return sweep.reap_unowned(self.host, self.rules, self.scaler.name, agent_id)
 
-    def _list(self, filters: dict) -> list[dict]:
-        return self.api.containers(all=True, filters=filters) or []
+    def list_managed(self) -> list[dict]:
+        """ONE sparse list call: every ``kici-managed=true`` container on the runtime, any scaler."""
+        return self.host.list_managed()
+
+    def plan_containers(self) -> ContainerPlan:
+        """The sweep's plan now, with one list call; changes nothing: the verdict on each of this
+        scaler's containers (targets with evidence, the spared with their reasons) and, isolation
+        on, the rule sets for addresses no kici-managed container holds. Raises
+        ``OrphanSweepRefused`` for a blank scaler name; a failed runtime listing raises (nothing
+        can be planned blind)."""
+        summaries = self.list_managed()
+        plan = sweep.plan_containers(summaries, self.scaler.name, self.tracked(), self._is_registered)
+        if self.network_isolation:
+            plan.rules = self.plan_rule_orphans(summaries)
+        return plan
+
+    def plan_orphans(self) -> list[OrphanTarget]:
+        """What the sweep would remove now (:meth:`plan_containers`): containers, then rule sets."""
+        plan = self.plan_containers()
+        return plan.targets + plan.rules
+
+    def plan_rule_orphans(self, summaries: list[dict] | None = None) -> list[OrphanTarget]:
+        """Rule sets on ``kici-agent-net`` addresses that nothing holds (``sweep.plan_rules``)."""
+        return sweep.plan_rules(self.host, self.rules, self.scaler.name, summaries)
+
+    def apply_orphans(self, plan: list[OrphanTarget]) -> int:
+        """Remove what ``plan`` names, re-checking each target first (``sweep.apply_orphans``);
+        returns containers + rule sets removed."""
+        return sweep.apply_orphans(self.host, self.rules, self.scaler.name, plan, self.tracked(), self._is_registered)
+
+    def cleanup_orphans(self) -> int:
+        """``apply_orphans(plan_orphans())``: containers + rule sets removed."""
+        return self.apply_orphans(self.plan_orphans())
+
+    def reap_unowned_isolation_rules(self) -> int:
+        """Delete rules for addresses nothing holds (``sweep.reap_unowned_isolation_rules``)."""
+        return sweep.reap_unowned_isolation_rules(self.host, self.rules)

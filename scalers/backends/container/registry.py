@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 from agents.choices import ACTIVE_STATES, AgentState
+from agents.models import Agent
+
+from .orphans import TrackedAgent
 
 #: Sentinel: wire ``is_registered`` to the agent registry in the database.
 REGISTRY = object()
 
 
-def db_tracked_ids(scaler) -> set[str]:
-    """Agent ids this console tracks for ``scaler``: rows in spawning/running/draining/destroying."""
-    from agents.models import Agent
-
-    return set(Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).values_list("agent_id", flat=True))
+def db_tracked_agents(scaler) -> dict[str, TrackedAgent]:
+    """Agents this console tracks for ``scaler`` (rows in spawning/running/draining/destroying), by id."""
+    rows = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).values_list(
+        "agent_id", "state", "registered_at"
+    )
+    return {agent_id: TrackedAgent(state, registered_at is not None) for agent_id, state, registered_at in rows}
 
 
 def db_registered_ids(agent_ids: list[str]) -> set[str]:
     """Of ``agent_ids``, those registered: ``registered_at`` set and state running or draining."""
-    from agents.models import Agent
-
     return set(
         Agent.objects.filter(
             agent_id__in=agent_ids, registered_at__isnull=False, state__in=[AgentState.RUNNING, AgentState.DRAINING]

@@ -1,9 +1,10 @@
-"""Orphan sweeps of a Firecracker scaler, planned first so an operator can preview them
-(SPEC h ``cleanupOrphans``; seed firecracker-backend.d.ts; FC-12..14).
+"""Orphan sweeps of a Firecracker scaler, planned first so an operator can preview them.
 
 :func:`plan_orphans` is pure: it takes :class:`OrphanFacts` (what the host looked like) and returns
-:class:`OrphanTarget` s. :func:`apply_orphans` re-checks every target against the host as it is
-now before acting, so a plan that went stale while awaiting approval never reaps something live.
+``scalers.backends.orphans.OrphanTarget`` s (:func:`vm_target`); :func:`spared_vms` lists the VMs
+:func:`vm_live_reason` keeps, with the reason. :func:`apply_orphans` re-checks every target
+against the host as it is now before acting, so a plan that went stale while awaiting approval
+never reaps something live.
 
 Passes (live = tracked ids ∪ chroot dirs whose pid file names a running process, confirmed or not):
  1. ``ip_allocations`` rows of this scaler whose VM is not live: logs forwarded, TAP deleted, IP
@@ -20,11 +21,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from network.netlink import tap_name_for
+
+from ..orphans import OrphanTarget
 
 log = logging.getLogger(__name__)
 
@@ -58,25 +61,46 @@ class OrphanFacts:
     rule_ips: frozenset[str] | None
 
 
-@dataclass(frozen=True)
-class OrphanTarget:
-    """One planned action. ``pass_no`` 1-4 as in the module doc; ``kind`` ``allocation``,
-    ``chroot``, ``tap`` or ``rules``."""
+def vm_target(
+    pass_no: int, kind: str, agent_id: str | None = None, ip: str | None = None, tap: str | None = None, *, scaler: str
+) -> OrphanTarget:
+    """One planned action of pass ``pass_no`` (1-4 as in the module doc); ``kind`` ``allocation``,
+    ``chroot`` (target: the VM id), ``tap`` (the interface) or ``rules`` (the address)."""
+    if kind == "allocation":
+        reason = f"pass 1: release {ip} of {agent_id}, delete TAP {tap}, remove its directory"
+    elif kind == "chroot":
+        reason = f"pass 2: remove the directory of {agent_id} (no allocation, no live process)"
+    elif kind == "tap":
+        reason = f"pass 3: delete stray interface {tap}"
+    else:
+        reason = f"pass 4: delete the isolation rules of {ip} (was {agent_id})"
+    target = {"tap": tap, "rules": ip}.get(kind, agent_id)
+    return OrphanTarget(
+        kind, str(target or ""), scaler, agent_id or "", reason, {"pass": pass_no, "ip": ip, "tap": tap}
+    )
 
-    pass_no: int
-    kind: str
-    agent_id: str | None = None
-    ip: str | None = None
-    tap: str | None = None
 
-    def describe(self) -> str:
-        if self.kind == "allocation":
-            return f"pass 1: release {self.ip} of {self.agent_id}, delete TAP {self.tap}, remove its directory"
-        if self.kind == "chroot":
-            return f"pass 2: remove the directory of {self.agent_id} (no allocation, no live process)"
-        if self.kind == "tap":
-            return f"pass 3: delete stray interface {self.tap}"
-        return f"pass 4: delete the isolation rules of {self.ip} (was {self.agent_id})"
+def vm_live_reason(vm_id: str, tracked: Container[str], pid_running: bool) -> str | None:
+    """Why the VM ``vm_id`` is live, so nothing of it is reaped; None when it is not.
+
+    Live: tracked (an active agent row or this process owns it), or its chroot's pid file names a
+    running process (confirmed or not: a chroot is never deleted from under a live process).
+    """
+    if vm_id in tracked:
+        return "tracked: an active agent row or this process owns it"
+    if pid_running:
+        return "its pid file names a running process"
+    return None
+
+
+def spared_vms(facts: OrphanFacts) -> list[tuple[str, str]]:
+    """``(vm_id, reason)`` for every chroot or tracked VM that :func:`vm_live_reason` spares, sorted."""
+    spared = []
+    for vm_id in sorted(set(facts.chroot_ids) | set(facts.tracked)):
+        reason = vm_live_reason(vm_id, facts.tracked, vm_id in facts.live_chroots)
+        if reason is not None:
+            spared.append((vm_id, reason))
+    return spared
 
 
 @dataclass
@@ -92,16 +116,20 @@ class OrphanReport:
 
 def plan_orphans(facts: OrphanFacts) -> list[OrphanTarget]:
     """The targets of the four passes for ``facts``, in pass order (pure; see the module doc)."""
-    live = set(facts.tracked) | set(facts.live_chroots)
+    live = {
+        vm_id
+        for vm_id in set(facts.tracked) | set(facts.live_chroots)
+        if vm_live_reason(vm_id, facts.tracked, vm_id in facts.live_chroots) is not None
+    }
     mine = [r for r in facts.allocations_before if r.scaler_name == facts.scaler_name]
     allocated_vms = {r.vm_id for r in facts.allocations_before}
     plan: list[OrphanTarget] = []
     for r in mine:
         if r.vm_id not in live:
-            plan.append(OrphanTarget(1, "allocation", r.vm_id, r.ip, r.tap_device))
+            plan.append(vm_target(1, "allocation", r.vm_id, r.ip, r.tap_device, scaler=facts.scaler_name))
     for vm_id in sorted(facts.chroot_ids):
         if vm_id not in allocated_vms and vm_id not in live:
-            plan.append(OrphanTarget(2, "chroot", vm_id))
+            plan.append(vm_target(2, "chroot", vm_id, scaler=facts.scaler_name))
     allocated_taps = {r.tap_device for r in facts.allocations_before + facts.allocations_after}
     live_taps = set()
     for vm_id in live:
@@ -111,11 +139,11 @@ def plan_orphans(facts: OrphanFacts) -> list[OrphanTarget]:
             pass
     for name in sorted(set(facts.links)):
         if TAP_RE.match(name) and name not in RESERVED_LINKS and name not in allocated_taps and name not in live_taps:
-            plan.append(OrphanTarget(3, "tap", tap=name))
+            plan.append(vm_target(3, "tap", tap=name, scaler=facts.scaler_name))
     if facts.rule_ips is not None:
         for r in mine:
             if r.vm_id not in live and r.ip in facts.rule_ips:
-                plan.append(OrphanTarget(4, "rules", r.vm_id, r.ip))
+                plan.append(vm_target(4, "rules", r.vm_id, r.ip, scaler=facts.scaler_name))
     return plan
 
 

@@ -13,15 +13,16 @@ from typing import Any
 
 from network import netlink
 
+from ..orphans import OrphanTarget
 from . import jail
 from .logs import LogSink, forward_remaining
 from .orphans import (
     AllocationRow,
     OrphanFacts,
     OrphanReport,
-    OrphanTarget,
     apply_orphans,
     plan_orphans,
+    vm_live_reason,
 )
 from .pidprobe import is_chroot_pid_running
 from .rules import RuleWriter
@@ -106,7 +107,11 @@ class OrphanSweeps:
         return plan_orphans(self.orphan_facts())
 
     def _live(self, agent_id: str | None) -> bool:
-        return agent_id is not None and (agent_id in self.tracked() or is_chroot_pid_running(self.chroot_dir(agent_id)))
+        """The planner's liveness rule (:func:`vm_live_reason`) on what is true now."""
+        if agent_id is None:
+            return False
+        pid_running = is_chroot_pid_running(self.chroot_dir(agent_id))
+        return vm_live_reason(agent_id, self.tracked(), pid_running) is not None
 
     def orphan_recheck(self, target: OrphanTarget) -> str | None:
         """None when ``target`` is still an orphan now, else why it is spared."""

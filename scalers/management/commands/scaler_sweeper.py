@@ -126,7 +126,7 @@ class Command(BaseCommand):
         backends check nft (fail closed) and create kici-agent-net, firecracker backends provision
         the bridge, baseline rules and the port-isolation probe. A failure only degrades that
         scaler: it is logged and retried on the next round."""
-        from scalers.backends.base import get_backend
+        from scalers.backends.factory import get_backend
 
         did = False
         for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):

@@ -17,7 +17,7 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.models import Agent
 from network.nft.plan import spec_rule_lines
-from scalers.backends.container import ContainerBackend
+from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.backends.holders import AGENT, CONTAINER, UNKNOWN, VM, Holder, holders_by_address, other_holders
 from scalers.backends.isolation import ContainerIsolation
@@ -183,7 +183,7 @@ def test_the_sweeps_and_a_failed_spawn_cleanup_spare_an_address_an_active_agent_
     assert backend.reap_unowned_isolation_rules() == 0
     assert backend.apply_orphans(backend.plan_rule_orphans()) == 0
     assert backend.apply_orphans([_rule_target(scaler, x)]) == 0  # a plan made before the row existed
-    backend._cleanup_failed_spawn(None, x, "scaler-container-00000000")  # another spawn's failure at X
+    backend.cleanup_failed_spawn(None, x, "scaler-container-00000000")  # another spawn's failure at X
     assert _rules_in_force(nft_table, x), "a sweep removed the rules of an address an active agent holds"
 
     # A runtime that cannot be listed keeps the rules too (an unknown holder).

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from scalers.backends.container import ContainerBackend, failure_detail
+from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.docker_net import (
     ISOLATED_NETWORK_NAME,
     IsolatedNetworkError,
@@ -15,6 +15,7 @@ from scalers.backends.docker_net import (
     find_isolated_network,
     forget_isolated_network,
 )
+from scalers.backends.failure import failure_detail
 from scalers.backends.hostconfig import AGENT_CONTAINER_PIDS_LIMIT, EffectiveLimits, build_agent_container_host_config
 from scalers.backends.runtime import NO_RUNTIME_MESSAGE, NoContainerRuntime, RuntimeInfo, detect_container_runtime
 from scalers.backends.spawn_env import container_env, process_env

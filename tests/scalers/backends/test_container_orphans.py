@@ -9,9 +9,10 @@ import pytest
 from django.utils import timezone
 
 from agents.choices import AgentState
-from scalers.backends.container import ContainerBackend
+from scalers.backends.container.backend import ContainerBackend
+from scalers.backends.container.orphans import OrphanSweepRefused, plan_container_orphans
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
-from scalers.backends.orphans import OrphanSweepRefused, OrphanTarget, plan_container_orphans
+from scalers.backends.orphans import OrphanTarget
 from tests.support.nft import nft_table_for
 from tests.support.scalers import make_agent, make_scaler
 
@@ -154,7 +155,7 @@ def test_apply_rechecks_each_target_before_removing_it(box, docker_client):
 def test_a_blank_scaler_name_refuses_to_sweep(docker_client):
     for name in ("", "   "):
         with pytest.raises(OrphanSweepRefused, match="blank"):
-            plan_container_orphans([], name, set(), None)
+            plan_container_orphans([], name, {}, None)
     blank = make_scaler(name=" ")
     with pytest.raises(OrphanSweepRefused):
         ContainerBackend(blank, docker=docker_client, network_isolation=False).plan_orphans()

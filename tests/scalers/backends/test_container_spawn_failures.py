@@ -12,7 +12,7 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
 from scalers.backends.base import SpawnAborted, SpawnControl
-from scalers.backends.container import ContainerBackend
+from scalers.backends.container.backend import ContainerBackend
 from scalers.jobs import expire_spawn, spawn_agent
 from scalers.models import Reservation
 from tests.support.containers import register_at_network_stage, remove_test_containers

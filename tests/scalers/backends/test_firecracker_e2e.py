@@ -26,7 +26,7 @@ from network.models import IpAllocation
 from network.nft.apply import NftClient
 from scalers.admission.release import teardown_agent
 from scalers.admission.service import request_scale
-from scalers.backends.base import get_backend
+from scalers.backends.factory import get_backend
 from scalers.backends.firecracker.adapter import FirecrackerScalerBackend
 from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.pidprobe import probe_vm_pid

@@ -11,7 +11,7 @@ import pytest
 
 from network import netlink
 from network.models import IpAllocation
-from scalers.backends.firecracker.orphans import AllocationRow, OrphanFacts, OrphanTarget, PeriodicSweep, plan_orphans
+from scalers.backends.firecracker.orphans import AllocationRow, OrphanFacts, PeriodicSweep, plan_orphans, vm_target
 
 ME, OTHER = "fc-test", "fc-other"
 
@@ -31,7 +31,7 @@ def _row(vm, ip, scaler=ME):
 
 def test_pass_3_deletes_only_unallocated_kici_taps():  # FC-12
     facts = _facts(links=("kici-1a2b3c4d", "kici-br0", "kici-ABCDEF12", "kici-isoprobe", "eth0", "lo"))
-    assert plan_orphans(facts) == [OrphanTarget(3, "tap", tap="kici-1a2b3c4d")]
+    assert plan_orphans(facts) == [vm_target(3, "tap", tap="kici-1a2b3c4d", scaler=ME)]
 
 
 def test_pass_3_spares_taps_allocated_before_or_after_listing_and_taps_of_live_vms():
@@ -53,10 +53,10 @@ def test_pass_1_takes_this_scalers_dead_allocations_only():  # FC-13
     )  # fmt: skip
     plan = plan_orphans(facts)
     assert plan == [
-        OrphanTarget(1, "allocation", dead, "10.9.0.2", "kici-00000001"),
-        OrphanTarget(4, "rules", dead, "10.9.0.2"),
+        vm_target(1, "allocation", dead, "10.9.0.2", "kici-00000001", scaler=ME),
+        vm_target(4, "rules", dead, "10.9.0.2", scaler=ME),
     ]
-    assert "pass 1" in plan[0].describe() and "10.9.0.2" in plan[1].describe()
+    assert "pass 1" in plan[0].reason and "10.9.0.2" in plan[1].reason
 
 
 def test_pass_2_takes_unallocated_dead_chroots_and_a_failed_rule_listing_plans_no_rules():  # FC-14
@@ -67,7 +67,7 @@ def test_pass_2_takes_unallocated_dead_chroots_and_a_failed_rule_listing_plans_n
         allocations_before=(_row(c, "10.9.0.9", OTHER),),
         rule_ips=None,
     )
-    assert plan_orphans(facts) == [OrphanTarget(2, "chroot", a)]
+    assert plan_orphans(facts) == [vm_target(2, "chroot", a, scaler=ME)]
 
 
 # ---- applied on a real host (netns, nft, database, processes) ----------------------------------

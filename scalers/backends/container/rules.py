@@ -1,0 +1,54 @@
+"""The isolation rules of one backend's containers: written at spawn, removed only while no other
+sandbox holds the address (a dead container's address may already be a new container's)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from ..isolation import ContainerIsolation
+
+log = logging.getLogger(__name__)
+
+
+class AgentRules:
+    """The rule writer of a container backend.
+
+    ``make_isolation``: builds the :class:`~scalers.backends.isolation.ContainerIsolation` on first
+    use. ``list_containers``: the runtime's kici-managed containers (for the holder check).
+    ``enabled``: network isolation is on; when off, nothing is written or removed.
+    """
+
+    def __init__(
+        self, make_isolation: Callable[[], ContainerIsolation], list_containers: Callable[[], list[dict]], enabled: bool
+    ):
+        self._make_isolation = make_isolation
+        self._isolation: ContainerIsolation | None = None
+        self.list_containers = list_containers
+        self.enabled = enabled
+
+    @property
+    def isolation(self) -> ContainerIsolation:
+        if self._isolation is None:
+            self._isolation = self._make_isolation()
+        return self._isolation
+
+    def remove_unless_held(self, address: str, exclude: Iterable[str], why: str) -> bool:
+        """Delete ``address``'s rules unless a sandbox other than ``exclude`` (ids of the one
+        going away) holds it now: any active agent row, any kici-managed container on this
+        runtime, any VM allocation (``scalers.backends.holders``). True when deleted."""
+        removed, _ = self.isolation.remove_unless_held(
+            address, exclude=exclude, list_containers=self.list_containers, why=why
+        )
+        return removed
+
+    def remove_quietly(self, address: str, exclude: Iterable[str] = (), why: str = "") -> bool:
+        """:meth:`remove_unless_held` when isolation is on, logging instead of raising (the rule
+        reaper is the backstop)."""
+        if not self.enabled:
+            return False
+        try:
+            return self.remove_unless_held(address, exclude, why)
+        except Exception:  # noqa: BLE001
+            log.warning("could not remove rules for %s", address, exc_info=True)
+            return False

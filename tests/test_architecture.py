@@ -1,0 +1,136 @@
+"""The layout rules of the project, checked on its source: empty package faces, no fallbacks for
+modules that exist, no re-export lists, and no import cycle among our modules (module-level or
+hidden in a function)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = ("agents", "front", "kici_site", "lib", "live", "network", "operations", "scalers")
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """Every project module by dotted name: (path, is_package). Migrations are left out."""
+    found = {}
+    for app in APPS:
+        for path in (ROOT / app).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts.pop()
+            found[".".join(parts)] = (path, is_package)
+    return found
+
+
+MODULES = _modules()
+
+
+def _owner(name: str, modules: dict[str, tuple[Path, bool]]) -> str | None:
+    """The project module a dotted import name lands in (``a.b.c`` may be a name in ``a.b``)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph(modules: dict[str, tuple[Path, bool]] = MODULES) -> dict[str, set[str]]:
+    """Edges module → every project module it imports, at any depth of its body."""
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, (path, is_package) in modules.items():
+        package = name.split(".") if is_package else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                prefix = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in modules else prefix for a in node.names]
+            else:
+                continue
+            for target in targets:
+                owner = _owner(target, modules)
+                if owner and owner != name:
+                    graph[name].add(owner)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from .b import f\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg.a import g\n")
+    (tmp_path / "pkg" / "c.py").write_text("import pkg.a\n")
+    modules = {
+        "pkg": (tmp_path / "pkg" / "__init__.py", True),
+        **{f"pkg.{m}": (tmp_path / "pkg" / f"{m}.py", False) for m in "abc"},
+    }
+    assert cycles(import_graph(modules)) == [["pkg.a", "pkg.b"]]
+
+
+def test_no_import_cycle_among_project_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_every_package_face_is_empty():
+    faces = [path for path, is_package in MODULES.values() if is_package and path.read_text().strip()]
+    assert [str(p.relative_to(ROOT)) for p in faces] == []
+
+
+def test_no_module_keeps_a_reexport_list_or_a_fallback_for_a_missing_module():
+    found = []
+    for name, (path, _) in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                found.append(f"{name}:{node.lineno} __all__")
+            if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                caught = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+                if any(getattr(c, "id", None) in ("ImportError", "ModuleNotFoundError") for c in caught):
+                    found.append(f"{name}:{node.lineno} except ImportError")
+    assert found == []
