@@ -18,17 +18,6 @@ from typing import Any
 
 from lib.units import parse_memory
 
-__all__ = [
-    "ResourceAmount",
-    "MirroredRequest",
-    "ResolvedResources",
-    "EffectiveLimits",
-    "mirror_request",
-    "resolve_resources",
-    "effective_limits",
-    "has_declared_shape",
-]
-
 
 @dataclass(frozen=True)
 class ResourceAmount:
@@ -72,10 +61,15 @@ class ResolvedResources:
 
 @dataclass(frozen=True)
 class EffectiveLimits:
-    """Limits handed to a backend; a ``None`` field is not limited."""
+    """The cpu / memory ceiling handed to a backend for one spawn: ``cpus`` in cores, ``mem_bytes``
+    in bytes; 0 = not limited."""
 
-    cpus: float | None = None
-    mem_bytes: int | None = None
+    cpus: float = 0.0
+    mem_bytes: int = 0
+
+    @property
+    def is_set(self) -> bool:
+        return self.cpus > 0 or self.mem_bytes > 0
 
 
 def _side(value: Any) -> _Side | None:
@@ -151,17 +145,12 @@ def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = No
     return ResolvedResources(requests=requests, limits=limits)
 
 
-def effective_limits(limits: ResourceAmount) -> EffectiveLimits | None:
-    """Limits to hand to a backend: zero fields dropped, all-zero ⇒ ``None``.
+def effective_limits(cpus: float | None, mem_bytes: int | None) -> EffectiveLimits:
+    """The ceiling to hand to a backend from resolved limits (``None`` or 0 = not limited).
 
-    ``ResourceAmount(2, 0)`` ⇒ ``EffectiveLimits(cpus=2, mem_bytes=None)``;
-    ``ResourceAmount(0, 0)`` ⇒ ``None``.
+    ``effective_limits(2, 0)`` ⇒ ``EffectiveLimits(cpus=2.0, mem_bytes=0)``, not set on memory.
     """
-    cpus = limits.cpus if limits.cpus > 0 else None
-    mem = limits.mem_bytes if limits.mem_bytes > 0 else None
-    if cpus is None and mem is None:
-        return None
-    return EffectiveLimits(cpus=cpus, mem_bytes=mem)
+    return EffectiveLimits(cpus=float(cpus or 0), mem_bytes=int(mem_bytes or 0))
 
 
 def has_declared_shape(label_set: Any = None, defaults: Any = None) -> bool:

@@ -32,12 +32,12 @@ from django.conf import settings
 
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
+from scalers.resources import EffectiveLimits
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .container.backend import ContainerBackend
 from .container.orphans import ContainerPlan
 from .failure import CAPTURED_LINES
-from .hostconfig import EffectiveLimits
 from .orphans import OrphanTarget
 from .spawn_env import label_set_option, process_env, spawn_limits
 
@@ -92,7 +92,8 @@ def process_mode_policy_warnings(scaler: Any) -> list[str]:
     for ls in scaler.label_sets.all():
         if label_set_option(ls, "binaryPath") and label_set_option(ls, "networkPolicy"):
             warnings.append(
-                f'scaler "{scaler.name}" label set [{ls.index}] runs host processes (binaryPath); its networkPolicy is not enforced'
+                f'scaler "{scaler.name}" label set [{ls.index}] runs host processes (binaryPath); '
+                "its networkPolicy is not enforced"
             )
     return warnings
 

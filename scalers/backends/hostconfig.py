@@ -20,22 +20,10 @@ promptly and ``stop(t=10)`` returns in well under its timeout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from scalers.resources import EffectiveLimits
 
 #: Maximum processes in one agent container (seed container-hostconfig.d.ts). Not configurable.
 AGENT_CONTAINER_PIDS_LIMIT = 4096
-
-
-@dataclass(frozen=True)
-class EffectiveLimits:
-    """A resolved cpu / memory ceiling for one spawn. ``cpus`` in cores, ``mem_bytes`` in bytes; 0 = unset."""
-
-    cpus: float = 0.0
-    mem_bytes: int = 0
-
-    @property
-    def is_set(self) -> bool:
-        return self.cpus > 0 or self.mem_bytes > 0
 
 
 def build_agent_container_host_config(

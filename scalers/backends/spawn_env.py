@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from scalers.models import ConfigState
+from scalers.resources import EffectiveLimits, effective_limits, resolve_resources
+
 from .base import scaler_option
-from .hostconfig import EffectiveLimits
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -186,14 +188,9 @@ def spawn_limits(agent: Agent) -> EffectiveLimits:
     reservation = getattr(agent, "reservation", None) if agent.pk else None
     try:
         if reservation is not None and (reservation.limit_cpus > 0 or reservation.limit_memory_bytes > 0):
-            return EffectiveLimits(
-                cpus=float(reservation.limit_cpus or 0), mem_bytes=int(reservation.limit_memory_bytes or 0)
-            )
+            return effective_limits(reservation.limit_cpus, reservation.limit_memory_bytes)
     except Exception:  # noqa: BLE001 - RelatedObjectDoesNotExist: no reservation row
         pass
-    from scalers.models import ConfigState
-    from scalers.resources import resolve_resources
-
     ls = agent.label_set
     ls_resources = label_set_option(ls, "resources")
     flat = {k: label_set_option(ls, k) for k in ("cpus", "memory") if label_set_option(ls, k) is not None}
@@ -204,4 +201,4 @@ def spawn_limits(agent: Agent) -> EffectiveLimits:
         defaults = defaults["resources"]
     defaults = defaults or None
     resolved = resolve_resources(None, layer, defaults)
-    return EffectiveLimits(cpus=float(resolved.limits.cpus or 0), mem_bytes=int(resolved.limits.mem_bytes or 0))
+    return effective_limits(resolved.limits.cpus, resolved.limits.mem_bytes)

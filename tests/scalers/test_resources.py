@@ -94,12 +94,13 @@ def test_res03_nothing_declared_anywhere():
     resolved = resolve_resources(None, None, None)
     assert resolved.requests == ResourceAmount(0, 0)
     assert resolved.limits == ResourceAmount(0, 0)
-    assert effective_limits(resolved.limits) is None
+    assert not effective_limits(resolved.limits.cpus, resolved.limits.mem_bytes).is_set
 
 
 def test_res04_zero_fields_are_dropped_from_limits():
-    assert effective_limits(ResourceAmount(cpus=2, mem_bytes=0)) == EffectiveLimits(cpus=2, mem_bytes=None)
-    assert effective_limits(ResourceAmount(cpus=0, mem_bytes=GIB)) == EffectiveLimits(cpus=None, mem_bytes=GIB)
+    assert effective_limits(2, 0) == EffectiveLimits(cpus=2.0, mem_bytes=0)
+    assert effective_limits(0, GIB) == EffectiveLimits(cpus=0.0, mem_bytes=GIB)
+    assert effective_limits(None, None) == EffectiveLimits() and not EffectiveLimits().is_set
 
 
 def test_memory_is_parsed_only_when_used():

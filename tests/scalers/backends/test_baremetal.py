@@ -19,9 +19,9 @@ from scalers.backends.baremetal import (
     build_process_command,
     process_mode_policy_warnings,
 )
-from scalers.backends.hostconfig import EffectiveLimits
 from scalers.jobs import spawn_agent
 from scalers.models import Reservation
+from scalers.resources import EffectiveLimits
 from tests.support.containers import remove_test_containers
 from tests.support.scalers import make_agent, make_scaler
 from tests.support.servers import free_port, wsgi_server

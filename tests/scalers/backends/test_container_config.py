@@ -16,10 +16,11 @@ from scalers.backends.docker_net import (
     forget_isolated_network,
 )
 from scalers.backends.failure import failure_detail
-from scalers.backends.hostconfig import AGENT_CONTAINER_PIDS_LIMIT, EffectiveLimits, build_agent_container_host_config
+from scalers.backends.hostconfig import AGENT_CONTAINER_PIDS_LIMIT, build_agent_container_host_config
 from scalers.backends.runtime import NO_RUNTIME_MESSAGE, NoContainerRuntime, RuntimeInfo, detect_container_runtime
 from scalers.backends.spawn_env import container_env, process_env
 from scalers.models import Reservation
+from scalers.resources import EffectiveLimits
 from tests.support.scalers import make_agent, make_scaler
 
 LOCAL = RuntimeInfo(runtime="docker", base_url="unix:///var/run/docker.sock", socket_path="/var/run/docker.sock")
