@@ -23,8 +23,6 @@ from .config.schema import LabelSet as LabelSetConfig
 from .config.schema import ScalerEntry, ScalersConfig
 from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
 
-__all__ = ["ImportSummary", "apply_scalers_config"]
-
 # Label-set rows are matched to config entries by their normalised labels, not by position,
 # so that an agent's label_set keeps pointing at the same labels when the file is reordered.
 # Rows are parked at these index offsets (pk added, so unique) while being renumbered, and

@@ -5,8 +5,8 @@ tracked ids ∪ chroots whose pid file names a running process (``vm_live_reason
 a chroot is never deleted from under a live process). Pass 1 allocations of this scaler whose VM is
 not live, pass 2 chroot dirs with no allocation, pass 3 stray ``kici-<8 hex>`` interfaces, pass 4
 rules of IPs this scaler allocated to a VM that is not live. Each target carries the pid-probe
-result of its chroot; live VMs are listed as spared with the rule's reason (``spared_vms``). At run time the backend re-checks every target once more
-(``orphan_recheck``) right before acting.
+result of its chroot; live VMs are listed as spared with the rule's reason (``spared_vms``). At run
+time the backend re-checks every target once more (``orphan_recheck``) right before acting.
 
 Scope: one ``firecracker`` scaler.
 """

@@ -52,7 +52,8 @@ def ensure_isolated_network(docker) -> str:
 
     A 403 whose cause is a concurrent creator holding the subnet ("pool overlaps") is treated
     the same way. Raises ``IsolatedNetworkError`` (``... after 409 conflict``) when the network
-    is still missing after a conflict (or a 403 names another network holding the subnet), and lets other ``docker.errors.APIError`` propagate.
+    is still missing after a conflict (or a 403 names another network holding the subnet), and lets
+    other ``docker.errors.APIError`` propagate.
     """
     existing = find_isolated_network(docker)
     if existing:

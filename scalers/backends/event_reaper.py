@@ -23,7 +23,8 @@ def may_reap(known_peers: int, connected_peers: int) -> bool:
 
 @dataclass(frozen=True)
 class Verdict:
-    """``action``: ``spare`` | ``heartbeat-timeout`` | ``spawn-timeout``; ``clock``: ``reset`` | ``start`` | ``keep``."""
+    """``action``: ``spare`` | ``heartbeat-timeout`` | ``spawn-timeout``;
+    ``clock``: ``reset`` | ``start`` | ``keep``."""
 
     action: str
     clock: str = "keep"

@@ -64,7 +64,9 @@ def run_daphne(
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DATABASE_URL": (
+            f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
         "ALLOWED_HOSTS": "127.0.0.1,localhost,127.0.0.2",
         "KICI_OPERATOR_LISTEN": operator_listen,
         "LOG_LEVEL": "WARNING",

@@ -97,7 +97,10 @@ def _tracked_reason(agent_id: str, agent: TrackedAgent, state: str) -> str:
     registered = " and registered" if agent.registered else ""
     if state not in ALIVE_STATES and agent.state in ("running", "draining"):
         # its agent is lost: released (with this container) by a lost-agents operation
-        return f"tracked: agent {agent_id} is {agent.state}{registered}, but its container is {state or 'gone'}: see lost-agents"
+        return (
+            f"tracked: agent {agent_id} is {agent.state}{registered}, "
+            f"but its container is {state or 'gone'}: see lost-agents"
+        )
     return f"tracked: agent {agent_id} is {agent.state}{registered}"
 
 

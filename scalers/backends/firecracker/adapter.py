@@ -70,8 +70,18 @@ class FirecrackerScalerBackend:
     type = "firecracker"
     spawns_on_local_host = True
 
-    def __init__(self, scaler, *, netns: str | None = None, nft: Any = None, ip_allocator: Any = None,
-                 environ: Any = None, log_sink: Any = None, tracked_provider: Any = None, **overrides: Any):  # fmt: skip
+    def __init__(
+        self,
+        scaler,
+        *,
+        netns: str | None = None,
+        nft: Any = None,
+        ip_allocator: Any = None,
+        environ: Any = None,
+        log_sink: Any = None,
+        tracked_provider: Any = None,
+        **overrides: Any,
+    ):
         from network.ipalloc_db import DbIpAllocator
         from network.nft.apply import NftClient
 

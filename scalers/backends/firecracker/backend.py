@@ -107,9 +107,10 @@ class FirecrackerBackend:
     """One Firecracker scaler on this host.
 
     ``settings``: :class:`FirecrackerSettings`. ``ip_allocator``: ``network.ipalloc_db.DbIpAllocator``
-    (``allocate(vm_id, scaler_name)``, ``release(vm_id)``, ``allocations(scaler_name=None)``). ``nft``: ``network.nft.apply.NftClient`` on the
-    configured table. ``mint_token(agent_id, labels) -> str | None``. ``emit(agent_id, type,
-    detail, payload)``: lifecycle events (``scaler.failed`` payload ``{"reason", "failureType"}``).
+    (``allocate(vm_id, scaler_name)``, ``release(vm_id)``, ``allocations(scaler_name=None)``).
+    ``nft``: ``network.nft.apply.NftClient`` on the configured table.
+    ``mint_token(agent_id, labels) -> str | None``. ``emit(agent_id, type, detail, payload)``:
+    lifecycle events (``scaler.failed`` payload ``{"reason", "failureType"}``).
     ``host_services``: extra default ``hostAccess`` entries. ``log_sink(agent_id, source,
     record)``. ``store_host_access(agent_id, entries)``: persists the resolved list on the agent
     record (default: ``agents.Agent.host_access``). ``environ``: source of ``KICI_AGENT_ENV_*``.

@@ -98,9 +98,15 @@ class OrphanSweeps:
             log.warning("rule listing failed, no isolation rule will be reaped: %s", e)
             rule_ips = None
         return OrphanFacts(
-            scaler_name=self.name, tracked=frozenset(tracked), chroot_ids=tuple(chroot_ids), live_chroots=frozenset(live),
-            allocations_before=before, links=links, allocations_after=after, rule_ips=rule_ips,
-        )  # fmt: skip
+            scaler_name=self.name,
+            tracked=frozenset(tracked),
+            chroot_ids=tuple(chroot_ids),
+            live_chroots=frozenset(live),
+            allocations_before=before,
+            links=links,
+            allocations_after=after,
+            rule_ips=rule_ips,
+        )
 
     def plan_orphans(self) -> list[OrphanTarget]:
         """What a sweep would do now; touches nothing (for previews)."""

@@ -273,7 +273,8 @@ def test_the_disk_guard_refuses_a_vm_on_a_chroot_volume_below_its_floor(fc_env):
             b.spawn(agent_id, _label_set(env), None, "ws://x:1/ws")
         assert re.fullmatch(
             rf"disk guard: the chroot volume of {re.escape(str(env.base))} has 6[34] MiB free, below the 1024 MiB "
-            r"floor; no VM is spawned until space is freed \(plan an orphan-VM reap under Operations, or free the volume\)",
+            r"floor; no VM is spawned until space is freed "
+            r"\(plan an orphan-VM reap under Operations, or free the volume\)",
             err.value.reason,
         ), err.value.reason
         assert [e[2] for e in env.failed(agent_id)] == [err.value.reason]

@@ -47,7 +47,12 @@ def test_pass_3_spares_taps_allocated_before_or_after_listing_and_taps_of_live_v
 def test_pass_1_takes_this_scalers_dead_allocations_only():  # FC-13
     dead, other, tracked, live = (f"scaler-firecracker-0000000{i}" for i in range(1, 5))
     facts = _facts(
-        allocations_before=(_row(dead, "10.9.0.2"), _row(other, "10.9.0.3", OTHER), _row(tracked, "10.9.0.4"), _row(live, "10.9.0.5")),
+        allocations_before=(
+            _row(dead, "10.9.0.2"),
+            _row(other, "10.9.0.3", OTHER),
+            _row(tracked, "10.9.0.4"),
+            _row(live, "10.9.0.5"),
+        ),
         tracked=frozenset({tracked}), chroot_ids=(dead, live), live_chroots=frozenset({live}),
         rule_ips=frozenset({"10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.5"}),
     )  # fmt: skip

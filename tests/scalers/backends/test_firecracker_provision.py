@@ -56,8 +56,12 @@ def _nft_list(env):
 def test_provisioning_builds_bridge_table_baseline_and_reapplies_tracked_vms_rules(fc_env):
     env = fc_env
     # An uplink with a default route inside the namespace (a TAP: nothing can leave through it).
-    for cmd in (["ip", "tuntap", "add", "up0", "mode", "tap"], ["ip", "addr", "add", "192.0.2.2/24", "dev", "up0"],
-                ["ip", "link", "set", "up0", "up"], ["ip", "route", "add", "default", "via", "192.0.2.1", "dev", "up0", "onlink"]):  # fmt: skip
+    for cmd in (
+        ["ip", "tuntap", "add", "up0", "mode", "tap"],
+        ["ip", "addr", "add", "192.0.2.2/24", "dev", "up0"],
+        ["ip", "link", "set", "up0", "up"],
+        ["ip", "route", "add", "default", "via", "192.0.2.1", "dev", "up0", "onlink"],
+    ):
         subprocess.run(["ip", "netns", "exec", env.netns, *cmd], check=True)
     b = env.backend(jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=env.write_image("k", fake_kernel()))
     assert b.ensure_host_ready() is True
@@ -72,8 +76,8 @@ def test_provisioning_builds_bridge_table_baseline_and_reapplies_tracked_vms_rul
     guard = [i["set"] for i in items if "set" in i and i["set"]["name"] == "guard_ifaces"][0]
     assert env.bridge in guard.get("elem", [])
 
-    vm = b.spawn("scaler-firecracker-0000e0e0", {"labels": ["x"], "rootfsPath": str(env.rootfs()), "overlayDriveSizeMib": 8},
-                 None, "ws://10.213.0.1:4000/ws")  # fmt: skip
+    spec = {"labels": ["x"], "rootfsPath": str(env.rootfs()), "overlayDriveSizeMib": 8}
+    vm = b.spawn("scaler-firecracker-0000e0e0", spec, None, "ws://10.213.0.1:4000/ws")
     b.nft.remove_agent(vm.ip)  # a self-heal swept it
     assert vm.ip not in {str(a) for a in b.nft.list_agents()}
     assert b.ensure_host_ready() is True
