@@ -42,6 +42,7 @@ ENV = {
     "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
     "REDIS_URL": REDIS_URL,
     "ALLOWED_HOSTS": "127.0.0.1,localhost",
+    "KICI_OPERATOR_LISTEN": "127.0.0.1:*",  # the consoles are operator pages, on any port of this bench
     "LOG_LEVEL": "WARNING",
 }
 

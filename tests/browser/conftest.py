@@ -90,6 +90,7 @@ def live_daphne(django_db_setup, django_db_blocker, tmp_path_factory):
         "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
         "DATABASE_URL": db_url,
         "REDIS_URL": settings.REDIS_URL,
+        "KICI_OPERATOR_LISTEN": f"127.0.0.1:{port}",  # the pages are served on the operator listener
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
