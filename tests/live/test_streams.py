@@ -288,18 +288,12 @@ def test_it_refuses_a_bad_stream_key():
 # --- docker logs ----------------------------------------------------------------------------------
 
 
-@pytest.mark.docker
-async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, agent_image):
-    script = (
-        "echo first; echo err line >&2; "
-        "head -c 70000 /dev/zero | tr '\\0' x; echo; "
-        "printf 'caf\\303\\251\\n'; sleep 0.3; echo last"
-    )
-    name = f"tail-logs-{uuid.uuid4().hex[:8]}"
+async def _followed_lines(docker_client, image: str, script: str) -> list[str]:
+    """Every line ``docker_log_lines`` yields for a container running ``sh -c script`` to its end."""
     container = docker_client.containers.run(
-        agent_image,
+        image,
         ["sh", "-c", script],
-        name=name,
+        name=f"tail-logs-{uuid.uuid4().hex[:8]}",
         detach=True,
         network_mode="none",
         labels={"kici.test": "tail"},
@@ -309,12 +303,23 @@ async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, ag
         async with asyncio.timeout(20):
             async for line in docker_log_lines(container, tail="all"):
                 got.append(line)
-        # Each stream keeps its own order and lines; the two streams interleave freely.
-        assert got.count("err line") == 1
-        stdout = [line for line in got if line != "err line"]
-        assert stdout == ["first", "x" * 65536 + " [truncated]", "café", "last"]
+        return got
     finally:
         container.remove(force=True)
+
+
+@pytest.mark.docker
+async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, agent_image):
+    script = (
+        "echo first; echo err line >&2; "
+        "head -c 70000 /dev/zero | tr '\\0' x; echo; "
+        "printf 'caf\\303\\251\\n'; sleep 0.3; echo last"
+    )
+    got = await _followed_lines(docker_client, agent_image, script)
+    # Each stream keeps its own order and lines; the two streams interleave freely.
+    assert got.count("err line") == 1
+    stdout = [line for line in got if line != "err line"]
+    assert stdout == ["first", "x" * 65536 + " [truncated]", "café", "last"]
 
 
 @pytest.mark.docker
@@ -325,19 +330,5 @@ async def test_a_stderr_line_is_never_spliced_into_an_open_stdout_line(docker_cl
         "head -c 20000 /dev/zero | tr '\\0' x; sleep 0.5; echo err line >&2; sleep 0.5; "
         "head -c 100 /dev/zero | tr '\\0' y; echo"
     )
-    container = docker_client.containers.run(
-        agent_image,
-        ["sh", "-c", script],
-        name=f"tail-splice-{uuid.uuid4().hex[:8]}",
-        detach=True,
-        network_mode="none",
-        labels={"kici.test": "tail"},
-    )
-    try:
-        got = []
-        async with asyncio.timeout(20):
-            async for line in docker_log_lines(container, tail="all"):
-                got.append(line)
-        assert sorted(got) == sorted(["err line", "x" * 20000 + "y" * 100])
-    finally:
-        container.remove(force=True)
+    got = await _followed_lines(docker_client, agent_image, script)
+    assert sorted(got) == sorted(["err line", "x" * 20000 + "y" * 100])
