@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from lib.units import format_bytes_iec
 from operations.choices import OUTCOME_COLOURS, STATUS_COLOURS
 from operations.models import Operation, target_dom_id
 from operations.services import can_approve
@@ -33,21 +34,11 @@ def humanize_seconds(seconds) -> str:
     return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
-def humanize_bytes(n) -> str:
-    """``1073741824`` → ``1.0 GiB`` (binary units)."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def _value(name: str, value) -> str:
     if name.endswith("_seconds") and isinstance(value, (int, float)):
         return humanize_seconds(value)
     if name.endswith("_bytes") and isinstance(value, (int, float)):
-        return humanize_bytes(value)
+        return format_bytes_iec(value)
     if value is None:
         return "—"
     if isinstance(value, bool):
