@@ -145,11 +145,14 @@ def no_enqueue(monkeypatch):
 
 
 @pytest.fixture
-def config_file(tmp_path):
-    """A valid scalers.yaml with one container scaler ``ops-reload`` (returns its path)."""
+def config_file(tmp_path, settings):
+    """A valid scalers.yaml with one container scaler ``ops-reload``, made the configured file
+    (``KICI_SCALER_CONFIG_PATH``, no drop-ins); returns its path."""
     from tests.support.operations import write_config
 
-    return write_config(tmp_path / "scalers.yaml", "ops-reload")
+    settings.KICI_SCALER_CONFIG_PATH = write_config(tmp_path / "scalers.yaml", "ops-reload")
+    settings.KICI_SCALER_CONFIG_DIR = None
+    return settings.KICI_SCALER_CONFIG_PATH
 
 
 @pytest.fixture

@@ -92,9 +92,6 @@ def _scope_from_post(request: HttpRequest) -> dict:
         params["host_access"] = [
             line.strip() for value in request.POST.getlist("host_access") for line in value.splitlines() if line.strip()
         ]
-    for name in ("config_path", "config_dir"):
-        if request.POST.get(name, "").strip():
-            params[name] = request.POST[name].strip()
     return {
         "scaler": request.POST.get("scaler", "").strip() or None,
         "agent_ids": request.POST.getlist("agent"),
@@ -109,8 +106,8 @@ def _scope_from_post(request: HttpRequest) -> dict:
 def operation_plan(request: HttpRequest) -> HttpResponse:
     """Plan an operation from a form (``kind``, ``scaler``, ``agent`` (repeatable), ``label_set``,
     ``host_access`` (repeatable, one entry per line; with ``host_access_set=1`` an empty list is
-    explicit) or ``host_access_default=1`` (back to the default), ``config_path``, ``config_dir``)
-    and show its preview. An identical open plan is shown instead of a duplicate."""
+    explicit) or ``host_access_default=1`` (back to the default)) and show its preview. An identical
+    open plan is shown instead of a duplicate."""
     kind = request.POST.get("kind", "")
     try:
         operation_kind = get_kind(kind)

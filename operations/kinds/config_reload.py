@@ -7,8 +7,9 @@ marked retiring, each machine pool deleted, and the global settings when they ch
 scalers are listed as spared. Every target carries the sha256 of the files read, so an edit to the
 file after the preview skips the whole reload (``atomic``: it is applied whole or not at all).
 
-Scope params: ``config_path`` (default ``KICI_SCALER_CONFIG_PATH``), ``config_dir`` (default
-``KICI_SCALER_CONFIG_DIR``). An invalid file is refused with every problem, ``FILE:LINE: path: message``.
+It reads only the configured files, ``KICI_SCALER_CONFIG_PATH`` and ``KICI_SCALER_CONFIG_DIR``: the
+operation takes no path, so nobody can make the console open another file. An invalid file is
+refused with every problem, ``FILE:LINE: path: message``.
 """
 
 from __future__ import annotations
@@ -48,11 +49,9 @@ class _DryRun(Exception):
     pass
 
 
-def config_paths(params: dict) -> tuple[str | None, str | None]:
-    """The config file and drop-in directory a scope names, else the configured ones."""
-    path = params.get("config_path") or settings.KICI_SCALER_CONFIG_PATH
-    drop_in = params.get("config_dir") or settings.KICI_SCALER_CONFIG_DIR
-    return path, drop_in
+def config_paths() -> tuple[str | None, str | None]:
+    """The configured config file and drop-in directory."""
+    return settings.KICI_SCALER_CONFIG_PATH, settings.KICI_SCALER_CONFIG_DIR
 
 
 def files_digest(path: str, drop_in_dir: str | None) -> tuple[str, list[str]]:
@@ -87,15 +86,14 @@ def _snapshot():
 class ConfigReload(Kind):
     name = OperationKind.CONFIG_RELOAD
     atomic = True
-    params = ("config_path", "config_dir")
 
     def validate_scope(self, scope: Scope) -> None:
-        path, _ = config_paths(scope.params)
+        path, _ = config_paths()
         if not path:
-            raise ScopeInvalid("config_path", "no config file: KICI_SCALER_CONFIG_PATH is unset and no path was given")
+            raise ScopeInvalid("KICI_SCALER_CONFIG_PATH", "no config file: the variable is unset")
 
     def plan(self, scope: Scope) -> Plan:
-        path, drop_in = config_paths(scope.params)
+        path, drop_in = config_paths()
         digest, files = files_digest(path, drop_in)
         try:
             config = load_scalers_config(path, drop_in)

@@ -714,7 +714,10 @@ def validate_document(data: Any) -> tuple[ScalersConfig | None, list[SchemaIssue
     bad input.
     """
     if not isinstance(data, dict):
-        return None, [SchemaIssue((), f"Expected a mapping at the top level, received {describe_value(data)}")]
+        # The type only: a file that is not a scalers.yaml may hold anything (keys, tokens), and
+        # its content must not reach an error shown on a page.
+        received = "nothing" if data is None else f"a {type(data).__name__}"
+        return None, [SchemaIssue((), f"Expected a mapping at the top level, received {received}")]
 
     issues: list[SchemaIssue] = []
     top_data = {k: v for k, v in data.items() if k != "scalers"}

@@ -45,14 +45,14 @@ def test_a_get_of_the_plan_form_target_is_a_styled_405(client, users):
 
 
 def test_a_csrf_failure_is_the_styled_403(csrf_client, users, config_file):
-    op = create_operation("config-reload", {"params": {"config_path": config_file}}, users["operator"])
+    op = create_operation("config-reload", {}, users["operator"])
     login(csrf_client, users["approver"])
     text = assert_framed(csrf_client.post(f"/operations/{op.pk}/approve/", {"note": "x"}), 403)
     assert "nothing was changed" in text
 
 
 def test_a_refused_rejection_is_titled_in_plain_words(client, users, config_file):
-    op = create_operation("config-reload", {"params": {"config_path": config_file}}, users["operator"])
+    op = create_operation("config-reload", {}, users["operator"])
     reject_operation(op, users["approver"])
     login(client, users["approver"])
     response = client.post(f"/operations/{op.pk}/reject/", {"note": "again"})

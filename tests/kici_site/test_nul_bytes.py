@@ -52,7 +52,7 @@ def test_a_nul_in_a_plan_form_field_is_a_400_naming_it(client, users, field):
 
 @pytest.mark.parametrize("verb", ["approve", "reject"])
 def test_a_nul_in_an_approval_note_is_a_400_and_the_plan_stays_planned(client, users, config_file, verb):
-    op = create_operation("config-reload", {"params": {"config_path": config_file}}, users["operator"])
+    op = create_operation("config-reload", {}, users["operator"])
     login(client, users["approver"])
     assert_page_400(client.post(f"/operations/{op.pk}/{verb}/", {"note": "fine\x00"}), "note")
     op.refresh_from_db()

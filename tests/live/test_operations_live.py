@@ -39,7 +39,7 @@ async def _connect(op_pk, user):
 def _plan(config_file, user):
     from operations.services import create_operation
 
-    return create_operation("config-reload", {"params": {"config_path": config_file}}, user)
+    return create_operation("config-reload", {}, user)
 
 
 async def test_a_viewer_gets_a_snapshot_then_live_progress_to_the_end(users, config_file):

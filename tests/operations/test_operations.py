@@ -41,7 +41,7 @@ def empty_queues():
 
 
 def plan_reload(config_file, user):
-    return create_operation("config-reload", {"params": {"config_path": config_file}}, user)
+    return create_operation("config-reload", {}, user)
 
 
 def actions(op):
@@ -162,7 +162,7 @@ def test_an_approver_without_permission_gets_403_and_nothing_happens(users, conf
 
 def test_a_viewer_cannot_request_and_an_outsider_cannot_even_look(users, config_file, client):
     login(client, users["viewer"])
-    assert client.post("/operations/plan/", {"kind": "config-reload", "config_path": config_file}).status_code == 403
+    assert client.post("/operations/plan/", {"kind": "config-reload"}).status_code == 403
     assert client.get("/operations/").status_code == 200
     login(client, users["outsider"])
     assert client.get("/operations/").status_code == 403
@@ -179,9 +179,7 @@ def test_csrf_is_enforced_on_every_post(users, config_file, csrf_client):
     import django_rq
 
     login(csrf_client, users["approver"])
-    assert (
-        csrf_client.post("/operations/plan/", {"kind": "config-reload", "config_path": config_file}).status_code == 403
-    )
+    assert csrf_client.post("/operations/plan/", {"kind": "config-reload"}).status_code == 403
     assert Operation.objects.count() == 0
     op = plan_reload(config_file, users["operator"])
     with listening_worker(QUEUE):
@@ -226,7 +224,7 @@ def test_the_approver_must_differ_from_the_requester_when_the_setting_says_so(us
 
 def test_the_plan_form_previews_and_redirects_to_the_operation(users, config_file, client):
     login(client, users["operator"])
-    response = client.post("/operations/plan/", {"kind": "config-reload", "config_path": config_file})
+    response = client.post("/operations/plan/", {"kind": "config-reload"})
     op = Operation.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/operations/{op.pk}/"
     page = client.get(response["Location"]).content.decode()
@@ -237,21 +235,47 @@ def test_the_plan_form_previews_and_redirects_to_the_operation(users, config_fil
     assert f'href="/operations/{op.pk}/approve/"' in page and 'ws-connect="/ws/operations/' in page
 
 
-def test_an_invalid_config_is_refused_with_every_problem_and_nothing_stored(users, client, tmp_path):
+def test_an_invalid_config_is_refused_with_every_problem_and_nothing_stored(users, client, tmp_path, settings):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 2\nscalers: []\n")
+    settings.KICI_SCALER_CONFIG_PATH = str(bad)
     login(client, users["operator"])
-    response = client.post("/operations/plan/", {"kind": "config-reload", "config_path": str(bad)})
+    response = client.post("/operations/plan/", {"kind": "config-reload"})
     assert response.status_code == 400
     assert f"{bad}:1: version" in response.content.decode()
     assert Operation.objects.count() == 0
 
 
-def test_the_list_filters_by_status_kind_and_scaler(users, config_file, client, tmp_path):
-    op = plan_reload(config_file, users["operator"])
-    other = create_operation(
-        "config-reload", {"params": {"config_path": write_config(tmp_path / "b.yaml", "ops-other")}}, users["operator"]
+def test_a_reload_reads_only_the_configured_file_whatever_path_is_posted(users, config_file, client, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("KICI_API_TOKEN=do-not-show-me\n")
+    login(client, users["operator"])
+    response = client.post(
+        "/operations/plan/", {"kind": "config-reload", "config_path": str(secret), "config_dir": str(tmp_path)}
     )
+    assert response.status_code == 302  # planned: from the configured file, the posted path ignored
+    op = Operation.objects.get()
+    assert op.params == {}
+    assert f"read {config_file} " in " ".join(op.notes)
+    assert "do-not-show-me" not in client.get(response["Location"]).content.decode()
+
+
+def test_a_configured_file_that_is_not_yaml_is_refused_without_its_content(users, client, tmp_path, settings):
+    secret = tmp_path / "secret"
+    secret.write_text("KICI_API_TOKEN=do-not-show-me DATABASE_URL=postgres://u:pw@h/db\n")
+    settings.KICI_SCALER_CONFIG_PATH = str(secret)
+    login(client, users["operator"])
+    response = client.post("/operations/plan/", {"kind": "config-reload"})
+    page = response.content.decode()
+    assert response.status_code == 400
+    assert "Expected a mapping at the top level, received a str" in page
+    assert "do-not-show-me" not in page and "pw@h" not in page
+
+
+def test_the_list_filters_by_status_kind_and_scaler(users, config_file, client, tmp_path, settings):
+    op = plan_reload(config_file, users["operator"])
+    settings.KICI_SCALER_CONFIG_PATH = write_config(tmp_path / "b.yaml", "ops-other")
+    other = create_operation("config-reload", {}, users["operator"])
     reject_operation(other, users["approver"])
     login(client, users["viewer"])
     page = client.get("/operations/?status=planned").content.decode()
@@ -265,14 +289,14 @@ def test_the_list_filters_by_status_kind_and_scaler(users, config_file, client, 
 
 
 def test_the_cli_twin_goes_through_the_same_checks(users, config_file, capsys):
-    call_command("operations", "plan", "config-reload", "--config", config_file, "--user", "ops-operator")
+    call_command("operations", "plan", "config-reload", "--user", "ops-operator")
     op = Operation.objects.get()
     out = capsys.readouterr().out
     assert f"operation #{op.pk}: Reload scalers.yaml [planned]" in out and "ops-reload: create scaler" in out
     with pytest.raises(CommandError, match="permission denied"):
         call_command("operations", "approve", str(op.pk), "--user", "ops-viewer")
     with pytest.raises(CommandError, match="permission denied"):
-        call_command("operations", "plan", "config-reload", "--config", config_file, "--user", "ops-viewer")
+        call_command("operations", "plan", "config-reload", "--user", "ops-viewer")
     with pytest.raises(CommandError, match="no rq worker listens"):
         call_command("operations", "approve", str(op.pk), "--user", "ops-approver")
     with pytest.raises(CommandError, match="no user named"):

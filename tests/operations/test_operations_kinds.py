@@ -390,7 +390,7 @@ def test_an_unknown_kind_in_the_auto_approve_policy_is_refused_by_name(monkeypat
 def test_a_run_whose_rq_job_vanished_is_marked_failed(users, config_file):
     from operations.sweeps import fail_lost_runs
 
-    op = create_operation("config-reload", {"params": {"config_path": config_file}}, users["operator"])
+    op = create_operation("config-reload", {}, users["operator"])
     with listening_worker(QUEUE):
         approve_operation(op, users["approver"], enqueue=False)
     Operation.objects.filter(pk=op.pk).update(
@@ -411,7 +411,7 @@ def test_two_approvers_at_once_approve_it_exactly_once(users, config_file):
     from operations.models import AuditEntry
     from operations.services import OperationError
 
-    op = create_operation("config-reload", {"params": {"config_path": config_file}}, users["operator"])
+    op = create_operation("config-reload", {}, users["operator"])
     barrier = threading.Barrier(2)
     results = []
 

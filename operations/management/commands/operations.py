@@ -2,7 +2,7 @@
 
     operations plan KIND [--scaler NAME] [--agent ID ...] [--label-set PK]
                          [--host-access [ENTRY ...] | --host-access-default]
-                         [--config PATH] [--config-dir DIR] --user USERNAME
+                         --user USERNAME
     operations show ID
     operations approve ID --user USERNAME [--note TEXT] [--run-now]
     operations reject ID --user USERNAME [--note TEXT]
@@ -47,8 +47,6 @@ class Command(BaseCommand):
             help="the new hostAccess list (no entries = explicit empty list)",
         )
         group.add_argument("--host-access-default", action="store_true", help="back to the default host access")
-        plan.add_argument("--config", help="scalers.yaml path (default KICI_SCALER_CONFIG_PATH)")
-        plan.add_argument("--config-dir", help="drop-in directory (default KICI_SCALER_CONFIG_DIR)")
         plan.add_argument("--user", required=True, help="the requesting user (needs operations.request_operation)")
 
         show = sub.add_parser("show", help="print one operation: plan, outcomes, log, audit")
@@ -128,10 +126,6 @@ class Command(BaseCommand):
             params["host_access"] = None
         elif options["host_access"] is not None:
             params["host_access"] = list(options["host_access"])
-        if options["config"]:
-            params["config_path"] = options["config"]
-        if options["config_dir"]:
-            params["config_dir"] = options["config_dir"]
         scope = {
             "scaler": options["scaler"],
             "agent_ids": options["agent"],
