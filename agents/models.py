@@ -33,6 +33,9 @@ class Agent(models.Model):
     host_access_explicit = models.BooleanField(default=False)
     warm = models.BooleanField(default=False)
     bound_job_id = models.CharField(max_length=200, blank=True)
+    completed_job_id = models.CharField(
+        max_length=200, blank=True, help_text="the last job the orchestrator reported complete on this agent"
+    )
     run_id = models.CharField(max_length=200, blank=True)
     owner_instance = models.CharField(max_length=200, blank=True)
     rq_job_id = models.CharField(max_length=100, blank=True)

@@ -2,10 +2,10 @@
 
 The console listens on the operator's address (``KICI_OPERATOR_LISTEN``, loopback by default) and on
 the agents' gateway (the address of ``KICI_CONSOLE_URL``), where every sandbox can reach it. The
-guard fails closed: a request that did not arrive on an operator listener reaches only the agent
-API (``/api/v1/agents/``: register, heartbeat, claim); anything else there is 404 and a WebSocket
-is closed. A request that comes from no socket (no ``server`` in its scope: in-process callers)
-is not on the network and passes.
+guard fails closed: a request that did not arrive on an operator listener reaches only the routes
+an agent calls (register, claim, its heartbeat: :data:`AGENT_ROUTES`); anything else there, the
+orchestrator's API included, is 404 and a WebSocket is closed. A request that comes from no
+socket (no ``server`` in its scope: in-process callers) is not on the network and passes.
 
 Every HTTP body is bounded by ``KICI_MAX_REQUEST_BODY_BYTES`` before Django reads it: a
 ``Content-Length`` over the limit is refused with 413 at once; a body that grows past it while
@@ -17,12 +17,14 @@ spooling it.)
 from __future__ import annotations
 
 import json
+import re
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-AGENT_API_PREFIX = "/api/v1/agents/"
+#: What an agent itself calls: register, claim (event backends), its own heartbeat.
+AGENT_ROUTES = re.compile(r"/api/v1/agents/(register|claim|[^/]+/heartbeat)")
 
 
 def on_operator_listener(scope: dict, listeners: list[tuple[str, int | None]]) -> bool:
@@ -93,7 +95,7 @@ class ListenerGuard:
             if scope["type"] == "websocket":
                 await receive()  # websocket.connect
                 return await send({"type": "websocket.close", "code": 4404})
-            if not scope["path"].startswith(AGENT_API_PREFIX):
+            if not AGENT_ROUTES.fullmatch(scope["path"]):
                 return await _send_json(send, 404, "not-found", "only the agent API is served on this address")
         if scope["type"] == "websocket":
             return await self.app(scope, receive, send)

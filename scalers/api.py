@@ -1,4 +1,20 @@
-"""``POST /api/v1/scale``: the orchestrator asks for an agent for one job.
+"""The orchestrator's API: ask for an agent for a job, follow it, and end it.
+
+Every route takes ``Authorization: Bearer <KICI_API_TOKEN>`` (401 ``unauthorized`` without it, 503
+``unavailable`` when the console has no token configured) and answers JSON.
+
+* ``GET /api/v1/agents/<agentId>``: :func:`agent_json` of one agent (404 ``not-found``).
+* ``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: ``{agents: [...], nextCursor}``,
+  oldest first, ``limit`` 1-500 (default 100); pass ``nextCursor`` back as ``cursor`` for the next
+  page (null on the last one). 400 ``invalid-request`` naming a bad parameter.
+* ``POST /api/v1/agents/<agentId>/job-complete {"jobId"}``: the job finished. A single-use agent is
+  torn down (state ``destroying`` at once, then ``destroyed``; its slot is freed once the sandbox is
+  gone); a warm-pool agent goes back to idle. Idempotent: the same ``jobId`` again answers 200.
+  409 ``job-mismatch`` when the agent is bound to another job (or none).
+* ``POST /api/v1/agents/<agentId>/release {"reason"?}``: the orchestrator lost or gave up the agent;
+  it is torn down. Idempotent.
+
+``POST /api/v1/scale``: ask for an agent for one job.
 
 Request: JSON ``{labels: [str, ...], jobId: str, resources?: {...}, runId?: str, exclude?: [str]}``
 with ``Authorization: Bearer <KICI_API_TOKEN>``.
@@ -43,11 +59,14 @@ from django.db import DatabaseError, close_old_connections
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from agents.choices import AgentState
+from agents.models import Agent
 from kici_site.errors import api_error
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
 from scalers.jobs import enqueue_spawn_or_fail
+from scalers.lifecycle import Refused, complete_job, release_agent
 from scalers.models import ScaleOutcome
 
 log = logging.getLogger(__name__)
@@ -145,3 +164,144 @@ async def scale(request):
             labels=list(data.labels),
         )
     return _error(503, "skipped", decision.reason)
+
+
+# --- following and ending an agent ----------------------------------------------------------------
+
+MAX_PAGE = 500
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value else None
+
+
+def agent_json(agent: Agent) -> dict:
+    """One agent as the orchestrator sees it: ``{agentId, scaler, state, labels, jobId, warm, ip,
+    registeredAt, lastHeartbeat, activeJobs}`` (times ISO 8601 UTC or null; ``jobId`` "" when unbound)."""
+    return {
+        "agentId": agent.agent_id,
+        "scaler": agent.scaler.name,
+        "state": agent.state,
+        "labels": list(agent.labels or []),
+        "jobId": agent.bound_job_id,
+        "warm": agent.warm,
+        "ip": agent.ip,
+        "registeredAt": _iso(agent.registered_at),
+        "lastHeartbeat": _iso(agent.last_heartbeat),
+        "activeJobs": agent.active_jobs,
+    }
+
+
+def _orchestrator(view):
+    """CSRF-exempt, bearer-checked (module doc), ``method`` only."""
+
+    def check(request, *args, **kwargs):
+        auth = _authorized(request)
+        if auth is None:
+            return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
+        if not auth:
+            return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
+        return view(request, *args, **kwargs)
+
+    return csrf_exempt(check)
+
+
+def _only(request, method: str) -> JsonResponse | None:
+    if request.method == method:
+        return None
+    response = _error(405, "method-not-allowed", f"{request.method} is not allowed here; allowed: {method}")
+    response["Allow"] = method
+    return response
+
+
+def _json_object(request) -> tuple[dict, JsonResponse | None]:
+    """The request body as a JSON object (an empty body is ``{}``), or the 400 answer for it."""
+    try:
+        payload = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {}, _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
+    if not isinstance(payload, dict):
+        return {}, _error(400, "invalid-request", "the body must be a JSON object", field="body")
+    return payload, None
+
+
+@_orchestrator
+def agent_detail(request, agent_id: str):
+    if refused := _only(request, "GET"):
+        return refused
+    agent = Agent.objects.select_related("scaler").filter(agent_id=agent_id).first()
+    if agent is None:
+        return _error(404, "not-found", f"no agent {agent_id!r}")
+    return JsonResponse(agent_json(agent))
+
+
+@_orchestrator
+def agent_list(request):
+    if refused := _only(request, "GET"):
+        return refused
+    agents = Agent.objects.select_related("scaler").order_by("pk")
+    query = request.GET
+    if query.get("scaler"):
+        agents = agents.filter(scaler__name=query["scaler"])
+    if query.get("state"):
+        if query["state"] not in AgentState.values:
+            return _error(
+                400,
+                "invalid-request",
+                f"state must be one of {', '.join(AgentState.values)}, got {query['state']!r}",
+                field="state",
+            )
+        agents = agents.filter(state=query["state"])
+    if query.get("jobId"):
+        agents = agents.filter(bound_job_id=query["jobId"])
+    try:
+        limit = int(query.get("limit", 100))
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError
+    except ValueError:
+        return _error(400, "invalid-request", f"limit must be 1-{MAX_PAGE}, got {query.get('limit')!r}", field="limit")
+    if query.get("cursor"):
+        try:
+            agents = agents.filter(pk__gt=int(query["cursor"]))
+        except ValueError:
+            return _error(400, "invalid-request", f"cursor {query['cursor']!r} is not one we gave", field="cursor")
+    page = list(agents[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return JsonResponse(
+        {"agents": [agent_json(a) for a in page], "nextCursor": str(page[-1].pk) if more and page else None}
+    )
+
+
+@_orchestrator
+def job_complete(request, agent_id: str):
+    if refused := _only(request, "POST"):
+        return refused
+    body, bad = _json_object(request)
+    if bad:
+        return bad
+    job_id = body.get("jobId")
+    if not isinstance(job_id, str) or not job_id.strip():
+        return _error(400, "invalid-request", f"jobId must be a non-empty string, got {job_id!r}", field="jobId")
+    try:
+        agent = complete_job(agent_id, job_id)
+    except Refused as exc:
+        return _error(exc.status, exc.code, exc.message)
+    return JsonResponse(agent_json(agent))
+
+
+@_orchestrator
+def agent_release(request, agent_id: str):
+    if refused := _only(request, "POST"):
+        return refused
+    body, bad = _json_object(request)
+    if bad:
+        return bad
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 500:
+        return _error(400, "invalid-request", "reason must be a string of at most 500 characters", field="reason")
+    try:
+        agent = release_agent(agent_id, reason.strip())
+    except Refused as exc:
+        return _error(exc.status, exc.code, exc.message)
+    return JsonResponse(agent_json(agent))

@@ -24,11 +24,11 @@ from django.conf import settings
 from django.utils import timezone
 from rq import Callback
 
-from agents.choices import AgentState
+from agents.choices import TERMINAL_STATES, AgentState
 from agents.models import Agent
 from agents.tokens import revoke_agent_tokens
 from scalers.admission.decide import Admitted, ScaleDecision
-from scalers.admission.release import fail_spawn, on_spawn_job_failure
+from scalers.admission.release import fail_spawn, on_spawn_job_failure, teardown_agent
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
 from scalers.models import ScaleOutcome
@@ -73,6 +73,41 @@ def enqueue_spawn(agent: Agent) -> str:
         description=f"spawn {agent.agent_id}",
     )
     return job_id
+
+
+def teardown_job_id(agent: Agent) -> str:
+    return f"teardown-{agent.agent_id}"
+
+
+def enqueue_teardown(agent: Agent, reason: str, *, destroy_reason: str) -> None:
+    """Queue :func:`teardown_job` for ``agent`` (already ``destroying``) on this host's queue.
+
+    A failure to enqueue is logged, not raised: the agent stays ``destroying`` with its
+    reservation and the sweeper's ``retry_stuck_teardowns`` ends it.
+    """
+    try:
+        host_queue().enqueue(
+            teardown_job,
+            agent.pk,
+            reason,
+            destroy_reason,
+            job_id=teardown_job_id(agent),
+            job_timeout=CLEANUP_GRACE_SECONDS + 120,
+            result_ttl=3600,
+            failure_ttl=24 * 3600,
+            description=f"tear down {agent.agent_id} ({reason})",
+        )
+    except Exception as exc:  # noqa: BLE001 - the sweeper retries a destroying agent
+        log.warning("could not queue the teardown of %s (%s); the sweeper will retry it", agent.agent_id, exc)
+
+
+def teardown_job(agent_pk: int, reason: str, destroy_reason: str) -> bool:
+    """rq job: :func:`~scalers.admission.release.teardown_agent` with ``final_state`` destroyed.
+    Returns whether the reservation was released (False: the destroy failed, the sweeper retries)."""
+    agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
+    if agent is None or agent.state in TERMINAL_STATES:
+        return False
+    return teardown_agent(agent, reason, destroy_reason=destroy_reason)
 
 
 def _cancel_reason(agent_pk: int) -> str | None:

@@ -32,7 +32,18 @@ def two_listeners(transactional_db):
 
 def test_the_agents_gateway_serves_the_agent_api_and_nothing_else(two_listeners):
     operator, agents = two_listeners
-    for path in ("/accounts/login/", "/admin/", "/metrics", "/healthz", "/", "/agents/", "/api/v1/scale"):
+    for path in (
+        "/accounts/login/",
+        "/admin/",
+        "/metrics",
+        "/healthz",
+        "/",
+        "/agents/",
+        "/api/v1/scale",
+        "/api/v1/agents",
+        "/api/v1/agents/some-agent",
+        "/api/v1/agents/some-agent/job-complete",
+    ):
         answer = requests.get(agents + path, timeout=10, allow_redirects=False)
         assert answer.status_code == 404, path
         assert answer.json()["error"] == "not-found"

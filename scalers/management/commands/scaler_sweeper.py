@@ -4,7 +4,8 @@ At start it recovers this instance's rows (``recover_state``, trigger ``boot``).
 ``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
 boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
 that reports whether it did anything: the stale-spawn prune, token-TTL expiry, the
-check of failed spawn jobs in rq, retries of failed teardowns, the retirement sweep,
+check of failed spawn jobs in rq, retries of failed teardowns, the teardown of drained agents
+(``scalers.lifecycle.drain_idle_agents``), the retirement sweep,
 the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
 periodic operation sweeps (``operations.sweeps``: plans only) and the pruning of old request
 records. SIGTERM / SIGINT stop it after the current unit of work.
@@ -32,6 +33,7 @@ from scalers.admission.release import (
 )
 from scalers.choices import ScalerType
 from scalers.leader import Leadership
+from scalers.lifecycle import drain_idle_agents
 from scalers.models import RecoveryReport, Scaler, ScaleRequest
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 
@@ -99,6 +101,7 @@ class Command(BaseCommand):
             self.handle_token_expiry,
             self.handle_failed_spawn_jobs,
             self.handle_stuck_teardowns,
+            self.handle_drains,
             self.handle_retirement,
             self.handle_warm_pools,
             self.handle_operation_sweeps,
@@ -153,6 +156,9 @@ class Command(BaseCommand):
 
     def handle_stuck_teardowns(self) -> bool:
         return retry_stuck_teardowns() > 0
+
+    def handle_drains(self) -> bool:
+        return drain_idle_agents() > 0
 
     def handle_retirement(self) -> bool:
         return retirement_sweep()
