@@ -1,9 +1,9 @@
-"""The bare-metal backend: agents as host processes, or as containers in container mode (SPEC (l)).
+"""The bare-metal backend: agents as host processes, or as containers in container mode.
 
 Process mode (label set with ``binaryPath``): the binary (e.g. ``agent/kici_agent.py``) runs
-detached in its own session and process group, with the SPEC (l) environment. With
+detached in its own session and process group, with ``spawn_env.process_env``'s environment. With
 ``enforceCgroups`` on Linux, a positive limit and a working ``systemd-run --user`` it runs under
-``systemd-run --user --scope ... --property=CPUQuota=..% --property=MemoryMax=..`` (CASES BM-02);
+``systemd-run --user --scope ... --property=CPUQuota=..% --property=MemoryMax=..``;
 when systemd cannot be reached (no user bus, as in containers and minimal VMs) it runs directly
 and the ``scaler.provisioning`` event says the limits were NOT enforced. Destroy: SIGTERM to the
 group, up to 5 s, then SIGKILL to the group; the pid is acted on only while
@@ -11,7 +11,7 @@ group, up to 5 s, then SIGKILL to the group; the pid is acted on only while
 
 Container mode (label set with ``image`` and no ``binaryPath``): the container backend's path with
 the four ownership labels (no bound-job labels), ``KICI_JOB_IMAGE_AGENT=1``, the same HostConfig
-builder, ``kici-agent-net`` and the same forward + input rules (CASES BM-07).
+builder, ``kici-agent-net`` and the same forward + input rules.
 
 ``networkPolicy`` on a process-mode label set cannot be enforced: :func:`process_mode_policy_warnings`.
 """
@@ -50,7 +50,7 @@ _systemd_user_ok: bool | None = None
 def build_process_command(
     binary: str, agent_id: str, limits: EffectiveLimits | None, enforce_cgroups: bool, *, platform: str = sys.platform
 ) -> list[str]:
-    """argv for a process-mode agent (SPEC (l); CASES BM-01..BM-03).
+    """argv for a process-mode agent.
 
     Without ``enforce_cgroups``, off Linux, or without a positive limit: ``[binary]``. Otherwise
     ``systemd-run --user --scope --quiet --slice=kici-scaler --unit=kici-agent-<id>
@@ -86,7 +86,7 @@ def systemd_user_scope_available() -> bool:
 
 
 def process_mode_policy_warnings(scaler: Any) -> list[str]:
-    """One warning per process-mode label set that declares a ``networkPolicy`` (CASES BM-06):
+    """One warning per process-mode label set that declares a ``networkPolicy``:
     nothing can enforce it on a host process. Image-only label sets are not warned about."""
     warnings = []
     for ls in scaler.label_sets.all():
@@ -232,7 +232,7 @@ class BareMetalBackend:
     # -- destroy -------------------------------------------------------------------------------
 
     def _terminate(self, pid: int, start_time: int | None) -> None:
-        """SIGTERM to the group, wait up to 5 s, SIGKILL to the group (SPEC (l) Destroy)."""
+        """SIGTERM to the group, wait up to 5 s, SIGKILL to the group; a recycled pid is left alone."""
         if not _alive(pid, start_time):
             return
         try:
@@ -274,7 +274,8 @@ class BareMetalBackend:
     # -- orphans (container mode only: a host process carries no ownership labels) ------------
 
     def reap_unowned(self, agent_id: str) -> bool:
-        """Reclaims container-mode agents only, by ``kici-agent-id`` + ``kici-scaler-name`` (SPEC (l))."""
+        """Reclaims container-mode agents only, by ``kici-agent-id`` + ``kici-scaler-name``: a host
+        process carries no ownership labels."""
         return self.containers.reap_unowned(agent_id)
 
     def plan_containers(self) -> ContainerPlan:

@@ -2,7 +2,8 @@
 
 A backend instance is cheap and stateless: what it tracks lives in the database (``Agent``
 rows), so any console process, and a console after a restart, sees the same view. Backends
-record lifecycle events themselves (SPEC (d)) through ``agents.events.record_event``.
+record lifecycle events themselves (``scaler.provisioning`` ... ``agent.connecting``) through
+``agents.events.record_event``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class SpawnError(Exception):
 
 @dataclass
 class SpawnControl:
-    """Deadline and cancellation for one spawn (SPEC c.1 step 9; seed firecracker-api.d.ts "signal").
+    """Deadline and cancellation for one spawn.
 
     ``deadline``: wall-clock epoch seconds after which the spawn is abandoned, or ``None``.
     ``cancelled``: returns a reason string when the spawn must stop (None = carry on); the rq job
@@ -81,9 +82,9 @@ class SpawnResult:
 
 @runtime_checkable
 class Backend(Protocol):
-    """What every scaler backend offers (seed types.d.ts ``ScalerBackend``, in Python).
+    """What every scaler backend offers.
 
-    - ``spawn(agent, control) -> SpawnResult``: provision the sandbox, record the SPEC (d)
+    - ``spawn(agent, control) -> SpawnResult``: provision the sandbox, record the lifecycle
       events up to ``agent.connecting``; on any failure remove what it created and raise
       ``SpawnError`` / ``SpawnAborted``. Does not wait for registration (``scalers.jobs`` does).
     - ``destroy(agent)``: tear down; idempotent; an already-gone sandbox is not an error.

@@ -1,4 +1,4 @@
-"""The event scaler's claim store (SPEC (k) "Claim store"), kept in Redis.
+"""The event scaler's claim store, kept in Redis.
 
 A claim code is 32 random bytes as 64 hex characters, handed to the provisioning target inside
 the ``kici.scaler.scale-up`` event. Only its SHA-256 and first 12 characters are stored, under
@@ -18,7 +18,7 @@ from django.conf import settings
 
 DEFAULT_CLAIM_TTL_SECONDS = 300
 DEFAULT_AGENT_TOKEN_TTL_SECONDS = 600
-#: How long an expired or consumed claim is remembered (reference: purged after 3,600,000 ms).
+#: How long an expired or consumed claim is remembered, in seconds (then purged).
 CLAIM_RETENTION_SECONDS = 3600
 
 _REDEEM = """
@@ -38,7 +38,7 @@ MESSAGES = {
 
 
 class ClaimError(Exception):
-    """A claim that cannot be redeemed; ``str()`` is the reference message."""
+    """A claim that cannot be redeemed; ``str()`` is the matching entry of :data:`MESSAGES`."""
 
 
 def _redis():

@@ -1,4 +1,4 @@
-"""The isolated agent network ``kici-agent-net`` (SPEC (e) "Isolated network", seed container-backend.d.ts).
+"""The isolated agent network ``kici-agent-net``: a bridge on 172.30.0.0/16 every agent container joins.
 
 Module-level because both agent-container spawn paths (container backend, bare-metal container
 mode) must land on it: a container created anywhere else runs on the runtime's default bridge
@@ -35,7 +35,7 @@ def find_isolated_network(docker) -> dict | None:
     """Return the network summary whose name is EXACTLY ``kici-agent-net``, or ``None``.
 
     The runtime's name filter matches substrings (``kici-agent-net-old`` would match), so the
-    listing is re-checked by exact name (CASES CTR-13).
+    listing is re-checked by exact name.
     """
     for net in _api(docker).networks(names=[ISOLATED_NETWORK_NAME]) or []:
         if net.get("Name") == ISOLATED_NETWORK_NAME:
@@ -47,8 +47,8 @@ def ensure_isolated_network(docker) -> str:
     """Create or find ``kici-agent-net`` and return its id.
 
     Created as ``{Name: kici-agent-net, Driver: bridge, IPAM: 172.30.0.0/16 gw 172.30.0.1,
-    Labels: {kici-managed: "true"}}`` (CTR-12). Idempotent, also against a concurrent creator:
-    a 409 on create re-lists and uses the winner's network (CTR-14).
+    Labels: {kici-managed: "true"}}``. Idempotent, also against a concurrent creator:
+    a 409 on create re-lists and uses the winner's network.
 
     A 403 whose cause is a concurrent creator holding the subnet ("pool overlaps") is treated
     the same way. Raises ``IsolatedNetworkError`` (``... after 409 conflict``) when the network

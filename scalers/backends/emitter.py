@@ -1,6 +1,6 @@
 """Delivering scaler events (``kici.scaler.scale-up`` / ``scale-down``) to provisioning targets.
 
-A target is an ``http(s)://`` URL, or a name (``myorg/infra``, the reference's workflow ref)
+A target is an ``http(s)://`` URL, or a name such as ``myorg/infra`` (a workflow repository),
 mapped to a URL by ``settings.KICI_PROVISIONING_TARGET_URLS`` (a dict, or the environment
 variable of that name as ``name=url,name2=url2``). Each delivery is one POST of
 ``{"event", "deliveryId", "timestampMs", "payload"}`` signed with HMAC-SHA256 over the exact body

@@ -1,4 +1,4 @@
-"""The event backend: agents provisioned by someone else, asked for by signed events (SPEC (k)).
+"""The event backend: agents provisioned by someone else, asked for by signed events.
 
 Spawn registers a claim and emits ``kici.scaler.scale-up`` to the scaler's
 ``provisioningTargets``; the provisioner redeems the claim code (``POST /api/v1/agents/claim``)
@@ -8,7 +8,7 @@ claims. ``shutdown_all`` emits nothing: cloud instances outlive the console proc
 
 ``roles``, ``mandatoryLabels``, ``agentTokenTtlSeconds``, ``claimTtlSeconds`` and
 ``provisioningTargets`` are read off ``self.scaler`` at every spawn; :meth:`EventBackend.reload`
-replaces that entry, so a reload takes effect on the next spawn (seed event-backend.d.ts).
+replaces that entry, so a reload takes effect on the next spawn.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class EventBackend:
 
     def scale_up_payload(self, agent, claim_code: str, request_id: str) -> dict:
         """``{scalerName, agentId, labels, mandatoryLabels, resources{cpus?, memBytes?},
-        orchestratorUrl, claimCode, jobId?, requestId}`` (CASES EV-01); never the token."""
+        orchestratorUrl, claimCode, jobId?, requestId}``; never the token."""
         resources: dict = {}
         reservation = getattr(agent, "reservation", None)
         if reservation is not None:
@@ -76,7 +76,7 @@ class EventBackend:
 
     def spawn(self, agent, control: SpawnControl) -> SpawnResult:
         """Register a claim and emit scale-up; on an emit failure the claim is dropped and
-        ``SpawnError`` raised (the job fails the agent and releases its reservation, EV-02)."""
+        ``SpawnError`` raised (the job fails the agent and releases its reservation)."""
         agent.scaler = self.scaler  # the entry in force now, not the one the row was loaded with
         control.check("emit")
         claim_ttl = int(scaler_option(self.scaler, "claimTtlSeconds", DEFAULT_CLAIM_TTL_SECONDS))
@@ -94,7 +94,7 @@ class EventBackend:
         return SpawnResult(managed_id=agent.agent_id, context={"requestId": request_id, "targets": targets})
 
     def destroy(self, agent, reason: str = "shutdown") -> None:
-        """Emit scale-down once per agent (a second destroy emits nothing, EV-03), to the targets
+        """Emit scale-down once per agent (a second destroy emits nothing), to the targets
         recorded at spawn, else the configured ones; then invalidate claims (failure only logged).
         An agent whose scale-up was never delivered gets no scale-down. A failed delivery raises
         ``EventEmitError`` (the caller keeps the reservation and retries)."""
@@ -132,7 +132,7 @@ class EventBackend:
             log.warning("could not invalidate the claims of %s", agent.agent_id, exc_info=True)
 
     def shutdown_all(self) -> None:
-        """Emits nothing (CASES EV-04)."""
+        """Emits nothing: the provisioned machines outlive the console process."""
         return None
 
     def reap_unowned(self, agent_id: str) -> bool:

@@ -1,4 +1,4 @@
-"""Verdicts of the event-provision reaper (SPEC (k) "Event-provision reaper"; CASES EV-06..EV-08).
+"""Verdicts of the event-provision reaper: which event-backend spawns that never registered to fail.
 
 Pure functions; the sweep that feeds them lives with the periodic sweeper. Times in ms.
 """
@@ -12,12 +12,13 @@ STRANDED_TIMEOUT_MS = 1_800_000
 
 
 def flap_grace_ms(knob_ms: int = DEFAULT_FLAP_GRACE_MS, peer_stale_timeout_ms: int = 60_000) -> int:
-    """``max(reroute_flap_grace_ms, 2 × peer stale timeout)`` (EV-06)."""
+    """``max(reroute_flap_grace_ms, 2 × peer stale timeout)``, in ms: how long an agent may go
+    unseen before it is a reaping candidate, so a reroute between peers is not mistaken for a loss."""
     return max(int(knob_ms), 2 * int(peer_stale_timeout_ms))
 
 
 def may_reap(known_peers: int, connected_peers: int) -> bool:
-    """Stand down when peers are known but none is connected (EV-07: a partitioned node must not reap)."""
+    """Stand down when peers are known but none is connected: a partitioned node must not reap."""
     return known_peers == 0 or connected_peers > 0
 
 
@@ -44,7 +45,7 @@ def reap_verdict(
     spawn_timeout_ms: int,
     stranded_timeout_ms: int = STRANDED_TIMEOUT_MS,
 ) -> Verdict:
-    """The fate of one spawn row older than the spawn timeout (EV-08)."""
+    """The fate of one spawn row older than the spawn timeout (all times in ms)."""
     if registered:
         return Verdict("spare", "reset", "registered")
     if unseen_since_ms is None:

@@ -1,17 +1,17 @@
-"""A failed spawn: the ``scaler.failed`` detail (the error plus the agent's last output lines, SPEC
-(d)) and the agent's final state once the failure path removed what the spawn created."""
+"""A failed spawn: the ``scaler.failed`` detail (the error plus the agent's last output lines)
+and the agent's final state once the failure path removed what the spawn created."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 #: Lines of agent output (a container's logs, a process's log file) attached to a ``scaler.failed``
-#: detail (SPEC (d)).
+#: detail.
 CAPTURED_LINES = 50
 
 
 def failure_detail(error: BaseException, captured: list[str]) -> str:
-    """``scaler.failed`` detail: the message, plus ``\\n--- captured output ---\\n<lines>`` when any (CTR-26)."""
+    """``scaler.failed`` detail: the message, plus ``\\n--- captured output ---\\n<lines>`` when any."""
     detail = str(error) or type(error).__name__
     if captured:
         detail += "\n--- captured output ---\n" + "\n".join(captured[-CAPTURED_LINES:])
@@ -20,8 +20,8 @@ def failure_detail(error: BaseException, captured: list[str]) -> str:
 
 #: The states a spawn failure ends (becomes ``failed``). The failure path removed the sandbox, so an
 #: agent that registered meanwhile (``running``) or was drained since (``draining``) has nothing left
-#: to run on: leaving it active would hold its slot for nothing (issue: "a spawn that fails after
-#: the agent registered"). ``destroying`` is left to the teardown in progress, which ends it
+#: to run on: leaving it active would hold its slot for nothing, even when the spawn fails after the
+#: agent registered. ``destroying`` is left to the teardown in progress, which ends it
 #: ``destroyed`` and releases; terminal states stay as they are.
 SPAWN_FAILURE_ENDS = ("spawning", "running", "draining")
 

@@ -1,30 +1,7 @@
-"""Who holds an agent address now: the one question every path that deletes (or rewrites) an
-address's isolation rules asks first (issue: destroying a dead agent removed a live agent's rules).
-
-Isolation rules are keyed by address (``network.nft``: map elements and chains named after it), and
-addresses are reused: docker gives a dead container's address to the next container, the VM
-allocator hands out the lowest free one. "Remove agent A's rules" therefore really means "remove
-the rules of address X", which is right only while nobody else holds X. Holders, of ANY scaler and
-ANY console sharing this database or docker host:
-
-* an active agent row (spawning, running, draining, destroying) whose ``ip`` is X;
-* a ``kici-managed=true`` container with X on ``kici-agent-net`` (the runtime listing: a
-  neighbour console's containers count, exactly as for ``reapUnownedIsolationRules``);
-* a VM address allocation (``ip_allocations`` row) for X.
-
-The sandbox being torn down is left out by its identifiers (``exclude``: its agent id, container
-id, VM id); a container left out also leaves out the agent its ``kici-agent-id`` label names.
-A source that cannot be read (the runtime listing failed) answers with an ``unknown`` holder, so
-the rules are kept: a stale rule set is harmless (a later spawn on X replaces it in one
-transaction, the stale-rule reaper deletes it), deleting a live agent's rules is not.
-
-Check and act are serialised per address: :func:`remove_unless_held` and :func:`address_lock`
-take a transaction-scoped PostgreSQL advisory lock for each address. A spawn records its holder
-(agent ``ip``, allocation row, started container) first and then writes its rules under the lock,
-so a teardown either sees the new holder or finishes deleting before the new rules are written.
-
-The pure part is :func:`holders_by_address` / :func:`other_holders`; :func:`read_holders`,
-:func:`address_holders`, :func:`remove_unless_held` and :func:`address_lock` read the database.
+"""Who holds an agent address now: the question every path that deletes (or rewrites) an
+address's isolation rules asks first, since rules are keyed by address and addresses are reused.
+What counts as a holder, and how check and act are serialised per address (a PostgreSQL advisory
+lock): ``docs/address-holders.md``.
 """
 
 from __future__ import annotations

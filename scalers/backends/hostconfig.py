@@ -1,8 +1,8 @@
-"""The one ``HostConfig`` builder for every KiCI agent container (seed container-hostconfig.d.ts).
+"""The one ``HostConfig`` builder for every KiCI agent container.
 
 Two paths create an agent container: the container backend and the bare-metal backend's
-container mode. They once diverged (one applied the operator's limits, the other dropped them),
-so both call :func:`build_agent_container_host_config` and nothing else builds a HostConfig.
+container mode. Both call :func:`build_agent_container_host_config` and nothing else builds a
+HostConfig, so the two cannot differ (e.g. one applying the operator's limits, the other not).
 
 Why there is NO ``CapDrop`` and no ``no-new-privileges`` here: both paths run the agent with
 ``KICI_EXECUTION_MODE=bare-metal``, so unless a job brings its own image the workflow's build
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from scalers.resources import EffectiveLimits
 
-#: Maximum processes in one agent container (seed container-hostconfig.d.ts). Not configurable.
+#: Maximum processes in one agent container. Not configurable.
 AGENT_CONTAINER_PIDS_LIMIT = 4096
 
 
@@ -34,11 +34,11 @@ def build_agent_container_host_config(
     """Return the agent container's HostConfig as a Docker Engine API dict.
 
     - ``Memory`` (bytes) only when ``limits.mem_bytes > 0``; ``NanoCpus = round(cpus * 1e9)``
-      only when ``limits.cpus > 0`` (SPEC (e) "HostConfig", CASES CTR-04/CTR-06).
+      only when ``limits.cpus > 0``.
     - ``Binds`` only when non-empty (``/host:/ctr[:ro]`` strings); ``ExtraHosts`` only when
       non-empty (``name:ip`` strings).
     - Always ``AutoRemove: false``, ``PidsLimit: 4096``, ``Init: true``; never ``CapDrop`` or
-      ``SecurityOpt`` (CTR-07; the module docstring says why).
+      ``SecurityOpt`` (the module docstring says why).
 
     Raises ``ValueError`` naming the field for a negative limit or a non-string bind/host entry.
     """

@@ -1,8 +1,8 @@
-"""Per-agent network isolation for agent containers, through helper "net"'s ``NftClient`` (SPEC (e), (f), (g)).
+"""Per-agent network isolation for agent containers, through ``network.nft.apply.NftClient``.
 
 One :class:`ContainerIsolation` per backend instance: the table is ``nftTable`` on the scaler
-entry when set, else ``settings.KICI_NFT_TABLE`` (seed firecracker-backend.d.ts ``nftOpts``:
-never a hard-coded table another console may own). No guard interfaces are installed on
+entry when set, else ``settings.KICI_NFT_TABLE`` (never a hard-coded table another console
+may own). No guard interfaces are installed on
 ``kici-agent-net``: that bridge is shared by every console on the docker host, and a guard in
 this console's table would drop a neighbour's agents.
 """
@@ -27,7 +27,7 @@ def nft_table_for(scaler: Any) -> str:
 
 
 def host_services() -> list[str]:
-    """Host-access entries for the console's own object storage (SPEC g.2; seed ``hostServices``)."""
+    """Host-access entries for the console's own object storage (``KICI_STORAGE_URL``), so agents reach it."""
     from network.host_access import storage_host_access_entries
 
     return storage_host_access_entries(getattr(settings, "KICI_STORAGE_URL", None))
@@ -36,7 +36,7 @@ def host_services() -> list[str]:
 def resolve_host_access(
     policy: Any, orchestrator_url: str, gateway: str = ISOLATED_NETWORK_GATEWAY
 ) -> tuple[list[str], bool]:
-    """``(entries, explicit)``: the label set's explicit ``hostAccess`` verbatim, else the SPEC g.3
+    """``(entries, explicit)``: the label set's explicit ``hostAccess`` verbatim, else the
     default (gateway DNS, the console port, host services)."""
     from network.host_access import resolve_agent_host_access
 
@@ -61,7 +61,7 @@ class ContainerIsolation:
         self.table = client.table
 
     def check(self) -> None:
-        """Fail closed when nft is unusable (CTR-18): raises ``NftUnavailableError`` / ``NftError``."""
+        """Fail closed when nft is unusable: raises ``NftUnavailableError`` / ``NftError``."""
         self.client.check_available()
         self.client.ensure_table()
 

@@ -1,4 +1,4 @@
-"""Which container runtime a scaler talks to, and a docker SDK client for it (SPEC (e) "Runtime detection")."""
+"""Which container runtime a scaler talks to, and a docker SDK client for it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ NO_RUNTIME_MESSAGE = "No container runtime found. Install Docker or Podman, or c
 
 
 class NoContainerRuntime(RuntimeError):
-    """No usable runtime socket and no ``host`` configured (CASES CTR-23)."""
+    """No usable runtime socket and no ``host`` configured; ``str()`` is :data:`NO_RUNTIME_MESSAGE`."""
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,12 @@ def detect_container_runtime(
     accessible: Callable[[str], bool] = _accessible,
     environ: dict | None = None,
 ) -> RuntimeInfo:
-    """Resolve the runtime for a scaler entry (SPEC (e); CASES CTR-23/CTR-24).
+    """Resolve the runtime for a scaler entry.
 
     ``host`` (``tcp://h:2376``): remote, no probing, runtime podman only when ``hint == "podman"``.
     ``socket_path``: that socket, runtime inferred from the path (``podman`` in it ⇒ podman).
     Otherwise the first readable+writable socket of :func:`probe_paths`. Raises
-    :class:`NoContainerRuntime` with the reference message when nothing is found.
+    :class:`NoContainerRuntime` (:data:`NO_RUNTIME_MESSAGE`) when nothing is found.
     """
     if host:
         return RuntimeInfo(runtime="podman" if hint == "podman" else "docker", base_url=host)

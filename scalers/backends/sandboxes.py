@@ -7,9 +7,9 @@
   ``missing``; otherwise the container's own state (``running``, ``exited``, ``dead``, ``paused``,
   ``created``, ``restarting``, ``removing``) with its status line as detail. A runtime that cannot
   be listed gives ``unknown`` for all of them: nothing is proven.
-* Firecracker agents: the PID-reuse-safe probe of ``<chroot>/firecracker.pid`` (SPEC h "PID
-  probe"): a pid that is not running (or a recycled one) is ``exited``; a chroot that no longer
-  exists is ``missing``; an unreadable pid file in a chroot that exists is ``unknown``.
+* Firecracker agents: the PID-reuse-safe probe of ``<chroot>/firecracker.pid`` (``firecracker.pidprobe``):
+  a pid that is not running (or a recycled one) is ``exited``; a chroot that no longer exists is
+  ``missing``; an unreadable pid file in a chroot that exists is ``unknown``.
 * bare-metal process-mode agents: the recorded pid and its start time (``/proc/<pid>/stat``): a
   process that is gone, a zombie, or a recycled pid is ``exited``.
 * event agents run on someone else's machine: ``not probed`` (only the heartbeat can tell).

@@ -1,4 +1,4 @@
-"""What every agent is spawned with: labels, console URL, environment, limits (SPEC (d), (e), (l)).
+"""What every agent is spawned with: labels, console URL, environment, limits.
 
 Pure functions over a scaler, its label set and an agent, shared by the container, bare-metal
 and event backends so the three cannot drift.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 #: Prefix of host environment variables forwarded into every agent, suffix = the agent's name.
 FORWARD_PREFIX = "KICI_AGENT_ENV_"
 
-#: System variables a bare-metal process inherits (SPEC (l) "allow-list"); everything else is dropped
+#: System variables a bare-metal process inherits; everything else is dropped
 #: unless KICI_TRUSTED_ENV=true.
 PROCESS_ENV_ALLOWLIST = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ", "TMPDIR", "TERM")
 
@@ -40,7 +40,8 @@ def network_policy(label_set: LabelSet | None) -> dict:
     """The label set's ``networkPolicy`` with ``hostAccess`` taken from ``LabelSet.host_access``.
 
     The column is the source of truth (the host-access editor changes it without re-importing):
-    a list (even ``[]``) is the explicit policy, ``None`` means the SPEC g.3 default.
+    a list (even ``[]``) is the explicit policy, ``None`` means the default
+    (``isolation.resolve_host_access``).
     """
     policy = dict(label_set_option(label_set, "networkPolicy") or {})
     policy.pop("hostAccess", None)
@@ -51,7 +52,7 @@ def network_policy(label_set: LabelSet | None) -> dict:
 
 
 def console_url(scaler: Scaler) -> str:
-    """The URL agents dial back: the scaler's ``orchestratorUrl``, else ``settings.KICI_CONSOLE_URL`` (SPEC (d))."""
+    """The URL agents dial back: the scaler's ``orchestratorUrl``, else ``settings.KICI_CONSOLE_URL``."""
     return (scaler.orchestrator_url or scaler_option(scaler, "orchestratorUrl") or settings.KICI_CONSOLE_URL).strip()
 
 
@@ -79,7 +80,7 @@ def normalized_label_set(agent: Agent) -> str:
 
 
 def forwarded_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
-    """Host ``KICI_AGENT_ENV_<X>=v`` as ``(X, v)``, in sorted order; an empty suffix is skipped (SPEC (e))."""
+    """Host ``KICI_AGENT_ENV_<X>=v`` as ``(X, v)``, in sorted order; an empty suffix is skipped."""
     environ = os.environ if environ is None else environ
     out = []
     for key in sorted(environ):
@@ -98,7 +99,7 @@ def _label_env(label_set: LabelSet | None) -> list[tuple[str, str]]:
 def container_env(
     agent: Agent, token: str | None, *, image: str, environ: Mapping[str, str] | None = None, job_image: bool = False
 ) -> list[str]:
-    """``Env`` of an agent container, in SPEC (e) order (CASES CTR-01..03).
+    """``Env`` of an agent container, in this order:
 
     ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``, ``KICI_LABELS``, ``KICI_SCALER_MANAGED=1``,
     ``KICI_EXECUTION_MODE=bare-metal``, ``KICI_RUNTIME_IMAGE``, ``KICI_AGENT_TOKEN`` (when
@@ -127,7 +128,7 @@ def container_env(
 
 
 def process_env(agent: Agent, token: str | None, *, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment of a bare-metal agent process (SPEC (l) process mode, CASES BM-04).
+    """Environment of a bare-metal agent process (process mode).
 
     Allow-listed system variables (all of them when ``KICI_TRUSTED_ENV=true`` in the label env
     or the forwarded host env), forwarded ``KICI_AGENT_ENV_*``, then ``KICI_AGENT_TOKEN``,
@@ -164,7 +165,7 @@ def process_env(agent: Agent, token: str | None, *, environ: Mapping[str, str] |
 
 
 def container_labels(agent: Agent, *, bound_job_labels: bool = True) -> dict[str, str]:
-    """Labels stamped on an agent container (SPEC (e), CASES CTR-08, BM-07).
+    """Labels stamped on an agent container (container backend and bare-metal container mode).
 
     ``kici-managed=true``, ``kici-scaler-name``, ``kici-agent-id``, ``kici-labels``; plus
     ``kici-bound-job-id`` / ``kici-run-id`` for a job-bound spawn when ``bound_job_labels``.
@@ -184,7 +185,7 @@ def container_labels(agent: Agent, *, bound_job_labels: bool = True) -> dict[str
 
 def spawn_limits(agent: Agent) -> EffectiveLimits:
     """Limits for this spawn: the reservation's resolved limits when either is set, else the
-    label set's (or ``defaults``') limits side (SPEC (e) "Limits", CASES CTR-04/CTR-06)."""
+    label set's (or ``defaults``') limits side."""
     reservation = getattr(agent, "reservation", None) if agent.pk else None
     try:
         if reservation is not None and (reservation.limit_cpus > 0 or reservation.limit_memory_bytes > 0):

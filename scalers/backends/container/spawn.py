@@ -1,29 +1,6 @@
 """Spawning one agent container: the create config, the pull policy, start, address and rules,
-and the cleanup of a failed spawn.
-
-In order (each step preceded by ``control.check(stage)``, so a spawn past its deadline or
-cancelled stops issuing runtime calls): mint the token, ``create`` (pulling per
-``imagePullPolicy``: first for ``Always``, on "no such image" for ``IfNotPresent``) with labels,
-env, the one HostConfig builder, attached to ``kici-agent-net``; ``start``; then the network
-stage: read the container's address and write its forward and input rules (the address is known
-only after start; job code runs only after the agent registers, which it can only do through
-those rules); then ``scaler.ready`` and ``agent.connecting``. Any failure removes the rules and
-the container and re-raises; ``scalers.jobs`` records ``scaler.failed`` and releases the
-reservation.
-
-The start-up gap: docker assigns the address when the container starts, so the rules can only be
-written after ``start``, roughly 50 ms later (one inspect, one database write, one nft
-transaction). During that gap the container's packets are not filtered by this console:
-``kici-agent-net`` has no guard rule, because the bridge is shared with other consoles' agents,
-and an unmapped address falls through to the hooks' accept policy. What bounds the damage: job
-code cannot run yet (it arrives only after the agent registers, through the rules); the forward
-chain has no conntrack shortcut, so every packet of a flow opened in the gap (to the LAN, to
-169.254.169.254) is re-checked once the rules exist; and the input chain accepts conntrack state
-only in the reply direction, so a connection the image's entrypoint opened to a host port in the
-gap stops at its next packet (``network.nft.render``; tests/test_isolation_packets.py). What is
-NOT covered: packets sent and answered entirely within the gap (one short request to a host port,
-the LAN or a metadata service, or a UDP datagram). Closing it needs the address before ``start``
-(a static address per container), which this backend does not do yet.
+and the cleanup of a failed spawn. The steps in order, and the start-up gap before the
+container's rules are written: ``docs/container-spawn.md``.
 """
 
 from __future__ import annotations
@@ -115,7 +92,7 @@ def spawn_container(
     rules: AgentRules,
     build_config: Callable[[object, str | None, str], dict],
 ) -> SpawnResult:
-    """Provision one agent container on ``host``; see the module doc for the steps. Returns its
+    """Provision one agent container on ``host`` (steps: ``docs/container-spawn.md``). Returns its
     id, address and resolved host access. ``rules``: the backend's rule writer (isolation is on
     when ``rules.enabled``). ``build_config(agent, token, image)``: the create arguments. Raises
     ``SpawnError`` / ``SpawnAborted`` after removing whatever it created (container, rules); lets

@@ -1,32 +1,7 @@
-"""A ``type: firecracker`` scaler through the common backend protocol (``scalers.backends.base``).
-
-``get_backend(scaler)`` returns a :class:`FirecrackerScalerBackend`: it builds the
-:class:`~.backend.FirecrackerBackend` from the scaler row (``FirecrackerSettings.from_config`` of
-``Scaler.config`` and the imported top-level ``firecracker`` block), the database IP allocator,
-an ``NftClient`` on the configured ``firecracker.table``, registration tokens from
-``agents.tokens`` and events through ``agents.events.record_event``.
-
-This is the one layer around the backend, and it is kept apart on purpose: the backend speaks
-agent ids, label-set entries and callbacks, so it runs (and is tested) without agent rows; this
-layer is the part to read for how a scaler's rows, spawn control and events map onto it.
-
-Lifetime: the VM's boot watcher and log tail are threads of the process that ran the spawn, so
-the rq spawn job must outlive the boot. ``scalers.jobs.spawn_agent`` therefore calls
-:meth:`FirecrackerScalerBackend.await_registration` after storing the spawn result: it polls the
-agent row until the agent registers (row ``running``), the VM dies during boot (the watcher
-abandons the spawn: ``scaler.failed`` with its failure type, cleanup), the row is taken away from
-``spawning`` by someone else (then this process stops watching), or the spawn deadline passes
-(abandoned: "agent did not register within N s").
-
-Failure bookkeeping: every ``scaler.failed`` the Firecracker backend emits is recorded with its
-payload (``reason``, ``failureType``) plus the last 50 serial lines, the agent is marked failed
-(compare-and-swap from ``spawning``) and its tokens revoked. The reservation is the caller's: a
-failed spawn raises ``SpawnError``/``SpawnAborted`` (from :meth:`~FirecrackerScalerBackend.spawn`,
-or from :meth:`~FirecrackerScalerBackend.await_registration` once the failed boot's rules, TAP,
-IP row and directory are gone) and the spawn job releases it.
-
-Tests: ``settings.KICI_FIRECRACKER_NETNS`` (or the ``netns`` option) names a network namespace
-holding bridge, TAPs and table; unset in production.
+"""A ``type: firecracker`` scaler through the common backend protocol (``scalers.backends.base``):
+builds the ``FirecrackerBackend`` from the scaler row and maps rows, spawn control and events onto
+it. The spawn job waits in :meth:`FirecrackerScalerBackend.await_registration` because the boot
+watcher is a thread of the spawning process. Details: ``docs/firecracker-adapter.md``.
 """
 
 from __future__ import annotations
@@ -58,7 +33,7 @@ _PROVISIONED: set[FirecrackerSettings] = set()
 
 
 class FirecrackerScalerBackend:
-    """The ``Backend`` of one firecracker scaler (see the module doc).
+    """The ``Backend`` of one firecracker scaler (see ``docs/firecracker-adapter.md``).
 
     Options: ``netns`` (namespace of bridge/TAPs/table; default ``settings.KICI_FIRECRACKER_NETNS``),
     ``nft`` (an ``NftClient``), ``ip_allocator``, ``environ`` (source of ``KICI_AGENT_ENV_*``),

@@ -1,4 +1,4 @@
-"""Synchronous Firecracker API client over the VM's Unix socket (seed firecracker-api.d.ts, SPEC h).
+"""Synchronous Firecracker API client over the VM's Unix socket.
 
 Only the calls the backend uses: ``GET /`` (readiness), ``PUT /mmds`` / ``GET /mmds`` (bootstrap
 data), ``PUT /actions {"action_type": "SendCtrlAltDel"}`` (graceful shutdown). The VM itself is
@@ -22,7 +22,7 @@ UNIX_PATH_MAX = 108
 
 
 class FirecrackerApiError(Exception):
-    """A non-2xx answer: ``Firecracker API <METHOD> <path>: <status> <body>`` (SPEC h)."""
+    """A non-2xx answer: ``Firecracker API <METHOD> <path>: <status> <body>``."""
 
     def __init__(self, method: str, path: str, status: int, body: str):
         self.method, self.path, self.status, self.body = method, path, status, body
@@ -67,8 +67,8 @@ class FirecrackerApi:
 
     ``socket_path``: host path of ``<chroot>/run/firecracker.socket``. ``cancel``: optional
     :class:`CancelSignal`; once it fires, every in-flight request is aborted (its socket is shut
-    down) and every later request raises :class:`FirecrackerApiAborted` without connecting
-    (seed firecracker-api.d.ts). A plain ``threading.Event`` is accepted too, but is then only
+    down) and every later request raises :class:`FirecrackerApiAborted` without connecting.
+    A plain ``threading.Event`` is accepted too, but is then only
     checked before and after each request. ``timeout``: seconds per socket operation.
 
     Errors: :class:`FirecrackerApiError` for a non-2xx status; ``OSError`` (e.g.
@@ -159,7 +159,7 @@ class FirecrackerApi:
             return False
 
     def put_mmds(self, payload: dict) -> None:
-        """``PUT /mmds`` with the whole metadata document (SPEC h, FC-07)."""
+        """``PUT /mmds`` with the whole metadata document (``jail.build_mmds_payload``)."""
         self.request("PUT", "/mmds", payload)
 
     def get_mmds(self) -> Any:
@@ -167,9 +167,10 @@ class FirecrackerApi:
         return self.request("GET", "/mmds")
 
     def clear_mmds(self) -> None:
-        """``PUT /mmds`` with ``{"latest": {"meta-data": {}}}`` (after the agent's config.ack, SPEC d)."""
+        """``PUT /mmds`` with ``{"latest": {"meta-data": {}}}``: after the agent registered, the spent
+        token leaves the metadata service."""
         self.request("PUT", "/mmds", {"latest": {"meta-data": {}}})
 
     def send_ctrl_alt_del(self) -> None:
-        """``PUT /actions {"action_type": "SendCtrlAltDel"}`` (graceful shutdown, SPEC h destroy)."""
+        """``PUT /actions {"action_type": "SendCtrlAltDel"}`` (graceful shutdown on destroy)."""
         self.request("PUT", "/actions", {"action_type": "SendCtrlAltDel"})

@@ -1,8 +1,7 @@
 """A thread-safe cancellation signal with callbacks, the synchronous stand-in for an AbortSignal.
 
 The spawn path hands one signal to every piece of work it starts (API client, socket wait, jailer
-watcher); setting it aborts all of them at once (seed firecracker-api.d.ts: "Aborts every
-in-flight and subsequent request on this client").
+watcher); setting it aborts all of them at once: every in-flight request and every later one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Serial-console failure detection (SPEC h "Serial/VMM logs"; FC-11).
+"""Serial-console failure detection: which lines are errors, and why a VM failed to boot.
 
 Pure functions: classify a line or a whole log; wrap non-JSON serial lines as ``{level, message}``.
 """
@@ -9,11 +9,11 @@ import json
 import os
 from pathlib import Path
 
-from live.streams import FAILURE_PATTERNS as _SPEC_FAILURE_PATTERNS
+from live.streams import FAILURE_PATTERNS as _LIVE_FAILURE_PATTERNS
 
-#: Case-insensitive fragments that make a serial line an error (SPEC h), lower-cased: the live
+#: Case-insensitive fragments that make a serial line an error, lower-cased: the live
 #: console's list (``live.streams.FAILURE_PATTERNS``), so the two cannot drift apart.
-FAILURE_PATTERNS = tuple(p.lower() for p in _SPEC_FAILURE_PATTERNS)
+FAILURE_PATTERNS = tuple(p.lower() for p in _LIVE_FAILURE_PATTERNS)
 
 KERNEL_PANIC = "kernel-panic"
 INIT_FAILURE = "init-failure"
@@ -40,7 +40,7 @@ def is_failure_line(line: str) -> bool:
 
 def classify_failure(text: str) -> str:
     """Failure type of a serial log text: ``rootfs-mount-failure``, ``init-failure``, ``kernel-panic``
-    or ``unknown`` (FC-11), checked most specific first."""
+    or ``unknown``, checked most specific first."""
     low = text.lower()
     for fragment, kind in _TYPE_ORDER:
         if fragment in low:

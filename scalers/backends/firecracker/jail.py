@@ -1,4 +1,4 @@
-"""The VM's jail: paths, jailer argv, ``config.json``, MMDS payload, and the chroot on disk (SPEC h).
+"""The VM's jail: paths, jailer argv, ``config.json``, MMDS payload, and the chroot on disk.
 
 Pure builders (``jailer_args``, ``resolve_vm_shape``, ``build_vm_config``, ``forwarded_env``,
 ``build_mmds_payload``) are separate from the two functions that touch the disk
@@ -43,7 +43,7 @@ def vm_dir(base: str | os.PathLike, agent_id: str) -> Path:
 
 
 def chroot_dir(base: str | os.PathLike, agent_id: str) -> Path:
-    """``<base>/firecracker/<agent_id>/root``: where the jailer chroots (SPEC h)."""
+    """``<base>/firecracker/<agent_id>/root``: where the jailer chroots."""
     return vm_dir(base, agent_id) / "root"
 
 
@@ -56,7 +56,8 @@ def api_socket_path(chroot: Path) -> Path:
 
 
 def jailer_args(agent_id: str, firecracker_path: str, uid: int, gid: int, chroot_base: str | os.PathLike) -> list[str]:
-    """Jailer arguments (without the jailer program itself), FC-01 / SPEC h."""
+    """Jailer arguments (without the jailer program itself): the jailer's own options, ``--``, then
+    firecracker's (paths inside the chroot). Raises ``ValueError`` for an id the jailer would refuse."""
     vm_dir(chroot_base, agent_id)  # validates the id
     return [
         "--id", agent_id,
@@ -85,7 +86,7 @@ def _limit(limits: Any, *names: str) -> Any:
 
 
 def resolve_vm_shape(limits: Any, label_set: Mapping, scaler: Mapping) -> tuple[int, int]:
-    """``(vcpu_count, mem_size_mib)`` (SPEC h, FC-03).
+    """``(vcpu_count, mem_size_mib)`` of the VM.
 
     ``limits``: effective limits, a mapping or object with ``cpus`` (float) and ``memory_bytes``
     (int bytes; ``memBytes`` accepted too) or None. Limits win when usable (cpus → ceil, at least 1;
@@ -104,7 +105,7 @@ def resolve_vm_shape(limits: Any, label_set: Mapping, scaler: Mapping) -> tuple[
 
 
 def build_vm_config(*, ip: str, gateway: str, netmask: str, mac: str, tap: str, vcpus: int, mem_mib: int) -> dict:
-    """The ``config.json`` the jailed firecracker boots from (SPEC h, FC-02)."""
+    """The ``config.json`` the jailed firecracker boots from: kernel, rootfs and overlay drives, MMDS on eth0."""
     return {
         "boot-source": {
             "kernel_image_path": "/kernel",
@@ -125,7 +126,7 @@ def build_vm_config(*, ip: str, gateway: str, netmask: str, mac: str, tap: str, 
 def forwarded_env(
     host_env: Mapping[str, str], label_env: Mapping[str, str] | None, warn: Callable[[str], None] = log.warning
 ) -> dict[str, str]:
-    """The ``kici-env`` map (SPEC h, FC-08).
+    """The ``kici-env`` map: the environment the agent inside the VM is started with.
 
     ``KICI_AGENT_ENV_<K>`` host variables (prefix stripped), overlaid by the label set's ``env``.
     Keys must match ``^[A-Za-z_][A-Za-z0-9_]*$``; each kept entry costs bytes(key)+bytes(value)+2
@@ -163,7 +164,7 @@ def build_mmds_payload(
     backpressure_mode: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> dict:
-    """``{"latest": {"meta-data": {...}}}`` for ``PUT /mmds`` (SPEC h, FC-07); optional keys only when set."""
+    """``{"latest": {"meta-data": {...}}}`` for ``PUT /mmds``; optional keys only when set."""
     meta: dict[str, Any] = {
         "kici-orchestrator-url": orchestrator_url,
         "kici-agent-id": agent_id,
@@ -181,13 +182,13 @@ def build_mmds_payload(
 
 
 def sudo_wrap(argv: Sequence[str], require_sudo: bool) -> list[str]:
-    """``argv`` prefixed with ``sudo -n`` when ``require_sudo`` (SPEC a.6 ``requireSudo``)."""
+    """``argv`` prefixed with ``sudo -n`` when ``require_sudo`` (the scaler's ``requireSudo``)."""
     return (["sudo", "-n"] if require_sudo else []) + list(argv)
 
 
 # ---- disk ----------------------------------------------------------------------------------
 
-#: The disk guard's floor, in bytes (SPEC c.7: "Firecracker chroot volume < 1 GiB free").
+#: The disk guard's floor, in bytes: no VM is spawned on a chroot volume with less than 1 GiB free.
 MIN_FREE_BYTES = 1 << 30
 
 
@@ -214,7 +215,7 @@ def free_bytes(base: str | os.PathLike) -> int:
 
 
 def check_free_space(base: str | os.PathLike, floor: int = MIN_FREE_BYTES) -> int:
-    """The disk guard (SPEC c.7, CASES FC-19): returns the free bytes of ``base``'s volume, or raises
+    """The disk guard: returns the free bytes of ``base``'s volume, or raises
     :class:`ChrootVolumeFull` when they are below ``floor`` (bytes; 0 turns the guard off)."""
     free = free_bytes(base)
     if floor > 0 and free < floor:
@@ -289,7 +290,7 @@ def prepare_chroot(
     require_sudo: bool = False,
     mkfs: str = "mkfs.ext4",
 ) -> ChrootLayout:
-    """Lay out ``<base>/firecracker/<id>/root`` (SPEC h spawn sequence).
+    """Lay out ``<base>/firecracker/<id>/root`` for the jailer.
 
     rootfs → ``rootfs.ext4`` and kernel → ``kernel`` (hard-linked, copied on EXDEV); a sparse
     ``overlay.ext4`` of ``overlay_mib`` MiB formatted with ``mkfs.ext4 -qF``; ``config.json``;

@@ -1,4 +1,4 @@
-"""Forwarding a VM's serial console and VMM log (SPEC h "Serial/VMM logs").
+"""Forwarding a VM's serial console and VMM log, line by line, to a sink.
 
 One daemon thread per VM runs ``live.tail.tail_file`` on both files in its own event loop and
 hands every line to a sink as ``sink(agent_id, source, record)``: source ``firecracker-serial``

@@ -176,7 +176,7 @@ class PeriodicSweep:
     """Runs ``sweep()`` every ``interval_s`` seconds (15 min by default) in a daemon thread.
 
     Non-reentrant: :meth:`run_once` returns None without running while another run is in progress
-    (from the timer or a direct call). :meth:`stop` ends the thread (SPEC h periodic sweep).
+    (from the timer or a direct call). :meth:`stop` ends the thread.
     """
 
     def __init__(self, sweep: Callable[[], Any], interval_s: float = SWEEP_INTERVAL_S, name: str = "fc-sweep"):

@@ -1,6 +1,5 @@
-"""Host provisioning for Firecracker scalers when ``autoProvisionHost`` is set (SPEC f "Firecracker
-host baseline" and "Bridge port isolation"; seed firecracker-backend.d.ts ``ensureHostReady``,
-``assertBridgePortIsolationSupported``, ``reapplyIsolationForTrackedVms``, ``nftOpts``).
+"""Host provisioning for Firecracker scalers when ``autoProvisionHost`` is set: the bridge, IP
+forwarding, egress and the isolation table the VMs' rules live in.
 
 Order: bridge (``gateway/prefix``, up) → ``net.ipv4.ip_forward=1`` → the isolation table in the
 *configured* table name with the bridge as a guarded interface → the egress baseline
@@ -9,7 +8,7 @@ clamp to 1460; skipped with a warning when there is no default route) → the en
 port-isolation probe (fail-closed) → every tracked VM's rules re-applied in one transaction.
 
 Not done (host-specific, left to the operator): iptables ``DOCKER-USER`` accepts and the
-NetworkManager unmanaged-devices snippet of the reference.
+NetworkManager configuration that keeps it from managing the bridge and TAP devices.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Validated settings of one Firecracker scaler plus the shared ``firecracker`` network block (SPEC a.6, a.9)."""
+"""Validated settings of one Firecracker scaler plus the shared ``firecracker`` network block."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class FirecrackerSettings:
     socket_wait_s: float = 5.0
     destroy_wait_s: float = 5.0
     exit_grace_s: float = 0.5
-    #: Disk guard floor (SPEC c.7): below this many free bytes on the chroot volume no VM is spawned.
+    #: Disk guard floor: below this many free bytes on the chroot volume no VM is spawned.
     min_free_bytes: int = 1 << 30
 
     @property

@@ -1,4 +1,4 @@
-"""Bare-metal backend: host-process agents and container mode (SPEC (l); CASES BM-01..BM-07)."""
+"""Bare-metal backend: host-process agents (argv, cgroup scope, destroy, failures) and container mode."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def write_script(tmp_path: Path, name: str, body: str) -> str:
 
 @pytest.fixture
 def agent_binary(tmp_path):
-    """The reference Python agent behind a wrapper that pins this venv's interpreter."""
+    """The project's Python agent (agent/kici_agent.py) behind a wrapper that pins this venv's interpreter."""
     return write_script(
         tmp_path, "kici-agent", f"#!/bin/sh\nexec {sys.executable} {ROOT / 'agent' / 'kici_agent.py'}\n"
     )

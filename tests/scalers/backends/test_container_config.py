@@ -1,5 +1,5 @@
-"""What an agent container is created with: HostConfig, env, labels, network (SPEC (e);
-seed container-hostconfig.d.ts; CASES CTR-01..CTR-09, CTR-12..CTR-14, CTR-17, CTR-23, CTR-24)."""
+"""What an agent container is created with: HostConfig, env, labels, network, and which runtime
+it is created on."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The orphan sweep on a docker host shared by two consoles (issue 4 items 3-5; seed
-container-backend.d.ts ``cleanupOrphans``; SPEC (e); CASES CTR-21, CTR-22)."""
+"""The orphan sweep on a docker host shared by two consoles: each removes only its own orphans,
+plans then applies with a re-check, and reaps only rules no kici container's address holds."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_two_consoles_sweeping_1000_times_never_touch_each_others_running_agents
     )
 
     # Console A tracks its spawning agent (a database row), so its created container is not an orphan;
-    # after a restart with an empty view it is one (a local spawn cannot outlive its process, SPEC c.5).
+    # after a restart with an empty view it is one (a local spawn cannot outlive its process).
     assert tracked_created not in {t.target for t in console_a.plan_orphans()}
 
     removed = {"a": 0, "b": 0, "restarted": 0}

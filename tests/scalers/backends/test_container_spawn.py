@@ -1,5 +1,5 @@
-"""A real container spawn on the private dockerd that registers with a live console (issue 2 item 6,
-issue 4; SPEC (d), (e); CASES CTR-08, CTR-16, CTR-19)."""
+"""A real container spawn on the private dockerd that registers with a live console: its labels,
+lifecycle events, isolation rules, and teardown."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Each spawn stage made to fail in turn leaves no container, rule or reservation (issue 4
-"How it is checked"; SPEC (d) failure events, (e) "Any throw ⇒ scaler.failed, rules removed,
-container force-removed"; CASES CTR-16, CTR-26)."""
+"""Each spawn stage made to fail in turn leaves no container, rule or reservation: any failure
+records ``scaler.failed`` (with the captured output), removes the rules and force-removes the
+container."""
 
 from __future__ import annotations
 

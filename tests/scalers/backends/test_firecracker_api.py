@@ -1,4 +1,4 @@
-"""The Firecracker API client: real ``firecracker --api-sock``, errors, and cancellation (seed firecracker-api.d.ts)."""
+"""The Firecracker API client: real ``firecracker --api-sock``, errors, and cancellation."""
 
 from __future__ import annotations
 

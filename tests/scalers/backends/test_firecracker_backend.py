@@ -1,5 +1,5 @@
-"""Firecracker spawn, failure paths and destroy with the fake jailer/VMM (seed firecracker-backend.d.ts;
-SPEC h; FC-06, FC-07, FC-09). The fake speaks the real API on the real socket path, in a real chroot."""
+"""Firecracker spawn, failure paths and destroy with the fake jailer/VMM. The fake speaks the real
+API on the real socket path, in a real chroot."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_a_vm_boots_serves_its_token_over_mmds_and_is_destroyed_without_a_trace(
     assert b.destroy(agent_id) is False
 
 
-def test_a_socket_that_never_answers_fails_the_spawn_and_cleans_up(fc_env):  # FC-06
+def test_a_socket_that_never_answers_fails_the_spawn_and_cleans_up(fc_env):
     env = fc_env
     b = _backend(env, "api off")
     agent_id = "scaler-firecracker-00000f06"
@@ -259,7 +259,7 @@ def test_a_stopped_log_forwarder_still_forwards_what_a_starved_tail_had_not_read
     assert got.count("reboot: Restarting system") == 1
 
 
-def test_the_disk_guard_refuses_a_vm_on_a_chroot_volume_below_its_floor(fc_env):  # FC-19, SPEC c.7
+def test_the_disk_guard_refuses_a_vm_on_a_chroot_volume_below_its_floor(fc_env):
     import re
     import subprocess
 

@@ -1,4 +1,4 @@
-"""A firecracker scaler end to end through the product's common path (issue 6; SPEC c, d, h):
+"""A firecracker scaler end to end through the product's common path:
 scalers.yaml import → ``request_scale`` → the rq spawn job (``get_backend`` → the firecracker
 adapter) → registration through the real endpoint → teardown, and a guest that cannot boot.
 

@@ -1,4 +1,4 @@
-"""Jailer argv, config.json, VM shape, MMDS payload and env budget, chroot layout (SPEC h; FC-01..03, 07, 08)."""
+"""Jailer argv, config.json, VM shape, MMDS payload and env budget, chroot layout."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from scalers.backends.firecracker.failure import classify_failure, is_failure_li
 AGENT = "scaler-firecracker-1d993749"
 
 
-def test_jailer_argv_matches_the_reference_order():  # FC-01
+def test_jailer_argv_is_the_jailer_options_then_the_firecracker_options():
     args = jail.jailer_args(AGENT, "/usr/local/bin/firecracker", 10000, 10000, "/srv/jailer")
     assert " ".join(args) == (
         "--id scaler-firecracker-1d993749 --exec-file /usr/local/bin/firecracker --uid 10000 --gid 10000 "
@@ -30,7 +30,7 @@ def test_it_refuses_an_agent_id_the_jailer_would_not_take(bad):
         jail.vm_dir("/srv/jailer", bad)
 
 
-def test_config_json_boots_from_the_kernel_with_two_drives_and_mmds_on_eth0():  # FC-02
+def test_config_json_boots_from_the_kernel_with_two_drives_and_mmds_on_eth0():
     vcpus, mib = jail.resolve_vm_shape(None, {}, {"vcpuCount": 2, "memSizeMib": 512})
     cfg = jail.build_vm_config(
         ip="10.0.0.2", gateway="10.0.0.1", netmask="255.255.255.0", mac="06:00:AC:00:00:02",
@@ -64,7 +64,7 @@ def test_config_json_boots_from_the_kernel_with_two_drives_and_mmds_on_eth0():  
         (None, (4, 1024)),
     ],
 )
-def test_effective_limits_win_over_label_set_and_scaler(limits, expected):  # FC-03
+def test_effective_limits_win_over_label_set_and_scaler(limits, expected):
     assert (
         jail.resolve_vm_shape(limits, {"vcpuCount": 4, "memSizeMib": 1024}, {"vcpuCount": 2, "memSizeMib": 512})
         == expected
@@ -76,7 +76,7 @@ def test_the_scaler_shape_applies_when_the_label_set_has_none():
     assert jail.resolve_vm_shape(None, {}, {}) == (2, 512)
 
 
-def test_mmds_payload_carries_the_bootstrap_keys_and_only_the_optional_ones_that_are_set():  # FC-07
+def test_mmds_payload_carries_the_bootstrap_keys_and_only_the_optional_ones_that_are_set():
     bare = jail.build_mmds_payload(
         orchestrator_url="ws://10.0.0.1:8080/ws",
         agent_id=AGENT,
@@ -110,7 +110,7 @@ def test_mmds_payload_carries_the_bootstrap_keys_and_only_the_optional_ones_that
     )
 
 
-def test_forwarded_env_strips_the_prefix_overlays_label_env_and_drops_bad_keys():  # FC-08
+def test_forwarded_env_strips_the_prefix_overlays_label_env_and_drops_bad_keys():
     warnings: list[str] = []
     env = jail.forwarded_env(
         {"KICI_AGENT_ENV_HTTP_PROXY": "x", "PATH": "/bin", "KICI_AGENT_ENV_NODE_ENV": "dev"},
@@ -121,7 +121,7 @@ def test_forwarded_env_strips_the_prefix_overlays_label_env_and_drops_bad_keys()
     assert any("BAD-KEY" in w for w in warnings)
 
 
-def test_an_entry_past_the_32768_byte_budget_is_skipped_and_later_small_ones_still_fit():  # FC-08
+def test_an_entry_past_the_32768_byte_budget_is_skipped_and_later_small_ones_still_fit():
     warnings: list[str] = []
     big = "v" * 20000
     env = jail.forwarded_env({}, {"A": big, "B": big, "C": "small"}, warnings.append)
@@ -225,7 +225,7 @@ def test_prepare_chroot_names_a_missing_rootfs(jail_base, tmp_path):
         ("KERNEL PANIC", "kernel-panic"),
     ],
 )
-def test_failure_type_is_read_from_the_serial_text(text, kind):  # FC-11
+def test_failure_type_is_read_from_the_serial_text(text, kind):
     assert classify_failure(text) == kind
 
 

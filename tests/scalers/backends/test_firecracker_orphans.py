@@ -1,4 +1,4 @@
-"""Orphan passes planned then applied, reap_unowned, the periodic sweep (SPEC h; FC-12..14, FC-16)."""
+"""Orphan passes planned then applied, reap_unowned, the periodic sweep."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _row(vm, ip, scaler=ME):
     return AllocationRow(ip=ip, vm_id=vm, scaler_name=scaler, tap_device=netlink.tap_name_for(vm))
 
 
-def test_pass_3_deletes_only_unallocated_kici_taps():  # FC-12
+def test_pass_3_deletes_only_unallocated_kici_taps():
     facts = _facts(links=("kici-1a2b3c4d", "kici-br0", "kici-ABCDEF12", "kici-isoprobe", "eth0", "lo"))
     assert plan_orphans(facts) == [vm_target(3, "tap", tap="kici-1a2b3c4d", scaler=ME)]
 
@@ -44,7 +44,7 @@ def test_pass_3_spares_taps_allocated_before_or_after_listing_and_taps_of_live_v
     assert [t.tap for t in plan_orphans(facts) if t.pass_no == 3] == ["kici-00000004"]
 
 
-def test_pass_1_takes_this_scalers_dead_allocations_only():  # FC-13
+def test_pass_1_takes_this_scalers_dead_allocations_only():
     dead, other, tracked, live = (f"scaler-firecracker-0000000{i}" for i in range(1, 5))
     facts = _facts(
         allocations_before=(
@@ -64,7 +64,7 @@ def test_pass_1_takes_this_scalers_dead_allocations_only():  # FC-13
     assert "pass 1" in plan[0].reason and "10.9.0.2" in plan[1].reason
 
 
-def test_pass_2_takes_unallocated_dead_chroots_and_a_failed_rule_listing_plans_no_rules():  # FC-14
+def test_pass_2_takes_unallocated_dead_chroots_and_a_failed_rule_listing_plans_no_rules():
     a, b, c = "scaler-firecracker-0000000a", "scaler-firecracker-0000000b", "scaler-firecracker-0000000c"
     facts = _facts(
         chroot_ids=(a, b, c),
@@ -121,7 +121,7 @@ def _allocate(env, b, vm_id, scaler=ME, tap=True, rules=True):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.root
-def test_cleanup_orphans_plans_then_applies_the_passes_and_spares_live_vms(fc_env):  # FC-13, FC-14, FC-12
+def test_cleanup_orphans_plans_then_applies_the_passes_and_spares_live_vms(fc_env):
     env = fc_env
     b = _setup(env)
     ids = {
@@ -182,7 +182,7 @@ def test_a_stale_plan_is_rechecked_and_a_target_that_came_alive_is_skipped(fc_en
 @pytest.mark.root
 def test_reap_unowned_kills_a_confirmed_vm_and_removes_only_its_directory_when_another_scaler_owns_the_ip(
     fc_env,
-):  # FC-16
+):
     env = fc_env
     b = _setup(env)
     assert b.reap_unowned("scaler-firecracker-000000c0") is False

@@ -1,4 +1,4 @@
-"""PID-reuse-safe probing with real processes (seed firecracker-backend.d.ts probeVmPid; SPEC h; FC-09)."""
+"""PID-reuse-safe probing of ``<chroot>/firecracker.pid`` with real processes."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def _alive(p: subprocess.Popen) -> bool:
     return p.poll() is None
 
 
-def test_a_firecracker_process_in_this_chroot_is_confirmed_and_may_be_signalled(procs, dirs):  # FC-09
+def test_a_firecracker_process_in_this_chroot_is_confirmed_and_may_be_signalled(procs, dirs):
     require_root()
     chroot, _ = dirs
     p = procs("firecracker", root=chroot)
@@ -99,7 +99,7 @@ def test_a_firecracker_process_in_this_chroot_is_confirmed_and_may_be_signalled(
     assert probe_vm_pid(chroot).reason == "no-process"
 
 
-def test_a_process_started_after_the_pid_file_was_written_is_a_recycled_number(procs, dirs):  # FC-09
+def test_a_process_started_after_the_pid_file_was_written_is_a_recycled_number(procs, dirs):
     require_root()
     chroot, _ = dirs
     p = procs("firecracker", root=chroot)
@@ -112,7 +112,7 @@ def test_a_process_started_after_the_pid_file_was_written_is_a_recycled_number(p
     assert _alive(p)
 
 
-def test_a_firecracker_in_another_root_is_running_but_not_ours(procs, dirs):  # FC-09
+def test_a_firecracker_in_another_root_is_running_but_not_ours(procs, dirs):
     require_root()
     chroot, other = dirs
     p = procs("firecracker", root=other)
@@ -126,7 +126,7 @@ def test_a_firecracker_in_another_root_is_running_but_not_ours(procs, dirs):  # 
     assert _alive(p)
 
 
-def test_a_live_process_with_another_name_is_never_signalled(procs, dirs):  # FC-09
+def test_a_live_process_with_another_name_is_never_signalled(procs, dirs):
     require_root()
     chroot, _ = dirs
     p = procs("bash", root=chroot)
@@ -139,7 +139,7 @@ def test_a_live_process_with_another_name_is_never_signalled(procs, dirs):  # FC
     assert _alive(p)
 
 
-def test_an_unreadable_root_link_counts_as_confirmed(procs, dirs):  # FC-09
+def test_an_unreadable_root_link_counts_as_confirmed(procs, dirs):
     require_root()
     chroot, other = dirs
     # Runs as uid 10001 in ANOTHER root: a readable link would say root-mismatch.

@@ -1,5 +1,5 @@
-"""Host provisioning and settings of Firecracker scalers (SPEC a.6, a.9, f; seed ensureHostReady,
-assertBridgePortIsolationSupported, reapplyIsolationForTrackedVms, nftOpts)."""
+"""Host provisioning and settings of Firecracker scalers (``provision.ensure_host_ready``,
+``provision.reapply_isolation_for_tracked_vms``, ``FirecrackerSettings``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ENTRY = {"name": "fc1", "maxAgents": 3, "firecrackerPath": "/usr/bin/firecracker
          "kernelPath": "/var/lib/kici/vmlinux", "uid": 1000, "gid": 1000}  # fmt: skip
 
 
-def test_settings_take_the_documented_defaults():  # CFG-13, CFG-14
+def test_settings_take_the_documented_defaults():
     s = FirecrackerSettings.from_config(ENTRY, {})
     assert (s.chroot_base_dir, s.vcpu_count, s.mem_size_mib, s.require_sudo) == ("/srv/jailer", 2, 512, False)
     assert (s.cidr, s.bridge_name, s.gateway, s.netmask, s.table, s.auto_provision_host) == (
