@@ -1,9 +1,10 @@
-"""Drain agents: no new jobs are dispatched to them; each is torn down once its jobs finish.
+"""Drain agents: no new jobs are dispatched to them; each is torn down once its jobs finish (the
+sweeper's ``scalers.lifecycle.drain_idle_agents``, once a heartbeat reports no active job).
 
-Scope: one or more agent ids (of one scaler). Target: a ``running`` agent (``scalers.admission.
-mark_draining`` drains only those). Spared: agents still spawning (destroy those instead), already
-draining, being destroyed, or gone. ``active_jobs`` is volatile: a job that
-starts or ends between the preview and the run does not change the decision to drain.
+Scope: one or more agent ids (of one scaler). Target: a ``running`` agent
+(``scalers.admission.draining.mark_draining`` drains only those). Spared: agents still spawning
+(destroy those instead), already draining, being destroyed, or gone. ``active_jobs`` is volatile:
+a job that starts or ends between the preview and the run does not change the decision to drain.
 """
 
 from __future__ import annotations
