@@ -1,6 +1,6 @@
-"""Recovery on boot and on leader change: drop this instance's spawns and reservations that could
-never complete, keep everything else, report the counts. What is dropped and why:
-``docs/recovery.md``.
+"""Recovery on boot and on leader change: end this instance's spawns that could never complete
+(sandbox destroyed first, then the reservation released), drop reservations nothing backs, keep
+everything else, report the counts. What is dropped and why: ``docs/recovery.md``.
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from rq.job import Job
 
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
-from agents.models import Agent
+from agents.models import Agent, AgentToken
 from scalers.choices import LOCAL_SCALER_TYPES
 from scalers.models import RecoveryReport, Reservation
 
 from . import ledger
+from .release import teardown_agent
 
 log = logging.getLogger("scalers.admission")
 
 _ALIVE_RQ_STATES = {"queued", "started", "deferred", "scheduled"}
+DROPPED_SPAWN = "dropped at recovery: a local spawn does not survive the process that ran it"
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,13 @@ def recover_state(
     """
     instance_id = instance_id or settings.KICI_INSTANCE_ID
     try:
-        result = _recover(instance_id, spawn_alive)
+        result, dropped = _recover(instance_id, spawn_alive)
         error = ""
     except Exception as exc:  # noqa: BLE001 - a failed recovery must not stop the console
         log.exception("scaler state recovery failed; starting empty")
-        result, error = ScalerStateRecovery(), f"{type(exc).__name__}: {exc}"
+        result, dropped, error = ScalerStateRecovery(), [], f"{type(exc).__name__}: {exc}"
+    for agent in dropped:
+        _end_dropped_spawn(agent)
     RecoveryReport.objects.create(instance_id=instance_id, trigger=trigger, error=error, **asdict(result))
     log.info(
         "scaler state recovery (%s, instance %s): spawning_agents_rehydrated=%d spawning_dropped=%d "
@@ -96,7 +100,21 @@ def recover_state(
     return result
 
 
-def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> ScalerStateRecovery:
+def _end_dropped_spawn(agent: Agent) -> None:
+    """Destroy a dropped spawn's sandbox (it may have been started), then mark it failed and
+    release its reservation. A destroy that fails leaves it ``destroying`` with its reservation:
+    the sweeper retries (``retry_stuck_teardowns``)."""
+    try:
+        teardown_agent(
+            agent, "recovery", final_state=AgentState.FAILED, failure_reason=DROPPED_SPAWN, destroy_reason="shutdown"
+        )
+    except Exception:  # noqa: BLE001 - the agent stays destroying; the sweeper retries
+        log.exception("recovery: the teardown of %s failed; the sweeper retries it", agent.agent_id)
+
+
+def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> tuple[ScalerStateRecovery, list[Agent]]:
+    """The counts, and the dropped spawns (now ``destroying``, tokens revoked) that the caller
+    tears down once the admission lock is released."""
     now = timezone.now()
     with transaction.atomic():
         with connection.cursor() as cur:
@@ -109,12 +127,12 @@ def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> ScalerSt
             if agent.scaler.type in LOCAL_SCALER_TYPES and not spawn_alive(agent):
                 dropped_ids.add(agent.pk)
         if dropped_ids:
+            # Not failed yet: the sandbox may have been started. It keeps its slot until
+            # _end_dropped_spawn has destroyed it; its tokens are void from now on.
             Agent.objects.filter(pk__in=dropped_ids).update(
-                state=AgentState.FAILED,
-                finished_at=now,
-                updated_at=now,
-                failure_reason="dropped at recovery: a local spawn does not survive the process that ran it",
+                state=AgentState.DESTROYING, updated_at=now, failure_reason=DROPPED_SPAWN
             )
+            AgentToken.objects.filter(agent_id__in=dropped_ids, expires_at__gt=now).update(expires_at=now)
         # Event spawns: the prune clock starts at spawnedAt when the spawn never recorded a start.
         Agent.objects.filter(
             owner_instance=instance_id, state=AgentState.SPAWNING, spawn_started_at__isnull=True
@@ -125,7 +143,9 @@ def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> ScalerSt
         rehydrated_res = 0
         dropped_res: list[Reservation] = []
         for res in Reservation.objects.select_related("agent", "agent__scaler").filter(owner_instance=instance_id):
-            backed = res.agent.state in ACTIVE_STATES and res.agent_id not in dropped_ids
+            if res.agent_id in dropped_ids:
+                continue  # released by the teardown of the dropped spawn, once its sandbox is gone
+            backed = res.agent.state in ACTIVE_STATES
             if backed:
                 rehydrated_res += 1
             else:
@@ -135,7 +155,7 @@ def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> ScalerSt
             for res in dropped_res:
                 record_event(res.agent, EventType.RELEASED, detail="recovery", payload={"reason": "recovery"})
         agent_jobs = Agent.objects.filter(state__in=ACTIVE_STATES).exclude(bound_job_id="").count()
-    return ScalerStateRecovery(
+    counts = ScalerStateRecovery(
         spawning_agents_rehydrated=len(spawning) - len(dropped_ids),
         spawning_dropped=len(dropped_ids),
         agent_jobs_rehydrated=agent_jobs,
@@ -143,3 +163,4 @@ def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> ScalerSt
         reservations_dropped=len(dropped_res),
         buffered_events_lost=0,
     )
+    return counts, [a for a in spawning if a.pk in dropped_ids]

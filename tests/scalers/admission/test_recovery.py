@@ -9,8 +9,9 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from agents.choices import AgentState
-from agents.models import Agent
+from agents.choices import AgentState, EventType
+from agents.models import Agent, ScalerEvent
+from agents.tokens import TokenRejected, mint_registration_token, redeem_registration_token
 from scalers.admission.recovery import recover_state
 from scalers.leader import Leadership
 from scalers.models import RecoveryReport, Reservation
@@ -37,13 +38,31 @@ def counts(r):
     return (r.spawning_agents_rehydrated, r.spawning_dropped, r.reservations_rehydrated, r.reservations_dropped)
 
 
-def test_a_local_spawn_and_its_reservation_are_dropped():
+@pytest.mark.docker
+def test_a_local_spawn_is_destroyed_then_failed_and_released(docker_client):
     agent = seed_agent(make_scaler("c", type="container"))
+    token = mint_registration_token(agent)
     r = recover_state(ME, spawn_alive=lambda a: False)
-    assert counts(r) == (0, 1, 0, 1)
+    assert counts(r) == (0, 1, 0, 0)  # its reservation went with its teardown, not as an unbacked one
     agent.refresh_from_db()
     assert agent.state == AgentState.FAILED and "does not survive" in agent.failure_reason
     assert not Reservation.objects.exists()
+    assert [e.detail for e in ScalerEvent.objects.filter(agent=agent, type=EventType.RELEASED)] == ["recovery"]
+    with pytest.raises(TokenRejected):
+        redeem_registration_token(token)
+
+
+def test_a_dropped_spawn_whose_sandbox_cannot_be_destroyed_keeps_its_slot(settings, tmp_path):
+    # The spawn may have started its container: until the destroy succeeds it stays billed.
+    settings.DOCKER_HOST = f"unix://{tmp_path}/no-docker-here.sock"
+    agent = seed_agent(make_scaler("c", type="container"))
+    token = mint_registration_token(agent)
+    assert recover_state(ME, spawn_alive=lambda a: False).spawning_dropped == 1
+    agent.refresh_from_db()
+    assert agent.state == AgentState.DESTROYING and "does not survive" in agent.failure_reason
+    assert Reservation.objects.filter(agent=agent).exists()
+    with pytest.raises(TokenRejected):  # no registration for a spawn given up
+        redeem_registration_token(token)
 
 
 @pytest.mark.parametrize("kind", ["container", "firecracker", "bare-metal"])
@@ -110,7 +129,7 @@ def test_buffered_events_lost_is_always_zero_and_the_report_is_stored():
         ME,
         "leader-change",
         1,
-        1,
+        0,  # a dropped spawn's reservation goes with its teardown
     )
     assert report.error == ""
 
@@ -148,7 +167,8 @@ def test_a_leader_whose_connection_dies_loses_leadership_to_the_next():
         b.release()
 
 
-def test_the_sweeper_recovers_at_boot_and_sweeps_when_leading(settings):
+@pytest.mark.docker
+def test_the_sweeper_recovers_at_boot_and_sweeps_when_leading(settings, docker_client):
     settings.KICI_INSTANCE_ID = ME
     seed_agent(make_scaler("c"))
     call_command("scaler_sweeper", "--once", "--no-warm-pools")
