@@ -1,4 +1,4 @@
-"""Page routes of the operator console (the JSON APIs are in ``agents.urls`` and ``scalers.urls``):
+"""Page routes of the operator console (the JSON APIs are in ``scalers.urls``):
 mounted at ``/``."""
 
 from django.urls import include, path, register_converter

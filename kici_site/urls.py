@@ -1,4 +1,4 @@
-"""URL map: the operator pages (``front.urls``) and the APIs under ``/api/v1/`` (``agents.urls``,
+"""URL map: the operator pages (``front.urls``) and the APIs under ``/api/v1/`` (``scalers.urls``,
 ``scalers.urls``)."""
 
 from django.contrib import admin
@@ -18,6 +18,5 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("front.urls")),
-    path("api/v1/agents/", include("agents.urls")),
     path("", include("scalers.urls")),
 ]

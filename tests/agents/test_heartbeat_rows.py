@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-import agents.api
+import scalers.agent_api
 from agents.heartbeats import ROW_PUSH_SECONDS, agent_row_message, row_push_due
 from agents.models import Agent
 from agents.tokens import mint_registration_token
@@ -33,7 +33,7 @@ def test_a_push_is_due_once_per_ten_second_slot():
 @pytest.fixture
 def pushes(monkeypatch):
     pushed: list[int] = []
-    monkeypatch.setattr(agents.api, "push_heartbeat_row", pushed.append)
+    monkeypatch.setattr(scalers.agent_api, "push_heartbeat_row", pushed.append)
     return pushed
 
 

@@ -34,13 +34,13 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from agents.choices import TERMINAL_STATES, AgentState, EventType
+from agents.events import record_event
+from agents.heartbeats import push_heartbeat_row, row_push_due
+from agents.models import Agent
+from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error
-
-from .choices import TERMINAL_STATES, AgentState, EventType
-from .events import record_event
-from .heartbeats import push_heartbeat_row, row_push_due
-from .models import Agent
-from .tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
+from scalers.backends.factory import get_backend
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,6 @@ def _registration_hooks(agent: Agent) -> None:
     ``clear_mmds(agent)`` (firecracker: the registration answer is this console's config, so the
     spent token leaves the metadata service now)."""
     try:
-        from scalers.backends.factory import get_backend
-
         backend = get_backend(agent.scaler)
     except Exception:  # noqa: BLE001
         log.warning("no backend for the registration hooks of %s", agent.agent_id, exc_info=True)
