@@ -5,7 +5,7 @@
   ``{agentId, scaler, boundJobId, runId, labels, mandatoryLabels, warm, sessionToken,
   heartbeatIntervalSeconds}``; 401 for a missing, unknown, expired or reused token (or an
   ``agentId`` that is not the token's); 409 when the agent is no longer spawning (its spawn was
-  given up); 400 for malformed JSON.
+  given up; when its row has ended, its sandbox is reclaimed by ``scalers.jobs.reclaim_job``); 400 for malformed JSON.
 - ``POST /api/v1/agents/<agent_id>/heartbeat`` — bearer: the session token. Body (optional):
   ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}``; the agent's row on open
   pages is refreshed live (at most every 10 s, ``agents.heartbeats``); 410 with
@@ -41,6 +41,7 @@ from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error
 from scalers.backends.factory import get_backend
+from scalers.jobs import enqueue_reclaim
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,9 @@ def register(request, raw: str, body: dict):
         )
         if not won:
             current = Agent.objects.filter(pk=agent.pk).values_list("state", flat=True).first()
+            if current in TERMINAL_STATES:
+                # Its sandbox runs and asks to register, but no teardown will come for it any more.
+                transaction.on_commit(lambda: enqueue_reclaim(agent))
             return api_error(
                 409,
                 "not-spawning",

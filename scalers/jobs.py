@@ -24,7 +24,8 @@ from django.conf import settings
 from django.utils import timezone
 from rq import Callback
 
-from agents.choices import TERMINAL_STATES, AgentState
+from agents.choices import TERMINAL_STATES, AgentState, EventType
+from agents.events import record_event
 from agents.models import Agent
 from agents.tokens import revoke_agent_tokens
 from scalers.admission.decide import Admitted, ScaleDecision
@@ -108,6 +109,40 @@ def teardown_job(agent_pk: int, reason: str, destroy_reason: str) -> bool:
     if agent is None or agent.state in TERMINAL_STATES:
         return False
     return teardown_agent(agent, reason, destroy_reason=destroy_reason)
+
+
+def enqueue_reclaim(agent: Agent) -> None:
+    """Queue :func:`reclaim_job` for an agent whose registration was refused; an enqueue failure is
+    logged (the orphan-container sweep finds the sandbox later)."""
+    try:
+        host_queue().enqueue(
+            reclaim_job,
+            agent.pk,
+            job_id=f"reclaim-{agent.agent_id}",
+            job_timeout=CLEANUP_GRACE_SECONDS + 60,
+            result_ttl=3600,
+            failure_ttl=24 * 3600,
+            description=f"reclaim the sandbox of {agent.agent_id} (refused registration)",
+        )
+    except Exception as exc:  # noqa: BLE001 - the orphan sweep is the fallback
+        log.warning("could not queue the reclaim of %s (%s)", agent.agent_id, exc)
+
+
+def reclaim_job(agent_pk: int) -> bool:
+    """rq job: remove the sandbox of an agent that asked to register after it had ended.
+
+    The sandbox runs (it is registering) but its agent row is ``destroyed`` or ``failed``, so no
+    teardown will ever come for it. The row is read again here and nothing is touched unless it is
+    still terminal (an active row belongs to a spawn or a teardown in progress). Returns whether the
+    backend removed something; records an ``agent.destroyed`` event when it did.
+    """
+    agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
+    if agent is None or agent.state not in TERMINAL_STATES:
+        return False
+    reclaimed = bool(get_backend(agent.scaler).reap_unowned(agent.agent_id))
+    if reclaimed:
+        record_event(agent, EventType.DESTROYED, "sandbox reclaimed: it asked to register after its agent had ended")
+    return reclaimed
 
 
 def _cancel_reason(agent_pk: int) -> str | None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import secrets
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
-from agents.choices import AgentState
+from agents.choices import AgentState, EventType
+from agents.models import ScalerEvent
+from agents.tokens import mint_registration_token
 from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.container.orphans import OrphanSweepRefused, plan_container_orphans
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
@@ -171,6 +174,26 @@ def test_reap_unowned_removes_only_this_scalers_container_for_that_agent_id(box,
     assert backend.reap_unowned("scaler-container-f0000001") is False
     remaining = box.ids()
     assert own not in remaining and {other_scaler, other_agent} <= remaining
+
+
+@pytest.mark.parametrize("state, reclaimed", [(AgentState.FAILED, True), (AgentState.DESTROYING, False)])
+def test_a_registration_refused_because_the_agent_ended_reclaims_its_container(
+    box, docker_client, run_rq_jobs, state, reclaimed
+):
+    # The sandbox registers after its spawn was given up: a failed row has no teardown coming, so
+    # its container goes; a destroying row is being torn down by someone else and is left to it.
+    scaler = make_scaler()
+    agent = make_agent(scaler, state=state, reserve=False)
+    token = mint_registration_token(agent)
+    container = box.make(managed(scaler.name, agent.agent_id))
+    answer = Client().post(
+        "/api/v1/agents/register", {}, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert answer.status_code == 409 and answer.json()["reason"] == "not-spawning"
+    run_rq_jobs()
+    assert (container not in box.ids()) is reclaimed
+    events = ScalerEvent.objects.filter(agent=agent, type=EventType.DESTROYED, detail__startswith="sandbox reclaimed")
+    assert events.exists() is reclaimed
 
 
 def test_reap_unowned_answers_false_when_the_runtime_cannot_be_listed(settings):
