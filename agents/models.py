@@ -97,6 +97,8 @@ class ScalerEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The provision backoff reads a scaler's last failures and registrations under the admission lock.
+        indexes = [models.Index(fields=["scaler_name", "type", "created_at"], name="event_scaler_type_time")]
 
     def __str__(self):
         return f"{self.type} {self.agent_ref}"

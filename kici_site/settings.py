@@ -181,6 +181,10 @@ KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS = env_int("KICI_AGENT_HEARTBEAT_TIMEOUT_SEC
 # (container exited/missing, VM or process not running); silence alone always waits for a person.
 KICI_LOST_AGENTS_AUTO_RELEASE = env_bool("KICI_LOST_AGENTS_AUTO_RELEASE", True)
 KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", False)
+# Finished agents, events and expired tokens are pruned this many days on (agents.retention);
+# scale request records after KICI_REQUEST_RETENTION_HOURS.
+KICI_RETENTION_DAYS = env_int("KICI_RETENTION_DAYS", 14, minimum=1)
+KICI_REQUEST_RETENTION_HOURS = env_int("KICI_REQUEST_RETENTION_HOURS", 24, minimum=1)
 # Event backend: HMAC key for scale-up/-down deliveries, and target names -> URLs.
 KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")
 KICI_PROVISIONING_TARGET_URLS = env_url_map("KICI_PROVISIONING_TARGET_URLS")

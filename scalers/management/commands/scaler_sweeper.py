@@ -7,8 +7,8 @@ that reports whether it did anything: the stale-spawn prune, token-TTL expiry, t
 check of failed spawn jobs in rq, retries of failed teardowns, the teardown of drained agents
 (``scalers.lifecycle.drain_idle_agents``), the retirement sweep,
 the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
-periodic operation sweeps (``operations.sweeps``: plans only) and the pruning of old request
-records. SIGTERM / SIGINT stop it after the current unit of work.
+periodic operation sweeps (``operations.sweeps``: plans only) and retention (old requests,
+finished agents, events, tokens). SIGTERM / SIGINT stop it after the current unit of work.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from agents.retention import prune_old_records
 from scalers.admission.draining import retirement_sweep
 from scalers.admission.recovery import recover_state
 from scalers.admission.release import (
@@ -39,8 +40,6 @@ from scalers.warm_pools import WARM_POOLS, start_warm_pools
 
 log = logging.getLogger("scalers.sweeper")
 
-#: How long a request record is kept after its last decision (seconds).
-SCALE_REQUEST_RETENTION_SECONDS = 24 * 3600
 RECOVERY_REPORTS_KEPT = 200
 
 
@@ -179,8 +178,12 @@ class Command(BaseCommand):
         return bool(run_periodic_sweeps(timezone.now()))
 
     def handle_old_records(self) -> bool:
-        cutoff = timezone.now() - timedelta(seconds=SCALE_REQUEST_RETENTION_SECONDS)
+        """Retention: old scale requests and recovery reports here, agents, events and tokens in
+        ``agents.retention`` (batched; what one round leaves, the next takes)."""
+        now = timezone.now()
+        cutoff = now - timedelta(hours=settings.KICI_REQUEST_RETENTION_HOURS)
         n = ScaleRequest.objects.filter(decided_at__lt=cutoff).delete()[0]
+        n += sum(prune_old_records(now).values())
         keep = list(RecoveryReport.objects.values_list("pk", flat=True)[:RECOVERY_REPORTS_KEPT])
         if len(keep) == RECOVERY_REPORTS_KEPT:
             n += RecoveryReport.objects.exclude(pk__in=keep).delete()[0]
