@@ -12,11 +12,12 @@ Both work in sync and async stacks (the scale API is an async view).
 
 from __future__ import annotations
 
-import json
 from inspect import iscoroutinefunction
 
 from asgiref.sync import markcoroutinefunction, sync_to_async
 from django.core.exceptions import RequestDataTooBig
+
+from lib.json_input import parse_json
 
 from .errors import api_error, error_page, is_api_request
 
@@ -71,7 +72,7 @@ def nul_field(request) -> str | None:
                 body = request.body
                 if _JSON_NUL in body:
                     try:
-                        return _json_nul_field(json.loads(body))
+                        return _json_nul_field(parse_json(body))
                     except (ValueError, UnicodeDecodeError):
                         return None  # malformed JSON: the view says so
         except RequestDataTooBig:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import weakref
 from collections import OrderedDict
@@ -60,6 +59,7 @@ from django.template.loader import get_template, render_to_string
 
 from agents.models import Agent
 from front.presenters import detail_context
+from lib.json_input import parse_json
 from operations.models import Operation
 
 from .consoles import console_source
@@ -106,7 +106,7 @@ def _ack_count(text_data: str | None) -> int:
     if text_data.strip() == "ack":
         return 1
     try:
-        data = json.loads(text_data)
+        data = parse_json(text_data)
     except ValueError:
         return 0
     if not isinstance(data, dict) or "ack" not in data:

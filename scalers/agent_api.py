@@ -40,6 +40,7 @@ from agents.heartbeats import push_heartbeat_row, row_push_due
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error
+from lib.json_input import parse_json
 from scalers.backends.factory import get_backend
 from scalers.jobs import enqueue_reclaim
 
@@ -65,7 +66,7 @@ def _json_body(request) -> dict:
     if not request.body:
         return {}
     try:
-        data = json.loads(request.body)
+        data = parse_json(request.body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):

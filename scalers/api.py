@@ -49,7 +49,6 @@ connection (see ``scalers.admission.queue``). Nothing is written unless the deci
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 
 from asgiref.sync import sync_to_async
@@ -62,6 +61,7 @@ from django.views.decorators.csrf import csrf_exempt
 from agents.choices import AgentState
 from agents.models import Agent
 from kici_site.errors import api_error
+from lib.json_input import parse_json
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
@@ -115,7 +115,7 @@ async def scale(request):
     except RequestDataTooBig:
         return _error(413, "invalid-request", "request body too large", field="body")
     try:
-        payload = json.loads(body or b"")
+        payload = parse_json(body or b"")
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
     try:
@@ -217,7 +217,7 @@ def _only(request, method: str) -> JsonResponse | None:
 def _json_object(request) -> tuple[dict, JsonResponse | None]:
     """The request body as a JSON object (an empty body is ``{}``), or the 400 answer for it."""
     try:
-        payload = json.loads(request.body or b"{}")
+        payload = parse_json(request.body or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
         return {}, _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
     if not isinstance(payload, dict):

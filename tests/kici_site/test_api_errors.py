@@ -160,3 +160,14 @@ def test_a_server_error_keeps_its_traceback():
     record.status_code = 500
     OneLineClientErrors().filter(record)
     assert record.exc_info is not None
+
+
+@pytest.mark.parametrize(
+    "url", ["/api/v1/scale", "/api/v1/agents/register", "/api/v1/agents/scaler-x-00000000/heartbeat"]
+)
+def test_json_nested_too_deeply_is_a_400_not_a_server_error(client, url, settings):
+    settings.KICI_API_TOKEN = "t"
+    body = "[" * 100_000 + "]" * 100_000
+    answer = client.post(url, body, content_type="application/json", HTTP_AUTHORIZATION="Bearer t")
+    assert answer.status_code in (400, 401)  # a malformed body, or the token refused first
+    assert answer.json()["reason"] in ("invalid-request", "invalid-token", "unknown")
