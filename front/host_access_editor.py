@@ -17,6 +17,7 @@ from django.conf import settings
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent
 from network.host_access import (
+    MAX_ENTRY_LENGTH,
     HostAccessError,
     describe_host_access_entry,
     host_access_warnings,
@@ -132,7 +133,8 @@ def check_lines(text: str) -> list[EntryCheck]:
             try:
                 parsed = parse_host_access_entry(item)
             except HostAccessError as exc:
-                checks.append(EntryCheck(line=number, text=item, ok=False, error=str(exc)))
+                shown = item if len(item) <= MAX_ENTRY_LENGTH else item[:MAX_ENTRY_LENGTH] + "…"
+                checks.append(EntryCheck(line=number, text=shown, ok=False, error=str(exc)))
                 continue
             warning = next(iter(host_access_warnings([parsed])), "")
             checks.append(

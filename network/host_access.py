@@ -95,6 +95,10 @@ class HostAccessEntry:
         return addr if self.port is None else f"{addr}:{self.port}"
 
 
+#: Characters in one entry, at most.
+MAX_ENTRY_LENGTH = 64
+
+
 def _quote(text: object) -> str:
     return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -241,6 +245,14 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
     entry = text.strip()
     if entry == "":
         raise HostAccessError(text, f"hostAccess entry is empty (got {_quote(text)})")
+    if len(entry) > MAX_ENTRY_LENGTH:
+        # The longest valid entry ("[v6 address/128]:65535") is 51 characters; a longer one is
+        # refused whole, before any part is read as a number.
+        raise HostAccessError(
+            entry,
+            f"hostAccess entry {_quote(entry[:40] + '…')} is {len(entry)} characters long; "
+            f"an entry is at most {MAX_ENTRY_LENGTH}",
+        )
     if _DIGITS.fullmatch(entry):
         return HostAccessEntry(text=entry, daddr=None, port=_parse_port(entry, entry), family="ipv4")
     if entry.startswith("["):

@@ -65,6 +65,20 @@ def test_the_preview_refuses_a_bad_entry_with_the_entry_and_the_reason(viewer_cl
     assert 'id="apply"' not in html  # the Apply button is disabled
 
 
+LONG = "1" * 5000
+
+
+@pytest.mark.parametrize(
+    "entry", [LONG, f"*:{LONG}", f"10.0.0.0/{LONG}", f"{LONG}.0.0.1", f"172.30.0.1:{LONG}", f"[fd00::1]:{LONG}"]
+)
+def test_a_huge_entry_is_refused_by_its_length_not_a_server_error(viewer_client, label_set, entry):
+    response = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": entry}, **HTMX)
+    assert response.status_code == 200
+    html = unescape(response.content.decode())
+    assert "characters long; an entry is at most 64" in html and 'id="apply"' not in html
+    assert LONG not in html  # the entry is not echoed whole
+
+
 def test_an_empty_entry_between_commas_is_refused(viewer_client, label_set):
     html = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": "5000, ,6000"}, **HTMX).content.decode()
     assert "hostAccess entry is empty" in unescape(html)
