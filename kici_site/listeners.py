@@ -69,7 +69,8 @@ def _content_length(scope: dict) -> int | None:
 
 
 async def _send_json(send, status: int, reason: str, message: str) -> None:
-    body = json.dumps({"error": reason, "message": message}).encode()
+    """An answer in the one ``/api/v1`` error shape (``kici_site.errors.api_error``)."""
+    body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
     await send(
         {
             "type": "http.response.start",

@@ -46,7 +46,7 @@ def test_the_agents_gateway_serves_the_agent_api_and_nothing_else(two_listeners)
     ):
         answer = requests.get(agents + path, timeout=10, allow_redirects=False)
         assert answer.status_code == 404, path
-        assert answer.json()["error"] == "not-found"
+        assert answer.json()["reason"] == "not-found" and answer.json()["error"]["code"] == "not-found"
     # The agent API is reached (and refuses a missing token itself).
     assert requests.post(agents + "/api/v1/agents/register", json={}, timeout=10).status_code == 401
     # The operator listener serves the pages.
@@ -60,7 +60,7 @@ def test_a_body_over_the_limit_is_refused_with_413_on_either_listener(two_listen
     for base in (operator, agents):
         answer = requests.post(base + "/api/v1/agents/register", data=body, timeout=30)
         assert answer.status_code == 413
-        assert answer.json()["error"] == "body-too-large"
+        assert answer.json()["reason"] == "body-too-large"
 
 
 # --- the guard on its own (ASGI) -----------------------------------------------------------------
