@@ -132,6 +132,7 @@ AXES_COOLOFF_TIME = env_int("KICI_LOGIN_COOLOFF_SECONDS", 900, minimum=1) / 3600
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"

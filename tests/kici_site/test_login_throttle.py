@@ -19,6 +19,8 @@ def test_a_user_name_is_locked_after_the_failure_limit_even_with_the_right_passw
     assert _login(client, "wrong").status_code == 429  # the failure that reaches the limit
     refused = _login(client, "right-password")
     assert refused.status_code == 429
+    page = refused.content.decode()
+    assert 'id="locked-out"' in page and "for 0:15:00" in page and "axes_reset" in page
     assert "_auth_user_id" not in client.session
 
 
