@@ -21,8 +21,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run the browser tests last: Playwright's sync API leaves an event loop running in the
-    main thread for the rest of the session, which breaks async tests that come after it."""
+    """Mark every test that uses the private dockerd ``docker`` (so ``-m "not docker"`` never
+    starts one), and run the browser tests last: Playwright's sync API leaves an event loop
+    running in the main thread for the rest of the session, which breaks async tests after it."""
+    for item in items:
+        if "dockerd" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
     items.sort(key=lambda item: "tests/browser/" in item.nodeid.replace("\\", "/"))
 
 
