@@ -286,7 +286,7 @@ def _refuse_if_expired(operation: Operation, now: datetime) -> None:
 def _refuse_unless_planned(operation: Operation, verb: str) -> None:
     if operation.status != OperationStatus.PLANNED:
         raise InvalidTransition(
-            f"operation #{operation.pk} is {operation.status}: only a planned operation can be {verb}"
+            f"operation #{operation.pk} has status {operation.status}: only a planned operation can be {verb}"
         )
 
 
