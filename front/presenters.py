@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from lib.units import format_bytes_iec
+from lib.units import format_bytes_iec, format_duration
 from operations.choices import OUTCOME_COLOURS, STATUS_COLOURS
 from operations.models import Operation, target_dom_id
 from operations.services import can_approve
@@ -19,24 +19,9 @@ _LABELS = {
 }
 
 
-def humanize_seconds(seconds) -> str:
-    """``75`` → ``1m 15s``; ``90000`` → ``1d 1h``."""
-    try:
-        s = int(seconds)
-    except (TypeError, ValueError):
-        return str(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
-
-
 def _value(name: str, value) -> str:
     if name.endswith("_seconds") and isinstance(value, (int, float)):
-        return humanize_seconds(value)
+        return format_duration(value)
     if name.endswith("_bytes") and isinstance(value, (int, float)):
         return format_bytes_iec(value)
     if value is None:

@@ -89,3 +89,34 @@ def format_bytes_iec(value) -> str:
             return f"{size:.1f} {unit}".replace(".0 ", " ")
         size /= 1024
     return f"{size} B"  # pragma: no cover
+
+
+def format_duration(seconds) -> str:
+    """A duration to the two largest units: ``75`` → ``1m 15s``; ``90000`` → ``1d 1h``.
+    A value that is not a number comes back as its text."""
+    try:
+        s = int(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def format_age(seconds: float) -> str:
+    """How long ago, as the pages show it (and ``static/js/kici.js`` keeps counting it):
+    ``12s ago``, ``5m ago``, ``3h 4m ago`` (under 48 h), ``3d ago``; negative counts as 0."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s ago"
+    m = s // 60
+    if m < 60:
+        return f"{m}m ago"
+    h = m // 60
+    if h < 48:
+        return f"{h}h {m % 60}m ago"
+    return f"{h // 24}d ago"

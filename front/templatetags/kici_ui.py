@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import RFC3986_SUBDELIMS
 
-from lib.units import format_bytes_iec
+from lib.units import format_age, format_bytes_iec
 
 register = template.Library()
 
@@ -43,19 +43,6 @@ def pct(part, whole) -> float:
     return round(max(0.0, min(100.0, 100.0 * part / whole)), 1)
 
 
-def _short_delta(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s ago"
-    m = s // 60
-    if m < 60:
-        return f"{m}m ago"
-    h = m // 60
-    if h < 48:
-        return f"{h}h {m % 60}m ago"
-    return f"{h // 24}d ago"
-
-
 @register.simple_tag
 def rel_time(value: datetime | None, empty: str = "—"):
     """``<time data-rel>`` showing "12s ago" (refreshed in the browser by kici.js), absolute UTC in the title."""
@@ -66,7 +53,7 @@ def rel_time(value: datetime | None, empty: str = "—"):
         '<time data-rel datetime="{}" title="{}">{}</time>',
         iso,
         value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        _short_delta((timezone.now() - value).total_seconds()),
+        format_age((timezone.now() - value).total_seconds()),
     )
 
 
