@@ -25,6 +25,10 @@ from scalers.resources import EffectiveLimits
 #: Maximum processes in one agent container. Not configurable.
 AGENT_CONTAINER_PIDS_LIMIT = 4096
 
+#: Docker keeps an agent's output in at most two 8 MiB files (json-file driver, rotated), so a
+#: chatty agent cannot fill the disk; ``docker logs`` and the console read them as before.
+AGENT_LOG_CONFIG = {"Type": "json-file", "Config": {"max-size": "8m", "max-file": "2"}}
+
 
 def build_agent_container_host_config(
     limits: EffectiveLimits | None = None,
@@ -37,12 +41,17 @@ def build_agent_container_host_config(
       only when ``limits.cpus > 0``.
     - ``Binds`` only when non-empty (``/host:/ctr[:ro]`` strings); ``ExtraHosts`` only when
       non-empty (``name:ip`` strings).
-    - Always ``AutoRemove: false``, ``PidsLimit: 4096``, ``Init: true``; never ``CapDrop`` or
-      ``SecurityOpt`` (the module docstring says why).
+    - Always ``AutoRemove: false``, ``PidsLimit: 4096``, ``Init: true``, ``LogConfig``
+      :data:`AGENT_LOG_CONFIG`; never ``CapDrop`` or ``SecurityOpt`` (the module docstring says why).
 
     Raises ``ValueError`` naming the field for a negative limit or a non-string bind/host entry.
     """
-    host_config: dict = {"AutoRemove": False, "PidsLimit": AGENT_CONTAINER_PIDS_LIMIT, "Init": True}
+    host_config: dict = {
+        "AutoRemove": False,
+        "PidsLimit": AGENT_CONTAINER_PIDS_LIMIT,
+        "Init": True,
+        "LogConfig": AGENT_LOG_CONFIG,
+    }
     if limits is not None:
         if limits.cpus < 0:
             raise ValueError(f"limits.cpus must not be negative, got {limits.cpus!r}")

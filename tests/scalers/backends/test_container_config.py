@@ -31,7 +31,12 @@ LOCAL = RuntimeInfo(runtime="docker", base_url="unix:///var/run/docker.sock", so
 
 def test_the_host_config_always_bounds_pids_and_never_drops_capabilities():
     hc = build_agent_container_host_config()
-    assert hc == {"AutoRemove": False, "PidsLimit": AGENT_CONTAINER_PIDS_LIMIT, "Init": True}
+    assert hc == {
+        "AutoRemove": False,
+        "PidsLimit": AGENT_CONTAINER_PIDS_LIMIT,
+        "Init": True,
+        "LogConfig": {"Type": "json-file", "Config": {"max-size": "8m", "max-file": "2"}},  # rotated: bounded
+    }
     assert AGENT_CONTAINER_PIDS_LIMIT == 4096
     assert "CapDrop" not in hc and "SecurityOpt" not in hc
 

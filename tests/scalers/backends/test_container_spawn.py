@@ -76,6 +76,7 @@ def test_a_spawned_busybox_agent_registers_with_the_console_within_10_seconds(
         assert labels["kici-labels"] == "ctr,linux"
         assert list(info["NetworkSettings"]["Networks"]) == [ISOLATED_NETWORK_NAME]
         assert info["HostConfig"]["PidsLimit"] == 4096 and info["HostConfig"]["Init"] is True
+        assert info["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "8m", "max-file": "2"}}
         env = dict(e.split("=", 1) for e in info["Config"]["Env"])
         assert env["KICI_ORCHESTRATOR_URL"] == url and env["KICI_AGENT_ID"] == agent.agent_id
         assert env["KICI_AGENT_TOKEN"].startswith("ket_")
