@@ -8,8 +8,8 @@ import logging
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from agents.selftest import isolation_context, run_agent_selftest
 from lib.htmx import wants_partial
+from scalers.selftest import isolation_context, run_agent_selftest
 
 from .common import agent_or_404, can_run_selftest, viewer_required
 
