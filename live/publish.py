@@ -5,6 +5,10 @@ operation's progress goes to ``operation.<id>`` (:func:`publish_progress`) as a 
 consumer renders the changed parts from the database with the same template partials as the page
 (``operations/detail.html#...``), so the markup of a row cannot drift between the first render and
 a live update.
+
+The events and agent rows the ``agents`` app commits reach this module through its signals
+(``agents.events.event_committed``, ``agents.heartbeats.agent_row_changed``), connected in
+``live.apps``.
 """
 
 from __future__ import annotations
@@ -88,6 +92,19 @@ def publish_event(event: Any) -> None:
 
     message = event_message(event)
     async_to_sync(apublish_message)(message, event_groups(message["agent_ref"]))
+
+
+def publish_committed_event(sender: Any, event: Any, **kwargs: Any) -> None:
+    """Receiver of ``agents.events.event_committed``: :func:`publish_event`."""
+    publish_event(event)
+
+
+def send_agent_row(sender: Any, agent: Any, message: dict, **kwargs: Any) -> None:
+    """Receiver of ``agents.heartbeats.agent_row_changed``: send the row update ``message`` to
+    the agent's event groups (sync)."""
+    from asgiref.sync import async_to_sync
+
+    async_to_sync(apublish_message)(message, event_groups(agent.agent_id))
 
 
 def operation_group(operation_id: int) -> str:
