@@ -1,4 +1,4 @@
-"""Pushing to the live pages' Channels groups; Django only when called.
+"""Pushing to the live pages' Channels groups.
 
 Stored events go to ``events.global`` and ``events.agent.<agent_id>`` (:func:`publish_event`). An
 operation's progress goes to ``operation.<id>`` (:func:`publish_progress`) as a small notice: the
@@ -17,6 +17,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from .render import render_live_update
 from .streams import StreamKey
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,6 @@ def event_message(event: Any, render: bool | None = None) -> dict:
     if not render:
         return message
     try:
-        from .render import render_live_update
-
         message["html"] = render_live_update(event)
     except Exception:  # noqa: BLE001 - the receivers can still render from the database
         log.warning("could not render event %s for the live push", event.pk, exc_info=True)
