@@ -7,6 +7,9 @@ channel layer never sit on a spawn's critical path (a spawn must cost little mor
 ``docker run``).
 A process that is about to exit calls :func:`flush_events` (the rq worker class
 ``kici_site.worker.KiciWorker`` does so after every job).
+
+The push itself is the receiver of :data:`event_committed` (connected by the ``live`` app), so
+this base app does not import the app that streams to browsers.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import threading
 import time
 
 from django.db import transaction
+from django.dispatch import Signal
 
+from .choices import AgentState, EventType
 from .models import Agent, ScalerEvent
 
 log = logging.getLogger(__name__)
@@ -26,6 +31,11 @@ log = logging.getLogger(__name__)
 #: Events waiting to be pushed; beyond this the oldest pushes are dropped (the rows stay stored,
 #: and a page load shows them).
 MAX_PENDING_PUBLICATIONS = 10_000
+
+#: Sent on the publisher thread for every committed event, in commit order (``event``: the
+#: ``ScalerEvent``); ``live.apps`` connects the push to the browsers. What a receiver raises is
+#: logged by the publisher, never raised to the producer.
+event_committed = Signal()
 
 
 def record_event(
@@ -40,7 +50,7 @@ def record_event(
     """Store one event (``type`` is an ``agents.choices.EventType`` value) and publish it on commit.
 
     The live push goes to the channel-layer groups ``events.global`` and ``events.agent.<agent_id>``
-    (``live.publish.publish_event``), from the publisher thread.
+    (``live.publish.publish_event``, through :data:`event_committed`), from the publisher thread.
     """
     event = ScalerEvent.objects.create(
         agent=agent,
@@ -65,8 +75,6 @@ def record_connecting(agent: Agent, detail: str, payload: dict | None = None) ->
     ``agent.registered``. Returns the event, or None when nothing was stored (registered, or no
     longer spawning).
     """
-    from .choices import AgentState, EventType
-
     with transaction.atomic():
         row = Agent.objects.select_for_update().filter(pk=agent.pk).values_list("state", "registered_at").first()
         if row is None or row[0] != AgentState.SPAWNING or row[1] is not None:
@@ -87,9 +95,7 @@ def flush_events(timeout: float = 5.0) -> bool:
 
 
 def _publish_now(event: ScalerEvent) -> None:
-    from live.publish import publish_event
-
-    publish_event(event)
+    event_committed.send(sender=ScalerEvent, event=event)
 
 
 class _Publisher:

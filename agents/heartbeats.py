@@ -6,16 +6,24 @@ for an agent that beat 3 s ago). Now a heartbeat pushes the agent's row (the sam
 ``dashboard/index.html#agent_oob`` partial as every live update) to ``events.global`` and
 ``events.agent.<agent_id>``, at most once per agent per :data:`ROW_PUSH_SECONDS` (and at once when
 ``activeJobs`` changed); between two pushes the browser's clock advances the age (static/js/kici.js).
+The send to the groups is the receiver of :data:`agent_row_changed` (connected by the ``live`` app).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from django.dispatch import Signal
+
 from .events import push_after_commit
+from .models import Agent
 
 #: At most one heartbeat row push per agent per this many seconds (agents beat every 5 s).
 ROW_PUSH_SECONDS = 10
+
+#: Sent on the event publisher thread with an agent's row update (``agent``; ``message``: the
+#: :func:`agent_row_message`); ``live.apps`` connects the send to the agent's event groups.
+agent_row_changed = Signal()
 
 
 def row_push_due(previous: datetime | None, now: datetime, *, period: float = ROW_PUSH_SECONDS) -> bool:
@@ -38,18 +46,12 @@ def agent_row_message(agent) -> dict:
 
 
 def publish_agent_row(agent_pk: int) -> None:
-    """Render the agent's row as it is now and send it to its event groups (sync; channel layer)."""
-    from asgiref.sync import async_to_sync
-
-    from live.publish import apublish_message, event_groups
-
-    from .models import Agent
-
+    """Render the agent's row as it is now and send it to its event groups (sync; channel layer,
+    through :data:`agent_row_changed`)."""
     agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
     if agent is None:
         return
-    message = agent_row_message(agent)
-    async_to_sync(apublish_message)(message, event_groups(agent.agent_id))
+    agent_row_changed.send(sender=Agent, agent=agent, message=agent_row_message(agent))
 
 
 def push_heartbeat_row(agent_pk: int) -> None:

@@ -6,12 +6,12 @@ thread would be lost, so every job is followed by a bounded flush.
 
 from rq import Worker
 
+from agents.events import flush_events
+
 
 class KiciWorker(Worker):
     def perform_job(self, job, queue):
         try:
             return super().perform_job(job, queue)
         finally:
-            from agents.events import flush_events
-
             flush_events(timeout=5.0)

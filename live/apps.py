@@ -4,3 +4,13 @@ from django.apps import AppConfig
 class LiveConfig(AppConfig):
     name = "live"
     verbose_name = "Live streams"
+
+    def ready(self):
+        # These modules import models, which Django allows only once the app registry is ready.
+        from agents.events import event_committed
+        from agents.heartbeats import agent_row_changed
+
+        from .publish import publish_committed_event, send_agent_row
+
+        event_committed.connect(publish_committed_event, dispatch_uid="live.publish_committed_event")
+        agent_row_changed.connect(send_agent_row, dispatch_uid="live.send_agent_row")

@@ -9,6 +9,10 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+from agents.choices import EventType
+from agents.models import ScalerEvent
+from scalers.backends.runtime import docker_client_for, runtime_for_scaler
+
 from .sources import SourceFactory, docker_log_source, file_source
 
 
@@ -36,8 +40,6 @@ def agent_container(agent, **client_kwargs):
     the container's name, on its scaler's runtime (``client_kwargs`` go to
     ``scalers.backends.runtime.docker_client_for``, e.g. ``timeout``). Raises the SDK's errors
     (``docker.errors.NotFound``, ``DockerException``)."""
-    from scalers.backends.runtime import docker_client_for, runtime_for_scaler
-
     client = docker_client_for(runtime_for_scaler(agent.scaler), **client_kwargs)
     return client.containers.get(agent.managed_id or agent.agent_id)
 
@@ -126,9 +128,6 @@ def captured_output(agent) -> dict:
     when nothing was captured (a destroyed agent keeps no output).
     """
     from django.db.models import Q
-
-    from agents.choices import EventType
-    from agents.models import ScalerEvent
 
     event = (
         ScalerEvent.objects.filter(Q(agent=agent) | Q(agent_ref=agent.agent_id), type=EventType.FAILED)

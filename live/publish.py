@@ -1,10 +1,14 @@
-"""Pushing to the live pages' Channels groups; Django only when called.
+"""Pushing to the live pages' Channels groups.
 
 Stored events go to ``events.global`` and ``events.agent.<agent_id>`` (:func:`publish_event`). An
 operation's progress goes to ``operation.<id>`` (:func:`publish_progress`) as a small notice: the
 consumer renders the changed parts from the database with the same template partials as the page
 (``operations/detail.html#...``), so the markup of a row cannot drift between the first render and
 a live update.
+
+The events and agent rows the ``agents`` app commits reach this module through its signals
+(``agents.events.event_committed``, ``agents.heartbeats.agent_row_changed``), connected in
+``live.apps``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from .render import render_live_update
 from .streams import StreamKey
 
 log = logging.getLogger(__name__)
@@ -51,8 +56,6 @@ def event_message(event: Any, render: bool | None = None) -> dict:
     if not render:
         return message
     try:
-        from .render import render_live_update
-
         message["html"] = render_live_update(event)
     except Exception:  # noqa: BLE001 - the receivers can still render from the database
         log.warning("could not render event %s for the live push", event.pk, exc_info=True)
@@ -88,6 +91,19 @@ def publish_event(event: Any) -> None:
 
     message = event_message(event)
     async_to_sync(apublish_message)(message, event_groups(message["agent_ref"]))
+
+
+def publish_committed_event(sender: Any, event: Any, **kwargs: Any) -> None:
+    """Receiver of ``agents.events.event_committed``: :func:`publish_event`."""
+    publish_event(event)
+
+
+def send_agent_row(sender: Any, agent: Any, message: dict, **kwargs: Any) -> None:
+    """Receiver of ``agents.heartbeats.agent_row_changed``: send the row update ``message`` to
+    the agent's event groups (sync)."""
+    from asgiref.sync import async_to_sync
+
+    async_to_sync(apublish_message)(message, event_groups(agent.agent_id))
 
 
 def operation_group(operation_id: int) -> str:

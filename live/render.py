@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from django.template.loader import render_to_string
 
-from agents.capacity import global_capacity, scaler_capacities
 from agents.models import Agent, ScalerEvent
+from scalers.capacity import global_capacity, scaler_capacities
 
 PAGE = "dashboard/index.html"
 

@@ -1,11 +1,11 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from .roles import sync_groups
+
 
 def _sync_roles(sender, **kwargs):
     from django.apps import apps
-
-    from .roles import sync_groups
 
     sync_groups(apps)
 

@@ -22,6 +22,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import live.publish
+from agents.models import Agent
+from scalers.models import LabelSet, Scaler
 
 from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.base import Plan, PlanRefused, Scope, ScopeInvalid, jsonable, plan_digest
@@ -75,9 +77,6 @@ def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, param
     two requests for the same change share one scope. Raises :class:`ScopeInvalid` naming the field
     and the value.
     """
-    from agents.models import Agent
-    from scalers.models import LabelSet, Scaler
-
     if isinstance(scaler, str):
         name = scaler.strip()
         scaler = Scaler.objects.filter(name=name).first() if name else None

@@ -25,6 +25,7 @@ from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.registry import all_kinds
 from .models import Operation, SweepState
 from .policy import sweep_policy
+from .queues import QueueNotConfigured, get_queue
 from .services import auto_approve, expire_due_operations, store_plan, transition
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,6 @@ def fail_lost_runs(now: datetime | None = None) -> list[int]:
     """Mark approved/running operations whose rq job failed, was stopped or vanished as failed."""
     from rq.exceptions import NoSuchJobError
     from rq.job import Job, JobStatus
-
-    from .queues import QueueNotConfigured, get_queue
 
     now = now or timezone.now()
     lost = []

@@ -41,6 +41,7 @@ from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error
 from lib.json_input import parse_json
+from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
 from scalers.jobs import enqueue_reclaim
 
@@ -247,8 +248,6 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
 @require_POST
 def claim(request):
     """Exchange an event scaler's claim code for a registration token (from the claim store)."""
-    from scalers.backends.claims import ClaimError, redeem_claim
-
     try:
         body = _json_body(request)
     except BadRequest as exc:

@@ -18,6 +18,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from agents.choices import ACTIVE_STATES
+
 from .config.loader import ConfigInvalid, ConfigProblem
 from .config.schema import LabelSet as LabelSetConfig
 from .config.schema import ScalerEntry, ScalersConfig
@@ -112,8 +114,6 @@ def _differs(obj: Any, fields: dict[str, Any]) -> bool:
 
 
 def _live_count(scaler: Scaler) -> int:
-    from agents.choices import ACTIVE_STATES
-
     agents = scaler.agents.filter(state__in=ACTIVE_STATES).count()
     return agents + Reservation.objects.filter(scaler=scaler).count()
 

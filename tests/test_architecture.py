@@ -134,3 +134,25 @@ def test_no_module_keeps_a_reexport_list_or_a_fallback_for_a_missing_module():
                 if any(getattr(c, "id", None) in ("ImportError", "ModuleNotFoundError") for c in caught):
                     found.append(f"{name}:{node.lineno} except ImportError")
     assert found == []
+
+
+def test_project_modules_are_imported_inside_functions_only_where_django_requires_it():
+    # AppConfig.ready() is the one place: models and signals can be imported only once the app
+    # registry is ready.
+    found = []
+    for name, (path, _) in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.ImportFrom):
+                    target = node.module or ""
+                    ours = node.level > 0 or target.split(".")[0] in APPS
+                elif isinstance(node, ast.Import):
+                    ours = any(alias.name.split(".")[0] in APPS for alias in node.names)
+                else:
+                    continue
+                if ours and not (path.name == "apps.py" and func.name == "ready"):
+                    found.append(f"{name}:{node.lineno}")
+    assert sorted(set(found)) == []

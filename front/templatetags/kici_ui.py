@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import RFC3986_SUBDELIMS
 
+from agents.liveness import current_mark
 from lib.units import format_age, format_bytes_iec
 
 register = template.Library()
@@ -90,8 +91,6 @@ def rest_lines(text: str) -> str:
 def lost_mark(agent):
     """The lost-agents sweep's mark on ``agent`` while it still holds (``agents.liveness.current_mark``:
     ``{"lost_by", "sandbox", "reasons", "operation", "at", "heartbeat_at"}``), else None. No query."""
-    from agents.liveness import current_mark
-
     return current_mark(agent)
 
 

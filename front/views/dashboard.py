@@ -7,9 +7,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from agents.capacity import global_capacity, pool_capacities, scaler_capacities
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
+from scalers.capacity import global_capacity, pool_capacities, scaler_capacities
 from scalers.models import RecoveryReport, Scaler
 
 from .common import viewer_required

@@ -8,8 +8,9 @@ import logging
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from agents.selftest import isolation_context, run_agent_selftest
 from lib.htmx import wants_partial
+from network.nft import apply
+from scalers.selftest import isolation_context, run_agent_selftest
 
 from .common import agent_or_404, can_run_selftest, viewer_required
 
@@ -40,9 +41,7 @@ def agent_isolation(request, agent_id: str):
         ctx["error"] = "the agent has no address yet, so it has no isolation rules"
     else:
         try:
-            from network.nft.apply import NftClient
-
-            rules = NftClient(ctx["table"]).list_agents().get(ipaddress.ip_address(agent.ip))
+            rules = apply.NftClient(ctx["table"]).list_agents().get(ipaddress.ip_address(agent.ip))
         except Exception as exc:  # noqa: BLE001 - nft missing, no privilege, bad table: say so
             ctx["error"] = f"could not read table inet {ctx['table']}: {exc}"
         else:

@@ -16,10 +16,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from agents.capacity import scaler_capacities
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
 from operations.services import create_operation
+from scalers.capacity import scaler_capacities
 from scalers.models import LabelSet, Scaler
 
 from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change

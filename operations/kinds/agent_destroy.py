@@ -11,6 +11,7 @@ destroy, agent destroyed, reservation released).
 from __future__ import annotations
 
 from agents.choices import ACTIVE_STATES, AgentState
+from agents.models import Agent
 from scalers.admission.draining import clear_draining, mark_draining
 from scalers.admission.release import teardown_agent
 
@@ -43,8 +44,6 @@ class AgentDestroy(Kind):
         return plan_agents(scope, _decide)
 
     def act(self, run, scope, plan, targets) -> None:
-        from agents.models import Agent
-
         for target in targets:
             agent_id = target.subject
             try:

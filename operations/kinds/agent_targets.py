@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agents.models import Agent
+
 from .base import Plan, Scope, Spared, age_seconds, is_registered
 
 
@@ -29,8 +31,6 @@ def plan_agents(scope: Scope, decide: Callable[[Plan, str, Any], None]) -> Plan:
     """A plan over ``scope.agent_ids``, in their order: an id with no agent row is spared ("no such
     agent"); every row found (scaler loaded, one query for all) goes to ``decide(plan, key, agent)``
     with ``key`` = ``agent:<agent_id>``, which adds the target or the spared entry."""
-    from agents.models import Agent
-
     result = Plan()
     agents = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=scope.agent_ids).select_related("scaler")}
     for agent_id in scope.agent_ids:

@@ -22,6 +22,7 @@ from django.db import transaction
 
 from scalers.config.loader import ConfigInvalid, load_scalers_config
 from scalers.importing import apply_scalers_config
+from scalers.models import ConfigState, LabelSet, Scaler
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, PlanRefused, Scope, ScopeInvalid, Spared, Target
@@ -71,8 +72,6 @@ def files_digest(path: str, drop_in_dir: str | None) -> tuple[str, list[str]]:
 
 
 def _snapshot():
-    from scalers.models import ConfigState, LabelSet, Scaler
-
     state = ConfigState.load()
     scalers = {s.name: {f: getattr(s, f) for f in _SCALER_FIELDS} for s in Scaler.objects.all()}
     sets: dict[str, list[str]] = {}

@@ -30,14 +30,17 @@ import ipaddress
 from django.conf import settings
 
 from agents.choices import AgentState
+from agents.models import Agent
 from network.host_access import HostAccessError, parse_host_access_entry
 from network.nft.apply import NftClient
 from network.nft.plan import line_diff, spec_rule_lines
 from network.nft.spec import AgentSpec
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
 from scalers.backends.firecracker.settings import NETWORK_DEFAULTS
+from scalers.backends.holders import address_holders, address_lock
 from scalers.backends.isolation import nft_table_for, resolve_host_access
 from scalers.backends.sandboxes import list_kici_containers
+from scalers.models import ConfigState, LabelSet
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, ScopeInvalid, Spared, Target
@@ -53,8 +56,6 @@ def isolation_target(scaler) -> tuple[str, str, str] | None:
     the scaler's ``nftTable`` else ``KICI_NFT_TABLE``; Firecracker VMs on the ``firecracker`` block's
     cidr/gateway/table.
     """
-    from scalers.models import ConfigState
-
     if scaler.type in ("container", "bare-metal"):
         return nft_table_for(scaler), ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
     if scaler.type == "firecracker":
@@ -113,9 +114,6 @@ class HostAccessApply(Kind):
                 raise ScopeInvalid("host_access", f"entry {index + 1} {entry!r}: {exc}") from None
 
     def plan(self, scope: Scope) -> Plan:
-        from agents.models import Agent
-        from scalers.models import LabelSet
-
         label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
         scaler = label_set.scaler
         new = scope.params["host_access"]
@@ -188,10 +186,6 @@ class HostAccessApply(Kind):
         return result
 
     def act(self, run, scope, plan, targets) -> None:
-        from agents.models import Agent
-        from scalers.backends.holders import address_holders, address_lock
-        from scalers.models import LabelSet
-
         new = scope.params["host_access"]
         ordered = sorted(targets, key=lambda t: not t.key.startswith("labelset:"))
         label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)

@@ -42,9 +42,13 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
-from agents.choices import AgentState
+from agents.choices import AgentState, EventType
+from agents.events import record_event
 from agents.liveness import WATCHED_STATES, assess, heartbeat_key, heartbeat_timeout_seconds
+from agents.models import Agent
 from scalers.admission.release import teardown_agent
+from scalers.backends.sandboxes import probe_sandboxes
+from scalers.models import RecoveryReport, Reservation, Scaler
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, ScopeInvalid, Spared, Target, age_seconds, is_registered
@@ -57,8 +61,6 @@ ACTION = "remove remains, fail agent, release reservation"
 def console_boot_time() -> datetime | None:
     """When a console last booted (its latest boot recovery): heartbeats sent while it was
     down were never heard, so silence is counted from then at the earliest."""
-    from scalers.models import RecoveryReport
-
     return (
         RecoveryReport.objects.filter(trigger="boot")
         .order_by("-created_at")
@@ -80,8 +82,6 @@ def teardown_lost_agent(
     destroy that raises leaves the agent ``destroying`` with its reservation (``failed``; admission's
     sweeper retries the teardown).
     """
-    from agents.models import Agent
-
     now = timezone.now()
     moved = Agent.objects.filter(pk=agent_pk, state=state, last_heartbeat=last_heartbeat).update(
         state=AgentState.DESTROYING, updated_at=now
@@ -129,9 +129,6 @@ class LostAgents(Kind):
 
     def sweep_scopes(self) -> list[Scope]:
         """Per scaler with a running or draining agent: one scope per kind of evidence."""
-        from agents.models import Agent
-        from scalers.models import Scaler
-
         scaler_ids = set(Agent.objects.filter(state__in=WATCHED_STATES).values_list("scaler_id", flat=True))
         return [
             Scope(scaler=s, params={"evidence": e})
@@ -152,9 +149,6 @@ class LostAgents(Kind):
         ``evidence`` are spared with the reason. ``context``: ``rows`` (agent id → (pk, state, last
         heartbeat datetime) for the run's compare-and-swap) and ``lost`` (agent id → evidence, all
         evidence kinds, for :meth:`observe`)."""
-        from agents.models import Agent
-        from scalers.backends.sandboxes import probe_sandboxes
-
         now = timezone.now()
         timeout = heartbeat_timeout_seconds()
         since = console_boot_time()
@@ -169,7 +163,6 @@ class LostAgents(Kind):
         probes = {}
         for agents in by_scaler.values():
             probes.update(probe_sandboxes(agents[0].scaler, agents))
-        from scalers.models import Reservation
 
         reserved = set(Reservation.objects.filter(agent__in=rows).values_list("agent_id", flat=True))
         result = Plan(context={"rows": {}, "lost": {}})
@@ -274,10 +267,6 @@ class LostAgents(Kind):
         Returns how many agents were newly marked.
         """
         from django.db import transaction
-
-        from agents.choices import EventType
-        from agents.events import record_event
-        from agents.models import Agent
 
         now = timezone.now()
         lost = plan.context["lost"] if plan.context else {}

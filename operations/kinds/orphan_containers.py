@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import time
 
+from agents.models import Agent
+from scalers.models import Scaler
+
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, Spared, Target, require_scaler
 from .reaping import act_on_planned, backend_for
@@ -35,8 +38,6 @@ def _runs_containers(scaler) -> bool:
 
 
 def _agent_rows(agent_ids):
-    from agents.models import Agent
-
     return {a.agent_id: a for a in Agent.objects.filter(agent_id__in=[a for a in agent_ids if a])}
 
 
@@ -66,8 +67,6 @@ class OrphanContainers(Kind):
         require_scaler(scope, TYPES, "an orphan-container reap")
 
     def sweep_scopes(self) -> list[Scope]:
-        from scalers.models import Scaler
-
         return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES) if _runs_containers(s)]
 
     def plan(self, scope: Scope) -> Plan:

@@ -13,6 +13,11 @@ Scope: one ``firecracker`` scaler.
 
 from __future__ import annotations
 
+from agents.models import Agent
+from scalers.backends.firecracker.orphans import plan_orphans, spared_vms
+from scalers.backends.firecracker.pidprobe import probe_vm_pid
+from scalers.models import Scaler
+
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, Spared, Target, require_scaler
 from .reaping import act_on_planned, backend_for
@@ -38,7 +43,6 @@ def target_key(t) -> str:
 def _probe(backend, agent_id: str | None) -> str | None:
     if not agent_id:
         return None
-    from scalers.backends.firecracker.pidprobe import probe_vm_pid
 
     p = probe_vm_pid(backend.chroot_dir(agent_id))
     return f"{p.reason}" + (f" (pid {p.pid})" if p.pid else "")
@@ -60,14 +64,9 @@ class OrphanVms(Kind):
         require_scaler(scope, TYPES, "an orphan-VM reap")
 
     def sweep_scopes(self) -> list[Scope]:
-        from scalers.models import Scaler
-
         return [Scope(scaler=s) for s in Scaler.objects.filter(type__in=TYPES)]
 
     def plan(self, scope: Scope) -> Plan:
-        from agents.models import Agent
-        from scalers.backends.firecracker.orphans import plan_orphans, spared_vms
-
         backend = backend_for(scope.scaler)
         facts = backend.orphan_facts()  # raises when the tracked set cannot be read: never reap blind
         targets = plan_orphans(facts)

@@ -9,6 +9,7 @@ spared with the counts (it drains first).
 from __future__ import annotations
 
 from agents.choices import ACTIVE_STATES, AgentState
+from scalers.models import Reservation, Scaler, ScalerTeardown
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, ScopeInvalid, Spared, Target, age_seconds, require_scaler
@@ -16,8 +17,6 @@ from .reaping import backend_for
 
 
 def _torn_down(scaler) -> bool:
-    from scalers.models import ScalerTeardown
-
     return ScalerTeardown.objects.filter(scaler=scaler).exists()
 
 
@@ -25,8 +24,6 @@ def teardown_retired_scaler(scaler, reason: str) -> str:
     """Tear down one empty retiring scaler as admission's ``retirement_sweep`` does for all of them:
     the backend's optional ``teardown()``, then a ``ScalerTeardown`` row. Refuses (ValueError) when
     the scaler is not retiring or still holds an active agent or a reservation."""
-    from scalers.models import Reservation, Scaler, ScalerTeardown
-
     scaler = Scaler.objects.get(pk=scaler.pk)
     if not scaler.retiring:
         raise ValueError(f"scaler {scaler.name!r} is not retiring")
@@ -55,13 +52,9 @@ class ScalerRetirement(Kind):
             raise ScopeInvalid("scaler", f"scaler {scope.scaler.name!r} is not retiring (it is still in scalers.yaml)")
 
     def sweep_scopes(self) -> list[Scope]:
-        from scalers.models import Scaler
-
         return [Scope(scaler=s) for s in Scaler.objects.filter(retiring=True, teardown__isnull=True)]
 
     def plan(self, scope: Scope) -> Plan:
-        from scalers.models import Reservation, Scaler
-
         scaler = Scaler.objects.get(pk=scope.scaler.pk)
         key = f"scaler:{scaler.name}"
         result = Plan()

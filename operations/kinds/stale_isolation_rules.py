@@ -12,6 +12,13 @@ sweep plans one scaler per distinct (runtime, table). Firecracker rules are part
 
 from __future__ import annotations
 
+from agents.models import Agent
+from scalers.backends.base import scaler_option
+from scalers.backends.holders import read_holders
+from scalers.backends.isolation import nft_table_for
+from scalers.backends.orphans import OrphanTarget
+from scalers.models import Scaler
+
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, Spared, Target, require_scaler
 from .reaping import act_on_planned, backend_for
@@ -33,10 +40,6 @@ class StaleIsolationRules(Kind):
         require_scaler(scope, TYPES, "a stale-rule reap")
 
     def sweep_scopes(self) -> list[Scope]:
-        from scalers.backends.base import scaler_option
-        from scalers.backends.isolation import nft_table_for
-        from scalers.models import Scaler
-
         seen = set()
         scopes = []
         for scaler in Scaler.objects.filter(type__in=TYPES).order_by("name"):
@@ -47,10 +50,6 @@ class StaleIsolationRules(Kind):
         return scopes
 
     def plan(self, scope: Scope) -> Plan:
-        from agents.models import Agent
-        from scalers.backends.holders import read_holders
-        from scalers.backends.orphans import OrphanTarget
-
         scaler = scope.scaler
         backend = backend_for(scaler)
         result = Plan(context={})

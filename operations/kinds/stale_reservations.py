@@ -24,6 +24,7 @@ from django.utils import timezone
 from agents.choices import TERMINAL_STATES, AgentState
 from scalers.admission.release import release, stale_window_seconds
 from scalers.backends.sandboxes import list_kici_containers
+from scalers.models import Reservation
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, Spared, Target, age_seconds, is_registered
@@ -79,8 +80,6 @@ class StaleReservations(Kind):
         return [Scope()]
 
     def plan(self, scope: Scope) -> Plan:
-        from scalers.models import Reservation
-
         now = timezone.now()
         window = stale_window_seconds()
         qs = Reservation.objects.select_related("agent", "agent__scaler", "scaler")

@@ -30,8 +30,10 @@ from typing import Any
 
 from django.conf import settings
 
+from agents import tokens
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
+from agents.models import Agent
 from scalers.resources import EffectiveLimits
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
@@ -176,9 +178,6 @@ class BareMetalBackend:
         return self._spawn_process(agent, control)
 
     def _spawn_process(self, agent, control: SpawnControl) -> SpawnResult:
-        from agents.models import Agent
-        from agents.tokens import mint_registration_token, revoke_agent_tokens
-
         binary = str(label_set_option(agent.label_set, "binaryPath"))
         control.check("spawn")
         if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
@@ -190,7 +189,7 @@ class BareMetalBackend:
         if argv[0] == "systemd-run" and not systemd_user_scope_available():
             argv = [binary]
             note = " (cgroup limits NOT enforced: systemd-run --user is unavailable here)"
-        token = mint_registration_token(agent)
+        token = tokens.mint_registration_token(agent)
         record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
         log_path = agent_log_dir() / f"{agent.agent_id}.log"
         try:
@@ -206,7 +205,7 @@ class BareMetalBackend:
                     cwd="/",
                 )
         except OSError as exc:
-            revoke_agent_tokens(agent)
+            tokens.revoke_agent_tokens(agent)
             raise SpawnError(f"spawn failed: {exc}", "spawn") from exc
         start_time = _proc_start_time(proc.pid)
         context = {
@@ -223,7 +222,7 @@ class BareMetalBackend:
             control.check("ready")
         except BaseException:
             self._terminate(proc.pid, start_time)
-            revoke_agent_tokens(agent)
+            tokens.revoke_agent_tokens(agent)
             raise
         record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
         record_connecting(agent, "waiting for agent registration")

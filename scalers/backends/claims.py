@@ -16,6 +16,12 @@ import time
 
 from django.conf import settings
 
+from agents import tokens
+from agents.choices import AgentState
+from agents.models import Agent
+
+from .spawn_env import console_url, full_labels
+
 DEFAULT_CLAIM_TTL_SECONDS = 300
 DEFAULT_AGENT_TOKEN_TTL_SECONDS = 600
 #: How long an expired or consumed claim is remembered, in seconds (then purged).
@@ -91,12 +97,6 @@ def redeem_claim(code: str) -> dict:
     ``invalid claim code`` / ``claim code already consumed`` / ``claim code expired`` (also when
     the agent is no longer spawning).
     """
-    from agents.choices import AgentState
-    from agents.models import Agent
-    from agents.tokens import mint_registration_token
-
-    from .spawn_env import console_url, full_labels
-
     if not isinstance(code, str) or len(code) != 64:
         raise ClaimError(MESSAGES["invalid"])
     digest = hashlib.sha256(code.encode()).hexdigest()
@@ -109,7 +109,9 @@ def redeem_claim(code: str) -> dict:
     agent = Agent.objects.select_related("scaler", "label_set").filter(agent_id=fields.get("agent_id", "")).first()
     if agent is None or agent.state != AgentState.SPAWNING:
         raise ClaimError(MESSAGES["invalid"])
-    token = mint_registration_token(agent, ttl_seconds=int(fields.get("token_ttl") or DEFAULT_AGENT_TOKEN_TTL_SECONDS))
+    token = tokens.mint_registration_token(
+        agent, ttl_seconds=int(fields.get("token_ttl") or DEFAULT_AGENT_TOKEN_TTL_SECONDS)
+    )
     return {
         "agentId": agent.agent_id,
         "token": token,

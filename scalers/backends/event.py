@@ -19,6 +19,7 @@ from typing import Any
 
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
+from agents.models import Agent
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .claims import DEFAULT_AGENT_TOKEN_TTL_SECONDS, DEFAULT_CLAIM_TTL_SECONDS, create_claim, invalidate_claims
@@ -98,8 +99,6 @@ class EventBackend:
         recorded at spawn, else the configured ones; then invalidate claims (failure only logged).
         An agent whose scale-up was never delivered gets no scale-down. A failed delivery raises
         ``EventEmitError`` (the caller keeps the reservation and retries)."""
-        from agents.models import Agent
-
         if not (agent.backend_context or {}).get("requestId"):
             # No scale-up was ever delivered for this agent: there is nothing to scale down.
             self._invalidate(agent)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from agents.models import Agent
+
 #: Lines of agent output (a container's logs, a process's log file) attached to a ``scaler.failed``
 #: detail.
 CAPTURED_LINES = 50
@@ -34,8 +36,6 @@ def mark_spawn_failed(agent_pk: int, detail: str, now: datetime | None = None) -
     when this call moved the row. The caller records ``scaler.failed`` and releases the reservation.
     """
     from django.utils import timezone
-
-    from agents.models import Agent
 
     return bool(
         Agent.objects.filter(pk=agent_pk, state__in=SPAWN_FAILURE_ENDS).update(

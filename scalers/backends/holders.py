@@ -12,6 +12,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from agents.models import Agent
+from network.models import IpAllocation
+
 from .docker_net import container_addresses
 
 log = logging.getLogger(__name__)
@@ -106,8 +109,6 @@ def other_holders(holders: Iterable[Holder], exclude: Iterable[str] = ()) -> lis
 def db_agents(addresses: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
     """``(agent_id, ip, state)`` of every active agent row with an address (any scaler); only
     those with one of ``addresses`` when given."""
-    from agents.models import Agent
-
     rows = Agent.objects.active().exclude(ip=None)
     if addresses is not None:
         rows = rows.filter(ip__in=list(addresses))
@@ -116,8 +117,6 @@ def db_agents(addresses: Iterable[str] | None = None) -> list[tuple[str, str, st
 
 def db_allocations(addresses: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
     """``(ip, vm_id, scaler_name)`` of the ``ip_allocations`` rows (only ``addresses`` when given)."""
-    from network.models import IpAllocation
-
     rows = IpAllocation.objects.all()
     if addresses is not None:
         rows = rows.filter(ip__in=list(addresses))

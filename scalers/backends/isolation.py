@@ -15,6 +15,11 @@ from typing import Any
 
 from django.conf import settings
 
+from network.host_access import resolve_agent_host_access, storage_host_access_entries
+from network.nft import apply as nft_apply
+from network.nft.spec import AgentSpec
+
+from . import holders
 from .base import scaler_option
 from .docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
 
@@ -28,8 +33,6 @@ def nft_table_for(scaler: Any) -> str:
 
 def host_services() -> list[str]:
     """Host-access entries for the console's own object storage (``KICI_STORAGE_URL``), so agents reach it."""
-    from network.host_access import storage_host_access_entries
-
     return storage_host_access_entries(getattr(settings, "KICI_STORAGE_URL", None))
 
 
@@ -38,8 +41,6 @@ def resolve_host_access(
 ) -> tuple[list[str], bool]:
     """``(entries, explicit)``: the label set's explicit ``hostAccess`` verbatim, else the
     default (gateway DNS, the console port, host services)."""
-    from network.host_access import resolve_agent_host_access
-
     explicit = isinstance(policy, dict) and (
         policy.get("hostAccess") is not None or policy.get("host_access") is not None
     )
@@ -54,9 +55,7 @@ class ContainerIsolation:
 
     def __init__(self, table: str, client: Any = None):
         if client is None:
-            from network.nft.apply import NftClient
-
-            client = NftClient(table)
+            client = nft_apply.NftClient(table)
         self.client = client
         self.table = client.table
 
@@ -74,10 +73,6 @@ class ContainerIsolation:
         address's lock (``holders.address_lock``), so a concurrent teardown of a previous holder
         cannot delete them between its holder check and its delete.
         """
-        from network.nft.spec import AgentSpec
-
-        from .holders import address_lock
-
         policy = policy or {}
         spec = AgentSpec.build(
             address,
@@ -86,7 +81,7 @@ class ContainerIsolation:
             deny_all=bool(policy.get("denyAll", policy.get("deny_all", False))),
             host_access=list(host_access),
         )
-        with address_lock(str(spec.address)):
+        with holders.address_lock(str(spec.address)):
             self.client.apply_agent(spec)
 
     def remove(self, address: str | None) -> bool:
@@ -105,9 +100,7 @@ class ContainerIsolation:
         (``holders.remove_unless_held``: active agent rows, kici-managed containers from
         ``list_containers()``, VM allocations). Returns ``(removed, holders)``; ``holders`` non-empty
         means the rules were kept. Raises ``NftError`` / database errors."""
-        from .holders import remove_unless_held
-
-        removed, held = remove_unless_held(
+        removed, held = holders.remove_unless_held(
             address, self.remove, exclude=exclude, list_containers=list_containers, why=why
         )
         return bool(removed), held

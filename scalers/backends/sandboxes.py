@@ -23,6 +23,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from .baremetal import BareMetalBackend, _alive
+from .firecracker.pidprobe import probe_vm_pid
+from .runtime import docker_client_for, runtime_for_scaler
+
 log = logging.getLogger(__name__)
 
 
@@ -38,8 +42,6 @@ class SandboxProbe:
 
 def list_kici_containers(scaler) -> list[dict] | None:
     """Every kici-managed container summary on ``scaler``'s runtime, or None when it cannot be listed."""
-    from .runtime import docker_client_for, runtime_for_scaler
-
     try:
         client = docker_client_for(runtime_for_scaler(scaler), timeout=30)
     except Exception as exc:  # noqa: BLE001 - unreachable runtime: nothing is proven
@@ -81,8 +83,6 @@ def _container_probes(scaler, agents) -> dict[str, SandboxProbe]:
 
 
 def _vm_probe(agent) -> SandboxProbe:
-    from .firecracker.pidprobe import probe_vm_pid
-
     chroot = (agent.backend_context or {}).get("chroot")
     if not chroot:
         return SandboxProbe("unknown", "no chroot recorded for this VM", "VM")
@@ -97,13 +97,11 @@ def _vm_probe(agent) -> SandboxProbe:
 
 
 def _process_probe(agent) -> SandboxProbe:
-    from .baremetal import _alive  # the same pid + start-time check the backend's destroy uses
-
     context = agent.backend_context or {}
     pid = context.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return SandboxProbe("unknown", "no pid recorded for this process", "process")
-    if _alive(pid, context.get("start_time")):
+    if _alive(pid, context.get("start_time")):  # the same pid + start-time check the backend's destroy uses
         return SandboxProbe("running", f"pid {pid}", "process")
     return SandboxProbe("exited", f"pid {pid} is gone", "process")
 
@@ -128,8 +126,6 @@ def probe_sandboxes(scaler, agents) -> dict[str, SandboxProbe]:
     in_containers = agents
     out: dict[str, SandboxProbe] = {}
     if scaler.type == "bare-metal":
-        from .baremetal import BareMetalBackend
-
         in_containers = []
         for agent in agents:
             if BareMetalBackend.mode_for(agent) == "process":

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from scalers.labels import agent_labels
 from scalers.models import ConfigState
 from scalers.resources import EffectiveLimits, effective_limits, resolve_resources
 
@@ -63,7 +64,6 @@ def full_labels(agent: Agent) -> list[str]:
     """
     if agent.labels:
         return list(agent.labels)
-    from scalers.labels import agent_labels
 
     declared = agent.label_set.labels if agent.label_set_id else []
     return agent_labels(

@@ -57,6 +57,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from lib.units import InvalidMemoryFormat, parse_memory
+from network.host_access import parse_host_access_entry
 from scalers import labels as labelmod
 
 # --------------------------------------------------------------------------- validation issues
@@ -200,9 +201,6 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
 def _host_access_entry(value: str) -> str:
-    # Imported here: network/ is another app's module, loaded only when needed.
-    from network.host_access import parse_host_access_entry
-
     parse_host_access_entry(value)  # raises ValueError naming the entry
     return value
 

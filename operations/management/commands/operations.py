@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from front.presenters import evidence_items
 from operations.choices import OperationKind, OperationStatus, RequestedVia
+from operations.jobs import run_operation
 from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.models import Operation
 from operations.services import NothingToDo, OperationError, approve_operation, create_operation, reject_operation
@@ -179,8 +180,6 @@ class Command(BaseCommand):
         except OperationError as exc:
             raise CommandError(str(exc)) from None
         if run_now:
-            from operations.jobs import run_operation
-
             self.stdout.write(run_operation(op.pk))
         else:
             self.stdout.write(f"operation #{op.pk} approved; enqueued on {op.host_queue} as job {op.rq_job_id}")

@@ -12,8 +12,10 @@ from django.conf import settings
 from django.db import transaction
 from docker.errors import ImageNotFound
 
+from agents import tokens
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
+from agents.models import Agent
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..docker_net import ISOLATED_NETWORK_NAME, cached_isolated_network, container_network_ip
@@ -97,9 +99,6 @@ def spawn_container(
     when ``rules.enabled``). ``build_config(agent, token, image)``: the create arguments. Raises
     ``SpawnError`` / ``SpawnAborted`` after removing whatever it created (container, rules); lets
     runtime errors propagate the same way."""
-    from agents.models import Agent
-    from agents.tokens import mint_registration_token, revoke_agent_tokens
-
     ls = agent.label_set
     image = str(label_set_option(ls, "image") or settings.KICI_AGENT_IMAGE)
     policy = str(label_set_option(ls, "imagePullPolicy", "IfNotPresent"))
@@ -126,7 +125,7 @@ def spawn_container(
         if network_isolation:
             cached_isolated_network(host.docker, str(getattr(host.api, "base_url", id(host.docker))))
         with transaction.atomic():  # one commit for the token and the event
-            token = mint_registration_token(agent)
+            token = tokens.mint_registration_token(agent)
             record_event(agent, EventType.PROVISIONING, "creating container")
         created = create_with_pull(host.api, agent, build_config(agent, token, image), image, policy)
         container_id = created["Id"]
@@ -183,7 +182,7 @@ def spawn_container(
         captured = host.output_tail(container_id) if started else []
         cleanup_failed_spawn(host, rules, container_id, address, agent.agent_id)
         try:
-            revoke_agent_tokens(agent)
+            tokens.revoke_agent_tokens(agent)
         except Exception:  # noqa: BLE001 - best effort
             log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
         if isinstance(exc, SpawnAborted | SpawnError):

@@ -16,14 +16,24 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.db import transaction
 
+from agents import tokens
 from agents.choices import EventType
+from agents.events import record_connecting, record_event
+from agents.models import Agent
+from network.ipalloc_db import DbIpAllocator
+from network.nft import apply
+from scalers.models import ConfigState
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
+from ..failure import mark_spawn_failed
+from ..isolation import host_services
+from ..spawn_env import console_url, full_labels, spawn_limits
 from . import watch
 from .backend import ABORT_REASON, FirecrackerBackend, FirecrackerCapacityError, FirecrackerSpawnError
 from .bootwatch import release_thread_db
 from .cancel import CancelSignal
 from .settings import FirecrackerSettings
+from .sweeps import default_tracked_provider
 from .watch import POLL_SECONDS, serial_tail
 
 log = logging.getLogger(__name__)
@@ -57,18 +67,12 @@ class FirecrackerScalerBackend:
         tracked_provider: Any = None,
         **overrides: Any,
     ):
-        from network.ipalloc_db import DbIpAllocator
-        from network.nft.apply import NftClient
-
-        from ..isolation import host_services
-        from .sweeps import default_tracked_provider
-
         self.scaler = scaler
         self._overrides = dict(overrides)
         self.netns = netns if netns is not None else (getattr(django_settings, "KICI_FIRECRACKER_NETNS", None) or None)
         fs = self._settings(scaler)
         self.fc = FirecrackerBackend(
-            fs, ip_allocator or DbIpAllocator(fs.cidr, fs.gateway), nft or NftClient(fs.table, netns=self.netns),
+            fs, ip_allocator or DbIpAllocator(fs.cidr, fs.gateway), nft or apply.NftClient(fs.table, netns=self.netns),
             mint_token=self._mint_token, emit=self._emit, host_services=host_services(), log_sink=log_sink,
             environ=environ, tracked_provider=tracked_provider or default_tracked_provider,
             boot_over=watch.boot_over,
@@ -79,8 +83,6 @@ class FirecrackerScalerBackend:
         self._failed_emitted: dict[str, tuple[str, list[str]]] = {}
 
     def _settings(self, scaler) -> FirecrackerSettings:
-        from scalers.models import ConfigState
-
         entry = {**(scaler.config or {}), "name": scaler.name, "maxAgents": scaler.max_agents}
         extra = {"netns": self.netns} if self.netns else {}
         return FirecrackerSettings.from_config(entry, ConfigState.load().firecracker or {}, **extra, **self._overrides)
@@ -95,20 +97,14 @@ class FirecrackerScalerBackend:
     def _agent(self, agent_id: str):
         agent = self._agents.get(agent_id)
         if agent is None:
-            from agents.models import Agent
-
             agent = Agent.objects.select_related("scaler").filter(agent_id=agent_id).first()
         return agent
 
     def _mint_token(self, agent_id: str, labels: list[str]) -> str | None:
-        from agents.tokens import mint_registration_token
-
         agent = self._agent(agent_id)
-        return mint_registration_token(agent) if agent is not None else None
+        return tokens.mint_registration_token(agent) if agent is not None else None
 
     def _emit(self, agent_id: str, type_: str, detail: str, payload: dict) -> None:
-        from agents.events import record_connecting, record_event
-
         agent = self._agent(agent_id)
         if agent is None:
             log.warning("event %s for unknown agent %s: %s", type_, agent_id, detail)
@@ -125,11 +121,6 @@ class FirecrackerScalerBackend:
         """``scaler.failed`` + captured serial output; the agent failed (CAS from any state of
         ``SPAWN_FAILURE_ENDS``: the failed spawn's VM is removed, so an agent that registered while
         the spawn was finishing ends too); tokens revoked."""
-        from agents.events import record_event
-        from agents.tokens import revoke_agent_tokens
-
-        from ..failure import mark_spawn_failed
-
         captured = serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log")
         self._failed_emitted[agent.agent_id] = (detail, captured)
         full = detail + ("\n--- captured output ---\n" + "\n".join(captured) if captured else "")
@@ -140,7 +131,7 @@ class FirecrackerScalerBackend:
                 agent, EventType.FAILED, full, payload={**(payload or {}), "stage": "boot", "release": release_reason}
             )
         try:
-            revoke_agent_tokens(agent)
+            tokens.revoke_agent_tokens(agent)
         except Exception:  # noqa: BLE001 - the token dies with its TTL anyway
             log.warning("could not revoke the tokens of %s", agent.agent_id, exc_info=True)
 
@@ -193,8 +184,6 @@ class FirecrackerScalerBackend:
         0.2 s). Raises ``SpawnAborted`` (deadline/cancelled) or ``SpawnError`` after everything
         created was removed; ``event_recorded`` is True when ``scaler.failed`` was already recorded.
         """
-        from ..spawn_env import console_url, full_labels, spawn_limits
-
         agent_id = agent.agent_id
         control.check("provisioning")
         if self.fc.settings not in _PROVISIONED:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.choices import EventType
+from agents.models import Agent
 from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.spec import AgentSpec
@@ -98,8 +99,6 @@ class FirecrackerVm:
 
 
 def _default_store_host_access(agent_id: str, host_access: list[str]) -> None:
-    from agents.models import Agent
-
     Agent.objects.filter(agent_id=agent_id).update(host_access=host_access)
 
 

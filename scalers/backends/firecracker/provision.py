@@ -20,6 +20,8 @@ from typing import Any
 
 from network import netlink
 
+from ..holders import address_lock, other_holders, read_holders
+
 log = logging.getLogger(__name__)
 
 
@@ -84,8 +86,6 @@ def reapply_isolation_for_tracked_vms(backend: Any) -> int:
     ``scalers.backends.holders``) is skipped with a warning: writing its policy would replace the
     holder's rules. The addresses are locked while they are checked and written.
     """
-    from ..holders import address_lock, other_holders, read_holders
-
     s = backend.settings
     vms = []
     for agent_id in sorted(backend.tracked_ids()):

@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from agents.choices import ACTIVE_STATES
+from agents.models import Agent
 from network import netlink
 
 from ..orphans import OrphanTarget
@@ -33,9 +35,6 @@ log = logging.getLogger(__name__)
 
 def default_tracked_provider(scaler_name: str) -> set[str]:
     """Agent ids of this scaler that the database holds in an active state (any console process)."""
-    from agents.choices import ACTIVE_STATES
-    from agents.models import Agent
-
     return set(
         Agent.objects.filter(scaler__name=scaler_name, state__in=ACTIVE_STATES).values_list("agent_id", flat=True)
     )

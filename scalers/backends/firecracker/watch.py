@@ -18,6 +18,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from agents.models import Agent
+
 from .backend import FirecrackerBackend
 
 #: Serial-console lines attached to a ``scaler.failed`` detail.
@@ -53,8 +55,6 @@ def live(agent_id: str) -> FirecrackerBackend | None:
 
 def agent_state(agent_id: str) -> str | None:
     """The agent row's state (``agents.choices.AgentState`` value), None when there is no row."""
-    from agents.models import Agent
-
     return Agent.objects.filter(agent_id=agent_id).values_list("state", flat=True).first()
 
 

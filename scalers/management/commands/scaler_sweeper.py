@@ -24,6 +24,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from agents.retention import prune_old_records
+from operations import sweeps
 from scalers.admission.draining import retirement_sweep
 from scalers.admission.recovery import recover_state
 from scalers.admission.release import (
@@ -32,6 +33,7 @@ from scalers.admission.release import (
     reap_failed_spawn_jobs,
     retry_stuck_teardowns,
 )
+from scalers.backends import factory
 from scalers.choices import ScalerType
 from scalers.leader import Leadership
 from scalers.lifecycle import drain_idle_agents
@@ -128,15 +130,13 @@ class Command(BaseCommand):
         backends check nft (fail closed) and create kici-agent-net, firecracker backends provision
         the bridge, baseline rules and the port-isolation probe. A failure only degrades that
         scaler: it is logged and retried on the next round."""
-        from scalers.backends.factory import get_backend
-
         did = False
         for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):
             key = (scaler.pk, scaler.updated_at)
             if key in self.hosts_ready:
                 continue
             try:
-                get_backend(scaler).ensure_host_ready()
+                factory.get_backend(scaler).ensure_host_ready()
             except Exception as exc:  # noqa: BLE001 - per-scaler degradation
                 log.warning("scaler %s: host not ready (spawns will fail until fixed): %s", scaler.name, exc)
                 continue
@@ -173,9 +173,7 @@ class Command(BaseCommand):
     def handle_operation_sweeps(self) -> bool:
         """Periodic orphan / rule / reservation sweeps: they only *plan* operations;
         nothing is reaped until an approver (or an explicit auto-approve policy) says so."""
-        from operations.sweeps import run_periodic_sweeps
-
-        return bool(run_periodic_sweeps(timezone.now()))
+        return bool(sweeps.run_periodic_sweeps(timezone.now()))
 
     def handle_old_records(self) -> bool:
         """Retention: old scale requests and recovery reports here, agents, events and tokens in

@@ -15,10 +15,21 @@ not probed)".
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
-from .choices import ACTIVE_STATES
-from .models import Agent
+from django.conf import settings
+
+from agents.choices import ACTIVE_STATES
+from agents.models import Agent
+from network.nft import apply
+from network.nft.spec import AgentSpec
+from network.probe_guard import ProbeGuard, ProbeGuardError
+from network.selftest import default_selftest_targets, run_isolation_selftest
+
+from .backends.isolation import nft_table_for
+from .backends.runtime import docker_client_for, runtime_for_scaler
+from .models import ConfigState
 
 OTHER_AGENT_SAMPLE = 4
 
@@ -40,17 +51,11 @@ class IsolationContext:
 def isolation_context(agent: Agent) -> IsolationContext:
     """Table and gateway of ``agent``'s isolation rules: the firecracker block for VMs, else the
     scaler's ``nftTable`` (or ``KICI_NFT_TABLE``) on ``kici-agent-net`` (gateway 172.30.0.1)."""
-    from django.conf import settings
-
     scaler = agent.scaler
     if scaler.type == "firecracker":
-        from scalers.models import ConfigState
-
         block = ConfigState.load().firecracker or {}
         netns = getattr(settings, "KICI_FIRECRACKER_NETNS", None) or None
         return IsolationContext(str(block.get("table") or "kici"), str(block.get("gateway") or "10.0.0.1"), netns)
-    from scalers.backends.isolation import nft_table_for
-
     return IsolationContext(nft_table_for(scaler), "172.30.0.1")
 
 
@@ -64,8 +69,6 @@ def agent_namespace(agent: Agent) -> str | int:
         return int(ctx["pid"])
     if agent.scaler.type == "container" and agent.managed_id:
         try:
-            from scalers.backends.runtime import docker_client_for, runtime_for_scaler
-
             container = docker_client_for(runtime_for_scaler(agent.scaler)).containers.get(agent.managed_id)
         except Exception as exc:  # noqa: BLE001 - docker down, container gone: say so
             raise SelftestUnavailable(f"could not find container {agent.managed_id[:12]}: {exc}") from None
@@ -81,8 +84,6 @@ def agent_namespace(agent: Agent) -> str | int:
 
 def agent_spec(agent: Agent, gateway: str):
     """The agent's rule spec from its stored host access and its label set's network policy."""
-    from network.nft.spec import AgentSpec
-
     policy = dict(((agent.label_set.config if agent.label_set else None) or {}).get("networkPolicy") or {})
     return AgentSpec.build(
         agent.ip,
@@ -98,12 +99,6 @@ def run_agent_selftest(agent: Agent, *, timeout: float = 1.0) -> list:
     order. Raises :class:`SelftestUnavailable` (no namespace, no address, no interface holds the
     gateway, the rules cannot be read) or what ``run_isolation_selftest`` raises
     (``RuntimeError`` when the namespace cannot be joined)."""
-    import ipaddress
-
-    from network.nft.apply import NftClient, NftError
-    from network.probe_guard import ProbeGuard, ProbeGuardError
-    from network.selftest import default_selftest_targets, run_isolation_selftest
-
     if not agent.ip:
         raise SelftestUnavailable("the agent has no address yet")
     ctx = isolation_context(agent)
@@ -119,10 +114,10 @@ def run_agent_selftest(agent: Agent, *, timeout: float = 1.0) -> list:
         guard = ProbeGuard.for_gateway(agent.ip, ctx.gateway, ctx.netns)
     except ProbeGuardError as exc:
         raise SelftestUnavailable(f"no probe is sent without a route check, and it cannot be set up: {exc}") from None
-    client = NftClient(ctx.table, netns=ctx.netns)
+    client = apply.NftClient(ctx.table, netns=ctx.netns)
     try:
         rules = client.list_agents().get(ipaddress.ip_address(agent.ip))
         sets = client.list_address_sets()
-    except NftError as exc:
+    except apply.NftError as exc:
         raise SelftestUnavailable(f"could not read table inet {ctx.table}: {exc}") from None
     return run_isolation_selftest(namespace, targets, timeout=timeout, guard=guard, rules=rules, sets=sets)

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, Sum
 
-from scalers.models import ConfigState, MachinePool, Reservation, Scaler
+from agents.choices import ACTIVE_STATES, AgentState
+from agents.models import Agent
 
-from .choices import ACTIVE_STATES, AgentState
-from .models import Agent
+from .models import ConfigState, MachinePool, Reservation, Scaler
 
 
 @dataclass
