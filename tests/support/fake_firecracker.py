@@ -92,14 +92,25 @@ def make_handler(state: dict):
         def _fault(self, msg: str):
             self._send(400, {"fault_message": msg})
 
+        def _die_if_dying(self):
+            # A guest that died answers nothing more: a request after the last answer is refused,
+            # whichever thread serves it and however late os._exit runs in the dying one.
+            if state.get("dying"):
+                state["panicked"].wait(5)  # the panic text is in the serial log first
+                os._exit(0)
+
         def do_GET(self):
+            self._die_if_dying()
             if self.path == "/":
+                if state["panic_after_ready"] is not None:
+                    state["dying"] = True  # before the answer: the caller's next request comes after it
                 self._send(
                     200, {"id": state["id"], "state": "Running", "vmm_version": "1.12.1", "app_name": "Firecracker"}
                 )
                 if state["panic_after_ready"] is not None:
                     self.wfile.flush()
                     state["log"](state["panic_after_ready"])
+                    state["panicked"].set()
                     os._exit(0)
             elif self.path == "/mmds":
                 self._send(200, state["mmds"])
@@ -107,6 +118,7 @@ def make_handler(state: dict):
                 self._fault(f"Invalid request method and/or path: GET {self.path}")
 
         def do_PUT(self):
+            self._die_if_dying()
             try:
                 body = self._body()
             except ValueError as e:
@@ -126,6 +138,7 @@ def make_handler(state: dict):
             return self._fault(f"Invalid request method and/or path: PUT {self.path}")
 
         def do_PATCH(self):
+            self._die_if_dying()
             if self.path != "/mmds":
                 return self._fault(f"Invalid request method and/or path: PATCH {self.path}")
             body = self._body() or {}
@@ -169,6 +182,7 @@ def run_vmm(opts: dict, fc_opts: dict) -> None:
         "log": log,
         "ignore_cad": any(d == "ignore-ctrl-alt-del" for d, _ in directives),
         "panic_after_ready": next((a for d, a in directives if d == "panic-after-ready"), None),
+        "panicked": threading.Event(),
     }
     api = not any(d == "api" and a.strip() == "off" for d, a in directives)
     server = None
