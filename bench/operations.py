@@ -66,12 +66,12 @@ def run(n: int) -> int:
     from django.template.loader import render_to_string
 
     import live.publish
-    from front.presenters import detail_context
     from live.consumers import render_update
     from operations.choices import RequestedVia, TargetOutcome
     from operations.jobs import Progress
     from operations.kinds.base import Plan, Scope, Target, plan_digest, recheck
     from operations.models import Operation
+    from operations.presenters import detail_context
     from operations.services import store_plan
 
     live.publish.publish_progress = lambda *a, **k: None  # measure the writes, not a channel layer nobody listens on

@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from lib.tail import MAX_READ_BYTES, FileTail  # noqa: E402
 from live.hub import ConsoleHub  # noqa: E402
 from live.sources import MAX_LAG_BYTES  # noqa: E402
 from live.streams import StreamKey  # noqa: E402
-from live.tail import MAX_READ_BYTES, FileTail  # noqa: E402
 from live.transport import RedisTransport  # noqa: E402
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/7")

@@ -58,9 +58,9 @@ from django.conf import settings
 from django.template.loader import get_template, render_to_string
 
 from agents.models import Agent
-from front.presenters import detail_context
 from lib.json_input import parse_json
 from operations.models import Operation
+from operations.presenters import detail_context
 
 from .consoles import console_source
 from .hub import ConsoleHub

@@ -9,6 +9,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from lib.tail import DropMarker, SkipMarker
+
 from .sources import SourceFactory
 from .streams import (
     BATCH_CHARS,
@@ -23,7 +25,6 @@ from .streams import (
     lines_from_message,
     split_batches,
 )
-from .tail import DropMarker, SkipMarker
 from .transport import Listener, LocalTransport, Transport
 
 log = logging.getLogger(__name__)

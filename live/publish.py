@@ -6,9 +6,9 @@ consumer renders the changed parts from the database with the same template part
 (``operations/detail.html#...``), so the markup of a row cannot drift between the first render and
 a live update.
 
-The events and agent rows the ``agents`` app commits reach this module through its signals
-(``agents.events.event_committed``, ``agents.heartbeats.agent_row_changed``), connected in
-``live.apps``.
+The events and agent rows the ``agents`` app commits, and operations' progress, reach this module
+through their apps' signals (``agents.events.event_committed``, ``agents.heartbeats.agent_row_changed``,
+``operations.models.operation_progress``), connected in ``live.apps``.
 """
 
 from __future__ import annotations
@@ -139,9 +139,6 @@ def publish_progress(
         log.warning("could not publish progress of operation %s", operation_id, exc_info=True)
 
 
-def publish_progress_on_commit(operation_id: int, keys: Iterable[str] = (), log_from: int | None = None) -> None:
-    """:func:`publish_progress` once the surrounding transaction commits (immediately outside one)."""
-    from django.db import transaction
-
-    keys = list(keys)
-    transaction.on_commit(lambda: publish_progress(operation_id, keys, log_from))
+def send_operation_progress(sender, operation_id: int, keys=(), log_from=None, log_to=None, **kwargs) -> None:
+    """Receiver of ``operations.models.operation_progress``: :func:`publish_progress`."""
+    publish_progress(operation_id, keys, log_from, log_to)

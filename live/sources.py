@@ -1,7 +1,7 @@
 """Where a console pump reads its lines from: a log file or a container's docker logs.
 
 A source is a :data:`SourceFactory`: a zero-argument callable returning an async iterator of line
-batches, with every cap of :mod:`live.tail`.
+batches, with every cap of :mod:`lib.tail`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from lib.tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, lines_of
+
 from .streams import RING_LINES
-from .tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, lines_of
 
 BACKLOG_BYTES = 256 * 1024
 """How much of an existing file a new pump reads before following it (the rest: download)."""
@@ -33,7 +34,7 @@ def file_source(
     poll_interval: float = 0.1,
     max_lag_bytes: int | None = MAX_LAG_BYTES,
 ) -> SourceFactory:
-    """A source following ``path`` with :class:`live.tail.FileTail` (all of its caps).
+    """A source following ``path`` with :class:`lib.tail.FileTail` (all of its caps).
 
     A new pump starts ``backlog_bytes`` before the end of the file (at the next line start) so a
     viewer sees the recent past at once; older content is for the download link. A missing file
@@ -79,10 +80,10 @@ async def docker_log_source(
 
     ``container``: a docker SDK ``Container``. ``tail``: how many existing lines of each stream to
     start with (``"all"`` for all). Stdout and stderr are read as two docker streams, each through
-    its own :class:`live.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful
+    its own :class:`lib.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful
     UTF-8), so a stderr line written while a stdout line is still open is never spliced into it;
     lines of the two streams interleave in arrival order. Both feed one bounded
-    :class:`live.tail.LineQueue` (10,000 lines, ``[dropped N lines]`` marker), so a chatty
+    :class:`lib.tail.LineQueue` (10,000 lines, ``[dropped N lines]`` marker), so a chatty
     container cannot grow this process. The blocking SDK streams run in threads. Ends when both
     log streams end; closing the iterator closes the docker streams. Docker errors are raised from
     the iterator.

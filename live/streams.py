@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import msgpack
 
-from .tail import take_oldest
+from lib.tail import take_oldest
+from scalers.backends.firecracker.failure import FAILURE_PATTERNS
 
 BATCH_LINES = 1000
 """Most lines in one published batch."""
@@ -33,15 +34,6 @@ LEVEL_DEBUG = "debug"
 LEVEL_ERROR = "error"
 LEVEL_DROPPED = "dropped"
 
-#: Serial-console fragments that make a line an error (case-insensitive).
-FAILURE_PATTERNS = (
-    "Kernel panic",
-    "Failed to execute /init",
-    "failed to start",
-    "systemd[1]: Failed",
-    "VFS: Unable to mount root fs",
-    "not syncing",
-)
 _FAILURE_RE = re.compile("|".join(map(re.escape, FAILURE_PATTERNS)), re.IGNORECASE)
 _FAILURE_FOLDED = tuple(p.casefold() for p in FAILURE_PATTERNS)
 

@@ -16,12 +16,10 @@ import traceback
 from django.db import connection
 from django.utils import timezone
 
-import live.publish
-
 from .choices import AuditAction, OperationStatus, TargetOutcome
 from .kinds.base import recheck
 from .kinds.registry import get_kind
-from .models import Operation
+from .models import Operation, operation_progress
 from .services import scope_of, transition
 
 log = logging.getLogger(__name__)
@@ -85,8 +83,12 @@ class Progress:
         keys, log_from = self._dirty_keys, self._log_from
         self._dirty_keys, self._log_from = [], None
         self._last_flush = time.monotonic()
-        live.publish.publish_progress(
-            self.operation.pk, keys, log_from, len(self.entries) if log_from is not None else None
+        operation_progress.send(
+            sender=Operation,
+            operation_id=self.operation.pk,
+            keys=keys,
+            log_from=log_from,
+            log_to=len(self.entries) if log_from is not None else None,
         )
 
 

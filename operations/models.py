@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.dispatch import Signal
 
 from .choices import (
     ACTIVE_STATUSES,
@@ -21,6 +22,11 @@ from .choices import (
     RequestedVia,
     TargetOutcome,
 )
+
+#: Sent when an operation's status changed, targets ``keys`` got outcomes, or log entries
+#: ``[log_from:log_to]`` were added (kwargs ``operation_id``, ``keys``, ``log_from``, ``log_to``).
+#: The ``live`` app pushes it to the operation's viewers; nothing here knows who listens.
+operation_progress = Signal()
 
 
 class Operation(models.Model):

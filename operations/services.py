@@ -21,14 +21,13 @@ from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.utils import timezone
 
-import live.publish
 from agents.models import Agent
 from scalers.models import LabelSet, Scaler
 
 from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.base import Plan, PlanRefused, Scope, ScopeInvalid, jsonable, plan_digest
 from .kinds.registry import get_kind
-from .models import AuditEntry, Operation
+from .models import AuditEntry, Operation, operation_progress
 from .queues import QueueNotConfigured, get_queue, queue_for_scaler, workers_listening
 
 REQUEST_PERM = "operations.request_operation"
@@ -171,7 +170,7 @@ def transition(
     operation.status = to_status
     for name, value in fields.items():
         setattr(operation, name, value)
-    live.publish.publish_progress_on_commit(operation.pk)
+    transaction.on_commit(lambda: operation_progress.send(sender=Operation, operation_id=operation.pk, keys=[]))
     return True
 
 

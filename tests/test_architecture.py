@@ -156,3 +156,25 @@ def test_project_modules_are_imported_inside_functions_only_where_django_require
                 if ours and not (path.name == "apps.py" and func.name == "ready"):
                     found.append(f"{name}:{node.lineno}")
     assert sorted(set(found)) == []
+
+
+#: Each app imports only the apps before it (docs/ARCHITECTURE.md).
+LAYERS = ("lib", "agents", "network", "scalers", "operations", "live", "front")
+#: What the apps may use of the site package: its plain helpers, not its URL map or entry points.
+SITE_HELPERS = ("kici_site.env", "kici_site.errors", "kici_site.readonly_admin", "kici_site.logfilters")
+
+
+def test_each_app_imports_only_the_apps_below_it():
+    rank = {app: i for i, app in enumerate(LAYERS)}
+    found = []
+    for module, targets in import_graph().items():
+        app = module.split(".")[0]
+        if app not in rank:
+            continue
+        for target in targets:
+            other = target.split(".")[0]
+            if other in rank and rank[other] > rank[app]:
+                found.append(f"{module} -> {target}")
+            if other == "kici_site" and target not in SITE_HELPERS:
+                found.append(f"{module} -> {target}")
+    assert sorted(found) == []

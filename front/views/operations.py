@@ -22,6 +22,7 @@ from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.kinds.registry import get_kind
 from operations.models import Operation
+from operations.presenters import detail_context
 from operations.services import (
     APPROVE_PERM,
     REQUEST_PERM,
@@ -33,8 +34,6 @@ from operations.services import (
     reject_operation,
 )
 from scalers.models import Scaler
-
-from ..presenters import detail_context
 
 PAGE_SIZE = 50
 

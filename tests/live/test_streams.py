@@ -220,7 +220,7 @@ async def test_the_vmm_log_is_not_flagged(hub, tmp_path):
 
 
 async def test_a_tail_drop_marker_reaches_viewers_as_a_marker_row(hub):
-    from live.tail import DropMarker
+    from lib.tail import DropMarker
 
     async def source():
         yield [DropMarker(42), "after the gap"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scalers.management.commands.scaler_sweeper import Command
+from operations.management.commands.scaler_sweeper import Command
 
 
 @pytest.mark.django_db(transaction=True)

@@ -21,11 +21,11 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
-from front.presenters import evidence_items
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.jobs import run_operation
 from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.models import Operation
+from operations.presenters import evidence_items
 from operations.services import NothingToDo, OperationError, approve_operation, create_operation, reject_operation
 
 

@@ -9,11 +9,17 @@ import json
 import os
 from pathlib import Path
 
-from live.streams import FAILURE_PATTERNS as _LIVE_FAILURE_PATTERNS
-
-#: Case-insensitive fragments that make a serial line an error, lower-cased: the live
-#: console's list (``live.streams.FAILURE_PATTERNS``), so the two cannot drift apart.
-FAILURE_PATTERNS = tuple(p.lower() for p in _LIVE_FAILURE_PATTERNS)
+#: Fragments that make a guest's output line an error (any case). The live console highlights
+#: the same lines (``live.streams`` reads this list), so the two cannot drift apart.
+FAILURE_PATTERNS = (
+    "Kernel panic",
+    "Failed to execute /init",
+    "failed to start",
+    "systemd[1]: Failed",
+    "VFS: Unable to mount root fs",
+    "not syncing",
+)
+_FAILURE_PATTERNS_LOWER = tuple(p.lower() for p in FAILURE_PATTERNS)
 
 KERNEL_PANIC = "kernel-panic"
 INIT_FAILURE = "init-failure"
@@ -35,7 +41,7 @@ TAIL_BYTES = 1024 * 1024
 def is_failure_line(line: str) -> bool:
     """True when ``line`` matches one of :data:`FAILURE_PATTERNS` (case-insensitive)."""
     low = line.lower()
-    return any(p in low for p in FAILURE_PATTERNS)
+    return any(p in low for p in _FAILURE_PATTERNS_LOWER)
 
 
 def classify_failure(text: str) -> str:
