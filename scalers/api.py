@@ -273,35 +273,43 @@ def agent_list(request):
     )
 
 
-@_orchestrator
-def job_complete(request, agent_id: str):
+def _end(request, agent_id: str, field: str, check, call):
+    """POST ``{field: value}``: ``check(value)`` names what is wrong with it (or None), then
+    ``call(agent_id, value)`` answers the agent as it now is; a :class:`Refused` is its error."""
     if refused := _only(request, "POST"):
         return refused
     body, bad = _json_object(request)
     if bad:
         return bad
-    job_id = body.get("jobId")
-    if not isinstance(job_id, str) or not job_id.strip():
-        return _error(400, "invalid-request", f"jobId must be a non-empty string, got {job_id!r}", field="jobId")
+    value = body.get(field)
+    if problem := check(value):
+        return _error(400, "invalid-request", problem, field=field)
     try:
-        agent = complete_job(agent_id, job_id)
+        agent = call(agent_id, value)
     except Refused as exc:
         return _error(exc.status, exc.code, exc.message)
     return JsonResponse(agent_json(agent))
+
+
+def _job_id_problem(value) -> str | None:
+    if isinstance(value, str) and value.strip():
+        return None
+    return f"jobId must be a non-empty string, got {value!r}"
+
+
+def _reason_problem(value) -> str | None:
+    if value is None or (isinstance(value, str) and len(value) <= 500):
+        return None
+    return "reason must be a string of at most 500 characters"
+
+
+@_orchestrator
+def job_complete(request, agent_id: str):
+    return _end(request, agent_id, "jobId", _job_id_problem, complete_job)
 
 
 @_orchestrator
 def agent_release(request, agent_id: str):
-    if refused := _only(request, "POST"):
-        return refused
-    body, bad = _json_object(request)
-    if bad:
-        return bad
-    reason = body.get("reason", "")
-    if not isinstance(reason, str) or len(reason) > 500:
-        return _error(400, "invalid-request", "reason must be a string of at most 500 characters", field="reason")
-    try:
-        agent = release_agent(agent_id, reason.strip())
-    except Refused as exc:
-        return _error(exc.status, exc.code, exc.message)
-    return JsonResponse(agent_json(agent))
+    return _end(
+        request, agent_id, "reason", _reason_problem, lambda a, reason: release_agent(a, (reason or "").strip())
+    )

@@ -86,20 +86,30 @@ def enqueue_teardown(agent: Agent, reason: str, *, destroy_reason: str) -> None:
     A failure to enqueue is logged, not raised: the agent stays ``destroying`` with its
     reservation and the sweeper's ``retry_stuck_teardowns`` ends it.
     """
+    _enqueue_cleanup(
+        teardown_job,
+        (agent.pk, reason, destroy_reason),
+        job_id=teardown_job_id(agent),
+        description=f"tear down {agent.agent_id} ({reason})",
+        fallback="the sweeper retries it",
+    )
+
+
+def _enqueue_cleanup(func, args: tuple, *, job_id: str, description: str, fallback: str) -> None:
+    """Queue a cleanup job on this host's queue; a failure to enqueue is logged with what will end
+    the work instead (``fallback``), never raised."""
     try:
         host_queue().enqueue(
-            teardown_job,
-            agent.pk,
-            reason,
-            destroy_reason,
-            job_id=teardown_job_id(agent),
+            func,
+            *args,
+            job_id=job_id,
             job_timeout=CLEANUP_GRACE_SECONDS + 120,
             result_ttl=3600,
             failure_ttl=24 * 3600,
-            description=f"tear down {agent.agent_id} ({reason})",
+            description=description,
         )
-    except Exception as exc:  # noqa: BLE001 - the sweeper retries a destroying agent
-        log.warning("could not queue the teardown of %s (%s); the sweeper will retry it", agent.agent_id, exc)
+    except Exception as exc:  # noqa: BLE001 - the fallback ends it
+        log.warning("could not queue %r (%s); %s", description, exc, fallback)
 
 
 def teardown_job(agent_pk: int, reason: str, destroy_reason: str) -> bool:
@@ -114,18 +124,13 @@ def teardown_job(agent_pk: int, reason: str, destroy_reason: str) -> bool:
 def enqueue_reclaim(agent: Agent) -> None:
     """Queue :func:`reclaim_job` for an agent whose registration was refused; an enqueue failure is
     logged (the orphan-container sweep finds the sandbox later)."""
-    try:
-        host_queue().enqueue(
-            reclaim_job,
-            agent.pk,
-            job_id=f"reclaim-{agent.agent_id}",
-            job_timeout=CLEANUP_GRACE_SECONDS + 60,
-            result_ttl=3600,
-            failure_ttl=24 * 3600,
-            description=f"reclaim the sandbox of {agent.agent_id} (refused registration)",
-        )
-    except Exception as exc:  # noqa: BLE001 - the orphan sweep is the fallback
-        log.warning("could not queue the reclaim of %s (%s)", agent.agent_id, exc)
+    _enqueue_cleanup(
+        reclaim_job,
+        (agent.pk,),
+        job_id=f"reclaim-{agent.agent_id}",
+        description=f"reclaim the sandbox of {agent.agent_id} (refused registration)",
+        fallback="the orphan-container sweep finds the sandbox",
+    )
 
 
 def reclaim_job(agent_pk: int) -> bool:
