@@ -39,3 +39,15 @@ class EventType(models.TextChoices):
     LOST = "agent.lost", "lost"
     DESTROYED = "agent.destroyed", "destroyed"
     RELEASED = "reservation.released", "reservation released"
+
+
+#: Badge class of an event type on the pages; an event not listed is blue.
+EVENT_BADGES = {
+    EventType.FAILED: "b-red",
+    EventType.LOST: "b-red",
+    EventType.READY: "b-green",
+    EventType.REGISTERED: "b-green",
+    EventType.DRAINING: "b-amber",
+    EventType.DESTROYED: "b-grey",
+    EventType.RELEASED: "b-grey",
+}

@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import RFC3986_SUBDELIMS
 
+from agents.choices import EVENT_BADGES
 from agents.liveness import current_mark
 from lib.units import format_age, format_bytes_iec
 
@@ -94,21 +95,10 @@ def lost_mark(agent):
     return current_mark(agent)
 
 
-_EVENT_COLOURS = {
-    "scaler.failed": "b-red",
-    "agent.lost": "b-red",
-    "scaler.ready": "b-green",
-    "agent.registered": "b-green",
-    "agent.draining": "b-amber",
-    "agent.destroyed": "b-grey",
-    "reservation.released": "b-grey",
-}
-
-
 @register.filter
 def event_badge(event_type: str) -> str:
     """CSS badge class for an event type (failed red, ready/registered green, others blue)."""
-    return _EVENT_COLOURS.get(event_type, "b-blue")
+    return EVENT_BADGES.get(event_type, "b-blue")
 
 
 _PLACEHOLDER = "0kiciplaceholder0"
