@@ -28,7 +28,8 @@ above 32), unbracketed IPv6, CIDRs with host bits set (``10.0.0.1/24``: ambiguou
 ``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535, non-numeric ports.
 
 Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
-(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach.
+(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach, and entries with no port on more than
+one address (``*``, ``0.0.0.0/0``), which open every port of the host to the agents.
 
 Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
 only through an explicit bracketed entry, so ``*:4000`` never opens an IPv6 port.
@@ -286,12 +287,18 @@ _LOOPBACK6 = ipaddress.IPv6Network("::1/128")
 def host_access_warnings(entries: Iterable[str | HostAccessEntry]) -> list[str]:
     """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
 
-    Today: an entry naming the host's loopback (inside ``127.0.0.0/8``, or ``[::1]``). An agent's
-    packets arrive on the bridge, and the kernel drops packets addressed to a loopback address that
-    arrive on any other interface (martians), so such an entry opens nothing; a service listening
-    only on 127.0.0.1 must listen on the gateway address instead. A CIDR that merely contains
-    loopback (``0.0.0.0/0``) is not warned about. Entries that do not parse are skipped (the
-    parser reports them). Returns one message per warned entry, naming it, in list order.
+    Two kinds:
+
+    * an entry naming the host's loopback (inside ``127.0.0.0/8``, or ``[::1]``). An agent's
+      packets arrive on the bridge, and the kernel drops packets addressed to a loopback address
+      that arrive on any other interface (martians), so such an entry opens nothing; a service
+      listening only on 127.0.0.1 must listen on the gateway address instead;
+    * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``): it
+      opens every port of every such address of this host (the console, the database, sshd) to
+      every agent of the label set.
+
+    Entries that do not parse are skipped (the parser reports them). Returns one message per
+    warned entry, naming it, in list order.
     """
     warnings = []
     for item in entries:
@@ -300,6 +307,14 @@ def host_access_warnings(entries: Iterable[str | HostAccessEntry]) -> list[str]:
         except HostAccessError:
             continue
         net = entry.daddr
+        if entry.port is None and (net is None or net.num_addresses > 1):
+            where = "every address of this host" if net is None or net.prefixlen == 0 else f"every address in {net}"
+            warnings.append(
+                f"hostAccess entry {_quote(entry.text)} opens every port on {where} to the agents: the console, "
+                "the database and any other service the host listens on. Name the ports agents need instead "
+                '(e.g. "172.30.0.1:53").'
+            )
+            continue
         if net is None:
             continue
         inside = net.subnet_of(_LOOPBACK4) if net.version == 4 else net.subnet_of(_LOOPBACK6)

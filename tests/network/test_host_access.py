@@ -130,26 +130,32 @@ def test_an_empty_address_before_the_port_says_so_and_suggests_the_wildcard(text
     assert 'names ""' not in msg and "Hostnames" not in msg
 
 
-def test_loopback_entries_are_accepted_with_a_warning_and_others_are_not_warned_about():
+def test_loopback_and_every_port_entries_are_accepted_with_a_warning_and_others_are_not():
     entries = [
         "127.0.0.1:5432",
         "[::1]",
-        "127.0.0.0/8",
+        "127.0.0.0/8:80",
         "0.0.0.0/0",
+        "*",
+        "10.0.0.0/8",
         "*:53",
         "172.30.0.1:53",
+        "172.30.0.1",
         "[fd00::1]:9000",
         "bad entry",
     ]
     for text in entries[:-1]:
         parse_host_access_entry(text)  # all accepted
     warnings = host_access_warnings(entries)
-    assert len(warnings) == 3
+    assert len(warnings) == 6
     assert warnings[0].startswith(
         'hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach'
     )
     assert 'hostAccess entry "[::1]" names the host\'s loopback (::1)' in warnings[1]
     assert "(127.0.0.0/8)" in warnings[2]
+    assert warnings[3].startswith('hostAccess entry "0.0.0.0/0" opens every port on every address of this host')
+    assert warnings[4].startswith('hostAccess entry "*" opens every port on every address of this host')
+    assert warnings[5].startswith('hostAccess entry "10.0.0.0/8" opens every port on every address in 10.0.0.0/8')
     assert host_access_warnings([]) == []
 
 
