@@ -126,7 +126,7 @@ ensure_api_token() {  # the orchestrator's bearer token for /api/v1/scale, gener
   KICI_API_TOKEN="kici_$(head -c 24 /dev/urandom | base64 | tr -d '/+=' | head -c 32)"
   export KICI_API_TOKEN
   (umask 077; echo "KICI_API_TOKEN=$KICI_API_TOKEN" >> "$ROOT/var/env")
-  say "generated the orchestrator API token (kept in var/env): $KICI_API_TOKEN"
+  say "generated the orchestrator API token, kept in var/env (${KICI_API_TOKEN:0:9}…; \`. var/env\` sets it)"
 }
 
 stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), newest first
