@@ -113,12 +113,13 @@ class Operation(models.Model):
 
     @property
     def scope_label(self) -> str:
-        """A short human description of the scope, e.g. ``scaler ci · agents a, b``."""
+        """A short human description of the scope, e.g. ``scaler ci · label set [0] · agents a, b``
+        (a label set by its index in the scaler, as the scaler page and the editor name it)."""
         parts = []
         if self.scaler_name:
             parts.append(f"scaler {self.scaler_name}")
         if self.label_set_id:
-            parts.append(f"label set #{self.label_set_id}")
+            parts.append(f"label set [{self.label_set.index}]")
         if self.agent_ids:
             parts.append("agents " + ", ".join(self.agent_ids))
         return " · ".join(parts) or "this host"

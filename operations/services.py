@@ -101,7 +101,9 @@ def resolve_scope(kind: str, *, scaler=None, agent_ids=(), label_set=None, param
         scaler = agent_scaler
     if label_set is not None:
         if scaler is not None and label_set.scaler_id != scaler.pk:
-            raise ScopeInvalid("label_set", f"label set #{label_set.pk} belongs to scaler {label_set.scaler.name!r}")
+            raise ScopeInvalid(
+                "label_set", f"label set [{label_set.index}] belongs to scaler {label_set.scaler.name!r}"
+            )
         scaler = label_set.scaler
     operation_kind = get_kind(kind)
     scope = Scope(

@@ -43,7 +43,7 @@ PAGE_SIZE = 50
 @permission_required(VIEW_PERM, raise_exception=True)
 def operation_list(request: HttpRequest) -> HttpResponse:
     """``/operations/?status=&kind=&scaler=``: newest first, 50 a page."""
-    qs = Operation.objects.select_related("requested_by", "approved_by", "rejected_by")
+    qs = Operation.objects.select_related("label_set", "requested_by", "approved_by", "rejected_by")
     status = request.GET.get("status", "")
     kind = request.GET.get("kind", "")
     scaler = request.GET.get("scaler", "").strip()

@@ -179,6 +179,9 @@ def test_apply_plans_an_operation_and_redirects_to_it(operator_client, label_set
     assert operation.label_set_id == label_set.pk
     label_set.refresh_from_db()
     assert label_set.host_access is None  # nothing changes before approval and a run
+    # The operation names the label set as the editor does: by its index in the scaler.
+    page = operator_client.get(response.url).content.decode()
+    assert f"label set [{label_set.index}]" in page and f"label set #{label_set.pk}" not in page
 
 
 def test_apply_back_to_the_default_sends_none(operator_client, label_set):
