@@ -43,7 +43,7 @@ from kici_site.errors import api_error
 from lib.json_input import parse_json
 from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
-from scalers.jobs import enqueue_reclaim
+from scalers.lifecycle import enqueue_reclaim
 
 log = logging.getLogger(__name__)
 

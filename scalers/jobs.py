@@ -1,4 +1,5 @@
-"""rq jobs that run spawns and teardowns on the host queue (``settings.KICI_HOST_QUEUE``).
+"""rq jobs that run spawns on the host queue (``settings.KICI_HOST_QUEUE``); the teardown and
+reclaim jobs are ``scalers.lifecycle``'s.
 
 - :func:`enqueue_spawn` (called by admission inside its transaction) enqueues
   :func:`spawn_agent` when the transaction commits, with job id ``spawn-<agent id>``.
@@ -6,7 +7,7 @@
   (``spawn_started_at + settings.KICI_SPAWN_TIMEOUT_SECONDS``) and cancellation (the agent row
   leaving ``spawning``), then schedules :func:`expire_spawn` at the deadline: the registration
   wait. On any failure: ``scaler.failed`` (with captured output), the agent marked failed, what
-  was created removed, the reservation released (``scalers.admission.release.fail_spawn``).
+  was created removed, the reservation released (``scalers.lifecycle.fail_spawn``).
 - :func:`enqueue_spawn_or_fail` (admission's callers, after the commit) enqueues an admitted
   agent's spawn, or fails the agent when the queue is unavailable.
 - The job timeout is the spawn timeout plus ``CLEANUP_GRACE_SECONDS``: the spawn itself gives
@@ -19,19 +20,17 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-import django_rq
 from django.conf import settings
 from django.utils import timezone
 from rq import Callback
 
-from agents.choices import TERMINAL_STATES, AgentState, EventType
-from agents.events import record_event
+from agents.choices import AgentState
 from agents.models import Agent
 from agents.tokens import revoke_agent_tokens
 from scalers.admission.decide import Admitted, ScaleDecision
-from scalers.admission.release import fail_spawn, on_spawn_job_failure, teardown_agent
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
+from scalers.lifecycle import fail_spawn, host_queue, on_spawn_job_failure
 from scalers.models import ScaleOutcome
 
 log = logging.getLogger(__name__)
@@ -47,10 +46,6 @@ def spawn_timeout_seconds() -> int:
 
 def spawn_job_id(agent: Agent) -> str:
     return f"spawn-{agent.agent_id}"
-
-
-def host_queue():
-    return django_rq.get_queue(settings.KICI_HOST_QUEUE)
 
 
 def enqueue_spawn(agent: Agent) -> str:
@@ -74,80 +69,6 @@ def enqueue_spawn(agent: Agent) -> str:
         description=f"spawn {agent.agent_id}",
     )
     return job_id
-
-
-def teardown_job_id(agent: Agent) -> str:
-    return f"teardown-{agent.agent_id}"
-
-
-def enqueue_teardown(agent: Agent, reason: str, *, destroy_reason: str) -> None:
-    """Queue :func:`teardown_job` for ``agent`` (already ``destroying``) on this host's queue.
-
-    A failure to enqueue is logged, not raised: the agent stays ``destroying`` with its
-    reservation and the sweeper's ``retry_stuck_teardowns`` ends it.
-    """
-    _enqueue_cleanup(
-        teardown_job,
-        (agent.pk, reason, destroy_reason),
-        job_id=teardown_job_id(agent),
-        description=f"tear down {agent.agent_id} ({reason})",
-        fallback="the sweeper retries it",
-    )
-
-
-def _enqueue_cleanup(func, args: tuple, *, job_id: str, description: str, fallback: str) -> None:
-    """Queue a cleanup job on this host's queue; a failure to enqueue is logged with what will end
-    the work instead (``fallback``), never raised."""
-    try:
-        host_queue().enqueue(
-            func,
-            *args,
-            job_id=job_id,
-            job_timeout=CLEANUP_GRACE_SECONDS + 120,
-            result_ttl=3600,
-            failure_ttl=24 * 3600,
-            description=description,
-        )
-    except Exception as exc:  # noqa: BLE001 - the fallback ends it
-        log.warning("could not queue %r (%s); %s", description, exc, fallback)
-
-
-def teardown_job(agent_pk: int, reason: str, destroy_reason: str) -> bool:
-    """rq job: :func:`~scalers.admission.release.teardown_agent` with ``final_state`` destroyed.
-    Returns whether the reservation was released (False: the destroy failed, the sweeper retries)."""
-    agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
-    if agent is None or agent.state in TERMINAL_STATES:
-        return False
-    return teardown_agent(agent, reason, destroy_reason=destroy_reason)
-
-
-def enqueue_reclaim(agent: Agent) -> None:
-    """Queue :func:`reclaim_job` for an agent whose registration was refused; an enqueue failure is
-    logged (the orphan-container sweep finds the sandbox later)."""
-    _enqueue_cleanup(
-        reclaim_job,
-        (agent.pk,),
-        job_id=f"reclaim-{agent.agent_id}",
-        description=f"reclaim the sandbox of {agent.agent_id} (refused registration)",
-        fallback="the orphan-container sweep finds the sandbox",
-    )
-
-
-def reclaim_job(agent_pk: int) -> bool:
-    """rq job: remove the sandbox of an agent that asked to register after it had ended.
-
-    The sandbox runs (it is registering) but its agent row is ``destroyed`` or ``failed``, so no
-    teardown will ever come for it. The row is read again here and nothing is touched unless it is
-    still terminal (an active row belongs to a spawn or a teardown in progress). Returns whether the
-    backend removed something; records an ``agent.destroyed`` event when it did.
-    """
-    agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
-    if agent is None or agent.state not in TERMINAL_STATES:
-        return False
-    reclaimed = bool(get_backend(agent.scaler).reap_unowned(agent.agent_id))
-    if reclaimed:
-        record_event(agent, EventType.DESTROYED, "sandbox reclaimed: it asked to register after its agent had ended")
-    return reclaimed
 
 
 def _cancel_reason(agent_pk: int) -> str | None:
@@ -270,7 +191,7 @@ def expire_overdue_spawns(now: datetime | None = None) -> int:
 
 def spawn_job_failed(job, connection, type, value, traceback):  # noqa: A002 - rq's callback signature
     """rq ``on_failure`` callback of :func:`spawn_agent` (hard kill, timeout, crash): hands over to
-    ``scalers.admission.release.on_spawn_job_failure``, which tears the sandbox down through the
+    ``scalers.lifecycle.on_spawn_job_failure``, which tears the sandbox down through the
     backend and releases the reservation. Its dotted path is stored with every enqueued spawn."""
     on_spawn_job_failure(job, connection, type, value, traceback)
 

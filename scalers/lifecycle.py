@@ -1,32 +1,403 @@
-"""How a running agent's life ends: its job completes, the orchestrator releases it, or it drains.
+"""The one owner of an agent's transitions after admission: spawn failures, teardown, drain,
+job completion, release by the orchestrator, recovery's and the sweeper's ends.
 
-* :func:`complete_job`: the orchestrator reports the agent's job done. A single-use agent is torn
-  down (``destroyed``, reason ``job-complete``); a warm-pool agent goes back to idle, where the
-  pool's idle check keeps it or destroys it like any idle warm agent.
-* :func:`release_agent`: the orchestrator gave the agent up; it is torn down.
-* :func:`drain_idle_agents` (the sweeper, every round): a ``draining`` agent with no active job
-  is torn down.
+The rule for "a failed agent stops counting unless its sandbox still runs": an agent counts
+through its reservation row (and while it is in an active state). :func:`teardown_agent` removes
+the sandbox through the backend first and releases the reservation
+(``scalers.admission.ledger.release``) only once ``destroy`` returned; when ``destroy`` raises, the
+agent stays ``destroying`` *with* its reservation, so capacity that may still be in use stays
+billed, and the sweeper retries (:func:`retry_stuck_teardowns`). A sandbox that was never created
+(no ``managed_id``, local backend) has nothing to remove. Backends report to this module (they
+raise, or return); they never release anything themselves.
 
-Every end goes through ``scalers.admission.release.teardown_agent``, which removes the sandbox
-before it releases the reservation. A teardown decided in a request is queued on this host's rq
-queue; until it runs the agent is ``destroying`` and keeps its slot, and a teardown that fails
-is retried by the sweeper (``retry_stuck_teardowns``).
+Ends and their ``reason``:
+
+* the spawn job failed and its backend cleaned up: :func:`fail_spawn` with ``cleaned_up=True``
+  (``spawn-failed``, ``spawn-timeout``), called by ``scalers.jobs.spawn_agent``;
+* rq job crash or timeout / worker killed: :func:`on_spawn_job_failure` (``spawn-job-failed``),
+  attached by ``scalers.jobs`` as the spawn job's ``on_failure``; a killed worker's job reaches
+  it through rq's abandoned-job cleanup, and :func:`reap_failed_spawn_jobs` checks rq for the rest;
+* registration deadline reached: ``scalers.jobs.expire_spawn`` calls :func:`fail_spawn`
+  (``spawn-timeout``); never registered within its token TTL: :func:`expire_unregistered_agents`
+  (``token-expired``); stale prune: :func:`prune_stale_spawns` (``stale-prune``);
+* the orchestrator: :func:`complete_job` (``job-complete``; a warm agent goes back to idle) and
+  :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
+* drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
+  warm-pool idle destroys (:func:`drain_and_destroy`) and retiring scalers (:func:`retirement_sweep`);
+* a registration refused because its agent ended: :func:`reclaim_job` removes the sandbox.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
-from django.db import transaction
+import django_rq
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Max
 from django.utils import timezone
+from rq.job import Job, JobStatus
 
-from agents.choices import ACTIVE_STATES, TERMINAL_STATES, AgentState
-from agents.models import Agent
-from scalers.admission.release import teardown_agent
-from scalers.jobs import enqueue_teardown
+from agents.choices import ACTIVE_STATES, TERMINAL_STATES, AgentState, EventType
+from agents.events import record_event
+from agents.models import Agent, ScalerEvent
+from agents.tokens import revoke_agent_tokens
+from scalers.admission.ledger import release
+from scalers.backends.factory import get_backend
+from scalers.backends.failure import failure_detail, mark_spawn_failed
+from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
+from scalers.models import Reservation, Scaler, ScalerTeardown
 
 log = logging.getLogger(__name__)
+
+#: Seconds a cleanup rq job (teardown, reclaim) may run.
+CLEANUP_JOB_TIMEOUT_SECONDS = 150
+
+
+def host_queue():
+    """This host's rq queue (``settings.KICI_HOST_QUEUE``): spawns, teardowns and reclaims run there."""
+    return django_rq.get_queue(settings.KICI_HOST_QUEUE)
+
+
+#: Minimum stale-prune window in seconds: the window is ``max(spawnTimeout, 300 s)``.
+MIN_STALE_WINDOW_SECONDS = 300
+
+
+def teardown_agent(
+    agent: Agent,
+    reason: str,
+    *,
+    final_state: str = AgentState.DESTROYED,
+    failure_reason: str = "",
+    destroy_reason: str = "shutdown",
+) -> bool:
+    """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation.
+
+    Steps: move an active agent to ``destroying`` (compare-and-swap; a spawning agent's rq job
+    sees its row leave ``spawning`` and aborts); ``get_backend(scaler).destroy(agent,
+    destroy_reason)``; then in one transaction set ``final_state`` (``destroyed`` or ``failed``),
+    ``finished_at`` and ``failure_reason`` and :func:`release`. ``destroy_reason`` is the
+    event backend's scale-down reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...).
+
+    Returns True when the reservation was released by this call. When ``destroy`` raises (or no
+    backend can be loaded for an agent that has a sandbox), the agent stays ``destroying`` with
+    its reservation and False is returned: the sweeper retries.
+    """
+    now = timezone.now()
+    if agent.state in ACTIVE_STATES and agent.state != AgentState.DESTROYING:
+        Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(state=AgentState.DESTROYING, updated_at=now)
+        agent.state = AgentState.DESTROYING
+    if agent.state == AgentState.DESTROYING:
+        try:
+            backend = get_backend(agent.scaler)
+        except ValueError as exc:
+            if agent.managed_id or agent.scaler.type not in LOCAL_SCALER_TYPES:
+                log.warning("cannot load the backend to destroy %s (%s); keeping its reservation", agent.agent_id, exc)
+                return False
+            backend = None  # nothing was created: nothing to remove
+        if backend is not None:
+            try:
+                backend.destroy(agent, destroy_reason)
+            except Exception as exc:  # noqa: BLE001 - keep the reservation, retry later
+                log.warning("destroying %s failed (%s); reservation kept until it succeeds", agent.agent_id, exc)
+                fields = {"updated_at": timezone.now()}
+                if failure_reason and not agent.failure_reason:
+                    fields["failure_reason"] = failure_reason[:4000]
+                Agent.objects.filter(pk=agent.pk).update(**fields)
+                return False
+    with transaction.atomic():
+        fields = {"state": final_state, "finished_at": timezone.now(), "updated_at": timezone.now()}
+        if failure_reason:
+            fields["failure_reason"] = failure_reason[:4000]
+        Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(**fields)
+        released = release(agent.agent_id, reason)
+    return released
+
+
+def fail_spawn(
+    agent: Agent,
+    error: BaseException | str,
+    *,
+    reason: str = "spawn-failed",
+    destroy_reason: str = "spawn-timeout",
+    captured: list[str] | None = None,
+    cleaned_up: bool = False,
+) -> bool:
+    """Fail a spawn: record ``scaler.failed``, mark the agent failed, release its reservation.
+
+    ``error``: the exception the spawn raised, or a detail string; ``captured``: the agent's last
+    output lines for the detail (an exception's own ``captured_output`` when not given).
+
+    ``cleaned_up=False`` (the sweeps, the rq failure callback, the registration deadline, a spawn
+    that could not be enqueued): a ``scaler.failed`` event unless one was already recorded for
+    the agent, then :func:`teardown_agent` with ``final_state=failed``, which removes the sandbox
+    first and keeps the reservation when that fails (the sweeper retries).
+
+    ``cleaned_up=True`` (the spawn job, once the backend's failure path removed what the spawn
+    created): a compare-and-swap to ``failed`` from any state in
+    ``scalers.backends.failure.SPAWN_FAILURE_ENDS`` (an agent that registered or was drained while
+    its spawn was still finishing ends ``failed`` too, instead of staying active with no
+    sandbox), the event with the failed ``stage`` unless the backend reported its own failure
+    (``event_recorded``), its tokens revoked, and the release. The event and the release happen
+    even when someone else already moved the agent, so a spawn given up on still reports why.
+
+    Returns True when the reservation was released by this call.
+    """
+    if isinstance(error, BaseException):
+        captured = list(captured or getattr(error, "captured_output", None) or [])
+    detail = failure_detail(error if isinstance(error, BaseException) else RuntimeError(error), captured or [])
+    if not cleaned_up:
+        if not ScalerEvent.objects.filter(agent=agent, type=EventType.FAILED).exists():
+            record_event(agent, EventType.FAILED, detail=detail)
+        return teardown_agent(
+            agent, reason, final_state=AgentState.FAILED, failure_reason=detail, destroy_reason=destroy_reason
+        )
+    with transaction.atomic():
+        mark_spawn_failed(agent.pk, detail, timezone.now())
+        if not getattr(error, "event_recorded", False):
+            record_event(
+                agent, EventType.FAILED, detail, payload={"stage": getattr(error, "stage", ""), "reason": reason}
+            )
+    try:
+        revoke_agent_tokens(agent)
+    except Exception:  # noqa: BLE001
+        log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
+    return release(agent.agent_id, reason)
+
+
+def _agent_from_job(job) -> Agent | None:
+    ref = (getattr(job, "meta", None) or {}).get("agent_id")
+    args = list(getattr(job, "args", None) or [])
+    kwargs = dict(getattr(job, "kwargs", None) or {})
+    if ref is None:
+        ref = kwargs.get("agent_pk", kwargs.get("agent_id", args[0] if args else None))
+    if ref is None:
+        return None
+    qs = Agent.objects.select_related("scaler")
+    if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+        return qs.filter(pk=int(ref)).first()
+    return qs.filter(agent_id=str(ref)).first()
+
+
+def on_spawn_job_failure(job, connection_=None, exc_type=None, exc_value=None, tb=None, *args) -> None:
+    """rq ``on_failure`` callback of the spawn job: fail the agent and release its reservation.
+
+    rq calls it when the job raises, when it exceeds its timeout, and (rq >= 2) when a killed
+    worker's job is found abandoned (``AbandonedJobError``). The agent is found from
+    ``job.meta["agent_id"]``, else the first positional argument (``spawn_agent(agent_pk)``).
+    An agent that already registered is left alone (the spawn did its job). Idempotent.
+    """
+    agent = _agent_from_job(job)
+    if agent is None:
+        log.warning("spawn job %s failed but names no known agent", getattr(job, "id", "?"))
+        return
+    if agent.state not in ACTIVE_STATES or agent.registered_at is not None:
+        release_if_terminal(agent)
+        return
+    name = getattr(exc_type, "__name__", None) or type(exc_value).__name__
+    detail = f"spawn job {getattr(job, 'id', '')} failed: {name}: {exc_value}".strip()
+    fail_spawn(agent, detail, reason="spawn-job-failed")
+
+
+def release_if_terminal(agent: Agent) -> bool:
+    """Release the reservation of an agent already ``failed``/``destroyed`` (a no-op otherwise)."""
+    if agent.state in (AgentState.FAILED, AgentState.DESTROYED):
+        return release(agent.agent_id, f"agent {agent.state}")
+    return False
+
+
+def stale_window_seconds() -> int:
+    """``max(spawn timeout, 300 s)``."""
+    return max(int(settings.KICI_SPAWN_TIMEOUT_SECONDS), MIN_STALE_WINDOW_SECONDS)
+
+
+def prune_stale_spawns(now=None) -> int:
+    """Fail and release spawns running longer than :func:`stale_window_seconds`.
+
+    The clock starts at ``spawn_started_at`` (set when the rq job actually began); spawns still
+    queued (``spawn_started_at`` null) are never pruned here. Returns how many were pruned.
+    """
+    now = now or timezone.now()
+    window = stale_window_seconds()
+    cutoff = now - timedelta(seconds=window)
+    n = 0
+    for agent in Agent.objects.select_related("scaler").filter(state=AgentState.SPAWNING, spawn_started_at__lt=cutoff):
+        fail_spawn(agent, f"spawn did not finish within {window}s (stale prune)", reason="stale-prune")
+        n += 1
+    return n
+
+
+def token_ttl_seconds(agent: Agent) -> int:
+    """How long an agent may take to register: the token TTL. Event scalers mint at
+    claim time, so their window is ``claimTtlSeconds`` + ``agentTokenTtlSeconds`` (300 + 600)."""
+    if agent.scaler.type == ScalerType.EVENT:
+        cfg = agent.scaler.config or {}
+        return int(cfg.get("claimTtlSeconds") or 300) + int(cfg.get("agentTokenTtlSeconds") or 600)
+    return int(settings.KICI_AGENT_TOKEN_TTL_SECONDS)
+
+
+def expire_unregistered_agents(now=None) -> int:
+    """Fail and release agents that never registered within their token TTL.
+
+    An agent is expired when it is spawning or running, has no ``registered_at``, and either was
+    created longer than :func:`token_ttl_seconds` ago, or all its tokens expired unused.
+    Returns how many were expired.
+    """
+    now = now or timezone.now()
+    n = 0
+    qs = (
+        Agent.objects.select_related("scaler")
+        .filter(state__in=[AgentState.SPAWNING, AgentState.RUNNING], registered_at__isnull=True)
+        .annotate(token_expiry=Max("tokens__expires_at"), tokens_used=Count("tokens__used_at"))
+    )
+    for agent in qs:
+        ttl = token_ttl_seconds(agent)
+        too_old = agent.created_at < now - timedelta(seconds=ttl)
+        tokens_dead = agent.token_expiry is not None and agent.tokens_used == 0 and agent.token_expiry < now
+        if too_old or tokens_dead:
+            fail_spawn(agent, f"agent did not register within its token TTL ({ttl}s)", reason="token-expired")
+            n += 1
+    return n
+
+
+def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
+    """Fail spawning agents whose rq job rq reports failed, stopped or canceled.
+
+    A backstop for :func:`on_spawn_job_failure` (e.g. a worker killed before rq's abandoned-job
+    cleanup ran). Agents without ``rq_job_id`` or whose job is unknown to rq are left to the
+    token-TTL expiry. Returns how many were failed.
+    """
+    now = now or timezone.now()
+    agents = list(
+        Agent.objects.select_related("scaler")
+        .filter(state=AgentState.SPAWNING, created_at__lt=now - timedelta(seconds=min_age_seconds))
+        .exclude(rq_job_id="")
+    )
+    if not agents:
+        return 0
+    try:
+        jobs = Job.fetch_many([a.rq_job_id for a in agents], connection=django_rq.get_connection("default"))
+    except Exception as exc:  # noqa: BLE001 - Redis down: try again next sweep
+        log.warning("cannot read rq job states: %s", exc)
+        return 0
+    n = 0
+    for agent, job in zip(agents, jobs, strict=True):
+        if job is None:
+            continue
+        status = job.get_status(refresh=False)
+        if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+            fail_spawn(agent, f"spawn job {job.id} is {status}", reason="spawn-job-failed")
+            n += 1
+    return n
+
+
+def retry_stuck_teardowns(min_age_seconds: float = 30.0, now=None) -> int:
+    """Retry :func:`teardown_agent` for agents left ``destroying`` (their destroy failed).
+    Returns how many were released."""
+    now = now or timezone.now()
+    n = 0
+    for agent in Agent.objects.select_related("scaler").filter(
+        state=AgentState.DESTROYING, updated_at__lt=now - timedelta(seconds=min_age_seconds)
+    ):
+        final = AgentState.FAILED if agent.failure_reason else AgentState.DESTROYED
+        if teardown_agent(agent, "teardown-retry", final_state=final):
+            n += 1
+    return n
+
+
+# --- drain ---------------------------------------------------------------------------------------
+
+
+def mark_draining(agent_id: str) -> int | None:
+    """Flag a running agent ``draining`` and return its active-job count.
+
+    Returns ``None`` when the agent is unknown or not running/draining (not registered, or
+    already on its way out). Records ``agent.draining`` on the transition.
+    """
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(
+            "UPDATE agents_agent SET state = %s, updated_at = now() WHERE agent_id = %s AND state = %s "
+            "RETURNING id, active_jobs",
+            [str(AgentState.DRAINING), agent_id, str(AgentState.RUNNING)],
+        )
+        row = cur.fetchone()
+        if row is not None:
+            agent = Agent.objects.select_related("scaler").get(pk=row[0])
+            record_event(agent, EventType.DRAINING, detail="condemned before teardown", payload={"activeJobs": row[1]})
+            return row[1]
+        cur.execute(
+            "SELECT active_jobs FROM agents_agent WHERE agent_id = %s AND state = %s",
+            [agent_id, str(AgentState.DRAINING)],
+        )
+        row = cur.fetchone()
+        return row[0] if row else None
+
+
+def clear_draining(agent_id: str) -> None:
+    """Undo :func:`mark_draining` when the teardown did not happen (draining ⇒ running)."""
+    Agent.objects.filter(agent_id=agent_id, state=AgentState.DRAINING).update(
+        state=AgentState.RUNNING, updated_at=timezone.now()
+    )
+
+
+def drain_and_destroy(agent: Agent, reason: str, *, destroy_reason: str = "drain") -> bool:
+    """Destroy an idle agent the safe way (used by warm-pool destroys only).
+
+    :func:`mark_draining`; if it has active jobs, :func:`clear_draining` and keep it (False);
+    if it is not running, do nothing (False); otherwise :func:`teardown_agent` (True when its
+    reservation was released).
+    """
+    active = mark_draining(agent.agent_id)
+    if active is None:
+        return False
+    if active > 0:
+        clear_draining(agent.agent_id)
+        return False
+    agent.state = AgentState.DRAINING
+    return teardown_agent(agent, reason, destroy_reason=destroy_reason)
+
+
+def retirement_sweep() -> bool:
+    """Drain and tear down retiring scalers. Returns True when it did anything.
+
+    For every retiring scaler not yet torn down: idle agents (running, unbound, no active jobs)
+    are drained and destroyed; agents working on a job are left to finish. Once the scaler
+    holds no active agent and no reservation it is torn down: the backend's optional
+    ``teardown()`` runs and a :class:`ScalerTeardown` row is written. A scaler the config
+    brought back (no longer retiring) loses its teardown row.
+    """
+    did = False
+    ScalerTeardown.objects.filter(scaler__retiring=False).delete()
+    for scaler in Scaler.objects.filter(retiring=True, teardown__isnull=True):
+        idle = Agent.objects.select_related("scaler").filter(
+            scaler=scaler, state=AgentState.RUNNING, bound_job_id="", active_jobs=0
+        )
+        for agent in idle:
+            if drain_and_destroy(agent, "scaler-retired", destroy_reason="drain"):
+                did = True
+        if Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).exists():
+            continue
+        if Reservation.objects.filter(scaler=scaler).exists():
+            continue
+        detail = ""
+        try:
+            backend = get_backend(scaler)
+            hook = getattr(backend, "teardown", None)
+            if callable(hook):
+                hook()
+                detail = "backend teardown ran"
+        except Exception as exc:  # noqa: BLE001 - recorded; the scaler is empty either way
+            detail = f"backend teardown failed: {exc}"
+            log.warning("retiring scaler %s: %s", scaler.name, detail)
+        ScalerTeardown.objects.get_or_create(scaler=scaler, defaults={"detail": detail})
+        log.info("retired scaler %s torn down (no agents, no reservations)", scaler.name)
+        did = True
+    return did
+
+
+# --- the orchestrator's ends ----------------------------------------------------------------------
 
 
 @dataclass
@@ -117,3 +488,80 @@ def drain_idle_agents() -> int:
         if teardown_agent(agent, "drained", destroy_reason="drain"):
             released += 1
     return released
+
+
+# --- cleanup jobs on this host's queue ------------------------------------------------------------
+
+
+def teardown_job_id(agent: Agent) -> str:
+    return f"teardown-{agent.agent_id}"
+
+
+def enqueue_teardown(agent: Agent, reason: str, *, destroy_reason: str) -> None:
+    """Queue :func:`teardown_job` for ``agent`` (already ``destroying``) on this host's queue.
+
+    A failure to enqueue is logged, not raised: the agent stays ``destroying`` with its
+    reservation and the sweeper's ``retry_stuck_teardowns`` ends it.
+    """
+    _enqueue_cleanup(
+        teardown_job,
+        (agent.pk, reason, destroy_reason),
+        job_id=teardown_job_id(agent),
+        description=f"tear down {agent.agent_id} ({reason})",
+        fallback="the sweeper retries it",
+    )
+
+
+def _enqueue_cleanup(func, args: tuple, *, job_id: str, description: str, fallback: str) -> None:
+    """Queue a cleanup job on this host's queue; a failure to enqueue is logged with what will end
+    the work instead (``fallback``), never raised."""
+    try:
+        host_queue().enqueue(
+            func,
+            *args,
+            job_id=job_id,
+            job_timeout=CLEANUP_JOB_TIMEOUT_SECONDS,
+            result_ttl=3600,
+            failure_ttl=24 * 3600,
+            description=description,
+        )
+    except Exception as exc:  # noqa: BLE001 - the fallback ends it
+        log.warning("could not queue %r (%s); %s", description, exc, fallback)
+
+
+def teardown_job(agent_pk: int, reason: str, destroy_reason: str) -> bool:
+    """rq job: :func:`~scalers.lifecycle.teardown_agent` with ``final_state`` destroyed.
+    Returns whether the reservation was released (False: the destroy failed, the sweeper retries)."""
+    agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
+    if agent is None or agent.state in TERMINAL_STATES:
+        return False
+    return teardown_agent(agent, reason, destroy_reason=destroy_reason)
+
+
+def enqueue_reclaim(agent: Agent) -> None:
+    """Queue :func:`reclaim_job` for an agent whose registration was refused; an enqueue failure is
+    logged (the orphan-container sweep finds the sandbox later)."""
+    _enqueue_cleanup(
+        reclaim_job,
+        (agent.pk,),
+        job_id=f"reclaim-{agent.agent_id}",
+        description=f"reclaim the sandbox of {agent.agent_id} (refused registration)",
+        fallback="the orphan-container sweep finds the sandbox",
+    )
+
+
+def reclaim_job(agent_pk: int) -> bool:
+    """rq job: remove the sandbox of an agent that asked to register after it had ended.
+
+    The sandbox runs (it is registering) but its agent row is ``destroyed`` or ``failed``, so no
+    teardown will ever come for it. The row is read again here and nothing is touched unless it is
+    still terminal (an active row belongs to a spawn or a teardown in progress). Returns whether the
+    backend removed something; records an ``agent.destroyed`` event when it did.
+    """
+    agent = Agent.objects.select_related("scaler").filter(pk=agent_pk).first()
+    if agent is None or agent.state not in TERMINAL_STATES:
+        return False
+    reclaimed = bool(get_backend(agent.scaler).reap_unowned(agent.agent_id))
+    if reclaimed:
+        record_event(agent, EventType.DESTROYED, "sandbox reclaimed: it asked to register after its agent had ended")
+    return reclaimed

@@ -44,9 +44,9 @@ from scalers.resources import has_declared_shape
 
 from .admission import ledger
 from .admission.decide import Request, decide_batch
-from .admission.draining import drain_and_destroy
 from .admission.matching import World
 from .jobs import enqueue_spawn_or_fail
+from .lifecycle import drain_and_destroy
 
 log = logging.getLogger("scalers.warm_pools")
 

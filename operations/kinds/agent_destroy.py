@@ -4,7 +4,7 @@ Scope: one or more agent ids (of one scaler). Target: an agent in an active stat
 running agent is first marked draining; one that still has active jobs is left running, the drain
 undone, and the target skipped with the count: drain it first. An agent an operator already
 drained keeps draining while it has jobs. ``active_jobs`` is compared: a job started since the
-preview skips the agent. The teardown is ``scalers.admission.release.teardown_agent`` (backend
+preview skips the agent. The teardown is ``scalers.lifecycle.teardown_agent`` (backend
 destroy, agent destroyed, reservation released).
 """
 
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
-from scalers.admission.draining import clear_draining, mark_draining
-from scalers.admission.release import teardown_agent
+from scalers.lifecycle import clear_draining, mark_draining, teardown_agent
 
 from ..choices import OperationKind, TargetOutcome
 from .agent_targets import agent_evidence, plan_agents

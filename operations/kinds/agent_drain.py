@@ -2,7 +2,7 @@
 sweeper's ``scalers.lifecycle.drain_idle_agents``, once a heartbeat reports no active job).
 
 Scope: one or more agent ids (of one scaler). Target: a ``running`` agent
-(``scalers.admission.draining.mark_draining`` drains only those). Spared: agents still spawning
+(``scalers.lifecycle.mark_draining`` drains only those). Spared: agents still spawning
 (destroy those instead), already draining, being destroyed, or gone. ``active_jobs`` is volatile:
 a job that starts or ends between the preview and the run does not change the decision to drain.
 """
@@ -10,7 +10,7 @@ a job that starts or ends between the preview and the run does not change the de
 from __future__ import annotations
 
 from agents.choices import AgentState
-from scalers.admission.draining import mark_draining
+from scalers.lifecycle import mark_draining
 
 from ..choices import OperationKind, TargetOutcome
 from .agent_targets import agent_evidence, plan_agents

@@ -46,8 +46,8 @@ from agents.choices import AgentState, EventType
 from agents.events import record_event
 from agents.liveness import WATCHED_STATES, assess, heartbeat_key, heartbeat_timeout_seconds
 from agents.models import Agent
-from scalers.admission.release import teardown_agent
 from scalers.backends.sandboxes import probe_sandboxes
+from scalers.lifecycle import teardown_agent
 from scalers.models import RecoveryReport, Reservation, Scaler
 
 from ..choices import OperationKind, TargetOutcome
@@ -76,7 +76,7 @@ def teardown_lost_agent(
 
     A compare-and-swap moves the row from ``state`` with exactly ``last_heartbeat`` (a datetime or
     None, as planned) to ``destroying``; a row that heartbeated or changed state since is left alone
-    (``skipped``, saying what it is now). Then ``scalers.admission.release.teardown_agent`` with
+    (``skipped``, saying what it is now). Then ``scalers.lifecycle.teardown_agent`` with
     ``final_state=failed`` and destroy reason ``heartbeat-timeout``: the backend removes the sandbox
     remains, the agent ends ``failed`` with ``failure_reason``, the reservation is released. A
     destroy that raises leaves the agent ``destroying`` with its reservation (``failed``; admission's

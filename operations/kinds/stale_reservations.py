@@ -12,7 +12,7 @@ stale here but *lost*: the ``lost-agents`` kind releases it (and removes the san
 
 Scope: optionally one scaler (else every scaler). Everything else is left alone; a terminal agent
 whose container still runs is listed as spared with that reason. Releasing goes through
-``scalers.admission.release.release`` (idempotent).
+``scalers.admission.ledger.release`` (idempotent).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from datetime import timedelta
 from django.utils import timezone
 
 from agents.choices import TERMINAL_STATES, AgentState
-from scalers.admission.release import release, stale_window_seconds
+from scalers.admission.ledger import release
 from scalers.backends.sandboxes import list_kici_containers
+from scalers.lifecycle import stale_window_seconds
 from scalers.models import Reservation
 
 from ..choices import OperationKind, TargetOutcome

@@ -19,9 +19,10 @@ import json
 from collections.abc import Iterable
 
 import psycopg
-from django.db import connection
+from django.db import connection, transaction
 
-from agents.choices import ACTIVE_STATES, AgentState
+from agents.choices import ACTIVE_STATES, AgentState, EventType
+from agents.events import record_event
 from agents.models import Agent
 from scalers.models import Reservation
 
@@ -469,3 +470,30 @@ def write_batch(
     )
     cursor.execute(sql, params)
     return {agent_id: pk for pk, agent_id in cursor.fetchall()}
+
+
+def release(agent_id: str, reason: str) -> bool:
+    """Delete the reservation of ``agent_id``; True if one was held, False if already released.
+
+    Idempotent and safe to race (one ``DELETE ... RETURNING`` decides who released). Records a
+    ``reservation.released`` event (detail = ``reason``, payload = the freed cpus/bytes). Does not
+    change the agent's state.
+    """
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                "DELETE FROM scalers_reservation r USING agents_agent a WHERE r.agent_id = a.id AND a.agent_id = %s "
+                "RETURNING r.cpus, r.memory_bytes, a.id",
+                [agent_id],
+            )
+            row = cur.fetchone()
+        if row is None:
+            return False
+        agent = Agent.objects.select_related("scaler").get(pk=row[2])
+        record_event(
+            agent,
+            EventType.RELEASED,
+            detail=reason,
+            payload={"reason": reason, "cpus": row[0], "memoryBytes": row[1]},
+        )
+    return True

@@ -20,10 +20,10 @@ from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent, AgentToken
 from scalers.choices import LOCAL_SCALER_TYPES
+from scalers.lifecycle import teardown_agent
 from scalers.models import RecoveryReport, Reservation
 
 from . import ledger
-from .release import teardown_agent
 
 log = logging.getLogger("scalers.admission")
 

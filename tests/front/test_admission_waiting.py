@@ -73,7 +73,7 @@ def test_a_job_admitted_later_stops_waiting():
     assert [r.job_id for g in waiting_groups() for r in g.requests] == ["second"]
     from agents.choices import AgentState
     from agents.models import Agent
-    from scalers.admission.release import release
+    from scalers.admission.ledger import release
 
     Agent.objects.filter(agent_id=first.agent).update(state=AgentState.DESTROYED)
     release(first.agent, "done")

@@ -222,7 +222,7 @@ def test_destroy_tears_an_idle_agent_down_and_leaves_a_busy_one_running(users, d
 
 
 def test_destroy_skips_an_agent_whose_jobs_started_at_run_time(users, run_rq_jobs, monkeypatch):
-    from scalers.admission.draining import mark_draining
+    from scalers.lifecycle import mark_draining
 
     scaler = make_scaler(name=f"ops-dj-{secrets.token_hex(2)}", type="event")
     agent = make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now())

@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission.draining import clear_draining, mark_draining
 from scalers.admission.matching import WORLD_CACHE
 from scalers.admission.service import request_scale
+from scalers.lifecycle import clear_draining, mark_draining
 from scalers.models import LabelSet, Reservation, Scaler
 from scalers.warm_pools import WarmPools, configured_pools, deficit_pass, idle_check, pool_status, read_world
 from tests.support.concurrency import run_threads

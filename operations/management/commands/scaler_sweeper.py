@@ -25,18 +25,18 @@ from django.utils import timezone
 
 from agents.retention import prune_old_records
 from operations import sweeps
-from scalers.admission.draining import retirement_sweep
 from scalers.admission.recovery import recover_state
-from scalers.admission.release import (
-    expire_unregistered_agents,
-    prune_stale_spawns,
-    reap_failed_spawn_jobs,
-    retry_stuck_teardowns,
-)
 from scalers.backends import factory
 from scalers.choices import ScalerType
 from scalers.leader import Leadership
-from scalers.lifecycle import drain_idle_agents
+from scalers.lifecycle import (
+    drain_idle_agents,
+    expire_unregistered_agents,
+    prune_stale_spawns,
+    reap_failed_spawn_jobs,
+    retirement_sweep,
+    retry_stuck_teardowns,
+)
 from scalers.models import RecoveryReport, Scaler, ScaleRequest
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 

@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission.draining import mark_draining, retirement_sweep
 from scalers.admission.service import request_scale
+from scalers.lifecycle import mark_draining, retirement_sweep
 from scalers.models import Reservation, Scaler, ScalerTeardown
 from tests.support.scalers import make_scaler
 

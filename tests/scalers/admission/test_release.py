@@ -23,18 +23,18 @@ from rq.registry import StartedJobRegistry
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
-from scalers.admission.release import (
+from scalers.admission.ledger import release
+from scalers.admission.service import request_scale
+from scalers.lifecycle import (
     expire_unregistered_agents,
     fail_spawn,
     on_spawn_job_failure,
     prune_stale_spawns,
     reap_failed_spawn_jobs,
-    release,
     retry_stuck_teardowns,
     stale_window_seconds,
     teardown_agent,
 )
-from scalers.admission.service import request_scale
 from scalers.models import Reservation
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler

@@ -12,7 +12,6 @@ import pytest
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
-from scalers.admission.release import teardown_agent
 from scalers.backends.baremetal import (
     BareMetalBackend,
     _proc_start_time,
@@ -20,6 +19,7 @@ from scalers.backends.baremetal import (
     process_mode_policy_warnings,
 )
 from scalers.jobs import spawn_agent
+from scalers.lifecycle import teardown_agent
 from scalers.models import Reservation
 from scalers.resources import EffectiveLimits
 from tests.support.containers import remove_test_containers

@@ -10,9 +10,9 @@ from django.db import transaction
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
-from scalers.admission.release import teardown_agent
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.jobs import enqueue_spawn
+from scalers.lifecycle import teardown_agent
 from scalers.models import Reservation
 from tests.support.containers import register_at_network_stage, remove_test_containers
 from tests.support.nft import nft_table_for

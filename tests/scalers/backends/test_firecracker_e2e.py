@@ -24,7 +24,6 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from network.models import IpAllocation
 from network.nft.apply import NftClient
-from scalers.admission.release import teardown_agent
 from scalers.admission.service import request_scale
 from scalers.backends.factory import get_backend
 from scalers.backends.firecracker.adapter import FirecrackerScalerBackend
@@ -32,6 +31,7 @@ from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
 from scalers.config.loader import load_scalers_config
 from scalers.importing import apply_scalers_config
+from scalers.lifecycle import teardown_agent
 from scalers.models import Reservation
 from tests.support.firecracker import FAKE_JAILER, fake_kernel, real_binaries, require_kvm, tiny_kernel
 
