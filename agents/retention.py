@@ -2,8 +2,9 @@
 old events, expired tokens. Run by the leading sweeper, in batches so one round stays short.
 
 Retention: ``KICI_RETENTION_DAYS`` (default 14). An agent is pruned that many days after it
-finished (``destroyed`` or ``failed``) and only once it holds no reservation; an event that many
-days after it was recorded; a token that many days after it expired.
+finished (``destroyed`` or ``failed``) and only once it holds no reservation, with its kept output
+(``agents.archive``); an event that many days after it was recorded; a token that many days after
+it expired.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from .archive import delete_archives
 from .choices import TERMINAL_STATES
 from .models import Agent, AgentToken, ScalerEvent
 
@@ -48,7 +50,9 @@ def prune_old_records(now: datetime | None = None) -> dict[str, int]:
         pks = list(agents.values_list("pk", flat=True)[:BATCH])
         if not pks:
             break
+        agent_ids = list(Agent.objects.filter(pk__in=pks).values_list("agent_id", flat=True))
         _, per_model = Agent.objects.filter(pk__in=pks).delete()  # its events and tokens cascade
+        delete_archives(agent_ids)
         pruned_agents += per_model.get(Agent._meta.label, 0)
         if len(pks) < BATCH:
             break

@@ -1,6 +1,7 @@
 """Test settings: the production settings with a throwaway secret key."""
 
 import os
+import tempfile
 
 os.environ.setdefault("SECRET_KEY", "test-only-not-secret-0123456789abcdef0123456789abcdef")
 
@@ -11,3 +12,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Tests never write to the default console table of this host ("kici"): a leftover there would
 # judge the sandboxes of a `make run` on the same machine. tests/conftest.py drops it at the end.
 KICI_NFT_TABLE = "kicitest"
+
+# Agents' kept output goes to a directory of this run, never the repository's var/agents;
+# tests/conftest.py removes it at the end.
+KICI_AGENT_LOG_DIR = os.path.join(tempfile.gettempdir(), f"kici-test-agents-{os.getpid()}")

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+from agents.archive import archived_lines
 from agents.choices import EventType
 from agents.models import ScalerEvent
 from scalers.backends.runtime import docker_client_for, runtime_for_scaler
@@ -121,11 +122,12 @@ def sandbox_gone(agent, stream: str) -> bool:
 
 
 def captured_output(agent) -> dict:
-    """What was kept of a finished agent's output: the last lines (up to 50) attached to its latest
-    ``scaler.failed`` event (else to its ``failure_reason``) when a spawn failed.
+    """What was kept of a finished agent's output: the end of its archive (``agents.archive``,
+    written when its container was removed), else the last lines (up to 50) attached to its latest
+    ``scaler.failed`` event (or its ``failure_reason``) when a spawn failed.
 
-    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str]}``; ``lines`` is empty
-    when nothing was captured (a destroyed agent keeps no output).
+    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str], "archived": bool}``;
+    ``lines`` is empty when nothing was kept.
     """
     from django.db.models import Q
 
@@ -136,4 +138,8 @@ def captured_output(agent) -> dict:
     )
     text = event.detail if event is not None else (agent.failure_reason or "")
     message, marker, rest = text.partition(CAPTURED_MARKER)
-    return {"event": event, "message": message.strip(), "lines": rest.split("\n") if marker and rest else []}
+    archived = archived_lines(agent.agent_id)
+    if archived:
+        return {"event": event, "message": message.strip(), "lines": archived, "archived": True}
+    lines = rest.split("\n") if marker and rest else []
+    return {"event": event, "message": message.strip(), "lines": lines, "archived": False}

@@ -12,12 +12,17 @@ from tests.support.root import IN_CI, require_root
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Drop the tests' default nft table (settings_test.KICI_NFT_TABLE) so no rule outlives the run."""
+    """Drop the tests' default nft table (settings_test.KICI_NFT_TABLE) and their agents' kept
+    output (settings_test.KICI_AGENT_LOG_DIR), so nothing of the run outlives it."""
     import shutil
     import subprocess
 
+    from django.conf import settings
+
     if os.geteuid() == 0 and shutil.which("nft"):
         subprocess.run(["nft", "delete", "table", "inet", "kicitest"], capture_output=True, check=False)
+    if settings.configured and "kici-test-agents-" in str(getattr(settings, "KICI_AGENT_LOG_DIR", "")):
+        shutil.rmtree(settings.KICI_AGENT_LOG_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

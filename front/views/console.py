@@ -7,6 +7,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from agents.archive import archive_path
 from agents.models import Agent
 from live.consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
 
@@ -71,12 +72,21 @@ def agent_console_download(request, agent_id: str, stream: str):
 
     File-backed streams are sent as they are on disk (bytes, never decoded); a container's
     ``console`` without a file is its docker logs (stdout and stderr), streamed. A finished agent
-    whose sandbox is gone downloads what was captured (404 when nothing was)."""
+    whose sandbox is gone downloads its archive (``agents.archive``), else what was captured when its
+    spawn failed (404 when nothing was kept)."""
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
     filename = f"{agent.agent_id}-{stream}.log"
     if sandbox_gone(agent, stream):
+        archive = archive_path(agent.agent_id)
+        if archive.is_file():
+            return FileResponse(
+                open(archive, "rb"),  # noqa: SIM115 - FileResponse closes it
+                as_attachment=True,
+                filename=f"{agent.agent_id}-{stream}.log",
+                content_type="text/plain; charset=utf-8",
+            )
         lines = captured_output(agent)["lines"]
         if not lines:
             raise Http404(

@@ -59,7 +59,7 @@ def test_the_captured_output_downloads_and_nothing_captured_is_a_404_that_says_s
 
     destroyed = make_agent(make_scaler("c2"), state=AgentState.DESTROYED, ip="172.30.0.3")
     page = viewer_client.get(f"/agents/{destroyed.agent_id}/console/").content.decode()
-    assert "Nothing of its output was captured" in page and "ws-connect" not in page
+    assert "Nothing of its output was kept" in page and "ws-connect" not in page
     missing = viewer_client.get(f"/agents/{destroyed.agent_id}/console/console/download")
     assert missing.status_code == 404 and b"none of its output was captured" in missing.content
 

@@ -16,6 +16,8 @@ from typing import Any
 from django.conf import settings
 from docker.errors import APIError, NotFound
 
+from agents.archive import write_archive
+
 from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import container_network_ip, ensure_isolated_network
 from ..isolation import ContainerIsolation, nft_table_for
@@ -143,7 +145,7 @@ class ContainerBackend:
     # -- destroy -------------------------------------------------------------------------------
 
     def destroy(self, agent, reason: str = "shutdown") -> None:
-        """Remove rules, ``stop(t=10)``, ``remove(force)``.
+        """Remove rules, ``stop(t=10)``, keep its output (``agents.archive``), ``remove(force)``.
 
         The rules go only while no other sandbox holds the agent's address: a dead agent's
         address may already belong to a new container, whose rules share the address key
@@ -164,7 +166,16 @@ class ContainerBackend:
             return
         except APIError as exc:
             log.warning("stop of %s failed: %s", container_id[:12], exc)
+        self._archive(agent.agent_id, container_id)
         self.host.remove(container_id)
+
+    def _archive(self, agent_id: str, container_id: str) -> None:
+        """Keep the container's output (``agents.archive``) before it goes; a failure is logged,
+        never a reason to keep the container."""
+        try:
+            write_archive(agent_id, self.host.output(container_id))
+        except Exception as exc:  # noqa: BLE001 - the teardown goes on without the archive
+            log.warning("could not keep the output of %s: %s", agent_id, exc)
 
     # -- sweeps --------------------------------------------------------------------------------
 

@@ -3,12 +3,15 @@ plans then applies with a re-check, and reaps only rules no kici container's add
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import time
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 
+from agents.archive import archived_lines
 from agents.choices import AgentState, EventType
 from agents.models import ScalerEvent
 from agents.tokens import mint_registration_token
@@ -194,6 +197,32 @@ def test_a_registration_refused_because_the_agent_ended_reclaims_its_container(
     assert (container not in box.ids()) is reclaimed
     events = ScalerEvent.objects.filter(agent=agent, type=EventType.DESTROYED, detail__startswith="sandbox reclaimed")
     assert events.exists() is reclaimed
+
+
+def test_destroy_keeps_the_containers_output_before_it_removes_it(docker_client, settings, tmp_path):
+    settings.KICI_AGENT_LOG_DIR = str(tmp_path)
+    scaler = make_scaler()
+    agent = make_agent(scaler, state=AgentState.DESTROYING, reserve=False)
+    api = docker_client.api
+    created = api.create_container(
+        "kici-agent:local",
+        command=["sh", "-c", "echo first; echo crash trace >&2; exec sleep 600"],
+        labels={**managed(scaler.name, agent.agent_id), TEST_LABEL: "archive"},
+        host_config=api.create_host_config(network_mode="none", init=True),
+    )
+    try:
+        api.start(created["Id"])
+        for _ in range(50):  # both lines written before the teardown
+            if b"crash trace" in api.logs(created["Id"], stdout=True, stderr=True):
+                break
+            time.sleep(0.1)
+        agent.managed_id = created["Id"]
+        ContainerBackend(scaler, docker=docker_client, network_isolation=False).destroy(agent)
+        assert api.containers(all=True, filters={"id": created["Id"]}) == []
+        assert sorted(archived_lines(agent.agent_id)) == ["crash trace", "first"]
+    finally:
+        with contextlib.suppress(Exception):
+            api.remove_container(created["Id"], force=True)
 
 
 def test_reap_unowned_answers_false_when_the_runtime_cannot_be_listed(settings):

@@ -1,0 +1,58 @@
+"""An agent's kept output (agents.archive): bounded, shown and downloadable once its sandbox is
+gone, deleted with the agent by retention."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+import agents.archive
+from agents.archive import archive_dir, archive_path, archived_lines, write_archive
+from agents.choices import AgentState
+from agents.models import Agent
+from agents.retention import prune_old_records
+from tests.support.scalers import make_agent, make_scaler
+
+
+@pytest.fixture(autouse=True)
+def _log_dir(settings, tmp_path):
+    settings.KICI_AGENT_LOG_DIR = str(tmp_path)
+
+
+def test_the_archive_keeps_the_end_of_the_output_from_a_line_start(monkeypatch):
+    monkeypatch.setattr(agents.archive, "ARCHIVE_BYTES", 20)
+    path = write_archive("scaler-container-0000a1a1", b"".join(b"line %d\n" % i for i in range(10)))
+    assert path.read_bytes() == b"line 8\nline 9\n"  # the last 20 bytes, from the first whole line
+    assert archived_lines("scaler-container-0000a1a1") == ["line 8", "line 9"]
+    assert archived_lines("scaler-container-00000000") is None
+
+
+@pytest.mark.parametrize("agent_id", ["", ".", "..", "a/b"])
+def test_an_agent_id_that_is_not_one_path_component_names_no_archive(agent_id):
+    with pytest.raises(ValueError, match="cannot name an archive directory"):
+        archive_dir(agent_id)
+
+
+@pytest.mark.django_db
+def test_a_finished_agents_console_shows_and_downloads_its_kept_output(viewer_client):
+    agent = make_agent(make_scaler("c"), state=AgentState.DESTROYED, reserve=False)
+    write_archive(agent.agent_id, "".join(f"output {i}\n" for i in range(600)).encode())
+    page = viewer_client.get(f"/agents/{agent.agent_id}/console/").content.decode()
+    assert "Below are the last 500 lines of the output kept when its container was removed" in page
+    assert "output 599" in page and "output 99<" not in page
+    download = viewer_client.get(f"/agents/{agent.agent_id}/console/console/download")
+    assert download.status_code == 200
+    assert b"".join(download.streaming_content) == archive_path(agent.agent_id).read_bytes()
+
+
+@pytest.mark.django_db
+def test_retention_deletes_the_kept_output_with_the_agent(settings, tmp_path):
+    agent = make_agent(make_scaler("c"), state=AgentState.DESTROYED, reserve=False)
+    write_archive(agent.agent_id, b"bye\n")
+    (tmp_path / f"{agent.agent_id}.log").write_bytes(b"bare-metal output\n")
+    then = timezone.now() - timedelta(days=settings.KICI_RETENTION_DAYS + 1)
+    Agent.objects.filter(pk=agent.pk).update(finished_at=then)
+    assert prune_old_records()["agents"] == 1
+    assert not archive_dir(agent.agent_id).exists() and not (tmp_path / f"{agent.agent_id}.log").exists()
