@@ -294,7 +294,7 @@ def _end(request, agent_id: str, field: str, check, call):
 def _job_id_problem(value) -> str | None:
     if isinstance(value, str) and value.strip():
         return None
-    return f"jobId must be a non-empty string, got {value!r}"
+    return f"jobId must be a non-empty string, got {value!r:.80}"
 
 
 def _reason_problem(value) -> str | None:

@@ -78,7 +78,8 @@ def teardown_agent(
     Steps: move an active agent to ``destroying`` (compare-and-swap; a spawning agent's rq job
     sees its row leave ``spawning`` and aborts); ``get_backend(scaler).destroy(agent,
     destroy_reason)``; then in one transaction set ``final_state`` (``destroyed`` or ``failed``),
-    ``finished_at`` and ``failure_reason`` and :func:`release`. ``destroy_reason`` is the
+    ``finished_at`` and ``failure_reason``, record ``agent.destroyed`` (for ``destroyed``) and
+    :func:`release`. ``destroy_reason`` is the
     event backend's scale-down reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...).
 
     Returns True when the reservation was released by this call. When ``destroy`` raises (or no
@@ -111,7 +112,9 @@ def teardown_agent(
         fields = {"state": final_state, "finished_at": timezone.now(), "updated_at": timezone.now()}
         if failure_reason:
             fields["failure_reason"] = failure_reason[:4000]
-        Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(**fields)
+        ended = Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(**fields)
+        if ended and final_state == AgentState.DESTROYED:
+            record_event(agent, EventType.DESTROYED, f"sandbox removed ({reason})", payload={"reason": reason})
         released = release(agent.agent_id, reason)
     return released
 
@@ -442,7 +445,7 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
             return agent
         if agent.bound_job_id != job_id:
             bound = repr(agent.bound_job_id) if agent.bound_job_id else "no job"
-            raise Refused(409, "job-mismatch", f"agent {agent_id} is bound to {bound}, not {job_id!r}")
+            raise Refused(409, "job-mismatch", f"agent {agent_id} is bound to {bound}, not {job_id!r:.80}")
         agent.completed_job_id = job_id
         fields = {"completed_job_id": job_id, "active_jobs": 0, "updated_at": timezone.now()}
         recycle = agent.warm and agent.state == AgentState.RUNNING and not agent.scaler.retiring

@@ -60,6 +60,8 @@ def test_job_complete_tears_a_single_use_agent_down_and_frees_its_slot(docker_cl
     assert agent.state == AgentState.DESTROYED and agent.failure_reason == ""
     assert not Reservation.objects.exists()
     assert released_reasons(agent) == ["job-complete"]
+    destroyed = ScalerEvent.objects.get(agent=agent, type=EventType.DESTROYED)
+    assert destroyed.detail == "sandbox removed (job-complete)"  # the timeline says how it ended
     assert request_scale(["linux"], "job-2", resources={"cpus": 1}).action == "spawning"  # the slot is free
     again = api("POST", f"/api/v1/agents/{agent.agent_id}/job-complete", {"jobId": "job-1"})
     assert again.status_code == 200 and again.json()["state"] == "destroyed"  # idempotent

@@ -15,7 +15,10 @@ class Command(BaseCommand):
     def handle(self, *args, username, **options):
         User = get_user_model()
         if User.objects.filter(is_superuser=True).exists():
-            self.stdout.write("admin user exists (credentials were printed when it was created)")
+            self.stdout.write(
+                "a superuser exists (its password was printed when it was created); "
+                "to set a new one: .venv/bin/python manage.py changepassword <username>"
+            )
             return
         password = secrets.token_urlsafe(12)
         User.objects.create_superuser(username=username, email="", password=password)
