@@ -328,7 +328,12 @@ def mark_draining(agent_id: str) -> int | None:
         row = cur.fetchone()
         if row is not None:
             agent = Agent.objects.select_related("scaler").get(pk=row[0])
-            record_event(agent, EventType.DRAINING, detail="condemned before teardown", payload={"activeJobs": row[1]})
+            record_event(
+                agent,
+                EventType.DRAINING,
+                detail="draining: no new job; torn down once no job is active",
+                payload={"activeJobs": row[1]},
+            )
             return row[1]
         cur.execute(
             "SELECT active_jobs FROM agents_agent WHERE agent_id = %s AND state = %s",
@@ -422,7 +427,7 @@ def _locked(agent_id: str) -> Agent:
     return agent
 
 
-def _condemn(agent: Agent) -> bool:
+def _start_teardown(agent: Agent) -> bool:
     """Move an active agent to ``destroying`` (compare-and-swap); False when it already ended."""
     won = Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(
         state=AgentState.DESTROYING, updated_at=timezone.now()
@@ -455,7 +460,7 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
         Agent.objects.filter(pk=agent.pk).update(**fields)
         if agent.state in TERMINAL_STATES or recycle:
             return agent
-        if _condemn(agent):
+        if _start_teardown(agent):
             transaction.on_commit(lambda: enqueue_teardown(agent, "job-complete", destroy_reason="job-complete"))
     return agent
 
@@ -467,7 +472,7 @@ def release_agent(agent_id: str, reason: str) -> Agent:
         agent = _locked(agent_id)
         if agent.state in TERMINAL_STATES:
             return agent
-        if _condemn(agent):
+        if _start_teardown(agent):
             why = f"released by the orchestrator: {reason}" if reason else "released by the orchestrator"
             transaction.on_commit(lambda: enqueue_teardown(agent, why, destroy_reason="released"))
     return agent

@@ -19,12 +19,12 @@ DASHBOARD_EVENT_LIMIT = 30
 
 
 RECOVERY_COUNTS = (
-    ("spawning_dropped", "spawning dropped"),
+    ("spawning_dropped", "spawns given up"),
     ("reservations_dropped", "reservations dropped"),
     ("buffered_events_lost", "buffered events lost"),
-    ("spawning_agents_rehydrated", "spawning rehydrated"),
-    ("reservations_rehydrated", "reservations rehydrated"),
-    ("agent_jobs_rehydrated", "agent jobs rehydrated"),
+    ("spawning_agents_rehydrated", "spawns still running"),
+    ("reservations_rehydrated", "reservations kept"),
+    ("agent_jobs_rehydrated", "agents on a job"),
 )
 
 

@@ -55,5 +55,9 @@ class AgentDrain(Kind):
                 run.report(
                     target.key,
                     TargetOutcome.DONE,
-                    f"draining; {active} active job(s) finish first" if active else "draining; idle",
+                    (
+                        f"draining; torn down once its {active} active job(s) finish"
+                        if active
+                        else "draining; no active job: torn down at the next sweep"
+                    ),
                 )

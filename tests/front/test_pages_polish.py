@@ -61,7 +61,7 @@ def test_an_uneventful_recovery_is_one_quiet_line(viewer_client):
     html = viewer_client.get("/").content.decode()
     start = html.index('id="recovery"')
     line = html[html.rindex("<", 0, start) : html.index("\n", start)]
-    assert line.startswith('<p class="small muted"') and "nothing to drop or rehydrate" in line
+    assert line.startswith('<p class="small muted"') and "nothing to give up or drop" in line
     assert "alert" not in line and "spawning dropped" not in html
 
 
@@ -73,7 +73,7 @@ def test_an_eventful_recovery_lists_only_what_happened(viewer_client):
     html = viewer_client.get("/").content.decode()
     box = html[html.index('id="recovery"') :]
     box = box[: box.index("</div>")]
-    assert "reservations rehydrated <b>3</b>" in box and "spawning dropped" not in box
+    assert "reservations kept <b>3</b>" in box and "spawns given up" not in box
     assert "alert-ok" in html[html.index('id="recovery"') - 60 : html.index('id="recovery"')]
 
 

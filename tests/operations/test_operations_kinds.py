@@ -183,7 +183,10 @@ def test_drain_marks_running_agents_draining_and_spares_a_spawning_one(users, ru
     assert op.spared[0]["reason"].startswith("still spawning")
     Agent.objects.filter(pk=busy.pk).update(active_jobs=1)  # volatile: a job ended meanwhile
     op = approve_and_run(op, users["approver"], run_rq_jobs)
-    assert outcome(op, f"agent:{busy.agent_id}") == (TargetOutcome.DONE, "draining; 1 active job(s) finish first")
+    assert outcome(op, f"agent:{busy.agent_id}") == (
+        TargetOutcome.DONE,
+        "draining; torn down once its 1 active job(s) finish",
+    )
     busy.refresh_from_db()
     assert busy.state == AgentState.DRAINING
 
