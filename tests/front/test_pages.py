@@ -388,7 +388,7 @@ def test_the_dashboard_reports_the_last_recovery_counts(viewer_client, scaler):
     box = html[html.index('id="recovery"') :]
     box = box[: box.index("</div>")]
     assert "boot" in box and "host-a" in box
-    assert "spawning dropped <b>2</b>" in box and "reservations dropped <b>1</b>" in box
+    assert "spawns given up <b>2</b>" in box and "reservations dropped <b>1</b>" in box
     assert "alert-warn" in html[html.index('id="recovery"') - 60 : html.index('id="recovery"')]
 
 

@@ -62,7 +62,7 @@ def test_an_uneventful_recovery_is_one_quiet_line(viewer_client):
     start = html.index('id="recovery"')
     line = html[html.rindex("<", 0, start) : html.index("\n", start)]
     assert line.startswith('<p class="small muted"') and "nothing to give up or drop" in line
-    assert "alert" not in line and "spawning dropped" not in html
+    assert "alert" not in line and "spawns given up" not in html
 
 
 def test_an_eventful_recovery_lists_only_what_happened(viewer_client):
