@@ -78,15 +78,24 @@ def console_log_file(agent, stream: str) -> Path | None:
 
     Firecracker ``serial`` / ``vmm``: ``backend_context["console_logs"][stream]``, else
     ``backend_context["chroot"]``, else ``<chrootBaseDir>/firecracker/<id>/root``.
-    ``console``: ``backend_context["console_log"]`` when set. Raises ``LookupError`` for a stream
-    the agent does not have. For the full-log download as well as the live stream.
+    ``console``: ``backend_context["log_path"]`` when set (a bare-metal process's output file). Raises
+    ``LookupError`` for a stream the agent does not have. For the full-log download as well as the
+    live stream.
     """
     if stream not in console_streams_of(agent):
         raise LookupError(f"agent {agent.agent_id} has no console stream {stream!r}")
     if stream in ("serial", "vmm"):
         return firecracker_log_path(agent, stream)
-    path = (agent.backend_context or {}).get("console_log")
+    path = (agent.backend_context or {}).get("log_path")
     return Path(path) if path else None
+
+
+def runs_in_container(agent) -> bool:
+    """A container scaler's agent, or a bare-metal one in container mode (its docker logs are its
+    console)."""
+    if agent.scaler.type == "container":
+        return True
+    return agent.scaler.type == "bare-metal" and (agent.backend_context or {}).get("mode") == "container"
 
 
 def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
@@ -99,7 +108,7 @@ def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
     path = console_log_file(agent, stream)
     if path is not None:
         return file_source(path), stream == "serial"
-    if agent.scaler.type == "container":
+    if runs_in_container(agent):
         return _docker_source(agent), False
     raise LookupError(f"agent {agent.agent_id} ({agent.scaler.type}) has no console output to stream")
 

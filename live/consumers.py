@@ -5,7 +5,7 @@ Routes (:mod:`live.routing`), behind ``AllowedHostsOriginValidator(AuthMiddlewar
 
 * ``ws/agents/<agent_id>/console/<stream>/`` → :class:`ConsoleConsumer`; ``stream`` is ``serial``
   or ``vmm`` for a Firecracker VM (``serial-console.log`` / ``vmm.log`` in its chroot), ``console``
-  for a container (its docker logs) or any agent whose ``backend_context["console_log"]`` names a
+  for a container (its docker logs) or any agent whose ``backend_context["log_path"]`` names a
   file (which streams an agent has, and what is behind each, is :mod:`live.consoles`);
 * ``ws/events/`` and ``ws/agents/<agent_id>/events/`` → :class:`EventsConsumer`, relaying the
   ``events.global`` / ``events.agent.<agent_id>`` groups (producers call

@@ -9,7 +9,14 @@ from django.views.decorators.http import require_GET
 
 from agents.archive import archive_path
 from agents.models import Agent
-from live.consoles import agent_container, captured_output, console_log_file, console_streams_of, sandbox_gone
+from live.consoles import (
+    agent_container,
+    captured_output,
+    console_log_file,
+    console_streams_of,
+    runs_in_container,
+    sandbox_gone,
+)
 
 from .common import agent_or_404, viewer_required
 
@@ -106,7 +113,7 @@ def agent_console_download(request, agent_id: str, stream: str):
         except OSError as exc:
             return HttpResponse(f"could not read {path}: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
         return FileResponse(handle, as_attachment=True, filename=filename, content_type="text/plain; charset=utf-8")
-    if agent.scaler.type != "container":
+    if not runs_in_container(agent):
         raise Http404(f"agent {agent.agent_id} ({agent.scaler.type}) has no console log to download")
     try:
         chunks = _docker_log_chunks(agent)

@@ -410,8 +410,24 @@ def test_the_full_log_downloads_as_an_attachment_byte_for_byte(viewer_client, db
     assert viewer_client.get(f"/agents/{agent.agent_id}/console/console/download").status_code == 404
 
 
+def test_a_bare_metal_agents_console_is_its_output_file_or_in_container_mode_its_docker_logs(viewer_client, tmp_path):
+    from live.consoles import console_log_file, console_source, runs_in_container
+
+    bm = Scaler.objects.create(name="bm", type="bare-metal", max_agents=2)
+    LabelSet.objects.create(scaler=bm, index=0, labels=["linux"], normalized="linux")
+    out = tmp_path / "agent.log"
+    out.write_bytes(b"registered\nworking\n")
+    process = _agent(bm, 1, backend_context={"mode": "process", "log_path": str(out)})
+    assert console_log_file(process, "console") == out and not runs_in_container(process)
+    console_source(process, "console")  # a file source, no LookupError
+    download = viewer_client.get(f"/agents/{process.agent_id}/console/console/download")
+    assert download.status_code == 200 and b"".join(download.streaming_content) == out.read_bytes()
+    boxed = _agent(bm, 2, backend_context={"mode": "container"})
+    assert console_log_file(boxed, "console") is None and runs_in_container(boxed)
+
+
 def test_the_download_needs_the_view_permission(client, outsider, scaler):
-    agent = _agent(scaler, 1, backend_context={"console_log": "/dev/null"})
+    agent = _agent(scaler, 1, backend_context={"log_path": "/dev/null"})
     client.force_login(outsider)
     assert client.get(f"/agents/{agent.agent_id}/console/console/download").status_code == 403
 
