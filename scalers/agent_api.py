@@ -40,7 +40,7 @@ from agents.heartbeats import push_heartbeat_row, row_push_due
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error
-from lib.json_input import parse_json
+from lib.json_input import parse_json_object
 from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import enqueue_reclaim
@@ -51,28 +51,12 @@ HEARTBEAT_INTERVAL_SECONDS = 5
 MAX_ACTIVE_JOBS = 10_000
 
 
-class BadRequest(Exception):
-    pass
-
-
 def _bearer(request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         return None
     return value.strip()
-
-
-def _json_body(request) -> dict:
-    if not request.body:
-        return {}
-    try:
-        data = parse_json(request.body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("body must be a JSON object")
-    return data
 
 
 _TOKEN_MESSAGES = {
@@ -121,8 +105,8 @@ def _bearer_request(view):
         if token is None:
             return _unauthorized("missing-token")
         try:
-            body = _json_body(request)
-        except BadRequest as exc:
+            body = parse_json_object(request.body)
+        except ValueError as exc:
             return _bad_request(str(exc), "body")
         return view(request, token, body, *args, **kwargs)
 
@@ -249,8 +233,8 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
 def claim(request):
     """Exchange an event scaler's claim code for a registration token (from the claim store)."""
     try:
-        body = _json_body(request)
-    except BadRequest as exc:
+        body = parse_json_object(request.body)
+    except ValueError as exc:
         return _bad_request(str(exc), "body")
     code = body.get("claimCode")
     if not isinstance(code, str) or not code:

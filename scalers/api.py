@@ -61,7 +61,7 @@ from django.views.decorators.csrf import csrf_exempt
 from agents.choices import AgentState
 from agents.models import Agent
 from kici_site.errors import api_error
-from lib.json_input import parse_json
+from lib.json_input import parse_json, parse_json_object
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
@@ -217,12 +217,9 @@ def _only(request, method: str) -> JsonResponse | None:
 def _json_object(request) -> tuple[dict, JsonResponse | None]:
     """The request body as a JSON object (an empty body is ``{}``), or the 400 answer for it."""
     try:
-        payload = parse_json(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {}, _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
-    if not isinstance(payload, dict):
-        return {}, _error(400, "invalid-request", "the body must be a JSON object", field="body")
-    return payload, None
+        return parse_json_object(request.body), None
+    except ValueError as exc:
+        return {}, _error(400, "invalid-request", str(exc), field="body")
 
 
 @_orchestrator
