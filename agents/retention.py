@@ -24,16 +24,21 @@ BATCH = 1000
 BATCHES_PER_CALL = 10
 
 
-def _delete_in_batches(queryset: models.QuerySet) -> int:
+def _delete_in_batches(queryset: models.QuerySet, *, key: str = "pk", after=None) -> int:
     """Delete ``queryset`` by primary key, :data:`BATCH` rows a statement, at most
-    :data:`BATCHES_PER_CALL` statements; returns the rows deleted (the rest waits for the next call)."""
+    :data:`BATCHES_PER_CALL` statements; returns the rows of its model deleted (the rest waits for
+    the next call). ``after(keys)``: called with each deleted batch's ``key`` values."""
+    model = queryset.model
     deleted = 0
     for _ in range(BATCHES_PER_CALL):
-        pks = list(queryset.values_list("pk", flat=True)[:BATCH])
-        if not pks:
+        rows = list(queryset.values_list("pk", key)[:BATCH])
+        if not rows:
             break
-        deleted += queryset.model.objects.filter(pk__in=pks).delete()[0]
-        if len(pks) < BATCH:
+        _, per_model = model.objects.filter(pk__in=[pk for pk, _ in rows]).delete()
+        deleted += per_model.get(model._meta.label, 0)
+        if after is not None:
+            after([value for _, value in rows])
+        if len(rows) < BATCH:
             break
     return deleted
 
@@ -45,19 +50,9 @@ def prune_old_records(now: datetime | None = None) -> dict[str, int]:
     agents = Agent.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=cutoff, reservation__isnull=True).order_by(
         "pk"
     )
-    pruned_agents = 0
-    for _ in range(BATCHES_PER_CALL):
-        pks = list(agents.values_list("pk", flat=True)[:BATCH])
-        if not pks:
-            break
-        agent_ids = list(Agent.objects.filter(pk__in=pks).values_list("agent_id", flat=True))
-        _, per_model = Agent.objects.filter(pk__in=pks).delete()  # its events and tokens cascade
-        delete_archives(agent_ids)
-        pruned_agents += per_model.get(Agent._meta.label, 0)
-        if len(pks) < BATCH:
-            break
     return {
-        "agents": pruned_agents,
+        # An agent's events and tokens cascade; its kept output goes after it.
+        "agents": _delete_in_batches(agents, key="agent_id", after=delete_archives),
         "events": _delete_in_batches(ScalerEvent.objects.filter(created_at__lt=cutoff).order_by("pk")),
         "tokens": _delete_in_batches(AgentToken.objects.filter(expires_at__lt=cutoff).order_by("pk")),
     }
