@@ -72,6 +72,18 @@ def _docker_log_chunks(agent: Agent):
             close()
 
 
+def _file_download(path, filename: str) -> HttpResponse:
+    """``path`` as a text attachment, its bytes as on disk (502 when it cannot be read); raises
+    FileNotFoundError when it is not there."""
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - FileResponse closes it
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return HttpResponse(f"could not read {path}: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
+    return FileResponse(handle, as_attachment=True, filename=filename, content_type="text/plain; charset=utf-8")
+
+
 @require_GET
 @viewer_required
 def agent_console_download(request, agent_id: str, stream: str):
@@ -86,14 +98,10 @@ def agent_console_download(request, agent_id: str, stream: str):
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
     filename = f"{agent.agent_id}-{stream}.log"
     if sandbox_gone(agent, stream):
-        archive = archive_path(agent.agent_id)
-        if archive.is_file():
-            return FileResponse(
-                open(archive, "rb"),  # noqa: SIM115 - FileResponse closes it
-                as_attachment=True,
-                filename=f"{agent.agent_id}-{stream}.log",
-                content_type="text/plain; charset=utf-8",
-            )
+        try:
+            return _file_download(archive_path(agent.agent_id), filename)
+        except FileNotFoundError:
+            pass  # no archive: what a failed spawn captured, if anything
         lines = captured_output(agent)["lines"]
         if not lines:
             raise Http404(
@@ -107,12 +115,9 @@ def agent_console_download(request, agent_id: str, stream: str):
     path = console_log_file(agent, stream)
     if path is not None:
         try:
-            handle = open(path, "rb")  # noqa: SIM115 - FileResponse closes it
+            return _file_download(path, filename)
         except FileNotFoundError:
             raise Http404(f"{path} does not exist (yet)") from None
-        except OSError as exc:
-            return HttpResponse(f"could not read {path}: {exc}\n", status=502, content_type="text/plain; charset=utf-8")
-        return FileResponse(handle, as_attachment=True, filename=filename, content_type="text/plain; charset=utf-8")
     if not runs_in_container(agent):
         raise Http404(f"agent {agent.agent_id} ({agent.scaler.type}) has no console log to download")
     try:
