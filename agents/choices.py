@@ -27,7 +27,8 @@ STATE_COLOURS = {
 
 
 class EventType(models.TextChoices):
-    """The five scaler lifecycle events an orchestrator knows, plus the console's own milestones."""
+    """The five scaler lifecycle events an orchestrator knows, the console's own milestones, and the
+    audit of configuration values an import changed (`config.*`, not tied to an agent)."""
 
     PROVISIONING = "scaler.provisioning", "provisioning"
     NETWORK = "scaler.network", "network"
@@ -39,6 +40,8 @@ class EventType(models.TextChoices):
     LOST = "agent.lost", "lost"
     DESTROYED = "agent.destroyed", "destroyed"
     RELEASED = "reservation.released", "reservation released"
+    CONFIG_CHANGED = "config.changed", "configuration changed by an import"
+    CONFIG_OVERRIDE_KEPT = "config.override_kept", "file changed, console value kept"
 
 
 #: Badge class of an event type on the pages; an event not listed is blue.
@@ -50,4 +53,6 @@ EVENT_BADGES = {
     EventType.DRAINING: "b-amber",
     EventType.DESTROYED: "b-grey",
     EventType.RELEASED: "b-grey",
+    EventType.CONFIG_CHANGED: "b-amber",
+    EventType.CONFIG_OVERRIDE_KEPT: "b-amber",
 }

@@ -23,7 +23,7 @@ from .models import (
 
 class LabelSetInline(ReadOnlyInline):
     model = LabelSet
-    fields = ("index", "normalized", "host_access", "retired")
+    fields = ("index", "normalized", "host_access", "host_access_override", "host_access_override_operation", "retired")
 
 
 @admin.register(Scaler)

@@ -8,17 +8,24 @@ live agents.
 Everything happens inside one transaction that first locks the ``ConfigState``
 singleton row, the same row admission locks to serialise its decisions, so an
 admission sees either the old configuration or the new one, never a mix.
+
+A label set's host access set in the console (``LabelSet.host_access_override``) is kept over
+the file's value. Every value in force that an import changes, and every file value that changes
+under a console value, is recorded as an event naming the value, old and new, and the file
+(docs/configuration.md).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from agents.choices import ACTIVE_STATES
+from agents.choices import ACTIVE_STATES, EventType
+from agents.events import record_event
 
 from .config.loader import ConfigInvalid, ConfigProblem
 from .config.schema import LabelSet as LabelSetConfig
@@ -31,6 +38,67 @@ from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
 # retired rows stay parked, clear of the (scaler, index) unique constraint.
 _PARKED_BASE = 1_000_000_000
 _RETIRED_BASE = 1_500_000_000
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One configuration value an import changed.
+
+    ``value``: its dotted name with the YAML key names (``scalers.alpha.maxAgents``,
+    ``scalers.alpha.labelSets[alpha,linux].networkPolicy.hostAccess``, ``globalMaxAgents``);
+    ``scaler``: the scaler it belongs to ("" for the global settings); ``old`` / ``new``: the
+    values (JSON, None = unset). ``kept``: when the console's value stays in force over the file,
+    that value (``in_force`` False: only the file's value changed).
+    """
+
+    scaler: str
+    value: str
+    old: Any
+    new: Any
+    in_force: bool = True
+    kept: Any = None
+    operation: int | None = None
+
+    def describe(self, source: str) -> str:
+        """One line for the event and the import summary."""
+        if self.in_force:
+            return f"{self.value}: {_shown(self.value, self.old)} → {_shown(self.value, self.new)} (import of {source})"
+        by = f" (operation #{self.operation})" if self.operation else ""
+        return (
+            f"{self.value}: the file changed {_shown(self.value, self.old)} → {_shown(self.value, self.new)} "
+            f"(import of {source}); the console's value {_shown(self.value, self.kept)}{by} stays in force"
+        )
+
+
+def _shown(value: str, item: Any) -> str:
+    if item is None:
+        return "(default)" if value.endswith(".hostAccess") else "(unset)"
+    return json.dumps(item, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _flatten(data: dict, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``{dotted name: leaf}`` of a nested dict (lists are leaves); names in ``skip`` left out."""
+    out: dict[str, Any] = {}
+    for key, item in (data or {}).items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if name in skip:
+            continue
+        if isinstance(item, dict):
+            out.update(_flatten(item, name, skip))
+        else:
+            out[name] = item
+    return out
+
+
+def _value_changes(
+    scaler: str, before: dict, after: dict, prefix: str, skip: tuple[str, ...] = ()
+) -> list[ConfigChange]:
+    old, new = _flatten(before, prefix, skip), _flatten(after, prefix, skip)
+    return [
+        ConfigChange(scaler, name, old.get(name), new.get(name))
+        for name in sorted(old.keys() | new.keys())
+        if old.get(name) != new.get(name)
+    ]
 
 
 @dataclass
@@ -56,16 +124,21 @@ class ImportSummary:
     retired_label_sets: int = 0
     pools_removed: list[str] = field(default_factory=list)
     pools_kept: list[str] = field(default_factory=list)
+    changes: list[ConfigChange] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         def names(items: list[str]) -> str:
             return ", ".join(items) if items else "none"
 
-        return (
+        lines = [
             f"Imported {self.source}: created {names(self.created)}; changed {names(self.changed)}; "
             f"resurrected {names(self.resurrected)}; retiring {names(self.retiring)}; "
             f"unchanged {len(self.unchanged)}; {self.label_sets} label sets"
-        )
+        ]
+        lines += [f"  changed {c.describe(self.source)}" for c in self.changes]
+        lines += [f"  kept from the console: {line}" for line in self.overrides]
+        return "\n".join(lines)
 
 
 def _scaler_fields(entry: ScalerEntry, pools: dict[str, MachinePool]) -> dict[str, Any]:
@@ -118,8 +191,13 @@ def _live_count(scaler: Scaler) -> int:
     return agents + Reservation.objects.filter(scaler=scaler).count()
 
 
-def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig]) -> tuple[bool, int]:
-    """Make ``scaler``'s label-set rows match ``entries``. Returns (changed, newly retired)."""
+def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig], summary: ImportSummary) -> tuple[bool, int]:
+    """Make ``scaler``'s label-set rows match ``entries``. Returns (changed, newly retired).
+
+    A row whose host access was set in the console keeps it; its ``config`` still follows the
+    file, so the file's value stays known. The values changed are added to ``summary.changes``
+    (for an existing scaler: its list of label sets, and each matched row's values).
+    """
     rows = list(LabelSet.objects.select_for_update().filter(scaler=scaler).order_by("retired", "index"))
     by_key: dict[str, list[LabelSet]] = {}
     for row in rows:
@@ -136,6 +214,11 @@ def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig]) -> tuple[boo
         plan.append((index, row, fields))
 
     changed = False
+    if rows:
+        before = [r.normalized for r in sorted(rows, key=lambda r: r.index) if not r.retired]
+        after = [fields["normalized"] for _, _, fields in plan]
+        if before != after:
+            summary.changes.append(ConfigChange(scaler.name, f"scalers.{scaler.name}.labelSets", before, after))
     # Park every row that will move, so renumbering never collides on (scaler, index).
     for index, row, _ in plan:
         if row is not None and row.index != index:
@@ -154,6 +237,35 @@ def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig]) -> tuple[boo
             changed = True
             continue
         wanted = {**fields, "index": index, "retired": False}
+        name = f"scalers.{scaler.name}.labelSets[{row.normalized}]"
+        if not row.retired:
+            summary.changes += _value_changes(
+                scaler.name, row.config, fields["config"], name, skip=(f"{name}.networkPolicy.hostAccess",)
+            )
+        file_before, file_after = row.file_host_access, fields["host_access"]
+        if row.host_access_override:
+            wanted["host_access"] = row.host_access
+            if file_before != file_after:
+                summary.changes.append(
+                    ConfigChange(
+                        scaler.name,
+                        f"{name}.networkPolicy.hostAccess",
+                        file_before,
+                        file_after,
+                        in_force=False,
+                        kept=row.host_access,
+                        operation=row.host_access_override_operation,
+                    )
+                )
+            if file_after != row.host_access:
+                summary.overrides.append(
+                    f"{name}.networkPolicy.hostAccess = {_shown('.hostAccess', row.host_access)} "
+                    f"(file: {_shown('.hostAccess', file_after)})"
+                )
+        elif row.host_access != file_after and not row.retired:
+            summary.changes.append(
+                ConfigChange(scaler.name, f"{name}.networkPolicy.hostAccess", row.host_access, file_after)
+            )
         if row.index != index or _differs(row, wanted):
             changed = True
             LabelSet.objects.filter(pk=row.pk).update(**wanted)
@@ -173,7 +285,11 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
       a retiring scaler back in the file is resurrected; scalers missing from the
       file are marked ``retiring`` (``retiring_since`` = now), never deleted.
     * ``LabelSet`` rows matched by normalised labels (so reordering keeps identities),
-      renumbered to config order; rows no longer in the file are marked ``retired``.
+      renumbered to config order; rows no longer in the file are marked ``retired``; a host
+      access set in the console is kept (``host_access_override``).
+    * One ``config.changed`` event per value in force that changed (none on the first import:
+      nothing was in force), one ``config.override_kept`` event per file value that changed
+      under a console value; both name the value, old, new and ``source``.
 
     Raises :class:`~scalers.config.loader.ConfigInvalid` (nothing written) when a scaler's
     ``type`` would change while it still has live agents or reservations (a
@@ -186,6 +302,13 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
         state = ConfigState.objects.select_for_update().get(pk=1)
 
         existing = {s.name: s for s in Scaler.objects.select_for_update().all()}
+        first_import = state.imported_at is None
+        if not first_import:
+            before = sorted(name for name, row in existing.items() if not row.retiring)
+            after = sorted(entry.name for entry in config.scalers)
+            if before != after:
+                summary.changes.append(ConfigChange("", "scalers", before, after))
+            summary.changes += _value_changes("", state.raw, config.to_raw(), "", skip=("scalers",))
         problems = []
         for i, entry in enumerate(config.scalers):
             row = existing.get(entry.name)
@@ -225,18 +348,26 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
             row = existing.get(entry.name)
             if row is None:
                 row = Scaler.objects.create(name=entry.name, retiring=False, **fields)
-                _sync_label_sets(row, list(entry.label_sets))
+                _sync_label_sets(row, list(entry.label_sets), summary)
                 summary.created.append(entry.name)
             else:
                 was_retiring = row.retiring
                 scaler_changed = _differs(row, fields)
+                if not was_retiring:
+                    summary.changes += _value_changes(
+                        entry.name,
+                        row.config,
+                        fields["config"],
+                        f"scalers.{entry.name}",
+                        skip=(f"scalers.{entry.name}.labelSets",),
+                    )
                 if scaler_changed or was_retiring:
                     for k, v in fields.items():
                         setattr(row, k, v)
                     row.retiring = False
                     row.retiring_since = None
                     row.save()
-                sets_changed, retired = _sync_label_sets(row, list(entry.label_sets))
+                sets_changed, retired = _sync_label_sets(row, list(entry.label_sets), summary)
                 summary.retired_label_sets += retired
                 if was_retiring:
                     summary.resurrected.append(entry.name)
@@ -279,4 +410,18 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
         state.imported_at = now
         state.raw = config.to_raw()
         state.save()
+        for change in summary.changes:
+            record_event(
+                None,
+                EventType.CONFIG_CHANGED if change.in_force else EventType.CONFIG_OVERRIDE_KEPT,
+                change.describe(source),
+                {
+                    "value": change.value,
+                    "old": change.old,
+                    "new": change.new,
+                    "source": source,
+                    **({} if change.in_force else {"kept": change.kept, "operation": change.operation}),
+                },
+                scaler_name=change.scaler,
+            )
     return summary

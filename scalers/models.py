@@ -90,8 +90,15 @@ class LabelSet(models.Model):
     normalized = models.CharField(max_length=1000, help_text="sorted, de-duplicated, comma-joined")
     config = models.JSONField(default=dict, blank=True, help_text="the whole label-set entry as imported")
     host_access = models.JSONField(
-        null=True, blank=True, help_text="explicit networkPolicy.hostAccess; null = the default"
+        null=True, blank=True, help_text="the networkPolicy.hostAccess in force; null = the default"
     )
+    host_access_override = models.BooleanField(
+        default=False, help_text="host_access was set in the console: an import keeps it over the file's value"
+    )
+    host_access_override_operation = models.PositiveIntegerField(
+        null=True, blank=True, help_text="id of the approved operation that set the console value"
+    )
+    host_access_override_at = models.DateTimeField(null=True, blank=True)
     retired = models.BooleanField(default=False)
 
     class Meta:
@@ -100,6 +107,17 @@ class LabelSet(models.Model):
 
     def __str__(self):
         return f"{self.scaler.name}[{self.index}] {self.normalized}"
+
+    @property
+    def file_host_access(self) -> list[str] | None:
+        """The ``networkPolicy.hostAccess`` of the imported file entry (``config``); None = the default."""
+        value = ((self.config or {}).get("networkPolicy") or {}).get("hostAccess")
+        return list(value) if value is not None else None
+
+    @property
+    def host_access_differs(self) -> bool:
+        """The value in force (set in the console) is not the file's."""
+        return self.host_access_override and self.host_access != self.file_host_access
 
 
 class Reservation(models.Model):

@@ -85,7 +85,9 @@ def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _scope_from_post(request: HttpRequest) -> dict:
     params: dict = {}
-    if request.POST.get("host_access_default"):
+    if request.POST.get("host_access_revert"):
+        params["revert_to_file"] = True
+    elif request.POST.get("host_access_default"):
         params["host_access"] = None
     elif request.POST.get("host_access_set") or "host_access" in request.POST:
         params["host_access"] = [
@@ -105,7 +107,8 @@ def _scope_from_post(request: HttpRequest) -> dict:
 def operation_plan(request: HttpRequest) -> HttpResponse:
     """Plan an operation from a form (``kind``, ``scaler``, ``agent`` (repeatable), ``label_set``,
     ``host_access`` (repeatable, one entry per line; with ``host_access_set=1`` an empty list is
-    explicit) or ``host_access_default=1`` (back to the default)) and show its preview. An identical
+    explicit), ``host_access_default=1`` (back to the default) or ``host_access_revert=1`` (back to
+    the file's value)) and show its preview. An identical
     open plan is shown instead of a duplicate."""
     kind = request.POST.get("kind", "")
     try:

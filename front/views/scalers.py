@@ -20,7 +20,7 @@ from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
 from operations.services import create_operation
 from scalers.capacity import scaler_capacities
-from scalers.models import LabelSet, Scaler
+from scalers.models import ConfigState, LabelSet, Scaler
 
 from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
 from .common import css_attr_selector, viewer_required
@@ -48,7 +48,8 @@ def _scaler(name: str) -> Scaler:
 @require_GET
 @viewer_required
 def scaler_detail(request, name: str):
-    """``/scalers/<name>/``: caps, configuration, label sets with host access, live agents, events."""
+    """``/scalers/<name>/``: caps, configuration, label sets with host access (and, where the
+    console's value is in force, the file's beside it), live agents, events."""
     scaler = _scaler(name)
     label_sets = list(
         scaler.label_sets.annotate(n_active=Count("agents", filter=Q(agents__state__in=ACTIVE_STATES))).order_by(
@@ -70,6 +71,9 @@ def scaler_detail(request, name: str):
         "max_rows": 50,
         "empty_text": "No live agents on this scaler.",
         "config_items": _config_items(scaler),
+        "config_state": ConfigState.load(),
+        "overridden": [ls for ls in label_sets if ls.host_access_override and not ls.retired],
+        "differing": [ls for ls in label_sets if ls.host_access_differs and not ls.retired],
         "accept": css_attr_selector("data-scaler", scaler.name),
     }
     return render(request, "scalers/detail.html", ctx)

@@ -10,6 +10,9 @@ file after the preview skips the whole reload (``atomic``: it is applied whole o
 It reads only the configured files, ``KICI_SCALER_CONFIG_PATH`` and ``KICI_SCALER_CONFIG_DIR``: the
 operation takes no path, so nobody can make the console open another file. An invalid file is
 refused with every problem, ``FILE:LINE: path: message``.
+
+A label set's host access set in the console stays in force over the file (the import keeps it);
+the preview names each such value beside the file's (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -167,6 +170,11 @@ class ConfigReload(Kind):
             )
         for name in summary.unchanged:
             result.spared.append(Spared(f"scaler:{name}", name, "unchanged"))
+        for change in summary.changes:
+            if not change.in_force:
+                result.notes.append(change.describe(source))
+        for line in summary.overrides:
+            result.notes.append(f"kept from the console over the file: {line}")
         for name in summary.pools_kept:
             result.notes.append(
                 f"machine pool {name} left the file but is kept: a retiring scaler or a reservation still uses it"

@@ -1,9 +1,11 @@
 """Apply a host-access change: set a label set's ``networkPolicy.hostAccess`` and re-write the input
 rules of its live agents (a host-access change applies only through an approved operation).
 
-Scope: one label set and ``params.host_access``: a list of entries (an explicit list, even empty,
-wins outright) or ``None`` (back to the default: gateway DNS, the console port, host services).
-Every entry is validated with the ``hostAccess`` grammar first; a bad one is refused naming the entry.
+Scope: one label set and either ``params.host_access``: a list of entries (an explicit list, even
+empty, wins outright) or ``None`` (back to the default: gateway DNS, the console port, host
+services), or ``params.revert_to_file: true``: back to what ``scalers.yaml`` says, following the
+file again. Every entry is validated with the ``hostAccess`` grammar first; a bad one is refused
+naming the entry.
 
 Targets:
 
@@ -19,8 +21,9 @@ the agent row's stored host access (a later self-heal re-applies what is stored)
 address another sandbox holds by then (``scalers.backends.holders``) is skipped: its rules are
 keyed by that address and would replace the holder's.
 
-Note: ``scalers.yaml`` stays the source of truth on reload; the preview says so when the file's
-value differs.
+A value set here is a console override (``LabelSet.host_access_override``, with the operation's
+id): imports and reloads keep it over the file's value until a revert to the file is run; the
+preview says so when the file's value differs (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import ipaddress
 
 from django.conf import settings
+from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -89,14 +93,30 @@ def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
     )
 
 
+def _reverts(scope: Scope) -> bool:
+    return scope.params.get("revert_to_file") is True
+
+
+def _new_value(scope: Scope, label_set) -> list[str] | None:
+    """The host access the run sets: the file's value on a revert, else ``params.host_access``."""
+    return label_set.file_host_access if _reverts(scope) else scope.params["host_access"]
+
+
 class HostAccessApply(Kind):
     name = OperationKind.HOST_ACCESS_APPLY
     atomic = True
-    params = ("host_access",)
+    params = ("host_access", "revert_to_file")
 
     def validate_scope(self, scope: Scope) -> None:
         if scope.label_set is None:
             raise ScopeInvalid("label_set", "a host-access change needs a label set")
+        revert = scope.params.get("revert_to_file", False)
+        if revert not in (True, False):
+            raise ScopeInvalid("revert_to_file", f"must be true or false, not {revert!r}")
+        if revert:
+            if "host_access" in scope.params:
+                raise ScopeInvalid("host_access", "give either a new list or revert_to_file, not both")
+            return
         if "host_access" not in scope.params:
             raise ScopeInvalid(
                 "host_access",
@@ -116,28 +136,42 @@ class HostAccessApply(Kind):
     def plan(self, scope: Scope) -> Plan:
         label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
         scaler = label_set.scaler
-        new = scope.params["host_access"]
+        revert = _reverts(scope)
+        new = _new_value(scope, label_set)
         result = Plan()
         key = f"labelset:{label_set.pk}"
         subject = f"{scaler.name}[{label_set.index}] {label_set.normalized}"
-        ls_evidence = {"host_access_from": label_set.host_access, "host_access_to": new, "scaler": scaler.name}
-        if label_set.host_access == new:
+        file_value = label_set.file_host_access
+        ls_evidence = {
+            "host_access_from": label_set.host_access,
+            "host_access_to": new,
+            "source_from": "console" if label_set.host_access_override else "file",
+            "source_to": "file" if revert else "console",
+            "file_host_access": file_value,
+            "scaler": scaler.name,
+        }
+        if revert and not label_set.host_access_override:
+            result.spared.append(Spared(key, subject, "the label set already follows the file", ls_evidence))
+        elif not revert and label_set.host_access == new and label_set.host_access_override:
             result.spared.append(Spared(key, subject, "the label set already has this value", ls_evidence))
         else:
-            result.targets.append(
-                Target(
-                    key,
-                    "set hostAccess" if new is not None else "reset hostAccess to the default",
-                    subject,
-                    ls_evidence,
-                )
-            )
-        file_value = _policy(label_set).get("hostAccess")
-        if file_value != new:
+            if revert:
+                action = "revert hostAccess to the file's value"
+            elif new is None:
+                action = "reset hostAccess to the default (console value)"
+            else:
+                action = "set hostAccess (console value)"
+            result.targets.append(Target(key, action, subject, ls_evidence))
+        shown = file_value if file_value is not None else "(default)"
+        if revert:
             result.notes.append(
-                f"scalers.yaml says hostAccess {file_value if file_value is not None else '(default)'} for this "
-                "label set: "
-                "the next reload restores the file's value unless the file is changed too"
+                f"scalers.yaml says hostAccess {shown} for this label set: it is in force from now on, "
+                "and later edits of the file apply on import"
+            )
+        elif file_value != new:
+            result.notes.append(
+                f"scalers.yaml says hostAccess {shown} for this label set: the console's value stays in force "
+                "over the file through restarts and reloads, shown beside the file's, until it is reverted to the file"
             )
 
         where = isolation_target(scaler)
@@ -186,26 +220,26 @@ class HostAccessApply(Kind):
         return result
 
     def act(self, run, scope, plan, targets) -> None:
-        new = scope.params["host_access"]
         ordered = sorted(targets, key=lambda t: not t.key.startswith("labelset:"))
         label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
+        revert = _reverts(scope)
+        new = _new_value(scope, label_set)
         scaler = label_set.scaler
         for target in ordered:
             try:
                 if target.key.startswith("labelset:"):
-                    config = dict(label_set.config or {})
-                    policy = dict(config.get("networkPolicy") or {})
-                    if new is None:
-                        policy.pop("hostAccess", None)
-                    else:
-                        policy["hostAccess"] = list(new)
-                    if policy:
-                        config["networkPolicy"] = policy
-                    else:
-                        config.pop("networkPolicy", None)
-                    LabelSet.objects.filter(pk=label_set.pk).update(host_access=new, config=config)
+                    # The file's entry (config) is left as imported: it is what the pages show beside.
+                    LabelSet.objects.filter(pk=label_set.pk).update(
+                        host_access=new,
+                        host_access_override=not revert,
+                        host_access_override_operation=None if revert else run.operation_id,
+                        host_access_override_at=None if revert else timezone.now(),
+                    )
+                    source = "the file's value" if revert else "console value, kept over the file"
                     run.report(
-                        target.key, TargetOutcome.DONE, f"hostAccess = {new if new is not None else '(default)'}"
+                        target.key,
+                        TargetOutcome.DONE,
+                        f"hostAccess = {new if new is not None else '(default)'} ({source})",
                     )
                     continue
                 table, gateway, _ = isolation_target(scaler)

@@ -322,7 +322,9 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     assert op.status == OperationStatus.SUCCEEDED, (op.error, op.log)
     label_set.refresh_from_db()
     agent.refresh_from_db()
-    assert label_set.host_access == ["*:9000"] and label_set.config["networkPolicy"]["hostAccess"] == ["*:9000"]
+    assert label_set.host_access == ["*:9000"] and label_set.host_access_override
+    assert label_set.host_access_override_operation == op.pk
+    assert label_set.file_host_access is None, "the file's entry is left as imported"
     assert agent.host_access == ["*:9000"] and agent.host_access_explicit
     rules = netns_nft.list_agents()
     from ipaddress import ip_address

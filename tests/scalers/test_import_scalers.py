@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from agents.choices import AgentState
-from agents.models import Agent
+from agents.choices import AgentState, EventType
+from agents.models import Agent, ScalerEvent
 from scalers.config.loader import ConfigInvalid, parse_scalers_config_text
 from scalers.importing import apply_scalers_config
 from scalers.models import ConfigState, LabelSet, MachinePool, Scaler
@@ -232,6 +232,81 @@ def test_changes_are_applied_and_reported():
     assert Scaler.objects.get(name="alpha").config["maxAgents"] == 7
 
 
+def config_events():
+    return {
+        e.payload["value"]: e
+        for e in ScalerEvent.objects.filter(type__in=[EventType.CONFIG_CHANGED, EventType.CONFIG_OVERRIDE_KEPT])
+    }
+
+
+def test_every_value_an_import_changes_is_recorded_with_old_new_and_the_source():
+    apply_text(BASE)
+    apply_text(BASE)
+    assert config_events() == {}, "a first import changes nothing in force, a same-file import nothing at all"
+
+    edited = (
+        BASE.replace("maxAgents: 3", "maxAgents: 7")
+        .replace("globalMaxAgents: 12", "globalMaxAgents: 13")
+        .replace("'*:4000'", "'*:4001'")
+        .replace("image: a:2", "image: a:3")
+        .replace("  - name: beta", "      - labels: [linux, alpha, new]\n        image: a:4\n  - name: beta")
+    )
+    summary = apply_text(edited, source="edited.yaml")
+    events = config_events()
+    expected = {
+        "globalMaxAgents": (12, 13, ""),
+        "scalers.alpha.maxAgents": (3, 7, "alpha"),
+        "scalers.alpha.labelSets": (
+            ["alpha,linux", "alpha,big,linux"],
+            ["alpha,linux", "alpha,big,linux", "alpha,linux,new"],
+            "alpha",
+        ),
+        "scalers.alpha.labelSets[alpha,linux].networkPolicy.hostAccess": (["*:4000"], ["*:4001"], "alpha"),
+        "scalers.alpha.labelSets[alpha,big,linux].image": ("a:2", "a:3", "alpha"),
+    }
+    assert sorted(events) == sorted(expected)
+    for value, (old, new, scaler) in expected.items():
+        event = events[value]
+        assert event.type == EventType.CONFIG_CHANGED and event.agent is None and event.scaler_name == scaler
+        assert event.payload == {"value": value, "old": old, "new": new, "source": "edited.yaml"}
+        assert value in event.detail and "edited.yaml" in event.detail
+    assert len(summary.changes) == len(expected)
+    assert "changed scalers.alpha.maxAgents: 3 → 7 (import of edited.yaml)" in str(summary)
+
+    apply_text(edited.replace("  - name: beta\n    type: bare-metal", "  - name: gamma\n    type: bare-metal"))
+    scalers = config_events()["scalers"]
+    assert (scalers.payload["old"], scalers.payload["new"]) == (["alpha", "beta"], ["alpha", "gamma"])
+
+
+def test_an_import_keeps_a_host_access_set_in_the_console_and_records_the_files_change():
+    apply_text(BASE)
+    label_set = LabelSet.objects.get(scaler__name="alpha", index=0)
+    LabelSet.objects.filter(pk=label_set.pk).update(
+        host_access=["*:9000"], host_access_override=True, host_access_override_operation=41
+    )
+    summary = apply_text(BASE)
+    label_set.refresh_from_db()
+    assert label_set.host_access == ["*:9000"] and label_set.file_host_access == ["*:4000"]
+    assert label_set.host_access_differs and config_events() == {}
+    assert summary.overrides == [
+        'scalers.alpha.labelSets[alpha,linux].networkPolicy.hostAccess = ["*:9000"] (file: ["*:4000"])'
+    ]
+
+    apply_text(BASE.replace("'*:4000'", "'*:4001'"), source="edited.yaml")
+    label_set.refresh_from_db()
+    assert label_set.host_access == ["*:9000"] and label_set.file_host_access == ["*:4001"]
+    (event,) = config_events().values()
+    assert event.type == EventType.CONFIG_OVERRIDE_KEPT
+    assert event.payload == {
+        "value": "scalers.alpha.labelSets[alpha,linux].networkPolicy.hostAccess",
+        "old": ["*:4000"],
+        "new": ["*:4001"],
+        "source": "edited.yaml",
+        "kept": ["*:9000"],
+        "operation": 41,
+    }
+
+
 def test_a_scaler_missing_from_the_file_is_marked_retiring_never_deleted():
     apply_text(BASE)
     without_beta = BASE[: BASE.index("  - name: beta")]
@@ -360,11 +435,11 @@ def test_a_failure_midway_rolls_everything_back(monkeypatch):
     real = importing._sync_label_sets
     calls = []
 
-    def failing(scaler, entries):
+    def failing(scaler, entries, summary):
         calls.append(scaler.name)
         if len(calls) == 2:
             raise RuntimeError("disk on fire")
-        return real(scaler, entries)
+        return real(scaler, entries, summary)
 
     monkeypatch.setattr(importing, "_sync_label_sets", failing)
     with pytest.raises(RuntimeError):

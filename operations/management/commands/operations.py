@@ -1,7 +1,7 @@
 """``manage.py operations``: the command-line twin of every operations page action.
 
     operations plan KIND [--scaler NAME] [--agent ID ...] [--label-set PK]
-                         [--host-access [ENTRY ...] | --host-access-default]
+                         [--host-access [ENTRY ...] | --host-access-default | --host-access-revert]
                          --user USERNAME
     operations show ID
     operations approve ID --user USERNAME [--note TEXT] [--run-now]
@@ -48,6 +48,9 @@ class Command(BaseCommand):
             help="the new hostAccess list (no entries = explicit empty list)",
         )
         group.add_argument("--host-access-default", action="store_true", help="back to the default host access")
+        group.add_argument(
+            "--host-access-revert", action="store_true", help="back to the host access scalers.yaml says, following it"
+        )
         plan.add_argument("--user", required=True, help="the requesting user (needs operations.request_operation)")
 
         show = sub.add_parser("show", help="print one operation: plan, outcomes, log, audit")
@@ -123,7 +126,9 @@ class Command(BaseCommand):
     def do_plan(self, options):
         user = self._user(options["user"])
         params: dict = {}
-        if options["host_access_default"]:
+        if options["host_access_revert"]:
+            params["revert_to_file"] = True
+        elif options["host_access_default"]:
             params["host_access"] = None
         elif options["host_access"] is not None:
             params["host_access"] = list(options["host_access"])
