@@ -132,6 +132,23 @@ def test_an_approved_host_access_change_survives_the_start_up_import_and_a_reloa
     }
     assert "stays in force" in kept.detail
 
+    # The command-line twin of the page's "Revert to file…".
+    call_command(
+        "operations",
+        "plan",
+        "host-access-apply",
+        "--label-set",
+        str(label_set.pk),
+        "--host-access-revert",
+        "--user",
+        "ops-operator",
+        stdout=io.StringIO(),
+    )
+    revert = Operation.objects.get(kind="host-access-apply", params={"revert_to_file": True})
+    assert [(t["action"], t["evidence"]["host_access_to"]) for t in revert.plan] == [
+        ("revert hostAccess to the file's value", ["*:5000"])
+    ]
+
 
 def test_the_pages_show_the_console_value_in_force_and_the_files_beside_it(config, users, run_rq_jobs, client):
     write, name = config
@@ -159,6 +176,8 @@ def test_the_pages_show_the_console_value_in_force_and_the_files_beside_it(confi
     assert "with host access set in the console, 1 differing from the file" in unescape(
         client.get(scaler_page).content.decode()
     )
+    nothing = unescape(client.post("/operations/plan/", {"kind": "config-reload"}).content.decode())
+    assert "nothing to do" in nothing and "kept from the console over the file" in nothing and "*:9000" in nothing
 
     # The revert is a previewed operation like any other; afterwards the file is followed again.
     response = client.post(
