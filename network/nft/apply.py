@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from network.nft.describe import describe_expr
-from network.nft.names import FAMILY, MAPS, parse_chain_name
+from network.nft.names import BRIDGE_FAMILY, FAMILY, MAPS, PORT_SETS, parse_chain_name
 from network.nft.render import (
     document,
     render_agent_add,
@@ -57,7 +57,8 @@ class AgentRules:
     ``forward`` / ``input``: the rules of its chains, each a list of nft JSON expressions, in
     order (empty when the chain is missing). ``has_forward_chain`` / ``has_input_chain``: whether
     the chains exist. ``mapped_forward`` / ``mapped_input``: whether the address is in the
-    forward / input verdict map (pointing at its own chain).
+    forward / input verdict map (pointing at its own chain). ``ports``: the bridge ports bound to
+    the address in the bridge table's port set (what the guard lets through).
     """
 
     address: IPAddress
@@ -67,6 +68,7 @@ class AgentRules:
     has_input_chain: bool = False
     mapped_forward: bool = False
     mapped_input: bool = False
+    ports: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -77,6 +79,7 @@ class AgentRules:
         """Human-readable lines, ``forward: ip daddr 172.30.0.1 accept`` etc., in chain order."""
         lines = [f"forward: {describe_expr(e)}" for e in self.forward]
         lines += [f"input: {describe_expr(e)}" for e in self.input]
+        lines += [f"guard: frames from port {p} with source {self.address} pass" for p in self.ports]
         if not (self.mapped_forward and self.mapped_input):
             missing = [k for k, ok in (("forward", self.mapped_forward), ("input", self.mapped_input)) if not ok]
             lines.append(f"warning: not in the {' and '.join(missing)} map; these rules are not in force")
@@ -179,13 +182,15 @@ class NftClient:
 
     # -- writes --------------------------------------------------------------------------------
 
-    def ensure_table(self, guard_interfaces: Iterable[str] = ()) -> None:
-        """Create (or refresh) the table, maps, guard set and base chains; agent rules are kept.
+    def ensure_table(self, guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()) -> None:
+        """Create (or refresh) both tables, their maps and sets, the base chains and a guard chain
+        per bridge; agent rules are kept.
 
-        ``guard_interfaces``: bridge names whose unmapped traffic is dropped (see render). Safe to
-        call any number of times. Raises NftError.
+        ``guard_interfaces``: bridges whose frames pass only from a known agent on its own port
+        (each must exist); ``guard_networks``: their IPv4 subnets (never bridged port to port).
+        Safe to call any number of times. Raises RuleSpecError / NftError.
         """
-        self.apply_document(render_table_base(self.table, guard_interfaces))
+        self.apply_document(render_table_base(self.table, guard_interfaces, guard_networks))
         self._base_ready = True
 
     def ensure_egress(self, subnet: str, egress_interface: str, mss: int = 1460) -> None:
@@ -211,14 +216,16 @@ class NftClient:
             self.apply_document(render_agent_add(self.table, spec))
 
     def remove_agent(self, address: IPAddress | str) -> bool:
-        """Delete one agent's map elements and chains in one transaction.
+        """Unbind every port bound to one agent's address, delete its map elements and chains, in
+        one transaction (so its frames stop passing the guard the moment its rules go).
 
         Missing table, chain or element is a no-op. Returns True when something was removed.
         Raises NftError for other failures.
         """
         addr = ipaddress.ip_address(address) if isinstance(address, str) else address
+        ports = self.bound_ports_of(addr)
         try:
-            self.apply_document(render_agent_remove(self.table, addr))
+            self.apply_document(render_agent_remove(self.table, addr, ports=ports))
             return True
         except NftError as exc:
             if not exc.missing_object:
@@ -234,45 +241,65 @@ class NftClient:
             addr,
             mapped=[k for k, ok in (("fwd", current.mapped_forward), ("in", current.mapped_input)) if ok],
             chains=[k for k, ok in (("fwd", current.has_forward_chain), ("in", current.has_input_chain)) if ok],
+            ports=current.ports,
         )
         self.apply_document(cmds)
         return bool(cmds)
 
-    def self_heal(self, specs: Iterable[AgentSpec], guard_interfaces: Iterable[str] = ()) -> None:
+    def self_heal(
+        self, specs: Iterable[AgentSpec], guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()
+    ) -> None:
         """Re-apply the base and every given agent in ONE transaction. Idempotent: twice in a row
         leaves exactly one copy of each rule. Agents not in ``specs`` are left alone (reaping is a
         separate decision).
         """
-        self.apply_document(render_full(self.table, list(specs), guard_interfaces))
+        self.apply_document(render_full(self.table, list(specs), guard_interfaces, guard_networks))
         self._base_ready = True
 
     def delete_table(self) -> bool:
-        """Delete the whole table (tests, bench, decommissioning). Missing → False."""
-        try:
-            self.apply_document([{"delete": {"table": {"family": FAMILY, "name": self.table}}}])
-        except NftError as exc:
-            if exc.missing_object:
-                return False
-            raise
+        """Delete both tables (tests, bench, decommissioning). Both missing → False."""
+        deleted = False
+        for family in (FAMILY, BRIDGE_FAMILY):
+            try:
+                self.apply_document([{"delete": {"table": {"family": family, "name": self.table}}}])
+                deleted = True
+            except NftError as exc:
+                if not exc.missing_object:
+                    raise
         self._base_ready = False
-        return True
+        return deleted
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def list_table(self) -> list[dict] | None:
-        """The ``nftables`` array of ``nft -j list table inet <table>``; None if the table is absent."""
+    def list_table(self, family: str = FAMILY) -> list[dict] | None:
+        """The ``nftables`` array of ``nft -j list table <family> <table>``; None if it is absent."""
         try:
-            out = self._run(["-j", "list", "table", FAMILY, self.table])
+            out = self._run(["-j", "list", "table", family, self.table])
         except NftError as exc:
             if exc.missing_object:
                 return None
             raise
         return json.loads(out).get("nftables", [])
 
+    def bound_ports_of(self, address: IPAddress) -> list[str]:
+        """The ports bound to ``address`` (one ``list set`` of its family's port set); [] when the
+        bridge table or set is absent."""
+        try:
+            out = self._run(["-j", "list", "set", BRIDGE_FAMILY, self.table, PORT_SETS[address.version]])
+        except NftError as exc:
+            if exc.missing_object:
+                return []
+            raise
+        return sorted(_port_pairs(json.loads(out).get("nftables", [])).get(address, []))
+
+    def list_bound_ports(self) -> dict[IPAddress, list[str]]:
+        """Address → the ports bound to it in the bridge table's port sets; ``{}`` when absent."""
+        return _port_pairs(self.list_table(BRIDGE_FAMILY) or [])
+
     def list_address_sets(self) -> dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]]:
         """The table's address sets (``private4`` …) read back from the kernel: set name → its
         elements as networks (single addresses as /32 or /128, ranges summarised). Sets of other
-        types (``guard_ifaces``) are left out. ``{}`` when the table is absent; raises NftError."""
+        types are left out. ``{}`` when the table is absent; raises NftError."""
         out: dict[str, list] = {}
         for item in self.list_table() or []:
             body = item.get("set")
@@ -303,6 +330,8 @@ class NftClient:
         if items is None:
             return {}
         agents: dict[IPAddress, AgentRules] = {}
+        for addr, ports in self.list_bound_ports().items():
+            agents[addr] = AgentRules(address=addr, ports=sorted(ports))
 
         def get(addr: IPAddress) -> AgentRules:
             if addr not in agents:
@@ -382,9 +411,31 @@ class NftClient:
                 addr,
                 mapped=[k for k, ok in (("fwd", r.mapped_forward), ("in", r.mapped_input)) if ok],
                 chains=[k for k, ok in (("fwd", r.has_forward_chain), ("in", r.has_input_chain)) if ok],
+                ports=r.ports,
             )
         self.apply_document(cmds)
         return [str(a) for a in stale]
+
+
+def _port_pairs(items: list[dict]) -> dict[IPAddress, list[str]]:
+    """Address → ports, from the elements of the port sets in an ``nft -j list`` array."""
+    out: dict[IPAddress, list[str]] = {}
+    for item in items:
+        body = item.get("set")
+        if not body or body.get("name") not in PORT_SETS.values():
+            continue
+        for elem in body.get("elem", []):
+            if isinstance(elem, dict) and "elem" in elem:
+                elem = elem["elem"].get("val")
+            pair = elem.get("concat") if isinstance(elem, dict) else None
+            if not pair or len(pair) != 2:
+                continue
+            try:
+                addr = ipaddress.ip_address(pair[1])
+            except (ValueError, TypeError):
+                continue
+            out.setdefault(addr, []).append(str(pair[0]))
+    return out
 
 
 def describe_agent_rules(client: NftClient, address: IPAddress | str) -> list[str]:

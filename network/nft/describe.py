@@ -16,6 +16,26 @@ def _describe_value(value: Any) -> str:
     return str(value)
 
 
+def _describe_operand(left: Any) -> str:
+    if isinstance(left, dict):
+        if "payload" in left:
+            return f"{left['payload']['protocol']} {left['payload']['field']}"
+        if "meta" in left:
+            key = left["meta"]["key"]
+            return key if key in ("iifname", "oifname", "iif", "oif") else f"meta {key}"
+        if "ct" in left:
+            return f"ct {left['ct']['key']}"
+        if "concat" in left:
+            return " . ".join(_describe_operand(v) for v in left["concat"])
+        for op in ("&", "|"):
+            if op in left:
+                a, b = left[op]
+                return f"{_describe_operand(a)} {op} {_describe_operand(b)}"
+    if isinstance(left, int):
+        return hex(left)
+    return _describe_value(left)
+
+
 def describe_expr(expr: list[dict]) -> str:
     """One rule's expressions in nft-like text, e.g. ``ip daddr 172.30.0.1 tcp dport 53 accept``.
 
@@ -26,19 +46,13 @@ def describe_expr(expr: list[dict]) -> str:
     for item in expr:
         if "match" in item:
             left, right = item["match"]["left"], item["match"]["right"]
-            if "payload" in left:
-                words.append(f"{left['payload']['protocol']} {left['payload']['field']}")
-            elif "meta" in left:
-                key = left["meta"]["key"]
-                words.append(key if key in ("iifname", "oifname", "iif", "oif") else f"meta {key}")
-            elif "ct" in left:
-                words.append(f"ct {left['ct']['key']}")
-            else:
-                words.append(str(left))
+            words.append(_describe_operand(left))
             op = item["match"]["op"]
             if op not in ("==", "in"):
                 words.append(op)
-            words.append(_describe_value(right))
+            words.append(_describe_operand(right) if isinstance(right, int) and "&" in left else _describe_value(right))
+        elif "mangle" in item:
+            words.append(f"{_describe_operand(item['mangle']['key'])} set {_describe_operand(item['mangle']['value'])}")
         elif "vmap" in item:
             key = item["vmap"]["key"]
             if "payload" in key:

@@ -1,5 +1,6 @@
-"""Rule expressions in nft JSON (schema 1, as nft 1.0.6 reads and prints it): the base chains and
-an agent's forward and input chains. Pure; see :mod:`network.nft.render` for the layout.
+"""Rule expressions in nft JSON (schema 1, as nft 1.0.6 reads and prints it): the base chains, the
+guard and bridge chains, and an agent's forward and input chains. Pure; see
+:mod:`network.nft.render` for the layout.
 """
 
 from __future__ import annotations
@@ -10,7 +11,18 @@ from typing import Any
 
 from network.host_access import HostAccessEntry
 
-from .names import FORWARD_CHAIN, GUARD_SET, INPUT_CHAIN, MAPS, PRIVATE_SET
+from .names import (
+    AGENT_MAC_PREFIX,
+    BRIDGE_FORWARD_CHAIN,
+    BRIDGE_PREROUTING_CHAIN,
+    FORWARD_CHAIN,
+    GUARD_MARK,
+    GUARD_NETS_SET,
+    INPUT_CHAIN,
+    MAPS,
+    PORT_SETS,
+    PRIVATE_SET,
+)
 from .spec import AgentSpec, IPAddress, IPNetwork
 
 # Dropped on forward after the gateway and allowlist accepts: RFC1918 and
@@ -115,18 +127,67 @@ def input_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
 
 
 def base_rule_exprs() -> dict[str, list[list[dict]]]:
-    """Rules of the two base chains (see the module doc), by chain name."""
+    """Rules of the two base chains (see the module doc), by chain name. Addresses in no map fall
+    through to the chain's accept: they are another console's agents (its own table judges them)
+    or traffic that never came from an agent bridge; unknown sources on a bridge are the guard's."""
 
     def vmap(proto: str, name: str) -> list[dict]:
         return [{"vmap": {"key": _payload(proto, "saddr"), "data": f"@{name}"}}]
 
-    guard = [_match({"meta": {"key": "iifname"}}, f"@{GUARD_SET}"), DROP]
     nd = [
         _match(_payload("icmpv6", "type"), {"set": ["nd-neighbor-solicit", "nd-neighbor-advert"]}),
         _match(_payload("ip6", "hoplimit"), 255),
         ACCEPT,
     ]
     return {
-        FORWARD_CHAIN: [vmap("ip", MAPS["fwd", 4]), vmap("ip6", MAPS["fwd", 6]), guard],
-        INPUT_CHAIN: [nd, vmap("ip", MAPS["in", 4]), vmap("ip6", MAPS["in", 6]), guard],
+        FORWARD_CHAIN: [vmap("ip", MAPS["fwd", 4]), vmap("ip6", MAPS["fwd", 6])],
+        INPUT_CHAIN: [nd, vmap("ip", MAPS["in", 4]), vmap("ip6", MAPS["in", 6])],
+    }
+
+
+def _mark_is_set() -> dict:
+    return _match({"&": [{"meta": {"key": "mark"}}, GUARD_MARK]}, GUARD_MARK)
+
+
+_SET_MARK = {"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"|": [{"meta": {"key": "mark"}}, GUARD_MARK]}}}
+
+
+def guard_rule_exprs() -> list[list[dict]]:
+    """The guard chain of one bridge (ingress hook, policy drop): only frames the bridge table
+    marked as coming from a known agent on its own port go on to the forward and input hooks."""
+    return [[_mark_is_set(), ACCEPT]]
+
+
+def _port_pair(protocol: str, field_name: str, version: int) -> dict:
+    left = {"concat": [{"meta": {"key": "iifname"}}, _payload(protocol, field_name)]}
+    return _match(left, f"@{PORT_SETS[version]}")
+
+
+def bridge_rule_exprs() -> dict[str, list[list[dict]]]:
+    """Rules of the bridge table's two base chains, by chain name.
+
+    ``prerouting`` marks IPv4, ARP and IPv6 frames whose (ingress port, source address) pair is a
+    known agent's; nothing else is marked, so a spoofed or unknown source stops at the guard.
+    ``forward`` drops every frame bridged from one port to another that comes from or goes to
+    an agent subnet (IPv4 and ARP) or an agent MAC (IPv6): agents never reach each other on the
+    bridge, whether or not ``br_netfilter`` passes bridged frames through the inet hooks.
+    """
+    nets = f"@{GUARD_NETS_SET}"
+    mac_mask = "ff:ff:ff:00:00:00"
+    mac_prefix = AGENT_MAC_PREFIX + ":00:00:00"
+    ip6 = _match(_payload("ether", "type"), "ip6")
+    return {
+        BRIDGE_PREROUTING_CHAIN: [
+            [_port_pair("ip", "saddr", 4), _SET_MARK],
+            [_port_pair("arp", "saddr ip", 4), _SET_MARK],
+            [_port_pair("ip6", "saddr", 6), _SET_MARK],
+        ],
+        BRIDGE_FORWARD_CHAIN: [
+            [_match(_payload("ip", "saddr"), nets), DROP],
+            [_match(_payload("ip", "daddr"), nets), DROP],
+            [_match(_payload("arp", "saddr ip"), nets), DROP],
+            [_match(_payload("arp", "daddr ip"), nets), DROP],
+            [ip6, _match({"&": [_payload("ether", "saddr"), mac_mask]}, mac_prefix), DROP],
+            [ip6, _match({"&": [_payload("ether", "daddr"), mac_mask]}, mac_prefix), DROP],
+        ],
     }

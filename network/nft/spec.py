@@ -17,6 +17,7 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}", re.ASCII)
+_IFNAME = re.compile(r"[A-Za-z0-9_.\-]{1,15}", re.ASCII)
 
 
 class RuleSpecError(ValueError):
@@ -34,6 +35,14 @@ def validate_table_name(table: str) -> str:
             "letter or '_', at most 64 characters"
         )
     return table
+
+
+def validate_ifname(name: object, what: str = "interface") -> str:
+    """Return ``name`` if it is a Linux interface name (1-15 of A-Z a-z 0-9 _ . -); raises
+    :class:`RuleSpecError` naming ``what`` and the value otherwise."""
+    if not isinstance(name, str) or not _IFNAME.fullmatch(name):
+        raise RuleSpecError(f"{what} {name!r} is not an interface name (1-15 of A-Z a-z 0-9 _ . -)")
+    return name
 
 
 def parse_allowlist_entry(text: str) -> IPNetwork:
@@ -69,7 +78,9 @@ class AgentSpec:
     ``address``: the agent's source address, the key of its map elements and chain names.
     ``gateway``: the bridge gateway (accepted on forward). ``allowlist``: networks accepted
     on forward ahead of the private-range drops, in order. ``deny_all``: drop everything else on
-    forward. ``host_access``: the *resolved* entries, rendered on input in order.
+    forward. ``host_access``: the *resolved* entries, rendered on input in order. ``port``: the
+    bridge port (veth or TAP) the agent owns; its (port, address) pair is what the guard lets
+    through (None: no binding, so a guarded bridge passes nothing from the agent).
     Build one with :meth:`build`, which validates every field first.
     """
 
@@ -78,6 +89,7 @@ class AgentSpec:
     allowlist: tuple[IPNetwork, ...] = ()
     deny_all: bool = False
     host_access: tuple[HostAccessEntry, ...] = field(default=())
+    port: str | None = None
 
     @classmethod
     def build(
@@ -87,6 +99,7 @@ class AgentSpec:
         allowlist: Iterable[str] = (),
         deny_all: bool = False,
         host_access: Iterable[str] = (),
+        port: str | None = None,
     ) -> AgentSpec:
         """Validate and build a spec from strings; raises :class:`RuleSpecError` naming the field.
 
@@ -114,4 +127,6 @@ class AgentSpec:
                 raise RuleSpecError(f"hostAccess[{index}]: {exc}") from None
         if not isinstance(deny_all, bool):
             raise RuleSpecError(f"denyAll must be true or false, not {deny_all!r}")
-        return cls(address=addr, gateway=gw, allowlist=nets, deny_all=deny_all, host_access=tuple(entries))
+        if port is not None:
+            validate_ifname(port, "agent port")
+        return cls(address=addr, gateway=gw, allowlist=nets, deny_all=deny_all, host_access=tuple(entries), port=port)

@@ -7,8 +7,10 @@ NftClient inside the host namespace, exactly as a console applies them on the re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
+import socket
 
 import pytest
 
@@ -16,7 +18,7 @@ from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.apply import NftClient
 from network.nft.spec import AgentSpec
-from tests.support.network_lab import Lab, Target, both, reachability
+from tests.support.network_lab import HELLO, Lab, Target, both, reachability
 from tests.support.root import require_root
 
 pytestmark = pytest.mark.root
@@ -59,10 +61,23 @@ def default_spec(address="10.213.0.5", **kw):
     return AgentSpec.build(address, GW, **kw)
 
 
+SUBNET = "10.213.0.0/24"
+
+
+def bound(lab, spec):
+    """``spec`` bound to the port of the lab agent holding its address (as a backend binds it)."""
+    if spec.port:
+        return spec
+    for agent in lab.agents.values():
+        if str(spec.address) in (agent.ipv4, agent.ipv6):
+            return dataclasses.replace(spec, port=agent.port)
+    return spec
+
+
 def apply(lab, nft, *specs):
-    nft.ensure_table([lab.bridge])
+    nft.ensure_table([lab.bridge], [SUBNET])
     for spec in specs:
-        nft.apply_agent(spec)
+        nft.apply_agent(bound(lab, spec))
 
 
 def probe(lab, agent, targets):
@@ -147,8 +162,130 @@ def test_an_address_without_rules_reaches_nothing_through_a_guarded_bridge(lab, 
     nft.ensure_table()  # no guard yet: an unmapped address falls through to policy accept
     nft.apply_agent(default_spec())
     assert_all(probe(lab, "a4", both(GW, 4000)), True)
-    nft.ensure_table([lab.bridge])
+    nft.ensure_table([lab.bridge], [SUBNET])
     assert_all(probe(lab, "a4", both(GW, 53, 4000) + FORWARD_OTHER + both(GW6, 4000)), False)
+
+
+def link_local(lab, ifname=None) -> str:
+    """The bridge's IPv6 link-local address, scoped for a probe from an agent (``fe80::…%eth0``)."""
+    out = lab.host.ip("-6", "-o", "addr", "show", "dev", ifname or lab.bridge, "scope", "link").stdout
+    return out.split()[3].split("/")[0] + "%eth0"
+
+
+def test_an_unknown_source_on_the_bridge_reaches_nothing_over_ipv4_or_ipv6_link_local(lab, nft):
+    """a4 has an address on the bridge no rule was written for (a container before its rules, an
+    orphan, a stranger): with a real agent bound beside it, it reaches no host port and nothing
+    beyond, over IPv4, the gateway's IPv6 address, or the bridge's link-local address."""
+    ll = link_local(lab)
+    assert_all(probe(lab, "a4", both(GW, 4000) + both(ll, 4000)), True)  # control: open without the guard
+    apply(lab, nft, default_spec())
+    assert_all(probe(lab, "a1", both(GW, 53, 4000)), True)
+    assert_all(probe(lab, "a4", both(GW, 53, 4000, 9000) + FORWARD_OTHER + both(GW6, 4000) + both(ll, 4000)), False)
+
+
+def test_ipv6_link_local_from_a_bound_agent_is_dropped(lab, nft):
+    apply(lab, nft, default_spec(host_access=["*:4000", "4000"]))
+    assert_all(probe(lab, "a1", both(GW, 4000)), True)
+    assert_all(probe(lab, "a1", both(link_local(lab), 4000, 9000)), False)
+
+
+def tcp_from(ns, source: str, host: str, port: int, timeout: float = 0.6) -> bool:
+    """A TCP connect from ``source`` (an address the namespace holds) to host:port, with hello."""
+    sock = ns.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.bind((source, 0))
+        sock.connect((host, port))
+        return sock.recv(16) == HELLO
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def test_a_spoofed_neighbour_address_gets_nothing(lab, nft):
+    """a4 claims a1's address (a container keeps NET_RAW; any source can be forged): the (port,
+    address) pair is a1's port only, so a4's packets from 10.213.0.5 stop at the guard."""
+    apply(lab, nft, default_spec())
+    a4 = lab.agents["a4"].ns
+    a4.ip("addr", "add", "10.213.0.5/32", "dev", "eth0", "nodad")
+    try:
+        assert tcp_from(lab.agents["a1"].ns, "10.213.0.5", GW, 4000)
+        assert not tcp_from(a4, "10.213.0.5", GW, 4000)
+        assert not tcp_from(a4, "10.213.0.5", GW, 53)
+        assert not tcp_from(a4, "10.213.0.5", "100.64.0.7", 80)
+    finally:
+        a4.ip("addr", "del", "10.213.0.5/32", "dev", "eth0")
+
+
+@pytest.fixture(params=["0", "1"], ids=["br_netfilter-off", "br_netfilter-on"])
+def br_netfilter(request, lab):
+    """``bridge-nf-call-iptables`` / ``-ip6tables`` in the host namespace: bridged frames pass
+    through the inet hooks (1) or not (0). Isolation must hold either way."""
+    keys = ("net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables")
+    before = [lab.host.exec("sysctl", "-n", k).stdout.strip() for k in keys]
+    for k in keys:
+        lab.host.sysctl(k, request.param)
+    yield request.param
+    for k, v in zip(keys, before, strict=True):
+        lab.host.sysctl(k, v)
+
+
+def test_agents_on_unisolated_ports_cannot_reach_each_other(lab, nft, br_netfilter):
+    """Agent containers share a bridge without port isolation: the bridge table alone keeps them
+    apart, over IPv4 and over IPv6 link-local (agent MACs), with br_netfilter on or off."""
+    from network.nft.names import AGENT_MAC_PREFIX
+
+    peer4 = both("10.213.0.6", 7000)
+    for name, mac in (("a1", "01"), ("a2", "02")):
+        netlink.set_port_isolation(name, False, netns=lab.host.name)
+        lab.agents[name].ns.ip("link", "set", "eth0", "address", f"{AGENT_MAC_PREFIX}:00:00:{mac}")
+    for name in ("a1", "a2"):  # fixed link-local addresses, usable at once (no DAD)
+        lab.agents[name].ns.ip("-6", "addr", "add", f"fe80::{name}/64", "dev", "eth0", "nodad")
+    try:
+        peer6 = both("fe80::a2%eth0", 7000)
+        control = reachability(lab.agents["a1"].ns, peer4 + peer6, timeout=2.0)
+        assert_all(control, True)  # control: nothing else keeps them apart
+        apply(lab, nft, default_spec("10.213.0.5"), default_spec("10.213.0.6"))
+        assert_all(probe(lab, "a1", peer4 + peer6), False)
+        assert_all(probe(lab, "a2", both("10.213.0.5", 7000)), False)
+        assert_all(probe(lab, "a1", both(GW, 4000)), True)
+    finally:
+        for name in ("a1", "a2"):
+            lab.agents[name].ns.ip("-6", "addr", "del", f"fe80::{name}/64", "dev", "eth0")
+            netlink.set_port_isolation(name, True, netns=lab.host.name)
+
+
+def test_a_flushed_table_fails_closed_until_the_rules_are_back(lab, nft):
+    """``nft flush table`` of either table leaves the guard chain's drop policy in force: a bound
+    agent reaches nothing until the base and its rules are re-applied."""
+    spec = default_spec()
+    apply(lab, nft, spec)
+    assert_all(probe(lab, "a1", both(GW, 4000)), True)
+    for family in ("inet", "bridge"):
+        lab.host.exec("nft", "flush", "table", family, nft.table)
+        assert_all(probe(lab, "a1", both(GW, 53, 4000, 9000) + FORWARD_OTHER + FORWARD_DROPPED), False)
+        nft.self_heal([bound(lab, spec)], [lab.bridge], [SUBNET])
+        assert_all(probe(lab, "a1", both(GW, 4000)), True)
+        assert_all(probe(lab, "a1", both(GW, 9000)), False)
+
+
+def test_two_consoles_on_one_bridge_each_keep_exactly_their_own_policy(lab, nft):
+    """Two tables guard the same bridge: each console's guard passes the other's bound agents
+    (one mark bit, set by whichever table binds the pair), each table judges only its own, and
+    an address neither bound reaches nothing."""
+    other = NftClient(f"net_iso{secrets.token_hex(2)}", netns=lab.host.name)
+    try:
+        apply(lab, nft, default_spec("10.213.0.5", host_access=[f"{GW}:53"]))
+        other.ensure_table([lab.bridge], [SUBNET])
+        other.apply_agent(bound(lab, default_spec("10.213.0.6", host_access=["*:4000"])))
+        assert_all(probe(lab, "a1", both(GW, 53)), True)
+        assert_all(probe(lab, "a1", both(GW, 4000)), False)
+        assert_all(probe(lab, "a2", both(GW, 4000)), True)
+        assert_all(probe(lab, "a2", both(GW, 53)), False)
+        assert_all(probe(lab, "a4", both(GW, 53, 4000)), False)
+    finally:
+        other.delete_table()
 
 
 def test_removing_an_agent_leaves_its_address_closed(lab, nft):
@@ -164,7 +301,7 @@ def test_replacing_the_rules_takes_effect_for_new_connections(lab, nft):
         f"tcp:{GW}:4000": True,
         f"tcp:{GW}:9000": False,
     }
-    nft.apply_agent(default_spec(host_access=["*:9000"]))
+    nft.apply_agent(bound(lab, default_spec(host_access=["*:9000"])))
     assert probe(lab, "a1", [Target("tcp", GW, 4000), Target("tcp", GW, 9000)]) == {
         f"tcp:{GW}:4000": False,
         f"tcp:{GW}:9000": True,

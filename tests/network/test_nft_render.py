@@ -9,7 +9,7 @@ import pytest
 
 from network.nft.describe import describe_expr
 from network.nft.exprs import forward_rule_exprs, input_rule_exprs
-from network.nft.names import MAPS, agent_chain_names, parse_chain_name
+from network.nft.names import GUARD_MARK, MAPS, agent_chain_names, parse_chain_name
 from network.nft.render import document, render_agent_add, render_agent_remove, render_full, render_table_base
 from network.nft.spec import AgentSpec, RuleSpecError, parse_allowlist_entry
 
@@ -157,27 +157,88 @@ def test_the_private_set_holds_rfc1918_and_link_local():
     ]
 
 
-def test_the_base_chains_jump_through_verdict_maps_and_guard_the_bridges():
-    cmds = render_table_base("kici", ["kici-br0"])
+def _rules_by_chain(cmds):
     rules = {}
     for c in cmds:
         if "rule" in c.get("add", {}):
-            rules.setdefault(c["add"]["rule"]["chain"], []).append(describe_expr(c["add"]["rule"]["expr"]))
-    assert rules["forward"] == [
-        "ip saddr vmap @agents4_fwd",
-        "ip6 saddr vmap @agents6_fwd",
-        "iifname @guard_ifaces drop",
+            r = c["add"]["rule"]
+            rules.setdefault((r["family"], r["chain"]), []).append(describe_expr(r["expr"]))
+    return rules
+
+
+def test_the_base_chains_jump_through_verdict_maps_and_leave_unknown_sources_to_the_guard():
+    rules = _rules_by_chain(render_table_base("kici", ["kici-br0"], ["10.0.0.0/24"]))
+    # No drop on the inet hooks: an address in no map is another console's agent (its own table
+    # judges it) or not from an agent bridge at all; unknown sources never get past the guard.
+    assert rules["inet", "forward"] == ["ip saddr vmap @agents4_fwd", "ip6 saddr vmap @agents6_fwd"]
+    assert rules["inet", "input"][1:] == ["ip saddr vmap @agents4_in", "ip6 saddr vmap @agents6_in"]
+    assert rules["inet", "input"][0].startswith("icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert }")
+
+
+def test_each_guarded_bridge_gets_an_ingress_chain_that_drops_unless_marked():
+    cmds = render_table_base("kici", ["kici-br0", "kici-agent-net"], ["10.0.0.0/24"])
+    chains = [
+        c["add"]["chain"] for c in cmds if "chain" in c.get("add", {}) and c["add"]["chain"].get("hook") == "ingress"
     ]
-    assert rules["input"][1:] == [
-        "ip saddr vmap @agents4_in",
-        "ip6 saddr vmap @agents6_in",
-        "iifname @guard_ifaces drop",
+    assert [(c["name"], c["dev"], c["policy"]) for c in chains] == [
+        ("guard-kici-br0", "kici-br0", "drop"),
+        ("guard-kici-agent-net", "kici-agent-net", "drop"),
     ]
-    assert rules["input"][0].startswith("icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert }")
-    flushed = [c["flush"]["chain"]["name"] for c in cmds if "flush" in c]
-    assert flushed == ["forward", "input"]
-    guard = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") == "guard_ifaces"]
-    assert guard == [{"family": "inet", "table": "kici", "name": "guard_ifaces", "elem": ["kici-br0"]}]
+    rules = _rules_by_chain(cmds)
+    assert rules["inet", "guard-kici-br0"] == [f"meta mark & {GUARD_MARK:#x} {GUARD_MARK:#x} accept"]
+    flushed = [(c["flush"]["chain"]["family"], c["flush"]["chain"]["name"]) for c in cmds if "flush" in c]
+    assert flushed == [
+        ("inet", "forward"),
+        ("inet", "input"),
+        ("inet", "guard-kici-br0"),
+        ("inet", "guard-kici-agent-net"),
+        ("bridge", "prerouting"),
+        ("bridge", "forward"),
+    ]
+
+
+def test_the_bridge_table_marks_bound_pairs_and_never_bridges_agent_frames():
+    cmds = render_table_base("kici", ["kici-br0"], ["10.0.0.0/24"])
+    rules = _rules_by_chain(cmds)
+    assert len(rules["bridge", "prerouting"]) == 3  # ip, arp, ip6: each by (iifname, saddr)
+    assert rules["bridge", "prerouting"][0] == f"iifname . ip saddr @ports4 meta mark set meta mark | {GUARD_MARK:#x}"
+    assert all("@ports" in r for r in rules["bridge", "prerouting"])
+    assert len(rules["bridge", "forward"]) == 6 and all(r.endswith("drop") for r in rules["bridge", "forward"])
+    nets = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") == "guard_nets4"]
+    assert nets == [
+        {
+            "family": "bridge",
+            "table": "kici",
+            "name": "guard_nets4",
+            "elem": [{"prefix": {"addr": "10.0.0.0", "len": 24}}],
+        }
+    ]
+    with pytest.raises(RuleSpecError, match="guarded agent subnet '10.0.0.1/24'"):
+        render_table_base("kici", [], ["10.0.0.1/24"])
+    with pytest.raises(RuleSpecError, match="guarded bridge 'a bridge'"):
+        render_table_base("kici", ["a bridge"])
+
+
+def test_an_agent_with_a_port_is_bound_in_the_same_transaction_as_its_rules():
+    spec = AgentSpec.build("10.0.0.5", "10.0.0.1", port="veth1a2b")
+    cmds = render_agent_add("kici", spec)
+    bound = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") == "ports4"]
+    assert bound == [
+        {"family": "bridge", "table": "kici", "name": "ports4", "elem": [{"concat": ["veth1a2b", "10.0.0.5"]}]}
+    ]
+    removed = render_agent_remove("kici", "10.0.0.5", ports=["veth1a2b"])
+    assert removed[0] == {
+        "delete": {
+            "element": {
+                "family": "bridge",
+                "table": "kici",
+                "name": "ports4",
+                "elem": [{"concat": ["veth1a2b", "10.0.0.5"]}],
+            }
+        }
+    }
+    with pytest.raises(RuleSpecError, match="agent port 'no such port!'"):
+        AgentSpec.build("10.0.0.5", "10.0.0.1", port="no such port!")
 
 
 def test_a_full_render_batches_map_elements_and_refuses_duplicates():

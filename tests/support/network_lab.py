@@ -199,12 +199,22 @@ class Target:
         return f"{self.proto}:{host}:{self.port}"
 
 
+def _sockaddr(ns: Netns, host: str, port: int) -> tuple:
+    """``(host, port)``, or for a scoped IPv6 literal (``fe80::1%eth0``) the 4-tuple with the
+    interface index looked up inside ``ns`` (the calling thread's namespace has other indexes)."""
+    if "%" not in host:
+        return (host, port)
+    addr, ifname = host.split("%", 1)
+    index = in_netns(ns.name, lambda: socket.if_nametoindex(ifname))
+    return (addr, port, 0, index)
+
+
 def tcp_reachable(ns: Netns, host: str, port: int, timeout: float = 0.4) -> bool:
     """True when a TCP connection from ``ns`` to host:port completes and the server says hello."""
     sock = ns.socket(_family(host), socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect((host, port))
+        sock.connect(_sockaddr(ns, host, port))
         return sock.recv(16) == HELLO
     except OSError:
         return False
@@ -218,7 +228,7 @@ def udp_reachable(ns: Netns, host: str, port: int, timeout: float = 0.4) -> bool
     sock.settimeout(timeout)
     payload = secrets.token_bytes(8)
     try:
-        sock.sendto(payload, (host, port))
+        sock.sendto(payload, _sockaddr(ns, host, port))
         data, _ = sock.recvfrom(64)
         return data == payload
     except OSError:
