@@ -167,7 +167,16 @@ def test_an_address_without_rules_reaches_nothing_through_a_guarded_bridge(lab, 
 
 
 def link_local(lab, ifname=None) -> str:
-    """The bridge's IPv6 link-local address, scoped for a probe from an agent (``fe80::…%eth0``)."""
+    """The bridge's IPv6 link-local address, scoped for a probe from an agent (``fe80::…%eth0``),
+    once no address in the lab is still tentative (duplicate address detection takes ~1 s)."""
+    import time
+
+    namespaces = [lab.host] + [a.ns for a in lab.agents.values()]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(
+        ns.ip("-6", "addr", "show", "tentative").stdout.strip() for ns in namespaces
+    ):
+        time.sleep(0.1)
     out = lab.host.ip("-6", "-o", "addr", "show", "dev", ifname or lab.bridge, "scope", "link").stdout
     return out.split()[3].split("/")[0] + "%eth0"
 
