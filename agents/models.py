@@ -29,6 +29,9 @@ class Agent(models.Model):
     labels = models.JSONField(default=list, blank=True, help_text="full labels, incl. kici: auto labels")
     managed_id = models.CharField(max_length=200, blank=True)
     ip = models.GenericIPAddressField(null=True, blank=True)
+    bridge_port = models.CharField(
+        max_length=15, blank=True, help_text="the bridge port (veth or TAP) its frames must arrive on to pass the guard"
+    )
     host_access = models.JSONField(null=True, blank=True)
     host_access_explicit = models.BooleanField(default=False)
     warm = models.BooleanField(default=False)

@@ -44,8 +44,9 @@ class BridgePortIsolationUnavailable(NetlinkError):
 _state = threading.local()
 
 
-def _run_in_netns[T](netns: str, fn: Callable[[], T]) -> T:
-    """Run ``fn`` on a short-lived thread that has joined ``/run/netns/<netns>``.
+def _run_in_netns[T](netns: str, fn: Callable[[], T], path: str | None = None) -> T:
+    """Run ``fn`` on a short-lived thread that has joined ``/run/netns/<netns>`` (or the namespace
+    file ``path``, e.g. ``/proc/<pid>/ns/net``).
 
     ``setns`` changes only the calling thread's namespace, so this neither forks (pyroute2's own
     netns support forks, which is unsafe in a threaded server) nor moves the caller. Netlink
@@ -55,7 +56,7 @@ def _run_in_netns[T](netns: str, fn: Callable[[], T]) -> T:
 
     def target() -> None:
         try:
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+            fd = os.open(path or f"/run/netns/{netns}", os.O_RDONLY)
         except OSError as exc:
             box["error"] = NetlinkError(f"network namespace {netns} cannot be opened: {exc}")
             return
@@ -268,6 +269,41 @@ def create_tap(name: str, bridge: str, isolated: bool = True, up: bool = True) -
         delete_link(name)
         raise
     return idx
+
+
+def _peer_index(pid: int, mac: str) -> int:
+    """In process ``pid``'s network namespace: the peer ifindex of the veth whose MAC is ``mac``."""
+
+    def find() -> int:
+        with _ipr() as ipr:
+            for link in ipr.get_links():
+                if (link.get_attr("IFLA_ADDRESS") or "").lower() == mac.lower():
+                    peer = link.get_attr("IFLA_LINK")
+                    if peer:
+                        return int(peer)
+        raise NetlinkError(f"no veth with MAC {mac} in the network namespace of pid {pid}")
+
+    return _run_in_netns(f"pid {pid}", find, path=f"/proc/{pid}/ns/net")
+
+
+@_netns_aware
+def bridge_port_of(pid: int, mac: str, bridge: str) -> str:
+    """The name of the port of ``bridge`` whose veth peer, inside process ``pid``'s network
+    namespace (a container's), has MAC ``mac``: the port that container's frames arrive on.
+
+    Raises :class:`NetlinkError` when the process has no such interface or its peer is not a
+    port of ``bridge``.
+    """
+    index = _peer_index(pid, mac)
+    with _ipr() as ipr:
+        bridge_index = _index(ipr, bridge)
+        try:
+            links = ipr.get_links(index) if bridge_index is not None else []
+        except _PyrNetlinkError:
+            links = []
+    if not links or links[0].get_attr("IFLA_MASTER") != bridge_index:
+        raise NetlinkError(f"the veth of pid {pid} (MAC {mac}) is not a port of {bridge}{_where()}")
+    return links[0].get_attr("IFLA_IFNAME")
 
 
 @_netns_aware

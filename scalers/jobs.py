@@ -109,6 +109,8 @@ def spawn_agent(agent_pk: int) -> str:
     fields = {"managed_id": result.managed_id, "backend_context": result.context}
     if result.ip:
         fields["ip"] = result.ip
+    if result.bridge_port:
+        fields["bridge_port"] = result.bridge_port
     if result.host_access is not None:
         fields["host_access"] = result.host_access
         fields["host_access_explicit"] = result.host_access_explicit

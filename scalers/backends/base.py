@@ -71,10 +71,12 @@ class SpawnControl:
 
 @dataclass
 class SpawnResult:
-    """What a successful spawn produced: the backend handle, address, resolved host access, context."""
+    """What a successful spawn produced: the backend handle, address, the bridge port bound to it,
+    resolved host access, context."""
 
     managed_id: str
     ip: str | None = None
+    bridge_port: str = ""
     host_access: list[str] | None = None
     host_access_explicit: bool = False
     context: dict[str, Any] = field(default_factory=dict)

@@ -7,11 +7,14 @@ with full LAN, RFC1918 and cloud-metadata reach.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
+
+from network.nft.names import AGENT_MAC_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,32 @@ def cached_isolated_network(docker, key: str) -> str:
 def forget_isolated_network() -> None:
     """Drop the cache (tests that remove the network)."""
     _network_cache.clear()
+
+
+def network_bridge_name(docker, network_id: str) -> str:
+    """The Linux bridge behind a docker network: its ``com.docker.network.bridge.name`` option,
+    else docker's default ``br-<first 12 of the id>``. Raises the SDK's errors."""
+    info = _api(docker).inspect_network(network_id)
+    return (info.get("Options") or {}).get("com.docker.network.bridge.name") or f"br-{info['Id'][:12]}"
+
+
+def agent_mac(agent_id: str) -> str:
+    """The MAC an agent container gets on ``kici-agent-net``: the agent prefix (locally
+    administered) and three bytes of SHA-256(agent id). The bridge table never bridges IPv6 frames
+    to or from this prefix."""
+    tail = hashlib.sha256(agent_id.encode()).hexdigest()[:6]
+    return f"{AGENT_MAC_PREFIX}:{tail[0:2]}:{tail[2:4]}:{tail[4:6]}"
+
+
+def container_network_facts(docker, container_id: str) -> tuple[str | None, str | None, int | None]:
+    """``(ip, mac, pid)`` of a container on ``kici-agent-net``: its IPv4 address and MAC there and
+    its init process (0 or None when not running); Nones when it is gone."""
+    try:
+        info = _api(docker).inspect_container(container_id)
+    except NotFound:
+        return None, None, None
+    ep = ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(ISOLATED_NETWORK_NAME) or {}
+    return ep.get("IPAddress") or None, ep.get("MacAddress") or None, (info.get("State") or {}).get("Pid") or None
 
 
 def container_network_ip(docker, container_id: str) -> str | None:

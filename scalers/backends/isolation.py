@@ -2,13 +2,14 @@
 
 One :class:`ContainerIsolation` per backend instance: the table is ``nftTable`` on the scaler
 entry when set, else ``settings.KICI_NFT_TABLE`` (never a hard-coded table another console
-may own). No guard interfaces are installed on
-``kici-agent-net``: that bridge is shared by every console on the docker host, and a guard in
-this console's table would drop a neighbour's agents.
+may own). The bridge of ``kici-agent-net`` is guarded (``network.nft.render``): only a bound
+container, on its own port, gets past it. Every console on the docker host guards the same bridge
+with the same mark bit, so each one's guard passes the others' bound agents.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -59,14 +60,17 @@ class ContainerIsolation:
         self.client = client
         self.table = client.table
 
-    def check(self) -> None:
-        """Fail closed when nft is unusable: raises ``NftUnavailableError`` / ``NftError``."""
+    def check(self, bridge: str) -> None:
+        """Fail closed when nft is unusable, then create the tables with the guard on ``bridge``
+        (the agent network's; it must exist). Raises ``NftUnavailableError`` / ``NftError``."""
         self.client.check_available()
-        self.client.ensure_table()
+        self.client.ensure_table([bridge], [ISOLATED_NETWORK_SUBNET])
 
-    def apply(self, address: str, policy: dict | None, host_access: Iterable[str]) -> None:
+    def apply(self, address: str, policy: dict | None, host_access: Iterable[str], port: str | None = None) -> None:
         """Write forward (gateway accept, allowlist, private drops, denyAll) and input (host access)
-        rules for one container address in one transaction. Raises ``RuleSpecError``/``NftError``.
+        rules for one container address, and bind it to ``port`` (its veth on the bridge), in one
+        transaction: its frames pass the guard only once its rules are in force. Raises
+        ``RuleSpecError``/``NftError``.
 
         Rules left behind for the address by a previous holder are replaced in that same
         transaction (chains flushed and refilled, map elements re-pointed). Written under the
@@ -80,6 +84,7 @@ class ContainerIsolation:
             allowlist=list(policy.get("allowlist") or []),
             deny_all=bool(policy.get("denyAll", policy.get("deny_all", False))),
             host_access=list(host_access),
+            port=port,
         )
         with holders.address_lock(str(spec.address)):
             self.client.apply_agent(spec)
@@ -107,8 +112,6 @@ class ContainerIsolation:
 
     def addresses_with_rules(self) -> list[str] | None:
         """Addresses on the isolated subnet that have rules in this table; None when unreadable."""
-        import ipaddress
-
         try:
             agents = self.client.list_agents()
         except Exception as exc:  # noqa: BLE001 - a failed read plans nothing

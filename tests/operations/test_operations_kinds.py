@@ -120,7 +120,7 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
 
     make_agent(scaler, state=AgentState.SPAWNING, agent_id=vm_b, reserve=False)  # vm_b becomes tracked
     op = approve_and_run(op, users["approver"], run_rq_jobs)
-    assert op.status == OperationStatus.SUCCEEDED, (op.error, op.log)
+    assert op.status == OperationStatus.SUCCEEDED, (op.error, op.outcomes)
     assert outcome(op, f"chroot:{vm_b}") == (
         TargetOutcome.SKIPPED,
         "spared since the preview: tracked: an active agent row or this process owns it",

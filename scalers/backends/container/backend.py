@@ -19,7 +19,7 @@ from docker.errors import APIError, NotFound
 from agents.archive import write_archive
 
 from ..base import SpawnControl, SpawnResult, scaler_option
-from ..docker_net import container_network_ip, ensure_isolated_network
+from ..docker_net import container_network_ip, ensure_isolated_network, network_bridge_name
 from ..isolation import ContainerIsolation, nft_table_for
 from ..orphans import OrphanTarget
 from ..runtime import RuntimeInfo, runtime_for_scaler
@@ -107,10 +107,13 @@ class ContainerBackend:
         self.scaler = scaler
 
     def ensure_host_ready(self) -> None:
-        """Fail closed when isolation is on and nft is unusable, then ensure the network."""
+        """With isolation on: ensure the network, then fail closed unless nft works and the guard
+        on its bridge is in place (a remote runtime's bridge is not this host's to guard)."""
         if self.network_isolation:
-            self.isolation.check()
-            ensure_isolated_network(self.docker)
+            self.isolation.client.check_available()
+            net_id = ensure_isolated_network(self.docker)
+            if self.spawns_on_local_host:
+                self.rules.ensure_guard(network_bridge_name(self.docker, net_id), max_age=0)
 
     # -- spawn ---------------------------------------------------------------------------------
 
@@ -132,7 +135,10 @@ class ContainerBackend:
 
     def spawn(self, agent, control: SpawnControl) -> SpawnResult:
         """Provision one agent container (``spawn.spawn_container``)."""
-        return spawn_container(agent, control, host=self.host, rules=self.rules, build_config=self.create_config)
+        return spawn_container(
+            agent, control, host=self.host, rules=self.rules, build_config=self.create_config,
+            local=self.spawns_on_local_host,
+        )  # fmt: skip
 
     def cleanup_failed_spawn(self, container_id: str | None, address: str | None, agent_id: str = "") -> None:
         """Remove the rules (unless held) and the container a failed spawn left (``spawn.cleanup_failed_spawn``)."""

@@ -4,11 +4,15 @@ sandbox holds the address (a dead container's address may already be a new conta
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from ..isolation import ContainerIsolation
 
 log = logging.getLogger(__name__)
+
+#: Seconds a written guard is trusted before the next spawn writes it again.
+GUARD_CHECK_SECONDS = 60.0
 
 
 class AgentRules:
@@ -26,12 +30,23 @@ class AgentRules:
         self._isolation: ContainerIsolation | None = None
         self.list_containers = list_containers
         self.enabled = enabled
+        self._guarded: dict[str, float] = {}
 
     @property
     def isolation(self) -> ContainerIsolation:
         if self._isolation is None:
             self._isolation = self._make_isolation()
         return self._isolation
+
+    def ensure_guard(self, bridge: str, max_age: float = GUARD_CHECK_SECONDS) -> None:
+        """Fail closed unless nft works and the guard on ``bridge`` is in place: written at the
+        first spawn and again once ``max_age`` seconds have passed (the drift check repairs it in
+        between). Raises ``NftUnavailableError`` / ``NftError``."""
+        now = time.monotonic()
+        if now - self._guarded.get(bridge, float("-inf")) < max_age:
+            return
+        self.isolation.check(bridge)
+        self._guarded[bridge] = now
 
     def remove_unless_held(self, address: str, exclude: Iterable[str], why: str) -> bool:
         """Delete ``address``'s rules unless a sandbox other than ``exclude`` (ids of the one

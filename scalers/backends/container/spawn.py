@@ -16,9 +16,16 @@ from agents import tokens
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
+from network import netlink
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
-from ..docker_net import ISOLATED_NETWORK_NAME, cached_isolated_network, container_network_ip
+from ..docker_net import (
+    ISOLATED_NETWORK_NAME,
+    agent_mac,
+    cached_isolated_network,
+    container_network_facts,
+    network_bridge_name,
+)
 from ..hostconfig import build_agent_container_host_config
 from ..isolation import resolve_host_access
 from ..spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
@@ -26,6 +33,9 @@ from .host import DockerHost
 from .rules import AgentRules
 
 log = logging.getLogger(__name__)
+
+#: Sysctls of an isolated agent container: no IPv6 inside.
+IPV6_OFF = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
 
 
 def container_binds(label_set, runtime_socket: Callable[[], str | None]) -> list[str]:
@@ -50,7 +60,9 @@ def container_create_config(
     job_image: bool = False,
 ) -> dict:
     """Keyword arguments of ``APIClient.create_container`` for this agent: image, env, labels,
-    HostConfig (the one builder), and ``kici-agent-net`` as network when isolation is on.
+    HostConfig (the one builder), and, when isolation is on, ``kici-agent-net`` as network with the
+    agent's MAC (``docker_net.agent_mac``) and IPv6 turned off inside (a second wall behind the
+    guard, which drops IPv6 from the bridge anyway).
 
     ``job_image``: a bare-metal scaler's container mode (job-image env, no bound-job labels)."""
     host_config = build_agent_container_host_config(spawn_limits(agent), binds, extra_hosts)
@@ -62,7 +74,10 @@ def container_create_config(
     }
     if network_isolation:
         host_config["NetworkMode"] = ISOLATED_NETWORK_NAME
-        kwargs["networking_config"] = {"EndpointsConfig": {ISOLATED_NETWORK_NAME: {}}}
+        host_config["Sysctls"] = dict(IPV6_OFF)
+        kwargs["networking_config"] = {
+            "EndpointsConfig": {ISOLATED_NETWORK_NAME: {"MacAddress": agent_mac(agent.agent_id)}}
+        }
     kwargs["host_config"] = host_config
     return kwargs
 
@@ -93,10 +108,13 @@ def spawn_container(
     host: DockerHost,
     rules: AgentRules,
     build_config: Callable[[object, str | None, str], dict],
+    local: bool = True,
 ) -> SpawnResult:
     """Provision one agent container on ``host`` (steps: ``docs/container-spawn.md``). Returns its
     id, address and resolved host access. ``rules``: the backend's rule writer (isolation is on
-    when ``rules.enabled``). ``build_config(agent, token, image)``: the create arguments. Raises
+    when ``rules.enabled``). ``build_config(agent, token, image)``: the create arguments.
+    ``local``: the runtime runs on this host, so the bridge is guarded and the container bound to
+    its veth (a remote runtime's bridge is out of this host's reach). Raises
     ``SpawnError`` / ``SpawnAborted`` after removing whatever it created (container, rules); lets
     runtime errors propagate the same way."""
     ls = agent.label_set
@@ -120,10 +138,14 @@ def spawn_container(
         if remaining is not None and isinstance(base_timeout, int | float):
             host.api.timeout = max(1.0, min(float(base_timeout), remaining))
 
+    bridge: str | None = None
     try:
         check("create")
         if network_isolation:
-            cached_isolated_network(host.docker, str(getattr(host.api, "base_url", id(host.docker))))
+            net_id = cached_isolated_network(host.docker, str(getattr(host.api, "base_url", id(host.docker))))
+            if local:
+                bridge = network_bridge_name(host.docker, net_id)
+                rules.ensure_guard(bridge)
         with transaction.atomic():  # one commit for the token and the event
             token = tokens.mint_registration_token(agent)
             record_event(agent, EventType.PROVISIONING, "creating container")
@@ -139,19 +161,28 @@ def spawn_container(
 
         host_access: list[str] | None = None
         explicit = False
+        port: str | None = None
         if network_isolation:
             check("network")
-            address = container_network_ip(host.docker, container_id)
+            # Until its port is bound (with its rules, in one transaction) the guard drops every
+            # frame the container sends: nothing it does before that reaches anything.
+            address, mac, pid = container_network_facts(host.docker, container_id)
+            if bridge and address:
+                if not (mac and pid):
+                    raise SpawnError(
+                        f"container {container_id[:12]} has no MAC or process on {ISOLATED_NETWORK_NAME}", "network"
+                    )
+                port = netlink.bridge_port_of(pid, mac, bridge, netns=rules.isolation.client.netns)
             policy_cfg = network_policy(ls)
             host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
             # Stored before the rules are written, so a concurrent rule sweep counts it as live.
             with transaction.atomic():
                 Agent.objects.filter(pk=agent.pk).update(
-                    ip=address, host_access=host_access, host_access_explicit=explicit
+                    ip=address, host_access=host_access, host_access_explicit=explicit, bridge_port=port or ""
                 )
                 record_event(agent, EventType.NETWORK, "configuring network isolation")
             if address:
-                rules.isolation.apply(address, policy_cfg, host_access)
+                rules.isolation.apply(address, policy_cfg, host_access, port=port)
             else:
                 log.warning(
                     "agent %s has no address on %s; no isolation rules written",

@@ -240,7 +240,7 @@ class FirecrackerScalerBackend:
         if self.netns:
             context["host_netns"] = self.netns
         return SpawnResult(
-            managed_id=agent_id, ip=vm.ip, host_access=list(vm.host_access),
+            managed_id=agent_id, ip=vm.ip, bridge_port=vm.tap or "", host_access=list(vm.host_access),
             host_access_explicit="hostAccess" in policy, context=context,
         )  # fmt: skip
 

@@ -196,9 +196,10 @@ class FirecrackerBackend:
         except Exception:  # noqa: BLE001 - an event sink must not break a spawn or a cleanup
             log.warning("event emitter failed for %s %s", agent_id, type_, exc_info=True)
 
-    def rule_spec(self, ip: str, label_set: Mapping, host_access: Sequence[str]) -> AgentSpec:
-        """The isolation rules of one VM of this scaler (``rules.agent_spec`` with its gateway)."""
-        return agent_spec(ip, self.settings.gateway, label_set, host_access)
+    def rule_spec(self, ip: str, label_set: Mapping, host_access: Sequence[str], port: str | None = None) -> AgentSpec:
+        """The isolation rules of one VM of this scaler (``rules.agent_spec`` with its gateway),
+        bound to its TAP ``port``."""
+        return agent_spec(ip, self.settings.gateway, label_set, host_access, port)
 
     # ---- spawn ----------------------------------------------------------------------------
 
@@ -292,7 +293,9 @@ class FirecrackerBackend:
         netlink.create_tap(vm.tap, s.bridge_name, isolated=True, netns=s.netns)
         vm.tap_created = True
         self._emit(aid, EventType.NETWORK, f"allocating IP {vm.ip}")
-        self.rules.write(vm.ip, s.gateway, ls, vm.host_access)  # not between a teardown's holder check and its delete
+        self.rules.write(
+            vm.ip, s.gateway, ls, vm.host_access, vm.tap
+        )  # not between a teardown's holder check and its delete
         self._check(vm)
         vcpus, mib = jail.resolve_vm_shape(limits, ls, s.scaler_shape())
         config = jail.build_vm_config(

@@ -67,7 +67,7 @@ def ensure_host_ready(backend: Any) -> bool:
     )
     if proc.returncode != 0:
         raise RuntimeError(f"enabling net.ipv4.ip_forward failed: {proc.stderr.strip()}")
-    backend.nft.ensure_table(guard_interfaces=[s.bridge_name])
+    backend.nft.ensure_table(guard_interfaces=[s.bridge_name], guard_networks=[s.subnet])
     uplink = default_route_interface(s.netns, s.require_sudo)
     if uplink is None:
         log.warning("no IPv4 default route: VMs of %s get no masquerade and no MSS clamp (no internet)", s.name)
@@ -105,6 +105,6 @@ def reapply_isolation_for_tracked_vms(backend: Any) -> int:
                     ", ".join(map(str, others)),
                 )
                 continue
-            specs.append(backend.rule_spec(vm.ip, vm.label_set, vm.host_access))
-        backend.nft.self_heal(specs, guard_interfaces=[s.bridge_name])
+            specs.append(backend.rule_spec(vm.ip, vm.label_set, vm.host_access, vm.tap))
+        backend.nft.self_heal(specs, guard_interfaces=[s.bridge_name], guard_networks=[s.subnet])
     return len(specs)

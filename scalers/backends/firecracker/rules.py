@@ -16,12 +16,15 @@ from network.nft.spec import AgentSpec
 from ..holders import address_lock, remove_unless_held
 
 
-def agent_spec(ip: str, gateway: str, label_set: Mapping, host_access: Sequence[str]) -> AgentSpec:
-    """The isolation rules of one VM: ``saddr`` = its IP, gateway accepted, policy from the label set."""
+def agent_spec(
+    ip: str, gateway: str, label_set: Mapping, host_access: Sequence[str], port: str | None = None
+) -> AgentSpec:
+    """The isolation rules of one VM: ``saddr`` = its IP, bound to its TAP ``port``, gateway
+    accepted, policy from the label set."""
     policy = dict(label_set.get("networkPolicy") or {})
     return AgentSpec.build(
         address=ip, gateway=gateway, allowlist=list(policy.get("allowlist") or []),
-        deny_all=bool(policy.get("denyAll", False)), host_access=list(host_access),
+        deny_all=bool(policy.get("denyAll", False)), host_access=list(host_access), port=port,
     )  # fmt: skip
 
 
@@ -36,10 +39,12 @@ class RuleWriter:
         self.nft = nft
         self.ip_allocator = ip_allocator
 
-    def write(self, ip: str, gateway: str, label_set: Mapping, host_access: Sequence[str]) -> None:
-        """Build and apply the rules of the VM at ``ip`` under the address lock."""
+    def write(
+        self, ip: str, gateway: str, label_set: Mapping, host_access: Sequence[str], port: str | None = None
+    ) -> None:
+        """Build and apply the rules of the VM at ``ip`` (bound to its TAP ``port``) under the address lock."""
         with address_lock(ip):
-            self.nft.apply_agent(agent_spec(ip, gateway, label_set, host_access))
+            self.nft.apply_agent(agent_spec(ip, gateway, label_set, host_access, port))
 
     def allocation_rows(self) -> list[tuple[str, str, str]]:
         """``(ip, vm_id, scaler_name)`` of every address allocation (any scaler)."""

@@ -54,6 +54,11 @@ class FirecrackerSettings:
     def prefix(self) -> int:
         return ipaddress.IPv4Network(self.cidr, strict=False).prefixlen
 
+    @property
+    def subnet(self) -> str:
+        """The VM subnet without host bits (``10.0.0.0/24``): the guarded network of the bridge."""
+        return str(ipaddress.IPv4Network(self.cidr, strict=False))
+
     def scaler_shape(self) -> dict:
         """The scaler-level ``vcpuCount``/``memSizeMib``, as ``jail.resolve_vm_shape`` reads them."""
         return {"vcpuCount": self.vcpu_count, "memSizeMib": self.mem_size_mib}

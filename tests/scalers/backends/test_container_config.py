@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from network.nft.names import AGENT_MAC_PREFIX
 from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.docker_net import (
     ISOLATED_NETWORK_NAME,
@@ -164,12 +165,19 @@ def test_the_container_socket_is_bound_only_for_a_local_runtime():
 @pytest.mark.django_db
 def test_isolation_attaches_to_the_agent_network_and_its_absence_attaches_nothing():
     scaler = make_scaler()
-    on = backend_for(scaler).create_config(make_agent(scaler), None, "i")
-    assert on["networking_config"] == {"EndpointsConfig": {ISOLATED_NETWORK_NAME: {}}}
+    agent = make_agent(scaler)
+    on = backend_for(scaler).create_config(agent, None, "i")
+    mac = on["networking_config"]["EndpointsConfig"][ISOLATED_NETWORK_NAME]["MacAddress"]
+    assert mac.startswith(AGENT_MAC_PREFIX + ":") and len(mac) == 17
     assert on["host_config"]["NetworkMode"] == ISOLATED_NETWORK_NAME
+    assert on["host_config"]["Sysctls"] == {
+        "net.ipv6.conf.all.disable_ipv6": "1",
+        "net.ipv6.conf.default.disable_ipv6": "1",
+    }
     off_scaler = make_scaler(config={"networkIsolation": False})
     off = backend_for(off_scaler).create_config(make_agent(off_scaler), None, "i")
     assert "networking_config" not in off and "NetworkMode" not in off["host_config"]
+    assert "Sysctls" not in off["host_config"]
 
 
 def test_a_failure_detail_appends_the_captured_output():
