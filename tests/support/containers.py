@@ -27,7 +27,7 @@ def register_at_network_stage(monkeypatch, agent) -> None:
     import scalers.backends.container.spawn as spawn_module
 
     minted: list[str] = []
-    real_mint, real_ip = agents.tokens.mint_registration_token, spawn_module.container_network_ip
+    real_mint, real_facts = agents.tokens.mint_registration_token, spawn_module.container_network_facts
 
     def mint(a, *args, **kwargs):
         minted.append(real_mint(a, *args, **kwargs))
@@ -41,7 +41,7 @@ def register_at_network_stage(monkeypatch, agent) -> None:
             HTTP_AUTHORIZATION=f"Bearer {minted[-1]}",
         )
         assert answer.status_code == 200, answer.content
-        return real_ip(docker, container_id)
+        return real_facts(docker, container_id)
 
     monkeypatch.setattr(agents.tokens, "mint_registration_token", mint)
-    monkeypatch.setattr(spawn_module, "container_network_ip", register_then_address)
+    monkeypatch.setattr(spawn_module, "container_network_facts", register_then_address)

@@ -83,8 +83,16 @@ def clean_containers(docker_client):
 
 
 def _rules_in_force(nft, address) -> list[str] | None:
+    """The forward and input rules in force for ``address`` (None when incomplete)."""
     rules = nft.list_agents().get(ipaddress.ip_address(address))
-    return rules.describe() if rules is not None and rules.complete else None
+    if rules is None or not rules.complete:
+        return None
+    return [line for line in rules.describe() if not line.startswith("guard:")]
+
+
+def _bound_ports(nft, address) -> list[str]:
+    rules = nft.list_agents().get(ipaddress.ip_address(address))
+    return rules.ports if rules is not None else []
 
 
 def _pin_address(monkeypatch, agent_id: str, address: str) -> None:
@@ -138,6 +146,7 @@ def test_destroying_a_dead_agent_leaves_the_rules_of_the_live_agent_now_on_its_a
     # B's spawn replaced A's leftover rules at X in one transaction: exactly B's, nothing of A's.
     assert _rules_in_force(nft_table, x) == b_rules
     assert any("dport 4444" in line for line in b_rules)
+    assert b.bridge_port and b.bridge_port in _bound_ports(nft_table, x)
 
     # An operator destroys the dead agent A through an approved agent-destroy operation.
     op = create_operation("agent-destroy", {"agent_ids": [a.agent_id]}, users["operator"])
@@ -150,12 +159,14 @@ def test_destroying_a_dead_agent_leaves_the_rules_of_the_live_agent_now_on_its_a
     assert Agent.objects.get(pk=a.pk).state == AgentState.DESTROYED
 
     assert _rules_in_force(nft_table, x) == b_rules, "destroying the dead agent removed the live agent's rules"
+    assert b.bridge_port in _bound_ports(nft_table, x), "destroying the dead agent unbound the live agent's port"
     assert docker_client.api.inspect_container(b.managed_id)["State"]["Status"] in ("running", "exited")
 
     # B's own destroy still removes them: the guard spares holders, not leftovers.
     backend = ContainerBackend(scaler, docker=docker_client)
     backend.destroy(Agent.objects.get(pk=b.pk))
     assert _rules_in_force(nft_table, x) is None and x not in {str(k) for k in nft_table.list_agents()}
+    assert _bound_ports(nft_table, x) == []
 
 
 def _spec(agent):
