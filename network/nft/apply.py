@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from network.nft.describe import describe_expr
-from network.nft.names import BRIDGE_FAMILY, FAMILY, MAPS, PORT_SETS, parse_chain_name
+from network.nft.exprs import base_rule_exprs, bridge_rule_exprs, guard_rule_exprs
+from network.nft.names import BRIDGE_FAMILY, FAMILY, MAPS, PORT_SETS, guard_chain_name, parse_chain_name
 from network.nft.render import (
     document,
     render_agent_add,
@@ -320,54 +321,47 @@ class NftClient:
         return out
 
     def list_agents(self) -> dict[IPAddress, AgentRules]:
-        """Every agent with a chain or map element in the table, read back from the kernel.
+        """Every agent with a chain, map element or port binding in the tables, read back from the kernel.
 
-        Ownership comes from names only: chains ``a4-…-fwd``/``-in`` and map elements of
-        ``agents{4,6}_{fwd,in}``. Returns ``{}`` when the table is absent. Raises NftError when
-        the listing fails (callers that must not act blind catch it).
+        Ownership comes from names only: chains ``a4-…-fwd``/``-in``, map elements of
+        ``agents{4,6}_{fwd,in}``, elements of the bridge table's port sets. Returns ``{}`` when the
+        table is absent. Raises NftError when the listing fails (callers that must not act blind
+        catch it).
         """
+        return self.snapshot()[0]
+
+    def snapshot(self, guard_interfaces: Iterable[str] = ()) -> tuple[dict[IPAddress, AgentRules], list[str]]:
+        """``(agents, base_problems)`` from one listing of each table: every agent as
+        :meth:`list_agents` reads it, and what is missing or changed in the base: each problem a
+        line (``inet chain forward: 0 rules, expected 2``, ``no guard chain for kici-br0``); [] when
+        the base is as rendered. Raises NftError."""
         items = self.list_table()
+        bridge_items = self.list_table(BRIDGE_FAMILY)
         if items is None:
-            return {}
-        agents: dict[IPAddress, AgentRules] = {}
-        for addr, ports in self.list_bound_ports().items():
-            agents[addr] = AgentRules(address=addr, ports=sorted(ports))
-
-        def get(addr: IPAddress) -> AgentRules:
-            if addr not in agents:
-                agents[addr] = AgentRules(address=addr)
-            return agents[addr]
-
-        map_kinds = {name: kind for (kind, _), name in MAPS.items()}
-        for item in items:
-            if "chain" in item:
-                parsed = parse_chain_name(item["chain"].get("name", ""))
-                if parsed:
-                    addr, kind = parsed
-                    setattr(get(addr), "has_forward_chain" if kind == "fwd" else "has_input_chain", True)
-            elif "rule" in item:
-                parsed = parse_chain_name(item["rule"].get("chain", ""))
-                if parsed:
-                    addr, kind = parsed
-                    rules = get(addr).forward if kind == "fwd" else get(addr).input
-                    rules.append(item["rule"].get("expr", []))
-            elif "map" in item and item["map"].get("name") in map_kinds:
-                kind = map_kinds[item["map"]["name"]]
-                for elem in item["map"].get("elem", []):
-                    key, verdict = elem[0], elem[1]
-                    if isinstance(key, dict) and "elem" in key:  # element with options (timeouts, comments)
-                        key = key["elem"].get("val")
-                    try:
-                        addr = ipaddress.ip_address(key)
-                    except (ValueError, TypeError):
-                        continue
-                    target = (verdict.get("jump") or verdict.get("goto") or {}).get("target", "")
-                    if parse_chain_name(target) == (addr, kind):
-                        setattr(get(addr), "mapped_forward" if kind == "fwd" else "mapped_input", True)
-                    else:
-                        # An element pointing somewhere unexpected still belongs to this address.
-                        get(addr)
-        return agents
+            return {}, [f"table {FAMILY} {self.table} is missing"]
+        agents = _agents_from(items, _port_pairs(bridge_items or []))
+        expected = {(FAMILY, c): len(r) for c, r in base_rule_exprs().items()}
+        expected |= {(FAMILY, guard_chain_name(i)): len(guard_rule_exprs()) for i in guard_interfaces}
+        expected |= {(BRIDGE_FAMILY, c): len(r) for c, r in bridge_rule_exprs().items()}
+        counts: dict[tuple[str, str], int] = {}
+        for family, listing in ((FAMILY, items), (BRIDGE_FAMILY, bridge_items or [])):
+            for item in listing:
+                if "chain" in item and (family, item["chain"]["name"]) in expected:
+                    counts.setdefault((family, item["chain"]["name"]), 0)
+                elif "rule" in item and (family, item["rule"]["chain"]) in expected:
+                    counts[family, item["rule"]["chain"]] = counts.get((family, item["rule"]["chain"]), 0) + 1
+        problems = []
+        if bridge_items is None:
+            problems.append(f"table {BRIDGE_FAMILY} {self.table} is missing")
+        for (family, chain), want in expected.items():
+            if family == BRIDGE_FAMILY and bridge_items is None:
+                continue
+            got = counts.get((family, chain))
+            if got is None:
+                problems.append(f"{family} chain {chain} is missing")
+            elif got != want:
+                problems.append(f"{family} chain {chain}: {got} rules, expected {want}")
+        return agents, problems
 
     def reap_unowned_isolation_rules(
         self,
@@ -415,6 +409,49 @@ class NftClient:
             )
         self.apply_document(cmds)
         return [str(a) for a in stale]
+
+
+def _agents_from(items: list[dict], bound: dict[IPAddress, list[str]]) -> dict[IPAddress, AgentRules]:
+    """Agents from an ``nft -j list table inet`` array and the port bindings (see ``list_agents``)."""
+    agents: dict[IPAddress, AgentRules] = {}
+    for addr, ports in bound.items():
+        agents[addr] = AgentRules(address=addr, ports=sorted(ports))
+
+    def get(addr: IPAddress) -> AgentRules:
+        if addr not in agents:
+            agents[addr] = AgentRules(address=addr)
+        return agents[addr]
+
+    map_kinds = {name: kind for (kind, _), name in MAPS.items()}
+    for item in items:
+        if "chain" in item:
+            parsed = parse_chain_name(item["chain"].get("name", ""))
+            if parsed:
+                addr, kind = parsed
+                setattr(get(addr), "has_forward_chain" if kind == "fwd" else "has_input_chain", True)
+        elif "rule" in item:
+            parsed = parse_chain_name(item["rule"].get("chain", ""))
+            if parsed:
+                addr, kind = parsed
+                rules = get(addr).forward if kind == "fwd" else get(addr).input
+                rules.append(item["rule"].get("expr", []))
+        elif "map" in item and item["map"].get("name") in map_kinds:
+            kind = map_kinds[item["map"]["name"]]
+            for elem in item["map"].get("elem", []):
+                key, verdict = elem[0], elem[1]
+                if isinstance(key, dict) and "elem" in key:  # element with options (timeouts, comments)
+                    key = key["elem"].get("val")
+                try:
+                    addr = ipaddress.ip_address(key)
+                except (ValueError, TypeError):
+                    continue
+                target = (verdict.get("jump") or verdict.get("goto") or {}).get("target", "")
+                if parse_chain_name(target) == (addr, kind):
+                    setattr(get(addr), "mapped_forward" if kind == "fwd" else "mapped_input", True)
+                else:
+                    # An element pointing somewhere unexpected still belongs to this address.
+                    get(addr)
+    return agents
 
 
 def _port_pairs(items: list[dict]) -> dict[IPAddress, list[str]]:

@@ -161,6 +161,11 @@ class BareMetalBackend:
         if any(not label_set_option(ls, "binaryPath") for ls in self.scaler.label_sets.all()):
             self.containers.ensure_host_ready()
 
+    def isolation_target(self):
+        """The container mode's (``ContainerBackend.isolation_target``); process-mode agents have
+        no address and are skipped by the drift check."""
+        return self.containers.isolation_target()
+
     @staticmethod
     def mode_for(agent) -> str:
         """``process`` when the agent's label set has ``binaryPath``, else ``container``."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -48,6 +49,19 @@ def resolve_host_access(
     return resolve_agent_host_access(policy, orchestrator_url, gateway, host_services()), explicit
 
 
+@dataclass
+class IsolationTarget:
+    """What the drift check needs of one backend's isolation: the table's ``client`` (an
+    ``NftClient``), the ``bridges`` it guards and their IPv4 ``networks``, and ``spec_for(agent)``:
+    the rules an active agent must have, rebuilt from its row (address, port, stored host access)
+    and its label set's policy, or None when it has no address to key them by."""
+
+    client: Any
+    bridges: list[str]
+    networks: list[str]
+    spec_for: Callable[[Any], AgentSpec | None]
+
+
 class ContainerIsolation:
     """Writes and removes one console's per-container rules on ``kici-agent-net``.
 
@@ -77,8 +91,16 @@ class ContainerIsolation:
         address's lock (``holders.address_lock``), so a concurrent teardown of a previous holder
         cannot delete them between its holder check and its delete.
         """
+        spec = self.spec(address, policy, host_access, port)
+        with holders.address_lock(str(spec.address)):
+            self.client.apply_agent(spec)
+
+    @staticmethod
+    def spec(address: str, policy: dict | None, host_access: Iterable[str], port: str | None = None) -> AgentSpec:
+        """The rules of one container address (gateway, the policy's allowlist and denyAll, the
+        resolved host access, its port). Raises ``RuleSpecError``."""
         policy = policy or {}
-        spec = AgentSpec.build(
+        return AgentSpec.build(
             address,
             ISOLATED_NETWORK_GATEWAY,
             allowlist=list(policy.get("allowlist") or []),
@@ -86,8 +108,6 @@ class ContainerIsolation:
             host_access=list(host_access),
             port=port,
         )
-        with holders.address_lock(str(spec.address)):
-            self.client.apply_agent(spec)
 
     def remove(self, address: str | None) -> bool:
         """Delete one address's rules unconditionally; a missing address or table is a no-op (False).

@@ -3,7 +3,8 @@
 At start it recovers this instance's rows (``recover_state``, trigger ``boot``). Then every
 ``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
 boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
-that reports whether it did anything: the stale-spawn prune, token-TTL expiry, the
+that reports whether it did anything: host readiness, the isolation drift check
+(``scalers.drift``), the stale-spawn prune, token-TTL expiry, the
 check of failed spawn jobs in rq, retries of failed teardowns, the teardown of drained agents
 (``scalers.lifecycle.drain_idle_agents``), the retirement sweep,
 the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
@@ -28,6 +29,7 @@ from operations import sweeps
 from scalers.admission.recovery import recover_state
 from scalers.backends import factory
 from scalers.choices import ScalerType
+from scalers.drift import check_isolation_drift
 from scalers.leader import Leadership
 from scalers.lifecycle import (
     drain_idle_agents,
@@ -98,6 +100,7 @@ class Command(BaseCommand):
             return did
         for unit in (
             self.handle_host_readiness,
+            self.handle_isolation_drift,
             self.handle_stale_spawns,
             self.handle_token_expiry,
             self.handle_failed_spawn_jobs,
@@ -143,6 +146,10 @@ class Command(BaseCommand):
             self.hosts_ready.add(key)
             did = True
         return did
+
+    def handle_isolation_drift(self) -> bool:
+        """Rules in the kernel against the active agents; what is missing is re-applied (``scalers.drift``)."""
+        return bool(check_isolation_drift())
 
     def handle_stale_spawns(self) -> bool:
         return prune_stale_spawns() > 0

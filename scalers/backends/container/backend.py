@@ -19,10 +19,17 @@ from docker.errors import APIError, NotFound
 from agents.archive import write_archive
 
 from ..base import SpawnControl, SpawnResult, scaler_option
-from ..docker_net import container_network_ip, ensure_isolated_network, network_bridge_name
-from ..isolation import ContainerIsolation, nft_table_for
+from ..docker_net import (
+    ISOLATED_NETWORK_SUBNET,
+    cached_isolated_network,
+    container_network_ip,
+    ensure_isolated_network,
+    network_bridge_name,
+)
+from ..isolation import ContainerIsolation, IsolationTarget, nft_table_for
 from ..orphans import OrphanTarget
 from ..runtime import RuntimeInfo, runtime_for_scaler
+from ..spawn_env import network_policy
 from . import sweep
 from .host import DockerHost
 from .orphans import ContainerPlan, TrackedAgent
@@ -114,6 +121,22 @@ class ContainerBackend:
             net_id = ensure_isolated_network(self.docker)
             if self.spawns_on_local_host:
                 self.rules.ensure_guard(network_bridge_name(self.docker, net_id), max_age=0)
+
+    def isolation_target(self) -> IsolationTarget | None:
+        """The guarded bridge of ``kici-agent-net`` and each agent's rules from its row, for the
+        drift check; None without isolation or for a remote runtime. Raises the SDK's errors."""
+        if not self.network_isolation or not self.spawns_on_local_host:
+            return None
+        key = str(getattr(self.api, "base_url", id(self.docker)))
+        bridge = network_bridge_name(self.docker, cached_isolated_network(self.docker, key))
+
+        def spec_for(agent):
+            if not agent.ip:
+                return None
+            policy = network_policy(agent.label_set)
+            return self.isolation.spec(agent.ip, policy, agent.host_access or [], agent.bridge_port or None)
+
+        return IsolationTarget(self.isolation.client, [bridge], [ISOLATED_NETWORK_SUBNET], spec_for)
 
     # -- spawn ---------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from scalers.models import ConfigState
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..failure import mark_spawn_failed
-from ..isolation import host_services
+from ..isolation import IsolationTarget, host_services
 from ..spawn_env import console_url, full_labels, spawn_limits
 from . import watch
 from .backend import ABORT_REASON, FirecrackerBackend, FirecrackerCapacityError, FirecrackerSpawnError
@@ -148,6 +148,18 @@ class FirecrackerScalerBackend:
             ready = self.fc.ensure_host_ready()
         _PROVISIONED.add(s)
         return ready
+
+    def isolation_target(self) -> IsolationTarget:
+        """The VM bridge and each VM's rules from its row (its TAP is its port), for the drift check."""
+        s = self.fc.settings
+
+        def spec_for(agent):
+            if not agent.ip:
+                return None
+            port = agent.bridge_port or (agent.backend_context or {}).get("tap") or None
+            return self.fc.rule_spec(agent.ip, self._label_set(agent), agent.host_access or [], port)
+
+        return IsolationTarget(self.fc.nft, [s.bridge_name], [s.subnet], spec_for)
 
     def _label_set(self, agent) -> dict:
         ls = agent.label_set

@@ -1,0 +1,158 @@
+"""The isolation drift check: the rules in the kernel against the active agents in the database.
+
+Every sweeper round, for each nft table the console's isolated scalers use (containers, the
+container mode of bare-metal scalers, Firecracker VMs), the kernel's rules are read once and
+compared with what each active agent's row says it must have: its two chains with exactly the
+rules its stored host access and its label set's policy render, both map elements, and its
+(port, address) binding; and the base (the two inet chains, one guard chain per bridge, the
+bridge table's chains). What is missing or changed is re-applied in ONE transaction, under the
+addresses' locks and after re-reading the rows, so an agent torn down meanwhile is not given
+rules back. The guard's drop policy keeps everything from the bridge dropped until then (a
+flushed table keeps its chains). Each repair bumps ``kici_scaler_isolation_repairs_total`` and
+records an event. Design: ``docs/nft-isolation.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from agents.choices import AgentState, EventType
+from agents.events import record_event
+from agents.models import Agent
+from network.nft.apply import AgentRules
+from network.nft.plan import spec_rule_lines
+from network.nft.render import render_agent_add, render_table_base
+from network.nft.spec import AgentSpec, RuleSpecError
+
+from .admission.ledger import add_to_counters, counter_increment
+from .backends import factory
+from .backends.holders import address_lock
+from .choices import ScalerType
+from .models import Scaler
+
+log = logging.getLogger(__name__)
+
+#: MetricCounter name of the repairs (``kind``: ``base`` or ``agent``).
+REPAIRS = "kici_scaler_isolation_repairs_total"
+#: Agent states whose rules the check restores; a destroying agent's rules are going away.
+KEPT_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING)
+
+
+@dataclass
+class _Table:
+    client: object
+    bridges: set[str] = field(default_factory=set)
+    networks: set[str] = field(default_factory=set)
+    agents: dict[str, tuple[Agent, AgentSpec]] = field(default_factory=dict)
+
+
+@dataclass
+class DriftReport:
+    """One table's check: ``base`` problems found (lines), ``agents`` repaired (agent ids)."""
+
+    table: str
+    base: list[str] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)
+
+
+def agent_drift(spec: AgentSpec, found: AgentRules | None) -> str | None:
+    """Why the kernel's rules for ``spec``'s address differ from ``spec`` (one line), or None."""
+    if found is None:
+        return "no rules in the kernel"
+    if not found.complete:
+        return "its chains or map elements are missing"
+    if spec.port and spec.port not in found.ports:
+        return f"its port {spec.port} is not bound"
+    lines = [line for line in found.describe() if line.startswith(("forward:", "input:"))]
+    if lines != spec_rule_lines(spec):
+        return "its rules differ from its policy"
+    return None
+
+
+def _tables() -> dict[str, _Table]:
+    """The tables in use, with their bridges and the expected specs of their active agents."""
+    tables: dict[str, _Table] = {}
+    for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):
+        try:
+            target = getattr(factory.get_backend(scaler), "isolation_target", lambda: None)()
+        except Exception as exc:  # noqa: BLE001 - one scaler's runtime down must not stop the others
+            log.warning("drift check: scaler %s skipped: %s", scaler.name, exc)
+            continue
+        if target is None:
+            continue
+        entry = tables.setdefault(target.client.table, _Table(target.client))
+        entry.bridges.update(target.bridges)
+        entry.networks.update(target.networks)
+        agents = Agent.objects.filter(scaler=scaler, state__in=KEPT_STATES).exclude(ip=None).select_related("label_set")
+        for agent in agents:
+            try:
+                spec = target.spec_for(agent)
+            except RuleSpecError as exc:
+                log.warning("drift check: %s has rules that cannot be rendered: %s", agent.agent_id, exc)
+                continue
+            if spec is not None:
+                entry.agents[str(spec.address)] = (agent, spec)
+    return tables
+
+
+def check_isolation_drift() -> list[DriftReport]:
+    """Compare and repair every table in use (see the module doc); the reports of tables that
+    needed a repair. A table whose listing fails is logged and left for the next round."""
+    reports = []
+    for name, table in _tables().items():
+        try:
+            report = _check_table(name, table)
+        except Exception:  # noqa: BLE001 - one table's failure must not stop the others
+            log.exception("drift check of table %s failed", name)
+            continue
+        if report.base or report.agents:
+            reports.append(report)
+    return reports
+
+
+def _check_table(name: str, table: _Table) -> DriftReport:
+    client = table.client
+    bridges, networks = sorted(table.bridges), sorted(table.networks)
+    found, base = client.snapshot(bridges)
+    drifted = {
+        addr: why for addr, (_, spec) in table.agents.items() if (why := agent_drift(spec, found.get(spec.address)))
+    }
+    report = DriftReport(name, base=base)
+    if not base and not drifted:
+        return report
+    with address_lock(*drifted):
+        # Re-read under the locks: a teardown that began since the listing keeps its rules gone.
+        still = set(
+            Agent.objects.filter(pk__in=[table.agents[a][0].pk for a in drifted], state__in=KEPT_STATES).values_list(
+                "pk", flat=True
+            )
+        )
+        repair = [table.agents[a] for a in drifted if table.agents[a][0].pk in still]
+        cmds = render_table_base(name, bridges, networks)
+        for _, spec in repair:
+            cmds += render_agent_add(name, spec)
+        client.apply_document(cmds)
+        increments: dict = {}
+        if base:
+            increments |= counter_increment(REPAIRS, {"table": name, "kind": "base"})
+            log.warning("isolation base of table %s re-applied: %s", name, "; ".join(base))
+        if repair:
+            increments |= counter_increment(REPAIRS, {"table": name, "kind": "agent"}, len(repair))
+        add_to_counters(increments)
+        scalers: dict[str, list[str]] = defaultdict(list)
+        for agent, spec in repair:
+            why = drifted[str(spec.address)]
+            log.warning("isolation rules of %s (%s) re-applied: %s", agent.agent_id, spec.address, why)
+            record_event(agent, EventType.NETWORK, f"isolation rules re-applied from the database: {why}")
+            scalers[agent.scaler.name].append(agent.agent_id)
+            report.agents.append(agent.agent_id)
+        if base:
+            record_event(
+                None,
+                EventType.NETWORK,
+                f"isolation base of table {name} re-applied: {'; '.join(base)}",
+                scaler_name=",".join(sorted(scalers)) or "",
+            )
+    return report
