@@ -45,12 +45,13 @@ def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
 
 
 def in_netns(name: str, fn: Callable[[], object]) -> object:
-    """Call ``fn`` on a fresh thread that has joined network namespace ``name``; return its result."""
+    """Call ``fn`` on a fresh thread that has joined network namespace ``name`` (a name under
+    /run/netns, or a path such as ``/proc/<pid>/ns/net``); return its result."""
     box: dict[str, object] = {}
 
     def target() -> None:
         try:
-            fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+            fd = os.open(name if name.startswith("/") else f"/run/netns/{name}", os.O_RDONLY)
             try:
                 os.setns(fd, os.CLONE_NEWNET)
             finally:
@@ -94,6 +95,16 @@ class Netns:
 
     def delete(self) -> None:
         run(["ip", "netns", "del", self.name], check=False)
+
+
+class ProcessNetns:
+    """The network namespace of a running process (a container's init): probes from inside it."""
+
+    def __init__(self, pid: int):
+        self.name = f"/proc/{pid}/ns/net"
+
+    def socket(self, family: int, kind: int) -> socket.socket:
+        return in_netns(self.name, lambda: socket.socket(family, kind))  # type: ignore[return-value]
 
 
 class Listener:
