@@ -333,7 +333,7 @@ class NftClient:
     def snapshot(self, guard_interfaces: Iterable[str] = ()) -> tuple[dict[IPAddress, AgentRules], list[str]]:
         """``(agents, base_problems)`` from one listing of each table: every agent as
         :meth:`list_agents` reads it, and what is missing or changed in the base: each problem a
-        line (``inet chain forward: 0 rules, expected 2``, ``no guard chain for kici-br0``); [] when
+        line (``inet chain forward: 0 rules, expected 2``, ``inet chain guard-kici-br0 is missing``); [] when
         the base is as rendered. Raises NftError."""
         items = self.list_table()
         bridge_items = self.list_table(BRIDGE_FAMILY)
