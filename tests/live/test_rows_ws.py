@@ -16,10 +16,12 @@ from django.contrib.auth.models import AnonymousUser
 
 from agents.choices import AgentState, EventType
 from agents.events import flush_events, record_event
+from agents.heartbeats import push_heartbeat_row
 from agents.models import Agent
 from live.publish import apublish_rows, rows_notice
 from live.routing import websocket_urlpatterns
-from live.rows import AGENTS_GROUP, ROW_BATCH_SECONDS
+from live.rows import AGENTS_GROUP, ROW_BATCH_SECONDS, AgentRows
+from operations.services import create_operation
 from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -77,7 +79,21 @@ def two_scalers():
     return a, b, make_agent(a, AgentState.RUNNING), make_agent(b, AgentState.RUNNING)
 
 
-async def test_a_scaler_page_gets_its_scalers_agents_only(viewer):
+@pytest.fixture
+def updates(monkeypatch):
+    """The ids each AgentRows view was asked to render (what reached the page's group)."""
+    seen: list[set] = []
+    update = AgentRows.update
+
+    def recording(self, keys, shown):
+        seen.append(set(keys))
+        return update(self, keys, shown)
+
+    monkeypatch.setattr(AgentRows, "update", recording)
+    return seen
+
+
+async def test_a_scaler_page_gets_its_scalers_agents_only(viewer, updates):
     a, b, agent_a, agent_b = await two_scalers()
     page, first = await connect("/ws/rows/agents/?scaler=rows-a&state=active", viewer)
     try:
@@ -87,7 +103,9 @@ async def test_a_scaler_page_gets_its_scalers_agents_only(viewer):
         frame = await page.receive_from(timeout=5)
         assert rows([frame]) == [agent_a.agent_id] and "1 running" in frame
         assert 'hx-swap-oob="afterbegin:#agent-rows" data-upsert' in frame and "data-server-time=" in frame
-        assert await page.receive_nothing(timeout=ROW_BATCH_SECONDS + 0.5)  # nothing about rows-b
+        assert await page.receive_nothing(timeout=ROW_BATCH_SECONDS + 0.5)
+        # the page's group (rows.scaler.<pk>) never carried the other scaler's agent
+        assert updates == [{agent_a.agent_id}]
     finally:
         await page.disconnect()
 
@@ -114,8 +132,6 @@ async def test_a_filtered_list_gets_matching_rows_and_a_removal_for_rows_leaving
 
 
 async def test_an_agent_page_gets_its_row_and_details_and_heartbeats(viewer):
-    from agents.heartbeats import push_heartbeat_row
-
     _, _, agent, other = await two_scalers()
     page, first = await connect(f"/ws/rows/agent/?id={agent.agent_id}", viewer)
     try:
@@ -168,8 +184,6 @@ async def test_a_heartbeat_storm_reaches_each_page_in_about_one_frame_a_second(v
 
 
 async def test_the_operations_list_gets_a_new_operation(users, config_file):
-    from operations.services import create_operation
-
     page, first = await connect("/ws/rows/operations/?status=planned", users["viewer"])
     try:
         assert "data-sync" in first
@@ -213,21 +227,14 @@ async def test_it_refuses_what_it_cannot_show(users, path, who, code):
     await comm.disconnect()
 
 
-async def test_a_frame_is_rendered_once_per_batch_not_per_notice(viewer, monkeypatch):
-    from live.rows import AgentRows
-
+async def test_a_frame_is_rendered_once_per_batch_not_per_notice(viewer, updates):
     _, _, agent, _ = await two_scalers()
-    calls = []
-    update = AgentRows.update
-    monkeypatch.setattr(
-        AgentRows, "update", lambda self, keys, shown: calls.append(set(keys)) or update(self, keys, shown)
-    )
     page, _ = await connect("/ws/rows/agents/", viewer)
     try:
         for _ in range(50):
             await apublish_rows([(AGENTS_GROUP, rows_notice("agents", [agent.agent_id]))])
         await page.receive_from(timeout=5)
         await asyncio.sleep(ROW_BATCH_SECONDS + 0.3)
-        assert calls == [{agent.agent_id}]
+        assert updates == [{agent.agent_id}]
     finally:
         await page.disconnect()
