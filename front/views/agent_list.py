@@ -28,6 +28,7 @@ def agent_list(request):
         "nav": "agents",
         "page": page,
         "agents": page.object_list,
+        "agent_limit": LIST_PAGE_SIZE,
         "filters": cleaned,
         "state_filters": STATE_FILTERS,
         "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
