@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -154,8 +155,19 @@ KICI_SCALER_CONFIG_DIR = env_str("KICI_SCALER_CONFIG_DIR")
 DOCKER_HOST = env_str("DOCKER_HOST")
 # Bearer token the orchestrator presents on POST /api/v1/scale.
 KICI_API_TOKEN = env_str("KICI_API_TOKEN")
-# Stable id of this console instance: owner of the reservations it writes.
-KICI_INSTANCE_ID = env_str("KICI_INSTANCE_ID", KICI_HOST_NAME)
+
+
+def _default_instance_id(host_name: str, database: dict) -> str:
+    """``<host name>-<8 hex digits of the database's host, port and name>``: the same across the
+    restarts of one console, different for a second console on this host (it has its own database)."""
+    where = f"{database['HOST']}:{database['PORT']}/{database['NAME']}"
+    return f"{host_name}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
+# Stable id of this console instance: owner of the reservations it writes, stamped on every
+# sandbox it makes (scalers.backends.ownership). Set it when the host name is not stable (a
+# console in a container) or when two consoles on one host share a database.
+KICI_INSTANCE_ID = env_str("KICI_INSTANCE_ID", _default_instance_id(KICI_HOST_NAME, DATABASES["default"]))
 # URL agents dial back to register (scaler orchestratorUrl wins when set).
 KICI_CONSOLE_URL = env_str("KICI_CONSOLE_URL", "http://172.30.0.1:8000")
 # Where the operator side is served (pages, admin, /metrics, /healthz, the scale API). A request on

@@ -10,7 +10,9 @@ Routes (:mod:`live.routing`), behind ``AllowedHostsOriginValidator(AuthMiddlewar
 * ``ws/events/`` and ``ws/agents/<agent_id>/events/`` → :class:`EventsConsumer`, relaying the
   ``events.global`` / ``events.agent.<agent_id>`` groups (producers call
   :func:`live.publish.publish_event`);
-* ``ws/operations/<operation_id>/`` → :class:`OperationConsumer` (group ``operation.<id>``).
+* ``ws/operations/<operation_id>/`` → :class:`OperationConsumer` (group ``operation.<id>``);
+* ``ws/rows/<view>/?<filters>`` → :class:`RowsConsumer`, the rows of a page that lists agents,
+  operations or scalers (:mod:`live.rows`).
 
 The console and event consumers need an authenticated user with ``agents.view_agent``; otherwise the
 socket is accepted and closed at once with code 4403 (a code the htmx ``ws`` extension does not
@@ -55,6 +57,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.http import QueryDict
 from django.template.loader import get_template, render_to_string
 
 from agents.models import Agent
@@ -66,6 +69,7 @@ from .consoles import console_source
 from .hub import ConsoleHub
 from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
 from .render import render_live_update
+from .rows import MAX_DIRTY, ROW_BATCH_SECONDS, row_view
 from .streams import Line, StreamKey, ViewerBuffer
 from .transport import RedisTransport
 
@@ -427,3 +431,92 @@ class OperationConsumer(AsyncWebsocketConsumer):
         )
         for html in messages or []:
             await self.send(text_data=html)
+
+
+ROW_GATHER_SECONDS = 0.05
+"""A first change waits this long for the rest of its burst before its frame goes out."""
+
+
+class RowsConsumer(AsyncWebsocketConsumer):
+    """``ws/rows/<view>/?<filters>``: the rows of one page (:func:`live.rows.row_view`).
+
+    On connect: the view's rows as they are now (a ``data-sync`` frame), then, at most once per
+    :data:`live.rows.ROW_BATCH_SECONDS`, one frame with the rows whose ids arrived in
+    ``rows.dirty`` notices meanwhile (changed, new, or removed from the view). A viewer that
+    collects more than :data:`live.rows.MAX_DIRTY` ids gets a full sync instead. Closes with 4403
+    without the view's permission, 4404 for an unknown view, agent or scaler or a bad parameter.
+    """
+
+    view = None
+    flusher: asyncio.Task | None = None
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if not (user is not None and user.is_authenticated and user.is_active):
+            return await self._refuse(CLOSE_FORBIDDEN)
+        name = self.scope["url_route"]["kwargs"].get("view", "")
+        params = QueryDict((self.scope.get("query_string") or b"").decode("latin-1"))
+        try:
+            view = await database_sync_to_async(row_view)(name, params)
+        except LookupError:
+            return await self._refuse(CLOSE_NOT_FOUND)
+        if not await database_sync_to_async(user.has_perm)(view.perm):
+            return await self._refuse(CLOSE_FORBIDDEN)
+        self.view, self.dirty, self.overflow, self.last_frame = view, set(), False, 0.0
+        for group in view.groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        frames, self.shown = await database_sync_to_async(view.snapshot)()
+        for frame in frames:
+            await self.send(text_data=frame)
+        self.last_frame = asyncio.get_running_loop().time()
+
+    async def _refuse(self, code: int) -> None:
+        await self.accept()
+        await self.close(code=code)
+
+    async def rows_dirty(self, message):
+        if self.view is None:
+            return
+        keys = message.get(self.view.noun) or ()
+        if not keys:
+            return
+        if not self.overflow:
+            self.dirty.update(keys)
+            if len(self.dirty) > MAX_DIRTY:
+                self.overflow, self.dirty = True, set()
+        if self.flusher is None:
+            self.flusher = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.dirty or self.overflow:
+                await asyncio.sleep(max(ROW_GATHER_SECONDS, self.last_frame + ROW_BATCH_SECONDS - loop.time()))
+                keys, overflow = self.dirty, self.overflow
+                self.dirty, self.overflow = set(), False
+                if overflow:
+                    frames, self.shown = await database_sync_to_async(self.view.snapshot)()
+                else:
+                    frames, self.shown = await database_sync_to_async(self.view.update)(keys, self.shown)
+                for frame in frames:
+                    await self.send(text_data=frame)
+                self.last_frame = loop.time()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the socket is gone or rendering broke: end this viewer
+            log.warning("live rows stopped", exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+        finally:
+            self.flusher = None
+
+    async def disconnect(self, code):
+        if self.flusher is not None:
+            self.flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.flusher
+        if self.view is not None:
+            for group in self.view.groups:
+                with contextlib.suppress(Exception):
+                    await self.channel_layer.group_discard(group, self.channel_name)

@@ -1,6 +1,8 @@
 """Pushing to the live pages' Channels groups.
 
-Stored events go to ``events.global`` and ``events.agent.<agent_id>`` (:func:`publish_event`). An
+Stored events go to ``events.global`` and ``events.agent.<agent_id>`` (:func:`publish_event`).
+Changed agent, operation and scaler rows go as ``rows.dirty`` notices (ids only) to the row groups
+of :mod:`live.rows` (:func:`publish_rows`), whose consumers render them per page. An
 operation's progress goes to ``operation.<id>`` (:func:`publish_progress`) as a small notice: the
 consumer renders the changed parts from the database with the same template partials as the page
 (``operations/detail.html#...``), so the markup of a row cannot drift between the first render and
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .render import render_live_update
+from .rows import OPERATIONS_GROUP, SCALERS_GROUP, agent_groups
 from .streams import StreamKey
 
 log = logging.getLogger(__name__)
@@ -93,17 +96,51 @@ def publish_event(event: Any) -> None:
     async_to_sync(apublish_message)(message, event_groups(message["agent_ref"]))
 
 
-def publish_committed_event(sender: Any, event: Any, **kwargs: Any) -> None:
-    """Receiver of ``agents.events.event_committed``: :func:`publish_event`."""
-    publish_event(event)
+def rows_notice(noun: str, keys: Iterable) -> dict:
+    """``{"type": "rows.dirty", noun: [keys]}``: the rows ``keys`` (agent ids, operation or scaler
+    pks) changed; each row view that shows ``noun`` renders them (``live.consumers.RowsConsumer``)."""
+    return {"type": "rows.dirty", noun: list(keys)}
 
 
-def send_agent_row(sender: Any, agent: Any, message: dict, **kwargs: Any) -> None:
-    """Receiver of ``agents.heartbeats.agent_row_changed``: send the row update ``message`` to
-    the agent's event groups (sync)."""
+async def apublish_rows(notices: Iterable[tuple[str, dict]], layer: Any = None) -> None:
+    """Send each ``(group, notice)``."""
+    if layer is None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+    for group, notice in notices:
+        await layer.group_send(group, notice)
+
+
+def agent_row_notices(agent_id: str, scaler_pk: int, *, capacity: bool) -> list[tuple[str, dict]]:
+    """The notices of one agent's changed row: to its row groups, and with ``capacity`` (a state
+    or reservation may have changed) to ``rows.scalers`` for its scaler's row."""
+    notice = rows_notice("agents", [agent_id])
+    notices = [(group, notice) for group in agent_groups(agent_id, scaler_pk)]
+    if capacity:
+        notices.append((SCALERS_GROUP, rows_notice("scalers", [scaler_pk])))
+    return notices
+
+
+def publish_rows(notices: Iterable[tuple[str, dict]]) -> None:
+    """:func:`apublish_rows` from sync code. Raises whatever the channel layer raises."""
     from asgiref.sync import async_to_sync
 
-    async_to_sync(apublish_message)(message, event_groups(agent.agent_id))
+    async_to_sync(apublish_rows)(list(notices))
+
+
+def publish_committed_event(sender: Any, event: Any, **kwargs: Any) -> None:
+    """Receiver of ``agents.events.event_committed``: :func:`publish_event`, then the agent's row
+    and its scaler's row (an event marks a change of the agent)."""
+    publish_event(event)
+    if event.agent_id:
+        agent = event.agent
+        publish_rows(agent_row_notices(agent.agent_id, agent.scaler_id, capacity=True))
+
+
+def send_agent_row(sender: Any, agent_id: str, scaler_id: int, **kwargs: Any) -> None:
+    """Receiver of ``agents.heartbeats.agent_row_changed`` (a heartbeat): the agent's row (sync)."""
+    publish_rows(agent_row_notices(agent_id, scaler_id, capacity=False))
 
 
 def operation_group(operation_id: int) -> str:
@@ -140,5 +177,10 @@ def publish_progress(
 
 
 def send_operation_progress(sender, operation_id: int, keys=(), log_from=None, log_to=None, **kwargs) -> None:
-    """Receiver of ``operations.models.operation_progress``: :func:`publish_progress`."""
+    """Receiver of ``operations.models.operation_progress``: :func:`publish_progress`, and the
+    operation's row on ``/operations/`` (never raises)."""
     publish_progress(operation_id, keys, log_from, log_to)
+    try:
+        publish_rows([(OPERATIONS_GROUP, rows_notice("operations", [operation_id]))])
+    except Exception:  # noqa: BLE001 - a push failure must not fail the producer
+        log.warning("could not publish the row of operation %s", operation_id, exc_info=True)

@@ -4,7 +4,8 @@ The ``ws/events/`` and ``ws/agents/<id>/events/`` consumers receive ``{"type": "
 "event_id": pk}`` group messages (see ``live.publish.event_message``) and send each client the string
 :func:`render_live_update` returns. The htmx ``ws`` extension swaps every top-level element of that
 string out of band; the page's ``kici-live`` extension (static/js/kici.js) first drops the elements
-whose target the page does not have, and upserts agent rows (replace in place, or insert at the top).
+whose target the page does not have. Agent rows are not part of it: each page's row view pushes its
+own (``live.rows``), so a page shows only the agents its filter selects.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from django.template.loader import render_to_string
 
 from agents.models import Agent, ScalerEvent
 from scalers.capacity import global_capacity, scaler_capacities
+
+from .rows import server_time
 
 PAGE = "dashboard/index.html"
 
@@ -24,10 +27,9 @@ def render_live_update(event: ScalerEvent | int) -> str:
     ``channels.db.database_sync_to_async``. The string holds, each swapped out of band:
 
     1. ``<tbody hx-swap-oob="afterbegin:#event-rows">`` with the event row (feeds, timelines);
-    2. when the event has an agent: ``<tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>``
-       with the agent's row as it is now (state changes, new agents);
-    3. the capacity cards of the agent's scaler and of the whole console
-       (``<div id="cap-scaler-<pk>" hx-swap-oob="outerHTML">``, ``#cap-global``).
+    2. when the event has an agent: the capacity cards of the agent's scaler and of the whole
+       console (``<div id="cap-scaler-<pk>" hx-swap-oob="outerHTML">``, ``#cap-global``);
+    3. ``<i data-server-time="ISO">``: the console's clock (kici.js counts ages on it).
     """
     if not isinstance(event, ScalerEvent):
         event = ScalerEvent.objects.select_related("agent", "agent__scaler").filter(pk=event).first()
@@ -38,8 +40,8 @@ def render_live_update(event: ScalerEvent | int) -> str:
     if event.agent_id:
         agent = Agent.objects.select_related("scaler").filter(pk=event.agent_id).first()
     if agent is not None:
-        parts.append(render_to_string(f"{PAGE}#agent_oob", {"agent": agent}))
         for cap in scaler_capacities([agent.scaler]):
             parts.append(render_to_string(f"{PAGE}#cap_card", {"cap": cap, "oob": True}))
         parts.append(render_to_string(f"{PAGE}#cap_card", {"cap": global_capacity(), "oob": True}))
+    parts.append(f'<i data-server-time="{server_time()}"></i>')
     return "\n".join(p.strip() for p in parts)

@@ -23,7 +23,7 @@ from .choices import (
     TargetOutcome,
 )
 
-#: Sent when an operation's status changed, targets ``keys`` got outcomes, or log entries
+#: Sent when an operation was planned, its status changed, targets ``keys`` got outcomes, or log entries
 #: ``[log_from:log_to]`` were added (kwargs ``operation_id``, ``keys``, ``log_from``, ``log_to``).
 #: The ``live`` app pushes it to the operation's viewers; nothing here knows who listens.
 operation_progress = Signal()

@@ -260,6 +260,8 @@ def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: date
         _audit(
             operation, user, AuditAction.REQUESTED, "", OperationStatus.PLANNED, f"{len(targets)} target(s) via {via}"
         )
+        # A new row on the operation list's open pages (live.publish receives the signal).
+        transaction.on_commit(lambda: operation_progress.send(sender=Operation, operation_id=operation.pk, keys=[]))
     operation.reused = False
     return operation
 

@@ -8,7 +8,7 @@
   given up; when its row has ended, its sandbox is reclaimed by ``scalers.jobs.reclaim_job``); 400 for malformed JSON.
 - ``POST /api/v1/agents/<agent_id>/heartbeat`` — bearer: the session token. Body (optional):
   ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}``; the agent's row on open
-  pages is refreshed live (at most every 10 s, ``agents.heartbeats``); 410 with
+  pages is refreshed live (every heartbeat, batched per page: ``agents.heartbeats``); 410 with
   ``{state, drain: false, stop: true}`` (plus the error) once the agent is destroyed or failed;
   401 for a bad token; 400 for bad input.
 - ``POST /api/v1/agents/claim`` — body ``{"claimCode": "..."}`` from a ``kici.scaler.scale-up``
@@ -36,7 +36,7 @@ from django.views.decorators.http import require_POST
 
 from agents.choices import TERMINAL_STATES, AgentState, EventType
 from agents.events import record_event
-from agents.heartbeats import push_heartbeat_row, row_push_due
+from agents.heartbeats import push_heartbeat_row
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error
@@ -217,8 +217,7 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
     if active is not None:
         fields["active_jobs"] = active
     Agent.objects.filter(pk=agent.pk).update(**fields)
-    if row_push_due(agent.last_heartbeat, now) or (active is not None and active != agent.active_jobs):
-        push_heartbeat_row(agent.pk)  # open pages show the new age (throttled: agents.heartbeats)
+    push_heartbeat_row(agent)  # open pages show the new age (batched per page: live.rows)
     return JsonResponse(
         {
             "state": agent.state,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
@@ -97,6 +97,17 @@ def scaler_capacities(scalers=None) -> list[Capacity]:
             )
         )
     return out
+
+
+def listed_scaler_capacities(pks=None) -> list[Capacity]:
+    """The rows of ``/scalers/``: the capacity of every scaler (or of those with a pk in ``pks``),
+    each scaler annotated with ``n_label_sets`` (its label sets not retired) and its machine pool."""
+    scalers = Scaler.objects.annotate(
+        n_label_sets=Count("label_sets", filter=Q(label_sets__retired=False))
+    ).select_related("machine_pool")
+    if pks is not None:
+        scalers = scalers.filter(pk__in=list(pks))
+    return scaler_capacities(scalers)
 
 
 def global_capacity() -> Capacity:

@@ -6,6 +6,8 @@ counter kept beside them.
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import models
 
 from .choices import ScalerType
@@ -243,3 +245,28 @@ class ScalerTeardown(models.Model):
 
     def __str__(self):
         return f"{self.scaler.name} torn down at {self.torn_down_at:%Y-%m-%d %H:%M:%S}"
+
+
+def _new_installation_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Installation(models.Model):
+    """This installation's identity: one row (pk=1), made at first use and never changed.
+
+    Stamped on every sandbox (``scalers.backends.ownership``). It lives in the database, so a
+    restored copy of the database carries the same id; the console instance tells the two apart.
+    """
+
+    installation_id = models.CharField(max_length=64, unique=True, default=_new_installation_id, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"installation {self.installation_id}"
+
+    @classmethod
+    def current_id(cls) -> str:
+        """The installation id, creating the row on first use (a concurrent first use reads the
+        winner's row). Raises database errors."""
+        obj, _ = cls.objects.get_or_create(pk=1)
+        return obj.installation_id

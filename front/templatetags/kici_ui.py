@@ -13,8 +13,9 @@ from django.utils.html import format_html
 from django.utils.http import RFC3986_SUBDELIMS
 
 from agents.choices import EVENT_BADGES
-from agents.liveness import current_mark
+from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seconds
 from lib.units import format_age, format_bytes_iec
+from scalers.agent_api import HEARTBEAT_INTERVAL_SECONDS
 
 register = template.Library()
 
@@ -47,16 +48,44 @@ def pct(part, whole) -> float:
 
 @register.simple_tag
 def rel_time(value: datetime | None, empty: str = "—"):
-    """``<time data-rel>`` showing "12s ago" (refreshed in the browser by kici.js), absolute UTC in the title."""
+    """``<time data-rel>`` showing "12s ago" (ticking in the browser: kici.js), absolute UTC in the title."""
     if not value:
         return format_html('<span class="muted">{}</span>', empty)
-    iso = value.isoformat()
+    return _rel_time(value, "")
+
+
+def _rel_time(value: datetime, extra: str):
     return format_html(
-        '<time data-rel datetime="{}" title="{}">{}</time>',
-        iso,
+        '<time data-rel datetime="{}" title="{}"{}>{}</time>',
+        value.isoformat(),
         value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        extra,
         format_age((timezone.now() - value).total_seconds()),
     )
+
+
+def heartbeat_thresholds() -> tuple[int, int]:
+    """``(amber, red)`` in seconds: a heartbeat older than two heartbeat intervals
+    (``scalers.agent_api.HEARTBEAT_INTERVAL_SECONDS``) is late, one older than
+    ``KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` makes the agent lost (``agents.liveness``)."""
+    return 2 * HEARTBEAT_INTERVAL_SECONDS, heartbeat_timeout_seconds()
+
+
+@register.simple_tag
+def heartbeat_age(agent):
+    """The agent's last heartbeat as :func:`rel_time`. While heartbeats are expected (running,
+    draining) it carries ``data-warn-after`` / ``data-late-after`` (seconds, see
+    :func:`heartbeat_thresholds`) and the class ``age-ok``, ``age-warn`` (amber) or ``age-late``
+    (red); kici.js moves the class on as the age ticks."""
+    value = agent.last_heartbeat
+    if not value:
+        return format_html('<span class="muted">{}</span>', "never")
+    if agent.state not in WATCHED_STATES:
+        return _rel_time(value, "")
+    warn, late = heartbeat_thresholds()
+    age = (timezone.now() - value).total_seconds()
+    level = "age-late" if age > late else "age-warn" if age > warn else "age-ok"
+    return _rel_time(value, format_html(' class="{}" data-warn-after="{}" data-late-after="{}"', level, warn, late))
 
 
 @register.simple_tag

@@ -21,6 +21,7 @@ from lib.htmx import wants_partial
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.kinds.registry import get_kind
+from operations.listing import PAGE_SIZE, filter_operations
 from operations.models import Operation
 from operations.presenters import detail_context
 from operations.services import (
@@ -35,30 +36,19 @@ from operations.services import (
 )
 from scalers.models import Scaler
 
-PAGE_SIZE = 50
-
 
 @require_GET
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def operation_list(request: HttpRequest) -> HttpResponse:
     """``/operations/?status=&kind=&scaler=``: newest first, 50 a page."""
-    qs = Operation.objects.select_related("label_set", "requested_by", "approved_by", "rejected_by")
-    status = request.GET.get("status", "")
-    kind = request.GET.get("kind", "")
-    scaler = request.GET.get("scaler", "").strip()
-    if status in OperationStatus.values:
-        qs = qs.filter(status=status)
-    if kind in OperationKind.values:
-        qs = qs.filter(kind=kind)
-    if scaler:
-        qs = qs.filter(scaler_name=scaler)
+    qs, filters = filter_operations(request.GET)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "nav": "operations",
         "page": page,
         "operations": page.object_list,
-        "filters": {"status": status, "kind": kind, "scaler": scaler},
+        "filters": filters,
         "statuses": OperationStatus.choices,
         "kinds": OperationKind.choices,
         "scaler_names": list(Scaler.objects.values_list("name", flat=True)),

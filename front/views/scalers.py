@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent, ScalerEvent
 from operations.services import create_operation
-from scalers.capacity import scaler_capacities
+from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.models import ConfigState, LabelSet, Scaler
 
 from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
@@ -29,16 +29,15 @@ log = logging.getLogger(__name__)
 
 HOST_ACCESS_KIND = "host-access-apply"
 REQUEST_PERM = "operations.request_operation"
+#: Live agents the scaler page lists (newest first).
+SCALER_AGENT_LIMIT = 500
 
 
 @require_GET
 @viewer_required
 def scaler_list(request):
     """``/scalers/``: every scaler with its capacity and label-set count."""
-    scalers = Scaler.objects.annotate(
-        n_label_sets=Count("label_sets", filter=Q(label_sets__retired=False))
-    ).select_related("machine_pool")
-    return render(request, "scalers/list.html", {"nav": "scalers", "caps": scaler_capacities(scalers)})
+    return render(request, "scalers/list.html", {"nav": "scalers", "caps": listed_scaler_capacities()})
 
 
 def _scaler(name: str) -> Scaler:
@@ -59,7 +58,7 @@ def scaler_detail(request, name: str):
     for ls in label_sets:
         cfg = ls.config or {}
         ls.backend_summary = cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or ""
-    agents = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).select_related("scaler")[:500]
+    agents = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).select_related("scaler")[:SCALER_AGENT_LIMIT]
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
     ctx = {
         "nav": "scalers",
@@ -67,6 +66,7 @@ def scaler_detail(request, name: str):
         "cap": scaler_capacities([scaler])[0],
         "label_sets": label_sets,
         "agents": agents,
+        "agent_limit": SCALER_AGENT_LIMIT,
         "events": events,
         "max_rows": 50,
         "empty_text": "No live agents on this scaler.",

@@ -1,8 +1,10 @@
 """Reap orphan containers of one container scaler.
 
 The rule is the backend's, written once (``scalers.backends.container.orphans.judge_container``):
-only containers stamped with this scaler's own name, never one whose agent this console tracks,
-and a running one only when its agent is not registered. The plan is the backend's
+only containers whose ownership labels are all this console's (installation, instance, scaler
+name: another console's is spared with that reason, one without them as "skipped: ownership
+unknown"), never one whose agent this console tracks, and a running one only when its agent is
+not registered. The plan is the backend's
 ``plan_containers()``: its targets, and every other container of this scaler with the reason the
 rule spares it. The run re-plans; a container whose agent registered (or became tracked) since the
 preview is spared in the fresh plan and is skipped with that reason, and ``apply_orphans`` judges

@@ -17,6 +17,7 @@ from scalers.models import ConfigState
 from scalers.resources import EffectiveLimits, effective_limits, resolve_resources
 
 from .base import scaler_option
+from .ownership import current_owner
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -167,12 +168,14 @@ def process_env(agent: Agent, token: str | None, *, environ: Mapping[str, str] |
 def container_labels(agent: Agent, *, bound_job_labels: bool = True) -> dict[str, str]:
     """Labels stamped on an agent container (container backend and bare-metal container mode).
 
-    ``kici-managed=true``, ``kici-scaler-name``, ``kici-agent-id``, ``kici-labels``; plus
+    ``kici-managed=true``, the ownership labels (``kici-installation-id``, ``kici-instance-id``,
+    ``kici-scaler-name``: ``scalers.backends.ownership``), ``kici-agent-id``, ``kici-labels``; plus
     ``kici-bound-job-id`` / ``kici-run-id`` for a job-bound spawn when ``bound_job_labels``.
+    Raises database errors (the installation id is read, made on first use).
     """
     labels = {
         "kici-managed": "true",
-        "kici-scaler-name": agent.scaler.name,
+        **current_owner(agent.scaler.name).labels(),
         "kici-agent-id": agent.agent_id,
         "kici-labels": normalized_label_set(agent),
     }

@@ -7,16 +7,22 @@
       - "upserts" rows: in <tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>, a <tr id=...>
         already on the page is replaced in place (right here), a new one is inserted at the top;
         of several rows with one id in a frame only the last counts,
+      - removes the rows named in data-remove="id id" (rows that left the page's view), and with
+        data-sync every row of the target with an id that the frame does not carry (live.rows),
+      - takes the console's clock from data-server-time on any top-level element (see 3.),
       - keeps only rows matching the target's data-accept selector, if it has one
-        (e.g. data-accept='[data-scaler="ci"]' on a scaler page's tables),
-      - trims a tbody with data-max-rows after the swap, and removes a table's "nothing here"
-        placeholder row (tr.empty-row) once a live row has arrived in its tbody.
+        (e.g. data-accept='[data-scaler="ci"]' on a scaler page's event table),
+      - trims a tbody with data-max-rows after the swap, removes a table's "nothing here"
+        placeholder row (tr.empty-row) once a live row has arrived in its tbody, and puts back
+        the tbody's data-empty text when live removals emptied it.
    2. A connection indicator: an element with [data-live-status] inside the ws-connect element shows
       open / closed; after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
       was missed while the socket was away (messages sent meanwhile are lost).
-   3. Relative times: <time data-rel datetime="ISO"> shows "12s ago" and is refreshed every
-      REL_REFRESH_MS by the browser's clock (after every swap too), so an age keeps counting
-      between server pushes; heartbeats push the agent's row at most every 10 s (agents.heartbeats).
+   3. Relative times: <time data-rel datetime="ISO"> shows "12s ago", refreshed every second (and
+      after every swap) on the console's clock: the page's <meta name="kici-server-time"> and the
+      data-server-time of every push set the offset to the browser's clock; no per-second pushes.
+      With data-warn-after / data-late-after (seconds) the element gets the class age-ok,
+      age-warn (amber) or age-late (red) as it ages (a heartbeat: kici_ui.heartbeat_age).
    4. Keyboard: "/" focuses the page's [data-search] input, "?" opens the shortcut help, Esc leaves
       an input. Pages may add their own keys (see console.js). */
 (function () {
@@ -45,10 +51,23 @@
     });
     upsertRows.forEach(function (row) { if (lastRow[row.id] !== row) row.parentNode.removeChild(row); });
     Array.prototype.slice.call(tpl.content.children).forEach(function (el) {
+      var clock = el.getAttribute("data-server-time");
+      if (clock) setServerTime(clock);
       var sel = oobSelector(el);
       var target = null;
       try { target = sel ? document.querySelector(sel) : null; } catch (e) { target = null; }
       if (!target) return; // not on this page
+      (el.getAttribute("data-remove") || "").split(" ").forEach(function (id) {
+        var gone = id && document.getElementById(id);
+        if (gone && target.contains(gone)) gone.parentNode.removeChild(gone);
+      });
+      if (el.hasAttribute("data-sync")) {
+        var keep = {};
+        Array.prototype.forEach.call(el.children, function (row) { keep[row.id] = true; });
+        Array.prototype.slice.call(target.children).forEach(function (row) {
+          if (row.id && !keep[row.id]) target.removeChild(row);
+        });
+      }
       var accept = target.getAttribute("data-accept");
       if (accept && el.tagName === "TBODY") {
         Array.prototype.slice.call(el.children).forEach(function (row) {
@@ -80,6 +99,8 @@
       }
       out.push(el.outerHTML);
     });
+    // Swaps done here (removals, in-place rows) still need the trim and the clock.
+    setTimeout(function () { trim(); refreshTimes(); }, 0);
     return out.join("\n");
   }
 
@@ -92,6 +113,16 @@
     document.querySelectorAll("tbody > tr.empty-row").forEach(function (empty) {
       var body = empty.parentNode;
       if (body && body.children.length > 1) body.removeChild(empty);
+    });
+    document.querySelectorAll("tbody[data-empty]").forEach(function (body) {
+      if (body.children.length) return;
+      var head = body.parentNode.querySelector("thead tr");
+      var row = document.createElement("tr");
+      row.className = "empty-row";
+      row.innerHTML = '<td class="empty"></td>';
+      row.firstChild.colSpan = head ? head.children.length : 1;
+      row.firstChild.textContent = body.getAttribute("data-empty");
+      body.appendChild(row);
     });
   }
 
@@ -130,22 +161,34 @@
     if (h < 48) return h + "h " + (m % 60) + "m ago";
     return Math.floor(h / 24) + "d ago";
   }
-  var REL_REFRESH_MS = 5000;
-  // The server's clock at page load (<meta name="kici-server-time">): ages are counted on it, so a
+  var REL_REFRESH_MS = 1000;
+  // The console's clock minus the browser's (ms): ages are counted on the console's clock, so a
   // browser whose clock is off does not show healthy agents as stale (or from the future).
   var skewMs = 0;
+  function setServerTime(iso) {
+    var t = Date.parse(iso);
+    if (!isNaN(t)) skewMs = t - Date.now();
+  }
   (function () {
     var m = document.querySelector('meta[name="kici-server-time"]');
-    var t = m ? Date.parse(m.getAttribute("content")) : NaN;
-    if (!isNaN(t)) skewMs = t - Date.now();
+    if (m) setServerTime(m.getAttribute("content"));
   })();
   function refreshTimes() {
     var now = Date.now() + skewMs;
     document.querySelectorAll("time[data-rel]").forEach(function (t) {
       var d = Date.parse(t.getAttribute("datetime"));
       if (isNaN(d)) return;
-      var text = rel((now - d) / 1000);
+      var age = (now - d) / 1000;
+      var text = rel(age);
       if (t.textContent !== text) t.textContent = text;
+      var warn = t.getAttribute("data-warn-after");
+      if (warn === null) return;
+      var late = parseFloat(t.getAttribute("data-late-after"));
+      var level = age > late ? "age-late" : age > parseFloat(warn) ? "age-warn" : "age-ok";
+      if (!t.classList.contains(level)) {
+        t.classList.remove("age-ok", "age-warn", "age-late");
+        t.classList.add(level);
+      }
     });
   }
   window.kiciRefreshTimes = refreshTimes;

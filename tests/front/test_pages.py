@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.events import record_event
-from agents.heartbeats import agent_row_message
 from agents.models import Agent
 from live.render import render_live_update
+from live.rows import row_view
 from scalers.models import ConfigState, LabelSet, Reservation, Scaler
 
 pytestmark = pytest.mark.django_db
@@ -152,28 +152,30 @@ def test_the_dashboard_answers_a_resync_with_the_table_body_only(viewer_client, 
 
 def _pushed_agent_row(html: str) -> str:
     """The agent row a live push carries in its ``data-upsert`` tbody."""
-    start = html.index("data-upsert>") + len("data-upsert>")
+    start = html.index(">", html.index("data-upsert")) + 1
     return html[start : html.index("</tbody>", start)].strip()
 
 
 def test_a_page_row_and_a_live_row_are_the_same_markup(viewer_client, scaler):
     agent = _agent(scaler, 1)
     page = viewer_client.get("/").content.decode()
-    row = _pushed_agent_row(agent_row_message(agent)["html"])
+    frames, shown = row_view("agents", {"state": "active"}).update({agent.agent_id}, set())
+    row = _pushed_agent_row(frames[0])
     assert row.startswith(f'<tr id="agent-{agent.agent_id}"')
-    assert row in page
+    assert row in page and shown == {agent.agent_id}
 
 
-def test_the_live_update_carries_the_event_the_agent_row_and_the_capacity(scaler):
+def test_the_live_update_carries_the_event_and_the_capacity_but_no_agent_row(scaler):
     agent = _agent(scaler, 1, state=AgentState.SPAWNING)
     event = record_event(agent, EventType.PROVISIONING, "creating container")
     html = render_live_update(event.pk)
     assert '<tbody hx-swap-oob="afterbegin:#event-rows">' in html
     assert f'id="event-{event.pk}"' in html and "creating container" in html
-    assert '<tbody hx-swap-oob="afterbegin:#agent-rows" data-upsert>' in html
-    assert _pushed_agent_row(html) == _pushed_agent_row(agent_row_message(agent)["html"])
+    # agent rows come from each page's own row view (live.rows), filtered for that page
+    assert "agent-rows" not in html
     assert f'id="cap-scaler-{scaler.pk}" hx-swap-oob="outerHTML"' in html
     assert 'id="cap-global" hx-swap-oob="outerHTML"' in html
+    assert "data-server-time=" in html
 
 
 def test_the_live_update_of_a_vanished_event_is_empty(db):

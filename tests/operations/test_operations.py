@@ -285,7 +285,8 @@ def test_the_list_filters_by_status_kind_and_scaler(users, config_file, client, 
     page = client.get("/operations/?kind=agent-drain").content.decode()
     assert "No operations match these filters" in page
     partial = client.get("/operations/?status=planned", HTTP_HX_REQUEST="true").content.decode()
-    assert partial.lstrip().startswith('<tbody id="op-rows">')
+    assert partial.lstrip().startswith('<tbody id="op-rows"')
+    assert 'ws-connect="/ws/rows/operations/?status=planned&amp;kind=&amp;scaler=&amp;page=1"' in partial
 
 
 def test_the_cli_twin_goes_through_the_same_checks(users, config_file, capsys):

@@ -19,7 +19,9 @@ from agents.models import Agent, ScalerEvent
 from operations.choices import OperationStatus, RequestedVia, TargetOutcome
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
-from scalers.models import ConfigState, Reservation, ScalerTeardown
+from scalers.backends.ownership import Owner
+from scalers.models import ConfigState, Installation, Reservation, ScalerTeardown
+from tests.support.firecracker import owned_vm_dir
 from tests.support.operations import approve_and_run, listening_worker, outcome
 from tests.support.scalers import make_agent, make_scaler
 
@@ -74,9 +76,8 @@ def fc_scaler(netns_nft, tmp_path, settings):
         p.wait()
 
 
-def _chroot(base: Path, vm_id: str) -> Path:
-    root = base / "firecracker" / vm_id / "root"
-    root.mkdir(parents=True)
+def _chroot(base: Path, vm_id: str, scaler_name: str) -> Path:
+    root = owned_vm_dir(base, vm_id, scaler_name)
     (root / "serial-console.log").write_text("")
     return root
 
@@ -91,9 +92,9 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
 
     scaler, base, procs = fc_scaler
     ns = settings.KICI_NFT_NETNS
-    vm_a, vm_b, vm_c = (f"scaler-firecracker-{secrets.token_hex(4)}" for _ in range(3))
+    vm_a, vm_b, vm_c, vm_d = (f"scaler-firecracker-{secrets.token_hex(4)}" for _ in range(4))
     tap_a = netlink.tap_name_for(vm_a)
-    _chroot(base, vm_a)
+    _chroot(base, vm_a, scaler.name)
     IpAllocation.objects.create(
         ip="10.213.77.2", vm_id=vm_a, scaler_name=scaler.name, tap_device=tap_a, mac_address="06:00:AC:D5:4D:02"
     )
@@ -102,21 +103,26 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
     fc_nft = NftClient("ops_fc", netns=ns)
     fc_nft.ensure_table()
     fc_nft.apply_agent(AgentSpec.build("10.213.77.2", "10.213.77.1", host_access=[]))
-    _chroot(base, vm_b)  # no allocation, no process: pass 2
-    live_root = _chroot(base, vm_c)  # a running process: spared
+    _chroot(base, vm_b, scaler.name)  # no allocation, no process: pass 2
+    live_root = _chroot(base, vm_c, scaler.name)  # a running process: spared
     sleeper = subprocess.Popen(["sleep", "300"])
     procs.append(sleeper)
     time.sleep(0.05)
     (live_root / "firecracker.pid").write_text(str(sleeper.pid))
+    # a dead VM of a second console on a restored copy of the database: same installation and scaler
+    second = Owner(Installation.current_id(), "console-b", scaler.name)
+    foreign_root = owned_vm_dir(base, vm_d, scaler.name, owner=second)
 
     op = create_operation("orphan-vms", {"scaler": scaler.name}, users["operator"])
     plan = {t["key"]: t for t in op.plan}
     assert set(plan) == {f"allocation:{vm_a}", f"chroot:{vm_b}", "tap:kici-0badf00d", "rules:10.213.77.2"}
     assert plan[f"allocation:{vm_a}"]["evidence"]["pid_probe"] == "no-pid-file"
     assert plan[f"allocation:{vm_a}"]["evidence"]["allocation_owner"] == scaler.name
-    (spared,) = op.spared
-    assert spared["key"] == f"chroot:{vm_c}" and spared["reason"] == "its pid file names a running process"
-    assert spared["evidence"]["pid_probe"].startswith("comm-mismatch")
+    spared = {s["key"]: s for s in op.spared}
+    assert set(spared) == {f"chroot:{vm_c}", f"chroot:{vm_d}"}
+    assert spared[f"chroot:{vm_c}"]["reason"] == "its pid file names a running process"
+    assert spared[f"chroot:{vm_c}"]["evidence"]["pid_probe"].startswith("comm-mismatch")
+    assert spared[f"chroot:{vm_d}"]["reason"] == "skipped: another console's (kici-instance-id=console-b)"
 
     make_agent(scaler, state=AgentState.SPAWNING, agent_id=vm_b, reserve=False)  # vm_b becomes tracked
     op = approve_and_run(op, users["approver"], run_rq_jobs)
@@ -133,6 +139,7 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
     assert tap_a not in links and "kici-0badf00d" not in links
     assert fc_nft.list_agents() == {}
     assert sleeper.poll() is None, "the live process was never signalled"
+    assert foreign_root.exists()
 
 
 # --- stale reservations -------------------------------------------------------------------------

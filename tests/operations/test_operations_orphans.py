@@ -14,6 +14,7 @@ from agents.choices import AgentState
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
 from operations.models import AuditEntry, Operation
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
+from scalers.backends.ownership import current_owner
 from tests.support.operations import listening_worker
 from tests.support.scalers import make_agent, make_scaler
 
@@ -42,7 +43,7 @@ def box(docker_client, agent_image):
         def make(self, scaler_name: str, agent_id: str, state: str = "running") -> str:
             labels = {
                 "kici-managed": "true",
-                "kici-scaler-name": scaler_name,
+                **current_owner(scaler_name).labels(),
                 "kici-agent-id": agent_id,
                 TEST_LABEL: run,
             }

@@ -210,3 +210,17 @@ def make_agent_row(scaler_name: str, agent_id: str, state: str = "spawning"):
 
     scaler, _ = Scaler.objects.get_or_create(name=scaler_name, defaults={"type": "firecracker", "max_agents": 4})
     return Agent.objects.create(agent_id=agent_id, scaler=scaler, state=state)
+
+
+def owned_vm_dir(base: Path, vm_id: str, scaler_name: str, owner=None) -> Path:
+    """Make ``<base>/firecracker/<vm_id>/root`` with the owner file a spawn writes: this console's
+    claim on ``scaler_name`` (``ownership.current_owner``, needs the database) or ``owner``'s.
+    Returns the chroot."""
+    from scalers.backends.firecracker import jail
+    from scalers.backends.ownership import current_owner
+
+    owner = owner or current_owner(scaler_name)
+    root = jail.chroot_dir(base, vm_id)
+    root.mkdir(parents=True)
+    jail.write_owner(jail.owner_path(base, vm_id), {"kici-managed": "true", **owner.labels(), "kici-agent-id": vm_id})
+    return root

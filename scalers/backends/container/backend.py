@@ -28,6 +28,7 @@ from ..docker_net import (
 )
 from ..isolation import ContainerIsolation, IsolationTarget, nft_table_for
 from ..orphans import OrphanTarget
+from ..ownership import Owner, current_owner
 from ..runtime import RuntimeInfo, runtime_for_scaler
 from ..spawn_env import network_policy
 from . import sweep
@@ -108,6 +109,11 @@ class ContainerBackend:
         if self._tracked_ids is None:
             return db_tracked_agents(self.scaler)
         return {agent_id: TrackedAgent() for agent_id in self._tracked_ids()}
+
+    def owner(self) -> Owner:
+        """This console's claim on the scaler's containers (``ownership.current_owner``), read at
+        every sweep. Raises database errors."""
+        return current_owner(self.scaler.name)
 
     def reload(self, scaler) -> None:
         """Replace the entry read at every spawn."""
@@ -210,7 +216,7 @@ class ContainerBackend:
 
     def reap_unowned(self, agent_id: str) -> bool:
         """Force-remove this scaler's containers for one agent id (``sweep.reap_unowned``)."""
-        return sweep.reap_unowned(self.host, self.rules, self.scaler.name, agent_id)
+        return sweep.reap_unowned(self.host, self.rules, self.owner(), agent_id)
 
     def list_managed(self) -> list[dict]:
         """ONE sparse list call: every ``kici-managed=true`` container on the runtime, any scaler."""
@@ -223,7 +229,7 @@ class ContainerBackend:
         ``OrphanSweepRefused`` for a blank scaler name; a failed runtime listing raises (nothing
         can be planned blind)."""
         summaries = self.list_managed()
-        plan = sweep.plan_containers(summaries, self.scaler.name, self.tracked(), self._is_registered)
+        plan = sweep.plan_containers(summaries, self.owner(), self.tracked(), self._is_registered)
         if self.network_isolation:
             plan.rules = self.plan_rule_orphans(summaries)
         return plan
@@ -240,7 +246,7 @@ class ContainerBackend:
     def apply_orphans(self, plan: list[OrphanTarget]) -> int:
         """Remove what ``plan`` names, re-checking each target first (``sweep.apply_orphans``);
         returns containers + rule sets removed."""
-        return sweep.apply_orphans(self.host, self.rules, self.scaler.name, plan, self.tracked(), self._is_registered)
+        return sweep.apply_orphans(self.host, self.rules, self.owner(), plan, self.tracked(), self._is_registered)
 
     def cleanup_orphans(self) -> int:
         """``apply_orphans(plan_orphans())``: containers + rule sets removed."""

@@ -5,7 +5,11 @@ would kill the neighbours' running agents. A container is an orphan of a scaler 
 these hold:
 
 - it carries ``kici-managed=true`` and exactly this scaler's ``kici-scaler-name`` (an empty,
-  missing or prefix-alike name, ``ci`` vs ``ci-2``, is someone else's);
+  missing or prefix-alike name, ``ci`` vs ``ci-2``, is someone else's: not in this scaler's plan);
+- its ownership labels are this console's (``scalers.backends.ownership``: installation, instance
+  and scaler name all equal). Another installation's or console's container is spared with that
+  reason; one whose ``kici-installation-id`` or ``kici-instance-id`` is missing or empty is spared
+  as "skipped: ownership unknown" and logged;
 - its ``kici-agent-id`` is not tracked by this console (an agent row of this scaler in
   spawning / running / draining / destroying);
 - it is not running, or it is running and its agent id is NOT registered. A running container
@@ -24,11 +28,15 @@ row, no VM allocation). When the runtime listing failed, no rule is planned.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..docker_net import container_addresses
 from ..orphans import OrphanTarget
+from ..ownership import MINE, SCALER_LABEL, UNKNOWN_REASON, Owner, judge_ownership
+
+log = logging.getLogger(__name__)
 
 #: Container states that mean "a process may be running in there" (docker's State strings).
 ALIVE_STATES = frozenset({"running", "paused", "restarting"})
@@ -106,20 +114,22 @@ def _tracked_reason(agent_id: str, agent: TrackedAgent, state: str) -> str:
 
 def judge_container(
     summary: dict,
-    scaler_name: str,
+    owner: Owner,
     tracked: Mapping[str, TrackedAgent],
     is_registered: Callable[[str], bool] | None,
 ) -> OrphanTarget | SparedContainer | None:
-    """The verdict on one container for the sweep of ``scaler_name``, per the module rules; pure.
+    """The verdict on one container for the sweep of ``owner`` (this console's claim on one
+    scaler), per the module rules; pure.
 
     ``summary``: a container as listed (``GET /containers/json?all=1``: ``Id``, ``Names``, ``State``,
     ``Status``, ``Labels``, ``NetworkSettings``). ``tracked``: agent ids this console tracks.
     ``is_registered``: the registry probe, or ``None`` (unwired: assume registered). Returns an
-    :class:`OrphanTarget` (remove it, with the evidence), a :class:`SparedContainer` (this scaler's,
-    kept, with the reason), or ``None`` (not this scaler's container).
+    :class:`OrphanTarget` (remove it, with the evidence), a :class:`SparedContainer` (named with this
+    scaler, kept, with the reason), or ``None`` (not this scaler's container).
     """
     labels = summary.get("Labels") or {}
-    if labels.get("kici-managed") != "true" or labels.get("kici-scaler-name") != scaler_name:
+    scaler_name = owner.scaler_name
+    if labels.get("kici-managed") != "true" or labels.get(SCALER_LABEL) != scaler_name:
         return None
     agent_id = labels.get("kici-agent-id") or ""
     state = str(summary.get("State") or "").lower()
@@ -129,6 +139,9 @@ def judge_container(
     def spared(reason: str) -> SparedContainer:
         return SparedContainer(summary["Id"], name, agent_id, state, reason)
 
+    ownership = judge_ownership(labels, owner)
+    if ownership.ownership != MINE:
+        return spared(ownership.reason)
     if state in SKIP_STATES:
         return spared(f"being removed by the runtime ({state})")
     if agent_id and agent_id in tracked:
@@ -158,25 +171,29 @@ def judge_container(
 
 def plan_container_orphans(
     summaries: Iterable[dict],
-    scaler_name: str,
+    owner: Owner,
     tracked: Mapping[str, TrackedAgent],
     is_registered: Callable[[str], bool] | None,
 ) -> ContainerPlan:
-    """:func:`judge_container` over a listing: the targets and the spared, in listing order; pure.
+    """:func:`judge_container` over a listing: the targets and the spared, in listing order.
 
-    Raises :class:`OrphanSweepRefused` for a blank ``scaler_name``.
+    Changes nothing; a container of unknown ownership is logged (warning). Raises
+    :class:`OrphanSweepRefused` for a blank scaler name.
     """
+    scaler_name = owner.scaler_name
     if not isinstance(scaler_name, str) or not scaler_name.strip():
         raise OrphanSweepRefused(f"refusing to sweep orphans: the scaler name is blank ({scaler_name!r})")
     plan = ContainerPlan()
     for s in summaries:
-        verdict = judge_container(s, scaler_name, tracked, is_registered)
+        verdict = judge_container(s, owner, tracked, is_registered)
         if verdict is not None:
             plan.summaries[s["Id"]] = s
         if isinstance(verdict, OrphanTarget):
             plan.targets.append(verdict)
         elif verdict is not None:
             plan.spared.append(verdict)
+            if verdict.reason.startswith(UNKNOWN_REASON):
+                log.warning("container %s of scaler %s is never reaped: %s", s["Id"][:12], scaler_name, verdict.reason)
     return plan
 
 

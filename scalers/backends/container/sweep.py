@@ -12,6 +12,7 @@ from docker.errors import APIError, NotFound
 from ..docker_net import ISOLATED_NETWORK_NAME, container_addresses
 from ..holders import address_lock, read_holders
 from ..orphans import OrphanTarget
+from ..ownership import MINE, Owner, judge_ownership
 from .host import DockerHost, agent_filters
 from .orphans import (
     ALIVE_STATES,
@@ -39,12 +40,14 @@ def registry_probe(is_registered: Any, candidates: Iterable[str]) -> Callable[[s
     return is_registered
 
 
-def reap_unowned(host: DockerHost, rules: AgentRules, scaler_name: str, agent_id: str) -> bool:
+def reap_unowned(host: DockerHost, rules: AgentRules, owner: Owner, agent_id: str) -> bool:
     """Force-remove the scaler's containers for one agent id (a refused registration).
 
-    Lists by ``kici-managed=true``, own ``kici-scaler-name`` and ``kici-agent-id``; True when one
-    was removed; a listing error answers False.
+    Lists by ``kici-managed=true``, own ``kici-scaler-name`` and ``kici-agent-id``, and removes
+    only those whose ownership labels are all ``owner``'s (another console's, or one of unknown
+    ownership, is left); True when one was removed; a listing error answers False.
     """
+    scaler_name = owner.scaler_name
     if not agent_id or not scaler_name.strip():
         return False
     try:
@@ -57,6 +60,10 @@ def reap_unowned(host: DockerHost, rules: AgentRules, scaler_name: str, agent_id
         labels = summary.get("Labels") or {}
         if labels.get("kici-scaler-name") != scaler_name or labels.get("kici-agent-id") != agent_id:
             continue
+        ownership = judge_ownership(labels, owner)
+        if ownership.ownership != MINE:
+            log.warning("reap_unowned(%s): container %s left: %s", agent_id, summary["Id"][:12], ownership.reason)
+            continue
         for address in container_addresses(summary):
             rules.remove_quietly(address, (summary["Id"], agent_id), f"refused registration of {agent_id}")
         removed = host.remove(summary["Id"]) or removed
@@ -64,17 +71,18 @@ def reap_unowned(host: DockerHost, rules: AgentRules, scaler_name: str, agent_id
 
 
 def plan_containers(
-    summaries: list[dict], scaler_name: str, tracked: Mapping[str, TrackedAgent], is_registered: Any
+    summaries: list[dict], owner: Owner, tracked: Mapping[str, TrackedAgent], is_registered: Any
 ) -> ContainerPlan:
-    """The container verdicts on one listing (``orphans.plan_container_orphans``), the registry
-    asked once for the scaler's live containers. Raises ``OrphanSweepRefused`` for a blank name."""
+    """The container verdicts on one listing for ``owner`` (``orphans.plan_container_orphans``), the
+    registry asked once for the scaler's live containers. Raises ``OrphanSweepRefused`` for a blank
+    scaler name."""
     candidates = [
         (s.get("Labels") or {}).get("kici-agent-id", "")
         for s in summaries
-        if (s.get("Labels") or {}).get("kici-scaler-name") == scaler_name
+        if (s.get("Labels") or {}).get("kici-scaler-name") == owner.scaler_name
         and str(s.get("State", "")).lower() in ALIVE_STATES
     ]
-    return plan_container_orphans(summaries, scaler_name, tracked, registry_probe(is_registered, candidates))
+    return plan_container_orphans(summaries, owner, tracked, registry_probe(is_registered, candidates))
 
 
 def plan_rules(host: DockerHost, rules: AgentRules, scaler_name: str, summaries: list[dict] | None = None):
@@ -97,14 +105,18 @@ def apply_container_target(
     host: DockerHost,
     rules: AgentRules,
     target: OrphanTarget,
+    owner: Owner,
     tracked: Mapping[str, TrackedAgent],
     is_registered: Any,
 ) -> int:
-    """Stop and remove one planned container if the rule still calls it an orphan; 1 when removed.
+    """Stop and remove one planned container if the rule still calls it ``owner``'s orphan; 1 when
+    removed.
 
     The container is inspected afresh and judged by the same rule as the plan (and must still be
     the same agent's); one that vanished meanwhile is skipped without error.
     """
+    if target.scaler != owner.scaler_name:
+        return 0
     try:
         info = host.api.inspect_container(target.target)
     except NotFound:
@@ -114,7 +126,7 @@ def apply_container_target(
     if agent_id != target.agent_id:
         return 0
     probe = (lambda a: bool(db_registered_ids([a]))) if is_registered is REGISTRY else is_registered
-    verdict = judge_container(summary, target.scaler, tracked, probe)
+    verdict = judge_container(summary, owner, tracked, probe)
     if not isinstance(verdict, OrphanTarget):
         return 0
     addresses = [
@@ -140,22 +152,20 @@ def apply_container_target(
 def apply_orphans(
     host: DockerHost,
     rules: AgentRules,
-    scaler_name: str,
+    owner: Owner,
     plan: list[OrphanTarget],
     tracked: Mapping[str, TrackedAgent],
     is_registered: Any,
 ) -> int:
     """Remove what ``plan`` names, re-checking each target first; returns containers + rule sets removed.
 
-    Containers: :func:`apply_container_target`, for the targets of ``scaler_name`` only. A rule set
+    Containers: :func:`apply_container_target`, for the targets of ``owner``'s scaler only. A rule set
     is deleted only if nothing holds its address now (``holders.remove_unless_held``: a fresh
     listing under the address's lock; a failed listing deletes none).
     """
     count = 0
     for target in (t for t in plan if t.kind == "container"):
-        if target.scaler != scaler_name:
-            continue
-        count += apply_container_target(host, rules, target, tracked, is_registered)
+        count += apply_container_target(host, rules, target, owner, tracked, is_registered)
     if rules.enabled:
         for target in (t for t in plan if t.kind == "rule"):
             if rules.remove_quietly(target.target, (), "stale rule set"):

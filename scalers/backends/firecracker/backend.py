@@ -31,6 +31,7 @@ from network import netlink
 from network.host_access import resolve_agent_host_access
 from network.nft.spec import AgentSpec
 
+from ..ownership import MINE, Owner, current_owner, judge_ownership
 from . import jail, provision
 from .api import FirecrackerApi
 from .bootwatch import boot_exit_reason, release_thread_db, watch_boot
@@ -116,7 +117,9 @@ class FirecrackerBackend:
     ``tracked_provider(scaler_name)``: ids other processes are spawning or running (default: active
     ``agents.Agent`` rows); orphan sweeps treat them as live. ``boot_over(agent_id)``: asked before
     a VM whose spawn returned is abandoned; True (the agent registered, or another path ends it)
-    leaves the VM alone and stops watching its boot. None: never.
+    leaves the VM alone and stops watching its boot. None: never. ``owner_provider(scaler_name)``:
+    this console's ``ownership.Owner``, written to each VM's owner file and required of every VM
+    an orphan sweep reaps (default: ``ownership.current_owner``).
 
     Parts: ``rules`` (:class:`~.rules.RuleWriter`), ``teardown`` (:class:`~.teardown.Teardown`),
     ``orphans`` (:class:`~.sweeps.OrphanSweeps`).
@@ -139,6 +142,7 @@ class FirecrackerBackend:
         environ: Mapping[str, str] | None = None,
         tracked_provider: Callable[[str], Any] | None = default_tracked_provider,
         boot_over: Callable[[str], bool] | None = None,
+        owner_provider: Callable[[str], Owner] = current_owner,
     ):
         self.ip_allocator = ip_allocator
         self.nft = nft
@@ -150,6 +154,7 @@ class FirecrackerBackend:
         self.environ = os.environ if environ is None else environ
         self.tracked_provider = tracked_provider
         self.boot_over = boot_over
+        self.owner_provider = owner_provider
         self._lock = threading.RLock()
         self._vms: dict[str, FirecrackerVm] = {}
         self._sweeper: PeriodicSweep | None = None
@@ -162,7 +167,13 @@ class FirecrackerBackend:
         self.name = settings.name
         self.teardown = Teardown(settings, self.rules, self.ip_allocator)
         self.orphans = OrphanSweeps(
-            settings, self.nft, self.ip_allocator, self.rules, self._sweep_tracked, log_sink=self.log_sink
+            settings,
+            self.nft,
+            self.ip_allocator,
+            self.rules,
+            self._sweep_tracked,
+            log_sink=self.log_sink,
+            owner=self.owner,
         )
 
     # ---- bookkeeping ----------------------------------------------------------------------
@@ -181,6 +192,10 @@ class FirecrackerBackend:
 
     def chroot_dir(self, agent_id: str):
         return jail.chroot_dir(self.settings.chroot_base_dir, agent_id)
+
+    def owner(self) -> Owner:
+        """This console's claim on the scaler's VMs (``owner_provider(name)``, read at each use)."""
+        return self.owner_provider(self.name)
 
     def _sweep_tracked(self) -> set[str]:
         tracked = set(self.tracked_ids())
@@ -306,6 +321,7 @@ class FirecrackerBackend:
             kernel_path=ls.get("kernelPath") or s.kernel_path,
             overlay_mib=int(ls.get("overlayDriveSizeMib") or jail.DEFAULT_OVERLAY_MIB),
             config=config, uid=s.uid, gid=s.gid, require_sudo=s.require_sudo,
+            owner_labels={"kici-managed": "true", **self.owner().labels(), "kici-agent-id": aid},
         )  # fmt: skip
         self._check(vm)
         self._emit(aid, EventType.PROVISIONING, "booting microVM")
@@ -463,14 +479,20 @@ class FirecrackerBackend:
     def reap_unowned(self, agent_id: str) -> bool:
         """Force-reclaim a VM this backend does not track.
 
-        False (nothing touched) when tracked or when ``<base>/firecracker/<id>`` does not exist.
-        Otherwise forwards the remaining logs, SIGKILLs a confirmed VM process, removes rules, TAP
-        and IP only when the allocation row names this scaler, always removes the directory: True.
+        False (nothing touched) when tracked, when ``<base>/firecracker/<id>`` does not exist, or
+        when its owner file is not this console's (``ownership.judge_ownership``: another
+        console's, or unknown; logged). Otherwise forwards the remaining logs, SIGKILLs a confirmed
+        VM process, removes rules, TAP and IP only when the allocation row names this scaler,
+        always removes the directory: True.
         """
         if agent_id in self.tracked_ids():
             return False
         chroot = self.chroot_dir(agent_id)
         if not chroot.parent.is_dir():
+            return False
+        ownership = judge_ownership(jail.read_owner(self.settings.chroot_base_dir, agent_id), self.owner())
+        if ownership.ownership != MINE:
+            log.warning("reap_unowned(%s): VM dir left: %s", agent_id, ownership.reason)
             return False
         forward_remaining(agent_id, chroot / "serial-console.log", chroot / "vmm.log", self.log_sink)
         kill_confirmed(chroot)

@@ -1,8 +1,13 @@
 """The VM's jail: paths, jailer argv, ``config.json``, MMDS payload, and the chroot on disk.
 
 Pure builders (``jailer_args``, ``resolve_vm_shape``, ``build_vm_config``, ``forwarded_env``,
-``build_mmds_payload``) are separate from the two functions that touch the disk
-(``prepare_chroot``, ``remove_vm_dir``).
+``build_mmds_payload``) are separate from the functions that touch the disk (``prepare_chroot``,
+``remove_vm_dir``, and the VM's owner file: ``write_owner``, ``read_owner``).
+
+The owner file ``<vm_dir>/owner.json`` holds the VM's ownership labels (``kici-managed``,
+``kici-installation-id``, ``kici-instance-id``, ``kici-scaler-name``, ``kici-agent-id``: see
+``scalers.backends.ownership``). It sits beside the chroot, out of the jailed process's reach, and
+is written before anything else of the VM, so a half-made VM is never nobody's.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The jailer accepts ids of alphanumerics and hyphens, at most 64 characters.
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 MIB = 1024 * 1024
+OWNER_FILE = "owner.json"
 
 
 # ---- paths ---------------------------------------------------------------------------------
@@ -45,6 +51,11 @@ def vm_dir(base: str | os.PathLike, agent_id: str) -> Path:
 def chroot_dir(base: str | os.PathLike, agent_id: str) -> Path:
     """``<base>/firecracker/<agent_id>/root``: where the jailer chroots."""
     return vm_dir(base, agent_id) / "root"
+
+
+def owner_path(base: str | os.PathLike, agent_id: str) -> Path:
+    """``<base>/firecracker/<agent_id>/owner.json``: the VM's ownership labels."""
+    return vm_dir(base, agent_id) / OWNER_FILE
 
 
 def api_socket_path(chroot: Path) -> Path:
@@ -237,6 +248,7 @@ class ChrootLayout:
     vmm_log: Path
     socket: Path
     pid_file: Path
+    owner: Path
 
     @classmethod
     def for_agent(cls, base: str | os.PathLike, agent_id: str) -> ChrootLayout:
@@ -245,7 +257,28 @@ class ChrootLayout:
             vm_dir=root.parent, chroot=root, rootfs=root / "rootfs.ext4", kernel=root / "kernel",
             overlay=root / "overlay.ext4", config=root / "config.json", serial_log=root / "serial-console.log",
             vmm_log=root / "vmm.log", socket=api_socket_path(root), pid_file=root / "firecracker.pid",
+            owner=root.parent / OWNER_FILE,
         )  # fmt: skip
+
+
+def write_owner(path: Path, labels: Mapping[str, str]) -> None:
+    """Write the owner file ``path`` (JSON object of ``labels``) whole: a temporary file renamed
+    into place, so a reader sees all of it or none."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(dict(labels), indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def read_owner(base: str | os.PathLike, agent_id: str) -> dict[str, str] | None:
+    """The labels in the VM's owner file; None when it is missing, unreadable or not a JSON object
+    of strings (the ownership is then unknown)."""
+    try:
+        data = json.loads(owner_path(base, agent_id).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        return None
+    return data
 
 
 def link_or_copy(src: str | os.PathLike, dst: Path) -> str:
@@ -287,12 +320,14 @@ def prepare_chroot(
     config: Mapping,
     uid: int,
     gid: int,
+    owner_labels: Mapping[str, str],
     require_sudo: bool = False,
     mkfs: str = "mkfs.ext4",
 ) -> ChrootLayout:
     """Lay out ``<base>/firecracker/<id>/root`` for the jailer.
 
-    rootfs → ``rootfs.ext4`` and kernel → ``kernel`` (hard-linked, copied on EXDEV); a sparse
+    First the owner file (``owner_labels``, beside the chroot: :func:`write_owner`); then rootfs →
+    ``rootfs.ext4`` and kernel → ``kernel`` (hard-linked, copied on EXDEV); a sparse
     ``overlay.ext4`` of ``overlay_mib`` MiB formatted with ``mkfs.ext4 -qF``; ``config.json``;
     empty ``serial-console.log`` and ``vmm.log``; ``chown -R uid:gid`` of the VM dir; when this
     process is not root, rootfs and kernel are chowned back to it (a hard link shares the inode).
@@ -310,6 +345,7 @@ def prepare_chroot(
     layout = ChrootLayout.for_agent(base, agent_id)
     layout.vm_dir.parent.mkdir(parents=True, exist_ok=True)
     layout.vm_dir.mkdir()
+    write_owner(layout.owner, owner_labels)
     layout.chroot.mkdir()
     link_or_copy(rootfs_path, layout.rootfs)
     link_or_copy(kernel_path, layout.kernel)

@@ -6,14 +6,21 @@
 against the host as it is now before acting, so a plan that went stale while awaiting approval
 never reaps something live.
 
-Passes (live = tracked ids ∪ chroot dirs whose pid file names a running process, confirmed or not):
- 1. ``ip_allocations`` rows of this scaler whose VM is not live: logs forwarded, TAP deleted, IP
+Passes (live = tracked ids ∪ chroot dirs whose pid file names a running process, confirmed or not;
+kept = live ∪ VM dirs whose owner file is not this console's, see below):
+ 1. ``ip_allocations`` rows of this scaler whose VM is not kept: logs forwarded, TAP deleted, IP
     released, directory removed.
- 2. chroot dirs with no allocation row at all (any scaler), not live: logs forwarded, directory removed.
+ 2. chroot dirs with no allocation row at all, not kept: logs forwarded, directory removed.
  3. interfaces named ``kici-<8 hex>`` (not ``kici-br0``/``kici-br1``/``kici-m01``), in no allocation
-    read before or after listing the links, not derived from a live id: deleted.
- 4. isolation rules of IPs this scaler allocated to a VM that is not live: deleted. Rules the DB
+    read before or after listing the links, not derived from a kept id: deleted.
+ 4. isolation rules of IPs this scaler allocated to a VM that is not kept: deleted. Rules the DB
     does not attribute to this scaler are left alone (another scaler on the host owns them).
+
+Ownership: a VM dir is this console's only when its owner file (``jail.read_owner``) carries this
+console's installation, instance and scaler name (``scalers.backends.ownership``). Another
+console's (a restored copy of the database, a staging console on the same host) or another
+scaler's is spared with that reason; one whose file is missing or lacks a label is spared as
+"skipped: ownership unknown", never reaped.
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from network.netlink import tap_name_for
 
 from ..orphans import OrphanTarget
+from ..ownership import MINE, Owner, judge_ownership
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +57,8 @@ class AllocationRow:
 @dataclass(frozen=True)
 class OrphanFacts:
     """A snapshot of the host for one scaler. ``rule_ips``: agent IPs with rules in the table
-    (None when the listing failed: then no rule is planned)."""
+    (None when the listing failed: then no rule is planned). ``owner``: this console's claim on
+    the scaler; ``owners``: the owner file's labels of each of ``chroot_ids`` (None: unreadable)."""
 
     scaler_name: str
     tracked: frozenset[str]
@@ -59,6 +68,8 @@ class OrphanFacts:
     links: tuple[str, ...]
     allocations_after: tuple[AllocationRow, ...]
     rule_ips: frozenset[str] | None
+    owner: Owner
+    owners: Mapping[str, Mapping[str, str] | None]
 
 
 def vm_target(
@@ -93,11 +104,24 @@ def vm_live_reason(vm_id: str, tracked: Container[str], pid_running: bool) -> st
     return None
 
 
+def not_mine(facts: OrphanFacts) -> dict[str, str]:
+    """``{vm_id: reason}`` for every chroot whose owner file is not this console's (another
+    console's or scaler's, or ownership unknown: ``ownership.judge_ownership``)."""
+    out = {}
+    for vm_id in facts.chroot_ids:
+        verdict = judge_ownership(facts.owners.get(vm_id), facts.owner)
+        if verdict.ownership != MINE:
+            out[vm_id] = verdict.reason
+    return out
+
+
 def spared_vms(facts: OrphanFacts) -> list[tuple[str, str]]:
-    """``(vm_id, reason)`` for every chroot or tracked VM that :func:`vm_live_reason` spares, sorted."""
+    """``(vm_id, reason)`` for every chroot or tracked VM that is not this console's (:func:`not_mine`)
+    or that :func:`vm_live_reason` spares, sorted."""
+    foreign = not_mine(facts)
     spared = []
     for vm_id in sorted(set(facts.chroot_ids) | set(facts.tracked)):
-        reason = vm_live_reason(vm_id, facts.tracked, vm_id in facts.live_chroots)
+        reason = foreign.get(vm_id) or vm_live_reason(vm_id, facts.tracked, vm_id in facts.live_chroots)
         if reason is not None:
             spared.append((vm_id, reason))
     return spared
@@ -116,33 +140,33 @@ class OrphanReport:
 
 def plan_orphans(facts: OrphanFacts) -> list[OrphanTarget]:
     """The targets of the four passes for ``facts``, in pass order (pure; see the module doc)."""
-    live = {
+    kept = {
         vm_id
         for vm_id in set(facts.tracked) | set(facts.live_chroots)
         if vm_live_reason(vm_id, facts.tracked, vm_id in facts.live_chroots) is not None
-    }
+    } | set(not_mine(facts))  # live, or not this console's
     mine = [r for r in facts.allocations_before if r.scaler_name == facts.scaler_name]
     allocated_vms = {r.vm_id for r in facts.allocations_before}
     plan: list[OrphanTarget] = []
     for r in mine:
-        if r.vm_id not in live:
+        if r.vm_id not in kept:
             plan.append(vm_target(1, "allocation", r.vm_id, r.ip, r.tap_device, scaler=facts.scaler_name))
     for vm_id in sorted(facts.chroot_ids):
-        if vm_id not in allocated_vms and vm_id not in live:
+        if vm_id not in allocated_vms and vm_id not in kept:
             plan.append(vm_target(2, "chroot", vm_id, scaler=facts.scaler_name))
     allocated_taps = {r.tap_device for r in facts.allocations_before + facts.allocations_after}
-    live_taps = set()
-    for vm_id in live:
+    kept_taps = set()
+    for vm_id in kept:
         try:
-            live_taps.add(tap_name_for(vm_id))
+            kept_taps.add(tap_name_for(vm_id))
         except ValueError:
             pass
     for name in sorted(set(facts.links)):
-        if TAP_RE.match(name) and name not in RESERVED_LINKS and name not in allocated_taps and name not in live_taps:
+        if TAP_RE.match(name) and name not in RESERVED_LINKS and name not in allocated_taps and name not in kept_taps:
             plan.append(vm_target(3, "tap", tap=name, scaler=facts.scaler_name))
     if facts.rule_ips is not None:
         for r in mine:
-            if r.vm_id not in live and r.ip in facts.rule_ips:
+            if r.vm_id not in kept and r.ip in facts.rule_ips:
                 plan.append(vm_target(4, "rules", r.vm_id, r.ip, scaler=facts.scaler_name))
     return plan
 

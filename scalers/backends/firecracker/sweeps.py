@@ -16,6 +16,7 @@ from agents.models import Agent
 from network import netlink
 
 from ..orphans import OrphanTarget
+from ..ownership import MINE, UNKNOWN_REASON, Owner, judge_ownership
 from . import jail
 from .logs import LogSink, forward_remaining
 from .orphans import (
@@ -23,6 +24,7 @@ from .orphans import (
     OrphanFacts,
     OrphanReport,
     apply_orphans,
+    not_mine,
     plan_orphans,
     vm_live_reason,
 )
@@ -46,7 +48,8 @@ class OrphanSweeps:
     ``tracked()``: the ids that count as live whatever their chroot shows (this process's VMs and
     those other processes are spawning or running); a failure there aborts the sweep, so nothing is
     reaped blind. ``ip_allocator``: ``network.ipalloc_db.DbIpAllocator``; ``log_sink``: where the
-    remaining logs of a reaped VM go.
+    remaining logs of a reaped VM go. ``owner()``: this console's ``ownership.Owner`` of the
+    scaler; a VM dir whose owner file is not its own is never touched.
     """
 
     def __init__(
@@ -57,6 +60,8 @@ class OrphanSweeps:
         rules: RuleWriter,
         tracked: Callable[[], set[str]],
         log_sink: LogSink | None = None,
+        *,
+        owner: Callable[[], Owner],
     ):
         self.settings = settings
         self.name = settings.name
@@ -65,6 +70,7 @@ class OrphanSweeps:
         self.rules = rules
         self.tracked = tracked
         self.log_sink = log_sink
+        self.owner = owner
 
     def chroot_dir(self, agent_id: str):
         return jail.chroot_dir(self.settings.chroot_base_dir, agent_id)
@@ -84,9 +90,12 @@ class OrphanSweeps:
         return [n for n in names if jail.AGENT_ID_RE.match(n) and os.path.isdir(os.path.join(top, n))]
 
     def orphan_facts(self) -> OrphanFacts:
-        """Read the host once for :func:`plan_orphans`. Raises when the tracked set cannot be read."""
+        """Read the host once for :func:`plan_orphans`; a VM dir of unknown ownership is logged.
+        Raises when the tracked set or the owner cannot be read."""
         tracked = self.tracked()
+        owner = self.owner()
         chroot_ids = self._chroot_ids()
+        owners = {i: jail.read_owner(self.settings.chroot_base_dir, i) for i in chroot_ids}
         live = {i for i in chroot_ids if is_chroot_pid_running(self.chroot_dir(i))}
         before = self._rows()
         links = tuple(netlink.link_names(netns=self.settings.netns))
@@ -96,7 +105,7 @@ class OrphanSweeps:
         except Exception as e:  # noqa: BLE001 - a failed listing reaps no rule
             log.warning("rule listing failed, no isolation rule will be reaped: %s", e)
             rule_ips = None
-        return OrphanFacts(
+        facts = OrphanFacts(
             scaler_name=self.name,
             tracked=frozenset(tracked),
             chroot_ids=tuple(chroot_ids),
@@ -105,7 +114,13 @@ class OrphanSweeps:
             links=links,
             allocations_after=after,
             rule_ips=rule_ips,
+            owner=owner,
+            owners=owners,
         )
+        for vm_id, reason in not_mine(facts).items():
+            if reason.startswith(UNKNOWN_REASON):
+                log.warning("VM dir %s of scaler %s is never reaped: %s", vm_id, self.name, reason)
+        return facts
 
     def plan_orphans(self) -> list[OrphanTarget]:
         """What a sweep would do now; touches nothing (for previews)."""
@@ -118,10 +133,22 @@ class OrphanSweeps:
         pid_running = is_chroot_pid_running(self.chroot_dir(agent_id))
         return vm_live_reason(agent_id, self.tracked(), pid_running) is not None
 
+    def _not_mine_now(self, agent_id: str | None) -> str | None:
+        """Why the VM dir of ``agent_id`` is not this console's now (its owner file read afresh);
+        None when it is, or when there is no such dir."""
+        if not agent_id or not jail.vm_dir(self.settings.chroot_base_dir, agent_id).exists():
+            return None
+        verdict = judge_ownership(jail.read_owner(self.settings.chroot_base_dir, agent_id), self.owner())
+        return None if verdict.ownership == MINE else verdict.reason
+
     def orphan_recheck(self, target: OrphanTarget) -> str | None:
         """None when ``target`` is still an orphan now, else why it is spared."""
-        if target.kind in ("allocation", "chroot", "rules") and self._live(target.agent_id):
-            return "the VM is live now"
+        if target.kind in ("allocation", "chroot", "rules"):
+            foreign = self._not_mine_now(target.agent_id)
+            if foreign is not None:
+                return foreign
+            if self._live(target.agent_id):
+                return "the VM is live now"
         rows = self._rows()
         if target.kind == "allocation":
             if not any(r.vm_id == target.agent_id and r.ip == target.ip and r.scaler_name == self.name for r in rows):
@@ -137,6 +164,12 @@ class OrphanSweeps:
             live_ids = self.tracked()
             if any(netlink.tap_name_for(i) == target.tap for i in live_ids):
                 return "a tracked VM owns the interface"
+            for vm_id in self._chroot_ids():
+                if netlink.tap_name_for(vm_id) != target.tap:
+                    continue
+                foreign = self._not_mine_now(vm_id)
+                if foreign is not None:
+                    return f"the interface is of VM {vm_id}: {foreign}"
         elif target.kind == "rules":
             if any(r.ip == target.ip and r.vm_id != target.agent_id for r in rows):
                 return "the address was allocated again"

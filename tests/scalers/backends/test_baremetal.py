@@ -194,7 +194,14 @@ def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, a
         agent.refresh_from_db()
         info = docker_client.api.inspect_container(agent.managed_id)
         labels = {k: v for k, v in info["Config"]["Labels"].items() if k.startswith("kici-")}
-        assert set(labels) == {"kici-managed", "kici-scaler-name", "kici-agent-id", "kici-labels"}
+        assert set(labels) == {
+            "kici-managed",
+            "kici-installation-id",
+            "kici-instance-id",
+            "kici-scaler-name",
+            "kici-agent-id",
+            "kici-labels",
+        }
         assert list(info["NetworkSettings"]["Networks"]) == ["kici-agent-net"]
         assert "KICI_JOB_IMAGE_AGENT=1" in info["Config"]["Env"]
         hc = info["HostConfig"]

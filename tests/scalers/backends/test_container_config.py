@@ -20,7 +20,7 @@ from scalers.backends.failure import failure_detail
 from scalers.backends.hostconfig import AGENT_CONTAINER_PIDS_LIMIT, build_agent_container_host_config
 from scalers.backends.runtime import NO_RUNTIME_MESSAGE, NoContainerRuntime, RuntimeInfo, detect_container_runtime
 from scalers.backends.spawn_env import container_env, process_env
-from scalers.models import Reservation
+from scalers.models import Installation, Reservation
 from scalers.resources import EffectiveLimits
 from tests.support.scalers import make_agent, make_scaler
 
@@ -118,11 +118,14 @@ def test_the_scalers_orchestrator_url_beats_the_console_setting(settings):
 
 
 @pytest.mark.django_db
-def test_container_labels_carry_ownership_and_bound_job_only_when_bound():
+def test_container_labels_carry_ownership_and_bound_job_only_when_bound(settings):
+    settings.KICI_INSTANCE_ID = "console-a"
     scaler = make_scaler(name="test-container", labels=("linux", "docker"))
     free = backend_for(scaler).create_config(make_agent(scaler, agent_id="agent-1"), None, "img")
     assert free["labels"] == {
         "kici-managed": "true",
+        "kici-installation-id": Installation.objects.get().installation_id,
+        "kici-instance-id": "console-a",
         "kici-scaler-name": "test-container",
         "kici-agent-id": "agent-1",
         "kici-labels": "docker,linux",

@@ -19,6 +19,7 @@ from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.container.orphans import OrphanSweepRefused, plan_container_orphans
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.backends.orphans import OrphanTarget
+from scalers.backends.ownership import Owner, current_owner
 from tests.support.nft import nft_table_for
 from tests.support.scalers import make_agent, make_scaler
 
@@ -56,11 +57,12 @@ def box(docker_client, agent_image):
 
 
 def managed(scaler_name: str | None, agent_id: str | None = None, managed_value: str | None = "true") -> dict:
+    """The labels of a container this console made for ``scaler_name`` (owner labels included)."""
     labels = {}
     if managed_value is not None:
         labels["kici-managed"] = managed_value
     if scaler_name is not None:
-        labels["kici-scaler-name"] = scaler_name
+        labels.update(current_owner(scaler_name).labels())
     if agent_id is not None:
         labels["kici-agent-id"] = agent_id
     return labels
@@ -161,7 +163,7 @@ def test_apply_rechecks_each_target_before_removing_it(box, docker_client):
 def test_a_blank_scaler_name_refuses_to_sweep(docker_client):
     for name in ("", "   "):
         with pytest.raises(OrphanSweepRefused, match="blank"):
-            plan_container_orphans([], name, {}, None)
+            plan_container_orphans([], Owner("inst", "console", name), {}, None)
     blank = make_scaler(name=" ")
     with pytest.raises(OrphanSweepRefused):
         ContainerBackend(blank, docker=docker_client, network_isolation=False).plan_orphans()
@@ -271,3 +273,59 @@ def test_no_rule_is_reaped_when_the_runtime_cannot_be_listed(nft_table):
     assert backend.reap_unowned_isolation_rules() == 0
     assert backend.plan_rule_orphans() == []
     assert {str(x) for x in nft_table.list_agents()} == {"172.30.250.10"}
+
+
+def test_a_console_on_a_restored_copy_of_the_database_and_the_first_never_plan_each_others_agents(
+    box, docker_client, agent_image, settings
+):
+    # Two consoles on one docker host, the second started on a restored copy of the first's
+    # database: the same installation id and scaler name, another instance. Each knows only its own
+    # agents (the copy never heard of those A spawned after it was made, nor A of B's).
+    scaler = make_scaler()
+    containers: dict[str, dict[str, str]] = {"console-a": {}, "console-b": {}}
+    known: dict[str, set[str]] = {"console-a": set(), "console-b": set()}
+    for console in containers:
+        settings.KICI_INSTANCE_ID = console
+        backend = ContainerBackend(scaler, docker=docker_client, network_isolation=False)
+        for role, state in (("running 1", "running"), ("running 2", "running"), ("orphan", "exited")):
+            agent = make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now(), reserve=False)
+            labels = backend.create_config(agent, None, agent_image)["labels"]  # what a spawn stamps
+            assert labels["kici-instance-id"] == console and labels["kici-scaler-name"] == scaler.name
+            containers[console][role] = box.make(labels, state=state)
+            if role != "orphan":
+                known[console].add(agent.agent_id)
+    legacy = box.make(managed(None, "scaler-container-e00000aa") | {"kici-scaler-name": scaler.name}, "exited")
+
+    def console(name: str) -> ContainerBackend:
+        settings.KICI_INSTANCE_ID = name
+        ids = known[name]
+        return ContainerBackend(
+            scaler,
+            docker=docker_client,
+            network_isolation=False,
+            tracked_ids=lambda: ids,
+            is_registered=ids.__contains__,
+        )
+
+    for me, other in (("console-a", "console-b"), ("console-b", "console-a")):
+        plan = console(me).plan_containers()
+        assert [t.target for t in plan.targets] == [containers[me]["orphan"]], me
+        spared = {s.container_id: s.reason for s in plan.spared}
+        for cid in containers[other].values():
+            assert spared[cid] == f"skipped: another console's (kici-instance-id={other})", (me, cid)
+        assert spared[legacy] == "skipped: ownership unknown (no kici-installation-id, kici-instance-id)"
+
+    for me, other in (("console-a", "console-b"), ("console-b", "console-a")):
+        backend = console(me)
+        assert backend.cleanup_orphans() == 1
+        # a registration refused for an agent id of `me`'s: only `me` reclaims its container
+        victim = box.make(managed(scaler.name, "scaler-container-e00000bb"))  # stamped with `me`'s labels
+        assert console(other).reap_unowned("scaler-container-e00000bb") is False
+        assert victim in box.ids()
+        assert console(me).reap_unowned("scaler-container-e00000bb") is True
+    remaining = box.ids()
+    assert legacy in remaining
+    for name in containers:
+        assert containers[name]["orphan"] not in remaining
+        for role in ("running 1", "running 2"):
+            assert docker_client.api.inspect_container(containers[name][role])["State"]["Running"], (name, role)

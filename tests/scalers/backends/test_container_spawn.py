@@ -13,7 +13,7 @@ from agents.models import Agent, ScalerEvent
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_NAME, ensure_isolated_network
 from scalers.jobs import enqueue_spawn
 from scalers.lifecycle import teardown_agent
-from scalers.models import Reservation
+from scalers.models import Installation, Reservation
 from tests.support.containers import register_at_network_stage, remove_test_containers
 from tests.support.nft import nft_table_for
 from tests.support.scalers import make_agent, make_scaler
@@ -72,6 +72,8 @@ def test_a_spawned_busybox_agent_registers_with_the_console_within_10_seconds(
         labels = info["Config"]["Labels"]
         assert labels["kici-managed"] == "true"
         assert labels["kici-scaler-name"] == scaler.name
+        assert labels["kici-installation-id"] == Installation.current_id()
+        assert labels["kici-instance-id"] == settings.KICI_INSTANCE_ID
         assert labels["kici-agent-id"] == agent.agent_id
         assert labels["kici-labels"] == "ctr,linux"
         assert list(info["NetworkSettings"]["Networks"]) == [ISOLATED_NETWORK_NAME]

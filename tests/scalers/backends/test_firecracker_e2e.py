@@ -33,7 +33,7 @@ from scalers.config.loader import load_scalers_config
 from scalers.importing import apply_scalers_config
 from scalers.lifecycle import teardown_agent
 from scalers.models import Reservation
-from tests.support.firecracker import FAKE_JAILER, fake_kernel, real_binaries, require_kvm, tiny_kernel
+from tests.support.firecracker import FAKE_JAILER, fake_kernel, owned_vm_dir, real_binaries, require_kvm, tiny_kernel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
 
@@ -306,8 +306,9 @@ def test_the_orphan_plan_of_a_firecracker_scaler_is_reachable_through_get_backen
     name = import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
     backend = get_backend(_scaler(name))
     assert backend.ensure_host_ready() is True
-    stray = env.base / "firecracker" / "scaler-firecracker-0000dead" / "root"
-    stray.mkdir(parents=True)
+    stray = owned_vm_dir(env.base, "scaler-firecracker-0000dead", name)
+    legacy = env.base / "firecracker" / "scaler-firecracker-0000beee"  # no owner file: never reaped
+    legacy.mkdir(parents=True)
     env.ip("tuntap", "add", "kici-0000beef", "mode", "tap")
     plan = backend.plan_orphans()
     assert sorted((t.pass_no, t.kind, t.agent_id or t.tap) for t in plan) == [
@@ -315,7 +316,7 @@ def test_the_orphan_plan_of_a_firecracker_scaler_is_reachable_through_get_backen
     ]  # fmt: skip
     assert backend.apply_orphans(plan) == 2
     assert not stray.parent.exists() and "kici-0000beef" not in env.links()
-    assert backend.plan_orphans() == []
+    assert backend.plan_orphans() == [] and legacy.exists()
 
 
 def _scaler(name):

@@ -14,6 +14,13 @@ from scalers.backends.firecracker import jail
 from scalers.backends.firecracker.failure import classify_failure, is_failure_line, read_failure_type, wrap_serial_line
 
 AGENT = "scaler-firecracker-1d993749"
+OWNER_LABELS = {
+    "kici-managed": "true",
+    "kici-installation-id": "0f" * 16,
+    "kici-instance-id": "console-a",
+    "kici-scaler-name": "fc",
+    "kici-agent-id": AGENT,
+}
 
 
 def test_jailer_argv_is_the_jailer_options_then_the_firecracker_options():
@@ -165,8 +172,11 @@ def test_prepare_chroot_lays_out_the_jail_and_formats_a_sparse_overlay(jail_base
         config=cfg,
         uid=10000,
         gid=10001,
+        owner_labels=OWNER_LABELS,
     )
     assert layout.chroot == jail_base / "firecracker" / AGENT / "root"
+    assert layout.owner == layout.vm_dir / "owner.json" and layout.owner.parent != layout.chroot
+    assert jail.read_owner(jail_base, AGENT) == OWNER_LABELS
     assert layout.socket == layout.chroot / "run" / "firecracker.socket"
     assert os.stat(layout.rootfs).st_ino == os.stat(rootfs).st_ino  # hard link on the same device
     assert layout.kernel.read_bytes() == kernel.read_bytes()
@@ -190,7 +200,15 @@ def test_prepare_chroot_copies_the_rootfs_across_devices(tmp_path):
         if os.stat(tmp_path).st_dev == os.stat("/dev/shm").st_dev:
             pytest.skip("/dev/shm is on the same device as the test tmp dir")
         layout = jail.prepare_chroot(
-            base=base, agent_id=AGENT, rootfs_path=rootfs, kernel_path=kernel, overlay_mib=8, config={}, uid=0, gid=0
+            base=base,
+            agent_id=AGENT,
+            rootfs_path=rootfs,
+            kernel_path=kernel,
+            overlay_mib=8,
+            config={},
+            uid=0,
+            gid=0,
+            owner_labels=OWNER_LABELS,
         )
         assert os.stat(layout.rootfs).st_ino != os.stat(rootfs).st_ino
         assert layout.rootfs.read_bytes() == rootfs.read_bytes()
@@ -210,8 +228,21 @@ def test_prepare_chroot_names_a_missing_rootfs(jail_base, tmp_path):
             config={},
             uid=0,
             gid=0,
+            owner_labels=OWNER_LABELS,
         )
     assert not (jail_base / "firecracker" / AGENT).exists()
+
+
+def test_an_owner_file_that_is_missing_or_not_an_object_of_strings_reads_as_none(jail_base):
+    assert jail.read_owner(jail_base, AGENT) is None
+    path = jail.owner_path(jail_base, AGENT)
+    path.parent.mkdir(parents=True)
+    for text in ("", "{not json", '["kici-managed"]', '{"kici-instance-id": 7}'):
+        path.write_text(text)
+        assert jail.read_owner(jail_base, AGENT) is None, text
+    jail.write_owner(path, OWNER_LABELS)
+    assert jail.read_owner(jail_base, AGENT) == OWNER_LABELS
+    assert [p.name for p in path.parent.iterdir()] == ["owner.json"]  # the temporary file is gone
 
 
 @pytest.mark.parametrize(

@@ -11,17 +11,36 @@ import pytest
 
 from network import netlink
 from network.models import IpAllocation
-from scalers.backends.firecracker.orphans import AllocationRow, OrphanFacts, PeriodicSweep, plan_orphans, vm_target
+from scalers.backends.firecracker import jail
+from scalers.backends.firecracker.orphans import (
+    AllocationRow,
+    OrphanFacts,
+    PeriodicSweep,
+    plan_orphans,
+    spared_vms,
+    vm_target,
+)
+from scalers.backends.ownership import Owner
+from tests.support.firecracker import owned_vm_dir
 
 ME, OTHER = "fc-test", "fc-other"
+MINE = Owner("0f" * 16, "console-a", ME)
+#: A second console started on a restored copy of the database: same installation and scaler name.
+SECOND = Owner("0f" * 16, "console-b", ME)
+
+
+def _owner_file(owner: Owner, vm_id: str) -> dict:
+    return {"kici-managed": "true", **owner.labels(), "kici-agent-id": vm_id}
 
 
 def _facts(**kw):
+    """Facts of this console (``MINE``); every chroot's owner file is its own unless ``owners`` says."""
     base = dict(
         scaler_name=ME, tracked=frozenset(), chroot_ids=(), live_chroots=frozenset(),
-        allocations_before=(), links=(), allocations_after=(), rule_ips=frozenset(),
+        allocations_before=(), links=(), allocations_after=(), rule_ips=frozenset(), owner=MINE,
     )  # fmt: skip
     base.update(kw)
+    base["owners"] = {i: _owner_file(MINE, i) for i in base["chroot_ids"]} | dict(kw.get("owners", {}))
     return OrphanFacts(**base)
 
 
@@ -75,6 +94,31 @@ def test_pass_2_takes_unallocated_dead_chroots_and_a_failed_rule_listing_plans_n
     assert plan_orphans(facts) == [vm_target(2, "chroot", a, scaler=ME)]
 
 
+def test_no_pass_plans_anything_of_a_vm_whose_owner_file_is_not_this_consoles():
+    second, legacy, blank, mine = (f"scaler-firecracker-0000001{i}" for i in range(4))
+    facts = _facts(
+        chroot_ids=(second, legacy, blank, mine),
+        # the restored copy carries the first console's allocation row of its VM
+        allocations_before=(_row(second, "10.9.0.2"),),
+        links=(netlink.tap_name_for(second), netlink.tap_name_for(legacy)),
+        rule_ips=frozenset({"10.9.0.2"}),
+        owners={
+            second: _owner_file(SECOND, second),
+            legacy: None,
+            blank: {**_owner_file(MINE, blank), "kici-instance-id": ""},
+        },
+    )
+    assert plan_orphans(facts) == [vm_target(2, "chroot", mine, scaler=ME)]
+    assert dict(spared_vms(facts)) == {
+        second: "skipped: another console's (kici-instance-id=console-b)",
+        legacy: "skipped: ownership unknown (no kici-installation-id, kici-instance-id, kici-scaler-name)",
+        blank: "skipped: ownership unknown (no kici-instance-id)",
+    }
+    # the same host seen by the second console: its own VM is an orphan there, and the first's is not
+    theirs = OrphanFacts(**{**facts.__dict__, "owner": SECOND})
+    assert {(t.pass_no, t.agent_id) for t in plan_orphans(theirs)} == {(1, second), (4, second)}  # its TAP in pass 1
+
+
 # ---- applied on a real host (netns, nft, database, processes) ----------------------------------
 
 _CHILD = r"""
@@ -94,9 +138,8 @@ def _start_in_chroot(comm: str, chroot) -> subprocess.Popen:
     return p
 
 
-def _vm_dir(env, vm_id, pid_of=None):
-    root = env.base / "firecracker" / vm_id / "root"
-    root.mkdir(parents=True)
+def _vm_dir(env, vm_id, owner=None):
+    root = owned_vm_dir(env.base, vm_id, ME, owner=owner)
     (root / "serial-console.log").write_text(f"last words of {vm_id}\n")
     return root
 
@@ -176,6 +219,35 @@ def test_a_stale_plan_is_rechecked_and_a_target_that_came_alive_is_skipped(fc_en
     report = b.orphans.apply_orphans(plan)
     assert report.cleaned == 0 and report.skipped == [(plan[0], "the VM is live now")]
     assert (env.base / "firecracker" / vm_id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.root
+def test_vm_dirs_of_a_second_console_or_without_an_owner_file_survive_every_sweep_and_reclaim(fc_env, caplog):
+    from scalers.backends.ownership import current_owner
+
+    env = fc_env
+    b = _setup(env)
+    second = Owner(current_owner(ME).installation_id, "console-b", ME)
+    theirs, legacy, mine = (f"scaler-firecracker-000000e{i}" for i in range(3))
+    _vm_dir(env, theirs, owner=second)
+    (env.base / "firecracker" / legacy / "root").mkdir(parents=True)  # made before owner files existed
+    _vm_dir(env, mine)
+    with caplog.at_level("WARNING", logger="scalers.backends.firecracker.sweeps"):
+        plan = b.orphans.plan_orphans()
+    assert [(t.pass_no, t.agent_id) for t in plan] == [(2, mine)]
+    assert any(legacy in r.getMessage() and "ownership unknown" in r.getMessage() for r in caplog.records)
+    assert b.orphans.cleanup_orphans() == 1
+    assert b.reap_unowned(theirs) is False and b.reap_unowned(legacy) is False
+    top = env.base / "firecracker"
+    assert sorted(p.name for p in top.iterdir()) == sorted([theirs, legacy])
+    # a plan made while the dir was this console's is re-checked against its owner file before acting
+    _vm_dir(env, mine)
+    plan = b.orphans.plan_orphans()
+    jail.write_owner(jail.owner_path(env.base, mine), {"kici-managed": "true", **second.labels()})
+    report = b.orphans.apply_orphans(plan)
+    assert report.skipped == [(plan[0], "skipped: another console's (kici-instance-id=console-b)")]
+    assert (top / mine).exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,267 @@
+"""Live rows of the pages that list agents, operations or scalers: which rows a page shows, and
+the frames that keep them current (docs/live-streams.md, "Live rows").
+
+A page's WebSocket ``ws/rows/<view>/?<filters>`` (:class:`live.consumers.RowsConsumer`) names a
+*row view* (:func:`row_view`): the page's own query, through the same filter functions as the page
+(``agents.listing.filter_agents``, ``operations.listing.filter_operations``,
+``scalers.capacity.listed_scaler_capacities``), so a row cannot be on the page and missing from its
+pushes, or the other way round. The consumer joins the view's groups, where producers
+(``live.publish``) send ``{"type": "rows.dirty", "<noun>": [ids]}`` notices; it collects the ids
+for up to :data:`ROW_BATCH_SECONDS` and renders the rows that changed from the database with the
+page's own row partial.
+
+Groups: ``rows.agents`` (every agent), ``rows.scaler.<scaler pk>`` (the agents of one scaler),
+``rows.agent.<agent_id>`` (one agent), ``rows.operations``, ``rows.scalers``.
+
+A frame is one ``<tbody hx-swap-oob="afterbegin:#<rows>" data-upsert data-server-time="ISO">``
+with the changed rows of the view (kici.js replaces a row in place or inserts it at the top),
+``data-remove="<row ids>"`` for rows that left the view (an agent that failed, on a list of active
+agents) and, in the first frame after connecting, ``data-sync``: the rows of the view as they are
+now, every other row of the table goes (messages sent while a socket was away are lost).
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ObjectDoesNotExist
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from agents.listing import LIST_PAGE_SIZE, filter_agents
+from agents.models import Agent
+from operations.listing import PAGE_SIZE as OPERATIONS_PAGE_SIZE
+from operations.listing import filter_operations
+from scalers.capacity import listed_scaler_capacities
+from scalers.models import Scaler
+
+from .streams import StreamKey
+
+ROW_BATCH_SECONDS = 1.0
+"""Each page gets at most one frame of row changes per this many seconds, however many arrive."""
+
+MAX_DIRTY = 5000
+"""Changed ids a page collects between two frames; beyond that its next frame is a full sync."""
+
+MAX_LIMIT = 500
+"""Most rows a row view holds (``limit``)."""
+
+AGENTS_GROUP = "rows.agents"
+OPERATIONS_GROUP = "rows.operations"
+SCALERS_GROUP = "rows.scalers"
+
+AGENTS_PAGE = "dashboard/index.html"
+OPERATIONS_PAGE = "operations/list.html"
+SCALERS_PAGE = "scalers/list.html"
+
+
+def agent_rows_group(agent_id: str) -> str:
+    """``rows.agent.<agent_id>``: the row of one agent (its page). ValueError for a bad id."""
+    StreamKey(agent_id, "events")  # validates the id
+    return f"rows.agent.{agent_id}"
+
+
+def scaler_rows_group(scaler_pk: int) -> str:
+    """``rows.scaler.<pk>``: the agent rows of one scaler."""
+    return f"rows.scaler.{int(scaler_pk)}"
+
+
+def agent_groups(agent_id: str, scaler_pk: int) -> list[str]:
+    """Every group a change of this agent's row goes to."""
+    return [AGENTS_GROUP, scaler_rows_group(scaler_pk), agent_rows_group(agent_id)]
+
+
+def server_time() -> str:
+    """The console's clock (ISO 8601), sent with every frame: the browser counts ages on it."""
+    return timezone.now().isoformat()
+
+
+def _int(params, name: str, default: int, lo: int, hi: int) -> int:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise LookupError(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise LookupError(f"{name} must be within {lo}..{hi}, got {value}")
+    return value
+
+
+class RowView:
+    """One page's rows. ``noun``: the key of the ``rows.dirty`` notices it reads; ``perm``: what a
+    viewer needs; ``groups``: where its notices come from. Both methods are synchronous (database
+    reads) and return ``(frames, shown)``: the WebSocket messages and the row keys now on the page."""
+
+    noun = ""
+    perm = ""
+    groups: list[str] = []
+
+    def snapshot(self) -> tuple[list[str], set]:
+        raise NotImplementedError
+
+    def update(self, keys: set, shown: set) -> tuple[list[str], set]:
+        raise NotImplementedError
+
+
+class _PagedRows(RowView):
+    """A page of a filtered, newest-first list: a changed row that matches is shown (a new one
+    only on the first page), a shown row that no longer matches is removed."""
+
+    template = ""
+    dom_prefix = ""
+
+    def __init__(self, params, page_size: int):
+        self.params = params
+        self.page = _int(params, "page", 1, 1, 10_000)
+        self.limit = _int(params, "limit", page_size, 1, MAX_LIMIT)
+
+    def queryset(self):
+        raise NotImplementedError
+
+    def key_field(self) -> str:
+        return "pk"
+
+    def _key(self, obj):
+        return getattr(obj, self.key_field())
+
+    def _render(self, objects, removed=(), sync=False) -> str:
+        return render_to_string(
+            self.template,
+            {
+                self.context_name: objects,
+                "removed": [f"{self.dom_prefix}{key}" for key in removed],
+                "sync": sync,
+                "server_time": server_time(),
+            },
+        ).strip()
+
+    def snapshot(self):
+        start = (self.page - 1) * self.limit
+        objects = list(self.queryset()[start : start + self.limit])
+        return [self._render(objects, sync=True)], {self._key(o) for o in objects}
+
+    def update(self, keys, shown):
+        matched = list(self.queryset().filter(**{f"{self.key_field()}__in": list(keys)}))
+        if self.page > 1:
+            matched = [o for o in matched if self._key(o) in shown]
+        found = {self._key(o) for o in matched}
+        removed = sorted(k for k in keys if k in shown and k not in found)
+        if not matched and not removed:
+            return [], shown
+        return [self._render(matched, removed)], (shown - set(removed)) | found
+
+
+class AgentRows(_PagedRows):
+    """``ws/rows/agents/?state=&scaler=&q=&page=&limit=``: the dashboard's live agents, ``/agents/``
+    and a scaler page's agents (``agents.listing.filter_agents``; ``limit`` defaults to its page size).
+    With a scaler filter the view listens to that scaler's group only."""
+
+    template = f"{AGENTS_PAGE}#agent_rows_oob"
+    context_name = "agents"
+    dom_prefix = "agent-"
+
+    def __init__(self, params):
+        super().__init__(params, LIST_PAGE_SIZE)
+        self.noun, self.perm = "agents", "agents.view_agent"
+        self.qs, self.filters = filter_agents(params)
+        if self.filters["scaler"]:
+            scaler = Scaler.objects.filter(name=self.filters["scaler"]).values_list("pk", flat=True).first()
+            if scaler is None:
+                raise LookupError(f"no scaler named {self.filters['scaler']!r}")
+            self.groups = [scaler_rows_group(scaler)]
+        else:
+            self.groups = [AGENTS_GROUP]
+
+    def queryset(self):
+        return self.qs
+
+    def key_field(self):
+        return "agent_id"
+
+
+class AgentPage(RowView):
+    """``ws/rows/agent/?id=<agent_id>``: an agent's page, its summary row and its Details panel
+    (``agents/detail.html#details``), whatever its state."""
+
+    def __init__(self, params):
+        self.noun, self.perm = "agents", "agents.view_agent"
+        self.agent_id = params.get("id") or ""
+        try:
+            self.groups = [agent_rows_group(self.agent_id)]
+        except ValueError as exc:
+            raise LookupError(str(exc)) from None
+        if not Agent.objects.filter(agent_id=self.agent_id).exists():
+            raise LookupError(f"no agent {self.agent_id!r}")
+
+    def _frames(self, sync: bool) -> list[str]:
+        try:
+            agent = Agent.objects.select_related("scaler", "label_set").get(agent_id=self.agent_id)
+        except ObjectDoesNotExist:
+            return []
+        row = render_to_string(
+            f"{AGENTS_PAGE}#agent_rows_oob", {"agents": [agent], "sync": sync, "server_time": server_time()}
+        )
+        # A frame of its own: table content cannot share one with other elements safely.
+        details = render_to_string("agents/detail.html#details", {"agent": agent, "oob": True})
+        return [row.strip(), details.strip()]
+
+    def snapshot(self):
+        return self._frames(sync=True), {self.agent_id}
+
+    def update(self, keys, shown):
+        if self.agent_id not in keys:
+            return [], shown
+        return self._frames(sync=False), shown
+
+
+class OperationRows(_PagedRows):
+    """``ws/rows/operations/?status=&kind=&scaler=&page=``: ``/operations/``
+    (``operations.listing.filter_operations``)."""
+
+    template = f"{OPERATIONS_PAGE}#op_rows_oob"
+    context_name = "operations"
+    dom_prefix = "operation-"
+
+    def __init__(self, params):
+        super().__init__(params, OPERATIONS_PAGE_SIZE)
+        self.noun, self.perm, self.groups = "operations", "operations.view_operation", [OPERATIONS_GROUP]
+        self.qs, self.filters = filter_operations(params)
+
+    def queryset(self):
+        return self.qs
+
+
+class ScalerRows(RowView):
+    """``ws/rows/scalers/``: ``/scalers/``, each scaler's capacity (changes with its agents)."""
+
+    def __init__(self, params):
+        self.noun, self.perm, self.groups = "scalers", "agents.view_agent", [SCALERS_GROUP]
+
+    def _render(self, caps, removed=(), sync=False) -> str:
+        return render_to_string(
+            f"{SCALERS_PAGE}#scaler_rows_oob",
+            {"caps": caps, "removed": [f"scaler-{k}" for k in removed], "sync": sync, "server_time": server_time()},
+        ).strip()
+
+    def snapshot(self):
+        caps = listed_scaler_capacities()
+        return [self._render(caps, sync=True)], {c.scaler.pk for c in caps}
+
+    def update(self, keys, shown):
+        caps = listed_scaler_capacities(keys)
+        found = {c.scaler.pk for c in caps}
+        removed = sorted(k for k in keys if k in shown and k not in found)
+        return [self._render(caps, removed)], (shown - set(removed)) | found
+
+
+VIEWS = {"agents": AgentRows, "agent": AgentPage, "operations": OperationRows, "scalers": ScalerRows}
+
+
+def row_view(name: str, params) -> RowView:
+    """The row view ``name`` (a key of :data:`VIEWS`) for the page's query ``params`` (a mapping of
+    strings). Synchronous (database reads). LookupError naming the problem for an unknown view,
+    a bad ``page``/``limit``, an unknown agent or scaler."""
+    view = VIEWS.get(name)
+    if view is None:
+        raise LookupError(f"unknown row view {name!r} (known: {', '.join(sorted(VIEWS))})")
+    return view(params)

@@ -1,0 +1,240 @@
+"""Live rows of the list pages (ws/rows/<view>/, live.consumers.RowsConsumer) over the real Redis
+channel layer: each page's group gets its own rows, and bursts are batched per page."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+
+from agents.choices import AgentState, EventType
+from agents.events import flush_events, record_event
+from agents.heartbeats import push_heartbeat_row
+from agents.models import Agent
+from live.publish import apublish_rows, rows_notice
+from live.routing import websocket_urlpatterns
+from live.rows import AGENTS_GROUP, ROW_BATCH_SECONDS, AgentRows
+from operations.services import create_operation
+from tests.support.scalers import make_agent, make_scaler
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+ROW_ID = re.compile(r'<tr id="agent-([^"]+)"')
+
+
+@pytest.fixture(autouse=True)
+async def close_thread_connections():
+    """A Redis layer (not in-memory) and, afterwards, no DB connection left by the worker threads."""
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_redis.")
+    yield
+    from django.db import connections
+
+    await database_sync_to_async(connections.close_all)()
+
+
+async def connect(path: str, user) -> tuple[WebsocketCommunicator, str]:
+    """Connect and return the communicator with its first (data-sync) frame."""
+    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    comm.scope["user"] = user
+    connected, code = await comm.connect()
+    assert connected, code
+    first = await comm.receive_from(timeout=5)
+    return comm, first
+
+
+async def frames_for(comm, seconds: float) -> list[str]:
+    """Every frame that arrives within ``seconds``."""
+    frames = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        # receive_nothing waits without cancelling the consumer (receive_from's timeout would)
+        if await comm.receive_nothing(timeout=left, interval=0.02):
+            break
+        frames.append(await comm.receive_from())
+    return frames
+
+
+def rows(frames) -> list[str]:
+    return [agent_id for frame in frames for agent_id in ROW_ID.findall(frame)]
+
+
+def event(agent_id: str, type: str = EventType.READY, **changes) -> None:
+    """Change the agent, record an event about it and wait until it was pushed."""
+    if changes:
+        Agent.objects.filter(agent_id=agent_id).update(**changes)
+    record_event(Agent.objects.select_related("scaler").get(agent_id=agent_id), type, "changed")
+    assert flush_events(5)
+
+
+@database_sync_to_async
+def two_scalers():
+    a, b = make_scaler("rows-a"), make_scaler("rows-b")
+    return a, b, make_agent(a, AgentState.RUNNING), make_agent(b, AgentState.RUNNING)
+
+
+@pytest.fixture
+def updates(monkeypatch):
+    """The ids each AgentRows view was asked to render (what reached the page's group)."""
+    seen: list[set] = []
+    update = AgentRows.update
+
+    def recording(self, keys, shown):
+        seen.append(set(keys))
+        return update(self, keys, shown)
+
+    monkeypatch.setattr(AgentRows, "update", recording)
+    return seen
+
+
+async def test_a_scaler_page_gets_its_scalers_agents_only(viewer, updates):
+    a, b, agent_a, agent_b = await two_scalers()
+    page, first = await connect("/ws/rows/agents/?scaler=rows-a&state=active", viewer)
+    try:
+        assert "data-sync" in first and rows([first]) == [agent_a.agent_id]
+        await database_sync_to_async(event)(agent_b.agent_id)
+        await database_sync_to_async(event)(agent_a.agent_id, active_jobs=1)
+        frame = await page.receive_from(timeout=5)
+        assert rows([frame]) == [agent_a.agent_id] and "1 running" in frame
+        assert 'hx-swap-oob="afterbegin:#agent-rows" data-upsert' in frame and "data-server-time=" in frame
+        assert await page.receive_nothing(timeout=ROW_BATCH_SECONDS + 0.5)
+        # the page's group (rows.scaler.<pk>) never carried the other scaler's agent
+        assert updates == [{agent_a.agent_id}]
+    finally:
+        await page.disconnect()
+
+
+async def test_a_filtered_list_gets_matching_rows_and_a_removal_for_rows_leaving_it(viewer):
+    a, _, agent, _ = await two_scalers()
+    live, _ = await connect("/ws/rows/agents/?state=active", viewer)
+    failed, first_failed = await connect("/ws/rows/agents/?state=failed", viewer)
+    try:
+        assert rows([first_failed]) == []
+        new = await database_sync_to_async(make_agent)(a, AgentState.SPAWNING)
+        await database_sync_to_async(event)(new.agent_id, EventType.PROVISIONING)
+        frame = await live.receive_from(timeout=5)
+        assert rows([frame]) == [new.agent_id]  # a new agent appears
+        await database_sync_to_async(event)(agent.agent_id, EventType.FAILED, state=AgentState.FAILED)
+        frame = await live.receive_from(timeout=5)
+        assert rows([frame]) == [] and f'data-remove="agent-{agent.agent_id}"' in frame
+        frame = await failed.receive_from(timeout=5)
+        assert rows([frame]) == [agent.agent_id] and "data-remove" not in frame
+        assert await failed.receive_nothing(timeout=0.5)  # the new spawning agent never reached it
+    finally:
+        await live.disconnect()
+        await failed.disconnect()
+
+
+async def test_an_agent_page_gets_its_row_and_details_and_heartbeats(viewer):
+    _, _, agent, other = await two_scalers()
+    page, first = await connect(f"/ws/rows/agent/?id={agent.agent_id}", viewer)
+    try:
+        details = await page.receive_from(timeout=5)
+        assert rows([first]) == [agent.agent_id] and 'id="agent-details" hx-swap-oob="true"' in details
+        await database_sync_to_async(event)(other.agent_id)
+
+        def heartbeat():
+            Agent.objects.filter(pk=agent.pk).update(active_jobs=3)
+            push_heartbeat_row(agent)
+            assert flush_events(5)
+
+        await database_sync_to_async(heartbeat)()
+        frame, details = await page.receive_from(timeout=5), await page.receive_from(timeout=5)
+        assert rows([frame]) == [agent.agent_id] and "3 running" in frame
+        assert "<dt>Active jobs</dt><dd>3</dd>" in details
+        assert await page.receive_nothing(timeout=ROW_BATCH_SECONDS + 0.5)
+    finally:
+        await page.disconnect()
+
+
+async def test_a_heartbeat_storm_reaches_each_page_in_about_one_frame_a_second(viewer):
+    @database_sync_to_async
+    def world():
+        scaler = make_scaler("rows-storm")
+        Agent.objects.bulk_create(
+            Agent(agent_id=f"scaler-container-{n:08x}", scaler=scaler, state=AgentState.RUNNING) for n in range(1000)
+        )
+        return scaler
+
+    scaler = await world()
+    ids = [f"scaler-container-{n:08x}" for n in range(1000)]
+    page, first = await connect("/ws/rows/agents/?state=active&limit=500", viewer)
+    other, _ = await connect("/ws/rows/agents/?state=failed", viewer)
+    try:
+        assert len(rows([first])) == 500
+        started = time.monotonic()
+        for _ in range(2):  # two heartbeats of each of the 1,000 agents, as fast as they come
+            for agent_id in ids:
+                await apublish_rows([(AGENTS_GROUP, rows_notice("agents", [agent_id]))])
+        sent = time.monotonic() - started
+        frames = await frames_for(page, sent + 3 * ROW_BATCH_SECONDS)
+        assert set(rows(frames)) == set(ids)  # every row, the 500 shown and 500 new at the top
+        assert len(frames) <= sent / ROW_BATCH_SECONDS + 3, (len(frames), sent)
+        assert await other.receive_nothing(timeout=0.2)  # no running agent is a failed one
+    finally:
+        await page.disconnect()
+        await other.disconnect()
+    assert scaler.pk
+
+
+async def test_the_operations_list_gets_a_new_operation(users, config_file):
+    page, first = await connect("/ws/rows/operations/?status=planned", users["viewer"])
+    try:
+        assert "data-sync" in first
+        op = await database_sync_to_async(create_operation)("config-reload", {}, users["operator"])
+        frame = await page.receive_from(timeout=5)
+        assert f'<tr id="operation-{op.pk}"' in frame and 'hx-swap-oob="afterbegin:#op-rows"' in frame
+    finally:
+        await page.disconnect()
+
+
+async def test_the_scalers_list_follows_its_scalers_capacity(viewer):
+    a, b, agent, _ = await two_scalers()
+    page, first = await connect("/ws/rows/scalers/", viewer)
+    try:
+        assert f'<tr id="scaler-{a.pk}"' in first and f'<tr id="scaler-{b.pk}"' in first
+        await database_sync_to_async(event)(agent.agent_id)
+        frame = await page.receive_from(timeout=5)
+        assert f'<tr id="scaler-{a.pk}"' in frame and f'<tr id="scaler-{b.pk}"' not in frame
+    finally:
+        await page.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("path", "who", "code"),
+    [
+        ("/ws/rows/agents/", "anonymous", 4403),
+        ("/ws/rows/agents/", "outsider", 4403),
+        ("/ws/rows/operations/", "outsider", 4403),
+        ("/ws/rows/nothing/", "viewer", 4404),
+        ("/ws/rows/agents/?page=x", "viewer", 4404),
+        ("/ws/rows/agents/?scaler=no-such-scaler", "viewer", 4404),
+        ("/ws/rows/agent/?id=scaler-container-00000000", "viewer", 4404),
+    ],
+)
+async def test_it_refuses_what_it_cannot_show(users, path, who, code):
+    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    comm.scope["user"] = AnonymousUser() if who == "anonymous" else users[who]
+    connected, _ = await comm.connect()
+    assert connected  # accepted, then closed with the code (the htmx ws extension does not retry it)
+    assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": code}
+    await comm.disconnect()
+
+
+async def test_a_frame_is_rendered_once_per_batch_not_per_notice(viewer, updates):
+    _, _, agent, _ = await two_scalers()
+    page, _ = await connect("/ws/rows/agents/", viewer)
+    try:
+        for _ in range(50):
+            await apublish_rows([(AGENTS_GROUP, rows_notice("agents", [agent.agent_id]))])
+        await page.receive_from(timeout=5)
+        await asyncio.sleep(ROW_BATCH_SECONDS + 0.3)
+        assert updates == [{agent.agent_id}]
+    finally:
+        await page.disconnect()
