@@ -48,7 +48,7 @@ def add_remove_costs(client: NftClient, population: int, repeat: int) -> tuple[f
     """(render+apply full population s, median add-one s, median remove-one s)."""
     client.delete_table()
     specs = [spec(i) for i in range(population)]
-    full = timed(lambda: client.self_heal(specs, ["kici-br0"]))
+    full = timed(lambda: client.self_heal(specs, ["kici-br0"], ["172.30.0.0/16"]))
     adds, removes = [], []
     for n in range(repeat):
         extra = spec(50_000 + n)
@@ -70,12 +70,14 @@ def main() -> int:
 
     ns = f"net-bench-{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
+    # The guard chain hooks the bridge's ingress, so the bridge must exist.
+    subprocess.run(["ip", "-n", ns, "link", "add", "kici-br0", "type", "bridge"], check=True)
     try:
         client = NftClient(f"net_bench_{secrets.token_hex(2)}", netns=ns)
         floor = statistics.median(timed(lambda: client._run(["-j", "list", "tables"])) for _ in range(args.repeat))
 
         specs = [spec(i) for i in range(args.agents)]
-        render_s = timed(lambda: render_full(client.table, specs, ["kici-br0"]))
+        render_s = timed(lambda: render_full(client.table, specs, ["kici-br0"], ["172.30.0.0/16"]))
         big_full, big_add, big_remove = add_remove_costs(client, args.agents, args.repeat)
         rules = sum(1 for line in client._run(["list", "table", "inet", client.table]).splitlines() if line.strip())
         small_full, small_add, small_remove = add_remove_costs(client, 10, args.repeat)

@@ -18,7 +18,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from agents.choices import AgentState, EventType
+from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent
 from network.nft.apply import AgentRules
@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 
 #: MetricCounter name of the repairs (``kind``: ``base`` or ``agent``).
 REPAIRS = "kici_scaler_isolation_repairs_total"
-#: Agent states whose rules the check restores; a destroying agent's rules are going away.
-KEPT_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING)
+#: Agent states whose rules the check restores: every active one but destroying (its rules are going away).
+KEPT_STATES = tuple(s for s in ACTIVE_STATES if s != AgentState.DESTROYING)
 
 
 @dataclass
