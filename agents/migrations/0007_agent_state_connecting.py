@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agents", "0005_event_backoff_index"),
+        ("agents", "0006_config_events"),
     ]
 
     operations = [
