@@ -5,6 +5,7 @@ from django.db import models
 
 class AgentState(models.TextChoices):
     SPAWNING = "spawning", "Spawning"
+    CONNECTING = "connecting", "Connecting"
     RUNNING = "running", "Running"
     DRAINING = "draining", "Draining"
     DESTROYING = "destroying", "Destroying"
@@ -12,12 +13,22 @@ class AgentState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-#: States that hold a slot and whose sandbox may exist.
-ACTIVE_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING, AgentState.DESTROYING)
+#: States that hold a slot and whose sandbox may exist. ``spawning``: admitted, its backend call
+#: queued or in flight; ``connecting``: the backend call is done, the agent has not registered yet.
+ACTIVE_STATES = (
+    AgentState.SPAWNING,
+    AgentState.CONNECTING,
+    AgentState.RUNNING,
+    AgentState.DRAINING,
+    AgentState.DESTROYING,
+)
+#: States of an agent that has not registered yet and whose spawn has not been given up.
+UNREGISTERED_STATES = (AgentState.SPAWNING, AgentState.CONNECTING)
 TERMINAL_STATES = (AgentState.DESTROYED, AgentState.FAILED)
 
 STATE_COLOURS = {
     AgentState.SPAWNING: "blue",
+    AgentState.CONNECTING: "blue",
     AgentState.RUNNING: "green",
     AgentState.DRAINING: "amber",
     AgentState.DESTROYING: "amber",

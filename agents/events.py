@@ -23,7 +23,7 @@ import time
 from django.db import transaction
 from django.dispatch import Signal
 
-from .choices import AgentState, EventType
+from .choices import UNREGISTERED_STATES, EventType
 from .models import Agent, ScalerEvent
 
 log = logging.getLogger(__name__)
@@ -70,14 +70,14 @@ def record_connecting(agent: Agent, detail: str, payload: dict | None = None) ->
     A fast agent can register before its backend reaches this step; stored afterwards the event
     would claim the console waits for a registration it already has (and sit after
     ``agent.registered`` in the timeline). So the agent row is locked (``SELECT ... FOR UPDATE``)
-    and the event stored only while it is ``spawning`` and unregistered: the registration's own
+    and the event stored only while it is ``spawning`` or ``connecting`` and unregistered: the registration's own
     compare-and-swap then waits for this transaction, which puts ``agent.connecting`` before
     ``agent.registered``. Returns the event, or None when nothing was stored (registered, or no
     longer spawning).
     """
     with transaction.atomic():
         row = Agent.objects.select_for_update().filter(pk=agent.pk).values_list("state", "registered_at").first()
-        if row is None or row[0] != AgentState.SPAWNING or row[1] is not None:
+        if row is None or row[0] not in UNREGISTERED_STATES or row[1] is not None:
             return None
         return record_event(agent, EventType.CONNECTING, detail, payload)
 

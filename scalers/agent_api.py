@@ -34,7 +34,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from agents.choices import TERMINAL_STATES, AgentState, EventType
+from agents.choices import TERMINAL_STATES, UNREGISTERED_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.heartbeats import push_heartbeat_row
 from agents.models import Agent
@@ -152,7 +152,7 @@ def register(request, raw: str, body: dict):
         return _unauthorized("agent-mismatch")
     now = timezone.now()
     with transaction.atomic():
-        won = Agent.objects.filter(pk=agent.pk, state=AgentState.SPAWNING).update(
+        won = Agent.objects.filter(pk=agent.pk, state__in=UNREGISTERED_STATES).update(
             state=AgentState.RUNNING, registered_at=now, last_heartbeat=now
         )
         if not won:

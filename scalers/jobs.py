@@ -1,47 +1,62 @@
 """rq jobs that run spawns on the host queue (``settings.KICI_HOST_QUEUE``); the teardown and
 reclaim jobs are ``scalers.lifecycle``'s.
 
-- :func:`enqueue_spawn` (called by admission inside its transaction) enqueues
-  :func:`spawn_agent` when the transaction commits, with job id ``spawn-<agent id>``.
+- :func:`start_waiting_spawns` is the per-scaler spawn semaphore (``maxConcurrentSpawns``): an
+  admitted agent waits in ``spawning`` with no ``rq_job_id`` until fewer than that many of its
+  scaler's backend calls are in flight, then gets one and its job :func:`spawn_agent` is
+  enqueued (job id ``spawn-<agent id>``). It runs after every admission, whenever a backend call
+  ends (the end of :func:`spawn_agent` and :func:`spawn_job_failed`) and on every sweeper round.
 - :func:`spawn_agent` runs the backend's spawn under the spawn deadline
-  (``spawn_started_at + settings.KICI_SPAWN_TIMEOUT_SECONDS``) and cancellation (the agent row
-  leaving ``spawning``), then schedules :func:`expire_spawn` at the deadline: the registration
-  wait. On any failure: ``scaler.failed`` (with captured output), the agent marked failed, what
-  was created removed, the reservation released (``scalers.lifecycle.fail_spawn``).
-- :func:`enqueue_spawn_or_fail` (admission's callers, after the commit) enqueues an admitted
-  agent's spawn, or fails the agent when the queue is unavailable.
-- The job timeout is the spawn timeout plus ``CLEANUP_GRACE_SECONDS``: the spawn itself gives
-  up at the deadline and cleans up inside that grace; rq's hard kill and the failure callback
-  :func:`spawn_job_failed` are the backstop for a job that hangs anyway.
+  (``scalers.lifecycle.registration_deadline``) and cancellation (the agent row leaving
+  ``spawning``), stores the result, moves the agent to ``connecting`` and returns: the spawn job
+  never waits for the registration. On a failure: ``scaler.failed`` (with captured output), the
+  agent marked failed, what was created removed, the reservation released
+  (``scalers.lifecycle.fail_spawn``).
+- :func:`watch_registration` is the registration wait, outside the spawn job: a short job on the
+  host queue that looks once (the deadline, the backend's optional ``boot_failure``) and
+  schedules itself again (every :data:`BOOT_CHECK_SECONDS` for a backend that can tell a failed
+  boot, else at the deadline). It needs a worker run ``--with-scheduler``; the sweeper's
+  ``scalers.lifecycle.prune_stale_spawns`` is the deadline's backstop.
+- :func:`enqueue_spawn_or_fail` (admission's callers, after the commit) hands an admitted agent to
+  the semaphore, and answers ``skipped`` when its spawn could not be enqueued.
+- The spawn job's timeout is the spawn timeout plus ``CLEANUP_GRACE_SECONDS``: the spawn itself
+  gives up at the deadline and cleans up inside that grace; rq's hard kill and the failure
+  callback :func:`spawn_job_failed` are the backstop for a job that hangs anyway.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from rq import Callback
 
 from agents.choices import AgentState
 from agents.models import Agent
-from agents.tokens import revoke_agent_tokens
 from scalers.admission.decide import Admitted, ScaleDecision
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
-from scalers.lifecycle import fail_spawn, host_queue, on_spawn_job_failure
-from scalers.models import ScaleOutcome
+from scalers.lifecycle import (
+    CLEANUP_JOB_TIMEOUT_SECONDS,
+    expire_registration,
+    fail_connecting,
+    fail_spawn,
+    host_queue,
+    on_spawn_job_failure,
+    registration_deadline,
+    spawn_timeout_seconds,
+)
+from scalers.models import ScaleOutcome, Scaler
 
 log = logging.getLogger(__name__)
 
 #: Seconds the rq job may run past the spawn deadline to clean up after giving up.
 CLEANUP_GRACE_SECONDS = 30
-
-
-def spawn_timeout_seconds() -> int:
-    """The spawn deadline in seconds (``settings.KICI_SPAWN_TIMEOUT_SECONDS``)."""
-    return int(settings.KICI_SPAWN_TIMEOUT_SECONDS)
+#: Seconds between two looks of :func:`watch_registration` at a connecting agent whose backend
+#: can tell a failed boot (``boot_failure``).
+BOOT_CHECK_SECONDS = 1.0
 
 
 def spawn_job_id(agent: Agent) -> str:
@@ -49,10 +64,9 @@ def spawn_job_id(agent: Agent) -> str:
 
 
 def enqueue_spawn(agent: Agent) -> str:
-    """Enqueue ``spawn_agent(agent.pk)`` on the host queue when the current transaction commits.
-
-    Records the job id on the agent (``rq_job_id``) and returns it. Job timeout: spawn timeout +
-    ``CLEANUP_GRACE_SECONDS``; on a hard failure rq calls :func:`spawn_job_failed`.
+    """Enqueue ``spawn_agent(agent.pk)`` on the host queue now; records the job id on the agent
+    (``rq_job_id``) and returns it. Job timeout: spawn timeout + ``CLEANUP_GRACE_SECONDS``; on a
+    hard failure rq calls :func:`spawn_job_failed`. Callers go through :func:`start_waiting_spawns`.
     """
     job_id = spawn_job_id(agent)
     Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id)
@@ -71,6 +85,59 @@ def enqueue_spawn(agent: Agent) -> str:
     return job_id
 
 
+def start_waiting_spawns(scaler_id: int) -> set[int]:
+    """Give free spawn slots of scaler ``scaler_id`` to its oldest waiting agents and enqueue their
+    spawn jobs. Returns the pks of agents failed because their job could not be enqueued.
+
+    In flight: ``spawning`` with an ``rq_job_id`` (its job is queued or runs the backend call);
+    waiting: ``spawning`` without one. Slots are taken under a lock on the scaler row, so
+    concurrent callers never hand out more than ``maxConcurrentSpawns``. An agent whose job cannot
+    be enqueued is failed and released (``enqueue-failed``) and its slot handed on.
+    """
+    with transaction.atomic():
+        limit = (
+            Scaler.objects.select_for_update()
+            .filter(pk=scaler_id)
+            .values_list("max_concurrent_spawns", flat=True)
+            .first()
+        )
+        if limit is None:
+            return set()
+        spawning = Agent.objects.filter(scaler_id=scaler_id, state=AgentState.SPAWNING)
+        free = limit - spawning.exclude(rq_job_id="").count()
+        if free <= 0:
+            return set()
+        chosen = list(spawning.filter(rq_job_id="").order_by("created_at", "pk")[:free])
+        for agent in chosen:
+            Agent.objects.filter(pk=agent.pk).update(rq_job_id=spawn_job_id(agent))
+    failed: set[int] = set()
+    for agent in chosen:
+        try:
+            enqueue_spawn(agent)
+        except Exception as exc:  # noqa: BLE001 - the admission must not outlive a lost spawn
+            log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
+            fail_spawn(
+                Agent.objects.select_related("scaler").get(pk=agent.pk),
+                f"could not enqueue the spawn: {exc}",
+                reason="enqueue-failed",
+            )
+            failed.add(agent.pk)
+    if failed:
+        failed |= start_waiting_spawns(scaler_id)
+    return failed
+
+
+def start_all_waiting_spawns() -> int:
+    """:func:`start_waiting_spawns` for every scaler with a waiting agent (the sweeper's backstop
+    for a slot freed where nobody re-drove it, e.g. a job lost with its worker). Returns how many
+    spawns were started."""
+    waiting = Agent.objects.filter(state=AgentState.SPAWNING, rq_job_id="")
+    before = waiting.count()
+    for scaler_id in sorted(set(waiting.values_list("scaler_id", flat=True))):
+        start_waiting_spawns(scaler_id)
+    return before - waiting.count()
+
+
 def _cancel_reason(agent_pk: int) -> str | None:
     state = Agent.objects.filter(pk=agent_pk).values_list("state", flat=True).first()
     if state is None:
@@ -80,27 +147,30 @@ def _cancel_reason(agent_pk: int) -> str | None:
     return f"the agent is {state}"
 
 
-def _deadline(agent: Agent) -> float:
-    started = agent.spawn_started_at or timezone.now()
-    return started.timestamp() + spawn_timeout_seconds()
-
-
 def spawn_agent(agent_pk: int) -> str:
     """The rq job: spawn one admitted agent. Returns ``spawned``, ``failed`` or ``skipped``.
 
     Skips an agent that is no longer ``spawning`` (cancelled before the job ran). Sets
     ``spawn_started_at`` once (the deadline counts from it), runs the backend spawn, stores the
-    result and schedules :func:`expire_spawn` at the deadline. A backend with ``await_registration``
-    (firecracker) is then waited on until the boot is over; a boot that fails there is failed and
-    released like a failed spawn.
+    result, moves the agent ``spawning`` → ``connecting`` (compare-and-swap: an agent that
+    registered meanwhile stays ``running``) and schedules :func:`watch_registration`. Whatever the
+    outcome, its spawn slot is then handed on (:func:`start_waiting_spawns`).
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
-    if agent is None or agent.state != AgentState.SPAWNING:
+    if agent is None:
         return "skipped"
+    try:
+        return _spawn(agent) if agent.state == AgentState.SPAWNING else "skipped"
+    finally:
+        start_waiting_spawns(agent.scaler_id)
+
+
+def _spawn(agent: Agent) -> str:
     now = timezone.now()
     if Agent.objects.filter(pk=agent.pk, spawn_started_at__isnull=True).update(spawn_started_at=now):
         agent.spawn_started_at = now
-    control = SpawnControl(deadline=_deadline(agent), cancelled=lambda: _cancel_reason(agent.pk))
+    deadline = registration_deadline(agent).timestamp()
+    control = SpawnControl(deadline=deadline, cancelled=lambda: _cancel_reason(agent.pk))
     try:
         backend = get_backend(agent.scaler)
         result = backend.spawn(agent, control)
@@ -115,19 +185,16 @@ def spawn_agent(agent_pk: int) -> str:
         fields["host_access"] = result.host_access
         fields["host_access_explicit"] = result.host_access_explicit
     Agent.objects.filter(pk=agent.pk).update(**fields)
-    schedule_expiry(agent)
-    waiter = getattr(backend, "await_registration", None)  # firecracker: its boot watcher lives in this process
-    if waiter is None:
-        return "spawned"
-    try:
-        return waiter(agent, control, spawn_timeout_seconds())
-    except Exception as exc:  # noqa: BLE001 - the boot failed after spawn returned; the backend cleaned up
-        return _spawn_failed(agent, exc)
+    Agent.objects.filter(pk=agent.pk, state=AgentState.SPAWNING).update(
+        state=AgentState.CONNECTING, updated_at=timezone.now()
+    )
+    schedule_watch(agent, backend)
+    return "spawned"
 
 
 def _spawn_failed(agent: Agent, exc: Exception) -> str:
-    """A spawn (or the boot it waited for) failed and the backend removed what it created: fail the
-    agent and release its reservation (``fail_spawn`` with ``cleaned_up=True``)."""
+    """A spawn failed and the backend removed what it created: fail the agent and release its
+    reservation (``fail_spawn`` with ``cleaned_up=True``)."""
     log.info("spawn of %s failed: %s", agent.agent_id, exc)
     fail_spawn(
         agent,
@@ -138,85 +205,85 @@ def _spawn_failed(agent: Agent, exc: Exception) -> str:
     return "failed"
 
 
-def schedule_expiry(agent: Agent) -> None:
-    """Schedule :func:`expire_spawn` at the agent's spawn deadline (needs a worker ``--with-scheduler``;
-    ``expire_overdue_spawns`` is the periodic backstop)."""
-    when = datetime.fromtimestamp(_deadline(agent), tz=UTC)
+def schedule_watch(agent: Agent, backend) -> None:
+    """Schedule the next :func:`watch_registration` of ``agent``: in :data:`BOOT_CHECK_SECONDS`
+    (never past the deadline) when ``backend`` has ``boot_failure``, else at the deadline. Needs a
+    worker ``--with-scheduler``; an enqueue failure is logged (the sweeper's prune still ends the
+    agent at its deadline)."""
+    deadline = registration_deadline(agent)
+    when = deadline
+    if getattr(backend, "boot_failure", None) is not None:
+        when = min(deadline, timezone.now() + timedelta(seconds=BOOT_CHECK_SECONDS))
     try:
         host_queue().enqueue_at(
             when,
-            expire_spawn,
+            watch_registration,
             agent.pk,
-            job_id=f"expire-{agent.agent_id}",
-            description=f"registration deadline of {agent.agent_id}",
+            job_timeout=CLEANUP_JOB_TIMEOUT_SECONDS,
+            result_ttl=60,
+            failure_ttl=24 * 3600,
+            description=f"registration watch of {agent.agent_id}",
         )
-    except Exception:  # noqa: BLE001 - the periodic sweep still catches it
-        log.warning("could not schedule the registration deadline of %s", agent.agent_id, exc_info=True)
+    except Exception:  # noqa: BLE001 - the periodic sweep still catches the deadline
+        log.warning("could not schedule the registration watch of %s", agent.agent_id, exc_info=True)
 
 
-def expire_spawn(agent_pk: int, *, now: datetime | None = None) -> bool:
-    """Give up on an agent still ``spawning`` past its deadline (the registration wait).
+def watch_registration(agent_pk: int) -> str:
+    """The rq job of the registration wait: one look at a ``connecting`` agent, never a wait.
 
-    Captures its output, revokes its tokens (a late registration must not revive it), then
-    ``fail_spawn``: ``scaler.failed`` ("did not register within N s" + captured output), destroy
-    through the backend, mark failed and release (a destroy that fails keeps the reservation for
-    the sweeper to retry). Returns True when it expired the agent, False when it registered, was
-    already handled, or is not due.
+    Returns ``over`` (registered or ended by another path: nothing more to watch), ``expired``
+    (past its deadline: ``scalers.lifecycle.expire_registration``), ``failed`` (the backend's
+    ``boot_failure`` reported a failed boot: ``scalers.lifecycle.fail_connecting`` with its detail,
+    output and payload, release reason ``spawn-failed``) or ``watching`` (looked again later,
+    :func:`schedule_watch`).
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
-    if agent is None or agent.state != AgentState.SPAWNING:
-        return False
-    now = now or timezone.now()
-    if now.timestamp() < _deadline(agent):
-        return False
+    if agent is None or agent.state != AgentState.CONNECTING:
+        return "over"
+    if timezone.now() >= registration_deadline(agent):
+        return "expired" if expire_registration(agent.pk) else "over"
     backend = get_backend(agent.scaler)
-    captured: list[str] = []
-    try:
-        capture = getattr(backend, "captured_output_for", None)
-        if capture:
-            captured = capture(agent)
-    except Exception:  # noqa: BLE001 - the output is a courtesy
-        log.warning("could not capture the output of %s", agent.agent_id, exc_info=True)
-    error = RuntimeError(f"agent did not register within {spawn_timeout_seconds()} s")
-    revoke_agent_tokens(agent)
-    fail_spawn(agent, error, captured=captured, reason="spawn-timeout", destroy_reason="spawn-timeout")
-    return True
-
-
-def expire_overdue_spawns(now: datetime | None = None) -> int:
-    """Expire every ``spawning`` agent whose spawn started longer ago than the timeout. Returns the count."""
-    now = now or timezone.now()
-    cutoff = now - timedelta(seconds=spawn_timeout_seconds())
-    pks = Agent.objects.filter(state=AgentState.SPAWNING, spawn_started_at__lte=cutoff).values_list("pk", flat=True)
-    return sum(1 for pk in list(pks) if expire_spawn(pk, now=now))
+    check = getattr(backend, "boot_failure", None)
+    failure = check(agent) if check is not None else None
+    if failure is not None:
+        log.info("boot of %s failed: %s", agent.agent_id, failure.detail)
+        ended = fail_connecting(
+            agent,
+            failure.detail,
+            captured=failure.captured,
+            payload=failure.payload,
+            reason="spawn-failed",
+            destroy_reason="spawn-failed",
+        )
+        return "failed" if ended else "over"
+    schedule_watch(agent, backend)
+    return "watching"
 
 
 def spawn_job_failed(job, connection, type, value, traceback):  # noqa: A002 - rq's callback signature
     """rq ``on_failure`` callback of :func:`spawn_agent` (hard kill, timeout, crash): hands over to
     ``scalers.lifecycle.on_spawn_job_failure``, which tears the sandbox down through the
-    backend and releases the reservation. Its dotted path is stored with every enqueued spawn."""
+    backend and releases the reservation, then hands the spawn slot on. Its dotted path is stored
+    with every enqueued spawn."""
     on_spawn_job_failure(job, connection, type, value, traceback)
+    scaler_id = Agent.objects.filter(rq_job_id=getattr(job, "id", "")).values_list("scaler_id", flat=True).first()
+    if scaler_id is not None:
+        start_waiting_spawns(scaler_id)
 
 
 def enqueue_spawn_or_fail(decision: ScaleDecision, agent: Agent | Admitted) -> ScaleDecision:
-    """Enqueue an admitted agent's spawn (``agent``: an ``Agent`` or a batch's ``Admitted``) and
-    return ``decision``; when that fails, fail the agent, release its reservation and answer
-    ``skipped``."""
+    """Hand an admitted agent (``agent``: an ``Agent`` or a batch's ``Admitted``) to the spawn
+    semaphore (:func:`start_waiting_spawns`; it spawns now or once a slot frees) and return
+    ``decision``; when its spawn could not be enqueued (the agent is then failed and released),
+    answer ``skipped``."""
     if isinstance(agent, Admitted):
         agent = agent.to_agent()
-    try:
-        enqueue_spawn(agent)
-    except Exception as exc:  # noqa: BLE001 - the admission must not outlive a lost spawn
-        log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
-        fail_spawn(
-            Agent.objects.select_related("scaler").get(pk=agent.pk),
-            f"could not enqueue the spawn: {exc}",
-            reason="enqueue-failed",
-        )
-        return ScaleDecision(
-            ScaleOutcome.SKIPPED,
-            scaler=decision.scaler,
-            backend_type=decision.backend_type,
-            reason=f"spawn queue unavailable: {exc}",
-        )
-    return decision
+    if agent.pk not in start_waiting_spawns(agent.scaler_id):
+        return decision
+    reason = Agent.objects.filter(pk=agent.pk).values_list("failure_reason", flat=True).first() or ""
+    return ScaleDecision(
+        ScaleOutcome.SKIPPED,
+        scaler=decision.scaler,
+        backend_type=decision.backend_type,
+        reason=f"spawn queue unavailable: {reason.removeprefix('could not enqueue the spawn: ')}",
+    )

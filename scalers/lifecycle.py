@@ -17,9 +17,12 @@ Ends and their ``reason``:
 * rq job crash or timeout / worker killed: :func:`on_spawn_job_failure` (``spawn-job-failed``),
   attached by ``scalers.jobs`` as the spawn job's ``on_failure``; a killed worker's job reaches
   it through rq's abandoned-job cleanup, and :func:`reap_failed_spawn_jobs` checks rq for the rest;
-* registration deadline reached: ``scalers.jobs.expire_spawn`` calls :func:`fail_spawn`
-  (``spawn-timeout``); never registered within its token TTL: :func:`expire_unregistered_agents`
-  (``token-expired``); stale prune: :func:`prune_stale_spawns` (``stale-prune``);
+* registration deadline reached (a ``connecting`` agent at ``spawn_started_at`` + spawn timeout):
+  :func:`expire_registration` (``spawn-timeout``), from the host queue's registration watch
+  (``scalers.jobs.watch_registration``) or the sweeper's :func:`prune_stale_spawns`; a boot the
+  backend reports failed while connecting: :func:`fail_connecting` (``spawn-failed``); never
+  registered within its token TTL: :func:`expire_unregistered_agents` (``token-expired``); a backend
+  call that outlived the stale window: :func:`prune_stale_spawns` (``stale-prune``);
 * the orchestrator: :func:`complete_job` (``job-complete``; a warm agent goes back to idle) and
   :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
 * drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import django_rq
 from django.conf import settings
@@ -40,7 +43,7 @@ from django.db.models import Count, Max
 from django.utils import timezone
 from rq.job import Job, JobStatus
 
-from agents.choices import ACTIVE_STATES, TERMINAL_STATES, AgentState, EventType
+from agents.choices import ACTIVE_STATES, TERMINAL_STATES, UNREGISTERED_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent, ScalerEvent
 from agents.tokens import revoke_agent_tokens
@@ -127,11 +130,13 @@ def fail_spawn(
     destroy_reason: str = "spawn-timeout",
     captured: list[str] | None = None,
     cleaned_up: bool = False,
+    payload: dict | None = None,
 ) -> bool:
     """Fail a spawn: record ``scaler.failed``, mark the agent failed, release its reservation.
 
     ``error``: the exception the spawn raised, or a detail string; ``captured``: the agent's last
-    output lines for the detail (an exception's own ``captured_output`` when not given).
+    output lines for the detail (an exception's own ``captured_output`` when not given);
+    ``payload``: extra fields of the ``scaler.failed`` event (a boot's ``failureType``).
 
     ``cleaned_up=False`` (the sweeps, the rq failure callback, the registration deadline, a spawn
     that could not be enqueued): a ``scaler.failed`` event unless one was already recorded for
@@ -153,7 +158,7 @@ def fail_spawn(
     detail = failure_detail(error if isinstance(error, BaseException) else RuntimeError(error), captured or [])
     if not cleaned_up:
         if not ScalerEvent.objects.filter(agent=agent, type=EventType.FAILED).exists():
-            record_event(agent, EventType.FAILED, detail=detail)
+            record_event(agent, EventType.FAILED, detail=detail, payload=payload)
         return teardown_agent(
             agent, reason, final_state=AgentState.FAILED, failure_reason=detail, destroy_reason=destroy_reason
         )
@@ -161,7 +166,10 @@ def fail_spawn(
         mark_spawn_failed(agent.pk, detail, timezone.now())
         if not getattr(error, "event_recorded", False):
             record_event(
-                agent, EventType.FAILED, detail, payload={"stage": getattr(error, "stage", ""), "reason": reason}
+                agent,
+                EventType.FAILED,
+                detail,
+                payload={"stage": getattr(error, "stage", ""), "reason": reason, **(payload or {})},
             )
     try:
         revoke_agent_tokens(agent)
@@ -216,16 +224,90 @@ def stale_window_seconds() -> int:
     return max(int(settings.KICI_SPAWN_TIMEOUT_SECONDS), MIN_STALE_WINDOW_SECONDS)
 
 
-def prune_stale_spawns(now=None) -> int:
-    """Fail and release spawns running longer than :func:`stale_window_seconds`.
+def spawn_timeout_seconds() -> int:
+    """The spawn deadline in seconds (``settings.KICI_SPAWN_TIMEOUT_SECONDS``), counted from
+    ``spawn_started_at``: it bounds the backend call and the registration wait together."""
+    return int(settings.KICI_SPAWN_TIMEOUT_SECONDS)
 
-    The clock starts at ``spawn_started_at`` (set when the rq job actually began); spawns still
-    queued (``spawn_started_at`` null) are never pruned here. Returns how many were pruned.
+
+def registration_deadline(agent: Agent) -> datetime:
+    """When an agent that has not registered is given up: ``spawn_started_at`` (now when unset)
+    + :func:`spawn_timeout_seconds`."""
+    return (agent.spawn_started_at or timezone.now()) + timedelta(seconds=spawn_timeout_seconds())
+
+
+def fail_connecting(
+    agent: Agent,
+    error: BaseException | str,
+    *,
+    reason: str,
+    destroy_reason: str,
+    captured: list[str] | None = None,
+    payload: dict | None = None,
+) -> bool:
+    """Give up on a ``connecting`` agent (its backend call is done, it has not registered).
+
+    Compare-and-swap ``connecting`` → ``destroying`` first (an agent that registered or was ended
+    meanwhile is left alone: False), revoke its tokens (a late registration must not revive it),
+    then :func:`fail_spawn`: ``scaler.failed`` with ``error`` + ``captured`` and ``payload``,
+    destroy through the backend, mark failed, release (a destroy that fails keeps the reservation
+    for :func:`retry_stuck_teardowns`). Returns True when this call moved the agent.
+    """
+    won = Agent.objects.filter(pk=agent.pk, state=AgentState.CONNECTING).update(
+        state=AgentState.DESTROYING, updated_at=timezone.now()
+    )
+    if not won:
+        return False
+    agent.state = AgentState.DESTROYING
+    try:
+        revoke_agent_tokens(agent)
+    except Exception:  # noqa: BLE001 - the row is destroying: a registration is refused anyway
+        log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
+    fail_spawn(agent, error, reason=reason, destroy_reason=destroy_reason, captured=captured, payload=payload)
+    return True
+
+
+def expire_registration(agent_pk: int, *, now: datetime | None = None) -> bool:
+    """Give up on a ``connecting`` agent past its :func:`registration_deadline`.
+
+    Captures its output (the backend's ``captured_output_for``, when it has one), then
+    :func:`fail_connecting` with "agent did not register within N s" (``spawn-timeout``). Returns
+    True when it expired the agent, False when it registered, was already handled, or is not due.
+    """
+    agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
+    if agent is None or agent.state != AgentState.CONNECTING:
+        return False
+    if (now or timezone.now()) < registration_deadline(agent):
+        return False
+    captured: list[str] = []
+    try:
+        capture = getattr(get_backend(agent.scaler), "captured_output_for", None)
+        if capture:
+            captured = capture(agent)
+    except Exception:  # noqa: BLE001 - the output is a courtesy
+        log.warning("could not capture the output of %s", agent.agent_id, exc_info=True)
+    error = RuntimeError(f"agent did not register within {spawn_timeout_seconds()} s")
+    return fail_connecting(agent, error, captured=captured, reason="spawn-timeout", destroy_reason="spawn-timeout")
+
+
+def prune_stale_spawns(now=None) -> int:
+    """The sweeper's end of spawns past their time. Returns how many were failed.
+
+    * ``connecting`` agents past their :func:`registration_deadline`: :func:`expire_registration`
+      (the backstop of the host queue's registration watch, which needs a worker running the rq
+      scheduler);
+    * ``spawning`` agents whose backend call started longer than :func:`stale_window_seconds` ago
+      (the rq job itself gives up at the deadline; this catches a job that hangs or was lost):
+      failed and released (``stale-prune``). Spawns still waiting for a spawn slot
+      (``spawn_started_at`` null) are never pruned here.
     """
     now = now or timezone.now()
+    overdue = Agent.objects.filter(
+        state=AgentState.CONNECTING, spawn_started_at__lte=now - timedelta(seconds=spawn_timeout_seconds())
+    ).values_list("pk", flat=True)
+    n = sum(1 for pk in list(overdue) if expire_registration(pk, now=now))
     window = stale_window_seconds()
     cutoff = now - timedelta(seconds=window)
-    n = 0
     for agent in Agent.objects.select_related("scaler").filter(state=AgentState.SPAWNING, spawn_started_at__lt=cutoff):
         fail_spawn(agent, f"spawn did not finish within {window}s (stale prune)", reason="stale-prune")
         n += 1
@@ -252,7 +334,7 @@ def expire_unregistered_agents(now=None) -> int:
     n = 0
     qs = (
         Agent.objects.select_related("scaler")
-        .filter(state__in=[AgentState.SPAWNING, AgentState.RUNNING], registered_at__isnull=True)
+        .filter(state__in=[*UNREGISTERED_STATES, AgentState.RUNNING], registered_at__isnull=True)
         .annotate(token_expiry=Max("tokens__expires_at"), tokens_used=Count("tokens__used_at"))
     )
     for agent in qs:

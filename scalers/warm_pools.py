@@ -102,9 +102,16 @@ def _pool_counts(cursor) -> dict[int, tuple[int, int]]:
     """``{label set pk: (ready, in_flight)}`` for warm agents."""
     cursor.execute(
         "SELECT label_set_id, count(*) FILTER (WHERE state = %s AND bound_job_id = '' AND active_jobs = 0), "
-        "count(*) FILTER (WHERE state = %s) FROM agents_agent WHERE warm AND state IN (%s, %s) "
+        "count(*) FILTER (WHERE state IN (%s, %s)) FROM agents_agent WHERE warm AND state IN (%s, %s, %s) "
         "AND label_set_id IS NOT NULL GROUP BY label_set_id",
-        [str(AgentState.RUNNING), str(AgentState.SPAWNING), str(AgentState.RUNNING), str(AgentState.SPAWNING)],
+        [
+            str(AgentState.RUNNING),
+            str(AgentState.SPAWNING),
+            str(AgentState.CONNECTING),
+            str(AgentState.RUNNING),
+            str(AgentState.SPAWNING),
+            str(AgentState.CONNECTING),
+        ],
     )
     return {r[0]: (r[1], r[2]) for r in cursor.fetchall()}
 

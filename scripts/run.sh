@@ -55,8 +55,8 @@ for e in "${ENDPOINTS[@]}"; do DAPHNE_ARGS+=(-e "$e"); done
 setsid $VENV/bin/daphne "${DAPHNE_ARGS[@]}" \
   --access-log "$LOG_DIR/access.log" kici_site.asgi:application > "$LOG_DIR/daphne.log" 2>&1 &
 pids+=($!)
-# Workers: spawns, teardowns and approved operations run in parallel, one per worker; a VM that
-# waits for its guest holds one. KICI_WORKERS (default: the CPU count, at least 2).
+# Workers: spawns, teardowns and approved operations run in parallel, one per worker; the
+# scheduler (--with-scheduler) runs the registration watch. KICI_WORKERS (default: the CPU count, at least 2).
 WORKERS="${KICI_WORKERS:-$(nproc)}"
 [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "KICI_WORKERS=$WORKERS is not a positive whole number"
 [ "$WORKERS" -ge 2 ] || [ -n "${KICI_WORKERS:-}" ] || WORKERS=2

@@ -135,6 +135,33 @@ def run_rq_jobs():
 
 
 @pytest.fixture
+def drive_rq():
+    """``drive(done, timeout=20.0, *queue_names)``: run ONE burst-mode SimpleWorker with the rq
+    scheduler over and over (every 0.1 s) until ``done()`` is true or ``timeout`` s passed; returns
+    ``done()``. Scheduled jobs (the registration watch) run when due, as under
+    ``rqworker --with-scheduler``; jobs run one at a time, as on a host queue with one worker."""
+    import time
+
+    import django_rq
+    from django.conf import settings
+    from rq import SimpleWorker
+
+    def drive(done, timeout: float = 20.0, *queue_names: str) -> bool:
+        names = queue_names or (settings.KICI_HOST_QUEUE,)
+        queues = [django_rq.get_queue(n) for n in names]
+        deadline = time.monotonic() + timeout
+        while True:
+            SimpleWorker(queues, connection=queues[0].connection).work(burst=True, with_scheduler=True)
+            if done():
+                return True
+            if time.monotonic() >= deadline:
+                return bool(done())
+            time.sleep(0.1)
+
+    return drive
+
+
+@pytest.fixture
 def stop_admission_queue():
     """The test starts and ends without a decider thread (it holds a DB connection) and with an
     empty world cache. Modules that admit use it with ``pytest.mark.usefixtures``."""

@@ -17,7 +17,6 @@ from datetime import timedelta
 from django.shortcuts import render
 from django.utils import timezone
 
-from agents.choices import AgentState
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName
 from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
@@ -38,7 +37,6 @@ _CAP_SCOPE = {
     CapName.RESOURCE_CAP_MEMORY: "scaler",
     CapName.MACHINE_POOL_CPU: "pool",
     CapName.MACHINE_POOL_MEMORY: "pool",
-    CapName.MAX_CONCURRENT_SPAWNS: "spawning",
 }
 
 
@@ -87,8 +85,6 @@ def _limit_text(cap: str, scaler: Scaler | None, cfg: ConfigState) -> str:
         return f"resourceCap.maxCpu = {scaler.max_cpu}"
     if cap == CapName.RESOURCE_CAP_MEMORY:
         return f"resourceCap.maxMemory = {format_bytes_iec(scaler.max_memory_bytes)}"
-    if cap == CapName.MAX_CONCURRENT_SPAWNS:
-        return f"maxConcurrentSpawns = {scaler.max_concurrent_spawns}"
     pool = scaler.machine_pool
     if pool is None:
         return cap
@@ -103,8 +99,6 @@ def _holders(scope: str, scaler: Scaler | None):
         qs = qs.filter(scaler=scaler)
     elif scope == "pool":
         qs = qs.filter(machine_pool_id=scaler.machine_pool_id) if scaler and scaler.machine_pool_id else qs.none()
-    elif scope == "spawning":
-        qs = qs.filter(scaler=scaler, agent__state=AgentState.SPAWNING)
     return qs.order_by("created_at", "id")
 
 

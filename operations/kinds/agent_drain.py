@@ -9,7 +9,7 @@ a job that starts or ends between the preview and the run does not change the de
 
 from __future__ import annotations
 
-from agents.choices import AgentState
+from agents.choices import UNREGISTERED_STATES, AgentState
 from scalers.lifecycle import mark_draining
 
 from ..choices import OperationKind, TargetOutcome
@@ -23,9 +23,9 @@ def _decide(result: Plan, key: str, agent) -> None:
     agent_id = agent.agent_id
     if agent.state in DRAINABLE:
         result.targets.append(Target(key, "drain", agent_id, agent_evidence(agent)))
-    elif agent.state == AgentState.SPAWNING:
+    elif agent.state in UNREGISTERED_STATES:
         result.spared.append(
-            Spared(key, agent_id, "still spawning: nothing to drain (destroy it instead)", agent_evidence(agent))
+            Spared(key, agent_id, f"still {agent.state}: nothing to drain (destroy it instead)", agent_evidence(agent))
         )
     else:
         result.spared.append(Spared(key, agent_id, f"agent is {agent.state}", agent_evidence(agent)))

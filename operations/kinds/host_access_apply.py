@@ -49,7 +49,7 @@ from scalers.models import ConfigState, LabelSet
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, ScopeInvalid, Spared, Target
 
-LIVE_STATES = (AgentState.SPAWNING, AgentState.RUNNING, AgentState.DRAINING)
+LIVE_STATES = (AgentState.SPAWNING, AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 
 
 def isolation_target(scaler) -> tuple[str, str, str] | None:

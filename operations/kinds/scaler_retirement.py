@@ -8,7 +8,7 @@ spared with the counts (it drains first).
 
 from __future__ import annotations
 
-from agents.choices import ACTIVE_STATES, AgentState
+from agents.choices import ACTIVE_STATES, UNREGISTERED_STATES
 from scalers.models import Reservation, Scaler, ScalerTeardown
 
 from ..choices import OperationKind, TargetOutcome
@@ -69,7 +69,7 @@ class ScalerRetirement(Kind):
             "retiring": True,
             "retiring_seconds": age_seconds(scaler.retiring_since),
             "active_agents": active.count(),
-            "spawning": active.filter(state=AgentState.SPAWNING).count(),
+            "spawning": active.filter(state__in=UNREGISTERED_STATES).count(),
             "reservations": Reservation.objects.filter(scaler=scaler).count(),
             "type": scaler.type,
         }

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from agents.choices import TERMINAL_STATES, AgentState
+from agents.choices import TERMINAL_STATES, UNREGISTERED_STATES, AgentState
 from scalers.admission.ledger import release
 from scalers.backends.sandboxes import list_kici_containers
 from scalers.lifecycle import stale_window_seconds
@@ -91,7 +91,7 @@ class StaleReservations(Kind):
             agent = r.agent
             if agent.state in TERMINAL_STATES:
                 candidates.append(r)
-            elif agent.state == AgentState.SPAWNING and agent.registered_at is None:
+            elif agent.state in UNREGISTERED_STATES and agent.registered_at is None:
                 started = agent.spawn_started_at or agent.created_at
                 if started <= now - timedelta(seconds=window):
                     candidates.append(r)

@@ -7,7 +7,11 @@ admitted request into it, so the next request of the same batch sees it.
 Cap names (the ``cap`` of a refusal, the ``cap`` label of ``kici_scaler_spawn_refusals_total``):
 ``globalMaxAgents``, ``maxAgents``, ``resourceCap.cpu``, ``resourceCap.memory``,
 ``globalResourceCap.cpu``, ``globalResourceCap.memory``, ``machinePool.cpu``,
-``machinePool.memory``, ``maxConcurrentSpawns``, checked in that order.
+``machinePool.memory``, checked in that order.
+
+``maxConcurrentSpawns`` is not a cap of admission: it bounds the backend calls in flight, so an
+admitted agent waits for a spawn slot (``scalers.jobs.start_waiting_spawns``) instead of being
+refused.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ class CapName(StrEnum):
     GLOBAL_RESOURCE_CAP_MEMORY = "globalResourceCap.memory"
     MACHINE_POOL_CPU = "machinePool.cpu"
     MACHINE_POOL_MEMORY = "machinePool.memory"
-    MAX_CONCURRENT_SPAWNS = "maxConcurrentSpawns"
 
 
 #: Every cap name in check order (the declaration order of :class:`CapName`).
@@ -46,10 +49,8 @@ RESOURCE_CAPS = (
 #: Caps on agent counts: a refusal on one of these may warrant the ledger warning.
 COUNT_CAPS = frozenset({CapName.GLOBAL_MAX_AGENTS, CapName.MAX_AGENTS})
 #: Caps the unlabelled refusal gauge ``kici_orch_scaler_spawn_refusals_total`` does not count: a
-#: machine-pool refusal does not bump it, and ``maxConcurrentSpawns`` is a queue, not a refusal.
-NOT_IN_ORCH_REFUSAL_GAUGE = frozenset(
-    {CapName.MACHINE_POOL_CPU, CapName.MACHINE_POOL_MEMORY, CapName.MAX_CONCURRENT_SPAWNS}
-)
+#: machine-pool refusal does not bump it.
+NOT_IN_ORCH_REFUSAL_GAUGE = frozenset({CapName.MACHINE_POOL_CPU, CapName.MACHINE_POOL_MEMORY})
 
 # Sums of float cpus drift (0.1 + 0.2 > 0.3); a request that fits "exactly" must be admitted.
 _EPS = 1e-9
@@ -61,7 +62,6 @@ class ScalerCaps:
 
     scaler_id: int
     max_agents: int
-    max_concurrent_spawns: int
     max_cpu: float | None = None
     max_memory_bytes: int | None = None
     machine_pool_id: int | None = None
@@ -87,11 +87,10 @@ class PoolCaps:
 
 @dataclass
 class Tally:
-    """Usage of one scope: reservation rows, active agents, spawning agents, reserved cpus and bytes."""
+    """Usage of one scope: reservation rows, active agents, reserved cpus and bytes."""
 
     reservations: int = 0
     active: int = 0
-    spawning: int = 0
     cpus: float = 0.0
     memory_bytes: int = 0
 
@@ -116,14 +115,13 @@ class Usage:
         return self.pools.setdefault(pool_id, Tally())
 
     def admit(self, caps: ScalerCaps, cpus: float, memory_bytes: int) -> None:
-        """Book one admitted spawn: a reservation, an active spawning agent, its requests."""
+        """Book one admitted spawn: a reservation, an active agent, its requests."""
         scopes = [self.total, self.scaler(caps.scaler_id)]
         if caps.machine_pool_id is not None:
             scopes.append(self.pool(caps.machine_pool_id))
         for t in scopes:
             t.reservations += 1
             t.active += 1
-            t.spawning += 1
             t.cpus += cpus
             t.memory_bytes += memory_bytes
 
@@ -169,8 +167,6 @@ def first_refusing_cap(
             return CapName.MACHINE_POOL_CPU
         if _over(p.memory_bytes, memory_bytes, pool.max_memory_bytes):
             return CapName.MACHINE_POOL_MEMORY
-    if s.spawning >= caps.max_concurrent_spawns:
-        return CapName.MAX_CONCURRENT_SPAWNS
     return None
 
 

@@ -208,7 +208,7 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
         return world
     scalers = dict_rows(
         cursor,
-        "SELECT id, name, type, max_agents, max_concurrent_spawns, max_cpu, max_memory_bytes, machine_pool_id, "
+        "SELECT id, name, type, max_agents, max_cpu, max_memory_bytes, machine_pool_id, "
         "mandatory_labels, roles, config, retiring, warm_pool_enabled, warm_pool_size, warm_pool_idle_timeout_seconds "
         "FROM scalers_scaler ORDER BY id",
     )
@@ -235,7 +235,7 @@ _USAGE_SQL = (
     "coalesce(sum(memory_bytes), 0)::int8, "
     "NULL::text FROM scalers_reservation GROUP BY scaler_id, machine_pool_id "
     "UNION ALL "
-    "SELECT 1, scaler_id, NULL, count(*), (count(*) FILTER (WHERE state = %(spawning)s))::float8, 0::int8, NULL::text "
+    "SELECT 1, scaler_id, NULL, count(*), 0::float8, 0::int8, NULL::text "
     "FROM agents_agent WHERE state = ANY(%(active)s) GROUP BY scaler_id"
 )
 
@@ -254,7 +254,6 @@ def _usage_from_rows(rows) -> Usage:
         else:
             for t in (usage.total, s):
                 t.active += n
-                t.spawning += int(a)
     return usage
 
 
@@ -262,7 +261,7 @@ _SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0::float8, 0::
 
 
 def _snapshot_params() -> dict:
-    return {"spawning": str(AgentState.SPAWNING), "active": list(_ACTIVE)}
+    return {"active": list(_ACTIVE)}
 
 
 def _fingerprint(rows) -> str:

@@ -149,7 +149,6 @@ def build_world(
             caps=ScalerCaps(
                 scaler_id=row["id"],
                 max_agents=row["max_agents"],
-                max_concurrent_spawns=row["max_concurrent_spawns"],
                 max_cpu=row["max_cpu"],
                 max_memory_bytes=row["max_memory_bytes"],
                 machine_pool_id=row["machine_pool_id"],

@@ -44,13 +44,14 @@ class ScalerStateRecovery:
 
 
 def rq_job_alive(agent: Agent) -> bool:
-    """True when the agent's spawn job is queued/started/deferred/scheduled in rq.
+    """True when the agent's spawn job is queued/started/deferred/scheduled in rq, or when it has
+    none yet: it waits for a spawn slot (``scalers.jobs.start_waiting_spawns``), nothing of it runs.
 
-    No ``rq_job_id`` ⇒ False. Redis unreachable ⇒ True (do not drop what might be running;
-    the stale prune and the token TTL catch it later).
+    Redis unreachable ⇒ True (do not drop what might be running; the stale prune and the token
+    TTL catch it later).
     """
     if not agent.rq_job_id:
-        return False
+        return True
     try:
         job = Job.fetch_many([agent.rq_job_id], connection=django_rq.get_connection("default"))[0]
     except Exception as exc:  # noqa: BLE001

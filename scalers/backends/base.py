@@ -82,13 +82,29 @@ class SpawnResult:
     context: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class BootFailure:
+    """A boot that failed after the backend call returned (the agent is ``connecting``), as a
+    backend's optional ``boot_failure(agent)`` reports it: the ``scaler.failed`` ``detail``, the
+    agent's last output lines (``captured``) and extra event fields (``payload``)."""
+
+    detail: str
+    captured: list[str] = field(default_factory=list)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What every scaler backend offers.
 
     - ``spawn(agent, control) -> SpawnResult``: provision the sandbox, record the lifecycle
       events up to ``agent.connecting``; on any failure remove what it created and raise
-      ``SpawnError`` / ``SpawnAborted``. Does not wait for registration (``scalers.jobs`` does).
+      ``SpawnError`` / ``SpawnAborted``. Returns as soon as the sandbox is handed over (the agent
+      can register); it never waits for the registration (``scalers.jobs`` watches that from the
+      host queue, outside the spawn job).
+    - optional ``boot_failure(agent) -> BootFailure | None``: a quick look (well under a second,
+      from disk or the runtime, from any process of this host) at whether a ``connecting``
+      agent's boot has already failed; asked by the registration watch about once a second.
     - ``destroy(agent)``: tear down; idempotent; an already-gone sandbox is not an error.
     - ``reap_unowned(agent_id) -> bool``: remove sandboxes this backend spawned for that id
       (a refused registration); True when something was removed.

@@ -17,7 +17,7 @@ import time
 from django.conf import settings
 
 from agents import tokens
-from agents.choices import AgentState
+from agents.choices import UNREGISTERED_STATES
 from agents.models import Agent
 
 from .spawn_env import console_url, full_labels
@@ -107,7 +107,7 @@ def redeem_claim(code: str) -> dict:
         raise ClaimError(MESSAGES[verdict])
     fields = {k.decode(): v.decode() for k, v in r.hgetall(_key(digest)).items()}
     agent = Agent.objects.select_related("scaler", "label_set").filter(agent_id=fields.get("agent_id", "")).first()
-    if agent is None or agent.state != AgentState.SPAWNING:
+    if agent is None or agent.state not in UNREGISTERED_STATES:
         raise ClaimError(MESSAGES["invalid"])
     token = tokens.mint_registration_token(
         agent, ttl_seconds=int(fields.get("token_ttl") or DEFAULT_AGENT_TOKEN_TTL_SECONDS)

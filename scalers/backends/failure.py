@@ -25,7 +25,7 @@ def failure_detail(error: BaseException, captured: list[str]) -> str:
 #: to run on: leaving it active would hold its slot for nothing, even when the spawn fails after the
 #: agent registered. ``destroying`` is left to the teardown in progress, which ends it
 #: ``destroyed`` and releases; terminal states stay as they are.
-SPAWN_FAILURE_ENDS = ("spawning", "running", "draining")
+SPAWN_FAILURE_ENDS = ("spawning", "connecting", "running", "draining")
 
 
 def mark_spawn_failed(agent_pk: int, detail: str, now: datetime | None = None) -> bool:

@@ -17,11 +17,12 @@ from agents.models import Agent, ScalerEvent
 from scalers.jobs import (
     CLEANUP_GRACE_SECONDS,
     enqueue_spawn,
-    expire_overdue_spawns,
-    schedule_expiry,
+    schedule_watch,
     spawn_agent,
     spawn_job_failed,
+    watch_registration,
 )
+from scalers.lifecycle import prune_stale_spawns
 from scalers.models import Reservation
 from tests.support.scalers import make_agent, make_scaler
 
@@ -108,21 +109,26 @@ def test_the_failure_callback_fails_the_agent_and_releases_it(queue):
     assert ScalerEvent.objects.filter(agent=agent, type=EventType.FAILED).count() == 1
 
 
-def test_a_registration_deadline_is_scheduled_and_overdue_spawns_are_expired(queue, settings):
+def test_a_registration_watch_is_scheduled_at_the_deadline_and_the_sweep_expires_overdue_agents(queue, settings):
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 60
     agent = make_agent(
         make_scaler(type="event", config={"provisioningTargets": ["http://127.0.0.1:9/"]}, ls_config={}),
+        state=AgentState.CONNECTING,
         spawn_started_at=timezone.now(),
     )
-    schedule_expiry(agent)
+    schedule_watch(agent, object())  # a backend without boot_failure: one look, at the deadline
     from rq.registry import ScheduledJobRegistry
 
     registry = ScheduledJobRegistry(queue=queue)
-    assert f"expire-{agent.agent_id}" in registry.get_job_ids()
-    assert expire_overdue_spawns() == 0
+    (job_id,) = [i for i in registry.get_job_ids() if list(queue.fetch_job(i).args) == [agent.pk]]
+    assert queue.fetch_job(job_id).func is watch_registration
+    scheduled = registry.get_scheduled_time(job_id)
+    assert abs((scheduled - agent.spawn_started_at).total_seconds() - 60) < 1
+    assert prune_stale_spawns() == 0
     Agent.objects.filter(pk=agent.pk).update(spawn_started_at=timezone.now() - timedelta(seconds=61))
     settings.KICI_PROVISIONING_SECRET = "s"
     # the scale-down to an unreachable target fails; the expiry still fails the agent and releases it
-    assert expire_overdue_spawns() == 1
+    assert prune_stale_spawns() == 1
     agent.refresh_from_db()
     assert agent.state == AgentState.FAILED and not Reservation.objects.filter(agent=agent).exists()
+    assert agent.failure_reason.startswith("agent did not register within 60 s")

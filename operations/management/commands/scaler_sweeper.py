@@ -4,7 +4,8 @@ At start it recovers this instance's rows (``recover_state``, trigger ``boot``).
 ``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
 boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
 that reports whether it did anything: host readiness, the isolation drift check
-(``scalers.drift``), the stale-spawn prune, token-TTL expiry, the
+(``scalers.drift``), the stale-spawn prune (registration deadlines passed, backend calls past the
+stale window), the start of spawns waiting for a slot, token-TTL expiry, the
 check of failed spawn jobs in rq, retries of failed teardowns, the teardown of drained agents
 (``scalers.lifecycle.drain_idle_agents``), the retirement sweep,
 the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
@@ -30,6 +31,7 @@ from scalers.admission.recovery import recover_state
 from scalers.backends import factory
 from scalers.choices import ScalerType
 from scalers.drift import check_isolation_drift
+from scalers.jobs import start_all_waiting_spawns
 from scalers.leader import Leadership
 from scalers.lifecycle import (
     drain_idle_agents,
@@ -102,6 +104,7 @@ class Command(BaseCommand):
             self.handle_host_readiness,
             self.handle_isolation_drift,
             self.handle_stale_spawns,
+            self.handle_waiting_spawns,
             self.handle_token_expiry,
             self.handle_failed_spawn_jobs,
             self.handle_stuck_teardowns,
@@ -153,6 +156,11 @@ class Command(BaseCommand):
 
     def handle_stale_spawns(self) -> bool:
         return prune_stale_spawns() > 0
+
+    def handle_waiting_spawns(self) -> bool:
+        """Start admitted spawns waiting for a spawn slot that nobody handed them (a backend call
+        lost with its worker, an agent ended while its job was queued)."""
+        return start_all_waiting_spawns() > 0
 
     def handle_token_expiry(self) -> bool:
         return expire_unregistered_agents() > 0

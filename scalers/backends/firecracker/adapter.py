@@ -1,7 +1,7 @@
 """A ``type: firecracker`` scaler through the common backend protocol (``scalers.backends.base``):
 builds the ``FirecrackerBackend`` from the scaler row and maps rows, spawn control and events onto
-it. The spawn job waits in :meth:`FirecrackerScalerBackend.await_registration` because the boot
-watcher is a thread of the spawning process. Details: ``docs/firecracker-adapter.md``.
+it. ``spawn`` returns once MMDS holds the token and hands the VM over; :meth:`boot_failure` is
+the registration watch's look at it from disk. Details: ``docs/firecracker-adapter.md``.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from network.ipalloc_db import DbIpAllocator
 from network.nft import apply
 from scalers.models import ConfigState
 
-from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
+from ..base import BootFailure, SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..failure import mark_spawn_failed
 from ..isolation import IsolationTarget, host_services
 from ..spawn_env import console_url, full_labels, spawn_limits
 from . import watch
 from .backend import ABORT_REASON, FirecrackerBackend, FirecrackerCapacityError, FirecrackerSpawnError
-from .bootwatch import release_thread_db
+from .bootwatch import boot_failure_from_disk, release_thread_db
 from .cancel import CancelSignal
 from .settings import FirecrackerSettings
 from .sweeps import default_tracked_provider
@@ -189,7 +189,8 @@ class FirecrackerScalerBackend:
             release_thread_db()
 
     def spawn(self, agent, control: SpawnControl) -> SpawnResult:
-        """Boot the agent's VM and return once MMDS holds its token.
+        """Boot the agent's VM and return once MMDS holds its token, the VM handed over (no thread
+        of this process watches it any more: :meth:`boot_failure` does, from disk).
 
         Provisions the host first (once per process and settings). The deadline and the
         ``control.cancelled`` callback are bridged to the backend's ``CancelSignal`` (checked every
@@ -237,6 +238,8 @@ class FirecrackerScalerBackend:
         finally:
             stop.set()
             bridge.join(2)
+        self.fc.hand_over(agent_id)
+        self._forget(agent_id)
         policy = self._label_set(agent)["networkPolicy"]
         layout = vm.layout
         context = {
@@ -259,37 +262,6 @@ class FirecrackerScalerBackend:
     def _forget(self, agent_id: str) -> None:
         watch.untrack(agent_id, self.fc)
 
-    def await_registration(self, agent, control: SpawnControl, timeout_s: float) -> str:
-        """Block until the agent registers or its boot fails; the spawn job calls it after ``spawn``.
-
-        ``timeout_s``: the spawn timeout, named in the abandon reason at ``control.deadline``.
-        Returns ``spawned`` (registered: the VM's exit is no longer a boot failure), ``cancelled``
-        (the row left ``spawning`` for another reason) or ``failed`` (the boot ended without a
-        failure of this spawn to report, e.g. a destroy raced it; whoever ended it releases). Raises
-        ``SpawnError`` (the VM died during boot) or ``SpawnAborted`` with reason ``deadline``
-        (abandoned with "agent did not register within N s") once ``scaler.failed`` is recorded
-        (``event_recorded``) and the VM's rules, TAP, IP row and directory are gone: the caller
-        releases the reservation. See ``watch.await_registration``.
-        """
-        agent_id = agent.agent_id
-
-        def at_deadline() -> str:
-            self._release_reasons[agent_id] = "spawn-timeout"
-            return f"agent did not register within {timeout_s} s"
-
-        outcome = watch.await_registration(self.fc, agent_id, control.deadline, at_deadline)
-        failure = self._failed_emitted.get(agent_id)
-        if outcome != "failed" or failure is None or self.fc.get(agent_id) is not None:
-            return outcome  # no failure of ours, or its cleanup still runs: not released here
-        detail, captured = failure
-        if self._release_reasons.get(agent_id) == "spawn-timeout":
-            err: Exception = SpawnAborted("deadline", "boot", detail)
-        else:
-            err = SpawnError(detail, "boot", captured)
-        err.captured_output = captured  # type: ignore[attr-defined]
-        err.event_recorded = True  # type: ignore[attr-defined]
-        raise err
-
     # ---- registration -------------------------------------------------------------------------
 
     def mark_registered(self, agent) -> None:
@@ -303,6 +275,19 @@ class FirecrackerScalerBackend:
     def clear_mmds(self, agent) -> None:
         """``PUT /mmds`` with empty meta-data (the config.ack). Raises ``FirecrackerApiError``/``OSError``."""
         self.fc.clear_mmds(getattr(agent, "agent_id", agent))
+
+    def boot_failure(self, agent) -> BootFailure | None:
+        """The failed boot of a ``connecting`` agent: its VM process is gone (a guest that panicked
+        exits). Detail and payload are the boot watcher's (``jailer exited during boot (code 0,
+        firecracker pid P exited, <failureType>)``, ``failureType`` from the serial log), with the
+        last serial lines. None while the VM runs."""
+        chroot = self.fc.chroot_dir(agent.agent_id)
+        found = boot_failure_from_disk(chroot)
+        if found is None:
+            return None
+        detail, kind = found
+        payload = {"reason": detail, "failureType": kind, "stage": "boot", "release": "spawn-failed"}
+        return BootFailure(detail, serial_tail(chroot / "serial-console.log"), payload)
 
     def captured_output_for(self, agent) -> list[str]:
         """The last 50 serial-console lines of the agent's VM ([] when there is no log)."""

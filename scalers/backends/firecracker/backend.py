@@ -1,10 +1,11 @@
 """The Firecracker scaler backend: spawn, abandon, destroy, reap.
 
 Threads, not asyncio: a spawn runs in an rq worker. Per VM the backend keeps a :class:`FirecrackerVm`
-in memory; the jailer watcher and the log forwarder are daemon threads of the process that called
-``spawn``, so that process must outlive the VM's boot (a long-lived worker, not a forked work-horse).
-Everything a *different* process needs (destroy, reap, orphan sweeps) is re-derived from disk (the
-chroot and its pid file) and the ``ip_allocations`` rows.
+in memory while ``spawn`` runs; the jailer watcher and the log forwarder are daemon threads of the
+process that called ``spawn``, and the caller ends them with :meth:`FirecrackerBackend.hand_over`
+once ``spawn`` returned. Everything after that (the boot check of ``bootwatch.boot_failure_from_disk``,
+destroy, reap, orphan sweeps) is re-derived from disk (the chroot and its pid file) and the
+``ip_allocations`` rows, in any process.
 
 :class:`FirecrackerBackend` is the one object a scaler uses; it keeps the VMs of this process and
 runs the spawn sequence, and composes the parts that each do one thing: the jail (``jail``: chroot
@@ -48,8 +49,6 @@ from .teardown import Teardown
 log = logging.getLogger(__name__)
 
 ABORT_REASON = "spawn aborted (deadline or shutdown)"
-#: Seconds :meth:`FirecrackerBackend.wait_cleaned` waits by default for a failed spawn's cleanup.
-CLEANUP_WAIT_SECONDS = 20.0
 
 Emit = Callable[[str, str, str, dict], None]
 
@@ -392,12 +391,17 @@ class FirecrackerBackend:
         if vm is not None and vm.logs is not None:
             vm.logs.stop(2)
 
-    def wait_cleaned(self, agent_id: str, timeout: float = CLEANUP_WAIT_SECONDS) -> bool:
-        """Wait until a failed spawn's cleanup removed it from tracking; False on timeout."""
-        deadline = time.monotonic() + timeout
-        while self.get(agent_id) is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.get(agent_id) is None
+    def hand_over(self, agent_id: str) -> None:
+        """The spawn of ``agent_id`` returned: stop this process's watcher and log tail (``detach``)
+        and forget the VM. The VM runs on; every later look at it (the boot check, destroy, reap)
+        works from disk, from any process of the host."""
+        vm = self.get(agent_id)
+        if vm is None:
+            return
+        self.detach(agent_id)
+        with self._lock:
+            if self._vms.get(agent_id) is vm:
+                del self._vms[agent_id]
 
     def clear_mmds(self, agent_id: str) -> None:
         """``PUT /mmds`` with empty meta-data, after the agent's config.ack. Raises API errors."""

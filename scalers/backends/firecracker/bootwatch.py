@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .failure import read_failure_type
@@ -30,6 +31,18 @@ def release_thread_db() -> None:
             connections.close_all()
         except Exception:  # noqa: BLE001 - no Django, or nothing to close
             pass
+
+
+def boot_failure_from_disk(chroot: Path) -> tuple[str, str] | None:
+    """``(detail, failure type)`` when the VM of ``chroot`` (a VM whose spawn returned, watched by
+    no thread) no longer runs, else None. Reads only its pid file and serial log, so any process of
+    the host can ask; the detail is the boot watcher's (``exit_text``, code 0: the jailer's parent
+    exited once its child ran)."""
+    probe = probe_vm_pid(chroot)
+    if probe.running:
+        return None
+    serial = chroot / "serial-console.log"
+    return exit_text(serial, 0, probe.pid), read_failure_type(serial)
 
 
 def watch_boot(
@@ -49,7 +62,7 @@ def _watch(vm: Any, s: FirecrackerSettings, booting: Callable[[], bool], abandon
     if rc != 0:
         time.sleep(s.exit_grace_s)
         if booting():
-            abandon(vm.agent_id, exit_text(vm, rc, None))
+            abandon(vm.agent_id, exit_text(vm.layout.serial_log, rc, None))
         return
     # --new-pid-ns: the jailer's parent exits 0 once its child runs; follow that child instead.
     chroot, pid = vm.layout.chroot, None
@@ -78,13 +91,13 @@ def _watch(vm: Any, s: FirecrackerSettings, booting: Callable[[], bool], abandon
         return
     time.sleep(s.exit_grace_s)
     if booting() and not probe_vm_pid(chroot).running:
-        abandon(vm.agent_id, exit_text(vm, 0, pid))
+        abandon(vm.agent_id, exit_text(vm.layout.serial_log, 0, pid))
 
 
-def exit_text(vm: Any, rc: int, pid: int | None) -> str:
+def exit_text(serial_log: str | os.PathLike, rc: int, pid: int | None) -> str:
     """``jailer exited during boot (code N[, signal S][, firecracker pid P exited], <failureType>)``,
-    the failure type read from the serial log."""
-    kind = read_failure_type(vm.layout.serial_log)
+    the failure type read from the VM's ``serial_log``."""
+    kind = read_failure_type(serial_log)
     how = f"code {rc}" if rc >= 0 else f"code null, signal {signal.Signals(-rc).name}"
     if rc == 0:
         how += f", firecracker pid {pid} exited" if pid else ", firecracker process not found"
@@ -105,10 +118,10 @@ def boot_exit_reason(vm: Any, exit_grace_s: float) -> str | None:
     while True:
         rc = vm.jailer.poll()
         if rc is not None and rc != 0:
-            return exit_text(vm, rc, None)
+            return exit_text(vm.layout.serial_log, rc, None)
         probe = probe_vm_pid(vm.layout.chroot)
         if rc == 0 and not probe.running:
-            return exit_text(vm, 0, probe.pid)
+            return exit_text(vm.layout.serial_log, 0, probe.pid)
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)

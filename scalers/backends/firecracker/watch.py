@@ -1,22 +1,17 @@
-"""Watching a VM's boot from the rq spawn job.
+"""The spawns this process is running, and the agent-row checks the adapter makes.
 
-The Firecracker backend's boot watcher and log tail are threads of the process that ran
-``spawn``. In the product that process is an rq work-horse, which exits when its job returns, so
-the spawn job keeps running until the boot is over: :func:`await_registration` polls the agent
-row while the watcher thread looks at the VM process.
-
-This module holds the per-process registry of spawns being watched (:func:`track`,
+The Firecracker backend's boot watcher and log tail are threads of the process that runs
+``spawn``; they live only while the spawn call runs (the adapter hands the VM over when it
+returns). This module holds the per-process registry of those spawns (:func:`track`,
 :func:`untrack`, :func:`live`), the agent-row check a backend of the product asks before it
-abandons a booted VM (:func:`boot_over`) and :func:`await_registration`.
+abandons a booted VM (:func:`boot_over`) and the serial tail attached to failures.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import deque
-from collections.abc import Callable
 
 from agents.models import Agent
 
@@ -24,7 +19,7 @@ from .backend import FirecrackerBackend
 
 #: Serial-console lines attached to a ``scaler.failed`` detail.
 CAPTURED_LINES = 50
-#: Seconds between two looks at the agent row (cancellation, registration).
+#: Seconds between two looks at the agent row while a spawn runs (deadline, cancellation).
 POLL_SECONDS = 0.2
 #: Agent-row states in which a booted VM is no longer the spawn's to fail: registered
 #: (``running``/``draining``), or ended by another path (``destroying``/``destroyed``/``failed``).
@@ -74,35 +69,3 @@ def serial_tail(path: str | os.PathLike, lines: int = CAPTURED_LINES) -> list[st
     except OSError:
         return []
     return list(deque((ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()), maxlen=lines))
-
-
-def await_registration(
-    backend: FirecrackerBackend, agent_id: str, deadline: float | None, on_deadline: Callable[[], str]
-) -> str:
-    """Poll the agent row every :data:`POLL_SECONDS` until the boot of ``agent_id`` is over.
-
-    ``deadline``: epoch seconds or None. At the deadline ``on_deadline()`` is called and its text
-    becomes the abandon reason (``scaler.failed``). Returns ``spawned`` (the row is running or
-    draining), ``failed`` (the VM died during boot or the deadline passed; the cleanup has finished
-    unless it outlasted ``backend.wait_cleaned``) or ``cancelled`` (the row left ``spawning``
-    otherwise; whoever changed it tears the VM down). Stops watching in every case.
-    """
-    vm = backend.get(agent_id)
-    try:
-        while True:
-            if vm is None or backend.get(agent_id) is not vm or vm.abandoned:
-                backend.wait_cleaned(agent_id)
-                return "failed"
-            state = agent_state(agent_id)
-            if state in ("running", "draining"):
-                backend.detach(agent_id)
-                return "spawned"
-            if state != "spawning":
-                backend.detach(agent_id)
-                return "cancelled"
-            if deadline is not None and time.time() >= deadline:
-                backend.abandon_spawn(agent_id, on_deadline())
-                continue
-            vm.cleaned.wait(POLL_SECONDS)
-    finally:
-        untrack(agent_id, backend)

@@ -12,6 +12,7 @@ from agents.choices import AgentState
 from agents.models import Agent
 from scalers.admission.caps import CAP_ORDER
 from scalers.admission.service import request_scale
+from scalers.jobs import start_waiting_spawns
 from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.support.scalers import make_pool, make_scaler, set_global
 
@@ -170,12 +171,19 @@ def test_machine_pool_memory():
     assert request_scale(["linux"], "j2", resources={"memory": "1k"}).cap == "machinePool.memory"
 
 
-def test_max_concurrent_spawns_refuses_last():
+def test_max_concurrent_spawns_admits_and_holds_the_spawn_until_a_slot_frees(monkeypatch):
+    enqueued = []
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
     make_scaler("c", max_agents=10, max_concurrent_spawns=2)
-    assert [request_scale(["linux"], f"j{i}").action for i in range(2)] == ["spawning"] * 2
-    assert request_scale(["linux"], "j3").cap == "maxConcurrentSpawns"
-    Agent.objects.filter(state=AgentState.SPAWNING).update(state=AgentState.RUNNING)
-    assert request_scale(["linux"], "j4").action == "spawning"
+    decisions = [request_scale(["linux"], f"j{i}") for i in range(3)]
+    assert [d.action for d in decisions] == ["spawning"] * 3, "over the cap is queued, never refused"
+    assert enqueued == [d.agent for d in decisions[:2]]
+    waiting = Agent.objects.get(agent_id=decisions[2].agent)
+    assert waiting.state == AgentState.SPAWNING and waiting.rq_job_id == ""
+    # the first backend call ends (its agent now only waits for its registration): the slot frees
+    Agent.objects.filter(agent_id=decisions[0].agent).update(state=AgentState.CONNECTING)
+    start_waiting_spawns(waiting.scaler_id)
+    assert enqueued[-1] == decisions[2].agent and len(enqueued) == 3
 
 
 def test_cap_order_constant_is_the_check_order():
@@ -188,7 +196,6 @@ def test_cap_order_constant_is_the_check_order():
         "globalResourceCap.memory",
         "machinePool.cpu",
         "machinePool.memory",
-        "maxConcurrentSpawns",
     )
 
 

@@ -84,7 +84,6 @@ def _check_round(outcomes):
         mine = [r for r in res if r.scaler_id == s.pk]
         per[s.name] = (s, len(mine), sum(r.cpus for r in mine), sum(r.memory_bytes for r in mine))
         assert len(mine) <= s.max_agents, s.name
-        assert len(mine) <= s.max_concurrent_spawns, s.name  # all still spawning in a round
         if s.max_cpu is not None:
             assert per[s.name][2] <= s.max_cpu + eps, s.name
         if s.max_memory_bytes is not None:
@@ -113,7 +112,6 @@ def _check_round(outcomes):
             and mem + req_mem > cfg.global_max_memory_bytes,
             "machinePool.cpu": pool.max_cpu is not None and pool_cpu + req_cpus > pool.max_cpu - eps,
             "machinePool.memory": pool.max_memory_bytes is not None and pool_mem + req_mem > pool.max_memory_bytes,
-            "maxConcurrentSpawns": n >= s.max_concurrent_spawns,
         }[d.cap]
         assert justified, (d, req_cpus, req_mem)
     return total

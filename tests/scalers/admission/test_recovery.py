@@ -115,9 +115,15 @@ def test_a_local_spawn_whose_rq_job_still_runs_is_kept():
     assert counts(r) == (1, 0, 1, 0)
 
 
-def test_a_local_spawn_with_no_rq_job_is_dropped_by_the_default_check():
-    seed_agent(make_scaler("c"))  # rq_job_id empty: nothing can be running it
+def test_a_local_spawn_whose_rq_job_rq_does_not_know_is_dropped_by_the_default_check():
+    seed_agent(make_scaler("c"), rq_job_id="spawn-gone")  # its job is lost: nothing can be running it
     assert recover_state(ME).spawning_dropped == 1
+
+
+def test_a_local_spawn_still_waiting_for_a_spawn_slot_is_kept_by_the_default_check():
+    seed_agent(make_scaler("c"))  # no rq job yet: it waits for a slot, nothing of it runs
+    r = recover_state(ME)
+    assert (r.spawning_dropped, r.spawning_agents_rehydrated) == (0, 1)
 
 
 def test_buffered_events_lost_is_always_zero_and_the_report_is_stored():
@@ -170,7 +176,7 @@ def test_a_leader_whose_connection_dies_loses_leadership_to_the_next():
 @pytest.mark.docker
 def test_the_sweeper_recovers_at_boot_and_sweeps_when_leading(settings, docker_client):
     settings.KICI_INSTANCE_ID = ME
-    seed_agent(make_scaler("c"))
+    seed_agent(make_scaler("c"), rq_job_id="spawn-gone")  # its spawn job was lost with its worker
     call_command("scaler_sweeper", "--once", "--no-warm-pools")
     report = RecoveryReport.objects.get()
     assert (report.trigger, report.spawning_dropped) == ("boot", 1)

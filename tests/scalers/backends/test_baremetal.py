@@ -161,7 +161,7 @@ def test_a_missing_binary_fails_the_spawn_and_releases(settings, tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 def test_an_agent_that_exits_at_once_reports_its_output_at_the_deadline(settings, tmp_path):
-    from scalers.jobs import expire_spawn
+    from scalers.lifecycle import expire_registration
 
     settings.KICI_AGENT_LOG_DIR = str(tmp_path / "logs")
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 1
@@ -169,7 +169,7 @@ def test_an_agent_that_exits_at_once_reports_its_output_at_the_deadline(settings
     agent = make_agent(make_scaler(type="bare-metal", ls_config={"binaryPath": crash}))
     assert spawn_agent(agent.pk) == "spawned"
     time.sleep(1.1)
-    assert expire_spawn(agent.pk)
+    assert expire_registration(agent.pk)
     assert ScalerEvent.objects.get(agent=agent, type=EventType.FAILED).detail.endswith("--- captured output ---\nboom")
 
 

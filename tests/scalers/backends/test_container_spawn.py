@@ -59,7 +59,7 @@ def test_a_spawned_busybox_agent_registers_with_the_console_within_10_seconds(
         started = time.monotonic()
         run_rq_jobs(settings.KICI_HOST_QUEUE)
         agent.refresh_from_db()
-        assert agent.state in (AgentState.SPAWNING, AgentState.RUNNING), agent.failure_reason
+        assert agent.state in (AgentState.CONNECTING, AgentState.RUNNING), agent.failure_reason
 
         registered = wait_for(lambda: Agent.objects.filter(pk=agent.pk, state=AgentState.RUNNING).exists(), 10)
         assert registered, (

@@ -13,7 +13,8 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
 from scalers.backends.base import SpawnAborted, SpawnControl
 from scalers.backends.container.backend import ContainerBackend
-from scalers.jobs import expire_spawn, spawn_agent
+from scalers.jobs import spawn_agent
+from scalers.lifecycle import expire_registration
 from scalers.models import Reservation
 from tests.support.containers import register_at_network_stage, remove_test_containers
 from tests.support.nft import nft_table_for
@@ -98,9 +99,9 @@ def test_an_agent_that_never_registers_is_expired_at_the_deadline(docker_client,
     assert spawn(agent) == "spawned"
     agent.refresh_from_db()
     assert agent.ip and any(str(a) == agent.ip for a in nft_table.list_agents())
-    assert expire_spawn(agent.pk) is False, "not due before the deadline"
+    assert expire_registration(agent.pk) is False, "not due before the deadline"
     time.sleep(3.2)
-    assert expire_spawn(agent.pk) is True
+    assert expire_registration(agent.pk) is True
     detail = failed_detail(agent)
     assert "did not register within 3 s" in detail
     assert "--- captured output ---" in detail and "kici-agent: registering" in detail

@@ -109,7 +109,7 @@ def test_spawn_emits_one_signed_scale_up_without_the_token(receiver):
     assert payload["resources"] == {"cpus": 1.0, "memBytes": 1 << 30} and len(payload["claimCode"]) == 64
     assert b"ket_" not in req["body"] and b"kas_" not in req["body"]
     agent.refresh_from_db()
-    assert agent.state == AgentState.SPAWNING
+    assert agent.state == AgentState.CONNECTING
     assert not AgentToken.objects.filter(agent=agent).exists(), "the token is minted at claim time"
 
 
@@ -178,13 +178,13 @@ def test_destroy_twice_emits_exactly_one_scale_down_and_invalidates_claims(recei
 
 @pytest.mark.django_db
 def test_the_deadline_scale_down_says_spawn_timeout(receiver, settings):
-    from scalers.jobs import expire_spawn
+    from scalers.lifecycle import expire_registration
 
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 1
     agent = make_agent(event_scaler(receiver.url))
     assert spawn_agent(agent.pk) == "spawned"
     time.sleep(1.05)
-    assert expire_spawn(agent.pk)
+    assert expire_registration(agent.pk)
     assert receiver.deliveries()[-1]["payload"]["reason"] == "spawn-timeout"
 
 

@@ -1,6 +1,8 @@
 """A firecracker scaler end to end through the product's common path:
 scalers.yaml import → ``request_scale`` → the rq spawn job (``get_backend`` → the firecracker
-adapter) → registration through the real endpoint → teardown, and a guest that cannot boot.
+adapter), which returns once the VM is handed over → registration through the real endpoint (the
+registration watch, a scheduled job on the same queue, looks at the VM meanwhile) → teardown, and
+guests that cannot boot. Jobs run on ONE worker with the rq scheduler, as on a host queue.
 
 The network side (bridge, TAPs, nft table) lives in a throwaway namespace (``fc_env``). The
 success path uses the fake VMM (it serves the real API and MMDS; the guest agent is a thread of
@@ -31,7 +33,7 @@ from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
 from scalers.config.loader import load_scalers_config
 from scalers.importing import apply_scalers_config
-from scalers.lifecycle import teardown_agent
+from scalers.lifecycle import release_agent, teardown_agent
 from scalers.models import Reservation
 from tests.support.firecracker import FAKE_JAILER, fake_kernel, owned_vm_dir, real_binaries, require_kvm, tiny_kernel
 
@@ -153,7 +155,7 @@ class FakeGuest(threading.Thread):
 
 
 def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_after_teardown(
-    product, settings, run_rq_jobs
+    product, settings, run_rq_jobs, drive_rq
 ):
     env = product
     kernel = env.write_image("vmlinux", fake_kernel("serial fake guest: init started"))
@@ -166,7 +168,8 @@ def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_af
     socket_path = env.base / "firecracker" / agent_id / "root" / "run" / "firecracker.socket"
     guest = FakeGuest(socket_path)
     guest.start()
-    run_rq_jobs(settings.KICI_HOST_QUEUE)  # the job returns once the agent registered
+    run_rq_jobs(settings.KICI_HOST_QUEUE)  # the job returns once the VM is handed over
+    assert drive_rq(lambda: Agent.objects.get(agent_id=agent_id).state == AgentState.RUNNING, 15)
     guest.join(5)
 
     assert guest.response is not None and guest.response.status_code == 200, getattr(guest.response, "content", None)
@@ -232,9 +235,7 @@ def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_rele
     assert not ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.REGISTERED).exists()
 
 
-def test_a_vm_that_dies_while_the_job_waits_for_registration_is_caught_by_the_job_itself(
-    product, settings, run_rq_jobs
-):
+def test_a_vm_that_dies_before_registering_fails_the_spawn_before_the_deadline(product, settings, drive_rq):
     env = product
     # MMDS is written and spawn returns; 1.5 s later the "guest" panics and the VMM exits.
     kernel = env.write_image(
@@ -244,33 +245,55 @@ def test_a_vm_that_dies_while_the_job_waits_for_registration_is_caught_by_the_jo
 
     decision = request_scale(["linux", "vm"], "job-fcint-3")
     agent_id = decision.agent
-    run_rq_jobs(settings.KICI_HOST_QUEUE)
+    t0 = time.monotonic()
+    assert drive_rq(lambda: Agent.objects.get(agent_id=agent_id).state == AgentState.FAILED, 15)
+    assert time.monotonic() - t0 < 10, "the registration watch saw the VM die, long before the 20 s deadline"
 
     job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
-    assert job.return_value() == "failed"  # the job outlived the boot and saw the VM die
+    assert job.return_value() == "spawned"  # the spawn job did not wait for the boot
     types = [e.type for e in events(agent_id)]
     assert types[-3:] == ["agent.connecting", "scaler.failed", "reservation.released"], types
     failed = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.FAILED)
     assert failed.detail.startswith("jailer exited during boot (code 0, firecracker pid ")
     assert failed.payload["failureType"] == "kernel-panic"
+    assert "\n--- captured output ---\n" in failed.detail
+    assert failed.detail.endswith("\nKernel panic - not syncing: Attempted to kill init!")
+    released = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.RELEASED)
+    assert released.detail == "spawn-failed"
     agent = Agent.objects.get(agent_id=agent_id)
     assert agent.state == AgentState.FAILED
     assert nothing_left(env, agent_id, agent.ip) == []
 
 
-def test_an_agent_that_never_registers_is_abandoned_at_the_deadline_by_the_waiting_job(product, settings, run_rq_jobs):
+def test_a_vm_that_never_registers_holds_no_worker_and_fails_at_its_deadline(product, settings, drive_rq):
     env = product
-    settings.KICI_SPAWN_TIMEOUT_SECONDS = 2
+    settings.KICI_SPAWN_TIMEOUT_SECONDS = 15
     kernel = env.write_image("vmlinux", fake_kernel("serial a guest whose agent never starts"))
     import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel)
 
-    agent_id = request_scale(["linux", "vm"], "job-fcint-4").agent
-    run_rq_jobs(settings.KICI_HOST_QUEUE)
+    agent_id = request_scale(["linux", "vm"], "job-fcint-4").agent  # nobody reads its MMDS
+    other = request_scale(["linux", "vm"], "job-fcint-4b").agent
+    guest = FakeGuest(env.base / "firecracker" / other / "root" / "run" / "firecracker.socket")
+    guest.start()
+    t0 = time.monotonic()
 
+    def state(aid):
+        return Agent.objects.get(agent_id=aid).state
+
+    # one worker: the silent VM's spawn is queued first, yet the second spawn registers at once
+    assert drive_rq(lambda: state(other) == AgentState.RUNNING, 6)
+    assert state(agent_id) == AgentState.CONNECTING
+    release_agent(other, "test")  # and a destroy on the same queue completes meanwhile
+    assert drive_rq(lambda: state(other) == AgentState.DESTROYED, 8)  # Ctrl-Alt-Del wait: ≤ 5 s
+    assert time.monotonic() - t0 < 14 and state(agent_id) == AgentState.CONNECTING, "all before the deadline"
+    guest.join(5)
+
+    assert drive_rq(lambda: state(agent_id) == AgentState.FAILED, 20)
+    assert time.monotonic() - t0 >= 14
     job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
-    assert job.return_value() == "failed"
+    assert job.return_value() == "spawned"
     failed = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.FAILED)
-    assert failed.detail.startswith("agent did not register within 2 s")
+    assert failed.detail.startswith("agent did not register within 15 s")
     assert "a guest whose agent never starts" in failed.detail  # the captured serial output
     released = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.RELEASED)
     assert released.detail == "spawn-timeout"

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agents", "0006_config_events"),
+        ("agents", "0007_agent_state_connecting"),
     ]
 
     operations = [
