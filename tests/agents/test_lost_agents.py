@@ -19,6 +19,7 @@ from agents.models import Agent, ScalerEvent
 from operations.choices import OperationStatus, RequestedVia, TargetOutcome
 from operations.models import Operation
 from operations.services import NothingToDo, create_operation
+from scalers.backends.ownership import current_owner
 from scalers.models import RecoveryReport, Reservation
 from tests.support.operations import approve_and_run, outcome
 from tests.support.scalers import make_agent, make_scaler
@@ -69,7 +70,7 @@ def container_agent(docker_client, agent_image):
             command=["sleep", "600"],
             name=f"life-{agent.agent_id}",
             host_config=api.create_host_config(network_mode="none", init=True),
-            labels={"kici-managed": "true", "kici-scaler-name": scaler.name, "kici-agent-id": agent.agent_id},
+            labels={"kici-managed": "true", "kici-agent-id": agent.agent_id, **current_owner(scaler.name).labels()},
         )
         made.append(c["Id"])
         api.start(c["Id"])

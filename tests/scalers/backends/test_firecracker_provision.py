@@ -73,8 +73,9 @@ def test_provisioning_builds_bridge_table_baseline_and_reapplies_tracked_vms_rul
     assert {NAT_CHAIN, MSS_CHAIN, "forward", "input"} <= chains
     nat = [i["rule"] for i in items if "rule" in i and i["rule"]["chain"] == NAT_CHAIN]
     assert len(nat) == 1 and nat[0]["expr"][1]["match"]["right"] == "up0"
-    guard = [i["set"] for i in items if "set" in i and i["set"]["name"] == "guard_ifaces"][0]
-    assert env.bridge in guard.get("elem", [])
+    assert f"guard-{env.bridge}" in chains  # the bridge's ingress guard (policy drop)
+    guard = [i["chain"] for i in items if "chain" in i and i["chain"]["name"] == f"guard-{env.bridge}"][0]
+    assert (guard["hook"], guard["policy"]) == ("ingress", "drop")
 
     spec = {"labels": ["x"], "rootfsPath": str(env.rootfs()), "overlayDriveSizeMib": 8}
     vm = b.spawn("scaler-firecracker-0000e0e0", spec, None, "ws://10.213.0.1:4000/ws")
@@ -85,6 +86,7 @@ def test_provisioning_builds_bridge_table_baseline_and_reapplies_tracked_vms_rul
     agents = b.nft.list_agents()
     restored = [r for a, r in agents.items() if str(a) == vm.ip]
     assert restored and restored[0].complete
+    assert restored[0].ports == [vm.tap], "the VM's TAP was not bound again with its rules"
     assert len(restored[0].input) == 1 + 2 * 2 + 1  # ct accept, gateway:53 and *:4000 (tcp+udp), drop
     nat_after = [i for i in _nft_list(env) if "rule" in i and i["rule"]["chain"] == NAT_CHAIN]
     assert len(nat_after) == 1
