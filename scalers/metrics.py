@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agents.choices import ACTIVE_STATES, EventType
 from scalers.models import MetricCounter
-from scalers.warm_pools import pool_status
+from scalers.warm_pool_config import pool_status
 
 log = logging.getLogger(__name__)
 
