@@ -30,7 +30,7 @@ from agents.tokens import revoke_agent_tokens
 from scalers.admission.decide import Admitted, ScaleDecision
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
-from scalers.lifecycle import fail_spawn, host_queue, on_spawn_job_failure
+from scalers.lifecycle import awaits_the_reaper, fail_spawn, host_queue, on_spawn_job_failure
 from scalers.models import ScaleOutcome
 
 log = logging.getLogger(__name__)
@@ -159,10 +159,11 @@ def expire_spawn(agent_pk: int, *, now: datetime | None = None) -> bool:
     ``fail_spawn``: ``scaler.failed`` ("did not register within N s" + captured output), destroy
     through the backend, mark failed and release (a destroy that fails keeps the reservation for
     the sweeper to retry). Returns True when it expired the agent, False when it registered, was
-    already handled, or is not due.
+    already handled, is not due, or is an event provision the reaper ends
+    (``scalers.lifecycle.awaits_the_reaper``).
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
-    if agent is None or agent.state != AgentState.SPAWNING:
+    if agent is None or agent.state != AgentState.SPAWNING or awaits_the_reaper(agent):
         return False
     now = now or timezone.now()
     if now.timestamp() < _deadline(agent):

@@ -19,7 +19,9 @@ Ends and their ``reason``:
   it through rq's abandoned-job cleanup, and :func:`reap_failed_spawn_jobs` checks rq for the rest;
 * registration deadline reached: ``scalers.jobs.expire_spawn`` calls :func:`fail_spawn`
   (``spawn-timeout``); never registered within its token TTL: :func:`expire_unregistered_agents`
-  (``token-expired``); stale prune: :func:`prune_stale_spawns` (``stale-prune``);
+  (``token-expired``); stale prune: :func:`prune_stale_spawns` (``stale-prune``). A delivered
+  event provision (:func:`awaits_the_reaper`) is left by the deadline and the prune to the
+  event-provision reaper (``scalers.provision_reaper``: ``spawn-timeout`` / ``heartbeat-timeout``);
 * the orchestrator: :func:`complete_job` (``job-complete``; a warm agent goes back to idle) and
   :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
 * drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
@@ -211,6 +213,13 @@ def release_if_terminal(agent: Agent) -> bool:
     return False
 
 
+def awaits_the_reaper(agent: Agent) -> bool:
+    """An event-scaler provision whose scale-up was delivered (``backend_context.requestId``): its
+    wait for registration is ended by the event-provision reaper (``scalers.provision_reaper``,
+    after the flap grace), not by the spawn deadline or the stale prune."""
+    return agent.scaler.type == ScalerType.EVENT and bool((agent.backend_context or {}).get("requestId"))
+
+
 def stale_window_seconds() -> int:
     """``max(spawn timeout, 300 s)``."""
     return max(int(settings.KICI_SPAWN_TIMEOUT_SECONDS), MIN_STALE_WINDOW_SECONDS)
@@ -220,13 +229,16 @@ def prune_stale_spawns(now=None) -> int:
     """Fail and release spawns running longer than :func:`stale_window_seconds`.
 
     The clock starts at ``spawn_started_at`` (set when the rq job actually began); spawns still
-    queued (``spawn_started_at`` null) are never pruned here. Returns how many were pruned.
+    queued (``spawn_started_at`` null) are never pruned here, nor event provisions that
+    :func:`awaits_the_reaper`. Returns how many were pruned.
     """
     now = now or timezone.now()
     window = stale_window_seconds()
     cutoff = now - timedelta(seconds=window)
     n = 0
     for agent in Agent.objects.select_related("scaler").filter(state=AgentState.SPAWNING, spawn_started_at__lt=cutoff):
+        if awaits_the_reaper(agent):
+            continue
         fail_spawn(agent, f"spawn did not finish within {window}s (stale prune)", reason="stale-prune")
         n += 1
     return n

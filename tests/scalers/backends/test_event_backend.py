@@ -7,7 +7,10 @@ import hashlib
 import hmac
 import json
 import time
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
@@ -17,6 +20,7 @@ from scalers.backends.emitter import EventEmitError, HttpEventEmitter, resolve_t
 from scalers.backends.event import EventBackend
 from scalers.backends.event_reaper import Verdict, flap_grace_ms, may_reap, reap_verdict
 from scalers.jobs import expire_spawn, spawn_agent
+from scalers.lifecycle import prune_stale_spawns
 from scalers.metrics import SCALE_DOWN_EMITTED, SCALE_UP_EMITTED
 from scalers.models import MetricCounter, Reservation
 from tests.support.provisioner import Provisioner
@@ -172,13 +176,15 @@ def test_destroy_twice_emits_exactly_one_scale_down_and_invalidates_claims(recei
 
 
 @pytest.mark.django_db
-def test_the_deadline_scale_down_says_spawn_timeout(receiver, settings):
+def test_the_spawn_deadline_and_the_stale_prune_leave_a_delivered_provision_to_the_reaper(receiver, settings):
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 1
     agent = make_agent(event_scaler(receiver.url))
     assert spawn_agent(agent.pk) == "spawned"
-    time.sleep(1.05)
-    assert expire_spawn(agent.pk)
-    assert receiver.deliveries()[-1]["payload"]["reason"] == "spawn-timeout"
+    Agent.objects.filter(pk=agent.pk).update(spawn_started_at=timezone.now() - timedelta(hours=1))
+    assert not expire_spawn(agent.pk)
+    assert prune_stale_spawns() == 0
+    assert Agent.objects.get(pk=agent.pk).state == AgentState.SPAWNING
+    assert len(receiver.requests) == 1, "no scale-down: the reaper decides (tests/scalers/test_provision_reaper.py)"
 
 
 @pytest.mark.django_db
