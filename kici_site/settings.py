@@ -197,6 +197,9 @@ KICI_REROUTE_FLAP_GRACE_MS = env_int("KICI_REROUTE_FLAP_GRACE_MS", 120_000, mini
 KICI_PEER_STALE_TIMEOUT_MS = env_int("KICI_PEER_STALE_TIMEOUT_MS", 60_000, minimum=1000)
 KICI_SCALER_REAP_STRANDED_TIMEOUT_MS = env_int("KICI_SCALER_REAP_STRANDED_TIMEOUT_MS", 1_800_000, minimum=1000)
 KICI_SCALER_REAP_REATTEMPT_MS = env_int("KICI_SCALER_REAP_REATTEMPT_MS", 600_000, minimum=1000)
+# Seconds an orchestrator is told to wait (Retry-After) before asking again for a job refused
+# at capacity: the reference's pending-scale sweep interval (10 s).
+KICI_SCALE_RETRY_AFTER_SECONDS = env_int("KICI_SCALE_RETRY_AFTER_SECONDS", 10, minimum=1)
 # Render live event rows in the producer (rq worker, API) instead of in each console process.
 KICI_RENDER_EVENTS_AT_PUBLISH = env_bool("KICI_RENDER_EVENTS_AT_PUBLISH", False)
 # Where bare-metal process-mode agents write their output.
