@@ -201,6 +201,17 @@ KICI_REQUEST_RETENTION_HOURS = env_int("KICI_REQUEST_RETENTION_HOURS", 24, minim
 # Event backend: HMAC key for scale-up/-down deliveries, and target names -> URLs.
 KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")
 KICI_PROVISIONING_TARGET_URLS = env_url_map("KICI_PROVISIONING_TARGET_URLS")
+# Event-provision reaper (scalers.provision_reaper), times in ms as the reference's knobs: sweep
+# interval, flap grace (floored at 2 x the peer stale timeout), the wait before a silent agent
+# whose console is still live is reaped, and the pause between two teardown attempts of one agent.
+KICI_SCALER_REAP_INTERVAL_MS = env_int("KICI_SCALER_REAP_INTERVAL_MS", 60_000, minimum=5000)
+KICI_REROUTE_FLAP_GRACE_MS = env_int("KICI_REROUTE_FLAP_GRACE_MS", 120_000, minimum=0)
+KICI_PEER_STALE_TIMEOUT_MS = env_int("KICI_PEER_STALE_TIMEOUT_MS", 60_000, minimum=1000)
+KICI_SCALER_REAP_STRANDED_TIMEOUT_MS = env_int("KICI_SCALER_REAP_STRANDED_TIMEOUT_MS", 1_800_000, minimum=1000)
+KICI_SCALER_REAP_REATTEMPT_MS = env_int("KICI_SCALER_REAP_REATTEMPT_MS", 600_000, minimum=1000)
+# Seconds an orchestrator is told to wait (Retry-After) before asking again for a job refused
+# at capacity: the reference's pending-scale sweep interval (10 s).
+KICI_SCALE_RETRY_AFTER_SECONDS = env_int("KICI_SCALE_RETRY_AFTER_SECONDS", 10, minimum=1)
 # Render live event rows in the producer (rq worker, API) instead of in each console process.
 KICI_RENDER_EVENTS_AT_PUBLISH = env_bool("KICI_RENDER_EVENTS_AT_PUBLISH", False)
 # Where bare-metal process-mode agents write their output.

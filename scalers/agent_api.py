@@ -28,6 +28,7 @@ import json
 import logging
 from functools import wraps
 
+from django.conf import settings
 from django.db import transaction
 from django.http import JsonResponse
 from django.utils import timezone
@@ -169,7 +170,10 @@ def register(request, raw: str, body: dict):
         agent.state, agent.registered_at, agent.last_heartbeat = AgentState.RUNNING, now, now
         session = mint_session_token(agent)
         record_event(
-            agent, EventType.REGISTERED, "agent registered", payload={"remote": request.META.get("REMOTE_ADDR", "")}
+            agent,
+            EventType.REGISTERED,
+            "agent registered",
+            payload={"remote": request.META.get("REMOTE_ADDR", ""), "instance": settings.KICI_INSTANCE_ID},
         )
     _registration_hooks(agent)
     return JsonResponse(

@@ -28,7 +28,12 @@ Errors have the one ``/api/v1`` shape (``kici_site.errors.api_error``)
 ``{"error": {"code", "message", "field"?}, "reason": code, ...}``; ``reason`` and the extras below
 stay at the top level, where orchestrators read them:
 
-* 409 ``{reason: "at-capacity", cap, scaler}``: a cap refused; the job should wait.
+* 409 ``{reason: "at-capacity", cap, scaler, retryAfterSeconds}`` with ``Retry-After``: a cap
+  refused; the job should wait and ask again after ``KICI_SCALE_RETRY_AFTER_SECONDS`` (10 s, the
+  reference's pending-scale sweep). The console holds no queue of waiting jobs and does not call
+  the orchestrator back when capacity frees: the orchestrator's retry is the re-drive, and a
+  retry that is admitted counts in ``kici_orch_scaler_redispatch_total{trigger="sweep"}``
+  (docs/event-provisions.md says why).
 * 422 ``{reason: "exceeds-cap", cap, scaler, detail}``: the request alone is larger than resource
   cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
   retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
@@ -151,7 +156,12 @@ async def scale(request):
             status=200,
         )
     if decision.action == ScaleOutcome.AT_CAPACITY:
-        return _error(409, "at-capacity", decision.reason, cap=decision.cap, scaler=decision.scaler)
+        retry = int(settings.KICI_SCALE_RETRY_AFTER_SECONDS)
+        response = _error(
+            409, "at-capacity", decision.reason, cap=decision.cap, scaler=decision.scaler, retryAfterSeconds=retry
+        )
+        response["Retry-After"] = str(retry)
+        return response
     if decision.action == ScaleOutcome.EXCEEDS_CAP:
         return _error(
             422, "exceeds-cap", decision.reason, cap=decision.cap, scaler=decision.scaler, detail=decision.reason

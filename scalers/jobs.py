@@ -40,6 +40,7 @@ from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import (
     CLEANUP_JOB_TIMEOUT_SECONDS,
+    awaits_the_reaper,
     expire_registration,
     fail_connecting,
     fail_spawn,
@@ -153,7 +154,8 @@ def spawn_agent(agent_pk: int) -> str:
     Skips an agent that is no longer ``spawning`` (cancelled before the job ran). Sets
     ``spawn_started_at`` once (the deadline counts from it), runs the backend spawn, stores the
     result, moves the agent ``spawning`` → ``connecting`` (compare-and-swap: an agent that
-    registered meanwhile stays ``running``) and schedules :func:`watch_registration`. Whatever the
+    registered meanwhile stays ``running``) and schedules :func:`watch_registration` (not for a
+    delivered event provision, which the event-provision reaper watches). Whatever the
     outcome, its spawn slot is then handed on (:func:`start_waiting_spawns`).
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
@@ -188,7 +190,9 @@ def _spawn(agent: Agent) -> str:
     Agent.objects.filter(pk=agent.pk, state=AgentState.SPAWNING).update(
         state=AgentState.CONNECTING, updated_at=timezone.now()
     )
-    schedule_watch(agent, backend)
+    agent.backend_context = result.context
+    if not awaits_the_reaper(agent):
+        schedule_watch(agent, backend)
     return "spawned"
 
 
@@ -235,10 +239,11 @@ def watch_registration(agent_pk: int) -> str:
     (past its deadline: ``scalers.lifecycle.expire_registration``), ``failed`` (the backend's
     ``boot_failure`` reported a failed boot: ``scalers.lifecycle.fail_connecting`` with its detail,
     output and payload, release reason ``spawn-failed``) or ``watching`` (looked again later,
-    :func:`schedule_watch`).
+    :func:`schedule_watch`). A delivered event provision is ``over`` too: its wait is the
+    event-provision reaper's (``scalers.lifecycle.awaits_the_reaper``).
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
-    if agent is None or agent.state != AgentState.CONNECTING:
+    if agent is None or agent.state != AgentState.CONNECTING or awaits_the_reaper(agent):
         return "over"
     if timezone.now() >= registration_deadline(agent):
         return "expired" if expire_registration(agent.pk) else "over"

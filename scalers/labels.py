@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import platform as _platform
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Literal, Protocol
 
 # --------------------------------------------------------------------------- canonical forms
@@ -177,6 +178,15 @@ def os_arch_labels(os_name: str, arch: str) -> list[str]:
     else:
         out += [f"kici:arch:{arch}"]
     return out
+
+
+def declared_platform(config: Mapping | None) -> PlatformLike | None:
+    """The ``platform: {os, arch}`` of a stored scaler entry (``Scaler.config``), None when it
+    declares none (or only half of one)."""
+    p = (config or {}).get("platform")
+    if isinstance(p, Mapping) and p.get("os") and p.get("arch"):
+        return SimpleNamespace(os=p["os"], arch=p["arch"])
+    return None
 
 
 def platform_to_taints(platform: PlatformLike | None) -> list[str]:

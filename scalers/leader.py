@@ -20,11 +20,31 @@ log = logging.getLogger(__name__)
 
 #: Advisory lock key (int64): "kici" in ASCII, then 1 for the sweeper.
 LEADER_LOCK_KEY = 0x6B696369_00000001
+#: ``application_name`` prefix of every sweeper's dedicated session, then its instance id: the
+#: sessions in ``pg_stat_activity`` are the consoles alive now (:func:`connected_instances`).
+SESSION_PREFIX = "kici-scaler-leader:"
+
+
+def session_name(instance_id: str) -> str:
+    """The ``application_name`` of ``instance_id``'s sweeper session (PostgreSQL keeps 63 bytes)."""
+    return f"{SESSION_PREFIX}{instance_id}"[:63]
+
+
+def connected_instances(cursor) -> set[str]:
+    """Instance ids of the consoles whose sweeper holds a session on this database now, leading
+    or not (``cursor``: any cursor on the same database). Raises the driver's error when the
+    catalog cannot be read."""
+    cursor.execute(
+        "SELECT DISTINCT substr(application_name, %s) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND starts_with(application_name, %s)",
+        [len(SESSION_PREFIX) + 1, SESSION_PREFIX],
+    )
+    return {row[0] for row in cursor.fetchall() if row[0]}
 
 
 def _conninfo(alias: str = "default") -> dict:
     db = settings.DATABASES[alias]
-    info = {"dbname": db["NAME"], "application_name": "kici-scaler-leader"}
+    info = {"dbname": db["NAME"], "application_name": session_name(settings.KICI_INSTANCE_ID)}
     for key, name in (("USER", "user"), ("PASSWORD", "password"), ("HOST", "host"), ("PORT", "port")):
         if db.get(key):
             info[name] = str(db[key])

@@ -22,7 +22,10 @@ Ends and their ``reason``:
   (``scalers.jobs.watch_registration``) or the sweeper's :func:`prune_stale_spawns`; a boot the
   backend reports failed while connecting: :func:`fail_connecting` (``spawn-failed``); never
   registered within its token TTL: :func:`expire_unregistered_agents` (``token-expired``); a backend
-  call that outlived the stale window: :func:`prune_stale_spawns` (``stale-prune``);
+  call that outlived the stale window: :func:`prune_stale_spawns` (``stale-prune``). A delivered
+  event provision (:func:`awaits_the_reaper`) is left by the registration deadline and the prune
+  to the event-provision reaper (``scalers.provision_reaper``: ``spawn-timeout`` /
+  ``heartbeat-timeout``); the token-TTL expiry stays its last backstop;
 * the orchestrator: :func:`complete_job` (``job-complete``; a warm agent goes back to idle) and
   :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
 * drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
@@ -219,6 +222,15 @@ def release_if_terminal(agent: Agent) -> bool:
     return False
 
 
+def awaits_the_reaper(agent: Agent) -> bool:
+    """An event-scaler provision whose scale-up was delivered (``backend_context.requestId``): its
+    wait for registration is ended by the event-provision reaper (``scalers.provision_reaper``,
+    after the flap grace), not by the registration deadline (:func:`expire_registration`) or the
+    stale prune. True in any state: the reaper judges it ``spawning`` (its spawn job stored the
+    delivery and died before the move to ``connecting``), ``connecting``, ``running``, ``draining``."""
+    return agent.scaler.type == ScalerType.EVENT and bool((agent.backend_context or {}).get("requestId"))
+
+
 def stale_window_seconds() -> int:
     """``max(spawn timeout, 300 s)``."""
     return max(int(settings.KICI_SPAWN_TIMEOUT_SECONDS), MIN_STALE_WINDOW_SECONDS)
@@ -272,10 +284,11 @@ def expire_registration(agent_pk: int, *, now: datetime | None = None) -> bool:
 
     Captures its output (the backend's ``captured_output_for``, when it has one), then
     :func:`fail_connecting` with "agent did not register within N s" (``spawn-timeout``). Returns
-    True when it expired the agent, False when it registered, was already handled, or is not due.
+    True when it expired the agent, False when it registered, was already handled, is not due, or
+    is an event provision the reaper ends (:func:`awaits_the_reaper`).
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
-    if agent is None or agent.state != AgentState.CONNECTING:
+    if agent is None or agent.state != AgentState.CONNECTING or awaits_the_reaper(agent):
         return False
     if (now or timezone.now()) < registration_deadline(agent):
         return False
@@ -300,6 +313,9 @@ def prune_stale_spawns(now=None) -> int:
       (the rq job itself gives up at the deadline; this catches a job that hangs or was lost):
       failed and released (``stale-prune``). Spawns still waiting for a spawn slot
       (``spawn_started_at`` null) are never pruned here.
+
+    Event provisions that :func:`awaits_the_reaper` are left to the event-provision reaper in
+    both states.
     """
     now = now or timezone.now()
     overdue = Agent.objects.filter(
@@ -309,6 +325,8 @@ def prune_stale_spawns(now=None) -> int:
     window = stale_window_seconds()
     cutoff = now - timedelta(seconds=window)
     for agent in Agent.objects.select_related("scaler").filter(state=AgentState.SPAWNING, spawn_started_at__lt=cutoff):
+        if awaits_the_reaper(agent):
+            continue
         fail_spawn(agent, f"spawn did not finish within {window}s (stale prune)", reason="stale-prune")
         n += 1
     return n

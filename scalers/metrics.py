@@ -21,6 +21,27 @@ Exported:
 * ``kici_scaler_isolation_repairs_total{table, kind}``: the drift check's repairs (``scalers.drift``).
 * ``kici_scaler_reservations{scaler}``, ``kici_scaler_agents{scaler, state}``,
   ``kici_scaler_admission_batch_size`` (in-process histogram).
+
+Event scalers (names as the reference orchestrator's):
+
+* ``kici_orch_scaler_scale_up_emitted_total{scaler}``, ``kici_orch_scaler_scale_down_emitted_total
+  {scaler, reason}``: events every target accepted (``scalers.backends.event``).
+* ``kici_orch_scaler_external_provision_timeout_total{scaler}``: provisions the reaper tore down
+  because their agent never registered (``spawn-timeout`` verdict).
+* ``kici_orch_scaler_external_provisioning_active{scaler}``: event-scaler agents spawning,
+  connecting, running or draining (a provision asked for and not yet given back), computed at
+  scrape.
+* ``kici_orch_scaler_reap_unseen_provisions``: provisions unseen for at least the flap grace at
+  the reaper's last sweep; ``kici_orch_scaler_reap_blocked``: 1 while the reaper stands down
+  (``scalers.provision_reaper``). Both are written by the leading sweeper, read here.
+* ``kici_orch_scaler_redispatch_total{trigger}``: jobs refused for capacity earlier and admitted
+  on a later request (``trigger`` = ``sweep``: the orchestrator's retry, see ``scalers.api``).
+* ``kici_orch_scaler_config_reloads_total{result}``: ``attempted`` / ``success`` / ``failed``
+  (the config-reload operation).
+
+Counters and the two reaper gauges live in :class:`scalers.models.MetricCounter` rows, written
+with :func:`count` and :func:`set_gauge`, so whichever process does the work (rq worker,
+sweeper, daphne) the scrape of any process sees it.
 """
 
 from __future__ import annotations
@@ -32,9 +53,11 @@ from django.http import HttpResponse, HttpResponseNotAllowed
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from agents.choices import ACTIVE_STATES, EventType
+from agents.choices import ACTIVE_STATES, AgentState, EventType
+from scalers.admission.ledger import add_to_counters, counter_increment, label_key
+from scalers.choices import ScalerType
 from scalers.models import MetricCounter
-from scalers.warm_pools import pool_status
+from scalers.warm_pool_config import pool_status
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +76,47 @@ BATCH_SIZE = Histogram(
     registry=REGISTRY,
 )
 
+SCALE_UP_EMITTED = "kici_orch_scaler_scale_up_emitted_total"
+SCALE_DOWN_EMITTED = "kici_orch_scaler_scale_down_emitted_total"
+EXTERNAL_PROVISION_TIMEOUT = "kici_orch_scaler_external_provision_timeout_total"
+EXTERNAL_PROVISIONING_ACTIVE = "kici_orch_scaler_external_provisioning_active"
+REAP_UNSEEN_PROVISIONS = "kici_orch_scaler_reap_unseen_provisions"
+#: States of an event provision asked for and not yet given back.
+PROVISION_STATES = (AgentState.SPAWNING, AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
+REAP_BLOCKED = "kici_orch_scaler_reap_blocked"
+REDISPATCH = "kici_orch_scaler_redispatch_total"
+CONFIG_RELOADS = "kici_orch_scaler_config_reloads_total"
+
 _HELP = {
     "kici_scaler_isolation_repairs_total": "Isolation rules re-applied by the drift check (kind: base, agent).",
     "kici_scaler_spawn_refusals_total": "Spawn requests refused, by scaler and the cap that refused.",
     "kici_orch_scaler_warm_pool_spawns_total": "Warm spawns admitted, by scaler.",
     "kici_orch_scaler_warm_pool_reaped_total": "Idle warm agents destroyed, by scaler.",
+    SCALE_UP_EMITTED: "kici.scaler.scale-up events emitted by event scalers, by scaler.",
+    SCALE_DOWN_EMITTED: "kici.scaler.scale-down events emitted by event scalers, by scaler and reason.",
+    EXTERNAL_PROVISION_TIMEOUT: "Event-scaler provisions torn down for spawn-timeout (agent never registered).",
+    REDISPATCH: "Jobs refused for capacity before and admitted on a later request, by trigger.",
+    CONFIG_RELOADS: "Scaler config reload operations, by result (attempted, success, failed).",
+    REAP_UNSEEN_PROVISIONS: "Event-scaler provisions unseen for at least the flap grace at the last reap sweep.",
+    REAP_BLOCKED: "1 while the event-provision reaper stands down (no peer console connected), else 0.",
 }
+#: Rows of these names are gauges (set, not added to); they read 0 until first written.
+GAUGE_ROWS = (REAP_UNSEEN_PROVISIONS, REAP_BLOCKED)
 ORCH_REFUSAL_GAUGE = "kici_orch_scaler_spawn_refusals_total"
+
+
+def count(name: str, labels: dict, amount: float = 1.0) -> None:
+    """Add ``amount`` to the shared counter ``name{labels}`` (on the current connection, so inside
+    a transaction it commits or rolls back with the work)."""
+    add_to_counters(counter_increment(name, labels, amount))
+
+
+def set_gauge(name: str, value: float, labels: dict | None = None) -> None:
+    """Set the shared gauge ``name{labels}`` (one of :data:`GAUGE_ROWS`) to ``value``."""
+    labels = labels or {}
+    MetricCounter.objects.update_or_create(
+        name=name, label_key=label_key(labels), defaults={"labels": labels, "value": float(value)}
+    )
 
 
 class DatabaseCollector:
@@ -83,7 +140,9 @@ class DatabaseCollector:
         for name, labels, value in rows:
             names = sorted(labels)
             if name not in families:
-                if name == ORCH_REFUSAL_GAUGE:
+                if name in GAUGE_ROWS:
+                    families[name] = GaugeMetricFamily(name, _HELP[name], labels=names)
+                elif name == ORCH_REFUSAL_GAUGE:
                     families[name] = GaugeMetricFamily(
                         name, "Spawn refusals on count and resource caps (unlabelled gauge)."
                     )
@@ -97,6 +156,11 @@ class DatabaseCollector:
             g = GaugeMetricFamily(ORCH_REFUSAL_GAUGE, "Spawn refusals on count and resource caps (unlabelled gauge).")
             g.add_metric([], 0)
             families[ORCH_REFUSAL_GAUGE] = g
+        for name in GAUGE_ROWS:
+            if name not in families:
+                g = GaugeMetricFamily(name, _HELP[name])
+                g.add_metric([], 0)
+                families[name] = g
         yield from families.values()
         yield from self._usage()
         yield from self._warm_pools()
@@ -143,7 +207,19 @@ class DatabaseCollector:
             )
             for name, lost_by, n in cur.fetchall():
                 lost.add_metric([name, lost_by or "unknown"], n)
-        yield from (cpus, mem, res, agents, lost)
+            provisioning = GaugeMetricFamily(
+                EXTERNAL_PROVISIONING_ACTIVE,
+                "Event-scaler agents spawning, connecting, running or draining (provisions in flight), by scaler.",
+                labels=["scaler"],
+            )
+            cur.execute(
+                "SELECT s.name, count(a.id) FROM scalers_scaler s LEFT JOIN agents_agent a "
+                "ON a.scaler_id = s.id AND a.state = ANY(%s) WHERE s.type = %s GROUP BY s.name ORDER BY 1",
+                [[str(state) for state in PROVISION_STATES], str(ScalerType.EVENT)],
+            )
+            for name, n in cur.fetchall():
+                provisioning.add_metric([name], n)
+        yield from (cpus, mem, res, agents, lost, provisioning)
 
     def _warm_pools(self):
         target = GaugeMetricFamily(

@@ -9,11 +9,12 @@
   (:mod:`scalers.metrics`), so each pool's target is visible before its first fill.
 * Deficit pass (:func:`deficit_pass`): under the admission lock, in one transaction with the
   spawns it issues, so two passes (two processes) never overshoot: ``deficit = size − ready −
-  in_flight`` where ready = idle warm agents of the set and in_flight = its warm agents still
-  spawning, clamped by the remaining headroom ``min(globalMaxAgents − global count, maxAgents −
-  scaler count)`` tracked across the whole pass. Warm spawns go through the same caps
-  as jobs, so warm agents count toward every cap. A refused or failed warm spawn simply is not
-  in flight any more (derived), and the next tick retries.
+  in_flight`` where ready = idle warm agents of the set and in_flight = its warm agents not
+  registered yet (spawning or connecting), clamped by the remaining headroom
+  ``min(globalMaxAgents − global count, maxAgents − scaler count)`` tracked across the whole
+  pass. Warm spawns go through the same caps as jobs, so warm agents count toward every cap. A
+  refused or failed warm spawn simply is not in flight any more (derived), and the next tick
+  retries.
 * Idle check (:func:`idle_check`): per pool, ``excess = idle − size``; among the oldest
   ``excess`` idle agents (by ``registered_at``) those idle longer than ``idleTimeoutSeconds`` are
   drained and destroyed. Idle agents of a pool that no longer exists are destroyed
@@ -30,7 +31,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -38,15 +38,13 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.labels import platform_to_taints
 from scalers.models import ScaleOutcome
-from scalers.resources import has_declared_shape
 
 from .admission import ledger
 from .admission.decide import Request, decide_batch
-from .admission.matching import World
 from .jobs import enqueue_spawn_or_fail
 from .lifecycle import drain_and_destroy
+from .warm_pool_config import configured_pools, pool_counts, read_world
 
 log = logging.getLogger("scalers.warm_pools")
 
@@ -55,100 +53,13 @@ WARM_TICK_SECONDS = 30.0
 REAPED = "kici_orch_scaler_warm_pool_reaped_total"
 
 
-@dataclass(frozen=True)
-class PoolSpec:
-    """One configured pool: its scaler and label set, target size and idle timeout (seconds)."""
-
-    scaler_pk: int
-    scaler_name: str
-    label_set_pk: int
-    key: str  # normalised declared labels
-    size: int
-    idle_timeout_seconds: float
-
-
-def configured_pools(world: World) -> tuple[list[PoolSpec], list[str]]:
-    """The pools the config asks for, and one warning per pool refused (pure)."""
-    pools: list[PoolSpec] = []
-    warnings: list[str] = []
-    for info in world.scalers.values():
-        if not info.warm_pool_enabled or info.retiring:
-            continue
-        for ls in info.label_sets:
-            key = ",".join(sorted(set(ls.declared)))
-            query = set(ls.declared) | set(platform_to_taints(info.platform))
-            missing = [g for g in ls.gate if g not in query]
-            if missing:
-                warnings.append(f"warm pool {info.name}[{key}] not configured: gate labels {missing} unreachable")
-                continue
-            try:
-                shaped = has_declared_shape(ls.resources, world.defaults)
-            except ValueError as exc:
-                warnings.append(f"warm pool {info.name}[{key}] not configured: {exc}")
-                continue
-            if not shaped:
-                warnings.append(
-                    f"warm pool {info.name}[{key}] not configured: "
-                    "neither the label set nor defaults declare cpus or memory"
-                )
-                continue
-            pools.append(
-                PoolSpec(info.pk, info.name, ls.pk, key, info.warm_pool_size, info.warm_pool_idle_timeout_seconds)
-            )
-    return pools, warnings
-
-
-def _pool_counts(cursor) -> dict[int, tuple[int, int]]:
-    """``{label set pk: (ready, in_flight)}`` for warm agents."""
-    cursor.execute(
-        "SELECT label_set_id, count(*) FILTER (WHERE state = %s AND bound_job_id = '' AND active_jobs = 0), "
-        "count(*) FILTER (WHERE state IN (%s, %s)) FROM agents_agent WHERE warm AND state IN (%s, %s, %s) "
-        "AND label_set_id IS NOT NULL GROUP BY label_set_id",
-        [
-            str(AgentState.RUNNING),
-            str(AgentState.SPAWNING),
-            str(AgentState.CONNECTING),
-            str(AgentState.RUNNING),
-            str(AgentState.SPAWNING),
-            str(AgentState.CONNECTING),
-        ],
-    )
-    return {r[0]: (r[1], r[2]) for r in cursor.fetchall()}
-
-
-def read_world() -> World:
-    """The routing/caps view without taking the admission lock."""
-    with connection.cursor() as cur:
-        return ledger.load_world(cur, ledger.read_config(cur))
-
-
-@dataclass(frozen=True)
-class PoolStatus:
-    """Gauge values of one pool: ``target``, ``ready`` (idle warm agents), ``in_flight``."""
-
-    scaler: str
-    label_set: str
-    target: int
-    ready: int
-    in_flight: int
-
-
-def pool_status() -> list[PoolStatus]:
-    """Every configured pool with its target / ready / in-flight counts (for /metrics, pages)."""
-    world = read_world()
-    pools, _ = configured_pools(world)
-    with connection.cursor() as cur:
-        counts = _pool_counts(cur)
-    return [PoolStatus(p.scaler_name, p.key, p.size, *counts.get(p.label_set_pk, (0, 0))) for p in pools]
-
-
 def deficit_pass() -> int:
     """Issue the warm spawns every pool lacks, under the admission lock. Returns spawns admitted."""
     with transaction.atomic():
         with connection.cursor() as cur:
             config_row = ledger.lock_admission(cur)
             world, usage = ledger.load_snapshot(cur, config_row)
-            counts = _pool_counts(cur)
+            counts = pool_counts(cur)
         pools, warnings = configured_pools(world)
         for w in warnings:
             log.warning(w)

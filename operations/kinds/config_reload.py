@@ -25,6 +25,7 @@ from django.db import transaction
 
 from scalers.config.loader import ConfigInvalid, load_scalers_config
 from scalers.importing import apply_scalers_config
+from scalers.metrics import CONFIG_RELOADS, count
 from scalers.models import ConfigState, LabelSet, Scaler
 
 from ..choices import OperationKind, TargetOutcome
@@ -182,7 +183,15 @@ class ConfigReload(Kind):
         return result
 
     def act(self, run, scope, plan, targets) -> None:
-        summary = apply_scalers_config(plan.context["config"], plan.context["source"])
+        """Commit the previewed config; counted in ``kici_orch_scaler_config_reloads_total`` as
+        ``attempted``, then ``success`` or ``failed`` (the error is raised on)."""
+        count(CONFIG_RELOADS, {"result": "attempted"})
+        try:
+            summary = apply_scalers_config(plan.context["config"], plan.context["source"])
+        except Exception:
+            count(CONFIG_RELOADS, {"result": "failed"})
+            raise
+        count(CONFIG_RELOADS, {"result": "success"})
         run.log(str(summary))
         for target in targets:
             run.report(target.key, TargetOutcome.DONE, "applied")

@@ -26,6 +26,7 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent
 from lib.units import format_bytes_iec
 from scalers.choices import ScalerType
+from scalers.metrics import REDISPATCH
 from scalers.models import ScaleOutcome
 from scalers.resources import resolve_resources
 
@@ -497,4 +498,5 @@ def _write(
         records=records,
         counters=counters,
         count_attempts=count_attempts,
+        redispatch=(REDISPATCH, {"trigger": "sweep"}),
     )

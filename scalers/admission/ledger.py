@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent
-from scalers.models import Reservation
+from scalers.models import Reservation, ScaleOutcome
 
 from .caps import Usage
 from .matching import WORLD_CACHE, World, build_world
@@ -404,6 +404,16 @@ def _write_statement() -> tuple[str, dict]:
         "c AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
         "SELECT cn, ck, cl::jsonb, cv FROM unnest(%(c_name)b::text[], %(c_key)b::text[], %(c_labels)b::text[], "
         "%(c_value)b::float8[]) AS x(cn, ck, cl, cv) "
+        "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value "
+        "RETURNING 1), "
+        # Jobs whose stored decision was at-capacity and that are admitted now (the CTE reads the
+        # rows as they were before this statement): the orchestrator's retry re-drove them.
+        "p AS (SELECT count(*) AS n FROM scalers_scalerequest sr JOIN unnest(%(s_job)b::text[], "
+        "%(s_outcome)b::text[]) AS q(j, o) ON sr.job_id = q.j WHERE sr.outcome = %(waiting)s::text "
+        "AND q.o = ANY(%(admitted)s::text[])), "
+        "d AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
+        "SELECT %(rd_name)s::text, %(rd_key)s::text, %(rd_labels)s::jsonb, n FROM p "
+        "WHERE n > 0 AND %(rd_name)s::text <> '' "
         "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value RETURNING 1) "
         "SELECT a.id, a.agent_id FROM a"
     )
@@ -421,10 +431,13 @@ def write_batch(
     records: list[dict],
     counters: dict[tuple[str, str], tuple[dict, float]],
     count_attempts: bool = True,
+    redispatch: tuple[str, dict] | None = None,
 ) -> dict[str, int]:
     """Write a decided batch in ONE statement: new agents (state spawning), their reservations,
     the request records (one per job id, ``attempts`` summed unless ``count_attempts`` is False)
-    and the counter increments.
+    and the counter increments. ``redispatch``: ``(counter name, labels)`` that is added the number
+    of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
+    assigned).
 
     ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` as a JSON string);
     ``reservations``: tuples in :data:`RESERVATION_ROW` order. Returns ``{agent_id: pk}`` for the
@@ -466,6 +479,14 @@ def write_batch(
         c_key=[k[1] for k in counters],
         c_labels=[json.dumps(v[0]) for v in counters.values()],
         c_value=[float(v[1]) for v in counters.values()],
+    )
+    rd_name, rd_labels = redispatch or ("", {})
+    params.update(
+        waiting=str(ScaleOutcome.AT_CAPACITY),
+        admitted=[str(ScaleOutcome.SPAWNING), str(ScaleOutcome.ASSIGNED)],
+        rd_name=rd_name,
+        rd_key=label_key(rd_labels),
+        rd_labels=json.dumps(rd_labels),
     )
     cursor.execute(sql, params)
     return {agent_id: pk for pk, agent_id in cursor.fetchall()}

@@ -85,13 +85,6 @@ class World:
         return None  # pragma: no cover - entries and infos are built together
 
 
-def _platform(config: dict) -> Any:
-    p = (config or {}).get("platform")
-    if isinstance(p, dict) and p.get("os") and p.get("arch"):
-        return SimpleNamespace(os=p["os"], arch=p["arch"])
-    return None
-
-
 def build_world(
     version: str, config_row: dict, scaler_rows: list[dict], label_set_rows: list[dict], pool_rows: list[dict]
 ) -> World:
@@ -109,7 +102,7 @@ def build_world(
     entries = []
     entry_scalers = []
     for row in scaler_rows:
-        platform = _platform(row["config"])
+        platform = labelmod.declared_platform(row["config"])
         mandatory = list(row["mandatory_labels"] or [])
         sets = sorted(by_scaler.get(row["id"], []), key=lambda r: r["index"])
         shim = SimpleNamespace(

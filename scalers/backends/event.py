@@ -6,9 +6,14 @@ for a registration token and starts an agent that registers like any other. The 
 in the event. Destroy emits ``kici.scaler.scale-down`` once (idempotent) and invalidates the
 claims. ``shutdown_all`` emits nothing: cloud instances outlive the console process.
 
-``roles``, ``mandatoryLabels``, ``agentTokenTtlSeconds``, ``claimTtlSeconds`` and
+``roles``, ``mandatoryLabels``, ``platform``, ``agentTokenTtlSeconds``, ``claimTtlSeconds`` and
 ``provisioningTargets`` are read off ``self.scaler`` at every spawn; :meth:`EventBackend.reload`
 replaces that entry, so a reload takes effect on the next spawn.
+
+Every event delivered is counted (``kici_orch_scaler_scale_up_emitted_total{scaler}``,
+``kici_orch_scaler_scale_down_emitted_total{scaler, reason}``, :mod:`scalers.metrics`). What
+becomes of a provision whose agent never registers or goes silent is the reaper's
+(:mod:`scalers.provision_reaper`).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from typing import Any
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
+from scalers.labels import declared_platform, label_set_gate
+from scalers.metrics import SCALE_DOWN_EMITTED, SCALE_UP_EMITTED, count
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .claims import DEFAULT_AGENT_TOKEN_TTL_SECONDS, DEFAULT_CLAIM_TTL_SECONDS, create_claim, invalidate_claims
 from .emitter import SCALE_DOWN, SCALE_UP, EventEmitError, HttpEventEmitter
 from .orphans import OrphanTarget
-from .spawn_env import console_url, full_labels
+from .spawn_env import console_url, full_labels, spawn_limits
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +58,30 @@ class EventBackend:
     def targets(self) -> list[str]:
         return [str(t) for t in scaler_option(self.scaler, "provisioningTargets", []) or []]
 
+    def gate(self, agent) -> list[str]:
+        """The gate of the agent's label set (``scalers.labels.label_set_gate``): the scaler's
+        ``mandatoryLabels`` ∪ its platform's taints ∪ the plain taints declared in the set."""
+        declared = agent.label_set.labels if agent.label_set_id else []
+        return label_set_gate(declared, self.scaler.mandatory_labels or [], declared_platform(self.scaler.config))
+
     def scale_up_payload(self, agent, claim_code: str, request_id: str) -> dict:
         """``{scalerName, agentId, labels, mandatoryLabels, resources{cpus?, memBytes?},
-        orchestratorUrl, claimCode, jobId?, requestId}``; never the token."""
+        orchestratorUrl, claimCode, jobId?, requestId}``; never the token.
+
+        ``mandatoryLabels`` is the label set's gate (:meth:`gate`); ``resources`` are the
+        spawn's effective *limits* (cores, bytes; ``spawn_env.spawn_limits``), an undeclared
+        (0) side left out, as the machine must be sized for what the agent may use."""
+        limits = spawn_limits(agent)
         resources: dict = {}
-        reservation = getattr(agent, "reservation", None)
-        if reservation is not None:
-            if reservation.cpus:
-                resources["cpus"] = reservation.cpus
-            if reservation.memory_bytes:
-                resources["memBytes"] = reservation.memory_bytes
+        if limits.cpus > 0:
+            resources["cpus"] = limits.cpus
+        if limits.mem_bytes > 0:
+            resources["memBytes"] = limits.mem_bytes
         payload = {
             "scalerName": self.scaler.name,
             "agentId": agent.agent_id,
             "labels": full_labels(agent),
-            "mandatoryLabels": list(self.scaler.mandatory_labels or []),
+            "mandatoryLabels": self.gate(agent),
             "resources": resources,
             "orchestratorUrl": console_url(self.scaler),
             "claimCode": claim_code,
@@ -91,6 +107,7 @@ class EventBackend:
         except Exception as exc:
             invalidate_claims(agent.agent_id)
             raise SpawnError(f"scale-up emit failed: {exc}", "emit") from exc
+        count(SCALE_UP_EMITTED, {"scaler": self.scaler.name})
         record_connecting(agent, "waiting for the provisioned agent to register")
         return SpawnResult(managed_id=agent.agent_id, context={"requestId": request_id, "targets": targets})
 
@@ -121,6 +138,7 @@ class EventBackend:
             except EventEmitError:
                 Agent.objects.filter(pk=agent.pk).update(backend_context=agent.backend_context or {})
                 raise
+            count(SCALE_DOWN_EMITTED, {"scaler": self.scaler.name, "reason": payload["reason"]})
         self._invalidate(agent)
 
     @staticmethod

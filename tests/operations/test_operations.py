@@ -15,6 +15,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
+from operations.kinds.base import Scope
+from operations.kinds.config_reload import ConfigReload
 from operations.models import AuditEntry, Operation
 from operations.services import (
     NoWorkerListening,
@@ -23,8 +25,11 @@ from operations.services import (
     create_operation,
     reject_operation,
 )
-from scalers.models import Scaler
+from scalers.config.loader import ConfigInvalid
+from scalers.metrics import CONFIG_RELOADS
+from scalers.models import MetricCounter, Scaler
 from tests.support.operations import listening_worker, login, write_config
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
 
@@ -381,3 +386,45 @@ def test_a_job_for_an_operation_this_database_does_not_have_is_dropped_quietly()
     from operations.jobs import run_operation
 
     assert run_operation(987654321) == "operation #987654321 does not exist; nothing run"
+
+
+def reloads(result: str) -> float:
+    row = MetricCounter.objects.filter(name=CONFIG_RELOADS, labels={"result": result}).first()
+    return row.value if row else 0.0
+
+
+def test_an_applied_reload_counts_as_attempted_and_succeeded(
+    users, config_file, run_rq_jobs, django_capture_on_commit_callbacks
+):
+    op = plan_reload(config_file, users["operator"])
+    with listening_worker(QUEUE), django_capture_on_commit_callbacks(execute=True):
+        approve_operation(op, users["approver"])
+    run_rq_jobs(QUEUE)
+    op.refresh_from_db()
+    assert op.status == OperationStatus.SUCCEEDED, op.log
+    assert (reloads("attempted"), reloads("success"), reloads("failed")) == (1, 1, 0)
+
+
+class RunLog:
+    """What ``act`` reports to: the run's log lines and target outcomes, kept in lists."""
+
+    operation_id = 0
+
+    def __init__(self):
+        self.lines, self.outcomes = [], []
+
+    def log(self, message, level="info"):
+        self.lines.append(message)
+
+    def report(self, key, outcome, detail=""):
+        self.outcomes.append((key, outcome, detail))
+
+
+def test_a_reload_that_cannot_be_committed_counts_as_attempted_and_failed(config_file):
+    kind = ConfigReload()
+    plan = kind.plan(Scope())
+    blocker = make_scaler("ops-reload", type="event", config={"provisioningTargets": ["http://127.0.0.1:9/"]})
+    make_agent(blocker)  # a live agent: the type may not change under it
+    with pytest.raises(ConfigInvalid, match="cannot change from event to container"):
+        kind.act(RunLog(), Scope(), plan, [])
+    assert (reloads("attempted"), reloads("success"), reloads("failed")) == (1, 0, 1)

@@ -11,7 +11,8 @@ from agents.events import record_event
 from agents.models import Agent
 from scalers.admission.queue import lock_failure_reason
 from scalers.admission.service import request_scale
-from tests.support.scalers import make_pool, make_scaler, set_global
+from scalers.metrics import REAP_BLOCKED, SCALE_UP_EMITTED, count, set_gauge
+from tests.support.scalers import make_agent, make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
 
@@ -115,3 +116,20 @@ def test_a_real_lock_timeout_is_reported_as_contended():
 
 def test_metrics_refuses_post():
     assert Client().post("/metrics").status_code == 405
+
+
+def test_event_provisions_in_flight_and_the_reaper_gauges_are_exported():
+    cloud = make_scaler("cloud", type="event", config={"provisioningTargets": ["http://127.0.0.1:9/"]})
+    make_scaler("idle-cloud", type="event", config={"provisioningTargets": ["http://127.0.0.1:9/"]})
+    for state in ("spawning", "connecting", "running", "draining", "destroying", "failed"):
+        make_agent(cloud, state=state, reserve=False)
+    body = scrape()
+    assert 'kici_orch_scaler_external_provisioning_active{scaler="cloud"} 4.0' in body
+    assert 'kici_orch_scaler_external_provisioning_active{scaler="idle-cloud"} 0.0' in body
+    assert "kici_orch_scaler_reap_blocked 0.0" in body and "kici_orch_scaler_reap_unseen_provisions 0.0" in body
+    set_gauge(REAP_BLOCKED, 1)
+    set_gauge(REAP_BLOCKED, 1)
+    count(SCALE_UP_EMITTED, {"scaler": "cloud"})
+    body = scrape()
+    assert "# TYPE kici_orch_scaler_reap_blocked gauge" in body and "kici_orch_scaler_reap_blocked 1.0" in body
+    assert 'kici_orch_scaler_scale_up_emitted_total{scaler="cloud"} 1.0' in body

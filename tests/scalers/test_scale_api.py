@@ -10,7 +10,9 @@ import requests
 from django.test import AsyncClient, Client
 
 from agents.models import Agent
-from scalers.models import Reservation, ScaleRequest
+from scalers.admission.ledger import release
+from scalers.metrics import REDISPATCH
+from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler
 
@@ -205,3 +207,26 @@ def test_a_skipped_decision_answers_503_with_retry_after():
     }
     assert r["Retry-After"]
     assert_nothing_written()
+
+
+def test_a_job_refused_at_capacity_is_told_when_to_ask_again_and_its_admission_counts_as_a_redispatch(settings):
+    settings.KICI_SCALE_RETRY_AFTER_SECONDS = 7
+    make_scaler("c", max_agents=1)
+    first = post(Client(), {"labels": ["linux"], "jobId": "j1"}).json()["agentId"]
+    refused = post(Client(), {"labels": ["linux"], "jobId": "j2"})
+    assert refused.status_code == 409 and refused["Retry-After"] == "7" and refused.json()["retryAfterSeconds"] == 7
+    assert redispatched() == 0
+    Agent.objects.filter(agent_id=first).update(state="destroyed")
+    assert release(first, "test")
+    assert post(Client(), {"labels": ["linux"], "jobId": "j2"}).status_code == 201, "the retry is admitted"
+    assert redispatched() == 1
+    Agent.objects.filter(state="spawning").update(state="destroyed")
+    for agent_id in Agent.objects.values_list("agent_id", flat=True):
+        release(agent_id, "test")
+    assert post(Client(), {"labels": ["linux"], "jobId": "j3"}).status_code == 201
+    assert redispatched() == 1, "a job admitted at its first request was never waiting"
+
+
+def redispatched() -> float:
+    row = MetricCounter.objects.filter(name=REDISPATCH, labels={"trigger": "sweep"}).first()
+    return row.value if row else 0.0

@@ -16,7 +16,8 @@ from scalers.admission.matching import WORLD_CACHE
 from scalers.admission.service import request_scale
 from scalers.lifecycle import clear_draining, mark_draining
 from scalers.models import LabelSet, Reservation, Scaler
-from scalers.warm_pools import WarmPools, configured_pools, deficit_pass, idle_check, pool_status, read_world
+from scalers.warm_pool_config import configured_pools, pool_status, read_world
+from scalers.warm_pools import WarmPools, deficit_pass, idle_check
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler, set_global
 
@@ -73,6 +74,13 @@ def test_the_deficit_pass_fills_size_minus_ready_minus_in_flight():
     assert all(a.warm and a.bound_job_id == "" for a in spawned)
     assert {(r.cpus, r.memory_bytes) for r in Reservation.objects.filter(agent__in=spawned)} == {(2.0, 4 * GiB)}
     assert deficit_pass() == 0  # in flight counts
+
+
+def test_a_connecting_warm_agent_is_in_flight_until_it_registers():
+    s = warm_scaler(size=2)
+    warm_agent(s, state=AgentState.CONNECTING)  # its backend call is done, it has not registered
+    assert [(p.ready, p.in_flight) for p in pool_status()] == [(0, 1)]
+    assert deficit_pass() == 1, "the connecting agent is not spawned again"
 
 
 def test_the_headroom_is_shared_across_the_pass():

@@ -7,7 +7,9 @@ that reports whether it did anything: host readiness, the isolation drift check
 (``scalers.drift``), the stale-spawn prune (registration deadlines passed, backend calls past the
 stale window), the start of spawns waiting for a slot, token-TTL expiry, the
 check of failed spawn jobs in rq, retries of failed teardowns, the teardown of drained agents
-(``scalers.lifecycle.drain_idle_agents``), the retirement sweep,
+(``scalers.lifecycle.drain_idle_agents``), the event-provision reaper
+(``scalers.provision_reaper``: its own interval, its clocks forgotten when leadership is lost),
+the retirement sweep,
 the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
 periodic operation sweeps (``operations.sweeps``: plans only) and retention (old requests,
 finished agents, events, tokens). SIGTERM / SIGINT stop it after the current unit of work.
@@ -42,6 +44,7 @@ from scalers.lifecycle import (
     retry_stuck_teardowns,
 )
 from scalers.models import RecoveryReport, Scaler, ScaleRequest
+from scalers.provision_reaper import ProvisionReaper
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 
 log = logging.getLogger("scalers.sweeper")
@@ -72,6 +75,8 @@ class Command(BaseCommand):
         self.instance_id = settings.KICI_INSTANCE_ID
         self.hosts_ready: set[tuple[int, object]] = set()
         self.leadership = Leadership()
+        self.reaper = ProvisionReaper(self.instance_id)
+        self.leading = False
         if not once:
             signal.signal(signal.SIGTERM, self.on_signal)
             signal.signal(signal.SIGINT, self.on_signal)
@@ -92,6 +97,9 @@ class Command(BaseCommand):
     def tick(self) -> bool:
         """One round; True when any unit of work did something."""
         leader, became = self.leadership.poll()
+        if self.leading and not leader:
+            self._run(self.reaper.stand_down)
+        self.leading = leader
         did = False
         if not self.booted:
             self.booted = True
@@ -109,6 +117,7 @@ class Command(BaseCommand):
             self.handle_failed_spawn_jobs,
             self.handle_stuck_teardowns,
             self.handle_drains,
+            self.handle_provision_reap,
             self.handle_retirement,
             self.handle_warm_pools,
             self.handle_operation_sweeps,
@@ -173,6 +182,11 @@ class Command(BaseCommand):
 
     def handle_drains(self) -> bool:
         return drain_idle_agents() > 0
+
+    def handle_provision_reap(self) -> bool:
+        """The event-provision reaper, when its interval is due: True when it tore something down."""
+        result = self.reaper.tick()
+        return bool(result and result.condemned)
 
     def handle_retirement(self) -> bool:
         return retirement_sweep()

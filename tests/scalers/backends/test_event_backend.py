@@ -1,15 +1,18 @@
-"""Event backend: signed scale-up/scale-down deliveries with retries, the claim store, reload."""
+"""Event backend: signed scale-up/scale-down deliveries with retries, what the scale-up carries,
+the claim store, reload."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import timedelta
 
+import django_rq
 import pytest
+from django.utils import timezone
+from rq.registry import ScheduledJobRegistry
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
@@ -18,47 +21,19 @@ from scalers.backends.claims import ClaimError, create_claim, redeem_claim
 from scalers.backends.emitter import EventEmitError, HttpEventEmitter, resolve_target
 from scalers.backends.event import EventBackend
 from scalers.backends.event_reaper import Verdict, flap_grace_ms, may_reap, reap_verdict
-from scalers.jobs import spawn_agent
-from scalers.models import Reservation
+from scalers.jobs import spawn_agent, watch_registration
+from scalers.lifecycle import expire_registration, prune_stale_spawns
+from scalers.metrics import SCALE_DOWN_EMITTED, SCALE_UP_EMITTED
+from scalers.models import MetricCounter, Reservation
+from tests.support.provisioner import Provisioner
 from tests.support.scalers import make_agent, make_scaler
 
 SECRET = "ctr-test-secret"
 
 
-class Receiver:
-    """A provisioning endpoint on loopback that records deliveries and can fail the first N."""
-
-    def __init__(self, fail_first: int = 0, status: int = 503):
-        self.requests: list[dict] = []
-        self.fail_first, self.status = fail_first, status
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.requests.append({"headers": dict(self.headers), "body": body})
-                code = receiver.status if len(receiver.requests) <= receiver.fail_first else 204
-                self.send_response(code)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def deliveries(self) -> list[dict]:
-        return [json.loads(r["body"]) for r in self.requests]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def receiver():
-    r = Receiver()
+    r = Provisioner(secret=SECRET)
     yield r
     r.close()
 
@@ -83,6 +58,7 @@ def fast(secret=SECRET):
 def test_spawn_emits_one_signed_scale_up_without_the_token(receiver):
     scaler = event_scaler(receiver.url)
     agent = make_agent(scaler, bound_job_id="job-7")
+    Reservation.objects.filter(agent=agent).update(limit_cpus=2, limit_memory_bytes=4 << 30)
     assert spawn_agent(agent.pk) == "spawned"
     assert len(receiver.requests) == 1
     req = receiver.requests[0]
@@ -106,16 +82,40 @@ def test_spawn_emits_one_signed_scale_up_without_the_token(receiver):
     assert (
         payload["agentId"] == agent.agent_id and payload["jobId"] == "job-7" and payload["mandatoryLabels"] == ["cloud"]
     )
-    assert payload["resources"] == {"cpus": 1.0, "memBytes": 1 << 30} and len(payload["claimCode"]) == 64
+    assert payload["resources"] == {"cpus": 2.0, "memBytes": 4 << 30}, "the limits, not the requests (1 cpu, 1 GiB)"
+    assert len(payload["claimCode"]) == 64
     assert b"ket_" not in req["body"] and b"kas_" not in req["body"]
     agent.refresh_from_db()
     assert agent.state == AgentState.CONNECTING
     assert not AgentToken.objects.filter(agent=agent).exists(), "the token is minted at claim time"
 
 
+def counter(name: str, **labels) -> float:
+    row = MetricCounter.objects.filter(name=name, labels=labels).first()
+    return row.value if row else 0.0
+
+
+@pytest.mark.django_db
+def test_the_scale_up_names_the_label_sets_gate_and_only_the_declared_limits(receiver):
+    scaler = make_scaler(
+        type="event",
+        labels=("cloud", "gpu", "arm64"),
+        config={"provisioningTargets": [receiver.url], "platform": {"os": "windows", "arch": "x64"}},
+        ls_config={},
+        mandatory=["cloud"],
+    )
+    agent = make_agent(scaler)
+    Reservation.objects.filter(agent=agent).update(limit_cpus=0, limit_memory_bytes=2 << 30)
+    assert spawn_agent(agent.pk) == "spawned"
+    payload = receiver.deliveries()[0]["payload"]
+    assert payload["mandatoryLabels"] == ["cloud", "windows", "arm64"], "mandatory, platform taint, plain taint"
+    assert payload["resources"] == {"memBytes": 2 << 30}, "an undeclared limit is left out"
+    assert counter(SCALE_UP_EMITTED, scaler=scaler.name) == 1
+
+
 @pytest.mark.django_db
 def test_a_failing_target_is_retried_with_backoff():
-    r = Receiver(fail_first=2)
+    r = Provisioner(fail_first=2)
     try:
         agent = make_agent(event_scaler(r.url))
         EventBackend(agent.scaler, emitter=fast()).spawn(agent, SpawnControl(deadline=time.time() + 30))
@@ -128,7 +128,7 @@ def test_a_failing_target_is_retried_with_backoff():
 
 @pytest.mark.django_db
 def test_a_refused_scale_up_fails_the_spawn_and_releases(settings):
-    r = Receiver(fail_first=99, status=400)
+    r = Provisioner(fail_first=99, status=400)
     try:
         agent = make_agent(event_scaler(r.url))
         assert spawn_agent(agent.pk) == "failed"
@@ -144,7 +144,7 @@ def test_a_refused_scale_up_fails_the_spawn_and_releases(settings):
 
 @pytest.mark.django_db
 def test_retries_stop_at_the_deadline():
-    r = Receiver(fail_first=99)
+    r = Provisioner(fail_first=99)
     try:
         agent = make_agent(event_scaler(r.url))
         emitter = HttpEventEmitter(SECRET, backoff=0.3, max_backoff=0.3, attempts=50)
@@ -165,6 +165,7 @@ def test_destroy_twice_emits_exactly_one_scale_down_and_invalidates_claims(recei
     backend.destroy(agent)
     backend.destroy(Agent.objects.get(pk=agent.pk))
     downs = [d for d in receiver.deliveries() if d["event"] == "kici.scaler.scale-down"]
+    assert counter(SCALE_DOWN_EMITTED, scaler=agent.scaler.name, reason="shutdown") == 1
     assert (
         len(downs) == 1
         and downs[0]["payload"]["reason"] == "shutdown"
@@ -177,15 +178,21 @@ def test_destroy_twice_emits_exactly_one_scale_down_and_invalidates_claims(recei
 
 
 @pytest.mark.django_db
-def test_the_deadline_scale_down_says_spawn_timeout(receiver, settings):
-    from scalers.lifecycle import expire_registration
-
+def test_the_registration_deadline_and_the_stale_prune_leave_a_delivered_provision_to_the_reaper(receiver, settings):
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 1
     agent = make_agent(event_scaler(receiver.url))
+    registry = ScheduledJobRegistry(queue=django_rq.get_queue(settings.KICI_HOST_QUEUE))
+    before = set(registry.get_job_ids())
     assert spawn_agent(agent.pk) == "spawned"
-    time.sleep(1.05)
-    assert expire_registration(agent.pk)
-    assert receiver.deliveries()[-1]["payload"]["reason"] == "spawn-timeout"
+    assert Agent.objects.get(pk=agent.pk).state == AgentState.CONNECTING
+    assert set(registry.get_job_ids()) == before, "no registration watch: the reaper watches a delivered provision"
+    Agent.objects.filter(pk=agent.pk).update(spawn_started_at=timezone.now() - timedelta(hours=1))
+    assert not expire_registration(agent.pk)
+    assert watch_registration(agent.pk) == "over"
+    assert prune_stale_spawns() == 0
+    Agent.objects.filter(pk=agent.pk).update(state=AgentState.SPAWNING)  # its job died before the move
+    assert prune_stale_spawns() == 0
+    assert len(receiver.requests) == 1, "no scale-down: the reaper decides (tests/scalers/test_provision_reaper.py)"
 
 
 @pytest.mark.django_db
@@ -232,7 +239,7 @@ def test_expired_and_unknown_claims_are_refused(client):
 
 @pytest.mark.django_db
 def test_reload_replaces_targets_and_token_ttl_for_the_next_spawn(receiver):
-    other = Receiver()
+    other = Provisioner()
     try:
         scaler = event_scaler(receiver.url)
         backend = EventBackend(scaler, emitter=fast())
