@@ -30,7 +30,7 @@ import codecs
 import contextlib
 import os
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 DROP_MARKER_PREFIX = "[dropped "
 
@@ -258,6 +258,15 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+Opener = Callable[[str, int], int]
+"""``opener(path, flags) -> fd``: how :class:`FileTail` opens its file (``flags`` are ``os.open``'s)."""
+
+
+def plain_open(path: str, flags: int) -> int:
+    """``os.open(path, flags | O_CLOEXEC, 0o644)``: the default :data:`Opener`."""
+    return os.open(path, flags | os.O_CLOEXEC, 0o644)
+
+
 class FileTail:
     """Follows one file: a reader task fills a :class:`LineQueue`, the consumer takes batches.
 
@@ -285,6 +294,10 @@ class FileTail:
     Counters for tests and benches: ``reads`` (slices read), ``bytes_read``, ``offset`` (bytes
     consumed of the current file), ``rotations``, ``truncations``, ``splitter.peak_partial``,
     ``queue.dropped``, ``skipped_bytes``.
+
+    ``opener`` (:data:`Opener`): every open of the file, creation included, goes through it (a
+    file in a directory a VM can write is opened without following links:
+    ``scalers.backends.firecracker.jail.open_vm_file``); its errors are raised like ``os.open``'s.
     """
 
     def __init__(
@@ -300,6 +313,7 @@ class FileTail:
         pace: bool = False,
         max_lag_bytes: int | None = None,
         create: bool = True,
+        opener: Opener = plain_open,
     ):
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
@@ -311,6 +325,7 @@ class FileTail:
             )
         self.pace = pace
         self.create = create
+        self.opener = opener
         self.max_lag_bytes = max_lag_bytes
         self.skipped_bytes = 0
         self._taken = asyncio.Event()
@@ -342,10 +357,9 @@ class FileTail:
     def _open(self) -> bool:
         """Open the file (creating it when ``create``); False if it is missing and not created."""
         if self.create:
-            with open(self.path, "ab"):
-                pass  # create if missing (append, empty)
+            os.close(self.opener(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))  # create if missing, empty
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self.opener(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             if self.create:
                 raise

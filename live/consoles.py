@@ -12,6 +12,8 @@ from pathlib import Path
 from agents.archive import archived_lines
 from agents.choices import EventType
 from agents.models import ScalerEvent
+from lib.tail import Opener, plain_open
+from scalers.backends.firecracker.jail import open_vm_file
 from scalers.backends.runtime import docker_client_for, runtime_for_scaler
 
 from .sources import SourceFactory, docker_log_source, file_source
@@ -90,6 +92,14 @@ def console_log_file(agent, stream: str) -> Path | None:
     return Path(path) if path else None
 
 
+def console_file_opener(stream: str) -> Opener:
+    """How the file of a console stream is opened (``lib.tail.Opener``): a VM's ``serial`` and
+    ``vmm`` logs sit in a chroot the VM's uid writes, so they go through
+    ``scalers.backends.firecracker.jail.open_vm_file`` (no link followed, a planted one refused
+    with its path); any other file plainly."""
+    return open_vm_file if stream in ("serial", "vmm") else plain_open
+
+
 def runs_in_container(agent) -> bool:
     """A container scaler's agent, or a bare-metal one in container mode (its docker logs are its
     console)."""
@@ -107,7 +117,7 @@ def console_source(agent, stream: str) -> tuple[SourceFactory, bool]:
     """
     path = console_log_file(agent, stream)
     if path is not None:
-        return file_source(path), stream == "serial"
+        return file_source(path, opener=console_file_opener(stream)), stream == "serial"
     if runs_in_container(agent):
         return _docker_source(agent), False
     raise LookupError(f"agent {agent.agent_id} ({agent.scaler.type}) has no console output to stream")

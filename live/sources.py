@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from lib.tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, lines_of
+from lib.tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, Opener, lines_of, plain_open
 
 from .streams import RING_LINES
 
@@ -33,6 +33,7 @@ def file_source(
     backlog_bytes: int = BACKLOG_BYTES,
     poll_interval: float = 0.1,
     max_lag_bytes: int | None = MAX_LAG_BYTES,
+    opener: Opener = plain_open,
 ) -> SourceFactory:
     """A source following ``path`` with :class:`lib.tail.FileTail` (all of its caps).
 
@@ -41,14 +42,20 @@ def file_source(
     is waited for, never created (the spawn creates it).
     The tail is paced by the pump (nothing read is dropped); when the pump falls more than
     ``max_lag_bytes`` behind a flooding guest it skips ahead with a ``[skipped N bytes]`` marker
-    (None: never skip).
+    (None: never skip). ``opener``: every open of the file (``lib.tail.Opener``); a VM's logs
+    are opened without following links, and its refusal ends the stream with its message.
     """
 
     def open_source() -> AsyncIterator[Sequence[str]]:
         try:
-            size = os.stat(path).st_size
+            fd = opener(os.fspath(path), os.O_RDONLY)
         except FileNotFoundError:
             size = 0
+        else:
+            try:
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
         tail = FileTail(
             path,
             poll_interval=poll_interval,
@@ -56,6 +63,7 @@ def file_source(
             pace=True,
             max_lag_bytes=max_lag_bytes,
             create=False,
+            opener=opener,
         )
         return tail.batches()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -9,9 +11,11 @@ from django.views.decorators.http import require_GET
 
 from agents.archive import archive_path
 from agents.models import Agent
+from lib.tail import Opener, plain_open
 from live.consoles import (
     agent_container,
     captured_output,
+    console_file_opener,
     console_log_file,
     console_streams_of,
     runs_in_container,
@@ -72,11 +76,11 @@ def _docker_log_chunks(agent: Agent):
             close()
 
 
-def _file_download(path, filename: str) -> HttpResponse:
-    """``path`` as a text attachment, its bytes as on disk (502 when it cannot be read); raises
-    FileNotFoundError when it is not there."""
+def _file_download(path, filename: str, opener: Opener = plain_open) -> HttpResponse:
+    """``path`` as a text attachment, its bytes as on disk (502 when it cannot be read or
+    ``opener`` refuses it); raises FileNotFoundError when it is not there."""
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - FileResponse closes it
+        handle = os.fdopen(opener(os.fspath(path), os.O_RDONLY), "rb")
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -115,7 +119,7 @@ def agent_console_download(request, agent_id: str, stream: str):
     path = console_log_file(agent, stream)
     if path is not None:
         try:
-            return _file_download(path, filename)
+            return _file_download(path, filename, console_file_opener(stream))
         except FileNotFoundError:
             raise Http404(f"{path} does not exist (yet)") from None
     if not runs_in_container(agent):

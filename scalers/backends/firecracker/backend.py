@@ -346,10 +346,13 @@ class FirecrackerBackend:
         if s.netns:
             argv = ["ip", "netns", "exec", s.netns, *argv]
         argv = jail.sudo_wrap(argv, s.require_sudo)
-        with open(vm.layout.serial_log, "ab") as serial:
+        serial = jail.open_vm_file(vm.layout.serial_log, os.O_WRONLY | os.O_APPEND)
+        try:
             return subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=serial, stderr=serial, start_new_session=True, close_fds=True
             )
+        finally:
+            os.close(serial)
 
     def _wait_for_socket(self, vm: FirecrackerVm) -> None:
         s = self.settings
@@ -357,8 +360,13 @@ class FirecrackerBackend:
         deadline = time.monotonic() + s.socket_wait_s
         while True:
             if s.require_sudo:
+                # Only what the jailer and the VM create: never the chroot's base images (a hard link
+                # shares the operator's inode). chmod -R follows no link it meets below run/.
                 subprocess.run(
-                    jail.sudo_wrap(["chmod", "-R", "go+rX", str(vm.layout.chroot)], True), capture_output=True
+                    jail.sudo_wrap(
+                        ["chmod", "-R", "go+rX", str(vm.layout.socket.parent), str(vm.layout.pid_file)], True
+                    ),
+                    capture_output=True,
                 )
             if api.is_ready():
                 return

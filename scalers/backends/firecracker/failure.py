@@ -1,13 +1,18 @@
 """Serial-console failure detection: which lines are errors, and why a VM failed to boot.
 
-Pure functions: classify a line or a whole log; wrap non-JSON serial lines as ``{level, message}``.
+Pure functions: classify a line or a whole log; wrap non-JSON serial lines as ``{level, message}``;
+and :func:`read_failure_type`, which reads the serial log through ``jail.open_vm_file``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from pathlib import Path
+
+from .jail import open_vm_file
+
+log = logging.getLogger(__name__)
 
 #: Fragments that make a guest's output line an error (any case). The live console highlights
 #: the same lines (``live.streams`` reads this list), so the two cannot drift apart.
@@ -55,15 +60,22 @@ def classify_failure(text: str) -> str:
 
 
 def read_failure_type(serial_log: str | os.PathLike) -> str:
-    """Classify the last :data:`TAIL_BYTES` of a serial log file; ``unknown`` if it cannot be read."""
+    """Classify the last :data:`TAIL_BYTES` of a serial log file; ``unknown`` if it cannot be read
+    (a link in its place is refused, with a warning naming it)."""
     try:
-        with open(Path(serial_log), "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
+        fd = open_vm_file(serial_log, os.O_RDONLY)
+    except FileNotFoundError:
+        return UNKNOWN
+    except OSError as e:
+        log.warning("cannot read the failure type: %s", e)
+        return UNKNOWN
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(size, TAIL_BYTES), max(0, size - TAIL_BYTES))
     except OSError:
         return UNKNOWN
+    finally:
+        os.close(fd)
     return classify_failure(data.decode("utf-8", errors="replace"))
 
 

@@ -2,7 +2,8 @@
 
 Pure builders (``jailer_args``, ``resolve_vm_shape``, ``build_vm_config``, ``forwarded_env``,
 ``build_mmds_payload``) are separate from the functions that touch the disk (``prepare_chroot``,
-``remove_vm_dir``, and the VM's owner file: ``write_owner``, ``read_owner``).
+``remove_vm_dir``, ``open_vm_file``, the one way any file of a chroot is opened, and the
+VM's owner file: ``write_owner``, ``read_owner``).
 
 The owner file ``<vm_dir>/owner.json`` holds the VM's ownership labels (``kici-managed``,
 ``kici-installation-id``, ``kici-instance-id``, ``kici-scaler-name``, ``kici-agent-id``: see
@@ -12,18 +13,23 @@ is written before anything else of the VM, so a half-made VM is never nobody's.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import logging
 import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lib.safe_open import open_last
 
 log = logging.getLogger(__name__)
 
@@ -281,17 +287,122 @@ def read_owner(base: str | os.PathLike, agent_id: str) -> dict[str, str] | None:
     return data
 
 
-def link_or_copy(src: str | os.PathLike, dst: Path) -> str:
-    """Hard-link ``src`` to ``dst``; copy instead when the link crosses devices (EXDEV) or is refused
-    (EPERM, e.g. ``fs.protected_hardlinks``). Returns ``"linked"`` or ``"copied"``."""
+#: ``ioctl(dst, FICLONE, src)``: share the source's extents (btrfs, XFS); a copy costs no space.
+FICLONE = 0x40049409
+#: The chroot entries the VM's uid owns: the API socket's directory, the writable drive, the VMM log.
+VM_OWNED = ("run", "overlay.ext4", "vmm.log")
+#: A file of a chroot is opened walking its last three components (VM dir, chroot, file) without
+#: following a link: see :func:`open_vm_file`.
+VM_PATH_DEPTH = 3
+
+
+def open_vm_file(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
+    """A descriptor of ``<base>/firecracker/<id>/root/<name>`` opened with ``flags`` without following
+    a symbolic link in ``<id>``, ``root`` or ``<name>`` (``lib.safe_open.open_last``).
+
+    Every file of a VM's chroot is opened through this: the VM's uid writes inside the chroot, and
+    a planted link must not make this (root) process read or write a file elsewhere. Raises
+    ``lib.safe_open.UnsafePathError`` naming the path for a link or a non-regular file, and the
+    ``OSError`` of the open otherwise.
+    """
+    return open_last(path, VM_PATH_DEPTH, flags, mode)
+
+
+def vm_may_write(st: os.stat_result, uid: int, gid: int) -> bool:
+    """Whether the VM's ``uid``/``gid`` could write a file with stat ``st`` (owner, group or other bits)."""
+    if uid == 0 or st.st_uid == uid:
+        return True
+    if st.st_gid == gid and st.st_mode & stat.S_IWGRP:
+        return True
+    return bool(st.st_mode & stat.S_IWOTH)
+
+
+def vm_may_read(st: os.stat_result, uid: int, gid: int) -> bool:
+    """Whether the VM's ``uid``/``gid`` could read a file with stat ``st`` by its mode bits."""
+    if uid == 0 or (st.st_uid == uid and st.st_mode & stat.S_IRUSR):
+        return True
+    if st.st_gid == gid and st.st_mode & stat.S_IRGRP:
+        return True
+    return bool(st.st_mode & stat.S_IROTH)
+
+
+def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
+    """Copy ``length`` bytes at ``offset`` in the kernel (``copy_file_range``), else by reads and writes."""
+    end = offset + length
     try:
-        os.link(src, dst)
-        return "linked"
+        while offset < end:
+            done = os.copy_file_range(src, dst, end - offset, offset, offset)
+            if done == 0:
+                break
+            offset += done
     except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EPERM):
+        if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
             raise
-    shutil.copyfile(src, dst)
-    return "copied"
+    while offset < end:
+        chunk = os.pread(src, min(MIB, end - offset), offset)
+        if not chunk:
+            break
+        os.pwrite(dst, chunk, offset)
+        offset += len(chunk)
+
+
+def copy_sparse(src: int, dst: int) -> None:
+    """Copy the file open as ``src`` into the empty file ``dst``: only its data ranges
+    (``SEEK_DATA``/``SEEK_HOLE``), so holes stay holes and a sparse image costs its data only."""
+    size = os.fstat(src).st_size
+    os.ftruncate(dst, size)
+    offset = 0
+    while offset < size:
+        try:
+            data = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # nothing but a hole up to the end
+                return
+            raise
+        hole = os.lseek(src, data, os.SEEK_HOLE)
+        _copy_range(src, dst, data, hole - data)
+        offset = hole
+
+
+def place_base_image(src: str | os.PathLike, chroot_fd: int, name: str, uid: int, gid: int) -> str:
+    """Put the operator's image ``src`` into the chroot (open as ``chroot_fd``) as ``name``.
+
+    Both images are read-only for the VM (the kernel, and the rootfs drive is ``is_read_only``),
+    so a hard link is enough and costs nothing, as long as the VM's ``uid``/``gid`` can read the
+    image and cannot write it; it is then never chowned or chmodded. Otherwise (or when the link
+    crosses devices or is refused) the chroot gets its own copy: a reflink where the filesystem can
+    (FICLONE), else a sparse copy; mode 0440, group ``gid`` (set here when this process is root,
+    else by the caller through sudo). Returns ``"linked"``, ``"reflinked"``
+    or ``"copied"``. The image's owner, mode and content are never changed.
+    """
+    st = os.stat(src)
+    if vm_may_read(st, uid, gid) and not vm_may_write(st, uid, gid):
+        try:
+            os.link(src, name, dst_dir_fd=chroot_fd, follow_symlinks=True)
+            return "linked"
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM):
+                raise
+    how = "copied"
+    src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dst_fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=chroot_fd
+        )
+        try:
+            try:
+                fcntl.ioctl(dst_fd, FICLONE, src_fd)
+                how = "reflinked"
+            except OSError:
+                copy_sparse(src_fd, dst_fd)
+            os.fchmod(dst_fd, 0o440)
+            if os.geteuid() == 0:
+                os.fchown(dst_fd, -1, gid)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+    return how
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -300,14 +411,13 @@ def _run(argv: list[str], what: str) -> None:
         raise RuntimeError(f"{what} failed ({' '.join(argv)}): exit {proc.returncode}: {proc.stderr.strip()}")
 
 
-def _chown_tree(path: Path, uid: int, gid: int, require_sudo: bool) -> None:
-    if require_sudo:
-        _run(sudo_wrap(["chown", "-R", f"{uid}:{gid}", str(path)], True), "chown")
-        return
-    for dirpath, dirnames, filenames in os.walk(path):
-        os.lchown(dirpath, uid, gid)
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
+def _create(chroot_fd: int, name: str, data: bytes = b"", mode: int = 0o644) -> int:
+    """Create ``name`` in the chroot (``O_EXCL``: never an existing file or link), write ``data``;
+    returns the open descriptor."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=chroot_fd)
+    if data:
+        os.write(fd, data)
+    return fd
 
 
 def prepare_chroot(
@@ -326,11 +436,14 @@ def prepare_chroot(
 ) -> ChrootLayout:
     """Lay out ``<base>/firecracker/<id>/root`` for the jailer.
 
-    First the owner file (``owner_labels``, beside the chroot: :func:`write_owner`); then rootfs →
-    ``rootfs.ext4`` and kernel → ``kernel`` (hard-linked, copied on EXDEV); a sparse
-    ``overlay.ext4`` of ``overlay_mib`` MiB formatted with ``mkfs.ext4 -qF``; ``config.json``;
-    empty ``serial-console.log`` and ``vmm.log``; ``chown -R uid:gid`` of the VM dir; when this
-    process is not root, rootfs and kernel are chowned back to it (a hard link shares the inode).
+    First the owner file (``owner_labels``, beside the chroot: :func:`write_owner`); then
+    rootfs → ``rootfs.ext4`` and kernel → ``kernel`` (:func:`place_base_image`: a hard link left as
+    the operator made it, or the chroot's own copy); a sparse ``overlay.ext4`` of ``overlay_mib``
+    MiB formatted with ``mkfs.ext4 -qF``; ``config.json``; empty ``serial-console.log`` and
+    ``vmm.log``; a ``run`` directory for the API socket. The VM dir, the chroot and the files the
+    VM only reads stay this process's; only :data:`VM_OWNED` (``run``, the overlay, the VMM log)
+    are chowned to ``uid:gid`` (``sudo -n chown`` with ``require_sudo``). Every file is created
+    with ``O_EXCL|O_NOFOLLOW`` relative to the chroot's descriptor.
     Raises FileNotFoundError naming a missing ``rootfsPath``/``kernelPath``, FileExistsError if the
     VM dir already exists, RuntimeError when ``mkfs.ext4`` is missing or fails.
     """
@@ -344,35 +457,77 @@ def prepare_chroot(
         raise RuntimeError(f"{mkfs} not found: install e2fsprogs")
     layout = ChrootLayout.for_agent(base, agent_id)
     layout.vm_dir.parent.mkdir(parents=True, exist_ok=True)
-    layout.vm_dir.mkdir()
+    os.mkdir(layout.vm_dir, 0o755)
     write_owner(layout.owner, owner_labels)
-    layout.chroot.mkdir()
-    link_or_copy(rootfs_path, layout.rootfs)
-    link_or_copy(kernel_path, layout.kernel)
-    with open(layout.overlay, "wb") as f:
-        f.truncate(int(overlay_mib) * MIB)
-    _run([mkfs_bin, "-qF", str(layout.overlay)], "mkfs.ext4")
-    layout.config.write_text(json.dumps(dict(config), indent=2))
-    layout.serial_log.touch()
-    layout.vmm_log.touch()
-    _chown_tree(layout.vm_dir, uid, gid, require_sudo)
-    if os.geteuid() != 0:
-        for p in (layout.rootfs, layout.kernel):
-            if require_sudo:
-                _run(sudo_wrap(["chown", f"{os.getuid()}:{os.getgid()}", str(p)], True), "chown")
-            else:
-                os.lchown(p, os.getuid(), os.getgid())
+    os.mkdir(layout.chroot, 0o755)
+    chroot_fd = os.open(layout.chroot, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        copies = [
+            name
+            for src, name in ((rootfs_path, layout.rootfs.name), (kernel_path, layout.kernel.name))
+            if place_base_image(src, chroot_fd, name, uid, gid) != "linked"
+        ]
+        fd = _create(chroot_fd, layout.overlay.name, mode=0o600)
+        try:
+            os.ftruncate(fd, int(overlay_mib) * MIB)
+        finally:
+            os.close(fd)
+        _run([mkfs_bin, "-qF", str(layout.overlay)], "mkfs.ext4")
+        for name, data in ((layout.config.name, json.dumps(dict(config), indent=2).encode()),
+                           (layout.serial_log.name, b""), (layout.vmm_log.name, b"")):  # fmt: skip
+            os.close(_create(chroot_fd, name, data))
+        os.mkdir("run", 0o755, dir_fd=chroot_fd)
+        if require_sudo:
+            paths = [str(layout.chroot / name) for name in VM_OWNED]
+            _run(sudo_wrap(["chown", "-h", f"{uid}:{gid}", *paths], True), "chown")
+            if copies and os.geteuid() != 0:
+                copied = [str(layout.chroot / name) for name in copies]
+                _run(sudo_wrap(["chown", "-h", f":{gid}", *copied], True), "chown")
+        else:
+            for name in VM_OWNED:
+                os.chown(name, uid, gid, dir_fd=chroot_fd, follow_symlinks=False)
+    finally:
+        os.close(chroot_fd)
     return layout
 
 
+def _shared_files(path: Path) -> list[str]:
+    """Regular files under ``path`` with more than one link: another path shares their inode."""
+    shared = []
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                shared.append(full)
+    return shared
+
+
 def remove_vm_dir(base: str | os.PathLike, agent_id: str, require_sudo: bool = False) -> bool:
-    """``rm -rf <base>/firecracker/<id>``; with ``require_sudo`` the tree is first chowned back to this
-    process. Returns True when something was removed."""
+    """``rm -rf <base>/firecracker/<id>``. Returns True when something was removed.
+
+    With ``require_sudo`` (this process is not root) the tree is first chowned back to this process
+    (``sudo -n chown -R``, which follows no link), after the links of the base images are removed, so
+    no chown reaches an operator's image. Raises RuntimeError naming them, and removes nothing, when
+    other files in the tree still share an inode with another path.
+    """
     path = vm_dir(base, agent_id)
     if not path.exists():
         return False
     if require_sudo and os.geteuid() != 0:
-        _chown_tree(path, os.getuid(), os.getgid(), True)
+        for name in ("rootfs.ext4", "kernel"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path / "root" / name)
+        shared = _shared_files(path)
+        if shared:
+            raise RuntimeError(
+                f"not removing {path}: {', '.join(shared)} share an inode with a file elsewhere, which "
+                "the chown back would change; remove them by hand"
+            )
+        _run(sudo_wrap(["chown", "-R", f"{os.getuid()}:{os.getgid()}", str(path)], True), "chown")
     shutil.rmtree(path, ignore_errors=True)
     if path.exists():
         shutil.rmtree(path)

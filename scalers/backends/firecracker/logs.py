@@ -4,6 +4,10 @@ One daemon thread per VM runs ``lib.tail.tail_file`` on both files in its own ev
 hands every line to a sink as ``sink(agent_id, source, record)``: source ``firecracker-serial``
 (record from :func:`failure.wrap_serial_line`) or ``firecracker-vmm`` (``{"level": "info",
 "message": line}``). The last 50 serial lines are kept for failure details.
+
+Both files sit in the VM's chroot, so they are only ever opened through ``jail.open_vm_file``
+(no link followed, never created here): a link planted in their place is refused with a warning
+naming the path, and the file it points to is neither read nor written.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from lib.tail import FileTail, split_lines
 
 from .failure import wrap_serial_line
+from .jail import open_vm_file
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +76,11 @@ class LogForwarder:
                 log.warning("log sink failed for %s", self.agent_id, exc_info=True)
 
     async def _follow(self, source: str, path: Path, stop: asyncio.Event) -> None:
-        tail = FileTail(path)
+        tail = FileTail(path, create=False, opener=open_vm_file)
         try:
             # Held open until the forwarder ends, so what the tail leaves unread can still be
             # read after destroy removed the VM's directory (see _forward_unread).
-            keep = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            keep = open_vm_file(path, os.O_RDONLY)
         except OSError as e:
             log.warning("cannot tail %s for %s: %s", path, self.agent_id, e)
             return
@@ -163,10 +168,19 @@ def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogS
     count = 0
     for source, path in ((SERIAL_SOURCE, Path(serial_log)), (VMM_SOURCE, Path(vmm_log))):
         try:
-            with open(path, "rb") as f:
-                data = _read_end(f.fileno())
-        except OSError:
+            fd = open_vm_file(path, os.O_RDONLY)
+        except FileNotFoundError:
             continue
+        except OSError as e:
+            log.warning("cannot forward the remaining logs of %s: %s", agent_id, e)
+            continue
+        try:
+            data = _read_end(fd)
+        except OSError as e:
+            log.warning("cannot forward the remaining logs of %s: %s", agent_id, e)
+            continue
+        finally:
+            os.close(fd)
         for line in split_lines([data]):
             count += 1
             if sink is not None:

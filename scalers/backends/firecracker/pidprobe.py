@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .jail import open_vm_file
+
 PID_FILE_NAME = "firecracker.pid"
 VM_COMM = "firecracker"
 #: A process that started more than this many seconds after its pid file was written is a recycled PID.
@@ -87,12 +89,17 @@ def probe_vm_pid(chroot: str | os.PathLike) -> PidProbe:
     garbled file or a vanished process: those come back as ``running=False``.
     """
     chroot = Path(chroot)
-    pid_file = chroot / PID_FILE_NAME
     try:
-        text = pid_file.read_text().strip()
-        mtime = pid_file.stat().st_mtime
+        fd = open_vm_file(chroot / PID_FILE_NAME, os.O_RDONLY)
+    except OSError:
+        return PidProbe(None, False, False, "no-pid-file")  # missing, or refused (a link)
+    try:
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
+        mtime = os.fstat(fd).st_mtime
     except OSError:
         return PidProbe(None, False, False, "no-pid-file")
+    finally:
+        os.close(fd)
     try:
         pid = int(text)
     except ValueError:

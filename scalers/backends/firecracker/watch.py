@@ -16,6 +16,7 @@ from collections import deque
 from agents.models import Agent
 
 from .backend import FirecrackerBackend
+from .jail import open_vm_file
 
 #: Serial-console lines attached to a ``scaler.failed`` detail.
 CAPTURED_LINES = 50
@@ -60,12 +61,17 @@ def boot_over(agent_id: str) -> bool:
 
 
 def serial_tail(path: str | os.PathLike, lines: int = CAPTURED_LINES) -> list[str]:
-    """The last ``lines`` non-blank lines of a serial log (read from its last 64 KiB); [] when unreadable."""
+    """The last ``lines`` non-blank lines of a serial log (read from its last 64 KiB, through
+    ``jail.open_vm_file``); [] when unreadable or refused (a link in its place)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            data = f.read()
+        fd = open_vm_file(path, os.O_RDONLY)
     except OSError:
         return []
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(size, 65536), max(0, size - 65536))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
     return list(deque((ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()), maxlen=lines))

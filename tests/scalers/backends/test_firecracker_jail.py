@@ -185,8 +185,10 @@ def test_prepare_chroot_lays_out_the_jail_and_formats_a_sparse_overlay(jail_base
     assert subprocess.run(["dumpe2fs", "-h", str(layout.overlay)], capture_output=True).returncode == 0
     assert json.loads(layout.config.read_text()) == cfg
     assert layout.serial_log.read_bytes() == b"" and layout.vmm_log.read_bytes() == b""
-    for p in (layout.vm_dir, layout.chroot, layout.overlay, layout.serial_log, layout.config):
+    for p in (layout.overlay, layout.vmm_log, layout.socket.parent):
         assert (os.stat(p).st_uid, os.stat(p).st_gid) == (10000, 10001)
+    for p in (layout.vm_dir, layout.chroot, layout.serial_log, layout.config):
+        assert os.stat(p).st_uid == os.geteuid()  # the VM's uid can write neither the directories nor these
     assert jail.remove_vm_dir(jail_base, AGENT) is True
     assert not layout.vm_dir.exists() and rootfs.exists()
     assert jail.remove_vm_dir(jail_base, AGENT) is False
