@@ -186,7 +186,7 @@ def test_a_scaler_missing_a_tool_is_not_started_until_the_tool_appears(tmp_path,
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("stop_admission_queue")
-def test_admission_and_warm_pools_refuse_a_scaler_that_is_not_started(tmp_path):
+def test_admission_and_warm_pools_refuse_a_scaler_that_is_not_started(tmp_path, caplog):
     scaler = make_scaler(
         "bm-warm",
         type="bare-metal",
@@ -198,7 +198,9 @@ def test_admission_and_warm_pools_refuse_a_scaler_that_is_not_started(tmp_path):
     result = decide_batch([Request(labels=("gpu",), job_id="j1")])
     [decision] = result.decisions
     assert decision.action == ScaleOutcome.SKIPPED and "tools" in decision.reason and "gone" in decision.reason
+    caplog.set_level("INFO", logger="scalers.warm_pools")
     assert deficit_pass() == 0 and not Agent.objects.exists()
+    assert not [r for r in caplog.records if "warm spawns refused" in r.getMessage()]  # not even asked for
     executable(tmp_path / "gone")
     assert check_host_tools(scaler).changed
     assert decide_batch([Request(labels=("gpu",), job_id="j2")]).decisions[0].action == ScaleOutcome.SPAWNING
