@@ -168,10 +168,13 @@ def check_host_tools(scaler: Scaler, *, environ: Mapping[str, str] | None = None
 
     Only a change is recorded, so a scaler that stays short of a tool is reported once: a
     ``host.tools_missing`` event and a warning naming the tools when the list changes to a
-    non-empty one, a ``host.tools_found`` event and an info line when it empties. Raises
+    non-empty one, a ``host.tools_found`` event and an info line when it empties (the row is
+    locked and re-read before it is written). ``scaler`` should be freshly loaded. Raises
     database errors.
     """
     missing = missing_tools(scaler, environ=environ)
+    if list(scaler.host_tools_missing or []) == missing:  # as loaded: the usual round writes nothing
+        return ToolCheck(missing, False)
     with transaction.atomic():
         row = Scaler.objects.select_for_update().filter(pk=scaler.pk).values_list("host_tools_missing", flat=True)
         previous = list(row.first() or [])
