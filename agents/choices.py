@@ -38,8 +38,9 @@ STATE_COLOURS = {
 
 
 class EventType(models.TextChoices):
-    """The five scaler lifecycle events an orchestrator knows, the console's own milestones, and the
-    audit of configuration values an import changed (`config.*`, not tied to an agent)."""
+    """The five scaler lifecycle events an orchestrator knows, the console's own milestones, the
+    audit of configuration values an import changed or warned about (`config.*`), and a scaler's
+    host-tool check (`host.*`); the last two are not tied to an agent."""
 
     PROVISIONING = "scaler.provisioning", "provisioning"
     NETWORK = "scaler.network", "network"
@@ -53,6 +54,9 @@ class EventType(models.TextChoices):
     RELEASED = "reservation.released", "reservation released"
     CONFIG_CHANGED = "config.changed", "configuration changed by an import"
     CONFIG_OVERRIDE_KEPT = "config.override_kept", "file changed, console value kept"
+    CONFIG_WARNING = "config.warning", "configuration accepted with a warning"
+    HOST_TOOLS_MISSING = "host.tools_missing", "scaler not started: host tools missing"
+    HOST_TOOLS_FOUND = "host.tools_found", "host tools present: scaler started"
 
 
 #: Badge class of an event type on the pages; an event not listed is blue.
@@ -66,4 +70,7 @@ EVENT_BADGES = {
     EventType.RELEASED: "b-grey",
     EventType.CONFIG_CHANGED: "b-amber",
     EventType.CONFIG_OVERRIDE_KEPT: "b-amber",
+    EventType.CONFIG_WARNING: "b-amber",
+    EventType.HOST_TOOLS_MISSING: "b-red",
+    EventType.HOST_TOOLS_FOUND: "b-green",
 }

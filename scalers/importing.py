@@ -18,6 +18,7 @@ under a console value, is recorded as an event naming the value, old and new, an
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from agents.events import record_event
 from .config.loader import ConfigInvalid, ConfigProblem
 from .config.schema import LabelSet as LabelSetConfig
 from .config.schema import ScalerEntry, ScalersConfig
+from .config.warnings import ConfigWarning, config_warnings, entry_warnings
 from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
 
 # Label-set rows are matched to config entries by their normalised labels, not by position,
@@ -38,6 +40,8 @@ from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
 # retired rows stay parked, clear of the (scaler, index) unique constraint.
 _PARKED_BASE = 1_000_000_000
 _RETIRED_BASE = 1_500_000_000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,8 @@ class ImportSummary:
     ``label_sets``: label sets in the file; ``retired_label_sets``: label-set rows
     newly retired; ``pools_removed``: machine-pool rows deleted (unreferenced and no
     longer in the file); ``pools_kept``: pools no longer in the file but still
-    referenced by a retiring scaler or a reservation, kept so their cap holds.
+    referenced by a retiring scaler or a reservation, kept so their cap holds;
+    ``warnings``: every warning of the file (``scalers.config.warnings``), ``path: message``.
     """
 
     source: str
@@ -126,6 +131,7 @@ class ImportSummary:
     pools_kept: list[str] = field(default_factory=list)
     changes: list[ConfigChange] = field(default_factory=list)
     overrides: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         def names(items: list[str]) -> str:
@@ -138,6 +144,7 @@ class ImportSummary:
         ]
         lines += [f"  changed {c.describe(self.source)}" for c in self.changes]
         lines += [f"  kept from the console: {line}" for line in self.overrides]
+        lines += [f"  warning: {line}" for line in self.warnings]
         return "\n".join(lines)
 
 
@@ -290,6 +297,8 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
     * One ``config.changed`` event per value in force that changed (none on the first import:
       nothing was in force), one ``config.override_kept`` event per file value that changed
       under a console value; both name the value, old, new and ``source``.
+    * One ``config.warning`` event and log line per warning (``scalers.config.warnings``) the
+      scaler's previous entry did not already have: a warning is recorded once, when it appears.
 
     Raises :class:`~scalers.config.loader.ConfigInvalid` (nothing written) when a scaler's
     ``type`` would change while it still has live agents or reservations (a
@@ -342,10 +351,13 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
 
         # Scalers and their label sets.
         in_file = set()
+        new_warnings: list[ConfigWarning] = []
         for entry in config.scalers:
             in_file.add(entry.name)
             fields = _scaler_fields(entry, pools)
             row = existing.get(entry.name)
+            known = {w.message for w in entry_warnings(row.config)} if row is not None and not row.retiring else set()
+            new_warnings += [w for w in entry_warnings(fields["config"]) if w.message not in known]
             if row is None:
                 row = Scaler.objects.create(name=entry.name, retiring=False, **fields)
                 _sync_label_sets(row, list(entry.label_sets), summary)
@@ -410,6 +422,16 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
         state.imported_at = now
         state.raw = config.to_raw()
         state.save()
+        summary.warnings = [f"{path}: {w.message}" for path, w in config_warnings(config)]
+        for w in new_warnings:
+            log.warning("%s (import of %s)", w.message, source)
+            record_event(
+                None,
+                EventType.CONFIG_WARNING,
+                f"{w.message} (import of {source})",
+                {"value": f"scalers.{w.scaler}.{w.path}", "source": source},
+                scaler_name=w.scaler,
+            )
         for change in summary.changes:
             record_event(
                 None,

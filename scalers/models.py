@@ -73,6 +73,11 @@ class Scaler(models.Model):
     config = models.JSONField(default=dict, blank=True, help_text="the whole entry as imported")
     retiring = models.BooleanField(default=False)
     retiring_since = models.DateTimeField(null=True, blank=True)
+    host_tools_missing = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="host tools the sweeper found missing (scalers.backends.tools); non-empty = not started",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -67,8 +67,8 @@ def deficit_pass() -> int:
         scaler_left: dict[int, int] = {}
         requests: list[Request] = []
         for pool in pools:
-            if pool.size <= 0:
-                continue
+            if pool.size <= 0 or world.scalers[pool.scaler_pk].tools_missing:
+                continue  # a scaler not started (host tools missing) is not filled
             ready, in_flight = counts.get(pool.label_set_pk, (0, 0))
             deficit = pool.size - ready - in_flight
             if deficit <= 0:

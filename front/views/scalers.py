@@ -110,7 +110,9 @@ def _config_items(scaler: Scaler) -> list[tuple[str, object]]:
         value = config.get(key)
         if value is None:
             continue
-        if isinstance(value, bool):
+        if key == "networkIsolation" and scaler.type == "bare-metal" and value is False:
+            value = "false (ignored: container mode is always isolated)"
+        elif isinstance(value, bool):
             value = "true" if value else "false"
         elif isinstance(value, list):
             value = ", ".join(str(v) for v in value) or "none"

@@ -25,6 +25,7 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.models import Agent
 from lib.units import format_bytes_iec
+from scalers.backends.tools import not_started_reason
 from scalers.choices import ScalerType
 from scalers.metrics import REDISPATCH
 from scalers.models import ScaleOutcome
@@ -200,7 +201,9 @@ def decide_batch(
 ) -> BatchResult:
     """Decide ``requests`` in order under the admission lock, in one transaction.
 
-    Per request: route ⇒ no-backend; event scaler in provision backoff ⇒ skipped; resolve
+    Per request: route ⇒ no-backend; a scaler not started because host tools are missing
+    (``scalers.backends.tools``) ⇒ skipped naming the scaler and the tools; event scaler in
+    provision backoff ⇒ skipped; resolve
     resources; an idle warm agent that fits ⇒ assigned; a request larger than a resource cap on
     its own ⇒ exceeds-cap naming the cap (permanent: answered at-capacity, the
     orchestrator would retry forever); the caps in :data:`~scalers.admission.caps.CAP_ORDER` ⇒
@@ -287,6 +290,16 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             done(ScaleDecision(ScaleOutcome.NO_BACKEND, reason="no-matching-label-set", labels=tuple(req.labels)))
             continue
         info, ls = match
+        if info.tools_missing:
+            done(
+                ScaleDecision(
+                    ScaleOutcome.SKIPPED,
+                    scaler=info.name,
+                    backend_type=info.type,
+                    reason=not_started_reason(info.name, info.tools_missing),
+                )
+            )
+            continue
         if info.name in backoffs:
             done(
                 ScaleDecision(

@@ -34,14 +34,15 @@ from .matching import WORLD_CACHE, World, build_world
 
 def dict_rows(cursor, sql: str, params=()) -> list[dict]:
     """Run ``sql`` and return its rows as ``{column: value}``; the JSON columns admission reads
-    (``config``, ``labels``, ``mandatory_labels``, ``roles``) are decoded when they come back as text."""
+    (``config``, ``labels``, ``mandatory_labels``, ``roles``, ``host_tools_missing``) are decoded when
+    they come back as text."""
     cursor.execute(sql, params)
     cols = [c[0] for c in cursor.description]
     out = []
     for r in cursor.fetchall():
         d = dict(zip(cols, r, strict=True))
         for k, v in d.items():
-            if k in ("config", "labels", "mandatory_labels", "roles") and isinstance(v, str):
+            if k in ("config", "labels", "mandatory_labels", "roles", "host_tools_missing") and isinstance(v, str):
                 d[k] = json.loads(v)
         out.append(d)
     return out
@@ -209,7 +210,8 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
     scalers = dict_rows(
         cursor,
         "SELECT id, name, type, max_agents, max_cpu, max_memory_bytes, machine_pool_id, "
-        "mandatory_labels, roles, config, retiring, warm_pool_enabled, warm_pool_size, warm_pool_idle_timeout_seconds "
+        "mandatory_labels, roles, config, retiring, warm_pool_enabled, warm_pool_size, warm_pool_idle_timeout_seconds, "
+        "host_tools_missing "
         "FROM scalers_scaler ORDER BY id",
     )
     # Config order (routing ties and empty runsOn pick the first): the order of the

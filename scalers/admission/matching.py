@@ -47,6 +47,8 @@ class ScalerInfo:
     warm_pool_size: int = 0
     warm_pool_idle_timeout_seconds: float = 300.0
     config: dict = field(default_factory=dict, compare=False)
+    #: Host tools the sweeper found missing (``scalers.backends.tools``): non-empty = not started.
+    tools_missing: tuple[str, ...] = ()
 
     def label_set(self, pk: int) -> LabelSetInfo | None:
         for ls in self.label_sets:
@@ -154,6 +156,7 @@ def build_world(
             warm_pool_size=row["warm_pool_size"],
             warm_pool_idle_timeout_seconds=row["warm_pool_idle_timeout_seconds"],
             config=row["config"] or {},
+            tools_missing=tuple(row.get("host_tools_missing") or ()),
         )
         scalers[row["id"]] = info
         if not row["retiring"] and infos:

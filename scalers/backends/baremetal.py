@@ -11,14 +11,16 @@ group, up to 5 s, then SIGKILL to the group; the pid is acted on only while
 
 Container mode (label set with ``image`` and no ``binaryPath``): the container backend's path with
 the four ownership labels (no bound-job labels), ``KICI_JOB_IMAGE_AGENT=1``, the same HostConfig
-builder, ``kici-agent-net`` and the same forward + input rules.
+builder, ``kici-agent-net`` and the same forward + input rules. It is always isolated: the entry's
+``networkIsolation: false`` is ignored (warned about at config load, ``scalers.config.warnings``);
+only the console-wide ``KICI_NETWORK_ISOLATION`` turns it off.
 
-``networkPolicy`` on a process-mode label set cannot be enforced: :func:`process_mode_policy_warnings`.
+``networkPolicy`` on a process-mode label set cannot be enforced: warned about at config load
+(``scalers.config.warnings``).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -42,8 +44,6 @@ from .container.orphans import ContainerPlan
 from .failure import CAPTURED_LINES
 from .orphans import OrphanTarget
 from .spawn_env import label_set_option, process_env, spawn_limits
-
-log = logging.getLogger(__name__)
 
 TERM_GRACE_SECONDS = 5.0
 _systemd_user_ok: bool | None = None
@@ -85,19 +85,6 @@ def systemd_user_scope_available() -> bool:
             except (OSError, subprocess.TimeoutExpired):
                 _systemd_user_ok = False
     return _systemd_user_ok
-
-
-def process_mode_policy_warnings(scaler: Any) -> list[str]:
-    """One warning per process-mode label set that declares a ``networkPolicy``:
-    nothing can enforce it on a host process. Image-only label sets are not warned about."""
-    warnings = []
-    for ls in scaler.label_sets.all():
-        if label_set_option(ls, "binaryPath") and label_set_option(ls, "networkPolicy"):
-            warnings.append(
-                f'scaler "{scaler.name}" label set [{ls.index}] runs host processes (binaryPath); '
-                "its networkPolicy is not enforced"
-            )
-    return warnings
 
 
 def _proc_start_time(pid: int) -> int | None:
@@ -145,7 +132,15 @@ class BareMetalBackend:
 
     def __init__(self, scaler, **container_options: Any):
         self.scaler = scaler
+        # Container mode is always isolated: the entry's networkIsolation is not read.
+        container_options.setdefault("network_isolation", bool(settings.KICI_NETWORK_ISOLATION))
         self.containers = ContainerBackend(scaler, job_image=True, **container_options)
+
+    @property
+    def network_isolation(self) -> bool:
+        """Whether container-mode agents get ``kici-agent-net`` and rules (always, unless
+        ``KICI_NETWORK_ISOLATION`` is off console-wide or a test overrode it)."""
+        return self.containers.network_isolation
 
     @property
     def spawns_on_local_host(self) -> bool:
@@ -154,8 +149,6 @@ class BareMetalBackend:
     def reload(self, scaler) -> None:
         self.scaler = scaler
         self.containers.reload(scaler)
-        for warning in process_mode_policy_warnings(scaler):
-            log.warning(warning)
 
     def ensure_host_ready(self) -> None:
         if any(not label_set_option(ls, "binaryPath") for ls in self.scaler.label_sets.all()):

@@ -30,7 +30,8 @@ def test_hosts_are_readied_once_per_scaler_version_and_a_failure_only_degrades_t
     from scalers.models import Scaler
 
     good = Scaler.objects.create(name="ready-ok", type="container", max_agents=1)
-    Scaler.objects.create(name="ready-broken", type="firecracker", max_agents=1)
+    tools = {"firecrackerPath": "/bin/true", "jailerPath": "/bin/true"}  # present: only the host fails
+    Scaler.objects.create(name="ready-broken", type="firecracker", max_agents=1, config=tools)
     Scaler.objects.create(name="ready-event", type="event", max_agents=1)
     calls = []
 

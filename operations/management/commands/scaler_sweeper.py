@@ -3,9 +3,9 @@
 At start it recovers this instance's rows (``recover_state``, trigger ``boot``). Then every
 ``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
 boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
-that reports whether it did anything: host readiness, the isolation drift check
-(``scalers.drift``), the stale-spawn prune (registration deadlines passed, backend calls past the
-stale window), the start of spawns waiting for a slot, token-TTL expiry, the
+that reports whether it did anything: the host-tool check and host readiness of every scaler, the
+isolation drift check (``scalers.drift``), the stale-spawn prune (registration deadlines passed,
+backend calls past the stale window), the start of spawns waiting for a slot, token-TTL expiry, the
 check of failed spawn jobs in rq, retries of failed teardowns, the teardown of drained agents
 (``scalers.lifecycle.drain_idle_agents``), the event-provision reaper
 (``scalers.provision_reaper``: its own interval, its clocks forgotten when leadership is lost),
@@ -31,6 +31,7 @@ from agents.retention import prune_old_records
 from operations import sweeps
 from scalers.admission.recovery import recover_state
 from scalers.backends import factory
+from scalers.backends.tools import check_host_tools
 from scalers.choices import ScalerType
 from scalers.drift import check_isolation_drift
 from scalers.jobs import start_all_waiting_spawns
@@ -140,14 +141,23 @@ class Command(BaseCommand):
     # Units of work -----------------------------------------------------------------------------
 
     def handle_host_readiness(self) -> bool:
-        """``ensure_host_ready`` for every local scaler not yet readied in this version (at boot,
-        and for scalers a reload added or changed): container
+        """Every round, for every local scaler: check the host tools it needs
+        (``scalers.backends.tools.check_host_tools``); a scaler short of one is not started
+        (admission refuses it, naming the tools; the change is an event and a log line) and is
+        checked again next round, so installing the tool starts it without a restart. Then
+        ``ensure_host_ready`` for every scaler with its tools that is not yet readied in this version
+        (at boot, once its tools appear, and for scalers a reload added or changed): container
         backends check nft (fail closed) and create kici-agent-net, firecracker backends provision
         the bridge, baseline rules and the port-isolation probe. A failure only degrades that
         scaler: it is logged and retried on the next round."""
         did = False
         for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):
             key = (scaler.pk, scaler.updated_at)
+            check = check_host_tools(scaler)
+            did |= check.changed
+            if check.missing:
+                self.hosts_ready.discard(key)
+                continue
             if key in self.hosts_ready:
                 continue
             try:

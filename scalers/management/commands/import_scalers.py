@@ -3,7 +3,8 @@
 Validates ``scalers.yaml`` (plus drop-ins) and, unless ``--check``, applies it to the
 database in one transaction (``scalers.importing.apply_scalers_config``). On invalid
 input it prints one line per problem, ``FILE:LINE: dotted.path: message``, to stderr,
-changes nothing and exits 1.
+changes nothing and exits 1. Settings accepted but without effect (``scalers.config.warnings``)
+are printed as ``warning: dotted.path: message`` lines after the result.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from scalers.config.loader import ConfigInvalid, load_scalers_config
+from scalers.config.warnings import config_warnings
 from scalers.importing import apply_scalers_config
 
 
@@ -46,6 +48,8 @@ class Command(BaseCommand):
             if options["check"]:
                 label_sets = sum(len(s.label_sets) for s in config.scalers)
                 self.stdout.write(f"OK: {len(config.scalers)} scalers, {label_sets} label sets")
+                for path, warning in config_warnings(config):
+                    self.stdout.write(f"warning: {path}: {warning.message}")
                 return
             summary = apply_scalers_config(config, path)
         except ConfigInvalid as exc:

@@ -12,12 +12,9 @@ import pytest
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
-from scalers.backends.baremetal import (
-    BareMetalBackend,
-    _proc_start_time,
-    build_process_command,
-    process_mode_policy_warnings,
-)
+from scalers.backends.baremetal import BareMetalBackend, _proc_start_time, build_process_command
+from scalers.backends.docker_net import ISOLATED_NETWORK_NAME
+from scalers.backends.runtime import RuntimeInfo
 from scalers.jobs import spawn_agent
 from scalers.lifecycle import teardown_agent
 from scalers.models import Reservation
@@ -28,6 +25,7 @@ from tests.support.servers import free_port, wsgi_server
 
 ROOT = Path(__file__).resolve().parents[3]
 ID = "scaler-bare-metal-ab12cd34"
+LOCAL = RuntimeInfo(runtime="docker", base_url="unix:///var/run/docker.sock", socket_path="/var/run/docker.sock")
 
 
 def test_without_cgroups_the_command_is_the_binary_alone():
@@ -60,15 +58,16 @@ def test_a_tiny_cpu_limit_rounds_up_to_one_percent_and_no_limit_or_macos_runs_di
 
 
 @pytest.mark.django_db
-def test_a_network_policy_on_a_process_label_set_is_warned_about_and_on_an_image_one_is_not():
-    scaler = make_scaler(
-        type="bare-metal", ls_config={"binaryPath": "/b", "networkPolicy": {"allowlist": ["10.0.5.0/24"]}}
-    )
-    assert len(process_mode_policy_warnings(scaler)) == 1 and "not enforced" in process_mode_policy_warnings(scaler)[0]
-    image_only = make_scaler(
-        type="bare-metal", ls_config={"image": "i", "networkPolicy": {"allowlist": ["10.0.5.0/24"]}}
-    )
-    assert process_mode_policy_warnings(image_only) == []
+def test_container_mode_is_isolated_even_when_the_entry_turns_network_isolation_off(settings):
+    settings.KICI_NETWORK_ISOLATION = True
+    scaler = make_scaler(type="bare-metal", ls_config={"image": "i"}, config={"networkIsolation": False})
+    backend = BareMetalBackend(scaler, docker=object(), nft=object(), runtime=LOCAL)
+    assert backend.network_isolation is True and backend.containers.rules.enabled is True
+    kwargs = backend.containers.create_config(make_agent(scaler), None, "job:1")
+    assert kwargs["networking_config"] == {"EndpointsConfig": {ISOLATED_NETWORK_NAME: {}}}
+    assert kwargs["host_config"]["NetworkMode"] == ISOLATED_NETWORK_NAME
+    settings.KICI_NETWORK_ISOLATION = False  # the console-wide switch still turns it off
+    assert BareMetalBackend(scaler, docker=object(), nft=object(), runtime=LOCAL).network_isolation is False
 
 
 def write_script(tmp_path: Path, name: str, body: str) -> str:
@@ -175,7 +174,8 @@ def test_an_agent_that_exits_at_once_reports_its_output_at_the_deadline(settings
 
 @pytest.mark.docker
 @pytest.mark.django_db(transaction=True)
-def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, agent_image, settings):
+@pytest.mark.parametrize("entry", [{}, {"networkIsolation": False}], ids=["default", "isolation-off-ignored"])
+def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, agent_image, settings, entry):
     from tests.support.root import require_root
 
     require_root()
@@ -188,6 +188,7 @@ def test_container_mode_shares_the_network_hostconfig_and_rules(docker_client, a
             type="bare-metal",
             orchestrator_url="http://127.0.0.1:9/",
             ls_config={"image": agent_image, "imagePullPolicy": "Never", "resources": {"cpus": 1, "memory": "256m"}},
+            config=entry,
         )
         agent = make_agent(scaler, bound_job_id="job-1", run_id="run-1")
         assert spawn_agent(agent.pk) == "spawned"
