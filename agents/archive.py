@@ -1,9 +1,10 @@
 """An agent's output kept after its sandbox is gone: one file per agent, bounded.
 
 ``<KICI_AGENT_LOG_DIR>/<agent id>/console.log`` holds the last :data:`ARCHIVE_BYTES` of what the
-sandbox wrote (a container's stdout and stderr), saved by the backend right before it removes the
-sandbox. The finished agent's console page shows its end and offers it for download; retention
-(``agents.retention``) deletes it with the agent.
+sandbox wrote (a container's stdout and stderr, a VM's serial console and VMM log, a bare-metal
+process's output), saved by the backend right before it removes the sandbox. The finished agent's
+console page shows its end and offers it for download; retention (``agents.retention``) deletes it
+with the agent.
 """
 
 from __future__ import annotations
@@ -48,6 +49,22 @@ def write_archive(agent_id: str, data: bytes) -> Path:
         out.write(data)
     os.replace(tmp, path)
     return path
+
+
+def read_tail(f, limit: int = ARCHIVE_BYTES) -> bytes:
+    """The last ``limit`` bytes of the binary file object ``f`` (seekable)."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - limit))
+    return f.read()
+
+
+def archive_parts(agent_id: str, parts: list[tuple[str, bytes]]) -> Path | None:
+    """Keep several outputs of one sandbox as its archive, each under a ``--- <title> ---`` line,
+    the last part's end kept when they exceed :data:`ARCHIVE_BYTES`. None when ``parts`` is empty;
+    raises OSError when it cannot be written."""
+    if not parts:
+        return None
+    return write_archive(agent_id, b"".join(f"--- {title} ---\n".encode() + data for title, data in parts))
 
 
 def archived_lines(agent_id: str, limit: int = SHOWN_LINES) -> list[str] | None:

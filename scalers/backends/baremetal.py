@@ -21,6 +21,7 @@ only the console-wide ``KICI_NETWORK_ISOLATION`` turns it off.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ from typing import Any
 from django.conf import settings
 
 from agents import tokens
+from agents.archive import archive_parts, read_tail
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
@@ -47,6 +49,8 @@ from .spawn_env import label_set_option, process_env, spawn_limits
 
 TERM_GRACE_SECONDS = 5.0
 _systemd_user_ok: bool | None = None
+
+log = logging.getLogger(__name__)
 
 
 def build_process_command(
@@ -258,6 +262,21 @@ class BareMetalBackend:
         pid = ctx.get("pid") or (int(agent.managed_id) if str(agent.managed_id).isdigit() else None)
         if pid:
             self._terminate(int(pid), ctx.get("start_time"))
+        self._archive(agent.agent_id, ctx.get("log_path"))
+
+    @staticmethod
+    def _archive(agent_id: str, log_path: str | None) -> None:
+        """Keep the end of the process's output file as its archive (``agents.archive``); the file
+        itself goes with retention. A failure is logged only."""
+        if not log_path:
+            return
+        try:
+            with open(log_path, "rb") as f:
+                archive_parts(agent_id, [("process output", read_tail(f))])
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("could not keep the output of %s: %s", agent_id, exc)
 
     def captured_output_for(self, agent) -> list[str]:
         if self.mode_for(agent) == "container":

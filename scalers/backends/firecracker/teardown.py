@@ -9,12 +9,14 @@ a destroy and a reap.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agents.archive import archive_parts, read_tail
 from network import netlink
 
 from . import jail
@@ -85,5 +87,26 @@ class Teardown:
         return next((r for r in self.ip_allocator.allocations(self.settings.name) if r.vm_id == agent_id), None)
 
     def remove_vm_dir(self, agent_id: str) -> bool:
-        """``rm -rf <chrootBaseDir>/firecracker/<id>`` (``jail.remove_vm_dir``)."""
+        """Keep the VM's output (:meth:`archive_output`), then ``rm -rf <chrootBaseDir>/firecracker/<id>``
+        (``jail.remove_vm_dir``)."""
+        self.archive_output(agent_id)
         return jail.remove_vm_dir(self.settings.chroot_base_dir, agent_id, self.settings.require_sudo)
+
+    def archive_output(self, agent_id: str) -> None:
+        """The ends of the VM's serial console and VMM log, as its archive (``agents.archive``).
+        Each file is opened without following a link (``jail.open_vm_file``); a refused or missing
+        one is left out, a failure is logged, never a reason to keep the VM dir."""
+        layout = jail.ChrootLayout.for_agent(self.settings.chroot_base_dir, agent_id)
+        parts = []
+        for title, path in (("serial console", layout.serial_log), ("VMM log", layout.vmm_log)):
+            try:
+                with os.fdopen(jail.open_vm_file(path, os.O_RDONLY | os.O_CLOEXEC), "rb") as f:
+                    parts.append((title, read_tail(f)))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("output of %s not kept from %s: %s", agent_id, path, exc)
+        try:
+            archive_parts(agent_id, parts)
+        except (OSError, ValueError) as exc:
+            log.warning("could not keep the output of %s: %s", agent_id, exc)

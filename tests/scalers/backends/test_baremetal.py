@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.archive import archived_lines
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from scalers.backends.baremetal import BareMetalBackend, _proc_start_time, build_process_command
@@ -118,6 +119,9 @@ def test_a_process_agent_registers_and_is_terminated_with_its_group(agent_binary
         assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")
         assert wait_for(lambda: _proc_start_time(pid) is None, 2)
     assert not Reservation.objects.filter(agent=agent).exists()
+    kept = archived_lines(agent.agent_id)
+    assert kept and kept[0] == "--- process output ---", "the process's output was not kept at teardown"
+    assert any(line.startswith("kici-agent: ") for line in kept)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -16,10 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from agents.archive import archived_lines
 from lib.safe_open import UnsafePathError
 from scalers.backends.firecracker import jail, logs
 from scalers.backends.firecracker.failure import read_failure_type
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
+from scalers.backends.firecracker.teardown import Teardown
 from scalers.backends.firecracker.watch import serial_tail
 from tests.support.firecracker import FAKE_JAILER, fake_kernel, make_agent_row
 
@@ -261,3 +263,20 @@ def test_the_console_download_of_a_vm_log_refuses_a_planted_link(chroot):
     assert response.status_code == 502
     body = response.content.decode()
     assert f"refusing to open {chroot.vmm}" in body and "not-for-the-console" not in body
+
+
+def test_removing_a_vm_dir_keeps_its_serial_console_and_vmm_log_but_never_a_planted_link(tmp_path, settings):
+    """Every VM dir removal (destroy, failed spawn, reap) keeps the ends of the VM's output as its
+    archive first; a log the VM replaced by a link to a file elsewhere is left out, unread."""
+    settings.KICI_AGENT_LOG_DIR = str(tmp_path / "logs")
+    base = tmp_path / "base"
+    layout = jail.ChrootLayout.for_agent(base, AGENT)
+    layout.chroot.mkdir(parents=True)
+    layout.serial_log.write_bytes(b"[    0.0] Linux version\nkici-agent: registered\n")
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret\n")
+    layout.vmm_log.symlink_to(secret)
+    teardown = Teardown(SimpleNamespace(chroot_base_dir=str(base), require_sudo=False), None, None)
+    assert teardown.remove_vm_dir(AGENT)
+    assert archived_lines(AGENT) == ["--- serial console ---", "[    0.0] Linux version", "kici-agent: registered"]
+    assert not layout.vm_dir.exists() and secret.read_text() == "root:$6$secret\n"
