@@ -20,6 +20,9 @@ Exported:
   marked lost (``sandbox`` or ``heartbeat`` evidence; ``agents.liveness``), not yet released.
 * ``kici_scaler_reservations{scaler}``, ``kici_scaler_agents{scaler, state}``,
   ``kici_scaler_admission_batch_size`` (in-process histogram).
+* ``kici_scaler_attention{kind}``: what needs a person, by kind; its collector is
+  ``operations.attention.AttentionCollector`` (it reads operations), registered on
+  :data:`REGISTRY` by ``operations.apps``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ from django.test import Client
 from agents.choices import EventType
 from agents.events import record_event
 from agents.models import Agent
+from operations.attention import KINDS
 from scalers.admission.queue import lock_failure_reason
 from scalers.admission.service import request_scale
+from scalers.models import Scaler
 from tests.support.scalers import make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
@@ -115,3 +117,21 @@ def test_a_real_lock_timeout_is_reported_as_contended():
 
 def test_metrics_refuses_post():
     assert Client().post("/metrics").status_code == 405
+
+
+def test_attention_is_a_gauge_per_kind_read_at_scrape_time():
+    make_scaler("c", max_agents=1)
+    body = scrape()
+    assert "# TYPE kici_scaler_attention gauge" in body
+    for kind in KINDS:
+        assert f'kici_scaler_attention{{kind="{kind}"}} 0.0' in body
+    request_scale(["linux"], "a")
+    request_scale(["linux"], "b")  # at capacity: waiting
+    request_scale(["linux"], "c")
+    Scaler.objects.filter(name="c").update(host_error="RuntimeError: no bridge")
+    body = scrape()
+    assert 'kici_scaler_attention{kind="waiting"} 2.0' in body
+    assert 'kici_scaler_attention{kind="not_ready"} 1.0' in body
+    assert 'kici_scaler_attention{kind="approval"} 0.0' in body
+    Scaler.objects.filter(name="c").update(host_error="")
+    assert 'kici_scaler_attention{kind="not_ready"} 0.0' in scrape()
