@@ -557,7 +557,7 @@ class AttentionConsumer(AsyncWebsocketConsumer):
         for group in ATTENTION_GROUPS:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        await self._send_if_changed(time.monotonic())
+        await self._send_if_changed(time.monotonic() - ATTENTION_MIN_SECONDS)
         self.ticker = asyncio.create_task(self._tick())
 
     def _noticed(self) -> None:
@@ -571,25 +571,34 @@ class AttentionConsumer(AsyncWebsocketConsumer):
     async def event_message(self, message):
         self._noticed()
 
-    async def _send_if_changed(self, not_before: float) -> None:
+    async def _send_if_changed(self, not_before: float) -> bool:
+        """Send the shared read if its items changed; False when it is older than ``not_before``."""
         frames = await database_sync_to_async(SHARED.get)(not_before)
         if frames.key != self.sent:
             await self.send(text_data=frames.message(self.panel))
             self.sent = frames.key
-            self.last_sent_at = asyncio.get_running_loop().time()
+            self.last_sent_at = time.monotonic()
+        return frames.read_at >= not_before
 
     async def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), ATTENTION_POLL_SECONDS)
-                await asyncio.sleep(max(ROW_GATHER_SECONDS, self.last_sent_at + ATTENTION_MIN_SECONDS - loop.time()))
+                await asyncio.sleep(
+                    max(ROW_GATHER_SECONDS, self.last_sent_at + ATTENTION_MIN_SECONDS - time.monotonic())
+                )
                 self.wake.clear()
-                # A notice comes after its commit: a read started after the notice sees it.
-                not_before = self.noticed_at if self.noticed_at is not None else time.monotonic()
-                self.noticed_at = None
-                await self._send_if_changed(not_before)
+                # A notice comes after its commit: a read started after the notice sees it. A poll
+                # takes any read of the last ATTENTION_MIN_SECONDS.
+                noticed, self.noticed_at = self.noticed_at, None
+                not_before = noticed if noticed is not None else time.monotonic() - ATTENTION_MIN_SECONDS
+                if not await self._send_if_changed(not_before):
+                    # The shared read predates the notice and the next one is not due yet.
+                    await asyncio.sleep(ATTENTION_MIN_SECONDS)
+                    if self.noticed_at is None:
+                        self.noticed_at = not_before
+                    self.wake.set()
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the socket is gone or the read broke: end this viewer

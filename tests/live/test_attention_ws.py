@@ -4,6 +4,7 @@ announces arrives with the next poll, and nothing is sent while nothing changes.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -111,17 +112,37 @@ async def test_a_user_without_the_view_permission_is_refused(users):
     await comm.disconnect()
 
 
-async def test_one_read_serves_every_viewer_that_asks_no_fresher_than_it():
+async def test_a_process_reads_at_most_once_per_interval_whatever_its_viewers_ask():
     reads = []
 
     def read():
         reads.append(1)
         return SHARED._read()
 
-    shared = SharedAttention(read)
+    shared = SharedAttention(read, min_seconds=0.5)
     get = database_sync_to_async(shared.get)
-    before = time.monotonic()
-    first = await get(before)
-    assert await get(before) is first and await get(before - 10) is first and len(reads) == 1
-    assert await get(time.monotonic()) is not first and len(reads) == 2  # asked fresher: read again
-    assert 'data-count="0"' in first.badge
+    first = await get(time.monotonic())
+    assert 'data-count="0"' in first.badge and len(reads) == 1
+    assert await get(first.read_at) is first  # fresh enough: shared
+    later = time.monotonic()
+    stale = await get(later)  # fresher asked, but the last read is younger than the interval
+    assert stale is first and stale.read_at < later and len(reads) == 1
+    await asyncio.sleep(0.5)
+    fresh = await get(later)
+    assert fresh is not first and fresh.read_at >= later and len(reads) == 2
+
+
+async def test_a_notice_after_the_shared_read_still_reaches_the_viewer(users, config_file, poll, monkeypatch):
+    """Two pages; the second one's notice comes right after a read the first one made: it must
+    not keep that older read."""
+    monkeypatch.setattr(consumers, "SHARED", SharedAttention(min_seconds=2.0))
+    one, _ = await connect("/ws/attention/", users["viewer"])
+    two, first = await connect("/ws/attention/", users["viewer"])
+    try:
+        assert count(first) == 0
+        await database_sync_to_async(create_operation)("config-reload", {}, users["operator"])
+        frames = [await one.receive_from(timeout=6), await two.receive_from(timeout=6)]
+        assert [count(f) for f in frames] == [1, 1]
+    finally:
+        await one.disconnect()
+        await two.disconnect()
