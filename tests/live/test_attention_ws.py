@@ -35,6 +35,12 @@ async def close_thread_connections():
     await database_sync_to_async(connections.close_all)()
 
 
+@pytest.fixture(autouse=True)
+def fresh_read(monkeypatch):
+    """A process's shared read of its own: a read of the previous test must not serve this one."""
+    monkeypatch.setattr(consumers, "SHARED", SharedAttention())
+
+
 @pytest.fixture
 def poll(monkeypatch):
     """Set the consumers' poll interval (seconds); by default so long that only notices count."""
