@@ -12,7 +12,9 @@ Routes (:mod:`live.routing`), behind ``AllowedHostsOriginValidator(AuthMiddlewar
   :func:`live.publish.publish_event`);
 * ``ws/operations/<operation_id>/`` → :class:`OperationConsumer` (group ``operation.<id>``);
 * ``ws/rows/<view>/?<filters>`` → :class:`RowsConsumer`, the rows of a page that lists agents,
-  operations or scalers (:mod:`live.rows`).
+  operations or scalers (:mod:`live.rows`);
+* ``ws/attention/[?panel=1]`` → :class:`AttentionConsumer`, the nav badge of what needs a person
+  (and the dashboard's panel) (:mod:`live.attention`).
 
 The console and event consumers need an authenticated user with ``agents.view_agent``; otherwise the
 socket is accepted and closed at once with code 4403 (a code the htmx ``ws`` extension does not
@@ -50,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import weakref
 from collections import OrderedDict
 from urllib.parse import parse_qs
@@ -65,6 +68,7 @@ from lib.json_input import parse_json
 from operations.models import Operation
 from operations.presenters import detail_context
 
+from .attention import ATTENTION_GROUPS, ATTENTION_MIN_SECONDS, ATTENTION_POLL_SECONDS, SHARED
 from .consoles import console_source
 from .hub import ConsoleHub
 from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
@@ -518,5 +522,96 @@ class RowsConsumer(AsyncWebsocketConsumer):
                 await self.flusher
         if self.view is not None:
             for group in self.view.groups:
+                with contextlib.suppress(Exception):
+                    await self.channel_layer.group_discard(group, self.channel_name)
+
+
+class AttentionConsumer(AsyncWebsocketConsumer):
+    """``ws/attention/[?panel=1]``: the nav badge (``base.html#attention_badge``) and, with
+    ``panel=1``, the dashboard's "Needs attention" list, as out-of-band swaps (:mod:`live.attention`).
+
+    On connect: the current frame. Then a frame whenever the items change, read at least every
+    :data:`live.attention.ATTENTION_POLL_SECONDS` and within about a second of a notice on
+    :data:`live.attention.ATTENTION_GROUPS`, at most one per
+    :data:`live.attention.ATTENTION_MIN_SECONDS`. Closes with 4403 without ``agents.view_agent``.
+    """
+
+    ticker: asyncio.Task | None = None
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if not (
+            user is not None
+            and user.is_authenticated
+            and user.is_active
+            and await database_sync_to_async(user.has_perm)("agents.view_agent")
+        ):
+            await self.accept()
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        params = QueryDict((self.scope.get("query_string") or b"").decode("latin-1"))
+        self.panel = params.get("panel") == "1"
+        self.sent, self.last_sent_at = None, float("-inf")
+        self.noticed_at: float | None = None
+        self.wake = asyncio.Event()
+        for group in ATTENTION_GROUPS:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self._send_if_changed(time.monotonic() - ATTENTION_MIN_SECONDS)
+        self.ticker = asyncio.create_task(self._tick())
+
+    def _noticed(self) -> None:
+        if self.noticed_at is None:
+            self.noticed_at = time.monotonic()
+        self.wake.set()
+
+    async def rows_dirty(self, message):
+        self._noticed()
+
+    async def event_message(self, message):
+        self._noticed()
+
+    async def _send_if_changed(self, not_before: float) -> bool:
+        """Send the shared read if its items changed; False when it is older than ``not_before``."""
+        frames = await database_sync_to_async(SHARED.get)(not_before)
+        if frames.key != self.sent:
+            await self.send(text_data=frames.message(self.panel))
+            self.sent = frames.key
+            self.last_sent_at = time.monotonic()
+        return frames.read_at >= not_before
+
+    async def _tick(self) -> None:
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), ATTENTION_POLL_SECONDS)
+                await asyncio.sleep(
+                    max(ROW_GATHER_SECONDS, self.last_sent_at + ATTENTION_MIN_SECONDS - time.monotonic())
+                )
+                self.wake.clear()
+                # A notice comes after its commit: a read started after the notice sees it. A poll
+                # takes any read of the last ATTENTION_MIN_SECONDS.
+                noticed, self.noticed_at = self.noticed_at, None
+                not_before = noticed if noticed is not None else time.monotonic() - ATTENTION_MIN_SECONDS
+                if not await self._send_if_changed(not_before):
+                    # The shared read predates the notice and the next one is not due yet.
+                    await asyncio.sleep(ATTENTION_MIN_SECONDS)
+                    if self.noticed_at is None:
+                        self.noticed_at = not_before
+                    self.wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the socket is gone or the read broke: end this viewer
+            log.warning("live attention stopped", exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+
+    async def disconnect(self, code):
+        if self.ticker is not None:
+            self.ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.ticker
+        if getattr(self, "wake", None) is not None:
+            for group in ATTENTION_GROUPS:
                 with contextlib.suppress(Exception):
                     await self.channel_layer.group_discard(group, self.channel_name)

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .consumers import ConsoleConsumer, EventsConsumer, OperationConsumer, RowsConsumer
+from .consumers import AttentionConsumer, ConsoleConsumer, EventsConsumer, OperationConsumer, RowsConsumer
 
 websocket_urlpatterns = [
     path("ws/agents/<str:agent_id>/console/<str:stream>/", ConsoleConsumer.as_asgi()),
@@ -10,4 +10,5 @@ websocket_urlpatterns = [
     path("ws/events/", EventsConsumer.as_asgi()),
     path("ws/operations/<int:operation_id>/", OperationConsumer.as_asgi()),
     path("ws/rows/<str:view>/", RowsConsumer.as_asgi()),
+    path("ws/attention/", AttentionConsumer.as_asgi()),
 ]

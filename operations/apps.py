@@ -18,3 +18,9 @@ class OperationsConfig(AppConfig):
     def ready(self):
         # After every migrate: view permissions of models added since join the groups.
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="operations.sync_roles")
+        # kici_scaler_attention on /metrics (the registry is the scalers app's, below this one).
+        from scalers.metrics import REGISTRY
+
+        from .attention import AttentionCollector
+
+        REGISTRY.register(AttentionCollector())

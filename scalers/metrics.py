@@ -21,6 +21,9 @@ Exported:
 * ``kici_scaler_isolation_repairs_total{table, kind}``: the drift check's repairs (``scalers.drift``).
 * ``kici_scaler_reservations{scaler}``, ``kici_scaler_agents{scaler, state}``,
   ``kici_scaler_admission_batch_size`` (in-process histogram).
+* ``kici_scaler_attention{kind}``: what needs a person, by kind; its collector is
+  ``operations.attention.AttentionCollector`` (it reads operations), registered on
+  :data:`REGISTRY` by ``operations.apps``.
 
 Event scalers (names as the reference orchestrator's):
 

@@ -7,6 +7,7 @@ counter kept beside them.
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from django.db import models
 
@@ -78,6 +79,10 @@ class Scaler(models.Model):
         blank=True,
         help_text="host tools the sweeper found missing (scalers.backends.tools); non-empty = not started",
     )
+    host_error = models.TextField(
+        blank=True, help_text="why the sweeper's last ensure_host_ready failed; empty when it succeeded"
+    )
+    host_checked_at = models.DateTimeField(null=True, blank=True, help_text="when the sweeper last readied the host")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -167,6 +172,8 @@ class ScaleOutcome(models.TextChoices):
 #: Outcomes that leave the job queued at the orchestrator ("why is this job waiting?"); an
 #: ``exceeds-cap`` job waits for a change of configuration, never for capacity.
 WAITING_OUTCOMES = (ScaleOutcome.AT_CAPACITY, ScaleOutcome.EXCEEDS_CAP, ScaleOutcome.NO_BACKEND, ScaleOutcome.SKIPPED)
+#: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
+WAITING_WINDOW = timedelta(hours=6)
 
 
 class ScaleRequest(models.Model):

@@ -2,7 +2,7 @@
 reservations holding that cap.
 
 A request is waiting when its latest decision (``ScaleRequest``) was ``at-capacity``,
-``no-backend`` or ``skipped`` within :data:`WAITING_WINDOW`. Requests are grouped by what holds
+``no-backend`` or ``skipped`` within ``scalers.models.WAITING_WINDOW``. Requests are grouped by what holds
 them (outcome, cap, scaler); each group lists its jobs and, for a cap, the reservations that
 count against it: agent id, state, age, owner instance, cpus and memory. An ``exceeds-cap`` group
 (a request larger than the cap on its own) lists no holders: no reservation holds it back, and it
@@ -12,19 +12,24 @@ can never be admitted until the cap is raised.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from django.shortcuts import render
 from django.utils import timezone
 
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName
-from scalers.models import WAITING_OUTCOMES, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
+from scalers.models import (
+    WAITING_OUTCOMES,
+    WAITING_WINDOW,
+    ConfigState,
+    Reservation,
+    ScaleOutcome,
+    Scaler,
+    ScaleRequest,
+)
 
 from .common import viewer_required
 
-#: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
-WAITING_WINDOW = timedelta(hours=6)
 MAX_REQUESTS = 500
 MAX_HOLDERS = 50
 

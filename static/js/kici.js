@@ -23,7 +23,10 @@
       data-server-time of every push set the offset to the browser's clock; no per-second pushes.
       With data-warn-after / data-late-after (seconds) the element gets the class age-ok,
       age-warn (amber) or age-late (red) as it ages (a heartbeat: kici_ui.heartbeat_age).
-   4. Keyboard: "/" focuses the page's [data-search] input, "?" opens the shortcut help, Esc leaves
+   4. Needs attention: the nav badge (#attention-badge, data-count) is kept current over
+      ws/attention/; a [data-notify-toggle] button opts this browser in to a notification
+      (Notification API, remembered in localStorage) whenever the count goes up.
+   5. Keyboard: "/" focuses the page's [data-search] input, "?" opens the shortcut help, Esc leaves
       an input. Pages may add their own keys (see console.js). */
 (function () {
   "use strict";
@@ -145,7 +148,8 @@
   document.addEventListener("htmx:wsOpen", function (e) {
     var elt = e.target;
     setStatus(elt, "open");
-    if (opened.has(elt)) htmx.trigger(document.body, "kici:resync");
+    // A socket that sends a full snapshot on every connect (ws/attention/) needs no resync.
+    if (opened.has(elt) && !elt.hasAttribute("data-no-resync")) htmx.trigger(document.body, "kici:resync");
     opened.add(elt);
   });
   document.addEventListener("htmx:wsClose", function (e) { setStatus(e.target, "closed"); });
@@ -195,6 +199,53 @@
   setInterval(refreshTimes, REL_REFRESH_MS);
   document.addEventListener("htmx:afterSettle", refreshTimes);
   document.addEventListener("DOMContentLoaded", refreshTimes);
+
+  // ---- needs attention: an opt-in browser notification when the count goes up ----------------
+  var NOTIFY_KEY = "kici-notify-attention";
+  var attentionSeen = null;
+  function attentionCount() {
+    var b = document.getElementById("attention-badge");
+    return b ? parseInt(b.getAttribute("data-count"), 10) || 0 : null;
+  }
+  function notifying() {
+    try {
+      return !!window.Notification && Notification.permission === "granted" && localStorage.getItem(NOTIFY_KEY) === "1";
+    } catch (e) { return false; }
+  }
+  function showNotifyToggle() {
+    document.querySelectorAll("[data-notify-toggle]").forEach(function (b) {
+      b.hidden = !window.Notification || Notification.permission === "denied";
+      b.textContent = notifying() ? "Stop notifying" : "Notify me in this browser";
+      b.setAttribute("aria-pressed", notifying() ? "true" : "false");
+    });
+  }
+  function checkAttention() {
+    var n = attentionCount();
+    if (n === null) return;
+    if (attentionSeen !== null && n > attentionSeen && notifying()) {
+      var badge = document.getElementById("attention-badge");
+      new Notification("KiCI: " + n + (n === 1 ? " thing needs" : " things need") + " you", {
+        body: (badge.getAttribute("title") || "").replace(/^Needs attention: /, ""),
+        tag: "kici-attention",
+      });
+    }
+    attentionSeen = n;
+  }
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-notify-toggle]");
+    if (!button || !window.Notification) return;
+    if (notifying()) {
+      localStorage.removeItem(NOTIFY_KEY);
+      showNotifyToggle();
+      return;
+    }
+    Notification.requestPermission().then(function (permission) {
+      if (permission === "granted") localStorage.setItem(NOTIFY_KEY, "1");
+      showNotifyToggle();
+    });
+  });
+  document.addEventListener("htmx:wsAfterMessage", checkAttention);
+  document.addEventListener("DOMContentLoaded", function () { attentionSeen = attentionCount(); showNotifyToggle(); });
 
   // ---- keyboard ------------------------------------------------------------------------------
   function typing(e) {

@@ -317,7 +317,7 @@ def test_the_events_feed_filters_and_goes_quiet_while_searching(viewer_client, s
     assert "pulling image" not in failed and "image pull failed" in failed
     assert 'data-accept="[data-type=&quot;scaler.failed&quot;]"' in failed
     searched = viewer_client.get("/events/?q=pulling").content.decode()
-    assert "pulling image" in searched and "ws-connect" not in searched
+    assert "pulling image" in searched and 'ws-connect="/ws/events/"' not in searched
 
 
 # --- scalers ----------------------------------------------------------------------------------

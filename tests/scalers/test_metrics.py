@@ -9,9 +9,11 @@ from django.test import Client
 from agents.choices import EventType
 from agents.events import record_event
 from agents.models import Agent
+from operations.attention import KINDS
 from scalers.admission.queue import lock_failure_reason
 from scalers.admission.service import request_scale
 from scalers.metrics import REAP_BLOCKED, SCALE_UP_EMITTED, count, set_gauge
+from scalers.models import Scaler
 from tests.support.scalers import make_agent, make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
@@ -133,3 +135,21 @@ def test_event_provisions_in_flight_and_the_reaper_gauges_are_exported():
     body = scrape()
     assert "# TYPE kici_orch_scaler_reap_blocked gauge" in body and "kici_orch_scaler_reap_blocked 1.0" in body
     assert 'kici_orch_scaler_scale_up_emitted_total{scaler="cloud"} 1.0' in body
+
+
+def test_attention_is_a_gauge_per_kind_read_at_scrape_time():
+    make_scaler("c", max_agents=1)
+    body = scrape()
+    assert "# TYPE kici_scaler_attention gauge" in body
+    for kind in KINDS:
+        assert f'kici_scaler_attention{{kind="{kind}"}} 0.0' in body
+    request_scale(["linux"], "a")
+    request_scale(["linux"], "b")  # at capacity: waiting
+    request_scale(["linux"], "c")
+    Scaler.objects.filter(name="c").update(host_error="RuntimeError: no bridge")
+    body = scrape()
+    assert 'kici_scaler_attention{kind="waiting"} 2.0' in body
+    assert 'kici_scaler_attention{kind="not_ready"} 1.0' in body
+    assert 'kici_scaler_attention{kind="approval"} 0.0' in body
+    Scaler.objects.filter(name="c").update(host_error="")
+    assert 'kici_scaler_attention{kind="not_ready"} 0.0' in scrape()

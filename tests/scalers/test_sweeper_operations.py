@@ -49,6 +49,10 @@ def test_hosts_are_readied_once_per_scaler_version_and_a_failure_only_degrades_t
     cmd.hosts_ready = set()
     assert cmd.handle_host_readiness() is True
     assert sorted(calls) == ["ready-broken", "ready-ok"]  # event scalers have no host
+    # the failure is kept for the dashboard's "Needs attention"; the ready scaler has none
+    errors = dict(Scaler.objects.values_list("name", "host_error"))
+    assert errors["ready-broken"] == "RuntimeError: bridge port isolation is not available on kici-br0"
+    assert errors["ready-ok"] == "" and Scaler.objects.get(name="ready-ok").host_checked_at is not None
     calls.clear()
     cmd.handle_host_readiness()
     assert calls == ["ready-broken"]  # the degraded one is retried, the ready one is not
@@ -57,3 +61,7 @@ def test_hosts_are_readied_once_per_scaler_version_and_a_failure_only_degrades_t
     calls.clear()
     cmd.handle_host_readiness()
     assert sorted(calls) == ["ready-broken", "ready-ok"]
+    calls.clear()
+    monkeypatch.setattr(FakeBackend, "ensure_host_ready", lambda self: calls.append(self.scaler.name))
+    cmd.handle_host_readiness()  # fixed: the next success clears the error
+    assert calls == ["ready-broken"] and Scaler.objects.get(name="ready-broken").host_error == ""

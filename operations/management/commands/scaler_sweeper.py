@@ -149,7 +149,8 @@ class Command(BaseCommand):
         (at boot, once its tools appear, and for scalers a reload added or changed): container
         backends check nft (fail closed) and create kici-agent-net, firecracker backends provision
         the bridge, baseline rules and the port-isolation probe. A failure only degrades that
-        scaler: it is logged and retried on the next round."""
+        scaler: it is logged, kept in ``Scaler.host_error`` (what "Needs attention" shows) and
+        retried on the next round; a success clears it."""
         did = False
         for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):
             key = (scaler.pk, scaler.updated_at)
@@ -164,7 +165,11 @@ class Command(BaseCommand):
                 factory.get_backend(scaler).ensure_host_ready()
             except Exception as exc:  # noqa: BLE001 - per-scaler degradation
                 log.warning("scaler %s: host not ready (spawns will fail until fixed): %s", scaler.name, exc)
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+                Scaler.objects.filter(pk=scaler.pk).update(host_error=error, host_checked_at=timezone.now())
                 continue
+            # update() leaves updated_at alone, so the key of this version stays valid.
+            Scaler.objects.filter(pk=scaler.pk).update(host_error="", host_checked_at=timezone.now())
             self.hosts_ready.add(key)
             did = True
         return did

@@ -1,0 +1,88 @@
+"""The live "needs attention" frames: the nav badge on every page and the dashboard's panel, over
+``ws/attention/`` (:class:`live.consumers.AttentionConsumer`; docs/attention.md).
+
+Nothing announces most of what the summary counts (a refusal, a host that failed to ready, time
+passing a window), so each viewer re-reads at least every :data:`ATTENTION_POLL_SECONDS`, and
+sooner on a notice of its groups (:data:`ATTENTION_GROUPS`: operations planned or decided, agent
+events and their scalers' capacity). A read is shared by every viewer of the process
+(:class:`SharedAttention`): a process reads at most once per :data:`ATTENTION_MIN_SECONDS`
+however many pages are open and however many notices arrive, and a viewer whose notice came
+after the shared read asks again once the next read is due. A viewer is sent a frame only when
+the items changed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from django.template.loader import render_to_string
+
+from operations.attention import Attention, needs_attention
+
+from .publish import EVENTS_GLOBAL_GROUP
+from .rows import OPERATIONS_GROUP, SCALERS_GROUP
+
+ATTENTION_POLL_SECONDS = 5.0
+"""A viewer re-reads at least this often (seconds), notices or not."""
+
+ATTENTION_MIN_SECONDS = 1.0
+"""A process reads at most once, and a viewer gets at most one frame, per this many seconds."""
+
+ATTENTION_GROUPS = (OPERATIONS_GROUP, SCALERS_GROUP, EVENTS_GLOBAL_GROUP)
+
+BADGE_TEMPLATE = "base.html#attention_badge"
+PANEL_TEMPLATE = "dashboard/index.html#attention_items"
+
+
+@dataclass(frozen=True)
+class Frames:
+    """One read rendered: the badge's out-of-band element, the panel's, ``key``, the items read
+    (equal keys: nothing changed; the HTML itself differs as its ages tick), and ``read_at``, when
+    the read started (``time.monotonic()``)."""
+
+    badge: str
+    panel: str
+    key: tuple
+    read_at: float
+
+    def message(self, panel: bool) -> str:
+        """The WebSocket message: the badge, and with ``panel`` the dashboard's list too."""
+        return f"{self.badge}\n{self.panel}" if panel else self.badge
+
+
+def render_frames(attention: Attention, read_at: float) -> Frames:
+    ctx = {"attention": attention, "oob": True}
+    return Frames(
+        badge=render_to_string(BADGE_TEMPLATE, ctx).strip(),
+        panel=render_to_string(PANEL_TEMPLATE, ctx).strip(),
+        key=tuple(attention.items),
+        read_at=read_at,
+    )
+
+
+class SharedAttention:
+    """The latest rendered read of one process, shared by its viewers: a new read only when the
+    last one is older than what the caller asks for *and* at least ``min_seconds`` old.
+    Thread-safe (viewers call it from the database threads of ``database_sync_to_async``)."""
+
+    def __init__(self, read=needs_attention, min_seconds: float = ATTENTION_MIN_SECONDS):
+        self._read = read
+        self._min = min_seconds
+        self._lock = threading.Lock()
+        self._frames: Frames | None = None
+
+    def get(self, not_before: float) -> Frames:
+        """The frames of a read started at or after ``not_before`` (``time.monotonic()``) when one
+        may be made now; else the latest (``read_at < not_before``: the caller asks again later).
+        Raises what the read raises."""
+        with self._lock:
+            frames = self._frames
+            started = time.monotonic()
+            if frames is None or (frames.read_at < not_before and started - frames.read_at >= self._min):
+                frames = self._frames = render_frames(self._read(), started)
+            return frames
+
+
+SHARED = SharedAttention()
