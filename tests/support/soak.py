@@ -188,8 +188,7 @@ def run_console(
             argv = [
                 *manage,
                 "rqworker",
-                queue,
-                "default",
+                queue,  # only the run's own queue: no job of another run or test reaches it
                 "--with-scheduler",
                 "--worker-class",
                 "kici_site.worker.KiciWorker",
