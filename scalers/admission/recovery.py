@@ -125,14 +125,18 @@ def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> tuple[Sc
         )
         dropped_ids: set[int] = set()
         for agent in spawning:
-            if agent.scaler.type in LOCAL_SCALER_TYPES and not spawn_alive(agent):
+            if agent.scaler.type not in LOCAL_SCALER_TYPES or spawn_alive(agent):
+                continue
+            # Not failed yet: the sandbox may have been started. It keeps its slot until
+            # _end_dropped_spawn has destroyed it. Compare-and-swap on spawning: a spawn job that
+            # finished since the row was read (rq says finished, the agent is connecting or
+            # running now) survived, and its agent is left alone.
+            if Agent.objects.filter(pk=agent.pk, state=AgentState.SPAWNING).update(
+                state=AgentState.DESTROYING, updated_at=now, failure_reason=DROPPED_SPAWN
+            ):
                 dropped_ids.add(agent.pk)
         if dropped_ids:
-            # Not failed yet: the sandbox may have been started. It keeps its slot until
-            # _end_dropped_spawn has destroyed it; its tokens are void from now on.
-            Agent.objects.filter(pk__in=dropped_ids).update(
-                state=AgentState.DESTROYING, updated_at=now, failure_reason=DROPPED_SPAWN
-            )
+            # Their tokens are void from now on.
             AgentToken.objects.filter(agent_id__in=dropped_ids, expires_at__gt=now).update(expires_at=now)
         # Event spawns: the prune clock starts at spawnedAt when the spawn never recorded a start.
         Agent.objects.filter(
@@ -164,4 +168,6 @@ def _recover(instance_id: str, spawn_alive: Callable[[Agent], bool]) -> tuple[Sc
         reservations_dropped=len(dropped_res),
         buffered_events_lost=0,
     )
-    return counts, [a for a in spawning if a.pk in dropped_ids]
+    # Read again: the teardown destroys what the row records now (a pid or container written by
+    # the spawn job after the first read).
+    return counts, list(Agent.objects.select_related("scaler").filter(pk__in=dropped_ids).order_by("pk"))

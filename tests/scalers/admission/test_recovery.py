@@ -3,10 +3,12 @@ PostgreSQL advisory lock, and the sweeper command that runs both."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from agents.choices import AgentState, EventType
@@ -113,6 +115,30 @@ def test_a_local_spawn_whose_rq_job_still_runs_is_kept():
     seed_agent(make_scaler("c"))
     r = recover_state(ME, spawn_alive=lambda a: True)
     assert counts(r) == (1, 0, 1, 0)
+
+
+def test_a_spawn_whose_job_finished_while_recovery_looked_keeps_its_agent_and_slot():
+    # Recovery read the agent spawning; before it asked rq, the worker's spawn job moved the agent
+    # to connecting (its process runs, it will register) and finished, so rq no longer calls the
+    # job alive. The agent was spawned, not lost: it stays connecting with its reservation.
+    scaler = make_scaler("b", type="bare-metal", ls_config={"binaryPath": "/bin/true"})
+    agent = seed_agent(scaler, rq_job_id="spawn-done")
+
+    def finished_meanwhile(seen: Agent) -> bool:
+        def worker():
+            Agent.objects.filter(pk=seen.pk).update(state=AgentState.CONNECTING, managed_id="4242")
+            connection.close()
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        return False
+
+    r = recover_state(ME, spawn_alive=finished_meanwhile)
+    agent.refresh_from_db()
+    assert (agent.state, agent.failure_reason) == (AgentState.CONNECTING, "")
+    assert counts(r) == (1, 0, 1, 0)
+    assert Reservation.objects.filter(agent=agent).exists()
 
 
 def test_a_local_spawn_whose_rq_job_rq_does_not_know_is_dropped_by_the_default_check():
