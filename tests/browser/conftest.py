@@ -192,6 +192,30 @@ def browser_page(transactional_db, live_daphne, chromium):
     yield make
     for context in contexts:
         context.close()
+    _wait_for_quiet_database()
+
+
+def _wait_for_quiet_database(timeout: float = 5.0, quiet_for: float = 0.3) -> None:
+    """Wait until no other session of the test database is running a statement or holding a
+    transaction (a closed page's live consumer may still be reading its last batch), so the
+    flush that ends the test does not deadlock against it."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    quiet_since = None
+    with connection.cursor() as cur:
+        while time.monotonic() < deadline:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND state IS NOT NULL AND state <> 'idle'"
+            )
+            if cur.fetchone()[0]:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_for:
+                return
+            time.sleep(0.05)
 
 
 @pytest.fixture
