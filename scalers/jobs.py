@@ -70,7 +70,8 @@ def enqueue_spawn(agent: Agent) -> str:
     hard failure rq calls :func:`spawn_job_failed`. Callers go through :func:`start_waiting_spawns`.
     """
     job_id = spawn_job_id(agent)
-    Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id)
+    # updated_at stamps the claim: recovery gives a job rq does not know yet a grace from it.
+    Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id, updated_at=timezone.now())
     agent.rq_job_id = job_id
     timeout = spawn_timeout_seconds() + CLEANUP_GRACE_SECONDS
     host_queue().enqueue(
@@ -110,7 +111,7 @@ def start_waiting_spawns(scaler_id: int) -> set[int]:
             return set()
         chosen = list(spawning.filter(rq_job_id="").order_by("created_at", "pk")[:free])
         for agent in chosen:
-            Agent.objects.filter(pk=agent.pk).update(rq_job_id=spawn_job_id(agent))
+            Agent.objects.filter(pk=agent.pk).update(rq_job_id=spawn_job_id(agent), updated_at=timezone.now())
     failed: set[int] = set()
     for agent in chosen:
         try:

@@ -28,6 +28,9 @@ from . import ledger
 log = logging.getLogger("scalers.admission")
 
 _ALIVE_RQ_STATES = {"queued", "started", "deferred", "scheduled"}
+#: Seconds after a spawn slot was claimed (``rq_job_id`` written, ``updated_at`` stamped) during
+#: which a job rq does not know yet is still being enqueued, not lost.
+ENQUEUE_GRACE_SECONDS = 30
 DROPPED_SPAWN = "dropped at recovery: a local spawn does not survive the process that ran it"
 
 
@@ -48,7 +51,9 @@ def rq_job_alive(agent: Agent) -> bool:
     none yet: it waits for a spawn slot (``scalers.jobs.start_waiting_spawns``), nothing of it runs.
 
     Redis unreachable ⇒ True (do not drop what might be running; the stale prune and the token
-    TTL catch it later).
+    TTL catch it later). A job rq does not know is alive for :data:`ENQUEUE_GRACE_SECONDS` after
+    the slot was claimed and before the job started (``spawn_started_at`` unset): the claim is
+    committed before the job reaches Redis, and recovery may look in between.
     """
     if not agent.rq_job_id:
         return True
@@ -57,7 +62,14 @@ def rq_job_alive(agent: Agent) -> bool:
     except Exception as exc:  # noqa: BLE001
         log.warning("recovery: cannot ask rq about %s (%s); keeping it", agent.agent_id, exc)
         return True
-    return job is not None and str(job.get_status(refresh=False)) in _ALIVE_RQ_STATES
+    if job is None:
+        claimed = agent.updated_at
+        return (
+            agent.spawn_started_at is None
+            and claimed is not None
+            and (timezone.now() - claimed).total_seconds() < ENQUEUE_GRACE_SECONDS
+        )
+    return str(job.get_status(refresh=False)) in _ALIVE_RQ_STATES
 
 
 def recover_state(

@@ -14,7 +14,7 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from agents.tokens import TokenRejected, mint_registration_token, redeem_registration_token
-from scalers.admission.recovery import recover_state
+from scalers.admission.recovery import ENQUEUE_GRACE_SECONDS, recover_state
 from scalers.leader import Leadership
 from scalers.models import RecoveryReport, Reservation
 from tests.support.scalers import make_scaler
@@ -142,8 +142,20 @@ def test_a_spawn_whose_job_finished_while_recovery_looked_keeps_its_agent_and_sl
 
 
 def test_a_local_spawn_whose_rq_job_rq_does_not_know_is_dropped_by_the_default_check():
-    seed_agent(make_scaler("c"), rq_job_id="spawn-gone")  # its job is lost: nothing can be running it
+    agent = seed_agent(make_scaler("c"), rq_job_id="spawn-gone")  # its job is lost: nothing can be running it
+    claimed = timezone.now() - timedelta(seconds=ENQUEUE_GRACE_SECONDS + 1)
+    Agent.objects.filter(pk=agent.pk).update(updated_at=claimed)
     assert recover_state(ME).spawning_dropped == 1
+
+
+def test_a_spawn_slot_claimed_just_now_whose_job_is_not_in_rq_yet_is_kept():
+    # start_waiting_spawns commits the claim (rq_job_id, updated_at) before the job reaches Redis;
+    # a recovery in between (a sweeper booting right after a console restart) must not drop it.
+    agent = seed_agent(make_scaler("c"), rq_job_id="spawn-being-enqueued", updated_at=timezone.now())
+    r = recover_state(ME)
+    assert (r.spawning_dropped, r.spawning_agents_rehydrated) == (0, 1)
+    agent.refresh_from_db()
+    assert agent.state == AgentState.SPAWNING
 
 
 def test_a_local_spawn_still_waiting_for_a_spawn_slot_is_kept_by_the_default_check():
