@@ -28,15 +28,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import django_rq
+import docker
 import requests
 from django.db import connection, connections
+from django.utils import timezone
+from rq import Worker
 
 from agents.choices import ACTIVE_STATES, TERMINAL_STATES, AgentState, EventType
-from agents.models import Agent, ScalerEvent
+from agents.models import Agent, AgentToken, ScalerEvent
+from agents.tokens import REGISTRATION_PREFIX
+from network.nft.apply import NftClient
 from scalers.backends.baremetal import _alive
+from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ensure_isolated_network
 from scalers.lifecycle import mark_draining
 from scalers.models import Reservation, Scaler
-from tests.support.scalers import make_scaler, set_global
+from tests.support.scalers import DEFAULT_LABEL_SET_ENTRY, make_scaler, set_global
 from tests.support.servers import REPO, free_port
 
 #: How a lifecycle ends, as the orchestrator (or the agent) makes it end:
@@ -46,6 +53,23 @@ from tests.support.servers import REPO, free_port
 #: it registers) and ``drain`` (an operator drains it mid-job; the sweeper ends it once idle).
 ENDINGS = ("job-complete", "release", "crash", "lost", "drain")
 
+BACKENDS = ("process", "container")
+
+#: The container soak's endings, drawn at random: mostly a job that completes, and ``docker-kill``
+#: (the agent's container is killed with ``docker kill`` while it holds its job; the lost-agent
+#: sweep ends it).
+CONTAINER_ENDINGS = ("job-complete", "job-complete", "job-complete", "docker-kill")
+
+#: Faults the container soak injects into the console, in turn, while lifecycles run:
+#: ``worker-kill`` (SIGKILL of an rq worker, and of its work-horse, while it runs a spawn; a new
+#: worker is started), ``sweeper-restart`` and ``console-restart`` (every console process stopped
+#: and started again while agents run).
+FAULTS = ("worker-kill", "sweeper-restart", "console-restart")
+
+#: Registration-token lifetime of the container soak's console (seconds): a spawn whose worker was
+#: killed before its agent registered is ended by the token expiry, not after the 300 s stale prune.
+CONTAINER_TOKEN_TTL_SECONDS = 30
+
 AGENT = REPO / "bench" / "agents" / "soak_agent.py"
 LABELS = ["linux", "soak"]
 RELEASE_REASON = "soak: job cancelled"
@@ -53,9 +77,13 @@ LOST_REASON = "soak: orchestrator lost the job"
 
 #: Seconds a lifecycle may take to end after its ending was triggered (a crash waits for the
 #: lost-agent sweep, every 5 s, and its operation's job).
-END_TIMEOUT = {"crash": 60.0}
+END_TIMEOUT = {"crash": 60.0, "docker-kill": 60.0}
 DEFAULT_END_TIMEOUT = 30.0
-REGISTER_TIMEOUT = 30.0
+#: Seconds from /scale to running; a console restart (or a spawn killed with its worker, ended by
+#: the token expiry) may take part of it.
+REGISTER_TIMEOUT = 90.0
+#: Seconds an orchestrator call is retried while the console does not answer (a console restart).
+API_RETRY_SECONDS = 90.0
 
 
 def database_url(db: dict) -> str:
@@ -74,15 +102,96 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+class Launcher:
+    """Starts, stops and kills the console's processes by name (``web``, ``worker-<n>``,
+    ``sweeper``), each with its log ``<workdir>/<name>.log`` (appended across restarts)."""
+
+    def __init__(self, workdir: Path, env: dict, web_argv: list[str], web_env: dict, workers: int, queue: str):
+        self.workdir, self.env, self.web_argv, self.web_env = workdir, env, web_argv, web_env
+        manage = [sys.executable, "manage.py"]
+        self.argv: dict[str, list[str]] = {"web": web_argv}
+        for i in range(1, workers + 1):
+            # only the run's own queue: no job of another run or test reaches it
+            self.argv[f"worker-{i}"] = [
+                *manage,
+                "rqworker",
+                queue,
+                "--with-scheduler",
+                "--worker-class",
+                "kici_site.worker.KiciWorker",
+            ]
+        self.argv["sweeper"] = [*manage, "scaler_sweeper", "--interval", "1", "--no-warm-pools"]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.web_url = ""
+
+    def start(self, name: str) -> None:
+        env = self.web_env if name == "web" else self.env
+        self.procs[name] = _start(self.argv[name], env, self.workdir / f"{name}.log")
+        if name == "web" and self.web_url:
+            _wait_healthy(self.web_url, self.procs["web"], self.workdir / "web.log")
+
+    def stop(self, name: str) -> None:
+        """SIGTERM (a worker finishes its job first), then SIGKILL after 15 s."""
+        _stop(self.procs[name])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL ``name`` and, first, the work-horses it forked (each in its own process group)."""
+        pid = self.procs[name].pid
+        for child in _children(pid):
+            try:
+                os.killpg(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.procs[name].kill()
+        self.procs[name].wait(5)
+
+    def start_all(self) -> None:
+        for name in self.argv:
+            self.start(name)
+
+    def stop_all(self) -> None:
+        for name in reversed(self.argv):
+            if name in self.procs:
+                self.stop(name)
+
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (read from ``/proc/<pid>/stat``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
 @dataclass
 class Console:
-    """A running soak console: its base URL, API token, scaler, control directory and processes."""
+    """A running soak console: its base URL (the orchestrator's, on loopback), API token, scaler,
+    control directory, backend (``process`` or ``container``) and processes."""
 
     url: str
     api_token: str
     scaler: Scaler
     control_dir: Path
-    processes: dict[str, int] = field(default_factory=dict)  # name -> pid ("web", "worker-1", "sweeper")
+    launcher: Launcher
+    backend: str = "process"
+    docker_host: str = ""  # container backend: the daemon the agents run on
+    nft_table: str = ""  # container backend: the console's nft table
+    #: agents whose spawn job was killed with its worker: they may end before they ever ran
+    spawn_victims: set[str] = field(default_factory=set)
+
+    @property
+    def processes(self) -> dict[str, int]:
+        return self.launcher.pids()
 
     def rss(self) -> dict[str, int | None]:
         return {name: rss_bytes(pid) for name, pid in self.processes.items()}
@@ -126,36 +235,106 @@ def _kill_agent_processes(scaler: Scaler) -> int:
     return killed
 
 
+def docker_for(docker_host: str) -> docker.DockerClient:
+    return docker.DockerClient(base_url=docker_host, version="auto", timeout=30)
+
+
+def scaler_containers(docker_host: str, scaler: Scaler) -> list[dict]:
+    """The kici-managed containers of ``scaler`` on the daemon (running or not)."""
+    client = docker_for(docker_host)
+    try:
+        return client.api.containers(
+            all=True, filters={"label": ["kici-managed=true", f"kici-scaler-name={scaler.name}"]}
+        )
+    finally:
+        client.close()
+
+
+def _remove_containers(docker_host: str, scaler: Scaler) -> None:
+    """Force-remove what is left of ``scaler``'s containers (the soak's own cleanup)."""
+    client = docker_for(docker_host)
+    try:
+        for c in scaler_containers(docker_host, scaler):
+            client.api.remove_container(c["Id"], force=True)
+    finally:
+        client.close()
+
+
 @contextmanager
 def run_console(
-    workdir: Path, *, max_agents: int = 4, workers: int = 2, heartbeat_seconds: float = 1.0
+    workdir: Path,
+    *,
+    backend: str = "process",
+    max_agents: int = 4,
+    workers: int = 2,
+    heartbeat_seconds: float = 1.0,
+    docker_host: str = "",
+    nft_table: str = "kicisoak",
 ) -> Iterator[Console]:
     """A real console on a free loopback port over Django's default database (already migrated),
-    with one bare-metal process scaler ``soak-<hex>`` (``maxAgents`` = ``max_agents``) whose agents
-    are :data:`AGENT`. Logs go to ``workdir``; the processes are stopped (SIGTERM, then SIGKILL)
-    and any agent process left is killed when the block ends."""
+    with one scaler ``soak-<hex>`` (``maxAgents`` = ``max_agents``), run by ``workers`` rq workers
+    and the sweeper. Logs go to ``workdir``; the processes are stopped (SIGTERM, then SIGKILL) and
+    any agent left is killed when the block ends.
+
+    ``backend="process"``: a bare-metal scaler in process mode whose agents are :data:`AGENT`.
+    ``backend="container"``: a container scaler on the dockerd of ``docker_host`` (agent image
+    ``kici-agent:local``, never pulled) with network isolation on in the nft table ``nft_table``
+    (dropped at the end); daphne also listens on the agent gateway 172.30.0.1, where the agents
+    reach it; registration tokens live 30 s, so a spawn killed with its worker is ended by the
+    sweeper's token expiry. Raises ValueError for another backend or a container backend
+    without ``docker_host``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "container" and not docker_host:
+        raise ValueError("docker_host is required for the container backend")
     workdir.mkdir(parents=True, exist_ok=True)
     control = workdir / "control"
     control.mkdir(exist_ok=True)
-    wrapper = workdir / "soak-agent"
-    wrapper.write_text(
-        f"#!/bin/sh\nSOAK_CONTROL_DIR={control} SOAK_HEARTBEAT_SECONDS={heartbeat_seconds} "
-        f"exec {sys.executable} {AGENT}\n"
-    )
-    wrapper.chmod(0o755)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     token = secrets.token_hex(16)
     host = f"soak-{secrets.token_hex(3)}"
     set_global(max_agents=max_agents * 10)
-    scaler = make_scaler(
-        f"soak-{secrets.token_hex(3)}",
-        type="bare-metal",
-        labels=LABELS,
-        ls_config={"binaryPath": str(wrapper)},
-        max_agents=max_agents,
-        orchestrator_url=url,
-    )
+    endpoints = [f"tcp:port={port}:interface=127.0.0.1"]
+    extra_env: dict[str, str] = {}
+    if backend == "process":
+        wrapper = workdir / "soak-agent"
+        wrapper.write_text(
+            f"#!/bin/sh\nSOAK_CONTROL_DIR={control} SOAK_HEARTBEAT_SECONDS={heartbeat_seconds} "
+            f"exec {sys.executable} {AGENT}\n"
+        )
+        wrapper.chmod(0o755)
+        scaler = make_scaler(
+            f"soak-{secrets.token_hex(3)}",
+            type="bare-metal",
+            labels=LABELS,
+            ls_config={"binaryPath": str(wrapper)},
+            max_agents=max_agents,
+            orchestrator_url=url,
+        )
+    else:
+        client = docker_for(docker_host)
+        try:
+            ensure_isolated_network(client)  # the bridge, and so the gateway address, exist from here on
+        finally:
+            client.close()
+        agent_port = free_port(ISOLATED_NETWORK_GATEWAY)
+        agent_url = f"http://{ISOLATED_NETWORK_GATEWAY}:{agent_port}"
+        endpoints.append(f"tcp:port={agent_port}:interface={ISOLATED_NETWORK_GATEWAY}")
+        scaler = make_scaler(
+            f"soak-{secrets.token_hex(3)}",
+            type="container",
+            labels=LABELS,
+            ls_config=DEFAULT_LABEL_SET_ENTRY,
+            max_agents=max_agents,
+            orchestrator_url=agent_url,
+        )
+        extra_env = {
+            "DOCKER_HOST": docker_host,
+            "KICI_CONSOLE_URL": agent_url,
+            "KICI_NETWORK_ISOLATION": "true",
+            "KICI_AGENT_TOKEN_TTL_SECONDS": str(CONTAINER_TOKEN_TTL_SECONDS),
+        }
     db = connection.settings_dict
     env = {
         **os.environ,
@@ -166,41 +345,38 @@ def run_console(
         "KICI_HOST_NAME": host,
         "KICI_API_TOKEN": token,
         "KICI_AGENT_LOG_DIR": str(workdir / "agents"),
-        "KICI_NFT_TABLE": "kicisoak",
+        "KICI_NFT_TABLE": nft_table,
         "KICI_SWEEP_LOST_AGENTS_SECONDS": "5",
         "KICI_SWEEP_ORPHAN_CONTAINERS_SECONDS": "0",
         "KICI_SWEEP_ORPHAN_VMS_SECONDS": "0",
         "KICI_SWEEP_STALE_ISOLATION_RULES_SECONDS": "0",
         "LOG_LEVEL": "WARNING",
+        **extra_env,
     }
-    manage = [sys.executable, "manage.py"]
-    procs: dict[str, subprocess.Popen] = {}
+    web_env = {
+        **env,
+        "ALLOWED_HOSTS": f"127.0.0.1,{ISOLATED_NETWORK_GATEWAY}",
+        "KICI_OPERATOR_LISTEN": f"127.0.0.1:{port}",
+    }
+    web_argv = [
+        sys.executable,
+        "-m",
+        "daphne",
+        *(a for e in endpoints for a in ("-e", e)),
+        "kici_site.asgi:application",
+    ]
+    launcher = Launcher(workdir, env, web_argv, web_env, workers, f"host:{host}")
     with ExitStack() as stack:
-        stack.callback(_kill_agent_processes, scaler)
-        endpoint = f"tcp:port={port}:interface=127.0.0.1"
-        web_env = {**env, "ALLOWED_HOSTS": "127.0.0.1", "KICI_OPERATOR_LISTEN": f"127.0.0.1:{port}"}
-        procs["web"] = _start(
-            [sys.executable, "-m", "daphne", "-e", endpoint, "kici_site.asgi:application"], web_env, workdir / "web.log"
-        )
-        stack.callback(_stop, procs["web"])
-        queue = f"host:{host}"
-        for i in range(1, workers + 1):
-            argv = [
-                *manage,
-                "rqworker",
-                queue,  # only the run's own queue: no job of another run or test reaches it
-                "--with-scheduler",
-                "--worker-class",
-                "kici_site.worker.KiciWorker",
-            ]
-            procs[f"worker-{i}"] = _start(argv, env, workdir / f"worker-{i}.log")
-            stack.callback(_stop, procs[f"worker-{i}"])
-        procs["sweeper"] = _start(
-            [*manage, "scaler_sweeper", "--interval", "1", "--no-warm-pools"], env, workdir / "sweeper.log"
-        )
-        stack.callback(_stop, procs["sweeper"])
-        _wait_healthy(url, procs["web"], workdir / "web.log")
-        yield Console(url, token, scaler, control, {name: proc.pid for name, proc in procs.items()})
+        if backend == "process":
+            stack.callback(_kill_agent_processes, scaler)
+        else:
+            stack.callback(NftClient(nft_table).delete_table)
+            stack.callback(_remove_containers, docker_host, scaler)
+        stack.callback(launcher.stop_all)
+        launcher.start_all()
+        _wait_healthy(url, launcher.procs["web"], workdir / "web.log")
+        launcher.web_url = url
+        yield Console(url, token, scaler, control, launcher, backend, docker_host, nft_table)
 
 
 def _wait_healthy(url: str, web: subprocess.Popen, log_path: Path, timeout: float = 30.0) -> None:
@@ -231,6 +407,7 @@ class Lifecycle:
     final_state: str = ""
     reason: str = ""
     problem: str = ""
+    fault: str = ""  # the injected fault that ended it before it ran (its spawn killed), if any
 
 
 @dataclass
@@ -248,9 +425,11 @@ class Report:
     rss_before: dict[str, int | None] = field(default_factory=dict)
     rss_after: dict[str, int | None] = field(default_factory=dict)
     new_job: str = ""  # the answer to a /scale sent once everything ended ("201" when admitted)
+    faults: list[Fault] = field(default_factory=list)  # injected into the console (container soak)
 
     def problems(self) -> list[str]:
         out = [f"{lc.agent_id or lc.job_id} ({lc.ending}): {lc.problem}" for lc in self.lifecycles if lc.problem]
+        out += [f"fault {f.kind}: {f.problem}" for f in self.faults if f.problem]
         out += [f"{kind}: {', '.join(items)}" for kind, items in self.leaks.items() if items]
         if self.max_slots > self.max_agents:
             out.append(f"maxAgents {self.max_agents} exceeded: {self.max_slots} slots occupied at once")
@@ -271,6 +450,7 @@ def expected_end(ending: str) -> tuple[str, str]:
         "lost": (AgentState.DESTROYED, f"released by the orchestrator: {LOST_REASON}"),
         "crash": (AgentState.FAILED, "lost (process exited"),
         "drain": (AgentState.DESTROYED, "drained"),
+        "docker-kill": (AgentState.FAILED, "lost ("),
     }[ending]
 
 
@@ -313,8 +493,34 @@ class Orchestrator:
             self.http.session.headers["Authorization"] = f"Bearer {self.console.api_token}"
         return self.http.session
 
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[requests.Response | None, bool]:
+        """``method path`` on the console, retried for :data:`API_RETRY_SECONDS` while it does not
+        answer (refused, reset, 502/503: a console restart). ``(answer, retried)``; the answer is
+        None when the console never came back."""
+        deadline = time.monotonic() + API_RETRY_SECONDS
+        retried = False
+        while True:
+            try:
+                answer = self._session().request(method, self.console.url + path, json=body, timeout=30)
+                if answer.status_code not in (502, 503):
+                    return answer, retried
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                return None, retried
+            retried = True
+            time.sleep(0.3)
+
     def post(self, path: str, body: dict) -> requests.Response:
-        return self._session().post(self.console.url + path, json=body, timeout=30)
+        """POST, retried while the console restarts; a 4xx after a retry is the first try's
+        effect (the call had reached the console), so it counts as done. Raises RuntimeError when
+        the console never answers, HTTPError for an error answer."""
+        answer, retried = self.call("POST", path, body)
+        if answer is None:
+            raise RuntimeError(f"POST {path}: the console did not answer for {API_RETRY_SECONDS:g} s")
+        if not (retried and 400 <= answer.status_code < 500):
+            answer.raise_for_status()
+        return answer
 
     def _pick(self) -> tuple[str, str, float, float]:
         with self.lock:
@@ -327,10 +533,18 @@ class Orchestrator:
             )
 
     def scale(self, job_id: str, until: float) -> tuple[str, float] | str:
-        """POST /scale until admitted: ``(agent id, time sent)``, or the reason it was not."""
+        """POST /scale until admitted: ``(agent id, time sent)``, or the reason it was not. A
+        request the console may have taken without answering (it restarted) is looked up by its
+        job id first, as an orchestrator would, so no admitted agent is left without its job."""
         while True:
             sent = time.time()
-            answer = self.post("/api/v1/scale", {"labels": LABELS, "jobId": job_id})
+            answer, retried = self.call("POST", "/api/v1/scale", {"labels": LABELS, "jobId": job_id})
+            if retried or answer is None:
+                taken = Agent.objects.filter(scaler=self.console.scaler, bound_job_id=job_id).order_by("id").first()
+                if taken is not None:
+                    return taken.agent_id, sent
+            if answer is None:
+                return f"/scale: the console did not answer for {API_RETRY_SECONDS:g} s"
             if answer.status_code == 201:
                 return answer.json()["agentId"], sent
             if answer.status_code != 409 or time.monotonic() > until:
@@ -356,6 +570,10 @@ class Orchestrator:
             self.post(f"/api/v1/agents/{lc.agent_id}/release", {"reason": LOST_REASON}).raise_for_status()
         else:
             registered = self.wait_registered(lc.agent_id)
+            if isinstance(registered, str) and lc.agent_id in self.console.spawn_victims:
+                lc.fault = "worker-kill"  # its spawn died with the worker: it may never run
+                self.wait_end(lc, time.time())
+                return lc
             if isinstance(registered, str):
                 lc.problem = registered
                 return lc
@@ -370,7 +588,10 @@ class Orchestrator:
         deadline = time.monotonic() + REGISTER_TIMEOUT
         state = "?"
         while time.monotonic() < deadline:
-            answer = self._session().get(f"{self.console.url}/api/v1/agents/{agent_id}", timeout=30).json()
+            answer, _ = self.call("GET", f"/api/v1/agents/{agent_id}")
+            if answer is None:
+                return f"the console did not answer for {API_RETRY_SECONDS:g} s"
+            answer = answer.json()
             state = answer["state"]
             if state == AgentState.RUNNING and answer["registeredAt"]:
                 return datetime.fromisoformat(answer["registeredAt"]).timestamp()
@@ -392,6 +613,12 @@ class Orchestrator:
         elif ending == "crash":
             pid = Agent.objects.get(agent_id=lc.agent_id).backend_context["pid"]
             os.killpg(int(pid), signal.SIGKILL)
+        elif ending == "docker-kill":
+            client = docker_for(self.console.docker_host)
+            try:
+                client.api.kill(Agent.objects.get(agent_id=lc.agent_id).managed_id)
+            finally:
+                client.close()
         elif ending == "drain":
             mark_draining(lc.agent_id)
             time.sleep(0.3)  # drained mid-job: the agent still reports its job
@@ -424,9 +651,100 @@ class Orchestrator:
         else:
             destroyed = ScalerEvent.objects.filter(agent=agent, type=EventType.DESTROYED).order_by("id").first()
             lc.reason = (destroyed.payload or {}).get("reason", "") if destroyed else ""
-        state, reason = expected_end(lc.ending)
+        state, reason = expected_end(lc.ending) if not lc.fault else (AgentState.FAILED, "")
         if lc.final_state != state or not lc.reason.startswith(reason):
             lc.problem = f"ended {lc.final_state} ({lc.reason[:160]!r}), expected {state} ({reason!r}...)"
+
+
+@dataclass
+class Fault:
+    """One fault injected into the console: its kind (:data:`FAULTS`), when (seconds into the
+    soak), what it hit, and ``problem`` when the console did not come back from it."""
+
+    kind: str
+    at: float
+    detail: str = ""
+    problem: str = ""
+
+
+class FaultInjector(threading.Thread):
+    """Injects :data:`FAULTS` in turn into the console of ``orchestrator``, one every ``every``
+    seconds (the first after ``every``), until :meth:`stop`. ``rounds``: how many full turns of
+    every kind were injected."""
+
+    def __init__(self, console: Console, every: float, started: float):
+        super().__init__(name="soak-faults", daemon=True)
+        self.console, self.every, self.started = console, every, started
+        self.faults: list[Fault] = []
+        self.done = threading.Event()
+
+    @property
+    def rounds(self) -> int:
+        injected = [f.kind for f in self.faults if f.detail and not f.problem]
+        return min(injected.count(kind) for kind in FAULTS)
+
+    def run(self) -> None:
+        turn = 0
+        try:
+            while not self.done.wait(self.every):
+                kind = FAULTS[turn % len(FAULTS)]
+                fault = Fault(kind, time.monotonic() - self.started)
+                try:
+                    fault.detail = getattr(self, kind.replace("-", "_"))()
+                except Exception as exc:  # noqa: BLE001 - reported as a problem of the soak
+                    fault.problem = f"{type(exc).__name__}: {exc}"
+                self.faults.append(fault)
+                if fault.detail or fault.problem:
+                    turn += 1  # a worker-kill that found no spawn in flight is tried again next time
+        finally:
+            connections.close_all()
+
+    def stop(self) -> list[Fault]:
+        self.done.set()
+        self.join()
+        return self.faults
+
+    def worker_kill(self, timeout: float = 15.0) -> str:
+        """SIGKILL the first worker seen running a spawn (and its work-horse), then start a new
+        one in its place; "" when no spawn ran within ``timeout`` seconds."""
+        launcher = self.console.launcher
+        connection_ = django_rq.get_connection("default")  # every queue is on the one Redis
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.done.is_set():
+            ours = {pid: name for name, pid in launcher.pids().items() if name.startswith("worker-")}
+            for worker in Worker.all(connection=connection_):
+                job = worker.get_current_job() if worker.pid in ours else None
+                if job is None or job.func_name != "scalers.jobs.spawn_agent":
+                    continue
+                agent_id = Agent.objects.filter(pk=job.args[0]).values_list("agent_id", flat=True).first() or "?"
+                self.console.spawn_victims.add(agent_id)
+                name = ours[worker.pid]
+                launcher.kill(name)
+                launcher.start(name)
+                return f"{name} (pid {worker.pid}) killed while spawning {agent_id}"
+            time.sleep(0.02)
+        return ""
+
+    def sweeper_restart(self) -> str:
+        launcher = self.console.launcher
+        launcher.stop("sweeper")
+        launcher.start("sweeper")
+        return "sweeper stopped and started"
+
+    def console_restart(self, timeout: float = 15.0) -> str:
+        """Stop every console process and start them again, once an agent runs (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        running = 0
+        while time.monotonic() < deadline and not self.done.is_set():
+            running = Agent.objects.filter(scaler=self.console.scaler, state=AgentState.RUNNING).count()
+            if running:
+                break
+            time.sleep(0.1)
+        launcher = self.console.launcher
+        t0 = time.monotonic()
+        launcher.stop_all()
+        launcher.start_all()
+        return f"all processes restarted in {time.monotonic() - t0:.1f} s with {running} agents running"
 
 
 class SlotSampler(threading.Thread):
@@ -462,31 +780,58 @@ class SlotSampler(threading.Thread):
         return self.most
 
 
-def find_leaks(scaler: Scaler) -> dict[str, list[str]]:
+def find_leaks(console: Console) -> dict[str, list[str]]:
     """What is held without being used once every lifecycle ended:
 
     * ``reservations without an active agent``: a reservation whose agent ended (or is gone);
     * ``active agents``: agents still in an active state (nothing should be left running);
-    * ``active agents without a sandbox``: of those, the ones whose process is gone;
-    * ``orphan processes``: an ended agent whose process still runs.
+    * ``valid tokens of ended agents``: a registration token of an ended agent that is neither used
+      nor expired (a sandbox could still register with it). Session tokens are not counted: an
+      ended agent's session is kept on purpose, so its heartbeat is answered 410 ``stop``
+      (``scalers.agent_api``);
+    * process backend: ``active agents without a sandbox`` (of the active ones, those whose
+      process is gone) and ``orphan processes`` (an ended agent whose process still runs);
+    * container backend: ``leftover containers`` (the scaler's kici-managed containers on the
+      daemon whose agent is not active) and ``leftover rules`` (addresses in the nft table that
+      no active agent holds).
     """
+    scaler = console.scaler
     leaks: dict[str, list[str]] = {
         "reservations without an active agent": [],
         "active agents": [],
-        "active agents without a sandbox": [],
-        "orphan processes": [],
+        "valid tokens of ended agents": [],
     }
     for r in Reservation.objects.filter(scaler=scaler).select_related("agent"):
         if r.agent is None or r.agent.state not in ACTIVE_STATES:
             leaks["reservations without an active agent"].append(r.agent.agent_id if r.agent else f"#{r.pk}")
-    for agent in Agent.objects.filter(scaler=scaler):
+    valid = AgentToken.objects.filter(
+        agent__scaler=scaler,
+        agent__state__in=list(TERMINAL_STATES),
+        prefix__startswith=REGISTRATION_PREFIX,
+        used_at__isnull=True,
+        expires_at__gt=timezone.now(),
+    )
+    leaks["valid tokens of ended agents"] = [f"{t.agent.agent_id} {t.prefix}" for t in valid.select_related("agent")]
+    agents = list(Agent.objects.filter(scaler=scaler))
+    active = {a.agent_id for a in agents if a.state in ACTIVE_STATES}
+    leaks["active agents"] = [f"{a.agent_id} {a.state}" for a in agents if a.state in ACTIVE_STATES]
+    if console.backend == "container":
+        leaks["leftover containers"] = [
+            f"{c['Labels'].get('kici-agent-id', '?')} {c['State']}"
+            for c in scaler_containers(console.docker_host, scaler)
+            if c["Labels"].get("kici-agent-id") not in active
+        ]
+        held = {a.ip for a in agents if a.state in ACTIVE_STATES and a.ip}
+        leaks["leftover rules"] = [str(ip) for ip in NftClient(console.nft_table).list_agents() if str(ip) not in held]
+        return leaks
+    leaks["active agents without a sandbox"] = []
+    leaks["orphan processes"] = []
+    for agent in agents:
         ctx = agent.backend_context or {}
         alive = bool(ctx.get("pid")) and _alive(int(ctx["pid"]), ctx.get("start_time"))
-        if agent.state in ACTIVE_STATES:
-            leaks["active agents"].append(f"{agent.agent_id} {agent.state}")
-            if not alive:
-                leaks["active agents without a sandbox"].append(agent.agent_id)
-        elif alive:
+        if agent.state in ACTIVE_STATES and not alive:
+            leaks["active agents without a sandbox"].append(agent.agent_id)
+        elif agent.state not in ACTIVE_STATES and alive:
             leaks["orphan processes"].append(f"{agent.agent_id} pid {ctx['pid']}")
     return leaks
 
@@ -502,10 +847,22 @@ def settle(scaler: Scaler, timeout: float = 30.0) -> None:
 
 
 def drive(
-    console: Console, duration: float, concurrency: int, *, seed: int = 0, endings: tuple[str, ...] = ENDINGS
+    console: Console,
+    duration: float,
+    concurrency: int,
+    *,
+    seed: int = 0,
+    endings: tuple[str, ...] | None = None,
+    jobs: int | None = None,
+    fault_every: float | None = None,
 ) -> Report:
-    """Run lifecycles for ``duration`` seconds, ``concurrency`` at a time (more than the scaler's
-    ``maxAgents`` pushes on the cap), then settle, find leaks and send one more job."""
+    """Run lifecycles ``concurrency`` at a time (more than the scaler's ``maxAgents`` pushes on
+    the cap) for ``duration`` seconds, or, with ``jobs``, until ``jobs`` lifecycles were started
+    (``duration`` is then the ceiling); then settle, find leaks and send one more job.
+    ``endings`` defaults to :data:`ENDINGS` (process backend) or :data:`CONTAINER_ENDINGS`.
+    ``fault_every`` (seconds; container backend) injects :data:`FAULTS` in turn at that pace, and
+    new lifecycles keep starting until each kind was injected once."""
+    endings = endings or (CONTAINER_ENDINGS if console.backend == "container" else ENDINGS)
     report = Report(max_agents=console.scaler.max_agents)
     report.rows_before = table_rows()
     report.rss_before = console.rss()
@@ -514,10 +871,18 @@ def drive(
     until = started + duration
     results: list[Lifecycle] = []
     errors: list[str] = []
+    injector = FaultInjector(console, fault_every, started) if fault_every else None
+
+    def more() -> bool:
+        if time.monotonic() >= until:
+            return False
+        if injector is not None and injector.rounds < 1:
+            return True
+        return jobs is None or orchestrator.serial < jobs
 
     def work() -> None:
         try:
-            while time.monotonic() < until:
+            while more():
                 lc = orchestrator.lifecycle(until)
                 if lc is not None:
                     with orchestrator.lock:
@@ -529,17 +894,21 @@ def drive(
 
     sampler = SlotSampler(console.scaler)
     sampler.start()
+    if injector is not None:
+        injector.start()
     threads = [threading.Thread(target=work, name=f"soak-{i}") for i in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if injector is not None:
+        report.faults = injector.stop()
     report.seconds = time.monotonic() - started
     report.lifecycles = results + [Lifecycle("?", "?", problem=e) for e in errors]
     report.refused = orchestrator.refused
     report.max_slots = sampler.stop()
-    settle(console.scaler)
-    report.leaks = find_leaks(console.scaler)
+    settle(console.scaler, timeout=90.0 if console.backend == "container" else 30.0)
+    report.leaks = find_leaks(console)
     report.rss_after = console.rss()
     report.rows_after = table_rows()
     report.new_job = _new_job(orchestrator)
@@ -574,7 +943,12 @@ def summary(report: Report) -> list[str]:
     grown = {t: report.rows_after.get(t, 0) - c for t, c in report.rows_before.items()}
     grown = {t: g for t, g in sorted(grown.items(), key=lambda kv: -kv[1]) if g}
     mib = lambda b: "gone" if b is None else f"{b / 2**20:.1f} MiB"  # noqa: E731
+    served = [lc for lc in done if lc.ending == "job-complete" and not lc.problem and not lc.fault]
+    mean = sum(registered) / len(registered) if registered else None
+    p95 = percentile(registered, 95)
     lines = [
+        f"jobs served: {len(served)}; /scale -> running: "
+        + ("n/a" if mean is None else f"mean {mean:.2f} s, p95 {p95:.2f} s (n={len(registered)})"),
         f"lifecycles completed: {len(done)} in {report.seconds:.0f} s "
         f"({', '.join(f'{e} {c}' for e, c in sorted(by_ending.items()))})",
         f"ended: {', '.join(f'{s} {c}' for s, c in sorted(by_end.items()))}; /scale refused at capacity "
@@ -592,6 +966,14 @@ def summary(report: Report) -> list[str]:
     )
     for name in report.rss_before:
         lines.append(f"RSS {name}: {mib(report.rss_before[name])} -> {mib(report.rss_after.get(name))}")
+    if report.faults:
+        injected = Counter(f.kind for f in report.faults if f.detail)
+        victims = sum(1 for lc in done if lc.fault)
+        lines.append(
+            f"faults injected: {', '.join(f'{k} {injected[k]}' for k in FAULTS)}; "
+            f"spawns killed before their agent ran: {victims}"
+        )
+        lines += [f"  {f.at:6.1f} s {f.kind}: {f.detail or f.problem or 'no spawn in flight'}" for f in report.faults]
     lines.append(f"new job after the soak: {report.new_job}")
     problems = report.problems()
     lines.append(f"problems: {len(problems)}")
