@@ -19,11 +19,6 @@ JOBS = 30
 SEED = 0
 
 
-@pytest.mark.xfail(
-    reason="scalers.jobs.start_waiting_spawns commits rq_job_id before the job is in Redis; a sweeper "
-    "boot recovery in that window finds no rq job and drops the healthy spawn ('dropped at recovery')",
-    strict=False,
-)
 def test_container_agents_survive_every_fault_and_nothing_leaks(tmp_path, dockerd, agent_image, settings):
     settings.KICI_NFT_TABLE = "soak_kici"
     with run_console(
