@@ -7,6 +7,11 @@ connection, separate from Django's (which Django may close between units of work
 lives exactly as long as that connection. If the connection dies, PostgreSQL releases the lock
 and another process takes over on its next poll; this process notices on its next poll (the
 liveness query fails) and stops leading.
+
+A leader killed on a live host closes its socket and PostgreSQL ends the session at once. A host
+that vanishes (power, network) sends nothing, so the session carries TCP keepalives on both ends
+(:data:`KEEPALIVE_OPTIONS`): PostgreSQL ends it within :data:`DEAD_PEER_SECONDS` instead of its
+default two hours, and the dead host's own liveness query fails as quickly instead of hanging.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 
 import psycopg
 from django.conf import settings
+from django.db import connections
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +29,24 @@ LEADER_LOCK_KEY = 0x6B696369_00000001
 #: ``application_name`` prefix of every sweeper's dedicated session, then its instance id: the
 #: sessions in ``pg_stat_activity`` are the consoles alive now (:func:`connected_instances`).
 SESSION_PREFIX = "kici-scaler-leader:"
+#: TCP keepalive of the lock session, seconds: first probe after this much silence, then one per
+#: interval, the peer given up after ``count`` unanswered ones (also the unacknowledged-data bound).
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 2, 1, 3
+#: seconds within which either end of the lock session notices the other host is gone
+DEAD_PEER_SECONDS = KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_COUNT
+#: libpq parameters (the client's socket) and server settings (PostgreSQL's socket) of the lock
+#: session; PostgreSQL ignores its side on a Unix socket, where a dead peer is seen at once.
+KEEPALIVE_OPTIONS = {
+    "keepalives": 1,
+    "keepalives_idle": KEEPALIVE_IDLE,
+    "keepalives_interval": KEEPALIVE_INTERVAL,
+    "keepalives_count": KEEPALIVE_COUNT,
+    "tcp_user_timeout": DEAD_PEER_SECONDS * 1000,
+    "options": (
+        f"-c tcp_keepalives_idle={KEEPALIVE_IDLE} -c tcp_keepalives_interval={KEEPALIVE_INTERVAL}"
+        f" -c tcp_keepalives_count={KEEPALIVE_COUNT} -c tcp_user_timeout={DEAD_PEER_SECONDS * 1000}"
+    ),
+}
 
 
 def session_name(instance_id: str) -> str:
@@ -43,8 +67,10 @@ def connected_instances(cursor) -> set[str]:
 
 
 def _conninfo(alias: str = "default") -> dict:
-    db = settings.DATABASES[alias]
-    info = {"dbname": db["NAME"], "application_name": session_name(settings.KICI_INSTANCE_ID)}
+    """Connection parameters of the lock session: Django's database ``alias`` (its current name,
+    the test database in tests), this instance's session name and :data:`KEEPALIVE_OPTIONS`."""
+    db = connections[alias].settings_dict
+    info = {"dbname": db["NAME"], "application_name": session_name(settings.KICI_INSTANCE_ID), **KEEPALIVE_OPTIONS}
     for key, name in (("USER", "user"), ("PASSWORD", "password"), ("HOST", "host"), ("PORT", "port")):
         if db.get(key):
             info[name] = str(db[key])
@@ -65,11 +91,7 @@ class Leadership:
         self.is_leader = False
 
     def _connect(self) -> psycopg.Connection:
-        info = _conninfo(self.alias)
-        from django.db import connections
-
-        info["dbname"] = connections[self.alias].settings_dict["NAME"]
-        return psycopg.connect(autocommit=True, connect_timeout=5, **info)
+        return psycopg.connect(autocommit=True, connect_timeout=5, **_conninfo(self.alias))
 
     def poll(self) -> tuple[bool, bool]:
         """Check (or try to take) leadership. Never raises; a database error means "not leader"."""

@@ -1,8 +1,11 @@
 """The sweeper plans the periodic operation sweeps while it leads, and only plans them."""
 
+import time
+
 import pytest
 
 from operations.management.commands.scaler_sweeper import Command
+from scalers.provision_reaper import ProvisionReaper
 
 
 @pytest.mark.django_db(transaction=True)
@@ -65,3 +68,42 @@ def test_hosts_are_readied_once_per_scaler_version_and_a_failure_only_degrades_t
     monkeypatch.setattr(FakeBackend, "ensure_host_ready", lambda self: calls.append(self.scaler.name))
     cmd.handle_host_readiness()  # fixed: the next success clears the error
     assert calls == ["ready-broken"] and Scaler.objects.get(name="ready-broken").host_error == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lead_lost_mid_round_stops_the_round_before_the_next_unit():
+    """The lock session ends during a unit (the server ended it) and another process takes the
+    lock: the rest of the round is not run, so the new leader's round is not doubled."""
+    from django.db import connection
+
+    from scalers.leader import Leadership
+
+    cmd = Command()
+    cmd.shutdown, cmd.warm, cmd.booted, cmd.instance_id = False, False, True, "console-a"
+    cmd.hosts_ready = set()
+    cmd.leadership = Leadership()
+    cmd.reaper = ProvisionReaper(cmd.instance_id)
+    cmd.leading = False
+    rival = Leadership()
+    ran = []
+
+    def lose_the_lead():
+        ran.append("drift")
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", [cmd.leadership._conn.info.backend_pid])
+        deadline = time.monotonic() + 5
+        while not rival.poll()[0]:
+            assert time.monotonic() < deadline, "the ended session kept the lock"
+            time.sleep(0.05)
+        return True
+
+    cmd.handle_isolation_drift = lose_the_lead
+    for name in ("handle_stale_spawns", "handle_operation_sweeps", "handle_old_records"):
+        setattr(cmd, name, lambda name=name: ran.append(name))
+    try:
+        cmd.tick()
+        assert ran == ["drift"], f"units ran after the lead was lost: {ran[1:]}"
+        assert not cmd.leading
+    finally:
+        rival.release()
+        cmd.leadership.release()

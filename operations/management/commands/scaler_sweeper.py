@@ -12,7 +12,9 @@ check of failed spawn jobs in rq, retries of failed teardowns, the teardown of d
 the retirement sweep,
 the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
 periodic operation sweeps (``operations.sweeps``: plans only) and retention (old requests,
-finished agents, events, tokens). SIGTERM / SIGINT stop it after the current unit of work.
+finished agents, events, tokens). The lead is checked again before each unit, so a process whose
+lock session ended mid-round stops there. SIGTERM / SIGINT stop it after the current unit of work
+and release the lead.
 """
 
 from __future__ import annotations
@@ -124,10 +126,20 @@ class Command(BaseCommand):
             self.handle_operation_sweeps,
             self.handle_old_records,
         ):
-            if self.shutdown:
+            if self.shutdown or not self._still_leading():
                 break
             did |= self._run(unit)
         return did
+
+    def _still_leading(self) -> bool:
+        """Re-check the lead before each unit: a lock session lost mid-round (ended by the server,
+        the network) means another host may lead now, and the rest of this round would double
+        its work. A lost lead stands the reaper down like a lost poll at the start of a round."""
+        if self.leadership.poll()[0]:
+            return True
+        self.leading = False
+        self._run(self.reaper.stand_down)
+        return False
 
     def _run(self, unit) -> bool:
         try:

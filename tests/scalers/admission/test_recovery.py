@@ -3,6 +3,8 @@ PostgreSQL advisory lock, and the sweeper command that runs both."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from datetime import timedelta
 
@@ -15,7 +17,7 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from agents.tokens import TokenRejected, mint_registration_token, redeem_registration_token
 from scalers.admission.recovery import ENQUEUE_GRACE_SECONDS, recover_state
-from scalers.leader import Leadership
+from scalers.leader import DEAD_PEER_SECONDS, KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, Leadership
 from scalers.models import RecoveryReport, Reservation
 from tests.support.scalers import make_scaler
 
@@ -209,6 +211,38 @@ def test_a_leader_whose_connection_dies_loses_leadership_to_the_next():
     finally:
         a.release()
         b.release()
+
+
+def test_the_lock_session_gives_a_silent_host_up_within_seconds_on_both_ends():
+    """A vanished host sends no FIN: the keepalives of both sockets end its session (and so its
+    lock) within DEAD_PEER_SECONDS, not after PostgreSQL's default two hours."""
+    lead = Leadership()
+    try:
+        assert lead.poll()[0]
+        server = dict(
+            lead._conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout')"
+            ).fetchall()
+        )
+        assert server == {
+            "tcp_keepalives_idle": str(KEEPALIVE_IDLE),
+            "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL),
+            "tcp_keepalives_count": str(KEEPALIVE_COUNT),
+            "tcp_user_timeout": str(DEAD_PEER_SECONDS * 1000),
+        }
+        client = socket.socket(fileno=os.dup(lead._conn.fileno()))
+        try:
+            assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == KEEPALIVE_INTERVAL
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == KEEPALIVE_COUNT
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == DEAD_PEER_SECONDS * 1000
+        finally:
+            client.close()
+        assert DEAD_PEER_SECONDS <= 5  # with the 5 s round, another host leads within 10 s
+    finally:
+        lead.release()
 
 
 @pytest.mark.docker
