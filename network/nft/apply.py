@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -103,6 +104,7 @@ class NftClient:
         self.library = library
         self.netns = netns
         self._context: NftContext | None = None
+        self._context_lock = threading.Lock()
         self._base_ready = False
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -113,8 +115,9 @@ class NftClient:
         the command fails or the namespace cannot be joined."""
         head = command.splitlines()[0][:200] if command else ""
         try:
-            if self._context is None:
-                self._context = NftContext(self.library, self.netns)
+            with self._context_lock:
+                if self._context is None:
+                    self._context = NftContext(self.library, self.netns)
             rc, out, err = self._context.run(command)
         except LibraryUnavailableError as exc:
             raise NftUnavailableError(

@@ -8,6 +8,7 @@ import json
 import secrets
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,29 @@ def test_two_consoles_with_their_own_tables_never_touch_each_other(netns):
     finally:
         a.delete_table()
         b.delete_table()
+
+
+def test_one_client_serves_several_threads_at_once(client):
+    # One libnftables context per client: concurrent calls must not interleave in it (its output
+    # buffer is shared), so every thread's writes land and every listing parses.
+    addresses = [f"172.30.0.{10 + i}" for i in range(4)]
+    errors: list[BaseException] = []
+
+    def work(addr):
+        try:
+            for _ in range(15):
+                client.apply_agent(spec(addr))
+                assert ipaddress.ip_address(addr) in client.list_agents()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in addresses]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert sorted(map(str, client.list_agents())) == addresses
 
 
 def test_a_rejected_transaction_changes_nothing(client, netns):
