@@ -44,7 +44,7 @@ class BridgePortIsolationUnavailable(NetlinkError):
 _state = threading.local()
 
 
-def _run_in_netns[T](netns: str, fn: Callable[[], T], path: str | None = None) -> T:
+def run_in_netns[T](netns: str, fn: Callable[[], T], path: str | None = None) -> T:
     """Run ``fn`` on a short-lived thread that has joined ``/run/netns/<netns>`` (or the namespace
     file ``path``, e.g. ``/proc/<pid>/ns/net``).
 
@@ -84,7 +84,7 @@ def _netns_aware[T](fn: Callable[..., T]) -> Callable[..., T]:
     def wrapper(*args, netns: str | None = None, **kwargs) -> T:
         if netns is None or getattr(_state, "netns", None) == netns:
             return fn(*args, **kwargs)
-        return _run_in_netns(netns, lambda: fn(*args, **kwargs))
+        return run_in_netns(netns, lambda: fn(*args, **kwargs))
 
     return wrapper
 
@@ -283,7 +283,7 @@ def _peer_index(pid: int, mac: str) -> int:
                         return int(peer)
         raise NetlinkError(f"no veth with MAC {mac} in the network namespace of pid {pid}")
 
-    return _run_in_netns(f"pid {pid}", find, path=f"/proc/{pid}/ns/net")
+    return run_in_netns(f"pid {pid}", find, path=f"/proc/{pid}/ns/net")
 
 
 @_netns_aware

@@ -3,7 +3,7 @@
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-apt_install nftables iproute2 busybox-static e2fsprogs ca-certificates curl
+apt_install nftables libnftables1 iproute2 busybox-static e2fsprogs ca-certificates curl
 trap stop_started_services EXIT
 ensure_venv
 ensure_postgres

@@ -1,8 +1,9 @@
 """The one place that sends isolation rules to the kernel, for container and firecracker agents.
 
-Every change is ONE ``nft -j -f -`` transaction, so all of an agent's rules appear or none do.
-Reads use ``nft -j list ...`` and are interpreted by chain and map names (``network.nft.render``),
-never by matching rule text.
+Every change is ONE JSON transaction, run in this process by libnftables (the library behind
+``nft -j -f -``), so all of an agent's rules appear or none do. Reads are JSON listings
+(``list table ...``) interpreted by chain and map names (``network.nft.render``), never by
+matching rule text.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import subprocess
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from network.netlink import NetlinkError
 from network.nft.describe import describe_expr
 from network.nft.exprs import base_rule_exprs, bridge_rule_exprs, guard_rule_exprs
+from network.nft.libnft import DEFAULT_LIBRARY, LibraryUnavailableError, NftContext
 from network.nft.names import BRIDGE_FAMILY, FAMILY, MAPS, PORT_SETS, guard_chain_name, parse_chain_name
 from network.nft.render import (
     document,
@@ -29,15 +32,14 @@ from network.nft.spec import AgentSpec, IPAddress, validate_table_name
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 10.0  # seconds per nft invocation
-
 
 class NftError(RuntimeError):
-    """An nft invocation failed. ``argv``, ``returncode`` and ``stderr`` say how."""
+    """An nft command failed. ``command`` (its first line, cut to 200 characters), ``returncode``
+    (libnftables' result) and ``stderr`` (its error text) say how."""
 
-    def __init__(self, message: str, *, argv: list[str] | None = None, returncode: int | None = None, stderr: str = ""):
+    def __init__(self, message: str, *, command: str = "", returncode: int | None = None, stderr: str = ""):
         super().__init__(message)
-        self.argv = argv or []
+        self.command = command
         self.returncode = returncode
         self.stderr = stderr
 
@@ -48,7 +50,7 @@ class NftError(RuntimeError):
 
 
 class NftUnavailableError(NftError):
-    """nftables cannot be used here: the binary is missing or the process lacks CAP_NET_ADMIN."""
+    """nftables cannot be used here: libnftables is missing or the process lacks CAP_NET_ADMIN."""
 
 
 @dataclass
@@ -90,76 +92,67 @@ class AgentRules:
 class NftClient:
     """Applies and reads one console's isolation table (``inet <table>``).
 
-    ``table``: the configured table name (never a hard-coded one).
-    ``nft_binary``: path or name of nft. ``sudo``: prefix ``sudo -n``. ``netns``: run inside a named
-    network namespace (``ip netns exec <netns> nft ...``), as the tests and the bench do.
-    ``timeout``: seconds per invocation. Raises :class:`RuleSpecError` for a bad table name.
+    Commands run in this process through libnftables (:mod:`network.nft.libnft`), one context per
+    client. ``table``: the configured table name (never a hard-coded one). ``library``: the
+    libnftables shared object. ``netns``: act inside that named network namespace
+    (``/run/netns/<netns>``), as the tests and the bench do. Raises :class:`RuleSpecError` for a
+    bad table name.
     """
 
-    def __init__(
-        self,
-        table: str,
-        nft_binary: str = "nft",
-        sudo: bool = False,
-        netns: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ):
+    def __init__(self, table: str, library: str = DEFAULT_LIBRARY, netns: str | None = None):
         self.table = validate_table_name(table)
-        self.nft_binary = nft_binary
-        self.sudo = sudo
+        self.library = library
         self.netns = netns
-        self.timeout = timeout
+        self._context: NftContext | None = None
+        self._context_lock = threading.Lock()
         self._base_ready = False
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _argv(self, *args: str) -> list[str]:
-        argv = [self.nft_binary, *args]
-        if self.netns is not None:
-            argv = ["ip", "netns", "exec", self.netns, *argv]
-        if self.sudo:
-            argv = ["sudo", "-n", *argv]
-        return argv
-
-    def _run(self, args: list[str], stdin: str | None = None) -> str:
-        argv = self._argv(*args)
+    def _run(self, command: str) -> str:
+        """Run one command buffer (nft syntax, or a JSON document: one transaction); returns the
+        JSON output. Raises NftUnavailableError when libnftables cannot be loaded, NftError when
+        the command fails or the namespace cannot be joined."""
+        head = command.splitlines()[0][:200] if command else ""
         try:
-            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=self.timeout, check=False)
-        except FileNotFoundError as exc:
+            with self._context_lock:
+                if self._context is None:
+                    self._context = NftContext(self.library, self.netns)
+            rc, out, err = self._context.run(command)
+        except LibraryUnavailableError as exc:
             raise NftUnavailableError(
-                f"nftables is not available: {exc.filename or argv[0]!r} was not found. Install the nftables "
-                "package, or turn network isolation off for this scaler.",
-                argv=argv,
+                f"nftables is not available: {exc}. Install the libnftables1 package, or turn network "
+                "isolation off for this scaler.",
+                command=head,
             ) from None
-        except subprocess.TimeoutExpired:
-            raise NftError(f"{' '.join(argv)} timed out after {self.timeout} s", argv=argv) from None
-        if proc.returncode != 0:
-            stderr = proc.stderr.strip()
+        except NetlinkError as exc:
+            raise NftError(f"nft {head[:80]!r} failed: {exc}", command=head, stderr=str(exc)) from None
+        if rc != 0:
+            stderr = err.strip()
             raise NftError(
-                f"{' '.join(argv[:8])}{' ...' if len(argv) > 8 else ''} failed (exit {proc.returncode}): "
-                f"{stderr[:2000]}",
-                argv=argv,
-                returncode=proc.returncode,
+                f"nft {head[:80]!r}{' ...' if len(command) > 80 else ''} failed (rc {rc}): {stderr[:2000]}",
+                command=head,
+                returncode=rc,
                 stderr=stderr,
             )
-        return proc.stdout
+        return out
 
     def apply_document(self, commands: list[dict]) -> None:
-        """Send commands as ONE ``nft -j -f -`` transaction (all apply or none). Raises NftError."""
+        """Send commands as ONE JSON transaction (all apply or none). Raises NftError."""
         if not commands:
             return
-        self._run(["-j", "-f", "-"], stdin=json.dumps(document(commands)))
+        self._run(json.dumps(document(commands), separators=(",", ":")))
 
     # -- checks --------------------------------------------------------------------------------
 
     def check_available(self) -> None:
         """Fail closed when nft cannot be used.
 
-        Runs ``nft -j list tables``. Raises :class:`NftUnavailableError` saying the binary is
+        Runs ``list tables``. Raises :class:`NftUnavailableError` saying libnftables is
         missing or that the process lacks CAP_NET_ADMIN, or :class:`NftError` for anything else.
         """
         try:
-            self._run(["-j", "list", "tables"])
+            self._run("list tables")
         except NftUnavailableError:
             raise
         except NftError as exc:
@@ -167,18 +160,21 @@ class NftClient:
             if "Operation not permitted" in text or "Permission denied" in text:
                 raise NftUnavailableError(
                     "nftables is installed but this process may not change rules (missing CAP_NET_ADMIN). "
-                    "Run the worker as root, grant it CAP_NET_ADMIN, set sudo for nft, or turn network "
+                    "Run the worker as root, grant it CAP_NET_ADMIN, or turn network "
                     f"isolation off for this scaler. nft said: {text}",
-                    argv=exc.argv,
+                    command=exc.command,
                     returncode=exc.returncode,
                     stderr=exc.stderr,
                 ) from None
             if "not found" in text.lower() or "No such file" in text:
                 raise NftUnavailableError(
-                    f"nftables is not available: {text}", argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr
+                    f"nftables is not available: {text}",
+                    command=exc.command,
+                    returncode=exc.returncode,
+                    stderr=exc.stderr,
                 ) from None
             raise NftError(
-                f"nftables check failed: {text}", argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr
+                f"nftables check failed: {text}", command=exc.command, returncode=exc.returncode, stderr=exc.stderr
             ) from None
 
     # -- writes --------------------------------------------------------------------------------
@@ -273,9 +269,9 @@ class NftClient:
     # -- reads ---------------------------------------------------------------------------------
 
     def list_table(self, family: str = FAMILY) -> list[dict] | None:
-        """The ``nftables`` array of ``nft -j list table <family> <table>``; None if it is absent."""
+        """The ``nftables`` array of the JSON ``list table <family> <table>``; None if it is absent."""
         try:
-            out = self._run(["-j", "list", "table", family, self.table])
+            out = self._run(f"list table {family} {self.table}")
         except NftError as exc:
             if exc.missing_object:
                 return None
@@ -286,7 +282,7 @@ class NftClient:
         """The ports bound to ``address`` (one ``list set`` of its family's port set); [] when the
         bridge table or set is absent."""
         try:
-            out = self._run(["-j", "list", "set", BRIDGE_FAMILY, self.table, PORT_SETS[address.version]])
+            out = self._run(f"list set {BRIDGE_FAMILY} {self.table} {PORT_SETS[address.version]}")
         except NftError as exc:
             if exc.missing_object:
                 return []

@@ -297,7 +297,7 @@ def test_a_409_with_nothing_to_find_afterwards_is_an_error():
 def test_a_backend_with_isolation_refuses_to_start_when_nft_is_unusable():
     from network.nft.apply import NftClient, NftUnavailableError
 
-    broken = NftClient("ctr_kici_none", nft_binary="/nonexistent/nft")
+    broken = NftClient("ctr_kici_none", library="/nonexistent/libnftables.so.1")
     with pytest.raises(NftUnavailableError, match="not available"):
         ContainerBackend(make_scaler(), docker=object(), runtime=LOCAL, nft=broken).ensure_host_ready()
     # isolation off: no nft check at all
