@@ -571,7 +571,7 @@ class Orchestrator:
         else:
             registered = self.wait_registered(lc.agent_id)
             if isinstance(registered, str) and lc.agent_id in self.console.spawn_victims:
-                lc.fault = "worker-kill"  # its spawn died with the worker: it may never run
+                lc.fault = "spawn-killed"  # its spawn died with its worker (a kill or a restart): it may never run
                 self.wait_end(lc, time.time())
                 return lc
             if isinstance(registered, str):
@@ -741,6 +741,13 @@ class FaultInjector(threading.Thread):
                 break
             time.sleep(0.1)
         launcher = self.console.launcher
+        # A spawn whose backend call is running dies with its worker and is dropped at recovery
+        # ("a local spawn does not survive the process that ran it"): like a worker kill's victim.
+        self.console.spawn_victims.update(
+            Agent.objects.filter(scaler=self.console.scaler, state=AgentState.SPAWNING).values_list(
+                "agent_id", flat=True
+            )
+        )
         t0 = time.monotonic()
         launcher.stop_all()
         launcher.start_all()
