@@ -53,6 +53,7 @@ pytestmark = [pytest.mark.root, pytest.mark.docker, pytest.mark.django_db(transa
 GW = ISOLATED_NETWORK_GATEWAY
 TABLE, TABLE_B = "prod_kici", "prod_kici_b"
 ALLOWED, FORBIDDEN = 4000, 4001
+COUNTED = 4102  # a UDP port that counts what arrives
 AGENT_PORT = 7000
 OWN_PRIVATE, OWN_LINK_LOCAL = "10.99.0.1", "169.254.1.1"
 NEIGHBOUR, METADATA, PUBLIC = "10.214.0.2", "169.254.169.254", "100.64.0.7"
@@ -70,6 +71,10 @@ class World:
     bridge: str
     client: object
     listeners: list = field(default_factory=list)
+
+    def bridge_mac(self) -> str:
+        out = self.ns.ip("-o", "link", "show", "dev", self.bridge).stdout.split()
+        return out[out.index("link/ether") + 1]
 
     def gateway_link_local(self) -> str:
         """The bridge's IPv6 link-local address (it has one once a port is up)."""
@@ -278,6 +283,54 @@ def scoped(address: str) -> str:
     return f"{address}%eth0"
 
 
+class CountingListener:
+    """A TCP listener in a namespace that counts the connections it accepts (and closes each), or
+    a UDP one that counts the datagrams it receives."""
+
+    def __init__(self, ns: Netns, port: int, proto: str = "tcp"):
+        self.udp = proto == "udp"
+        self.sock = ns.socket(socket.AF_INET, socket.SOCK_DGRAM if self.udp else socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", port))
+        if not self.udp:
+            self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.count = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                if self.udp:
+                    self.sock.recvfrom(2048)
+                else:
+                    self.sock.accept()[0].close()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.count += 1
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=2)
+        self.sock.close()
+
+
+def send_datagrams(ns: Netns, host: str, port: int, count: int = 5) -> None:
+    """``count`` UDP datagrams from ``ns`` to host:port, then a moment for them to arrive."""
+    sock = ns.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _ in range(count):
+            sock.sendto(b"x", (host, port))
+            time.sleep(0.05)
+    finally:
+        sock.close()
+    time.sleep(0.3)
+
+
 # -- the matrix ---------------------------------------------------------------------------------
 
 
@@ -335,11 +388,21 @@ def test_an_unknown_source_on_the_bridge_reaches_nothing(console, world, br_netf
 
 def test_a_spoofed_source_reaches_nothing(console, world, br_netfilter):
     """The same stranger claiming a live agent's address: that agent reaches its entry from its
-    own port; the spoofer, from another port, reaches nothing, and takes nothing from the agent
-    (ARP included: the inet guard sees only IPv4 and IPv6)."""
-    box = console.spawn(make_scaler(ls_config=entry(f"{GW}:{ALLOWED}")))
-    spoofer = console.stranger(box.ip)
-    assert_all(probe(box.ns, both(GW, ALLOWED)), True)
+    own port; the spoofer, from another port, reaches nothing, not even one way (it knows the
+    gateway's MAC without asking), and takes nothing from the agent (ARP included: the inet
+    guard sees only IPv4 and IPv6)."""
+    box = console.spawn(make_scaler(ls_config=entry(f"{GW}:{ALLOWED}", f"{GW}:{COUNTED}")))
+    counted = CountingListener(world.ns, COUNTED, "udp")
+    try:
+        spoofer = console.stranger(box.ip)
+        spoofer.ip("neigh", "replace", GW, "lladdr", world.bridge_mac(), "dev", "eth0", "nud", "permanent")
+        assert_all(probe(box.ns, both(GW, ALLOWED)), True)
+        send_datagrams(spoofer, GW, COUNTED)
+        assert counted.count == 0, f"{counted.count} datagrams from the spoofer arrived"
+        send_datagrams(box.ns, GW, COUNTED)
+        assert counted.count > 0  # control: the agent's own arrive
+    finally:
+        counted.close()
     assert_all(probe(spoofer, both(GW, ALLOWED, FORBIDDEN) + both(PUBLIC, 80) + both(OWN_PRIVATE, ALLOWED)), False)
     # Its ARP did not teach the host its MAC for the agent's address: the agent still gets its replies.
     neighbour = world.ns.ip("neigh", "show", box.ip, "dev", world.bridge).stdout.split()
@@ -356,37 +419,6 @@ def test_replies_to_connections_the_host_opens_pass(console, world, br_netfilter
 
 
 # -- the start-up gap ---------------------------------------------------------------------------
-
-
-class CountingListener:
-    """A TCP listener in a namespace that counts the connections it accepts (and closes each)."""
-
-    def __init__(self, ns: Netns, port: int):
-        self.sock = ns.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", port))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.count = 0
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.count += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=2)
-        self.sock.close()
 
 
 def test_an_agent_whose_first_act_is_a_forbidden_connection_never_makes_one(console, world, monkeypatch):
