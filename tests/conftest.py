@@ -26,11 +26,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test that uses the private dockerd ``docker`` (so ``-m "not docker"`` never
+    """Mark every test that uses a private dockerd ``docker`` (so ``-m "not docker"`` never
     starts one), and run the browser tests last: Playwright's sync API leaves an event loop
     running in the main thread for the rest of the session, which breaks async tests after it."""
     for item in items:
-        if "dockerd" in getattr(item, "fixturenames", ()):
+        if {"dockerd", "prod_dockerd"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
     items.sort(key=lambda item: "tests/browser/" in item.nodeid.replace("\\", "/"))
 
@@ -245,6 +245,31 @@ def agent_image(dockerd):
     if proc.returncode != 0:
         pytest.fail(f"agent/build_image.sh failed:\n{proc.stdout}\n{proc.stderr}")
     return "kici-agent:local"
+
+
+@pytest.fixture(scope="session")
+def prod_dockerd():
+    """The production-shaped dockerd (tests/support/prod_docker.py): started once per session in
+    a network namespace of its own, with its own iptables and ip6tables; yields that namespace
+    (a ``network_lab.Netns``). Stopped, its namespace deleted, at the end of the session. Fails (never
+    skips) in CI when it cannot start; skips elsewhere."""
+    from tests.support.prod_docker import (
+        ProdDockerdUnavailable,
+        build_agent_image,
+        start_prod_dockerd,
+        stop_prod_dockerd,
+    )
+
+    try:
+        ns = start_prod_dockerd()
+        build_agent_image()
+    except ProdDockerdUnavailable as exc:
+        stop_prod_dockerd()
+        if IN_CI:
+            pytest.fail(f"the production-shaped dockerd could not start: {exc}")
+        pytest.skip(f"production-shaped dockerd unavailable: {exc}")
+    yield ns
+    stop_prod_dockerd()
 
 
 # --- network namespaces and Firecracker (root) ---------------------------------------------------

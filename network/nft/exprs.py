@@ -13,6 +13,7 @@ from network.host_access import HostAccessEntry
 
 from .names import (
     AGENT_MAC_PREFIX,
+    BRIDGE_ARP_CHAIN,
     BRIDGE_FORWARD_CHAIN,
     BRIDGE_PREROUTING_CHAIN,
     FORWARD_CHAIN,
@@ -149,6 +150,10 @@ def _mark_is_set() -> dict:
     return _match({"&": [{"meta": {"key": "mark"}}, GUARD_MARK]}, GUARD_MARK)
 
 
+def _mark_is_set_not() -> dict:
+    return _match({"&": [{"meta": {"key": "mark"}}, GUARD_MARK]}, GUARD_MARK, op="!=")
+
+
 _SET_MARK = {"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"|": [{"meta": {"key": "mark"}}, GUARD_MARK]}}}
 
 
@@ -164,10 +169,13 @@ def _port_pair(protocol: str, field_name: str, version: int) -> dict:
 
 
 def bridge_rule_exprs() -> dict[str, list[list[dict]]]:
-    """Rules of the bridge table's two base chains, by chain name.
+    """Rules of the bridge table's three base chains, by chain name.
 
     ``prerouting`` marks IPv4, ARP and IPv6 frames whose (ingress port, source address) pair is a
     known agent's; nothing else is marked, so a spoofed or unknown source stops at the guard.
+    ``arp-guard`` (prerouting, after every console's marking) drops unmarked ARP claiming an
+    agent-subnet sender: the inet guard sees only IPv4 and IPv6 and accepts ARP, so without it a
+    spoofer would teach the host its MAC for a live agent's address and take that agent's replies.
     ``forward`` drops every frame bridged from one port to another that comes from or goes to
     an agent subnet (IPv4 and ARP) or an agent MAC (IPv6): agents never reach each other on the
     bridge, whether or not ``br_netfilter`` passes bridged frames through the inet hooks.
@@ -182,6 +190,7 @@ def bridge_rule_exprs() -> dict[str, list[list[dict]]]:
             [_port_pair("arp", "saddr ip", 4), _SET_MARK],
             [_port_pair("ip6", "saddr", 6), _SET_MARK],
         ],
+        BRIDGE_ARP_CHAIN: [[_match(_payload("arp", "saddr ip"), nets), _mark_is_set_not(), DROP]],
         BRIDGE_FORWARD_CHAIN: [
             [_match(_payload("ip", "saddr"), nets), DROP],
             [_match(_payload("ip", "daddr"), nets), DROP],

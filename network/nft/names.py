@@ -21,6 +21,8 @@ PRIVATE_SET = "private4"
 BRIDGE_FAMILY = "bridge"
 BRIDGE_PREROUTING_CHAIN = "prerouting"
 BRIDGE_FORWARD_CHAIN = "forward"
+#: Drops ARP from an agent subnet that no table marked: the inet guard sees only IPv4 and IPv6.
+BRIDGE_ARP_CHAIN = "arp-guard"
 #: ``ifname . ipv4_addr`` / ``ifname . ipv6_addr``: the (port, address) pairs of known agents.
 PORT_SETS = {4: "ports4", 6: "ports6"}
 PORT_SET_TYPES = {4: ["ifname", "ipv4_addr"], 6: ["ifname", "ipv6_addr"]}

@@ -23,7 +23,10 @@ from .exprs import (
     input_rule_exprs,
 )
 from .names import (
+    BRIDGE_ARP_CHAIN,
     BRIDGE_FAMILY,
+    BRIDGE_FORWARD_CHAIN,
+    BRIDGE_PREROUTING_CHAIN,
     FAMILY,
     FORWARD_CHAIN,
     GUARD_NETS_SET,
@@ -41,6 +44,13 @@ from .spec import AgentSpec, IPAddress, RuleSpecError, validate_ifname, validate
 #: Hook priorities: the guard runs on the bridge's ingress; the bridge chains at ``filter``.
 GUARD_PRIORITY = 0
 BRIDGE_PRIORITY = -200
+#: Bridge chain → (hook, priority). ``arp-guard`` runs after every console's ``prerouting``
+#: (same hook, later priority), so it sees the mark whichever table set it.
+BRIDGE_HOOKS = {
+    BRIDGE_PREROUTING_CHAIN: ("prerouting", BRIDGE_PRIORITY),
+    BRIDGE_ARP_CHAIN: ("prerouting", BRIDGE_PRIORITY + 10),
+    BRIDGE_FORWARD_CHAIN: ("forward", BRIDGE_PRIORITY),
+}
 
 
 def _obj(kind: str, table: str, family: str = FAMILY, **attrs: Any) -> dict:
@@ -122,7 +132,8 @@ def _bridge_base(table: str, nets: list[ipaddress.IPv4Network]) -> list[dict]:
     if nets:
         cmds.append({"add": _elem(table, GUARD_NETS_SET, [_addr_right(n) for n in nets], b)})
     for chain, rules in bridge_rule_exprs().items():
-        cmds.append({"add": _obj("chain", table, b, name=chain, type="filter", hook=chain, prio=BRIDGE_PRIORITY,
+        hook, prio = BRIDGE_HOOKS[chain]
+        cmds.append({"add": _obj("chain", table, b, name=chain, type="filter", hook=hook, prio=prio,
                                  policy="accept")})  # fmt: skip
         cmds.append({"flush": _obj("chain", table, b, name=chain)})
         cmds += [{"add": _obj("rule", table, b, chain=chain, expr=expr)} for expr in rules]

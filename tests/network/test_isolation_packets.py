@@ -223,6 +223,7 @@ def test_a_spoofed_neighbour_address_gets_nothing(lab, nft):
         assert not tcp_from(a4, "10.213.0.5", GW, 4000)
         assert not tcp_from(a4, "10.213.0.5", GW, 53)
         assert not tcp_from(a4, "10.213.0.5", "100.64.0.7", 80)
+        assert tcp_from(lab.agents["a1"].ns, "10.213.0.5", GW, 4000), "the spoofer's ARP took a1's replies"
     finally:
         a4.ip("addr", "del", "10.213.0.5/32", "dev", "eth0")
 

@@ -193,6 +193,7 @@ def test_each_guarded_bridge_gets_an_ingress_chain_that_drops_unless_marked():
         ("inet", "guard-kici-br0"),
         ("inet", "guard-kici-agent-net"),
         ("bridge", "prerouting"),
+        ("bridge", "arp-guard"),
         ("bridge", "forward"),
     ]
 
@@ -204,6 +205,18 @@ def test_the_bridge_table_marks_bound_pairs_and_never_bridges_agent_frames():
     assert rules["bridge", "prerouting"][0] == f"iifname . ip saddr @ports4 meta mark set meta mark | {GUARD_MARK:#x}"
     assert all("@ports" in r for r in rules["bridge", "prerouting"])
     assert len(rules["bridge", "forward"]) == 6 and all(r.endswith("drop") for r in rules["bridge", "forward"])
+    # ARP to the host passes the inet guard (it sees only IPv4 and IPv6): an unmarked agent-subnet
+    # sender is dropped after every console's marking chain (same hook, later priority).
+    assert rules["bridge", "arp-guard"] == [
+        f"arp saddr ip @guard_nets4 meta mark & {GUARD_MARK:#x} != {GUARD_MARK:#x} drop"
+    ]
+    hooks = {c["add"]["chain"]["name"]: (c["add"]["chain"]["hook"], c["add"]["chain"]["prio"])
+             for c in cmds if c.get("add", {}).get("chain", {}).get("family") == "bridge"}  # fmt: skip
+    assert hooks == {
+        "prerouting": ("prerouting", -200),
+        "arp-guard": ("prerouting", -190),
+        "forward": ("forward", -200),
+    }
     nets = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") == "guard_nets4"]
     assert nets == [
         {

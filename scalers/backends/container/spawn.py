@@ -61,8 +61,8 @@ def container_create_config(
 ) -> dict:
     """Keyword arguments of ``APIClient.create_container`` for this agent: image, env, labels,
     HostConfig (the one builder), and, when isolation is on, ``kici-agent-net`` as network with the
-    agent's MAC (``docker_net.agent_mac``) and IPv6 turned off inside (a second wall behind the
-    guard, which drops IPv6 from the bridge anyway).
+    agent's MAC (``docker_net.agent_mac``, container-wide and on the endpoint) and IPv6 turned off
+    inside (a second wall behind the guard, which drops IPv6 from the bridge anyway).
 
     ``job_image``: a bare-metal scaler's container mode (job-image env, no bound-job labels)."""
     host_config = build_agent_container_host_config(spawn_limits(agent), binds, extra_hosts)
@@ -75,9 +75,12 @@ def container_create_config(
     if network_isolation:
         host_config["NetworkMode"] = ISOLATED_NETWORK_NAME
         host_config["Sysctls"] = dict(IPV6_OFF)
-        kwargs["networking_config"] = {
-            "EndpointsConfig": {ISOLATED_NETWORK_NAME: {"MacAddress": agent_mac(agent.agent_id)}}
-        }
+        mac = agent_mac(agent.agent_id)
+        # The endpoint's MacAddress is read from API 1.44 (Docker 25) on; older daemons (Debian's
+        # docker.io 20.10) read only the container-wide one and ignore the endpoint's. Both carry
+        # the same value, which newer daemons accept.
+        kwargs["mac_address"] = mac
+        kwargs["networking_config"] = {"EndpointsConfig": {ISOLATED_NETWORK_NAME: {"MacAddress": mac}}}
     kwargs["host_config"] = host_config
     return kwargs
 

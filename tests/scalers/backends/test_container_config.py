@@ -172,6 +172,7 @@ def test_isolation_attaches_to_the_agent_network_and_its_absence_attaches_nothin
     on = backend_for(scaler).create_config(agent, None, "i")
     mac = on["networking_config"]["EndpointsConfig"][ISOLATED_NETWORK_NAME]["MacAddress"]
     assert mac.startswith(AGENT_MAC_PREFIX + ":") and len(mac) == 17
+    assert on["mac_address"] == mac  # daemons before API 1.44 read only the container-wide MAC
     assert on["host_config"]["NetworkMode"] == ISOLATED_NETWORK_NAME
     assert on["host_config"]["Sysctls"] == {
         "net.ipv6.conf.all.disable_ipv6": "1",
@@ -179,7 +180,7 @@ def test_isolation_attaches_to_the_agent_network_and_its_absence_attaches_nothin
     }
     off_scaler = make_scaler(config={"networkIsolation": False})
     off = backend_for(off_scaler).create_config(make_agent(off_scaler), None, "i")
-    assert "networking_config" not in off and "NetworkMode" not in off["host_config"]
+    assert "networking_config" not in off and "mac_address" not in off and "NetworkMode" not in off["host_config"]
     assert "Sysctls" not in off["host_config"]
 
 
