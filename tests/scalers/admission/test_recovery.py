@@ -248,7 +248,9 @@ def test_the_lock_session_gives_a_silent_host_up_within_seconds_on_both_ends():
 @pytest.mark.docker
 def test_the_sweeper_recovers_at_boot_and_sweeps_when_leading(settings, docker_client):
     settings.KICI_INSTANCE_ID = ME
-    seed_agent(make_scaler("c"), rq_job_id="spawn-gone")  # its spawn job was lost with its worker
+    lost = seed_agent(make_scaler("c"), rq_job_id="spawn-gone")  # its spawn job was lost with its worker
+    claimed = timezone.now() - timedelta(seconds=ENQUEUE_GRACE_SECONDS + 1)
+    Agent.objects.filter(pk=lost.pk).update(updated_at=claimed)
     call_command("scaler_sweeper", "--once", "--no-warm-pools")
     report = RecoveryReport.objects.get()
     assert (report.trigger, report.spawning_dropped) == ("boot", 1)
