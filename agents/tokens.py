@@ -111,6 +111,17 @@ def authenticate_session(raw: str, agent_id: str) -> Agent:
     return token.agent
 
 
+def revoke_registration_tokens(agent: Agent) -> int:
+    """Expire ``agent``'s unused registration tokens now (its sandbox is gone: nothing may register
+    as it). Its session tokens stay, so a late heartbeat still hears "stop". Returns how many."""
+    now = timezone.now()
+    return (
+        AgentToken.objects.filter(agent=agent, expires_at__gt=now, used_at__isnull=True)
+        .filter(prefix__startswith=REGISTRATION_PREFIX)
+        .update(expires_at=now)
+    )
+
+
 def revoke_agent_tokens(agent: Agent) -> int:
     """Expire every token of ``agent`` now (spawn failure, destroy). Returns how many changed."""
     now = timezone.now()

@@ -49,7 +49,7 @@ from rq.job import Job, JobStatus
 from agents.choices import ACTIVE_STATES, TERMINAL_STATES, UNREGISTERED_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent, ScalerEvent
-from agents.tokens import revoke_agent_tokens
+from agents.tokens import revoke_agent_tokens, revoke_registration_tokens
 from scalers.admission.ledger import release
 from scalers.backends.factory import get_backend
 from scalers.backends.failure import failure_detail, mark_spawn_failed
@@ -84,8 +84,8 @@ def teardown_agent(
     Steps: move an active agent to ``destroying`` (compare-and-swap; a spawning agent's rq job
     sees its row leave ``spawning`` and aborts); ``get_backend(scaler).destroy(agent,
     destroy_reason)``; then in one transaction set ``final_state`` (``destroyed`` or ``failed``),
-    ``finished_at`` and ``failure_reason``, record ``agent.destroyed`` (for ``destroyed``) and
-    :func:`release`. ``destroy_reason`` is the
+    ``finished_at`` and ``failure_reason``, revoke its unused registration tokens, record
+    ``agent.destroyed`` (for ``destroyed``) and :func:`release`. ``destroy_reason`` is the
     event backend's scale-down reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...).
 
     Returns True when the reservation was released by this call. When ``destroy`` raises (or no
@@ -119,6 +119,8 @@ def teardown_agent(
         if failure_reason:
             fields["failure_reason"] = failure_reason[:4000]
         ended = Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(**fields)
+        if ended:
+            revoke_registration_tokens(agent)
         if ended and final_state == AgentState.DESTROYED:
             record_event(agent, EventType.DESTROYED, f"sandbox removed ({reason})", payload={"reason": reason})
         released = release(agent.agent_id, reason)

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
+from agents.tokens import TokenRejected, mint_registration_token, redeem_registration_token
 from scalers.admission.service import request_scale
 from scalers.lifecycle import drain_idle_agents
 from scalers.models import Reservation
@@ -103,6 +104,18 @@ def test_release_tears_the_agent_down_with_the_orchestrators_reason(docker_clien
     assert agent.state == AgentState.DESTROYED
     assert released_reasons(agent) == ["released by the orchestrator: job cancelled"]
     assert api("POST", f"/api/v1/agents/{agent.agent_id}/release").json()["state"] == "destroyed"
+
+
+def test_an_agent_released_before_it_registered_cannot_register_with_its_token(docker_client, run_rq_jobs):
+    make_scaler("c", max_agents=1)
+    agent = running_agent()
+    Agent.objects.filter(pk=agent.pk).update(state=AgentState.CONNECTING, registered_at=None)
+    token = mint_registration_token(agent)
+    api("POST", f"/api/v1/agents/{agent.agent_id}/release", {"reason": "job cancelled"})
+    run_rq_jobs()
+    assert Agent.objects.get(pk=agent.pk).state == AgentState.DESTROYED
+    with pytest.raises(TokenRejected):  # expired at teardown, not at its TTL
+        redeem_registration_token(token)
 
 
 @pytest.mark.parametrize(

@@ -121,7 +121,14 @@ def _spawn(listeners, docker_client):
     agent.refresh_from_db()
     Agent.objects.filter(pk=agent.pk).update(state=AgentState.RUNNING)
     pid = docker_client.api.inspect_container(agent.managed_id)["State"]["Pid"]
-    return agent, ProcessNetns(pid)
+    ns = ProcessNetns(pid)
+    # The container's first ARP for the gateway went out before its port was bound and was
+    # dropped; the kernel's retry resolves it within a second or two of the binding.
+    port = listeners["allowed"].sock.getsockname()[1]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not tcp_reachable(ns, GW, port, timeout=0.5):
+        time.sleep(0.2)
+    return agent, ns
 
 
 def _reach(ns, listeners) -> dict[str, bool]:
