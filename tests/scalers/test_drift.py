@@ -6,9 +6,8 @@ the container's network namespace.
 
 from __future__ import annotations
 
-import socket
+import os
 import subprocess
-import threading
 import time
 
 import pytest
@@ -24,7 +23,7 @@ from scalers.drift import REPAIRS, agent_drift, check_isolation_drift
 from scalers.jobs import spawn_agent
 from scalers.models import MetricCounter
 from tests.support.containers import remove_test_containers
-from tests.support.network_lab import ProcessNetns, tcp_reachable
+from tests.support.network_lab import CountingListener, ProcessNetns, tcp_reachable
 from tests.support.nft import nft_table_for
 from tests.support.scalers import DEFAULT_LABEL_SET_ENTRY, make_agent, make_scaler
 from tests.support.servers import free_port
@@ -65,36 +64,6 @@ def test_an_agent_is_in_drift_when_anything_of_its_rules_is_missing_or_changed()
 # --- live agents on the private dockerd ----------------------------------------------------------
 
 
-class CountingListener:
-    """A TCP listener on the test's own bridge address that counts the connections it accepted."""
-
-    def __init__(self, host: str, port: int):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.accepted = 0
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            self.accepted += 1
-            with conn:
-                conn.sendall(b"hello\n")
-
-    def close(self) -> None:
-        self.stopped.set()
-        self.thread.join(2)
-        self.sock.close()
-
-
 @pytest.fixture
 def nft_table(settings):
     yield from nft_table_for(settings, TABLE, create=False)
@@ -103,7 +72,8 @@ def nft_table(settings):
 @pytest.fixture
 def listeners(docker_client):
     ensure_isolated_network(docker_client)  # the bridge and 172.30.0.1 exist from here on
-    made = {name: CountingListener(GW, free_port(GW)) for name in ("allowed", "forbidden")}
+    here = ProcessNetns(os.getpid())  # the test's own namespace, where the agent bridge is
+    made = {name: CountingListener(here, free_port(GW), bind=GW) for name in ("allowed", "forbidden")}
     yield made
     for listener in made.values():
         listener.close()
@@ -218,7 +188,7 @@ def test_an_agent_whose_first_action_is_a_forbidden_connection_reaches_nothing_b
     monkeypatch.setattr(ContainerBackend, "create_config", create_config)
     _spawn(listeners, docker_client)
     deadline = time.monotonic() + 10
-    while listeners["allowed"].accepted < 3 and time.monotonic() < deadline:
+    while listeners["allowed"].count < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert listeners["allowed"].accepted >= 3, "the loop never got through: the control failed"
-    assert listeners["forbidden"].accepted == 0, "a connection the policy forbids got through"
+    assert listeners["allowed"].count >= 3, "the loop never got through: the control failed"
+    assert listeners["forbidden"].count == 0, "a connection the policy forbids got through"

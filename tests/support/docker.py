@@ -60,11 +60,12 @@ class DockerdUnavailable(RuntimeError):
     """The private dockerd could not be reached or started; the message says why."""
 
 
-def _ping() -> bool:
+def daemon_answers(docker_host: str) -> bool:
+    """True when a dockerd answers a ping on ``docker_host`` (``unix://…``) within 5 s."""
     import docker
 
     try:
-        client = docker.DockerClient(base_url=DOCKER_HOST, version="auto", timeout=5)
+        client = docker.DockerClient(base_url=docker_host, version="auto", timeout=5)
     except Exception:  # noqa: BLE001 - not listening (yet)
         return False
     try:
@@ -75,11 +76,20 @@ def _ping() -> bool:
         client.close()
 
 
-def _log_tail(lines: int = 20) -> str:
+def log_tail(path: str, lines: int = 20) -> str:
+    """The last ``lines`` lines of a daemon's log file, or "(no log)"."""
     try:
-        return "\n".join(Path(LOGFILE).read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _ping() -> bool:
+    return daemon_answers(DOCKER_HOST)
+
+
+def _log_tail(lines: int = 20) -> str:
+    return log_tail(LOGFILE, lines)
 
 
 def ensure_private_dockerd() -> str:

@@ -147,6 +147,51 @@ class Listener:
         self.sock.close()
 
 
+class CountingListener:
+    """A TCP listener in a namespace that counts the connections it accepts (says hello and closes
+    each), or a UDP one that counts the datagrams it receives. ``ns``: a :class:`Netns` or a
+    :class:`ProcessNetns` (``ProcessNetns(os.getpid())`` for this process's own)."""
+
+    def __init__(self, ns: Netns | ProcessNetns, port: int, proto: str = "tcp", bind: str = "0.0.0.0"):
+        self.udp = proto == "udp"
+        self.sock = ns.socket(socket.AF_INET, socket.SOCK_DGRAM if self.udp else socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((bind, port))
+        if not self.udp:
+            self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.count = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                if self.udp:
+                    self.sock.recvfrom(2048)
+                else:
+                    conn, _ = self.sock.accept()
+                    with conn:
+                        conn.sendall(HELLO)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopped.is_set():
+                    return
+                continue
+            self.count += 1
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=2)
+        self.sock.close()
+
+
 class EchoListener:
     """A TCP server in a namespace that keeps each connection open and echoes what it receives
     (for tests that follow one long-lived connection across a rule change)."""

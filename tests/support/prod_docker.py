@@ -26,6 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.docker import daemon_answers, log_tail
 from tests.support.network_lab import Netns, run
 
 NETNS = "kici-prodshape"
@@ -66,23 +67,11 @@ def docker_client(timeout: float = 120):
 
 
 def _ping() -> bool:
-    try:
-        client = docker_client(timeout=5)
-    except Exception:  # noqa: BLE001 - not listening (yet)
-        return False
-    try:
-        return bool(client.ping())
-    except Exception:  # noqa: BLE001
-        return False
-    finally:
-        client.close()
+    return daemon_answers(DOCKER_HOST)
 
 
 def _log_tail(lines: int = 20) -> str:
-    try:
-        return "\n".join(Path(LOGFILE).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    return log_tail(LOGFILE, lines)
 
 
 def _our_pid() -> int | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import secrets
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -45,7 +44,7 @@ from scalers.backends.docker_net import (
 from scalers.jobs import spawn_agent
 from tests.support import prod_docker
 from tests.support.containers import remove_test_containers
-from tests.support.network_lab import Listener, Netns, Target, both, reachability, run
+from tests.support.network_lab import CountingListener, Listener, Netns, Target, both, reachability, run
 from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = [pytest.mark.root, pytest.mark.docker, pytest.mark.django_db(transaction=True)]
@@ -281,42 +280,6 @@ def assert_all(results: dict[str, bool], expected: bool) -> None:
 
 def scoped(address: str) -> str:
     return f"{address}%eth0"
-
-
-class CountingListener:
-    """A TCP listener in a namespace that counts the connections it accepts (and closes each), or
-    a UDP one that counts the datagrams it receives."""
-
-    def __init__(self, ns: Netns, port: int, proto: str = "tcp"):
-        self.udp = proto == "udp"
-        self.sock = ns.socket(socket.AF_INET, socket.SOCK_DGRAM if self.udp else socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", port))
-        if not self.udp:
-            self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.count = 0
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                if self.udp:
-                    self.sock.recvfrom(2048)
-                else:
-                    self.sock.accept()[0].close()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.count += 1
-
-    def close(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=2)
-        self.sock.close()
 
 
 def send_datagrams(ns: Netns, host: str, port: int, count: int = 5) -> None:
