@@ -111,15 +111,24 @@ def cached_isolated_network(docker, key: str) -> str:
 
 
 def forget_isolated_network() -> None:
-    """Drop the cache (tests that remove the network)."""
+    """Drop the caches (tests that remove the network)."""
     _network_cache.clear()
+    _bridge_names.clear()
+
+
+_bridge_names: dict[str, str] = {}
 
 
 def network_bridge_name(docker, network_id: str) -> str:
     """The Linux bridge behind a docker network: its ``com.docker.network.bridge.name`` option,
-    else docker's default ``br-<first 12 of the id>``. Raises the SDK's errors."""
-    info = _api(docker).inspect_network(network_id)
-    return (info.get("Options") or {}).get("com.docker.network.bridge.name") or f"br-{info['Id'][:12]}"
+    else docker's default ``br-<first 12 of the id>``. Remembered per network id (a network's
+    bridge never changes), so spawns and the drift check inspect it once. Raises the SDK's errors."""
+    name = _bridge_names.get(network_id)
+    if name is None:
+        info = _api(docker).inspect_network(network_id)
+        name = (info.get("Options") or {}).get("com.docker.network.bridge.name") or f"br-{info['Id'][:12]}"
+        _bridge_names[network_id] = name
+    return name
 
 
 def agent_mac(agent_id: str) -> str:
