@@ -8,6 +8,9 @@
 #
 # Usage: agent/build_image.sh [IMAGE]    (DOCKER_HOST selects the daemon, as for the docker CLI)
 set -eu
+# The image's files get their modes from here, not from the caller's umask (077 would leave its
+# directories unreadable to a non-root job user).
+umask 022
 
 IMAGE="${1:-${KICI_AGENT_IMAGE:-kici-agent:local}}"
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -44,6 +47,7 @@ if [ "$existing" = "$BUILD" ]; then
 fi
 
 ROOTFS=$(mktemp -d /tmp/kici-agent-rootfs.XXXXXX)
+chmod 0755 "$ROOTFS"  # mktemp makes it 0700: it becomes the image's /
 trap 'rm -rf "$ROOTFS"' EXIT INT TERM
 mkdir -p "$ROOTFS/bin" "$ROOTFS/etc" "$ROOTFS/tmp" "$ROOTFS/proc" "$ROOTFS/sys" "$ROOTFS/dev" "$ROOTFS/root"
 chmod 1777 "$ROOTFS/tmp"

@@ -117,7 +117,7 @@ ensure_dockerd() {
 load_env() {  # var/env holds what set-up generated (DATABASE_URL for password auth, KICI_API_TOKEN); SECRET_KEY lives in .secret_key
   if [ -f "$ROOT/var/env" ]; then set -a; . "$ROOT/var/env"; set +a; fi
   if [ -z "${SECRET_KEY:-}" ] && [ ! -s "$ROOT/.secret_key" ]; then
-    umask 077; head -c 48 /dev/urandom | base64 | tr -d '\n' > "$ROOT/.secret_key"
+    (umask 077; head -c 48 /dev/urandom | base64 | tr -d '\n' > "$ROOT/.secret_key")
   fi
 }
 

@@ -124,6 +124,7 @@ class FcEnv:
     def write_image(self, name: str, data: bytes) -> Path:
         p = self.images / name
         p.write_bytes(data)
+        p.chmod(0o644)  # the operator's usual image mode, whatever the test's umask
         return p
 
     def rootfs(self) -> Path:
@@ -132,6 +133,7 @@ class FcEnv:
             with open(p, "wb") as f:
                 f.truncate(8 * 1024 * 1024)
             subprocess.run(["mkfs.ext4", "-qF", str(p)], check=True)
+            p.chmod(0o644)
         return p
 
     def backend(self, *, jailer: Path, firecracker: Path | str, kernel: Path, name: str = "fc-test", **overrides):

@@ -412,12 +412,24 @@ def _run(argv: list[str], what: str) -> None:
 
 
 def _create(chroot_fd: int, name: str, data: bytes = b"", mode: int = 0o644) -> int:
-    """Create ``name`` in the chroot (``O_EXCL``: never an existing file or link), write ``data``;
-    returns the open descriptor."""
+    """Create ``name`` in the chroot (``O_EXCL``: never an existing file or link) with exactly
+    ``mode`` (whatever this process's umask), write ``data``; returns the open descriptor."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=chroot_fd)
+    os.fchmod(fd, mode)
     if data:
         os.write(fd, data)
     return fd
+
+
+def _mkdir(path: str | os.PathLike, dir_fd: int | None = None) -> None:
+    """Make the directory ``path`` with mode 0755 exactly: an operator's umask (077 is common) must
+    not shut the VM's uid out of the chroot it is jailed in."""
+    os.mkdir(path, 0o755, dir_fd=dir_fd)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o755)
+    finally:
+        os.close(fd)
 
 
 def prepare_chroot(
@@ -443,8 +455,8 @@ def prepare_chroot(
     ``vmm.log``; a ``run`` directory for the API socket. The VM dir, the chroot and the files the
     VM only reads stay this process's; only :data:`VM_OWNED` (``run``, the overlay, the VMM log)
     are chowned to ``uid:gid`` (``sudo -n chown`` with ``require_sudo``). Every file is created
-    with ``O_EXCL|O_NOFOLLOW`` relative to the chroot's descriptor.
-    Raises FileNotFoundError naming a missing ``rootfsPath``/``kernelPath``, FileExistsError if the
+    with ``O_EXCL|O_NOFOLLOW`` relative to the chroot's descriptor, with its mode set whatever the
+    umask. Raises FileNotFoundError naming a missing ``rootfsPath``/``kernelPath``, FileExistsError if the
     VM dir already exists, RuntimeError when ``mkfs.ext4`` is missing or fails.
     """
     for field, p in (("rootfsPath", rootfs_path), ("kernelPath", kernel_path)):
@@ -457,9 +469,9 @@ def prepare_chroot(
         raise RuntimeError(f"{mkfs} not found: install e2fsprogs")
     layout = ChrootLayout.for_agent(base, agent_id)
     layout.vm_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.mkdir(layout.vm_dir, 0o755)
+    _mkdir(layout.vm_dir)
     write_owner(layout.owner, owner_labels)
-    os.mkdir(layout.chroot, 0o755)
+    _mkdir(layout.chroot)
     chroot_fd = os.open(layout.chroot, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         copies = [
@@ -476,7 +488,7 @@ def prepare_chroot(
         for name, data in ((layout.config.name, json.dumps(dict(config), indent=2).encode()),
                            (layout.serial_log.name, b""), (layout.vmm_log.name, b"")):  # fmt: skip
             os.close(_create(chroot_fd, name, data))
-        os.mkdir("run", 0o755, dir_fd=chroot_fd)
+        _mkdir("run", dir_fd=chroot_fd)
         if require_sudo:
             paths = [str(layout.chroot / name) for name in VM_OWNED]
             _run(sudo_wrap(["chown", "-h", f"{uid}:{gid}", *paths], True), "chown")

@@ -4,6 +4,8 @@ API on the real socket path, in a real chroot."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import threading
 import time
 
@@ -139,6 +141,30 @@ def test_a_vm_boots_serves_its_token_over_mmds_and_is_destroyed_without_a_trace(
     _assert_nothing_left(env, b, agent_id, vm.ip)
     assert env.failed() == []
     assert b.destroy(agent_id) is False
+
+
+@pytest.fixture
+def strict_umask():
+    """This process runs with umask 077 (a hardened operator shell) for the test."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
+
+
+def test_a_console_running_with_umask_077_still_boots_its_vm(fc_env, strict_umask):
+    # The jailed VMM runs as the VM's uid: a chroot or config.json made 0700/0600 by the umask
+    # shuts it out, and it exits before its API socket appears.
+    env = fc_env
+    b = _backend(env, "serial fake guest: init started")
+    agent_id = "scaler-firecracker-0a1b0077"
+    make_agent_row("fc-test", agent_id)
+    vm = b.spawn(agent_id, _label_set(env), {}, f"ws://{env.gateway}:8080/ws", timeout_s=30)
+    assert vm.state == "running"
+    modes = {p.name: stat.S_IMODE(os.stat(p).st_mode) for p in (vm.layout.chroot, vm.layout.config,
+                                                                 vm.layout.socket.parent)}  # fmt: skip
+    assert modes == {"root": 0o755, "config.json": 0o644, "run": 0o755}
+    assert b.destroy(agent_id) is True
+    _assert_nothing_left(env, b, agent_id, vm.ip)
 
 
 def test_a_socket_that_never_answers_fails_the_spawn_and_cleans_up(fc_env):

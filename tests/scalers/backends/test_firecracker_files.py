@@ -107,6 +107,8 @@ def test_a_linked_image_is_not_writable_by_the_vm_and_the_chroot_dirs_are_not_it
     rootfs, kernel = images / "rootfs.ext4", images / "vmlinux"
     rootfs.write_bytes(b"R" * 8192)
     kernel.write_bytes(b"K" * 512)
+    for p in (rootfs, kernel):
+        p.chmod(0o644)
     before = {p: _facts(p) for p in (rootfs, kernel)}
     layout = jail.prepare_chroot(
         base=base, agent_id=AGENT, rootfs_path=rootfs, kernel_path=kernel, overlay_mib=8, config={},

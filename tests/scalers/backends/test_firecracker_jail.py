@@ -157,6 +157,8 @@ def _images(where: Path) -> tuple[Path, Path]:
     rootfs, kernel = where / "rootfs.ext4", where / "vmlinux"
     rootfs.write_bytes(b"R" * 4096)
     kernel.write_bytes(b"K" * 512)
+    for p in (rootfs, kernel):
+        p.chmod(0o644)  # world-readable, as operators keep images; a hard link then suffices
     return rootfs, kernel
 
 
