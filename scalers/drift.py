@@ -2,14 +2,15 @@
 
 Every sweeper round, for each nft table the console's isolated scalers use (containers, the
 container mode of bare-metal scalers, Firecracker VMs), the kernel's rules are read once and
-compared with what each active agent's row says it must have: its two chains with exactly the
-rules its stored host access and its label set's policy render, both map elements, and its
-(port, address) binding; and the base (the two inet chains, one guard chain per bridge, the
+compared with what each active agent's row says it must have: both map elements jumping to
+policy chains with exactly the rules its stored host access and its label set's policy render,
+and its (port, address) binding; and the base (the two inet chains, one guard chain per bridge, the
 bridge table's chains). What is missing or changed is re-applied in ONE transaction, under the
 addresses' locks and after re-reading the rows, so an agent torn down meanwhile is not given
 rules back. The guard's drop policy keeps everything from the bridge dropped until then (a
 flushed table keeps its chains). Each repair bumps ``kici_scaler_isolation_repairs_total`` and
-records an event. Design: ``docs/nft-isolation.md``.
+records an event. Policy chains no element jumps to any more (their last agent gone) are
+deleted at the end of each check. Design: ``docs/nft-isolation.md``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from dataclasses import dataclass, field
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent
-from network.nft.apply import AgentRules
+from network.nft.apply import AgentRules, elements_to_replace
 from network.nft.plan import spec_rule_lines
-from network.nft.render import render_agent_add, render_table_base
+from network.nft.render import render_agents, render_table_base
 from network.nft.spec import AgentSpec, RuleSpecError
 
 from .admission.ledger import add_to_counters, counter_increment
@@ -121,6 +122,7 @@ def _check_table(name: str, table: _Table) -> DriftReport:
     }
     report = DriftReport(name, base=base)
     if not base and not drifted:
+        client.delete_unused_policy_chains()
         return report
     with address_lock(*drifted):
         # Re-read under the locks: a teardown that began since the listing keeps its rules gone.
@@ -130,10 +132,9 @@ def _check_table(name: str, table: _Table) -> DriftReport:
             )
         )
         repair = [table.agents[a] for a in drifted if table.agents[a][0].pk in still]
-        cmds = render_table_base(name, bridges, networks)
-        for _, spec in repair:
-            cmds += render_agent_add(name, spec)
-        client.apply_document(cmds)
+        specs = [spec for _, spec in repair]
+        replace = {spec.address: elements_to_replace(spec, found.get(spec.address)) for spec in specs}
+        client.apply_document(render_table_base(name, bridges, networks) + render_agents(name, specs, replace))
         increments: dict = {}
         if base:
             increments |= counter_increment(REPAIRS, {"table": name, "kind": "base"})
@@ -155,4 +156,5 @@ def _check_table(name: str, table: _Table) -> DriftReport:
                 f"isolation base of table {name} re-applied: {'; '.join(base)}",
                 scaler_name=",".join(sorted(scalers)) or "",
             )
+    client.delete_unused_policy_chains()
     return report

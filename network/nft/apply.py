@@ -2,8 +2,9 @@
 
 Every change is ONE JSON transaction, run in this process by libnftables (the library behind
 ``nft -j -f -``), so all of an agent's rules appear or none do. Reads are JSON listings
-(``list table ...``) interpreted by chain and map names (``network.nft.render``), never by
-matching rule text.
+(``list table ...``) interpreted by map elements and chain names (``network.nft.names``), never by
+matching rule text. Agents share policy chains; a chain no element jumps to any more is deleted
+when its last agent goes, or by :meth:`NftClient.delete_unused_policy_chains`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from network.netlink import NetlinkError
 from network.nft.describe import describe_expr
 from network.nft.exprs import base_rule_exprs, bridge_rule_exprs, guard_rule_exprs
 from network.nft.libnft import DEFAULT_LIBRARY, LibraryUnavailableError, NftContext
-from network.nft.names import BRIDGE_FAMILY, FAMILY, MAPS, PORT_SETS, guard_chain_name, parse_chain_name
+from network.nft.names import BRIDGE_FAMILY, FAMILY, MAPS, PORT_SETS, guard_chain_name, parse_policy_chain_name
 from network.nft.render import (
     document,
+    policy_chains,
     render_agent_add,
     render_agent_remove,
+    render_chains_delete,
     render_egress_baseline,
     render_full,
     render_table_base,
@@ -48,6 +51,16 @@ class NftError(RuntimeError):
         """True when nft reported that a table, chain, map or element does not exist."""
         return "No such file or directory" in self.stderr
 
+    @property
+    def exists(self) -> bool:
+        """True when nft refused to add an element that exists with other data (EEXIST)."""
+        return "File exists" in self.stderr
+
+    @property
+    def busy(self) -> bool:
+        """True when nft refused to delete a chain something still jumps to (EBUSY)."""
+        return "Device or resource busy" in self.stderr
+
 
 class NftUnavailableError(NftError):
     """nftables cannot be used here: libnftables is missing or the process lacks CAP_NET_ADMIN."""
@@ -57,16 +70,19 @@ class NftUnavailableError(NftError):
 class AgentRules:
     """One agent's rules as read back from the kernel.
 
-    ``forward`` / ``input``: the rules of its chains, each a list of nft JSON expressions, in
-    order (empty when the chain is missing). ``has_forward_chain`` / ``has_input_chain``: whether
-    the chains exist. ``mapped_forward`` / ``mapped_input``: whether the address is in the
-    forward / input verdict map (pointing at its own chain). ``ports``: the bridge ports bound to
-    the address in the bridge table's port set (what the guard lets through).
+    ``forward_chain`` / ``input_chain``: the chain its forward / input map element jumps to (None:
+    no element). ``mapped_forward`` / ``mapped_input``: that element jumps to a policy chain of its
+    kind. ``has_forward_chain`` / ``has_input_chain``: that chain exists. ``forward`` / ``input``:
+    its rules, each a list of nft JSON expressions, in order (empty when it is missing; shared with
+    every agent of the same policy, do not mutate). ``ports``: the bridge ports bound to the address
+    in the bridge table's port set (what the guard lets through).
     """
 
     address: IPAddress
     forward: list[list[dict]] = field(default_factory=list)
     input: list[list[dict]] = field(default_factory=list)
+    forward_chain: str | None = None
+    input_chain: str | None = None
     has_forward_chain: bool = False
     has_input_chain: bool = False
     mapped_forward: bool = False
@@ -74,8 +90,13 @@ class AgentRules:
     ports: list[str] = field(default_factory=list)
 
     @property
+    def elements(self) -> list[str]:
+        """The kinds (``"fwd"``, ``"in"``) with a map element for this address, whatever it jumps to."""
+        return [k for k, c in (("fwd", self.forward_chain), ("in", self.input_chain)) if c is not None]
+
+    @property
     def complete(self) -> bool:
-        """Both chains exist and both map elements point at them."""
+        """Both map elements jump to policy chains of their kind, and both chains exist."""
         return self.has_forward_chain and self.has_input_chain and self.mapped_forward and self.mapped_input
 
     def describe(self) -> list[str]:
@@ -83,9 +104,14 @@ class AgentRules:
         lines = [f"forward: {describe_expr(e)}" for e in self.forward]
         lines += [f"input: {describe_expr(e)}" for e in self.input]
         lines += [f"guard: frames from port {p} with source {self.address} pass" for p in self.ports]
-        if not (self.mapped_forward and self.mapped_input):
-            missing = [k for k, ok in (("forward", self.mapped_forward), ("input", self.mapped_input)) if not ok]
+        kinds = (("forward", self.forward_chain, self.mapped_forward), ("input", self.input_chain, self.mapped_input))
+        missing = [kind for kind, chain, _ in kinds if chain is None]
+        if missing:
             lines.append(f"warning: not in the {' and '.join(missing)} map; these rules are not in force")
+        for kind, chain, ours in kinds:
+            if chain is not None and not ours:
+                lines.append(f"warning: its {kind} map element jumps to chain {chain}, not to a policy chain; "
+                             "these rules are not in force")  # fmt: skip
         return lines
 
 
@@ -198,23 +224,38 @@ class NftClient:
     def apply_agent(self, spec: AgentSpec) -> None:
         """Write (or replace) one agent's rules in one transaction; creates the base on first use.
 
-        Replacing flushes and refills the agent's chains in the same transaction as the new rules,
-        so there is no moment without rules and no duplicate after a repeat. Raises NftError.
+        Its policy chains are flushed and refilled in the same transaction as its map elements,
+        so there is no moment without rules and no duplicate after a repeat. An agent whose
+        policy changed has elements jumping to its old chains: they are replaced in the same
+        transaction, and the old chains deleted once nothing jumps to them. Raises NftError.
         """
         if not self._base_ready:
             self.ensure_table()
         try:
             self.apply_document(render_agent_add(self.table, spec))
+            return
         except NftError as exc:
+            if exc.exists:
+                self._replace_agent(spec)
+                return
             if not exc.missing_object:
                 raise
-            # The table vanished under us (deleted by hand, a host reboot of nft state): rebuild once.
-            self.ensure_table()
-            self.apply_document(render_agent_add(self.table, spec))
+        # The table vanished under us (deleted by hand, a host reboot of nft state): rebuild once.
+        self.ensure_table()
+        self.apply_document(render_agent_add(self.table, spec))
+
+    def _replace_agent(self, spec: AgentSpec) -> None:
+        current = self.list_agents().get(spec.address)
+        replace = elements_to_replace(spec, current)
+        self.apply_document(render_agent_add(self.table, spec, replace=replace))
+        if current is not None:
+            self._delete_chains_if_unused(current.forward_chain if k == "fwd" else current.input_chain for k in replace)
 
     def remove_agent(self, address: IPAddress | str) -> bool:
-        """Unbind every port bound to one agent's address, delete its map elements and chains, in
-        one transaction (so its frames stop passing the guard the moment its rules go).
+        """Unbind every port bound to one agent's address and delete its map elements, in one
+        transaction (so its frames stop passing the guard the moment its rules go). Its policy
+        chains may be shared: the next :meth:`delete_unused_policy_chains` (every drift check)
+        deletes them once nothing jumps to them; they match no packet meanwhile.
 
         Missing table, chain or element is a no-op. Returns True when something was removed.
         Raises NftError for other failures.
@@ -229,28 +270,62 @@ class NftClient:
                 raise
         # Something is missing, and one missing object fails the whole transaction: read what
         # exists and delete only that.
-        agents = self.list_agents()
-        if agents is None or addr not in agents:
+        current = self.list_agents().get(addr)
+        if current is None or not (current.elements or current.ports):
             return False
-        current = agents[addr]
-        cmds = render_agent_remove(
-            self.table,
-            addr,
-            mapped=[k for k, ok in (("fwd", current.mapped_forward), ("in", current.mapped_input)) if ok],
-            chains=[k for k, ok in (("fwd", current.has_forward_chain), ("in", current.has_input_chain)) if ok],
-            ports=current.ports,
-        )
-        self.apply_document(cmds)
-        return bool(cmds)
+        self.apply_document(render_agent_remove(self.table, addr, mapped=current.elements, ports=current.ports))
+        return True
+
+    def _delete_chains_if_unused(self, chains: Iterable[str | None]) -> list[str]:
+        """Delete each policy chain in ``chains``, one transaction each, skipping one that is
+        still jumped to (EBUSY: another agent of the policy) or already gone. Returns the deleted."""
+        deleted = []
+        for name in chains:
+            if name is None or parse_policy_chain_name(name) is None:
+                continue
+            try:
+                self.apply_document(render_chains_delete(self.table, [name]))
+            except NftError as exc:
+                if not (exc.busy or exc.missing_object):
+                    raise
+                continue
+            deleted.append(name)
+        return deleted
+
+    def delete_unused_policy_chains(self, items: list[dict] | None = None) -> list[str]:
+        """Delete every policy chain of the table that no map element jumps to (left by a crash
+        between an agent's removal and its chains' deletion, or by a policy change). ``items``: a
+        listing of the ``inet`` table to use instead of reading one. Returns the deleted names."""
+        items = self.list_table() if items is None else items
+        if not items:
+            return []
+        jumped = {target for _, _, target in _map_elements(items)}
+        unused = [
+            item["chain"]["name"]
+            for item in items
+            if "chain" in item
+            and parse_policy_chain_name(item["chain"].get("name", "")) is not None
+            and item["chain"]["name"] not in jumped
+        ]
+        return self._delete_chains_if_unused(unused)
 
     def self_heal(
         self, specs: Iterable[AgentSpec], guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()
     ) -> None:
         """Re-apply the base and every given agent in ONE transaction. Idempotent: twice in a row
-        leaves exactly one copy of each rule. Agents not in ``specs`` are left alone (reaping is a
-        separate decision).
+        leaves exactly one copy of each rule. An element jumping to another chain than its spec's
+        policy (a changed policy, a tampered map) is replaced in the same transaction. Agents not
+        in ``specs`` are left alone (reaping is a separate decision).
         """
-        self.apply_document(render_full(self.table, list(specs), guard_interfaces, guard_networks))
+        specs = list(specs)
+        try:
+            self.apply_document(render_full(self.table, specs, guard_interfaces, guard_networks))
+        except NftError as exc:
+            if not exc.exists:
+                raise
+            current = self.list_agents()
+            replace = {spec.address: elements_to_replace(spec, current.get(spec.address)) for spec in specs}
+            self.apply_document(render_full(self.table, specs, guard_interfaces, guard_networks, replace))
         self._base_ready = True
 
     def delete_table(self) -> bool:
@@ -317,12 +392,12 @@ class NftClient:
         return out
 
     def list_agents(self) -> dict[IPAddress, AgentRules]:
-        """Every agent with a chain, map element or port binding in the tables, read back from the kernel.
+        """Every agent with a map element or port binding in the tables, read back from the kernel.
 
-        Ownership comes from names only: chains ``a4-…-fwd``/``-in``, map elements of
-        ``agents{4,6}_{fwd,in}``, elements of the bridge table's port sets. Returns ``{}`` when the
-        table is absent. Raises NftError when the listing fails (callers that must not act blind
-        catch it).
+        Ownership comes from elements only: the keys of ``agents{4,6}_{fwd,in}`` and the addresses
+        in the bridge table's port sets; each agent's rules are those of the policy chains its
+        elements jump to. Returns ``{}`` when the table is absent. Raises NftError when the
+        listing fails (callers that must not act blind catch it).
         """
         return self.snapshot()[0]
 
@@ -396,15 +471,43 @@ class NftClient:
         cmds: list[dict] = []
         for addr in stale:
             r = agents[addr]
-            cmds += render_agent_remove(
-                self.table,
-                addr,
-                mapped=[k for k, ok in (("fwd", r.mapped_forward), ("in", r.mapped_input)) if ok],
-                chains=[k for k, ok in (("fwd", r.has_forward_chain), ("in", r.has_input_chain)) if ok],
-                ports=r.ports,
-            )
+            cmds += render_agent_remove(self.table, addr, mapped=r.elements, ports=r.ports)
         self.apply_document(cmds)
+        if stale:
+            self.delete_unused_policy_chains()
         return [str(a) for a in stale]
+
+
+def elements_to_replace(spec: AgentSpec, found: AgentRules | None) -> list[str]:
+    """The kinds (``"fwd"``, ``"in"``) whose map element for ``spec``'s address exists in ``found``
+    (the kernel's reading) jumping to another chain than ``spec``'s policy chain: an add cannot
+    overwrite them, so they are deleted and re-added in the same transaction."""
+    if found is None:
+        return []
+    current = {"fwd": found.forward_chain, "in": found.input_chain}
+    return [k for k, (name, _) in policy_chains(spec).items() if current[k] is not None and current[k] != name]
+
+
+def _map_elements(items: list[dict]) -> list[tuple[str, IPAddress, str]]:
+    """``(kind, address, jump target)`` of every element of the verdict maps in a listing."""
+    map_kinds = {name: kind for (kind, _), name in MAPS.items()}
+    out = []
+    for item in items:
+        if "map" not in item or item["map"].get("name") not in map_kinds:
+            continue
+        kind = map_kinds[item["map"]["name"]]
+        for elem in item["map"].get("elem", []):
+            key, verdict = elem[0], elem[1]
+            if isinstance(key, dict) and "elem" in key:  # element with options (timeouts, comments)
+                key = key["elem"].get("val")
+            try:
+                addr = ipaddress.ip_address(key)
+            except (ValueError, TypeError):
+                continue
+            jump = (verdict.get("jump") or verdict.get("goto") or {}) if isinstance(verdict, dict) else {}
+            target = jump.get("target", "")
+            out.append((kind, addr, target))
+    return out
 
 
 def _agents_from(items: list[dict], bound: dict[IPAddress, list[str]]) -> dict[IPAddress, AgentRules]:
@@ -412,41 +515,22 @@ def _agents_from(items: list[dict], bound: dict[IPAddress, list[str]]) -> dict[I
     agents: dict[IPAddress, AgentRules] = {}
     for addr, ports in bound.items():
         agents[addr] = AgentRules(address=addr, ports=sorted(ports))
-
-    def get(addr: IPAddress) -> AgentRules:
-        if addr not in agents:
-            agents[addr] = AgentRules(address=addr)
-        return agents[addr]
-
-    map_kinds = {name: kind for (kind, _), name in MAPS.items()}
+    chains: dict[str, list[list[dict]]] = {}
     for item in items:
-        if "chain" in item:
-            parsed = parse_chain_name(item["chain"].get("name", ""))
-            if parsed:
-                addr, kind = parsed
-                setattr(get(addr), "has_forward_chain" if kind == "fwd" else "has_input_chain", True)
-        elif "rule" in item:
-            parsed = parse_chain_name(item["rule"].get("chain", ""))
-            if parsed:
-                addr, kind = parsed
-                rules = get(addr).forward if kind == "fwd" else get(addr).input
-                rules.append(item["rule"].get("expr", []))
-        elif "map" in item and item["map"].get("name") in map_kinds:
-            kind = map_kinds[item["map"]["name"]]
-            for elem in item["map"].get("elem", []):
-                key, verdict = elem[0], elem[1]
-                if isinstance(key, dict) and "elem" in key:  # element with options (timeouts, comments)
-                    key = key["elem"].get("val")
-                try:
-                    addr = ipaddress.ip_address(key)
-                except (ValueError, TypeError):
-                    continue
-                target = (verdict.get("jump") or verdict.get("goto") or {}).get("target", "")
-                if parse_chain_name(target) == (addr, kind):
-                    setattr(get(addr), "mapped_forward" if kind == "fwd" else "mapped_input", True)
-                else:
-                    # An element pointing somewhere unexpected still belongs to this address.
-                    get(addr)
+        if "chain" in item and parse_policy_chain_name(item["chain"].get("name", "")):
+            chains.setdefault(item["chain"]["name"], [])
+        elif "rule" in item and parse_policy_chain_name(item["rule"].get("chain", "")):
+            chains.setdefault(item["rule"]["chain"], []).append(item["rule"].get("expr", []))
+    for kind, addr, target in _map_elements(items):
+        agent = agents.get(addr) or agents.setdefault(addr, AgentRules(address=addr))
+        ours = parse_policy_chain_name(target) == kind
+        exists = target in chains
+        if kind == "fwd":
+            agent.forward_chain, agent.mapped_forward, agent.has_forward_chain = target, ours, ours and exists
+            agent.forward = chains.get(target, []) if ours else []
+        else:
+            agent.input_chain, agent.mapped_input, agent.has_input_chain = target, ours, ours and exists
+            agent.input = chains.get(target, []) if ours else []
     return agents
 
 

@@ -1,16 +1,16 @@
-"""Names in a console's nft tables: the objects of its ``inet`` and ``bridge`` tables and an agent's
-chains, read both ways.
+"""Names in a console's nft tables: the objects of its ``inet`` and ``bridge`` tables, the guard and
+policy chains, read both ways.
 
-Ownership is read from names: chain ``a4-172-30-0-5-fwd`` belongs to agent 172.30.0.5, chain
-``guard-kici-br0`` guards bridge ``kici-br0`` (see :mod:`network.nft.render`).
+An agent is an address in the verdict maps (``agents4_fwd`` …) or the port sets; its elements jump to
+policy chains ``pol-fwd-<digest>`` / ``pol-in-<digest>`` that every agent with the same rules shares.
+Chain ``guard-kici-br0`` guards bridge ``kici-br0`` (see :mod:`network.nft.render`).
 """
 
 from __future__ import annotations
 
-import ipaddress
+import hashlib
+import json
 import re
-
-from .spec import IPAddress
 
 FAMILY = "inet"
 FORWARD_CHAIN = "forward"
@@ -44,7 +44,9 @@ MAPS = {
 }
 MAP_TYPES = {4: "ipv4_addr", 6: "ipv6_addr"}
 
-_CHAIN_NAME = re.compile(r"a([46])-([0-9a-f.\-]+)-(fwd|in)", re.ASCII)
+#: Policy chain name prefixes by kind: forward (what the agent may reach) and input (host access).
+POLICY_CHAIN_PREFIXES = {"fwd": "pol-fwd-", "in": "pol-in-"}
+_POLICY_DIGEST = re.compile(r"[0-9a-f]{16}", re.ASCII)
 
 
 def guard_chain_name(ifname: str) -> str:
@@ -59,31 +61,18 @@ def parse_guard_chain_name(name: str) -> str | None:
     return None
 
 
-def agent_key(address: IPAddress | str) -> str:
-    """``a4-172-30-0-5`` / ``a6-fd00--5``: the name stem of an agent's chains (reversible)."""
-    addr = ipaddress.ip_address(address) if isinstance(address, str) else address
-    if addr.version == 4:
-        return "a4-" + str(addr).replace(".", "-")
-    return "a6-" + str(addr).replace(":", "-")
+def policy_chain_name(kind: str, rules: list[list[dict]]) -> str:
+    """``pol-fwd-<digest>`` / ``pol-in-<digest>``: the chain holding ``rules`` for agents of that
+    policy. The digest (16 hex digits of SHA-256 over the rules' canonical JSON) names the content,
+    so agents with equal rules share one chain and a chain's name says what it must hold.
+    Raises KeyError for a ``kind`` other than ``"fwd"`` / ``"in"``."""
+    body = json.dumps(rules, sort_keys=True, separators=(",", ":")).encode()
+    return POLICY_CHAIN_PREFIXES[kind] + hashlib.sha256(body).hexdigest()[:16]
 
 
-def agent_chain_names(address: IPAddress | str) -> tuple[str, str]:
-    """(forward chain, input chain) names for an agent address."""
-    key = agent_key(address)
-    return f"{key}-fwd", f"{key}-in"
-
-
-def parse_chain_name(name: str) -> tuple[IPAddress, str] | None:
-    """``("a4-172-30-0-5-fwd")`` → ``(IPv4Address('172.30.0.5'), "fwd")``; not an agent chain → None."""
-    match = _CHAIN_NAME.fullmatch(name)
-    if match is None:
-        return None
-    version, body, kind = match.groups()
-    text = body.replace("-", "." if version == "4" else ":")
-    try:
-        addr = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if addr.version != int(version) or agent_key(addr) + f"-{kind}" != name:
-        return None
-    return addr, kind
+def parse_policy_chain_name(name: str) -> str | None:
+    """The kind (``"fwd"`` / ``"in"``) of a policy chain name, else None."""
+    for kind, prefix in POLICY_CHAIN_PREFIXES.items():
+        if _POLICY_DIGEST.fullmatch(name[len(prefix) :]) and name.startswith(prefix):
+            return kind
+    return None

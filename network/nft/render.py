@@ -8,7 +8,7 @@ in ``docs/nft-isolation.md``.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .exprs import (
@@ -36,8 +36,8 @@ from .names import (
     PORT_SET_TYPES,
     PORT_SETS,
     PRIVATE_SET,
-    agent_chain_names,
     guard_chain_name,
+    policy_chain_name,
 )
 from .spec import AgentSpec, IPAddress, RuleSpecError, validate_ifname, validate_table_name
 
@@ -85,7 +85,7 @@ def render_table_base(
     """Commands creating both tables, their sets and maps, the base chains and one guard chain per
     bridge in ``guard_interfaces`` (idempotent, re-runnable).
 
-    Existing agent chains, map and set elements are kept; every base and guard chain is flushed
+    Existing policy chains, map and set elements are kept; every base and guard chain is flushed
     and refilled in the same transaction, so re-running never duplicates a rule and leaves no
     moment without one. ``guard_interfaces`` (bridges agents sit on; each must exist) and
     ``guard_networks`` (their IPv4 subnets) are added, never removed here, so scalers sharing a
@@ -150,7 +150,7 @@ def render_egress_baseline(table: str, subnet: str, egress_interface: str, mss: 
     Chain ``postrouting`` (nat hook, priority srcnat): ``ip saddr <subnet> oifname <egress>
     masquerade``. Chain ``egress`` (filter hook forward, priority mangle): ``ip saddr <subnet> tcp
     flags syn / syn,rst tcp option maxseg size set <mss>``. Both are flushed and refilled, so
-    re-running never duplicates. Isolation itself stays in the agent chains and the guard. Raises
+    re-running never duplicates. Isolation itself stays in the policy chains and the guard. Raises
     :class:`RuleSpecError` for a bad subnet, interface or MSS.
     """
     validate_table_name(table)
@@ -178,90 +178,125 @@ def render_egress_baseline(table: str, subnet: str, egress_interface: str, mss: 
     return cmds
 
 
-def _agent_chain_cmds(table: str, spec: AgentSpec) -> list[dict]:
-    fwd, inp = agent_chain_names(spec.address)
-    cmds: list[dict] = []
-    for chain in (fwd, inp):
-        cmds.append({"add": _obj("chain", table, name=chain)})
-        cmds.append({"flush": _obj("chain", table, name=chain)})
-    cmds += [_rule(table, fwd, expr) for expr in forward_rule_exprs(spec)]
-    cmds += [_rule(table, inp, expr) for expr in input_rule_exprs(spec)]
-    return cmds
+#: Policy → its chains, so 1,000 agents of one label set cost one rendering (cleared when full).
+_POLICY_CHAINS: dict[tuple, dict[str, tuple[str, list[list[dict]]]]] = {}
+_POLICY_CACHE_SIZE = 1024
+
+
+def policy_chains(spec: AgentSpec) -> dict[str, tuple[str, list[list[dict]]]]:
+    """``{"fwd": (chain name, rules), "in": (chain name, rules)}``: the shared chains ``spec``'s
+    agent jumps to. They depend on its policy only, never on its address; do not mutate."""
+    key = (spec.gateway, spec.allowlist, spec.deny_all, spec.host_access)
+    found = _POLICY_CHAINS.get(key)
+    if found is None:
+        if len(_POLICY_CHAINS) >= _POLICY_CACHE_SIZE:
+            _POLICY_CHAINS.clear()
+        fwd, inp = forward_rule_exprs(spec), input_rule_exprs(spec)
+        found = _POLICY_CHAINS[key] = {"fwd": (policy_chain_name("fwd", fwd), fwd),
+                                       "in": (policy_chain_name("in", inp), inp)}  # fmt: skip
+    return found
+
+
+def _chain_cmds(table: str, name: str, rules: list[list[dict]]) -> list[dict]:
+    """Create (or flush and refill) one policy chain: in one transaction, so no moment without rules."""
+    cmds: list[dict] = [{"add": _obj("chain", table, name=name)}, {"flush": _obj("chain", table, name=name)}]
+    return cmds + [_rule(table, name, expr) for expr in rules]
 
 
 def _jump(chain: str) -> dict:
     return {"jump": {"target": chain}}
 
 
-def render_agent_add(table: str, spec: AgentSpec) -> list[dict]:
-    """Commands that (re)write one agent's rules: its two chains flushed and refilled, its two map
-    elements added, and (with ``spec.port``) its (port, address) pair bound, so the guard lets
-    its frames through only in the same transaction that puts its rules in force. Replaces any
-    previous rules for the address; applying it twice leaves exactly one copy. Needs the base
-    (:func:`render_table_base`) to exist.
+def render_agent_add(table: str, spec: AgentSpec, replace: Sequence[str] = ()) -> list[dict]:
+    """Commands that (re)write one agent's rules: its two policy chains flushed and refilled, its
+    two map elements added, and (with ``spec.port``) its (port, address) pair bound, so the guard
+    lets its frames through only in the same transaction that puts its rules in force.
+
+    A map element that exists with another verdict cannot be added over: ``replace`` names the
+    kinds (``"fwd"``, ``"in"``) whose element exists pointing elsewhere, deleted first in the same
+    transaction (the applier reads the kernel to know). Applying it twice leaves one copy of each
+    rule. Needs the base (:func:`render_table_base`) to exist.
     """
     validate_table_name(table)
-    fwd, inp = agent_chain_names(spec.address)
     v = spec.address.version
-    cmds = _agent_chain_cmds(table, spec)
-    cmds.append({"add": _elem(table, MAPS["fwd", v], [[str(spec.address), _jump(fwd)]])})
-    cmds.append({"add": _elem(table, MAPS["in", v], [[str(spec.address), _jump(inp)]])})
+    cmds: list[dict] = []
+    for kind, (name, rules) in policy_chains(spec).items():
+        cmds += _chain_cmds(table, name, rules)
+        if kind in replace:
+            cmds.append({"delete": _elem(table, MAPS[kind, v], [str(spec.address)])})
+        cmds.append({"add": _elem(table, MAPS[kind, v], [[str(spec.address), _jump(name)]])})
     if spec.port:
         cmds.append({"add": _elem(table, PORT_SETS[v], [_port_elem(spec.port, spec.address)], BRIDGE_FAMILY)})
     return cmds
 
 
 def render_agent_remove(
-    table: str,
-    address: IPAddress | str,
-    *,
-    mapped: Sequence[str] = ("fwd", "in"),
-    chains: Sequence[str] = ("fwd", "in"),
-    ports: Sequence[str] = (),
+    table: str, address: IPAddress | str, *, mapped: Sequence[str] = ("fwd", "in"), ports: Sequence[str] = ()
 ) -> list[dict]:
-    """Commands unbinding one agent's ports, deleting its map elements, then its chains.
+    """Commands unbinding one agent's ports and deleting its map elements: its rules stop applying
+    and its frames stop passing the guard at once. Its policy chains may be shared and are left to
+    :func:`render_chains_delete`.
 
-    ``mapped`` / ``chains`` restrict the deletes to what exists (``"fwd"``, ``"in"``), and
-    ``ports`` names the bound ports, because one missing object fails the whole nft transaction;
-    the applier reads the kernel to fill them in.
+    ``mapped`` restricts the deletes to the elements that exist (``"fwd"``, ``"in"``), and ``ports``
+    names the bound ports, because one missing object fails the whole nft transaction; the applier
+    reads the kernel to fill them in.
     """
     validate_table_name(table)
     addr = ipaddress.ip_address(address) if isinstance(address, str) else address
-    names = dict(zip(("fwd", "in"), agent_chain_names(addr), strict=True))
     cmds: list[dict] = []
     if ports:
         elems = [_port_elem(validate_ifname(p, "agent port"), addr) for p in ports]
         cmds.append({"delete": _elem(table, PORT_SETS[addr.version], elems, BRIDGE_FAMILY)})
     for kind in mapped:
         cmds.append({"delete": _elem(table, MAPS[kind, addr.version], [str(addr)])})
-    for kind in chains:
-        cmds.append({"flush": _obj("chain", table, name=names[kind])})
-        cmds.append({"delete": _obj("chain", table, name=names[kind])})
     return cmds
 
 
-def render_full(
-    table: str, specs: Iterable[AgentSpec], guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()
-) -> list[dict]:
-    """Base plus every agent, as one transaction (self-heal, first apply, the bench).
+def render_chains_delete(table: str, chains: Iterable[str]) -> list[dict]:
+    """Commands deleting policy chains no map element jumps to any more (flushed first). The
+    kernel refuses to delete a chain still jumped to (EBUSY), failing the transaction: the
+    applier sends one chain per transaction where another process may have taken it up."""
+    validate_table_name(table)
+    cmds: list[dict] = []
+    for name in chains:
+        cmds.append({"flush": _obj("chain", table, name=name)})
+        cmds.append({"delete": _obj("chain", table, name=name)})
+    return cmds
 
-    Map and port-set elements are batched into one command per map or set. Raises
-    :class:`RuleSpecError` if two specs share an address.
+
+def render_agents(
+    table: str, specs: Iterable[AgentSpec], replace: Mapping[IPAddress, Sequence[str]] | None = None
+) -> list[dict]:
+    """Commands writing many agents at once (:func:`render_agent_add` for each, in one list): each
+    policy chain written once however many agents share it, map and port-set elements batched into
+    one command per map or set. ``replace``: address → the kinds whose element exists with another
+    verdict. Needs the base. Raises :class:`RuleSpecError` if two specs share an address.
     """
-    cmds = render_table_base(table, guard_interfaces, guard_networks)
+    validate_table_name(table)
+    replace = replace or {}
+    chains: dict[str, list[list[dict]]] = {}
     elems: dict[str, list] = {name: [] for name in MAPS.values()}
     port_elems: dict[str, list] = {name: [] for name in PORT_SETS.values()}
+    deletes: dict[str, list] = {name: [] for name in MAPS.values()}
     seen: set[IPAddress] = set()
     for spec in specs:
         if spec.address in seen:
             raise RuleSpecError(f"agent address {spec.address} appears twice")
         seen.add(spec.address)
-        cmds += _agent_chain_cmds(table, spec)
-        fwd, inp = agent_chain_names(spec.address)
-        elems[MAPS["fwd", spec.address.version]].append([str(spec.address), _jump(fwd)])
-        elems[MAPS["in", spec.address.version]].append([str(spec.address), _jump(inp)])
+        v = spec.address.version
+        for kind, (name, rules) in policy_chains(spec).items():
+            chains.setdefault(name, rules)
+            if kind in replace.get(spec.address, ()):
+                deletes[MAPS[kind, v]].append(str(spec.address))
+            elems[MAPS[kind, v]].append([str(spec.address), _jump(name)])
         if spec.port:
-            port_elems[PORT_SETS[spec.address.version]].append(_port_elem(spec.port, spec.address))
+            port_elems[PORT_SETS[v]].append(_port_elem(spec.port, spec.address))
+    cmds: list[dict] = []
+    for name, rules in chains.items():
+        cmds += _chain_cmds(table, name, rules)
+    for name, items in deletes.items():
+        if items:
+            cmds.append({"delete": _elem(table, name, items)})
     for name, items in elems.items():
         if items:
             cmds.append({"add": _elem(table, name, items)})
@@ -269,6 +304,19 @@ def render_full(
         if items:
             cmds.append({"add": _elem(table, name, items, BRIDGE_FAMILY)})
     return cmds
+
+
+def render_full(
+    table: str,
+    specs: Iterable[AgentSpec],
+    guard_interfaces: Iterable[str] = (),
+    guard_networks: Iterable[str] = (),
+    replace: Mapping[IPAddress, Sequence[str]] | None = None,
+) -> list[dict]:
+    """Base plus every agent (:func:`render_agents`), as one transaction (self-heal, first apply,
+    the bench). Raises :class:`RuleSpecError` for a bad name or subnet, or two specs sharing an
+    address."""
+    return render_table_base(table, guard_interfaces, guard_networks) + render_agents(table, specs, replace)
 
 
 def document(commands: list[dict]) -> dict:

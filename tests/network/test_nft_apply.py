@@ -121,16 +121,52 @@ def test_self_heal_twice_leaves_exactly_one_copy(client, netns):
     client.self_heal(specs, ["br-a"])
     assert ruleset(netns, client.table) == once
     assert len(client.list_agents()) == 10
-    assert once.count("ct direction reply ct state established,related accept") == 10
+    # Ten agents of one policy share one input and one forward chain.
+    assert once.count("ct direction reply ct state established,related accept") == 1
 
 
-def test_re_applying_replaces_the_old_rules_in_one_step(client):
+def test_a_thousand_agents_of_a_few_policies_are_a_few_chains(client, netns):
+    specs = [spec(f"172.30.{i // 200}.{i % 200 + 2}", host_access=[f"*:{4000 + i % 3}"]) for i in range(1000)]
+    client.self_heal(specs, ["br-a"])
+    agents = client.list_agents()
+    assert len(agents) == 1000 and all(a.complete for a in agents.values())
+    chains = {a.input_chain for a in agents.values()} | {a.forward_chain for a in agents.values()}
+    assert len(chains) == 4  # three input policies, one forward
+    assert "tcp dport 4002 accept" in "\n".join(described(agents[ipaddress.ip_address("172.30.0.4")].input))
+
+
+def test_re_applying_replaces_the_old_rules_in_one_step(client, netns):
     client.apply_agent(spec(host_access=["*:4000"]))
+    client.apply_agent(spec("172.30.0.6", host_access=["*:4000"]))
     client.apply_agent(spec(host_access=["*:9000"], deny_all=True))
     got = client.list_agents()[ipaddress.ip_address("172.30.0.5")]
     text = "\n".join(described(got.input + got.forward))
     assert "9000" in text and "4000" not in text
     assert described(got.forward)[-1] == "drop"
+    # The neighbour keeps the old policy's chains; once it goes, nothing jumps to them and they go too.
+    other = client.list_agents()[ipaddress.ip_address("172.30.0.6")]
+    assert "4000" in "\n".join(described(other.input))
+    assert client.remove_agent("172.30.0.6") is True
+    assert sorted(client.delete_unused_policy_chains()) == sorted([other.input_chain, other.forward_chain])
+    assert other.input_chain not in ruleset(netns, client.table)
+    assert got.input_chain in ruleset(netns, client.table) and client.delete_unused_policy_chains() == []
+
+
+def test_a_map_element_pointed_elsewhere_is_not_in_force_and_self_heal_points_it_back(client, netns):
+    s = spec("172.30.0.5")
+    client.apply_agent(s)
+    netns.exec("nft", "add", "chain", "inet", client.table, "open")
+    netns.exec("nft", "add", "rule", "inet", client.table, "open", "accept")
+    netns.exec("nft", "delete", "element", "inet", client.table, "agents4_in", "{ 172.30.0.5 }")
+    netns.exec("nft", "add", "element", "inet", client.table, "agents4_in", "{ 172.30.0.5 : jump open }")
+    tampered = client.list_agents()[ipaddress.ip_address("172.30.0.5")]
+    assert (tampered.input_chain, tampered.mapped_input, tampered.complete) == ("open", False, False)
+    assert tampered.input == [] and tampered.describe()[-1] == (
+        "warning: its input map element jumps to chain open, not to a policy chain; these rules are not in force"
+    )
+    client.self_heal([s])
+    healed = client.list_agents()[ipaddress.ip_address("172.30.0.5")]
+    assert healed.complete and described(healed.input) == described(input_rule_exprs(s))
 
 
 def test_removing_an_agent_then_removing_it_again(client, netns):
@@ -149,8 +185,9 @@ def test_removing_from_a_missing_table_is_a_no_op(client):
 
 def test_a_half_removed_agent_is_finished_off(client, netns):
     client.apply_agent(spec("172.30.0.5"))
+    chain = client.list_agents()[ipaddress.ip_address("172.30.0.5")].input_chain
     netns.exec("nft", "delete", "element", "inet", client.table, "agents4_in", "{ 172.30.0.5 }")
-    netns.exec("nft", "delete", "chain", "inet", client.table, "a4-172-30-0-5-in")
+    netns.exec("nft", "delete", "chain", "inet", client.table, chain)
     half = client.list_agents()[ipaddress.ip_address("172.30.0.5")]
     assert (half.has_forward_chain, half.mapped_forward, half.has_input_chain, half.mapped_input) == (
         True,
@@ -255,12 +292,12 @@ def test_the_rules_in_force_are_described_in_words(client):
 
 def test_the_json_listing_is_what_ownership_is_read_from(client, netns):
     client.apply_agent(spec("172.30.0.5"))
-    # A hand-written chain with a look-alike name but no agent shape is not claimed.
-    netns.exec("nft", "add", "chain", "inet", client.table, "a4-172-30-0-50")
-    netns.exec("nft", "add", "rule", "inet", client.table, "a4-172-30-0-50", "ip saddr 172.30.0.5 drop")
+    # A hand-written chain, even with a policy chain's name, makes no agent: only elements do.
+    netns.exec("nft", "add", "chain", "inet", client.table, "pol-in-0123456789abcdef")
+    netns.exec("nft", "add", "rule", "inet", client.table, "pol-in-0123456789abcdef", "ip saddr 172.30.0.5 drop")
     assert list(map(str, client.list_agents())) == ["172.30.0.5"]
     listing = json.loads(netns.exec("nft", "-j", "list", "table", "inet", client.table).stdout)
-    assert any(item.get("chain", {}).get("name") == "a4-172-30-0-50" for item in listing["nftables"])
+    assert any(item.get("chain", {}).get("name") == "pol-in-0123456789abcdef" for item in listing["nftables"])
 
 
 def test_the_egress_baseline_is_accepted_and_idempotent(client, netns):

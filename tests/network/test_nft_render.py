@@ -9,8 +9,16 @@ import pytest
 
 from network.nft.describe import describe_expr
 from network.nft.exprs import forward_rule_exprs, input_rule_exprs
-from network.nft.names import GUARD_MARK, MAPS, agent_chain_names, parse_chain_name
-from network.nft.render import document, render_agent_add, render_agent_remove, render_full, render_table_base
+from network.nft.names import GUARD_MARK, MAPS, parse_policy_chain_name, policy_chain_name
+from network.nft.render import (
+    document,
+    policy_chains,
+    render_agent_add,
+    render_agent_remove,
+    render_chains_delete,
+    render_full,
+    render_table_base,
+)
 from network.nft.spec import AgentSpec, RuleSpecError, parse_allowlist_entry
 
 GW = "172.30.0.1"
@@ -84,7 +92,8 @@ def test_an_ipv6_agent_gets_ip6_gateway_and_allowlist_rules():
         "ip6 daddr fd13::1 accept",
         "ip6 daddr fd99::/48 accept",
     ]
-    assert agent_chain_names("fd13::7") == ("a6-fd13--7-fwd", "a6-fd13--7-in")
+    # The policy chains do not depend on the agent's address: an IPv6 agent of the same policy shares them.
+    assert policy_chains(spec) == policy_chains(AgentSpec.build("fd13::8", "fd13::1", allowlist=["fd99::/48"]))
 
 
 def commands_touching(cmds, table):
@@ -98,33 +107,52 @@ def commands_touching(cmds, table):
     return out
 
 
-def test_adding_an_agent_touches_only_its_chains_and_map_elements():
+def test_adding_an_agent_touches_only_its_policy_chains_and_map_elements():
     spec = AgentSpec.build("172.30.0.5", GW, host_access=["*:4000"])
+    chains = policy_chains(spec)
+    fwd_chain, in_chain = chains["fwd"][0], chains["in"][0]
+    assert fwd_chain.startswith("pol-fwd-") and in_chain.startswith("pol-in-")
     touched = commands_touching(render_agent_add("kici_a", spec), "kici_a")
-    names = {name for _, _, name in touched}
-    assert names == {"a4-172-30-0-5-fwd", "a4-172-30-0-5-in", MAPS["fwd", 4], MAPS["in", 4]}
+    assert {name for _, _, name in touched} == {fwd_chain, in_chain, MAPS["fwd", 4], MAPS["in", 4]}
     elems = [c["add"]["element"] for c in render_agent_add("kici_a", spec) if "element" in c.get("add", {})]
     assert [e["elem"] for e in elems] == [
-        [["172.30.0.5", {"jump": {"target": "a4-172-30-0-5-fwd"}}]],
-        [["172.30.0.5", {"jump": {"target": "a4-172-30-0-5-in"}}]],
+        [["172.30.0.5", {"jump": {"target": fwd_chain}}]],
+        [["172.30.0.5", {"jump": {"target": in_chain}}]],
     ]
     # Replacing = flush + refill in the same document, so a repeat cannot duplicate.
-    assert ("flush", "chain", "a4-172-30-0-5-fwd") in touched and ("flush", "chain", "a4-172-30-0-5-in") in touched
+    assert ("flush", "chain", fwd_chain) in touched and ("flush", "chain", in_chain) in touched
+    assert not any(verb == "delete" for verb, _, _ in touched)
+    # An element jumping elsewhere (a changed policy) is deleted and re-added in the same document.
+    replaced = commands_touching(render_agent_add("kici_a", spec, replace=["in"]), "kici_a")
+    assert replaced.index(("delete", "element", MAPS["in", 4])) + 1 == replaced.index(("add", "element", MAPS["in", 4]))
+    assert ("delete", "element", MAPS["fwd", 4]) not in replaced
 
 
-def test_removing_an_agent_touches_only_its_chains_and_map_elements():
-    touched = commands_touching(render_agent_remove("kici_b", "172.30.0.9"), "kici_b")
-    assert touched == [
-        ("delete", "element", MAPS["fwd", 4]),
-        ("delete", "element", MAPS["in", 4]),
-        ("flush", "chain", "a4-172-30-0-9-fwd"),
-        ("delete", "chain", "a4-172-30-0-9-fwd"),
-        ("flush", "chain", "a4-172-30-0-9-in"),
-        ("delete", "chain", "a4-172-30-0-9-in"),
+def test_agents_share_policy_chains_exactly_when_their_rules_are_equal():
+    a = AgentSpec.build("172.30.0.5", GW, host_access=["*:4000"], port="veth1")
+    b = AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"], port="veth2")
+    c = AgentSpec.build("172.30.0.7", GW, host_access=["*:4001"])
+    assert policy_chains(a) == policy_chains(b)
+    assert policy_chains(a)["fwd"] == policy_chains(c)["fwd"] and policy_chains(a)["in"] != policy_chains(c)["in"]
+    assert policy_chains(a)["in"][0] == policy_chain_name("in", input_rule_exprs(a))
+    # One chain per policy in a full render, however many agents use it.
+    chains = [c["add"]["chain"]["name"] for c in render_full("kici", [a, b, c]) if "chain" in c.get("add", {})]
+    policy = [name for name in chains if parse_policy_chain_name(name)]
+    assert sorted(policy) == sorted({policy_chains(x)[k][0] for x in (a, c) for k in ("fwd", "in")})
+
+
+def test_removing_an_agent_touches_only_its_map_elements_and_ports():
+    touched = commands_touching(render_agent_remove("kici_b", "172.30.0.9", ports=["veth9"]), "kici_b")
+    assert touched[1:] == [("delete", "element", MAPS["fwd", 4]), ("delete", "element", MAPS["in", 4])]
+    assert touched[0] == ("delete", "element", "ports4")
+    assert render_agent_remove("kici_b", "172.30.0.9", mapped=("in",)) == [
+        {"delete": {"element": {"family": "inet", "table": "kici_b", "name": MAPS["in", 4], "elem": ["172.30.0.9"]}}}
     ]
-    assert render_agent_remove("kici_b", "172.30.0.9", mapped=(), chains=("in",))[0]["flush"]["chain"]["name"] == (
-        "a4-172-30-0-9-in"
-    )
+    name = policy_chains(AgentSpec.build("172.30.0.9", GW))["in"][0]
+    assert commands_touching(render_chains_delete("kici_b", [name]), "kici_b") == [
+        ("flush", "chain", name),
+        ("delete", "chain", name),
+    ]
 
 
 def test_the_table_is_the_configured_one_everywhere():
@@ -263,21 +291,14 @@ def test_a_full_render_batches_map_elements_and_refuses_duplicates():
         render_full("kici", [specs[0], specs[0]])
 
 
-def test_chain_names_round_trip_and_foreign_names_are_not_agents():
-    for addr in ("172.30.0.5", "10.0.0.20", "fd00::5", "2001:db8::a:b"):
-        fwd_name, in_name = agent_chain_names(addr)
-        assert parse_chain_name(fwd_name) == (ipaddress.ip_address(addr), "fwd")
-        assert parse_chain_name(in_name) == (ipaddress.ip_address(addr), "in")
-    for name in (
-        "forward",
-        "input",
-        "baseline",
-        "a4-172-30-0-5",
-        "a4-172-30-0-05-fwd",
-        "a4-999-0-0-1-fwd",
-        "a6-1-2-3-4-in",
-    ):
-        assert parse_chain_name(name) is None
+def test_policy_chain_names_are_read_back_and_foreign_names_are_not_policy_chains():
+    rules = input_rule_exprs(AgentSpec.build("172.30.0.5", GW, host_access=["*:4000"]))
+    assert parse_policy_chain_name(policy_chain_name("in", rules)) == "in"
+    assert parse_policy_chain_name(policy_chain_name("fwd", rules)) == "fwd"
+    assert policy_chain_name("in", rules) != policy_chain_name("in", rules[1:])
+    for name in ("forward", "input", "guard-kici-br0", "pol-in-", "pol-in-0123", "pol-in-0123456789abcdef0",
+                 "pol-out-0123456789abcdef", "pol-in-0123456789ABCDEF", "a4-172-30-0-5-fwd"):  # fmt: skip
+        assert parse_policy_chain_name(name) is None
 
 
 @pytest.mark.parametrize("table", ["", "kici table", "1kici", "k;i", "x" * 65, None])

@@ -6,6 +6,7 @@ the container's network namespace.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import time
@@ -15,7 +16,8 @@ from django.core.management import call_command
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
-from network.nft.apply import AgentRules
+from network.nft.apply import AgentRules, NftClient
+from network.nft.render import policy_chains
 from network.nft.spec import AgentSpec
 from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ensure_isolated_network
@@ -38,8 +40,10 @@ GW = ISOLATED_NETWORK_GATEWAY
 def _found(spec: AgentSpec, **changes) -> AgentRules:
     from network.nft.exprs import forward_rule_exprs, input_rule_exprs
 
+    chains = policy_chains(spec)
     rules = AgentRules(
         address=spec.address, forward=list(forward_rule_exprs(spec)), input=list(input_rule_exprs(spec)),
+        forward_chain=chains["fwd"][0], input_chain=chains["in"][0],
         has_forward_chain=True, has_input_chain=True, mapped_forward=True, mapped_input=True,
         ports=[spec.port] if spec.port else [],
     )  # fmt: skip
@@ -143,7 +147,7 @@ def test_an_agent_whose_rule_was_deleted_by_hand_gets_exactly_its_rules_back_fro
     """One sweeper round (``scaler_sweeper --once``) repairs a single agent chain edited by hand:
     the rule that opened its allowed port is gone, then back; the base was intact."""
     agent, ns = _spawn(listeners, docker_client)
-    chain = f"a4-{agent.ip.replace('.', '-')}-in"
+    chain = NftClient(TABLE).list_agents()[ipaddress.ip_address(agent.ip)].input_chain
     listing = subprocess.run(
         ["nft", "-a", "list", "chain", "inet", TABLE, chain], check=True, capture_output=True, text=True
     )
