@@ -51,13 +51,6 @@ def write_archive(agent_id: str, data: bytes) -> Path:
     return path
 
 
-def read_tail(f, limit: int = ARCHIVE_BYTES) -> bytes:
-    """The last ``limit`` bytes of the binary file object ``f`` (seekable)."""
-    size = f.seek(0, os.SEEK_END)
-    f.seek(max(0, size - limit))
-    return f.read()
-
-
 def archive_parts(agent_id: str, parts: list[tuple[str, bytes]]) -> Path | None:
     """Keep several outputs of one sandbox as its archive, each under a ``--- <title> ---`` line,
     the last part's end kept when they exceed :data:`ARCHIVE_BYTES`. None when ``parts`` is empty;

@@ -217,6 +217,9 @@ KICI_SCALE_RETRY_AFTER_SECONDS = env_int("KICI_SCALE_RETRY_AFTER_SECONDS", 10, m
 KICI_RENDER_EVENTS_AT_PUBLISH = env_bool("KICI_RENDER_EVENTS_AT_PUBLISH", False)
 # Where bare-metal process-mode agents write their output.
 KICI_AGENT_LOG_DIR = env_str("KICI_AGENT_LOG_DIR", str(BASE_DIR / "var" / "agents"))
+# Bytes of output a running agent's file may hold (VM serial console, VMM log, process output)
+# before the sweeper frees all but its last half (scalers.output_caps).
+KICI_AGENT_OUTPUT_CAP_BYTES = env_int("KICI_AGENT_OUTPUT_CAP_BYTES", 8 * 1024 * 1024, minimum=65536)
 
 LOGGING = {
     "version": 1,

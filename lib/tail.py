@@ -32,6 +32,8 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
+from .logcap import data_start, leading_cut
+
 DROP_MARKER_PREFIX = "[dropped "
 
 
@@ -51,8 +53,9 @@ class DropMarker(str):
 
 
 class SkipMarker(str):
-    """``[skipped N bytes]``: a paced tail (``FileTail(pace=True, max_lag_bytes=...)``) jumped
-    over ``skipped`` bytes it had fallen behind by; see :class:`FileTail`."""
+    """``[skipped N bytes]``: a :class:`FileTail` jumped over ``skipped`` bytes, either a paced
+    tail (``pace=True, max_lag_bytes=...``) that had fallen that far behind, or the beginning of
+    a file a cap freed under it (``lib.logcap``); see :class:`FileTail`."""
 
     skipped: int
 
@@ -282,7 +285,9 @@ class FileTail:
     read offset (truncation) it flushes the partial line and follows from offset 0; if the path
     now names another file (rotation: rename + create), it drains the old file to its end,
     flushes the partial line and follows the new file from its start. While the path is missing
-    the old file keeps being read.
+    the old file keeps being read. A range freed by a cap (``lib.logcap.cap_file``: the file's
+    beginning, its size unchanged) is stepped over to the kept output's first line, queueing a
+    :class:`SkipMarker`; a reader that keeps up never meets one, since a cap keeps the file's end.
 
     ``pace=True`` (used by the console pump): the reader stops
     reading while half the queue is full and resumes when the consumer takes lines, so nothing
@@ -292,8 +297,8 @@ class FileTail:
     so a flooding guest costs neither memory nor unbounded lag.
 
     Counters for tests and benches: ``reads`` (slices read), ``bytes_read``, ``offset`` (bytes
-    consumed of the current file), ``rotations``, ``truncations``, ``splitter.peak_partial``,
-    ``queue.dropped``, ``skipped_bytes``.
+    consumed of the current file), ``rotations``, ``truncations``, ``cuts`` (freed ranges stepped
+    over), ``splitter.peak_partial``, ``queue.dropped``, ``skipped_bytes``.
 
     ``opener`` (:data:`Opener`): every open of the file, creation included, goes through it (a
     file in a directory a VM can write is opened without following links:
@@ -339,6 +344,7 @@ class FileTail:
         self.bytes_read = 0
         self.rotations = 0
         self.truncations = 0
+        self.cuts = 0
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self.offset = 0
@@ -386,11 +392,24 @@ class FileTail:
 
     async def _read_slice(self, size: int) -> bool:
         """Read one slice of the current file; True when more data is already waiting."""
-        fd, offset = self._fd, self.offset
+        fd = self._fd
+        first = data_start(fd)
+        offset = data_start(fd, self.offset)  # past a range a cap freed (lib.logcap)
+        if offset >= size:
+            self._pass_cut(offset - self.offset)
+            return False
         length = min(self.max_read, size - offset)
         data = await asyncio.to_thread(os.pread, fd, length, offset)
         if not data:
             return False
+        if data_start(fd) != first:
+            return True  # a cut raced the read (part of it may read as NUL bytes): read again
+        cut = leading_cut(data, first)
+        if offset + cut > self.offset:
+            self._pass_cut(offset + cut - self.offset)
+            data = data[cut:]
+            if not data:
+                return self.offset < size
         self.reads += 1
         self.bytes_read += len(data)
         self.offset += len(data)
@@ -421,6 +440,17 @@ class FileTail:
                 waiter.cancel()
                 if stopper is not None:
                     stopper.cancel()
+
+    def _pass_cut(self, skipped: int) -> None:
+        """Step over ``skipped`` bytes a cap freed (``lib.logcap.cap_file``): the partial line is
+        dropped (its rest is gone) and the next byte is a line start."""
+        if skipped <= 0:
+            return
+        self.offset += skipped
+        self.skipped_bytes += skipped
+        self.cuts += 1
+        self.splitter.flush()
+        self._push([SkipMarker(skipped)])
 
     def _skip_ahead(self, size: int) -> None:
         """Paced and too far behind: jump to ``max_lag_bytes / 2`` before the end, next line."""

@@ -34,10 +34,13 @@ from typing import Any
 from django.conf import settings
 
 from agents import tokens
-from agents.archive import archive_parts, read_tail
+from agents.archive import ARCHIVE_BYTES, archive_parts
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
+from lib.logcap import read_end
+from lib.safe_open import open_last
+from lib.tail import Opener
 from scalers.resources import EffectiveLimits
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
@@ -48,6 +51,8 @@ from .orphans import OrphanTarget
 from .spawn_env import label_set_option, process_env, spawn_limits
 
 TERM_GRACE_SECONDS = 5.0
+#: Bytes of the end of a process's output file :meth:`BareMetalBackend.captured_output_for` reads.
+CAPTURED_BYTES = 64 * 1024
 _systemd_user_ok: bool | None = None
 
 log = logging.getLogger(__name__)
@@ -114,6 +119,11 @@ def _alive(pid: int, start_time: int | None) -> bool:
     _reap_if_child(pid)
     current = _proc_start_time(pid)
     return current is not None and (start_time is None or current == start_time)
+
+
+def _open_in_log_dir(path: str | os.PathLike, flags: int) -> int:
+    """Open a file directly below :func:`agent_log_dir` without following a link in its place."""
+    return open_last(path, 1, flags)
 
 
 def agent_log_dir() -> Path:
@@ -271,8 +281,11 @@ class BareMetalBackend:
         if not log_path:
             return
         try:
-            with open(log_path, "rb") as f:
-                archive_parts(agent_id, [("process output", read_tail(f))])
+            fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                archive_parts(agent_id, [("process output", read_end(fd, ARCHIVE_BYTES))])
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
@@ -282,10 +295,24 @@ class BareMetalBackend:
         if self.mode_for(agent) == "container":
             return self.containers.captured_output_for(agent)
         path = (agent.backend_context or {}).get("log_path")
+        if not path:
+            return []
         try:
-            return Path(path).read_text(errors="replace").splitlines()[-CAPTURED_LINES:] if path else []
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = read_end(fd, CAPTURED_BYTES)
+            finally:
+                os.close(fd)
         except OSError:
             return []
+        return data.decode("utf-8", "replace").splitlines()[-CAPTURED_LINES:]
+
+    @staticmethod
+    def output_files() -> list[tuple[Path, Opener]]:
+        """The process-mode agents' output files on this host (``<KICI_AGENT_LOG_DIR>/<id>.log``),
+        each with how to open it (no link followed in the directory), for the output cap
+        (``scalers.output_caps``)."""
+        return [(path, _open_in_log_dir) for path in sorted(agent_log_dir().glob("*.log"))]
 
     # -- orphans (container mode only: a host process carries no ownership labels) ------------
 

@@ -4,9 +4,10 @@ At start it recovers this instance's rows (``recover_state``, trigger ``boot``).
 ``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
 boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
 that reports whether it did anything: the host-tool check and host readiness of every scaler, the
-isolation drift check (``scalers.drift``), the stale-spawn prune (registration deadlines passed,
-backend calls past the stale window), the start of spawns waiting for a slot, token-TTL expiry, the
-check of failed spawn jobs in rq, retries of failed teardowns, the teardown of drained agents
+isolation drift check (``scalers.drift``), the output cap (``scalers.output_caps``), the
+stale-spawn prune (registration deadlines passed, backend calls past the stale window), the
+start of spawns waiting for a slot, token-TTL expiry, the check of failed spawn jobs in rq,
+retries of failed teardowns, the teardown of drained agents
 (``scalers.lifecycle.drain_idle_agents``), the event-provision reaper
 (``scalers.provision_reaper``: its own interval, its clocks forgotten when leadership is lost),
 the retirement sweep,
@@ -47,6 +48,7 @@ from scalers.lifecycle import (
     retry_stuck_teardowns,
 )
 from scalers.models import RecoveryReport, Scaler, ScaleRequest
+from scalers.output_caps import cap_agent_outputs
 from scalers.provision_reaper import ProvisionReaper
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 
@@ -114,6 +116,7 @@ class Command(BaseCommand):
         for unit in (
             self.handle_host_readiness,
             self.handle_isolation_drift,
+            self.handle_output_caps,
             self.handle_stale_spawns,
             self.handle_waiting_spawns,
             self.handle_token_expiry,
@@ -189,6 +192,10 @@ class Command(BaseCommand):
     def handle_isolation_drift(self) -> bool:
         """Rules in the kernel against the active agents; what is missing is re-applied (``scalers.drift``)."""
         return bool(check_isolation_drift())
+
+    def handle_output_caps(self) -> bool:
+        """Agent output files on this host held to ``KICI_AGENT_OUTPUT_CAP_BYTES`` (``scalers.output_caps``)."""
+        return cap_agent_outputs(settings.KICI_AGENT_OUTPUT_CAP_BYTES) > 0
 
     def handle_stale_spawns(self) -> bool:
         return prune_stale_spawns() > 0

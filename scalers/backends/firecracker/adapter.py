@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -20,6 +21,7 @@ from agents import tokens
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
+from lib.tail import Opener
 from network.ipalloc_db import DbIpAllocator
 from network.nft import apply
 from scalers.models import ConfigState
@@ -28,10 +30,11 @@ from ..base import BootFailure, SpawnAborted, SpawnControl, SpawnError, SpawnRes
 from ..failure import mark_spawn_failed
 from ..isolation import IsolationTarget, host_services
 from ..spawn_env import console_url, full_labels, spawn_limits
-from . import watch
+from . import jail, watch
 from .backend import ABORT_REASON, FirecrackerBackend, FirecrackerCapacityError, FirecrackerSpawnError
 from .bootwatch import boot_failure_from_disk, release_thread_db
 from .cancel import CancelSignal
+from .logs import vm_log_files
 from .settings import FirecrackerSettings
 from .sweeps import default_tracked_provider
 from .watch import POLL_SECONDS, serial_tail
@@ -86,6 +89,11 @@ class FirecrackerScalerBackend:
         entry = {**(scaler.config or {}), "name": scaler.name, "maxAgents": scaler.max_agents}
         extra = {"netns": self.netns} if self.netns else {}
         return FirecrackerSettings.from_config(entry, ConfigState.load().firecracker or {}, **extra, **self._overrides)
+
+    def output_files(self) -> list[tuple[Path, Opener]]:
+        """Every VM's serial console and VMM log under this scaler's ``chrootBaseDir``, opened
+        through ``jail.open_vm_file``, for the output cap (``scalers.output_caps``)."""
+        return [(path, jail.open_vm_file) for path in vm_log_files(self.fc.settings.chroot_base_dir)]
 
     def reload(self, scaler) -> None:
         """Replace the entry read at every spawn; VMs already tracked keep running."""

@@ -10,6 +10,8 @@ import json
 import logging
 import os
 
+from lib.logcap import read_end
+
 from .jail import open_vm_file
 
 log = logging.getLogger(__name__)
@@ -70,8 +72,7 @@ def read_failure_type(serial_log: str | os.PathLike) -> str:
         log.warning("cannot read the failure type: %s", e)
         return UNKNOWN
     try:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, min(size, TAIL_BYTES), max(0, size - TAIL_BYTES))
+        data = read_end(fd, TAIL_BYTES)
     except OSError:
         return UNKNOWN
     finally:

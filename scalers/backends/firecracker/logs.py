@@ -21,10 +21,11 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from lib.logcap import read_end
 from lib.tail import FileTail, split_lines
 
 from .failure import wrap_serial_line
-from .jail import open_vm_file
+from .jail import AGENT_ID_RE, ChrootLayout, open_vm_file
 
 log = logging.getLogger(__name__)
 
@@ -145,19 +146,12 @@ class LogForwarder:
             try:
                 st = os.fstat(keep)
                 if tail.identity in (None, (st.st_dev, st.st_ino)):  # not a file it rotated away from
-                    for line in split_lines([_read_end(keep, tail.offset)]):
+                    for line in split_lines([read_end(keep, REMAINING_MAX_BYTES, tail.offset)]):
                         self._emit(source_of[path], line)
             except OSError:
                 pass
             finally:
                 os.close(keep)
-
-
-def _read_end(fd: int, offset: int = 0) -> bytes:
-    """The bytes of ``fd`` from ``offset`` to its end, at most the last :data:`REMAINING_MAX_BYTES`."""
-    size = os.fstat(fd).st_size
-    start = max(offset, size - REMAINING_MAX_BYTES)
-    return os.pread(fd, size - start, start) if start < size else b""
 
 
 def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogSink | None) -> int:
@@ -175,7 +169,7 @@ def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogS
             log.warning("cannot forward the remaining logs of %s: %s", agent_id, e)
             continue
         try:
-            data = _read_end(fd)
+            data = read_end(fd, REMAINING_MAX_BYTES)
         except OSError as e:
             log.warning("cannot forward the remaining logs of %s: %s", agent_id, e)
             continue
@@ -189,3 +183,19 @@ def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogS
                 except Exception:  # noqa: BLE001
                     log.warning("log sink failed for %s", agent_id, exc_info=True)
     return count
+
+
+def vm_log_files(base: str | os.PathLike) -> list[Path]:
+    """The serial console and VMM log of every VM directory under ``<base>/firecracker`` (existing
+    or not: callers open them through ``jail.open_vm_file``), for the output cap
+    (``scalers.output_caps``). A directory whose name is not a jailer id is left out."""
+    try:
+        names = sorted(os.listdir(Path(base) / "firecracker"))
+    except FileNotFoundError:
+        return []
+    files: list[Path] = []
+    for name in names:
+        if AGENT_ID_RE.match(name):
+            layout = ChrootLayout.for_agent(base, name)
+            files += [layout.serial_log, layout.vmm_log]
+    return files

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agents.archive import archive_parts, read_tail
+from agents.archive import ARCHIVE_BYTES, archive_parts
+from lib.logcap import read_end
 from network import netlink
 
 from . import jail
@@ -100,8 +101,11 @@ class Teardown:
         parts = []
         for title, path in (("serial console", layout.serial_log), ("VMM log", layout.vmm_log)):
             try:
-                with os.fdopen(jail.open_vm_file(path, os.O_RDONLY | os.O_CLOEXEC), "rb") as f:
-                    parts.append((title, read_tail(f)))
+                fd = jail.open_vm_file(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    parts.append((title, read_end(fd, ARCHIVE_BYTES)))
+                finally:
+                    os.close(fd)
             except FileNotFoundError:
                 continue
             except OSError as exc:

@@ -14,6 +14,7 @@ import threading
 from collections import deque
 
 from agents.models import Agent
+from lib.logcap import read_end
 
 from .backend import FirecrackerBackend
 from .jail import open_vm_file
@@ -68,8 +69,7 @@ def serial_tail(path: str | os.PathLike, lines: int = CAPTURED_LINES) -> list[st
     except OSError:
         return []
     try:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, min(size, 65536), max(0, size - 65536))
+        data = read_end(fd, 65536)
     except OSError:
         return []
     finally:
