@@ -111,7 +111,8 @@ def fail_lost_runs(now: datetime | None = None) -> list[int]:
             if status is None and operation.status == OperationStatus.APPROVED:
                 reason = f"its rq job {operation.rq_job_id} vanished before it started"
             else:
-                reason = f"its rq job {operation.rq_job_id} is {status or 'gone'} (worker killed or timed out)"
+                shown = status.value if status else "gone"
+                reason = f"its rq job {operation.rq_job_id} is {shown} (worker killed or timed out)"
             if transition(
                 operation,
                 operation.status,

@@ -393,7 +393,7 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
             continue
         status = job.get_status(refresh=False)
         if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-            fail_spawn(agent, f"spawn job {job.id} is {status}", reason="spawn-job-failed")
+            fail_spawn(agent, f"spawn job {job.id} is {status.value}", reason="spawn-job-failed")
             n += 1
     return n
 

@@ -41,7 +41,7 @@ def _rq_job_status(job_id: str) -> str | None:
 
         connection = django_rq.get_connection("default")
         try:
-            return str(Job.fetch(job_id, connection=connection).get_status(refresh=True))
+            return Job.fetch(job_id, connection=connection).get_status(refresh=True).value
         except NoSuchJobError:
             return "gone"
     except Exception:  # noqa: BLE001 - unknown is reported as such

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
-from rq.job import Job
+from rq.job import Job, JobStatus
 
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
@@ -27,7 +27,9 @@ from . import ledger
 
 log = logging.getLogger("scalers.admission")
 
-_ALIVE_RQ_STATES = {"queued", "started", "deferred", "scheduled"}
+#: rq statuses of a spawn job still to run or running. Compared as ``JobStatus`` members: ``str()``
+#: of one is ``"JobStatus.QUEUED"``, not its value.
+_ALIVE_RQ_STATES = frozenset({JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED})
 #: Seconds after a spawn slot was claimed (``rq_job_id`` written, ``updated_at`` stamped) during
 #: which a job rq does not know yet is still being enqueued, not lost.
 ENQUEUE_GRACE_SECONDS = 30
@@ -69,7 +71,7 @@ def rq_job_alive(agent: Agent) -> bool:
             and claimed is not None
             and (timezone.now() - claimed).total_seconds() < ENQUEUE_GRACE_SECONDS
         )
-    return str(job.get_status(refresh=False)) in _ALIVE_RQ_STATES
+    return job.get_status(refresh=False) in _ALIVE_RQ_STATES
 
 
 def recover_state(

@@ -10,15 +10,21 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import django_rq
 import pytest
 from django.conf import settings
 from django.utils import timezone
+from rq import Queue, SimpleWorker
+from rq.job import JobStatus
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from operations.choices import OperationStatus, RequestedVia, TargetOutcome
+from operations.kinds.base import Scope
+from operations.kinds.stale_reservations import StaleReservations
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
+from operations.sweeps import fail_lost_runs
 from scalers.backends.ownership import Owner
 from scalers.models import ConfigState, Installation, Reservation, ScalerTeardown
 from tests.support.firecracker import owned_vm_dir
@@ -176,6 +182,31 @@ def test_stale_reservations_are_released_and_a_live_spawn_or_an_unlistable_runti
     assert ScalerEvent.objects.filter(
         agent=failed, type=EventType.RELEASED, detail__contains=f"operation #{op.pk}"
     ).exists()
+
+
+def test_a_stuck_spawn_whose_job_is_still_queued_or_started_is_spared(settings):
+    # Past the stale window, but rq still holds its spawn job (a busy host queue, a long backend
+    # call): its reservation is in use, not stale. The evidence names the status by its value.
+    settings.DOCKER_HOST = "unix:///run/ops-no-such-docker.sock"
+    event = make_scaler(name=f"ops-ev-{secrets.token_hex(2)}", type="event")
+    old = timezone.now() - timedelta(hours=1)
+    queue = Queue(f"ops-stale-{secrets.token_hex(4)}", connection=django_rq.get_connection("default"))
+    try:
+        queued = make_agent(event, state=AgentState.SPAWNING, spawn_started_at=old)
+        started = make_agent(event, state=AgentState.SPAWNING, spawn_started_at=old)
+        for agent in (queued, started):
+            job = queue.enqueue("os.getpid", job_id=f"spawn-{agent.agent_id}")
+            Agent.objects.filter(pk=agent.pk).update(rq_job_id=job.id)
+        queue.fetch_job(f"spawn-{started.agent_id}").set_status(JobStatus.STARTED)
+        plan = StaleReservations().plan(Scope())
+    finally:
+        queue.delete(delete_jobs=True)
+    assert plan.targets == []
+    spared = {s.subject: (s.reason, s.evidence["spawn_job"]) for s in plan.spared}
+    assert spared == {
+        queued.agent_id: ("its spawn job is still queued", "queued"),
+        started.agent_id: ("its spawn job is still started", "started"),
+    }
 
 
 # --- drain and destroy --------------------------------------------------------------------------
@@ -400,8 +431,6 @@ def test_an_unknown_kind_in_the_auto_approve_policy_is_refused_by_name(monkeypat
 
 
 def test_a_run_whose_rq_job_vanished_is_marked_failed(users, config_file):
-    from operations.sweeps import fail_lost_runs
-
     op = create_operation("config-reload", {}, users["operator"])
     with listening_worker(QUEUE):
         approve_operation(op, users["approver"], enqueue=False)
@@ -411,6 +440,21 @@ def test_a_run_whose_rq_job_vanished_is_marked_failed(users, config_file):
     assert fail_lost_runs() == [op.pk]
     op.refresh_from_db()
     assert op.status == OperationStatus.FAILED and "vanished" in op.error
+
+
+def test_a_run_whose_rq_job_failed_is_marked_failed_with_the_status_by_name(users, config_file):
+    op = create_operation("config-reload", {}, users["operator"])
+    with listening_worker(QUEUE):
+        approve_operation(op, users["approver"], enqueue=False)
+    queue = django_rq.get_queue(QUEUE)
+    job = queue.enqueue("builtins.int", "not a number")  # dies like a run whose worker crashed
+    SimpleWorker([queue], connection=queue.connection).work(burst=True)
+    assert job.get_status(refresh=True) == JobStatus.FAILED
+    Operation.objects.filter(pk=op.pk).update(rq_job_id=job.id, decided_at=timezone.now() - timedelta(minutes=5))
+    assert fail_lost_runs() == [op.pk]
+    op.refresh_from_db()
+    assert op.status == OperationStatus.FAILED
+    assert op.error == f"its rq job {job.id} is failed (worker killed or timed out)"
 
 
 def test_two_approvers_at_once_approve_it_exactly_once(users, config_file):

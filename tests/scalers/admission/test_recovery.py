@@ -8,10 +8,12 @@ import socket
 import threading
 from datetime import timedelta
 
+import django_rq
 import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
+from rq import Queue, SimpleWorker
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
@@ -158,6 +160,75 @@ def test_a_spawn_slot_claimed_just_now_whose_job_is_not_in_rq_yet_is_kept():
     assert (r.spawning_dropped, r.spawning_agents_rehydrated) == (0, 1)
     agent.refresh_from_db()
     assert agent.state == AgentState.SPAWNING
+
+
+@pytest.fixture
+def spawn_queue():
+    """A host queue of this test's own on the real Redis (no worker drains it), emptied after."""
+    queue = Queue(f"recovery-{os.getpid()}-{threading.get_ident()}", connection=django_rq.get_connection("default"))
+    yield queue
+    for registry in (queue.failed_job_registry, queue.finished_job_registry, queue.scheduled_job_registry):
+        for job_id in registry.get_job_ids():
+            registry.remove(job_id, delete_job=True)
+    queue.delete(delete_jobs=True)
+
+
+def claimed_long_ago(agent, job_id):
+    """The agent's spawn slot was claimed for ``job_id`` past the enqueue grace."""
+    claimed = timezone.now() - timedelta(seconds=ENQUEUE_GRACE_SECONDS + 1)
+    Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id, updated_at=claimed)
+
+
+def recover_in_the_spawn_job() -> tuple[int, int]:
+    """A spawn job's stand-in: the sweeper boots while the worker runs it (rq says ``started``)."""
+    r = recover_state(ME)
+    return r.spawning_dropped, r.spawning_agents_rehydrated
+
+
+def failing_spawn_job() -> None:
+    raise RuntimeError("the backend call crashed")
+
+
+@pytest.mark.parametrize("status", ["queued", "scheduled", "deferred"])
+def test_a_local_spawn_whose_job_waits_in_rq_is_kept_by_the_default_check(spawn_queue, status):
+    agent = seed_agent(make_scaler("c"))
+    job_id = f"spawn-{agent.agent_id}"
+    if status == "queued":
+        job = spawn_queue.enqueue("os.getpid", job_id=job_id)
+    elif status == "scheduled":
+        job = spawn_queue.enqueue_in(timedelta(hours=1), "os.getpid", job_id=job_id)
+    else:
+        blocker = spawn_queue.enqueue_in(timedelta(hours=1), "os.getpid", job_id=f"{job_id}-before")
+        job = spawn_queue.enqueue("os.getpid", job_id=job_id, depends_on=blocker)
+    assert job.get_status(refresh=True) == status
+    claimed_long_ago(agent, job_id)
+    r = recover_state(ME)
+    assert (r.spawning_dropped, r.spawning_agents_rehydrated) == (0, 1)
+    agent.refresh_from_db()
+    assert (agent.state, agent.failure_reason) == (AgentState.SPAWNING, "")
+
+
+def test_a_local_spawn_whose_job_runs_in_a_worker_is_kept_by_the_default_check(spawn_queue):
+    # The healthy spawn of a sweeper restart: the worker runs the backend call (rq says started)
+    # when the new sweeper's recovery asks; the spawn finishes later and the agent registers.
+    agent = seed_agent(make_scaler("c"), spawn_started_at=timezone.now())
+    job = spawn_queue.enqueue(recover_in_the_spawn_job, job_id=f"spawn-{agent.agent_id}")
+    claimed_long_ago(agent, job.id)
+    SimpleWorker([spawn_queue], connection=spawn_queue.connection).work(burst=True)
+    assert job.get_status(refresh=True) == "finished"
+    assert job.return_value() == (0, 1)
+    agent.refresh_from_db()
+    assert (agent.state, agent.failure_reason) == (AgentState.SPAWNING, "")
+    assert Reservation.objects.filter(agent=agent).exists()
+
+
+def test_a_local_spawn_whose_job_failed_is_dropped_by_the_default_check(spawn_queue):
+    agent = seed_agent(make_scaler("c"), spawn_started_at=timezone.now())
+    job = spawn_queue.enqueue(failing_spawn_job, job_id=f"spawn-{agent.agent_id}")
+    SimpleWorker([spawn_queue], connection=spawn_queue.connection).work(burst=True)
+    assert job.get_status(refresh=True) == "failed"
+    claimed_long_ago(agent, job.id)
+    assert recover_state(ME).spawning_dropped == 1
 
 
 def test_a_local_spawn_still_waiting_for_a_spawn_slot_is_kept_by_the_default_check():

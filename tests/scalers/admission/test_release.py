@@ -186,6 +186,8 @@ def test_the_sweep_fails_spawns_whose_rq_job_failed(admitted, docker_client):
     Agent.objects.filter(pk=admitted.pk).update(rq_job_id=job.id)
     assert reap_failed_spawn_jobs(min_age_seconds=0) == 1
     assert not Reservation.objects.exists()
+    admitted.refresh_from_db()
+    assert admitted.failure_reason == f"spawn job {job.id} is failed"
 
 
 def test_an_agent_that_never_registers_within_its_token_ttl_is_released(admitted, settings, docker_client):
