@@ -140,3 +140,11 @@ def test_the_agent_page_and_the_host_access_editor_cite_no_spec_section(viewer_c
     ):
         html = viewer_client.get(url).content.decode()
         assert "SPEC" not in html, url
+
+
+def test_staff_reach_the_rq_dashboard_from_the_nav_and_others_do_not_see_it(client, viewer_client, django_user_model):
+    assert 'href="/admin/rq/"' not in viewer_client.get("/").content.decode()
+    staff = django_user_model.objects.create_user("ops-staff", password="pw-staff", is_staff=True, is_superuser=True)
+    client.force_login(staff)
+    assert 'href="/admin/rq/"' in client.get("/").content.decode()
+    assert client.get("/admin/rq/").status_code == 200
