@@ -42,6 +42,25 @@ class ConfigState(models.Model):
         return obj
 
 
+class ConfigGeneration(models.Model):
+    """A token that changes with every write to the rows admission routes by (a singleton, pk=1).
+
+    Statement triggers on ``scalers_scaler``, ``scalers_labelset`` and ``scalers_machinepool``
+    (migration ``0008_config_generation``) set ``token`` to a fresh random UUID in the writing
+    transaction, so it commits with the change and is never reused, even after a TRUNCATE or a
+    restored backup. Admission keys its cached routing table by it instead of hashing every row
+    on each batch (``scalers.admission.ledger``).
+    """
+
+    token = models.CharField(max_length=36, default="")
+
+    class Meta:
+        verbose_name = "config generation"
+
+    def __str__(self):
+        return f"config generation {self.token or '(none)'}"
+
+
 class MachinePool(models.Model):
     """A resource cap shared by several scalers on one machine."""
 

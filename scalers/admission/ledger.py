@@ -185,14 +185,10 @@ def bind_warm_agent(cursor, agent_pk: int, job_id: str, run_id: str) -> bool:
 
 _ACTIVE = tuple(str(s) for s in ACTIVE_STATES)
 
-# Any change to a row admission reads (by the importer, the admin, or a raw UPDATE that leaves
-# updated_at alone) changes this fingerprint and rebuilds the cached World. A few dozen rows:
-# well under a millisecond per batch.
-_VERSION_SQL = (
-    "SELECT md5(coalesce((SELECT string_agg(t::text, '|' ORDER BY id) FROM scalers_scaler t), '')) "
-    "|| md5(coalesce((SELECT string_agg(t::text, '|' ORDER BY id) FROM scalers_labelset t), '')) "
-    "|| md5(coalesce((SELECT string_agg(t::text, '|' ORDER BY id) FROM scalers_machinepool t), ''))"
-)
+#: The routing rows' fingerprint: the ``ConfigGeneration`` token, which every statement writing a
+#: scaler, label set or machine pool changes (by the importer, the sweeper, a raw UPDATE), so the
+#: cached World is rebuilt after any of them. One row read per batch, whatever the fleet's size.
+_VERSION_SQL = "SELECT coalesce((SELECT token FROM scalers_configgeneration WHERE id = 1), '')"
 
 
 def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> World:
@@ -282,13 +278,13 @@ def lock_and_snapshot(conn) -> tuple[dict, World, Usage]:
     params = _snapshot_params()
     with psycopg.Cursor(conn) as lock_cur, psycopg.Cursor(conn) as snap_cur:
         with conn.pipeline():
-            lock_cur.execute(_LOCK_SQL)
-            snap_cur.execute(_SNAPSHOT_SQL, params)
+            lock_cur.execute(_LOCK_SQL, prepare=True)
+            snap_cur.execute(_SNAPSHOT_SQL, params, prepare=True)
         row = lock_cur.fetchone()
         rows = snap_cur.fetchall()
         if row is None:  # never imported: create the row, then lock it the plain way
             config_row = lock_admission(lock_cur)
-            snap_cur.execute(_SNAPSHOT_SQL, params)
+            snap_cur.execute(_SNAPSHOT_SQL, params, prepare=True)
             rows = snap_cur.fetchall()
         else:
             config_row = _config_dict(row)
@@ -490,7 +486,7 @@ def write_batch(
         rd_key=label_key(rd_labels),
         rd_labels=json.dumps(rd_labels),
     )
-    cursor.execute(sql, params)
+    cursor.execute(sql, params, prepare=True)
     return {agent_id: pk for pk, agent_id in cursor.fetchall()}
 
 

@@ -310,3 +310,43 @@ def test_bad_input_to_request_scale_names_the_field():
     with pytest.raises(InvalidScaleRequest, match=r"resources\.cpus"):
         request_scale(["linux"], "j", resources={"cpus": -2})
     assert not Agent.objects.exists() and not ScaleRequest.objects.exists()
+
+
+def _generation() -> str:
+    from scalers.models import ConfigGeneration
+
+    return ConfigGeneration.objects.get(pk=1).token
+
+
+def test_every_write_to_the_routing_rows_is_seen_by_the_next_decision():
+    # The cached routing table is keyed by the generation token the tables' triggers change: a
+    # raw UPDATE, an ORM update and a delete are each seen at once, with no cache clear between.
+    from django.db import connection
+
+    from scalers.models import LabelSet, Scaler
+
+    scaler = make_scaler("c", max_agents=1)
+    assert request_scale(["linux"], "g1").action == "spawning"
+    assert request_scale(["linux"], "g2").cap == "maxAgents"
+    before = _generation()
+    with connection.cursor() as cur:
+        cur.execute("UPDATE scalers_scaler SET max_agents = 2 WHERE name = 'c'")
+    assert _generation() != before
+    assert request_scale(["linux"], "g2").action == "spawning"
+    Scaler.objects.filter(pk=scaler.pk).update(retiring=True)
+    assert request_scale(["linux"], "g3").action != "spawning"
+    Scaler.objects.filter(pk=scaler.pk).update(retiring=False, max_agents=5)
+    LabelSet.objects.filter(scaler=scaler).delete()
+    assert request_scale(["linux"], "g4").action == "no-backend"
+
+
+def test_a_truncate_of_the_routing_rows_gives_a_token_never_seen_before():
+    from django.db import connection
+
+    seen = {_generation()}
+    for _ in range(3):
+        with connection.cursor() as cur:
+            cur.execute("TRUNCATE scalers_labelset, scalers_configgeneration CASCADE")
+        token = _generation()
+        assert token not in seen
+        seen.add(token)
