@@ -3,13 +3,14 @@ effective list, the rule diff for live agents, and applying only through a plann
 
 from __future__ import annotations
 
+import ipaddress
 from html import unescape
 
 import pytest
 
 from agents.choices import AgentState
 from agents.models import Agent
-from front.host_access_editor import check_lines, plan_host_access_change
+from front.host_access_editor import check_lines, known_host_addresses, plan_host_access_change
 from network.host_access import host_access_warnings
 from scalers.models import LabelSet, Scaler
 
@@ -258,3 +259,22 @@ def test_a_nul_deep_in_a_long_entry_list_is_quoted_around_it(viewer_client, labe
     )
     html = _refusal_fragment(response, 400)
     assert "10.9.9.9:2\\x002" in html and "…'" in html and "'…" in html and "10.0.0.1:22" not in html
+
+
+def test_a_range_holding_no_host_address_is_warned_to_open_nothing(operator_client, label_set):
+    addresses, error = known_host_addresses(label_set.scaler)
+    assert not error and ipaddress.ip_address("172.30.0.1") in addresses
+    assert not [a for a in addresses if a in ipaddress.ip_network("10.0.0.0/8")], "this host has a 10/8 address"
+    html = unescape(
+        operator_client.post(
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.0/8:22"}, **HTMX
+        ).content.decode()
+    )
+    warnings = html[html.index('id="preview-warnings"') :]
+    warnings = warnings[: warnings.index("</div>")]
+    assert "1 warning" in warnings
+    assert 'line 2: hostAccess entry "10.0.0.0/8:22" holds none of this host\'s addresses (' in warnings
+    assert "so this entry opens nothing" in warnings
+    assert 'id="apply"' in html  # a warning never blocks Apply
+    plan = plan_host_access_change(label_set, "explicit", "10.0.0.5:443")
+    assert plan.ok and "opens nothing" in plan.warnings[0]
