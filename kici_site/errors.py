@@ -77,6 +77,30 @@ def api_error(
     return response
 
 
+#: The one media type a JSON body of ``/api/v1`` is accepted as (parameters such as ``charset`` aside).
+JSON_CONTENT_TYPE = "application/json"
+
+
+def json_content_type_refusal(request: HttpRequest) -> JsonResponse | None:
+    """None when a POST to a JSON endpoint may be read as JSON: its ``Content-Type`` is
+    ``application/json`` (any parameters, e.g. ``; charset=utf-8``), or it has neither a body nor a
+    ``Content-Type``. Otherwise the 415 ``unsupported-media-type`` answer naming the content type
+    sent, so a client posting ``text/plain`` or a form learns at once instead of by a guess."""
+    sent = request.META.get("CONTENT_TYPE", "")
+    bodiless = request.headers.get("Content-Length", "") in ("", "0")
+    if request.content_type == JSON_CONTENT_TYPE or (not sent and bodiless):
+        return None
+    shown = repr(sent[:100]) if sent else "none"
+    response = api_error(
+        415,
+        "unsupported-media-type",
+        f"Content-Type {shown} is not accepted: send the body as {JSON_CONTENT_TYPE}",
+        field="Content-Type",
+    )
+    response["Accept-Post"] = JSON_CONTENT_TYPE
+    return response
+
+
 def error_page(request: HttpRequest, status: int, message: str = "", *, title: str = "") -> HttpResponse:
     """A styled error page (``templates/<status>.html``, else ``templates/error.html``) with the
     page frame's navigation. ``message`` says what went wrong in the operator's words.
