@@ -16,7 +16,7 @@ An agent in drift whose sandbox is provably gone (``agents.liveness.GONE_SANDBOX
 ``scalers.backends.sandboxes.probe_sandboxes``: its container missing or exited, its VM's process
 not running) is not repaired: its rules went with its sandbox (a veth that no longer exists, e.g.
 after a restart), nothing tampered with them, and releasing it is the lost-agents sweep's
-(``operations.kinds.lost_agents``). It is reported in ``DriftReport.gone`` and recorded as
+(``operations.kinds.lost_agents``). It is reported in ``DriftReport.gone`` and recorded once as
 "isolation rules not restored", which is not a repair (``operations.attention``).
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.liveness import GONE_SANDBOX_STATES
-from agents.models import Agent
+from agents.models import Agent, ScalerEvent
 from network.nft.apply import AgentRules, elements_to_replace
 from network.nft.plan import spec_rule_lines
 from network.nft.render import render_agents, render_table_base
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: MetricCounter name of the repairs (``kind``: ``base`` or ``agent``).
 REPAIRS = "kici_scaler_isolation_repairs_total"
+#: How the event of an agent in drift whose sandbox is gone begins (recorded once per agent).
+NOT_RESTORED = "isolation rules not restored"
 #: Agent states whose rules the check restores: every active one but destroying (its rules are going away).
 KEPT_STATES = tuple(s for s in ACTIVE_STATES if s != AgentState.DESTROYING)
 
@@ -148,15 +150,21 @@ def _check_table(name: str, table: _Table) -> DriftReport:
     }
     report = DriftReport(name, base=base)
     gone = gone_sandboxes([table.agents[a][0] for a in drifted]) if drifted else {}
+    told = set(
+        ScalerEvent.objects.filter(
+            agent__agent_id__in=list(gone), type=EventType.NETWORK, detail__startswith=NOT_RESTORED
+        ).values_list("agent__agent_id", flat=True)
+    )
     for addr in [a for a in drifted if table.agents[a][0].agent_id in gone]:
         agent = table.agents[addr][0]
         why = f"{drifted.pop(addr)}, and its {gone[agent.agent_id]}"
         log.info("isolation rules of %s (%s) not restored: %s", agent.agent_id, addr, why)
-        record_event(
-            agent,
-            EventType.NETWORK,
-            f"isolation rules not restored: {why}; its sandbox is gone, the lost-agents sweep releases it",
-        )
+        if agent.agent_id not in told:  # once: the sweeper runs every few seconds until it is released
+            record_event(
+                agent,
+                EventType.NETWORK,
+                f"{NOT_RESTORED}: {why}; its sandbox is gone, the lost-agents sweep releases it",
+            )
         report.gone.append(agent.agent_id)
     if not base and not drifted:
         client.delete_unused_policy_chains()

@@ -220,3 +220,5 @@ def test_an_agent_whose_container_is_gone_is_not_repaired_nor_counted_as_tamperi
     listing = subprocess.run(["nft", "list", "chain", "inet", TABLE, chain], check=True, capture_output=True, text=True)
     assert "dport" not in listing.stdout, "the gone agent's rules were re-applied"
     assert needs_attention().counts["isolation"] == 0
+    assert check_isolation_drift() == []  # the next round: still left alone, told once
+    assert ScalerEvent.objects.filter(agent=agent, detail__startswith="isolation rules not restored").count() == 1
