@@ -1,8 +1,9 @@
 """The label-set host-access editor's planning: validate what the operator typed, resolve the
 effective list, and compute the input-rule diff for every live agent of the label set.
 
-Pure apart from reading the database (no nft, no writes), so the preview endpoint can call it on
-every keystroke and the apply view re-runs the very same function before it asks for an operation.
+Pure apart from reading the database and this host's interface addresses (no nft, no writes), so
+the preview endpoint can call it on every keystroke and the apply view re-runs the very same
+function before it asks for an operation.
 An explicit list, even empty, wins outright; otherwise the default list
 ``<gateway>:53``, ``*:<console port>``, storage entries (``network.host_access``).
 """
@@ -10,6 +11,7 @@ An explicit list, even empty, wins outright; otherwise the default list
 from __future__ import annotations
 
 import difflib
+import ipaddress
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -19,12 +21,14 @@ from agents.models import Agent
 from network.host_access import (
     MAX_ENTRY_LENGTH,
     HostAccessError,
+    HostAddress,
     describe_host_access_entry,
     host_access_warnings,
     parse_host_access_entry,
     resolve_agent_host_access,
     storage_host_access_entries,
 )
+from network.netlink import NetlinkError, host_addresses
 from network.nft.plan import spec_rule_lines
 from network.nft.spec import AgentSpec, RuleSpecError
 from scalers.choices import ScalerType
@@ -80,10 +84,11 @@ class EditorPlan:
     ``mode``: ``default`` or ``explicit``. ``checks``: one per typed entry. ``errors``: every
     message that blocks applying (each refused entry, with its line, then ``general_errors``: a bad
     mode, too many entries). ``warnings``: messages that do not block applying (loopback entries,
-    typed or in the effective list). ``entries``: the
+    typed or in the effective list; entries holding none of ``host_addresses``). ``entries``: the
     explicit list to store (None for the default). ``effective``: what agents of this label set
     would get. ``diffs``: per live agent. ``unchanged``: the input equals what the label
-    set has now.
+    set has now. ``host_addresses``: this host's addresses and the agents' gateway
+    (:func:`known_host_addresses`), None when they could not be listed (``address_error`` says why).
     """
 
     label_set: LabelSet
@@ -94,6 +99,8 @@ class EditorPlan:
     effective: list[str]
     diffs: list[AgentRuleDiff]
     unchanged: bool
+    host_addresses: list[HostAddress] | None = None
+    address_error: str = ""
 
     @property
     def refused(self) -> list[EntryCheck]:
@@ -112,17 +119,19 @@ class EditorPlan:
         typed = [f"line {c.line}: {c.warning}" for c in self.checks if c.ok and c.warning]
         seen = {c.text for c in self.checks}
         rest = [e for e in self.effective if e not in seen]
-        return typed + [f"default entry: {w}" for w in host_access_warnings(rest)]
+        unknown = [self.address_error] if self.address_error else []
+        return unknown + typed + [f"default entry: {w}" for w in host_access_warnings(rest, self.host_addresses)]
 
     @property
     def changed_agents(self) -> list[AgentRuleDiff]:
         return [d for d in self.diffs if d.changed or d.error]
 
 
-def check_lines(text: str) -> list[EntryCheck]:
+def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> list[EntryCheck]:
     """Parse the textarea: one entry per line, commas also separate entries. Blank lines are
     layout and ignored; an empty piece between commas (``5000, ,6000``) is an empty entry and is
-    refused like ``""`` in scalers.yaml."""
+    refused like ``""`` in scalers.yaml. ``host_addresses``: what entries are warned against
+    (``network.host_access.host_access_warnings``); None skips those warnings."""
     checks: list[EntryCheck] = []
     seen: set[str] = set()
     for number, raw in enumerate((text or "").splitlines(), start=1):
@@ -136,7 +145,7 @@ def check_lines(text: str) -> list[EntryCheck]:
                 shown = item if len(item) <= MAX_ENTRY_LENGTH else item[:MAX_ENTRY_LENGTH] + "…"
                 checks.append(EntryCheck(line=number, text=shown, ok=False, error=str(exc)))
                 continue
-            warning = next(iter(host_access_warnings([parsed])), "")
+            warning = next(iter(host_access_warnings([parsed], host_addresses)), "")
             checks.append(
                 EntryCheck(
                     line=number,
@@ -157,6 +166,16 @@ def gateway_for(scaler: Scaler) -> str:
     if scaler.type == ScalerType.FIRECRACKER:
         return (ConfigState.load().firecracker or {}).get("gateway") or "10.0.0.1"
     return CONTAINER_GATEWAY
+
+
+def known_host_addresses(scaler: Scaler) -> tuple[list[HostAddress] | None, str]:
+    """This host's interface addresses plus the gateway of ``scaler``'s agents (its bridge may not
+    exist before the first spawn), and ``""``; or ``(None, why)`` when they cannot be listed."""
+    try:
+        found = host_addresses()
+    except NetlinkError as exc:
+        return None, f"this host's addresses could not be listed ({exc}): entries are not checked against them"
+    return [*found, ipaddress.ip_address(gateway_for(scaler))], ""
 
 
 def effective_host_access(label_set: LabelSet, entries: list[str] | None) -> list[str]:
@@ -228,15 +247,19 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     general: list[str] = []
     checks: list[EntryCheck] = []
     entries: list[str] | None = None
+    addresses, address_error = None, ""
     if mode not in MODES:
         general.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
     elif mode == EXPLICIT:
-        checks = check_lines(text)
+        addresses, address_error = known_host_addresses(label_set.scaler)
+        checks = check_lines(text, addresses)
         if len(checks) > MAX_ENTRIES:
             general.append(f"{len(checks)} entries: at most {MAX_ENTRIES} are accepted")
         entries = list(dict.fromkeys(c.text for c in checks if c.ok))
     if general or any(not c.ok for c in checks):
         return EditorPlan(label_set, mode, checks, general, None, [], [], False)
+    if mode == DEFAULT:
+        addresses, address_error = known_host_addresses(label_set.scaler)
     current = label_set.host_access
     unchanged = (mode == DEFAULT and current is None) or (
         mode == EXPLICIT and current is not None and list(current) == entries
@@ -250,4 +273,4 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         .order_by("created_at")[:agent_limit]
     )
     diffs = [rule_diff(a, effective, gateway, current_effective) for a in agents]
-    return EditorPlan(label_set, mode, checks, general, entries, effective, diffs, unchanged)
+    return EditorPlan(label_set, mode, checks, general, entries, effective, diffs, unchanged, addresses, address_error)

@@ -12,6 +12,11 @@ JSON (every ``/api/v1`` endpoint)::
 
 Pages: ``templates/400.html`` / ``403.html`` / ``404.html`` / ``405.html`` extend the page frame
 (navigation, styling); ``templates/500.html`` is static (no database, no request context).
+
+htmx requests (``lib.htmx.wants_partial``) get the error fragment instead of a page, and the pages
+swap every 4xx answer into the request's target (``responseHandling`` in ``templates/base.html``):
+one rule for every form, preview and filter, so an operator always sees why a request was refused
+and a stale "ok" preview (with its enabled button) never stays on the page.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from http import HTTPStatus
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template import TemplateDoesNotExist
 from django.template.loader import render_to_string
+
+from lib.htmx import wants_partial
 
 #: Paths answered with JSON errors instead of pages.
 API_PREFIX = "/api/"
@@ -70,20 +77,75 @@ def api_error(
     return response
 
 
+#: The one media type a JSON body of ``/api/v1`` is accepted as (parameters such as ``charset`` aside).
+JSON_CONTENT_TYPE = "application/json"
+
+
+def json_content_type_refusal(request: HttpRequest) -> JsonResponse | None:
+    """None when a POST to a JSON endpoint may be read as JSON: its ``Content-Type`` is
+    ``application/json`` (any parameters, e.g. ``; charset=utf-8``), or it has neither a body nor a
+    ``Content-Type``. Otherwise the 415 ``unsupported-media-type`` answer naming the content type
+    sent, so a client posting ``text/plain`` or a form learns at once instead of by a guess."""
+    sent = request.META.get("CONTENT_TYPE", "")
+    bodiless = request.headers.get("Content-Length", "") in ("", "0")
+    if request.content_type == JSON_CONTENT_TYPE or (not sent and bodiless):
+        return None
+    shown = repr(sent[:100]) if sent else "none"
+    response = api_error(
+        415,
+        "unsupported-media-type",
+        f"Content-Type {shown} is not accepted: send the body as {JSON_CONTENT_TYPE}",
+        field="Content-Type",
+    )
+    response["Accept-Post"] = JSON_CONTENT_TYPE
+    return response
+
+
 def error_page(request: HttpRequest, status: int, message: str = "", *, title: str = "") -> HttpResponse:
     """A styled error page (``templates/<status>.html``, else ``templates/error.html``) with the
-    page frame's navigation. ``message`` says what went wrong in the operator's words."""
+    page frame's navigation. ``message`` says what went wrong in the operator's words.
+
+    For an htmx request: ``templates/htmx_error.html``, an alert that replaces the request's
+    target (``HX-Reswap: outerHTML``) and keeps the target's id (``HX-Target``), so the element's
+    next request (the input corrected) finds its target again and swaps the real answer back.
+    """
     context = {
         "status": status,
         "title": title or HTTPStatus(status).phrase,
         "message": message,
         "request_path": request.path,
     }
+    if wants_partial(request):
+        context["target"] = request.headers.get("HX-Target", "")
+        response = HttpResponse(render_to_string("htmx_error.html", context, request=request), status=status)
+        response["HX-Reswap"] = "outerHTML"
+        return response
     try:
         html = render_to_string(f"{status}.html", context, request=request)
     except TemplateDoesNotExist:
         html = render_to_string("error.html", context, request=request)
     return HttpResponse(html, status=status)
+
+
+def _exception_message(exception) -> str:
+    """The message an ``Http404`` / ``PermissionDenied`` / ``BadRequest`` was raised with, if a string."""
+    args = getattr(exception, "args", ())
+    return args[0] if args and isinstance(args[0], str) else ""
+
+
+def bad_request(request: HttpRequest, exception) -> HttpResponse:
+    """``handler400``: Django's 400 (e.g. ``SuspiciousOperation``) through :func:`error_page`."""
+    return error_page(request, 400, _exception_message(exception))
+
+
+def permission_denied(request: HttpRequest, exception) -> HttpResponse:
+    """``handler403``: ``PermissionDenied`` through :func:`error_page` (its message, if any)."""
+    return error_page(request, 403, _exception_message(exception), title="Not allowed")
+
+
+def page_not_found(request: HttpRequest, exception) -> HttpResponse:
+    """``handler404``: ``Http404`` through :func:`error_page` (its message, if any)."""
+    return error_page(request, 404, _exception_message(exception))
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:

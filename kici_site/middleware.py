@@ -46,23 +46,30 @@ def _json_nul_field(value, path: str = "") -> str | None:
     return None
 
 
-def _query_dict_field(data, where: str) -> str | None:
+#: Characters of a refused query or form value the page message quotes.
+SHOWN_VALUE_CHARS = 64
+
+
+def _query_dict_field(data, where: str) -> tuple[str, str | None] | None:
+    """``(field, value)`` of the first parameter holding NUL (value None when the name holds it)."""
     for key, values in data.lists():
         if NUL in key:
-            return f"{where} parameter name {key.replace(NUL, '\\x00')!r}"
-        if any(NUL in v for v in values if isinstance(v, str)):
-            return key
+            return f"{where} parameter name {key.replace(NUL, '\\x00')!r}", None
+        for value in values:
+            if isinstance(value, str) and NUL in value:
+                return key, value
     return None
 
 
-def nul_field(request) -> str | None:
-    """Where a request carries a NUL byte: ``"path"``, a query or form field name, a JSON path
-    (``/api/`` bodies), or None. Pure (no database); reads the body only when it holds one."""
+def nul_field(request) -> tuple[str, str | None] | None:
+    """Where a request carries a NUL byte, as ``(field, value)``: ``"path"``, a query or form field
+    name with its value, a JSON path (``/api/`` bodies; value None), or None. Pure (no database);
+    reads the body only when it holds one."""
     if NUL in request.path_info or NUL in request.path:
-        return "path"
-    field = _query_dict_field(request.GET, "query")
-    if field:
-        return field
+        return "path", None
+    found = _query_dict_field(request.GET, "query")
+    if found:
+        return found
     if request.method in ("POST", "PUT", "PATCH", "DELETE"):
         content_type = request.content_type or ""
         try:
@@ -72,19 +79,33 @@ def nul_field(request) -> str | None:
                 body = request.body
                 if _JSON_NUL in body:
                     try:
-                        return _json_nul_field(parse_json(body))
+                        field = _json_nul_field(parse_json(body))
                     except (ValueError, UnicodeDecodeError):
                         return None  # malformed JSON: the view says so
+                    return (field, None) if field else None
         except RequestDataTooBig:
             return None  # the view answers 413
     return None
 
 
-def nul_refusal(request, field: str):
-    """The 400 answer for a NUL byte in ``field`` (JSON on ``/api/``, else the styled page)."""
+def _shown(value: str) -> str:
+    """``value`` as a Python literal (NUL as ``\\x00``): whole up to :data:`SHOWN_VALUE_CHARS`
+    characters, else that many from a little before its first NUL, marked with "…"."""
+    if len(value) <= SHOWN_VALUE_CHARS:
+        return repr(value)
+    start = max(0, value.index(NUL) - SHOWN_VALUE_CHARS // 2)
+    piece = value[start : start + SHOWN_VALUE_CHARS]
+    return ("…" if start else "") + repr(piece) + ("…" if start + SHOWN_VALUE_CHARS < len(value) else "")
+
+
+def nul_refusal(request, field: str, value: str | None = None):
+    """The 400 answer for a NUL byte in ``field`` (JSON on ``/api/``, else the styled page, or the
+    htmx error fragment); a page's message quotes the refused ``value``."""
     message = f"{field} contains a NUL byte (\\x00), which is never valid here; nothing was done"
     if is_api_request(request):
         return api_error(400, "invalid-request", message, field=field)
+    if value is not None:
+        message = f"{field} contains a NUL byte (\\x00), which is never valid here: {_shown(value)}; nothing was done"
     return error_page(request, 400, message, title="Bad request")
 
 
@@ -110,16 +131,16 @@ class NulByteMiddleware(_DualMiddleware):
     """400 naming the field for a NUL byte anywhere a view would read it (module doc)."""
 
     def handle(self, request):
-        field = nul_field(request)
-        if field:
-            return nul_refusal(request, field)
+        found = nul_field(request)
+        if found:
+            return nul_refusal(request, *found)
         return self.get_response(request)
 
     async def ahandle(self, request):
-        field = nul_field(request)
-        if field:
+        found = nul_field(request)
+        if found:
             # The page frame reads the session user: database access, so off the event loop.
-            return await sync_to_async(nul_refusal)(request, field)
+            return await sync_to_async(nul_refusal)(request, *found)
         return await self.get_response(request)
 
 

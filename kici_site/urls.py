@@ -7,7 +7,11 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from . import health
+from . import errors, health
+
+handler400 = errors.bad_request
+handler403 = errors.permission_denied
+handler404 = errors.page_not_found
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),

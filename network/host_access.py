@@ -28,8 +28,10 @@ above 32), unbracketed IPv6, CIDRs with host bits set (``10.0.0.1/24``: ambiguou
 ``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535, non-numeric ports.
 
 Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
-(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach, and entries with no port on more than
-one address (``*``, ``0.0.0.0/0``), which open every port of the host to the agents.
+(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach; addresses and ranges that hold none
+of this host's addresses (``10.0.0.0/8:22`` on a host with no 10/8 address), which open nothing;
+ranges with a port that hold several host addresses; and entries with no port on more than one
+address (``*``, ``0.0.0.0/0``), which open every port of the host to the agents.
 
 Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
 only through an explicit bracketed entry, so ``*:4000`` never opens an IPv6 port.
@@ -284,22 +286,36 @@ _LOOPBACK4 = ipaddress.IPv4Network("127.0.0.0/8")
 _LOOPBACK6 = ipaddress.IPv6Network("::1/128")
 
 
-def host_access_warnings(entries: Iterable[str | HostAccessEntry]) -> list[str]:
+HostAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def host_access_warnings(
+    entries: Iterable[str | HostAccessEntry], host_addresses: Iterable[HostAddress] | None = None
+) -> list[str]:
     """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
 
-    Two kinds:
+    Kinds:
 
     * an entry naming the host's loopback (inside ``127.0.0.0/8``, or ``[::1]``). An agent's
       packets arrive on the bridge, and the kernel drops packets addressed to a loopback address
       that arrive on any other interface (martians), so such an entry opens nothing; a service
       listening only on 127.0.0.1 must listen on the gateway address instead;
+    * with ``host_addresses`` (this host's addresses and the agents' gateway), an address or range
+      holding none of them (``10.0.0.5:443``, ``10.0.0.0/8:22`` on a host without a 10/8 address):
+      host access opens ports on the host's own addresses only, so the entry opens nothing (what
+      an agent may reach on other machines is ``networkPolicy``'s);
+    * with ``host_addresses``, a range with a port holding more than one of them: it opens that
+      port on each (e.g. the host's LAN address besides the gateway), named in the message;
     * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``): it
       opens every port of every such address of this host (the console, the database, sshd) to
       every agent of the label set.
 
-    Entries that do not parse are skipped (the parser reports them). Returns one message per
-    warned entry, naming it, in list order.
+    Entries that do not parse are skipped (the parser reports them). Returns at most one message
+    per entry, naming it, in list order.
     """
+    known = None
+    if host_addresses is not None:
+        known = sorted({a for a in host_addresses if not a.is_loopback}, key=lambda a: (a.version, a))
     warnings = []
     for item in entries:
         try:
@@ -307,6 +323,24 @@ def host_access_warnings(entries: Iterable[str | HostAccessEntry]) -> list[str]:
         except HostAccessError:
             continue
         net = entry.daddr
+        inside = net is not None and (net.subnet_of(_LOOPBACK4) if net.version == 4 else net.subnet_of(_LOOPBACK6))
+        if inside:
+            where = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+            warnings.append(
+                f"hostAccess entry {_quote(entry.text)} names the host's loopback ({where}): agents cannot reach "
+                "the host's loopback, their packets arrive on the agents' bridge, so this entry opens nothing. "
+                "Make the service listen on the bridge gateway address and allow that instead."
+            )
+            continue
+        covered = None if known is None or net is None else [a for a in known if a in net]
+        if covered == []:
+            listed = ", ".join(str(a) for a in known) or "none"
+            warnings.append(
+                f"hostAccess entry {_quote(entry.text)} holds none of this host's addresses ({listed}), so this "
+                "entry opens nothing: host access opens ports on the host's own addresses only. What agents may "
+                "reach on other machines is the label set's networkPolicy allowlist."
+            )
+            continue
         if entry.port is None and (net is None or net.num_addresses > 1):
             where = "every address of this host" if net is None or net.prefixlen == 0 else f"every address in {net}"
             warnings.append(
@@ -315,15 +349,11 @@ def host_access_warnings(entries: Iterable[str | HostAccessEntry]) -> list[str]:
                 '(e.g. "172.30.0.1:53").'
             )
             continue
-        if net is None:
-            continue
-        inside = net.subnet_of(_LOOPBACK4) if net.version == 4 else net.subnet_of(_LOOPBACK6)
-        if inside:
-            where = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+        if covered and len(covered) > 1:
             warnings.append(
-                f"hostAccess entry {_quote(entry.text)} names the host's loopback ({where}): agents cannot reach "
-                "the host's loopback, their packets arrive on the agents' bridge, so this entry opens nothing. "
-                "Make the service listen on the bridge gateway address and allow that instead."
+                f"hostAccess entry {_quote(entry.text)} opens port {entry.port} on {len(covered)} addresses of this "
+                f"host: {', '.join(str(a) for a in covered)}, not only on the agents' gateway. Name the one "
+                f'address agents need instead (e.g. "{covered[0]}:{entry.port}").'
             )
     return warnings
 

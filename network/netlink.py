@@ -152,6 +152,19 @@ def link_names() -> list[str]:
 
 
 @_netns_aware
+def host_addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Every address configured on an interface of the namespace (loopback included), sorted,
+    each once. Raises NetlinkError when the kernel cannot be asked."""
+    try:
+        with _ipr() as ipr:
+            # IFA_LOCAL is the address itself on point-to-point links, where IFA_ADDRESS is the peer.
+            found = {ipaddress.ip_address(a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")) for a in ipr.get_addr()}
+    except (_PyrNetlinkError, OSError) as exc:
+        raise NetlinkError(f"listing the addresses{_where()} failed: {exc}") from exc
+    return sorted(found, key=lambda a: (a.version, a))
+
+
+@_netns_aware
 def ensure_bridge(name: str, address: str | None = None) -> int:
     """Create bridge ``name`` unless it exists, set it up, and add ``address`` (``10.0.0.1/24``)
     unless already present. Idempotent. Returns the ifindex. Raises NetlinkError, or

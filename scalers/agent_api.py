@@ -40,7 +40,7 @@ from agents.events import record_event
 from agents.heartbeats import push_heartbeat_row
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
-from kici_site.errors import api_error
+from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json_object
 from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
@@ -97,14 +97,17 @@ def _json_text(value) -> str:
 
 
 def _bearer_request(view):
-    """Decorator of the bearer-authenticated endpoints: 401 without a bearer token, then 400 for a
-    body that is not a JSON object; otherwise ``view(request, token, body, *args, **kwargs)``."""
+    """Decorator of the bearer-authenticated endpoints: 401 without a bearer token, then 415 for a
+    body not sent as JSON (``kici_site.errors.json_content_type_refusal``), then 400 for a body
+    that is not a JSON object; otherwise ``view(request, token, body, *args, **kwargs)``."""
 
     @wraps(view)
     def checked(request, *args, **kwargs):
         token = _bearer(request)
         if token is None:
             return _unauthorized("missing-token")
+        if refused := json_content_type_refusal(request):
+            return refused
         try:
             body = parse_json_object(request.body)
         except ValueError as exc:
@@ -235,6 +238,8 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
 @require_POST
 def claim(request):
     """Exchange an event scaler's claim code for a registration token (from the claim store)."""
+    if refused := json_content_type_refusal(request):
+        return refused
     try:
         body = parse_json_object(request.body)
     except ValueError as exc:

@@ -39,6 +39,8 @@ stay at the top level, where orchestrators read them:
   retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
   at-capacity here would make an orchestrator retry forever.
 * 422 ``{reason: "no-matching-label-set", labels}``.
+* 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
+  ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
@@ -65,7 +67,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from agents.choices import AgentState
 from agents.models import Agent
-from kici_site.errors import api_error
+from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
@@ -115,6 +117,8 @@ async def scale(request):
         return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
     if not auth:
         return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
+    if refused := json_content_type_refusal(request):
+        return refused
     try:
         body = request.body
     except RequestDataTooBig:
@@ -225,7 +229,10 @@ def _only(request, method: str) -> JsonResponse | None:
 
 
 def _json_object(request) -> tuple[dict, JsonResponse | None]:
-    """The request body as a JSON object (an empty body is ``{}``), or the 400 answer for it."""
+    """The request body as a JSON object (an empty body is ``{}``), or the 415 answer for a body
+    that is not sent as JSON, or the 400 answer for one that is not a JSON object."""
+    if refused := json_content_type_refusal(request):
+        return {}, refused
     try:
         return parse_json_object(request.body), None
     except ValueError as exc:

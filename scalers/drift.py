@@ -11,6 +11,13 @@ rules back. The guard's drop policy keeps everything from the bridge dropped unt
 flushed table keeps its chains). Each repair bumps ``kici_scaler_isolation_repairs_total`` and
 records an event. Policy chains no element jumps to any more (their last agent gone) are
 deleted at the end of each check. Design: ``docs/nft-isolation.md``.
+
+An agent in drift whose sandbox is provably gone (``agents.liveness.GONE_SANDBOX_STATES`` by
+``scalers.backends.sandboxes.probe_sandboxes``: its container missing or exited, its VM's process
+not running) is not repaired: its rules went with its sandbox (a veth that no longer exists, e.g.
+after a restart), nothing tampered with them, and releasing it is the lost-agents sweep's
+(``operations.kinds.lost_agents``). It is reported in ``DriftReport.gone`` and recorded once as
+"isolation rules not restored", which is not a repair (``operations.attention``).
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from dataclasses import dataclass, field
 
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
-from agents.models import Agent
+from agents.liveness import GONE_SANDBOX_STATES
+from agents.models import Agent, ScalerEvent
 from network.nft.apply import AgentRules, elements_to_replace
 from network.nft.plan import spec_rule_lines
 from network.nft.render import render_agents, render_table_base
@@ -30,6 +38,7 @@ from network.nft.spec import AgentSpec, RuleSpecError
 from .admission.ledger import add_to_counters, counter_increment
 from .backends import factory
 from .backends.holders import address_lock
+from .backends.sandboxes import probe_sandboxes
 from .choices import ScalerType
 from .models import Scaler
 
@@ -37,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: MetricCounter name of the repairs (``kind``: ``base`` or ``agent``).
 REPAIRS = "kici_scaler_isolation_repairs_total"
+#: How the event of an agent in drift whose sandbox is gone begins (recorded once per agent).
+NOT_RESTORED = "isolation rules not restored"
 #: Agent states whose rules the check restores: every active one but destroying (its rules are going away).
 KEPT_STATES = tuple(s for s in ACTIVE_STATES if s != AgentState.DESTROYING)
 
@@ -51,11 +62,13 @@ class _Table:
 
 @dataclass
 class DriftReport:
-    """One table's check: ``base`` problems found (lines), ``agents`` repaired (agent ids)."""
+    """One table's check: ``base`` problems found (lines), ``agents`` repaired (agent ids),
+    ``gone``: agents in drift left alone because their sandbox is provably gone (agent ids)."""
 
     table: str
     base: list[str] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
 
 
 def agent_drift(spec: AgentSpec, found: AgentRules | None) -> str | None:
@@ -70,6 +83,21 @@ def agent_drift(spec: AgentSpec, found: AgentRules | None) -> str | None:
     if lines != spec_rule_lines(spec):
         return "its rules differ from its policy"
     return None
+
+
+def gone_sandboxes(agents: list[Agent]) -> dict[str, str]:
+    """``agent_id`` → why (``container missing (no such container on the runtime)``) for those of
+    ``agents`` whose sandbox is provably gone; one probe per scaler. An unreachable runtime
+    proves nothing (``unknown``), so its agents are not in the answer."""
+    by_scaler: dict[int, list[Agent]] = defaultdict(list)
+    for agent in agents:
+        by_scaler[agent.scaler_id].append(agent)
+    gone = {}
+    for scaler in Scaler.objects.filter(pk__in=by_scaler):
+        for agent_id, probe in probe_sandboxes(scaler, by_scaler[scaler.pk]).items():
+            if probe.state in GONE_SANDBOX_STATES:
+                gone[agent_id] = f"{probe.what} {probe.state}" + (f" ({probe.detail})" if probe.detail else "")
+    return gone
 
 
 def _tables() -> dict[str, _Table]:
@@ -121,6 +149,23 @@ def _check_table(name: str, table: _Table) -> DriftReport:
         addr: why for addr, (_, spec) in table.agents.items() if (why := agent_drift(spec, found.get(spec.address)))
     }
     report = DriftReport(name, base=base)
+    gone = gone_sandboxes([table.agents[a][0] for a in drifted]) if drifted else {}
+    told = set(
+        ScalerEvent.objects.filter(
+            agent__agent_id__in=list(gone), type=EventType.NETWORK, detail__startswith=NOT_RESTORED
+        ).values_list("agent__agent_id", flat=True)
+    )
+    for addr in [a for a in drifted if table.agents[a][0].agent_id in gone]:
+        agent = table.agents[addr][0]
+        why = f"{drifted.pop(addr)}, and its {gone[agent.agent_id]}"
+        log.info("isolation rules of %s (%s) not restored: %s", agent.agent_id, addr, why)
+        if agent.agent_id not in told:  # once: the sweeper runs every few seconds until it is released
+            record_event(
+                agent,
+                EventType.NETWORK,
+                f"{NOT_RESTORED}: {why}; its sandbox is gone, the lost-agents sweep releases it",
+            )
+        report.gone.append(agent.agent_id)
     if not base and not drifted:
         client.delete_unused_policy_chains()
         return report

@@ -3,13 +3,14 @@ effective list, the rule diff for live agents, and applying only through a plann
 
 from __future__ import annotations
 
+import ipaddress
 from html import unescape
 
 import pytest
 
 from agents.choices import AgentState
 from agents.models import Agent
-from front.host_access_editor import check_lines, plan_host_access_change
+from front.host_access_editor import check_lines, known_host_addresses, plan_host_access_change
 from network.host_access import host_access_warnings
 from scalers.models import LabelSet, Scaler
 
@@ -218,3 +219,62 @@ def test_a_loopback_entry_in_the_default_list_is_warned_about(viewer_client, lab
     plan = plan_host_access_change(label_set, "default", "")
     assert plan.ok and plan.effective[-1] == "127.0.0.1:9000"
     assert plan.warnings == [f"default entry: {w}" for w in host_access_warnings(["127.0.0.1:9000"])]
+
+
+def _refusal_fragment(response, status):
+    """The htmx error answer: the status, an alert keeping the target's id, swapped outerHTML."""
+    assert response.status_code == status, response.content[:300]
+    assert response["HX-Reswap"] == "outerHTML"
+    html = unescape(response.content.decode())
+    assert "<html" not in html and 'class="topbar"' not in html
+    assert html.lstrip().startswith('<div id="preview" class="alert alert-err')
+    assert 'id="apply"' not in html and "<button" not in html  # nothing left to apply from
+    return html
+
+
+def test_a_nul_in_the_preview_is_an_error_fragment_naming_the_field_and_the_value(viewer_client, label_set):
+    data = {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.1:22\x00"}
+    response = viewer_client.post(BASE + "preview", data, HTTP_HX_TARGET="preview", **HTMX)
+    html = _refusal_fragment(response, 400)
+    assert "entries contains a NUL byte" in html and "'172.30.0.1:53\\n10.0.0.1:22\\x00'" in html
+
+
+def test_a_preview_of_a_label_set_gone_is_an_error_fragment(viewer_client, label_set):
+    response = viewer_client.post(
+        "/scalers/ci/label-sets/7/host-access/preview", {"mode": "default"}, HTTP_HX_TARGET="preview", **HTMX
+    )
+    assert "No LabelSet matches" in _refusal_fragment(response, 404)
+
+
+def test_without_htmx_a_nul_is_still_the_styled_page(viewer_client, label_set):
+    response = viewer_client.post(BASE + "apply", {"mode": "explicit", "entries": "22\x00"})
+    assert response.status_code == 400 and 'class="topbar"' in response.content.decode()
+    assert "HX-Reswap" not in response
+
+
+def test_a_nul_deep_in_a_long_entry_list_is_quoted_around_it(viewer_client, label_set):
+    entries = "\n".join(f"10.0.0.{n}:22" for n in range(1, 40)) + "\n10.9.9.9:2\x002\n" + "5000\n" * 30
+    response = viewer_client.post(
+        BASE + "preview", {"mode": "explicit", "entries": entries}, HTTP_HX_TARGET="preview", **HTMX
+    )
+    html = _refusal_fragment(response, 400)
+    assert "10.9.9.9:2\\x002" in html and "…'" in html and "'…" in html and "10.0.0.1:22" not in html
+
+
+def test_a_range_holding_no_host_address_is_warned_to_open_nothing(operator_client, label_set):
+    addresses, error = known_host_addresses(label_set.scaler)
+    assert not error and ipaddress.ip_address("172.30.0.1") in addresses
+    assert not [a for a in addresses if a in ipaddress.ip_network("10.0.0.0/8")], "this host has a 10/8 address"
+    html = unescape(
+        operator_client.post(
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.0/8:22"}, **HTMX
+        ).content.decode()
+    )
+    warnings = html[html.index('id="preview-warnings"') :]
+    warnings = warnings[: warnings.index("</div>")]
+    assert "1 warning" in warnings
+    assert 'line 2: hostAccess entry "10.0.0.0/8:22" holds none of this host\'s addresses (' in warnings
+    assert "so this entry opens nothing" in warnings
+    assert 'id="apply"' in html  # a warning never blocks Apply
+    plan = plan_host_access_change(label_set, "explicit", "10.0.0.5:443")
+    assert plan.ok and "opens nothing" in plan.warnings[0]

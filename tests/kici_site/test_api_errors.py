@@ -171,3 +171,59 @@ def test_json_nested_too_deeply_is_a_400_not_a_server_error(client, url, setting
     answer = client.post(url, body, content_type="application/json", HTTP_AUTHORIZATION="Bearer t")
     assert answer.status_code in (400, 401)  # a malformed body, or the token refused first
     assert answer.json()["reason"] in ("invalid-request", "invalid-token", "unknown")
+
+
+NOT_JSON = ["text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded"]
+JSON_POSTS = [
+    "/api/v1/scale",
+    "/api/v1/agents/register",
+    "/api/v1/agents/claim",
+    "/api/v1/agents/scaler-container-00000001/heartbeat",
+    "/api/v1/agents/scaler-container-00000001/job-complete",
+    "/api/v1/agents/scaler-container-00000001/release",
+]
+
+
+@pytest.mark.parametrize("url", JSON_POSTS)
+@pytest.mark.parametrize("content_type", NOT_JSON)
+def test_a_json_body_sent_as_another_content_type_is_a_415_naming_it(client, url, content_type):
+    body = json.dumps({"labels": ["linux"], "jobId": "j-1", "agentId": "a", "claimCode": "c"})
+    response = client.post(url, data=body, content_type=content_type, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    error = assert_error_shape(response, 415, "unsupported-media-type", field="Content-Type")["error"]
+    assert repr(content_type) in error["message"] and "application/json" in error["message"]
+    assert response["Accept-Post"] == "application/json"
+
+
+@pytest.mark.parametrize("url", JSON_POSTS)
+def test_a_body_without_a_content_type_is_a_415(client, url):
+    response = client.generic("POST", url, b'{"jobId": "j-1"}', content_type="", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert (
+        "none is not accepted"
+        in assert_error_shape(response, 415, "unsupported-media-type", "Content-Type")["error"]["message"]
+    )
+
+
+def test_json_with_a_charset_is_read_as_json(client):
+    scaler = make_scaler("ct-json")
+    agent = make_agent(scaler, state="running", bound_job_id="j-ct")
+    url = f"/api/v1/agents/{agent.agent_id}/job-complete"
+    response = client.post(
+        url,
+        data=json.dumps({"jobId": "other"}),
+        content_type="application/json; charset=utf-8",
+        HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
+    )
+    assert_error_shape(response, 409, "job-mismatch")  # the body was read: its jobId is another job's
+    scale = client.post(
+        "/api/v1/scale",
+        data=json.dumps({"labels": [], "jobId": "j"}),
+        content_type="application/json; charset=UTF-8",
+        HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
+    )
+    assert_error_shape(scale, 400, "invalid-request", field="labels")
+
+
+def test_an_empty_post_without_a_content_type_is_not_refused_for_it(client):
+    url = "/api/v1/agents/a-1/release"
+    response = client.generic("POST", url, b"", content_type="", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 404, response.content  # read as {}: the agent is unknown

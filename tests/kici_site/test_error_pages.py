@@ -65,3 +65,31 @@ def test_the_500_page_renders_without_a_request_or_database(django_assert_num_qu
     with django_assert_num_queries(0):
         html = render_to_string("500.html")
     assert "kici.css" in html and "Server error" in html and 'href="/"' in html
+
+
+HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "results"}
+
+
+def assert_fragment(response, status: int) -> str:
+    """An htmx request's error: the alert fragment in place of its target (kici_site.errors.error_page)."""
+    assert response.status_code == status, response.status_code
+    assert response["HX-Reswap"] == "outerHTML"
+    text = response.content.decode()
+    assert 'class="topbar"' not in text and "<html" not in text, text[:500]
+    assert text.lstrip().startswith('<div id="results" class="alert alert-err') and f"(HTTP {status})" in text
+    return text
+
+
+def test_an_htmx_request_gets_each_refusal_as_a_fragment_in_its_target(client, users):
+    login(client, users["outsider"])
+    assert "Not allowed (HTTP 403)" in assert_fragment(client.get("/agents/", **HTMX), 403)
+    login(client, users["viewer"])
+    assert_fragment(client.get("/agents/scaler-container-deadbeef/", **HTMX), 404)
+    assert_fragment(client.get("/agents/?q=%00", **HTMX), 400)
+    assert "does not accept a GET" in assert_fragment(client.get("/operations/plan/", **HTMX), 405)
+
+
+def test_a_boosted_navigation_still_gets_the_page(client, users):
+    login(client, users["viewer"])
+    response = client.get("/agents/scaler-container-deadbeef/", HTTP_HX_BOOSTED="true", **HTMX)
+    assert_framed(response, 404)

@@ -347,3 +347,29 @@ def test_a_hostname_error_reads_as_the_reference_example():
         'hostAccess entry "registry.internal:5000" names "registry.internal", '
         'which is not an IPv4 address, an IPv4 CIDR, or "*".'
     )
+
+
+HOST = [ipaddress.ip_address(a) for a in ("127.0.0.1", "172.30.0.1", "192.168.1.10", "192.168.7.1", "::1")]
+
+
+@pytest.mark.parametrize("entry", ["10.0.0.0/8:22", "10.0.0.5:443", "10.0.0.0/8", "[fd00::/64]:443", "10.0.0.5"])
+def test_an_address_or_range_holding_none_of_the_host_addresses_opens_nothing(entry):
+    (warning,) = host_access_warnings([entry], HOST)
+    assert warning.startswith(f'hostAccess entry "{entry}" holds none of this host\'s addresses (')
+    assert "172.30.0.1, 192.168.1.10, 192.168.7.1)" in warning and "127.0.0.1" not in warning
+    assert "so this entry opens nothing" in warning
+
+
+def test_a_range_with_a_port_over_several_host_addresses_names_them():
+    (warning,) = host_access_warnings(["192.168.0.0/16:22"], HOST)
+    assert warning.startswith('hostAccess entry "192.168.0.0/16:22" opens port 22 on 2 addresses of this host: ')
+    assert "192.168.1.10, 192.168.7.1, not only on the agents' gateway" in warning
+
+
+@pytest.mark.parametrize("entry", ["172.30.0.0/16:53", "172.30.0.1:53", "*:8000", "8000", "192.168.1.10:22"])
+def test_an_entry_on_one_host_address_or_a_wildcard_port_is_not_warned_about(entry):
+    assert host_access_warnings([entry], HOST) == []
+
+
+def test_without_the_host_addresses_a_foreign_range_is_not_judged():
+    assert host_access_warnings(["10.0.0.0/8:22", "10.0.0.5:443"]) == []

@@ -19,6 +19,7 @@ from agents.models import Agent, ScalerEvent
 from network.nft.apply import AgentRules, NftClient
 from network.nft.render import policy_chains
 from network.nft.spec import AgentSpec
+from operations.attention import needs_attention
 from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ensure_isolated_network
 from scalers.drift import REPAIRS, agent_drift, check_isolation_drift
@@ -196,3 +197,28 @@ def test_an_agent_whose_first_action_is_a_forbidden_connection_reaches_nothing_b
         time.sleep(0.1)
     assert listeners["allowed"].count >= 3, "the loop never got through: the control failed"
     assert listeners["forbidden"].count == 0, "a connection the policy forbids got through"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.docker
+def test_an_agent_whose_container_is_gone_is_not_repaired_nor_counted_as_tampering(
+    docker_client, agent_image, nft_table, listeners
+):
+    """After a restart the rules of an agent whose container vanished meanwhile are gone with it:
+    the drift check leaves them to the lost-agents path, and nothing needs attention for them."""
+    agent, _ = _spawn(listeners, docker_client)
+    chain = NftClient(TABLE).list_agents()[ipaddress.ip_address(agent.ip)].input_chain
+    docker_client.api.remove_container(agent.managed_id, force=True)
+    subprocess.run(["nft", "flush", "chain", "inet", TABLE, chain], check=True)
+
+    assert check_isolation_drift() == []
+    assert not MetricCounter.objects.filter(name=REPAIRS).exists()
+    details = list(ScalerEvent.objects.filter(agent=agent, type=EventType.NETWORK).values_list("detail", flat=True))
+    assert not [d for d in details if d.startswith("isolation rules re-applied")], details
+    (skipped,) = [d for d in details if d.startswith("isolation rules not restored")]
+    assert "its container missing (no such container on the runtime)" in skipped
+    listing = subprocess.run(["nft", "list", "chain", "inet", TABLE, chain], check=True, capture_output=True, text=True)
+    assert "dport" not in listing.stdout, "the gone agent's rules were re-applied"
+    assert needs_attention().counts["isolation"] == 0
+    assert check_isolation_drift() == []  # the next round: still left alone, told once
+    assert ScalerEvent.objects.filter(agent=agent, detail__startswith="isolation rules not restored").count() == 1
