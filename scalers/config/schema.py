@@ -382,6 +382,8 @@ class LabelSet(_Strict):
     labels: list[Label] = Field(min_length=1)
     image: str | None = None
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    #: Registry credential (``scalers.credentials``) the label set's ``image`` is pulled with.
+    credentials_ref: NonEmptyStr | None = None
     binary_path: str | None = None
     resources: Resources | None = None
     volumes: list[str] | None = None
