@@ -534,6 +534,15 @@ def scaler_entry_issues(entry: ScalerEntry) -> list[SchemaIssue]:
                     f'could never be selected; add "{gate_label}" to it or remove it from mandatoryLabels',
                 )
             )
+        pulls_image = entry.type == "container" or (entry.type == "bare-metal" and not ls.binary_path)
+        if ls.credentials_ref and not pulls_image:
+            issues.append(
+                SchemaIssue(
+                    ("labelSets", i, "credentialsRef"),
+                    f'Scaler "{name}" label set [{i}] names credentialsRef "{ls.credentials_ref}" but pulls '
+                    "no image (only container label sets and bare-metal ones without binaryPath do)",
+                )
+            )
     return issues
 
 
