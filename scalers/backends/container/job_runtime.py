@@ -9,8 +9,9 @@ The volume is filled from the agent image (``KICI_AGENT_IMAGE``, which the runti
 for every container scaler) by a short-lived helper container without network. The fill is
 idempotent (each file is written beside its place and renamed over it), so concurrent spawns and
 consoles may fill the same volume; each console process fills it once per runtime and agent
-image, then trusts it. The volume is named by the agent image's id, so a rebuilt agent gets a new
-one. Design: ``docs/registry-credentials.md``.
+image, then only checks that it still exists (one removed since is filled again). The volume is
+named by the agent image's id, so a rebuilt agent gets a new one. Design:
+``docs/registry-credentials.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import threading
 
 from django.conf import settings
-from docker.errors import APIError, ImageNotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 
 from ..base import SpawnError
 
@@ -66,12 +67,21 @@ def ensure_runtime_volume(api) -> str:
     name = runtime_volume_name(image_id)
     key = (str(getattr(api, "base_url", id(api))), name)
     with _lock:
-        if key in _filled:
-            return name
+        filled = key in _filled
+    if filled and _volume_exists(api, name):  # a volume removed since is filled again
+        return name
     _fill(api, image_id, name)
     with _lock:
         _filled.add(key)
     return name
+
+
+def _volume_exists(api, name: str) -> bool:
+    try:
+        api.inspect_volume(name)
+    except NotFound:
+        return False
+    return True
 
 
 def _fill(api, image_id: str, volume: str) -> None:

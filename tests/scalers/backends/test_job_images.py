@@ -13,7 +13,7 @@ from django.db import transaction
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from scalers.backends.base import SpawnError
-from scalers.backends.container.job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR
+from scalers.backends.container.job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, ensure_runtime_volume
 from scalers.backends.container.spawn import pull_image
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ensure_isolated_network
 from scalers.credentials import encrypt_secret
@@ -136,3 +136,15 @@ def test_a_job_image_the_registry_lacks_fails_the_spawn_naming_it(
     assert not Reservation.objects.filter(agent=agent).exists()
     assert ScalerEvent.objects.filter(agent=agent, type=EventType.RELEASED).exists()
     assert not docker_client.api.containers(all=True, filters={"label": f"kici-agent-id={agent.agent_id}"})
+
+
+def test_a_runtime_volume_removed_since_its_fill_is_filled_again(docker_client, agent_image):
+    name = ensure_runtime_volume(docker_client.api)
+    docker_client.api.remove_volume(name, force=True)
+    assert ensure_runtime_volume(docker_client.api) == name
+    out = docker_client.containers.run(
+        agent_image, ["/bin/ls", f"{RUNTIME_DIR}/"], volumes=[f"{name}:{RUNTIME_DIR}:ro"], network_disabled=True,
+        remove=True, entrypoint=[],
+    )  # fmt: skip
+    assert {"busybox", "sh", "wget", "kici_agent.sh"} <= set(out.decode().split())
+    assert not docker_client.api.containers(all=True, filters={"label": "kici-job-runtime-fill"})
