@@ -45,6 +45,12 @@ class Agent(models.Model):
     active_jobs = models.PositiveIntegerField(default=0)
     failure_reason = models.TextField(blank=True)
     backend_context = models.JSONField(default=dict, blank=True)
+    job_image = models.CharField(
+        max_length=500, blank=True, help_text="the job's own image (/scale container.image); '' = the label set's"
+    )
+    job_credentials_ref = models.CharField(
+        max_length=200, blank=True, help_text="registry credential name for the job image (container.credentialsRef)"
+    )
     lost = models.JSONField(
         default=dict,
         blank=True,

@@ -6,6 +6,8 @@ variable and the value, so a typo fails at start-up rather than as a surprise la
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from urllib.parse import unquote, urlsplit
 
@@ -134,3 +136,18 @@ def env_listeners(name: str, default: str) -> list[tuple[str, int | None]]:
     if not listeners:
         raise ImproperlyConfigured(f"{name} names no listener")
     return listeners
+
+
+def env_secrets_key(name: str) -> str | None:
+    """``$name`` as a Fernet key (url-safe base64 of 32 bytes, as ``Fernet.generate_key()`` makes
+    it), or None when unset. The value itself is never part of the error."""
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return None
+    try:
+        decoded = base64.urlsafe_b64decode(raw.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        decoded = b""
+    if len(decoded) != 32:
+        raise ImproperlyConfigured(f"{name} is not a Fernet key (url-safe base64 of 32 bytes)")
+    return raw

@@ -9,7 +9,17 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .env import database_from_url, env_bool, env_int, env_list, env_listeners, env_str, env_url_map, redis_url
+from .env import (
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_listeners,
+    env_secrets_key,
+    env_str,
+    env_url_map,
+    redis_url,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -156,6 +166,8 @@ KICI_SCALER_CONFIG_DIR = env_str("KICI_SCALER_CONFIG_DIR")
 DOCKER_HOST = env_str("DOCKER_HOST")
 # Bearer token the orchestrator presents on POST /api/v1/scale.
 KICI_API_TOKEN = env_str("KICI_API_TOKEN")
+# Key of the registry credentials' secrets (scalers.credentials); make run generates one into var/env.
+KICI_SECRETS_KEY = env_secrets_key("KICI_SECRETS_KEY")
 
 
 def _default_instance_id(host_name: str, database: dict) -> str:

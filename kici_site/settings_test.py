@@ -4,6 +4,8 @@ import os
 import tempfile
 
 os.environ.setdefault("SECRET_KEY", "test-only-not-secret-0123456789abcdef0123456789abcdef")
+# A fixed key for the registry credentials' secrets (url-safe base64 of 32 bytes).
+os.environ.setdefault("KICI_SECRETS_KEY", "dGVzdC1vbmx5LXNlY3JldHMta2V5LTMyLWJ5dGVzISE=")
 
 from .settings import *  # noqa: E402,F401,F403
 

@@ -1,19 +1,25 @@
 """Scalers, label sets, reservations and admission records in the admin: view only.
 
 Configuration comes from ``scalers.yaml`` (import / config-reload operation); host access and
-capacity change through approved operations (``kici_site.readonly_admin``).
+capacity change through approved operations (``kici_site.readonly_admin``). The one editable
+model is :class:`~scalers.models.RegistryCredential`: registry logins are secrets, kept out of
+``scalers.yaml`` on purpose, and their secret is write-only here (``docs/registry-credentials.md``).
 """
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 
 from kici_site.readonly_admin import ReadOnlyAdmin, ReadOnlyInline
 
+from .credentials import CredentialError, encrypt_secret, normalize_registry
 from .models import (
     ConfigState,
     LabelSet,
     MachinePool,
     MetricCounter,
     RecoveryReport,
+    RegistryCredential,
     Reservation,
     Scaler,
     ScaleRequest,
@@ -70,3 +76,49 @@ class RecoveryReportAdmin(ReadOnlyAdmin):
 
 for _model in (MachinePool, ConfigState, MetricCounter, ScalerTeardown):
     admin.site.register(_model, ReadOnlyAdmin)
+
+
+class RegistryCredentialForm(forms.ModelForm):
+    """``name``, ``registry``, ``username`` and a write-only ``new_secret``: required on create,
+    left blank on edit to keep the stored one. The stored secret is never put into the page."""
+
+    new_secret = forms.CharField(
+        label="Secret",
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="the password or token; never shown again. Leave blank to keep the stored one.",
+    )
+
+    class Meta:
+        model = RegistryCredential
+        fields = ("name", "registry", "username")
+
+    def clean_registry(self):
+        try:
+            return normalize_registry(self.cleaned_data["registry"])
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+
+    def clean(self):
+        cleaned = super().clean()
+        plain = cleaned.get("new_secret") or ""
+        if not plain and not self.instance.pk:
+            self.add_error("new_secret", "a new credential needs its secret")
+        elif plain:
+            try:
+                self.instance.secret = encrypt_secret(plain)
+            except CredentialError as exc:
+                self.add_error("new_secret", str(exc))
+        return cleaned
+
+
+@admin.register(RegistryCredential)
+class RegistryCredentialAdmin(admin.ModelAdmin):
+    """Create, edit and delete registry logins; the secret is write-only (the form's ``new_secret``)."""
+
+    form = RegistryCredentialForm
+    list_display = ("name", "registry", "username", "updated_at")
+    search_fields = ("name", "registry", "username")
+    readonly_fields = ("created_at", "updated_at")
+    fields = ("name", "registry", "username", "new_secret", "created_at", "updated_at")

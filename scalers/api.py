@@ -16,8 +16,11 @@ Every route takes ``Authorization: Bearer <KICI_API_TOKEN>`` (401 ``unauthorized
 
 ``POST /api/v1/scale``: ask for an agent for one job.
 
-Request: JSON ``{labels: [str, ...], jobId: str, resources?: {...}, runId?: str, exclude?: [str]}``
-with ``Authorization: Bearer <KICI_API_TOKEN>``.
+Request: JSON ``{labels: [str, ...], jobId: str, resources?: {...}, runId?: str, exclude?: [str],
+container?: {image: str, credentialsRef?: str}}`` with ``Authorization: Bearer <KICI_API_TOKEN>``.
+``container``: the job's own image, run with the console's agent injected (container label sets
+and bare-metal ones in container mode only); ``credentialsRef`` names an admin-managed registry
+credential (``scalers.credentials``) for pulling it.
 
 Answers (JSON):
 
@@ -38,9 +41,17 @@ stay at the top level, where orchestrators read them:
   cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
   retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
   at-capacity here would make an orchestrator retry forever.
+<<<<<<< HEAD
 * 422 ``{reason: "no-matching-label-set", labels}``.
 * 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
   ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
+=======
+* 422 ``{reason: "no-matching-label-set", labels}``: no label set matches, or the one that does
+  cannot run the job's ``container`` image (the message says which).
+* 422 ``{reason: "invalid-credentials-ref"}`` with ``error.field`` ``container.credentialsRef``:
+  no registry credential of that name, or it is for another registry than the image's (nothing
+  is written).
+>>>>>>> registry
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
@@ -72,6 +83,7 @@ from lib.json_input import parse_json, parse_json_object
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.lifecycle import Refused, complete_job, release_agent
 from scalers.models import ScaleOutcome
@@ -131,6 +143,16 @@ async def scale(request):
         data = validate_scale_request(payload)
     except InvalidScaleRequest as exc:
         return _error(400, "invalid-request", str(exc), field=exc.field)
+    if data.container and data.container.credentials_ref:
+        try:
+            problem = await sync_to_async(credential_problem, thread_sensitive=False)(
+                data.container.credentials_ref, data.container.image
+            )
+        except DatabaseError as exc:
+            log.warning("scale request %s: database error %s", data.job_id, exc)
+            return _error(503, "unavailable", "database unavailable")
+        if problem:
+            return _error(422, "invalid-credentials-ref", problem, field="container.credentialsRef")
 
     req = Request(
         labels=data.labels,
@@ -139,6 +161,7 @@ async def scale(request):
         run_id=data.run_id,
         exclude=data.exclude,
         raw_resources=data.raw_resources,
+        job_image=data.container,
     )
     try:
         decision, agent = await get_queue().submit_async(req)
@@ -174,7 +197,9 @@ async def scale(request):
         return _error(
             422,
             "no-matching-label-set",
-            f"no label set of any scaler matches {list(data.labels)}",
+            decision.reason
+            if decision.reason != "no-matching-label-set"
+            else f"no label set of any scaler matches {list(data.labels)}",
             labels=list(data.labels),
         )
     return _error(503, "skipped", decision.reason)

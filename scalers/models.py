@@ -301,3 +301,26 @@ class Installation(models.Model):
         winner's row). Raises database errors."""
         obj, _ = cls.objects.get_or_create(pk=1)
         return obj.installation_id
+
+
+class RegistryCredential(models.Model):
+    """A named login for a private image registry, admin-managed (``scalers.credentials``).
+
+    ``secret`` holds the password or token encrypted with ``KICI_SECRETS_KEY`` (a Fernet token):
+    it is written through :func:`scalers.credentials.encrypt_secret` only, read back only at pull
+    time, and never shown, logged or returned. ``registry`` is the host (``[host][:port]``) the
+    login is for; it is sent to no other registry.
+    """
+
+    name = models.SlugField(max_length=100, unique=True, help_text="what credentialsRef names")
+    registry = models.CharField(max_length=255, help_text="registry host[:port], e.g. registry.example.com:5000")
+    username = models.CharField(max_length=200)
+    secret = models.TextField(editable=False, help_text="the encrypted password or token")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} ({self.username}@{self.registry})"

@@ -129,6 +129,14 @@ ensure_api_token() {  # the orchestrator's bearer token for /api/v1/scale, gener
   say "generated the orchestrator API token, kept in var/env (${KICI_API_TOKEN:0:9}…; \`. var/env\` sets it)"
 }
 
+ensure_secrets_key() {  # the key of the registry credentials' secrets, generated once into var/env
+  if [ -n "${KICI_SECRETS_KEY:-}" ]; then return 0; fi
+  KICI_SECRETS_KEY="$(head -c 32 /dev/urandom | base64 | tr '+/' '-_')"  # url-safe base64 of 32 bytes (Fernet)
+  export KICI_SECRETS_KEY
+  (umask 077; echo "KICI_SECRETS_KEY=$KICI_SECRETS_KEY" >> "$ROOT/var/env")
+  say "generated the registry credentials key, kept in var/env (losing it makes stored credentials unreadable)"
+}
+
 stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), newest first
   if [ "$STARTED_DOCKERD" = 1 ]; then
     say "stopping the dockerd make run started (its agent containers and kici-agent-net first)"

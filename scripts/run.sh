@@ -13,6 +13,7 @@ ensure_dockerd
 load_env
 ensure_database
 ensure_api_token
+ensure_secrets_key
 
 export KICI_SCALER_CONFIG_PATH="${KICI_SCALER_CONFIG_PATH:-$ROOT/examples/scalers.yaml}"
 PORT="${KICI_PORT:-8000}"

@@ -3,7 +3,8 @@
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-apt_install nftables libnftables1 iproute2 busybox-static e2fsprogs docker.io chromium ca-certificates curl
+apt_install nftables libnftables1 iproute2 busybox-static e2fsprogs docker.io chromium ca-certificates curl \
+  docker-registry apache2-utils
 ensure_postgres
 ensure_redis
 ensure_venv

@@ -42,6 +42,7 @@ from .caps import (
     resource_cap_limits,
 )
 from .matching import LabelSetInfo, ScalerInfo, World
+from .validate import JobImage
 from .warmfit import Shape, warm_agent_can_serve
 
 log = logging.getLogger("scalers.admission")
@@ -91,7 +92,7 @@ class Request:
     exclude: tuple[str, ...] = ()
     warm: bool = False
     target: tuple[int, int] | None = None
-    job_image: str | None = None
+    job_image: JobImage | None = None
     raw_resources: Any = None  # as the caller sent it, for the request record
 
 
@@ -108,6 +109,8 @@ class Admitted:
     bound_job_id: str
     run_id: str
     owner_instance: str
+    job_image: str = ""
+    job_credentials_ref: str = ""
 
     def to_agent(self) -> Agent:
         """An ``Agent`` instance for this row as written (no query)."""
@@ -122,6 +125,8 @@ class Admitted:
             bound_job_id=self.bound_job_id,
             run_id=self.run_id,
             owner_instance=self.owner_instance,
+            job_image=self.job_image,
+            job_credentials_ref=self.job_credentials_ref,
         )
         agent._state.adding = False
         agent._state.db = "default"
@@ -154,6 +159,8 @@ class _Spawn:
         "mem",
         "lcpus",
         "lmem",
+        "job_image",
+        "job_ref",
     )
 
     def __init__(self, **kw):
@@ -290,6 +297,17 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             done(ScaleDecision(ScaleOutcome.NO_BACKEND, reason="no-matching-label-set", labels=tuple(req.labels)))
             continue
         info, ls = match
+        if req.job_image and not ls.runs_job_images:
+            done(
+                ScaleDecision(
+                    ScaleOutcome.NO_BACKEND,
+                    scaler=info.name,
+                    backend_type=info.type,
+                    reason=f"label set [{ls.index}] of scaler {info.name} ({info.type}) cannot run a job image",
+                    labels=tuple(req.labels),
+                )
+            )
+            continue
         if info.tools_missing:
             done(
                 ScaleDecision(
@@ -413,6 +431,8 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 mem=mem,
                 lcpus=float(resolved.limits.cpus),
                 lmem=int(resolved.limits.mem_bytes),
+                job_image=req.job_image.image if req.job_image else "",
+                job_ref=req.job_image.credentials_ref if req.job_image else "",
             )
         )
         if req.warm:
@@ -460,7 +480,17 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
         decisions[sp.index] = replace(decisions[sp.index], agent=sp.agent_id, agent_pk=pk)
         admitted.append(
             Admitted(
-                pk, sp.agent_id, sp.scaler_id, sp.label_set_id, tuple(sp.labels), sp.warm, sp.job, sp.run, instance_id
+                pk,
+                sp.agent_id,
+                sp.scaler_id,
+                sp.label_set_id,
+                tuple(sp.labels),
+                sp.warm,
+                sp.job,
+                sp.run,
+                instance_id,
+                sp.job_image,
+                sp.job_ref,
             )
         )
     return BatchResult(decisions=decisions, admitted=admitted)
@@ -506,7 +536,11 @@ def _write(
         cur,
         now=now,
         instance_id=instance_id,
-        agents=[(sp.agent_id, sp.scaler_id, sp.label_set_id, sp.labels_json, sp.warm, sp.job, sp.run) for sp in spawns],
+        agents=[
+            (sp.agent_id, sp.scaler_id, sp.label_set_id, sp.labels_json, sp.warm, sp.job, sp.run)
+            + (sp.job_image, sp.job_ref)
+            for sp in spawns
+        ],
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],
         records=records,
         counters=counters,

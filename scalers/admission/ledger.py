@@ -303,8 +303,18 @@ def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:
 # --------------------------------------------------------------------------- writing a decided batch
 
 #: Per-row columns of a new agent, in the order of the ``agents`` tuples :func:`write_batch` takes.
-AGENT_ROW = ("agent_id", "scaler_id", "label_set_id", "labels", "warm", "bound_job_id", "run_id")
-AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text")
+AGENT_ROW = (
+    "agent_id",
+    "scaler_id",
+    "label_set_id",
+    "labels",
+    "warm",
+    "bound_job_id",
+    "run_id",
+    "job_image",
+    "job_credentials_ref",
+)
+AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text", "text", "text")
 #: Per-row columns of a new reservation (joined to its agent by ``agent_id``).
 RESERVATION_ROW = (
     "agent_ref",
@@ -360,6 +370,8 @@ def _write_statement() -> tuple[str, dict]:
             "warm": "u.warm",
             "bound_job_id": "u.bound_job_id",
             "run_id": "u.run_id",
+            "job_image": "u.job_image",
+            "job_credentials_ref": "u.job_credentials_ref",
         },
         {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
         defaults,

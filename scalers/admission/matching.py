@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from scalers import labels as labelmod
+from scalers.choices import ScalerType
 
 from .caps import GlobalCaps, PoolCaps, ScalerCaps
 
@@ -29,6 +30,9 @@ class LabelSetInfo:
     resources: Any  # the label set's ``resources`` as imported (dict) or None
     image: str | None = None
     agent_labels: tuple[str, ...] = ()  # labels its agents are spawned with
+    #: A job bringing its own image may run here: a container scaler's label set, or a bare-metal
+    #: one in container mode (``image`` and no ``binaryPath``).
+    runs_job_images: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,8 @@ def build_world(
                 gate=tuple(entry.gates[i]),
                 resources=(ls["config"] or {}).get("resources"),
                 image=(ls["config"] or {}).get("image"),
+                runs_job_images=row["type"] == ScalerType.CONTAINER
+                or (row["type"] == ScalerType.BARE_METAL and not (ls["config"] or {}).get("binaryPath")),
                 agent_labels=tuple(
                     labelmod.agent_labels(
                         entry.declared[i],

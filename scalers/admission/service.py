@@ -7,12 +7,13 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.models import ScaleOutcome
 
 from .decide import Request, ScaleDecision, decide_batch
 from .queue import get_queue
-from .validate import InvalidScaleRequest, _labels, _short, validate_resources
+from .validate import InvalidScaleRequest, JobImage, _labels, _short, validate_container, validate_resources
 
 
 def request_scale(
@@ -23,7 +24,7 @@ def request_scale(
     exclude=(),
     warm: bool = False,
     *,
-    job_image: str | None = None,
+    job_image: JobImage | dict | None = None,
     timeout: float | None = 30.0,
 ) -> ScaleDecision:
     """Decide whether a job may get an agent, and if so reserve it and enqueue its spawn.
@@ -32,8 +33,9 @@ def request_scale(
     an empty gate). ``job_id``/``run_id``: strings recorded on the agent and the request
     record. ``resources``: flat ``{cpus, memory}`` or nested ``{requests, limits}`` (cpus
     in cores, memory strings like ``"2g"``). ``exclude``: labels whose label sets must not
-    be chosen. ``warm=True`` spawns an unbound warm agent instead. ``job_image``: a job bringing
-    its own image never takes a warm agent.
+    be chosen. ``warm=True`` spawns an unbound warm agent instead. ``job_image``: the job's own
+    image (a :class:`~.validate.JobImage` or the ``/scale`` ``container`` object); such a job never
+    takes a warm agent, and only container label sets (bare-metal ones in container mode) run it.
 
     Returns a :class:`ScaleDecision` (see there for ``action``). On ``spawning`` the agent row and
     its reservation are committed and the spawn is enqueued (``scalers.jobs.enqueue_spawn``); if
@@ -52,6 +54,11 @@ def request_scale(
         raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {_short(job_id)}")
     parsed = validate_resources(resources) if not hasattr(resources, "requests") else resources
     raw = resources.model_dump(mode="json", exclude_none=True) if hasattr(resources, "model_dump") else resources
+    if isinstance(job_image, dict):
+        job_image = validate_container(job_image)
+    if job_image and job_image.credentials_ref:
+        if problem := credential_problem(job_image.credentials_ref, job_image.image):
+            raise InvalidScaleRequest("container.credentialsRef", problem)
     req = Request(
         labels=labels,
         job_id=job_id.strip(),

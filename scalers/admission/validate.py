@@ -9,13 +9,15 @@ from typing import Any
 
 from lib.units import parse_memory
 from scalers.config.schema import parse_resource_request
+from scalers.credentials import image_problem
 
 MAX_LABELS = 64
 MAX_LABEL_LENGTH = 200
 MAX_ID_LENGTH = 200
 #: Largest memory a single job may request (bytes): 16 TiB. More is refused as malformed.
 MAX_MEMORY_BYTES = 16 * 1024**4
-ALLOWED_FIELDS = frozenset({"labels", "jobId", "runId", "resources", "exclude"})
+ALLOWED_FIELDS = frozenset({"labels", "jobId", "runId", "resources", "exclude", "container"})
+CONTAINER_FIELDS = frozenset({"image", "credentialsRef"})
 
 
 class InvalidScaleRequest(ValueError):
@@ -29,6 +31,15 @@ class InvalidScaleRequest(ValueError):
 
 
 @dataclass(frozen=True)
+class JobImage:
+    """A job's own container image (``container.image``) and the name of the registry credential
+    to pull it with (``container.credentialsRef``, "" for none; resolved at pull time)."""
+
+    image: str
+    credentials_ref: str = ""
+
+
+@dataclass(frozen=True)
 class ScaleInput:
     """A validated request: labels (trimmed), job id, run id, exclude labels, the parsed
     resources (``scalers.config.schema.ResourceRequest``) and the resources as sent."""
@@ -39,6 +50,7 @@ class ScaleInput:
     exclude: tuple[str, ...] = ()
     resources: Any = None
     raw_resources: Any = None
+    container: JobImage | None = None
 
 
 def _short(value: Any) -> str:
@@ -116,9 +128,34 @@ def validate_resources(value: Any) -> Any:
     return parsed
 
 
+def validate_container(value: Any) -> JobImage | None:
+    """Parse a job's ``container: {image, credentialsRef?}`` (``None`` for absent). Whether the
+    credential exists is the database's to say (``scalers.credentials.credential_problem``).
+    Raises :class:`InvalidScaleRequest` naming ``container.<field>``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidScaleRequest("container", f"must be an object, got {_short(value)}")
+    unknown = sorted(set(value) - CONTAINER_FIELDS)
+    if unknown:
+        raise InvalidScaleRequest(
+            f"container.{unknown[0]}", f"unknown field (allowed: {', '.join(sorted(CONTAINER_FIELDS))})"
+        )
+    if "image" not in value:
+        raise InvalidScaleRequest("container.image", "is required")
+    if problem := image_problem(value["image"]):
+        raise InvalidScaleRequest("container.image", problem)
+    ref = value.get("credentialsRef")
+    if ref is not None and (not isinstance(ref, str) or not ref.strip() or len(ref) > MAX_ID_LENGTH):
+        raise InvalidScaleRequest(
+            "container.credentialsRef", f"must be a non-empty string of at most {MAX_ID_LENGTH} characters"
+        )
+    return JobImage(value["image"], (ref or "").strip())
+
+
 def validate_scale_request(payload: Any) -> ScaleInput:
     """Validate the JSON body of ``POST /api/v1/scale``: ``{labels, jobId, resources?, runId?,
-    exclude?}``. Unknown keys are refused (a misspelt ``resource`` must not silently spawn a
+    exclude?, container?}``. Unknown keys are refused (a misspelt ``resource`` must not silently spawn a
     default-sized agent). Raises :class:`InvalidScaleRequest`."""
     if not isinstance(payload, dict):
         raise InvalidScaleRequest("body", f"must be a JSON object, got {_short(payload)}")
@@ -135,6 +172,13 @@ def validate_scale_request(payload: Any) -> ScaleInput:
     exclude = _labels(payload.get("exclude") or [], "exclude", allow_empty=True)
     raw = payload.get("resources")
     resources = validate_resources(raw)
+    container = validate_container(payload.get("container"))
     return ScaleInput(
-        labels=labels, job_id=job_id, run_id=run_id, exclude=exclude, resources=resources, raw_resources=raw
+        labels=labels,
+        job_id=job_id,
+        run_id=run_id,
+        exclude=exclude,
+        resources=resources,
+        raw_resources=raw,
+        container=container,
     )

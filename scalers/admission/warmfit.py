@@ -30,7 +30,7 @@ def _eq_cpus(a: float, b: float) -> bool:
     return abs(float(a) - float(b)) < 1e-9
 
 
-def warm_agent_can_serve(job_resources: Any, shape: Shape | None, *, job_image: str | None = None) -> bool:
+def warm_agent_can_serve(job_resources: Any, shape: Shape | None, *, job_image: Any = None) -> bool:
     """True when an idle warm agent reserved as ``shape`` may take a job with ``job_resources``.
 
     ``job_resources`` is the job's ``resources`` (flat ``{cpus, memory}``, nested

@@ -382,6 +382,8 @@ class LabelSet(_Strict):
     labels: list[Label] = Field(min_length=1)
     image: str | None = None
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    #: Registry credential (``scalers.credentials``) the label set's ``image`` is pulled with.
+    credentials_ref: NonEmptyStr | None = None
     binary_path: str | None = None
     resources: Resources | None = None
     volumes: list[str] | None = None
@@ -530,6 +532,15 @@ def scaler_entry_issues(entry: ScalerEntry) -> list[SchemaIssue]:
                     f'Scaler "{name}" gate label "{gate_label}" is missing from labelSets[{i}].labels — '
                     f'every job routed to this scaler must carry "{gate_label}", so this label set '
                     f'could never be selected; add "{gate_label}" to it or remove it from mandatoryLabels',
+                )
+            )
+        pulls_image = entry.type == "container" or (entry.type == "bare-metal" and not ls.binary_path)
+        if ls.credentials_ref and not pulls_image:
+            issues.append(
+                SchemaIssue(
+                    ("labelSets", i, "credentialsRef"),
+                    f'Scaler "{name}" label set [{i}] names credentialsRef "{ls.credentials_ref}" but pulls '
+                    "no image (only container label sets and bare-metal ones without binaryPath do)",
                 )
             )
     return issues

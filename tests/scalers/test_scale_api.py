@@ -117,6 +117,12 @@ def test_a_request_larger_than_the_global_cap_is_422_even_while_the_console_is_f
         ({"labels": ["linux"], "jobId": "j", "resources": {"requests": {"cpus": "two"}}}, "resources.requests.cpus"),
         ({"labels": ["linux"], "jobId": "j", "resources": "big"}, "resources"),
         ({"labels": ["linux"], "jobId": "j", "resource": {"cpus": 1}}, "resource"),
+        ({"labels": ["linux"], "jobId": "j", "container": "img:1"}, "container"),
+        ({"labels": ["linux"], "jobId": "j", "container": {}}, "container.image"),
+        ({"labels": ["linux"], "jobId": "j", "container": {"image": ""}}, "container.image"),
+        ({"labels": ["linux"], "jobId": "j", "container": {"image": "Not An/Image"}}, "container.image"),
+        ({"labels": ["l"], "jobId": "j", "container": {"image": "x", "credentialsRef": 3}}, "container.credentialsRef"),
+        ({"labels": ["l"], "jobId": "j", "container": {"image": "x", "pullPolicy": "Never"}}, "container.pullPolicy"),
     ],
 )
 def test_it_refuses_malformed_input_naming_the_field(body, field):
@@ -230,3 +236,51 @@ def test_a_job_refused_at_capacity_is_told_when_to_ask_again_and_its_admission_c
 def redispatched() -> float:
     row = MetricCounter.objects.filter(name=REDISPATCH, labels={"trigger": "sweep"}).first()
     return row.value if row else 0.0
+
+
+# --- a job's own image ------------------------------------------------------------------------------
+
+
+def _credential(name="reg", registry="127.0.0.1:5000"):
+    from scalers.credentials import encrypt_secret
+    from scalers.models import RegistryCredential
+
+    return RegistryCredential.objects.create(name=name, registry=registry, username="ci", secret=encrypt_secret("pw"))
+
+
+def test_a_job_image_and_its_credential_are_kept_on_the_agent():
+    make_scaler("c")
+    _credential()
+    image = "127.0.0.1:5000/job/tools:1"
+    r = post(Client(), {"labels": ["linux"], "jobId": "j1", "container": {"image": image, "credentialsRef": "reg"}})
+    assert r.status_code == 201, r.content
+    agent = Agent.objects.get(agent_id=r.json()["agentId"])
+    assert (agent.job_image, agent.job_credentials_ref) == (image, "reg")
+
+
+@pytest.mark.parametrize(
+    ("ref", "registry", "says"),
+    [
+        ("nope", "127.0.0.1:5000", "no registry credential named 'nope'"),
+        ("reg", "other.example", "is for other.example"),
+    ],
+)
+def test_an_unusable_credentials_ref_is_422_naming_the_field_and_nothing_is_written(ref, registry, says):
+    make_scaler("c")
+    _credential(registry=registry)
+    container = {"image": "127.0.0.1:5000/job/x:1", "credentialsRef": ref}
+    r = post(Client(), {"labels": ["linux"], "jobId": "j1", "container": container})
+    assert r.status_code == 422, r.content
+    assert r.json()["reason"] == "invalid-credentials-ref"
+    assert r.json()["error"]["field"] == "container.credentialsRef" and says in r.json()["error"]["message"]
+    assert_nothing_written()
+    assert not ScaleRequest.objects.exists()
+
+
+def test_a_job_image_is_not_routed_to_a_label_set_that_cannot_run_it():
+    make_scaler("fc", type="firecracker")
+    r = post(Client(), {"labels": ["linux"], "jobId": "j1", "container": {"image": "debian:12"}})
+    assert r.status_code == 422, r.content
+    assert r.json()["reason"] == "no-matching-label-set"
+    assert "cannot run a job image" in r.json()["error"]["message"]
+    assert_nothing_written()

@@ -228,7 +228,7 @@ def test_a_job_consumes_an_idle_warm_agent_that_fits(resources, assigned):
 def test_a_job_with_its_own_image_never_takes_a_warm_agent():
     s = warm_scaler(size=1)
     warm_agent(s)
-    assert request_scale(["linux", "docker"], "job-1", job_image="custom:1").action == "spawning"
+    assert request_scale(["linux", "docker"], "job-1", job_image={"image": "custom:1"}).action == "spawning"
 
 
 def test_a_draining_warm_agent_is_not_assigned():

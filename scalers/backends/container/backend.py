@@ -146,8 +146,9 @@ class ContainerBackend:
 
     # -- spawn ---------------------------------------------------------------------------------
 
-    def create_config(self, agent, token: str | None, image: str) -> dict:
-        """Keyword arguments of ``APIClient.create_container`` for this agent (``spawn.container_create_config``)."""
+    def create_config(self, agent, token: str | None, image: str, runtime_volume: str | None = None) -> dict:
+        """Keyword arguments of ``APIClient.create_container`` for this agent
+        (``spawn.container_create_config``; ``runtime_volume`` for a job's own image)."""
 
         def local_socket() -> str | None:
             return self.runtime.socket_path if self.spawns_on_local_host else None
@@ -160,6 +161,7 @@ class ContainerBackend:
             extra_hosts=[str(h) for h in scaler_option(self.scaler, "extraHosts", []) or []],
             network_isolation=self.network_isolation,
             job_image=self.job_image,
+            runtime_volume=runtime_volume,
         )
 
     def spawn(self, agent, control: SpawnControl) -> SpawnResult:

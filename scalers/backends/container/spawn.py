@@ -1,5 +1,7 @@
-"""Spawning one agent container: the create config, the pull policy, start, address and rules,
-and the cleanup of a failed spawn. The steps in order, and the start-up gap before the
+"""Spawning one agent container: the create config, the pull policy (with the registry
+credential, when one is named), start, address and rules, and the cleanup of a failed spawn.
+A job bringing its own image runs it with the agent injected from the runtime volume
+(:mod:`~scalers.backends.container.job_runtime`). The steps in order, and the start-up gap before the
 container's rules are written: ``docs/container-spawn.md``.
 """
 
@@ -10,13 +12,14 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.db import transaction
-from docker.errors import ImageNotFound
+from docker.errors import APIError, ImageNotFound
 
 from agents import tokens
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
 from network import netlink
+from scalers.credentials import CredentialError, auth_config
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..docker_net import (
@@ -30,6 +33,7 @@ from ..hostconfig import build_agent_container_host_config
 from ..isolation import resolve_host_access
 from ..spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
 from .host import DockerHost
+from .job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, ensure_runtime_volume
 from .rules import AgentRules
 
 log = logging.getLogger(__name__)
@@ -58,20 +62,28 @@ def container_create_config(
     extra_hosts: list[str],
     network_isolation: bool,
     job_image: bool = False,
+    runtime_volume: str | None = None,
 ) -> dict:
     """Keyword arguments of ``APIClient.create_container`` for this agent: image, env, labels,
     HostConfig (the one builder), and, when isolation is on, ``kici-agent-net`` as network with the
     agent's MAC (``docker_net.agent_mac``, container-wide and on the endpoint) and IPv6 turned off
     inside (a second wall behind the guard, which drops IPv6 from the bridge anyway).
 
-    ``job_image``: a bare-metal scaler's container mode (job-image env, no bound-job labels)."""
+    ``job_image``: a bare-metal scaler's container mode (job-image env, no bound-job labels).
+    ``runtime_volume``: the agent's job image (``agent.job_image``) runs with this volume read-only
+    at ``RUNTIME_DIR`` and the injected entrypoint, and gets ``KICI_JOB_IMAGE_AGENT=1``."""
+    if runtime_volume:
+        binds = [*binds, f"{runtime_volume}:{RUNTIME_DIR}:ro"]
     host_config = build_agent_container_host_config(spawn_limits(agent), binds, extra_hosts)
     kwargs: dict = {
         "image": image,
         "name": agent.agent_id,
-        "environment": container_env(agent, token, image=image, job_image=job_image),
+        "environment": container_env(agent, token, image=image, job_image=job_image or bool(runtime_volume)),
         "labels": container_labels(agent, bound_job_labels=not job_image),
     }
+    if runtime_volume:
+        kwargs["entrypoint"] = list(AGENT_ENTRYPOINT)
+        kwargs["command"] = []
     if network_isolation:
         host_config["NetworkMode"] = ISOLATED_NETWORK_NAME
         host_config["Sysctls"] = dict(IPV6_OFF)
@@ -85,22 +97,58 @@ def container_create_config(
     return kwargs
 
 
-def _pull(api, agent, image: str) -> None:
+def spawn_image(agent) -> tuple[str, str]:
+    """``(image, credentialsRef)`` an agent runs: the job's own image and credential when it brought
+    one, else the label set's ``image`` (``KICI_AGENT_IMAGE`` when it has none) and its
+    ``credentialsRef`` ("" for none)."""
+    if agent.job_image:
+        return agent.job_image, agent.job_credentials_ref or ""
+    ls = agent.label_set
+    return (
+        str(label_set_option(ls, "image") or settings.KICI_AGENT_IMAGE),
+        str(label_set_option(ls, "credentialsRef") or ""),
+    )
+
+
+def _scrub(text: str, auth: dict | None) -> str:
+    """``text`` with the credential's password replaced, should a runtime ever echo it."""
+    if auth and auth.get("password"):
+        text = text.replace(auth["password"], "***")
+    return text
+
+
+def pull_image(api, agent, image: str, credentials_ref: str = "") -> None:
+    """Pull ``image``, with the registry credential ``credentials_ref`` resolved now (``""``: none).
+    Raises ``SpawnError`` (stage ``pull``) naming the image: an unusable credential, a refused or
+    failed pull (an error in the progress stream too). The message never holds the secret."""
+    auth = None
+    if credentials_ref:
+        try:
+            auth = auth_config(credentials_ref, image)
+        except CredentialError as exc:
+            raise SpawnError(f"cannot pull image {image}: {exc}", "pull") from None
     record_event(agent, EventType.PROVISIONING, f"pulling image {image}")
-    api.pull(image)
+    try:
+        for chunk in api.pull(image, auth_config=auth, stream=True, decode=True):
+            if isinstance(chunk, dict) and chunk.get("error"):
+                raise SpawnError(f"pull of image {image} failed: {_scrub(str(chunk['error']), auth)}", "pull")
+    except APIError as exc:
+        reason = _scrub(str(exc.explanation or exc), auth)
+        raise SpawnError(f"pull of image {image} failed: {reason}", "pull") from None
 
 
-def create_with_pull(api, agent, kwargs: dict, image: str, policy: str) -> dict:
+def create_with_pull(api, agent, kwargs: dict, image: str, policy: str, credentials_ref: str = "") -> dict:
     """``create_container``, pulling first for ``Always`` and on "no such image" for
-    ``IfNotPresent`` (the create itself is the presence check: one runtime call saved)."""
+    ``IfNotPresent`` (the create itself is the presence check: one runtime call saved).
+    ``credentials_ref``: the registry credential the pull uses (``pull_image``)."""
     if policy == "Always":
-        _pull(api, agent, image)
+        pull_image(api, agent, image, credentials_ref)
     try:
         return api.create_container(**kwargs)
     except ImageNotFound:
         if policy == "Never":
             raise SpawnError(f"image {image} is not present and imagePullPolicy is Never", "create") from None
-        _pull(api, agent, image)
+        pull_image(api, agent, image, credentials_ref)
         return api.create_container(**kwargs)
 
 
@@ -110,18 +158,20 @@ def spawn_container(
     *,
     host: DockerHost,
     rules: AgentRules,
-    build_config: Callable[[object, str | None, str], dict],
+    build_config: Callable[..., dict],
     local: bool = True,
 ) -> SpawnResult:
     """Provision one agent container on ``host`` (steps: ``docs/container-spawn.md``). Returns its
     id, address and resolved host access. ``rules``: the backend's rule writer (isolation is on
-    when ``rules.enabled``). ``build_config(agent, token, image)``: the create arguments.
+    when ``rules.enabled``). ``build_config(agent, token, image, runtime_volume=...)``: the create
+    arguments. The image and its credential are :func:`spawn_image`'s; ``imagePullPolicy`` is
+    the label set's, for a job's own image too.
     ``local``: the runtime runs on this host, so the bridge is guarded and the container bound to
     its veth (a remote runtime's bridge is out of this host's reach). Raises
     ``SpawnError`` / ``SpawnAborted`` after removing whatever it created (container, rules); lets
     runtime errors propagate the same way."""
     ls = agent.label_set
-    image = str(label_set_option(ls, "image") or settings.KICI_AGENT_IMAGE)
+    image, credentials_ref = spawn_image(agent)
     policy = str(label_set_option(ls, "imagePullPolicy", "IfNotPresent"))
     container_id: str | None = None
     address: str | None = None
@@ -152,7 +202,9 @@ def spawn_container(
         with transaction.atomic():  # one commit for the token and the event
             token = tokens.mint_registration_token(agent)
             record_event(agent, EventType.PROVISIONING, "creating container")
-        created = create_with_pull(host.api, agent, build_config(agent, token, image), image, policy)
+        runtime_volume = ensure_runtime_volume(host.api) if agent.job_image else None
+        config = build_config(agent, token, image, runtime_volume=runtime_volume)
+        created = create_with_pull(host.api, agent, config, image, policy, credentials_ref)
         container_id = created["Id"]
         agent.managed_id = container_id
         # At once: a worker killed from here on leaves a container the failure path must find.

@@ -12,6 +12,7 @@ from agents.choices import AgentState
 from agents.models import Agent
 from scalers.admission.caps import CAP_ORDER
 from scalers.admission.service import request_scale
+from scalers.admission.validate import InvalidScaleRequest
 from scalers.jobs import start_waiting_spawns
 from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.support.scalers import make_pool, make_scaler, set_global
@@ -350,3 +351,23 @@ def test_a_truncate_of_the_routing_rows_gives_a_token_never_seen_before():
         token = _generation()
         assert token not in seen
         seen.add(token)
+
+
+def test_a_job_image_is_kept_on_the_agent_and_an_unusable_credential_is_refused_before_anything():
+    make_scaler("c", labels=("linux",))
+    with pytest.raises(InvalidScaleRequest) as exc:
+        request_scale(["linux"], "j1", job_image={"image": "reg.example/x:1", "credentialsRef": "nope"})
+    assert exc.value.field == "container.credentialsRef" and "no registry credential named 'nope'" in str(exc.value)
+    assert not Agent.objects.exists() and not ScaleRequest.objects.exists()
+    decision = request_scale(["linux"], "j2", job_image={"image": "reg.example/x:1"})
+    assert decision.action == "spawning"
+    assert Agent.objects.get(agent_id=decision.agent).job_image == "reg.example/x:1"
+
+
+def test_a_job_image_routed_to_a_process_mode_label_set_is_refused_naming_it():
+    make_scaler("bm", type="bare-metal", labels=("linux",), ls_config={"binaryPath": "/bin/true"})
+    decision = request_scale(["linux"], "j1", job_image={"image": "debian:12"})
+    assert decision.action == "no-backend" and "label set [0] of scaler bm (bare-metal) cannot run a job image" in (
+        decision.reason
+    )
+    assert not Agent.objects.exists()

@@ -9,6 +9,8 @@ import pytest
 
 from network.nft.names import AGENT_MAC_PREFIX
 from scalers.backends.container.backend import ContainerBackend
+from scalers.backends.container.job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, runtime_volume_name
+from scalers.backends.container.spawn import spawn_image
 from scalers.backends.docker_net import (
     ISOLATED_NETWORK_NAME,
     IsolatedNetworkError,
@@ -163,6 +165,39 @@ def test_the_container_socket_is_bound_only_for_a_local_runtime():
     assert "Binds" not in hc
     plain = make_scaler(ls_config={"image": "i"})
     assert "Binds" not in backend_for(plain).create_config(make_agent(plain), None, "i")["host_config"]
+
+
+@pytest.mark.django_db
+def test_a_job_image_runs_the_injected_agent_from_the_read_only_runtime_volume():
+    scaler = make_scaler(ls_config={"image": "i", "volumes": ["/a:/b"]})
+    agent = make_agent(scaler, job_image="reg.example/tools:1", bound_job_id="j1")
+    config = backend_for(scaler).create_config(agent, None, "reg.example/tools:1", runtime_volume="kici-job-runtime-x")
+    assert config["image"] == "reg.example/tools:1"
+    assert config["entrypoint"] == AGENT_ENTRYPOINT and config["command"] == []
+    assert config["host_config"]["Binds"] == ["/a:/b", f"kici-job-runtime-x:{RUNTIME_DIR}:ro"]
+    env = dict(e.split("=", 1) for e in config["environment"])
+    assert env["KICI_JOB_IMAGE_AGENT"] == "1" and env["KICI_RUNTIME_IMAGE"] == "reg.example/tools:1"
+    assert config["labels"]["kici-bound-job-id"] == "j1"  # the container backend keeps its job labels
+    plain = backend_for(scaler).create_config(make_agent(scaler), None, "i")
+    assert "entrypoint" not in plain and "KICI_JOB_IMAGE_AGENT=1" not in plain["environment"]
+    bare_metal = backend_for(scaler, job_image=True).create_config(agent, None, "x:1", runtime_volume="v")
+    assert bare_metal["entrypoint"] == AGENT_ENTRYPOINT and f"v:{RUNTIME_DIR}:ro" in bare_metal["host_config"]["Binds"]
+    assert "kici-bound-job-id" not in bare_metal["labels"]  # container mode: the four ownership labels only
+
+
+@pytest.mark.django_db
+def test_the_spawn_image_and_credential_are_the_jobs_else_the_label_sets(settings):
+    scaler = make_scaler(ls_config={"image": "reg.example/agent:2", "credentialsRef": "ls-reg"})
+    assert spawn_image(make_agent(scaler)) == ("reg.example/agent:2", "ls-reg")
+    job = make_agent(scaler, job_image="other.example/job:1", job_credentials_ref="job-reg")
+    assert spawn_image(job) == ("other.example/job:1", "job-reg")
+    assert spawn_image(make_agent(scaler, job_image="public:1")) == ("public:1", "")  # never the label set's
+    bare = make_scaler(ls_config={})
+    assert spawn_image(make_agent(bare)) == (settings.KICI_AGENT_IMAGE, "")
+
+
+def test_the_runtime_volume_is_named_by_the_agent_image_id():
+    assert runtime_volume_name("sha256:" + "ab" * 32) == "kici-job-runtime-abababababab"
 
 
 @pytest.mark.django_db

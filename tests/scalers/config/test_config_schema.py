@@ -175,6 +175,16 @@ def test_cfg11_bare_metal_with_only_an_image_is_valid():
     valid(doc(entry))
 
 
+def test_a_label_set_names_a_credentials_ref_only_where_it_pulls_an_image():
+    valid(doc(container(labelSets=[{"labels": ["x"], "image": "reg.example/a:1", "credentialsRef": "reg"}])))
+    bare = {"name": "b", "type": "bare-metal", "maxAgents": 1}
+    valid(doc({**bare, "labelSets": [{"labels": ["x"], "image": "reg.example/a:1", "credentialsRef": "reg"}]}))
+    process = {**bare, "labelSets": [{"labels": ["x"], "binaryPath": "/bin/agent", "credentialsRef": "reg"}]}
+    ((path, message),) = invalid(doc(process))
+    assert path == "scalers.0.labelSets.0.credentialsRef" and 'credentialsRef "reg" but pulls no image' in message
+    assert invalid(doc(container(labelSets=[{"labels": ["x"], "image": "a", "credentialsRef": ""}])))
+
+
 def firecracker(**extra):
     entry = {
         "name": "fc",
