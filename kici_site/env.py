@@ -112,6 +112,19 @@ def env_url_map(name: str) -> dict[str, str]:
     return out
 
 
+def env_http_url(name: str, default: str = "") -> str:
+    """``$name`` as an ``http(s)://host/...`` URL, or ``default`` when unset or empty; refuses
+    any other value naming the variable (without echoing credentials in it)."""
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return default
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        scheme = parts.scheme or "(none)"
+        raise ImproperlyConfigured(f"{name}: expected an http(s)://host/path URL, got scheme {scheme!r}")
+    return raw
+
+
 def env_listeners(name: str, default: str) -> list[tuple[str, int | None]]:
     """Parse ``$name`` as comma-separated ``host:port`` listeners (``[v6]:port``; port ``*`` = any).
 

@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .env import (
     database_from_url,
     env_bool,
+    env_http_url,
     env_int,
     env_list,
     env_listeners,
@@ -214,6 +215,18 @@ KICI_REQUEST_RETENTION_HOURS = env_int("KICI_REQUEST_RETENTION_HOURS", 24, minim
 # Event backend: HMAC key for scale-up/-down deliveries, and target names -> URLs.
 KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")
 KICI_PROVISIONING_TARGET_URLS = env_url_map("KICI_PROVISIONING_TARGET_URLS")
+# Approval notices (operations.notify): an operation waiting for a person is POSTed to this URL,
+# signed with HMAC-SHA256 under KICI_NOTIFY_SECRET as the event backend signs; off when unset.
+# KICI_OPERATOR_URL: the console's operator address as people reach it, for links in the notice.
+KICI_NOTIFY_URL = env_http_url("KICI_NOTIFY_URL")
+KICI_NOTIFY_SECRET = env_str("KICI_NOTIFY_SECRET", "")
+if KICI_NOTIFY_URL and not KICI_NOTIFY_SECRET:
+    raise ImproperlyConfigured("KICI_NOTIFY_URL is set but KICI_NOTIFY_SECRET is not: notices are never sent unsigned")
+_op_host, _op_port = KICI_OPERATOR_LISTEN[0]
+KICI_OPERATOR_URL = env_http_url(
+    "KICI_OPERATOR_URL",
+    "http://" + (f"[{_op_host}]" if ":" in _op_host else _op_host) + (f":{_op_port}" if _op_port else ""),
+)
 # Event-provision reaper (scalers.provision_reaper), times in ms as the reference's knobs: sweep
 # interval, flap grace (floored at 2 x the peer stale timeout), the wait before a silent agent
 # whose console is still live is reaped, and the pause between two teardown attempts of one agent.

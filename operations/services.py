@@ -28,6 +28,7 @@ from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.base import Plan, PlanRefused, Scope, ScopeInvalid, jsonable, plan_digest
 from .kinds.registry import get_kind
 from .models import AuditEntry, Operation, operation_progress
+from .notify import schedule_approval_notice
 from .queues import QueueNotConfigured, get_queue, queue_for_scaler, workers_listening
 
 REQUEST_PERM = "operations.request_operation"
@@ -217,8 +218,13 @@ def create_operation(
     return store_plan(kind, scope, plan, user, via=via, now=now)
 
 
-def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: datetime | None = None) -> Operation:
-    """Store an already computed non-empty plan (sweeps plan first to decide whether to store)."""
+def store_plan(
+    kind: str, scope: Scope, plan: Plan, user, *, via: str, now: datetime | None = None, notify: bool = True
+) -> Operation:
+    """Store an already computed non-empty plan (sweeps plan first to decide whether to store).
+
+    ``notify``: a new operation is announced to ``KICI_NOTIFY_URL`` after the commit
+    (``operations.notify``); a sweep whose policy approves it by itself passes False."""
     now = now or timezone.now()
     targets = [jsonable(t.as_json()) for t in plan.targets]
     digest = plan_digest(targets, get_kind(kind).volatile)
@@ -262,6 +268,8 @@ def store_plan(kind: str, scope: Scope, plan: Plan, user, *, via: str, now: date
         )
         # A new row on the operation list's open pages (live.publish receives the signal).
         transaction.on_commit(lambda: operation_progress.send(sender=Operation, operation_id=operation.pk, keys=[]))
+        if notify:
+            schedule_approval_notice(operation)
     operation.reused = False
     return operation
 

@@ -65,12 +65,15 @@ def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
                 plan = kind.plan(scope)
                 operation = None
                 if plan.targets:
-                    operation = store_plan(kind.name, scope, plan, None, via=RequestedVia.SWEEP, now=now)
+                    auto = policy.auto_approve or kind.auto_approves(scope)
+                    operation = store_plan(
+                        kind.name, scope, plan, None, via=RequestedVia.SWEEP, now=now, notify=not auto
+                    )
                     if operation.reused:
                         result = f"{len(plan.targets)} target(s); identical operation #{operation.pk} still open"
                     else:
                         result = f"{len(plan.targets)} target(s): operation #{operation.pk}"
-                        if policy.auto_approve or kind.auto_approves(scope):
+                        if auto:
                             auto_approve(operation, now=now)
                             result += " (auto-approved)"
                         created.append(operation)

@@ -19,6 +19,7 @@ Exported:
 * ``kici_scaler_lost_agents{scaler, lostBy}``: running/draining agents the last lost-agents sweep
   marked lost (``sandbox`` or ``heartbeat`` evidence; ``agents.liveness``), not yet released.
 * ``kici_scaler_isolation_repairs_total{table, kind}``: the drift check's repairs (``scalers.drift``).
+* ``kici_scaler_notices_total{event, result}``: approval notices sent (``operations.notify``).
 * ``kici_scaler_reservations{scaler}``, ``kici_scaler_agents{scaler, state}``,
   ``kici_scaler_admission_batch_size`` (in-process histogram).
 * ``kici_scaler_attention{kind}``: what needs a person, by kind; its collector is
@@ -92,6 +93,7 @@ CONFIG_RELOADS = "kici_orch_scaler_config_reloads_total"
 
 _HELP = {
     "kici_scaler_isolation_repairs_total": "Isolation rules re-applied by the drift check (kind: base, agent).",
+    "kici_scaler_notices_total": "Approval notices to KICI_NOTIFY_URL (event; result: sent, failed, skipped).",
     "kici_scaler_spawn_refusals_total": "Spawn requests refused, by scaler and the cap that refused.",
     "kici_orch_scaler_warm_pool_spawns_total": "Warm spawns admitted, by scaler.",
     "kici_orch_scaler_warm_pool_reaped_total": "Idle warm agents destroyed, by scaler.",

@@ -1,0 +1,87 @@
+"""Approval notices: tell people an operation is waiting for them.
+
+When ``settings.KICI_NOTIFY_URL`` is set, every operation stored as *planned* that no policy
+approves by itself (a person asked for it, or a sweep found something it may not act on alone) is
+POSTed there once, by an rq job on the ``default`` queue after the plan commits. The delivery is
+the event backend's (``scalers.backends.emitter``): ``{"event", "deliveryId", "timestampMs",
+"payload"}`` with ``X-Kici-Event: kici.operation.approval-needed`` and ``X-Kici-Signature-256:
+sha256=<HMAC-SHA256 of the body under KICI_NOTIFY_SECRET>``; connection errors, 429 and 5xx are
+retried with backoff. The payload names the operation and links to its page under
+``KICI_OPERATOR_URL``; it carries no target evidence. An operation decided or expired before the
+job runs gets no notice. A failed delivery is logged and counted
+(``kici_scaler_notices_total{event,result}``); it never blocks or undoes the plan.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import django_rq
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from scalers.admission.ledger import add_to_counters, counter_increment
+from scalers.backends.emitter import EventEmitError, HttpEventEmitter
+
+from .choices import OperationStatus
+from .models import Operation
+
+log = logging.getLogger(__name__)
+
+APPROVAL_NEEDED = "kici.operation.approval-needed"
+#: MetricCounter of the deliveries (``result``: ``sent``, ``failed``, ``skipped``).
+NOTICES = "kici_scaler_notices_total"
+
+
+def notify_enabled() -> bool:
+    return bool(settings.KICI_NOTIFY_URL)
+
+
+def schedule_approval_notice(operation: Operation) -> None:
+    """Have an rq job send the approval notice of ``operation`` once the current transaction
+    commits (at once outside one). Does nothing when notices are off."""
+    if not notify_enabled():
+        return
+    pk = operation.pk
+    transaction.on_commit(lambda: django_rq.get_queue("default").enqueue(send_approval_notice, pk, job_timeout=120))
+
+
+def approval_payload(operation: Operation) -> dict:
+    """What a notice says about ``operation`` (JSON-ready)."""
+    return {
+        "operationId": operation.pk,
+        "kind": operation.kind,
+        "title": operation.get_kind_display(),
+        "scaler": operation.scaler_name or None,
+        "targets": len(operation.plan or []),
+        "requestedBy": operation.requested_by.get_username() if operation.requested_by_id else None,
+        "requestedVia": operation.requested_via,
+        "createdAt": operation.created_at.isoformat(),
+        "expiresAt": operation.expires_at.isoformat(),
+        "url": settings.KICI_OPERATOR_URL.rstrip("/") + reverse("operations:detail", args=[operation.pk]),
+    }
+
+
+def send_approval_notice(operation_id: int, emitter: HttpEventEmitter | None = None) -> str:
+    """The rq job: POST the notice of operation ``operation_id`` if it still waits for a person.
+    Returns ``sent``, ``skipped`` (decided, expired, gone, or notices off) or ``failed``."""
+    operation = Operation.objects.select_related("requested_by").filter(pk=operation_id).first()
+    if (
+        not notify_enabled()
+        or operation is None
+        or operation.status != OperationStatus.PLANNED
+        or operation.expires_at <= timezone.now()
+    ):
+        result = "skipped"
+    else:
+        emitter = emitter or HttpEventEmitter(secret=settings.KICI_NOTIFY_SECRET)
+        try:
+            emitter.emit(APPROVAL_NEEDED, approval_payload(operation), [settings.KICI_NOTIFY_URL])
+            result = "sent"
+        except EventEmitError as exc:
+            log.warning("approval notice of operation #%s not delivered: %s", operation_id, exc)
+            result = "failed"
+    add_to_counters(counter_increment(NOTICES, {"event": APPROVAL_NEEDED, "result": result}))
+    return result
