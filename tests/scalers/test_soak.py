@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.soak import ENDINGS, drive, run_console, summary
+from tests.support.soak import ENDINGS, drive, group_members, run_console, summary
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -22,6 +22,8 @@ def test_capacity_never_leaks_over_many_lifecycles(tmp_path):
         report = drive(console, duration=20, concurrency=MAX_AGENTS + 2, seed=SEED)
     figures = "\n".join(summary(report))
     print(figures)
+    # No process of the console outlives it (a killed worker's scheduler child included).
+    assert group_members(console.launcher.groups) == []
     assert report.problems() == [], figures
     assert {lc.ending for lc in report.lifecycles} == set(ENDINGS), figures
     assert all(lc.final_state in ("destroyed", "failed") for lc in report.lifecycles), figures

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.soak import FAULTS, drive, run_console, summary
+from tests.support.soak import FAULTS, drive, group_members, run_console, summary
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -27,6 +27,8 @@ def test_container_agents_survive_every_fault_and_nothing_leaks(tmp_path, docker
         report = drive(console, duration=85, concurrency=MAX_AGENTS + 1, seed=SEED, jobs=JOBS, fault_every=6)
     figures = "\n".join(summary(report))
     print(figures)
+    # No process of the console outlives it (a killed worker's scheduler child included).
+    assert group_members(console.launcher.groups) == []
     assert report.problems() == [], figures
     served = [lc for lc in report.lifecycles if lc.ending == "job-complete" and not lc.fault]
     assert len(report.lifecycles) >= JOBS and len(served) >= JOBS // 2, figures

@@ -122,11 +122,14 @@ class Launcher:
             ]
         self.argv["sweeper"] = [*manage, "scaler_sweeper", "--interval", "1", "--no-warm-pools"]
         self.procs: dict[str, subprocess.Popen] = {}
+        #: every process group started (one per process: ``start_new_session``), for stop_all
+        self.groups: set[int] = set()
         self.web_url = ""
 
     def start(self, name: str) -> None:
         env = self.web_env if name == "web" else self.env
         self.procs[name] = _start(self.argv[name], env, self.workdir / f"{name}.log")
+        self.groups.add(self.procs[name].pid)
         if name == "web" and self.web_url:
             _wait_healthy(self.web_url, self.procs["web"], self.workdir / "web.log")
 
@@ -135,27 +138,56 @@ class Launcher:
         _stop(self.procs[name])
 
     def kill(self, name: str) -> None:
-        """SIGKILL ``name`` and, first, the work-horses it forked (each in its own process group)."""
+        """SIGKILL ``name``, first the work-horses it forked (each in its own process group), then
+        its own group: a worker's scheduler child would otherwise outlive it, adopted by init."""
         pid = self.procs[name].pid
         for child in _children(pid):
             try:
                 os.killpg(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self.procs[name].kill()
+        _kill_group(pid)
         self.procs[name].wait(5)
 
     def start_all(self) -> None:
         for name in self.argv:
             self.start(name)
 
-    def stop_all(self) -> None:
+    def stop_all(self) -> int:
+        """Stop every process, then SIGKILL whatever is left in any group ever started (children
+        of killed processes). Returns how many such leftovers there were."""
         for name in reversed(self.argv):
             if name in self.procs:
                 self.stop(name)
+        leftovers = [pid for pid in group_members(self.groups)]
+        for group in self.groups:
+            _kill_group(group)
+        return len(leftovers)
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def group_members(groups: set[int]) -> list[int]:
+    """Pids of live processes whose process group is one of ``groups`` (zombies excluded)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) in groups:
+            out.append(int(entry.name))
+    return out
 
 
 def _children(pid: int) -> list[int]:
