@@ -100,8 +100,8 @@ def _pin_address(monkeypatch, agent_id: str, address: str) -> None:
     container's address (the IPAM hands out addresses freed by removed containers)."""
     real = ContainerBackend.create_config
 
-    def create_config(self, agent, token, image):
-        kwargs = real(self, agent, token, image)
+    def create_config(self, agent, token, image, runtime_volume=None):
+        kwargs = real(self, agent, token, image, runtime_volume)
         if agent.agent_id == agent_id:
             kwargs["networking_config"] = {
                 "EndpointsConfig": {ISOLATED_NETWORK_NAME: {"IPAMConfig": {"IPv4Address": address}}}

@@ -155,8 +155,8 @@ def run_command(monkeypatch, command: list[str]) -> None:
     """Agent containers run ``command`` instead of the agent script; everything else is the backend's."""
     real = ContainerBackend.create_config
 
-    def create_config(self, agent, token, image):
-        return {**real(self, agent, token, image), "command": command}
+    def create_config(self, agent, token, image, runtime_volume=None):
+        return {**real(self, agent, token, image, runtime_volume), "command": command}
 
     monkeypatch.setattr(ContainerBackend, "create_config", create_config)
 
