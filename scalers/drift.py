@@ -79,8 +79,7 @@ def agent_drift(spec: AgentSpec, found: AgentRules | None) -> str | None:
         return "its chains or map elements are missing"
     if spec.port and spec.port not in found.ports:
         return f"its port {spec.port} is not bound"
-    lines = [line for line in found.describe() if line.startswith(("forward:", "input:"))]
-    if lines != spec_rule_lines(spec):
+    if found.rule_lines() != spec_rule_lines(spec):
         return "its rules differ from its policy"
     return None
 

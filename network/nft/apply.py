@@ -99,10 +99,17 @@ class AgentRules:
         """Both map elements jump to policy chains of their kind, and both chains exist."""
         return self.has_forward_chain and self.has_input_chain and self.mapped_forward and self.mapped_input
 
+    def rule_lines(self) -> list[str]:
+        """The policy rules only, ``forward: ...`` then ``input: ...`` in chain order: what
+        ``network.nft.plan.spec_rule_lines`` renders for a spec, to compare with it."""
+        return [f"forward: {describe_expr(e)}" for e in self.forward] + [
+            f"input: {describe_expr(e)}" for e in self.input
+        ]
+
     def describe(self) -> list[str]:
-        """Human-readable lines, ``forward: ip daddr 172.30.0.1 accept`` etc., in chain order."""
-        lines = [f"forward: {describe_expr(e)}" for e in self.forward]
-        lines += [f"input: {describe_expr(e)}" for e in self.input]
+        """Human-readable lines: the rules (:meth:`rule_lines`), the guard's port bindings, and a
+        warning when the rules are not in force."""
+        lines = self.rule_lines()
         lines += [f"guard: frames from port {p} with source {self.address} pass" for p in self.ports]
         kinds = (("forward", self.forward_chain, self.mapped_forward), ("input", self.input_chain, self.mapped_input))
         missing = [kind for kind, chain, _ in kinds if chain is None]

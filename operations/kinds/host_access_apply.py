@@ -11,7 +11,7 @@ Targets:
 
 * ``labelset:<pk>``: the stored value, from → to;
 * ``agent:<id>`` for each live agent of the label set with an address: its resolved host access now
-  and after, and the rule diff: the rules read back from the kernel (``AgentRules.describe()``) vs
+  and after, and the rule diff: the rules read back from the kernel (``AgentRules.rule_lines()``) vs
   the rules the new list renders (``network.nft.plan.spec_rule_lines``), so the preview shows what
   is really in force, not what should be. An agent whose rules already match is spared.
 
@@ -201,7 +201,9 @@ class HostAccessApply(Kind):
                 result.spared.append(Spared(akey, agent.agent_id, f"table {table} could not be read"))
                 continue
             current = in_force.get(ipaddress.ip_address(agent.ip))
-            now_lines = current.describe() if current is not None else []
+            # The policy rules only: the guard's binding of the agent's port is not host access
+            # and is left as it is by the apply.
+            now_lines = current.rule_lines() if current is not None else []
             want_lines = spec_rule_lines(_spec(agent, gateway, policy, resolved_new))
             removed, added = line_diff(now_lines, want_lines)
             evidence = {

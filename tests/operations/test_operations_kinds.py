@@ -330,7 +330,10 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     )
     netns_nft.ensure_table()
     for a in (agent, other):
-        netns_nft.apply_agent(AgentSpec.build(a.ip, "172.30.0.1", host_access=a.host_access))
+        # Bound to its bridge port, as every container and VM is: the guard's binding is not host
+        # access, so the diff must not list it and the apply must leave it.
+        port = "veth" + a.ip.rsplit(".", 1)[1]
+        netns_nft.apply_agent(AgentSpec.build(a.ip, "172.30.0.1", host_access=a.host_access, port=port))
 
     client.force_login(users["operator"])
     bad = client.post(
@@ -372,6 +375,10 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     lines = [describe_expr(e) for e in rules[ip_address(agent.ip)].input]
     assert any("dport 9000" in line for line in lines) and not any("dport 8000" in line for line in lines)
     assert rules[ip_address(other.ip)].complete
+    assert rules[ip_address(agent.ip)].ports == ["veth31"] and rules[ip_address(other.ip)].ports == ["veth32"]
+    assert op.outcomes[f"agent:{agent.agent_id}"]["detail"] == (
+        f"{len(diff['rules_add'])} rule(s) added, {len(diff['rules_remove'])} removed"
+    )
 
 
 # --- sweeps -------------------------------------------------------------------------------------
