@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import agents.retention
@@ -73,6 +75,20 @@ def test_one_row_per_scaler_per_interval_and_latency_counts_since_the_previous_s
     assert take_samples(now + timedelta(seconds=700)) == 1  # after a pause: since the previous one
     third = CapacitySample.objects.latest("taken_at")
     assert (third.registered, third.latency_p50_seconds) == (1, pytest.approx(7.0))
+
+
+@pytest.mark.django_db
+def test_a_round_of_samples_costs_the_same_queries_however_many_scalers(settings):
+    settings.KICI_CAPACITY_SAMPLE_SECONDS = 60
+    now = timezone.now()
+    registered(make_scaler(), now, 4)
+    with CaptureQueriesContext(connection) as one:
+        assert take_samples(now) == 1
+    for _ in range(5):
+        registered(make_scaler(), now + timedelta(seconds=30), 4)
+    with CaptureQueriesContext(connection) as six:
+        assert take_samples(now + timedelta(seconds=60)) == 6
+    assert len(one) == len(six) == 6
 
 
 @pytest.mark.django_db(transaction=True)
