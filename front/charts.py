@@ -55,9 +55,9 @@ class Chart:
 
 
 def nice_ceiling(value: float, *, binary: bool = False) -> float:
-    """The smallest round number at least ``value`` (1, 2, 2.5, 5 x 10^k; with ``binary``,
-    1, 2, 4, 8 x 1024^k, 8 standing for the 1024 steps between): the top of an axis.
-    0 or less -> 1. Raises ``ValueError`` for a value that is not finite."""
+    """The smallest round number at least ``value``, the top of an axis: 1, 2, 2.5 or 5 x 10^k;
+    with ``binary``, a power of two times 1024^k (``12 GiB`` -> ``16 GiB``). 0 or less -> 1.
+    Raises ``ValueError`` for a value that is not finite."""
     if not math.isfinite(value):
         raise ValueError(f"nice_ceiling: value must be finite, got {value!r}")
     if value <= 0:
@@ -109,18 +109,23 @@ def _segments(points: Sequence[Point], max_gap: timedelta | None) -> list[list[t
 
 
 def _steps(points: Sequence[Point], max_gap: timedelta | None) -> list[list[tuple[datetime, float]]]:
-    """The cap as steps: each value holds until the next point, then the line moves to the new one."""
+    """The cap as steps: each value holds until a point with another value, where the line moves
+    to it; only the changes and the ends of each run are kept."""
     out = []
     for run in _segments(points, max_gap):
         stepped = [run[0]]
         for t, v in run[1:]:
-            stepped += [(t, stepped[-1][1]), (t, v)]
+            if v != stepped[-1][1]:
+                stepped += [(t, stepped[-1][1]), (t, v)]
+        if run[-1][0] != stepped[-1][0]:
+            stepped.append((run[-1][0], stepped[-1][1]))
         out.append(stepped)
     return out
 
 
 def _summary(title: str, series: Sequence[Series], cap: Sequence[Point] | None, cap_label: str, fmt) -> str:
-    """``"<title>: <label> now X, peak Y; ...; <cap_label> Z."``, a series with no value saying so."""
+    """``"<title>: <label> latest X, peak Y; ...; <cap_label> Z."``: a series with no value says
+    "no data", a cap that is unset at the end "none now" (or "no <cap_label>" when never set)."""
     parts = []
     for s in series:
         values = [v for _, v in s.points if v is not None]

@@ -49,7 +49,7 @@ def test_the_cap_is_a_dashed_step_line_and_counts_in_the_axis():
     )
     (cap,) = polylines(chart.svg, "chart-cap")
     # top = 10: 4 -> y 97.6, 8 -> y 47.2; the step holds 4 until t=50, then rises
-    assert cap == ["70.0,97.6", "330.0,97.6", "330.0,47.2", "590.0,47.2", "590.0,47.2"]
+    assert cap == ["70.0,97.6", "330.0,97.6", "330.0,47.2", "590.0,47.2"]
     assert re.search(r'<polyline class="chart-cap"[^>]*stroke-dasharray="6 4"', chart.svg)
     assert chart.summary == "CPU: reserved latest 2, peak 2; maxCpu 8."
 
@@ -60,6 +60,10 @@ def test_an_uncapped_series_says_so_and_draws_no_cap_line():
     )
     assert not polylines(chart.svg, "chart-cap")
     assert chart.summary.endswith("no cap.")
+    lifted = line_chart(
+        title="CPU", series=[], cap=[(at(0), 8), (at(30), None)], cap_label="maxCpu", start=T0, end=at(60)
+    )
+    assert lifted.summary == "CPU: maxCpu none now (was 8)."
 
 
 def test_memory_axes_are_in_binary_units():
@@ -102,12 +106,14 @@ def test_a_day_of_minute_samples_is_thinned_to_bucket_peaks_and_stays_one_line()
     chart = line_chart(
         title="Agents",
         series=[Series("reserved", points)],
+        cap=[(t, 8) for t, _ in points],
         start=T0,
         end=at(60 * 1440),
         max_gap=timedelta(seconds=150),
     )
     (run,) = polylines(chart.svg, "chart-line-a")
     assert len(run) <= MAX_POINTS
+    assert [len(cap) for cap in polylines(chart.svg, "chart-cap")] == [2]  # a steady cap: its two ends
     assert min(float(p.split(",")[1]) for p in run) == pytest.approx(22 + 126 - 7 / 10 * 126)  # the peak is kept
 
 
