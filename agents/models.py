@@ -67,7 +67,11 @@ class Agent(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["scaler", "state"])]
+        # The capacity sampler (scalers.samples) reads the agents registered since its last sample.
+        indexes = [
+            models.Index(fields=["scaler", "state"]),
+            models.Index(fields=["registered_at"], name="agent_registered_at"),
+        ]
 
     def __str__(self):
         return self.agent_id

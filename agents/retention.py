@@ -24,7 +24,7 @@ BATCH = 1000
 BATCHES_PER_CALL = 10
 
 
-def _delete_in_batches(queryset: models.QuerySet, *, key: str = "pk", after=None) -> int:
+def delete_in_batches(queryset: models.QuerySet, *, key: str = "pk", after=None) -> int:
     """Delete ``queryset`` by primary key, :data:`BATCH` rows a statement, at most
     :data:`BATCHES_PER_CALL` statements; returns the rows of its model deleted (the rest waits for
     the next call). ``after(keys)``: called with each deleted batch's ``key`` values."""
@@ -52,7 +52,7 @@ def prune_old_records(now: datetime | None = None) -> dict[str, int]:
     )
     return {
         # An agent's events and tokens cascade; its kept output goes after it.
-        "agents": _delete_in_batches(agents, key="agent_id", after=delete_archives),
-        "events": _delete_in_batches(ScalerEvent.objects.filter(created_at__lt=cutoff).order_by("pk")),
-        "tokens": _delete_in_batches(AgentToken.objects.filter(expires_at__lt=cutoff).order_by("pk")),
+        "agents": delete_in_batches(agents, key="agent_id", after=delete_archives),
+        "events": delete_in_batches(ScalerEvent.objects.filter(created_at__lt=cutoff).order_by("pk")),
+        "tokens": delete_in_batches(AgentToken.objects.filter(expires_at__lt=cutoff).order_by("pk")),
     }

@@ -212,6 +212,9 @@ KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", Fals
 # scale request records after KICI_REQUEST_RETENTION_HOURS.
 KICI_RETENTION_DAYS = env_int("KICI_RETENTION_DAYS", 14, minimum=1)
 KICI_REQUEST_RETENTION_HOURS = env_int("KICI_REQUEST_RETENTION_HOURS", 24, minimum=1)
+# The leading sweeper samples every scaler's capacity and scale->registered latency this often
+# (scalers.samples); the scaler page charts the last 24 h of them.
+KICI_CAPACITY_SAMPLE_SECONDS = env_int("KICI_CAPACITY_SAMPLE_SECONDS", 60, minimum=5)
 # Event backend: HMAC key for scale-up/-down deliveries, and target names -> URLs.
 KICI_PROVISIONING_SECRET = env_str("KICI_PROVISIONING_SECRET")
 KICI_PROVISIONING_TARGET_URLS = env_url_map("KICI_PROVISIONING_TARGET_URLS")

@@ -1,4 +1,4 @@
-"""Scalers, label sets, reservations and admission records in the admin: view only.
+"""Scalers, label sets, reservations, admission records and capacity samples in the admin: view only.
 
 Configuration comes from ``scalers.yaml`` (import / config-reload operation); host access and
 capacity change through approved operations (``kici_site.readonly_admin``). The one editable
@@ -14,6 +14,7 @@ from kici_site.readonly_admin import ReadOnlyAdmin, ReadOnlyInline
 
 from .credentials import CredentialError, encrypt_secret, normalize_registry
 from .models import (
+    CapacitySample,
     ConfigState,
     LabelSet,
     MachinePool,
@@ -72,6 +73,13 @@ class RecoveryReportAdmin(ReadOnlyAdmin):
         "error",
     )
     list_filter = ("trigger", "instance_id")
+
+
+@admin.register(CapacitySample)
+class CapacitySampleAdmin(ReadOnlyAdmin):
+    list_display = ("taken_at", "scaler", "agents", "max_agents", "cpus", "max_cpu", "memory_bytes", "registered")
+    list_filter = ("scaler",)
+    list_select_related = ("scaler",)
 
 
 for _model in (MachinePool, ConfigState, MetricCounter, ScalerTeardown):

@@ -324,3 +324,36 @@ class RegistryCredential(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.username}@{self.registry})"
+
+
+class CapacitySample(models.Model):
+    """What one scaler held against its caps at ``taken_at``, written by the leading sweeper
+    every ``KICI_CAPACITY_SAMPLE_SECONDS`` (``scalers.samples``) and pruned after 48 h.
+
+    ``agents``: reservation rows (what ``maxAgents`` counts); ``running``: agents in state
+    running; ``cpus`` / ``memory_bytes``: summed reserved requests (CPUs, bytes); ``max_*``: the
+    scaler's caps at that moment (``None`` = uncapped). ``registered``: agents spawned for a
+    ``/scale`` (not for a warm pool) that registered since the previous sample, and
+    ``latency_p50_seconds`` / ``latency_p95_seconds`` the percentiles of their admission to
+    registration time, in seconds (``None`` when none registered).
+    """
+
+    scaler = models.ForeignKey(Scaler, on_delete=models.CASCADE, related_name="capacity_samples")
+    taken_at = models.DateTimeField(db_index=True)
+    agents = models.PositiveIntegerField(default=0)
+    running = models.PositiveIntegerField(default=0)
+    cpus = models.FloatField(default=0)
+    memory_bytes = models.BigIntegerField(default=0)
+    max_agents = models.PositiveIntegerField()
+    max_cpu = models.FloatField(null=True, blank=True)
+    max_memory_bytes = models.BigIntegerField(null=True, blank=True)
+    registered = models.PositiveIntegerField(default=0)
+    latency_p50_seconds = models.FloatField(null=True, blank=True)
+    latency_p95_seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["scaler", "taken_at"]
+        indexes = [models.Index(fields=["scaler", "taken_at"], name="capsample_scaler_time")]
+
+    def __str__(self):
+        return f"{self.scaler_id} at {self.taken_at:%Y-%m-%d %H:%M:%S}: {self.agents}/{self.max_agents}"

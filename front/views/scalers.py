@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.choices import ACTIVE_STATES
@@ -21,7 +23,9 @@ from agents.models import Agent, ScalerEvent
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.models import ConfigState, LabelSet, Scaler
+from scalers.samples import CHART_WINDOW, recent_samples
 
+from ..charts import scaler_charts
 from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
 from .common import css_attr_selector, viewer_required
 
@@ -47,8 +51,9 @@ def _scaler(name: str) -> Scaler:
 @require_GET
 @viewer_required
 def scaler_detail(request, name: str):
-    """``/scalers/<name>/``: caps, configuration, label sets with host access (and, where the
-    console's value is in force, the file's beside it), live agents, events."""
+    """``/scalers/<name>/``: caps, configuration, the last 24 h of capacity samples as charts,
+    label sets with host access (and, where the console's value is in force, the file's beside
+    it), live agents, events."""
     scaler = _scaler(name)
     label_sets = list(
         scaler.label_sets.annotate(n_active=Count("agents", filter=Q(agents__state__in=ACTIVE_STATES))).order_by(
@@ -60,6 +65,9 @@ def scaler_detail(request, name: str):
         ls.backend_summary = cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or ""
     agents = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).select_related("scaler")[:SCALER_AGENT_LIMIT]
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
+    now = timezone.now()
+    samples = recent_samples(scaler, now)
+    every = settings.KICI_CAPACITY_SAMPLE_SECONDS
     ctx = {
         "nav": "scalers",
         "scaler": scaler,
@@ -75,6 +83,8 @@ def scaler_detail(request, name: str):
         "overridden": [ls for ls in label_sets if ls.host_access_override and not ls.retired],
         "differing": [ls for ls in label_sets if ls.host_access_differs and not ls.retired],
         "accept": css_attr_selector("data-scaler", scaler.name),
+        "charts": scaler_charts(samples, start=now - CHART_WINDOW, end=now, sample_seconds=every) if samples else [],
+        "sample_every": "minute" if every == 60 else f"{every} s",
     }
     return render(request, "scalers/detail.html", ctx)
 

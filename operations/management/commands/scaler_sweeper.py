@@ -12,10 +12,11 @@ retries of failed teardowns, the teardown of drained agents
 (``scalers.provision_reaper``: its own interval, its clocks forgotten when leadership is lost),
 the retirement sweep,
 the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
-periodic operation sweeps (``operations.sweeps``: plans only) and retention (old requests,
-finished agents, events, tokens). The lead is checked again before each unit, so a process whose
-lock session ended mid-round stops there. SIGTERM / SIGINT stop it after the current unit of work
-and release the lead.
+periodic operation sweeps (``operations.sweeps``: plans only), the capacity samples
+(``scalers.samples``: one row per scaler every ``KICI_CAPACITY_SAMPLE_SECONDS``) and retention (old
+requests, finished agents, events, tokens, capacity samples). The lead is checked again before
+each unit, so a process whose lock session ended mid-round stops there. SIGTERM / SIGINT stop it
+after the current unit of work and release the lead.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from scalers.lifecycle import (
 from scalers.models import RecoveryReport, Scaler, ScaleRequest
 from scalers.output_caps import cap_agent_outputs
 from scalers.provision_reaper import ProvisionReaper
+from scalers.samples import prune_samples, take_samples
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 
 log = logging.getLogger("scalers.sweeper")
@@ -127,6 +129,7 @@ class Command(BaseCommand):
             self.handle_retirement,
             self.handle_warm_pools,
             self.handle_operation_sweeps,
+            self.handle_capacity_samples,
             self.handle_old_records,
         ):
             if self.shutdown or not self._still_leading():
@@ -238,13 +241,19 @@ class Command(BaseCommand):
         nothing is reaped until an approver (or an explicit auto-approve policy) says so."""
         return bool(sweeps.run_periodic_sweeps(timezone.now()))
 
+    def handle_capacity_samples(self) -> bool:
+        """One capacity sample per scaler when the sample interval has passed (``scalers.samples``)."""
+        return take_samples() > 0
+
     def handle_old_records(self) -> bool:
         """Retention: old scale requests and recovery reports here, agents, events and tokens in
-        ``agents.retention`` (batched; what one round leaves, the next takes)."""
+        ``agents.retention``, capacity samples in ``scalers.samples`` (batched; what one round
+        leaves, the next takes)."""
         now = timezone.now()
         cutoff = now - timedelta(hours=settings.KICI_REQUEST_RETENTION_HOURS)
         n = ScaleRequest.objects.filter(decided_at__lt=cutoff).delete()[0]
         n += sum(prune_old_records(now).values())
+        n += prune_samples(now)
         keep = list(RecoveryReport.objects.values_list("pk", flat=True)[:RECOVERY_REPORTS_KEPT])
         if len(keep) == RECOVERY_REPORTS_KEPT:
             n += RecoveryReport.objects.exclude(pk__in=keep).delete()[0]

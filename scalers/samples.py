@@ -1,0 +1,111 @@
+"""Capacity samples: what every scaler held against its caps, and how long its agents took from
+``/scale`` to registration, once every ``KICI_CAPACITY_SAMPLE_SECONDS``; the scaler page charts
+the last 24 h (``front.charts``).
+
+The leading sweeper calls :func:`take_samples` every round; it writes one row per scaler (one bulk
+insert) only once the interval has passed since the newest sample in the database, so a new leader
+carries on the same cadence. :func:`prune_samples` deletes samples older than
+:data:`SAMPLE_RETENTION` in batches.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Aggregate, Count, F, FloatField, Func, Max
+from django.utils import timezone
+
+from agents.models import Agent
+from agents.retention import delete_in_batches
+
+from .capacity import scaler_capacities
+from .models import CapacitySample, Scaler
+
+#: Samples older than this are pruned (the page shows 24 h; the rest is for a look back).
+SAMPLE_RETENTION = timedelta(hours=48)
+#: How far back the scaler page charts.
+CHART_WINDOW = timedelta(hours=24)
+
+
+class _Percentile(Aggregate):
+    """PostgreSQL ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression, fraction: float):
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"percentile fraction must be within [0, 1], got {fraction!r}")
+        super().__init__(expression, fraction=float(fraction))
+
+
+def _seconds_to_register():
+    """Seconds from an agent's admission (its row's ``created_at``) to its registration."""
+    return Func(
+        F("registered_at") - F("created_at"),
+        template="EXTRACT(EPOCH FROM %(expressions)s)::double precision",
+        output_field=FloatField(),
+    )
+
+
+def _latencies(since: datetime, until: datetime) -> dict[int, dict]:
+    """Per scaler pk: ``{"n", "p50", "p95"}`` of the agents spawned for a ``/scale`` (warm-pool
+    agents have no request to answer) that registered in ``(since, until]``. One grouped query."""
+    rows = (
+        Agent.objects.filter(registered_at__gt=since, registered_at__lte=until, warm=False)
+        .values("scaler_id")
+        .annotate(
+            n=Count("id"),
+            p50=_Percentile(_seconds_to_register(), 0.5),
+            p95=_Percentile(_seconds_to_register(), 0.95),
+        )
+        .order_by()
+    )
+    return {row["scaler_id"]: row for row in rows}
+
+
+def take_samples(now: datetime | None = None) -> int:
+    """Write one :class:`CapacitySample` per scaler when ``KICI_CAPACITY_SAMPLE_SECONDS`` have
+    passed since the newest one (or there is none); returns the rows written (0 = not due)."""
+    now = now or timezone.now()
+    previous = CapacitySample.objects.aggregate(latest=Max("taken_at"))["latest"]
+    interval = timedelta(seconds=settings.KICI_CAPACITY_SAMPLE_SECONDS)
+    if previous is not None and now - previous < interval:
+        return 0
+    latency = _latencies(previous or now - interval, now)
+    rows = []
+    for cap in scaler_capacities(Scaler.objects.order_by("pk")):
+        lat = latency.get(cap.scaler.pk, {})
+        rows.append(
+            CapacitySample(
+                scaler=cap.scaler,
+                taken_at=now,
+                agents=cap.reserved,
+                running=cap.running,
+                cpus=cap.cpus,
+                memory_bytes=cap.memory_bytes,
+                max_agents=cap.max_agents,
+                max_cpu=cap.max_cpu,
+                max_memory_bytes=cap.max_memory_bytes,
+                registered=lat.get("n", 0),
+                latency_p50_seconds=lat.get("p50"),
+                latency_p95_seconds=lat.get("p95"),
+            )
+        )
+    CapacitySample.objects.bulk_create(rows)
+    return len(rows)
+
+
+def prune_samples(now: datetime | None = None) -> int:
+    """Delete samples older than :data:`SAMPLE_RETENTION` (batched as ``agents.retention``);
+    returns the rows deleted."""
+    cutoff = (now or timezone.now()) - SAMPLE_RETENTION
+    return delete_in_batches(CapacitySample.objects.filter(taken_at__lt=cutoff).order_by("pk"))
+
+
+def recent_samples(scaler: Scaler, now: datetime | None = None) -> list[CapacitySample]:
+    """The scaler's samples of the last :data:`CHART_WINDOW`, oldest first (one query)."""
+    since = (now or timezone.now()) - CHART_WINDOW
+    return list(CapacitySample.objects.filter(scaler=scaler, taken_at__gte=since).order_by("taken_at"))
