@@ -82,7 +82,7 @@ from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
-from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+from scalers.admission.validate import InvalidScaleRequest, _short, validate_scale_request
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.lifecycle import Refused, complete_job, release_agent
@@ -320,6 +320,10 @@ def _end(request, agent_id: str, field: str, check, call):
     body, bad = _json_object(request)
     if bad:
         return bad
+    if unknown := sorted(set(body) - {field}):
+        # A misspelt field must not be dropped silently (a release's "why" is its lost reason).
+        return _error(400, "invalid-request", f"unknown field {unknown[0]!r}: this call takes only {field!r}",
+                      field=unknown[0])  # fmt: skip
     value = body.get(field)
     if problem := check(value):
         return _error(400, "invalid-request", problem, field=field)
@@ -333,13 +337,13 @@ def _end(request, agent_id: str, field: str, check, call):
 def _job_id_problem(value) -> str | None:
     if isinstance(value, str) and value.strip():
         return None
-    return f"jobId must be a non-empty string, got {value!r:.80}"
+    return f"jobId must be a non-empty string, got {_short(value)}"
 
 
 def _reason_problem(value) -> str | None:
     if value is None or (isinstance(value, str) and len(value) <= 500):
         return None
-    return "reason must be a string of at most 500 characters"
+    return f"reason must be a string of at most 500 characters, got {_short(value)}"
 
 
 @_orchestrator

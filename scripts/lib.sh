@@ -142,10 +142,11 @@ stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), new
     say "stopping the dockerd make run started (its agent containers and kici-agent-net first)"
     docker ps -aq --filter label=kici-managed=true | xargs -r docker rm -f >/dev/null 2>&1 || true
     docker network rm kici-agent-net >/dev/null 2>&1 || true
-    # Those agents are gone with their containers: drop this console's isolation table too, or its
-    # per-address chains would judge the next sandbox that reuses one of their addresses. (The
-    # agent rows are closed by the lost-agents sweep on the next start.)
+    # Those agents are gone with their containers: drop this console's two isolation tables too, or
+    # their map elements and port bindings would judge the next sandbox that reuses one of their
+    # addresses or veth names. (The agent rows are closed by the lost-agents sweep on the next start.)
     $SUDO nft delete table inet "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
+    $SUDO nft delete table bridge "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
     [ -f "$RUN_DIR/dockerd.pid" ] && $SUDO kill "$(cat "$RUN_DIR/dockerd.pid")" 2>/dev/null || true
   fi
   if [ "$STARTED_REDIS" = 1 ]; then say "stopping Redis"; redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1 || true; fi

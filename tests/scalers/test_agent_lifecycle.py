@@ -80,6 +80,25 @@ def test_job_complete_for_another_job_is_409_and_changes_nothing():
     assert Reservation.objects.count() == 1
 
 
+@pytest.mark.parametrize(
+    ("call", "body", "field", "message"),
+    [
+        ("release", {"why": "lost it"}, "why", "unknown field 'why': this call takes only 'reason'"),
+        ("job-complete", {"jobId": "job-1", "status": "ok"}, "status", "unknown field 'status'"),
+        ("job-complete", {}, "jobId", "jobId must be a non-empty string, got null"),
+        ("release", {"reason": 7}, "reason", "reason must be a string of at most 500 characters, got 7"),
+    ],
+)
+def test_a_misspelt_or_wrong_field_is_refused_naming_it_and_the_agent_is_left_alone(call, body, field, message):
+    make_scaler("c", max_agents=1)
+    agent = running_agent()
+    answer = api("POST", f"/api/v1/agents/{agent.agent_id}/{call}", body)
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["field"] == field and answer.json()["error"]["message"].startswith(message)
+    agent.refresh_from_db()
+    assert agent.state == AgentState.RUNNING and Reservation.objects.count() == 1
+
+
 def test_a_warm_agent_goes_back_to_idle_after_its_job():
     make_scaler("c", max_agents=1)
     agent = running_agent(warm=True)

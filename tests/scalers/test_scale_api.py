@@ -99,6 +99,8 @@ def test_a_request_larger_than_the_global_cap_is_422_even_while_the_console_is_f
     [
         ("{not json", "body"),
         ("[1, 2]", "body"),
+        ('{"labels": ["windows"], "labels": ["linux"], "jobId": "dup"}', "body"),
+        ('{"labels": ["linux"], "jobId": "j", "resources": {"cpus": 1' + "0" * 5000 + "}}", "body"),
         ({"jobId": "j"}, "labels"),
         ({"labels": [], "jobId": "j"}, "labels"),
         ({"labels": "linux", "jobId": "j"}, "labels"),
