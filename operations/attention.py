@@ -201,13 +201,16 @@ def _waiting(out: Attention, now: datetime) -> None:
         .order_by("scaler_name", "outcome", "cap")
     )
     for g in groups:
-        where = f"on {g['scaler_name']}" if g["scaler_name"] else "on no scaler"
+        where = f"on {g['scaler_name']}" if g["scaler_name"] else "by every scaler"
         why = _OUTCOME_TEXT.get(g["outcome"], g["outcome"]) + (f" ({g['cap']})" if g["cap"] else "")
+        # At capacity, a retry is admitted once a slot frees; the other outcomes are refusals
+        # that asking again cannot change until a person changes the config or the host.
+        verb = "waiting" if g["outcome"] == ScaleOutcome.AT_CAPACITY else "refused"
         out.add(
             Item(
                 kind="waiting",
                 count=g["n"],
-                text=f"{_plural(g['n'], 'job')} waiting {where}: {why}",
+                text=f"{_plural(g['n'], 'job')} {verb} {where}: {why}",
                 url=_url("why_waiting"),
                 since=g["oldest"],
             )

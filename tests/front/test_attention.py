@@ -128,7 +128,7 @@ def test_jobs_waiting_on_caps_appear_by_scaler_and_cap_and_go_when_admitted(view
     shown = panel(viewer_client)
     assert "2 jobs waiting on c: at capacity (maxAgents)" in shown
     assert "1 job waiting on c: at capacity (machinePool.cpu)" in shown
-    assert "1 job waiting on no scaler: no matching label set" in shown
+    assert "1 job refused by every scaler: no matching label set" in shown
     assert 'href="/scalers/why-waiting/"' in shown and badge(viewer_client) == "4"
     ScaleRequest.objects.exclude(job_id="old").update(outcome="spawning", cap="")
     assert "Nothing needs you." in panel(viewer_client)
