@@ -198,7 +198,12 @@ def register(request, raw: str, body: dict):
 @require_POST
 @_bearer_request
 def heartbeat(request, raw: str, body: dict, agent_id: str):
-    """Record a heartbeat from a registered agent (see the module doc)."""
+    """Record a heartbeat from a registered agent (see the module doc). The token is checked
+    before the body: a caller without one learns nothing about what a body must hold."""
+    try:
+        agent = authenticate_session(raw, agent_id)
+    except TokenRejected as exc:
+        return _unauthorized(exc.reason)
     active = body.get("activeJobs")
     if active is not None and (
         not isinstance(active, int) or isinstance(active, bool) or not 0 <= active <= MAX_ACTIVE_JOBS
@@ -206,10 +211,6 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
         return _bad_request(
             f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {_json_text(active)}", "activeJobs"
         )
-    try:
-        agent = authenticate_session(raw, agent_id)
-    except TokenRejected as exc:
-        return _unauthorized(exc.reason)
     if agent.state in TERMINAL_STATES:
         return api_error(
             410,

@@ -117,6 +117,9 @@ def test_it_rejects_a_bad_active_jobs_count(client, agent):
             and "activeJobs" in resp.json()["error"]["message"]
             and resp.json()["error"]["field"] == "activeJobs"
         )
+    # Without a valid token the body is not looked at: 401, whatever it holds.
+    resp = post(client, f"/api/v1/agents/{agent.agent_id}/heartbeat", "bad-token", {"activeJobs": -1})
+    assert resp.status_code == 401
 
 
 def test_it_tells_a_destroyed_agent_to_stop(client, agent):
