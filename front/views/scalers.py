@@ -26,7 +26,7 @@ from scalers.models import ConfigState, LabelSet, Scaler
 from scalers.samples import CHART_WINDOW, recent_samples
 
 from ..charts import scaler_charts
-from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, plan_host_access_change
+from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, gateway_for, plan_host_access_change
 from .common import css_attr_selector, viewer_required
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ def _editor_context(request, label_set: LabelSet, mode: str, text: str) -> dict:
         "text": text,
         "plan": plan,
         "current_effective": effective_host_access(label_set, label_set.host_access),
+        # the examples name the agents' gateway: an entry opens ports on this host's addresses only
+        "gateway": gateway_for(label_set.scaler),
         "can_apply": request.user.has_perm(REQUEST_PERM),
         "preview_url": reverse("host_access_preview", args=[label_set.scaler.name, label_set.index]),
         "apply_url": reverse("host_access_apply", args=[label_set.scaler.name, label_set.index]),

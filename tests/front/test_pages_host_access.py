@@ -107,6 +107,19 @@ def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
     assert 'value="default" checked' in html
 
 
+def test_the_editors_examples_are_entries_that_work_on_this_host(viewer_client, label_set):
+    # Examples on foreign addresses (10.0.0.1:5000, 192.168.1.40) each drew the editor's own
+    # "opens nothing on this host" warning once typed; they name the agents' gateway now.
+    html = viewer_client.get(BASE).content.decode()
+    label = html[html.index('<label for="entries"') :]
+    label = label[: label.index("</label>")]
+    assert "<code>172.30.0.1:5000</code>" in label and "networkPolicy" in label
+    for example in ("10.0.0.1:5000", "10.98.0.0/24:443", "192.168.1.40"):
+        assert example not in label
+    preview = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": "5000\n*:5000\n172.30.0.1:5000"})
+    assert "opens nothing" not in preview.content.decode()
+
+
 def test_the_preview_shows_the_effective_list_and_the_rule_diff_for_live_agents(viewer_client, label_set):
     agent = _live_agent(label_set)
     html = viewer_client.post(
