@@ -25,7 +25,8 @@ def _value(name: str, value) -> str:
     if name.endswith("_bytes") and isinstance(value, (int, float)):
         return format_bytes_iec(value)
     if value is None:
-        return "—"
+        # a label set's hostAccess of None is the default list, not a missing value
+        return "default" if "host_access" in name else "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (list, tuple)):

@@ -90,11 +90,13 @@ def heartbeat_age(agent):
 
 @register.simple_tag
 def abs_time(value: datetime | None, empty: str = "—"):
-    """An absolute UTC timestamp (``2026-11-29 16:55:03``) in a ``<time>`` element."""
+    """An absolute timestamp in UTC, saying so (``2026-11-29 16:55:03 UTC``), in a ``<time>`` element."""
     if not value:
         return format_html('<span class="muted">{}</span>', empty)
     return format_html(
-        '<time datetime="{}">{}</time>', value.isoformat(), value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        '<time datetime="{}">{} UTC</time>',
+        value.isoformat(),
+        value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S"),
     )
 
 

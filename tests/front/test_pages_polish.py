@@ -148,3 +148,15 @@ def test_staff_reach_the_rq_dashboard_from_the_nav_and_others_do_not_see_it(clie
     client.force_login(staff)
     assert 'href="/admin/rq/"' in client.get("/").content.decode()
     assert client.get("/admin/rq/").status_code == 200
+
+
+def test_absolute_times_say_utc_and_a_default_host_access_reads_as_default():
+    from datetime import UTC, datetime
+
+    from front.templatetags.kici_ui import abs_time
+    from operations.presenters import evidence_items
+
+    assert abs_time(datetime(2026, 12, 1, 15, 0, 37, tzinfo=UTC)).endswith(">2026-12-01 15:00:37 UTC</time>")
+    shown = dict(evidence_items({"host_access_from": None, "file_host_access": None, "container": None}))
+    assert shown["host access from"] == "default" and shown["file host access"] == "default"
+    assert shown["container"] == "—"
