@@ -152,7 +152,7 @@ stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), new
       $SUDO kill "$dpid" 2>/dev/null || true
       # Wait for it to go (at most 20 s): a make test started right after must not meet its bridge.
       for _ in $(seq 1 40); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.5; done
-      kill -0 "$dpid" 2>/dev/null && warn "dockerd (pid $dpid) is still stopping"
+      if kill -0 "$dpid" 2>/dev/null; then warn "dockerd (pid $dpid) is still stopping"; fi
     fi
   fi
   if [ "$STARTED_REDIS" = 1 ]; then say "stopping Redis"; redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1 || true; fi
