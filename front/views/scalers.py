@@ -12,7 +12,7 @@ import logging
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 HOST_ACCESS_KIND = "host-access-apply"
 REQUEST_PERM = "operations.request_operation"
-#: Live agents the scaler page lists (newest first).
-SCALER_AGENT_LIMIT = 500
+#: Live agents the scaler page lists (newest first); ``/agents/?scaler=<name>`` pages through the others.
+SCALER_AGENT_LIMIT = 25
 
 
 @require_GET
@@ -55,15 +55,14 @@ def scaler_detail(request, name: str):
     label sets with host access (and, where the console's value is in force, the file's beside
     it), live agents, events."""
     scaler = _scaler(name)
-    label_sets = list(
-        scaler.label_sets.annotate(n_active=Count("agents", filter=Q(agents__state__in=ACTIVE_STATES))).order_by(
-            "index"
-        )
-    )
+    label_sets = list(scaler.label_sets.order_by("index"))
+    active = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES)
+    n_active = dict(active.order_by().values_list("label_set").annotate(n=Count("id")))
     for ls in label_sets:
+        ls.n_active = n_active.get(ls.pk, 0)
         cfg = ls.config or {}
         ls.backend_summary = cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or ""
-    agents = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES).select_related("scaler")[:SCALER_AGENT_LIMIT]
+    agents = active.select_related("scaler")[:SCALER_AGENT_LIMIT]
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
     now = timezone.now()
     samples = recent_samples(scaler, now)

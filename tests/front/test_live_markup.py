@@ -10,6 +10,8 @@ from django.template import Context, Template
 from django.utils import timezone
 
 from agents.choices import AgentState
+from front.views.dashboard import DASHBOARD_AGENT_LIMIT
+from front.views.scalers import SCALER_AGENT_LIMIT
 from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
@@ -37,9 +39,11 @@ def test_each_list_page_opens_its_own_rows_socket(viewer_client):
     scaler = make_scaler("live-markup")
     agent = make_agent(scaler, AgentState.RUNNING)
     pages = {
-        "/": "/ws/rows/agents/?state=active&amp;limit=200",
+        "/": f"/ws/rows/agents/?state=active&amp;limit={DASHBOARD_AGENT_LIMIT}",
         "/agents/?state=failed&q=x": "/ws/rows/agents/?state=failed&amp;scaler=&amp;q=x&amp;page=1",
-        f"/scalers/{scaler.name}/": "/ws/rows/agents/?scaler=live-markup&amp;state=active&amp;limit=500",
+        f"/scalers/{scaler.name}/": (
+            f"/ws/rows/agents/?scaler=live-markup&amp;state=active&amp;limit={SCALER_AGENT_LIMIT}"
+        ),
         f"/agents/{agent.agent_id}/": f"/ws/rows/agent/?id={agent.agent_id}",
         "/scalers/": "/ws/rows/scalers/",
     }
