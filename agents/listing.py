@@ -1,26 +1,79 @@
-"""Which agents a list shows: the filters of ``/agents/``, shared by the page and its live rows."""
+"""Which agents a list shows, in which order: the filters and sorts of ``/agents/``, shared by the
+page and its live rows (``live.rows.AgentRows``), so a row on the page is a row of its pushes."""
 
 from __future__ import annotations
 
 import ipaddress
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from .choices import ACTIVE_STATES, AgentState
 from .models import Agent
 
 #: Rows per page of ``/agents/``.
-LIST_PAGE_SIZE = 100
+LIST_PAGE_SIZE = 50
+
+#: Deepest page ``/agents/`` serves: offset pagination reads every row before the page, so past
+#: ``MAX_PAGE * LIST_PAGE_SIZE`` rows the list asks for narrower filters instead.
+MAX_PAGE = 200
+
+#: ``?sort=`` columns (``-<column>``: descending) and the fields they order by. A missing value (no
+#: heartbeat yet) counts as the oldest: last newest-first, first oldest-first, so one index
+#: (``agent_heartbeat_order``) serves both directions. Ties go by id, so pages never overlap.
+SORTS = {
+    "created_at": "created_at",
+    "last_heartbeat": "last_heartbeat",
+    "agent_id": "agent_id",
+    "state": "state",
+    "scaler": "scaler__name",
+}
+DEFAULT_SORT = "-created_at"
 
 STATE_FILTERS = [("active", "active"), ("all", "all states"), *[(s.value, s.value) for s in AgentState]]
 
 
+def sort_order(sort: str) -> list:
+    """The ``order_by`` arguments of a ``?sort=`` value (a key of :data:`SORTS`, ``-`` for
+    descending; empty: :data:`DEFAULT_SORT`). ValueError naming the value for any other."""
+    column = sort.removeprefix("-")
+    if column not in SORTS:
+        raise ValueError(f"sort: unknown column {sort!r} (known: {', '.join(SORTS)}, each optionally with '-')")
+    if sort.startswith("-"):
+        return [F(SORTS[column]).desc(nulls_last=True), "-id"]
+    return [F(SORTS[column]).asc(nulls_first=True), "id"]
+
+
+def parse_labels(raw: str) -> list[str]:
+    """The ``?label=`` filter: comma-separated labels, trimmed and lower-cased (labels are stored
+    canonical), empty ones dropped; an agent must carry every one."""
+    return [label.strip().lower() for label in raw.split(",") if label.strip()]
+
+
+def page_number(raw) -> int:
+    """The ``?page=`` of a list: 1 when absent, else an integer within 1..:data:`MAX_PAGE`.
+    ValueError naming the value otherwise."""
+    if raw in (None, ""):
+        return 1
+    try:
+        number = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"page: must be an integer, got {raw!r}") from None
+    if not 1 <= number <= MAX_PAGE:
+        raise ValueError(f"page: must be within 1..{MAX_PAGE} (narrow the filters to reach further), got {number}")
+    return number
+
+
 def filter_agents(params) -> tuple:
     """Apply the list filters ``state`` (a state, ``active`` or ``all``; default active), ``scaler``
-    (name) and ``q`` (substring of agent id, managed id, address, bound job, or a label) to agents.
+    (name), ``label`` (comma-separated labels the agent carries, :func:`parse_labels`) and ``q``
+    (substring of agent id, managed id, bound job, an address, or a label) to agents, ordered by
+    ``sort`` (:func:`sort_order`).
 
-    Returns ``(queryset, cleaned)`` with ``cleaned`` the values actually applied (unknown ones dropped).
+    Returns ``(queryset, cleaned)`` with ``cleaned`` the values actually applied (an unknown state
+    becomes ``all``; the sort is always there). ValueError naming the value for an unknown sort.
     """
+    sort = (params.get("sort") or "").strip() or DEFAULT_SORT
+    order = sort_order(sort)
     qs = Agent.objects.select_related("scaler")
     state = params.get("state") or "active"
     if state == "active":
@@ -32,6 +85,9 @@ def filter_agents(params) -> tuple:
     scaler = (params.get("scaler") or "").strip()
     if scaler:
         qs = qs.filter(scaler__name=scaler)
+    labels = parse_labels(params.get("label") or "")
+    if labels:
+        qs = qs.filter(labels__contains=labels)
     q = (params.get("q") or "").strip()[:200]
     if q:
         cond = (
@@ -45,4 +101,5 @@ def filter_agents(params) -> tuple:
         except ValueError:
             pass
         qs = qs.filter(cond)
-    return qs, {"state": state, "scaler": scaler, "q": q}
+    cleaned = {"state": state, "scaler": scaler, "label": ",".join(labels), "q": q, "sort": sort}
+    return qs.order_by(*order), cleaned

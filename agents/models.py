@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import F
 
 from .choices import ACTIVE_STATES, AgentState, EventType
 
@@ -71,6 +72,8 @@ class Agent(models.Model):
         indexes = [
             models.Index(fields=["scaler", "state"]),
             models.Index(fields=["registered_at"], name="agent_registered_at"),
+            # /agents/?sort=[-]last_heartbeat (agents.listing.sort_order), read in either direction
+            models.Index(F("last_heartbeat").desc(nulls_last=True), F("id").desc(), name="agent_heartbeat_order"),
         ]
 
     def __str__(self):

@@ -26,7 +26,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from agents.listing import LIST_PAGE_SIZE, filter_agents
+from agents.listing import DEFAULT_SORT, LIST_PAGE_SIZE, filter_agents
 from agents.models import Agent
 from operations.listing import PAGE_SIZE as OPERATIONS_PAGE_SIZE
 from operations.listing import filter_operations
@@ -104,8 +104,8 @@ class RowView:
 
 
 class _PagedRows(RowView):
-    """A page of a filtered, newest-first list: a changed row that matches is shown (a new one
-    only on the first page), a shown row that no longer matches is removed."""
+    """A page of a filtered list: a changed row that matches is shown (a new one only where
+    :meth:`inserts_new`), a shown row that no longer matches is removed."""
 
     template = ""
     dom_prefix = ""
@@ -140,9 +140,15 @@ class _PagedRows(RowView):
         objects = list(self.queryset()[start : start + self.limit])
         return [self._render(objects, sync=True)], {self._key(o) for o in objects}
 
+    def inserts_new(self) -> bool:
+        """Whether a row that matches and is not shown yet goes on the page (at the top, the
+        oldest shown row dropping off the bottom): only on the first page of a newest-first list,
+        so a later page never shifts under its reader."""
+        return self.page == 1
+
     def update(self, keys, shown):
         matched = list(self.queryset().filter(**{f"{self.key_field()}__in": list(keys)}))
-        if self.page > 1:
+        if not self.inserts_new():
             matched = [o for o in matched if self._key(o) in shown]
         found = {self._key(o) for o in matched}
         removed = sorted(k for k in keys if k in shown and k not in found)
@@ -152,8 +158,9 @@ class _PagedRows(RowView):
 
 
 class AgentRows(_PagedRows):
-    """``ws/rows/agents/?state=&scaler=&q=&page=&limit=``: the dashboard's live agents, ``/agents/``
-    and a scaler page's agents (``agents.listing.filter_agents``; ``limit`` defaults to its page size).
+    """``ws/rows/agents/?state=&scaler=&label=&q=&sort=&page=&limit=``: the dashboard's live agents,
+    ``/agents/`` and a scaler page's agents (``agents.listing.filter_agents``; ``limit`` defaults to
+    its page size).
     With a scaler filter the view listens to that scaler's group only."""
 
     template = f"{AGENTS_PAGE}#agent_rows_oob"
@@ -163,7 +170,10 @@ class AgentRows(_PagedRows):
     def __init__(self, params):
         super().__init__(params, LIST_PAGE_SIZE)
         self.noun, self.perm = "agents", "agents.view_agent"
-        self.qs, self.filters = filter_agents(params)
+        try:
+            self.qs, self.filters = filter_agents(params)
+        except ValueError as exc:
+            raise LookupError(str(exc)) from None
         if self.filters["scaler"]:
             scaler = Scaler.objects.filter(name=self.filters["scaler"]).values_list("pk", flat=True).first()
             if scaler is None:
@@ -177,6 +187,11 @@ class AgentRows(_PagedRows):
 
     def key_field(self):
         return "agent_id"
+
+    def inserts_new(self) -> bool:
+        """New agents go on top of the first page of a newest-first list only: in any other order
+        their place is elsewhere, so such a page updates the rows it shows and gains none."""
+        return super().inserts_new() and self.filters["sort"] == DEFAULT_SORT
 
 
 class AgentPage(RowView):

@@ -1,4 +1,5 @@
-"""``/agents/``: every agent, filtered by state, scaler and a search term."""
+"""``/agents/``: every agent, filtered by state, scaler, labels and a search term, sorted by a
+column, a page at a time; every choice is in the URL, so a link shows the same list."""
 
 from __future__ import annotations
 
@@ -7,33 +8,75 @@ from django.http import QueryDict
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from agents.listing import LIST_PAGE_SIZE, STATE_FILTERS, filter_agents
+from agents.listing import (
+    DEFAULT_SORT,
+    LIST_PAGE_SIZE,
+    MAX_PAGE,
+    SORTS,
+    STATE_FILTERS,
+    filter_agents,
+    page_number,
+)
+from kici_site.errors import error_page
 from lib.htmx import wants_partial
 from scalers.models import Scaler
 
 from .common import viewer_required
 
+#: The first direction of a column when it is picked: times newest first, names A to Z.
+FIRST_DESCENDING = {"created_at", "last_heartbeat"}
+
+
+def _query(**values) -> str:
+    query = QueryDict(mutable=True)
+    query.update({k: v for k, v in values.items() if v not in ("", None)})
+    return query.urlencode()
+
+
+def sort_links(filters: dict, current: str) -> dict:
+    """``{column: {"url", "dir"}}`` for the table's sortable headers: the URL of the list with
+    ``filters`` sorted by that column (the other direction when it is ``current``), ``dir``
+    "ascending" / "descending" for the current column (``aria-sort``), else empty."""
+    links = {}
+    for column in SORTS:
+        if current.removeprefix("-") == column:
+            direction = "descending" if current.startswith("-") else "ascending"
+            target = column if current.startswith("-") else f"-{column}"
+        else:
+            direction = ""
+            target = f"-{column}" if column in FIRST_DESCENDING else column
+        links[column] = {"url": "?" + _query(**{**filters, "sort": target}), "dir": direction}
+    return links
+
 
 @require_GET
 @viewer_required
 def agent_list(request):
-    """``/agents/``: every agent with filters; htmx requests get only the table."""
-    qs, cleaned = filter_agents(request.GET)
-    page = Paginator(qs, LIST_PAGE_SIZE).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
-    rows_query = QueryDict(mutable=True)
-    rows_query.update({**cleaned, "page": page.number})
+    """``/agents/``: a page of agents (``agents.listing``: filters, ``sort``, ``page`` up to
+    ``MAX_PAGE``); htmx requests get only the table. 400 naming the value for a bad sort or page."""
+    try:
+        qs, cleaned = filter_agents(request.GET)
+        number = page_number(request.GET.get("page"))
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
+    paginator = Paginator(qs, LIST_PAGE_SIZE)
+    page = paginator.get_page(number)
+    last_page = min(paginator.num_pages, MAX_PAGE)
+    filters = {**cleaned, "sort": "" if cleaned["sort"] == DEFAULT_SORT else cleaned["sort"]}
     ctx = {
         "nav": "agents",
         "page": page,
+        "last_page": last_page,
+        "capped": paginator.num_pages > MAX_PAGE,
+        "has_next": page.number < last_page,
         "agents": page.object_list,
         "agent_limit": LIST_PAGE_SIZE,
         "filters": cleaned,
         "state_filters": STATE_FILTERS,
         "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
-        "query": query.urlencode(),
-        "rows_query": rows_query.urlencode(),
+        "query": _query(**filters),
+        "rows_query": _query(**filters, page=page.number),
+        "sort_links": sort_links(filters, cleaned["sort"]),
         "empty_text": "No agent matches these filters.",
     }
     if wants_partial(request):

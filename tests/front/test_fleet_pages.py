@@ -1,5 +1,5 @@
 """The pages that list agents at fleet size: the dashboard and a scaler page show counts and a first
-page of live agents, and none of them runs more
+page of live agents, the agent list pages, sorts and filters in the URL, and none of them runs more
 queries for a larger fleet."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents.choices import AgentState
+from agents.listing import LIST_PAGE_SIZE, MAX_PAGE
 from agents.models import Agent
 from front.views.dashboard import DASHBOARD_AGENT_LIMIT
 from front.views.scalers import SCALER_AGENT_LIMIT
+from live.rows import row_view
 from scalers.labels import normalize_label_set
 from scalers.models import ConfigState, LabelSet
 from tests.support.scalers import make_scaler
@@ -49,6 +51,10 @@ def add_agents(scaler, n: int, state: str = AgentState.RUNNING, *, label_set=Non
 
 def rows(html: str) -> list[str]:
     return ROW.findall(html)
+
+
+def names(prefix: str, numbers) -> list[str]:
+    return [f"{prefix}-{i:04d}" for i in numbers]
 
 
 def queries(client, url: str) -> int:
@@ -106,7 +112,7 @@ def test_the_scaler_page_lists_a_page_and_counts_per_label_set(viewer_client, fl
     assert live_counts == [("0", "30"), ("1", "3")]
 
 
-@pytest.mark.parametrize("url", ["/", "/agents/", "/scalers/fleet-a/"])
+@pytest.mark.parametrize("url", ["/", "/agents/", "/scalers/fleet-a/", "/agents/?sort=-last_heartbeat&label=linux"])
 def test_queries_do_not_grow_with_the_fleet(viewer_client, fleet, url):
     a, b = fleet
     add_agents(a, 10)
@@ -117,3 +123,120 @@ def test_queries_do_not_grow_with_the_fleet(viewer_client, fleet, url):
     add_agents(b, 60, AgentState.DRAINING, start=2000)
     add_agents(b, 60, AgentState.FAILED, start=3000)
     assert queries(viewer_client, url) == small
+
+
+def test_the_agent_list_pages_newest_first_and_links_the_next_page(viewer_client, fleet):
+    a, _ = fleet
+    add_agents(a, LIST_PAGE_SIZE + 7)
+    first = viewer_client.get("/agents/").content.decode()
+    assert rows(first) == names("fleet-a", range(LIST_PAGE_SIZE))
+    assert f"{LIST_PAGE_SIZE + 7} agents · page 1 of 2" in first
+    assert 'href="?state=active&amp;page=2"' in first and 'rel="prev"' not in first
+    second = viewer_client.get("/agents/?page=2").content.decode()
+    assert rows(second) == names("fleet-a", range(LIST_PAGE_SIZE, LIST_PAGE_SIZE + 7))
+    assert 'href="?state=active&amp;page=1"' in second and 'rel="next"' not in second
+
+
+def test_the_agent_list_sorts_by_a_column_in_the_url(viewer_client, fleet):
+    a, b = fleet
+    now = timezone.now()
+    add_agents(b, 1, start=5)  # no heartbeat yet: counts as the oldest
+    for i, agent in enumerate(add_agents(a, 3)):
+        Agent.objects.filter(pk=agent.pk).update(last_heartbeat=now - timedelta(seconds=[30, 10, 20][i]))
+    assert rows(viewer_client.get("/agents/?sort=-last_heartbeat").content.decode()) == [
+        "fleet-a-0001",
+        "fleet-a-0002",
+        "fleet-a-0000",
+        "fleet-b-0005",
+    ]
+    assert rows(viewer_client.get("/agents/?sort=last_heartbeat").content.decode()) == [
+        "fleet-b-0005",
+        "fleet-a-0000",
+        "fleet-a-0002",
+        "fleet-a-0001",
+    ]
+    html = viewer_client.get("/agents/?sort=-scaler").content.decode()
+    assert rows(html) == ["fleet-b-0005", "fleet-a-0002", "fleet-a-0001", "fleet-a-0000"]  # ties: id, same way
+    # the current column is marked, its link flips the direction; the filter form keeps the sort
+    assert '<th class="col-opt" aria-sort="descending"><a href="?state=active&amp;sort=scaler"' in html
+    assert '<a href="?state=active&amp;sort=-created_at" title="sort by age">' in html
+    assert '<input type="hidden" name="sort" value="-scaler">' in html
+
+
+def test_ties_go_by_id_so_pages_never_overlap(viewer_client, fleet):
+    a, b = fleet
+    add_agents(a, LIST_PAGE_SIZE)
+    add_agents(b, LIST_PAGE_SIZE)
+    Agent.objects.update(created_at=timezone.now())  # one value for every agent
+    seen = []
+    for page in (1, 2):
+        seen += rows(viewer_client.get(f"/agents/?sort=-created_at&page={page}").content.decode())
+    assert seen == list(Agent.objects.order_by("-id").values_list("agent_id", flat=True))
+    seen = []
+    for page in (1, 2):
+        seen += rows(viewer_client.get(f"/agents/?sort=created_at&page={page}").content.decode())
+    assert seen == list(Agent.objects.order_by("id").values_list("agent_id", flat=True))
+
+
+def test_the_agent_list_filters_by_labels_state_and_scaler(viewer_client, fleet):
+    a, b = fleet
+    gpu = LabelSet.objects.create(
+        scaler=b, index=1, labels=["gpu", "linux"], normalized=normalize_label_set(["gpu", "linux"]), config={}
+    )
+    add_agents(a, 2)
+    add_agents(b, 2, label_set=gpu, start=10)
+    add_agents(b, 1, AgentState.FAILED, label_set=gpu, start=20)
+    assert rows(viewer_client.get("/agents/?label=GPU").content.decode()) == names("fleet-b", [10, 11])
+    assert rows(viewer_client.get("/agents/?label=linux,gpu&state=all").content.decode()) == names(
+        "fleet-b", [10, 11, 20]
+    )
+    assert rows(viewer_client.get("/agents/?label=gpu,ctr").content.decode()) == []
+    assert rows(viewer_client.get("/agents/?scaler=fleet-a&label=linux").content.decode()) == names("fleet-a", [0, 1])
+    html = viewer_client.get("/agents/?label=+GPU+,,linux").content.decode()
+    assert 'name="label" value="gpu,linux"' in html
+
+
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("sort=labels", "sort: unknown column &#x27;labels&#x27;"),
+        ("sort=--created_at", "sort: unknown column &#x27;--created_at&#x27;"),
+        ("page=x", "page: must be an integer, got &#x27;x&#x27;"),
+        ("page=0", f"page: must be within 1..{MAX_PAGE}"),
+        (f"page={MAX_PAGE + 1}", f"page: must be within 1..{MAX_PAGE} (narrow the filters to reach further)"),
+    ],
+)
+def test_a_bad_sort_or_page_is_refused_naming_it(viewer_client, fleet, query, message):
+    response = viewer_client.get(f"/agents/?{query}")
+    assert response.status_code == 400
+    assert message in response.content.decode()
+
+
+def test_the_agent_list_stops_at_its_last_page_and_says_so(viewer_client, fleet, monkeypatch):
+    monkeypatch.setattr("agents.listing.MAX_PAGE", 2)
+    monkeypatch.setattr("front.views.agent_list.MAX_PAGE", 2)
+    add_agents(fleet[0], 2 * LIST_PAGE_SIZE + 1)
+    html = viewer_client.get("/agents/?page=2").content.decode()
+    assert "page 2 of 2" in html and 'rel="next"' not in html
+    assert "the list stops at page 2: narrow the filters" in html
+    assert viewer_client.get("/agents/?page=3").status_code == 400
+
+
+def test_live_rows_of_a_sorted_list_update_its_rows_and_insert_none(fleet):
+    a, _ = fleet
+    shown_agent, *_ = add_agents(a, 2)
+    params = {"state": "active", "sort": "agent_id"}
+    _, shown = row_view("agents", params).snapshot()
+    assert shown == {"fleet-a-0000", "fleet-a-0001"}
+    (new,) = add_agents(a, 1, start=100)
+    frames, now_shown = row_view("agents", params).update({new.agent_id, shown_agent.agent_id}, shown)
+    assert now_shown == shown
+    assert f'id="agent-{shown_agent.agent_id}"' in frames[0] and new.agent_id not in frames[0]
+    # newest first, the first page gains the new agent at the top
+    frames, now_shown = row_view("agents", {"state": "active"}).update({new.agent_id}, shown)
+    assert new.agent_id in now_shown and f'id="agent-{new.agent_id}"' in frames[0]
+
+
+def test_live_rows_refuse_a_bad_sort(fleet):
+    with pytest.raises(LookupError, match="sort: unknown column 'x'"):
+        row_view("agents", {"sort": "x"})

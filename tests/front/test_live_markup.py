@@ -40,7 +40,10 @@ def test_each_list_page_opens_its_own_rows_socket(viewer_client):
     agent = make_agent(scaler, AgentState.RUNNING)
     pages = {
         "/": f"/ws/rows/agents/?state=active&amp;limit={DASHBOARD_AGENT_LIMIT}",
-        "/agents/?state=failed&q=x": "/ws/rows/agents/?state=failed&amp;scaler=&amp;q=x&amp;page=1",
+        "/agents/?state=failed&q=x": "/ws/rows/agents/?state=failed&amp;q=x&amp;page=1",
+        "/agents/?label=GPU&sort=-last_heartbeat&page=1": (
+            "/ws/rows/agents/?state=active&amp;label=gpu&amp;sort=-last_heartbeat&amp;page=1"
+        ),
         f"/scalers/{scaler.name}/": (
             f"/ws/rows/agents/?scaler=live-markup&amp;state=active&amp;limit={SCALER_AGENT_LIMIT}"
         ),
