@@ -27,7 +27,11 @@
       ws/attention/; a [data-notify-toggle] button opts this browser in to a notification
       (Notification API, remembered in localStorage) whenever the count goes up.
    5. Keyboard: "/" focuses the page's [data-search] input, "?" opens the shortcut help, Esc leaves
-      an input. Pages may add their own keys (see console.js). */
+      an input. Pages may add their own keys (see console.js).
+   6. Bulk selection: a form[data-bulk] with an id owns the checkboxes that name it (form="<id>",
+      one per row, e.g. /agents/); a [data-pick-all] box ticks every one of its table, the form's
+      [data-picked] says how many are ticked and its buttons stay disabled while none is; a row
+      replaced by a live update keeps its tick (1.). */
 (function () {
   "use strict";
 
@@ -89,6 +93,7 @@
             // (the HTML parser would wrap it in an anonymous <tbody>).
             el.removeChild(row);
             var fresh = document.importNode(row, true);
+            keepPicked(existing, fresh);
             existing.replaceWith(fresh);
             htmx.process(fresh);
           } else {
@@ -105,6 +110,14 @@
     // Swaps done here (removals, in-place rows) still need the trim and the clock.
     setTimeout(function () { trim(); refreshTimes(); }, 0);
     return out.join("\n");
+  }
+
+  // A row replaced by a live update keeps its checkbox ticked (a bulk selection survives heartbeats).
+  function keepPicked(old, fresh) {
+    Array.prototype.forEach.call(old.querySelectorAll("input[type=checkbox]:checked"), function (box) {
+      var same = fresh.querySelector('input[type=checkbox][name="' + CSS.escape(box.name) + '"][value="' + CSS.escape(box.value) + '"]');
+      if (same) same.checked = true;
+    });
   }
 
   function trim() {
@@ -246,6 +259,28 @@
   });
   document.addEventListener("htmx:wsAfterMessage", checkAttention);
   document.addEventListener("DOMContentLoaded", function () { attentionSeen = attentionCount(); showNotifyToggle(); });
+
+  // ---- bulk selection ----------------------------------------------------------------------
+  function countPicked() {
+    document.querySelectorAll("form[data-bulk][id]").forEach(function (form) {
+      var n = document.querySelectorAll('input[type=checkbox][form="' + CSS.escape(form.id) + '"]:checked').length;
+      var label = form.querySelector("[data-picked]");
+      if (label) label.textContent = n ? n + " selected" : "none selected";
+      form.querySelectorAll("button[type=submit]").forEach(function (b) { b.disabled = !n; });
+    });
+  }
+  document.addEventListener("change", function (e) {
+    var t = e.target;
+    if (!t || t.type !== "checkbox") return;
+    if (t.hasAttribute("data-pick-all")) {
+      var table = t.closest("table");
+      if (table) table.querySelectorAll("tbody input[type=checkbox][form]").forEach(function (box) { box.checked = t.checked; });
+    }
+    countPicked();
+  });
+  document.addEventListener("htmx:afterSettle", countPicked);
+  document.addEventListener("htmx:wsAfterMessage", countPicked);
+  document.addEventListener("DOMContentLoaded", countPicked);
 
   // ---- keyboard ------------------------------------------------------------------------------
   function typing(e) {

@@ -80,19 +80,19 @@ def test_a_heartbeat_age_ticks_every_second_and_turns_amber(browser_page, wait_l
     page = browser_page()
     page.goto("/agents/")
     wait_live(page)
-    cell = page.locator(f"#agent-{agent.agent_id} td:nth-child(8) time[data-rel]")
+    cell = page.locator(f"#agent-{agent.agent_id} td:nth-child(9) time[data-rel]")
     assert cell.get_attribute("data-warn-after") == "10" and cell.get_attribute("data-late-after") == "90"
     assert "age-ok" in cell.get_attribute("class")
     seen = set()
     for _ in range(3):  # one new value a second, on the console's clock, with no push
         page.wait_for_function(
             "([sel, seen]) => { const t = document.querySelector(sel); return t && !seen.includes(t.textContent); }",
-            arg=[f"#agent-{agent.agent_id} td:nth-child(8) time", sorted(seen)],
+            arg=[f"#agent-{agent.agent_id} td:nth-child(9) time", sorted(seen)],
             timeout=2500,
         )
         seen.add(cell.inner_text())
     page.wait_for_function(
-        f"document.querySelector('#agent-{agent.agent_id} td:nth-child(8) time').classList.contains('age-warn')",
+        f"document.querySelector('#agent-{agent.agent_id} td:nth-child(9) time').classList.contains('age-warn')",
         timeout=6000,
     )
     assert int(cell.inner_text().split("s")[0]) >= 10  # shown rounded; amber from 10 s on

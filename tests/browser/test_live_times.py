@@ -60,7 +60,7 @@ def test_a_heartbeat_age_counts_up_in_the_browser_and_resets_on_a_heartbeat(brow
     page = browser_page()
     page.goto("/")
     wait_live(page)
-    cell = f"#agent-{agent.agent_id} td:nth-child(8) time[data-rel]"
+    cell = f"#agent-{agent.agent_id} td:nth-child(9) time[data-rel]"
     start = page.evaluate(AGE_OF, cell)
     assert start is not None and 49 <= start <= 53, start
     # No push: the browser's clock alone moves the age on.

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -18,6 +19,7 @@ from agents.models import Agent
 from front.views.dashboard import DASHBOARD_AGENT_LIMIT
 from front.views.scalers import SCALER_AGENT_LIMIT
 from live.rows import row_view
+from operations.models import Operation
 from scalers.labels import normalize_label_set
 from scalers.models import ConfigState, LabelSet
 from tests.support.scalers import make_scaler
@@ -240,3 +242,38 @@ def test_live_rows_of_a_sorted_list_update_its_rows_and_insert_none(fleet):
 def test_live_rows_refuse_a_bad_sort(fleet):
     with pytest.raises(LookupError, match="sort: unknown column 'x'"):
         row_view("agents", {"sort": "x"})
+
+
+def test_operators_get_a_bulk_form_and_a_checkbox_per_row(operator_client, viewer, fleet):
+    add_agents(fleet[0], 2)
+    html = operator_client.get("/agents/").content.decode()
+    assert '<section class="panel selectable">' in html
+    assert '<form id="bulk-agents" class="toolbar small" method="post" action="/operations/plan/" data-bulk>' in html
+    assert 'name="kind" value="agent-drain"' in html and 'name="kind" value="agent-destroy"' in html
+    for agent_id in names("fleet-a", [0, 1]):
+        assert f'<input type="checkbox" name="agent" value="{agent_id}" form="bulk-agents"' in html
+    # A viewer cannot request operations: no form, and the checkbox column stays hidden.
+    viewer_client = Client()
+    viewer_client.force_login(viewer)
+    html = viewer_client.get("/agents/").content.decode()
+    assert 'id="bulk-agents"' not in html and '<section class="panel">' in html
+
+
+def test_the_bulk_form_plans_one_operation_over_every_selected_agent(operator_client, fleet):
+    running = add_agents(fleet[0], 3)
+    spawning = add_agents(fleet[0], 1, AgentState.SPAWNING, start=10)
+    picked = [a.agent_id for a in [*running, *spawning]]
+    response = operator_client.post("/operations/plan/", {"kind": "agent-drain", "agent": picked})
+    operation = Operation.objects.get()
+    assert response.status_code == 302 and response.url == f"/operations/{operation.pk}/"
+    assert operation.status == "planned" and operation.agent_ids == picked
+    assert [t["subject"] for t in operation.plan] == picked[:3]
+    assert [s["subject"] for s in operation.spared] == picked[3:]
+
+
+def test_a_bulk_selection_over_two_scalers_is_refused(operator_client, fleet):
+    a, b = fleet
+    picked = [add_agents(a, 1)[0].agent_id, add_agents(b, 1, start=5)[0].agent_id]
+    response = operator_client.post("/operations/plan/", {"kind": "agent-destroy", "agent": picked})
+    assert response.status_code == 400
+    assert "plan one operation per scaler" in response.content.decode()
