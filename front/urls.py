@@ -25,6 +25,7 @@ register_converter(ScalerNameConverter, "scaler")
 operation_patterns = [
     path("", operations.operation_list, name="list"),
     path("plan/", operations.operation_plan, name="plan"),
+    path("approve/", operations.operation_bulk_approve, name="bulk_approve"),
     path("<int:pk>/", operations.operation_detail, name="detail"),
     path("<int:pk>/approve/", operations.operation_approve, name="approve"),
     path("<int:pk>/reject/", operations.operation_reject, name="reject"),

@@ -123,3 +123,28 @@ def detail_context(
         "live": not operation.is_terminal,
         "ws_path": f"/ws/operations/{operation.pk}/",
     }
+
+
+#: Targets the bulk approval step shows for each operation (its page shows them all).
+BULK_TARGETS_SHOWN = 5
+
+
+def bulk_rows(operations: list[Operation], user) -> list[dict]:
+    """One entry per operation of a bulk approval (``operations/bulk_confirm.html``): ``operation``,
+    ``counts``, its first :data:`BULK_TARGETS_SHOWN` ``targets``, ``more`` (how many are not
+    shown), ``can_decide`` and ``cannot_decide_reason`` (``operations.services.can_approve``)."""
+    rows = []
+    for operation in operations:
+        allowed, why_not = can_approve(user, operation)
+        counts = operation.counts()
+        rows.append(
+            {
+                "operation": operation,
+                "counts": counts,
+                "targets": target_rows(operation, stop=BULK_TARGETS_SHOWN),
+                "more": max(0, counts["total"] - BULK_TARGETS_SHOWN),
+                "can_decide": allowed,
+                "cannot_decide_reason": why_not,
+            }
+        )
+    return rows

@@ -61,6 +61,10 @@ class NoWorkerListening(OperationError):
     """No rq worker listens on the operation's queue, so it would never run."""
 
 
+class BulkRefused(OperationError):
+    """One or more operations of a bulk approval cannot be approved now, so none was."""
+
+
 class ApproverMustDiffer(PermissionDenied):
     """``KICI_REQUIRE_DISTINCT_APPROVER`` is on and the approver requested the operation."""
 
@@ -345,6 +349,58 @@ def approve_operation(
     if require_worker:
         check_worker(operation)
     return _approve(operation, user, AuditAction.APPROVED, note, now, enqueue=enqueue, auto=False)
+
+
+#: Most operations one bulk approval decides: its confirmation step lists every one with its targets.
+BULK_APPROVE_LIMIT = 50
+
+
+def check_bulk_selection(operations: list[Operation]) -> None:
+    """ValueError naming the ``op`` field unless ``operations`` holds 1 to :data:`BULK_APPROVE_LIMIT`
+    distinct operations."""
+    if not operations:
+        raise ValueError("op: select at least one operation")
+    if len(operations) > BULK_APPROVE_LIMIT:
+        raise ValueError(f"op: at most {BULK_APPROVE_LIMIT} operations at once, got {len(operations)}")
+    if len({op.pk for op in operations}) != len(operations):
+        raise ValueError("op: an operation is selected twice")
+
+
+def approve_operations(operations: list[Operation], user, *, note: str = "") -> list[Operation]:
+    """Approve every one of ``operations`` or none (the bulk confirmation step of ``/operations/``).
+
+    Each is checked first as :func:`approve_operation` checks it (permission, distinct approver,
+    planned, not expired, a worker on its queue); any refusal raises :class:`BulkRefused` naming
+    each refused operation and why, with nothing changed. Then all are approved in one transaction
+    (their runs enqueued once it commits): one lost to a race (decided or expired meanwhile) rolls
+    back every approval and raises :class:`BulkRefused` with its reason. ValueError from :func:`check_bulk_selection`;
+    PermissionDenied without ``operations.approve_operation``.
+    """
+    check_bulk_selection(operations)
+    if user is None:
+        raise PermissionDenied("an operation is approved by a person (or auto_approve for a policy)")
+    _require(user, APPROVE_PERM)
+    refused, listening = [], {}
+    for operation in operations:
+        operation.refresh_from_db()
+        allowed, why_not = can_approve(user, operation)
+        if allowed and operation.host_queue not in listening:
+            try:
+                check_worker(operation)
+                listening[operation.host_queue] = ""
+            except NoWorkerListening:
+                listening[operation.host_queue] = f"no rq worker listens on queue {operation.host_queue}"
+        why_not = why_not or listening.get(operation.host_queue, "")
+        if why_not:
+            refused.append(f"#{operation.pk}: {why_not}")
+    if refused:
+        raise BulkRefused(f"nothing was approved: {'; '.join(refused)}")
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            return [approve_operation(op, user, note=note, now=now, require_worker=False) for op in operations]
+    except OperationError as exc:
+        raise BulkRefused(f"nothing was approved: {exc}") from exc
 
 
 def auto_approve(operation: Operation, *, now: datetime | None = None) -> Operation:

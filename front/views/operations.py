@@ -17,13 +17,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from kici_site.errors import error_page
 from lib.htmx import wants_partial
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.kinds.registry import get_kind
 from operations.listing import PAGE_SIZE, filter_operations
 from operations.models import Operation
-from operations.presenters import detail_context
+from operations.presenters import bulk_rows, detail_context
 from operations.services import (
     APPROVE_PERM,
     REQUEST_PERM,
@@ -31,6 +32,8 @@ from operations.services import (
     NothingToDo,
     OperationError,
     approve_operation,
+    approve_operations,
+    check_bulk_selection,
     create_operation,
     reject_operation,
 )
@@ -164,3 +167,53 @@ def operation_approve(request: HttpRequest, pk: int) -> HttpResponse:
 def operation_reject(request: HttpRequest, pk: int) -> HttpResponse:
     """GET: the confirmation step; POST: reject (403 without ``approve_operation``)."""
     return _decide(request, pk, "reject")
+
+
+def _selected_operations(values: list[str]) -> list[Operation]:
+    """The operations named by the ``op`` values, in their order. ValueError naming a value that is
+    not an operation id or an id with no operation."""
+    ids = []
+    for value in values:
+        try:
+            ids.append(int(value))
+        except ValueError:
+            raise ValueError(f"op: not an operation id: {value!r}") from None
+    found = Operation.objects.select_related("requested_by").in_bulk(ids)
+    missing = [pk for pk in ids if pk not in found]
+    if missing:
+        raise ValueError(f"op: no operation {', '.join(f'#{pk}' for pk in missing)}")
+    return [found[pk] for pk in ids]
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def operation_bulk_approve(request: HttpRequest) -> HttpResponse:
+    """``/operations/approve/?op=<pk>&op=...``: GET, the confirmation step listing every selected
+    operation with its targets and whether it can be approved now; POST, approve them all or none
+    (``operations.services.approve_operations``). 403 without ``approve_operation``, 400 naming a
+    bad or unknown ``op``, 409 with the reasons when any cannot be approved."""
+    if not request.user.has_perm(APPROVE_PERM):
+        raise PermissionDenied(f"you lack the permission {APPROVE_PERM}")
+    data = request.POST if request.method == "POST" else request.GET
+    try:
+        operations = _selected_operations(data.getlist("op"))
+        check_bulk_selection(operations)
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
+    if request.method == "GET":
+        rows = bulk_rows(operations, request.user)
+        context = {
+            "nav": "operations",
+            "rows": rows,
+            "can_decide": all(row["can_decide"] for row in rows),
+            "targets": sum(row["counts"]["total"] for row in rows),
+        }
+        return render(request, "operations/bulk_confirm.html", context)
+    try:
+        approved = approve_operations(operations, request.user, note=request.POST.get("note", "").strip()[:2000])
+    except (OperationError, ValueError) as exc:
+        return render(request, "operations/refused.html", {"title": "Not approved", "message": str(exc)}, status=409)
+    messages.success(
+        request, f"Approved {len(approved)} operations: {', '.join(f'#{op.pk}' for op in approved)}; they run now."
+    )
+    return redirect(reverse("operations:list"))

@@ -1,6 +1,7 @@
-"""The agent list at fleet size in Debian Chromium against a real daphne: a later page keeps its rows
-current but gains no new agent, the first page gains it on top and stays one page long, and a bulk
-selection survives live updates and plans one operation over the ticked agents."""
+"""The lists at fleet size in Debian Chromium against a real daphne: a later page of /agents/ keeps
+its rows current but gains no new agent, the first page gains it on top and stays one page long, a
+bulk selection survives live updates and plans one operation over the ticked agents, and ticked
+planned operations are confirmed and approved together."""
 
 from __future__ import annotations
 
@@ -117,3 +118,28 @@ def test_a_bulk_selection_survives_live_updates_and_plans_one_operation(browser_
     assert operation.agent_ids == picked
     for agent_id in picked:
         page.locator("#op-targets").get_by_text(agent_id).first.wait_for()
+
+
+def test_bulk_approval_ticks_planned_operations_confirms_and_approves_them_all(browser_page):
+    from django.conf import settings
+
+    from operations.services import create_operation
+    from tests.support.operations import listening_worker
+
+    planned = [create_operation("agent-drain", {"agent_ids": [a.agent_id]}, None) for a in _fleet(2)]
+    page = browser_page(*PERMS, "operations.approve_operation", username="ops-approver")
+    page.goto("/operations/")
+    page.locator(f"#operation-{planned[-1].pk}").wait_for()
+    review = page.get_by_role("button", name="Review approval of selected…")
+    assert review.is_disabled()
+    page.get_by_label("select every planned operation on this page").check()
+    page.locator("[data-picked]").get_by_text("2 selected").wait_for()
+    review.click()
+    page.wait_for_url(re.compile(r"/operations/approve/\?op=\d+&op=\d+$"))
+    for op in planned:
+        page.locator(f"#bulk-operation-{op.pk} li").get_by_text(op.plan[0]["subject"]).wait_for()
+    with listening_worker(settings.KICI_HOST_QUEUE):
+        page.get_by_role("button", name="Approve 2 operations (2 targets)").click()
+        page.wait_for_url(re.compile(r"/operations/$"))
+    page.get_by_text("Approved 2 operations").wait_for()
+    assert set(Operation.objects.values_list("status", flat=True)) == {"approved"}
