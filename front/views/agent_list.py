@@ -77,6 +77,7 @@ def agent_list(request):
         "query": _query(**filters),
         "rows_query": _query(**filters, page=page.number),
         "sort_links": sort_links(filters, cleaned["sort"]),
+        "sort_param": filters["sort"],
         "empty_text": "No agent matches these filters.",
     }
     if wants_partial(request):

@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from agents.choices import ACTIVE_STATES
+from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from scalers.capacity import global_capacity, pool_capacities, scaler_capacities
 from scalers.models import RecoveryReport, Scaler
@@ -69,7 +70,7 @@ _active_agents = Agent.objects.filter(scaler=OuterRef("pk"), state__in=ACTIVE_ST
 @viewer_required
 def dashboard(request):
     """``/``: capacity per scaler (and pools, and the console), live agents, recent events."""
-    agents = list(Agent.objects.active().select_related("scaler")[:DASHBOARD_AGENT_LIMIT])
+    agents = list(filter_agents({"state": "active"})[0][:DASHBOARD_AGENT_LIMIT])  # its row view's query
     events = ScalerEvent.objects.all()[:DASHBOARD_EVENT_LIMIT]
     url = reverse("dashboard")
     ctx = {

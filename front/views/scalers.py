@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.choices import ACTIVE_STATES
+from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
@@ -62,7 +63,7 @@ def scaler_detail(request, name: str):
         ls.n_active = n_active.get(ls.pk, 0)
         cfg = ls.config or {}
         ls.backend_summary = cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or ""
-    agents = active.select_related("scaler")[:SCALER_AGENT_LIMIT]
+    agents = filter_agents({"state": "active", "scaler": scaler.name})[0][:SCALER_AGENT_LIMIT]  # as its row view
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
     now = timezone.now()
     samples = recent_samples(scaler, now)

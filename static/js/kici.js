@@ -285,7 +285,9 @@
   // ---- keyboard ------------------------------------------------------------------------------
   function typing(e) {
     var t = e.target;
-    return t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName));
+    if (!t) return false;
+    if (t.tagName === "INPUT") return !/^(checkbox|radio|button|submit)$/.test(t.type);  // a ticked box is not typing
+    return t.isContentEditable || /^(TEXTAREA|SELECT)$/.test(t.tagName);
   }
   window.kiciTyping = typing;
   document.addEventListener("keydown", function (e) {
