@@ -31,6 +31,7 @@ import socketserver
 import sys
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler
 
 PR_SET_NAME = 15
@@ -70,7 +71,19 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def handle_error(self, request, client_address):
         # A request cut off as the VMM exits (the console's last API call racing the panic) must
         # not print a traceback: this process's output is the guest's serial console, which a
-        # real firecracker never writes API errors to.
+        # real firecracker never writes API errors to. It goes to the trace file instead.
+        trace(f"request failed: {traceback.format_exc()}")
+
+
+#: In the chroot (``run/`` is the VM uid's): what the fake did and when, for a failing test's message.
+TRACE_PATH = "/run/fake-vmm-trace.log"
+
+
+def trace(line: str) -> None:
+    try:
+        with open(TRACE_PATH, "a") as f:
+            f.write(f"{time.monotonic():.3f} {line}\n")
+    except OSError:
         pass
 
 
@@ -135,10 +148,13 @@ def make_handler(state: dict):
             if self.path == "/actions":
                 action = (body or {}).get("action_type")
                 if action == "SendCtrlAltDel":
+                    trace("SendCtrlAltDel received")
                     self._send(204)
+                    trace("SendCtrlAltDel answered")
                     if not state["ignore_cad"]:
                         state["log"]("reboot: Restarting system")
                         threading.Timer(0.05, lambda: os._exit(0)).start()
+                        trace("reboot logged, exit in 0.05 s")
                     return None
                 return self._fault(f"Unsupported action type: {action}")
             return self._fault(f"Invalid request method and/or path: PUT {self.path}")

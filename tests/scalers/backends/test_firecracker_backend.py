@@ -71,7 +71,9 @@ def _assert_nothing_left(env, b, agent_id, ip=None):
 
 def test_a_vm_boots_serves_its_token_over_mmds_and_is_destroyed_without_a_trace(fc_env):
     env = fc_env
-    b = _backend(env, "serial fake guest: init started")
+    # A generous budget: this test is about leaving on Ctrl-Alt-Del, not about how fast a loaded
+    # host answers; a VM that ignores it still fails the test, only later.
+    b = _backend(env, "serial fake guest: init started", destroy_wait_s=15)
     agent_id = "scaler-firecracker-0a1b2c3d"
     make_agent_row("fc-test", agent_id)
     url = f"ws://{env.gateway}:8080/ws"
@@ -130,12 +132,30 @@ def test_a_vm_boots_serves_its_token_over_mmds_and_is_destroyed_without_a_trace(
 
     pid = probe.pid
     forwarder = b.get(agent_id).logs
+    trace_file = vm.layout.chroot / "run" / "fake-vmm-trace.log"
     started = time.monotonic()
+    trace_text = ""
+
+    def read_trace():
+        nonlocal trace_text
+        trace_text = trace_file.read_text() if trace_file.exists() else "(no trace)"
+        return True
+
+    real_stop = b.teardown.stop_vm_process
+
+    def stop_and_read_trace(*args, **kwargs):
+        try:
+            return real_stop(*args, **kwargs)
+        finally:
+            read_trace()  # before the VM dir goes
+
+    b.teardown.stop_vm_process = stop_and_read_trace
     assert b.destroy(agent_id) is True
     took = time.monotonic() - started
     # It left on Ctrl-Alt-Del (the "guest" says so on its console), not through the SIGKILL fallback.
     assert _wait(lambda: any(r.get("message") == "reboot: Restarting system" for _, s, r in env.log_lines), 5), (
-        f"destroy took {took:.2f} s; last serial lines read: {list(forwarder.recent)}"
+        f"destroy took {took:.2f} s (from {started:.3f}); last serial lines read: {list(forwarder.recent)}; "
+        f"the fake's trace: {trace_text}"
     )
     assert _wait(lambda: _gone(pid), 1)
     _assert_nothing_left(env, b, agent_id, vm.ip)
