@@ -17,10 +17,11 @@ Touches only the scratch database; no docker, nft or network.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
+
+from scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,25 +34,8 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    os.environ["DATABASE_URL"] = args.database_url
-    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kici_site.settings")
-    import psycopg
-
-    name = args.database_url.rsplit("/", 1)[1]
-    admin_url = args.database_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with scratch_database(args.database_url, keep=args.keep):
         return run(args.targets)
-    finally:
-        if not args.keep:
-            from django.db import connections
-
-            connections.close_all()
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def run(n: int) -> int:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,25 +45,8 @@ def main() -> int:
         parser.error(f"--agents must be at least 10, got {args.agents}")
 
     sys.path.insert(0, str(ROOT))
-    os.environ["DATABASE_URL"] = args.database_url
-    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kici_site.settings")
-    import psycopg
-
-    name = args.database_url.rsplit("/", 1)[1]
-    admin_url = args.database_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with scratch_database(args.database_url, keep=args.keep):
         return run(args.agents)
-    finally:
-        if not args.keep:
-            from django.db import connections
-
-            connections.close_all()
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 #: State of agent ``i`` (cycled): about two thirds active, most of them running.
