@@ -118,6 +118,17 @@ def csrf_client():
 
 
 @pytest.fixture
+def empty_queues():
+    """Every configured rq queue starts empty (the suite's own Redis database is shared by its
+    tests); modules that count or run queued jobs use it with ``pytest.mark.usefixtures``."""
+    import django_rq
+    from django.conf import settings
+
+    for name in settings.RQ_QUEUES:
+        django_rq.get_queue(name).empty()
+
+
+@pytest.fixture
 def run_rq_jobs():
     """Run every queued rq job with a burst-mode SimpleWorker (no fork: shares the test's DB safely)."""
     import django_rq

@@ -15,17 +15,9 @@ from operations.services import BULK_APPROVE_LIMIT, create_operation, reject_ope
 from tests.support.operations import listening_worker
 from tests.support.scalers import make_agent, make_scaler
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("empty_queues")]
 
 QUEUE = settings.KICI_HOST_QUEUE
-
-
-@pytest.fixture(autouse=True)
-def empty_queues():
-    import django_rq
-
-    for name in settings.RQ_QUEUES:
-        django_rq.get_queue(name).empty()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from operations.services import create_operation
 from scalers.models import LabelSet
 from tests.support.operations import approve_and_run, login
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_queues")]
 
 CONFIG = """\
 version: 1
@@ -36,15 +36,6 @@ scalers:
         networkPolicy:
           hostAccess: {host_access}
 """
-
-
-@pytest.fixture(autouse=True)
-def empty_queues():
-    import django_rq
-    from django.conf import settings
-
-    for name in settings.RQ_QUEUES:
-        django_rq.get_queue(name).empty()
 
 
 @pytest.fixture

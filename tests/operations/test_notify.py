@@ -26,7 +26,7 @@ from scalers.models import MetricCounter
 from tests.support.provisioner import Provisioner
 from tests.support.scalers import make_agent, make_scaler
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("empty_queues")]
 
 SECRET = "notice-test-secret"
 
@@ -39,13 +39,6 @@ def receiver(settings):
     settings.KICI_OPERATOR_URL = "https://ops.example.test/"
     yield hook
     hook.server.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def empty_default_queue(settings):
-    for name in settings.RQ_QUEUES:
-        django_rq.get_queue(name).empty()
-    yield
 
 
 def counted(result: str) -> float:

@@ -31,17 +31,9 @@ from tests.support.firecracker import owned_vm_dir
 from tests.support.operations import approve_and_run, listening_worker, outcome
 from tests.support.scalers import make_agent, make_scaler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_queues")]
 
 QUEUE = settings.KICI_HOST_QUEUE
-
-
-@pytest.fixture(autouse=True)
-def empty_queues():
-    import django_rq
-
-    for name in settings.RQ_QUEUES:
-        django_rq.get_queue(name).empty()
 
 
 # --- Firecracker orphans ------------------------------------------------------------------------

@@ -18,18 +18,10 @@ from scalers.backends.ownership import current_owner
 from tests.support.operations import listening_worker
 from tests.support.scalers import make_agent, make_scaler
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.usefixtures("empty_queues")]
 
 QUEUE = settings.KICI_HOST_QUEUE
 TEST_LABEL = "ops-test-orphans"
-
-
-@pytest.fixture(autouse=True)
-def empty_queues():
-    import django_rq
-
-    for name in settings.RQ_QUEUES:
-        django_rq.get_queue(name).empty()
 
 
 @pytest.fixture
