@@ -180,7 +180,8 @@ def host_access_preview(request, name: str, index: int):
 @viewer_required
 def host_access_apply(request, name: str, index: int):
     """Re-validate with the same planning function, then ask for a planned ``host-access-apply``
-    operation and redirect to it. Bad entries re-render the editor (422) and nothing is requested."""
+    operation and redirect to it. Bad entries, and warned entries without ``confirm_warnings=1``,
+    re-render the editor (422) and nothing is requested."""
     label_set = _label_set(name, index)
     mode = request.POST.get("mode", EXPLICIT)
     text = request.POST.get("entries", "")
@@ -194,6 +195,11 @@ def host_access_apply(request, name: str, index: int):
         return render(request, "scalers/host_access.html", ctx, status=422)
     if not request.user.has_perm(REQUEST_PERM):
         raise PermissionDenied(f"requesting an operation needs the permission {REQUEST_PERM}")
+    if plan.warnings and request.POST.get("confirm_warnings") != "1":
+        # An entry that opens nothing, or every port of the host, is applied only knowingly.
+        n = len(plan.warnings)
+        ctx["apply_error"] = f"Nothing was applied: confirm the {n} warning{'s' if n != 1 else ''} below first."
+        return render(request, "scalers/host_access.html", ctx, status=422)
     params = {"host_access": plan.entries}  # None = back to the default (operations.kinds.host_access_apply)
     try:
         operation = create_operation(HOST_ACCESS_KIND, {"label_set": label_set, "params": params}, request.user)

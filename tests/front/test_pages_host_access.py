@@ -185,7 +185,12 @@ def test_apply_of_an_unchanged_list_is_refused(operator_client, label_set):
 def test_apply_plans_an_operation_and_redirects_to_it(operator_client, label_set):
     from operations.models import Operation
 
-    response = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443"})
+    entries = {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443"}
+    # 10.0.0.5 is no address of this host: the entry opens nothing, and is applied only knowingly.
+    refused = operator_client.post(BASE + "apply", entries)
+    assert refused.status_code == 422 and b"confirm the 1 warning below first" in refused.content
+    assert b'name="confirm_warnings"' in refused.content and not Operation.objects.exists()
+    response = operator_client.post(BASE + "apply", {**entries, "confirm_warnings": "1"})
     operation = Operation.objects.get()
     assert response.status_code == 302 and response.url == f"/operations/{operation.pk}/"
     assert operation.kind == "host-access-apply" and operation.status == "planned"
