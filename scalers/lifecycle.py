@@ -398,9 +398,14 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
     return n
 
 
-def retry_stuck_teardowns(min_age_seconds: float = 30.0, now=None) -> int:
-    """Retry :func:`teardown_agent` for agents left ``destroying`` (their destroy failed).
-    Returns how many were released."""
+#: Seconds an agent stays ``destroying`` before the sweeper retries its teardown (its destroy
+#: failed, or the worker running it was killed).
+STUCK_TEARDOWN_SECONDS = 30.0
+
+
+def retry_stuck_teardowns(min_age_seconds: float = STUCK_TEARDOWN_SECONDS, now=None) -> int:
+    """Retry :func:`teardown_agent` for agents left ``destroying`` longer than ``min_age_seconds``
+    (their destroy failed, or the worker running it died). Returns how many were released."""
     now = now or timezone.now()
     n = 0
     for agent in Agent.objects.select_related("scaler").filter(

@@ -41,7 +41,7 @@ from agents.tokens import REGISTRATION_PREFIX
 from network.nft.apply import NftClient
 from scalers.backends.baremetal import _alive
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ensure_isolated_network
-from scalers.lifecycle import mark_draining
+from scalers.lifecycle import STUCK_TEARDOWN_SECONDS, mark_draining
 from scalers.models import Reservation, Scaler
 from tests.support.scalers import DEFAULT_LABEL_SET_ENTRY, make_scaler, set_global
 from tests.support.servers import REPO, free_port
@@ -76,9 +76,11 @@ RELEASE_REASON = "soak: job cancelled"
 LOST_REASON = "soak: orchestrator lost the job"
 
 #: Seconds a lifecycle may take to end after its ending was triggered (a crash waits for the
-#: lost-agent sweep, every 5 s, and its operation's job).
+#: lost-agent sweep, every 5 s, and its operation's job). Any ending may meet a teardown whose
+#: worker a fault killed: the sweeper retries it after STUCK_TEARDOWN_SECONDS, so every ending
+#: gets that and a margin of a few sweeper rounds and one teardown.
 END_TIMEOUT = {"crash": 60.0, "docker-kill": 60.0}
-DEFAULT_END_TIMEOUT = 30.0
+DEFAULT_END_TIMEOUT = STUCK_TEARDOWN_SECONDS + 20.0
 #: Seconds from /scale to running; a console restart (or a spawn killed with its worker, ended by
 #: the token expiry) may take part of it.
 REGISTER_TIMEOUT = 90.0
