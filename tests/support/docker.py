@@ -84,6 +84,25 @@ def log_tail(path: str, lines: int = 20) -> str:
         return "(no log)"
 
 
+def launch_daemon(argv: list[str], log_path: str, answers, timeout: float) -> subprocess.Popen | None:
+    """Start a daemon (``argv``, its output appended to ``log_path``, in its own session) and wait
+    up to ``timeout`` s, polling every 0.2 s, until ``answers()`` is true. Returns None once it
+    answers, else its process: exited first when ``poll()`` is not None, still silent otherwise."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            close_fds=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if answers():
+            return None
+        if proc.poll() is not None:
+            return proc
+        time.sleep(0.2)
+    return proc
+
+
 def _ping() -> bool:
     return daemon_answers(DOCKER_HOST)
 
@@ -113,23 +132,12 @@ def ensure_private_dockerd() -> str:
         _stop_stale()
         for d in (DATA_ROOT, EXEC_ROOT):
             os.makedirs(d, exist_ok=True)
-        with open(LOGFILE, "ab") as log:
-            proc = subprocess.Popen(
-                [dockerd, *DOCKERD_ARGS],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            if _ping():
-                _check_gateway_owner()
-                return DOCKER_HOST
-            if proc.poll() is not None:
-                raise DockerdUnavailable(f"dockerd exited with status {proc.returncode}:\n{_log_tail()}")
-            time.sleep(0.2)
+        failed = launch_daemon([dockerd, *DOCKERD_ARGS], LOGFILE, _ping, START_TIMEOUT_SECONDS)
+        if failed is None:
+            _check_gateway_owner()
+            return DOCKER_HOST
+        if failed.poll() is not None:
+            raise DockerdUnavailable(f"dockerd exited with status {failed.returncode}:\n{_log_tail()}")
         raise DockerdUnavailable(
             f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}"
         )

@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.support.docker import daemon_answers, log_tail
+from tests.support.docker import daemon_answers, launch_daemon, log_tail
 from tests.support.network_lab import Netns, run
 
 NETNS = "kici-prodshape"
@@ -136,23 +136,13 @@ def start_prod_dockerd() -> Netns:
         ns = Netns(NETNS)
         for d in (DATA_ROOT, EXEC_ROOT):
             os.makedirs(d, exist_ok=True)
-        with open(LOGFILE, "ab") as log:
-            proc = subprocess.Popen(
-                ["nsenter", f"--net=/run/netns/{NETNS}", "--", dockerd, *DOCKERD_ARGS],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            if _ping():
-                return ns
-            if proc.poll() is not None:
-                ns.delete()
-                raise ProdDockerdUnavailable(f"dockerd exited with status {proc.returncode}:\n{_log_tail()}")
-            time.sleep(0.2)
+        argv = ["nsenter", f"--net=/run/netns/{NETNS}", "--", dockerd, *DOCKERD_ARGS]
+        failed = launch_daemon(argv, LOGFILE, _ping, START_TIMEOUT_SECONDS)
+        if failed is None:
+            return ns
+        if failed.poll() is not None:
+            ns.delete()
+            raise ProdDockerdUnavailable(f"dockerd exited with status {failed.returncode}:\n{_log_tail()}")
         stop_prod_dockerd()
         raise ProdDockerdUnavailable(
             f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}"
