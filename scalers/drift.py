@@ -143,7 +143,7 @@ def check_isolation_drift() -> list[DriftReport]:
 def _check_table(name: str, table: _Table) -> DriftReport:
     client = table.client
     bridges, networks = sorted(table.bridges), sorted(table.networks)
-    found, base = client.snapshot(bridges)
+    found, base, unused = client.snapshot(bridges)
     drifted = {
         addr: why for addr, (_, spec) in table.agents.items() if (why := agent_drift(spec, found.get(spec.address)))
     }
@@ -166,7 +166,7 @@ def _check_table(name: str, table: _Table) -> DriftReport:
             )
         report.gone.append(agent.agent_id)
     if not base and not drifted:
-        client.delete_unused_policy_chains()
+        client.delete_unused_policy_chains(unused)
         return report
     with address_lock(*drifted):
         # Re-read under the locks: a teardown that began since the listing keeps its rules gone.
@@ -200,5 +200,5 @@ def _check_table(name: str, table: _Table) -> DriftReport:
                 f"isolation base of table {name} re-applied: {'; '.join(base)}",
                 scaler_name=",".join(sorted(scalers)) or "",
             )
-    client.delete_unused_policy_chains()
+    client.delete_unused_policy_chains(unused)
     return report

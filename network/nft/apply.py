@@ -299,21 +299,12 @@ class NftClient:
             deleted.append(name)
         return deleted
 
-    def delete_unused_policy_chains(self, items: list[dict] | None = None) -> list[str]:
-        """Delete every policy chain of the table that no map element jumps to (left by a crash
-        between an agent's removal and its chains' deletion, or by a policy change). ``items``: a
-        listing of the ``inet`` table to use instead of reading one. Returns the deleted names."""
-        items = self.list_table() if items is None else items
-        if not items:
-            return []
-        jumped = {target for _, _, target in _map_elements(items)}
-        unused = [
-            item["chain"]["name"]
-            for item in items
-            if "chain" in item
-            and parse_policy_chain_name(item["chain"].get("name", "")) is not None
-            and item["chain"]["name"] not in jumped
-        ]
+    def delete_unused_policy_chains(self, unused: Iterable[str] | None = None) -> list[str]:
+        """Delete the policy chains of the table that no map element jumps to (left by removed
+        agents or a policy change): ``unused`` as a :meth:`snapshot` found them, else read now.
+        Returns the deleted names."""
+        if unused is None:
+            unused = _unused_policy_chains(self.list_table() or [])
         return self._delete_chains_if_unused(unused)
 
     def self_heal(
@@ -408,15 +399,18 @@ class NftClient:
         """
         return self.snapshot()[0]
 
-    def snapshot(self, guard_interfaces: Iterable[str] = ()) -> tuple[dict[IPAddress, AgentRules], list[str]]:
-        """``(agents, base_problems)`` from one listing of each table: every agent as
-        :meth:`list_agents` reads it, and what is missing or changed in the base: each problem a
-        line (``inet chain forward: 0 rules, expected 2``, ``inet chain guard-kici-br0 is missing``); [] when
-        the base is as rendered. Raises NftError."""
+    def snapshot(
+        self, guard_interfaces: Iterable[str] = ()
+    ) -> tuple[dict[IPAddress, AgentRules], list[str], list[str]]:
+        """``(agents, base_problems, unused_chains)`` from one listing of each table: every agent
+        as :meth:`list_agents` reads it; what is missing or changed in the base, each problem a
+        line (``inet chain forward: 0 rules, expected 2``, ``inet chain guard-kici-br0 is
+        missing``), [] when the base is as rendered; the policy chains nothing jumps to. Raises
+        NftError."""
         items = self.list_table()
         bridge_items = self.list_table(BRIDGE_FAMILY)
         if items is None:
-            return {}, [f"table {FAMILY} {self.table} is missing"]
+            return {}, [f"table {FAMILY} {self.table} is missing"], []
         agents = _agents_from(items, _port_pairs(bridge_items or []))
         expected = {(FAMILY, c): len(r) for c, r in base_rule_exprs().items()}
         expected |= {(FAMILY, guard_chain_name(i)): len(guard_rule_exprs()) for i in guard_interfaces}
@@ -439,7 +433,7 @@ class NftClient:
                 problems.append(f"{family} chain {chain} is missing")
             elif got != want:
                 problems.append(f"{family} chain {chain}: {got} rules, expected {want}")
-        return agents, problems
+        return agents, problems, _unused_policy_chains(items)
 
     def reap_unowned_isolation_rules(
         self,
@@ -515,6 +509,18 @@ def _map_elements(items: list[dict]) -> list[tuple[str, IPAddress, str]]:
             target = jump.get("target", "")
             out.append((kind, addr, target))
     return out
+
+
+def _unused_policy_chains(items: list[dict]) -> list[str]:
+    """The policy chains of an ``inet`` listing that no map element jumps to."""
+    jumped = {target for _, _, target in _map_elements(items)}
+    return [
+        item["chain"]["name"]
+        for item in items
+        if "chain" in item
+        and parse_policy_chain_name(item["chain"].get("name", "")) is not None
+        and item["chain"]["name"] not in jumped
+    ]
 
 
 def _agents_from(items: list[dict], bound: dict[IPAddress, list[str]]) -> dict[IPAddress, AgentRules]:
