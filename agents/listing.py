@@ -69,8 +69,9 @@ def filter_agents(params) -> tuple:
     (substring of agent id, managed id, bound job, an address, or a label) to agents, ordered by
     ``sort`` (:func:`sort_order`).
 
-    Returns ``(queryset, cleaned)`` with ``cleaned`` the values actually applied (an unknown state
-    becomes ``all``; the sort is always there). ValueError naming the value for an unknown sort.
+    Returns ``(queryset, cleaned)`` with ``cleaned`` the values actually applied (the sort is always
+    there). ValueError naming the value for an unknown state or sort: a filter that is silently
+    dropped shows a list the operator did not ask for.
     """
     sort = (params.get("sort") or "").strip() or DEFAULT_SORT
     order = sort_order(sort)
@@ -80,8 +81,9 @@ def filter_agents(params) -> tuple:
         qs = qs.filter(state__in=ACTIVE_STATES)
     elif state in AgentState.values:
         qs = qs.filter(state=state)
-    else:
-        state = "all"
+    elif state != "all":
+        choices = ", ".join(value for value, _ in STATE_FILTERS)
+        raise ValueError(f"state: must be one of {choices}, got {state[:100]!r}")
     scaler = (params.get("scaler") or "").strip()
     if scaler:
         qs = qs.filter(scaler__name=scaler)

@@ -211,7 +211,10 @@ def test_the_agents_list_filters_by_state_scaler_and_search(viewer_client, scale
     assert ids("?q=job-4711") == {a3.agent_id}
     assert ids("?q=172.30.0.11&state=all") == {a1.agent_id}
     assert ids("?q=docker&state=all") == {a1.agent_id, a2.agent_id}  # an exact label
-    assert ids("?state=bogus") == {a1.agent_id, a2.agent_id, a3.agent_id}  # unknown state: all
+    # An unknown state is refused naming it, never silently widened to every state.
+    bogus = viewer_client.get("/agents/?state=bogus")
+    assert bogus.status_code == 400 and "state: must be one of active, all, " in unescape(bogus.content.decode())
+    assert "got 'bogus'" in unescape(bogus.content.decode())
 
 
 def test_the_agents_list_answers_htmx_with_the_results_partial(viewer_client, scaler):
