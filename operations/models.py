@@ -61,6 +61,11 @@ class Operation(models.Model):
     plan = models.JSONField(default=list, blank=True)
     spared = models.JSONField(default=list, blank=True)
     notes = models.JSONField(default=list, blank=True, help_text="planner remarks shown above the plan")
+    warnings = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="what the plan may do that the requester did not mean; approving needs them confirmed",
+    )
     plan_digest = models.CharField(max_length=64, db_index=True, help_text="sha256 of the plan's stable evidence")
     outcomes = models.JSONField(default=dict, blank=True)
     log = models.JSONField(default=list, blank=True)

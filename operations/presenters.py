@@ -8,7 +8,7 @@ import json
 from lib.units import format_bytes_iec, format_duration
 from operations.choices import OUTCOME_COLOURS, STATUS_COLOURS
 from operations.models import Operation, target_dom_id
-from operations.services import can_approve
+from operations.services import can_approve, unconfirmed_warnings_reason
 
 _LABELS = {
     "age_seconds": "age",
@@ -132,10 +132,13 @@ BULK_TARGETS_SHOWN = 5
 def bulk_rows(operations: list[Operation], user) -> list[dict]:
     """One entry per operation of a bulk approval (``operations/bulk_confirm.html``): ``operation``,
     ``counts``, its first :data:`BULK_TARGETS_SHOWN` ``targets``, ``more`` (how many are not
-    shown), ``can_decide`` and ``cannot_decide_reason`` (``operations.services.can_approve``)."""
+    shown), ``can_decide`` and ``cannot_decide_reason`` (``operations.services.can_approve``; an
+    operation with warnings is approved only on its own)."""
     rows = []
     for operation in operations:
         allowed, why_not = can_approve(user, operation)
+        if allowed and operation.warnings:
+            allowed, why_not = False, unconfirmed_warnings_reason(operation)
         counts = operation.counts()
         rows.append(
             {

@@ -61,6 +61,10 @@ class NoWorkerListening(OperationError):
     """No rq worker listens on the operation's queue, so it would never run."""
 
 
+class WarningsNotConfirmed(OperationError):
+    """The plan has warnings and the approver did not confirm having read them."""
+
+
 class BulkRefused(OperationError):
     """One or more operations of a bulk approval cannot be approved now, so none was."""
 
@@ -260,6 +264,7 @@ def store_plan(
             plan=targets,
             spared=[jsonable(s.as_json()) for s in plan.spared],
             notes=list(plan.notes),
+            warnings=list(plan.warnings),
             plan_digest=digest,
             requested_via=via,
             requested_by=user if user is not None and user.pk else None,
@@ -325,14 +330,16 @@ def approve_operation(
     now: datetime | None = None,
     require_worker: bool = True,
     enqueue: bool = True,
+    warnings_confirmed: bool = False,
 ) -> Operation:
     """Approve a planned operation and enqueue its run on commit (queue ``operation.host_queue``).
 
     Checks, in order, each raising with nothing changed: ``operations.approve_operation``
     (PermissionDenied), the distinct-approver setting (ApproverMustDiffer), status planned
-    (InvalidTransition), not expired (PlanExpired: the operation is marked expired), a worker listening
-    on the queue (NoWorkerListening; ``require_worker=False`` skips this for the CLI's ``--run-now``).
-    ``enqueue=False`` approves without enqueueing (the caller runs it inline).
+    (InvalidTransition), not expired (PlanExpired: the operation is marked expired), its warnings
+    confirmed (WarningsNotConfirmed unless ``warnings_confirmed`` when it has any), a worker
+    listening on the queue (NoWorkerListening; ``require_worker=False`` skips this for the CLI's
+    ``--run-now``). ``enqueue=False`` approves without enqueueing (the caller runs it inline).
     """
     if user is None:
         raise PermissionDenied("an operation is approved by a person (or auto_approve for a policy)")
@@ -346,9 +353,21 @@ def approve_operation(
     now = now or timezone.now()
     _refuse_if_expired(operation, now)
     _refuse_unless_planned(operation, "approved")
+    if operation.warnings and not warnings_confirmed:
+        raise WarningsNotConfirmed(unconfirmed_warnings_reason(operation) + "; nothing was approved")
     if require_worker:
         check_worker(operation)
     return _approve(operation, user, AuditAction.APPROVED, note, now, enqueue=enqueue, auto=False)
+
+
+def unconfirmed_warnings_reason(operation: Operation) -> str:
+    """Why ``operation`` is not approved without a confirmation of its warnings (one home for the
+    text the pages, the CLI and the bulk approval show)."""
+    n = len(operation.warnings)
+    return (
+        f"operation #{operation.pk} has {n} warning{'s' if n != 1 else ''}: it is approved only on its own, "
+        "after confirming they were read"
+    )
 
 
 #: Most operations one bulk approval decides: its confirmation step lists every one with its targets.
@@ -390,6 +409,7 @@ def approve_operations(operations: list[Operation], user, *, note: str = "") -> 
                 listening[operation.host_queue] = ""
             except NoWorkerListening:
                 listening[operation.host_queue] = f"no rq worker listens on queue {operation.host_queue}"
+        why_not = why_not or (unconfirmed_warnings_reason(operation) if operation.warnings else "")
         why_not = why_not or listening.get(operation.host_queue, "")
         if why_not:
             refused.append(f"#{operation.pk}: {why_not}")
@@ -404,10 +424,13 @@ def approve_operations(operations: list[Operation], user, *, note: str = "") -> 
 
 
 def auto_approve(operation: Operation, *, now: datetime | None = None) -> Operation:
-    """Approve by the kind's auto-approve policy (sweeps only); enqueued even with no worker yet."""
+    """Approve by the kind's auto-approve policy (sweeps only); enqueued even with no worker yet.
+    WarningsNotConfirmed when the plan has warnings: those are for a person to read."""
     now = now or timezone.now()
     _refuse_if_expired(operation, now)
     _refuse_unless_planned(operation, "approved")
+    if operation.warnings:
+        raise WarningsNotConfirmed(unconfirmed_warnings_reason(operation) + " by a person, never by a policy")
     return _approve(
         operation,
         None,

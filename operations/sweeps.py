@@ -65,7 +65,8 @@ def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
                 plan = kind.plan(scope)
                 operation = None
                 if plan.targets:
-                    auto = policy.auto_approve or kind.auto_approves(scope)
+                    # A plan with warnings waits for a person whatever the policy says.
+                    auto = (policy.auto_approve or kind.auto_approves(scope)) and not plan.warnings
                     operation = store_plan(
                         kind.name, scope, plan, None, via=RequestedVia.SWEEP, now=now, notify=not auto
                     )

@@ -143,7 +143,9 @@ def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
     note = request.POST.get("note", "").strip()[:2000]
     try:
         if verb == "approve":
-            approve_operation(operation, request.user, note=note)
+            approve_operation(
+                operation, request.user, note=note, warnings_confirmed=request.POST.get("confirm_warnings") == "1"
+            )
             messages.success(request, f"Operation #{operation.pk} approved; it runs on queue {operation.host_queue}.")
         else:
             reject_operation(operation, request.user, note=note)

@@ -93,12 +93,15 @@ class Spared:
 
 @dataclass
 class Plan:
-    """A planner's answer. ``context`` is opaque data the acting function may need (e.g. the backend's
-    own plan object); it is never stored."""
+    """A planner's answer. ``notes`` are remarks; ``warnings`` are what the plan may do that its
+    requester did not mean (an entry that opens nothing, or every port of the host): a person
+    approves such a plan only after confirming them, never a policy. ``context`` is opaque data
+    the acting function may need (e.g. the backend's own plan object); it is never stored."""
 
     targets: list[Target] = field(default_factory=list)
     spared: list[Spared] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     context: Any = None
 
     def target_map(self) -> dict[str, Target]:

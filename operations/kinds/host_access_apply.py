@@ -35,7 +35,8 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from network.host_access import HostAccessError, parse_host_access_entry
+from network.host_access import HostAccessError, host_access_warnings, parse_host_access_entry
+from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
 from network.nft.plan import line_diff, spec_rule_lines
 from network.nft.spec import AgentSpec
@@ -77,6 +78,23 @@ def resolved_host_access(host_access: list[str] | None, scaler, gateway: str) ->
         gateway,
     )
     return entries
+
+
+def _checked_entries(host_access: list[str] | None, scaler, gateway: str) -> list[str]:
+    """The entries whose warnings an approver must confirm: the explicit list, or the default list
+    when ``host_access`` is None."""
+    return list(host_access) if host_access is not None else resolved_host_access(None, scaler, gateway)
+
+
+def _warnings(entries: list[str], gateway: str) -> list[str]:
+    """``network.host_access.host_access_warnings`` of ``entries`` against this host's addresses
+    and the agents' gateway (the editor warns about the same entries). When the addresses cannot
+    be listed, that is itself a warning: the entries could not be checked."""
+    try:
+        known = [*host_addresses(), ipaddress.ip_address(gateway)]
+    except NetlinkError as exc:
+        return [f"this host's addresses could not be listed ({exc}): the entries were not checked against them"]
+    return host_access_warnings(entries, known)
 
 
 def _policy(label_set) -> dict:
@@ -183,6 +201,7 @@ class HostAccessApply(Kind):
                 )
             return result
         table, gateway, _subnet = where
+        result.warnings.extend(_warnings(_checked_entries(new, scaler, gateway), gateway))
         try:
             in_force = NftClient(table, netns=settings.KICI_NFT_NETNS).list_agents()
         except Exception as exc:  # noqa: BLE001 - without the kernel's view, nothing is planned for agents

@@ -296,3 +296,50 @@ def test_a_range_holding_no_host_address_is_warned_to_open_nothing(operator_clie
     assert 'id="apply"' in html  # a warning never blocks Apply
     plan = plan_host_access_change(label_set, "explicit", "10.0.0.5:443")
     assert plan.ok and "opens nothing" in plan.warnings[0]
+
+
+def test_an_operation_with_warnings_is_approved_only_with_them_confirmed(operator_client, approver, label_set):
+    """The editor's confirmation is not the approver's: the operation carries the warnings, its
+    pages show them, and every way of approving (page, bulk, CLI, a sweep's policy) refuses
+    until a person confirms them."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+    from django.test import Client
+
+    from operations.models import Operation
+    from operations.services import WarningsNotConfirmed, approve_operation, auto_approve
+
+    entries = {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443", "confirm_warnings": "1"}
+    assert operator_client.post(BASE + "apply", entries).status_code == 302
+    operation = Operation.objects.get()
+    assert len(operation.warnings) == 1 and '"10.0.0.5:443" holds none of this host' in operation.warnings[0]
+    page = unescape(operator_client.get(f"/operations/{operation.pk}/").content.decode())
+    assert 'id="operation-warnings"' in page and '"10.0.0.5:443" holds none of this host' in page
+
+    approver_client = Client()
+    approver_client.force_login(approver)
+    confirm = unescape(approver_client.get(f"/operations/{operation.pk}/approve/").content.decode())
+    assert 'name="confirm_warnings"' in confirm and '"10.0.0.5:443" holds none of this host' in confirm
+    refused = approver_client.post(f"/operations/{operation.pk}/approve/", {"note": "x"})
+    assert refused.status_code == 409 and b"has 1 warning" in refused.content
+    bulk = approver_client.post("/operations/approve/", {"op": [str(operation.pk)]})
+    assert bulk.status_code == 409 and b"approved only on its own" in bulk.content
+    with pytest.raises(CommandError, match="has 1 warning"):
+        call_command("operations", "approve", str(operation.pk), "--user", approver.get_username(), "--run-now")
+    with pytest.raises(WarningsNotConfirmed):
+        auto_approve(operation)
+    operation.refresh_from_db()
+    assert operation.status == "planned" and operation.approved_by is None
+
+    # Confirmed, the same approval goes through (here without a worker: approved, not enqueued).
+    approve_operation(operation, approver, warnings_confirmed=True, require_worker=False, enqueue=False)
+    operation.refresh_from_db()
+    assert operation.status == "approved" and operation.approved_by == approver
+
+
+def test_an_operation_without_warnings_needs_no_confirmation(operator_client, label_set):
+    from operations.models import Operation
+
+    response = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": "172.30.0.1:53"})
+    assert response.status_code == 302
+    assert Operation.objects.get().warnings == []

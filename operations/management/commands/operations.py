@@ -4,14 +4,15 @@
                          [--host-access [ENTRY ...] | --host-access-default | --host-access-revert]
                          --user USERNAME
     operations show ID
-    operations approve ID --user USERNAME [--note TEXT] [--run-now]
+    operations approve ID --user USERNAME [--note TEXT] [--run-now] [--confirm-warnings]
     operations reject ID --user USERNAME [--note TEXT]
     operations list [--status STATUS] [--kind KIND] [--scaler NAME] [--limit N]
 
 Every action goes through ``operations.services`` with the same checks as the pages (permissions of
 ``--user``, distinct approver, expiry, a worker listening on the queue). ``--run-now`` runs an
 approved operation in this process instead of enqueueing it (only for this host's queue), for a
-host whose worker is down. Refusals exit with status 1 and one line saying why.
+host whose worker is down. An operation with warnings (``show`` prints them) is approved only with
+``--confirm-warnings``. Refusals exit with status 1 and one line saying why.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class Command(BaseCommand):
                     action="store_true",
                     help="run here and now instead of enqueueing (this host's queue only)",
                 )
+                p.add_argument(
+                    "--confirm-warnings",
+                    action="store_true",
+                    help="approve an operation with warnings (`show ID` prints them): you have read them",
+                )
 
         lst = sub.add_parser("list", help="list operations, newest first")
         lst.add_argument("--status", choices=[s.value for s in OperationStatus])
@@ -106,6 +112,8 @@ class Command(BaseCommand):
                 f"  decided by {who} at {op.decided_at:%Y-%m-%d %H:%M:%S}"
                 + (f": {op.decision_note}" if op.decision_note else "")
             )
+        for warning in op.warnings:
+            w(f"  WARNING: {warning}")
         if op.error:
             w(f"  error: {op.error}")
         for note in op.notes:
@@ -179,7 +187,14 @@ class Command(BaseCommand):
                 f"{op.host_queue}"
             )
         try:
-            approve_operation(op, user, note=options["note"], require_worker=not run_now, enqueue=not run_now)
+            approve_operation(
+                op,
+                user,
+                note=options["note"],
+                require_worker=not run_now,
+                enqueue=not run_now,
+                warnings_confirmed=bool(options.get("confirm_warnings")),
+            )
         except PermissionDenied as exc:
             raise CommandError(f"permission denied: {exc}") from None
         except OperationError as exc:
