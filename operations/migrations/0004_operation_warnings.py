@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('operations', '0003_lost_agents_kind'),
+        ("operations", "0003_lost_agents_kind"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='operation',
-            name='warnings',
-            field=models.JSONField(blank=True, default=list, help_text='what the plan may do that the requester did not mean; approving needs them confirmed'),
+            model_name="operation",
+            name="warnings",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text="what the plan may do that the requester did not mean; approving needs them confirmed",
+            ),
         ),
     ]
