@@ -1,8 +1,11 @@
 # KiCI Scaler Console. Quick start: `make run`, then `make test`.
-.PHONY: run test lint check bench clean
+.PHONY: run stop-agents test lint check bench clean
 
 run:  ## set up everything missing, then run the console, its rq worker and the sweeper
 	bash scripts/run.sh
+
+stop-agents:  ## end the agents make run left running (a console restart keeps them), and their network
+	bash scripts/stop_agents.sh
 
 test:  ## the whole suite (real PostgreSQL, Redis, dockerd, nft, Chromium)
 	bash scripts/test.sh $(ARGS)

@@ -99,19 +99,29 @@ ensure_redis() {
   fi
 }
 
-ensure_dockerd() {
+# The dockerd an earlier `make run` started and left running (its agents outlived that run): its
+# pid, from var/run/dockerd.pid, when that process is still a dockerd; empty otherwise.
+our_dockerd_pid() {
+  local pid; pid="$(cat "$RUN_DIR/dockerd.pid" 2>/dev/null || true)"
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] && echo "$pid"
+  return 0
+}
+
+ensure_dockerd() {  # started with --live-restore: its containers outlive a dockerd stop or restart
   command -v dockerd >/dev/null 2>&1 || apt_install docker.io
-  if ! docker info >/dev/null 2>&1; then
-    say "starting dockerd"
-    if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
-      $SUDO systemctl start docker
-    else
-      $SUDO setsid sh -c "nohup dockerd --pidfile '$RUN_DIR/dockerd.pid' ${KICI_DOCKERD_FLAGS:-} >'$LOG_DIR/dockerd.log' 2>&1 &"
-      STARTED_DOCKERD=1
-    fi
-    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
-    docker info >/dev/null 2>&1 || die "dockerd did not start; see $LOG_DIR/dockerd.log"
+  if docker info >/dev/null 2>&1; then
+    if [ -n "$(our_dockerd_pid)" ]; then STARTED_DOCKERD=1; say "reusing the dockerd an earlier make run left running (pid $(our_dockerd_pid))"; fi
+    return 0
   fi
+  say "starting dockerd"
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
+    $SUDO systemctl start docker
+  else
+    $SUDO setsid sh -c "nohup dockerd --live-restore --pidfile '$RUN_DIR/dockerd.pid' ${KICI_DOCKERD_FLAGS:-} >>'$LOG_DIR/dockerd.log' 2>&1 &"
+    STARTED_DOCKERD=1
+  fi
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || die "dockerd did not start; see $LOG_DIR/dockerd.log"
 }
 
 load_env() {  # var/env holds what set-up generated (DATABASE_URL for password auth, KICI_API_TOKEN); SECRET_KEY lives in .secret_key
@@ -137,29 +147,63 @@ ensure_secrets_key() {  # the key of the registry credentials' secrets, generate
   say "generated the registry credentials key, kept in var/env (losing it makes stored credentials unreadable)"
 }
 
-stop_started_services() {  # undo what ensure_* started (make run's Ctrl-C), newest first
-  if [ "$STARTED_DOCKERD" = 1 ]; then
-    say "stopping the dockerd make run started (its agent containers and kici-agent-net first)"
-    docker ps -aq --filter label=kici-managed=true | xargs -r docker rm -f >/dev/null 2>&1 || true
-    docker network rm kici-agent-net >/dev/null 2>&1 || true
-    # Those agents are gone with their containers: drop this console's two isolation tables too, or
-    # their map elements and port bindings would judge the next sandbox that reuses one of their
-    # addresses or veth names. (The agent rows are closed by the lost-agents sweep on the next start.)
-    $SUDO nft delete table inet "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
-    $SUDO nft delete table bridge "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
-    if [ -f "$RUN_DIR/dockerd.pid" ]; then
-      local dpid; dpid="$(cat "$RUN_DIR/dockerd.pid")"
-      $SUDO kill "$dpid" 2>/dev/null || true
-      # Wait for it to go (at most 20 s): a make test started right after must not meet its bridge.
-      for _ in $(seq 1 40); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.5; done
-      if kill -0 "$dpid" 2>/dev/null; then warn "dockerd (pid $dpid) is still stopping"; fi
-    fi
+make_run_pid() {  # the pid of a running `make run` (scripts/run.sh, var/run/run.pid), else empty
+  local pid; pid="$(cat "$RUN_DIR/run.pid" 2>/dev/null || true)"
+  [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "scripts/run.sh" && echo "$pid"
+  return 0
+}
+
+running_agent_containers() {  # ids of the running kici-managed containers on the docker host
+  docker ps -q --filter label=kici-managed=true 2>/dev/null || true
+}
+
+# End the data plane of a console that is not running: every kici-managed container, kici-agent-net
+# and this console's two isolation tables, then the dockerd make run started. Without their
+# containers the tables' map elements and port bindings would judge the next sandbox that reuses one
+# of their addresses or veth names. (The agent rows are closed by `manage.py stop_agents` first, or
+# by the lost-agents sweep on the next start.)
+remove_agent_plane() {
+  docker ps -aq --filter label=kici-managed=true | xargs -r docker rm -f >/dev/null 2>&1 || true
+  docker network rm kici-agent-net >/dev/null 2>&1 || true
+  $SUDO nft delete table inet "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
+  $SUDO nft delete table bridge "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
+  local dpid; dpid="$(our_dockerd_pid)"
+  if [ -n "$dpid" ]; then
+    $SUDO kill "$dpid" 2>/dev/null || true
+    # Wait for it to go (at most 20 s): a make test started right after must not meet its bridge.
+    for _ in $(seq 1 40); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.5; done
+    if kill -0 "$dpid" 2>/dev/null; then warn "dockerd (pid $dpid) is still stopping"; fi
+  fi
+}
+
+# Undo what ensure_* started (make run's Ctrl-C), newest first. A restart is not an outage: while
+# agent containers run, they are left running with what they need (dockerd, kici-agent-net, the
+# isolation tables) and the next make run re-adopts them; `make stop-agents` ends them.
+stop_started_services() {
+  local agents; agents="$(running_agent_containers | wc -l)"
+  if [ "$agents" -gt 0 ]; then
+    local daemon="the system dockerd"
+    if [ "$STARTED_DOCKERD" = 1 ]; then daemon="dockerd (pid $(our_dockerd_pid))"; fi
+    say "left running: $daemon with $agents agent container(s) on kici-agent-net and their isolation rules" \
+      "(nft tables inet/bridge ${KICI_NFT_TABLE:-kici}); the next make run re-adopts them; \`make stop-agents\` ends them"
+  elif [ "$STARTED_DOCKERD" = 1 ]; then
+    say "stopping the dockerd make run started (no agent runs; kici-agent-net and the isolation tables go too)"
+    remove_agent_plane
   fi
   if [ "$STARTED_REDIS" = 1 ]; then say "stopping Redis"; redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1 || true; fi
   if [ "$STARTED_POSTGRES" = 1 ]; then
     say "stopping PostgreSQL"
     for v in $(ls /etc/postgresql 2>/dev/null); do $SUDO pg_ctlcluster --skip-systemctl-redirect "$v" main stop 2>/dev/null || true; done
   fi
+}
+
+# `make test` beside agents a `make run` left running: the suite's private dockerd needs the agent
+# gateway 172.30.0.1 that their kici-agent-net holds. Refuse up front, naming what ends them.
+refuse_beside_left_agents() {
+  local agents; agents="$(running_agent_containers | wc -l)"
+  [ "$agents" -gt 0 ] || return 0
+  ip -4 -o addr show 2>/dev/null | grep -q ' inet 172\.30\.0\.1/' || return 0
+  die "$agents agent container(s) of make run still run on kici-agent-net (172.30.0.1), which the suite's own dockerd needs; end them with \`make stop-agents\` (stop make run first if it runs), then run make test again"
 }
 
 stop_test_dockerd() {  # the test suite's private dockerd would hold 172.30.0.1 too

@@ -5,6 +5,7 @@ cd "$ROOT"
 
 apt_install nftables libnftables1 iproute2 busybox-static e2fsprogs ca-certificates curl
 trap stop_started_services EXIT
+echo $$ > "$RUN_DIR/run.pid"  # `make stop-agents` leaves the agent network alone while this runs
 ensure_venv
 ensure_postgres
 ensure_redis

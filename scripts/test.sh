@@ -10,6 +10,7 @@ ensure_redis
 ensure_venv
 load_env
 ensure_database
+refuse_beside_left_agents
 bash "$ROOT/scripts/lint.sh"
 export SECRET_KEY="${SECRET_KEY:-test-only-not-secret}"
 # The suite's own Redis database, emptied before and after: no test job or key reaches the

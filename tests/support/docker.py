@@ -212,8 +212,10 @@ def _check_gateway_owner() -> None:
     if foreign:
         raise DockerdUnavailable(
             f"interface {', '.join(foreign)} already holds {AGENT_GATEWAY}, the gateway of kici-agent-net: "
-            "another dockerd (`make run`?) owns the agent network. Stop it (Ctrl-C `make run`), or remove a "
-            f"stale bridge with `ip link del {foreign[0]}`, then run the tests again."
+            "another dockerd owns the agent network, most likely the one `make run` started, kept running "
+            "for the agents a console restart leaves running. End them and it with `make stop-agents` "
+            "(or stop `make run` first if it runs, then `make stop-agents`), or remove a stale bridge with "
+            f"`ip link del {foreign[0]}`, then run the tests again."
         )
 
 

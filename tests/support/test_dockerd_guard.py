@@ -14,8 +14,9 @@ def test_it_refuses_when_another_interface_holds_the_agent_gateway(dockerd):
     subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
     try:
         subprocess.run(["ip", "addr", "add", "172.30.0.1/32", "dev", name], check=True)
-        with pytest.raises(DockerdUnavailable, match=name):
+        with pytest.raises(DockerdUnavailable, match=name) as refused:
             _check_gateway_owner()
+        assert "`make stop-agents`" in str(refused.value)  # the command that ends make run's agents
     finally:
         subprocess.run(["ip", "link", "del", name], check=False)
     _check_gateway_owner()  # and accepts the daemon's own bridge once the intruder is gone
