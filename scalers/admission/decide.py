@@ -111,6 +111,12 @@ class Admitted:
     owner_instance: str
     job_image: str = ""
     job_credentials_ref: str = ""
+    #: The spawn job id when the agent took a spawn slot in its admission transaction; empty when
+    #: it waits for one (``scalers.jobs.start_waiting_spawns`` gives it one as slots free).
+    rq_job_id: str = ""
+    #: The agent waits although its scaler had a free slot, because older agents wait for slots
+    #: too: the caller hands the slots on after the commit, oldest first.
+    hand_on_slots: bool = False
 
     def to_agent(self) -> Agent:
         """An ``Agent`` instance for this row as written (no query)."""
@@ -127,6 +133,7 @@ class Admitted:
             owner_instance=self.owner_instance,
             job_image=self.job_image,
             job_credentials_ref=self.job_credentials_ref,
+            rq_job_id=self.rq_job_id,
         )
         agent._state.adding = False
         agent._state.db = "default"
@@ -161,11 +168,17 @@ class _Spawn:
         "lmem",
         "job_image",
         "job_ref",
+        "slot",
     )
 
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
+
+
+def spawn_job_id(agent_id: str) -> str:
+    """The rq job id of an agent's spawn: ``spawn-<agent id>`` (one per agent: rq keeps one job per id)."""
+    return f"spawn-{agent_id}"
 
 
 def mint_agent_id(scaler_type: str) -> str:
@@ -452,6 +465,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             "%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active
         )
 
+    hand_on = _take_spawn_slots(cur, spawns)
     _dedupe_ids(spawns)
     pks = _write(cur, now, instance_id, spawns, records, counters, count_attempts=True)
     for _ in range(10):  # an id that already existed was skipped: re-mint it and write it again
@@ -491,9 +505,33 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 instance_id,
                 sp.job_image,
                 sp.job_ref,
+                spawn_job_id(sp.agent_id) if sp.slot else "",
+                sp.scaler_id in hand_on,
             )
         )
     return BatchResult(decisions=decisions, admitted=admitted)
+
+
+def _take_spawn_slots(cur, spawns: list[_Spawn]) -> set[int]:
+    """Give the batch's new agents the free spawn slots of their scalers (``maxConcurrentSpawns``),
+    in batch order, in this transaction: an agent written with its spawn job id needs no second
+    transaction after the commit, only its rq enqueue. Agents of a scaler that has agents waiting
+    for a slot already wait behind them. Returns the scalers that had free slots and waiting
+    agents (the caller hands those slots on, oldest first, after the commit)."""
+    for sp in spawns:
+        sp.slot = False
+    slots = ledger.spawn_slots(cur.connection, {sp.scaler_id for sp in spawns})
+    hand_on: set[int] = set()
+    free = {}
+    for pk, (limit, in_flight, waiting) in slots.items():
+        free[pk] = 0 if waiting else max(0, limit - in_flight)
+        if waiting and limit > in_flight:
+            hand_on.add(pk)
+    for sp in spawns:
+        if free.get(sp.scaler_id, 0) > 0:
+            sp.slot = True
+            free[sp.scaler_id] -= 1
+    return hand_on
 
 
 def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Request) -> dict | None:
@@ -538,7 +576,7 @@ def _write(
         instance_id=instance_id,
         agents=[
             (sp.agent_id, sp.scaler_id, sp.label_set_id, sp.labels_json, sp.warm, sp.job, sp.run)
-            + (sp.job_image, sp.job_ref)
+            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "")
             for sp in spawns
         ],
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],

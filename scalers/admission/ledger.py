@@ -300,6 +300,36 @@ def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:
     return load_world(cursor, config_row, fingerprint), usage
 
 
+# --------------------------------------------------------------------------- spawn slots
+
+# The spawn semaphore's lock is the scaler row (``scalers.jobs.start_waiting_spawns`` takes it
+# too); rows are locked in id order. The count is a separate statement so that it sees every
+# transaction committed before the rows were granted.
+_SLOTS_LOCK_SQL = "SELECT id, max_concurrent_spawns FROM scalers_scaler WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE"
+_SLOTS_COUNT_SQL = (
+    "SELECT scaler_id, count(*) FILTER (WHERE rq_job_id <> ''), count(*) FILTER (WHERE rq_job_id = '') "
+    "FROM agents_agent WHERE state = %(spawning)s AND scaler_id = ANY(%(ids)s) GROUP BY scaler_id"
+)
+
+
+def spawn_slots(conn, scaler_ids: Iterable[int]) -> dict[int, tuple[int, int, int]]:
+    """Lock the rows of ``scaler_ids`` and return, per scaler, ``(maxConcurrentSpawns, in flight,
+    waiting)`` in ONE round trip (psycopg pipeline mode): in flight = ``spawning`` agents holding a
+    spawn job id, waiting = ``spawning`` agents without one. The row locks are held to the end of
+    the caller's transaction, so a slot counted free here is nobody else's until it commits.
+    ``conn``: the raw psycopg connection, inside the caller's transaction."""
+    ids = sorted(set(scaler_ids))
+    if not ids:
+        return {}
+    with psycopg.Cursor(conn) as lock_cur, psycopg.Cursor(conn) as count_cur:
+        with conn.pipeline():
+            lock_cur.execute(_SLOTS_LOCK_SQL, {"ids": ids}, prepare=True)
+            count_cur.execute(_SLOTS_COUNT_SQL, {"ids": ids, "spawning": str(AgentState.SPAWNING)}, prepare=True)
+        limits = dict(lock_cur.fetchall())
+        counts = {scaler_id: (int(n), int(w)) for scaler_id, n, w in count_cur.fetchall()}
+    return {pk: (int(limit), *counts.get(pk, (0, 0))) for pk, limit in limits.items()}
+
+
 # --------------------------------------------------------------------------- writing a decided batch
 
 #: Per-row columns of a new agent, in the order of the ``agents`` tuples :func:`write_batch` takes.
@@ -313,8 +343,9 @@ AGENT_ROW = (
     "run_id",
     "job_image",
     "job_credentials_ref",
+    "rq_job_id",
 )
-AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text", "text", "text")
+AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text", "text", "text", "text")
 #: Per-row columns of a new reservation (joined to its agent by ``agent_id``).
 RESERVATION_ROW = (
     "agent_ref",
@@ -372,6 +403,7 @@ def _write_statement() -> tuple[str, dict]:
             "run_id": "u.run_id",
             "job_image": "u.job_image",
             "job_credentials_ref": "u.job_credentials_ref",
+            "rq_job_id": "u.rq_job_id",
         },
         {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
         defaults,
@@ -443,7 +475,8 @@ def write_batch(
     count_attempts: bool = True,
     redispatch: tuple[str, dict] | None = None,
 ) -> dict[str, int]:
-    """Write a decided batch in ONE statement: new agents (state spawning), their reservations,
+    """Write a decided batch in ONE statement: new agents (state spawning; ``rq_job_id`` set for
+    those that took a spawn slot in this transaction, :func:`spawn_slots`), their reservations,
     the request records (one per job id, ``attempts`` summed unless ``count_attempts`` is False)
     and the counter increments. ``redispatch``: ``(counter name, labels)`` that is added the number
     of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
