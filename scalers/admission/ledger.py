@@ -359,15 +359,13 @@ RESERVATION_ROW = (
 RESERVATION_ROW_TYPES = ("text", "int8", "int8", "float8", "int8", "float8", "int8")
 
 _WRITE_SQL: str | None = None
-_WRITE_DEFAULTS: dict | None = None
 
 
-def _insert_columns(
-    model, per_row: dict[str, str], fixed: dict[str, str], params: dict, prefix: str
-) -> tuple[list, list]:
+def _insert_columns(model, per_row: dict[str, str], fixed: dict[str, str]) -> tuple[list, list]:
     """Columns and SELECT expressions for an INSERT of ``model`` rows: ``per_row`` maps column ->
     expression over the unnest alias, ``fixed`` column -> named parameter; every other concrete
-    column gets its field default (so columns other helpers add keep working)."""
+    column gets its field default (so columns other helpers add keep working), as a literal: the
+    statement stays within the size and parameter count psycopg caches the conversion of."""
     cols, exprs = [], []
     for f in model._meta.concrete_fields:
         if f.primary_key:
@@ -379,18 +377,16 @@ def _insert_columns(
         elif col in fixed:
             exprs.append(f"%({fixed[col]})s::{f.cast_db_type(connection)}")
         else:
-            name = f"{prefix}_{col}"
-            params[name] = f.get_db_prep_save(f.get_default(), connection)
-            exprs.append(f"%({name})s::{f.cast_db_type(connection)}")
+            literal = psycopg.sql.Literal(f.get_db_prep_save(f.get_default(), connection)).as_string(None)
+            exprs.append(f"{literal.replace('%', '%%')}::{f.cast_db_type(connection)}")
     return cols, exprs
 
 
-def _write_statement() -> tuple[str, dict]:
+def _write_statement() -> str:
     """The one statement that writes a decided batch (built once per process from the models)."""
-    global _WRITE_SQL, _WRITE_DEFAULTS
+    global _WRITE_SQL
     if _WRITE_SQL is not None:
-        return _WRITE_SQL, _WRITE_DEFAULTS
-    defaults: dict = {}
+        return _WRITE_SQL
     a_cols, a_exprs = _insert_columns(
         Agent,
         {
@@ -406,8 +402,6 @@ def _write_statement() -> tuple[str, dict]:
             "rq_job_id": "u.rq_job_id",
         },
         {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
-        defaults,
-        "a",
     )
     r_cols, r_exprs = _insert_columns(
         Reservation,
@@ -421,8 +415,6 @@ def _write_statement() -> tuple[str, dict]:
             "limit_memory_bytes": "v.limit_memory_bytes",
         },
         {"owner_instance": "owner", "created_at": "now"},
-        defaults,
-        "r",
     )
     a_unnest = ", ".join(f"%(a_{c})b::{t}[]" for c, t in zip(AGENT_ROW, AGENT_ROW_TYPES, strict=True))
     r_unnest = ", ".join(f"%(r_{c})b::{t}[]" for c, t in zip(RESERVATION_ROW, RESERVATION_ROW_TYPES, strict=True))
@@ -459,8 +451,8 @@ def _write_statement() -> tuple[str, dict]:
         "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value RETURNING 1) "
         "SELECT a.id, a.agent_id FROM a"
     )
-    _WRITE_SQL, _WRITE_DEFAULTS = sql, defaults
-    return sql, defaults
+    _WRITE_SQL = sql
+    return sql
 
 
 def write_batch(
@@ -487,8 +479,8 @@ def write_batch(
     agents written: an agent id that already exists is skipped (``ON CONFLICT DO NOTHING``) with
     its reservation, and is missing from the answer; the caller re-mints and writes it again.
     """
-    sql, defaults = _write_statement()
-    params = dict(defaults)
+    sql = _write_statement()
+    params = {}
     params.update(state=str(AgentState.SPAWNING), owner=instance_id, now=now)
     cols = list(zip(*agents, strict=True)) if agents else [[] for _ in AGENT_ROW]
     for name, values in zip(AGENT_ROW, cols, strict=True):
