@@ -37,6 +37,7 @@ from .caps import (
     COUNT_CAPS,
     NOT_IN_ORCH_REFUSAL_GAUGE,
     CapName,
+    Usage,
     cap_exceeded_alone,
     first_refusing_cap,
     resource_cap_limits,
@@ -465,7 +466,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             "%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active
         )
 
-    hand_on = _take_spawn_slots(cur, spawns)
+    hand_on = _take_spawn_slots(spawns, world, usage)
     _dedupe_ids(spawns)
     pks = _write(cur, now, instance_id, spawns, records, counters, count_attempts=True)
     for _ in range(10):  # an id that already existed was skipped: re-mint it and write it again
@@ -512,23 +513,29 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
     return BatchResult(decisions=decisions, admitted=admitted)
 
 
-def _take_spawn_slots(cur, spawns: list[_Spawn]) -> set[int]:
+def _take_spawn_slots(spawns: list[_Spawn], world: World, usage: Usage) -> set[int]:
     """Give the batch's new agents the free spawn slots of their scalers (``maxConcurrentSpawns``),
     in batch order, in this transaction: an agent written with its spawn job id needs no second
     transaction after the commit, only its rq enqueue. Agents of a scaler that has agents waiting
-    for a slot already wait behind them. Returns the scalers that had free slots and waiting
-    agents (the caller hands those slots on, oldest first, after the commit)."""
+    for a slot wait behind them. Returns the scalers that had free slots and waiting agents (the
+    caller hands those slots on, oldest first, after the commit).
+
+    The counts are the usage snapshot's, read under the admission lock. That is enough without the
+    scaler row lock ``scalers.jobs.start_waiting_spawns`` takes: it claims only agents already
+    waiting, and a batch claims only when none waits in its snapshot; agents are made waiting only
+    by admissions, which the admission lock serialises, so the two never claim the same free
+    slot."""
+    hand_on: set[int] = set()
+    free: dict[int, int] = {}
     for sp in spawns:
         sp.slot = False
-    slots = ledger.spawn_slots(cur.connection, {sp.scaler_id for sp in spawns})
-    hand_on: set[int] = set()
-    free = {}
-    for pk, (limit, in_flight, waiting) in slots.items():
-        free[pk] = 0 if waiting else max(0, limit - in_flight)
-        if waiting and limit > in_flight:
-            hand_on.add(pk)
-    for sp in spawns:
-        if free.get(sp.scaler_id, 0) > 0:
+        if sp.scaler_id not in free:
+            tally = usage.scaler(sp.scaler_id)
+            room = max(0, world.scalers[sp.scaler_id].max_concurrent_spawns - tally.spawns_in_flight)
+            free[sp.scaler_id] = 0 if tally.spawns_waiting else room
+            if tally.spawns_waiting and room:
+                hand_on.add(sp.scaler_id)
+        if free[sp.scaler_id] > 0:
             sp.slot = True
             free[sp.scaler_id] -= 1
     return hand_on

@@ -205,7 +205,7 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
         return world
     scalers = dict_rows(
         cursor,
-        "SELECT id, name, type, max_agents, max_cpu, max_memory_bytes, machine_pool_id, "
+        "SELECT id, name, type, max_agents, max_concurrent_spawns, max_cpu, max_memory_bytes, machine_pool_id, "
         "mandatory_labels, roles, config, retiring, warm_pool_enabled, warm_pool_size, warm_pool_idle_timeout_seconds, "
         "host_tools_missing "
         "FROM scalers_scaler ORDER BY id",
@@ -233,7 +233,9 @@ _USAGE_SQL = (
     "coalesce(sum(memory_bytes), 0)::int8, "
     "NULL::text FROM scalers_reservation GROUP BY scaler_id, machine_pool_id "
     "UNION ALL "
-    "SELECT 1, scaler_id, NULL, count(*), 0::float8, 0::int8, NULL::text "
+    "SELECT 1, scaler_id, NULL, count(*), "
+    "count(*) FILTER (WHERE state = %(spawning)s AND rq_job_id <> '')::float8, "
+    "count(*) FILTER (WHERE state = %(spawning)s AND rq_job_id = '')::int8, NULL::text "
     "FROM agents_agent WHERE state = ANY(%(active)s) GROUP BY scaler_id"
 )
 
@@ -252,6 +254,7 @@ def _usage_from_rows(rows) -> Usage:
         else:
             for t in (usage.total, s):
                 t.active += n
+            s.spawns_in_flight, s.spawns_waiting = int(a), int(b)
     return usage
 
 
@@ -259,7 +262,7 @@ _SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0::float8, 0::
 
 
 def _snapshot_params() -> dict:
-    return {"active": list(_ACTIVE)}
+    return {"active": list(_ACTIVE), "spawning": str(AgentState.SPAWNING)}
 
 
 def _fingerprint(rows) -> str:
@@ -298,36 +301,6 @@ def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:
     fingerprint = _fingerprint(rows)
     usage = _usage_from_rows(rows)
     return load_world(cursor, config_row, fingerprint), usage
-
-
-# --------------------------------------------------------------------------- spawn slots
-
-# The spawn semaphore's lock is the scaler row (``scalers.jobs.start_waiting_spawns`` takes it
-# too); rows are locked in id order. The count is a separate statement so that it sees every
-# transaction committed before the rows were granted.
-_SLOTS_LOCK_SQL = "SELECT id, max_concurrent_spawns FROM scalers_scaler WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE"
-_SLOTS_COUNT_SQL = (
-    "SELECT scaler_id, count(*) FILTER (WHERE rq_job_id <> ''), count(*) FILTER (WHERE rq_job_id = '') "
-    "FROM agents_agent WHERE state = %(spawning)s AND scaler_id = ANY(%(ids)s) GROUP BY scaler_id"
-)
-
-
-def spawn_slots(conn, scaler_ids: Iterable[int]) -> dict[int, tuple[int, int, int]]:
-    """Lock the rows of ``scaler_ids`` and return, per scaler, ``(maxConcurrentSpawns, in flight,
-    waiting)`` in ONE round trip (psycopg pipeline mode): in flight = ``spawning`` agents holding a
-    spawn job id, waiting = ``spawning`` agents without one. The row locks are held to the end of
-    the caller's transaction, so a slot counted free here is nobody else's until it commits.
-    ``conn``: the raw psycopg connection, inside the caller's transaction."""
-    ids = sorted(set(scaler_ids))
-    if not ids:
-        return {}
-    with psycopg.Cursor(conn) as lock_cur, psycopg.Cursor(conn) as count_cur:
-        with conn.pipeline():
-            lock_cur.execute(_SLOTS_LOCK_SQL, {"ids": ids}, prepare=True)
-            count_cur.execute(_SLOTS_COUNT_SQL, {"ids": ids, "spawning": str(AgentState.SPAWNING)}, prepare=True)
-        limits = dict(lock_cur.fetchall())
-        counts = {scaler_id: (int(n), int(w)) for scaler_id, n, w in count_cur.fetchall()}
-    return {pk: (int(limit), *counts.get(pk, (0, 0))) for pk, limit in limits.items()}
 
 
 # --------------------------------------------------------------------------- writing a decided batch
@@ -468,7 +441,7 @@ def write_batch(
     redispatch: tuple[str, dict] | None = None,
 ) -> dict[str, int]:
     """Write a decided batch in ONE statement: new agents (state spawning; ``rq_job_id`` set for
-    those that took a spawn slot in this transaction, :func:`spawn_slots`), their reservations,
+    those that took a spawn slot in this transaction), their reservations,
     the request records (one per job id, ``attempts`` summed unless ``count_attempts`` is False)
     and the counter increments. ``redispatch``: ``(counter name, labels)`` that is added the number
     of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
