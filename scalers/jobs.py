@@ -4,8 +4,11 @@ reclaim jobs are ``scalers.lifecycle``'s.
 - :func:`start_waiting_spawns` is the per-scaler spawn semaphore (``maxConcurrentSpawns``): an
   admitted agent waits in ``spawning`` with no ``rq_job_id`` until fewer than that many of its
   scaler's backend calls are in flight, then gets one and its job :func:`spawn_agent` is
-  enqueued (job id ``spawn-<agent id>``). It runs after every admission, whenever a backend call
-  ends (the end of :func:`spawn_agent` and :func:`spawn_job_failed`) and on every sweeper round.
+  enqueued (job id ``spawn-<agent id>``). An admission batch takes its new agents' free slots in
+  its own transaction under the same row lock (``scalers.admission.ledger.spawn_slots``); this
+  runs whenever a backend call ends (the end of :func:`spawn_agent` and
+  :func:`spawn_job_failed`), on every sweeper round, and after an admission that saw free slots
+  behind waiting agents.
 - :func:`spawn_agent` runs the backend's spawn under the spawn deadline
   (``scalers.lifecycle.registration_deadline``) and cancellation (the agent row leaving
   ``spawning``), stores the result, moves the agent to ``connecting`` and returns: the spawn job
@@ -17,8 +20,8 @@ reclaim jobs are ``scalers.lifecycle``'s.
   schedules itself again (every :data:`BOOT_CHECK_SECONDS` for a backend that can tell a failed
   boot, else at the deadline). It needs a worker run ``--with-scheduler``; the sweeper's
   ``scalers.lifecycle.prune_stale_spawns`` is the deadline's backstop.
-- :func:`enqueue_spawn_or_fail` (admission's callers, after the commit) hands an admitted agent to
-  the semaphore, and answers ``skipped`` when its spawn could not be enqueued.
+- :func:`enqueue_spawn_or_fail` (admission's callers, after the commit) enqueues an admitted agent
+  that took a slot, and answers ``skipped`` when its spawn could not be enqueued.
 - The spawn job's timeout is the spawn timeout plus ``CLEANUP_GRACE_SECONDS``: the spawn itself
   gives up at the deadline and cleans up inside that grace; rq's hard kill and the failure
   callback :func:`spawn_job_failed` are the backstop for a job that hangs anyway.
@@ -35,7 +38,7 @@ from rq import Callback
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission.decide import Admitted, ScaleDecision
+from scalers.admission.decide import Admitted, ScaleDecision, spawn_job_id
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import (
@@ -60,19 +63,18 @@ CLEANUP_GRACE_SECONDS = 30
 BOOT_CHECK_SECONDS = 1.0
 
 
-def spawn_job_id(agent: Agent) -> str:
-    return f"spawn-{agent.agent_id}"
-
-
 def enqueue_spawn(agent: Agent) -> str:
-    """Enqueue ``spawn_agent(agent.pk)`` on the host queue now; records the job id on the agent
-    (``rq_job_id``) and returns it. Job timeout: spawn timeout + ``CLEANUP_GRACE_SECONDS``; on a
-    hard failure rq calls :func:`spawn_job_failed`. Callers go through :func:`start_waiting_spawns`.
+    """Enqueue ``spawn_agent(agent.pk)`` on the host queue now and return its job id. An agent
+    whose slot its caller claimed in its own transaction (``agent.rq_job_id`` already the job id:
+    the admission batch, :func:`start_waiting_spawns`) is enqueued as it is; otherwise the job id
+    is recorded on the agent first. Job timeout: spawn timeout + ``CLEANUP_GRACE_SECONDS``; on a
+    hard failure rq calls :func:`spawn_job_failed`. Callers go through the spawn semaphore.
     """
-    job_id = spawn_job_id(agent)
-    # updated_at stamps the claim: recovery gives a job rq does not know yet a grace from it.
-    Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id, updated_at=timezone.now())
-    agent.rq_job_id = job_id
+    job_id = spawn_job_id(agent.agent_id)
+    if agent.rq_job_id != job_id:
+        # updated_at stamps the claim: recovery gives a job rq does not know yet a grace from it.
+        Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id, updated_at=timezone.now())
+        agent.rq_job_id = job_id
     timeout = spawn_timeout_seconds() + CLEANUP_GRACE_SECONDS
     host_queue().enqueue(
         spawn_agent,
@@ -111,22 +113,29 @@ def start_waiting_spawns(scaler_id: int) -> set[int]:
             return set()
         chosen = list(spawning.filter(rq_job_id="").order_by("created_at", "pk")[:free])
         for agent in chosen:
-            Agent.objects.filter(pk=agent.pk).update(rq_job_id=spawn_job_id(agent), updated_at=timezone.now())
-    failed: set[int] = set()
-    for agent in chosen:
-        try:
-            enqueue_spawn(agent)
-        except Exception as exc:  # noqa: BLE001 - the admission must not outlive a lost spawn
-            log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
-            fail_spawn(
-                Agent.objects.select_related("scaler").get(pk=agent.pk),
-                f"could not enqueue the spawn: {exc}",
-                reason="enqueue-failed",
-            )
-            failed.add(agent.pk)
+            agent.rq_job_id = spawn_job_id(agent.agent_id)
+            Agent.objects.filter(pk=agent.pk).update(rq_job_id=agent.rq_job_id, updated_at=timezone.now())
+    failed = {agent.pk for agent in chosen if not _enqueue_or_fail(agent)}
     if failed:
         failed |= start_waiting_spawns(scaler_id)
     return failed
+
+
+def _enqueue_or_fail(agent: Agent) -> bool:
+    """Enqueue the spawn of ``agent``, whose slot is claimed; when that fails, fail the agent and
+    release it (``enqueue-failed``: an admission must not outlive a lost spawn). False then; the
+    caller hands its slot on."""
+    try:
+        enqueue_spawn(agent)
+        return True
+    except Exception as exc:  # noqa: BLE001 - whatever rq raised, the agent must not hold its slot
+        log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
+        fail_spawn(
+            Agent.objects.select_related("scaler").get(pk=agent.pk),
+            f"could not enqueue the spawn: {exc}",
+            reason="enqueue-failed",
+        )
+        return False
 
 
 def start_all_waiting_spawns() -> int:
@@ -277,14 +286,18 @@ def spawn_job_failed(job, connection, type, value, traceback):  # noqa: A002 - r
         start_waiting_spawns(scaler_id)
 
 
-def enqueue_spawn_or_fail(decision: ScaleDecision, agent: Agent | Admitted) -> ScaleDecision:
-    """Hand an admitted agent (``agent``: an ``Agent`` or a batch's ``Admitted``) to the spawn
-    semaphore (:func:`start_waiting_spawns`; it spawns now or once a slot frees) and return
-    ``decision``; when its spawn could not be enqueued (the agent is then failed and released),
-    answer ``skipped``."""
-    if isinstance(agent, Admitted):
-        agent = agent.to_agent()
-    if agent.pk not in start_waiting_spawns(agent.scaler_id):
+def enqueue_spawn_or_fail(decision: ScaleDecision, admitted: Admitted) -> ScaleDecision:
+    """After the commit of its admission, start an admitted agent and return ``decision``: one that
+    took a spawn slot in the admission transaction is enqueued (its slot handed on if that fails);
+    one that waits is left to the spawn semaphore (:func:`start_waiting_spawns`), which is run now
+    when the batch saw free slots behind waiting agents. When its spawn could not be enqueued (the
+    agent is then failed and released), answer ``skipped``."""
+    agent = admitted.to_agent()
+    if agent.rq_job_id:
+        if _enqueue_or_fail(agent):
+            return decision
+        start_waiting_spawns(agent.scaler_id)
+    elif not admitted.hand_on_slots or agent.pk not in start_waiting_spawns(agent.scaler_id):
         return decision
     reason = Agent.objects.filter(pk=agent.pk).values_list("failure_reason", flat=True).first() or ""
     return ScaleDecision(

@@ -87,12 +87,16 @@ class PoolCaps:
 
 @dataclass
 class Tally:
-    """Usage of one scope: reservation rows, active agents, reserved cpus and bytes."""
+    """Usage of one scope: reservation rows, active agents, reserved cpus and bytes; for a scaler
+    also its spawns in flight (``spawning`` agents holding a spawn job id) and waiting for a slot
+    (``spawning`` without one)."""
 
     reservations: int = 0
     active: int = 0
     cpus: float = 0.0
     memory_bytes: int = 0
+    spawns_in_flight: int = 0
+    spawns_waiting: int = 0
 
     @property
     def count(self) -> int:

@@ -37,6 +37,7 @@ from .caps import (
     COUNT_CAPS,
     NOT_IN_ORCH_REFUSAL_GAUGE,
     CapName,
+    Usage,
     cap_exceeded_alone,
     first_refusing_cap,
     resource_cap_limits,
@@ -111,6 +112,12 @@ class Admitted:
     owner_instance: str
     job_image: str = ""
     job_credentials_ref: str = ""
+    #: The spawn job id when the agent took a spawn slot in its admission transaction; empty when
+    #: it waits for one (``scalers.jobs.start_waiting_spawns`` gives it one as slots free).
+    rq_job_id: str = ""
+    #: The agent waits although its scaler had a free slot, because older agents wait for slots
+    #: too: the caller hands the slots on after the commit, oldest first.
+    hand_on_slots: bool = False
 
     def to_agent(self) -> Agent:
         """An ``Agent`` instance for this row as written (no query)."""
@@ -127,6 +134,7 @@ class Admitted:
             owner_instance=self.owner_instance,
             job_image=self.job_image,
             job_credentials_ref=self.job_credentials_ref,
+            rq_job_id=self.rq_job_id,
         )
         agent._state.adding = False
         agent._state.db = "default"
@@ -161,11 +169,17 @@ class _Spawn:
         "lmem",
         "job_image",
         "job_ref",
+        "slot",
     )
 
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
+
+
+def spawn_job_id(agent_id: str) -> str:
+    """The rq job id of an agent's spawn: ``spawn-<agent id>`` (one per agent: rq keeps one job per id)."""
+    return f"spawn-{agent_id}"
 
 
 def mint_agent_id(scaler_type: str) -> str:
@@ -452,6 +466,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             "%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active
         )
 
+    hand_on = _take_spawn_slots(spawns, world, usage)
     _dedupe_ids(spawns)
     pks = _write(cur, now, instance_id, spawns, records, counters, count_attempts=True)
     for _ in range(10):  # an id that already existed was skipped: re-mint it and write it again
@@ -491,9 +506,39 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 instance_id,
                 sp.job_image,
                 sp.job_ref,
+                spawn_job_id(sp.agent_id) if sp.slot else "",
+                sp.scaler_id in hand_on,
             )
         )
     return BatchResult(decisions=decisions, admitted=admitted)
+
+
+def _take_spawn_slots(spawns: list[_Spawn], world: World, usage: Usage) -> set[int]:
+    """Give the batch's new agents the free spawn slots of their scalers (``maxConcurrentSpawns``),
+    in batch order, in this transaction: an agent written with its spawn job id needs no second
+    transaction after the commit, only its rq enqueue. Agents of a scaler that has agents waiting
+    for a slot wait behind them. Returns the scalers that had free slots and waiting agents (the
+    caller hands those slots on, oldest first, after the commit).
+
+    The counts are the usage snapshot's, read under the admission lock. That is enough without the
+    scaler row lock ``scalers.jobs.start_waiting_spawns`` takes: it claims only agents already
+    waiting, and a batch claims only when none waits in its snapshot; agents are made waiting only
+    by admissions, which the admission lock serialises, so the two never claim the same free
+    slot."""
+    hand_on: set[int] = set()
+    free: dict[int, int] = {}
+    for sp in spawns:
+        sp.slot = False
+        if sp.scaler_id not in free:
+            tally = usage.scaler(sp.scaler_id)
+            room = max(0, world.scalers[sp.scaler_id].max_concurrent_spawns - tally.spawns_in_flight)
+            free[sp.scaler_id] = 0 if tally.spawns_waiting else room
+            if tally.spawns_waiting and room:
+                hand_on.add(sp.scaler_id)
+        if free[sp.scaler_id] > 0:
+            sp.slot = True
+            free[sp.scaler_id] -= 1
+    return hand_on
 
 
 def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Request) -> dict | None:
@@ -538,7 +583,7 @@ def _write(
         instance_id=instance_id,
         agents=[
             (sp.agent_id, sp.scaler_id, sp.label_set_id, sp.labels_json, sp.warm, sp.job, sp.run)
-            + (sp.job_image, sp.job_ref)
+            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "")
             for sp in spawns
         ],
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],

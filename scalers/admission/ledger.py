@@ -205,7 +205,7 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
         return world
     scalers = dict_rows(
         cursor,
-        "SELECT id, name, type, max_agents, max_cpu, max_memory_bytes, machine_pool_id, "
+        "SELECT id, name, type, max_agents, max_concurrent_spawns, max_cpu, max_memory_bytes, machine_pool_id, "
         "mandatory_labels, roles, config, retiring, warm_pool_enabled, warm_pool_size, warm_pool_idle_timeout_seconds, "
         "host_tools_missing "
         "FROM scalers_scaler ORDER BY id",
@@ -233,7 +233,9 @@ _USAGE_SQL = (
     "coalesce(sum(memory_bytes), 0)::int8, "
     "NULL::text FROM scalers_reservation GROUP BY scaler_id, machine_pool_id "
     "UNION ALL "
-    "SELECT 1, scaler_id, NULL, count(*), 0::float8, 0::int8, NULL::text "
+    "SELECT 1, scaler_id, NULL, count(*), "
+    "count(*) FILTER (WHERE state = %(spawning)s AND rq_job_id <> '')::float8, "
+    "count(*) FILTER (WHERE state = %(spawning)s AND rq_job_id = '')::int8, NULL::text "
     "FROM agents_agent WHERE state = ANY(%(active)s) GROUP BY scaler_id"
 )
 
@@ -252,6 +254,7 @@ def _usage_from_rows(rows) -> Usage:
         else:
             for t in (usage.total, s):
                 t.active += n
+            s.spawns_in_flight, s.spawns_waiting = int(a), int(b)
     return usage
 
 
@@ -259,7 +262,7 @@ _SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0::float8, 0::
 
 
 def _snapshot_params() -> dict:
-    return {"active": list(_ACTIVE)}
+    return {"active": list(_ACTIVE), "spawning": str(AgentState.SPAWNING)}
 
 
 def _fingerprint(rows) -> str:
@@ -313,8 +316,9 @@ AGENT_ROW = (
     "run_id",
     "job_image",
     "job_credentials_ref",
+    "rq_job_id",
 )
-AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text", "text", "text")
+AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text", "text", "text", "text")
 #: Per-row columns of a new reservation (joined to its agent by ``agent_id``).
 RESERVATION_ROW = (
     "agent_ref",
@@ -328,15 +332,13 @@ RESERVATION_ROW = (
 RESERVATION_ROW_TYPES = ("text", "int8", "int8", "float8", "int8", "float8", "int8")
 
 _WRITE_SQL: str | None = None
-_WRITE_DEFAULTS: dict | None = None
 
 
-def _insert_columns(
-    model, per_row: dict[str, str], fixed: dict[str, str], params: dict, prefix: str
-) -> tuple[list, list]:
+def _insert_columns(model, per_row: dict[str, str], fixed: dict[str, str]) -> tuple[list, list]:
     """Columns and SELECT expressions for an INSERT of ``model`` rows: ``per_row`` maps column ->
     expression over the unnest alias, ``fixed`` column -> named parameter; every other concrete
-    column gets its field default (so columns other helpers add keep working)."""
+    column gets its field default (so columns other helpers add keep working), as a literal: the
+    statement stays within the size and parameter count psycopg caches the conversion of."""
     cols, exprs = [], []
     for f in model._meta.concrete_fields:
         if f.primary_key:
@@ -348,18 +350,16 @@ def _insert_columns(
         elif col in fixed:
             exprs.append(f"%({fixed[col]})s::{f.cast_db_type(connection)}")
         else:
-            name = f"{prefix}_{col}"
-            params[name] = f.get_db_prep_save(f.get_default(), connection)
-            exprs.append(f"%({name})s::{f.cast_db_type(connection)}")
+            literal = psycopg.sql.Literal(f.get_db_prep_save(f.get_default(), connection)).as_string(None)
+            exprs.append(f"{literal.replace('%', '%%')}::{f.cast_db_type(connection)}")
     return cols, exprs
 
 
-def _write_statement() -> tuple[str, dict]:
+def _write_statement() -> str:
     """The one statement that writes a decided batch (built once per process from the models)."""
-    global _WRITE_SQL, _WRITE_DEFAULTS
+    global _WRITE_SQL
     if _WRITE_SQL is not None:
-        return _WRITE_SQL, _WRITE_DEFAULTS
-    defaults: dict = {}
+        return _WRITE_SQL
     a_cols, a_exprs = _insert_columns(
         Agent,
         {
@@ -372,10 +372,9 @@ def _write_statement() -> tuple[str, dict]:
             "run_id": "u.run_id",
             "job_image": "u.job_image",
             "job_credentials_ref": "u.job_credentials_ref",
+            "rq_job_id": "u.rq_job_id",
         },
         {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
-        defaults,
-        "a",
     )
     r_cols, r_exprs = _insert_columns(
         Reservation,
@@ -389,8 +388,6 @@ def _write_statement() -> tuple[str, dict]:
             "limit_memory_bytes": "v.limit_memory_bytes",
         },
         {"owner_instance": "owner", "created_at": "now"},
-        defaults,
-        "r",
     )
     a_unnest = ", ".join(f"%(a_{c})b::{t}[]" for c, t in zip(AGENT_ROW, AGENT_ROW_TYPES, strict=True))
     r_unnest = ", ".join(f"%(r_{c})b::{t}[]" for c, t in zip(RESERVATION_ROW, RESERVATION_ROW_TYPES, strict=True))
@@ -427,8 +424,8 @@ def _write_statement() -> tuple[str, dict]:
         "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value RETURNING 1) "
         "SELECT a.id, a.agent_id FROM a"
     )
-    _WRITE_SQL, _WRITE_DEFAULTS = sql, defaults
-    return sql, defaults
+    _WRITE_SQL = sql
+    return sql
 
 
 def write_batch(
@@ -443,7 +440,8 @@ def write_batch(
     count_attempts: bool = True,
     redispatch: tuple[str, dict] | None = None,
 ) -> dict[str, int]:
-    """Write a decided batch in ONE statement: new agents (state spawning), their reservations,
+    """Write a decided batch in ONE statement: new agents (state spawning; ``rq_job_id`` set for
+    those that took a spawn slot in this transaction), their reservations,
     the request records (one per job id, ``attempts`` summed unless ``count_attempts`` is False)
     and the counter increments. ``redispatch``: ``(counter name, labels)`` that is added the number
     of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
@@ -454,8 +452,8 @@ def write_batch(
     agents written: an agent id that already exists is skipped (``ON CONFLICT DO NOTHING``) with
     its reservation, and is missing from the answer; the caller re-mints and writes it again.
     """
-    sql, defaults = _write_statement()
-    params = dict(defaults)
+    sql = _write_statement()
+    params = {}
     params.update(state=str(AgentState.SPAWNING), owner=instance_id, now=now)
     cols = list(zip(*agents, strict=True)) if agents else [[] for _ in AGENT_ROW]
     for name, values in zip(AGENT_ROW, cols, strict=True):

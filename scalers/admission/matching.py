@@ -53,6 +53,8 @@ class ScalerInfo:
     config: dict = field(default_factory=dict, compare=False)
     #: Host tools the sweeper found missing (``scalers.backends.tools``): non-empty = not started.
     tools_missing: tuple[str, ...] = ()
+    #: ``maxConcurrentSpawns``: backend calls of this scaler that may run at once.
+    max_concurrent_spawns: int = 1
 
     def label_set(self, pk: int) -> LabelSetInfo | None:
         for ls in self.label_sets:
@@ -163,6 +165,7 @@ def build_world(
             warm_pool_idle_timeout_seconds=row["warm_pool_idle_timeout_seconds"],
             config=row["config"] or {},
             tools_missing=tuple(row.get("host_tools_missing") or ()),
+            max_concurrent_spawns=row.get("max_concurrent_spawns", 1),
         )
         scalers[row["id"]] = info
         if not row["retiring"] and infos:

@@ -7,10 +7,12 @@ import logging
 import re
 
 import pytest
+from psycopg import _queries
 
 from agents.choices import AgentState
 from agents.models import Agent
 from scalers.admission.caps import CAP_ORDER
+from scalers.admission.ledger import _write_statement
 from scalers.admission.service import request_scale
 from scalers.admission.validate import InvalidScaleRequest
 from scalers.jobs import start_waiting_spawns
@@ -371,3 +373,12 @@ def test_a_job_image_routed_to_a_process_mode_label_set_is_refused_naming_it():
         decision.reason
     )
     assert not Agent.objects.exists()
+
+
+def test_the_batch_write_statement_stays_within_psycopgs_conversion_cache():
+    """psycopg converts a query's placeholders on every execute unless the query is at most
+    MAX_CACHED_STATEMENT_LENGTH bytes with at most MAX_CACHED_STATEMENT_PARAMS parameters; the
+    write runs once per admission batch, so a column added to Agent must not push it past them."""
+    sql = _write_statement()
+    assert len(sql.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+    assert len(set(re.findall(r"%\((\w+)\)", sql))) <= _queries.MAX_CACHED_STATEMENT_PARAMS

@@ -157,6 +157,9 @@ def test_200_concurrent_requests_never_admit_past_any_cap_over_many_rounds():
             total = _check_round(outcomes)
             assert total == sum(1 for d in results if d.action == "spawning")
             assert Agent.objects.filter(state=AgentState.SPAWNING).count() == total
+            for scaler in Scaler.objects.all():  # slots are taken by the deciders too, under one lock
+                flying = Agent.objects.filter(scaler=scaler, state=AgentState.SPAWNING).exclude(rq_job_id="")
+                assert flying.count() <= scaler.max_concurrent_spawns
             admitted_total += total
             refused_total += sum(1 for d in results if d.action == "at-capacity")
     finally:
