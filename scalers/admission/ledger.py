@@ -414,10 +414,12 @@ def _write_statement() -> str:
         "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value "
         "RETURNING 1), "
         # Jobs whose stored decision was at-capacity and that are admitted now (the CTE reads the
-        # rows as they were before this statement): the orchestrator's retry re-drove them.
-        "p AS (SELECT count(*) AS n FROM scalers_scalerequest sr JOIN unnest(%(s_job)b::text[], "
-        "%(s_outcome)b::text[]) AS q(j, o) ON sr.job_id = q.j WHERE sr.outcome = %(waiting)s::text "
-        "AND q.o = ANY(%(admitted)s::text[])), "
+        # rows as they were before this statement): the orchestrator's retry re-drove them. The
+        # batch's jobs drive it, one unique-index look-up each: a join lets the planner scan every
+        # stored at-capacity record once per job instead.
+        "p AS (SELECT count(*) AS n FROM unnest(%(s_job)b::text[], %(s_outcome)b::text[]) AS q(j, o) "
+        "WHERE q.o = ANY(%(admitted)s::text[]) AND (SELECT sr.outcome FROM scalers_scalerequest sr "
+        "WHERE sr.job_id = q.j) = %(waiting)s::text), "
         "d AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
         "SELECT %(rd_name)s::text, %(rd_key)s::text, %(rd_labels)s::jsonb, n FROM p "
         "WHERE n > 0 AND %(rd_name)s::text <> '' "

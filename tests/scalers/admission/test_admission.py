@@ -7,15 +7,18 @@ import logging
 import re
 
 import pytest
+from django.db import connection, transaction
+from django.utils import timezone
 from psycopg import _queries
 
 from agents.choices import AgentState
 from agents.models import Agent
+from scalers.admission import ledger
 from scalers.admission.caps import CAP_ORDER
-from scalers.admission.ledger import _write_statement
 from scalers.admission.service import request_scale
 from scalers.admission.validate import InvalidScaleRequest
 from scalers.jobs import start_waiting_spawns
+from scalers.metrics import REDISPATCH
 from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.support.scalers import make_pool, make_scaler, set_global
 
@@ -379,6 +382,68 @@ def test_the_batch_write_statement_stays_within_psycopgs_conversion_cache():
     """psycopg converts a query's placeholders on every execute unless the query is at most
     MAX_CACHED_STATEMENT_LENGTH bytes with at most MAX_CACHED_STATEMENT_PARAMS parameters; the
     write runs once per admission batch, so a column added to Agent must not push it past them."""
-    sql = _write_statement()
+    sql = ledger._write_statement()
     assert len(sql.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
     assert len(set(re.findall(r"%\((\w+)\)", sql))) <= _queries.MAX_CACHED_STATEMENT_PARAMS
+
+
+def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(monkeypatch):
+    """The batch write counts the admitted jobs whose stored decision was at-capacity. It must cost
+    one look-up per job of the batch whatever the planner's statistics say (here none yet, as
+    for a table that grew since its last analyze): a join let it scan every stored at-capacity
+    record (they accumulate for the retention period) for each batch."""
+    now = timezone.now()
+    ScaleRequest.objects.bulk_create(
+        ScaleRequest(job_id=f"old-{i}", labels=["linux"], outcome="at-capacity", decided_at=now, first_requested_at=now)
+        for i in range(3000)
+    )
+    record = {
+        "job_id": "old-7",  # waiting since its refusal, admitted now
+        "run_id": "",
+        "labels": ["linux"],
+        "resources": None,
+        "cpus": 1.0,
+        "memory_bytes": 0,
+        "outcome": "spawning",
+        "cap": "",
+        "reason": "",
+        "scaler_name": "s",
+        "agent_ref": "",
+    }
+    captured = {}
+
+    class Capture:
+        def execute(self, sql, params, prepare=False):
+            captured.update(sql=sql, params=params)
+
+        def fetchall(self):
+            return []
+
+    ledger.write_batch(
+        Capture(),
+        now=now,
+        instance_id="i",
+        agents=[],
+        reservations=[],
+        records=[record, {**record, "job_id": "new-1"}],
+        counters={},
+        redispatch=(REDISPATCH, {"trigger": "sweep"}),
+    )
+    with transaction.atomic():
+        raw = connection.connection
+        with raw.cursor() as cur:
+            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + captured["sql"], captured["params"])
+            plan = cur.fetchone()[0]
+        transaction.set_rollback(True)
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    read = sum(
+        n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
+        for n in nodes(plan[0]["Plan"])
+        if n.get("Relation Name") == "scalers_scalerequest" and "Scan" in n["Node Type"]
+    )
+    assert read <= 2, f"the redispatch count read {read} stored request records for a batch of 2 jobs"
