@@ -6,6 +6,7 @@ where the CPU has hardware virtualization.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -226,6 +227,84 @@ def test_the_mmds_reader_gives_up_naming_the_keys_when_mmds_stays_empty(guest_ne
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---- the whole guest, booted -------------------------------------------------------------------
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_mmds(guest, tmp_path):
+    # QEMU's microvm machine in software emulation (no KVM needed) describes its virtio-mmio
+    # devices in ACPI (LNRO0005) as Firecracker does: the same kernel, initramfs and boot arguments
+    # boot through the modules, eth0 from ip=, MMDS and the agent's registration; the agent's
+    # stop ends the init, which resets the machine.
+    require_root()
+    qemu = shutil.which("qemu-system-x86_64")
+    assert qemu, "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86: make test installs it)"
+    n = next(_count)
+    ns, tap = f"kgst-{os.getpid()}-{n}-q", "kgst-tap0"
+    octet = 10 + (os.getpid() + n) % 200
+    gateway, ip = f"10.253.{octet}.1", f"10.253.{octet}.2"
+    agent_id, token = "scaler-firecracker-0000e1e1", "tok-emulated"
+    console = Console(agent_id, token)
+    mmds = Mmds(version="V2")
+    mmds.data.update(
+        jail.build_mmds_payload(
+            orchestrator_url=f"http://{gateway}:8000",
+            agent_id=agent_id,
+            labels=["linux", "vm"],
+            gateway=gateway,
+            token=token,
+        )  # fmt: skip
+    )
+    boot_args = jail.build_vm_config(
+        ip=ip, gateway=gateway, netmask="255.255.255.0", mac="06:00:0a:fd:00:02", tap=tap, vcpus=1, mem_mib=256
+    )["boot-source"]["boot_args"]
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    servers, vm = [], None
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"], check=True)
+        for addr in (f"{gateway}/24", f"{jail.MMDS_ADDRESS}/32"):
+            subprocess.run(["ip", "-n", ns, "addr", "add", addr, "dev", tap], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", tap, "up"], check=True)
+        servers = [
+            serve_in_netns(ns, jail.MMDS_ADDRESS, 80, mmds.handler()),
+            serve_in_netns(ns, gateway, 8000, console.handler()),
+        ]
+        serial = tmp_path / "serial.log"
+        machine = "microvm,acpi=on,x-option-roms=off,pit=on,pic=on,isa-serial=on,rtc=on"
+        with open(serial, "wb") as out:
+            vm = subprocess.Popen(
+                ["ip", "netns", "exec", ns, qemu, "-accel", "tcg", "-M", machine, "-m", "256", "-smp", "1",
+                 "-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio",
+                 "-kernel", str(guest / "vmlinux"), "-initrd", str(guest / "initrd.img"), "-append", boot_args,
+                 "-drive", f"id=root,file={guest / 'rootfs.ext4'},format=raw,if=none,readonly=on",
+                 "-device", "virtio-blk-device,drive=root",
+                 "-netdev", f"tap,id=eth0,ifname={tap},script=no,downscript=no",
+                 "-device", "virtio-net-device,netdev=eth0,mac=06:00:0a:fd:00:02"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                code = vm.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                code = None
+        log = serial.read_text(errors="replace")
+        assert code == 0, f"the emulated guest did not reset after its agent stopped (exit {code}):\n{log[-4000:]}"
+        assert f"kici-init: eth0 is {ip}/24 via {gateway}" in log and "virtio_blk" in log, log[-4000:]
+        assert "kici-agent: registered" in log and "kici-agent: console asked us to stop" in log, log[-4000:]
+        register = [r for r in console.requests if r[0] == "/api/v1/agents/register"]
+        assert len(register) == 1 and register[0][1] == f"Bearer {token}"
+        assert any(r[0] == "PUT" for r in mmds.requests)  # a V2 session
+    finally:
+        if vm is not None and vm.poll() is None:
+            vm.kill()
+            vm.wait()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 # ---- a real boot --------------------------------------------------------------------------------
