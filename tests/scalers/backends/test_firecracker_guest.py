@@ -14,6 +14,7 @@ import time
 import pytest
 
 from scalers.backends.firecracker import jail
+from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.logs import SERIAL_SOURCE
 from tests.support.firecracker import real_binaries, require_kvm
 from tests.support.guest import (
@@ -311,6 +312,33 @@ def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_
 
 
 # ---- a real boot --------------------------------------------------------------------------------
+
+
+@pytest.mark.root
+@pytest.mark.django_db(transaction=True)
+def test_the_real_jailer_and_firecracker_start_the_built_guest_with_its_initrd(fc_env, guest):
+    # Up to the boot, on any /dev/kvm: the chroot holds the initrd, and the running firecracker
+    # took boot-source.initrd_path (its GET /vm/config shows what it loaded).
+    fc, jailer = real_binaries()
+    require_kvm()
+    env = fc_env
+    b = env.backend(jailer=jailer, firecracker=fc, kernel=guest / "vmlinux", initrd_path=str(guest / "initrd.img"),
+                    destroy_wait_s=2)  # fmt: skip
+    assert b.ensure_host_ready()
+    agent_id = "scaler-firecracker-0000f00d"
+    label_set = {"labels": ["linux", "vm"], "rootfsPath": str(guest / "rootfs.ext4"), "overlayDriveSizeMib": 8,
+                 "memSizeMib": 256, "vcpuCount": 1}  # fmt: skip
+    vm = b.spawn(agent_id, label_set, None, f"http://{env.gateway}:8000", labels=["linux", "vm"], timeout_s=30)
+    try:
+        assert vm.layout.initrd.read_bytes() == (guest / "initrd.img").read_bytes()
+        api = FirecrackerApi(str(vm.layout.socket))
+        assert api.get_info()["state"] == "Running"
+        boot = api.request("GET", "/vm/config")["boot-source"]
+        assert (boot["kernel_image_path"], boot["initrd_path"]) == ("/kernel", "/initrd")
+        assert api.get_mmds()["latest"]["meta-data"]["kici-agent-token"] == f"tok-{agent_id}"
+    finally:
+        b.mark_registered(agent_id)
+        assert b.destroy(agent_id)
 
 
 @pytest.mark.root
