@@ -114,16 +114,15 @@ def module_depends(ko: bytes) -> list[str]:
 class Mmds:
     """An HTTP server with Firecracker MMDS's guest-side semantics, on port 80.
 
-    ``PUT /latest/api/token`` with ``X-metadata-token-ttl-seconds`` (1..21600) answers a session
-    token; in ``version`` "V2" a ``GET`` without a valid ``X-metadata-token`` is 401. A GET of
-    ``/latest/meta-data/<path>`` answers a string value as is, a map as its keys one a line (a map's
-    key with a trailing "/"), anything missing 404: the IMDS format Firecracker serves by default.
-    ``data`` is the document the backend PUTs to ``/mmds`` (``{"latest": {"meta-data": {...}}}``).
+    ``version`` "V2": ``PUT /latest/api/token`` with ``X-metadata-token-ttl-seconds`` (1..21600)
+    answers a session token, and a ``GET`` without a valid ``X-metadata-token`` is 401. "V1": a PUT
+    is 405 and GETs are not checked. A GET of ``/latest/meta-data/<path>`` answers a string value as
+    is, a map as its keys one a line (a map's key with a trailing "/"), anything missing 404: the
+    IMDS format Firecracker serves by default. ``data`` is the document the backend PUTs to
+    ``/mmds`` (``{"latest": {"meta-data": {...}}}``).
     """
 
     version: str = "V2"
-    #: False: ``PUT /latest/api/token`` is refused (405), as by an MMDS that offers no sessions.
-    token_endpoint: bool = True
     data: dict = field(default_factory=lambda: {"latest": {"meta-data": {}}})
     tokens: set = field(default_factory=set)
     requests: list = field(default_factory=list)
@@ -147,8 +146,8 @@ class Mmds:
 
             def do_PUT(self):
                 mmds.requests.append(("PUT", self.path, dict(self.headers)))
-                if not mmds.token_endpoint:
-                    return self._answer(405, "Method not allowed.")
+                if mmds.version == "V1":
+                    return self._answer(405, "Not allowed HTTP method.")
                 if self.path != "/latest/api/token":
                     return self._answer(400, "Invalid request.")
                 try:
@@ -164,7 +163,7 @@ class Mmds:
             def do_GET(self):
                 mmds.requests.append(("GET", self.path, dict(self.headers)))
                 token = self.headers.get("X-metadata-token")
-                if (mmds.version == "V2" or token is not None) and token not in mmds.tokens:
+                if mmds.version == "V2" and token not in mmds.tokens:
                     return self._answer(401, "No MMDS token provided. Use `X-metadata-token` header.")
                 node = mmds.data
                 for part in [p for p in self.path.split("/") if p]:

@@ -159,8 +159,9 @@ def test_the_guest_init_and_mmds_reader_register_the_agent_with_the_id_token_and
     net = guest_net
     agent_id, token = "scaler-firecracker-0000c0de", "tok-from-mmds"
     console = Console(agent_id, token)
-    # V1 here also refuses the session-token PUT: the reader must then read without a session.
-    mmds = Mmds(version=version, token_endpoint=version == "V2")
+    # V1 (what config.json asks for: no version) refuses the session-token PUT: the reader must
+    # then read without a session.
+    mmds = Mmds(version=version)
     servers = [
         serve_in_netns(net["host"], jail.MMDS_ADDRESS, 80, mmds.handler()),
         serve_in_netns(net["host"], net["gateway"], 8000, console.handler()),
