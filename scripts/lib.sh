@@ -29,6 +29,12 @@ apt_install() {  # apt_install pkg...: install only the packages that are missin
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+config_uses_firecracker() {  # config_uses_firecracker FILE [DIR]: a scaler of type firecracker in FILE or DIR/*.y(a)ml
+  local files=("$1")
+  if [ -n "${2:-}" ]; then files+=("$2"/*.yaml "$2"/*.yml); fi
+  grep -Eqs "^[[:space:]-]*type:[[:space:]]*[\"']?firecracker[\"']?[[:space:]]*(#.*)?$" "${files[@]}"
+}
+
 find_python() {  # prints a python >= 3.12, installing Debian's python3 when none is found
   local c
   for c in python3.13 python3.12 python3 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3 /root/.pyenv/versions/3.1[2-9]*/bin/python3; do

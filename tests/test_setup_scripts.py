@@ -22,3 +22,25 @@ def test_generating_the_secrets_keeps_them_private_and_leaves_the_callers_umask_
     assert out.stdout.split()[-1] == "0022"
     for name in (".secret_key", "var/env"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+
+
+def test_make_run_builds_the_firecracker_guest_only_for_a_config_with_a_firecracker_scaler(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "lib.sh", tmp_path / "scripts" / "lib.sh")
+    (tmp_path / "containers.yaml").write_text((ROOT / "examples" / "scalers.yaml").read_text())
+    (tmp_path / "vms.yaml").write_text("scalers:\n  - name: vms\n    type: 'firecracker'  # the guest\n")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "more.yml").write_text("scalers:\n  - type: firecracker\n    name: more\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "c.yaml").write_text("scalers:\n  - type: container\n    name: firecracker\n")
+
+    def uses(*args: str) -> bool:
+        script = '. scripts/lib.sh; config_uses_firecracker "$@" && echo yes || echo no'
+        out = subprocess.run(["bash", "-c", script, "x", *args], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=30, check=True)  # fmt: skip
+        return out.stdout.split()[-1] == "yes"
+
+    assert uses("vms.yaml") and uses("containers.yaml", "dir")
+    assert not uses("containers.yaml") and not uses("containers.yaml", "other") and not uses("containers.yaml", "")
+    run_sh = (ROOT / "scripts" / "run.sh").read_text()
+    assert 'config_uses_firecracker "$KICI_SCALER_CONFIG_PATH"' in run_sh and "agent/build_guest.sh" in run_sh

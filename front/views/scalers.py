@@ -100,6 +100,7 @@ TYPE_FIELDS = {
         "firecrackerPath",
         "jailerPath",
         "kernelPath",
+        "initrdPath",
         "chrootBaseDir",
         "uid",
         "gid",

@@ -4,7 +4,10 @@
 
 - ``firecracker``: ``firecrackerPath`` and ``jailerPath`` (files), ``mkfs.ext4`` (the overlay
   drive), ``nft`` (the VMs' rules), ``ip`` (default route, ``ip netns exec``), ``sudo`` with
-  ``requireSudo``.
+  ``requireSudo``; and CAP_NET_ADMIN for this process (:func:`net_admin_problem`): the VMs' nft
+  rules (libnftables) and the bridge and TAP devices (netlink) are written by this process, which
+  ``requireSudo`` cannot cover (it wraps commands: the jailer, chown, sysctl, iptables), so a
+  console driving Firecracker runs as root.
 - ``bare-metal``: every process-mode label set's ``binaryPath`` (a file) and the interpreter its
   ``#!`` line names (the reference requires ``node`` because its agent is a node script; this
   console's agent is ``#!/usr/bin/env python3``); ``bwrap`` when ``KICI_SANDBOX=true`` reaches the
@@ -143,9 +146,31 @@ def required_tools_for(scaler: Scaler, *, environ: Mapping[str, str] | None = No
     return list(unique.values())
 
 
+#: The bit of CAP_NET_ADMIN in a capability mask (``linux/capability.h``).
+CAP_NET_ADMIN = 12
+
+
+def net_admin_problem(scaler_type: str, status_path: str = "/proc/self/status") -> str | None:
+    """Why a ``scaler_type`` scaler cannot run in the process whose ``/proc/<pid>/status`` is
+    ``status_path`` (default this one): a Firecracker scaler needs CAP_NET_ADMIN in its effective
+    set. None when it has it, or for another type. Raises OSError when the file cannot be read."""
+    if scaler_type != ScalerType.FIRECRACKER:
+        return None
+    with open(status_path) as f:
+        eff = next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
+    if eff >> CAP_NET_ADMIN & 1:
+        return None
+    return (
+        "CAP_NET_ADMIN (VM isolation rules and bridge/TAP devices, written by the console itself): "
+        "not held; requireSudo does not cover them, run the console as root"
+    )
+
+
 def missing_tools(scaler: Scaler, *, environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line per required tool that is unusable here (:meth:`ToolRequirement.problem`)."""
-    problems = (tool.problem() for tool in required_tools_for(scaler, environ=environ))
+    """One line per required tool that is unusable here (:meth:`ToolRequirement.problem`), then the
+    missing privilege (:func:`net_admin_problem`)."""
+    problems = [tool.problem() for tool in required_tools_for(scaler, environ=environ)]
+    problems.append(net_admin_problem(scaler.type))
     return [p for p in problems if p]
 
 

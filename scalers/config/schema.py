@@ -393,6 +393,7 @@ class LabelSet(_Strict):
     network_policy: NetworkPolicy | None = None
     rootfs_path: str | None = None
     kernel_path: str | None = None
+    initrd_path: str | None = None
     vcpu_count: Integer | None = Field(default=None, gt=0)
     mem_size_mib: Integer | None = Field(default=None, gt=0)
     overlay_drive_size_mib: Integer | None = Field(default=None, gt=0)
@@ -440,6 +441,7 @@ class ScalerEntry(_Strict):
     firecracker_path: str | None = None
     jailer_path: str | None = None
     kernel_path: str | None = None
+    initrd_path: str | None = None
     chroot_base_dir: str = "/srv/jailer"
     uid: Integer | None = Field(default=None, ge=0)
     gid: Integer | None = Field(default=None, ge=0)

@@ -3,8 +3,12 @@ the tool appears (checked by the sweeper every round, refused by admission namin
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +30,7 @@ from scalers.warm_pools import deficit_pass
 from tests.support.scalers import make_scaler
 
 TOKEN = "test-orchestrator-token"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def executable(path: Path, body: str = "#!/bin/sh\nexit 0\n") -> str:
@@ -204,3 +209,31 @@ def test_admission_and_warm_pools_refuse_a_scaler_that_is_not_started(tmp_path, 
     executable(tmp_path / "gone")
     assert check_host_tools(scaler).changed
     assert decide_batch([Request(labels=("gpu",), job_id="j2")]).decisions[0].action == ScaleOutcome.SPAWNING
+
+
+def test_a_firecracker_scaler_is_not_started_by_a_console_without_cap_net_admin(tmp_path):
+    # The nft rules and the bridge/TAP devices are written in-process (libnftables, netlink), which
+    # requireSudo cannot wrap: a console without CAP_NET_ADMIN reports it as missing.
+    script = (
+        "import django; django.setup()\n"
+        "from scalers.models import Scaler\n"
+        "from scalers.backends.tools import missing_tools\n"
+        "fc = Scaler(name='fc', type='firecracker', config={'firecrackerPath': '/bin/true', 'jailerPath': '/bin/true',"
+        " 'requireSudo': True})\n"
+        "print(repr(missing_tools(fc)))\n"
+        "print(repr(missing_tools(Scaler(name='c', type='container', config={'networkIsolation': False}))))\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "kici_site.settings_test"}
+    runs = {}
+    for name, prefix in (("root", []), ("dropped", ["setpriv", "--bounding-set", "-net_admin"])):
+        proc = subprocess.run([*prefix, sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                              timeout=60, cwd=REPO)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = [ast.literal_eval(line) for line in proc.stdout.splitlines()[-2:]]
+    needs = (
+        "CAP_NET_ADMIN (VM isolation rules and bridge/TAP devices, written by the console itself): "
+        "not held; requireSudo does not cover them, run the console as root"
+    )
+    if os.geteuid() == 0:
+        assert needs not in runs["root"][0]
+    assert needs in runs["dropped"][0] and runs["dropped"][1] == []

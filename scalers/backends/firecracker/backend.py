@@ -231,7 +231,7 @@ class FirecrackerBackend:
         """Boot one VM and return its record once MMDS holds the bootstrap data.
 
         ``label_set``: the label-set entry (camelCase: ``labels``, ``rootfsPath``, ``kernelPath``,
-        ``overlayDriveSizeMib``, ``vcpuCount``, ``memSizeMib``, ``env``, ``networkPolicy``,
+        ``initrdPath``, ``overlayDriveSizeMib``, ``vcpuCount``, ``memSizeMib``, ``env``, ``networkPolicy``,
         ``backpressureMode``). ``limits``: effective limits (``cpus``, ``memory_bytes``) or None.
         ``labels``: the full agent labels (default: the set's). ``cancel``: fired by the caller's
         deadline or shutdown; ``timeout_s``: arms such a deadline here. Any failure emits one
@@ -312,12 +312,14 @@ class FirecrackerBackend:
         )  # not between a teardown's holder check and its delete
         self._check(vm)
         vcpus, mib = jail.resolve_vm_shape(limits, ls, s.scaler_shape())
+        initrd = ls.get("initrdPath") or s.initrd_path
         config = jail.build_vm_config(
-            ip=vm.ip, gateway=s.gateway, netmask=s.netmask, mac=vm.mac, tap=vm.tap, vcpus=vcpus, mem_mib=mib
-        )
+            ip=vm.ip, gateway=s.gateway, netmask=s.netmask, mac=vm.mac, tap=vm.tap, vcpus=vcpus, mem_mib=mib,
+            initrd=bool(initrd),
+        )  # fmt: skip
         jail.prepare_chroot(
             base=s.chroot_base_dir, agent_id=aid, rootfs_path=ls.get("rootfsPath") or "",
-            kernel_path=ls.get("kernelPath") or s.kernel_path,
+            kernel_path=ls.get("kernelPath") or s.kernel_path, initrd_path=initrd,
             overlay_mib=int(ls.get("overlayDriveSizeMib") or jail.DEFAULT_OVERLAY_MIB),
             config=config, uid=s.uid, gid=s.gid, require_sudo=s.require_sudo,
             owner_labels={"kici-managed": "true", **self.owner().labels(), "kici-agent-id": aid},

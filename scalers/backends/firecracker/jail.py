@@ -121,15 +121,21 @@ def resolve_vm_shape(limits: Any, label_set: Mapping, scaler: Mapping) -> tuple[
     return vcpus, mib
 
 
-def build_vm_config(*, ip: str, gateway: str, netmask: str, mac: str, tap: str, vcpus: int, mem_mib: int) -> dict:
-    """The ``config.json`` the jailed firecracker boots from: kernel, rootfs and overlay drives, MMDS on eth0."""
+def build_vm_config(
+    *, ip: str, gateway: str, netmask: str, mac: str, tap: str, vcpus: int, mem_mib: int, initrd: bool = False
+) -> dict:
+    """The ``config.json`` the jailed firecracker boots from: kernel (and ``/initrd`` when
+    ``initrd``), rootfs and overlay drives, MMDS on eth0."""
+    boot = {
+        "kernel_image_path": "/kernel",
+        "boot_args": (
+            f"console=ttyS0 reboot=k panic=1 random.trust_cpu=on init=/init ip={ip}::{gateway}:{netmask}::eth0:off"
+        ),
+    }
+    if initrd:
+        boot["initrd_path"] = "/initrd"
     return {
-        "boot-source": {
-            "kernel_image_path": "/kernel",
-            "boot_args": (
-                f"console=ttyS0 reboot=k panic=1 random.trust_cpu=on init=/init ip={ip}::{gateway}:{netmask}::eth0:off"
-            ),
-        },
+        "boot-source": boot,
         "drives": [
             {"drive_id": "rootfs", "path_on_host": "/rootfs.ext4", "is_root_device": True, "is_read_only": True},
             {"drive_id": "overlay", "path_on_host": "/overlay.ext4", "is_root_device": False, "is_read_only": False},
@@ -248,6 +254,7 @@ class ChrootLayout:
     chroot: Path
     rootfs: Path
     kernel: Path
+    initrd: Path
     overlay: Path
     config: Path
     serial_log: Path
@@ -261,9 +268,9 @@ class ChrootLayout:
         root = chroot_dir(base, agent_id)
         return cls(
             vm_dir=root.parent, chroot=root, rootfs=root / "rootfs.ext4", kernel=root / "kernel",
-            overlay=root / "overlay.ext4", config=root / "config.json", serial_log=root / "serial-console.log",
-            vmm_log=root / "vmm.log", socket=api_socket_path(root), pid_file=root / "firecracker.pid",
-            owner=root.parent / OWNER_FILE,
+            initrd=root / "initrd", overlay=root / "overlay.ext4", config=root / "config.json",
+            serial_log=root / "serial-console.log", vmm_log=root / "vmm.log", socket=api_socket_path(root),
+            pid_file=root / "firecracker.pid", owner=root.parent / OWNER_FILE,
         )  # fmt: skip
 
 
@@ -287,6 +294,8 @@ def read_owner(base: str | os.PathLike, agent_id: str) -> dict[str, str] | None:
     return data
 
 
+#: The chroot names of the operator's images (:func:`place_base_image`); the initrd is optional.
+BASE_IMAGES = ("rootfs.ext4", "kernel", "initrd")
 #: ``ioctl(dst, FICLONE, src)``: share the source's extents (btrfs, XFS); a copy costs no space.
 FICLONE = 0x40049409
 #: The chroot entries the VM's uid owns: the API socket's directory, the writable drive, the VMM log.
@@ -445,21 +454,26 @@ def prepare_chroot(
     owner_labels: Mapping[str, str],
     require_sudo: bool = False,
     mkfs: str = "mkfs.ext4",
+    initrd_path: str | os.PathLike = "",
 ) -> ChrootLayout:
     """Lay out ``<base>/firecracker/<id>/root`` for the jailer.
 
     First the owner file (``owner_labels``, beside the chroot: :func:`write_owner`); then
-    rootfs → ``rootfs.ext4`` and kernel → ``kernel`` (:func:`place_base_image`: a hard link left as
+    rootfs → ``rootfs.ext4``, kernel → ``kernel`` and, when ``initrd_path`` is set, the initramfs
+    → ``initrd`` (:func:`place_base_image`: a hard link left as
     the operator made it, or the chroot's own copy); a sparse ``overlay.ext4`` of ``overlay_mib``
     MiB formatted with ``mkfs.ext4 -qF``; ``config.json``; empty ``serial-console.log`` and
     ``vmm.log``; a ``run`` directory for the API socket. The VM dir, the chroot and the files the
     VM only reads stay this process's; only :data:`VM_OWNED` (``run``, the overlay, the VMM log)
     are chowned to ``uid:gid`` (``sudo -n chown`` with ``require_sudo``). Every file is created
     with ``O_EXCL|O_NOFOLLOW`` relative to the chroot's descriptor, with its mode set whatever the
-    umask. Raises FileNotFoundError naming a missing ``rootfsPath``/``kernelPath``, FileExistsError if the
-    VM dir already exists, RuntimeError when ``mkfs.ext4`` is missing or fails.
+    umask. Raises FileNotFoundError naming a missing ``rootfsPath``/``kernelPath``/``initrdPath``,
+    FileExistsError if the VM dir already exists, RuntimeError when ``mkfs.ext4`` is missing or fails.
     """
-    for field, p in (("rootfsPath", rootfs_path), ("kernelPath", kernel_path)):
+    images = [(rootfs_path, "rootfsPath", "rootfs.ext4"), (kernel_path, "kernelPath", "kernel")]
+    if initrd_path:
+        images.append((initrd_path, "initrdPath", "initrd"))
+    for p, field, _name in images:
         if not os.path.isfile(p):
             raise FileNotFoundError(f"{field} {str(p)!r} does not exist or is not a file")
     if int(overlay_mib) <= 0:
@@ -474,11 +488,7 @@ def prepare_chroot(
     _mkdir(layout.chroot)
     chroot_fd = os.open(layout.chroot, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        copies = [
-            name
-            for src, name in ((rootfs_path, layout.rootfs.name), (kernel_path, layout.kernel.name))
-            if place_base_image(src, chroot_fd, name, uid, gid) != "linked"
-        ]
+        copies = [name for src, _field, name in images if place_base_image(src, chroot_fd, name, uid, gid) != "linked"]
         fd = _create(chroot_fd, layout.overlay.name, mode=0o600)
         try:
             os.ftruncate(fd, int(overlay_mib) * MIB)
@@ -530,7 +540,7 @@ def remove_vm_dir(base: str | os.PathLike, agent_id: str, require_sudo: bool = F
     if not path.exists():
         return False
     if require_sudo and os.geteuid() != 0:
-        for name in ("rootfs.ext4", "kernel"):
+        for name in BASE_IMAGES:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path / "root" / name)
         shared = _shared_files(path)

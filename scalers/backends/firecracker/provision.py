@@ -4,11 +4,18 @@ forwarding, egress and the isolation table the VMs' rules live in.
 Order: bridge (``gateway/prefix``, up) → ``net.ipv4.ip_forward=1`` → the isolation table in the
 *configured* table name with the bridge as a guarded interface → the egress baseline
 (``NftClient.ensure_egress``: masquerade of the subnet out of the default-route interface, TCP MSS
-clamp to 1460; skipped with a warning when there is no default route) → the end-to-end
+clamp to 1460; skipped with a warning when there is no default route) → dockerd's ``DOCKER-USER``
+accepts for the bridge, when dockerd runs → the end-to-end
 port-isolation probe (fail-closed) → every tracked VM's rules re-applied in one transaction.
 
-Not done (host-specific, left to the operator): iptables ``DOCKER-USER`` accepts and the
-NetworkManager configuration that keeps it from managing the bridge and TAP devices.
+On a host where dockerd runs (its iptables ``filter`` table has a ``DOCKER-USER`` chain and
+``FORWARD`` policy DROP), the VMs' forwarded traffic would be dropped there whatever this table
+allows: :func:`ensure_docker_user_accepts` puts two accepts for the bridge at the top of
+``DOCKER-USER`` (out of the bridge; replies back into it). The isolation table still filters
+every VM packet: an accept in docker's table ends only that table's verdict.
+
+Not done (host-specific, left to the operator): the NetworkManager configuration that keeps it
+from managing the bridge and TAP devices.
 """
 
 from __future__ import annotations
@@ -48,6 +55,42 @@ def default_route_interface(netns: str | None = None, sudo: bool = False) -> str
     return None
 
 
+#: dockerd's chain for the operator's own forwarding rules, jumped to first from ``FORWARD``.
+DOCKER_USER = "DOCKER-USER"
+
+
+def docker_user_rules(bridge: str) -> list[list[str]]:
+    """The ``DOCKER-USER`` rules (iptables arguments after the chain) that let the VMs on
+    ``bridge`` out and their replies back in, in chain order."""
+    return [
+        ["-i", bridge, "-j", "ACCEPT"],
+        ["-o", bridge, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"],
+    ]
+
+
+def ensure_docker_user_accepts(bridge: str, netns: str | None = None, sudo: bool = False) -> bool:
+    """Insert :func:`docker_user_rules` at the top of dockerd's ``DOCKER-USER`` chain (the
+    ``iptables`` command: whichever backend, nft or legacy, dockerd's rules live in), each only when
+    it is missing. Returns False, changing nothing, when there is no such chain (no dockerd).
+    Raises RuntimeError with iptables' message when an insert fails."""
+
+    def iptables(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            _in_netns(["iptables", "-w", "5", *args], netns, sudo), capture_output=True, text=True, timeout=30
+        )
+
+    if iptables("-S", DOCKER_USER).returncode != 0:
+        return False
+    for rule in reversed(docker_user_rules(bridge)):
+        if iptables("-C", DOCKER_USER, *rule).returncode == 0:
+            continue
+        proc = iptables("-I", DOCKER_USER, "1", *rule)
+        if proc.returncode != 0:
+            raise RuntimeError(f"iptables -I {DOCKER_USER} {' '.join(rule)} failed: {proc.stderr.strip()}")
+        log.info("added to %s: %s", DOCKER_USER, " ".join(rule))
+    return True
+
+
 def ensure_host_ready(backend: Any) -> bool:
     """Provision the host for ``backend`` (a ``FirecrackerBackend``); False when autoProvisionHost is off.
 
@@ -73,6 +116,7 @@ def ensure_host_ready(backend: Any) -> bool:
         log.warning("no IPv4 default route: VMs of %s get no masquerade and no MSS clamp (no internet)", s.name)
     else:
         backend.nft.ensure_egress(s.cidr, uplink)
+    ensure_docker_user_accepts(s.bridge_name, s.netns, s.require_sudo)
     netlink.assert_bridge_port_isolation_supported(s.bridge_name, netns=s.netns)
     reapply_isolation_for_tracked_vms(backend)
     return True

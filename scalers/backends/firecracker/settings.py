@@ -44,6 +44,8 @@ class FirecrackerSettings:
     table: str
     auto_provision_host: bool
     netns: str | None = None
+    #: Optional initramfs (``initrdPath``): given to the kernel as its initrd when set.
+    initrd_path: str = ""
     socket_wait_s: float = 5.0
     destroy_wait_s: float = 5.0
     exit_grace_s: float = 0.5
@@ -106,6 +108,7 @@ class FirecrackerSettings:
             firecracker_path=str(entry["firecrackerPath"]),
             jailer_path=str(entry["jailerPath"]),
             kernel_path=str(entry["kernelPath"]),
+            initrd_path=str(entry.get("initrdPath") or ""),
             chroot_base_dir=str(entry.get("chrootBaseDir") or "/srv/jailer"),
             uid=entry["uid"],
             gid=entry["gid"],

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from scalers.backends.firecracker.settings import FirecrackerSettings
 from scalers.config.schema import ResourceRequest, ScalerEntry, ScalersConfig, parse_resource_request, validate_document
 
 
@@ -199,6 +200,17 @@ def firecracker(**extra):
     }
     entry.update(extra)
     return entry
+
+
+def test_an_initrd_path_is_kept_for_the_scaler_and_a_label_set_and_reaches_the_backend_settings():
+    entry = firecracker(
+        initrdPath="/guest/initrd.img",
+        labelSets=[{"labels": ["linux", "vm"], "rootfsPath": "/rootfs.ext4", "initrdPath": "/other/initrd.img"}],
+    )
+    raw = valid(doc(entry)).scalers[0].to_raw()
+    assert raw["initrdPath"] == "/guest/initrd.img" and raw["labelSets"][0]["initrdPath"] == "/other/initrd.img"
+    assert FirecrackerSettings.from_config(raw).initrd_path == "/guest/initrd.img"
+    assert FirecrackerSettings.from_config(firecracker()).initrd_path == ""
 
 
 def test_cfg12_firecracker_requirements_are_each_reported():

@@ -1,0 +1,70 @@
+#!/bin/sh
+# Read the agent's bootstrap data from Firecracker's MMDS, then exec the reference agent with it.
+#
+# Keys (``latest/meta-data/`` as the Firecracker backend PUTs them): kici-orchestrator-url,
+# kici-agent-id, kici-agent-token, kici-labels, and kici-env (a map: each entry becomes an
+# environment variable of the agent). Works with MMDS V1 and V2: a session token is asked for
+# (PUT /latest/api/token, raw HTTP through nc: busybox wget cannot PUT) and sent as
+# X-metadata-token when MMDS gives one. The VM boots before the backend fills MMDS, so the keys
+# are polled once a second for KICI_MMDS_WAIT_SECONDS (default 120).
+#
+# Environment (for tests): KICI_MMDS_ADDRESS (default 169.254.169.254), KICI_AGENT_SCRIPT
+# (default /kici_agent.sh). Exit status 1 when MMDS never held the keys; else the agent's.
+mmds="${KICI_MMDS_ADDRESS:-169.254.169.254}"
+agent_script="${KICI_AGENT_SCRIPT:-/kici_agent.sh}"
+wait_s="${KICI_MMDS_WAIT_SECONDS:-120}"
+session=""
+
+log() { echo "kici-mmds: $*"; }
+
+new_session() { # MMDS V2 session token into $session (empty when MMDS answers no token)
+    resp=$(printf 'PUT /latest/api/token HTTP/1.1\r\nHost: %s\r\nX-metadata-token-ttl-seconds: 21600\r\nContent-Length: 0\r\nConnection: close\r\n\r\n' \
+        "$mmds" | timeout 5 nc "$mmds" 80 2>/dev/null | tr -d '\r')
+    case "$resp" in
+        "HTTP/1.1 200"* | "HTTP/1.0 200"*) session=$(printf '%s\n' "$resp" | sed '1,/^$/d' | tr -d '\n') ;;
+        *) session="" ;;
+    esac
+}
+
+errors="${TMPDIR:-/tmp}/kici-mmds.$$"
+trap 'rm -f "$errors"' EXIT
+
+get() { # get KEY: the value of latest/meta-data/KEY (a string, or a map's key list); fails on
+    # HTTP errors, whose message is appended to $errors (a 401 means the session ended)
+    if [ -n "$session" ]; then
+        wget -q -O - --header "X-metadata-token: $session" "http://$mmds/latest/meta-data/$1" 2>>"$errors"
+    else
+        wget -q -O - "http://$mmds/latest/meta-data/$1" 2>>"$errors"
+    fi
+}
+
+n=0
+while :; do
+    [ -n "$session" ] || new_session
+    : > "$errors"
+    url=$(get kici-orchestrator-url)
+    id=$(get kici-agent-id)
+    token=$(get kici-agent-token)
+    [ -n "$url" ] && [ -n "$id" ] && [ -n "$token" ] && break
+    grep -q ' 401' "$errors" && session=""
+    n=$((n + 1))
+    if [ "$n" -ge "$wait_s" ]; then
+        log "MMDS at $mmds held no kici-orchestrator-url, kici-agent-id and kici-agent-token after ${wait_s}s"
+        exit 1
+    fi
+    sleep 1
+done
+labels=$(get kici-labels)
+for key in $(get kici-env); do
+    case "$key" in
+        */ | [!A-Za-z_]* | *[!A-Za-z0-9_]*) log "kici-env: skipping $key" ;;
+        *) value=$(get "kici-env/$key") && export "$key=$value" ;;
+    esac
+done
+how="without a session"
+[ -n "$session" ] && how="with a session token"
+log "agent $id, console $url (MMDS read $how)"
+export KICI_ORCHESTRATOR_URL="$url" KICI_AGENT_ID="$id" KICI_AGENT_TOKEN="$token" KICI_LABELS="$labels"
+rm -f "$errors"
+trap - EXIT
+exec sh "$agent_script"
