@@ -175,7 +175,7 @@ def agent_console_lines(request, agent_id: str, stream: str):
     """``/agents/<id>/console/<stream>/lines?before=N&limit=500``: the lines numbered below ``N``
     (at most ``limit``, 1 to 1,000), read from the stream's file (``lib.tail.read_lines_before``),
     as JSON ``{"oldest": first line the file still holds, "first": number of rows[0],
-    "rows": [...]}`` with the rows of ``live.consumers.console_row`` (receive times from the
+    "rows": [...]}`` with the rows of ``live.streams.console_row`` (receive times from the
     stream's ``times`` key, 0 where unknown). 400 for a bad parameter, 404 for a stream that is not
     a file (a container's docker logs) or a file not there (yet), 502 when it cannot be read."""
     agent = agent_or_404(agent_id)
