@@ -112,8 +112,13 @@ def cap_file(fd: int, cap: int) -> int:
     with numbering_lock(fd, exclusive=True):
         # A line the cut splits is not counted: its kept rest is read as a line of its own.
         freed = count_file_lines(fd, kept_start(fd), cut)
-        os.setxattr(fd, CUT_LINES_XATTR, str(cut_lines(fd) + freed).encode())
-        punch_hole(fd, start, cut - start)
+        before = cut_lines(fd)
+        os.setxattr(fd, CUT_LINES_XATTR, str(before + freed).encode())
+        try:
+            punch_hole(fd, start, cut - start)
+        except OSError:
+            os.setxattr(fd, CUT_LINES_XATTR, str(before).encode())  # nothing was freed
+            raise
     return cut - start
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 
+import pytest
+
+import lib.logcap
 from lib.logcap import CUT_LINES_XATTR, cap_file, count_lines, line_number_at, numbering_lock
 from lib.tail import MAX_READ_BYTES, FileTail, LineNumber, SkipMarker, read_lines_before, split_lines
 
@@ -140,3 +144,23 @@ async def test_a_numbered_tail_that_skips_ahead_says_where_it_landed(tmp_path):
     assert skips and isinstance(got[skips[0] + 1], LineNumber)
     numbers = numbers_of(got)  # every line carries its own number, before and after the jump
     assert numbers[-1] == 200_000 and len(numbers) < 100_000
+
+
+def test_a_cut_that_cannot_free_leaves_the_count_alone(tmp_path, monkeypatch):
+    def no_holes(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    path = tmp_path / "log"
+    data = numbered_log(5_000)
+    path.write_bytes(data)
+    fd = open_rw(path)
+    try:
+        monkeypatch.setattr(lib.logcap, "punch_hole", no_holes)
+        for _ in range(2):  # every round of the sweeper tries again
+            with pytest.raises(OSError):
+                cap_file(fd, len(data) // 2)
+        assert lib.logcap.cut_lines(fd) == 0
+        with numbering_lock(fd):
+            assert line_number_at(fd, len(data)) == 5_001
+    finally:
+        os.close(fd)
