@@ -145,7 +145,10 @@ def lines_from_message(message: dict) -> list[Line]:
     ts = message.get("ts", 0.0)
     born = message.get("born", 0)
     n = len(texts)
-    times = itertools.chain(itertools.repeat(0.0, min(born, n)), itertools.repeat(ts, n - min(born, n)))
+    born = min(born, n)
+    times = itertools.repeat(ts)
+    if born:
+        times = itertools.chain(itertools.repeat(0.0, born), itertools.repeat(ts, n - born))
     lines = list(map(Line, texts, range(first, first + n), itertools.repeat(LEVEL_DEBUG), itertools.repeat(0), times))
     for index, level in message.get("marks") or ():
         line = lines[index]
