@@ -277,7 +277,11 @@ class ConsoleHub:
                             if st.flag_failures:
                                 marks.extend([i, LEVEL_ERROR] for i in failure_indexes(chunk))
                             born = min(len(chunk), max(0, live_from - seq - 1))
-                            await self._publish(key, gen, seq + 1, list(chunk), marks, born)
+                            stamps = None
+                            if born:  # backlog: the times an earlier pump received it, if any
+                                known = await self.transport.line_times(key, seq + 1, seq + 1 + born)
+                                stamps = [known.get(n, 0) for n in range(seq + 1, seq + 1 + born)]
+                            await self._publish(key, gen, seq + 1, list(chunk), marks, born, stamps)
                             seq += len(chunk)
         except asyncio.CancelledError:
             raise
@@ -288,7 +292,14 @@ class ConsoleHub:
         st.finished = True
 
     async def _publish(
-        self, key: StreamKey, gen: int, first: int, texts: list[str], marks: list, born: int = 0
+        self,
+        key: StreamKey,
+        gen: int,
+        first: int,
+        texts: list[str],
+        marks: list,
+        born: int = 0,
+        stamps: list[int] | None = None,
     ) -> None:
         message = {
             "type": "console.lines",
@@ -300,6 +311,8 @@ class ConsoleHub:
             "ts": time.time(),
             "born": born,
         }
+        if stamps:
+            message["stamps"] = stamps
         await self.transport.publish_lines(key, message)
 
     async def aclose(self) -> None:

@@ -138,17 +138,18 @@ RING_LINES = 500
 
 def lines_from_message(message: dict) -> list[Line]:
     """The :class:`Line` list of a ``console.lines`` message: ``seq`` (number of the first line),
-    ``texts``, ``marks`` (``[index, level]``), ``ts`` (when it was read) and ``born`` (how many
-    of its first lines predate the pump: their time is unknown, 0)."""
+    ``texts``, ``marks`` (``[index, level]``), ``ts`` (when it was read), ``born`` (how many of
+    its first lines predate the pump) and ``stamps`` (their receive times in ms, when an earlier
+    pump received them; 0: unknown)."""
     first = message["seq"]
     texts = message["texts"]
     ts = message.get("ts", 0.0)
-    born = message.get("born", 0)
     n = len(texts)
-    born = min(born, n)
+    born = min(message.get("born", 0), n)
     times = itertools.repeat(ts)
     if born:
-        times = itertools.chain(itertools.repeat(0.0, born), itertools.repeat(ts, n - born))
+        stamps = message.get("stamps") or [0] * born
+        times = itertools.chain((ms / 1000 for ms in stamps[:born]), itertools.repeat(ts, n - born))
     lines = list(map(Line, texts, range(first, first + n), itertools.repeat(LEVEL_DEBUG), itertools.repeat(0), times))
     for index, level in message.get("marks") or ():
         line = lines[index]
@@ -165,7 +166,8 @@ def ring_blob(message: dict, keep: int = RING_LINES) -> tuple[bytes, int]:
     start = max(0, len(texts) - keep)
     marks = [[i - start, level] for i, level in message.get("marks") or () if i >= start]
     born = max(0, message.get("born", 0) - start)
-    blob = msgpack.packb([message["seq"] + start, texts[start:], marks, message.get("ts", 0.0), born])
+    stamps = (message.get("stamps") or [])[start:]
+    blob = msgpack.packb([message["seq"] + start, texts[start:], marks, message.get("ts", 0.0), born, stamps])
     return blob, len(texts) - start
 
 
@@ -173,8 +175,9 @@ def lines_from_blobs(blobs: Iterable[bytes], keep: int = RING_LINES) -> list[Lin
     """The last ``keep`` lines stored in ring entries (oldest entry first)."""
     lines: list[Line] = []
     for blob in blobs:
-        first, texts, marks, ts, born = msgpack.unpackb(blob)
-        lines.extend(lines_from_message({"seq": first, "texts": texts, "marks": marks, "ts": ts, "born": born}))
+        first, texts, marks, ts, born, stamps = msgpack.unpackb(blob)
+        message = {"seq": first, "texts": texts, "marks": marks, "ts": ts, "born": born, "stamps": stamps}
+        lines.extend(lines_from_message(message))
     return lines[-keep:]
 
 

@@ -47,6 +47,7 @@ class Transport(Protocol):
     async def begin(self, key: StreamKey) -> int: ...
     async def publish_lines(self, key: StreamKey, message: dict) -> None: ...
     async def snapshot(self, key: StreamKey) -> tuple[int | None, list[Line]]: ...
+    async def line_times(self, key: StreamKey, first: int, stop: int) -> dict[int, int]: ...
     async def aclose(self) -> None: ...
 
 
@@ -113,6 +114,9 @@ class LocalTransport:
     async def snapshot(self, key):
         return self._gens.get(key), list(self._rings.get(key, ()))
 
+    async def line_times(self, key, first, stop):
+        return times_of(self.times.get(key, ()), first, stop)
+
     async def aclose(self):
         self._listeners.clear()
 
@@ -151,8 +155,8 @@ def stream_key_name(key: StreamKey, what: str, prefix: str = "kici:console") -> 
 
 def line_times(client: Any, key: StreamKey, first: int, stop: int, prefix: str = "kici:console") -> dict[int, int]:
     """Receive times (ms) of the lines ``[first, stop)`` of a stream, from its ``times`` key, with
-    a synchronous ``redis.Redis`` ``client`` (the range view). Lines read before their pump
-    started, or longer ago than :data:`TIMES_KEPT` batches, are absent."""
+    a synchronous ``redis.Redis`` ``client`` (the range view). Lines no pump received live, or
+    longer ago than :data:`TIMES_KEPT` batches, are absent."""
     name = stream_key_name(key, "times", prefix)
     entries = client.zrevrangebyscore(name, first, "-inf", start=0, num=1)
     entries += client.zrangebyscore(name, f"({first}", f"({stop}")
@@ -334,6 +338,15 @@ class RedisTransport:
             pipe.lrange(self._key(key, "ring"), 0, -1)
             gen, blobs = await pipe.execute()
         return (int(gen) if gen is not None else None), lines_from_blobs(blobs, self.ring_size)
+
+    async def line_times(self, key, first, stop):
+        """See :func:`line_times` (the same read, asynchronous)."""
+        name = self._key(key, "times")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrevrangebyscore(name, first, "-inf", start=0, num=1)
+            pipe.zrangebyscore(name, f"({first}", f"({stop}")
+            before, inside = await pipe.execute()
+        return times_of([*before, *inside], first, stop)
 
     async def aclose(self):
         if self._receiver is not None:

@@ -125,6 +125,24 @@ async def test_a_late_joiner_gets_the_last_500_lines_then_live_lines(world):
     await late.disconnect()
 
 
+async def test_a_new_pump_numbers_and_times_the_lines_as_the_last_one_did(world):
+    append(world["serial"], b"before anyone watched\n")
+    first = await connect(CONSOLE, world["viewer"])
+    append(world["serial"], b"seen live\n")
+    frames = await frames_until(first, lambda f: 2 in seqs(f))
+    received = {row[0]: row[1] for row in rows(frames)}
+    assert received[1] == 0 and received[2] > 0  # line 1 was there before the pump
+    await first.disconnect()  # the last viewer: the pump stops
+
+    again = await connect(CONSOLE, world["viewer"])
+    frames = await frames_until(again, lambda f: 2 in seqs(f))
+    assert {row[0]: (row[1], row[2]) for row in rows(frames)} == {
+        1: (0, "before anyone watched"),
+        2: (received[2], "seen live"),
+    }
+    await again.disconnect()
+
+
 async def test_two_viewers_share_one_pump_and_the_last_disconnect_cancels_it(world):
     import redis.asyncio
 

@@ -272,11 +272,14 @@ async def test_a_pumps_lines_carry_their_numbers_in_the_file_and_their_receive_t
     rows = await drain(viewer, 1)
     assert [(r.text, r.seq) for r in rows] == [("new line", 100_001)]
     assert before <= rows[0].ts <= time.time()
+    received = rows[0].ts
     await hub.unsubscribe(viewer)
 
     again = await hub.subscribe(KEY, file_source(path, backlog_bytes=2000, poll_interval=0.02))
     rows = await drain(again, 1)
     assert rows[-1].seq == 100_001  # a new pump numbers as the first did
+    assert rows[-1].ts == round(received * 1000) / 1000  # and knows when the first received it
+    assert all(r.ts == 0 for r in rows[:-1])  # lines no pump received live
     times = list(hub.transport.times[KEY])
     assert len(times) == 1 and times[0].startswith("100001:1:")  # only the line received live
 
