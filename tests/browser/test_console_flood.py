@@ -169,5 +169,6 @@ def test_the_console_survives_a_flood_of_200000_lines(browser_page, wait_live, t
     wait_live(page)
     page.locator(f"#L{hits[0] + 7}.is-target").wait_for()
     assert page.locator(f"#L{hits[0] + 7} .tx").inner_text().startswith(f"flood {hits[0] + 7:06d} ")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", page.locator(f"#L{hits[0] + 7} .ts").inner_text())
     assert_numbered_by_the_file(visible_rows(page))
     assert not page.js_errors, page.js_errors
