@@ -63,5 +63,6 @@ urlpatterns = [
         console.agent_console_download,
         name="agent_console_download",
     ),
+    path("agents/<str:agent_id>/console/<str:stream>/lines", console.agent_console_lines, name="agent_console_lines"),
     path("events/", event_feed.event_list, name="event_list"),
 ]

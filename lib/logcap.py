@@ -11,18 +11,35 @@ block and that line start read as NUL bytes.
 Readers skip what was freed: :func:`data_start` is where the kept output begins at or after an
 offset, :func:`leading_cut` the NUL bytes a read that starts there must drop, :func:`read_end` the
 kept end of a file. ``lib.tail.FileTail`` follows a capped file with them.
+
+Line numbers survive a cut: a line's number counts every non-empty line written before it (the
+lines ``lib.tail`` shows; empty lines are neither shown nor counted), including the lines a cut
+freed, which :func:`cap_file` adds to the file's ``user.kici.cut-lines`` extended attribute
+(:func:`cut_lines`) before it frees them. :func:`line_number_at` reads a number; a cut and a
+reader agree under ``flock`` (exclusive for the cut, shared for the reader; the writers are
+not concerned).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import os
+import re
 
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 #: How far past the cut :func:`cap_file` looks for a line start, in bytes (beyond: cut mid-line).
 LINE_SEARCH_BYTES = 256 * 1024
+
+#: Extended attribute of a capped file: how many lines its cuts freed, as ASCII digits.
+CUT_LINES_XATTR = "user.kici.cut-lines"
+#: Bytes read at a time while counting lines.
+COUNT_CHUNK_BYTES = 1024 * 1024
+
+_NEWLINE_RUNS = re.compile(rb"\n{2,}")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
@@ -78,8 +95,10 @@ def cap_file(fd: int, cap: int) -> int:
     """When ``fd`` (open read-write) holds more than ``cap`` bytes of output, free all but its last
     ``cap // 2`` bytes, cut at the first line start in them (within :data:`LINE_SEARCH_BYTES`, else
     mid-line); returns the bytes freed (0 when under the cap). At most ``cap // 2`` bytes plus one
-    block keep storage afterwards. Raises ``ValueError`` for a ``cap`` below 2 and the ``OSError``
-    of :func:`punch_hole`."""
+    block keep storage afterwards. The lines freed are added to :data:`CUT_LINES_XATTR` first, so
+    the kept lines keep their numbers. Raises ``ValueError`` for a ``cap`` below 2 and the
+    ``OSError`` of :func:`punch_hole` or of writing the attribute (a filesystem without user
+    extended attributes)."""
     if cap < 2:
         raise ValueError(f"cap {cap!r} must be at least 2 bytes")
     size = os.fstat(fd).st_size
@@ -90,5 +109,86 @@ def cap_file(fd: int, cap: int) -> int:
     window = os.pread(fd, min(LINE_SEARCH_BYTES, size - keep_from), keep_from)
     newline = window.find(b"\n")
     cut = keep_from + newline + 1 if 0 <= newline < len(window) - 1 else keep_from
-    punch_hole(fd, start, cut - start)
+    with numbering_lock(fd, exclusive=True):
+        # A line the cut splits is not counted: its kept rest is read as a line of its own.
+        freed = count_file_lines(fd, kept_start(fd), cut)
+        before = cut_lines(fd)
+        os.setxattr(fd, CUT_LINES_XATTR, str(before + freed).encode())
+        try:
+            punch_hole(fd, start, cut - start)
+        except OSError:
+            os.setxattr(fd, CUT_LINES_XATTR, str(before).encode())  # nothing was freed
+            raise
     return cut - start
+
+
+def count_lines(data: bytes, at_line_start: bool = True) -> int:
+    """How many non-empty lines end (with ``\\n``) in ``data``; ``at_line_start``: the byte before
+    ``data`` was a newline (or there was none), so a leading newline ends an empty line. The rule
+    of ``lib.tail.LineSplitter``, which skips empty lines."""
+    total = data.count(b"\n")
+    if not total:
+        return 0
+    empty = sum(m.end() - m.start() - 1 for m in _NEWLINE_RUNS.finditer(data))
+    if at_line_start and data[:1] == b"\n":
+        empty += 1
+    return total - empty
+
+
+def cut_lines(fd: int) -> int:
+    """The lines the cuts of ``fd`` freed (:data:`CUT_LINES_XATTR`; 0 when it was never cut)."""
+    try:
+        return int(os.getxattr(fd, CUT_LINES_XATTR))
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP):
+            return 0
+        raise
+
+
+@contextlib.contextmanager
+def numbering_lock(fd: int, *, exclusive: bool = False):
+    """Hold ``flock`` on ``fd`` while a cut frees lines (exclusive) or a reader numbers them."""
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def count_file_lines(fd: int, start: int, end: int, at_line_start: bool = True) -> int:
+    """Non-empty lines ending in ``fd``'s bytes ``[start, end)``, read :data:`COUNT_CHUNK_BYTES`
+    at a time (``start`` at or after :func:`kept_start`)."""
+    count = 0
+    offset = start
+    while offset < end:
+        data = os.pread(fd, min(COUNT_CHUNK_BYTES, end - offset), offset)
+        if not data:
+            break
+        count += count_lines(data, at_line_start)
+        at_line_start = data[-1:] == b"\n"
+        offset += len(data)
+    return count
+
+
+def kept_start(fd: int) -> int:
+    """Where the kept output of ``fd`` begins: past a freed range and the NUL bytes of a cut."""
+    first = data_start(fd)
+    if first == 0:
+        return 0
+    head = os.pread(fd, 4096, first)
+    return first + leading_cut(head, first)
+
+
+def line_number_at(fd: int, offset: int) -> int:
+    """The number of the first line that starts at or after ``offset`` in ``fd``: the lines cuts
+    freed, plus the non-empty lines that end before ``offset``, plus one; plus one more when
+    ``offset`` lies inside a non-empty line (a tail starting there skips that line's rest). Call
+    under :func:`numbering_lock`."""
+    start = kept_start(fd)
+    if offset <= start:
+        return cut_lines(fd) + 1
+    number = cut_lines(fd) + count_file_lines(fd, start, offset) + 1
+    before = os.pread(fd, 1, offset - 1)
+    if before not in (b"\n", b"") and offset > start:
+        number += 1
+    return number

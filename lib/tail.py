@@ -32,7 +32,16 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
-from .logcap import data_start, leading_cut
+from .logcap import (
+    COUNT_CHUNK_BYTES,
+    count_lines,
+    cut_lines,
+    data_start,
+    kept_start,
+    leading_cut,
+    line_number_at,
+    numbering_lock,
+)
 
 DROP_MARKER_PREFIX = "[dropped "
 
@@ -62,6 +71,22 @@ class SkipMarker(str):
     def __new__(cls, skipped: int) -> SkipMarker:
         marker = super().__new__(cls, f"[skipped {skipped} bytes]")
         marker.skipped = skipped
+        return marker
+
+
+class LineNumber(str):
+    """A zero-width in-band marker of a numbered :class:`FileTail`: the next line is line
+    ``number`` of the file (``lib.logcap.line_number_at``); lines numbered below ``live_from``
+    were already in the file when the tail opened it. Never shown: the reader numbers the lines
+    that follow from it."""
+
+    number: int
+    live_from: int
+
+    def __new__(cls, number: int, live_from: int = 0) -> LineNumber:
+        marker = super().__new__(cls, f"[line {number}]")
+        marker.number = number
+        marker.live_from = live_from
         return marker
 
 
@@ -146,6 +171,70 @@ class LineSplitter:
         if len(text) > self.max_line:
             text = text[: self.max_line] + TRUNCATED_SUFFIX
         return [text]
+
+
+def _line_offset(fd: int, want: int, number: int, offset: int, size: int) -> int | None:
+    """The offset where line ``want`` starts, scanning from ``offset`` (a line start, where line
+    ``number`` starts) to ``size``; None when the file has no such line yet."""
+    line_start = offset
+    at_line_start = True
+    while offset < size:
+        data = os.pread(fd, min(COUNT_CHUNK_BYTES, size - offset), offset)
+        if not data:
+            return None
+        last = data.rfind(b"\n")
+        if last >= 0:
+            data = data[: last + 1]  # whole lines only: the next chunk starts at a line start
+        n = count_lines(data, at_line_start)
+        if number + n <= want or last < 0:
+            number += n
+            if last >= 0:
+                line_start = offset + len(data)
+            offset += len(data)
+            at_line_start = last >= 0
+            continue
+        pos = 0
+        while True:
+            newline = data.find(b"\n", pos)
+            if newline > pos or (pos == 0 and not at_line_start):
+                if number == want:
+                    return line_start
+                number += 1
+            pos = newline + 1
+            line_start = offset + pos
+            at_line_start = True
+    return line_start if number == want else None
+
+
+def read_lines_before(fd: int, before: int, limit: int, max_line: int = MAX_LINE_BYTES) -> tuple[int, int, list[str]]:
+    """Up to ``limit`` lines of ``fd`` numbered below ``before`` (numbers of
+    ``lib.logcap.line_number_at``; the lines a :class:`FileTail` shows, capped the same way).
+
+    Returns ``(oldest, first, lines)``: the first line the file still holds (lines a cut freed
+    are gone), the number of ``lines[0]`` (``before`` when there are none). Reads the file from
+    its kept start in chunks of ``lib.logcap.COUNT_CHUNK_BYTES``, so it costs a scan of the file
+    and at most ``limit`` capped lines of memory. Raises ``OSError`` from reading."""
+    with numbering_lock(fd):
+        oldest = cut_lines(fd) + 1
+        want = max(oldest, before - limit)
+        if want >= before:
+            return oldest, before, []
+        size = os.fstat(fd).st_size
+        offset = _line_offset(fd, want, oldest, kept_start(fd), size)
+        if offset is None:
+            return oldest, before, []
+        splitter = LineSplitter(max_line)
+        lines: list[str] = []
+        need = before - want
+        while offset < size and len(lines) < need:
+            data = os.pread(fd, min(COUNT_CHUNK_BYTES, size - offset), offset)
+            if not data:
+                break
+            offset += len(data)
+            lines.extend(splitter.feed(data))
+        if len(lines) < need:
+            lines.extend(splitter.flush())
+        return oldest, want, lines[:need]
 
 
 def split_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE_BYTES) -> list[str]:
@@ -296,6 +385,10 @@ class FileTail:
     ``max_lag_bytes / 2`` before the end (at the next line) and queues a :class:`SkipMarker`,
     so a flooding guest costs neither memory nor unbounded lag.
 
+    ``numbered=True`` (the console pump): the tail queues a :class:`LineNumber` before its first
+    line and after every :class:`SkipMarker`, so its reader can number every line by its place
+    in the file (``lib.logcap.line_number_at``: cut lines included, empty lines not counted).
+
     Counters for tests and benches: ``reads`` (slices read), ``bytes_read``, ``offset`` (bytes
     consumed of the current file), ``rotations``, ``truncations``, ``cuts`` (freed ranges stepped
     over), ``splitter.peak_partial``, ``queue.dropped``, ``skipped_bytes``.
@@ -319,6 +412,7 @@ class FileTail:
         max_lag_bytes: int | None = None,
         create: bool = True,
         opener: Opener = plain_open,
+        numbered: bool = False,
     ):
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
@@ -329,6 +423,8 @@ class FileTail:
                 f"max_lag_bytes needs pace=True and at least 2 * max_read ({2 * max_read}) bytes, got {max_lag_bytes!r}"
             )
         self.pace = pace
+        self.numbered = numbered
+        self._number_due = False
         self.create = create
         self.opener = opener
         self.max_lag_bytes = max_lag_bytes
@@ -390,8 +486,24 @@ class FileTail:
             self.queue.extend(lines)
             self._ready.set()
 
+    async def _push_number(self, live: bool = False) -> None:
+        """Queue the :class:`LineNumber` of the line at :attr:`offset` (``live``: and note where
+        the file ended)."""
+        fd, offset = self._fd, self.offset
+
+        def numbers() -> tuple[int, int]:
+            with numbering_lock(fd):
+                number = line_number_at(fd, offset)
+                return number, (line_number_at(fd, os.fstat(fd).st_size) if live else 0)
+
+        number, live_from = await asyncio.to_thread(numbers)
+        self._number_due = False
+        self._push([LineNumber(number, live_from)])
+
     async def _read_slice(self, size: int) -> bool:
         """Read one slice of the current file; True when more data is already waiting."""
+        if self._number_due:
+            await self._push_number()
         fd = self._fd
         first = data_start(fd)
         offset = data_start(fd, self.offset)  # past a range a cap freed (lib.logcap)
@@ -408,6 +520,8 @@ class FileTail:
         if offset + cut > self.offset:
             self._pass_cut(offset + cut - self.offset)
             data = data[cut:]
+            if self._number_due:
+                await self._push_number()
             if not data:
                 return self.offset < size
         self.reads += 1
@@ -451,6 +565,7 @@ class FileTail:
         self.cuts += 1
         self.splitter.flush()
         self._push([SkipMarker(skipped)])
+        self._number_due = self.numbered
 
     def _skip_ahead(self, size: int) -> None:
         """Paced and too far behind: jump to ``max_lag_bytes / 2`` before the end, next line."""
@@ -461,6 +576,7 @@ class FileTail:
         self.splitter.flush()  # the cut partial line is part of what is skipped
         self.splitter._skipping = True
         self._push([SkipMarker(skipped)])
+        self._number_due = self.numbered
 
     async def _poll_once(self) -> bool:
         """Look at the file once, read at most one slice; True when more data is waiting."""
@@ -480,11 +596,13 @@ class FileTail:
             self._from_start = True
             self._open()
             self.rotations += 1
+            self._number_due = self.numbered
             return True
         if size < self.offset:
             self._push(self.splitter.flush())
             self.offset = 0
             self.truncations += 1
+            self._number_due = self.numbered
         if size > self.offset:
             return await self._read_slice(size)
         return False
@@ -504,6 +622,8 @@ class FileTail:
                         await stop.wait()
                 if stop.is_set():
                     return
+            if self.numbered:
+                await self._push_number(live=True)
             while not stop.is_set():
                 if self.pace and len(self.queue) >= self.queue.maxlen // 2:
                     # Paced: the file is the buffer; wait for the consumer instead of dropping.

@@ -20,16 +20,15 @@ The console and event consumers need an authenticated user with ``agents.view_ag
 socket is accepted and closed at once with code 4403 (a code the htmx ``ws`` extension does not
 reconnect on). An unknown agent or stream closes with 4404.
 
-Messages to the browser (text frames, HTML for the htmx ``ws`` extension, each top-level element
-swapped out of band):
+Messages to the browser (text frames):
 
-* console, first frame and after a restart of the stream (a new generation):
-  ``<tbody id="console-lines" hx-swap-oob="innerHTML">ROWS</tbody>`` — replaces what is shown
-  (the last 500 lines);
-* console, live: ``<tbody id="console-lines" hx-swap-oob="beforeend">ROWS</tbody>``;
-  ROWS come from the console page's ``agents/console.html#lines`` partial with context ``lines``
-  (:class:`live.streams.Line`: text, seq, level, dropped). A viewer that cannot keep up gets a
-  ``… N lines dropped`` row (``dropped`` > 0) in place of the lines it missed;
+* console: JSON, ``{"reset": bool, "rows": [[number, ms, text, kind?, count?], ...]}``
+  (:func:`console_frame`), read by ``static/js/console.js``. The first frame (``reset``: the
+  last 500 lines of the stream) and the first after a restart of the stream (a new generation)
+  replace what the page shows; the others append. ``number`` is the line's number in the file
+  (a container's docker logs: from the start of the pump), ``ms`` its receive time. A viewer
+  that cannot keep up gets a row of kind ``"g"`` (``… N lines dropped``) in place of the lines
+  it missed (the page loads them back from the file);
 * events: the HTML rendered by :func:`live.render.render_live_update` for each event, several per
   frame; a slow viewer gets ``<tbody hx-swap-oob="afterbegin:#event-rows">`` with one
   ``… N events dropped`` row.
@@ -51,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import weakref
@@ -61,7 +61,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.http import QueryDict
-from django.template.loader import get_template, render_to_string
+from django.template.loader import render_to_string
 
 from agents.models import Agent
 from lib.json_input import parse_json
@@ -74,7 +74,7 @@ from .hub import ConsoleHub
 from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
 from .render import render_live_update
 from .rows import MAX_DIRTY, ROW_BATCH_SECONDS, row_view
-from .streams import Line, StreamKey, ViewerBuffer
+from .streams import Line, StreamKey, ViewerBuffer, console_row
 from .transport import RedisTransport
 
 log = logging.getLogger(__name__)
@@ -228,29 +228,13 @@ async def close_console_hub() -> None:
         await hub.transport.redis.aclose()
 
 
-CONSOLE_TBODY_ID = "console-lines"
-ROW_TEMPLATE = "agents/console.html#lines"
 EVENTS_DROPPED_TEMPLATE = "dashboard/index.html#events_dropped"
 
-_row_template = None
 
-
-def _rows_template():
-    global _row_template
-    if _row_template is None:
-        _row_template = get_template(ROW_TEMPLATE)
-    return _row_template
-
-
-def render_console_rows(lines: list[Line]) -> str:
-    """Rows for ``lines`` from the console page's ``lines`` partial (see the module docstring)."""
-    return _rows_template().render({"lines": lines})
-
-
-def render_console_frame(lines: list[Line], *, replace: bool) -> str:
-    """One console frame: the rows wrapped for an out-of-band swap into ``#console-lines``."""
-    swap = "innerHTML" if replace else "beforeend"
-    return f'<tbody id="{CONSOLE_TBODY_ID}" hx-swap-oob="{swap}">{render_console_rows(lines)}</tbody>'
+def console_frame(lines: list[Line], *, reset: bool) -> str:
+    """One console frame: ``{"reset": bool, "rows": [console_row, ...]}`` as JSON (``reset``: the
+    rows replace what the page shows)."""
+    return json.dumps({"reset": reset, "rows": [console_row(line) for line in lines]}, separators=(",", ":"))
 
 
 @database_sync_to_async
@@ -282,14 +266,14 @@ class ConsoleConsumer(_LiveConsumer):
         # Subscribed before the socket opens: once the client sees it open, nothing is missed.
         self.viewer = await get_console_hub().subscribe(key, source, flag_failures=flag_failures)
         await self.accept()
-        await self._send_frame(render_console_frame(self.viewer.snapshot, replace=True))
+        await self._send_frame(console_frame(self.viewer.snapshot, reset=True))
         self.writer = asyncio.create_task(self._write())
 
     async def _next_frame(self) -> str | None:
         rows, reset = await self.viewer.next_batch(FRAME_MAX_ROWS)
         if not rows and not reset:
             return None
-        return render_console_frame(rows, replace=reset)
+        return console_frame(rows, reset=reset)
 
     async def disconnect(self, code):
         await self._stop_writer()

@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from lib.tail import DropMarker, SkipMarker
+from lib.tail import DropMarker, LineNumber, SkipMarker
 
 from .sources import SourceFactory
 from .streams import (
@@ -31,6 +31,29 @@ log = logging.getLogger(__name__)
 
 STALE_BATCH_SECONDS = 2.0
 """A batch older than this when it reaches a process is skipped there (the process is behind)."""
+
+
+def _runs(texts, numbered: bool):
+    """``texts`` as ``(number, live_from, run)`` parts: each :class:`lib.tail.LineNumber` starts a
+    part (``number``/``live_from`` from it; None for the part before the first). In a numbered
+    stream (``numbered``, or once a number was seen) skip and drop markers are left out: the jump
+    in numbers stands for them. Returns the parts and whether the stream is numbered."""
+    if all(text.__class__ is str for text in texts):
+        return [(None, None, texts)], numbered
+    parts: list = []
+    current: list = []
+    number = live_from = None
+    for text in texts:
+        if text.__class__ is LineNumber:
+            if current or number is not None:
+                parts.append((number, live_from, current))
+            number, live_from, current, numbered = text.number, text.live_from, [], True
+        elif numbered and isinstance(text, (DropMarker, SkipMarker)):
+            continue
+        else:
+            current.append(text)
+    parts.append((number, live_from, current))
+    return parts, numbered
 
 
 class Viewer:
@@ -225,24 +248,41 @@ class ConsoleHub:
             viewer.buffer.push(lines, gen)
 
     async def _pump(self, st: _Stream, gen: int) -> None:
-        """Read the source and publish numbered batches until cancelled or the source ends."""
+        """Read the source and publish numbered batches until cancelled or the source ends.
+
+        A numbered source (``lib.tail.LineNumber`` markers: a file) gives each line its number
+        in the file; its skip and drop markers are not published, the jump in numbers stands for
+        them. Any other source (docker logs) is numbered 1, 2, … from the start of the pump,
+        markers included.
+        """
         key = st.key
         seq = 0
+        live_from = 0
+        numbered = False
         try:
             async with contextlib.aclosing(st.source()) as source:
                 async for texts in source:
                     if not texts:
                         continue
-                    head_marker = isinstance(texts[0], (DropMarker, SkipMarker))
-                    for chunk in split_batches(texts, self.batch_lines, self.batch_chars):
-                        marks = []
-                        if head_marker:
-                            marks.append([0, LEVEL_DROPPED])
-                            head_marker = False
-                        if st.flag_failures:
-                            marks.extend([i, LEVEL_ERROR] for i in failure_indexes(chunk))
-                        await self._publish(key, gen, seq + 1, list(chunk), marks)
-                        seq += len(chunk)
+                    parts, numbered = _runs(texts, numbered)
+                    for number, start, run in parts:
+                        if number is not None:
+                            seq, live_from = number - 1, start
+                        head_marker = bool(run) and isinstance(run[0], (DropMarker, SkipMarker))
+                        for chunk in split_batches(run, self.batch_lines, self.batch_chars) if run else ():
+                            marks = []
+                            if head_marker:
+                                marks.append([0, LEVEL_DROPPED])
+                                head_marker = False
+                            if st.flag_failures:
+                                marks.extend([i, LEVEL_ERROR] for i in failure_indexes(chunk))
+                            born = min(len(chunk), max(0, live_from - seq - 1))
+                            stamps = None
+                            if born:  # backlog: the times an earlier pump received it, if any
+                                known = await self.transport.line_times(key, seq + 1, seq + 1 + born)
+                                stamps = [known.get(n, 0) for n in range(seq + 1, seq + 1 + born)]
+                            await self._publish(key, gen, seq + 1, list(chunk), marks, born, stamps)
+                            seq += len(chunk)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - shown to the viewers instead of a silent stop
@@ -251,7 +291,16 @@ class ConsoleHub:
                 await self._publish(key, gen, seq + 1, [f"[console source failed: {exc}]"], [[0, LEVEL_ERROR]])
         st.finished = True
 
-    async def _publish(self, key: StreamKey, gen: int, first: int, texts: list[str], marks: list) -> None:
+    async def _publish(
+        self,
+        key: StreamKey,
+        gen: int,
+        first: int,
+        texts: list[str],
+        marks: list,
+        born: int = 0,
+        stamps: list[int] | None = None,
+    ) -> None:
         message = {
             "type": "console.lines",
             "group": key.group,
@@ -260,7 +309,10 @@ class ConsoleHub:
             "texts": texts,
             "marks": marks,
             "ts": time.time(),
+            "born": born,
         }
+        if stamps:
+            message["stamps"] = stamps
         await self.transport.publish_lines(key, message)
 
     async def aclose(self) -> None:

@@ -42,7 +42,8 @@ def file_source(
     is waited for, never created (the spawn creates it).
     The tail is paced by the pump (nothing read is dropped); when the pump falls more than
     ``max_lag_bytes`` behind a flooding guest it skips ahead with a ``[skipped N bytes]`` marker
-    (None: never skip). ``opener``: every open of the file (``lib.tail.Opener``); a VM's logs
+    (None: never skip). Lines are numbered by their place in the file (``lib.tail.LineNumber``).
+    ``opener``: every open of the file (``lib.tail.Opener``); a VM's logs
     are opened without following links, and its refusal ends the stream with its message.
     """
 
@@ -64,6 +65,7 @@ def file_source(
             max_lag_bytes=max_lag_bytes,
             create=False,
             opener=opener,
+            numbered=True,
         )
         return tail.batches()
 

@@ -53,7 +53,9 @@ def is_failure_line(text: str) -> bool:
 
 
 class Line(NamedTuple):
-    """One console row: ``text``; ``seq`` (1-based within its generation); ``level``.
+    """One console row: ``text``; ``seq`` (its line number: see ``docs/live-streams.md``);
+    ``level``; ``ts``, when the console received it (seconds since the epoch; 0 when it was
+    already in the file when the pump started, so its time is unknown).
 
     ``level`` is ``"debug"`` (plain), ``"error"`` (a failure pattern, serial console only) or
     ``"dropped"`` (an in-band marker). A viewer drop row has ``dropped`` = how many lines it
@@ -65,6 +67,21 @@ class Line(NamedTuple):
     seq: int
     level: str = LEVEL_DEBUG
     dropped: int = 0
+    ts: float = 0.0
+
+
+def console_row(line: Line) -> list:
+    """One console row as the page's script reads it: ``[number, ms, text]`` plus a kind, ``"e"``
+    (a failure line), ``"m"`` (an in-band marker) or ``"g"`` with a count (that many lines, from
+    ``number`` on, did not reach this viewer). ``ms``: receive time, 0 when unknown."""
+    row = [line.seq, round(line.ts * 1000), line.text]
+    if line.dropped:
+        row += ["g", line.dropped]
+    elif line.level == LEVEL_ERROR:
+        row.append("e")
+    elif line.level == LEVEL_DROPPED:
+        row.append("m")
+    return row
 
 
 def drop_row(count: int, seq: int = 0, noun: str = "lines") -> Line:
@@ -120,13 +137,23 @@ RING_LINES = 500
 
 
 def lines_from_message(message: dict) -> list[Line]:
-    """The :class:`Line` list of a ``console.lines`` message (``seq``, ``texts``, ``marks``)."""
+    """The :class:`Line` list of a ``console.lines`` message: ``seq`` (number of the first line),
+    ``texts``, ``marks`` (``[index, level]``), ``ts`` (when it was read), ``born`` (how many of
+    its first lines predate the pump) and ``stamps`` (their receive times in ms, when an earlier
+    pump received them; 0: unknown)."""
     first = message["seq"]
     texts = message["texts"]
-    lines = list(map(Line, texts, range(first, first + len(texts))))
+    ts = message.get("ts", 0.0)
+    n = len(texts)
+    born = min(message.get("born", 0), n)
+    times = itertools.repeat(ts)
+    if born:
+        stamps = message.get("stamps") or [0] * born
+        times = itertools.chain((ms / 1000 for ms in stamps[:born]), itertools.repeat(ts, n - born))
+    lines = list(map(Line, texts, range(first, first + n), itertools.repeat(LEVEL_DEBUG), itertools.repeat(0), times))
     for index, level in message.get("marks") or ():
         line = lines[index]
-        lines[index] = Line(line.text, line.seq, level)
+        lines[index] = line._replace(level=level)
     return lines
 
 
@@ -138,15 +165,19 @@ def ring_blob(message: dict, keep: int = RING_LINES) -> tuple[bytes, int]:
     texts = message["texts"]
     start = max(0, len(texts) - keep)
     marks = [[i - start, level] for i, level in message.get("marks") or () if i >= start]
-    return msgpack.packb([message["seq"] + start, texts[start:], marks]), len(texts) - start
+    born = max(0, message.get("born", 0) - start)
+    stamps = (message.get("stamps") or [])[start:]
+    blob = msgpack.packb([message["seq"] + start, texts[start:], marks, message.get("ts", 0.0), born, stamps])
+    return blob, len(texts) - start
 
 
 def lines_from_blobs(blobs: Iterable[bytes], keep: int = RING_LINES) -> list[Line]:
     """The last ``keep`` lines stored in ring entries (oldest entry first)."""
     lines: list[Line] = []
     for blob in blobs:
-        first, texts, marks = msgpack.unpackb(blob)
-        lines.extend(lines_from_message({"seq": first, "texts": texts, "marks": marks}))
+        first, texts, marks, ts, born, stamps = msgpack.unpackb(blob)
+        message = {"seq": first, "texts": texts, "marks": marks, "ts": ts, "born": born, "stamps": stamps}
+        lines.extend(lines_from_message(message))
     return lines[-keep:]
 
 

@@ -47,6 +47,7 @@ class Transport(Protocol):
     async def begin(self, key: StreamKey) -> int: ...
     async def publish_lines(self, key: StreamKey, message: dict) -> None: ...
     async def snapshot(self, key: StreamKey) -> tuple[int | None, list[Line]]: ...
+    async def line_times(self, key: StreamKey, first: int, stop: int) -> dict[int, int]: ...
     async def aclose(self) -> None: ...
 
 
@@ -62,6 +63,7 @@ class LocalTransport:
         self._listeners: dict[str, list[Listener]] = {}
         self._rings: dict[StreamKey, deque[Line]] = {}
         self._gens: dict[StreamKey, int] = {}
+        self.times: dict[StreamKey, deque[str]] = {}
 
     async def listen(self, group, callback):
         self._listeners.setdefault(group, []).append(callback)
@@ -98,6 +100,9 @@ class LocalTransport:
 
     async def publish_lines(self, key, message):
         self._rings.setdefault(key, deque(maxlen=self.ring_size)).extend(lines_from_message(message))
+        entry = times_member(message)
+        if entry is not None:
+            self.times.setdefault(key, deque(maxlen=TIMES_KEPT)).append(entry[1])
         self.deliver(message)
 
     def deliver(self, message: dict) -> None:
@@ -109,13 +114,65 @@ class LocalTransport:
     async def snapshot(self, key):
         return self._gens.get(key), list(self._rings.get(key, ()))
 
+    async def line_times(self, key, first, stop):
+        return times_of(self.times.get(key, ()), first, stop)
+
     async def aclose(self):
         self._listeners.clear()
 
 
+TIMES_KEPT = 20000
+"""Batches whose receive time is kept per stream, for the lines read back from the file."""
+
+
+def times_member(message: dict) -> tuple[int, str] | None:
+    """The ``times`` entry of a ``console.lines`` message: ``(first live line, "first:count:ms")``,
+    or None when none of its lines was received live (``born``)."""
+    born = message.get("born", 0)
+    count = len(message["texts"]) - born
+    if count <= 0:
+        return None
+    first = message["seq"] + born
+    return first, f"{first}:{count}:{round(message['ts'] * 1000)}"
+
+
+def times_of(entries: Iterable[bytes | str], first: int, stop: int) -> dict[int, int]:
+    """``{line number: receive time in ms}`` for the lines ``[first, stop)`` that ``entries``
+    (``times`` members, any order) cover."""
+    out: dict[int, int] = {}
+    for entry in entries:
+        text = entry.decode() if isinstance(entry, bytes) else entry
+        start, count, ms = (int(part) for part in text.split(":"))
+        for number in range(max(start, first), min(start + count, stop)):
+            out[number] = ms
+    return out
+
+
+def stream_key_name(key: StreamKey, what: str, prefix: str = "kici:console") -> str:
+    """The Redis key ``<prefix>:<agent_id>:<stream>:<what>`` of a console stream."""
+    return f"{prefix}:{key.agent_id}:{key.stream}:{what}"
+
+
+def line_times(client: Any, key: StreamKey, first: int, stop: int, prefix: str = "kici:console") -> dict[int, int]:
+    """Receive times (ms) of the lines ``[first, stop)`` of a stream, from its ``times`` key, with
+    a synchronous ``redis.Redis`` ``client`` (the range view). Lines no pump received live, or
+    longer ago than :data:`TIMES_KEPT` batches, are absent."""
+    name = stream_key_name(key, "times", prefix)
+    entries = client.zrevrangebyscore(name, first, "-inf", start=0, num=1)
+    entries += client.zrangebyscore(name, f"({first}", f"({stop}")
+    return times_of(entries, first, stop)
+
+
 # Append one packed batch to the ring, then drop the oldest entries while the rest still holds
-# at least ARGV[3] lines. KEYS: ring, counts. ARGV: blob, its line count, ring size, ttl seconds.
+# at least ARGV[3] lines; record the batch's receive time (KEYS[3], when ARGV[5] is not empty),
+# keeping the last ARGV[7] entries. KEYS: ring, counts, times. ARGV: blob, its line count, ring
+# size, ttl seconds, times score, times member, times kept.
 _RING_PUSH = """
+if ARGV[5] ~= '' then
+  redis.call('zadd', KEYS[3], ARGV[5], ARGV[6])
+  redis.call('zremrangebyrank', KEYS[3], 0, -tonumber(ARGV[7]) - 1)
+  redis.call('expire', KEYS[3], ARGV[4])
+end
 redis.call('rpush', KEYS[1], ARGV[1])
 redis.call('rpush', KEYS[2], ARGV[2])
 local total = 0
@@ -140,15 +197,17 @@ _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del
 class RedisTransport:
     """Channels Redis layer + Redis keys: batches between processes, one pump per key cluster-wide.
 
-    ``layer``: a Channels layer (``channels_redis``); ``redis``: a ``redis.asyncio.Redis`` client.
-    One process-wide channel (``layer.new_channel()``) joins each group that has local listeners,
-    so a batch crosses Redis once per process, not once per viewer. Keys (prefix
-    ``kici:console:<agent_id>:<stream>:``): ``owner`` (lock: random token, ``lock_ttl`` seconds,
-    renewed by the hub every ``lock_ttl / 3``), ``ring`` (the last batches, packed, holding at
-    least the last ``ring_size`` lines; ``ring-counts`` their sizes), ``gen`` (generation counter),
-    ``viewers`` (sorted set of viewer ids scored by expiry, refreshed by each process). The ring is
-    written before the batch is sent, so a viewer that reads the snapshot after joining misses
-    nothing.
+        ``layer``: a Channels layer (``channels_redis``); ``redis``: a ``redis.asyncio.Redis`` client.
+        One process-wide channel (``layer.new_channel()``) joins each group that has local listeners,
+        so a batch crosses Redis once per process, not once per viewer. Keys (prefix
+        ``kici:console:<agent_id>:<stream>:``): ``owner`` (lock: random token, ``lock_ttl`` seconds,
+        renewed by the hub every ``lock_ttl / 3``), ``ring`` (the last batches, packed, holding at
+        least the last ``ring_size`` lines; ``ring-counts`` their sizes), ``gen`` (generation counter),
+        ``viewers`` (sorted set of viewer ids scored by expiry, refreshed by each process), ``times``
+    (sorted set of the last :data:`TIMES_KEPT` batches' receive times, :func:`times_member`, scored
+    by their first line number: :func:`line_times` reads it). The ring is
+        written before the batch is sent, so a viewer that reads the snapshot after joining misses
+        nothing.
     """
 
     def __init__(
@@ -177,7 +236,7 @@ class RedisTransport:
         self._ring_push = redis.register_script(_RING_PUSH)
 
     def _key(self, key: StreamKey, what: str) -> str:
-        return f"{self.prefix}:{key.agent_id}:{key.stream}:{what}"
+        return stream_key_name(key, what, self.prefix)
 
     async def _ensure_channel(self) -> str:
         async with self._start_lock:
@@ -263,8 +322,10 @@ class RedisTransport:
 
     async def publish_lines(self, key, message):
         blob, count = ring_blob(message, self.ring_size)
+        score, member = times_member(message) or ("", "")
         await self._ring_push(
-            keys=[self._key(key, "ring"), self._key(key, "ring-counts")], args=[blob, count, self.ring_size, 86400]
+            keys=[self._key(key, "ring"), self._key(key, "ring-counts"), self._key(key, "times")],
+            args=[blob, count, self.ring_size, 86400, score, member, TIMES_KEPT],
         )
         await self.layer.group_send(message["group"], message)
 
@@ -277,6 +338,15 @@ class RedisTransport:
             pipe.lrange(self._key(key, "ring"), 0, -1)
             gen, blobs = await pipe.execute()
         return (int(gen) if gen is not None else None), lines_from_blobs(blobs, self.ring_size)
+
+    async def line_times(self, key, first, stop):
+        """See :func:`line_times` (the same read, asynchronous)."""
+        name = self._key(key, "times")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrevrangebyscore(name, first, "-inf", start=0, num=1)
+            pipe.zrangebyscore(name, f"({first}", f"({stop}")
+            before, inside = await pipe.execute()
+        return times_of([*before, *inside], first, stop)
 
     async def aclose(self):
         if self._receiver is not None:

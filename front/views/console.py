@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 
-from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
+import redis
+from django.conf import settings
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from agents.archive import archive_path
 from agents.models import Agent
-from lib.tail import Opener, plain_open
+from lib.tail import Opener, plain_open, read_lines_before
 from live.consoles import (
     agent_container,
     captured_output,
@@ -21,6 +23,8 @@ from live.consoles import (
     runs_in_container,
     sandbox_gone,
 )
+from live.streams import LEVEL_DEBUG, LEVEL_ERROR, Line, StreamKey, console_row, failure_indexes
+from live.transport import line_times
 
 from .common import agent_or_404, viewer_required
 
@@ -55,6 +59,9 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         "streams": streams,
         "ws_url": f"/ws/agents/{agent.agent_id}/console/{stream}/",
         "download_url": download_url(agent, stream),
+        "lines_url": reverse("agent_console_lines", args=[agent.agent_id, stream])
+        if console_log_file(agent, stream) is not None
+        else "",
         "gone": sandbox_gone(agent, stream),
     }
     if ctx["gone"]:
@@ -139,3 +146,71 @@ def agent_console_download(request, agent_id: str, stream: str):
     response = StreamingHttpResponse(body(), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
+
+
+#: Default and largest ``limit`` of :func:`agent_console_lines`.
+LINES_PAGE = 500
+LINES_PAGE_MAX = 1000
+
+
+def _positive_int(request, name: str, default: int | None, high: int | None = None) -> int:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ValueError(f"{name} is required (a line number)")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 1 or (high is not None and value > high):
+        top = f" and {high}" if high is not None else ""
+        raise ValueError(f"{name} must be between 1{top}, got {value}")
+    return value
+
+
+@require_GET
+@viewer_required
+def agent_console_lines(request, agent_id: str, stream: str):
+    """``/agents/<id>/console/<stream>/lines?before=N&limit=500``: the lines numbered below ``N``
+    (at most ``limit``, 1 to 1,000), read from the stream's file (``lib.tail.read_lines_before``),
+    as JSON ``{"oldest": first line the file still holds, "first": number of rows[0],
+    "rows": [...]}`` with the rows of ``live.streams.console_row`` (receive times from the
+    stream's ``times`` key, 0 where unknown). 400 for a bad parameter, 404 for a stream that is not
+    a file (a container's docker logs) or a file not there (yet), 502 when it cannot be read."""
+    agent = agent_or_404(agent_id)
+    if stream not in [s for s, _ in console_streams(agent)]:
+        raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
+    try:
+        before = _positive_int(request, "before", None)
+        limit = _positive_int(request, "limit", LINES_PAGE, LINES_PAGE_MAX)
+    except ValueError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    path = console_log_file(agent, stream)
+    if path is None:
+        return JsonResponse({"error": f"the {stream} stream of {agent.agent_id} is not a file"}, status=404)
+    try:
+        fd = console_file_opener(stream)(os.fspath(path), os.O_RDONLY)
+    except FileNotFoundError:
+        return JsonResponse({"error": f"{path} does not exist (yet)"}, status=404)
+    except OSError as exc:
+        return JsonResponse({"error": f"could not read {path}: {exc}"}, status=502)
+    try:
+        oldest, first, texts = read_lines_before(fd, before, limit)
+    except OSError as exc:
+        return JsonResponse({"error": f"could not read {path}: {exc}"}, status=502)
+    finally:
+        os.close(fd)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        times = line_times(client, StreamKey(agent.agent_id, stream), first, first + len(texts))
+    finally:
+        client.close()
+    errors = set(failure_indexes(texts)) if stream == "serial" else set()
+    rows = [
+        console_row(
+            Line(text, first + i, LEVEL_ERROR if i in errors else LEVEL_DEBUG, ts=times.get(first + i, 0) / 1000)
+        )
+        for i, text in enumerate(texts)
+    ]
+    return JsonResponse({"oldest": oldest, "first": first, "rows": rows})

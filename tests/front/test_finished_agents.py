@@ -45,7 +45,7 @@ def test_a_failed_agents_console_says_the_sandbox_is_gone_and_shows_the_captured
     agent = _failed_agent()
     html = viewer_client.get(f"/agents/{agent.agent_id}/console/").content.decode()
     assert 'id="sandbox-gone"' in html and "The sandbox of this agent is gone" in html
-    assert 'ws-connect="/ws/agents/' not in html and "console.js" not in html  # no live stream to a removed container
+    assert "data-ws-url=" not in html and "console.js" not in html  # no live stream to a removed container
     assert "agent: dial 172.30.0.1:8000" in html and "exit 1" in html and "last 3 lines" in html
     assert "network failed: hostAccess[0]" in html
     assert "404 Client Error" not in html and "--- captured output ---" not in html
@@ -59,7 +59,7 @@ def test_the_captured_output_downloads_and_nothing_captured_is_a_404_that_says_s
 
     destroyed = make_agent(make_scaler("c2"), state=AgentState.DESTROYED, ip="172.30.0.3")
     page = viewer_client.get(f"/agents/{destroyed.agent_id}/console/").content.decode()
-    assert "Nothing of its output was kept" in page and 'ws-connect="/ws/agents/' not in page
+    assert "Nothing of its output was kept" in page and "data-ws-url=" not in page
     missing = viewer_client.get(f"/agents/{destroyed.agent_id}/console/console/download")
     assert missing.status_code == 404 and b"none of its output was captured" in missing.content
 
@@ -76,7 +76,7 @@ def test_a_finished_agent_reads_back_no_rules_for_its_old_address(viewer_client,
 def test_a_live_agents_console_still_streams(viewer_client):
     agent = make_agent(make_scaler(), state=AgentState.RUNNING, ip="172.30.0.4")
     html = viewer_client.get(f"/agents/{agent.agent_id}/console/").content.decode()
-    assert f'ws-connect="/ws/agents/{agent.agent_id}/console/console/"' in html and "sandbox-gone" not in html
+    assert f'data-ws-url="/ws/agents/{agent.agent_id}/console/console/"' in html and "sandbox-gone" not in html
 
 
 def test_the_isolation_address_opened_directly_is_a_full_page(viewer_client, no_nft):

@@ -290,7 +290,7 @@ def test_the_selftest_refuses_a_finished_agent_plainly(client, scaler):
 def test_the_console_page_connects_to_the_agents_stream(viewer_client, scaler):
     agent = _agent(scaler, 1)
     html = viewer_client.get(f"/agents/{agent.agent_id}/console/").content.decode()
-    assert f'ws-connect="/ws/agents/{agent.agent_id}/console/console/"' in html
+    assert f'data-ws-url="/ws/agents/{agent.agent_id}/console/console/"' in html
     assert 'id="console-lines"' in html and "js/console.js" in html
     assert f"/agents/{agent.agent_id}/console/console/download" in html
 
@@ -302,7 +302,7 @@ def test_a_vm_console_has_serial_and_vmm_tabs(viewer_client, db):
     html = viewer_client.get(f"/agents/{agent.agent_id}/console/").content.decode()
     assert "/console/serial/" in html and f'href="/agents/{agent.agent_id}/console/vmm/"' in html
     vmm = viewer_client.get(f"/agents/{agent.agent_id}/console/vmm/").content.decode()
-    assert f'ws-connect="/ws/agents/{agent.agent_id}/console/vmm/"' in vmm
+    assert f'data-ws-url="/ws/agents/{agent.agent_id}/console/vmm/"' in vmm
     assert viewer_client.get(f"/agents/{agent.agent_id}/console/bogus/").status_code == 404
 
 

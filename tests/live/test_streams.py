@@ -4,6 +4,7 @@ per-viewer buffers, sources."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -257,6 +258,30 @@ async def test_a_file_source_starts_near_the_end_of_a_big_file(hub, tmp_path):
     rows += viewer.buffer.pop_batch()[0]
     assert rows[-1].text == "old line 0099999"
     assert len(rows) < 20 and all(r.text.startswith("old line ") and len(r.text) == 16 for r in rows)
+
+
+async def test_a_pumps_lines_carry_their_numbers_in_the_file_and_their_receive_times(hub, tmp_path):
+    path = tmp_path / "serial-console.log"
+    path.write_bytes(b"".join(b"old line %07d\n\n" % i for i in range(1, 100_001)))  # empty lines: not counted
+    viewer = await hub.subscribe(KEY, file_source(path, backlog_bytes=2000, poll_interval=0.02))
+    rows = await drain(viewer, 1)
+    assert rows[-1].seq == 100_000 and all(r.text == f"old line {r.seq:07d}" for r in rows)
+    assert all(r.ts == 0 for r in rows)  # in the file before the pump started: time unknown
+    before = time.time()
+    append(path, b"new line\n")
+    rows = await drain(viewer, 1)
+    assert [(r.text, r.seq) for r in rows] == [("new line", 100_001)]
+    assert before <= rows[0].ts <= time.time()
+    received = rows[0].ts
+    await hub.unsubscribe(viewer)
+
+    again = await hub.subscribe(KEY, file_source(path, backlog_bytes=2000, poll_interval=0.02))
+    rows = await drain(again, 1)
+    assert rows[-1].seq == 100_001  # a new pump numbers as the first did
+    assert rows[-1].ts == round(received * 1000) / 1000  # and knows when the first received it
+    assert all(r.ts == 0 for r in rows[:-1])  # lines no pump received live
+    times = list(hub.transport.times[KEY])
+    assert len(times) == 1 and times[0].startswith("100001:1:")  # only the line received live
 
 
 async def test_a_source_that_fails_is_reported_to_the_viewers(hub, tmp_path):
