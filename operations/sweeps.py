@@ -7,7 +7,9 @@ runs only by the leading sweeper (docs/multi-host.md).
 
 * A sweep runs for one (kind, scope) at most once per its policy interval (``operations.policy``).
 * A sweep that finds nothing creates nothing.
-* No duplicate while an identical planned operation (same kind, scope and plan digest) is open.
+* No duplicate while an identical planned operation (same kind, scope and plan digest) is open, and
+  no plan of a scope while an operation of it is running (its targets would be listed again while
+  they are being acted on, e.g. a container being stopped).
 * A kind listed in ``KICI_AUTO_APPROVE`` is approved and enqueued by policy; so is an operation
   whose kind's ``auto_approves(scope)`` says so (lost agents whose sandbox is provably gone);
   others wait for a person.
@@ -77,6 +79,12 @@ def run_periodic_sweeps(
             if state and state.last_run_at + timedelta(seconds=policy.interval_seconds) > now:
                 continue
             result = ""
+            busy = Operation.objects.filter(kind=kind.name, scope_key=key, status=OperationStatus.RUNNING).first()
+            if busy is not None:
+                # Its targets are being acted on: a plan now would list them again.
+                result = f"operation #{busy.pk} of this scope is running; planned again once it ends"
+                SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result})
+                continue
             try:
                 plan = kind.plan(scope)
                 operation = None

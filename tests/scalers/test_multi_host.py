@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -18,10 +19,11 @@ from rq import Queue
 from agents.choices import AgentState
 from agents.models import Agent
 from operations import sweeps
-from operations.choices import OperationKind, RequestedVia
-from operations.kinds.base import Plan, Scope
+from operations.choices import OperationKind, OperationStatus, RequestedVia
+from operations.kinds.base import Plan, Scope, Target
 from operations.kinds.registry import get_kind
 from operations.management.commands.scaler_sweeper import Command
+from operations.models import Operation, SweepState
 from operations.services import NoWorkerListening, approve_operation, store_plan
 from scalers.admission.recovery import recover_state
 from scalers.backends.firecracker import adapter
@@ -150,6 +152,21 @@ def test_a_host_plans_the_sweeps_of_its_own_scalers_and_the_leader_only_the_glob
         ("lost-agents", "mh-theirs:heartbeat"),
         ("stale-reservations", "-"),
     ]
+
+
+def test_a_scope_whose_operation_runs_is_not_planned_again_until_it_ends(planned):
+    """A reap that is stopping containers must not see its own targets planned once more."""
+    mine = make_scaler("mh-busy", type="container")
+    scope = Scope(scaler=mine)
+    target = Plan(targets=[Target("container:x", "stop and remove container", "x", {"n": 1})])
+    op = store_plan(OperationKind.ORPHAN_CONTAINERS, scope, target, None, via=RequestedVia.SWEEP)
+    Operation.objects.filter(pk=op.pk).update(status=OperationStatus.RUNNING)
+    sweeps.run_periodic_sweeps(timezone.now(), global_scopes=False)
+    assert ("orphan-containers", "mh-busy") not in planned
+    assert "is running" in SweepState.objects.get(sweep_key=scope.key(OperationKind.ORPHAN_CONTAINERS)).last_result
+    Operation.objects.filter(pk=op.pk).update(status=OperationStatus.SUCCEEDED)
+    sweeps.run_periodic_sweeps(timezone.now() + timedelta(hours=1), global_scopes=False)
+    assert ("orphan-containers", "mh-busy") in planned
 
 
 def test_the_stale_rule_sweep_of_a_host_is_not_hidden_by_another_hosts_scaler_on_the_same_table(planned):
