@@ -185,6 +185,16 @@ def test_another_hosts_sandboxes_are_not_probed_here():
     assert probe.state == "not probed" and OTHER in probe.detail
 
 
+def test_the_leaders_stale_reservation_sweep_spares_a_container_on_another_host():
+    """The leader cannot list host B's docker: B's failed agent, whose container may still run
+    there, keeps its reservation instead of being called gone and released."""
+    theirs = make_agent(make_scaler(type="container", host=OTHER), state=AgentState.FAILED)
+    plan = get_kind(OperationKind.STALE_RESERVATIONS).plan(Scope())
+    assert plan.targets == []
+    (spared,) = plan.spared
+    assert spared.subject == theirs.agent_id and f"on host {OTHER}" in spared.reason
+
+
 class FakeBackend:
     destroyed: list[str] = []
 
