@@ -10,9 +10,11 @@ Redis through a relay on their veth (``tests.support.two_hosts``). It proves:
    other;
 3. an orphan on host B is planned only by host B (its sweeper's database session wrote the plan,
    the leader on host A planned nothing for it), runs on ``host:B`` and is reaped there;
-4. the restored-copy scenario of docs/sandbox-ownership.md: a running container with the same
-   installation id and scaler name but another console instance, on B's docker host, is spared by
-   B's sweep, and neither B's own running agents are planned;
+4. the restored-copy scenario of docs/sandbox-ownership.md: a second console on host B (same host
+   name and docker host, another instance id) over a pg_dump copy of the database (same
+   installation id, same scaler name) holding one running agent the original does not know:
+   the copy's orphan plan spares every one of B's running agents (and B's orphan) as another
+   console's, and B's plan spares the copy's agent; B's own agents are never targets;
 5. failover: host A's sweeper (the leader) killed with SIGKILL, host B leads within 10 s, its
    leader-change recovery runs once, and the global sweep it takes over (a stale reservation) is
    not planned twice.
@@ -20,6 +22,7 @@ Redis through a relay on their veth (``tests.support.two_hosts``). It proves:
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -31,6 +34,7 @@ import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
@@ -43,6 +47,7 @@ from scalers.hosts import queue_named
 from scalers.leader import LEADER_LOCK_KEY, SESSION_PREFIX
 from scalers.models import Installation, RecoveryReport, Reservation, Scaler
 from tests.support.root import require_root
+from tests.support.scalers import make_agent
 from tests.support.two_hosts import Host
 
 pytestmark = [pytest.mark.root, pytest.mark.docker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -122,6 +127,21 @@ def _traced() -> list[tuple[str, str, str]]:
         return cur.fetchall()
 
 
+def copy_database(source: str, target: str) -> None:
+    """``target`` made a copy of ``source`` (pg_dump into a fresh database), as a restored backup."""
+    drop_database(target)
+    pg = ["-h", "127.0.0.1", "-U", "postgres"]
+    subprocess.run(["createdb", *pg, target], check=True, capture_output=True, timeout=60)
+    dump = subprocess.run(["pg_dump", *pg, source], check=True, capture_output=True, timeout=120)
+    subprocess.run(["psql", "-q", *pg, "-d", target], input=dump.stdout, check=True, capture_output=True, timeout=120)
+
+
+def drop_database(name: str) -> None:
+    subprocess.run(
+        ["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", name], capture_output=True, timeout=60
+    )
+
+
 def scale(host: Host, label: str, job: str) -> int:
     session = requests.Session()
     session.trust_env = False
@@ -149,6 +169,7 @@ def test_two_hosts_share_caps_and_each_sweeps_and_spawns_only_its_own(tmp_path, 
     database = connection.settings_dict["NAME"]
     redis_db = urlsplit(settings.REDIS_URL).path.strip("/") or "0"
     installation = Installation.current_id()
+    copy = f"{database}_restored"
     a, b = Host("mh-host-a", 1, tmp_path), Host("mh-host-b", 2, tmp_path)
     hosts = (a, b)
     scaler_of = {a: "mh-a-ctr", b: "mh-b-ctr"}
@@ -173,6 +194,23 @@ def test_two_hosts_share_caps_and_each_sweeps_and_spawns_only_its_own(tmp_path, 
             envs[host] = host.env(database, redis_db, TOKEN, {"KICI_INSTANCE_ID": host.name, **SWEEPS})
             host.run_in_ns([sys.executable, "manage.py", "import_scalers"], envs[host])
         assert dict(Scaler.objects.values_list("name", "host")) == {"mh-a-ctr": a.name, "mh-b-ctr": b.name}
+
+        # The restored copy (docs/sandbox-ownership.md): a database copied now, with one running
+        # agent of mh-b-ctr that only the copy knows, for a console of its own on host B.
+        approver = get_user_model().objects.create_superuser("mh-approver", password="x")
+        ghost = make_agent(
+            Scaler.objects.get(name="mh-b-ctr"), state=AgentState.RUNNING, reserve=False,
+            agent_id="scaler-container-mhrestored", registered_at=timezone.now(),
+        )  # fmt: skip
+        copy_database(database, copy)
+        ghost.delete()
+        restored_env = {
+            **envs[b],
+            "DATABASE_URL": f"postgres://postgres@{b.gateway}:5432/{copy}",
+            "KICI_INSTANCE_ID": "mh-restored-copy",
+            "KICI_NFT_TABLE": "kicimhr",
+            "PGAPPNAME": "two-hosts:restored-copy",
+        }
 
         # Host A's console first, so A leads: the orphan on B below is B's to plan anyway.
         a.start_console(envs[a])
@@ -211,19 +249,20 @@ def test_two_hosts_share_caps_and_each_sweeps_and_spawns_only_its_own(tmp_path, 
             assert agent.agent_id not in containers_of(other, agent.scaler.name)
             assert not containers_of(other, scaler_of[own])  # the other host's dockerd has none of them
 
-        # 3 + 4: an orphan of B's console on B's docker host, and a restored copy's running agent
-        # (same installation and scaler name, another console instance).
+        # 3 + 4: a restored copy's running agent (same installation and scaler name, another console
+        # instance), then an orphan of B's console, on B's docker host: any plan holding the orphan
+        # listed both.
         client = b.docker()
         try:
-            orphan = client.containers.run(
-                "kici-agent:local", ["sleep", "600"], detach=True, network_mode="none",
-                labels={"kici-managed": "true", **Owner(installation, b.name, "mh-b-ctr").labels(),
-                        "kici-agent-id": "scaler-container-mhorphan"},
-            )  # fmt: skip
             restored = client.containers.run(
                 "kici-agent:local", ["sleep", "600"], detach=True, network_mode="none",
                 labels={"kici-managed": "true", **Owner(installation, "mh-restored-copy", "mh-b-ctr").labels(),
                         "kici-agent-id": "scaler-container-mhrestored"},
+            )  # fmt: skip
+            orphan = client.containers.run(
+                "kici-agent:local", ["sleep", "600"], detach=True, network_mode="none",
+                labels={"kici-managed": "true", **Owner(installation, b.name, "mh-b-ctr").labels(),
+                        "kici-agent-id": "scaler-container-mhorphan"},
             )  # fmt: skip
         finally:
             client.close()
@@ -232,6 +271,17 @@ def test_two_hosts_share_caps_and_each_sweeps_and_spawns_only_its_own(tmp_path, 
             return Operation.objects.filter(
                 kind=OperationKind.ORPHAN_CONTAINERS, scaler_name="mh-b-ctr", status=OperationStatus.PLANNED
             ).first()
+
+        # The restored copy's console plans the same scaler on the same docker host: it spares B's
+        # running agents (and B's orphan): they carry another console's instance id.
+        restored_plan = b.run_in_ns(
+            [sys.executable, "manage.py", "operations", "plan", "orphan-containers", "--scaler", "mh-b-ctr",
+             "--user", "mh-approver"],
+            restored_env,
+        ).stdout  # fmt: skip
+        assert "nothing to do for orphan-containers" in restored_plan, restored_plan
+        others = restored_plan.count(f"skipped: another console's (kici-instance-id={b.name})")
+        assert others == 1 + sum(1 for x in agents if x.scaler.name == "mh-b-ctr"), restored_plan
 
         op = wait_for("host B to plan its orphan", orphan_plan, 30, hosts)
         assert op.host_queue == f"host:{b.name}"
@@ -243,7 +293,6 @@ def test_two_hosts_share_caps_and_each_sweeps_and_spawns_only_its_own(tmp_path, 
         writers = {(app, scaler) for app, kind, scaler in plan_trace() if kind == OperationKind.ORPHAN_CONTAINERS}
         assert writers == {(f"two-hosts:{b.name}", "mh-b-ctr")}, writers
 
-        approver = get_user_model().objects.create_superuser("mh-approver", password="x")
         approve_operation(op, approver)  # routed to host B's worker, which listens in the shared Redis
         wait_for(
             "the reap on host B",
@@ -290,3 +339,4 @@ def test_two_hosts_share_caps_and_each_sweeps_and_spawns_only_its_own(tmp_path, 
     finally:
         for host in hosts:
             host.remove()
+        drop_database(copy)
