@@ -372,3 +372,10 @@ def test_a_provisioned_firecracker_host_is_not_provisioned_again_by_each_worker(
     assert calls == ["provision"] * 3
     first_worker()  # the sweeper: always
     assert calls == ["provision"] * 4
+
+
+def test_the_scaler_page_names_its_host(viewer_client):
+    scaler = make_scaler("mh-page", type="container", host=OTHER)
+    page = viewer_client.get(f"/scalers/{scaler.name}/").content.decode()
+    shown = "the console that imported it: its spawns, teardowns and operations run on queue"
+    assert f'id="scaler-host" title="{shown} {OTHER_QUEUE}">{OTHER}<' in page
