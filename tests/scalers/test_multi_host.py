@@ -33,6 +33,7 @@ from scalers.config.loader import ConfigInvalid, parse_scalers_config_text
 from scalers.hosts import queue_named
 from scalers.importing import apply_scalers_config
 from scalers.jobs import enqueue_spawn, schedule_watch
+from scalers.leader import Leadership, host_lock_key
 from scalers.lifecycle import drain_idle_agents, enqueue_reclaim, enqueue_teardown, retry_stuck_teardowns
 from scalers.models import Scaler
 from tests.support.operations import listening_worker
@@ -225,6 +226,7 @@ def test_a_follower_runs_its_hosts_units_and_leaves_the_global_ones_and_other_ho
     cmd.hosts_ready = set()
     cmd.reaper = SimpleNamespace(stand_down=lambda: None, tick=lambda: None)
     cmd.leadership = SimpleNamespace(poll=lambda: (False, False), release=lambda: None)
+    cmd.host_lock = SimpleNamespace(poll=lambda: (True, False), release=lambda: None)
     cmd.tick()
     assert FakeBackend.destroyed == [mine.agent_id]
     assert ran == ["handle_host_readiness", "handle_isolation_drift", "handle_output_caps", "host sweeps"]
@@ -235,6 +237,40 @@ def test_a_follower_runs_its_hosts_units_and_leaves_the_global_ones_and_other_ho
     cmd.tick()
     assert ran[-2:] == ["global sweeps", "retention"]
     assert FakeBackend.destroyed == [mine.agent_id]
+
+
+def test_one_sweeper_per_host_runs_its_hosts_units(monkeypatch, settings):
+    """A second sweeper started on the same host (a restart overlapping, a second unit file) waits:
+    the host's units are run by the one holding the host's lock, and by the other once it ends."""
+    ran = []
+    monkeypatch.setattr(Command, "host_units", lambda self: (lambda: ran.append(self.name),))
+    sweepers = []
+    for name in ("first", "second"):
+        cmd = Command()
+        cmd.name = name
+        cmd.shutdown, cmd.warm, cmd.booted, cmd.leading = False, False, True, False
+        cmd.leadership = SimpleNamespace(poll=lambda: (False, False), release=lambda: None)
+        cmd.host_lock = Leadership(host_lock_key(settings.KICI_HOST_NAME))
+        sweepers.append(cmd)
+    first, second = sweepers
+    try:
+        first.tick()
+        second.tick()
+        assert ran == ["first"]
+        first.host_lock.release()
+        second.tick()
+        assert ran == ["first", "second"]
+        other = Command()
+        other.name = "another host"
+        other.shutdown, other.warm, other.booted, other.leading = False, False, True, False
+        other.leadership = first.leadership
+        other.host_lock = Leadership(host_lock_key(OTHER))
+        other.tick()  # another host's sweeper has its own lock
+        assert ran == ["first", "second", "another host"]
+        other.host_lock.release()
+    finally:
+        for cmd in sweepers:
+            cmd.host_lock.release()
 
 
 def test_drains_of_another_host_are_left_to_it(monkeypatch, settings):

@@ -77,12 +77,13 @@ def test_a_lead_lost_mid_round_stops_the_round_before_the_next_unit():
     doubled."""
     from django.db import connection
 
-    from scalers.leader import Leadership
+    from scalers.leader import Leadership, host_lock_key
 
     cmd = Command()
     cmd.shutdown, cmd.warm, cmd.booted, cmd.instance_id = False, False, True, "console-a"
     cmd.hosts_ready = set()
     cmd.leadership = Leadership()
+    cmd.host_lock = Leadership(host_lock_key("console-a-host"))
     cmd.reaper = ProvisionReaper(cmd.instance_id)
     cmd.leading = False
     rival = Leadership()
@@ -109,3 +110,4 @@ def test_a_lead_lost_mid_round_stops_the_round_before_the_next_unit():
     finally:
         rival.release()
         cmd.leadership.release()
+        cmd.host_lock.release()

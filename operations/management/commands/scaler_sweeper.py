@@ -5,8 +5,9 @@ At start it recovers this instance's rows (``recover_state``, trigger ``boot``).
 boot it recovers again (``leader-change``). Each round runs units of work that report whether they
 did anything, in two groups (docs/multi-host.md):
 
-* this host's, on every host's sweeper, leading or not, each touching only the scalers of this
-  host (``Scaler.host``) and what they made: the host-tool check and host readiness, the
+* this host's, on every host's sweeper, leading or not (by the one sweeper of the host holding the
+  host's lock, ``scalers.leader.host_lock_key``), each touching only the scalers of this host
+  (``Scaler.host``) and what they made: the host-tool check and host readiness, the
   isolation drift check of its nft tables (``scalers.drift``), the output cap
   (``scalers.output_caps``), the stale-spawn prune (registration deadlines passed, backend calls
   past the stale window), token-TTL expiry, the check of failed spawn jobs in rq, retries of
@@ -45,7 +46,7 @@ from scalers.backends.tools import check_host_tools
 from scalers.choices import ScalerType
 from scalers.drift import check_isolation_drift
 from scalers.jobs import start_all_waiting_spawns
-from scalers.leader import Leadership
+from scalers.leader import Leadership, host_lock_key
 from scalers.lifecycle import (
     drain_idle_agents,
     expire_unregistered_agents,
@@ -88,6 +89,9 @@ class Command(BaseCommand):
         self.instance_id = settings.KICI_INSTANCE_ID
         self.hosts_ready: set[tuple[int, object]] = set()
         self.leadership = Leadership()
+        self.host_lock = Leadership(
+            host_lock_key(settings.KICI_HOST_NAME), what=f"the sweeps of host {settings.KICI_HOST_NAME}"
+        )
         self.reaper = ProvisionReaper(self.instance_id)
         self.leading = False
         if not once:
@@ -103,6 +107,7 @@ class Command(BaseCommand):
                     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         finally:
             self.leadership.release()
+            self.host_lock.release()
             connection.close()
 
     # One round ---------------------------------------------------------------------------------
@@ -119,7 +124,7 @@ class Command(BaseCommand):
             did |= self._run(lambda: recover_state(self.instance_id, trigger="boot") is not None)
         elif became:
             did |= self._run(lambda: recover_state(self.instance_id, trigger="leader-change") is not None)
-        for unit in self.host_units():
+        for unit in self.host_units() if self.host_lock.poll()[0] else ():
             if self.shutdown:
                 return did
             did |= self._run(unit)
