@@ -6,6 +6,7 @@ own scalers and the global units run on the leader only."""
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from datetime import timedelta
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.utils import timezone
 from rq import Queue
 
@@ -300,6 +302,21 @@ def test_recovery_leaves_the_sandbox_of_another_hosts_dropped_spawn_to_that_host
     assert FakeBackend.destroyed == [mine.agent_id, theirs.agent_id]
     theirs.refresh_from_db()
     assert theirs.state == AgentState.FAILED
+
+
+def test_stop_agents_leaves_another_hosts_agents_to_that_host(monkeypatch):
+    """This console admitted an agent of host B's scaler (it owns the row): stopping this host's
+    agents must not remove it through this host's runtime."""
+    monkeypatch.setattr("scalers.lifecycle.get_backend", FakeBackend)
+    FakeBackend.destroyed = []
+    theirs = make_agent(make_scaler(type="container", host=OTHER), state=AgentState.RUNNING)
+    mine = make_agent(make_scaler(type="container"), state=AgentState.RUNNING)
+    Agent.objects.filter(pk__in=[theirs.pk, mine.pk]).update(owner_instance=settings.KICI_INSTANCE_ID)
+    out = io.StringIO()
+    call_command("stop_agents", stdout=out)
+    assert "1 of 1 agent(s) ended" in out.getvalue()
+    assert FakeBackend.destroyed == [mine.agent_id]
+    assert Agent.objects.get(pk=theirs.pk).state == AgentState.RUNNING
 
 
 # --- each host imports its own file ---------------------------------------------------------------
