@@ -3,7 +3,8 @@
 An operation runs on the queue of the host that owns its targets, ``host:<name>``: the docker host
 or VM host the containers, VMs, chroots and rules live on, so several hosts each run a worker for
 their own backends. Local backends (container on the local socket, bare-metal, firecracker) belong
-to this console's host, ``settings.KICI_HOST_QUEUE``.
+to the host of their scaler (``Scaler.host``, ``scalers.hosts``), whichever console plans or
+approves the operation.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from django.conf import settings
+
+from scalers.hosts import host_queue_name, queue_named, scaler_host
 
 
 class QueueNotConfigured(LookupError):
@@ -21,7 +24,8 @@ def queue_for_scaler(scaler) -> str:
     """``host:<name>`` of the host owning ``scaler``'s resources.
 
     A container scaler with ``host: tcp://h:2376`` lives on ``h`` (queue ``host:h``); everything
-    else, and no scaler at all, lives on this console's host (``settings.KICI_HOST_QUEUE``).
+    else lives on its scaler's host (``host:<Scaler.host>``), no scaler at all on this console's
+    host (``settings.KICI_HOST_QUEUE``).
     """
     if scaler is None:
         return settings.KICI_HOST_QUEUE
@@ -30,20 +34,19 @@ def queue_for_scaler(scaler) -> str:
     if scaler.type == "container" and isinstance(remote, str) and remote.strip():
         host = urlsplit(remote.strip()).hostname
         if host:
-            return f"host:{host}"
-    return settings.KICI_HOST_QUEUE
+            return host_queue_name(host)
+    return host_queue_name(scaler_host(scaler))
 
 
 def get_queue(name: str):
-    """The django-rq queue ``name``; QueueNotConfigured when ``RQ_QUEUES`` lacks it."""
-    import django_rq
-
-    if name not in settings.RQ_QUEUES:
+    """The rq queue ``name`` on the shared Redis (``scalers.hosts.queue_named``): one of
+    ``RQ_QUEUES`` or any host's ``host:<name>``; QueueNotConfigured for another name."""
+    if name not in settings.RQ_QUEUES and not name.startswith("host:"):
         raise QueueNotConfigured(
             f"queue {name!r} is not configured on this console (known: {', '.join(settings.RQ_QUEUES)}); "
             f"add it to KICI_EXTRA_QUEUES"
         )
-    return django_rq.get_queue(name)
+    return queue_named(name)
 
 
 def workers_listening(name: str) -> int:

@@ -1,10 +1,15 @@
 """Periodic sweeps: plan each swept kind for each of its scopes and store what they find as planned
-operations. Called by the sweeper command (``scaler_sweeper``) on the
-leading console.
+operations. Called by the sweeper command (``scaler_sweeper``) of every host: a scope a kind plans
+from a host's own runtime (``Kind.planned_by_host``: orphan containers and VMs, stale rules, lost
+agents by sandbox, retirement) is planned only by the sweeper of its scaler's host; the global
+ones (stale reservations, lost agents by heartbeat), the expiry of plans and the check of lost
+runs only by the leading sweeper (docs/multi-host.md).
 
 * A sweep runs for one (kind, scope) at most once per its policy interval (``operations.policy``).
 * A sweep that finds nothing creates nothing.
-* No duplicate while an identical planned operation (same kind, scope and plan digest) is open.
+* No duplicate while an identical planned operation (same kind, scope and plan digest) is open, and
+  no plan of a scope while an operation of it is running (its targets would be listed again while
+  they are being acted on, e.g. a container being stopped).
 * A kind listed in ``KICI_AUTO_APPROVE`` is approved and enqueued by policy; so is an operation
   whose kind's ``auto_approves(scope)`` says so (lost agents whose sandbox is provably gone);
   others wait for a person.
@@ -21,6 +26,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from scalers.models import this_host
+
 from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.registry import all_kinds
 from .models import Operation, SweepState
@@ -34,15 +41,21 @@ log = logging.getLogger(__name__)
 LOST_JOB_GRACE_SECONDS = 60
 
 
-def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
+def run_periodic_sweeps(
+    now: datetime | None = None, *, host_scopes: bool = True, global_scopes: bool = True
+) -> list[Operation]:
     """Run every due sweep; return the operations created (or auto-approved) by this call.
 
-    Never raises for one failing scope: the error is logged and stored in ``SweepState.last_result``
-    and the other sweeps go on.
+    ``host_scopes``: the scopes of this host's scalers that are planned by their host
+    (``Kind.planned_by_host``); ``global_scopes``: the others, with the expiry of due plans and
+    the check of lost runs (the leader's). Never raises for one failing scope: the error is
+    logged and stored in ``SweepState.last_result`` and the other sweeps go on.
     """
     now = now or timezone.now()
-    expire_due_operations(now)
-    fail_lost_runs(now)
+    if global_scopes:
+        expire_due_operations(now)
+        fail_lost_runs(now)
+    here = this_host()
     created: list[Operation] = []
     for kind in all_kinds():
         if not kind.swept:
@@ -56,11 +69,22 @@ def run_periodic_sweeps(now: datetime | None = None) -> list[Operation]:
             log.warning("sweep %s: could not list scopes: %s", kind.name, exc, exc_info=True)
             continue
         for scope in scopes:
+            if kind.planned_by_host(scope):
+                if not host_scopes or scope.scaler.host != here:
+                    continue
+            elif not global_scopes:
+                continue
             key = scope.key(kind.name)
             state = SweepState.objects.filter(sweep_key=key).first()
             if state and state.last_run_at + timedelta(seconds=policy.interval_seconds) > now:
                 continue
             result = ""
+            busy = Operation.objects.filter(kind=kind.name, scope_key=key, status=OperationStatus.RUNNING).first()
+            if busy is not None:
+                # Its targets are being acted on: a plan now would list them again.
+                result = f"operation #{busy.pk} of this scope is running; planned again once it ends"
+                SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result})
+                continue
             try:
                 plan = kind.plan(scope)
                 operation = None

@@ -35,8 +35,8 @@ class LabelSetInline(ReadOnlyInline):
 
 @admin.register(Scaler)
 class ScalerAdmin(ReadOnlyAdmin):
-    list_display = ("name", "type", "max_agents", "machine_pool", "retiring", "updated_at")
-    list_filter = ("type", "retiring")
+    list_display = ("name", "type", "host", "max_agents", "machine_pool", "retiring", "updated_at")
+    list_filter = ("type", "host", "retiring")
     search_fields = ("name",)
     inlines = [LabelSetInline]
 

@@ -1,6 +1,6 @@
 """The isolation drift check: the rules in the kernel against the active agents in the database.
 
-Every sweeper round, for each nft table the console's isolated scalers use (containers, the
+Every sweeper round, for each nft table this host's isolated scalers use (containers, the
 container mode of bare-metal scalers, Firecracker VMs), the kernel's rules are read once and
 compared with what each active agent's row says it must have: both map elements jumping to
 policy chains with exactly the rules its stored host access and its label set's policy render,
@@ -100,9 +100,10 @@ def gone_sandboxes(agents: list[Agent]) -> dict[str, str]:
 
 
 def _tables() -> dict[str, _Table]:
-    """The tables in use, with their bridges and the expected specs of their active agents."""
+    """The tables this host's scalers use, with their bridges and the expected specs of their
+    active agents (another host's table is in its kernel, checked by its own sweeper)."""
     tables: dict[str, _Table] = {}
-    for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):
+    for scaler in Scaler.objects.on_this_host().filter(retiring=False).exclude(type=ScalerType.EVENT):
         try:
             target = getattr(factory.get_backend(scaler), "isolation_target", lambda: None)()
         except Exception as exc:  # noqa: BLE001 - one scaler's runtime down must not stop the others

@@ -5,6 +5,13 @@ scalers missing from it are marked *retiring* (never deleted: their agents and r
 still count until the retirement sweep tears them down), a backend type never changes under
 live agents.
 
+Each host imports its own file and owns the scalers it creates (``Scaler.host``, this host's
+``KICI_HOST_NAME``): an import creates, updates and retires only this host's scalers. A name another
+host owns is refused, naming both hosts, unless that host retired it and it has nothing live left
+(no active agent, no reservation): then the row moves to this host. Machine pools and the global
+part (caps, defaults, the firecracker block) are the installation's: the last import writes them
+(docs/multi-host.md).
+
 Everything happens inside one transaction that first locks the ``ConfigState``
 singleton row, the same row admission locks to serialise its decisions, so an
 admission sees either the old configuration or the new one, never a mix.
@@ -32,7 +39,7 @@ from .config.loader import ConfigInvalid, ConfigProblem
 from .config.schema import LabelSet as LabelSetConfig
 from .config.schema import ScalerEntry, ScalersConfig
 from .config.warnings import ConfigWarning, config_warnings, entry_warnings
-from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler
+from .models import ConfigState, LabelSet, MachinePool, Reservation, Scaler, this_host
 
 # Label-set rows are matched to config entries by their normalised labels, not by position,
 # so that an agent's label_set keeps pointing at the same labels when the file is reordered.
@@ -300,17 +307,22 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
     * One ``config.warning`` event and log line per warning (``scalers.config.warnings``) the
       scaler's previous entry did not already have: a warning is recorded once, when it appears.
 
+    Only this host's scalers (``Scaler.host``) are created, updated or retired (module doc).
+
     Raises :class:`~scalers.config.loader.ConfigInvalid` (nothing written) when a scaler's
     ``type`` would change while it still has live agents or reservations (a
-    backend type never changes under running agents; retire it first).
+    backend type never changes under running agents; retire it first), or when a scaler's name
+    belongs to another host that still uses it.
     """
     now = timezone.now()
     summary = ImportSummary(source=source)
+    host = this_host()
     with transaction.atomic():
         ConfigState.objects.get_or_create(pk=1)
         state = ConfigState.objects.select_for_update().get(pk=1)
 
-        existing = {s.name: s for s in Scaler.objects.select_for_update().all()}
+        rows = {s.name: s for s in Scaler.objects.select_for_update().all()}
+        existing = {name: row for name, row in rows.items() if row.host == host}
         first_import = state.imported_at is None
         if not first_import:
             before = sorted(name for name, row in existing.items() if not row.retiring)
@@ -320,6 +332,26 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
             summary.changes += _value_changes("", state.raw, config.to_raw(), "", skip=("scalers",))
         problems = []
         for i, entry in enumerate(config.scalers):
+            other = rows.get(entry.name)
+            if other is not None and other.host != host:
+                live = _live_count(other)
+                if not other.retiring or live:
+                    why = "it is in that host's file" if not other.retiring else f"it has {live} live agent(s)"
+                    problems.append(
+                        ConfigProblem(
+                            source,
+                            None,
+                            f"scalers.{i}.name",
+                            f'scaler "{entry.name}" belongs to host {other.host} ({why}); this host is '
+                            f"{host}: give it another name here, or remove it from {other.host}'s file and "
+                            "let it drain first",
+                        )
+                    )
+                    continue
+                # Retired and empty on the other host: the row moves here.
+                Scaler.objects.filter(pk=other.pk).update(host=host)
+                other.host = host
+                existing[entry.name] = other
             row = existing.get(entry.name)
             if row is not None and row.type != entry.type:
                 live = _live_count(row)

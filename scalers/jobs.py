@@ -1,4 +1,4 @@
-"""rq jobs that run spawns on the host queue (``settings.KICI_HOST_QUEUE``); the teardown and
+"""rq jobs that run spawns on the queue of the scaler's host (``scalers.hosts``); the teardown and
 reclaim jobs are ``scalers.lifecycle``'s.
 
 - :func:`start_waiting_spawns` is the per-scaler spawn semaphore (``maxConcurrentSpawns``): an
@@ -41,13 +41,13 @@ from agents.models import Agent
 from scalers.admission.decide import Admitted, ScaleDecision, spawn_job_id
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
+from scalers.hosts import scaler_queue
 from scalers.lifecycle import (
     CLEANUP_JOB_TIMEOUT_SECONDS,
     awaits_the_reaper,
     expire_registration,
     fail_connecting,
     fail_spawn,
-    host_queue,
     on_spawn_job_failure,
     registration_deadline,
     spawn_timeout_seconds,
@@ -64,11 +64,12 @@ BOOT_CHECK_SECONDS = 1.0
 
 
 def enqueue_spawn(agent: Agent) -> str:
-    """Enqueue ``spawn_agent(agent.pk)`` on the host queue now and return its job id. An agent
-    whose slot its caller claimed in its own transaction (``agent.rq_job_id`` already the job id:
-    the admission batch, :func:`start_waiting_spawns`) is enqueued as it is; otherwise the job id
-    is recorded on the agent first. Job timeout: spawn timeout + ``CLEANUP_GRACE_SECONDS``; on a
-    hard failure rq calls :func:`spawn_job_failed`. Callers go through the spawn semaphore.
+    """Enqueue ``spawn_agent(agent.pk)`` on the queue of its scaler's host now and return its job
+    id. An agent whose slot its caller claimed in its own transaction (``agent.rq_job_id`` already
+    the job id: the admission batch, :func:`start_waiting_spawns`) is enqueued as it is; otherwise
+    the job id is recorded on the agent first. Job timeout: spawn timeout +
+    ``CLEANUP_GRACE_SECONDS``; on a hard failure rq calls :func:`spawn_job_failed`. Callers go
+    through the spawn semaphore.
     """
     job_id = spawn_job_id(agent.agent_id)
     if agent.rq_job_id != job_id:
@@ -76,7 +77,7 @@ def enqueue_spawn(agent: Agent) -> str:
         Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id, updated_at=timezone.now())
         agent.rq_job_id = job_id
     timeout = spawn_timeout_seconds() + CLEANUP_GRACE_SECONDS
-    host_queue().enqueue(
+    scaler_queue(agent.scaler).enqueue(
         spawn_agent,
         agent.pk,
         job_id=job_id,
@@ -229,7 +230,7 @@ def schedule_watch(agent: Agent, backend) -> None:
     if getattr(backend, "boot_failure", None) is not None:
         when = min(deadline, timezone.now() + timedelta(seconds=BOOT_CHECK_SECONDS))
     try:
-        host_queue().enqueue_at(
+        scaler_queue(agent.scaler).enqueue_at(
             when,
             watch_registration,
             agent.pk,

@@ -17,6 +17,7 @@ default two hours, and the dead host's own liveness query fails as quickly inste
 from __future__ import annotations
 
 import logging
+import zlib
 
 import psycopg
 from django.conf import settings
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Advisory lock key (int64): "kici" in ASCII, then 1 for the sweeper.
 LEADER_LOCK_KEY = 0x6B696369_00000001
+#: High half of the host lock keys ("kich"); the low half is the CRC-32 of the host name.
+HOST_LOCK_PREFIX = 0x6B696368
 #: ``application_name`` prefix of every sweeper's dedicated session, then its instance id: the
 #: sessions in ``pg_stat_activity`` are the consoles alive now (:func:`connected_instances`).
 SESSION_PREFIX = "kici-scaler-leader:"
@@ -47,6 +50,12 @@ KEEPALIVE_OPTIONS = {
         f" -c tcp_keepalives_count={KEEPALIVE_COUNT} -c tcp_user_timeout={DEAD_PEER_SECONDS * 1000}"
     ),
 }
+
+
+def host_lock_key(host: str) -> int:
+    """The advisory lock key of ``host``'s sweepers: the one holding it runs the host's own units,
+    so two sweepers started on one host never both run them (docs/multi-host.md)."""
+    return (HOST_LOCK_PREFIX << 32) | zlib.crc32(host.encode())
 
 
 def session_name(instance_id: str) -> str:
@@ -80,13 +89,15 @@ def _conninfo(alias: str = "default") -> dict:
 class Leadership:
     """Hold or seek the sweeper lock. ``poll()`` → ``(is_leader, became_leader)``.
 
-    ``key``: the advisory lock key. ``alias``: Django database alias whose settings are used.
-    ``release()`` drops leadership and closes the dedicated connection.
+    ``key``: the advisory lock key (:data:`LEADER_LOCK_KEY`, or a host's :func:`host_lock_key`);
+    ``what``: what holding it means, for the log. ``alias``: Django database alias whose settings
+    are used. ``release()`` drops leadership and closes the dedicated connection.
     """
 
-    def __init__(self, key: int = LEADER_LOCK_KEY, alias: str = "default"):
+    def __init__(self, key: int = LEADER_LOCK_KEY, alias: str = "default", what: str = "the scaler sweeps"):
         self.key = key
         self.alias = alias
+        self.what = what
         self._conn: psycopg.Connection | None = None
         self.is_leader = False
 
@@ -100,7 +111,7 @@ class Leadership:
                 self._conn.execute("SELECT 1")
                 return True, False
             except Exception as exc:  # noqa: BLE001
-                log.warning("lost the sweeper leadership: %s", exc)
+                log.warning("lost the lead of %s: %s", self.what, exc)
                 self._drop()
                 return False, False
         try:
@@ -108,12 +119,12 @@ class Leadership:
                 self._conn = self._connect()
             row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", [self.key]).fetchone()
         except Exception as exc:  # noqa: BLE001
-            log.warning("cannot reach the database to seek leadership: %s", exc)
+            log.warning("cannot reach the database to seek the lead of %s: %s", self.what, exc)
             self._drop()
             return False, False
         if row and row[0]:
             self.is_leader = True
-            log.info("this process now leads the scaler sweeps")
+            log.info("this process now leads %s", self.what)
             return True, True
         return False, False
 

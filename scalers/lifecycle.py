@@ -54,17 +54,13 @@ from scalers.admission.ledger import release
 from scalers.backends.factory import get_backend
 from scalers.backends.failure import failure_detail, mark_spawn_failed
 from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
-from scalers.models import Reservation, Scaler, ScalerTeardown
+from scalers.hosts import scaler_queue
+from scalers.models import Reservation, Scaler, ScalerTeardown, this_host
 
 log = logging.getLogger(__name__)
 
 #: Seconds a cleanup rq job (teardown, reclaim) may run.
 CLEANUP_JOB_TIMEOUT_SECONDS = 150
-
-
-def host_queue():
-    """This host's rq queue (``settings.KICI_HOST_QUEUE``): spawns, teardowns and reclaims run there."""
-    return django_rq.get_queue(settings.KICI_HOST_QUEUE)
 
 
 #: Minimum stale-prune window in seconds: the window is ``max(spawnTimeout, 300 s)``.
@@ -306,7 +302,8 @@ def expire_registration(agent_pk: int, *, now: datetime | None = None) -> bool:
 
 
 def prune_stale_spawns(now=None) -> int:
-    """The sweeper's end of spawns past their time. Returns how many were failed.
+    """The sweeper's end of spawns past their time, for this host's scalers (their ends remove
+    sandboxes only this host reaches). Returns how many were failed.
 
     * ``connecting`` agents past their :func:`registration_deadline`: :func:`expire_registration`
       (the backstop of the host queue's registration watch, which needs a worker running the rq
@@ -321,12 +318,16 @@ def prune_stale_spawns(now=None) -> int:
     """
     now = now or timezone.now()
     overdue = Agent.objects.filter(
-        state=AgentState.CONNECTING, spawn_started_at__lte=now - timedelta(seconds=spawn_timeout_seconds())
+        scaler__host=this_host(),
+        state=AgentState.CONNECTING,
+        spawn_started_at__lte=now - timedelta(seconds=spawn_timeout_seconds()),
     ).values_list("pk", flat=True)
     n = sum(1 for pk in list(overdue) if expire_registration(pk, now=now))
     window = stale_window_seconds()
     cutoff = now - timedelta(seconds=window)
-    for agent in Agent.objects.select_related("scaler").filter(state=AgentState.SPAWNING, spawn_started_at__lt=cutoff):
+    for agent in Agent.objects.select_related("scaler").filter(
+        scaler__host=this_host(), state=AgentState.SPAWNING, spawn_started_at__lt=cutoff
+    ):
         if awaits_the_reaper(agent):
             continue
         fail_spawn(agent, f"spawn did not finish within {window}s (stale prune)", reason="stale-prune")
@@ -344,7 +345,7 @@ def token_ttl_seconds(agent: Agent) -> int:
 
 
 def expire_unregistered_agents(now=None) -> int:
-    """Fail and release agents that never registered within their token TTL.
+    """Fail and release agents of this host's scalers that never registered within their token TTL.
 
     An agent is expired when it is spawning or running, has no ``registered_at``, and either was
     created longer than :func:`token_ttl_seconds` ago, or all its tokens expired unused.
@@ -354,7 +355,11 @@ def expire_unregistered_agents(now=None) -> int:
     n = 0
     qs = (
         Agent.objects.select_related("scaler")
-        .filter(state__in=[*UNREGISTERED_STATES, AgentState.RUNNING], registered_at__isnull=True)
+        .filter(
+            scaler__host=this_host(),
+            state__in=[*UNREGISTERED_STATES, AgentState.RUNNING],
+            registered_at__isnull=True,
+        )
         .annotate(token_expiry=Max("tokens__expires_at"), tokens_used=Count("tokens__used_at"))
     )
     for agent in qs:
@@ -368,7 +373,7 @@ def expire_unregistered_agents(now=None) -> int:
 
 
 def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
-    """Fail spawning agents whose rq job rq reports failed, stopped or canceled.
+    """Fail spawning agents of this host's scalers whose rq job rq reports failed, stopped or canceled.
 
     A backstop for :func:`on_spawn_job_failure` (e.g. a worker killed before rq's abandoned-job
     cleanup ran). Agents without ``rq_job_id`` or whose job is unknown to rq are left to the
@@ -377,7 +382,11 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
     now = now or timezone.now()
     agents = list(
         Agent.objects.select_related("scaler")
-        .filter(state=AgentState.SPAWNING, created_at__lt=now - timedelta(seconds=min_age_seconds))
+        .filter(
+            scaler__host=this_host(),
+            state=AgentState.SPAWNING,
+            created_at__lt=now - timedelta(seconds=min_age_seconds),
+        )
         .exclude(rq_job_id="")
     )
     if not agents:
@@ -404,12 +413,13 @@ STUCK_TEARDOWN_SECONDS = 30.0
 
 
 def retry_stuck_teardowns(min_age_seconds: float = STUCK_TEARDOWN_SECONDS, now=None) -> int:
-    """Retry :func:`teardown_agent` for agents left ``destroying`` longer than ``min_age_seconds``
-    (their destroy failed, or the worker running it died). Returns how many were released."""
+    """Retry :func:`teardown_agent` for agents of this host's scalers left ``destroying`` longer
+    than ``min_age_seconds`` (their destroy failed, or the worker running it died). Returns how
+    many were released."""
     now = now or timezone.now()
     n = 0
     for agent in Agent.objects.select_related("scaler").filter(
-        state=AgentState.DESTROYING, updated_at__lt=now - timedelta(seconds=min_age_seconds)
+        scaler__host=this_host(), state=AgentState.DESTROYING, updated_at__lt=now - timedelta(seconds=min_age_seconds)
     ):
         final = AgentState.FAILED if agent.failure_reason else AgentState.DESTROYED
         if teardown_agent(agent, "teardown-retry", final_state=final):
@@ -475,17 +485,17 @@ def drain_and_destroy(agent: Agent, reason: str, *, destroy_reason: str = "drain
 
 
 def retirement_sweep() -> bool:
-    """Drain and tear down retiring scalers. Returns True when it did anything.
+    """Drain and tear down this host's retiring scalers. Returns True when it did anything.
 
-    For every retiring scaler not yet torn down: idle agents (running, unbound, no active jobs)
+    For every retiring scaler of this host not yet torn down: idle agents (running, unbound, no active jobs)
     are drained and destroyed; agents working on a job are left to finish. Once the scaler
     holds no active agent and no reservation it is torn down: the backend's optional
     ``teardown()`` runs and a :class:`ScalerTeardown` row is written. A scaler the config
     brought back (no longer retiring) loses its teardown row.
     """
     did = False
-    ScalerTeardown.objects.filter(scaler__retiring=False).delete()
-    for scaler in Scaler.objects.filter(retiring=True, teardown__isnull=True):
+    ScalerTeardown.objects.filter(scaler__retiring=False, scaler__host=this_host()).delete()
+    for scaler in Scaler.objects.on_this_host().filter(retiring=True, teardown__isnull=True):
         idle = Agent.objects.select_related("scaler").filter(
             scaler=scaler, state=AgentState.RUNNING, bound_job_id="", active_jobs=0
         )
@@ -586,14 +596,16 @@ def release_agent(agent_id: str, reason: str) -> Agent:
 
 
 def drain_idle_agents() -> int:
-    """Tear down every ``draining`` agent whose last heartbeat reported no active job. Returns
-    how many reservations were released.
+    """Tear down every ``draining`` agent of this host's scalers whose last heartbeat reported no
+    active job. Returns how many reservations were released.
 
     Each agent is taken with a compare-and-swap (still draining, still no active job), so an agent
     that reported a job in the meantime, or that another sweep took, is left alone.
     """
     released = 0
-    for agent in Agent.objects.select_related("scaler").filter(state=AgentState.DRAINING, active_jobs=0):
+    for agent in Agent.objects.select_related("scaler").filter(
+        scaler__host=this_host(), state=AgentState.DRAINING, active_jobs=0
+    ):
         won = Agent.objects.filter(pk=agent.pk, state=AgentState.DRAINING, active_jobs=0).update(
             state=AgentState.DESTROYING, updated_at=timezone.now()
         )
@@ -605,7 +617,7 @@ def drain_idle_agents() -> int:
     return released
 
 
-# --- cleanup jobs on this host's queue ------------------------------------------------------------
+# --- cleanup jobs on the scaler's host queue ------------------------------------------------------------
 
 
 def teardown_job_id(agent: Agent) -> str:
@@ -613,12 +625,13 @@ def teardown_job_id(agent: Agent) -> str:
 
 
 def enqueue_teardown(agent: Agent, reason: str, *, destroy_reason: str) -> None:
-    """Queue :func:`teardown_job` for ``agent`` (already ``destroying``) on this host's queue.
+    """Queue :func:`teardown_job` for ``agent`` (already ``destroying``) on its scaler's host queue.
 
     A failure to enqueue is logged, not raised: the agent stays ``destroying`` with its
     reservation and the sweeper's ``retry_stuck_teardowns`` ends it.
     """
     _enqueue_cleanup(
+        agent,
         teardown_job,
         (agent.pk, reason, destroy_reason),
         job_id=teardown_job_id(agent),
@@ -627,11 +640,11 @@ def enqueue_teardown(agent: Agent, reason: str, *, destroy_reason: str) -> None:
     )
 
 
-def _enqueue_cleanup(func, args: tuple, *, job_id: str, description: str, fallback: str) -> None:
-    """Queue a cleanup job on this host's queue; a failure to enqueue is logged with what will end
-    the work instead (``fallback``), never raised."""
+def _enqueue_cleanup(agent: Agent, func, args: tuple, *, job_id: str, description: str, fallback: str) -> None:
+    """Queue a cleanup job of ``agent`` on its scaler's host queue (``scalers.hosts``); a failure to
+    enqueue is logged with what will end the work instead (``fallback``), never raised."""
     try:
-        host_queue().enqueue(
+        scaler_queue(agent.scaler).enqueue(
             func,
             *args,
             job_id=job_id,
@@ -657,6 +670,7 @@ def enqueue_reclaim(agent: Agent) -> None:
     """Queue :func:`reclaim_job` for an agent whose registration was refused; an enqueue failure is
     logged (the orphan-container sweep finds the sandbox later)."""
     _enqueue_cleanup(
+        agent,
         reclaim_job,
         (agent.pk,),
         job_id=f"reclaim-{agent.agent_id}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import models
 
 from .choices import ScalerType
@@ -72,10 +73,28 @@ class MachinePool(models.Model):
         return self.name
 
 
+def this_host() -> str:
+    """The host this process runs on (``settings.KICI_HOST_NAME``): the owner of the scalers it imports."""
+    return settings.KICI_HOST_NAME
+
+
+class ScalerQuerySet(models.QuerySet):
+    def on_this_host(self) -> ScalerQuerySet:
+        """The scalers of this host (:func:`this_host`): the ones its sweeper sweeps and its workers run."""
+        return self.filter(host=this_host())
+
+
 class Scaler(models.Model):
-    """One ``scalers[]`` entry. Removed entries are kept, marked retiring."""
+    """One ``scalers[]`` entry. Removed entries are kept, marked retiring.
+
+    ``host`` is the ``KICI_HOST_NAME`` of the console that imported it: its spawns, teardowns and
+    operations run on that host's queue (``scalers.hosts``) and only that host's sweeper sweeps
+    its sandboxes (docs/multi-host.md). Names are unique across hosts."""
 
     name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(
+        max_length=200, default=this_host, db_index=True, help_text="KICI_HOST_NAME of the console that imported it"
+    )
     type = models.CharField(max_length=20, choices=ScalerType.choices)
     max_agents = models.PositiveIntegerField()
     max_concurrent_spawns = models.PositiveIntegerField(default=8)
@@ -104,6 +123,8 @@ class Scaler(models.Model):
     host_checked_at = models.DateTimeField(null=True, blank=True, help_text="when the sweeper last readied the host")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ScalerQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

@@ -31,7 +31,7 @@ def cap_agent_outputs(cap: int) -> int:
     no write access, a filesystem without hole punching) is logged once and skipped."""
     seen: set[str] = set()
     freed = 0
-    for scaler in Scaler.objects.exclude(type=ScalerType.EVENT):
+    for scaler in Scaler.objects.on_this_host().exclude(type=ScalerType.EVENT):
         try:
             files = getattr(factory.get_backend(scaler), "output_files", list)()
         except Exception as exc:  # noqa: BLE001 - one scaler's configuration must not stop the others

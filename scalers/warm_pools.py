@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.models import ScaleOutcome
+from scalers.models import ScaleOutcome, this_host
 
 from .admission import ledger
 from .admission.decide import Request, decide_batch
@@ -99,7 +99,8 @@ def deficit_pass() -> int:
 
 
 def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
-    """Destroy surplus idle warm agents (see the module docstring). ``reconcile=True`` (after a
+    """Destroy surplus idle warm agents of this host's scalers (see the module docstring; their
+    sandboxes are this host's to remove). ``reconcile=True`` (after a
     config change) destroys a shrunk pool's oldest surplus without waiting for the idle timeout.
     Returns how many were destroyed."""
     now = now or timezone.now()
@@ -107,7 +108,7 @@ def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
     by_set = {p.label_set_pk: p for p in pools}
     idle = list(
         Agent.objects.select_related("scaler")
-        .filter(warm=True, state=AgentState.RUNNING, bound_job_id="", active_jobs=0)
+        .filter(scaler__host=this_host(), warm=True, state=AgentState.RUNNING, bound_job_id="", active_jobs=0)
         .order_by("registered_at", "id")
     )
     groups: dict[int | None, list[Agent]] = {}
@@ -142,15 +143,17 @@ class WarmPools:
         self._last_version: str | None = None
         self._lock = threading.Lock()
 
-    def start(self) -> None:
+    def start(self, *, deficits: bool = True) -> None:
         self.started = True
-        self.tick(force=True)
+        self.tick(force=True, deficits=deficits)
 
     def due(self, monotonic_now: float) -> bool:
         return self.started and (self._last_tick is None or monotonic_now - self._last_tick >= self.interval)
 
-    def tick(self, *, force: bool = False, now: datetime | None = None) -> bool:
-        """Idle check then deficit pass. Returns True when an agent was destroyed or spawned."""
+    def tick(self, *, force: bool = False, now: datetime | None = None, deficits: bool = True) -> bool:
+        """Idle check (this host's agents) then, with ``deficits`` (the leading sweeper: the pass
+        spans every host's pools), the deficit pass. Returns True when an agent was destroyed or
+        spawned."""
         with self._lock:
             if not self.started or (not force and not self.due(time.monotonic())):
                 return False
@@ -159,15 +162,15 @@ class WarmPools:
             reconcile = self._last_version is not None and version != self._last_version
             self._last_version = version
             destroyed = idle_check(now, reconcile=reconcile)
-            spawned = deficit_pass()
+            spawned = deficit_pass() if deficits else 0
             return bool(destroyed or spawned)
 
 
 WARM_POOLS = WarmPools()
 
 
-def start_warm_pools() -> None:
-    """Run the pools' first deficit pass now and arm their periodic tick (separate from start so
-    the first fill waits until everything a spawn reaches is wired; the sweeper calls it once it
-    leads)."""
-    WARM_POOLS.start()
+def start_warm_pools(*, deficits: bool = True) -> None:
+    """Run the pools' first tick now and arm their periodic tick (separate from start so the
+    first fill waits until everything a spawn reaches is wired). Every host's sweeper starts it;
+    only the leading one passes ``deficits`` (the deficit pass spans every host's pools)."""
+    WARM_POOLS.start(deficits=deficits)

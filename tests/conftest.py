@@ -130,14 +130,16 @@ def empty_queues():
 
 @pytest.fixture
 def run_rq_jobs():
-    """Run every queued rq job with a burst-mode SimpleWorker (no fork: shares the test's DB safely)."""
-    import django_rq
+    """Run every queued rq job with a burst-mode SimpleWorker (no fork: shares the test's DB safely);
+    ``queue_names`` may name another host's queue (``host:<name>``)."""
     from django.conf import settings
     from rq import SimpleWorker
 
+    from scalers.hosts import queue_named
+
     def run(*queue_names: str) -> int:
         names = queue_names or tuple(settings.RQ_QUEUES)
-        queues = [django_rq.get_queue(n) for n in names]
+        queues = [queue_named(n) for n in names]
         worker = SimpleWorker(queues, connection=queues[0].connection)
         worker.work(burst=True)
         return worker.successful_job_count if hasattr(worker, "successful_job_count") else 0

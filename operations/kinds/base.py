@@ -152,6 +152,12 @@ class Kind:
         """The scopes a periodic sweep plans (swept kinds only)."""
         return []
 
+    def planned_by_host(self, scope: Scope) -> bool:
+        """Whether the sweep of ``scope`` is planned by the sweeper of its scaler's host (it reads
+        that host's docker, VMs, chroots or nft table) instead of the leading one (a global scope,
+        planned from the database alone). Default: every scaler scope is its host's."""
+        return scope.scaler is not None
+
     def plan(self, scope: Scope) -> Plan:
         raise NotImplementedError
 

@@ -136,6 +136,12 @@ class LostAgents(Kind):
             for e in EVIDENCE
         ]
 
+    def planned_by_host(self, scope: Scope) -> bool:
+        """``sandbox-gone`` needs the probe of the agent's own host; ``heartbeat`` is the database's
+        word, planned by the leading sweeper for every host (another host's sandboxes are ``not
+        probed`` there, so the agents of a host that went down entirely are still seen)."""
+        return scope.params.get("evidence") != "heartbeat"
+
     def auto_approves(self, scope: Scope) -> bool:
         """Whether a swept operation of ``scope`` is approved without a person (module doc): only
         ``sandbox-gone`` ones, unless ``KICI_LOST_AGENTS_AUTO_RELEASE`` is off."""

@@ -43,7 +43,8 @@ class StaleIsolationRules(Kind):
         seen = set()
         scopes = []
         for scaler in Scaler.objects.filter(type__in=TYPES).order_by("name"):
-            where = (nft_table_for(scaler), scaler_option(scaler, "host") or scaler_option(scaler, "socketPath") or "")
+            runtime = scaler_option(scaler, "host") or scaler_option(scaler, "socketPath") or ""
+            where = (scaler.host, nft_table_for(scaler), runtime)  # one scope per host's table
             if where not in seen:
                 seen.add(where)
                 scopes.append(Scope(scaler=scaler))

@@ -25,7 +25,7 @@ from agents.choices import TERMINAL_STATES, UNREGISTERED_STATES, AgentState
 from scalers.admission.ledger import release
 from scalers.backends.sandboxes import list_kici_containers
 from scalers.lifecycle import stale_window_seconds
-from scalers.models import Reservation
+from scalers.models import Reservation, this_host
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, Spared, Target, age_seconds, is_registered
@@ -50,11 +50,16 @@ def _rq_job_status(job_id: str) -> str | None:
 
 def _sandbox_states(reservations) -> dict[str, str]:
     """agent id → container state for container-type agents whose sandbox can be listed; an agent
-    missing from a successful listing maps to ``"gone"``; an unlistable runtime to ``"unknown"``."""
+    missing from a successful listing maps to ``"gone"``; an unlistable runtime to ``"unknown"``;
+    another host's scaler to ``"elsewhere"`` (its runtime is listed on that host only:
+    docs/multi-host.md)."""
     states: dict[str, str] = {}
     by_scaler: dict[int, list] = {}
     for r in reservations:
         if r.agent.scaler.type in ("container", "bare-metal"):
+            if r.agent.scaler.host != this_host():
+                states[r.agent.agent_id] = "elsewhere"
+                continue
             by_scaler.setdefault(r.scaler_id, []).append(r)
     for rows in by_scaler.values():
         listing = list_kici_containers(rows[0].agent.scaler)
@@ -124,6 +129,16 @@ class StaleReservations(Kind):
             if evidence["sandbox"] in ("running", "paused", "restarting"):
                 result.spared.append(
                     Spared(key, agent.agent_id, f"{reason}, but its container is still {evidence['sandbox']}", evidence)
+                )
+                continue
+            if evidence["sandbox"] == "elsewhere":
+                result.spared.append(
+                    Spared(
+                        key,
+                        agent.agent_id,
+                        f"{reason}, but its container is on host {r.scaler.host}, whose runtime only that host lists",
+                        evidence,
+                    )
                 )
                 continue
             if evidence["sandbox"] == "unknown":

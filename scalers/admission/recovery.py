@@ -21,7 +21,7 @@ from agents.events import record_event
 from agents.models import Agent, AgentToken
 from scalers.choices import LOCAL_SCALER_TYPES
 from scalers.lifecycle import teardown_agent
-from scalers.models import RecoveryReport, Reservation
+from scalers.models import RecoveryReport, Reservation, this_host
 
 from . import ledger
 
@@ -118,7 +118,11 @@ def recover_state(
 def _end_dropped_spawn(agent: Agent) -> None:
     """Destroy a dropped spawn's sandbox (it may have been started), then mark it failed and
     release its reservation. A destroy that fails leaves it ``destroying`` with its reservation:
-    the sweeper retries (``retry_stuck_teardowns``)."""
+    the sweeper retries (``retry_stuck_teardowns``). The sandbox of another host's scaler is only
+    that host's to remove: the agent is left ``destroying`` (with its failure reason), and that
+    host's sweeper's ``retry_stuck_teardowns`` ends it (docs/multi-host.md)."""
+    if agent.scaler.host != this_host():
+        return
     try:
         teardown_agent(
             agent, "recovery", final_state=AgentState.FAILED, failure_reason=DROPPED_SPAWN, destroy_reason="shutdown"

@@ -23,6 +23,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from scalers.models import this_host
+
 from .baremetal import BareMetalBackend, _alive
 from .firecracker.pidprobe import probe_vm_pid
 from .runtime import docker_client_for, runtime_for_scaler
@@ -110,10 +112,19 @@ def probe_sandboxes(scaler, agents) -> dict[str, SandboxProbe]:
     """``agent_id`` → :class:`SandboxProbe` for ``agents`` (rows of ``scaler``; see the module doc).
 
     At most one runtime listing per call. Never raises for an unreachable runtime (``unknown``).
+    Another host's scaler is ``not probed``: its sandboxes are on a runtime only that host reaches,
+    and a look at this host's would call them gone.
     """
     agents = list(agents)
     if not agents:
         return {}
+    if scaler.host != this_host():
+        return {
+            a.agent_id: SandboxProbe(
+                "not probed", f"it runs on host {scaler.host}, probed by that host's console", "sandbox"
+            )
+            for a in agents
+        }
     if scaler.type == "event":
         return {
             a.agent_id: SandboxProbe(

@@ -336,9 +336,10 @@ def test_a_remote_docker_host_has_its_own_queue_and_approval_says_when_nothing_s
     )
     assert queue_for_scaler(Scaler(name="l", type="container", max_agents=1, config={})) == QUEUE
     assert queue_for_scaler(Scaler(name="f", type="firecracker", max_agents=1, config={})) == QUEUE
+    assert queue_for_scaler(Scaler(name="o", type="firecracker", max_agents=1, host="vmhost-c")) == "host:vmhost-c"
     op = plan_reload(config_file, users["operator"])
     Operation.objects.filter(pk=op.pk).update(host_queue="host:dockerhost-b")
-    with pytest.raises(NoWorkerListening, match="queue 'host:dockerhost-b' is not configured .*KICI_EXTRA_QUEUES"):
+    with pytest.raises(NoWorkerListening, match="no rq worker listens on queue host:dockerhost-b"):
         approve_operation(op, users["approver"])
     op.refresh_from_db()
     assert op.status == OperationStatus.PLANNED

@@ -13,10 +13,10 @@ def test_the_leading_sweeper_runs_the_operation_sweeps(monkeypatch):
     calls = []
     import operations.sweeps
 
-    monkeypatch.setattr(operations.sweeps, "run_periodic_sweeps", lambda now: calls.append(now) or [])
+    monkeypatch.setattr(operations.sweeps, "run_periodic_sweeps", lambda now, **kw: calls.append(kw) or [])
     cmd = Command()
     cmd.handle(once=True, no_warm_pools=True)
-    assert len(calls) == 1
+    assert calls == [{"global_scopes": False}, {"host_scopes": False}]  # this host's, then the leader's
 
 
 @pytest.mark.django_db(transaction=True)
@@ -72,23 +72,25 @@ def test_hosts_are_readied_once_per_scaler_version_and_a_failure_only_degrades_t
 
 @pytest.mark.django_db(transaction=True)
 def test_a_lead_lost_mid_round_stops_the_round_before_the_next_unit():
-    """The lock session ends during a unit (the server ended it) and another process takes the
-    lock: the rest of the round is not run, so the new leader's round is not doubled."""
+    """The lock session ends during a global unit (the server ended it) and another process takes
+    the lock: the rest of the round's global units is not run, so the new leader's round is not
+    doubled."""
     from django.db import connection
 
-    from scalers.leader import Leadership
+    from scalers.leader import Leadership, host_lock_key
 
     cmd = Command()
     cmd.shutdown, cmd.warm, cmd.booted, cmd.instance_id = False, False, True, "console-a"
     cmd.hosts_ready = set()
     cmd.leadership = Leadership()
+    cmd.host_lock = Leadership(host_lock_key("console-a-host"))
     cmd.reaper = ProvisionReaper(cmd.instance_id)
     cmd.leading = False
     rival = Leadership()
     ran = []
 
     def lose_the_lead():
-        ran.append("drift")
+        ran.append("waiting spawns")
         with connection.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(%s)", [cmd.leadership._conn.info.backend_pid])
         deadline = time.monotonic() + 5
@@ -97,13 +99,15 @@ def test_a_lead_lost_mid_round_stops_the_round_before_the_next_unit():
             time.sleep(0.05)
         return True
 
-    cmd.handle_isolation_drift = lose_the_lead
-    for name in ("handle_stale_spawns", "handle_operation_sweeps", "handle_old_records"):
+    cmd.handle_waiting_spawns = lose_the_lead  # the first global unit
+    for name in ("handle_isolation_drift", "handle_stale_spawns", "handle_operation_sweeps", "handle_old_records"):
         setattr(cmd, name, lambda name=name: ran.append(name))
     try:
         cmd.tick()
-        assert ran == ["drift"], f"units ran after the lead was lost: {ran[1:]}"
+        # this host's units ran; of the global ones, none after the lead was lost
+        assert ran == ["handle_isolation_drift", "handle_stale_spawns", "waiting spawns"], ran
         assert not cmd.leading
     finally:
         rival.release()
         cmd.leadership.release()
+        cmd.host_lock.release()

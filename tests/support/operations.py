@@ -28,10 +28,11 @@ def login(client, user):
 def listening_worker(queue_name: str):
     """Register a real rq worker on ``queue_name`` (as ``rqworker`` does at start) for the block, so
     the "is anyone listening?" check sees it; jobs are then run with the ``run_rq_jobs`` fixture."""
-    import django_rq
     from rq import SimpleWorker
 
-    queue = django_rq.get_queue(queue_name)
+    from scalers.hosts import queue_named
+
+    queue = queue_named(queue_name)
     worker = SimpleWorker([queue], connection=queue.connection, name=f"ops-test-{uuid.uuid4().hex[:8]}")
     worker.register_birth()
     try:

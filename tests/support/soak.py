@@ -345,6 +345,7 @@ def run_console(
             ls_config={"binaryPath": str(wrapper)},
             max_agents=max_agents,
             orchestrator_url=url,
+            host=host,  # the console's: its workers and sweeper run the scaler
         )
     else:
         client = docker_for(docker_host)
@@ -362,6 +363,7 @@ def run_console(
             ls_config=DEFAULT_LABEL_SET_ENTRY,
             max_agents=max_agents,
             orchestrator_url=agent_url,
+            host=host,  # the console's: its workers and sweeper run the scaler
         )
         extra_env = {
             "DOCKER_HOST": docker_host,

@@ -2,21 +2,28 @@
 
 At start it recovers this instance's rows (``recover_state``, trigger ``boot``). Then every
 ``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
-boot it recovers again (``leader-change``). While leading it runs, each as its own unit of work
-that reports whether it did anything: the host-tool check and host readiness of every scaler, the
-isolation drift check (``scalers.drift``), the output cap (``scalers.output_caps``), the
-stale-spawn prune (registration deadlines passed, backend calls past the stale window), the
-start of spawns waiting for a slot, token-TTL expiry, the check of failed spawn jobs in rq,
-retries of failed teardowns, the teardown of drained agents
-(``scalers.lifecycle.drain_idle_agents``), the event-provision reaper
-(``scalers.provision_reaper``: its own interval, its clocks forgotten when leadership is lost),
-the retirement sweep,
-the warm-pool tick (started with ``start_warm_pools`` once this process leads), the
-periodic operation sweeps (``operations.sweeps``: plans only), the capacity samples
-(``scalers.samples``: one row per scaler every ``KICI_CAPACITY_SAMPLE_SECONDS``) and retention (old
-requests, finished agents, events, tokens, capacity samples). The lead is checked again before
-each unit, so a process whose lock session ended mid-round stops there. SIGTERM / SIGINT stop it
-after the current unit of work and release the lead.
+boot it recovers again (``leader-change``). Each round runs units of work that report whether they
+did anything, in two groups (docs/multi-host.md):
+
+* this host's, on every host's sweeper, leading or not (by the one sweeper of the host holding the
+  host's lock, ``scalers.leader.host_lock_key``), each touching only the scalers of this host
+  (``Scaler.host``) and what they made: the host-tool check and host readiness, the
+  isolation drift check of its nft tables (``scalers.drift``), the output cap
+  (``scalers.output_caps``), the stale-spawn prune (registration deadlines passed, backend calls
+  past the stale window), token-TTL expiry, the check of failed spawn jobs in rq, retries of
+  failed teardowns, the teardown of drained agents (``scalers.lifecycle.drain_idle_agents``), the
+  retirement sweep, the warm pools' idle check, and the operation sweeps planned from this host's
+  runtime (``operations.sweeps``: orphan containers and VMs, stale rules, lost agents by sandbox);
+* the global ones, on the leader only: the start of spawns waiting for a slot, the
+  event-provision reaper (``scalers.provision_reaper``: its own interval, its clocks forgotten
+  when leadership is lost), the warm pools' deficit pass, the global operation sweeps (stale
+  reservations, lost agents by heartbeat, plan expiry), the capacity samples (``scalers.samples``:
+  one row per scaler every ``KICI_CAPACITY_SAMPLE_SECONDS``) and retention (old requests, finished
+  agents, events, tokens, capacity samples). The lead is checked again before each of them, so a
+  process whose lock session ended mid-round stops there.
+
+Every sweep only *plans* operations. SIGTERM / SIGINT stop it after the current unit of work and
+release the lead.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from scalers.backends.tools import check_host_tools
 from scalers.choices import ScalerType
 from scalers.drift import check_isolation_drift
 from scalers.jobs import start_all_waiting_spawns
-from scalers.leader import Leadership
+from scalers.leader import Leadership, host_lock_key
 from scalers.lifecycle import (
     drain_idle_agents,
     expire_unregistered_agents,
@@ -82,6 +89,9 @@ class Command(BaseCommand):
         self.instance_id = settings.KICI_INSTANCE_ID
         self.hosts_ready: set[tuple[int, object]] = set()
         self.leadership = Leadership()
+        self.host_lock = Leadership(
+            host_lock_key(settings.KICI_HOST_NAME), what=f"the sweeps of host {settings.KICI_HOST_NAME}"
+        )
         self.reaper = ProvisionReaper(self.instance_id)
         self.leading = False
         if not once:
@@ -97,6 +107,7 @@ class Command(BaseCommand):
                     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         finally:
             self.leadership.release()
+            self.host_lock.release()
             connection.close()
 
     # One round ---------------------------------------------------------------------------------
@@ -113,29 +124,44 @@ class Command(BaseCommand):
             did |= self._run(lambda: recover_state(self.instance_id, trigger="boot") is not None)
         elif became:
             did |= self._run(lambda: recover_state(self.instance_id, trigger="leader-change") is not None)
-        if not leader:
+        for unit in self.host_units() if self.host_lock.poll()[0] else ():
+            if self.shutdown:
+                return did
+            did |= self._run(unit)
+        if not self.leading:
             return did
-        for unit in (
-            self.handle_host_readiness,
-            self.handle_isolation_drift,
-            self.handle_output_caps,
-            self.handle_stale_spawns,
-            self.handle_waiting_spawns,
-            self.handle_token_expiry,
-            self.handle_failed_spawn_jobs,
-            self.handle_stuck_teardowns,
-            self.handle_drains,
-            self.handle_provision_reap,
-            self.handle_retirement,
-            self.handle_warm_pools,
-            self.handle_operation_sweeps,
-            self.handle_capacity_samples,
-            self.handle_old_records,
-        ):
+        for unit in self.global_units():
             if self.shutdown or not self._still_leading():
                 break
             did |= self._run(unit)
         return did
+
+    def host_units(self) -> tuple:
+        """The units of this host's scalers: every host's sweeper runs them (module doc)."""
+        return (
+            self.handle_host_readiness,
+            self.handle_isolation_drift,
+            self.handle_output_caps,
+            self.handle_stale_spawns,
+            self.handle_token_expiry,
+            self.handle_failed_spawn_jobs,
+            self.handle_stuck_teardowns,
+            self.handle_drains,
+            self.handle_retirement,
+            self.handle_warm_pool_idle,
+            self.handle_host_operation_sweeps,
+        )
+
+    def global_units(self) -> tuple:
+        """The installation's units: only the leading sweeper runs them (module doc)."""
+        return (
+            self.handle_waiting_spawns,
+            self.handle_provision_reap,
+            self.handle_warm_pools,
+            self.handle_operation_sweeps,
+            self.handle_capacity_samples,
+            self.handle_old_records,
+        )
 
     def _still_leading(self) -> bool:
         """Re-check the lead before each unit: a lock session lost mid-round (ended by the server,
@@ -159,7 +185,7 @@ class Command(BaseCommand):
     # Units of work -----------------------------------------------------------------------------
 
     def handle_host_readiness(self) -> bool:
-        """Every round, for every local scaler: check the host tools it needs
+        """Every round, for every scaler of this host: check the host tools it needs
         (``scalers.backends.tools.check_host_tools``); a scaler short of one is not started
         (admission refuses it, naming the tools; the change is an event and a log line) and is
         checked again next round, so installing the tool starts it without a restart. Then
@@ -170,7 +196,7 @@ class Command(BaseCommand):
         scaler: it is logged, kept in ``Scaler.host_error`` (what "Needs attention" shows) and
         retried on the next round; a success clears it."""
         did = False
-        for scaler in Scaler.objects.filter(retiring=False).exclude(type=ScalerType.EVENT):
+        for scaler in Scaler.objects.on_this_host().filter(retiring=False).exclude(type=ScalerType.EVENT):
             key = (scaler.pk, scaler.updated_at)
             check = check_host_tools(scaler)
             did |= check.changed
@@ -228,7 +254,18 @@ class Command(BaseCommand):
     def handle_retirement(self) -> bool:
         return retirement_sweep()
 
+    def handle_warm_pool_idle(self) -> bool:
+        """The warm pools' idle check of this host's agents, on a host that does not lead (the
+        leader's :meth:`handle_warm_pools` ticks both halves)."""
+        if not self.warm or self.leading:
+            return False
+        if not WARM_POOLS.started:
+            start_warm_pools(deficits=False)
+            return True
+        return WARM_POOLS.tick(deficits=False)
+
     def handle_warm_pools(self) -> bool:
+        """The leader's warm-pool tick: its host's idle check and the deficit pass of every pool."""
         if not self.warm:
             return False
         if not WARM_POOLS.started:
@@ -236,10 +273,16 @@ class Command(BaseCommand):
             return True
         return WARM_POOLS.tick()
 
-    def handle_operation_sweeps(self) -> bool:
-        """Periodic orphan / rule / reservation sweeps: they only *plan* operations;
+    def handle_host_operation_sweeps(self) -> bool:
+        """The sweeps planned from this host's runtime (orphan containers and VMs, stale rules, lost
+        agents by sandbox, retirement), for this host's scalers: they only *plan* operations;
         nothing is reaped until an approver (or an explicit auto-approve policy) says so."""
-        return bool(sweeps.run_periodic_sweeps(timezone.now()))
+        return bool(sweeps.run_periodic_sweeps(timezone.now(), global_scopes=False))
+
+    def handle_operation_sweeps(self) -> bool:
+        """The global sweeps (stale reservations, lost agents by heartbeat), plan expiry and the
+        check of lost runs; plans only, like the host's."""
+        return bool(sweeps.run_periodic_sweeps(timezone.now(), host_scopes=False))
 
     def handle_capacity_samples(self) -> bool:
         """One capacity sample per scaler when the sample interval has passed (``scalers.samples``)."""

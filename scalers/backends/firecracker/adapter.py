@@ -7,6 +7,8 @@ the registration watch's look at it from disk. Details: ``docs/firecracker-adapt
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -22,6 +24,7 @@ from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
 from lib.tail import Opener
+from network import netlink
 from network.ipalloc_db import DbIpAllocator
 from network.nft import apply
 from scalers.models import ConfigState
@@ -41,8 +44,27 @@ from .watch import POLL_SECONDS, serial_tail
 
 log = logging.getLogger(__name__)
 
-#: Settings this process already provisioned the host for (``ensure_host_ready``).
-_PROVISIONED: set[FirecrackerSettings] = set()
+#: Where the kernel keeps the id of the current boot (a fresh one after every reboot).
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def _boot_id() -> str:
+    try:
+        return Path(BOOT_ID_PATH).read_text().strip()
+    except OSError:
+        return ""
+
+
+def provision_marker(s: FirecrackerSettings) -> Path:
+    """``<chrootBaseDir>/.provisioned-<bridge>``: written once the host is provisioned for ``s``; it
+    holds the settings' fingerprint and the boot id, so every worker process of this host skips
+    the provisioning a sibling did in this boot for the same settings."""
+    return Path(s.chroot_base_dir) / f".provisioned-{s.bridge_name}"
+
+
+def _marker_text(s: FirecrackerSettings) -> str:
+    fingerprint = hashlib.sha256(repr(s).encode()).hexdigest()
+    return json.dumps({"settings": fingerprint, "boot": _boot_id()}, sort_keys=True)
 
 
 class FirecrackerScalerBackend:
@@ -145,17 +167,34 @@ class FirecrackerScalerBackend:
 
     # ---- spawn ----------------------------------------------------------------------------------
 
-    def ensure_host_ready(self) -> bool:
+    def ensure_host_ready(self, *, unless_provisioned: bool = False) -> bool:
         """Provision bridge, forwarding, table, egress and port isolation (``provision``); False when
         ``autoProvisionHost`` is off. Serialised between processes by ``<chrootBaseDir>/.provision-<bridge>.lock``
-        (concurrent spawns in forked workers share the bridge probe). Raises what provisioning raises."""
+        (concurrent spawns in forked workers share the bridge probe). Raises what provisioning raises.
+
+        On success the :func:`provision_marker` is written. ``unless_provisioned`` (a spawn) skips
+        the work, under the same lock, when the marker matches these settings and this boot and
+        the bridge is there (a reboot, a changed entry or a bridge deleted by hand provision again)."""
         s = self.fc.settings
         os.makedirs(s.chroot_base_dir, exist_ok=True)
+        marker = provision_marker(s)
         with open(os.path.join(s.chroot_base_dir, f".provision-{s.bridge_name}.lock"), "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
+            if unless_provisioned and self._provisioned(marker):
+                return True
+            marker.unlink(missing_ok=True)
             ready = self.fc.ensure_host_ready()
-        _PROVISIONED.add(s)
+            marker.write_text(_marker_text(s))
         return ready
+
+    def _provisioned(self, marker: Path) -> bool:
+        s = self.fc.settings
+        try:
+            if marker.read_text() != _marker_text(s):
+                return False
+        except OSError:
+            return False
+        return not s.auto_provision_host or s.bridge_name in netlink.link_names(netns=s.netns)
 
     def isolation_target(self) -> IsolationTarget:
         """The VM bridge and each VM's rules from its row (its TAP is its port), for the drift check."""
@@ -200,18 +239,18 @@ class FirecrackerScalerBackend:
         """Boot the agent's VM and return once MMDS holds its token, the VM handed over (no thread
         of this process watches it any more: :meth:`boot_failure` does, from disk).
 
-        Provisions the host first (once per process and settings). The deadline and the
+        Provisions the host first unless a process of this host already did for these settings in
+        this boot (``ensure_host_ready(unless_provisioned=True)``). The deadline and the
         ``control.cancelled`` callback are bridged to the backend's ``CancelSignal`` (checked every
         0.2 s). Raises ``SpawnAborted`` (deadline/cancelled) or ``SpawnError`` after everything
         created was removed; ``event_recorded`` is True when ``scaler.failed`` was already recorded.
         """
         agent_id = agent.agent_id
         control.check("provisioning")
-        if self.fc.settings not in _PROVISIONED:
-            try:
-                self.ensure_host_ready()
-            except Exception as exc:  # noqa: BLE001 - fail closed: no VM on an unprovisioned host
-                raise SpawnError(f"host provisioning failed: {exc}", "provisioning") from exc
+        try:
+            self.ensure_host_ready(unless_provisioned=True)
+        except Exception as exc:  # noqa: BLE001 - fail closed: no VM on an unprovisioned host
+            raise SpawnError(f"host provisioning failed: {exc}", "provisioning") from exc
         self._agents[agent_id] = agent
         cancel, stop = CancelSignal(), threading.Event()
         watch.track(agent_id, self.fc)

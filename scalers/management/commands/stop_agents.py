@@ -2,7 +2,8 @@
 
 A console restart leaves its agents running (``docs/recovery.md``); this is how an operator ends
 them on purpose (``make stop-agents``). Each active agent of a local scaler (container,
-firecracker, bare-metal) owned by ``settings.KICI_INSTANCE_ID`` is torn down the ordinary way
+firecracker, bare-metal) of this host (``Scaler.host``: another host's sandboxes are only that
+host's to remove, docs/multi-host.md) owned by ``settings.KICI_INSTANCE_ID`` is torn down the ordinary way
 (``scalers.lifecycle.teardown_agent``): its sandbox and isolation rules removed, the row marked
 ``destroyed``, its reservation released. It runs whether the console's processes run or not.
 
@@ -19,6 +20,7 @@ from agents.choices import ACTIVE_STATES, TERMINAL_STATES
 from agents.models import Agent
 from scalers.choices import LOCAL_SCALER_TYPES
 from scalers.lifecycle import teardown_agent
+from scalers.models import this_host
 
 REASON = "stopped by the operator (manage.py stop_agents)"
 
@@ -31,6 +33,7 @@ class Command(BaseCommand):
             Agent.objects.select_related("scaler")
             .filter(
                 owner_instance=settings.KICI_INSTANCE_ID,
+                scaler__host=this_host(),
                 state__in=ACTIVE_STATES,
                 scaler__type__in=sorted(LOCAL_SCALER_TYPES),
             )
