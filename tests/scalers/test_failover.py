@@ -27,10 +27,9 @@ from agents.choices import AgentState
 from agents.models import Agent
 from operations.choices import OperationKind
 from operations.models import Operation
-from scalers.leader import LEADER_LOCK_KEY, SESSION_PREFIX
 from scalers.models import RecoveryReport, Reservation, ScaleOutcome, ScaleRequest
 from tests.support.scalers import make_scaler
-from tests.support.soak import database_url
+from tests.support.soak import database_url, lock_holders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -94,18 +93,6 @@ def db_now():
     with connection.cursor() as cur:
         cur.execute("SELECT clock_timestamp()")
         return cur.fetchone()[0]
-
-
-def lock_holders() -> list[str]:
-    """Instance ids whose sweeper session holds the leader lock on this database now."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT substr(a.application_name, %s) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 1 "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [len(SESSION_PREFIX) + 1, LEADER_LOCK_KEY >> 32, LEADER_LOCK_KEY & 0xFFFFFFFF],
-        )
-        return [row[0] for row in cur.fetchall()]
 
 
 def wait_for(what: str, check, timeout: float, logs: Path):

@@ -44,10 +44,10 @@ from operations.queues import workers_listening
 from operations.services import approve_operation
 from scalers.backends.ownership import Owner
 from scalers.hosts import queue_named
-from scalers.leader import LEADER_LOCK_KEY, SESSION_PREFIX
 from scalers.models import Installation, RecoveryReport, Reservation, Scaler
 from tests.support.root import require_root
 from tests.support.scalers import make_agent
+from tests.support.soak import lock_holders
 from tests.support.two_hosts import Host
 
 pytestmark = [pytest.mark.root, pytest.mark.docker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -86,18 +86,6 @@ def wait_for(what: str, check, timeout: float, hosts):
         time.sleep(0.1)
     logs = "\n".join(f"--- {h.name} {n}\n{h.log(n, 2500)}" for h in hosts for n in ("web", "worker", "sweeper"))
     pytest.fail(f"timed out after {timeout}s waiting for {what}\n{logs}")
-
-
-def lock_holders() -> list[str]:
-    """Instance ids whose sweeper session holds the leader lock on this database."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT substr(a.application_name, %s) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 1 "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [len(SESSION_PREFIX) + 1, LEADER_LOCK_KEY >> 32, LEADER_LOCK_KEY & 0xFFFFFFFF],
-        )
-        return [row[0] for row in cur.fetchall()]
 
 
 @pytest.fixture

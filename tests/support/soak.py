@@ -41,6 +41,7 @@ from agents.tokens import REGISTRATION_PREFIX
 from network.nft.apply import NftClient
 from scalers.backends.baremetal import _alive
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ensure_isolated_network
+from scalers.leader import LEADER_LOCK_KEY, SESSION_PREFIX
 from scalers.lifecycle import STUCK_TEARDOWN_SECONDS, mark_draining
 from scalers.models import Reservation, Scaler
 from tests.support.scalers import DEFAULT_LABEL_SET_ENTRY, make_scaler, set_global
@@ -91,6 +92,19 @@ API_RETRY_SECONDS = 90.0
 def database_url(db: dict) -> str:
     """``postgres://`` URL of a Django database settings dict (loopback by default)."""
     return f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def lock_holders() -> list[str]:
+    """Instance ids whose sweeper session holds the leader lock on this database now
+    (``scalers.leader``: the session's application name carries the instance id)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT substr(a.application_name, %s) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 1 "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [len(SESSION_PREFIX) + 1, LEADER_LOCK_KEY >> 32, LEADER_LOCK_KEY & 0xFFFFFFFF],
+        )
+        return [row[0] for row in cur.fetchall()]
 
 
 def rss_bytes(pid: int) -> int | None:
