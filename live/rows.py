@@ -240,7 +240,10 @@ class OperationRows(_PagedRows):
     def __init__(self, params):
         super().__init__(params, OPERATIONS_PAGE_SIZE)
         self.noun, self.perm, self.groups = "operations", "operations.view_operation", [OPERATIONS_GROUP]
-        self.qs, self.filters = filter_operations(params)
+        try:
+            self.qs, self.filters = filter_operations(params)
+        except ValueError as exc:
+            raise LookupError(str(exc)) from None
 
     def queryset(self):
         return self.qs

@@ -10,15 +10,20 @@ PAGE_SIZE = 50
 
 
 def filter_operations(params) -> tuple:
-    """Apply the filters ``status``, ``kind`` (unknown values are ignored) and ``scaler`` (name),
-    newest first. Returns ``(queryset, cleaned)`` with ``cleaned`` the values as the page shows them."""
+    """Apply the filters ``status``, ``kind`` and ``scaler`` (name), newest first. Returns
+    ``(queryset, cleaned)`` with ``cleaned`` the values as the page shows them. ValueError naming
+    the field and value for an unknown status or kind: a filter dropped silently shows a list the
+    operator did not ask for."""
     qs = Operation.objects.select_related("label_set", "requested_by", "approved_by", "rejected_by")
     status = params.get("status", "")
     kind = params.get("kind", "")
     scaler = (params.get("scaler") or "").strip()
-    if status in OperationStatus.values:
+    for field, value, choices in (("status", status, OperationStatus), ("kind", kind, OperationKind)):
+        if value and value not in choices.values:
+            raise ValueError(f"{field}: must be one of {', '.join(choices.values)}, got {value[:100]!r}")
+    if status:
         qs = qs.filter(status=status)
-    if kind in OperationKind.values:
+    if kind:
         qs = qs.filter(kind=kind)
     if scaler:
         qs = qs.filter(scaler_name=scaler)

@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET
 
 from agents.choices import EventType
 from agents.models import ScalerEvent
+from kici_site.errors import error_page
 from lib.htmx import wants_partial
 from scalers.models import Scaler
 
@@ -19,13 +20,14 @@ EVENTS_PAGE_SIZE = 200
 @require_GET
 @viewer_required
 def event_list(request):
-    """``/events/``: the global event feed, newest first, live; filters ``type``, ``scaler``, ``q``."""
+    """``/events/``: the global event feed, newest first, live; filters ``type``, ``scaler``, ``q``.
+    400 naming the value for an unknown type (never a silently dropped filter)."""
     qs = ScalerEvent.objects.all()
     etype = request.GET.get("type") or ""
-    if etype in EventType.values:
+    if etype and etype not in EventType.values:
+        return error_page(request, 400, f"type: must be one of {', '.join(EventType.values)}, got {etype[:100]!r}")
+    if etype:
         qs = qs.filter(type=etype)
-    else:
-        etype = ""
     scaler = (request.GET.get("scaler") or "").strip()
     if scaler:
         qs = qs.filter(scaler_name=scaler)

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from agents.listing import page_number
 from kici_site.errors import error_page
 from lib.htmx import wants_partial
 from operations.choices import OperationKind, OperationStatus, RequestedVia
@@ -44,9 +45,14 @@ from scalers.models import Scaler
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def operation_list(request: HttpRequest) -> HttpResponse:
-    """``/operations/?status=&kind=&scaler=``: newest first, 50 a page."""
-    qs, filters = filter_operations(request.GET)
-    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    """``/operations/?status=&kind=&scaler=&page=``: newest first, 50 a page; 400 naming the value
+    for an unknown status or kind, or a page that is not a number in range."""
+    try:
+        qs, filters = filter_operations(request.GET)
+        number = page_number(request.GET.get("page"))
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
+    page = Paginator(qs, PAGE_SIZE).get_page(number)
     context = {
         "nav": "operations",
         "page": page,
@@ -133,9 +139,16 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 
 
+def _require_deciding(user) -> None:
+    """PermissionDenied unless ``user`` may see operations and decide them: an approver who cannot
+    see an operation's plan and evidence must not approve it."""
+    for perm in (VIEW_PERM, APPROVE_PERM):
+        if not user.has_perm(perm):
+            raise PermissionDenied(f"you lack the permission {perm}")
+
+
 def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
-    if not request.user.has_perm(APPROVE_PERM):
-        raise PermissionDenied(f"you lack the permission {APPROVE_PERM}")
+    _require_deciding(request.user)
     operation = get_object_or_404(Operation, pk=pk)
     context = {"nav": "operations", "verb": verb, **detail_context(operation, request.user, page=1)}
     if request.method == "GET":
@@ -194,8 +207,7 @@ def operation_bulk_approve(request: HttpRequest) -> HttpResponse:
     operation with its targets and whether it can be approved now; POST, approve them all or none
     (``operations.services.approve_operations``). 403 without ``approve_operation``, 400 naming a
     bad or unknown ``op``, 409 with the reasons when any cannot be approved."""
-    if not request.user.has_perm(APPROVE_PERM):
-        raise PermissionDenied(f"you lack the permission {APPROVE_PERM}")
+    _require_deciding(request.user)
     data = request.POST if request.method == "POST" else request.GET
     try:
         operations = _selected_operations(data.getlist("op"))

@@ -321,6 +321,8 @@ def test_the_events_feed_filters_and_goes_quiet_while_searching(viewer_client, s
     assert 'data-accept="[data-type=&quot;scaler.failed&quot;]"' in failed
     searched = viewer_client.get("/events/?q=pulling").content.decode()
     assert "pulling image" in searched and 'ws-connect="/ws/events/"' not in searched
+    bogus = viewer_client.get("/events/?type=bogus")
+    assert bogus.status_code == 400 and "type: must be one of scaler." in unescape(bogus.content.decode())
 
 
 # --- scalers ----------------------------------------------------------------------------------

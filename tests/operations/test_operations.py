@@ -11,6 +11,8 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
@@ -19,6 +21,7 @@ from operations.kinds.base import Scope
 from operations.kinds.config_reload import ConfigReload
 from operations.models import AuditEntry, Operation
 from operations.services import (
+    APPROVE_PERM,
     NoWorkerListening,
     PlanExpired,
     approve_operation,
@@ -156,6 +159,23 @@ def test_an_approver_without_permission_gets_403_and_nothing_happens(users, conf
     assert django_rq.get_queue(QUEUE).count == 0
 
 
+def test_approving_needs_the_view_permission_too(users, config_file, client):
+    """An approver must see the plan and evidence it approves: the approve permission alone is a 403."""
+    op = plan_reload(config_file, users["operator"])
+    blind = get_user_model().objects.create_user("ops-blind", password="x")
+    app_label, codename = APPROVE_PERM.split(".")
+    blind.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    client.force_login(blind)
+    with listening_worker(QUEUE):
+        urls = (f"/operations/{op.pk}/approve/", f"/operations/{op.pk}/reject/", f"/operations/approve/?op={op.pk}")
+        for url in urls:
+            assert client.get(url).status_code == 403, url
+        assert client.post(f"/operations/{op.pk}/approve/").status_code == 403
+        assert client.post("/operations/approve/", {"op": [str(op.pk)]}).status_code == 403
+    op.refresh_from_db()
+    assert op.status == OperationStatus.PLANNED and op.approved_by is None
+
+
 def test_a_viewer_cannot_request_and_an_outsider_cannot_even_look(users, config_file, client):
     login(client, users["viewer"])
     assert client.post("/operations/plan/", {"kind": "config-reload"}).status_code == 403
@@ -280,6 +300,10 @@ def test_the_list_filters_by_status_kind_and_scaler(users, config_file, client, 
     assert f'id="operation-{other.pk}"' in page and f'id="operation-{op.pk}"' not in page
     page = client.get("/operations/?kind=agent-drain").content.decode()
     assert "No operations match these filters" in page
+    # An unknown value is refused naming it, never silently dropped (which showed everything).
+    for query, field in (("status=bogus", "status"), ("kind=bogus", "kind"), ("page=-1", "page")):
+        refused = client.get(f"/operations/?{query}")
+        assert refused.status_code == 400 and f"{field}: must be" in refused.content.decode(), query
     partial = client.get("/operations/?status=planned", HTTP_HX_REQUEST="true").content.decode()
     assert partial.lstrip().startswith('<tbody id="op-rows"')
     assert 'ws-connect="/ws/rows/operations/?status=planned&amp;kind=&amp;scaler=&amp;page=1"' in partial
