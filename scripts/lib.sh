@@ -155,21 +155,22 @@ ensure_secrets_key() {  # the key of the registry credentials' secrets, generate
 
 make_run_pid() {  # the pid of a running `make run` (scripts/run.sh, var/run/run.pid), else empty
   local pid; pid="$(cat "$RUN_DIR/run.pid" 2>/dev/null || true)"
-  [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "scripts/run.sh" && echo "$pid"
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "scripts/run.sh" \
+    && echo "$pid"
   return 0
 }
 
-running_agent_containers() {  # ids of the running kici-managed containers on the docker host
-  docker ps -q --filter label=kici-managed=true 2>/dev/null || true
+running_agent_containers() {  # ids of the running agent containers: kici-managed, on kici-agent-net
+  docker ps -q --filter label=kici-managed=true --filter network=kici-agent-net 2>/dev/null || true
 }
 
-# End the data plane of a console that is not running: every kici-managed container, kici-agent-net
-# and this console's two isolation tables, then the dockerd make run started. Without their
+# End the data plane of a console that is not running: every kici-managed container on kici-agent-net,
+# the network, this console's two isolation tables, then the dockerd make run started. Without their
 # containers the tables' map elements and port bindings would judge the next sandbox that reuses one
 # of their addresses or veth names. (The agent rows are closed by `manage.py stop_agents` first, or
 # by the lost-agents sweep on the next start.)
 remove_agent_plane() {
-  docker ps -aq --filter label=kici-managed=true | xargs -r docker rm -f >/dev/null 2>&1 || true
+  docker ps -aq --filter label=kici-managed=true --filter network=kici-agent-net | xargs -r docker rm -f >/dev/null 2>&1 || true
   docker network rm kici-agent-net >/dev/null 2>&1 || true
   $SUDO nft delete table inet "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
   $SUDO nft delete table bridge "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true

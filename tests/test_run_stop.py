@@ -92,7 +92,17 @@ def _lib(tmp_path: Path, docker_host: str, table: str, script: str, *, check: bo
 def test_the_stop_leaves_running_agents_their_dockerd_network_and_rules(
     tmp_path, dockerd, docker_client, agent_image, fake_dockerd, nft_tables
 ):
+    ensure_isolated_network(docker_client)
     container = docker_client.containers.run(
+        agent_image,
+        ["sleep 600"],
+        entrypoint=["/bin/sh", "-c"],
+        detach=True,
+        labels={"kici-managed": "true", "kici-test": "run-stop"},
+        network="kici-agent-net",
+    )
+    # kici-managed but on no agent network (someone's leftover, not an agent): not counted.
+    stray = docker_client.containers.run(
         agent_image,
         ["sleep 600"],
         entrypoint=["/bin/sh", "-c"],
@@ -109,8 +119,10 @@ def test_the_stop_leaves_running_agents_their_dockerd_network_and_rules(
         )
         assert f"reusing the dockerd an earlier make run left running (pid {fake_dockerd})" in out
         assert "started=1" in out
+        agents = {"network": "kici-agent-net", "label": "kici-managed=true"}
+        running = len(docker_client.containers.list(filters=agents))
         assert re.search(
-            rf"left running: dockerd \(pid {fake_dockerd}\) with [1-9]\d* agent container\(s\) on kici-agent-net "
+            rf"left running: dockerd \(pid {fake_dockerd}\) with {running} agent container\(s\) on kici-agent-net "
             rf"and their isolation rules \(nft tables inet/bridge {nft_tables}\); the next make run re-adopts them; "
             r"`make stop-agents` ends them",
             out,
@@ -121,6 +133,7 @@ def test_the_stop_leaves_running_agents_their_dockerd_network_and_rules(
         assert _has_table("inet", nft_tables) and _has_table("bridge", nft_tables)
     finally:
         container.remove(force=True)
+        stray.remove(force=True)
 
 
 def test_with_no_agent_running_the_stop_ends_the_dockerd_it_started_and_the_tables(tmp_path, fake_dockerd, nft_tables):
@@ -141,7 +154,7 @@ def test_make_test_is_refused_beside_agents_make_run_left_naming_what_ends_them(
         entrypoint=["/bin/sh", "-c"],
         detach=True,
         labels={"kici-managed": "true", "kici-test": "run-stop"},
-        network_mode="none",
+        network="kici-agent-net",
     )
     try:
         out = _lib(lib_copy, dockerd, "kici", "refuse_beside_left_agents; echo went-on", check=False)
