@@ -22,6 +22,7 @@ from network.host_access import (
     MAX_ENTRY_LENGTH,
     HostAccessError,
     HostAddress,
+    console_port_warning,
     describe_host_access_entry,
     host_access_warnings,
     parse_host_access_entry,
@@ -101,6 +102,8 @@ class EditorPlan:
     unchanged: bool
     host_addresses: list[HostAddress] | None = None
     address_error: str = ""
+    #: An explicit list that closes the console's port (``network.host_access.console_port_warning``).
+    console_warning: str = ""
 
     @property
     def refused(self) -> list[EntryCheck]:
@@ -120,7 +123,9 @@ class EditorPlan:
         seen = {c.text for c in self.checks}
         rest = [e for e in self.effective if e not in seen]
         unknown = [self.address_error] if self.address_error else []
-        return unknown + typed + [f"default entry: {w}" for w in host_access_warnings(rest, self.host_addresses)]
+        console = [self.console_warning] if self.console_warning else []
+        defaults = [f"default entry: {w}" for w in host_access_warnings(rest, self.host_addresses)]
+        return unknown + console + typed + defaults
 
     @property
     def changed_agents(self) -> list[AgentRuleDiff]:
@@ -273,4 +278,7 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         .order_by("created_at")[:agent_limit]
     )
     diffs = [rule_diff(a, effective, gateway, current_effective) for a in agents]
-    return EditorPlan(label_set, mode, checks, general, entries, effective, diffs, unchanged, addresses, address_error)
+    console = console_port_warning(effective, label_set.scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
+    return EditorPlan(
+        label_set, mode, checks, general, entries, effective, diffs, unchanged, addresses, address_error, console or ""
+    )

@@ -358,6 +358,35 @@ def host_access_warnings(
     return warnings
 
 
+def console_port_warning(entries: Iterable[str], orchestrator_url: str, gateway: str) -> str | None:
+    """The warning for a ``hostAccess`` list that does not open the console's port on the agents'
+    gateway, or None when it does (or the URL names no port). Agents register and heartbeat
+    through that port, so without it new agents never register and running ones are lost when
+    their next heartbeat fails; an explicit list replaces the default that opens it."""
+    parsed = _url_port(orchestrator_url) if isinstance(orchestrator_url, str) else None
+    if parsed is None:
+        return None
+    port = parsed[1]
+    try:
+        address = ipaddress.ip_address(str(gateway).strip())
+    except ValueError:
+        return None
+    for text in entries:
+        try:
+            entry = parse_host_access_entry(text)
+        except HostAccessError:
+            continue
+        if entry.port not in (None, port):
+            continue
+        if (entry.daddr is None and address.version == 4) or (entry.daddr is not None and address in entry.daddr):
+            return None
+    return (
+        f"this list does not open the console's port {port} on the agents' gateway {address} "
+        f'(the default has "*:{port}"): new agents of this label set cannot register, and running '
+        f'ones are lost at their next heartbeat. Add "*:{port}" unless that is what you want.'
+    )
+
+
 def describe_host_access_entry(entry: HostAccessEntry) -> str:
     """Plain words for one parsed entry, for the host-access editor.
 

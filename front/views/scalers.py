@@ -173,7 +173,7 @@ def host_access_editor(request, name: str, index: int):
 def host_access_preview(request, name: str, index: int):
     """POST-only, side-effect free: validate the typed entries and render the preview fragment."""
     label_set = _label_set(name, index)
-    ctx = _editor_context(request, label_set, request.POST.get("mode", EXPLICIT), request.POST.get("entries", ""))
+    ctx = _editor_context(request, label_set, request.POST.get("mode", ""), request.POST.get("entries", ""))
     return render(request, "scalers/host_access.html#preview", ctx)
 
 
@@ -184,7 +184,7 @@ def host_access_apply(request, name: str, index: int):
     operation and redirect to it. Bad entries, and warned entries without ``confirm_warnings=1``,
     re-render the editor (422) and nothing is requested."""
     label_set = _label_set(name, index)
-    mode = request.POST.get("mode", EXPLICIT)
+    mode = request.POST.get("mode", "")
     text = request.POST.get("entries", "")
     ctx = _editor_context(request, label_set, mode, text)
     plan = ctx["plan"]

@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from network.host_access import HostAccessError, host_access_warnings, parse_host_access_entry
+from network.host_access import HostAccessError, console_port_warning, host_access_warnings, parse_host_access_entry
 from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
 from network.nft.plan import line_diff, spec_rule_lines
@@ -201,7 +201,9 @@ class HostAccessApply(Kind):
                 )
             return result
         table, gateway, _subnet = where
-        result.warnings.extend(_warnings(_checked_entries(new, scaler, gateway), gateway))
+        checked = _checked_entries(new, scaler, gateway)
+        console = console_port_warning(checked, scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
+        result.warnings.extend(([console] if console else []) + _warnings(checked, gateway))
         try:
             in_force = NftClient(table, netns=settings.KICI_NFT_NETNS).list_agents()
         except Exception as exc:  # noqa: BLE001 - without the kernel's view, nothing is planned for agents

@@ -185,7 +185,7 @@ def test_apply_of_an_unchanged_list_is_refused(operator_client, label_set):
 def test_apply_plans_an_operation_and_redirects_to_it(operator_client, label_set):
     from operations.models import Operation
 
-    entries = {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443"}
+    entries = {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443\n*:8000"}
     # 10.0.0.5 is no address of this host: the entry opens nothing, and is applied only knowingly.
     refused = operator_client.post(BASE + "apply", entries)
     assert refused.status_code == 422 and b"confirm the 1 warning below first" in refused.content
@@ -194,7 +194,7 @@ def test_apply_plans_an_operation_and_redirects_to_it(operator_client, label_set
     operation = Operation.objects.get()
     assert response.status_code == 302 and response.url == f"/operations/{operation.pk}/"
     assert operation.kind == "host-access-apply" and operation.status == "planned"
-    assert operation.params["host_access"] == ["172.30.0.1:53", "10.0.0.5:443"]
+    assert operation.params["host_access"] == ["172.30.0.1:53", "10.0.0.5:443", "*:8000"]
     assert operation.label_set_id == label_set.pk
     label_set.refresh_from_db()
     assert label_set.host_access is None  # nothing changes before approval and a run
@@ -216,19 +216,19 @@ def test_apply_back_to_the_default_sends_none(operator_client, label_set):
 def test_a_loopback_entry_is_warned_about_but_does_not_block_apply(operator_client, label_set, settings):
     html = unescape(
         operator_client.post(
-            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n127.0.0.1:5432"}, **HTMX
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n127.0.0.1:5432\n*:8000"}, **HTMX
         ).content.decode()
     )
     warnings = html[html.index('id="preview-warnings"') :]
     warnings = warnings[: warnings.index("</div>")]
-    assert "1 warning" in warnings and "do not block Apply" in warnings
+    assert "1 warning" in warnings and "Apply asks you to confirm you have read them" in warnings
     assert (
         'line 2: hostAccess entry "127.0.0.1:5432" names the host\'s loopback (127.0.0.1): agents cannot reach'
         in warnings
     )
     assert "nothing can be applied" not in html
     assert 'id="apply"' in html  # Apply stays enabled
-    plan = plan_host_access_change(label_set, "explicit", "[::1]")
+    plan = plan_host_access_change(label_set, "explicit", "[::1]\n*:8000")
     assert plan.ok and plan.warnings and plan.warnings[0].startswith("line 1: ")
 
 
@@ -285,7 +285,7 @@ def test_a_range_holding_no_host_address_is_warned_to_open_nothing(operator_clie
     assert not [a for a in addresses if a in ipaddress.ip_network("10.0.0.0/8")], "this host has a 10/8 address"
     html = unescape(
         operator_client.post(
-            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.0/8:22"}, **HTMX
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.0/8:22\n*:8000"}, **HTMX
         ).content.decode()
     )
     warnings = html[html.index('id="preview-warnings"') :]
@@ -294,7 +294,7 @@ def test_a_range_holding_no_host_address_is_warned_to_open_nothing(operator_clie
     assert 'line 2: hostAccess entry "10.0.0.0/8:22" holds none of this host\'s addresses (' in warnings
     assert "so this entry opens nothing" in warnings
     assert 'id="apply"' in html  # a warning never blocks Apply
-    plan = plan_host_access_change(label_set, "explicit", "10.0.0.5:443")
+    plan = plan_host_access_change(label_set, "explicit", "10.0.0.5:443\n*:8000")
     assert plan.ok and "opens nothing" in plan.warnings[0]
 
 
@@ -309,7 +309,7 @@ def test_an_operation_with_warnings_is_approved_only_with_them_confirmed(operato
     from operations.models import Operation
     from operations.services import WarningsNotConfirmed, approve_operation, auto_approve
 
-    entries = {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443", "confirm_warnings": "1"}
+    entries = {"mode": "explicit", "entries": "172.30.0.1:53\n10.0.0.5:443\n*:8000", "confirm_warnings": "1"}
     assert operator_client.post(BASE + "apply", entries).status_code == 302
     operation = Operation.objects.get()
     assert len(operation.warnings) == 1 and '"10.0.0.5:443" holds none of this host' in operation.warnings[0]
@@ -340,6 +340,37 @@ def test_an_operation_with_warnings_is_approved_only_with_them_confirmed(operato
 def test_an_operation_without_warnings_needs_no_confirmation(operator_client, label_set):
     from operations.models import Operation
 
-    response = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": "172.30.0.1:53"})
+    response = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": "172.30.0.1:53\n*:8000"})
     assert response.status_code == 302
     assert Operation.objects.get().warnings == []
+
+
+@pytest.mark.parametrize("entries", ["", "172.30.0.1:53", "10.0.0.1:8000", "*:9000"])
+def test_an_explicit_list_that_closes_the_console_port_is_warned_about_in_editor_and_operation(
+    operator_client, label_set, entries
+):
+    """An explicit list replaces the default, which opens the console's port: without it new
+    agents cannot register and running ones are lost, so the editor and the operation say so."""
+    from operations.models import Operation
+
+    plan = plan_host_access_change(label_set, "explicit", entries)
+    console = [w for w in plan.warnings if "does not open the console's port 8000" in w]
+    assert plan.ok and len(console) == 1 and "cannot register" in console[0]
+    refused = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": entries})
+    assert refused.status_code == 422 and b'name="confirm_warnings"' in refused.content
+    confirmed = {"mode": "explicit", "entries": entries, "confirm_warnings": "1"}
+    assert operator_client.post(BASE + "apply", confirmed).status_code == 302
+    assert any("does not open the console's port 8000" in w for w in Operation.objects.get().warnings)
+    for covering in ("*:8000", "172.30.0.1:8000", "172.30.0.0/16", "*"):
+        warnings = plan_host_access_change(label_set, "explicit", covering).warnings
+        assert not [w for w in warnings if "console's port" in w], covering
+
+
+def test_an_apply_without_a_mode_is_refused_naming_it(operator_client, label_set):
+    """A form without ``mode`` used to be planned as an explicit empty list."""
+    from operations.models import Operation
+
+    response = operator_client.post(BASE + "apply", {"entries": ""})
+    assert response.status_code == 422
+    assert "mode '' is not one of default, explicit" in unescape(response.content.decode())
+    assert not Operation.objects.exists()

@@ -350,8 +350,9 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
         "forward rules do not change"
     )
     assert any("scalers.yaml says hostAccess" in note for note in op.notes)
+    assert [w for w in op.warnings if "does not open the console's port 8000" in w], "*:9000 closes it"
 
-    op = approve_and_run(op, users["approver"], run_rq_jobs)
+    op = approve_and_run(op, users["approver"], run_rq_jobs, confirm_warnings=True)
     assert op.status == OperationStatus.SUCCEEDED, (op.error, op.log)
     label_set.refresh_from_db()
     agent.refresh_from_db()

@@ -46,12 +46,13 @@ def write_config(path, name: str, label: str = "ops") -> str:
     return str(path)
 
 
-def approve_and_run(op, approver, run_rq_jobs):
-    """Approve ``op`` while a worker listens on its host queue, run the queued job, return ``op`` reloaded."""
+def approve_and_run(op, approver, run_rq_jobs, *, confirm_warnings: bool = False):
+    """Approve ``op`` while a worker listens on its host queue (``confirm_warnings``: its warnings
+    confirmed read), run the queued job, return ``op`` reloaded."""
     from operations.services import approve_operation
 
     with listening_worker(op.host_queue):
-        approve_operation(op, approver)
+        approve_operation(op, approver, warnings_confirmed=confirm_warnings)
     run_rq_jobs(op.host_queue)
     op.refresh_from_db()
     return op
