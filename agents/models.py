@@ -45,6 +45,9 @@ class Agent(models.Model):
     rq_job_id = models.CharField(max_length=100, blank=True)
     active_jobs = models.PositiveIntegerField(default=0)
     failure_reason = models.TextField(blank=True)
+    teardown_reason = models.CharField(
+        max_length=200, blank=True, help_text="why its teardown began; a retried teardown keeps it as its reason"
+    )
     backend_context = models.JSONField(default=dict, blank=True)
     job_image = models.CharField(
         max_length=500, blank=True, help_text="the job's own image (/scale container.image); '' = the label set's"

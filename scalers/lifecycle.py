@@ -90,8 +90,10 @@ def teardown_agent(
     """
     now = timezone.now()
     if agent.state in ACTIVE_STATES and agent.state != AgentState.DESTROYING:
-        Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(state=AgentState.DESTROYING, updated_at=now)
-        agent.state = AgentState.DESTROYING
+        Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(
+            state=AgentState.DESTROYING, updated_at=now, teardown_reason=reason[:200]
+        )
+        agent.state, agent.teardown_reason = AgentState.DESTROYING, reason[:200]
     if agent.state == AgentState.DESTROYING:
         try:
             backend = get_backend(agent.scaler)
@@ -422,7 +424,9 @@ def retry_stuck_teardowns(min_age_seconds: float = STUCK_TEARDOWN_SECONDS, now=N
         scaler__host=this_host(), state=AgentState.DESTROYING, updated_at__lt=now - timedelta(seconds=min_age_seconds)
     ):
         final = AgentState.FAILED if agent.failure_reason else AgentState.DESTROYED
-        if teardown_agent(agent, "teardown-retry", final_state=final):
+        # The cause stays the reason (job-complete, release, drain...): the retry is only how it ended.
+        reason = f"{agent.teardown_reason} (teardown retried)" if agent.teardown_reason else "teardown-retry"
+        if teardown_agent(agent, reason, final_state=final):
             n += 1
     return n
 

@@ -110,6 +110,9 @@ def test_a_failing_destroy_keeps_the_reservation_until_a_retry_succeeds(admitted
     settings.DOCKER_HOST = DOCKER_HOST
     assert retry_stuck_teardowns(min_age_seconds=0) == 1
     assert not Reservation.objects.exists()
+    # The retry keeps the cause: the timeline says why the agent ended, not only that it was retried.
+    destroyed = ScalerEvent.objects.get(agent=admitted, type=EventType.DESTROYED)
+    assert destroyed.payload["reason"] == "test-destroy (teardown retried)"
 
 
 def _enqueue(func, agent, **kw):
