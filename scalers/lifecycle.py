@@ -548,13 +548,14 @@ def _locked(agent_id: str) -> Agent:
     return agent
 
 
-def _start_teardown(agent: Agent) -> bool:
-    """Move an active agent to ``destroying`` (compare-and-swap); False when it already ended."""
+def _start_teardown(agent: Agent, reason: str) -> bool:
+    """Move an active agent to ``destroying`` because of ``reason`` (compare-and-swap; kept as
+    ``teardown_reason`` for a retry); False when it already ended."""
     won = Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(
-        state=AgentState.DESTROYING, updated_at=timezone.now()
+        state=AgentState.DESTROYING, updated_at=timezone.now(), teardown_reason=reason[:200]
     )
     if won:
-        agent.state = AgentState.DESTROYING
+        agent.state, agent.teardown_reason = AgentState.DESTROYING, reason[:200]
     return bool(won)
 
 
@@ -581,7 +582,7 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
         Agent.objects.filter(pk=agent.pk).update(**fields)
         if agent.state in TERMINAL_STATES or recycle:
             return agent
-        if _start_teardown(agent):
+        if _start_teardown(agent, "job-complete"):
             transaction.on_commit(lambda: enqueue_teardown(agent, "job-complete", destroy_reason="job-complete"))
     return agent
 
@@ -593,8 +594,8 @@ def release_agent(agent_id: str, reason: str) -> Agent:
         agent = _locked(agent_id)
         if agent.state in TERMINAL_STATES:
             return agent
-        if _start_teardown(agent):
-            why = f"released by the orchestrator: {reason}" if reason else "released by the orchestrator"
+        why = f"released by the orchestrator: {reason}" if reason else "released by the orchestrator"
+        if _start_teardown(agent, why):
             transaction.on_commit(lambda: enqueue_teardown(agent, why, destroy_reason="released"))
     return agent
 
@@ -611,7 +612,7 @@ def drain_idle_agents() -> int:
         scaler__host=this_host(), state=AgentState.DRAINING, active_jobs=0
     ):
         won = Agent.objects.filter(pk=agent.pk, state=AgentState.DRAINING, active_jobs=0).update(
-            state=AgentState.DESTROYING, updated_at=timezone.now()
+            state=AgentState.DESTROYING, updated_at=timezone.now(), teardown_reason="drained"
         )
         if not won:
             continue

@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from unittest.mock import MagicMock, patch
 
 import django_rq
 import pytest
@@ -26,11 +27,14 @@ from agents.models import Agent, AgentToken, ScalerEvent
 from scalers.admission.ledger import release
 from scalers.admission.service import request_scale
 from scalers.lifecycle import (
+    complete_job,
+    drain_idle_agents,
     expire_unregistered_agents,
     fail_spawn,
     on_spawn_job_failure,
     prune_stale_spawns,
     reap_failed_spawn_jobs,
+    release_agent,
     retry_stuck_teardowns,
     stale_window_seconds,
     teardown_agent,
@@ -113,6 +117,32 @@ def test_a_failing_destroy_keeps_the_reservation_until_a_retry_succeeds(admitted
     # The retry keeps the cause: the timeline says why the agent ended, not only that it was retried.
     destroyed = ScalerEvent.objects.get(agent=admitted, type=EventType.DESTROYED)
     assert destroyed.payload["reason"] == "test-destroy (teardown retried)"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("ending", ["job-complete", "release", "drain"])
+def test_a_teardown_lost_with_its_worker_is_retried_with_its_cause_as_the_reason(admitted, docker_client, ending):
+    """The orchestrator's job-complete or release, and a drain, move the agent to destroying and
+    hand the teardown to a job; when that job is lost (its worker killed), the sweeper's retry
+    ends the agent with the cause, not only the word retry."""
+    Agent.objects.filter(pk=admitted.pk).update(state=AgentState.RUNNING, bound_job_id="job-1")
+    if ending == "job-complete":
+        complete_job(admitted.agent_id, "job-1")  # its teardown job is never run here
+        cause = "job-complete"
+    elif ending == "release":
+        release_agent(admitted.agent_id, "cancelled")
+        cause = "released by the orchestrator: cancelled"
+    else:
+        Agent.objects.filter(pk=admitted.pk).update(state=AgentState.DRAINING, active_jobs=0)
+        # The drain tears down inline: its destroy fails as a killed worker's would not finish.
+        dying = MagicMock(destroy=MagicMock(side_effect=RuntimeError("worker killed")))
+        with patch("scalers.lifecycle.get_backend", return_value=dying):
+            drain_idle_agents()
+        cause = "drained"
+    assert Agent.objects.get(pk=admitted.pk).state == AgentState.DESTROYING
+    assert retry_stuck_teardowns(min_age_seconds=0) == 1
+    destroyed = ScalerEvent.objects.get(agent=admitted, type=EventType.DESTROYED)
+    assert destroyed.payload["reason"] == f"{cause} (teardown retried)"
 
 
 def _enqueue(func, agent, **kw):
