@@ -89,27 +89,25 @@ def _lib(tmp_path: Path, docker_host: str, table: str, script: str, *, check: bo
     return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
 
 
+def _sleeper(docker_client, agent_image, **network):
+    """A kici-managed container that only sleeps, attached as ``network`` says."""
+    return docker_client.containers.run(
+        agent_image,
+        ["sleep 600"],
+        entrypoint=["/bin/sh", "-c"],
+        detach=True,
+        labels={"kici-managed": "true", "kici-test": "run-stop"},
+        **network,
+    )
+
+
 def test_the_stop_leaves_running_agents_their_dockerd_network_and_rules(
     tmp_path, dockerd, docker_client, agent_image, fake_dockerd, nft_tables
 ):
     ensure_isolated_network(docker_client)
-    container = docker_client.containers.run(
-        agent_image,
-        ["sleep 600"],
-        entrypoint=["/bin/sh", "-c"],
-        detach=True,
-        labels={"kici-managed": "true", "kici-test": "run-stop"},
-        network="kici-agent-net",
-    )
+    container = _sleeper(docker_client, agent_image, network="kici-agent-net")
     # kici-managed but on no agent network (someone's leftover, not an agent): not counted.
-    stray = docker_client.containers.run(
-        agent_image,
-        ["sleep 600"],
-        entrypoint=["/bin/sh", "-c"],
-        detach=True,
-        labels={"kici-managed": "true", "kici-test": "run-stop"},
-        network_mode="none",
-    )
+    stray = _sleeper(docker_client, agent_image, network_mode="none")
     try:
         out = _lib(
             tmp_path,
@@ -148,14 +146,7 @@ def test_make_test_is_refused_beside_agents_make_run_left_naming_what_ends_them(
     lib_copy, dockerd, docker_client, agent_image
 ):
     ensure_isolated_network(docker_client)  # its bridge holds the gateway, as make run's does
-    container = docker_client.containers.run(
-        agent_image,
-        ["sleep 600"],
-        entrypoint=["/bin/sh", "-c"],
-        detach=True,
-        labels={"kici-managed": "true", "kici-test": "run-stop"},
-        network="kici-agent-net",
-    )
+    container = _sleeper(docker_client, agent_image, network="kici-agent-net")
     try:
         out = _lib(lib_copy, dockerd, "kici", "refuse_beside_left_agents; echo went-on", check=False)
         assert "went-on" not in out
