@@ -12,7 +12,8 @@ each concurrency runs, back to back:
 * C requester threads calling ``scalers.admission.request_scale`` (the group-commit queue; the
   spawn enqueue is stubbed: this measures decisions), in rounds: every requester sends K
   requests; after each round the ledger is checked against every cap (global, per scaler,
-  machine pool; counts, cpus, memory) and cleared (not timed).
+  machine pool; counts, cpus, memory) and cleared (not timed). Each round sets new caps, so one
+  untimed request first lets the decider rebuild its routing view (once per config change).
 
 Then the same at the largest concurrency split over ``--processes`` processes (each with its own
 decider queue and connection, contending for the admission lock as separate consoles do).
@@ -166,6 +167,15 @@ def configure_round(rng: random.Random) -> None:
         )
 
 
+def warm_up(tag: str) -> None:
+    """One untimed request (it routes nowhere: answered no-backend, nothing reserved), so the
+    decider has rebuilt its routing view for the round's new config before the clock starts. A
+    console pays that once per config change; the bench changes the config every round."""
+    from scalers.admission.service import request_scale
+
+    request_scale(["bench-warm-up"], f"warm-up-{tag}", timeout=120)
+
+
 def random_request(rng: random.Random) -> tuple[list[str], dict | None]:
     label = rng.choice(SCALERS + ("nowhere",)) if rng.random() < 0.05 else rng.choice(SCALERS)
     res = rng.choice([None, {"cpus": rng.choice([0.5, 1, 2])}, {"cpus": 1, "memory": f"{rng.randint(1, 3)}g"}])
@@ -273,6 +283,7 @@ def bench_admission(threads: int, seconds: float, seed: int) -> dict:
     b0, d0 = q.batches, q.decided
     while wall < seconds or rounds < 2:
         configure_round(rng)
+        warm_up(f"r{seed}-{rounds}")
         lat, acts, w = run_requesters(threads, per_thread, f"r{seed}-{rounds}")
         violations += check_round()
         lat_all += lat
@@ -310,6 +321,8 @@ def _child(url: str, threads: int, per_thread: int, rounds: int, index: int, bar
     actions: dict = {}
     for r in range(rounds):
         barrier.wait()  # parent configured the round
+        warm_up(f"p{index}-{r}")
+        barrier.wait()  # every process warmed up: the clock starts
         lat, acts, _ = run_requesters(threads, per_thread, f"p{index}-{r}")
         lat_all += lat
         for k, v in acts.items():
@@ -335,6 +348,7 @@ def bench_processes(url: str, processes: int, threads: int, seconds: float, seed
     violations = 0
     for _ in range(rounds):
         configure_round(rng)
+        barrier.wait()
         barrier.wait()
         t0 = time.perf_counter()
         barrier.wait()

@@ -10,7 +10,6 @@ transaction. One request or five hundred, it is one transaction and one lock hol
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from dataclasses import dataclass, field, replace
@@ -158,7 +157,6 @@ class _Spawn:
         "scaler_id",
         "label_set_id",
         "labels",
-        "labels_json",
         "warm",
         "job",
         "run",
@@ -175,6 +173,21 @@ class _Spawn:
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
+
+
+_COUNTER_KEYS: dict[tuple, tuple[str, str]] = {}
+
+
+def _counter_key(name: str, labels: dict) -> tuple[str, str]:
+    """``(name, label_key(labels))``, remembered (a few hundred distinct keys: counter names times
+    scalers times caps; forgotten past 4096)."""
+    memo = (name, *labels.items())
+    key = _COUNTER_KEYS.get(memo)
+    if key is None:
+        if len(_COUNTER_KEYS) >= 4096:
+            _COUNTER_KEYS.clear()
+        key = _COUNTER_KEYS[memo] = (name, ledger.label_key(labels))
+    return key
 
 
 def spawn_job_id(agent_id: str) -> str:
@@ -241,6 +254,7 @@ def decide_batch(
         connection.ensure_connection()
         # Server-side binding (Django's cursors bind client-side, quoting every array element in
         # Python): this path runs once per batch with a few large array parameters.
+        ledger.allow_prepared(connection.connection)
         with psycopg.Cursor(connection.connection) as cur:
             return _decide(cur, requests, instance_id, now)
 
@@ -269,12 +283,11 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
     records: list[dict] = []
     counters: dict[tuple[str, str], tuple[dict, float]] = {}
     spawns: list[_Spawn] = []
-    labels_json: dict[int, str] = {}
     resolved_cache: dict = {}
     count_cap_refused = False
 
     def bump(name: str, labels: dict, amount: float = 1.0) -> None:
-        key = (name, ledger.label_key(labels))
+        key = _counter_key(name, labels)
         prev = counters.get(key, (labels, 0.0))[1]
         counters[key] = (labels, prev + amount)
 
@@ -423,9 +436,6 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
             continue
 
         usage.admit(info.caps, cpus, mem)
-        lj = labels_json.get(ls.pk)
-        if lj is None:
-            lj = labels_json[ls.pk] = json.dumps(list(ls.agent_labels))
         agent_id = mint_agent_id(info.type)
         spawns.append(
             _Spawn(
@@ -436,7 +446,6 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 scaler_id=info.pk,
                 label_set_id=ls.pk,
                 labels=ls.agent_labels,
-                labels_json=lj,
                 warm=req.warm,
                 job="" if req.warm else req.job_id,
                 run="" if req.warm else req.run_id,
@@ -582,7 +591,7 @@ def _write(
         now=now,
         instance_id=instance_id,
         agents=[
-            (sp.agent_id, sp.scaler_id, sp.label_set_id, sp.labels_json, sp.warm, sp.job, sp.run)
+            (sp.agent_id, sp.scaler_id, sp.label_set_id, list(sp.labels), sp.warm, sp.job, sp.run)
             + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "")
             for sp in spawns
         ],

@@ -48,6 +48,22 @@ def dict_rows(cursor, sql: str, params=()) -> list[dict]:
     return out
 
 
+# --------------------------------------------------------------------------- prepared statements
+
+#: The ``prepare_threshold`` admission sets on a connection Django opened with prepared statements
+#: off (``None``): so high that only the statements run with ``prepare=True`` (the lock, the
+#: snapshot, the batch write) are prepared; Django's own queries stay unprepared as before.
+ONLY_EXPLICIT = 2**31
+
+
+def allow_prepared(conn) -> None:
+    """Let ``conn`` (a raw psycopg connection) prepare the statements admission runs with
+    ``prepare=True``: psycopg ignores the flag while ``prepare_threshold`` is None, so each batch
+    would parse and plan its statements again (most of a small batch's server time)."""
+    if conn.prepare_threshold is None:
+        conn.prepare_threshold = ONLY_EXPLICIT
+
+
 # --------------------------------------------------------------------------- the lock and the config row
 
 # The global config row and its version (everything admission-relevant in it, fingerprinted).
@@ -305,40 +321,56 @@ def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:
 
 # --------------------------------------------------------------------------- writing a decided batch
 
-#: Per-row columns of a new agent, in the order of the ``agents`` tuples :func:`write_batch` takes.
+#: Per-row fields of a new agent and their SQL types, in the order of the ``agents`` tuples
+#: :func:`write_batch` takes.
 AGENT_ROW = (
-    "agent_id",
-    "scaler_id",
-    "label_set_id",
-    "labels",
-    "warm",
-    "bound_job_id",
-    "run_id",
-    "job_image",
-    "job_credentials_ref",
-    "rq_job_id",
+    ("agent_id", "text"),
+    ("scaler_id", "int8"),
+    ("label_set_id", "int8"),
+    ("labels", "jsonb"),
+    ("warm", "bool"),
+    ("bound_job_id", "text"),
+    ("run_id", "text"),
+    ("job_image", "text"),
+    ("job_credentials_ref", "text"),
+    ("rq_job_id", "text"),
 )
-AGENT_ROW_TYPES = ("text", "int8", "int8", "text", "bool", "text", "text", "text", "text", "text")
-#: Per-row columns of a new reservation (joined to its agent by ``agent_id``).
+#: Per-row fields of a new reservation (joined to its agent by ``agent_ref``), in tuple order.
 RESERVATION_ROW = (
-    "agent_ref",
-    "scaler_id",
-    "machine_pool_id",
-    "cpus",
-    "memory_bytes",
-    "limit_cpus",
-    "limit_memory_bytes",
+    ("agent_ref", "text"),
+    ("scaler_id", "int8"),
+    ("machine_pool_id", "int8"),
+    ("cpus", "float8"),
+    ("memory_bytes", "int8"),
+    ("limit_cpus", "float8"),
+    ("limit_memory_bytes", "int8"),
 )
-RESERVATION_ROW_TYPES = ("text", "int8", "int8", "float8", "int8", "float8", "int8")
+#: Per-row fields of a request record: (JSON key, SQL type, key of the record dict).
+RECORD_ROW = (
+    ("j", "text", "job_id"),
+    ("rn", "text", "run_id"),
+    ("l", "jsonb", "labels"),
+    ("res", "jsonb", "resources"),
+    ("c", "float8", "cpus"),
+    ("m", "int8", "memory_bytes"),
+    ("o", "text", "outcome"),
+    ("cap", "text", "cap"),
+    ("reason", "text", "reason"),
+    ("sn", "text", "scaler_name"),
+    ("ar", "text", "agent_ref"),
+)
+
+#: Per-row fields of a counter increment.
+COUNTER_ROW = (("cn", "text"), ("ck", "text"), ("cl", "jsonb"), ("cv", "float8"))
 
 _WRITE_SQL: str | None = None
 
 
 def _insert_columns(model, per_row: dict[str, str], fixed: dict[str, str]) -> tuple[list, list]:
     """Columns and SELECT expressions for an INSERT of ``model`` rows: ``per_row`` maps column ->
-    expression over the unnest alias, ``fixed`` column -> named parameter; every other concrete
-    column gets its field default (so columns other helpers add keep working), as a literal: the
-    statement stays within the size and parameter count psycopg caches the conversion of."""
+    expression over the row source's alias, ``fixed`` column -> named parameter; every other
+    concrete column gets its field default (so columns other helpers add keep working), as a
+    literal, so the statement has a handful of parameters."""
     cols, exprs = [], []
     for f in model._meta.concrete_fields:
         if f.primary_key:
@@ -355,6 +387,12 @@ def _insert_columns(model, per_row: dict[str, str], fixed: dict[str, str]) -> tu
     return cols, exprs
 
 
+def _rows_of(param: str, alias: str, fields) -> str:
+    """``json_to_recordset(<param>) AS <alias>(<field> <type>, ...)``: a batch's rows sent as one
+    JSON array of objects (one parameter, parsed by the server, instead of an array per column)."""
+    return f"json_to_recordset(%({param})s::json) AS {alias}({', '.join(f'{f[0]} {f[1]}' for f in fields)})"
+
+
 def _write_statement() -> str:
     """The one statement that writes a decided batch (built once per process from the models)."""
     global _WRITE_SQL
@@ -362,62 +400,38 @@ def _write_statement() -> str:
         return _WRITE_SQL
     a_cols, a_exprs = _insert_columns(
         Agent,
-        {
-            "agent_id": "u.agent_id",
-            "scaler_id": "u.scaler_id",
-            "label_set_id": "u.label_set_id",
-            "labels": "u.labels::jsonb",
-            "warm": "u.warm",
-            "bound_job_id": "u.bound_job_id",
-            "run_id": "u.run_id",
-            "job_image": "u.job_image",
-            "job_credentials_ref": "u.job_credentials_ref",
-            "rq_job_id": "u.rq_job_id",
-        },
+        {name: f"u.{name}" for name, _ in AGENT_ROW},
         {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
     )
     r_cols, r_exprs = _insert_columns(
         Reservation,
-        {
-            "agent_id": "a.id",
-            "scaler_id": "v.scaler_id",
-            "machine_pool_id": "v.machine_pool_id",
-            "cpus": "v.cpus",
-            "memory_bytes": "v.memory_bytes",
-            "limit_cpus": "v.limit_cpus",
-            "limit_memory_bytes": "v.limit_memory_bytes",
-        },
+        {"agent_id": "a.id"} | {name: f"v.{name}" for name, _ in RESERVATION_ROW if name != "agent_ref"},
         {"owner_instance": "owner", "created_at": "now"},
     )
-    a_unnest = ", ".join(f"%(a_{c})b::{t}[]" for c, t in zip(AGENT_ROW, AGENT_ROW_TYPES, strict=True))
-    r_unnest = ", ".join(f"%(r_{c})b::{t}[]" for c, t in zip(RESERVATION_ROW, RESERVATION_ROW_TYPES, strict=True))
     sql = (
         f"WITH a AS (INSERT INTO agents_agent ({', '.join(a_cols)}) SELECT {', '.join(a_exprs)} "
-        f"FROM unnest({a_unnest}) AS u({', '.join(AGENT_ROW)}) "
+        f"FROM {_rows_of('agents', 'u', AGENT_ROW)} "
         "ON CONFLICT (agent_id) DO NOTHING RETURNING id, agent_id), "
         f"r AS (INSERT INTO scalers_reservation ({', '.join(r_cols)}) SELECT {', '.join(r_exprs)} "
-        f"FROM a JOIN unnest({r_unnest}) AS v({', '.join(RESERVATION_ROW)}) ON v.agent_ref = a.agent_id RETURNING 1), "
+        f"FROM a JOIN {_rows_of('reservations', 'v', RESERVATION_ROW)} ON v.agent_ref = a.agent_id RETURNING 1), "
         "s AS (INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, "
         "reason, scaler_name, agent_ref, attempts, owner_instance, first_requested_at, decided_at) "
-        "SELECT j, rn, l::jsonb, res::jsonb, c, m, o, cap, reason, sn, ar, n, %(owner)s, %(now)s, %(now)s FROM unnest("
-        "%(s_job)b::text[], %(s_run)b::text[], %(s_labels)b::text[], %(s_res)b::text[], %(s_cpus)b::float8[], "
-        "%(s_mem)b::int8[], %(s_outcome)b::text[], %(s_cap)b::text[], %(s_reason)b::text[], %(s_scaler)b::text[], "
-        "%(s_agent)b::text[], %(s_n)b::int4[]) AS w(j, rn, l, res, c, m, o, cap, reason, sn, ar, n) "
+        "SELECT j, rn, l, res, c, m, o, cap, reason, sn, ar, n, %(owner)s, %(now)s, %(now)s "
+        f"FROM {_rows_of('records', 'w', RECORD_ROW + (('n', 'int4'),))} "
         "ON CONFLICT (job_id) DO UPDATE SET run_id = EXCLUDED.run_id, labels = EXCLUDED.labels, "
         "resources = EXCLUDED.resources, cpus = EXCLUDED.cpus, memory_bytes = EXCLUDED.memory_bytes, "
         "outcome = EXCLUDED.outcome, cap = EXCLUDED.cap, reason = EXCLUDED.reason, scaler_name = EXCLUDED.scaler_name, "
         "agent_ref = EXCLUDED.agent_ref, attempts = scalers_scalerequest.attempts + EXCLUDED.attempts, "
         "owner_instance = EXCLUDED.owner_instance, decided_at = EXCLUDED.decided_at RETURNING 1), "
         "c AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
-        "SELECT cn, ck, cl::jsonb, cv FROM unnest(%(c_name)b::text[], %(c_key)b::text[], %(c_labels)b::text[], "
-        "%(c_value)b::float8[]) AS x(cn, ck, cl, cv) "
+        f"SELECT cn, ck, cl, cv FROM {_rows_of('counters', 'x', COUNTER_ROW)} "
         "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value "
         "RETURNING 1), "
         # Jobs whose stored decision was at-capacity and that are admitted now (the CTE reads the
         # rows as they were before this statement): the orchestrator's retry re-drove them. The
         # batch's jobs drive it, one unique-index look-up each: a join lets the planner scan every
         # stored at-capacity record once per job instead.
-        "p AS (SELECT count(*) AS n FROM unnest(%(s_job)b::text[], %(s_outcome)b::text[]) AS q(j, o) "
+        f"p AS (SELECT count(*) AS n FROM {_rows_of('records', 'q', (('j', 'text'), ('o', 'text')))} "
         "WHERE q.o = ANY(%(admitted)s::text[]) AND (SELECT sr.outcome FROM scalers_scalerequest sr "
         "WHERE sr.job_id = q.j) = %(waiting)s::text), "
         "d AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
@@ -449,56 +463,43 @@ def write_batch(
     of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
     assigned).
 
-    ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` as a JSON string);
-    ``reservations``: tuples in :data:`RESERVATION_ROW` order. Returns ``{agent_id: pk}`` for the
-    agents written: an agent id that already exists is skipped (``ON CONFLICT DO NOTHING``) with
-    its reservation, and is missing from the answer; the caller re-mints and writes it again.
+    ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` a list of strings);
+    ``reservations``: tuples in :data:`RESERVATION_ROW` order; ``records``: dicts with the keys of
+    :data:`RECORD_ROW`. Each kind of row goes to the server as one JSON document. Returns
+    ``{agent_id: pk}`` for the agents written: an agent id that already exists is skipped
+    (``ON CONFLICT DO NOTHING``) with its reservation, and is missing from the answer; the caller
+    re-mints and writes it again.
     """
-    sql = _write_statement()
-    params = {}
-    params.update(state=str(AgentState.SPAWNING), owner=instance_id, now=now)
-    cols = list(zip(*agents, strict=True)) if agents else [[] for _ in AGENT_ROW]
-    for name, values in zip(AGENT_ROW, cols, strict=True):
-        params[f"a_{name}"] = list(values)
-    cols = list(zip(*reservations, strict=True)) if reservations else [[] for _ in RESERVATION_ROW]
-    for name, values in zip(RESERVATION_ROW, cols, strict=True):
-        params[f"r_{name}"] = list(values)
-
     latest: dict[str, dict] = {}
     attempts: dict[str, int] = {}
     for r in records:
         latest[r["job_id"]] = r
         attempts[r["job_id"]] = attempts.get(r["job_id"], 0) + 1
-    rows = list(latest.values())
-    params.update(
-        s_job=[r["job_id"] for r in rows],
-        s_run=[r["run_id"] for r in rows],
-        s_labels=[json.dumps(r["labels"]) for r in rows],
-        s_res=[None if r["resources"] is None else json.dumps(r["resources"]) for r in rows],
-        s_cpus=[float(r["cpus"]) for r in rows],
-        s_mem=[int(r["memory_bytes"]) for r in rows],
-        s_outcome=[r["outcome"] for r in rows],
-        s_cap=[r["cap"] for r in rows],
-        s_reason=[r["reason"] for r in rows],
-        s_scaler=[r["scaler_name"] for r in rows],
-        s_agent=[r["agent_ref"] for r in rows],
-        s_n=[attempts[r["job_id"]] if count_attempts else 0 for r in rows],
-    )
-    params.update(
-        c_name=[k[0] for k in counters],
-        c_key=[k[1] for k in counters],
-        c_labels=[json.dumps(v[0]) for v in counters.values()],
-        c_value=[float(v[1]) for v in counters.values()],
-    )
+    agent_keys = [name for name, _ in AGENT_ROW]
+    reservation_keys = [name for name, _ in RESERVATION_ROW]
     rd_name, rd_labels = redispatch or ("", {})
-    params.update(
-        waiting=str(ScaleOutcome.AT_CAPACITY),
-        admitted=[str(ScaleOutcome.SPAWNING), str(ScaleOutcome.ASSIGNED)],
-        rd_name=rd_name,
-        rd_key=label_key(rd_labels),
-        rd_labels=json.dumps(rd_labels),
-    )
-    cursor.execute(sql, params, prepare=True)
+    params = {
+        "state": str(AgentState.SPAWNING),
+        "owner": instance_id,
+        "now": now,
+        "agents": json.dumps([dict(zip(agent_keys, row, strict=True)) for row in agents]),
+        "reservations": json.dumps([dict(zip(reservation_keys, row, strict=True)) for row in reservations]),
+        "records": json.dumps(
+            [
+                {key: r[name] for key, _, name in RECORD_ROW} | {"n": attempts[r["job_id"]] if count_attempts else 0}
+                for r in latest.values()
+            ]
+        ),
+        "counters": json.dumps(
+            [{"cn": name, "ck": key, "cl": lab, "cv": float(amount)} for (name, key), (lab, amount) in counters.items()]
+        ),
+        "waiting": str(ScaleOutcome.AT_CAPACITY),
+        "admitted": [str(ScaleOutcome.SPAWNING), str(ScaleOutcome.ASSIGNED)],
+        "rd_name": rd_name,
+        "rd_key": label_key(rd_labels),
+        "rd_labels": json.dumps(rd_labels),
+    }
+    cursor.execute(_write_statement(), params, prepare=True)
     return {agent_id: pk for pk, agent_id in cursor.fetchall()}
 
 

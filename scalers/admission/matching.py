@@ -63,6 +63,10 @@ class ScalerInfo:
         return None
 
 
+#: Distinct ``(labels, exclude)`` routes a :class:`World` remembers.
+MAX_ROUTES = 4096
+
+
 @dataclass
 class World:
     """Everything routing and the caps read from config rows, for one config version."""
@@ -75,6 +79,8 @@ class World:
     entries: list[labelmod.RoutingEntry]
     # entries[i] belongs to scaler _entry_scalers[i]; label-set position j -> LabelSetInfo
     _entry_scalers: list[ScalerInfo]
+    #: Routes already found for this version: ``(job labels, exclude)`` -> match or None.
+    _routes: dict = field(default_factory=dict, compare=False, repr=False)
 
     def by_name(self, name: str) -> ScalerInfo | None:
         for s in self.scalers.values():
@@ -83,7 +89,23 @@ class World:
         return None
 
     def match(self, job_labels, exclude=()) -> tuple[ScalerInfo, LabelSetInfo] | None:
-        """Route a job with ``find_backend_for_labels``; ``None`` = no backend."""
+        """Route a job with ``find_backend_for_labels``; ``None`` = no backend.
+
+        Remembered per ``(job_labels, exclude)`` for the life of this World (one config
+        version; at most :data:`MAX_ROUTES` distinct ones, then forgotten and found again): a
+        route depends on nothing else."""
+        key = (tuple(job_labels), tuple(exclude))
+        try:
+            return self._routes[key]
+        except KeyError:
+            pass
+        route = self._route(job_labels, exclude)
+        if len(self._routes) >= MAX_ROUTES:
+            self._routes.clear()
+        self._routes[key] = route
+        return route
+
+    def _route(self, job_labels, exclude) -> tuple[ScalerInfo, LabelSetInfo] | None:
         found = labelmod.find_backend_for_labels(job_labels, self.entries, exclude)
         if found is None:
             return None
