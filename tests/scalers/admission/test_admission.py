@@ -447,3 +447,20 @@ def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(
         if n.get("Relation Name") == "scalers_scalerequest" and "Scan" in n["Node Type"]
     )
     assert read <= 2, f"the redispatch count read {read} stored request records for a batch of 2 jobs"
+
+
+def test_a_batch_runs_its_lock_snapshot_and_write_as_prepared_statements():
+    """Django opens connections with prepared statements off, and psycopg then ignores
+    ``prepare=True``: every batch would parse and plan its three statements again."""
+    from scalers.admission.decide import Request, decide_batch
+
+    make_scaler("c", labels=("linux",), max_agents=5)
+    for i in range(2):
+        decide_batch([Request(labels=("linux",), job_id=f"prep-{i}")])
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cur.fetchall()]
+    assert any(s.startswith("WITH a AS (INSERT INTO agents_agent") for s in prepared), prepared
+    assert any(s.startswith("SELECT global_max_agents") and s.endswith("FOR UPDATE") for s in prepared), prepared
+    assert any(s.startswith("SELECT 0, scaler_id") for s in prepared), prepared
+    assert len(prepared) == 3, "only admission's own statements are prepared, not Django's"
