@@ -9,6 +9,9 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import redis
+from django.conf import settings
+
 from agents.archive import archived_lines
 from agents.choices import EventType
 from agents.models import ScalerEvent
@@ -16,7 +19,9 @@ from lib.tail import Opener, plain_open
 from scalers.backends.firecracker.jail import open_vm_file
 from scalers.backends.runtime import docker_client_for, runtime_for_scaler
 
+from .dockerlogs import RedisCheckpoints
 from .sources import SourceFactory, docker_log_source, file_source
+from .streams import StreamKey
 
 
 def console_streams_of(agent) -> tuple[str, ...]:
@@ -64,13 +69,24 @@ def _container_or_gone(agent, **client_kwargs):
         ) from None
 
 
+def container_checkpoints(agent, client) -> RedisCheckpoints:
+    """The line checkpoints of a container agent's ``console`` stream (``live.dockerlogs``), with a
+    synchronous ``redis.Redis`` ``client``."""
+    return RedisCheckpoints(client, StreamKey(agent.agent_id, "console"))
+
+
 def _docker_source(agent) -> SourceFactory:
     async def open_source():
         # No read timeout: a quiet container must not end its log stream.
         container = await asyncio.to_thread(_container_or_gone, agent, timeout=None)
-        async with contextlib.aclosing(docker_log_source(container)) as batches:
-            async for batch in batches:
-                yield batch
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        checkpoints = container_checkpoints(agent, client)
+        try:
+            async with contextlib.aclosing(docker_log_source(container, checkpoints)) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            client.close()
 
     return open_source
 
