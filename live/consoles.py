@@ -158,10 +158,12 @@ def sandbox_gone(agent, stream: str) -> bool:
 
 def captured_output(agent) -> dict:
     """What was kept of a finished agent's output: the end of its archive (``agents.archive``,
-    written when its container was removed), else the last lines (up to 50) attached to its latest
+    written when its sandbox was removed), else the last lines (up to 50) attached to its latest
     ``scaler.failed`` event (or its ``failure_reason``) when a spawn failed.
 
-    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str], "archived": bool}``;
+    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str], "first": int,
+    "archived": bool}``; ``first`` is the number of ``lines[0]`` in the output (an archive's lines
+    keep their numbers, the ones cut from its front counted; captured lines count from 1);
     ``lines`` is empty when nothing was kept.
     """
     from django.db.models import Q
@@ -174,7 +176,13 @@ def captured_output(agent) -> dict:
     text = event.detail if event is not None else (agent.failure_reason or "")
     message, marker, rest = text.partition(CAPTURED_MARKER)
     archived = archived_lines(agent.agent_id)
-    if archived:
-        return {"event": event, "message": message.strip(), "lines": archived, "archived": True}
+    if archived is not None and archived.lines:
+        return {
+            "event": event,
+            "message": message.strip(),
+            "lines": archived.lines,
+            "first": archived.first,
+            "archived": True,
+        }
     lines = rest.split("\n") if marker and rest else []
-    return {"event": event, "message": message.strip(), "lines": lines, "archived": False}
+    return {"event": event, "message": message.strip(), "lines": lines, "first": 1, "archived": False}

@@ -25,7 +25,7 @@ def test_the_archive_keeps_the_end_of_the_output_from_a_line_start(monkeypatch):
     monkeypatch.setattr(agents.archive, "ARCHIVE_BYTES", 20)
     path = write_archive("scaler-container-0000a1a1", b"".join(b"line %d\n" % i for i in range(10)))
     assert path.read_bytes() == b"line 8\nline 9\n"  # the last 20 bytes, from the first whole line
-    assert archived_lines("scaler-container-0000a1a1") == ["line 8", "line 9"]
+    assert archived_lines("scaler-container-0000a1a1").lines == ["line 8", "line 9"]
     assert archived_lines("scaler-container-00000000") is None
 
 
