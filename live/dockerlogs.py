@@ -128,6 +128,10 @@ class RedisCheckpoints:
                 pipe.expire(self.marks, CHECKPOINT_TTL_SECONDS)
                 pipe.execute()
 
+    def all(self) -> list[bytes]:
+        """Every checkpoint, as stored (:meth:`Checkpoint.parse` reads one)."""
+        return self.client.zrange(self.marks, 0, -1)
+
     def top(self) -> int:
         raw = self.client.get(self.top_key)
         return int(raw) if raw is not None else 0
@@ -198,12 +202,13 @@ class Numberer:
         self.since_checkpoint = CHECKPOINT_LINES if checkpoint_first else 0
         self.new_checkpoints: list[Checkpoint] = []
 
-    def _open(self) -> bool:
+    def open(self) -> bool:
+        """True while a line of either stream is open (its end not read yet)."""
         return any(s.partial or s.skipping for s in self.splitters.values())
 
     def feed(self, stream: int, stamp: bytes, content: bytes) -> list[StampedText]:
         splitter = self.splitters.get(stream) or self.splitters[STDOUT]
-        if self.since_checkpoint >= CHECKPOINT_LINES and not self._open():
+        if self.since_checkpoint >= CHECKPOINT_LINES and not self.open():
             self.new_checkpoints.append(Checkpoint(self.next, stream, stamp.decode()))
             self.since_checkpoint = 0
         if not splitter.partial and not splitter.skipping:
@@ -301,3 +306,29 @@ def read_lines_before(
             oldest = checkpoints.earliest()
         return Page(oldest, kept[0].n if kept else before, kept)
     return Page(before, before, [])
+
+
+def container_output(
+    container: Any, checkpoints: RedisCheckpoints, *, max_line: int = MAX_LINE_BYTES
+) -> tuple[int, bytes]:
+    """Every line docker holds of ``container``'s console, as the console shows them (capped, one
+    per ``\\n``, empty ones skipped), and how many lines of its output came before them: found
+    from the first of its checkpoints docker still holds, so the lines keep the console's numbers
+    (none kept but some given: after every number given, as a pump would number them; none
+    given: 0). For the archive kept when the container is removed. Raises the SDK's errors."""
+    known = {(c.stream, c.stamp.encode()): c.number for c in map(Checkpoint.parse, checkpoints.all())}
+    numberer = Numberer(1, max_line=max_line)
+    offset = None
+    lines: list[str] = []
+    messages = LogMessages(container, follow=False)
+    try:
+        for stream, stamp, content in messages:
+            if offset is None and (stream, stamp) in known and not numberer.open():
+                offset = known[stream, stamp] - numberer.next
+            lines.extend(numberer.feed(stream, stamp, content))
+        lines.extend(numberer.flush())
+    finally:
+        messages.close()
+    if offset is None:
+        offset = checkpoints.top() if known else 0
+    return offset, "".join(f"{line}\n" for line in lines).encode()

@@ -254,6 +254,5 @@ def _archive_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
         return JsonResponse(
             {"error": f"the sandbox of {agent.agent_id} is gone and none of its output was kept"}, status=404
         )
-    oldest = archived_lines(agent.agent_id, 1, before=1)
     rows = [console_row(Line(text, archived.first + i)) for i, text in enumerate(archived.lines)]
-    return JsonResponse({"oldest": oldest.first if oldest else archived.first, "first": archived.first, "rows": rows})
+    return JsonResponse({"oldest": archived.oldest, "first": archived.first, "rows": rows})

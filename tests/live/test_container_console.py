@@ -4,9 +4,11 @@ output, the same from every pump and from the lines endpoint, with docker's time
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
+import docker.errors
 import pytest
 import redis
 from django.conf import settings
@@ -39,7 +41,7 @@ def checkpoints():
 def run_container(docker_client, agent_image):
     started = []
 
-    def run(script: str, wait_for: str):
+    def run(script: str, wait_for: str, **kwargs):
         container = docker_client.containers.run(
             agent_image,
             ["sh", "-c", script],
@@ -47,6 +49,7 @@ def run_container(docker_client, agent_image):
             detach=True,
             network_mode="none",
             labels={"kici.test": "tail"},
+            **kwargs,
         )
         started.append(container)
         for _ in range(200):
@@ -64,11 +67,13 @@ def run_container(docker_client, agent_image):
 
     yield run
     for container in started:
-        container.remove(force=True)
+        with contextlib.suppress(docker.errors.NotFound):  # removed by the test
+            container.remove(force=True)
 
 
-def pump_backlog(agent, until: int) -> list:
-    """The lines one pump of the agent's console yields up to line ``until`` (its backlog first)."""
+def pump_backlog(agent, until: int, last: str | None = None) -> list:
+    """The lines one pump of the agent's console yields up to line ``until`` or the line ``last``
+    (its backlog first)."""
 
     async def pump():
         source, _ = console_source(agent, "console")
@@ -77,7 +82,7 @@ def pump_backlog(agent, until: int) -> list:
             async for batch in source():
                 assert batch[0].__class__ is LineNumber and batch[0].number == batch[1].n
                 got.extend(batch[1:])
-                if got[-1].n >= until:
+                if got[-1].n >= until or got[-1] == last:
                     return got
         return got
 
@@ -171,4 +176,37 @@ def test_the_console_rows_carry_dockers_times(run_container, checkpoints):
     got = asyncio.run(rows())
     assert [(row.seq, row.text, round(row.ts * 1000)) for row in got] == [
         (line.n, str(line), line.ms) for line in backlog
+    ]
+
+
+def test_a_removed_containers_archive_keeps_the_numbers_of_its_console(
+    run_container, checkpoints, docker_client, settings, tmp_path
+):
+    from agents.archive import archived_lines
+    from scalers.backends.container.backend import ContainerBackend
+
+    settings.KICI_AGENT_LOG_DIR = str(tmp_path)
+    script = (
+        "i=1; while [ $i -le 4200 ]; do echo line $i; [ $i = 200 ] && sleep 3; i=$((i+1)); done; echo done; sleep 60"
+    )
+    small_log = {"type": "json-file", "config": {"max-size": "40k"}}
+    container, agent = run_container(script, "line 200", log_config=small_log)
+    assert pump_backlog(agent, 200)[-1].n == 200
+    for _ in range(100):
+        if b"done" in container.logs(tail=1):
+            break
+        time.sleep(0.1)
+    # Docker rotated lines 1 to 200 away meanwhile: the next pump cannot know how many lines it
+    # missed, so it numbers what docker holds after every number given, and the archive numbers
+    # its lines as that pump did.
+    assert int(container.logs().split(b"\n", 1)[0].split()[1]) > 1000  # docker no longer holds line 1
+    backlog = pump_backlog(agent, 10**9, last="done")
+    assert backlog[0].n > 200
+    agent.state = AgentState.DESTROYING
+    agent.save(update_fields=["state"])
+    ContainerBackend(agent.scaler, docker=docker_client, network_isolation=False).destroy(agent)
+    archived = archived_lines(agent.agent_id)
+    assert archived.lines[-1] == "done" and archived.first + len(archived.lines) - 1 == backlog[-1].n
+    assert [(archived.first + i, text) for i, text in enumerate(archived.lines)][-500:] == [
+        (line.n, str(line)) for line in backlog
     ]
