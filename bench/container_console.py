@@ -6,7 +6,7 @@ On the private test dockerd (``tests.support.docker``; the agent image is built 
 ``agent/build_image.sh``) a container writes LINES stdout lines (default 150,000, about 80 bytes
 each) and one stderr line every 7th; then ``live.sources.docker_log_source`` reads it twice (the
 first counts from docker's kept log and leaves checkpoints, the second starts from one) and
-``live.dockerlogs.read_lines_before`` reads a page of 500 lines near the start. Prints the
+``lib.dockerlogs.read_lines_before`` reads a page of 500 lines near the start. Prints the
 seconds of each and checks both pumps numbered the backlog alike. Loopback only.
 """
 
@@ -29,10 +29,9 @@ django.setup()
 
 import redis  # noqa: E402
 
+from lib.dockerlogs import RedisCheckpoints, read_lines_before  # noqa: E402
 from lib.tail import LineNumber  # noqa: E402
-from live.dockerlogs import RedisCheckpoints, read_lines_before  # noqa: E402
 from live.sources import docker_log_source  # noqa: E402
-from live.streams import StreamKey  # noqa: E402
 from tests.support.docker import docker_client, ensure_private_dockerd  # noqa: E402
 
 
@@ -41,7 +40,7 @@ def main(lines: int) -> None:
     subprocess.run(["sh", "agent/build_image.sh", "kici-agent:local"], check=True, capture_output=True)
     client = docker_client()
     store = redis.Redis.from_url(os.environ["REDIS_URL"])
-    checkpoints = RedisCheckpoints(store, StreamKey(f"bench-{uuid.uuid4().hex[:6]}", "console"))
+    checkpoints = RedisCheckpoints(store, f"bench-{uuid.uuid4().hex[:6]}")
     total = lines + lines // 7
     script = (
         f"i=1; while [ $i -le {lines} ]; do echo out $i build step output with some payload to make it "

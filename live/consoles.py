@@ -15,13 +15,12 @@ from django.conf import settings
 from agents.archive import archived_lines
 from agents.choices import EventType
 from agents.models import ScalerEvent
+from lib.dockerlogs import RedisCheckpoints
 from lib.tail import Opener, plain_open
 from scalers.backends.firecracker.jail import open_vm_file
 from scalers.backends.runtime import docker_client_for, runtime_for_scaler
 
-from .dockerlogs import RedisCheckpoints
 from .sources import SourceFactory, docker_log_source, file_source
-from .streams import StreamKey
 
 
 def console_streams_of(agent) -> tuple[str, ...]:
@@ -70,9 +69,9 @@ def _container_or_gone(agent, **client_kwargs):
 
 
 def container_checkpoints(agent, client) -> RedisCheckpoints:
-    """The line checkpoints of a container agent's ``console`` stream (``live.dockerlogs``), with a
+    """The line checkpoints of a container agent's ``console`` stream (``lib.dockerlogs``), with a
     synchronous ``redis.Redis`` ``client``."""
-    return RedisCheckpoints(client, StreamKey(agent.agent_id, "console"))
+    return RedisCheckpoints(client, agent.agent_id)
 
 
 def _docker_source(agent) -> SourceFactory:

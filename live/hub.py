@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from lib.tail import DropMarker, LineNumber, SkipMarker
+from lib.tail import DropMarker, LineNumber, SkipMarker, StampedText
 
 from .sources import SourceFactory
 from .streams import (
@@ -19,7 +19,6 @@ from .streams import (
     LEVEL_ERROR,
     VIEWER_BUFFER_LINES,
     Line,
-    StampedText,
     StreamKey,
     ViewerBuffer,
     failure_indexes,
@@ -254,7 +253,7 @@ class ConsoleHub:
         A numbered source (``lib.tail.LineNumber`` markers: a file, a container's docker logs)
         gives each line its number in the file or the container's output; its skip and drop
         markers are not published, the jump in numbers stands for them. Lines that carry their
-        own time (``live.streams.StampedText``: docker's) are published with it. Any other source
+        own time (``lib.tail.StampedText``: docker's) are published with it. Any other source
         is numbered 1, 2, … from the start of the pump, markers included.
         """
         key = st.key

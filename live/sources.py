@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from lib.dockerlogs import CHECKPOINT_LINES, Checkpoint, LogMessages, MarkGone, Numberer, RedisCheckpoints, read_from
 from lib.tail import (
     MAX_LINE_BYTES,
     MAX_QUEUED_LINES,
@@ -23,12 +24,12 @@ from lib.tail import (
     LineNumber,
     LineQueue,
     Opener,
+    StampedText,
     lines_of,
     plain_open,
 )
 
-from .dockerlogs import CHECKPOINT_LINES, Checkpoint, LogMessages, MarkGone, Numberer, RedisCheckpoints, read_from
-from .streams import RING_LINES, StampedText
+from .streams import RING_LINES
 
 BACKLOG_BYTES = 256 * 1024
 """How much of an existing file a new pump reads before following it (the rest: download)."""
@@ -96,8 +97,8 @@ async def docker_log_source(
     """Follow a container's logs (stdout and stderr) as batches of numbered, stamped lines.
 
     ``container``: a docker SDK ``Container``; ``checkpoints``: its console's
-    (:class:`live.dockerlogs.RedisCheckpoints`). Lines are :class:`live.streams.StampedText`,
-    numbered by their place in the container's output (``live.dockerlogs``: counted from the latest
+    (:class:`lib.dockerlogs.RedisCheckpoints`). Lines are :class:`lib.tail.StampedText`,
+    numbered by their place in the container's output (``lib.dockerlogs``: counted from the latest
     checkpoint, or from the start of docker's kept log by the first reader, leaving checkpoints),
     each batch headed by the :class:`lib.tail.LineNumber` of its first line. The last ``backlog``
     lines docker holds come first, then the lines as they are written. Each stream has its own

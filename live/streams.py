@@ -52,21 +52,6 @@ def is_failure_line(text: str) -> bool:
     return _FAILURE_RE.search(text) is not None
 
 
-class StampedText(str):
-    """A line of a source that knows its own number and time (a container's docker logs):
-    ``n``, its line number; ``ms``, docker's time of it (ms since the epoch). The pump publishes
-    ``ms`` as the line's time instead of the time it read the line."""
-
-    n: int
-    ms: int
-
-    def __new__(cls, text: str, n: int, ms: int) -> StampedText:
-        line = super().__new__(cls, text)
-        line.n = n
-        line.ms = ms
-        return line
-
-
 class Line(NamedTuple):
     """One console row: ``text``; ``seq`` (its line number: see ``docs/live-streams.md``);
     ``level``; ``ts``, when the console received it (seconds since the epoch; 0 when it was

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 
 from agents.archive import archive_path, archived_lines
 from agents.models import Agent
+from lib.dockerlogs import read_lines_before as read_container_lines
 from lib.tail import Opener, plain_open, read_lines_before
 from live.consoles import (
     agent_container,
@@ -24,7 +25,6 @@ from live.consoles import (
     runs_in_container,
     sandbox_gone,
 )
-from live.dockerlogs import read_lines_before as read_container_lines
 from live.streams import LEVEL_DEBUG, LEVEL_ERROR, Line, StreamKey, console_row, failure_indexes
 from live.transport import line_times
 
@@ -183,7 +183,7 @@ def agent_console_lines(request, agent_id: str, stream: str):
     number of rows[0], "rows": [...]}`` with the rows of ``live.streams.console_row``.
 
     Read from the stream's file (``lib.tail.read_lines_before``; receive times from the stream's
-    ``times`` key, 0 where unknown), from a container's docker logs (``live.dockerlogs``, the
+    ``times`` key, 0 where unknown), from a container's docker logs (``lib.dockerlogs``, the
     numbers and docker times of the live stream), or, once the sandbox is gone, from the agent's
     archive (``agents.archive.archived_lines``, no times). 400 for a bad parameter, 404 for a
     stream with nothing behind it or a file not there (yet), 502 when it cannot be read."""
@@ -230,7 +230,7 @@ def agent_console_lines(request, agent_id: str, stream: str):
 
 
 def _container_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
-    """:func:`agent_console_lines` of a container's docker logs (``live.dockerlogs``)."""
+    """:func:`agent_console_lines` of a container's docker logs (``lib.dockerlogs``)."""
     import docker.errors
 
     client = redis.Redis.from_url(settings.REDIS_URL)

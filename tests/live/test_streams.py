@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
+from lib.dockerlogs import RedisCheckpoints
 from lib.tail import LineNumber
-from live.dockerlogs import RedisCheckpoints
 from live.hub import ConsoleHub
 from live.sources import docker_log_lines, docker_log_source, file_source
 from live.streams import (
@@ -318,12 +318,12 @@ def test_it_refuses_a_bad_stream_key():
 
 @pytest.fixture
 def checkpoints():
-    """The line checkpoints of a container console of its own (``live.dockerlogs``)."""
+    """The line checkpoints of a container console of its own (``lib.dockerlogs``)."""
     import redis
     from django.conf import settings
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    marks = RedisCheckpoints(client, StreamKey(f"tail-logs-{uuid.uuid4().hex[:8]}", "console"))
+    marks = RedisCheckpoints(client, f"tail-logs-{uuid.uuid4().hex[:8]}")
     yield marks
     client.delete(marks.marks, marks.top_key)
     client.close()

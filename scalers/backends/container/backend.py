@@ -18,8 +18,7 @@ from django.conf import settings
 from docker.errors import APIError, NotFound
 
 from agents.archive import write_archive
-from live.dockerlogs import RedisCheckpoints, container_output
-from live.streams import StreamKey
+from lib.dockerlogs import RedisCheckpoints, container_output
 
 from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import (
@@ -211,11 +210,11 @@ class ContainerBackend:
 
     def _archive(self, agent_id: str, container_id: str) -> None:
         """Keep the container's output (``agents.archive``) before it goes, its lines numbered as
-        its console numbered them (``live.dockerlogs.container_output``); a failure is logged,
+        its console numbered them (``lib.dockerlogs.container_output``); a failure is logged,
         never a reason to keep the container."""
         client = redis.Redis.from_url(settings.REDIS_URL)
         try:
-            checkpoints = RedisCheckpoints(client, StreamKey(agent_id, "console"))
+            checkpoints = RedisCheckpoints(client, agent_id)
             lines_before, output = container_output(self.docker.containers.get(container_id), checkpoints)
             write_archive(agent_id, output, lines_before=lines_before)
         except Exception as exc:  # noqa: BLE001 - the teardown goes on without the archive

@@ -5,7 +5,8 @@ lines from the start of docker's kept log and leaves a sparse index of **checkpo
 (every :data:`CHECKPOINT_LINES` lines: line number, docker stream, docker timestamp of the message
 that line starts in). A later reader (a new pump, the ``lines?before=`` endpoint) asks docker only
 for the messages from the nearest checkpoint on (``since=``) and counts from there, so the same
-line gets the same number from every reader. See ``docs/live-streams.md``.
+line gets the same number from every reader (the console's pump, its lines endpoint, the archive
+kept when the container is removed). See ``docs/live-streams.md``.
 
 Both docker streams are read in one request, so they come in docker's own order (its log file's,
 which is the order of its timestamps); each frame is one docker message (a line, or a 16 KiB part
@@ -23,10 +24,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from lib.tail import MAX_LINE_BYTES, LineSplitter
-
-from .streams import StampedText, StreamKey
-from .transport import stream_key_name
+from .tail import MAX_LINE_BYTES, LineSplitter, StampedText
 
 CHECKPOINT_LINES = 1000
 """Lines between two checkpoints: what a reader counts at most before the lines it wants."""
@@ -86,17 +84,22 @@ class Checkpoint(NamedTuple):
         return cls(int(number), int(stream), stamp)
 
 
-class RedisCheckpoints:
-    """The checkpoints of one container console in Redis, with a synchronous ``redis.Redis``
-    ``client`` (the readers run in threads). Keys ``kici:console:<agent_id>:<stream>:marks`` (a
-    sorted set of :meth:`Checkpoint.member` scored by line number) and ``...:top`` (the highest
-    line number given so far), both expiring :data:`CHECKPOINT_TTL_SECONDS` after their last
-    write."""
+def checkpoint_keys(agent_id: str) -> tuple[str, str]:
+    """The Redis keys of the checkpoints of agent ``agent_id``'s container console: its sorted set
+    and its highest number, ``kici:console:<agent_id>:console:marks`` and ``...:top`` (in the key
+    space of the console stream, ``live.transport.stream_key_name``)."""
+    return f"kici:console:{agent_id}:console:marks", f"kici:console:{agent_id}:console:top"
 
-    def __init__(self, client: Any, key: StreamKey, prefix: str = "kici:console"):
+
+class RedisCheckpoints:
+    """The checkpoints of one container console in Redis (:func:`checkpoint_keys`), with a
+    synchronous ``redis.Redis`` ``client`` (the readers run in threads): a sorted set of
+    :meth:`Checkpoint.member` scored by line number, and the highest line number given so far,
+    both expiring :data:`CHECKPOINT_TTL_SECONDS` after their last write."""
+
+    def __init__(self, client: Any, agent_id: str):
         self.client = client
-        self.marks = stream_key_name(key, "marks", prefix)
-        self.top_key = stream_key_name(key, "top", prefix)
+        self.marks, self.top_key = checkpoint_keys(agent_id)
 
     def latest(self) -> Checkpoint | None:
         found = self.client.zrevrange(self.marks, 0, 0)
@@ -189,7 +192,7 @@ class LogMessages:
 
 
 class Numberer:
-    """Turns docker messages into :class:`live.streams.StampedText` lines numbered from ``number``,
+    """Turns docker messages into :class:`lib.tail.StampedText` lines numbered from ``number``,
     each stream through its own :class:`lib.tail.LineSplitter` (capped like every console line,
     empty lines skipped and not counted). Notes a :class:`Checkpoint` in ``new_checkpoints`` at
     the first message where no line is open once :data:`CHECKPOINT_LINES` lines were numbered
