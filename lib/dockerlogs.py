@@ -210,7 +210,8 @@ class Numberer:
         return any(s.partial or s.skipping for s in self.splitters.values())
 
     def feed(self, stream: int, stamp: bytes, content: bytes) -> list[StampedText]:
-        splitter = self.splitters.get(stream) or self.splitters[STDOUT]
+        stream = STDERR if stream == STDERR else STDOUT  # docker sends no other stream in logs
+        splitter = self.splitters[stream]
         if self.since_checkpoint >= CHECKPOINT_LINES and not self.open():
             self.new_checkpoints.append(Checkpoint(self.next, stream, stamp.decode()))
             self.since_checkpoint = 0
