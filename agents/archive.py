@@ -12,8 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 from django.conf import settings
+
+from lib.logcap import CUT_LINES_XATTR, count_lines, line_number_at, numbering_lock
+from lib.tail import read_lines_before
 
 #: Bytes kept per agent (the end of its output).
 ARCHIVE_BYTES = 8 * 1024 * 1024
@@ -33,48 +37,72 @@ def archive_path(agent_id: str) -> Path:
     return archive_dir(agent_id) / "console.log"
 
 
-def write_archive(agent_id: str, data: bytes) -> Path:
+def write_archive(agent_id: str, data: bytes, lines_before: int = 0) -> Path:
     """Keep the last :data:`ARCHIVE_BYTES` of ``data`` as the agent's archive (written to a
-    temporary file and renamed, so a reader never sees half of it). Returns its path; raises
-    OSError when it cannot be written."""
+    temporary file and renamed, so a reader never sees half of it). ``lines_before``: how many
+    lines of the output came before ``data`` (a container's lines docker no longer held). The
+    lines before the kept part, cut ones included, are recorded in the archive's
+    ``lib.logcap.CUT_LINES_XATTR``, as a cap of a live file records them, so its lines keep their
+    numbers in the output (``archived_lines``). Returns its path; raises OSError when it cannot be
+    written (a filesystem without user extended attributes, when lines were cut)."""
     path = archive_path(agent_id)
     path.parent.mkdir(parents=True, exist_ok=True)
+    cut = 0
     if len(data) > ARCHIVE_BYTES:
-        cut = data[-ARCHIVE_BYTES:]
-        newline = cut.find(b"\n")
-        data = cut[newline + 1 :] if 0 <= newline < len(cut) - 1 else cut
+        end = data[-ARCHIVE_BYTES:]
+        newline = end.find(b"\n")
+        kept = end[newline + 1 :] if 0 <= newline < len(end) - 1 else end
+        cut = count_lines(data[: len(data) - len(kept)])
+        data = kept
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
+        if lines_before + cut:
+            os.setxattr(out.fileno(), CUT_LINES_XATTR, str(lines_before + cut).encode())
     os.replace(tmp, path)
     return path
 
 
 def archive_parts(agent_id: str, parts: list[tuple[str, bytes]]) -> Path | None:
     """Keep several outputs of one sandbox as its archive, each under a ``--- <title> ---`` line,
-    the last part's end kept when they exceed :data:`ARCHIVE_BYTES`. None when ``parts`` is empty;
-    raises OSError when it cannot be written."""
+    the last part's end kept when they exceed :data:`ARCHIVE_BYTES` (the archive's lines are
+    numbered by their place in it). None when ``parts`` is empty; raises OSError when it cannot
+    be written."""
     if not parts:
         return None
     return write_archive(agent_id, b"".join(f"--- {title} ---\n".encode() + data for title, data in parts))
 
 
-def archived_lines(agent_id: str, limit: int = SHOWN_LINES) -> list[str] | None:
-    """The last ``limit`` lines of the agent's archive (UTF-8, undecodable bytes replaced), or None
-    when it has none."""
+class Archived(NamedTuple):
+    """Lines of an archive: ``lines[0]`` is line ``first`` of the output; ``oldest`` is the number
+    of the archive's first line."""
+
+    oldest: int
+    first: int
+    lines: list[str]
+
+
+def archived_lines(agent_id: str, limit: int = SHOWN_LINES, before: int | None = None) -> Archived | None:
+    """Up to ``limit`` lines of the agent's archive numbered below ``before`` (None: its last
+    lines), numbered by their place in the output (lines cut from its front counted, see
+    :func:`write_archive`; empty lines skipped and capped like every console line,
+    ``lib.tail.read_lines_before``), or None when it has none. ``first`` is ``before`` when no
+    line is there; ``oldest`` the number of its first line."""
     try:
-        path = archive_path(agent_id)
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 256 * 1024))
-            tail = f.read()
+        fd = os.open(archive_path(agent_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
-    lines = tail.decode("utf-8", "replace").splitlines()
-    if size > len(tail) and lines:
-        lines = lines[1:]  # read from the middle of a line
-    return lines[-limit:]
+    try:
+        if before is None:
+            with numbering_lock(fd):
+                before = line_number_at(fd, os.fstat(fd).st_size)
+        oldest, first, lines = read_lines_before(fd, before, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return Archived(oldest, first, lines)
 
 
 def delete_archives(agent_ids) -> None:

@@ -90,6 +90,21 @@ class LineNumber(str):
         return marker
 
 
+class StampedText(str):
+    """A line of a source that knows its own number and time (a container's docker logs, ``lib.dockerlogs``):
+    ``n``, its line number; ``ms``, docker's time of it (ms since the epoch). The console pump
+    publishes ``ms`` as the line's time instead of the time it read the line."""
+
+    n: int
+    ms: int
+
+    def __new__(cls, text: str, n: int, ms: int) -> StampedText:
+        line = super().__new__(cls, text)
+        line.n = n
+        line.ms = ms
+        return line
+
+
 MAX_LINE_BYTES = 65536
 """Longest logical line kept intact, in decoded characters."""
 

@@ -9,9 +9,13 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import redis
+from django.conf import settings
+
 from agents.archive import archived_lines
 from agents.choices import EventType
 from agents.models import ScalerEvent
+from lib.dockerlogs import RedisCheckpoints
 from lib.tail import Opener, plain_open
 from scalers.backends.firecracker.jail import open_vm_file
 from scalers.backends.runtime import docker_client_for, runtime_for_scaler
@@ -64,13 +68,24 @@ def _container_or_gone(agent, **client_kwargs):
         ) from None
 
 
+def container_checkpoints(agent, client) -> RedisCheckpoints:
+    """The line checkpoints of a container agent's ``console`` stream (``lib.dockerlogs``), with a
+    synchronous ``redis.Redis`` ``client``."""
+    return RedisCheckpoints(client, agent.agent_id)
+
+
 def _docker_source(agent) -> SourceFactory:
     async def open_source():
         # No read timeout: a quiet container must not end its log stream.
         container = await asyncio.to_thread(_container_or_gone, agent, timeout=None)
-        async with contextlib.aclosing(docker_log_source(container)) as batches:
-            async for batch in batches:
-                yield batch
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        checkpoints = container_checkpoints(agent, client)
+        try:
+            async with contextlib.aclosing(docker_log_source(container, checkpoints)) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            client.close()
 
     return open_source
 
@@ -142,10 +157,12 @@ def sandbox_gone(agent, stream: str) -> bool:
 
 def captured_output(agent) -> dict:
     """What was kept of a finished agent's output: the end of its archive (``agents.archive``,
-    written when its container was removed), else the last lines (up to 50) attached to its latest
+    written when its sandbox was removed), else the last lines (up to 50) attached to its latest
     ``scaler.failed`` event (or its ``failure_reason``) when a spawn failed.
 
-    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str], "archived": bool}``;
+    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str], "first": int,
+    "archived": bool}``; ``first`` is the number of ``lines[0]`` in the output (an archive's lines
+    keep their numbers, the ones cut from its front counted; captured lines count from 1);
     ``lines`` is empty when nothing was kept.
     """
     from django.db.models import Q
@@ -158,7 +175,13 @@ def captured_output(agent) -> dict:
     text = event.detail if event is not None else (agent.failure_reason or "")
     message, marker, rest = text.partition(CAPTURED_MARKER)
     archived = archived_lines(agent.agent_id)
-    if archived:
-        return {"event": event, "message": message.strip(), "lines": archived, "archived": True}
+    if archived is not None and archived.lines:
+        return {
+            "event": event,
+            "message": message.strip(),
+            "lines": archived.lines,
+            "first": archived.first,
+            "archived": True,
+        }
     lines = rest.split("\n") if marker and rest else []
-    return {"event": event, "message": message.strip(), "lines": lines, "archived": False}
+    return {"event": event, "message": message.strip(), "lines": lines, "first": 1, "archived": False}

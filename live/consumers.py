@@ -25,10 +25,11 @@ Messages to the browser (text frames):
 * console: JSON, ``{"reset": bool, "rows": [[number, ms, text, kind?, count?], ...]}``
   (:func:`console_frame`), read by ``static/js/console.js``. The first frame (``reset``: the
   last 500 lines of the stream) and the first after a restart of the stream (a new generation)
-  replace what the page shows; the others append. ``number`` is the line's number in the file
-  (a container's docker logs: from the start of the pump), ``ms`` its receive time. A viewer
-  that cannot keep up gets a row of kind ``"g"`` (``… N lines dropped``) in place of the lines
-  it missed (the page loads them back from the file);
+  replace what the page shows (the page merges them by number); the others append. ``number``
+  is the line's number in the file, or in the container's output (``lib.dockerlogs``); ``ms``
+  its receive time (a container's: docker's time of it). A viewer that cannot keep up gets a
+  row of kind ``"g"`` (``… N lines dropped``) in place of the lines it missed (the page loads
+  them back from the file or the docker logs);
 * events: the HTML rendered by :func:`live.render.render_live_update` for each event, several per
   frame; a slow viewer gets ``<tbody hx-swap-oob="afterbegin:#event-rows">`` with one
   ``… N events dropped`` row.

@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from lib.tail import DropMarker, LineNumber, SkipMarker
+from lib.tail import DropMarker, LineNumber, SkipMarker, StampedText
 
 from .sources import SourceFactory
 from .streams import (
@@ -250,10 +250,11 @@ class ConsoleHub:
     async def _pump(self, st: _Stream, gen: int) -> None:
         """Read the source and publish numbered batches until cancelled or the source ends.
 
-        A numbered source (``lib.tail.LineNumber`` markers: a file) gives each line its number
-        in the file; its skip and drop markers are not published, the jump in numbers stands for
-        them. Any other source (docker logs) is numbered 1, 2, … from the start of the pump,
-        markers included.
+        A numbered source (``lib.tail.LineNumber`` markers: a file, a container's docker logs)
+        gives each line its number in the file or the container's output; its skip and drop
+        markers are not published, the jump in numbers stands for them. Lines that carry their
+        own time (``lib.tail.StampedText``: docker's) are published with it. Any other source
+        is numbered 1, 2, … from the start of the pump, markers included.
         """
         key = st.key
         seq = 0
@@ -278,7 +279,9 @@ class ConsoleHub:
                                 marks.extend([i, LEVEL_ERROR] for i in failure_indexes(chunk))
                             born = min(len(chunk), max(0, live_from - seq - 1))
                             stamps = None
-                            if born:  # backlog: the times an earlier pump received it, if any
+                            if chunk[0].__class__ is StampedText:  # each line knows its own time
+                                born, stamps = len(chunk), [text.ms for text in chunk]
+                            elif born:  # backlog: the times an earlier pump received it, if any
                                 known = await self.transport.line_times(key, seq + 1, seq + 1 + born)
                                 stamps = [known.get(n, 0) for n in range(seq + 1, seq + 1 + born)]
                             await self._publish(key, gen, seq + 1, list(chunk), marks, born, stamps)

@@ -10,10 +10,24 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from lib.tail import MAX_LINE_BYTES, MAX_QUEUED_LINES, FileTail, LineQueue, LineSplitter, Opener, lines_of, plain_open
+from lib.dockerlogs import CHECKPOINT_LINES, Checkpoint, LogMessages, MarkGone, Numberer, RedisCheckpoints, read_from
+from lib.tail import (
+    MAX_LINE_BYTES,
+    MAX_QUEUED_LINES,
+    DropMarker,
+    FileTail,
+    LineNumber,
+    LineQueue,
+    Opener,
+    StampedText,
+    lines_of,
+    plain_open,
+)
 
 from .streams import RING_LINES
 
@@ -72,101 +86,150 @@ def file_source(
     return open_source
 
 
-def _close_stream(stream: Any) -> None:
-    close = getattr(stream, "close", None)
-    if close is not None:
-        with contextlib.suppress(Exception):
-            close()
-
-
 async def docker_log_source(
     container: Any,
+    checkpoints: RedisCheckpoints,
     *,
-    tail: int | str = RING_LINES,
+    backlog: int = RING_LINES,
     max_line: int = MAX_LINE_BYTES,
     max_queued: int = MAX_QUEUED_LINES,
 ) -> AsyncIterator[list[str]]:
-    """Follow a container's logs (stdout and stderr) as batches of capped lines.
+    """Follow a container's logs (stdout and stderr) as batches of numbered, stamped lines.
 
-    ``container``: a docker SDK ``Container``. ``tail``: how many existing lines of each stream to
-    start with (``"all"`` for all). Stdout and stderr are read as two docker streams, each through
-    its own :class:`lib.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful
-    UTF-8), so a stderr line written while a stdout line is still open is never spliced into it;
-    lines of the two streams interleave in arrival order. Both feed one bounded
-    :class:`lib.tail.LineQueue` (10,000 lines, ``[dropped N lines]`` marker), so a chatty
-    container cannot grow this process. The blocking SDK streams run in threads. Ends when both
-    log streams end; closing the iterator closes the docker streams. Docker errors are raised from
-    the iterator.
+    ``container``: a docker SDK ``Container``; ``checkpoints``: its console's
+    (:class:`lib.dockerlogs.RedisCheckpoints`). Lines are :class:`lib.tail.StampedText`,
+    numbered by their place in the container's output (``lib.dockerlogs``: counted from the latest
+    checkpoint, or from the start of docker's kept log by the first reader, leaving checkpoints),
+    each batch headed by the :class:`lib.tail.LineNumber` of its first line. The last ``backlog``
+    lines docker holds come first, then the lines as they are written. Each stream has its own
+    :class:`lib.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful UTF-8).
+    Lines wait in one bounded :class:`lib.tail.LineQueue` (10,000 lines): on overflow the oldest
+    go, and the next batch's number jumps over them (the ``[dropped N lines]`` marker is left
+    out, as for a file), so a chatty container cannot grow this process. The blocking docker
+    requests and the Redis writes run in a thread. Ends when the container's log ends; closing the
+    iterator closes the docker request. Docker errors are raised from the iterator.
     """
     loop = asyncio.get_running_loop()
     queue = LineQueue(max_queued)
     lock = threading.Lock()
     ready = asyncio.Event()
     closed = threading.Event()
-    streams: list[Any] = []
+    requests: list[LogMessages] = []
     errors: list[BaseException] = []
-    running = [2]
+    done = [False]
 
     def wake() -> None:
         with contextlib.suppress(RuntimeError):  # loop closed
             loop.call_soon_threadsafe(ready.set)
 
-    def pump(stdout: bool) -> None:
-        splitter = LineSplitter(max_line)
-        try:
-            stream = container.logs(stream=True, follow=True, stdout=stdout, stderr=not stdout, tail=tail)
+    def push(lines: Sequence[StampedText]) -> None:
+        if lines:
             with lock:
-                streams.append(stream)
-            if closed.is_set():
-                _close_stream(stream)
-                return
-            for chunk in stream:
-                lines = splitter.feed(chunk)
-                if lines:
-                    with lock:
-                        queue.extend(lines)
-                    wake()
+                queue.extend(list(lines))
+            wake()
+
+    def open_read(checkpoint, *, follow: bool, include_mark: bool = True):
+        messages, iterator = read_from(container, checkpoint, follow=follow, include_mark=include_mark)
+        with lock:
+            requests.append(messages)
+        if closed.is_set():
+            messages.close()
+            return iter(())
+        return iterator
+
+    def scan(checkpoint, numberer: Numberer):
+        """Count what docker holds now from ``checkpoint`` on; the last ``backlog`` lines and the
+        ``(stream, stamp)`` of the last message read."""
+        recent: deque[StampedText] = deque(maxlen=backlog)
+        last = None
+        for stream, stamp, content in open_read(checkpoint, follow=False):
+            last = (stream, stamp)
+            recent.extend(numberer.feed(stream, stamp, content))
+        return recent, last
+
+    def run() -> None:
+        numberer = None
+        try:
+            top = checkpoints.top()
+            latest = checkpoints.at_or_before(max(1, top - backlog + 1))  # room for the backlog
+            if latest is None:
+                numberer = Numberer(top + 1, max_line=max_line, checkpoint_first=True)
+                recent, last = scan(None, numberer)
+            else:
+                try:
+                    numberer = Numberer(latest.number, max_line=max_line)
+                    recent, last = scan(latest, numberer)
+                except MarkGone:  # rotated past it: number the kept log after every number given
+                    numberer = Numberer(top + 1, max_line=max_line, checkpoint_first=True)
+                    recent, last = scan(None, numberer)
+            checkpoints.add(numberer.new_checkpoints)
+            numberer.new_checkpoints.clear()
+            checkpoints.set_top(numberer.next - 1)
+            push(recent)
+            mark = Checkpoint(0, last[0], last[1].decode()) if last is not None else None
+            try:
+                follow = open_read(mark, follow=True, include_mark=False)
+                first = next(follow, None)
+            except MarkGone:  # rotated since the scan: go on with the kept log, checkpointed at once
+                numberer.since_checkpoint = CHECKPOINT_LINES
+                follow = open_read(None, follow=True)
+                first = next(follow, None)
+            noted = time.monotonic()
+            message = first
+            while message is not None:
+                push(numberer.feed(*message))
+                if numberer.new_checkpoints or time.monotonic() - noted > 1:
+                    checkpoints.add(numberer.new_checkpoints)
+                    numberer.new_checkpoints.clear()
+                    checkpoints.set_top(numberer.next - 1)
+                    noted = time.monotonic()
+                message = next(follow, None)
+            push(numberer.flush())
         except Exception as exc:  # noqa: BLE001 - handed to the async side
             if not closed.is_set():
                 with lock:
                     errors.append(exc)
         finally:
+            if numberer is not None:
+                with contextlib.suppress(Exception):
+                    checkpoints.add(numberer.new_checkpoints)
+                    checkpoints.set_top(numberer.next - 1)
             with lock:
-                queue.extend(splitter.flush())
-                running[0] -= 1
+                done[0] = True
             wake()
 
-    for stdout in (True, False):
-        name = "docker-logs-stdout" if stdout else "docker-logs-stderr"
-        threading.Thread(target=pump, args=(stdout,), name=name, daemon=True).start()
+    threading.Thread(target=run, name="docker-logs", daemon=True).start()
     try:
         while True:
             await ready.wait()
             ready.clear()
             with lock:
                 lines = queue.take()
-                done = running[0] == 0
+                finished = done[0]
+            if lines and isinstance(lines[0], DropMarker):
+                lines = lines[1:]  # the jump in numbers stands for it
             if lines:
-                yield lines
-            if done:
+                yield [LineNumber(lines[0].n), *lines]
+            if finished:
                 if errors:
                     raise errors[0]
                 return
     finally:
         closed.set()
         with lock:
-            opened = list(streams)
-        for stream in opened:
-            await asyncio.to_thread(_close_stream, stream)
+            opened = list(requests)
+        for messages in opened:
+            await asyncio.to_thread(_close_quietly, messages)
 
 
-async def docker_log_lines(container: Any, **kwargs: Any) -> AsyncIterator[str]:
+def _close_quietly(messages: LogMessages) -> None:
+    with contextlib.suppress(Exception):
+        messages.close()
+
+
+async def docker_log_lines(container: Any, checkpoints: RedisCheckpoints, **kwargs: Any) -> AsyncIterator[StampedText]:
     """Follow a container's logs line by line; see :func:`docker_log_source` for the caps."""
-    async with contextlib.aclosing(lines_of(docker_log_source(container, **kwargs))) as lines:
+    async with contextlib.aclosing(lines_of(docker_log_source(container, checkpoints, **kwargs))) as lines:
         async for line in lines:
-            yield line
-
-
-def docker_source(container: Any, **kwargs: Any) -> SourceFactory:
-    """A :data:`SourceFactory` for :func:`docker_log_source`."""
-    return lambda: docker_log_source(container, **kwargs)
+            if line.__class__ is not LineNumber:
+                yield line

@@ -11,8 +11,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from agents.archive import archive_path
+from agents.archive import archive_path, archived_lines
 from agents.models import Agent
+from lib.dockerlogs import read_lines_before as read_container_lines
 from lib.tail import Opener, plain_open, read_lines_before
 from live.consoles import (
     agent_container,
@@ -20,6 +21,7 @@ from live.consoles import (
     console_file_opener,
     console_log_file,
     console_streams_of,
+    container_checkpoints,
     runs_in_container,
     sandbox_gone,
 )
@@ -60,12 +62,16 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         "ws_url": f"/ws/agents/{agent.agent_id}/console/{stream}/",
         "download_url": download_url(agent, stream),
         "lines_url": reverse("agent_console_lines", args=[agent.agent_id, stream])
-        if console_log_file(agent, stream) is not None
+        if console_log_file(agent, stream) is not None or runs_in_container(agent)
         else "",
         "gone": sandbox_gone(agent, stream),
     }
     if ctx["gone"]:
-        ctx["captured"] = captured_output(agent)
+        captured = captured_output(agent)
+        ctx["captured"] = captured
+        ctx["captured_rows"] = [(captured["first"] + i, text) for i, text in enumerate(captured["lines"])]
+        ctx["captured_last"] = captured["first"] + len(captured["lines"]) - 1
+        ctx["lines_url"] = reverse("agent_console_lines", args=[agent.agent_id, stream])
     return render(request, "agents/console.html", ctx)
 
 
@@ -173,11 +179,14 @@ def _positive_int(request, name: str, default: int | None, high: int | None = No
 @viewer_required
 def agent_console_lines(request, agent_id: str, stream: str):
     """``/agents/<id>/console/<stream>/lines?before=N&limit=500``: the lines numbered below ``N``
-    (at most ``limit``, 1 to 1,000), read from the stream's file (``lib.tail.read_lines_before``),
-    as JSON ``{"oldest": first line the file still holds, "first": number of rows[0],
-    "rows": [...]}`` with the rows of ``live.streams.console_row`` (receive times from the
-    stream's ``times`` key, 0 where unknown). 400 for a bad parameter, 404 for a stream that is not
-    a file (a container's docker logs) or a file not there (yet), 502 when it cannot be read."""
+    (at most ``limit``, 1 to 1,000) as JSON ``{"oldest": about the first line still held, "first":
+    number of rows[0], "rows": [...]}`` with the rows of ``live.streams.console_row``.
+
+    Read from the stream's file (``lib.tail.read_lines_before``; receive times from the stream's
+    ``times`` key, 0 where unknown), from a container's docker logs (``lib.dockerlogs``, the
+    numbers and docker times of the live stream), or, once the sandbox is gone, from the agent's
+    archive (``agents.archive.archived_lines``, no times). 400 for a bad parameter, 404 for a
+    stream with nothing behind it or a file not there (yet), 502 when it cannot be read."""
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
@@ -186,9 +195,13 @@ def agent_console_lines(request, agent_id: str, stream: str):
         limit = _positive_int(request, "limit", LINES_PAGE, LINES_PAGE_MAX)
     except ValueError as exc:
         return JsonResponse({"error": str(exc)}, status=400)
+    if sandbox_gone(agent, stream):
+        return _archive_lines(agent, before, limit)
     path = console_log_file(agent, stream)
     if path is None:
-        return JsonResponse({"error": f"the {stream} stream of {agent.agent_id} is not a file"}, status=404)
+        if runs_in_container(agent):
+            return _container_lines(agent, before, limit)
+        return JsonResponse({"error": f"the {stream} stream of {agent.agent_id} has no output to read"}, status=404)
     try:
         fd = console_file_opener(stream)(os.fspath(path), os.O_RDONLY)
     except FileNotFoundError:
@@ -214,3 +227,32 @@ def agent_console_lines(request, agent_id: str, stream: str):
         for i, text in enumerate(texts)
     ]
     return JsonResponse({"oldest": oldest, "first": first, "rows": rows})
+
+
+def _container_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
+    """:func:`agent_console_lines` of a container's docker logs (``lib.dockerlogs``)."""
+    import docker.errors
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        container = agent_container(agent)
+        page = read_container_lines(container, container_checkpoints(agent, client), before, limit)
+    except docker.errors.NotFound:
+        return JsonResponse({"error": f"the container of {agent.agent_id} is gone"}, status=404)
+    except Exception as exc:  # noqa: BLE001 - docker down, or a log it cannot read
+        return JsonResponse({"error": f"could not read the container's logs: {exc}"}, status=502)
+    finally:
+        client.close()
+    rows = [console_row(Line(text, text.n, ts=text.ms / 1000)) for text in page.lines]
+    return JsonResponse({"oldest": page.oldest, "first": page.first, "rows": rows})
+
+
+def _archive_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
+    """:func:`agent_console_lines` of a finished agent's archive (``agents.archive``)."""
+    archived = archived_lines(agent.agent_id, limit, before=before)
+    if archived is None:
+        return JsonResponse(
+            {"error": f"the sandbox of {agent.agent_id} is gone and none of its output was kept"}, status=404
+        )
+    rows = [console_row(Line(text, archived.first + i)) for i, text in enumerate(archived.lines)]
+    return JsonResponse({"oldest": archived.oldest, "first": archived.first, "rows": rows})

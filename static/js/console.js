@@ -4,8 +4,8 @@
    Data. The page's own WebSocket (data-ws-url, ?flow=ack: one {"ack":1} per frame handled) sends
    JSON frames {"reset": bool, "rows": [[number, ms, text, kind?, count?], ...]} (live.consumers):
    kind "e" a failure line, "m" an in-band marker, "g" a gap of `count` lines from `number` on that
-   did not reach this page. Line numbers are the lines' places in the agent's file, so #L<number>
-   links stay valid. Loaded lines live in one array sorted by number, at most data-max-lines of
+   did not reach this page. Line numbers are the lines' places in the agent's file (or its
+   container's output: lib.dockerlogs), so #L<number> links stay valid. Loaded lines live in one array sorted by number, at most data-max-lines of
    them (the oldest are dropped first, and only out of sight while paused, up to twice that);
    missing runs are gap entries, drawn as one row each, which load themselves from
    data-lines-url (?before=&limit=) when they come on screen: the head gap is "load earlier".
@@ -34,7 +34,7 @@
   var liveEl = root.querySelector("[data-live-status]");
   var wsUrl = root.getAttribute("data-ws-url");
   var linesUrl = root.getAttribute("data-lines-url") || "";
-  var numbered = !!linesUrl; // a file: numbers are stable, a reconnect merges instead of replacing
+  var numbered = !!linesUrl; // a file or docker logs: numbers are stable, a reconnect merges instead of replacing
   var maxLines = parseInt(root.getAttribute("data-max-lines"), 10) || 50000;
   var OVERSCAN = 30;
   var PAGE = 500;

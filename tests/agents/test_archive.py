@@ -25,7 +25,7 @@ def test_the_archive_keeps_the_end_of_the_output_from_a_line_start(monkeypatch):
     monkeypatch.setattr(agents.archive, "ARCHIVE_BYTES", 20)
     path = write_archive("scaler-container-0000a1a1", b"".join(b"line %d\n" % i for i in range(10)))
     assert path.read_bytes() == b"line 8\nline 9\n"  # the last 20 bytes, from the first whole line
-    assert archived_lines("scaler-container-0000a1a1") == ["line 8", "line 9"]
+    assert archived_lines("scaler-container-0000a1a1").lines == ["line 8", "line 9"]
     assert archived_lines("scaler-container-00000000") is None
 
 
@@ -56,3 +56,32 @@ def test_retention_deletes_the_kept_output_with_the_agent(settings, tmp_path):
     Agent.objects.filter(pk=agent.pk).update(finished_at=then)
     assert prune_old_records()["agents"] == 1
     assert not archive_dir(agent.agent_id).exists() and not (tmp_path / f"{agent.agent_id}.log").exists()
+
+
+def test_the_archive_numbers_its_lines_by_their_place_in_the_output_after_a_cut(monkeypatch):
+    monkeypatch.setattr(agents.archive, "ARCHIVE_BYTES", 20)
+    output = b"".join(b"line %d\n\n" % i for i in range(1, 11))  # empty lines are not counted
+    write_archive("scaler-container-0000a1a2", output, lines_before=100)
+    kept = archived_lines("scaler-container-0000a1a2")
+    assert kept.lines == ["line 9", "line 10"] and kept.first == 109 and kept.oldest == 109  # 8 cut, 100 before
+    assert archived_lines("scaler-container-0000a1a2", 1, before=110) == (109, 109, ["line 9"])
+
+
+@pytest.mark.django_db
+def test_a_finished_agents_page_and_lines_endpoint_number_its_archive_as_the_output(viewer_client, monkeypatch):
+    monkeypatch.setattr(agents.archive, "ARCHIVE_BYTES", 4096)
+    agent = make_agent(make_scaler("c"), state=AgentState.DESTROYED, reserve=False)
+    write_archive(agent.agent_id, "".join(f"output {i}\n" for i in range(1, 1001)).encode())
+    first = 1001 - len(archive_path(agent.agent_id).read_bytes().splitlines())
+    assert first > 1
+    page = viewer_client.get(f"/agents/{agent.agent_id}/console/").content.decode()
+    assert (
+        '<tr id="L1000" data-seq="1000"><td class="ln"><a href="#L1000">1000</a></td><td class="tx">output 1000<'
+        in page
+    )
+    assert f'id="L{first}"' in page and f'id="L{first - 1}"' not in page and 'id="L1"' not in page
+    response = viewer_client.get(f"/agents/{agent.agent_id}/console/console/lines", {"before": first + 3, "limit": 10})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["oldest"] == first and body["first"] == first, body
+    assert [row[0::2] for row in body["rows"]] == [[n, f"output {n}"] for n in range(first, first + 3)]

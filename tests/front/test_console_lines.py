@@ -91,10 +91,10 @@ def test_it_refuses_a_bad_parameter_naming_it(viewer_client, vm_agent, query, me
     assert response.status_code == 400 and message in response.json()["error"]
 
 
-def test_it_has_nothing_for_docker_logs_or_a_missing_file_or_stream(viewer_client, vm_agent, tmp_path):
-    container = make_agent(make_scaler(), state=AgentState.RUNNING, ip="172.30.0.4")
-    response = viewer_client.get(url(container, "console"), {"before": 10})
-    assert response.status_code == 404 and "is not a file" in response.json()["error"]
+def test_it_has_nothing_for_a_stream_without_output_or_a_missing_file_or_stream(viewer_client, vm_agent, tmp_path):
+    process = make_agent(make_scaler("b", type="bare-metal"), state=AgentState.RUNNING, ip="172.30.0.4")
+    response = viewer_client.get(url(process, "console"), {"before": 10})
+    assert response.status_code == 404 and "has no output to read" in response.json()["error"]
     assert viewer_client.get(url(vm_agent, "vmm"), {"before": 10}).status_code == 404  # not written yet
     assert viewer_client.get(url(vm_agent, "bogus"), {"before": 10}).status_code == 404
 

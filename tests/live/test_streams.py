@@ -4,13 +4,16 @@ per-viewer buffers, sources."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
 import pytest
 
+from lib.dockerlogs import RedisCheckpoints
+from lib.tail import LineNumber
 from live.hub import ConsoleHub
-from live.sources import docker_log_lines, file_source
+from live.sources import docker_log_lines, docker_log_source, file_source
 from live.streams import (
     LEVEL_DEBUG,
     LEVEL_DROPPED,
@@ -313,7 +316,20 @@ def test_it_refuses_a_bad_stream_key():
 # --- docker logs ----------------------------------------------------------------------------------
 
 
-async def _followed_lines(docker_client, image: str, script: str) -> list[str]:
+@pytest.fixture
+def checkpoints():
+    """The line checkpoints of a container console of its own (``lib.dockerlogs``)."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    marks = RedisCheckpoints(client, f"tail-logs-{uuid.uuid4().hex[:8]}")
+    yield marks
+    client.delete(marks.marks, marks.top_key)
+    client.close()
+
+
+async def _followed_lines(docker_client, image: str, script: str, checkpoints, **kwargs) -> list[str]:
     """Every line ``docker_log_lines`` yields for a container running ``sh -c script`` to its end."""
     container = docker_client.containers.run(
         image,
@@ -326,7 +342,7 @@ async def _followed_lines(docker_client, image: str, script: str) -> list[str]:
     try:
         got = []
         async with asyncio.timeout(20):
-            async for line in docker_log_lines(container, tail="all"):
+            async for line in docker_log_lines(container, checkpoints, **kwargs):
                 got.append(line)
         return got
     finally:
@@ -334,13 +350,13 @@ async def _followed_lines(docker_client, image: str, script: str) -> list[str]:
 
 
 @pytest.mark.docker
-async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, agent_image):
+async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, agent_image, checkpoints):
     script = (
         "echo first; echo err line >&2; "
         "head -c 70000 /dev/zero | tr '\\0' x; echo; "
         "printf 'caf\\303\\251\\n'; sleep 0.3; echo last"
     )
-    got = await _followed_lines(docker_client, agent_image, script)
+    got = await _followed_lines(docker_client, agent_image, script, checkpoints)
     # Each stream keeps its own order and lines; the two streams interleave freely.
     assert got.count("err line") == 1
     stdout = [line for line in got if line != "err line"]
@@ -348,12 +364,40 @@ async def test_docker_logs_are_followed_with_the_same_line_cap(docker_client, ag
 
 
 @pytest.mark.docker
-async def test_a_stderr_line_is_never_spliced_into_an_open_stdout_line(docker_client, agent_image):
+async def test_a_stderr_line_is_never_spliced_into_an_open_stdout_line(docker_client, agent_image, checkpoints):
     # Docker logs a line longer than 16 KiB in parts, so the stderr line lands between two parts
     # of the open stdout line; read through one splitter, the two became one line.
     script = (
         "head -c 20000 /dev/zero | tr '\\0' x; sleep 0.5; echo err line >&2; sleep 0.5; "
         "head -c 100 /dev/zero | tr '\\0' y; echo"
     )
-    got = await _followed_lines(docker_client, agent_image, script)
+    got = await _followed_lines(docker_client, agent_image, script, checkpoints)
     assert sorted(got) == sorted(["err line", "x" * 20000 + "y" * 100])
+
+
+@pytest.mark.docker
+async def test_a_container_flooding_a_slow_reader_loses_its_oldest_lines_to_a_jump_in_numbers(
+    docker_client, agent_image, checkpoints
+):
+    container = docker_client.containers.run(
+        agent_image,
+        ["sh", "-c", "sleep 0.5; i=1; while [ $i -le 3000 ]; do echo line $i; i=$((i+1)); done; sleep 60"],
+        name=f"tail-logs-{uuid.uuid4().hex[:8]}",
+        detach=True,
+        network_mode="none",
+        labels={"kici.test": "tail"},
+    )
+    try:
+        got = []
+        source = docker_log_source(container, checkpoints, max_queued=100)
+        async with asyncio.timeout(20), contextlib.aclosing(source):
+            async for batch in source:
+                assert batch[0].__class__ is LineNumber  # each batch says where it starts
+                assert [line.n for line in batch[1:]] == list(range(batch[0].number, batch[0].number + len(batch) - 1))
+                got.extend(batch[1:])
+                if got[-1].n == 3000:
+                    break
+                await asyncio.sleep(0.2)  # slower than the container
+    finally:
+        container.remove(force=True)
+    assert len(got) < 3000 and all(str(line) == f"line {line.n}" for line in got)  # numbers jump over the drops

@@ -41,7 +41,7 @@ def test_the_sweeper_caps_a_process_output_and_the_archive_keeps_its_last_lines_
     assert cap_agent_outputs(CAP) == 0  # under the cap now
 
     BareMetalBackend._archive("agent-1", str(path))
-    lines = archived_lines("agent-1", limit=10**6)
+    lines = archived_lines("agent-1", limit=10**6).lines
     assert lines[0] == "--- process output ---"
     kept = [int(line.split()[2]) for line in lines[1:]]
     assert kept == list(range(kept[0], 20000)) and kept[0] > 0

@@ -13,10 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.conf import settings
 from docker.errors import APIError, NotFound
 
 from agents.archive import write_archive
+from lib.dockerlogs import RedisCheckpoints, container_output
 
 from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import (
@@ -207,12 +209,18 @@ class ContainerBackend:
         self.host.remove(container_id)
 
     def _archive(self, agent_id: str, container_id: str) -> None:
-        """Keep the container's output (``agents.archive``) before it goes; a failure is logged,
+        """Keep the container's output (``agents.archive``) before it goes, its lines numbered as
+        its console numbered them (``lib.dockerlogs.container_output``); a failure is logged,
         never a reason to keep the container."""
+        client = redis.Redis.from_url(settings.REDIS_URL)
         try:
-            write_archive(agent_id, self.host.output(container_id))
+            checkpoints = RedisCheckpoints(client, agent_id)
+            lines_before, output = container_output(self.docker.containers.get(container_id), checkpoints)
+            write_archive(agent_id, output, lines_before=lines_before)
         except Exception as exc:  # noqa: BLE001 - the teardown goes on without the archive
             log.warning("could not keep the output of %s: %s", agent_id, exc)
+        finally:
+            client.close()
 
     # -- sweeps --------------------------------------------------------------------------------
 

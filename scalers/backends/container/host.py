@@ -82,11 +82,6 @@ class DockerHost:
                 return False
             raise
 
-    def output(self, container_id: str) -> bytes:
-        """Everything docker keeps of the container's stdout and stderr (bounded by the agents'
-        rotated log files); raises the SDK's errors."""
-        return self.api.logs(container_id, stdout=True, stderr=True, stream=False, tail="all")
-
     def output_tail(self, container_id: str | None) -> list[str]:
         """The container's last output lines (stdout and stderr); [] when there is none or it is gone."""
         if not container_id:

@@ -221,7 +221,7 @@ def test_destroy_keeps_the_containers_output_before_it_removes_it(docker_client,
         agent.managed_id = created["Id"]
         ContainerBackend(scaler, docker=docker_client, network_isolation=False).destroy(agent)
         assert api.containers(all=True, filters={"id": created["Id"]}) == []
-        assert sorted(archived_lines(agent.agent_id)) == ["crash trace", "first"]
+        assert sorted(archived_lines(agent.agent_id).lines) == ["crash trace", "first"]
     finally:
         with contextlib.suppress(Exception):
             api.remove_container(created["Id"], force=True)
