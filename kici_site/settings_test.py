@@ -16,5 +16,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 KICI_NFT_TABLE = "kicitest"
 
 # Agents' kept output goes to a directory of this run, never the repository's var/agents;
-# tests/conftest.py removes it at the end.
-KICI_AGENT_LOG_DIR = os.path.join(tempfile.gettempdir(), f"kici-test-agents-{os.getpid()}")
+# tests/conftest.py removes it at the end. A console process a test starts (the browser tests'
+# daphne) is handed the test process's directory in KICI_TEST_AGENT_LOG_DIR, so both read the
+# same archives.
+KICI_AGENT_LOG_DIR = os.environ.get("KICI_TEST_AGENT_LOG_DIR") or os.path.join(
+    tempfile.gettempdir(), f"kici-test-agents-{os.getpid()}"
+)

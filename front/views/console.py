@@ -71,6 +71,9 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         ctx["captured"] = captured
         ctx["captured_rows"] = [(captured["first"] + i, text) for i, text in enumerate(captured["lines"])]
         ctx["captured_last"] = captured["first"] + len(captured["lines"]) - 1
+        # The archive's lines as the console's rows ([number, ms, text]; no times are kept): the
+        # page's virtual list starts from them and loads earlier ones from the archive.
+        ctx["archived_rows"] = [[n, 0, text] for n, text in ctx["captured_rows"]] if captured["archived"] else []
         ctx["lines_url"] = reverse("agent_console_lines", args=[agent.agent_id, stream])
     return render(request, "agents/console.html", ctx)
 

@@ -20,7 +20,9 @@
 (function () {
   "use strict";
   var root = document.getElementById("console-root");
-  if (!root || !root.getAttribute("data-ws-url")) return;
+  // A live stream (data-ws-url), or a finished agent's archive (data-static-rows: the id of a JSON
+  // script holding its last rows; earlier ones load from data-lines-url as for a live stream).
+  if (!root || !(root.getAttribute("data-ws-url") || root.getAttribute("data-static-rows"))) return;
   var view = document.getElementById("console-view");
   var canvas = document.getElementById("console-canvas");
   var body = document.getElementById("console-lines");
@@ -508,6 +510,16 @@
     };
   }
 
+  // A finished agent's archive: its last rows are in the page, nothing more will come.
+  function showArchived() {
+    var rows = JSON.parse(document.getElementById(root.getAttribute("data-static-rows")).textContent);
+    replaceAll(rows);
+    snapshotSeen = true;
+    buildShown();
+    schedule();
+    if (targetPending && indexOf(target) >= 0) { targetPending = false; showTarget(); }
+  }
+
   setFollow(follow);
-  connect();
+  if (wsUrl) connect(); else showArchived();
 })();

@@ -91,6 +91,7 @@ def live_daphne(django_db_setup, django_db_blocker, tmp_path_factory):
         "DATABASE_URL": db_url,
         "REDIS_URL": settings.REDIS_URL,
         "KICI_OPERATOR_LISTEN": f"127.0.0.1:{port}",  # the pages are served on the operator listener
+        "KICI_TEST_AGENT_LOG_DIR": settings.KICI_AGENT_LOG_DIR,  # the archives the tests write
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
