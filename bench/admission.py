@@ -121,7 +121,7 @@ def setup_django(url: str) -> None:
     django.setup()
     import scalers.jobs as jobs
 
-    jobs.enqueue_spawn = lambda agent: None  # decisions only: no rq
+    jobs.enqueue_spawn = lambda agent, host="": None  # decisions only: no rq
 
 
 SCALERS = ("s0", "s1", "s2", "s3")

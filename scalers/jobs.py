@@ -41,7 +41,7 @@ from agents.models import Agent
 from scalers.admission.decide import Admitted, ScaleDecision, spawn_job_id
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
-from scalers.hosts import scaler_queue
+from scalers.hosts import host_queue_name, queue_named, scaler_queue
 from scalers.lifecycle import (
     CLEANUP_JOB_TIMEOUT_SECONDS,
     awaits_the_reaper,
@@ -63,13 +63,14 @@ CLEANUP_GRACE_SECONDS = 30
 BOOT_CHECK_SECONDS = 1.0
 
 
-def enqueue_spawn(agent: Agent) -> str:
+def enqueue_spawn(agent: Agent, host: str = "") -> str:
     """Enqueue ``spawn_agent(agent.pk)`` on the queue of its scaler's host now and return its job
     id. An agent whose slot its caller claimed in its own transaction (``agent.rq_job_id`` already
     the job id: the admission batch, :func:`start_waiting_spawns`) is enqueued as it is; otherwise
     the job id is recorded on the agent first. Job timeout: spawn timeout +
     ``CLEANUP_GRACE_SECONDS``; on a hard failure rq calls :func:`spawn_job_failed`. Callers go
-    through the spawn semaphore.
+    through the spawn semaphore. ``host``: the host owning the agent's scaler when the caller
+    knows it (an admission does), else it is read from the scaler.
     """
     job_id = spawn_job_id(agent.agent_id)
     if agent.rq_job_id != job_id:
@@ -77,7 +78,7 @@ def enqueue_spawn(agent: Agent) -> str:
         Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id, updated_at=timezone.now())
         agent.rq_job_id = job_id
     timeout = spawn_timeout_seconds() + CLEANUP_GRACE_SECONDS
-    scaler_queue(agent.scaler).enqueue(
+    (queue_named(host_queue_name(host)) if host else scaler_queue(agent.scaler)).enqueue(
         spawn_agent,
         agent.pk,
         job_id=job_id,
@@ -122,12 +123,12 @@ def start_waiting_spawns(scaler_id: int) -> set[int]:
     return failed
 
 
-def _enqueue_or_fail(agent: Agent) -> bool:
+def _enqueue_or_fail(agent: Agent, host: str = "") -> bool:
     """Enqueue the spawn of ``agent``, whose slot is claimed; when that fails, fail the agent and
     release it (``enqueue-failed``: an admission must not outlive a lost spawn). False then; the
     caller hands its slot on."""
     try:
-        enqueue_spawn(agent)
+        enqueue_spawn(agent, host)
         return True
     except Exception as exc:  # noqa: BLE001 - whatever rq raised, the agent must not hold its slot
         log.warning("could not enqueue the spawn of %s: %s", agent.agent_id, exc)
@@ -295,7 +296,7 @@ def enqueue_spawn_or_fail(decision: ScaleDecision, admitted: Admitted) -> ScaleD
     agent is then failed and released), answer ``skipped``."""
     agent = admitted.to_agent()
     if agent.rq_job_id:
-        if _enqueue_or_fail(agent):
+        if _enqueue_or_fail(agent, admitted.host):
             return decision
         start_waiting_spawns(agent.scaler_id)
     elif not admitted.hand_on_slots or agent.pk not in start_waiting_spawns(agent.scaler_id):

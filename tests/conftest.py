@@ -190,7 +190,7 @@ def stop_admission_queue():
 @pytest.fixture
 def no_enqueue(monkeypatch):
     """Admission admits, but hands no spawn to the rq job: the agents stay as admission wrote them."""
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": None)
 
 
 @pytest.fixture

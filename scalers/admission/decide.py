@@ -26,6 +26,7 @@ from agents.models import Agent
 from lib.units import format_bytes_iec
 from scalers.backends.tools import not_started_reason
 from scalers.choices import ScalerType
+from scalers.hosts import scaler_host
 from scalers.metrics import REDISPATCH
 from scalers.models import ScaleOutcome
 from scalers.resources import resolve_resources
@@ -117,6 +118,8 @@ class Admitted:
     #: The agent waits although its scaler had a free slot, because older agents wait for slots
     #: too: the caller hands the slots on after the commit, oldest first.
     hand_on_slots: bool = False
+    #: The host owning the agent's scaler (its spawn goes to that host's queue).
+    host: str = ""
 
     def to_agent(self) -> Agent:
         """An ``Agent`` instance for this row as written (no query)."""
@@ -517,6 +520,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 sp.job_ref,
                 spawn_job_id(sp.agent_id) if sp.slot else "",
                 sp.scaler_id in hand_on,
+                scaler_host(world.scalers[sp.scaler_id]),
             )
         )
     return BatchResult(decisions=decisions, admitted=admitted)

@@ -223,7 +223,7 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
         cursor,
         "SELECT id, name, type, max_agents, max_concurrent_spawns, max_cpu, max_memory_bytes, machine_pool_id, "
         "mandatory_labels, roles, config, retiring, warm_pool_enabled, warm_pool_size, warm_pool_idle_timeout_seconds, "
-        "host_tools_missing "
+        "host_tools_missing, host "
         "FROM scalers_scaler ORDER BY id",
     )
     # Config order (routing ties and empty runsOn pick the first): the order of the

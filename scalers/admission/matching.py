@@ -55,6 +55,8 @@ class ScalerInfo:
     tools_missing: tuple[str, ...] = ()
     #: ``maxConcurrentSpawns``: backend calls of this scaler that may run at once.
     max_concurrent_spawns: int = 1
+    #: ``Scaler.host``: the host owning its sandboxes ("" = the host that reads this).
+    host: str = ""
 
     def label_set(self, pk: int) -> LabelSetInfo | None:
         for ls in self.label_sets:
@@ -188,6 +190,7 @@ def build_world(
             config=row["config"] or {},
             tools_missing=tuple(row.get("host_tools_missing") or ()),
             max_concurrent_spawns=row.get("max_concurrent_spawns", 1),
+            host=row.get("host") or "",
         )
         scalers[row["id"]] = info
         if not row["retiring"] and infos:

@@ -45,7 +45,7 @@ def only_lost_agent_sweeps(monkeypatch, settings):
 
 @pytest.fixture
 def no_spawn(monkeypatch):
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": None)
 
 
 def sweep(now=None):

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(autouse=True)
 def no_spawns(monkeypatch):
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": None)
     yield
     shutdown_queue()
 

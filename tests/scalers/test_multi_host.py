@@ -90,6 +90,28 @@ def test_the_work_of_another_hosts_agent_goes_to_that_hosts_queue(other_queue):
     assert len(other_queue.get_jobs()) == 3
 
 
+def test_an_admitted_agents_spawn_goes_to_its_hosts_queue_without_reading_its_scaler(
+    other_queue, django_assert_num_queries
+):
+    """Admission knows the host of every scaler it admits to, so starting a spawn after the
+    commit reads nothing from the database (it read the agent's scaler row, on the requester's
+    time)."""
+    from scalers.admission.decide import Request, decide_batch
+    from scalers.jobs import enqueue_spawn_or_fail
+
+    here = queue_named(settings.KICI_HOST_QUEUE)
+    clear(here)
+    make_scaler("far", type="container", host=OTHER, labels=("far",))
+    make_scaler("near", type="container", labels=("near",))
+    result = decide_batch([Request(labels=("far",), job_id="job-far"), Request(labels=("near",), job_id="job-near")])
+    far, near = result.decisions
+    with django_assert_num_queries(0):
+        for decision, admitted in zip(result.decisions, result.admitted, strict=True):
+            assert enqueue_spawn_or_fail(decision, admitted) == decision
+    assert [job.args[0] for job in other_queue.get_jobs()] == [far.agent_pk]
+    assert [job.args[0] for job in here.get_jobs()] == [near.agent_pk]
+
+
 def test_an_operation_of_another_hosts_scaler_runs_there_and_is_refused_while_no_worker_listens(
     other_queue, django_user_model
 ):

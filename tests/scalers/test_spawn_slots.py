@@ -85,7 +85,7 @@ def test_an_admitted_agent_takes_its_spawn_slot_in_its_admission_transaction(set
     start needs only the rq enqueue after the commit, not a second transaction; the rest wait."""
     settings.KICI_ADMISSION_BATCHING = batching
     enqueued = []
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": enqueued.append(agent.agent_id))
 
     def no_second_transaction(scaler_id):
         raise AssertionError("the slot was not taken in the admission transaction")
@@ -102,7 +102,7 @@ def test_an_admitted_agent_takes_its_spawn_slot_in_its_admission_transaction(set
 def test_a_new_agent_waits_behind_older_waiting_agents_and_the_slot_goes_to_the_oldest(settings, monkeypatch):
     settings.KICI_ADMISSION_BATCHING = False
     enqueued = []
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": enqueued.append(agent.agent_id))
     make_scaler(max_agents=5, max_concurrent_spawns=1)
     first, second = request_scale(["linux"], "job-1"), request_scale(["linux"], "job-2")
     assert _agent(second).rq_job_id == ""
@@ -119,7 +119,7 @@ def test_admissions_and_freed_slots_racing_never_exceed_max_concurrent_spawns(mo
     """Requesters on four decider connections admit while two threads end backend calls and hand
     slots on (``start_waiting_spawns``); a sampler counts the spawn jobs in flight all along."""
     limit = 3
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: None)
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": None)
     set_global(max_agents=500)
     scaler = make_scaler(max_agents=500, max_concurrent_spawns=limit)
     queues = [AdmissionQueue(name=f"slots-{i}", idle_close_seconds=1) for i in range(4)]

@@ -179,7 +179,7 @@ def test_machine_pool_memory():
 
 def test_max_concurrent_spawns_admits_and_holds_the_spawn_until_a_slot_frees(monkeypatch):
     enqueued = []
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": enqueued.append(agent.agent_id))
     make_scaler("c", max_agents=10, max_concurrent_spawns=2)
     decisions = [request_scale(["linux"], f"j{i}") for i in range(3)]
     assert [d.action for d in decisions] == ["spawning"] * 3, "over the cap is queued, never refused"
@@ -285,7 +285,7 @@ def test_inside_a_transaction_the_spawn_is_enqueued_only_on_commit(monkeypatch):
     from django.db import transaction
 
     enqueued = []
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": enqueued.append(agent.agent_id))
     make_scaler("c")
     with transaction.atomic():
         d = request_scale(["linux"], "j")
@@ -297,7 +297,7 @@ def test_a_rolled_back_caller_transaction_leaves_nothing(monkeypatch):
     from django.db import transaction
 
     enqueued = []
-    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent: enqueued.append(agent.agent_id))
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": enqueued.append(agent.agent_id))
     make_scaler("c")
     with pytest.raises(RuntimeError), transaction.atomic():
         assert request_scale(["linux"], "j").action == "spawning"

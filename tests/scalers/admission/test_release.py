@@ -265,7 +265,7 @@ def test_the_stale_prune_releases_old_spawns_but_never_queued_ones(admitted, set
 
 
 def test_a_spawn_that_cannot_be_enqueued_is_released(monkeypatch, db, docker_client):
-    def broken(agent):
+    def broken(agent, host=""):
         raise ConnectionError("redis is down")
 
     monkeypatch.setattr("scalers.jobs.enqueue_spawn", broken)
