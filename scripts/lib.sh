@@ -89,7 +89,7 @@ ensure_database() {
   $SUDO -u postgres psql -qc "do \$\$ begin if not exists (select from pg_roles where rolname='kici') then create role kici login createdb password '$pw'; else alter role kici password '$pw'; end if; end \$\$;" >/dev/null
   $SUDO -u postgres psql -Atqc "select 1 from pg_database where datname='kici'" | grep -q 1 || $SUDO -u postgres createdb -O kici kici
   export DATABASE_URL="postgres://kici:$pw@127.0.0.1:5432/kici"
-  echo "DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env"
+  echo "export DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env"
 }
 
 ensure_redis() {
@@ -141,15 +141,15 @@ ensure_api_token() {  # the orchestrator's bearer token for /api/v1/scale, gener
   if [ -n "${KICI_API_TOKEN:-}" ]; then return 0; fi
   KICI_API_TOKEN="kici_$(head -c 24 /dev/urandom | base64 | tr -d '/+=' | head -c 32)"
   export KICI_API_TOKEN
-  (umask 077; echo "KICI_API_TOKEN=$KICI_API_TOKEN" >> "$ROOT/var/env")
-  say "generated the orchestrator API token, kept in var/env (${KICI_API_TOKEN:0:9}…; \`. var/env\` sets it)"
+  (umask 077; echo "export KICI_API_TOKEN=$KICI_API_TOKEN" >> "$ROOT/var/env")
+  say "generated the orchestrator API token, kept in var/env (${KICI_API_TOKEN:0:9}…; \`. var/env\` exports it)"
 }
 
 ensure_secrets_key() {  # the key of the registry credentials' secrets, generated once into var/env
   if [ -n "${KICI_SECRETS_KEY:-}" ]; then return 0; fi
   KICI_SECRETS_KEY="$(head -c 32 /dev/urandom | base64 | tr '+/' '-_')"  # url-safe base64 of 32 bytes (Fernet)
   export KICI_SECRETS_KEY
-  (umask 077; echo "KICI_SECRETS_KEY=$KICI_SECRETS_KEY" >> "$ROOT/var/env")
+  (umask 077; echo "export KICI_SECRETS_KEY=$KICI_SECRETS_KEY" >> "$ROOT/var/env")
   say "generated the registry credentials key, kept in var/env (losing it makes stored credentials unreadable)"
 }
 
@@ -202,6 +202,8 @@ stop_started_services() {
     say "stopping PostgreSQL"
     for v in $(ls /etc/postgresql 2>/dev/null); do $SUDO pg_ctlcluster --skip-systemctl-redirect "$v" main stop 2>/dev/null || true; done
   fi
+  # make run's pid file goes with it (a `make stop-agents` beside a running make run leaves that one's).
+  if [ "$(cat "$RUN_DIR/run.pid" 2>/dev/null)" = "$$" ]; then rm -f "$RUN_DIR/run.pid"; fi
 }
 
 # `make test` beside agents a `make run` left running: the suite's private dockerd needs the agent

@@ -136,10 +136,19 @@ def test_the_stop_leaves_running_agents_their_dockerd_network_and_rules(
 
 def test_with_no_agent_running_the_stop_ends_the_dockerd_it_started_and_the_tables(tmp_path, fake_dockerd, nft_tables):
     # No daemon answers: no agent container runs, so everything make run started goes.
-    out = _lib(tmp_path, NOT_A_DAEMON, nft_tables, "STARTED_DOCKERD=1; stop_started_services")
+    pid_file = tmp_path / "var" / "run" / "run.pid"
+    out = _lib(tmp_path, NOT_A_DAEMON, nft_tables, f"echo $$ > {pid_file}; STARTED_DOCKERD=1; stop_started_services")
     assert "stopping the dockerd make run started" in out and "left running" not in out
     assert not _alive(fake_dockerd)  # the stop waited for it to go
     assert not _has_table("inet", nft_tables) and not _has_table("bridge", nft_tables)
+    assert not pid_file.exists()  # the next make stop-agents does not think make run still runs
+
+
+def test_a_stop_leaves_the_pid_file_of_a_make_run_that_still_runs(tmp_path, fake_dockerd, nft_tables):
+    pid_file = tmp_path / "var" / "run" / "run.pid"
+    pid_file.write_text(f"{os.getpid()}\n")  # another process: a make run still running
+    _lib(tmp_path, NOT_A_DAEMON, nft_tables, "stop_started_services")
+    assert pid_file.read_text() == f"{os.getpid()}\n"
 
 
 def test_make_test_is_refused_beside_agents_make_run_left_naming_what_ends_them(

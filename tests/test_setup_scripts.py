@@ -24,6 +24,22 @@ def test_generating_the_secrets_keeps_them_private_and_leaves_the_callers_umask_
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
 
 
+def test_sourcing_var_env_exports_what_set_up_generated(tmp_path):
+    # The README's `. var/env` then curl: a command run from that shell (xargs sh -c, a script)
+    # sees the token too.
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "lib.sh", tmp_path / "scripts" / "lib.sh")
+    subprocess.run(
+        ["bash", "-c", ". scripts/lib.sh; unset KICI_API_TOKEN; load_env; ensure_api_token >/dev/null"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    out = subprocess.run(
+        ["env", "-u", "KICI_API_TOKEN", "sh", "-c", '. var/env; sh -c \'echo "token=$KICI_API_TOKEN"\''],
+        cwd=tmp_path, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert out.stdout.startswith("token=kici_"), out.stdout
+
+
 def test_make_run_builds_the_firecracker_guest_only_for_a_config_with_a_firecracker_scaler(tmp_path):
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "lib.sh", tmp_path / "scripts" / "lib.sh")
