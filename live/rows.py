@@ -18,6 +18,13 @@ with the changed rows of the view (kici.js replaces a row in place or inserts it
 ``data-remove="<row ids>"`` for rows that left the view (an agent that failed, on a list of active
 agents) and, in the first frame after connecting, ``data-sync``: the rows of the view as they are
 now, every other row of the table goes (messages sent while a socket was away are lost).
+
+A view whose pages show a count beside the list (:class:`AgentRows`: ``/agents/``'s
+``#list-count``, the dashboard's and a scaler page's ``#live-agents-count``) puts the count
+elements after the ``<tbody>`` in the same frame, swapped out of band by id (a page drops those
+it does not have): the count of every row matching the view's filters, read from the database, not
+of the rows drawn, which are one page of them. It goes in the first frame and in every frame
+after, and a frame goes when only the count changed (an agent joining or leaving a later page).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from agents.listing import DEFAULT_SORT, LIST_PAGE_SIZE, filter_agents
+from agents.listing import DEFAULT_SORT, LIST_PAGE_SIZE, MAX_PAGE, filter_agents
 from agents.models import Agent
 from operations.listing import PAGE_SIZE as OPERATIONS_PAGE_SIZE
 from operations.listing import filter_operations
@@ -105,15 +112,18 @@ class RowView:
 
 class _PagedRows(RowView):
     """A page of a filtered list: a changed row that matches is shown (a new one only where
-    :meth:`inserts_new`), a shown row that no longer matches is removed."""
+    :meth:`inserts_new`), a shown row that no longer matches is removed. With ``counted``, every
+    frame ends with :meth:`count_html` of the rows matching the filters."""
 
     template = ""
     dom_prefix = ""
+    counted = False
 
     def __init__(self, params, page_size: int):
         self.params = params
         self.page = _int(params, "page", 1, 1, 10_000)
         self.limit = _int(params, "limit", page_size, 1, MAX_LIMIT)
+        self.count: int | None = None
 
     def queryset(self):
         raise NotImplementedError
@@ -124,8 +134,13 @@ class _PagedRows(RowView):
     def _key(self, obj):
         return getattr(obj, self.key_field())
 
+    def count_html(self, count: int) -> str:
+        """The page's count elements for ``count`` matching rows, each with ``hx-swap-oob``
+        (only where ``counted``)."""
+        raise NotImplementedError
+
     def _render(self, objects, removed=(), sync=False) -> str:
-        return render_to_string(
+        rows = render_to_string(
             self.template,
             {
                 self.context_name: objects,
@@ -134,10 +149,16 @@ class _PagedRows(RowView):
                 "server_time": server_time(),
             },
         ).strip()
+        if self.count is None:
+            return rows
+        # After the <tbody>: a template parses table content only as its first element.
+        return f"{rows}\n{self.count_html(self.count)}"
 
     def snapshot(self):
         start = (self.page - 1) * self.limit
         objects = list(self.queryset()[start : start + self.limit])
+        if self.counted:
+            self.count = self.queryset().count()
         return [self._render(objects, sync=True)], {self._key(o) for o in objects}
 
     def inserts_new(self) -> bool:
@@ -152,7 +173,12 @@ class _PagedRows(RowView):
             matched = [o for o in matched if self._key(o) in shown]
         found = {self._key(o) for o in matched}
         removed = sorted(k for k in keys if k in shown and k not in found)
-        if not matched and not removed:
+        recounted = False
+        if self.counted and not all(k in shown and k in found for k in keys):
+            # A row that was shown and still matches cannot change the count; any other may.
+            count = self.queryset().count()
+            recounted, self.count = count != self.count, count
+        if not matched and not removed and not recounted:
             return [], shown
         return [self._render(matched, removed)], (shown - set(removed)) | found
 
@@ -166,6 +192,7 @@ class AgentRows(_PagedRows):
     template = f"{AGENTS_PAGE}#agent_rows_oob"
     context_name = "agents"
     dom_prefix = "agent-"
+    counted = True
 
     def __init__(self, params):
         super().__init__(params, LIST_PAGE_SIZE)
@@ -187,6 +214,21 @@ class AgentRows(_PagedRows):
 
     def key_field(self):
         return "agent_id"
+
+    def count_html(self, count):
+        """``/agents/``'s ``#list-count`` (``agents/list.html#list_count``: "N agents · page P
+        of L", L from ``limit`` and at most ``MAX_PAGE``) and the dashboard's or scaler page's
+        ``#live-agents-count`` (``dashboard/index.html#live_agents_count``); a page has one."""
+        last_page = min(max(1, -(-count // self.limit)), MAX_PAGE)
+        listed = render_to_string(
+            "agents/list.html#list_count",
+            {"count": count, "page_number": self.page, "last_page": last_page, "oob": True},
+        )
+        live = render_to_string(
+            f"{AGENTS_PAGE}#live_agents_count",
+            {"count": count, "limit": self.limit, "scaler": self.filters["scaler"], "oob": True},
+        )
+        return f"{listed.strip()}\n{live.strip()}"
 
     def inserts_new(self) -> bool:
         """New agents go on top of the first page of a newest-first list only: in any other order

@@ -66,6 +66,8 @@ def agent_list(request):
     ctx = {
         "nav": "agents",
         "page": page,
+        "count": paginator.count,
+        "page_number": page.number,
         "last_page": last_page,
         "capped": paginator.num_pages > MAX_PAGE,
         "has_next": page.number < last_page,

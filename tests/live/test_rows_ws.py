@@ -238,3 +238,35 @@ async def test_a_frame_is_rendered_once_per_batch_not_per_notice(viewer, updates
         assert updates == [{agent.agent_id}]
     finally:
         await page.disconnect()
+
+
+LIST_COUNT = re.compile(r'<span id="list-count" hx-swap-oob="true">([^<]*)</span>')
+LIVE_COUNT = re.compile(r'<span id="live-agents-count" class="small" hx-swap-oob="true">(.*?)</span>\s*$', re.S)
+
+
+async def test_every_frame_counts_the_views_matching_rows_not_the_rows_it_draws(viewer):
+    @database_sync_to_async
+    def world():
+        scaler = make_scaler("rows-count")
+        return [make_agent(scaler, AgentState.RUNNING) for _ in range(5)]
+
+    agents = await world()
+    later, first = await connect("/ws/rows/agents/?state=active&limit=2&page=2", viewer)
+    dashboard, first_dashboard = await connect("/ws/rows/agents/?state=active&limit=2", viewer)
+    try:
+        assert len(rows([first])) == 2 and LIST_COUNT.findall(first) == ["5 agents · page 2 of 3"]
+        assert "the newest 2 of 5" in first_dashboard and "all 5 live agents →" in first_dashboard
+        # A new agent belongs on the first page: the later page gains no row, only its count.
+        new = await database_sync_to_async(make_agent)(agents[0].scaler, AgentState.SPAWNING)
+        await database_sync_to_async(event)(new.agent_id, EventType.PROVISIONING)
+        frame = await later.receive_from(timeout=5)
+        assert rows([frame]) == [] and LIST_COUNT.findall(frame) == ["6 agents · page 2 of 3"]
+        assert "all 6 live agents →" in LIVE_COUNT.search(await dashboard.receive_from(timeout=5)).group(1)
+        # A heartbeat of a shown row: its frame still carries the count (not read again).
+        shown = rows([first])[0]
+        await apublish_rows([(AGENTS_GROUP, rows_notice("agents", [shown]))])
+        frame = await later.receive_from(timeout=5)
+        assert rows([frame]) == [shown] and LIST_COUNT.findall(frame) == ["6 agents · page 2 of 3"]
+    finally:
+        await later.disconnect()
+        await dashboard.disconnect()
