@@ -7,6 +7,8 @@ import ipaddress
 
 from django.db.models import F, Q
 
+from lib.query import BadParameter, choice, shown, whole_number
+
 from .choices import ACTIVE_STATES, AgentState
 from .models import Agent
 
@@ -34,10 +36,12 @@ STATE_FILTERS = [("active", "active"), ("all", "all states"), *[(s.value, s.valu
 
 def sort_order(sort: str) -> list:
     """The ``order_by`` arguments of a ``?sort=`` value (a key of :data:`SORTS`, ``-`` for
-    descending; empty: :data:`DEFAULT_SORT`). ValueError naming the value for any other."""
+    descending; empty: :data:`DEFAULT_SORT`). BadParameter naming the value for any other."""
     column = sort.removeprefix("-")
     if column not in SORTS:
-        raise ValueError(f"sort: unknown column {sort!r} (known: {', '.join(SORTS)}, each optionally with '-')")
+        raise BadParameter(
+            "sort", f"unknown column {shown(sort)!r} (known: {', '.join(SORTS)}, each optionally with '-')"
+        )
     if sort.startswith("-"):
         return [F(SORTS[column]).desc(nulls_last=True), "-id"]
     return [F(SORTS[column]).asc(nulls_first=True), "id"]
@@ -50,17 +54,14 @@ def parse_labels(raw: str) -> list[str]:
 
 
 def page_number(raw) -> int:
-    """The ``?page=`` of a list: 1 when absent, else an integer within 1..:data:`MAX_PAGE`.
-    ValueError naming the value otherwise."""
-    if raw in (None, ""):
-        return 1
-    try:
-        number = int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"page: must be an integer, got {raw!r}") from None
-    if not 1 <= number <= MAX_PAGE:
-        raise ValueError(f"page: must be within 1..{MAX_PAGE} (narrow the filters to reach further), got {number}")
-    return number
+    """The ``?page=`` of a list: 1 when absent, else a whole number within 1..:data:`MAX_PAGE`.
+    BadParameter naming the value otherwise."""
+    return whole_number("page", raw, 1, MAX_PAGE, default=1, hint=" (narrow the filters to reach further)")
+
+
+#: Parameters of ``/agents/`` (and of its live rows), each taken once: ``state`` is one state (or
+#: ``active`` / ``all``), ``label`` lists several labels with commas.
+LIST_PARAMETERS = ("state", "scaler", "label", "q", "sort", "page")
 
 
 def filter_agents(params) -> tuple:
@@ -70,7 +71,7 @@ def filter_agents(params) -> tuple:
     ``sort`` (:func:`sort_order`).
 
     Returns ``(queryset, cleaned)`` with ``cleaned`` the values actually applied (the sort is always
-    there). ValueError naming the value for an unknown state or sort: a filter that is silently
+    there). BadParameter naming the value for an unknown state or sort: a filter that is silently
     dropped shows a list the operator did not ask for.
     """
     sort = (params.get("sort") or "").strip() or DEFAULT_SORT
@@ -82,8 +83,7 @@ def filter_agents(params) -> tuple:
     elif state in AgentState.values:
         qs = qs.filter(state=state)
     elif state != "all":
-        choices = ", ".join(value for value, _ in STATE_FILTERS)
-        raise ValueError(f"state: must be one of {choices}, got {state[:100]!r}")
+        choice("state", state, [value for value, _ in STATE_FILTERS])
     scaler = (params.get("scaler") or "").strip()
     if scaler:
         qs = qs.filter(scaler__name=scaler)

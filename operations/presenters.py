@@ -79,6 +79,11 @@ def target_rows(operation: Operation, keys=None, start: int = 0, stop: int | Non
     return rows
 
 
+def plan_pages(operation: Operation) -> int:
+    """How many pages of :data:`ROWS_PER_PAGE` plan rows the operation page has (1 for an empty plan)."""
+    return max(1, -(-len(operation.plan or []) // ROWS_PER_PAGE))
+
+
 def detail_context(
     operation: Operation,
     user,
@@ -90,7 +95,7 @@ def detail_context(
     """Everything ``operations/detail.html`` and its partials need. ``page`` (1-based) picks
     :data:`ROWS_PER_PAGE` plan rows; None renders all (or only ``keys``)."""
     total = len(operation.plan or [])
-    pages = max(1, -(-total // ROWS_PER_PAGE))
+    pages = plan_pages(operation)
     start, stop = 0, None
     if page is not None:
         page = min(max(1, page), pages)

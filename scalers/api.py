@@ -80,6 +80,7 @@ from agents.choices import AgentState
 from agents.models import Agent
 from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
+from lib.query import BadParameter, check_parameters, choice, shown, whole_number
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.validate import InvalidScaleRequest, _short, validate_scale_request
@@ -264,10 +265,27 @@ def _json_object(request) -> tuple[dict, JsonResponse | None]:
         return {}, _error(400, "invalid-request", str(exc), field="body")
 
 
+#: Parameters of ``GET /api/v1/agents``, each taken once.
+LIST_PARAMETERS = ("scaler", "state", "jobId", "limit", "cursor")
+
+#: Largest ``cursor`` (an agent's row id, PostgreSQL ``bigint``).
+CURSOR_MAX = 2**63 - 1
+
+
+def _bad_parameter(exc: BadParameter) -> JsonResponse:
+    return _error(400, "invalid-request", str(exc), field=exc.field)
+
+
 @_orchestrator
 def agent_detail(request, agent_id: str):
+    """``GET /api/v1/agents/<agentId>``: the agent (:func:`agent_json`); 400 naming any query
+    parameter (it takes none), 404 for an unknown agent."""
     if refused := _only(request, "GET"):
         return refused
+    try:
+        check_parameters(request.GET)
+    except BadParameter as exc:
+        return _bad_parameter(exc)
     agent = Agent.objects.select_related("scaler").filter(agent_id=agent_id).first()
     if agent is None:
         return _error(404, "not-found", f"no agent {agent_id!r}")
@@ -276,34 +294,33 @@ def agent_detail(request, agent_id: str):
 
 @_orchestrator
 def agent_list(request):
+    """``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: agents in creation order,
+    ``limit`` (1 to :data:`MAX_PAGE`, default 100) at a time, ``nextCursor`` the ``cursor`` of the
+    next page. 400 ``invalid-request`` with ``field`` for an unknown parameter, one given twice, an
+    unknown state, a bad limit or a cursor we did not give."""
     if refused := _only(request, "GET"):
         return refused
-    agents = Agent.objects.select_related("scaler").order_by("pk")
     query = request.GET
+    try:
+        check_parameters(query, single=LIST_PARAMETERS)
+        state = choice("state", query.get("state"), AgentState.values)
+        limit = whole_number("limit", query.get("limit"), 1, MAX_PAGE, default=100)
+        raw_cursor = query.get("cursor")
+        try:
+            cursor = whole_number("cursor", raw_cursor, 1, CURSOR_MAX, default=0)
+        except BadParameter:
+            raise BadParameter("cursor", f"{shown(raw_cursor)!r} is not one we gave (pass back a nextCursor)") from None
+    except BadParameter as exc:
+        return _bad_parameter(exc)
+    agents = Agent.objects.select_related("scaler").order_by("pk")
     if query.get("scaler"):
         agents = agents.filter(scaler__name=query["scaler"])
-    if query.get("state"):
-        if query["state"] not in AgentState.values:
-            return _error(
-                400,
-                "invalid-request",
-                f"state must be one of {', '.join(AgentState.values)}, got {query['state']!r}",
-                field="state",
-            )
-        agents = agents.filter(state=query["state"])
+    if state:
+        agents = agents.filter(state=state)
     if query.get("jobId"):
         agents = agents.filter(bound_job_id=query["jobId"])
-    try:
-        limit = int(query.get("limit", 100))
-        if not 1 <= limit <= MAX_PAGE:
-            raise ValueError
-    except ValueError:
-        return _error(400, "invalid-request", f"limit must be 1-{MAX_PAGE}, got {query.get('limit')!r}", field="limit")
-    if query.get("cursor"):
-        try:
-            agents = agents.filter(pk__gt=int(query["cursor"]))
-        except ValueError:
-            return _error(400, "invalid-request", f"cursor {query['cursor']!r} is not one we gave", field="cursor")
+    if cursor:
+        agents = agents.filter(pk__gt=cursor)
     page = list(agents[: limit + 1])
     more = len(page) > limit
     page = page[:limit]

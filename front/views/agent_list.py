@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET
 from agents.listing import (
     DEFAULT_SORT,
     LIST_PAGE_SIZE,
+    LIST_PARAMETERS,
     MAX_PAGE,
     SORTS,
     STATE_FILTERS,
@@ -19,6 +20,7 @@ from agents.listing import (
 )
 from kici_site.errors import error_page
 from lib.htmx import wants_partial
+from lib.query import check_parameters
 from scalers.models import Scaler
 
 from .common import viewer_required
@@ -53,8 +55,10 @@ def sort_links(filters: dict, current: str) -> dict:
 @viewer_required
 def agent_list(request):
     """``/agents/``: a page of agents (``agents.listing``: filters, ``sort``, ``page`` up to
-    ``MAX_PAGE``); htmx requests get only the table. 400 naming the value for a bad sort or page."""
+    ``MAX_PAGE``); htmx requests get only the table. 400 naming the parameter and value for a bad
+    filter, sort or page, an unknown parameter, or one given twice (each takes one value)."""
     try:
+        check_parameters(request.GET, single=LIST_PARAMETERS)
         qs, cleaned = filter_agents(request.GET)
         number = page_number(request.GET.get("page"))
     except ValueError as exc:

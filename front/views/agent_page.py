@@ -8,6 +8,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from agents.models import Agent, ScalerEvent
+from kici_site.errors import error_page
+from lib.query import check_parameters, choice
 
 from .common import agent_or_404, can_run_selftest, viewer_required
 from .console import console_streams
@@ -41,12 +43,18 @@ def host_access_view(agent: Agent) -> dict:
 @require_GET
 @viewer_required
 def agent_detail(request, agent_id: str):
-    """``/agents/<agent_id>/``: state, labels, timestamps, host access, rules in force, timeline."""
+    """``/agents/<agent_id>/``: state, labels, timestamps, host access, rules in force, timeline;
+    ``?part=events`` only the timeline's rows. 400 naming any other parameter or part."""
     agent = agent_or_404(agent_id)
+    try:
+        check_parameters(request.GET, single=("part",))
+        part = choice("part", request.GET.get("part"), ("events",))
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
     events = ScalerEvent.objects.filter(Q(agent=agent) | Q(agent_ref=agent.agent_id)).order_by("-created_at", "-id")[
         :500
     ]
-    if request.GET.get("part") == "events":
+    if part == "events":
         return render(
             request,
             "dashboard/index.html#event_tbody",

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET
 from agents.archive import archive_path, archived_lines
 from agents.models import Agent
 from lib.dockerlogs import read_lines_before as read_container_lines
+from lib.query import check_parameters, whole_number
 from lib.tail import Opener, plain_open, read_lines_before
 from live.consoles import (
     agent_container,
@@ -161,41 +162,30 @@ def agent_console_download(request, agent_id: str, stream: str):
 LINES_PAGE = 500
 LINES_PAGE_MAX = 1000
 
-
-def _positive_int(request, name: str, default: int | None, high: int | None = None) -> int:
-    raw = request.GET.get(name)
-    if raw is None or raw == "":
-        if default is None:
-            raise ValueError(f"{name} is required (a line number)")
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < 1 or (high is not None and value > high):
-        top = f" and {high}" if high is not None else ""
-        raise ValueError(f"{name} must be between 1{top}, got {value}")
-    return value
+#: Largest ``before`` of :func:`agent_console_lines`: 2**53 - 1, the largest line number the page's
+#: JavaScript holds exactly (``Number.MAX_SAFE_INTEGER``), far above any stream's line count.
+BEFORE_MAX = 2**53 - 1
 
 
 @require_GET
 @viewer_required
 def agent_console_lines(request, agent_id: str, stream: str):
     """``/agents/<id>/console/<stream>/lines?before=N&limit=500``: the lines numbered below ``N``
-    (at most ``limit``, 1 to 1,000) as JSON ``{"oldest": about the first line still held, "first":
-    number of rows[0], "rows": [...]}`` with the rows of ``live.streams.console_row``.
+    (1 to :data:`BEFORE_MAX`; at most ``limit``, 1 to 1,000) as JSON ``{"oldest": about the first
+    line still held, "first": number of rows[0], "rows": [...]}`` with the rows of ``live.streams.console_row``.
 
     Read from the stream's file (``lib.tail.read_lines_before``; receive times from the stream's
     ``times`` key, 0 where unknown), from a container's docker logs (``lib.dockerlogs``, the
     numbers and docker times of the live stream), or, once the sandbox is gone, from the agent's
-    archive (``agents.archive.archived_lines``, no times). 400 for a bad parameter, 404 for a
-    stream with nothing behind it or a file not there (yet), 502 when it cannot be read."""
+    archive (``agents.archive.archived_lines``, no times). 400 naming a bad, unknown or repeated
+    parameter, 404 for a stream with nothing behind it or a file not there (yet), 502 when it cannot be read."""
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
     try:
-        before = _positive_int(request, "before", None)
-        limit = _positive_int(request, "limit", LINES_PAGE, LINES_PAGE_MAX)
+        check_parameters(request.GET, single=("before", "limit"))
+        before = whole_number("before", request.GET.get("before"), 1, BEFORE_MAX)
+        limit = whole_number("limit", request.GET.get("limit"), 1, LINES_PAGE_MAX, default=LINES_PAGE)
     except ValueError as exc:
         return JsonResponse({"error": str(exc)}, status=400)
     if sandbox_gone(agent, stream):

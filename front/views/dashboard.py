@@ -15,6 +15,8 @@ from django.views.decorators.http import require_GET
 from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
+from kici_site.errors import error_page
+from lib.query import check_parameters, choice
 from scalers.capacity import global_capacity, pool_capacities, scaler_capacities
 from scalers.models import RecoveryReport, Scaler
 
@@ -69,7 +71,13 @@ _active_agents = Agent.objects.filter(scaler=OuterRef("pk"), state__in=ACTIVE_ST
 @require_GET
 @viewer_required
 def dashboard(request):
-    """``/``: capacity per scaler (and pools, and the console), live agents, recent events."""
+    """``/``: capacity per scaler (and pools, and the console), live agents, recent events;
+    ``?part=agents`` / ``?part=events`` only those rows. 400 naming any other parameter or part."""
+    try:
+        check_parameters(request.GET, single=("part",))
+        part = choice("part", request.GET.get("part"), ("agents", "events"))
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
     agents = list(filter_agents({"state": "active"})[0][:DASHBOARD_AGENT_LIMIT])  # its row view's query
     events = ScalerEvent.objects.all()[:DASHBOARD_EVENT_LIMIT]
     url = reverse("dashboard")
@@ -81,7 +89,6 @@ def dashboard(request):
         "max_rows": DASHBOARD_EVENT_LIMIT,
         "empty_text": "No live agents.",
     }
-    part = request.GET.get("part")
     if part == "agents":
         return render(request, "dashboard/index.html#agent_tbody", {**ctx, "resync_url": f"{url}?part=agents"})
     if part == "events":

@@ -10,6 +10,7 @@ from agents.choices import EventType
 from agents.models import ScalerEvent
 from kici_site.errors import error_page
 from lib.htmx import wants_partial
+from lib.query import check_parameters, choice
 from scalers.models import Scaler
 
 from .common import css_attr_selector, viewer_required
@@ -21,11 +22,14 @@ EVENTS_PAGE_SIZE = 200
 @viewer_required
 def event_list(request):
     """``/events/``: the global event feed, newest first, live; filters ``type``, ``scaler``, ``q``.
-    400 naming the value for an unknown type (never a silently dropped filter)."""
+    400 naming the value for an unknown type, an unknown parameter (there is no ``page``: the feed
+    is the newest :data:`EVENTS_PAGE_SIZE`), or one given twice (never a silently dropped filter)."""
+    try:
+        check_parameters(request.GET, single=("type", "scaler", "q"))
+        etype = choice("type", request.GET.get("type"), EventType.values)
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
     qs = ScalerEvent.objects.all()
-    etype = request.GET.get("type") or ""
-    if etype and etype not in EventType.values:
-        return error_page(request, 400, f"type: must be one of {', '.join(EventType.values)}, got {etype[:100]!r}")
     if etype:
         qs = qs.filter(type=etype)
     scaler = (request.GET.get("scaler") or "").strip()

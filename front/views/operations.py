@@ -20,12 +20,13 @@ from django_htmx.http import HttpResponseClientRedirect
 from agents.listing import page_number
 from kici_site.errors import error_page
 from lib.htmx import wants_partial
+from lib.query import check_parameters, whole_number
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.kinds.registry import get_kind
-from operations.listing import PAGE_SIZE, filter_operations
+from operations.listing import LIST_PARAMETERS, PAGE_SIZE, filter_operations
 from operations.models import Operation
-from operations.presenters import bulk_rows, detail_context
+from operations.presenters import bulk_rows, detail_context, plan_pages
 from operations.services import (
     APPROVE_PERM,
     REQUEST_PERM,
@@ -46,8 +47,10 @@ from scalers.models import Scaler
 @permission_required(VIEW_PERM, raise_exception=True)
 def operation_list(request: HttpRequest) -> HttpResponse:
     """``/operations/?status=&kind=&scaler=&page=``: newest first, 50 a page; 400 naming the value
-    for an unknown status or kind, or a page that is not a number in range."""
+    for an unknown status or kind, a page that is not a number in range, an unknown parameter, or
+    one given twice (each takes one value)."""
     try:
+        check_parameters(request.GET, single=LIST_PARAMETERS)
         qs, filters = filter_operations(request.GET)
         number = page_number(request.GET.get("page"))
     except ValueError as exc:
@@ -70,13 +73,16 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """``/operations/<pk>/?page=``: the operation, its plan a page at a time (1 to its last page).
+    400 naming the value for a page that is not a number in range or any other parameter."""
     operation = get_object_or_404(
         Operation.objects.select_related("scaler", "label_set", "requested_by", "approved_by", "rejected_by"), pk=pk
     )
     try:
-        page = int(request.GET.get("page", "1"))
-    except ValueError:
-        page = 1
+        check_parameters(request.GET, single=("page",))
+        page = whole_number("page", request.GET.get("page"), 1, plan_pages(operation), default=1)
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
     return render(
         request, "operations/detail.html", {"nav": "operations", **detail_context(operation, request.user, page=page)}
     )
@@ -210,6 +216,8 @@ def operation_bulk_approve(request: HttpRequest) -> HttpResponse:
     _require_deciding(request.user)
     data = request.POST if request.method == "POST" else request.GET
     try:
+        if request.method == "GET":
+            check_parameters(data, several=("op",))
         operations = _selected_operations(data.getlist("op"))
         check_bulk_selection(operations)
     except ValueError as exc:

@@ -80,10 +80,17 @@ def test_the_numbers_hold_after_the_file_is_cut(viewer_client, vm_agent, times_k
 @pytest.mark.parametrize(
     "query, message",
     [
-        ({}, "before is required"),
-        ({"before": "x"}, "before must be a whole number, got 'x'"),
-        ({"before": "0"}, "before must be between 1"),
-        ({"before": "10", "limit": "1001"}, "limit must be between 1 and 1000, got 1001"),
+        ({}, "before: is required (a whole number within 1..9007199254740991)"),
+        ({"before": "x"}, "before: must be a whole number within 1..9007199254740991, got 'x'"),
+        ({"before": "0"}, "before: must be a whole number within 1..9007199254740991, got 0"),
+        ({"before": "-1"}, "before: must be a whole number within 1..9007199254740991, got -1"),
+        (
+            {"before": "99999999999999999999"},
+            "before: must be a whole number within 1..9007199254740991, got 99999999999999999999",
+        ),
+        ({"before": "10", "limit": "1001"}, "limit: must be a whole number within 1..1000, got 1001"),
+        ({"before": ["10", "20"]}, "before: given 2 times ('10', '20'); it takes one value"),
+        ({"before": "10", "after": "5"}, "after: unknown parameter (accepted: before, limit)"),
     ],
 )
 def test_it_refuses_a_bad_parameter_naming_it(viewer_client, vm_agent, query, message):

@@ -203,9 +203,18 @@ def test_the_agent_list_filters_by_labels_state_and_scaler(viewer_client, fleet)
     [
         ("sort=labels", "sort: unknown column &#x27;labels&#x27;"),
         ("sort=--created_at", "sort: unknown column &#x27;--created_at&#x27;"),
-        ("page=x", "page: must be an integer, got &#x27;x&#x27;"),
-        ("page=0", f"page: must be within 1..{MAX_PAGE}"),
-        (f"page={MAX_PAGE + 1}", f"page: must be within 1..{MAX_PAGE} (narrow the filters to reach further)"),
+        ("page=x", f"page: must be a whole number within 1..{MAX_PAGE}, got &#x27;x&#x27;"),
+        ("page=0", f"page: must be a whole number within 1..{MAX_PAGE}"),
+        (
+            f"page={MAX_PAGE + 1}",
+            f"page: must be a whole number within 1..{MAX_PAGE} (narrow the filters to reach further), "
+            f"got {MAX_PAGE + 1}",
+        ),
+        # One state at a time (``active`` is the several live ones): a second is refused, not dropped.
+        ("state=running&state=failed", "state: given 2 times (&#x27;running&#x27;, &#x27;failed&#x27;); it takes one"),
+        ("label=gpu&label=linux", "label: given 2 times"),
+        ("page=1&page=2", "page: given 2 times"),
+        ("status=running", "status: unknown parameter (accepted: state, scaler, label, q, sort, page)"),
     ],
 )
 def test_a_bad_sort_or_page_is_refused_naming_it(viewer_client, fleet, query, message):

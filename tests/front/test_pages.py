@@ -323,6 +323,13 @@ def test_the_events_feed_filters_and_goes_quiet_while_searching(viewer_client, s
     assert "pulling image" in searched and 'ws-connect="/ws/events/"' not in searched
     bogus = viewer_client.get("/events/?type=bogus")
     assert bogus.status_code == 400 and "type: must be one of scaler." in unescape(bogus.content.decode())
+    # The feed is the newest rows, with no pages: a page (or a repeated filter) is refused, not ignored.
+    for query, message in (
+        ("page=abc", "page: unknown parameter (accepted: type, scaler, q)"),
+        ("type=scaler.failed&type=scaler.spawned", "type: given 2 times"),
+    ):
+        refused = viewer_client.get(f"/events/?{query}")
+        assert refused.status_code == 400 and message in unescape(refused.content.decode()), query
 
 
 # --- scalers ----------------------------------------------------------------------------------

@@ -304,6 +304,14 @@ def test_the_list_filters_by_status_kind_and_scaler(users, config_file, client, 
     for query, field in (("status=bogus", "status"), ("kind=bogus", "kind"), ("page=-1", "page")):
         refused = client.get(f"/operations/?{query}")
         assert refused.status_code == 400 and f"{field}: must be" in refused.content.decode(), query
+    # It has no sort, and each filter takes one value: either is refused naming the parameter.
+    for query, message in (
+        ("sort=bogus", "sort: unknown parameter (accepted: status, kind, scaler, page)"),
+        ("status=planned&status=rejected", "status: given 2 times"),
+        ("page=abc", "page: must be a whole number within 1..200, got &#x27;abc&#x27;"),
+    ):
+        refused = client.get(f"/operations/?{query}")
+        assert refused.status_code == 400 and message in refused.content.decode(), query
     partial = client.get("/operations/?status=planned", HTTP_HX_REQUEST="true").content.decode()
     assert partial.lstrip().startswith('<tbody id="op-rows"')
     assert 'ws-connect="/ws/rows/operations/?status=planned&amp;kind=&amp;scaler=&amp;page=1"' in partial
@@ -380,7 +388,15 @@ def test_a_large_plan_is_shown_a_page_of_rows_at_a_time(users, config_file, clie
     page = client.get(f"/operations/{op.pk}/?page=3").content.decode()
     assert "rows 401–450" in page and "page 3 of 3" in page
     assert page.count('<tr id="target-') == 50 and "c-0449" in page and "c-0399" not in page
-    assert client.get(f"/operations/{op.pk}/?page=x").status_code == 200
+    for query, message in [
+        ("page=abc", "page: must be a whole number within 1..3, got &#x27;abc&#x27;"),
+        ("page=-5", "page: must be a whole number within 1..3, got -5"),
+        ("page=4", "page: must be a whole number within 1..3, got 4"),
+        ("page=1&page=2", "page: given 2 times"),
+        ("rows=2", "rows: unknown parameter (accepted: page)"),
+    ]:
+        response = client.get(f"/operations/{op.pk}/?{query}")
+        assert response.status_code == 400 and message in response.content.decode(), query
 
 
 def test_a_planner_that_cannot_look_plans_nothing_and_says_why(users, client, settings):

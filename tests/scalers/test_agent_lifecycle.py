@@ -149,6 +149,12 @@ def test_an_agent_released_before_it_registered_cannot_register_with_its_token(d
         ("GET", "/api/v1/agents?state=sleeping", None, 400, "state"),
         ("GET", "/api/v1/agents?limit=0", None, 400, "limit"),
         ("GET", "/api/v1/agents?cursor=abc", None, 400, "cursor"),
+        ("GET", "/api/v1/agents?cursor=99999999999999999999", None, 400, "cursor"),
+        ("GET", "/api/v1/agents?limit=abc", None, 400, "limit"),
+        ("GET", "/api/v1/agents?sort=bogus&page=abc", None, 400, "sort"),
+        ("GET", "/api/v1/agents?page=abc", None, 400, "page"),
+        ("GET", "/api/v1/agents?state=running&state=failed", None, 400, "state"),
+        ("GET", "/api/v1/agents/AGENT?verbose=1", None, 400, "verbose"),
         ("GET", "/api/v1/agents/AGENT/job-complete", None, 405, None),
     ],
 )
