@@ -14,6 +14,7 @@ from django.conf import settings
 from agents.choices import AgentState
 from agents.models import Agent
 from scalers.models import Scaler
+from tests.support.docker import run_script
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
 
@@ -23,14 +24,7 @@ LINES = 1500
 @pytest.fixture
 def container_agent(dockerd, docker_client, agent_image):
     script = f"i=1; while [ $i -le {LINES} ]; do echo line $i; i=$((i+1)); done; sleep 0.2; echo done >&2; sleep 120"
-    container = docker_client.containers.run(
-        agent_image,
-        ["sh", "-c", script],
-        name=f"ui-ctr-console-{uuid.uuid4().hex[:8]}",
-        detach=True,
-        network_mode="none",
-        labels={"kici.test": "tail"},
-    )
+    container = run_script(docker_client, agent_image, script, "ui-ctr-console")
     try:
         for _ in range(100):
             if b"done" in container.logs(tail=1):

@@ -18,6 +18,7 @@ from live.consumers import close_console_hub, get_console_hub
 from live.routing import websocket_urlpatterns
 from live.streams import StreamKey
 from scalers.models import Scaler
+from tests.support.docker import run_script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -418,16 +419,8 @@ def _container_agent(container_id: str):
 
 @pytest.mark.docker
 async def test_a_container_console_streams_its_docker_logs(world, docker_client, agent_image):
-    import uuid
-
-    container = docker_client.containers.run(
-        agent_image,
-        ["sh", "-c", "echo hello from the container; echo '<b>bold</b>'; sleep 30"],
-        name=f"tail-console-{uuid.uuid4().hex[:8]}",
-        detach=True,
-        network_mode="none",
-        labels={"kici.test": "tail"},
-    )
+    script = "echo hello from the container; echo '<b>bold</b>'; sleep 30"
+    container = run_script(docker_client, agent_image, script, "tail-console")
     try:
         agent = await database_sync_to_async(_container_agent)(container.id)
         comm = await connect(f"/ws/agents/{agent.agent_id}/console/console/", world["viewer"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 
 import docker.errors
 import pytest
@@ -21,6 +20,7 @@ from live.consoles import console_source, container_checkpoints
 from live.hub import ConsoleHub
 from live.streams import StreamKey
 from scalers.models import Scaler
+from tests.support.docker import run_script
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db]
 
@@ -42,15 +42,7 @@ def run_container(docker_client, agent_image):
     started = []
 
     def run(script: str, wait_for: str, **kwargs):
-        container = docker_client.containers.run(
-            agent_image,
-            ["sh", "-c", script],
-            name=f"ctr-console-{uuid.uuid4().hex[:8]}",
-            detach=True,
-            network_mode="none",
-            labels={"kici.test": "tail"},
-            **kwargs,
-        )
+        container = run_script(docker_client, agent_image, script, "ctr-console", **kwargs)
         started.append(container)
         for _ in range(200):
             if wait_for.encode() in container.logs(tail=5):

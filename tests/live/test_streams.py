@@ -24,6 +24,7 @@ from live.streams import (
     is_failure_line,
     split_batches,
 )
+from tests.support.docker import run_script
 
 KEY = StreamKey("scaler-firecracker-0a1b2c3d", "serial")
 
@@ -331,14 +332,7 @@ def checkpoints():
 
 async def _followed_lines(docker_client, image: str, script: str, checkpoints, **kwargs) -> list[str]:
     """Every line ``docker_log_lines`` yields for a container running ``sh -c script`` to its end."""
-    container = docker_client.containers.run(
-        image,
-        ["sh", "-c", script],
-        name=f"tail-logs-{uuid.uuid4().hex[:8]}",
-        detach=True,
-        network_mode="none",
-        labels={"kici.test": "tail"},
-    )
+    container = run_script(docker_client, image, script, "tail-logs")
     try:
         got = []
         async with asyncio.timeout(20):
@@ -379,14 +373,8 @@ async def test_a_stderr_line_is_never_spliced_into_an_open_stdout_line(docker_cl
 async def test_a_container_flooding_a_slow_reader_loses_its_oldest_lines_to_a_jump_in_numbers(
     docker_client, agent_image, checkpoints
 ):
-    container = docker_client.containers.run(
-        agent_image,
-        ["sh", "-c", "sleep 0.5; i=1; while [ $i -le 3000 ]; do echo line $i; i=$((i+1)); done; sleep 60"],
-        name=f"tail-logs-{uuid.uuid4().hex[:8]}",
-        detach=True,
-        network_mode="none",
-        labels={"kici.test": "tail"},
-    )
+    script = "sleep 0.5; i=1; while [ $i -le 3000 ]; do echo line $i; i=$((i+1)); done; sleep 60"
+    container = run_script(docker_client, agent_image, script, "tail-logs")
     try:
         got = []
         source = docker_log_source(container, checkpoints, max_queued=100)

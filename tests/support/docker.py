@@ -286,6 +286,23 @@ def docker_client():
     return docker.DockerClient(base_url=DOCKER_HOST, version="auto", timeout=120)
 
 
+def run_script(client, image: str, script: str, name: str, **kwargs):
+    """A detached container of ``image`` running ``sh -c script`` with no network, named
+    ``<name>-<8 hex>`` and labelled ``kici.test=tail`` (the suite's clean-up removes those);
+    ``kwargs`` go to ``containers.run``."""
+    import uuid
+
+    return client.containers.run(
+        image,
+        ["sh", "-c", script],
+        name=f"{name}-{uuid.uuid4().hex[:8]}",
+        detach=True,
+        network_mode="none",
+        labels={"kici.test": "tail"},
+        **kwargs,
+    )
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else "start"
     if cmd == "stop":
