@@ -68,18 +68,12 @@ def _container_or_gone(agent, **client_kwargs):
         ) from None
 
 
-def container_checkpoints(agent, client) -> RedisCheckpoints:
-    """The line checkpoints of a container agent's ``console`` stream (``lib.dockerlogs``), with a
-    synchronous ``redis.Redis`` ``client``."""
-    return RedisCheckpoints(client, agent.agent_id)
-
-
 def _docker_source(agent) -> SourceFactory:
     async def open_source():
         # No read timeout: a quiet container must not end its log stream.
         container = await asyncio.to_thread(_container_or_gone, agent, timeout=None)
         client = redis.Redis.from_url(settings.REDIS_URL)
-        checkpoints = container_checkpoints(agent, client)
+        checkpoints = RedisCheckpoints(client, agent.agent_id)
         try:
             async with contextlib.aclosing(docker_log_source(container, checkpoints)) as batches:
                 async for batch in batches:

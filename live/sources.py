@@ -147,24 +147,27 @@ async def docker_log_source(
             recent.extend(numberer.feed(stream, stamp, content))
         return recent, last
 
+    def save(numberer: Numberer) -> None:
+        """Store the checkpoints ``numberer`` noted and the highest number it gave."""
+        checkpoints.add(numberer.new_checkpoints)
+        numberer.new_checkpoints.clear()
+        checkpoints.set_top(numberer.next - 1)
+
     def run() -> None:
         numberer = None
         try:
             top = checkpoints.top()
             latest = checkpoints.at_or_before(max(1, top - backlog + 1))  # room for the backlog
-            if latest is None:
-                numberer = Numberer(top + 1, max_line=max_line, checkpoint_first=True)
-                recent, last = scan(None, numberer)
-            else:
+            if latest is not None:
                 try:
                     numberer = Numberer(latest.number, max_line=max_line)
                     recent, last = scan(latest, numberer)
                 except MarkGone:  # rotated past it: number the kept log after every number given
-                    numberer = Numberer(top + 1, max_line=max_line, checkpoint_first=True)
-                    recent, last = scan(None, numberer)
-            checkpoints.add(numberer.new_checkpoints)
-            numberer.new_checkpoints.clear()
-            checkpoints.set_top(numberer.next - 1)
+                    numberer = None
+            if numberer is None:
+                numberer = Numberer(top + 1, max_line=max_line, checkpoint_first=True)
+                recent, last = scan(None, numberer)
+            save(numberer)
             push(recent)
             mark = Checkpoint(0, last[0], last[1].decode()) if last is not None else None
             try:
@@ -179,9 +182,7 @@ async def docker_log_source(
             while message is not None:
                 push(numberer.feed(*message))
                 if numberer.new_checkpoints or time.monotonic() - noted > 1:
-                    checkpoints.add(numberer.new_checkpoints)
-                    numberer.new_checkpoints.clear()
-                    checkpoints.set_top(numberer.next - 1)
+                    save(numberer)
                     noted = time.monotonic()
                 message = next(follow, None)
             push(numberer.flush())
@@ -192,8 +193,7 @@ async def docker_log_source(
         finally:
             if numberer is not None:
                 with contextlib.suppress(Exception):
-                    checkpoints.add(numberer.new_checkpoints)
-                    checkpoints.set_top(numberer.next - 1)
+                    save(numberer)
             with lock:
                 done[0] = True
             wake()

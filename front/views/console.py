@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 
 from agents.archive import archive_path, archived_lines
 from agents.models import Agent
+from lib.dockerlogs import RedisCheckpoints
 from lib.dockerlogs import read_lines_before as read_container_lines
 from lib.query import check_parameters, whole_number
 from lib.tail import Opener, plain_open, read_lines_before
@@ -22,7 +23,6 @@ from live.consoles import (
     console_file_opener,
     console_log_file,
     console_streams_of,
-    container_checkpoints,
     runs_in_container,
     sandbox_gone,
 )
@@ -229,7 +229,7 @@ def _container_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
         container = agent_container(agent)
-        page = read_container_lines(container, container_checkpoints(agent, client), before, limit)
+        page = read_container_lines(container, RedisCheckpoints(client, agent.agent_id), before, limit)
     except docker.errors.NotFound:
         return JsonResponse({"error": f"the container of {agent.agent_id} is gone"}, status=404)
     except Exception as exc:  # noqa: BLE001 - docker down, or a log it cannot read

@@ -255,8 +255,8 @@ def decide_batch(
     now = now or timezone.now()
     with transaction.atomic():
         connection.ensure_connection()
-        # Server-side binding (Django's cursors bind client-side, quoting every array element in
-        # Python): this path runs once per batch with a few large array parameters.
+        # Server-side binding and prepared statements (Django's cursors bind client-side and
+        # prepare nothing): this path runs its three statements once per batch.
         ledger.allow_prepared(connection.connection)
         with psycopg.Cursor(connection.connection) as cur:
             return _decide(cur, requests, instance_id, now)

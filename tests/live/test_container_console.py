@@ -14,9 +14,9 @@ from django.conf import settings
 
 from agents.choices import AgentState
 from agents.models import Agent
-from lib.dockerlogs import CHECKPOINT_LINES, stamp_ns
+from lib.dockerlogs import CHECKPOINT_LINES, RedisCheckpoints, stamp_ns
 from lib.tail import LineNumber
-from live.consoles import console_source, container_checkpoints
+from live.consoles import console_source
 from live.hub import ConsoleHub
 from live.streams import StreamKey
 from scalers.models import Scaler
@@ -30,7 +30,7 @@ AGENT_ID = "scaler-container-c0a50001"
 @pytest.fixture
 def checkpoints():
     client = redis.Redis.from_url(settings.REDIS_URL)
-    marks = container_checkpoints(Agent(agent_id=AGENT_ID), client)
+    marks = RedisCheckpoints(client, AGENT_ID)
     client.delete(marks.marks, marks.top_key)
     yield marks
     client.delete(marks.marks, marks.top_key)
