@@ -233,6 +233,10 @@ def _exceeds_cap_reason(cap: CapName, info: ScalerInfo, world: World, cpus: floa
     )
 
 
+#: How often a batch is decided again when one of its minted agent ids already exists.
+MINT_ATTEMPTS = 10
+
+
 def decide_batch(
     requests: list[Request], *, instance_id: str | None = None, now: datetime | None = None
 ) -> BatchResult:
@@ -249,21 +253,52 @@ def decide_batch(
     ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the unlabelled gauge, which leaves out
     machine-pool refusals). Raises database errors; then nothing is written.
 
+    Outside a transaction the batch runs in one of its own, in two round trips; inside the
+    caller's, under a savepoint. A minted agent id that already exists undoes the batch, which is
+    decided again with new ids (at most :data:`MINT_ATTEMPTS` times, then ``RuntimeError``).
+
     The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
     """
     instance_id = instance_id or settings.KICI_INSTANCE_ID
     now = now or timezone.now()
-    with transaction.atomic():
-        connection.ensure_connection()
-        # Server-side binding and prepared statements (Django's cursors bind client-side and
-        # prepare nothing): this path runs its three statements once per batch.
-        ledger.allow_prepared(connection.connection)
-        with psycopg.Cursor(connection.connection) as cur:
-            return _decide(cur, requests, instance_id, now)
+    connection.ensure_connection()
+    conn = connection.connection
+    # Server-side binding and prepared statements (Django's cursors bind client-side and
+    # prepare nothing): this path runs its three statements once per batch.
+    ledger.allow_prepared(conn)
+    own = not connection.in_atomic_block and connection.get_autocommit()
+    for _ in range(MINT_ATTEMPTS):
+        try:
+            if own:
+                return _decide_in_own_transaction(conn, requests, instance_id, now)
+            with transaction.atomic():  # a savepoint: a taken agent id undoes this batch only
+                with psycopg.Cursor(conn) as cur:
+                    return _decide(cur, requests, instance_id, now, commit=False)
+        except psycopg.errors.UniqueViolation as exc:
+            if not ledger.agent_id_taken(exc):
+                raise
+            log.info("a minted agent id already exists: deciding the batch of %d again", len(requests))
+    raise RuntimeError(f"could not mint unique agent ids in {MINT_ATTEMPTS} attempts")
 
 
-def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> BatchResult:
-    _config_row, world, usage = ledger.lock_and_snapshot(cur.connection)
+def _decide_in_own_transaction(conn, requests: list[Request], instance_id: str, now: datetime) -> BatchResult:
+    """Decide ``requests`` in a transaction of its own on ``conn`` (autocommit mode) in two round
+    trips: ``BEGIN``, the lock and the snapshot; then the write and ``COMMIT``. Rolls back and
+    re-raises on any error (nothing is written)."""
+    try:
+        with psycopg.Cursor(conn) as cur:
+            return _decide(cur, requests, instance_id, now, commit=True)
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                pass  # the caller's error stands; a broken connection is closed by its owner
+        raise
+
+
+def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, commit: bool) -> BatchResult:
+    _config_row, world, usage = ledger.lock_and_snapshot(cur.connection, begin=commit)
 
     # Route first (pure), so the warm-agent and backoff look-ups run once per batch.
     routed: list[tuple[ScalerInfo, LabelSetInfo] | None] = []
@@ -480,27 +515,8 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
 
     hand_on = _take_spawn_slots(spawns, world, usage)
     _dedupe_ids(spawns)
-    pks = _write(cur, now, instance_id, spawns, records, counters, count_attempts=True)
-    for _ in range(10):  # an id that already existed was skipped: re-mint it and write it again
-        missing = [sp for sp in spawns if sp.agent_id not in pks]
-        if not missing:
-            break
-        for sp in missing:
-            sp.agent_id = mint_agent_id(sp.kind)
-        _dedupe_ids(spawns)
-        pks.update(
-            _write(
-                cur,
-                now,
-                instance_id,
-                missing,
-                [sp.record for sp in missing if sp.record is not None],
-                {},
-                count_attempts=False,
-            )
-        )
-    else:
-        raise RuntimeError("could not mint a unique agent id in 10 attempts")
+    hosts = {sp.scaler_id: scaler_host(world.scalers[sp.scaler_id]) for sp in spawns}
+    pks = _write(cur, now, instance_id, spawns, records, counters, commit=commit)
     admitted = []
     for sp in spawns:
         pk = pks[sp.agent_id]
@@ -520,7 +536,7 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime) -> Ba
                 sp.job_ref,
                 spawn_job_id(sp.agent_id) if sp.slot else "",
                 sp.scaler_id in hand_on,
-                scaler_host(world.scalers[sp.scaler_id]),
+                hosts[sp.scaler_id],
             )
         )
     return BatchResult(decisions=decisions, admitted=admitted)
@@ -585,7 +601,7 @@ def _dedupe_ids(spawns: list[_Spawn]) -> None:
 
 
 def _write(
-    cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, count_attempts: bool
+    cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, commit: bool
 ) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
@@ -602,6 +618,6 @@ def _write(
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],
         records=records,
         counters=counters,
-        count_attempts=count_attempts,
         redispatch=(REDISPATCH, {"trigger": "sweep"}),
+        commit=commit,
     )

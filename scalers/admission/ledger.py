@@ -286,17 +286,20 @@ def _fingerprint(rows) -> str:
     return next(r[6] for r in rows if r[0] == 2)
 
 
-def lock_and_snapshot(conn) -> tuple[dict, World, Usage]:
+def lock_and_snapshot(conn, *, begin: bool = False) -> tuple[dict, World, Usage]:
     """Lock, then read the snapshot, in ONE round trip (psycopg pipeline mode).
 
     Both statements are sent together; the server runs the snapshot statement only after the
     locking one returned, and under READ COMMITTED it takes its own snapshot then, so it sees
     everything committed before the lock was granted. ``conn``: the raw psycopg connection,
-    inside the caller's transaction.
+    inside the caller's transaction, or in autocommit mode with ``begin=True``: then the
+    transaction's ``BEGIN`` goes in the same round trip.
     """
     params = _snapshot_params()
     with psycopg.Cursor(conn) as lock_cur, psycopg.Cursor(conn) as snap_cur:
         with conn.pipeline():
+            if begin:
+                conn.execute("BEGIN")
             lock_cur.execute(_LOCK_SQL, prepare=True)
             snap_cur.execute(_SNAPSHOT_SQL, params, prepare=True)
         row = lock_cur.fetchone()
@@ -411,7 +414,7 @@ def _write_statement() -> str:
     sql = (
         f"WITH a AS (INSERT INTO agents_agent ({', '.join(a_cols)}) SELECT {', '.join(a_exprs)} "
         f"FROM {_rows_of('agents', 'u', AGENT_ROW)} "
-        "ON CONFLICT (agent_id) DO NOTHING RETURNING id, agent_id), "
+        "RETURNING id, agent_id), "
         f"r AS (INSERT INTO scalers_reservation ({', '.join(r_cols)}) SELECT {', '.join(r_exprs)} "
         f"FROM a JOIN {_rows_of('reservations', 'v', RESERVATION_ROW)} ON v.agent_ref = a.agent_id RETURNING 1), "
         "s AS (INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, "
@@ -453,22 +456,23 @@ def write_batch(
     reservations: list[tuple],
     records: list[dict],
     counters: dict[tuple[str, str], tuple[dict, float]],
-    count_attempts: bool = True,
     redispatch: tuple[str, dict] | None = None,
+    commit: bool = False,
 ) -> dict[str, int]:
     """Write a decided batch in ONE statement: new agents (state spawning; ``rq_job_id`` set for
     those that took a spawn slot in this transaction), their reservations,
-    the request records (one per job id, ``attempts`` summed unless ``count_attempts`` is False)
+    the request records (one per job id, ``attempts`` the number of times the batch holds it)
     and the counter increments. ``redispatch``: ``(counter name, labels)`` that is added the number
     of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
-    assigned).
+    assigned). ``commit``: send the transaction's ``COMMIT`` in the same round trip (the caller
+    began it, see :func:`lock_and_snapshot`).
 
     ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` a list of strings);
     ``reservations``: tuples in :data:`RESERVATION_ROW` order; ``records``: dicts with the keys of
     :data:`RECORD_ROW`. Each kind of row goes to the server as one JSON document. Returns
-    ``{agent_id: pk}`` for the agents written: an agent id that already exists is skipped
-    (``ON CONFLICT DO NOTHING``) with its reservation, and is missing from the answer; the caller
-    re-mints and writes it again.
+    ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation`` when an
+    agent id already exists (:func:`agent_id_taken` tells that case apart); the transaction is
+    then failed and nothing of it is kept.
     """
     latest: dict[str, dict] = {}
     attempts: dict[str, int] = {}
@@ -485,10 +489,7 @@ def write_batch(
         "agents": json.dumps([dict(zip(agent_keys, row, strict=True)) for row in agents]),
         "reservations": json.dumps([dict(zip(reservation_keys, row, strict=True)) for row in reservations]),
         "records": json.dumps(
-            [
-                {key: r[name] for key, _, name in RECORD_ROW} | {"n": attempts[r["job_id"]] if count_attempts else 0}
-                for r in latest.values()
-            ]
+            [{key: r[name] for key, _, name in RECORD_ROW} | {"n": attempts[r["job_id"]]} for r in latest.values()]
         ),
         "counters": json.dumps(
             [{"cn": name, "ck": key, "cl": lab, "cv": float(amount)} for (name, key), (lab, amount) in counters.items()]
@@ -499,8 +500,25 @@ def write_batch(
         "rd_key": label_key(rd_labels),
         "rd_labels": json.dumps(rd_labels),
     }
-    cursor.execute(_write_statement(), params, prepare=True)
+    if commit:
+        with cursor.connection.pipeline():
+            cursor.execute(_write_statement(), params, prepare=True)
+            cursor.connection.execute("COMMIT")
+    else:
+        cursor.execute(_write_statement(), params, prepare=True)
     return {agent_id: pk for pk, agent_id in cursor.fetchall()}
+
+
+def agent_id_taken(exc: BaseException) -> bool:
+    """True when ``exc`` is the unique violation of an agent id that already exists (a minted
+    id can collide with one in the table; the batch is then decided again with new ids)."""
+    diag = getattr(exc, "diag", None)
+    return (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and diag is not None
+        and diag.table_name == Agent._meta.db_table
+        and (diag.message_detail or "").startswith("Key (agent_id)=")
+    )
 
 
 def release(agent_id: str, reason: str) -> bool:

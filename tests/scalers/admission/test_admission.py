@@ -266,14 +266,25 @@ def test_routing_prefers_the_smallest_label_set_and_respects_exclude():
     assert Agent.objects.get(agent_id=d.agent).label_set.index == 1
 
 
-def test_an_agent_id_that_already_exists_is_minted_again(monkeypatch):
+@pytest.mark.parametrize("inside_a_transaction", [False, True], ids=["own transaction", "caller's transaction"])
+def test_an_agent_id_that_already_exists_is_minted_again(monkeypatch, inside_a_transaction):
+    """A minted id that is taken undoes the batch, which is decided again with new ids: its own
+    transaction is rolled back, or in a caller's transaction its savepoint (the caller's own
+    writes stay)."""
     from scalers.admission import decide
 
     make_scaler("c", max_agents=5)
     first = request_scale(["linux"], "a").agent
     ids = iter([first, first, "scaler-container-0000000b", "scaler-container-0000000c"])
     monkeypatch.setattr(decide, "mint_agent_id", lambda kind: next(ids))
-    d = request_scale(["linux"], "b")
+    monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": None)
+    if inside_a_transaction:
+        with transaction.atomic():
+            set_global(max_agents=40)
+            d = request_scale(["linux"], "b")
+        assert ledger.read_config(connection.cursor())["global_max_agents"] == 40
+    else:
+        d = request_scale(["linux"], "b")
     assert d.action == "spawning" and d.agent not in (first,)
     assert Agent.objects.count() == 2 == Reservation.objects.count()
     rec = ScaleRequest.objects.get(job_id="b")
@@ -464,3 +475,26 @@ def test_a_batch_runs_its_lock_snapshot_and_write_as_prepared_statements():
     assert any(s.startswith("SELECT global_max_agents") and s.endswith("FOR UPDATE") for s in prepared), prepared
     assert any(s.startswith("SELECT 0, scaler_id") for s in prepared), prepared
     assert len(prepared) == 3, "only admission's own statements are prepared, not Django's"
+
+
+def test_a_batch_in_its_own_transaction_takes_two_round_trips(tmp_path):
+    """BEGIN travels with the lock and the snapshot, COMMIT with the write: a batch costs two
+    round trips to the server (every one ends in a ReadyForQuery)."""
+    from scalers.admission.decide import Request, decide_batch
+
+    make_scaler("c", labels=("linux",), max_agents=5)
+    decide_batch([Request(labels=("linux",), job_id="warm-up")])  # prepares the statements
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trace = tmp_path / "trace"
+    with trace.open("w") as f:
+        pgconn.trace(f.fileno())
+        try:
+            d = decide_batch([Request(labels=("linux",), job_id="traced")]).decisions[0]
+        finally:
+            pgconn.untrace()
+    assert d.action == "spawning"
+    assert connection.connection.info.transaction_status == 0  # idle: committed
+    assert Agent.objects.filter(agent_id=d.agent).exists()
+    ready = [line for line in trace.read_text().splitlines() if "ReadyForQuery" in line]
+    assert len(ready) == 2, trace.read_text()
