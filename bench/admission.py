@@ -119,6 +119,7 @@ def setup_django(url: str) -> None:
     import django
 
     django.setup()
+    import kici_site.asgi  # noqa: F401 - set the process up as the console's web process is
     import scalers.jobs as jobs
 
     jobs.enqueue_spawn = lambda agent, host="": None  # decisions only: no rq

@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels, both behind the listener
 guard (what each listener serves, body size)."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -24,3 +25,8 @@ application = ListenerGuard(
         }
     )
 )
+
+# Everything loaded so far lives as long as the process: move it out of the collector's reach, so
+# a full collection walks only what requests made, not the framework's heap (a full collection
+# over it stalls every request in flight, admission's decider among them).
+gc.freeze()
