@@ -123,8 +123,12 @@ async def test_a_filtered_list_gets_matching_rows_and_a_removal_for_rows_leaving
         await database_sync_to_async(event)(agent.agent_id, EventType.FAILED, state=AgentState.FAILED)
         frame = await live.receive_from(timeout=5)
         assert rows([frame]) == [] and f'data-remove="agent-{agent.agent_id}"' in frame
-        frame = await failed.receive_from(timeout=5)
-        assert rows([frame]) == [agent.agent_id] and "data-remove" not in frame
+        # A count-only frame may come first: the view recounts on the new agent's event, and by
+        # then the failed agent's row may be committed (its own event not yet handled).
+        frames = [await failed.receive_from(timeout=5)]
+        while not rows(frames) and len(frames) < 3:
+            frames.append(await failed.receive_from(timeout=5))
+        assert rows(frames) == [agent.agent_id] and not any("data-remove" in f for f in frames)
         assert await failed.receive_nothing(timeout=0.5)  # the new spawning agent never reached it
     finally:
         await live.disconnect()
