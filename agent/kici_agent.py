@@ -63,7 +63,9 @@ def main() -> int:
         return 2
     log(f"registering {agent} with {base} (labels: {os.environ.get('KICI_LABELS', '')})")
     answer = None
-    for attempt in range(1, 11):
+    # Every 2 s for up to 2 minutes: a console restarting (its workers finish their jobs first) must
+    # not cost the agents that were booting meanwhile their one registration.
+    for attempt in range(1, 61):
         if _stopping:
             return 0
         try:
@@ -76,7 +78,7 @@ def main() -> int:
             log(f"registration attempt {attempt}: HTTP {exc.code}")
         except (urllib.error.URLError, OSError, ValueError) as exc:
             log(f"registration attempt {attempt}: {exc}")
-        sleep_interruptibly(1.0)
+        sleep_interruptibly(2.0)
     if not answer or not answer.get("sessionToken"):
         log("registration failed")
         return 1

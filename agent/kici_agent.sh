@@ -35,15 +35,17 @@ json_field() { # json_field NAME  (string or number value of a flat JSON object 
 }
 
 log "registering $agent with $url (labels: $KICI_LABELS)"
+# Every 2 s for up to 2 minutes: a console restarting (its workers finish their jobs first) must not
+# cost the agents that were booting meanwhile their one registration.
 attempt=0
 while :; do
     attempt=$((attempt + 1))
     resp=$(post /api/v1/agents/register "$token" "{\"agentId\":\"$agent\",\"labels\":\"$KICI_LABELS\"}") && break
-    if [ "$attempt" -ge 10 ]; then
+    if [ "$attempt" -ge 60 ]; then
         log "registration failed after $attempt attempts"
         exit 1
     fi
-    sleep 1
+    sleep 2
 done
 session=$(echo "$resp" | json_field sessionToken)
 every=$(echo "$resp" | json_field heartbeatIntervalSeconds)

@@ -5,8 +5,10 @@ Registers with ``KICI_AGENT_TOKEN`` at ``KICI_ORCHESTRATOR_URL``, then heartbeat
 ``SOAK_HEARTBEAT_SECONDS`` (default 1) reporting ``activeJobs`` 1 while it holds its bound job and
 0 once the job is over: the job is over when the file ``SOAK_CONTROL_DIR/<agent id>.done`` exists
 (the soak's orchestrator writes it). Exits 0 when the console answers ``stop`` or 410, or on
-SIGTERM; 1 when the registration is refused or the console stays unreachable for 10 beats; 2 on
-missing environment. Python standard library only.
+SIGTERM; 1 when the registration is refused (HTTP 4xx) or the console stays unreachable for 2
+minutes at registration (as the reference agents, it retries every 2 s: a console restart must not
+cost a booting agent its registration) or for 10 beats after; 2 on missing environment. Python
+standard library only.
 """
 
 from __future__ import annotations
@@ -55,10 +57,23 @@ def main() -> int:
     if not (base and agent and token and control):
         print("soak-agent: KICI_ORCHESTRATOR_URL, KICI_AGENT_ID, KICI_AGENT_TOKEN, SOAK_CONTROL_DIR needed", flush=True)
         return 2
-    try:
-        answer = post(f"{base}/api/v1/agents/register", token, {"agentId": agent})
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"soak-agent: registration failed: {exc}", flush=True)
+    answer = None
+    for _attempt in range(60):
+        try:
+            answer = post(f"{base}/api/v1/agents/register", token, {"agentId": agent})
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                print(f"soak-agent: registration refused: HTTP {exc.code}", flush=True)
+                return 1
+            print(f"soak-agent: registration attempt failed: HTTP {exc.code}", flush=True)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            print(f"soak-agent: registration attempt failed: {exc}", flush=True)
+        pause(2.0)
+        if _stopping:
+            return 0
+    if answer is None:
+        print("soak-agent: registration failed", flush=True)
         return 1
     session = answer["sessionToken"]
     job = answer.get("boundJobId")
