@@ -189,7 +189,9 @@ def host_access_apply(request, name: str, index: int):
     ctx = _editor_context(request, label_set, mode, text)
     plan = ctx["plan"]
     if not plan.ok:
-        ctx["apply_error"] = "Nothing was applied: fix the entries marked below."
+        # Name what is wrong: a bad mode or too many entries mark no entry below.
+        problems = plan.general_errors + (["fix the entries marked below"] if plan.refused else [])
+        ctx["apply_error"] = f"Nothing was applied: {'; '.join(problems)}."
         return render(request, "scalers/host_access.html", ctx, status=422)
     if plan.unchanged:
         ctx["apply_error"] = "Nothing was applied: this is what the label set already has."

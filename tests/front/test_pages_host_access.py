@@ -158,6 +158,19 @@ def test_the_plan_says_when_nothing_changes(label_set):
     ]
 
 
+@pytest.mark.parametrize("form", [{"mode": "bogus", "entries": "5000"}, {}], ids=["bad mode", "empty form"])
+def test_apply_with_a_bad_mode_names_the_mode_and_applies_nothing(operator_client, label_set, form):
+    from operations.models import Operation
+
+    response = operator_client.post(BASE + "apply", form)
+    assert response.status_code == 422
+    shown = unescape(response.content.decode())
+    mode = form.get("mode", "")
+    assert f"Nothing was applied: mode '{mode}' is not one of default, explicit." in shown
+    assert "fix the entries marked below" not in shown
+    assert not Operation.objects.exists()
+
+
 def test_apply_with_a_bad_entry_applies_nothing(operator_client, label_set):
     from operations.models import Operation
 
