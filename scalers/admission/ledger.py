@@ -509,6 +509,12 @@ def write_batch(
     return {agent_id: pk for pk, agent_id in cursor.fetchall()}
 
 
+#: The unique constraint of ``agents_agent.agent_id`` (PostgreSQL's name for a column's UNIQUE, as
+#: the migration created it). Matched by name: the error's detail text is translated under a
+#: server's ``lc_messages``.
+AGENT_ID_CONSTRAINT = f"{Agent._meta.db_table}_agent_id_key"
+
+
 def agent_id_taken(exc: BaseException) -> bool:
     """True when ``exc`` is the unique violation of an agent id that already exists (a minted
     id can collide with one in the table; the batch is then decided again with new ids)."""
@@ -516,8 +522,7 @@ def agent_id_taken(exc: BaseException) -> bool:
     return (
         isinstance(exc, psycopg.errors.UniqueViolation)
         and diag is not None
-        and diag.table_name == Agent._meta.db_table
-        and (diag.message_detail or "").startswith("Key (agent_id)=")
+        and diag.constraint_name == AGENT_ID_CONSTRAINT
     )
 
 

@@ -292,6 +292,38 @@ def test_an_agent_id_that_already_exists_is_minted_again(monkeypatch, inside_a_t
     assert Reservation.objects.get(agent__agent_id=d.agent).agent.bound_job_id == "b"
 
 
+def test_a_taken_agent_id_is_told_apart_by_its_constraint_not_by_the_message_language():
+    """The unique violation of ``agent_id`` is recognised under any ``lc_messages`` (its detail
+    text is translated), and another unique violation of the agents table is not taken for it."""
+    import psycopg
+
+    make_scaler("c")
+    taken = request_scale(["linux"], "a").agent
+    other = request_scale(["linux"], "b").agent
+    with pytest.raises(psycopg.errors.UniqueViolation) as raised:
+        with transaction.atomic(), connection.connection.cursor() as cur:
+            cur.execute("UPDATE agents_agent SET agent_id = %s WHERE agent_id = %s", [taken, other])
+    real = raised.value
+    assert real.diag.constraint_name == ledger.AGENT_ID_CONSTRAINT and ledger.agent_id_taken(real)
+
+    class Diag:
+        def __init__(self, constraint):
+            self.table_name, self.constraint_name = "agents_agent", constraint
+            self.message_detail = f"Schlüssel »(agent_id)=({taken})« existiert bereits."
+
+    class Translated(psycopg.errors.UniqueViolation):
+        def __init__(self, constraint):
+            super().__init__("doppelter Schlüsselwert verletzt Unique-Constraint")
+            self._fake = Diag(constraint)
+
+        @property
+        def diag(self):
+            return self._fake
+
+    assert ledger.agent_id_taken(Translated(ledger.AGENT_ID_CONSTRAINT))
+    assert not ledger.agent_id_taken(Translated("agents_agent_other_key"))
+
+
 def test_inside_a_transaction_the_spawn_is_enqueued_only_on_commit(monkeypatch):
     from django.db import transaction
 
