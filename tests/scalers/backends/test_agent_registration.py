@@ -23,28 +23,29 @@ def test_every_agent_registers_once_the_console_is_back_after_a_restart(tmp_path
     """The reference agents (container and VM shell agent, bare-metal Python agent) and the soak's
     agent keep retrying registration while nothing listens, and register when the console comes
     back; then the console's ``stop`` ends them with status 0."""
-    path = busybox_path(tmp_path)
     control = tmp_path / "control"
     control.mkdir()
-    programs = {
-        "kici_agent.sh": ([BUSYBOX, "sh", str(ROOT / "agent" / "kici_agent.sh")], {"PATH": path}),
-        "kici_agent.py": ([sys.executable, str(ROOT / "agent" / "kici_agent.py")], {}),
+    host_path = "/usr/bin:/bin"
+    programs = {  # name: (argv, PATH, more environment)
+        "kici_agent.sh": ([BUSYBOX, "sh", str(ROOT / "agent" / "kici_agent.sh")], busybox_path(tmp_path), {}),
+        "kici_agent.py": ([sys.executable, str(ROOT / "agent" / "kici_agent.py")], host_path, {}),
         "soak_agent.py": (
             [sys.executable, str(ROOT / "bench" / "agents" / "soak_agent.py")],
+            host_path,
             {"SOAK_CONTROL_DIR": str(control)},
         ),
     }
     runs = {}
-    for i, (name, (argv, extra)) in enumerate(programs.items()):
+    for i, (name, (argv, path, extra)) in enumerate(programs.items()):
         port = free_port()
         console = Console(f"scaler-container-0000000{i}", f"token-{i}")
         env = environ_for_guest(
-            extra.get("PATH", "/usr/bin:/bin"),
+            path,
             KICI_ORCHESTRATOR_URL=f"http://127.0.0.1:{port}",
             KICI_AGENT_ID=console.agent_id,
             KICI_AGENT_TOKEN=console.token,
             KICI_LABELS="linux",
-            **{k: v for k, v in extra.items() if k != "PATH"},
+            **extra,
         )
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         runs[name] = (port, console, proc)
