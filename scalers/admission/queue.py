@@ -30,21 +30,42 @@ class AdmissionTimeout(Exception):
 
 
 class _Pending:
-    __slots__ = ("request", "event", "decision", "agent", "error", "state", "on_done")
+    """One queued request and how its caller waits: a thread on ``event``, or a coroutine on
+    ``future`` of event loop ``loop``."""
 
-    def __init__(self, request: Request, on_done: Callable[[_Pending], None] | None = None):
+    __slots__ = ("request", "event", "loop", "future", "decision", "agent", "error", "state")
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop | None = None):
         self.request = request
-        self.event = threading.Event()
+        self.loop = loop
+        self.future: asyncio.Future | None = loop.create_future() if loop is not None else None
+        self.event = threading.Event() if loop is None else None
         self.decision: ScaleDecision | None = None
         self.agent = None
         self.error: BaseException | None = None
         self.state = QUEUED
-        self.on_done = on_done
 
-    def finish(self) -> None:
-        self.event.set()
-        if self.on_done is not None:
-            self.on_done(self)
+
+def _wake(batch: list[_Pending]) -> None:
+    """Wake the callers of a decided batch: each waiting thread, and each event loop once for all
+    of its coroutines (one cross-thread wake-up per loop, not one per request)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
+    for p in batch:
+        if p.loop is None:
+            p.event.set()
+        else:
+            by_loop.setdefault(p.loop, []).append(p)
+    for loop, waiters in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, waiters)
+        except RuntimeError:  # the loop is closed: nobody awaits these any more
+            pass
+
+
+def _settle(waiters: list[_Pending]) -> None:
+    for p in waiters:
+        if not p.future.done():
+            p.future.set_result(None)
 
 
 class AdmissionQueue:
@@ -74,7 +95,6 @@ class AdmissionQueue:
         self._items: list[_Pending] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._pid = os.getpid()
         self._conn_seen = None
         self.batches = 0
         self.decided = 0
@@ -97,26 +117,29 @@ class AdmissionQueue:
         return self._outcome(p)
 
     async def submit_async(self, request: Request, timeout: float | None = 30.0) -> tuple[ScaleDecision, object]:
-        """:meth:`submit` for async views: awaits the decision without holding a thread."""
+        """:meth:`submit` for async views: awaits the decision without holding a thread.
+
+        A caller cancelled (its client went away) before a batch took its request withdraws it, so
+        it is never decided; once taken, its outcome stands.
+        """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-
-        def wake(p: _Pending) -> None:
-            def settle() -> None:
-                if not future.done():
-                    future.set_result(p)
-
-            loop.call_soon_threadsafe(settle)
-
-        p = _Pending(request, on_done=wake)
+        p = _Pending(request, loop)
         self._enqueue(p)
+        timer = loop.call_later(timeout, self._expire, p, timeout) if timeout is not None else None
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
-        except TimeoutError:
-            if self._withdraw(p):
-                raise AdmissionTimeout(f"no admission decision within {timeout}s") from None
-            await future
+            await p.future
+        except asyncio.CancelledError:
+            self._withdraw(p)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         return self._outcome(p)
+
+    def _expire(self, p: _Pending, timeout: float) -> None:
+        """``submit_async``'s timeout (on the caller's loop): give up unless a batch has it."""
+        if self._withdraw(p) and not p.future.done():
+            p.future.set_exception(AdmissionTimeout(f"no admission decision within {timeout}s"))
 
     def _enqueue(self, p: _Pending) -> None:
         with self._cv:
@@ -176,7 +199,7 @@ class AdmissionQueue:
             self._close_connection()
             for p in batch:
                 p.error = exc
-                p.finish()
+            _wake(batch)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -187,7 +210,7 @@ class AdmissionQueue:
         for p, decision in zip(batch, result.decisions, strict=True):
             p.decision = decision
             p.agent = by_id.get(decision.agent) if decision.action == ScaleOutcome.SPAWNING else None
-            p.finish()
+        _wake(batch)
 
     def _prepare_connection(self) -> None:
         connection.ensure_connection()
@@ -240,12 +263,24 @@ _QUEUE_LOCK = threading.Lock()
 
 
 def get_queue() -> AdmissionQueue:
-    """This process's admission queue (re-created after a fork: threads do not survive one)."""
+    """This process's admission queue (a forked child makes its own: threads do not survive a
+    fork). Every request calls this, so the common case takes no lock."""
     global _QUEUE
+    q = _QUEUE
+    if q is not None:
+        return q
     with _QUEUE_LOCK:
-        if _QUEUE is None or _QUEUE._pid != os.getpid():
+        if _QUEUE is None:
             _QUEUE = AdmissionQueue()
         return _QUEUE
+
+
+def _forget_queue_after_fork() -> None:
+    global _QUEUE, _QUEUE_LOCK
+    _QUEUE, _QUEUE_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_queue_after_fork)
 
 
 def shutdown_queue() -> None:
@@ -253,5 +288,5 @@ def shutdown_queue() -> None:
     global _QUEUE
     with _QUEUE_LOCK:
         q, _QUEUE = _QUEUE, None
-    if q is not None and q._pid == os.getpid():
+    if q is not None:
         q.shutdown()
