@@ -1,7 +1,7 @@
 """Admission throughput and latency beside pgbench, on the same database in the same run.
 
     .venv/bin/python bench/admission.py [--seconds 8] [--concurrency 1,20,200] [--processes 2]
-                                        [--database-url postgres://...] [--keep]
+                                        [--requesters async|threads] [--database-url postgres://...]
 
 By default it starts a private PostgreSQL 15 (``initdb`` under /tmp, port 55432, fsync on,
 ``max_connections=400`` so pgbench can open 200 clients; the shared server allows 100), creates a
@@ -9,8 +9,12 @@ scratch database, migrates it, initialises pgbench's tables in it (``pgbench -i 
 each concurrency runs, back to back:
 
 * ``pgbench -N -M prepared -j 2 -c C -T seconds`` (the single-row "simple update" script), and
-* C requester threads calling ``scalers.admission.request_scale`` (the group-commit queue; the
-  spawn enqueue is stubbed: this measures decisions), in rounds: every requester sends K
+* C requesters going through the group-commit queue (the spawn enqueue is stubbed: this
+  measures decisions). By default they are coroutines on one event loop taking the ``/scale``
+  view's path (``validate_scale_request``, ``scalers.admission.service.decide_async``), as the
+  console's web process serves them; ``--requesters threads`` makes them threads calling
+  ``scalers.admission.service.request_scale`` (the synchronous callers' path). In
+  rounds: every requester sends K
   requests; after each round the ledger is checked against every cap (global, per scaler,
   machine pool; counts, cpus, memory) and cleared (not timed). Each round sets new caps, so one
   untimed request first lets the decider rebuild its routing view (once per config change).
@@ -25,6 +29,7 @@ pgbench's tps, and the ratio. Exits 1 on any over-admission. Loopback only.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -270,7 +275,50 @@ def run_requesters(
     return [x for sub in lat for x in sub], total, wall
 
 
-def bench_admission(threads: int, seconds: float, seed: int) -> dict:
+def run_requesters_async(threads: int, per_thread: int, tag: str) -> tuple[list[float], dict, float]:
+    """:func:`run_requesters` with ``threads`` coroutines on one event loop, each taking the
+    ``/scale`` view's path from its JSON body on."""
+    from django.db import connection
+
+    from scalers.admission.service import decide_async
+    from scalers.admission.validate import validate_scale_request
+    from scalers.jobs import enqueue_spawn_or_fail
+    from scalers.models import ScaleOutcome
+
+    lat: list[float] = []
+    actions: dict = {}
+
+    async def body(i: int, go: asyncio.Event) -> None:
+        rng = random.Random(f"{tag}-{i}")
+        await go.wait()
+        for k in range(per_thread):
+            labels, res = random_request(rng)
+            t0 = time.perf_counter()
+            data = validate_scale_request({"labels": labels, "jobId": f"{tag}-{i}-{k}", "resources": res})
+            d, agent = await decide_async(data, timeout=120)
+            if d.action == ScaleOutcome.SPAWNING and agent is not None:
+                d = enqueue_spawn_or_fail(d, agent)
+            lat.append(time.perf_counter() - t0)
+            actions[d.action] = actions.get(d.action, 0) + 1
+
+    async def main() -> float:
+        go = asyncio.Event()
+        tasks = [asyncio.create_task(body(i, go)) for i in range(threads)]
+        await asyncio.sleep(0)  # every requester waits at the start line
+        t0 = time.perf_counter()
+        go.set()
+        await asyncio.gather(*tasks)
+        return time.perf_counter() - t0
+
+    wall = asyncio.run(main())
+    connection.close()
+    return lat, actions, wall
+
+
+REQUESTERS = {"async": run_requesters_async, "threads": run_requesters}
+
+
+def bench_admission(threads: int, seconds: float, seed: int, mode: str = "async") -> dict:
     rng = random.Random(seed)
     per_thread = max(1, 2400 // threads) if threads > 1 else 600
     lat_all: list[float] = []
@@ -285,7 +333,7 @@ def bench_admission(threads: int, seconds: float, seed: int) -> dict:
     while wall < seconds or rounds < 2:
         configure_round(rng)
         warm_up(f"r{seed}-{rounds}")
-        lat, acts, w = run_requesters(threads, per_thread, f"r{seed}-{rounds}")
+        lat, acts, w = REQUESTERS[mode](threads, per_thread, f"r{seed}-{rounds}")
         violations += check_round()
         lat_all += lat
         wall += w
@@ -316,7 +364,7 @@ def _summary(lat: list[float], actions: dict, wall: float, violations: int, roun
 # --------------------------------------------------------------------------- several processes
 
 
-def _child(url: str, threads: int, per_thread: int, rounds: int, index: int, barrier, out) -> None:
+def _child(url: str, threads: int, per_thread: int, rounds: int, index: int, barrier, out, mode: str) -> None:
     setup_django(url)
     lat_all: list[float] = []
     actions: dict = {}
@@ -324,7 +372,7 @@ def _child(url: str, threads: int, per_thread: int, rounds: int, index: int, bar
         barrier.wait()  # parent configured the round
         warm_up(f"p{index}-{r}")
         barrier.wait()  # every process warmed up: the clock starts
-        lat, acts, _ = run_requesters(threads, per_thread, f"p{index}-{r}")
+        lat, acts, _ = REQUESTERS[mode](threads, per_thread, f"p{index}-{r}")
         lat_all += lat
         for k, v in acts.items():
             actions[k] = actions.get(k, 0) + v
@@ -332,7 +380,7 @@ def _child(url: str, threads: int, per_thread: int, rounds: int, index: int, bar
     out.put((lat_all, actions))
 
 
-def bench_processes(url: str, processes: int, threads: int, seconds: float, seed: int) -> dict:
+def bench_processes(url: str, processes: int, threads: int, seconds: float, seed: int, mode: str) -> dict:
     ctx = mp.get_context("spawn")
     per_proc = threads // processes
     per_thread = max(1, 2400 // threads)
@@ -340,7 +388,8 @@ def bench_processes(url: str, processes: int, threads: int, seconds: float, seed
     barrier = ctx.Barrier(processes + 1)
     out = ctx.Queue()
     children = [
-        ctx.Process(target=_child, args=(url, per_proc, per_thread, rounds, i, barrier, out)) for i in range(processes)
+        ctx.Process(target=_child, args=(url, per_proc, per_thread, rounds, i, barrier, out, mode))
+        for i in range(processes)
     ]
     for c in children:
         c.start()
@@ -376,6 +425,12 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,20,200", help="comma-separated requester counts")
     ap.add_argument("--processes", type=int, default=2, help="processes for the multi-process run (0 = skip)")
     ap.add_argument("--database-url", help=f"use this server instead of a private one (its database {DB} is replaced)")
+    ap.add_argument(
+        "--requesters",
+        choices=sorted(REQUESTERS),
+        default="async",
+        help="coroutines on the /scale view's path (default) or threads calling request_scale",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -393,7 +448,7 @@ def main() -> int:
         load = os.getloadavg()[0]
         for c in levels:
             tps = pgbench(url, c, int(max(3, args.seconds)))
-            adm = bench_admission(c, args.seconds, seed=c)
+            adm = bench_admission(c, args.seconds, seed=c, mode=args.requesters)
             results.append({"requesters": c, "processes": 1, "pgbench_tps": tps, **adm})
             print(f"  measured {c} requester(s)", file=sys.stderr, flush=True)
         if args.processes > 1 and levels:
@@ -402,7 +457,7 @@ def main() -> int:
             from django.db import connection
 
             connection.close()
-            adm = bench_processes(url, args.processes, c, args.seconds, seed=99)
+            adm = bench_processes(url, args.processes, c, args.seconds, seed=99, mode=args.requesters)
             results.append({"requesters": c, "processes": args.processes, "pgbench_tps": tps, **adm})
         from django.db import connection
 
@@ -419,8 +474,8 @@ def main() -> int:
             pg.stop()
 
     print(
-        f"\nAdmission vs pgbench -N on the same database (PostgreSQL 15, fsync on; 2 cores shared; "
-        f"load average at start {load:.1f})"
+        f"\nAdmission ({args.requesters} requesters) vs pgbench -N on the same database (PostgreSQL 15, fsync on; "
+        f"2 cores shared; load average at start {load:.1f})"
     )
     print(
         f"{'requesters':>10} {'procs':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'avg batch':>9} "

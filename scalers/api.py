@@ -81,8 +81,8 @@ from agents.models import Agent
 from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from lib.query import BadParameter, check_parameters, choice, shown, whole_number
-from scalers.admission.decide import Request
-from scalers.admission.queue import AdmissionTimeout, get_queue
+from scalers.admission.queue import AdmissionTimeout
+from scalers.admission.service import decide_async
 from scalers.admission.validate import InvalidScaleRequest, _short, validate_scale_request
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
@@ -155,17 +155,8 @@ async def scale(request):
         if problem:
             return _error(422, "invalid-credentials-ref", problem, field="container.credentialsRef")
 
-    req = Request(
-        labels=data.labels,
-        job_id=data.job_id,
-        resources=data.resources,
-        run_id=data.run_id,
-        exclude=data.exclude,
-        raw_resources=data.raw_resources,
-        job_image=data.container,
-    )
     try:
-        decision, agent = await get_queue().submit_async(req)
+        decision, agent = await decide_async(data)
     except AdmissionTimeout as exc:
         return _error(503, "unavailable", str(exc))
     except DatabaseError as exc:

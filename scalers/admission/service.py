@@ -11,9 +11,17 @@ from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.models import ScaleOutcome
 
-from .decide import Request, ScaleDecision, decide_batch
+from .decide import Admitted, Request, ScaleDecision, decide_batch
 from .queue import get_queue
-from .validate import InvalidScaleRequest, JobImage, _labels, _short, validate_container, validate_resources
+from .validate import (
+    InvalidScaleRequest,
+    JobImage,
+    ScaleInput,
+    _labels,
+    _short,
+    validate_container,
+    validate_resources,
+)
 
 
 def request_scale(
@@ -83,3 +91,22 @@ def request_scale(
     if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = enqueue_spawn_or_fail(decision, agent)
     return decision
+
+
+async def decide_async(data: ScaleInput, timeout: float | None = 30.0) -> tuple[ScaleDecision, Admitted | None]:
+    """Queue a validated ``/scale`` body for this process's admission batches and await the
+    decision, without holding a thread. On ``spawning`` the agent and its reservation are
+    committed and the admitted agent is returned; its spawn is not enqueued yet
+    (``scalers.jobs.enqueue_spawn_or_fail`` does that). Whether ``container.credentialsRef`` exists
+    is the caller's to check first. Raises ``AdmissionTimeout`` or the database error of its batch.
+    """
+    request = Request(
+        labels=data.labels,
+        job_id=data.job_id,
+        resources=data.resources,
+        run_id=data.run_id,
+        exclude=data.exclude,
+        raw_resources=data.raw_resources,
+        job_image=data.container,
+    )
+    return await get_queue().submit_async(request, timeout=timeout)
