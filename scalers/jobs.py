@@ -63,9 +63,10 @@ CLEANUP_GRACE_SECONDS = 30
 BOOT_CHECK_SECONDS = 1.0
 
 
-def enqueue_spawn(agent: Agent, host: str = "") -> str:
+def enqueue_spawn(agent: Agent | Admitted, host: str = "") -> str:
     """Enqueue ``spawn_agent(agent.pk)`` on the queue of its scaler's host now and return its job
-    id. An agent whose slot its caller claimed in its own transaction (``agent.rq_job_id`` already
+    id. ``agent``: the row, or an admission's record of it (``Admitted``, which holds its job id).
+    An agent whose slot its caller claimed in its own transaction (``agent.rq_job_id`` already
     the job id: the admission batch, :func:`start_waiting_spawns`) is enqueued as it is; otherwise
     the job id is recorded on the agent first. Job timeout: spawn timeout +
     ``CLEANUP_GRACE_SECONDS``; on a hard failure rq calls :func:`spawn_job_failed`. Callers go
@@ -123,7 +124,7 @@ def start_waiting_spawns(scaler_id: int) -> set[int]:
     return failed
 
 
-def _enqueue_or_fail(agent: Agent, host: str = "") -> bool:
+def _enqueue_or_fail(agent: Agent | Admitted, host: str = "") -> bool:
     """Enqueue the spawn of ``agent``, whose slot is claimed; when that fails, fail the agent and
     release it (``enqueue-failed``: an admission must not outlive a lost spawn). False then; the
     caller hands its slot on."""
@@ -294,14 +295,13 @@ def enqueue_spawn_or_fail(decision: ScaleDecision, admitted: Admitted) -> ScaleD
     one that waits is left to the spawn semaphore (:func:`start_waiting_spawns`), which is run now
     when the batch saw free slots behind waiting agents. When its spawn could not be enqueued (the
     agent is then failed and released), answer ``skipped``."""
-    agent = admitted.to_agent()
-    if agent.rq_job_id:
-        if _enqueue_or_fail(agent, admitted.host):
+    if admitted.rq_job_id:
+        if _enqueue_or_fail(admitted, admitted.host):
             return decision
-        start_waiting_spawns(agent.scaler_id)
-    elif not admitted.hand_on_slots or agent.pk not in start_waiting_spawns(agent.scaler_id):
+        start_waiting_spawns(admitted.scaler_id)
+    elif not admitted.hand_on_slots or admitted.pk not in start_waiting_spawns(admitted.scaler_id):
         return decision
-    reason = Agent.objects.filter(pk=agent.pk).values_list("failure_reason", flat=True).first() or ""
+    reason = Agent.objects.filter(pk=admitted.pk).values_list("failure_reason", flat=True).first() or ""
     return ScaleDecision(
         ScaleOutcome.SKIPPED,
         scaler=decision.scaler,

@@ -21,8 +21,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents.choices import AgentState, EventType
-from agents.models import Agent
+from agents.choices import EventType
 from lib.units import format_bytes_iec
 from scalers.backends.tools import not_started_reason
 from scalers.choices import ScalerType
@@ -120,27 +119,6 @@ class Admitted:
     hand_on_slots: bool = False
     #: The host owning the agent's scaler (its spawn goes to that host's queue).
     host: str = ""
-
-    def to_agent(self) -> Agent:
-        """An ``Agent`` instance for this row as written (no query)."""
-        agent = Agent(
-            id=self.pk,
-            agent_id=self.agent_id,
-            scaler_id=self.scaler_id,
-            label_set_id=self.label_set_id,
-            state=AgentState.SPAWNING,
-            labels=list(self.labels),
-            warm=self.warm,
-            bound_job_id=self.bound_job_id,
-            run_id=self.run_id,
-            owner_instance=self.owner_instance,
-            job_image=self.job_image,
-            job_credentials_ref=self.job_credentials_ref,
-            rq_job_id=self.rq_job_id,
-        )
-        agent._state.adding = False
-        agent._state.db = "default"
-        return agent
 
 
 @dataclass

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -107,11 +108,28 @@ def validate_resources(value: Any) -> Any:
     Returns a ``scalers.config.schema.ResourceRequest`` (``None`` for absent). Raises
     :class:`InvalidScaleRequest` naming the field as the caller wrote it:
     ``resources.<side>.<field>`` for the nested shape, ``resources.<field>`` for the flat one.
+
+    Jobs repeat a few shapes, so a JSON value's parse is remembered by its canonical text (the
+    result is immutable); the remembered parse is of that text itself, so it is the parse of the
+    value. Refusals are not remembered.
     """
     if value is None:
         return None
     if not isinstance(value, dict):
         raise InvalidScaleRequest("resources", f"must be an object, got {_short(value)}")
+    try:
+        key = json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):  # not plain JSON (a Python caller's own types): parse as it is
+        return _parse_resources(value)
+    return _parse_resources_text(key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_resources_text(text: str) -> Any:
+    return _parse_resources(json.loads(text))
+
+
+def _parse_resources(value: dict) -> Any:
     try:
         parsed = parse_resource_request(value)
     except ValueError as exc:
