@@ -1,6 +1,7 @@
-"""An ended agent (destroyed, failed) is never presented as live: its last heartbeat is a fixed time
-instead of an age counting up, and its address is shown as its last one, released (the next agent
-may hold it). A live agent's page and row still are live."""
+"""An ended agent (destroyed, failed) is never presented as live: its page shows its state and end
+where a live agent's shows the "live" indicator, its last heartbeat is a fixed time instead of an
+age counting up, and its address is shown as its last one, released (the next agent may hold it).
+A live agent's page and row still are live."""
 
 from __future__ import annotations
 
@@ -36,16 +37,27 @@ def _dd(html: str, term: str) -> str:
     return found.group(1)
 
 
+def _status(html: str) -> str:
+    """The header's status: the line of the page holding ``#agent-status``."""
+    found = re.search(r'^.*id="agent-status".*$', html, re.M)
+    assert found, "no #agent-status in the header"
+    return found.group(0)
+
+
 def _fixed(value) -> str:
     """What :func:`front.templatetags.kici_ui.abs_time` renders for ``value``."""
     return f'<time datetime="{value.isoformat()}">{value.astimezone(timezone.UTC):%Y-%m-%d %H:%M:%S} UTC</time>'
 
 
 @pytest.mark.parametrize("state", ENDED)
-def test_an_ended_agents_page_shows_a_fixed_heartbeat_and_its_released_address(viewer_client, state):
+def test_an_ended_agents_page_shows_its_end_a_fixed_heartbeat_and_its_released_address(viewer_client, state):
     beat, end = _times()
     agent = make_agent(make_scaler(), state, ip="172.30.0.5", last_heartbeat=beat, finished_at=end)
     html = viewer_client.get(f"/agents/{agent.agent_id}/").content.decode()
+
+    status = _status(html)
+    assert f'<span class="badge st-{state}">{state}</span> ended {_fixed(end)}' in status
+    assert "data-live-status" not in html and 'class="live"' not in html
 
     assert _dd(html, "Last heartbeat") == _fixed(beat)
     assert _fixed(beat) in _row(html, agent)  # the summary row
@@ -55,11 +67,12 @@ def test_an_ended_agents_page_shows_a_fixed_heartbeat_and_its_released_address(v
     assert "172.30.0.5 (released)" in _row(html, agent)
 
 
-def test_a_live_agents_page_shows_its_address_and_a_ticking_heartbeat(viewer_client):
+def test_a_live_agents_page_is_live_with_its_address_and_a_ticking_heartbeat(viewer_client):
     beat, _ = _times()
     agent = make_agent(make_scaler(), AgentState.RUNNING, ip="172.30.0.4", last_heartbeat=beat)
     html = viewer_client.get(f"/agents/{agent.agent_id}/").content.decode()
 
+    assert '<span id="agent-status" class="live" data-live-status>connecting</span>' in _status(html)
     ticking = f'<time data-rel datetime="{beat.isoformat()}"'
     assert ticking in _dd(html, "Last heartbeat") and ticking in _row(html, agent)
     assert _dd(html, "Address") == "172.30.0.4" and "<dt>Last address</dt>" not in html

@@ -159,7 +159,7 @@ async def test_an_agent_page_gets_its_row_and_details_and_heartbeats(viewer):
         await page.disconnect()
 
 
-async def test_an_open_agent_page_and_list_stop_the_heartbeat_and_the_address_once_it_ended(viewer):
+async def test_an_open_agent_page_and_list_show_the_agent_ended_once_it_is(viewer):
     _, _, agent, _ = await two_scalers()
     beat = timezone.now() - timedelta(seconds=12)
     await database_sync_to_async(Agent.objects.filter(pk=agent.pk).update)(ip="172.30.0.8", last_heartbeat=beat)
@@ -169,7 +169,8 @@ async def test_an_open_agent_page_and_list_stop_the_heartbeat_and_the_address_on
     try:
         details = await page.receive_from(timeout=5)
         assert ticking in first and '<td class="col-opt mono nowrap">172.30.0.8</td>' in first
-        assert "<dt>Address</dt>" in details
+        # A live agent's header status is the page's own connection indicator: never pushed.
+        assert "<dt>Address</dt>" in details and 'id="agent-status"' not in details
 
         await database_sync_to_async(event)(
             agent.agent_id, EventType.DESTROYED, state=AgentState.DESTROYED, finished_at=timezone.now()
@@ -180,6 +181,9 @@ async def test_an_open_agent_page_and_list_stop_the_heartbeat_and_the_address_on
             assert ticking not in row and f'<time datetime="{beat.isoformat()}">' in row
             assert "172.30.0.8 (released)" in row
         assert ticking not in details and "<dt>Last address</dt>" in details
+        status = re.search(r'<span id="agent-status"[^>]*>.*', details)
+        assert status and 'hx-swap-oob="true"' in status.group(0) and "data-live-status" not in details
+        assert '<span class="badge st-destroyed">destroyed</span> ended <time' in status.group(0)
     finally:
         await page.disconnect()
         await listed.disconnect()
