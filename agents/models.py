@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import F
 
-from .choices import ACTIVE_STATES, AgentState, EventType
+from .choices import ACTIVE_STATES, TERMINAL_STATES, AgentState, EventType
 
 
 class AgentQuerySet(models.QuerySet):
@@ -85,6 +85,18 @@ class Agent(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def is_ended(self) -> bool:
+        """Destroyed or failed (``TERMINAL_STATES``): its sandbox is gone, it beats no more and its
+        address was released."""
+        return self.state in TERMINAL_STATES
+
+    @property
+    def current_ip(self) -> str | None:
+        """The address the agent holds now: ``ip`` until it ended, then None. An ended agent's
+        address was released and may be given to the next agent; ``ip`` keeps it as its last one."""
+        return None if self.is_ended else self.ip
 
 
 class AgentToken(models.Model):

@@ -238,7 +238,9 @@ class AgentRows(_PagedRows):
 
 class AgentPage(RowView):
     """``ws/rows/agent/?id=<agent_id>``: an agent's page, its summary row and its Details panel
-    (``agents/detail.html#details``), whatever its state."""
+    (``agents/detail.html#details``), whatever its state; once the agent ended, also the header's
+    status (``agents/detail.html#status``: its state and end in place of the "live" indicator).
+    An active agent's status is never pushed: it is the page's connection indicator (kici.js)."""
 
     def __init__(self, params):
         self.noun, self.perm = "agents", "agents.view_agent"
@@ -260,6 +262,9 @@ class AgentPage(RowView):
         )
         # A frame of its own: table content cannot share one with other elements safely.
         details = render_to_string("agents/detail.html#details", {"agent": agent, "oob": True})
+        if agent.is_ended:
+            status = render_to_string("agents/detail.html#status", {"agent": agent, "oob": True})
+            details = f"{details.strip()}\n{status.strip()}"
         return [row.strip(), details.strip()]
 
     def snapshot(self):

@@ -208,7 +208,8 @@ def _iso(value) -> str | None:
 
 def agent_json(agent: Agent) -> dict:
     """One agent as the orchestrator sees it: ``{agentId, scaler, state, labels, jobId, warm, ip,
-    registeredAt, lastHeartbeat, activeJobs}`` (times ISO 8601 UTC or null; ``jobId`` "" when unbound)."""
+    registeredAt, lastHeartbeat, activeJobs}`` (times ISO 8601 UTC or null; ``jobId`` "" when unbound;
+    ``ip`` its current address, null before it has one and once it ended: ``Agent.current_ip``)."""
     return {
         "agentId": agent.agent_id,
         "scaler": agent.scaler.name,
@@ -216,7 +217,7 @@ def agent_json(agent: Agent) -> dict:
         "labels": list(agent.labels or []),
         "jobId": agent.bound_job_id,
         "warm": agent.warm,
-        "ip": agent.ip,
+        "ip": agent.current_ip,
         "registeredAt": _iso(agent.registered_at),
         "lastHeartbeat": _iso(agent.last_heartbeat),
         "activeJobs": agent.active_jobs,

@@ -76,10 +76,13 @@ def heartbeat_age(agent):
     """The agent's last heartbeat as :func:`rel_time`. While heartbeats are expected (running,
     draining) it carries ``data-warn-after`` / ``data-late-after`` (seconds, see
     :func:`heartbeat_thresholds`) and the class ``age-ok``, ``age-warn`` (amber) or ``age-late``
-    (red); kici.js moves the class on as the age ticks."""
+    (red); kici.js moves the class on as the age ticks. An ended agent's (``Agent.is_ended``) is
+    a fixed :func:`abs_time`: no heartbeat will come, and an age counting up reads as a live agent."""
     value = agent.last_heartbeat
     if not value:
         return format_html('<span class="muted">{}</span>', "never")
+    if agent.is_ended:
+        return abs_time(value)
     if agent.state not in WATCHED_STATES:
         return _rel_time(value, "")
     warn, late = heartbeat_thresholds()
@@ -98,6 +101,21 @@ def abs_time(value: datetime | None, empty: str = "—"):
         value.isoformat(),
         value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S"),
     )
+
+
+@register.simple_tag
+def agent_address(agent):
+    """The agent's address: its current one (``Agent.current_ip``); an ended agent's last one,
+    marked released, never as current (the next agent may hold it now); "—" when it had none."""
+    if agent.current_ip:
+        return agent.current_ip
+    if agent.ip:
+        return format_html(
+            '<span class="muted" data-released title="{}">{} (released)</span>',
+            "its last address, released when it ended: another agent may hold it now",
+            agent.ip,
+        )
+    return "—"
 
 
 @register.filter

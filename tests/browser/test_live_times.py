@@ -1,5 +1,6 @@
-"""Relative times on live pages: ages count on the browser's clock, heartbeats refresh the row, and
-a live row replaces the "No live agents." placeholder (Debian Chromium against a real daphne)."""
+"""Relative times on live pages: ages count on the browser's clock, heartbeats refresh the row, an
+agent that ends stops looking live (its heartbeat a fixed time, no "live" badge), and a live row
+replaces the "No live agents." placeholder (Debian Chromium against a real daphne)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from agents.choices import AgentState, EventType
-from agents.events import record_event
+from agents.events import flush_events, record_event
 from agents.models import Agent
 from agents.tokens import mint_session_token
 from scalers.models import ConfigState, LabelSet, Reservation, Scaler
@@ -71,6 +72,52 @@ def test_a_heartbeat_age_counts_up_in_the_browser_and_resets_on_a_heartbeat(brow
         f"({AGE_OF})({json.dumps(cell)}) !== null && ({AGE_OF})({json.dumps(cell)}) < 10", timeout=8000
     )
     assert page.locator(f"#agent-{agent.agent_id}").count() == 1
+    assert not [e for e in page.js_errors if "page error" in e], page.js_errors
+
+
+def _end(agent: Agent) -> None:
+    Agent.objects.filter(pk=agent.pk).update(state=AgentState.DESTROYED, finished_at=timezone.now())
+    record_event(Agent.objects.select_related("scaler").get(pk=agent.pk), EventType.DESTROYED, "torn down")
+    assert flush_events(5)
+
+
+def test_an_agent_that_ends_on_its_open_page_stops_looking_live(browser_page, wait_live, off_loop):
+    scaler = _scaler()
+    beat = timezone.now() - timedelta(seconds=50)
+    agent = Agent.objects.create(
+        agent_id="scaler-container-7135e003",
+        scaler=scaler,
+        label_set=scaler.label_sets.get(),
+        state=AgentState.RUNNING,
+        labels=["linux"],
+        ip="172.30.0.9",
+        registered_at=beat,
+        last_heartbeat=beat,
+    )
+    page = browser_page()
+    page.goto(f"/agents/{agent.agent_id}/")
+    wait_live(page)
+    assert page.locator("#agent-status").inner_text() == "live"
+    row = f"#agent-{agent.agent_id}"
+    details = "xpath=//*[@id='agent-details']//dt[.='Last heartbeat']/following-sibling::dd[1]"
+    ticking = f"{row} time[data-rel][datetime='{beat.isoformat()}']"
+    assert page.locator(ticking).count() == 1 and page.evaluate(AGE_OF, f"{row} td:nth-child(9) time") >= 49
+
+    off_loop(_end, agent)
+    page.wait_for_selector(f"{row}[data-state='destroyed']")
+    page.wait_for_selector("#agent-status:not([data-live-status])")
+    status = page.locator("#agent-status").inner_text()
+    assert status.startswith("destroyed ended ") and status.endswith(" UTC"), status
+    assert page.locator("[data-live-status]").count() == 0
+    assert "live" not in page.locator(".page-head .actions").inner_text()
+
+    cells = [page.locator(f"{row} td:nth-child(9)"), page.locator(details)]
+    shown = [cell.inner_text() for cell in cells]
+    page.wait_for_timeout(2500)  # the browser's clock would have moved an age on by now
+    assert [cell.inner_text() for cell in cells] == shown
+    assert all(text.endswith(" UTC") and "ago" not in text for text in shown), shown
+    assert page.locator(ticking).count() == 0
+    assert "172.30.0.9 (released)" in page.locator(row).inner_text()
     assert not [e for e in page.js_errors if "page error" in e], page.js_errors
 
 

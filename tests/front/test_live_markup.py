@@ -1,5 +1,6 @@
 """What the pages give the live rows and the ticking clock: each list's own socket with its
-filters, and heartbeat ages coloured by the heartbeat interval and timeout."""
+filters, heartbeat ages coloured by the heartbeat interval and timeout, and an ended agent's last
+heartbeat as a fixed time."""
 
 from __future__ import annotations
 
@@ -29,8 +30,16 @@ def test_a_heartbeat_age_is_amber_after_two_intervals_and_red_after_the_timeout(
     assert f'class="{level}" data-warn-after="10" data-late-after="90"' in html and "<time data-rel" in html
 
 
-def test_a_finished_agents_heartbeat_is_not_coloured():
-    agent = make_agent(make_scaler(), AgentState.DESTROYED, last_heartbeat=timezone.now() - timedelta(hours=1))
+@pytest.mark.parametrize("state", [AgentState.DESTROYED, AgentState.FAILED])
+def test_an_ended_agents_heartbeat_is_a_fixed_time_not_an_age(state):
+    agent = make_agent(make_scaler(), state, last_heartbeat=timezone.now() - timedelta(hours=1))
+    html = _age(agent)
+    assert html.startswith("<time datetime=") and html.endswith(" UTC</time>")
+    assert "data-rel" not in html and "data-warn-after" not in html and "age-" not in html
+
+
+def test_a_destroying_agents_heartbeat_still_ages_but_is_not_coloured():
+    agent = make_agent(make_scaler(), AgentState.DESTROYING, last_heartbeat=timezone.now() - timedelta(hours=1))
     html = _age(agent)
     assert "<time data-rel" in html and "data-warn-after" not in html and "age-" not in html
 

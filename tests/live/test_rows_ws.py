@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
@@ -13,6 +14,7 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.events import flush_events, record_event
@@ -155,6 +157,36 @@ async def test_an_agent_page_gets_its_row_and_details_and_heartbeats(viewer):
         assert await page.receive_nothing(timeout=ROW_BATCH_SECONDS + 0.5)
     finally:
         await page.disconnect()
+
+
+async def test_an_open_agent_page_and_list_show_the_agent_ended_once_it_is(viewer):
+    _, _, agent, _ = await two_scalers()
+    beat = timezone.now() - timedelta(seconds=12)
+    await database_sync_to_async(Agent.objects.filter(pk=agent.pk).update)(ip="172.30.0.8", last_heartbeat=beat)
+    ticking = f'<time data-rel datetime="{beat.isoformat()}"'
+    page, first = await connect(f"/ws/rows/agent/?id={agent.agent_id}", viewer)
+    listed, _ = await connect("/ws/rows/agents/?state=all", viewer)
+    try:
+        details = await page.receive_from(timeout=5)
+        assert ticking in first and '<td class="col-opt mono nowrap">172.30.0.8</td>' in first
+        # A live agent's header status is the page's own connection indicator: never pushed.
+        assert "<dt>Address</dt>" in details and 'id="agent-status"' not in details
+
+        await database_sync_to_async(event)(
+            agent.agent_id, EventType.DESTROYED, state=AgentState.DESTROYED, finished_at=timezone.now()
+        )
+        frame, details = await page.receive_from(timeout=5), await page.receive_from(timeout=5)
+        for row in (frame, await listed.receive_from(timeout=5)):
+            assert rows([row]) == [agent.agent_id] and 'data-state="destroyed"' in row
+            assert ticking not in row and f'<time datetime="{beat.isoformat()}">' in row
+            assert "172.30.0.8 (released)" in row
+        assert ticking not in details and "<dt>Last address</dt>" in details
+        status = re.search(r'<span id="agent-status"[^>]*>.*', details)
+        assert status and 'hx-swap-oob="true"' in status.group(0) and "data-live-status" not in details
+        assert '<span class="badge st-destroyed">destroyed</span> ended <time' in status.group(0)
+    finally:
+        await page.disconnect()
+        await listed.disconnect()
 
 
 async def test_a_heartbeat_storm_reaches_each_page_in_about_one_frame_a_second(viewer):

@@ -203,6 +203,20 @@ def test_an_agent_is_followed_by_id_and_listed_by_filter_page_by_page():
     assert seen == [a.agent_id for a in agents]
 
 
+def test_an_ended_agent_reports_no_address_and_a_live_one_its_own():
+    make_scaler("c", max_agents=5)
+    live, destroyed, failed = (running_agent(f"job-{i}") for i in range(3))
+    Agent.objects.filter(pk=live.pk).update(ip="172.30.0.5")
+    now = timezone.now()
+    Agent.objects.filter(pk=destroyed.pk).update(state=AgentState.DESTROYED, ip="172.30.0.6", finished_at=now)
+    Agent.objects.filter(pk=failed.pk).update(state=AgentState.FAILED, ip="172.30.0.7", finished_at=now)
+    # The released address may be the next agent's by now: reporting it would name that agent.
+    assert api("GET", f"/api/v1/agents/{live.agent_id}").json()["ip"] == "172.30.0.5"
+    assert api("GET", f"/api/v1/agents/{destroyed.agent_id}").json()["ip"] is None
+    listed = {a["agentId"]: a["ip"] for a in api("GET", "/api/v1/agents?scaler=c").json()["agents"]}
+    assert listed == {live.agent_id: "172.30.0.5", destroyed.agent_id: None, failed.agent_id: None}
+
+
 @pytest.mark.docker
 def test_a_draining_agent_with_no_active_job_is_torn_down_by_the_sweep(docker_client, viewer_client):
     make_scaler("c", max_agents=2)
