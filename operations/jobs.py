@@ -95,9 +95,10 @@ class Progress:
 def run_operation(operation_pk: int) -> str:
     """Run approved operation ``operation_pk``: approved → running → succeeded | failed.
 
-    Returns a one-line summary (stored by rq as the job result). An operation that is not approved
-    (rejected, expired, already running or run) is left alone. The operation fails when the re-plan
-    raises or any target failed; skipped targets do not fail it.
+    Returns a one-line summary (stored by rq as the job result): the status as people read it
+    (``Operation.shown_status``: ``nothing-done`` when every target was skipped) and the counts. An
+    operation that is not approved (rejected, expired, already running or run) is left alone. The
+    operation fails when the re-plan raises or any target failed; skipped targets do not fail it.
     """
     operation = Operation.objects.select_related("scaler", "label_set").filter(pk=operation_pk).first()
     if operation is None:  # a job left in Redis by another database (or a deleted operation)
@@ -151,7 +152,7 @@ def run_operation(operation_pk: int) -> str:
     progress.log(f"finished: {summary}", "error" if (error or failed) else "info")
     progress.flush()
     final = OperationStatus.FAILED if (error or failed) else OperationStatus.SUCCEEDED
-    transition(
+    moved = transition(
         operation,
         OperationStatus.RUNNING,
         final,
@@ -160,4 +161,6 @@ def run_operation(operation_pk: int) -> str:
         finished_at=timezone.now(),
         error=error or (f"{failed} target(s) failed" if failed else ""),
     )
-    return f"operation #{operation_pk} {final}: {summary}"
+    if not moved:  # ended meanwhile by someone else (the sweep of lost runs): say what it is now
+        operation.refresh_from_db()
+    return f"operation #{operation_pk} {operation.shown_status().name}: {summary}"

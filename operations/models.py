@@ -8,6 +8,8 @@ targets whose evidence has not changed. Status moves only by compare-and-swap (s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.conf import settings
 from django.db import models
 from django.dispatch import Signal
@@ -27,6 +29,25 @@ from .choices import (
 #: ``[log_from:log_to]`` were added (kwargs ``operation_id``, ``keys``, ``log_from``, ``log_to``).
 #: The ``live`` app pushes it to the operation's viewers; nothing here knows who listens.
 operation_progress = Signal()
+
+
+@dataclass(frozen=True)
+class ShownStatus:
+    """How an operation's status reads wherever it is shown (its page, the list, the CLI).
+
+    ``name``: the status value, or ``nothing-done`` for a run that acted on no target; ``label``
+    and ``colour``: its badge; ``detail``: the targets done and skipped when a run skipped some
+    ("" otherwise)."""
+
+    name: str
+    label: str
+    colour: str
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        """``label: detail``, or the label alone."""
+        return f"{self.label}: {self.detail}" if self.detail else self.label
 
 
 class Operation(models.Model):
@@ -105,10 +126,6 @@ class Operation(models.Model):
         return f"#{self.pk} {self.get_kind_display()} ({self.status})"
 
     @property
-    def colour(self) -> str:
-        return STATUS_COLOURS.get(self.status, "grey")
-
-    @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
@@ -138,6 +155,22 @@ class Operation(models.Model):
         result["total"] = len(self.plan)
         result["pending"] = max(0, result["total"] - sum(result[o.value] for o in TargetOutcome))
         return result
+
+    def shown_status(self) -> ShownStatus:
+        """The status as people read it. A run succeeds when no target failed, skipped ones
+        included, so a succeeded one that skipped targets says how many: "Succeeded: 2 done,
+        1 skipped", and one that skipped them all reads "Nothing done: 3 skipped", never
+        "Succeeded"."""
+        shown = ShownStatus(self.status, self.get_status_display(), STATUS_COLOURS.get(self.status, "grey"))
+        if self.status != OperationStatus.SUCCEEDED:
+            return shown
+        counts = self.counts()
+        done, skipped = counts[TargetOutcome.DONE.value], counts[TargetOutcome.SKIPPED.value]
+        if not skipped:
+            return shown
+        if not done:
+            return ShownStatus("nothing-done", "Nothing done", "grey", f"{skipped} skipped")
+        return ShownStatus(shown.name, shown.label, shown.colour, f"{done} done, {skipped} skipped")
 
 
 def target_dom_id(key: str) -> str:

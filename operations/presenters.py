@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from lib.units import format_bytes_iec, format_duration
-from operations.choices import OUTCOME_COLOURS, STATUS_COLOURS
+from operations.choices import OUTCOME_COLOURS
 from operations.models import Operation, target_dom_id
 from operations.services import can_approve, unconfirmed_warnings_reason
 
@@ -108,7 +108,7 @@ def detail_context(
     return {
         "operation": operation,
         "decided_by": decider.get_username() if decider else "",
-        "status_colour": STATUS_COLOURS.get(operation.status, "grey"),
+        "shown_status": operation.shown_status(),
         "rows": target_rows(operation, keys, start, stop),
         "rows_page": page or 1,
         "rows_pages": pages,

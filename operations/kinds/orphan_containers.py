@@ -24,7 +24,7 @@ from scalers.models import Scaler
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, Spared, Target, require_scaler
-from .reaping import act_on_planned, backend_for
+from .reaping import act_on_planned, backend_for, owner_instance
 
 TYPES = ("container", "bare-metal")
 
@@ -90,7 +90,7 @@ class OrphanContainers(Kind):
                 "tracked": False,
                 "registered": bool(agent and agent.registered_at and agent.is_active),
                 "agent_row": agent.state if agent else "none",
-                "owner_instance": (agent.owner_instance or None) if agent else None,
+                "owner_instance": owner_instance(agent, t.evidence.get("labels")),
                 "addresses": t.evidence.get("addresses", []),
                 "labels": t.evidence.get("labels", {}),
                 "age_seconds": _created_age(summary),
@@ -103,12 +103,14 @@ class OrphanContainers(Kind):
             result.context[key] = t
         for s in verdicts.spared:
             agent = rows.get(s.agent_id)
+            summary = by_id.get(s.container_id, {})
             evidence = {
                 "agent_id": s.agent_id or None,
                 "container_state": s.state,
                 "agent_row": agent.state if agent else "none",
                 "registered": bool(agent and agent.registered_at and agent.is_active),
-                "age_seconds": _created_age(by_id.get(s.container_id, {})),
+                "owner_instance": owner_instance(agent, summary.get("Labels")),
+                "age_seconds": _created_age(summary),
             }
             result.spared.append(
                 Spared(f"container:{s.container_id}", s.name or s.container_id[:12], s.reason, evidence)

@@ -22,7 +22,7 @@ from scalers.models import Scaler
 
 from ..choices import OperationKind, TargetOutcome
 from .base import Kind, Plan, Scope, Spared, Target, require_scaler
-from .reaping import act_on_planned, backend_for
+from .reaping import act_on_planned, backend_for, owner_instance
 
 TYPES = ("firecracker",)
 
@@ -93,7 +93,7 @@ class OrphanVms(Kind):
                 "chroot": t.agent_id in facts.chroot_ids if t.agent_id else None,
                 "allocation_owner": alloc.scaler_name if alloc else None,
                 "agent_row": agent.state if agent else "none",
-                "owner_instance": (agent.owner_instance or None) if agent else None,
+                "owner_instance": owner_instance(agent, facts.owners.get(t.agent_id) if t.agent_id else None),
                 "why": t.reason,
             }
             key = target_key(t)
@@ -108,7 +108,11 @@ class OrphanVms(Kind):
                     f"chroot:{vm_id}",
                     vm_id,
                     reason,
-                    {"pid_probe": _probe(backend, vm_id), "agent_row": agent.state if agent else "none"},
+                    {
+                        "pid_probe": _probe(backend, vm_id),
+                        "agent_row": agent.state if agent else "none",
+                        "owner_instance": owner_instance(agent, facts.owners.get(vm_id)),
+                    },
                 )
             )
         if facts.rule_ips is None:

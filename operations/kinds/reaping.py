@@ -1,10 +1,11 @@
-"""What the kinds that act through a scaler's backend share: the backend itself, and the acting
-loop of the reaping kinds (orphan containers, orphan VMs, stale isolation rules), where each
-approved target is handed, with the object its plan kept for it, to the backend."""
+"""What the kinds that act through a scaler's backend share: the backend itself, the owner their
+evidence names, and the acting loop of the reaping kinds (orphan containers, orphan VMs, stale
+isolation rules), where each approved target is handed, with the object its plan kept for it, to
+the backend."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from django.conf import settings
 from network.nft.apply import NftClient
 from scalers.backends.factory import get_backend
 from scalers.backends.isolation import nft_table_for
+from scalers.backends.ownership import INSTANCE_LABEL
 from scalers.choices import ScalerType
 
 from ..choices import TargetOutcome
@@ -27,6 +29,13 @@ def backend_for(scaler):
     if netns and scaler.type == ScalerType.FIRECRACKER:
         return get_backend(scaler, netns=netns)
     return get_backend(scaler)
+
+
+def owner_instance(agent, labels: Mapping[str, str] | None) -> str | None:
+    """The console instance a sandbox belongs to, for its evidence: its agent row's, else the
+    sandbox's own ``kici-instance-id`` (a container's labels, a VM's owner file), since an orphan
+    often has no row; None when neither says."""
+    return (agent.owner_instance if agent else "") or (labels or {}).get(INSTANCE_LABEL) or None
 
 
 def act_on_planned(

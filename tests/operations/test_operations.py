@@ -7,6 +7,7 @@ against real PostgreSQL, Redis and an rq SimpleWorker, with no docker needed.
 from __future__ import annotations
 
 import re
+import secrets
 from datetime import timedelta
 
 import pytest
@@ -16,6 +17,8 @@ from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from agents.choices import AgentState
+from agents.models import Agent
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
 from operations.kinds.base import Scope
 from operations.kinds.config_reload import ConfigReload
@@ -116,6 +119,57 @@ def test_a_run_skips_everything_when_the_file_changed_since_the_preview(
     assert "evidence changed since the preview" in outcome["detail"] and "config_sha256" in outcome["detail"]
     assert op.status == OperationStatus.SUCCEEDED  # skipping is correct behaviour, not a failure
     assert not Scaler.objects.filter(name="ops-reload").exists()
+
+
+def _drain_with_skips(users, moved: int):
+    """A drain of three running agents, run after ``moved`` of them started draining by themselves
+    (the re-plan skips those): the operation, run in this process, and the run's summary."""
+    from operations.jobs import run_operation
+
+    scaler = make_scaler(name=f"ops-sk-{secrets.token_hex(2)}", type="event")
+    agents = [make_agent(scaler, state=AgentState.RUNNING, registered_at=timezone.now()) for _ in range(3)]
+    op = create_operation("agent-drain", {"agent_ids": [a.agent_id for a in agents]}, users["operator"])
+    Agent.objects.filter(pk__in=[a.pk for a in agents[:moved]]).update(state=AgentState.DRAINING)
+    approve_operation(op, users["approver"], require_worker=False, enqueue=False)
+    summary = run_operation(op.pk)
+    op.refresh_from_db()
+    return op, summary
+
+
+@pytest.mark.parametrize(
+    ("moved", "name", "text", "shown", "listed"),
+    [
+        (3, "nothing-done", "Nothing done: 3 skipped", "[nothing-done: 3 skipped]", "3 target(s), 3 skipped  "),
+        (
+            1,
+            "succeeded",
+            "Succeeded: 2 done, 1 skipped",
+            "[succeeded: 2 done, 1 skipped]",
+            "3 target(s), 2 done, 1 skipped  ",
+        ),
+        (0, "succeeded", "Succeeded", "[succeeded]", "3 target(s)  "),
+    ],
+)
+def test_a_run_that_skipped_targets_says_how_many_wherever_its_status_is_shown(
+    users, client, capsys, moved, name, text, shown, listed
+):
+    from live.consumers import render_update
+
+    op, summary = _drain_with_skips(users, moved)
+    assert op.status == OperationStatus.SUCCEEDED  # skipping is not failing: no target failed
+    assert op.counts()["skipped"] == moved
+    assert summary == f"operation #{op.pk} {name}: {3 - moved} done, {moved} skipped, 0 failed"
+    badge = f'data-shown="{name}">{text}</span>'
+    login(client, users["viewer"])
+    assert badge in client.get(f"/operations/{op.pk}/").content.decode()
+    rows = client.get("/operations/").content.decode()
+    assert badge in rows.split(f'id="operation-{op.pk}"')[1].split("</tr>")[0]
+    assert badge in render_update(op.pk, users["viewer"], snapshot=True)[0]  # the page's live push
+    call_command("operations", "show", str(op.pk))
+    assert f"operation #{op.pk}: Drain agents {shown}" in capsys.readouterr().out
+    call_command("operations", "list")
+    (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith(f"#{op.pk} ")]
+    assert line.split()[1] == name and listed in line
 
 
 def test_an_expired_plan_cannot_be_approved(users, config_file):

@@ -121,6 +121,19 @@ def test_firecracker_orphans_are_reaped_pass_by_pass_and_a_vm_tracked_since_the_
     assert spared[f"chroot:{vm_c}"]["reason"] == "its pid file names a running process"
     assert spared[f"chroot:{vm_c}"]["evidence"]["pid_probe"].startswith("comm-mismatch")
     assert spared[f"chroot:{vm_d}"]["reason"] == "skipped: another console's (kici-instance-id=console-b)"
+    # no VM has an agent row: the owner each names is its owner file's, and a stray TAP names none
+    owners = {key: t["evidence"]["owner_instance"] for key, t in plan.items()}
+    mine = settings.KICI_INSTANCE_ID
+    assert owners == {
+        f"allocation:{vm_a}": mine,
+        f"chroot:{vm_b}": mine,
+        "tap:kici-0badf00d": None,
+        "rules:10.213.77.2": mine,
+    }
+    assert {key: s["evidence"]["owner_instance"] for key, s in spared.items()} == {
+        f"chroot:{vm_c}": mine,
+        f"chroot:{vm_d}": "console-b",
+    }
 
     make_agent(scaler, state=AgentState.SPAWNING, agent_id=vm_b, reserve=False)  # vm_b becomes tracked
     op = approve_and_run(op, users["approver"], run_rq_jobs)

@@ -3,6 +3,7 @@ own), the real database and an rq SimpleWorker: preview, a target registers mean
 
 from __future__ import annotations
 
+import re
 import secrets
 
 import pytest
@@ -14,7 +15,8 @@ from agents.choices import AgentState
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
 from operations.models import AuditEntry, Operation
 from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
-from scalers.backends.ownership import current_owner
+from scalers.backends.ownership import Owner, current_owner
+from scalers.models import Installation
 from tests.support.operations import listening_worker
 from tests.support.scalers import make_agent, make_scaler
 
@@ -32,10 +34,10 @@ def box(docker_client, agent_image):
     run = secrets.token_hex(3)
 
     class Box:
-        def make(self, scaler_name: str, agent_id: str, state: str = "running") -> str:
+        def make(self, scaler_name: str, agent_id: str, state: str = "running", owner: Owner | None = None) -> str:
             labels = {
                 "kici-managed": "true",
-                **current_owner(scaler_name).labels(),
+                **(owner or current_owner(scaler_name)).labels(),
                 "kici-agent-id": agent_id,
                 TEST_LABEL: run,
             }
@@ -143,6 +145,39 @@ def test_a_plan_that_finds_nothing_creates_nothing(users, box):
     text = response.content.decode()
     assert "nothing to do" in text and "tracked: agent" in text
     assert Operation.objects.count() == 0
+
+
+def test_the_preview_names_a_containers_owner_from_its_labels_when_no_agent_row_does(users, box):
+    scaler = make_scaler(name=f"ops-o-{secrets.token_hex(3)}", config={"networkIsolation": False})
+    rowless, failed = agent_id(), agent_id()
+    make_agent(scaler, state=AgentState.FAILED, agent_id=failed, reserve=False)  # its row's owner: "test"
+    c_rowless = box.make(scaler.name, rowless, state="exited")  # no agent row: only its labels say whose
+    c_failed = box.make(scaler.name, failed, state="exited")
+    # a dead container of a second console on a restored copy of the database: spared, and whose it is shown
+    second = Owner(Installation.current_id(), "console-b", scaler.name)
+    c_foreign = box.make(scaler.name, agent_id(), state="exited", owner=second)
+
+    response = _client(users["operator"]).post(
+        "/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name}
+    )
+    assert response.status_code == 302
+    op = Operation.objects.get()
+    planned = {t["key"]: t["evidence"] for t in op.plan}
+    assert planned[f"container:{c_rowless}"]["agent_row"] == "none"
+    assert planned[f"container:{c_rowless}"]["owner_instance"] == settings.KICI_INSTANCE_ID
+    assert planned[f"container:{c_failed}"]["owner_instance"] == "test"
+    (spared,) = op.spared
+    assert spared["key"] == f"container:{c_foreign}" and spared["evidence"]["owner_instance"] == "console-b"
+
+    page = _client(users["viewer"]).get(f"/operations/{op.pk}/").content.decode()
+
+    def owner_shown(container_id: str) -> str:
+        row = page.split(f"container:{container_id}", 1)[1].split("</tr>", 1)[0]
+        return re.search(r"<dt>owner</dt><dd>([^<]*)</dd>", row).group(1)
+
+    assert owner_shown(c_rowless) == settings.KICI_INSTANCE_ID
+    assert owner_shown(c_failed) == "test"
+    assert owner_shown(c_foreign) == "console-b"
 
 
 def test_stale_rules_are_reaped_but_never_an_address_a_container_holds(users, box, netns_nft, run_rq_jobs):

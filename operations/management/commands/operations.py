@@ -100,7 +100,8 @@ class Command(BaseCommand):
 
     def _print(self, op: Operation) -> None:
         w = self.stdout.write
-        w(f"operation #{op.pk}: {op.get_kind_display()} [{op.status}]")
+        shown = op.shown_status()
+        w(f"operation #{op.pk}: {op.get_kind_display()} [{shown.name}{': ' + shown.detail if shown.detail else ''}]")
         w(f"  scope: {op.scope_label}; queue {op.host_queue}")
         w(
             f"  requested by {op.requested_by.get_username() if op.requested_by else 'system'} via "
@@ -228,7 +229,9 @@ class Command(BaseCommand):
             self.stdout.write("no operations")
             return
         for op in rows:
+            shown = op.shown_status()
             self.stdout.write(
-                f"#{op.pk:<6} {op.status:<10} {op.kind:<22} {len(op.plan):>5} target(s)  {op.scope_label}  "
+                f"#{op.pk:<6} {shown.name:<12} {op.kind:<22} {len(op.plan):>5} target(s)"
+                f"{', ' + shown.detail if shown.detail else ''}  {op.scope_label}  "
                 f"{op.created_at:%Y-%m-%d %H:%M} by {op.requested_by.get_username() if op.requested_by else 'system'}"
             )
