@@ -6,8 +6,9 @@ badge on every page and the ``kici_scaler_attention{kind}`` gauge (docs/attentio
 * ``approval``: operations planned and not expired, waiting for a person to approve or reject them;
 * ``lost``: running or draining agents whose lost mark still holds (``agents.liveness.current_mark``),
   by scaler;
-* ``waiting``: jobs whose latest admission decision left them queued (``WAITING_OUTCOMES`` within
-  ``WAITING_WINDOW``, as the "Why waiting" page counts them), by scaler, outcome and cap; and
+* ``waiting``: jobs whose latest admission decision left them queued and that no agent serves
+  (``scalers.waiting.waiting_requests``, as the "Why waiting" page counts them), by scaler, outcome
+  and cap; and
   admitted spawns that have waited more than :data:`SLOT_WAIT_GRACE` for a ``maxConcurrentSpawns``
   slot, by scaler;
 * ``not_ready``: scalers whose host the sweeper could not ready (``Scaler.host_error``), and scalers
@@ -37,7 +38,8 @@ from agents.choices import AgentState, EventType
 from agents.liveness import WATCHED_STATES, current_mark
 from agents.models import Agent, ScalerEvent
 from scalers.admission.backoff import CONSISTENT_FAILURES
-from scalers.models import WAITING_OUTCOMES, WAITING_WINDOW, ScaleOutcome, Scaler, ScaleRequest
+from scalers.models import ScaleOutcome, Scaler
+from scalers.waiting import waiting_requests
 
 from .choices import OperationStatus
 from .models import Operation
@@ -195,7 +197,7 @@ def _parse(value) -> datetime | None:
 
 def _waiting(out: Attention, now: datetime) -> None:
     groups = (
-        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW)
+        waiting_requests(now)
         .values("scaler_name", "outcome", "cap")
         .annotate(n=Count("id"), oldest=Min("first_requested_at"))
         .order_by("scaler_name", "outcome", "cap")

@@ -2,7 +2,8 @@
 reservations holding that cap.
 
 A request is waiting when its latest decision (``ScaleRequest``) was ``at-capacity``,
-``no-backend`` or ``skipped`` within ``scalers.models.WAITING_WINDOW``. Requests are grouped by what holds
+``exceeds-cap``, ``no-backend`` or ``skipped`` within ``scalers.models.WAITING_WINDOW`` and no agent
+serves its job (``scalers.waiting.waiting_requests``). Requests are grouped by what holds
 them (outcome, cap, scaler); each group lists its jobs and, for a cap, the reservations that
 count against it: agent id, state, age, owner instance, cpus and memory. An ``exceeds-cap`` group
 (a request larger than the cap on its own) lists no holders: no reservation holds it back, and it
@@ -18,15 +19,8 @@ from django.utils import timezone
 
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName
-from scalers.models import (
-    WAITING_OUTCOMES,
-    WAITING_WINDOW,
-    ConfigState,
-    Reservation,
-    ScaleOutcome,
-    Scaler,
-    ScaleRequest,
-)
+from scalers.models import WAITING_WINDOW, ConfigState, Reservation, ScaleOutcome, Scaler
+from scalers.waiting import waiting_requests
 
 from .common import viewer_required
 
@@ -111,11 +105,7 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
     """The page's data (see the module docstring); groups ordered by their newest request."""
     now = now or timezone.now()
     cfg = ConfigState.load()
-    requests = list(
-        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW).order_by(
-            "-decided_at"
-        )[:MAX_REQUESTS]
-    )
+    requests = list(waiting_requests(now).order_by("-decided_at")[:MAX_REQUESTS])
     scalers = {
         s.name: s
         for s in Scaler.objects.select_related("machine_pool").filter(name__in={r.scaler_name for r in requests})

@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from agents.choices import AgentState
+from agents.models import Agent
 from front.views.waiting import waiting_groups
+from operations.attention import needs_attention
 from scalers.admission.service import request_scale
+from scalers.models import ScaleRequest
 from tests.support.scalers import make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
@@ -71,8 +75,6 @@ def test_a_job_admitted_later_stops_waiting():
     first = request_scale(["linux"], "first")
     request_scale(["linux"], "second")
     assert [r.job_id for g in waiting_groups() for r in g.requests] == ["second"]
-    from agents.choices import AgentState
-    from agents.models import Agent
     from scalers.admission.ledger import release
 
     Agent.objects.filter(agent_id=first.agent).update(state=AgentState.DESTROYED)
@@ -91,3 +93,23 @@ def test_a_request_that_exceeds_a_cap_is_shown_as_never_admittable_without_holde
     html = browser_client.get("/scalers/why-waiting/").content.decode()
     assert "can never be admitted: request exceeds cap" in html.lower() and "globalResourceCap.cpu" in html
     assert "huge" in html and "Reservations holding" not in html and held not in html
+
+
+def test_a_job_its_agent_serves_is_not_waiting_though_a_repeated_ask_was_refused():
+    make_scaler("c", max_agents=1)
+    agent_id = request_scale(["linux"], "job").agent
+    # The orchestrator asks again for the same job: its own agent holds the only slot.
+    assert request_scale(["linux"], "job").action == "at-capacity"
+    assert ScaleRequest.objects.get(job_id="job").outcome == "at-capacity"
+    assert waiting_groups() == [] and needs_attention().counts["waiting"] == 0
+    Agent.objects.filter(agent_id=agent_id).update(state=AgentState.DESTROYED, completed_job_id="job")
+    assert waiting_groups() == [] and needs_attention().counts["waiting"] == 0  # it ran
+
+
+def test_a_job_whose_agent_failed_before_it_asked_again_is_waiting():
+    make_scaler("c", max_agents=1)
+    failed = request_scale(["linux"], "job").agent
+    Agent.objects.filter(agent_id=failed).update(state=AgentState.FAILED)  # its reservation still held
+    assert request_scale(["linux"], "job").action == "at-capacity"
+    assert [r.job_id for g in waiting_groups() for r in g.requests] == ["job"]
+    assert needs_attention().counts["waiting"] == 1
