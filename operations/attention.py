@@ -6,8 +6,10 @@ badge on every page and the ``kici_scaler_attention{kind}`` gauge (docs/attentio
 * ``approval``: operations planned and not expired, waiting for a person to approve or reject them;
 * ``lost``: running or draining agents whose lost mark still holds (``agents.liveness.current_mark``),
   by scaler;
-* ``waiting``: jobs whose latest admission decision left them queued (``WAITING_OUTCOMES`` within
-  ``WAITING_WINDOW``, as the "Why waiting" page counts them), by scaler, outcome and cap; and
+* ``waiting``: jobs whose latest admission decision left them queued and that no agent serves
+  (``scalers.waiting.waiting_requests``, as the "Why waiting" page counts them), by scaler, outcome
+  and cap; an ``at-capacity`` job only while a cap still refuses its request
+  (``scalers.waiting.CapsNow``), counted under the cap that refuses it now; and
   admitted spawns that have waited more than :data:`SLOT_WAIT_GRACE` for a ``maxConcurrentSpawns``
   slot, by scaler;
 * ``not_ready``: scalers whose host the sweeper could not ready (``Scaler.host_error``), and scalers
@@ -37,7 +39,8 @@ from agents.choices import AgentState, EventType
 from agents.liveness import WATCHED_STATES, current_mark
 from agents.models import Agent, ScalerEvent
 from scalers.admission.backoff import CONSISTENT_FAILURES
-from scalers.models import WAITING_OUTCOMES, WAITING_WINDOW, ScaleOutcome, Scaler, ScaleRequest
+from scalers.models import ScaleOutcome, Scaler
+from scalers.waiting import CapsNow, waiting_requests
 
 from .choices import OperationStatus
 from .models import Operation
@@ -194,25 +197,38 @@ def _parse(value) -> datetime | None:
 
 
 def _waiting(out: Attention, now: datetime) -> None:
-    groups = (
-        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW)
-        .values("scaler_name", "outcome", "cap")
+    rows = list(
+        waiting_requests(now)
+        .values("scaler_name", "outcome", "cap", "cpus", "memory_bytes")
         .annotate(n=Count("id"), oldest=Min("first_requested_at"))
-        .order_by("scaler_name", "outcome", "cap")
     )
-    for g in groups:
-        where = f"on {g['scaler_name']}" if g["scaler_name"] else "by every scaler"
-        why = _OUTCOME_TEXT.get(g["outcome"], g["outcome"]) + (f" ({g['cap']})" if g["cap"] else "")
+    # An at-capacity job waits on a cap only while that cap still refuses its request: one that
+    # would be admitted now waits for the orchestrator to ask again, which needs no person. One row
+    # per request size, so each size is decided once.
+    caps_now = CapsNow.read() if any(r["outcome"] == ScaleOutcome.AT_CAPACITY for r in rows) else None
+    groups: dict[tuple[str, str, str], list] = {}
+    for r in rows:
+        cap = r["cap"]
+        if r["outcome"] == ScaleOutcome.AT_CAPACITY:
+            cap = caps_now.refusing_cap(r["scaler_name"], r["cpus"], r["memory_bytes"], cap)
+            if cap is None:
+                continue
+        group = groups.setdefault((r["scaler_name"], r["outcome"], cap), [0, None])
+        group[0] += r["n"]
+        group[1] = r["oldest"] if group[1] is None else min(group[1], r["oldest"])
+    for (scaler_name, outcome, cap), (n, oldest) in sorted(groups.items()):
+        where = f"on {scaler_name}" if scaler_name else "by every scaler"
+        why = _OUTCOME_TEXT.get(outcome, outcome) + (f" ({cap})" if cap else "")
         # At capacity, a retry is admitted once a slot frees; the other outcomes are refusals
         # that asking again cannot change until a person changes the config or the host.
-        verb = "waiting" if g["outcome"] == ScaleOutcome.AT_CAPACITY else "refused"
+        verb = "waiting" if outcome == ScaleOutcome.AT_CAPACITY else "refused"
         out.add(
             Item(
                 kind="waiting",
-                count=g["n"],
-                text=f"{_plural(g['n'], 'job')} {verb} {where}: {why}",
+                count=n,
+                text=f"{_plural(n, 'job')} {verb} {where}: {why}",
                 url=_url("why_waiting"),
-                since=g["oldest"],
+                since=oldest,
             )
         )
     slots = (
@@ -313,7 +329,8 @@ def _isolation(out: Attention, now: datetime) -> None:
 
 def needs_attention(now: datetime | None = None) -> Attention:
     """What needs a person at ``now`` (default: the current time): the module docstring's kinds,
-    in :data:`KINDS` order. Eight queries, however many operations, agents, requests and events.
+    in :data:`KINDS` order. Ten queries, however many operations, agents, requests and events
+    (docs/attention.md says when it is fewer or more).
     Raises what the database raises."""
     now = now or timezone.now()
     out = Attention()

@@ -4,7 +4,6 @@ column, a page at a time; every choice is in the URL, so a link shows the same l
 from __future__ import annotations
 
 from django.core.paginator import Paginator
-from django.http import QueryDict
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -23,16 +22,10 @@ from lib.htmx import wants_partial
 from lib.query import check_parameters
 from scalers.models import Scaler
 
-from .common import viewer_required
+from .common import query_string, viewer_required
 
 #: The first direction of a column when it is picked: times newest first, names A to Z.
 FIRST_DESCENDING = {"created_at", "last_heartbeat"}
-
-
-def _query(**values) -> str:
-    query = QueryDict(mutable=True)
-    query.update({k: v for k, v in values.items() if v not in ("", None)})
-    return query.urlencode()
 
 
 def sort_links(filters: dict, current: str) -> dict:
@@ -47,7 +40,7 @@ def sort_links(filters: dict, current: str) -> dict:
         else:
             direction = ""
             target = f"-{column}" if column in FIRST_DESCENDING else column
-        links[column] = {"url": "?" + _query(**{**filters, "sort": target}), "dir": direction}
+        links[column] = {"url": "?" + query_string(**{**filters, "sort": target}), "dir": direction}
     return links
 
 
@@ -80,8 +73,8 @@ def agent_list(request):
         "filters": cleaned,
         "state_filters": STATE_FILTERS,
         "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
-        "query": _query(**filters),
-        "rows_query": _query(**filters, page=page.number),
+        "query": query_string(**filters),
+        "rows_query": query_string(**filters, page=page.number),
         "sort_links": sort_links(filters, cleaned["sort"]),
         "sort_param": filters["sort"],
         "empty_text": "No agent matches these filters.",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required, permission_required
+from django.http import QueryDict
 from django.shortcuts import get_object_or_404
 
 from agents.models import Agent
@@ -35,6 +36,14 @@ def css_attr_selector(attr: str, value: str) -> str:
     """``[attr="value"]`` with ``value`` escaped as a CSS string (for ``data-accept`` filters)."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'[{attr}="{escaped}"]'
+
+
+def query_string(**values) -> str:
+    """The query string of a list's URL: ``values`` url-encoded, empty and None ones left out (a
+    link carries only the filters in force)."""
+    query = QueryDict(mutable=True)
+    query.update({k: v for k, v in values.items() if v not in ("", None)})
+    return query.urlencode()
 
 
 def agent_or_404(agent_id: str) -> Agent:

@@ -2,11 +2,17 @@
 reservations holding that cap.
 
 A request is waiting when its latest decision (``ScaleRequest``) was ``at-capacity``,
-``no-backend`` or ``skipped`` within ``scalers.models.WAITING_WINDOW``. Requests are grouped by what holds
+``exceeds-cap``, ``no-backend`` or ``skipped`` within ``scalers.models.WAITING_WINDOW`` and no agent
+serves its job (``scalers.waiting.waiting_requests``). Requests are grouped by what holds
 them (outcome, cap, scaler); each group lists its jobs and, for a cap, the reservations that
 count against it: agent id, state, age, owner instance, cpus and memory. An ``exceeds-cap`` group
 (a request larger than the cap on its own) lists no holders: no reservation holds it back, and it
 can never be admitted until the cap is raised.
+
+An ``at-capacity`` request is decided again against the caps as they stand
+(``scalers.waiting.CapsNow``): it is grouped under the cap that refuses it now, which may not be
+the one its record names, or, when no cap would refuse it, in a "capacity freed" group of its
+recorded cap, without holders: the job waits for the orchestrator to ask again, not for capacity.
 """
 
 from __future__ import annotations
@@ -18,15 +24,8 @@ from django.utils import timezone
 
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName
-from scalers.models import (
-    WAITING_OUTCOMES,
-    WAITING_WINDOW,
-    ConfigState,
-    Reservation,
-    ScaleOutcome,
-    Scaler,
-    ScaleRequest,
-)
+from scalers.models import WAITING_WINDOW, ConfigState, Reservation, ScaleOutcome, Scaler
+from scalers.waiting import CapsNow, waiting_requests
 
 from .common import viewer_required
 
@@ -61,13 +60,15 @@ class Holder:
 
 @dataclass
 class WaitingGroup:
-    """Jobs held by the same thing: ``outcome`` + ``cap`` + ``scaler``; ``limit`` describes the cap."""
+    """Jobs held by the same thing: ``outcome`` + ``cap`` + ``scaler``; ``limit`` describes the cap.
+    ``freed``: at-capacity jobs that ``cap`` refused and that no cap would refuse now."""
 
     outcome: str
     cap: str
     scaler: str
     scope: str
     limit: str
+    freed: bool = False
     requests: list = field(default_factory=list)
     holders: list[Holder] = field(default_factory=list)
     holders_total: int = 0
@@ -108,31 +109,35 @@ def _holders(scope: str, scaler: Scaler | None):
 
 
 def waiting_groups(now=None) -> list[WaitingGroup]:
-    """The page's data (see the module docstring); groups ordered by their newest request."""
+    """The page's data (see the module docstring): groups ordered by their newest request, the
+    "capacity freed" groups last."""
     now = now or timezone.now()
     cfg = ConfigState.load()
-    requests = list(
-        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW).order_by(
-            "-decided_at"
-        )[:MAX_REQUESTS]
-    )
+    requests = list(waiting_requests(now).order_by("-decided_at")[:MAX_REQUESTS])
     scalers = {
         s.name: s
         for s in Scaler.objects.select_related("machine_pool").filter(name__in={r.scaler_name for r in requests})
     }
-    groups: dict[tuple[str, str, str], WaitingGroup] = {}
+    caps_now = CapsNow.read() if any(r.outcome == ScaleOutcome.AT_CAPACITY for r in requests) else None
+    groups: dict[tuple[str, str, str, bool], WaitingGroup] = {}
     for r in requests:
-        key = (r.outcome, r.cap, r.scaler_name if _CAP_SCOPE.get(r.cap) != "global" else "")
+        cap, freed = r.cap, False
+        if r.outcome == ScaleOutcome.AT_CAPACITY:
+            now_cap = caps_now.refusing_cap(r.scaler_name, r.cpus, r.memory_bytes, r.cap)
+            freed = now_cap is None
+            cap = r.cap if freed else now_cap
+        key = (r.outcome, cap, r.scaler_name if _CAP_SCOPE.get(cap) != "global" else "", freed)
         group = groups.get(key)
         if group is None:
             scaler = scalers.get(r.scaler_name)
-            scope = _CAP_SCOPE.get(r.cap, "") if r.outcome != ScaleOutcome.EXCEEDS_CAP else ""
+            scope = _CAP_SCOPE.get(cap, "") if r.outcome != ScaleOutcome.EXCEEDS_CAP and not freed else ""
             group = WaitingGroup(
                 outcome=r.outcome,
-                cap=r.cap,
+                cap=cap,
                 scaler=key[2],
                 scope=scope,
-                limit=_limit_text(r.cap, scaler, cfg) if r.cap else "",
+                limit=_limit_text(cap, scaler, cfg) if cap else "",
+                freed=freed,
             )
             if scope:
                 qs = _holders(scope, scaler)
@@ -155,7 +160,7 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
                 group.held_memory_bytes = sum(m for _, m in agg)
             groups[key] = group
         group.requests.append(r)
-    return list(groups.values())
+    return sorted(groups.values(), key=lambda g: g.freed)
 
 
 @viewer_required
@@ -170,5 +175,6 @@ def why_waiting(request):
             "nav": "waiting",
             "window_hours": int(WAITING_WINDOW.total_seconds() // 3600),
             "n_requests": sum(len(g.requests) for g in groups),
+            "n_freed": sum(len(g.requests) for g in groups if g.freed),
         },
     )

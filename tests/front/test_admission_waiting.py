@@ -6,11 +6,31 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from agents.choices import AgentState
+from agents.models import Agent
 from front.views.waiting import waiting_groups
+from operations.attention import needs_attention
+from scalers.admission.ledger import release
 from scalers.admission.service import request_scale
+from scalers.models import ScaleRequest
 from tests.support.scalers import make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
+
+GIB = 2**30
+#: A job of 2 cpus and 2 GiB, and for each cap the settings (global, scaler, machine pool) under
+#: which one such job fills that cap and a second one is refused by it.
+JOB = {"cpus": 2, "memory": "2g"}
+CAP_SETTINGS = {
+    "globalMaxAgents": ({"max_agents": 1}, {}, None),
+    "maxAgents": ({}, {"max_agents": 1}, None),
+    "resourceCap.cpu": ({}, {"cpu": 2}, None),
+    "resourceCap.memory": ({}, {"memory": 2 * GIB}, None),
+    "globalResourceCap.cpu": ({"cpu": 2}, {}, None),
+    "globalResourceCap.memory": ({"memory": 2 * GIB}, {}, None),
+    "machinePool.cpu": ({}, {}, {"cpu": 2}),
+    "machinePool.memory": ({}, {}, {"memory": 2 * GIB}),
+}
 
 
 @pytest.fixture
@@ -54,14 +74,17 @@ def test_groups_scope_holders_to_the_cap():
     make_scaler("x", max_agents=5, label_sets=[["x"]])
     a1 = request_scale(["a"], "a1", resources={"cpus": 2}).agent
     request_scale(["b"], "b1", resources={"cpus": 1})  # machinePool.cpu on b, held by a's agent
+    (pool_group,) = waiting_groups()
+    assert (pool_group.cap, pool_group.scaler) == ("machinePool.cpu", "b")
+    assert [h.agent_id for h in pool_group.holders] == [a1]
+    assert pool_group.requests[0].job_id == "b1"
     x1 = request_scale(["x"], "x1").agent
     x2 = request_scale(["x"], "x2").agent
     request_scale(["x"], "x3")  # globalMaxAgents, held by everyone
-    groups = {(g.cap, g.scaler): g for g in waiting_groups()}
-    pool_group = groups[("machinePool.cpu", "b")]
-    assert [h.agent_id for h in pool_group.holders] == [a1]
-    assert pool_group.requests[0].job_id == "b1"
-    glob = groups[("globalMaxAgents", "")]
+    # globalMaxAgents, checked first, now refuses b1 too: it is held by that cap, not the pool's.
+    (glob,) = waiting_groups()
+    assert (glob.cap, glob.scaler) == ("globalMaxAgents", "")
+    assert [r.job_id for r in glob.requests] == ["x3", "b1"]
     assert {h.agent_id for h in glob.holders} == {a1, x1, x2}
     assert glob.holders_total == 3 and glob.limit == "globalMaxAgents = 3"
 
@@ -71,10 +94,6 @@ def test_a_job_admitted_later_stops_waiting():
     first = request_scale(["linux"], "first")
     request_scale(["linux"], "second")
     assert [r.job_id for g in waiting_groups() for r in g.requests] == ["second"]
-    from agents.choices import AgentState
-    from agents.models import Agent
-    from scalers.admission.ledger import release
-
     Agent.objects.filter(agent_id=first.agent).update(state=AgentState.DESTROYED)
     release(first.agent, "done")
     assert request_scale(["linux"], "second").action == "spawning"
@@ -91,3 +110,80 @@ def test_a_request_that_exceeds_a_cap_is_shown_as_never_admittable_without_holde
     html = browser_client.get("/scalers/why-waiting/").content.decode()
     assert "can never be admitted: request exceeds cap" in html.lower() and "globalResourceCap.cpu" in html
     assert "huge" in html and "Reservations holding" not in html and held not in html
+
+
+def test_a_job_its_agent_serves_is_not_waiting_though_a_repeated_ask_was_refused():
+    make_scaler("c", max_agents=1)
+    agent_id = request_scale(["linux"], "job").agent
+    # The orchestrator asks again for the same job: its own agent holds the only slot.
+    assert request_scale(["linux"], "job").action == "at-capacity"
+    assert ScaleRequest.objects.get(job_id="job").outcome == "at-capacity"
+    assert waiting_groups() == [] and needs_attention().counts["waiting"] == 0
+    Agent.objects.filter(agent_id=agent_id).update(state=AgentState.DESTROYED, completed_job_id="job")
+    assert waiting_groups() == [] and needs_attention().counts["waiting"] == 0  # it ran
+
+
+def test_a_job_whose_agent_failed_before_it_asked_again_is_waiting():
+    make_scaler("c", max_agents=1)
+    failed = request_scale(["linux"], "job").agent
+    Agent.objects.filter(agent_id=failed).update(state=AgentState.FAILED)  # its reservation still held
+    assert request_scale(["linux"], "job").action == "at-capacity"
+    assert [r.job_id for g in waiting_groups() for r in g.requests] == ["job"]
+    assert needs_attention().counts["waiting"] == 1
+
+
+def attention_lines() -> list[str]:
+    return [item.text for item in needs_attention().items]
+
+
+def end(agent_id: str) -> None:
+    """The agent is gone and its reservation released, as a teardown leaves it."""
+    Agent.objects.filter(agent_id=agent_id).update(state=AgentState.DESTROYED)
+    release(agent_id, "destroyed")
+
+
+@pytest.mark.parametrize("cap", CAP_SETTINGS)
+def test_a_job_waits_on_a_cap_only_while_that_cap_still_refuses_it(cap, browser_client):
+    glob, caps, pool = CAP_SETTINGS[cap]
+    set_global(**glob)
+    make_scaler("c", **caps, pool=make_pool("box", **pool) if pool is not None else None)
+    holder = request_scale(["linux"], "holder", resources=JOB).agent
+    refused = request_scale(["linux"], "waiting", resources=JOB)
+    assert (refused.action, refused.cap) == ("at-capacity", cap)
+    # Still full: held by its cap and the holder's reservation, and it needs a person.
+    (group,) = waiting_groups()
+    assert (group.cap, group.freed, [h.agent_id for h in group.holders]) == (cap, False, [holder])
+    assert attention_lines() == [f"1 job waiting on c: at capacity ({cap})"]
+    # The holder ends: the cap would admit the job now. It waits for the orchestrator, not a person.
+    end(holder)
+    (group,) = waiting_groups()
+    assert (group.cap, group.freed, group.holders, group.requests[0].job_id) == (cap, True, [], "waiting")
+    assert attention_lines() == []
+    html = browser_client.get("/scalers/why-waiting/").content.decode()
+    assert "Capacity freed:" in html and "waits for the orchestrator to ask again" in html and "data-freed" in html
+    assert "Reservations holding" not in html
+    # Another job takes the room before the orchestrator asks again: held again.
+    other = request_scale(["linux"], "other", resources=JOB).agent
+    (group,) = waiting_groups()
+    assert (group.cap, group.freed, [h.agent_id for h in group.holders]) == (cap, False, [other])
+    assert attention_lines() == [f"1 job waiting on c: at capacity ({cap})"]
+    # Admitted when it asks again: not waiting.
+    end(other)
+    assert request_scale(["linux"], "waiting", resources=JOB).action == "spawning"
+    assert waiting_groups() == [] and attention_lines() == []
+
+
+def test_a_job_refused_by_one_cap_is_shown_under_the_cap_that_holds_it_now(browser_client):
+    set_global(max_agents=2)
+    make_scaler("c", max_agents=1, label_sets=[["c"]])
+    make_scaler("d", max_agents=5, label_sets=[["d"]])
+    end_first = request_scale(["c"], "c1").agent
+    assert request_scale(["c"], "waiting").cap == "maxAgents"
+    end(end_first)
+    request_scale(["d"], "d1")
+    request_scale(["d"], "d2")  # c has room again, but the console is full
+    (group,) = waiting_groups()
+    assert (group.cap, group.scaler, group.freed, len(group.holders)) == ("globalMaxAgents", "", False, 2)
+    assert attention_lines() == ["1 job waiting on c: at capacity (globalMaxAgents)"]
+    html = browser_client.get("/scalers/why-waiting/").content.decode()
+    assert "maxAgents reached on scaler c" in html and "(now held by globalMaxAgents)" in html

@@ -209,6 +209,7 @@ def test_the_summary_costs_the_same_queries_however_many_rows(viewer_client):
     with CaptureQueriesContext(connection) as page_few:
         viewer_client.get("/")
     _many(60, "many")
+    needs_attention()  # new scalers: the caps' config rows are read again, once (the shared world cache)
     with CaptureQueriesContext(connection) as many:
         second = needs_attention()
     with CaptureQueriesContext(connection) as page_many:
@@ -216,5 +217,8 @@ def test_the_summary_costs_the_same_queries_however_many_rows(viewer_client):
     assert (
         first.counts["lost"] == 6 and second.counts["lost"] == 66 and second.counts["not_ready"] == 6 + 3
     )  # hosts, and the "many" scalers failing
-    assert len(few) == len(many) == 8
+    # Each refusal is decided again: at first the caps have room (only the slot waits count); the
+    # many agents then fill globalMaxAgents, which holds every refused job.
+    assert first.counts["waiting"] == 6 and second.counts["waiting"] == 66 + 66
+    assert len(few) == len(many) == 10
     assert len(page_few) == len(page_many)

@@ -4,6 +4,7 @@ and the live-update HTML rendered from the same partials as the pages."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from html import unescape
 
 import pytest
@@ -12,7 +13,8 @@ from django.utils import timezone
 
 from agents.choices import AgentState, EventType
 from agents.events import record_event
-from agents.models import Agent
+from agents.models import Agent, ScalerEvent
+from front.views.event_feed import EVENTS_PAGE_SIZE
 from live.render import render_live_update
 from live.rows import row_view
 from scalers.models import ConfigState, LabelSet, Reservation, Scaler
@@ -323,10 +325,43 @@ def test_the_events_feed_filters_and_goes_quiet_while_searching(viewer_client, s
     assert "pulling image" in searched and 'ws-connect="/ws/events/"' not in searched
     bogus = viewer_client.get("/events/?type=bogus")
     assert bogus.status_code == 400 and "type: must be one of scaler." in unescape(bogus.content.decode())
-    # The feed is the newest rows, with no pages: a page (or a repeated filter) is refused, not ignored.
+    # A repeated filter or an unknown parameter is refused, not ignored.
     for query, message in (
-        ("page=abc", "page: unknown parameter (accepted: type, scaler, q)"),
         ("type=scaler.failed&type=scaler.spawned", "type: given 2 times"),
+        ("sort=-created_at", "sort: unknown parameter (accepted: type, scaler, q, page)"),
+    ):
+        refused = viewer_client.get(f"/events/?{query}")
+        assert refused.status_code == 400 and message in unescape(refused.content.decode()), query
+
+
+def test_the_events_feed_pages_back_to_older_events_keeping_its_filters(viewer_client, scaler):
+    agent = _agent(scaler, 1)
+    newest = timezone.now()
+    failures = ScalerEvent.objects.bulk_create(
+        ScalerEvent(agent=agent, agent_ref=agent.agent_id, scaler_name=scaler.name, type=EventType.FAILED)
+        for _ in range(EVENTS_PAGE_SIZE + 5)
+    )
+    for i, event in enumerate(failures):  # "failure 000" the newest, one second apart
+        ScalerEvent.objects.filter(pk=event.pk).update(
+            detail=f"failure {i:03d}", created_at=newest - timedelta(seconds=i)
+        )
+    record_event(agent, EventType.PROVISIONING, "pulling image")  # the newest, of another type
+    first = viewer_client.get("/events/?type=scaler.failed").content.decode()
+    assert "failure 000" in first and f"failure {EVENTS_PAGE_SIZE - 1:03d}" in first
+    assert f"failure {EVENTS_PAGE_SIZE:03d}" not in first and "pulling image" not in first
+    assert 'href="?type=scaler.failed&amp;page=2" rel="next"' in first and "page 1 of 2" in first
+    assert 'ws-connect="/ws/events/"' in first  # the first page is live
+    second = viewer_client.get("/events/?type=scaler.failed&page=2").content.decode()
+    assert f"failure {EVENTS_PAGE_SIZE:03d}" in second and f"failure {EVENTS_PAGE_SIZE + 4:03d}" in second
+    assert f"failure {EVENTS_PAGE_SIZE - 1:03d}" not in second and "pulling image" not in second
+    assert 'href="?type=scaler.failed&amp;page=1" rel="prev"' in second and 'rel="next"' not in second
+    assert 'ws-connect="/ws/events/"' not in second and "Live updates are on the first page only." in second
+    unfiltered = viewer_client.get("/events/?page=2").content.decode()
+    assert f"failure {EVENTS_PAGE_SIZE - 1:03d}" in unfiltered  # one page down: the other type's row
+    for query, message in (
+        ("page=abc", "page: must be a whole number within 1..200, got 'abc'"),
+        ("type=scaler.failed&page=0", "page: must be a whole number within 1..200"),
+        ("page=2&page=3", "page: given 2 times"),
     ):
         refused = viewer_client.get(f"/events/?{query}")
         assert refused.status_code == 400 and message in unescape(refused.content.decode()), query

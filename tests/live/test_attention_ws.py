@@ -15,11 +15,15 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.utils import timezone
 
+from agents.choices import AgentState
+from agents.models import Agent
 from live import consumers
 from live.attention import SHARED, SharedAttention
 from live.routing import websocket_urlpatterns
 from operations.services import create_operation, reject_operation
+from scalers.admission.ledger import release
 from scalers.models import ScaleRequest
+from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -105,6 +109,32 @@ async def test_what_no_notice_announces_arrives_with_the_poll_and_nothing_repeat
         frame = await page.receive_from(timeout=3)
         assert count(frame) == 1 and "1 job waiting on c: at capacity (maxAgents)" in frame
         assert await page.receive_nothing(timeout=1.2)
+    finally:
+        await page.disconnect()
+
+
+async def test_a_job_waiting_at_capacity_goes_from_the_panel_when_its_cap_frees(viewer, poll):
+    def refused_at_capacity() -> str:
+        holder = make_agent(make_scaler("c", max_agents=1), AgentState.RUNNING)
+        now = timezone.now()
+        ScaleRequest.objects.create(
+            job_id="j", outcome="at-capacity", cap="maxAgents", scaler_name="c", first_requested_at=now, decided_at=now
+        )
+        return holder.agent_id
+
+    def holder_ends(agent_id: str) -> None:
+        Agent.objects.filter(agent_id=agent_id).update(state=AgentState.DESTROYED)
+        release(agent_id, "destroyed")  # its reservation.released event is the notice
+
+    holder = await database_sync_to_async(refused_at_capacity)()
+    page, first = await connect("/ws/attention/?panel=1", viewer)
+    try:
+        assert count(first) == 1 and "1 job waiting on c: at capacity (maxAgents)" in first
+        started = time.monotonic()
+        await database_sync_to_async(holder_ends)(holder)
+        frame = await page.receive_from(timeout=5)
+        assert time.monotonic() - started < 3  # the notice, not the (60 s) poll
+        assert count(frame) == 0 and "Nothing needs you." in frame
     finally:
         await page.disconnect()
 
