@@ -81,9 +81,10 @@ from agents.models import Agent
 from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from lib.query import BadParameter, check_parameters, choice, shown, whole_number
+from lib.wording import json_text
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
-from scalers.admission.validate import InvalidScaleRequest, _short, validate_scale_request
+from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.lifecycle import Refused, complete_job, release_agent
@@ -354,13 +355,13 @@ def _end(request, agent_id: str, field: str, check, call):
 def _job_id_problem(value) -> str | None:
     if isinstance(value, str) and value.strip():
         return None
-    return f"jobId must be a non-empty string, got {_short(value)}"
+    return f"jobId must be a non-empty string, got {json_text(value)}"
 
 
 def _reason_problem(value) -> str | None:
     if value is None or (isinstance(value, str) and len(value) <= 500):
         return None
-    return f"reason must be a string of at most 500 characters, got {_short(value)}"
+    return f"reason must be a string of at most 500 characters, got {json_text(value)}"
 
 
 @_orchestrator
