@@ -49,7 +49,9 @@ BAD_ENTRIES = [
     ("*:65536", "outside 1-65535"),
     (":53", 'has no address before the ":": write "*:53"'),
     ("192.168.1.256", "not a valid IPv4 address: octet 256 is above 255"),
-    ("fd00::1", "unbracketed IPv6"),
+    ("fd00::1", 'is an IPv6 address without brackets: write "[fd00::1]"'),
+    ("127.0.0.1 :8000", 'has whitespace inside it: did you mean "127.0.0.1:8000"?'),
+    ("*:-1", "has port -1, outside 1-65535"),
     ("10.0.0.1/24", "host bits set"),
 ]
 
