@@ -81,7 +81,7 @@ from agents.models import Agent
 from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from lib.query import BadParameter, check_parameters, choice, shown, whole_number
-from lib.wording import json_text
+from lib.wording import json_text, listed
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionTimeout, get_queue
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
@@ -201,7 +201,7 @@ async def scale(request):
             "no-matching-label-set",
             decision.reason
             if decision.reason != "no-matching-label-set"
-            else f"no label set of any scaler matches {list(data.labels)}",
+            else f"no label set of any scaler matches labels {listed(data.labels)}",
             labels=list(data.labels),
         )
     return _error(503, "skipped", decision.reason)

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
+from lib.wording import listed
 from network.host_access import HostAccessError, console_port_warning, host_access_warnings, parse_host_access_entry
 from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
@@ -111,6 +112,11 @@ def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
     )
 
 
+def _shown(host_access: list[str] | None) -> str:
+    """A hostAccess value in a note or a report: ``[172.30.0.1:53, *:8000]``, ``[]``, ``(default)``."""
+    return "(default)" if host_access is None else listed(host_access)
+
+
 def _reverts(scope: Scope) -> bool:
     return scope.params.get("revert_to_file") is True
 
@@ -180,7 +186,7 @@ class HostAccessApply(Kind):
             else:
                 action = "set hostAccess (console value)"
             result.targets.append(Target(key, action, subject, ls_evidence))
-        shown = file_value if file_value is not None else "(default)"
+        shown = _shown(file_value)
         if revert:
             result.notes.append(
                 f"scalers.yaml says hostAccess {shown} for this label set: it is in force from now on, "
@@ -262,7 +268,7 @@ class HostAccessApply(Kind):
                     run.report(
                         target.key,
                         TargetOutcome.DONE,
-                        f"hostAccess = {new if new is not None else '(default)'} ({source})",
+                        f"hostAccess = {_shown(new)} ({source})",
                     )
                     continue
                 table, gateway, _ = isolation_target(scaler)

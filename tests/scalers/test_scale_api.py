@@ -69,6 +69,13 @@ def test_it_answers_422_when_no_label_set_matches():
     assert_nothing_written()
 
 
+def test_no_matching_label_set_names_the_labels_as_an_operator_reads_them():
+    make_scaler("c")
+    body = post(Client(), {"labels": ["linux", "x"], "jobId": "j1"}).json()
+    assert body["error"]["message"] == "no label set of any scaler matches labels [linux, x]"
+    assert body["labels"] == ["linux", "x"]
+
+
 def test_it_refuses_resources_over_a_cap_for_good_with_422_exceeds_cap():
     make_scaler("c", cpu=4)
     r = post(Client(), {"labels": ["linux"], "jobId": "j1", "resources": {"cpus": 64}})
