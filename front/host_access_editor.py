@@ -18,6 +18,7 @@ from django.conf import settings
 
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent
+from lib.wording import json_text
 from network.host_access import (
     MAX_ENTRY_LENGTH,
     HostAccessError,
@@ -254,12 +255,12 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     entries: list[str] | None = None
     addresses, address_error = None, ""
     if mode not in MODES:
-        general.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        general.append(f"mode: must be one of {', '.join(MODES)}, got {json_text(mode)}")
     elif mode == EXPLICIT:
         addresses, address_error = known_host_addresses(label_set.scaler)
         checks = check_lines(text, addresses)
         if len(checks) > MAX_ENTRIES:
-            general.append(f"{len(checks)} entries: at most {MAX_ENTRIES} are accepted")
+            general.append(f"entries: at most {MAX_ENTRIES} are accepted, got {len(checks)}")
         entries = list(dict.fromkeys(c.text for c in checks if c.ok))
     if general or any(not c.ok for c in checks):
         return EditorPlan(label_set, mode, checks, general, None, [], [], False)

@@ -310,7 +310,7 @@ def agent_list(request):
         try:
             cursor = whole_number("cursor", raw_cursor, 1, CURSOR_MAX, default=0)
         except BadParameter:
-            raise BadParameter("cursor", f"{shown(raw_cursor)!r} is not one we gave (pass back a nextCursor)") from None
+            raise BadParameter("cursor", f"must be a nextCursor this API gave, got {json_text(raw_cursor)}") from None
     except BadParameter as exc:
         return _bad_parameter(exc)
     agents = Agent.objects.select_related("scaler").order_by("pk")
@@ -340,8 +340,9 @@ def _end(request, agent_id: str, field: str, check, call):
         return bad
     if unknown := sorted(set(body) - {field}):
         # A misspelt field must not be dropped silently (a release's "why" is its lost reason).
-        return _error(400, "invalid-request", f"unknown field {unknown[0]!r}: this call takes only {field!r}",
-                      field=unknown[0])  # fmt: skip
+        return _error(
+            400, "invalid-request", f"{shown(unknown[0])}: unknown field (allowed: {field})", field=unknown[0]
+        )
     value = body.get(field)
     if problem := check(value):
         return _error(400, "invalid-request", problem, field=field)
@@ -355,13 +356,13 @@ def _end(request, agent_id: str, field: str, check, call):
 def _job_id_problem(value) -> str | None:
     if isinstance(value, str) and value.strip():
         return None
-    return f"jobId must be a non-empty string, got {json_text(value)}"
+    return f"jobId: must be a non-empty string, got {json_text(value)}"
 
 
 def _reason_problem(value) -> str | None:
     if value is None or (isinstance(value, str) and len(value) <= 500):
         return None
-    return f"reason must be a string of at most 500 characters, got {json_text(value)}"
+    return f"reason: must be a string of at most 500 characters, got {json_text(value)}"
 
 
 @_orchestrator

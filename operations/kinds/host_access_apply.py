@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from lib.wording import listed
+from lib.wording import json_text, listed
 from network.host_access import HostAccessError, console_port_warning, host_access_warnings, parse_host_access_entry
 from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
@@ -136,7 +136,7 @@ class HostAccessApply(Kind):
             raise ScopeInvalid("label_set", "a host-access change needs a label set")
         revert = scope.params.get("revert_to_file", False)
         if revert not in (True, False):
-            raise ScopeInvalid("revert_to_file", f"must be true or false, not {revert!r}")
+            raise ScopeInvalid("revert_to_file", f"must be true or false, got {json_text(revert)}")
         if revert:
             if "host_access" in scope.params:
                 raise ScopeInvalid("host_access", "give either a new list or revert_to_file, not both")
@@ -150,12 +150,13 @@ class HostAccessApply(Kind):
         if entries is None:
             return
         if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-            raise ScopeInvalid("host_access", f"must be a list of entries, not {entries!r}")
+            raise ScopeInvalid("host_access", f"must be a list of entries (strings), got {json_text(entries)}")
         for index, entry in enumerate(entries):
             try:
                 parse_host_access_entry(entry)
             except HostAccessError as exc:
-                raise ScopeInvalid("host_access", f"entry {index + 1} {entry!r}: {exc}") from None
+                # The entry's message names the entry; the field names its place.
+                raise ScopeInvalid(f"host_access[{index}]", str(exc)) from None
 
     def plan(self, scope: Scope) -> Plan:
         label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)

@@ -114,7 +114,7 @@ def validate_resources(value: Any) -> Any:
         spec = getattr(parsed, side)
         if spec is not None and spec.memory is not None and parse_memory(spec.memory) > MAX_MEMORY_BYTES:
             raise InvalidScaleRequest(
-                _as_written(f"resources.{side}.memory", value), f"{json_text(spec.memory)} is more than 16 TiB"
+                _as_written(f"resources.{side}.memory", value), f"must be at most 16 TiB, got {json_text(spec.memory)}"
             )
     return parsed
 
@@ -139,7 +139,8 @@ def validate_container(value: Any) -> JobImage | None:
     ref = value.get("credentialsRef")
     if ref is not None and (not isinstance(ref, str) or not ref.strip() or len(ref) > MAX_ID_LENGTH):
         raise InvalidScaleRequest(
-            "container.credentialsRef", f"must be a non-empty string of at most {MAX_ID_LENGTH} characters"
+            "container.credentialsRef",
+            f"must be a non-empty string of at most {MAX_ID_LENGTH} characters, got {json_text(ref)}",
         )
     return JobImage(value["image"], (ref or "").strip())
 

@@ -214,7 +214,7 @@ def test_the_agents_list_filters_by_state_scaler_and_search(viewer_client, scale
     # An unknown state is refused naming it, never silently widened to every state.
     bogus = viewer_client.get("/agents/?state=bogus")
     assert bogus.status_code == 400 and "state: must be one of active, all, " in unescape(bogus.content.decode())
-    assert "got 'bogus'" in unescape(bogus.content.decode())
+    assert 'got "bogus"' in unescape(bogus.content.decode())
 
 
 def test_the_agents_list_answers_htmx_with_the_results_partial(viewer_client, scaler):
@@ -326,7 +326,7 @@ def test_the_events_feed_filters_and_goes_quiet_while_searching(viewer_client, s
     # The feed is the newest rows, with no pages: a page (or a repeated filter) is refused, not ignored.
     for query, message in (
         ("page=abc", "page: unknown parameter (accepted: type, scaler, q)"),
-        ("type=scaler.failed&type=scaler.spawned", "type: given 2 times"),
+        ("type=scaler.failed&type=scaler.spawned", "type: takes one value, got 2"),
     ):
         refused = viewer_client.get(f"/events/?{query}")
         assert refused.status_code == 400 and message in unescape(refused.content.decode()), query

@@ -156,7 +156,7 @@ def test_the_plan_says_when_nothing_changes(label_set):
     assert plan_host_access_change(label_set, "explicit", "5000").unchanged
     assert not plan_host_access_change(label_set, "explicit", "5001").unchanged
     assert plan_host_access_change(label_set, "sideways", "").errors == [
-        "mode 'sideways' is not one of default, explicit"
+        'mode: must be one of default, explicit, got "sideways"'
     ]
 
 
@@ -168,7 +168,7 @@ def test_apply_with_a_bad_mode_names_the_mode_and_applies_nothing(operator_clien
     assert response.status_code == 422
     shown = unescape(response.content.decode())
     mode = form.get("mode", "")
-    assert f"Nothing was applied: mode '{mode}' is not one of default, explicit." in shown
+    assert f'Nothing was applied: mode: must be one of default, explicit, got "{mode}".' in shown
     assert "fix the entries marked below" not in shown
     assert not Operation.objects.exists()
 
@@ -387,5 +387,5 @@ def test_an_apply_without_a_mode_is_refused_naming_it(operator_client, label_set
 
     response = operator_client.post(BASE + "apply", {"entries": ""})
     assert response.status_code == 422
-    assert "mode '' is not one of default, explicit" in unescape(response.content.decode())
+    assert 'mode: must be one of default, explicit, got ""' in unescape(response.content.decode())
     assert not Operation.objects.exists()

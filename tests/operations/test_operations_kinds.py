@@ -20,7 +20,8 @@ from rq.job import JobStatus
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from operations.choices import OperationStatus, RequestedVia, TargetOutcome
-from operations.kinds.base import Scope
+from operations.kinds.base import Scope, ScopeInvalid
+from operations.kinds.host_access_apply import HostAccessApply
 from operations.kinds.stale_reservations import StaleReservations
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
@@ -299,6 +300,25 @@ def test_an_empty_retiring_scaler_is_torn_down_and_a_busy_one_waits(users, run_r
 # --- host-access apply --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"revert_to_file": "yes"}, 'revert_to_file: must be true or false, got "yes"'),
+        ({"host_access": {"*": 8000}}, 'host_access: must be a list of entries (strings), got {"*": 8000}'),
+        ({"host_access": ["*:53", 8000]}, 'host_access: must be a list of entries (strings), got ["*:53", 8000]'),
+        (
+            {"host_access": ["*:53", "127.0.0.1 :8000"]},
+            'host_access[1]: hostAccess entry "127.0.0.1 :8000" has whitespace inside it: did you mean '
+            '"127.0.0.1:8000"?',
+        ),
+    ],
+)
+def test_a_bad_host_access_scope_reads_field_what_is_wrong_and_the_value(params, message):
+    with pytest.raises(ScopeInvalid) as exc:
+        HostAccessApply().validate_scope(Scope(label_set=object(), params=params))
+    assert str(exc.value) == message
+
+
 def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_rules(
     users, netns_nft, run_rq_jobs, client
 ):
@@ -332,7 +352,9 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
         "/operations/plan/",
         {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000\nbuild.example.com:443"},
     )
-    assert bad.status_code == 400 and "entry 2 &#x27;build.example.com:443&#x27;" in bad.content.decode()
+    assert bad.status_code == 400 and "host_access[1]: hostAccess entry &quot;build.example.com:443&quot; names" in (
+        bad.content.decode()
+    )
     assert Operation.objects.count() == 0
 
     response = client.post(
