@@ -491,6 +491,23 @@ def describe_host_access_entry(entry: HostAccessEntry) -> str:
     return f"TCP and UDP port {entry.port} on {where}"
 
 
+def _normal_form(text: str) -> str:
+    try:
+        return parse_host_access_entry(text).canonical
+    except HostAccessError:
+        return text.strip() if isinstance(text, str) else repr(text)
+
+
+def same_host_access(one: Iterable[str] | None, other: Iterable[str] | None) -> bool:
+    """Whether two ``hostAccess`` values allow the same: both the default (None), or the same
+    entries in normal form, compared as a set. Order, repeats and spelling (``8000`` is
+    ``*:8000``) do not count: every entry's rules accept, so no order of them changes what an
+    agent may reach (``network.nft.plan``). An entry that does not parse counts as written."""
+    if one is None or other is None:
+        return one is None and other is None
+    return {_normal_form(text) for text in one} == {_normal_form(text) for text in other}
+
+
 def parse_host_access(entries: Iterable[str]) -> list[HostAccessEntry]:
     """Parse a whole ``hostAccess`` list, all or nothing.
 

@@ -36,7 +36,13 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.models import Agent
 from lib.wording import json_text, listed
-from network.host_access import HostAccessError, console_port_warning, host_access_warnings, parse_host_access_entry
+from network.host_access import (
+    HostAccessError,
+    console_port_warning,
+    host_access_warnings,
+    parse_host_access_entry,
+    same_host_access,
+)
 from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
 from network.nft.plan import line_diff, spec_rule_lines
@@ -177,8 +183,11 @@ class HostAccessApply(Kind):
         }
         if revert and not label_set.host_access_override:
             result.spared.append(Spared(key, subject, "the label set already follows the file", ls_evidence))
-        elif not revert and label_set.host_access == new and label_set.host_access_override:
-            result.spared.append(Spared(key, subject, "the label set already has this value", ls_evidence))
+        elif not revert and label_set.host_access_override and same_host_access(label_set.host_access, new):
+            reason = "the label set already has this value"
+            if label_set.host_access != new:
+                reason += " (the same entries in another order or spelling, which allow the same)"
+            result.spared.append(Spared(key, subject, reason, ls_evidence))
         else:
             if revert:
                 action = "revert hostAccess to the file's value"
@@ -243,8 +252,11 @@ class HostAccessApply(Kind):
                 "rules_add": added,
                 "rules_remove": removed,
             }
-            if now_lines == want_lines and agent.host_access == resolved_new:
-                result.spared.append(Spared(akey, agent.agent_id, "its rules already match", evidence))
+            if not added and not removed and same_host_access(agent.host_access, resolved_new):
+                reason = "its rules already match"
+                if now_lines != want_lines or agent.host_access != resolved_new:
+                    reason += " (the same entries in another order: the order of accept rules changes no verdict)"
+                result.spared.append(Spared(akey, agent.agent_id, reason, evidence))
             else:
                 result.targets.append(Target(akey, "re-write input rules", agent.agent_id, evidence))
         return result

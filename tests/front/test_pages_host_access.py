@@ -136,6 +136,27 @@ def test_the_preview_shows_the_effective_list_and_the_rule_diff_for_live_agents(
     assert '<span class="same">  input: ip daddr 172.30.0.1 udp dport 53 accept</span>' in html
 
 
+def test_reordered_entries_are_no_change_and_a_real_change_beside_a_reorder_is_only_that(label_set):
+    label_set.host_access = ["172.30.0.1:53", "*:8000"]
+    label_set.save()
+    agent = _live_agent(label_set, host_access=["172.30.0.1:53", "*:8000"])
+
+    plan = plan_host_access_change(label_set, "explicit", "*:8000\n172.30.0.1:53")
+    assert plan.unchanged, "the same entries in another order"
+    (diff,) = plan.diffs
+    assert diff.agent == agent and not diff.changed
+    assert {op for op, _ in diff.lines} == {"same"}
+    assert plan_host_access_change(label_set, "explicit", "8000\n172.30.0.1:53").unchanged, "8000 is *:8000"
+
+    plan = plan_host_access_change(label_set, "explicit", "*:9000\n*:8000\n172.30.0.1:53")
+    assert not plan.unchanged
+    (diff,) = plan.diffs
+    assert [(op, line) for op, line in diff.lines if op != "same"] == [
+        ("add", "input: meta nfproto ipv4 tcp dport 9000 accept"),
+        ("add", "input: meta nfproto ipv4 udp dport 9000 accept"),
+    ]
+
+
 def test_an_explicit_empty_list_is_valid_and_says_what_it_means(viewer_client, label_set):
     html = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": ""}, **HTMX).content.decode()
     assert "no</b> port on the host" in html

@@ -396,6 +396,42 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     )
 
 
+def test_a_host_access_plan_compares_entries_as_a_set_not_as_a_sequence(users, netns_nft):
+    from network.nft.spec import AgentSpec
+
+    scaler = make_scaler(name=f"ops-ho-{secrets.token_hex(2)}", orchestrator_url="http://172.30.0.1:8000")
+    label_set = scaler.label_sets.get()
+    entries = ["172.30.0.1:53", "*:8000"]
+    type(label_set).objects.filter(pk=label_set.pk).update(host_access=entries, host_access_override=True)
+    agent = make_agent(
+        scaler, state=AgentState.RUNNING, ip="172.30.250.41", registered_at=timezone.now(), host_access=entries
+    )
+    netns_nft.ensure_table()
+    netns_nft.apply_agent(AgentSpec.build(agent.ip, "172.30.0.1", host_access=entries, port="veth41"))
+
+    with pytest.raises(NothingToDo) as nothing:
+        create_operation(
+            "host-access-apply",
+            {"label_set": label_set, "params": {"host_access": ["*:8000", "172.30.0.1:53"]}},
+            users["operator"],
+        )
+    reasons = {s.key: s.reason for s in nothing.value.plan.spared}
+    assert reasons[f"labelset:{label_set.pk}"].startswith("the label set already has this value (the same entries")
+    assert reasons[f"agent:{agent.agent_id}"].startswith("its rules already match (the same entries in another order")
+
+    op = create_operation(
+        "host-access-apply",
+        {"label_set": label_set, "params": {"host_access": ["*:9000", "*:8000", "172.30.0.1:53"]}},
+        users["operator"],
+    )
+    evidence = {t["key"]: t for t in op.plan}[f"agent:{agent.agent_id}"]["evidence"]
+    assert evidence["rules_remove"] == []
+    assert evidence["rules_add"] == [
+        "input: meta nfproto ipv4 tcp dport 9000 accept",
+        "input: meta nfproto ipv4 udp dport 9000 accept",
+    ]
+
+
 # --- sweeps -------------------------------------------------------------------------------------
 
 
