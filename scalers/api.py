@@ -41,17 +41,13 @@ stay at the top level, where orchestrators read them:
   cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
   retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
   at-capacity here would make an orchestrator retry forever.
-<<<<<<< HEAD
-* 422 ``{reason: "no-matching-label-set", labels}``.
-* 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
-  ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
-=======
-* 422 ``{reason: "no-matching-label-set", labels}``: no label set matches, or the one that does
-  cannot run the job's ``container`` image (the message says which).
+* 422 ``{reason: "no-matching-label-set", labels}``: no label set matches (the message names the
+  labels), or the one that does cannot run the job's ``container`` image (the message says which).
 * 422 ``{reason: "invalid-credentials-ref"}`` with ``error.field`` ``container.credentialsRef``:
   no registry credential of that name, or it is for another registry than the image's (nothing
   is written).
->>>>>>> registry
+* 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
+  ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
