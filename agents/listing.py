@@ -7,7 +7,8 @@ import ipaddress
 
 from django.db.models import F, Q
 
-from lib.query import BadParameter, choice, shown, whole_number
+from lib.query import BadParameter, choice, whole_number
+from lib.wording import json_text
 
 from .choices import ACTIVE_STATES, AgentState
 from .models import Agent
@@ -40,7 +41,7 @@ def sort_order(sort: str) -> list:
     column = sort.removeprefix("-")
     if column not in SORTS:
         raise BadParameter(
-            "sort", f"unknown column {shown(sort)!r} (known: {', '.join(SORTS)}, each optionally with '-')"
+            "sort", f"must be one of {', '.join(SORTS)}, each optionally with '-', got {json_text(sort)}"
         )
     if sort.startswith("-"):
         return [F(SORTS[column]).desc(nulls_last=True), "-id"]

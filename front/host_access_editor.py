@@ -10,7 +10,6 @@ An explicit list, even empty, wins outright; otherwise the default list
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from django.conf import settings
 
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent
+from lib.wording import json_text
 from network.host_access import (
     MAX_ENTRY_LENGTH,
     HostAccessError,
@@ -27,10 +27,11 @@ from network.host_access import (
     host_access_warnings,
     parse_host_access_entry,
     resolve_agent_host_access,
+    same_host_access,
     storage_host_access_entries,
 )
 from network.netlink import NetlinkError, host_addresses
-from network.nft.plan import spec_rule_lines
+from network.nft.plan import rule_changes, spec_rule_lines
 from network.nft.spec import AgentSpec, RuleSpecError
 from scalers.choices import ScalerType
 from scalers.models import ConfigState, LabelSet, Scaler
@@ -231,14 +232,7 @@ def rule_diff(agent: Agent, after: list[str], gateway: str, current_default: lis
     except RuleSpecError as exc:  # e.g. an allowlist entry the label set carries is bad
         diff.error = str(exc)
         return diff
-    for line in difflib.ndiff(old, new):
-        tag, body = line[:2], line[2:]
-        if tag == "  ":
-            diff.lines.append(("same", body))
-        elif tag == "- ":
-            diff.lines.append(("del", body))
-        elif tag == "+ ":
-            diff.lines.append(("add", body))
+    diff.lines = rule_changes(old, new)
     return diff
 
 
@@ -254,20 +248,21 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     entries: list[str] | None = None
     addresses, address_error = None, ""
     if mode not in MODES:
-        general.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        general.append(f"mode: must be one of {', '.join(MODES)}, got {json_text(mode)}")
     elif mode == EXPLICIT:
         addresses, address_error = known_host_addresses(label_set.scaler)
         checks = check_lines(text, addresses)
         if len(checks) > MAX_ENTRIES:
-            general.append(f"{len(checks)} entries: at most {MAX_ENTRIES} are accepted")
+            general.append(f"entries: at most {MAX_ENTRIES} are accepted, got {len(checks)}")
         entries = list(dict.fromkeys(c.text for c in checks if c.ok))
     if general or any(not c.ok for c in checks):
         return EditorPlan(label_set, mode, checks, general, None, [], [], False)
     if mode == DEFAULT:
         addresses, address_error = known_host_addresses(label_set.scaler)
     current = label_set.host_access
+    # The same entries in another order (or spelling) allow the same: no change to apply.
     unchanged = (mode == DEFAULT and current is None) or (
-        mode == EXPLICIT and current is not None and list(current) == entries
+        mode == EXPLICIT and current is not None and same_host_access(current, entries)
     )
     effective = effective_host_access(label_set, entries)
     gateway = gateway_for(label_set.scaler)

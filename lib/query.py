@@ -1,11 +1,16 @@
 """The query-string rules of every page and ``/api/v1`` list: a view names the parameters it takes,
 each given once unless it takes several, numbers are whole and within a stated range. Anything else
 is refused with :class:`BadParameter` naming the parameter and the value, never dropped: a list that
-quietly ignores a misspelt, repeated or out-of-range parameter shows what nobody asked for."""
+quietly ignores a misspelt, repeated or out-of-range parameter shows what nobody asked for.
+
+Messages read ``<name>: <what is wrong>, got <value>``, the value quoted as JSON
+(``lib.wording.json_text``) like the refusals of a JSON body."""
 
 from __future__ import annotations
 
-#: Characters of a refused name or value repeated in a message (the rest is cut, marked "…").
+from lib.wording import json_text
+
+#: Characters of a refused parameter name repeated in a message (the rest is cut, marked "…").
 SHOWN_CHARS = 100
 
 
@@ -33,8 +38,8 @@ def check_parameters(params, single: tuple[str, ...] = (), several: tuple[str, .
             takes = ", ".join(accepted) if accepted else "no parameters"
             raise BadParameter(name, f"unknown parameter (accepted: {takes})")
         if name in single and len(values) > 1:
-            given = ", ".join(repr(shown(value)) for value in values[:5])
-            raise BadParameter(name, f"given {len(values)} times ({given}); it takes one value")
+            given = ", ".join(json_text(value) for value in values[:5])
+            raise BadParameter(name, f"takes one value, got {len(values)}: {given}")
 
 
 def whole_number(name: str, raw: str | None, low: int, high: int, default: int | None = None, hint: str = "") -> int:
@@ -49,9 +54,9 @@ def whole_number(name: str, raw: str | None, low: int, high: int, default: int |
     try:
         value = int(raw)
     except ValueError:
-        raise BadParameter(name, f"must be {span}, got {shown(raw)!r}") from None
+        raise BadParameter(name, f"must be {span}, got {json_text(raw)}") from None
     if not low <= value <= high:
-        raise BadParameter(name, f"must be {span}{hint}, got {shown(raw.strip())}")
+        raise BadParameter(name, f"must be {span}{hint}, got {json_text(value)}")
     return value
 
 
@@ -61,5 +66,5 @@ def choice(name: str, raw: str | None, choices) -> str:
     if not raw:
         return ""
     if raw not in choices:
-        raise BadParameter(name, f"must be one of {', '.join(choices)}, got {shown(raw)!r}")
+        raise BadParameter(name, f"must be one of {', '.join(choices)}, got {json_text(raw)}")
     return raw

@@ -21,11 +21,14 @@ Grammar (bracketed IPv6 included)::
     [fd00::/64]:443      IPv6 CIDR, one port
     [fd00::1]            IPv6 address, every port
 
-Refused, each with a message naming the entry: empty entries, an empty address before the port
-(``:53``: write ``*:53`` or ``53``), hostnames, dotted numbers that are not a valid IPv4 address or
-CIDR (``192.168.1.256``: octet 256 is above 255; also leading zeros, three or five parts, prefix
-above 32), unbracketed IPv6, CIDRs with host bits set (``10.0.0.1/24``: ambiguous, say
-``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535, non-numeric ports.
+Refused, each with a message naming the entry and saying what is wrong with it: empty entries,
+whitespace inside an entry (``127.0.0.1 :8000``; whitespace around it is trimmed), an empty address
+before the port (``:53``: write ``*:53`` or ``53``), hostnames, dotted numbers that are not a valid
+IPv4 address or CIDR (``192.168.1.256``: octet 256 is above 255; also leading zeros, three or five
+parts, prefix above 32), IPv6 without brackets (``::1``: write ``[::1]``) and IPv4 in them, more
+than one ``:`` outside brackets, CIDRs with host bits set (``10.0.0.1/24``: ambiguous, say
+``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535 (negative ones included), an empty port
+after the ``:``, and ports that are not a number (``http``, ``4000/tcp``).
 
 Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
 (``127.0.0.1:5432``, ``[::1]``), which agents cannot reach; addresses and ranges that hold none
@@ -46,10 +49,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from lib.wording import json_text
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Family = Literal["ipv4", "ipv6"]
 
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
+#: A negative port (``-1``): a number, out of range.
+_NEGATIVE = re.compile(r"-[0-9]+", re.ASCII)
+#: A port with a protocol after it (``4000/tcp``).
+_PORT_PROTOCOL = re.compile(r"([0-9]+)/(?:tcp|udp)", re.ASCII | re.IGNORECASE)
+_WHITESPACE = re.compile(r"\s+")
 _DOTTED_QUAD = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})", re.ASCII)
 #: Digits and dots, maybe with a ``/prefix``: written as an IPv4 address or CIDR, not as a name.
 _IPV4_SHAPED = re.compile(r"[0-9.]+(?:/[^/]*)?", re.ASCII)
@@ -107,11 +117,32 @@ def _quote(text: object) -> str:
 
 
 def _parse_port(entry: str, text: str | None) -> int | None:
-    """Port part of an entry: ``None``/``*`` mean every port; otherwise 1-65535."""
+    """Port part of an entry: ``None``/``*`` mean every port; otherwise 1-65535.
+
+    A negative number is a port out of range, not "not a number"; ``4000/tcp`` is told that an
+    entry opens TCP and UDP alike.
+    """
     if text is None or text == "*":
         return None
+    if text == "":
+        raise HostAccessError(
+            entry,
+            f'hostAccess entry {_quote(entry)} has no port after the ":": write a port 1-65535 or "*", '
+            'or leave out the ":" for every port',
+        )
+    if _NEGATIVE.fullmatch(text):
+        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has port {text}, outside 1-65535")
+    protocol = _PORT_PROTOCOL.fullmatch(text)
+    if protocol:
+        raise HostAccessError(
+            entry,
+            f"hostAccess entry {_quote(entry)} names a protocol after port {protocol[1]}: an entry opens its "
+            f'port on TCP and UDP alike, write "{entry[: -len(text)]}{protocol[1]}"',
+        )
     if not _DIGITS.fullmatch(text):
-        raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has a non-numeric port {_quote(text)}")
+        raise HostAccessError(
+            entry, f"hostAccess entry {_quote(entry)} has port {_quote(text)}: a port is written as digits, 1-65535"
+        )
     port = int(text)
     if not 1 <= port <= 65535:
         raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has port {text}, outside 1-65535")
@@ -181,20 +212,64 @@ def _parse_ipv4(entry: str, text: str) -> ipaddress.IPv4Network:
         raise _host_bits_error(entry, text, 4) from None
 
 
-def _looks_like_ipv6(text: str) -> bool:
-    """Whether unbracketed text is (or starts with) an IPv6 literal, for a pointed error message."""
-    if text.count(":") < 2:
-        return False
+def _is_ipv6(text: str) -> bool:
     try:
-        ipaddress.ip_network(text, strict=False)
-        return True
+        ipaddress.IPv6Network(text, strict=False)
     except ValueError:
-        head = text.rsplit(":", 1)[0]
+        return False
+    return True
+
+
+def _zone_error(entry: str) -> HostAccessError:
+    return HostAccessError(
+        entry, f"hostAccess entry {_quote(entry)} has a zone index; scoped IPv6 addresses are not accepted"
+    )
+
+
+def _unbracketed_ipv6_error(entry: str) -> HostAccessError | None:
+    """The error for an entry that is (or starts with) an IPv6 address or CIDR written without
+    brackets, with the bracketed form to write; None for any other entry.
+
+    IPv6 entries are accepted in brackets only: without them the last ``:`` may belong to the
+    address or start a port (``fd00::1:9000``), so when both readings hold, both are offered.
+    """
+    if entry.count(":") < 2:
+        return None
+    head, _, tail = entry.rpartition(":")
+    whole, split = _is_ipv6(entry), _is_ipv6(head)
+    if not (whole or split):
+        return None
+    if "%" in entry:
+        return _zone_error(entry)
+    if whole:
+        kind = "CIDR" if "/" in entry else "address"
+        fix = f'write "[{entry}]"'
+        if split and _DIGITS.fullmatch(tail):
+            fix += f' for that {kind}, or "[{head}]:{tail}" for port {tail} on {head}'
+        return HostAccessError(entry, f"hostAccess entry {_quote(entry)} is an IPv6 {kind} without brackets: {fix}")
+    return HostAccessError(
+        entry,
+        f"hostAccess entry {_quote(entry)} starts with IPv6 {'CIDR' if '/' in head else 'address'} {head} "
+        f'without brackets: write "[{head}]:<port>", or "[{head}]" for every port',
+    )
+
+
+def _whitespace_error(entry: str) -> HostAccessError:
+    """The error for an entry with whitespace inside it, offering the entry without it when that
+    parses and no space stood between two letters or digits (``127.0.0.1 :8000`` →
+    ``127.0.0.1:8000``; ``5 3`` could be 5, 3 or 53, so nothing is offered)."""
+    joined = "".join(entry.split())
+    between_words = any(
+        entry[m.start() - 1].isalnum() and entry[m.end()].isalnum() for m in _WHITESPACE.finditer(entry)
+    )
+    hint = "an entry is written without spaces"
+    if not between_words:
         try:
-            ipaddress.ip_network(head, strict=False)
-            return True
-        except ValueError:
-            return False
+            parse_host_access_entry(joined)
+            hint = f'did you mean "{joined}"?'
+        except HostAccessError:
+            pass
+    return HostAccessError(entry, f"hostAccess entry {_quote(entry)} has whitespace inside it: {hint}")
 
 
 def _parse_bracketed(entry: str) -> HostAccessEntry:
@@ -211,8 +286,12 @@ def _parse_bracketed(entry: str) -> HostAccessEntry:
             entry, f"hostAccess entry {_quote(entry)} has {_quote(rest)} after the bracket; expected nothing or :port"
         )
     if "%" in inner:
+        raise _zone_error(entry)
+    if _IPV4_SHAPED.fullmatch(inner) and _ipv4_problem(inner) is None:
         raise HostAccessError(
-            entry, f"hostAccess entry {_quote(entry)} has a zone index; scoped IPv6 addresses are not accepted"
+            entry,
+            f"hostAccess entry {_quote(entry)} has IPv4 {'CIDR' if '/' in inner else 'address'} {inner} in "
+            f'brackets, which are for IPv6: write "{inner}{rest}"',
         )
     try:
         ipaddress.IPv6Network(inner, strict=False)
@@ -240,11 +319,13 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
     message names the entry and the reason: ``hostAccess entry is empty``, ``... has no address
     before the ":" ...``, ``... which is not a valid IPv4 address: octet 256 is above 255`` (dotted
     numbers), ``... which is not an IPv4 address, an IPv4 CIDR, or "*". Hostnames are not accepted
-    ...`` (names; also for unbracketed IPv6, with a hint), ``... host bits set ...``, ``...
-    non-numeric port ...``, ``... outside 1-65535``. Non-string input raises ``HostAccessError`` too.
+    ...`` (names), ``... is an IPv6 address without brackets: write "[::1]"``, ``... has whitespace
+    inside it ...``, ``... host bits set ...``, ``... has port "http": a port is written as digits
+    ...``, ``... outside 1-65535`` (negative ports too). Non-string input raises ``HostAccessError``
+    too. Whitespace around the entry is trimmed.
     """
     if not isinstance(text, str):
-        raise HostAccessError(text, f"hostAccess entry {text!r} must be a string, not {type(text).__name__}")
+        raise HostAccessError(text, f"hostAccess entry must be a string, got {json_text(text)}")
     entry = text.strip()
     if entry == "":
         raise HostAccessError(text, f"hostAccess entry is empty (got {_quote(text)})")
@@ -256,19 +337,25 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
             f"hostAccess entry {_quote(entry[:40] + '…')} is {len(entry)} characters long; "
             f"an entry is at most {MAX_ENTRY_LENGTH}",
         )
-    if _DIGITS.fullmatch(entry):
+    if any(c.isspace() for c in entry):
+        raise _whitespace_error(entry)
+    if _DIGITS.fullmatch(entry) or _NEGATIVE.fullmatch(entry) or _PORT_PROTOCOL.fullmatch(entry):
+        # A bare port, written wrong or right.
         return HostAccessEntry(text=entry, daddr=None, port=_parse_port(entry, entry), family="ipv4")
     if entry.startswith("["):
         return _parse_bracketed(entry)
-    if _looks_like_ipv6(entry):
-        raise HostAccessError(
-            entry,
-            f"hostAccess entry {_quote(entry)} is an unbracketed IPv6 address, {_NOT_AN_ADDRESS}",
-        )
+    if error := _unbracketed_ipv6_error(entry):
+        raise error
     if ":" in entry:
         addr_text, port_text = entry.rsplit(":", 1)
     else:
         addr_text, port_text = entry, None
+    if ":" in addr_text:
+        raise HostAccessError(
+            entry,
+            f'hostAccess entry {_quote(entry)} has more than one ":": an IPv4 entry is address:port, and '
+            'IPv6 addresses go in brackets, e.g. "[fd00::1]:9000"',
+        )
     if addr_text == "":
         if port_text is not None and _DIGITS.fullmatch(port_text):
             hint = f'write "*:{port_text}" (or just "{port_text}") for port {port_text} on any IPv4 host address'
@@ -402,6 +489,23 @@ def describe_host_access_entry(entry: HostAccessEntry) -> str:
     if entry.port is None:
         return f"every port and protocol on {where}"
     return f"TCP and UDP port {entry.port} on {where}"
+
+
+def _normal_form(text: str) -> str:
+    try:
+        return parse_host_access_entry(text).canonical
+    except HostAccessError:
+        return text.strip() if isinstance(text, str) else repr(text)
+
+
+def same_host_access(one: Iterable[str] | None, other: Iterable[str] | None) -> bool:
+    """Whether two ``hostAccess`` values allow the same: both the default (None), or the same
+    entries in normal form, compared as a set. Order, repeats and spelling (``8000`` is
+    ``*:8000``) do not count: every entry's rules accept, so no order of them changes what an
+    agent may reach (``network.nft.plan``). An entry that does not parse counts as written."""
+    if one is None or other is None:
+        return one is None and other is None
+    return {_normal_form(text) for text in one} == {_normal_form(text) for text in other}
 
 
 def parse_host_access(entries: Iterable[str]) -> list[HostAccessEntry]:

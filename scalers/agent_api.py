@@ -24,7 +24,6 @@ was refused (``missing-token``, ``invalid-token``, ``unknown``, ``expired``, ``u
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import wraps
 
@@ -42,6 +41,7 @@ from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json_object
+from lib.wording import json_text
 from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import enqueue_reclaim
@@ -85,15 +85,6 @@ _CLAIM_CODES = {
     "claim code already consumed": "claim-used",
     "claim code expired": "claim-expired",
 }
-
-
-def _json_text(value) -> str:
-    """A value as the caller wrote it in JSON (``null``, ``true``, ``"x"``), for error messages."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bearer_request(view):
@@ -147,7 +138,7 @@ def register(request, raw: str, body: dict):
     """Redeem the ephemeral token once and mark the agent running (see the module doc)."""
     claimed_id = body.get("agentId")
     if claimed_id is not None and not isinstance(claimed_id, str):
-        return _bad_request(f"agentId must be a string, got {_json_text(claimed_id)}", "agentId")
+        return _bad_request(f"agentId must be a string, got {json_text(claimed_id)}", "agentId")
     try:
         agent = redeem_registration_token(raw)
     except TokenRejected as exc:
@@ -209,7 +200,7 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
         not isinstance(active, int) or isinstance(active, bool) or not 0 <= active <= MAX_ACTIVE_JOBS
     ):
         return _bad_request(
-            f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {_json_text(active)}", "activeJobs"
+            f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {json_text(active)}", "activeJobs"
         )
     if agent.state in TERMINAL_STATES:
         return api_error(
@@ -247,7 +238,7 @@ def claim(request):
         return _bad_request(str(exc), "body")
     code = body.get("claimCode")
     if not isinstance(code, str) or not code:
-        return _bad_request(f"claimCode must be a non-empty string, got {_json_text(code)}", "claimCode")
+        return _bad_request(f"claimCode must be a non-empty string, got {json_text(code)}", "claimCode")
     try:
         grant = redeem_claim(code)
     except ClaimError as exc:

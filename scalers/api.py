@@ -41,17 +41,13 @@ stay at the top level, where orchestrators read them:
   cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
   retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
   at-capacity here would make an orchestrator retry forever.
-<<<<<<< HEAD
-* 422 ``{reason: "no-matching-label-set", labels}``.
-* 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
-  ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
-=======
-* 422 ``{reason: "no-matching-label-set", labels}``: no label set matches, or the one that does
-  cannot run the job's ``container`` image (the message says which).
+* 422 ``{reason: "no-matching-label-set", labels}``: no label set matches (the message names the
+  labels), or the one that does cannot run the job's ``container`` image (the message says which).
 * 422 ``{reason: "invalid-credentials-ref"}`` with ``error.field`` ``container.credentialsRef``:
   no registry credential of that name, or it is for another registry than the image's (nothing
   is written).
->>>>>>> registry
+* 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
+  ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
   labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
@@ -81,9 +77,10 @@ from agents.models import Agent
 from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from lib.query import BadParameter, check_parameters, choice, shown, whole_number
+from lib.wording import json_text, listed
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
-from scalers.admission.validate import InvalidScaleRequest, _short, validate_scale_request
+from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.lifecycle import Refused, complete_job, release_agent
@@ -191,7 +188,7 @@ async def scale(request):
             "no-matching-label-set",
             decision.reason
             if decision.reason != "no-matching-label-set"
-            else f"no label set of any scaler matches {list(data.labels)}",
+            else f"no label set of any scaler matches labels {listed(data.labels)}",
             labels=list(data.labels),
         )
     return _error(503, "skipped", decision.reason)
@@ -301,7 +298,7 @@ def agent_list(request):
         try:
             cursor = whole_number("cursor", raw_cursor, 1, CURSOR_MAX, default=0)
         except BadParameter:
-            raise BadParameter("cursor", f"{shown(raw_cursor)!r} is not one we gave (pass back a nextCursor)") from None
+            raise BadParameter("cursor", f"must be a nextCursor this API gave, got {json_text(raw_cursor)}") from None
     except BadParameter as exc:
         return _bad_parameter(exc)
     agents = Agent.objects.select_related("scaler").order_by("pk")
@@ -331,8 +328,9 @@ def _end(request, agent_id: str, field: str, check, call):
         return bad
     if unknown := sorted(set(body) - {field}):
         # A misspelt field must not be dropped silently (a release's "why" is its lost reason).
-        return _error(400, "invalid-request", f"unknown field {unknown[0]!r}: this call takes only {field!r}",
-                      field=unknown[0])  # fmt: skip
+        return _error(
+            400, "invalid-request", f"{shown(unknown[0])}: unknown field (allowed: {field})", field=unknown[0]
+        )
     value = body.get(field)
     if problem := check(value):
         return _error(400, "invalid-request", problem, field=field)
@@ -346,13 +344,13 @@ def _end(request, agent_id: str, field: str, check, call):
 def _job_id_problem(value) -> str | None:
     if isinstance(value, str) and value.strip():
         return None
-    return f"jobId must be a non-empty string, got {_short(value)}"
+    return f"jobId: must be a non-empty string, got {json_text(value)}"
 
 
 def _reason_problem(value) -> str | None:
     if value is None or (isinstance(value, str) and len(value) <= 500):
         return None
-    return f"reason must be a string of at most 500 characters, got {_short(value)}"
+    return f"reason: must be a string of at most 500 characters, got {json_text(value)}"
 
 
 @_orchestrator

@@ -15,6 +15,8 @@ from django.conf import settings
 from docker.auth import resolve_repository_name
 from docker.errors import InvalidRepository
 
+from lib.wording import json_text
+
 from .models import RegistryCredential
 
 MAX_IMAGE_LENGTH = 500
@@ -83,11 +85,11 @@ def image_registry(image: str) -> str:
 def image_problem(image) -> str | None:
     """Why ``image`` is not an image reference docker would pull, or None."""
     if not isinstance(image, str) or not image:
-        return "must be a non-empty string"
+        return f"must be a non-empty string, got {json_text(image)}"
     if len(image) > MAX_IMAGE_LENGTH:
         return f"must be at most {MAX_IMAGE_LENGTH} characters"
     if not IMAGE_REFERENCE.fullmatch(image):
-        return f"{image!r:.80} is not an image reference ([registry/]name[:tag][@digest], lower-case name)"
+        return f"must be an image reference ([registry/]name[:tag][@digest], lower-case name), got {json_text(image)}"
     return None
 
 

@@ -21,6 +21,7 @@ from agents.listing import page_number
 from kici_site.errors import error_page
 from lib.htmx import wants_partial
 from lib.query import check_parameters, whole_number
+from lib.wording import json_text
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.kinds.registry import get_kind
@@ -198,7 +199,7 @@ def _selected_operations(values: list[str]) -> list[Operation]:
         try:
             ids.append(int(value))
         except ValueError:
-            raise ValueError(f"op: not an operation id: {value!r}") from None
+            raise ValueError(f"op: must be an operation id, got {json_text(value)}") from None
     found = Operation.objects.select_related("requested_by").in_bulk(ids)
     missing = [pk for pk in ids if pk not in found]
     if missing:

@@ -23,6 +23,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from lib.wording import listed
 from scalers.config.loader import ConfigInvalid, load_scalers_config
 from scalers.importing import apply_scalers_config
 from scalers.metrics import CONFIG_RELOADS, count
@@ -81,7 +82,7 @@ def _snapshot():
     sets: dict[str, list[str]] = {}
     for ls in LabelSet.objects.filter(retired=False).select_related("scaler").order_by("index"):
         sets.setdefault(ls.scaler.name, []).append(
-            ls.normalized + (f" hostAccess={ls.host_access}" if ls.host_access is not None else "")
+            ls.normalized + (f" hostAccess={listed(ls.host_access)}" if ls.host_access is not None else "")
         )
     return {f: getattr(state, f) for f in _GLOBAL_FIELDS}, scalers, sets
 

@@ -35,7 +35,14 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from network.host_access import HostAccessError, console_port_warning, host_access_warnings, parse_host_access_entry
+from lib.wording import json_text, listed
+from network.host_access import (
+    HostAccessError,
+    console_port_warning,
+    host_access_warnings,
+    parse_host_access_entry,
+    same_host_access,
+)
 from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
 from network.nft.plan import line_diff, spec_rule_lines
@@ -111,6 +118,11 @@ def _spec(agent, gateway: str, policy: dict, host_access: list[str]):
     )
 
 
+def _shown(host_access: list[str] | None) -> str:
+    """A hostAccess value in a note or a report: ``[172.30.0.1:53, *:8000]``, ``[]``, ``(default)``."""
+    return "(default)" if host_access is None else listed(host_access)
+
+
 def _reverts(scope: Scope) -> bool:
     return scope.params.get("revert_to_file") is True
 
@@ -130,7 +142,7 @@ class HostAccessApply(Kind):
             raise ScopeInvalid("label_set", "a host-access change needs a label set")
         revert = scope.params.get("revert_to_file", False)
         if revert not in (True, False):
-            raise ScopeInvalid("revert_to_file", f"must be true or false, not {revert!r}")
+            raise ScopeInvalid("revert_to_file", f"must be true or false, got {json_text(revert)}")
         if revert:
             if "host_access" in scope.params:
                 raise ScopeInvalid("host_access", "give either a new list or revert_to_file, not both")
@@ -144,12 +156,13 @@ class HostAccessApply(Kind):
         if entries is None:
             return
         if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-            raise ScopeInvalid("host_access", f"must be a list of entries, not {entries!r}")
+            raise ScopeInvalid("host_access", f"must be a list of entries (strings), got {json_text(entries)}")
         for index, entry in enumerate(entries):
             try:
                 parse_host_access_entry(entry)
             except HostAccessError as exc:
-                raise ScopeInvalid("host_access", f"entry {index + 1} {entry!r}: {exc}") from None
+                # The entry's message names the entry; the field names its place.
+                raise ScopeInvalid(f"host_access[{index}]", str(exc)) from None
 
     def plan(self, scope: Scope) -> Plan:
         label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
@@ -170,8 +183,11 @@ class HostAccessApply(Kind):
         }
         if revert and not label_set.host_access_override:
             result.spared.append(Spared(key, subject, "the label set already follows the file", ls_evidence))
-        elif not revert and label_set.host_access == new and label_set.host_access_override:
-            result.spared.append(Spared(key, subject, "the label set already has this value", ls_evidence))
+        elif not revert and label_set.host_access_override and same_host_access(label_set.host_access, new):
+            reason = "the label set already has this value"
+            if label_set.host_access != new:
+                reason += " (the same entries in another order or spelling, which allow the same)"
+            result.spared.append(Spared(key, subject, reason, ls_evidence))
         else:
             if revert:
                 action = "revert hostAccess to the file's value"
@@ -180,7 +196,7 @@ class HostAccessApply(Kind):
             else:
                 action = "set hostAccess (console value)"
             result.targets.append(Target(key, action, subject, ls_evidence))
-        shown = file_value if file_value is not None else "(default)"
+        shown = _shown(file_value)
         if revert:
             result.notes.append(
                 f"scalers.yaml says hostAccess {shown} for this label set: it is in force from now on, "
@@ -236,8 +252,11 @@ class HostAccessApply(Kind):
                 "rules_add": added,
                 "rules_remove": removed,
             }
-            if now_lines == want_lines and agent.host_access == resolved_new:
-                result.spared.append(Spared(akey, agent.agent_id, "its rules already match", evidence))
+            if not added and not removed and same_host_access(agent.host_access, resolved_new):
+                reason = "its rules already match"
+                if now_lines != want_lines or agent.host_access != resolved_new:
+                    reason += " (the same entries in another order: the order of accept rules changes no verdict)"
+                result.spared.append(Spared(akey, agent.agent_id, reason, evidence))
             else:
                 result.targets.append(Target(akey, "re-write input rules", agent.agent_id, evidence))
         return result
@@ -262,7 +281,7 @@ class HostAccessApply(Kind):
                     run.report(
                         target.key,
                         TargetOutcome.DONE,
-                        f"hostAccess = {new if new is not None else '(default)'} ({source})",
+                        f"hostAccess = {_shown(new)} ({source})",
                     )
                     continue
                 table, gateway, _ = isolation_target(scaler)

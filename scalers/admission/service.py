@@ -7,21 +7,14 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from lib.wording import json_text
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.models import ScaleOutcome
 
 from .decide import Admitted, Request, ScaleDecision, decide_batch
 from .queue import get_queue
-from .validate import (
-    InvalidScaleRequest,
-    JobImage,
-    ScaleInput,
-    _labels,
-    _short,
-    validate_container,
-    validate_resources,
-)
+from .validate import InvalidScaleRequest, JobImage, ScaleInput, _labels, validate_container, validate_resources
 
 
 def request_scale(
@@ -59,7 +52,7 @@ def request_scale(
     labels = _labels(list(labels) if isinstance(labels, (list, tuple)) else labels, "labels", allow_empty=True)
     exclude = _labels(list(exclude or ()), "exclude", allow_empty=True)
     if not isinstance(job_id, str) or (not job_id.strip() and not warm):
-        raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {_short(job_id)}")
+        raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {json_text(job_id)}")
     parsed = validate_resources(resources) if not hasattr(resources, "requests") else resources
     raw = resources.model_dump(mode="json", exclude_none=True) if hasattr(resources, "model_dump") else resources
     if isinstance(job_image, dict):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lib.units import parse_memory
+from lib.wording import json_text
 from scalers.config.schema import parse_resource_request
 from scalers.credentials import image_problem
 
@@ -54,15 +55,6 @@ class ScaleInput:
     container: JobImage | None = None
 
 
-def _short(value: Any) -> str:
-    """``value`` as the caller wrote it in JSON (``null``, ``true``, ``"x"``), at most 60 characters."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _as_written(field: str, value: dict) -> str:
     """The field path in the caller's shape: a flat ``{cpus, memory}`` request is reported as
     ``resources.memory``, not as the ``resources.requests.memory`` it is parsed into."""
@@ -74,7 +66,7 @@ def _as_written(field: str, value: dict) -> str:
 
 def _labels(value: Any, field: str, *, allow_empty: bool) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
-        raise InvalidScaleRequest(field, f"must be a list of strings, got {_short(value)}")
+        raise InvalidScaleRequest(field, f"must be a list of strings, got {json_text(value)}")
     if not value and not allow_empty:
         raise InvalidScaleRequest(field, "must name at least one label")
     if len(value) > MAX_LABELS:
@@ -82,7 +74,7 @@ def _labels(value: Any, field: str, *, allow_empty: bool) -> tuple[str, ...]:
     out = []
     for i, label in enumerate(value):
         if not isinstance(label, str):
-            raise InvalidScaleRequest(f"{field}[{i}]", f"must be a string, got {_short(label)}")
+            raise InvalidScaleRequest(f"{field}[{i}]", f"must be a string, got {json_text(label)}")
         label = label.strip()
         if not label:
             raise InvalidScaleRequest(f"{field}[{i}]", "must not be empty")
@@ -96,7 +88,7 @@ def _ident(value: Any, field: str, *, required: bool) -> str:
     if value is None and not required:
         return ""
     if not isinstance(value, str) or (required and not value.strip()):
-        raise InvalidScaleRequest(field, f"must be a non-empty string, got {_short(value)}")
+        raise InvalidScaleRequest(field, f"must be a non-empty string, got {json_text(value)}")
     if len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise InvalidScaleRequest(field, f"must be printable and at most {MAX_ID_LENGTH} characters")
     return value.strip()
@@ -116,7 +108,7 @@ def validate_resources(value: Any) -> Any:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise InvalidScaleRequest("resources", f"must be an object, got {_short(value)}")
+        raise InvalidScaleRequest("resources", f"must be an object, got {json_text(value)}")
     try:
         key = json.dumps(value, sort_keys=True)
     except (TypeError, ValueError):  # not plain JSON (a Python caller's own types): parse as it is
@@ -141,7 +133,7 @@ def _parse_resources(value: dict) -> Any:
         spec = getattr(parsed, side)
         if spec is not None and spec.memory is not None and parse_memory(spec.memory) > MAX_MEMORY_BYTES:
             raise InvalidScaleRequest(
-                _as_written(f"resources.{side}.memory", value), f"{_short(spec.memory)} is more than 16 TiB"
+                _as_written(f"resources.{side}.memory", value), f"must be at most 16 TiB, got {json_text(spec.memory)}"
             )
     return parsed
 
@@ -153,7 +145,7 @@ def validate_container(value: Any) -> JobImage | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise InvalidScaleRequest("container", f"must be an object, got {_short(value)}")
+        raise InvalidScaleRequest("container", f"must be an object, got {json_text(value)}")
     unknown = sorted(set(value) - CONTAINER_FIELDS)
     if unknown:
         raise InvalidScaleRequest(
@@ -166,7 +158,8 @@ def validate_container(value: Any) -> JobImage | None:
     ref = value.get("credentialsRef")
     if ref is not None and (not isinstance(ref, str) or not ref.strip() or len(ref) > MAX_ID_LENGTH):
         raise InvalidScaleRequest(
-            "container.credentialsRef", f"must be a non-empty string of at most {MAX_ID_LENGTH} characters"
+            "container.credentialsRef",
+            f"must be a non-empty string of at most {MAX_ID_LENGTH} characters, got {json_text(ref)}",
         )
     return JobImage(value["image"], (ref or "").strip())
 
@@ -176,7 +169,7 @@ def validate_scale_request(payload: Any) -> ScaleInput:
     exclude?, container?}``. Unknown keys are refused (a misspelt ``resource`` must not silently spawn a
     default-sized agent). Raises :class:`InvalidScaleRequest`."""
     if not isinstance(payload, dict):
-        raise InvalidScaleRequest("body", f"must be a JSON object, got {_short(payload)}")
+        raise InvalidScaleRequest("body", f"must be a JSON object, got {json_text(payload)}")
     unknown = sorted(set(payload) - ALLOWED_FIELDS)
     if unknown:
         raise InvalidScaleRequest(unknown[0], f"unknown field (allowed: {', '.join(sorted(ALLOWED_FIELDS))})")

@@ -125,7 +125,7 @@ def test_a_race_lost_by_one_rolls_back_every_approval(users, planned, monkeypatc
     "data, message",
     [
         ({}, "op: select at least one operation"),
-        ({"op": ["x"]}, "op: not an operation id: &#x27;x&#x27;"),
+        ({"op": ["x"]}, "op: must be an operation id, got &quot;x&quot;"),
         ({"op": ["999999"]}, "op: no operation #999999"),
     ],
 )

@@ -201,9 +201,10 @@ def test_the_agent_list_filters_by_labels_state_and_scaler(viewer_client, fleet)
 @pytest.mark.parametrize(
     "query, message",
     [
-        ("sort=labels", "sort: unknown column &#x27;labels&#x27;"),
-        ("sort=--created_at", "sort: unknown column &#x27;--created_at&#x27;"),
-        ("page=x", f"page: must be a whole number within 1..{MAX_PAGE}, got &#x27;x&#x27;"),
+        ("sort=labels", "sort: must be one of created_at, "),
+        ("sort=labels", "each optionally with &#x27;-&#x27;, got &quot;labels&quot;"),
+        ("sort=--created_at", "got &quot;--created_at&quot;"),
+        ("page=x", f"page: must be a whole number within 1..{MAX_PAGE}, got &quot;x&quot;"),
         ("page=0", f"page: must be a whole number within 1..{MAX_PAGE}"),
         (
             f"page={MAX_PAGE + 1}",
@@ -211,9 +212,9 @@ def test_the_agent_list_filters_by_labels_state_and_scaler(viewer_client, fleet)
             f"got {MAX_PAGE + 1}",
         ),
         # One state at a time (``active`` is the several live ones): a second is refused, not dropped.
-        ("state=running&state=failed", "state: given 2 times (&#x27;running&#x27;, &#x27;failed&#x27;); it takes one"),
-        ("label=gpu&label=linux", "label: given 2 times"),
-        ("page=1&page=2", "page: given 2 times"),
+        ("state=running&state=failed", "state: takes one value, got 2: &quot;running&quot;, &quot;failed&quot;"),
+        ("label=gpu&label=linux", "label: takes one value, got 2"),
+        ("page=1&page=2", "page: takes one value, got 2"),
         ("status=running", "status: unknown parameter (accepted: state, scaler, label, q, sort, page)"),
     ],
 )
@@ -249,7 +250,7 @@ def test_live_rows_of_a_sorted_list_update_its_rows_and_insert_none(fleet):
 
 
 def test_live_rows_refuse_a_bad_sort(fleet):
-    with pytest.raises(LookupError, match="sort: unknown column 'x'"):
+    with pytest.raises(LookupError, match='sort: must be one of .*, got "x"$'):
         row_view("agents", {"sort": "x"})
 
 

@@ -216,7 +216,7 @@ def test_the_agents_list_filters_by_state_scaler_and_search(viewer_client, scale
     # An unknown state is refused naming it, never silently widened to every state.
     bogus = viewer_client.get("/agents/?state=bogus")
     assert bogus.status_code == 400 and "state: must be one of active, all, " in unescape(bogus.content.decode())
-    assert "got 'bogus'" in unescape(bogus.content.decode())
+    assert 'got "bogus"' in unescape(bogus.content.decode())
 
 
 def test_the_agents_list_answers_htmx_with_the_results_partial(viewer_client, scaler):
@@ -327,7 +327,7 @@ def test_the_events_feed_filters_and_goes_quiet_while_searching(viewer_client, s
     assert bogus.status_code == 400 and "type: must be one of scaler." in unescape(bogus.content.decode())
     # A repeated filter or an unknown parameter is refused, not ignored.
     for query, message in (
-        ("type=scaler.failed&type=scaler.spawned", "type: given 2 times"),
+        ("type=scaler.failed&type=scaler.spawned", "type: takes one value, got 2"),
         ("sort=-created_at", "sort: unknown parameter (accepted: type, scaler, q, page)"),
     ):
         refused = viewer_client.get(f"/events/?{query}")
@@ -359,9 +359,9 @@ def test_the_events_feed_pages_back_to_older_events_keeping_its_filters(viewer_c
     unfiltered = viewer_client.get("/events/?page=2").content.decode()
     assert f"failure {EVENTS_PAGE_SIZE - 1:03d}" in unfiltered  # one page down: the other type's row
     for query, message in (
-        ("page=abc", "page: must be a whole number within 1..200, got 'abc'"),
+        ("page=abc", 'page: must be a whole number within 1..200, got "abc"'),
         ("type=scaler.failed&page=0", "page: must be a whole number within 1..200"),
-        ("page=2&page=3", "page: given 2 times"),
+        ("page=2&page=3", "page: takes one value, got 2"),
     ):
         refused = viewer_client.get(f"/events/?{query}")
         assert refused.status_code == 400 and message in unescape(refused.content.decode()), query

@@ -49,7 +49,9 @@ BAD_ENTRIES = [
     ("*:65536", "outside 1-65535"),
     (":53", 'has no address before the ":": write "*:53"'),
     ("192.168.1.256", "not a valid IPv4 address: octet 256 is above 255"),
-    ("fd00::1", "unbracketed IPv6"),
+    ("fd00::1", 'is an IPv6 address without brackets: write "[fd00::1]"'),
+    ("127.0.0.1 :8000", 'has whitespace inside it: did you mean "127.0.0.1:8000"?'),
+    ("*:-1", "has port -1, outside 1-65535"),
     ("10.0.0.1/24", "host bits set"),
 ]
 
@@ -134,6 +136,27 @@ def test_the_preview_shows_the_effective_list_and_the_rule_diff_for_live_agents(
     assert '<span class="same">  input: ip daddr 172.30.0.1 udp dport 53 accept</span>' in html
 
 
+def test_reordered_entries_are_no_change_and_a_real_change_beside_a_reorder_is_only_that(label_set):
+    label_set.host_access = ["172.30.0.1:53", "*:8000"]
+    label_set.save()
+    agent = _live_agent(label_set, host_access=["172.30.0.1:53", "*:8000"])
+
+    plan = plan_host_access_change(label_set, "explicit", "*:8000\n172.30.0.1:53")
+    assert plan.unchanged, "the same entries in another order"
+    (diff,) = plan.diffs
+    assert diff.agent == agent and not diff.changed
+    assert {op for op, _ in diff.lines} == {"same"}
+    assert plan_host_access_change(label_set, "explicit", "8000\n172.30.0.1:53").unchanged, "8000 is *:8000"
+
+    plan = plan_host_access_change(label_set, "explicit", "*:9000\n*:8000\n172.30.0.1:53")
+    assert not plan.unchanged
+    (diff,) = plan.diffs
+    assert [(op, line) for op, line in diff.lines if op != "same"] == [
+        ("add", "input: meta nfproto ipv4 tcp dport 9000 accept"),
+        ("add", "input: meta nfproto ipv4 udp dport 9000 accept"),
+    ]
+
+
 def test_an_explicit_empty_list_is_valid_and_says_what_it_means(viewer_client, label_set):
     html = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": ""}, **HTMX).content.decode()
     assert "no</b> port on the host" in html
@@ -154,7 +177,7 @@ def test_the_plan_says_when_nothing_changes(label_set):
     assert plan_host_access_change(label_set, "explicit", "5000").unchanged
     assert not plan_host_access_change(label_set, "explicit", "5001").unchanged
     assert plan_host_access_change(label_set, "sideways", "").errors == [
-        "mode 'sideways' is not one of default, explicit"
+        'mode: must be one of default, explicit, got "sideways"'
     ]
 
 
@@ -166,7 +189,7 @@ def test_apply_with_a_bad_mode_names_the_mode_and_applies_nothing(operator_clien
     assert response.status_code == 422
     shown = unescape(response.content.decode())
     mode = form.get("mode", "")
-    assert f"Nothing was applied: mode '{mode}' is not one of default, explicit." in shown
+    assert f'Nothing was applied: mode: must be one of default, explicit, got "{mode}".' in shown
     assert "fix the entries marked below" not in shown
     assert not Operation.objects.exists()
 
@@ -385,5 +408,5 @@ def test_an_apply_without_a_mode_is_refused_naming_it(operator_client, label_set
 
     response = operator_client.post(BASE + "apply", {"entries": ""})
     assert response.status_code == 422
-    assert "mode '' is not one of default, explicit" in unescape(response.content.decode())
+    assert 'mode: must be one of default, explicit, got ""' in unescape(response.content.decode())
     assert not Operation.objects.exists()

@@ -363,11 +363,33 @@ def test_a_policy_change_lists_only_the_rules_that_change():
     assert [(str(c.address), c.action) for c in gone] == [("172.30.0.6", "remove"), ("172.30.0.7", "remove")]
 
 
-def test_reordering_entries_is_a_change_because_the_first_match_decides():
-    from network.nft.plan import plan_rule_diff
+def test_reordering_entries_is_no_change_because_every_entry_accepts():
+    from network.nft.plan import line_diff, plan_rule_diff, spec_rule_lines
 
     a = AgentSpec.build("172.30.0.5", GW, host_access=["*:4000", "172.30.0.1:53"])
     b = AgentSpec.build("172.30.0.5", GW, host_access=["172.30.0.1:53", "*:4000"])
-    (change,) = plan_rule_diff([a], [b])
-    assert change.reordered is True
-    assert plan_rule_diff([a], [a]) == []
+    assert spec_rule_lines(a) != spec_rule_lines(b), "the rules are written in list order"
+    assert line_diff(spec_rule_lines(a), spec_rule_lines(b)) == ([], [])
+    assert plan_rule_diff([a], [b]) == [] and plan_rule_diff([a], [a]) == []
+
+
+def test_a_real_change_beside_a_reorder_is_exactly_that_change():
+    from network.nft.plan import line_diff, rule_changes, spec_rule_lines
+
+    before = spec_rule_lines(AgentSpec.build("172.30.0.5", GW, host_access=["*:4000", "172.30.0.1:53", "*:8000"]))
+    after = spec_rule_lines(AgentSpec.build("172.30.0.5", GW, host_access=["*:9000", "172.30.0.1:53", "*:4000"]))
+    assert line_diff(before, after) == (
+        ["input: meta nfproto ipv4 tcp dport 8000 accept", "input: meta nfproto ipv4 udp dport 8000 accept"],
+        ["input: meta nfproto ipv4 tcp dport 9000 accept", "input: meta nfproto ipv4 udp dport 9000 accept"],
+    )
+    shown = rule_changes(before, after)
+    assert [line for op, line in shown if op != "del"] == after, "the new rules, in their chain order"
+
+
+def test_moving_an_accept_past_a_drop_is_a_change():
+    from network.nft.plan import line_diff
+
+    before = ["input: ip daddr 10.0.0.1 accept", "input: drop"]
+    after = ["input: drop", "input: ip daddr 10.0.0.1 accept"]
+    removed, added = line_diff(before, after)
+    assert removed and added and sorted(removed) == sorted(added)

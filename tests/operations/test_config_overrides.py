@@ -86,6 +86,11 @@ def test_an_approved_host_access_change_survives_the_start_up_import_and_a_reloa
 
     op = set_host_access(label_set, ["*:9000"], users, run_rq_jobs)
     assert any("stays in force over the file" in note for note in op.notes)
+    # Lists read as an operator writes them, not as Python reprs.
+    assert any(note.startswith("scalers.yaml says hostAccess [*:4000] for this label set:") for note in op.notes)
+    assert (
+        op.outcomes[f"labelset:{label_set.pk}"]["detail"] == "hostAccess = [*:9000] (console value, kept over the file)"
+    )
     label_set.refresh_from_db()
     assert label_set.host_access == ["*:9000"] and label_set.host_access_override
     assert label_set.host_access_override_operation == op.pk
@@ -140,6 +145,14 @@ def test_an_approved_host_access_change_survives_the_start_up_import_and_a_reloa
     assert [(t["action"], t["evidence"]["host_access_to"]) for t in revert.plan] == [
         ("revert hostAccess to the file's value", ["*:5000"])
     ]
+
+
+def test_a_reload_preview_lists_a_label_sets_host_access_as_an_operator_reads_it(config, users):
+    write, name = config
+    write(host_access="['172.30.0.1:53', '*:4000']")
+    reload = create_operation("config-reload", {}, users["operator"])
+    (created,) = [t for t in reload.plan if t["key"] == f"scaler:{name}"]
+    assert created["evidence"]["label_sets"] == ["linux,ovr hostAccess=[172.30.0.1:53, *:4000]"]
 
 
 def test_the_pages_show_the_console_value_in_force_and_the_files_beside_it(config, users, run_rq_jobs, client):

@@ -20,7 +20,8 @@ from rq.job import JobStatus
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from operations.choices import OperationStatus, RequestedVia, TargetOutcome
-from operations.kinds.base import Scope
+from operations.kinds.base import Scope, ScopeInvalid
+from operations.kinds.host_access_apply import HostAccessApply
 from operations.kinds.stale_reservations import StaleReservations
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
@@ -312,6 +313,25 @@ def test_an_empty_retiring_scaler_is_torn_down_and_a_busy_one_waits(users, run_r
 # --- host-access apply --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"revert_to_file": "yes"}, 'revert_to_file: must be true or false, got "yes"'),
+        ({"host_access": {"*": 8000}}, 'host_access: must be a list of entries (strings), got {"*": 8000}'),
+        ({"host_access": ["*:53", 8000]}, 'host_access: must be a list of entries (strings), got ["*:53", 8000]'),
+        (
+            {"host_access": ["*:53", "127.0.0.1 :8000"]},
+            'host_access[1]: hostAccess entry "127.0.0.1 :8000" has whitespace inside it: did you mean '
+            '"127.0.0.1:8000"?',
+        ),
+    ],
+)
+def test_a_bad_host_access_scope_reads_field_what_is_wrong_and_the_value(params, message):
+    with pytest.raises(ScopeInvalid) as exc:
+        HostAccessApply().validate_scope(Scope(label_set=object(), params=params))
+    assert str(exc.value) == message
+
+
 def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_rules(
     users, netns_nft, run_rq_jobs, client
 ):
@@ -345,7 +365,9 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
         "/operations/plan/",
         {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000\nbuild.example.com:443"},
     )
-    assert bad.status_code == 400 and "entry 2 &#x27;build.example.com:443&#x27;" in bad.content.decode()
+    assert bad.status_code == 400 and "host_access[1]: hostAccess entry &quot;build.example.com:443&quot; names" in (
+        bad.content.decode()
+    )
     assert Operation.objects.count() == 0
 
     response = client.post(
@@ -385,6 +407,42 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     assert op.outcomes[f"agent:{agent.agent_id}"]["detail"] == (
         f"{len(diff['rules_add'])} rule(s) added, {len(diff['rules_remove'])} removed"
     )
+
+
+def test_a_host_access_plan_compares_entries_as_a_set_not_as_a_sequence(users, netns_nft):
+    from network.nft.spec import AgentSpec
+
+    scaler = make_scaler(name=f"ops-ho-{secrets.token_hex(2)}", orchestrator_url="http://172.30.0.1:8000")
+    label_set = scaler.label_sets.get()
+    entries = ["172.30.0.1:53", "*:8000"]
+    type(label_set).objects.filter(pk=label_set.pk).update(host_access=entries, host_access_override=True)
+    agent = make_agent(
+        scaler, state=AgentState.RUNNING, ip="172.30.250.41", registered_at=timezone.now(), host_access=entries
+    )
+    netns_nft.ensure_table()
+    netns_nft.apply_agent(AgentSpec.build(agent.ip, "172.30.0.1", host_access=entries, port="veth41"))
+
+    with pytest.raises(NothingToDo) as nothing:
+        create_operation(
+            "host-access-apply",
+            {"label_set": label_set, "params": {"host_access": ["*:8000", "172.30.0.1:53"]}},
+            users["operator"],
+        )
+    reasons = {s.key: s.reason for s in nothing.value.plan.spared}
+    assert reasons[f"labelset:{label_set.pk}"].startswith("the label set already has this value (the same entries")
+    assert reasons[f"agent:{agent.agent_id}"].startswith("its rules already match (the same entries in another order")
+
+    op = create_operation(
+        "host-access-apply",
+        {"label_set": label_set, "params": {"host_access": ["*:9000", "*:8000", "172.30.0.1:53"]}},
+        users["operator"],
+    )
+    evidence = {t["key"]: t for t in op.plan}[f"agent:{agent.agent_id}"]["evidence"]
+    assert evidence["rules_remove"] == []
+    assert evidence["rules_add"] == [
+        "input: meta nfproto ipv4 tcp dport 9000 accept",
+        "input: meta nfproto ipv4 udp dport 9000 accept",
+    ]
 
 
 # --- sweeps -------------------------------------------------------------------------------------

@@ -83,10 +83,10 @@ def test_job_complete_for_another_job_is_409_and_changes_nothing():
 @pytest.mark.parametrize(
     ("call", "body", "field", "message"),
     [
-        ("release", {"why": "lost it"}, "why", "unknown field 'why': this call takes only 'reason'"),
-        ("job-complete", {"jobId": "job-1", "status": "ok"}, "status", "unknown field 'status'"),
-        ("job-complete", {}, "jobId", "jobId must be a non-empty string, got null"),
-        ("release", {"reason": 7}, "reason", "reason must be a string of at most 500 characters, got 7"),
+        ("release", {"why": "lost it"}, "why", "why: unknown field (allowed: reason)"),
+        ("job-complete", {"jobId": "job-1", "status": "ok"}, "status", "status: unknown field (allowed: jobId)"),
+        ("job-complete", {}, "jobId", "jobId: must be a non-empty string, got null"),
+        ("release", {"reason": 7}, "reason", "reason: must be a string of at most 500 characters, got 7"),
     ],
 )
 def test_a_misspelt_or_wrong_field_is_refused_naming_it_and_the_agent_is_left_alone(call, body, field, message):

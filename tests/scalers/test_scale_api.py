@@ -11,6 +11,7 @@ from django.test import AsyncClient, Client
 
 from agents.models import Agent
 from scalers.admission.ledger import release
+from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
 from scalers.metrics import REDISPATCH
 from scalers.models import MetricCounter, Reservation, ScaleRequest
 from tests.support.concurrency import run_threads
@@ -67,6 +68,13 @@ def test_it_answers_422_when_no_label_set_matches():
     assert body["reason"] == "no-matching-label-set" and body["labels"] == ["macos"]
     assert body["error"]["code"] == "no-matching-label-set" and "macos" in body["error"]["message"]
     assert_nothing_written()
+
+
+def test_no_matching_label_set_names_the_labels_as_an_operator_reads_them():
+    make_scaler("c")
+    body = post(Client(), {"labels": ["linux", "x"], "jobId": "j1"}).json()
+    assert body["error"]["message"] == "no label set of any scaler matches labels [linux, x]"
+    assert body["labels"] == ["linux", "x"]
 
 
 def test_it_refuses_resources_over_a_cap_for_good_with_422_exceeds_cap():
@@ -136,6 +144,28 @@ def test_it_refuses_malformed_input_naming_the_field(body, field):
     assert r.json()["error"]["message"].startswith(field if field != "body" else "")
     assert_nothing_written()
     assert not ScaleRequest.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"resources": {"memory": "99999999g"}}, 'resources.memory: must be at most 16 TiB, got "99999999g"'),
+        (
+            {"container": {"image": "Not An/Image"}},
+            "container.image: must be an image reference ([registry/]name[:tag][@digest], lower-case name), "
+            'got "Not An/Image"',
+        ),
+        ({"container": {"image": ""}}, 'container.image: must be a non-empty string, got ""'),
+        (
+            {"container": {"image": "x", "credentialsRef": 3}},
+            "container.credentialsRef: must be a non-empty string of at most 200 characters, got 3",
+        ),
+    ],
+)
+def test_a_refusal_reads_field_what_is_wrong_and_the_value(body, message):
+    with pytest.raises(InvalidScaleRequest) as exc:
+        validate_scale_request({"labels": ["linux"], "jobId": "j", **body})
+    assert str(exc.value) == message
 
 
 @pytest.mark.parametrize("token", [None, "wrong", ""])

@@ -1,0 +1,28 @@
+"""How values are written into the messages people and callers read: a refused value as it would be
+written in JSON, and a list (a job's labels, a hostAccess list) as an operator reads it. One home,
+so every validator and page writes a value the same way, never as a Python repr."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+#: Characters of a value repeated in a message, at most (a longer one is cut, marked "...").
+SHOWN_VALUE_CHARS = 60
+
+
+def json_text(value: Any) -> str:
+    """``value`` as the caller wrote it in JSON (``null``, ``true``, ``"x"``, ``["a", 1]``), at most
+    :data:`SHOWN_VALUE_CHARS` characters; a value JSON cannot write falls back to its ``repr``."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 3] + "..."
+
+
+def listed(items: Iterable[object]) -> str:
+    """``items`` as an operator reads a list: ``[linux, x]``, ``[]`` for none. Items are shown as
+    they are, unquoted, so this is for words that hold no ", " (labels, hostAccess entries)."""
+    return "[" + ", ".join(str(item) for item in items) + "]"
