@@ -5,6 +5,8 @@ hidden in a function)."""
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,3 +180,20 @@ def test_each_app_imports_only_the_apps_below_it():
             if other == "kici_site" and target not in SITE_HELPERS:
                 found.append(f"{module} -> {target}")
     assert sorted(found) == []
+
+
+def _tracked_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / name for name in out.decode().split("\0") if name]
+
+
+def test_no_tracked_file_keeps_a_merge_conflict_marker():
+    """A conflict resolved in haste can leave its markers in a docstring or a document, where no
+    interpreter trips on them."""
+    marker = re.compile(rb"^(<{7} |>{7} |={7}$)", re.M)
+    found = []
+    for path in _tracked_files():
+        if path.is_file() and path.suffix not in {".png", ".ico", ".woff2", ".gz"}:
+            if marker.search(path.read_bytes()):
+                found.append(str(path.relative_to(ROOT)))
+    assert found == []
