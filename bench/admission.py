@@ -23,7 +23,7 @@ Then the same at the largest concurrency split over ``--processes`` processes (e
 decider queue and connection, contending for the admission lock as separate consoles do).
 
 Prints decisions/s, p50/p99 latency (ms), the admitted share, over-admissions (must be 0) and
-pgbench's tps, and the ratio. Exits 1 on any over-admission. Loopback only.
+pgbench's tps and its own p99 latency (ms), and the ratio. Exits 1 on any over-admission. Loopback only.
 """
 
 from __future__ import annotations
@@ -99,16 +99,22 @@ def drop_database(url: str) -> None:
     _psql(base, f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
 
 
-def pgbench(url: str, clients: int, seconds: int) -> float:
-    out = subprocess.run(
-        ["pgbench", "-N", "-M", "prepared", "-j", "2", "-c", str(clients), "-T", str(seconds), url],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+def pgbench(url: str, clients: int, seconds: int) -> tuple[float, float]:
+    """pgbench's tps and its own p99 transaction latency (ms, from its per-transaction log)."""
+    with tempfile.TemporaryDirectory(prefix="adm-bench-log-") as logs:
+        out = subprocess.run(
+            ["pgbench", "-N", "-M", "prepared", "-j", "2", "-c", str(clients), "-T", str(seconds), "-l"]
+            + ["--log-prefix", f"{logs}/tx", url],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        # A log line: client, transaction number, latency (µs), script, epoch seconds, µs.
+        lat = sorted(int(line.split()[2]) for f in Path(logs).iterdir() for line in f.read_text().splitlines())
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000 if lat else 0.0
     for line in out.splitlines():
         if line.startswith("tps = "):
-            return float(line.split()[2])
+            return float(line.split()[2]), p99
     raise RuntimeError(f"no tps in pgbench output:\n{out}")
 
 
@@ -447,18 +453,20 @@ def main() -> int:
         results = []
         load = os.getloadavg()[0]
         for c in levels:
-            tps = pgbench(url, c, int(max(3, args.seconds)))
+            tps, tps_p99 = pgbench(url, c, int(max(3, args.seconds)))
             adm = bench_admission(c, args.seconds, seed=c, mode=args.requesters)
-            results.append({"requesters": c, "processes": 1, "pgbench_tps": tps, **adm})
+            results.append({"requesters": c, "processes": 1, "pgbench_tps": tps, "pgbench_p99_ms": tps_p99, **adm})
             print(f"  measured {c} requester(s)", file=sys.stderr, flush=True)
         if args.processes > 1 and levels:
             c = max(levels)
-            tps = pgbench(url, c, int(max(3, args.seconds)))
+            tps, tps_p99 = pgbench(url, c, int(max(3, args.seconds)))
             from django.db import connection
 
             connection.close()
             adm = bench_processes(url, args.processes, c, args.seconds, seed=99, mode=args.requesters)
-            results.append({"requesters": c, "processes": args.processes, "pgbench_tps": tps, **adm})
+            results.append(
+                {"requesters": c, "processes": args.processes, "pgbench_tps": tps, "pgbench_p99_ms": tps_p99, **adm}
+            )
         from django.db import connection
 
         connection.close()
@@ -480,7 +488,7 @@ def main() -> int:
     print(
         f"{'requesters':>10} {'procs':>5} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'avg batch':>9} "
         f"{'admitted':>9} "
-        f"{'decisions':>9} {'pgbench tps':>12} {'ratio':>6} {'over-admissions':>16}"
+        f"{'decisions':>9} {'pgbench tps':>12} {'pgb p99':>8} {'ratio':>6} {'over-admissions':>16}"
     )
     bad = 0
     for r in results:
@@ -490,7 +498,8 @@ def main() -> int:
         print(
             f"{r['requesters']:>10} {r['processes']:>5} {r['per_second']:>12.0f} {r['p50_ms']:>8.2f} "
             f"{r['p99_ms']:>8.2f} {batch:>9} "
-            f"{r['admitted']:>9} {r['decisions']:>9} {r['pgbench_tps']:>12.0f} {ratio:>6.2f} {r['violations']:>16}"
+            f"{r['admitted']:>9} {r['decisions']:>9} {r['pgbench_tps']:>12.0f} {r['pgbench_p99_ms']:>8.2f} "
+            f"{ratio:>6.2f} {r['violations']:>16}"
         )
     print(f"\nover-admissions: {bad}")
     if args.json:
