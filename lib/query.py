@@ -8,6 +8,8 @@ Messages read ``<name>: <what is wrong>, got <value>``, the value quoted as JSON
 
 from __future__ import annotations
 
+import re
+
 from lib.wording import json_text
 
 #: Characters of a refused parameter name repeated in a message (the rest is cut, marked "…").
@@ -42,6 +44,9 @@ def check_parameters(params, single: tuple[str, ...] = (), several: tuple[str, .
             raise BadParameter(name, f"takes one value, got {len(values)}: {given}")
 
 
+_WHOLE = re.compile(r"-?[0-9]+")
+
+
 def whole_number(name: str, raw: str | None, low: int, high: int, default: int | None = None, hint: str = "") -> int:
     """The query value ``raw`` of parameter ``name`` as an integer within ``low..high``, inclusive;
     ``default`` when it is absent or empty. BadParameter naming the range (and ``hint``, said after
@@ -51,10 +56,9 @@ def whole_number(name: str, raw: str | None, low: int, high: int, default: int |
         if default is None:
             raise BadParameter(name, f"is required ({span})")
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadParameter(name, f"must be {span}, got {json_text(raw)}") from None
+    if not _WHOLE.fullmatch(raw):  # int() would also take "２", " 2" and "2_0"
+        raise BadParameter(name, f"must be {span}, got {json_text(raw)}")
+    value = int(raw)
     if not low <= value <= high:
         raise BadParameter(name, f"must be {span}{hint}, got {json_text(value)}")
     return value

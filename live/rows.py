@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from agents.listing import DEFAULT_SORT, LIST_PAGE_SIZE, MAX_PAGE, filter_agents
 from agents.models import Agent
+from lib.query import BadParameter, whole_number
 from operations.listing import PAGE_SIZE as OPERATIONS_PAGE_SIZE
 from operations.listing import filter_operations
 from scalers.capacity import listed_scaler_capacities
@@ -82,16 +83,11 @@ def server_time() -> str:
 
 
 def _int(params, name: str, default: int, lo: int, hi: int) -> int:
-    raw = params.get(name)
-    if raw in (None, ""):
-        return default
+    """``lib.query.whole_number`` with the row views' error (``LookupError``)."""
     try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise LookupError(f"{name} must be an integer, got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise LookupError(f"{name} must be within {lo}..{hi}, got {value}")
-    return value
+        return whole_number(name, params.get(name), lo, hi, default=default)
+    except BadParameter as exc:
+        raise LookupError(str(exc)) from None
 
 
 class RowView:

@@ -50,6 +50,11 @@ def test_whole_number_names_its_range_and_the_value():
     assert caught.value.field == "n"
     with pytest.raises(BadParameter, match=r'got "1\.5"$'):
         whole_number("n", "1.5", 1, 9)
+    # What int() would also read: another script's digits, spaces, digit separators, a plus sign.
+    for raw in ("\uff12", " 2", "2 ", "2_0", "+2", "\u0662"):
+        with pytest.raises(BadParameter, match="must be a whole number within 1..99"):
+            whole_number("n", raw, 1, 99)
+    assert whole_number("n", "-0", -5, 5) == 0
 
 
 def test_check_parameters_refuses_unknown_and_repeated_names_and_takes_several_where_allowed():
