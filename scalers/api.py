@@ -337,7 +337,7 @@ def _end(request, agent_id: str, field: str, check, call):
     try:
         agent = call(agent_id, value)
     except Refused as exc:
-        return _error(exc.status, exc.code, exc.message)
+        return _error(exc.status, exc.code, exc.message, field=exc.field)
     return JsonResponse(agent_json(agent))
 
 

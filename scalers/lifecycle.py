@@ -50,6 +50,7 @@ from agents.choices import ACTIVE_STATES, TERMINAL_STATES, UNREGISTERED_STATES, 
 from agents.events import record_event
 from agents.models import Agent, ScalerEvent
 from agents.tokens import revoke_agent_tokens, revoke_registration_tokens
+from lib.wording import json_text
 from scalers.admission.ledger import release
 from scalers.backends.factory import get_backend
 from scalers.backends.failure import failure_detail, mark_spawn_failed
@@ -531,11 +532,13 @@ def retirement_sweep() -> bool:
 
 @dataclass
 class Refused(Exception):
-    """A lifecycle call that cannot be honoured: HTTP ``status``, error ``code``, ``message``."""
+    """A lifecycle call that cannot be honoured: HTTP ``status``, error ``code``, ``message``, and
+    the request's ``field`` at fault when one is (None when it is the agent's state)."""
 
     status: int
     code: str
     message: str
+    field: str | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -571,8 +574,10 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
         if agent.completed_job_id == job_id:
             return agent
         if agent.bound_job_id != job_id:
-            bound = repr(agent.bound_job_id) if agent.bound_job_id else "no job"
-            raise Refused(409, "job-mismatch", f"agent {agent_id} is bound to {bound}, not {job_id!r:.80}")
+            bound = json_text(agent.bound_job_id) if agent.bound_job_id else "no job"
+            raise Refused(
+                409, "job-mismatch", f"agent {agent_id} is bound to {bound}, not {json_text(job_id)}", field="jobId"
+            )
         agent.completed_job_id = job_id
         fields = {"completed_job_id": job_id, "active_jobs": 0, "updated_at": timezone.now()}
         recycle = agent.warm and agent.state == AgentState.RUNNING and not agent.scaler.retiring

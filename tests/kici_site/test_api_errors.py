@@ -213,7 +213,7 @@ def test_json_with_a_charset_is_read_as_json(client):
         content_type="application/json; charset=utf-8",
         HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
     )
-    assert_error_shape(response, 409, "job-mismatch")  # the body was read: its jobId is another job's
+    assert_error_shape(response, 409, "job-mismatch", "jobId")  # the body was read: its jobId is another job's
     scale = client.post(
         "/api/v1/scale",
         data=json.dumps({"labels": [], "jobId": "j"}),

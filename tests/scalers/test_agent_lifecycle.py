@@ -74,7 +74,9 @@ def test_job_complete_for_another_job_is_409_and_changes_nothing():
     agent = running_agent()
     answer = api("POST", f"/api/v1/agents/{agent.agent_id}/job-complete", {"jobId": "job-other"})
     assert answer.status_code == 409
-    assert answer.json()["reason"] == "job-mismatch" and "job-1" in answer.json()["error"]["message"]
+    error = answer.json()["error"]
+    assert answer.json()["reason"] == "job-mismatch" and error["field"] == "jobId"  # the request's field at fault
+    assert error["message"] == f'agent {agent.agent_id} is bound to "job-1", not "job-other"'
     agent.refresh_from_db()
     assert agent.state == AgentState.RUNNING and agent.bound_job_id == "job-1"
     assert Reservation.objects.count() == 1
