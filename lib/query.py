@@ -49,8 +49,8 @@ _WHOLE = re.compile(r"-?[0-9]+")
 
 def whole_number(name: str, raw: str | None, low: int, high: int, default: int | None = None, hint: str = "") -> int:
     """The query value ``raw`` of parameter ``name`` as an integer within ``low..high``, inclusive;
-    ``default`` when it is absent or empty. BadParameter naming the range (and ``hint``, said after
-    it) for anything else, and for an absent value without a ``default``."""
+    ``default`` when it is absent or empty. BadParameter naming the range for anything else (with
+    ``hint`` after it for a value above the range), and for an absent value without a ``default``."""
     span = f"a whole number within {low}..{high}"
     if raw is None or raw == "":
         if default is None:
@@ -60,7 +60,7 @@ def whole_number(name: str, raw: str | None, low: int, high: int, default: int |
         raise BadParameter(name, f"must be {span}, got {json_text(raw)}")
     value = int(raw)
     if not low <= value <= high:
-        raise BadParameter(name, f"must be {span}{hint}, got {json_text(value)}")
+        raise BadParameter(name, f"must be {span}{hint if value > high else ''}, got {json_text(value)}")
     return value
 
 

@@ -48,6 +48,8 @@ def test_whole_number_names_its_range_and_the_value():
     with pytest.raises(BadParameter, match=r"^n: must be a whole number within 1\.\.9 \(why\), got 10$") as caught:
         whole_number("n", "10", 1, 9, hint=" (why)")
     assert caught.value.field == "n"
+    with pytest.raises(BadParameter, match=r"^n: must be a whole number within 1\.\.9, got 0$"):
+        whole_number("n", "0", 1, 9, hint=" (why)")  # the hint is for a value past the range
     with pytest.raises(BadParameter, match=r'got "1\.5"$'):
         whole_number("n", "1.5", 1, 9)
     # What int() would also read: another script's digits, spaces, digit separators, a plus sign.
