@@ -55,6 +55,7 @@ def event_list(request):
     accept = "".join(
         css_attr_selector(attr, value) for attr, value in (("data-type", etype), ("data-scaler", scaler)) if value
     )
+    scaler_names = list(Scaler.objects.values_list("name", flat=True))
     ctx = {
         "accept": accept,
         "nav": "events",
@@ -70,7 +71,8 @@ def event_list(request):
         "live": not q and page.number == 1,
         "query": query_string(type=etype, scaler=scaler, q=q),
         "event_types": EventType.choices,
-        "scaler_names": list(Scaler.objects.values_list("name", flat=True)),
+        "scaler_names": scaler_names,
+        "unknown_scaler": bool(scaler) and scaler not in scaler_names,
     }
     if wants_partial(request):
         return render(request, "agents/events.html#results", ctx)

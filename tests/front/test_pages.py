@@ -334,6 +334,16 @@ def test_the_events_feed_filters_and_goes_quiet_while_searching(viewer_client, s
         assert refused.status_code == 400 and message in unescape(refused.content.decode()), query
 
 
+def test_an_empty_events_feed_says_whether_its_filters_found_nothing(viewer_client, scaler):
+    agent = _agent(scaler, 1)
+    record_event(agent, EventType.PROVISIONING, "pulling image")
+    assert "No events match these filters." in viewer_client.get("/events/?type=scaler.failed").content.decode()
+    unknown = viewer_client.get("/events/?scaler=nosuch").content.decode()
+    assert "No events match these filters (no scaler is named “nosuch” now)." in unknown
+    assert "No events yet." not in unknown
+    assert "No events match" not in viewer_client.get("/events/").content.decode()
+
+
 def test_the_events_feed_pages_back_to_older_events_keeping_its_filters(viewer_client, scaler):
     agent = _agent(scaler, 1)
     newest = timezone.now()
