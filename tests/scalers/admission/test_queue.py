@@ -56,6 +56,14 @@ def _block(rec: Recorder) -> threading.Thread:
     return t
 
 
+def _decided_after_release(rec: Recorder, blocker: threading.Thread) -> list[str]:
+    """Let the blocker's batch finish, decide one more request, and return every job id decided."""
+    rec.release.set()
+    blocker.join(10)
+    rec.queue.submit(request("after"))
+    return [job for batch in rec.batches for job in batch]
+
+
 def test_a_batch_wakes_each_event_loop_once_for_all_its_coroutines(recorder):
     blocker = _block(recorder)
 
@@ -90,10 +98,7 @@ def test_a_coroutine_no_batch_takes_in_time_gives_up_and_is_never_decided(record
             await recorder.queue.submit_async(request("late"), timeout=0.2)
 
     asyncio.run(main())
-    recorder.release.set()
-    blocker.join(10)
-    recorder.queue.submit(request("after"))
-    assert [job for batch in recorder.batches for job in batch] == ["blocker", "after"]
+    assert _decided_after_release(recorder, blocker) == ["blocker", "after"]
 
 
 def test_a_coroutine_taken_into_a_batch_waits_past_its_timeout_for_the_outcome():
@@ -130,10 +135,7 @@ def test_a_cancelled_coroutine_withdraws_its_queued_request(recorder):
             await task
 
     asyncio.run(main())
-    recorder.release.set()
-    blocker.join(10)
-    recorder.queue.submit(request("after"))
-    assert [job for batch in recorder.batches for job in batch] == ["blocker", "after"]
+    assert _decided_after_release(recorder, blocker) == ["blocker", "after"]
 
 
 def test_a_forked_child_gets_a_queue_of_its_own():
