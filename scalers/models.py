@@ -195,6 +195,30 @@ class Reservation(models.Model):
         return f"reservation {self.agent_id} on {self.scaler_id}"
 
 
+class UsageTally(models.Model):
+    """One change to what admission counts, written by the database itself: triggers on
+    ``scalers_reservation`` and ``agents_agent`` (migration ``0012_usage_tally``) add a row per
+    scaler (and machine pool) for every statement that changes its reservations or its active,
+    in-flight or waiting agents, whoever runs it. A scaler's usage is the sum of its rows, so the
+    admission snapshot reads a few rows per scaler instead of aggregating the whole fleet; a batch
+    folds the rows into one per scaler and pool under the admission lock when they pile up.
+
+    ``cpus`` is exact (numeric), so sums of additions and removals return to zero.
+    """
+
+    scaler_id = models.BigIntegerField(null=True)
+    machine_pool_id = models.BigIntegerField(null=True)
+    reservations = models.IntegerField(default=0)
+    cpus = models.DecimalField(max_digits=40, decimal_places=15, default=0)
+    memory_bytes = models.BigIntegerField(default=0)
+    active = models.IntegerField(default=0, help_text="agents in an active state")
+    spawns_in_flight = models.IntegerField(default=0, help_text="spawning agents holding a spawn job id")
+    spawns_waiting = models.IntegerField(default=0, help_text="spawning agents waiting for a spawn slot")
+
+    def __str__(self):
+        return f"usage tally of scaler {self.scaler_id}"
+
+
 # --- Admission records ------------------------------------------------------------------------
 
 

@@ -111,6 +111,8 @@ class Usage:
     total: Tally = field(default_factory=Tally)
     scalers: dict[int, Tally] = field(default_factory=dict)
     pools: dict[int, Tally] = field(default_factory=dict)
+    #: Rows of the usage tally summed into this (``scalers.admission.ledger.FOLD_ROWS``).
+    tally_rows: int = 0
 
     def scaler(self, scaler_id: int) -> Tally:
         return self.scalers.setdefault(scaler_id, Tally())

@@ -241,9 +241,6 @@ def decide_batch(
     now = now or timezone.now()
     connection.ensure_connection()
     conn = connection.connection
-    # Server-side binding and prepared statements (Django's cursors bind client-side and
-    # prepare nothing): this path runs its three statements once per batch.
-    ledger.allow_prepared(conn)
     own = not connection.in_atomic_block and connection.get_autocommit()
     for _ in range(MINT_ATTEMPTS):
         try:
@@ -494,7 +491,8 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
     hand_on = _take_spawn_slots(spawns, world, usage)
     _dedupe_ids(spawns)
     hosts = {sp.scaler_id: scaler_host(world.scalers[sp.scaler_id]) for sp in spawns}
-    pks = _write(cur, now, instance_id, spawns, records, counters, commit=commit)
+    fold = usage.tally_rows >= ledger.FOLD_ROWS
+    pks = _write(cur, now, instance_id, spawns, records, counters, fold=fold, commit=commit)
     admitted = []
     for sp in spawns:
         pk = pks[sp.agent_id]
@@ -579,13 +577,13 @@ def _dedupe_ids(spawns: list[_Spawn]) -> None:
 
 
 def _write(
-    cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, commit: bool
+    cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, fold: bool, commit: bool
 ) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
             sp.record["agent_ref"] = sp.agent_id
     return ledger.write_batch(
-        cur,
+        cur.connection,
         now=now,
         instance_id=instance_id,
         agents=[
@@ -597,5 +595,6 @@ def _write(
         records=records,
         counters=counters,
         redispatch=(REDISPATCH, {"trigger": "sweep"}),
+        fold=fold,
         commit=commit,
     )

@@ -16,7 +16,10 @@ lock was granted (a sub-select in the locking statement would keep its pre-wait 
 from __future__ import annotations
 
 import json
+import re
+import weakref
 from collections.abc import Iterable
+from functools import cache
 
 import psycopg
 from django.db import connection, transaction
@@ -50,18 +53,42 @@ def dict_rows(cursor, sql: str, params=()) -> list[dict]:
 
 # --------------------------------------------------------------------------- prepared statements
 
-#: The ``prepare_threshold`` admission sets on a connection Django opened with prepared statements
-#: off (``None``): so high that only the statements run with ``prepare=True`` (the lock, the
-#: snapshot, the batch write) are prepared; Django's own queries stay unprepared as before.
-ONLY_EXPLICIT = 2**31
+#: The server-side prepared statements a batch runs, by name (``PREPARE``d once per connection by
+#: :func:`prepare_statements`; their text is built in :func:`_statements`).
+LOCK_STATEMENT = "kici_admission_lock"
+SNAPSHOT_STATEMENT = "kici_admission_snapshot"
+WRITE_STATEMENT = "kici_admission_write"
+FOLD_STATEMENT = "kici_admission_fold"
+
+_PREPARED: weakref.WeakSet = weakref.WeakSet()
 
 
-def allow_prepared(conn) -> None:
-    """Let ``conn`` (a raw psycopg connection) prepare the statements admission runs with
-    ``prepare=True``: psycopg ignores the flag while ``prepare_threshold`` is None, so each batch
-    would parse and plan its statements again (most of a small batch's server time)."""
-    if conn.prepare_threshold is None:
-        conn.prepare_threshold = ONLY_EXPLICIT
+def prepare_statements(conn) -> None:
+    """``PREPARE`` the lock, the snapshot and the batch write on ``conn`` (a raw psycopg
+    connection), once per connection: a batch then sends each round trip as one simple-protocol
+    query of ``EXECUTE``s, which the server neither parses nor plans again and psycopg sends
+    without its per-statement machinery. Prepared statements belong to the session, so a rolled
+    back transaction keeps them; the ones a connection already has (its ``PREPARE`` was cut short)
+    are left as they are."""
+    if conn in _PREPARED:
+        return
+    with psycopg.Cursor(conn) as cur:
+        cur.execute("SELECT name FROM pg_prepared_statements WHERE name = ANY(%s)", [list(_statements())])
+        have = {row[0] for row in cur.fetchall()}
+        for name, text in _statements().items():
+            if name not in have:
+                cur.execute(f"PREPARE {name} AS {text}")
+    _PREPARED.add(conn)
+
+
+def _results(cur) -> list[list[tuple] | None]:
+    """Every result of the simple-protocol query ``cur`` just ran, in order: its rows, or None for
+    a statement that returns none (``BEGIN``, ``COMMIT``)."""
+    out = []
+    while True:
+        out.append(cur.fetchall() if cur.description is not None else None)
+        if not cur.nextset():
+            return out
 
 
 # --------------------------------------------------------------------------- the lock and the config row
@@ -244,78 +271,86 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
     return world
 
 
+def _literal(value) -> str:
+    """``value`` as an SQL literal (for constants written into statement text)."""
+    return psycopg.sql.Literal(value).as_string(None)
+
+
+# The usage is the sum of the tally's rows (``scalers.models.UsageTally``: the database adds them
+# as reservations and agents change), a few per scaler whatever the size of the fleet.
 _USAGE_SQL = (
-    "SELECT 0, scaler_id, machine_pool_id, count(*), coalesce(sum(cpus), 0)::float8, "
-    "coalesce(sum(memory_bytes), 0)::int8, "
-    "NULL::text FROM scalers_reservation GROUP BY scaler_id, machine_pool_id "
-    "UNION ALL "
-    "SELECT 1, scaler_id, NULL, count(*), "
-    "count(*) FILTER (WHERE state = %(spawning)s AND rq_job_id <> '')::float8, "
-    "count(*) FILTER (WHERE state = %(spawning)s AND rq_job_id = '')::int8, NULL::text "
-    "FROM agents_agent WHERE state = ANY(%(active)s) GROUP BY scaler_id"
+    "SELECT 0, scaler_id, machine_pool_id, sum(reservations)::int8, sum(cpus)::float8, sum(memory_bytes)::int8, "
+    "sum(active)::int8, sum(spawns_in_flight)::int8, sum(spawns_waiting)::int8, count(*), NULL::text "
+    "FROM scalers_usagetally GROUP BY scaler_id, machine_pool_id"
+)
+
+#: Tally rows past which a batch folds them into one per scaler and machine pool (in its write's
+#: round trip, under the admission lock, so no two folds meet).
+FOLD_ROWS = 64
+
+_FOLD_SQL = (
+    "WITH gone AS (DELETE FROM scalers_usagetally RETURNING scaler_id, machine_pool_id, reservations, cpus, "
+    "memory_bytes, active, spawns_in_flight, spawns_waiting) "
+    "INSERT INTO scalers_usagetally (scaler_id, machine_pool_id, reservations, cpus, memory_bytes, active, "
+    "spawns_in_flight, spawns_waiting) "
+    "SELECT scaler_id, machine_pool_id, sum(reservations), sum(cpus), sum(memory_bytes), sum(active), "
+    "sum(spawns_in_flight), sum(spawns_waiting) FROM gone GROUP BY scaler_id, machine_pool_id "
+    "HAVING sum(reservations) <> 0 OR sum(cpus) <> 0 OR sum(memory_bytes) <> 0 OR sum(active) <> 0 "
+    "OR sum(spawns_in_flight) <> 0 OR sum(spawns_waiting) <> 0"
 )
 
 
 def _usage_from_rows(rows) -> Usage:
     usage = Usage()
-    for kind, scaler_id, pool_id, n, a, b, _ in rows:
-        if kind == 2:
+    for kind, scaler_id, pool_id, n, cpus, mem, active, in_flight, waiting, summed, _ in rows:
+        if kind != 0:
             continue
         s = usage.scaler(scaler_id)
-        if kind == 0:
-            for t in (usage.total, s) + ((usage.pool(pool_id),) if pool_id is not None else ()):
-                t.reservations += n
-                t.cpus += float(a)
-                t.memory_bytes += int(b)
-        else:
-            for t in (usage.total, s):
-                t.active += n
-            s.spawns_in_flight, s.spawns_waiting = int(a), int(b)
+        for t in (usage.total, s) + ((usage.pool(pool_id),) if pool_id is not None else ()):
+            t.reservations += n
+            t.cpus += cpus
+            t.memory_bytes += mem
+        for t in (usage.total, s):
+            t.active += active
+        s.spawns_in_flight += in_flight
+        s.spawns_waiting += waiting
+        usage.tally_rows += summed
     return usage
 
 
-_SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0::float8, 0::int8, (" + _VERSION_SQL + ")"
-
-
-def _snapshot_params() -> dict:
-    return {"active": list(_ACTIVE), "spawning": str(AgentState.SPAWNING)}
+_SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, (" + _VERSION_SQL + ")"
 
 
 def _fingerprint(rows) -> str:
     """The config rows' fingerprint, carried by the snapshot's kind-2 row."""
-    return next(r[6] for r in rows if r[0] == 2)
+    return next(r[-1] for r in rows if r[0] == 2)
 
 
 def lock_and_snapshot(conn, *, begin: bool = False) -> tuple[dict, World, Usage]:
-    """Lock, then read the snapshot, in ONE round trip (psycopg pipeline mode).
+    """Lock, then read the snapshot, in ONE round trip (one simple-protocol query).
 
-    Both statements are sent together; the server runs the snapshot statement only after the
-    locking one returned, and under READ COMMITTED it takes its own snapshot then, so it sees
-    everything committed before the lock was granted. ``conn``: the raw psycopg connection,
-    inside the caller's transaction, or in autocommit mode with ``begin=True``: then the
-    transaction's ``BEGIN`` goes in the same round trip.
+    The server runs the snapshot statement only after the locking one returned, and under READ
+    COMMITTED it takes its own snapshot then, so it sees everything committed before the lock was
+    granted. ``conn``: the raw psycopg connection, inside the caller's transaction, or in
+    autocommit mode with ``begin=True``: then the transaction's ``BEGIN`` goes in the same round
+    trip.
     """
-    params = _snapshot_params()
-    with psycopg.Cursor(conn) as lock_cur, psycopg.Cursor(conn) as snap_cur:
-        with conn.pipeline():
-            if begin:
-                conn.execute("BEGIN")
-            lock_cur.execute(_LOCK_SQL, prepare=True)
-            snap_cur.execute(_SNAPSHOT_SQL, params, prepare=True)
-        row = lock_cur.fetchone()
-        rows = snap_cur.fetchall()
-        if row is None:  # never imported: create the row, then lock it the plain way
-            config_row = lock_admission(lock_cur)
-            snap_cur.execute(_SNAPSHOT_SQL, params, prepare=True)
-            rows = snap_cur.fetchall()
+    prepare_statements(conn)
+    with psycopg.ClientCursor(conn) as cur:
+        cur.execute(("BEGIN; " if begin else "") + f"EXECUTE {LOCK_STATEMENT}; EXECUTE {SNAPSHOT_STATEMENT}")
+        *_, locked, rows = _results(cur)
+        if not locked:  # never imported: create the row, then lock it the plain way
+            config_row = lock_admission(cur)
+            cur.execute(f"EXECUTE {SNAPSHOT_STATEMENT}")
+            rows = cur.fetchall()
         else:
-            config_row = _config_dict(row)
-        return config_row, load_world(lock_cur, config_row, _fingerprint(rows)), _usage_from_rows(rows)
+            config_row = _config_dict(locked[0])
+        return config_row, load_world(cur, config_row, _fingerprint(rows)), _usage_from_rows(rows)
 
 
 def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:
     """The World and the Usage in one round trip (one statement, one snapshot) after the lock."""
-    cursor.execute(_SNAPSHOT_SQL, _snapshot_params())
+    cursor.execute(_SNAPSHOT_SQL)
     rows = cursor.fetchall()
     fingerprint = _fingerprint(rows)
     usage = _usage_from_rows(rows)
@@ -366,7 +401,21 @@ RECORD_ROW = (
 #: Per-row fields of a counter increment.
 COUNTER_ROW = (("cn", "text"), ("ck", "text"), ("cl", "jsonb"), ("cv", "float8"))
 
-_WRITE_SQL: str | None = None
+#: The write statement's parameters, in the order ``PREPARE`` numbers them (``$1`` first).
+WRITE_PARAMS = (
+    "state",
+    "owner",
+    "now",
+    "agents",
+    "reservations",
+    "records",
+    "counters",
+    "waiting",
+    "admitted",
+    "rd_name",
+    "rd_key",
+    "rd_labels",
+)
 
 
 def _insert_columns(model, per_row: dict[str, str], fixed: dict[str, str]) -> tuple[list, list]:
@@ -385,7 +434,7 @@ def _insert_columns(model, per_row: dict[str, str], fixed: dict[str, str]) -> tu
         elif col in fixed:
             exprs.append(f"%({fixed[col]})s::{f.cast_db_type(connection)}")
         else:
-            literal = psycopg.sql.Literal(f.get_db_prep_save(f.get_default(), connection)).as_string(None)
+            literal = _literal(f.get_db_prep_save(f.get_default(), connection))
             exprs.append(f"{literal.replace('%', '%%')}::{f.cast_db_type(connection)}")
     return cols, exprs
 
@@ -396,11 +445,11 @@ def _rows_of(param: str, alias: str, fields) -> str:
     return f"json_to_recordset(%({param})s::json) AS {alias}({', '.join(f'{f[0]} {f[1]}' for f in fields)})"
 
 
+@cache
 def _write_statement() -> str:
-    """The one statement that writes a decided batch (built once per process from the models)."""
-    global _WRITE_SQL
-    if _WRITE_SQL is not None:
-        return _WRITE_SQL
+    """The one statement that writes a decided batch (built once per process from the models),
+    with the positional parameters of :data:`WRITE_PARAMS`. It is written with named ones, which
+    read better; ``PREPARE`` takes ``$n``."""
     a_cols, a_exprs = _insert_columns(
         Agent,
         {name: f"u.{name}" for name, _ in AGENT_ROW},
@@ -443,12 +492,24 @@ def _write_statement() -> str:
         "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value RETURNING 1) "
         "SELECT a.id, a.agent_id FROM a"
     )
-    _WRITE_SQL = sql
-    return sql
+    position = {name: i for i, name in enumerate(WRITE_PARAMS, 1)}
+    sql = re.sub(r"%\((\w+)\)s", lambda m: f"${position[m[1]]}", sql)
+    return sql.replace("%%", "%")
+
+
+@cache
+def _statements() -> dict[str, str]:
+    """The text of each statement :func:`prepare_statements` prepares, by name."""
+    return {
+        LOCK_STATEMENT: _LOCK_SQL,
+        SNAPSHOT_STATEMENT: _SNAPSHOT_SQL,
+        WRITE_STATEMENT: _write_statement(),
+        FOLD_STATEMENT: _FOLD_SQL,
+    }
 
 
 def write_batch(
-    cursor,
+    conn,
     *,
     now,
     instance_id: str,
@@ -457,6 +518,7 @@ def write_batch(
     records: list[dict],
     counters: dict[tuple[str, str], tuple[dict, float]],
     redispatch: tuple[str, dict] | None = None,
+    fold: bool = False,
     commit: bool = False,
 ) -> dict[str, int]:
     """Write a decided batch in ONE statement: new agents (state spawning; ``rq_job_id`` set for
@@ -464,16 +526,46 @@ def write_batch(
     the request records (one per job id, ``attempts`` the number of times the batch holds it)
     and the counter increments. ``redispatch``: ``(counter name, labels)`` that is added the number
     of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
-    assigned). ``commit``: send the transaction's ``COMMIT`` in the same round trip (the caller
-    began it, see :func:`lock_and_snapshot`).
+    assigned). ``fold``: fold the usage tally's rows too (the caller holds the admission lock;
+    see :data:`FOLD_ROWS`). ``commit``: send the transaction's ``COMMIT`` in the same round trip
+    (the caller began it, see :func:`lock_and_snapshot`).
 
     ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` a list of strings);
     ``reservations``: tuples in :data:`RESERVATION_ROW` order; ``records``: dicts with the keys of
     :data:`RECORD_ROW`. Each kind of row goes to the server as one JSON document. Returns
     ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation`` when an
     agent id already exists (:func:`agent_id_taken` tells that case apart); the transaction is
-    then failed and nothing of it is kept.
+    then failed and nothing of it is kept. ``conn``: the raw psycopg connection of the caller's
+    transaction.
     """
+    prepare_statements(conn)
+    sql, args = write_query(
+        now=now,
+        instance_id=instance_id,
+        agents=agents,
+        reservations=reservations,
+        records=records,
+        counters=counters,
+        redispatch=redispatch,
+    )
+    with psycopg.ClientCursor(conn) as cur:
+        cur.execute(sql + (f"; EXECUTE {FOLD_STATEMENT}" if fold else "") + ("; COMMIT" if commit else ""), args)
+        rows = _results(cur)[0]
+    return {agent_id: pk for pk, agent_id in rows}
+
+
+def write_query(
+    *,
+    now,
+    instance_id: str,
+    agents: list[tuple],
+    reservations: list[tuple],
+    records: list[dict],
+    counters: dict[tuple[str, str], tuple[dict, float]],
+    redispatch: tuple[str, dict] | None = None,
+) -> tuple[str, list]:
+    """The ``EXECUTE`` of the prepared write and its arguments (for a client-side binding
+    cursor) for :func:`write_batch`'s arguments."""
     latest: dict[str, dict] = {}
     attempts: dict[str, int] = {}
     for r in records:
@@ -500,13 +592,8 @@ def write_batch(
         "rd_key": label_key(rd_labels),
         "rd_labels": json.dumps(rd_labels),
     }
-    if commit:
-        with cursor.connection.pipeline():
-            cursor.execute(_write_statement(), params, prepare=True)
-            cursor.connection.execute("COMMIT")
-    else:
-        cursor.execute(_write_statement(), params, prepare=True)
-    return {agent_id: pk for pk, agent_id in cursor.fetchall()}
+    placeholders = ", ".join(["%s"] * len(WRITE_PARAMS))
+    return f"EXECUTE {WRITE_STATEMENT}({placeholders})", [params[name] for name in WRITE_PARAMS]
 
 
 #: The unique constraint of ``agents_agent.agent_id`` (PostgreSQL's name for a column's UNIQUE, as

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import re
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
-from psycopg import _queries
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -421,15 +421,6 @@ def test_a_job_image_routed_to_a_process_mode_label_set_is_refused_naming_it():
     assert not Agent.objects.exists()
 
 
-def test_the_batch_write_statement_stays_within_psycopgs_conversion_cache():
-    """psycopg converts a query's placeholders on every execute unless the query is at most
-    MAX_CACHED_STATEMENT_LENGTH bytes with at most MAX_CACHED_STATEMENT_PARAMS parameters; the
-    write runs once per admission batch, so a column added to Agent must not push it past them."""
-    sql = ledger._write_statement()
-    assert len(sql.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
-    assert len(set(re.findall(r"%\((\w+)\)", sql))) <= _queries.MAX_CACHED_STATEMENT_PARAMS
-
-
 def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(monkeypatch):
     """The batch write counts the admitted jobs whose stored decision was at-capacity. It must cost
     one look-up per job of the batch whatever the planner's statistics say (here none yet, as
@@ -453,17 +444,7 @@ def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(
         "scaler_name": "s",
         "agent_ref": "",
     }
-    captured = {}
-
-    class Capture:
-        def execute(self, sql, params, prepare=False):
-            captured.update(sql=sql, params=params)
-
-        def fetchall(self):
-            return []
-
-    ledger.write_batch(
-        Capture(),
+    sql, args = ledger.write_query(
         now=now,
         instance_id="i",
         agents=[],
@@ -474,8 +455,9 @@ def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(
     )
     with transaction.atomic():
         raw = connection.connection
-        with raw.cursor() as cur:
-            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + captured["sql"], captured["params"])
+        ledger.prepare_statements(raw)
+        with psycopg.ClientCursor(raw) as cur:
+            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, args)
             plan = cur.fetchone()[0]
         transaction.set_rollback(True)
 
@@ -493,20 +475,19 @@ def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(
 
 
 def test_a_batch_runs_its_lock_snapshot_and_write_as_prepared_statements():
-    """Django opens connections with prepared statements off, and psycopg then ignores
-    ``prepare=True``: every batch would parse and plan its three statements again."""
+    """The three statements of a batch are prepared once per connection and executed by name
+    from then on: parsing and planning them again would be most of a small batch's server time."""
     from scalers.admission.decide import Request, decide_batch
 
     make_scaler("c", labels=("linux",), max_agents=5)
-    for i in range(2):
+    for i in range(3):
         decide_batch([Request(labels=("linux",), job_id=f"prep-{i}")])
     with connection.cursor() as cur:
-        cur.execute("SELECT statement FROM pg_prepared_statements")
-        prepared = [row[0] for row in cur.fetchall()]
-    assert any(s.startswith("WITH a AS (INSERT INTO agents_agent") for s in prepared), prepared
-    assert any(s.startswith("SELECT global_max_agents") and s.endswith("FOR UPDATE") for s in prepared), prepared
-    assert any(s.startswith("SELECT 0, scaler_id") for s in prepared), prepared
-    assert len(prepared) == 3, "only admission's own statements are prepared, not Django's"
+        cur.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
+        executed = dict(cur.fetchall())
+    names = {ledger.LOCK_STATEMENT, ledger.SNAPSHOT_STATEMENT, ledger.WRITE_STATEMENT}
+    assert set(executed) == names | {ledger.FOLD_STATEMENT}, "only admission's own statements are prepared"
+    assert all(executed[name] >= 3 for name in names), executed  # one prepare, every batch executes
 
 
 def test_a_batch_in_its_own_transaction_takes_two_round_trips(tmp_path):
