@@ -64,8 +64,8 @@ _PREPARED: weakref.WeakSet = weakref.WeakSet()
 
 
 def prepare_statements(conn) -> None:
-    """``PREPARE`` the lock, the snapshot and the batch write on ``conn`` (a raw psycopg
-    connection), once per connection: a batch then sends each round trip as one simple-protocol
+    """``PREPARE`` the lock, the snapshot, the batch write and the tally fold on ``conn`` (a raw
+    psycopg connection), once per connection: a batch then sends each round trip as one simple-protocol
     query of ``EXECUTE``s, which the server neither parses nor plans again and psycopg sends
     without its per-statement machinery. Prepared statements belong to the session, so a rolled
     back transaction keeps them; the ones a connection already has (its ``PREPARE`` was cut short)
