@@ -22,7 +22,8 @@ class Agent(models.Model):
     """
 
     agent_id = models.CharField(max_length=100, unique=True)
-    scaler = models.ForeignKey("scalers.Scaler", on_delete=models.PROTECT, related_name="agents")
+    # Not indexed alone: the (scaler, state) index below leads with it.
+    scaler = models.ForeignKey("scalers.Scaler", on_delete=models.PROTECT, related_name="agents", db_index=False)
     label_set = models.ForeignKey(
         "scalers.LabelSet", null=True, blank=True, on_delete=models.SET_NULL, related_name="agents"
     )
