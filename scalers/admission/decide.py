@@ -28,7 +28,6 @@ from scalers.choices import ScalerType
 from scalers.hosts import scaler_host
 from scalers.metrics import REDISPATCH
 from scalers.models import ScaleOutcome
-from scalers.resources import resolve_resources
 
 from . import ledger
 from .backoff import backoff_reason
@@ -296,7 +295,6 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
     records: list[dict] = []
     counters: dict[tuple[str, str], tuple[dict, float]] = {}
     spawns: list[_Spawn] = []
-    resolved_cache: dict = {}
     count_cap_refused = False
 
     def bump(name: str, labels: dict, amount: float = 1.0) -> None:
@@ -365,15 +363,8 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
                 )
             )
             continue
-        job_res = None if req.warm else req.resources
         try:
-            key = (ls.pk, job_res)
-            resolved = resolved_cache.get(key)
-            if resolved is None:
-                resolved = resolve_resources(job_res, ls.resources, world.defaults)
-                resolved_cache[key] = resolved
-        except TypeError:  # an unhashable (dict) resources value: resolve without the cache
-            resolved = None
+            resolved = world.resolve(ls, None if req.warm else req.resources)
         except ValueError as exc:
             done(
                 ScaleDecision(
@@ -384,19 +375,6 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
                 )
             )
             continue
-        if resolved is None:
-            try:
-                resolved = resolve_resources(job_res, ls.resources, world.defaults)
-            except ValueError as exc:
-                done(
-                    ScaleDecision(
-                        ScaleOutcome.SKIPPED,
-                        scaler=info.name,
-                        backend_type=info.type,
-                        reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}",
-                    )
-                )
-                continue
         cpus, mem = float(resolved.requests.cpus), int(resolved.requests.mem_bytes)
         if record is not None:
             record["cpus"], record["memory_bytes"] = cpus, mem

@@ -14,6 +14,7 @@ from typing import Any
 
 from scalers import labels as labelmod
 from scalers.choices import ScalerType
+from scalers.resources import ResolvedResources, resolve_resources
 
 from .caps import GlobalCaps, PoolCaps, ScalerCaps
 
@@ -65,7 +66,7 @@ class ScalerInfo:
         return None
 
 
-#: Distinct ``(labels, exclude)`` routes a :class:`World` remembers.
+#: Distinct ``(labels, exclude)`` routes, and resolved resources, a :class:`World` remembers.
 MAX_ROUTES = 4096
 
 
@@ -83,6 +84,8 @@ class World:
     _entry_scalers: list[ScalerInfo]
     #: Routes already found for this version: ``(job labels, exclude)`` -> match or None.
     _routes: dict = field(default_factory=dict, compare=False, repr=False)
+    #: Resources already resolved for this version: ``(label set pk, job resources)`` -> resolved.
+    _resolved: dict = field(default_factory=dict, compare=False, repr=False)
 
     def by_name(self, name: str) -> ScalerInfo | None:
         for s in self.scalers.values():
@@ -106,6 +109,24 @@ class World:
             self._routes.clear()
         self._routes[key] = route
         return route
+
+    def resolve(self, label_set: LabelSetInfo, job_resources: Any) -> ResolvedResources:
+        """``resolve_resources`` of a job's (parsed) resources on ``label_set`` with this version's
+        defaults. Remembered per ``(label set, job resources)`` like routes (jobs repeat a few
+        shapes; an unhashable value is resolved each time). Raises ``ValueError`` as
+        ``resolve_resources`` does (not remembered)."""
+        try:
+            key = (label_set.pk, job_resources)
+            return self._resolved[key]
+        except KeyError:
+            pass
+        except TypeError:
+            return resolve_resources(job_resources, label_set.resources, self.defaults)
+        resolved = resolve_resources(job_resources, label_set.resources, self.defaults)
+        if len(self._resolved) >= MAX_ROUTES:
+            self._resolved.clear()
+        self._resolved[key] = resolved
+        return resolved
 
     def _route(self, job_labels, exclude) -> tuple[ScalerInfo, LabelSetInfo] | None:
         found = labelmod.find_backend_for_labels(job_labels, self.entries, exclude)

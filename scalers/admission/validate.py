@@ -110,10 +110,14 @@ def validate_resources(value: Any) -> Any:
     if not isinstance(value, dict):
         raise InvalidScaleRequest("resources", f"must be an object, got {json_text(value)}")
     try:
-        key = json.dumps(value, sort_keys=True)
+        key = _CANONICAL_JSON.encode(value)
     except (TypeError, ValueError):  # not plain JSON (a Python caller's own types): parse as it is
         return _parse_resources(value)
     return _parse_resources_text(key)
+
+
+#: The canonical text of a JSON value (keys sorted): one encoder, not one per request.
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -13,10 +13,10 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission import ledger
+from scalers.admission import ledger, matching
 from scalers.admission.caps import CAP_ORDER
 from scalers.admission.service import request_scale
-from scalers.admission.validate import InvalidScaleRequest
+from scalers.admission.validate import InvalidScaleRequest, validate_resources
 from scalers.jobs import start_waiting_spawns
 from scalers.metrics import REDISPATCH
 from scalers.models import MetricCounter, Reservation, ScaleRequest
@@ -211,6 +211,48 @@ def test_resources_cascade_from_label_set_and_defaults():
     d = request_scale(["linux"], "j", resources={"limits": {"memory": "16g"}})
     r = Reservation.objects.get(agent__agent_id=d.agent)
     assert (r.cpus, r.memory_bytes, r.limit_cpus, r.limit_memory_bytes) == (4, 16 * GiB, 4, 16 * GiB)
+
+
+def test_resources_resolve_with_the_defaults_of_the_config_version_in_force():
+    set_global(defaults={"requests": {"cpus": 1}})
+    make_scaler("c", max_agents=5)
+    first = request_scale(["linux"], "j1")
+    set_global(defaults={"requests": {"cpus": 3}})
+    second = request_scale(["linux"], "j2")
+    cpus = dict(Reservation.objects.values_list("agent__agent_id", "cpus"))
+    assert (cpus[first.agent], cpus[second.agent]) == (1, 3)
+
+
+def test_a_world_resolves_each_label_set_and_resources_shape_once(monkeypatch):
+    make_scaler("c", ls_config={"resources": {"cpus": 2}})
+    make_scaler("b", labels=("linux", "bad"), ls_config={"resources": {"memory": "lots"}})
+    with connection.cursor() as cur:
+        world = ledger.load_world(cur, ledger.read_config(cur))
+    ls, bad_ls = (world.by_name(name).label_sets[0] for name in ("c", "b"))
+    calls = []
+    real = matching.resolve_resources
+    monkeypatch.setattr(matching, "resolve_resources", lambda *a: calls.append(a) or real(*a))
+    parsed = validate_resources({"cpus": 1})
+    assert world.resolve(ls, parsed) is world.resolve(ls, parsed)
+    assert world.resolve(ls, parsed).requests.cpus == 1
+    assert len(calls) == 1
+    world.resolve(ls, {"cpus": 1})  # a caller's own dict (unhashable): resolved each time
+    world.resolve(ls, {"cpus": 1})
+    for _ in range(2):  # a refusal is not remembered
+        with pytest.raises(ValueError):
+            world.resolve(bad_ls, parsed)
+    assert len(calls) == 5
+
+
+def test_the_tables_a_batch_inserts_into_carry_no_index_nothing_reads():
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename IN ('agents_agent', 'scalers_scalerequest')"
+        )
+        indexes = dict(cur.fetchall())
+    assert not [name for name, d in indexes.items() if "varchar_pattern_ops" in d]
+    assert not [name for name, d in indexes.items() if d.endswith("ON public.agents_agent USING btree (scaler_id)")]
+    assert any("(scaler_id, state)" in d for d in indexes.values())  # what serves look-ups by scaler
 
 
 def test_a_retiring_scaler_admits_nothing():
