@@ -508,46 +508,19 @@ def _statements() -> dict[str, str]:
     }
 
 
-def write_batch(
-    conn,
-    *,
-    now,
-    instance_id: str,
-    agents: list[tuple],
-    reservations: list[tuple],
-    records: list[dict],
-    counters: dict[tuple[str, str], tuple[dict, float]],
-    redispatch: tuple[str, dict] | None = None,
-    fold: bool = False,
-    commit: bool = False,
-) -> dict[str, int]:
-    """Write a decided batch in ONE statement: new agents (state spawning; ``rq_job_id`` set for
-    those that took a spawn slot in this transaction), their reservations,
-    the request records (one per job id, ``attempts`` the number of times the batch holds it)
-    and the counter increments. ``redispatch``: ``(counter name, labels)`` that is added the number
-    of jobs whose stored decision was ``at-capacity`` and that this batch admits (spawning or
-    assigned). ``fold``: fold the usage tally's rows too (the caller holds the admission lock;
-    see :data:`FOLD_ROWS`). ``commit``: send the transaction's ``COMMIT`` in the same round trip
-    (the caller began it, see :func:`lock_and_snapshot`).
+def write_batch(conn, *, fold: bool = False, commit: bool = False, **batch) -> dict[str, int]:
+    """Write a decided batch (``batch``: :func:`write_query`'s arguments) in ONE statement.
+    ``fold``: fold the usage tally's rows too (the caller holds the admission lock; see
+    :data:`FOLD_ROWS`). ``commit``: send the transaction's ``COMMIT`` in the same round trip (the
+    caller began it, see :func:`lock_and_snapshot`). ``conn``: the raw psycopg connection of the
+    caller's transaction.
 
-    ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` a list of strings);
-    ``reservations``: tuples in :data:`RESERVATION_ROW` order; ``records``: dicts with the keys of
-    :data:`RECORD_ROW`. Each kind of row goes to the server as one JSON document. Returns
-    ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation`` when an
-    agent id already exists (:func:`agent_id_taken` tells that case apart); the transaction is
-    then failed and nothing of it is kept. ``conn``: the raw psycopg connection of the caller's
-    transaction.
+    Returns ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation``
+    when an agent id already exists (:func:`agent_id_taken` tells that case apart); the
+    transaction is then failed and nothing of it is kept.
     """
     prepare_statements(conn)
-    sql, args = write_query(
-        now=now,
-        instance_id=instance_id,
-        agents=agents,
-        reservations=reservations,
-        records=records,
-        counters=counters,
-        redispatch=redispatch,
-    )
+    sql, args = write_query(**batch)
     with psycopg.ClientCursor(conn) as cur:
         cur.execute(sql + (f"; EXECUTE {FOLD_STATEMENT}" if fold else "") + ("; COMMIT" if commit else ""), args)
         rows = _results(cur)[0]
@@ -564,8 +537,16 @@ def write_query(
     counters: dict[tuple[str, str], tuple[dict, float]],
     redispatch: tuple[str, dict] | None = None,
 ) -> tuple[str, list]:
-    """The ``EXECUTE`` of the prepared write and its arguments (for a client-side binding
-    cursor) for :func:`write_batch`'s arguments."""
+    """The ``EXECUTE`` of the prepared write of a decided batch and its arguments (for a
+    client-side binding cursor): new agents (state spawning; ``rq_job_id`` set for those that
+    took a spawn slot in this transaction), their reservations, the request records (one per job
+    id, ``attempts`` the number of times the batch holds it) and the counter increments.
+    ``redispatch``: ``(counter name, labels)`` that is added the number of jobs whose stored
+    decision was ``at-capacity`` and that this batch admits (spawning or assigned).
+
+    ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` a list of strings);
+    ``reservations``: tuples in :data:`RESERVATION_ROW` order; ``records``: dicts with the keys of
+    :data:`RECORD_ROW`. Each kind of row goes to the server as one JSON document."""
     latest: dict[str, dict] = {}
     attempts: dict[str, int] = {}
     for r in records:
