@@ -233,6 +233,11 @@ def check_round() -> int:
     return int(bad)
 
 
+def _rngs(tag: str, requesters: int) -> list[random.Random]:
+    """One random stream per requester of a round, seeded by the round's tag."""
+    return [random.Random(f"{tag}-{i}") for i in range(requesters)]
+
+
 def run_requesters(
     threads: int, per_thread: int, tag: str, start: threading.Barrier | None = None
 ) -> tuple[list[float], dict, float]:
@@ -247,12 +252,12 @@ def run_requesters(
     barrier = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
+    drawn = [[random_request(rng) for _ in range(per_thread)] for rng in _rngs(tag, threads)]
+
     def body(i: int) -> None:
-        rng = random.Random(f"{tag}-{i}")
         try:
             barrier.wait()
-            for k in range(per_thread):
-                labels, res = random_request(rng)
+            for k, (labels, res) in enumerate(drawn[i]):
                 t0 = time.perf_counter()
                 d = request_scale(labels, f"{tag}-{i}-{k}", resources=res, timeout=120)
                 lat[i].append(time.perf_counter() - t0)
@@ -294,11 +299,12 @@ def run_requesters_async(threads: int, per_thread: int, tag: str) -> tuple[list[
     lat: list[float] = []
     actions: dict = {}
 
+    # Drawn before the clock starts: the requesters' random numbers are not the console's work.
+    drawn = [[random_request(rng) for _ in range(per_thread)] for rng in _rngs(tag, threads)]
+
     async def body(i: int, go: asyncio.Event) -> None:
-        rng = random.Random(f"{tag}-{i}")
         await go.wait()
-        for k in range(per_thread):
-            labels, res = random_request(rng)
+        for k, (labels, res) in enumerate(drawn[i]):
             t0 = time.perf_counter()
             data = validate_scale_request({"labels": labels, "jobId": f"{tag}-{i}-{k}", "resources": res})
             d, agent = await decide_async(data, timeout=120)
