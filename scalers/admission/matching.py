@@ -115,17 +115,18 @@ class World:
         defaults. Remembered per ``(label set, job resources)`` like routes (jobs repeat a few
         shapes; an unhashable value is resolved each time). Raises ``ValueError`` as
         ``resolve_resources`` does (not remembered)."""
+        key = (label_set.pk, job_resources)
         try:
-            key = (label_set.pk, job_resources)
             return self._resolved[key]
         except KeyError:
             pass
-        except TypeError:
-            return resolve_resources(job_resources, label_set.resources, self.defaults)
+        except TypeError:  # unhashable: not remembered
+            key = None
         resolved = resolve_resources(job_resources, label_set.resources, self.defaults)
-        if len(self._resolved) >= MAX_ROUTES:
-            self._resolved.clear()
-        self._resolved[key] = resolved
+        if key is not None:
+            if len(self._resolved) >= MAX_ROUTES:
+                self._resolved.clear()
+            self._resolved[key] = resolved
         return resolved
 
     def _route(self, job_labels, exclude) -> tuple[ScalerInfo, LabelSetInfo] | None:
