@@ -233,9 +233,13 @@ def check_round() -> int:
     return int(bad)
 
 
-def _rngs(tag: str, requesters: int) -> list[random.Random]:
-    """One random stream per requester of a round, seeded by the round's tag."""
-    return [random.Random(f"{tag}-{i}") for i in range(requesters)]
+def draw_requests(tag: str, requesters: int, per_requester: int) -> list[list[tuple[list[str], dict | None]]]:
+    """Each requester's requests of a round, drawn before its clock starts (the requesters' random
+    numbers are not the console's work): one random stream per requester, seeded by the tag."""
+    return [
+        [random_request(rng) for _ in range(per_requester)]
+        for rng in (random.Random(f"{tag}-{i}") for i in range(requesters))
+    ]
 
 
 def run_requesters(
@@ -252,7 +256,7 @@ def run_requesters(
     barrier = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
-    drawn = [[random_request(rng) for _ in range(per_thread)] for rng in _rngs(tag, threads)]
+    drawn = draw_requests(tag, threads, per_thread)
 
     def body(i: int) -> None:
         try:
@@ -299,8 +303,7 @@ def run_requesters_async(threads: int, per_thread: int, tag: str) -> tuple[list[
     lat: list[float] = []
     actions: dict = {}
 
-    # Drawn before the clock starts: the requesters' random numbers are not the console's work.
-    drawn = [[random_request(rng) for _ in range(per_thread)] for rng in _rngs(tag, threads)]
+    drawn = draw_requests(tag, threads, per_thread)
 
     async def body(i: int, go: asyncio.Event) -> None:
         await go.wait()
