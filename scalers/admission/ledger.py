@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Iterable
 from functools import cache
 
+import orjson
 import psycopg
 from django.db import connection, transaction
 
@@ -527,6 +528,11 @@ def write_batch(conn, *, fold: bool = False, commit: bool = False, **batch) -> d
     return {agent_id: pk for pk, agent_id in rows}
 
 
+def _json(value) -> str:
+    """``value`` as JSON text (a batch's documents: orjson is several times faster than ``json``)."""
+    return orjson.dumps(value).decode()
+
+
 def write_query(
     *,
     now,
@@ -559,19 +565,19 @@ def write_query(
         "state": str(AgentState.SPAWNING),
         "owner": instance_id,
         "now": now,
-        "agents": json.dumps([dict(zip(agent_keys, row, strict=True)) for row in agents]),
-        "reservations": json.dumps([dict(zip(reservation_keys, row, strict=True)) for row in reservations]),
-        "records": json.dumps(
+        "agents": _json([dict(zip(agent_keys, row, strict=True)) for row in agents]),
+        "reservations": _json([dict(zip(reservation_keys, row, strict=True)) for row in reservations]),
+        "records": _json(
             [{key: r[name] for key, _, name in RECORD_ROW} | {"n": attempts[r["job_id"]]} for r in latest.values()]
         ),
-        "counters": json.dumps(
+        "counters": _json(
             [{"cn": name, "ck": key, "cl": lab, "cv": float(amount)} for (name, key), (lab, amount) in counters.items()]
         ),
         "waiting": str(ScaleOutcome.AT_CAPACITY),
         "admitted": [str(ScaleOutcome.SPAWNING), str(ScaleOutcome.ASSIGNED)],
         "rd_name": rd_name,
         "rd_key": label_key(rd_labels),
-        "rd_labels": json.dumps(rd_labels),
+        "rd_labels": _json(rd_labels),
     }
     placeholders = ", ".join(["%s"] * len(WRITE_PARAMS))
     return f"EXECUTE {WRITE_STATEMENT}({placeholders})", [params[name] for name in WRITE_PARAMS]
