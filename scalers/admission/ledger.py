@@ -82,12 +82,16 @@ def prepare_statements(conn) -> None:
     _PREPARED.add(conn)
 
 
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
+
+
 def _results(cur) -> list[list[tuple] | None]:
     """Every result of the simple-protocol query ``cur`` just ran, in order: its rows, or None for
     a statement that returns none (``BEGIN``, ``COMMIT``)."""
     out = []
     while True:
-        out.append(cur.fetchall() if cur.description is not None else None)
+        # The result's status, not ``cur.description``, which builds a Column per field.
+        out.append(cur.fetchall() if cur.pgresult.status == _TUPLES_OK else None)
         if not cur.nextset():
             return out
 
@@ -467,10 +471,11 @@ def _write_statement() -> str:
         "RETURNING id, agent_id), "
         f"r AS (INSERT INTO scalers_reservation ({', '.join(r_cols)}) SELECT {', '.join(r_exprs)} "
         f"FROM a JOIN {_rows_of('reservations', 'v', RESERVATION_ROW)} ON v.agent_ref = a.agent_id RETURNING 1), "
+        # The request records, parsed once for their upsert and the redispatch count.
+        f"w AS (SELECT * FROM {_rows_of('records', 'w', RECORD_ROW + (('n', 'int4'),))}), "
         "s AS (INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, "
         "reason, scaler_name, agent_ref, attempts, owner_instance, first_requested_at, decided_at) "
-        "SELECT j, rn, l, res, c, m, o, cap, reason, sn, ar, n, %(owner)s, %(now)s, %(now)s "
-        f"FROM {_rows_of('records', 'w', RECORD_ROW + (('n', 'int4'),))} "
+        "SELECT j, rn, l, res, c, m, o, cap, reason, sn, ar, n, %(owner)s, %(now)s, %(now)s FROM w "
         "ON CONFLICT (job_id) DO UPDATE SET run_id = EXCLUDED.run_id, labels = EXCLUDED.labels, "
         "resources = EXCLUDED.resources, cpus = EXCLUDED.cpus, memory_bytes = EXCLUDED.memory_bytes, "
         "outcome = EXCLUDED.outcome, cap = EXCLUDED.cap, reason = EXCLUDED.reason, scaler_name = EXCLUDED.scaler_name, "
@@ -484,7 +489,7 @@ def _write_statement() -> str:
         # rows as they were before this statement): the orchestrator's retry re-drove them. The
         # batch's jobs drive it, one unique-index look-up each: a join lets the planner scan every
         # stored at-capacity record once per job instead.
-        f"p AS (SELECT count(*) AS n FROM {_rows_of('records', 'q', (('j', 'text'), ('o', 'text')))} "
+        "p AS (SELECT count(*) AS n FROM w AS q "
         "WHERE q.o = ANY(%(admitted)s::text[]) AND (SELECT sr.outcome FROM scalers_scalerequest sr "
         "WHERE sr.job_id = q.j) = %(waiting)s::text), "
         "d AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
@@ -560,6 +565,9 @@ def write_query(
         attempts[r["job_id"]] = attempts.get(r["job_id"], 0) + 1
     agent_keys = [name for name, _ in AGENT_ROW]
     reservation_keys = [name for name, _ in RESERVATION_ROW]
+    admitted = (str(ScaleOutcome.SPAWNING), str(ScaleOutcome.ASSIGNED))
+    if not any(r["outcome"] in admitted for r in latest.values()):
+        redispatch = None  # nothing to count: the server skips the look-ups
     rd_name, rd_labels = redispatch or ("", {})
     params = {
         "state": str(AgentState.SPAWNING),
@@ -574,7 +582,7 @@ def write_query(
             [{"cn": name, "ck": key, "cl": lab, "cv": float(amount)} for (name, key), (lab, amount) in counters.items()]
         ),
         "waiting": str(ScaleOutcome.AT_CAPACITY),
-        "admitted": [str(ScaleOutcome.SPAWNING), str(ScaleOutcome.ASSIGNED)],
+        "admitted": list(admitted),
         "rd_name": rd_name,
         "rd_key": label_key(rd_labels),
         "rd_labels": _json(rd_labels),
