@@ -231,8 +231,10 @@ def decide_batch(
     ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the unlabelled gauge, which leaves out
     machine-pool refusals). Raises database errors; then nothing is written.
 
-    Outside a transaction the batch runs in one of its own, in two round trips; inside the
-    caller's, under a savepoint. A minted agent id that already exists undoes the batch, which is
+    Outside a transaction the batch runs in one of its own: in one round trip when it is decided
+    from the snapshot the connection's previous batch left (``ledger.take_held_snapshot``; the
+    write checks under the lock that nothing moved it), else in two; inside the caller's, under a
+    savepoint, from a fresh snapshot. A minted agent id that already exists undoes the batch, which is
     decided again with new ids (at most :data:`MINT_ATTEMPTS` times, then ``RuntimeError``).
 
     The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
@@ -257,9 +259,8 @@ def decide_batch(
 
 
 def _decide_in_own_transaction(conn, requests: list[Request], instance_id: str, now: datetime) -> BatchResult:
-    """Decide ``requests`` in a transaction of its own on ``conn`` (autocommit mode) in two round
-    trips: ``BEGIN``, the lock and the snapshot; then the write and ``COMMIT``. Rolls back and
-    re-raises on any error (nothing is written)."""
+    """Decide ``requests`` in a transaction of its own on ``conn`` (autocommit mode): see
+    :func:`_decide`. Rolls back and re-raises on any error (nothing is written)."""
     try:
         with psycopg.Cursor(conn) as cur:
             return _decide(cur, requests, instance_id, now, commit=True)
@@ -273,9 +274,31 @@ def _decide_in_own_transaction(conn, requests: list[Request], instance_id: str, 
 
 
 def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, commit: bool) -> BatchResult:
-    _config_row, world, usage = ledger.lock_and_snapshot(cur.connection, begin=commit)
+    """In a transaction of its own (``commit``), a batch is decided from the snapshot the
+    connection's previous batch left after its own writes, when there is one and the batch reads
+    nothing else: then ``BEGIN``, the lock, the check that the state under it is still that
+    snapshot, the write and ``COMMIT`` travel in one round trip. Otherwise, or when the check
+    fails (nothing was written), in two: ``BEGIN``, the lock and a fresh snapshot; then the write
+    and ``COMMIT``. Either way each decision is made against the state under the lock after its
+    request was queued. Inside the caller's transaction, from a fresh snapshot."""
+    conn = cur.connection
+    held = ledger.take_held_snapshot(conn) if commit else None
+    if held is not None:
+        routed = _route(held.world, requests)
+        if not _reads_more(routed, requests):
+            try:
+                return _decide_routed(
+                    cur, requests, routed, held.world, held.usage, instance_id, now, commit=commit, guard=held.digest
+                )
+            except ledger.SnapshotMoved:
+                log.debug("the held admission snapshot moved: deciding the batch of %d again", len(requests))
+    _config_row, world, usage = ledger.lock_and_snapshot(conn, begin=commit)
+    routed = _route(world, requests)
+    return _decide_routed(cur, requests, routed, world, usage, instance_id, now, commit=commit, guard=None)
 
-    # Route first (pure), so the warm-agent and backoff look-ups run once per batch.
+
+def _route(world: World, requests: list[Request]) -> list[tuple[ScalerInfo, LabelSetInfo] | None]:
+    """Each request's scaler and label set (pure: from the World alone)."""
     routed: list[tuple[ScalerInfo, LabelSetInfo] | None] = []
     for req in requests:
         if req.target is not None:
@@ -284,6 +307,33 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
             routed.append((info, ls) if info and ls and not info.retiring else None)
         else:
             routed.append(world.match(req.labels, req.exclude))
+    return routed
+
+
+def _reads_more(routed, requests: list[Request]) -> bool:
+    """True when deciding the batch reads rows the snapshot does not hold (idle warm agents, an
+    event scaler's provision backoff): then it is decided under the lock from a fresh snapshot."""
+    return any(
+        m and (m[0].type == ScalerType.EVENT or (m[0].warm_pool_enabled and not r.warm))
+        for m, r in zip(routed, requests, strict=True)
+    )
+
+
+def _decide_routed(
+    cur,
+    requests: list[Request],
+    routed,
+    world: World,
+    usage: Usage,
+    instance_id: str,
+    now: datetime,
+    *,
+    commit: bool,
+    guard: str | None,
+) -> BatchResult:
+    """Decide the routed batch against ``usage`` and write it. ``guard``: the digest of the held
+    snapshot ``usage`` is (then the lock is taken in the write's round trip, and
+    :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved)."""
     event_names = {m[0].name for m in routed if m and m[0].type == ScalerType.EVENT}
     backoffs = _backoffs(cur, event_names, now) if event_names else {}
     warm_scalers = {
@@ -462,16 +512,18 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
             )
         )
 
-    if count_cap_refused and usage.ledger_outruns_agents():
-        log.warning(
-            "%s: %d reservations, %d active agents", LEDGER_WARNING, usage.total.reservations, usage.total.active
-        )
+    # Told once the batch is written: a batch decided from a held snapshot that moved is not.
+    outrun = (
+        (usage.total.reservations, usage.total.active) if count_cap_refused and usage.ledger_outruns_agents() else None
+    )
 
     hand_on = _take_spawn_slots(spawns, world, usage)
     _dedupe_ids(spawns)
     hosts = {sp.scaler_id: scaler_host(world.scalers[sp.scaler_id]) for sp in spawns}
     fold = usage.tally_rows >= ledger.FOLD_ROWS
-    pks = _write(cur, now, instance_id, spawns, records, counters, fold=fold, commit=commit)
+    pks = _write(cur, now, instance_id, spawns, records, counters, fold=fold, commit=commit, guard=guard, world=world)
+    if outrun:
+        log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
     admitted = []
     for sp in spawns:
         pk = pks[sp.agent_id]
@@ -556,7 +608,17 @@ def _dedupe_ids(spawns: list[_Spawn]) -> None:
 
 
 def _write(
-    cur, now, instance_id, spawns: list[_Spawn], records: list[dict], counters, *, fold: bool, commit: bool
+    cur,
+    now,
+    instance_id,
+    spawns: list[_Spawn],
+    records: list[dict],
+    counters,
+    *,
+    fold: bool,
+    commit: bool,
+    guard: str | None,
+    world: World,
 ) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
@@ -576,4 +638,6 @@ def _write(
         redispatch=(REDISPATCH, {"trigger": "sweep"}),
         fold=fold,
         commit=commit,
+        guard=guard,
+        hold=world if commit else None,
     )

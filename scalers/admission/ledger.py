@@ -19,6 +19,7 @@ import json
 import re
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 
 import orjson
@@ -60,6 +61,8 @@ LOCK_STATEMENT = "kici_admission_lock"
 SNAPSHOT_STATEMENT = "kici_admission_snapshot"
 WRITE_STATEMENT = "kici_admission_write"
 FOLD_STATEMENT = "kici_admission_fold"
+GUARD_STATEMENT = "kici_admission_guard"
+LOCK_ONLY_STATEMENT = "kici_admission_lock_only"
 
 _PREPARED: weakref.WeakSet = weakref.WeakSet()
 
@@ -106,6 +109,8 @@ _CONFIG_SQL = (
     "FROM scalers_configstate WHERE id = 1"
 )
 _LOCK_SQL = _CONFIG_SQL + " FOR UPDATE"
+# The lock alone, for a batch decided from a held snapshot (whose digest holds the row's version).
+_LOCK_ONLY_SQL = "SELECT FROM scalers_configstate WHERE id = 1 FOR UPDATE"
 
 
 class ConfigMissing(Exception):
@@ -289,6 +294,17 @@ _USAGE_SQL = (
     "FROM scalers_usagetally GROUP BY scaler_id, machine_pool_id"
 )
 
+# What a decision reads from the database, as one text: the config row's version (its ``xmin``:
+# every write of the row makes a new one), the routing rows' fingerprint and the tally's row
+# count and highest id (NULL before the config row exists). The tally only gains rows, but for a
+# fold or a recount, both under the admission lock and both writing rows with higher ids; so under
+# the lock the digest is the one a console's last batch read after its own writes exactly when
+# nobody else changed what admission counts since.
+_DIGEST = (
+    f"(SELECT xmin::text FROM scalers_configstate WHERE id = 1) || '#' || ({_VERSION_SQL}) || '#' || "
+    "(SELECT count(*) || '@' || coalesce(max(id), 0) FROM scalers_usagetally)"
+)
+
 #: Tally rows past which a batch folds them into one per scaler and machine pool (in its write's
 #: round trip, under the admission lock, so no two folds meet).
 FOLD_ROWS = 64
@@ -323,7 +339,21 @@ def _usage_from_rows(rows) -> Usage:
     return usage
 
 
-_SNAPSHOT_SQL = _USAGE_SQL + " UNION ALL SELECT 2, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, (" + _VERSION_SQL + ")"
+# The usage rows (kind 0), the routing rows' fingerprint (kind 2) and the digest (kind 3).
+_SNAPSHOT_SQL = (
+    _USAGE_SQL
+    + " UNION ALL SELECT 2, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, ("
+    + _VERSION_SQL
+    + ") UNION ALL SELECT 3, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, "
+    + _DIGEST
+)
+
+# The guard: fails the transaction (SQLSTATE :data:`SNAPSHOT_MOVED`) unless the digest under the
+# lock is ``$1``.
+_GUARD_SQL = f"SELECT kici_admission_guard({_DIGEST} = $1)"
+
+#: The SQLSTATE of the guard's failure (``kici_admission_guard``, migration ``scalers.0014``).
+SNAPSHOT_MOVED = "KA001"
 
 
 def _fingerprint(rows) -> str:
@@ -511,15 +541,73 @@ def _statements() -> dict[str, str]:
         SNAPSHOT_STATEMENT: _SNAPSHOT_SQL,
         WRITE_STATEMENT: _write_statement(),
         FOLD_STATEMENT: _FOLD_SQL,
+        GUARD_STATEMENT: _GUARD_SQL,
+        LOCK_ONLY_STATEMENT: _LOCK_ONLY_SQL,
     }
 
 
-def write_batch(conn, *, fold: bool = False, commit: bool = False, **batch) -> dict[str, int]:
+@dataclass
+class Snapshot:
+    """A snapshot a batch decides against: the World, the Usage (a batch books its admissions
+    into it) and their :data:`_DIGEST`."""
+
+    world: World
+    usage: Usage
+    digest: str
+
+
+@dataclass
+class _Held:
+    """A connection's held snapshot and how its last ones fared."""
+
+    snapshot: Snapshot | None = None
+    #: The last batch decided from a held snapshot found it moved.
+    moved: bool = False
+    #: Batches still to decide from a fresh snapshot (see :data:`HOLD_OFF_BATCHES`).
+    hold_off: int = 0
+
+
+#: Batches a connection decides from a fresh snapshot after its held snapshots moved twice in a
+#: row (another console admits on the same database, so most would move again; a single move is
+#: a config change or a worker's write).
+HOLD_OFF_BATCHES = 16
+
+_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def take_held_snapshot(conn) -> Snapshot | None:
+    """The snapshot ``conn``'s last batch left after its own writes, once (the next batch books
+    into it); None when there is none: no batch yet, a failed one, the routing rows changed under
+    it, or held snapshots are off for a while (:data:`HOLD_OFF_BATCHES`)."""
+    held = _HELD.get(conn)
+    if held is None:
+        return None
+    snapshot, held.snapshot = held.snapshot, None
+    return snapshot
+
+
+class SnapshotMoved(Exception):
+    """The state under the lock was not the held snapshot a batch was decided against: nothing was
+    written and the transaction is rolled back; decide the batch again from a fresh snapshot."""
+
+
+def write_batch(
+    conn, *, fold: bool = False, commit: bool = False, guard: str | None = None, hold: World | None = None, **batch
+) -> dict[str, int]:
     """Write a decided batch (``batch``: :func:`write_query`'s arguments) in ONE statement.
     ``fold``: fold the usage tally's rows too (the caller holds the admission lock; see
     :data:`FOLD_ROWS`). ``commit``: send the transaction's ``COMMIT`` in the same round trip (the
     caller began it, see :func:`lock_and_snapshot`). ``conn``: the raw psycopg connection of the
     caller's transaction.
+
+    ``guard``: the digest of a held snapshot the batch was decided against, in autocommit mode
+    (with ``commit``): the round trip then begins the transaction, takes the lock and checks
+    that the state under it is still that snapshot before writing, and raises
+    :class:`SnapshotMoved` (rolled back, nothing written) when it is not. ``hold``: the batch's
+    World (with ``commit``): the snapshot after the batch's own writes is read before the commit
+    and held for the next batch on ``conn`` (:func:`take_held_snapshot`), unless the routing rows
+    changed meanwhile or held snapshots of ``conn`` moved twice in a row in the last
+    :data:`HOLD_OFF_BATCHES` batches.
 
     Returns ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation``
     when an agent id already exists (:func:`agent_id_taken` tells that case apart); the
@@ -527,9 +615,41 @@ def write_batch(conn, *, fold: bool = False, commit: bool = False, **batch) -> d
     """
     prepare_statements(conn)
     sql, args = write_query(**batch)
+    held = _HELD.get(conn) or _HELD.setdefault(conn, _Held())
+    if held.hold_off:
+        held.hold_off -= 1
+        hold = None
+    head, tail = [], [sql]
+    if guard is not None:
+        head = ["BEGIN", f"EXECUTE {LOCK_ONLY_STATEMENT}", f"EXECUTE {GUARD_STATEMENT}(%s)"]
+        args = [guard, *args]
+    if fold:
+        tail.append(f"EXECUTE {FOLD_STATEMENT}")
+    if hold is not None:
+        tail.append(f"EXECUTE {SNAPSHOT_STATEMENT}")
+    if commit:
+        tail.append("COMMIT")
     with psycopg.ClientCursor(conn) as cur:
-        cur.execute(sql + (f"; EXECUTE {FOLD_STATEMENT}" if fold else "") + ("; COMMIT" if commit else ""), args)
-        rows = _results(cur)[0]
+        try:
+            cur.execute("; ".join(head + tail), args)
+        except psycopg.Error as exc:
+            if guard is None or exc.sqlstate != SNAPSHOT_MOVED:
+                raise
+            conn.rollback()
+            if held.moved:
+                held.hold_off = HOLD_OFF_BATCHES
+            held.moved = not held.moved
+            raise SnapshotMoved() from exc
+        results = _results(cur)
+    if guard is not None:
+        held.moved = False
+    rows = results[len(head)]
+    if hold is not None:
+        after = results[len(head) + 1 + fold]
+        digest = next(r[-1] for r in after if r[0] == 3)
+        # The World's version ends with the fingerprint it was built from (see load_world).
+        if digest is not None and hold.version.endswith("#" + _fingerprint(after)):
+            held.snapshot = Snapshot(hold, _usage_from_rows(after), digest)
     return {agent_id: pk for pk, agent_id in rows}
 
 

@@ -516,9 +516,9 @@ def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(
     assert read <= 2, f"the redispatch count read {read} stored request records for a batch of 2 jobs"
 
 
-def test_a_batch_runs_its_lock_snapshot_and_write_as_prepared_statements():
-    """The three statements of a batch are prepared once per connection and executed by name
-    from then on: parsing and planning them again would be most of a small batch's server time."""
+def test_a_batch_runs_its_statements_as_prepared_ones():
+    """A batch's statements are prepared once per connection and executed by name from then on:
+    parsing and planning them again would be most of a small batch's server time."""
     from scalers.admission.decide import Request, decide_batch
 
     make_scaler("c", labels=("linux",), max_agents=5)
@@ -527,29 +527,133 @@ def test_a_batch_runs_its_lock_snapshot_and_write_as_prepared_statements():
     with connection.cursor() as cur:
         cur.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
         executed = dict(cur.fetchall())
-    names = {ledger.LOCK_STATEMENT, ledger.SNAPSHOT_STATEMENT, ledger.WRITE_STATEMENT}
-    assert set(executed) == names | {ledger.FOLD_STATEMENT}, "only admission's own statements are prepared"
-    assert all(executed[name] >= 3 for name in names), executed  # one prepare, every batch executes
+    assert set(executed) == set(ledger._statements()), "only admission's own statements are prepared"
+    assert executed[ledger.WRITE_STATEMENT] == 3
+    # The first batch reads a fresh snapshot; the next two decide from the one the last left.
+    assert executed[ledger.LOCK_STATEMENT] == 1
+    assert executed[ledger.LOCK_ONLY_STATEMENT] == executed[ledger.GUARD_STATEMENT] == 2
 
 
-def test_a_batch_in_its_own_transaction_takes_two_round_trips(tmp_path):
-    """BEGIN travels with the lock and the snapshot, COMMIT with the write: a batch costs two
-    round trips to the server (every one ends in a ReadyForQuery)."""
-    from scalers.admission.decide import Request, decide_batch
+def _round_trips(tmp_path, requests) -> tuple[list, list[str]]:
+    """Decide ``requests`` as one batch on the test's connection; its decisions and the queries
+    it sent (each a round trip: it ends in a ReadyForQuery)."""
+    from scalers.admission.decide import decide_batch
 
-    make_scaler("c", labels=("linux",), max_agents=5)
-    decide_batch([Request(labels=("linux",), job_id="warm-up")])  # prepares the statements
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
     trace = tmp_path / "trace"
     with trace.open("w") as f:
         pgconn.trace(f.fileno())
         try:
-            d = decide_batch([Request(labels=("linux",), job_id="traced")]).decisions[0]
+            decisions = decide_batch(requests).decisions
         finally:
             pgconn.untrace()
-    assert d.action == "spawning"
-    assert connection.connection.info.transaction_status == 0  # idle: committed
-    assert Agent.objects.filter(agent_id=d.agent).exists()
-    ready = [line for line in trace.read_text().splitlines() if "ReadyForQuery" in line]
-    assert len(ready) == 2, trace.read_text()
+    lines = trace.read_text().splitlines()
+    queries = [line.split("\tQuery\t", 1)[1].strip() for line in lines if "\tF\t" in line and "\tQuery\t" in line]
+    assert len([line for line in lines if "ReadyForQuery" in line]) == len(queries), trace.read_text()
+    assert connection.connection.info.transaction_status == 0  # idle: committed or rolled back
+    return decisions, queries
+
+
+def test_a_connections_first_batch_takes_two_round_trips(tmp_path):
+    """BEGIN travels with the lock and the snapshot, COMMIT with the write."""
+    from scalers.admission.decide import Request, decide_batch
+
+    make_scaler("c", labels=("linux",), max_agents=5)
+    decide_batch([Request(labels=("linux",), job_id="warm-up")])  # prepares the statements
+    ledger.take_held_snapshot(connection.connection)  # as on a new connection: none held
+    decisions, queries = _round_trips(tmp_path, [Request(labels=("linux",), job_id="first")])
+    assert decisions[0].action == "spawning"
+    assert Agent.objects.filter(agent_id=decisions[0].agent).exists()
+    assert len(queries) == 2, queries
+    assert queries[0].startswith(f'"BEGIN; EXECUTE {ledger.LOCK_STATEMENT}; EXECUTE {ledger.SNAPSHOT_STATEMENT}')
+    assert queries[1].startswith(f'"EXECUTE {ledger.WRITE_STATEMENT}(') and queries[1].endswith('; COMMIT"')
+
+
+def test_a_batch_after_the_connections_last_one_takes_one_round_trip(tmp_path):
+    """Decided from the snapshot the previous batch left after its own writes: BEGIN, the lock,
+    the check that nothing moved it, the write and COMMIT in one round trip."""
+    from scalers.admission.decide import Request, decide_batch
+
+    make_scaler("c", labels=("linux",), max_agents=5)
+    decide_batch([Request(labels=("linux",), job_id="before")])
+    decisions, queries = _round_trips(tmp_path, [Request(labels=("linux",), job_id="traced")])
+    assert decisions[0].action == "spawning"
+    assert Agent.objects.filter(agent_id=decisions[0].agent).exists()
+    assert len(queries) == 1, queries
+    assert queries[0].startswith(f"\"BEGIN; EXECUTE {ledger.LOCK_ONLY_STATEMENT}; EXECUTE {ledger.GUARD_STATEMENT}('")
+    assert f"EXECUTE {ledger.WRITE_STATEMENT}(" in queries[0] and queries[0].endswith('; COMMIT"')
+
+
+def _release_first_agent():
+    agent = Agent.objects.get(bound_job_id="a")
+    Reservation.objects.filter(agent=agent).delete()
+    Agent.objects.filter(pk=agent.pk).update(state=AgentState.DESTROYED)
+
+
+def _lower_the_global_cap():
+    set_global(max_agents=1)
+
+
+def _lower_the_scaler_cap():
+    from scalers.models import Scaler
+
+    Scaler.objects.filter(name="c").update(max_agents=1)
+
+
+def _bump_the_config_row():
+    from scalers.models import ConfigState
+
+    ConfigState.objects.filter(pk=1).update(global_max_agents=1)
+
+
+@pytest.mark.parametrize(
+    ("change", "second"),
+    [
+        (_release_first_agent, "spawning"),  # another writer freed the only slot
+        (_lower_the_global_cap, "at-capacity"),  # the config row, through the ORM
+        (_bump_the_config_row, "at-capacity"),  # the config row, one column
+        (_lower_the_scaler_cap, "at-capacity"),  # the routing rows
+    ],
+)
+def test_a_batch_decided_from_a_held_snapshot_sees_what_others_committed_since(tmp_path, change, second):
+    """The held snapshot moved: the write's check fails under the lock before anything is
+    written, and the batch is decided again from a fresh snapshot."""
+    from scalers.admission.decide import Request, decide_batch
+
+    make_scaler("c", labels=("linux",), max_agents=2 if second == "at-capacity" else 1)
+    set_global(max_agents=2 if second == "at-capacity" else 50)
+    assert decide_batch([Request(labels=("linux",), job_id="a")]).decisions[0].action == "spawning"
+    change()
+    decisions, queries = _round_trips(tmp_path, [Request(labels=("linux",), job_id="b")])
+    assert decisions[0].action == second
+    assert ledger.GUARD_STATEMENT in queries[0] and queries[1] == '"ROLLBACK"', queries  # moved
+    assert any(q.startswith(f'"BEGIN; EXECUTE {ledger.LOCK_STATEMENT};') for q in queries[2:]), queries
+    assert Agent.objects.filter(bound_job_id="b").count() == (second == "spawning")
+
+
+def test_a_connection_whose_held_snapshots_keep_moving_stops_holding_them_for_a_while(tmp_path):
+    """Another console admitting on the same database moves nearly every held snapshot: after two
+    moves in a row a connection reads a fresh one for :data:`HOLD_OFF_BATCHES` batches."""
+    from scalers.admission.decide import Request, decide_batch
+
+    make_scaler("c", labels=("linux",), max_agents=50)
+
+    def other_console_admits(i: int) -> None:
+        with connection.cursor() as cur:  # a write that moves the usage, as another console's batch
+            cur.execute(
+                "INSERT INTO scalers_usagetally (scaler_id, reservations, cpus, memory_bytes, active, "
+                "spawns_in_flight, spawns_waiting) VALUES (NULL, 0, 0, 0, 0, 0, 0)"
+            )
+
+    decide_batch([Request(labels=("linux",), job_id="j0")])
+    for i in (1, 2):
+        other_console_admits(i)
+        _, queries = _round_trips(tmp_path, [Request(labels=("linux",), job_id=f"j{i}")])
+        assert ledger.GUARD_STATEMENT in queries[0]  # tried the held snapshot, which had moved
+    for i in range(3, 3 + ledger.HOLD_OFF_BATCHES):
+        _, queries = _round_trips(tmp_path, [Request(labels=("linux",), job_id=f"j{i}")])
+        assert len(queries) == 2 and ledger.GUARD_STATEMENT not in queries[0], (i, queries)
+    decide_batch([Request(labels=("linux",), job_id="again")])  # holds one again
+    _, queries = _round_trips(tmp_path, [Request(labels=("linux",), job_id="last")])
+    assert len(queries) == 1
