@@ -101,6 +101,34 @@ def test_a_coroutine_no_batch_takes_in_time_gives_up_and_is_never_decided(record
     assert _decided_after_release(recorder, blocker) == ["blocker", "after"]
 
 
+def test_coroutines_whose_timeouts_end_together_share_one_timer(recorder):
+    """A timer per request (and its cancellation when the answer comes) was a few µs of every
+    request: the queue keeps one per loop and TIMEOUT_SLOT instead."""
+    blocker = _block(recorder)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        timers = []
+        original = loop.call_at
+
+        def counting(when, callback, *args, **kwargs):
+            if getattr(callback, "__self__", None) is recorder.queue:
+                timers.append(when)
+            return original(when, callback, *args, **kwargs)
+
+        loop.call_at = counting
+        tasks = [asyncio.create_task(recorder.queue.submit_async(request(f"j{i}"), timeout=30)) for i in range(20)]
+        await asyncio.sleep(0.05)
+        recorder.release.set()
+        await asyncio.gather(*tasks)
+        return timers
+
+    timers = asyncio.run(main())
+    blocker.join(10)
+    assert 1 <= len(timers) <= 2, timers  # the 20 deadlines fall in one slot, or two
+    assert recorder.queue._slots == {}  # all answered: no slot, and no timer, is left behind
+
+
 def test_a_coroutine_taken_into_a_batch_waits_past_its_timeout_for_the_outcome():
     entered = threading.Event()
 
