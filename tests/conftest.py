@@ -15,12 +15,13 @@ def pytest_sessionfinish(session, exitstatus):
     """Drop the tests' default nft table (settings_test.KICI_NFT_TABLE) and their agents' kept
     output (settings_test.KICI_AGENT_LOG_DIR), so nothing of the run outlives it."""
     import shutil
-    import subprocess
 
     from django.conf import settings
 
-    if os.geteuid() == 0 and shutil.which("nft"):
-        subprocess.run(["nft", "delete", "table", "inet", "kicitest"], capture_output=True, check=False)
+    if os.geteuid() == 0 and shutil.which("nft") and settings.configured:
+        from tests.support.nft import drop_tables
+
+        drop_tables(settings.KICI_NFT_TABLE)
     if settings.configured and "kici-test-agents-" in str(getattr(settings, "KICI_AGENT_LOG_DIR", "")):
         shutil.rmtree(settings.KICI_AGENT_LOG_DIR, ignore_errors=True)
 

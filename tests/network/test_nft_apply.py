@@ -315,3 +315,17 @@ def test_the_egress_baseline_is_accepted_and_idempotent(client, netns):
     assert list(map(str, client.list_agents())) == ["10.0.0.2"]
     with pytest.raises(RuleSpecError):
         client.ensure_egress("10.0.0.1/24", "eth9")
+
+
+def test_the_sessions_clean_up_drops_every_family_of_its_table():
+    """What the test session drops when it ends (tests/conftest.py): the console's inet table and
+    its bridge twin of the same name, so no table of the run outlives it."""
+    from tests.support.nft import drop_tables
+
+    require_root()
+    name = f"kicidrop{secrets.token_hex(2)}"
+    for family in ("inet", "bridge"):
+        subprocess.run(["nft", "add", "table", family, name], check=True)
+    drop_tables(name)
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
+    assert name not in tables, tables

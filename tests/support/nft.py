@@ -18,3 +18,17 @@ def nft_table_for(settings, table: str, *, create: bool = True):
         client.ensure_table()
     yield client
     client.delete_table()
+
+
+def drop_tables(table: str) -> None:
+    """Drop the console tables named ``table``, every family (``NftClient.delete_table``), when
+    nothing is left to test with them; a failure is printed, not raised (it runs when the session
+    ends)."""
+    import sys
+
+    from network.nft.apply import NftClient, NftError
+
+    try:
+        NftClient(table).delete_table()
+    except NftError as exc:
+        print(f"could not drop the nft tables {table}: {exc}", file=sys.stderr)
