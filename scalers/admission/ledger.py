@@ -561,8 +561,8 @@ class _Held:
     """A connection's held snapshot and how its last ones fared."""
 
     snapshot: Snapshot | None = None
-    #: The last batch decided from a held snapshot found it moved.
-    moved: bool = False
+    #: Held snapshots found moved in a row (reset by one that held).
+    moves: int = 0
     #: Batches still to decide from a fresh snapshot (see :data:`HOLD_OFF_BATCHES`).
     hold_off: int = 0
 
@@ -636,13 +636,13 @@ def write_batch(
             if guard is None or exc.sqlstate != SNAPSHOT_MOVED:
                 raise
             conn.rollback()
-            if held.moved:
-                held.hold_off = HOLD_OFF_BATCHES
-            held.moved = not held.moved
+            held.moves += 1
+            if held.moves == 2:
+                held.hold_off, held.moves = HOLD_OFF_BATCHES, 0
             raise SnapshotMoved() from exc
         results = _results(cur)
     if guard is not None:
-        held.moved = False
+        held.moves = 0
     rows = results[len(head)]
     if hold is not None:
         after = results[len(head) + 1 + fold]

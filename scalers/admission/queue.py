@@ -168,12 +168,12 @@ class AdmissionQueue:
     def _expire_slot(self, key: tuple) -> None:
         waiting, _timer = self._slots.pop(key, ((), None))
         for p in list(waiting):
-            self._expire(p, p.timeout)
+            self._expire(p)
 
-    def _expire(self, p: _Pending, timeout: float) -> None:
+    def _expire(self, p: _Pending) -> None:
         """``submit_async``'s timeout (on the caller's loop): give up unless a batch has it."""
         if self._withdraw(p) and not p.future.done():
-            p.future.set_exception(AdmissionTimeout(f"no admission decision within {timeout}s"))
+            p.future.set_exception(AdmissionTimeout(f"no admission decision within {p.timeout}s"))
 
     def _enqueue(self, p: _Pending) -> None:
         with self._cv:

@@ -639,7 +639,7 @@ def test_a_connection_whose_held_snapshots_keep_moving_stops_holding_them_for_a_
 
     make_scaler("c", labels=("linux",), max_agents=50)
 
-    def other_console_admits(i: int) -> None:
+    def other_console_admits() -> None:
         with connection.cursor() as cur:  # a write that moves the usage, as another console's batch
             cur.execute(
                 "INSERT INTO scalers_usagetally (scaler_id, reservations, cpus, memory_bytes, active, "
@@ -648,7 +648,7 @@ def test_a_connection_whose_held_snapshots_keep_moving_stops_holding_them_for_a_
 
     decide_batch([Request(labels=("linux",), job_id="j0")])
     for i in (1, 2):
-        other_console_admits(i)
+        other_console_admits()
         _, queries = _round_trips(tmp_path, [Request(labels=("linux",), job_id=f"j{i}")])
         assert ledger.GUARD_STATEMENT in queries[0]  # tried the held snapshot, which had moved
     for i in range(3, 3 + ledger.HOLD_OFF_BATCHES):
