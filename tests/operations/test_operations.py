@@ -395,6 +395,21 @@ def test_the_cli_twin_goes_through_the_same_checks(users, config_file, capsys):
         call_command("operations", "reject", str(op.pk), "--user", "ops-approver")
 
 
+@pytest.mark.parametrize("who", ["operator", "viewer", "outsider"])
+def test_the_cli_refuses_to_decide_for_a_user_who_may_only_plan_or_look(users, config_file, who):
+    """``--user`` names whose permission counts: an operator may plan but never approve or reject."""
+    op = plan_reload(config_file, users["operator"])
+    with listening_worker(QUEUE):
+        for verb in ("approve", "reject"):
+            with pytest.raises(CommandError, match="permission denied: ops-.* lacks the permission"):
+                call_command("operations", verb, str(op.pk), "--user", f"ops-{who}")
+        with pytest.raises(CommandError, match="permission denied"):
+            call_command("operations", "approve", str(op.pk), "--user", f"ops-{who}", "--run-now")
+    op.refresh_from_db()
+    assert op.status == OperationStatus.PLANNED and op.approved_by is None and op.rejected_by is None
+    assert actions(op) == [AuditAction.REQUESTED]
+
+
 def test_the_admin_shows_the_audit_log(users, config_file, admin_client):
     op = plan_reload(config_file, users["operator"])
     reject_operation(op, users["approver"], note="audit me")

@@ -113,3 +113,17 @@ def test_the_default_instance_id_is_stable_per_console_and_differs_between_conso
     restored = {**db, "NAME": "kici_restored"}
     assert len({first, _default_instance_id("build-1", restored), _default_instance_id("build-2", db)}) == 3
     assert _default_instance_id("build-1", {**db, "PORT": "5433"}) != first
+
+
+@pytest.mark.parametrize("state", ["running", "paused", "restarting"])
+def test_a_live_container_of_mine_with_no_agent_id_is_spared_not_reaped(state):
+    labels = {k: v for k, v in _made_by(A, "").items() if k != "kici-agent-id"}
+    verdict = judge_container(_summary(labels, state=state), A, {}, lambda agent_id: False)
+    assert isinstance(verdict, SparedContainer)
+    assert verdict.reason == f"{state} with no kici-agent-id label: cannot tell whose it is"
+
+
+def test_a_container_the_runtime_is_already_removing_is_left_to_it():
+    removing = _summary(_made_by(A, "scaler-container-a0000010"), state="removing")
+    verdict = judge_container(removing, A, {}, lambda agent_id: False)
+    assert isinstance(verdict, SparedContainer) and verdict.reason == "being removed by the runtime (removing)"
