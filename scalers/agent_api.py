@@ -5,7 +5,9 @@
   ``{agentId, scaler, boundJobId, runId, labels, mandatoryLabels, warm, sessionToken,
   heartbeatIntervalSeconds}``; 401 for a missing, unknown, expired or reused token (or an
   ``agentId`` that is not the token's); 409 when the agent is no longer spawning (its spawn was
-  given up; when its row has ended, its sandbox is reclaimed by ``scalers.jobs.reclaim_job``); 400 for malformed JSON.
+  given up; when its row has ended, its sandbox is reclaimed by ``scalers.jobs.reclaim_job``); 400 for malformed JSON;
+  503 ``lookup-failed`` when the database could not be asked (counted in
+  ``kici_orch_scaler_adoption_lookup_failures_total``; the agent asks again).
 - ``POST /api/v1/agents/<agent_id>/heartbeat`` — bearer: the session token. Body (optional):
   ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}``; the agent's row on open
   pages is refreshed live (every heartbeat, batched per page: ``agents.heartbeats``); 410 with
@@ -28,7 +30,7 @@ import logging
 from functools import wraps
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.http import JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -45,6 +47,7 @@ from lib.wording import json_text
 from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import enqueue_reclaim
+from scalers.metrics import ADOPTION_LOOKUP_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,10 @@ def register(request, raw: str, body: dict):
         agent = redeem_registration_token(raw)
     except TokenRejected as exc:
         return _unauthorized(exc.reason)
+    except DatabaseError as exc:
+        ADOPTION_LOOKUP_FAILURES.inc()
+        log.warning("registration lookup failed: %s", exc)
+        return api_error(503, "lookup-failed", "the console could not look up this registration; ask again")
     if claimed_id and claimed_id != agent.agent_id:
         return _unauthorized("agent-mismatch")
     now = timezone.now()

@@ -14,8 +14,12 @@ Exported:
   with a ``__global__`` rollup.
 * ``kici_orch_scaler_warm_pool_target`` / ``_ready`` / ``_in_flight`` ``{scaler, labelSet}``;
   ``kici_orch_scaler_warm_pool_spawns_total`` / ``_reaped_total`` ``{scaler}``.
-* ``kici_orch_scaler_spawn_failures_total{backend, bound}``: ``scaler.failed`` events stored.
+* ``kici_orch_scaler_spawn_failures_total{backend, bound}``: ``scaler.failed`` events, counted by a
+  trigger on the event table as each is stored (``scalers/migrations/0015``), so pruning old
+  events never lowers it.
 * ``kici_orch_scaler_cap_lock_failures_total{reason}``: in-process (contended / unreachable).
+* ``kici_orch_scaler_adoption_lookup_failures_total``: in-process; registrations answered 503
+  because the database could not be asked (``scalers.agent_api.register``).
 * ``kici_scaler_lost_agents{scaler, lostBy}``: running/draining agents the last lost-agents sweep
   marked lost (``sandbox`` or ``heartbeat`` evidence; ``agents.liveness``), not yet released.
 * ``kici_scaler_isolation_repairs_total{table, kind}``: the drift check's repairs (``scalers.drift``).
@@ -57,7 +61,7 @@ from django.http import HttpResponse, HttpResponseNotAllowed
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from agents.choices import ACTIVE_STATES, AgentState, EventType
+from agents.choices import ACTIVE_STATES, AgentState
 from scalers.admission.ledger import add_to_counters, counter_increment, label_key
 from scalers.choices import ScalerType
 from scalers.models import MetricCounter
@@ -71,6 +75,11 @@ CAP_LOCK_FAILURES = Counter(
     "kici_orch_scaler_cap_lock_failures",
     "Admission batches that could not take the cap lock (contended: lock timeout; unreachable: database error).",
     ["reason"],
+    registry=REGISTRY,
+)
+ADOPTION_LOOKUP_FAILURES = Counter(
+    "kici_orch_scaler_adoption_lookup_failures",
+    "Agent registrations refused because the database lookup of their token failed (in-process).",
     registry=REGISTRY,
 )
 BATCH_SIZE = Histogram(
@@ -89,6 +98,7 @@ REAP_UNSEEN_PROVISIONS = "kici_orch_scaler_reap_unseen_provisions"
 PROVISION_STATES = (AgentState.SPAWNING, AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 REAP_BLOCKED = "kici_orch_scaler_reap_blocked"
 REDISPATCH = "kici_orch_scaler_redispatch_total"
+SPAWN_FAILURES = "kici_orch_scaler_spawn_failures_total"
 CONFIG_RELOADS = "kici_orch_scaler_config_reloads_total"
 
 _HELP = {
@@ -100,6 +110,7 @@ _HELP = {
     SCALE_UP_EMITTED: "kici.scaler.scale-up events emitted by event scalers, by scaler.",
     SCALE_DOWN_EMITTED: "kici.scaler.scale-down events emitted by event scalers, by scaler and reason.",
     EXTERNAL_PROVISION_TIMEOUT: "Event-scaler provisions torn down for spawn-timeout (agent never registered).",
+    SPAWN_FAILURES: "scaler.failed events, by backend and whether a job was bound.",
     REDISPATCH: "Jobs refused for capacity before and admitted on a later request, by trigger.",
     CONFIG_RELOADS: "Scaler config reload operations, by result (attempted, success, failed).",
     REAP_UNSEEN_PROVISIONS: "Event-scaler provisions unseen for at least the flap grace at the last reap sweep.",
@@ -169,7 +180,6 @@ class DatabaseCollector:
         yield from families.values()
         yield from self._usage()
         yield from self._warm_pools()
-        yield from self._failures()
 
     def _usage(self):
         cpus = GaugeMetricFamily("kici_orch_scaler_cpus_used", "CPUs reserved.", labels=["scaler", "scalerType"])
@@ -241,23 +251,6 @@ class DatabaseCollector:
             ready.add_metric([p.scaler, p.label_set], p.ready)
             flight.add_metric([p.scaler, p.label_set], p.in_flight)
         yield from (target, ready, flight)
-
-    def _failures(self):
-        fam = CounterMetricFamily(
-            "kici_orch_scaler_spawn_failures",
-            "scaler.failed events stored, by backend and whether a job was bound.",
-            labels=["backend", "bound"],
-        )
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT s.type, (a.bound_job_id <> '') AS bound, count(*) FROM agents_scalerevent e "
-                "JOIN agents_agent a ON a.id = e.agent_id JOIN scalers_scaler s ON s.id = a.scaler_id "
-                "WHERE e.type = %s GROUP BY 1, 2 ORDER BY 1, 2",
-                [str(EventType.FAILED)],
-            )
-            for kind, bound, n in cur.fetchall():
-                fam.add_metric([kind, "true" if bound else "false"], n)
-        yield fam
 
 
 REGISTRY.register(DatabaseCollector())

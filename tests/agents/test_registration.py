@@ -127,3 +127,34 @@ def test_it_tells_a_destroyed_agent_to_stop(client, agent):
     Agent.objects.filter(pk=agent.pk).update(state=AgentState.DESTROYED)
     resp = post(client, f"/api/v1/agents/{agent.agent_id}/heartbeat", session)
     assert resp.status_code == 410 and resp.json()["stop"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_registration_whose_lookup_fails_is_a_503_and_counted(client, agent):
+    """The database cannot be asked (here: the token table is locked by another session past the
+    lock timeout): 503 ``lookup-failed``, the token stays unused for the retry, and
+    ``kici_orch_scaler_adoption_lookup_failures_total`` counts it."""
+    import psycopg
+    from django.db import connection
+
+    from scalers.metrics import REGISTRY
+
+    def failures() -> float:
+        return REGISTRY.get_sample_value("kici_orch_scaler_adoption_lookup_failures_total") or 0.0
+
+    token = mint_registration_token(agent)
+    before = failures()
+    params = connection.get_connection_params()
+    dsn = {k: params[k] for k in ("host", "port", "user", "dbname") if params.get(k)}
+    with psycopg.connect(**dsn) as other:
+        other.execute("LOCK TABLE agents_agenttoken IN ACCESS EXCLUSIVE MODE")
+        with connection.cursor() as cur:
+            cur.execute("SET lock_timeout = '200ms'")
+        try:
+            resp = post(client, REGISTER, token)
+        finally:
+            with connection.cursor() as cur:
+                cur.execute("RESET lock_timeout")
+    assert resp.status_code == 503 and resp.json()["reason"] == "lookup-failed"
+    assert failures() == before + 1
+    assert post(client, REGISTER, token).status_code == 200

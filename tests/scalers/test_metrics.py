@@ -3,12 +3,17 @@ spawn failures, and the in-process cap-lock counter."""
 
 from __future__ import annotations
 
-import pytest
-from django.test import Client
+from datetime import timedelta
 
-from agents.choices import EventType
+import pytest
+from django.conf import settings
+from django.test import Client
+from django.utils import timezone
+
+from agents.choices import AgentState, EventType
 from agents.events import record_event
-from agents.models import Agent
+from agents.models import Agent, ScalerEvent
+from agents.retention import prune_old_records
 from operations.attention import KINDS
 from scalers.admission.queue import lock_failure_reason
 from scalers.admission.service import request_scale
@@ -64,6 +69,19 @@ def test_spawn_failures_are_counted_by_backend_and_binding():
     d = request_scale(["linux"], "a")
     record_event(Agent.objects.get(agent_id=d.agent), EventType.FAILED, "boom")
     assert 'kici_orch_scaler_spawn_failures_total{backend="container",bound="true"} 1.0' in scrape()
+
+
+def test_spawn_failures_never_go_down_when_their_events_are_pruned():
+    make_scaler("c", type="bare-metal")
+    agent = make_agent(Scaler.objects.get(name="c"), AgentState.FAILED, reserve=False, finished_at=timezone.now())
+    record_event(agent, EventType.FAILED, "one")
+    record_event(agent, EventType.FAILED, "two")
+    line = 'kici_orch_scaler_spawn_failures_total{backend="bare-metal",bound="false"}'
+    assert f"{line} 2.0" in scrape()
+    later = timezone.now() + timedelta(days=settings.KICI_RETENTION_DAYS + 1)
+    assert prune_old_records(now=later)
+    assert not ScalerEvent.objects.exists()
+    assert f"{line} 2.0" in scrape()
 
 
 def test_batches_are_observed():
