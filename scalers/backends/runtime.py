@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -31,7 +33,24 @@ class RuntimeInfo:
 
     @property
     def spawns_on_local_host(self) -> bool:
-        return self.socket_path is not None or self.base_url.startswith("unix://")
+        """Whether the daemon's containers sit on bridges of this host (so this host guards them):
+        a unix socket, or a TCP endpoint on a loopback address; any other host is remote."""
+        return self.socket_path is not None or endpoint_is_local(self.base_url)
+
+
+def endpoint_is_local(url: str) -> bool:
+    """True for ``unix://…`` and for ``tcp://``/``http(s)://`` endpoints on ``localhost`` or a
+    loopback address; False for every other host (a name is not resolved: it may be anywhere)."""
+    parts = urlsplit(url)
+    if parts.scheme in ("unix", "npipe"):
+        return True
+    host = parts.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _accessible(path: str) -> bool:

@@ -104,7 +104,9 @@ class ContainerBackend:
 
     @property
     def spawns_on_local_host(self) -> bool:
-        return not scaler_option(self.scaler, "host")
+        """Whether the runtime is this host's (its ``host``, else ``DOCKER_HOST``, resolved by
+        ``runtime_for_scaler``): only then is the agent bridge this host's to guard."""
+        return self.runtime.spawns_on_local_host
 
     def tracked(self) -> dict[str, TrackedAgent]:
         """The agent ids this console tracks for the scaler (the database, or ``tracked_ids()``)."""

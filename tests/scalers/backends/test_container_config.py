@@ -264,6 +264,28 @@ def test_a_remote_host_is_not_local_and_a_socket_path_names_its_runtime():
     assert detect_container_runtime(socket_path="/run/podman/podman.sock").spawns_on_local_host
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("docker_host", "local"),
+    [
+        ("tcp://docker.example:2376", False),
+        ("tcp://192.0.2.7:2375", False),
+        ("tcp://127.0.0.1:2375", True),
+        ("tcp://[::1]:2375", True),
+        ("tcp://localhost:2375", True),
+        ("unix:///run/docker.sock", True),
+    ],
+)
+def test_a_console_wide_docker_host_decides_whether_this_host_guards_the_bridge(settings, docker_host, local):
+    """A remote ``DOCKER_HOST`` puts agents on another host's bridge: this host neither guards it
+    nor expects it (the scaler becomes ready); a loopback or unix endpoint is this host's."""
+    settings.DOCKER_HOST = docker_host
+    backend = ContainerBackend(make_scaler(), docker=object(), nft=object())
+    assert backend.spawns_on_local_host is local
+    if not local:
+        assert backend.isolation_target() is None
+
+
 # -- the isolated network, on the real private dockerd ------------------------------------------
 
 
