@@ -18,9 +18,12 @@ class OperationsConfig(AppConfig):
     def ready(self):
         # After every migrate: view permissions of models added since join the groups.
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="operations.sync_roles")
-        # kici_scaler_attention on /metrics (the registry is the scalers app's, below this one).
-        from scalers.metrics import REGISTRY
+        # kici_scaler_attention and the notices on /metrics (the registry is the scalers app's,
+        # below this one).
+        from scalers.metrics import REGISTRY, register_series
 
         from .attention import AttentionCollector
+        from .notify import NOTICES_SERIES
 
         REGISTRY.register(AttentionCollector())
+        register_series(NOTICES_SERIES)

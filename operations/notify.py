@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from scalers.admission.ledger import add_to_counters, counter_increment
 from scalers.backends.emitter import EventEmitError, HttpEventEmitter
+from scalers.metrics import SharedSeries
 
 from .choices import OperationStatus
 from .models import Operation
@@ -31,8 +32,15 @@ from .models import Operation
 log = logging.getLogger(__name__)
 
 APPROVAL_NEEDED = "kici.operation.approval-needed"
-#: MetricCounter of the deliveries (``result``: ``sent``, ``failed``, ``skipped``).
+#: MetricCounter of the deliveries (``result``: ``sent``, ``failed``, ``skipped``); registered on
+#: ``/metrics`` by ``operations.apps``.
 NOTICES = "kici_scaler_notices_total"
+NOTICES_SERIES = SharedSeries(
+    NOTICES,
+    "Approval notices to KICI_NOTIFY_URL, by event and result (sent, failed, skipped).",
+    ("event", "result"),
+    zeros=lambda known: ({"event": APPROVAL_NEEDED, "result": r} for r in ("failed", "sent", "skipped")),
+)
 
 
 def notify_enabled() -> bool:

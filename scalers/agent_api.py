@@ -47,7 +47,7 @@ from lib.wording import json_text
 from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import enqueue_reclaim
-from scalers.metrics import ADOPTION_LOOKUP_FAILURES
+from scalers.metrics import ADOPTION_LOOKUP_FAILURES, SCALE_TO_REGISTERED, observe
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,7 @@ def register(request, raw: str, body: dict):
                 state=current,
             )
         agent.state, agent.registered_at, agent.last_heartbeat = AgentState.RUNNING, now, now
+        observe(SCALE_TO_REGISTERED, {"scaler": agent.scaler.name}, (now - agent.created_at).total_seconds())
         session = mint_session_token(agent)
         record_event(
             agent,

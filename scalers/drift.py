@@ -40,12 +40,11 @@ from .backends import factory
 from .backends.holders import address_lock
 from .backends.sandboxes import probe_sandboxes
 from .choices import ScalerType
+from .metrics import REPAIRS
 from .models import Scaler
 
 log = logging.getLogger(__name__)
 
-#: MetricCounter name of the repairs (``kind``: ``base`` or ``agent``).
-REPAIRS = "kici_scaler_isolation_repairs_total"
 #: How the event of an agent in drift whose sandbox is gone begins (recorded once per agent).
 NOT_RESTORED = "isolation rules not restored"
 #: Agent states whose rules the check restores: every active one but destroying (its rules are going away).

@@ -30,6 +30,7 @@ reclaim jobs are ``scalers.lifecycle``'s.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from django.db import transaction
@@ -52,6 +53,7 @@ from scalers.lifecycle import (
     registration_deadline,
     spawn_timeout_seconds,
 )
+from scalers.metrics import SPAWN_DURATION, observe
 from scalers.models import ScaleOutcome, Scaler
 
 log = logging.getLogger(__name__)
@@ -186,11 +188,14 @@ def _spawn(agent: Agent) -> str:
         agent.spawn_started_at = now
     deadline = registration_deadline(agent).timestamp()
     control = SpawnControl(deadline=deadline, cancelled=lambda: _cancel_reason(agent.pk))
+    started = time.monotonic()
     try:
         backend = get_backend(agent.scaler)
         result = backend.spawn(agent, control)
     except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
+        observe(SPAWN_DURATION, {"scaler": agent.scaler.name, "result": "failed"}, time.monotonic() - started)
         return _spawn_failed(agent, exc)
+    observe(SPAWN_DURATION, {"scaler": agent.scaler.name, "result": "spawned"}, time.monotonic() - started)
     fields = {"managed_id": result.managed_id, "backend_context": result.context}
     if result.ip:
         fields["ip"] = result.ip

@@ -1,70 +1,32 @@
-"""Prometheus metrics on ``/metrics``.
+"""Prometheus metrics on ``/metrics``; the series, their labels and example alerting rules are
+listed in ``docs/metrics.md``.
 
-Values that several console processes produce (refusals, warm-pool spawns and reaps) are kept
-in :class:`scalers.models.MetricCounter` rows, incremented in the same transaction as the work,
-and read at scrape time, so any process can serve ``/metrics`` and the numbers survive restarts.
-Gauges (usage, warm pools) are computed from the database at scrape time too.
-
-Exported:
-
-* ``kici_scaler_spawn_refusals_total{scaler,cap}``: every refusal by cap (this console's own).
-* ``kici_orch_scaler_spawn_refusals_total`` (a gauge despite the name, kept so existing dashboards work):
-  count and resource-cap refusals, machine-pool ones left out.
-* ``kici_orch_scaler_cpus_used`` / ``kici_orch_scaler_memory_bytes_used`` ``{scaler, scalerType}``
-  with a ``__global__`` rollup.
-* ``kici_orch_scaler_warm_pool_target`` / ``_ready`` / ``_in_flight`` ``{scaler, labelSet}``;
-  ``kici_orch_scaler_warm_pool_spawns_total`` / ``_reaped_total`` ``{scaler}``.
-* ``kici_orch_scaler_spawn_failures_total{backend, bound}``: ``scaler.failed`` events, counted by a
-  trigger on the event table as each is stored (``scalers/migrations/0015``), so pruning old
-  events never lowers it.
-* ``kici_orch_scaler_cap_lock_failures_total{reason}``: in-process (contended / unreachable).
-* ``kici_orch_scaler_adoption_lookup_failures_total``: in-process; registrations answered 503
-  because the database could not be asked (``scalers.agent_api.register``).
-* ``kici_scaler_lost_agents{scaler, lostBy}``: running/draining agents the last lost-agents sweep
-  marked lost (``sandbox`` or ``heartbeat`` evidence; ``agents.liveness``), not yet released.
-* ``kici_scaler_isolation_repairs_total{table, kind}``: the drift check's repairs (``scalers.drift``).
-* ``kici_scaler_notices_total{event, result}``: approval notices sent (``operations.notify``).
-* ``kici_scaler_reservations{scaler}``, ``kici_scaler_agents{scaler, state}``,
-  ``kici_scaler_admission_batch_size`` (in-process histogram).
-* ``kici_scaler_attention{kind}``: what needs a person, by kind; its collector is
-  ``operations.attention.AttentionCollector`` (it reads operations), registered on
-  :data:`REGISTRY` by ``operations.apps``.
-
-Event scalers (names as the reference orchestrator's):
-
-* ``kici_orch_scaler_scale_up_emitted_total{scaler}``, ``kici_orch_scaler_scale_down_emitted_total
-  {scaler, reason}``: events every target accepted (``scalers.backends.event``).
-* ``kici_orch_scaler_external_provision_timeout_total{scaler}``: provisions the reaper tore down
-  because their agent never registered (``spawn-timeout`` verdict).
-* ``kici_orch_scaler_external_provisioning_active{scaler}``: event-scaler agents spawning,
-  connecting, running or draining (a provision asked for and not yet given back), computed at
-  scrape.
-* ``kici_orch_scaler_reap_unseen_provisions``: provisions unseen for at least the flap grace at
-  the reaper's last sweep; ``kici_orch_scaler_reap_blocked``: 1 while the reaper stands down
-  (``scalers.provision_reaper``). Both are written by the leading sweeper, read here.
-* ``kici_orch_scaler_redispatch_total{trigger}``: jobs refused for capacity earlier and admitted
-  on a later request (``trigger`` = ``sweep``: the orchestrator's retry, see ``scalers.api``).
-* ``kici_orch_scaler_config_reloads_total{result}``: ``attempted`` / ``success`` / ``failed``
-  (the config-reload operation).
-
-Counters and the two reaper gauges live in :class:`scalers.models.MetricCounter` rows, written
-with :func:`count` and :func:`set_gauge`, so whichever process does the work (rq worker,
-sweeper, daphne) the scrape of any process sees it.
+Values several console processes produce are kept in :class:`scalers.models.MetricCounter` rows,
+written in the same transaction as the work (:func:`count`, :func:`set_gauge`, :func:`observe`)
+and read at scrape time, so any process serves them and they survive restarts. Every series of
+:data:`SHARED` is on the first scrape, at 0 for the label values known then (this console's
+scalers, caps, results); gauges of the current state are computed from the database.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from math import inf
 
 from django.db import connection
 from django.http import HttpResponse, HttpResponseNotAllowed
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from agents.choices import ACTIVE_STATES, AgentState
+from scalers.admission.caps import CAP_ORDER
 from scalers.admission.ledger import add_to_counters, counter_increment, label_key
-from scalers.choices import ScalerType
-from scalers.models import MetricCounter
+from scalers.backends.isolation import nft_table_for
+from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
+from scalers.models import MetricCounter, Scaler
 from scalers.warm_pool_config import pool_status
 
 log = logging.getLogger(__name__)
@@ -89,36 +51,170 @@ BATCH_SIZE = Histogram(
     registry=REGISTRY,
 )
 
+REFUSALS = "kici_scaler_spawn_refusals_total"
+ORCH_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
+WARM_SPAWNS = "kici_orch_scaler_warm_pool_spawns_total"
+WARM_REAPED = "kici_orch_scaler_warm_pool_reaped_total"
+SPAWN_FAILURES = "kici_orch_scaler_spawn_failures_total"
+REPAIRS = "kici_scaler_isolation_repairs_total"
 SCALE_UP_EMITTED = "kici_orch_scaler_scale_up_emitted_total"
 SCALE_DOWN_EMITTED = "kici_orch_scaler_scale_down_emitted_total"
 EXTERNAL_PROVISION_TIMEOUT = "kici_orch_scaler_external_provision_timeout_total"
 EXTERNAL_PROVISIONING_ACTIVE = "kici_orch_scaler_external_provisioning_active"
 REAP_UNSEEN_PROVISIONS = "kici_orch_scaler_reap_unseen_provisions"
-#: States of an event provision asked for and not yet given back.
-PROVISION_STATES = (AgentState.SPAWNING, AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 REAP_BLOCKED = "kici_orch_scaler_reap_blocked"
 REDISPATCH = "kici_orch_scaler_redispatch_total"
-SPAWN_FAILURES = "kici_orch_scaler_spawn_failures_total"
 CONFIG_RELOADS = "kici_orch_scaler_config_reloads_total"
+SCALE_TO_REGISTERED = "kici_scaler_scale_to_registered_seconds"
+SPAWN_DURATION = "kici_scaler_spawn_duration_seconds"
+#: States of an event provision asked for and not yet given back.
+PROVISION_STATES = (AgentState.SPAWNING, AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 
-_HELP = {
-    "kici_scaler_isolation_repairs_total": "Isolation rules re-applied by the drift check (kind: base, agent).",
-    "kici_scaler_notices_total": "Approval notices to KICI_NOTIFY_URL (event; result: sent, failed, skipped).",
-    "kici_scaler_spawn_refusals_total": "Spawn requests refused, by scaler and the cap that refused.",
-    "kici_orch_scaler_warm_pool_spawns_total": "Warm spawns admitted, by scaler.",
-    "kici_orch_scaler_warm_pool_reaped_total": "Idle warm agents destroyed, by scaler.",
-    SCALE_UP_EMITTED: "kici.scaler.scale-up events emitted by event scalers, by scaler.",
-    SCALE_DOWN_EMITTED: "kici.scaler.scale-down events emitted by event scalers, by scaler and reason.",
-    EXTERNAL_PROVISION_TIMEOUT: "Event-scaler provisions torn down for spawn-timeout (agent never registered).",
-    SPAWN_FAILURES: "scaler.failed events, by backend and whether a job was bound.",
-    REDISPATCH: "Jobs refused for capacity before and admitted on a later request, by trigger.",
-    CONFIG_RELOADS: "Scaler config reload operations, by result (attempted, success, failed).",
-    REAP_UNSEEN_PROVISIONS: "Event-scaler provisions unseen for at least the flap grace at the last reap sweep.",
-    REAP_BLOCKED: "1 while the event-provision reaper stands down (no peer console connected), else 0.",
+
+@dataclass(frozen=True)
+class Known:
+    """What the zero-valued label sets are made of: this console's scalers as (name, type, table)."""
+
+    scalers: list[tuple[str, str, str]]
+
+    def names(self, *types: str) -> list[str]:
+        return [name for name, kind, _ in self.scalers if not types or kind in types]
+
+
+def _no_zeros(known: Known) -> Iterable[dict]:
+    return ()
+
+
+def _unlabelled(known: Known) -> Iterable[dict]:
+    return ({},)
+
+
+@dataclass(frozen=True)
+class SharedSeries:
+    """A counter (or a gauge) kept in MetricCounter rows. ``zeros`` gives the label sets shown at
+    0 before their first write; a label with an open set of values (a reason text) gives none."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    gauge: bool = False
+    zeros: Callable[[Known], Iterable[dict]] = _unlabelled
+
+
+@dataclass(frozen=True)
+class SharedHistogram:
+    """A histogram kept in MetricCounter rows: ``<name>_bucket`` rows count the observations per
+    bucket (not cumulated; ``le`` is the bucket's upper bound, ``+Inf`` the last), ``<name>_sum``
+    rows add up the observed values. ``labels`` label every row; one zero series per scaler."""
+
+    name: str
+    help: str
+    buckets: tuple[float, ...]
+    labels: tuple[str, ...] = ("scaler",)
+    zeros: Callable[[Known], Iterable[dict]] = field(default=lambda known: ({"scaler": n} for n in known.names()))
+
+
+def _per_scaler(*types: str) -> Callable[[Known], Iterable[dict]]:
+    return lambda known: ({"scaler": name} for name in known.names(*types))
+
+
+SHARED: dict[str, SharedSeries] = {
+    s.name: s
+    for s in (
+        SharedSeries(
+            REFUSALS,
+            "Spawn requests refused, by scaler and the cap that refused.",
+            ("scaler", "cap"),
+            zeros=lambda known: ({"scaler": n, "cap": str(c)} for n in known.names() for c in CAP_ORDER),
+        ),
+        SharedSeries(ORCH_REFUSALS, "Spawn refusals on count and resource caps (machine-pool caps left out)."),
+        SharedSeries(WARM_SPAWNS, "Warm spawns admitted, by scaler.", ("scaler",), zeros=_per_scaler()),
+        SharedSeries(WARM_REAPED, "Idle warm agents destroyed, by scaler.", ("scaler",), zeros=_per_scaler()),
+        SharedSeries(
+            SPAWN_FAILURES,
+            "scaler.failed events, by backend (scaler type) and whether a job was bound.",
+            ("backend", "bound"),
+            zeros=lambda known: (
+                {"backend": kind, "bound": bound}
+                for kind in sorted({kind for _, kind, _ in known.scalers})
+                for bound in ("false", "true")
+            ),
+        ),
+        SharedSeries(
+            REPAIRS,
+            "Isolation rules re-applied by the drift check, by nft table and kind (base, agent).",
+            ("table", "kind"),
+            zeros=lambda known: (
+                {"table": table, "kind": kind}
+                for table in sorted({t for _, k, t in known.scalers if k in LOCAL_SCALER_TYPES})
+                for kind in ("agent", "base")
+            ),
+        ),
+        SharedSeries(
+            SCALE_UP_EMITTED,
+            "kici.scaler.scale-up events emitted by event scalers, by scaler.",
+            ("scaler",),
+            zeros=_per_scaler(ScalerType.EVENT),
+        ),
+        SharedSeries(
+            SCALE_DOWN_EMITTED,
+            "kici.scaler.scale-down events emitted by event scalers, by scaler and reason.",
+            ("scaler", "reason"),
+            zeros=_no_zeros,
+        ),
+        SharedSeries(
+            EXTERNAL_PROVISION_TIMEOUT,
+            "Event-scaler provisions torn down for spawn-timeout (agent never registered).",
+            ("scaler",),
+            zeros=_per_scaler(ScalerType.EVENT),
+        ),
+        SharedSeries(
+            REDISPATCH,
+            "Jobs refused for capacity before and admitted on a later request, by trigger.",
+            ("trigger",),
+            zeros=lambda known: ({"trigger": "sweep"},),
+        ),
+        SharedSeries(
+            CONFIG_RELOADS,
+            "Scaler config reload operations, by result (attempted, success, failed).",
+            ("result",),
+            zeros=lambda known: ({"result": r} for r in ("attempted", "failed", "success")),
+        ),
+        SharedSeries(
+            REAP_UNSEEN_PROVISIONS,
+            "Event-scaler provisions unseen for at least the flap grace at the last reap sweep.",
+            gauge=True,
+        ),
+        SharedSeries(
+            REAP_BLOCKED,
+            "1 while the event-provision reaper stands down (no peer console connected), else 0.",
+            gauge=True,
+        ),
+    )
 }
-#: Rows of these names are gauges (set, not added to); they read 0 until first written.
-GAUGE_ROWS = (REAP_UNSEEN_PROVISIONS, REAP_BLOCKED)
-ORCH_REFUSAL_GAUGE = "kici_orch_scaler_spawn_refusals_total"
+HISTOGRAMS: dict[str, SharedHistogram] = {
+    h.name: h
+    for h in (
+        SharedHistogram(
+            SCALE_TO_REGISTERED,
+            "Seconds from an agent's admission to its registration, by scaler.",
+            (0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+        ),
+        SharedHistogram(
+            SPAWN_DURATION,
+            "Seconds of the backend's spawn call (create, rules, start), by scaler and result (spawned, failed).",
+            (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            labels=("scaler", "result"),
+            zeros=lambda known: ({"scaler": n, "result": "spawned"} for n in known.names()),
+        ),
+    )
+}
+_ROW_HISTOGRAM = {f"{h.name}{suffix}": h.name for h in HISTOGRAMS.values() for suffix in ("_bucket", "_sum")}
+
+
+def register_series(series: SharedSeries) -> None:
+    """Add a series another app owns (``operations`` registers its notices from its ``ready()``)."""
+    SHARED[series.name] = series
 
 
 def count(name: str, labels: dict, amount: float = 1.0) -> None:
@@ -128,15 +224,35 @@ def count(name: str, labels: dict, amount: float = 1.0) -> None:
 
 
 def set_gauge(name: str, value: float, labels: dict | None = None) -> None:
-    """Set the shared gauge ``name{labels}`` (one of :data:`GAUGE_ROWS`) to ``value``."""
+    """Set the shared gauge ``name{labels}`` (a gauge of :data:`SHARED`) to ``value``."""
     labels = labels or {}
     MetricCounter.objects.update_or_create(
         name=name, label_key=label_key(labels), defaults={"labels": labels, "value": float(value)}
     )
 
 
+def histogram_increments(name: str, labels: dict, value: float) -> dict:
+    """The counter increments of one observation of ``value`` in the histogram ``name`` (one of
+    :data:`HISTOGRAMS`), for :func:`scalers.admission.ledger.add_to_counters`."""
+    hist = HISTOGRAMS[name]
+    le = next((b for b in hist.buckets if value <= b), inf)
+    increments = counter_increment(f"{name}_bucket", {**labels, "le": _le_text(le)})
+    increments |= counter_increment(f"{name}_sum", labels, float(value))
+    return increments
+
+
+def observe(name: str, labels: dict, value: float) -> None:
+    """Record one observation of ``value`` in the shared histogram ``name`` (on the current
+    connection, with the work)."""
+    add_to_counters(histogram_increments(name, labels, value))
+
+
+def _le_text(bound: float) -> str:
+    return "+Inf" if bound == inf else repr(float(bound))
+
+
 class DatabaseCollector:
-    """Reads counters and gauges from the database at scrape time."""
+    """Reads counters, histograms and gauges from the database at scrape time."""
 
     def collect(self):
         try:
@@ -150,41 +266,36 @@ class DatabaseCollector:
         yield g
 
     def _collect(self):
-        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
-        label_names: dict[str, list[str]] = {}
-        rows = list(MetricCounter.objects.order_by("name", "label_key").values_list("name", "labels", "value"))
-        for name, labels, value in rows:
-            names = sorted(labels)
-            if name not in families:
-                if name in GAUGE_ROWS:
-                    families[name] = GaugeMetricFamily(name, _HELP[name], labels=names)
-                elif name == ORCH_REFUSAL_GAUGE:
-                    families[name] = GaugeMetricFamily(
-                        name, "Spawn refusals on count and resource caps (unlabelled gauge)."
-                    )
-                else:
-                    families[name] = CounterMetricFamily(name, _HELP.get(name, name), labels=names)
-                label_names[name] = names
-            if label_names[name] != names:
-                continue  # a row written with another label set: skip rather than break the scrape
-            families[name].add_metric([str(labels[k]) for k in names], value)
-        if ORCH_REFUSAL_GAUGE not in families:
-            g = GaugeMetricFamily(ORCH_REFUSAL_GAUGE, "Spawn refusals on count and resource caps (unlabelled gauge).")
-            g.add_metric([], 0)
-            families[ORCH_REFUSAL_GAUGE] = g
-        for name in GAUGE_ROWS:
-            if name not in families:
-                g = GaugeMetricFamily(name, _HELP[name])
-                g.add_metric([], 0)
-                families[name] = g
-        yield from families.values()
+        scalers = Scaler.objects.order_by("name").only("name", "type", "config")
+        known = Known([(s.name, s.type, nft_table_for(s)) for s in scalers])
+        values: dict[str, dict[tuple, float]] = defaultdict(dict)
+        histogram_rows: dict[str, list[tuple[dict, float]]] = defaultdict(list)
+        for name, labels, value in MetricCounter.objects.order_by("name", "label_key").values_list(
+            "name", "labels", "value"
+        ):
+            if name in _ROW_HISTOGRAM:
+                histogram_rows[name].append((labels, value))
+            elif name in SHARED and sorted(labels) == sorted(SHARED[name].labels):
+                values[name][tuple(str(labels[k]) for k in SHARED[name].labels)] = value
+            # a row of an unknown name or label set is skipped rather than break the scrape
+        for series in SHARED.values():
+            seen = values[series.name]
+            for labels in series.zeros(known):
+                seen.setdefault(tuple(str(labels[k]) for k in series.labels), 0.0)
+            family_type = GaugeMetricFamily if series.gauge else CounterMetricFamily
+            family = family_type(series.name, series.help, labels=list(series.labels))
+            for key in sorted(seen):
+                family.add_metric(list(key), seen[key])
+            yield family
+        for hist in HISTOGRAMS.values():
+            yield _histogram_family(hist, known, histogram_rows)
         yield from self._usage()
         yield from self._warm_pools()
 
     def _usage(self):
-        cpus = GaugeMetricFamily("kici_orch_scaler_cpus_used", "CPUs reserved.", labels=["scaler", "scalerType"])
+        cpus = GaugeMetricFamily("kici_orch_scaler_cpus_used", "CPUs reserved.", labels=["scaler", "scaler_type"])
         mem = GaugeMetricFamily(
-            "kici_orch_scaler_memory_bytes_used", "Memory reserved (bytes).", labels=["scaler", "scalerType"]
+            "kici_orch_scaler_memory_bytes_used", "Memory reserved (bytes).", labels=["scaler", "scaler_type"]
         )
         res = GaugeMetricFamily("kici_scaler_reservations", "Reservation rows held.", labels=["scaler"])
         agents = GaugeMetricFamily("kici_scaler_agents", "Active agents by state.", labels=["scaler", "state"])
@@ -213,7 +324,7 @@ class DatabaseCollector:
             lost = GaugeMetricFamily(
                 "kici_scaler_lost_agents",
                 "Running or draining agents marked lost, by evidence.",
-                labels=["scaler", "lostBy"],
+                labels=["scaler", "lost_by"],
             )
             cur.execute(
                 "SELECT s.name, a.lost->>'lost_by', count(*) "
@@ -238,19 +349,43 @@ class DatabaseCollector:
 
     def _warm_pools(self):
         target = GaugeMetricFamily(
-            "kici_orch_scaler_warm_pool_target", "Warm pool target size.", labels=["scaler", "labelSet"]
+            "kici_orch_scaler_warm_pool_target", "Warm pool target size.", labels=["scaler", "label_set"]
         )
         ready = GaugeMetricFamily(
-            "kici_orch_scaler_warm_pool_ready", "Idle warm agents ready.", labels=["scaler", "labelSet"]
+            "kici_orch_scaler_warm_pool_ready", "Idle warm agents ready.", labels=["scaler", "label_set"]
         )
         flight = GaugeMetricFamily(
-            "kici_orch_scaler_warm_pool_in_flight", "Warm agents spawning.", labels=["scaler", "labelSet"]
+            "kici_orch_scaler_warm_pool_in_flight", "Warm agents spawning.", labels=["scaler", "label_set"]
         )
         for p in pool_status():
             target.add_metric([p.scaler, p.label_set], p.target)
             ready.add_metric([p.scaler, p.label_set], p.ready)
             flight.add_metric([p.scaler, p.label_set], p.in_flight)
         yield from (target, ready, flight)
+
+
+def _histogram_family(
+    hist: SharedHistogram, known: Known, rows: dict[str, list[tuple[dict, float]]]
+) -> HistogramMetricFamily:
+    """``hist`` from its per-bucket and sum rows: cumulative buckets per label set, zeros first."""
+    per_bucket: dict[tuple, dict[str, float]] = defaultdict(dict)
+    sums: dict[tuple, float] = {}
+    for labels in hist.zeros(known):
+        sums[tuple(str(labels[k]) for k in hist.labels)] = 0.0
+    for labels, value in rows.get(f"{hist.name}_bucket", ()):
+        key = tuple(str(labels.get(k, "")) for k in hist.labels)
+        per_bucket[key][str(labels.get("le"))] = value
+        sums.setdefault(key, 0.0)
+    for labels, value in rows.get(f"{hist.name}_sum", ()):
+        sums[tuple(str(labels.get(k, "")) for k in hist.labels)] = value
+    family = HistogramMetricFamily(hist.name, hist.help, labels=list(hist.labels))
+    for key in sorted(sums):
+        counts, running, buckets = per_bucket.get(key, {}), 0.0, []
+        for bound in (*hist.buckets, inf):
+            running += counts.get(_le_text(bound), 0.0)
+            buckets.append((_le_text(bound), running))
+        family.add_metric(list(key), buckets, sums[key])
+    return family
 
 
 REGISTRY.register(DatabaseCollector())

@@ -44,13 +44,13 @@ from .admission import ledger
 from .admission.decide import Request, decide_batch
 from .jobs import enqueue_spawn_or_fail
 from .lifecycle import drain_and_destroy
+from .metrics import WARM_REAPED
 from .warm_pool_config import configured_pools, pool_counts, read_world
 
 log = logging.getLogger("scalers.warm_pools")
 
 #: Seconds between ticks.
 WARM_TICK_SECONDS = 30.0
-REAPED = "kici_orch_scaler_warm_pool_reaped_total"
 
 
 def deficit_pass() -> int:
@@ -128,7 +128,7 @@ def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
                 continue
             if drain_and_destroy(agent, "warm-pool-idle", destroy_reason="idle"):
                 destroyed += 1
-                ledger.add_to_counters(ledger.counter_increment(REAPED, {"scaler": agent.scaler.name}))
+                ledger.add_to_counters(ledger.counter_increment(WARM_REAPED, {"scaler": agent.scaler.name}))
     return destroyed
 
 

@@ -4,7 +4,7 @@
 cd "$ROOT"
 
 apt_install nftables libnftables1 iproute2 busybox-static e2fsprogs docker.io chromium ca-certificates curl \
-  docker-registry apache2-utils lz4 qemu-system-x86
+  docker-registry apache2-utils lz4 qemu-system-x86 prometheus
 ensure_postgres
 ensure_redis
 ensure_venv

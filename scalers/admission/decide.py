@@ -26,7 +26,7 @@ from lib.units import format_bytes_iec
 from scalers.backends.tools import not_started_reason
 from scalers.choices import ScalerType
 from scalers.hosts import scaler_host
-from scalers.metrics import REDISPATCH
+from scalers.metrics import ORCH_REFUSALS, REDISPATCH, REFUSALS, WARM_SPAWNS
 from scalers.models import ScaleOutcome
 
 from . import ledger
@@ -46,9 +46,6 @@ from .warmfit import Shape, warm_agent_can_serve
 
 log = logging.getLogger("scalers.admission")
 
-REFUSALS = "kici_scaler_spawn_refusals_total"
-UNLABELLED_REFUSALS = "kici_orch_scaler_spawn_refusals_total"
-WARM_SPAWNS = "kici_orch_scaler_warm_pool_spawns_total"
 LEDGER_WARNING = "refused a spawn on reserved capacity no running agent accounts for"
 
 
@@ -451,7 +448,7 @@ def _decide_routed(
         if cap is not None:
             bump(REFUSALS, {"scaler": info.name, "cap": cap})
             if cap not in NOT_IN_ORCH_REFUSAL_GAUGE:
-                bump(UNLABELLED_REFUSALS, {})
+                bump(ORCH_REFUSALS, {})
             log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
             if never:  # permanent: retrying cannot help, so it is not "at capacity"
                 done(

@@ -160,7 +160,7 @@ def test_a_killed_container_is_planned_by_the_sweep_shown_lost_and_released_so_t
     row = client.get("/").content.decode().split(f'id="agent-{agent.agent_id}"')[1].split("</tr>")[0]
     assert "data-lost" in row and "container exited" in row and f"operation #{op.pk}" in row
     metrics = client.get("/metrics").content.decode()
-    assert f'kici_scaler_lost_agents{{lostBy="sandbox",scaler="{scaler.name}"}} 1.0' in metrics
+    assert f'kici_scaler_lost_agents{{lost_by="sandbox",scaler="{scaler.name}"}} 1.0' in metrics
     page = client.get(f"/agents/{agent.agent_id}/").content.decode()
     assert 'id="lost-evidence"' in page and f"/operations/{op.pk}/" in page
     assert sweep(t1 + timedelta(seconds=31)) == [], "the identical plan is still open"

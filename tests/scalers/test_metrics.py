@@ -38,7 +38,7 @@ def test_refusals_are_counted_by_scaler_and_cap():
     body = scrape()
     assert 'kici_scaler_spawn_refusals_total{cap="maxAgents",scaler="c"} 2.0' in body
     assert "kici_orch_scaler_spawn_refusals_total 2.0" in body
-    assert "# TYPE kici_orch_scaler_spawn_refusals_total gauge" in body
+    assert "# TYPE kici_orch_scaler_spawn_refusals_total counter" in body
 
 
 def test_machine_pool_refusals_stay_out_of_the_unlabelled_gauge():
@@ -57,10 +57,10 @@ def test_usage_has_a_row_per_scaler_and_a_global_rollup():
     request_scale(["ci"], "a", resources={"cpus": 2, "memory": "1k"})
     request_scale(["heavy"], "b", resources={"cpus": 4, "memory": "2k"})
     body = scrape()
-    assert 'kici_orch_scaler_cpus_used{scaler="ci-pool",scalerType="container"} 2.0' in body
-    assert 'kici_orch_scaler_cpus_used{scaler="heavy",scalerType="bare-metal"} 4.0' in body
-    assert 'kici_orch_scaler_cpus_used{scaler="__global__",scalerType="__global__"} 6.0' in body
-    assert 'kici_orch_scaler_memory_bytes_used{scaler="__global__",scalerType="__global__"} 3072.0' in body
+    assert 'kici_orch_scaler_cpus_used{scaler="ci-pool",scaler_type="container"} 2.0' in body
+    assert 'kici_orch_scaler_cpus_used{scaler="heavy",scaler_type="bare-metal"} 4.0' in body
+    assert 'kici_orch_scaler_cpus_used{scaler="__global__",scaler_type="__global__"} 6.0' in body
+    assert 'kici_orch_scaler_memory_bytes_used{scaler="__global__",scaler_type="__global__"} 3072.0' in body
     assert 'kici_scaler_agents{scaler="heavy",state="spawning"} 1.0' in body
 
 

@@ -10,6 +10,7 @@ from datetime import timedelta
 import django_rq
 import pytest
 from django.db import transaction
+from django.test import Client
 from django.utils import timezone
 
 from agents.choices import AgentState, EventType
@@ -97,6 +98,8 @@ def test_a_hung_runtime_cannot_hold_a_spawn_past_its_deadline(hung_runtime, sett
     agent.refresh_from_db()
     assert agent.state == AgentState.FAILED
     assert not Reservation.objects.filter(agent=agent).exists()
+    scraped = Client().get("/metrics").content.decode()
+    assert f'kici_scaler_spawn_duration_seconds_count{{result="failed",scaler="{scaler.name}"}} 1.0' in scraped
 
 
 def test_the_failure_callback_fails_the_agent_and_releases_it(queue):

@@ -260,7 +260,7 @@ def test_start_runs_the_first_tick_immediately_and_gauges_show_the_pool():
     pools.start()
     assert warm_counts(s) == (1, 1)
     body = Client().get("/metrics").content.decode()
-    assert 'kici_orch_scaler_warm_pool_target{labelSet="docker,linux",scaler="w"} 2.0' in body
-    assert 'kici_orch_scaler_warm_pool_ready{labelSet="docker,linux",scaler="w"} 1.0' in body
-    assert 'kici_orch_scaler_warm_pool_in_flight{labelSet="docker,linux",scaler="w"} 1.0' in body
+    assert 'kici_orch_scaler_warm_pool_target{label_set="docker,linux",scaler="w"} 2.0' in body
+    assert 'kici_orch_scaler_warm_pool_ready{label_set="docker,linux",scaler="w"} 1.0' in body
+    assert 'kici_orch_scaler_warm_pool_in_flight{label_set="docker,linux",scaler="w"} 1.0' in body
     assert 'kici_orch_scaler_warm_pool_spawns_total{scaler="w"} 1.0' in body

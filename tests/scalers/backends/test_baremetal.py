@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.test import Client
 
 from agents.archive import archived_lines
 from agents.choices import AgentState, EventType
@@ -116,6 +117,9 @@ def test_a_process_agent_registers_and_is_terminated_with_its_group(agent_binary
         types = list(ScalerEvent.objects.filter(agent=agent).order_by("id").values_list("type", "detail"))
         assert types[0][0] == EventType.PROVISIONING and types[0][1].startswith("spawning agent process")
         assert (EventType.READY, f"agent process started (PID {pid})") in types
+        scraped = Client().get("/metrics").content.decode()
+        assert f'kici_scaler_scale_to_registered_seconds_count{{scaler="{scaler.name}"}} 1.0' in scraped
+        assert f'kici_scaler_spawn_duration_seconds_count{{result="spawned",scaler="{scaler.name}"}} 1.0' in scraped
         assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")
         assert wait_for(lambda: _proc_start_time(pid) is None, 2)
     assert not Reservation.objects.filter(agent=agent).exists()
