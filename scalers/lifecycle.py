@@ -376,11 +376,19 @@ def expire_unregistered_agents(now=None) -> int:
 
 
 def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
-    """Fail spawning agents of this host's scalers whose rq job rq reports failed, stopped or canceled.
+    """Fail spawning agents of this host's scalers whose rq job failed or is gone. Returns how
+    many were failed.
 
-    A backstop for :func:`on_spawn_job_failure` (e.g. a worker killed before rq's abandoned-job
-    cleanup ran). Agents without ``rq_job_id`` or whose job is unknown to rq are left to the
-    token-TTL expiry. Returns how many were failed.
+    * rq reports the job failed, stopped or canceled (``spawn-job-failed``): a backstop for
+      :func:`on_spawn_job_failure` (a worker killed before rq's abandoned-job cleanup ran);
+    * the job is no longer in Redis (``spawn-job-lost``: Redis restarted without the data, a
+      ``FLUSHDB``, an eviction, a queue emptied by another client): nothing will ever run the
+      spawn, so its slot is given back now rather than at its token's expiry. A job still
+      running keeps its hash, and one that finished moved its agent out of ``spawning``.
+
+    Only agents whose job id was set ``min_age_seconds`` ago or more (a job is enqueued when its
+    admission commits), and never an event provision the reaper waits for. Redis unreachable:
+    nothing is judged (next sweep).
     """
     now = now or timezone.now()
     agents = list(
@@ -388,7 +396,7 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
         .filter(
             scaler__host=this_host(),
             state=AgentState.SPAWNING,
-            created_at__lt=now - timedelta(seconds=min_age_seconds),
+            updated_at__lt=now - timedelta(seconds=min_age_seconds),
         )
         .exclude(rq_job_id="")
     )
@@ -401,7 +409,16 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
         return 0
     n = 0
     for agent, job in zip(agents, jobs, strict=True):
+        if awaits_the_reaper(agent):
+            continue
         if job is None:
+            fail_spawn(
+                agent,
+                f"its spawn job {agent.rq_job_id} is gone from Redis (restarted, flushed or evicted): "
+                "nothing will run the spawn",
+                reason="spawn-job-lost",
+            )
+            n += 1
             continue
         status = job.get_status(refresh=False)
         if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):

@@ -223,6 +223,36 @@ def test_the_sweep_fails_spawns_whose_rq_job_failed(admitted, docker_client):
     assert admitted.failure_reason == f"spawn job {job.id} is failed"
 
 
+@pytest.mark.parametrize("loss", ["evicted", "queue-emptied"])
+def test_a_spawn_whose_rq_job_is_gone_is_failed_and_released_within_one_round(admitted, loss, docker_client):
+    """Redis lost the spawn job (an eviction, a restart without its data, another client emptying
+    the queue): the next round fails the agent naming the loss and frees its slot, instead of
+    the token TTL an hour later. While the job is queued, nothing is judged."""
+    queue = django_rq.get_queue("default")
+    job = queue.enqueue(sleepy_job, admitted.pk, job_id=f"spawn-{admitted.agent_id}")
+    Agent.objects.filter(pk=admitted.pk).update(rq_job_id=job.id)
+    assert reap_failed_spawn_jobs(min_age_seconds=0) == 0
+    assert Reservation.objects.filter(agent=admitted).exists()
+    if loss == "evicted":
+        django_rq.get_connection("default").delete(job.key)
+    else:
+        queue.empty()
+    assert reap_failed_spawn_jobs(min_age_seconds=0) == 1
+    admitted.refresh_from_db()
+    assert admitted.state == AgentState.FAILED
+    assert admitted.failure_reason.startswith(f"its spawn job {job.id} is gone from Redis")
+    assert not Reservation.objects.exists()
+    released = ScalerEvent.objects.get(agent=admitted, type=EventType.RELEASED)
+    assert released.detail == "spawn-job-lost"
+
+
+def test_a_spawn_job_id_set_a_moment_ago_is_not_judged_yet(admitted):
+    """A job is enqueued when its admission commits: a fresh job id with no job yet is not lost."""
+    Agent.objects.filter(pk=admitted.pk).update(rq_job_id=f"spawn-{admitted.agent_id}", updated_at=timezone.now())
+    assert reap_failed_spawn_jobs(min_age_seconds=10) == 0
+    assert Agent.objects.get(pk=admitted.pk).state == AgentState.SPAWNING
+
+
 def test_an_agent_that_never_registers_within_its_token_ttl_is_released(admitted, settings, docker_client):
     settings.KICI_AGENT_TOKEN_TTL_SECONDS = 60
     assert expire_unregistered_agents() == 0
