@@ -45,6 +45,9 @@ class Agent(models.Model):
     owner_instance = models.CharField(max_length=200, blank=True)
     rq_job_id = models.CharField(max_length=100, blank=True)
     active_jobs = models.PositiveIntegerField(default=0)
+    jobs_served = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="jobs the orchestrator reported complete on this agent"
+    )
     failure_reason = models.TextField(blank=True)
     teardown_reason = models.CharField(
         max_length=200, blank=True, help_text="why its teardown began; a retried teardown keeps it as its reason"

@@ -7,9 +7,10 @@ Every route takes ``Authorization: Bearer <KICI_API_TOKEN>`` (401 ``unauthorized
 * ``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: ``{agents: [...], nextCursor}``,
   oldest first, ``limit`` 1-500 (default 100); pass ``nextCursor`` back as ``cursor`` for the next
   page (null on the last one). 400 ``invalid-request`` naming a bad parameter.
-* ``POST /api/v1/agents/<agentId>/job-complete {"jobId"}``: the job finished. A single-use agent is
-  torn down (state ``destroying`` at once, then ``destroyed``; its slot is freed once the sandbox is
-  gone); a warm-pool agent goes back to idle. Idempotent: the same ``jobId`` again answers 200.
+* ``POST /api/v1/agents/<agentId>/job-complete {"jobId"}``: the job finished. The agent is torn down
+  (state ``destroying`` at once, then ``destroyed``; its slot is freed once the sandbox is gone):
+  every agent is single-use, except a warm-pool agent of a label set with ``maxUses`` above 1, which
+  goes back to idle until it has served that many jobs. Idempotent: the same ``jobId`` again answers 200.
   409 ``job-mismatch`` when the agent is bound to another job (or none).
 * ``POST /api/v1/agents/<agentId>/release {"reason"?}``: the orchestrator lost or gave up the agent;
   it is torn down. Idempotent.

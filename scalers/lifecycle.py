@@ -26,7 +26,8 @@ Ends and their ``reason``:
   event provision (:func:`awaits_the_reaper`) is left by the registration deadline and the prune
   to the event-provision reaper (``scalers.provision_reaper``: ``spawn-timeout`` /
   ``heartbeat-timeout``); the token-TTL expiry stays its last backstop;
-* the orchestrator: :func:`complete_job` (``job-complete``; a warm agent goes back to idle) and
+* the orchestrator: :func:`complete_job` (``job-complete``; every agent serves one job, unless its
+  label set's ``maxUses`` lets a warm agent go back to idle for another) and
   :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
 * drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
   warm-pool idle destroys (:func:`drain_and_destroy`) and retiring scalers (:func:`retirement_sweep`);
@@ -452,16 +453,21 @@ def retry_stuck_teardowns(min_age_seconds: float = STUCK_TEARDOWN_SECONDS, now=N
 # --- drain ---------------------------------------------------------------------------------------
 
 
-def mark_draining(agent_id: str) -> int | None:
+def mark_draining(agent_id: str, *, unbound_only: bool = False) -> int | None:
     """Flag a running agent ``draining`` and return its active-job count.
 
     Returns ``None`` when the agent is unknown or not running/draining (not registered, or
-    already on its way out). Records ``agent.draining`` on the transition.
+    already on its way out), and with ``unbound_only`` when it is bound to a job: that check is
+    part of the compare-and-swap, so a warm agent bound to a job (``ledger.bind_warm_agent``, the
+    same row's other compare-and-swap) is never drained from under it. Records ``agent.draining``
+    on the transition.
     """
+    unbound = " AND bound_job_id = ''" if unbound_only else ""
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(
-            "UPDATE agents_agent SET state = %s, updated_at = now() WHERE agent_id = %s AND state = %s "
-            "RETURNING id, active_jobs",
+            "UPDATE agents_agent SET state = %s, updated_at = now() WHERE agent_id = %s AND state = %s"
+            + unbound
+            + " RETURNING id, active_jobs",
             [str(AgentState.DRAINING), agent_id, str(AgentState.RUNNING)],
         )
         row = cur.fetchone()
@@ -490,13 +496,13 @@ def clear_draining(agent_id: str) -> None:
 
 
 def drain_and_destroy(agent: Agent, reason: str, *, destroy_reason: str = "drain") -> bool:
-    """Destroy an idle agent the safe way (used by warm-pool destroys only).
+    """Destroy an idle agent the safe way (warm-pool idle destroys, retiring scalers).
 
-    :func:`mark_draining`; if it has active jobs, :func:`clear_draining` and keep it (False);
-    if it is not running, do nothing (False); otherwise :func:`teardown_agent` (True when its
-    reservation was released).
+    :func:`mark_draining` of an unbound agent; if it has active jobs, :func:`clear_draining` and
+    keep it (False); if it is not running or was bound to a job meanwhile, do nothing (False);
+    otherwise :func:`teardown_agent` (True when its reservation was released).
     """
-    active = mark_draining(agent.agent_id)
+    active = mark_draining(agent.agent_id, unbound_only=True)
     if active is None:
         return False
     if active > 0:
@@ -596,8 +602,20 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
                 409, "job-mismatch", f"agent {agent_id} is bound to {bound}, not {json_text(job_id)}", field="jobId"
             )
         agent.completed_job_id = job_id
-        fields = {"completed_job_id": job_id, "active_jobs": 0, "updated_at": timezone.now()}
-        recycle = agent.warm and agent.state == AgentState.RUNNING and not agent.scaler.retiring
+        agent.jobs_served += 1
+        fields = {
+            "completed_job_id": job_id,
+            "active_jobs": 0,
+            "jobs_served": agent.jobs_served,
+            "updated_at": timezone.now(),
+        }
+        recycle = (
+            agent.warm
+            and agent.state == AgentState.RUNNING
+            and not agent.scaler.retiring
+            and agent.label_set is not None
+            and agent.jobs_served < agent.label_set.max_uses
+        )
         if recycle:
             fields.update(bound_job_id="", run_id="")
             agent.bound_job_id = agent.run_id = ""

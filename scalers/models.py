@@ -161,6 +161,12 @@ class LabelSet(models.Model):
         return f"{self.scaler.name}[{self.index}] {self.normalized}"
 
     @property
+    def max_uses(self) -> int:
+        """Jobs one agent of this label set serves before it is torn down (``maxUses``; 1, single-use,
+        when unset)."""
+        return int((self.config or {}).get("maxUses") or 1)
+
+    @property
     def file_host_access(self) -> list[str] | None:
         """The ``networkPolicy.hostAccess`` of the imported file entry (``config``); None = the default."""
         value = ((self.config or {}).get("networkPolicy") or {}).get("hostAccess")

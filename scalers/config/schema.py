@@ -397,6 +397,8 @@ class LabelSet(_Strict):
     vcpu_count: Integer | None = Field(default=None, gt=0)
     mem_size_mib: Integer | None = Field(default=None, gt=0)
     overlay_drive_size_mib: Integer | None = Field(default=None, gt=0)
+    #: Jobs one agent of this label set serves before it is torn down (1: single-use, the default).
+    max_uses: Integer = Field(default=1, gt=0)
 
     @property
     def normalized(self) -> str:

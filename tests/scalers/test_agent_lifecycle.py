@@ -13,7 +13,7 @@ from agents.tokens import TokenRejected, mint_registration_token, redeem_registr
 from scalers.admission.service import request_scale
 from scalers.lifecycle import drain_idle_agents
 from scalers.models import Reservation
-from tests.support.scalers import make_scaler
+from tests.support.scalers import DEFAULT_LABEL_SET_ENTRY, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]
 
@@ -101,17 +101,39 @@ def test_a_misspelt_or_wrong_field_is_refused_naming_it_and_the_agent_is_left_al
     assert agent.state == AgentState.RUNNING and Reservation.objects.count() == 1
 
 
-def test_a_warm_agent_goes_back_to_idle_after_its_job():
+def test_a_warm_agent_serves_one_job_by_default_and_is_torn_down_after_it():
+    """Single-use by default: the next job never runs in the sandbox this one left behind."""
     make_scaler("c", max_agents=1)
+    agent = running_agent(warm=True)
+    answer = api("POST", f"/api/v1/agents/{agent.agent_id}/job-complete", {"jobId": "job-1"})
+    assert answer.status_code == 200 and answer.json()["state"] == "destroying"
+    agent.refresh_from_db()
+    assert agent.jobs_served == 1 and agent.completed_job_id == "job-1"
+
+
+def test_a_warm_agent_of_a_label_set_with_max_uses_goes_back_to_idle_until_it_served_them():
+    make_scaler("c", max_agents=1, ls_config={**DEFAULT_LABEL_SET_ENTRY, "maxUses": 2})
     agent = running_agent(warm=True)
     answer = api("POST", f"/api/v1/agents/{agent.agent_id}/job-complete", {"jobId": "job-1"})
     assert answer.status_code == 200
     assert answer.json()["state"] == "running" and answer.json()["jobId"] == ""
     agent.refresh_from_db()
-    assert agent.bound_job_id == "" and agent.completed_job_id == "job-1"
+    assert agent.bound_job_id == "" and agent.completed_job_id == "job-1" and agent.jobs_served == 1
     assert Reservation.objects.count() == 1  # an idle warm agent keeps its slot; the pool decides
     again = api("POST", f"/api/v1/agents/{agent.agent_id}/job-complete", {"jobId": "job-1"})
-    assert again.status_code == 200 and again.json()["state"] == "running"
+    assert again.status_code == 200 and again.json()["state"] == "running"  # a repeat counts nothing
+    Agent.objects.filter(pk=agent.pk).update(bound_job_id="job-2")  # bound again by admission
+    second = api("POST", f"/api/v1/agents/{agent.agent_id}/job-complete", {"jobId": "job-2"})
+    assert second.status_code == 200 and second.json()["state"] == "destroying"
+    assert Agent.objects.get(pk=agent.pk).jobs_served == 2
+
+
+def test_the_scaler_page_says_whether_a_label_set_reuses_its_agents(admin_client):
+    make_scaler("single", label_sets=[["a"]])
+    make_scaler("reused", label_sets=[["b"]], ls_config={**DEFAULT_LABEL_SET_ENTRY, "maxUses": 5})
+    assert ">single-use</span>" in admin_client.get("/scalers/single/").content.decode()
+    page = admin_client.get("/scalers/reused/").content.decode()
+    assert ">reused: 5 jobs</span>" in page and ">single-use</span>" not in page
 
 
 @pytest.mark.docker

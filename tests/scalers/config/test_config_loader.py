@@ -141,6 +141,28 @@ def test_line_is_the_line_of_the_offending_key():
     assert str(problem) == "scalers.yaml:5: scalers.0.maxAgents: Input should be greater than 0, received 0"
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "Input should be greater than 0, received 0"), ("1.5", "Expected an integer, received 1.5")],
+)
+def test_max_uses_is_a_whole_number_of_jobs_named_with_its_line(value, message):
+    (problem,) = problems_of(
+        f"""\
+        version: 1
+        scalers:
+          - name: c
+            type: container
+            maxAgents: 1
+            labelSets:
+              - labels: [linux]
+                image: a
+                maxUses: {value}
+        """
+    )
+    assert (problem.line, problem.path) == (9, "scalers.0.labelSets.0.maxUses")
+    assert message in problem.message
+
+
 def test_a_missing_key_points_at_its_enclosing_item():
     (problem,) = problems_of(
         """\
