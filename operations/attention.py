@@ -7,9 +7,8 @@ badge on every page and the ``kici_scaler_attention{kind}`` gauge (docs/attentio
 * ``lost``: running or draining agents whose lost mark still holds (``agents.liveness.current_mark``),
   by scaler;
 * ``waiting``: jobs whose latest admission decision left them queued and that no agent serves
-  (``scalers.waiting.waiting_requests``, as the "Why waiting" page counts them), by scaler, outcome
-  and cap; an ``at-capacity`` job only while a cap still refuses its request
-  (``scalers.waiting.CapsNow``), counted under the cap that refuses it now; and
+  (``scalers.waiting.waiting_requests``, as the "Why waiting" page counts them: a job told to ask
+  again only while it does), by scaler, outcome and the cap its decision named; and
   admitted spawns that have waited more than :data:`SLOT_WAIT_GRACE` for a ``maxConcurrentSpawns``
   slot, by scaler;
 * ``not_ready``: scalers whose host the sweeper could not ready (``Scaler.host_error``), and scalers
@@ -40,7 +39,7 @@ from agents.liveness import WATCHED_STATES, current_mark
 from agents.models import Agent, ScalerEvent
 from scalers.admission.backoff import CONSISTENT_FAILURES
 from scalers.models import ScaleOutcome, Scaler
-from scalers.waiting import CapsNow, waiting_requests
+from scalers.waiting import waiting_requests
 
 from .choices import OperationStatus
 from .models import Operation
@@ -202,17 +201,12 @@ def _waiting(out: Attention, now: datetime) -> None:
         .values("scaler_name", "outcome", "cap", "cpus", "memory_bytes")
         .annotate(n=Count("id"), oldest=Min("first_requested_at"))
     )
-    # An at-capacity job waits on a cap only while that cap still refuses its request: one that
-    # would be admitted now waits for the orchestrator to ask again, which needs no person. One row
-    # per request size, so each size is decided once.
-    caps_now = CapsNow.read() if any(r["outcome"] == ScaleOutcome.AT_CAPACITY for r in rows) else None
+    # Counted under the cap its last decision named, whatever capacity does meanwhile: a job the
+    # orchestrator still asks about waits until it is admitted (then it leaves) or stops asking
+    # (then its retry window ends it), so the count does not flap as slots free and refill.
     groups: dict[tuple[str, str, str], list] = {}
     for r in rows:
         cap = r["cap"]
-        if r["outcome"] == ScaleOutcome.AT_CAPACITY:
-            cap = caps_now.refusing_cap(r["scaler_name"], r["cpus"], r["memory_bytes"], cap)
-            if cap is None:
-                continue
         group = groups.setdefault((r["scaler_name"], r["outcome"], cap), [0, None])
         group[0] += r["n"]
         group[1] = r["oldest"] if group[1] is None else min(group[1], r["oldest"])
@@ -227,7 +221,7 @@ def _waiting(out: Attention, now: datetime) -> None:
                 kind="waiting",
                 count=n,
                 text=f"{_plural(n, 'job')} {verb} {where}: {why}",
-                url=_url("why_waiting"),
+                url=_url("why_waiting", scaler=scaler_name) if scaler_name else _url("why_waiting"),
                 since=oldest,
             )
         )

@@ -1,10 +1,13 @@
 """Which jobs wait, and whether the cap that refused one still holds it.
 
-A job waits when its latest decision (``ScaleRequest``) left it queued (``WAITING_OUTCOMES``)
-within ``WAITING_WINDOW`` and no agent serves it: an orchestrator that asks twice for one job
-gets the second ask refused while the first one's agent holds the slot, so a record can say
-``at-capacity`` for a job that runs. The "Why waiting" page and "Needs attention" both read
-:func:`waiting_requests`.
+A job waits when its latest decision (``ScaleRequest``) left it queued (``WAITING_OUTCOMES``) and
+no agent serves it: an orchestrator that asks twice for one job gets the second ask refused while
+the first one's agent holds the slot, so a record can say ``at-capacity`` for a job that runs. A
+job told to ask again (``at-capacity``, ``skipped``) waits only while it does: one not asked about
+within :func:`retry_window` is no longer the orchestrator's current job here. A permanent refusal
+(``exceeds-cap``, ``no-backend``: asking again cannot help) is shown for ``WAITING_WINDOW``: it
+waits for a person to change the configuration. The "Why waiting" page and "Needs attention"
+both read :func:`waiting_requests`.
 
 An ``at-capacity`` record names the cap that refused when the job last asked; the orchestrator
 asks again on its own schedule, so the record outlives the refusal. :class:`CapsNow` decides the
@@ -15,8 +18,9 @@ freed: the job waits for the orchestrator to ask again, not for capacity).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q, QuerySet
 
@@ -26,7 +30,18 @@ from agents.models import Agent
 from .admission import ledger
 from .admission.caps import Usage, first_refusing_cap
 from .admission.matching import ScalerInfo, World
-from .models import WAITING_OUTCOMES, WAITING_WINDOW, ScaleRequest
+from .models import WAITING_OUTCOMES, WAITING_WINDOW, ScaleOutcome, ScaleRequest
+
+#: Outcomes the orchestrator is told to ask again after (a 409 or 503 with ``Retry-After``).
+RETRIED_OUTCOMES = (ScaleOutcome.AT_CAPACITY, ScaleOutcome.SKIPPED)
+#: The shortest retry window, whatever ``KICI_SCALE_RETRY_AFTER_SECONDS`` says.
+MIN_RETRY_WINDOW = timedelta(seconds=60)
+
+
+def retry_window() -> timedelta:
+    """How long a job told to ask again still counts as waiting without asking: three of its
+    ``Retry-After`` intervals (``KICI_SCALE_RETRY_AFTER_SECONDS``), at least a minute."""
+    return max(MIN_RETRY_WINDOW, timedelta(seconds=3 * settings.KICI_SCALE_RETRY_AFTER_SECONDS))
 
 
 def waiting_requests(now: datetime) -> QuerySet[ScaleRequest]:
@@ -42,11 +57,11 @@ def waiting_requests(now: datetime) -> QuerySet[ScaleRequest]:
         .exclude(completed_job_id="")
         .values("completed_job_id")
     )
+    asking = Q(outcome__in=RETRIED_OUTCOMES, decided_at__gte=now - retry_window())
+    permanent = [o for o in WAITING_OUTCOMES if o not in RETRIED_OUTCOMES]
+    refused = Q(outcome__in=permanent, decided_at__gte=now - WAITING_WINDOW)
     return (
-        ScaleRequest.objects.filter(outcome__in=WAITING_OUTCOMES, decided_at__gte=now - WAITING_WINDOW)
-        .exclude(job_id__in=bound)
-        .exclude(job_id__in=completed)
-        .order_by()
+        ScaleRequest.objects.filter(asking | refused).exclude(job_id__in=bound).exclude(job_id__in=completed).order_by()
     )
 
 

@@ -13,6 +13,10 @@ An ``at-capacity`` request is decided again against the caps as they stand
 (``scalers.waiting.CapsNow``): it is grouped under the cap that refuses it now, which may not be
 the one its record names, or, when no cap would refuse it, in a "capacity freed" group of its
 recorded cap, without holders: the job waits for the orchestrator to ask again, not for capacity.
+
+``?job=<id>`` answers for one job first (its latest decision, the agent serving it, and the group
+holding it); ``?scaler=<name>`` keeps that scaler's requests. Each group shows its newest
+:data:`GROUP_ROWS` jobs and says how many more it holds.
 """
 
 from __future__ import annotations
@@ -21,16 +25,26 @@ from dataclasses import dataclass, field
 
 from django.shortcuts import render
 from django.utils import timezone
+from django.views.decorators.http import require_GET
 
+from agents.choices import ACTIVE_STATES
+from agents.models import Agent
+from kici_site.errors import error_page
+from lib.query import check_parameters
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName
-from scalers.models import WAITING_WINDOW, ConfigState, Reservation, ScaleOutcome, Scaler
+from scalers.models import WAITING_WINDOW, ConfigState, Reservation, ScaleOutcome, Scaler, ScaleRequest
 from scalers.waiting import CapsNow, waiting_requests
 
 from .common import viewer_required
 
-MAX_REQUESTS = 500
+#: Waiting requests grouped at most (the newest); the page says when there are more.
+MAX_REQUESTS = 5000
+#: Jobs listed per group (the newest); the group says how many more it holds.
+GROUP_ROWS = 50
 MAX_HOLDERS = 50
+#: Characters of a ``job`` or ``scaler`` parameter taken (a job id is at most 200).
+MAX_PARAMETER_CHARS = 200
 
 _CAP_SCOPE = {
     CapName.GLOBAL_MAX_AGENTS: "global",
@@ -70,6 +84,8 @@ class WaitingGroup:
     limit: str
     freed: bool = False
     requests: list = field(default_factory=list)
+    #: Requests of the group beyond the :data:`GROUP_ROWS` listed.
+    more: int = 0
     holders: list[Holder] = field(default_factory=list)
     holders_total: int = 0
     held_cpus: float = 0.0
@@ -108,12 +124,18 @@ def _holders(scope: str, scaler: Scaler | None):
     return qs.order_by("created_at", "id")
 
 
-def waiting_groups(now=None) -> list[WaitingGroup]:
-    """The page's data (see the module docstring): groups ordered by their newest request, the
-    "capacity freed" groups last."""
+def waiting_groups(now=None, *, scaler: str = "", job: str = "") -> list[WaitingGroup]:
+    """The page's data (see the module docstring), of ``scaler``'s or ``job``'s requests when
+    given: groups ordered by their newest request, the "capacity freed" groups last, each listing
+    its newest :data:`GROUP_ROWS` requests and counting the rest in ``more``."""
     now = now or timezone.now()
     cfg = ConfigState.load()
-    requests = list(waiting_requests(now).order_by("-decided_at")[:MAX_REQUESTS])
+    waiting = waiting_requests(now)
+    if scaler:
+        waiting = waiting.filter(scaler_name=scaler)
+    if job:
+        waiting = waiting.filter(job_id=job)
+    requests = list(waiting.order_by("-decided_at")[:MAX_REQUESTS])
     scalers = {
         s.name: s
         for s in Scaler.objects.select_related("machine_pool").filter(name__in={r.scaler_name for r in requests})
@@ -159,14 +181,55 @@ def waiting_groups(now=None) -> list[WaitingGroup]:
                 group.held_cpus = sum(c for c, _ in agg)
                 group.held_memory_bytes = sum(m for _, m in agg)
             groups[key] = group
-        group.requests.append(r)
+        if len(group.requests) < GROUP_ROWS:
+            group.requests.append(r)
+        else:
+            group.more += 1
     return sorted(groups.values(), key=lambda g: g.freed)
 
 
+@dataclass
+class JobAnswer:
+    """Why one job waits, or that it does not: its latest decision (``record``, None when the
+    console never decided it within the window), the active agent serving it, and the group
+    holding it when it waits."""
+
+    job_id: str
+    record: ScaleRequest | None
+    agent: Agent | None
+    group: WaitingGroup | None
+
+
+def job_answer(job_id: str, now=None) -> JobAnswer:
+    """The answer for ``job_id`` (see :class:`JobAnswer`)."""
+    now = now or timezone.now()
+    record = ScaleRequest.objects.filter(job_id=job_id, decided_at__gte=now - WAITING_WINDOW).first()
+    agent = Agent.objects.filter(bound_job_id=job_id, state__in=ACTIVE_STATES).order_by("-created_at").first()
+    groups = waiting_groups(now, job=job_id)
+    return JobAnswer(job_id, record, agent, groups[0] if groups else None)
+
+
+def _parameter(request, name: str) -> str:
+    value = (request.GET.get(name) or "").strip()
+    if len(value) > MAX_PARAMETER_CHARS:
+        raise ValueError(f"{name}: at most {MAX_PARAMETER_CHARS} characters, got {len(value)}")
+    return value
+
+
+@require_GET
 @viewer_required
 def why_waiting(request):
-    """``GET /scalers/why-waiting/``: login and ``agents.view_agent`` required, like every page."""
-    groups = waiting_groups()
+    """``GET /scalers/why-waiting/[?job=<id>][&scaler=<name>]``: login and ``agents.view_agent``
+    required, like every page; 400 naming a bad, unknown or repeated parameter."""
+    try:
+        check_parameters(request.GET, single=("job", "scaler"))
+        job, scaler = _parameter(request, "job"), _parameter(request, "scaler")
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
+    now = timezone.now()
+    groups = waiting_groups(now, scaler=scaler)
+    total = waiting_requests(now).filter(scaler_name=scaler).count() if scaler else waiting_requests(now).count()
+    listed = sum(len(g.requests) + g.more for g in groups)
     return render(
         request,
         "scalers/why_waiting.html",
@@ -174,7 +237,11 @@ def why_waiting(request):
             "groups": groups,
             "nav": "waiting",
             "window_hours": int(WAITING_WINDOW.total_seconds() // 3600),
-            "n_requests": sum(len(g.requests) for g in groups),
-            "n_freed": sum(len(g.requests) for g in groups if g.freed),
+            "n_requests": total,
+            "n_unlisted": total - listed,
+            "n_freed": sum(len(g.requests) + g.more for g in groups if g.freed),
+            "job": job,
+            "scaler": scaler,
+            "answer": job_answer(job, now) if job else None,
         },
     )

@@ -3,8 +3,11 @@ reservations holding that cap (age, agent, state, owner instance)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -143,7 +146,7 @@ def end(agent_id: str) -> None:
 
 
 @pytest.mark.parametrize("cap", CAP_SETTINGS)
-def test_a_job_waits_on_a_cap_only_while_that_cap_still_refuses_it(cap, browser_client):
+def test_the_page_follows_the_cap_that_holds_a_job_and_the_count_does_not_flap(cap, browser_client):
     glob, caps, pool = CAP_SETTINGS[cap]
     set_global(**glob)
     make_scaler("c", **caps, pool=make_pool("box", **pool) if pool is not None else None)
@@ -154,11 +157,12 @@ def test_a_job_waits_on_a_cap_only_while_that_cap_still_refuses_it(cap, browser_
     (group,) = waiting_groups()
     assert (group.cap, group.freed, [h.agent_id for h in group.holders]) == (cap, False, [holder])
     assert attention_lines() == [f"1 job waiting on c: at capacity ({cap})"]
-    # The holder ends: the cap would admit the job now. It waits for the orchestrator, not a person.
+    # The holder ends: the cap would admit the job now. The page says so; the count stays until the
+    # orchestrator asks again (admitted) or stops asking (its retry window), so it does not flap.
     end(holder)
     (group,) = waiting_groups()
     assert (group.cap, group.freed, group.holders, group.requests[0].job_id) == (cap, True, [], "waiting")
-    assert attention_lines() == []
+    assert attention_lines() == [f"1 job waiting on c: at capacity ({cap})"]
     html = browser_client.get("/scalers/why-waiting/").content.decode()
     assert "Capacity freed:" in html and "waits for the orchestrator to ask again" in html and "data-freed" in html
     assert "Reservations holding" not in html
@@ -184,6 +188,92 @@ def test_a_job_refused_by_one_cap_is_shown_under_the_cap_that_holds_it_now(brows
     request_scale(["d"], "d2")  # c has room again, but the console is full
     (group,) = waiting_groups()
     assert (group.cap, group.scaler, group.freed, len(group.holders)) == ("globalMaxAgents", "", False, 2)
-    assert attention_lines() == ["1 job waiting on c: at capacity (globalMaxAgents)"]
+    assert attention_lines() == ["1 job waiting on c: at capacity (maxAgents)"]  # as its decision named it
     html = browser_client.get("/scalers/why-waiting/").content.decode()
     assert "maxAgents reached on scaler c" in html and "(now held by globalMaxAgents)" in html
+
+
+@pytest.mark.parametrize("outcome_cap", [("at-capacity", "maxAgents"), ("skipped", "")])
+def test_a_job_told_to_ask_again_stops_waiting_once_it_stops_asking(settings, browser_client, outcome_cap):
+    """Retry-After 10 s: a job not asked about for three intervals (at least a minute) is no longer
+    the orchestrator's current job here; a permanent refusal is shown for the whole window."""
+    settings.KICI_SCALE_RETRY_AFTER_SECONDS = 10
+    make_scaler("c", max_agents=1)
+    request_scale(["linux"], "holder", resources=JOB)
+    outcome, cap = outcome_cap
+    now = timezone.now()
+    ScaleRequest.objects.create(
+        job_id="asking",
+        labels=["linux"],
+        outcome=outcome,
+        cap=cap,
+        scaler_name="c",
+        decided_at=now,
+        first_requested_at=now,
+    )
+    ScaleRequest.objects.create(
+        job_id="gone-quiet",
+        labels=["linux"],
+        outcome=outcome,
+        cap=cap,
+        scaler_name="c",
+        decided_at=now - timedelta(seconds=61),
+        first_requested_at=now - timedelta(minutes=5),
+    )
+    ScaleRequest.objects.create(
+        job_id="never",
+        labels=["linux"],
+        outcome="no-backend",
+        scaler_name="",
+        decided_at=now - timedelta(hours=5),
+        first_requested_at=now - timedelta(hours=5),
+    )
+    waiting = {r.job_id for g in waiting_groups() for r in g.requests}
+    assert waiting == {"asking", "never"}
+    assert sum(item.count for item in needs_attention().items if item.kind == "waiting") == 2
+
+
+def test_a_job_is_answered_first_with_the_reservations_holding_its_cap(browser_client):
+    make_scaler("c", max_agents=1)
+    holder = request_scale(["linux"], "holder").agent
+    request_scale(["linux"], "stuck")
+    html = browser_client.get("/scalers/why-waiting/?job=stuck").content.decode()
+    answer = html.split('id="job-answer"')[1].split("</section>")[0]
+    assert "Waiting for <code" in answer and "maxAgents = 1" in answer and "1 reservation holds it" in answer
+    assert html.index(holder) < html.index('aria-label="Waiting jobs"')  # the holders come before the jobs
+    served = browser_client.get("/scalers/why-waiting/?job=holder").content.decode()
+    assert "Not waiting: agent <a" in served and holder in served.split('id="job-answer"')[1]
+    unknown = browser_client.get("/scalers/why-waiting/?job=nobody-asked").content.decode()
+    assert "The console decided no request for this job" in unknown
+
+
+def test_the_page_filters_by_scaler_and_says_how_many_more_a_group_holds(browser_client, settings):
+    from front.views.waiting import GROUP_ROWS
+
+    make_scaler("c", max_agents=1, label_sets=[["c"]])
+    make_scaler("d", max_agents=1, label_sets=[["d"]])
+    request_scale(["c"], "c-holder")
+    request_scale(["d"], "d-holder")
+    for i in range(GROUP_ROWS + 3):
+        request_scale(["c"], f"c-{i}")
+    request_scale(["d"], "d-waiting")
+    html = browser_client.get("/scalers/why-waiting/?scaler=c").content.decode()
+    assert "and 3 more jobs in this group (older)" in html and f"Jobs ({GROUP_ROWS + 3})" in html
+    assert "d-waiting" not in html and "c-52" in html and "c-0<" not in html
+    everything = browser_client.get("/scalers/why-waiting/").content.decode()
+    assert "d-waiting" in everything
+    line = next(i for i in needs_attention().items if "on c:" in i.text)
+    assert line.url == "/scalers/why-waiting/?scaler=c" and line.count == GROUP_ROWS + 3
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("jobs=x", "jobs: unknown parameter"),
+        ("job=a&job=b", "job: takes one value"),
+        ("job=" + "x" * 201, "job: at most"),
+    ],
+)
+def test_a_bad_parameter_is_refused_naming_it(browser_client, query, message):
+    r = browser_client.get(f"/scalers/why-waiting/?{query}")
+    assert r.status_code == 400 and message in r.content.decode()

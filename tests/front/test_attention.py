@@ -217,8 +217,7 @@ def test_the_summary_costs_the_same_queries_however_many_rows(viewer_client):
     assert (
         first.counts["lost"] == 6 and second.counts["lost"] == 66 and second.counts["not_ready"] == 6 + 3
     )  # hosts, and the "many" scalers failing
-    # Each refusal is decided again: at first the caps have room (only the slot waits count); the
-    # many agents then fill globalMaxAgents, which holds every refused job.
-    assert first.counts["waiting"] == 6 and second.counts["waiting"] == 66 + 66
-    assert len(few) == len(many) == 10
+    # Every refused job still asking counts, under the cap its decision named, and every slot wait.
+    assert first.counts["waiting"] == 6 + 6 and second.counts["waiting"] == 66 + 66
+    assert len(few) == len(many) == 8
     assert len(page_few) == len(page_many)
