@@ -3,7 +3,18 @@ mounted at ``/``."""
 
 from django.urls import include, path, register_converter
 
-from .views import agent_list, agent_page, console, dashboard, event_feed, isolation, operations, scalers, waiting
+from .views import (
+    agent_list,
+    agent_page,
+    console,
+    dashboard,
+    event_feed,
+    isolation,
+    operations,
+    scalers,
+    tokens,
+    waiting,
+)
 
 
 class ScalerNameConverter:
@@ -65,4 +76,6 @@ urlpatterns = [
     ),
     path("agents/<str:agent_id>/console/<str:stream>/lines", console.agent_console_lines, name="agent_console_lines"),
     path("events/", event_feed.event_list, name="event_list"),
+    path("tokens/", tokens.token_list, name="token_list"),
+    path("tokens/<str:name>/revoke/", tokens.token_revoke, name="token_revoke"),
 ]

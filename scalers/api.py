@@ -1,7 +1,10 @@
 """The orchestrator's API: ask for an agent for a job, follow it, and end it.
 
-Every route takes ``Authorization: Bearer <KICI_API_TOKEN>`` (401 ``unauthorized`` without it, 503
-``unavailable`` when the console has no token configured) and answers JSON.
+Every route takes ``Authorization: Bearer <token>``: ``KICI_API_TOKEN`` or a named API token
+(``scalers.api_tokens``) with the route's scope, ``scale`` for the POSTs and ``read`` for the
+GETs. 401 ``unauthorized`` without a valid one, 403 ``forbidden`` for a token without the scope,
+503 ``unavailable`` when the console has no token at all. Answers are JSON; every admission,
+job-complete and release is logged with the caller's token name (logger ``kici.audit``).
 
 * ``GET /api/v1/agents/<agentId>``: :func:`agent_json` of one agent (404 ``not-found``).
 * ``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: ``{agents: [...], nextCursor}``,
@@ -63,8 +66,8 @@ connection (see ``scalers.admission.queue``). Nothing is written unless the deci
 
 from __future__ import annotations
 
-import hmac
 import logging
+from functools import wraps
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -82,12 +85,15 @@ from lib.wording import json_text, listed
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
 from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+from scalers.api_tokens import Caller, any_configured, environment_caller, record_caller
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.lifecycle import Refused, complete_job, release_agent
 from scalers.models import ScaleOutcome
 
 log = logging.getLogger(__name__)
+#: One line per admission, job-complete and release, with the caller's token name.
+audit = logging.getLogger("kici.audit")
 
 
 def _enqueue_in_worker(decision, agent):
@@ -104,16 +110,27 @@ def _error(status: int, reason: str, message: str, *, field: str | None = None, 
     return api_error(status, reason, message, field=field, **extra)
 
 
-def _authorized(request) -> bool | None:
-    """True/False for the bearer token; None when no token is configured."""
-    expected = settings.KICI_API_TOKEN
-    if not expected:
-        return None
+def _bearer(request) -> str:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        return False
-    return hmac.compare_digest(token.strip().encode(), expected.encode())
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _authenticate(request, scope: str) -> tuple[Caller | None, JsonResponse | None]:
+    """The caller of ``request`` when its bearer token may ``scope``, else the refusal (module doc).
+    Reads the database for a named token (at most every few seconds per token and process)."""
+    raw = _bearer(request)
+    try:
+        caller = (environment_caller(raw) or record_caller(raw)) if raw else None
+        if caller is None and not any_configured():
+            return None, _error(503, "unavailable", "no API token is configured on this console (KICI_API_TOKEN)")
+    except DatabaseError:
+        return None, _error(503, "unavailable", "database unavailable")
+    if caller is None:
+        return None, _error(401, "unauthorized", "send Authorization: Bearer <an API token of this console>")
+    if not caller.may(scope):
+        return None, _error(403, "forbidden", f"token {caller.name} lacks the scope {json_text(scope)}")
+    return caller, None
 
 
 @csrf_exempt
@@ -123,11 +140,11 @@ async def scale(request):
         response = _error(405, "method-not-allowed", f"{request.method} is not allowed here; allowed: POST")
         response["Allow"] = "POST"
         return response
-    auth = _authorized(request)
-    if auth is None:
-        return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
-    if not auth:
-        return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
+    caller = environment_caller(_bearer(request))  # the common case needs no thread hop
+    if caller is None:
+        caller, refused = await sync_to_async(_authenticate)(request, "scale")
+        if refused:
+            return refused
     if refused := json_content_type_refusal(request):
         return refused
     try:
@@ -163,6 +180,8 @@ async def scale(request):
     if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
 
+    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+        audit.info("scale by token %s: job %s -> %s (%s)", caller.name, data.job_id, decision.agent, decision.action)
     if decision.action == ScaleOutcome.SPAWNING:
         return JsonResponse(
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201
@@ -222,18 +241,21 @@ def agent_json(agent: Agent) -> dict:
     }
 
 
-def _orchestrator(view):
-    """CSRF-exempt, bearer-checked (module doc), ``method`` only."""
+def _orchestrator(scope: str):
+    """CSRF-exempt and bearer-checked for ``scope`` (module doc); the view gets ``request.caller``."""
 
-    def check(request, *args, **kwargs):
-        auth = _authorized(request)
-        if auth is None:
-            return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
-        if not auth:
-            return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
-        return view(request, *args, **kwargs)
+    def wrap(view):
+        @wraps(view)
+        def check(request, *args, **kwargs):
+            caller, refused = _authenticate(request, scope)
+            if refused:
+                return refused
+            request.caller = caller
+            return view(request, *args, **kwargs)
 
-    return csrf_exempt(check)
+        return csrf_exempt(check)
+
+    return wrap
 
 
 def _only(request, method: str) -> JsonResponse | None:
@@ -266,7 +288,7 @@ def _bad_parameter(exc: BadParameter) -> JsonResponse:
     return _error(400, "invalid-request", str(exc), field=exc.field)
 
 
-@_orchestrator
+@_orchestrator("read")
 def agent_detail(request, agent_id: str):
     """``GET /api/v1/agents/<agentId>``: the agent (:func:`agent_json`); 400 naming any query
     parameter (it takes none), 404 for an unknown agent."""
@@ -282,7 +304,7 @@ def agent_detail(request, agent_id: str):
     return JsonResponse(agent_json(agent))
 
 
-@_orchestrator
+@_orchestrator("read")
 def agent_list(request):
     """``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: agents in creation order,
     ``limit`` (1 to :data:`MAX_PAGE`, default 100) at a time, ``nextCursor`` the ``cursor`` of the
@@ -339,6 +361,7 @@ def _end(request, agent_id: str, field: str, check, call):
         agent = call(agent_id, value)
     except Refused as exc:
         return _error(exc.status, exc.code, exc.message, field=exc.field)
+    audit.info("%s by token %s: %s", request.path.rsplit("/", 1)[-1], request.caller.name, agent_id)
     return JsonResponse(agent_json(agent))
 
 
@@ -354,12 +377,12 @@ def _reason_problem(value) -> str | None:
     return f"reason: must be a string of at most 500 characters, got {json_text(value)}"
 
 
-@_orchestrator
+@_orchestrator("scale")
 def job_complete(request, agent_id: str):
     return _end(request, agent_id, "jobId", _job_id_problem, complete_job)
 
 
-@_orchestrator
+@_orchestrator("scale")
 def agent_release(request, agent_id: str):
     return _end(
         request, agent_id, "reason", _reason_problem, lambda a, reason: release_agent(a, (reason or "").strip())

@@ -279,6 +279,29 @@ class ScaleRequest(models.Model):
         return f"{self.job_id}: {self.outcome} {self.cap}".strip()
 
 
+class ApiToken(models.Model):
+    """A named bearer token of the orchestrator's API (``scalers.api_tokens``): only its SHA-256 is
+    kept; ``scopes`` of ``scale`` (ask for, complete and release agents) and ``read`` (follow
+    them). Revoked or past ``expires_at``, it is refused."""
+
+    name = models.CharField(max_length=63, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="the token's first characters, to tell it apart")
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+
 class MetricCounter(models.Model):
     """A Prometheus counter shared by every console process (incremented in SQL, read at scrape).
 
