@@ -6,15 +6,18 @@ destroys) so ``/metrics`` can read them without importing the spawn machinery.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import connection
+from django.utils import timezone
 
 from agents.choices import AgentState
 from scalers.labels import platform_to_taints
 from scalers.resources import has_declared_shape
 
 from .admission import ledger
-from .admission.matching import World
+from .admission.matching import ScalerInfo, World
+from .warm_schedule import size_at
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,17 @@ class PoolSpec:
     idle_timeout_seconds: float
 
 
-def configured_pools(world: World) -> tuple[list[PoolSpec], list[str]]:
-    """The pools the config asks for, and one warning per pool refused (pure)."""
+def pool_size(info: ScalerInfo, at: datetime) -> int:
+    """The warm pool size ``info`` asks for at ``at``: its ``warmPool.schedule`` when it has one
+    (``scalers.warm_schedule``), else its ``warmPool.size``."""
+    warm = (info.config or {}).get("warmPool") or {}
+    return size_at(warm, at) if warm.get("schedule") else info.warm_pool_size
+
+
+def configured_pools(world: World, now: datetime | None = None) -> tuple[list[PoolSpec], list[str]]:
+    """The pools the config asks for at ``now`` (sizes by their schedule), and one warning per
+    pool refused (pure but for the clock)."""
+    now = now or timezone.now()
     pools: list[PoolSpec] = []
     warnings: list[str] = []
     for info in world.scalers.values():
@@ -55,7 +67,7 @@ def configured_pools(world: World) -> tuple[list[PoolSpec], list[str]]:
                 )
                 continue
             pools.append(
-                PoolSpec(info.pk, info.name, ls.pk, key, info.warm_pool_size, info.warm_pool_idle_timeout_seconds)
+                PoolSpec(info.pk, info.name, ls.pk, key, pool_size(info, now), info.warm_pool_idle_timeout_seconds)
             )
     return pools, warnings
 

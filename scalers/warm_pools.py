@@ -104,7 +104,7 @@ def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
     config change) destroys a shrunk pool's oldest surplus without waiting for the idle timeout.
     Returns how many were destroyed."""
     now = now or timezone.now()
-    pools, _ = configured_pools(read_world())
+    pools, _ = configured_pools(read_world(), now)
     by_set = {p.label_set_pk: p for p in pools}
     idle = list(
         Agent.objects.select_related("scaler")

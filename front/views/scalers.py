@@ -25,6 +25,7 @@ from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.models import ConfigState, LabelSet, Scaler
 from scalers.samples import CHART_WINDOW, recent_samples
+from scalers.warm_schedule import size_now
 
 from ..charts import scaler_charts
 from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, gateway_for, plan_host_access_change
@@ -68,9 +69,12 @@ def scaler_detail(request, name: str):
     now = timezone.now()
     samples = recent_samples(scaler, now)
     every = settings.KICI_CAPACITY_SAMPLE_SECONDS
+    warm = (scaler.config or {}).get("warmPool") or {}
     ctx = {
         "nav": "scalers",
         "scaler": scaler,
+        "warm_now": size_now(warm, now) if scaler.warm_pool_enabled and warm.get("schedule") else None,
+        "warm_zone": warm.get("timeZone") or "UTC",
         "cap": scaler_capacities([scaler])[0],
         "label_sets": label_sets,
         "agents": agents,

@@ -39,6 +39,7 @@ import json
 import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     AfterValidator,
@@ -340,13 +341,46 @@ class MachinePool(_Strict):
 SCALER_TYPES = ("container", "bare-metal", "firecracker", "event")
 
 
+#: ``HH:MM`` on a 24-hour clock, ``24:00`` being the end of the day.
+ClockTime = Annotated[str, Field(pattern=r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$")]
+
+
+class WarmPeriod(_Strict):
+    """One ``warmPool.schedule`` entry (strict): on ``days`` (every day when absent), from ``from``
+    to ``to`` (``HH:MM`` in ``warmPool.timeZone``; a ``to`` at or before ``from`` runs past
+    midnight; both absent: the whole day), the pool's size is ``size`` (int ≥ 0)."""
+
+    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] | None = Field(default=None, min_length=1)
+    start: ClockTime | None = Field(default=None, alias="from")
+    end: ClockTime | None = Field(default=None, alias="to")
+    size: Integer = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _both_ends_or_none(self) -> WarmPeriod:
+        if (self.start is None) != (self.end is None):
+            raise ValueError("give both from and to (HH:MM), or neither for the whole day")
+        return self
+
+
+def _time_zone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {describe_value(value)} (an IANA name such as Europe/Berlin)") from exc
+    return value
+
+
 class WarmPool(_Loose):
     """``warmPool`` (not strict): ``enabled`` (false), ``size`` (int ≥ 0,
-    0), ``idleTimeoutSeconds`` (seconds, 300, no lower bound)."""
+    0), ``idleTimeoutSeconds`` (seconds, 300, no lower bound), ``schedule`` (periods with their own
+    size, the first that matches wins, else ``size``; ``scalers.warm_schedule``) in ``timeZone``
+    (an IANA name, UTC)."""
 
     enabled: StrictBool = False
     size: Integer = Field(default=0, ge=0)
     idle_timeout_seconds: Number = 300
+    schedule: list[WarmPeriod] | None = None
+    time_zone: Annotated[str, AfterValidator(_time_zone)] = "UTC"
 
 
 class Platform(_Strict):
