@@ -423,9 +423,22 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
             continue
         status = job.get_status(refresh=False)
         if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-            fail_spawn(agent, f"spawn job {job.id} is {status.value}", reason="spawn-job-failed")
+            cause = _job_failure_cause(job)
+            detail = f"spawn job {job.id} is {status.value}" + (f": {cause}" if cause else "")
+            fail_spawn(agent, detail, reason="spawn-job-failed")
             n += 1
     return n
+
+
+def _job_failure_cause(job: Job) -> str:
+    """The last line of the exception rq recorded for ``job`` (``RuntimeError: backend
+    exploded``), or "" when it kept none; the worker's log is not where a person looks first."""
+    try:
+        result = job.latest_result()
+    except Exception:  # noqa: BLE001 - the cause is a courtesy: the failure stands without it
+        return ""
+    text = (getattr(result, "exc_string", None) or "").strip() if result is not None else ""
+    return text.splitlines()[-1][:500] if text else ""
 
 
 #: Seconds an agent stays ``destroying`` before the sweeper retries its teardown (its destroy

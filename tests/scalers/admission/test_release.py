@@ -220,7 +220,7 @@ def test_the_sweep_fails_spawns_whose_rq_job_failed(admitted, docker_client):
     assert reap_failed_spawn_jobs(min_age_seconds=0) == 1
     assert not Reservation.objects.exists()
     admitted.refresh_from_db()
-    assert admitted.failure_reason == f"spawn job {job.id} is failed"
+    assert admitted.failure_reason == f"spawn job {job.id} is failed: RuntimeError: backend exploded"
 
 
 @pytest.mark.parametrize("loss", ["evicted", "queue-emptied"])
