@@ -128,11 +128,19 @@ CHANNEL_LAYERS = {
 # operations that touch them run on the queue "host:<KICI_HOST_NAME>".
 KICI_HOST_NAME = env_str("KICI_HOST_NAME", socket.gethostname())
 KICI_HOST_QUEUE = f"host:{KICI_HOST_NAME}"
+# Every rq job is JSON (ids and plain values), never pickle: unpickling runs code, so a queue entry
+# pushed by another Redis client must not run as the worker's user. Queues carry it here; the
+# worker (kici_site.worker.KiciWorker, also for a bare `rqworker`) decodes with nothing else.
+KICI_JOB_SERIALIZER = "rq.serializers.JSONSerializer"
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": env_int("KICI_JOB_TIMEOUT", 900, minimum=10)}
+    name: {
+        "URL": REDIS_URL,
+        "DEFAULT_TIMEOUT": env_int("KICI_JOB_TIMEOUT", 900, minimum=10),
+        "SERIALIZER": KICI_JOB_SERIALIZER,
+    }
     for name in ["default", KICI_HOST_QUEUE, *env_list("KICI_EXTRA_QUEUES", [])]
 }
-RQ = {"COMMIT_MODE": "on_db_commit"}
+RQ = {"COMMIT_MODE": "on_db_commit", "WORKER_CLASS": "kici_site.worker.KiciWorker"}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
