@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import socket
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -19,6 +18,7 @@ from .env import (
     env_secrets_key,
     env_str,
     env_url_map,
+    redis_place,
     redis_url,
 )
 
@@ -112,7 +112,7 @@ REDIS_URL = redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # Redis Pub/Sub channels are shared by every database of a server: the prefix carries the db
 # number so two consoles (or two test runs) on one Redis never hear each other's groups.
-_REDIS_DB = (urlsplit(REDIS_URL).path.strip("/") or "0") if REDIS_URL.startswith("redis") else "0"
+_REDIS_DB = redis_place(REDIS_URL)[1]
 CHANNEL_LAYERS = {
     "default": {
         # Pub/Sub: one PUBLISH per group message and pushed delivery; the list-based
