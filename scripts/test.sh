@@ -8,7 +8,7 @@ SUITE_REDIS_URL="${KICI_TEST_REDIS_URL:-${REDIS_URL:-}}"
 apt_install nftables libnftables1 iproute2 busybox-static e2fsprogs docker.io chromium ca-certificates curl \
   docker-registry apache2-utils lz4 qemu-system-x86
 ensure_postgres
-ensure_redis
+ensure_suite_redis
 ensure_venv
 load_env
 ensure_database
