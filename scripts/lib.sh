@@ -89,7 +89,7 @@ ensure_database() {
   $SUDO -u postgres psql -qc "do \$\$ begin if not exists (select from pg_roles where rolname='kici') then create role kici login createdb password '$pw'; else alter role kici password '$pw'; end if; end \$\$;" >/dev/null
   $SUDO -u postgres psql -Atqc "select 1 from pg_database where datname='kici'" | grep -q 1 || $SUDO -u postgres createdb -O kici kici
   export DATABASE_URL="postgres://kici:$pw@127.0.0.1:5432/kici"
-  echo "export DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env"
+  (umask 077; echo "export DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env")
 }
 
 ensure_suite_redis() {  # the test suite's Redis on 127.0.0.1:6379 (kici_site/settings_test.py picks its database)
@@ -119,6 +119,7 @@ ensure_console_redis() {
   if [ -z "${REDIS_URL:-}" ]; then
     REDIS_URL="unix://$sock?db=0&password=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     (umask 077; echo "export REDIS_URL='$REDIS_URL'" >> "$ROOT/var/env")
+    chmod 0600 "$ROOT/var/env"  # also when an older set-up created it readable
     say "generated the password of the console's Redis, kept in var/env (REDIS_URL)"
   fi
   export REDIS_URL

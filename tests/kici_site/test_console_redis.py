@@ -59,6 +59,7 @@ def console_redis():
         password = url.rpartition("password=")[2]
         assert url == f"unix://{directory}/redis.sock?db=0&password={password}" and len(password) == 48
         assert (checkout / "var" / "env").read_text() == f"export REDIS_URL='{url}'\n"
+        assert stat.S_IMODE((checkout / "var" / "env").stat().st_mode) == 0o600
         yield directory, password, url
     finally:
         with contextlib.suppress(redis.RedisError, NameError):
