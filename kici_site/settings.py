@@ -132,6 +132,8 @@ KICI_HOST_QUEUE = f"host:{KICI_HOST_NAME}"
 # pushed by another Redis client must not run as the worker's user. Queues carry it here; the
 # worker (kici_site.worker.KiciWorker, also for a bare `rqworker`) decodes with nothing else.
 KICI_JOB_SERIALIZER = "rq.serializers.JSONSerializer"
+# The packages whose functions a KiciWorker runs as jobs and callbacks (kici_site.worker.job_function).
+KICI_JOB_PACKAGES = ("agents", "kici_site", "live", "network", "operations", "scalers")
 RQ_QUEUES = {
     name: {
         "URL": REDIS_URL,

@@ -75,6 +75,9 @@ from .settings import *  # noqa: E402,F401,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
+# The tests' own job functions (tests/...) run in real workers too.
+KICI_JOB_PACKAGES = (*KICI_JOB_PACKAGES, "tests")  # noqa: F405
+
 # Tests never write to the default console table of this host ("kici"): a leftover there would
 # judge the sandboxes of a `make run` on the same machine. tests/conftest.py drops it at the end.
 KICI_NFT_TABLE = "kicitest"

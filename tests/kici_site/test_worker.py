@@ -80,3 +80,30 @@ def test_a_pickled_job_pushed_by_another_client_never_runs(tmp_path, queue_name)
 def test_every_configured_queue_encodes_jobs_as_json():
     for name in settings.RQ_QUEUES:
         assert django_rq.get_queue(name).serializer.__name__ == "JSONSerializer", name
+
+
+@pytest.mark.parametrize("name", ["os.mkdir", "scalers.admission.queue.os.mkdir", "agents.models.Agent"])
+def test_a_json_job_naming_a_function_outside_the_console_never_runs(tmp_path, queue_name, name):
+    made = tmp_path / "made"
+    queue = Queue(queue_name, connection=django_rq.get_connection("default"), serializer=settings.KICI_JOB_SERIALIZER)
+    job = queue.enqueue(name, str(made))
+
+    worker = _run_burst_worker(queue_name)
+
+    assert not made.exists(), f"the worker ran {name}"
+    assert worker.returncode == 0, worker.stderr
+    assert job.get_status(refresh=True) == "failed"
+    assert "JobRefused" in job.latest_result().exc_string
+
+
+def test_a_foreign_failure_callback_is_refused_too(tmp_path, queue_name):
+    from rq import Callback
+
+    queue = Queue(queue_name, connection=django_rq.get_connection("default"), serializer=settings.KICI_JOB_SERIALIZER)
+    job = queue.enqueue(write_marker, 42, on_failure=Callback("shutil.rmtree"))  # write_marker(42) fails
+
+    worker = _run_burst_worker(queue_name)
+
+    assert worker.returncode == 0, worker.stderr
+    assert job.get_status(refresh=True) == "failed"
+    assert "shutil.rmtree" in worker.stderr + worker.stdout and "JobRefused" in worker.stderr + worker.stdout
