@@ -19,5 +19,6 @@ check:  ## validate the scaler config without applying it (CONFIG=path to check 
 bench:  ## print the benchmark figures
 	for b in bench/*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
 
-clean:
+clean:  ## remove the venv and var/ (generated secrets included), stopping the console's Redis first
+	@if [ -S var/run/redis/redis.sock ] && [ -f var/env ]; then bash -c '. scripts/lib.sh && . var/env && stop_console_redis'; fi
 	rm -rf .venv var .pytest_cache

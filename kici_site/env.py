@@ -85,16 +85,51 @@ def database_from_url(name: str, url: str) -> dict:
 
 
 def redis_url(name: str, default: str) -> str:
-    """Return ``$name`` after checking it is a redis:// or rediss:// URL."""
+    """Return ``$name`` after checking it is a ``redis://``, ``rediss://`` or
+    ``unix:///path?db=N&password=...`` URL (the forms redis-py, rq and channels-redis all read)."""
     url = env_str(name, default)
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ImproperlyConfigured(f"{name}={url!r}: expected a redis:// URL")
+        raise ImproperlyConfigured(f"{name}={redact_url(url)!r}: expected a redis://, rediss:// or unix:// URL")
     try:
         _ = parts.port  # urlsplit parses the port lazily: reading it raises on a non-number
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={url!r}: the port is not a number") from None
+        redis_place(url)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={redact_url(url)!r}: {exc}") from None
     return url
+
+
+def redis_place(url: str) -> tuple[str, int]:
+    """``(server, db)`` of a Redis URL: ``("unix:<socket path>", db)`` or ``("<host>:<port>", db)``
+    (port 6379 when the URL names none; db from the path or ``?db=``, 0 when neither). Two URLs
+    with the same place reach the same keys whatever their password. ValueError for a db that is
+    not a number."""
+    from redis.connection import parse_url
+
+    kwargs = parse_url(url)
+    server = (
+        f"unix:{kwargs['path']}"
+        if "path" in kwargs
+        else f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    )
+    return server, int(kwargs.get("db") or 0)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (in the user info or a ``password=`` parameter) shown as ``***``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    userinfo, at, hostport = netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if at and colon:
+        netloc = f"{user}:***@{hostport}"
+    query = "&".join(
+        "password=***" if pair.partition("=")[0] == "password" else pair for pair in parts.query.split("&") if pair
+    )
+    redacted = parts._replace(netloc=netloc, query=query).geturl()
+    if not parts.netloc and url.startswith(f"{parts.scheme}://"):  # unix:///path keeps its "//"
+        redacted = redacted.replace(":", "://", 1)
+    return redacted
 
 
 def env_url_map(name: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import socket
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -19,6 +18,7 @@ from .env import (
     env_secrets_key,
     env_str,
     env_url_map,
+    redis_place,
     redis_url,
 )
 
@@ -112,7 +112,7 @@ REDIS_URL = redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # Redis Pub/Sub channels are shared by every database of a server: the prefix carries the db
 # number so two consoles (or two test runs) on one Redis never hear each other's groups.
-_REDIS_DB = (urlsplit(REDIS_URL).path.strip("/") or "0") if REDIS_URL.startswith("redis") else "0"
+_REDIS_DB = redis_place(REDIS_URL)[1]
 CHANNEL_LAYERS = {
     "default": {
         # Pub/Sub: one PUBLISH per group message and pushed delivery; the list-based
@@ -128,11 +128,21 @@ CHANNEL_LAYERS = {
 # operations that touch them run on the queue "host:<KICI_HOST_NAME>".
 KICI_HOST_NAME = env_str("KICI_HOST_NAME", socket.gethostname())
 KICI_HOST_QUEUE = f"host:{KICI_HOST_NAME}"
+# Every rq job is JSON (ids and plain values), never pickle: unpickling runs code, so a queue entry
+# pushed by another Redis client must not run as the worker's user. Queues carry it here; the
+# worker (kici_site.worker.KiciWorker, also for a bare `rqworker`) decodes with nothing else.
+KICI_JOB_SERIALIZER = "rq.serializers.JSONSerializer"
+# The packages whose functions a KiciWorker runs as jobs and callbacks (kici_site.worker.job_function).
+KICI_JOB_PACKAGES = ("agents", "kici_site", "live", "network", "operations", "scalers")
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": env_int("KICI_JOB_TIMEOUT", 900, minimum=10)}
+    name: {
+        "URL": REDIS_URL,
+        "DEFAULT_TIMEOUT": env_int("KICI_JOB_TIMEOUT", 900, minimum=10),
+        "SERIALIZER": KICI_JOB_SERIALIZER,
+    }
     for name in ["default", KICI_HOST_QUEUE, *env_list("KICI_EXTRA_QUEUES", [])]
 }
-RQ = {"COMMIT_MODE": "on_db_commit"}
+RQ = {"COMMIT_MODE": "on_db_commit", "WORKER_CLASS": "kici_site.worker.KiciWorker"}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

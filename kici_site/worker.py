@@ -1,15 +1,69 @@
-"""The rq worker class the console runs (``rqworker --worker-class kici_site.worker.KiciWorker``).
+"""The rq worker class the console runs (``rqworker``; ``RQ["WORKER_CLASS"]`` names it).
 
 A forked work-horse ends with ``os._exit``: anything still queued on the event publisher
 thread would be lost, so every job is followed by a bounded flush.
+
+Jobs are decoded with ``settings.KICI_JOB_SERIALIZER`` (JSON) whatever ``--serializer`` says: a
+pickled job runs code while it is being decoded, so an entry another Redis client pushed in
+pickle form fails to decode (the job fails) and never runs. A decoded job runs only a function
+of the console's own packages (``settings.KICI_JOB_PACKAGES``), callbacks included (:class:`KiciJob`):
+a JSON entry naming ``os.system`` fails instead.
 """
 
+import inspect
+
+from django.conf import settings
 from rq import Worker
+from rq.job import Job
+from rq.utils import import_attribute
 
 from agents.events import flush_events
 
 
+class JobRefused(Exception):
+    """A queued job names a callable that is not one of the console's job functions."""
+
+
+def job_function(name: str):
+    """The function ``name`` (``package.module.function``) when it is the console's own: its name
+    starts with a package of ``settings.KICI_JOB_PACKAGES`` (checked before anything is imported)
+    and it is a plain function defined in one of them. JobRefused naming it otherwise."""
+    packages = tuple(settings.KICI_JOB_PACKAGES)
+    if not isinstance(name, str) or name.partition(".")[0] not in packages:
+        raise JobRefused(f"job function {name!r} is not in the console's packages ({', '.join(packages)})")
+    func = import_attribute(name)
+    module = getattr(func, "__module__", None) or ""
+    if not inspect.isfunction(func) or module.partition(".")[0] not in packages:
+        raise JobRefused(f"job function {name!r} is not a function defined in the console's packages")
+    return func
+
+
+class KiciJob(Job):
+    """A job whose function and callbacks resolve only through :func:`job_function`."""
+
+    @property
+    def func(self):
+        return None if self.func_name is None else job_function(self.func_name)
+
+    @property
+    def success_callback(self):
+        return job_function(self._success_callback_name) if self._success_callback_name else None
+
+    @property
+    def failure_callback(self):
+        return job_function(self._failure_callback_name) if self._failure_callback_name else None
+
+    @property
+    def stopped_callback(self):
+        return job_function(self._stopped_callback_name) if self._stopped_callback_name else None
+
+
 class KiciWorker(Worker):
+    def __init__(self, *args, **kwargs):
+        kwargs["serializer"] = settings.KICI_JOB_SERIALIZER
+        kwargs["job_class"] = KiciJob
+        super().__init__(*args, **kwargs)
+
     def perform_job(self, job, queue):
         try:
             return super().perform_job(job, queue)

@@ -128,7 +128,7 @@ def fail_lost_runs(now: datetime | None = None) -> list[int]:
     for operation in candidates:
         try:
             queue = get_queue(operation.host_queue)
-            job = Job.fetch(operation.rq_job_id, connection=queue.connection)
+            job = Job.fetch(operation.rq_job_id, connection=queue.connection, serializer=queue.serializer)
             status = job.get_status(refresh=True)
         except NoSuchJobError:
             status = None

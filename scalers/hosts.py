@@ -33,7 +33,12 @@ def queue_named(name: str) -> Queue:
     if name in settings.RQ_QUEUES:
         return django_rq.get_queue(name)
     timeout = settings.RQ_QUEUES["default"].get("DEFAULT_TIMEOUT")
-    return Queue(name, connection=django_rq.get_connection("default"), default_timeout=timeout)
+    return Queue(
+        name,
+        connection=django_rq.get_connection("default"),
+        default_timeout=timeout,
+        serializer=settings.KICI_JOB_SERIALIZER,
+    )
 
 
 def scaler_queue(scaler) -> Queue:

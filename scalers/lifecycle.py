@@ -404,7 +404,11 @@ def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
     if not agents:
         return 0
     try:
-        jobs = Job.fetch_many([a.rq_job_id for a in agents], connection=django_rq.get_connection("default"))
+        jobs = Job.fetch_many(
+            [a.rq_job_id for a in agents],
+            connection=django_rq.get_connection("default"),
+            serializer=settings.KICI_JOB_SERIALIZER,
+        )
     except Exception as exc:  # noqa: BLE001 - Redis down: try again next sweep
         log.warning("cannot read rq job states: %s", exc)
         return 0

@@ -89,20 +89,66 @@ ensure_database() {
   $SUDO -u postgres psql -qc "do \$\$ begin if not exists (select from pg_roles where rolname='kici') then create role kici login createdb password '$pw'; else alter role kici password '$pw'; end if; end \$\$;" >/dev/null
   $SUDO -u postgres psql -Atqc "select 1 from pg_database where datname='kici'" | grep -q 1 || $SUDO -u postgres createdb -O kici kici
   export DATABASE_URL="postgres://kici:$pw@127.0.0.1:5432/kici"
-  echo "export DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env"
+  (umask 077; echo "export DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env")
 }
 
-ensure_redis() {
+ensure_suite_redis() {  # the test suite's Redis on 127.0.0.1:6379 (kici_site/settings_test.py picks its database)
   command -v redis-server >/dev/null 2>&1 || apt_install redis-server
   if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-    say "starting Redis"
-    STARTED_REDIS=1
+    say "starting Redis for the tests"
     $SUDO mkdir -p /var/lib/redis /var/log/redis
     $SUDO redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
       --dir /var/lib/redis --logfile /var/log/redis/kici.log
     for _ in $(seq 1 20); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.25; done
     redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null || die "Redis did not start on 127.0.0.1:6379"
   fi
+}
+
+CONSOLE_REDIS_DIR="$RUN_DIR/redis"
+
+# The console's own Redis (make run, make stop-agents; after load_env): a redis-server of this
+# console alone, on the unix socket var/run/redis/redis.sock and no TCP port, in a directory only
+# the console's user (root) can open, with a password generated once into var/env as part of
+# REDIS_URL (unix://...?db=0&password=...). Anyone else reaching it could queue jobs the workers
+# run as root. A REDIS_URL of the operator's own (a shared Redis of several hosts,
+# docs/multi-host.md) is used as it is. Restarts reuse the URL; the data is not kept.
+ensure_console_redis() {
+  local sock="$CONSOLE_REDIS_DIR/redis.sock"
+  if [ -n "${REDIS_URL:-}" ] && [[ "$REDIS_URL" != "unix://$sock?"* ]]; then return 0; fi
+  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+  if [ -z "${REDIS_URL:-}" ]; then
+    REDIS_URL="unix://$sock?db=0&password=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+    (umask 077; echo "export REDIS_URL='$REDIS_URL'" >> "$ROOT/var/env")
+    chmod 0600 "$ROOT/var/env"  # also when an older set-up created it readable
+    say "generated the password of the console's Redis, kept in var/env (REDIS_URL)"
+  fi
+  export REDIS_URL
+  local password="${REDIS_URL##*password=}"
+  if REDISCLI_AUTH="$password" redis-cli -s "$sock" ping 2>/dev/null | grep -q PONG; then return 0; fi
+  say "starting the console's Redis on $sock"
+  start_private_redis "$CONSOLE_REDIS_DIR" "$password" "$LOG_DIR/redis.log"
+  STARTED_REDIS=1
+}
+
+# start_private_redis DIR PASSWORD LOG: a redis-server listening only on DIR/redis.sock (port 0,
+# socket mode 0700) in DIR (made 0700), refusing every client without PASSWORD; its configuration
+# (holding the password) is DIR/redis.conf, mode 0600, never the command line.
+start_private_redis() {
+  local dir="$1" password="$2" log="$3"
+  (umask 077; mkdir -p "$dir")
+  chmod 0700 "$dir"
+  (umask 077; printf '%s\n' "port 0" "unixsocket $dir/redis.sock" "unixsocketperm 700" "requirepass $password" \
+    "daemonize yes" "pidfile $dir/redis.pid" "logfile $log" "dir $dir" 'save ""' "appendonly no" > "$dir/redis.conf")
+  redis-server "$dir/redis.conf"
+  for _ in $(seq 1 40); do
+    REDISCLI_AUTH="$password" redis-cli -s "$dir/redis.sock" ping 2>/dev/null | grep -q PONG && return 0
+    sleep 0.25
+  done
+  die "Redis did not start on $dir/redis.sock; see $log"
+}
+
+stop_console_redis() {  # shut down the console's Redis (its queued jobs go with it)
+  REDISCLI_AUTH="${REDIS_URL##*password=}" redis-cli -s "$CONSOLE_REDIS_DIR/redis.sock" shutdown nosave >/dev/null 2>&1 || true
 }
 
 # The dockerd an earlier `make run` started and left running (its agents outlived that run): its
@@ -197,7 +243,7 @@ stop_started_services() {
     say "stopping the dockerd make run started (no agent runs; kici-agent-net and the isolation tables go too)"
     remove_agent_plane
   fi
-  if [ "$STARTED_REDIS" = 1 ]; then say "stopping Redis"; redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1 || true; fi
+  if [ "$STARTED_REDIS" = 1 ]; then say "stopping the console's Redis"; stop_console_redis; fi
   if [ "$STARTED_POSTGRES" = 1 ]; then
     say "stopping PostgreSQL"
     for v in $(ls /etc/postgresql 2>/dev/null); do $SUDO pg_ctlcluster --skip-systemctl-redirect "$v" main stop 2>/dev/null || true; done

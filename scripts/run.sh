@@ -8,10 +8,10 @@ trap stop_started_services EXIT
 echo $$ > "$RUN_DIR/run.pid"  # `make stop-agents` leaves the agent network alone while this runs
 ensure_venv
 ensure_postgres
-ensure_redis
 stop_test_dockerd
 ensure_dockerd
 load_env
+ensure_console_redis
 ensure_database
 ensure_api_token
 ensure_secrets_key

@@ -15,7 +15,7 @@ if [ -n "$run_pid" ]; then
 else
   trap stop_started_services EXIT
   ensure_postgres
-  ensure_redis
+  ensure_console_redis
   ensure_dockerd
 fi
 ensure_database

@@ -141,7 +141,7 @@ def run_rq_jobs():
     def run(*queue_names: str) -> int:
         names = queue_names or tuple(settings.RQ_QUEUES)
         queues = [queue_named(n) for n in names]
-        worker = SimpleWorker(queues, connection=queues[0].connection)
+        worker = SimpleWorker(queues, connection=queues[0].connection, serializer=settings.KICI_JOB_SERIALIZER)
         worker.work(burst=True)
         return worker.successful_job_count if hasattr(worker, "successful_job_count") else 0
 
@@ -165,7 +165,9 @@ def drive_rq():
         queues = [django_rq.get_queue(n) for n in names]
         deadline = time.monotonic() + timeout
         while True:
-            SimpleWorker(queues, connection=queues[0].connection).work(burst=True, with_scheduler=True)
+            SimpleWorker(queues, connection=queues[0].connection, serializer=settings.KICI_JOB_SERIALIZER).work(
+                burst=True, with_scheduler=True
+            )
             if done():
                 return True
             if time.monotonic() >= deadline:

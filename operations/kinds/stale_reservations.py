@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 
 from agents.choices import TERMINAL_STATES, UNREGISTERED_STATES, AgentState
@@ -41,7 +42,8 @@ def _rq_job_status(job_id: str) -> str | None:
 
         connection = django_rq.get_connection("default")
         try:
-            return Job.fetch(job_id, connection=connection).get_status(refresh=True).value
+            job = Job.fetch(job_id, connection=connection, serializer=settings.KICI_JOB_SERIALIZER)
+            return job.get_status(refresh=True).value
         except NoSuchJobError:
             return "gone"
     except Exception:  # noqa: BLE001 - unknown is reported as such

@@ -60,7 +60,9 @@ def rq_job_alive(agent: Agent) -> bool:
     if not agent.rq_job_id:
         return True
     try:
-        job = Job.fetch_many([agent.rq_job_id], connection=django_rq.get_connection("default"))[0]
+        job = Job.fetch_many(
+            [agent.rq_job_id], connection=django_rq.get_connection("default"), serializer=settings.KICI_JOB_SERIALIZER
+        )[0]
     except Exception as exc:  # noqa: BLE001
         log.warning("recovery: cannot ask rq about %s (%s); keeping it", agent.agent_id, exc)
         return True

@@ -38,7 +38,6 @@ def _stale_reservation() -> Agent:
 
 def test_preview_approve_live_progress_done(browser_page, wait_live, off_loop):
     import django_rq
-    from rq.job import Job
 
     for name in settings.RQ_QUEUES:
         django_rq.get_queue(name).empty()
@@ -66,7 +65,7 @@ def test_preview_approve_live_progress_done(browser_page, wait_live, off_loop):
 
     # the worker runs the enqueued job; the page follows live
     op.refresh_from_db()
-    job = Job.fetch(op.rq_job_id, connection=django_rq.get_queue(op.host_queue).connection)
+    job = django_rq.get_queue(op.host_queue).fetch_job(op.rq_job_id)
     assert job.func_name == "operations.jobs.run_operation"
     assert "succeeded" in off_loop(job.perform)
     page.wait_for_selector('#op-status[data-status="succeeded"]')

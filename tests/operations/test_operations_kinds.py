@@ -196,7 +196,11 @@ def test_a_stuck_spawn_whose_job_is_still_queued_or_started_is_spared(settings):
     settings.DOCKER_HOST = "unix:///run/ops-no-such-docker.sock"
     event = make_scaler(name=f"ops-ev-{secrets.token_hex(2)}", type="event")
     old = timezone.now() - timedelta(hours=1)
-    queue = Queue(f"ops-stale-{secrets.token_hex(4)}", connection=django_rq.get_connection("default"))
+    queue = Queue(
+        f"ops-stale-{secrets.token_hex(4)}",
+        connection=django_rq.get_connection("default"),
+        serializer=settings.KICI_JOB_SERIALIZER,
+    )
     try:
         queued = make_agent(event, state=AgentState.SPAWNING, spawn_started_at=old)
         started = make_agent(event, state=AgentState.SPAWNING, spawn_started_at=old)
@@ -519,7 +523,7 @@ def test_a_run_whose_rq_job_failed_is_marked_failed_with_the_status_by_name(user
         approve_operation(op, users["approver"], enqueue=False)
     queue = django_rq.get_queue(QUEUE)
     job = queue.enqueue("builtins.int", "not a number")  # dies like a run whose worker crashed
-    SimpleWorker([queue], connection=queue.connection).work(burst=True)
+    SimpleWorker([queue], connection=queue.connection, serializer=settings.KICI_JOB_SERIALIZER).work(burst=True)
     assert job.get_status(refresh=True) == JobStatus.FAILED
     Operation.objects.filter(pk=op.pk).update(rq_job_id=job.id, decided_at=timezone.now() - timedelta(minutes=5))
     assert fail_lost_runs() == [op.pk]

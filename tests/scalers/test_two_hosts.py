@@ -27,7 +27,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -38,6 +37,7 @@ from django.utils import timezone
 
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
+from kici_site.env import redis_place
 from operations.choices import OperationKind, OperationStatus
 from operations.models import Operation
 from operations.queues import workers_listening
@@ -155,7 +155,7 @@ def containers_of(host: Host, scaler: str) -> dict[str, str]:
 def test_two_hosts_share_caps_and_each_sweeps_and_spawns_only_its_own(tmp_path, plan_trace):
     require_root()
     database = connection.settings_dict["NAME"]
-    redis_db = urlsplit(settings.REDIS_URL).path.strip("/") or "0"
+    redis_db = str(redis_place(settings.REDIS_URL)[1])  # the suite's database (settings_test)
     installation = Installation.current_id()
     copy = f"{database}_restored"
     a, b = Host("mh-host-a", 1, tmp_path), Host("mh-host-b", 2, tmp_path)

@@ -28,12 +28,18 @@ def login(client, user):
 def listening_worker(queue_name: str):
     """Register a real rq worker on ``queue_name`` (as ``rqworker`` does at start) for the block, so
     the "is anyone listening?" check sees it; jobs are then run with the ``run_rq_jobs`` fixture."""
+    from django.conf import settings
     from rq import SimpleWorker
 
     from scalers.hosts import queue_named
 
     queue = queue_named(queue_name)
-    worker = SimpleWorker([queue], connection=queue.connection, name=f"ops-test-{uuid.uuid4().hex[:8]}")
+    worker = SimpleWorker(
+        [queue],
+        connection=queue.connection,
+        serializer=settings.KICI_JOB_SERIALIZER,
+        name=f"ops-test-{uuid.uuid4().hex[:8]}",
+    )
     worker.register_birth()
     try:
         yield worker

@@ -31,6 +31,7 @@ from pathlib import Path
 import django_rq
 import docker
 import requests
+from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 from rq import Worker
@@ -391,7 +392,7 @@ def run_console(
         "DJANGO_SETTINGS_MODULE": "kici_site.settings",
         "SECRET_KEY": os.environ.get("SECRET_KEY") or "soak-only-not-secret",
         "DATABASE_URL": database_url(db),
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "REDIS_URL": settings.REDIS_URL,  # the suite's (kici_site.settings_test), never a console's
         "KICI_HOST_NAME": host,
         "KICI_API_TOKEN": token,
         "KICI_AGENT_LOG_DIR": str(workdir / "agents"),

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import django_rq
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
@@ -165,7 +166,11 @@ def test_a_spawn_slot_claimed_just_now_whose_job_is_not_in_rq_yet_is_kept():
 @pytest.fixture
 def spawn_queue():
     """A host queue of this test's own on the real Redis (no worker drains it), emptied after."""
-    queue = Queue(f"recovery-{os.getpid()}-{threading.get_ident()}", connection=django_rq.get_connection("default"))
+    queue = Queue(
+        f"recovery-{os.getpid()}-{threading.get_ident()}",
+        connection=django_rq.get_connection("default"),
+        serializer=settings.KICI_JOB_SERIALIZER,
+    )
     yield queue
     for registry in (queue.failed_job_registry, queue.finished_job_registry, queue.scheduled_job_registry):
         for job_id in registry.get_job_ids():
@@ -214,9 +219,11 @@ def test_a_local_spawn_whose_job_runs_in_a_worker_is_kept_by_the_default_check(s
     agent = seed_agent(make_scaler("c"), spawn_started_at=timezone.now())
     job = spawn_queue.enqueue(recover_in_the_spawn_job, job_id=f"spawn-{agent.agent_id}")
     claimed_long_ago(agent, job.id)
-    SimpleWorker([spawn_queue], connection=spawn_queue.connection).work(burst=True)
+    SimpleWorker([spawn_queue], connection=spawn_queue.connection, serializer=settings.KICI_JOB_SERIALIZER).work(
+        burst=True
+    )
     assert job.get_status(refresh=True) == "finished"
-    assert job.return_value() == (0, 1)
+    assert job.return_value() == [0, 1]  # JSON: a tuple comes back as a list
     agent.refresh_from_db()
     assert (agent.state, agent.failure_reason) == (AgentState.SPAWNING, "")
     assert Reservation.objects.filter(agent=agent).exists()
@@ -225,7 +232,9 @@ def test_a_local_spawn_whose_job_runs_in_a_worker_is_kept_by_the_default_check(s
 def test_a_local_spawn_whose_job_failed_is_dropped_by_the_default_check(spawn_queue):
     agent = seed_agent(make_scaler("c"), spawn_started_at=timezone.now())
     job = spawn_queue.enqueue(failing_spawn_job, job_id=f"spawn-{agent.agent_id}")
-    SimpleWorker([spawn_queue], connection=spawn_queue.connection).work(burst=True)
+    SimpleWorker([spawn_queue], connection=spawn_queue.connection, serializer=settings.KICI_JOB_SERIALIZER).work(
+        burst=True
+    )
     assert job.get_status(refresh=True) == "failed"
     claimed_long_ago(agent, job.id)
     assert recover_state(ME).spawning_dropped == 1

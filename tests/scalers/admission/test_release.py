@@ -214,7 +214,7 @@ def test_the_sweep_fails_spawns_whose_rq_job_failed(admitted, docker_client):
     job = q.enqueue(crash_job, admitted.pk)  # no failure callback: only the sweep can notice
     from rq import SimpleWorker
 
-    SimpleWorker([q], connection=q.connection).work(burst=True)
+    SimpleWorker([q], connection=q.connection, serializer=django_settings.KICI_JOB_SERIALIZER).work(burst=True)
     assert job.get_status(refresh=True) == "failed"
     Agent.objects.filter(pk=admitted.pk).update(rq_job_id=job.id)
     assert reap_failed_spawn_jobs(min_age_seconds=0) == 1

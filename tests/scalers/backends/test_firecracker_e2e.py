@@ -20,7 +20,6 @@ import time
 import django_rq
 import pytest
 from django.test import Client
-from rq.job import Job
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
@@ -173,7 +172,7 @@ def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_af
     guest.join(5)
 
     assert guest.response is not None and guest.response.status_code == 200, getattr(guest.response, "content", None)
-    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    job = django_rq.get_queue(settings.KICI_HOST_QUEUE).fetch_job(f"spawn-{agent_id}")
     assert job.return_value() == "spawned"
     agent = Agent.objects.get(agent_id=agent_id)
     assert agent.state == AgentState.RUNNING and agent.registered_at is not None
@@ -219,7 +218,7 @@ def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_rele
     agent_id = decision.agent
     run_rq_jobs(settings.KICI_HOST_QUEUE)
 
-    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    job = django_rq.get_queue(settings.KICI_HOST_QUEUE).fetch_job(f"spawn-{agent_id}")
     assert job.return_value() == "failed"
     agent = Agent.objects.get(agent_id=agent_id)
     assert agent.state == AgentState.FAILED
@@ -249,7 +248,7 @@ def test_a_vm_that_dies_before_registering_fails_the_spawn_before_the_deadline(p
     assert drive_rq(lambda: Agent.objects.get(agent_id=agent_id).state == AgentState.FAILED, 15)
     assert time.monotonic() - t0 < 10, "the registration watch saw the VM die, long before the 20 s deadline"
 
-    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    job = django_rq.get_queue(settings.KICI_HOST_QUEUE).fetch_job(f"spawn-{agent_id}")
     assert job.return_value() == "spawned"  # the spawn job did not wait for the boot
     types = [e.type for e in events(agent_id)]
     assert types[-3:] == ["agent.connecting", "scaler.failed", "reservation.released"], types
@@ -290,7 +289,7 @@ def test_a_vm_that_never_registers_holds_no_worker_and_fails_at_its_deadline(pro
 
     assert drive_rq(lambda: state(agent_id) == AgentState.FAILED, 20)
     assert time.monotonic() - t0 >= 14
-    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    job = django_rq.get_queue(settings.KICI_HOST_QUEUE).fetch_job(f"spawn-{agent_id}")
     assert job.return_value() == "spawned"
     failed = ScalerEvent.objects.get(agent_ref=agent_id, type=EventType.FAILED)
     assert failed.detail.startswith("agent did not register within 15 s")
@@ -311,7 +310,7 @@ def test_the_spawn_deadline_aborts_a_boot_that_hangs_before_its_api_socket_appea
     agent_id = request_scale(["linux", "vm"], "job-fcint-5").agent
     run_rq_jobs(settings.KICI_HOST_QUEUE)
 
-    job = Job.fetch(f"spawn-{agent_id}", connection=django_rq.get_connection(settings.KICI_HOST_QUEUE))
+    job = django_rq.get_queue(settings.KICI_HOST_QUEUE).fetch_job(f"spawn-{agent_id}")
     assert job.return_value() == "failed"
     failed = ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.FAILED)
     assert failed.count() == 1  # recorded once: the job does not repeat the backend's report
