@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -67,7 +68,7 @@ OPEN_SOCKET = """([url, want]) => new Promise(resolve => {
 
 def test_a_page_on_another_local_port_cannot_open_a_live_console(browser_page, live_daphne, tmp_path):
     agent = _vm_agent(tmp_path)
-    page = browser_page()
+    page = browser_page(csp=True)
     ws_url = live_daphne.replace("http://", "ws://") + f"/ws/agents/{agent.agent_id}/console/serial/"
     # From the console's own page, the socket opens and streams the line.
     page.goto("/accounts/login/")
@@ -90,7 +91,7 @@ def test_a_page_on_another_local_port_cannot_open_a_live_console(browser_page, l
 
 def test_signing_out_in_one_tab_closes_the_live_console_in_another(browser_page, wait_live, tmp_path):
     agent = _vm_agent(tmp_path)
-    console = browser_page()
+    console = browser_page(csp=True)
     console.goto(f"/agents/{agent.agent_id}/console/")
     wait_live(console)
     console.get_by_text(SECRET_LINE).wait_for()
@@ -101,7 +102,7 @@ def test_signing_out_in_one_tab_closes_the_live_console_in_another(browser_page,
     other.wait_for_url("**/accounts/login/")
     signed_out_at = time.monotonic()
     # The sign-out reaches the socket at once; the periodic re-check (3 s) is the fallback.
-    console.wait_for_function("document.querySelector('[data-live-status]').textContent === 'signed out'", timeout=5000)
+    expect(console.locator("[data-live-status]")).to_have_text("signed out", timeout=5000)
     assert time.monotonic() - signed_out_at < 5
     # It stays closed: the page does not reconnect on 4401 (a reconnect would be refused anyway).
     time.sleep(1.5)
@@ -132,7 +133,7 @@ def _check_policy(response, path: str) -> None:
 def test_the_main_pages_run_under_the_csp_without_a_violation(browser_page, wait_live, live_daphne, chromium, tmp_path):
     agent = _vm_agent(tmp_path)
     scaler = agent.scaler
-    page = browser_page(*PERMS)
+    page = browser_page(*PERMS, csp=True)
     page.context.add_init_script(COLLECT_VIOLATIONS)
     console_messages: list[str] = []
     page.on("console", lambda m: console_messages.append(m.text) if "Content Security Policy" in m.text else None)
