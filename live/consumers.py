@@ -1,7 +1,7 @@
 """WebSocket consumers: an agent's live console, the live event feeds and an operation's progress.
 
-Routes (:mod:`live.routing`), behind ``AllowedHostsOriginValidator(AuthMiddlewareStack(...))`` in
-``kici_site/asgi.py`` (origin must match ``ALLOWED_HOSTS``):
+Routes (:mod:`live.routing`), behind ``OperatorOriginValidator(AuthMiddlewareStack(...))`` in
+``kici_site/asgi.py`` (the ``Origin``, port included, must be the console's own):
 
 * ``ws/agents/<agent_id>/console/<stream>/`` → :class:`ConsoleConsumer`; ``stream`` is ``serial``
   or ``vmm`` for a Firecracker VM (``serial-console.log`` / ``vmm.log`` in its chroot), ``console``

@@ -24,7 +24,9 @@ import logging
 from importlib import import_module
 from types import SimpleNamespace
 
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user, get_user_model
 
@@ -47,9 +49,6 @@ def close_sockets_of(session_key: str | None) -> None:
     """Tell every socket of the session ``session_key`` to close (sync; a sign-out view)."""
     if not session_key:
         return
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
     try:
         async_to_sync(get_channel_layer().group_send)(session_group(session_key), {"type": "session.end"})
     except Exception:  # noqa: BLE001 - the periodic re-check closes them within seconds anyway
