@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels, both behind the listener
-guard (what each listener serves, body size)."""
+guard (what each listener serves, body size); WebSockets only from the console's own pages
+(``kici_site.listeners.OperatorOriginValidator``: scheme, host and port of the ``Origin``)."""
 
 import gc
 import os
@@ -12,16 +13,15 @@ django_asgi_app = get_asgi_application()
 # Import consumers only after Django is set up.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from kici_site.listeners import ListenerGuard  # noqa: E402
+from kici_site.listeners import ListenerGuard, OperatorOriginValidator  # noqa: E402
 from live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ListenerGuard(
     ProtocolTypeRouter(
         {
             "http": django_asgi_app,
-            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+            "websocket": OperatorOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }
     )
 )

@@ -12,6 +12,14 @@ Every HTTP body is bounded by ``KICI_MAX_REQUEST_BODY_BYTES`` before Django read
 streaming is cut off and answered 413 in place of the application's response. (daphne's HTTP layer
 receives a body whole before the application is called; this bound keeps Django from parsing or
 spooling it.)
+
+A WebSocket handshake must come from a page of the console itself (:class:`OperatorOriginValidator`):
+its ``Origin``, scheme, host and port, must be the handshake's own (the scheme and ``Host`` it
+arrived with, ``Host`` in ``ALLOWED_HOSTS``: the rule of Django's CSRF origin check), or one of the
+configured operator origins (:func:`operator_origins`). Anything else, no ``Origin`` included, is
+refused before the handshake completes (daphne answers 403). The WebSocket's cookie is the
+console's session, and cookies are shared by every port of one host: a page on another local port
+must not open a live console with it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.http.request import split_domain_port, validate_host
+from django.utils.http import is_same_domain
 
 #: What an agent itself calls: register, claim (event backends), its own heartbeat.
 AGENT_ROUTES = re.compile(r"/api/v1/agents/(register|claim|[^/]+/heartbeat)")
@@ -132,3 +142,100 @@ class ListenerGuard:
         await self.app(scope, bounded_receive, tracked_send)
         if state["over"] and not state["started"]:
             await _send_json(send, 413, "body-too-large", f"request body over {limit} bytes")
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(scheme: str, host: str, port: int | None) -> str:
+    """``scheme://host[:port]`` lower-cased, the default port left out, IPv6 in brackets."""
+    host = host.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    if port is None or port == _DEFAULT_PORTS.get(scheme):
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
+def normal_origin(value: str) -> str | None:
+    """``value`` (an ``Origin`` header or a configured origin) as :func:`_origin` writes it; None
+    when it is no ``http(s)://host[:port]`` origin."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or parts.path not in ("", "/"):
+        return None
+    return _origin(parts.scheme, parts.hostname, port)
+
+
+def operator_origins() -> tuple[frozenset[str], list[tuple[str, str]]]:
+    """The configured origins of the operator pages: ``KICI_OPERATOR_URL``'s, each
+    ``CSRF_TRUSTED_ORIGINS`` entry and ``http://host:port`` of each ``KICI_OPERATOR_LISTEN``
+    listener with a port. Returns the exact origins and the ``CSRF_TRUSTED_ORIGINS`` wildcards as
+    ``(scheme, ".domain[:port]")`` (``https://*.example.com``, matched as Django's CSRF check does)."""
+    exact, wildcards = set(), []
+    for value in [settings.KICI_OPERATOR_URL, *settings.CSRF_TRUSTED_ORIGINS]:
+        scheme, sep, netloc = value.partition("://")
+        if sep and netloc.startswith("*"):
+            wildcards.append((scheme.lower(), netloc[1:].lower()))
+            continue
+        origin = normal_origin(value)
+        if origin:
+            exact.add(origin)
+    for host, port in settings.KICI_OPERATOR_LISTEN:
+        if port is not None:
+            exact.add(_origin("http", host, port))
+    return frozenset(exact), wildcards
+
+
+def _header(scope: dict, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def own_origin(scope: dict) -> str | None:
+    """The origin a WebSocket handshake was addressed to: ``https`` for ``wss`` (or, with
+    ``KICI_TLS_PROXY``, an ``X-Forwarded-Proto: https``), else ``http``, with its ``Host`` header;
+    None without a ``Host`` in ``ALLOWED_HOSTS``."""
+    host = _header(scope, b"host")
+    if not host:
+        return None
+    domain, port = split_domain_port(host.lower())
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return None
+    secure = scope.get("scheme") in ("wss", "https") or (
+        settings.KICI_TLS_PROXY and (_header(scope, b"x-forwarded-proto") or "").strip().lower() == "https"
+    )
+    scheme = "https" if secure else "http"
+    return normal_origin(f"{scheme}://{host}")
+
+
+def origin_allowed(scope: dict, exact: frozenset[str], wildcards: list[tuple[str, str]]) -> bool:
+    """Whether the handshake's ``Origin`` is its own origin or a configured one (module doc)."""
+    raw = _header(scope, b"origin")
+    origin = normal_origin(raw) if raw else None
+    if origin is None:
+        return False
+    if origin == own_origin(scope) or origin in exact:
+        return True
+    scheme, _, netloc = origin.partition("://")
+    return any(scheme == s and is_same_domain(netloc, pattern) for s, pattern in wildcards)
+
+
+class OperatorOriginValidator:
+    """ASGI middleware for WebSockets: refuses a handshake whose ``Origin`` is not allowed
+    (:func:`origin_allowed`) with a close before accepting, which daphne answers with 403."""
+
+    def __init__(self, app):
+        self.app = app
+        self.exact, self.wildcards = operator_origins()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket" and not origin_allowed(scope, self.exact, self.wildcards):
+            await receive()  # websocket.connect
+            return await send({"type": "websocket.close", "code": 4403})
+        return await self.app(scope, receive, send)

@@ -7,7 +7,10 @@
   that are not JSON (Django's 404 page, the empty 405 of ``require_POST``, a 500 page) become the
   JSON error shape; an empty page error (405) becomes the styled page.
 
-Both work in sync and async stacks (the scale API is an async view).
+* :class:`NoStoreMiddleware`: ``Cache-Control: no-store`` on every response to a browser with a
+  session.
+
+All work in sync and async stacks (the scale API is an async view).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 from inspect import iscoroutinefunction
 
 from asgiref.sync import markcoroutinefunction, sync_to_async
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.utils.cache import add_never_cache_headers
 
 from lib.json_input import parse_json
 
@@ -208,4 +213,29 @@ class ErrorBodyMiddleware(_DualMiddleware):
             return _api_body(request, response)
         if _needs_page_body(request, response):
             return await sync_to_async(_page_body)(request, response)
+        return response
+
+
+def _signed_in_browser(request, response) -> bool:
+    """A request carrying the session cookie, or a response setting it (a sign-in)."""
+    name = settings.SESSION_COOKIE_NAME
+    return name in request.COOKIES or name in response.cookies
+
+
+class NoStoreMiddleware(_DualMiddleware):
+    """``Cache-Control: no-store`` (with Django's other never-cache headers) on every response to
+    a browser with a session: its pages show agents, rules and operations that neither the
+    browser's cache nor a proxy may keep after sign-out. Cookie-less requests (the agent API,
+    ``/api/v1/scale``) are left as they are."""
+
+    def handle(self, request):
+        response = self.get_response(request)
+        if _signed_in_browser(request, response):
+            add_never_cache_headers(response)
+        return response
+
+    async def ahandle(self, request):
+        response = await self.get_response(request)
+        if _signed_in_browser(request, response):
+            add_never_cache_headers(response)
         return response

@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 from .env import (
     database_from_url,
@@ -67,11 +68,15 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Idle and absolute session end; no-store on every response to a signed-in browser.
+    "kici_site.sessions.SessionLifetimeMiddleware",
+    "kici_site.middleware.NoStoreMiddleware",
     # JSON errors on /api/, styled pages for empty errors (405); outside the NUL guard's 400s.
     "kici_site.middleware.ErrorBodyMiddleware",
     # 400 naming the field for a NUL byte in the path, a parameter, a form field or an API body.
@@ -95,6 +100,7 @@ TEMPLATES = [
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
+                "django.template.context_processors.csp",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "front.context_processors.attention",
@@ -258,6 +264,30 @@ KICI_AGENT_LOG_DIR = env_str("KICI_AGENT_LOG_DIR", str(BASE_DIR / "var" / "agent
 # Bytes of output a running agent's file may hold (VM serial console, VMM log, process output)
 # before the sweeper frees all but its last half (scalers.output_caps).
 KICI_AGENT_OUTPUT_CAP_BYTES = env_int("KICI_AGENT_OUTPUT_CAP_BYTES", 8 * 1024 * 1024, minimum=65536)
+
+# --- Browser security (sessions, cookies, Content-Security-Policy) ---------------------------
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto: cookies only over https, and
+# request.is_secure() from the proxy's header (never set it without such a proxy in front).
+KICI_TLS_PROXY = env_bool("KICI_TLS_PROXY", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = KICI_TLS_PROXY
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if KICI_TLS_PROXY else None
+# A session ends KICI_SESSION_IDLE_SECONDS after its last request, and KICI_SESSION_MAX_SECONDS
+# after its sign-in whatever happens (kici_site.sessions); open WebSockets close with it (live.session).
+KICI_SESSION_IDLE_SECONDS = env_int("KICI_SESSION_IDLE_SECONDS", 12 * 3600, minimum=300)
+KICI_SESSION_MAX_SECONDS = env_int("KICI_SESSION_MAX_SECONDS", 7 * 24 * 3600, minimum=KICI_SESSION_IDLE_SECONDS)
+SESSION_COOKIE_AGE = KICI_SESSION_IDLE_SECONDS
+# No inline script or style anywhere (static/js holds every behaviour); the nonce is for the <style>
+# of Django's admin. connect-src 'self' covers ws:/wss: on the page's own host and port (CSP 3).
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF, CSP.NONCE],
+    "connect-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
 
 LOGGING = {
     "version": 1,

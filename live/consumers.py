@@ -1,7 +1,7 @@
 """WebSocket consumers: an agent's live console, the live event feeds and an operation's progress.
 
-Routes (:mod:`live.routing`), behind ``AllowedHostsOriginValidator(AuthMiddlewareStack(...))`` in
-``kici_site/asgi.py`` (origin must match ``ALLOWED_HOSTS``):
+Routes (:mod:`live.routing`), behind ``OperatorOriginValidator(AuthMiddlewareStack(...))`` in
+``kici_site/asgi.py`` (the ``Origin``, port included, must be the console's own):
 
 * ``ws/agents/<agent_id>/console/<stream>/`` → :class:`ConsoleConsumer`; ``stream`` is ``serial``
   or ``vmm`` for a Firecracker VM (``serial-console.log`` / ``vmm.log`` in its chroot), ``console``
@@ -18,7 +18,9 @@ Routes (:mod:`live.routing`), behind ``AllowedHostsOriginValidator(AuthMiddlewar
 
 The console and event consumers need an authenticated user with ``agents.view_agent``; otherwise the
 socket is accepted and closed at once with code 4403 (a code the htmx ``ws`` extension does not
-reconnect on). An unknown agent or stream closes with 4404.
+reconnect on). An unknown agent or stream closes with 4404. Every socket closes with 4401 within
+seconds of its session's end (sign-out, expiry, the user deactivated) and with 4403 when its
+permission is taken away (:mod:`live.session`).
 
 Messages to the browser (text frames):
 
@@ -75,6 +77,7 @@ from .hub import ConsoleHub
 from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
 from .render import render_live_update
 from .rows import MAX_DIRTY, ROW_BATCH_SECONDS, row_view
+from .session import CLOSE_FORBIDDEN, SessionBound
 from .streams import Line, StreamKey, ViewerBuffer, console_row
 from .transport import RedisTransport
 
@@ -126,7 +129,6 @@ def _ack_count(text_data: str | None) -> int:
         return 1
 
 
-CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 
 FRAME_INTERVAL = 0.05
@@ -141,8 +143,8 @@ def _may_view(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_active and user.has_perm("agents.view_agent"))
 
 
-class _LiveConsumer(AsyncWebsocketConsumer):
-    """Common parts: access check, flow control, the writer task."""
+class _LiveConsumer(SessionBound, AsyncWebsocketConsumer):
+    """Common parts: access check, flow control, the writer task, the session binding."""
 
     writer: asyncio.Task | None = None
     flow: _Flow | None = None
@@ -153,6 +155,7 @@ class _LiveConsumer(AsyncWebsocketConsumer):
 
     async def _allowed(self) -> bool:
         if await _may_view(self.scope.get("user")):
+            await self.bind_session("agents.view_agent")
             return True
         await self._refuse(CLOSE_FORBIDDEN)
         return False
@@ -190,6 +193,7 @@ class _LiveConsumer(AsyncWebsocketConsumer):
                 await self.close(code=1011)
 
     async def _stop_writer(self) -> None:
+        await self.unbind_session()
         if self.writer is not None:
             self.writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -389,7 +393,7 @@ def render_update(
     return messages
 
 
-class OperationConsumer(AsyncWebsocketConsumer):
+class OperationConsumer(SessionBound, AsyncWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if not (
@@ -399,6 +403,7 @@ class OperationConsumer(AsyncWebsocketConsumer):
             return
         self.operation_id = int(self.scope["url_route"]["kwargs"]["operation_id"])
         self.group = operation_group(self.operation_id)
+        await self.bind_session("operations.view_operation")
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         messages = await database_sync_to_async(render_update)(self.operation_id, user, snapshot=True)
@@ -409,6 +414,7 @@ class OperationConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=html)
 
     async def disconnect(self, code):
+        await self.unbind_session()
         group = getattr(self, "group", None)
         if group:
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -426,7 +432,7 @@ ROW_GATHER_SECONDS = 0.05
 """A first change waits this long for the rest of its burst before its frame goes out."""
 
 
-class RowsConsumer(AsyncWebsocketConsumer):
+class RowsConsumer(SessionBound, AsyncWebsocketConsumer):
     """``ws/rows/<view>/?<filters>``: the rows of one page (:func:`live.rows.row_view`).
 
     On connect: the view's rows as they are now (a ``data-sync`` frame), then, at most once per
@@ -452,6 +458,7 @@ class RowsConsumer(AsyncWebsocketConsumer):
         if not await database_sync_to_async(user.has_perm)(view.perm):
             return await self._refuse(CLOSE_FORBIDDEN)
         self.view, self.dirty, self.overflow, self.last_frame = view, set(), False, 0.0
+        await self.bind_session(view.perm)
         for group in view.groups:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
@@ -501,6 +508,7 @@ class RowsConsumer(AsyncWebsocketConsumer):
             self.flusher = None
 
     async def disconnect(self, code):
+        await self.unbind_session()
         if self.flusher is not None:
             self.flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -511,7 +519,7 @@ class RowsConsumer(AsyncWebsocketConsumer):
                     await self.channel_layer.group_discard(group, self.channel_name)
 
 
-class AttentionConsumer(AsyncWebsocketConsumer):
+class AttentionConsumer(SessionBound, AsyncWebsocketConsumer):
     """``ws/attention/[?panel=1]``: the nav badge (``base.html#attention_badge``) and, with
     ``panel=1``, the dashboard's "Needs attention" list, as out-of-band swaps (:mod:`live.attention`).
 
@@ -539,6 +547,7 @@ class AttentionConsumer(AsyncWebsocketConsumer):
         self.sent, self.last_sent_at = None, float("-inf")
         self.noticed_at: float | None = None
         self.wake = asyncio.Event()
+        await self.bind_session("agents.view_agent")
         for group in ATTENTION_GROUPS:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
@@ -592,6 +601,7 @@ class AttentionConsumer(AsyncWebsocketConsumer):
                 await self.close(code=1011)
 
     async def disconnect(self, code):
+        await self.unbind_session()
         if self.ticker is not None:
             self.ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

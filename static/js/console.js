@@ -473,10 +473,10 @@
   var socket = null;
   var retry = 500;
 
-  function setLive(state) {
+  function setLive(state, code) {
     liveEl.classList.toggle("is-open", state === "open");
     liveEl.classList.toggle("is-closed", state === "closed");
-    liveEl.textContent = state === "open" ? "live" : state === "closed" ? "disconnected" : "connecting";
+    liveEl.textContent = state === "open" ? "live" : state === "closed" ? window.kiciLiveStatusText(code) : "connecting";
   }
 
   function onFrame(ev) {
@@ -503,8 +503,9 @@
     socket.onopen = function () { retry = 500; setLive("open"); };
     socket.onmessage = onFrame;
     socket.onclose = function (ev) {
-      setLive("closed");
-      if (ev.code === 4403 || ev.code === 4404) return;
+      setLive("closed", ev.code);
+      // 4401 signed out, 4403 no access, 4404 unknown: asking again cannot help.
+      if (ev.code === 4401 || ev.code === 4403 || ev.code === 4404) return;
       setTimeout(connect, retry);
       retry = Math.min(retry * 2, 10000);
     };

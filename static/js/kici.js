@@ -16,7 +16,7 @@
         placeholder row (tr.empty-row) once a live row has arrived in its tbody, and puts back
         the tbody's data-empty text when live removals emptied it.
    2. A connection indicator: an element with [data-live-status] inside the ws-connect element shows
-      open / closed; after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
+      open / closed ("signed out" for close code 4401, "no access" for 4403); after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
       was missed while the socket was away (messages sent meanwhile are lost).
    3. Relative times: <time data-rel datetime="ISO"> shows "12s ago", refreshed every second (and
       after every swap) on the console's clock: the page's <meta name="kici-server-time"> and the
@@ -31,7 +31,8 @@
    6. Bulk selection: a form[data-bulk] with an id owns the checkboxes that name it (form="<id>",
       one per row, e.g. /agents/); a [data-pick-all] box ticks every one of its table, the form's
       [data-picked] says how many are ticked and its buttons stay disabled while none is; a row
-      replaced by a live update keeps its tick (1.). */
+      replaced by a live update keeps its tick (1.).
+   7. A control with data-autosubmit submits its form when it changes. */
 (function () {
   "use strict";
 
@@ -151,13 +152,19 @@
 
   // ---- connection indicator and resync -------------------------------------------------------
   var opened = new WeakSet();
+  // Close codes of live.session: the session ended (sign-out, expiry), or the permission went.
+  var SIGNED_OUT = 4401, FORBIDDEN = 4403;
+  var STATUS_TEXT = { open: "live", closed: "disconnected", "signed-out": "signed out", forbidden: "no access" };
   function setStatus(elt, state) {
     var s = elt.querySelector("[data-live-status]");
     if (!s) return;
     s.classList.toggle("is-open", state === "open");
-    s.classList.toggle("is-closed", state === "closed");
-    s.textContent = state === "open" ? "live" : state === "closed" ? "disconnected" : "connecting";
+    s.classList.toggle("is-closed", state !== "open" && state !== "connecting");
+    s.textContent = STATUS_TEXT[state] || "connecting";
   }
+  window.kiciLiveStatusText = function (code) {
+    return code === SIGNED_OUT ? STATUS_TEXT["signed-out"] : code === FORBIDDEN ? STATUS_TEXT.forbidden : STATUS_TEXT.closed;
+  };
   document.addEventListener("htmx:wsOpen", function (e) {
     var elt = e.target;
     setStatus(elt, "open");
@@ -165,7 +172,10 @@
     if (opened.has(elt) && !elt.hasAttribute("data-no-resync")) htmx.trigger(document.body, "kici:resync");
     opened.add(elt);
   });
-  document.addEventListener("htmx:wsClose", function (e) { setStatus(e.target, "closed"); });
+  document.addEventListener("htmx:wsClose", function (e) {
+    var code = e.detail && e.detail.event ? e.detail.event.code : 0;
+    setStatus(e.target, code === SIGNED_OUT ? "signed-out" : code === FORBIDDEN ? "forbidden" : "closed");
+  });
   document.addEventListener("htmx:wsAfterMessage", function () { trim(); refreshTimes(); });
 
   // ---- relative times ------------------------------------------------------------------------
@@ -279,6 +289,12 @@
     countPicked();
   });
   document.addEventListener("htmx:afterSettle", countPicked);
+
+  // ---- forms that submit on change (in place of onchange="" attributes, refused by the CSP) ---
+  document.addEventListener("change", function (e) {
+    var t = e.target;
+    if (t && t.hasAttribute && t.hasAttribute("data-autosubmit") && t.form) t.form.requestSubmit();
+  });
   document.addEventListener("htmx:wsAfterMessage", countPicked);
   document.addEventListener("DOMContentLoaded", countPicked);
 

@@ -11,9 +11,12 @@ Fixtures:
 
 * ``live_daphne`` (session): the base URL, e.g. ``http://127.0.0.1:41234``.
 * ``chromium`` (session): a headless Chromium browser (``/usr/bin/chromium``).
-* ``browser_page(*perms, username="ui-browser")``: a new page in a fresh context, signed in as a
-  user with ``agents.view_agent`` plus ``perms`` (``"app.codename"``). ``page.goto(path)`` takes
-  paths: the context's base URL is the live server.
+* ``browser_page(*perms, username="ui-browser", csp=False)``: a new page in a fresh context, signed
+  in as a user with ``agents.view_agent`` plus ``perms`` (``"app.codename"``). ``page.goto(path)``
+  takes paths: the context's base URL is the live server. The context bypasses the pages'
+  Content-Security-Policy unless ``csp=True``: Playwright's ``wait_for_function`` polls by
+  evaluating its expression in the page, which the policy (no ``'unsafe-eval'``) refuses. Tests
+  of the policy itself, or of anything it could break, pass ``csp=True`` and wait with locators.
 * ``wait_live(page)``: wait until the page's WebSocket indicator says "live".
 * ``off_loop(fn, *args, **kwargs)``: run ``fn`` in a fresh thread and return its result. Playwright's
   sync API leaves an asyncio loop marked as running in the test's thread, so anything that calls
@@ -173,12 +176,14 @@ def browser_page(transactional_db, live_daphne, chromium):
     contexts = []
     errors: list[str] = []
 
-    def make(*perms: str, username: str = "ui-browser", viewport: dict | None = None):
+    def make(*perms: str, username: str = "ui-browser", viewport: dict | None = None, csp: bool = False):
         user = _user_with(username, perms)
         client = Client()
         client.force_login(user)
         session = client.cookies[settings.SESSION_COOKIE_NAME].value
-        context = chromium.new_context(base_url=live_daphne, viewport=viewport or {"width": 1280, "height": 900})
+        context = chromium.new_context(
+            base_url=live_daphne, viewport=viewport or {"width": 1280, "height": 900}, bypass_csp=not csp
+        )
         context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": live_daphne}])
         context.set_default_timeout(DEFAULT_TIMEOUT_MS)
         contexts.append(context)

@@ -1,0 +1,124 @@
+"""Live sockets end with the session and the permission that opened them.
+
+A WebSocket is authenticated once, at its handshake; what follows must not outlive the right to
+see it. Every consumer of :mod:`live.consumers` binds itself (:class:`SessionBound`) to
+
+* the group of its session (:func:`session_group`): a sign-out sends it
+  ``{"type": "session.end"}`` (:func:`close_sockets_of`, on ``user_logged_out``), and every
+  socket of that session closes at once with :data:`CLOSE_SIGNED_OUT`;
+* a re-check every :data:`SESSION_CHECK_SECONDS` (:func:`session_verdict`) of the session as it
+  is stored now (gone, expired, another user, a changed password, the user deactivated: closed
+  with :data:`CLOSE_SIGNED_OUT`) and of the permission the socket needs (taken away, e.g. the
+  user left the group that gave it: :data:`CLOSE_FORBIDDEN`).
+
+The pages show 4401 as "signed out" and do not reconnect on it (``static/js/kici.js``,
+``static/js/console.js``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from importlib import import_module
+from types import SimpleNamespace
+
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.contrib.auth import get_user, get_user_model
+
+log = logging.getLogger(__name__)
+
+CLOSE_SIGNED_OUT = 4401
+CLOSE_FORBIDDEN = 4403
+
+SESSION_CHECK_SECONDS = 3.0
+"""Seconds between two re-checks of an open socket's session and permission."""
+
+
+def session_group(session_key: str) -> str:
+    """The Channels group of one session's sockets, named by a hash: the session key is a secret
+    and Redis channel names are not."""
+    return "session." + hashlib.sha256(session_key.encode()).hexdigest()[:32]
+
+
+def close_sockets_of(session_key: str | None) -> None:
+    """Tell every socket of the session ``session_key`` to close (sync; a sign-out view)."""
+    if not session_key:
+        return
+    try:
+        async_to_sync(get_channel_layer().group_send)(session_group(session_key), {"type": "session.end"})
+    except Exception:  # noqa: BLE001 - the periodic re-check closes them within seconds anyway
+        log.warning("could not tell the sockets of a signed-out session to close", exc_info=True)
+
+
+def on_logged_out(sender, request, user, **kwargs) -> None:
+    """``user_logged_out`` receiver (connected in ``live.apps``); runs before the session is flushed."""
+    session = getattr(request, "session", None)
+    close_sockets_of(getattr(session, "session_key", None))
+
+
+def session_verdict(session_key: str | None, user_pk, perm: str | None) -> int | None:
+    """None while the socket may stay open, else its close code (module doc). ``session_key``
+    None (a socket given a user without a session, in-process callers): only the user is checked."""
+    if session_key is not None:
+        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        user = get_user(SimpleNamespace(session=store))  # AnonymousUser unless the session still holds this user
+    else:
+        user = get_user_model().objects.filter(pk=user_pk).first()
+    if user is None or not user.is_authenticated or user.pk != user_pk or not user.is_active:
+        return CLOSE_SIGNED_OUT
+    if perm and not user.has_perm(perm):
+        return CLOSE_FORBIDDEN
+    return None
+
+
+class SessionBound:
+    """Mixin for a Channels consumer: :meth:`bind_session` once it decided to accept,
+    :meth:`unbind_session` in ``disconnect``. Ends the socket with the session (module doc)."""
+
+    session_perm: str | None = None
+    _session_group: str | None = None
+    _session_watch: asyncio.Task | None = None
+
+    async def bind_session(self, perm: str | None) -> None:
+        self.session_perm = perm
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None)
+        if key:
+            self._session_group = session_group(key)
+            await self.channel_layer.group_add(self._session_group, self.channel_name)
+        user = self.scope.get("user")
+        self._session_watch = asyncio.create_task(self._watch_session(key, getattr(user, "pk", None)))
+
+    async def _watch_session(self, key: str | None, user_pk) -> None:
+        try:
+            while True:
+                await asyncio.sleep(SESSION_CHECK_SECONDS)
+                code = await database_sync_to_async(session_verdict)(key, user_pk, self.session_perm)
+                if code is not None:
+                    await self.close(code=code)
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a check that cannot run ends the socket: fail closed
+            log.warning("session re-check failed; closing the socket", exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=CLOSE_SIGNED_OUT)
+
+    async def session_end(self, message) -> None:
+        await self.close(code=CLOSE_SIGNED_OUT)
+
+    async def unbind_session(self) -> None:
+        watch, self._session_watch = self._session_watch, None
+        if watch is not None and watch is not asyncio.current_task():
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
+        group, self._session_group = self._session_group, None
+        if group:
+            with contextlib.suppress(Exception):
+                await self.channel_layer.group_discard(group, self.channel_name)
