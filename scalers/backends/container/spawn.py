@@ -227,6 +227,14 @@ def spawn_container(
                     raise SpawnError(
                         f"container {container_id[:12]} has no MAC or process on {ISOLATED_NETWORK_NAME}", "network"
                     )
+                if mac.lower() != agent_mac(agent.agent_id):
+                    # The drift check rebuilds the binding from the agent id: a runtime that
+                    # ignored the requested MAC would have the agent cut off at the next round.
+                    raise SpawnError(
+                        f"container {container_id[:12]} got MAC {mac} on {ISOLATED_NETWORK_NAME}, not the "
+                        f"requested {agent_mac(agent.agent_id)}",
+                        "network",
+                    )
                 port = netlink.bridge_port_of(pid, mac, bridge, netns=rules.isolation.client.netns)
             policy_cfg = network_policy(ls)
             host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
@@ -237,7 +245,7 @@ def spawn_container(
                 )
                 record_event(agent, EventType.NETWORK, "configuring network isolation")
             if address:
-                rules.isolation.apply(address, policy_cfg, host_access, port=port)
+                rules.isolation.apply(address, policy_cfg, host_access, port=port, mac=mac if port else None)
             else:
                 log.warning(
                     "agent %s has no address on %s; no isolation rules written",

@@ -220,13 +220,14 @@ class Console:
         ns.ip("link", "set", "eth0", "up")
         ns.ip("route", "add", "default", "via", GW)
         ns.port = link  # type: ignore[attr-defined]
+        ns.mac = ns.exec("cat", "/sys/class/net/eth0/address").stdout.strip()  # type: ignore[attr-defined]
         return ns
 
     def bind_link_local(self, box: Box, bound: bool = True) -> None:
-        """Add (or delete) the (port, link-local) pair of ``box`` to the bridge table's IPv6 port
-        set, as if it were an IPv6-keyed agent: a control showing what the guard alone decides."""
+        """Add (or delete) the (port, MAC, link-local) binding of ``box`` to the bridge table's IPv6
+        binding set, as if it were an IPv6-keyed agent: a control showing what the guard alone decides."""
         elem = {"family": BRIDGE_FAMILY, "table": TABLE, "name": PORT_SETS[6], "elem": [
-            {"concat": [box.port, box.link_local]}]}  # fmt: skip
+            {"concat": [box.port, box.mac, box.link_local]}]}  # fmt: skip
         self.nft.apply_document([{"add" if bound else "delete": {"element": elem}}])
 
     def close(self) -> None:
@@ -344,7 +345,8 @@ def test_an_unknown_source_on_the_bridge_reaches_nothing(console, world, br_netf
     assert_all(probe(stranger, targets), False)
     assert_all(probe(box.ns, both(GW, ALLOWED)), True)
 
-    console.nft.apply_agent(AgentSpec.build("172.30.250.9", GW, host_access=[f"{GW}:{ALLOWED}"], port=stranger.port))
+    bound = AgentSpec.build("172.30.250.9", GW, host_access=[f"{GW}:{ALLOWED}"], port=stranger.port, mac=stranger.mac)
+    console.nft.apply_agent(bound)
     stranger.ip("neigh", "flush", "dev", "eth0")  # its ARP for the gateway failed until now: ask again
     assert_all(probe(stranger, both(GW, ALLOWED) + both(PUBLIC, 80)), True)
 
