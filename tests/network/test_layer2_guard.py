@@ -264,3 +264,15 @@ def test_a_flushed_bridge_table_still_keeps_ip_from_the_host(lab, nft):
     a = lab.agents["a5"]
     nft.apply_document([{"flush": {"table": {"family": "bridge", "name": nft.table}}}])
     assert not reaches_host(lab, lambda m: send_frames(a.ns.name, "eth0", [to_host(lab, a.mac, ATTACKER, m)]))
+
+
+@pytest.mark.parametrize("tags", list(TAGS), ids=list(TAGS))
+def test_an_agent_before_its_binding_poisons_nothing_either(lab, nft, tags):
+    """A container before its rules (or an orphan) is on no binding: the netdev guard drops its
+    ARP to the host whatever its tags, and nothing is bridged to a bound neighbour."""
+    guard(lab, nft)
+    nft.remove_agent(ATTACKER)
+    gw_mac, victim_mac = seed_neighbours(lab)
+    attacker = lab.agents["a5"]
+    send_frames(attacker.ns.name, "eth0", poison_frames(lab, attacker.mac, TAGS[tags]))
+    assert_not_poisoned(lab, gw_mac, victim_mac)
