@@ -74,7 +74,8 @@ def container_create_config(
     at ``RUNTIME_DIR`` and the injected entrypoint, and gets ``KICI_JOB_IMAGE_AGENT=1``."""
     if runtime_volume:
         binds = [*binds, f"{runtime_volume}:{RUNTIME_DIR}:ro"]
-    host_config = build_agent_container_host_config(spawn_limits(agent), binds, extra_hosts)
+    net_raw = bool(label_set_option(agent.label_set, "netRaw", False))
+    host_config = build_agent_container_host_config(spawn_limits(agent), binds, extra_hosts, net_raw=net_raw)
     kwargs: dict = {
         "image": image,
         "name": agent.agent_id,
