@@ -8,10 +8,14 @@ Frames go only to bridges, veths and TAPs a test created in namespaces it create
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import socket
 import struct
+import subprocess
+import tarfile
 import time
+from pathlib import Path
 
 from tests.support.network_lab import in_netns
 
@@ -140,3 +144,37 @@ class Sniffer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+RAWFRAME_SOURCE = Path(__file__).with_name("rawframe.c")
+#: Where :func:`copy_rawframe` puts the helper inside a container.
+RAWFRAME_PATH = "/kici-rawframe"
+
+
+def build_rawframe(directory: Path) -> Path:
+    """Compile ``rawframe.c`` (static, so it runs in the busybox agent image) into ``directory``."""
+    out = directory / "rawframe"
+    subprocess.run(
+        ["gcc", "-static", "-O2", "-Wall", "-o", str(out), str(RAWFRAME_SOURCE)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return out
+
+
+def copy_rawframe(api, container_id: str, binary: Path) -> None:
+    """Put the helper at :data:`RAWFRAME_PATH` in a container (docker's archive API)."""
+    data = binary.read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(RAWFRAME_PATH.lstrip("/"))
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    assert api.put_archive(container_id, "/", buf.getvalue())
+
+
+def rawframe_in(api, container_id: str, frames: list[bytes]) -> tuple[int, str]:
+    """Run the helper inside the container as its agent would run a job step (same user, same
+    capabilities): ``(exit code, output)``; 77 means the packet socket was refused."""
+    exec_id = api.exec_create(container_id, [RAWFRAME_PATH, "eth0", *(f.hex() for f in frames)])["Id"]
+    output = api.exec_start(exec_id).decode(errors="replace")
+    return api.exec_inspect(exec_id)["ExitCode"], output
