@@ -59,7 +59,12 @@ def spec(i: int, policies: int = 1) -> AgentSpec:
     names an interface without needing it)."""
     port = CLIENT_PORT if i == 0 else f"kb-{i}"
     host_access = HOST_ACCESS + [f"*:{5000 + i % policies}"]
-    return AgentSpec.build(address(i), GW, allowlist=[f"{SERVER}/32"], host_access=host_access, port=port)
+    return AgentSpec.build(address(i), GW, allowlist=[f"{SERVER}/32"], host_access=host_access, port=port, mac=mac(i))
+
+
+def mac(i: int) -> str:
+    """Agent ``i``'s MAC (the client's eth0 gets agent 0's)."""
+    return "02:4b:43:" + ":".join(f"{(i >> s) & 0xFF:02x}" for s in (16, 8, 0))
 
 
 def sh(*argv: str) -> None:
@@ -72,7 +77,8 @@ def build_topology(router: str, client: str, server: str) -> None:
         sh("ip", "netns", "add", ns)
     sh("ip", "-n", router, "link", "set", "kici-br0", "up")
     sh("ip", "-n", router, "addr", "add", f"{GW}/16", "dev", "kici-br0")
-    sh("ip", "-n", router, "link", "add", CLIENT_PORT, "type", "veth", "peer", "name", "eth0", "netns", client)
+    sh("ip", "-n", router, "link", "add", CLIENT_PORT, "type", "veth", "peer", "name", "eth0", "address", mac(0),
+       "netns", client)  # fmt: skip
     sh("ip", "-n", router, "link", "set", CLIENT_PORT, "master", "kici-br0", "up")
     sh("ip", "-n", router, "link", "add", "kb-s0", "type", "veth", "peer", "name", "eth0", "netns", server)
     sh("ip", "-n", router, "addr", "add", "10.67.0.254/24", "dev", "kb-s0")

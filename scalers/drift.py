@@ -4,7 +4,7 @@ Every sweeper round, for each nft table this host's isolated scalers use (contai
 container mode of bare-metal scalers, Firecracker VMs), the kernel's rules are read once and
 compared with what each active agent's row says it must have: both map elements jumping to
 policy chains with exactly the rules its stored host access and its label set's policy render,
-and its (port, address) binding; and the base (the two inet chains, one guard chain per bridge, the
+and its (port, MAC, address) binding; and the base (the two inet chains, one guard chain per bridge, the
 bridge table's chains). What is missing or changed is re-applied in ONE transaction, under the
 addresses' locks and after re-reading the rows, so an agent torn down meanwhile is not given
 rules back. The guard's drop policy keeps everything from the bridge dropped until then (a
@@ -76,8 +76,10 @@ def agent_drift(spec: AgentSpec, found: AgentRules | None) -> str | None:
         return "no rules in the kernel"
     if not found.complete:
         return "its chains or map elements are missing"
-    if spec.port and spec.port not in found.ports:
-        return f"its port {spec.port} is not bound"
+    if spec.port and (spec.port, spec.mac) not in found.bindings:
+        return f"its port {spec.port} with MAC {spec.mac} is not bound"
+    if spec.port and spec.port in found.unguarded_ports:
+        return f"its port {spec.port} is missing from the guarded agent ports"
     if found.rule_lines() != spec_rule_lines(spec):
         return "its rules differ from its policy"
     return None

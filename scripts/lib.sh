@@ -220,6 +220,7 @@ remove_agent_plane() {
   docker network rm kici-agent-net >/dev/null 2>&1 || true
   $SUDO nft delete table inet "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
   $SUDO nft delete table bridge "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
+  $SUDO nft delete table netdev "${KICI_NFT_TABLE:-kici}" 2>/dev/null || true
   local dpid; dpid="$(our_dockerd_pid)"
   if [ -n "$dpid" ]; then
     $SUDO kill "$dpid" 2>/dev/null || true
@@ -238,7 +239,7 @@ stop_started_services() {
     local daemon="the system dockerd"
     if [ "$STARTED_DOCKERD" = 1 ]; then daemon="dockerd (pid $(our_dockerd_pid))"; fi
     say "left running: $daemon with $agents agent container(s) on kici-agent-net and their isolation rules" \
-      "(nft tables inet/bridge ${KICI_NFT_TABLE:-kici}); the next make run re-adopts them; \`make stop-agents\` ends them"
+      "(nft tables inet/bridge/netdev ${KICI_NFT_TABLE:-kici}); the next make run re-adopts them; \`make stop-agents\` ends them"
   elif [ "$STARTED_DOCKERD" = 1 ]; then
     say "stopping the dockerd make run started (no agent runs; kici-agent-net and the isolation tables go too)"
     remove_agent_plane

@@ -58,13 +58,13 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture
 def nft_tables():
-    """A unique console table name with both its tables (inet and bridge) created; dropped afterwards."""
+    """A unique console table name with its three tables (inet, bridge, netdev) created; dropped afterwards."""
     require_root()
     name = f"rststop{secrets.token_hex(2)}"
-    for family in ("inet", "bridge"):
+    for family in ("inet", "bridge", "netdev"):
         subprocess.run(["nft", "add", "table", family, name], check=True)
     yield name
-    for family in ("inet", "bridge"):
+    for family in ("inet", "bridge", "netdev"):
         subprocess.run(["nft", "delete", "table", family, name], check=False, capture_output=True)
 
 
@@ -121,14 +121,15 @@ def test_the_stop_leaves_running_agents_their_dockerd_network_and_rules(
         running = len(docker_client.containers.list(filters=agents))
         assert re.search(
             rf"left running: dockerd \(pid {fake_dockerd}\) with {running} agent container\(s\) on kici-agent-net "
-            rf"and their isolation rules \(nft tables inet/bridge {nft_tables}\); the next make run re-adopts them; "
+            rf"and their isolation rules \(nft tables inet/bridge/netdev {nft_tables}\); "
+            r"the next make run re-adopts them; "
             r"`make stop-agents` ends them",
             out,
         ), out
         container.reload()
         assert container.status == "running"
         assert _alive(fake_dockerd)
-        assert _has_table("inet", nft_tables) and _has_table("bridge", nft_tables)
+        assert all(_has_table(family, nft_tables) for family in ("inet", "bridge", "netdev"))
     finally:
         container.remove(force=True)
         stray.remove(force=True)
@@ -140,7 +141,7 @@ def test_with_no_agent_running_the_stop_ends_the_dockerd_it_started_and_the_tabl
     out = _lib(tmp_path, NOT_A_DAEMON, nft_tables, f"echo $$ > {pid_file}; STARTED_DOCKERD=1; stop_started_services")
     assert "stopping the dockerd make run started" in out and "left running" not in out
     assert not _alive(fake_dockerd)  # the stop waited for it to go
-    assert not _has_table("inet", nft_tables) and not _has_table("bridge", nft_tables)
+    assert not any(_has_table(family, nft_tables) for family in ("inet", "bridge", "netdev"))
     assert not pid_file.exists()  # the next make stop-agents does not think make run still runs
 
 

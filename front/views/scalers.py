@@ -23,6 +23,7 @@ from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
+from scalers.choices import ScalerType
 from scalers.models import ConfigState, LabelSet, Scaler
 from scalers.samples import CHART_WINDOW, recent_samples
 from scalers.warm_schedule import size_now
@@ -64,6 +65,7 @@ def scaler_detail(request, name: str):
         ls.n_active = n_active.get(ls.pk, 0)
         cfg = ls.config or {}
         ls.backend_summary = cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or ""
+        ls.net_raw = _grants_net_raw(scaler, cfg)
     agents = filter_agents({"state": "active", "scaler": scaler.name})[0][:SCALER_AGENT_LIMIT]  # as its row view
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
     now = timezone.now()
@@ -84,6 +86,7 @@ def scaler_detail(request, name: str):
         "empty_text": "No live agents on this scaler.",
         "config_items": _config_items(scaler),
         "config_state": ConfigState.load(),
+        "net_raw": [ls for ls in label_sets if ls.net_raw and not ls.retired],
         "overridden": [ls for ls in label_sets if ls.host_access_override and not ls.retired],
         "differing": [ls for ls in label_sets if ls.host_access_differs and not ls.retired],
         "accept": css_attr_selector("data-scaler", scaler.name),
@@ -91,6 +94,16 @@ def scaler_detail(request, name: str):
         "sample_every": "minute" if every == 60 else f"{every} s",
     }
     return render(request, "scalers/detail.html", ctx)
+
+
+def _grants_net_raw(scaler: Scaler, label_set_config: dict) -> bool:
+    """The label set's ``netRaw: true`` gives its agent containers CAP_NET_RAW back (a Firecracker
+    guest or a host process has no container to give it to)."""
+    return (
+        label_set_config.get("netRaw") is True
+        and scaler.type in (ScalerType.CONTAINER, ScalerType.BARE_METAL)
+        and not label_set_config.get("binaryPath")
+    )
 
 
 #: The type-specific settings of a scaler entry (``scalers.config.schema.ScalerEntry``), in the

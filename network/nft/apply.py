@@ -20,7 +20,16 @@ from network.netlink import NetlinkError
 from network.nft.describe import describe_expr
 from network.nft.exprs import base_rule_exprs, bridge_rule_exprs, guard_rule_exprs
 from network.nft.libnft import DEFAULT_LIBRARY, LibraryUnavailableError, NftContext
-from network.nft.names import BRIDGE_FAMILY, FAMILY, MAPS, PORT_SETS, guard_chain_name, parse_policy_chain_name
+from network.nft.names import (
+    AGENT_PORTS_SET,
+    BRIDGE_FAMILY,
+    FAMILY,
+    MAPS,
+    NETDEV_FAMILY,
+    PORT_SETS,
+    guard_chain_name,
+    parse_policy_chain_name,
+)
 from network.nft.render import (
     document,
     policy_chains,
@@ -74,8 +83,9 @@ class AgentRules:
     no element). ``mapped_forward`` / ``mapped_input``: that element jumps to a policy chain of its
     kind. ``has_forward_chain`` / ``has_input_chain``: that chain exists. ``forward`` / ``input``:
     its rules, each a list of nft JSON expressions, in order (empty when it is missing; shared with
-    every agent of the same policy, do not mutate). ``ports``: the bridge ports bound to the address
-    in the bridge table's port set (what the guard lets through).
+    every agent of the same policy, do not mutate). ``bindings``: the ``(port, MAC)`` pairs bound to
+    the address in the bridge table's binding set (what the guard lets through);
+    ``unguarded_ports``: those of its ports missing from ``agent_ports`` (a tampered set).
     """
 
     address: IPAddress
@@ -87,7 +97,13 @@ class AgentRules:
     has_input_chain: bool = False
     mapped_forward: bool = False
     mapped_input: bool = False
-    ports: list[str] = field(default_factory=list)
+    bindings: list[tuple[str, str]] = field(default_factory=list)
+    unguarded_ports: list[str] = field(default_factory=list)
+
+    @property
+    def ports(self) -> list[str]:
+        """The bridge ports bound to the address."""
+        return sorted({port for port, _ in self.bindings})
 
     @property
     def elements(self) -> list[str]:
@@ -110,7 +126,9 @@ class AgentRules:
         """Human-readable lines: the rules (:meth:`rule_lines`), the guard's port bindings, and a
         warning when the rules are not in force."""
         lines = self.rule_lines()
-        lines += [f"guard: frames from port {p} with source {self.address} pass" for p in self.ports]
+        lines += [
+            f"guard: untagged frames from port {p}, MAC {m}, source {self.address} pass" for p, m in self.bindings
+        ]
         kinds = (("forward", self.forward_chain, self.mapped_forward), ("input", self.input_chain, self.mapped_input))
         missing = [kind for kind, chain, _ in kinds if chain is None]
         if missing:
@@ -268,9 +286,9 @@ class NftClient:
         Raises NftError for other failures.
         """
         addr = ipaddress.ip_address(address) if isinstance(address, str) else address
-        ports = self.bound_ports_of(addr)
+        bindings = self.bindings_of(addr)
         try:
-            self.apply_document(render_agent_remove(self.table, addr, ports=ports))
+            self.apply_document(render_agent_remove(self.table, addr, bindings=bindings))
             return True
         except NftError as exc:
             if not exc.missing_object:
@@ -278,9 +296,9 @@ class NftClient:
         # Something is missing, and one missing object fails the whole transaction: read what
         # exists and delete only that.
         current = self.list_agents().get(addr)
-        if current is None or not (current.elements or current.ports):
+        if current is None or not (current.elements or current.bindings):
             return False
-        self.apply_document(render_agent_remove(self.table, addr, mapped=current.elements, ports=current.ports))
+        self.apply_document(render_agent_remove(self.table, addr, mapped=current.elements, bindings=current.bindings))
         return True
 
     def _delete_chains_if_unused(self, chains: Iterable[str | None]) -> list[str]:
@@ -327,9 +345,9 @@ class NftClient:
         self._base_ready = True
 
     def delete_table(self) -> bool:
-        """Delete both tables (tests, bench, decommissioning). Both missing → False."""
+        """Delete the three tables (tests, bench, decommissioning). All missing → False."""
         deleted = False
-        for family in (FAMILY, BRIDGE_FAMILY):
+        for family in (FAMILY, BRIDGE_FAMILY, NETDEV_FAMILY):
             try:
                 self.apply_document([{"delete": {"table": {"family": family, "name": self.table}}}])
                 deleted = True
@@ -351,9 +369,9 @@ class NftClient:
             raise
         return json.loads(out).get("nftables", [])
 
-    def bound_ports_of(self, address: IPAddress) -> list[str]:
-        """The ports bound to ``address`` (one ``list set`` of its family's port set); [] when the
-        bridge table or set is absent."""
+    def bindings_of(self, address: IPAddress) -> list[tuple[str, str]]:
+        """The ``(port, MAC)`` pairs bound to ``address`` (one ``list set`` of its family's binding
+        set); [] when the bridge table or set is absent."""
         try:
             out = self._run(f"list set {BRIDGE_FAMILY} {self.table} {PORT_SETS[address.version]}")
         except NftError as exc:
@@ -362,8 +380,9 @@ class NftClient:
             raise
         return sorted(_port_pairs(json.loads(out).get("nftables", [])).get(address, []))
 
-    def list_bound_ports(self) -> dict[IPAddress, list[str]]:
-        """Address → the ports bound to it in the bridge table's port sets; ``{}`` when absent."""
+    def list_bindings(self) -> dict[IPAddress, list[tuple[str, str]]]:
+        """Address → the ``(port, MAC)`` pairs bound to it in the bridge table's binding sets;
+        ``{}`` when absent."""
         return _port_pairs(self.list_table(BRIDGE_FAMILY) or [])
 
     def list_address_sets(self) -> dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]]:
@@ -405,28 +424,32 @@ class NftClient:
         """``(agents, base_problems, unused_chains)`` from one listing of each table: every agent
         as :meth:`list_agents` reads it; what is missing or changed in the base, each problem a
         line (``inet chain forward: 0 rules, expected 2``, ``inet chain guard-kici-br0 is
-        missing``), [] when the base is as rendered; the policy chains nothing jumps to. Raises
-        NftError."""
+        missing``, ``table netdev kici is missing``), [] when the base is as rendered;
+        the policy chains nothing jumps to. Raises NftError."""
+        guard_interfaces = list(guard_interfaces)
         items = self.list_table()
         bridge_items = self.list_table(BRIDGE_FAMILY)
         if items is None:
             return {}, [f"table {FAMILY} {self.table} is missing"], []
-        agents = _agents_from(items, _port_pairs(bridge_items or []))
+        netdev_items = self.list_table(NETDEV_FAMILY)
+        agents = _agents_from(items, _port_pairs(bridge_items or []), _set_strings(bridge_items or [], AGENT_PORTS_SET))
         expected = {(FAMILY, c): len(r) for c, r in base_rule_exprs().items()}
         expected |= {(FAMILY, guard_chain_name(i)): len(guard_rule_exprs()) for i in guard_interfaces}
         expected |= {(BRIDGE_FAMILY, c): len(r) for c, r in bridge_rule_exprs().items()}
+        expected |= {(NETDEV_FAMILY, guard_chain_name(i)): len(guard_rule_exprs()) for i in guard_interfaces}
         counts: dict[tuple[str, str], int] = {}
-        for family, listing in ((FAMILY, items), (BRIDGE_FAMILY, bridge_items or [])):
+        listings = ((FAMILY, items), (BRIDGE_FAMILY, bridge_items or []), (NETDEV_FAMILY, netdev_items or []))
+        for family, listing in listings:
             for item in listing:
                 if "chain" in item and (family, item["chain"]["name"]) in expected:
                     counts.setdefault((family, item["chain"]["name"]), 0)
                 elif "rule" in item and (family, item["rule"]["chain"]) in expected:
                     counts[family, item["rule"]["chain"]] = counts.get((family, item["rule"]["chain"]), 0) + 1
         problems = []
-        if bridge_items is None:
-            problems.append(f"table {BRIDGE_FAMILY} {self.table} is missing")
+        absent = [f for f, listing in ((BRIDGE_FAMILY, bridge_items), (NETDEV_FAMILY, netdev_items)) if listing is None]
+        problems += [f"table {family} {self.table} is missing" for family in absent]
         for (family, chain), want in expected.items():
-            if family == BRIDGE_FAMILY and bridge_items is None:
+            if family in absent:
                 continue
             got = counts.get((family, chain))
             if got is None:
@@ -472,7 +495,7 @@ class NftClient:
         cmds: list[dict] = []
         for addr in stale:
             r = agents[addr]
-            cmds += render_agent_remove(self.table, addr, mapped=r.elements, ports=r.ports)
+            cmds += render_agent_remove(self.table, addr, mapped=r.elements, bindings=r.bindings)
         self.apply_document(cmds)
         if stale:
             self.delete_unused_policy_chains()
@@ -523,11 +546,16 @@ def _unused_policy_chains(items: list[dict]) -> list[str]:
     ]
 
 
-def _agents_from(items: list[dict], bound: dict[IPAddress, list[str]]) -> dict[IPAddress, AgentRules]:
-    """Agents from an ``nft -j list table inet`` array and the port bindings (see ``list_agents``)."""
+def _agents_from(
+    items: list[dict], bound: dict[IPAddress, list[tuple[str, str]]], guarded_ports: set[str] | None = None
+) -> dict[IPAddress, AgentRules]:
+    """Agents from an ``nft -j list table inet`` array, the port bindings and the ports in
+    ``agent_ports`` (see ``list_agents``)."""
     agents: dict[IPAddress, AgentRules] = {}
-    for addr, ports in bound.items():
-        agents[addr] = AgentRules(address=addr, ports=sorted(ports))
+    guarded = guarded_ports or set()
+    for addr, pairs in bound.items():
+        unguarded = sorted({p for p, _ in pairs if p not in guarded})
+        agents[addr] = AgentRules(address=addr, bindings=sorted(pairs), unguarded_ports=unguarded)
     chains: dict[str, list[list[dict]]] = {}
     for item in items:
         if "chain" in item and parse_policy_chain_name(item["chain"].get("name", "")):
@@ -547,9 +575,19 @@ def _agents_from(items: list[dict], bound: dict[IPAddress, list[str]]) -> dict[I
     return agents
 
 
-def _port_pairs(items: list[dict]) -> dict[IPAddress, list[str]]:
-    """Address → ports, from the elements of the port sets in an ``nft -j list`` array."""
-    out: dict[IPAddress, list[str]] = {}
+def _set_strings(items: list[dict], name: str) -> set[str] | None:
+    """The string elements of set ``name`` in an ``nft -j list`` array; None when it is absent."""
+    for item in items:
+        body = item.get("set")
+        if body and body.get("name") == name:
+            return {e for e in body.get("elem", []) if isinstance(e, str)}
+    return None
+
+
+def _port_pairs(items: list[dict]) -> dict[IPAddress, list[tuple[str, str]]]:
+    """Address → ``(port, MAC)`` pairs, from the elements of the binding sets in an ``nft -j
+    list`` array."""
+    out: dict[IPAddress, list[tuple[str, str]]] = {}
     for item in items:
         body = item.get("set")
         if not body or body.get("name") not in PORT_SETS.values():
@@ -557,14 +595,14 @@ def _port_pairs(items: list[dict]) -> dict[IPAddress, list[str]]:
         for elem in body.get("elem", []):
             if isinstance(elem, dict) and "elem" in elem:
                 elem = elem["elem"].get("val")
-            pair = elem.get("concat") if isinstance(elem, dict) else None
-            if not pair or len(pair) != 2:
+            triple = elem.get("concat") if isinstance(elem, dict) else None
+            if not triple or len(triple) != 3:
                 continue
             try:
-                addr = ipaddress.ip_address(pair[1])
+                addr = ipaddress.ip_address(triple[2])
             except (ValueError, TypeError):
                 continue
-            out.setdefault(addr, []).append(str(pair[0]))
+            out.setdefault(addr, []).append((str(triple[0]), str(triple[1]).lower()))
     return out
 
 

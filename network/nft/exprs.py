@@ -13,8 +13,9 @@ from network.host_access import HostAccessEntry
 
 from .names import (
     AGENT_MAC_PREFIX,
-    BRIDGE_ARP_CHAIN,
+    AGENT_PORTS_SET,
     BRIDGE_FORWARD_CHAIN,
+    BRIDGE_PORT_GUARD_CHAIN,
     BRIDGE_PREROUTING_CHAIN,
     FORWARD_CHAIN,
     GUARD_MARK,
@@ -163,35 +164,72 @@ def guard_rule_exprs() -> list[list[dict]]:
     return [[_mark_is_set(), ACCEPT]]
 
 
-def _port_pair(protocol: str, field_name: str, version: int) -> dict:
-    left = {"concat": [{"meta": {"key": "iifname"}}, _payload(protocol, field_name)]}
+def _binding(mac: dict, addr: dict, version: int) -> dict:
+    """``iifname . <mac> . <addr> @bind4``: the frame's (ingress port, MAC, address) is a binding."""
+    left = {"concat": [{"meta": {"key": "iifname"}}, mac, addr]}
     return _match(left, f"@{PORT_SETS[version]}")
+
+
+def _untagged(ethertype: str) -> dict:
+    """``ether type <ethertype>``: read at offset 12 of the frame as it arrived, so a frame with a
+    VLAN tag (0x8100, 0x88a8, 0x9100, any depth) reads the tag's type here and never matches."""
+    return _match(_payload("ether", "type"), ethertype)
+
+
+#: ARP as the binding rule reads it: Ethernet/IPv4 addresses (so ``saddr ip`` is at its offset),
+#: a request or a reply.
+_ARP_SHAPE = [
+    _match(_payload("arp", "htype"), 1),
+    _match(_payload("arp", "ptype"), 0x0800),
+    _match(_payload("arp", "hlen"), 6),
+    _match(_payload("arp", "plen"), 4),
+    _match(_payload("arp", "operation"), {"set": ["request", "reply"]}),
+]
 
 
 def bridge_rule_exprs() -> dict[str, list[list[dict]]]:
     """Rules of the bridge table's three base chains, by chain name.
 
-    ``prerouting`` marks IPv4, ARP and IPv6 frames whose (ingress port, source address) pair is a
-    known agent's; nothing else is marked, so a spoofed or unknown source stops at the guard.
-    ``arp-guard`` (prerouting, after every console's marking) drops unmarked ARP claiming an
-    agent-subnet sender: the inet guard sees only IPv4 and IPv6 and accepts ARP, so without it a
-    spoofer would teach the host its MAC for a live agent's address and take that agent's replies.
-    ``forward`` drops every frame bridged from one port to another that comes from or goes to
-    an agent subnet (IPv4 and ARP) or an agent MAC (IPv6): agents never reach each other on the
-    bridge, whether or not ``br_netfilter`` passes bridged frames through the inet hooks.
+    ``prerouting`` marks the frames of known agents: untagged IPv4, ARP or IPv6 whose (ingress
+    port, source MAC, source address) is a binding; for ARP the sender MAC and address in the
+    payload must be the binding's too. Nothing else is marked: a tagged frame (``ether type``
+    reads the outer tag), another ethertype, a foreign MAC or address.
+    ``port-guard`` (prerouting, after every console's marking) drops every unmarked frame from a
+    bound agent's port, and unmarked ARP claiming an agent-subnet sender from any port (an agent
+    before its binding): without it a tagged frame, which the ``inet`` hooks see only once the
+    kernel stripped its tags (one tag: still IPv4 to ``meta protocol``; two: not at all), could be
+    bridged to a neighbour or poison a neighbour table.
+    ``forward`` drops every frame bridged from one port to another that comes from or goes to a
+    bound agent's port, an agent subnet (IPv4 and ARP) or an agent MAC (IPv6): agents never reach
+    each other on the bridge, whether or not ``br_netfilter`` passes bridged frames through the
+    inet hooks.
     """
     nets = f"@{GUARD_NETS_SET}"
+    ports = f"@{AGENT_PORTS_SET}"
     mac_mask = "ff:ff:ff:00:00:00"
     mac_prefix = AGENT_MAC_PREFIX + ":00:00:00"
+    ether_saddr = _payload("ether", "saddr")
     ip6 = _match(_payload("ether", "type"), "ip6")
+    arp_sender = _payload("arp", "saddr ip")
     return {
         BRIDGE_PREROUTING_CHAIN: [
-            [_port_pair("ip", "saddr", 4), _SET_MARK],
-            [_port_pair("arp", "saddr ip", 4), _SET_MARK],
-            [_port_pair("ip6", "saddr", 6), _SET_MARK],
+            [_untagged("ip"), _binding(ether_saddr, _payload("ip", "saddr"), 4), _SET_MARK],
+            [
+                _untagged("arp"),
+                *_ARP_SHAPE,
+                _binding(ether_saddr, arp_sender, 4),
+                _binding(_payload("arp", "saddr ether"), arp_sender, 4),
+                _SET_MARK,
+            ],
+            [_untagged("ip6"), _binding(ether_saddr, _payload("ip6", "saddr"), 6), _SET_MARK],
         ],
-        BRIDGE_ARP_CHAIN: [[_match(_payload("arp", "saddr ip"), nets), _mark_is_set_not(), DROP]],
+        BRIDGE_PORT_GUARD_CHAIN: [
+            [_match({"meta": {"key": "iifname"}}, ports), _mark_is_set_not(), DROP],
+            [_match(arp_sender, nets), _mark_is_set_not(), DROP],
+        ],
         BRIDGE_FORWARD_CHAIN: [
+            [_match({"meta": {"key": "iifname"}}, ports), DROP],
+            [_match({"meta": {"key": "oifname"}}, ports), DROP],
             [_match(_payload("ip", "saddr"), nets), DROP],
             [_match(_payload("ip", "daddr"), nets), DROP],
             [_match(_payload("arp", "saddr ip"), nets), DROP],

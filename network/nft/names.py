@@ -21,13 +21,21 @@ PRIVATE_SET = "private4"
 BRIDGE_FAMILY = "bridge"
 BRIDGE_PREROUTING_CHAIN = "prerouting"
 BRIDGE_FORWARD_CHAIN = "forward"
-#: Drops ARP from an agent subnet that no table marked: the inet guard sees only IPv4 and IPv6.
-BRIDGE_ARP_CHAIN = "arp-guard"
-#: ``ifname . ipv4_addr`` / ``ifname . ipv6_addr``: the (port, address) pairs of known agents.
-PORT_SETS = {4: "ports4", 6: "ports6"}
-PORT_SET_TYPES = {4: ["ifname", "ipv4_addr"], 6: ["ifname", "ipv6_addr"]}
+#: Drops every frame from a bound agent's port that no table marked (layer 2: tagged frames, other
+#: ethertypes, a foreign MAC or address) and unmarked ARP from an agent subnet.
+BRIDGE_PORT_GUARD_CHAIN = "port-guard"
+#: The console's third table, same name, family ``netdev``: one ingress guard per bridge that,
+#: unlike the ``inet`` guard, sees every ethertype going up to the host (ARP, tagged frames).
+NETDEV_FAMILY = "netdev"
+#: ``ifname . ether_addr . ipv4_addr`` / ``... ipv6_addr``: the (port, MAC, address) bindings of
+#: known agents.
+PORT_SETS = {4: "bind4", 6: "bind6"}
+PORT_SET_TYPES = {4: ["ifname", "ether_addr", "ipv4_addr"], 6: ["ifname", "ether_addr", "ipv6_addr"]}
 #: The agent subnets (interval set): never bridged from one port to another.
 GUARD_NETS_SET = "guard_nets4"
+#: The ports of bound agents (``ifname``), written and removed with their bindings: nothing
+#: unmarked leaves them, and nothing is bridged to or from them.
+AGENT_PORTS_SET = "agent_ports"
 #: The mark bit the bridge table sets on frames from a known agent on its own port; every guard
 #: chain drops what arrives from its bridge without it. One bit, OR-ed in: other users of the mark
 #: keep theirs, and every console on the host sets and tests the same bit.

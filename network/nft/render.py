@@ -23,9 +23,10 @@ from .exprs import (
     input_rule_exprs,
 )
 from .names import (
-    BRIDGE_ARP_CHAIN,
+    AGENT_PORTS_SET,
     BRIDGE_FAMILY,
     BRIDGE_FORWARD_CHAIN,
+    BRIDGE_PORT_GUARD_CHAIN,
     BRIDGE_PREROUTING_CHAIN,
     FAMILY,
     FORWARD_CHAIN,
@@ -33,22 +34,23 @@ from .names import (
     INPUT_CHAIN,
     MAP_TYPES,
     MAPS,
+    NETDEV_FAMILY,
     PORT_SET_TYPES,
     PORT_SETS,
     PRIVATE_SET,
     guard_chain_name,
     policy_chain_name,
 )
-from .spec import AgentSpec, IPAddress, RuleSpecError, validate_ifname, validate_table_name
+from .spec import AgentSpec, IPAddress, RuleSpecError, validate_ifname, validate_mac, validate_table_name
 
 #: Hook priorities: the guard runs on the bridge's ingress; the bridge chains at ``filter``.
 GUARD_PRIORITY = 0
 BRIDGE_PRIORITY = -200
-#: Bridge chain → (hook, priority). ``arp-guard`` runs after every console's ``prerouting``
+#: Bridge chain → (hook, priority). ``port-guard`` runs after every console's ``prerouting``
 #: (same hook, later priority), so it sees the mark whichever table set it.
 BRIDGE_HOOKS = {
     BRIDGE_PREROUTING_CHAIN: ("prerouting", BRIDGE_PRIORITY),
-    BRIDGE_ARP_CHAIN: ("prerouting", BRIDGE_PRIORITY + 10),
+    BRIDGE_PORT_GUARD_CHAIN: ("prerouting", BRIDGE_PRIORITY + 10),
     BRIDGE_FORWARD_CHAIN: ("forward", BRIDGE_PRIORITY),
 }
 
@@ -65,8 +67,8 @@ def _elem(table: str, map_name: str, elems: list, family: str = FAMILY) -> dict:
     return _obj("element", table, family, name=map_name, elem=elems)
 
 
-def _port_elem(spec_port: str, address: IPAddress) -> dict:
-    return {"concat": [spec_port, str(address)]}
+def _port_elem(port: str, mac: str, address: IPAddress) -> dict:
+    return {"concat": [port, mac, str(address)]}
 
 
 def _guard_networks(networks: Iterable[str]) -> list[ipaddress.IPv4Network]:
@@ -82,15 +84,17 @@ def _guard_networks(networks: Iterable[str]) -> list[ipaddress.IPv4Network]:
 def render_table_base(
     table: str, guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()
 ) -> list[dict]:
-    """Commands creating both tables, their sets and maps, the base chains and one guard chain per
-    bridge in ``guard_interfaces`` (idempotent, re-runnable).
+    """Commands creating the three tables, their sets and maps, the base chains and the guard
+    chains of each bridge in ``guard_interfaces`` (idempotent, re-runnable).
 
     Existing policy chains, map and set elements are kept; every base and guard chain is flushed
     and refilled in the same transaction, so re-running never duplicates a rule and leaves no
     moment without one. ``guard_interfaces`` (bridges agents sit on; each must exist) and
-    ``guard_networks`` (their IPv4 subnets) are added, never removed here, so scalers sharing a
-    table keep each other's. Raises :class:`RuleSpecError` for a bad name or subnet. Returns a
-    list of commands; wrap with :func:`document`.
+    ``guard_networks`` (their IPv4 subnets, the bridge table's ``guard_nets4``) are added, never
+    removed here, so scalers sharing a table keep each other's. Each bridge gets a guard chain in
+    the ``inet`` table and one in the ``netdev`` table. Raises
+    :class:`RuleSpecError` for a bad name or subnet. Returns a list of commands; wrap with
+    :func:`document`.
     """
     validate_table_name(table)
     ifnames = [validate_ifname(name, "guarded bridge") for name in guard_interfaces]
@@ -105,15 +109,25 @@ def render_table_base(
         cmds.append({"flush": _obj("chain", table, name=chain)})
     for chain, rules in base_rule_exprs().items():
         cmds += [_rule(table, chain, expr) for expr in rules]
+    cmds += _guard_chains(table, FAMILY, ifnames)
+    cmds += _bridge_base(table, nets)
+    cmds.append({"add": {"table": {"family": NETDEV_FAMILY, "name": table}}})
+    cmds += _guard_chains(table, NETDEV_FAMILY, ifnames)
+    return cmds
+
+
+def _guard_chains(table: str, family: str, ifnames: list[str]) -> list[dict]:
+    """One guard chain per bridge in ``family`` (``inet``: IPv4 and IPv6 only; ``netdev``: every
+    ethertype): ingress hook of the bridge, policy drop, marked frames accepted."""
+    cmds: list[dict] = []
     for ifname in ifnames:
         chain = guard_chain_name(ifname)
         cmds.append(
-            {"add": _obj("chain", table, name=chain, type="filter", hook="ingress", dev=ifname,
+            {"add": _obj("chain", table, family, name=chain, type="filter", hook="ingress", dev=ifname,
                          prio=GUARD_PRIORITY, policy="drop")}
         )  # fmt: skip
-        cmds.append({"flush": _obj("chain", table, name=chain)})
-        cmds += [_rule(table, chain, expr) for expr in guard_rule_exprs()]
-    cmds += _bridge_base(table, nets)
+        cmds.append({"flush": _obj("chain", table, family, name=chain)})
+        cmds += [{"add": _obj("rule", table, family, chain=chain, expr=expr)} for expr in guard_rule_exprs()]
     return cmds
 
 
@@ -131,6 +145,7 @@ def _bridge_base(table: str, nets: list[ipaddress.IPv4Network]) -> list[dict]:
     )
     if nets:
         cmds.append({"add": _elem(table, GUARD_NETS_SET, [_addr_right(n) for n in nets], b)})
+    cmds.append({"add": _obj("set", table, b, name=AGENT_PORTS_SET, type="ifname")})
     for chain, rules in bridge_rule_exprs().items():
         hook, prio = BRIDGE_HOOKS[chain]
         cmds.append({"add": _obj("chain", table, b, name=chain, type="filter", hook=hook, prio=prio,
@@ -209,7 +224,7 @@ def _jump(chain: str) -> dict:
 
 def render_agent_add(table: str, spec: AgentSpec, replace: Sequence[str] = ()) -> list[dict]:
     """Commands that (re)write one agent's rules: its two policy chains flushed and refilled, its
-    two map elements added, and (with ``spec.port``) its (port, address) pair bound, so the guard
+    two map elements added, and (with ``spec.port``) its (port, MAC, address) bound, so the guard
     lets its frames through only in the same transaction that puts its rules in force.
 
     A map element that exists with another verdict cannot be added over: ``replace`` names the
@@ -226,27 +241,37 @@ def render_agent_add(table: str, spec: AgentSpec, replace: Sequence[str] = ()) -
             cmds.append({"delete": _elem(table, MAPS[kind, v], [str(spec.address)])})
         cmds.append({"add": _elem(table, MAPS[kind, v], [[str(spec.address), _jump(name)]])})
     if spec.port:
-        cmds.append({"add": _elem(table, PORT_SETS[v], [_port_elem(spec.port, spec.address)], BRIDGE_FAMILY)})
+        elem = _port_elem(spec.port, spec.mac, spec.address)
+        cmds.append({"add": _elem(table, PORT_SETS[v], [elem], BRIDGE_FAMILY)})
+        cmds.append({"add": _elem(table, AGENT_PORTS_SET, [spec.port], BRIDGE_FAMILY)})
     return cmds
 
 
 def render_agent_remove(
-    table: str, address: IPAddress | str, *, mapped: Sequence[str] = ("fwd", "in"), ports: Sequence[str] = ()
+    table: str,
+    address: IPAddress | str,
+    *,
+    mapped: Sequence[str] = ("fwd", "in"),
+    bindings: Sequence[tuple[str, str]] = (),
 ) -> list[dict]:
     """Commands unbinding one agent's ports and deleting its map elements: its rules stop applying
     and its frames stop passing the guard at once. Its policy chains may be shared and are left to
     :func:`render_chains_delete`.
 
-    ``mapped`` restricts the deletes to the elements that exist (``"fwd"``, ``"in"``), and ``ports``
-    names the bound ports, because one missing object fails the whole nft transaction; the applier
-    reads the kernel to fill them in.
+    ``mapped`` restricts the deletes to the elements that exist (``"fwd"``, ``"in"``), and
+    ``bindings`` names the bound ``(port, MAC)`` pairs, because one missing object fails the whole
+    nft transaction; the applier reads the kernel to fill them in.
     """
     validate_table_name(table)
     addr = ipaddress.ip_address(address) if isinstance(address, str) else address
     cmds: list[dict] = []
-    if ports:
-        elems = [_port_elem(validate_ifname(p, "agent port"), addr) for p in ports]
+    if bindings:
+        elems = [_port_elem(validate_ifname(p, "agent port"), validate_mac(m), addr) for p, m in bindings]
         cmds.append({"delete": _elem(table, PORT_SETS[addr.version], elems, BRIDGE_FAMILY)})
+        # Added then deleted: the port leaves agent_ports whether or not its element was there.
+        names = sorted({p for p, _ in bindings})
+        cmds.append({"add": _elem(table, AGENT_PORTS_SET, names, BRIDGE_FAMILY)})
+        cmds.append({"delete": _elem(table, AGENT_PORTS_SET, names, BRIDGE_FAMILY)})
     for kind in mapped:
         cmds.append({"delete": _elem(table, MAPS[kind, addr.version], [str(addr)])})
     return cmds
@@ -276,7 +301,7 @@ def render_agents(
     replace = replace or {}
     chains: dict[str, list[list[dict]]] = {}
     elems: dict[str, list] = {name: [] for name in MAPS.values()}
-    port_elems: dict[str, list] = {name: [] for name in PORT_SETS.values()}
+    port_elems: dict[str, list] = {name: [] for name in (*PORT_SETS.values(), AGENT_PORTS_SET)}
     deletes: dict[str, list] = {name: [] for name in MAPS.values()}
     seen: set[IPAddress] = set()
     for spec in specs:
@@ -290,7 +315,8 @@ def render_agents(
                 deletes[MAPS[kind, v]].append(str(spec.address))
             elems[MAPS[kind, v]].append([str(spec.address), _jump(name)])
         if spec.port:
-            port_elems[PORT_SETS[v]].append(_port_elem(spec.port, spec.address))
+            port_elems[PORT_SETS[v]].append(_port_elem(spec.port, spec.mac, spec.address))
+            port_elems[AGENT_PORTS_SET].append(spec.port)
     cmds: list[dict] = []
     for name, rules in chains.items():
         cmds += _chain_cmds(table, name, rules)

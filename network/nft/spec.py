@@ -18,6 +18,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}", re.ASCII)
 _IFNAME = re.compile(r"[A-Za-z0-9_.\-]{1,15}", re.ASCII)
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", re.ASCII)
 
 
 class RuleSpecError(ValueError):
@@ -43,6 +44,15 @@ def validate_ifname(name: object, what: str = "interface") -> str:
     if not isinstance(name, str) or not _IFNAME.fullmatch(name):
         raise RuleSpecError(f"{what} {name!r} is not an interface name (1-15 of A-Z a-z 0-9 _ . -)")
     return name
+
+
+def validate_mac(mac: object, what: str = "agent MAC") -> str:
+    """``mac`` lower-cased if it is a unicast Ethernet address written ``aa:bb:cc:dd:ee:ff``;
+    raises :class:`RuleSpecError` naming ``what`` and the value otherwise."""
+    text = mac.lower() if isinstance(mac, str) else None
+    if text is None or not _MAC.fullmatch(text) or int(text[:2], 16) & 1:
+        raise RuleSpecError(f"{what} {mac!r} is not a unicast MAC address (aa:bb:cc:dd:ee:ff)")
+    return text
 
 
 def parse_allowlist_entry(text: str) -> IPNetwork:
@@ -79,8 +89,9 @@ class AgentSpec:
     ``gateway``: the bridge gateway (accepted on forward). ``allowlist``: networks accepted
     on forward ahead of the private-range drops, in order. ``deny_all``: drop everything else on
     forward. ``host_access``: the *resolved* entries, rendered on input in order. ``port``: the
-    bridge port (veth or TAP) the agent owns; its (port, address) pair is what the guard lets
-    through (None: no binding, so a guarded bridge passes nothing from the agent).
+    bridge port (veth or TAP) the agent owns, and ``mac``: the agent's MAC on it (lower case); the
+    (port, MAC, address) binding is what the guard lets through, untagged only (None: no binding,
+    so a guarded bridge passes nothing from the agent).
     Build one with :meth:`build`, which validates every field first.
     """
 
@@ -90,6 +101,7 @@ class AgentSpec:
     deny_all: bool = False
     host_access: tuple[HostAccessEntry, ...] = field(default=())
     port: str | None = None
+    mac: str | None = None
 
     @classmethod
     def build(
@@ -100,11 +112,14 @@ class AgentSpec:
         deny_all: bool = False,
         host_access: Iterable[str] = (),
         port: str | None = None,
+        mac: str | None = None,
     ) -> AgentSpec:
         """Validate and build a spec from strings; raises :class:`RuleSpecError` naming the field.
 
         ``host_access`` entries are parsed with ``parse_host_access_entry``; a bad one raises
         ``RuleSpecError`` carrying its message, so nothing is rendered from a list with one bad entry.
+        ``port`` and ``mac`` come together: a binding without the MAC would let the port send
+        frames from any MAC.
         """
         try:
             addr = ipaddress.ip_address(str(address).strip())
@@ -129,4 +144,11 @@ class AgentSpec:
             raise RuleSpecError(f"denyAll must be true or false, not {deny_all!r}")
         if port is not None:
             validate_ifname(port, "agent port")
-        return cls(address=addr, gateway=gw, allowlist=nets, deny_all=deny_all, host_access=tuple(entries), port=port)
+            if mac is None:
+                raise RuleSpecError(f"agent port {port!r} needs the agent's MAC on it")
+            mac = validate_mac(mac)
+        elif mac is not None:
+            raise RuleSpecError(f"agent MAC {mac!r} needs its port")
+        return cls(
+            address=addr, gateway=gw, allowlist=nets, deny_all=deny_all, host_access=tuple(entries), port=port, mac=mac
+        )

@@ -4,14 +4,18 @@ Two paths create an agent container: the container backend and the bare-metal ba
 container mode. Both call :func:`build_agent_container_host_config` and nothing else builds a
 HostConfig, so the two cannot differ (e.g. one applying the operator's limits, the other not).
 
-Why there is NO ``CapDrop`` and no ``no-new-privileges`` here: both paths run the agent with
-``KICI_EXECUTION_MODE=bare-metal``, so unless a job brings its own image the workflow's build
-steps run as ordinary processes INSIDE this container. ``apt-get``/``dpkg`` need CHOWN,
-DAC_OVERRIDE, FOWNER, SETUID and SETGID, and ``no-new-privileges`` breaks ``sudo`` and every
-setuid binary; dropping them would silently break every ``type: container`` build with no
-opt-out. The confining boundary is one level in: the agent applies ``CapDrop: ALL``,
-``no-new-privileges`` and a tighter pids limit to each nested JOB container. This container
-hosts that boundary; it is not it.
+Capabilities: only ``NET_RAW`` is dropped (``CapDrop: ["NET_RAW"]``), and no
+``no-new-privileges``. Both paths run the agent with ``KICI_EXECUTION_MODE=bare-metal``, so
+unless a job brings its own image the workflow's build steps run as ordinary processes INSIDE
+this container. ``apt-get``/``dpkg`` need CHOWN, DAC_OVERRIDE, FOWNER, SETUID and SETGID, and
+``no-new-privileges`` breaks ``sudo`` and every setuid binary; dropping those would silently
+break every ``type: container`` build. ``NET_RAW`` is different: no build step needs raw or
+packet sockets (the agent, also when injected into a job's image, talks HTTP with ``wget``;
+``ping`` is the usual casualty), while with it a job can forge frames on the agent bridge, which
+only the bridge table then stops (``docs/nft-isolation.md``, "Layer 2"). A label set that needs
+it sets ``netRaw: true``, which the scaler page shows as a warning. The confining boundary for
+nested JOB containers is one level in: the agent applies ``CapDrop: ALL``,
+``no-new-privileges`` and a tighter pids limit to each of them.
 
 ``PidsLimit`` is the exception and stays: 4096 bounds a fork bomb and costs a build nothing.
 ``Init`` runs docker's init (tini) as PID 1 so the agent gets SIGTERM delivered and reaped
@@ -25,6 +29,9 @@ from scalers.resources import EffectiveLimits
 #: Maximum processes in one agent container. Not configurable.
 AGENT_CONTAINER_PIDS_LIMIT = 4096
 
+#: Capabilities an agent container loses unless its label set says ``netRaw: true``.
+AGENT_CAP_DROP = ("NET_RAW",)
+
 #: Docker keeps an agent's output in at most two 8 MiB files (json-file driver, rotated), so a
 #: chatty agent cannot fill the disk; ``docker logs`` and the console read them as before.
 AGENT_LOG_CONFIG = {"Type": "json-file", "Config": {"max-size": "8m", "max-file": "2"}}
@@ -34,6 +41,7 @@ def build_agent_container_host_config(
     limits: EffectiveLimits | None = None,
     binds: list[str] | None = None,
     extra_hosts: list[str] | None = None,
+    net_raw: bool = False,
 ) -> dict:
     """Return the agent container's HostConfig as a Docker Engine API dict.
 
@@ -42,7 +50,8 @@ def build_agent_container_host_config(
     - ``Binds`` only when non-empty (``/host:/ctr[:ro]`` strings); ``ExtraHosts`` only when
       non-empty (``name:ip`` strings).
     - Always ``AutoRemove: false``, ``PidsLimit: 4096``, ``Init: true``, ``LogConfig``
-      :data:`AGENT_LOG_CONFIG`; never ``CapDrop`` or ``SecurityOpt`` (the module docstring says why).
+      :data:`AGENT_LOG_CONFIG`; ``CapDrop: ["NET_RAW"]`` unless ``net_raw`` (the label set's
+      ``netRaw``); never ``SecurityOpt`` (the module docstring says why).
 
     Raises ``ValueError`` naming the field for a negative limit or a non-string bind/host entry.
     """
@@ -52,6 +61,10 @@ def build_agent_container_host_config(
         "Init": True,
         "LogConfig": AGENT_LOG_CONFIG,
     }
+    if not isinstance(net_raw, bool):
+        raise ValueError(f"net_raw must be true or false, got {net_raw!r}")
+    if not net_raw:
+        host_config["CapDrop"] = list(AGENT_CAP_DROP)
     if limits is not None:
         if limits.cpus < 0:
             raise ValueError(f"limits.cpus must not be negative, got {limits.cpus!r}")

@@ -80,25 +80,34 @@ class ContainerIsolation:
         self.client.check_available()
         self.client.ensure_table([bridge], [ISOLATED_NETWORK_SUBNET])
 
-    def apply(self, address: str, policy: dict | None, host_access: Iterable[str], port: str | None = None) -> None:
+    def apply(
+        self,
+        address: str,
+        policy: dict | None,
+        host_access: Iterable[str],
+        port: str | None = None,
+        mac: str | None = None,
+    ) -> None:
         """Write forward (gateway accept, allowlist, private drops, denyAll) and input (host access)
-        rules for one container address, and bind it to ``port`` (its veth on the bridge), in one
-        transaction: its frames pass the guard only once its rules are in force. Raises
-        ``RuleSpecError``/``NftError``.
+        rules for one container address, and bind it with its ``mac`` to ``port`` (its veth on the
+        bridge), in one transaction: its frames pass the guard only once its rules are in force.
+        Raises ``RuleSpecError``/``NftError``.
 
         Rules left behind for the address by a previous holder are replaced in that same
         transaction (chains flushed and refilled, map elements re-pointed). Written under the
         address's lock (``holders.address_lock``), so a concurrent teardown of a previous holder
         cannot delete them between its holder check and its delete.
         """
-        spec = self.spec(address, policy, host_access, port)
+        spec = self.spec(address, policy, host_access, port, mac)
         with holders.address_lock(str(spec.address)):
             self.client.apply_agent(spec)
 
     @staticmethod
-    def spec(address: str, policy: dict | None, host_access: Iterable[str], port: str | None = None) -> AgentSpec:
+    def spec(
+        address: str, policy: dict | None, host_access: Iterable[str], port: str | None = None, mac: str | None = None
+    ) -> AgentSpec:
         """The rules of one container address (gateway, the policy's allowlist and denyAll, the
-        resolved host access, its port). Raises ``RuleSpecError``."""
+        resolved host access, its port and MAC there). Raises ``RuleSpecError``."""
         policy = policy or {}
         return AgentSpec.build(
             address,
@@ -107,6 +116,7 @@ class ContainerIsolation:
             deny_all=bool(policy.get("denyAll", policy.get("deny_all", False))),
             host_access=list(host_access),
             port=port,
+            mac=mac,
         )
 
     def remove(self, address: str | None) -> bool:

@@ -422,6 +422,9 @@ class LabelSet(_Strict):
     resources: Resources | None = None
     volumes: list[str] | None = None
     container_socket: StrictBool = False
+    #: Give the agent container CAP_NET_RAW back (raw and packet sockets, e.g. ``ping`` without
+    #: ICMP sockets); dropped by default (``scalers.backends.hostconfig``). Shown as a warning.
+    net_raw: StrictBool = False
     env: dict[str, str] | None = None
     backpressure_mode: Literal["pause", "drop"] | None = None
     network_policy: NetworkPolicy | None = None

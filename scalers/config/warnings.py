@@ -5,6 +5,9 @@
   runs in container mode, where it is enforced, and is not warned about).
 - ``networkIsolation: false`` on a bare-metal entry: its container mode always runs on
   ``kici-agent-net`` with isolation rules, so the setting is ignored.
+- ``netRaw: true`` where no container runs the agent (a Firecracker guest, whose root holds
+  every capability inside its VM; a bare-metal host process): there is nothing to give back.
+  Where it does take effect the scaler page shows it as a warning instead.
 
 ``import_scalers --check`` (``make check``) prints them; an import records each new one as a
 ``config.warning`` event and a log line (``scalers.importing``).
@@ -32,10 +35,19 @@ class ConfigWarning:
 def entry_warnings(entry: Mapping[str, Any]) -> list[ConfigWarning]:
     """The warnings of one ``scalers[]`` entry with its YAML key names (``ScalerEntry.to_raw()``,
     as stored in ``Scaler.config``). Pure."""
-    if entry.get("type") != "bare-metal":
-        return []
     name = str(entry.get("name") or "")
     out = []
+    for i, ls in enumerate(entry.get("labelSets") or []):
+        if ls.get("netRaw") and (entry.get("type") == "firecracker" or ls.get("binaryPath")):
+            out.append(
+                ConfigWarning(
+                    name,
+                    f"labelSets.{i}.netRaw",
+                    f'Scaler "{name}" label set [{i}] runs no agent container: netRaw has no effect',
+                )
+            )
+    if entry.get("type") != "bare-metal":
+        return out
     if entry.get("networkIsolation") is False:
         out.append(
             ConfigWarning(

@@ -390,6 +390,16 @@ def test_the_scaler_page_lists_label_sets_with_their_host_access(viewer_client, 
     assert 'data-accept="[data-scaler=&quot;ci-containers&quot;]"' in html
 
 
+def test_the_scaler_page_warns_about_a_label_set_that_keeps_net_raw(viewer_client, scaler):
+    html = viewer_client.get("/scalers/ci-containers/").content.decode()
+    assert "CAP_NET_RAW" not in html and 'id="net-raw-' not in html
+    scaler.label_sets.filter(index=1).update(config={"image": "kici-agent:local", "netRaw": True})
+    html = viewer_client.get("/scalers/ci-containers/").content.decode()
+    assert 'id="net-raw-1"' in html and 'id="net-raw-0"' not in html
+    assert "Label set 1 gives its agents CAP_NET_RAW" in html
+    assert 'title="its agents keep CAP_NET_RAW">netRaw</span>' in html
+
+
 def test_a_scaler_named_like_the_why_waiting_page_is_not_captured(viewer_client, db):
     from django.urls import Resolver404, resolve
 

@@ -65,12 +65,12 @@ SUBNET = "10.213.0.0/24"
 
 
 def bound(lab, spec):
-    """``spec`` bound to the port of the lab agent holding its address (as a backend binds it)."""
+    """``spec`` bound to the port and MAC of the lab agent holding its address (as a backend binds it)."""
     if spec.port:
         return spec
     for agent in lab.agents.values():
         if str(spec.address) in (agent.ipv4, agent.ipv6):
-            return dataclasses.replace(spec, port=agent.port)
+            return dataclasses.replace(spec, port=agent.port, mac=agent.mac)
     return spec
 
 
@@ -247,9 +247,11 @@ def test_agents_on_unisolated_ports_cannot_reach_each_other(lab, nft, br_netfilt
     from network.nft.names import AGENT_MAC_PREFIX
 
     peer4 = both("10.213.0.6", 7000)
+    macs = {name: lab.agents[name].mac for name in ("a1", "a2")}
     for name, mac in (("a1", "01"), ("a2", "02")):
         netlink.set_port_isolation(name, False, netns=lab.host.name)
-        lab.agents[name].ns.ip("link", "set", "eth0", "address", f"{AGENT_MAC_PREFIX}:00:00:{mac}")
+        lab.agents[name].mac = f"{AGENT_MAC_PREFIX}:00:00:{mac}"  # bound with the MAC it now has
+        lab.agents[name].ns.ip("link", "set", "eth0", "address", lab.agents[name].mac)
     for name in ("a1", "a2"):  # fixed link-local addresses, usable at once (no DAD)
         lab.agents[name].ns.ip("-6", "addr", "add", f"fe80::{name}/64", "dev", "eth0", "nodad")
     try:
@@ -263,6 +265,8 @@ def test_agents_on_unisolated_ports_cannot_reach_each_other(lab, nft, br_netfilt
     finally:
         for name in ("a1", "a2"):
             lab.agents[name].ns.ip("-6", "addr", "del", f"fe80::{name}/64", "dev", "eth0")
+            lab.agents[name].ns.ip("link", "set", "eth0", "address", macs[name])
+            lab.agents[name].mac = macs[name]
             netlink.set_port_isolation(name, True, netns=lab.host.name)
 
 

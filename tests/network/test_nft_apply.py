@@ -283,6 +283,32 @@ def test_a_rejected_transaction_changes_nothing(client, netns):
     assert ruleset(netns, client.table) == before
 
 
+def test_the_snapshot_finds_a_missing_netdev_guard_and_an_unguarded_port(client, netns):
+    """What the drift check reads: the netdev guard of each bridge and each bound port's place in
+    agent_ports, besides the binding itself; self-heal puts them back."""
+    netns.ip("link", "add", "br-l2", "type", "bridge", check=False)
+    bound = spec("172.30.0.5", port="veth5", mac="02:4b:43:00:00:05")
+    client.self_heal([bound], ["br-l2"], ["172.30.0.0/16"])
+    agents, problems, _ = client.snapshot(["br-l2"])
+    assert problems == []
+    assert agents[bound.address].bindings == [("veth5", "02:4b:43:00:00:05")]
+    assert agents[bound.address].unguarded_ports == []
+    guard_line = "guard: untagged frames from port veth5, MAC 02:4b:43:00:00:05, source 172.30.0.5 pass"
+    assert guard_line in describe_agent_rules(client, "172.30.0.5")
+    netns.exec("nft", "delete", "element", "bridge", client.table, "agent_ports", "{ veth5 }")
+    netns.exec("nft", "flush", "chain", "netdev", client.table, "guard-br-l2")
+    agents, problems, _ = client.snapshot(["br-l2"])
+    assert problems == ["netdev chain guard-br-l2: 0 rules, expected 1"]
+    assert agents[bound.address].unguarded_ports == ["veth5"]
+    netns.exec("nft", "delete", "table", "netdev", client.table)
+    assert client.snapshot(["br-l2"])[1] == [f"table netdev {client.table} is missing"]
+    client.self_heal([bound], ["br-l2"], ["172.30.0.0/16"])
+    agents, problems, _ = client.snapshot(["br-l2"])
+    assert problems == [] and agents[bound.address].unguarded_ports == []
+    assert client.remove_agent("172.30.0.5")
+    assert "veth5" not in netns.exec("nft", "list", "set", "bridge", client.table, "agent_ports").stdout
+
+
 def test_the_rules_in_force_are_described_in_words(client):
     client.apply_agent(spec("172.30.0.5", host_access=["172.30.0.1:53"]))
     lines = describe_agent_rules(client, "172.30.0.5")
@@ -319,12 +345,12 @@ def test_the_egress_baseline_is_accepted_and_idempotent(client, netns):
 
 def test_the_sessions_clean_up_drops_every_family_of_its_table():
     """What the test session drops when it ends (tests/conftest.py): the console's inet table and
-    its bridge twin of the same name, so no table of the run outlives it."""
+    its bridge and netdev twins of the same name, so no table of the run outlives it."""
     from tests.support.nft import drop_tables
 
     require_root()
     name = f"kicidrop{secrets.token_hex(2)}"
-    for family in ("inet", "bridge"):
+    for family in ("inet", "bridge", "netdev"):
         subprocess.run(["nft", "add", "table", family, name], check=True)
     drop_tables(name)
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout

@@ -129,8 +129,8 @@ def test_adding_an_agent_touches_only_its_policy_chains_and_map_elements():
 
 
 def test_agents_share_policy_chains_exactly_when_their_rules_are_equal():
-    a = AgentSpec.build("172.30.0.5", GW, host_access=["*:4000"], port="veth1")
-    b = AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"], port="veth2")
+    a = AgentSpec.build("172.30.0.5", GW, host_access=["*:4000"], port="veth1", mac="02:4b:43:00:00:05")
+    b = AgentSpec.build("172.30.0.6", GW, host_access=["*:4000"], port="veth2", mac="02:4b:43:00:00:06")
     c = AgentSpec.build("172.30.0.7", GW, host_access=["*:4001"])
     assert policy_chains(a) == policy_chains(b)
     assert policy_chains(a)["fwd"] == policy_chains(c)["fwd"] and policy_chains(a)["in"] != policy_chains(c)["in"]
@@ -142,9 +142,15 @@ def test_agents_share_policy_chains_exactly_when_their_rules_are_equal():
 
 
 def test_removing_an_agent_touches_only_its_map_elements_and_ports():
-    touched = commands_touching(render_agent_remove("kici_b", "172.30.0.9", ports=["veth9"]), "kici_b")
-    assert touched[1:] == [("delete", "element", MAPS["fwd", 4]), ("delete", "element", MAPS["in", 4])]
-    assert touched[0] == ("delete", "element", "ports4")
+    removed = render_agent_remove("kici_b", "172.30.0.9", bindings=[("veth9", "02:4b:43:00:00:09")])
+    touched = commands_touching(removed, "kici_b")
+    assert touched[3:] == [("delete", "element", MAPS["fwd", 4]), ("delete", "element", MAPS["in", 4])]
+    # The port leaves agent_ports by an add then a delete: no missing element can fail the transaction.
+    assert touched[:3] == [
+        ("delete", "element", "bind4"),
+        ("add", "element", "agent_ports"),
+        ("delete", "element", "agent_ports"),
+    ]
     assert render_agent_remove("kici_b", "172.30.0.9", mapped=("in",)) == [
         {"delete": {"element": {"family": "inet", "table": "kici_b", "name": MAPS["in", 4], "elem": ["172.30.0.9"]}}}
     ]
@@ -208,9 +214,10 @@ def test_each_guarded_bridge_gets_an_ingress_chain_that_drops_unless_marked():
     chains = [
         c["add"]["chain"] for c in cmds if "chain" in c.get("add", {}) and c["add"]["chain"].get("hook") == "ingress"
     ]
-    assert [(c["name"], c["dev"], c["policy"]) for c in chains] == [
-        ("guard-kici-br0", "kici-br0", "drop"),
-        ("guard-kici-agent-net", "kici-agent-net", "drop"),
+    assert [(c["family"], c["name"], c["dev"], c["policy"]) for c in chains] == [
+        (family, f"guard-{bridge}", bridge, "drop")
+        for family in ("inet", "netdev")
+        for bridge in ("kici-br0", "kici-agent-net")
     ]
     rules = _rules_by_chain(cmds)
     assert rules["inet", "guard-kici-br0"] == [f"meta mark & {GUARD_MARK:#x} {GUARD_MARK:#x} accept"]
@@ -221,29 +228,43 @@ def test_each_guarded_bridge_gets_an_ingress_chain_that_drops_unless_marked():
         ("inet", "guard-kici-br0"),
         ("inet", "guard-kici-agent-net"),
         ("bridge", "prerouting"),
-        ("bridge", "arp-guard"),
+        ("bridge", "port-guard"),
         ("bridge", "forward"),
+        ("netdev", "guard-kici-br0"),
+        ("netdev", "guard-kici-agent-net"),
     ]
 
 
-def test_the_bridge_table_marks_bound_pairs_and_never_bridges_agent_frames():
+def test_the_bridge_table_marks_bound_untagged_frames_and_never_bridges_agent_frames():
     cmds = render_table_base("kici", ["kici-br0"], ["10.0.0.0/24"])
     rules = _rules_by_chain(cmds)
-    assert len(rules["bridge", "prerouting"]) == 3  # ip, arp, ip6: each by (iifname, saddr)
-    assert rules["bridge", "prerouting"][0] == f"iifname . ip saddr @ports4 meta mark set meta mark | {GUARD_MARK:#x}"
-    assert all("@ports" in r for r in rules["bridge", "prerouting"])
-    assert len(rules["bridge", "forward"]) == 6 and all(r.endswith("drop") for r in rules["bridge", "forward"])
-    # ARP to the host passes the inet guard (it sees only IPv4 and IPv6): an unmarked agent-subnet
-    # sender is dropped after every console's marking chain (same hook, later priority).
-    assert rules["bridge", "arp-guard"] == [
-        f"arp saddr ip @guard_nets4 meta mark & {GUARD_MARK:#x} != {GUARD_MARK:#x} drop"
+    assert len(rules["bridge", "prerouting"]) == 3  # ip, arp, ip6: each by (iifname, MAC, saddr), untagged
+    mark = f"meta mark set meta mark | {GUARD_MARK:#x}"
+    assert rules["bridge", "prerouting"][0] == f"ether type ip iifname . ether saddr . ip saddr @bind4 {mark}"
+    assert rules["bridge", "prerouting"][1].startswith("ether type arp arp htype 1 ")
+    assert "iifname . arp saddr ether . arp saddr ip @bind4" in rules["bridge", "prerouting"][1]
+    assert rules["bridge", "prerouting"][2] == f"ether type ip6 iifname . ether saddr . ip6 saddr @bind6 {mark}"
+    assert len(rules["bridge", "forward"]) == 8 and all(r.endswith("drop") for r in rules["bridge", "forward"])
+    assert rules["bridge", "forward"][:2] == ["iifname @agent_ports drop", "oifname @agent_ports drop"]
+    # Everything unmarked from a bound port, and unmarked agent-subnet ARP from any port, is
+    # dropped after every console's marking chain (same hook, later priority).
+    unmarked = f"meta mark & {GUARD_MARK:#x} != {GUARD_MARK:#x} drop"
+    assert rules["bridge", "port-guard"] == [
+        f"iifname @agent_ports {unmarked}",
+        f"arp saddr ip @guard_nets4 {unmarked}",
     ]
-    hooks = {c["add"]["chain"]["name"]: (c["add"]["chain"]["hook"], c["add"]["chain"]["prio"])
-             for c in cmds if c.get("add", {}).get("chain", {}).get("family") == "bridge"}  # fmt: skip
+    # The netdev guard sees every ethertype going up to the host (ARP, tagged frames): policy drop.
+    assert rules["netdev", "guard-kici-br0"] == [f"meta mark & {GUARD_MARK:#x} {GUARD_MARK:#x} accept"]
+    chains = [c["add"]["chain"] for c in cmds if "hook" in c.get("add", {}).get("chain", {})]
+    hooks = {(c["family"], c["name"]): (c["hook"], c["prio"], c["policy"]) for c in chains}
     assert hooks == {
-        "prerouting": ("prerouting", -200),
-        "arp-guard": ("prerouting", -190),
-        "forward": ("forward", -200),
+        ("inet", "forward"): ("forward", 0, "accept"),
+        ("inet", "input"): ("input", 0, "accept"),
+        ("inet", "guard-kici-br0"): ("ingress", 0, "drop"),
+        ("bridge", "prerouting"): ("prerouting", -200, "accept"),
+        ("bridge", "port-guard"): ("prerouting", -190, "accept"),
+        ("bridge", "forward"): ("forward", -200, "accept"),
+        ("netdev", "guard-kici-br0"): ("ingress", 0, "drop"),
     }
     nets = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") == "guard_nets4"]
     assert nets == [
@@ -260,26 +281,36 @@ def test_the_bridge_table_marks_bound_pairs_and_never_bridges_agent_frames():
         render_table_base("kici", ["a bridge"])
 
 
-def test_an_agent_with_a_port_is_bound_in_the_same_transaction_as_its_rules():
-    spec = AgentSpec.build("10.0.0.5", "10.0.0.1", port="veth1a2b")
+def test_an_agent_with_a_port_is_bound_with_its_mac_in_the_same_transaction_as_its_rules():
+    spec = AgentSpec.build("10.0.0.5", "10.0.0.1", port="veth1a2b", mac="06:00:AC:00:00:05")
+    assert spec.mac == "06:00:ac:00:00:05"
     cmds = render_agent_add("kici", spec)
-    bound = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("name") == "ports4"]
-    assert bound == [
-        {"family": "bridge", "table": "kici", "name": "ports4", "elem": [{"concat": ["veth1a2b", "10.0.0.5"]}]}
+    bridge = [c["add"]["element"] for c in cmds if c.get("add", {}).get("element", {}).get("family") == "bridge"]
+    triple = {"concat": ["veth1a2b", "06:00:ac:00:00:05", "10.0.0.5"]}
+    assert bridge == [
+        {"family": "bridge", "table": "kici", "name": "bind4", "elem": [triple]},
+        {"family": "bridge", "table": "kici", "name": "agent_ports", "elem": ["veth1a2b"]},
     ]
-    removed = render_agent_remove("kici", "10.0.0.5", ports=["veth1a2b"])
+    removed = render_agent_remove("kici", "10.0.0.5", bindings=[("veth1a2b", "06:00:ac:00:00:05")])
     assert removed[0] == {
-        "delete": {
-            "element": {
-                "family": "bridge",
-                "table": "kici",
-                "name": "ports4",
-                "elem": [{"concat": ["veth1a2b", "10.0.0.5"]}],
-            }
-        }
+        "delete": {"element": {"family": "bridge", "table": "kici", "name": "bind4", "elem": [triple]}}
     }
     with pytest.raises(RuleSpecError, match="agent port 'no such port!'"):
-        AgentSpec.build("10.0.0.5", "10.0.0.1", port="no such port!")
+        AgentSpec.build("10.0.0.5", "10.0.0.1", port="no such port!", mac="06:00:ac:00:00:05")
+
+
+@pytest.mark.parametrize(
+    ("port", "mac", "message"),
+    [
+        ("veth1", None, "agent port 'veth1' needs the agent's MAC"),
+        (None, "02:4b:43:00:00:01", "agent MAC '02:4b:43:00:00:01' needs its port"),
+        ("veth1", "02:4b:43:00:00", "agent MAC '02:4b:43:00:00' is not a unicast MAC"),
+        ("veth1", "03:4b:43:00:00:01", "agent MAC '03:4b:43:00:00:01' is not a unicast MAC"),
+    ],
+)
+def test_a_port_binding_needs_a_unicast_mac(port, mac, message):
+    with pytest.raises(RuleSpecError, match=message):
+        AgentSpec.build("10.0.0.5", "10.0.0.1", port=port, mac=mac)
 
 
 def test_a_full_render_batches_map_elements_and_refuses_duplicates():

@@ -362,7 +362,8 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
         # Bound to its bridge port, as every container and VM is: the guard's binding is not host
         # access, so the diff must not list it and the apply must leave it.
         port = "veth" + a.ip.rsplit(".", 1)[1]
-        netns_nft.apply_agent(AgentSpec.build(a.ip, "172.30.0.1", host_access=a.host_access, port=port))
+        mac = "02:4b:43:00:00:" + a.ip.rsplit(".", 1)[1]
+        netns_nft.apply_agent(AgentSpec.build(a.ip, "172.30.0.1", host_access=a.host_access, port=port, mac=mac))
 
     client.force_login(users["operator"])
     bad = client.post(
@@ -424,7 +425,8 @@ def test_a_host_access_plan_compares_entries_as_a_set_not_as_a_sequence(users, n
         scaler, state=AgentState.RUNNING, ip="172.30.250.41", registered_at=timezone.now(), host_access=entries
     )
     netns_nft.ensure_table()
-    netns_nft.apply_agent(AgentSpec.build(agent.ip, "172.30.0.1", host_access=entries, port="veth41"))
+    spec = AgentSpec.build(agent.ip, "172.30.0.1", host_access=entries, port="veth41", mac="02:4b:43:00:00:41")
+    netns_nft.apply_agent(spec)
 
     with pytest.raises(NothingToDo) as nothing:
         create_operation(

@@ -46,7 +46,7 @@ def _found(spec: AgentSpec, **changes) -> AgentRules:
         address=spec.address, forward=list(forward_rule_exprs(spec)), input=list(input_rule_exprs(spec)),
         forward_chain=chains["fwd"][0], input_chain=chains["in"][0],
         has_forward_chain=True, has_input_chain=True, mapped_forward=True, mapped_input=True,
-        ports=[spec.port] if spec.port else [],
+        bindings=[(spec.port, spec.mac)] if spec.port else [],
     )  # fmt: skip
     for key, value in changes.items():
         setattr(rules, key, value)
@@ -54,15 +54,20 @@ def _found(spec: AgentSpec, **changes) -> AgentRules:
 
 
 def test_an_agent_is_in_drift_when_anything_of_its_rules_is_missing_or_changed():
-    spec = AgentSpec.build("172.30.0.5", GW, host_access=[f"{GW}:53", "*:4000"], port="veth1")
+    mac = "02:4b:43:00:00:05"
+    spec = AgentSpec.build("172.30.0.5", GW, host_access=[f"{GW}:53", "*:4000"], port="veth1", mac=mac)
     assert agent_drift(spec, _found(spec)) is None
     assert agent_drift(spec, None) == "no rules in the kernel"
     assert agent_drift(spec, _found(spec, mapped_input=False)) == "its chains or map elements are missing"
-    assert agent_drift(spec, _found(spec, ports=[])) == "its port veth1 is not bound"
-    assert agent_drift(spec, _found(spec, ports=["veth9"])) == "its port veth1 is not bound"
+    unbound = f"its port veth1 with MAC {mac} is not bound"
+    assert agent_drift(spec, _found(spec, bindings=[])) == unbound
+    assert agent_drift(spec, _found(spec, bindings=[("veth9", mac)])) == unbound
+    assert agent_drift(spec, _found(spec, bindings=[("veth1", "02:4b:43:00:00:09")])) == unbound
+    unguarded = _found(spec, unguarded_ports=["veth1"])
+    assert agent_drift(spec, unguarded) == "its port veth1 is missing from the guarded agent ports"
     flushed = _found(spec, forward=[], input=[])  # what nft flush table leaves: chains, maps, no rules
     assert agent_drift(spec, flushed) == "its rules differ from its policy"
-    wider = AgentSpec.build("172.30.0.5", GW, host_access=["*"], port="veth1")
+    wider = AgentSpec.build("172.30.0.5", GW, host_access=["*"], port="veth1", mac=mac)
     assert agent_drift(spec, _found(wider)) == "its rules differ from its policy"
 
 

@@ -318,6 +318,7 @@ class Agent:
     port: str  # the host-side veth, a port of the bridge
     ipv4: str | None
     ipv6: str | None
+    mac: str = ""  # of eth0, the agent's side
 
 
 @dataclass
@@ -392,6 +393,7 @@ class Lab:
         if ipv6:
             ns.ip("addr", "add", f"{ipv6}/64", "dev", "eth0", "nodad")
         ns.ip("link", "set", "eth0", "up")
+        agent.mac = ns.exec("cat", "/sys/class/net/eth0/address").stdout.strip()
         if ipv4:
             ns.ip("route", "add", "default", "via", self.gateway)
             self.listeners += [Listener(ns, self.agent_port, p, "0.0.0.0") for p in ("tcp", "udp")]

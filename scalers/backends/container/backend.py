@@ -23,6 +23,7 @@ from lib.dockerlogs import RedisCheckpoints, container_output
 from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import (
     ISOLATED_NETWORK_SUBNET,
+    agent_mac,
     cached_isolated_network,
     container_network_ip,
     ensure_isolated_network,
@@ -144,7 +145,9 @@ class ContainerBackend:
             if not agent.ip:
                 return None
             policy = network_policy(agent.label_set)
-            return self.isolation.spec(agent.ip, policy, agent.host_access or [], agent.bridge_port or None)
+            port = agent.bridge_port or None
+            mac = agent_mac(agent.agent_id) if port else None
+            return self.isolation.spec(agent.ip, policy, agent.host_access or [], port, mac)
 
         return IsolationTarget(self.isolation.client, [bridge], [ISOLATED_NETWORK_SUBNET], spec_for)
 

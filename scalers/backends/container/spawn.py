@@ -74,7 +74,8 @@ def container_create_config(
     at ``RUNTIME_DIR`` and the injected entrypoint, and gets ``KICI_JOB_IMAGE_AGENT=1``."""
     if runtime_volume:
         binds = [*binds, f"{runtime_volume}:{RUNTIME_DIR}:ro"]
-    host_config = build_agent_container_host_config(spawn_limits(agent), binds, extra_hosts)
+    net_raw = bool(label_set_option(agent.label_set, "netRaw", False))
+    host_config = build_agent_container_host_config(spawn_limits(agent), binds, extra_hosts, net_raw=net_raw)
     kwargs: dict = {
         "image": image,
         "name": agent.agent_id,
@@ -227,6 +228,14 @@ def spawn_container(
                     raise SpawnError(
                         f"container {container_id[:12]} has no MAC or process on {ISOLATED_NETWORK_NAME}", "network"
                     )
+                if mac.lower() != agent_mac(agent.agent_id):
+                    # The drift check rebuilds the binding from the agent id: a runtime that
+                    # ignored the requested MAC would have the agent cut off at the next round.
+                    raise SpawnError(
+                        f"container {container_id[:12]} got MAC {mac} on {ISOLATED_NETWORK_NAME}, not the "
+                        f"requested {agent_mac(agent.agent_id)}",
+                        "network",
+                    )
                 port = netlink.bridge_port_of(pid, mac, bridge, netns=rules.isolation.client.netns)
             policy_cfg = network_policy(ls)
             host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
@@ -237,7 +246,7 @@ def spawn_container(
                 )
                 record_event(agent, EventType.NETWORK, "configuring network isolation")
             if address:
-                rules.isolation.apply(address, policy_cfg, host_access, port=port)
+                rules.isolation.apply(address, policy_cfg, host_access, port=port, mac=mac if port else None)
             else:
                 log.warning(
                     "agent %s has no address on %s; no isolation rules written",

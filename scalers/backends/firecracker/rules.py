@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from network.ipalloc import mac_for_ip
 from network.nft.spec import AgentSpec
 
 from ..holders import address_lock, remove_unless_held
@@ -19,12 +20,14 @@ from ..holders import address_lock, remove_unless_held
 def agent_spec(
     ip: str, gateway: str, label_set: Mapping, host_access: Sequence[str], port: str | None = None
 ) -> AgentSpec:
-    """The isolation rules of one VM: ``saddr`` = its IP, bound to its TAP ``port``, gateway
-    accepted, policy from the label set."""
+    """The isolation rules of one VM: ``saddr`` = its IP, bound to its TAP ``port`` with the guest
+    MAC the console configures for that IP (``network.ipalloc.mac_for_ip``), gateway accepted,
+    policy from the label set."""
     policy = dict(label_set.get("networkPolicy") or {})
     return AgentSpec.build(
         address=ip, gateway=gateway, allowlist=list(policy.get("allowlist") or []),
         deny_all=bool(policy.get("denyAll", False)), host_access=list(host_access), port=port,
+        mac=mac_for_ip(ip) if port else None,
     )  # fmt: skip
 
 

@@ -32,16 +32,23 @@ LOCAL = RuntimeInfo(runtime="docker", base_url="unix:///var/run/docker.sock", so
 # -- HostConfig (the one builder) ---------------------------------------------------------------
 
 
-def test_the_host_config_always_bounds_pids_and_never_drops_capabilities():
+def test_the_host_config_always_bounds_pids_and_drops_only_net_raw():
     hc = build_agent_container_host_config()
     assert hc == {
         "AutoRemove": False,
         "PidsLimit": AGENT_CONTAINER_PIDS_LIMIT,
         "Init": True,
         "LogConfig": {"Type": "json-file", "Config": {"max-size": "8m", "max-file": "2"}},  # rotated: bounded
+        "CapDrop": ["NET_RAW"],
     }
     assert AGENT_CONTAINER_PIDS_LIMIT == 4096
-    assert "CapDrop" not in hc and "SecurityOpt" not in hc
+    assert "SecurityOpt" not in hc
+
+
+def test_net_raw_gives_the_capability_back_and_must_be_a_boolean():
+    assert "CapDrop" not in build_agent_container_host_config(net_raw=True)
+    with pytest.raises(ValueError, match="net_raw must be true or false, got 'yes'"):
+        build_agent_container_host_config(net_raw="yes")
 
 
 def test_the_host_config_carries_the_operators_limits_binds_and_hosts():
@@ -165,6 +172,17 @@ def test_the_container_socket_is_bound_only_for_a_local_runtime():
     assert "Binds" not in hc
     plain = make_scaler(ls_config={"image": "i"})
     assert "Binds" not in backend_for(plain).create_config(make_agent(plain), None, "i")["host_config"]
+
+
+@pytest.mark.django_db
+def test_agent_containers_lose_net_raw_unless_their_label_set_says_net_raw():
+    plain = make_scaler(ls_config={"image": "i"})
+    assert backend_for(plain).create_config(make_agent(plain), None, "i")["host_config"]["CapDrop"] == ["NET_RAW"]
+    job = make_agent(plain, job_image="reg.example/tools:1", bound_job_id="j1")
+    injected = backend_for(plain).create_config(job, None, "reg.example/tools:1", runtime_volume="v")
+    assert injected["host_config"]["CapDrop"] == ["NET_RAW"]  # the agent injected into a job's image too
+    granted = make_scaler(ls_config={"image": "i", "netRaw": True})
+    assert "CapDrop" not in backend_for(granted).create_config(make_agent(granted), None, "i")["host_config"]
 
 
 @pytest.mark.django_db

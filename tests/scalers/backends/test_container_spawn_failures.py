@@ -163,3 +163,23 @@ def test_an_agent_that_registered_before_its_network_stage_failed_ends_failed_an
     assert_nothing_left(agent, docker_client, nft_table)
     agent.refresh_from_db()
     assert agent.registered_at is not None and "network failed" in agent.failure_reason
+
+
+def test_a_container_without_the_requested_mac_fails_at_the_network_stage(
+    docker_client, agent_image, nft_table, monkeypatch
+):
+    """The binding is (port, MAC, address) and the drift check rebuilds the MAC from the agent id:
+    a runtime that ignored the requested MAC fails the spawn instead of binding another one."""
+    import scalers.backends.container.spawn as spawn_module
+
+    real = spawn_module.container_network_facts
+
+    def other_mac(docker, container_id):
+        ip, _, pid = real(docker, container_id)
+        return ip, "02:4b:43:ff:ff:fe", pid
+
+    monkeypatch.setattr(spawn_module, "container_network_facts", other_mac)
+    agent = make_agent(make_scaler(ls_config={"image": agent_image, "imagePullPolicy": "Never"}))
+    assert spawn(agent) == "failed"
+    assert "got MAC 02:4b:43:ff:ff:fe on kici-agent-net, not the requested 02:4b:43:" in failed_detail(agent)
+    assert_nothing_left(agent, docker_client, nft_table)

@@ -44,6 +44,18 @@ from scalers.backends.docker_net import (
 from scalers.jobs import spawn_agent
 from tests.support import prod_docker
 from tests.support.containers import remove_test_containers
+from tests.support.frames import (
+    ETH_P_ARP,
+    ETH_P_IP,
+    TAGS,
+    Sniffer,
+    arp_reply,
+    build_rawframe,
+    copy_rawframe,
+    ethernet,
+    ipv4_udp,
+    rawframe_in,
+)
 from tests.support.network_lab import CountingListener, Listener, Netns, Target, both, reachability, run
 from tests.support.scalers import make_agent, make_scaler
 
@@ -220,13 +232,14 @@ class Console:
         ns.ip("link", "set", "eth0", "up")
         ns.ip("route", "add", "default", "via", GW)
         ns.port = link  # type: ignore[attr-defined]
+        ns.mac = ns.exec("cat", "/sys/class/net/eth0/address").stdout.strip()  # type: ignore[attr-defined]
         return ns
 
     def bind_link_local(self, box: Box, bound: bool = True) -> None:
-        """Add (or delete) the (port, link-local) pair of ``box`` to the bridge table's IPv6 port
-        set, as if it were an IPv6-keyed agent: a control showing what the guard alone decides."""
+        """Add (or delete) the (port, MAC, link-local) binding of ``box`` to the bridge table's IPv6
+        binding set, as if it were an IPv6-keyed agent: a control showing what the guard alone decides."""
         elem = {"family": BRIDGE_FAMILY, "table": TABLE, "name": PORT_SETS[6], "elem": [
-            {"concat": [box.port, box.link_local]}]}  # fmt: skip
+            {"concat": [box.port, box.mac, box.link_local]}]}  # fmt: skip
         self.nft.apply_document([{"add" if bound else "delete": {"element": elem}}])
 
     def close(self) -> None:
@@ -344,7 +357,8 @@ def test_an_unknown_source_on_the_bridge_reaches_nothing(console, world, br_netf
     assert_all(probe(stranger, targets), False)
     assert_all(probe(box.ns, both(GW, ALLOWED)), True)
 
-    console.nft.apply_agent(AgentSpec.build("172.30.250.9", GW, host_access=[f"{GW}:{ALLOWED}"], port=stranger.port))
+    bound = AgentSpec.build("172.30.250.9", GW, host_access=[f"{GW}:{ALLOWED}"], port=stranger.port, mac=stranger.mac)
+    console.nft.apply_agent(bound)
     stranger.ip("neigh", "flush", "dev", "eth0")  # its ARP for the gateway failed until now: ask again
     assert_all(probe(stranger, both(GW, ALLOWED) + both(PUBLIC, 80)), True)
 
@@ -424,3 +438,75 @@ def test_two_consoles_on_one_docker_host_each_keep_exactly_their_own_policy(cons
     assert_all(probe(world.ns, both(a.ip, AGENT_PORT) + both(b.ip, AGENT_PORT)), True)  # both answer the host
     stranger = console.stranger("172.30.250.10")
     assert_all(probe(stranger, both(GW, ALLOWED, FORBIDDEN) + both(PUBLIC, 80)), False)
+
+
+# -- layer 2: raw frames from inside an agent container -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rawframe(tmp_path_factory):
+    """The static raw-frame helper (``tests/support/rawframe.c``), built once."""
+    return build_rawframe(tmp_path_factory.mktemp("rawframe"))
+
+
+def test_an_agent_container_has_no_cap_net_raw_unless_its_label_set_says_net_raw(console, world, rawframe):
+    """The backend's HostConfig drops NET_RAW: a packet socket is refused inside the container,
+    as it would be to a job step. ``netRaw: true`` gives it back."""
+    plain = console.spawn(make_scaler(ls_config=entry(f"{GW}:{ALLOWED}")))
+    raw = console.spawn(make_scaler(ls_config={**entry(f"{GW}:{ALLOWED}"), "netRaw": True}))
+    api = world.client.api
+    caps = [api.inspect_container(box.agent.managed_id)["HostConfig"].get("CapDrop") for box in (plain, raw)]
+    assert caps == [["NET_RAW"], None]
+    for box in (plain, raw):
+        copy_rawframe(api, box.agent.managed_id, rawframe)
+    refused = rawframe_in(api, plain.agent.managed_id, [])
+    assert refused == (77, "socket: Operation not permitted\n")
+    assert rawframe_in(api, raw.agent.managed_id, []) == (0, "sent 0 frames\n")
+
+
+def _neighbour(ns: Netns, address: str, dev: str) -> str | None:
+    out = ns.ip("neigh", "show", address, "dev", dev).stdout.split()
+    return out[out.index("lladdr") + 1] if "lladdr" in out else None
+
+
+def test_raw_frames_from_an_agent_container_poison_and_reach_nothing(console, world, rawframe):
+    """An agent with CAP_NET_RAW (``netRaw: true``) sends, behind no tag, one tag, 802.1ad + 802.1Q,
+    two 802.1Q tags and a 0x9100 tag: ARP replies claiming the gateway (to its neighbour) and the
+    neighbour (to the host), and UDP forged from the gateway to the neighbour's socket. Neither
+    neighbour table changes and the socket gets nothing, while a sniffer on the sender's bridge
+    port sees every frame leave the container (the control)."""
+    scaler = make_scaler(ls_config={**entry(f"{GW}:{ALLOWED}"), "netRaw": True})
+    attacker, victim = console.spawn(scaler), console.spawn(scaler)
+    api = world.client.api
+    copy_rawframe(api, attacker.agent.managed_id, rawframe)
+    gw_mac = world.bridge_mac()
+    victim.ns.exec("sysctl", "-qw", "net.ipv4.neigh.eth0.locktime=0")
+    locktime = f"net.ipv4.neigh.{world.bridge}.locktime"
+    before = world.ns.exec("sysctl", "-n", locktime).stdout.strip()
+    world.ns.sysctl(locktime, "0")
+    victim.ns.ip("neigh", "replace", GW, "lladdr", gw_mac, "dev", "eth0", "nud", "stale")
+    world.ns.ip("neigh", "replace", victim.ip, "lladdr", victim.mac, "dev", world.bridge, "nud", "stale")
+    marker = b"l2-" + secrets.token_hex(6).encode()
+    frames = []
+    for tags in TAGS.values():
+        frames += [
+            ethernet(victim.mac, attacker.mac, ETH_P_ARP, arp_reply(attacker.mac, GW, victim.mac, victim.ip), tags),
+            ethernet(gw_mac, attacker.mac, ETH_P_ARP, arp_reply(attacker.mac, victim.ip, gw_mac, GW), tags),
+            ethernet(victim.mac, attacker.mac, ETH_P_IP, ipv4_udp(GW, victim.ip, 53, 7100, marker), tags),
+        ]
+    inbox = victim.ns.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    inbox.bind(("0.0.0.0", 7100))
+    inbox.settimeout(0.8)
+    port_sniffer = Sniffer(world.ns.name, attacker.port)
+    try:
+        assert rawframe_in(api, attacker.agent.managed_id, frames)[0] == 0
+        assert port_sniffer.saw(marker), "the control: the frames left the container"
+        time.sleep(0.3)
+        assert _neighbour(victim.ns, GW, "eth0") == gw_mac, "the neighbour's gateway entry was poisoned"
+        assert _neighbour(world.ns, victim.ip, world.bridge) == victim.mac, "the host's entry was poisoned"
+        with pytest.raises(TimeoutError):
+            inbox.recv(2048)
+    finally:
+        port_sniffer.close()
+        inbox.close()
+        world.ns.sysctl(locktime, before)

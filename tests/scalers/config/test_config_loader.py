@@ -461,3 +461,22 @@ def test_merge_keys_overridden_in_place_are_not_duplicates():
         )
     )
     assert config.scalers[0].max_agents == 4
+
+
+def test_net_raw_must_be_a_boolean_naming_file_line_and_field():
+    (problem,) = problems_of(
+        """\
+        version: 1
+        scalers:
+          - name: c
+            type: container
+            maxAgents: 1
+            labelSets:
+              - labels: [linux]
+                image: a
+                netRaw: "yes"
+        """,
+        "raw.yaml",
+    )
+    assert (problem.file, problem.line, problem.path) == ("raw.yaml", 9, "scalers.0.labelSets.0.netRaw")
+    assert str(problem) == 'raw.yaml:9: scalers.0.labelSets.0.netRaw: Expected true or false, received "yes"'

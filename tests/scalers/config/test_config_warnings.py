@@ -86,3 +86,18 @@ def test_an_import_records_each_warning_once_when_it_appears(caplog):
     apply_scalers_config(parse("false"), "scalers.yaml")  # a change adds one warning: one event
     events = warning_events()
     assert len(events) == 2 and "networkIsolation: false is ignored" in events[1]
+
+
+def test_net_raw_without_an_agent_container_is_warned_about():
+    entry = {
+        "name": "vms",
+        "type": "firecracker",
+        "labelSets": [{"labels": ["vm"], "netRaw": True}, {"labels": ["vm2"], "netRaw": False}],
+    }
+    assert [(w.path, w.message) for w in entry_warnings(entry)] == [
+        ("labelSets.0.netRaw", 'Scaler "vms" label set [0] runs no agent container: netRaw has no effect')
+    ]
+    metal = {"name": "m", "type": "bare-metal", "labelSets": [{"labels": ["a"], "binaryPath": "/x", "netRaw": True}]}
+    assert [w.path for w in entry_warnings(metal)] == ["labelSets.0.netRaw"]
+    container = {"name": "c", "type": "container", "labelSets": [{"labels": ["a"], "image": "i", "netRaw": True}]}
+    assert entry_warnings(container) == []  # it takes effect: the scaler page warns instead
