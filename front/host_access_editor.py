@@ -33,6 +33,7 @@ from network.host_access import (
 from network.netlink import NetlinkError, host_addresses
 from network.nft.plan import rule_changes, spec_rule_lines
 from network.nft.spec import AgentSpec, RuleSpecError
+from scalers.backends.isolation import console_services
 from scalers.choices import ScalerType
 from scalers.models import ConfigState, LabelSet, Scaler
 
@@ -125,7 +126,8 @@ class EditorPlan:
         rest = [e for e in self.effective if e not in seen]
         unknown = [self.address_error] if self.address_error else []
         console = [self.console_warning] if self.console_warning else []
-        defaults = [f"default entry: {w}" for w in host_access_warnings(rest, self.host_addresses)]
+        warned = host_access_warnings(rest, self.host_addresses, console_services())
+        defaults = [f"default entry: {w}" for w in warned]
         return unknown + console + typed + defaults
 
     @property
@@ -140,6 +142,7 @@ def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> l
     (``network.host_access.host_access_warnings``); None skips those warnings."""
     checks: list[EntryCheck] = []
     seen: set[str] = set()
+    services = console_services()
     for number, raw in enumerate((text or "").splitlines(), start=1):
         if not raw.strip():
             continue
@@ -151,7 +154,7 @@ def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> l
                 shown = item if len(item) <= MAX_ENTRY_LENGTH else item[:MAX_ENTRY_LENGTH] + "…"
                 checks.append(EntryCheck(line=number, text=shown, ok=False, error=str(exc)))
                 continue
-            warning = next(iter(host_access_warnings([parsed], host_addresses)), "")
+            warning = next(iter(host_access_warnings([parsed], host_addresses, services)), "")
             checks.append(
                 EntryCheck(
                     line=number,

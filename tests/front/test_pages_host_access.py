@@ -105,7 +105,8 @@ def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
     html = viewer_client.get(BASE).content.decode()
     effective = html[html.index('id="effective"') :]
     effective = effective[: effective.index("</ul>")]
-    assert "172.30.0.1:53" in effective and "*:8000" in effective
+    assert "<li>172.30.0.1:53</li>" in effective and "<li>172.30.0.1:8000</li>" in effective
+    assert "*:8000" not in effective, "the console port is opened on the agents' gateway only"
     assert 'value="default" checked' in html
 
 
@@ -273,6 +274,28 @@ def test_a_loopback_entry_in_the_default_list_is_warned_about(viewer_client, lab
     plan = plan_host_access_change(label_set, "default", "")
     assert plan.ok and plan.effective[-1] == "127.0.0.1:9000"
     assert plan.warnings == [f"default entry: {w}" for w in host_access_warnings(["127.0.0.1:9000"])]
+
+
+def test_an_entry_opening_the_consoles_redis_or_operator_listener_is_warned_about(operator_client, label_set, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:6379/12"
+    settings.KICI_OPERATOR_LISTEN = [("192.168.1.10", 8000)]
+    html = unescape(
+        operator_client.post(
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n172.30.0.1:6379\n*:8000"}, **HTMX
+        ).content.decode()
+    )
+    warnings = html[html.index('id="preview-warnings"') :]
+    warnings = warnings[: warnings.index("</div>")]
+    assert "2 warnings" in warnings, warnings
+    redis = 'line 2: hostAccess entry "172.30.0.1:6379" opens the console\'s own Redis (REDIS_URL) on 127.0.0.1:6379'
+    assert redis in warnings
+    assert (
+        'line 3: hostAccess entry "*:8000" opens the console\'s own operator listener (KICI_OPERATOR_LISTEN) on '
+        "192.168.1.10:8000" in warnings
+    )
+    assert 'id="apply"' in html  # a warning never blocks Apply
+    plan = plan_host_access_change(label_set, "default", "")
+    assert not [w for w in plan.warnings if "console's own" in w], plan.warnings
 
 
 def _refusal_fragment(response, status):
