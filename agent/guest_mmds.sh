@@ -5,8 +5,9 @@
 # kici-agent-id, kici-agent-token, kici-labels, and kici-env (a map: each entry becomes an
 # environment variable of the agent). Works with MMDS V1 and V2: a session token is asked for
 # (PUT /latest/api/token) and sent as X-metadata-token when MMDS gives one; every request is raw
-# HTTP through nc (busybox wget cannot PUT, and takes headers only on its command line). The VM boots before the backend fills MMDS, so the keys
-# are polled once a second for KICI_MMDS_WAIT_SECONDS (default 120).
+# HTTP through nc (busybox wget cannot PUT, and takes headers only on its command line). The VM
+# boots before the backend fills MMDS, so the keys are polled once a second for
+# KICI_MMDS_WAIT_SECONDS (default 120).
 #
 # Environment (for tests): KICI_MMDS_ADDRESS (default 169.254.169.254), KICI_AGENT_SCRIPT
 # (default /kici_agent.sh). Exit status 1 when MMDS never held the keys; else the agent's.
