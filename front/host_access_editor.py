@@ -45,6 +45,28 @@ MODES = (DEFAULT, EXPLICIT)
 CONTAINER_GATEWAY = "172.30.0.1"
 #: An editor is for people: more entries than this is a paste accident, refused with a reason.
 MAX_ENTRIES = 256
+#: Bytes of typed text the editor reads (UTF-8): room for :data:`MAX_ENTRIES` entries of the
+#: longest length with generous layout. More is refused before any entry is parsed.
+MAX_TEXT_BYTES = 64 * 1024
+
+
+def count_entries(text: str) -> int:
+    """How many entries ``text`` holds as :func:`check_lines` splits it (non-blank lines, each
+    split at commas), without parsing any: cheap enough to refuse a paste accident first."""
+    return sum(line.count(",") + 1 for line in (text or "").splitlines() if line.strip())
+
+
+def input_limit_error(text: str) -> tuple[int, str] | None:
+    """``(status, message)`` when the typed ``text`` is over a limit, naming it: 413 for more than
+    :data:`MAX_TEXT_BYTES` bytes, 422 for more than :data:`MAX_ENTRIES` entries; None otherwise.
+    Checked before parsing, so neither the work nor the answer grows with what was pasted."""
+    size = len((text or "").encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_BYTES:
+        return 413, f"entries: at most {MAX_TEXT_BYTES} bytes are accepted, got {size}; nothing was done"
+    count = count_entries(text)
+    if count > MAX_ENTRIES:
+        return 422, f"entries: at most {MAX_ENTRIES} are accepted, got {count}; nothing was done"
+    return None
 
 
 @dataclass
@@ -252,11 +274,11 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     addresses, address_error = None, ""
     if mode not in MODES:
         general.append(f"mode: must be one of {', '.join(MODES)}, got {json_text(mode)}")
+    elif (limit := input_limit_error(text)) is not None:
+        general.append(limit[1])  # nothing parsed: the work and the answer stay small
     elif mode == EXPLICIT:
         addresses, address_error = known_host_addresses(label_set.scaler)
         checks = check_lines(text, addresses)
-        if len(checks) > MAX_ENTRIES:
-            general.append(f"entries: at most {MAX_ENTRIES} are accepted, got {len(checks)}")
         entries = list(dict.fromkeys(c.text for c in checks if c.ok))
     if general or any(not c.ok for c in checks):
         return EditorPlan(label_set, mode, checks, general, None, [], [], False)

@@ -4,6 +4,7 @@ effective list, the rule diff for live agents, and applying only through a plann
 from __future__ import annotations
 
 import ipaddress
+import time
 from html import unescape
 
 import pytest
@@ -433,3 +434,38 @@ def test_an_apply_without_a_mode_is_refused_naming_it(operator_client, label_set
     assert response.status_code == 422
     assert 'mode: must be one of default, explicit, got ""' in unescape(response.content.decode())
     assert not Operation.objects.exists()
+
+
+def test_a_preview_over_the_byte_limit_is_refused_unparsed_with_413_naming_the_limit(viewer_client, label_set):
+    """A 0.6 MB paste answered a 32 MB preview and slowed every request; now it is refused before
+    any entry is parsed, and the answer stays small."""
+    from front.host_access_editor import MAX_TEXT_BYTES
+
+    entries = "\n".join(f"10.0.{n // 250}.{n % 250 + 1}:22" for n in range(40000))  # about 0.6 MB
+    assert len(entries) > 500_000
+    started = time.monotonic()
+    response = viewer_client.post(
+        BASE + "preview", {"mode": "explicit", "entries": entries}, HTTP_HX_TARGET="preview", **HTMX
+    )
+    html = _refusal_fragment(response, 413)
+    assert f"entries are at most {MAX_TEXT_BYTES} bytes" in html
+    assert len(response.content) < 8192 and time.monotonic() - started < 1.0
+
+
+def test_a_preview_over_the_entry_limit_is_refused_with_422_naming_the_limit(viewer_client, operator_client, label_set):
+    entries = ",".join(["5000"] * 257)  # small in bytes, many entries
+    response = viewer_client.post(
+        BASE + "preview", {"mode": "explicit", "entries": entries}, HTTP_HX_TARGET="preview", **HTMX
+    )
+    html = _refusal_fragment(response, 422)
+    assert "entries: at most 256 are accepted, got 257; nothing was done" in html
+    assert len(response.content) < 8192
+    refused = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": entries})
+    assert refused.status_code == 422 and b"at most 256 are accepted, got 257" in refused.content
+
+
+def test_a_preview_at_the_limits_answers_in_bounded_size(viewer_client, label_set):
+    entries = "\n".join(f"172.30.0.1:{port}" for port in range(1000, 1256))  # 256 entries
+    response = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": entries}, **HTMX)
+    assert response.status_code == 200 and "nothing can be applied" not in response.content.decode()
+    assert len(response.content) < 1_000_000
