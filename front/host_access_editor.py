@@ -5,7 +5,7 @@ Pure apart from reading the database and this host's interface addresses (no nft
 the preview endpoint can call it on every keystroke and the apply view re-runs the very same
 function before it asks for an operation.
 An explicit list, even empty, wins outright; otherwise the default list
-``<gateway>:53``, ``*:<console port>``, storage entries (``network.host_access``).
+``<gateway>:53``, ``<gateway>:<console port>``, storage entries (``network.host_access``).
 """
 
 from __future__ import annotations
