@@ -45,6 +45,9 @@ MODES = (DEFAULT, EXPLICIT)
 CONTAINER_GATEWAY = "172.30.0.1"
 #: An editor is for people: more entries than this is a paste accident, refused with a reason.
 MAX_ENTRIES = 256
+#: Live agents whose rule diff the preview lists; the others are counted, so the answer does not
+#: grow with the fleet (each diff lists every rule of the agent's input chain).
+PREVIEW_DIFFS = 20
 #: Bytes of typed text the editor reads (UTF-8): room for :data:`MAX_ENTRIES` entries of the
 #: longest length with generous layout. More is refused before any entry is parsed.
 MAX_TEXT_BYTES = 64 * 1024
@@ -155,6 +158,16 @@ class EditorPlan:
     @property
     def changed_agents(self) -> list[AgentRuleDiff]:
         return [d for d in self.diffs if d.changed or d.error]
+
+    @property
+    def shown_diffs(self) -> list[AgentRuleDiff]:
+        """The diffs the preview lists: at most :data:`PREVIEW_DIFFS`, changed agents first."""
+        return sorted(self.diffs, key=lambda d: not (d.changed or d.error))[:PREVIEW_DIFFS]
+
+    @property
+    def hidden_diffs(self) -> int:
+        """How many diffs the preview only counts."""
+        return max(0, len(self.diffs) - PREVIEW_DIFFS)
 
 
 def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> list[EntryCheck]:

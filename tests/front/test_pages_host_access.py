@@ -469,3 +469,16 @@ def test_a_preview_at_the_limits_answers_in_bounded_size(viewer_client, label_se
     response = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": entries}, **HTMX)
     assert response.status_code == 200 and "nothing can be applied" not in response.content.decode()
     assert len(response.content) < 1_000_000
+
+
+def test_the_preview_lists_a_bounded_number_of_agent_diffs(viewer_client, label_set):
+    """Each diff lists every rule of the agent's input chain: with 256 entries and a fleet, the
+    answer grew with the fleet. The first 20 are listed, the rest counted."""
+    for n in range(1, 41):
+        _live_agent(label_set, n=n, ip=f"172.30.1.{n}")
+    entries = "\n".join(f"172.30.0.1:{port}" for port in range(1000, 1256))
+    response = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": entries}, **HTMX)
+    html = response.content.decode()
+    assert response.status_code == 200 and "40 of 40 live agents would get different input rules" in html
+    assert html.count('class="agent-diff"') == 20 and "and 20 more live agents, not listed here." in html
+    assert len(response.content) < 1_000_000, len(response.content)
