@@ -4,9 +4,10 @@
 # Keys (``latest/meta-data/`` as the Firecracker backend PUTs them): kici-orchestrator-url,
 # kici-agent-id, kici-agent-token, kici-labels, and kici-env (a map: each entry becomes an
 # environment variable of the agent). Works with MMDS V1 and V2: a session token is asked for
-# (PUT /latest/api/token, raw HTTP through nc: busybox wget cannot PUT) and sent as
-# X-metadata-token when MMDS gives one. The VM boots before the backend fills MMDS, so the keys
-# are polled once a second for KICI_MMDS_WAIT_SECONDS (default 120).
+# (PUT /latest/api/token) and sent as X-metadata-token when MMDS gives one; every request is raw
+# HTTP through nc (busybox wget cannot PUT, and takes headers only on its command line). The VM
+# boots before the backend fills MMDS, so the keys are polled once a second for
+# KICI_MMDS_WAIT_SECONDS (default 120).
 #
 # Environment (for tests): KICI_MMDS_ADDRESS (default 169.254.169.254), KICI_AGENT_SCRIPT
 # (default /kici_agent.sh). Exit status 1 when MMDS never held the keys; else the agent's.
@@ -30,12 +31,20 @@ errors="${TMPDIR:-/tmp}/kici-mmds.$$"
 trap 'rm -f "$errors"' EXIT
 
 get() { # get KEY: the value of latest/meta-data/KEY (a string, or a map's key list); fails on
-    # HTTP errors, whose message is appended to $errors (a 401 means the session ended)
+    # HTTP errors, whose status line is appended to $errors (a 401 means the session ended).
+    # Raw HTTP through nc, written by the shell's builtin printf: the session token (which reads
+    # the agent's token) is never on a command line, where any local user would read it.
     if [ -n "$session" ]; then
-        wget -q -O - --header "X-metadata-token: $session" "http://$mmds/latest/meta-data/$1" 2>>"$errors"
+        answer=$(printf 'GET /latest/meta-data/%s HTTP/1.1\r\nHost: %s\r\nX-metadata-token: %s\r\nConnection: close\r\n\r\n' \
+            "$1" "$mmds" "$session" | timeout 5 nc "$mmds" 80 2>/dev/null | tr -d '\r')
     else
-        wget -q -O - "http://$mmds/latest/meta-data/$1" 2>>"$errors"
+        answer=$(printf 'GET /latest/meta-data/%s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' \
+            "$1" "$mmds" | timeout 5 nc "$mmds" 80 2>/dev/null | tr -d '\r')
     fi
+    case "$answer" in
+        "HTTP/1."?" 200"*) printf '%s\n' "$answer" | sed '1,/^$/d' ;;
+        *) echo "${answer%%"$(printf '\n')"*} (GET $1)" >>"$errors"; return 1 ;;
+    esac
 }
 
 n=0

@@ -9,7 +9,9 @@
 # Registers once (POST /api/v1/agents/register, bearer = the ephemeral token), then heartbeats
 # (POST /api/v1/agents/<id>/heartbeat, bearer = the session token the register answer carries)
 # every few seconds until the console answers "stop" or stops answering for long.
-# Uses busybox wget only (--post-data/--header). No -T: busybox 1.35 static wget segfaults with it.
+# Speaks HTTP/1.0 through busybox nc, the request written by the shell's builtin printf: no token
+# is ever on a command line (/proc/<pid>/cmdline is readable by every local user, and wget takes
+# headers only as arguments). So the console URL must be http:// (the agents' gateway).
 
 url="${KICI_ORCHESTRATOR_URL%/}"
 agent="$KICI_AGENT_ID"
@@ -23,11 +25,30 @@ if [ -z "$url" ] || [ -z "$agent" ] || [ -z "$token" ]; then
     exit 2
 fi
 
-post() { # post PATH BEARER BODY -> prints the response body; exit status of wget
-    wget -q -O - \
-        --header "Authorization: Bearer $2" \
-        --header "Content-Type: application/json" \
-        --post-data "$3" "$url$1"
+case "$url" in
+    http://*) ;;
+    *) log "KICI_ORCHESTRATOR_URL must be an http:// URL, got $url"; exit 2 ;;
+esac
+hostport="${url#http://}"
+base="/${hostport#*/}"
+[ "$base" = "/$hostport" ] && base=""
+base="${base%/}"
+hostport="${hostport%%/*}"
+case "$hostport" in
+    \[*\]:*) host="${hostport%]:*}"; host="${host#[}"; port="${hostport##*]:}" ;;
+    \[*\]) host="${hostport#[}"; host="${host%]}"; port=80 ;;
+    *:*) host="${hostport%:*}"; port="${hostport##*:}" ;;
+    *) host="$hostport"; port=80 ;;
+esac
+
+post() { # post PATH BEARER BODY -> prints the response body; fails unless the answer is 2xx
+    # printf is the shell's builtin: the bearer goes from this shell to nc's stdin, never to argv.
+    answer=$(printf 'POST %s%s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' \
+        "$base" "$1" "$hostport" "$2" "${#3}" "$3" | timeout 15 nc "$host" "$port" 2>/dev/null | tr -d '\r') || return 1
+    case "$answer" in
+        "HTTP/1."?" 2"*) printf '%s\n' "$answer" | sed '1,/^$/d' ;;
+        *) return 1 ;;
+    esac
 }
 
 json_field() { # json_field NAME  (string or number value of a flat JSON object on stdin)

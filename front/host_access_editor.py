@@ -5,7 +5,7 @@ Pure apart from reading the database and this host's interface addresses (no nft
 the preview endpoint can call it on every keystroke and the apply view re-runs the very same
 function before it asks for an operation.
 An explicit list, even empty, wins outright; otherwise the default list
-``<gateway>:53``, ``*:<console port>``, storage entries (``network.host_access``).
+``<gateway>:53``, ``<gateway>:<console port>``, storage entries (``network.host_access``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from network.host_access import (
 from network.netlink import NetlinkError, host_addresses
 from network.nft.plan import rule_changes, spec_rule_lines
 from network.nft.spec import AgentSpec, RuleSpecError
+from scalers.backends.isolation import console_services
 from scalers.choices import ScalerType
 from scalers.models import ConfigState, LabelSet, Scaler
 
@@ -44,6 +45,31 @@ MODES = (DEFAULT, EXPLICIT)
 CONTAINER_GATEWAY = "172.30.0.1"
 #: An editor is for people: more entries than this is a paste accident, refused with a reason.
 MAX_ENTRIES = 256
+#: Live agents whose rule diff the preview lists; the others are counted, so the answer does not
+#: grow with the fleet (each diff lists every rule of the agent's input chain).
+PREVIEW_DIFFS = 20
+#: Bytes of typed text the editor reads (UTF-8): room for :data:`MAX_ENTRIES` entries of the
+#: longest length with generous layout. More is refused before any entry is parsed.
+MAX_TEXT_BYTES = 64 * 1024
+
+
+def count_entries(text: str) -> int:
+    """How many entries ``text`` holds as :func:`check_lines` splits it (non-blank lines, each
+    split at commas), without parsing any: cheap enough to refuse a paste accident first."""
+    return sum(line.count(",") + 1 for line in (text or "").splitlines() if line.strip())
+
+
+def input_limit_error(text: str) -> tuple[int, str] | None:
+    """``(status, message)`` when the typed ``text`` is over a limit, naming it: 413 for more than
+    :data:`MAX_TEXT_BYTES` bytes, 422 for more than :data:`MAX_ENTRIES` entries; None otherwise.
+    Checked before parsing, so neither the work nor the answer grows with what was pasted."""
+    size = len((text or "").encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_BYTES:
+        return 413, f"entries: at most {MAX_TEXT_BYTES} bytes are accepted, got {size}; nothing was done"
+    count = count_entries(text)
+    if count > MAX_ENTRIES:
+        return 422, f"entries: at most {MAX_ENTRIES} are accepted, got {count}; nothing was done"
+    return None
 
 
 @dataclass
@@ -125,12 +151,23 @@ class EditorPlan:
         rest = [e for e in self.effective if e not in seen]
         unknown = [self.address_error] if self.address_error else []
         console = [self.console_warning] if self.console_warning else []
-        defaults = [f"default entry: {w}" for w in host_access_warnings(rest, self.host_addresses)]
+        warned = host_access_warnings(rest, self.host_addresses, console_services())
+        defaults = [f"default entry: {w}" for w in warned]
         return unknown + console + typed + defaults
 
     @property
     def changed_agents(self) -> list[AgentRuleDiff]:
         return [d for d in self.diffs if d.changed or d.error]
+
+    @property
+    def shown_diffs(self) -> list[AgentRuleDiff]:
+        """The diffs the preview lists: at most :data:`PREVIEW_DIFFS`, changed agents first."""
+        return sorted(self.diffs, key=lambda d: not (d.changed or d.error))[:PREVIEW_DIFFS]
+
+    @property
+    def hidden_diffs(self) -> int:
+        """How many diffs the preview only counts."""
+        return max(0, len(self.diffs) - PREVIEW_DIFFS)
 
 
 def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> list[EntryCheck]:
@@ -140,6 +177,7 @@ def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> l
     (``network.host_access.host_access_warnings``); None skips those warnings."""
     checks: list[EntryCheck] = []
     seen: set[str] = set()
+    services = console_services()
     for number, raw in enumerate((text or "").splitlines(), start=1):
         if not raw.strip():
             continue
@@ -151,7 +189,7 @@ def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> l
                 shown = item if len(item) <= MAX_ENTRY_LENGTH else item[:MAX_ENTRY_LENGTH] + "…"
                 checks.append(EntryCheck(line=number, text=shown, ok=False, error=str(exc)))
                 continue
-            warning = next(iter(host_access_warnings([parsed], host_addresses)), "")
+            warning = next(iter(host_access_warnings([parsed], host_addresses, services)), "")
             checks.append(
                 EntryCheck(
                     line=number,
@@ -249,11 +287,11 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     addresses, address_error = None, ""
     if mode not in MODES:
         general.append(f"mode: must be one of {', '.join(MODES)}, got {json_text(mode)}")
+    elif (limit := input_limit_error(text)) is not None:
+        general.append(limit[1])  # nothing parsed: the work and the answer stay small
     elif mode == EXPLICIT:
         addresses, address_error = known_host_addresses(label_set.scaler)
         checks = check_lines(text, addresses)
-        if len(checks) > MAX_ENTRIES:
-            general.append(f"entries: at most {MAX_ENTRIES} are accepted, got {len(checks)}")
         entries = list(dict.fromkeys(c.text for c in checks if c.ok))
     if general or any(not c.ok for c in checks):
         return EditorPlan(label_set, mode, checks, general, None, [], [], False)

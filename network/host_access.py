@@ -33,8 +33,10 @@ after the ``:``, and ports that are not a number (``http``, ``4000/tcp``).
 Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
 (``127.0.0.1:5432``, ``[::1]``), which agents cannot reach; addresses and ranges that hold none
 of this host's addresses (``10.0.0.0/8:22`` on a host with no 10/8 address), which open nothing;
-ranges with a port that hold several host addresses; and entries with no port on more than one
-address (``*``, ``0.0.0.0/0``), which open every port of the host to the agents.
+ranges with a port that hold several host addresses; entries that open a port of the console's own
+backing services (:class:`ConsoleService`: its PostgreSQL, Redis, operator listener); and entries
+with no port on more than one address (``*``, ``0.0.0.0/0``), which open every port of the host to
+the agents.
 
 Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
 only through an explicit bracketed entry, so ``*:4000`` never opens an IPv6 port.
@@ -376,8 +378,45 @@ _LOOPBACK6 = ipaddress.IPv6Network("::1/128")
 HostAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+@dataclass(frozen=True)
+class ConsoleService:
+    """One of the console's own backing services, which no agent may reach: ``name`` for the
+    message (``PostgreSQL (DATABASE_URL)``), ``host`` as configured (an address, a wildcard such as
+    ``0.0.0.0``, or a name) and ``port``. ``exact``: ``host`` is where the service listens (the
+    console's own listeners), so a loopback one is out of the agents' reach; otherwise ``host`` is
+    only where the console dials it, and the service may listen on every host address too."""
+
+    name: str
+    host: str
+    port: int
+    exact: bool = False
+
+    def opened_by(self, entry: HostAccessEntry) -> bool:
+        """Whether ``entry`` opens this service's port on an address it may listen on: the port
+        matches (or the entry has none) and the entry covers the service's address. A wildcard or
+        named host, and a loopback one that is not ``exact``, may listen on every host address of
+        its family, so any such address matches it."""
+        if entry.port not in (None, self.port):
+            return False
+        try:
+            address = ipaddress.ip_address(self.host.strip("[]"))
+        except ValueError:
+            return True  # a name: it may resolve to any of the host's addresses
+        if address.is_unspecified:
+            return True
+        if address.is_loopback:
+            if self.exact:
+                return False
+            return (4 if entry.daddr is None else entry.daddr.version) == address.version
+        if entry.daddr is None:
+            return address.version == 4
+        return address in entry.daddr
+
+
 def host_access_warnings(
-    entries: Iterable[str | HostAccessEntry], host_addresses: Iterable[HostAddress] | None = None
+    entries: Iterable[str | HostAccessEntry],
+    host_addresses: Iterable[HostAddress] | None = None,
+    services: Iterable[ConsoleService] = (),
 ) -> list[str]:
     """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
 
@@ -393,6 +432,9 @@ def host_access_warnings(
       an agent may reach on other machines is ``networkPolicy``'s);
     * with ``host_addresses``, a range with a port holding more than one of them: it opens that
       port on each (e.g. the host's LAN address besides the gateway), named in the message;
+    * an entry opening a port of one of ``services`` (the console's PostgreSQL, Redis, operator
+      listener: :class:`ConsoleService`) on a host address or a wildcard: agents would reach the
+      console's database, its queues or its pages, admin and scale API;
     * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``): it
       opens every port of every such address of this host (the console, the database, sshd) to
       every agent of the label set.
@@ -403,6 +445,7 @@ def host_access_warnings(
     known = None
     if host_addresses is not None:
         known = sorted({a for a in host_addresses if not a.is_loopback}, key=lambda a: (a.version, a))
+    services = list(services)
     warnings = []
     for item in entries:
         try:
@@ -426,6 +469,15 @@ def host_access_warnings(
                 f"hostAccess entry {_quote(entry.text)} holds none of this host's addresses ({listed}), so this "
                 "entry opens nothing: host access opens ports on the host's own addresses only. What agents may "
                 "reach on other machines is the label set's networkPolicy allowlist."
+            )
+            continue
+        opened = [s for s in services if s.opened_by(entry)]
+        if opened:
+            named = ", ".join(f"{s.name} on {s.host}:{s.port}" for s in opened)
+            warnings.append(
+                f"hostAccess entry {_quote(entry.text)} opens the console's own {named} to the agents: "
+                "an agent could read or change the console's data or reach its operator pages. "
+                "Remove the entry, or name only the ports agents need on the agents' gateway."
             )
             continue
         if entry.port is None and (net is None or net.num_addresses > 1):
@@ -467,10 +519,11 @@ def console_port_warning(entries: Iterable[str], orchestrator_url: str, gateway:
             continue
         if (entry.daddr is None and address.version == 4) or (entry.daddr is not None and address in entry.daddr):
             return None
+    entry = f"{_bracketed(str(address))}:{port}"
     return (
         f"this list does not open the console's port {port} on the agents' gateway {address} "
-        f'(the default has "*:{port}"): new agents of this label set cannot register, and running '
-        f'ones are lost at their next heartbeat. Add "*:{port}" unless that is what you want.'
+        f'(the default has "{entry}"): new agents of this label set cannot register, and running '
+        f'ones are lost at their next heartbeat. Add "{entry}" unless that is what you want.'
     )
 
 
@@ -626,35 +679,51 @@ def _policy_host_access(policy: Any) -> list[str] | None:
     return None if value is None else list(value)
 
 
+def console_port(orchestrator_url: str) -> int | None:
+    """The port agents reach the console on: explicit in ``orchestrator_url`` or implied by its
+    scheme (http/ws 80, https/wss 443); None when the URL does not parse or names no port."""
+    parsed = _url_port(orchestrator_url) if isinstance(orchestrator_url, str) else None
+    return None if parsed is None else parsed[1]
+
+
+def _bracketed(address: str) -> str:
+    """``address`` as a host-access entry's address part: IPv6 literals in brackets."""
+    try:
+        if isinstance(ipaddress.ip_address(address), ipaddress.IPv6Address):
+            return f"[{address}]"
+    except ValueError:
+        pass
+    return address
+
+
 def resolve_agent_host_access(
     policy: Any,
     orchestrator_url: str,
     gateway: str,
     host_services: Iterable[str] | None = None,
+    gateway6: str | None = None,
 ) -> list[str]:
     """The ``hostAccess`` list in force for one agent sandbox.
 
     ``policy``: the label set's network policy (an object with ``host_access``, a dict with
     ``host_access``/``hostAccess``, or ``None``). An explicit list, even ``[]``, wins outright and
     is returned verbatim. Otherwise the default: ``<gateway>:53`` (DNS on the bridge gateway),
-    ``*:<console port>`` (explicit or scheme-implied; omitted when ``orchestrator_url`` does not
-    parse or has an unknown scheme), then ``host_services`` (e.g. from
-    :func:`storage_host_access_entries`), de-duplicated keeping the first occurrence.
+    ``<gateway>:<console port>`` and, when the agent network has IPv6 (``gateway6``),
+    ``[<gateway6>]:<console port>`` (port explicit or scheme-implied; omitted when
+    ``orchestrator_url`` does not parse or has an unknown scheme), then ``host_services`` (e.g. from
+    :func:`storage_host_access_entries`), de-duplicated keeping the first occurrence. The console
+    port is opened on the gateways only, never on every host address: the host's other addresses
+    may carry the operator listener (pages, admin, scale API) on the same port.
     Returns entry strings; they are not parsed here (the renderer parses and refuses bad ones).
     """
     explicit = _policy_host_access(policy)
     if explicit is not None:
         return explicit
-    gw = str(gateway).strip()
-    try:
-        if isinstance(ipaddress.ip_address(gw), ipaddress.IPv6Address):
-            gw = f"[{gw}]"
-    except ValueError:
-        pass
-    candidates = [f"{gw}:53"]
-    parsed = _url_port(orchestrator_url) if isinstance(orchestrator_url, str) else None
-    if parsed is not None:
-        candidates.append(f"*:{parsed[1]}")
+    gateways = [_bracketed(str(gw).strip()) for gw in (gateway, gateway6) if gw]
+    candidates = [f"{gateways[0]}:53"]
+    port = console_port(orchestrator_url)
+    if port is not None:
+        candidates += [f"{gw}:{port}" for gw in gateways]
     candidates.extend(host_services or ())
     seen: set[str] = set()
     resolved = []

@@ -165,6 +165,24 @@ def host_addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
 
 
 @_netns_aware
+def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The subnets of the namespace's own addresses (its connected networks: ``192.0.2.10/24``
+    gives ``192.0.2.0/24``), both families, loopback and IPv6 link-local left out, sorted, each
+    once. Raises NetlinkError when the kernel cannot be asked."""
+    try:
+        with _ipr() as ipr:
+            found = set()
+            for a in ipr.get_addr():
+                local = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
+                net = ipaddress.ip_interface(f"{local}/{a['prefixlen']}").network
+                if not (net.network_address.is_loopback or net.network_address.is_link_local):
+                    found.add(net)
+    except (_PyrNetlinkError, OSError) as exc:
+        raise NetlinkError(f"listing the addresses{_where()} failed: {exc}") from exc
+    return sorted(found, key=lambda n: (n.version, n))
+
+
+@_netns_aware
 def ensure_bridge(name: str, address: str | None = None) -> int:
     """Create bridge ``name`` unless it exists, set it up, and add ``address`` (``10.0.0.1/24``)
     unless already present. Idempotent. Returns the ifindex. Raises NetlinkError, or

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 MAX_TARGETS = 64
 DEFAULT_TIMEOUT = 1.0  # seconds per probe
 DEFAULT_HOST_SAMPLE_PORTS = (22, 80, 443, 2375, 5432, 6379, 8080)
+#: How many host addresses other than the gateway the console's port is probed on.
+CONSOLE_PORT_SAMPLE = 2
 METADATA = "169.254.169.254"
 #: One canary per RFC1918 range, at addresses unlikely to be a host's own (verified, never probed).
 DEFAULT_PRIVATE_CANARIES = (("10.255.255.254", 80), ("172.31.255.254", 80), ("192.168.255.254", 80))
@@ -309,13 +311,18 @@ def default_selftest_targets(
     metadata: tuple[str, int] | None = (METADATA, 80),
     public: tuple[str, int] | None = DEFAULT_PUBLIC_CANARY,
     agent_port: int = 22,
+    console_port: int | None = None,
+    host_addresses: Iterable[str] = (),
 ) -> list[ProbeTarget]:
     """The canaries for one agent, from its resolved rules.
 
     Probed (``mode="probe"``, each still subject to the route check): each host-access entry with a
     port, on its address (the gateway for a wildcard entry; the network's first address for a
     CIDR), over TCP, expected reachable; a sample of other gateway ports no entry allows and
-    ``other_agents`` (their ``agent_port``), expected blocked. Verified from the rules, never
+    ``other_agents`` (their ``agent_port``), expected blocked; ``console_port`` on up to
+    :data:`CONSOLE_PORT_SAMPLE` of ``host_addresses`` other than the gateway (the host's LAN
+    address, docker0's), expected blocked unless an entry opens it there: agents reach the console
+    on the gateway only, and the operator listener may share the port elsewhere. Verified from the rules, never
     probed (``mode="rule"``): ``private_canaries`` (address, port) in RFC1918, the metadata
     service and one ``public`` address; expected blocked, except an allowlisted one and, without
     ``denyAll``, the public one. Capped at 64 targets.
@@ -352,6 +359,20 @@ def default_selftest_targets(
         for p in host_sample_ports
         if not allowed_on_host(p)
     ]
+    if console_port is not None:
+        elsewhere = [
+            a
+            for a in (ipaddress.ip_address(h) for h in host_addresses)
+            if a.version == spec.gateway.version and a != spec.gateway and not (a.is_loopback or a.is_link_local)
+        ]
+        for address in elsewhere[:CONSOLE_PORT_SAMPLE]:
+            opened = any(
+                (e.port is None or e.port == console_port)
+                and (address.version == 4 if e.daddr is None else address in e.daddr)
+                for e in spec.host_access
+            )
+            why = "the console's port on a host address other than the agents' gateway"
+            blocked.append(ProbeTarget("tcp", str(address), console_port, opened, why))
     blocked += [ProbeTarget("tcp", a, agent_port, False, "another agent") for a in other_agents]
     for host, port in private_canaries:
         if allowlisted(host):

@@ -180,7 +180,8 @@ def _check_table(name: str, table: _Table) -> DriftReport:
         repair = [table.agents[a] for a in drifted if table.agents[a][0].pk in still]
         specs = [spec for _, spec in repair]
         replace = {spec.address: elements_to_replace(spec, found.get(spec.address)) for spec in specs}
-        client.apply_document(render_table_base(name, bridges, networks) + render_agents(name, specs, replace))
+        base_cmds = render_table_base(name, bridges, networks, client.host_networks())
+        client.apply_document(base_cmds + render_agents(name, specs, replace))
         increments: dict = {}
         if base:
             increments |= counter_increment(REPAIRS, {"table": name, "kind": "base"})

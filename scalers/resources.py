@@ -18,6 +18,27 @@ from typing import Any
 
 from lib.units import parse_memory
 
+#: The smallest CPU limit the runtime enforces: docker's NanoCpus is CPUs × 10⁹ and the daemon
+#: refuses under 10⁷ (0.01 CPU); a smaller value would round to 0, which means no limit at all.
+MIN_CPUS = 0.01
+#: The smallest memory limit docker accepts (6 MiB); a smaller one is refused by the daemon at
+#: spawn time, and 0 means no limit.
+MIN_MEMORY_BYTES = 6 * 1024 * 1024
+
+
+def resource_floor_error(cpus: Any = None, mem_bytes: int | None = None) -> str | None:
+    """Why a declared ``cpus`` (CPUs) or memory (``mem_bytes``, bytes) is below what the runtime can
+    enforce (:data:`MIN_CPUS`, :data:`MIN_MEMORY_BYTES`); None when both are fine or undeclared
+    (None). The caller names the field and the value."""
+    if cpus is not None and cpus < MIN_CPUS:
+        return (
+            f"below {MIN_CPUS}, the smallest CPU limit the runtime can enforce "
+            "(docker would round it to no limit at all)"
+        )
+    if mem_bytes is not None and mem_bytes < MIN_MEMORY_BYTES:
+        return f"below 6m ({MIN_MEMORY_BYTES} bytes), the smallest memory limit the runtime accepts"
+    return None
+
 
 @dataclass(frozen=True)
 class ResourceAmount:

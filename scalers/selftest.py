@@ -22,6 +22,8 @@ from django.conf import settings
 
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent
+from network.host_access import console_port
+from network.netlink import NetlinkError, host_addresses
 from network.nft import apply
 from network.nft.spec import AgentSpec
 from network.probe_guard import ProbeGuard, ProbeGuardError
@@ -29,6 +31,7 @@ from network.selftest import default_selftest_targets, run_isolation_selftest
 
 from .backends.isolation import nft_table_for
 from .backends.runtime import docker_client_for, runtime_for_scaler
+from .backends.spawn_env import console_url
 from .models import ConfigState
 
 OTHER_AGENT_SAMPLE = 4
@@ -108,7 +111,12 @@ def run_agent_selftest(agent: Agent, *, timeout: float = 1.0) -> list:
         .exclude(pk=agent.pk)
         .values_list("ip", flat=True)[:OTHER_AGENT_SAMPLE]
     )
-    targets = default_selftest_targets(spec, other_agents=others)
+    try:
+        addresses = [str(a) for a in host_addresses(netns=ctx.netns)]
+    except NetlinkError as exc:
+        raise SelftestUnavailable(f"could not list this host's addresses: {exc}") from None
+    port = console_port(console_url(agent.scaler))
+    targets = default_selftest_targets(spec, other_agents=others, console_port=port, host_addresses=addresses)
     namespace = agent_namespace(agent)
     try:
         guard = ProbeGuard.for_gateway(agent.ip, ctx.gateway, ctx.netns)

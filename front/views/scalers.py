@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
+from kici_site.errors import error_page
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.choices import ScalerType
@@ -29,7 +30,15 @@ from scalers.samples import CHART_WINDOW, recent_samples
 from scalers.warm_schedule import size_now
 
 from ..charts import scaler_charts
-from ..host_access_editor import DEFAULT, EXPLICIT, effective_host_access, gateway_for, plan_host_access_change
+from ..host_access_editor import (
+    DEFAULT,
+    EXPLICIT,
+    MAX_TEXT_BYTES,
+    effective_host_access,
+    gateway_for,
+    input_limit_error,
+    plan_host_access_change,
+)
 from .common import css_attr_selector, viewer_required
 
 log = logging.getLogger(__name__)
@@ -185,10 +194,33 @@ def host_access_editor(request, name: str, index: int):
     )
 
 
+#: Bytes of a host-access form besides its entries (mode, CSRF token, field names).
+FORM_OVERHEAD_BYTES = 4096
+
+
+def _over_limit(request):
+    """The refusal (413 / 422, naming the limit) of a host-access form over the editor's limits
+    (``front.host_access_editor.input_limit_error``); a body too big is refused unread."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > MAX_TEXT_BYTES + FORM_OVERHEAD_BYTES:
+        message = f"the form is {length} bytes: entries are at most {MAX_TEXT_BYTES} bytes; nothing was done"
+        return error_page(request, 413, message, title="Too many entries")
+    limit = input_limit_error(request.POST.get("entries", ""))
+    if limit is not None:
+        return error_page(request, limit[0], limit[1], title="Too many entries")
+    return None
+
+
 @require_POST
 @viewer_required
 def host_access_preview(request, name: str, index: int):
-    """POST-only, side-effect free: validate the typed entries and render the preview fragment."""
+    """POST-only, side-effect free: validate the typed entries and render the preview fragment.
+    Input over the editor's limits is refused (413 / 422) before any entry is parsed."""
+    if (refusal := _over_limit(request)) is not None:
+        return refusal
     label_set = _label_set(name, index)
     ctx = _editor_context(request, label_set, request.POST.get("mode", ""), request.POST.get("entries", ""))
     return render(request, "scalers/host_access.html#preview", ctx)
@@ -200,6 +232,8 @@ def host_access_apply(request, name: str, index: int):
     """Re-validate with the same planning function, then ask for a planned ``host-access-apply``
     operation and redirect to it. Bad entries, and warned entries without ``confirm_warnings=1``,
     re-render the editor (422) and nothing is requested."""
+    if (refusal := _over_limit(request)) is not None:
+        return refusal
     label_set = _label_set(name, index)
     mode = request.POST.get("mode", "")
     text = request.POST.get("entries", "")

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from network.netlink import NetlinkError
+from network.netlink import NetlinkError, host_networks
 from network.nft.describe import describe_expr
 from network.nft.exprs import base_rule_exprs, bridge_rule_exprs, guard_rule_exprs
 from network.nft.libnft import DEFAULT_LIBRARY, LibraryUnavailableError, NftContext
@@ -236,10 +236,17 @@ class NftClient:
 
         ``guard_interfaces``: bridges whose frames pass only from a known agent on its own port
         (each must exist); ``guard_networks``: their IPv4 subnets (never bridged port to port).
-        Safe to call any number of times. Raises RuleSpecError / NftError.
+        The host's connected subnets (dropped on forward) are read from its addresses now
+        (:meth:`host_networks`). Safe to call any number of times. Raises RuleSpecError / NftError
+        / NetlinkError.
         """
-        self.apply_document(render_table_base(self.table, guard_interfaces, guard_networks))
+        self.apply_document(render_table_base(self.table, guard_interfaces, guard_networks, self.host_networks()))
         self._base_ready = True
+
+    def host_networks(self) -> list:
+        """The connected subnets of the namespace the table is in (``network.netlink.host_networks``
+        there), for the ``hostnets`` sets. Raises NetlinkError."""
+        return host_networks(netns=self.netns)
 
     def ensure_egress(self, subnet: str, egress_interface: str, mss: int = 1460) -> None:
         """Masquerade and MSS clamp for a VM subnet leaving through ``egress_interface``
@@ -334,14 +341,15 @@ class NftClient:
         in ``specs`` are left alone (reaping is a separate decision).
         """
         specs = list(specs)
+        hosts = self.host_networks()
         try:
-            self.apply_document(render_full(self.table, specs, guard_interfaces, guard_networks))
+            self.apply_document(render_full(self.table, specs, guard_interfaces, guard_networks, None, hosts))
         except NftError as exc:
             if not exc.exists:
                 raise
             current = self.list_agents()
             replace = {spec.address: elements_to_replace(spec, current.get(spec.address)) for spec in specs}
-            self.apply_document(render_full(self.table, specs, guard_interfaces, guard_networks, replace))
+            self.apply_document(render_full(self.table, specs, guard_interfaces, guard_networks, replace, hosts))
         self._base_ready = True
 
     def delete_table(self) -> bool:

@@ -20,6 +20,7 @@ from .names import (
     FORWARD_CHAIN,
     GUARD_MARK,
     GUARD_NETS_SET,
+    HOST_NETS_SETS,
     INPUT_CHAIN,
     MAPS,
     PORT_SETS,
@@ -27,10 +28,12 @@ from .names import (
 )
 from .spec import AgentSpec, IPAddress, IPNetwork
 
-# Dropped on forward after the gateway and allowlist accepts: RFC1918 and
-# link-local, which covers the 169.254.169.254 metadata service.
+# Dropped on forward after the gateway and allowlist accepts: RFC1918, link-local (which covers
+# the 169.254.169.254 metadata service) and shared address space 100.64/10 (RFC 6598: carrier-grade
+# NAT, often the host's LAN neighbours).
 PRIVATE_DROPS = tuple(
-    ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
+    ipaddress.IPv4Network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10")
 )
 
 
@@ -65,6 +68,11 @@ def _as_net(addr: IPAddress) -> IPNetwork:
 
 
 _PRIVATE_DROP = [_match(_payload("ip", "daddr"), f"@{PRIVATE_SET}"), DROP]
+# The host's own connected subnets (its LAN neighbours, whatever their range), both families.
+_HOST_NETS_DROPS = [
+    [_match(_payload("ip", "daddr"), f"@{HOST_NETS_SETS[4]}"), DROP],
+    [_match(_payload("ip6", "daddr"), f"@{HOST_NETS_SETS[6]}"), DROP],
+]
 _V6_DROP = [_nfproto("ipv6"), DROP]
 # Replies to flows the HOST opened (ct direction reply), never the agent's own packets: a flow the
 # agent opened before its rules existed (the container runs briefly before they are written) would
@@ -79,9 +87,12 @@ _CT_ACCEPT = [
 def forward_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
     """The agent's forward chain, head to tail, as a list of expression lists.
 
-    The four private-range drops are one lookup in the table's ``private4`` interval set
-    (10/8, 172.16/12, 192.168/16, 169.254/16): same verdict per packet, three fewer rules per
-    agent. The returned lists are shared between agents with the same policy: do not mutate.
+    The private-range drops are one lookup in the table's ``private4`` interval set (10/8,
+    172.16/12, 192.168/16, 169.254/16, 100.64/10): same verdict per packet, fewer rules per agent.
+    Then the host's own connected subnets (``hostnets4`` / ``hostnets6``, filled from the host's
+    addresses when the base is written) are dropped: an allowlist entry, placed before, is the
+    only way to them. The returned lists are shared between agents with the same policy: do not
+    mutate.
     """
     return _forward_rules(spec.gateway, spec.allowlist, spec.deny_all)
 
@@ -91,6 +102,7 @@ def _forward_rules(gateway: IPAddress, allowlist: tuple[IPNetwork, ...], deny_al
     rules = [[_daddr(_as_net(gateway)), ACCEPT]]
     rules += [[_daddr(net), ACCEPT] for net in allowlist]
     rules.append(_PRIVATE_DROP)
+    rules += _HOST_NETS_DROPS
     if deny_all:
         rules.append([DROP])
     else:

@@ -16,6 +16,9 @@ FAMILY = "inet"
 FORWARD_CHAIN = "forward"
 INPUT_CHAIN = "input"
 PRIVATE_SET = "private4"
+#: The host's own connected subnets by IP version (interval sets, refilled from the host's
+#: addresses whenever the base is written): dropped on forward like the private ranges.
+HOST_NETS_SETS = {4: "hostnets4", 6: "hostnets6"}
 
 #: The console's second table, same name, family ``bridge``: binds agents to their ports.
 BRIDGE_FAMILY = "bridge"

@@ -31,6 +31,7 @@ from .names import (
     FAMILY,
     FORWARD_CHAIN,
     GUARD_NETS_SET,
+    HOST_NETS_SETS,
     INPUT_CHAIN,
     MAP_TYPES,
     MAPS,
@@ -81,8 +82,24 @@ def _guard_networks(networks: Iterable[str]) -> list[ipaddress.IPv4Network]:
     return out
 
 
+def _host_networks(networks: Iterable[Any]) -> dict[int, list[ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+    """The host's connected subnets by IP version, merged (an interval set refuses overlaps).
+    Host bits are cleared (``192.0.2.10/24`` is ``192.0.2.0/24``). Raises :class:`RuleSpecError`."""
+    found: dict[int, list] = {4: [], 6: []}
+    for item in networks:
+        try:
+            net = ipaddress.ip_network(str(item), strict=False)
+        except ValueError:
+            raise RuleSpecError(f"host network {item!r} is not an IPv4 or IPv6 CIDR") from None
+        found[net.version].append(net)
+    return {v: list(ipaddress.collapse_addresses(nets)) for v, nets in found.items()}
+
+
 def render_table_base(
-    table: str, guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()
+    table: str,
+    guard_interfaces: Iterable[str] = (),
+    guard_networks: Iterable[str] = (),
+    host_networks: Iterable[Any] | None = None,
 ) -> list[dict]:
     """Commands creating the three tables, their sets and maps, the base chains and the guard
     chains of each bridge in ``guard_interfaces`` (idempotent, re-runnable).
@@ -92,18 +109,27 @@ def render_table_base(
     moment without one. ``guard_interfaces`` (bridges agents sit on; each must exist) and
     ``guard_networks`` (their IPv4 subnets, the bridge table's ``guard_nets4``) are added, never
     removed here, so scalers sharing a table keep each other's. Each bridge gets a guard chain in
-    the ``inet`` table and one in the ``netdev`` table. Raises
+    the ``inet`` table and one in the ``netdev`` table. ``host_networks``: the host's own connected
+    subnets (both families, read from its addresses by the caller: ``network.netlink.host_networks``);
+    the ``hostnets`` sets are flushed and refilled with them, or left as they are when None. Raises
     :class:`RuleSpecError` for a bad name or subnet. Returns a list of commands; wrap with
     :func:`document`.
     """
     validate_table_name(table)
     ifnames = [validate_ifname(name, "guarded bridge") for name in guard_interfaces]
     nets = _guard_networks(guard_networks)
+    hosts = None if host_networks is None else _host_networks(host_networks)
     cmds: list[dict] = [{"add": {"table": {"family": FAMILY, "name": table}}}]
     for (_, version), name in MAPS.items():
         cmds.append({"add": _obj("map", table, name=name, type=MAP_TYPES[version], map="verdict")})
     cmds.append({"add": _obj("set", table, name=PRIVATE_SET, type="ipv4_addr", flags=["interval"])})
     cmds.append({"add": _elem(table, PRIVATE_SET, [_addr_right(n) for n in PRIVATE_DROPS])})
+    for version, name in HOST_NETS_SETS.items():
+        cmds.append({"add": _obj("set", table, name=name, type=MAP_TYPES[version], flags=["interval"])})
+        if hosts is not None:
+            cmds.append({"flush": _obj("set", table, name=name)})
+            if hosts[version]:
+                cmds.append({"add": _elem(table, name, [_addr_right(n) for n in hosts[version]])})
     for chain, hook in ((FORWARD_CHAIN, "forward"), (INPUT_CHAIN, "input")):
         cmds.append({"add": _obj("chain", table, name=chain, type="filter", hook=hook, prio=0, policy="accept")})
         cmds.append({"flush": _obj("chain", table, name=chain)})
@@ -338,11 +364,13 @@ def render_full(
     guard_interfaces: Iterable[str] = (),
     guard_networks: Iterable[str] = (),
     replace: Mapping[IPAddress, Sequence[str]] | None = None,
+    host_networks: Iterable[Any] | None = None,
 ) -> list[dict]:
     """Base plus every agent (:func:`render_agents`), as one transaction (self-heal, first apply,
     the bench). Raises :class:`RuleSpecError` for a bad name or subnet, or two specs sharing an
     address."""
-    return render_table_base(table, guard_interfaces, guard_networks) + render_agents(table, specs, replace)
+    base = render_table_base(table, guard_interfaces, guard_networks, host_networks)
+    return base + render_agents(table, specs, replace)
 
 
 def document(commands: list[dict]) -> dict:

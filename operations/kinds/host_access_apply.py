@@ -50,7 +50,7 @@ from network.nft.spec import AgentSpec
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
 from scalers.backends.firecracker.settings import NETWORK_DEFAULTS
 from scalers.backends.holders import address_holders, address_lock
-from scalers.backends.isolation import nft_table_for, resolve_host_access
+from scalers.backends.isolation import console_services, nft_table_for, resolve_host_access
 from scalers.backends.sandboxes import list_kici_containers
 from scalers.models import ConfigState, LabelSet
 
@@ -94,14 +94,15 @@ def _checked_entries(host_access: list[str] | None, scaler, gateway: str) -> lis
 
 
 def _warnings(entries: list[str], gateway: str) -> list[str]:
-    """``network.host_access.host_access_warnings`` of ``entries`` against this host's addresses
-    and the agents' gateway (the editor warns about the same entries). When the addresses cannot
-    be listed, that is itself a warning: the entries could not be checked."""
+    """``network.host_access.host_access_warnings`` of ``entries`` against this host's addresses,
+    the agents' gateway and the console's backing services (the editor warns about the same
+    entries). When the addresses cannot be listed, that is itself a warning: the entries could not
+    be checked."""
     try:
         known = [*host_addresses(), ipaddress.ip_address(gateway)]
     except NetlinkError as exc:
         return [f"this host's addresses could not be listed ({exc}): the entries were not checked against them"]
-    return host_access_warnings(entries, known)
+    return host_access_warnings(entries, known, console_services())
 
 
 def _policy(label_set) -> dict:

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from network.host_access import resolve_agent_host_access, storage_host_access_entries
+from network.host_access import ConsoleService, resolve_agent_host_access, storage_host_access_entries
 from network.nft import apply as nft_apply
 from network.nft.spec import AgentSpec
 
@@ -36,6 +37,28 @@ def nft_table_for(scaler: Any) -> str:
 def host_services() -> list[str]:
     """Host-access entries for the console's own object storage (``KICI_STORAGE_URL``), so agents reach it."""
     return storage_host_access_entries(getattr(settings, "KICI_STORAGE_URL", None))
+
+
+def console_services() -> list[ConsoleService]:
+    """The console's own backing services no agent may reach, for the host-access warnings
+    (``network.host_access.host_access_warnings``): its PostgreSQL (``DATABASE_URL``), its Redis
+    (``REDIS_URL``), both as the console dials them, and each operator listener
+    (``KICI_OPERATOR_LISTEN``, where the console listens: a loopback one is out of reach; one with
+    port ``*`` has no port to name and is left out). A setting that names no host or port is skipped."""
+    services = []
+    db = settings.DATABASES.get("default") or {}
+    if db.get("HOST"):
+        services.append(ConsoleService("PostgreSQL (DATABASE_URL)", str(db["HOST"]), int(db.get("PORT") or 5432)))
+    try:
+        redis = urlsplit(settings.REDIS_URL)
+        if redis.scheme in ("redis", "rediss"):
+            services.append(ConsoleService("Redis (REDIS_URL)", redis.hostname or "localhost", redis.port or 6379))
+    except ValueError:
+        pass
+    for host, port in settings.KICI_OPERATOR_LISTEN:
+        if port is not None:
+            services.append(ConsoleService("operator listener (KICI_OPERATOR_LISTEN)", host, port, exact=True))
+    return services
 
 
 def resolve_host_access(

@@ -60,6 +60,7 @@ from pydantic_core import PydanticCustomError
 from lib.units import InvalidMemoryFormat, parse_memory
 from network.host_access import parse_host_access_entry
 from scalers import labels as labelmod
+from scalers.resources import resource_floor_error
 
 # --------------------------------------------------------------------------- validation issues
 
@@ -243,7 +244,9 @@ class _Loose(_Strict):
 
 
 class ResourceSpec(_Strict):
-    """One side of a resource request: ``{cpus?: number > 0 ≤ 256, memory?: string}``.
+    """One side of a resource request: ``{cpus?: number ≥ 0.01 ≤ 256, memory?: string ≥ 6m}``
+    (``scalers.resources.MIN_CPUS`` / ``MIN_MEMORY_BYTES``: below them docker enforces no limit or
+    refuses the container).
 
     ``memory`` is NOT parsed here (``4Gi`` passes the schema and fails at use); see
     ``scalers.resources``.
@@ -251,6 +254,24 @@ class ResourceSpec(_Strict):
 
     cpus: Number | None = Field(default=None, gt=0, le=256)
     memory: str | None = None
+
+    @field_validator("cpus", mode="after")
+    @classmethod
+    def _cpus_enforceable(cls, value: Any) -> Any:
+        if (problem := resource_floor_error(cpus=value)) is not None:
+            raise PydanticCustomError("cpus_too_small", problem)
+        return value
+
+    @field_validator("memory", mode="after")
+    @classmethod
+    def _memory_enforceable(cls, value: Any) -> Any:
+        try:
+            mem_bytes = parse_memory(value) if value is not None else None
+        except InvalidMemoryFormat:
+            return value  # a bad format is reported where memory is parsed
+        if (problem := resource_floor_error(mem_bytes=mem_bytes)) is not None:
+            raise PydanticCustomError("memory_too_small", problem)
+        return value
 
 
 class ResourceRequest(_Strict):

@@ -4,6 +4,7 @@ effective list, the rule diff for live agents, and applying only through a plann
 from __future__ import annotations
 
 import ipaddress
+import time
 from html import unescape
 
 import pytest
@@ -105,7 +106,8 @@ def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
     html = viewer_client.get(BASE).content.decode()
     effective = html[html.index('id="effective"') :]
     effective = effective[: effective.index("</ul>")]
-    assert "172.30.0.1:53" in effective and "*:8000" in effective
+    assert "<li>172.30.0.1:53</li>" in effective and "<li>172.30.0.1:8000</li>" in effective
+    assert "*:8000" not in effective, "the console port is opened on the agents' gateway only"
     assert 'value="default" checked' in html
 
 
@@ -275,6 +277,28 @@ def test_a_loopback_entry_in_the_default_list_is_warned_about(viewer_client, lab
     assert plan.warnings == [f"default entry: {w}" for w in host_access_warnings(["127.0.0.1:9000"])]
 
 
+def test_an_entry_opening_the_consoles_redis_or_operator_listener_is_warned_about(operator_client, label_set, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:6379/12"
+    settings.KICI_OPERATOR_LISTEN = [("192.168.1.10", 8000)]
+    html = unescape(
+        operator_client.post(
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n172.30.0.1:6379\n*:8000"}, **HTMX
+        ).content.decode()
+    )
+    warnings = html[html.index('id="preview-warnings"') :]
+    warnings = warnings[: warnings.index("</div>")]
+    assert "2 warnings" in warnings, warnings
+    redis = 'line 2: hostAccess entry "172.30.0.1:6379" opens the console\'s own Redis (REDIS_URL) on 127.0.0.1:6379'
+    assert redis in warnings
+    assert (
+        'line 3: hostAccess entry "*:8000" opens the console\'s own operator listener (KICI_OPERATOR_LISTEN) on '
+        "192.168.1.10:8000" in warnings
+    )
+    assert 'id="apply"' in html  # a warning never blocks Apply
+    plan = plan_host_access_change(label_set, "default", "")
+    assert not [w for w in plan.warnings if "console's own" in w], plan.warnings
+
+
 def _refusal_fragment(response, status):
     """The htmx error answer: the status, an alert keeping the target's id, swapped outerHTML."""
     assert response.status_code == status, response.content[:300]
@@ -410,3 +434,51 @@ def test_an_apply_without_a_mode_is_refused_naming_it(operator_client, label_set
     assert response.status_code == 422
     assert 'mode: must be one of default, explicit, got ""' in unescape(response.content.decode())
     assert not Operation.objects.exists()
+
+
+def test_a_preview_over_the_byte_limit_is_refused_unparsed_with_413_naming_the_limit(viewer_client, label_set):
+    """A 0.6 MB paste answered a 32 MB preview and slowed every request; now it is refused before
+    any entry is parsed, and the answer stays small."""
+    from front.host_access_editor import MAX_TEXT_BYTES
+
+    entries = "\n".join(f"10.0.{n // 250}.{n % 250 + 1}:22" for n in range(40000))  # about 0.6 MB
+    assert len(entries) > 500_000
+    started = time.monotonic()
+    response = viewer_client.post(
+        BASE + "preview", {"mode": "explicit", "entries": entries}, HTTP_HX_TARGET="preview", **HTMX
+    )
+    html = _refusal_fragment(response, 413)
+    assert f"entries are at most {MAX_TEXT_BYTES} bytes" in html
+    assert len(response.content) < 8192 and time.monotonic() - started < 1.0
+
+
+def test_a_preview_over_the_entry_limit_is_refused_with_422_naming_the_limit(viewer_client, operator_client, label_set):
+    entries = ",".join(["5000"] * 257)  # small in bytes, many entries
+    response = viewer_client.post(
+        BASE + "preview", {"mode": "explicit", "entries": entries}, HTTP_HX_TARGET="preview", **HTMX
+    )
+    html = _refusal_fragment(response, 422)
+    assert "entries: at most 256 are accepted, got 257; nothing was done" in html
+    assert len(response.content) < 8192
+    refused = operator_client.post(BASE + "apply", {"mode": "explicit", "entries": entries})
+    assert refused.status_code == 422 and b"at most 256 are accepted, got 257" in refused.content
+
+
+def test_a_preview_at_the_limits_answers_in_bounded_size(viewer_client, label_set):
+    entries = "\n".join(f"172.30.0.1:{port}" for port in range(1000, 1256))  # 256 entries
+    response = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": entries}, **HTMX)
+    assert response.status_code == 200 and "nothing can be applied" not in response.content.decode()
+    assert len(response.content) < 1_000_000
+
+
+def test_the_preview_lists_a_bounded_number_of_agent_diffs(viewer_client, label_set):
+    """Each diff lists every rule of the agent's input chain: with 256 entries and a fleet, the
+    answer grew with the fleet. The first 20 are listed, the rest counted."""
+    for n in range(1, 41):
+        _live_agent(label_set, n=n, ip=f"172.30.1.{n}")
+    entries = "\n".join(f"172.30.0.1:{port}" for port in range(1000, 1256))
+    response = viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": entries}, **HTMX)
+    html = response.content.decode()
+    assert response.status_code == 200 and "40 of 40 live agents would get different input rules" in html
+    assert html.count('class="agent-diff"') == 20 and "and 20 more live agents, not listed here." in html
+    assert len(response.content) < 1_000_000, len(response.content)

@@ -7,6 +7,7 @@ import ipaddress
 import pytest
 
 from network.host_access import (
+    ConsoleService,
     HostAccessError,
     agent_facing_storage_url,
     host_access_warnings,
@@ -337,12 +338,14 @@ def test_storage_at_an_ipv6_literal_is_bracketed():
 
 
 def test_the_default_is_gateway_dns_and_the_console_port():
-    assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", []) == ["172.30.0.1:53", "*:4000"]
+    resolved = resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", [])
+    assert resolved == ["172.30.0.1:53", "172.30.0.1:4000"]
 
 
 def test_the_console_port_comes_from_the_scheme_when_the_url_has_none():
-    assert resolve_agent_host_access(None, "wss://ci.example.com/ws", "172.30.0.1") == ["172.30.0.1:53", "*:443"]
-    assert resolve_agent_host_access(None, "ws://host/ws", "172.30.0.1") == ["172.30.0.1:53", "*:80"]
+    resolved = resolve_agent_host_access(None, "wss://ci.example.com/ws", "172.30.0.1")
+    assert resolved == ["172.30.0.1:53", "172.30.0.1:443"]
+    assert resolve_agent_host_access(None, "ws://host/ws", "172.30.0.1") == ["172.30.0.1:53", "172.30.0.1:80"]
 
 
 def test_an_unparseable_console_url_is_left_out():
@@ -351,20 +354,21 @@ def test_an_unparseable_console_url_is_left_out():
 
 
 def test_duplicates_keep_the_first_occurrence():
-    assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", ["*:4000"]) == [
+    assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "172.30.0.1", ["172.30.0.1:4000"]) == [
         "172.30.0.1:53",
-        "*:4000",
+        "172.30.0.1:4000",
     ]
     assert resolve_agent_host_access(None, "ws://x:4000", "10.0.0.1", ["10.0.0.1:53", "*:9", "*:9"]) == [
         "10.0.0.1:53",
-        "*:4000",
+        "10.0.0.1:4000",
         "*:9",
     ]
 
 
 def test_an_allowlist_alone_keeps_the_default():
     policy = {"allowlist": ["10.1.0.0/16"]}
-    assert resolve_agent_host_access(policy, "ws://10.0.0.1:4000/ws", "172.30.0.1") == ["172.30.0.1:53", "*:4000"]
+    resolved = resolve_agent_host_access(policy, "ws://10.0.0.1:4000/ws", "172.30.0.1")
+    assert resolved == ["172.30.0.1:53", "172.30.0.1:4000"]
 
 
 def test_an_explicit_list_wins_outright_even_when_empty():
@@ -381,30 +385,38 @@ def test_the_documented_examples():
     s3 = storage_host_access_entries("http://192.168.1.5:9000")
     assert resolve_agent_host_access(None, "ws://10.1.2.3:4000/ws", "172.30.0.1", s3) == [
         "172.30.0.1:53",
-        "*:4000",
+        "172.30.0.1:4000",
         "192.168.1.5:9000",
     ]
     aws = storage_host_access_entries("https://s3.amazonaws.com")
-    assert resolve_agent_host_access(None, "ws://10.0.0.1:8080/ws", "10.0.0.1", aws) == ["10.0.0.1:53", "*:8080"]
+    assert resolve_agent_host_access(None, "ws://10.0.0.1:8080/ws", "10.0.0.1", aws) == ["10.0.0.1:53", "10.0.0.1:8080"]
     fs = storage_host_access_entries(agent_facing_storage_url("filesystem", console_port=4000))
     assert resolve_agent_host_access(None, "ws://10.0.0.1:4000/ws", "10.0.0.1", fs) == [
         "10.0.0.1:53",
-        "*:4000",
+        "10.0.0.1:4000",
         "127.0.0.1:4000",
     ]
 
 
 def test_an_ipv6_gateway_gets_a_bracketed_dns_entry():
     resolved = resolve_agent_host_access(None, "ws://x:4000", "fd13::1")
-    assert resolved == ["[fd13::1]:53", "*:4000"]
-    assert [parse_host_access_entry(e).family for e in resolved] == ["ipv6", "ipv4"]
+    assert resolved == ["[fd13::1]:53", "[fd13::1]:4000"]
+    assert [parse_host_access_entry(e).family for e in resolved] == ["ipv6", "ipv6"]
+
+
+def test_the_console_port_is_opened_on_the_gateways_never_on_every_host_address():
+    """Not ``*:<port>``: the host's other addresses may carry the operator listener on that port."""
+    resolved = resolve_agent_host_access(None, "http://172.30.0.1:8000", "172.30.0.1", [], "fd13::1")
+    assert resolved == ["172.30.0.1:53", "172.30.0.1:8000", "[fd13::1]:8000"]
+    parsed = [parse_host_access_entry(e) for e in resolved]
+    assert all(e.daddr is not None and e.daddr.num_addresses == 1 for e in parsed), resolved
 
 
 def test_every_resolved_default_entry_parses():
     resolved = resolve_agent_host_access(
         None, "wss://ci.example.com/ws", "172.30.0.1", storage_host_access_entries("https://minio.lan:9443")
     )
-    assert [parse_host_access_entry(e).canonical for e in resolved] == ["172.30.0.1:53", "*:443", "*:9443"]
+    assert [parse_host_access_entry(e).canonical for e in resolved] == ["172.30.0.1:53", "172.30.0.1:443", "*:9443"]
 
 
 @pytest.mark.parametrize(
@@ -458,3 +470,48 @@ def test_an_entry_on_one_host_address_or_a_wildcard_port_is_not_warned_about(ent
 
 def test_without_the_host_addresses_a_foreign_range_is_not_judged():
     assert host_access_warnings(["10.0.0.0/8:22", "10.0.0.5:443"]) == []
+
+
+#: The console's backing services as a typical install has them: PostgreSQL and Redis on
+#: loopback, the operator listener on the host's LAN address.
+SERVICES = [
+    ConsoleService("PostgreSQL (DATABASE_URL)", "127.0.0.1", 5432),
+    ConsoleService("Redis (REDIS_URL)", "127.0.0.1", 6379),
+    ConsoleService("operator listener (KICI_OPERATOR_LISTEN)", "192.168.1.10", 8000, exact=True),
+]
+
+
+@pytest.mark.parametrize(
+    "entry, service",
+    [
+        ("172.30.0.1:6379", "Redis (REDIS_URL) on 127.0.0.1:6379"),
+        ("*:5432", "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432"),
+        ("5432", "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432"),
+        ("*:8000", "operator listener (KICI_OPERATOR_LISTEN) on 192.168.1.10:8000"),
+        ("192.168.1.10:8000", "operator listener (KICI_OPERATOR_LISTEN) on 192.168.1.10:8000"),
+        ("192.168.1.10", "operator listener (KICI_OPERATOR_LISTEN) on 192.168.1.10:8000"),
+    ],
+)
+def test_an_entry_opening_a_console_backing_service_is_warned_about(entry, service):
+    (warning,) = host_access_warnings([entry], HOST, SERVICES)
+    assert warning.startswith(f'hostAccess entry "{entry}" opens the console\'s own '), warning
+    assert service in warning
+
+
+@pytest.mark.parametrize("entry", ["172.30.0.1:53", "172.30.0.1:8000", "192.168.7.1:8000", "[fd00::1]:6379"])
+def test_an_entry_missing_every_backing_service_is_not_warned_about_for_them(entry):
+    assert not any("console's own" in w for w in host_access_warnings([entry], HOST, SERVICES))
+
+
+def test_an_operator_listener_on_loopback_is_out_of_reach_and_not_warned_about():
+    listener = [ConsoleService("operator listener (KICI_OPERATOR_LISTEN)", "127.0.0.1", 8000, exact=True)]
+    assert host_access_warnings(["*:8000", "172.30.0.1:8000"], HOST, listener) == []
+
+
+def test_a_service_listening_on_a_wildcard_or_a_name_is_reached_on_every_host_address():
+    services = [ConsoleService("Redis (REDIS_URL)", "0.0.0.0", 6379), ConsoleService("PostgreSQL", "db", 5432)]
+    warned = host_access_warnings(["172.30.0.1:6379", "192.168.1.10:5432", "172.30.0.1:53"], HOST, services)
+    assert [w.split(" opens ")[0] for w in warned] == [
+        'hostAccess entry "172.30.0.1:6379"',
+        'hostAccess entry "192.168.1.10:5432"',
+    ]

@@ -28,10 +28,13 @@ GW6 = "fd13::1"
 CONSOLE_URL = f"ws://{GW}:4000/ws"
 
 # What the default host access (gateway DNS + the console port) must open and close on the host.
-HOST_OPEN = both(GW, 53, 4000) + both("10.99.0.1", 4000)  # *:4000 is any IPv4 host address
-HOST_CLOSED = both(GW, 4001, 9000) + both("10.99.0.1", 53, 9000) + both("169.254.1.1", 53, 9000)
-FORWARD_DROPPED = both("10.214.0.2", 80) + both("169.254.169.254", 80)
-FORWARD_OTHER = both("100.64.0.7", 80)
+HOST_OPEN = both(GW, 53, 4000)
+# The console's port on any other host address (the operator listener may be there) stays closed.
+HOST_CLOSED = both(GW, 4001, 9000) + both("10.99.0.1", 53, 4000, 9000) + both("169.254.1.1", 53, 4000, 9000)
+# RFC1918, link-local, shared address space and the host's own non-RFC1918 connected subnet.
+FORWARD_DROPPED = both("10.214.0.2", 80) + both("169.254.169.254", 80) + both("100.64.0.7", 80)
+FORWARD_DROPPED += both("198.51.100.2", 80)
+FORWARD_OTHER = both("203.0.113.7", 80)
 HOST_V6 = both(GW6, 4000) + both(GW6, 9000)
 
 
@@ -96,7 +99,7 @@ def test_without_rules_every_target_is_reachable(lab, nft):
 
 def test_the_default_host_access_opens_gateway_dns_and_the_console_port_only(lab, nft):
     spec = default_spec()
-    assert [e.canonical for e in spec.host_access] == [f"{GW}:53", "*:4000"]
+    assert [e.canonical for e in spec.host_access] == [f"{GW}:53", f"{GW}:4000"]
     apply(lab, nft, spec)
     assert_all(probe(lab, "a1", HOST_OPEN), True)
     assert_all(probe(lab, "a1", HOST_CLOSED), False)
@@ -112,6 +115,18 @@ def test_deny_all_closes_everything_but_the_gateway_and_the_allowlist(lab, nft):
     apply(lab, nft, default_spec(deny_all=True, allowlist=["10.214.0.2/32"]))
     assert_all(probe(lab, "a1", both("10.214.0.2", 80) + both(GW, 53)), True)
     assert_all(probe(lab, "a1", FORWARD_OTHER + both("169.254.169.254", 80) + both(GW, 4001)), False)
+
+
+def test_the_hosts_connected_subnets_and_shared_address_space_are_dropped_unless_allowlisted(lab, nft):
+    """The host's uplink LAN (198.51.100.0/24 here, no RFC1918 range) is read from the host's
+    addresses when the base is written; 100.64/10 is always dropped. An allowlist entry opens one."""
+    neighbour, shared = both("198.51.100.2", 80), both("100.64.0.7", 80)
+    apply(lab, nft, default_spec())
+    assert "198.51.100.0/24" in [str(n) for n in nft.list_address_sets()["hostnets4"]]
+    assert_all(probe(lab, "a1", neighbour + shared), False)
+    assert_all(probe(lab, "a1", FORWARD_OTHER), True)
+    apply(lab, nft, default_spec(allowlist=["198.51.100.2", "100.64.0.0/10"]))
+    assert_all(probe(lab, "a1", neighbour + shared + FORWARD_OTHER), True)
 
 
 def test_an_allowlisted_private_address_is_reachable_without_deny_all(lab, nft):
@@ -222,7 +237,7 @@ def test_a_spoofed_neighbour_address_gets_nothing(lab, nft):
         assert tcp_from(lab.agents["a1"].ns, "10.213.0.5", GW, 4000)
         assert not tcp_from(a4, "10.213.0.5", GW, 4000)
         assert not tcp_from(a4, "10.213.0.5", GW, 53)
-        assert not tcp_from(a4, "10.213.0.5", "100.64.0.7", 80)
+        assert not tcp_from(a4, "10.213.0.5", "203.0.113.7", 80)
         assert tcp_from(lab.agents["a1"].ns, "10.213.0.5", GW, 4000), "the spoofer's ARP took a1's replies"
     finally:
         a4.ip("addr", "del", "10.213.0.5/32", "dev", "eth0")
@@ -397,8 +412,10 @@ def selftest_targets(spec):
         private_canaries=[("10.214.0.2", 80), ("169.254.169.254", 80)],
         host_sample_ports=(22, 4001, 9000),
         metadata=None,
-        public=("100.64.0.7", 80),
+        public=("203.0.113.7", 80),
         agent_port=7000,
+        console_port=4000,
+        host_addresses=[GW, "10.99.0.1", "169.254.1.1", "127.0.0.1", GW6],
     )
 
 
@@ -456,7 +473,7 @@ def test_the_route_guard_lets_probes_reach_only_host_addresses_and_the_bridge(la
         ("10.99.0.1", "local"),
         ("10.213.0.6", "bridge"),
     ]
-    for dst, dev in (("10.214.0.2", "lan0"), ("100.64.0.7", "lan0"), ("169.254.169.254", "lan0")):
+    for dst, dev in (("10.214.0.2", "lan0"), ("203.0.113.7", "lan0"), ("169.254.169.254", "lan0")):
         check = g.check(dst)
         assert (check.ok, check.where, check.dev) == (False, "leaves", dev)
         assert f"the route to {dst} leaves through lan0" in check.detail
@@ -465,7 +482,7 @@ def test_the_route_guard_lets_probes_reach_only_host_addresses_and_the_bridge(la
     try:
         g = guard(lab)
         assert g.check("10.213.0.6").where == "bridge" and g.check(GW).where == "local"
-        assert g.check("100.64.0.7").where == "leaves" and not g.check("100.64.0.7").ok
+        assert g.check("203.0.113.7").where == "leaves" and not g.check("203.0.113.7").ok
     finally:
         lab.host.sysctl("net.ipv4.ip_forward", "1")
 
@@ -491,9 +508,10 @@ def test_the_self_test_passes_when_isolation_holds_and_sends_nothing_beyond_the_
         "tcp 10.213.0.1:22": ("filtered", True),
         "tcp 10.213.0.1:4001": ("filtered", True),
         "tcp 10.213.0.1:9000": ("filtered", True),
+        "tcp 10.99.0.1:4000": ("filtered", True),  # the console's port off the gateway stays closed
         "tcp 10.214.0.2:80": ("blocked-by-rule", True),
         "tcp 169.254.169.254:80": ("blocked-by-rule", True),
-        "tcp 100.64.0.7:80": ("allowed-by-rule", True),  # no denyAll: the public stand-in is allowed
+        "tcp 203.0.113.7:80": ("allowed-by-rule", True),  # no denyAll: the public stand-in is allowed
     }
     by_target = {str(r.target): r for r in results}
     assert by_target["tcp 169.254.169.254:80"].observed == "blocked by rule (verified, not probed)"
@@ -506,7 +524,7 @@ def test_deny_all_is_verified_for_the_public_address_without_a_packet(lab, nft):
     spec = default_spec(deny_all=True)
     apply(lab, nft, spec)
     got = table(run_selftest(lab, nft, spec))
-    assert got["tcp 100.64.0.7:80"] == ("blocked-by-rule", True)
+    assert got["tcp 203.0.113.7:80"] == ("blocked-by-rule", True)
 
 
 def test_the_self_test_fails_loudly_without_rules_and_still_sends_nothing_beyond_the_host(lab, nft):

@@ -22,7 +22,7 @@ from network.nft.render import (
 from network.nft.spec import AgentSpec, RuleSpecError, parse_allowlist_entry
 
 GW = "172.30.0.1"
-DROPS = ["ip daddr @private4 drop"]
+DROPS = ["ip daddr @private4 drop", "ip daddr @hostnets4 drop", "ip6 daddr @hostnets6 drop"]
 
 
 def fwd(**kw):
@@ -40,7 +40,7 @@ def test_the_forward_chain_without_a_policy():
 def test_allowlist_accepts_come_after_the_gateway_and_before_every_drop():
     rules = fwd(allowlist=["10.67.0.1/32", "100.64.0.7/32"])
     assert rules[:3] == ["ip daddr 172.30.0.1 accept", "ip daddr 10.67.0.1 accept", "ip daddr 100.64.0.7 accept"]
-    assert rules[3:4] == DROPS
+    assert rules[3:6] == DROPS
 
 
 def test_deny_all_ends_the_forward_chain_with_a_drop():
@@ -173,7 +173,7 @@ def test_the_table_is_the_configured_one_everywhere():
         commands_touching(cmds, "console_b")
 
 
-def test_the_private_set_holds_rfc1918_and_link_local():
+def test_the_private_set_holds_rfc1918_link_local_and_shared_address_space():
     cmds = render_table_base("kici")
     elems = [c["add"]["element"] for c in cmds if "element" in c.get("add", {})]
     assert elems == [
@@ -186,9 +186,28 @@ def test_the_private_set_holds_rfc1918_and_link_local():
                 {"prefix": {"addr": "172.16.0.0", "len": 12}},
                 {"prefix": {"addr": "192.168.0.0", "len": 16}},
                 {"prefix": {"addr": "169.254.0.0", "len": 16}},
+                {"prefix": {"addr": "100.64.0.0", "len": 10}},
             ],
         }
     ]
+
+
+def test_the_host_networks_sets_are_flushed_and_refilled_with_the_hosts_connected_subnets():
+    """Pure: the host's addresses are passed in (host bits cleared, overlaps merged per family)."""
+    hosts = ["198.51.100.7/24", "198.51.100.9/24", "203.0.113.0/25", "203.0.113.128/25", "2001:db8:5::10/64"]
+    cmds = render_table_base("kici", host_networks=hosts)
+    flushed = [c["flush"]["set"]["name"] for c in cmds if "set" in c.get("flush", {})]
+    elems = {c["add"]["element"]["name"]: c["add"]["element"]["elem"] for c in cmds if "element" in c.get("add", {})}
+    assert flushed == ["hostnets4", "hostnets6"]
+    assert elems["hostnets4"] == [
+        {"prefix": {"addr": "198.51.100.0", "len": 24}},
+        {"prefix": {"addr": "203.0.113.0", "len": 24}},
+    ]
+    assert elems["hostnets6"] == [{"prefix": {"addr": "2001:db8:5::", "len": 64}}]
+    # None leaves the sets' elements as they are (a caller that did not read the host's addresses).
+    assert not [c for c in render_table_base("kici") if "set" in c.get("flush", {})]
+    with pytest.raises(RuleSpecError, match="host network 'lan0' is not an IPv4 or IPv6 CIDR"):
+        render_table_base("kici", host_networks=["lan0"])
 
 
 def _rules_by_chain(cmds):

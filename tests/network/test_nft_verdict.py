@@ -10,7 +10,12 @@ from network.nft.exprs import PRIVATE_DROPS, forward_rule_exprs, input_rule_expr
 from network.nft.spec import AgentSpec
 from network.nft.verdict import ChainVerdict, Packet, chain_verdict
 
-SETS = {"private4": list(PRIVATE_DROPS)}
+#: As a host with the LAN 198.51.100.0/24 and 2001:db8:5::/64 on its uplink has them.
+SETS = {
+    "private4": list(PRIVATE_DROPS),
+    "hostnets4": [ipaddress.ip_network("198.51.100.0/24")],
+    "hostnets6": [ipaddress.ip_network("2001:db8:5::/64")],
+}
 
 
 def fwd(dst, **spec_kw):
@@ -24,10 +29,19 @@ def test_private_and_metadata_destinations_are_dropped_by_the_private_set_rule()
 
 
 def test_a_public_destination_is_accepted_unless_deny_all_and_the_allowlist_comes_first():
-    assert fwd("203.0.113.10") == ChainVerdict("accept", 3, "accept")
-    assert fwd("203.0.113.10", deny_all=True) == ChainVerdict("drop", 2, "drop")
+    assert fwd("203.0.113.10") == ChainVerdict("accept", 5, "accept")
+    assert fwd("203.0.113.10", deny_all=True) == ChainVerdict("drop", 4, "drop")
     assert fwd("10.1.2.3", allowlist=["10.1.0.0/16"]) == ChainVerdict("accept", 1, "ip daddr 10.1.0.0/16 accept")
     assert fwd("172.30.0.1").verdict == "accept"  # the gateway
+
+
+def test_shared_address_space_and_the_hosts_own_subnets_are_dropped_unless_allowlisted():
+    assert fwd("100.64.0.7") == ChainVerdict("drop", 1, "ip daddr @private4 drop")
+    assert fwd("198.51.100.20") == ChainVerdict("drop", 2, "ip daddr @hostnets4 drop")
+    assert fwd("2001:db8:5::20") == ChainVerdict("drop", 3, "ip6 daddr @hostnets6 drop")
+    assert fwd("2001:db8:6::20") == ChainVerdict("drop", 4, "meta nfproto ipv6 drop")
+    allowed = fwd("198.51.100.20", allowlist=["198.51.100.20"])
+    assert allowed == ChainVerdict("accept", 1, "ip daddr 198.51.100.20 accept")
 
 
 def test_the_input_chain_accepts_by_state_only_in_the_reply_direction():

@@ -451,6 +451,25 @@ def test_a_host_access_plan_compares_entries_as_a_set_not_as_a_sequence(users, n
     ]
 
 
+def test_a_host_access_plan_warns_about_entries_opening_the_consoles_backing_services(settings):
+    """Redis (REDIS_URL) and the operator listener (KICI_OPERATOR_LISTEN) are the console's own:
+    an approver confirms a warning naming them; the default list opens neither."""
+    settings.REDIS_URL = "redis://127.0.0.1:6379/12"
+    settings.KICI_OPERATOR_LISTEN = [("192.168.1.10", 8000)]
+    scaler = make_scaler(name=f"ops-hs-{secrets.token_hex(2)}", orchestrator_url="http://172.30.0.1:8000")
+    label_set = scaler.label_sets.get()
+    entries = ["172.30.0.1:53", "172.30.0.1:8000", "172.30.0.1:6379", "*:8000"]
+    plan = HostAccessApply().plan(Scope(label_set=label_set, params={"host_access": entries}))
+    warned = [w for w in plan.warnings if "opens the console's own" in w]
+    assert len(warned) == 2, plan.warnings
+    assert warned[0].startswith('hostAccess entry "172.30.0.1:6379" opens the console\'s own Redis (REDIS_URL)')
+    assert warned[1].startswith(
+        'hostAccess entry "*:8000" opens the console\'s own operator listener (KICI_OPERATOR_LISTEN) on 192.168.1.10'
+    )
+    default = HostAccessApply().plan(Scope(label_set=label_set, params={"host_access": None}))
+    assert not [w for w in default.warnings if "console's own" in w], default.warnings
+
+
 # --- sweeps -------------------------------------------------------------------------------------
 
 

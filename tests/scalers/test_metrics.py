@@ -54,13 +54,13 @@ def test_machine_pool_refusals_stay_out_of_the_unlabelled_gauge():
 def test_usage_has_a_row_per_scaler_and_a_global_rollup():
     make_scaler("ci-pool", max_agents=5, label_sets=[["ci"]])
     make_scaler("heavy", type="bare-metal", max_agents=5, label_sets=[["heavy"]])
-    request_scale(["ci"], "a", resources={"cpus": 2, "memory": "1k"})
-    request_scale(["heavy"], "b", resources={"cpus": 4, "memory": "2k"})
+    request_scale(["ci"], "a", resources={"cpus": 2, "memory": "8m"})
+    request_scale(["heavy"], "b", resources={"cpus": 4, "memory": "16m"})
     body = scrape()
     assert 'kici_orch_scaler_cpus_used{scaler="ci-pool",scaler_type="container"} 2.0' in body
     assert 'kici_orch_scaler_cpus_used{scaler="heavy",scaler_type="bare-metal"} 4.0' in body
     assert 'kici_orch_scaler_cpus_used{scaler="__global__",scaler_type="__global__"} 6.0' in body
-    assert 'kici_orch_scaler_memory_bytes_used{scaler="__global__",scaler_type="__global__"} 3072.0' in body
+    assert 'kici_orch_scaler_memory_bytes_used{scaler="__global__",scaler_type="__global__"} 2.5165824e+07' in body
     assert 'kici_scaler_agents{scaler="heavy",state="spawning"} 1.0' in body
 
 

@@ -120,6 +120,8 @@ def test_a_request_larger_than_the_global_cap_is_422_even_while_the_console_is_f
         ({"labels": ["linux"], "jobId": "j", "runId": 5}, "runId"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"cpus": -1}}, "resources.cpus"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"cpus": 100000}}, "resources.cpus"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"cpus": 1e-12}}, "resources.cpus"),
+        ({"labels": ["linux"], "jobId": "j", "resources": {"limits": {"memory": "1k"}}}, "resources.limits.memory"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "99999999g"}}, "resources.memory"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "4Gi"}}, "resources.memory"),
         ({"labels": ["linux"], "jobId": "j", "resources": {"memory": "-5g"}}, "resources.memory"),
@@ -150,6 +152,16 @@ def test_it_refuses_malformed_input_naming_the_field(body, field):
     "body, message",
     [
         ({"resources": {"memory": "99999999g"}}, 'resources.memory: must be at most 16 TiB, got "99999999g"'),
+        (
+            {"resources": {"cpus": 1e-12}},
+            "resources.cpus: below 0.01, the smallest CPU limit the runtime can enforce (docker would round it to "
+            "no limit at all), received 1e-12",
+        ),
+        (
+            {"resources": {"limits": {"memory": "4m"}}},
+            "resources.limits.memory: below 6m (6291456 bytes), the smallest memory limit the runtime accepts, "
+            'received "4m"',
+        ),
         (
             {"container": {"image": "Not An/Image"}},
             "container.image: must be an image reference ([registry/]name[:tag][@digest], lower-case name), "

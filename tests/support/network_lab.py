@@ -7,10 +7,14 @@ host namespace of the lab has no uplink, so no packet can leave the machine)::
     agent ns "a2" (eth0 10.213.0.6, fd13::6) ──veth── ┤ br0 (isolated ports)   "host" ns
                                                       └ 10.213.0.1/24, fd13::1/64
                                                         lo: 10.99.0.1, 169.254.1.1  (host's own)
-                                                        lan0 10.214.0.1/24 ──veth── "lan" ns
-                                                                           lan1 10.214.0.2/24
-                                                                           lo: 100.64.0.7,
+                                                        lan0 10.214.0.1/24  ──veth── "lan" ns
+                                                             198.51.100.1/24   lan1 10.214.0.2/24
+                                                                                    198.51.100.2/24
+                                                                           lo: 203.0.113.7, 100.64.0.7,
                                                                                169.254.169.254
+
+198.51.100.0/24 stands for a non-RFC1918 subnet the host is connected to (its uplink's LAN);
+203.0.113.7 for a public address routed through it; 100.64.0.7 for shared address space.
 
 Packets from an agent to the host's own addresses cross the *input* hook of the host ns; packets to
 the lan ns cross its *forward* hook. Sockets are opened inside a namespace by a short-lived thread
@@ -363,12 +367,16 @@ class Lab:
         h.ip("link", "add", "lan0", "type", "veth", "peer", "name", "lan1", "netns", lan.name)
         h.ip("addr", "add", "10.214.0.1/24", "dev", "lan0")
         h.ip("link", "set", "lan0", "up")
+        h.ip("addr", "add", "198.51.100.1/24", "dev", "lan0")
+        h.ip("route", "add", "203.0.113.0/24", "via", "10.214.0.2")
         h.ip("route", "add", "100.64.0.0/24", "via", "10.214.0.2")
         h.ip("route", "add", "169.254.169.254/32", "via", "10.214.0.2")
         h.sysctl("net.ipv4.ip_forward", "1")
         h.sysctl("net.ipv6.conf.all.forwarding", "1")
         lan.ip("addr", "add", "10.214.0.2/24", "dev", "lan1")
         lan.ip("link", "set", "lan1", "up")
+        lan.ip("addr", "add", "198.51.100.2/24", "dev", "lan1")
+        lan.ip("addr", "add", "203.0.113.7/32", "dev", "lo")
         lan.ip("addr", "add", "100.64.0.7/32", "dev", "lo")
         lan.ip("addr", "add", "169.254.169.254/32", "dev", "lo")
         lan.ip("route", "add", "default", "via", "10.214.0.1")

@@ -174,7 +174,7 @@ def test_machine_pool_memory():
     pool = make_pool("box", memory=GiB)
     make_scaler("a", max_agents=10, pool=pool)
     assert request_scale(["linux"], "j1", resources={"memory": "1g"}).action == "spawning"
-    assert request_scale(["linux"], "j2", resources={"memory": "1k"}).cap == "machinePool.memory"
+    assert request_scale(["linux"], "j2", resources={"memory": "8m"}).cap == "machinePool.memory"
 
 
 def test_max_concurrent_spawns_admits_and_holds_the_spawn_until_a_slot_frees(monkeypatch):

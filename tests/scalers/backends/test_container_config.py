@@ -409,4 +409,7 @@ def test_the_label_set_column_decides_host_access_not_the_imported_config(settin
     assert network_policy(ls) == {"allowlist": ["10.1.0.0/16"], "hostAccess": ["*:9999"]}
     assert resolve_host_access(network_policy(ls), "http://172.30.0.1:8000") == (["*:9999"], True)
     ls.host_access = None  # back to the default
-    assert resolve_host_access(network_policy(ls), "http://172.30.0.1:8000") == (["172.30.0.1:53", "*:8000"], False)
+    assert resolve_host_access(network_policy(ls), "http://172.30.0.1:8000") == (
+        ["172.30.0.1:53", "172.30.0.1:8000"],
+        False,
+    )

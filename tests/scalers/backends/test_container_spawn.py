@@ -84,7 +84,7 @@ def test_a_spawned_busybox_agent_registers_with_the_console_within_10_seconds(
         assert env["KICI_AGENT_TOKEN"].startswith("ket_")
 
         assert agent.ip and agent.ip.startswith("172.30.")
-        assert agent.host_access == [f"{ISOLATED_NETWORK_GATEWAY}:53", f"*:{port}"]
+        assert agent.host_access == [f"{ISOLATED_NETWORK_GATEWAY}:53", f"{ISOLATED_NETWORK_GATEWAY}:{port}"]
         rules = nft_table.list_agents()
         assert any(str(a) == agent.ip and r.complete for a, r in rules.items())
 

@@ -178,7 +178,7 @@ def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_af
     assert agent.state == AgentState.RUNNING and agent.registered_at is not None
     assert guest.meta["kici-orchestrator-url"] == f"http://{env.gateway}:8000"
     assert guest.meta["kici-labels"].split(",")[:2] == ["linux", "vm"]
-    assert agent.host_access == [f"{env.gateway}:53", "*:8000"] and agent.host_access_explicit is False
+    assert agent.host_access == [f"{env.gateway}:53", f"{env.gateway}:8000"] and agent.host_access_explicit is False
     ctx = agent.backend_context
     assert ctx["console_path"].endswith(f"/firecracker/{agent_id}/root/serial-console.log")
     assert ctx["vmm_log_path"].endswith("/vmm.log") and ctx["chroot"].endswith(f"/{agent_id}/root")

@@ -14,7 +14,7 @@ Inside docker's namespace (all of it made by the test or by docker there)::
     stranger ns ─veth──┤ br-<id> (kici-agent-net: 172.30.0.1/16, fe80::…)
                           lo: 10.99.0.1, 169.254.1.1 (the host's own, test owned)
                           kps-lan0 10.214.0.1/24 ──veth── neighbour ns: kps-lan1 10.214.0.2/24,
-                                                          lo 100.64.0.7 (stand-in for the
+                                                          lo 203.0.113.7 (stand-in for the
                                                           internet), 169.254.169.254
 """
 
@@ -67,7 +67,7 @@ ALLOWED, FORBIDDEN = 4000, 4001
 COUNTED = 4102  # a UDP port that counts what arrives
 AGENT_PORT = 7000
 OWN_PRIVATE, OWN_LINK_LOCAL = "10.99.0.1", "169.254.1.1"
-NEIGHBOUR, METADATA, PUBLIC = "10.214.0.2", "169.254.169.254", "100.64.0.7"
+NEIGHBOUR, METADATA, PUBLIC = "10.214.0.2", "169.254.169.254", "203.0.113.7"
 SLEEP = ["/bin/sleep", "3600"]
 PROBE_TIMEOUT = 1.0
 
@@ -111,7 +111,7 @@ def world(prod_dockerd):
         ns.ip("link", "add", "kps-lan0", "type", "veth", "peer", "name", "kps-lan1", "netns", lan.name)
         ns.ip("addr", "add", "10.214.0.1/24", "dev", "kps-lan0")
         ns.ip("link", "set", "kps-lan0", "up")
-        ns.ip("route", "add", "100.64.0.0/24", "via", NEIGHBOUR)
+        ns.ip("route", "add", "203.0.113.0/24", "via", NEIGHBOUR)
         ns.ip("route", "add", f"{METADATA}/32", "via", NEIGHBOUR)
         lan.ip("addr", "add", f"{NEIGHBOUR}/24", "dev", "kps-lan1")
         lan.ip("link", "set", "kps-lan1", "up")

@@ -619,6 +619,38 @@ def test_resource_values_are_validated(resources, path):
     assert invalid(doc(with_label_set(resources=resources)))[0][0] == path
 
 
+@pytest.mark.parametrize(
+    "resources, path, message",
+    [
+        (
+            {"cpus": 1e-12},
+            "scalers.0.labelSets.0.resources.cpus",
+            "below 0.01, the smallest CPU limit the runtime can enforce (docker would round it to no limit at all), "
+            "received 1e-12",
+        ),
+        (
+            {"limits": {"cpus": 0.005}},
+            "scalers.0.labelSets.0.resources.limits.cpus",
+            "below 0.01, the smallest CPU limit the runtime can enforce (docker would round it to no limit at all), "
+            "received 0.005",
+        ),
+        (
+            {"memory": "1m"},
+            "scalers.0.labelSets.0.resources.memory",
+            'below 6m (6291456 bytes), the smallest memory limit the runtime accepts, received "1m"',
+        ),
+    ],
+)
+def test_resources_below_what_the_runtime_can_enforce_are_refused_naming_field_and_value(resources, path, message):
+    """Docker's NanoCpus is CPUs × 10⁹: 1e-12 CPU rounds to 0, which is no limit at all."""
+    assert invalid(doc(with_label_set(resources=resources)))[0] == (path, message)
+
+
+def test_the_smallest_enforceable_resources_are_accepted():
+    resources = valid(doc(with_label_set(resources={"cpus": 0.01, "memory": "6m"}))).scalers[0].label_sets[0].resources
+    assert resources.limits.cpus == 0.01 and resources.limits.memory == "6m"
+
+
 def test_defaults_resources_accept_both_shapes():
     config = valid(doc(container(), defaults={"resources": {"memory": "2g", "cpus": 2}, "other": 1}))
     assert config.default_resources.limits.memory == "2g"
