@@ -92,16 +92,35 @@ ensure_database() {
   (umask 077; echo "export DATABASE_URL=$DATABASE_URL" >> "$ROOT/var/env")
 }
 
-ensure_suite_redis() {  # the test suite's Redis on 127.0.0.1:6379 (kici_site/settings_test.py picks its database)
+SUITE_REDIS_DIR="$RUN_DIR/test-redis"
+SUITE_REDIS_PORT="${KICI_TEST_REDIS_PORT:-6390}"
+
+# The test suite's own Redis (make test): a redis-server on 127.0.0.1:$SUITE_REDIS_PORT only (TCP,
+# so the multi-host tests can relay it into their namespaces), refusing every client without a
+# password generated into $SUITE_REDIS_DIR/password (the directory 0700, the file 0600): another
+# local user cannot queue jobs for the suite's workers, which run as root. Sets
+# SUITE_REDIS_PASSWORD. A server already answering with that password is reused.
+ensure_suite_redis() {
   command -v redis-server >/dev/null 2>&1 || apt_install redis-server
-  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-    say "starting Redis for the tests"
-    $SUDO mkdir -p /var/lib/redis /var/log/redis
-    $SUDO redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-      --dir /var/lib/redis --logfile /var/log/redis/kici.log
-    for _ in $(seq 1 20); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.25; done
-    redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null || die "Redis did not start on 127.0.0.1:6379"
+  (umask 077; mkdir -p "$SUITE_REDIS_DIR")
+  chmod 0700 "$SUITE_REDIS_DIR"
+  local pwfile="$SUITE_REDIS_DIR/password"
+  [ -s "$pwfile" ] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pwfile")
+  SUITE_REDIS_PASSWORD="$(cat "$pwfile")"
+  if REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
+    return 0
   fi
+  say "starting the suite's Redis on 127.0.0.1:$SUITE_REDIS_PORT"
+  (umask 077; printf '%s\n' "port $SUITE_REDIS_PORT" "bind 127.0.0.1" "requirepass $SUITE_REDIS_PASSWORD" \
+    "daemonize yes" "pidfile $SUITE_REDIS_DIR/redis.pid" "logfile $LOG_DIR/test-redis.log" "dir $SUITE_REDIS_DIR" \
+    'save ""' "appendonly no" > "$SUITE_REDIS_DIR/redis.conf")
+  redis-server "$SUITE_REDIS_DIR/redis.conf"
+  for _ in $(seq 1 40); do
+    REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" ping 2>/dev/null | grep -q PONG \
+      && return 0
+    sleep 0.25
+  done
+  die "the suite's Redis did not start on 127.0.0.1:$SUITE_REDIS_PORT; see $LOG_DIR/test-redis.log"
 }
 
 CONSOLE_REDIS_DIR="$RUN_DIR/redis"

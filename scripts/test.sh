@@ -15,13 +15,14 @@ ensure_database
 refuse_beside_left_agents
 bash "$ROOT/scripts/lint.sh"
 export SECRET_KEY="${SECRET_KEY:-test-only-not-secret}"
-# The suite's own Redis database (kici_site/settings_test.py refuses a console's), by default
-# db 15 of 127.0.0.1:6379, emptied before and after: no test job or key reaches a console's queues.
+# The suite's own Redis database (kici_site/settings_test.py refuses a console's), by default db 15
+# of the suite's password-protected Redis (ensure_suite_redis), emptied before and after: no test
+# job or key reaches a console's queues.
 OWN_REDIS=0
 if [ -z "$SUITE_REDIS_URL" ]; then
-  SUITE_REDIS_URL="redis://127.0.0.1:6379/15"
+  SUITE_REDIS_URL="redis://:$SUITE_REDIS_PASSWORD@127.0.0.1:$SUITE_REDIS_PORT/15"
   OWN_REDIS=1
-  redis-cli -h 127.0.0.1 -p 6379 -n 15 flushdb >/dev/null
+  REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" -n 15 flushdb >/dev/null
 fi
 export KICI_TEST_REDIS_URL="$SUITE_REDIS_URL"
 set +e
@@ -31,6 +32,6 @@ set -e
 # The suite's private dockerd: stop it (and remove its networks) unless asked to keep it, so no
 # bridge is left holding 172.30.0.1 for `make run`'s own kici-agent-net (tests/support/docker.py).
 if [ -z "${KICI_TEST_KEEP_DOCKERD:-}" ]; then "$VENV/bin/python" -m tests.support.docker stop || true; fi
-[ "$OWN_REDIS" = 1 ] && redis-cli -h 127.0.0.1 -p 6379 -n 15 flushdb >/dev/null
+[ "$OWN_REDIS" = 1 ] && REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" -n 15 flushdb >/dev/null
 [ $rc -eq 5 ] && { warn "pytest collected no tests"; exit 1; }
 exit $rc

@@ -162,3 +162,27 @@ def test_every_client_takes_the_url_with_its_password(kind, request):
             await layer.flush()
 
     assert asyncio.run(round_trip()) == {"type": "x.y", "n": 1}
+
+
+@pytest.mark.root
+def test_the_suites_own_redis_refuses_another_local_user():
+    """`make test` runs the suite on a Redis of its own (scripts/lib.sh ensure_suite_redis) that
+    refuses a client without its password, kept where only root reads it: another local user
+    cannot queue jobs for the suite's workers, which run as root."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    from tests.support.root import IN_CI
+
+    require_root()
+    parts = urlsplit(settings.REDIS_URL)
+    if not parts.password:
+        if IN_CI:
+            pytest.fail(f"CI runs the suite on the password-protected Redis of make test, not {parts.hostname}")
+        pytest.skip("this run's Redis has no password (a plain pytest, not make test)")
+    where = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
+    refused = _as_nobody("redis-cli", *where, "rpush", "rq:queue:default", "x")
+    assert "NOAUTH" in refused.stdout + refused.stderr, refused
+    unread = _as_nobody("cat", str(ROOT / "var" / "run" / "test-redis" / "password"))
+    assert unread.returncode != 0 and "Permission denied" in unread.stderr, unread

@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -123,7 +124,7 @@ class Host:
             "DJANGO_SETTINGS_MODULE": "kici_site.settings",
             "SECRET_KEY": os.environ.get("SECRET_KEY") or "failover-only-not-secret",
             "DATABASE_URL": database_url(db),
-            "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            "REDIS_URL": settings.REDIS_URL,
             "KICI_INSTANCE_ID": self.name,
             "KICI_HOST_NAME": self.name,
             "PGAPPNAME": APP + self.name,

@@ -36,6 +36,23 @@ WEB_PORT = 8000
 START_TIMEOUT_SECONDS = 60.0
 
 
+def suite_redis() -> tuple[str, int]:
+    """``(userinfo, port)`` of the suite's Redis (``settings.REDIS_URL``, on 127.0.0.1): the
+    ``:password@`` to put before another host's address (empty without a password), and its port.
+    RuntimeError for a Redis the relays cannot reach (not TCP on loopback)."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    parts = urlsplit(settings.REDIS_URL)
+    if parts.scheme != "redis" or parts.hostname not in ("127.0.0.1", "localhost"):
+        raise RuntimeError(
+            f"the multi-host tests relay a TCP Redis on 127.0.0.1, not {parts.scheme}://{parts.hostname}"
+        )
+    userinfo = f":{parts.password}@" if parts.password else ""
+    return userinfo, parts.port or 6379
+
+
 class Forwarder:
     """A TCP relay: listens on ``listen`` (address, port) and copies each connection both ways to
     127.0.0.1:``target``. Threads; :meth:`close` stops accepting (open relays end with their peers)."""
@@ -119,7 +136,8 @@ class Host:
     # --- the namespace and its dockerd -----------------------------------------------------
 
     def create(self) -> None:
-        """The namespace, its veth and the forwarders of PostgreSQL and Redis (5432, 6379)."""
+        """The namespace, its veth and the forwarders of PostgreSQL (5432) and the suite's Redis
+        (its port on 127.0.0.1, :func:`suite_redis`)."""
         self.remove()
         self.ns = Netns(self.netns)
         root, inside = f"kmh{self.n}r", f"kmh{self.n}i"
@@ -128,7 +146,7 @@ class Host:
         run(["ip", "link", "set", root, "up"])
         self.ns.ip("addr", "add", f"{self.address}/30", "dev", inside)
         self.ns.ip("link", "set", inside, "up")
-        for port in (5432, 6379):
+        for port in (5432, suite_redis()[1]):
             self.forwarders.append(Forwarder((self.gateway, port), port))
 
     def start_dockerd(self) -> subprocess.Popen | None:
@@ -164,7 +182,7 @@ class Host:
             "DJANGO_SETTINGS_MODULE": "kici_site.settings",
             "SECRET_KEY": os.environ.get("SECRET_KEY") or "two-hosts-only-not-secret",
             "DATABASE_URL": f"postgres://postgres@{self.gateway}:5432/{database}",
-            "REDIS_URL": f"redis://{self.gateway}:6379/{redis_db}",
+            "REDIS_URL": f"redis://{suite_redis()[0]}{self.gateway}:{suite_redis()[1]}/{redis_db}",
             "DOCKER_HOST": self.docker_host,
             "KICI_HOST_NAME": self.name,
             "KICI_NFT_TABLE": self.nft_table,
