@@ -79,9 +79,10 @@ from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from lib.query import BadParameter, check_parameters, choice, shown, whole_number
 from lib.wording import json_text, listed
+from scalers.admission.decide import ScaleDecision
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
-from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+from scalers.admission.validate import InvalidScaleRequest, ScaleInput, validate_scale_request
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.lifecycle import Refused, complete_job, release_agent
@@ -119,40 +120,14 @@ def _authorized(request) -> bool | None:
 @csrf_exempt
 async def scale(request):
     """Admit (or refuse) one job; see the module docstring for the answers."""
-    if request.method != "POST":
-        response = _error(405, "method-not-allowed", f"{request.method} is not allowed here; allowed: POST")
-        response["Allow"] = "POST"
-        return response
-    auth = _authorized(request)
-    if auth is None:
-        return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
-    if not auth:
-        return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
-    if refused := json_content_type_refusal(request):
+    if refused := _only(request, "POST") or _auth_refusal(request):
         return refused
-    try:
-        body = request.body
-    except RequestDataTooBig:
-        return _error(413, "invalid-request", "request body too large", field="body")
-    try:
-        payload = parse_json(body or b"")
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
-    try:
-        data = validate_scale_request(payload)
-    except InvalidScaleRequest as exc:
-        return _error(400, "invalid-request", str(exc), field=exc.field)
+    data, refused = _scale_request(request)
+    if refused:
+        return refused
     if data.container and data.container.credentials_ref:
-        try:
-            problem = await sync_to_async(credential_problem, thread_sensitive=False)(
-                data.container.credentials_ref, data.container.image
-            )
-        except DatabaseError as exc:
-            log.warning("scale request %s: database error %s", data.job_id, exc)
-            return _error(503, "unavailable", "database unavailable")
-        if problem:
-            return _error(422, "invalid-credentials-ref", problem, field="container.credentialsRef")
-
+        if refused := await _credentials_refusal(data):
+            return refused
     try:
         decision, agent = await decide_async(data)
     except AdmissionTimeout as exc:
@@ -162,7 +137,57 @@ async def scale(request):
         return _error(503, "unavailable", "database unavailable")
     if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
+    return _decision_response(decision, data)
 
+
+def _auth_refusal(request) -> JsonResponse | None:
+    """The 503 answer when no API token is configured, the 401 one for a wrong or missing bearer
+    token, None when the request is authorized."""
+    auth = _authorized(request)
+    if auth is None:
+        return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
+    if not auth:
+        return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
+    return None
+
+
+def _scale_request(request) -> tuple[ScaleInput | None, JsonResponse | None]:
+    """The validated scale request of ``request``'s body, or the 415/413/400 answer naming what is
+    wrong with it."""
+    if refused := json_content_type_refusal(request):
+        return None, refused
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        return None, _error(413, "invalid-request", "request body too large", field="body")
+    try:
+        payload = parse_json(body or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
+    try:
+        return validate_scale_request(payload), None
+    except InvalidScaleRequest as exc:
+        return None, _error(400, "invalid-request", str(exc), field=exc.field)
+
+
+async def _credentials_refusal(data: ScaleInput) -> JsonResponse | None:
+    """The 422 answer when the job image's ``credentialsRef`` cannot be used for it (503 when the
+    database cannot say), None when it can. Checked before admission, so no agent waits on it."""
+    try:
+        problem = await sync_to_async(credential_problem, thread_sensitive=False)(
+            data.container.credentials_ref, data.container.image
+        )
+    except DatabaseError as exc:
+        log.warning("scale request %s: database error %s", data.job_id, exc)
+        return _error(503, "unavailable", "database unavailable")
+    if problem:
+        return _error(422, "invalid-credentials-ref", problem, field="container.credentialsRef")
+    return None
+
+
+def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonResponse:
+    """The HTTP answer to the orchestrator for ``decision`` (module docstring): 201 spawning, 200
+    assigned, 409 at-capacity with Retry-After, 422 exceeds-cap or no matching label set, 503 skipped."""
     if decision.action == ScaleOutcome.SPAWNING:
         return JsonResponse(
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201
@@ -226,11 +251,8 @@ def _orchestrator(view):
     """CSRF-exempt, bearer-checked (module doc), ``method`` only."""
 
     def check(request, *args, **kwargs):
-        auth = _authorized(request)
-        if auth is None:
-            return _error(503, "unavailable", "KICI_API_TOKEN is not configured on this console")
-        if not auth:
-            return _error(401, "unauthorized", "send Authorization: Bearer <KICI_API_TOKEN>")
+        if refused := _auth_refusal(request):
+            return refused
         return view(request, *args, **kwargs)
 
     return csrf_exempt(check)
