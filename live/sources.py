@@ -109,117 +109,166 @@ async def docker_log_source(
     requests and the Redis writes run in a thread. Ends when the container's log ends; closing the
     iterator closes the docker request. Docker errors are raised from the iterator.
     """
-    loop = asyncio.get_running_loop()
-    queue = LineQueue(max_queued)
-    lock = threading.Lock()
-    ready = asyncio.Event()
-    closed = threading.Event()
-    requests: list[LogMessages] = []
-    errors: list[BaseException] = []
-    done = [False]
-
-    def wake() -> None:
-        with contextlib.suppress(RuntimeError):  # loop closed
-            loop.call_soon_threadsafe(ready.set)
-
-    def push(lines: Sequence[StampedText]) -> None:
-        if lines:
-            with lock:
-                queue.extend(list(lines))
-            wake()
-
-    def open_read(checkpoint, *, follow: bool, include_mark: bool = True):
-        messages, iterator = read_from(container, checkpoint, follow=follow, include_mark=include_mark)
-        with lock:
-            requests.append(messages)
-        if closed.is_set():
-            messages.close()
-            return iter(())
-        return iterator
-
-    def scan(checkpoint, numberer: Numberer):
-        """Count what docker holds now from ``checkpoint`` on; the last ``backlog`` lines and the
-        ``(stream, stamp)`` of the last message read."""
-        recent: deque[StampedText] = deque(maxlen=backlog)
-        last = None
-        for stream, stamp, content in open_read(checkpoint, follow=False):
-            last = (stream, stamp)
-            recent.extend(numberer.feed(stream, stamp, content))
-        return recent, last
-
-    def save(numberer: Numberer) -> None:
-        """Store the checkpoints ``numberer`` noted and the highest number it gave."""
-        checkpoints.add(numberer.new_checkpoints)
-        numberer.new_checkpoints.clear()
-        checkpoints.set_top(numberer.next - 1)
-
-    def run() -> None:
-        numberer = None
-        try:
-            top = checkpoints.top()
-            latest = checkpoints.at_or_before(max(1, top - backlog + 1))  # room for the backlog
-            if latest is not None:
-                try:
-                    numberer = Numberer(latest.number, max_line=max_line)
-                    recent, last = scan(latest, numberer)
-                except MarkGone:  # rotated past it: number the kept log after every number given
-                    numberer = None
-            if numberer is None:
-                numberer = Numberer(top + 1, max_line=max_line, checkpoint_first=True)
-                recent, last = scan(None, numberer)
-            save(numberer)
-            push(recent)
-            mark = Checkpoint(0, last[0], last[1].decode()) if last is not None else None
-            try:
-                follow = open_read(mark, follow=True, include_mark=False)
-                first = next(follow, None)
-            except MarkGone:  # rotated since the scan: go on with the kept log, checkpointed at once
-                numberer.since_checkpoint = CHECKPOINT_LINES
-                follow = open_read(None, follow=True)
-                first = next(follow, None)
-            noted = time.monotonic()
-            message = first
-            while message is not None:
-                push(numberer.feed(*message))
-                if numberer.new_checkpoints or time.monotonic() - noted > 1:
-                    save(numberer)
-                    noted = time.monotonic()
-                message = next(follow, None)
-            push(numberer.flush())
-        except Exception as exc:  # noqa: BLE001 - handed to the async side
-            if not closed.is_set():
-                with lock:
-                    errors.append(exc)
-        finally:
-            if numberer is not None:
-                with contextlib.suppress(Exception):
-                    save(numberer)
-            with lock:
-                done[0] = True
-            wake()
-
-    threading.Thread(target=run, name="docker-logs", daemon=True).start()
+    reader = _DockerLogReader(
+        asyncio.get_running_loop(), container, checkpoints, backlog=backlog, max_line=max_line, max_queued=max_queued
+    )
+    threading.Thread(target=reader.run, name="docker-logs", daemon=True).start()
     try:
         while True:
-            await ready.wait()
-            ready.clear()
-            with lock:
-                lines = queue.take()
-                finished = done[0]
+            await reader.ready.wait()
+            reader.ready.clear()
+            lines, finished = reader.take()
             if lines and isinstance(lines[0], DropMarker):
                 lines = lines[1:]  # the jump in numbers stands for it
             if lines:
                 yield [LineNumber(lines[0].n), *lines]
             if finished:
-                if errors:
-                    raise errors[0]
+                if reader.errors:
+                    raise reader.errors[0]
                 return
     finally:
-        closed.set()
-        with lock:
-            opened = list(requests)
-        for messages in opened:
+        for messages in reader.close():
             await asyncio.to_thread(_close_quietly, messages)
+
+
+class _DockerLogReader:
+    """The thread side of :func:`docker_log_source`: reads a container's log with blocking docker
+    requests, numbers its lines, stores the checkpoints in Redis, and hands the lines to the event
+    loop through a bounded queue (``ready`` is set on ``loop`` whenever there is news)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        container: Any,
+        checkpoints: RedisCheckpoints,
+        *,
+        backlog: int,
+        max_line: int,
+        max_queued: int,
+    ):
+        self.loop = loop
+        self.container = container
+        self.checkpoints = checkpoints
+        self.backlog = backlog
+        self.max_line = max_line
+        self.queue = LineQueue(max_queued)
+        self.lock = threading.Lock()
+        self.ready = asyncio.Event()
+        self.closed = threading.Event()
+        self.requests: list[LogMessages] = []
+        self.errors: list[BaseException] = []
+        self.done = False
+        self.numberer: Numberer | None = None
+
+    # ---- the event loop's side
+
+    def take(self) -> tuple[list, bool]:
+        """The lines queued so far, and whether the reader has finished."""
+        with self.lock:
+            return self.queue.take(), self.done
+
+    def close(self) -> list[LogMessages]:
+        """Tell the reader to stop; returns the docker requests it opened (the caller closes them)."""
+        self.closed.set()
+        with self.lock:
+            return list(self.requests)
+
+    # ---- the thread's side
+
+    def run(self) -> None:
+        """Read the backlog, then follow the log to its end. An error is kept for the event loop
+        (unless closed); the checkpoints reached are saved either way."""
+        try:
+            recent, last = self._scan_backlog()
+            self._save()
+            self._push(recent)
+            self._follow(last)
+        except Exception as exc:  # noqa: BLE001 - handed to the async side
+            if not self.closed.is_set():
+                with self.lock:
+                    self.errors.append(exc)
+        finally:
+            if self.numberer is not None:
+                with contextlib.suppress(Exception):
+                    self._save()
+            with self.lock:
+                self.done = True
+            self._wake()
+
+    def _scan_backlog(self) -> tuple[deque[StampedText], tuple | None]:
+        """Number from the latest checkpoint that leaves room for the backlog; without one, or when
+        docker rotated past it, number the whole kept log after every number given. Returns the
+        last ``backlog`` lines and the ``(stream, stamp)`` of the last message read."""
+        top = self.checkpoints.top()
+        latest = self.checkpoints.at_or_before(max(1, top - self.backlog + 1))  # room for the backlog
+        if latest is not None:
+            try:
+                self.numberer = Numberer(latest.number, max_line=self.max_line)
+                return self._scan(latest)
+            except MarkGone:  # rotated past it: number the kept log after every number given
+                self.numberer = None
+        self.numberer = Numberer(top + 1, max_line=self.max_line, checkpoint_first=True)
+        return self._scan(None)
+
+    def _scan(self, checkpoint) -> tuple[deque[StampedText], tuple | None]:
+        """Count what docker holds now from ``checkpoint`` on; the last ``backlog`` lines and the
+        ``(stream, stamp)`` of the last message read."""
+        recent: deque[StampedText] = deque(maxlen=self.backlog)
+        last = None
+        for stream, stamp, content in self._open_read(checkpoint, follow=False):
+            last = (stream, stamp)
+            recent.extend(self.numberer.feed(stream, stamp, content))
+        return recent, last
+
+    def _follow(self, last: tuple | None) -> None:
+        """Follow the log after the last message scanned (``last``) to its end, saving checkpoints
+        as they are noted and the top number at least every second."""
+        numberer = self.numberer
+        mark = Checkpoint(0, last[0], last[1].decode()) if last is not None else None
+        try:
+            follow = self._open_read(mark, follow=True, include_mark=False)
+            first = next(follow, None)
+        except MarkGone:  # rotated since the scan: go on with the kept log, checkpointed at once
+            numberer.since_checkpoint = CHECKPOINT_LINES
+            follow = self._open_read(None, follow=True)
+            first = next(follow, None)
+        noted = time.monotonic()
+        message = first
+        while message is not None:
+            self._push(numberer.feed(*message))
+            if numberer.new_checkpoints or time.monotonic() - noted > 1:
+                self._save()
+                noted = time.monotonic()
+            message = next(follow, None)
+        self._push(numberer.flush())
+
+    def _open_read(self, checkpoint, *, follow: bool, include_mark: bool = True):
+        """A docker log request from ``checkpoint`` on, remembered for closing; empty when closed."""
+        messages, iterator = read_from(self.container, checkpoint, follow=follow, include_mark=include_mark)
+        with self.lock:
+            self.requests.append(messages)
+        if self.closed.is_set():
+            messages.close()
+            return iter(())
+        return iterator
+
+    def _save(self) -> None:
+        """Store the checkpoints the numberer noted and the highest number it gave."""
+        numberer = self.numberer
+        self.checkpoints.add(numberer.new_checkpoints)
+        numberer.new_checkpoints.clear()
+        self.checkpoints.set_top(numberer.next - 1)
+
+    def _push(self, lines: Sequence[StampedText]) -> None:
+        """Queue ``lines`` for the event loop and wake it."""
+        if lines:
+            with self.lock:
+                self.queue.extend(list(lines))
+            self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # loop closed
+            self.loop.call_soon_threadsafe(self.ready.set)
 
 
 def _close_quietly(messages: LogMessages) -> None:

@@ -29,9 +29,10 @@ from django.utils import timezone
 from scalers.models import this_host
 
 from .choices import AuditAction, OperationStatus, RequestedVia
+from .kinds.base import Kind, Plan, Scope
 from .kinds.registry import all_kinds
 from .models import Operation, SweepState
-from .policy import sweep_policy
+from .policy import SweepPolicy, sweep_policy
 from .queues import QueueNotConfigured, get_queue
 from .services import auto_approve, expire_due_operations, store_plan, transition
 
@@ -63,55 +64,76 @@ def run_periodic_sweeps(
         policy = sweep_policy(kind.name)
         if not policy.enabled:
             continue
-        try:
-            scopes = kind.sweep_scopes()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("sweep %s: could not list scopes: %s", kind.name, exc, exc_info=True)
-            continue
-        for scope in scopes:
-            if kind.planned_by_host(scope):
-                if not host_scopes or scope.scaler.host != here:
-                    continue
-            elif not global_scopes:
+        for scope in _sweep_scopes(kind):
+            if not _swept_here(kind, scope, here, host_scopes=host_scopes, global_scopes=global_scopes):
                 continue
-            key = scope.key(kind.name)
-            state = SweepState.objects.filter(sweep_key=key).first()
-            if state and state.last_run_at + timedelta(seconds=policy.interval_seconds) > now:
-                continue
-            result = ""
-            busy = Operation.objects.filter(kind=kind.name, scope_key=key, status=OperationStatus.RUNNING).first()
-            if busy is not None:
-                # Its targets are being acted on: a plan now would list them again.
-                result = f"operation #{busy.pk} of this scope is running; planned again once it ends"
-                SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result})
-                continue
-            try:
-                plan = kind.plan(scope)
-                operation = None
-                if plan.targets:
-                    # A plan with warnings waits for a person whatever the policy says.
-                    auto = (policy.auto_approve or kind.auto_approves(scope)) and not plan.warnings
-                    operation = store_plan(
-                        kind.name, scope, plan, None, via=RequestedVia.SWEEP, now=now, notify=not auto
-                    )
-                    if operation.reused:
-                        result = f"{len(plan.targets)} target(s); identical operation #{operation.pk} still open"
-                    else:
-                        result = f"{len(plan.targets)} target(s): operation #{operation.pk}"
-                        if auto:
-                            auto_approve(operation, now=now)
-                            result += " (auto-approved)"
-                        created.append(operation)
-                else:
-                    result = f"nothing found ({len(plan.spared)} spared)"
-                kind.observe(scope, plan, operation)
-            except Exception as exc:  # noqa: BLE001 - one scope failing must not stop the others
-                result = f"error: {type(exc).__name__}: {exc}"
-                log.warning("sweep %s failed: %s", key, exc, exc_info=True)
-            SweepState.objects.update_or_create(
-                sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]}
-            )
+            operation = _sweep(kind, scope, policy, now)
+            if operation is not None:
+                created.append(operation)
     return created
+
+
+def _sweep_scopes(kind: Kind) -> list[Scope]:
+    """``kind``'s scopes to sweep; none (logged) when they cannot be listed."""
+    try:
+        return kind.sweep_scopes()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("sweep %s: could not list scopes: %s", kind.name, exc, exc_info=True)
+        return []
+
+
+def _swept_here(kind: Kind, scope: Scope, here: str, *, host_scopes: bool, global_scopes: bool) -> bool:
+    """Whether this call sweeps ``scope``: a scope planned by its host only on its scaler's host
+    (and with ``host_scopes``), any other only with ``global_scopes``."""
+    if kind.planned_by_host(scope):
+        return host_scopes and scope.scaler.host == here
+    return global_scopes
+
+
+def _sweep(kind: Kind, scope: Scope, policy: SweepPolicy, now: datetime) -> Operation | None:
+    """Plan one (kind, scope) when its interval has passed and no operation of it is running;
+    store what it found and record the result in ``SweepState``. Returns the operation created
+    (or auto-approved), None otherwise; an error is logged and recorded, never raised."""
+    key = scope.key(kind.name)
+    state = SweepState.objects.filter(sweep_key=key).first()
+    if state and state.last_run_at + timedelta(seconds=policy.interval_seconds) > now:
+        return None
+    busy = Operation.objects.filter(kind=kind.name, scope_key=key, status=OperationStatus.RUNNING).first()
+    if busy is not None:
+        # Its targets are being acted on: a plan now would list them again.
+        result = f"operation #{busy.pk} of this scope is running; planned again once it ends"
+        SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result})
+        return None
+    created = None
+    try:
+        plan = kind.plan(scope)
+        operation, created, result = _store_found(kind, scope, plan, policy, now)
+        kind.observe(scope, plan, operation)
+    except Exception as exc:  # noqa: BLE001 - one scope failing must not stop the others
+        result = f"error: {type(exc).__name__}: {exc}"
+        log.warning("sweep %s failed: %s", key, exc, exc_info=True)
+    SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]})
+    return created
+
+
+def _store_found(
+    kind: Kind, scope: Scope, plan: Plan, policy: SweepPolicy, now: datetime
+) -> tuple[Operation | None, Operation | None, str]:
+    """Store a plan with targets as a planned operation (approved at once when the policy or the
+    kind says so and it has no warnings). Returns (the operation stored or reused, the operation
+    created, the sweep's result line)."""
+    if not plan.targets:
+        return None, None, f"nothing found ({len(plan.spared)} spared)"
+    # A plan with warnings waits for a person whatever the policy says.
+    auto = (policy.auto_approve or kind.auto_approves(scope)) and not plan.warnings
+    operation = store_plan(kind.name, scope, plan, None, via=RequestedVia.SWEEP, now=now, notify=not auto)
+    if operation.reused:
+        return operation, None, f"{len(plan.targets)} target(s); identical operation #{operation.pk} still open"
+    result = f"{len(plan.targets)} target(s): operation #{operation.pk}"
+    if auto:
+        auto_approve(operation, now=now)
+        result += " (auto-approved)"
+    return operation, operation, result
 
 
 def fail_lost_runs(now: datetime | None = None) -> list[int]:

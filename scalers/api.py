@@ -82,9 +82,10 @@ from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_input import parse_json, parse_json_object
 from lib.query import BadParameter, check_parameters, choice, shown, whole_number
 from lib.wording import json_text, listed
+from scalers.admission.decide import ScaleDecision
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
-from scalers.admission.validate import InvalidScaleRequest, validate_scale_request
+from scalers.admission.validate import InvalidScaleRequest, ScaleInput, validate_scale_request
 from scalers.api_tokens import Caller, any_configured, environment_caller, record_caller
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
@@ -136,40 +137,19 @@ def _authenticate(request, scope: str) -> tuple[Caller | None, JsonResponse | No
 @csrf_exempt
 async def scale(request):
     """Admit (or refuse) one job; see the module docstring for the answers."""
-    if request.method != "POST":
-        response = _error(405, "method-not-allowed", f"{request.method} is not allowed here; allowed: POST")
-        response["Allow"] = "POST"
-        return response
+    if refused := _only(request, "POST"):
+        return refused
     caller = environment_caller(_bearer(request))  # the common case needs no thread hop
     if caller is None:
         caller, refused = await sync_to_async(_authenticate)(request, "scale")
         if refused:
             return refused
-    if refused := json_content_type_refusal(request):
+    data, refused = _scale_request(request)
+    if refused:
         return refused
-    try:
-        body = request.body
-    except RequestDataTooBig:
-        return _error(413, "invalid-request", "request body too large", field="body")
-    try:
-        payload = parse_json(body or b"")
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
-    try:
-        data = validate_scale_request(payload)
-    except InvalidScaleRequest as exc:
-        return _error(400, "invalid-request", str(exc), field=exc.field)
     if data.container and data.container.credentials_ref:
-        try:
-            problem = await sync_to_async(credential_problem, thread_sensitive=False)(
-                data.container.credentials_ref, data.container.image
-            )
-        except DatabaseError as exc:
-            log.warning("scale request %s: database error %s", data.job_id, exc)
-            return _error(503, "unavailable", "database unavailable")
-        if problem:
-            return _error(422, "invalid-credentials-ref", problem, field="container.credentialsRef")
-
+        if refused := await _credentials_refusal(data):
+            return refused
     try:
         decision, agent = await decide_async(data)
     except AdmissionTimeout as exc:
@@ -179,9 +159,48 @@ async def scale(request):
         return _error(503, "unavailable", "database unavailable")
     if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
-
     if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
         audit.info("scale by token %s: job %s -> %s (%s)", caller.name, data.job_id, decision.agent, decision.action)
+    return _decision_response(decision, data)
+
+
+def _scale_request(request) -> tuple[ScaleInput | None, JsonResponse | None]:
+    """The validated scale request of ``request``'s body, or the 415/413/400 answer naming what is
+    wrong with it."""
+    if refused := json_content_type_refusal(request):
+        return None, refused
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        return None, _error(413, "invalid-request", "request body too large", field="body")
+    try:
+        payload = parse_json(body or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
+    try:
+        return validate_scale_request(payload), None
+    except InvalidScaleRequest as exc:
+        return None, _error(400, "invalid-request", str(exc), field=exc.field)
+
+
+async def _credentials_refusal(data: ScaleInput) -> JsonResponse | None:
+    """The 422 answer when the job image's ``credentialsRef`` cannot be used for it (503 when the
+    database cannot say), None when it can. Checked before admission, so no agent waits on it."""
+    try:
+        problem = await sync_to_async(credential_problem, thread_sensitive=False)(
+            data.container.credentials_ref, data.container.image
+        )
+    except DatabaseError as exc:
+        log.warning("scale request %s: database error %s", data.job_id, exc)
+        return _error(503, "unavailable", "database unavailable")
+    if problem:
+        return _error(422, "invalid-credentials-ref", problem, field="container.credentialsRef")
+    return None
+
+
+def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonResponse:
+    """The HTTP answer to the orchestrator for ``decision`` (module docstring): 201 spawning, 200
+    assigned, 409 at-capacity with Retry-After, 422 exceeds-cap or no matching label set, 503 skipped."""
     if decision.action == ScaleOutcome.SPAWNING:
         return JsonResponse(
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -213,11 +214,32 @@ def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig], summary: Imp
     (for an existing scaler: its list of label sets, and each matched row's values).
     """
     rows = list(LabelSet.objects.select_for_update().filter(scaler=scaler).order_by("retired", "index"))
+    plan, claimed = _match_label_set_rows(rows, entries)
+    if rows:
+        _record_label_set_list_change(scaler, rows, plan, summary)
+    _park_moving_label_sets(plan)
+    newly_retired = _retire_unclaimed_label_sets(rows, claimed)
+    changed = newly_retired > 0
+    for index, row, fields in plan:
+        if row is None:
+            LabelSet.objects.create(scaler=scaler, index=index, retired=False, **fields)
+            changed = True
+        elif _update_label_set_row(scaler, index, row, fields, summary):
+            changed = True
+    return changed, newly_retired
+
+
+_LabelSetPlan = list[tuple[int, LabelSet | None, dict[str, Any]]]
+
+
+def _match_label_set_rows(rows: list[LabelSet], entries: list[LabelSetConfig]) -> tuple[_LabelSetPlan, set[int]]:
+    """Pair each entry (by config index) with the first unclaimed row of the same normalised labels
+    (None: a new row), so reordering the file keeps label-set identities. Returns the plan and the
+    claimed row pks."""
     by_key: dict[str, list[LabelSet]] = {}
     for row in rows:
         by_key.setdefault(row.normalized, []).append(row)
-
-    plan: list[tuple[int, LabelSet | None, dict[str, Any]]] = []
+    plan: _LabelSetPlan = []
     claimed: set[int] = set()
     for index, ls in enumerate(entries):
         fields = _label_set_fields(ls)
@@ -226,17 +248,30 @@ def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig], summary: Imp
         if row is not None:
             claimed.add(row.pk)
         plan.append((index, row, fields))
+    return plan, claimed
 
-    changed = False
-    if rows:
-        before = [r.normalized for r in sorted(rows, key=lambda r: r.index) if not r.retired]
-        after = [fields["normalized"] for _, _, fields in plan]
-        if before != after:
-            summary.changes.append(ConfigChange(scaler.name, f"scalers.{scaler.name}.labelSets", before, after))
-    # Park every row that will move, so renumbering never collides on (scaler, index).
+
+def _record_label_set_list_change(
+    scaler: Scaler, rows: list[LabelSet], plan: _LabelSetPlan, summary: ImportSummary
+) -> None:
+    """Add the change of ``scaler``'s list of label sets (in force, in index order) to ``summary``."""
+    before = [r.normalized for r in sorted(rows, key=lambda r: r.index) if not r.retired]
+    after = [fields["normalized"] for _, _, fields in plan]
+    if before != after:
+        summary.changes.append(ConfigChange(scaler.name, f"scalers.{scaler.name}.labelSets", before, after))
+
+
+def _park_moving_label_sets(plan: _LabelSetPlan) -> None:
+    """Move every row whose index changes out of the way, so renumbering never collides on
+    (scaler, index)."""
     for index, row, _ in plan:
         if row is not None and row.index != index:
             LabelSet.objects.filter(pk=row.pk).update(index=_PARKED_BASE + row.pk)
+
+
+def _retire_unclaimed_label_sets(rows: list[LabelSet], claimed: set[int]) -> int:
+    """Mark the rows no entry claimed retired (at an index of their own). Returns how many were
+    not retired before."""
     newly_retired = 0
     for row in rows:
         if row.pk not in claimed:
@@ -244,46 +279,56 @@ def _sync_label_sets(scaler: Scaler, entries: list[LabelSetConfig], summary: Imp
                 LabelSet.objects.filter(pk=row.pk).update(retired=True, index=_RETIRED_BASE + row.pk)
             if not row.retired:
                 newly_retired += 1
-                changed = True
-    for index, row, fields in plan:
-        if row is None:
-            LabelSet.objects.create(scaler=scaler, index=index, retired=False, **fields)
-            changed = True
-            continue
-        wanted = {**fields, "index": index, "retired": False}
-        name = f"scalers.{scaler.name}.labelSets[{row.normalized}]"
-        if not row.retired:
-            summary.changes += _value_changes(
-                scaler.name, row.config, fields["config"], name, skip=(f"{name}.networkPolicy.hostAccess",)
+    return newly_retired
+
+
+def _update_label_set_row(
+    scaler: Scaler, index: int, row: LabelSet, fields: dict[str, Any], summary: ImportSummary
+) -> bool:
+    """Bring a matched row to its entry's ``fields`` at ``index`` (un-retiring it), keeping a
+    console-set host access; adds the values changed to ``summary``. Returns whether it was written."""
+    wanted = {**fields, "index": index, "retired": False}
+    name = f"scalers.{scaler.name}.labelSets[{row.normalized}]"
+    if not row.retired:
+        summary.changes += _value_changes(
+            scaler.name, row.config, fields["config"], name, skip=(f"{name}.networkPolicy.hostAccess",)
+        )
+    if row.host_access_override:
+        wanted["host_access"] = row.host_access
+        _record_kept_host_access(scaler, name, row, fields["host_access"], summary)
+    elif row.host_access != fields["host_access"] and not row.retired:
+        summary.changes.append(
+            ConfigChange(scaler.name, f"{name}.networkPolicy.hostAccess", row.host_access, fields["host_access"])
+        )
+    if row.index != index or _differs(row, wanted):
+        LabelSet.objects.filter(pk=row.pk).update(**wanted)
+        return True
+    return False
+
+
+def _record_kept_host_access(
+    scaler: Scaler, name: str, row: LabelSet, file_after: list[str] | None, summary: ImportSummary
+) -> None:
+    """For a row whose host access the console set: report a change of the file's value (not in
+    force) and, when the file now disagrees with the console, the override kept."""
+    file_before = row.file_host_access
+    if file_before != file_after:
+        summary.changes.append(
+            ConfigChange(
+                scaler.name,
+                f"{name}.networkPolicy.hostAccess",
+                file_before,
+                file_after,
+                in_force=False,
+                kept=row.host_access,
+                operation=row.host_access_override_operation,
             )
-        file_before, file_after = row.file_host_access, fields["host_access"]
-        if row.host_access_override:
-            wanted["host_access"] = row.host_access
-            if file_before != file_after:
-                summary.changes.append(
-                    ConfigChange(
-                        scaler.name,
-                        f"{name}.networkPolicy.hostAccess",
-                        file_before,
-                        file_after,
-                        in_force=False,
-                        kept=row.host_access,
-                        operation=row.host_access_override_operation,
-                    )
-                )
-            if file_after != row.host_access:
-                summary.overrides.append(
-                    f"{name}.networkPolicy.hostAccess = {_shown('.hostAccess', row.host_access)} "
-                    f"(file: {_shown('.hostAccess', file_after)})"
-                )
-        elif row.host_access != file_after and not row.retired:
-            summary.changes.append(
-                ConfigChange(scaler.name, f"{name}.networkPolicy.hostAccess", row.host_access, file_after)
-            )
-        if row.index != index or _differs(row, wanted):
-            changed = True
-            LabelSet.objects.filter(pk=row.pk).update(**wanted)
-    return changed, newly_retired
+        )
+    if file_after != row.host_access:
+        summary.overrides.append(
+            f"{name}.networkPolicy.hostAccess = {_shown('.hostAccess', row.host_access)} "
+            f"(file: {_shown('.hostAccess', file_after)})"
+        )
 
 
 def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
@@ -323,159 +368,228 @@ def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
 
         rows = {s.name: s for s in Scaler.objects.select_for_update().all()}
         existing = {name: row for name, row in rows.items() if row.host == host}
-        first_import = state.imported_at is None
-        if not first_import:
-            before = sorted(name for name, row in existing.items() if not row.retiring)
-            after = sorted(entry.name for entry in config.scalers)
-            if before != after:
-                summary.changes.append(ConfigChange("", "scalers", before, after))
-            summary.changes += _value_changes("", state.raw, config.to_raw(), "", skip=("scalers",))
-        problems = []
-        for i, entry in enumerate(config.scalers):
-            other = rows.get(entry.name)
-            if other is not None and other.host != host:
-                live = _live_count(other)
-                if not other.retiring or live:
-                    why = "it is in that host's file" if not other.retiring else f"it has {live} live agent(s)"
-                    problems.append(
-                        ConfigProblem(
-                            source,
-                            None,
-                            f"scalers.{i}.name",
-                            f'scaler "{entry.name}" belongs to host {other.host} ({why}); this host is '
-                            f"{host}: give it another name here, or remove it from {other.host}'s file and "
-                            "let it drain first",
-                        )
-                    )
-                    continue
-                # Retired and empty on the other host: the row moves here.
-                Scaler.objects.filter(pk=other.pk).update(host=host)
-                other.host = host
-                existing[entry.name] = other
-            row = existing.get(entry.name)
-            if row is not None and row.type != entry.type:
-                live = _live_count(row)
-                if live:
-                    problems.append(
-                        ConfigProblem(
-                            source,
-                            None,
-                            f"scalers.{i}.type",
-                            f'backend type of scaler "{entry.name}" cannot change from {row.type} to '
-                            f"{entry.type} while it has {live} live agent(s) or reservation(s); remove it "
-                            "from the file, let it drain, then add it back with the new type",
-                        )
-                    )
-        if problems:
-            raise ConfigInvalid(problems)
+        if state.imported_at is not None:  # the first import changes nothing in force
+            _record_global_changes(state, existing, config, summary)
+        _claim_scaler_names(config, rows, existing, host, source)
 
-        # Machine pools.
-        pools = {p.name: p for p in MachinePool.objects.select_for_update().all()}
-        for pool in config.machine_pools:
-            fields = {"max_cpu": pool.cap.max_cpu, "max_memory_bytes": pool.cap.max_memory_bytes}
-            row = pools.get(pool.name)
-            if row is None:
-                pools[pool.name] = MachinePool.objects.create(name=pool.name, **fields)
-            elif _differs(row, fields):
-                MachinePool.objects.filter(pk=row.pk).update(**fields)
-                for k, v in fields.items():
-                    setattr(row, k, v)
-
-        # Scalers and their label sets.
-        in_file = set()
-        new_warnings: list[ConfigWarning] = []
-        for entry in config.scalers:
-            in_file.add(entry.name)
-            fields = _scaler_fields(entry, pools)
-            row = existing.get(entry.name)
-            known = {w.message for w in entry_warnings(row.config)} if row is not None and not row.retiring else set()
-            new_warnings += [w for w in entry_warnings(fields["config"]) if w.message not in known]
-            if row is None:
-                row = Scaler.objects.create(name=entry.name, retiring=False, **fields)
-                _sync_label_sets(row, list(entry.label_sets), summary)
-                summary.created.append(entry.name)
-            else:
-                was_retiring = row.retiring
-                scaler_changed = _differs(row, fields)
-                if not was_retiring:
-                    summary.changes += _value_changes(
-                        entry.name,
-                        row.config,
-                        fields["config"],
-                        f"scalers.{entry.name}",
-                        skip=(f"scalers.{entry.name}.labelSets",),
-                    )
-                if scaler_changed or was_retiring:
-                    for k, v in fields.items():
-                        setattr(row, k, v)
-                    row.retiring = False
-                    row.retiring_since = None
-                    row.save()
-                sets_changed, retired = _sync_label_sets(row, list(entry.label_sets), summary)
-                summary.retired_label_sets += retired
-                if was_retiring:
-                    summary.resurrected.append(entry.name)
-                elif scaler_changed or sets_changed:
-                    summary.changed.append(entry.name)
-                else:
-                    summary.unchanged.append(entry.name)
-            summary.label_sets += len(entry.label_sets)
-
-        for name, row in sorted(existing.items()):
-            if name not in in_file and not row.retiring:
-                Scaler.objects.filter(pk=row.pk).update(retiring=True, retiring_since=now, updated_at=now)
-                summary.retiring.append(name)
-
-        # Pools that left the file: delete when nothing refers to them any more.
-        wanted_pools = {p.name for p in config.machine_pools}
-        for name, pool in sorted(pools.items()):
-            if name in wanted_pools:
-                continue
-            referenced = (
-                Scaler.objects.filter(machine_pool=pool).exists()
-                or Reservation.objects.filter(machine_pool=pool).exists()
-            )
-            if referenced:
-                summary.pools_kept.append(name)
-            else:
-                pool.delete()
-                summary.pools_removed.append(name)
-
-        cap = config.global_resource_cap
-        state.global_max_agents = config.global_max_agents
-        state.global_max_cpu = cap.max_cpu if cap else None
-        state.global_max_memory_bytes = cap.max_memory_bytes if cap else None
-        resources = config.default_resources
-        state.defaults = resources.model_dump(mode="json", by_alias=True, exclude_none=True) if resources else {}
-        state.firecracker = (
-            config.firecracker.model_dump(mode="json", by_alias=True) if config.firecracker is not None else {}
-        )
-        state.source = source[:500]
-        state.imported_at = now
-        state.raw = config.to_raw()
-        state.save()
+        pools = _sync_machine_pools(config)
+        new_warnings = _sync_scalers(config, existing, pools, summary)
+        _retire_missing_scalers(config, existing, now, summary)
+        _remove_unused_pools(config, pools, summary)
+        _write_global_settings(state, config, source, now)
         summary.warnings = [f"{path}: {w.message}" for path, w in config_warnings(config)]
-        for w in new_warnings:
-            log.warning("%s (import of %s)", w.message, source)
-            record_event(
-                None,
-                EventType.CONFIG_WARNING,
-                f"{w.message} (import of {source})",
-                {"value": f"scalers.{w.scaler}.{w.path}", "source": source},
-                scaler_name=w.scaler,
-            )
-        for change in summary.changes:
-            record_event(
-                None,
-                EventType.CONFIG_CHANGED if change.in_force else EventType.CONFIG_OVERRIDE_KEPT,
-                change.describe(source),
-                {
-                    "value": change.value,
-                    "old": change.old,
-                    "new": change.new,
-                    "source": source,
-                    **({} if change.in_force else {"kept": change.kept, "operation": change.operation}),
-                },
-                scaler_name=change.scaler,
-            )
+        _record_import_events(summary, new_warnings, source)
     return summary
+
+
+def _record_global_changes(
+    state: ConfigState, existing: dict[str, Scaler], config: ScalersConfig, summary: ImportSummary
+) -> None:
+    """Add the change of the list of this host's scalers and of every global value to ``summary``."""
+    before = sorted(name for name, row in existing.items() if not row.retiring)
+    after = sorted(entry.name for entry in config.scalers)
+    if before != after:
+        summary.changes.append(ConfigChange("", "scalers", before, after))
+    summary.changes += _value_changes("", state.raw, config.to_raw(), "", skip=("scalers",))
+
+
+def _claim_scaler_names(
+    config: ScalersConfig, rows: dict[str, Scaler], existing: dict[str, Scaler], host: str, source: str
+) -> None:
+    """Check every entry's name and type against the rows before anything is written.
+
+    A retired, empty scaler of another host with an entry's name moves to this host (added to
+    ``existing``). Raises :class:`ConfigInvalid` naming every entry whose name another host still
+    uses or whose type would change under live agents."""
+    problems = []
+    for i, entry in enumerate(config.scalers):
+        other = rows.get(entry.name)
+        if other is not None and other.host != host:
+            problem = _foreign_name_problem(i, entry, other, host, source)
+            if problem is not None:
+                problems.append(problem)
+                continue
+            # Retired and empty on the other host: the row moves here.
+            Scaler.objects.filter(pk=other.pk).update(host=host)
+            other.host = host
+            existing[entry.name] = other
+        row = existing.get(entry.name)
+        if row is not None and row.type != entry.type:
+            problem = _type_change_problem(i, entry, row, source)
+            if problem is not None:
+                problems.append(problem)
+    if problems:
+        raise ConfigInvalid(problems)
+
+
+def _foreign_name_problem(i: int, entry: ScalerEntry, other: Scaler, host: str, source: str) -> ConfigProblem | None:
+    """The problem with entry ``i`` naming ``other``, a scaler of another host, or None when that
+    scaler is retiring with no live agents (then its row may move to this host)."""
+    live = _live_count(other)
+    if other.retiring and not live:
+        return None
+    why = "it is in that host's file" if not other.retiring else f"it has {live} live agent(s)"
+    return ConfigProblem(
+        source,
+        None,
+        f"scalers.{i}.name",
+        f'scaler "{entry.name}" belongs to host {other.host} ({why}); this host is '
+        f"{host}: give it another name here, or remove it from {other.host}'s file and "
+        "let it drain first",
+    )
+
+
+def _type_change_problem(i: int, entry: ScalerEntry, row: Scaler, source: str) -> ConfigProblem | None:
+    """The problem with entry ``i`` changing ``row``'s backend type while it has live agents or
+    reservations, or None when it has none."""
+    live = _live_count(row)
+    if not live:
+        return None
+    return ConfigProblem(
+        source,
+        None,
+        f"scalers.{i}.type",
+        f'backend type of scaler "{entry.name}" cannot change from {row.type} to '
+        f"{entry.type} while it has {live} live agent(s) or reservation(s); remove it "
+        "from the file, let it drain, then add it back with the new type",
+    )
+
+
+def _sync_machine_pools(config: ScalersConfig) -> dict[str, MachinePool]:
+    """Create or update the file's machine pools. Returns every pool row by name (those no longer
+    in the file too: :func:`_remove_unused_pools` decides about them)."""
+    pools = {p.name: p for p in MachinePool.objects.select_for_update().all()}
+    for pool in config.machine_pools:
+        fields = {"max_cpu": pool.cap.max_cpu, "max_memory_bytes": pool.cap.max_memory_bytes}
+        row = pools.get(pool.name)
+        if row is None:
+            pools[pool.name] = MachinePool.objects.create(name=pool.name, **fields)
+        elif _differs(row, fields):
+            MachinePool.objects.filter(pk=row.pk).update(**fields)
+            for k, v in fields.items():
+                setattr(row, k, v)
+    return pools
+
+
+def _sync_scalers(
+    config: ScalersConfig, existing: dict[str, Scaler], pools: dict[str, MachinePool], summary: ImportSummary
+) -> list[ConfigWarning]:
+    """Create or update each entry's scaler and its label sets, in config order. Returns the
+    warnings the scalers' previous entries did not already have."""
+    new_warnings: list[ConfigWarning] = []
+    for entry in config.scalers:
+        fields = _scaler_fields(entry, pools)
+        row = existing.get(entry.name)
+        known = {w.message for w in entry_warnings(row.config)} if row is not None and not row.retiring else set()
+        new_warnings += [w for w in entry_warnings(fields["config"]) if w.message not in known]
+        if row is None:
+            row = Scaler.objects.create(name=entry.name, retiring=False, **fields)
+            _sync_label_sets(row, list(entry.label_sets), summary)
+            summary.created.append(entry.name)
+        else:
+            _update_scaler(row, entry, fields, summary)
+        summary.label_sets += len(entry.label_sets)
+    return new_warnings
+
+
+def _update_scaler(row: Scaler, entry: ScalerEntry, fields: dict[str, Any], summary: ImportSummary) -> None:
+    """Bring an existing scaler row to ``fields`` (resurrecting it when retiring) and sync its
+    label sets; files it under resurrected, changed or unchanged in ``summary``."""
+    was_retiring = row.retiring
+    scaler_changed = _differs(row, fields)
+    if not was_retiring:
+        summary.changes += _value_changes(
+            entry.name,
+            row.config,
+            fields["config"],
+            f"scalers.{entry.name}",
+            skip=(f"scalers.{entry.name}.labelSets",),
+        )
+    if scaler_changed or was_retiring:
+        for k, v in fields.items():
+            setattr(row, k, v)
+        row.retiring = False
+        row.retiring_since = None
+        row.save()
+    sets_changed, retired = _sync_label_sets(row, list(entry.label_sets), summary)
+    summary.retired_label_sets += retired
+    if was_retiring:
+        summary.resurrected.append(entry.name)
+    elif scaler_changed or sets_changed:
+        summary.changed.append(entry.name)
+    else:
+        summary.unchanged.append(entry.name)
+
+
+def _retire_missing_scalers(
+    config: ScalersConfig, existing: dict[str, Scaler], now: datetime, summary: ImportSummary
+) -> None:
+    """Mark this host's scalers missing from the file retiring (never deleted: their agents drain)."""
+    in_file = {entry.name for entry in config.scalers}
+    for name, row in sorted(existing.items()):
+        if name not in in_file and not row.retiring:
+            Scaler.objects.filter(pk=row.pk).update(retiring=True, retiring_since=now, updated_at=now)
+            summary.retiring.append(name)
+
+
+def _remove_unused_pools(config: ScalersConfig, pools: dict[str, MachinePool], summary: ImportSummary) -> None:
+    """Delete the pools that left the file when nothing refers to them any more; keep (and report)
+    those a scaler or reservation still references, so their cap holds."""
+    wanted_pools = {p.name for p in config.machine_pools}
+    for name, pool in sorted(pools.items()):
+        if name in wanted_pools:
+            continue
+        referenced = (
+            Scaler.objects.filter(machine_pool=pool).exists() or Reservation.objects.filter(machine_pool=pool).exists()
+        )
+        if referenced:
+            summary.pools_kept.append(name)
+        else:
+            pool.delete()
+            summary.pools_removed.append(name)
+
+
+def _write_global_settings(state: ConfigState, config: ScalersConfig, source: str, now: datetime) -> None:
+    """Save the installation-wide part of ``config`` (caps, defaults, firecracker block, raw) on
+    the ``ConfigState`` row, stamped with ``source`` and ``now``."""
+    cap = config.global_resource_cap
+    state.global_max_agents = config.global_max_agents
+    state.global_max_cpu = cap.max_cpu if cap else None
+    state.global_max_memory_bytes = cap.max_memory_bytes if cap else None
+    resources = config.default_resources
+    state.defaults = resources.model_dump(mode="json", by_alias=True, exclude_none=True) if resources else {}
+    state.firecracker = (
+        config.firecracker.model_dump(mode="json", by_alias=True) if config.firecracker is not None else {}
+    )
+    state.source = source[:500]
+    state.imported_at = now
+    state.raw = config.to_raw()
+    state.save()
+
+
+def _record_import_events(summary: ImportSummary, new_warnings: list[ConfigWarning], source: str) -> None:
+    """One ``config.warning`` event and log line per new warning, one ``config.changed`` or
+    ``config.override_kept`` event per change in ``summary``."""
+    for w in new_warnings:
+        log.warning("%s (import of %s)", w.message, source)
+        record_event(
+            None,
+            EventType.CONFIG_WARNING,
+            f"{w.message} (import of {source})",
+            {"value": f"scalers.{w.scaler}.{w.path}", "source": source},
+            scaler_name=w.scaler,
+        )
+    for change in summary.changes:
+        record_event(
+            None,
+            EventType.CONFIG_CHANGED if change.in_force else EventType.CONFIG_OVERRIDE_KEPT,
+            change.describe(source),
+            {
+                "value": change.value,
+                "old": change.old,
+                "new": change.new,
+                "source": source,
+                **({} if change.in_force else {"kept": change.kept, "operation": change.operation}),
+            },
+            scaler_name=change.scaler,
+        )

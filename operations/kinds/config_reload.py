@@ -25,7 +25,7 @@ from django.db import transaction
 
 from lib.wording import listed
 from scalers.config.loader import ConfigInvalid, load_scalers_config
-from scalers.importing import apply_scalers_config
+from scalers.importing import ImportSummary, apply_scalers_config
 from scalers.metrics import CONFIG_RELOADS, count
 from scalers.models import ConfigState, LabelSet, Scaler
 
@@ -87,6 +87,82 @@ def _snapshot():
     return {f: getattr(state, f) for f in _GLOBAL_FIELDS}, scalers, sets
 
 
+def _dry_run(config, source: str, path: str) -> tuple[ImportSummary, tuple, tuple]:
+    """Run the real import in a transaction that is rolled back. Returns its summary and the
+    :func:`_snapshot` before and after it. Raises :class:`PlanRefused` when it refuses the file."""
+    before = _snapshot()
+    try:
+        with transaction.atomic():
+            summary = apply_scalers_config(config, source)
+            after = _snapshot()
+            raise _DryRun
+    except _DryRun:
+        pass
+    except ConfigInvalid as exc:
+        raise PlanRefused(f"{path} cannot be applied; nothing was planned", [str(p) for p in exc.problems]) from None
+    return summary, before, after
+
+
+def _scaler_targets(summary: ImportSummary, before: tuple, after: tuple, base: dict) -> list[Target]:
+    """One target per scaler created, updated (its changed fields and label sets), resurrected or
+    marked retiring, in that order; ``before``/``after``: the :func:`_snapshot` around the import."""
+    _, scalers_before, sets_before = before
+    _, scalers_after, sets_after = after
+    targets = [
+        Target(
+            f"scaler:{name}",
+            "create scaler",
+            name,
+            {**base, "type": scalers_after[name]["type"], "label_sets": sets_after.get(name, [])},
+        )
+        for name in summary.created
+    ]
+    for name in summary.changed:
+        fields_before, fields_after = scalers_before.get(name, {}), scalers_after.get(name, {})
+        evidence = {**base, "fields": [f for f in _SCALER_FIELDS if fields_before.get(f) != fields_after.get(f)]}
+        if sets_before.get(name) != sets_after.get(name):
+            evidence["label_sets_before"] = sets_before.get(name, [])
+            evidence["label_sets_after"] = sets_after.get(name, [])
+        targets.append(Target(f"scaler:{name}", "update scaler", name, evidence))
+    targets += [
+        Target(f"scaler:{name}", "resurrect retiring scaler", name, {**base, "label_sets": sets_after.get(name, [])})
+        for name in summary.resurrected
+    ]
+    targets += [
+        Target(
+            f"scaler:{name}",
+            "mark retiring (stops admitting, drains, then torn down)",
+            name,
+            {**base, "type": scalers_before[name]["type"]},
+        )
+        for name in summary.retiring
+    ]
+    return targets
+
+
+def _globals_target(globals_before: dict, globals_after: dict, base: dict) -> Target:
+    """The target updating the global settings: the fields that change and their new values."""
+    fields = [f for f in _GLOBAL_FIELDS if globals_before[f] != globals_after[f]]
+    return Target(
+        "config:globals",
+        "update global settings",
+        "globals",
+        {**base, "fields": fields, **{f"{f}_after": globals_after[f] for f in fields}},
+    )
+
+
+def _import_notes(summary: ImportSummary, source: str) -> list[str]:
+    """Notes for the preview: file values changed under a console value, the console values kept
+    over the file, and machine pools kept although they left the file."""
+    notes = [change.describe(source) for change in summary.changes if not change.in_force]
+    notes += [f"kept from the console over the file: {line}" for line in summary.overrides]
+    notes += [
+        f"machine pool {name} left the file but is kept: a retiring scaler or a reservation still uses it"
+        for name in summary.pools_kept
+    ]
+    return notes
+
+
 class ConfigReload(Kind):
     name = OperationKind.CONFIG_RELOAD
     atomic = True
@@ -104,83 +180,17 @@ class ConfigReload(Kind):
         except ConfigInvalid as exc:
             raise PlanRefused(f"{path} is invalid; nothing was planned", [str(p) for p in exc.problems]) from None
         source = path if not drop_in else f"{path} + {drop_in}"
-        globals_before, scalers_before, sets_before = _snapshot()
-        try:
-            with transaction.atomic():
-                summary = apply_scalers_config(config, source)
-                globals_after, scalers_after, sets_after = _snapshot()
-                raise _DryRun
-        except _DryRun:
-            pass
-        except ConfigInvalid as exc:
-            raise PlanRefused(
-                f"{path} cannot be applied; nothing was planned", [str(p) for p in exc.problems]
-            ) from None
+        summary, before, after = _dry_run(config, source, path)
 
         result = Plan(context={"config": config, "source": source})
         result.notes.append(f"read {', '.join(files)} (sha256 {digest[:12]}…)")
         base = {"config_sha256": digest}
-
-        def changed_fields(name: str) -> list[str]:
-            before, after = scalers_before.get(name, {}), scalers_after.get(name, {})
-            return [f for f in _SCALER_FIELDS if before.get(f) != after.get(f)]
-
-        for name in summary.created:
-            result.targets.append(
-                Target(
-                    f"scaler:{name}",
-                    "create scaler",
-                    name,
-                    {**base, "type": scalers_after[name]["type"], "label_sets": sets_after.get(name, [])},
-                )
-            )
-        for name in summary.changed:
-            evidence = {**base, "fields": changed_fields(name)}
-            if sets_before.get(name) != sets_after.get(name):
-                evidence["label_sets_before"] = sets_before.get(name, [])
-                evidence["label_sets_after"] = sets_after.get(name, [])
-            result.targets.append(Target(f"scaler:{name}", "update scaler", name, evidence))
-        for name in summary.resurrected:
-            result.targets.append(
-                Target(
-                    f"scaler:{name}",
-                    "resurrect retiring scaler",
-                    name,
-                    {**base, "label_sets": sets_after.get(name, [])},
-                )
-            )
-        for name in summary.retiring:
-            result.targets.append(
-                Target(
-                    f"scaler:{name}",
-                    "mark retiring (stops admitting, drains, then torn down)",
-                    name,
-                    {**base, "type": scalers_before[name]["type"]},
-                )
-            )
-        for name in summary.pools_removed:
-            result.targets.append(Target(f"pool:{name}", "delete machine pool", name, base))
-        if globals_before != globals_after:
-            fields = [f for f in _GLOBAL_FIELDS if globals_before[f] != globals_after[f]]
-            result.targets.append(
-                Target(
-                    "config:globals",
-                    "update global settings",
-                    "globals",
-                    {**base, "fields": fields, **{f"{f}_after": globals_after[f] for f in fields}},
-                )
-            )
-        for name in summary.unchanged:
-            result.spared.append(Spared(f"scaler:{name}", name, "unchanged"))
-        for change in summary.changes:
-            if not change.in_force:
-                result.notes.append(change.describe(source))
-        for line in summary.overrides:
-            result.notes.append(f"kept from the console over the file: {line}")
-        for name in summary.pools_kept:
-            result.notes.append(
-                f"machine pool {name} left the file but is kept: a retiring scaler or a reservation still uses it"
-            )
+        result.targets += _scaler_targets(summary, before, after, base)
+        result.targets += [Target(f"pool:{name}", "delete machine pool", name, base) for name in summary.pools_removed]
+        if before[0] != after[0]:
+            result.targets.append(_globals_target(before[0], after[0], base))
+        result.spared += [Spared(f"scaler:{name}", name, "unchanged") for name in summary.unchanged]
+        result.notes += _import_notes(summary, source)
         return result
 
     def act(self, run, scope, plan, targets) -> None:

@@ -331,26 +331,56 @@ def _decide_routed(
     """Decide the routed batch against ``usage`` and write it. ``guard``: the digest of the held
     snapshot ``usage`` is (then the lock is taken in the write's round trip, and
     :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved)."""
-    event_names = {m[0].name for m in routed if m and m[0].type == ScalerType.EVENT}
-    backoffs = _backoffs(cur, event_names, now) if event_names else {}
-    warm_scalers = {
-        m[0].pk for m, r in zip(routed, requests, strict=True) if m and not r.warm and m[0].warm_pool_enabled
-    }
-    idle = ledger.idle_warm_agents(cur, warm_scalers) if warm_scalers else []
-    taken: set[int] = set()
-
-    decisions: list[ScaleDecision] = []
-    records: list[dict] = []
-    counters: dict[tuple[str, str], tuple[dict, float]] = {}
-    spawns: list[_Spawn] = []
-    count_cap_refused = False
-
-    def bump(name: str, labels: dict, amount: float = 1.0) -> None:
-        key = _counter_key(name, labels)
-        prev = counters.get(key, (labels, 0.0))[1]
-        counters[key] = (labels, prev + amount)
-
+    decider = _BatchDecider(cur, requests, routed, world, usage, now)
     for req, match in zip(requests, routed, strict=True):
+        decider.decide(req, match)
+    return decider.write(instance_id, now, commit=commit, guard=guard)
+
+
+class _BatchDecider:
+    """Decides the requests of one routed batch in order against ``usage``, then writes them.
+
+    :meth:`decide` tries the steps in order (route, job image, host tools, provision backoff,
+    resources, an idle warm agent, the caps, admission); each returns a decision or None to go on.
+    Admissions are booked into ``usage`` so the next request sees them. Decisions, request
+    records, counters and spawns accumulate here until :meth:`write`."""
+
+    __slots__ = (
+        "cur",
+        "world",
+        "usage",
+        "backoffs",
+        "idle",
+        "taken",
+        "decisions",
+        "records",
+        "counters",
+        "spawns",
+        "count_cap_refused",
+    )
+
+    def __init__(self, cur, requests: list[Request], routed, world: World, usage: Usage, now: datetime):
+        """Reads what the snapshot does not hold, once per batch: the provision backoffs of the
+        batch's event scalers and the idle warm agents of its warm-pool scalers."""
+        self.cur = cur
+        self.world = world
+        self.usage = usage
+        event_names = {m[0].name for m in routed if m and m[0].type == ScalerType.EVENT}
+        self.backoffs = _backoffs(cur, event_names, now) if event_names else {}
+        warm_scalers = {
+            m[0].pk for m, r in zip(routed, requests, strict=True) if m and not r.warm and m[0].warm_pool_enabled
+        }
+        self.idle = ledger.idle_warm_agents(cur, warm_scalers) if warm_scalers else []
+        self.taken: set[int] = set()
+        self.decisions: list[ScaleDecision] = []
+        self.records: list[dict] = []
+        self.counters: dict[tuple[str, str], tuple[dict, float]] = {}
+        self.spawns: list[_Spawn] = []
+        self.count_cap_refused = False
+
+    def decide(self, req: Request, match: tuple[ScalerInfo, LabelSetInfo] | None) -> None:
+        """Decide ``req`` and keep its decision, filling in its request record (requests with a
+        job id get one) from the decision."""
         record = None
         if req.job_id:
             record = {
@@ -365,120 +395,103 @@ def _decide_routed(
                 "scaler_name": "",
                 "agent_ref": "",
             }
-            records.append(record)
+            self.records.append(record)
+        decision = self._decide_one(req, match, record)
+        self.decisions.append(decision)
+        if record is not None:
+            record.update(
+                outcome=decision.action,
+                cap=decision.cap or "",
+                reason=decision.reason,
+                scaler_name=decision.scaler or "",
+                agent_ref=decision.agent or "",
+            )
 
-        def done(decision: ScaleDecision, record: dict | None = record) -> None:
-            decisions.append(decision)
-            if record is not None:
-                record.update(
-                    outcome=decision.action,
-                    cap=decision.cap or "",
-                    reason=decision.reason,
-                    scaler_name=decision.scaler or "",
-                    agent_ref=decision.agent or "",
-                )
-
+    def _decide_one(
+        self, req: Request, match: tuple[ScalerInfo, LabelSetInfo] | None, record: dict | None
+    ) -> ScaleDecision:
+        """The first decision of the steps, in order; the record gets the resolved requests."""
         if match is None:
-            log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
-            done(ScaleDecision(ScaleOutcome.NO_BACKEND, reason="no-matching-label-set", labels=tuple(req.labels)))
-            continue
+            return _no_matching_label_set(req)
         info, ls = match
-        if req.job_image and not ls.runs_job_images:
-            done(
-                ScaleDecision(
-                    ScaleOutcome.NO_BACKEND,
-                    scaler=info.name,
-                    backend_type=info.type,
-                    reason=f"label set [{ls.index}] of scaler {info.name} ({info.type}) cannot run a job image",
-                    labels=tuple(req.labels),
-                )
-            )
-            continue
-        if info.tools_missing:
-            done(
-                ScaleDecision(
-                    ScaleOutcome.SKIPPED,
-                    scaler=info.name,
-                    backend_type=info.type,
-                    reason=not_started_reason(info.name, info.tools_missing),
-                )
-            )
-            continue
-        if info.name in backoffs:
-            done(
-                ScaleDecision(
-                    ScaleOutcome.SKIPPED, scaler=info.name, reason=backoffs[info.name], backend_type=info.type
-                )
-            )
-            continue
+        decision = _cannot_run_job_image(req, info, ls) or _tools_missing(info) or self._in_backoff(info)
+        if decision is not None:
+            return decision
         try:
-            resolved = world.resolve(ls, None if req.warm else req.resources)
+            resolved = self.world.resolve(ls, None if req.warm else req.resources)
         except ValueError as exc:
-            done(
-                ScaleDecision(
-                    ScaleOutcome.SKIPPED,
-                    scaler=info.name,
-                    backend_type=info.type,
-                    reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}",
-                )
-            )
-            continue
+            return _unresolvable(info, ls, exc)
         cpus, mem = float(resolved.requests.cpus), int(resolved.requests.mem_bytes)
         if record is not None:
             record["cpus"], record["memory_bytes"] = cpus, mem
+        decision = self._assign_warm(req, info) or self._refuse_on_cap(req, info, cpus, mem)
+        if decision is not None:
+            return decision
+        return self._admit(req, info, ls, resolved, cpus, mem, record)
 
-        if not req.warm and info.warm_pool_enabled and idle:
-            chosen = _pick_warm(cur, idle, taken, info, req)
-            if chosen is not None:
-                done(
-                    ScaleDecision(
-                        ScaleOutcome.ASSIGNED,
-                        agent=chosen["agent_id"],
-                        agent_pk=chosen["id"],
-                        scaler=info.name,
-                        backend_type=info.type,
-                        reason="idle warm agent",
-                    )
-                )
-                continue
+    def _in_backoff(self, info: ScalerInfo) -> ScaleDecision | None:
+        """Skipped: ``info`` is an event scaler in provision backoff."""
+        reason = self.backoffs.get(info.name)
+        if reason is None:
+            return None
+        return ScaleDecision(ScaleOutcome.SKIPPED, scaler=info.name, reason=reason, backend_type=info.type)
 
+    def _assign_warm(self, req: Request, info: ScalerInfo) -> ScaleDecision | None:
+        """Assigned: an idle warm agent of ``info`` that fits was bound to the job."""
+        if req.warm or not info.warm_pool_enabled or not self.idle:
+            return None
+        chosen = _pick_warm(self.cur, self.idle, self.taken, info, req)
+        if chosen is None:
+            return None
+        return ScaleDecision(
+            ScaleOutcome.ASSIGNED,
+            agent=chosen["agent_id"],
+            agent_pk=chosen["id"],
+            scaler=info.name,
+            backend_type=info.type,
+            reason="idle warm agent",
+        )
+
+    def _refuse_on_cap(self, req: Request, info: ScalerInfo, cpus: float, mem: int) -> ScaleDecision | None:
+        """Exceeds-cap (the request alone is larger than a resource cap: permanent) or at-capacity
+        naming the first cap that refuses; counts the refusal."""
+        world = self.world
         pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
         never = cap_exceeded_alone(world.glob, info.caps, pool, cpus, mem)
-        cap = never or first_refusing_cap(usage, world.glob, info.caps, pool, cpus, mem)
-        if cap is not None:
-            bump(REFUSALS, {"scaler": info.name, "cap": cap})
-            if cap not in NOT_IN_ORCH_REFUSAL_GAUGE:
-                bump(ORCH_REFUSALS, {})
-            log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
-            if never:  # permanent: retrying cannot help, so it is not "at capacity"
-                done(
-                    ScaleDecision(
-                        ScaleOutcome.EXCEEDS_CAP,
-                        scaler=info.name,
-                        cap=cap,
-                        backend_type=info.type,
-                        reason=_exceeds_cap_reason(cap, info, world, cpus, mem),
-                    )
-                )
-                continue
-            if cap in COUNT_CAPS:
-                count_cap_refused = True
-            done(
-                ScaleDecision(
-                    ScaleOutcome.AT_CAPACITY,
-                    scaler=info.name,
-                    cap=cap,
-                    reason=f"{cap} reached on scaler {info.name}",
-                    backend_type=info.type,
-                )
+        cap = never or first_refusing_cap(self.usage, world.glob, info.caps, pool, cpus, mem)
+        if cap is None:
+            return None
+        self._bump(REFUSALS, {"scaler": info.name, "cap": cap})
+        if cap not in NOT_IN_ORCH_REFUSAL_GAUGE:
+            self._bump(ORCH_REFUSALS, {})
+        log.debug("scaler.cap exceeded: %s (scaler %s, job %s)", cap, info.name, req.job_id or "-")
+        if never:  # permanent: retrying cannot help, so it is not "at capacity"
+            return ScaleDecision(
+                ScaleOutcome.EXCEEDS_CAP,
+                scaler=info.name,
+                cap=cap,
+                backend_type=info.type,
+                reason=_exceeds_cap_reason(cap, info, world, cpus, mem),
             )
-            continue
+        if cap in COUNT_CAPS:
+            self.count_cap_refused = True
+        return ScaleDecision(
+            ScaleOutcome.AT_CAPACITY,
+            scaler=info.name,
+            cap=cap,
+            reason=f"{cap} reached on scaler {info.name}",
+            backend_type=info.type,
+        )
 
-        usage.admit(info.caps, cpus, mem)
+    def _admit(
+        self, req: Request, info: ScalerInfo, ls: LabelSetInfo, resolved, cpus: float, mem: int, record: dict | None
+    ) -> ScaleDecision:
+        """Spawning: book the admission into the usage snapshot and queue its agent for the write."""
+        self.usage.admit(info.caps, cpus, mem)
         agent_id = mint_agent_id(info.type)
-        spawns.append(
+        self.spawns.append(
             _Spawn(
-                index=len(decisions),
+                index=len(self.decisions),
                 record=record,
                 kind=info.type,
                 agent_id=agent_id,
@@ -498,52 +511,113 @@ def _decide_routed(
             )
         )
         if req.warm:
-            bump(WARM_SPAWNS, {"scaler": info.name})
-        done(
-            ScaleDecision(
-                ScaleOutcome.SPAWNING,
-                agent=agent_id,
-                scaler=info.name,
-                backend_type=info.type,
-                labels=tuple(ls.agent_labels),
-            )
+            self._bump(WARM_SPAWNS, {"scaler": info.name})
+        return ScaleDecision(
+            ScaleOutcome.SPAWNING,
+            agent=agent_id,
+            scaler=info.name,
+            backend_type=info.type,
+            labels=tuple(ls.agent_labels),
         )
 
-    # Told once the batch is written: a batch decided from a held snapshot that moved is not.
-    outrun = (
-        (usage.total.reservations, usage.total.active) if count_cap_refused and usage.ledger_outruns_agents() else None
+    def _bump(self, name: str, labels: dict, amount: float = 1.0) -> None:
+        """Add ``amount`` to counter ``name{labels}`` (written with the batch)."""
+        key = _counter_key(name, labels)
+        prev = self.counters.get(key, (labels, 0.0))[1]
+        self.counters[key] = (labels, prev + amount)
+
+    def write(self, instance_id: str, now: datetime, *, commit: bool, guard: str | None) -> BatchResult:
+        """Give the new agents their spawn slots and ids, write the batch (see :func:`_write`) and
+        return the decisions with the written agents' ids and pks."""
+        usage, world, spawns, decisions = self.usage, self.world, self.spawns, self.decisions
+        # Told once the batch is written: a batch decided from a held snapshot that moved is not.
+        outrun = (
+            (usage.total.reservations, usage.total.active)
+            if self.count_cap_refused and usage.ledger_outruns_agents()
+            else None
+        )
+        hand_on = _take_spawn_slots(spawns, world, usage)
+        _dedupe_ids(spawns)
+        hosts = {sp.scaler_id: scaler_host(world.scalers[sp.scaler_id]) for sp in spawns}
+        fold = usage.tally_rows >= ledger.FOLD_ROWS
+        pks = _write(
+            self.cur,
+            now,
+            instance_id,
+            spawns,
+            self.records,
+            self.counters,
+            fold=fold,
+            commit=commit,
+            guard=guard,
+            world=world,
+        )
+        if outrun:
+            log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
+        admitted = []
+        for sp in spawns:
+            pk = pks[sp.agent_id]
+            decisions[sp.index] = replace(decisions[sp.index], agent=sp.agent_id, agent_pk=pk)
+            admitted.append(
+                Admitted(
+                    pk,
+                    sp.agent_id,
+                    sp.scaler_id,
+                    sp.label_set_id,
+                    tuple(sp.labels),
+                    sp.warm,
+                    sp.job,
+                    sp.run,
+                    instance_id,
+                    sp.job_image,
+                    sp.job_ref,
+                    spawn_job_id(sp.agent_id) if sp.slot else "",
+                    sp.scaler_id in hand_on,
+                    hosts[sp.scaler_id],
+                )
+            )
+        return BatchResult(decisions=decisions, admitted=admitted)
+
+
+def _no_matching_label_set(req: Request) -> ScaleDecision:
+    """No-backend: no scaler's label set matches the request's labels."""
+    log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
+    return ScaleDecision(ScaleOutcome.NO_BACKEND, reason="no-matching-label-set", labels=tuple(req.labels))
+
+
+def _cannot_run_job_image(req: Request, info: ScalerInfo, ls: LabelSetInfo) -> ScaleDecision | None:
+    """No-backend: the request names a job image and the matched label set cannot run one."""
+    if not req.job_image or ls.runs_job_images:
+        return None
+    return ScaleDecision(
+        ScaleOutcome.NO_BACKEND,
+        scaler=info.name,
+        backend_type=info.type,
+        reason=f"label set [{ls.index}] of scaler {info.name} ({info.type}) cannot run a job image",
+        labels=tuple(req.labels),
     )
 
-    hand_on = _take_spawn_slots(spawns, world, usage)
-    _dedupe_ids(spawns)
-    hosts = {sp.scaler_id: scaler_host(world.scalers[sp.scaler_id]) for sp in spawns}
-    fold = usage.tally_rows >= ledger.FOLD_ROWS
-    pks = _write(cur, now, instance_id, spawns, records, counters, fold=fold, commit=commit, guard=guard, world=world)
-    if outrun:
-        log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
-    admitted = []
-    for sp in spawns:
-        pk = pks[sp.agent_id]
-        decisions[sp.index] = replace(decisions[sp.index], agent=sp.agent_id, agent_pk=pk)
-        admitted.append(
-            Admitted(
-                pk,
-                sp.agent_id,
-                sp.scaler_id,
-                sp.label_set_id,
-                tuple(sp.labels),
-                sp.warm,
-                sp.job,
-                sp.run,
-                instance_id,
-                sp.job_image,
-                sp.job_ref,
-                spawn_job_id(sp.agent_id) if sp.slot else "",
-                sp.scaler_id in hand_on,
-                hosts[sp.scaler_id],
-            )
-        )
-    return BatchResult(decisions=decisions, admitted=admitted)
+
+def _tools_missing(info: ScalerInfo) -> ScaleDecision | None:
+    """Skipped: the scaler was not started because host tools it needs are missing."""
+    if not info.tools_missing:
+        return None
+    return ScaleDecision(
+        ScaleOutcome.SKIPPED,
+        scaler=info.name,
+        backend_type=info.type,
+        reason=not_started_reason(info.name, info.tools_missing),
+    )
+
+
+def _unresolvable(info: ScalerInfo, ls: LabelSetInfo, exc: ValueError) -> ScaleDecision:
+    """Skipped: the label set's resources do not resolve (``exc`` says why)."""
+    return ScaleDecision(
+        ScaleOutcome.SKIPPED,
+        scaler=info.name,
+        backend_type=info.type,
+        reason=f"resources of {info.name} label set [{ls.index}] do not resolve: {exc}",
+    )
 
 
 def _take_spawn_slots(spawns: list[_Spawn], world: World, usage: Usage) -> set[int]:

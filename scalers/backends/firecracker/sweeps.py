@@ -144,35 +144,51 @@ class OrphanSweeps:
     def orphan_recheck(self, target: OrphanTarget) -> str | None:
         """None when ``target`` is still an orphan now, else why it is spared."""
         if target.kind in ("allocation", "chroot", "rules"):
-            foreign = self._not_mine_now(target.agent_id)
-            if foreign is not None:
-                return foreign
-            if self._live(target.agent_id):
-                return "the VM is live now"
+            spared = self._vm_spared_now(target.agent_id)
+            if spared is not None:
+                return spared
         rows = self._rows()
         if target.kind == "allocation":
-            if not any(r.vm_id == target.agent_id and r.ip == target.ip and r.scaler_name == self.name for r in rows):
-                return "the allocation changed"
-        elif target.kind == "chroot":
-            if any(r.vm_id == target.agent_id for r in rows):
-                return "an allocation row appeared"
-        elif target.kind == "tap":
-            if target.tap not in netlink.link_names(netns=self.settings.netns):
-                return "the interface is gone"
-            if any(r.tap_device == target.tap for r in rows):
-                return "an allocation row names the interface"
-            live_ids = self.tracked()
-            if any(netlink.tap_name_for(i) == target.tap for i in live_ids):
-                return "a tracked VM owns the interface"
-            for vm_id in self._chroot_ids():
-                if netlink.tap_name_for(vm_id) != target.tap:
-                    continue
-                foreign = self._not_mine_now(vm_id)
-                if foreign is not None:
-                    return f"the interface is of VM {vm_id}: {foreign}"
-        elif target.kind == "rules":
-            if any(r.ip == target.ip and r.vm_id != target.agent_id for r in rows):
-                return "the address was allocated again"
+            return self._allocation_spared(target, rows)
+        if target.kind == "chroot":
+            return _chroot_spared(target, rows)
+        if target.kind == "tap":
+            return self._tap_spared(target, rows)
+        if target.kind == "rules":
+            return _rules_spared(target, rows)
+        return None
+
+    def _vm_spared_now(self, agent_id: str | None) -> str | None:
+        """Why the VM of ``agent_id`` is spared now: its dir is another console's, or it is live."""
+        foreign = self._not_mine_now(agent_id)
+        if foreign is not None:
+            return foreign
+        if self._live(agent_id):
+            return "the VM is live now"
+        return None
+
+    def _allocation_spared(self, target: OrphanTarget, rows: tuple[AllocationRow, ...]) -> str | None:
+        """An orphan allocation is spared when its row (VM, address, scaler) is no longer there."""
+        if not any(r.vm_id == target.agent_id and r.ip == target.ip and r.scaler_name == self.name for r in rows):
+            return "the allocation changed"
+        return None
+
+    def _tap_spared(self, target: OrphanTarget, rows: tuple[AllocationRow, ...]) -> str | None:
+        """An orphan TAP is spared when it is gone, or an allocation row, a tracked VM or a VM dir
+        of another console now names it."""
+        if target.tap not in netlink.link_names(netns=self.settings.netns):
+            return "the interface is gone"
+        if any(r.tap_device == target.tap for r in rows):
+            return "an allocation row names the interface"
+        live_ids = self.tracked()
+        if any(netlink.tap_name_for(i) == target.tap for i in live_ids):
+            return "a tracked VM owns the interface"
+        for vm_id in self._chroot_ids():
+            if netlink.tap_name_for(vm_id) != target.tap:
+                continue
+            foreign = self._not_mine_now(vm_id)
+            if foreign is not None:
+                return f"the interface is of VM {vm_id}: {foreign}"
         return None
 
     def orphan_act(self, target: OrphanTarget) -> None:
@@ -203,3 +219,17 @@ class OrphanSweeps:
     def cleanup_orphans(self) -> int:
         """Plan and apply now; returns the number of orphans cleaned in passes 1-3."""
         return self.apply_orphans(self.plan_orphans()).cleaned
+
+
+def _chroot_spared(target: OrphanTarget, rows: tuple[AllocationRow, ...]) -> str | None:
+    """An orphan VM dir is spared when an allocation row for its VM appeared."""
+    if any(r.vm_id == target.agent_id for r in rows):
+        return "an allocation row appeared"
+    return None
+
+
+def _rules_spared(target: OrphanTarget, rows: tuple[AllocationRow, ...]) -> str | None:
+    """Orphan isolation rules are spared when their address was allocated to another VM again."""
+    if any(r.ip == target.ip and r.vm_id != target.agent_id for r in rows):
+        return "the address was allocated again"
+    return None
