@@ -114,7 +114,7 @@ ensure_suite_redis() {
   (umask 077; printf '%s\n' "port $SUITE_REDIS_PORT" "bind 127.0.0.1" "requirepass $SUITE_REDIS_PASSWORD" \
     "daemonize yes" "pidfile $SUITE_REDIS_DIR/redis.pid" "logfile $LOG_DIR/test-redis.log" "dir $SUITE_REDIS_DIR" \
     'save ""' "appendonly no" > "$SUITE_REDIS_DIR/redis.conf")
-  redis-server "$SUITE_REDIS_DIR/redis.conf"
+  redis-server "$SUITE_REDIS_DIR/redis.conf" 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&-  # keeps no descriptor of its caller (a held lock)
   for _ in $(seq 1 40); do
     REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" ping 2>/dev/null | grep -q PONG \
       && return 0
@@ -158,7 +158,7 @@ start_private_redis() {
   chmod 0700 "$dir"
   (umask 077; printf '%s\n' "port 0" "unixsocket $dir/redis.sock" "unixsocketperm 700" "requirepass $password" \
     "daemonize yes" "pidfile $dir/redis.pid" "logfile $log" "dir $dir" 'save ""' "appendonly no" > "$dir/redis.conf")
-  redis-server "$dir/redis.conf"
+  redis-server "$dir/redis.conf" 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&-  # keeps no descriptor of its caller (a held lock)
   for _ in $(seq 1 40); do
     REDISCLI_AUTH="$password" redis-cli -s "$dir/redis.sock" ping 2>/dev/null | grep -q PONG && return 0
     sleep 0.25
