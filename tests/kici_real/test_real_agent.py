@@ -20,12 +20,13 @@ def test_the_real_agent_registers_with_a_minted_token(kici_orchestrator, tmp_pat
     token = kici_orchestrator.mint_agent_token(labels)
     assert _cluster_agent_count(kici_orchestrator) == 0
 
-    with run_agent(kici_orchestrator, tmp_path / "agent", token=token, agent_id="e2e-agent-1", labels=labels, roles=""):
+    with run_agent(kici_orchestrator, tmp_path / "agent", token=token, agent_id="e2e-agent-1", labels=labels, roles="") as agent:
         wait_for(
             lambda: _cluster_agent_count(kici_orchestrator) == 1,
             30,
             "agent registration seen by /cluster/health",
             tmp_path / "agent" / "agent.log",
+            agent,
         )
         registered = [line for line in kici_orchestrator.log().splitlines() if "Agent registered" in line]
         assert len(registered) == 1 and "e2e-agent-1" in registered[0], registered

@@ -161,22 +161,32 @@ def private_netns() -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-def netns_http(netns: str, method: str, url: str, *, token: str | None = None, body: dict | None = None):
-    """An HTTP request from inside ``netns`` (a thread that joins it: setns is per thread).
-    Returns (status, parsed JSON or text); a connection error is raised as OSError."""
+def netns_http(
+    netns: str,
+    method: str,
+    url: str,
+    *,
+    token: str | None = None,
+    body: dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10,
+):
+    """An HTTP request from inside ``netns`` (a thread that joins it: setns is per thread), a JSON
+    ``body`` when given, ``headers`` added, ``timeout`` in seconds. Returns (status, parsed JSON or
+    text); a connection error or timeout is raised as OSError."""
     outcome: dict = {}
 
     def run() -> None:
         try:
             with open(f"/run/netns/{netns}") as ns:
                 os.setns(ns.fileno(), os.CLONE_NEWNET)
-            headers = {"content-type": "application/json"}
+            sent = {"content-type": "application/json", **(headers or {})}
             if token:
-                headers["authorization"] = f"Bearer {token}"
+                sent["authorization"] = f"Bearer {token}"
             data = json.dumps(body).encode() if body is not None else None
-            request = urllib.request.Request(url, data=data, method=method, headers=headers)
+            request = urllib.request.Request(url, data=data, method=method, headers=sent)
             try:
-                with urllib.request.urlopen(request, timeout=10) as response:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
                     status, raw = response.status, response.read()
             except urllib.error.HTTPError as error:
                 status, raw = error.code, error.read()
@@ -221,6 +231,11 @@ class Orchestrator:
     def get(self, path: str):
         """GET ``path`` with the bootstrap admin token; returns (status, JSON or text)."""
         return netns_http(self.netns, "GET", self.url + path, token=self.admin_token)
+
+    def post(self, path: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 10):
+        """POST the JSON ``body`` to ``path`` without the admin token (webhooks are not admin
+        routes); returns (status, JSON or text)."""
+        return netns_http(self.netns, "POST", self.url + path, body=body, headers=headers, timeout=timeout)
 
     def kici_admin(self, *args: str, timeout: float = 60) -> str:
         """Run kici-admin against this orchestrator; returns its stdout, raises KiciRealStartError
@@ -346,6 +361,35 @@ def _healthy(orchestrator: Orchestrator) -> bool:
     except OSError:
         return False
     return status == 200 and isinstance(body, dict) and body.get("version") == "0.1.24"
+
+
+# --- workflows ------------------------------------------------------------------------------------
+
+
+def link_sdk(build: KiciRealBuild, directory: Path) -> None:
+    """Make ``@kici-dev/sdk`` (not on the npm registry) resolve for any file under ``directory``:
+    a ``directory/node_modules/@kici-dev/sdk`` link to the built SDK. Workflow files import it both
+    when the compiler loads them and when the agent runs them from its clone under TMPDIR."""
+    scope = directory / "node_modules" / "@kici-dev"
+    scope.mkdir(parents=True, exist_ok=True)
+    (scope / "sdk").symlink_to(build.root / "src/packages/sdk")
+
+
+def compile_workflows(build: KiciRealBuild, netns: str, repo: Path) -> dict:
+    """Run the real compiler (``kici compile``) in ``repo`` inside ``netns``; returns the parsed
+    ``repo/.kici/kici.lock.json``. Raises KiciRealStartError with its output when it fails."""
+    result = subprocess.run(
+        ["ip", "netns", "exec", netns, str(build.node), str(build.root / "src/packages/kici/bin/kici.js"), "compile"],
+        env={"PATH": build.path_env(), "HOME": str(repo.parent)},
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lock_file = repo / ".kici" / "kici.lock.json"
+    if result.returncode != 0 or not lock_file.exists():
+        raise KiciRealStartError(f"kici compile in {repo} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+    return json.loads(lock_file.read_text())
 
 
 # --- the agent ---------------------------------------------------------------------------------------
