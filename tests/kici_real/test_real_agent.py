@@ -20,7 +20,8 @@ def test_the_real_agent_registers_with_a_minted_token(kici_orchestrator, tmp_pat
     token = kici_orchestrator.mint_agent_token(labels)
     assert _cluster_agent_count(kici_orchestrator) == 0
 
-    with run_agent(kici_orchestrator, tmp_path / "agent", token=token, agent_id="e2e-agent-1", labels=labels, roles="") as agent:
+    workdir = tmp_path / "agent"
+    with run_agent(kici_orchestrator, workdir, token=token, agent_id="e2e-agent-1", labels=labels, roles="") as agent:
         wait_for(
             lambda: _cluster_agent_count(kici_orchestrator) == 1,
             30,
