@@ -96,22 +96,25 @@ def find_bundle() -> Path:
     raise KiciRealBuildError(f"no *.bundle in shared/kici-public/ beside {' or '.join(map(str, roots))}")
 
 
-def build_key(bundle: Path) -> str:
+def build_key(bundle: Path, script: Path = BUILD_SCRIPT) -> str:
     """sha256 over the bundle and the build script (the harness's version), 16 hex digits."""
     digest = hashlib.sha256()
-    for part in (bundle, BUILD_SCRIPT):
+    for part in (bundle, script):
         digest.update(hashlib.sha256(part.read_bytes()).digest())
     return digest.hexdigest()[:16]
 
 
-def ensure_build(cache_root: Path = CACHE_ROOT) -> KiciRealBuild:
-    """The cached build for the current bundle and build script, building it first when missing.
+def ensure_build(
+    cache_root: Path = CACHE_ROOT, bundle: Path | None = None, script: Path = BUILD_SCRIPT
+) -> KiciRealBuild:
+    """The cached build of ``bundle`` (default: find_bundle()) by ``script`` (called as
+    ``bash script BUNDLE OUT``; it writes ``OUT/BUILT`` last), building it first when missing.
 
     Holds ``cache_root/<key>.lock`` while checking and building, so concurrent sessions build once.
     A build that did not finish (no BUILT marker) is removed and redone. Raises KiciRealBuildError
     with the tail of ``cache_root/<key>.log`` when the build fails or exceeds BUILD_TIMEOUT_S."""
-    bundle = find_bundle()
-    key = build_key(bundle)
+    bundle = bundle or find_bundle()
+    key = build_key(bundle, script)
     build = KiciRealBuild(cache_root / key)
     cache_root.mkdir(parents=True, exist_ok=True)
     log_path = cache_root / f"{key}.log"
@@ -123,7 +126,7 @@ def ensure_build(cache_root: Path = CACHE_ROOT) -> KiciRealBuild:
         with open(log_path, "w") as log:
             try:
                 result = subprocess.run(
-                    ["bash", str(BUILD_SCRIPT), str(bundle), str(build.root)],
+                    ["bash", str(script), str(bundle), str(build.root)],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     timeout=BUILD_TIMEOUT_S,
