@@ -6,33 +6,32 @@ from django.db import migrations
 # job was bound to the agent when it failed. The rows start from the events stored now.
 NAME = "kici_orch_scaler_spawn_failures_total"
 
-COUNT_FAILURES = f"""
-CREATE FUNCTION kici_count_spawn_failures() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO scalers_metriccounter (name, label_key, labels, value)
-  SELECT '{NAME}', 'backend=' || s.type || ',bound=' || b.bound,
-         jsonb_build_object('backend', s.type, 'bound', b.bound), count(*)
-  FROM new_rows e
-  JOIN agents_agent a ON a.id = e.agent_id
-  JOIN scalers_scaler s ON s.id = a.scaler_id
-  CROSS JOIN LATERAL (SELECT CASE WHEN a.bound_job_id <> '' THEN 'true' ELSE 'false' END AS bound) b
-  WHERE e.type = 'scaler.failed'
-  GROUP BY s.type, b.bound
-  ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value;
-  RETURN NULL;
-END $$;
-CREATE TRIGGER kici_count_spawn_failures AFTER INSERT ON agents_scalerevent
-  REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION kici_count_spawn_failures();
+
+def _count_failures_of(events: str) -> str:
+    """The statement adding the ``scaler.failed`` rows of ``events`` to their counter rows."""
+    return f"""
 INSERT INTO scalers_metriccounter (name, label_key, labels, value)
 SELECT '{NAME}', 'backend=' || s.type || ',bound=' || b.bound,
        jsonb_build_object('backend', s.type, 'bound', b.bound), count(*)
-FROM agents_scalerevent e
+FROM {events} e
 JOIN agents_agent a ON a.id = e.agent_id
 JOIN scalers_scaler s ON s.id = a.scaler_id
 CROSS JOIN LATERAL (SELECT CASE WHEN a.bound_job_id <> '' THEN 'true' ELSE 'false' END AS bound) b
 WHERE e.type = 'scaler.failed'
 GROUP BY s.type, b.bound
 ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value;
+"""
+
+
+COUNT_FAILURES = f"""
+CREATE FUNCTION kici_count_spawn_failures() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+{_count_failures_of("new_rows")}
+  RETURN NULL;
+END $$;
+CREATE TRIGGER kici_count_spawn_failures AFTER INSERT ON agents_scalerevent
+  REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION kici_count_spawn_failures();
+{_count_failures_of("agents_scalerevent")}
 """
 
 DROP = """
