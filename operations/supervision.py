@@ -20,7 +20,6 @@ from django.db import transaction
 
 from agents.choices import EventType
 from agents.events import record_event
-from kici_site.listeners import daphne_endpoints
 from scalers.metrics import SharedSeries, count
 
 #: The supervised programs (supervisord group names), in start order; the stop runs the other way.
@@ -45,18 +44,21 @@ STOP_MARGIN_SECONDS = 30
 LISTENED_EVENTS = ("PROCESS_STATE_EXITED", "PROCESS_STATE_BACKOFF", "PROCESS_STATE_FATAL")
 
 
-def supervisord_config(*, root: Path, run_dir: Path, log_dir: Path, workers: int) -> str:
+def supervisord_config(*, root: Path, run_dir: Path, log_dir: Path, workers: int, endpoints: list[str]) -> str:
     """The text of supervisord's configuration: the programs of :data:`PROGRAMS` run from ``root``
-    with this process's environment (supervisord hands its own to them), logs in ``log_dir``
-    (``daphne.log``, ``access.log``, ``worker-N.log``, ``sweeper.log``, ``process_events.log``,
-    ``supervisord.log``), its pid file and control socket (mode 0700) in ``run_dir``. ValueError
-    naming ``workers`` when it is not a positive whole number."""
+    with this process's environment (supervisord hands its own to them), daphne listening on
+    ``endpoints`` (twisted endpoint strings), logs in ``log_dir`` (``daphne.log``, ``access.log``,
+    ``worker-N.log``, ``sweeper.log``, ``process_events.log``, ``supervisord.log``), its pid file
+    and control socket (mode 0700) in ``run_dir``. ValueError naming ``workers`` when it is not a
+    positive whole number, or ``endpoints`` when it is empty."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r} is not a positive whole number")
+    if not endpoints:
+        raise ValueError("endpoints=[]: daphne needs at least one endpoint to listen on")
     python = sys.executable
     manage = f"{python} {root / 'manage.py'}"
     stopwait = max(int(q.get("DEFAULT_TIMEOUT", 180)) for q in settings.RQ_QUEUES.values()) + STOP_MARGIN_SECONDS
-    endpoints = " ".join(f"-e {e}" for e in daphne_endpoints())
+    listen = " ".join(f"-e {e}" for e in endpoints)
     daphne = Path(python).with_name("daphne")
     sock = run_dir / "supervisor.sock"
 
@@ -97,7 +99,7 @@ def supervisord_config(*, root: Path, run_dir: Path, log_dir: Path, workers: int
     }
     config["program:daphne"] = {
         **common,
-        "command": f"{daphne} {endpoints} --access-log {log_dir / 'access.log'} kici_site.asgi:application",
+        "command": f"{daphne} {listen} --access-log {log_dir / 'access.log'} kici_site.asgi:application",
         "priority": "10",
         "stopwaitsecs": "30",
         "stdout_logfile": str(log_dir / "daphne.log"),

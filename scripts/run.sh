@@ -46,7 +46,14 @@ $M import_scalers "$KICI_SCALER_CONFIG_PATH" ${KICI_SCALER_CONFIG_DIR:+--dir "$K
 WORKERS="${KICI_WORKERS:-$(nproc)}"
 [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "KICI_WORKERS=$WORKERS is not a positive whole number"
 [ "$WORKERS" -ge 2 ] || [ -n "${KICI_WORKERS:-}" ] || WORKERS=2
-$M supervisor_config --workers "$WORKERS" --out "$RUN_DIR/supervisord.conf" --log-dir "$LOG_DIR"
+DJANGO='import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup()'
+# The operator listener(s) and the agents' gateway; on the gateway only the agent API is served.
+ENDPOINTS_TEXT="$($PY -c "$DJANGO"'
+from kici_site.listeners import daphne_endpoints;print("\n".join(daphne_endpoints()))')"
+mapfile -t ENDPOINTS <<< "$ENDPOINTS_TEXT"
+ENDPOINT_ARGS=()
+for e in "${ENDPOINTS[@]}"; do ENDPOINT_ARGS+=(--endpoint "$e"); done
+$M supervisor_config --workers "$WORKERS" "${ENDPOINT_ARGS[@]}" --out "$RUN_DIR/supervisord.conf" --log-dir "$LOG_DIR"
 
 SUPERVISOR=""
 stop() {

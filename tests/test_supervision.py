@@ -27,6 +27,9 @@ from operations.supervision import PROCESS_RESTARTS, STARTRETRIES
 from tests.support.servers import REPO, free_port
 
 RPC_TIMEOUT = 30  # seconds
+ENDPOINTS = (
+    "import django; django.setup(); from kici_site.listeners import daphne_endpoints; print(*daphne_endpoints())"
+)
 
 
 class Console:
@@ -99,8 +102,14 @@ def console(transactional_db, tmp_path):
     log_dir.mkdir()
     conf = run_dir / "supervisord.conf"
     manage = [sys.executable, str(REPO / "manage.py")]
+    # As run.sh does: the endpoints kici_site.listeners.daphne_endpoints gives for this environment.
+    endpoints = subprocess.run(
+        [sys.executable, "-c", ENDPOINTS], env=env, check=True, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    assert endpoints == [f"tcp:port={port}:interface=127.0.0.1"]
     subprocess.run(
-        [*manage, "supervisor_config", "--workers", "1", "--out", str(conf), "--log-dir", str(log_dir)],
+        [*manage, "supervisor_config", "--workers", "1", *(a for e in endpoints for a in ("--endpoint", e))]
+        + ["--out", str(conf), "--log-dir", str(log_dir)],
         env=env,
         check=True,
         timeout=60,
@@ -240,5 +249,9 @@ def test_the_configuration_refuses_a_worker_count_below_one(tmp_path):
     with pytest.raises(CommandError, match=r"workers=0 is not a positive whole number"):
         call_command(
             "supervisor_config", "--workers", "0", "--out", str(tmp_path / "s.conf"), "--log-dir", str(tmp_path)
+        )
+    with pytest.raises(CommandError, match=r"endpoints=\[\]: daphne needs at least one endpoint"):
+        call_command(
+            "supervisor_config", "--workers", "1", "--out", str(tmp_path / "s.conf"), "--log-dir", str(tmp_path)
         )
     assert not (tmp_path / "s.conf").exists()
