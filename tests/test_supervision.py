@@ -35,8 +35,8 @@ ENDPOINTS = (
 class Console:
     """A supervised console: its base URL, supervisord's process and its XML-RPC interface."""
 
-    def __init__(self, url: str, proc: subprocess.Popen, sock: Path, log_dir: Path):
-        self.url, self.proc, self.sock, self.log_dir = url, proc, sock, log_dir
+    def __init__(self, url: str, proc: subprocess.Popen, sock: Path, log_dir: Path, env: dict[str, str]):
+        self.url, self.proc, self.sock, self.log_dir, self.env = url, proc, sock, log_dir, env
 
     @property
     def rpc(self):
@@ -122,7 +122,7 @@ def console(transactional_db, tmp_path):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    c = Console(f"http://127.0.0.1:{port}", proc, run_dir / "supervisor.sock", log_dir)
+    c = Console(f"http://127.0.0.1:{port}", proc, run_dir / "supervisor.sock", log_dir, env)
     try:
 
         def all_running():
@@ -235,10 +235,20 @@ def test_a_process_that_keeps_dying_at_start_is_given_up_visibly_and_the_rest_st
     assert _answers(console.url)
 
 
+def _environ(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
+
+
 def test_sigterm_to_supervisord_stops_every_process(console):
     pids = console.pids()
     assert set(pids) == {"daphne:daphne", "worker:worker-1", "sweeper:sweeper", "process_events:process_events"}
     assert all(_alive(pid) for pid in pids.values())
+    # Each process has the environment it was started in (run.sh's: var/env, REDIS_URL, ...),
+    # plus supervisord's SUPERVISOR_* names.
+    for pid in pids.values():
+        own = {k: v for k, v in _environ(pid).items() if not k.startswith("SUPERVISOR_")}
+        assert own == console.env
     console.proc.send_signal(signal.SIGTERM)
     assert console.proc.wait(60) == 0
     assert [name for name, pid in pids.items() if _alive(pid)] == []
