@@ -39,8 +39,9 @@ STATE_COLOURS = {
 
 class EventType(models.TextChoices):
     """The five scaler lifecycle events an orchestrator knows, the console's own milestones, the
-    audit of configuration values an import changed or warned about (`config.*`), and a scaler's
-    host-tool check (`host.*`); the last two are not tied to an agent."""
+    audit of configuration values an import changed or warned about (`config.*`), a scaler's
+    host-tool check (`host.*`) and the exits of the console's own processes under ``make run``
+    (`console.*`); the last three are not tied to an agent."""
 
     PROVISIONING = "scaler.provisioning", "provisioning"
     NETWORK = "scaler.network", "network"
@@ -57,6 +58,8 @@ class EventType(models.TextChoices):
     CONFIG_WARNING = "config.warning", "configuration accepted with a warning"
     HOST_TOOLS_MISSING = "host.tools_missing", "scaler not started: host tools missing"
     HOST_TOOLS_FOUND = "host.tools_found", "host tools present: scaler started"
+    PROCESS_RESTARTED = "console.process_restarted", "console process exited, restarted"
+    PROCESS_GAVE_UP = "console.process_gave_up", "console process given up after its retries"
 
 
 #: Badge class of an event type on the pages; an event not listed is blue.
@@ -73,4 +76,6 @@ EVENT_BADGES = {
     EventType.CONFIG_WARNING: "b-amber",
     EventType.HOST_TOOLS_MISSING: "b-red",
     EventType.HOST_TOOLS_FOUND: "b-green",
+    EventType.PROCESS_RESTARTED: "b-amber",
+    EventType.PROCESS_GAVE_UP: "b-red",
 }

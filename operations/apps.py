@@ -24,6 +24,8 @@ class OperationsConfig(AppConfig):
 
         from .attention import AttentionCollector
         from .notify import NOTICES_SERIES
+        from .supervision import PROCESS_RESTARTS_SERIES
 
         REGISTRY.register(AttentionCollector())
         register_series(NOTICES_SERIES)
+        register_series(PROCESS_RESTARTS_SERIES)

@@ -39,45 +39,40 @@ $M ensure_admin
 say "importing $KICI_SCALER_CONFIG_PATH"
 $M import_scalers "$KICI_SCALER_CONFIG_PATH" ${KICI_SCALER_CONFIG_DIR:+--dir "$KICI_SCALER_CONFIG_DIR"}
 
-pids=()
+# The console's processes under supervisord (operations/supervision.py, its configuration written
+# to var/run/supervisord.conf): daphne, KICI_WORKERS rq workers and the sweeper, each restarted when
+# it exits (a start that keeps failing is retried with a back-off, then given up), every exit
+# recorded as a console.* event and in kici_scaler_process_restarts_total. One crash stops nothing else.
+WORKERS="${KICI_WORKERS:-$(nproc)}"
+[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "KICI_WORKERS=$WORKERS is not a positive whole number"
+[ "$WORKERS" -ge 2 ] || [ -n "${KICI_WORKERS:-}" ] || WORKERS=2
+DJANGO='import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup()'
+# The operator listener(s) and the agents' gateway; on the gateway only the agent API is served.
+ENDPOINTS_TEXT="$($PY -c "$DJANGO"'
+from kici_site.listeners import daphne_endpoints;print("\n".join(daphne_endpoints()))')"
+mapfile -t ENDPOINTS <<< "$ENDPOINTS_TEXT"
+ENDPOINT_ARGS=()
+for e in "${ENDPOINTS[@]}"; do ENDPOINT_ARGS+=(--endpoint "$e"); done
+$M supervisor_config --workers "$WORKERS" "${ENDPOINT_ARGS[@]}" --out "$RUN_DIR/supervisord.conf" --log-dir "$LOG_DIR"
+
+SUPERVISOR=""
 stop() {
   trap - INT TERM EXIT
   say "stopping"
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # supervisord stops the sweeper, the workers (each finishes its job), then daphne, and exits.
+  if [ -n "$SUPERVISOR" ]; then kill -TERM "$SUPERVISOR" 2>/dev/null || true; wait "$SUPERVISOR" 2>/dev/null || true; fi
   stop_started_services
   exit 0
 }
 trap stop INT TERM EXIT
 
-DJANGO='import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup()'
-QUEUE="$($PY -c "$DJANGO"'
-from django.conf import settings;print(settings.KICI_HOST_QUEUE)')"
-# The operator listener(s) and the agents' gateway; on the gateway only the agent API is served.
-ENDPOINTS_TEXT="$($PY -c "$DJANGO"'
-from kici_site.listeners import daphne_endpoints;print("\n".join(daphne_endpoints()))')"
-mapfile -t ENDPOINTS <<< "$ENDPOINTS_TEXT"
-DAPHNE_ARGS=()
-for e in "${ENDPOINTS[@]}"; do DAPHNE_ARGS+=(-e "$e"); done
-# Each child in its own session: a Ctrl-C reaches only this script, whose stop() ends them in order.
-setsid $VENV/bin/daphne "${DAPHNE_ARGS[@]}" \
-  --access-log "$LOG_DIR/access.log" kici_site.asgi:application > "$LOG_DIR/daphne.log" 2>&1 &
-pids+=($!)
-# Workers: spawns, teardowns and approved operations run in parallel, one per worker; the
-# scheduler (--with-scheduler) runs the registration watch. KICI_WORKERS (default: the CPU count, at least 2).
-WORKERS="${KICI_WORKERS:-$(nproc)}"
-[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "KICI_WORKERS=$WORKERS is not a positive whole number"
-[ "$WORKERS" -ge 2 ] || [ -n "${KICI_WORKERS:-}" ] || WORKERS=2
-for i in $(seq 1 "$WORKERS"); do
-  setsid $M rqworker default "$QUEUE" --with-scheduler --worker-class kici_site.worker.KiciWorker \
-    > "$LOG_DIR/worker-$i.log" 2>&1 &
-  pids+=($!)
-done
-setsid $M scaler_sweeper > "$LOG_DIR/sweeper.log" 2>&1 &
-pids+=($!)
+# In its own session: a Ctrl-C reaches only this script, whose stop() ends it and then the services.
+setsid "$VENV/bin/supervisord" -c "$RUN_DIR/supervisord.conf" &
+SUPERVISOR=$!
 
 for _ in $(seq 1 60); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/healthz" 2>/dev/null && break; sleep 0.5; done
-say "KiCI Scaler Console: http://127.0.0.1:$PORT/   (logs in var/log/, Ctrl-C stops)"
-wait -n "${pids[@]}" || true
-warn "a process exited; see var/log/"
+say "KiCI Scaler Console: http://127.0.0.1:$PORT/   (logs in var/log/, Ctrl-C stops;" \
+  "\`.venv/bin/supervisorctl -c var/run/supervisord.conf status\` shows the processes)"
+wait "$SUPERVISOR" || true
+warn "supervisord exited; see var/log/supervisord.log"
 stop

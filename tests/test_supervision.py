@@ -1,0 +1,267 @@
+"""``make run``'s processes under supervisord (``operations/supervision.py``), started as
+``scripts/run.sh`` starts them (``manage.py supervisor_config``, then supervisord in its own session)
+against the suite's database and Redis, daphne on a free loopback port, one rq worker: a process
+killed is restarted without stopping the others, recorded as an event and on /metrics; one that
+keeps dying is given up, visibly; SIGTERM to supervisord stops them all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import xmlrpc.client
+from pathlib import Path
+
+import pytest
+import requests
+from django.core.management import CommandError, call_command
+from rq import Worker
+from supervisor.xmlrpc import SupervisorTransport
+
+from agents.choices import EventType
+from agents.models import ScalerEvent
+from operations.supervision import PROCESS_RESTARTS, STARTRETRIES
+from tests.support.servers import REPO, free_port
+
+RPC_TIMEOUT = 30  # seconds
+ENDPOINTS = (
+    "import django; django.setup(); from kici_site.listeners import daphne_endpoints; print(*daphne_endpoints())"
+)
+
+
+class Console:
+    """A supervised console: its base URL, supervisord's process and its XML-RPC interface."""
+
+    def __init__(self, url: str, proc: subprocess.Popen, sock: Path, log_dir: Path, env: dict[str, str]):
+        self.url, self.proc, self.sock, self.log_dir, self.env = url, proc, sock, log_dir, env
+
+    @property
+    def rpc(self):
+        """A new XML-RPC client on supervisord's socket (one whose request failed is not reusable)."""
+        transport = SupervisorTransport(None, None, f"unix://{self.sock}")
+        return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+    def info(self, name: str) -> dict:
+        return self.rpc.supervisor.getProcessInfo(name)
+
+    def pids(self) -> dict[str, int]:
+        return {f"{p['group']}:{p['name']}": p["pid"] for p in self.rpc.supervisor.getAllProcessInfo()}
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+
+def _wait(predicate, timeout: float, what: str, console: Console | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} within {timeout} s" + (f"\n{console.logs()}" if console else ""))
+
+
+def _answers(url: str) -> bool:
+    """Whether daphne answers /healthz (200, or 503 "degraded": no dockerd is reachable here)."""
+    try:
+        response = requests.get(url + "/healthz", timeout=5)
+    except requests.ConnectionError:
+        return False
+    return response.status_code in (200, 503) and "checks" in response.json()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def console(transactional_db, tmp_path):
+    from django.db import connection
+
+    db = connection.settings_dict
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
+        "DATABASE_URL": (
+            f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "KICI_OPERATOR_LISTEN": f"127.0.0.1:{port}",
+        "KICI_CONSOLE_URL": f"http://127.0.0.1:{port}",
+        "LOG_LEVEL": "WARNING",
+    }
+    run_dir, log_dir = tmp_path / "run", tmp_path / "log"
+    run_dir.mkdir()
+    log_dir.mkdir()
+    conf = run_dir / "supervisord.conf"
+    manage = [sys.executable, str(REPO / "manage.py")]
+    # As run.sh does: the endpoints kici_site.listeners.daphne_endpoints gives for this environment.
+    endpoints = subprocess.run(
+        [sys.executable, "-c", ENDPOINTS], env=env, check=True, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    assert endpoints == [f"tcp:port={port}:interface=127.0.0.1"]
+    subprocess.run(
+        [*manage, "supervisor_config", "--workers", "1", *(a for e in endpoints for a in ("--endpoint", e))]
+        + ["--out", str(conf), "--log-dir", str(log_dir)],
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("supervisord")), "-c", str(conf)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    c = Console(f"http://127.0.0.1:{port}", proc, run_dir / "supervisor.sock", log_dir, env)
+    try:
+
+        def all_running():
+            try:
+                return all(p["statename"] == "RUNNING" for p in c.rpc.supervisor.getAllProcessInfo())
+            except (OSError, xmlrpc.client.Fault):
+                return False
+
+        _wait(all_running, RPC_TIMEOUT, "every program RUNNING", c)
+        _wait(lambda: _answers(c.url), RPC_TIMEOUT, "daphne answering /healthz", c)
+        yield c
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+class HealthWatch:
+    """Asks /healthz every 0.1 s on a thread until stopped; counts the times daphne did not answer."""
+
+    def __init__(self, url: str):
+        self.url, self.asked, self.failed = url, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            self.asked += 1
+            if not _answers(self.url):
+                self.failed += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _events(type: str, process: str) -> list[ScalerEvent]:
+    return list(ScalerEvent.objects.filter(type=type, agent=None, scaler_name="", payload__process=process))
+
+
+def _restarts(url: str) -> dict[str, float]:
+    text = requests.get(url + "/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(PROCESS_RESTARTS + "{"):
+            labels, value = line.rsplit(" ", 1)
+            values[labels.split('program="', 1)[1].split('"', 1)[0]] = float(value)
+    return values
+
+
+def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(console):
+    from django_rq import get_connection
+
+    worker = console.info("worker:worker-1")
+    others = {name: pid for name, pid in console.pids().items() if name != "worker:worker-1"}
+    assert _restarts(console.url) == {"daphne": 0.0, "sweeper": 0.0, "worker": 0.0}
+    with HealthWatch(console.url) as health:
+        os.kill(worker["pid"], signal.SIGKILL)
+
+        def new_worker_registered():
+            info = console.info("worker:worker-1")
+            if info["statename"] != "RUNNING" or info["pid"] in (0, worker["pid"]):
+                return None
+            pids = {w.pid for w in Worker.all(connection=get_connection("default"))}
+            return info["pid"] if info["pid"] in pids else None
+
+        new_pid = _wait(new_worker_registered, 20, "a new rq worker registered", console)
+        time.sleep(1)  # daphne keeps answering past the restart too
+    assert new_pid != worker["pid"] and _alive(new_pid)
+    assert health.asked >= 10 and health.failed == 0
+    assert {name: pid for name, pid in console.pids().items() if name != "worker:worker-1"} == others
+    assert all(_alive(pid) for pid in others.values())
+
+    events = _wait(lambda: _events(EventType.PROCESS_RESTARTED, "worker-1"), 10, "the restart event", console)
+    assert len(events) == 1
+    assert events[0].payload["program"] == "worker" and events[0].payload["pid"] == str(worker["pid"])
+    assert f"worker-1 (pid {worker['pid']}) exited; restarted" in events[0].detail
+    assert _restarts(console.url) == {"daphne": 0.0, "sweeper": 0.0, "worker": 1.0}
+
+
+def test_a_process_that_keeps_dying_at_start_is_given_up_visibly_and_the_rest_still_run(console):
+    others = {name: pid for name, pid in console.pids().items() if name != "sweeper:sweeper"}
+    killed: set[int] = set()
+
+    def kill_each_new_sweeper():
+        info = console.info("sweeper:sweeper")
+        if info["statename"] == "FATAL":
+            return True
+        if info["pid"] and info["pid"] not in killed:
+            killed.add(info["pid"])
+            os.kill(info["pid"], signal.SIGKILL)
+        return False
+
+    _wait(kill_each_new_sweeper, 90, "the sweeper given up", console)
+    assert len(killed) == STARTRETRIES + 2  # the running one, then every start
+    gave_up = _wait(lambda: _events(EventType.PROCESS_GAVE_UP, "sweeper"), 10, "the give-up event", console)
+    assert len(gave_up) == 1 and "given up" in gave_up[0].detail
+    _wait(lambda: _restarts(console.url)["sweeper"] == len(killed), 10, "every exit counted", console)
+    assert console.pids() == {**others, "sweeper:sweeper": 0}
+    assert all(console.info(name)["statename"] == "RUNNING" for name in others)
+    assert all(_alive(pid) for pid in others.values())
+    assert _answers(console.url)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
+
+
+def test_sigterm_to_supervisord_stops_every_process(console):
+    pids = console.pids()
+    assert set(pids) == {"daphne:daphne", "worker:worker-1", "sweeper:sweeper", "process_events:process_events"}
+    assert all(_alive(pid) for pid in pids.values())
+    # Each process has the environment it was started in (run.sh's: var/env, REDIS_URL, ...),
+    # plus supervisord's SUPERVISOR_* names.
+    for pid in pids.values():
+        own = {k: v for k, v in _environ(pid).items() if not k.startswith("SUPERVISOR_")}
+        assert own == console.env
+    console.proc.send_signal(signal.SIGTERM)
+    assert console.proc.wait(60) == 0
+    assert [name for name, pid in pids.items() if _alive(pid)] == []
+    assert not _answers(console.url)
+
+
+def test_the_configuration_refuses_a_worker_count_below_one(tmp_path):
+    with pytest.raises(CommandError, match=r"workers=0 is not a positive whole number"):
+        call_command(
+            "supervisor_config", "--workers", "0", "--out", str(tmp_path / "s.conf"), "--log-dir", str(tmp_path)
+        )
+    with pytest.raises(CommandError, match=r"endpoints=\[\]: daphne needs at least one endpoint"):
+        call_command(
+            "supervisor_config", "--workers", "1", "--out", str(tmp_path / "s.conf"), "--log-dir", str(tmp_path)
+        )
+    assert not (tmp_path / "s.conf").exists()
