@@ -301,7 +301,7 @@ def undo_failed_spawn(
     cleanup_failed_spawn(host, rules, container_id, address, agent.agent_id)
     try:
         tokens.revoke_agent_tokens(agent)
-    except Exception:  # noqa: BLE001 - best effort
+    except Exception:  # best effort
         log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
     if captured and isinstance(exc, SpawnError) and not exc.captured_output:
         exc.captured_output = captured
