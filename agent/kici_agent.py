@@ -25,7 +25,7 @@ import urllib.request
 _stopping = False
 
 
-def _on_term(signum, frame):  # noqa: ARG001
+def _on_term(signum, frame):
     global _stopping
     _stopping = True
 
@@ -42,7 +42,7 @@ def post(url: str, bearer: str, body: dict, timeout: float = 10.0) -> dict:
         method="POST",
         headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - console URL from our own env
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # console URL from our own env
         return json.loads(resp.read() or b"{}")
 
 
@@ -52,16 +52,9 @@ def sleep_interruptibly(seconds: float) -> None:
         time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
 
-def main() -> int:
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.signal(signal.SIGINT, _on_term)
-    base = os.environ.get("KICI_ORCHESTRATOR_URL", "").rstrip("/")
-    agent = os.environ.get("KICI_AGENT_ID", "")
-    token = os.environ.get("KICI_AGENT_TOKEN", "")
-    if not (base and agent and token):
-        log("KICI_ORCHESTRATOR_URL, KICI_AGENT_ID and KICI_AGENT_TOKEN are required")
-        return 2
-    log(f"registering {agent} with {base} (labels: {os.environ.get('KICI_LABELS', '')})")
+def register(base: str, agent: str, token: str) -> dict | int:
+    """The console's registration answer (it has a ``sessionToken``), or the exit code when
+    registering ends without one: 0 when told to stop, 1 when refused or out of attempts."""
     answer = None
     # Every 2 s for up to 2 minutes: a console restarting (its workers finish their jobs first) must
     # not cost the agents that were booting meanwhile their one registration.
@@ -82,9 +75,12 @@ def main() -> int:
     if not answer or not answer.get("sessionToken"):
         log("registration failed")
         return 1
-    session = answer["sessionToken"]
-    interval = float(answer.get("heartbeatIntervalSeconds") or os.environ.get("KICI_HEARTBEAT_SECONDS") or 5)
-    log(f"registered; heartbeat every {interval:g}s")
+    return answer
+
+
+def heartbeat_until_stopped(base: str, agent: str, session: str, interval: float) -> int:
+    """Heartbeat every ``interval`` seconds until told to stop; the exit code: 0 when stopped or
+    forgotten by the console, 1 after 12 failed heartbeats in a row."""
     misses = 0
     while not _stopping:
         sleep_interruptibly(interval)
@@ -112,6 +108,25 @@ def main() -> int:
                 return 1
     log("terminated")
     return 0
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    base = os.environ.get("KICI_ORCHESTRATOR_URL", "").rstrip("/")
+    agent = os.environ.get("KICI_AGENT_ID", "")
+    token = os.environ.get("KICI_AGENT_TOKEN", "")
+    if not (base and agent and token):
+        log("KICI_ORCHESTRATOR_URL, KICI_AGENT_ID and KICI_AGENT_TOKEN are required")
+        return 2
+    log(f"registering {agent} with {base} (labels: {os.environ.get('KICI_LABELS', '')})")
+    answer = register(base, agent, token)
+    if isinstance(answer, int):
+        return answer
+    session = answer["sessionToken"]
+    interval = float(answer.get("heartbeatIntervalSeconds") or os.environ.get("KICI_HEARTBEAT_SECONDS") or 5)
+    log(f"registered; heartbeat every {interval:g}s")
+    return heartbeat_until_stopped(base, agent, session, interval)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ class _Publisher:
                     event()
                 else:
                     _publish_now(event)
-            except Exception:  # noqa: BLE001 - a push failure must never fail the producer
+            except Exception:  # a push failure must never fail the producer
                 log.warning("could not publish %s", getattr(event, "pk", event), exc_info=True)
             finally:
                 close_old_connections()

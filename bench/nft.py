@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from network.netlink import run_in_netns  # noqa: E402
-from network.nft.apply import NftClient  # noqa: E402
-from network.nft.render import render_full  # noqa: E402
-from network.nft.spec import AgentSpec  # noqa: E402
+from network.netlink import run_in_netns
+from network.nft.apply import NftClient
+from network.nft.render import render_full
+from network.nft.spec import AgentSpec
 
 GW = "172.30.0.1"
 HOST_ACCESS = ["172.30.0.1:53", "*:4000", "192.168.1.5:9000"]

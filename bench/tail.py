@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lib.tail import MAX_READ_BYTES, FileTail  # noqa: E402
-from live.hub import ConsoleHub  # noqa: E402
-from live.sources import MAX_LAG_BYTES  # noqa: E402
-from live.streams import StreamKey  # noqa: E402
-from live.transport import RedisTransport  # noqa: E402
+from lib.tail import MAX_READ_BYTES, FileTail
+from live.hub import ConsoleHub
+from live.sources import MAX_LAG_BYTES
+from live.streams import StreamKey
+from live.transport import RedisTransport
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/7")
 LINE = b"x" * 90  # + " %08d\n" = 100 bytes

@@ -71,7 +71,7 @@ _check_test_database(_CONSOLE)
 # Channels layer and every process a test starts (daphne, rq workers, consoles) use it.
 os.environ["REDIS_URL"] = _suite_redis_url(_CONSOLE)
 
-from .settings import *  # noqa: E402,F401,F403
+from .settings import *  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

@@ -692,7 +692,7 @@ class FileTail:
                 reader.cancel()
                 try:
                     await reader
-                except (asyncio.CancelledError, Exception):
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a cancelled reader's last error is moot
                     pass
             self._close()
 

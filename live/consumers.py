@@ -187,7 +187,7 @@ class _LiveConsumer(SessionBound, AsyncWebsocketConsumer):
                 await asyncio.sleep(FRAME_INTERVAL)
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - the socket is gone or rendering broke: end this viewer
+        except Exception:  # the socket is gone or rendering broke: end this viewer
             log.warning("live writer stopped", exc_info=True)
             with contextlib.suppress(Exception):
                 await self.close(code=1011)
@@ -500,7 +500,7 @@ class RowsConsumer(SessionBound, AsyncWebsocketConsumer):
                 self.last_frame = loop.time()
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - the socket is gone or rendering broke: end this viewer
+        except Exception:  # the socket is gone or rendering broke: end this viewer
             log.warning("live rows stopped", exc_info=True)
             with contextlib.suppress(Exception):
                 await self.close(code=1011)
@@ -595,7 +595,7 @@ class AttentionConsumer(SessionBound, AsyncWebsocketConsumer):
                     self.wake.set()
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - the socket is gone or the read broke: end this viewer
+        except Exception:  # the socket is gone or the read broke: end this viewer
             log.warning("live attention stopped", exc_info=True)
             with contextlib.suppress(Exception):
                 await self.close(code=1011)

@@ -212,7 +212,7 @@ class ConsoleHub:
                         await self._start_pump(st)
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # noqa: BLE001 - Redis hiccup: try again next tick
+                except Exception:  # Redis hiccup: try again next tick
                     log.warning("console %s: keeper step failed", key.group, exc_info=True)
                 async with self._lock:
                     if st.pump is None and not st.viewers:

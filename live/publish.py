@@ -60,7 +60,7 @@ def event_message(event: Any, render: bool | None = None) -> dict:
         return message
     try:
         message["html"] = render_live_update(event)
-    except Exception:  # noqa: BLE001 - the receivers can still render from the database
+    except Exception:  # the receivers can still render from the database
         log.warning("could not render event %s for the live push", event.pk, exc_info=True)
     return message
 
@@ -172,7 +172,7 @@ def publish_progress(
                 "log_to": log_to,
             },
         )
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.warning("could not publish progress of operation %s", operation_id, exc_info=True)
 
 
@@ -182,5 +182,5 @@ def send_operation_progress(sender, operation_id: int, keys=(), log_from=None, l
     publish_progress(operation_id, keys, log_from, log_to)
     try:
         publish_rows([(OPERATIONS_GROUP, rows_notice("operations", [operation_id]))])
-    except Exception:  # noqa: BLE001 - a push failure must not fail the producer
+    except Exception:  # a push failure must not fail the producer
         log.warning("could not publish the row of operation %s", operation_id, exc_info=True)

@@ -51,7 +51,7 @@ def close_sockets_of(session_key: str | None) -> None:
         return
     try:
         async_to_sync(get_channel_layer().group_send)(session_group(session_key), {"type": "session.end"})
-    except Exception:  # noqa: BLE001 - the periodic re-check closes them within seconds anyway
+    except Exception:  # the periodic re-check closes them within seconds anyway
         log.warning("could not tell the sockets of a signed-out session to close", exc_info=True)
 
 
@@ -104,7 +104,7 @@ class SessionBound:
                     return
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - a check that cannot run ends the socket: fail closed
+        except Exception:  # a check that cannot run ends the socket: fail closed
             log.warning("session re-check failed; closing the socket", exc_info=True)
             with contextlib.suppress(Exception):
                 await self.close(code=CLOSE_SIGNED_OUT)

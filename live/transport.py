@@ -29,7 +29,7 @@ def deliver_to(listeners: dict[str, list[Listener]], message: dict) -> None:
     for callback in list(listeners.get(message.get("group"), ())):
         try:
             callback(message)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("console listener failed")
 
 
@@ -251,7 +251,7 @@ class RedisTransport:
                 message = await self.layer.receive(self.channel)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - Redis hiccup: retry, do not kill the relay
+            except Exception:  # Redis hiccup: retry, do not kill the relay
                 log.warning("console relay: receive failed, retrying", exc_info=True)
                 await asyncio.sleep(1)
                 continue

@@ -64,7 +64,7 @@ def run_in_netns[T](netns: str, fn: Callable[[], T], path: str | None = None) ->
             os.setns(fd, os.CLONE_NEWNET)
             _state.netns = netns
             box["value"] = fn()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
             box["error"] = exc
         finally:
             os.close(fd)

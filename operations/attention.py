@@ -344,7 +344,7 @@ class AttentionCollector:
     def collect(self):
         try:
             counts = needs_attention().counts
-        except Exception:  # noqa: BLE001 - a scrape must answer even without a database
+        except Exception:  # a scrape must answer even without a database
             log.warning("metrics: attention read failed", exc_info=True)
             return
         gauge = GaugeMetricFamily(

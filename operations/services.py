@@ -219,7 +219,7 @@ def create_operation(
         plan = operation_kind.plan(scope)
     except (ScopeInvalid, PlanRefused):
         raise
-    except Exception as exc:  # noqa: BLE001 - a planner that cannot look plans nothing, and says why
+    except Exception as exc:  # a planner that cannot look plans nothing, and says why
         raise PlanRefused(f"the planner could not look ({type(exc).__name__}: {exc}); nothing was planned") from exc
     if not plan.targets:
         raise NothingToDo(kind, plan)

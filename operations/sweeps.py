@@ -77,7 +77,7 @@ def _sweep_scopes(kind: Kind) -> list[Scope]:
     """``kind``'s scopes to sweep; none (logged) when they cannot be listed."""
     try:
         return kind.sweep_scopes()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.warning("sweep %s: could not list scopes: %s", kind.name, exc, exc_info=True)
         return []
 
@@ -109,7 +109,7 @@ def _sweep(kind: Kind, scope: Scope, policy: SweepPolicy, now: datetime) -> Oper
         plan = kind.plan(scope)
         operation, created, result = _store_found(kind, scope, plan, policy, now)
         kind.observe(scope, plan, operation)
-    except Exception as exc:  # noqa: BLE001 - one scope failing must not stop the others
+    except Exception as exc:  # one scope failing must not stop the others
         result = f"error: {type(exc).__name__}: {exc}"
         log.warning("sweep %s failed: %s", key, exc, exc_info=True)
     SweepState.objects.update_or_create(sweep_key=key, defaults={"last_run_at": now, "last_result": result[:2000]})

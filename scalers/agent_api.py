@@ -122,7 +122,7 @@ def _registration_hooks(agent: Agent) -> None:
     spent token leaves the metadata service now)."""
     try:
         backend = get_backend(agent.scaler)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.warning("no backend for the registration hooks of %s", agent.agent_id, exc_info=True)
         return
     for name in ("mark_registered", "clear_mmds"):
@@ -130,7 +130,7 @@ def _registration_hooks(agent: Agent) -> None:
         if hook is not None:
             try:
                 hook(agent)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("%s of %s failed", name, agent.agent_id, exc_info=True)
 
 

@@ -134,7 +134,7 @@ def check_isolation_drift() -> list[DriftReport]:
     for name, table in _tables().items():
         try:
             report = _check_table(name, table)
-        except Exception:  # noqa: BLE001 - one table's failure must not stop the others
+        except Exception:  # one table's failure must not stop the others
             log.exception("drift check of table %s failed", name)
             continue
         if report.base or report.agents:

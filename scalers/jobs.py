@@ -246,7 +246,7 @@ def schedule_watch(agent: Agent, backend) -> None:
             failure_ttl=24 * 3600,
             description=f"registration watch of {agent.agent_id}",
         )
-    except Exception:  # noqa: BLE001 - the periodic sweep still catches the deadline
+    except Exception:  # the periodic sweep still catches the deadline
         log.warning("could not schedule the registration watch of %s", agent.agent_id, exc_info=True)
 
 
@@ -283,7 +283,7 @@ def watch_registration(agent_pk: int) -> str:
     return "watching"
 
 
-def spawn_job_failed(job, connection, type, value, traceback):  # noqa: A002 - rq's callback signature
+def spawn_job_failed(job, connection, type, value, traceback):  # rq's callback signature
     """rq ``on_failure`` callback of :func:`spawn_agent` (hard kill, timeout, crash): hands over to
     ``scalers.lifecycle.on_spawn_job_failure``, which tears the sandbox down through the
     backend and releases the reservation, then hands the spawn slot on. Its dotted path is stored

@@ -178,7 +178,7 @@ def fail_spawn(
             )
     try:
         revoke_agent_tokens(agent)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
     return release(agent.agent_id, reason)
 
@@ -275,7 +275,7 @@ def fail_connecting(
     agent.state = AgentState.DESTROYING
     try:
         revoke_agent_tokens(agent)
-    except Exception:  # noqa: BLE001 - the row is destroying: a registration is refused anyway
+    except Exception:  # the row is destroying: a registration is refused anyway
         log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
     fail_spawn(agent, error, reason=reason, destroy_reason=destroy_reason, captured=captured, payload=payload)
     return True
@@ -299,7 +299,7 @@ def expire_registration(agent_pk: int, *, now: datetime | None = None) -> bool:
         capture = getattr(get_backend(agent.scaler), "captured_output_for", None)
         if capture:
             captured = capture(agent)
-    except Exception:  # noqa: BLE001 - the output is a courtesy
+    except Exception:  # the output is a courtesy
         log.warning("could not capture the output of %s", agent.agent_id, exc_info=True)
     error = RuntimeError(f"agent did not register within {spawn_timeout_seconds()} s")
     return fail_connecting(agent, error, captured=captured, reason="spawn-timeout", destroy_reason="spawn-timeout")

@@ -24,7 +24,7 @@ import urllib.request
 _stopping = False
 
 
-def _on_term(signum, frame):  # noqa: ARG001
+def _on_term(signum, frame):
     global _stopping
     _stopping = True
 
@@ -37,7 +37,7 @@ def post(url: str, bearer: str, body: dict) -> dict:
         method="POST",
         headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the console's loopback URL
+    with urllib.request.urlopen(req, timeout=10) as resp:  # the console's loopback URL
         return json.loads(resp.read() or b"{}")
 
 

@@ -4,7 +4,7 @@
 project uses. Not used by the project.
 """
 
-from kici_site.settings import *  # noqa: F401,F403
+from kici_site.settings import *  # noqa: F403
 from kici_site.settings import REDIS_URL
 
 CHANNEL_LAYERS = {

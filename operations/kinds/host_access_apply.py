@@ -167,99 +167,11 @@ class HostAccessApply(Kind):
 
     def plan(self, scope: Scope) -> Plan:
         label_set = LabelSet.objects.select_related("scaler").get(pk=scope.label_set.pk)
-        scaler = label_set.scaler
         revert = _reverts(scope)
         new = _new_value(scope, label_set)
         result = Plan()
-        key = f"labelset:{label_set.pk}"
-        subject = f"{scaler.name}[{label_set.index}] {label_set.normalized}"
-        file_value = label_set.file_host_access
-        ls_evidence = {
-            "host_access_from": label_set.host_access,
-            "host_access_to": new,
-            "source_from": "console" if label_set.host_access_override else "file",
-            "source_to": "file" if revert else "console",
-            "file_host_access": file_value,
-            "scaler": scaler.name,
-        }
-        if revert and not label_set.host_access_override:
-            result.spared.append(Spared(key, subject, "the label set already follows the file", ls_evidence))
-        elif not revert and label_set.host_access_override and same_host_access(label_set.host_access, new):
-            reason = "the label set already has this value"
-            if label_set.host_access != new:
-                reason += " (the same entries in another order or spelling, which allow the same)"
-            result.spared.append(Spared(key, subject, reason, ls_evidence))
-        else:
-            if revert:
-                action = "revert hostAccess to the file's value"
-            elif new is None:
-                action = "reset hostAccess to the default (console value)"
-            else:
-                action = "set hostAccess (console value)"
-            result.targets.append(Target(key, action, subject, ls_evidence))
-        shown = _shown(file_value)
-        if revert:
-            result.notes.append(
-                f"scalers.yaml says hostAccess {shown} for this label set: it is in force from now on, "
-                "and later edits of the file apply on import"
-            )
-        elif file_value != new:
-            result.notes.append(
-                f"scalers.yaml says hostAccess {shown} for this label set: the console's value stays in force "
-                "over the file through restarts and reloads, shown beside the file's, until it is reverted to the file"
-            )
-
-        where = isolation_target(scaler)
-        agents = list(Agent.objects.filter(label_set=label_set, state__in=LIVE_STATES).order_by("agent_id"))
-        if where is None:
-            if agents:
-                result.notes.append(
-                    f"{scaler.type} agents run on machines this console does not firewall: no rules to change"
-                )
-            return result
-        table, gateway, _subnet = where
-        checked = _checked_entries(new, scaler, gateway)
-        console = console_port_warning(checked, scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
-        result.warnings.extend(([console] if console else []) + _warnings(checked, gateway))
-        try:
-            in_force = NftClient(table, netns=settings.KICI_NFT_NETNS).list_agents()
-        except Exception as exc:  # noqa: BLE001 - without the kernel's view, nothing is planned for agents
-            in_force = None
-            result.notes.append(f"could not read table {table}: {exc}; agent rules are not planned")
-        policy = _policy(label_set)
-        resolved_new = resolved_host_access(new, scaler, gateway)
-        for agent in agents:
-            akey = f"agent:{agent.agent_id}"
-            if not agent.ip:
-                result.spared.append(
-                    Spared(akey, agent.agent_id, "has no address yet (its rules are written when it gets one)")
-                )
-                continue
-            if in_force is None:
-                result.spared.append(Spared(akey, agent.agent_id, f"table {table} could not be read"))
-                continue
-            current = in_force.get(ipaddress.ip_address(agent.ip))
-            # The policy rules only: the guard's binding of the agent's port is not host access
-            # and is left as it is by the apply.
-            now_lines = current.rule_lines() if current is not None else []
-            want_lines = spec_rule_lines(_spec(agent, gateway, policy, resolved_new))
-            removed, added = line_diff(now_lines, want_lines)
-            evidence = {
-                "ip": agent.ip,
-                "state": agent.state,
-                "table": table,
-                "host_access_now": agent.host_access,
-                "host_access_new": resolved_new,
-                "rules_add": added,
-                "rules_remove": removed,
-            }
-            if not added and not removed and same_host_access(agent.host_access, resolved_new):
-                reason = "its rules already match"
-                if now_lines != want_lines or agent.host_access != resolved_new:
-                    reason += " (the same entries in another order: the order of accept rules changes no verdict)"
-                result.spared.append(Spared(akey, agent.agent_id, reason, evidence))
-            else:
-                result.targets.append(Target(akey, "re-write input rules", agent.agent_id, evidence))
+        _plan_label_set(result, label_set, revert, new)
+        _plan_agents(result, label_set, new)
         return result
 
     def act(self, run, scope, plan, targets) -> None:
@@ -314,3 +226,102 @@ class HostAccessApply(Kind):
                 )
             except Exception as exc:  # noqa: BLE001
                 run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def _plan_label_set(result: Plan, label_set: LabelSet, revert: bool, new: list[str] | None) -> None:
+    """Add the label set's own target (or why it is spared) and the note on the file's value to ``result``."""
+    scaler = label_set.scaler
+    key = f"labelset:{label_set.pk}"
+    subject = f"{scaler.name}[{label_set.index}] {label_set.normalized}"
+    file_value = label_set.file_host_access
+    ls_evidence = {
+        "host_access_from": label_set.host_access,
+        "host_access_to": new,
+        "source_from": "console" if label_set.host_access_override else "file",
+        "source_to": "file" if revert else "console",
+        "file_host_access": file_value,
+        "scaler": scaler.name,
+    }
+    if revert and not label_set.host_access_override:
+        result.spared.append(Spared(key, subject, "the label set already follows the file", ls_evidence))
+    elif not revert and label_set.host_access_override and same_host_access(label_set.host_access, new):
+        reason = "the label set already has this value"
+        if label_set.host_access != new:
+            reason += " (the same entries in another order or spelling, which allow the same)"
+        result.spared.append(Spared(key, subject, reason, ls_evidence))
+    else:
+        if revert:
+            action = "revert hostAccess to the file's value"
+        elif new is None:
+            action = "reset hostAccess to the default (console value)"
+        else:
+            action = "set hostAccess (console value)"
+        result.targets.append(Target(key, action, subject, ls_evidence))
+    shown = _shown(file_value)
+    if revert:
+        result.notes.append(
+            f"scalers.yaml says hostAccess {shown} for this label set: it is in force from now on, "
+            "and later edits of the file apply on import"
+        )
+    elif file_value != new:
+        result.notes.append(
+            f"scalers.yaml says hostAccess {shown} for this label set: the console's value stays in force "
+            "over the file through restarts and reloads, shown beside the file's, until it is reverted to the file"
+        )
+
+
+def _plan_agents(result: Plan, label_set: LabelSet, new: list[str] | None) -> None:
+    """Add each live agent's rule rewrite (or why it is spared) and the warnings on ``new`` to ``result``,
+    against the rules the kernel has in force now."""
+    scaler = label_set.scaler
+    where = isolation_target(scaler)
+    agents = list(Agent.objects.filter(label_set=label_set, state__in=LIVE_STATES).order_by("agent_id"))
+    if where is None:
+        if agents:
+            result.notes.append(
+                f"{scaler.type} agents run on machines this console does not firewall: no rules to change"
+            )
+        return
+    table, gateway, _subnet = where
+    checked = _checked_entries(new, scaler, gateway)
+    console = console_port_warning(checked, scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
+    result.warnings.extend(([console] if console else []) + _warnings(checked, gateway))
+    try:
+        in_force = NftClient(table, netns=settings.KICI_NFT_NETNS).list_agents()
+    except Exception as exc:  # noqa: BLE001 - without the kernel's view, nothing is planned for agents
+        in_force = None
+        result.notes.append(f"could not read table {table}: {exc}; agent rules are not planned")
+    policy = _policy(label_set)
+    resolved_new = resolved_host_access(new, scaler, gateway)
+    for agent in agents:
+        akey = f"agent:{agent.agent_id}"
+        if not agent.ip:
+            result.spared.append(
+                Spared(akey, agent.agent_id, "has no address yet (its rules are written when it gets one)")
+            )
+            continue
+        if in_force is None:
+            result.spared.append(Spared(akey, agent.agent_id, f"table {table} could not be read"))
+            continue
+        current = in_force.get(ipaddress.ip_address(agent.ip))
+        # The policy rules only: the guard's binding of the agent's port is not host access
+        # and is left as it is by the apply.
+        now_lines = current.rule_lines() if current is not None else []
+        want_lines = spec_rule_lines(_spec(agent, gateway, policy, resolved_new))
+        removed, added = line_diff(now_lines, want_lines)
+        evidence = {
+            "ip": agent.ip,
+            "state": agent.state,
+            "table": table,
+            "host_access_now": agent.host_access,
+            "host_access_new": resolved_new,
+            "rules_add": added,
+            "rules_remove": removed,
+        }
+        if not added and not removed and same_host_access(agent.host_access, resolved_new):
+            reason = "its rules already match"
+            if now_lines != want_lines or agent.host_access != resolved_new:
+                reason += " (the same entries in another order: the order of accept rules changes no verdict)"
+            result.spared.append(Spared(akey, agent.agent_id, reason, evidence))
+        else:
+            result.targets.append(Target(akey, "re-write input rules", agent.agent_id, evidence))

@@ -227,7 +227,7 @@ class AdmissionQueue:
         try:
             self._prepare_connection()
             result = self._decide([p.request for p in batch])
-        except BaseException as exc:  # noqa: BLE001 - every waiter must be woken
+        except BaseException as exc:  # every waiter must be woken
             log.warning("admission batch of %d failed: %s", len(batch), exc)
             _count_lock_failure(exc)
             self._close_connection()

@@ -94,7 +94,7 @@ def recover_state(
     try:
         result, dropped = _recover(instance_id, spawn_alive)
         error = ""
-    except Exception as exc:  # noqa: BLE001 - a failed recovery must not stop the console
+    except Exception as exc:  # a failed recovery must not stop the console
         log.exception("scaler state recovery failed; starting empty")
         result, dropped, error = ScalerStateRecovery(), [], f"{type(exc).__name__}: {exc}"
     for agent in dropped:
@@ -129,7 +129,7 @@ def _end_dropped_spawn(agent: Agent) -> None:
         teardown_agent(
             agent, "recovery", final_state=AgentState.FAILED, failure_reason=DROPPED_SPAWN, destroy_reason="shutdown"
         )
-    except Exception:  # noqa: BLE001 - the agent stays destroying; the sweeper retries
+    except Exception:  # the agent stays destroying; the sweeper retries
         log.exception("recovery: the teardown of %s failed; the sweeper retries it", agent.agent_id)
 
 

@@ -145,7 +145,7 @@ class EventBackend:
     def _invalidate(agent) -> None:
         try:
             invalidate_claims(agent.agent_id)
-        except Exception:  # noqa: BLE001 - a claim left behind expires on its own
+        except Exception:  # a claim left behind expires on its own
             log.warning("could not invalidate the claims of %s", agent.agent_id, exc_info=True)
 
     def shutdown_all(self) -> None:

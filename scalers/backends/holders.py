@@ -143,7 +143,7 @@ def read_holders(
     if containers is None and list_containers is not None:
         try:
             containers = list(list_containers())
-        except Exception as exc:  # noqa: BLE001 - an unreadable runtime keeps every rule
+        except Exception as exc:  # an unreadable runtime keeps every rule
             if wanted is None:
                 raise
             failure = f"unknown: the container runtime could not be listed ({exc})"

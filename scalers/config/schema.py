@@ -537,6 +537,11 @@ def scaler_entry_issues(entry: ScalerEntry) -> list[SchemaIssue]:
     Paths are relative to the entry (``("labelSets", 0, "image")``). Messages are
     kept word for word: users and tests match them.
     """
+    return _type_issues(entry) + _label_set_issues(entry)
+
+
+def _type_issues(entry: ScalerEntry) -> list[SchemaIssue]:
+    """The fields ``entry``'s type requires, on the entry and on each label set."""
     issues: list[SchemaIssue] = []
     name = entry.name
     if entry.type == "event":
@@ -568,24 +573,39 @@ def scaler_entry_issues(entry: ScalerEntry) -> list[SchemaIssue]:
                     )
                 )
     elif entry.type == "firecracker":
-        for field_name, alias in (
-            ("firecracker_path", "firecrackerPath"),
-            ("jailer_path", "jailerPath"),
-            ("kernel_path", "kernelPath"),
-            ("uid", "uid"),
-            ("gid", "gid"),
-        ):
-            value = getattr(entry, field_name)
-            if value is None or value == "":
-                issues.append(SchemaIssue((alias,), f"Firecracker scaler \"{name}\" requires a '{alias}' field"))
-        for i, ls in enumerate(entry.label_sets):
-            if not ls.rootfs_path:
-                issues.append(
-                    SchemaIssue(
-                        ("labelSets", i, "rootfsPath"),
-                        f"Firecracker scaler \"{name}\" label set [{i}] requires a 'rootfsPath' field",
-                    )
+        issues.extend(_firecracker_issues(entry))
+    return issues
+
+
+def _firecracker_issues(entry: ScalerEntry) -> list[SchemaIssue]:
+    """A firecracker entry's required paths and ids, and each label set's ``rootfsPath``."""
+    issues: list[SchemaIssue] = []
+    name = entry.name
+    for field_name, alias in (
+        ("firecracker_path", "firecrackerPath"),
+        ("jailer_path", "jailerPath"),
+        ("kernel_path", "kernelPath"),
+        ("uid", "uid"),
+        ("gid", "gid"),
+    ):
+        value = getattr(entry, field_name)
+        if value is None or value == "":
+            issues.append(SchemaIssue((alias,), f"Firecracker scaler \"{name}\" requires a '{alias}' field"))
+    for i, ls in enumerate(entry.label_sets):
+        if not ls.rootfs_path:
+            issues.append(
+                SchemaIssue(
+                    ("labelSets", i, "rootfsPath"),
+                    f"Firecracker scaler \"{name}\" label set [{i}] requires a 'rootfsPath' field",
                 )
+            )
+    return issues
+
+
+def _label_set_issues(entry: ScalerEntry) -> list[SchemaIssue]:
+    """Each label set's unreachable gate labels and a ``credentialsRef`` on a label set that pulls no image."""
+    issues: list[SchemaIssue] = []
+    name = entry.name
     for i, ls in enumerate(entry.label_sets):
         for gate_label in labelmod.unreachable_gate_labels(ls.labels, entry.mandatory_labels, entry.platform):
             issues.append(

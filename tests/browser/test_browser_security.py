@@ -45,7 +45,7 @@ def _vm_agent(tmp_path: Path) -> Agent:
 
 
 class _OtherPortPage(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):  # http.server's name
         body = b"<!doctype html><title>another local service</title>"
         self.send_response(200)
         self.send_header("Content-Type", "text/html")

@@ -87,87 +87,92 @@ def trace(line: str) -> None:
         pass
 
 
-def make_handler(state: dict):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class VmmApiHandler(BaseHTTPRequestHandler):
+    """The Firecracker API over ``state`` (a subclass per VMM sets it: :func:`make_handler`)."""
 
-        def log_message(self, *args):  # no client address on a Unix socket
-            pass
+    protocol_version = "HTTP/1.1"
+    state: dict
 
-        def _body(self):
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""
-            return json.loads(raw) if raw else None
+    def log_message(self, *args):  # no client address on a Unix socket
+        pass
 
-        def _send(self, status: int, obj=None):
-            data = b"" if obj is None else json.dumps(obj).encode()
-            self.send_response(status)
-            if data:
-                self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def _body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        return json.loads(raw) if raw else None
 
-        def _fault(self, msg: str):
-            self._send(400, {"fault_message": msg})
+    def _send(self, status: int, obj=None):
+        data = b"" if obj is None else json.dumps(obj).encode()
+        self.send_response(status)
+        if data:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
-        def _die_if_dying(self):
-            # A guest that died answers nothing more: a request after the last answer is refused,
-            # whichever thread serves it and however late os._exit runs in the dying one.
-            if state.get("dying"):
-                state["panicked"].wait(5)  # the panic text is in the serial log first
+    def _fault(self, msg: str):
+        self._send(400, {"fault_message": msg})
+
+    def _die_if_dying(self):
+        # A guest that died answers nothing more: a request after the last answer is refused,
+        # whichever thread serves it and however late os._exit runs in the dying one.
+        if self.state.get("dying"):
+            self.state["panicked"].wait(5)  # the panic text is in the serial log first
+            os._exit(0)
+
+    def do_GET(self):
+        self._die_if_dying()
+        if self.path == "/":
+            if self.state["panic_after_ready"] is not None:
+                self.state["dying"] = True  # before the answer: the caller's next request comes after it
+            self._send(
+                200, {"id": self.state["id"], "state": "Running", "vmm_version": "1.12.1", "app_name": "Firecracker"}
+            )
+            if self.state["panic_after_ready"] is not None:
+                self.wfile.flush()
+                self.state["log"](self.state["panic_after_ready"])
+                self.state["panicked"].set()
                 os._exit(0)
+        elif self.path == "/mmds":
+            self._send(200, self.state["mmds"])
+        else:
+            self._fault(f"Invalid request method and/or path: GET {self.path}")
 
-        def do_GET(self):
-            self._die_if_dying()
-            if self.path == "/":
-                if state["panic_after_ready"] is not None:
-                    state["dying"] = True  # before the answer: the caller's next request comes after it
-                self._send(
-                    200, {"id": state["id"], "state": "Running", "vmm_version": "1.12.1", "app_name": "Firecracker"}
-                )
-                if state["panic_after_ready"] is not None:
-                    self.wfile.flush()
-                    state["log"](state["panic_after_ready"])
-                    state["panicked"].set()
-                    os._exit(0)
-            elif self.path == "/mmds":
-                self._send(200, state["mmds"])
-            else:
-                self._fault(f"Invalid request method and/or path: GET {self.path}")
-
-        def do_PUT(self):
-            self._die_if_dying()
-            try:
-                body = self._body()
-            except ValueError as e:
-                return self._fault(f"An error occurred when deserializing the json body of a request: {e}")
-            if self.path == "/mmds":
-                state["mmds"] = body if body is not None else {}
-                return self._send(204)
-            if self.path == "/actions":
-                action = (body or {}).get("action_type")
-                if action == "SendCtrlAltDel":
-                    trace("SendCtrlAltDel received")
-                    self._send(204)
-                    trace("SendCtrlAltDel answered")
-                    if not state["ignore_cad"]:
-                        state["log"]("reboot: Restarting system")
-                        threading.Timer(0.05, lambda: os._exit(0)).start()
-                        trace("reboot logged, exit in 0.05 s")
-                    return None
-                return self._fault(f"Unsupported action type: {action}")
-            return self._fault(f"Invalid request method and/or path: PUT {self.path}")
-
-        def do_PATCH(self):
-            self._die_if_dying()
-            if self.path != "/mmds":
-                return self._fault(f"Invalid request method and/or path: PATCH {self.path}")
-            body = self._body() or {}
-            state["mmds"].update(body)
+    def do_PUT(self):
+        self._die_if_dying()
+        try:
+            body = self._body()
+        except ValueError as e:
+            return self._fault(f"An error occurred when deserializing the json body of a request: {e}")
+        if self.path == "/mmds":
+            self.state["mmds"] = body if body is not None else {}
             return self._send(204)
+        if self.path == "/actions":
+            action = (body or {}).get("action_type")
+            if action == "SendCtrlAltDel":
+                trace("SendCtrlAltDel received")
+                self._send(204)
+                trace("SendCtrlAltDel answered")
+                if not self.state["ignore_cad"]:
+                    self.state["log"]("reboot: Restarting system")
+                    threading.Timer(0.05, lambda: os._exit(0)).start()
+                    trace("reboot logged, exit in 0.05 s")
+                return None
+            return self._fault(f"Unsupported action type: {action}")
+        return self._fault(f"Invalid request method and/or path: PUT {self.path}")
 
-    return Handler
+    def do_PATCH(self):
+        self._die_if_dying()
+        if self.path != "/mmds":
+            return self._fault(f"Invalid request method and/or path: PATCH {self.path}")
+        body = self._body() or {}
+        self.state["mmds"].update(body)
+        return self._send(204)
+
+
+def make_handler(state: dict) -> type[VmmApiHandler]:
+    """The handler class for one VMM: :class:`VmmApiHandler` serving ``state`` (config, mmds, directives)."""
+    return type("Handler", (VmmApiHandler,), {"state": state})
 
 
 def run_vmm(opts: dict, fc_opts: dict) -> None:

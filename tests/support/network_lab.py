@@ -61,7 +61,7 @@ def in_netns(name: str, fn: Callable[[], object]) -> object:
             finally:
                 os.close(fd)
             box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
             box["error"] = exc
 
     thread = threading.Thread(target=target, name=f"setns-{name}")

@@ -23,7 +23,7 @@ class Provisioner:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with receiver.lock:
                     receiver.requests.append({"headers": dict(self.headers), "body": body})

@@ -55,7 +55,7 @@ def private_registry(username: str = "kici-ci", password: str = "reg-Pa55-secret
         f"http: {{addr: '127.0.0.1:{port}'}}\n"
         f"auth: {{htpasswd: {{realm: kici-test, path: {root / 'htpasswd'}}}}}\n"
     )
-    log = open(root / "registry.log", "wb")  # noqa: SIM115 - closed below
+    log = open(root / "registry.log", "wb")  # closed below
     proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 20

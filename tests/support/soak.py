@@ -512,7 +512,7 @@ def table_rows() -> dict[str, int]:
         tables = [row[0] for row in cur.fetchall()]
         counts = {}
         for table in tables:
-            cur.execute(f'SELECT count(*) FROM "{table}"')  # noqa: S608 - names from pg_tables
+            cur.execute(f'SELECT count(*) FROM "{table}"')  # names from pg_tables
             counts[table] = cur.fetchone()[0]
     return counts
 

@@ -176,7 +176,7 @@ class Command(BaseCommand):
     def _run(self, unit) -> bool:
         try:
             return bool(unit())
-        except Exception:  # noqa: BLE001 - one failing unit must not stop the others
+        except Exception:  # one failing unit must not stop the others
             log.exception("scaler sweeper: %s failed", getattr(unit, "__name__", unit))
             return False
         finally:

@@ -64,6 +64,6 @@ class AgentRules:
             return False
         try:
             return self.remove_unless_held(address, exclude, why)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("could not remove rules for %s", address, exc_info=True)
             return False

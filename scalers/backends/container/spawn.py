@@ -272,22 +272,42 @@ def spawn_container(
             },
         )
     except BaseException as exc:
-        if base_timeout is not None:
-            host.api.timeout = base_timeout
-        captured = host.output_tail(container_id) if started else []
-        cleanup_failed_spawn(host, rules, container_id, address, agent.agent_id)
-        try:
-            tokens.revoke_agent_tokens(agent)
-        except Exception:  # noqa: BLE001 - best effort
-            log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
+        captured = undo_failed_spawn(
+            exc, agent, host, rules, container_id, address, started=started, base_timeout=base_timeout
+        )
         if isinstance(exc, SpawnAborted | SpawnError):
-            if captured and isinstance(exc, SpawnError) and not exc.captured_output:
-                exc.captured_output = captured
-            if isinstance(exc, SpawnAborted):
-                exc.captured_output = captured  # type: ignore[attr-defined]
             raise
         stage = control.stages[-1] if control.stages else ""
         raise SpawnError(f"{stage or 'spawn'} failed: {exc}", stage, captured) from exc
+
+
+def undo_failed_spawn(
+    exc: BaseException,
+    agent,
+    host: DockerHost,
+    rules: AgentRules,
+    container_id: str | None,
+    address: str | None,
+    *,
+    started: bool,
+    base_timeout,
+) -> list[str]:
+    """After ``exc`` failed a spawn: restore the runtime client's timeout, capture the container's
+    output tail (when it started), remove what the spawn created, revoke the agent's tokens, and attach
+    the output to a ``SpawnError`` that has none yet or to a ``SpawnAborted``. Returns the output tail."""
+    if base_timeout is not None:
+        host.api.timeout = base_timeout
+    captured = host.output_tail(container_id) if started else []
+    cleanup_failed_spawn(host, rules, container_id, address, agent.agent_id)
+    try:
+        tokens.revoke_agent_tokens(agent)
+    except Exception:  # best effort
+        log.warning("could not revoke tokens of %s", agent.agent_id, exc_info=True)
+    if captured and isinstance(exc, SpawnError) and not exc.captured_output:
+        exc.captured_output = captured
+    if isinstance(exc, SpawnAborted):
+        exc.captured_output = captured  # type: ignore[attr-defined]
+    return captured
 
 
 def cleanup_failed_spawn(

@@ -52,7 +52,7 @@ def reap_unowned(host: DockerHost, rules: AgentRules, owner: Owner, agent_id: st
         return False
     try:
         found = host.list(agent_filters(scaler_name, agent_id))
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.warning("reap_unowned(%s): listing failed", agent_id, exc_info=True)
         return False
     removed = False
@@ -93,7 +93,7 @@ def plan_rules(host: DockerHost, rules: AgentRules, scaler_name: str, summaries:
     if summaries is None:
         try:
             summaries = host.list_managed()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("rule reap skipped: the runtime could not be listed", exc_info=True)
             return []
     live = set(read_holders(containers=summaries))
@@ -182,7 +182,7 @@ def reap_unowned_isolation_rules(host: DockerHost, rules: AgentRules) -> int:
         return 0
     try:
         live = set(read_holders(containers=host.list_managed()))
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.warning("rule reap skipped: the runtime could not be listed", exc_info=True)
         return 0
     candidates = [a for a in (rules.isolation.addresses_with_rules() or []) if a not in live]
@@ -191,7 +191,7 @@ def reap_unowned_isolation_rules(host: DockerHost, rules: AgentRules) -> int:
     with address_lock(*candidates):
         try:
             held = read_holders(candidates, list_containers=host.list_managed)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("rule reap skipped: the holders could not be re-read", exc_info=True)
             return 0
         return len(rules.isolation.reap({a for a, h in held.items() if h}, only=candidates))

@@ -162,7 +162,7 @@ class FirecrackerScalerBackend:
             )
         try:
             tokens.revoke_agent_tokens(agent)
-        except Exception:  # noqa: BLE001 - the token dies with its TTL anyway
+        except Exception:  # the token dies with its TTL anyway
             log.warning("could not revoke the tokens of %s", agent.agent_id, exc_info=True)
 
     # ---- spawn ----------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class FirecrackerScalerBackend:
         control.check("provisioning")
         try:
             self.ensure_host_ready(unless_provisioned=True)
-        except Exception as exc:  # noqa: BLE001 - fail closed: no VM on an unprovisioned host
+        except Exception as exc:  # fail closed: no VM on an unprovisioned host
             raise SpawnError(f"host provisioning failed: {exc}", "provisioning") from exc
         self._agents[agent_id] = agent
         cancel, stop = CancelSignal(), threading.Event()
@@ -269,7 +269,7 @@ class FirecrackerScalerBackend:
         except FirecrackerCapacityError as exc:
             self._forget(agent_id)
             raise SpawnError(exc.reason, "capacity") from exc
-        except Exception as exc:  # noqa: BLE001 - FirecrackerSpawnError and anything before tracking
+        except Exception as exc:  # FirecrackerSpawnError and anything before tracking
             self._forget(agent_id)
             reason = exc.reason if isinstance(exc, FirecrackerSpawnError) else str(exc)
             captured = self._failed_emitted.get(agent_id, ("", []))[1]

@@ -207,7 +207,7 @@ class FirecrackerBackend:
             return
         try:
             self._emit_cb(agent_id, type_, detail, payload or {})
-        except Exception:  # noqa: BLE001 - an event sink must not break a spawn or a cleanup
+        except Exception:  # an event sink must not break a spawn or a cleanup
             log.warning("event emitter failed for %s %s", agent_id, type_, exc_info=True)
 
     def rule_spec(self, ip: str, label_set: Mapping, host_access: Sequence[str], port: str | None = None) -> AgentSpec:

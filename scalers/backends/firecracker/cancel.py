@@ -41,7 +41,7 @@ class CancelSignal(threading.Event):
                 pass
         return True
 
-    def set(self) -> None:  # noqa: A003 - Event API
+    def set(self) -> None:  # Event API
         self.cancel("cancelled")
 
     def add_callback(self, cb: Callable[[], None]) -> Callable[[], None]:

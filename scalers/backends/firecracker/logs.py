@@ -73,7 +73,7 @@ class LogForwarder:
         if self.sink is not None:
             try:
                 self.sink(self.agent_id, source, _record(source, line))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("log sink failed for %s", self.agent_id, exc_info=True)
 
     async def _follow(self, source: str, path: Path, stop: asyncio.Event) -> None:
@@ -180,7 +180,7 @@ def forward_remaining(agent_id: str, serial_log: Path, vmm_log: Path, sink: LogS
             if sink is not None:
                 try:
                     sink(agent_id, source, _record(source, line))
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.warning("log sink failed for %s", agent_id, exc_info=True)
     return count
 

@@ -182,7 +182,7 @@ def apply_orphans(backend: Any, plan: Iterable[OrphanTarget]) -> OrphanReport:
             why = backend.orphan_recheck(target)
             if why is None:
                 backend.orphan_act(target)
-        except Exception as e:  # noqa: BLE001 - one bad target must not stop the sweep
+        except Exception as e:  # one bad target must not stop the sweep
             log.warning("orphan target %s failed: %s", target, e, exc_info=True)
             why = f"failed: {e}"
         if why is not None:
@@ -218,7 +218,7 @@ class PeriodicSweep:
         try:
             self.runs += 1
             return self.sweep()
-        except Exception:  # noqa: BLE001 - the next tick tries again
+        except Exception:  # the next tick tries again
             log.warning("%s failed", self.name, exc_info=True)
             return None
         finally:

@@ -80,7 +80,7 @@ class Teardown:
         for what, step in steps:
             try:
                 step()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("teardown of %s for %s failed", what, agent_id, exc_info=True)
 
     def owned_allocation(self, agent_id: str):
