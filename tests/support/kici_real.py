@@ -198,7 +198,7 @@ def netns_http(
                 outcome["value"] = (status, json.loads(text))
             except ValueError:
                 outcome["value"] = (status, text)
-        except BaseException as error:  # handed to the caller's thread below
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread below
             outcome["error"] = error
 
     thread = threading.Thread(target=run)

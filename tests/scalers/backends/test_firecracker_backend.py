@@ -97,7 +97,7 @@ def test_a_vm_boots_serves_its_token_over_mmds_and_is_destroyed_without_a_trace(
 
     from agents.models import Agent
 
-    assert Agent.objects.get(agent_id=agent_id).host_access == [f"{env.gateway}:53", "*:8080"]
+    assert Agent.objects.get(agent_id=agent_id).host_access == [f"{env.gateway}:53", f"{env.gateway}:8080"]
     config = json.loads(vm.layout.config.read_text())
     assert config["machine-config"] == {"vcpu_count": 2, "mem_size_mib": 512, "smt": False}
     assert config["network-interfaces"][0]["host_dev_name"] == "kici-0a1b2c3d"
