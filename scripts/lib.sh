@@ -93,13 +93,14 @@ ensure_database() {
 }
 
 SUITE_REDIS_DIR="$RUN_DIR/test-redis"
-SUITE_REDIS_PORT="${KICI_TEST_REDIS_PORT:-6390}"
 
-# The test suite's own Redis (make test): a redis-server on 127.0.0.1:$SUITE_REDIS_PORT only (TCP,
-# so the multi-host tests can relay it into their namespaces), refusing every client without a
-# password generated into $SUITE_REDIS_DIR/password (the directory 0700, the file 0600): another
-# local user cannot queue jobs for the suite's workers, which run as root. Sets
-# SUITE_REDIS_PASSWORD. A server already answering with that password is reused.
+# The test suite's own Redis (make test): a redis-server on 127.0.0.1 only (TCP, so the multi-host
+# tests can relay it into their namespaces), refusing every client without a password generated
+# into $SUITE_REDIS_DIR/password (the directory 0700, the file 0600): another local user cannot
+# queue jobs for the suite's workers, which run as root. Its port is KICI_TEST_REDIS_PORT, else the
+# first free one from 6390 (another checkout's suite Redis may hold 6390), kept in
+# $SUITE_REDIS_DIR/port. Sets SUITE_REDIS_PASSWORD and SUITE_REDIS_PORT. A server of this checkout
+# still answering with its password is reused.
 ensure_suite_redis() {
   command -v redis-server >/dev/null 2>&1 || apt_install redis-server
   (umask 077; mkdir -p "$SUITE_REDIS_DIR")
@@ -107,20 +108,33 @@ ensure_suite_redis() {
   local pwfile="$SUITE_REDIS_DIR/password"
   [ -s "$pwfile" ] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pwfile")
   SUITE_REDIS_PASSWORD="$(cat "$pwfile")"
-  if REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
-    return 0
+  SUITE_REDIS_PORT="${KICI_TEST_REDIS_PORT:-$(cat "$SUITE_REDIS_DIR/port" 2>/dev/null || echo 6390)}"
+  if suite_redis_answers; then return 0; fi
+  if [ -z "${KICI_TEST_REDIS_PORT:-}" ]; then
+    while port_in_use "$SUITE_REDIS_PORT"; do
+      SUITE_REDIS_PORT=$((SUITE_REDIS_PORT + 1))
+      [ "$SUITE_REDIS_PORT" -le 6499 ] || die "no free port for the suite's Redis in 6390..6499"
+    done
   fi
+  echo "$SUITE_REDIS_PORT" > "$SUITE_REDIS_DIR/port"
   say "starting the suite's Redis on 127.0.0.1:$SUITE_REDIS_PORT"
   (umask 077; printf '%s\n' "port $SUITE_REDIS_PORT" "bind 127.0.0.1" "requirepass $SUITE_REDIS_PASSWORD" \
     "daemonize yes" "pidfile $SUITE_REDIS_DIR/redis.pid" "logfile $LOG_DIR/test-redis.log" "dir $SUITE_REDIS_DIR" \
     'save ""' "appendonly no" > "$SUITE_REDIS_DIR/redis.conf")
   redis-server "$SUITE_REDIS_DIR/redis.conf" 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&-  # keeps no descriptor of its caller (a held lock)
   for _ in $(seq 1 40); do
-    REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" ping 2>/dev/null | grep -q PONG \
-      && return 0
+    suite_redis_answers && return 0
     sleep 0.25
   done
   die "the suite's Redis did not start on 127.0.0.1:$SUITE_REDIS_PORT; see $LOG_DIR/test-redis.log"
+}
+
+suite_redis_answers() {  # whether the suite's Redis answers on its port with its password
+  REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" ping 2>/dev/null | grep -q PONG
+}
+
+port_in_use() {  # port_in_use PORT: something listens on 127.0.0.1:PORT
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
 CONSOLE_REDIS_DIR="$RUN_DIR/redis"
