@@ -43,8 +43,21 @@ esac
 
 post() { # post PATH BEARER BODY -> prints the response body; fails unless the answer is 2xx
     # printf is the shell's builtin: the bearer goes from this shell to nc's stdin, never to argv.
-    answer=$(printf 'POST %s%s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' \
-        "$base" "$1" "$hostport" "$2" "${#3}" "$3" | timeout 15 nc "$host" "$port" 2>/dev/null | tr -d '\r') || return 1
+    # nc reads the request from a fifo this shell keeps open until nc has read the whole answer:
+    # busybox nc half-closes the connection at the end of its input, and the console (Twisted)
+    # drops a request whose client half-closed before it answered.
+    fifo="${TMPDIR:-/tmp}/kici-agent.$$.fifo"
+    rm -f "$fifo"
+    mkfifo -m 600 "$fifo" || return 1
+    timeout 15 nc "$host" "$port" < "$fifo" > "$fifo.out" 2>/dev/null &
+    ncpid=$!
+    exec 4> "$fifo"
+    printf 'POST %s%s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' \
+        "$base" "$1" "$hostport" "$2" "${#3}" "$3" >&4
+    wait "$ncpid"
+    exec 4>&-
+    answer=$(tr -d '\r' < "$fifo.out")
+    rm -f "$fifo" "$fifo.out"
     case "$answer" in
         "HTTP/1."?" 2"*) printf '%s\n' "$answer" | sed '1,/^$/d' ;;
         *) return 1 ;;
