@@ -46,7 +46,9 @@ post() { # post PATH BEARER BODY -> prints the response body; fails unless the a
     # nc reads the request from a fifo this shell keeps open until nc has read the whole answer:
     # busybox nc half-closes the connection at the end of its input, and the console (Twisted)
     # drops a request whose client half-closed before it answered.
-    fifo="${TMPDIR:-/tmp}/kici-agent.$$.fifo"
+    dir="${TMPDIR:-/tmp}"
+    [ -d "$dir" ] || mkdir -p -m 1777 "$dir" || return 1  # a job's own image may have no /tmp
+    fifo="$dir/kici-agent.$$.fifo"
     rm -f "$fifo"
     mkfifo -m 600 "$fifo" || return 1
     timeout 15 nc "$host" "$port" < "$fifo" > "$fifo.out" 2>/dev/null &

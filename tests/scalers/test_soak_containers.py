@@ -24,7 +24,7 @@ def test_container_agents_survive_every_fault_and_nothing_leaks(tmp_path, docker
     with run_console(
         tmp_path, backend="container", max_agents=MAX_AGENTS, workers=2, docker_host=dockerd, nft_table="soak_kici"
     ) as console:
-        report = drive(console, duration=85, concurrency=MAX_AGENTS + 1, seed=SEED, jobs=JOBS, fault_every=6)
+        report = drive(console, duration=180, concurrency=MAX_AGENTS + 1, seed=SEED, jobs=JOBS, fault_every=6)
     figures = "\n".join(summary(report))
     print(figures)
     # No process of the console outlives it (a killed worker's scheduler child included).

@@ -763,7 +763,7 @@ class FaultInjector(threading.Thread):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.done.is_set():
             ours = {pid: name for name, pid in launcher.pids().items() if name.startswith("worker-")}
-            for worker in Worker.all(connection=connection_):
+            for worker in Worker.all(connection=connection_, serializer=settings.KICI_JOB_SERIALIZER):
                 job = worker.get_current_job() if worker.pid in ours else None
                 if job is None or job.func_name != "scalers.jobs.spawn_agent":
                     continue
