@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+from typing import overload
 from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -17,6 +18,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     """Return ``$name`` or ``default`` when unset or empty."""
     value = os.environ.get(name, "")
@@ -167,7 +172,7 @@ def env_listeners(name: str, default: str) -> list[tuple[str, int | None]]:
     or with a port outside 1-65535, naming the variable and the item.
     """
     raw = os.environ.get(name, "") or default
-    listeners = []
+    listeners: list[tuple[str, int | None]] = []
     for item in (part.strip() for part in raw.split(",")):
         if not item:
             continue

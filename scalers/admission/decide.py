@@ -123,33 +123,29 @@ class BatchResult:
     admitted: list[Admitted] = field(default_factory=list)
 
 
+@dataclass(slots=True)
 class _Spawn:
-    """One admission being written (mutable until the batch statement runs)."""
+    """One admission being written (mutable until the batch statement runs): cpus in cores, mem in
+    bytes; ``lcpus``/``lmem`` the label set's limits; ``slot`` whether it took a spawn slot."""
 
-    __slots__ = (
-        "index",
-        "record",
-        "kind",
-        "agent_id",
-        "scaler_id",
-        "label_set_id",
-        "labels",
-        "warm",
-        "job",
-        "run",
-        "pool_id",
-        "cpus",
-        "mem",
-        "lcpus",
-        "lmem",
-        "job_image",
-        "job_ref",
-        "slot",
-    )
-
-    def __init__(self, **kw):
-        for k, v in kw.items():
-            setattr(self, k, v)
+    index: int
+    record: dict | None
+    kind: str
+    agent_id: str
+    scaler_id: int
+    label_set_id: int
+    labels: tuple[str, ...]
+    warm: bool
+    job: str
+    run: str
+    pool_id: int | None
+    cpus: float
+    mem: int
+    lcpus: float
+    lmem: int
+    job_image: str
+    job_ref: str
+    slot: bool = False
 
 
 _COUNTER_KEYS: dict[tuple, tuple[str, str]] = {}
@@ -198,6 +194,7 @@ def _backoffs(cursor, names: set[str], now: datetime) -> dict[str, str]:
 def _exceeds_cap_reason(cap: CapName, info: ScalerInfo, world: World, cpus: float, mem: int) -> str:
     pool = world.pools.get(info.caps.machine_pool_id) if info.caps.machine_pool_id else None
     limit = resource_cap_limits(world.glob, info.caps, pool)[cap]
+    assert limit is not None, f"{cap} is exceeded only where it is set"
     if cap.endswith(".cpu"):
         asked, allowed = f"{cpus:g} cpus", f"{limit:g} cpus"
     else:
