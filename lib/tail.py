@@ -30,7 +30,7 @@ import codecs
 import contextlib
 import os
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 
 from .logcap import (
     COUNT_CHUNK_BYTES,
@@ -47,17 +47,17 @@ DROP_MARKER_PREFIX = "[dropped "
 
 
 class DropMarker(str):
-    """The in-band ``[dropped N lines]`` head marker; a ``str`` whose ``count`` is N.
+    """The in-band ``[dropped N lines]`` head marker; a ``str`` whose ``dropped`` is N.
 
     A distinct type rather than a prefix test, so a guest printing ``[dropped 5 lines]`` itself
     is counted as an ordinary line and cannot reset the count.
     """
 
-    count: int
+    dropped: int
 
     def __new__(cls, count: int) -> DropMarker:
         marker = super().__new__(cls, f"{DROP_MARKER_PREFIX}{count} lines]")
-        marker.count = count
+        marker.dropped = count
         return marker
 
 
@@ -265,7 +265,7 @@ def split_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE_BYTES) -> list
     return out
 
 
-async def lines_of(batches: AsyncIterator[Sequence[str]]) -> AsyncIterator[str]:
+async def lines_of(batches: AsyncGenerator[Sequence[str]]) -> AsyncGenerator[str]:
     """Yield each line of each batch of ``batches`` in order; closing this iterator (or ending
     it) closes ``batches`` too (:func:`tail_file`, ``live.sources.docker_log_lines``)."""
     try:
@@ -491,6 +491,11 @@ class FileTail:
             self.offset = 0 if self._from_start else st.st_size
         return True
 
+    def _open_fd(self) -> int:
+        """The descriptor of the followed file, which the caller has opened (:meth:`_open`)."""
+        assert self._fd is not None, "the followed file is not open"
+        return self._fd
+
     def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -504,7 +509,7 @@ class FileTail:
     async def _push_number(self, live: bool = False) -> None:
         """Queue the :class:`LineNumber` of the line at :attr:`offset` (``live``: and note where
         the file ended)."""
-        fd, offset = self._fd, self.offset
+        fd, offset = self._open_fd(), self.offset
 
         def numbers() -> tuple[int, int]:
             with numbering_lock(fd):
@@ -519,7 +524,7 @@ class FileTail:
         """Read one slice of the current file; True when more data is already waiting."""
         if self._number_due:
             await self._push_number()
-        fd = self._fd
+        fd = self._open_fd()
         first = data_start(fd)
         offset = data_start(fd, self.offset)  # past a range a cap freed (lib.logcap)
         if offset >= size:
@@ -582,9 +587,9 @@ class FileTail:
         self._push([SkipMarker(skipped)])
         self._number_due = self.numbered
 
-    def _skip_ahead(self, size: int) -> None:
+    def _skip_ahead(self, size: int, max_lag_bytes: int) -> None:
         """Paced and too far behind: jump to ``max_lag_bytes / 2`` before the end, next line."""
-        target = size - self.max_lag_bytes // 2
+        target = size - max_lag_bytes // 2
         skipped = target - self.offset
         self.offset = target
         self.skipped_bytes += skipped
@@ -595,9 +600,9 @@ class FileTail:
 
     async def _poll_once(self) -> bool:
         """Look at the file once, read at most one slice; True when more data is waiting."""
-        size = os.fstat(self._fd).st_size
+        size = os.fstat(self._open_fd()).st_size
         if self.max_lag_bytes is not None and size - self.offset > self.max_lag_bytes and not self.queue:
-            self._skip_ahead(size)
+            self._skip_ahead(size, self.max_lag_bytes)
         try:
             current = _identity(os.stat(self.path))
         except FileNotFoundError:
@@ -661,7 +666,7 @@ class FileTail:
 
     async def batches(
         self, stop: asyncio.Event | None = None, *, max_lines: int | None = None
-    ) -> AsyncIterator[list[str]]:
+    ) -> AsyncGenerator[list[str]]:
         """Yield lists of lines (never empty) as they arrive, until ``stop`` is set.
 
         On stop: what is queued is yielded, then the partial line. Breaking
@@ -682,8 +687,9 @@ class FileTail:
                     yield batch
                 if self._reader_done:
                     break
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                raise reader.exception()
+            failure = reader.exception() if reader.done() and not reader.cancelled() else None
+            if failure is not None:
+                raise failure
             last = self.queue.take() + self.splitter.flush()
             if last:
                 yield last

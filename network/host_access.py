@@ -453,8 +453,7 @@ def host_access_warnings(
         except HostAccessError:
             continue
         net = entry.daddr
-        inside = net is not None and (net.subnet_of(_LOOPBACK4) if net.version == 4 else net.subnet_of(_LOOPBACK6))
-        if inside:
+        if net is not None and (net.subnet_of(_LOOPBACK4) if net.version == 4 else net.subnet_of(_LOOPBACK6)):
             where = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
             warnings.append(
                 f"hostAccess entry {_quote(entry.text)} names the host's loopback ({where}): agents cannot reach "
@@ -464,7 +463,7 @@ def host_access_warnings(
             continue
         covered = None if known is None or net is None else [a for a in known if a in net]
         if covered == []:
-            listed = ", ".join(str(a) for a in known) or "none"
+            listed = ", ".join(str(a) for a in known or ()) or "none"
             warnings.append(
                 f"hostAccess entry {_quote(entry.text)} holds none of this host's addresses ({listed}), so this "
                 "entry opens nothing: host access opens ports on the host's own addresses only. What agents may "
@@ -519,10 +518,10 @@ def console_port_warning(entries: Iterable[str], orchestrator_url: str, gateway:
             continue
         if (entry.daddr is None and address.version == 4) or (entry.daddr is not None and address in entry.daddr):
             return None
-    entry = f"{_bracketed(str(address))}:{port}"
+    default_entry = f"{_bracketed(str(address))}:{port}"
     return (
         f"this list does not open the console's port {port} on the agents' gateway {address} "
-        f'(the default has "{entry}"): new agents of this label set cannot register, and running '
+        f'(the default has "{default_entry}"): new agents of this label set cannot register, and running '
         f'ones are lost at their next heartbeat. Add "{entry}" unless that is what you want.'
     )
 

@@ -66,12 +66,13 @@ class DbIpAllocator:
             return self._record(existing)
         lost: set[str] = set()
         for _ in range(MAX_PK_CONFLICTS):
+            ip: str | None = None
             try:
                 with transaction.atomic():
                     self._lock_subnet()
                     live = self._live()
-                    for ip in lost:
-                        live.mark_taken(ip)
+                    for taken in lost:
+                        live.mark_taken(taken)
                     ip = next(iter(live.candidates()), None)
                     if ip is None:
                         raise IpPoolExhausted(
@@ -87,7 +88,8 @@ class DbIpAllocator:
                 mine = IpAllocation.objects.filter(vm_id=vm_id).first()
                 if mine is not None:  # a concurrent call for the same VM won: same answer
                     return self._record(mine)
-                lost.add(ip)
+                if ip is not None:
+                    lost.add(ip)
                 continue
             return live.allocation_for(vm_id, ip, tap)
         raise IpAllocationConflict(

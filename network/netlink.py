@@ -199,6 +199,8 @@ def ensure_bridge(name: str, address: str | None = None) -> int:
                 if exc.code != 17:  # EEXIST: a concurrent creator won
                     raise NetlinkError(f"creating bridge {name}{_where()} failed: {exc}") from exc
             idx = _index(ipr, name)
+            if idx is None:
+                raise NetlinkError(f"bridge {name}{_where()} vanished right after it was created")
         link = ipr.get_links(idx)[0]
         info = link.get_attr("IFLA_LINKINFO")
         kind = info.get_attr("IFLA_INFO_KIND") if info else None

@@ -240,12 +240,13 @@ def verify_by_rules(
     else:
         pkt = Packet(ipaddress.ip_address(target.host), target.proto, target.port)
         verdict = chain_verdict(rules.input if host_local else rules.forward, pkt, sets or {})
+        number = "?" if verdict.index is None else verdict.index + 1
         if verdict.verdict == "unknown":
-            state, detail = "unverified", f"{chain_name} rule {verdict.index + 1} cannot be read: {verdict.rule}"
+            state, detail = "unverified", f"{chain_name} rule {number} cannot be read: {verdict.rule}"
         elif verdict.blocks:
-            state, detail = "blocked-by-rule", f"{chain_name} rule {verdict.index + 1}: {verdict.rule}"
+            state, detail = "blocked-by-rule", f"{chain_name} rule {number}: {verdict.rule}"
         elif verdict.verdict == "accept":
-            state, detail = "allowed-by-rule", f"{chain_name} rule {verdict.index + 1}: {verdict.rule}"
+            state, detail = "allowed-by-rule", f"{chain_name} rule {number}: {verdict.rule}"
         else:
             state, detail = "allowed-by-rule", f"no {chain_name} rule decides it: the hook's accept policy passes it"
     if state == "unverified":

@@ -109,7 +109,7 @@ class RegistryCredentialForm(forms.ModelForm):
             raise ValidationError(str(exc)) from None
 
     def clean(self):
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         plain = cleaned.get("new_secret") or ""
         if not plain and not self.instance.pk:
             self.add_error("new_secret", "a new credential needs its secret")

@@ -220,7 +220,7 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
             stop=True,
         )
     now = timezone.now()
-    fields = {"last_heartbeat": now}
+    fields: dict[str, object] = {"last_heartbeat": now}
     if active is not None:
         fields["active_jobs"] = active
     Agent.objects.filter(pk=agent.pk).update(**fields)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db.models import Count, Q, Sum
 
@@ -66,7 +67,7 @@ def scaler_capacities(scalers=None) -> list[Capacity]:
     """
     scalers = list(Scaler.objects.all() if scalers is None else scalers)
     ids = [s.pk for s in scalers]
-    reserved = {
+    reserved: dict[int, Any] = {
         row["scaler_id"]: row
         for row in Reservation.objects.filter(scaler_id__in=ids)
         .values("scaler_id")
@@ -136,7 +137,7 @@ def pool_capacities() -> list[Capacity]:
     pools = list(MachinePool.objects.all())
     if not pools:
         return []
-    held = {
+    held: dict[int, Any] = {
         row["machine_pool_id"]: row
         for row in Reservation.objects.filter(machine_pool__isnull=False)
         .values("machine_pool_id")

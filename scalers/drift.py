@@ -30,7 +30,7 @@ from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.liveness import GONE_SANDBOX_STATES
 from agents.models import Agent, ScalerEvent
-from network.nft.apply import AgentRules, elements_to_replace
+from network.nft.apply import AgentRules, NftClient, elements_to_replace
 from network.nft.plan import spec_rule_lines
 from network.nft.render import render_agents, render_table_base
 from network.nft.spec import AgentSpec, RuleSpecError
@@ -53,7 +53,7 @@ KEPT_STATES = tuple(s for s in ACTIVE_STATES if s != AgentState.DESTROYING)
 
 @dataclass
 class _Table:
-    client: object
+    client: NftClient
     bridges: set[str] = field(default_factory=set)
     networks: set[str] = field(default_factory=set)
     agents: dict[str, tuple[Agent, AgentSpec]] = field(default_factory=dict)

@@ -9,6 +9,8 @@ Redis, so any console can put a job on any host's queue.
 
 from __future__ import annotations
 
+from typing import cast
+
 import django_rq
 from django.conf import settings
 from rq import Queue
@@ -32,7 +34,7 @@ def queue_named(name: str) -> Queue:
     host's ``host:<name>``)."""
     if name in settings.RQ_QUEUES:
         return django_rq.get_queue(name)
-    timeout = settings.RQ_QUEUES["default"].get("DEFAULT_TIMEOUT")
+    timeout = cast(int | None, settings.RQ_QUEUES["default"].get("DEFAULT_TIMEOUT"))
     return Queue(
         name,
         connection=django_rq.get_connection("default"),

@@ -244,10 +244,10 @@ def _match_label_set_rows(rows: list[LabelSet], entries: list[LabelSetConfig]) -
     for index, ls in enumerate(entries):
         fields = _label_set_fields(ls)
         candidates = [r for r in by_key.get(fields["normalized"], []) if r.pk not in claimed]
-        row = candidates[0] if candidates else None
-        if row is not None:
-            claimed.add(row.pk)
-        plan.append((index, row, fields))
+        chosen = candidates[0] if candidates else None
+        if chosen is not None:
+            claimed.add(chosen.pk)
+        plan.append((index, chosen, fields))
     return plan, claimed
 
 

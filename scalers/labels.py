@@ -128,8 +128,10 @@ PLAIN_TAINT_LABELS: frozenset[str] = frozenset({"windows", "win32", "macos", "da
 
 
 class PlatformLike(Protocol):
-    os: str
-    arch: str
+    @property
+    def os(self) -> str: ...
+    @property
+    def arch(self) -> str: ...
 
 
 def host_os() -> str:

@@ -106,7 +106,7 @@ class Leadership:
 
     def poll(self) -> tuple[bool, bool]:
         """Check (or try to take) leadership. Never raises; a database error means "not leader"."""
-        if self.is_leader:
+        if self.is_leader and self._conn is not None:
             try:
                 self._conn.execute("SELECT 1")
                 return True, False

@@ -109,7 +109,7 @@ def teardown_agent(
                 backend.destroy(agent, destroy_reason)
             except Exception as exc:  # noqa: BLE001 - keep the reservation, retry later
                 log.warning("destroying %s failed (%s); reservation kept until it succeeds", agent.agent_id, exc)
-                fields = {"updated_at": timezone.now()}
+                fields: dict[str, object] = {"updated_at": timezone.now()}
                 if failure_reason and not agent.failure_reason:
                     fields["failure_reason"] = failure_reason[:4000]
                 Agent.objects.filter(pk=agent.pk).update(**fields)

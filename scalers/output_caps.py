@@ -33,7 +33,7 @@ def cap_agent_outputs(cap: int) -> int:
     freed = 0
     for scaler in Scaler.objects.on_this_host().exclude(type=ScalerType.EVENT):
         try:
-            files = getattr(factory.get_backend(scaler), "output_files", list)()
+            files: list = getattr(factory.get_backend(scaler), "output_files", list)()
         except Exception as exc:  # noqa: BLE001 - one scaler's configuration must not stop the others
             log.warning("output cap: scaler %s: %s", scaler.name, exc)
             continue

@@ -211,7 +211,8 @@ class ProvisionReaper:
             grace_ms=w.flap_grace_ms,
             owner=agent.owner_instance or None,
             adopted_by=adopted_by,
-            adopter_alive=bool(adopted_by) and self._adopter_alive(adopted_by, connected, now_ms, w.flap_grace_ms),
+            adopter_alive=adopted_by is not None
+            and self._adopter_alive(adopted_by, connected, now_ms, w.flap_grace_ms),
             spawned_at_ms=_ms(agent.spawn_started_at or agent.created_at),
             spawn_timeout_ms=w.spawn_timeout_ms,
             stranded_timeout_ms=w.stranded_timeout_ms,

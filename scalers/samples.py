@@ -63,7 +63,8 @@ def _latencies(since: datetime, until: datetime) -> dict[int, dict]:
         )
         .order_by()
     )
-    return {row["scaler_id"]: row for row in rows}
+    out: dict[int, dict] = {row["scaler_id"]: dict(row) for row in rows}
+    return out
 
 
 def take_samples(now: datetime | None = None) -> int:
@@ -77,6 +78,7 @@ def take_samples(now: datetime | None = None) -> int:
     latency = _latencies(previous or now - interval, now)
     rows = []
     for cap in scaler_capacities(Scaler.objects.order_by("pk")):
+        assert cap.scaler is not None and cap.max_agents is not None, "a scaler's capacity names it and its cap"
         lat = latency.get(cap.scaler.pk, {})
         rows.append(
             CapacitySample(

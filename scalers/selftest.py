@@ -89,7 +89,7 @@ def agent_spec(agent: Agent, gateway: str):
     """The agent's rule spec from its stored host access and its label set's network policy."""
     policy = dict(((agent.label_set.config if agent.label_set else None) or {}).get("networkPolicy") or {})
     return AgentSpec.build(
-        agent.ip,
+        agent.ip or "",
         gateway,
         allowlist=list(policy.get("allowlist") or []),
         deny_all=bool(policy.get("denyAll", False)),
@@ -106,11 +106,15 @@ def run_agent_selftest(agent: Agent, *, timeout: float = 1.0) -> list:
         raise SelftestUnavailable("the agent has no address yet")
     ctx = isolation_context(agent)
     spec = agent_spec(agent, ctx.gateway)
-    others = list(
-        Agent.objects.filter(scaler__type=agent.scaler.type, state__in=ACTIVE_STATES, ip__isnull=False)
-        .exclude(pk=agent.pk)
-        .values_list("ip", flat=True)[:OTHER_AGENT_SAMPLE]
-    )
+    others = [
+        ip
+        for ip in (
+            Agent.objects.filter(scaler__type=agent.scaler.type, state__in=ACTIVE_STATES, ip__isnull=False)
+            .exclude(pk=agent.pk)
+            .values_list("ip", flat=True)[:OTHER_AGENT_SAMPLE]
+        )
+        if ip
+    ]
     try:
         addresses = [str(a) for a in host_addresses(netns=ctx.netns)]
     except NetlinkError as exc:

@@ -116,7 +116,7 @@ def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
         groups.setdefault(a.label_set_id, []).append(a)
     destroyed = 0
     for ls_pk, agents in groups.items():
-        pool = by_set.get(ls_pk)
+        pool = by_set.get(ls_pk) if ls_pk is not None else None
         excess = len(agents) - (pool.size if pool else 0)
         if excess <= 0:
             continue

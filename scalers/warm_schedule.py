@@ -45,7 +45,7 @@ def _period_covers(period: dict, local: datetime) -> bool:
     days = period.get("days") or WEEKDAYS
     start, end = period.get("from"), period.get("to")
     today = WEEKDAYS[local.weekday()]
-    if start is None:
+    if start is None or end is None:  # the schema gives both or neither
         return today in days
     now_min = local.hour * 60 + local.minute
     a, b = _minutes(start), _minutes(end)
@@ -95,7 +95,7 @@ def _boundaries(warm: dict, at: datetime, days: int = 8) -> list[datetime]:
 def size_now(warm: dict | None, at: datetime) -> SizeNow:
     """The size at ``at`` and, when the schedule changes it within a week, when and to what."""
     size = size_at(warm, at)
-    if not (warm or {}).get("schedule"):
+    if not warm or not warm.get("schedule"):
         return SizeNow(size)
     for moment in _boundaries(warm, at):
         later = size_at(warm, moment)

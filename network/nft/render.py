@@ -267,6 +267,7 @@ def render_agent_add(table: str, spec: AgentSpec, replace: Sequence[str] = ()) -
             cmds.append({"delete": _elem(table, MAPS[kind, v], [str(spec.address)])})
         cmds.append({"add": _elem(table, MAPS[kind, v], [[str(spec.address), _jump(name)]])})
     if spec.port:
+        assert spec.mac, "AgentSpec.build gives a port only with its MAC"
         elem = _port_elem(spec.port, spec.mac, spec.address)
         cmds.append({"add": _elem(table, PORT_SETS[v], [elem], BRIDGE_FAMILY)})
         cmds.append({"add": _elem(table, AGENT_PORTS_SET, [spec.port], BRIDGE_FAMILY)})
@@ -341,6 +342,7 @@ def render_agents(
                 deletes[MAPS[kind, v]].append(str(spec.address))
             elems[MAPS[kind, v]].append([str(spec.address), _jump(name)])
         if spec.port:
+            assert spec.mac, "AgentSpec.build gives a port only with its MAC"
             port_elems[PORT_SETS[v]].append(_port_elem(spec.port, spec.mac, spec.address))
             port_elems[AGENT_PORTS_SET].append(spec.port)
     cmds: list[dict] = []

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import orjson
 import psycopg
@@ -88,7 +89,7 @@ def prepare_statements(conn) -> None:
 _TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
-def _results(cur) -> list[list[tuple] | None]:
+def _results(cur) -> list[Any]:
     """Every result of the simple-protocol query ``cur`` just ran, in order: its rows, or None for
     a statement that returns none (``BEGIN``, ``COMMIT``)."""
     out = []

@@ -115,7 +115,7 @@ class World:
         defaults. Remembered per ``(label set, job resources)`` like routes (jobs repeat a few
         shapes; an unhashable value is resolved each time). Raises ``ValueError`` as
         ``resolve_resources`` does (not remembered)."""
-        key = (label_set.pk, job_resources)
+        key: tuple[int, Any] | None = (label_set.pk, job_resources)
         try:
             return self._resolved[key]
         except KeyError:

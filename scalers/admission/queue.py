@@ -19,7 +19,7 @@ from django.db import InterfaceError, OperationalError, connection
 from scalers.metrics import BATCH_SIZE, CAP_LOCK_FAILURES
 from scalers.models import ScaleOutcome
 
-from .decide import BatchResult, Request, ScaleDecision, decide_batch
+from .decide import Admitted, BatchResult, Request, ScaleDecision, decide_batch
 
 log = logging.getLogger("scalers.admission")
 
@@ -45,7 +45,7 @@ class _Pending:
         self.future: asyncio.Future | None = loop.create_future() if loop is not None else None
         self.event = threading.Event() if loop is None else None
         self.decision: ScaleDecision | None = None
-        self.agent = None
+        self.agent: Admitted | None = None
         self.error: BaseException | None = None
         self.state = QUEUED
         self.timeout: float | None = None
@@ -56,9 +56,9 @@ def _wake(batch: list[_Pending]) -> None:
     of its coroutines (one cross-thread wake-up per loop, not one per request)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
     for p in batch:
-        if p.loop is None:
+        if p.event is not None:
             p.event.set()
-        else:
+        elif p.loop is not None:
             by_loop.setdefault(p.loop, []).append(p)
     for loop, waiters in by_loop.items():
         try:
@@ -69,7 +69,7 @@ def _wake(batch: list[_Pending]) -> None:
 
 def _settle(waiters: list[_Pending]) -> None:
     for p in waiters:
-        if not p.future.done():
+        if p.future is not None and not p.future.done():
             p.future.set_result(None)
 
 
@@ -108,7 +108,7 @@ class AdmissionQueue:
 
     # ------------------------------------------------------------------ caller side
 
-    def submit(self, request: Request, timeout: float | None = 30.0) -> tuple[ScaleDecision, object]:
+    def submit(self, request: Request, timeout: float | None = 30.0) -> tuple[ScaleDecision, Admitted | None]:
         """Queue ``request`` and wait for its decision; returns ``(decision, agent or None)``.
 
         Raises :class:`AdmissionTimeout` when no batch took the request within ``timeout``
@@ -116,14 +116,18 @@ class AdmissionQueue:
         batch's transaction rolled back and nothing was written).
         """
         p = _Pending(request)
+        event = p.event
+        assert event is not None, "a pending request without a loop has an event"
         self._enqueue(p)
-        if not p.event.wait(timeout):
+        if not event.wait(timeout):
             if self._withdraw(p):
                 raise AdmissionTimeout(f"no admission decision within {timeout}s")
-            p.event.wait()  # taken into a batch: its outcome is real, wait for it
+            event.wait()  # taken into a batch: its outcome is real, wait for it
         return self._outcome(p)
 
-    async def submit_async(self, request: Request, timeout: float | None = 30.0) -> tuple[ScaleDecision, object]:
+    async def submit_async(
+        self, request: Request, timeout: float | None = 30.0
+    ) -> tuple[ScaleDecision, Admitted | None]:
         """:meth:`submit` for async views: awaits the decision without holding a thread.
 
         A caller cancelled (its client went away) before a batch took its request withdraws it, so
@@ -132,10 +136,12 @@ class AdmissionQueue:
         """
         loop = asyncio.get_running_loop()
         p = _Pending(request, loop)
+        future = p.future
+        assert future is not None, "a pending request with a loop has a future"
         self._enqueue(p)
         slot = self._expire_later(loop, p, timeout) if timeout is not None else None
         try:
-            await p.future
+            await future
         except asyncio.CancelledError:
             self._withdraw(p)
             raise
@@ -172,7 +178,7 @@ class AdmissionQueue:
 
     def _expire(self, p: _Pending) -> None:
         """``submit_async``'s timeout (on the caller's loop): give up unless a batch has it."""
-        if self._withdraw(p) and not p.future.done():
+        if self._withdraw(p) and p.future is not None and not p.future.done():
             p.future.set_exception(AdmissionTimeout(f"no admission decision within {p.timeout}s"))
 
     def _enqueue(self, p: _Pending) -> None:
@@ -194,9 +200,10 @@ class AdmissionQueue:
         return False
 
     @staticmethod
-    def _outcome(p: _Pending) -> tuple[ScaleDecision, object]:
+    def _outcome(p: _Pending) -> tuple[ScaleDecision, Admitted | None]:
         if p.error is not None:
             raise p.error
+        assert p.decision is not None, "a settled request has its decision or its error"
         return p.decision, p.agent
 
     def _ensure_thread(self) -> None:
@@ -243,7 +250,7 @@ class AdmissionQueue:
         self.decided += len(batch)
         for p, decision in zip(batch, result.decisions, strict=True):
             p.decision = decision
-            p.agent = by_id.get(decision.agent) if decision.action == ScaleOutcome.SPAWNING else None
+            p.agent = by_id.get(decision.agent) if decision.action == ScaleOutcome.SPAWNING and decision.agent else None
         _wake(batch)
 
     def _prepare_connection(self) -> None:

@@ -49,6 +49,8 @@ def warm_agent_can_serve(job_resources: Any, shape: Shape | None, *, job_image: 
         (mirrored.requests, shape.cpus, shape.memory_bytes),
         (mirrored.limits, shape.limit_cpus, shape.limit_memory_bytes),
     ):
+        if side is None:  # declared: both sides are set
+            continue
         if side.cpus is not None and not _eq_cpus(side.cpus, cpus):
             return False
         if side.memory is not None and parse_memory(side.memory) != mem:

@@ -116,7 +116,9 @@ class Backend(Protocol):
 
     type: str
     scaler: Scaler
-    spawns_on_local_host: bool
+
+    @property
+    def spawns_on_local_host(self) -> bool: ...
 
     def spawn(self, agent: Agent, control: SpawnControl) -> SpawnResult: ...
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,7 +57,7 @@ def _accessible(path: str) -> bool:
     return os.path.exists(path) and os.access(path, os.R_OK | os.W_OK)
 
 
-def probe_paths(hint: str | None = None, environ: dict | None = None) -> list[tuple[str, str]]:
+def probe_paths(hint: str | None = None, environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """``(path, runtime)`` candidates in probe order, filtered by ``hint`` (docker|podman|auto)."""
     environ = os.environ if environ is None else environ
     paths = [(DOCKER_SOCKET, "docker"), (PODMAN_SOCKET, "podman")]

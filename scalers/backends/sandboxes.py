@@ -74,12 +74,12 @@ def _container_probes(scaler, agents) -> dict[str, SandboxProbe]:
             by_agent.setdefault(agent_id, summary)
     out = {}
     for agent in agents:
-        summary = (by_id.get(agent.managed_id) if agent.managed_id else None) or by_agent.get(agent.agent_id)
-        if summary is None:
+        found = (by_id.get(agent.managed_id) if agent.managed_id else None) or by_agent.get(agent.agent_id)
+        if found is None:
             out[agent.agent_id] = SandboxProbe("missing", "no such container on the runtime", "container")
         else:
             out[agent.agent_id] = SandboxProbe(
-                str(summary.get("State") or "unknown").lower(), str(summary.get("Status") or ""), "container"
+                str(found.get("State") or "unknown").lower(), str(found.get("Status") or ""), "container"
             )
     return out
 

@@ -66,7 +66,7 @@ def full_labels(agent: Agent) -> list[str]:
     if agent.labels:
         return list(agent.labels)
 
-    declared = agent.label_set.labels if agent.label_set_id else []
+    declared = agent.label_set.labels if agent.label_set is not None else []
     return agent_labels(
         declared, scaler_name=agent.scaler.name, scaler_type=agent.scaler.type, roles=agent.scaler.roles
     )
@@ -74,7 +74,7 @@ def full_labels(agent: Agent) -> list[str]:
 
 def normalized_label_set(agent: Agent) -> str:
     """``kici-labels`` value: the label set's normalized form (sorted, de-duplicated, comma-joined)."""
-    if agent.label_set_id:
+    if agent.label_set is not None:
         return agent.label_set.normalized
     declared = [label for label in full_labels(agent) if not label.startswith("kici:")]
     return ",".join(sorted(set(declared)))

@@ -256,6 +256,7 @@ def load_scalers_config(path: str, drop_in_dir: str | None = None) -> ScalersCon
     text, problem = _read(path)
     if problem is not None:
         raise ConfigInvalid([problem])
+    assert text is not None, "_read gives text or a problem"
     main = _parse_yaml(text, path)
     drop_ins: list[_ParsedFile] = []
     if drop_in_dir is not None:
@@ -269,5 +270,6 @@ def load_scalers_config(path: str, drop_in_dir: str | None = None) -> ScalersCon
             if problem is not None:
                 extra.append(problem)
                 continue
+            assert text is not None, "_read gives text or a problem"
             drop_ins.append(_parse_yaml(text, f))
     return _load(main, drop_ins, extra)

@@ -37,8 +37,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -112,7 +113,7 @@ _PLAIN_MESSAGES = {
 }
 
 
-def _issue_message(err: dict[str, Any]) -> str:
+def _issue_message(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     loc = err.get("loc", ())
     received = describe_value(err.get("input"))
@@ -773,7 +774,7 @@ class ScalersConfig(_TopLevel):
     @property
     def default_resources(self) -> ResourceRequest | None:
         """``defaults.resources`` or ``None``."""
-        return self.defaults.resources if self.defaults else None
+        return cast(ResourceRequest | None, self.defaults.resources) if self.defaults else None
 
     def scaler(self, name: str) -> ScalerEntry:
         """The entry named ``name``; ``KeyError`` if there is none."""
@@ -867,7 +868,7 @@ def parse_resource_request(value: Any) -> ResourceRequest:
         result = _ResourcesHolder.model_validate({"resources": value}).resources
     except ValidationError as exc:
         raise ValueError("; ".join(str(i) for i in _issues_from(exc))) from None
-    request = result or ResourceRequest()
+    request = cast(ResourceRequest | None, result) or ResourceRequest()
     for side in ("requests", "limits"):
         spec = getattr(request, side)
         if spec is not None and spec.memory is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -58,10 +59,10 @@ class DockerHost:
     def api(self):
         return self.docker.api
 
-    def list(self, filters: dict) -> list[dict]:
+    def list(self, filters: dict) -> builtins.list[dict]:
         return self.api.containers(all=True, filters=filters) or []
 
-    def list_managed(self) -> list[dict]:
+    def list_managed(self) -> builtins.list[dict]:
         """ONE sparse list call: every ``kici-managed=true`` container on the runtime, any scaler."""
         return self.list({"label": ["kici-managed=true"]})
 
@@ -82,7 +83,7 @@ class DockerHost:
                 return False
             raise
 
-    def output_tail(self, container_id: str | None) -> list[str]:
+    def output_tail(self, container_id: str | None) -> builtins.list[str]:
         """The container's last output lines (stdout and stderr); [] when there is none or it is gone."""
         if not container_id:
             return []

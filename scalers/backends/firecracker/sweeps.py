@@ -206,6 +206,7 @@ class OrphanSweeps:
         elif target.kind == "tap":
             netlink.delete_link(target.tap, netns=s.netns)
         elif target.kind == "rules":
+            assert target.ip is not None, "a rules target names its address"
             if not self.rules.remove_unless_held(target.agent_id, target.ip, f"orphan rules of {target.agent_id}"):
                 raise RuntimeError(f"the address {target.ip} is held again: its rules were kept")
 
