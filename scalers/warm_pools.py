@@ -41,6 +41,7 @@ from agents.models import Agent
 from scalers.models import ScaleOutcome, this_host
 
 from .admission import ledger
+from .admission.caps import count_headroom
 from .admission.decide import Request, decide_batch
 from .jobs import enqueue_spawn_or_fail
 from .lifecycle import drain_and_destroy
@@ -63,7 +64,7 @@ def deficit_pass() -> int:
         pools, warnings = configured_pools(world)
         for w in warnings:
             log.warning(w)
-        global_left = world.glob.max_agents - usage.total.count
+        global_left = count_headroom(usage.total, world.glob.max_agents)
         scaler_left: dict[int, int] = {}
         requests: list[Request] = []
         for pool in pools:
@@ -74,8 +75,8 @@ def deficit_pass() -> int:
             if deficit <= 0:
                 continue
             caps = world.scalers[pool.scaler_pk].caps
-            left = scaler_left.setdefault(pool.scaler_pk, caps.max_agents - usage.scaler(pool.scaler_pk).count)
-            n = max(0, min(deficit, left, global_left))
+            left = scaler_left.setdefault(pool.scaler_pk, count_headroom(usage.scaler(pool.scaler_pk), caps.max_agents))
+            n = min(deficit, left, global_left)
             scaler_left[pool.scaler_pk] = left - n
             global_left -= n
             requests += [

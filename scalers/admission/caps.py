@@ -136,6 +136,12 @@ class Usage:
         return self.total.reservations > self.total.active
 
 
+def count_headroom(tally: Tally, max_agents: int) -> int:
+    """Agents a count cap (``maxAgents``, ``globalMaxAgents``) still admits in ``tally``'s scope:
+    ``max_agents`` minus its occupied slots, never below 0."""
+    return max(0, max_agents - tally.count)
+
+
 def _over(used: float, request: float, cap: float | None) -> bool:
     return cap is not None and used + request > cap + _EPS
 
@@ -155,9 +161,9 @@ def first_refusing_cap(
     ``pool`` is the scaler's machine pool, or ``None``.
     """
     s = usage.scaler(caps.scaler_id)
-    if usage.total.count >= glob.max_agents:
+    if not count_headroom(usage.total, glob.max_agents):
         return CapName.GLOBAL_MAX_AGENTS
-    if s.count >= caps.max_agents:
+    if not count_headroom(s, caps.max_agents):
         return CapName.MAX_AGENTS
     if _over(s.cpus, cpus, caps.max_cpu):
         return CapName.RESOURCE_CAP_CPU

@@ -62,7 +62,11 @@ class FirecrackerSpawnError(RuntimeError):
 
 
 class FirecrackerCapacityError(FirecrackerSpawnError):
-    """The scaler already runs ``maxAgents`` VMs."""
+    """The VM table guard: this process already tracks ``maxAgents`` VMs of the scaler.
+
+    Admission enforces ``maxAgents`` against the reservation ledger; this in-memory count is a
+    backstop that keeps a host from booting more VMs than the cap if the ledger ever lets more
+    through (or the backend is driven directly), not a second admission."""
 
 
 class _Aborted(Exception):
@@ -244,7 +248,11 @@ class FirecrackerBackend:
             if agent_id in self._vms:
                 raise ValueError(f"agent {agent_id} is already tracked by scaler {self.name}")
             if len(self._vms) >= s.max_agents:
-                raise FirecrackerCapacityError(agent_id, f"scaler {self.name} is at maxAgents ({s.max_agents})")
+                raise FirecrackerCapacityError(
+                    agent_id,
+                    f"VM table guard: scaler {self.name} already tracks maxAgents ({s.max_agents}) VMs in this "
+                    "process although admission let this one through",
+                )
             layout = jail.ChrootLayout.for_agent(s.chroot_base_dir, agent_id)
             host_access = resolve_agent_host_access(
                 label_set.get("networkPolicy"), orchestrator_url, s.gateway, self.host_services
