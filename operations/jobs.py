@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from .choices import AuditAction, OperationStatus, TargetOutcome
 from .kinds.base import recheck
-from .kinds.registry import get_kind
+from .kinds.catalog import get_kind
 from .models import Operation, operation_progress
 from .services import scope_of, transition
 

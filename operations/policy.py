@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kici_site.env import env_int, env_list
 
 from .choices import OperationKind
-from .kinds.registry import get_kind
+from .kinds.catalog import get_kind
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from scalers.models import LabelSet, Scaler
 
 from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.base import Plan, PlanRefused, Scope, ScopeInvalid, jsonable, plan_digest
-from .kinds.registry import get_kind
+from .kinds.catalog import get_kind
 from .models import AuditEntry, Operation, operation_progress
 from .notify import schedule_approval_notice
 from .queues import QueueNotConfigured, get_queue, queue_for_scaler, workers_listening

@@ -30,7 +30,7 @@ from scalers.models import this_host
 
 from .choices import AuditAction, OperationStatus, RequestedVia
 from .kinds.base import Kind, Plan, Scope
-from .kinds.registry import all_kinds
+from .kinds.catalog import all_kinds
 from .models import Operation, SweepState
 from .policy import SweepPolicy, sweep_policy
 from .queues import QueueNotConfigured, get_queue

@@ -24,7 +24,7 @@ from lib.query import check_parameters, whole_number
 from lib.wording import json_text
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds.base import PlanRefused, ScopeInvalid
-from operations.kinds.registry import get_kind
+from operations.kinds.catalog import get_kind
 from operations.listing import LIST_PARAMETERS, PAGE_SIZE, filter_operations
 from operations.models import Operation
 from operations.presenters import bulk_rows, detail_context, plan_pages

@@ -126,7 +126,7 @@ class Kind:
     """One operation kind: what it plans for a scope and how it acts on the approved targets.
 
     Subclasses set :attr:`name` and override :meth:`plan` and :meth:`act`; the registry
-    (``operations.kinds.registry``) maps each name to its class.
+    (``operations.kinds.catalog``) maps each name to its class.
     """
 
     name: ClassVar[OperationKind]

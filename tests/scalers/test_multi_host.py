@@ -23,7 +23,7 @@ from agents.models import Agent
 from operations import sweeps
 from operations.choices import OperationKind, OperationStatus, RequestedVia
 from operations.kinds.base import Plan, Scope, Target
-from operations.kinds.registry import get_kind
+from operations.kinds.catalog import get_kind
 from operations.management.commands.scaler_sweeper import Command
 from operations.models import Operation, SweepState
 from operations.services import NoWorkerListening, approve_operation, store_plan

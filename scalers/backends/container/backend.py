@@ -1,7 +1,7 @@
 """The container backend: agent containers on ``kici-agent-net`` through the docker SDK.
 
 One :class:`ContainerBackend` is composed of its parts: the runtime (:class:`~.host.DockerHost`),
-the rule writer (:class:`~.rules.AgentRules` over the isolation object), the create-config
+the rule writer (:class:`~.rules.ContainerRuleWriter` over the isolation object), the create-config
 builders and the spawn steps (:mod:`~scalers.backends.container.spawn`), and the sweeps
 (:mod:`~scalers.backends.container.sweep`, by the one orphan rule of
 :mod:`~scalers.backends.container.orphans`). The failure detail is :mod:`scalers.backends.failure`.
@@ -37,9 +37,9 @@ from ..spawn_env import network_policy
 from . import sweep
 from .host import DockerHost
 from .orphans import ContainerPlan, TrackedAgent
-from .registry import REGISTRY, db_tracked_agents
-from .rules import AgentRules
+from .rules import ContainerRuleWriter
 from .spawn import cleanup_failed_spawn, container_binds, container_create_config, spawn_container
+from .tracked import FROM_DATABASE, db_tracked_agents
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ContainerBackend:
         nft: Any = None,
         network_isolation: bool | None = None,
         tracked_ids: Callable[[], set[str]] | None = None,
-        is_registered: Any = REGISTRY,
+        is_registered: Any = FROM_DATABASE,
         runtime: RuntimeInfo | None = None,
         job_image: bool = False,
     ):
@@ -79,7 +79,7 @@ class ContainerBackend:
             )
         self.network_isolation = network_isolation
         self.host = DockerHost(lambda: runtime_for_scaler(self.scaler), docker=docker, runtime=runtime)
-        self.rules = AgentRules(
+        self.rules = ContainerRuleWriter(
             lambda: ContainerIsolation(nft_table_for(self.scaler), nft), self.host.list_managed, network_isolation
         )
         self._tracked_ids = tracked_ids

@@ -15,8 +15,10 @@ log = logging.getLogger(__name__)
 GUARD_CHECK_SECONDS = 60.0
 
 
-class AgentRules:
-    """The rule writer of a container backend.
+class ContainerRuleWriter:
+    """The rule writer of a container backend (the Firecracker backend's twin is
+    :class:`~scalers.backends.firecracker.rules.RuleWriter`; what the kernel holds for one agent is
+    :class:`network.nft.apply.AgentRules`).
 
     ``make_isolation``: builds the :class:`~scalers.backends.isolation.ContainerIsolation` on first
     use. ``list_containers``: the runtime's kici-managed containers (for the holder check).

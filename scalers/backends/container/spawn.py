@@ -34,7 +34,7 @@ from ..isolation import resolve_host_access
 from ..spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
 from .host import DockerHost
 from .job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, ensure_runtime_volume
-from .rules import AgentRules
+from .rules import ContainerRuleWriter
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def spawn_container(
     control: SpawnControl,
     *,
     host: DockerHost,
-    rules: AgentRules,
+    rules: ContainerRuleWriter,
     build_config: Callable[..., dict],
     local: bool = True,
 ) -> SpawnResult:
@@ -285,7 +285,7 @@ def undo_failed_spawn(
     exc: BaseException,
     agent,
     host: DockerHost,
-    rules: AgentRules,
+    rules: ContainerRuleWriter,
     container_id: str | None,
     address: str | None,
     *,
@@ -311,7 +311,7 @@ def undo_failed_spawn(
 
 
 def cleanup_failed_spawn(
-    host: DockerHost, rules: AgentRules, container_id: str | None, address: str | None, agent_id: str = ""
+    host: DockerHost, rules: ContainerRuleWriter, container_id: str | None, address: str | None, agent_id: str = ""
 ) -> None:
     """Remove what a failed spawn created: the address's rules (only while no other sandbox holds
     it; cleaning goes on regardless, the rule reaper is the backstop), then the container."""

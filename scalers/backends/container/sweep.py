@@ -23,8 +23,8 @@ from .orphans import (
     plan_rule_orphans,
     summary_of_inspect,
 )
-from .registry import REGISTRY, db_registered_ids
-from .rules import AgentRules
+from .rules import ContainerRuleWriter
+from .tracked import FROM_DATABASE, db_registered_ids
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +33,14 @@ ORPHAN_STOP_TIMEOUT_SECONDS = 5
 
 def registry_probe(is_registered: Any, candidates: Iterable[str]) -> Callable[[str], bool] | None:
     """The registry probe for a set of agent ids: ``is_registered`` itself (a callable, or None for
-    unwired), or for :data:`~scalers.backends.container.registry.REGISTRY` one batched database
+    unwired), or for :data:`~scalers.backends.container.tracked.FROM_DATABASE` one batched database
     lookup of ``candidates``."""
-    if is_registered is REGISTRY:
+    if is_registered is FROM_DATABASE:
         return db_registered_ids([c for c in candidates if c]).__contains__
     return is_registered
 
 
-def reap_unowned(host: DockerHost, rules: AgentRules, owner: Owner, agent_id: str) -> bool:
+def reap_unowned(host: DockerHost, rules: ContainerRuleWriter, owner: Owner, agent_id: str) -> bool:
     """Force-remove the scaler's containers for one agent id (a refused registration).
 
     Lists by ``kici-managed=true``, own ``kici-scaler-name`` and ``kici-agent-id``, and removes
@@ -85,7 +85,7 @@ def plan_containers(
     return plan_container_orphans(summaries, owner, tracked, registry_probe(is_registered, candidates))
 
 
-def plan_rules(host: DockerHost, rules: AgentRules, scaler_name: str, summaries: list[dict] | None = None):
+def plan_rules(host: DockerHost, rules: ContainerRuleWriter, scaler_name: str, summaries: list[dict] | None = None):
     """Rule sets on ``kici-agent-net`` addresses that nothing holds (``scalers.backends.holders``).
 
     ``summaries``: a listing already made, else one is made; a failed listing plans nothing.
@@ -103,7 +103,7 @@ def plan_rules(host: DockerHost, rules: AgentRules, scaler_name: str, summaries:
 
 def apply_container_target(
     host: DockerHost,
-    rules: AgentRules,
+    rules: ContainerRuleWriter,
     target: OrphanTarget,
     owner: Owner,
     tracked: Mapping[str, TrackedAgent],
@@ -125,7 +125,7 @@ def apply_container_target(
     agent_id = (summary["Labels"] or {}).get("kici-agent-id") or ""
     if agent_id != target.agent_id:
         return 0
-    probe = (lambda a: bool(db_registered_ids([a]))) if is_registered is REGISTRY else is_registered
+    probe = (lambda a: bool(db_registered_ids([a]))) if is_registered is FROM_DATABASE else is_registered
     verdict = judge_container(summary, owner, tracked, probe)
     if not isinstance(verdict, OrphanTarget):
         return 0
@@ -151,7 +151,7 @@ def apply_container_target(
 
 def apply_orphans(
     host: DockerHost,
-    rules: AgentRules,
+    rules: ContainerRuleWriter,
     owner: Owner,
     plan: list[OrphanTarget],
     tracked: Mapping[str, TrackedAgent],
@@ -173,7 +173,7 @@ def apply_orphans(
     return count
 
 
-def reap_unowned_isolation_rules(host: DockerHost, rules: AgentRules) -> int:
+def reap_unowned_isolation_rules(host: DockerHost, rules: ContainerRuleWriter) -> int:
     """Delete rules for ``kici-agent-net`` addresses nothing holds (``holders``: kici-managed
     containers of ALL scalers and consoles, active agent rows, VM allocations); reaps nothing
     when the runtime or the table cannot be listed. The candidates are locked and re-checked

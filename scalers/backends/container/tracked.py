@@ -7,8 +7,8 @@ from agents.models import Agent
 
 from .orphans import TrackedAgent
 
-#: Sentinel: wire ``is_registered`` to the agent registry in the database.
-REGISTRY = object()
+#: Sentinel: answer ``is_registered`` from the agents table (registered_at set, running or draining).
+FROM_DATABASE = object()
 
 
 def db_tracked_agents(scaler) -> dict[str, TrackedAgent]:
