@@ -11,13 +11,21 @@ a JSON entry naming ``os.system`` fails instead.
 """
 
 import inspect
+import logging
 
 from django.conf import settings
-from rq import Worker
+from redis.client import Pipeline
+from rq import Worker, worker_registration
 from rq.job import Job
 from rq.utils import import_attribute
 
 from agents.events import flush_events
+
+log = logging.getLogger(__name__)
+
+#: Seconds an idle worker waits on its queues before it heartbeats again (rq's default is about
+#: seven minutes); each heartbeat also writes back a record Redis lost (:meth:`KiciWorker.heartbeat`).
+IDLE_HEARTBEAT_SECONDS = 10
 
 
 class JobRefused(Exception):
@@ -63,6 +71,23 @@ class KiciWorker(Worker):
         kwargs["serializer"] = settings.KICI_JOB_SERIALIZER
         kwargs["job_class"] = KiciJob
         super().__init__(*args, **kwargs)
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return min(IDLE_HEARTBEAT_SECONDS, super().dequeue_timeout)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        """rq's heartbeat, and when Redis no longer lists this worker (it was emptied, or restarted
+        without its data) its record written again: the worker still serves its queues, and the
+        console's health check and pages must see it."""
+        super().heartbeat(timeout, pipeline)
+        if pipeline is None and not self.connection.sismember(self.redis_workers_keys, self.key):
+            log.warning("worker %s: Redis lost its record; registering it again", self.name)
+            with self.connection.pipeline() as p:
+                p.hset(self.key, mapping={**self.serialize(), "state": self.get_state()})
+                worker_registration.register(self, p)
+                p.expire(self.key, self.worker_ttl + 60)
+                p.execute()
 
     def perform_job(self, job, queue):
         try:

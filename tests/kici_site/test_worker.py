@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import django_rq
@@ -107,3 +108,45 @@ def test_a_foreign_failure_callback_is_refused_too(tmp_path, queue_name):
     assert worker.returncode == 0, worker.stderr
     assert job.get_status(refresh=True) == "failed"
     assert "shutil.rmtree" in worker.stderr + worker.stdout and "JobRefused" in worker.stderr + worker.stdout
+
+
+def test_a_worker_whose_record_redis_lost_registers_again_and_still_takes_jobs(tmp_path, queue_name):
+    """Redis emptied under a running worker (a FLUSHDB, a restart without persistence): within an
+    idle heartbeat the worker is listed again, with its queue, and it runs what is queued next."""
+    from rq import Worker
+
+    from kici_site.worker import IDLE_HEARTBEAT_SECONDS
+
+    conn = django_rq.get_connection("default")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "kici_site.settings_test", "KICI_EXTRA_QUEUES": queue_name}
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "rqworker", queue_name],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def listening() -> bool:
+        return any(queue_name in w.queue_names() for w in Worker.all(connection=conn))
+
+    def wait(done, seconds: float, what: str) -> None:
+        deadline = time.monotonic() + seconds
+        while not done():
+            assert time.monotonic() < deadline, f"{what} within {seconds:g} s"
+            assert proc.poll() is None, "the worker exited"
+            time.sleep(0.2)
+
+    try:
+        wait(listening, 30, "the worker registered")
+        conn.flushdb()
+        assert not listening()
+        wait(listening, IDLE_HEARTBEAT_SECONDS + 10, "the worker listed again after the flush")
+        marker = tmp_path / "ran"
+        job = Queue(queue_name, connection=conn, serializer=settings.KICI_JOB_SERIALIZER).enqueue(
+            write_marker, str(marker)
+        )
+        wait(marker.exists, 30, f"the job {job.id} ran after the flush")
+    finally:
+        proc.terminate()
+        proc.wait(20)
