@@ -139,7 +139,7 @@ KICI_HOST_QUEUE = f"host:{KICI_HOST_NAME}"
 # worker (kici_site.worker.KiciWorker, also for a bare `rqworker`) decodes with nothing else.
 KICI_JOB_SERIALIZER = "rq.serializers.JSONSerializer"
 # The packages whose functions a KiciWorker runs as jobs and callbacks (kici_site.worker.job_function).
-KICI_JOB_PACKAGES = ("agents", "kici_site", "live", "network", "operations", "scalers")
+KICI_JOB_PACKAGES: tuple[str, ...] = ("agents", "kici_site", "live", "network", "operations", "scalers")
 RQ_QUEUES = {
     name: {
         "URL": REDIS_URL,

@@ -69,7 +69,7 @@ FAILING_AFTER = CONSISTENT_FAILURES
 #: Operations linked one by one under the approval item.
 MAX_OPERATION_LINKS = 5
 
-_OUTCOME_TEXT = {
+_OUTCOME_TEXT: dict[str, str] = {
     ScaleOutcome.AT_CAPACITY: "at capacity",
     ScaleOutcome.EXCEEDS_CAP: "larger than a cap",
     ScaleOutcome.NO_BACKEND: "no matching label set",
