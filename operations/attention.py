@@ -183,7 +183,7 @@ def _lost(out: Attention) -> None:
                 text=f"{_plural(len(marks), 'lost agent')} on {name} ({evidence}); "
                 "their slots stay held until a lost-agents operation releases them",
                 url=_url("scaler_detail", name),
-                since=min((_parse(m.get("at")) for m in marks if m.get("at")), default=None),
+                since=min((t for t in (_parse(m.get("at")) for m in marks) if t is not None), default=None),
             )
         )
 
