@@ -57,7 +57,7 @@ def supervisord_config(*, root: Path, run_dir: Path, log_dir: Path, workers: int
         raise ValueError("endpoints=[]: daphne needs at least one endpoint to listen on")
     python = sys.executable
     manage = f"{python} {root / 'manage.py'}"
-    stopwait = max(q.get("DEFAULT_TIMEOUT", 180) for q in settings.RQ_QUEUES.values()) + STOP_MARGIN_SECONDS
+    stopwait = max(int(q.get("DEFAULT_TIMEOUT", 180)) for q in settings.RQ_QUEUES.values()) + STOP_MARGIN_SECONDS
     listen = " ".join(f"-e {e}" for e in endpoints)
     daphne = Path(python).with_name("daphne")
     sock = run_dir / "supervisor.sock"
