@@ -63,7 +63,7 @@ class EventType(models.TextChoices):
 
 
 #: Badge class of an event type on the pages; an event not listed is blue.
-EVENT_BADGES = {
+EVENT_BADGES: dict[str, str] = {
     EventType.FAILED: "b-red",
     EventType.LOST: "b-red",
     EventType.READY: "b-green",

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypedDict
 
 from django.utils import timezone
 from django.utils.html import escape
@@ -68,9 +69,9 @@ def nice_ceiling(value: float, *, binary: bool = False) -> float:
             if step * base >= value:
                 return float(step * base)
     exp = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if step * exp >= value * (1 - 1e-12):
-            return float(step * exp)
+    for mantissa in (1, 2, 2.5, 5, 10):
+        if mantissa * exp >= value * (1 - 1e-12):
+            return float(mantissa * exp)
     return float(10 * exp)  # pragma: no cover
 
 
@@ -260,6 +261,14 @@ def _seconds(value: float) -> str:
     return format_duration(value)
 
 
+class _Window(TypedDict):
+    """The time axis every chart of a scaler page shares: :func:`line_chart`'s keywords."""
+
+    start: datetime
+    end: datetime
+    max_gap: timedelta | None
+
+
 def scaler_charts(samples: Sequence, *, start: datetime, end: datetime, sample_seconds: int) -> list[Chart]:
     """The scaler page's charts from its capacity samples (oldest first): agents against
     maxAgents, CPUs against resourceCap.maxCpu, memory against resourceCap.maxMemory, and the
@@ -270,7 +279,7 @@ def scaler_charts(samples: Sequence, *, start: datetime, end: datetime, sample_s
     def pts(attr: str) -> list[Point]:
         return [(s.taken_at, getattr(s, attr)) for s in samples]
 
-    common = {"start": start, "end": end, "max_gap": gap}
+    common: _Window = {"start": start, "end": end, "max_gap": gap}
     return [
         line_chart(
             title="Agents",

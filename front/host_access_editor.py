@@ -31,7 +31,7 @@ from network.host_access import (
     storage_host_access_entries,
 )
 from network.netlink import NetlinkError, host_addresses
-from network.nft.plan import rule_changes, spec_rule_lines
+from network.nft.plan import Op, rule_changes, spec_rule_lines
 from network.nft.spec import AgentSpec, RuleSpecError
 from scalers.backends.isolation import console_services
 from scalers.choices import ScalerType
@@ -97,7 +97,7 @@ class AgentRuleDiff:
     agent: Agent
     before: list[str]
     after: list[str]
-    lines: list[tuple[str, str]] = field(default_factory=list)
+    lines: list[tuple[Op, str]] = field(default_factory=list)
     error: str = ""
 
     @property
@@ -239,12 +239,13 @@ def effective_host_access(label_set: LabelSet, entries: list[str] | None) -> lis
     )
 
 
-def _input_lines(agent: Agent, gateway: str, host_access: list[str]) -> list[str]:
-    """The agent's input-chain rules (the only chain host access changes) as ``input: ...`` lines,
-    worded as ``network.nft.plan.spec_rule_lines`` and the kernel read-back word them."""
+def _input_lines(agent: Agent, address: str, gateway: str, host_access: list[str]) -> list[str]:
+    """The input-chain rules (the only chain host access changes) of ``agent`` at ``address`` as
+    ``input: ...`` lines, worded as ``network.nft.plan.spec_rule_lines`` and the kernel read-back
+    word them."""
     policy = dict(((agent.label_set.config if agent.label_set else None) or {}).get("networkPolicy") or {})
     spec = AgentSpec.build(
-        address=agent.ip,
+        address=address,
         gateway=gateway,
         allowlist=list(policy.get("allowlist") or []),
         deny_all=bool(policy.get("denyAll", False)),
@@ -258,15 +259,16 @@ def rule_diff(agent: Agent, after: list[str], gateway: str, current_default: lis
     ``current_default``) to ``after``."""
     before = list(agent.host_access) if agent.host_access is not None else list(current_default)
     diff = AgentRuleDiff(agent=agent, before=before, after=list(after))
-    if not agent.ip:
+    address = agent.ip
+    if not address:
         diff.error = "no address yet: its rules are written when it gets one"
         return diff
     try:
-        old = _input_lines(agent, gateway, before)
+        old = _input_lines(agent, address, gateway, before)
     except RuleSpecError as exc:
         old = [f"(the current list does not render: {exc})"]
     try:
-        new = _input_lines(agent, gateway, after)
+        new = _input_lines(agent, address, gateway, after)
     except RuleSpecError as exc:  # e.g. an allowlist entry the label set carries is bad
         diff.error = str(exc)
         return diff

@@ -15,6 +15,7 @@ All work in sync and async stacks (the scale API is an async view).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from inspect import iscoroutinefunction
 
 from asgiref.sync import markcoroutinefunction, sync_to_async
@@ -114,7 +115,7 @@ def nul_refusal(request, field: str, value: str | None = None):
     return error_page(request, 400, message, title="Bad request")
 
 
-class _DualMiddleware:
+class _DualMiddleware(ABC):
     """Middleware usable in sync and async stacks; subclasses define ``handle`` / ``ahandle``."""
 
     sync_capable = True
@@ -130,6 +131,14 @@ class _DualMiddleware:
         if self.is_async:
             return self.ahandle(request)
         return self.handle(request)
+
+    @abstractmethod
+    def handle(self, request):
+        """The response to ``request`` in a sync stack."""
+
+    @abstractmethod
+    async def ahandle(self, request):
+        """The response to ``request`` in an async stack."""
 
 
 class NulByteMiddleware(_DualMiddleware):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import socket
 from pathlib import Path
+from typing import TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
@@ -139,8 +140,18 @@ KICI_HOST_QUEUE = f"host:{KICI_HOST_NAME}"
 # worker (kici_site.worker.KiciWorker, also for a bare `rqworker`) decodes with nothing else.
 KICI_JOB_SERIALIZER = "rq.serializers.JSONSerializer"
 # The packages whose functions a KiciWorker runs as jobs and callbacks (kici_site.worker.job_function).
-KICI_JOB_PACKAGES = ("agents", "kici_site", "live", "network", "operations", "scalers")
-RQ_QUEUES = {
+KICI_JOB_PACKAGES: tuple[str, ...] = ("agents", "kici_site", "live", "network", "operations", "scalers")
+
+
+class RqQueue(TypedDict):
+    """One django-rq queue: its Redis ``URL``, job timeout (seconds) and job serializer."""
+
+    URL: str
+    DEFAULT_TIMEOUT: int
+    SERIALIZER: str
+
+
+RQ_QUEUES: dict[str, RqQueue] = {
     name: {
         "URL": REDIS_URL,
         "DEFAULT_TIMEOUT": env_int("KICI_JOB_TIMEOUT", 900, minimum=10),

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -61,7 +62,6 @@ from collections import OrderedDict
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.http import QueryDict
 from django.template.loader import render_to_string
@@ -76,7 +76,7 @@ from .consoles import console_source
 from .hub import ConsoleHub
 from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
 from .render import render_live_update
-from .rows import MAX_DIRTY, ROW_BATCH_SECONDS, row_view
+from .rows import MAX_DIRTY, ROW_BATCH_SECONDS, RowView, row_view
 from .session import CLOSE_FORBIDDEN, SessionBound
 from .streams import Line, StreamKey, ViewerBuffer, console_row
 from .transport import RedisTransport
@@ -143,7 +143,7 @@ def _may_view(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_active and user.has_perm("agents.view_agent"))
 
 
-class _LiveConsumer(SessionBound, AsyncWebsocketConsumer):
+class _LiveConsumer(SessionBound):
     """Common parts: access check, flow control, the writer task, the session binding."""
 
     writer: asyncio.Task | None = None
@@ -275,6 +275,7 @@ class ConsoleConsumer(_LiveConsumer):
         self.writer = asyncio.create_task(self._write())
 
     async def _next_frame(self) -> str | None:
+        assert self.viewer is not None, "the writer runs only while the viewer is subscribed"
         rows, reset = await self.viewer.next_batch(FRAME_MAX_ROWS)
         if not rows and not reset:
             return None
@@ -334,13 +335,14 @@ class EventsConsumer(_LiveConsumer):
     def _on_event(self, message: dict) -> None:
         if message.get("type") != "event.message":
             return
+        assert self.buffer is not None, "made in connect before this listener is added"
         html = message.get("html")
         event_id = message.get("event_id") or 0
         if html is not None:
             self.buffer.push([Line(html, event_id, "event")])
         elif event_id:
             task = _rendered(event_id)
-            task.add_done_callback(lambda t, event_id=event_id: self._on_rendered(t, event_id))
+            task.add_done_callback(functools.partial(self._on_rendered, event_id=event_id))
 
     def _on_rendered(self, task: asyncio.Future, event_id: int) -> None:
         if self.buffer is None or task.cancelled() or task.exception() is not None:
@@ -349,8 +351,9 @@ class EventsConsumer(_LiveConsumer):
             self.buffer.push([Line(task.result(), event_id, "event")])
 
     async def _next_frame(self) -> str | None:
+        assert self.buffer is not None, "made in connect before the writer starts"
         rows, _ = await self.buffer.next_batch(FRAME_MAX_ROWS)
-        parts = []
+        parts: list[str] = []
         for row in rows:
             if row.dropped:
                 parts.append(render_to_string(EVENTS_DROPPED_TEMPLATE, {"count": row.dropped}))
@@ -387,13 +390,13 @@ def render_update(
         if log_from is None:
             context["log_entries"] = []
     context.update(oob=True, snapshot=snapshot)
-    messages = [render_to_string("operations/detail.html#live_update", context)]
+    messages: list[str] = [render_to_string("operations/detail.html#live_update", context)]
     if context["rows"]:
         messages.append(render_to_string("operations/detail.html#live_rows", context).strip())
     return messages
 
 
-class OperationConsumer(SessionBound, AsyncWebsocketConsumer):
+class OperationConsumer(SessionBound):
     async def connect(self):
         user = self.scope.get("user")
         if not (
@@ -432,7 +435,7 @@ ROW_GATHER_SECONDS = 0.05
 """A first change waits this long for the rest of its burst before its frame goes out."""
 
 
-class RowsConsumer(SessionBound, AsyncWebsocketConsumer):
+class RowsConsumer(SessionBound):
     """``ws/rows/<view>/?<filters>``: the rows of one page (:func:`live.rows.row_view`).
 
     On connect: the view's rows as they are now (a ``data-sync`` frame), then, at most once per
@@ -442,7 +445,7 @@ class RowsConsumer(SessionBound, AsyncWebsocketConsumer):
     without the view's permission, 4404 for an unknown view, agent or scaler or a bad parameter.
     """
 
-    view = None
+    view: RowView | None = None
     flusher: asyncio.Task | None = None
 
     async def connect(self):
@@ -485,6 +488,8 @@ class RowsConsumer(SessionBound, AsyncWebsocketConsumer):
             self.flusher = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
+        view = self.view
+        assert view is not None, "set in connect; rows_dirty starts a flush only once it is"
         loop = asyncio.get_running_loop()
         try:
             while self.dirty or self.overflow:
@@ -492,9 +497,9 @@ class RowsConsumer(SessionBound, AsyncWebsocketConsumer):
                 keys, overflow = self.dirty, self.overflow
                 self.dirty, self.overflow = set(), False
                 if overflow:
-                    frames, self.shown = await database_sync_to_async(self.view.snapshot)()
+                    frames, self.shown = await database_sync_to_async(view.snapshot)()
                 else:
-                    frames, self.shown = await database_sync_to_async(self.view.update)(keys, self.shown)
+                    frames, self.shown = await database_sync_to_async(view.update)(keys, self.shown)
                 for frame in frames:
                     await self.send(text_data=frame)
                 self.last_frame = loop.time()
@@ -519,7 +524,7 @@ class RowsConsumer(SessionBound, AsyncWebsocketConsumer):
                     await self.channel_layer.group_discard(group, self.channel_name)
 
 
-class AttentionConsumer(SessionBound, AsyncWebsocketConsumer):
+class AttentionConsumer(SessionBound):
     """``ws/attention/[?panel=1]``: the nav badge (``base.html#attention_badge``) and, with
     ``panel=1``, the dashboard's "Needs attention" list, as out-of-band swaps (:mod:`live.attention`).
 

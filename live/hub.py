@@ -218,8 +218,9 @@ class ConsoleHub:
                     if st.pump is None and not st.viewers:
                         if self._streams.get(key) is st:
                             del self._streams[key]
-                        with contextlib.suppress(Exception):
-                            await transport.unlisten(key.group, st.listener)
+                        if st.listener is not None:
+                            with contextlib.suppress(Exception):
+                                await transport.unlisten(key.group, st.listener)
                         return
                 st.rounds_done = st.rounds_started
                 st.progress.set()
@@ -280,7 +281,8 @@ class ConsoleHub:
                             born = min(len(chunk), max(0, live_from - seq - 1))
                             stamps = None
                             if chunk[0].__class__ is StampedText:  # each line knows its own time
-                                born, stamps = len(chunk), [text.ms for text in chunk]
+                                born = len(chunk)
+                                stamps = [text.ms if isinstance(text, StampedText) else 0 for text in chunk]
                             elif born:  # backlog: the times an earlier pump received it, if any
                                 known = await self.transport.line_times(key, seq + 1, seq + 1 + born)
                                 stamps = [known.get(n, 0) for n in range(seq + 1, seq + 1 + born)]
@@ -327,6 +329,7 @@ class ConsoleHub:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await st.keeper
             await self._stop_pump(st)
-            with contextlib.suppress(Exception):
-                await self.transport.unlisten(st.key.group, st.listener)
+            if st.listener is not None:
+                with contextlib.suppress(Exception):
+                    await self.transport.unlisten(st.key.group, st.listener)
         self._streams.clear()

@@ -32,10 +32,11 @@ def render_live_update(event: ScalerEvent | int) -> str:
     3. ``<i data-server-time="ISO">``: the console's clock (kici.js counts ages on it).
     """
     if not isinstance(event, ScalerEvent):
-        event = ScalerEvent.objects.select_related("agent", "agent__scaler").filter(pk=event).first()
-        if event is None:
+        found = ScalerEvent.objects.select_related("agent", "agent__scaler").filter(pk=event).first()
+        if found is None:
             return ""
-    parts = [render_to_string(f"{PAGE}#event_oob", {"event": event})]
+        event = found
+    parts: list[str] = [render_to_string(f"{PAGE}#event_oob", {"event": event})]
     agent = None
     if event.agent_id:
         agent = Agent.objects.select_related("scaler").filter(pk=event.agent_id).first()

@@ -38,7 +38,7 @@ from agents.models import Agent
 from lib.query import BadParameter, whole_number
 from operations.listing import PAGE_SIZE as OPERATIONS_PAGE_SIZE
 from operations.listing import filter_operations
-from scalers.capacity import listed_scaler_capacities
+from scalers.capacity import Capacity, listed_scaler_capacities
 from scalers.models import Scaler
 
 from .streams import StreamKey
@@ -112,6 +112,7 @@ class _PagedRows(RowView):
     frame ends with :meth:`count_html` of the rows matching the filters."""
 
     template = ""
+    context_name = ""
     dom_prefix = ""
     counted = False
 
@@ -257,7 +258,7 @@ class AgentPage(RowView):
             f"{AGENTS_PAGE}#agent_rows_oob", {"agents": [agent], "sync": sync, "server_time": server_time()}
         )
         # A frame of its own: table content cannot share one with other elements safely.
-        details = render_to_string("agents/detail.html#details", {"agent": agent, "oob": True})
+        details: str = render_to_string("agents/detail.html#details", {"agent": agent, "oob": True})
         if agent.is_ended:
             status = render_to_string("agents/detail.html#status", {"agent": agent, "oob": True})
             details = f"{details.strip()}\n{status.strip()}"
@@ -306,16 +307,21 @@ class ScalerRows(RowView):
 
     def snapshot(self):
         caps = listed_scaler_capacities()
-        return [self._render(caps, sync=True)], {c.scaler.pk for c in caps}
+        return [self._render(caps, sync=True)], _scaler_pks(caps)
 
     def update(self, keys, shown):
         caps = listed_scaler_capacities(keys)
-        found = {c.scaler.pk for c in caps}
+        found = _scaler_pks(caps)
         removed = sorted(k for k in keys if k in shown and k not in found)
         return [self._render(caps, removed)], (shown - set(removed)) | found
 
 
 VIEWS = {"agents": AgentRows, "agent": AgentPage, "operations": OperationRows, "scalers": ScalerRows}
+
+
+def _scaler_pks(caps: list[Capacity]) -> set[int]:
+    """The scaler pks of :func:`scalers.capacity.listed_scaler_capacities` rows (each is a scaler's)."""
+    return {c.scaler.pk for c in caps if c.scaler is not None}
 
 
 def row_view(name: str, params) -> RowView:

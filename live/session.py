@@ -22,13 +22,16 @@ import contextlib
 import hashlib
 import logging
 from importlib import import_module
-from types import SimpleNamespace
 
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user, get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
+from django.http import HttpRequest
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +67,11 @@ def on_logged_out(sender, request, user, **kwargs) -> None:
 def session_verdict(session_key: str | None, user_pk, perm: str | None) -> int | None:
     """None while the socket may stay open, else its close code (module doc). ``session_key``
     None (a socket given a user without a session, in-process callers): only the user is checked."""
+    user: AbstractBaseUser | AnonymousUser | None
     if session_key is not None:
-        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-        user = get_user(SimpleNamespace(session=store))  # AnonymousUser unless the session still holds this user
+        request = HttpRequest()  # get_user reads only its session
+        request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        user = get_user(request)  # AnonymousUser unless the session still holds this user
     else:
         user = get_user_model().objects.filter(pk=user_pk).first()
     if user is None or not user.is_authenticated or user.pk != user_pk or not user.is_active:
@@ -76,8 +81,8 @@ def session_verdict(session_key: str | None, user_pk, perm: str | None) -> int |
     return None
 
 
-class SessionBound:
-    """Mixin for a Channels consumer: :meth:`bind_session` once it decided to accept,
+class SessionBound(AsyncWebsocketConsumer):
+    """Base of a Channels consumer: :meth:`bind_session` once it decided to accept,
     :meth:`unbind_session` in ``disconnect``. Ends the socket with the session (module doc)."""
 
     session_perm: str | None = None

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from lib.dockerlogs import CHECKPOINT_LINES, Checkpoint, LogMessages, MarkGone, Numberer, RedisCheckpoints, read_from
@@ -37,8 +37,9 @@ BACKLOG_BYTES = 256 * 1024
 MAX_LAG_BYTES = 4 * 1024 * 1024
 """How far a console pump may fall behind a file before it skips ahead (``[skipped N bytes]``)."""
 
-SourceFactory = Callable[[], AsyncIterator[Sequence[str]]]
-"""A zero-argument callable returning an async iterator of line batches (lists of ``str``)."""
+SourceFactory = Callable[[], AsyncGenerator[Sequence[str], None]]
+"""A zero-argument callable returning an async generator of line batches (lists of ``str``): the
+hub closes it (``aclose``) when the pump stops."""
 
 
 def file_source(
@@ -61,7 +62,7 @@ def file_source(
     are opened without following links, and its refusal ends the stream with its message.
     """
 
-    def open_source() -> AsyncIterator[Sequence[str]]:
+    def open_source() -> AsyncGenerator[Sequence[str], None]:
         try:
             fd = opener(os.fspath(path), os.O_RDONLY)
         except FileNotFoundError:
@@ -93,7 +94,7 @@ async def docker_log_source(
     backlog: int = RING_LINES,
     max_line: int = MAX_LINE_BYTES,
     max_queued: int = MAX_QUEUED_LINES,
-) -> AsyncIterator[list[str]]:
+) -> AsyncGenerator[list[str], None]:
     """Follow a container's logs (stdout and stderr) as batches of numbered, stamped lines.
 
     ``container``: a docker SDK ``Container``; ``checkpoints``: its console's
@@ -204,26 +205,27 @@ class _DockerLogReader:
         if latest is not None:
             try:
                 self.numberer = Numberer(latest.number, max_line=self.max_line)
-                return self._scan(latest)
+                return self._scan(latest, self.numberer)
             except MarkGone:  # rotated past it: number the kept log after every number given
                 self.numberer = None
         self.numberer = Numberer(top + 1, max_line=self.max_line, checkpoint_first=True)
-        return self._scan(None)
+        return self._scan(None, self.numberer)
 
-    def _scan(self, checkpoint) -> tuple[deque[StampedText], tuple | None]:
-        """Count what docker holds now from ``checkpoint`` on; the last ``backlog`` lines and the
-        ``(stream, stamp)`` of the last message read."""
+    def _scan(self, checkpoint, numberer: Numberer) -> tuple[deque[StampedText], tuple | None]:
+        """Count what docker holds now from ``checkpoint`` on with ``numberer``; the last
+        ``backlog`` lines and the ``(stream, stamp)`` of the last message read."""
         recent: deque[StampedText] = deque(maxlen=self.backlog)
         last = None
         for stream, stamp, content in self._open_read(checkpoint, follow=False):
             last = (stream, stamp)
-            recent.extend(self.numberer.feed(stream, stamp, content))
+            recent.extend(numberer.feed(stream, stamp, content))
         return recent, last
 
     def _follow(self, last: tuple | None) -> None:
         """Follow the log after the last message scanned (``last``) to its end, saving checkpoints
         as they are noted and the top number at least every second."""
         numberer = self.numberer
+        assert numberer is not None, "set by _scan_backlog, which runs first"
         mark = Checkpoint(0, last[0], last[1].decode()) if last is not None else None
         try:
             follow = self._open_read(mark, follow=True, include_mark=False)
@@ -255,6 +257,7 @@ class _DockerLogReader:
     def _save(self) -> None:
         """Store the checkpoints the numberer noted and the highest number it gave."""
         numberer = self.numberer
+        assert numberer is not None, "set by _scan_backlog, which runs first"
         self.checkpoints.add(numberer.new_checkpoints)
         numberer.new_checkpoints.clear()
         self.checkpoints.set_top(numberer.next - 1)
@@ -280,5 +283,5 @@ async def docker_log_lines(container: Any, checkpoints: RedisCheckpoints, **kwar
     """Follow a container's logs line by line; see :func:`docker_log_source` for the caps."""
     async with contextlib.aclosing(lines_of(docker_log_source(container, checkpoints, **kwargs))) as lines:
         async for line in lines:
-            if line.__class__ is not LineNumber:
+            if isinstance(line, StampedText):  # the rest of a batch after its LineNumber
                 yield line

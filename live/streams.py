@@ -15,7 +15,7 @@ import itertools
 import re
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -146,7 +146,7 @@ def lines_from_message(message: dict) -> list[Line]:
     ts = message.get("ts", 0.0)
     n = len(texts)
     born = min(message.get("born", 0), n)
-    times = itertools.repeat(ts)
+    times: Iterator[float] = itertools.repeat(ts)
     if born:
         stamps = message.get("stamps") or [0] * born
         times = itertools.chain((ms / 1000 for ms in stamps[:born]), itertools.repeat(ts, n - born))

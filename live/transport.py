@@ -26,7 +26,10 @@ Listener = Callable[[dict], None]
 def deliver_to(listeners: dict[str, list[Listener]], message: dict) -> None:
     """Call every listener of ``message["group"]`` with ``message``; a listener that raises is
     logged and the others still run (one broken listener must not starve the others)."""
-    for callback in list(listeners.get(message.get("group"), ())):
+    group = message.get("group")
+    if group is None:
+        return
+    for callback in list(listeners.get(group, ())):
         try:
             callback(message)
         except Exception:

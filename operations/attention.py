@@ -69,7 +69,7 @@ FAILING_AFTER = CONSISTENT_FAILURES
 #: Operations linked one by one under the approval item.
 MAX_OPERATION_LINKS = 5
 
-_OUTCOME_TEXT = {
+_OUTCOME_TEXT: dict[str, str] = {
     ScaleOutcome.AT_CAPACITY: "at capacity",
     ScaleOutcome.EXCEEDS_CAP: "larger than a cap",
     ScaleOutcome.NO_BACKEND: "no matching label set",
@@ -183,7 +183,7 @@ def _lost(out: Attention) -> None:
                 text=f"{_plural(len(marks), 'lost agent')} on {name} ({evidence}); "
                 "their slots stay held until a lost-agents operation releases them",
                 url=_url("scaler_detail", name),
-                since=min((_parse(m.get("at")) for m in marks if m.get("at")), default=None),
+                since=min((t for t in (_parse(m.get("at")) for m in marks) if t is not None), default=None),
             )
         )
 

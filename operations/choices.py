@@ -40,7 +40,7 @@ TERMINAL_STATUSES = (
     OperationStatus.EXPIRED,
 )
 
-STATUS_COLOURS = {
+STATUS_COLOURS: dict[str, str] = {
     OperationStatus.PLANNED: "blue",
     OperationStatus.APPROVED: "blue",
     OperationStatus.RUNNING: "amber",

@@ -114,6 +114,10 @@ class Operation(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    #: Not a column: ``operations.services.store_plan`` sets it to True on the open identical
+    #: operation it returns instead of storing a new one.
+    reused: bool = False
+
     class Meta:
         ordering = ["-created_at", "-id"]
         permissions = [
@@ -140,7 +144,7 @@ class Operation(models.Model):
         parts = []
         if self.scaler_name:
             parts.append(f"scaler {self.scaler_name}")
-        if self.label_set_id:
+        if self.label_set is not None:
             parts.append(f"label set [{self.label_set.index}]")
         if self.agent_ids:
             parts.append("agents " + ", ".join(self.agent_ids))

@@ -64,7 +64,7 @@ def approval_payload(operation: Operation) -> dict:
         "title": operation.get_kind_display(),
         "scaler": operation.scaler_name or None,
         "targets": len(operation.plan or []),
-        "requestedBy": operation.requested_by.get_username() if operation.requested_by_id else None,
+        "requestedBy": operation.requested_by.get_username() if operation.requested_by is not None else None,
         "requestedVia": operation.requested_via,
         "createdAt": operation.created_at.isoformat(),
         "expiresAt": operation.expires_at.isoformat(),

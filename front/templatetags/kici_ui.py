@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from urllib.parse import quote
 
@@ -58,7 +58,7 @@ def _rel_time(value: datetime, extra: str):
     return format_html(
         '<time data-rel datetime="{}" title="{}"{}>{}</time>',
         value.isoformat(),
-        value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         extra,
         format_age((timezone.now() - value).total_seconds()),
     )
@@ -99,7 +99,7 @@ def abs_time(value: datetime | None, empty: str = "—"):
     return format_html(
         '<time datetime="{}">{} UTC</time>',
         value.isoformat(),
-        value.astimezone(timezone.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
     )
 
 

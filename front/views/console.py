@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -54,7 +55,7 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         stream = names[0]
     elif stream not in names:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}; it has {', '.join(names)}")
-    ctx = {
+    ctx: dict[str, Any] = {
         "nav": "agents",
         "agent": agent,
         "agents": [agent],
@@ -93,7 +94,7 @@ def _docker_log_chunks(agent: Agent):
             close()
 
 
-def _file_download(path, filename: str, opener: Opener = plain_open) -> HttpResponse:
+def _file_download(path, filename: str, opener: Opener = plain_open) -> HttpResponse | FileResponse:
     """``path`` as a text attachment, its bytes as on disk (502 when it cannot be read or
     ``opener`` refuses it); raises FileNotFoundError when it is not there."""
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from typing import Any
 
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
@@ -27,9 +28,10 @@ def agent_isolation(request, agent_id: str):
     and its former address may belong to another agent by now, whose rules a read-back would show
     as this agent's (``removed`` in the context)."""
     agent = agent_or_404(agent_id)
-    ctx = {
+    table = isolation_context(agent).table
+    ctx: dict[str, Any] = {
         "agent": agent,
-        "table": isolation_context(agent).table,
+        "table": table,
         "lines": None,
         "error": "",
         "complete": None,
@@ -41,9 +43,9 @@ def agent_isolation(request, agent_id: str):
         ctx["error"] = "the agent has no address yet, so it has no isolation rules"
     else:
         try:
-            rules = apply.NftClient(ctx["table"]).list_agents().get(ipaddress.ip_address(agent.ip))
+            rules = apply.NftClient(table).list_agents().get(ipaddress.ip_address(agent.ip))
         except Exception as exc:  # noqa: BLE001 - nft missing, no privilege, bad table: say so
-            ctx["error"] = f"could not read table inet {ctx['table']}: {exc}"
+            ctx["error"] = f"could not read table inet {table}: {exc}"
         else:
             if rules is None:
                 ctx["lines"] = []
@@ -86,7 +88,7 @@ def agent_selftest(request, agent_id: str):
     inside the agent's namespace).
     Refusals render as a message in the fragment, never a 500."""
     agent = agent_or_404(agent_id)
-    ctx = {"agent": agent}
+    ctx: dict[str, Any] = {"agent": agent}
     if not can_run_selftest(request.user):
         ctx["error"] = "running the self-test needs the permission operations.request_operation (operators)"
         return render(request, "agents/detail.html#selftest", ctx, status=403)

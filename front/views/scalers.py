@@ -8,6 +8,7 @@ operation, which a person approves and a worker runs.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib import messages
@@ -49,6 +50,17 @@ REQUEST_PERM = "operations.request_operation"
 SCALER_AGENT_LIMIT = 25
 
 
+@dataclass(frozen=True)
+class LabelSetRow:
+    """A label set as the scaler page lists it: its live agents (``n_active``), what it runs
+    (``backend_summary``: image, rootfs or command) and whether its agents keep CAP_NET_RAW."""
+
+    label_set: LabelSet
+    n_active: int
+    backend_summary: str
+    net_raw: bool
+
+
 @require_GET
 @viewer_required
 def scaler_list(request):
@@ -70,11 +82,7 @@ def scaler_detail(request, name: str):
     label_sets = list(scaler.label_sets.order_by("index"))
     active = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES)
     n_active = dict(active.order_by().values_list("label_set").annotate(n=Count("id")))
-    for ls in label_sets:
-        ls.n_active = n_active.get(ls.pk, 0)
-        cfg = ls.config or {}
-        ls.backend_summary = cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or ""
-        ls.net_raw = _grants_net_raw(scaler, cfg)
+    rows = [_label_set_row(scaler, ls, n_active.get(ls.pk, 0)) for ls in label_sets]
     agents = filter_agents({"state": "active", "scaler": scaler.name})[0][:SCALER_AGENT_LIMIT]  # as its row view
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
     now = timezone.now()
@@ -87,7 +95,7 @@ def scaler_detail(request, name: str):
         "warm_now": size_now(warm, now) if scaler.warm_pool_enabled and warm.get("schedule") else None,
         "warm_zone": warm.get("timeZone") or "UTC",
         "cap": scaler_capacities([scaler])[0],
-        "label_sets": label_sets,
+        "label_sets": rows,
         "agents": agents,
         "agent_limit": SCALER_AGENT_LIMIT,
         "events": events,
@@ -95,7 +103,7 @@ def scaler_detail(request, name: str):
         "empty_text": "No live agents on this scaler.",
         "config_items": _config_items(scaler),
         "config_state": ConfigState.load(),
-        "net_raw": [ls for ls in label_sets if ls.net_raw and not ls.retired],
+        "net_raw": [row.label_set for row in rows if row.net_raw and not row.label_set.retired],
         "overridden": [ls for ls in label_sets if ls.host_access_override and not ls.retired],
         "differing": [ls for ls in label_sets if ls.host_access_differs and not ls.retired],
         "accept": css_attr_selector("data-scaler", scaler.name),
@@ -103,6 +111,16 @@ def scaler_detail(request, name: str):
         "sample_every": "minute" if every == 60 else f"{every} s",
     }
     return render(request, "scalers/detail.html", ctx)
+
+
+def _label_set_row(scaler: Scaler, label_set: LabelSet, n_active: int) -> LabelSetRow:
+    cfg = label_set.config or {}
+    return LabelSetRow(
+        label_set=label_set,
+        n_active=n_active,
+        backend_summary=cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or "",
+        net_raw=_grants_net_raw(scaler, cfg),
+    )
 
 
 def _grants_net_raw(scaler: Scaler, label_set_config: dict) -> bool:
@@ -263,6 +281,6 @@ def host_access_apply(request, name: str, index: int):
         log.info("host-access apply for %s refused: %s", label_set, exc)
         ctx["apply_error"] = f"Nothing was applied: {exc}"
         return render(request, "scalers/host_access.html", ctx, status=422)
-    if getattr(operation, "reused", False):
+    if operation.reused:
         messages.info(request, f"An identical planned operation already exists: #{operation.pk}.")
     return redirect(reverse("operations:detail", args=[operation.pk]))

@@ -30,9 +30,7 @@ def admin_required(view):
 
 def _page(request, *, created=None, raw: str = "", error: str = "", form: dict | None = None, status: int = 200):
     now = timezone.now()
-    tokens = list(ApiToken.objects.all())
-    for token in tokens:
-        token.state = token_state(token, now)
+    tokens = [(token, token_state(token, now)) for token in ApiToken.objects.all()]
     ctx = {
         "tokens": tokens,
         "scopes": SCOPES,

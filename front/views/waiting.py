@@ -46,7 +46,7 @@ MAX_HOLDERS = 50
 #: Characters of a ``job`` or ``scaler`` parameter taken (a job id is at most 200).
 MAX_PARAMETER_CHARS = 200
 
-_CAP_SCOPE = {
+_CAP_SCOPE: dict[str, str] = {
     CapName.GLOBAL_MAX_AGENTS: "global",
     CapName.GLOBAL_RESOURCE_CAP_CPU: "global",
     CapName.GLOBAL_RESOURCE_CAP_MEMORY: "global",
@@ -145,24 +145,27 @@ def waiting_groups(now=None, *, scaler: str = "", job: str = "") -> list[Waiting
     for r in requests:
         cap, freed = r.cap, False
         if r.outcome == ScaleOutcome.AT_CAPACITY:
+            assert caps_now is not None, "read above whenever a request is at capacity"
             now_cap = caps_now.refusing_cap(r.scaler_name, r.cpus, r.memory_bytes, r.cap)
-            freed = now_cap is None
-            cap = r.cap if freed else now_cap
+            if now_cap is None:
+                freed = True
+            else:
+                cap = now_cap
         key = (r.outcome, cap, r.scaler_name if _CAP_SCOPE.get(cap) != "global" else "", freed)
         group = groups.get(key)
         if group is None:
-            scaler = scalers.get(r.scaler_name)
+            scaler_row = scalers.get(r.scaler_name)
             scope = _CAP_SCOPE.get(cap, "") if r.outcome != ScaleOutcome.EXCEEDS_CAP and not freed else ""
             group = WaitingGroup(
                 outcome=r.outcome,
                 cap=cap,
                 scaler=key[2],
                 scope=scope,
-                limit=_limit_text(cap, scaler, cfg) if cap else "",
+                limit=_limit_text(cap, scaler_row, cfg) if cap else "",
                 freed=freed,
             )
             if scope:
-                qs = _holders(scope, scaler)
+                qs = _holders(scope, scaler_row)
                 group.holders_total = qs.count()
                 for res in qs[:MAX_HOLDERS]:
                     group.holders.append(

@@ -168,8 +168,10 @@ class Kind:
         """Whether a swept operation of ``scope`` is approved without a person."""
         return False
 
-    def observe(self, scope: Scope, plan: Plan, operation=None) -> None:
-        """Told what each sweep of ``scope`` found (also when it found nothing)."""
+    def observe(self, scope: Scope, plan: Plan, operation=None) -> int:
+        """Told what each sweep of ``scope`` found (also when it found nothing). Returns how many
+        targets it newly recorded somewhere (a kind that records nothing: 0)."""
+        return 0
 
 
 def is_registered(agent) -> bool:

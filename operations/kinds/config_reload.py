@@ -55,9 +55,13 @@ class _DryRun(Exception):
     pass
 
 
-def config_paths() -> tuple[str | None, str | None]:
-    """The configured config file and drop-in directory."""
-    return settings.KICI_SCALER_CONFIG_PATH, settings.KICI_SCALER_CONFIG_DIR
+def config_paths() -> tuple[str, str | None]:
+    """The configured config file and drop-in directory (None: none). Raises ScopeInvalid naming
+    ``KICI_SCALER_CONFIG_PATH`` when no config file is configured."""
+    path = settings.KICI_SCALER_CONFIG_PATH
+    if not path:
+        raise ScopeInvalid("KICI_SCALER_CONFIG_PATH", "no config file: the variable is unset")
+    return path, settings.KICI_SCALER_CONFIG_DIR
 
 
 def files_digest(path: str, drop_in_dir: str | None) -> tuple[str, list[str]]:
@@ -168,9 +172,7 @@ class ConfigReload(Kind):
     atomic = True
 
     def validate_scope(self, scope: Scope) -> None:
-        path, _ = config_paths()
-        if not path:
-            raise ScopeInvalid("KICI_SCALER_CONFIG_PATH", "no config file: the variable is unset")
+        config_paths()
 
     def plan(self, scope: Scope) -> Plan:
         path, drop_in = config_paths()

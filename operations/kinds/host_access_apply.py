@@ -197,12 +197,16 @@ class HostAccessApply(Kind):
                         f"hostAccess = {_shown(new)} ({source})",
                     )
                     continue
-                table, gateway, _ = isolation_target(scaler)
+                where = isolation_target(scaler)
+                assert where is not None, "agent targets are planned only where the console writes rules"
+                table, gateway, _ = where
                 agent = Agent.objects.get(agent_id=target.subject)
+                address = agent.ip
+                assert address, "agent targets are planned only with an address, which is never cleared"
                 resolved = target.evidence["host_access_new"]
-                with address_lock(agent.ip):
+                with address_lock(address):
                     others = address_holders(
-                        agent.ip,
+                        address,
                         exclude=(agent.agent_id, agent.managed_id),
                         list_containers=lambda: list_kici_containers(scaler) or [],
                     )

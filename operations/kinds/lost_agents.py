@@ -210,7 +210,7 @@ class LostAgents(Kind):
                 "why": "; ".join(verdict.reasons),
             }
             key = f"agent:{agent.agent_id}"
-            if not verdict.lost:
+            if verdict.lost_by is None:
                 heard_text = (
                     "never" if verdict.heartbeat_age_seconds is None else f"{verdict.heartbeat_age_seconds}s ago"
                 )

@@ -68,7 +68,7 @@ class StaleIsolationRules(Kind):
             result.notes.append(f"table {table} could not be read: nothing is planned")
             return result
         holders = read_holders(with_rules, containers=summaries)
-        rows = {}
+        rows: dict[str | None, list[Agent]] = {}
         for agent in Agent.objects.filter(ip__in=with_rules).order_by("created_at"):
             rows.setdefault(agent.ip, []).append(agent)
         for address in with_rules:

@@ -3,7 +3,7 @@ panel, the nav badge on every page, and the number of queries they cost."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -117,6 +117,17 @@ def test_lost_agents_appear_by_scaler_and_go_when_they_heartbeat(viewer_client):
     Agent.objects.filter(pk__in=[x.pk for x in lost_a]).update(last_heartbeat=timezone.now())  # heard again
     Agent.objects.filter(pk=lost_b.pk).update(state=AgentState.DESTROYED)  # released
     assert "Nothing needs you." in panel(viewer_client)
+
+
+def test_a_lost_mark_with_an_unreadable_time_still_counts_and_the_readable_one_dates_the_item():
+    scaler = make_scaler("a")
+    garbled, dated = make_agent(scaler, AgentState.RUNNING), make_agent(scaler, AgentState.RUNNING)
+    lose(garbled)
+    lose(dated)
+    Agent.objects.filter(pk=garbled.pk).update(lost={**Agent.objects.get(pk=garbled.pk).lost, "at": "not a time"})
+    [item] = [i for i in needs_attention().items if i.kind == "lost"]
+    assert item.count == 2
+    assert item.since == datetime.fromisoformat(Agent.objects.get(pk=dated.pk).lost["at"])
 
 
 def test_jobs_waiting_on_caps_appear_by_scaler_and_cap_and_go_when_admitted(viewer_client):
