@@ -112,6 +112,8 @@ class Backend(Protocol):
       sweep split into a previewable plan and an apply that re-checks each target.
     - ``cleanup_orphans() -> int``: plan + apply.
     - ``reload(scaler)``: replace the entry read at every spawn.
+    - ``ensure_host_ready()``: make this host ready for the scaler's spawns (its network, bridge,
+      rules base, images), idempotently; raises naming what is missing. Asked by the sweeper.
     """
 
     type: str
@@ -133,6 +135,8 @@ class Backend(Protocol):
     def cleanup_orphans(self) -> int: ...
 
     def reload(self, scaler: Scaler) -> None: ...
+
+    def ensure_host_ready(self) -> object: ...
 
 
 def scaler_option(scaler_or_config: Any, key: str, default: Any = None) -> Any:
