@@ -23,6 +23,7 @@ from scalers.credentials import CredentialError, auth_config
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..docker_net import (
+    ISOLATED_NETWORK_GATEWAY,
     ISOLATED_NETWORK_NAME,
     agent_mac,
     cached_isolated_network,
@@ -169,6 +170,17 @@ def bridge_port(agent, container_id: str, mac: str | None, pid: int | None, brid
     return netlink.bridge_port_of(pid, mac, bridge, netns=netns)
 
 
+def teach_gateway(pid: int, mac: str, bridge: str, netns: str | None) -> None:
+    """Now that the container's port is bound, give it the gateway's MAC
+    (``network.netlink.teach_gateway``): its first connection to the console then leaves at once
+    instead of after the kernel's next ARP attempt, a second later. Only a latency is at stake,
+    so a failure is logged, never raised."""
+    try:
+        netlink.teach_gateway(pid, mac, ISOLATED_NETWORK_GATEWAY, bridge, netns=netns)
+    except netlink.NetlinkError as exc:
+        log.info("could not give container pid %s its gateway's MAC: %s", pid, exc)
+
+
 def spawn_container(
     agent,
     control: SpawnControl,
@@ -256,6 +268,8 @@ def spawn_container(
                 record_event(agent, EventType.NETWORK, "configuring network isolation")
             if address:
                 rules.isolation.apply(address, policy_cfg, host_access, port=port, mac=mac if port else None)
+                if port and mac and pid and bridge:
+                    teach_gateway(pid, mac, bridge, rules.isolation.client.netns)
             else:
                 log.warning(
                     "agent %s has no address on %s; no isolation rules written",

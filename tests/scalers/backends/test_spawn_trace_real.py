@@ -60,3 +60,25 @@ def test_a_real_spawn_records_every_step_from_admission_to_running(
             buckets = MetricCounter.objects.filter(name=f"{SPAWN_STEP}_bucket", labels__step=step.value)
             assert sum(b.value for b in buckets) == 1, step
         assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")
+
+
+def test_an_agent_dials_the_console_as_soon_as_its_port_is_bound(
+    docker_client, agent_image, nft_table, settings, run_rq_jobs
+):
+    # Its first ARP for the gateway went to the guard while its port was unbound; without the
+    # gateway's MAC given to it, its kernel asks again only a second later.
+    settings.ALLOWED_HOSTS = ["*"]
+    ensure_isolated_network(docker_client)
+    port = free_port(ISOLATED_NETWORK_GATEWAY)
+    with wsgi_server(ISOLATED_NETWORK_GATEWAY, port) as url:
+        agent = make_agent(make_scaler(orchestrator_url=url))
+        with transaction.atomic():
+            enqueue_spawn(agent)
+        run_rq_jobs(settings.KICI_HOST_QUEUE)
+        deadline = time.monotonic() + 10
+        while "running" not in Agent.objects.get(pk=agent.pk).spawn_trace:
+            assert time.monotonic() < deadline, Agent.objects.get(pk=agent.pk).failure_reason
+            time.sleep(0.05)
+        trace = Agent.objects.get(pk=agent.pk).spawn_trace
+        assert trace["register_received"] - trace["bound"] < 0.5, trace
+        assert teardown_agent(Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk), "shutdown")
