@@ -64,6 +64,12 @@ class Agent(models.Model):
         blank=True,
         help_text="the lost-agents sweep's mark while this agent is lost (agents.liveness.current_mark); {} otherwise",
     )
+    spawn_trace = models.JSONField(
+        default=dict,
+        blank=True,
+        db_default={},
+        help_text="seconds from admission to each moment of its spawn (scalers.spawn_trace)",
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     spawn_started_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(null=True, blank=True)

@@ -42,6 +42,8 @@ class BridgePortIsolationUnavailable(NetlinkError):
 
 
 _state = threading.local()
+#: The kernel's neighbour state "stale": valid, to be confirmed at first use.
+NUD_STALE = 0x04
 
 
 def run_in_netns[T](netns: str, fn: Callable[[], T], path: str | None = None) -> T:
@@ -337,6 +339,44 @@ def bridge_port_of(pid: int, mac: str, bridge: str) -> str:
     if not links or links[0].get_attr("IFLA_MASTER") != bridge_index:
         raise NetlinkError(f"the veth of pid {pid} (MAC {mac}) is not a port of {bridge}{_where()}")
     return links[0].get_attr("IFLA_IFNAME")
+
+
+@_netns_aware
+def teach_gateway(pid: int, mac: str, gateway: str, bridge: str) -> None:
+    """Inside process ``pid``'s network namespace (a container's), on its interface with MAC
+    ``mac``: record ``gateway`` (an address of ``bridge``) at the bridge's MAC, as a ``stale``
+    neighbour entry (the kernel confirms it with a probe at first use, as any learned entry).
+
+    A container that dialled out before its bridge port was bound had its ARP request for the
+    gateway dropped by the guard; the kernel asks again only a second later. Answering the
+    question now releases the packets queued behind it at once. Sends nothing. Raises
+    :class:`NetlinkError` when the bridge or the interface is missing or the kernel refuses.
+    """
+    with _ipr() as ipr:
+        bridge_index = _index(ipr, bridge)
+        links = ipr.get_links(bridge_index) if bridge_index is not None else []
+    bridge_mac = links[0].get_attr("IFLA_ADDRESS") if links else None
+    if not bridge_mac:
+        raise NetlinkError(f"bridge {bridge} not found{_where()}")
+
+    def teach() -> None:
+        with _ipr() as ipr:
+            index = next(
+                (
+                    link["index"]
+                    for link in ipr.get_links()
+                    if (link.get_attr("IFLA_ADDRESS") or "").lower() == mac.lower()
+                ),
+                None,
+            )
+            if index is None:
+                raise NetlinkError(f"no interface with MAC {mac} in the network namespace of pid {pid}")
+            try:
+                ipr.neigh("replace", dst=gateway, lladdr=bridge_mac, ifindex=index, state=NUD_STALE)
+            except _PyrNetlinkError as exc:
+                raise NetlinkError(f"cannot set the neighbour {gateway} in the namespace of pid {pid}: {exc}") from exc
+
+    run_in_netns(f"pid {pid}", teach, path=f"/proc/{pid}/ns/net")
 
 
 @_netns_aware

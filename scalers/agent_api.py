@@ -48,6 +48,7 @@ from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import enqueue_reclaim
 from scalers.metrics import ADOPTION_LOOKUP_FAILURES, SCALE_TO_REGISTERED, observe
+from scalers.spawn_trace import record_marks
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ def _registration_hooks(agent: Agent) -> None:
 @_bearer_request
 def register(request, raw: str, body: dict):
     """Redeem the ephemeral token once and mark the agent running (see the module doc)."""
+    received = timezone.now()
     claimed_id = body.get("agentId")
     if claimed_id is not None and not isinstance(claimed_id, str):
         return _bad_request(f"agentId must be a string, got {json_text(claimed_id)}", "agentId")
@@ -177,6 +179,8 @@ def register(request, raw: str, body: dict):
             "agent registered",
             payload={"remote": request.META.get("REMOTE_ADDR", ""), "instance": settings.KICI_INSTANCE_ID},
         )
+        # Last before the commit: what the API answers from here on is "running".
+        record_marks(agent, {"register_received": received, "running": timezone.now()})
     _registration_hooks(agent)
     return JsonResponse(
         {

@@ -55,6 +55,7 @@ from scalers.lifecycle import (
 )
 from scalers.metrics import SPAWN_DURATION, observe
 from scalers.models import ScaleOutcome, Scaler
+from scalers.spawn_trace import record_marks
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,8 @@ def spawn_agent(agent_pk: int) -> str:
     Skips an agent that is no longer ``spawning`` (cancelled before the job ran). Sets
     ``spawn_started_at`` once (the deadline counts from it), runs the backend spawn, stores the
     result, moves the agent ``spawning`` → ``connecting`` (compare-and-swap: an agent that
-    registered meanwhile stays ``running``) and schedules :func:`watch_registration` (not for a
+    registered meanwhile stays ``running``), records its trace marks (``scalers.spawn_trace``) and
+    schedules :func:`watch_registration` (not for a
     delivered event provision, which the event-provision reaper watches). Whatever the
     outcome, its spawn slot is then handed on (:func:`start_waiting_spawns`).
     """
@@ -188,6 +190,7 @@ def _spawn(agent: Agent) -> str:
         agent.spawn_started_at = now
     deadline = registration_deadline(agent).timestamp()
     control = SpawnControl(deadline=deadline, cancelled=lambda: _cancel_reason(agent.pk))
+    control.mark("picked_up", now)
     started = time.monotonic()
     try:
         backend = get_backend(agent.scaler)
@@ -208,6 +211,8 @@ def _spawn(agent: Agent) -> str:
     Agent.objects.filter(pk=agent.pk, state=AgentState.SPAWNING).update(
         state=AgentState.CONNECTING, updated_at=timezone.now()
     )
+    control.mark("connecting")
+    record_marks(agent, control.marks)
     agent.backend_context = result.context
     if not awaits_the_reaper(agent):
         schedule_watch(agent, backend)

@@ -25,7 +25,7 @@ from agents.choices import ACTIVE_STATES, AgentState
 from scalers.admission.caps import CAP_ORDER
 from scalers.admission.ledger import add_to_counters, counter_increment, label_key
 from scalers.backends.isolation import nft_table_for
-from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
+from scalers.choices import LOCAL_SCALER_TYPES, ScalerType, SpawnStep
 from scalers.models import MetricCounter, Scaler
 from scalers.warm_pool_config import pool_status
 
@@ -67,6 +67,7 @@ REDISPATCH = "kici_orch_scaler_redispatch_total"
 CONFIG_RELOADS = "kici_orch_scaler_config_reloads_total"
 SCALE_TO_REGISTERED = "kici_scaler_scale_to_registered_seconds"
 SPAWN_DURATION = "kici_scaler_spawn_duration_seconds"
+SPAWN_STEP = "kici_scaler_spawn_step_seconds"
 #: States of an event provision asked for and not yet given back.
 PROVISION_STATES = (AgentState.SPAWNING, AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 
@@ -206,6 +207,13 @@ HISTOGRAMS: dict[str, SharedHistogram] = {
             (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             labels=("scaler", "result"),
             zeros=lambda known: ({"scaler": n, "result": "spawned"} for n in known.names()),
+        ),
+        SharedHistogram(
+            SPAWN_STEP,
+            "Seconds of each step of a spawn, from admission to running (scalers.spawn_trace), by scaler and step.",
+            (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            labels=("scaler", "step"),
+            zeros=lambda known: ({"scaler": n, "step": step.value} for n in known.names() for step in SpawnStep),
         ),
     )
 }

@@ -16,6 +16,7 @@ from agents.choices import EVENT_BADGES
 from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seconds
 from lib.units import format_age, format_bytes_iec
 from scalers.agent_api import HEARTBEAT_INTERVAL_SECONDS
+from scalers.spawn_trace import waterfall
 
 register = template.Library()
 
@@ -135,6 +136,12 @@ def rest_lines(text: str) -> str:
     """Everything after the first line, or ``""``."""
     parts = (text or "").split("\n", 1)
     return parts[1] if len(parts) > 1 else ""
+
+
+@register.filter
+def spawn_waterfall(agent):
+    """The bars of ``agent``'s spawn trace (``scalers.spawn_trace.waterfall``), [] when it has none. No query."""
+    return waterfall(agent.spawn_trace)
 
 
 @register.filter

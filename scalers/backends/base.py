@@ -11,7 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from django.utils import timezone
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -48,12 +51,18 @@ class SpawnControl:
     ``deadline``: wall-clock epoch seconds after which the spawn is abandoned, or ``None``.
     ``cancelled``: returns a reason string when the spawn must stop (None = carry on); the rq job
     wires it to "the agent row is no longer ``spawning``". ``check(stage)`` raises
-    :class:`SpawnAborted`; backends call it between runtime calls.
+    :class:`SpawnAborted`; backends call it between runtime calls. ``marks``: the moments of the
+    spawn's trace a backend reached (``mark``; names and steps: ``scalers.spawn_trace``).
     """
 
     deadline: float | None = None
     cancelled: Callable[[], str | None] = lambda: None
     stages: list[str] = field(default_factory=list)
+    marks: dict[str, datetime] = field(default_factory=dict)
+
+    def mark(self, name: str, at: datetime | None = None) -> None:
+        """Record that the spawn reached the trace mark ``name`` now (or at ``at``, aware)."""
+        self.marks[name] = at or timezone.now()
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (may be negative), or None without a deadline."""

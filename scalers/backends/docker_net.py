@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
+from datetime import datetime
+from typing import NamedTuple
 
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
@@ -139,15 +142,49 @@ def agent_mac(agent_id: str) -> str:
     return f"{AGENT_MAC_PREFIX}:{tail[0:2]}:{tail[2:4]}:{tail[4:6]}"
 
 
-def container_network_facts(docker, container_id: str) -> tuple[str | None, str | None, int | None]:
-    """``(ip, mac, pid)`` of a container on ``kici-agent-net``: its IPv4 address and MAC there and
-    its init process (0 or None when not running); Nones when it is gone."""
+class ContainerNetworkFacts(NamedTuple):
+    """What one inspect of a started agent container tells its spawn: its IPv4 address and MAC on
+    ``kici-agent-net``, its init pid (0 or None when not running) and when its process started
+    (the runtime's ``State.StartedAt``, aware; None when unknown)."""
+
+    ip: str | None
+    mac: str | None
+    pid: int | None
+    started_at: datetime | None = None
+
+
+def container_network_facts(docker, container_id: str) -> ContainerNetworkFacts:
+    """:class:`ContainerNetworkFacts` of a container; all None when it is gone."""
     try:
         info = _api(docker).inspect_container(container_id)
     except NotFound:
-        return None, None, None
+        return ContainerNetworkFacts(None, None, None)
     ep = ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(ISOLATED_NETWORK_NAME) or {}
-    return ep.get("IPAddress") or None, ep.get("MacAddress") or None, (info.get("State") or {}).get("Pid") or None
+    state = info.get("State") or {}
+    return ContainerNetworkFacts(
+        ep.get("IPAddress") or None,
+        ep.get("MacAddress") or None,
+        state.get("Pid") or None,
+        runtime_time(state.get("StartedAt")),
+    )
+
+
+_RUNTIME_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?")
+
+
+def runtime_time(text: str | None) -> datetime | None:
+    """A docker API timestamp (RFC 3339, nanoseconds, e.g. ``2026-12-05T08:09:10.123456789Z``) as
+    an aware datetime to the microsecond; None for none, docker's zero time or an unreadable one."""
+    if not text or text.startswith("0001-"):
+        return None
+    found = _RUNTIME_TIME.fullmatch(text)
+    if found is None:
+        return None
+    whole, frac, zone = found.groups()
+    try:
+        return datetime.fromisoformat(f"{whole}.{(frac or '0')[:6]:0<6}{'+00:00' if zone in (None, 'Z') else zone}")
+    except ValueError:
+        return None
 
 
 def container_network_ip(docker, container_id: str) -> str | None:

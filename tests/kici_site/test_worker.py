@@ -150,3 +150,22 @@ def test_a_worker_whose_record_redis_lost_registers_again_and_still_takes_jobs(t
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_the_worker_imports_the_job_modules_before_it_forks_a_work_horse():
+    """A work-horse inherits them instead of importing them for every job."""
+    code = (
+        "import sys, django; django.setup()\n"
+        "from kici_site.worker import KiciWorker\n"
+        "from rq import Queue\n"
+        "from redis import Redis\n"
+        "from django.conf import settings\n"
+        "spawn = ('scalers.jobs', 'scalers.lifecycle', 'operations.jobs')\n"
+        "assert not any(m in sys.modules for m in spawn), [m for m in spawn if m in sys.modules]\n"
+        "redis = Redis.from_url(settings.REDIS_URL)\n"
+        "KiciWorker([Queue('preload-probe', connection=redis)], connection=redis)\n"
+        "assert all(m in sys.modules for m in spawn), [m for m in spawn if m not in sys.modules]\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "kici_site.settings_test"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]

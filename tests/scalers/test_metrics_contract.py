@@ -20,6 +20,7 @@ from scalers.metrics import (
     SCALE_TO_REGISTERED,
     SHARED,
     SPAWN_DURATION,
+    SPAWN_STEP,
     count,
     observe,
     set_gauge,
@@ -78,11 +79,14 @@ def test_promtool_finds_nothing_wrong_with_a_scrape_where_every_series_has_value
         (set_gauge(series.name, 1, labels) if series.gauge else count(series.name, labels, 2))
     observe(SCALE_TO_REGISTERED, {"scaler": scaler.name}, 1.5)
     observe(SPAWN_DURATION, {"scaler": scaler.name, "result": "spawned"}, 700)
+    observe(SPAWN_STEP, {"scaler": scaler.name, "step": "create"}, 0.2)
     make_agent(scaler, AgentState.RUNNING, lost={"lost_by": "heartbeat"})
     body = scrape()
     assert 'kici_scaler_scale_to_registered_seconds_bucket{le="2.0",scaler="m-container"} 1.0' in body
     assert 'kici_scaler_spawn_duration_seconds_bucket{le="120.0",result="spawned",scaler="m-container"} 0.0' in body
     assert 'kici_scaler_spawn_duration_seconds_bucket{le="+Inf",result="spawned",scaler="m-container"} 1.0' in body
+    assert 'kici_scaler_spawn_step_seconds_bucket{le="0.25",scaler="m-container",step="create"} 1.0' in body
+    assert 'kici_scaler_spawn_step_seconds_count{scaler="m-event",step="register"} 0.0' in body
     checked = subprocess.run([promtool(), "check", "metrics"], input=body, capture_output=True, text=True)
     assert checked.returncode == 0 and not (checked.stdout + checked.stderr).strip(), checked.stdout + checked.stderr
 

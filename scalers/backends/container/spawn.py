@@ -23,6 +23,7 @@ from scalers.credentials import CredentialError, auth_config
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..docker_net import (
+    ISOLATED_NETWORK_GATEWAY,
     ISOLATED_NETWORK_NAME,
     agent_mac,
     cached_isolated_network,
@@ -153,6 +154,33 @@ def create_with_pull(api, agent, kwargs: dict, image: str, policy: str, credenti
         return api.create_container(**kwargs)
 
 
+def bridge_port(agent, container_id: str, mac: str | None, pid: int | None, bridge: str, netns: str | None) -> str:
+    """The port of ``bridge`` the started container (init ``pid``, ``mac`` on the agent network)
+    sits on. Raises ``SpawnError`` (stage ``network``) when it has no MAC or process, or a MAC
+    other than the one requested: the drift check rebuilds the binding from the agent id, so a
+    runtime that ignored it would have the agent cut off at the next round."""
+    if not (mac and pid):
+        raise SpawnError(f"container {container_id[:12]} has no MAC or process on {ISOLATED_NETWORK_NAME}", "network")
+    if mac.lower() != agent_mac(agent.agent_id):
+        raise SpawnError(
+            f"container {container_id[:12]} got MAC {mac} on {ISOLATED_NETWORK_NAME}, not the "
+            f"requested {agent_mac(agent.agent_id)}",
+            "network",
+        )
+    return netlink.bridge_port_of(pid, mac, bridge, netns=netns)
+
+
+def teach_gateway(pid: int, mac: str, bridge: str, netns: str | None) -> None:
+    """Now that the container's port is bound, give it the gateway's MAC
+    (``network.netlink.teach_gateway``): its first connection to the console then leaves at once
+    instead of after the kernel's next ARP attempt, a second later. Only a latency is at stake,
+    so a failure is logged, never raised."""
+    try:
+        netlink.teach_gateway(pid, mac, ISOLATED_NETWORK_GATEWAY, bridge, netns=netns)
+    except netlink.NetlinkError as exc:
+        log.info("could not give container pid %s its gateway's MAC: %s", pid, exc)
+
+
 def spawn_container(
     agent,
     control: SpawnControl,
@@ -203,6 +231,7 @@ def spawn_container(
         with transaction.atomic():  # one commit for the token and the event
             token = tokens.mint_registration_token(agent)
             record_event(agent, EventType.PROVISIONING, "creating container")
+        control.mark("checked")
         runtime_volume = ensure_runtime_volume(host.api) if agent.job_image else None
         config = build_config(agent, token, image, runtime_volume=runtime_volume)
         created = create_with_pull(host.api, agent, config, image, policy, credentials_ref)
@@ -210,10 +239,12 @@ def spawn_container(
         agent.managed_id = container_id
         # At once: a worker killed from here on leaves a container the failure path must find.
         Agent.objects.filter(pk=agent.pk).update(managed_id=container_id)
+        control.mark("created")
 
         check("start")
         host.api.start(container_id)
         started = True
+        control.mark("started")
 
         host_access: list[str] | None = None
         explicit = False
@@ -222,21 +253,11 @@ def spawn_container(
             check("network")
             # Until its port is bound (with its rules, in one transaction) the guard drops every
             # frame the container sends: nothing it does before that reaches anything.
-            address, mac, pid = container_network_facts(host.docker, container_id)
+            address, mac, pid, process_started = container_network_facts(host.docker, container_id)
+            if process_started is not None:
+                control.mark("process_started", process_started)
             if bridge and address:
-                if not (mac and pid):
-                    raise SpawnError(
-                        f"container {container_id[:12]} has no MAC or process on {ISOLATED_NETWORK_NAME}", "network"
-                    )
-                if mac.lower() != agent_mac(agent.agent_id):
-                    # The drift check rebuilds the binding from the agent id: a runtime that
-                    # ignored the requested MAC would have the agent cut off at the next round.
-                    raise SpawnError(
-                        f"container {container_id[:12]} got MAC {mac} on {ISOLATED_NETWORK_NAME}, not the "
-                        f"requested {agent_mac(agent.agent_id)}",
-                        "network",
-                    )
-                port = netlink.bridge_port_of(pid, mac, bridge, netns=rules.isolation.client.netns)
+                port = bridge_port(agent, container_id, mac, pid, bridge, rules.isolation.client.netns)
             policy_cfg = network_policy(ls)
             host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
             # Stored before the rules are written, so a concurrent rule sweep counts it as live.
@@ -247,12 +268,15 @@ def spawn_container(
                 record_event(agent, EventType.NETWORK, "configuring network isolation")
             if address:
                 rules.isolation.apply(address, policy_cfg, host_access, port=port, mac=mac if port else None)
+                if port and mac and pid and bridge:
+                    teach_gateway(pid, mac, bridge, rules.isolation.client.netns)
             else:
                 log.warning(
                     "agent %s has no address on %s; no isolation rules written",
                     agent.agent_id,
                     ISOLATED_NETWORK_NAME,
                 )
+            control.mark("bound")
 
         check("ready")
         with transaction.atomic():

@@ -175,8 +175,7 @@ def test_a_container_without_the_requested_mac_fails_at_the_network_stage(
     real = spawn_module.container_network_facts
 
     def other_mac(docker, container_id):
-        ip, _, pid = real(docker, container_id)
-        return ip, "02:4b:43:ff:ff:fe", pid
+        return real(docker, container_id)._replace(mac="02:4b:43:ff:ff:fe")
 
     monkeypatch.setattr(spawn_module, "container_network_facts", other_mac)
     agent = make_agent(make_scaler(ls_config={"image": agent_image, "imagePullPolicy": "Never"}))

@@ -1,0 +1,352 @@
+"""Spawn latency: the console's ``/scale`` -> ``running`` against a raw ``docker run -d``, in one run.
+
+    sudo .venv/bin/python bench/spawn.py [--rounds 3] [--sequential 6] [--max-agents 10] [--workers 2]
+                                         [--database-url postgres://127.0.0.1:5432/kici_bench_spawn]
+                                         [--redis-url redis://127.0.0.1:6379/13] [--keep]
+
+Root (nft). Creates (drops first) the scratch database of ``--database-url`` and migrates it,
+starts the private test dockerd when it is not running (``tests/support/docker.py``; the agent
+image ``kici-agent:local`` is built when missing) and a real console on loopback
+(``tests.support.soak.run_console``: daphne, ``--workers`` rq workers of the production class, the
+sweeper; one container scaler of ``--max-agents`` agents with network isolation on in the nft
+table ``kicispawnbench``, its agents reaching the console on the agent gateway).
+
+Each of ``--rounds`` rounds measures, in this order:
+
+- raw: ``docker run -d`` of the agent image on ``kici-agent-net`` (the docker CLI, as an operator
+  would), ``--sequential`` times one after the other, then ``--max-agents`` at once;
+- console: ``POST /api/v1/scale`` -> ``GET /api/v1/agents/<id>`` answers ``running`` (polled every
+  10 ms; every 10 ms x the burst size in a burst), ``--sequential`` times one after the other,
+  then a burst of ``--max-agents`` at once.
+Then, after the last round, warm hits: a warm pool of 2 turned on, ``--sequential`` per round
+/scale -> running that each bind an idle warm agent (reported as ``--rounds`` groups).
+
+Each agent is ended with job-complete and gone before the next measurement starts.
+
+Prints per round p50/p95 (ms) of each and the ratios console/raw, the median of the rounds, and
+the per-step breakdown of the console's spawns (``Agent.spawn_trace``: median ms of each step).
+Exits 1 when a spawn failed or the warm pool did not fill. Loopback, the private dockerd and its
+agent bridge only; at most ``rounds * (sequential + max-agents)`` containers of each kind, one set
+at a time, each removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)  # the repository, not bench/
+
+from bench.soak import prepare_database, prepare_docker  # noqa: E402
+
+RAW_LABEL = "kici.bench=spawn-raw"
+POLL_SECONDS = 0.01
+RUNNING_TIMEOUT = 60.0
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def raw_run(docker_host: str, image: str, network: str) -> float:
+    """Seconds of one ``docker run -d`` (the CLI) of ``image`` on ``network``."""
+    started = time.monotonic()
+    subprocess.run(
+        ["docker", "-H", docker_host, "run", "-d", "--label", RAW_LABEL, "--network", network, image],
+        check=True,
+        capture_output=True,
+    )
+    return time.monotonic() - started
+
+
+def remove_raw(docker_host: str) -> None:
+    ids = subprocess.run(
+        ["docker", "-H", docker_host, "ps", "-aq", "--filter", f"label={RAW_LABEL}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    if ids:
+        subprocess.run(["docker", "-H", docker_host, "rm", "-f", *ids], check=True, capture_output=True)
+
+
+def at_once(count: int, fn) -> list:
+    """``fn(i)`` for i in range(count) on as many threads, started together; their results."""
+    results: list = [None] * count
+    barrier = threading.Barrier(count)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = fn(i)
+        except Exception as exc:  # noqa: BLE001 - reported with the figures
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+class Scaling:
+    """The orchestrator's side: /scale, wait for running, end the agent."""
+
+    def __init__(self, console, labels: list[str]):
+        import requests
+
+        self.console = console
+        self.labels = labels
+        self.local = threading.local()
+        self.requests = requests
+        self.serial = 0
+        self.lock = threading.Lock()
+
+    def session(self):
+        if not hasattr(self.local, "s"):
+            self.local.s = self.requests.Session()
+            self.local.s.headers["Authorization"] = f"Bearer {self.console.api_token}"
+        return self.local.s
+
+    def job_id(self) -> str:
+        with self.lock:
+            self.serial += 1
+            return f"bench-spawn-{os.getpid()}-{self.serial}"
+
+    def scale_to_running(self, _: int = 0, poll: float = POLL_SECONDS) -> tuple[str, str, float]:
+        """(agent id, job id, seconds from POST /scale sent to the API answering running, polled
+        every ``poll`` seconds). Raises RuntimeError naming the agent's state when it does not run."""
+        job = self.job_id()
+        url = self.console.url
+        started = time.monotonic()
+        answer = self.session().post(f"{url}/api/v1/scale", json={"labels": self.labels, "jobId": job}, timeout=30)
+        if answer.status_code not in (200, 201):  # 200: an idle warm agent was bound
+            raise RuntimeError(f"/scale answered {answer.status_code}: {answer.text[:200]}")
+        agent_id = answer.json()["agentId"]
+        state = "?"
+        while time.monotonic() - started < RUNNING_TIMEOUT:
+            state = self.session().get(f"{url}/api/v1/agents/{agent_id}", timeout=30).json()["state"]
+            if state == "running":
+                return agent_id, job, time.monotonic() - started
+            if state in ("failed", "destroyed"):
+                break
+            time.sleep(poll)
+        raise RuntimeError(f"agent {agent_id} is {state}, not running")
+
+    def end(self, agent_id: str, job: str) -> None:
+        """job-complete, then wait (up to a minute) until the agent has ended."""
+        from agents.choices import TERMINAL_STATES
+        from agents.models import Agent
+
+        self.session().post(
+            f"{self.console.url}/api/v1/agents/{agent_id}/job-complete", json={"jobId": job}, timeout=30
+        ).raise_for_status()
+        deadline = time.monotonic() + 60
+        while not Agent.objects.filter(agent_id=agent_id, state__in=TERMINAL_STATES).exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"agent {agent_id} did not end within 60 s of job-complete")
+            time.sleep(0.1)
+
+
+def step_breakdown(agent_ids: list[str]) -> dict[str, float]:
+    """Median ms of each spawn step over ``agent_ids`` (their ``spawn_trace``)."""
+    from agents.models import Agent
+    from scalers.spawn_trace import STEPS
+
+    per_step: dict[str, list[float]] = {step.value: [] for step in STEPS}
+    for trace in Agent.objects.filter(agent_id__in=agent_ids).values_list("spawn_trace", flat=True):
+        marks = {"admitted": 0.0, **trace}
+        for step, (a, b) in STEPS.items():
+            if a in marks and b in marks:
+                per_step[step.value].append(1000 * (marks[b] - marks[a]))
+    return {step: statistics.median(v) for step, v in per_step.items() if v}
+
+
+def one_round(scaling: Scaling, docker_host: str, sequential: int, burst: int, image: str) -> dict:
+    from scalers.backends.docker_net import ISOLATED_NETWORK_NAME
+
+    figures: dict = {}
+    try:
+        figures["raw"] = [raw_run(docker_host, image, ISOLATED_NETWORK_NAME) for _ in range(sequential)]
+        remove_raw(docker_host)
+        started = time.monotonic()
+        figures["raw_burst"] = at_once(burst, lambda i: raw_run(docker_host, image, ISOLATED_NETWORK_NAME))
+        figures["raw_burst_all"] = time.monotonic() - started
+    finally:
+        remove_raw(docker_host)
+    seq_ids, seq = [], []
+    for _ in range(sequential):
+        agent_id, job, seconds = scaling.scale_to_running()
+        seq.append(seconds)
+        seq_ids.append(agent_id)
+        scaling.end(agent_id, job)
+    figures["console"], figures["console_ids"] = seq, seq_ids
+    started = time.monotonic()
+    # Polled less often by each of the burst, so the polls do not load the console it measures.
+    results = at_once(burst, lambda i: scaling.scale_to_running(poll=POLL_SECONDS * burst))
+    figures["console_burst_all"] = time.monotonic() - started
+    failed = [r for r in results if isinstance(r, Exception)]
+    done = [r for r in results if not isinstance(r, Exception)]
+    for agent_id, job, _ in done:
+        scaling.end(agent_id, job)
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {burst} burst spawns failed: {failed[0]}")
+    figures["console_burst"] = [r[2] for r in done]
+    figures["burst_ids"] = [r[0] for r in done]
+    return figures
+
+
+def warm_hits(scaling: Scaling, count: int, size: int = 2) -> list[float]:
+    """Turn a warm pool of ``size`` on and time ``count`` warm hits (/scale -> running), each once
+    an idle warm agent is ready (the bench runs the deficit pass itself instead of waiting for
+    the sweeper's tick); the pool is turned off again at the end."""
+    from agents.models import Agent
+    from scalers.models import LabelSet, Scaler
+    from scalers.warm_pools import deficit_pass
+
+    scaler = Scaler.objects.filter(pk=scaling.console.scaler.pk)
+    # A pool is kept only for a label set with a declared shape (scalers.warm_pools).
+    label_sets = LabelSet.objects.filter(scaler_id=scaling.console.scaler.pk)
+    for ls in label_sets:
+        ls.config = {**ls.config, "resources": {"cpus": 0.25, "memory": "128m"}}
+        ls.save(update_fields=["config"])
+    scaler.update(warm_pool_enabled=True, warm_pool_size=size)
+    idle = Agent.objects.filter(scaler_id=scaling.console.scaler.pk, warm=True, state="running", bound_job_id="")
+    hits = []
+    try:
+        for _ in range(count):
+            deadline = time.monotonic() + RUNNING_TIMEOUT
+            while idle.count() < size:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the warm pool did not fill to {size} within {RUNNING_TIMEOUT:g} s")
+                deficit_pass()
+                time.sleep(0.2)
+            agent_id, job, seconds = scaling.scale_to_running()
+            hits.append(seconds)
+            scaling.end(agent_id, job)
+    finally:
+        scaler.update(warm_pool_enabled=False, warm_pool_size=0)
+    return hits
+
+
+def report(rounds: list[dict]) -> list[str]:
+    def ms(x: float) -> str:
+        return f"{1000 * x:7.0f}"
+
+    lines = [
+        "round  raw p50  raw p95  /scale p50  /scale p95  ratio p50  ratio p95 | "
+        "burst: raw all  console all  ratio  console p50  console p95"
+    ]
+    ratios = []
+    for i, f in enumerate(rounds, 1):
+        raw50, raw95 = pct(f["raw"], 0.5), pct(f["raw"], 0.95)
+        c50, c95 = pct(f["console"], 0.5), pct(f["console"], 0.95)
+        r = (c50 / raw50, c95 / raw95, f["console_burst_all"] / f["raw_burst_all"])
+        ratios.append(r)
+        lines.append(
+            f"{i:5d}  {ms(raw50)}  {ms(raw95)}     {ms(c50)}     {ms(c95)}     {r[0]:5.2f}x     {r[1]:5.2f}x | "
+            f"       {ms(f['raw_burst_all'])}      {ms(f['console_burst_all'])}  {r[2]:4.2f}x      "
+            f"{ms(pct(f['console_burst'], 0.5))}      {ms(pct(f['console_burst'], 0.95))}"
+        )
+    med = [statistics.median(r[k] for r in ratios) for k in range(3)]
+    lines.append(
+        f"median of {len(rounds)} rounds: /scale -> running p50 {med[0]:.2f}x raw docker run -d, "
+        f"p95 {med[1]:.2f}x; burst all running {med[2]:.2f}x the raw burst"
+    )
+    for label, key in (("sequential", "console_ids"), ("burst", "burst_ids")):
+        steps = step_breakdown([a for f in rounds for a in f[key]])
+        lines.append(f"steps, {label} (median ms): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()))
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sequential", type=int, default=6, help="spawns one after the other per round")
+    parser.add_argument("--max-agents", type=int, default=10, help="the scaler's maxAgents: the burst size")
+    parser.add_argument("--workers", type=int, default=2, help="rq workers")
+    parser.add_argument("--database-url", default="postgres://127.0.0.1:5432/kici_bench_spawn")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
+    args = parser.parse_args()
+    for name in ("rounds", "sequential", "max_agents", "workers"):
+        if not 0 < getattr(args, name) <= 50:
+            parser.error(f"--{name.replace('_', '-')} must be 1..50, got {getattr(args, name)}")
+    if not args.database_url.startswith("postgres://127.0.0.1:"):
+        parser.error(f"--database-url must be a loopback postgres:// URL, got {args.database_url!r}")
+    if not args.redis_url.startswith("redis://127.0.0.1:"):
+        parser.error(f"--redis-url must be a loopback redis:// URL, got {args.redis_url!r}")
+    os.environ.update(
+        DATABASE_URL=args.database_url,
+        REDIS_URL=args.redis_url,
+        DJANGO_SETTINGS_MODULE="kici_site.settings",
+        LOG_LEVEL="ERROR",
+    )
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
+    prepare_database(args.database_url)
+    import django
+
+    django.setup()
+    from tests.support.soak import LABELS, run_console
+
+    docker_host = prepare_docker()
+    workdir = Path(tempfile.mkdtemp(prefix="kici-spawn-bench-"))
+    rounds: list[dict] = []
+    try:
+        with run_console(
+            workdir,
+            backend="container",
+            max_agents=args.max_agents,
+            workers=args.workers,
+            docker_host=docker_host,
+            nft_table="kicispawnbench",
+        ) as console:
+            scaling = Scaling(console, LABELS)
+            scaling.end(*scaling.scale_to_running()[:2])  # warm-up: first imports, network, guard
+            for _ in range(args.rounds):
+                rounds.append(one_round(scaling, docker_host, args.sequential, args.max_agents, "kici-agent:local"))
+            print(f"{args.workers} workers, burst of {args.max_agents}, {args.sequential} sequential per round")
+            print("\n".join(report(rounds)), flush=True)
+            # Last: an idle warm agent left over would serve the next round's /scale.
+            try:
+                hits = warm_hits(scaling, args.rounds * args.sequential)
+            except RuntimeError as exc:
+                print(f"warm hits: not measured: {exc}")
+                return 1
+            groups = [hits[i * args.sequential : (i + 1) * args.sequential] for i in range(args.rounds)]
+            print(
+                "warm hit /scale -> running p50 per group: "
+                + ", ".join(f"{1000 * pct(g, 0.5):.0f} ms" for g in groups)
+                + f"; p95 of all {1000 * pct(hits, 0.95):.0f} ms"
+            )
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if args.keep:
+            print(f"kept: database {args.database_url}, logs {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+            base, name = args.database_url.rsplit("/", 1)
+            subprocess.run(
+                ["psql", base + "/postgres", "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"],
+                capture_output=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
