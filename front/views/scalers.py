@@ -22,6 +22,9 @@ from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from kici_site.errors import error_page
+from operations.choices import OperationKind
+from operations.models import Finding
+from operations.presenters import evidence_items
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.choices import ScalerType
@@ -81,7 +84,15 @@ def scaler_detail(request, name: str):
     samples = recent_samples(scaler, now)
     every = settings.KICI_CAPACITY_SAMPLE_SECONDS
     warm = (scaler.config or {}).get("warmPool") or {}
+    findings = list(Finding.objects.filter(scaler=scaler))
+    for finding in findings:
+        finding.evidence_items = evidence_items(finding.evidence)
     ctx = {
+        "findings": findings,
+        # one "Preview …" per kind found (a dry run; "Request approval" is on its page)
+        "finding_kinds": [
+            (kind, f"Preview {OperationKind(kind).label.lower()}…") for kind in dict.fromkeys(f.kind for f in findings)
+        ],
         "nav": "scalers",
         "scaler": scaler,
         "warm_now": size_now(warm, now) if scaler.warm_pool_enabled and warm.get("schedule") else None,

@@ -376,7 +376,8 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     assert Operation.objects.count() == 0
 
     response = client.post(
-        "/operations/plan/", {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000"}
+        "/operations/plan/",
+        {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000", "request": "1"},
     )
     assert response.status_code == 302
     op = Operation.objects.get()
