@@ -173,7 +173,9 @@ def _label_set(name: str, index: int) -> LabelSet:
 
 
 def _initial_text(label_set: LabelSet) -> str:
-    return "\n".join(label_set.host_access or [])
+    """The editor's first entries: the list in force (for a default label set, the default as
+    resolved for its scaler), so switching to "Explicit list" starts from it, not from nothing."""
+    return "\n".join(effective_host_access(label_set, label_set.host_access))
 
 
 def _editor_context(request, label_set: LabelSet, mode: str, text: str) -> dict:
