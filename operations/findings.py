@@ -65,21 +65,27 @@ def _detect(kind: Kind, scope: Scope, now: datetime) -> bool:
     with transaction.atomic():
         rows = Finding.objects.filter(kind=kind.name, scaler=scope.scaler)
         gone, _ = rows.exclude(key__in=list(found)).delete()
-        known = dict(rows.values_list("key", "evidence"))
+        known = {f.key: f for f in rows.only("pk", "key", "evidence")}
         rows.update(last_seen_at=now)
+        new, changed = [], []
         for key, target in found.items():
             evidence = jsonable(target.evidence)
             if key not in known:
-                Finding.objects.create(
-                    kind=kind.name,
-                    scaler=scope.scaler,
-                    key=key,
-                    subject=target.subject[:500],
-                    action=target.action[:200],
-                    evidence=evidence,
-                    first_seen_at=now,
-                    last_seen_at=now,
+                new.append(
+                    Finding(
+                        kind=kind.name,
+                        scaler=scope.scaler,
+                        key=key,
+                        subject=target.subject[:500],
+                        action=target.action[:200],
+                        evidence=evidence,
+                        first_seen_at=now,
+                        last_seen_at=now,
+                    )
                 )
-            elif known[key] != evidence:
-                rows.filter(key=key).update(evidence=evidence)
-    return bool(gone) or bool(set(found) - set(known))
+            elif known[key].evidence != evidence:  # a container's status text and age change each round
+                known[key].evidence = evidence
+                changed.append(known[key])
+        Finding.objects.bulk_create(new)
+        Finding.objects.bulk_update(changed, ["evidence"])
+    return bool(gone) or bool(new)
