@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 #: The kinds whose plan is a detection (it only lists what exists), in the order they are shown.
 DETECTING_KINDS = (OperationKind.ORPHAN_CONTAINERS, OperationKind.ORPHAN_VMS, OperationKind.STALE_ISOLATION_RULES)
 
+#: (kind, scaler pk) whose last detection failed: logged as a warning once, then at debug level.
+_FAILING: set[tuple[str, int]] = set()
+
 
 def detect_findings(now: datetime | None = None) -> bool:
     """One detection round over this host's scalers; True when a finding appeared or went.
@@ -50,10 +53,16 @@ def detect_findings(now: datetime | None = None) -> bool:
         for scope in scopes:
             if scope.scaler is None or scope.scaler.host != here:
                 continue
+            failing = (str(name), scope.scaler.pk)
             try:
                 changed |= _detect(kind, scope, now)
             except Exception:
-                log.warning("findings: %s of scaler %s failed", name, scope.scaler.name, exc_info=True)
+                # Once per failing spell, not every round (a docker that is down stays down a while).
+                level = logging.DEBUG if failing in _FAILING else logging.WARNING
+                log.log(level, "findings: %s of scaler %s failed", name, scope.scaler.name, exc_info=True)
+                _FAILING.add(failing)
+            else:
+                _FAILING.discard(failing)
     return changed
 
 

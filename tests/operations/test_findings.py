@@ -3,6 +3,8 @@ evidence and shown, while nothing is planned, stored as an operation or announce
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from operations.choices import OperationKind
@@ -57,13 +59,22 @@ def test_a_round_keeps_what_it_finds_and_forgets_what_is_gone_storing_no_operati
     assert not Operation.objects.exists()
 
 
-def test_a_runtime_that_cannot_be_listed_leaves_the_findings_as_they_were(runtime):
+def test_a_runtime_that_cannot_be_listed_leaves_the_findings_as_they_were_and_warns_once(runtime, caplog):
     make_scaler("f-ci")
     runtime.found = [orphan(1)]
     detect_findings()
     runtime.error = ConnectionError("docker is not answering")
-    assert detect_findings() is False
+    with caplog.at_level(logging.DEBUG, logger="operations.findings"):
+        assert detect_findings() is False and detect_findings() is False
     assert Finding.objects.count() == 1
+    levels = [r.levelno for r in caplog.records if r.name == "operations.findings"]
+    assert levels == [logging.WARNING, logging.DEBUG], "a warning per failing spell, not per round"
+    runtime.error = None
+    detect_findings()
+    runtime.error = ConnectionError("docker is not answering again")
+    caplog.clear()
+    detect_findings()
+    assert [r.levelno for r in caplog.records if r.name == "operations.findings"] == [logging.WARNING]
 
 
 def test_only_this_hosts_scalers_are_detected(runtime):
