@@ -22,6 +22,7 @@ from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from kici_site.errors import error_page
+from lib.query import check_parameters, choice
 from operations.choices import OperationKind
 from operations.models import Finding
 from operations.presenters import evidence_items
@@ -66,10 +67,18 @@ def _scaler(name: str) -> Scaler:
 @require_GET
 @viewer_required
 def scaler_detail(request, name: str):
-    """``/scalers/<name>/``: caps, configuration, the last 24 h of capacity samples as charts,
-    label sets with host access (and, where the console's value is in force, the file's beside
-    it), live agents, events."""
+    """``/scalers/<name>/``: caps, configuration, what the detection found (orphans, stale rules),
+    the last 24 h of capacity samples as charts, label sets with host access (and, where the
+    console's value is in force, the file's beside it), live agents, events. ``?part=findings``:
+    only the "Found" panel (the page re-fetches it). 400 naming any other parameter or part."""
     scaler = _scaler(name)
+    try:
+        check_parameters(request.GET, single=("part",))
+        part = choice("part", request.GET.get("part"), ("findings",))
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
+    if part == "findings":
+        return render(request, "scalers/detail.html#findings", {"scaler": scaler, **_findings_context(scaler)})
     label_sets = list(scaler.label_sets.order_by("index"))
     active = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES)
     n_active = dict(active.order_by().values_list("label_set").annotate(n=Count("id")))
@@ -84,15 +93,8 @@ def scaler_detail(request, name: str):
     samples = recent_samples(scaler, now)
     every = settings.KICI_CAPACITY_SAMPLE_SECONDS
     warm = (scaler.config or {}).get("warmPool") or {}
-    findings = list(Finding.objects.filter(scaler=scaler))
-    for finding in findings:
-        finding.evidence_items = evidence_items(finding.evidence)
     ctx = {
-        "findings": findings,
-        # one "Preview …" per kind found (a dry run; "Request approval" is on its page)
-        "finding_kinds": [
-            (kind, f"Preview {OperationKind(kind).label.lower()}…") for kind in dict.fromkeys(f.kind for f in findings)
-        ],
+        **_findings_context(scaler),
         "nav": "scalers",
         "scaler": scaler,
         "warm_now": size_now(warm, now) if scaler.warm_pool_enabled and warm.get("schedule") else None,
@@ -114,6 +116,24 @@ def scaler_detail(request, name: str):
         "sample_every": "minute" if every == 60 else f"{every} s",
     }
     return render(request, "scalers/detail.html", ctx)
+
+
+#: Seconds between two re-fetches of a scaler page's "Found" panel (a sweeper round is 5 s).
+FINDINGS_POLL_SECONDS = 5
+
+
+def _findings_context(scaler: Scaler) -> dict:
+    """The "Found" panel's context: the scaler's findings with their evidence, one "Preview …"
+    per kind found (a dry run; "Request approval" is on its page)."""
+    findings = list(Finding.objects.filter(scaler=scaler))
+    for finding in findings:
+        finding.evidence_items = evidence_items(finding.evidence)
+    kinds = dict.fromkeys(f.kind for f in findings)
+    return {
+        "findings": findings,
+        "finding_kinds": [(kind, f"Preview {OperationKind(kind).label.lower()}…") for kind in kinds],
+        "findings_poll_seconds": FINDINGS_POLL_SECONDS,
+    }
 
 
 def _grants_net_raw(scaler: Scaler, label_set_config: dict) -> bool:

@@ -83,3 +83,21 @@ def test_only_this_hosts_scalers_are_detected(runtime):
     scaler.save(update_fields=["host"])
     runtime.found = [orphan(1)]
     assert detect_findings() is False and not Finding.objects.exists()
+
+
+def test_the_scaler_page_shows_its_findings_with_evidence_and_refetches_them(runtime, viewer_client):
+    scaler = make_scaler("f-page")
+    page = viewer_client.get("/scalers/f-page/").content.decode()
+    assert 'id="findings-panel" hx-get="/scalers/f-page/?part=findings" hx-trigger="every 5s"' in page
+    assert 'id="findings"' not in page, "nothing found: no panel"
+
+    runtime.found = [orphan(7, state="dead")]
+    detect_findings()
+    fragment = viewer_client.get("/scalers/f-page/?part=findings").content.decode()
+    assert fragment.lstrip().startswith('<div id="findings-panel"') and "<html" not in fragment
+    row = fragment[fragment.index('<tr id="finding-') :]
+    assert "kici-orphan-7" in row and "stop and remove container" in row
+    assert "<dt>container</dt><dd>dead</dd>" in row
+    assert Finding.objects.get(scaler=scaler).subject in viewer_client.get("/scalers/f-page/").content.decode()
+    bad = viewer_client.get("/scalers/f-page/?part=rows")
+    assert bad.status_code == 400 and "part" in bad.content.decode()
