@@ -460,6 +460,7 @@ class RowsConsumer(SessionBound):
             return await self._refuse(CLOSE_NOT_FOUND)
         if not await database_sync_to_async(user.has_perm)(view.perm):
             return await self._refuse(CLOSE_FORBIDDEN)
+        view.user = user
         self.view, self.dirty, self.overflow, self.last_frame = view, set(), False, 0.0
         await self.bind_session(view.perm)
         for group in view.groups:

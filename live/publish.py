@@ -138,9 +138,10 @@ def publish_committed_event(sender: Any, event: Any, **kwargs: Any) -> None:
         publish_rows(agent_row_notices(agent.agent_id, agent.scaler_id, capacity=True))
 
 
-def send_agent_row(sender: Any, agent_id: str, scaler_id: int, **kwargs: Any) -> None:
-    """Receiver of ``agents.heartbeats.agent_row_changed`` (a heartbeat): the agent's row (sync)."""
-    publish_rows(agent_row_notices(agent_id, scaler_id, capacity=False))
+def send_agent_row(sender: Any, agent_id: str, scaler_id: int, capacity: bool = False, **kwargs: Any) -> None:
+    """Receiver of ``agents.heartbeats.agent_row_changed`` (a heartbeat, an admission): the agent's
+    row, and with ``capacity`` its scaler's row (sync)."""
+    publish_rows(agent_row_notices(agent_id, scaler_id, capacity=capacity))
 
 
 def operation_group(operation_id: int) -> str:

@@ -29,6 +29,9 @@ after, and a frame goes when only the count changed (an agent joining or leaving
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from django.core.exceptions import ObjectDoesNotExist
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -40,6 +43,7 @@ from operations.listing import PAGE_SIZE as OPERATIONS_PAGE_SIZE
 from operations.listing import filter_operations
 from scalers.capacity import Capacity, listed_scaler_capacities
 from scalers.models import Scaler
+from scalers.selftest import can_run_selftest
 
 from .streams import StreamKey
 
@@ -98,6 +102,8 @@ class RowView:
     noun = ""
     perm = ""
     groups: list[str] = []
+    #: The signed-in viewer (set by the consumer), for what a page shows per user.
+    user = None
 
     def snapshot(self) -> tuple[list[str], set]:
         raise NotImplementedError
@@ -233,15 +239,59 @@ class AgentRows(_PagedRows):
         return super().inserts_new() and self.filters["sort"] == DEFAULT_SORT
 
 
+def host_access_view(agent: Agent) -> dict:
+    """What the agent page says about host access.
+
+    ``entries``: the resolved list stored at spawn (None when not resolved yet); ``explicit``: the
+    label set's explicit list was used (else the default list); ``label_set_entries`` /
+    ``label_set_explicit``: what the label set says now; ``drift``: the two differ, so a host-access
+    change is waiting to be applied to this agent.
+    """
+    ls = agent.label_set
+    ls_entries = ls.host_access if ls is not None else None
+    drift = False
+    if ls is not None and agent.host_access is not None:
+        if ls_entries is not None:
+            drift = (not agent.host_access_explicit) or list(ls_entries) != list(agent.host_access)
+        else:
+            drift = agent.host_access_explicit
+    return {
+        "entries": agent.host_access,
+        "explicit": agent.host_access_explicit,
+        "label_set_entries": ls_entries,
+        "label_set_explicit": ls_entries is not None,
+        "drift": drift,
+    }
+
+
+def agent_page_version(agent: Agent) -> str:
+    """A digest of what the agent page's parts beyond its row and Details depend on (its state,
+    the host access it was given and its label set's): the page's header actions, its "Network
+    isolation" panel (rules in force or removed, the self-test) and a console page's state. The
+    page names the version it was rendered at in its row socket's URL (``v``), so a push, or the
+    snapshot after a reconnect, re-renders those parts only when they changed."""
+    ls = agent.label_set
+    parts = [agent.state, agent.host_access, agent.host_access_explicit, ls.host_access if ls is not None else None]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
 class AgentPage(RowView):
-    """``ws/rows/agent/?id=<agent_id>``: an agent's page, its summary row and its Details panel
-    (``agents/detail.html#details``), whatever its state; once the agent ended, also the header's
-    status (``agents/detail.html#status``: its state and end in place of the "live" indicator).
-    An active agent's status is never pushed: it is the page's connection indicator (kici.js)."""
+    """``ws/rows/agent/?id=<agent_id>&v=<version>``: an agent's page and its console page.
+
+    Every frame holds the summary row, the Details panel (``agents/detail.html#details``) and the
+    console page's state (``agents/console.html#agent_state``: a page drops what it does not
+    show). When :func:`agent_page_version` differs from ``v`` (or from the last frame's), also the
+    "Network isolation" panel (``agents/detail.html#network``, which reads the rules in force
+    again); once the agent ended, also the header's actions (``agents/detail.html#actions``: its
+    state and end in place of the "live" indicator, no Drain or Destroy). An active agent's
+    header is never pushed: its status is the page's connection indicator (kici.js) and its
+    action forms carry the viewer's CSRF token. ``user``: the viewer (the self-test button is
+    theirs to press or not)."""
 
     def __init__(self, params):
         self.noun, self.perm = "agents", "agents.view_agent"
         self.agent_id = params.get("id") or ""
+        self.version = params.get("v") or ""
         try:
             self.groups = [agent_rows_group(self.agent_id)]
         except ValueError as exc:
@@ -258,11 +308,23 @@ class AgentPage(RowView):
             f"{AGENTS_PAGE}#agent_rows_oob", {"agents": [agent], "sync": sync, "server_time": server_time()}
         )
         # A frame of its own: table content cannot share one with other elements safely.
-        details: str = render_to_string("agents/detail.html#details", {"agent": agent, "oob": True})
-        if agent.is_ended:
-            status = render_to_string("agents/detail.html#status", {"agent": agent, "oob": True})
-            details = f"{details.strip()}\n{status.strip()}"
-        return [row.strip(), details.strip()]
+        parts = [
+            render_to_string("agents/detail.html#details", {"agent": agent, "oob": True}),
+            render_to_string("agents/console.html#agent_state", {"agent": agent, "oob": True}),
+        ]
+        version = agent_page_version(agent)
+        if version != self.version:
+            self.version = version
+            context = {
+                "agent": agent,
+                "host_access": host_access_view(agent),
+                "can_selftest": self.user is not None and can_run_selftest(self.user),
+                "oob": True,
+            }
+            parts.append(render_to_string("agents/detail.html#network", context))
+            if agent.is_ended:
+                parts.append(render_to_string("agents/detail.html#actions", context))
+        return [row.strip(), "\n".join(p.strip() for p in parts)]
 
     def snapshot(self):
         return self._frames(sync=True), {self.agent_id}

@@ -522,7 +522,7 @@ def console_port_warning(entries: Iterable[str], orchestrator_url: str, gateway:
     return (
         f"this list does not open the console's port {port} on the agents' gateway {address} "
         f'(the default has "{default_entry}"): new agents of this label set cannot register, and running '
-        f'ones are lost at their next heartbeat. Add "{entry}" unless that is what you want.'
+        f'ones are lost at their next heartbeat. Add "{default_entry}" unless that is what you want.'
     )
 
 

@@ -14,7 +14,10 @@ badge on every page and the ``kici_scaler_attention{kind}`` gauge (docs/attentio
 * ``not_ready``: scalers whose host the sweeper could not ready (``Scaler.host_error``), and scalers
   whose last :data:`FAILING_AFTER` spawns or more failed with no registration since;
 * ``isolation``: isolation repairs of the drift check within :data:`RECENT_REPAIRS`
-  (``scaler.network`` events whose detail starts with one of :data:`ISOLATION_REPAIR_PREFIXES`).
+  (``scaler.network`` events whose detail starts with one of :data:`ISOLATION_REPAIR_PREFIXES`);
+* ``findings``: orphans and stale isolation rules the detection of every sweeper round found
+  (``operations.findings``), by scaler and kind, with the evidence of the first ones; a group an
+  open planned operation of the same kind and scaler already covers counts under ``approval``.
 
 Each :class:`Item` has one line for people and a link to the page that explains or resolves it.
 Links are reversed by URL name (the map is ``front.urls``); nothing here imports the pages.
@@ -41,8 +44,8 @@ from scalers.admission.backoff import CONSISTENT_FAILURES
 from scalers.models import ScaleOutcome, Scaler
 from scalers.waiting import waiting_requests
 
-from .choices import OperationStatus
-from .models import Operation
+from .choices import OperationKind, OperationStatus
+from .models import Finding, Operation
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ KIND_NAMES = {
     "waiting": "waiting jobs",
     "not_ready": "scalers not ready",
     "isolation": "isolation repairs",
+    "findings": "orphans and drift found",
 }
 KINDS = tuple(KIND_NAMES)
 
@@ -68,6 +72,14 @@ SLOT_WAIT_GRACE = timedelta(seconds=30)
 FAILING_AFTER = CONSISTENT_FAILURES
 #: Operations linked one by one under the approval item.
 MAX_OPERATION_LINKS = 5
+#: Findings of one group described one by one in its item (the rest are counted).
+MAX_FINDINGS_SHOWN = 3
+#: What one finding of each detecting kind is called.
+_FINDING_NOUNS: dict[str, tuple[str, str]] = {
+    OperationKind.ORPHAN_CONTAINERS: ("orphan container", "orphan containers"),
+    OperationKind.ORPHAN_VMS: ("orphan VM", "orphan VMs"),
+    OperationKind.STALE_ISOLATION_RULES: ("stale isolation rule set", "stale isolation rule sets"),
+}
 
 _OUTCOME_TEXT: dict[str, str] = {
     ScaleOutcome.AT_CAPACITY: "at capacity",
@@ -321,6 +333,43 @@ def _isolation(out: Attention, now: datetime) -> None:
         )
 
 
+def _finding_text(finding: Finding) -> str:
+    """``<subject> (<why>; <state>)`` of one finding, from its evidence."""
+    evidence = finding.evidence or {}
+    why = evidence.get("why") or evidence.get("reason") or ""
+    state = evidence.get("container_state") or evidence.get("state") or ""
+    detail = "; ".join(str(part) for part in (why, state) if part)
+    return f"{finding.subject} ({detail})" if detail else finding.subject
+
+
+def _findings(out: Attention, now: datetime) -> None:
+    open_plans = set(
+        Operation.objects.filter(status=OperationStatus.PLANNED, expires_at__gt=now, scaler__isnull=False)
+        .values_list("kind", "scaler_id")
+        .distinct()
+    )
+    groups: dict[tuple[str, int], list[Finding]] = defaultdict(list)
+    for finding in Finding.objects.select_related("scaler").order_by("kind", "scaler__name", "first_seen_at", "id"):
+        if (finding.kind, finding.scaler_id) not in open_plans:
+            groups[(finding.kind, finding.scaler_id)].append(finding)
+    for found in groups.values():
+        first = found[0]
+        one, many = _FINDING_NOUNS.get(first.kind, ("finding", "findings"))
+        shown = "; ".join(_finding_text(f) for f in found[:MAX_FINDINGS_SHOWN])
+        more = len(found) - MAX_FINDINGS_SHOWN
+        out.add(
+            Item(
+                kind="findings",
+                count=len(found),
+                text=f"{_plural(len(found), one, many)} found on {first.scaler.name}, nothing planned: {shown}"
+                + (f"; and {more} more" if more > 0 else ""),
+                url=_url("scaler_detail", first.scaler.name) + "#findings",
+                since=min(f.first_seen_at for f in found),
+                since_label="found",
+            )
+        )
+
+
 def needs_attention(now: datetime | None = None) -> Attention:
     """What needs a person at ``now`` (default: the current time): the module docstring's kinds,
     in :data:`KINDS` order. Ten queries, however many operations, agents, requests and events
@@ -333,6 +382,7 @@ def needs_attention(now: datetime | None = None) -> Attention:
     _waiting(out, now)
     _not_ready(out)
     _isolation(out, now)
+    _findings(out, now)
     return out
 
 

@@ -217,3 +217,29 @@ class SweepState(models.Model):
 
     def __str__(self):
         return f"{self.sweep_key} @ {self.last_run_at:%H:%M:%S}"
+
+
+class Finding(models.Model):
+    """One thing a detection found that a reap would act on, before anyone planned anything: an
+    orphan container or VM, a stale isolation rule set (``operations.findings``). Kept while each
+    round finds it again (``last_seen_at``), deleted the round it is gone; its ``evidence`` is the
+    plan target's. Storing a finding plans, approves and notifies nothing."""
+
+    kind = models.CharField(max_length=40, choices=OperationKind.choices)
+    scaler = models.ForeignKey("scalers.Scaler", on_delete=models.CASCADE, related_name="findings")
+    key = models.CharField(max_length=500, help_text="the plan target's key, e.g. container:<id>")
+    subject = models.CharField(max_length=500)
+    action = models.CharField(max_length=200, help_text="what a reap would do to it")
+    evidence = models.JSONField(default=dict, blank=True)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    #: Not a column: the evidence as ``(label, value)`` pairs, set by the page that shows it.
+    evidence_items: list[tuple[str, str]] = []
+
+    class Meta:
+        ordering = ["kind", "first_seen_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["kind", "scaler", "key"], name="finding_unique_target")]
+
+    def __str__(self):
+        return f"{self.kind} {self.subject}"

@@ -7,6 +7,8 @@ import json
 
 from lib.units import format_bytes_iec, format_duration
 from operations.choices import OUTCOME_COLOURS
+from operations.kinds.base import jsonable, plan_digest
+from operations.kinds.catalog import get_kind
 from operations.models import Operation, target_dom_id
 from operations.services import can_approve, unconfirmed_warnings_reason
 
@@ -77,6 +79,33 @@ def target_rows(operation: Operation, keys=None, start: int = 0, stop: int | Non
             }
         )
     return rows
+
+
+def preview_context(kind: str, scope, plan) -> dict:
+    """Everything ``operations/preview.html`` needs to show a plan that was not stored (a dry run):
+    an unsaved :class:`Operation` for its kind, scope and first :data:`ROWS_PER_PAGE` rows
+    (``rows``, as the operation page shows them), the spared candidates with their evidence,
+    ``more`` (targets not shown) and the plan's ``digest`` (what "Request approval" compares)."""
+    targets = [jsonable(t.as_json()) for t in plan.targets]
+    operation = Operation(
+        kind=kind,
+        scaler_name=scope.scaler.name if scope.scaler else "",
+        label_set=scope.label_set,
+        agent_ids=list(scope.agent_ids or []),
+        plan=targets,
+        notes=list(plan.notes),
+        warnings=list(plan.warnings),
+    )
+    return {
+        "operation": operation,
+        "rows": target_rows(operation, stop=ROWS_PER_PAGE),
+        "more": max(0, len(targets) - ROWS_PER_PAGE),
+        "spared": [
+            {**s, "evidence_items": evidence_items(s.get("evidence", {}))}
+            for s in (jsonable(s.as_json()) for s in plan.spared)
+        ],
+        "digest": plan_digest(targets, get_kind(kind).volatile),
+    }
 
 
 def plan_pages(operation: Operation) -> int:

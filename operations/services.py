@@ -195,18 +195,14 @@ def _require(user, perm: str) -> None:
         raise PermissionDenied(f"{_username(user)} lacks the permission {perm}")
 
 
-def create_operation(
-    kind: str, scope: Scope | dict, user, *, via: str = RequestedVia.UI, now: datetime | None = None
-) -> Operation:
-    """Plan ``kind`` for ``scope`` and store it as a *planned* operation awaiting a decision.
+def preview_operation(kind: str, scope: Scope | dict, user) -> tuple[str, Scope, Plan]:
+    """Plan ``kind`` for ``scope`` and store nothing: a dry run (no operation, no badge, no
+    approval notice). Returns ``(kind name, scope, plan)``; the plan has targets.
 
     ``scope`` is a :class:`Scope` or the keyword arguments of :func:`resolve_scope`. ``user`` needs
-    ``operations.request_operation`` (None = the system). Returns the new operation, or the open
-    identical one (same kind, scope and plan digest, not expired) with ``reused = True``.
-
-    Raises PermissionDenied, ScopeInvalid (naming the field), :class:`NothingToDo` when the plan is
-    empty, or PlanRefused when the planner refuses or cannot look (e.g. the runtime is unreachable);
-    nothing is stored in any of these cases.
+    ``operations.request_operation`` (None = the system). Raises PermissionDenied, ScopeInvalid
+    (naming the field), :class:`NothingToDo` when the plan is empty, or PlanRefused when the
+    planner refuses or cannot look (e.g. the runtime is unreachable).
     """
     _require(user, REQUEST_PERM)
     operation_kind = get_kind(kind)
@@ -223,6 +219,20 @@ def create_operation(
         raise PlanRefused(f"the planner could not look ({type(exc).__name__}: {exc}); nothing was planned") from exc
     if not plan.targets:
         raise NothingToDo(kind, plan)
+    return kind, scope, plan
+
+
+def create_operation(
+    kind: str, scope: Scope | dict, user, *, via: str = RequestedVia.UI, now: datetime | None = None
+) -> Operation:
+    """Plan ``kind`` for ``scope`` (:func:`preview_operation`, the same planning) and store it as a
+    *planned* operation awaiting a decision.
+
+    Returns the new operation, or the open identical one (same kind, scope and plan digest, not
+    expired) with ``reused = True``. Raises what :func:`preview_operation` raises; nothing is
+    stored in any of these cases.
+    """
+    kind, scope, plan = preview_operation(kind, scope, user)
     return store_plan(kind, scope, plan, user, via=via, now=now)
 
 

@@ -38,6 +38,7 @@ from django.utils import timezone
 from rq import Callback
 
 from agents.choices import AgentState
+from agents.heartbeats import push_admitted_row
 from agents.models import Agent
 from scalers.admission.decide import Admitted, ScaleDecision, spawn_job_id
 from scalers.backends.base import SpawnControl
@@ -304,7 +305,9 @@ def enqueue_spawn_or_fail(decision: ScaleDecision, admitted: Admitted) -> ScaleD
     took a spawn slot in the admission transaction is enqueued (its slot handed on if that fails);
     one that waits is left to the spawn semaphore (:func:`start_waiting_spawns`), which is run now
     when the batch saw free slots behind waiting agents. When its spawn could not be enqueued (the
-    agent is then failed and released), answer ``skipped``."""
+    agent is then failed and released), answer ``skipped``. The agent's row is announced to the
+    live lists first (``agents.heartbeats.push_admitted_row``): it shows from its admission on."""
+    push_admitted_row(admitted.agent_id, admitted.scaler_id)
     if admitted.rq_job_id:
         if _enqueue_or_fail(admitted, admitted.host):
             return decision

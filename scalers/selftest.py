@@ -36,6 +36,15 @@ from .models import ConfigState
 
 OTHER_AGENT_SAMPLE = 4
 
+#: Running the live isolation self-test sends probe packets from inside the agent's namespace:
+#: an operator's action (the "operators" group of operations.roles has request_operation).
+SELFTEST_PERMS = ("operations.request_operation", "agents.change_agent")
+
+
+def can_run_selftest(user) -> bool:
+    """Operators (``operations.request_operation``) or users with ``agents.change_agent``."""
+    return any(user.has_perm(p) for p in SELFTEST_PERMS)
+
 
 class SelftestUnavailable(RuntimeError):
     """The self-test cannot run for this agent; the message says why (shown on the page)."""

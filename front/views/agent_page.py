@@ -7,37 +7,14 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from agents.models import Agent, ScalerEvent
+from agents.models import ScalerEvent
 from kici_site.errors import error_page
 from lib.query import check_parameters, choice
+from live.rows import agent_page_version, host_access_view
+from scalers.selftest import can_run_selftest
 
-from .common import agent_or_404, can_run_selftest, viewer_required
+from .common import agent_or_404, viewer_required
 from .console import console_streams
-
-
-def host_access_view(agent: Agent) -> dict:
-    """What the agent page says about host access.
-
-    ``entries``: the resolved list stored at spawn (None when not resolved yet); ``explicit``: the
-    label set's explicit list was used (else the default list); ``label_set_entries`` /
-    ``label_set_explicit``: what the label set says now; ``drift``: the two differ, so a host-access
-    change is waiting to be applied to this agent.
-    """
-    ls = agent.label_set
-    ls_entries = ls.host_access if ls is not None else None
-    drift = False
-    if ls is not None and agent.host_access is not None:
-        if ls_entries is not None:
-            drift = (not agent.host_access_explicit) or list(ls_entries) != list(agent.host_access)
-        else:
-            drift = agent.host_access_explicit
-    return {
-        "entries": agent.host_access,
-        "explicit": agent.host_access_explicit,
-        "label_set_entries": ls_entries,
-        "label_set_explicit": ls_entries is not None,
-        "drift": drift,
-    }
 
 
 @require_GET
@@ -69,6 +46,7 @@ def agent_detail(request, agent_id: str):
         "host_access": host_access_view(agent),
         "can_selftest": can_run_selftest(request.user),
         "streams": console_streams(agent),
+        "page_version": agent_page_version(agent),
         "event_resync_url": f"{reverse('agent_detail', args=[agent.agent_id])}?part=events",
     }
     return render(request, "agents/detail.html", ctx)

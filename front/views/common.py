@@ -17,14 +17,6 @@ from django.shortcuts import get_object_or_404
 from agents.models import Agent
 
 VIEW_PERM = "agents.view_agent"
-#: Running the live isolation self-test sends probe packets from inside the agent's namespace:
-#: an operator's action (the "operators" group of operations.roles has request_operation).
-SELFTEST_PERMS = ("operations.request_operation", "agents.change_agent")
-
-
-def can_run_selftest(user) -> bool:
-    """Operators (``operations.request_operation``) or users with ``agents.change_agent``."""
-    return any(user.has_perm(p) for p in SELFTEST_PERMS)
 
 
 def viewer_required(view):

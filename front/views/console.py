@@ -27,6 +27,7 @@ from live.consoles import (
     runs_in_container,
     sandbox_gone,
 )
+from live.rows import agent_page_version
 from live.streams import LEVEL_DEBUG, LEVEL_ERROR, Line, StreamKey, console_row, failure_indexes
 from live.transport import line_times
 
@@ -67,6 +68,7 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         if console_log_file(agent, stream) is not None or runs_in_container(agent)
         else "",
         "gone": sandbox_gone(agent, stream),
+        "page_version": agent_page_version(agent),
     }
     if ctx["gone"]:
         captured = captured_output(agent)

@@ -11,9 +11,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from lib.htmx import wants_partial
 from network.nft import apply
-from scalers.selftest import isolation_context, run_agent_selftest
+from scalers.selftest import can_run_selftest, isolation_context, run_agent_selftest
 
-from .common import agent_or_404, can_run_selftest, viewer_required
+from .common import agent_or_404, viewer_required
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from operations.kinds.base import PlanRefused, ScopeInvalid
 from operations.kinds.catalog import get_kind
 from operations.listing import LIST_PARAMETERS, PAGE_SIZE, filter_operations
 from operations.models import Operation
-from operations.presenters import bulk_rows, detail_context, plan_pages
+from operations.presenters import bulk_rows, detail_context, plan_pages, preview_context
 from operations.services import (
     APPROVE_PERM,
     REQUEST_PERM,
@@ -38,6 +38,7 @@ from operations.services import (
     approve_operations,
     check_bulk_selection,
     create_operation,
+    preview_operation,
     reject_operation,
 )
 from scalers.models import Scaler
@@ -107,6 +108,11 @@ def _scope_from_post(request: HttpRequest) -> dict:
     }
 
 
+#: The form fields of a plan request that describe it (what "Request approval" posts again).
+PLAN_FIELDS = ("kind", "scaler", "agent", "label_set", "host_access", "host_access_set", "host_access_default",
+               "host_access_revert")  # fmt: skip
+
+
 @require_POST
 @login_required
 @permission_required(REQUEST_PERM, raise_exception=True)
@@ -114,8 +120,13 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     """Plan an operation from a form (``kind``, ``scaler``, ``agent`` (repeatable), ``label_set``,
     ``host_access`` (repeatable, one entry per line; with ``host_access_set=1`` an empty list is
     explicit), ``host_access_default=1`` (back to the default) or ``host_access_revert=1`` (back to
-    the file's value)) and show its preview. An identical
-    open plan is shown instead of a duplicate."""
+    the file's value)).
+
+    Without ``request=1`` it is a preview, a dry run that stores nothing (no operation, no badge,
+    no approval notice): the page shows the plan and a "Request approval" button posting the same
+    fields with ``request=1`` and the previewed plan's ``digest``. With ``request=1`` the plan is
+    made again and stored as a planned operation (an identical open plan is shown instead of a
+    duplicate), and the operation page says so when it differs from the preview."""
     kind = request.POST.get("kind", "")
     try:
         operation_kind = get_kind(kind)
@@ -123,8 +134,13 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
         return render(
             request, "operations/refused.html", {"title": "Unknown operation", "message": str(exc)}, status=400
         )
+    scope = _scope_from_post(request)
+    storing = request.POST.get("request") == "1"
     try:
-        operation = create_operation(operation_kind.name, _scope_from_post(request), request.user, via=RequestedVia.UI)
+        if storing:
+            operation = create_operation(operation_kind.name, scope, request.user, via=RequestedVia.UI)
+        else:
+            name, resolved, plan = preview_operation(operation_kind.name, scope, request.user)
     except (ScopeInvalid, PlanRefused) as exc:
         return render(
             request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=400
@@ -140,8 +156,16 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
         return render(
             request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=409
         )
+    if not storing:
+        fields = [(name, value) for name in PLAN_FIELDS for value in request.POST.getlist(name)]
+        context = {"nav": "operations", "fields": fields, **preview_context(name, resolved, plan)}
+        return render(request, "operations/preview.html", context)
     if operation.reused:
         messages.info(request, f"An identical plan is already open: operation #{operation.pk}.")
+    elif request.POST.get("digest") and request.POST["digest"] != operation.plan_digest:
+        messages.warning(
+            request, "The plan changed since your preview: the targets below are what was found now; review them."
+        )
     url = reverse("operations:detail", args=[operation.pk])
     return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 

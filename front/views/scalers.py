@@ -23,6 +23,10 @@ from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from kici_site.errors import error_page
+from lib.query import check_parameters, choice
+from operations.choices import OperationKind
+from operations.models import Finding
+from operations.presenters import evidence_items
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.choices import ScalerType
@@ -75,10 +79,18 @@ def _scaler(name: str) -> Scaler:
 @require_GET
 @viewer_required
 def scaler_detail(request, name: str):
-    """``/scalers/<name>/``: caps, configuration, the last 24 h of capacity samples as charts,
-    label sets with host access (and, where the console's value is in force, the file's beside
-    it), live agents, events."""
+    """``/scalers/<name>/``: caps, configuration, what the detection found (orphans, stale rules),
+    the last 24 h of capacity samples as charts, label sets with host access (and, where the
+    console's value is in force, the file's beside it), live agents, events. ``?part=findings``:
+    only the "Found" panel (the page re-fetches it). 400 naming any other parameter or part."""
     scaler = _scaler(name)
+    try:
+        check_parameters(request.GET, single=("part",))
+        part = choice("part", request.GET.get("part"), ("findings",))
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
+    if part == "findings":
+        return render(request, "scalers/detail.html#findings", {"scaler": scaler, **_findings_context(scaler)})
     label_sets = list(scaler.label_sets.order_by("index"))
     active = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES)
     n_active = dict(active.order_by().values_list("label_set").annotate(n=Count("id")))
@@ -90,6 +102,7 @@ def scaler_detail(request, name: str):
     every = settings.KICI_CAPACITY_SAMPLE_SECONDS
     warm = (scaler.config or {}).get("warmPool") or {}
     ctx = {
+        **_findings_context(scaler),
         "nav": "scalers",
         "scaler": scaler,
         "warm_now": size_now(warm, now) if scaler.warm_pool_enabled and warm.get("schedule") else None,
@@ -121,6 +134,24 @@ def _label_set_row(scaler: Scaler, label_set: LabelSet, n_active: int) -> LabelS
         backend_summary=cfg.get("image") or cfg.get("rootfsPath") or cfg.get("command") or "",
         net_raw=_grants_net_raw(scaler, cfg),
     )
+
+
+#: Seconds between two re-fetches of a scaler page's "Found" panel (a sweeper round is 5 s).
+FINDINGS_POLL_SECONDS = 5
+
+
+def _findings_context(scaler: Scaler) -> dict:
+    """The "Found" panel's context: the scaler's findings with their evidence, one "Preview …"
+    per kind found (a dry run; "Request approval" is on its page)."""
+    findings = list(Finding.objects.filter(scaler=scaler))
+    for finding in findings:
+        finding.evidence_items = evidence_items(finding.evidence)
+    kinds = dict.fromkeys(f.kind for f in findings)
+    return {
+        "findings": findings,
+        "finding_kinds": [(kind, f"Preview {OperationKind(kind).label.lower()}…") for kind in kinds],
+        "findings_poll_seconds": FINDINGS_POLL_SECONDS,
+    }
 
 
 def _grants_net_raw(scaler: Scaler, label_set_config: dict) -> bool:
@@ -180,7 +211,9 @@ def _label_set(name: str, index: int) -> LabelSet:
 
 
 def _initial_text(label_set: LabelSet) -> str:
-    return "\n".join(label_set.host_access or [])
+    """The editor's first entries: the list in force (for a default label set, the default as
+    resolved for its scaler), so switching to "Explicit list" starts from it, not from nothing."""
+    return "\n".join(effective_host_access(label_set, label_set.host_access))
 
 
 def _editor_context(request, label_set: LabelSet, mode: str, text: str) -> dict:

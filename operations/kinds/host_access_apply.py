@@ -17,7 +17,8 @@ Targets:
 
 ``atomic``: if the label set or any agent's rules changed since the preview, nothing is applied.
 The run writes the label set first, then each agent's rules in one nft transaction per agent and
-the agent row's stored host access (a later self-heal re-applies what is stored). An agent whose
+the agent row's stored host access (a later self-heal re-applies what is stored), recorded on the
+agent's timeline as a ``scaler.network`` event (:func:`record_rules_rewrite`). An agent whose
 address another sandbox holds by then (``scalers.backends.holders``) is skipped: its rules are
 keyed by that address and would replace the holder's.
 
@@ -31,9 +32,11 @@ from __future__ import annotations
 import ipaddress
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
-from agents.choices import AgentState
+from agents.choices import AgentState, EventType
+from agents.events import record_event
 from agents.models import Agent
 from lib.wording import json_text, listed
 from network.host_access import (
@@ -221,15 +224,28 @@ class HostAccessApply(Kind):
                     NftClient(table, netns=settings.KICI_NFT_NETNS).apply_agent(
                         _spec(agent, gateway, _policy(label_set), resolved)
                     )
-                Agent.objects.filter(pk=agent.pk).update(host_access=resolved, host_access_explicit=new is not None)
-                run.report(
-                    target.key,
-                    TargetOutcome.DONE,
-                    f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} "
-                    "removed",
+                summary = (
+                    f"{len(target.evidence['rules_add'])} rule(s) added, {len(target.evidence['rules_remove'])} removed"
                 )
+                record_rules_rewrite(agent, resolved, new is not None, run.operation_id, summary)
+                run.report(target.key, TargetOutcome.DONE, summary)
             except Exception as exc:  # noqa: BLE001
                 run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def record_rules_rewrite(agent: Agent, host_access: list[str], explicit: bool, operation_id: int, summary: str):
+    """Store ``agent``'s new resolved ``host_access`` (``explicit``: the label set's own list) once
+    its rules were rewritten by operation ``operation_id``, and record it on its timeline as a
+    ``scaler.network`` event "host access rewritten by operation #N: <entries> (<summary>)", in
+    one transaction (the event's push re-renders the agent's open pages)."""
+    with transaction.atomic():
+        Agent.objects.filter(pk=agent.pk).update(host_access=host_access, host_access_explicit=explicit)
+        record_event(
+            agent,
+            EventType.NETWORK,
+            detail=f"host access rewritten by operation #{operation_id}: {listed(host_access)} ({summary})",
+            payload={"operation": operation_id, "hostAccess": list(host_access), "explicit": explicit},
+        )
 
 
 def _plan_label_set(result: Plan, label_set: LabelSet, revert: bool, new: list[str] | None) -> None:

@@ -15,6 +15,11 @@
    every loaded line). Frames are merged into the array at once and drawn once per animation
    frame, so a flood costs a few small DOM updates per second.
 
+   End. The page's row socket (kici.js) keeps #console-agent-state current; once it carries
+   data-ended (the agent was destroyed or failed) the page says "finished": the indicator, the
+   follow button ("At the end") and no reconnect after the socket closes. Lines still in flight
+   arrive on the open socket.
+
    Keys: f follow/pause, / search, Enter / Shift+Enter next / previous match, g top (and load
    earlier), G bottom (and follow), Esc leaves the search box. */
 (function () {
@@ -58,6 +63,7 @@
   var loading = null;
   var autoscrolling = false;
   var lastDrawnTop = -1;
+  var ended = !!root.getAttribute("data-static-rows");
   var viewH = view.clientHeight;
   new ResizeObserver(function () { viewH = view.clientHeight; schedule(); }).observe(view);
   var version = 0; // bumped when what a row shows besides its entry changes (search, target)
@@ -359,7 +365,7 @@
     follow = on;
     followBtn.classList.toggle("is-on", on);
     followBtn.setAttribute("aria-pressed", on ? "true" : "false");
-    followBtn.textContent = on ? "Following" : "Paused";
+    followBtn.textContent = on ? (ended ? "At the end" : "Following") : "Paused";
     root.setAttribute("data-follow", on ? "on" : "off");
     if (on) { unseen = 0; target = null; version++; }
     schedule();
@@ -474,10 +480,22 @@
   var retry = 500;
 
   function setLive(state, code) {
+    if (ended) state = "ended";
     liveEl.classList.toggle("is-open", state === "open");
-    liveEl.classList.toggle("is-closed", state === "closed");
-    liveEl.textContent = state === "open" ? "live" : state === "closed" ? window.kiciLiveStatusText(code) : "connecting";
+    liveEl.classList.toggle("is-closed", state === "closed" || state === "ended");
+    liveEl.textContent = state === "open" ? "live" : state === "ended" ? "finished" :
+      state === "closed" ? window.kiciLiveStatusText(code) : "connecting";
   }
+
+  // The agent ended (see "End" above): checked after every message of the page's row socket.
+  function checkEnded() {
+    var s = document.getElementById("console-agent-state");
+    if (ended || !s || !s.hasAttribute("data-ended")) return;
+    ended = true;
+    setLive("ended");
+    setFollow(follow);
+  }
+  document.addEventListener("htmx:wsAfterMessage", checkEnded);
 
   function onFrame(ev) {
     var frame = JSON.parse(ev.data);
@@ -505,7 +523,7 @@
     socket.onclose = function (ev) {
       setLive("closed", ev.code);
       // 4401 signed out, 4403 no access, 4404 unknown: asking again cannot help.
-      if (ev.code === 4401 || ev.code === 4403 || ev.code === 4404) return;
+      if (ended || ev.code === 4401 || ev.code === 4403 || ev.code === 4404) return;
       setTimeout(connect, retry);
       retry = Math.min(retry * 2, 10000);
     };

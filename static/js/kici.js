@@ -16,7 +16,8 @@
         placeholder row (tr.empty-row) once a live row has arrived in its tbody, and puts back
         the tbody's data-empty text when live removals emptied it.
    2. A connection indicator: an element with [data-live-status] inside the ws-connect element shows
-      open / closed ("signed out" for close code 4401, "no access" for 4403); after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
+      open / closed ("signed out" for close code 4401, "no access" for 4403) of that socket and of
+      the page's hidden row sockets ([data-rows-socket]), the worst of them; after a reconnect, "kici:resync" is fired on the body so tables re-fetch what
       was missed while the socket was away (messages sent meanwhile are lost).
    3. Relative times: <time data-rel datetime="ISO"> shows "12s ago", refreshed every second (and
       after every swap) on the console's clock: the page's <meta name="kici-server-time"> and the
@@ -155,12 +156,29 @@
   // Close codes of live.session: the session ended (sign-out, expiry), or the permission went.
   var SIGNED_OUT = 4401, FORBIDDEN = 4403;
   var STATUS_TEXT = { open: "live", closed: "disconnected", "signed-out": "signed out", forbidden: "no access" };
+  // The last state of each socket; an indicator shows the worst of its own socket's and of the
+  // page's hidden row sockets ([data-rows-socket]), so a page whose rows stopped says so.
+  var socketStates = new Map();
+  var WORST = ["signed-out", "forbidden", "closed", "connecting", "open"];
+  function worst(a, b) { return WORST.indexOf(a) <= WORST.indexOf(b) ? a : b; }
+  function showStatus() {
+    var rows = "open";
+    socketStates.forEach(function (state, elt) {
+      if (!document.body.contains(elt)) socketStates.delete(elt);
+      else if (elt.hasAttribute("data-rows-socket")) rows = worst(rows, state);
+    });
+    socketStates.forEach(function (own, elt) {
+      var s = elt.querySelector("[data-live-status]");
+      if (!s) return;
+      var state = worst(own, rows);
+      s.classList.toggle("is-open", state === "open");
+      s.classList.toggle("is-closed", state !== "open" && state !== "connecting");
+      s.textContent = STATUS_TEXT[state] || "connecting";
+    });
+  }
   function setStatus(elt, state) {
-    var s = elt.querySelector("[data-live-status]");
-    if (!s) return;
-    s.classList.toggle("is-open", state === "open");
-    s.classList.toggle("is-closed", state !== "open" && state !== "connecting");
-    s.textContent = STATUS_TEXT[state] || "connecting";
+    socketStates.set(elt, state);
+    showStatus();
   }
   window.kiciLiveStatusText = function (code) {
     return code === SIGNED_OUT ? STATUS_TEXT["signed-out"] : code === FORBIDDEN ? STATUS_TEXT.forbidden : STATUS_TEXT.closed;
@@ -176,6 +194,8 @@
     var code = e.detail && e.detail.event ? e.detail.event.code : 0;
     setStatus(e.target, code === SIGNED_OUT ? "signed-out" : code === FORBIDDEN ? "forbidden" : "closed");
   });
+  // An ended agent's header replaces its indicator (live.rows.AgentPage): show the state on any new one.
+  document.addEventListener("htmx:wsAfterMessage", showStatus);
   document.addEventListener("htmx:wsAfterMessage", function () { trim(); refreshTimes(); });
 
   // ---- relative times ------------------------------------------------------------------------

@@ -112,6 +112,8 @@ def test_a_bulk_selection_survives_live_updates_and_plans_one_operation(browser_
     for agent_id in picked:
         page.get_by_label(f"select {agent_id}").check()
     drain.click()
+    page.wait_for_url(re.compile(r"/operations/plan/$"))
+    page.get_by_role("button", name="Request approval").click()
     page.wait_for_url(re.compile(r"/operations/\d+/$"))
     operation = Operation.objects.get()
     assert operation.kind == "agent-drain" and operation.status == "planned"

@@ -47,6 +47,10 @@ def test_preview_approve_live_progress_done(browser_page, wait_live, off_loop):
     # preview from the scaler page's entry point
     page.goto(f"/scalers/{agent.scaler.name}/")
     page.get_by_role("button", name="Preview stale reservations…").click()
+    page.wait_for_url(re.compile(r"/operations/plan/$"))
+    page.locator("#dry-run").wait_for()  # a dry run: nothing stored yet
+    assert not Operation.objects.exists()
+    page.get_by_role("button", name="Request approval").click()
     page.wait_for_url(re.compile(r"/operations/\d+/$"))
     op = Operation.objects.get()
     row = page.locator("#op-targets tr").first

@@ -15,7 +15,7 @@ from agents.events import record_event
 from agents.models import Agent, ScalerEvent
 from operations.attention import FAILING_AFTER, needs_attention
 from operations.choices import OperationStatus
-from operations.models import Operation
+from operations.models import Finding, Operation
 from scalers.models import Scaler, ScaleRequest
 from tests.support.scalers import make_agent, make_scaler
 
@@ -43,6 +43,22 @@ def plan(scaler_name: str = "", **fields) -> Operation:
         plan_digest="d",
         expires_at=fields.pop("expires_at", timezone.now() + timedelta(hours=1)),
         **fields,
+    )
+
+
+def find(scaler: Scaler, key: str, subject: str, kind: str = "orphan-containers", **evidence) -> Finding:
+    """A finding as a detection round stores it (operations.findings)."""
+    now = timezone.now()
+    evidence = evidence or {"why": "no agent row", "container_state": "exited"}
+    return Finding.objects.create(
+        kind=kind,
+        scaler=scaler,
+        key=key,
+        subject=subject,
+        action="stop and remove container",
+        evidence=evidence,
+        first_seen_at=now,
+        last_seen_at=now,
     )
 
 
@@ -209,6 +225,7 @@ def _many(n: int, tag: str) -> None:
         record_event(None, EventType.NETWORK, f"isolation rules re-applied ({i})", scaler_name=s.name)
         failed = make_agent(s, AgentState.FAILED)
         record_event(failed, EventType.FAILED, "failed")
+        find(s, f"container:{tag}-{i}", f"kici-{tag}-{i}")
     Scaler.objects.filter(name__startswith=tag).update(host_error="RuntimeError: no bridge")
 
 
@@ -230,5 +247,33 @@ def test_the_summary_costs_the_same_queries_however_many_rows(viewer_client):
     )  # hosts, and the "many" scalers failing
     # Every refused job still asking counts, under the cap its decision named, and every slot wait.
     assert first.counts["waiting"] == 6 + 6 and second.counts["waiting"] == 66 + 66
-    assert len(few) == len(many) == 8
+    assert first.counts["findings"] == 6 and second.counts["findings"] == 66
+    assert len(few) == len(many) == 10
     assert len(page_few) == len(page_many)
+
+
+def test_findings_appear_with_their_evidence_until_an_operation_plans_them(viewer_client):
+    c = make_scaler("c")
+    for n in range(5):
+        find(c, f"container:{n}", f"kici-orphan-{n}", why="its agent row is failed", container_state="running")
+    find(c, "rules:172.30.0.9", "172.30.0.9", kind="stale-isolation-rules", why="no agent holds this address")
+    shown = panel(viewer_client)
+    assert (
+        "5 orphan containers found on c, nothing planned: kici-orphan-0 (its agent row is failed; running); "
+        "kici-orphan-1 (its agent row is failed; running); kici-orphan-2 (its agent row is failed; running); "
+        "and 2 more" in shown
+    )
+    assert "1 stale isolation rule set found on c, nothing planned: 172.30.0.9 (no agent holds this address)" in shown
+    assert 'href="/scalers/c/#findings"' in shown and badge(viewer_client) == "6"
+    Operation.objects.create(
+        kind="orphan-containers",
+        scaler=c,
+        scaler_name="c",
+        host_queue="host:test",
+        scope_key="k",
+        plan_digest="d",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    shown = panel(viewer_client)
+    assert "orphan containers found" not in shown and "1 awaiting approval" in viewer_client.get("/").content.decode()
+    assert badge(viewer_client) == "2"  # the operation, and the rule set nobody planned

@@ -273,7 +273,7 @@ def test_the_bulk_form_plans_one_operation_over_every_selected_agent(operator_cl
     running = add_agents(fleet[0], 3)
     spawning = add_agents(fleet[0], 1, AgentState.SPAWNING, start=10)
     picked = [a.agent_id for a in [*running, *spawning]]
-    response = operator_client.post("/operations/plan/", {"kind": "agent-drain", "agent": picked})
+    response = operator_client.post("/operations/plan/", {"kind": "agent-drain", "agent": picked, "request": "1"})
     operation = Operation.objects.get()
     assert response.status_code == 302 and response.url == f"/operations/{operation.pk}/"
     assert operation.status == "planned" and operation.agent_ids == picked

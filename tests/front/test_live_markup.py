@@ -13,6 +13,7 @@ from django.utils import timezone
 from agents.choices import AgentState
 from front.views.dashboard import DASHBOARD_AGENT_LIMIT
 from front.views.scalers import SCALER_AGENT_LIMIT
+from live.rows import agent_page_version
 from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
@@ -56,7 +57,7 @@ def test_each_list_page_opens_its_own_rows_socket(viewer_client):
         f"/scalers/{scaler.name}/": (
             f"/ws/rows/agents/?scaler=live-markup&amp;state=active&amp;limit={SCALER_AGENT_LIMIT}"
         ),
-        f"/agents/{agent.agent_id}/": f"/ws/rows/agent/?id={agent.agent_id}",
+        f"/agents/{agent.agent_id}/": f"/ws/rows/agent/?id={agent.agent_id}&amp;v={agent_page_version(agent)}",
         "/scalers/": "/ws/rows/scalers/",
     }
     for url, socket in pages.items():

@@ -488,3 +488,37 @@ def test_the_preview_lists_a_bounded_number_of_agent_diffs(viewer_client, label_
     assert response.status_code == 200 and "40 of 40 live agents would get different input rules" in html
     assert html.count('class="agent-diff"') == 20 and "and 20 more live agents, not listed here." in html
     assert len(response.content) < 1_000_000, len(response.content)
+
+
+def test_switching_to_an_explicit_list_starts_from_the_list_in_force(viewer_client, label_set):
+    html = unescape(viewer_client.get(BASE).content.decode())
+    assert 'value="default" checked' in html
+    text = html[html.index('<textarea id="entries"') :]
+    text = text[text.index(">") + 1 : text.index("</textarea>")]
+    assert text.splitlines() == ["172.30.0.1:53", "172.30.0.1:8000"], "the default in force, as resolved"
+    # The radio's change posts the form as it is: the explicit list starts from those entries.
+    preview = unescape(
+        viewer_client.post(BASE + "preview", {"mode": "explicit", "entries": text}, **HTMX).content.decode()
+    )
+    assert "An empty explicit list" not in preview
+    effective = preview[preview.index('id="effective"') :]
+    assert "<li>172.30.0.1:53</li>" in effective and "<li>172.30.0.1:8000</li>" in effective
+
+    LabelSet.objects.filter(pk=label_set.pk).update(host_access=["*:9000"])
+    html = unescape(viewer_client.get(BASE).content.decode())
+    assert 'value="explicit" checked' in html and ">*:9000</textarea>" in html
+
+
+def test_an_entry_with_a_warning_gets_no_green_ok(viewer_client, label_set):
+    html = unescape(
+        viewer_client.post(
+            BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n0.0.0.0/0"}, **HTMX
+        ).content.decode()
+    )
+    rows = html[html.index('<tbody id="entry-checks">') :]
+    rows = rows[: rows.index("</tbody>")].split("</tr>")
+    warned = next(row for row in rows if "0.0.0.0/0" in row)
+    assert 'class="entry-warn"' in warned and '<span class="badge b-amber">warning</span>' in warned
+    assert "b-green" not in warned and ">ok<" not in warned
+    fine = next(row for row in rows if "172.30.0.1:53" in row)
+    assert 'class="entry-ok"' in fine and '<span class="badge b-green">ok</span>' in fine

@@ -19,10 +19,11 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.events import flush_events, record_event
 from agents.heartbeats import push_heartbeat_row
-from agents.models import Agent
+from agents.models import Agent, ScalerEvent
 from live.publish import apublish_rows, rows_notice
 from live.routing import websocket_urlpatterns
-from live.rows import AGENTS_GROUP, ROW_BATCH_SECONDS, AgentRows
+from live.rows import AGENTS_GROUP, ROW_BATCH_SECONDS, AgentRows, agent_page_version
+from operations.kinds.host_access_apply import record_rules_rewrite
 from operations.services import create_operation
 from tests.support.scalers import make_agent, make_scaler
 
@@ -154,6 +155,9 @@ async def test_an_agent_page_gets_its_row_and_details_and_heartbeats(viewer):
         frame, details = await page.receive_from(timeout=5), await page.receive_from(timeout=5)
         assert rows([frame]) == [agent.agent_id] and "3 running" in frame
         assert "<dt>Active jobs</dt><dd>3</dd>" in details
+        # The page named no version: its network panel came once, with the first frame; a
+        # heartbeat changes nothing it depends on.
+        assert 'id="agent-network"' not in details and 'id="agent-actions"' not in details
         assert await page.receive_nothing(timeout=ROW_BATCH_SECONDS + 0.5)
     finally:
         await page.disconnect()
@@ -181,12 +185,60 @@ async def test_an_open_agent_page_and_list_show_the_agent_ended_once_it_is(viewe
             assert ticking not in row and f'<time datetime="{beat.isoformat()}">' in row
             assert "172.30.0.8 (released)" in row
         assert ticking not in details and "<dt>Last address</dt>" in details
-        status = re.search(r'<span id="agent-status"[^>]*>.*', details)
-        assert status and 'hx-swap-oob="true"' in status.group(0) and "data-live-status" not in details
-        assert '<span class="badge st-destroyed">destroyed</span> ended <time' in status.group(0)
+        actions = re.search(r'<div class="actions" id="agent-actions" hx-swap-oob="true">.*?</div>', details, re.S)
+        assert actions and "data-live-status" not in details, "the header's actions, live status gone"
+        status = re.search(r'<span id="agent-status"[^>]*>.*', actions.group(0))
+        assert status and '<span class="badge st-destroyed">destroyed</span> ended <time' in status.group(0)
+        assert "agent-drain" not in actions.group(0) and "agent-destroy" not in actions.group(0)
+        network = re.search(
+            r'<div class="panel-body" id="agent-network" hx-swap-oob="true">.*?selftest-result', details, re.S
+        )
+        assert network and "Rules in force" not in network.group(0) and "Isolation rules" in network.group(0)
+        assert "<form hx-post" not in network.group(0) and "Run self-test</button>" in network.group(0)
     finally:
         await page.disconnect()
         await listed.disconnect()
+
+
+async def test_a_host_access_rewrite_reaches_an_open_agent_page_and_a_reconnect_catches_up(viewer):
+    _, _, agent, _ = await two_scalers()
+
+    @database_sync_to_async
+    def prepare():
+        Agent.objects.filter(pk=agent.pk).update(ip="172.30.0.8", host_access=["172.30.0.1:53"])
+        return agent_page_version(Agent.objects.select_related("label_set").get(pk=agent.pk))
+
+    version = await prepare()
+    page, _ = await connect(f"/ws/rows/agent/?id={agent.agent_id}&v={version}", viewer)
+    try:
+        details = await page.receive_from(timeout=5)
+        assert 'id="agent-network"' not in details, "the page was rendered at this version"
+
+        @database_sync_to_async
+        def rewrite():
+            record_rules_rewrite(agent, ["*:9000"], True, 41, "1 rule(s) added, 1 removed")
+            assert flush_events(5)
+
+        await rewrite()
+        await page.receive_from(timeout=5)  # the row
+        details = await page.receive_from(timeout=5)
+        network = re.search(r'<div class="panel-body" id="agent-network" hx-swap-oob="true">.*', details, re.S)
+        assert network and "<li>*:9000</li>" in network.group(0) and "Rules in force" in network.group(0)
+        timeline = await database_sync_to_async(list)(
+            ScalerEvent.objects.filter(agent__agent_id=agent.agent_id).values_list("type", "detail")
+        )
+        assert (
+            EventType.NETWORK,
+            "host access rewritten by operation #41: [*:9000] (1 rule(s) added, 1 removed)",
+        ) in timeline
+    finally:
+        await page.disconnect()
+    # A page that reconnects names the version it was rendered at: the snapshot catches it up.
+    again, _ = await connect(f"/ws/rows/agent/?id={agent.agent_id}&v={version}", viewer)
+    try:
+        assert "<li>*:9000</li>" in await again.receive_from(timeout=5)
+    finally:
+        await again.disconnect()
 
 
 async def test_a_heartbeat_storm_reaches_each_page_in_about_one_frame_a_second(viewer):

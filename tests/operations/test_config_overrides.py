@@ -186,7 +186,8 @@ def test_the_pages_show_the_console_value_in_force_and_the_files_beside_it(confi
 
     # The revert is a previewed operation like any other; afterwards the file is followed again.
     response = client.post(
-        "/operations/plan/", {"kind": "host-access-apply", "label_set": label_set.pk, "host_access_revert": "1"}
+        "/operations/plan/",
+        {"kind": "host-access-apply", "label_set": label_set.pk, "host_access_revert": "1", "request": "1"},
     )
     assert response.status_code == 302
     revert = Operation.objects.exclude(pk=op.pk).get(kind="host-access-apply")

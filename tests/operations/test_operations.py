@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
+from operations.attention import needs_attention
 from operations.choices import AuditAction, OperationStatus, TargetOutcome
 from operations.kinds.base import Scope
 from operations.kinds.config_reload import ConfigReload
@@ -292,9 +293,36 @@ def test_the_approver_must_differ_from_the_requester_when_the_setting_says_so(us
     assert (op.status, op.approved_by) == (OperationStatus.APPROVED, users["approver2"])
 
 
-def test_the_plan_form_previews_and_redirects_to_the_operation(users, config_file, client):
+def test_a_preview_is_a_dry_run_that_stores_nothing_and_request_approval_stores_it(
+    users, config_file, client, monkeypatch
+):
+    notices = []
+    monkeypatch.setattr("operations.services.schedule_approval_notice", lambda *a, **k: notices.append(a))
     login(client, users["operator"])
     response = client.post("/operations/plan/", {"kind": "config-reload"})
+    page = response.content.decode()
+    assert response.status_code == 200 and "nothing was changed and nothing was stored" in page
+    assert "scaler:ops-reload" in page and "create scaler" in page, "the plan, with its targets"
+    assert Operation.objects.count() == 0 and not notices
+    assert needs_attention().total == 0, "no badge"
+    form = page[page.index('<form method="post" action="/operations/plan/" id="request-approval">') :]
+    form = form[: form.index("</form>")]
+    assert '<input type="hidden" name="kind" value="config-reload">' in form
+    assert '<input type="hidden" name="request" value="1">' in form
+    digest = re.search(r'name="digest" value="([0-9a-f]+)"', form).group(1)
+
+    response = client.post("/operations/plan/", {"kind": "config-reload", "request": "1", "digest": digest})
+    op = Operation.objects.get()
+    assert response.status_code == 302 and op.plan_digest == digest and len(notices) == 1
+    assert "The plan changed since your preview" not in client.get(response["Location"]).content.decode()
+    Operation.objects.all().delete()
+    response = client.post("/operations/plan/", {"kind": "config-reload", "request": "1", "digest": "0" * 64})
+    assert "The plan changed since your preview" in client.get(response["Location"]).content.decode()
+
+
+def test_the_plan_form_previews_and_redirects_to_the_operation(users, config_file, client):
+    login(client, users["operator"])
+    response = client.post("/operations/plan/", {"kind": "config-reload", "request": "1"})
     op = Operation.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/operations/{op.pk}/"
     page = client.get(response["Location"]).content.decode()
@@ -321,7 +349,8 @@ def test_a_reload_reads_only_the_configured_file_whatever_path_is_posted(users, 
     secret.write_text("KICI_API_TOKEN=do-not-show-me\n")
     login(client, users["operator"])
     response = client.post(
-        "/operations/plan/", {"kind": "config-reload", "config_path": str(secret), "config_dir": str(tmp_path)}
+        "/operations/plan/",
+        {"kind": "config-reload", "config_path": str(secret), "config_dir": str(tmp_path), "request": "1"},
     )
     assert response.status_code == 302  # planned: from the configured file, the posted path ignored
     op = Operation.objects.get()

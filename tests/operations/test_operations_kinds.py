@@ -376,7 +376,8 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     assert Operation.objects.count() == 0
 
     response = client.post(
-        "/operations/plan/", {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000"}
+        "/operations/plan/",
+        {"kind": "host-access-apply", "label_set": label_set.pk, "host_access": "*:9000", "request": "1"},
     )
     assert response.status_code == 302
     op = Operation.objects.get()
@@ -412,6 +413,11 @@ def test_a_host_access_change_shows_the_rule_diff_then_rewrites_the_live_agents_
     assert op.outcomes[f"agent:{agent.agent_id}"]["detail"] == (
         f"{len(diff['rules_add'])} rule(s) added, {len(diff['rules_remove'])} removed"
     )
+    timeline = ScalerEvent.objects.filter(agent=agent, type=EventType.NETWORK).values_list("detail", flat=True)
+    assert list(timeline) == [
+        f"host access rewritten by operation #{op.pk}: [*:9000] "
+        f"({len(diff['rules_add'])} rule(s) added, {len(diff['rules_remove'])} removed)"
+    ], "the agent's timeline records its rules being rewritten"
 
 
 def test_a_host_access_plan_compares_entries_as_a_set_not_as_a_sequence(users, netns_nft):

@@ -88,7 +88,7 @@ def test_a_target_that_registered_since_the_preview_is_skipped_and_the_rest_remo
 
     # preview, as an operator, through the page
     response = _client(users["operator"]).post(
-        "/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name}
+        "/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name, "request": "1"}
     )
     assert response.status_code == 302
     op = Operation.objects.get()
@@ -158,7 +158,7 @@ def test_the_preview_names_a_containers_owner_from_its_labels_when_no_agent_row_
     c_foreign = box.make(scaler.name, agent_id(), state="exited", owner=second)
 
     response = _client(users["operator"]).post(
-        "/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name}
+        "/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name, "request": "1"}
     )
     assert response.status_code == 302
     op = Operation.objects.get()
@@ -192,7 +192,7 @@ def test_stale_rules_are_reaped_but_never_an_address_a_container_holds(users, bo
         netns_nft.apply_agent(AgentSpec.build(address, "172.30.0.1", host_access=["*:8000"]))
 
     response = _client(users["operator"]).post(
-        "/operations/plan/", {"kind": "stale-isolation-rules", "scaler": scaler.name}
+        "/operations/plan/", {"kind": "stale-isolation-rules", "scaler": scaler.name, "request": "1"}
     )
     assert response.status_code == 302, response.content.decode()[:500]
     op = Operation.objects.get()
@@ -225,7 +225,7 @@ def test_a_bare_metal_scaler_in_container_mode_has_its_orphan_containers_reaped_
     orphan = box.make(scaler.name, agent_id(), state="exited")
     op = Operation.objects.get(
         pk=_client(users["operator"])
-        .post("/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name})
+        .post("/operations/plan/", {"kind": "orphan-containers", "scaler": scaler.name, "request": "1"})
         .url.split("/")[-2]
     )
     assert [t["key"] for t in op.plan] == [f"container:{orphan}"]
@@ -235,3 +235,32 @@ def test_a_bare_metal_scaler_in_container_mode_has_its_orphan_containers_reaped_
     op.refresh_from_db()
     assert op.outcomes[f"container:{orphan}"]["outcome"] == TargetOutcome.DONE, op.outcomes
     assert orphan not in box.ids()
+
+
+def test_an_orphan_appears_on_the_dashboard_within_one_sweep_with_no_operation_stored(users, box, docker_client):
+    from operations.attention import needs_attention
+    from operations.management.commands.scaler_sweeper import Command
+    from operations.models import Finding
+
+    scaler = make_scaler(name=f"ops-f-{secrets.token_hex(3)}", config={"networkIsolation": False})
+    left_behind = box.make(scaler.name, agent_id(), state="exited")  # labelled, untracked: an orphan
+    sweeper = Command()
+    assert sweeper.handle_findings() is True  # one sweeper round's detection
+    finding = Finding.objects.get(scaler=scaler)
+    assert finding.key == f"container:{left_behind}" and finding.evidence["container_state"] == "exited"
+    assert not Operation.objects.exists() and not AuditEntry.objects.exists(), "no operation: no badge, no notice"
+
+    viewer = _client(users["viewer"])
+    dashboard = viewer.get("/").content.decode()
+    assert f"1 orphan container found on {scaler.name}, nothing planned: {finding.subject} (" in dashboard
+    assert f'href="/scalers/{scaler.name}/#findings"' in dashboard
+    assert needs_attention().counts["findings"] == 1
+    page = viewer.get(f"/scalers/{scaler.name}/").content.decode()
+    section = page[page.index('id="findings"') :]
+    assert finding.subject in section and "stop and remove container" in section and "exited" in section
+
+    assert sweeper.handle_findings() is False  # found again: nothing new
+    assert Finding.objects.get(scaler=scaler).first_seen_at == finding.first_seen_at
+    docker_client.api.remove_container(left_behind, force=True)  # gone: so is its finding, next round
+    assert sweeper.handle_findings() is True and not Finding.objects.filter(scaler=scaler).exists()
+    assert not Operation.objects.exists()

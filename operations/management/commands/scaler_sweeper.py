@@ -12,7 +12,8 @@ did anything, in two groups (docs/multi-host.md):
   (``scalers.output_caps``), the stale-spawn prune (registration deadlines passed, backend calls
   past the stale window), token-TTL expiry, the check of failed spawn jobs in rq, retries of
   failed teardowns, the teardown of drained agents (``scalers.lifecycle.drain_idle_agents``), the
-  retirement sweep, the warm pools' idle check, and the operation sweeps planned from this host's
+  retirement sweep, the warm pools' idle check, the orphan and drift findings (``operations.findings``:
+  detected every round, shown, never planned), and the operation sweeps planned from this host's
   runtime (``operations.sweeps``: orphan containers and VMs, stale rules, lost agents by sandbox);
 * the global ones, on the leader only: the start of spawns waiting for a slot, the
   event-provision reaper (``scalers.provision_reaper``: its own interval, its clocks forgotten
@@ -40,6 +41,7 @@ from django.utils import timezone
 
 from agents.retention import prune_old_records
 from operations import sweeps
+from operations.findings import detect_findings
 from scalers.admission.recovery import recover_state
 from scalers.backends import factory
 from scalers.backends.tools import check_host_tools
@@ -149,6 +151,7 @@ class Command(BaseCommand):
             self.handle_drains,
             self.handle_retirement,
             self.handle_warm_pool_idle,
+            self.handle_findings,
             self.handle_host_operation_sweeps,
         )
 
@@ -272,6 +275,11 @@ class Command(BaseCommand):
             start_warm_pools()
             return True
         return WARM_POOLS.tick()
+
+    def handle_findings(self) -> bool:
+        """Every round: the orphan and drift detections of this host's scalers, kept as findings
+        for the pages (``operations.findings``); they plan, store and notify nothing."""
+        return detect_findings()
 
     def handle_host_operation_sweeps(self) -> bool:
         """The sweeps planned from this host's runtime (orphan containers and VMs, stale rules, lost
