@@ -57,7 +57,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from lib.units import InvalidMemoryFormat, parse_memory
+from lib.units import MEMORY_RE, InvalidMemoryFormat, parse_memory
 from network.host_access import parse_host_access_entry
 from scalers import labels as labelmod
 from scalers.resources import resource_floor_error
@@ -253,7 +253,7 @@ class ResourceSpec(_Strict):
     """
 
     cpus: Number | None = Field(default=None, gt=0, le=256)
-    memory: str | None = None
+    memory: str | None = Field(default=None, json_schema_extra={"pattern": f"^{MEMORY_RE.pattern}$"})
 
     @field_validator("cpus", mode="after")
     @classmethod
