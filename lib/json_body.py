@@ -20,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from lib.query import shown
-from lib.wording import json_text
+from lib.wording import json_text, key_path
+
+#: The JSON Schema ``format`` of a string whose every character is printable (``str.isprintable``:
+#: no control, format, line or paragraph separator, private-use, surrogate or unassigned character,
+#: no space but " "), which no JSON Schema pattern can say in full. A client or fuzzer that does
+#: not know the format ignores it; the check that enforces it words the refusal.
+PRINTABLE_FORMAT = "printable"
 
 
 class BodyRefused(ValueError):
@@ -62,7 +68,7 @@ class JsonBody(BaseModel):
         keys = {field.alias or name: field for name, field in cls.model_fields.items()}
         if cls.model_config.get("extra") == "forbid":
             if unknown := sorted(set(data) - set(keys)):
-                field = unknown[0] if where == "body" else f"{where}.{unknown[0]}"
+                field = key_path("" if where == "body" else where, unknown[0])
                 message = f"unknown field (allowed: {', '.join(sorted(keys))})"
                 raise BodyRefused(field, message, text=f"{shown(field)}: {message}")
         absent = {key: MISSING for key, field in keys.items() if field.is_required() and key not in data}
@@ -72,10 +78,7 @@ class JsonBody(BaseModel):
 def _path(loc: tuple, where: str) -> str:
     path = "" if where == "body" else where
     for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path = f"{path}.{part}" if path else str(part)
+        path = f"{path}[{part}]" if isinstance(part, int) else key_path(path, str(part))
     return path or where
 
 

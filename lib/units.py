@@ -20,6 +20,9 @@ MEMORY_UNITS: dict[str, int] = {"k": 1024, "m": 1024**2, "g": 1024**3}
 #: ASCII digits only ("\d" would accept other scripts' digits); fullmatch so that a
 #: trailing newline or space is refused too.
 MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([kKmMgG])")
+#: The JSON Schema ``format`` of a memory string (:data:`MEMORY_RE`); where one is used may bound
+#: its size (a job's: 6m to 16 TiB), which no pattern can say.
+MEMORY_FORMAT = "memory"
 
 #: Display units of :func:`format_bytes_iec`, smallest first.
 _IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")

@@ -64,6 +64,8 @@ def _agent_id(value: Any) -> str | None:
 
 
 def _active_jobs(value: Any) -> int | None:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON does not tell 3 from 3.0, and JSON Schema calls both integers
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ACTIVE_JOBS):
         return value
     text = f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {json_text(value)}"

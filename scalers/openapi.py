@@ -128,8 +128,27 @@ def _error(description: str, model: type[BaseModel] = ApiError, *headers: str) -
     return answer
 
 
-def _ok(description: str, model: type[BaseModel]) -> dict:
-    return {"description": description, "content": {JSON: {"schema": _ref(model)}}}
+def _ok(description: str, model: type[BaseModel], links: dict | None = None) -> dict:
+    answer = {"description": description, "content": {JSON: {"schema": _ref(model)}}}
+    if links:
+        answer["links"] = links
+    return answer
+
+
+def _agent_links(job_id: str) -> dict:
+    """Links of an answer naming an agent (``agentId`` in its body) to what follows it: follow it,
+    end its job (``jobId`` from ``job_id``, a runtime expression), release it."""
+    agent = {"agentId": "$response.body#/agentId"}
+    return {
+        "GetAgent": {"operationId": "getAgent", "parameters": agent, "description": "follow the agent"},
+        "CompleteJob": {
+            "operationId": "jobComplete",
+            "parameters": agent,
+            "requestBody": {"jobId": job_id},
+            "description": "its job ended",
+        },
+        "ReleaseAgent": {"operationId": "releaseAgent", "parameters": agent, "description": "give it up"},
+    }
 
 
 _BAD_BODY = _error(
@@ -198,7 +217,8 @@ def _list_parameters() -> list[dict]:
             "name": name,
             "in": "query",
             "required": False,
-            "description": described[name][0],
+            "allowEmptyValue": True,
+            "description": f"{described[name][0]}; an empty value is as if it were absent",
             "schema": described[name][1],
         }
         for name in LIST_PARAMETERS
@@ -232,8 +252,12 @@ def _operations() -> dict[str, dict[str, dict]]:
                 "security": scale_security,
                 "requestBody": _body(ScaleRequestBody, required=True),
                 "responses": {
-                    "201": _ok("admitted: the agent is spawning", ScaleAdmitted),
-                    "200": _ok("an idle warm agent was bound to the job (`warm: true`)", ScaleAdmitted),
+                    "201": _ok("admitted: the agent is spawning", ScaleAdmitted, _agent_links("$request.body#/jobId")),
+                    "200": _ok(
+                        "an idle warm agent was bound to the job (`warm: true`)",
+                        ScaleAdmitted,
+                        _agent_links("$request.body#/jobId"),
+                    ),
                     "400": _BAD_BODY,
                     **orchestrator,
                     "409": _error(
@@ -285,7 +309,7 @@ def _operations() -> dict[str, dict[str, dict]]:
                 "security": read_security,
                 "parameters": [_AGENT_ID],
                 "responses": {
-                    "200": _ok("the agent", AgentView),
+                    "200": _ok("the agent", AgentView, _agent_links("$response.body#/jobId")),
                     "400": _BAD_BODY,
                     **orchestrator,
                     "404": _NOT_FOUND,

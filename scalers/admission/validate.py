@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field
 
-from lib.json_body import MISSING, BodyRefused, JsonBody, validate_body
+from lib.json_body import MISSING, PRINTABLE_FORMAT, BodyRefused, JsonBody, validate_body
 from lib.units import parse_memory
 from lib.wording import json_text
 from scalers.config.schema import Resources, parse_resource_request
@@ -171,7 +171,11 @@ class JobImageBody(JsonBody):
 
 
 #: A label as sent: a printable string with something besides white space (trimmed before use).
-Label = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_LENGTH, pattern=r"\S")]
+Label = Annotated[
+    str, Field(min_length=1, max_length=MAX_LABEL_LENGTH, pattern=r"\S", json_schema_extra={"format": PRINTABLE_FORMAT})
+]
+#: A job or run id as sent: printable, trimmed before use.
+Ident = Annotated[str, Field(max_length=MAX_ID_LENGTH, json_schema_extra={"format": PRINTABLE_FORMAT})]
 LabelList = Annotated[tuple[Label, ...], Field(max_length=MAX_LABELS)]
 
 
@@ -202,10 +206,8 @@ class ScaleRequestBody(JsonBody):
     cores, memory like ``"512m"``, ``"2g"``, at most 16 TiB)."""
 
     labels: Annotated[LabelList, Field(min_length=1), BeforeValidator(_required_labels)]
-    job_id: Annotated[
-        Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=r"\S")], BeforeValidator(_job_id)
-    ]
-    run_id: Annotated[Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None, BeforeValidator(_run_id)] = None
+    job_id: Annotated[Annotated[Ident, Field(min_length=1, pattern=r"\S")], BeforeValidator(_job_id)]
+    run_id: Annotated[Ident | None, BeforeValidator(_run_id)] = None
     exclude: Annotated[LabelList | None, BeforeValidator(_exclude)] = None
     resources: Annotated[Resources | None, BeforeValidator(validate_resources)] = None
     container: JobImageBody | None = None
@@ -230,7 +232,7 @@ def _validated[M: JsonBody](model: type[M], payload: Any) -> M:
     except InvalidScaleRequest:
         raise
     except BodyRefused as exc:
-        raise InvalidScaleRequest(exc.field, exc.message) from None
+        raise InvalidScaleRequest(exc.field, exc.message, text=str(exc)) from None
 
 
 def validate_scale_request(payload: Any) -> ScaleInput:
