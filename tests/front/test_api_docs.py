@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from front.templatetags.kici_ui import code_spans
 from scalers.openapi import build_document
 
 pytestmark = pytest.mark.django_db
@@ -27,6 +28,12 @@ def test_it_shows_every_operation_and_schema_of_the_document(viewer_client):
     assert '<a href="#schema-ScaleRequestBody">ScaleRequestBody</a>' in html
     assert "at most 64 items" in html and "Retry-After" in html
     assert 'href="/api/v1/openapi.json"' in html
+    # The descriptions' `code spans` read as code, and nothing in them is taken as markup.
+    assert "<code>Retry-After</code>" in html and "`Retry-After`" not in html
+
+
+def test_a_code_span_is_escaped_before_it_is_marked():
+    assert code_spans("a `<b>` and <i>") == "a <code>&lt;b&gt;</code> and &lt;i&gt;"
 
 
 def test_it_keeps_the_strict_policy(viewer_client):
