@@ -6,6 +6,7 @@ from django.urls import include, path, register_converter
 from .views import (
     agent_list,
     agent_page,
+    api_docs,
     console,
     dashboard,
     event_feed,
@@ -77,5 +78,6 @@ urlpatterns = [
     path("agents/<str:agent_id>/console/<str:stream>/lines", console.agent_console_lines, name="agent_console_lines"),
     path("events/", event_feed.event_list, name="event_list"),
     path("tokens/", tokens.token_list, name="token_list"),
+    path("api-docs/", api_docs.api_docs, name="api_docs"),
     path("tokens/<str:name>/revoke/", tokens.token_revoke, name="token_revoke"),
 ]

@@ -24,6 +24,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.utils.cache import add_never_cache_headers
 
 from lib.json_input import parse_json
+from lib.wording import key_path
 
 from .errors import api_error, error_page, is_api_request
 
@@ -38,7 +39,7 @@ def _json_nul_field(value, path: str = "") -> str | None:
         return (path or "body") if NUL in value else None
     if isinstance(value, dict):
         for key, item in value.items():
-            here = f"{path}.{key}" if path else str(key)
+            here = key_path(path, str(key))
             if NUL in str(key):
                 return here.replace(NUL, "\\u0000")
             found = _json_nul_field(item, here)

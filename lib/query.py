@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from lib.wording import json_text
+from lib.wording import json_text, key_path
 
 #: Characters of a refused parameter name repeated in a message (the rest is cut, marked "…").
 SHOWN_CHARS = 100
@@ -38,7 +38,7 @@ def check_parameters(params, single: tuple[str, ...] = (), several: tuple[str, .
     for name, values in params.lists():
         if name not in accepted:
             takes = ", ".join(accepted) if accepted else "no parameters"
-            raise BadParameter(name, f"unknown parameter (accepted: {takes})")
+            raise BadParameter(name or key_path("", name), f"unknown parameter (accepted: {takes})")
         if name in single and len(values) > 1:
             given = ", ".join(json_text(value) for value in values[:5])
             raise BadParameter(name, f"takes one value, got {len(values)}: {given}")

@@ -16,9 +16,13 @@ from decimal import Decimal
 #: Byte multiplier per unit letter (lower-case) of a memory string.
 MEMORY_UNITS: dict[str, int] = {"k": 1024, "m": 1024**2, "g": 1024**3}
 
-# ASCII digits only ("\d" would accept other scripts' digits); fullmatch so that a
-# trailing newline or space is refused too.
-_MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([kKmMgG])")
+#: A memory string as :func:`parse_memory` takes it (whole): a number and a unit, k, m or g.
+#: ASCII digits only ("\d" would accept other scripts' digits); fullmatch so that a
+#: trailing newline or space is refused too.
+MEMORY_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([kKmMgG])")
+#: The JSON Schema ``format`` of a memory string (:data:`MEMORY_RE`); where one is used may bound
+#: its size (a job's: 6m to 16 TiB), which no pattern can say.
+MEMORY_FORMAT = "memory"
 
 #: Display units of :func:`format_bytes_iec`, smallest first.
 _IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -51,7 +55,7 @@ def parse_memory(value: str) -> int:
     """
     if not isinstance(value, str):
         raise InvalidMemoryFormat(value)
-    match = _MEMORY_RE.fullmatch(value)
+    match = MEMORY_RE.fullmatch(value)
     if match is None:
         raise InvalidMemoryFormat(value)
     number, unit = match.groups()

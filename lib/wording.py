@@ -5,11 +5,25 @@ so every validator and page writes a value the same way, never as a Python repr.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
 #: Characters of a value repeated in a message, at most (a longer one is cut, marked "...").
 SHOWN_VALUE_CHARS = 60
+
+#: What a key written bare in a field path must not hold: the path's own punctuation.
+_PATH_PUNCTUATION = re.compile(r'[.\[\]"]')
+
+
+def key_path(parent: str, key: str) -> str:
+    """The field path of ``key`` inside ``parent`` ("" at the top): ``parent.key``, or
+    ``parent["key"]`` (the key as JSON, :func:`json_text`) for an empty key or one holding ``.``,
+    ``[``, ``]`` or ``"``, so a path is never empty (the key ``""`` is ``[""]``) and never reads
+    two ways (``["a.b"]`` is one key)."""
+    if key and not _PATH_PUNCTUATION.search(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{json_text(key)}]"
 
 
 def json_text(value: Any) -> str:

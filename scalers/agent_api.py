@@ -42,8 +42,9 @@ from agents.heartbeats import push_heartbeat_row
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from kici_site.errors import api_error, json_content_type_refusal
+from lib.json_body import BodyRefused, validate_body
 from lib.json_input import parse_json_object
-from lib.wording import json_text
+from scalers.api_models import ClaimBody, HeartbeatBody, RegisterBody
 from scalers.backends.claims import ClaimError, redeem_claim
 from scalers.backends.factory import get_backend
 from scalers.lifecycle import enqueue_reclaim
@@ -53,7 +54,6 @@ from scalers.spawn_trace import record_marks
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_SECONDS = 5
-MAX_ACTIVE_JOBS = 10_000
 
 
 def _bearer(request) -> str | None:
@@ -141,9 +141,10 @@ def _registration_hooks(agent: Agent) -> None:
 def register(request, raw: str, body: dict):
     """Redeem the ephemeral token once and mark the agent running (see the module doc)."""
     received = timezone.now()
-    claimed_id = body.get("agentId")
-    if claimed_id is not None and not isinstance(claimed_id, str):
-        return _bad_request(f"agentId must be a string, got {json_text(claimed_id)}", "agentId")
+    try:
+        claimed_id = validate_body(RegisterBody, body).agent_id
+    except BodyRefused as exc:
+        return _bad_request(str(exc), exc.field)
     try:
         agent = redeem_registration_token(raw)
     except TokenRejected as exc:
@@ -207,13 +208,10 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
         agent = authenticate_session(raw, agent_id)
     except TokenRejected as exc:
         return _unauthorized(exc.reason)
-    active = body.get("activeJobs")
-    if active is not None and (
-        not isinstance(active, int) or isinstance(active, bool) or not 0 <= active <= MAX_ACTIVE_JOBS
-    ):
-        return _bad_request(
-            f"activeJobs must be an integer 0..{MAX_ACTIVE_JOBS}, got {json_text(active)}", "activeJobs"
-        )
+    try:
+        active = validate_body(HeartbeatBody, body).active_jobs
+    except BodyRefused as exc:
+        return _bad_request(str(exc), exc.field)
     if agent.state in TERMINAL_STATES:
         return api_error(
             410,
@@ -248,9 +246,10 @@ def claim(request):
         body = parse_json_object(request.body)
     except ValueError as exc:
         return _bad_request(str(exc), "body")
-    code = body.get("claimCode")
-    if not isinstance(code, str) or not code:
-        return _bad_request(f"claimCode must be a non-empty string, got {json_text(code)}", "claimCode")
+    try:
+        code = validate_body(ClaimBody, body).claim_code
+    except BodyRefused as exc:
+        return _bad_request(str(exc), exc.field)
     try:
         grant = redeem_claim(code)
     except ClaimError as exc:

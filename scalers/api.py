@@ -79,13 +79,15 @@ from django.views.decorators.csrf import csrf_exempt
 from agents.choices import AgentState
 from agents.models import Agent
 from kici_site.errors import api_error, json_content_type_refusal
+from lib.json_body import BodyRefused, JsonBody, validate_body
 from lib.json_input import parse_json, parse_json_object
-from lib.query import BadParameter, check_parameters, choice, shown, whole_number
+from lib.query import BadParameter, check_parameters, choice, whole_number
 from lib.wording import json_text, listed
 from scalers.admission.decide import ScaleDecision
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
 from scalers.admission.validate import InvalidScaleRequest, ScaleInput, validate_scale_request
+from scalers.api_models import JobCompleteBody, ReleaseBody
 from scalers.api_tokens import Caller, any_configured, environment_caller, record_caller
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
@@ -360,49 +362,31 @@ def agent_list(request):
     )
 
 
-def _end(request, agent_id: str, field: str, check, call):
-    """POST ``{field: value}``: ``check(value)`` names what is wrong with it (or None), then
-    ``call(agent_id, value)`` answers the agent as it now is; a :class:`Refused` is its error."""
+def _end(request, agent_id: str, model: type[JsonBody], call):
+    """POST a body of ``model`` (an empty body is ``{}``), checked first; then ``call(agent_id,
+    body)`` answers the agent as it now is; a :class:`Refused` is its error."""
     if refused := _only(request, "POST"):
         return refused
-    body, bad = _json_object(request)
+    payload, bad = _json_object(request)
     if bad:
         return bad
-    if unknown := sorted(set(body) - {field}):
-        # A misspelt field must not be dropped silently (a release's "why" is its lost reason).
-        return _error(
-            400, "invalid-request", f"{shown(unknown[0])}: unknown field (allowed: {field})", field=unknown[0]
-        )
-    value = body.get(field)
-    if problem := check(value):
-        return _error(400, "invalid-request", problem, field=field)
     try:
-        agent = call(agent_id, value)
+        body = validate_body(model, payload)
+    except BodyRefused as exc:
+        return _error(400, "invalid-request", str(exc), field=exc.field)
+    try:
+        agent = call(agent_id, body)
     except Refused as exc:
         return _error(exc.status, exc.code, exc.message, field=exc.field)
     audit.info("%s by token %s: %s", request.path.rsplit("/", 1)[-1], request.caller.name, agent_id)
     return JsonResponse(agent_json(agent))
 
 
-def _job_id_problem(value) -> str | None:
-    if isinstance(value, str) and value.strip():
-        return None
-    return f"jobId: must be a non-empty string, got {json_text(value)}"
-
-
-def _reason_problem(value) -> str | None:
-    if value is None or (isinstance(value, str) and len(value) <= 500):
-        return None
-    return f"reason: must be a string of at most 500 characters, got {json_text(value)}"
-
-
 @_orchestrator("scale")
 def job_complete(request, agent_id: str):
-    return _end(request, agent_id, "jobId", _job_id_problem, complete_job)
+    return _end(request, agent_id, JobCompleteBody, lambda a, body: complete_job(a, body.job_id))
 
 
 @_orchestrator("scale")
 def agent_release(request, agent_id: str):
-    return _end(
-        request, agent_id, "reason", _reason_problem, lambda a, reason: release_agent(a, (reason or "").strip())
-    )
+    return _end(request, agent_id, ReleaseBody, lambda a, body: release_agent(a, (body.reason or "").strip()))

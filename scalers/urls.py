@@ -1,14 +1,16 @@
 """The machine-facing routes, mounted at the site root: what an agent calls (register, claim, its
-heartbeat), the orchestrator's API (scale, follow and end agents) and ``/metrics``."""
+heartbeat), the orchestrator's API (scale, follow and end agents), the OpenAPI document of both,
+and ``/metrics``."""
 
 from django.urls import path
 
-from . import agent_api, api, metrics
+from . import agent_api, api, metrics, openapi
 
 urlpatterns = [
     path("api/v1/agents/register", agent_api.register, name="agent_register"),
     path("api/v1/agents/claim", agent_api.claim, name="agent_claim"),
     path("api/v1/agents/<str:agent_id>/heartbeat", agent_api.heartbeat, name="agent_heartbeat"),
+    path("api/v1/openapi.json", openapi.openapi_json, name="api_openapi"),
     path("api/v1/scale", api.scale, name="api_scale"),
     path("api/v1/agents", api.agent_list, name="api_agent_list"),
     path("api/v1/agents/<str:agent_id>", api.agent_detail, name="api_agent_detail"),

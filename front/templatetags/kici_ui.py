@@ -1,7 +1,9 @@
-"""Template helpers for the console pages: byte sizes, percentages, relative times, label chips."""
+"""Template helpers for the console pages: byte sizes, percentages, relative times, label chips,
+code spans."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from functools import lru_cache
 from urllib.parse import quote
@@ -9,8 +11,9 @@ from urllib.parse import quote
 from django import template
 from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 from django.utils.http import RFC3986_SUBDELIMS
+from django.utils.safestring import SafeString, mark_safe
 
 from agents.choices import EVENT_BADGES
 from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seconds
@@ -19,6 +22,15 @@ from scalers.agent_api import HEARTBEAT_INTERVAL_SECONDS
 from scalers.spawn_trace import waterfall
 
 register = template.Library()
+
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+@register.filter
+def code_spans(text: str) -> SafeString:
+    """``text`` escaped, each `span` in backticks (the CommonMark of OpenAPI descriptions) as
+    ``<code>``; nothing else of Markdown is read."""
+    return mark_safe(_CODE_SPAN.sub(r"<code>\1</code>", escape(text)))  # escaped first: safe
 
 
 @register.filter

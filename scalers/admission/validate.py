@@ -6,30 +6,26 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
+from pydantic import BeforeValidator, Field
+
+from lib.json_body import MISSING, PRINTABLE_FORMAT, BodyRefused, JsonBody, validate_body
 from lib.units import parse_memory
 from lib.wording import json_text
-from scalers.config.schema import parse_resource_request
-from scalers.credentials import image_problem
+from scalers.config.schema import Resources, parse_resource_request
+from scalers.credentials import IMAGE_REFERENCE, MAX_IMAGE_LENGTH, image_problem
 
 MAX_LABELS = 64
 MAX_LABEL_LENGTH = 200
 MAX_ID_LENGTH = 200
 #: Largest memory a single job may request (bytes): 16 TiB. More is refused as malformed.
 MAX_MEMORY_BYTES = 16 * 1024**4
-ALLOWED_FIELDS = frozenset({"labels", "jobId", "runId", "resources", "exclude", "container"})
-CONTAINER_FIELDS = frozenset({"image", "credentialsRef"})
 
 
-class InvalidScaleRequest(ValueError):
+class InvalidScaleRequest(BodyRefused):
     """A malformed scale request. ``field`` is the JSON path (``labels[2]``,
     ``resources.requests.cpus``); ``str(error)`` reads ``<field>: <message>``."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
 
 
 @dataclass(frozen=True)
@@ -142,58 +138,113 @@ def _parse_resources(value: dict) -> Any:
     return parsed
 
 
+def _image(value: Any) -> str:
+    if value is MISSING:
+        raise InvalidScaleRequest("container.image", "is required")
+    if problem := image_problem(value):
+        raise InvalidScaleRequest("container.image", problem)
+    return value
+
+
+def _credentials_ref(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_LENGTH):
+        raise InvalidScaleRequest(
+            "container.credentialsRef",
+            f"must be a non-empty string of at most {MAX_ID_LENGTH} characters, got {json_text(value)}",
+        )
+    return value.strip() if value is not None else None
+
+
+class JobImageBody(JsonBody):
+    """``container`` of a scale request: the job's own image, run with the console's agent
+    injected, pulled with the registry credential ``credentialsRef`` names (stored at /admin/)."""
+
+    body_path: ClassVar[str] = "container"
+
+    image: Annotated[
+        Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH, pattern=f"^{IMAGE_REFERENCE.pattern}$")],
+        BeforeValidator(_image),
+    ]
+    credentials_ref: Annotated[
+        Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)] | None, BeforeValidator(_credentials_ref)
+    ] = None
+
+
+#: A label as sent: a printable string with something besides white space (trimmed before use).
+Label = Annotated[
+    str, Field(min_length=1, max_length=MAX_LABEL_LENGTH, pattern=r"\S", json_schema_extra={"format": PRINTABLE_FORMAT})
+]
+#: A job or run id as sent: printable, trimmed before use.
+Ident = Annotated[str, Field(max_length=MAX_ID_LENGTH, json_schema_extra={"format": PRINTABLE_FORMAT})]
+LabelList = Annotated[tuple[Label, ...], Field(max_length=MAX_LABELS)]
+
+
+def _required_labels(value: Any) -> tuple[str, ...]:
+    if value is MISSING:
+        raise InvalidScaleRequest("labels", "is required")
+    return _labels(value, "labels", allow_empty=False)
+
+
+def _job_id(value: Any) -> str:
+    if value is MISSING:
+        raise InvalidScaleRequest("jobId", "is required")
+    return _ident(value, "jobId", required=True)
+
+
+def _run_id(value: Any) -> str | None:
+    return None if value is None else _ident(value, "runId", required=False)
+
+
+def _exclude(value: Any) -> tuple[str, ...]:
+    return _labels(value or [], "exclude", allow_empty=True)
+
+
+class ScaleRequestBody(JsonBody):
+    """The body of ``POST /api/v1/scale``: a job's ``runsOn`` labels and id, and what it needs.
+    Unknown keys are refused: a misspelt ``resource`` must not silently spawn a default-sized
+    agent. ``resources`` is flat ``{cpus, memory}`` or nested ``{requests, limits}`` (cpus in
+    cores, memory like ``"512m"``, ``"2g"``, at most 16 TiB)."""
+
+    labels: Annotated[LabelList, Field(min_length=1), BeforeValidator(_required_labels)]
+    job_id: Annotated[Annotated[Ident, Field(min_length=1, pattern=r"\S")], BeforeValidator(_job_id)]
+    run_id: Annotated[Ident | None, BeforeValidator(_run_id)] = None
+    exclude: Annotated[LabelList | None, BeforeValidator(_exclude)] = None
+    resources: Annotated[Resources | None, BeforeValidator(validate_resources)] = None
+    container: JobImageBody | None = None
+
+
 def validate_container(value: Any) -> JobImage | None:
     """Parse a job's ``container: {image, credentialsRef?}`` (``None`` for absent). Whether the
     credential exists is the database's to say (``scalers.credentials.credential_problem``).
     Raises :class:`InvalidScaleRequest` naming ``container.<field>``."""
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise InvalidScaleRequest("container", f"must be an object, got {json_text(value)}")
-    unknown = sorted(set(value) - CONTAINER_FIELDS)
-    if unknown:
-        raise InvalidScaleRequest(
-            f"container.{unknown[0]}", f"unknown field (allowed: {', '.join(sorted(CONTAINER_FIELDS))})"
-        )
-    if "image" not in value:
-        raise InvalidScaleRequest("container.image", "is required")
-    if problem := image_problem(value["image"]):
-        raise InvalidScaleRequest("container.image", problem)
-    ref = value.get("credentialsRef")
-    if ref is not None and (not isinstance(ref, str) or not ref.strip() or len(ref) > MAX_ID_LENGTH):
-        raise InvalidScaleRequest(
-            "container.credentialsRef",
-            f"must be a non-empty string of at most {MAX_ID_LENGTH} characters, got {json_text(ref)}",
-        )
-    return JobImage(value["image"], (ref or "").strip())
+    return _job_image(_validated(JobImageBody, value))
+
+
+def _job_image(body: JobImageBody | None) -> JobImage | None:
+    return JobImage(body.image, body.credentials_ref or "") if body else None
+
+
+def _validated[M: JsonBody](model: type[M], payload: Any) -> M:
+    try:
+        return validate_body(model, payload)
+    except InvalidScaleRequest:
+        raise
+    except BodyRefused as exc:
+        raise InvalidScaleRequest(exc.field, exc.message, text=str(exc)) from None
 
 
 def validate_scale_request(payload: Any) -> ScaleInput:
-    """Validate the JSON body of ``POST /api/v1/scale``: ``{labels, jobId, resources?, runId?,
-    exclude?, container?}``. Unknown keys are refused (a misspelt ``resource`` must not silently spawn a
-    default-sized agent). Raises :class:`InvalidScaleRequest`."""
-    if not isinstance(payload, dict):
-        raise InvalidScaleRequest("body", f"must be a JSON object, got {json_text(payload)}")
-    unknown = sorted(set(payload) - ALLOWED_FIELDS)
-    if unknown:
-        raise InvalidScaleRequest(unknown[0], f"unknown field (allowed: {', '.join(sorted(ALLOWED_FIELDS))})")
-    if "labels" not in payload:
-        raise InvalidScaleRequest("labels", "is required")
-    labels = _labels(payload["labels"], "labels", allow_empty=False)
-    if "jobId" not in payload:
-        raise InvalidScaleRequest("jobId", "is required")
-    job_id = _ident(payload["jobId"], "jobId", required=True)
-    run_id = _ident(payload.get("runId"), "runId", required=False)
-    exclude = _labels(payload.get("exclude") or [], "exclude", allow_empty=True)
-    raw = payload.get("resources")
-    resources = validate_resources(raw)
-    container = validate_container(payload.get("container"))
+    """Validate the JSON body of ``POST /api/v1/scale`` (:class:`ScaleRequestBody`). Raises
+    :class:`InvalidScaleRequest` naming the first field at fault."""
+    body = _validated(ScaleRequestBody, payload)
     return ScaleInput(
-        labels=labels,
-        job_id=job_id,
-        run_id=run_id,
-        exclude=exclude,
-        resources=resources,
-        raw_resources=raw,
-        container=container,
+        labels=body.labels,
+        job_id=body.job_id,
+        run_id=body.run_id or "",
+        exclude=body.exclude or (),
+        resources=body.resources,
+        raw_resources=payload.get("resources"),
+        container=_job_image(body.container),
     )

@@ -58,10 +58,10 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from lib.units import InvalidMemoryFormat, parse_memory
+from lib.units import MEMORY_FORMAT, MEMORY_RE, InvalidMemoryFormat, parse_memory
 from network.host_access import parse_host_access_entry
 from scalers import labels as labelmod
-from scalers.resources import resource_floor_error
+from scalers.resources import MIN_CPUS, resource_floor_error
 
 # --------------------------------------------------------------------------- validation issues
 
@@ -253,8 +253,10 @@ class ResourceSpec(_Strict):
     ``scalers.resources``.
     """
 
-    cpus: Number | None = Field(default=None, gt=0, le=256)
-    memory: str | None = None
+    cpus: Number | None = Field(default=None, gt=0, le=256, json_schema_extra={"minimum": MIN_CPUS})
+    memory: str | None = Field(
+        default=None, json_schema_extra={"pattern": f"^{MEMORY_RE.pattern}$", "format": MEMORY_FORMAT}
+    )
 
     @field_validator("cpus", mode="after")
     @classmethod

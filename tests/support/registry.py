@@ -63,7 +63,7 @@ def private_registry(username: str = "kici-ci", password: str = "reg-Pa55-secret
             try:
                 if requests.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code == 401:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # a loaded machine answers late
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"docker-registry did not answer: {(root / 'registry.log').read_text()[-2000:]}")

@@ -88,7 +88,7 @@ def run_daphne(
         try:
             requests.get(url + "/healthz", timeout=1)
             break
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # a loaded machine answers late
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"daphne did not start: {proc.stderr.read().decode()[-2000:]}") from None

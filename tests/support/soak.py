@@ -437,7 +437,7 @@ def _wait_healthy(url: str, web: subprocess.Popen, log_path: Path, timeout: floa
         try:
             requests.get(url + "/healthz", timeout=1)
             return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # a loaded machine answers late
             if web.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"daphne did not start: {log_path.read_text()[-2000:]}") from None
             time.sleep(0.2)

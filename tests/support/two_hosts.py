@@ -237,7 +237,7 @@ class Host:
             try:
                 session.get(self.url + "/healthz", timeout=1)
                 return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # a loaded machine answers late
                 if self.procs["web"].poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"daphne of {self.name} did not start:\n{self.log('web')}") from None
                 time.sleep(0.2)
