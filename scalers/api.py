@@ -30,6 +30,15 @@ Answers (JSON):
 
 * 201 ``{agentId, scaler, backendType}``: admitted; the agent is spawning.
 * 200 ``{agentId, scaler, backendType, warm: true}``: an idle warm agent was bound to the job.
+* 200, the first answer's body and ``Idempotent-Replayed: true``: the job already has a live agent
+  (spawning, connecting, running, draining), asked for the same way; it is that agent. Optional
+  header ``Idempotency-Key`` (1-255 printable ASCII): a repeat must send the same one (or none
+  both times). A release, or a job-complete that ends the agent, ends the job's and the key's
+  claim (``scalers.admission.idempotency``).
+* 422 ``{reason: "idempotency-mismatch", agentId}`` with ``error.field``: the job's live agent
+  ``agentId`` was asked for with another ``Idempotency-Key`` (field ``Idempotency-Key``) or
+  another body (the first differing field: ``labels``, ``resources``, ``runId``, ``exclude``,
+  ``container``), or the key was used for another job's live agent (field ``jobId``).
 
 Errors have the one ``/api/v1`` shape (``kici_site.errors.api_error``)
 ``{"error": {"code", "message", "field"?}, "reason": code, ...}``; ``reason`` and the extras below
@@ -53,7 +62,8 @@ stay at the top level, where orchestrators read them:
 * 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
   ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
-  labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
+  labels, non-string labels, negative or huge resources, unknown fields, a bad ``Idempotency-Key``
+  header (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
 * 405 ``{reason: "method-not-allowed"}`` for anything but POST.
 * 503 ``{reason: "skipped" | "unavailable"}``: provision backoff, unresolvable resources, database or
@@ -85,7 +95,12 @@ from lib.wording import json_text, listed
 from scalers.admission.decide import ScaleDecision
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
-from scalers.admission.validate import InvalidScaleRequest, ScaleInput, validate_scale_request
+from scalers.admission.validate import (
+    InvalidScaleRequest,
+    ScaleInput,
+    validate_idempotency_key,
+    validate_scale_request,
+)
 from scalers.api_tokens import Caller, any_configured, environment_caller, record_caller
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
@@ -147,11 +162,15 @@ async def scale(request):
     data, refused = _scale_request(request)
     if refused:
         return refused
+    try:
+        key = validate_idempotency_key(request.headers.get("Idempotency-Key"))
+    except InvalidScaleRequest as exc:
+        return _error(400, "invalid-request", str(exc), field=exc.field)
     if data.container and data.container.credentials_ref:
         if refused := await _credentials_refusal(data):
             return refused
     try:
-        decision, agent = await decide_async(data)
+        decision, agent = await decide_async(data, key)
     except AdmissionTimeout as exc:
         return _error(503, "unavailable", str(exc))
     except DatabaseError as exc:
@@ -159,7 +178,7 @@ async def scale(request):
         return _error(503, "unavailable", "database unavailable")
     if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
-    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED, ScaleOutcome.REPLAYED):
         audit.info("scale by token %s: job %s -> %s (%s)", caller.name, data.job_id, decision.agent, decision.action)
     return _decision_response(decision, data)
 
@@ -200,7 +219,8 @@ async def _credentials_refusal(data: ScaleInput) -> JsonResponse | None:
 
 def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonResponse:
     """The HTTP answer to the orchestrator for ``decision`` (module docstring): 201 spawning, 200
-    assigned, 409 at-capacity with Retry-After, 422 exceeds-cap or no matching label set, 503 skipped."""
+    assigned or replayed, 409 at-capacity with Retry-After, 422 idempotency-mismatch, exceeds-cap
+    or no matching label set, 503 skipped."""
     if decision.action == ScaleOutcome.SPAWNING:
         return JsonResponse(
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201
@@ -210,6 +230,13 @@ def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonRespons
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type, "warm": True},
             status=200,
         )
+    if decision.action == ScaleOutcome.REPLAYED:
+        body = {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}
+        response = JsonResponse(body | ({"warm": True} if decision.warm else {}), status=200)
+        response["Idempotent-Replayed"] = "true"
+        return response
+    if decision.action == ScaleOutcome.IDEMPOTENCY_MISMATCH:
+        return _error(422, "idempotency-mismatch", decision.reason, field=decision.field, agentId=decision.agent)
     if decision.action == ScaleOutcome.AT_CAPACITY:
         retry = int(settings.KICI_SCALE_RETRY_AFTER_SECONDS)
         response = _error(

@@ -634,8 +634,9 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
             and agent.jobs_served < agent.label_set.max_uses
         )
         if recycle:
-            fields.update(bound_job_id="", run_id="")
-            agent.bound_job_id = agent.run_id = ""
+            fields.update(bound_job_id="", run_id="", idempotency_key="", scale_body=None)
+            agent.bound_job_id = agent.run_id = agent.idempotency_key = ""
+            agent.scale_body = None
         Agent.objects.filter(pk=agent.pk).update(**fields)
         if agent.state in TERMINAL_STATES or recycle:
             return agent

@@ -237,6 +237,10 @@ class ScaleOutcome(models.TextChoices):
     EXCEEDS_CAP = "exceeds-cap", "exceeds a cap: can never be admitted"
     NO_BACKEND = "no-backend", "no matching label set"
     SKIPPED = "skipped", "skipped"
+    #: Not stored: the job already has a live agent, asked for the same way; it is answered again.
+    REPLAYED = "replayed", "answered again: the job's live agent"
+    #: Not stored: the job (or the idempotency key) has a live agent asked for otherwise.
+    IDEMPOTENCY_MISMATCH = "idempotency-mismatch", "refused: asked for otherwise than the live agent"
 
 
 #: Outcomes that leave the job queued at the orchestrator ("why is this job waiting?"); an

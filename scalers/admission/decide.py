@@ -14,6 +14,7 @@ import logging
 import os
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import psycopg
@@ -40,6 +41,7 @@ from .caps import (
     first_refusing_cap,
     resource_cap_limits,
 )
+from .idempotency import LiveAgent, Verdict, scale_body, verdict
 from .matching import LabelSetInfo, ScalerInfo, World
 from .validate import JobImage
 from .warmfit import Shape, warm_agent_can_serve
@@ -60,7 +62,10 @@ class ScaleDecision:
     alone is larger than resource cap ``cap``: it can never be admitted while that cap stands, so
     retrying cannot help), ``no-backend`` (no label set matches) or ``skipped``
     (provision backoff, a label set whose resources do not resolve).
-    ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned.
+    ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned. ``replayed``: the
+    job's live agent ``agent`` answers the request again (``warm``: as a warm agent);
+    ``idempotency-mismatch``: the live agent ``agent`` was asked for otherwise, ``field`` says
+    where (:mod:`scalers.admission.idempotency`). Neither is written.
     """
 
     action: ScaleOutcome
@@ -71,6 +76,8 @@ class ScaleDecision:
     backend_type: str | None = None
     agent_pk: int | None = None
     labels: tuple[str, ...] = ()
+    warm: bool = False
+    field: str | None = None
 
     @property
     def admitted(self) -> bool:
@@ -90,6 +97,15 @@ class Request:
     target: tuple[int, int] | None = None
     job_image: JobImage | None = None
     raw_resources: Any = None  # as the caller sent it, for the request record
+    #: The ``/scale`` ``Idempotency-Key`` header ("" for none; ``scalers.admission.idempotency``).
+    idempotency_key: str = ""
+
+    @cached_property
+    def body(self) -> dict | None:
+        """The request as kept on its agent and compared on a repeat; None for a warm spawn."""
+        if self.warm:
+            return None
+        return scale_body(self.labels, self.raw_resources, self.run_id, self.exclude, self.job_image)
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,8 @@ class _Spawn:
         "job_image",
         "job_ref",
         "slot",
+        "key",
+        "body",
     )
 
     def __init__(self, **kw):
@@ -234,6 +252,12 @@ def decide_batch(
     savepoint, from a fresh snapshot. A minted agent id that already exists undoes the batch, which is
     decided again with new ids (at most :data:`MINT_ATTEMPTS` times, then ``RuntimeError``).
 
+    A request for a job (or with an idempotency key) that has a live agent is answered
+    ``replayed`` or ``idempotency-mismatch`` (:mod:`scalers.admission.idempotency`). Those live
+    agents are read only when a write found one (the unique indexes on live agents' jobs and keys
+    fail it): the batch is then decided again reading them under the lock, so a repeat costs the
+    batch one more round trip and the first request none.
+
     The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
     """
     instance_id = instance_id or settings.KICI_INSTANCE_ID
@@ -241,26 +265,33 @@ def decide_batch(
     connection.ensure_connection()
     conn = connection.connection
     own = not connection.in_atomic_block and connection.get_autocommit()
+    live = False
     for _ in range(MINT_ATTEMPTS):
         try:
             if own:
-                return _decide_in_own_transaction(conn, requests, instance_id, now)
+                return _decide_in_own_transaction(conn, requests, instance_id, now, live)
             with transaction.atomic():  # a savepoint: a taken agent id undoes this batch only
                 with psycopg.Cursor(conn) as cur:
-                    return _decide(cur, requests, instance_id, now, commit=False)
+                    return _decide(cur, requests, instance_id, now, commit=False, live=live)
         except psycopg.errors.UniqueViolation as exc:
+            if ledger.live_agent_taken(exc):
+                live = True
+                log.info("a job or key of the batch of %d has a live agent: deciding it again", len(requests))
+                continue
             if not ledger.agent_id_taken(exc):
                 raise
             log.info("a minted agent id already exists: deciding the batch of %d again", len(requests))
-    raise RuntimeError(f"could not mint unique agent ids in {MINT_ATTEMPTS} attempts")
+    raise RuntimeError(f"could not decide the batch in {MINT_ATTEMPTS} attempts: its writes kept colliding")
 
 
-def _decide_in_own_transaction(conn, requests: list[Request], instance_id: str, now: datetime) -> BatchResult:
+def _decide_in_own_transaction(
+    conn, requests: list[Request], instance_id: str, now: datetime, live: bool
+) -> BatchResult:
     """Decide ``requests`` in a transaction of its own on ``conn`` (autocommit mode): see
     :func:`_decide`. Rolls back and re-raises on any error (nothing is written)."""
     try:
         with psycopg.Cursor(conn) as cur:
-            return _decide(cur, requests, instance_id, now, commit=True)
+            return _decide(cur, requests, instance_id, now, commit=True, live=live)
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
@@ -270,28 +301,43 @@ def _decide_in_own_transaction(conn, requests: list[Request], instance_id: str, 
         raise
 
 
-def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, commit: bool) -> BatchResult:
+def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, commit: bool, live: bool) -> BatchResult:
     """In a transaction of its own (``commit``), a batch is decided from the snapshot the
     connection's previous batch left after its own writes, when there is one and the batch reads
     nothing else: then ``BEGIN``, the lock, the check that the state under it is still that
     snapshot, the write and ``COMMIT`` travel in one round trip. Otherwise, or when the check
     fails (nothing was written), in two: ``BEGIN``, the lock and a fresh snapshot; then the write
     and ``COMMIT``. Either way each decision is made against the state under the lock after its
-    request was queued. Inside the caller's transaction, from a fresh snapshot."""
+    request was queued. Inside the caller's transaction, from a fresh snapshot. ``live``: read the
+    live agents of the batch's jobs and keys under the lock too (then from a fresh snapshot)."""
     conn = cur.connection
-    held = ledger.take_held_snapshot(conn) if commit else None
+    held = ledger.take_held_snapshot(conn) if commit and not live else None
     if held is not None:
         routed = _route(held.world, requests)
         if not _reads_more(routed, requests):
             try:
                 return _decide_routed(
-                    cur, requests, routed, held.world, held.usage, instance_id, now, commit=commit, guard=held.digest
+                    cur,
+                    requests,
+                    routed,
+                    held.world,
+                    held.usage,
+                    instance_id,
+                    now,
+                    commit=commit,
+                    guard=held.digest,
+                    live=[],
                 )
             except ledger.SnapshotMoved:
                 log.debug("the held admission snapshot moved: deciding the batch of %d again", len(requests))
     _config_row, world, usage = ledger.lock_and_snapshot(conn, begin=commit)
+    rows = []
+    if live:
+        jobs = [r.job_id for r in requests if r.job_id and not r.warm]
+        keys = [r.idempotency_key for r in requests if r.idempotency_key and not r.warm]
+        rows = ledger.live_agents(cur, jobs, keys)
     routed = _route(world, requests)
-    return _decide_routed(cur, requests, routed, world, usage, instance_id, now, commit=commit, guard=None)
+    return _decide_routed(cur, requests, routed, world, usage, instance_id, now, commit=commit, guard=None, live=rows)
 
 
 def _route(world: World, requests: list[Request]) -> list[tuple[ScalerInfo, LabelSetInfo] | None]:
@@ -327,11 +373,13 @@ def _decide_routed(
     *,
     commit: bool,
     guard: str | None,
+    live: list[dict],
 ) -> BatchResult:
     """Decide the routed batch against ``usage`` and write it. ``guard``: the digest of the held
     snapshot ``usage`` is (then the lock is taken in the write's round trip, and
-    :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved)."""
-    decider = _BatchDecider(cur, requests, routed, world, usage, now)
+    :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved).
+    ``live``: the live agents of the batch's jobs and keys (``ledger.live_agents``)."""
+    decider = _BatchDecider(cur, requests, routed, world, usage, now, live)
     for req, match in zip(requests, routed, strict=True):
         decider.decide(req, match)
     return decider.write(instance_id, now, commit=commit, guard=guard)
@@ -357,11 +405,17 @@ class _BatchDecider:
         "counters",
         "spawns",
         "count_cap_refused",
+        "by_job",
+        "by_key",
+        "replays",
     )
 
-    def __init__(self, cur, requests: list[Request], routed, world: World, usage: Usage, now: datetime):
+    def __init__(
+        self, cur, requests: list[Request], routed, world: World, usage: Usage, now: datetime, live: list[dict]
+    ):
         """Reads what the snapshot does not hold, once per batch: the provision backoffs of the
-        batch's event scalers and the idle warm agents of its warm-pool scalers."""
+        batch's event scalers and the idle warm agents of its warm-pool scalers. ``live``: the
+        live agents of the batch's jobs and keys known so far (the batch adds its own)."""
         self.cur = cur
         self.world = world
         self.usage = usage
@@ -377,10 +431,44 @@ class _BatchDecider:
         self.counters: dict[tuple[str, str], tuple[dict, float]] = {}
         self.spawns: list[_Spawn] = []
         self.count_cap_refused = False
+        self.by_job: dict[str, LiveAgent] = {}
+        self.by_key: dict[str, LiveAgent] = {}
+        #: Requests answered with an agent this batch admits: (decision index, its spawn).
+        self.replays: list[tuple[int, _Spawn]] = []
+        for row in live:
+            self._remember(
+                LiveAgent(
+                    row["agent_id"],
+                    row["id"],
+                    row["scaler"],
+                    row["type"],
+                    row["warm"],
+                    row["bound_job_id"],
+                    row["idempotency_key"],
+                    row["scale_body"],
+                )
+            )
+
+    def _remember(self, agent: LiveAgent) -> None:
+        self.by_job[agent.job_id] = agent
+        if agent.key:
+            self.by_key[agent.key] = agent
 
     def decide(self, req: Request, match: tuple[ScalerInfo, LabelSetInfo] | None) -> None:
         """Decide ``req`` and keep its decision, filling in its request record (requests with a
-        job id get one) from the decision."""
+        job id get one) from the decision. A request meeting a live agent of its job or key gets
+        no record: the first request's stands."""
+        if req.job_id and not req.warm:
+            found = verdict(
+                req.job_id,
+                req.idempotency_key,
+                req.body,
+                self.by_job.get(req.job_id),
+                self.by_key.get(req.idempotency_key),
+            )
+            if found is not None:
+                self.decisions.append(self._answer_live(found))
+                return
         record = None
         if req.job_id:
             record = {
@@ -398,6 +486,21 @@ class _BatchDecider:
             self.records.append(record)
         decision = self._decide_one(req, match, record)
         self.decisions.append(decision)
+        if req.job_id and not req.warm and decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+            spawn = self.spawns[-1] if decision.action == ScaleOutcome.SPAWNING else None
+            self._remember(
+                LiveAgent(
+                    decision.agent,
+                    decision.agent_pk,
+                    decision.scaler,
+                    decision.backend_type,
+                    decision.action == ScaleOutcome.ASSIGNED,
+                    req.job_id,
+                    req.idempotency_key,
+                    req.body,
+                    spawn,
+                )
+            )
         if record is not None:
             record.update(
                 outcome=decision.action,
@@ -406,6 +509,23 @@ class _BatchDecider:
                 scaler_name=decision.scaler or "",
                 agent_ref=decision.agent or "",
             )
+
+    def _answer_live(self, found: Verdict) -> ScaleDecision:
+        """Replayed (the request repeats the one that asked for the live agent) or
+        idempotency-mismatch naming the field; an agent this batch admits is named once written."""
+        agent = found.agent
+        if agent.spawn is not None:
+            self.replays.append((len(self.decisions), agent.spawn))
+        return ScaleDecision(
+            ScaleOutcome.REPLAYED if found.field is None else ScaleOutcome.IDEMPOTENCY_MISMATCH,
+            agent=agent.agent_id,
+            agent_pk=agent.pk,
+            scaler=agent.scaler,
+            backend_type=agent.backend_type,
+            warm=agent.warm,
+            field=found.field,
+            reason=found.message,
+        )
 
     def _decide_one(
         self, req: Request, match: tuple[ScalerInfo, LabelSetInfo] | None, record: dict | None
@@ -508,6 +628,8 @@ class _BatchDecider:
                 lmem=int(resolved.limits.mem_bytes),
                 job_image=req.job_image.image if req.job_image else "",
                 job_ref=req.job_image.credentials_ref if req.job_image else "",
+                key="" if req.warm else req.idempotency_key,
+                body=req.body,
             )
         )
         if req.warm:
@@ -555,6 +677,8 @@ class _BatchDecider:
         if outrun:
             log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
         admitted = []
+        for index, sp in self.replays:
+            decisions[index] = replace(decisions[index], agent=sp.agent_id, agent_pk=pks[sp.agent_id])
         for sp in spawns:
             pk = pks[sp.agent_id]
             decisions[sp.index] = replace(decisions[sp.index], agent=sp.agent_id, agent_pk=pk)
@@ -664,7 +788,7 @@ def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Re
         if not warm_agent_can_serve(req.resources, shape, job_image=req.job_image):
             continue
         taken.add(cand["id"])
-        if ledger.bind_warm_agent(cur, cand["id"], req.job_id, req.run_id):
+        if ledger.bind_warm_agent(cur, cand["id"], req.job_id, req.run_id, req.idempotency_key, req.body):
             return cand
     return None
 
@@ -700,7 +824,7 @@ def _write(
         instance_id=instance_id,
         agents=[
             (sp.agent_id, sp.scaler_id, sp.label_set_id, list(sp.labels), sp.warm, sp.job, sp.run)
-            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "")
+            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "", sp.key, sp.body)
             for sp in spawns
         ],
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],

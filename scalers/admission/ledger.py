@@ -25,10 +25,11 @@ from functools import cache
 import orjson
 import psycopg
 from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
-from agents.choices import ACTIVE_STATES, AgentState, EventType
+from agents.choices import ACTIVE_STATES, LIVE_STATES, AgentState, EventType
 from agents.events import record_event
-from agents.models import Agent
+from agents.models import LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT, Agent
 from scalers.models import Reservation, ScaleOutcome
 
 from .caps import Usage
@@ -224,14 +225,37 @@ def idle_warm_agents(cursor, scaler_ids: Iterable[int]) -> list[dict]:
     )
 
 
-def bind_warm_agent(cursor, agent_pk: int, job_id: str, run_id: str) -> bool:
-    """Compare-and-swap an idle warm agent onto a job; False if it stopped being idle."""
+def bind_warm_agent(cursor, agent_pk: int, job_id: str, run_id: str, key: str = "", body: dict | None = None) -> bool:
+    """Compare-and-swap an idle warm agent onto a job, keeping the request's idempotency ``key``
+    and ``body`` (``scalers.admission.idempotency``); False if it stopped being idle. Raises
+    ``psycopg.errors.UniqueViolation`` when the job or key has a live agent already
+    (:func:`live_agent_taken`)."""
     cursor.execute(
-        "UPDATE agents_agent SET bound_job_id = %s, run_id = %s, updated_at = now() "
-        "WHERE id = %s AND state = %s AND bound_job_id = '' AND active_jobs = 0",
-        [job_id, run_id, agent_pk, str(AgentState.RUNNING)],
+        "UPDATE agents_agent SET bound_job_id = %s, run_id = %s, idempotency_key = %s, scale_body = %s, "
+        "updated_at = now() WHERE id = %s AND state = %s AND bound_job_id = '' AND active_jobs = 0",
+        [job_id, run_id, key, Jsonb(body) if body is not None else None, agent_pk, str(AgentState.RUNNING)],
     )
     return cursor.rowcount == 1
+
+
+def live_agents(cursor, job_ids: list[str], keys: list[str]) -> list[dict]:
+    """The live agents (``agents.choices.LIVE_STATES``) bound to ``job_ids`` or asked for with
+    ``keys``: ``{id, agent_id, scaler, type, warm, bound_job_id, idempotency_key, scale_body}``.
+    Read under the admission lock, nobody admits another meanwhile."""
+    if not job_ids and not keys:
+        return []
+    rows = dict_rows(
+        cursor,
+        "SELECT a.id, a.agent_id, s.name AS scaler, s.type, a.warm, a.bound_job_id, a.idempotency_key, a.scale_body "
+        "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE a.state = ANY(%s) "
+        "AND ((a.bound_job_id = ANY(%s) AND a.bound_job_id <> '') OR (a.idempotency_key = ANY(%s) "
+        "AND a.idempotency_key <> ''))",
+        [[str(x) for x in LIVE_STATES], job_ids, keys],
+    )
+    for row in rows:
+        if isinstance(row["scale_body"], str):
+            row["scale_body"] = orjson.loads(row["scale_body"])
+    return rows
 
 
 # --------------------------------------------------------------------------- World and Usage after the lock
@@ -407,6 +431,8 @@ AGENT_ROW = (
     ("job_image", "text"),
     ("job_credentials_ref", "text"),
     ("rq_job_id", "text"),
+    ("idempotency_key", "text"),
+    ("scale_body", "jsonb"),
 )
 #: Per-row fields of a new reservation (joined to its agent by ``agent_ref``), in tuple order.
 RESERVATION_ROW = (
@@ -725,6 +751,21 @@ def agent_id_taken(exc: BaseException) -> bool:
         isinstance(exc, psycopg.errors.UniqueViolation)
         and diag is not None
         and diag.constraint_name == AGENT_ID_CONSTRAINT
+    )
+
+
+#: The unique indexes of live agents' jobs and idempotency keys (``agents.models.Agent``).
+LIVE_AGENT_CONSTRAINTS = frozenset({LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT})
+
+
+def live_agent_taken(exc: BaseException) -> bool:
+    """True when ``exc`` is the unique violation of a job, or an idempotency key, that has a live
+    agent already (the batch is then decided again reading those agents under the lock)."""
+    diag = getattr(exc, "diag", None)
+    return (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and diag is not None
+        and diag.constraint_name in LIVE_AGENT_CONSTRAINTS
     )
 
 
