@@ -50,6 +50,10 @@ stay at the top level, where orchestrators read them:
   the orchestrator back when capacity frees: the orchestrator's retry is the re-drive, and a
   retry that is admitted counts in ``kici_orch_scaler_redispatch_total{trigger="sweep"}``
   (docs/event-provisions.md says why).
+* 409 ``{reason: "paused", scaler, pause: {scope, scaler | host, requestedBy, approvedBy, reason,
+  since, operation}, retryAfterSeconds}`` with ``Retry-After``: the job's scaler, or its host, is
+  paused by an approved operation (``scalers.pauses``); the message names who and why. Ask again
+  later (a resume is a person's decision), or route elsewhere with ``exclude``.
 * 422 ``{reason: "exceeds-cap", cap, scaler, detail}``: the request alone is larger than resource
   cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
   retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
@@ -219,7 +223,7 @@ async def _credentials_refusal(data: ScaleInput) -> JsonResponse | None:
 
 def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonResponse:
     """The HTTP answer to the orchestrator for ``decision`` (module docstring): 201 spawning, 200
-    assigned or replayed, 409 at-capacity with Retry-After, 422 idempotency-mismatch, exceeds-cap
+    assigned or replayed, 409 at-capacity or paused with Retry-After, 422 idempotency-mismatch, exceeds-cap
     or no matching label set, 503 skipped."""
     if decision.action == ScaleOutcome.SPAWNING:
         return JsonResponse(
@@ -237,6 +241,13 @@ def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonRespons
         return response
     if decision.action == ScaleOutcome.IDEMPOTENCY_MISMATCH:
         return _error(422, "idempotency-mismatch", decision.reason, field=decision.field, agentId=decision.agent)
+    if decision.action == ScaleOutcome.PAUSED:
+        retry = int(settings.KICI_SCALE_RETRY_AFTER_SECONDS)
+        response = _error(
+            409, "paused", decision.reason, scaler=decision.scaler, pause=decision.pause, retryAfterSeconds=retry
+        )
+        response["Retry-After"] = str(retry)
+        return response
     if decision.action == ScaleOutcome.AT_CAPACITY:
         retry = int(settings.KICI_SCALE_RETRY_AFTER_SECONDS)
         response = _error(

@@ -29,6 +29,7 @@ from scalers.choices import ScalerType
 from scalers.hosts import scaler_host
 from scalers.metrics import ORCH_REFUSALS, REDISPATCH, REFUSALS, WARM_SPAWNS
 from scalers.models import ScaleOutcome
+from scalers.pauses import pause_wording
 
 from . import ledger
 from .backoff import backoff_reason
@@ -65,7 +66,8 @@ class ScaleDecision:
     ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned. ``replayed``: the
     job's live agent ``agent`` answers the request again (``warm``: as a warm agent);
     ``idempotency-mismatch``: the live agent ``agent`` was asked for otherwise, ``field`` says
-    where (:mod:`scalers.admission.idempotency`). Neither is written.
+    where (:mod:`scalers.admission.idempotency`). Neither is written. ``paused``: the scaler or
+    its host is paused (``pause`` says by whom and why; :mod:`scalers.pauses`).
     """
 
     action: ScaleOutcome
@@ -78,6 +80,8 @@ class ScaleDecision:
     labels: tuple[str, ...] = ()
     warm: bool = False
     field: str | None = None
+    #: ``paused``: the pause refusing it (``scalers.pauses.pause_json``).
+    pause: dict | None = None
 
     @property
     def admitted(self) -> bool:
@@ -235,9 +239,9 @@ def decide_batch(
 ) -> BatchResult:
     """Decide ``requests`` in order under the admission lock, in one transaction.
 
-    Per request: route ⇒ no-backend; a scaler not started because host tools are missing
-    (``scalers.backends.tools``) ⇒ skipped naming the scaler and the tools; event scaler in
-    provision backoff ⇒ skipped; resolve
+    Per request: route ⇒ no-backend; a paused scaler or host ⇒ paused; a scaler not started
+    because host tools are missing (``scalers.backends.tools``) ⇒ skipped naming the scaler and
+    the tools; event scaler in provision backoff ⇒ skipped; resolve
     resources; an idle warm agent that fits ⇒ assigned; a request larger than a resource cap on
     its own ⇒ exceeds-cap naming the cap (permanent: answered at-capacity, the
     orchestrator would retry forever); the caps in :data:`~scalers.admission.caps.CAP_ORDER` ⇒
@@ -534,7 +538,9 @@ class _BatchDecider:
         if match is None:
             return _no_matching_label_set(req)
         info, ls = match
-        decision = _cannot_run_job_image(req, info, ls) or _tools_missing(info) or self._in_backoff(info)
+        decision = (
+            _paused(info) or _cannot_run_job_image(req, info, ls) or _tools_missing(info) or self._in_backoff(info)
+        )
         if decision is not None:
             return decision
         try:
@@ -707,6 +713,19 @@ def _no_matching_label_set(req: Request) -> ScaleDecision:
     """No-backend: no scaler's label set matches the request's labels."""
     log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
     return ScaleDecision(ScaleOutcome.NO_BACKEND, reason="no-matching-label-set", labels=tuple(req.labels))
+
+
+def _paused(info: ScalerInfo) -> ScaleDecision | None:
+    """Paused: the scaler or its host is paused (``scalers.pauses``); nothing is spawned or bound."""
+    if info.pause is None:
+        return None
+    return ScaleDecision(
+        ScaleOutcome.PAUSED,
+        scaler=info.name,
+        backend_type=info.type,
+        reason=pause_wording(info.pause),
+        pause=info.pause,
+    )
 
 
 def _cannot_run_job_image(req: Request, info: ScalerInfo, ls: LabelSetInfo) -> ScaleDecision | None:

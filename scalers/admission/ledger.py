@@ -30,7 +30,8 @@ from psycopg.types.json import Jsonb
 from agents.choices import ACTIVE_STATES, LIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT, Agent
-from scalers.models import Reservation, ScaleOutcome
+from scalers.models import Reservation, ScaleOutcome, this_host
+from scalers.pauses import pause_row_json
 
 from .caps import Usage
 from .matching import WORLD_CACHE, World, build_world
@@ -298,11 +299,26 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
         order = json.loads(order)
     position = {name: i for i, name in enumerate(order or [])}
     scalers.sort(key=lambda s: (position.get(s["name"], len(position)), s["id"]))
+    _attach_pauses(cursor, scalers)
     label_sets = dict_rows(cursor, "SELECT id, scaler_id, index, labels, config, retired FROM scalers_labelset")
     pools = dict_rows(cursor, "SELECT id, max_cpu, max_memory_bytes FROM scalers_machinepool")
     world = build_world(version, config_row, scalers, label_sets, pools)
     WORLD_CACHE.put(world)
     return world
+
+
+def _attach_pauses(cursor, scalers: list[dict]) -> None:
+    """Give each scaler row its ``pause`` (``scalers.pauses.pause_row_json``): its own, else its
+    host's (a scaler without a host is this host's), else None."""
+    rows = dict_rows(
+        cursor,
+        "SELECT coalesce(s.name, '') AS scaler_name, p.scaler_id, p.host, p.requested_by, p.approved_by, p.reason, "
+        "p.paused_at, p.operation_ref FROM scalers_pause p LEFT JOIN scalers_scaler s ON s.id = p.scaler_id",
+    )
+    own = {r["scaler_id"]: pause_row_json(r) for r in rows if r["scaler_id"] is not None}
+    hosts = {r["host"]: pause_row_json(r) for r in rows if r["host"]}
+    for row in scalers:
+        row["pause"] = own.get(row["id"]) or hosts.get(row["host"] or this_host())
 
 
 def _literal(value) -> str:
