@@ -64,6 +64,7 @@ class EventType(models.TextChoices):
     HOST_TOOLS_FOUND = "host.tools_found", "host tools present: scaler started"
     PROCESS_RESTARTED = "console.process_restarted", "console process exited, restarted"
     PROCESS_GAVE_UP = "console.process_gave_up", "console process given up after its retries"
+    API_CALL = "api.call", "orchestrator API call"
 
 
 #: Badge class of an event type on the pages; an event not listed is blue.

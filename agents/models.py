@@ -46,6 +46,9 @@ class Agent(models.Model):
         max_length=200, blank=True, help_text="the last job the orchestrator reported complete on this agent"
     )
     run_id = models.CharField(max_length=200, blank=True)
+    asked_by_token = models.CharField(
+        max_length=64, blank=True, help_text="name of the API token whose /scale admitted or bound this agent"
+    )
     idempotency_key = models.CharField(
         max_length=255, blank=True, help_text="the /scale Idempotency-Key header that asked for this agent; '' for none"
     )

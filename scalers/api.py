@@ -4,7 +4,10 @@ Every route takes ``Authorization: Bearer <token>``: ``KICI_API_TOKEN`` or a nam
 (``scalers.api_tokens``) with the route's scope, ``scale`` for the POSTs and ``read`` for the
 GETs. 401 ``unauthorized`` without a valid one, 403 ``forbidden`` for a token without the scope,
 503 ``unavailable`` when the console has no token at all. Answers are JSON; every admission,
-job-complete and release is logged with the caller's token name (logger ``kici.audit``).
+job-complete and release is logged with the caller's token name (logger ``kici.audit``) and
+stored: a scale's on its request record (``ScaleRequest.token_name``) and on the agent it admits
+or binds (``Agent.asked_by_token``), a job-complete's and a release's as an ``api.call`` event of
+the agent.
 
 * ``GET /api/v1/agents/<agentId>``: :func:`agent_json` of one agent (404 ``not-found``).
 * ``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: ``{agents: [...], nextCursor}``,
@@ -174,7 +177,7 @@ async def scale(request):
         if refused := await _credentials_refusal(data):
             return refused
     try:
-        decision, agent = await decide_async(data, key)
+        decision, agent = await decide_async(data, key, token_name=caller.name)
     except AdmissionTimeout as exc:
         return _error(503, "unavailable", str(exc))
     except DatabaseError as exc:
@@ -436,11 +439,17 @@ def _reason_problem(value) -> str | None:
 
 @_orchestrator("scale")
 def job_complete(request, agent_id: str):
-    return _end(request, agent_id, "jobId", _job_id_problem, complete_job)
+    return _end(
+        request, agent_id, "jobId", _job_id_problem, lambda a, job: complete_job(a, job, caller=request.caller.name)
+    )
 
 
 @_orchestrator("scale")
 def agent_release(request, agent_id: str):
     return _end(
-        request, agent_id, "reason", _reason_problem, lambda a, reason: release_agent(a, (reason or "").strip())
+        request,
+        agent_id,
+        "reason",
+        _reason_problem,
+        lambda a, reason: release_agent(a, (reason or "").strip(), caller=request.caller.name),
     )

@@ -307,6 +307,7 @@ class ScaleRequest(models.Model):
     reason = models.TextField(blank=True)
     scaler_name = models.CharField(max_length=200, blank=True)
     agent_ref = models.CharField(max_length=100, blank=True, help_text="agent id admitted or assigned")
+    token_name = models.CharField(max_length=64, blank=True, help_text="name of the API token that asked last")
     attempts = models.PositiveIntegerField(default=1)
     owner_instance = models.CharField(max_length=200, blank=True)
     first_requested_at = models.DateTimeField()

@@ -103,6 +103,9 @@ class Request:
     raw_resources: Any = None  # as the caller sent it, for the request record
     #: The ``/scale`` ``Idempotency-Key`` header ("" for none; ``scalers.admission.idempotency``).
     idempotency_key: str = ""
+    #: The name of the API token that asked (``scalers.api_tokens``; "" for an internal caller),
+    #: kept on the request record and on the agent it admits or binds.
+    token_name: str = ""
 
     @cached_property
     def body(self) -> dict | None:
@@ -167,6 +170,7 @@ class _Spawn:
         "slot",
         "key",
         "body",
+        "token",
     )
 
     def __init__(self, **kw):
@@ -486,6 +490,7 @@ class _BatchDecider:
                 "reason": "",
                 "scaler_name": "",
                 "agent_ref": "",
+                "token_name": req.token_name,
             }
             self.records.append(record)
         decision = self._decide_one(req, match, record)
@@ -636,6 +641,7 @@ class _BatchDecider:
                 job_ref=req.job_image.credentials_ref if req.job_image else "",
                 key="" if req.warm else req.idempotency_key,
                 body=req.body,
+                token=req.token_name,
             )
         )
         if req.warm:
@@ -807,7 +813,9 @@ def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Re
         if not warm_agent_can_serve(req.resources, shape, job_image=req.job_image):
             continue
         taken.add(cand["id"])
-        if ledger.bind_warm_agent(cur, cand["id"], req.job_id, req.run_id, req.idempotency_key, req.body):
+        if ledger.bind_warm_agent(
+            cur, cand["id"], req.job_id, req.run_id, req.idempotency_key, req.body, req.token_name
+        ):
             return cand
     return None
 
@@ -843,7 +851,7 @@ def _write(
         instance_id=instance_id,
         agents=[
             (sp.agent_id, sp.scaler_id, sp.label_set_id, list(sp.labels), sp.warm, sp.job, sp.run)
-            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "", sp.key, sp.body)
+            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "", sp.key, sp.body, sp.token)
             for sp in spawns
         ],
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],

@@ -226,15 +226,19 @@ def idle_warm_agents(cursor, scaler_ids: Iterable[int]) -> list[dict]:
     )
 
 
-def bind_warm_agent(cursor, agent_pk: int, job_id: str, run_id: str, key: str = "", body: dict | None = None) -> bool:
+def bind_warm_agent(
+    cursor, agent_pk: int, job_id: str, run_id: str, key: str = "", body: dict | None = None, token: str = ""
+) -> bool:
     """Compare-and-swap an idle warm agent onto a job, keeping the request's idempotency ``key``
-    and ``body`` (``scalers.admission.idempotency``); False if it stopped being idle. Raises
+    and ``body`` (``scalers.admission.idempotency``) and the asking API ``token``'s name; False if
+    it stopped being idle. Raises
     ``psycopg.errors.UniqueViolation`` when the job or key has a live agent already
     (:func:`live_agent_taken`)."""
     cursor.execute(
         "UPDATE agents_agent SET bound_job_id = %s, run_id = %s, idempotency_key = %s, scale_body = %s, "
-        "updated_at = now() WHERE id = %s AND state = %s AND bound_job_id = '' AND active_jobs = 0",
-        [job_id, run_id, key, Jsonb(body) if body is not None else None, agent_pk, str(AgentState.RUNNING)],
+        "asked_by_token = %s, updated_at = now() "
+        "WHERE id = %s AND state = %s AND bound_job_id = '' AND active_jobs = 0",
+        [job_id, run_id, key, Jsonb(body) if body is not None else None, token, agent_pk, str(AgentState.RUNNING)],
     )
     return cursor.rowcount == 1
 
@@ -449,6 +453,7 @@ AGENT_ROW = (
     ("rq_job_id", "text"),
     ("idempotency_key", "text"),
     ("scale_body", "jsonb"),
+    ("asked_by_token", "text"),
 )
 #: Per-row fields of a new reservation (joined to its agent by ``agent_ref``), in tuple order.
 RESERVATION_ROW = (
@@ -473,6 +478,7 @@ RECORD_ROW = (
     ("reason", "text", "reason"),
     ("sn", "text", "scaler_name"),
     ("ar", "text", "agent_ref"),
+    ("tk", "text", "token_name"),
 )
 
 #: Per-row fields of a counter increment.
@@ -546,12 +552,13 @@ def _write_statement() -> str:
         # The request records, parsed once for their upsert and the redispatch count.
         f"w AS (SELECT * FROM {_rows_of('records', 'w', RECORD_ROW + (('n', 'int4'),))}), "
         "s AS (INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, "
-        "reason, scaler_name, agent_ref, attempts, owner_instance, first_requested_at, decided_at) "
-        "SELECT j, rn, l, res, c, m, o, cap, reason, sn, ar, n, %(owner)s, %(now)s, %(now)s FROM w "
+        "reason, scaler_name, agent_ref, token_name, attempts, owner_instance, first_requested_at, decided_at) "
+        "SELECT j, rn, l, res, c, m, o, cap, reason, sn, ar, tk, n, %(owner)s, %(now)s, %(now)s FROM w "
         "ON CONFLICT (job_id) DO UPDATE SET run_id = EXCLUDED.run_id, labels = EXCLUDED.labels, "
         "resources = EXCLUDED.resources, cpus = EXCLUDED.cpus, memory_bytes = EXCLUDED.memory_bytes, "
         "outcome = EXCLUDED.outcome, cap = EXCLUDED.cap, reason = EXCLUDED.reason, scaler_name = EXCLUDED.scaler_name, "
-        "agent_ref = EXCLUDED.agent_ref, attempts = scalers_scalerequest.attempts + EXCLUDED.attempts, "
+        "agent_ref = EXCLUDED.agent_ref, token_name = EXCLUDED.token_name, "
+        "attempts = scalers_scalerequest.attempts + EXCLUDED.attempts, "
         "owner_instance = EXCLUDED.owner_instance, decided_at = EXCLUDED.decided_at RETURNING 1), "
         "c AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
         f"SELECT cn, ck, cl, cv FROM {_rows_of('counters', 'x', COUNTER_ROW)} "

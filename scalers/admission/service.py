@@ -101,9 +101,10 @@ def request_scale(
 
 
 async def decide_async(
-    data: ScaleInput, idempotency_key: str = "", timeout: float | None = 30.0
+    data: ScaleInput, idempotency_key: str = "", timeout: float | None = 30.0, *, token_name: str = ""
 ) -> tuple[ScaleDecision, Admitted | None]:
-    """Queue a validated ``/scale`` body and its validated ``Idempotency-Key`` ("" for none) for
+    """Queue a validated ``/scale`` body, its validated ``Idempotency-Key`` ("" for none) and the
+    name of the API token that sent it for
     this process's admission batches and await the decision, without holding a thread. On
     ``spawning`` the agent and its reservation are committed and the admitted agent is returned;
     its spawn is not enqueued yet (``scalers.jobs.enqueue_spawn_or_fail`` does that). Whether
@@ -119,5 +120,6 @@ async def decide_async(
         raw_resources=data.raw_resources,
         job_image=data.container,
         idempotency_key=idempotency_key,
+        token_name=token_name,
     )
     return await get_queue().submit_async(request, timeout=timeout)
