@@ -261,10 +261,11 @@ def decide_batch(
     decided again with new ids (at most :data:`MINT_ATTEMPTS` times, then ``RuntimeError``).
 
     A request for a job (or with an idempotency key) that has a live agent is answered
-    ``replayed`` or ``idempotency-mismatch`` (:mod:`scalers.admission.idempotency`). Those live
-    agents are read only when a write found one (the unique indexes on live agents' jobs and keys
-    fail it): the batch is then decided again reading them under the lock, so a repeat costs the
-    batch one more round trip and the first request none.
+    ``replayed`` or ``idempotency-mismatch`` (:mod:`scalers.admission.idempotency`). A batch
+    decided from a fresh snapshot reads those live agents with it, in the same round trip. One
+    decided from the held snapshot reads nothing before its write: a job it would admit that has
+    a live agent fails the write (the unique indexes on live agents' jobs and keys), and a job it
+    would refuse sends it to the fresh path first; either way it is decided again knowing them.
 
     The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
     """
@@ -316,8 +317,9 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
     snapshot, the write and ``COMMIT`` travel in one round trip. Otherwise, or when the check
     fails (nothing was written), in two: ``BEGIN``, the lock and a fresh snapshot; then the write
     and ``COMMIT``. Either way each decision is made against the state under the lock after its
-    request was queued. Inside the caller's transaction, from a fresh snapshot. ``live``: read the
-    live agents of the batch's jobs and keys under the lock too (then from a fresh snapshot)."""
+    request was queued. Inside the caller's transaction, from a fresh snapshot. A fresh snapshot
+    comes with the live agents of the batch's jobs and keys. ``live``: decide from a fresh one
+    (a write found a live agent the held snapshot did not know)."""
     conn = cur.connection
     held = ledger.take_held_snapshot(conn) if commit and not live else None
     if held is not None:
@@ -334,18 +336,22 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
                     now,
                     commit=commit,
                     guard=held.digest,
-                    live=[],
+                    live=None,
                 )
             except ledger.SnapshotMoved:
                 log.debug("the held admission snapshot moved: deciding the batch of %d again", len(requests))
-    _config_row, world, usage = ledger.lock_and_snapshot(conn, begin=commit)
-    rows = []
-    if live:
-        jobs = [r.job_id for r in requests if r.job_id and not r.warm]
-        keys = [r.idempotency_key for r in requests if r.idempotency_key and not r.warm]
-        rows = ledger.live_agents(cur, jobs, keys)
+            except _RefusedUnknowing:
+                log.debug("a refused job of the batch of %d may have a live agent: deciding it again", len(requests))
+    jobs = [r.job_id for r in requests if r.job_id and not r.warm]
+    keys = [r.idempotency_key for r in requests if r.idempotency_key and not r.warm]
+    _config_row, world, usage, rows = ledger.lock_and_snapshot(conn, begin=commit, jobs=jobs, keys=keys)
     routed = _route(world, requests)
     return _decide_routed(cur, requests, routed, world, usage, instance_id, now, commit=commit, guard=None, live=rows)
+
+
+class _RefusedUnknowing(Exception):
+    """A batch decided without the live agents of its jobs refused a job: that job may be a
+    repeat whose live agent is its answer, so the batch is decided again knowing them."""
 
 
 def _route(world: World, requests: list[Request]) -> list[tuple[ScalerInfo, LabelSetInfo] | None]:
@@ -381,15 +387,22 @@ def _decide_routed(
     *,
     commit: bool,
     guard: str | None,
-    live: list[dict],
+    live: list[dict] | None,
 ) -> BatchResult:
     """Decide the routed batch against ``usage`` and write it. ``guard``: the digest of the held
     snapshot ``usage`` is (then the lock is taken in the write's round trip, and
     :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved).
-    ``live``: the live agents of the batch's jobs and keys (``ledger.live_agents``)."""
-    decider = _BatchDecider(cur, requests, routed, world, usage, now, live)
+    ``live``: the live agents of the batch's jobs and keys (``ledger.lock_and_snapshot``); None
+    when they were not read: then a refused job raises :class:`_RefusedUnknowing` before anything
+    is written (an admitted one that has a live agent fails on the unique index instead)."""
+    decider = _BatchDecider(cur, requests, routed, world, usage, now, live or [])
     for req, match in zip(requests, routed, strict=True):
         decider.decide(req, match)
+    if live is None and any(
+        r.job_id and not r.warm and d.action not in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED)
+        for r, d in zip(requests, decider.decisions, strict=True)
+    ):
+        raise _RefusedUnknowing()
     return decider.write(instance_id, now, commit=commit, guard=guard)
 
 

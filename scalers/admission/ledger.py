@@ -243,24 +243,25 @@ def bind_warm_agent(
     return cursor.rowcount == 1
 
 
-def live_agents(cursor, job_ids: list[str], keys: list[str]) -> list[dict]:
-    """The live agents (``agents.choices.LIVE_STATES``) bound to ``job_ids`` or asked for with
-    ``keys``: ``{id, agent_id, scaler, type, warm, bound_job_id, idempotency_key, scale_body}``.
-    Read under the admission lock, nobody admits another meanwhile."""
-    if not job_ids and not keys:
-        return []
-    rows = dict_rows(
-        cursor,
-        "SELECT a.id, a.agent_id, s.name AS scaler, s.type, a.warm, a.bound_job_id, a.idempotency_key, a.scale_body "
-        "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE a.state = ANY(%s) "
-        "AND ((a.bound_job_id = ANY(%s) AND a.bound_job_id <> '') OR (a.idempotency_key = ANY(%s) "
-        "AND a.idempotency_key <> ''))",
-        [[str(x) for x in LIVE_STATES], job_ids, keys],
-    )
-    for row in rows:
+#: The live agents (``agents.choices.LIVE_STATES``) bound to a list of jobs or asked for with a
+#: list of idempotency keys; its predicates are those of the two partial unique indexes, so each
+#: job and key is one look-up in them.
+_LIVE_SQL = (
+    "SELECT a.id, a.agent_id, s.name, s.type, a.warm, a.bound_job_id, a.idempotency_key, a.scale_body "
+    "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE a.state IN ({live}) "
+    "AND ((a.bound_job_id = ANY(%s::text[]) AND a.bound_job_id <> '') "
+    "OR (a.idempotency_key = ANY(%s::text[]) AND a.idempotency_key <> ''))"
+).format(live=", ".join(f"'{s}'" for s in LIVE_STATES))
+_LIVE_COLUMNS = ("id", "agent_id", "scaler", "type", "warm", "bound_job_id", "idempotency_key", "scale_body")
+
+
+def _live_rows(rows) -> list[dict]:
+    """:data:`_LIVE_SQL`'s rows as dicts (``scale_body`` parsed when it comes as text)."""
+    out = [dict(zip(_LIVE_COLUMNS, row, strict=True)) for row in rows or ()]
+    for row in out:
         if isinstance(row["scale_body"], str):
             row["scale_body"] = orjson.loads(row["scale_body"])
-    return rows
+    return out
 
 
 # --------------------------------------------------------------------------- World and Usage after the lock
@@ -405,8 +406,13 @@ def _fingerprint(rows) -> str:
     return next(r[-1] for r in rows if r[0] == 2)
 
 
-def lock_and_snapshot(conn, *, begin: bool = False) -> tuple[dict, World, Usage]:
-    """Lock, then read the snapshot, in ONE round trip (one simple-protocol query).
+def lock_and_snapshot(
+    conn, *, begin: bool = False, jobs: list[str] = (), keys: list[str] = ()
+) -> tuple[dict, World, Usage, list[dict]]:
+    """Lock, then read the snapshot and the live agents of ``jobs`` and ``keys`` (idempotency
+    keys; ``scalers.admission.idempotency``), in ONE round trip (one simple-protocol query).
+    Returns the config row, the World, the Usage and the live agents as dicts ``{id, agent_id,
+    scaler, type, warm, bound_job_id, idempotency_key, scale_body}``.
 
     The server runs the snapshot statement only after the locking one returned, and under READ
     COMMITTED it takes its own snapshot then, so it sees everything committed before the lock was
@@ -416,15 +422,20 @@ def lock_and_snapshot(conn, *, begin: bool = False) -> tuple[dict, World, Usage]
     """
     prepare_statements(conn)
     with psycopg.ClientCursor(conn) as cur:
-        cur.execute(("BEGIN; " if begin else "") + f"EXECUTE {LOCK_STATEMENT}; EXECUTE {SNAPSHOT_STATEMENT}")
-        *_, locked, rows = _results(cur)
+        cur.execute(
+            ("BEGIN; " if begin else "") + f"EXECUTE {LOCK_STATEMENT}; EXECUTE {SNAPSHOT_STATEMENT}; {_LIVE_SQL}",
+            [list(jobs), list(keys)],
+        )
+        *_, locked, rows, live = _results(cur)
         if not locked:  # never imported: create the row, then lock it the plain way
             config_row = lock_admission(cur)
             cur.execute(f"EXECUTE {SNAPSHOT_STATEMENT}")
             rows = cur.fetchall()
+            cur.execute(_LIVE_SQL, [list(jobs), list(keys)])
+            live = cur.fetchall()
         else:
             config_row = _config_dict(locked[0])
-        return config_row, load_world(cur, config_row, _fingerprint(rows)), _usage_from_rows(rows)
+        return config_row, load_world(cur, config_row, _fingerprint(rows)), _usage_from_rows(rows), _live_rows(live)
 
 
 def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:

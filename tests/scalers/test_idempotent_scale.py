@@ -14,7 +14,7 @@ from agents.choices import AgentState
 from agents.models import Agent
 from scalers.admission.service import request_scale
 from scalers.lifecycle import complete_job, release_agent
-from scalers.models import Reservation, ScaleOutcome
+from scalers.models import Pause, Reservation, ScaleOutcome
 from tests.scalers.test_warm_pools import warm_agent, warm_scaler
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_agent, make_scaler
@@ -89,6 +89,28 @@ def test_the_same_key_with_another_body_is_422_naming_the_field_and_both_values(
     assert r.json()["error"]["field"] == field
     assert f"asked for with {field} " in r.json()["error"]["message"]
     assert Agent.objects.count() == 1
+
+
+def test_a_repeat_is_answered_its_agent_while_the_scaler_is_full():
+    """The repeat would be refused at capacity (its own agent fills the scaler): it is answered
+    with that agent, from the held snapshot's batch as from a fresh one."""
+    make_scaler("c", max_agents=1)
+    first = post(BODY)
+    assert first.status_code == 201
+    for _ in range(3):
+        again = post(BODY)
+        assert again.status_code == 200 and again.json() == first.json(), again.content
+    assert post(BODY | {"jobId": "job-2"}).status_code == 409
+    assert Agent.objects.count() == 1
+
+
+def test_a_repeat_is_answered_its_agent_while_the_scaler_is_paused():
+    scaler = make_scaler("c", max_agents=5)
+    first = post(BODY)
+    Pause.objects.create(scaler=scaler, reason="maintenance", requested_by="ops", approved_by="ops")
+    again = post(BODY)
+    assert again.status_code == 200 and again.json() == first.json(), again.content
+    assert post(BODY | {"jobId": "job-2"}).status_code == 409
 
 
 def test_a_key_used_for_another_live_job_is_422_naming_jobid():
