@@ -340,18 +340,11 @@ def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, co
                 )
             except ledger.SnapshotMoved:
                 log.debug("the held admission snapshot moved: deciding the batch of %d again", len(requests))
-            except _RefusedUnknowing:
-                log.debug("a refused job of the batch of %d may have a live agent: deciding it again", len(requests))
     jobs = [r.job_id for r in requests if r.job_id and not r.warm]
     keys = [r.idempotency_key for r in requests if r.idempotency_key and not r.warm]
     _config_row, world, usage, rows = ledger.lock_and_snapshot(conn, begin=commit, jobs=jobs, keys=keys)
     routed = _route(world, requests)
     return _decide_routed(cur, requests, routed, world, usage, instance_id, now, commit=commit, guard=None, live=rows)
-
-
-class _RefusedUnknowing(Exception):
-    """A batch decided without the live agents of its jobs refused a job: that job may be a
-    repeat whose live agent is its answer, so the batch is decided again knowing them."""
 
 
 def _route(world: World, requests: list[Request]) -> list[tuple[ScalerInfo, LabelSetInfo] | None]:
@@ -393,17 +386,22 @@ def _decide_routed(
     snapshot ``usage`` is (then the lock is taken in the write's round trip, and
     :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved).
     ``live``: the live agents of the batch's jobs and keys (``ledger.lock_and_snapshot``); None
-    when they were not read: then a refused job raises :class:`_RefusedUnknowing` before anything
-    is written (an admitted one that has a live agent fails on the unique index instead)."""
+    when they were not read (a held snapshot): then the write checks under the lock that no job
+    it refuses has a live agent (a repeat, whose answer is that agent), and fails as a moved
+    snapshot when one has; a job it admits that has one fails on the unique index instead."""
     decider = _BatchDecider(cur, requests, routed, world, usage, now, live or [])
     for req, match in zip(requests, routed, strict=True):
         decider.decide(req, match)
-    if live is None and any(
-        r.job_id and not r.warm and d.action not in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED)
-        for r, d in zip(requests, decider.decisions, strict=True)
-    ):
-        raise _RefusedUnknowing()
-    return decider.write(instance_id, now, commit=commit, guard=guard)
+    refused = None
+    if live is None:
+        admitted = (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED)
+        asked = [
+            (r.job_id, r.idempotency_key)
+            for r, d in zip(requests, decider.decisions, strict=True)
+            if r.job_id and not r.warm and d.action not in admitted
+        ]
+        refused = ([j for j, _ in asked], [k for _, k in asked if k])
+    return decider.write(instance_id, now, commit=commit, guard=guard, refused=refused)
 
 
 class _BatchDecider:
@@ -673,7 +671,15 @@ class _BatchDecider:
         prev = self.counters.get(key, (labels, 0.0))[1]
         self.counters[key] = (labels, prev + amount)
 
-    def write(self, instance_id: str, now: datetime, *, commit: bool, guard: str | None) -> BatchResult:
+    def write(
+        self,
+        instance_id: str,
+        now: datetime,
+        *,
+        commit: bool,
+        guard: str | None,
+        refused: tuple[list[str], list[str]] | None = None,
+    ) -> BatchResult:
         """Give the new agents their spawn slots and ids, write the batch (see :func:`_write`) and
         return the decisions with the written agents' ids and pks."""
         usage, world, spawns, decisions = self.usage, self.world, self.spawns, self.decisions
@@ -698,6 +704,7 @@ class _BatchDecider:
             commit=commit,
             guard=guard,
             world=world,
+            refused=refused,
         )
         if outrun:
             log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
@@ -854,6 +861,7 @@ def _write(
     commit: bool,
     guard: str | None,
     world: World,
+    refused: tuple[list[str], list[str]] | None,
 ) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
@@ -875,4 +883,5 @@ def _write(
         commit=commit,
         guard=guard,
         hold=world if commit else None,
+        refused=refused,
     )

@@ -246,12 +246,17 @@ def bind_warm_agent(
 #: The live agents (``agents.choices.LIVE_STATES``) bound to a list of jobs or asked for with a
 #: list of idempotency keys; its predicates are those of the two partial unique indexes, so each
 #: job and key is one look-up in them.
-_LIVE_SQL = (
-    "SELECT a.id, a.agent_id, s.name, s.type, a.warm, a.bound_job_id, a.idempotency_key, a.scale_body "
-    "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE a.state IN ({live}) "
-    "AND ((a.bound_job_id = ANY(%s::text[]) AND a.bound_job_id <> '') "
+_LIVE_WHERE = (
+    "a.state IN ({live}) AND ((a.bound_job_id = ANY(%s::text[]) AND a.bound_job_id <> '') "
     "OR (a.idempotency_key = ANY(%s::text[]) AND a.idempotency_key <> ''))"
 ).format(live=", ".join(f"'{s}'" for s in LIVE_STATES))
+_LIVE_SQL = (
+    "SELECT a.id, a.agent_id, s.name, s.type, a.warm, a.bound_job_id, a.idempotency_key, a.scale_body "
+    "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE " + _LIVE_WHERE
+)
+#: The guard of a batch from a held snapshot that refuses jobs: fails as a moved snapshot when one
+#: of them (or of their keys) has a live agent, which is then the answer (a repeat).
+_NO_LIVE_SQL = f"SELECT kici_admission_guard(NOT EXISTS (SELECT 1 FROM agents_agent a WHERE {_LIVE_WHERE}))"
 _LIVE_COLUMNS = ("id", "agent_id", "scaler", "type", "warm", "bound_job_id", "idempotency_key", "scale_body")
 
 
@@ -652,7 +657,14 @@ class SnapshotMoved(Exception):
 
 
 def write_batch(
-    conn, *, fold: bool = False, commit: bool = False, guard: str | None = None, hold: World | None = None, **batch
+    conn,
+    *,
+    fold: bool = False,
+    commit: bool = False,
+    guard: str | None = None,
+    hold: World | None = None,
+    refused: tuple[list[str], list[str]] | None = None,
+    **batch,
 ) -> dict[str, int]:
     """Write a decided batch (``batch``: :func:`write_query`'s arguments) in ONE statement.
     ``fold``: fold the usage tally's rows too (the caller holds the admission lock; see
@@ -669,6 +681,10 @@ def write_batch(
     changed meanwhile or held snapshots of ``conn`` moved twice in a row in the last
     :data:`HOLD_OFF_BATCHES` batches.
 
+    ``refused``: with ``guard``, the jobs and idempotency keys the batch refuses: the guard also
+    fails (:class:`SnapshotMoved`) when one of them has a live agent (``scalers.admission.idempotency``:
+    the request is a repeat, answered with that agent once decided again from a fresh snapshot).
+
     Returns ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation``
     when an agent id already exists (:func:`agent_id_taken` tells that case apart); the
     transaction is then failed and nothing of it is kept.
@@ -682,7 +698,11 @@ def write_batch(
     head, tail = [], [sql]
     if guard is not None:
         head = ["BEGIN", f"EXECUTE {LOCK_ONLY_STATEMENT}", f"EXECUTE {GUARD_STATEMENT}(%s)"]
-        args = [guard, *args]
+        if refused and (refused[0] or refused[1]):
+            head.append(_NO_LIVE_SQL)
+            args = [guard, list(refused[0]), list(refused[1]), *args]
+        else:
+            args = [guard, *args]
     if fold:
         tail.append(f"EXECUTE {FOLD_STATEMENT}")
     if hold is not None:
