@@ -87,7 +87,8 @@ def test_a_resume_admits_again(users):
 def test_a_pause_of_one_host_holds_its_scalers_only(users):
     make_scaler("on-h1", labels=("one",), host="h1")
     make_scaler("on-h2", labels=("two",), host="h2")
-    run("pause", users, params={"host": "h1", "reason": "rack move"})
+    op = run("pause", users, params={"host": "h1", "reason": "rack move"})
+    assert op.scope_label == "host h1"
     r = scale(["one"], "job-1")
     assert r.status_code == 409 and r.json()["pause"]["scope"] == "host" and r.json()["pause"]["host"] == "h1"
     assert "host h1 is paused by ops-operator" in r.json()["error"]["message"]
