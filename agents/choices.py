@@ -22,6 +22,10 @@ ACTIVE_STATES = (
     AgentState.DRAINING,
     AgentState.DESTROYING,
 )
+#: States of an agent that serves, or is about to serve, the job it is bound to: a ``/scale`` for
+#: that job (or with the idempotency key it was asked for with) answers this agent again. A
+#: release, a job-complete that ends it, or a failed spawn moves it out of them and ends the key.
+LIVE_STATES = (AgentState.SPAWNING, AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 #: States of an agent that has not registered yet and whose spawn has not been given up.
 UNREGISTERED_STATES = (AgentState.SPAWNING, AgentState.CONNECTING)
 TERMINAL_STATES = (AgentState.DESTROYED, AgentState.FAILED)
@@ -60,6 +64,7 @@ class EventType(models.TextChoices):
     HOST_TOOLS_FOUND = "host.tools_found", "host tools present: scaler started"
     PROCESS_RESTARTED = "console.process_restarted", "console process exited, restarted"
     PROCESS_GAVE_UP = "console.process_gave_up", "console process given up after its retries"
+    API_CALL = "api.call", "orchestrator API call"
 
 
 #: Badge class of an event type on the pages; an event not listed is blue.

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import F
+from django.db.models import F, Q
 
-from .choices import ACTIVE_STATES, TERMINAL_STATES, AgentState, EventType
+from .choices import ACTIVE_STATES, LIVE_STATES, TERMINAL_STATES, AgentState, EventType
+
+#: The unique indexes holding one live agent per job and per idempotency key (Agent.Meta).
+LIVE_JOB_CONSTRAINT = "agent_one_live_per_job"
+LIVE_KEY_CONSTRAINT = "agent_one_live_per_key"
 
 
 class AgentQuerySet(models.QuerySet):
@@ -42,6 +46,17 @@ class Agent(models.Model):
         max_length=200, blank=True, help_text="the last job the orchestrator reported complete on this agent"
     )
     run_id = models.CharField(max_length=200, blank=True)
+    asked_by_token = models.CharField(
+        max_length=64, blank=True, help_text="name of the API token whose /scale admitted or bound this agent"
+    )
+    idempotency_key = models.CharField(
+        max_length=255, blank=True, help_text="the /scale Idempotency-Key header that asked for this agent; '' for none"
+    )
+    scale_body = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="the validated /scale body that asked for this agent (scalers.admission.idempotency); null for none",
+    )
     owner_instance = models.CharField(max_length=200, blank=True)
     rq_job_id = models.CharField(max_length=100, blank=True)
     active_jobs = models.PositiveIntegerField(default=0)
@@ -87,6 +102,20 @@ class Agent(models.Model):
             models.Index(fields=["registered_at"], name="agent_registered_at"),
             # /agents/?sort=[-]last_heartbeat (agents.listing.sort_order), read in either direction
             models.Index(F("last_heartbeat").desc(nulls_last=True), F("id").desc(), name="agent_heartbeat_order"),
+        ]
+        # One live agent per job and per idempotency key, whoever writes (scalers.admission.idempotency):
+        # a batch that would make a second one fails, and is decided again knowing the first.
+        constraints = [
+            models.UniqueConstraint(
+                fields=["bound_job_id"],
+                condition=Q(state__in=LIVE_STATES) & ~Q(bound_job_id=""),
+                name=LIVE_JOB_CONSTRAINT,
+            ),
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(state__in=LIVE_STATES) & ~Q(idempotency_key=""),
+                name=LIVE_KEY_CONSTRAINT,
+            ),
         ]
 
     def __str__(self):

@@ -16,6 +16,8 @@ class OperationKind(models.TextChoices):
     SCALER_RETIREMENT = "scaler-retirement", "Tear down a retired scaler"
     HOST_ACCESS_APPLY = "host-access-apply", "Apply a host-access change"
     CONFIG_RELOAD = "config-reload", "Reload scalers.yaml"
+    PAUSE = "pause", "Pause a scaler or a host"
+    RESUME = "resume", "Resume a scaler or a host"
 
 
 class OperationStatus(models.TextChoices):

@@ -144,6 +144,8 @@ class Operation(models.Model):
         parts = []
         if self.scaler_name:
             parts.append(f"scaler {self.scaler_name}")
+        if isinstance(self.params, dict) and self.params.get("host"):  # a pause or resume of a host
+            parts.append(f"host {self.params['host']}")
         if self.label_set is not None:
             parts.append(f"label set [{self.label_set.index}]")
         if self.agent_ids:

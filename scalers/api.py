@@ -4,7 +4,10 @@ Every route takes ``Authorization: Bearer <token>``: ``KICI_API_TOKEN`` or a nam
 (``scalers.api_tokens``) with the route's scope, ``scale`` for the POSTs and ``read`` for the
 GETs. 401 ``unauthorized`` without a valid one, 403 ``forbidden`` for a token without the scope,
 503 ``unavailable`` when the console has no token at all. Answers are JSON; every admission,
-job-complete and release is logged with the caller's token name (logger ``kici.audit``).
+job-complete and release is logged with the caller's token name (logger ``kici.audit``) and
+stored: a scale's on its request record (``ScaleRequest.token_name``) and on the agent it admits
+or binds (``Agent.asked_by_token``), a job-complete's and a release's as an ``api.call`` event of
+the agent.
 
 * ``GET /api/v1/agents/<agentId>``: :func:`agent_json` of one agent (404 ``not-found``).
 * ``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: ``{agents: [...], nextCursor}``,
@@ -30,6 +33,15 @@ Answers (JSON):
 
 * 201 ``{agentId, scaler, backendType}``: admitted; the agent is spawning.
 * 200 ``{agentId, scaler, backendType, warm: true}``: an idle warm agent was bound to the job.
+* 200, the first answer's body and ``Idempotent-Replayed: true``: the job already has a live agent
+  (spawning, connecting, running, draining), asked for the same way; it is that agent. Optional
+  header ``Idempotency-Key`` (1-255 printable ASCII): a repeat must send the same one (or none
+  both times). A release, or a job-complete that ends the agent, ends the job's and the key's
+  claim (``scalers.admission.idempotency``).
+* 422 ``{reason: "idempotency-mismatch", agentId}`` with ``error.field``: the job's live agent
+  ``agentId`` was asked for with another ``Idempotency-Key`` (field ``Idempotency-Key``) or
+  another body (the first differing field: ``labels``, ``resources``, ``runId``, ``exclude``,
+  ``container``), or the key was used for another job's live agent (field ``jobId``).
 
 Errors have the one ``/api/v1`` shape (``kici_site.errors.api_error``)
 ``{"error": {"code", "message", "field"?}, "reason": code, ...}``; ``reason`` and the extras below
@@ -41,6 +53,10 @@ stay at the top level, where orchestrators read them:
   the orchestrator back when capacity frees: the orchestrator's retry is the re-drive, and a
   retry that is admitted counts in ``kici_orch_scaler_redispatch_total{trigger="sweep"}``
   (docs/event-provisions.md says why).
+* 409 ``{reason: "paused", scaler, pause: {scope, scaler | host, requestedBy, approvedBy, reason,
+  since, operation}, retryAfterSeconds}`` with ``Retry-After``: the job's scaler, or its host, is
+  paused by an approved operation (``scalers.pauses``); the message names who and why. Ask again
+  later (a resume is a person's decision), or route elsewhere with ``exclude``.
 * 422 ``{reason: "exceeds-cap", cap, scaler, detail}``: the request alone is larger than resource
   cap ``cap`` (scaler, global or machine pool): it can never be admitted while that cap stands, so
   retrying cannot help (nothing is reserved; the request is recorded with that outcome). Answering
@@ -53,7 +69,8 @@ stay at the top level, where orchestrators read them:
 * 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
   ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
-  labels, non-string labels, negative or huge resources, unknown fields (413 for a huge body).
+  labels, non-string labels, negative or huge resources, unknown fields, a bad ``Idempotency-Key``
+  header (413 for a huge body).
 * 401 ``{reason: "unauthorized"}`` without the right bearer token.
 * 405 ``{reason: "method-not-allowed"}`` for anything but POST.
 * 503 ``{reason: "skipped" | "unavailable"}``: provision backoff, unresolvable resources, database or
@@ -86,7 +103,12 @@ from lib.wording import json_text, listed
 from scalers.admission.decide import ScaleDecision
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
-from scalers.admission.validate import InvalidScaleRequest, ScaleInput, validate_scale_request
+from scalers.admission.validate import (
+    InvalidScaleRequest,
+    ScaleInput,
+    validate_idempotency_key,
+    validate_scale_request,
+)
 from scalers.api_models import JobCompleteBody, ReleaseBody
 from scalers.api_tokens import Caller, any_configured, environment_caller, record_caller
 from scalers.credentials import credential_problem
@@ -149,11 +171,15 @@ async def scale(request):
     data, refused = _scale_request(request)
     if refused:
         return refused
+    try:
+        key = validate_idempotency_key(request.headers.get("Idempotency-Key"))
+    except InvalidScaleRequest as exc:
+        return _error(400, "invalid-request", str(exc), field=exc.field)
     if data.container and data.container.credentials_ref:
         if refused := await _credentials_refusal(data):
             return refused
     try:
-        decision, agent = await decide_async(data)
+        decision, agent = await decide_async(data, key, token_name=caller.name)
     except AdmissionTimeout as exc:
         return _error(503, "unavailable", str(exc))
     except DatabaseError as exc:
@@ -161,7 +187,7 @@ async def scale(request):
         return _error(503, "unavailable", "database unavailable")
     if decision.action == ScaleOutcome.SPAWNING and agent is not None:
         decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
-    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED, ScaleOutcome.REPLAYED):
         audit.info("scale by token %s: job %s -> %s (%s)", caller.name, data.job_id, decision.agent, decision.action)
     return _decision_response(decision, data)
 
@@ -202,7 +228,8 @@ async def _credentials_refusal(data: ScaleInput) -> JsonResponse | None:
 
 def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonResponse:
     """The HTTP answer to the orchestrator for ``decision`` (module docstring): 201 spawning, 200
-    assigned, 409 at-capacity with Retry-After, 422 exceeds-cap or no matching label set, 503 skipped."""
+    assigned or replayed, 409 at-capacity or paused with Retry-After, 422 idempotency-mismatch, exceeds-cap
+    or no matching label set, 503 skipped."""
     if decision.action == ScaleOutcome.SPAWNING:
         return JsonResponse(
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}, status=201
@@ -212,6 +239,20 @@ def _decision_response(decision: ScaleDecision, data: ScaleInput) -> JsonRespons
             {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type, "warm": True},
             status=200,
         )
+    if decision.action == ScaleOutcome.REPLAYED:
+        body = {"agentId": decision.agent, "scaler": decision.scaler, "backendType": decision.backend_type}
+        response = JsonResponse(body | ({"warm": True} if decision.warm else {}), status=200)
+        response["Idempotent-Replayed"] = "true"
+        return response
+    if decision.action == ScaleOutcome.IDEMPOTENCY_MISMATCH:
+        return _error(422, "idempotency-mismatch", decision.reason, field=decision.field, agentId=decision.agent)
+    if decision.action == ScaleOutcome.PAUSED:
+        retry = int(settings.KICI_SCALE_RETRY_AFTER_SECONDS)
+        response = _error(
+            409, "paused", decision.reason, scaler=decision.scaler, pause=decision.pause, retryAfterSeconds=retry
+        )
+        response["Retry-After"] = str(retry)
+        return response
     if decision.action == ScaleOutcome.AT_CAPACITY:
         retry = int(settings.KICI_SCALE_RETRY_AFTER_SECONDS)
         response = _error(
@@ -384,9 +425,16 @@ def _end(request, agent_id: str, model: type[JsonBody], call):
 
 @_orchestrator("scale")
 def job_complete(request, agent_id: str):
-    return _end(request, agent_id, JobCompleteBody, lambda a, body: complete_job(a, body.job_id))
+    return _end(
+        request, agent_id, JobCompleteBody, lambda a, body: complete_job(a, body.job_id, caller=request.caller.name)
+    )
 
 
 @_orchestrator("scale")
 def agent_release(request, agent_id: str):
-    return _end(request, agent_id, ReleaseBody, lambda a, body: release_agent(a, (body.reason or "").strip()))
+    return _end(
+        request,
+        agent_id,
+        ReleaseBody,
+        lambda a, body: release_agent(a, (body.reason or "").strip(), caller=request.caller.name),
+    )

@@ -602,8 +602,17 @@ def _start_teardown(agent: Agent, reason: str) -> bool:
     return bool(won)
 
 
-def complete_job(agent_id: str, job_id: str) -> Agent:
+def _record_call(agent: Agent, call: str, caller: str, **payload) -> None:
+    """An ``api.call`` event: the orchestrator's ``call`` on ``agent`` by API token ``caller``."""
+    if caller:
+        record_event(
+            agent, EventType.API_CALL, f"{call} by token {caller}", payload={"call": call, "token": caller} | payload
+        )
+
+
+def complete_job(agent_id: str, job_id: str, *, caller: str = "") -> Agent:
     """Record that ``job_id`` finished on ``agent_id`` and end or recycle the agent (module doc).
+    ``caller``: the API token's name, recorded as an ``api.call`` event (none when "").
 
     Idempotent: a repeat for the job already completed answers the agent as it now is. Raises
     :class:`Refused` 404 for an unknown agent, 409 (``job-mismatch``) when the agent is not bound to
@@ -612,12 +621,14 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
     with transaction.atomic():
         agent = _locked(agent_id)
         if agent.completed_job_id == job_id:
+            _record_call(agent, "job-complete", caller, jobId=job_id, repeat=True)
             return agent
         if agent.bound_job_id != job_id:
             bound = json_text(agent.bound_job_id) if agent.bound_job_id else "no job"
             raise Refused(
                 409, "job-mismatch", f"agent {agent_id} is bound to {bound}, not {json_text(job_id)}", field="jobId"
             )
+        _record_call(agent, "job-complete", caller, jobId=job_id)
         agent.completed_job_id = job_id
         agent.jobs_served += 1
         fields = {
@@ -634,8 +645,9 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
             and agent.jobs_served < agent.label_set.max_uses
         )
         if recycle:
-            fields.update(bound_job_id="", run_id="")
-            agent.bound_job_id = agent.run_id = ""
+            fields.update(bound_job_id="", run_id="", idempotency_key="", scale_body=None)
+            agent.bound_job_id = agent.run_id = agent.idempotency_key = ""
+            agent.scale_body = None
         Agent.objects.filter(pk=agent.pk).update(**fields)
         if agent.state in TERMINAL_STATES or recycle:
             return agent
@@ -644,11 +656,13 @@ def complete_job(agent_id: str, job_id: str) -> Agent:
     return agent
 
 
-def release_agent(agent_id: str, reason: str) -> Agent:
+def release_agent(agent_id: str, reason: str, *, caller: str = "") -> Agent:
     """Tear ``agent_id`` down because the orchestrator gave it up (``reason``: its words, kept in
-    the release event). Idempotent; raises :class:`Refused` 404 for an unknown agent."""
+    the release event). ``caller``: the API token's name, recorded as an ``api.call`` event (none
+    when ""). Idempotent; raises :class:`Refused` 404 for an unknown agent."""
     with transaction.atomic():
         agent = _locked(agent_id)
+        _record_call(agent, "release", caller, reason=reason)
         if agent.state in TERMINAL_STATES:
             return agent
         why = f"released by the orchestrator: {reason}" if reason else "released by the orchestrator"

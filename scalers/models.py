@@ -46,11 +46,11 @@ class ConfigState(models.Model):
 class ConfigGeneration(models.Model):
     """A token that changes with every write to the rows admission routes by (a singleton, pk=1).
 
-    Statement triggers on ``scalers_scaler``, ``scalers_labelset`` and ``scalers_machinepool``
-    (migration ``0008_config_generation``) set ``token`` to a fresh random UUID in the writing
-    transaction, so it commits with the change and is never reused, even after a TRUNCATE or a
-    restored backup. Admission keys its cached routing table by it instead of hashing every row
-    on each batch (``scalers.admission.ledger``).
+    Statement triggers on ``scalers_scaler``, ``scalers_labelset``, ``scalers_machinepool``
+    (migration ``0008_config_generation``) and ``scalers_pause`` (``0018``) set ``token`` to a
+    fresh random UUID in the writing transaction, so it commits with the change and is never
+    reused, even after a TRUNCATE or a restored backup. Admission keys its cached routing table by
+    it instead of hashing every row on each batch (``scalers.admission.ledger``).
     """
 
     token = models.CharField(max_length=36, default="")
@@ -131,6 +131,36 @@ class Scaler(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class Pause(models.Model):
+    """A pause of one scaler, or of every scaler of one host (``host``, a ``KICI_HOST_NAME``): no
+    new agent is spawned or bound for them, and ``/scale`` answers their jobs 409 ``paused`` naming
+    who asked, who approved and why (``scalers.pauses``). Written and removed only by the approved
+    ``pause`` and ``resume`` operations. A statement trigger (migration ``0018``) changes the
+    ``ConfigGeneration`` token with every write, so admission's routing view sees it at once."""
+
+    scaler = models.OneToOneField(Scaler, null=True, blank=True, on_delete=models.CASCADE, related_name="pause")
+    host = models.CharField(max_length=200, blank=True, help_text="the paused host; '' for a scaler's pause")
+    reason = models.CharField(max_length=500, help_text="why, as the requester wrote it")
+    requested_by = models.CharField(max_length=150, help_text="user name of the requester")
+    approved_by = models.CharField(max_length=150, blank=True, help_text="user name of the approver; 'policy'")
+    operation_ref = models.PositiveIntegerField(null=True, blank=True, help_text="the pause operation's number")
+    drain = models.BooleanField(default=False, help_text="its running agents were drained with it")
+    paused_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["host"], condition=~models.Q(host=""), name="pause_one_per_host"),
+            models.CheckConstraint(
+                condition=(models.Q(scaler__isnull=True) & ~models.Q(host=""))
+                | (models.Q(scaler__isnull=False) & models.Q(host="")),
+                name="pause_scaler_or_host",
+            ),
+        ]
+
+    def __str__(self):
+        return f"pause of {'host ' + self.host if self.host else 'scaler ' + str(self.scaler_id)}"
 
 
 class LabelSet(models.Model):
@@ -237,11 +267,22 @@ class ScaleOutcome(models.TextChoices):
     EXCEEDS_CAP = "exceeds-cap", "exceeds a cap: can never be admitted"
     NO_BACKEND = "no-backend", "no matching label set"
     SKIPPED = "skipped", "skipped"
+    PAUSED = "paused", "refused: the scaler or its host is paused"
+    #: Not stored: the job already has a live agent, asked for the same way; it is answered again.
+    REPLAYED = "replayed", "answered again: the job's live agent"
+    #: Not stored: the job (or the idempotency key) has a live agent asked for otherwise.
+    IDEMPOTENCY_MISMATCH = "idempotency-mismatch", "refused: asked for otherwise than the live agent"
 
 
 #: Outcomes that leave the job queued at the orchestrator ("why is this job waiting?"); an
 #: ``exceeds-cap`` job waits for a change of configuration, never for capacity.
-WAITING_OUTCOMES = (ScaleOutcome.AT_CAPACITY, ScaleOutcome.EXCEEDS_CAP, ScaleOutcome.NO_BACKEND, ScaleOutcome.SKIPPED)
+WAITING_OUTCOMES = (
+    ScaleOutcome.AT_CAPACITY,
+    ScaleOutcome.EXCEEDS_CAP,
+    ScaleOutcome.NO_BACKEND,
+    ScaleOutcome.SKIPPED,
+    ScaleOutcome.PAUSED,
+)
 #: How far back a refusal still counts as "waiting" (jobs re-request while they wait).
 WAITING_WINDOW = timedelta(hours=6)
 
@@ -266,6 +307,7 @@ class ScaleRequest(models.Model):
     reason = models.TextField(blank=True)
     scaler_name = models.CharField(max_length=200, blank=True)
     agent_ref = models.CharField(max_length=100, blank=True, help_text="agent id admitted or assigned")
+    token_name = models.CharField(max_length=64, blank=True, help_text="name of the API token that asked last")
     attempts = models.PositiveIntegerField(default=1)
     owner_instance = models.CharField(max_length=200, blank=True)
     first_requested_at = models.DateTimeField()

@@ -100,6 +100,14 @@ def _scope_from_post(request: HttpRequest) -> dict:
         params["host_access"] = [
             line.strip() for value in request.POST.getlist("host_access") for line in value.splitlines() if line.strip()
         ]
+    for name in ("host", "reason"):
+        if name in request.POST:
+            params[name] = request.POST[name]
+    if "drain" in request.POST:  # a checkbox; anything else is refused naming it (Pause.validate_scope)
+        drain = request.POST["drain"]
+        params["drain"] = {"1": True, "on": True, "true": True, "0": False, "off": False, "false": False}.get(
+            drain, drain
+        )
     return {
         "scaler": request.POST.get("scaler", "").strip() or None,
         "agent_ids": request.POST.getlist("agent"),
@@ -120,7 +128,7 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     """Plan an operation from a form (``kind``, ``scaler``, ``agent`` (repeatable), ``label_set``,
     ``host_access`` (repeatable, one entry per line; with ``host_access_set=1`` an empty list is
     explicit), ``host_access_default=1`` (back to the default) or ``host_access_revert=1`` (back to
-    the file's value)).
+    the file's value), ``host``, ``reason`` and ``drain=1`` (pause, resume)).
 
     Without ``request=1`` it is a preview, a dry run that stores nothing (no operation, no badge,
     no approval notice): the page shows the plan and a "Request approval" button posting the same

@@ -30,7 +30,8 @@ from operations.presenters import evidence_items
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.choices import ScalerType
-from scalers.models import ConfigState, LabelSet, Scaler
+from scalers.models import ConfigState, LabelSet, Pause, Scaler
+from scalers.pauses import MAX_REASON, pause_of
 from scalers.samples import CHART_WINDOW, recent_samples
 from scalers.warm_schedule import size_now
 
@@ -105,6 +106,8 @@ def scaler_detail(request, name: str):
         **_findings_context(scaler),
         "nav": "scalers",
         "scaler": scaler,
+        "pause": pause_of(scaler),
+        "host_paused": Pause.objects.filter(host=scaler.host).exclude(host="").exists(),
         "warm_now": size_now(warm, now) if scaler.warm_pool_enabled and warm.get("schedule") else None,
         "warm_zone": warm.get("timeZone") or "UTC",
         "cap": scaler_capacities([scaler])[0],
@@ -122,6 +125,7 @@ def scaler_detail(request, name: str):
         "accept": css_attr_selector("data-scaler", scaler.name),
         "charts": scaler_charts(samples, start=now - CHART_WINDOW, end=now, sample_seconds=every) if samples else [],
         "sample_every": "minute" if every == 60 else f"{every} s",
+        "max_reason": MAX_REASON,
     }
     return render(request, "scalers/detail.html", ctx)
 

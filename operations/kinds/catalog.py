@@ -11,6 +11,7 @@ from .host_access_apply import HostAccessApply
 from .lost_agents import LostAgents
 from .orphan_containers import OrphanContainers
 from .orphan_vms import OrphanVms
+from .pausing import Pause, Resume
 from .scaler_retirement import ScalerRetirement
 from .stale_isolation_rules import StaleIsolationRules
 from .stale_reservations import StaleReservations
@@ -28,6 +29,8 @@ KINDS: dict[OperationKind, type[Kind]] = {
         ScalerRetirement,
         HostAccessApply,
         ConfigReload,
+        Pause,
+        Resume,
     )
 }
 

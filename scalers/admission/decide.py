@@ -14,6 +14,7 @@ import logging
 import os
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import psycopg
@@ -28,6 +29,7 @@ from scalers.choices import ScalerType
 from scalers.hosts import scaler_host
 from scalers.metrics import ORCH_REFUSALS, REDISPATCH, REFUSALS, WARM_SPAWNS
 from scalers.models import ScaleOutcome
+from scalers.pauses import pause_wording
 
 from . import ledger
 from .backoff import backoff_reason
@@ -40,6 +42,7 @@ from .caps import (
     first_refusing_cap,
     resource_cap_limits,
 )
+from .idempotency import LiveAgent, Verdict, scale_body, verdict
 from .matching import LabelSetInfo, ScalerInfo, World
 from .validate import JobImage
 from .warmfit import Shape, warm_agent_can_serve
@@ -60,7 +63,11 @@ class ScaleDecision:
     alone is larger than resource cap ``cap``: it can never be admitted while that cap stands, so
     retrying cannot help), ``no-backend`` (no label set matches) or ``skipped``
     (provision backoff, a label set whose resources do not resolve).
-    ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned.
+    ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned. ``replayed``: the
+    job's live agent ``agent`` answers the request again (``warm``: as a warm agent);
+    ``idempotency-mismatch``: the live agent ``agent`` was asked for otherwise, ``field`` says
+    where (:mod:`scalers.admission.idempotency`). Neither is written. ``paused``: the scaler or
+    its host is paused (``pause`` says by whom and why; :mod:`scalers.pauses`).
     """
 
     action: ScaleOutcome
@@ -71,6 +78,10 @@ class ScaleDecision:
     backend_type: str | None = None
     agent_pk: int | None = None
     labels: tuple[str, ...] = ()
+    warm: bool = False
+    field: str | None = None
+    #: ``paused``: the pause refusing it (``scalers.pauses.pause_json``).
+    pause: dict | None = None
 
     @property
     def admitted(self) -> bool:
@@ -90,6 +101,18 @@ class Request:
     target: tuple[int, int] | None = None
     job_image: JobImage | None = None
     raw_resources: Any = None  # as the caller sent it, for the request record
+    #: The ``/scale`` ``Idempotency-Key`` header ("" for none; ``scalers.admission.idempotency``).
+    idempotency_key: str = ""
+    #: The name of the API token that asked (``scalers.api_tokens``; "" for an internal caller),
+    #: kept on the request record and on the agent it admits or binds.
+    token_name: str = ""
+
+    @cached_property
+    def body(self) -> dict | None:
+        """The request as kept on its agent and compared on a repeat; None for a warm spawn."""
+        if self.warm:
+            return None
+        return scale_body(self.labels, self.raw_resources, self.run_id, self.exclude, self.job_image)
 
 
 @dataclass(frozen=True)
@@ -145,6 +168,9 @@ class _Spawn:
     lmem: int
     job_image: str
     job_ref: str
+    key: str
+    body: dict | None
+    token: str
     slot: bool = False
 
 
@@ -214,9 +240,9 @@ def decide_batch(
 ) -> BatchResult:
     """Decide ``requests`` in order under the admission lock, in one transaction.
 
-    Per request: route ⇒ no-backend; a scaler not started because host tools are missing
-    (``scalers.backends.tools``) ⇒ skipped naming the scaler and the tools; event scaler in
-    provision backoff ⇒ skipped; resolve
+    Per request: route ⇒ no-backend; a paused scaler or host ⇒ paused; a scaler not started
+    because host tools are missing (``scalers.backends.tools``) ⇒ skipped naming the scaler and
+    the tools; event scaler in provision backoff ⇒ skipped; resolve
     resources; an idle warm agent that fits ⇒ assigned; a request larger than a resource cap on
     its own ⇒ exceeds-cap naming the cap (permanent: answered at-capacity, the
     orchestrator would retry forever); the caps in :data:`~scalers.admission.caps.CAP_ORDER` ⇒
@@ -231,6 +257,13 @@ def decide_batch(
     savepoint, from a fresh snapshot. A minted agent id that already exists undoes the batch, which is
     decided again with new ids (at most :data:`MINT_ATTEMPTS` times, then ``RuntimeError``).
 
+    A request for a job (or with an idempotency key) that has a live agent is answered
+    ``replayed`` or ``idempotency-mismatch`` (:mod:`scalers.admission.idempotency`). A batch
+    decided from a fresh snapshot reads those live agents with it, in the same round trip. One
+    decided from the held snapshot reads nothing before its write: a job it would admit that has
+    a live agent fails the write (the unique indexes on live agents' jobs and keys), and a job it
+    would refuse sends it to the fresh path first; either way it is decided again knowing them.
+
     The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
     """
     instance_id = instance_id or settings.KICI_INSTANCE_ID
@@ -238,26 +271,33 @@ def decide_batch(
     connection.ensure_connection()
     conn = connection.connection
     own = not connection.in_atomic_block and connection.get_autocommit()
+    live = False
     for _ in range(MINT_ATTEMPTS):
         try:
             if own:
-                return _decide_in_own_transaction(conn, requests, instance_id, now)
+                return _decide_in_own_transaction(conn, requests, instance_id, now, live)
             with transaction.atomic():  # a savepoint: a taken agent id undoes this batch only
                 with psycopg.Cursor(conn) as cur:
-                    return _decide(cur, requests, instance_id, now, commit=False)
+                    return _decide(cur, requests, instance_id, now, commit=False, live=live)
         except psycopg.errors.UniqueViolation as exc:
+            if ledger.live_agent_taken(exc):
+                live = True
+                log.info("a job or key of the batch of %d has a live agent: deciding it again", len(requests))
+                continue
             if not ledger.agent_id_taken(exc):
                 raise
             log.info("a minted agent id already exists: deciding the batch of %d again", len(requests))
-    raise RuntimeError(f"could not mint unique agent ids in {MINT_ATTEMPTS} attempts")
+    raise RuntimeError(f"could not decide the batch in {MINT_ATTEMPTS} attempts: its writes kept colliding")
 
 
-def _decide_in_own_transaction(conn, requests: list[Request], instance_id: str, now: datetime) -> BatchResult:
+def _decide_in_own_transaction(
+    conn, requests: list[Request], instance_id: str, now: datetime, live: bool
+) -> BatchResult:
     """Decide ``requests`` in a transaction of its own on ``conn`` (autocommit mode): see
     :func:`_decide`. Rolls back and re-raises on any error (nothing is written)."""
     try:
         with psycopg.Cursor(conn) as cur:
-            return _decide(cur, requests, instance_id, now, commit=True)
+            return _decide(cur, requests, instance_id, now, commit=True, live=live)
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
@@ -267,28 +307,41 @@ def _decide_in_own_transaction(conn, requests: list[Request], instance_id: str, 
         raise
 
 
-def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, commit: bool) -> BatchResult:
+def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, commit: bool, live: bool) -> BatchResult:
     """In a transaction of its own (``commit``), a batch is decided from the snapshot the
     connection's previous batch left after its own writes, when there is one and the batch reads
     nothing else: then ``BEGIN``, the lock, the check that the state under it is still that
     snapshot, the write and ``COMMIT`` travel in one round trip. Otherwise, or when the check
     fails (nothing was written), in two: ``BEGIN``, the lock and a fresh snapshot; then the write
     and ``COMMIT``. Either way each decision is made against the state under the lock after its
-    request was queued. Inside the caller's transaction, from a fresh snapshot."""
+    request was queued. Inside the caller's transaction, from a fresh snapshot. A fresh snapshot
+    comes with the live agents of the batch's jobs and keys. ``live``: decide from a fresh one
+    (a write found a live agent the held snapshot did not know)."""
     conn = cur.connection
-    held = ledger.take_held_snapshot(conn) if commit else None
+    held = ledger.take_held_snapshot(conn) if commit and not live else None
     if held is not None:
         routed = _route(held.world, requests)
         if not _reads_more(routed, requests):
             try:
                 return _decide_routed(
-                    cur, requests, routed, held.world, held.usage, instance_id, now, commit=commit, guard=held.digest
+                    cur,
+                    requests,
+                    routed,
+                    held.world,
+                    held.usage,
+                    instance_id,
+                    now,
+                    commit=commit,
+                    guard=held.digest,
+                    live=None,
                 )
             except ledger.SnapshotMoved:
                 log.debug("the held admission snapshot moved: deciding the batch of %d again", len(requests))
-    _config_row, world, usage = ledger.lock_and_snapshot(conn, begin=commit)
+    jobs = [r.job_id for r in requests if r.job_id and not r.warm]
+    keys = [r.idempotency_key for r in requests if r.idempotency_key and not r.warm]
+    _config_row, world, usage, rows = ledger.lock_and_snapshot(conn, begin=commit, jobs=jobs, keys=keys)
     routed = _route(world, requests)
-    return _decide_routed(cur, requests, routed, world, usage, instance_id, now, commit=commit, guard=None)
+    return _decide_routed(cur, requests, routed, world, usage, instance_id, now, commit=commit, guard=None, live=rows)
 
 
 def _route(world: World, requests: list[Request]) -> list[tuple[ScalerInfo, LabelSetInfo] | None]:
@@ -324,14 +377,28 @@ def _decide_routed(
     *,
     commit: bool,
     guard: str | None,
+    live: list[dict] | None,
 ) -> BatchResult:
     """Decide the routed batch against ``usage`` and write it. ``guard``: the digest of the held
     snapshot ``usage`` is (then the lock is taken in the write's round trip, and
-    :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved)."""
-    decider = _BatchDecider(cur, requests, routed, world, usage, now)
+    :class:`~scalers.admission.ledger.SnapshotMoved` raised if the state under it moved).
+    ``live``: the live agents of the batch's jobs and keys (``ledger.lock_and_snapshot``); None
+    when they were not read (a held snapshot): then the write checks under the lock that no job
+    it refuses has a live agent (a repeat, whose answer is that agent), and fails as a moved
+    snapshot when one has; a job it admits that has one fails on the unique index instead."""
+    decider = _BatchDecider(cur, requests, routed, world, usage, now, live or [])
     for req, match in zip(requests, routed, strict=True):
         decider.decide(req, match)
-    return decider.write(instance_id, now, commit=commit, guard=guard)
+    refused = None
+    if live is None:
+        admitted = (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED)
+        asked = [
+            (r.job_id, r.idempotency_key)
+            for r, d in zip(requests, decider.decisions, strict=True)
+            if r.job_id and not r.warm and d.action not in admitted
+        ]
+        refused = ([j for j, _ in asked], [k for _, k in asked if k])
+    return decider.write(instance_id, now, commit=commit, guard=guard, refused=refused)
 
 
 class _BatchDecider:
@@ -354,11 +421,17 @@ class _BatchDecider:
         "counters",
         "spawns",
         "count_cap_refused",
+        "by_job",
+        "by_key",
+        "replays",
     )
 
-    def __init__(self, cur, requests: list[Request], routed, world: World, usage: Usage, now: datetime):
+    def __init__(
+        self, cur, requests: list[Request], routed, world: World, usage: Usage, now: datetime, live: list[dict]
+    ):
         """Reads what the snapshot does not hold, once per batch: the provision backoffs of the
-        batch's event scalers and the idle warm agents of its warm-pool scalers."""
+        batch's event scalers and the idle warm agents of its warm-pool scalers. ``live``: the
+        live agents of the batch's jobs and keys known so far (the batch adds its own)."""
         self.cur = cur
         self.world = world
         self.usage = usage
@@ -374,10 +447,44 @@ class _BatchDecider:
         self.counters: dict[tuple[str, str], tuple[dict, float]] = {}
         self.spawns: list[_Spawn] = []
         self.count_cap_refused = False
+        self.by_job: dict[str, LiveAgent] = {}
+        self.by_key: dict[str, LiveAgent] = {}
+        #: Requests answered with an agent this batch admits: (decision index, its spawn).
+        self.replays: list[tuple[int, _Spawn]] = []
+        for row in live:
+            self._remember(
+                LiveAgent(
+                    row["agent_id"],
+                    row["id"],
+                    row["scaler"],
+                    row["type"],
+                    row["warm"],
+                    row["bound_job_id"],
+                    row["idempotency_key"],
+                    row["scale_body"],
+                )
+            )
+
+    def _remember(self, agent: LiveAgent) -> None:
+        self.by_job[agent.job_id] = agent
+        if agent.key:
+            self.by_key[agent.key] = agent
 
     def decide(self, req: Request, match: tuple[ScalerInfo, LabelSetInfo] | None) -> None:
         """Decide ``req`` and keep its decision, filling in its request record (requests with a
-        job id get one) from the decision."""
+        job id get one) from the decision. A request meeting a live agent of its job or key gets
+        no record: the first request's stands."""
+        if req.job_id and not req.warm:
+            found = verdict(
+                req.job_id,
+                req.idempotency_key,
+                req.body,
+                self.by_job.get(req.job_id),
+                self.by_key.get(req.idempotency_key),
+            )
+            if found is not None:
+                self.decisions.append(self._answer_live(found))
+                return
         record = None
         if req.job_id:
             record = {
@@ -391,10 +498,26 @@ class _BatchDecider:
                 "reason": "",
                 "scaler_name": "",
                 "agent_ref": "",
+                "token_name": req.token_name,
             }
             self.records.append(record)
         decision = self._decide_one(req, match, record)
         self.decisions.append(decision)
+        if req.job_id and not req.warm and decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+            spawn = self.spawns[-1] if decision.action == ScaleOutcome.SPAWNING else None
+            self._remember(
+                LiveAgent(
+                    decision.agent,
+                    decision.agent_pk,
+                    decision.scaler,
+                    decision.backend_type,
+                    decision.action == ScaleOutcome.ASSIGNED,
+                    req.job_id,
+                    req.idempotency_key,
+                    req.body,
+                    spawn,
+                )
+            )
         if record is not None:
             record.update(
                 outcome=decision.action,
@@ -404,6 +527,23 @@ class _BatchDecider:
                 agent_ref=decision.agent or "",
             )
 
+    def _answer_live(self, found: Verdict) -> ScaleDecision:
+        """Replayed (the request repeats the one that asked for the live agent) or
+        idempotency-mismatch naming the field; an agent this batch admits is named once written."""
+        agent = found.agent
+        if agent.spawn is not None:
+            self.replays.append((len(self.decisions), agent.spawn))
+        return ScaleDecision(
+            ScaleOutcome.REPLAYED if found.field is None else ScaleOutcome.IDEMPOTENCY_MISMATCH,
+            agent=agent.agent_id,
+            agent_pk=agent.pk,
+            scaler=agent.scaler,
+            backend_type=agent.backend_type,
+            warm=agent.warm,
+            field=found.field,
+            reason=found.message,
+        )
+
     def _decide_one(
         self, req: Request, match: tuple[ScalerInfo, LabelSetInfo] | None, record: dict | None
     ) -> ScaleDecision:
@@ -411,7 +551,9 @@ class _BatchDecider:
         if match is None:
             return _no_matching_label_set(req)
         info, ls = match
-        decision = _cannot_run_job_image(req, info, ls) or _tools_missing(info) or self._in_backoff(info)
+        decision = (
+            _paused(info) or _cannot_run_job_image(req, info, ls) or _tools_missing(info) or self._in_backoff(info)
+        )
         if decision is not None:
             return decision
         try:
@@ -505,6 +647,9 @@ class _BatchDecider:
                 lmem=int(resolved.limits.mem_bytes),
                 job_image=req.job_image.image if req.job_image else "",
                 job_ref=req.job_image.credentials_ref if req.job_image else "",
+                key="" if req.warm else req.idempotency_key,
+                body=req.body,
+                token=req.token_name,
             )
         )
         if req.warm:
@@ -523,7 +668,15 @@ class _BatchDecider:
         prev = self.counters.get(key, (labels, 0.0))[1]
         self.counters[key] = (labels, prev + amount)
 
-    def write(self, instance_id: str, now: datetime, *, commit: bool, guard: str | None) -> BatchResult:
+    def write(
+        self,
+        instance_id: str,
+        now: datetime,
+        *,
+        commit: bool,
+        guard: str | None,
+        refused: tuple[list[str], list[str]] | None = None,
+    ) -> BatchResult:
         """Give the new agents their spawn slots and ids, write the batch (see :func:`_write`) and
         return the decisions with the written agents' ids and pks."""
         usage, world, spawns, decisions = self.usage, self.world, self.spawns, self.decisions
@@ -548,10 +701,13 @@ class _BatchDecider:
             commit=commit,
             guard=guard,
             world=world,
+            refused=refused,
         )
         if outrun:
             log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
         admitted = []
+        for index, sp in self.replays:
+            decisions[index] = replace(decisions[index], agent=sp.agent_id, agent_pk=pks[sp.agent_id])
         for sp in spawns:
             pk = pks[sp.agent_id]
             decisions[sp.index] = replace(decisions[sp.index], agent=sp.agent_id, agent_pk=pk)
@@ -580,6 +736,19 @@ def _no_matching_label_set(req: Request) -> ScaleDecision:
     """No-backend: no scaler's label set matches the request's labels."""
     log.warning("no scaler matches labels %s (job %s)", list(req.labels), req.job_id or "-")
     return ScaleDecision(ScaleOutcome.NO_BACKEND, reason="no-matching-label-set", labels=tuple(req.labels))
+
+
+def _paused(info: ScalerInfo) -> ScaleDecision | None:
+    """Paused: the scaler or its host is paused (``scalers.pauses``); nothing is spawned or bound."""
+    if info.pause is None:
+        return None
+    return ScaleDecision(
+        ScaleOutcome.PAUSED,
+        scaler=info.name,
+        backend_type=info.type,
+        reason=pause_wording(info.pause),
+        pause=info.pause,
+    )
 
 
 def _cannot_run_job_image(req: Request, info: ScalerInfo, ls: LabelSetInfo) -> ScaleDecision | None:
@@ -661,7 +830,9 @@ def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Re
         if not warm_agent_can_serve(req.resources, shape, job_image=req.job_image):
             continue
         taken.add(cand["id"])
-        if ledger.bind_warm_agent(cur, cand["id"], req.job_id, req.run_id):
+        if ledger.bind_warm_agent(
+            cur, cand["id"], req.job_id, req.run_id, req.idempotency_key, req.body, req.token_name
+        ):
             return cand
     return None
 
@@ -687,6 +858,7 @@ def _write(
     commit: bool,
     guard: str | None,
     world: World,
+    refused: tuple[list[str], list[str]] | None,
 ) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
@@ -697,7 +869,7 @@ def _write(
         instance_id=instance_id,
         agents=[
             (sp.agent_id, sp.scaler_id, sp.label_set_id, list(sp.labels), sp.warm, sp.job, sp.run)
-            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "")
+            + (sp.job_image, sp.job_ref, spawn_job_id(sp.agent_id) if sp.slot else "", sp.key, sp.body, sp.token)
             for sp in spawns
         ],
         reservations=[(sp.agent_id, sp.scaler_id, sp.pool_id, sp.cpus, sp.mem, sp.lcpus, sp.lmem) for sp in spawns],
@@ -708,4 +880,5 @@ def _write(
         commit=commit,
         guard=guard,
         hold=world if commit else None,
+        refused=refused,
     )

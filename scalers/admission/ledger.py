@@ -26,11 +26,13 @@ from typing import Any
 import orjson
 import psycopg
 from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
-from agents.choices import ACTIVE_STATES, AgentState, EventType
+from agents.choices import ACTIVE_STATES, LIVE_STATES, AgentState, EventType
 from agents.events import record_event
-from agents.models import Agent
-from scalers.models import Reservation, ScaleOutcome
+from agents.models import LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT, Agent
+from scalers.models import Reservation, ScaleOutcome, this_host
+from scalers.pauses import pause_row_json
 
 from .caps import Usage
 from .matching import WORLD_CACHE, World, build_world
@@ -225,14 +227,47 @@ def idle_warm_agents(cursor, scaler_ids: Iterable[int]) -> list[dict]:
     )
 
 
-def bind_warm_agent(cursor, agent_pk: int, job_id: str, run_id: str) -> bool:
-    """Compare-and-swap an idle warm agent onto a job; False if it stopped being idle."""
+def bind_warm_agent(
+    cursor, agent_pk: int, job_id: str, run_id: str, key: str = "", body: dict | None = None, token: str = ""
+) -> bool:
+    """Compare-and-swap an idle warm agent onto a job, keeping the request's idempotency ``key``
+    and ``body`` (``scalers.admission.idempotency``) and the asking API ``token``'s name; False if
+    it stopped being idle. Raises
+    ``psycopg.errors.UniqueViolation`` when the job or key has a live agent already
+    (:func:`live_agent_taken`)."""
     cursor.execute(
-        "UPDATE agents_agent SET bound_job_id = %s, run_id = %s, updated_at = now() "
+        "UPDATE agents_agent SET bound_job_id = %s, run_id = %s, idempotency_key = %s, scale_body = %s, "
+        "asked_by_token = %s, updated_at = now() "
         "WHERE id = %s AND state = %s AND bound_job_id = '' AND active_jobs = 0",
-        [job_id, run_id, agent_pk, str(AgentState.RUNNING)],
+        [job_id, run_id, key, Jsonb(body) if body is not None else None, token, agent_pk, str(AgentState.RUNNING)],
     )
     return cursor.rowcount == 1
+
+
+#: The live agents (``agents.choices.LIVE_STATES``) bound to a list of jobs or asked for with a
+#: list of idempotency keys; its predicates are those of the two partial unique indexes, so each
+#: job and key is one look-up in them.
+_LIVE_WHERE = (
+    "a.state IN ({live}) AND ((a.bound_job_id = ANY(%s::text[]) AND a.bound_job_id <> '') "
+    "OR (a.idempotency_key = ANY(%s::text[]) AND a.idempotency_key <> ''))"
+).format(live=", ".join(f"'{s}'" for s in LIVE_STATES))
+_LIVE_SQL = (
+    "SELECT a.id, a.agent_id, s.name, s.type, a.warm, a.bound_job_id, a.idempotency_key, a.scale_body "
+    "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE " + _LIVE_WHERE
+)
+#: The guard of a batch from a held snapshot that refuses jobs: fails as a moved snapshot when one
+#: of them (or of their keys) has a live agent, which is then the answer (a repeat).
+_NO_LIVE_SQL = f"SELECT kici_admission_guard(NOT EXISTS (SELECT 1 FROM agents_agent a WHERE {_LIVE_WHERE}))"
+_LIVE_COLUMNS = ("id", "agent_id", "scaler", "type", "warm", "bound_job_id", "idempotency_key", "scale_body")
+
+
+def _live_rows(rows) -> list[dict]:
+    """:data:`_LIVE_SQL`'s rows as dicts (``scale_body`` parsed when it comes as text)."""
+    out = [dict(zip(_LIVE_COLUMNS, row, strict=True)) for row in rows or ()]
+    for row in out:
+        if isinstance(row["scale_body"], str):
+            row["scale_body"] = orjson.loads(row["scale_body"])
+    return out
 
 
 # --------------------------------------------------------------------------- World and Usage after the lock
@@ -275,11 +310,26 @@ def load_world(cursor, config_row: dict, fingerprint: str | None = None) -> Worl
         order = json.loads(order)
     position = {name: i for i, name in enumerate(order or [])}
     scalers.sort(key=lambda s: (position.get(s["name"], len(position)), s["id"]))
+    _attach_pauses(cursor, scalers)
     label_sets = dict_rows(cursor, "SELECT id, scaler_id, index, labels, config, retired FROM scalers_labelset")
     pools = dict_rows(cursor, "SELECT id, max_cpu, max_memory_bytes FROM scalers_machinepool")
     world = build_world(version, config_row, scalers, label_sets, pools)
     WORLD_CACHE.put(world)
     return world
+
+
+def _attach_pauses(cursor, scalers: list[dict]) -> None:
+    """Give each scaler row its ``pause`` (``scalers.pauses.pause_row_json``): its own, else its
+    host's (a scaler without a host is this host's), else None."""
+    rows = dict_rows(
+        cursor,
+        "SELECT coalesce(s.name, '') AS scaler_name, p.scaler_id, p.host, p.requested_by, p.approved_by, p.reason, "
+        "p.paused_at, p.operation_ref FROM scalers_pause p LEFT JOIN scalers_scaler s ON s.id = p.scaler_id",
+    )
+    own = {r["scaler_id"]: pause_row_json(r) for r in rows if r["scaler_id"] is not None}
+    hosts = {r["host"]: pause_row_json(r) for r in rows if r["host"]}
+    for row in scalers:
+        row["pause"] = own.get(row["id"]) or hosts.get(row["host"] or this_host())
 
 
 def _literal(value) -> str:
@@ -362,8 +412,13 @@ def _fingerprint(rows) -> str:
     return next(r[-1] for r in rows if r[0] == 2)
 
 
-def lock_and_snapshot(conn, *, begin: bool = False) -> tuple[dict, World, Usage]:
-    """Lock, then read the snapshot, in ONE round trip (one simple-protocol query).
+def lock_and_snapshot(
+    conn, *, begin: bool = False, jobs: list[str] = (), keys: list[str] = ()
+) -> tuple[dict, World, Usage, list[dict]]:
+    """Lock, then read the snapshot and the live agents of ``jobs`` and ``keys`` (idempotency
+    keys; ``scalers.admission.idempotency``), in ONE round trip (one simple-protocol query).
+    Returns the config row, the World, the Usage and the live agents as dicts ``{id, agent_id,
+    scaler, type, warm, bound_job_id, idempotency_key, scale_body}``.
 
     The server runs the snapshot statement only after the locking one returned, and under READ
     COMMITTED it takes its own snapshot then, so it sees everything committed before the lock was
@@ -373,15 +428,20 @@ def lock_and_snapshot(conn, *, begin: bool = False) -> tuple[dict, World, Usage]
     """
     prepare_statements(conn)
     with psycopg.ClientCursor(conn) as cur:
-        cur.execute(("BEGIN; " if begin else "") + f"EXECUTE {LOCK_STATEMENT}; EXECUTE {SNAPSHOT_STATEMENT}")
-        *_, locked, rows = _results(cur)
+        cur.execute(
+            ("BEGIN; " if begin else "") + f"EXECUTE {LOCK_STATEMENT}; EXECUTE {SNAPSHOT_STATEMENT}; {_LIVE_SQL}",
+            [list(jobs), list(keys)],
+        )
+        *_, locked, rows, live = _results(cur)
         if not locked:  # never imported: create the row, then lock it the plain way
             config_row = lock_admission(cur)
             cur.execute(f"EXECUTE {SNAPSHOT_STATEMENT}")
             rows = cur.fetchall()
+            cur.execute(_LIVE_SQL, [list(jobs), list(keys)])
+            live = cur.fetchall()
         else:
             config_row = _config_dict(locked[0])
-        return config_row, load_world(cur, config_row, _fingerprint(rows)), _usage_from_rows(rows)
+        return config_row, load_world(cur, config_row, _fingerprint(rows)), _usage_from_rows(rows), _live_rows(live)
 
 
 def load_snapshot(cursor, config_row: dict) -> tuple[World, Usage]:
@@ -408,6 +468,9 @@ AGENT_ROW = (
     ("job_image", "text"),
     ("job_credentials_ref", "text"),
     ("rq_job_id", "text"),
+    ("idempotency_key", "text"),
+    ("scale_body", "jsonb"),
+    ("asked_by_token", "text"),
 )
 #: Per-row fields of a new reservation (joined to its agent by ``agent_ref``), in tuple order.
 RESERVATION_ROW = (
@@ -432,6 +495,7 @@ RECORD_ROW = (
     ("reason", "text", "reason"),
     ("sn", "text", "scaler_name"),
     ("ar", "text", "agent_ref"),
+    ("tk", "text", "token_name"),
 )
 
 #: Per-row fields of a counter increment.
@@ -505,12 +569,13 @@ def _write_statement() -> str:
         # The request records, parsed once for their upsert and the redispatch count.
         f"w AS (SELECT * FROM {_rows_of('records', 'w', RECORD_ROW + (('n', 'int4'),))}), "
         "s AS (INSERT INTO scalers_scalerequest (job_id, run_id, labels, resources, cpus, memory_bytes, outcome, cap, "
-        "reason, scaler_name, agent_ref, attempts, owner_instance, first_requested_at, decided_at) "
-        "SELECT j, rn, l, res, c, m, o, cap, reason, sn, ar, n, %(owner)s, %(now)s, %(now)s FROM w "
+        "reason, scaler_name, agent_ref, token_name, attempts, owner_instance, first_requested_at, decided_at) "
+        "SELECT j, rn, l, res, c, m, o, cap, reason, sn, ar, tk, n, %(owner)s, %(now)s, %(now)s FROM w "
         "ON CONFLICT (job_id) DO UPDATE SET run_id = EXCLUDED.run_id, labels = EXCLUDED.labels, "
         "resources = EXCLUDED.resources, cpus = EXCLUDED.cpus, memory_bytes = EXCLUDED.memory_bytes, "
         "outcome = EXCLUDED.outcome, cap = EXCLUDED.cap, reason = EXCLUDED.reason, scaler_name = EXCLUDED.scaler_name, "
-        "agent_ref = EXCLUDED.agent_ref, attempts = scalers_scalerequest.attempts + EXCLUDED.attempts, "
+        "agent_ref = EXCLUDED.agent_ref, token_name = EXCLUDED.token_name, "
+        "attempts = scalers_scalerequest.attempts + EXCLUDED.attempts, "
         "owner_instance = EXCLUDED.owner_instance, decided_at = EXCLUDED.decided_at RETURNING 1), "
         "c AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
         f"SELECT cn, ck, cl, cv FROM {_rows_of('counters', 'x', COUNTER_ROW)} "
@@ -593,7 +658,14 @@ class SnapshotMoved(Exception):
 
 
 def write_batch(
-    conn, *, fold: bool = False, commit: bool = False, guard: str | None = None, hold: World | None = None, **batch
+    conn,
+    *,
+    fold: bool = False,
+    commit: bool = False,
+    guard: str | None = None,
+    hold: World | None = None,
+    refused: tuple[list[str], list[str]] | None = None,
+    **batch,
 ) -> dict[str, int]:
     """Write a decided batch (``batch``: :func:`write_query`'s arguments) in ONE statement.
     ``fold``: fold the usage tally's rows too (the caller holds the admission lock; see
@@ -610,6 +682,10 @@ def write_batch(
     changed meanwhile or held snapshots of ``conn`` moved twice in a row in the last
     :data:`HOLD_OFF_BATCHES` batches.
 
+    ``refused``: with ``guard``, the jobs and idempotency keys the batch refuses: the guard also
+    fails (:class:`SnapshotMoved`) when one of them has a live agent (``scalers.admission.idempotency``:
+    the request is a repeat, answered with that agent once decided again from a fresh snapshot).
+
     Returns ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation``
     when an agent id already exists (:func:`agent_id_taken` tells that case apart); the
     transaction is then failed and nothing of it is kept.
@@ -623,7 +699,11 @@ def write_batch(
     head, tail = [], [sql]
     if guard is not None:
         head = ["BEGIN", f"EXECUTE {LOCK_ONLY_STATEMENT}", f"EXECUTE {GUARD_STATEMENT}(%s)"]
-        args = [guard, *args]
+        if refused and (refused[0] or refused[1]):
+            head.append(_NO_LIVE_SQL)
+            args = [guard, list(refused[0]), list(refused[1]), *args]
+        else:
+            args = [guard, *args]
     if fold:
         tail.append(f"EXECUTE {FOLD_STATEMENT}")
     if hold is not None:
@@ -726,6 +806,21 @@ def agent_id_taken(exc: BaseException) -> bool:
         isinstance(exc, psycopg.errors.UniqueViolation)
         and diag is not None
         and diag.constraint_name == AGENT_ID_CONSTRAINT
+    )
+
+
+#: The unique indexes of live agents' jobs and idempotency keys (``agents.models.Agent``).
+LIVE_AGENT_CONSTRAINTS = frozenset({LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT})
+
+
+def live_agent_taken(exc: BaseException) -> bool:
+    """True when ``exc`` is the unique violation of a job, or an idempotency key, that has a live
+    agent already (the batch is then decided again reading those agents under the lock)."""
+    diag = getattr(exc, "diag", None)
+    return (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and diag is not None
+        and diag.constraint_name in LIVE_AGENT_CONSTRAINTS
     )
 
 

@@ -58,6 +58,8 @@ class ScalerInfo:
     max_concurrent_spawns: int = 1
     #: ``Scaler.host``: the host owning its sandboxes ("" = the host that reads this).
     host: str = ""
+    #: The pause holding it (``scalers.pauses.pause_json``): its own or its host's; None.
+    pause: dict | None = field(default=None, compare=False)
 
     def label_set(self, pk: int) -> LabelSetInfo | None:
         for ls in self.label_sets:
@@ -213,6 +215,7 @@ def build_world(
             tools_missing=tuple(row.get("host_tools_missing") or ()),
             max_concurrent_spawns=row.get("max_concurrent_spawns", 1),
             host=row.get("host") or "",
+            pause=row.get("pause"),
         )
         scalers[row["id"]] = info
         if not row["retiring"] and infos:

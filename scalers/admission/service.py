@@ -14,7 +14,15 @@ from scalers.models import ScaleOutcome
 
 from .decide import Admitted, Request, ScaleDecision, decide_batch
 from .queue import get_queue
-from .validate import InvalidScaleRequest, JobImage, ScaleInput, _labels, validate_container, validate_resources
+from .validate import (
+    InvalidScaleRequest,
+    JobImage,
+    ScaleInput,
+    _labels,
+    validate_container,
+    validate_idempotency_key,
+    validate_resources,
+)
 
 
 def request_scale(
@@ -26,6 +34,7 @@ def request_scale(
     warm: bool = False,
     *,
     job_image: JobImage | dict | None = None,
+    idempotency_key: str = "",
     timeout: float | None = 30.0,
 ) -> ScaleDecision:
     """Decide whether a job may get an agent, and if so reserve it and enqueue its spawn.
@@ -37,6 +46,9 @@ def request_scale(
     be chosen. ``warm=True`` spawns an unbound warm agent instead. ``job_image``: the job's own
     image (a :class:`~.validate.JobImage` or the ``/scale`` ``container`` object); such a job never
     takes a warm agent, and only container label sets (bare-metal ones in container mode) run it.
+    ``idempotency_key``: the ``/scale`` ``Idempotency-Key`` header ("" for none). A job with a live
+    agent gets that agent again (``replayed``) or ``idempotency-mismatch``
+    (:mod:`scalers.admission.idempotency`).
 
     Returns a :class:`ScaleDecision` (see there for ``action``). On ``spawning`` the agent row and
     its reservation are committed and the spawn is enqueued (``scalers.jobs.enqueue_spawn``); if
@@ -55,6 +67,7 @@ def request_scale(
         raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {json_text(job_id)}")
     parsed = validate_resources(resources) if not hasattr(resources, "requests") else resources
     raw = resources.model_dump(mode="json", exclude_none=True) if hasattr(resources, "model_dump") else resources
+    idempotency_key = validate_idempotency_key(idempotency_key or None)
     if isinstance(job_image, dict):
         job_image = validate_container(job_image)
     if job_image and job_image.credentials_ref:
@@ -69,6 +82,7 @@ def request_scale(
         warm=warm,
         job_image=job_image,
         raw_resources=raw,
+        idempotency_key=idempotency_key,
     )
     if connection.in_atomic_block or not getattr(settings, "KICI_ADMISSION_BATCHING", True):
         result = decide_batch([req])
@@ -86,12 +100,16 @@ def request_scale(
     return decision
 
 
-async def decide_async(data: ScaleInput, timeout: float | None = 30.0) -> tuple[ScaleDecision, Admitted | None]:
-    """Queue a validated ``/scale`` body for this process's admission batches and await the
-    decision, without holding a thread. On ``spawning`` the agent and its reservation are
-    committed and the admitted agent is returned; its spawn is not enqueued yet
-    (``scalers.jobs.enqueue_spawn_or_fail`` does that). Whether ``container.credentialsRef`` exists
-    is the caller's to check first. Raises ``AdmissionTimeout`` or the database error of its batch.
+async def decide_async(
+    data: ScaleInput, idempotency_key: str = "", timeout: float | None = 30.0, *, token_name: str = ""
+) -> tuple[ScaleDecision, Admitted | None]:
+    """Queue a validated ``/scale`` body, its validated ``Idempotency-Key`` ("" for none) and the
+    name of the API token that sent it for
+    this process's admission batches and await the decision, without holding a thread. On
+    ``spawning`` the agent and its reservation are committed and the admitted agent is returned;
+    its spawn is not enqueued yet (``scalers.jobs.enqueue_spawn_or_fail`` does that). Whether
+    ``container.credentialsRef`` exists is the caller's to check first. Raises ``AdmissionTimeout``
+    or the database error of its batch.
     """
     request = Request(
         labels=data.labels,
@@ -101,5 +119,7 @@ async def decide_async(data: ScaleInput, timeout: float | None = 30.0) -> tuple[
         exclude=data.exclude,
         raw_resources=data.raw_resources,
         job_image=data.container,
+        idempotency_key=idempotency_key,
+        token_name=token_name,
     )
     return await get_queue().submit_async(request, timeout=timeout)

@@ -51,6 +51,25 @@ class ScaleInput:
     container: JobImage | None = None
 
 
+#: Longest ``Idempotency-Key`` header (Stripe's limit).
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+def validate_idempotency_key(value: str | None) -> str:
+    """The ``/scale`` ``Idempotency-Key`` header, trimmed; "" when absent. Raises
+    :class:`InvalidScaleRequest` (field ``Idempotency-Key``) for an empty one, a longer one than
+    :data:`MAX_IDEMPOTENCY_KEY_LENGTH` or one with characters outside printable ASCII."""
+    if value is None:
+        return ""
+    key = value.strip()
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not all(" " <= c <= "~" for c in key):
+        raise InvalidScaleRequest(
+            "Idempotency-Key",
+            f"must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters, got {json_text(value)}",
+        )
+    return key
+
+
 def _as_written(field: str, value: dict) -> str:
     """The field path in the caller's shape: a flat ``{cpus, memory}`` request is reported as
     ``resources.memory``, not as the ``resources.requests.memory`` it is parsed into."""

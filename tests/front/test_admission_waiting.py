@@ -115,12 +115,14 @@ def test_a_request_that_exceeds_a_cap_is_shown_as_never_admittable_without_holde
     assert "huge" in html and "Reservations holding" not in html and held not in html
 
 
-def test_a_job_its_agent_serves_is_not_waiting_though_a_repeated_ask_was_refused():
+def test_a_job_its_agent_serves_is_not_waiting_when_it_asks_again():
     make_scaler("c", max_agents=1)
     agent_id = request_scale(["linux"], "job").agent
-    # The orchestrator asks again for the same job: its own agent holds the only slot.
-    assert request_scale(["linux"], "job").action == "at-capacity"
-    assert ScaleRequest.objects.get(job_id="job").outcome == "at-capacity"
+    # The orchestrator asks again for the same job while its own agent holds the only slot: the
+    # answer is that agent (idempotent scale), never a refusal that would count it as waiting.
+    again = request_scale(["linux"], "job")
+    assert (again.action, again.agent) == ("replayed", agent_id)
+    assert ScaleRequest.objects.get(job_id="job").outcome != "at-capacity"
     assert waiting_groups() == [] and needs_attention().counts["waiting"] == 0
     Agent.objects.filter(agent_id=agent_id).update(state=AgentState.DESTROYED, completed_job_id="job")
     assert waiting_groups() == [] and needs_attention().counts["waiting"] == 0  # it ran

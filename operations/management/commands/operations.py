@@ -1,8 +1,8 @@
 """``manage.py operations``: the command-line twin of every operations page action.
 
-    operations plan KIND [--scaler NAME] [--agent ID ...] [--label-set PK]
+    operations plan KIND [--scaler NAME | --host NAME] [--agent ID ...] [--label-set PK]
                          [--host-access [ENTRY ...] | --host-access-default | --host-access-revert]
-                         --user USERNAME
+                         [--reason TEXT] [--drain] --user USERNAME
     operations show ID
     operations approve ID --user USERNAME [--note TEXT] [--run-now] [--confirm-warnings]
     operations reject ID --user USERNAME [--note TEXT]
@@ -13,6 +13,9 @@ Every action goes through ``operations.services`` with the same checks as the pa
 approved operation in this process instead of enqueueing it (only for this host's queue), for a
 host whose worker is down. An operation with warnings (``show`` prints them) is approved only with
 ``--confirm-warnings``. Refusals exit with status 1 and one line saying why.
+
+Pause and resume: ``plan pause --scaler NAME --reason TEXT [--drain]`` (or ``--host NAME`` for
+every scaler of one host), ``plan resume --scaler NAME`` (or ``--host NAME``), then ``approve``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class Command(BaseCommand):
         plan.add_argument("--scaler")
         plan.add_argument("--agent", action="append", default=[], help="agent id (repeatable)")
         plan.add_argument("--label-set", type=int)
+        plan.add_argument("--host", help="pause / resume: the host (KICI_HOST_NAME) instead of one scaler")
+        plan.add_argument("--reason", help="pause: why (shown to operators and in /scale's 409 answer)")
+        plan.add_argument("--drain", action="store_true", help="pause: drain the running agents too")
         group = plan.add_mutually_exclusive_group()
         group.add_argument(
             "--host-access",
@@ -141,6 +147,12 @@ class Command(BaseCommand):
             params["host_access"] = None
         elif options["host_access"] is not None:
             params["host_access"] = list(options["host_access"])
+        if options["host"] is not None:
+            params["host"] = options["host"]
+        if options["reason"] is not None:
+            params["reason"] = options["reason"]
+        if options["drain"]:
+            params["drain"] = True
         scope = {
             "scaler": options["scaler"],
             "agent_ids": options["agent"],

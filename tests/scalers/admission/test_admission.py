@@ -485,6 +485,7 @@ def test_the_redispatch_count_looks_up_the_batchs_jobs_not_every_stored_refusal(
         "reason": "",
         "scaler_name": "s",
         "agent_ref": "",
+        "token_name": "",
     }
     sql, args = ledger.write_query(
         now=now,

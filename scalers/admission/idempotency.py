@@ -1,0 +1,108 @@
+"""Idempotent scale: a job has at most one live agent, and so has an ``Idempotency-Key``.
+
+A job's agent is live while it is in ``agents.choices.LIVE_STATES`` (spawning, connecting,
+running, draining); a release, a job-complete that ends it or a failed spawn ends it, and with
+it the job's and the key's claim. While it is live, a ``/scale`` for the same job is answered
+(pure, :func:`verdict`):
+
+* asked for the same way (same ``Idempotency-Key`` or none both times, same body: ``labels``,
+  ``resources``, ``runId``, ``exclude``, ``container``, as validated): that agent again (200, the
+  first answer's body);
+* with another key, or with a key where the first had none or the other way round: refused,
+  field ``Idempotency-Key`` (the job is taken: a new intent for it must wait for its end);
+* with the same key and another body: refused, the field the first difference is in.
+
+A request whose key a live agent of *another* job was asked for with is refused, field ``jobId``
+(a key names one request). The database holds both rules for every writer (the unique indexes
+``agent_one_live_per_job`` and ``agent_one_live_per_key``): a batch that would break one fails
+and is decided again knowing the live agents of its jobs and keys (``scalers.admission.decide``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lib.wording import json_text
+
+from .validate import JobImage
+
+#: The fields of a scale body compared on a repeat, in the order a mismatch is reported.
+BODY_FIELDS = ("labels", "resources", "runId", "exclude", "container")
+#: The header's name, as the refusal's ``field``.
+KEY_FIELD = "Idempotency-Key"
+
+
+def scale_body(
+    labels: tuple[str, ...], raw_resources: Any, run_id: str, exclude: tuple[str, ...], job_image: JobImage | None
+) -> dict:
+    """The validated request as kept on its agent (``Agent.scale_body``) and compared on a repeat."""
+    container = {"image": job_image.image, "credentialsRef": job_image.credentials_ref} if job_image else None
+    return {
+        "labels": list(labels),
+        "resources": raw_resources,
+        "runId": run_id,
+        "exclude": list(exclude),
+        "container": container,
+    }
+
+
+@dataclass
+class LiveAgent:
+    """A live agent bound to a job, as the repeat of its request is answered. ``spawn``: the
+    batch's own admission when the agent is not written yet (its id may still change)."""
+
+    agent_id: str
+    pk: int | None
+    scaler: str
+    backend_type: str
+    warm: bool
+    job_id: str
+    key: str
+    body: dict | None
+    spawn: object = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A request meets a live agent: a repeat (``field`` None) or a mismatch naming ``field``."""
+
+    agent: LiveAgent
+    field: str | None = None
+    message: str = ""
+
+
+def _key_wording(key: str) -> str:
+    return f"with Idempotency-Key {json_text(key)}" if key else "without an Idempotency-Key"
+
+
+def verdict(job_id: str, key: str, body: dict, by_job: LiveAgent | None, by_key: LiveAgent | None) -> Verdict | None:
+    """How a request for ``job_id`` with ``key`` ("" for none) and ``body`` meets the live agent of
+    its job (``by_job``) and of its key (``by_key``); None when neither exists (decide it)."""
+    if by_job is not None:
+        agent = by_job.agent_id
+        if key != by_job.key:
+            return Verdict(
+                by_job,
+                KEY_FIELD,
+                f"job {json_text(job_id)} has live agent {agent}, asked for {_key_wording(by_job.key)}, "
+                f"not {_key_wording(key)}: repeat the first request, or end that agent first",
+            )
+        for name in BODY_FIELDS if by_job.body is not None else ():
+            first, now = by_job.body.get(name), body.get(name)
+            if first != now:
+                return Verdict(
+                    by_job,
+                    name,
+                    f"job {json_text(job_id)} has live agent {agent}, asked for with {name} {json_text(first)}, "
+                    f"not {json_text(now)}: repeat the first request, or end that agent first",
+                )
+        return Verdict(by_job)
+    if key and by_key is not None:
+        return Verdict(
+            by_key,
+            "jobId",
+            f"Idempotency-Key {json_text(key)} asked for live agent {by_key.agent_id} of job "
+            f"{json_text(by_key.job_id)}, not {json_text(job_id)}: a key names one request",
+        )
+    return None

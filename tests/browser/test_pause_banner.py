@@ -1,0 +1,59 @@
+"""The pause banner in Debian Chromium against a real daphne: a pause planned from the scaler
+page's form and approved shows who asked, who approved and why on every page; a resume planned
+from the same panel and approved takes it away."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import expect
+
+from operations.jobs import run_operation
+from operations.models import Operation
+from operations.services import approve_operation
+from scalers.models import Pause
+from tests.support.scalers import make_scaler
+
+pytestmark = pytest.mark.browser
+
+PERMS = ("operations.view_operation", "operations.request_operation", "operations.approve_operation")
+
+
+def _approve_and_run_latest() -> Operation:
+    op = Operation.objects.latest("pk")
+    approve_operation(op, User.objects.get(username="pause-browser"), require_worker=False, enqueue=False)
+    run_operation(op.pk)
+    return op
+
+
+def test_a_pause_shows_a_banner_with_who_and_why_until_it_is_resumed(browser_page):
+    make_scaler("paused-c", labels=("linux",), host="h1")
+    page = browser_page(*PERMS, username="pause-browser")
+
+    page.goto("/scalers/paused-c/")
+    expect(page.locator("#pause-banner")).to_have_count(0)
+    form = page.locator("#pause-scaler")
+    form.get_by_label("why pause scaler paused-c").fill("firmware update on the docker host")
+    form.get_by_role("button", name="Pause scaler…").click()
+    page.wait_for_url(re.compile(r"/operations/\d+/$"))
+    assert "pause: no new agent" in page.locator("#op-targets").inner_text()
+    _approve_and_run_latest()
+    assert Pause.objects.get().reason == "firmware update on the docker host"
+
+    for url in ("/", "/scalers/paused-c/"):
+        page.goto(url)
+        banner = page.locator("#pause-banner")
+        expect(banner).to_be_visible()
+        expect(banner).to_contain_text("scaler paused-c is paused by pause-browser, approved by pause-browser")
+        expect(banner).to_contain_text("firmware update on the docker host")
+    expect(page.locator("#paused")).to_be_visible()
+
+    page.get_by_role("button", name="Resume scaler…").click()
+    page.wait_for_url(re.compile(r"/operations/\d+/$"))
+    _approve_and_run_latest()
+    page.goto("/scalers/paused-c/")
+    expect(page.locator("#pause-banner")).to_have_count(0)
+    expect(page.locator("#pause-state")).to_contain_text("Not paused")
+    assert not page.js_errors, page.js_errors
