@@ -72,6 +72,21 @@ def resolve_host_access(
     return resolve_agent_host_access(policy, orchestrator_url, gateway, host_services()), explicit
 
 
+def resolve_kici_host_access(policy: Any, target, gateway: str = ISOLATED_NETWORK_GATEWAY) -> tuple[list[str], bool]:
+    """``(entries, explicit)`` for a sandbox running the real KiCI agent of ``target``
+    (``scalers.kici_orchestrator.KiciAgentTarget``): the label set's explicit ``hostAccess``
+    verbatim, else the orchestrator's port on the gateway when the orchestrator listens there,
+    and nothing more of the host (no DNS, no console port: the real agent talks to its
+    orchestrator only). An orchestrator elsewhere is reached through the forward rules, not
+    host access: the default is then ``[]``."""
+    explicit = isinstance(policy, dict) and (
+        policy.get("hostAccess") is not None or policy.get("host_access") is not None
+    )
+    if explicit:
+        return resolve_agent_host_access(policy, "", gateway), True
+    return ([f"{gateway}:{target.port}"] if target.host == gateway else []), False
+
+
 @dataclass
 class IsolationTarget:
     """What the drift check needs of one backend's isolation: the table's ``client`` (an
