@@ -78,3 +78,19 @@ def test_it_refuses_the_real_agent_on_another_scaler_type_or_for_several_jobs():
     kici = [p for p in problems if p.startswith("scalers.yaml:9: scalers.0.labelSets.0.kiciAgent: ")]
     assert len(kici) == 1 and "bare-metal" in kici[0], problems
     assert any(p.startswith("scalers.yaml:12: scalers.0.labelSets.0.maxUses: ") for p in problems), problems
+
+
+@pytest.mark.django_db
+def test_an_imported_label_set_names_its_orchestrator():
+    from scalers.importing import apply_scalers_config
+    from scalers.kici_orchestrator import kici_agent_target
+    from scalers.models import LabelSet
+
+    apply_scalers_config(parse_scalers_config_text(GOOD, "scalers.yaml"), "scalers.yaml")
+    target = kici_agent_target(LabelSet.objects.get(scaler__name="real"))
+    assert (target.ws_url, target.admin_url, target.admin_token_ref, target.port) == (
+        "ws://172.30.0.1:8480/ws",
+        "http://172.30.0.1:8480",
+        "main-orchestrator",
+        8480,
+    )
