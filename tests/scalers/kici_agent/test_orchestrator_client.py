@@ -116,3 +116,22 @@ def test_the_default_host_access_is_the_orchestrators_port_on_the_gateway_only(o
     assert resolve_kici_host_access({}, type(target)("wss://ci.example.org/ws", "", "orch")) == ([], False)
     explicit = {"hostAccess": ["172.30.0.1:53"]}
     assert resolve_kici_host_access(explicit, on_gateway) == (["172.30.0.1:53"], True)
+
+
+def test_the_editor_and_the_host_access_operation_show_the_real_agents_default():
+    from front.host_access_editor import effective_host_access
+    from operations.kinds.host_access_apply import resolved_host_access
+
+    scaler = make_scaler(
+        labels=("real-linux",),
+        ls_config={
+            "image": "kici-real-agent:test",
+            "kiciAgent": {"orchestratorUrl": "ws://172.30.0.1:8480/ws", "adminTokenRef": "orch"},
+        },
+    )
+    label_set = scaler.label_sets.first()
+    assert effective_host_access(label_set, None) == ["172.30.0.1:8480"]
+    assert resolved_host_access(None, label_set, "172.30.0.1") == ["172.30.0.1:8480"]
+    assert effective_host_access(label_set, ["172.30.0.1:53"]) == ["172.30.0.1:53"]
+    console_set = make_scaler(labels=("plain",)).label_sets.first()
+    assert "172.30.0.1:53" in resolved_host_access(None, console_set, "172.30.0.1")
