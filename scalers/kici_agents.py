@@ -16,8 +16,9 @@ container exited first, or that is still unlisted at the registration deadline, 
 the orchestrator's answer (how many agents it lists, whether the token was ever presented) and
 the agent's last output. A ``running`` agent whose container exited is torn down at once as
 ``destroyed``, with a reason saying that the agent exited and how: its slot is free when the
-look ends. The sweeper's deadline prune and lost-agent sweep stay the backstops of a follow job
-lost with Redis.
+look ends. A follow lost with Redis or a killed worker is resumed by the sweeper
+(:func:`resume_follows`, within :data:`FOLLOW_LOST_SECONDS`, before the heartbeat timeout would
+call a healthy agent lost); its deadline prune stays the backstop for a connecting agent.
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ from scalers.lifecycle import (
     teardown_agent,
 )
 from scalers.metrics import SCALE_TO_REGISTERED, observe
+from scalers.models import this_host
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two looks at a real KiCI agent.
 FOLLOW_SECONDS = 1.0
+#: Seconds after its last scheduling that an agent's follow counts as lost (:func:`resume_follows`).
+FOLLOW_LOST_SECONDS = 30
 
 _FOLLOWED = (AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 
@@ -64,11 +68,18 @@ def is_kici_agent(agent: Agent) -> bool:
     return agent.label_set_id is not None and kici_agent_target(agent.label_set) is not None
 
 
+def _follow_key(agent: Agent) -> str:
+    return f"kici:follow:{agent.pk}"
+
+
 def schedule_follow(agent: Agent, delay: float = FOLLOW_SECONDS) -> None:
     """Schedule the next :func:`follow_kici_agent` of ``agent`` in ``delay`` seconds (needs a
-    worker ``--with-scheduler``); an enqueue failure is logged, the sweeper's backstops remain."""
+    worker ``--with-scheduler``) and mark its follow alive for :data:`FOLLOW_LOST_SECONDS`; an
+    enqueue failure is logged, :func:`resume_follows` and the sweeper's backstops remain."""
     try:
-        scaler_queue(agent.scaler).enqueue_in(
+        queue = scaler_queue(agent.scaler)
+        queue.connection.set(_follow_key(agent), 1, ex=FOLLOW_LOST_SECONDS)
+        queue.enqueue_in(
             timedelta(seconds=delay),
             follow_kici_agent,
             agent.pk,
@@ -79,6 +90,23 @@ def schedule_follow(agent: Agent, delay: float = FOLLOW_SECONDS) -> None:
         )
     except Exception:  # the deadline prune and lost-agent sweep still end it
         log.warning("could not schedule the follow of %s", agent.agent_id, exc_info=True)
+
+
+def resume_follows() -> int:
+    """The sweeper's unit: schedule a follow for each live real KiCI agent of this host's scalers
+    whose follow was not scheduled for :data:`FOLLOW_LOST_SECONDS` (lost with Redis, or with a
+    worker killed mid-look). The mark is claimed atomically (``SET NX``), so two sweepers or a live
+    follow never start a second chain. Returns how many follows it resumed."""
+    resumed = 0
+    live = Agent.objects.filter(scaler__host=this_host(), state__in=_FOLLOWED, label_set__isnull=False)
+    for agent in live.select_related("scaler", "label_set"):
+        if not is_kici_agent(agent):
+            continue
+        if scaler_queue(agent.scaler).connection.set(_follow_key(agent), 1, ex=FOLLOW_LOST_SECONDS, nx=True):
+            log.info("resuming the follow of the KiCI agent %s", agent.agent_id)
+            schedule_follow(agent, delay=0)
+            resumed += 1
+    return resumed
 
 
 def follow_kici_agent(agent_pk: int) -> str:

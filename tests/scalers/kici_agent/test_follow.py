@@ -149,3 +149,28 @@ def test_the_follow_job_schedules_itself_while_the_agent_lives(orchestrator, bac
     backend.exit = "exited with code 3"
     assert follow_kici_agent(agent.pk) == "failed"
     assert scheduled == [agent.pk]
+
+
+def test_the_sweeper_resumes_a_lost_follow_once(orchestrator, backend, monkeypatch):
+    from scalers.hosts import scaler_queue
+    from scalers.kici_agents import resume_follows
+
+    scheduled = []
+    agent = _agent(orchestrator, state=AgentState.RUNNING)
+    make_agent(make_scaler(labels=("plain",)), state=AgentState.RUNNING)  # the console's own agent
+    connection = scaler_queue(agent.scaler).connection
+    connection.delete(f"kici:follow:{agent.pk}")
+    monkeypatch.setattr("scalers.kici_agents.scaler_queue", lambda scaler: FakeQueue(connection, scheduled))
+    assert resume_follows() == 1
+    assert resume_follows() == 0  # its follow is marked alive now
+    assert scheduled == [agent.pk]
+
+
+class FakeQueue:
+    """A queue that records what is scheduled on it, on the real Redis connection."""
+
+    def __init__(self, connection, scheduled):
+        self.connection, self.scheduled = connection, scheduled
+
+    def enqueue_in(self, delay, func, agent_pk, **kwargs):
+        self.scheduled.append(agent_pk)
