@@ -174,3 +174,21 @@ class FakeQueue:
 
     def enqueue_in(self, delay, func, agent_pk, **kwargs):
         self.scheduled.append(agent_pk)
+
+
+def test_scheduling_a_follow_marks_it_alive_and_queues_it(orchestrator):
+    from rq.registry import ScheduledJobRegistry
+
+    from scalers.hosts import scaler_queue
+    from scalers.kici_agents import FOLLOW_LOST_SECONDS, schedule_follow
+
+    agent = _agent(orchestrator)
+    queue = scaler_queue(agent.scaler)
+    registry = ScheduledJobRegistry(queue=queue)
+    before = set(registry.get_job_ids())
+    schedule_follow(agent)
+    assert 0 < queue.connection.ttl(f"kici:follow:{agent.pk}") <= FOLLOW_LOST_SECONDS
+    [job_id] = set(registry.get_job_ids()) - before
+    job = queue.fetch_job(job_id)
+    assert job.func_name == "scalers.kici_agents.follow_kici_agent" and list(job.args) == [agent.pk]
+    registry.remove(job_id, delete_job=True)
