@@ -61,6 +61,20 @@ class KiciAgentTarget:
         return urlsplit(self.ws_url).hostname or ""
 
 
+def token_context(target: KiciAgentTarget, token_id: str) -> dict[str, str]:
+    """What an agent row keeps of its orchestrator token (``backend_context``): its id and where
+    to revoke it, so a reload that changes or drops the label set's ``kiciAgent`` cannot strand it."""
+    return {KICI_TOKEN_ID: token_id, "kici_admin_url": target.admin_url, "kici_admin_token_ref": target.admin_token_ref}
+
+
+def token_to_revoke(context: dict) -> tuple[KiciAgentTarget, str] | None:
+    """``(where, token id)`` of the orchestrator token :func:`token_context` recorded, or None."""
+    token_id = context.get(KICI_TOKEN_ID)
+    if not token_id or not context.get("kici_admin_url") or not context.get("kici_admin_token_ref"):
+        return None
+    return KiciAgentTarget("", str(context["kici_admin_url"]), str(context["kici_admin_token_ref"])), str(token_id)
+
+
 def kici_agent_target(label_set) -> KiciAgentTarget | None:
     """The ``kiciAgent`` of ``label_set`` (a ``LabelSet`` row, its stored yaml), or None when its
     sandboxes run the console's own agent. ``adminUrl`` defaults to the WebSocket URL's host and

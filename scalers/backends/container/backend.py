@@ -19,7 +19,7 @@ from docker.errors import APIError, NotFound
 
 from agents.archive import write_archive
 from lib.dockerlogs import RedisCheckpoints, container_output
-from scalers.kici_orchestrator import KICI_TOKEN_ID, kici_agent_target, revoke_agent_token
+from scalers.kici_orchestrator import revoke_agent_token, token_to_revoke
 
 from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import (
@@ -219,13 +219,13 @@ class ContainerBackend:
         self._revoke_kici_token(agent)
 
     def _revoke_kici_token(self, agent) -> None:
-        """Revoke the orchestrator token of a real KiCI agent (``backend_context``), if any: the
-        admin interface mints tokens that never expire. Raises ``OrchestratorError`` when the
+        """Revoke the orchestrator token of a real KiCI agent where its spawn recorded it
+        (``backend_context``, ``kici_orchestrator.token_context``), if any: the admin interface
+        mints tokens that never expire. Raises ``OrchestratorError`` when the
         orchestrator cannot be asked, so the teardown keeps the reservation and is retried."""
-        token_id = (agent.backend_context or {}).get(KICI_TOKEN_ID)
-        target = kici_agent_target(agent.label_set) if agent.label_set_id else None
-        if token_id and target is not None:
-            revoke_agent_token(target, str(token_id))
+        recorded = token_to_revoke(agent.backend_context or {})
+        if recorded is not None:
+            revoke_agent_token(*recorded)
 
     def _remove_container(self, agent) -> None:
         container_id = agent.managed_id or self.host.find(self.scaler.name, agent.agent_id)

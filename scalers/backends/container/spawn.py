@@ -21,11 +21,11 @@ from agents.models import Agent
 from network import netlink
 from scalers.credentials import CredentialError, auth_config
 from scalers.kici_orchestrator import (
-    KICI_TOKEN_ID,
     OrchestratorError,
     kici_agent_target,
     mint_agent_token,
     revoke_agent_token,
+    token_context,
     token_labels,
 )
 
@@ -281,7 +281,7 @@ def spawn_container(
                 "container_id": container_id,
                 "image": image,
                 "network": ISOLATED_NETWORK_NAME if network_isolation else None,
-                **({KICI_TOKEN_ID: kici_token_id} if kici_token_id else {}),
+                **(token_context(kici, kici_token_id) if kici_token_id else {}),
             },
         )
     except BaseException as exc:
@@ -314,7 +314,7 @@ def mint_spawn_token(agent, kici) -> tuple[str, str]:
             "create",
         )
     token_id, token = mint_agent_token(kici, token_labels(agent.label_set, agent.scaler.roles))
-    Agent.objects.filter(pk=agent.pk).update(backend_context={KICI_TOKEN_ID: token_id})
+    Agent.objects.filter(pk=agent.pk).update(backend_context=token_context(kici, token_id))
     record_event(
         agent,
         EventType.PROVISIONING,

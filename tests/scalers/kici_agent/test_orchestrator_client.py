@@ -135,3 +135,18 @@ def test_the_editor_and_the_host_access_operation_show_the_real_agents_default()
     assert effective_host_access(label_set, ["172.30.0.1:53"]) == ["172.30.0.1:53"]
     console_set = make_scaler(labels=("plain",)).label_sets.first()
     assert "172.30.0.1:53" in resolved_host_access(None, console_set, "172.30.0.1")
+
+
+def test_a_destroyed_agents_token_is_revoked_where_its_spawn_recorded_it(orchestrator, admin_token):
+    from scalers.backends.container.backend import ContainerBackend
+    from scalers.kici_orchestrator import token_context
+
+    scaler = _scaler(orchestrator.port)
+    label_set = scaler.label_sets.first()
+    token_id, _ = mint_agent_token(kici_agent_target(label_set), ["real-linux"])
+    agent = make_agent(scaler, backend_context=token_context(kici_agent_target(label_set), token_id))
+    label_set.config = {"labels": ["real-linux"], "image": "kici-agent:local"}  # a reload dropped kiciAgent
+    label_set.save()
+    ContainerBackend(scaler)._revoke_kici_token(agent)
+    assert orchestrator.tokens == {}
+    ContainerBackend(scaler)._revoke_kici_token(agent)  # already revoked: done, no error
