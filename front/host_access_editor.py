@@ -33,8 +33,9 @@ from network.host_access import (
 from network.netlink import NetlinkError, host_addresses
 from network.nft.plan import Op, rule_changes, spec_rule_lines
 from network.nft.spec import AgentSpec, RuleSpecError
-from scalers.backends.isolation import console_services
+from scalers.backends.isolation import console_services, resolve_kici_host_access
 from scalers.choices import ScalerType
+from scalers.kici_orchestrator import kici_agent_target
 from scalers.models import ConfigState, LabelSet, Scaler
 
 DEFAULT = "default"
@@ -227,10 +228,14 @@ def effective_host_access(label_set: LabelSet, entries: list[str] | None) -> lis
     the default list).
 
     Orchestrator URL: the scaler's ``orchestrator_url``, else ``settings.KICI_CONSOLE_URL``; host
-    services: ``storage_host_access_entries(settings.KICI_STORAGE_URL)``.
+    services: ``storage_host_access_entries(settings.KICI_STORAGE_URL)``. A label set running the
+    real KiCI agent defaults to its orchestrator's port (``resolve_kici_host_access``).
     """
     scaler = label_set.scaler
     policy = None if entries is None else {"host_access": list(entries)}
+    target = kici_agent_target(label_set)
+    if target is not None:
+        return resolve_kici_host_access(policy, target, gateway_for(scaler))[0]
     return resolve_agent_host_access(
         policy,
         scaler.orchestrator_url or settings.KICI_CONSOLE_URL,
@@ -313,7 +318,12 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         .order_by("created_at")[:agent_limit]
     )
     diffs = [rule_diff(a, effective, gateway, current_effective) for a in agents]
-    console = console_port_warning(effective, label_set.scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
+    # A real KiCI agent never dials the console: its list needs no console port.
+    console = (
+        None
+        if kici_agent_target(label_set) is not None
+        else console_port_warning(effective, label_set.scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
+    )
     return EditorPlan(
         label_set, mode, checks, general, entries, effective, diffs, unchanged, addresses, address_error, console or ""
     )

@@ -1,9 +1,11 @@
 """Scalers, label sets, reservations, admission records and capacity samples in the admin: view only.
 
 Configuration comes from ``scalers.yaml`` (import / config-reload operation); host access and
-capacity change through approved operations (``kici_site.readonly_admin``). The one editable
-model is :class:`~scalers.models.RegistryCredential`: registry logins are secrets, kept out of
-``scalers.yaml`` on purpose, and their secret is write-only here (``docs/registry-credentials.md``).
+capacity change through approved operations (``kici_site.readonly_admin``). The editable
+models are :class:`~scalers.models.RegistryCredential` and
+:class:`~scalers.models.OrchestratorAdminToken`: registry logins and orchestrator admin tokens are
+secrets, kept out of ``scalers.yaml`` on purpose, and their secret is write-only here
+(``docs/registry-credentials.md``, ``docs/real-kici-agent.md``).
 """
 
 from django import forms
@@ -19,6 +21,7 @@ from .models import (
     LabelSet,
     MachinePool,
     MetricCounter,
+    OrchestratorAdminToken,
     RecoveryReport,
     RegistryCredential,
     Reservation,
@@ -130,3 +133,43 @@ class RegistryCredentialAdmin(admin.ModelAdmin):
     search_fields = ("name", "registry", "username")
     readonly_fields = ("created_at", "updated_at")
     fields = ("name", "registry", "username", "new_secret", "created_at", "updated_at")
+
+
+class OrchestratorAdminTokenForm(forms.ModelForm):
+    """``name`` and a write-only ``new_secret`` (the orchestrator's admin token): required on
+    create, left blank on edit to keep the stored one. The stored token is never put into the page."""
+
+    new_secret = forms.CharField(
+        label="Admin token",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="the orchestrator's admin token; never shown again. Leave blank to keep the stored one.",
+    )
+
+    class Meta:
+        model = OrchestratorAdminToken
+        fields = ("name",)
+
+    def clean(self):
+        cleaned = super().clean()
+        plain = cleaned.get("new_secret") or ""
+        if not plain and not self.instance.pk:
+            self.add_error("new_secret", "a new admin token needs its value")
+        elif plain:
+            try:
+                self.instance.secret = encrypt_secret(plain)
+            except CredentialError as exc:
+                self.add_error("new_secret", str(exc))
+        return cleaned
+
+
+@admin.register(OrchestratorAdminToken)
+class OrchestratorAdminTokenAdmin(admin.ModelAdmin):
+    """Create, edit and delete orchestrator admin tokens; the token is write-only (``new_secret``)."""
+
+    form = OrchestratorAdminTokenForm
+    list_display = ("name", "updated_at")
+    search_fields = ("name",)
+    readonly_fields = ("created_at", "updated_at")
+    fields = ("name", "new_secret", "created_at", "updated_at")

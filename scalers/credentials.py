@@ -55,11 +55,17 @@ def encrypt_secret(plain: str) -> str:
 def decrypt_secret(credential: RegistryCredential) -> str:
     """The plain secret of ``credential``. Raises :class:`CredentialError` when it does not
     decrypt with the current key (the key was changed, or the row was edited by hand)."""
+    return decrypt_text(credential.secret, f"registry credential {credential.name!r}")
+
+
+def decrypt_text(ciphertext: str, what: str) -> str:
+    """The plain text of a Fernet token written by :func:`encrypt_secret`. Raises
+    :class:`CredentialError` naming ``what`` when there is no key or it does not decrypt."""
     try:
-        return _fernet().decrypt(credential.secret.encode()).decode()
+        return _fernet().decrypt(ciphertext.encode()).decode()
     except InvalidToken:
         raise CredentialError(
-            f"the secret of registry credential {credential.name!r} does not decrypt with KICI_SECRETS_KEY "
+            f"the secret of {what} does not decrypt with KICI_SECRETS_KEY "
             "(was the key changed?); set the secret again in the admin"
         ) from None
 

@@ -44,6 +44,7 @@ from scalers.admission.decide import Admitted, ScaleDecision, spawn_job_id
 from scalers.backends.base import SpawnControl
 from scalers.backends.factory import get_backend
 from scalers.hosts import host_queue_name, queue_named, scaler_queue
+from scalers.kici_agents import is_kici_agent, schedule_follow
 from scalers.lifecycle import (
     CLEANUP_JOB_TIMEOUT_SECONDS,
     awaits_the_reaper,
@@ -215,7 +216,9 @@ def _spawn(agent: Agent) -> str:
     control.mark("connecting")
     record_marks(agent, control.marks)
     agent.backend_context = result.context
-    if not awaits_the_reaper(agent):
+    if is_kici_agent(agent):
+        schedule_follow(agent)
+    elif not awaits_the_reaper(agent):
         schedule_watch(agent, backend)
     return "spawned"
 

@@ -442,6 +442,27 @@ class RegistryCredential(models.Model):
         return f"{self.name} ({self.username}@{self.registry})"
 
 
+class OrchestratorAdminToken(models.Model):
+    """An admin token of a real KiCI orchestrator, admin-managed, named by a label set's
+    ``kiciAgent.adminTokenRef`` (``scalers.kici_orchestrator``).
+
+    ``secret`` is the token encrypted with ``KICI_SECRETS_KEY`` (a Fernet token, as for
+    :class:`RegistryCredential`): written through :func:`scalers.credentials.encrypt_secret`,
+    decrypted only to mint or revoke an agent's token, and never shown, logged or returned.
+    """
+
+    name = models.SlugField(max_length=100, unique=True, help_text="what kiciAgent.adminTokenRef names")
+    secret = models.TextField(editable=False, help_text="the encrypted admin token")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
 class CapacitySample(models.Model):
     """What one scaler held against its caps at ``taken_at``, written by the leading sweeper
     every ``KICI_CAPACITY_SAMPLE_SECONDS`` (``scalers.samples``) and pruned after 48 h.

@@ -53,8 +53,9 @@ from network.nft.spec import AgentSpec
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ISOLATED_NETWORK_SUBNET
 from scalers.backends.firecracker.settings import NETWORK_DEFAULTS
 from scalers.backends.holders import address_holders, address_lock
-from scalers.backends.isolation import console_services, nft_table_for, resolve_host_access
+from scalers.backends.isolation import console_services, label_set_host_access, nft_table_for
 from scalers.backends.sandboxes import list_kici_containers
+from scalers.kici_orchestrator import kici_agent_target
 from scalers.models import ConfigState, LabelSet
 
 from ..choices import OperationKind, TargetOutcome
@@ -79,21 +80,19 @@ def isolation_target(scaler) -> tuple[str, str, str] | None:
     return None
 
 
-def resolved_host_access(host_access: list[str] | None, scaler, gateway: str) -> list[str]:
-    """The host access in force for an agent of ``scaler`` whose label set says ``host_access``
-    (None = the default: gateway DNS, the console port, host services)."""
-    entries, _ = resolve_host_access(
-        {"hostAccess": host_access} if host_access is not None else None,
-        scaler.orchestrator_url or settings.KICI_CONSOLE_URL,
-        gateway,
+def resolved_host_access(host_access: list[str] | None, label_set, gateway: str) -> list[str]:
+    """The host access in force for an agent of ``label_set`` when it says ``host_access`` (None =
+    the default: gateway DNS, the console port, host services; for a label set running the real
+    KiCI agent, its orchestrator's port: ``scalers.backends.isolation.label_set_host_access``)."""
+    return label_set_host_access(
+        label_set, host_access, label_set.scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway
     )
-    return entries
 
 
-def _checked_entries(host_access: list[str] | None, scaler, gateway: str) -> list[str]:
+def _checked_entries(host_access: list[str] | None, label_set, gateway: str) -> list[str]:
     """The entries whose warnings an approver must confirm: the explicit list, or the default list
     when ``host_access`` is None."""
-    return list(host_access) if host_access is not None else resolved_host_access(None, scaler, gateway)
+    return list(host_access) if host_access is not None else resolved_host_access(None, label_set, gateway)
 
 
 def _warnings(entries: list[str], gateway: str) -> list[str]:
@@ -303,8 +302,13 @@ def _plan_agents(result: Plan, label_set: LabelSet, new: list[str] | None) -> No
             )
         return
     table, gateway, _subnet = where
-    checked = _checked_entries(new, scaler, gateway)
-    console = console_port_warning(checked, scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
+    checked = _checked_entries(new, label_set, gateway)
+    # A real KiCI agent never dials the console: its list needs no console port.
+    console = (
+        None
+        if kici_agent_target(label_set) is not None
+        else console_port_warning(checked, scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
+    )
     result.warnings.extend(([console] if console else []) + _warnings(checked, gateway))
     try:
         in_force = NftClient(table, netns=settings.KICI_NFT_NETNS).list_agents()
@@ -312,7 +316,7 @@ def _plan_agents(result: Plan, label_set: LabelSet, new: list[str] | None) -> No
         in_force = None
         result.notes.append(f"could not read table {table}: {exc}; agent rules are not planned")
     policy = _policy(label_set)
-    resolved_new = resolved_host_access(new, scaler, gateway)
+    resolved_new = resolved_host_access(new, label_set, gateway)
     for agent in agents:
         akey = f"agent:{agent.agent_id}"
         if not agent.ip:

@@ -32,7 +32,8 @@ class LabelSetInfo:
     image: str | None = None
     agent_labels: tuple[str, ...] = ()  # labels its agents are spawned with
     #: A job bringing its own image may run here: a container scaler's label set, or a bare-metal
-    #: one in container mode (``image`` and no ``binaryPath``).
+    #: one in container mode (``image`` and no ``binaryPath``), unless it runs the real KiCI agent
+    #: (``kiciAgent``: its own image holds the agent).
     runs_job_images: bool = False
 
 
@@ -179,8 +180,11 @@ def build_world(
                 gate=tuple(entry.gates[i]),
                 resources=(ls["config"] or {}).get("resources"),
                 image=(ls["config"] or {}).get("image"),
-                runs_job_images=row["type"] == ScalerType.CONTAINER
-                or (row["type"] == ScalerType.BARE_METAL and not (ls["config"] or {}).get("binaryPath")),
+                runs_job_images=not (ls["config"] or {}).get("kiciAgent")
+                and (
+                    row["type"] == ScalerType.CONTAINER
+                    or (row["type"] == ScalerType.BARE_METAL and not (ls["config"] or {}).get("binaryPath"))
+                ),
                 agent_labels=tuple(
                     labelmod.agent_labels(
                         entry.declared[i],

@@ -21,6 +21,7 @@ from django.conf import settings
 from network.host_access import ConsoleService, resolve_agent_host_access, storage_host_access_entries
 from network.nft import apply as nft_apply
 from network.nft.spec import AgentSpec
+from scalers.kici_orchestrator import kici_agent_target
 
 from . import holders
 from .base import scaler_option
@@ -70,6 +71,32 @@ def resolve_host_access(
         policy.get("hostAccess") is not None or policy.get("host_access") is not None
     )
     return resolve_agent_host_access(policy, orchestrator_url, gateway, host_services()), explicit
+
+
+def resolve_kici_host_access(policy: Any, target, gateway: str = ISOLATED_NETWORK_GATEWAY) -> tuple[list[str], bool]:
+    """``(entries, explicit)`` for a sandbox running the real KiCI agent of ``target``
+    (``scalers.kici_orchestrator.KiciAgentTarget``): the label set's explicit ``hostAccess``
+    verbatim, else the orchestrator's port on the gateway when the orchestrator listens there,
+    and nothing more of the host (no DNS, no console port: the real agent talks to its
+    orchestrator only). An orchestrator elsewhere is reached through the forward rules, not
+    host access: the default is then ``[]``."""
+    explicit = isinstance(policy, dict) and (
+        policy.get("hostAccess") is not None or policy.get("host_access") is not None
+    )
+    if explicit:
+        return resolve_agent_host_access(policy, "", gateway), True
+    return ([f"{gateway}:{target.port}"] if target.host == gateway else []), False
+
+
+def label_set_host_access(label_set, host_access: list[str] | None, orchestrator_url: str, gateway: str) -> list[str]:
+    """The host access agents of ``label_set`` get when its ``hostAccess`` is ``host_access``
+    (None = the default): :func:`resolve_kici_host_access` for a label set running the real KiCI
+    agent, else :func:`resolve_host_access` with ``orchestrator_url`` (the console agents dial)."""
+    policy = {"hostAccess": list(host_access)} if host_access is not None else None
+    target = kici_agent_target(label_set)
+    if target is not None:
+        return resolve_kici_host_access(policy, target, gateway)[0]
+    return resolve_host_access(policy, orchestrator_url, gateway)[0]
 
 
 @dataclass

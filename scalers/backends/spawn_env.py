@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from scalers.kici_orchestrator import agent_labels as kici_agent_labels
+from scalers.kici_orchestrator import kici_agent_target
 from scalers.labels import agent_labels
 from scalers.models import ConfigState
 from scalers.resources import EffectiveLimits, effective_limits, resolve_resources
@@ -97,10 +99,36 @@ def _label_env(label_set: LabelSet | None) -> list[tuple[str, str]]:
     return [(str(k), str(v)) for k, v in env.items()]
 
 
+def kici_agent_env(agent: Agent, token: str | None) -> list[str]:
+    """``Env`` of a container running the real KiCI agent (label set ``kiciAgent``): exactly the
+    variables it accepts and needs, nothing of the console's own agent nor forwarded.
+
+    ``KICI_ORCHESTRATOR_URL`` (the orchestrator's ``/ws`` URL), ``KICI_AGENT_ID``, ``KICI_LABELS``
+    (the label set's labels, all within the token's), ``KICI_AGENT_TOKEN`` (the orchestrator's),
+    ``KICI_ROLES`` (the scaler's ``roles``; unset = all, each adds a ``kici:role:*`` label the
+    token allows), ``KICI_SCALER_MANAGED=1`` (it exits once idle) and
+    ``KICI_EXECUTION_MODE=bare-metal`` (steps run in this container; scaler-managed without it,
+    the agent would take itself for a Firecracker guest)."""
+    target = kici_agent_target(agent.label_set)
+    if target is None or not token:
+        raise ValueError(f"{agent.agent_id}: the real KiCI agent needs a kiciAgent label set and an orchestrator token")
+    pairs = [
+        ("KICI_ORCHESTRATOR_URL", target.ws_url),
+        ("KICI_AGENT_ID", agent.agent_id),
+        ("KICI_LABELS", ",".join(kici_agent_labels(agent.label_set))),
+        ("KICI_AGENT_TOKEN", token),
+    ]
+    roles = agent.scaler.roles
+    if roles is not None and "all" not in roles:
+        pairs.append(("KICI_ROLES", ",".join(roles)))
+    pairs += [("KICI_SCALER_MANAGED", "1"), ("KICI_EXECUTION_MODE", "bare-metal")]
+    return [f"{k}={v}" for k, v in pairs]
+
+
 def container_env(
     agent: Agent, token: str | None, *, image: str, environ: Mapping[str, str] | None = None, job_image: bool = False
 ) -> list[str]:
-    """``Env`` of an agent container, in this order:
+    """``Env`` of an agent container (:func:`kici_agent_env` for a ``kiciAgent`` label set), in this order:
 
     ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``, ``KICI_LABELS``, ``KICI_SCALER_MANAGED=1``,
     ``KICI_EXECUTION_MODE=bare-metal``, ``KICI_RUNTIME_IMAGE``, ``KICI_AGENT_TOKEN`` (when
@@ -108,6 +136,8 @@ def container_env(
     (bare-metal container mode), forwarded ``KICI_AGENT_ENV_*``, then label-set ``env`` (later
     entries win, so the yaml beats the forwarded value).
     """
+    if kici_agent_target(agent.label_set) is not None:
+        return kici_agent_env(agent, token)
     pairs: list[tuple[str, str]] = [
         ("KICI_ORCHESTRATOR_URL", console_url(agent.scaler)),
         ("KICI_AGENT_ID", agent.agent_id),

@@ -40,6 +40,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, cast
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -428,6 +429,43 @@ class NetworkPolicy(_Loose):
     host_access: list[HostAccessEntry] | None = None
 
 
+def _kici_agent_url(value: str) -> str:
+    """A real KiCI agent's orchestrator URL: ``ws://`` or ``wss://`` with a host, ending ``/ws``."""
+    parsed = urlsplit(value)
+    if parsed.scheme not in ("ws", "wss") or not parsed.hostname or not parsed.path.endswith("/ws"):
+        raise ValueError(
+            f"must be the orchestrator's WebSocket URL (ws:// or wss://, ending in /ws), got {value!r:.120}"
+        )
+    if parsed.query or parsed.fragment or parsed.username or parsed.password:
+        raise ValueError(f"must carry no credentials, query or fragment, got {value!r:.120}")
+    try:
+        parsed.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:
+        raise ValueError(f"has a bad port: {exc}") from None
+    return value
+
+
+def _admin_url(value: str) -> str:
+    parsed = urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.username or parsed.password:
+        raise ValueError(f"must be an http:// or https:// URL without credentials, got {value!r:.120}")
+    return value.rstrip("/")
+
+
+class KiciAgent(_Strict):
+    """``kiciAgent`` of a label set (strict): its sandbox runs the real KiCI agent of one orchestrator.
+
+    ``orchestratorUrl``: the agents' WebSocket URL (``ws[s]://host[:port]/ws``).
+    ``adminUrl``: the orchestrator's admin API (default: the same host and port over http(s)).
+    ``adminTokenRef``: the name of the ``OrchestratorAdminToken`` (stored encrypted, admin-managed)
+    the console mints and revokes each agent's token with (``scalers.kici_orchestrator``).
+    """
+
+    orchestrator_url: Annotated[str, AfterValidator(_kici_agent_url)]
+    admin_url: Annotated[str, AfterValidator(_admin_url)] | None = None
+    admin_token_ref: NonEmptyStr
+
+
 class LabelSet(_Strict):
     """One ``labelSets[]`` entry (strict).
 
@@ -460,6 +498,8 @@ class LabelSet(_Strict):
     overlay_drive_size_mib: Integer | None = Field(default=None, gt=0)
     #: Jobs one agent of this label set serves before it is torn down (1: single-use, the default).
     max_uses: Integer = Field(default=1, gt=0)
+    #: The sandbox runs the real KiCI agent of this orchestrator (docs/real-kici-agent.md).
+    kici_agent: KiciAgent | None = None
 
     @property
     def normalized(self) -> str:
@@ -619,6 +659,7 @@ def _label_set_issues(entry: ScalerEntry) -> list[SchemaIssue]:
                     f'could never be selected; add "{gate_label}" to it or remove it from mandatoryLabels',
                 )
             )
+        issues.extend(_kici_agent_issues(entry, i, ls))
         pulls_image = entry.type == "container" or (entry.type == "bare-metal" and not ls.binary_path)
         if ls.credentials_ref and not pulls_image:
             issues.append(
@@ -628,6 +669,49 @@ def _label_set_issues(entry: ScalerEntry) -> list[SchemaIssue]:
                     "no image (only container label sets and bare-metal ones without binaryPath do)",
                 )
             )
+    return issues
+
+
+def _kici_agent_issues(entry: ScalerEntry, i: int, ls: LabelSet) -> list[SchemaIssue]:
+    """A ``kiciAgent`` label set runs in a container and gets only the real agent's own environment:
+    not on another scaler type, not with ``env`` (the real agent refuses an unknown ``KICI_*``
+    variable, and its environment is the console's to write), not in a warm pool or for several
+    jobs (the real agent exits once idle)."""
+    if ls.kici_agent is None:
+        return []
+    where = f'Scaler "{entry.name}" label set [{i}]'
+    issues: list[SchemaIssue] = []
+    if entry.type != "container":
+        issues.append(
+            SchemaIssue(
+                ("labelSets", i, "kiciAgent"),
+                f"{where} sets kiciAgent on a {entry.type} scaler; only container scalers run the real KiCI agent",
+            )
+        )
+    if ls.env:
+        issues.append(
+            SchemaIssue(
+                ("labelSets", i, "env"),
+                f"{where} sets env {sorted(ls.env)} with kiciAgent; the real agent gets only the environment "
+                "it accepts (orchestrator URL, id, labels, token, roles, scaler-managed), so remove env",
+            )
+        )
+    if ls.max_uses != 1:
+        issues.append(
+            SchemaIssue(
+                ("labelSets", i, "maxUses"),
+                f"{where} sets maxUses {ls.max_uses} with kiciAgent; the real agent exits once idle, "
+                "so it serves one job",
+            )
+        )
+    if entry.warm_pool is not None and entry.warm_pool.enabled:
+        issues.append(
+            SchemaIssue(
+                ("warmPool", "enabled"),
+                f"{where} sets kiciAgent on a scaler with a warm pool; the real agent exits once idle, "
+                "so it cannot wait warm",
+            )
+        )
     return issues
 
 

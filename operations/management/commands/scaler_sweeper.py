@@ -10,7 +10,8 @@ did anything, in two groups (docs/multi-host.md):
   (``Scaler.host``) and what they made: the host-tool check and host readiness, the
   isolation drift check of its nft tables (``scalers.drift``), the output cap
   (``scalers.output_caps``), the stale-spawn prune (registration deadlines passed, backend calls
-  past the stale window), token-TTL expiry, the check of failed spawn jobs in rq, retries of
+  past the stale window), the resumption of lost follows of real KiCI agents
+  (``scalers.kici_agents.resume_follows``), token-TTL expiry, the check of failed spawn jobs in rq, retries of
   failed teardowns, the teardown of drained agents (``scalers.lifecycle.drain_idle_agents``), the
   retirement sweep, the warm pools' idle check, the orphan and drift findings (``operations.findings``:
   detected every round, shown, never planned), and the operation sweeps planned from this host's
@@ -48,6 +49,7 @@ from scalers.backends.tools import check_host_tools
 from scalers.choices import ScalerType
 from scalers.drift import check_isolation_drift
 from scalers.jobs import start_all_waiting_spawns
+from scalers.kici_agents import resume_follows
 from scalers.leader import Leadership, host_lock_key
 from scalers.lifecycle import (
     drain_idle_agents,
@@ -145,6 +147,7 @@ class Command(BaseCommand):
             self.handle_isolation_drift,
             self.handle_output_caps,
             self.handle_stale_spawns,
+            self.handle_kici_follows,
             self.handle_token_expiry,
             self.handle_failed_spawn_jobs,
             self.handle_stuck_teardowns,
@@ -231,6 +234,9 @@ class Command(BaseCommand):
 
     def handle_stale_spawns(self) -> bool:
         return prune_stale_spawns() > 0
+
+    def handle_kici_follows(self) -> bool:
+        return resume_follows() > 0
 
     def handle_waiting_spawns(self) -> bool:
         """Start admitted spawns waiting for a spawn slot that nobody handed them (a backend call

@@ -19,6 +19,7 @@ from docker.errors import APIError, NotFound
 
 from agents.archive import write_archive
 from lib.dockerlogs import RedisCheckpoints, container_output
+from scalers.kici_orchestrator import revoke_agent_token, token_to_revoke
 
 from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import (
@@ -182,6 +183,23 @@ class ContainerBackend:
         """Remove the rules (unless held) and the container a failed spawn left (``spawn.cleanup_failed_spawn``)."""
         cleanup_failed_spawn(self.host, self.rules, container_id, address, agent_id)
 
+    def sandbox_exit(self, agent) -> str | None:
+        """None while the agent's container runs, else how it ended (``exited with code N``,
+        ``was killed (OOM)``, ``has no container``), for the follow of a real KiCI agent
+        (``scalers.kici_agents``). Raises the SDK's errors other than NotFound."""
+        container_id = agent.managed_id or self.host.find(self.scaler.name, agent.agent_id)
+        if not container_id:
+            return "has no container"
+        try:
+            state = self.api.inspect_container(container_id).get("State") or {}
+        except NotFound:
+            return "has no container"
+        if state.get("Running") or state.get("Status") in ("created", "restarting"):
+            return None
+        if state.get("OOMKilled"):
+            return "was killed (out of memory)"
+        return f"exited with code {state.get('ExitCode')}"
+
     def captured_output_for(self, agent) -> list[str]:
         """Last 50 output lines of the agent's container (for a ``scaler.failed`` detail); [] if none."""
         return self.host.output_tail(agent.managed_id or self.host.find(self.scaler.name, agent.agent_id))
@@ -195,7 +213,21 @@ class ContainerBackend:
         address may already belong to a new container, whose rules share the address key
         (``holders.remove_unless_held``; the agent and its own container are left out).
         Idempotent: an unknown id or an already-removed container is not an error.
+        A real KiCI agent's orchestrator token is revoked last (:meth:`_revoke_kici_token`).
         """
+        self._remove_container(agent)
+        self._revoke_kici_token(agent)
+
+    def _revoke_kici_token(self, agent) -> None:
+        """Revoke the orchestrator token of a real KiCI agent where its spawn recorded it
+        (``backend_context``, ``kici_orchestrator.token_context``), if any: the admin interface
+        mints tokens that never expire. Raises ``OrchestratorError`` when the
+        orchestrator cannot be asked, so the teardown keeps the reservation and is retried."""
+        recorded = token_to_revoke(agent.backend_context or {})
+        if recorded is not None:
+            revoke_agent_token(*recorded)
+
+    def _remove_container(self, agent) -> None:
         container_id = agent.managed_id or self.host.find(self.scaler.name, agent.agent_id)
         address = agent.ip
         if container_id and not address and self.network_isolation:

@@ -20,6 +20,14 @@ from agents.events import record_connecting, record_event
 from agents.models import Agent
 from network import netlink
 from scalers.credentials import CredentialError, auth_config
+from scalers.kici_orchestrator import (
+    OrchestratorError,
+    kici_agent_target,
+    mint_agent_token,
+    revoke_agent_token,
+    token_context,
+    token_labels,
+)
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..docker_net import (
@@ -31,7 +39,7 @@ from ..docker_net import (
     network_bridge_name,
 )
 from ..hostconfig import build_agent_container_host_config
-from ..isolation import resolve_host_access
+from ..isolation import resolve_host_access, resolve_kici_host_access
 from ..spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
 from .host import DockerHost
 from .job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, ensure_runtime_volume
@@ -221,6 +229,8 @@ def spawn_container(
             host.api.timeout = max(1.0, min(float(base_timeout), remaining))
 
     bridge: str | None = None
+    kici = kici_agent_target(ls)
+    kici_token_id = ""
     try:
         check("create")
         if network_isolation:
@@ -228,9 +238,7 @@ def spawn_container(
             if local:
                 bridge = network_bridge_name(host.docker, net_id)
                 rules.ensure_guard(bridge)
-        with transaction.atomic():  # one commit for the token and the event
-            token = tokens.mint_registration_token(agent)
-            record_event(agent, EventType.PROVISIONING, "creating container")
+        token, kici_token_id = mint_spawn_token(agent, kici)
         control.mark("checked")
         runtime_volume = ensure_runtime_volume(host.api) if agent.job_image else None
         config = build_config(agent, token, image, runtime_volume=runtime_volume)
@@ -259,7 +267,11 @@ def spawn_container(
             if bridge and address:
                 port = bridge_port(agent, container_id, mac, pid, bridge, rules.isolation.client.netns)
             policy_cfg = network_policy(ls)
-            host_access, explicit = resolve_host_access(policy_cfg, console_url(agent.scaler))
+            host_access, explicit = (
+                resolve_host_access(policy_cfg, console_url(agent.scaler))
+                if kici is None
+                else resolve_kici_host_access(policy_cfg, kici)
+            )
             # Stored before the rules are written, so a concurrent rule sweep counts it as live.
             with transaction.atomic():
                 Agent.objects.filter(pk=agent.pk).update(
@@ -293,16 +305,55 @@ def spawn_container(
                 "container_id": container_id,
                 "image": image,
                 "network": ISOLATED_NETWORK_NAME if network_isolation else None,
+                **(token_context(kici, kici_token_id) if kici_token_id else {}),
             },
         )
     except BaseException as exc:
         captured = undo_failed_spawn(
             exc, agent, host, rules, container_id, address, started=started, base_timeout=base_timeout
         )
+        if kici is not None and kici_token_id:
+            revoke_kici_token(kici, kici_token_id, agent.agent_id)
         if isinstance(exc, SpawnAborted | SpawnError):
             raise
         stage = control.stages[-1] if control.stages else ""
         raise SpawnError(f"{stage or 'spawn'} failed: {exc}", stage, captured) from exc
+
+
+def mint_spawn_token(agent, kici) -> tuple[str, str]:
+    """``(token, orchestrator token id)`` of a spawn, with its ``creating container`` event: the
+    console's one-time registration token (id ``""``), or, for a label set running the real KiCI
+    agent (``kici``: its ``KiciAgentTarget``), a token its orchestrator minted for the agent's
+    labels, its id stored on the row at once so that a failure from here on revokes it. Raises
+    ``SpawnError`` for a job image on such a label set, ``OrchestratorError`` when minting fails."""
+    if kici is None:
+        with transaction.atomic():  # one commit for the token and the event
+            token = tokens.mint_registration_token(agent)
+            record_event(agent, EventType.PROVISIONING, "creating container")
+        return token, ""
+    if agent.job_image:
+        raise SpawnError(
+            f"label set {agent.label_set.normalized} runs the real KiCI agent in its own image; "
+            f"a job image ({agent.job_image}) cannot run it",
+            "create",
+        )
+    token_id, token = mint_agent_token(kici, token_labels(agent.label_set, agent.scaler.roles))
+    Agent.objects.filter(pk=agent.pk).update(backend_context=token_context(kici, token_id))
+    record_event(
+        agent,
+        EventType.PROVISIONING,
+        f"creating container for the KiCI agent of {kici.ws_url} (orchestrator token {token_id})",
+    )
+    return token, token_id
+
+
+def revoke_kici_token(target, token_id: str, agent_id: str) -> None:
+    """Revoke the orchestrator token of a spawn that failed; a failure is logged (the token was
+    never handed to a running agent, and its row names it for the operator)."""
+    try:
+        revoke_agent_token(target, token_id)
+    except OrchestratorError:
+        log.warning("could not revoke orchestrator token %s of %s", token_id, agent_id, exc_info=True)
 
 
 def undo_failed_spawn(

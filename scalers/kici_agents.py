@@ -1,0 +1,195 @@
+"""Following a real KiCI agent (label set ``kiciAgent``) through its life, from outside it.
+
+The real agent never speaks to the console: it registers with its orchestrator over a WebSocket
+and, scaler-managed, exits by itself a few seconds after it goes idle. So the console learns its
+state from two sources it trusts (``docs/real-kici-agent.md``):
+
+- the orchestrator's own list of the agents registered with it (its fleet topology,
+  ``scalers.kici_orchestrator.connected_agent_ids``): listed means ``running``, and each look
+  that finds it listed counts as a heartbeat;
+- the sandbox: a container that exited means the agent is gone.
+
+:func:`follow_kici_agent` is a short rq job on the scaler's host queue that looks once and
+schedules itself again every :data:`FOLLOW_SECONDS` until the agent has ended. One look
+(:func:`look_at`): a ``connecting`` agent the orchestrator lists is ``running``; one whose
+container exited first, or that is still unlisted at the registration deadline, is failed with
+the orchestrator's answer (how many agents it lists, whether the token was ever presented) and
+the agent's last output. A ``running`` agent whose container exited is torn down at once as
+``destroyed``, with a reason saying that the agent exited and how: its slot is free when the
+look ends. A follow lost with Redis or a killed worker is resumed by the sweeper
+(:func:`resume_follows`, within :data:`FOLLOW_LOST_SECONDS`, before the heartbeat timeout would
+call a healthy agent lost); its deadline prune stays the backstop for a connecting agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.choices import AgentState, EventType
+from agents.events import record_event
+from agents.heartbeats import push_heartbeat_row
+from agents.models import Agent
+from scalers.backends.factory import get_backend
+from scalers.hosts import scaler_queue
+from scalers.kici_orchestrator import (
+    KICI_TOKEN_ID,
+    KiciAgentTarget,
+    OrchestratorError,
+    connected_agent_ids,
+    kici_agent_target,
+    token_last_seen,
+)
+from scalers.lifecycle import (
+    CLEANUP_JOB_TIMEOUT_SECONDS,
+    fail_connecting,
+    registration_deadline,
+    spawn_timeout_seconds,
+    teardown_agent,
+)
+from scalers.metrics import SCALE_TO_REGISTERED, observe
+from scalers.models import this_host
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at a real KiCI agent.
+FOLLOW_SECONDS = 1.0
+#: Seconds after its last scheduling that an agent's follow counts as lost (:func:`resume_follows`).
+FOLLOW_LOST_SECONDS = 30
+
+_FOLLOWED = (AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
+
+
+def is_kici_agent(agent: Agent) -> bool:
+    """Whether ``agent``'s sandbox runs the real KiCI agent (its label set has ``kiciAgent``)."""
+    return agent.label_set_id is not None and kici_agent_target(agent.label_set) is not None
+
+
+def _follow_key(agent: Agent) -> str:
+    return f"kici:follow:{agent.pk}"
+
+
+def schedule_follow(agent: Agent, delay: float = FOLLOW_SECONDS) -> None:
+    """Schedule the next :func:`follow_kici_agent` of ``agent`` in ``delay`` seconds (needs a
+    worker ``--with-scheduler``) and mark its follow alive for :data:`FOLLOW_LOST_SECONDS`; an
+    enqueue failure is logged, :func:`resume_follows` and the sweeper's backstops remain."""
+    try:
+        queue = scaler_queue(agent.scaler)
+        queue.connection.set(_follow_key(agent), 1, ex=FOLLOW_LOST_SECONDS)
+        queue.enqueue_in(
+            timedelta(seconds=delay),
+            follow_kici_agent,
+            agent.pk,
+            job_timeout=CLEANUP_JOB_TIMEOUT_SECONDS,
+            result_ttl=60,
+            failure_ttl=24 * 3600,
+            description=f"follow the KiCI agent {agent.agent_id}",
+        )
+    except Exception:  # the deadline prune and lost-agent sweep still end it
+        log.warning("could not schedule the follow of %s", agent.agent_id, exc_info=True)
+
+
+def resume_follows() -> int:
+    """The sweeper's unit: schedule a follow for each live real KiCI agent of this host's scalers
+    whose follow was not scheduled for :data:`FOLLOW_LOST_SECONDS` (lost with Redis, or with a
+    worker killed mid-look). The mark is claimed atomically (``SET NX``), so two sweepers or a live
+    follow never start a second chain. Returns how many follows it resumed."""
+    resumed = 0
+    live = Agent.objects.filter(scaler__host=this_host(), state__in=_FOLLOWED, label_set__isnull=False)
+    for agent in live.select_related("scaler", "label_set"):
+        if not is_kici_agent(agent):
+            continue
+        if scaler_queue(agent.scaler).connection.set(_follow_key(agent), 1, ex=FOLLOW_LOST_SECONDS, nx=True):
+            log.info("resuming the follow of the KiCI agent %s", agent.agent_id)
+            schedule_follow(agent, delay=0)
+            resumed += 1
+    return resumed
+
+
+def follow_kici_agent(agent_pk: int) -> str:
+    """The rq job: :func:`look_at` once, then schedule itself again while the agent lives.
+    Returns the look's outcome, or ``over`` for an agent that ended by another path."""
+    agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
+    if agent is None or agent.state not in _FOLLOWED or not is_kici_agent(agent):
+        return "over"
+    outcome = look_at(agent)
+    if outcome in ("watching", "running"):
+        schedule_follow(agent)
+    return outcome
+
+
+def look_at(agent: Agent, *, now=None) -> str:
+    """One look at a followed agent (module doc). Returns ``watching`` (connecting, not yet
+    listed), ``running`` (listed, or its container still runs), ``failed`` (exited before
+    registering), ``expired`` (unlisted at the deadline), ``destroyed`` (exited after
+    registering: torn down) or ``over`` (another path ended it meanwhile)."""
+    target = kici_agent_target(agent.label_set)
+    backend = get_backend(agent.scaler)
+    exited = backend.sandbox_exit(agent)
+    try:
+        listed: bool | None = agent.agent_id in connected_agent_ids(target)
+        asked = ""
+    except OrchestratorError as exc:
+        listed, asked = None, str(exc)
+    now = now or timezone.now()
+    if agent.state == AgentState.CONNECTING:
+        if listed:
+            return "running" if _registered(agent, target, now) else "over"
+        if exited is None and now < registration_deadline(agent):
+            return "watching"
+        answer = _orchestrator_answer(agent, target, listed, asked)
+        if exited is not None:
+            detail, reason, outcome = f"the KiCI agent {exited} without registering", "spawn-failed", "failed"
+        else:
+            detail = f"the KiCI agent did not register within {spawn_timeout_seconds()} s"
+            reason, outcome = "spawn-timeout", "expired"
+        ended = fail_connecting(
+            agent,
+            f"{detail} with {target.ws_url}; the orchestrator {answer}",
+            captured=backend.captured_output_for(agent),
+            reason=reason,
+            destroy_reason=reason,
+        )
+        return outcome if ended else "over"
+    if exited is not None:
+        reason = f"the KiCI agent {exited}" + (" (it shuts down once idle)" if exited.endswith("code 0") else "")
+        teardown_agent(agent, reason, destroy_reason="agent-exited")
+        return "destroyed"
+    if listed:
+        Agent.objects.filter(pk=agent.pk, state__in=(AgentState.RUNNING, AgentState.DRAINING)).update(
+            last_heartbeat=now
+        )
+        push_heartbeat_row(agent)
+    return "running"
+
+
+def _registered(agent: Agent, target: KiciAgentTarget, now) -> bool:
+    """Move a connecting agent the orchestrator lists to ``running`` (compare-and-swap) and record
+    ``agent.registered``; False when another path moved it first."""
+    with transaction.atomic():
+        won = Agent.objects.filter(pk=agent.pk, state=AgentState.CONNECTING).update(
+            state=AgentState.RUNNING, registered_at=now, last_heartbeat=now, updated_at=now
+        )
+        if not won:
+            return False
+        agent.state, agent.registered_at, agent.last_heartbeat = AgentState.RUNNING, now, now
+        record_event(
+            agent,
+            EventType.REGISTERED,
+            f"the KiCI agent registered with {target.ws_url}",
+            payload={"orchestrator": target.ws_url, "seenBy": "orchestrator fleet topology"},
+        )
+    observe(SCALE_TO_REGISTERED, {"scaler": agent.scaler.name}, (now - agent.created_at).total_seconds())
+    return True
+
+
+def _orchestrator_answer(agent: Agent, target: KiciAgentTarget, listed: bool | None, asked: str) -> str:
+    """What the orchestrator says of an agent that did not register, for the failure text."""
+    if listed is None:
+        return f"could not be asked ({asked})"
+    token_id = str((agent.backend_context or {}).get(KICI_TOKEN_ID, ""))
+    token = f"; its token {token_id} was {token_last_seen(target, token_id)}" if token_id else ""
+    return f"lists no agent {agent.agent_id} among those registered with it{token}"

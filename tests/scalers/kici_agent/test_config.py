@@ -1,0 +1,96 @@
+"""A label set's ``kiciAgent`` in scalers.yaml: accepted when right, each mistake named with its file,
+line and field."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from scalers.config.loader import ConfigInvalid, parse_scalers_config_text
+
+GOOD = """\
+version: 1
+scalers:
+  - name: real
+    type: container
+    maxAgents: 2
+    labelSets:
+      - labels: [real-linux]
+        image: kici-real-agent:test
+        kiciAgent:
+          orchestratorUrl: ws://172.30.0.1:8480/ws
+          adminTokenRef: main-orchestrator
+"""
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(ConfigInvalid) as info:
+        parse_scalers_config_text(textwrap.dedent(text), "scalers.yaml")
+    return [str(problem) for problem in info.value.problems]
+
+
+def test_it_accepts_a_label_set_running_the_real_agent():
+    config = parse_scalers_config_text(GOOD, "scalers.yaml")
+    kici = config.scalers[0].label_sets[0].kici_agent
+    assert (kici.orchestrator_url, kici.admin_token_ref, kici.admin_url) == (
+        "ws://172.30.0.1:8480/ws",
+        "main-orchestrator",
+        None,
+    )
+    raw = config.scalers[0].to_raw()["labelSets"][0]["kiciAgent"]
+    assert raw == {"orchestratorUrl": "ws://172.30.0.1:8480/ws", "adminTokenRef": "main-orchestrator"}
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("http://172.30.0.1:8480/ws", "WebSocket URL"),
+        ("ws://172.30.0.1:8480", "ending in /ws"),
+        ("ws://user:pw@172.30.0.1:8480/ws", "no credentials"),
+        ("ws://172.30.0.1:99999/ws", "bad port"),
+    ],
+)
+def test_it_names_the_file_line_and_field_of_a_bad_orchestrator_url(url, words):
+    problems = problems_of(GOOD.replace("ws://172.30.0.1:8480/ws", url))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("scalers.yaml:10: scalers.0.labelSets.0.kiciAgent.orchestratorUrl: ")
+    assert words in problems[0]
+
+
+def test_it_refuses_a_missing_admin_token_ref_and_unknown_keys():
+    text = GOOD.replace("          adminTokenRef: main-orchestrator\n", "          adminToken: kat_secret\n")
+    problems = problems_of(text)
+    assert any("scalers.0.labelSets.0.kiciAgent.adminTokenRef" in p for p in problems), problems
+    assert any(p.startswith("scalers.yaml:11: scalers.0.labelSets.0.kiciAgent.adminToken:") for p in problems), problems
+
+
+def test_it_refuses_env_beside_the_real_agent():
+    problems = problems_of(GOOD + "        env:\n          KICI_RUNTIME_IMAGE: x\n")
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("scalers.yaml:12: scalers.0.labelSets.0.env: ")
+    assert "KICI_RUNTIME_IMAGE" in problems[0]
+
+
+def test_it_refuses_the_real_agent_on_another_scaler_type_or_for_several_jobs():
+    text = GOOD.replace("type: container", "type: bare-metal") + "        maxUses: 3\n"
+    problems = problems_of(text)
+    kici = [p for p in problems if p.startswith("scalers.yaml:9: scalers.0.labelSets.0.kiciAgent: ")]
+    assert len(kici) == 1 and "bare-metal" in kici[0], problems
+    assert any(p.startswith("scalers.yaml:12: scalers.0.labelSets.0.maxUses: ") for p in problems), problems
+
+
+@pytest.mark.django_db
+def test_an_imported_label_set_names_its_orchestrator():
+    from scalers.importing import apply_scalers_config
+    from scalers.kici_orchestrator import kici_agent_target
+    from scalers.models import LabelSet
+
+    apply_scalers_config(parse_scalers_config_text(GOOD, "scalers.yaml"), "scalers.yaml")
+    target = kici_agent_target(LabelSet.objects.get(scaler__name="real"))
+    assert (target.ws_url, target.admin_url, target.admin_token_ref, target.port) == (
+        "ws://172.30.0.1:8480/ws",
+        "http://172.30.0.1:8480",
+        "main-orchestrator",
+        8480,
+    )
