@@ -6,6 +6,7 @@ from django.urls import include, path, register_converter
 from .views import (
     agent_list,
     agent_page,
+    audit,
     console,
     dashboard,
     event_feed,
@@ -76,6 +77,7 @@ urlpatterns = [
     ),
     path("agents/<str:agent_id>/console/<str:stream>/lines", console.agent_console_lines, name="agent_console_lines"),
     path("events/", event_feed.event_list, name="event_list"),
+    path("audit/", audit.audit_list, name="audit_list"),
     path("tokens/", tokens.token_list, name="token_list"),
     path("tokens/<str:name>/revoke/", tokens.token_revoke, name="token_revoke"),
 ]

@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "channels",
     "django_rq",
     "axes",
+    "audit",
     "scalers",
     "agents",
     "network",
