@@ -8,6 +8,8 @@ operation, which a person approves and a worker runs.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -22,11 +24,13 @@ from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from kici_site.errors import error_page
+from lib.htmx import wants_partial
+from lib.query import check_parameters, choice
 from operations.services import create_operation
 from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.choices import ScalerType
 from scalers.models import ConfigState, LabelSet, Scaler
-from scalers.samples import CHART_WINDOW, recent_samples
+from scalers.samples import CHART_RANGES, DEFAULT_CHART_RANGE, chart_bucket_seconds, recent_samples
 from scalers.warm_schedule import size_now
 
 from ..charts import scaler_charts
@@ -60,13 +64,44 @@ def _scaler(name: str) -> Scaler:
     return get_object_or_404(Scaler.objects.select_related("machine_pool"), name=name)
 
 
+#: The chart range picker's choices: ``?range=`` value and its label, in order.
+RANGE_LABELS = {"1h": "1 h", "6h": "6 h", "24h": "24 h", "7d": "7 d"}
+#: How each range reads in the charts' heading.
+RANGE_HEADINGS = {"1h": "Last hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days"}
+
+
+def _chart_context(scaler: Scaler, range_key: str, now: datetime) -> dict[str, Any]:
+    """The capacity charts of ``scaler`` over ``range_key`` (a key of ``CHART_RANGES``) and their picker."""
+    window = CHART_RANGES[range_key]
+    every = settings.KICI_CAPACITY_SAMPLE_SECONDS
+    samples = recent_samples(scaler, window, now, every)
+    gap_unit = chart_bucket_seconds(window, every)  # a bucket is one point: lines break past 2.5 of them
+    return {
+        "charts": scaler_charts(samples, start=now - window, end=now, sample_seconds=gap_unit) if samples else [],
+        "sample_every": "minute" if every == 60 else f"{every} s",
+        "chart_range": range_key,
+        "chart_heading": RANGE_HEADINGS[range_key],
+        "chart_ranges": list(RANGE_LABELS.items()),
+    }
+
+
 @require_GET
 @viewer_required
 def scaler_detail(request, name: str):
-    """``/scalers/<name>/``: caps, configuration, the last 24 h of capacity samples as charts,
-    label sets with host access (and, where the console's value is in force, the file's beside
-    it), live agents, events."""
+    """``/scalers/<name>/``: caps, configuration, capacity samples as charts over ``?range=`` (1h,
+    6h, 24h or 7d; 24h by default), label sets with host access (and, where the console's value
+    is in force, the file's beside it), live agents, events. An htmx request gets the charts
+    alone (the range picker). 400 naming the value for an unknown range or parameter."""
+    try:
+        check_parameters(request.GET, single=("range",))
+        range_key = choice("range", request.GET.get("range"), tuple(CHART_RANGES)) or DEFAULT_CHART_RANGE
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
     scaler = _scaler(name)
+    now = timezone.now()
+    charts = _chart_context(scaler, range_key, now)
+    if wants_partial(request):
+        return render(request, "scalers/detail.html#charts", {"scaler": scaler, **charts})
     label_sets = list(scaler.label_sets.order_by("index"))
     active = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES)
     n_active = dict(active.order_by().values_list("label_set").annotate(n=Count("id")))
@@ -77,9 +112,6 @@ def scaler_detail(request, name: str):
         ls.net_raw = _grants_net_raw(scaler, cfg)
     agents = filter_agents({"state": "active", "scaler": scaler.name})[0][:SCALER_AGENT_LIMIT]  # as its row view
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
-    now = timezone.now()
-    samples = recent_samples(scaler, now)
-    every = settings.KICI_CAPACITY_SAMPLE_SECONDS
     warm = (scaler.config or {}).get("warmPool") or {}
     ctx = {
         "nav": "scalers",
@@ -99,8 +131,7 @@ def scaler_detail(request, name: str):
         "overridden": [ls for ls in label_sets if ls.host_access_override and not ls.retired],
         "differing": [ls for ls in label_sets if ls.host_access_differs and not ls.retired],
         "accept": css_attr_selector("data-scaler", scaler.name),
-        "charts": scaler_charts(samples, start=now - CHART_WINDOW, end=now, sample_seconds=every) if samples else [],
-        "sample_every": "minute" if every == 60 else f"{every} s",
+        **charts,
     }
     return render(request, "scalers/detail.html", ctx)
 
