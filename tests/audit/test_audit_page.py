@@ -234,3 +234,14 @@ def test_operators_and_approvers_read_it_viewers_and_outsiders_do_not(users, cli
         assert ('href="/audit/"' in nav) == (status == 200), who
     client.logout()
     assert client.get("/audit/").status_code == 302
+
+
+def test_records_past_their_retention_are_pruned_by_the_sweepers_retention_unit(settings):
+    from operations.management.commands.scaler_sweeper import Command
+
+    settings.KICI_AUDIT_RETENTION_DAYS = 30
+    now = timezone.now()
+    record_audit("logout", actor="old", at=now - timedelta(days=31))
+    record_audit("logout", actor="kept", at=now - timedelta(days=29))
+    assert Command().handle_old_records() is True
+    assert list(AuditRecord.objects.values_list("actor", flat=True)) == ["kept"]
