@@ -11,7 +11,7 @@ import csv
 import io
 import json
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required, permission_required
@@ -44,6 +44,9 @@ EXPORT_MAX = 100_000
 #: Rows read from the database per round trip of an export.
 EXPORT_CHUNK = 2000
 
+#: The "last …" links above the filters: label and how far back ``since`` goes (the other filters kept).
+QUICK_RANGES = (("last hour", timedelta(hours=1)), ("last 24 h", timedelta(days=1)), ("last 7 days", timedelta(days=7)))
+
 #: Accepted ``what`` values: every audit action, then every operation kind.
 WHAT_CHOICES = (*AuditAction.values, *OperationKind.values)
 
@@ -73,6 +76,11 @@ def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     page = paginator.get_page(number)
     last_page = min(paginator.num_pages, MAX_PAGE)
     query = query_string(**_query_values(filters))
+    now = timezone.now()
+    quick = [
+        (label, query_string(**(_query_values(filters) | {"since": _form_time(now - span), "until": ""})))
+        for label, span in QUICK_RANGES
+    ]
     ctx = {
         "nav": "audit",
         "entries": page.object_list,
@@ -88,6 +96,7 @@ def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         "operation_kinds": OperationKind.choices,
         "scaler_names": list(Scaler.objects.order_by("name").values_list("name", flat=True)),
         "export_max": EXPORT_MAX,
+        "quick_ranges": quick,
     }
     if wants_partial(request):
         return render(request, "audit/list.html#results", ctx)

@@ -245,3 +245,15 @@ def test_records_past_their_retention_are_pruned_by_the_sweepers_retention_unit(
     record_audit("logout", actor="kept", at=now - timedelta(days=29))
     assert Command().handle_old_records() is True
     assert list(AuditRecord.objects.values_list("actor", flat=True)) == ["kept"]
+
+
+def test_the_last_hour_link_keeps_the_other_filters_and_selects_the_last_hour(trail, operator_client):
+    import re
+    from html import unescape
+
+    page = operator_client.get("/audit/?what=login.succeeded").content.decode()
+    href = unescape(re.search(r'<a href="\?([^"]*)">last hour</a>', page).group(1))
+    assert "what=login.succeeded" in href and "since=" in href
+    assert shown(operator_client.get(f"/audit/?{href}")) == ["login.succeeded"]
+    hour = unescape(re.search(r'<a href="\?([^"]*)">last hour</a>', page).group(1)).replace("what=login.succeeded", "")
+    assert shown(operator_client.get(f"/audit/?{hour}")) == ["api.release", "login.succeeded"]
