@@ -1,9 +1,11 @@
 """Server-rendered SVG line charts: a time series (or a few) against a cap, as one inline ``<svg>``.
 
-No script and no outside asset: the markup is the whole chart; colours come from classes in
+No outside asset: the markup is the whole chart; colours come from classes in
 ``static/css/kici.css`` (``chart-*``), with presentation attributes so it still reads unstyled.
 The chart is an image to assistive technology (``role="img"``): its ``<title>`` and
 ``aria-label`` carry the summary the eye reads off the lines (latest, peak, the cap).
+``data-hover`` holds what the console's own ``static/js/charts.js`` shows under the pointer (a
+crosshair, each line's value and the time, formatted here); without the script the chart is whole.
 
 :func:`line_chart` is pure: the same series give the same markup. :func:`scaler_charts` turns the
 capacity samples of one scaler (``scalers.samples``) into the four charts of its page.
@@ -11,11 +13,12 @@ capacity samples of one scaler (``scalers.samples``) into the four charts of its
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from django.utils import timezone
 from django.utils.html import escape
@@ -156,6 +159,62 @@ def _local_hhmm(t: datetime) -> str:
     return timezone.localtime(t).strftime("%H:%M")
 
 
+def _local_minute(t: datetime) -> str:
+    return timezone.localtime(t).strftime("%Y-%m-%d %H:%M")
+
+
+def _hover_data(
+    series: Sequence[Series],
+    drawn: Sequence[Sequence[Point]],
+    cap_label: str,
+    cap_drawn: Sequence[Point] | None,
+    x: Callable[[datetime], float],
+    y: Callable[[float], float],
+    fmt: Callable[[float], str],
+    point_time: Callable[[datetime], str],
+) -> dict:
+    """What ``charts.js`` shows under the pointer: ``box`` (the plot, in viewBox units), ``t`` the
+    drawn times as ``[x, label]`` (ascending), and per line (the series, then the cap) its ``label``,
+    ``tone`` and ``v``: for each time ``[y, formatted value]``, or None where it has no value."""
+    lines = [(s.label, s.tone, pts) for s, pts in zip(series, drawn, strict=True)]
+    if cap_drawn is not None:
+        lines.append((cap_label, "cap", cap_drawn))
+    times = sorted({t for _, _, pts in lines for t, _ in pts})
+    index = {t: i for i, t in enumerate(times)}
+    out_lines = []
+    for label, tone, pts in lines:
+        values: list[list | None] = [None] * len(times)
+        for t, v in pts:
+            if v is not None:
+                values[index[t]] = [round(y(v), 1), fmt(v)]
+        out_lines.append({"label": label, "tone": tone, "v": values})
+    return {
+        "box": [LEFT, TOP, WIDTH - RIGHT, HEIGHT - BOTTOM],
+        "t": [[round(x(t), 1), point_time(t)] for t in times],
+        "s": out_lines,
+    }
+
+
+def _legend(series: Sequence[Series], cap_label: str | None) -> list[str]:
+    """The legend along the top: a swatch and the label of each series, then the cap's (if any)."""
+    out = []
+    legend_x = LEFT
+    for s in series:
+        out.append(
+            f'<line class="chart-line-{escape(s.tone)}" x1="{legend_x}" x2="{legend_x + 14}" y1="9" y2="9" '
+            f'stroke="currentColor" stroke-width="2"/>'
+        )
+        out.append(f'<text x="{legend_x + 18}" y="13">{escape(s.label)}</text>')
+        legend_x += 30 + 7 * len(s.label)
+    if cap_label is not None:
+        out.append(
+            f'<line class="chart-cap" x1="{legend_x}" x2="{legend_x + 14}" y1="9" y2="9" '
+            f'stroke="currentColor" stroke-dasharray="4 3"/>'
+        )
+        out.append(f'<text x="{legend_x + 18}" y="13">{escape(cap_label)}</text>')
+    return out
+
+
 def line_chart(
     *,
     title: str,
@@ -168,6 +227,7 @@ def line_chart(
     binary: bool = False,
     max_gap: timedelta | None = None,
     time_label: Callable[[datetime], str] = _local_hhmm,
+    point_time: Callable[[datetime], str] = _local_minute,
 ) -> Chart:
     """Chart ``series`` over ``[start, end]`` with ``cap`` (if given) as a dashed step line.
 
@@ -175,6 +235,7 @@ def line_chart(
     byte counts) with three labels in ``fmt``; the time axis is labelled at its start, middle and
     end (``time_label``; the end reads "now"). Lines break at a ``None`` value and where two points
     are more than ``max_gap`` apart; a point with no neighbour is a dot. Every text is escaped.
+    The hover data names each drawn point's time with ``point_time`` and its value with ``fmt``.
     Raises ``ValueError`` when ``end`` is not after ``start``.
     """
     if end <= start:
@@ -189,16 +250,24 @@ def line_chart(
     top = nice_ceiling(max(values, default=0), binary=binary)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
+    def x_at(t: datetime) -> float:
+        return LEFT + (t - start).total_seconds() / span * plot_w
+
+    def y_at(v: float) -> float:
+        return TOP + plot_h - min(v, top) / top * plot_h
+
     def x(t: datetime) -> str:
-        return f"{LEFT + (t - start).total_seconds() / span * plot_w:.1f}"
+        return f"{x_at(t):.1f}"
 
     def y(v: float) -> str:
-        return f"{TOP + plot_h - min(v, top) / top * plot_h:.1f}"
+        return f"{y_at(v):.1f}"
 
     summary = _summary(title, series, cap, cap_label, fmt)
+    hover = _hover_data(series, drawn, cap_label, cap_drawn if cap is not None else None, x_at, y_at, fmt, point_time)
     out = [
         f'<svg class="chart" role="img" aria-label="{escape(summary)}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'preserveAspectRatio="xMidYMid meet" xmlns="http://www.w3.org/2000/svg">',
+        f'preserveAspectRatio="xMidYMid meet" xmlns="http://www.w3.org/2000/svg" tabindex="0" '
+        f'data-hover="{escape(json.dumps(hover, separators=(",", ":")))}">',
         f"<title>{escape(summary)}</title>",
         '<g class="chart-axes" aria-hidden="true" font-size="11" fill="currentColor">',
     ]
@@ -216,20 +285,7 @@ def line_chart(
         (end, "end", "now"),
     ):
         out.append(f'<text x="{x(t)}" y="{HEIGHT - 6}" text-anchor="{anchor}">{escape(text)}</text>')
-    legend_x = LEFT
-    for s in series:
-        out.append(
-            f'<line class="chart-line-{escape(s.tone)}" x1="{legend_x}" x2="{legend_x + 14}" y1="9" y2="9" '
-            f'stroke="currentColor" stroke-width="2"/>'
-        )
-        out.append(f'<text x="{legend_x + 18}" y="13">{escape(s.label)}</text>')
-        legend_x += 30 + 7 * len(s.label)
-    if cap is not None:
-        out.append(
-            f'<line class="chart-cap" x1="{legend_x}" x2="{legend_x + 14}" y1="9" y2="9" '
-            f'stroke="currentColor" stroke-dasharray="4 3"/>'
-        )
-        out.append(f'<text x="{legend_x + 18}" y="13">{escape(cap_label)}</text>')
+    out += _legend(series, cap_label if cap is not None else None)
     out.append("</g>")
     if cap is not None:
         for run in _steps(cap_drawn, max_gap):
@@ -267,19 +323,27 @@ class _Window(TypedDict):
     start: datetime
     end: datetime
     max_gap: timedelta | None
+    time_label: NotRequired[Callable[[datetime], str]]
+
+
+def _local_day(t: datetime) -> str:
+    return timezone.localtime(t).strftime("%a %d %H:%M")
 
 
 def scaler_charts(samples: Sequence, *, start: datetime, end: datetime, sample_seconds: int) -> list[Chart]:
     """The scaler page's charts from its capacity samples (oldest first): agents against
     maxAgents, CPUs against resourceCap.maxCpu, memory against resourceCap.maxMemory, and the
     /scale to registration latency p50 / p95. Lines break where samples are missing for more
-    than 2.5 sample intervals (the sweeper was not leading)."""
+    than 2.5 sample intervals (the sweeper was not leading). A window over a day labels its time
+    axis with the weekday and date."""
     gap = timedelta(seconds=2.5 * sample_seconds)
 
     def pts(attr: str) -> list[Point]:
         return [(s.taken_at, getattr(s, attr)) for s in samples]
 
     common: _Window = {"start": start, "end": end, "max_gap": gap}
+    if end - start > timedelta(days=1):
+        common["time_label"] = _local_day
     return [
         line_chart(
             title="Agents",

@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "channels",
     "django_rq",
     "axes",
+    "audit",
     "scalers",
     "agents",
     "network",
@@ -240,6 +241,8 @@ KICI_REQUIRE_DISTINCT_APPROVER = env_bool("KICI_REQUIRE_DISTINCT_APPROVER", Fals
 # scale request records after KICI_REQUEST_RETENTION_HOURS.
 KICI_RETENTION_DAYS = env_int("KICI_RETENTION_DAYS", 14, minimum=1)
 KICI_REQUEST_RETENTION_HOURS = env_int("KICI_REQUEST_RETENTION_HOURS", 24, minimum=1)
+# Audit records (/audit/, the audit app) are pruned this many days on by the leading sweeper.
+KICI_AUDIT_RETENTION_DAYS = env_int("KICI_AUDIT_RETENTION_DAYS", 365, minimum=1)
 # The leading sweeper samples every scaler's capacity and scale->registered latency this often
 # (scalers.samples); the scaler page charts the last 24 h of them.
 KICI_CAPACITY_SAMPLE_SECONDS = env_int("KICI_CAPACITY_SAMPLE_SECONDS", 60, minimum=5)

@@ -13,8 +13,11 @@ import logging
 import time
 import traceback
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
+
+from audit.choices import AuditAction as AuditRecordAction
+from audit.records import record_audit
 
 from .choices import AuditAction, OperationStatus, TargetOutcome
 from .kinds.base import recheck
@@ -40,6 +43,7 @@ class Progress:
         self._log_from: int | None = None
         self._last_flush = 0.0
         self.interval = min(FLUSH_SECONDS_MAX, max(FLUSH_SECONDS, len(operation.plan or []) / 1000))
+        self.subjects = {t["key"]: t.get("subject", t["key"]) for t in operation.plan or []}
 
     def report(self, key: str, outcome: TargetOutcome | str, detail: str = "") -> None:
         """Record what happened to target ``key`` (first report wins: a target is acted on once)."""
@@ -73,12 +77,13 @@ class Progress:
             return
         delta = {k: self.outcomes[k] for k in self._dirty_keys}
         new_log = self.entries[self._log_from :] if self._log_from is not None else []
-        with connection.cursor() as cursor:
+        with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {Operation._meta.db_table} SET outcomes = outcomes || %s::jsonb, log = log || %s::jsonb "
                 "WHERE id = %s",
                 [json.dumps(delta), json.dumps(new_log), self.operation.pk],
             )
+            self._audit_targets(delta)
         self.operation.outcomes, self.operation.log = self.outcomes, self.entries
         keys, log_from = self._dirty_keys, self._log_from
         self._dirty_keys, self._log_from = [], None
@@ -90,6 +95,27 @@ class Progress:
             log_from=log_from,
             log_to=len(self.entries) if log_from is not None else None,
         )
+
+    def _audit_targets(self, delta: dict) -> None:
+        """An audit record per target done or failed in ``delta`` (an orphan removed, an agent
+        destroyed, rules rewritten); skipped targets changed nothing and are left to the operation."""
+        actions = {
+            TargetOutcome.DONE.value: AuditRecordAction.TARGET_DONE,
+            TargetOutcome.FAILED.value: AuditRecordAction.TARGET_FAILED,
+        }
+        for key, entry in delta.items():
+            action = actions.get(entry["outcome"])
+            if action is None:
+                continue
+            subject = self.subjects.get(key, key)
+            record_audit(
+                action,
+                scaler_name=self.operation.scaler_name,
+                operation_id=self.operation.pk,
+                operation_kind=self.operation.kind,
+                agent_ref=key.removeprefix("agent:") if key.startswith("agent:") else "",
+                detail=f"{subject}: {entry['detail']}" if entry.get("detail") else subject,
+            )
 
 
 def run_operation(operation_pk: int) -> str:

@@ -1,7 +1,9 @@
 """The three roles as Django groups.
 
 * ``viewers``: ``view_*`` on every model of scalers, agents, network and operations;
-* ``operators``: viewers + ``operations.request_operation`` (plan an operation);
+* ``operators``: viewers + ``operations.request_operation`` (plan an operation) + ``audit.view_auditrecord``
+  (the audit page: who did what, sign-ins with their addresses; people who act read the trail of actions,
+  watchers do not);
 * ``approvers``: operators + ``operations.approve_operation`` (approve or reject one).
 
 Created by the data migration ``0002_roles`` and kept complete after every ``migrate`` (post_migrate),
@@ -24,6 +26,7 @@ def sync_groups(apps) -> None:
     Permission = apps.get_model("auth", "Permission")
     view = list(Permission.objects.filter(content_type__app_label__in=VIEW_APPS, codename__startswith="view_"))
     request = list(Permission.objects.filter(content_type__app_label="operations", codename="request_operation"))
+    request += list(Permission.objects.filter(content_type__app_label="audit", codename="view_auditrecord"))
     approve = list(Permission.objects.filter(content_type__app_label="operations", codename="approve_operation"))
     grants = {VIEWERS: view, OPERATORS: view + request, APPROVERS: view + request + approve}
     for name, perms in grants.items():

@@ -22,6 +22,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.models import Agent
+from audit.choices import ActorKind
+from audit.records import record_audit
 from scalers.models import LabelSet, Scaler
 
 from .choices import AuditAction, OperationStatus, RequestedVia
@@ -143,6 +145,19 @@ def _username(user) -> str:
 
 
 def _audit(operation: Operation, user, action: str, from_status: str, to_status: str, detail: str = "") -> AuditEntry:
+    """The operation's own audit line and the console-wide audit record (``audit``), in the caller's
+    transaction: both commit with the status change or neither does."""
+    actor = _username(user)
+    record_audit(
+        f"operation.{action}",
+        actor=actor,
+        actor_kind=ActorKind.USER if user is not None else ActorKind.SYSTEM,
+        scaler_name=operation.scaler_name,
+        operation_id=operation.pk,
+        operation_kind=operation.kind,
+        agent_ref=operation.agent_ids[0] if len(operation.agent_ids or []) == 1 else "",
+        detail=f"{operation.get_kind_display()}: {detail}" if detail else operation.get_kind_display(),
+    )
     return AuditEntry.objects.create(
         operation=operation,
         user=user if user is not None and user.pk else None,

@@ -4,10 +4,10 @@ Every route takes ``Authorization: Bearer <token>``: ``KICI_API_TOKEN`` or a nam
 (``scalers.api_tokens``) with the route's scope, ``scale`` for the POSTs and ``read`` for the
 GETs. 401 ``unauthorized`` without a valid one, 403 ``forbidden`` for a token without the scope,
 503 ``unavailable`` when the console has no token at all. Answers are JSON; every admission,
-job-complete and release is logged with the caller's token name (logger ``kici.audit``) and
-stored: a scale's on its request record (``ScaleRequest.token_name``) and on the agent it admits
-or binds (``Agent.asked_by_token``), a job-complete's and a release's as an ``api.call`` event of
-the agent.
+job-complete and release is stored as an audit record (``audit``) with the caller's token
+name, logged (logger ``kici.audit``), and kept with what it touched: a scale's on its request
+record (``ScaleRequest.token_name``) and on the agent it admits or binds
+(``Agent.asked_by_token``), a job-complete's and a release's as an ``api.call`` event of the agent.
 
 * ``GET /api/v1/agents/<agentId>``: :func:`agent_json` of one agent (404 ``not-found``).
 * ``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: ``{agents: [...], nextCursor}``,
@@ -89,12 +89,14 @@ from functools import wraps
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, transaction
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from agents.choices import AgentState
 from agents.models import Agent
+from audit.choices import ActorKind, AuditAction
+from audit.records import record_audit
 from kici_site.errors import api_error, json_content_type_refusal
 from lib.json_body import BodyRefused, JsonBody, validate_body
 from lib.json_input import parse_json, parse_json_object
@@ -121,11 +123,25 @@ log = logging.getLogger(__name__)
 audit = logging.getLogger("kici.audit")
 
 
-def _enqueue_in_worker(decision, agent):
-    """Enqueue the spawn from an executor thread, then let that thread's connection go the way
-    ``CONN_MAX_AGE`` says (the request cycle that would close it does not run in this thread)."""
+def _after_admission(decision, agent, caller: Caller, job_id: str):
+    """From an executor thread: enqueue the spawn of a ``spawning`` decision, then store the audit
+    record of an admission that stands (``spawning`` or ``assigned``; the batch that decided it
+    committed already, with the decisions of other callers in it). Then let that thread's connection
+    go the way ``CONN_MAX_AGE`` says (the request cycle that would close it does not run in this
+    thread). Returns the decision as it now stands."""
     try:
-        return enqueue_spawn_or_fail(decision, agent)
+        if decision.action == ScaleOutcome.SPAWNING and agent is not None:
+            decision = enqueue_spawn_or_fail(decision, agent)
+        if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+            record_audit(
+                AuditAction.API_SCALE,
+                actor=caller.name,
+                actor_kind=ActorKind.TOKEN,
+                scaler_name=decision.scaler or "",
+                agent_ref=decision.agent or "",
+                detail=f"job {job_id}: {decision.action}",
+            )
+        return decision
     finally:
         close_old_connections()
 
@@ -185,8 +201,8 @@ async def scale(request):
     except DatabaseError as exc:
         log.warning("scale request %s: database error %s", data.job_id, exc)
         return _error(503, "unavailable", "database unavailable")
-    if decision.action == ScaleOutcome.SPAWNING and agent is not None:
-        decision = await sync_to_async(_enqueue_in_worker, thread_sensitive=False)(decision, agent)
+    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+        decision = await sync_to_async(_after_admission, thread_sensitive=False)(decision, agent, caller, data.job_id)
     if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED, ScaleOutcome.REPLAYED):
         audit.info("scale by token %s: job %s -> %s (%s)", caller.name, data.job_id, decision.agent, decision.action)
     return _decision_response(decision, data)
@@ -415,11 +431,21 @@ def _end(request, agent_id: str, model: type[JsonBody], call):
         body = validate_body(model, payload)
     except BodyRefused as exc:
         return _error(400, "invalid-request", str(exc), field=exc.field)
+    what = request.path.rsplit("/", 1)[-1]
     try:
-        agent = call(agent_id, body)
+        with transaction.atomic():  # the change and its audit record commit together
+            agent = call(agent_id, body)
+            record_audit(
+                AuditAction.API_JOB_COMPLETE if what == "job-complete" else AuditAction.API_RELEASE,
+                actor=request.caller.name,
+                actor_kind=ActorKind.TOKEN,
+                scaler_name=agent.scaler.name,
+                agent_ref=agent_id,
+                detail=", ".join(f"{key} {json_text(value)}" for key, value in payload.items() if value),
+            )
     except Refused as exc:
         return _error(exc.status, exc.code, exc.message, field=exc.field)
-    audit.info("%s by token %s: %s", request.path.rsplit("/", 1)[-1], request.caller.name, agent_id)
+    audit.info("%s by token %s: %s", what, request.caller.name, agent_id)
     return JsonResponse(agent_json(agent))
 
 

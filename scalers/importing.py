@@ -35,6 +35,8 @@ from django.utils import timezone
 
 from agents.choices import ACTIVE_STATES, EventType
 from agents.events import record_event
+from audit.choices import AuditAction
+from audit.records import record_audit
 
 from .config.loader import ConfigInvalid, ConfigProblem
 from .config.schema import LabelSet as LabelSetConfig
@@ -569,7 +571,7 @@ def _write_global_settings(state: ConfigState, config: ScalersConfig, source: st
 
 def _record_import_events(summary: ImportSummary, new_warnings: list[ConfigWarning], source: str) -> None:
     """One ``config.warning`` event and log line per new warning, one ``config.changed`` or
-    ``config.override_kept`` event per change in ``summary``."""
+    ``config.override_kept`` event per change in ``summary``, and an audit record per change in force."""
     for w in new_warnings:
         log.warning("%s (import of %s)", w.message, source)
         record_event(
@@ -593,3 +595,5 @@ def _record_import_events(summary: ImportSummary, new_warnings: list[ConfigWarni
             },
             scaler_name=change.scaler,
         )
+        if change.in_force:
+            record_audit(AuditAction.CONFIG_CHANGED, scaler_name=change.scaler, detail=change.describe(source))

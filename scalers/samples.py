@@ -1,6 +1,6 @@
 """Capacity samples: what every scaler held against its caps, and how long its agents took from
 ``/scale`` to registration, once every ``KICI_CAPACITY_SAMPLE_SECONDS``; the scaler page charts
-the last 24 h (``front.charts``).
+the last 1 h, 6 h, 24 h or 7 days of them (:data:`CHART_RANGES`, ``front.charts``).
 
 The leading sweeper calls :func:`take_samples` every round; it writes one row per scaler (one bulk
 insert) only once the interval has passed since the newest sample in the database, so a new leader
@@ -10,10 +10,11 @@ carries on the same cadence. :func:`prune_samples` deletes samples older than
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Aggregate, Count, F, FloatField, Func, Max
+from django.db.models import Aggregate, Count, DateTimeField, F, FloatField, Func, Max, Value
 from django.utils import timezone
 
 from agents.models import Agent
@@ -22,10 +23,29 @@ from agents.retention import delete_in_batches
 from .capacity import scaler_capacities
 from .models import CapacitySample, Scaler
 
-#: Samples older than this are pruned (the page shows 24 h; the rest is for a look back).
-SAMPLE_RETENTION = timedelta(hours=48)
-#: How far back the scaler page charts.
-CHART_WINDOW = timedelta(hours=24)
+#: Samples older than this are pruned: the longest chart range and a day more for a look back.
+SAMPLE_RETENTION = timedelta(days=8)
+#: The ranges the scaler page charts (its ``?range=``), in the picker's order, and the default.
+CHART_RANGES = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
+DEFAULT_CHART_RANGE = "24h"
+#: The sample fields the charts read (a week of minute samples is 10,080 rows: only these load).
+CHARTED_FIELDS = (
+    "taken_at",
+    "agents",
+    "running",
+    "cpus",
+    "memory_bytes",
+    "max_agents",
+    "max_cpu",
+    "max_memory_bytes",
+    "latency_p50_seconds",
+    "latency_p95_seconds",
+)
 
 
 class _Percentile(Aggregate):
@@ -107,7 +127,37 @@ def prune_samples(now: datetime | None = None) -> int:
     return delete_in_batches(CapacitySample.objects.filter(taken_at__lt=cutoff).order_by("pk"))
 
 
-def recent_samples(scaler: Scaler, now: datetime | None = None) -> list[CapacitySample]:
-    """The scaler's samples of the last :data:`CHART_WINDOW`, oldest first (one query)."""
-    since = (now or timezone.now()) - CHART_WINDOW
-    return list(CapacitySample.objects.filter(scaler=scaler, taken_at__gte=since).order_by("taken_at"))
+#: Most rows :func:`recent_samples` returns: a longer window is read as per-bucket peaks.
+CHART_ROWS = 1000
+
+
+def chart_bucket_seconds(window: timedelta, sample_seconds: int) -> int:
+    """The sample interval ``sample_seconds`` when ``window`` holds at most :data:`CHART_ROWS` samples,
+    else the smallest multiple of it that brings them within (a week of minute samples: 11 min)."""
+    return sample_seconds * max(1, math.ceil(window.total_seconds() / sample_seconds / CHART_ROWS))
+
+
+def recent_samples(
+    scaler: Scaler, window: timedelta, now: datetime | None = None, sample_seconds: int | None = None
+) -> list[CapacitySample]:
+    """The scaler's samples of the last ``window``, oldest first, in one query: as stored (only
+    :data:`CHARTED_FIELDS`) while the window holds at most :data:`CHART_ROWS` of them, else one row
+    per bucket of :func:`chart_bucket_seconds` (unsaved ``CapacitySample`` rows), each column the peak
+    of its bucket and ``taken_at`` its last sample's time, as the charts thin points anyway
+    (``front.charts``): PostgreSQL reduces a week to a thousand rows instead of sending 10,080."""
+    now = now or timezone.now()
+    every = sample_seconds or settings.KICI_CAPACITY_SAMPLE_SECONDS
+    rows = CapacitySample.objects.filter(scaler=scaler, taken_at__gte=now - window)
+    bucket = chart_bucket_seconds(window, every)
+    if bucket == every:
+        return list(rows.order_by("taken_at").only(*CHARTED_FIELDS))
+    binned = Func(
+        Value(timedelta(seconds=bucket)),
+        F("taken_at"),
+        Value(now - window),
+        function="date_bin",
+        output_field=DateTimeField(),
+    )
+    peaks = {name: Max(name) for name in CHARTED_FIELDS}
+    grouped = rows.annotate(bucket=binned).values("bucket").annotate(**peaks).order_by("bucket")
+    return [CapacitySample(scaler=scaler, **{k: v for k, v in row.items() if k != "bucket"}) for row in grouped]

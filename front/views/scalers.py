@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -23,6 +25,7 @@ from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
 from kici_site.errors import error_page
+from lib.htmx import wants_partial
 from lib.query import check_parameters, choice
 from operations.choices import OperationKind
 from operations.models import Finding
@@ -32,7 +35,7 @@ from scalers.capacity import listed_scaler_capacities, scaler_capacities
 from scalers.choices import ScalerType
 from scalers.models import ConfigState, LabelSet, Pause, Scaler
 from scalers.pauses import MAX_REASON, pause_of
-from scalers.samples import CHART_WINDOW, recent_samples
+from scalers.samples import CHART_RANGES, DEFAULT_CHART_RANGE, chart_bucket_seconds, recent_samples
 from scalers.warm_schedule import size_now
 
 from ..charts import scaler_charts
@@ -77,30 +80,54 @@ def _scaler(name: str) -> Scaler:
     return get_object_or_404(Scaler.objects.select_related("machine_pool"), name=name)
 
 
+#: The chart range picker's choices: ``?range=`` value and its label, in order.
+RANGE_LABELS = {"1h": "1 h", "6h": "6 h", "24h": "24 h", "7d": "7 d"}
+#: How each range reads in the charts' heading.
+RANGE_HEADINGS = {"1h": "Last hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days"}
+
+
+def _chart_context(scaler: Scaler, range_key: str, now: datetime) -> dict[str, Any]:
+    """The capacity charts of ``scaler`` over ``range_key`` (a key of ``CHART_RANGES``) and their picker."""
+    window = CHART_RANGES[range_key]
+    every = settings.KICI_CAPACITY_SAMPLE_SECONDS
+    samples = recent_samples(scaler, window, now, every)
+    gap_unit = chart_bucket_seconds(window, every)  # a bucket is one point: lines break past 2.5 of them
+    return {
+        "charts": scaler_charts(samples, start=now - window, end=now, sample_seconds=gap_unit) if samples else [],
+        "sample_every": "minute" if every == 60 else f"{every} s",
+        "chart_range": range_key,
+        "chart_heading": RANGE_HEADINGS[range_key],
+        "chart_ranges": list(RANGE_LABELS.items()),
+    }
+
+
 @require_GET
 @viewer_required
 def scaler_detail(request, name: str):
     """``/scalers/<name>/``: caps, configuration, what the detection found (orphans, stale rules),
-    the last 24 h of capacity samples as charts, label sets with host access (and, where the
-    console's value is in force, the file's beside it), live agents, events. ``?part=findings``:
-    only the "Found" panel (the page re-fetches it). 400 naming any other parameter or part."""
-    scaler = _scaler(name)
+    capacity samples as charts over ``?range=`` (1h, 6h, 24h or 7d; 24h by default), label sets with
+    host access (and, where the console's value is in force, the file's beside it), live agents,
+    events. ``?part=findings``: only the "Found" panel (the page re-fetches it); any other htmx
+    request gets the charts alone (the range picker). 400 naming any other parameter, part or range."""
     try:
-        check_parameters(request.GET, single=("part",))
+        check_parameters(request.GET, single=("part", "range"))
         part = choice("part", request.GET.get("part"), ("findings",))
+        range_key = choice("range", request.GET.get("range"), tuple(CHART_RANGES)) or DEFAULT_CHART_RANGE
     except ValueError as exc:
         return error_page(request, 400, str(exc))
+    scaler = _scaler(name)
     if part == "findings":
         return render(request, "scalers/detail.html#findings", {"scaler": scaler, **_findings_context(scaler)})
+    now = timezone.now()
+    charts = _chart_context(scaler, range_key, now)
+    if wants_partial(request):
+        return render(request, "scalers/detail.html#charts", {"scaler": scaler, **charts})
     label_sets = list(scaler.label_sets.order_by("index"))
     active = Agent.objects.filter(scaler=scaler, state__in=ACTIVE_STATES)
     n_active = dict(active.order_by().values_list("label_set").annotate(n=Count("id")))
     rows = [_label_set_row(scaler, ls, n_active.get(ls.pk, 0)) for ls in label_sets]
     agents = filter_agents({"state": "active", "scaler": scaler.name})[0][:SCALER_AGENT_LIMIT]  # as its row view
     events = ScalerEvent.objects.filter(scaler_name=scaler.name)[:50]
-    now = timezone.now()
-    samples = recent_samples(scaler, now)
-    every = settings.KICI_CAPACITY_SAMPLE_SECONDS
     warm = (scaler.config or {}).get("warmPool") or {}
     ctx = {
         **_findings_context(scaler),
@@ -123,9 +150,8 @@ def scaler_detail(request, name: str):
         "overridden": [ls for ls in label_sets if ls.host_access_override and not ls.retired],
         "differing": [ls for ls in label_sets if ls.host_access_differs and not ls.retired],
         "accept": css_attr_selector("data-scaler", scaler.name),
-        "charts": scaler_charts(samples, start=now - CHART_WINDOW, end=now, sample_seconds=every) if samples else [],
-        "sample_every": "minute" if every == 60 else f"{every} s",
         "max_reason": MAX_REASON,
+        **charts,
     }
     return render(request, "scalers/detail.html", ctx)
 

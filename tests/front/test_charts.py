@@ -193,3 +193,105 @@ def test_the_scaler_page_charts_the_last_day_with_the_same_queries_however_many_
         page = viewer_client.get(f"/scalers/{scaler.name}/").content.decode()
     assert page.count('<svg class="chart" role="img"') == 4
     assert len(few) == len(many)
+
+
+# --- hover data and the range picker -----------------------------------------------------------------
+
+
+def hover(svg: str) -> dict:
+    import html
+    import json
+
+    return json.loads(html.unescape(re.search(r'data-hover="([^"]*)"', svg).group(1)))
+
+
+def test_the_hover_data_gives_each_drawn_time_every_lines_value_formatted_and_placed():
+    chart = line_chart(
+        title="Memory",
+        series=[Series("reserved", [(at(0), 0), (at(60), None), (at(120), 3 * GIB)])],
+        cap=[(at(0), 4 * GIB), (at(60), 4 * GIB), (at(120), 4 * GIB)],
+        cap_label="maxMemory",
+        start=at(0),
+        end=at(120),
+        fmt=format_bytes_iec,
+        binary=True,
+        point_time=lambda t: t.strftime("%H:%M"),
+    )
+    data = hover(chart.svg)
+    assert data["box"] == [70, 22, 590, 148]
+    assert data["t"] == [[70.0, "12:00"], [330.0, "12:01"], [590.0, "12:02"]]
+    reserved, cap = data["s"]
+    assert (reserved["label"], reserved["tone"], cap["label"], cap["tone"]) == ("reserved", "a", "maxMemory", "cap")
+    assert reserved["v"] == [[148.0, "0 B"], None, [53.5, "3 GiB"]]
+    assert cap["v"][2] == [22.0, "4 GiB"]
+    assert 'tabindex="0"' in chart.svg, "a keyboard reaches the values too"
+
+
+def test_the_hover_data_of_a_long_window_holds_at_most_the_drawn_points():
+    points = [(at(60 * i), float(i % 7)) for i in range(7 * 1440)]
+    chart = line_chart(title="x", series=[Series("a", points)], start=at(0), end=at(60 * 7 * 1440))
+    data = hover(chart.svg)
+    assert len(data["t"]) <= MAX_POINTS and len(data["s"][0]["v"]) == len(data["t"])
+    assert len(chart.svg) < 40_000
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("query", "heading", "shown"),
+    [
+        ("", "Last 24 hours", 2),
+        ("range=1h", "Last hour", 1),
+        ("range=6h", "Last 6 hours", 2),
+        ("range=7d", "Last 7 days", 3),
+    ],
+)
+def test_the_range_picker_charts_the_chosen_window(viewer_client, query, heading, shown):
+    scaler = make_scaler()
+    now = timezone.now()
+    for ago, agents in ((timedelta(minutes=5), 1), (timedelta(hours=3), 2), (timedelta(days=3), 3)):
+        CapacitySample.objects.create(scaler=scaler, taken_at=now - ago, agents=agents, max_agents=4)
+    page = viewer_client.get(f"/scalers/{scaler.name}/?{query}").content.decode()
+    assert f'<h2 id="h-charts">{heading}</h2>' in page
+    agents = next(c for c in re.findall(r"<svg class=\"chart\".*?</svg>", page) if "Agents:" in c)
+    assert len(hover(agents)["t"]) == shown
+    current = re.findall(r'<a href="\?range=(\w+)"[^>]*aria-current="true"', page)
+    assert current == [query.removeprefix("range=") or "24h"]
+
+
+@pytest.mark.django_db
+def test_the_range_picker_gets_the_charts_alone_over_htmx(viewer_client):
+    scaler = make_scaler()
+    samples(scaler, 3)
+    response = viewer_client.get(f"/scalers/{scaler.name}/?range=1h", HTTP_HX_REQUEST="true")
+    page = response.content.decode()
+    assert page.lstrip().startswith('<section class="panel" aria-labelledby="h-charts" id="capacity-charts">')
+    assert page.count('<svg class="chart" role="img"') == 4 and "<html" not in page
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("query", "named"), [("range=2d", "range: must be one of 1h, 6h, 24h, 7d"), ("ranged=1h", "ranged: unknown")]
+)
+def test_an_unknown_range_is_refused_naming_it(viewer_client, query, named):
+    scaler = make_scaler()
+    response = viewer_client.get(f"/scalers/{scaler.name}/?{query}")
+    assert response.status_code == 400 and named in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_week_of_minute_samples_is_kept_and_read_in_one_query_as_bucket_peaks(viewer_client):
+    from scalers.samples import CHART_ROWS, prune_samples, recent_samples
+
+    scaler = make_scaler()
+    samples(scaler, 7 * 1440)
+    assert prune_samples() == 0, "the longest range's samples are kept"
+    burst = CapacitySample.objects.filter(scaler=scaler).order_by("taken_at")[5000]
+    CapacitySample.objects.filter(pk=burst.pk).update(agents=40)
+    with CaptureQueriesContext(connection) as queries:
+        rows = recent_samples(scaler, timedelta(days=7), sample_seconds=60)
+    assert len(queries) == 1 and CHART_ROWS // 2 < len(rows) <= CHART_ROWS
+    assert sorted(r.agents for r in rows)[-2:] == [3, 40], "each bucket keeps its peak: a one-minute burst shows"
+    assert [r.taken_at for r in rows] == sorted(r.taken_at for r in rows)
+    assert {r.max_memory_bytes for r in rows} == {4 * GIB}
+    hour = recent_samples(scaler, timedelta(hours=1), sample_seconds=60)
+    assert 59 <= len(hour) <= 61 and {r.agents for r in hour} == {0, 1, 2, 3}, "a short window is read as stored"

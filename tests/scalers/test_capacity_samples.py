@@ -109,18 +109,18 @@ def test_only_the_leading_sweeper_samples(settings):
 
 
 @pytest.mark.django_db
-def test_samples_older_than_48_hours_are_pruned_in_batches_by_the_retention_unit(monkeypatch):
+def test_samples_older_than_8_days_are_pruned_in_batches_by_the_retention_unit(monkeypatch):
     monkeypatch.setattr(agents.retention, "BATCH", 2)
     monkeypatch.setattr(agents.retention, "BATCHES_PER_CALL", 2)
     scaler = make_scaler()
     now = timezone.now()
-    for hours in (49, 50, 51, 52, 53, 47, 1):
+    for hours in (193, 194, 195, 196, 197, 191, 1):
         CapacitySample.objects.create(scaler=scaler, taken_at=now - timedelta(hours=hours), max_agents=1)
     assert prune_samples(now) == 4
     assert prune_samples(now) == 1
     assert prune_samples(now) == 0
-    CapacitySample.objects.create(scaler=scaler, taken_at=now - timedelta(hours=60), max_agents=1)
+    CapacitySample.objects.create(scaler=scaler, taken_at=now - timedelta(hours=200), max_agents=1)
     assert Command().handle_old_records() is True
     taken = CapacitySample.objects.values_list("taken_at", flat=True)
     kept = sorted(round((now - t).total_seconds() / 3600) for t in taken)
-    assert kept == [1, 47]
+    assert kept == [1, 191]

@@ -40,7 +40,8 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from agents.retention import prune_old_records
+from agents.retention import delete_in_batches, prune_old_records
+from audit.models import AuditRecord
 from operations import sweeps
 from operations.findings import detect_findings
 from scalers.admission.recovery import recover_state
@@ -303,12 +304,14 @@ class Command(BaseCommand):
         return take_samples() > 0
 
     def handle_old_records(self) -> bool:
-        """Retention: old scale requests and recovery reports here, agents, events and tokens in
-        ``agents.retention``, capacity samples in ``scalers.samples`` (batched; what one round
-        leaves, the next takes)."""
+        """Retention: old scale requests, audit records (``KICI_AUDIT_RETENTION_DAYS``) and recovery
+        reports here, agents, events and tokens in ``agents.retention``, capacity samples in
+        ``scalers.samples`` (batched; what one round leaves, the next takes)."""
         now = timezone.now()
         cutoff = now - timedelta(hours=settings.KICI_REQUEST_RETENTION_HOURS)
         n = ScaleRequest.objects.filter(decided_at__lt=cutoff).delete()[0]
+        audit_cutoff = now - timedelta(days=settings.KICI_AUDIT_RETENTION_DAYS)
+        n += delete_in_batches(AuditRecord.objects.filter(at__lt=audit_cutoff))
         n += sum(prune_old_records(now).values())
         n += prune_samples(now)
         keep = list(RecoveryReport.objects.values_list("pk", flat=True)[:RECOVERY_REPORTS_KEPT])
