@@ -70,7 +70,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # WhiteNoise, usable in the async stack (no thread hop for requests that are not static files).
+    "kici_site.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -87,6 +88,14 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # Login throttling; last, as django-axes requires.
     "axes.middleware.AxesMiddleware",
+]
+
+# The machine-facing API (/api/, bearer tokens, JSON) is served through these alone
+# (kici_site.asgi.ApiHandler): it needs no session, CSRF, messages, CSP or login throttle, and
+# under ASGI each of Django's synchronous middleware hooks is a hop to a thread and back.
+KICI_API_MIDDLEWARE = [
+    "kici_site.middleware.ErrorBodyMiddleware",
+    "kici_site.middleware.NulByteMiddleware",
 ]
 
 ROOT_URLCONF = "kici_site.urls"
