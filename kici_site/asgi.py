@@ -58,6 +58,9 @@ application = ListenerGuard(
     )
 )
 
+# The agents' gateway processes (kici_site.gateway): the agent API alone, HTTP alone.
+gateway_application = ListenerGuard(django_http, gateway=True)
+
 # Everything loaded so far lives as long as the process: move it out of the collector's reach, so
 # a full collection walks only what requests made, not the framework's heap (a full collection
 # over it stalls every request in flight, admission's decider among them).

@@ -224,6 +224,13 @@ KICI_OPERATOR_LISTEN = env_listeners("KICI_OPERATOR_LISTEN", "127.0.0.1:8000")
 # Request bodies above this many bytes are refused with 413 before the application reads them.
 KICI_MAX_REQUEST_BODY_BYTES = env_int("KICI_MAX_REQUEST_BODY_BYTES", 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = KICI_MAX_REQUEST_BODY_BYTES
+# The agents' gateway (kici_site.gateway): seconds a request's headers, then its body, may take to
+# arrive; connections one source address may hold open to it at once (nft ct count, make run);
+# the listen backlog of the console's sockets (bursts of connections wait there, not in resets).
+KICI_GATEWAY_HEADER_TIMEOUT_SECONDS = env_int("KICI_GATEWAY_HEADER_TIMEOUT_SECONDS", 10, minimum=1)
+KICI_GATEWAY_BODY_TIMEOUT_SECONDS = env_int("KICI_GATEWAY_BODY_TIMEOUT_SECONDS", 30, minimum=1)
+KICI_GATEWAY_CONNECTIONS_PER_SOURCE = env_int("KICI_GATEWAY_CONNECTIONS_PER_SOURCE", 32, minimum=2)
+KICI_LISTEN_BACKLOG = env_int("KICI_LISTEN_BACKLOG", 4096, minimum=64)
 KICI_AGENT_TOKEN_TTL_SECONDS = env_int("KICI_AGENT_TOKEN_TTL_SECONDS", 3600, minimum=10)
 KICI_SPAWN_TIMEOUT_SECONDS = env_int("KICI_SPAWN_TIMEOUT_SECONDS", 300, minimum=1)
 KICI_STORAGE_URL = env_str("KICI_STORAGE_URL")
