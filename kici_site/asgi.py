@@ -13,8 +13,12 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kici_site.settings")
 django_asgi_app = get_asgi_application()
 
+from functools import wraps  # noqa: E402
+from inspect import iscoroutinefunction  # noqa: E402
+
 from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
 
 from kici_site.errors import API_PREFIX  # noqa: E402
 
@@ -22,7 +26,25 @@ from kici_site.errors import API_PREFIX  # noqa: E402
 class ApiHandler(ASGIHandler):
     """Django's ASGI handler over ``settings.KICI_API_MIDDLEWARE`` instead of ``MIDDLEWARE``.
     Django reads the list from settings when it builds the chain, once, when the handler is made
-    (at import, before any request): the list is swapped in for that call alone."""
+    (at import, before any request): the list is swapped in for that call alone.
+
+    A synchronous view gives its database connection back (to the process's pool) in the thread
+    and call that used it, as it returns: left to the end of the request, the pooled connections
+    of concurrent requests were lost under load and the pool ran dry."""
+
+    def make_view_atomic(self, view):
+        view = super().make_view_atomic(view)
+        if iscoroutinefunction(view):
+            return view
+
+        @wraps(view)
+        def returning_its_connection(*args, **kwargs):
+            try:
+                return view(*args, **kwargs)
+            finally:
+                close_old_connections()
+
+        return returning_its_connection
 
     def load_middleware(self, is_async=False):
         full = settings.MIDDLEWARE

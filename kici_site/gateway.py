@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 
@@ -48,22 +49,40 @@ class GatewayProtocol(HttpToolsProtocol):
       connection is answered 413 and closed the moment more arrives, before the application
       sees it.
 
+    A source address holding ``per_source`` connections to this process already has a new one
+    closed at once (the kernel's nft ``ct count`` rule caps them across processes; this holds
+    where that rule is not written, e.g. without isolation).
+
     The class attributes are set from settings by :func:`protocol_class`."""
 
     header_timeout = 10.0
     body_timeout = 30.0
     max_body = 1024 * 1024
+    per_source = 16
+    #: Open connections of this process by source address.
+    open_by_source: collections.Counter = collections.Counter()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._body_read = 0
+        self._source = (transport.get_extra_info("peername") or ("",))[0]
         self._deadline: asyncio.TimerHandle | None = None
         self._started = False  # a byte of a request has arrived
+        self._body_read = 0
+        self.open_by_source[self._source] += 1
+        self._refused = self.open_by_source[self._source] > self.per_source
+        if self._refused:
+            self.transport = transport
+            transport.abort()
+            return
+        super().connection_made(transport)
         self._arm(self.header_timeout, "no complete request headers")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)
+        self.open_by_source[self._source] -= 1
+        if self.open_by_source[self._source] <= 0:
+            del self.open_by_source[self._source]
+        if not self._refused:
+            super().connection_lost(exc)
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()
@@ -131,7 +150,8 @@ class GatewayProtocol(HttpToolsProtocol):
 
 def protocol_class() -> type[GatewayProtocol]:
     """:class:`GatewayProtocol` with this console's bounds (``KICI_GATEWAY_HEADER_TIMEOUT_SECONDS``,
-    ``KICI_GATEWAY_BODY_TIMEOUT_SECONDS``, ``KICI_MAX_REQUEST_BODY_BYTES``)."""
+    ``KICI_GATEWAY_BODY_TIMEOUT_SECONDS``, ``KICI_MAX_REQUEST_BODY_BYTES``,
+    ``KICI_GATEWAY_CONNECTIONS_PER_SOURCE``)."""
     return type(
         "GatewayProtocol",
         (GatewayProtocol,),
@@ -139,6 +159,7 @@ def protocol_class() -> type[GatewayProtocol]:
             "header_timeout": float(settings.KICI_GATEWAY_HEADER_TIMEOUT_SECONDS),
             "body_timeout": float(settings.KICI_GATEWAY_BODY_TIMEOUT_SECONDS),
             "max_body": settings.KICI_MAX_REQUEST_BODY_BYTES,
+            "per_source": settings.KICI_GATEWAY_CONNECTIONS_PER_SOURCE,
         },
     )
 

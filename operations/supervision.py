@@ -53,18 +53,18 @@ POOL_SHARE = 0.5
 POOL_MIN, POOL_MAX = 2, 8
 
 
-def db_pool_size(max_connections: int, server_processes: int, workers: int) -> int:
-    """Connections each server process may pool (``KICI_DB_POOL_SIZE``) so that all of them, the
-    workers (a connection each, and one for their work-horse) and the sweeper and event listener
-    stay within :data:`POOL_SHARE` of PostgreSQL's ``max_connections``: at least :data:`POOL_MIN`,
-    at most :data:`POOL_MAX`. ValueError naming ``max_connections`` when even the minimum does
-    not fit."""
-    budget = int(max_connections * POOL_SHARE) - 2 * workers - 2
+def db_pool_size(max_connections: int, server_processes: int, others: int) -> int:
+    """Connections each pooled server process may keep (``KICI_DB_POOL_SIZE``) so that all of
+    them, ``others`` processes holding about two each (an rq worker and its work-horse, a daphne
+    process's request and admission decider) and the sweeper and event listener stay within
+    :data:`POOL_SHARE` of PostgreSQL's ``max_connections``: at least :data:`POOL_MIN`, at most
+    :data:`POOL_MAX`. ValueError naming ``max_connections`` when even the minimum does not fit."""
+    budget = int(max_connections * POOL_SHARE) - 2 * others - 2
     size = min(POOL_MAX, budget // max(server_processes, 1))
     if size < POOL_MIN:
         raise ValueError(
-            f"max_connections={max_connections}: too few for {server_processes} server processes and "
-            f"{workers} workers; raise it in postgresql.conf or lower KICI_SERVERS / KICI_WORKERS"
+            f"max_connections={max_connections}: too few for {server_processes} pooled server processes and "
+            f"{others} others; raise it in postgresql.conf or lower KICI_SERVERS / KICI_WORKERS"
         )
     return size
 
@@ -83,7 +83,8 @@ def supervisord_config(
     with this process's environment (supervisord hands its own to them); ``servers`` daphne
     processes sharing the operator listeners (``kici_site.operator_server``) and, when ``gateway``
     (host, port) is given, as many gateway processes sharing it (``kici_site.gateway``), each
-    server with a pool of ``pool_size`` database connections; logs in ``log_dir``
+    gateway process with a pool of ``pool_size`` database connections (docs/serving.md says why
+    daphne's have none); logs in ``log_dir``
     (``daphne-N.log``, ``access.log``, ``gateway-N.log``, ``worker-N.log``, ``sweeper.log``,
     ``process_events.log``, ``supervisord.log``), its pid file and control socket (mode 0700) in
     ``run_dir``. ValueError naming ``workers`` or ``servers`` when it is not a positive whole
@@ -140,7 +141,6 @@ def supervisord_config(
         "process_name": "daphne-%(process_num)d",
         "numprocs": str(servers),
         "numprocs_start": "1",
-        "environment": pooled,
         "priority": "10",
         "stopwaitsecs": "30",
         "stdout_logfile": str(log_dir / "daphne-%(process_num)d.log"),
