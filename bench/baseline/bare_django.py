@@ -2,7 +2,7 @@
 query (an agent by its id, on the console's own table) with a persistent connection, as any Django
 deployment serves it under gunicorn's sync workers.
 
-    DATABASE_URL=postgres://... gunicorn -w 2 --chdir bench bare_django:application
+    DATABASE_URL=postgres://... gunicorn -w 2 --chdir bench/baseline bare_django:application
 """
 
 from __future__ import annotations
