@@ -1,39 +1,80 @@
 """Live row updates for heartbeats: open pages follow the agents.
 
 A heartbeat stores no event (one every 5 s per agent would drown the timeline), so by itself it
-changes nothing on an open page. Every heartbeat therefore announces the agent's row as changed
-(:data:`agent_row_changed`, after commit, on the event publisher thread); the ``live`` app connects
-it to the row groups of the pages showing the agent, whose consumers batch the changed rows into at
-most one frame per page per second (``live.rows``). Between two frames the browser's clock
+changes nothing on an open page. Every heartbeat therefore marks the agent's row as changed; the
+marks gathered while the event publisher thread is busy go out together as one
+:data:`agent_rows_changed` (after commit, on that thread), so a thousand heartbeats a second cost
+a few pushes, not a thousand (each push is a round of Redis PUBLISHes). The ``live`` app connects
+it to the row groups of the pages showing the agents, whose consumers batch the changed rows into
+at most one frame per page per second (``live.rows``). Between two frames the browser's clock
 advances the age (static/js/kici.js).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
+from django.db import transaction
 from django.dispatch import Signal
 
 from .events import push_after_commit
 from .models import Agent
 
-#: Sent on the event publisher thread when an agent's row changed without an event (a heartbeat,
-#: an admission): ``agent_id`` (str), ``scaler_id`` (the scaler's pk) and ``capacity`` (True when
-#: its scaler's capacity changed too); ``live.apps`` connects the push.
-agent_row_changed = Signal()
+#: Sent on the event publisher thread when agents' rows changed without an event (heartbeats,
+#: admissions): ``rows``, a dict of ``agent_id`` (str) to the scaler's pk, and ``scalers``, the pks
+#: of the scalers whose capacity changed too (admissions); ``live.apps`` connects the push.
+agent_rows_changed = Signal()
+
+#: Seconds after which a batch handed to the publisher and never sent (its backlog was full) is
+#: given up and a new one handed over.
+_LOST_BATCH_SECONDS = 10.0
+
+
+class _Marks:
+    """The agent rows marked since the last push, and whether a push of them is queued."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.rows: dict[str, int] = {}
+        self.scalers: set[int] = set()
+        self.queued_at: float | None = None
+
+    def mark(self, agent_id: str, scaler_id: int, *, capacity: bool = False) -> None:
+        with self.lock:
+            self.rows[agent_id] = scaler_id
+            if capacity:
+                self.scalers.add(scaler_id)
+            now = time.monotonic()
+            if self.queued_at is not None and now - self.queued_at < _LOST_BATCH_SECONDS:
+                return
+            self.queued_at = now
+        push_after_commit(self.send)
+
+    def send(self) -> None:
+        with self.lock:
+            rows, scalers = self.rows, self.scalers
+            self.rows, self.scalers, self.queued_at = {}, set(), None
+        if rows:
+            agent_rows_changed.send(sender=Agent, rows=rows, scalers=scalers)
+
+
+_MARKS = _Marks()
+# A forked rq work-horse starts with no marks and a fresh lock.
+os.register_at_fork(after_in_child=_MARKS.__init__)
 
 
 def push_heartbeat_row(agent: Agent) -> None:
-    """Announce ``agent``'s row as changed once the current transaction commits (in order with the
-    event pushes). Needs only ``agent.agent_id`` and ``agent.scaler_id``: no query."""
+    """Mark ``agent``'s row as changed once the current transaction commits; the marks go out in
+    order with the event pushes, several agents at once. Needs only ``agent.agent_id`` and
+    ``agent.scaler_id``: no query."""
     agent_id, scaler_id = agent.agent_id, agent.scaler_id
-    push_after_commit(
-        lambda: agent_row_changed.send(sender=Agent, agent_id=agent_id, scaler_id=scaler_id, capacity=False)
-    )
+    transaction.on_commit(lambda: _MARKS.mark(agent_id, scaler_id))
 
 
 def push_admitted_row(agent_id: str, scaler_id: int) -> None:
-    """Announce a newly admitted agent's row (and its scaler's capacity) once the current
+    """Mark a newly admitted agent's row (and its scaler's capacity) as changed once the current
     transaction commits: admission stores no event, and an agent waiting for a spawn slot records
     none until it gets one, yet it holds a reservation and counts on every list."""
-    push_after_commit(
-        lambda: agent_row_changed.send(sender=Agent, agent_id=agent_id, scaler_id=scaler_id, capacity=True)
-    )
+    transaction.on_commit(lambda: _MARKS.mark(agent_id, scaler_id, capacity=True))

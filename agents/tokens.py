@@ -81,7 +81,7 @@ def redeem_registration_token(raw: str) -> Agent:
     now = timezone.now()
     with transaction.atomic():
         won = AgentToken.objects.filter(token_hash=digest, used_at__isnull=True, expires_at__gt=now).update(used_at=now)
-        token = AgentToken.objects.select_related("agent", "agent__scaler").filter(token_hash=digest).first()
+        token = AgentToken.objects.select_related("agent").filter(token_hash=digest).first()
     if token is None:
         raise TokenRejected("unknown")
     if not won:
@@ -101,7 +101,7 @@ def authenticate_session(raw: str, agent_id: str) -> Agent:
     """
     if not isinstance(raw, str) or not raw.startswith(SESSION_PREFIX):
         raise TokenRejected("invalid-token")
-    token = AgentToken.objects.select_related("agent", "agent__scaler").filter(token_hash=hash_token(raw)).first()
+    token = AgentToken.objects.select_related("agent").filter(token_hash=hash_token(raw)).first()
     if token is None:
         raise TokenRejected("unknown")
     if token.expires_at <= timezone.now():

@@ -89,6 +89,22 @@ def database_from_url(name: str, url: str) -> dict:
     }
 
 
+def database_pool(pool_size: int, conn_max_age: int) -> dict:
+    """The ``OPTIONS`` of a DATABASES entry whose process keeps up to ``pool_size`` persistent
+    connections in a psycopg pool (Django's ``pool`` option), ``{}`` for 0 (one connection per
+    request or job). A request waits up to 10 s for a free connection, then fails with
+    OperationalError; a connection idle for 5 minutes is closed (the pool keeps one). Raises
+    ImproperlyConfigured naming ``DB_CONN_MAX_AGE`` when it is set too: Django refuses both."""
+    if not pool_size:
+        return {}
+    if conn_max_age:
+        raise ImproperlyConfigured(
+            f"DB_CONN_MAX_AGE={conn_max_age} with KICI_DB_POOL_SIZE={pool_size}: a pooled connection is "
+            "already persistent; leave DB_CONN_MAX_AGE at 0"
+        )
+    return {"pool": {"min_size": 1, "max_size": pool_size, "timeout": 10, "max_idle": 300}}
+
+
 def redis_url(name: str, default: str) -> str:
     """Return ``$name`` after checking it is a ``redis://``, ``rediss://`` or
     ``unix:///path?db=N&password=...`` URL (the forms redis-py, rq and channels-redis all read)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -46,26 +47,55 @@ def on_operator_listener(scope: dict, listeners: list[tuple[str, int | None]]) -
     return any(host == h and (p is None or port == p) for h, p in listeners)
 
 
-def _endpoint(host: str, port: int) -> str:
-    return f"tcp:port={port}:interface={host.replace(':', chr(92) + ':')}"
-
-
-def daphne_endpoints() -> list[str]:
-    """daphne ``-e`` endpoint strings: every operator listener, then the agents' gateway (the host
-    and port of ``KICI_CONSOLE_URL``) unless it is one of them. Raises ``ImproperlyConfigured`` for
-    an operator listener without a port, or a console URL that names no address and port."""
-    endpoints, seen = [], set()
+def operator_addresses() -> list[tuple[str, int]]:
+    """The operator listeners to listen on (``KICI_OPERATOR_LISTEN``). Raises
+    ``ImproperlyConfigured`` for one without a port."""
     for host, port in settings.KICI_OPERATOR_LISTEN:
         if port is None:
             raise ImproperlyConfigured(f"KICI_OPERATOR_LISTEN: {host}:* cannot be listened on; give a port")
-        endpoints.append(_endpoint(host, port))
-        seen.add((host, port))
+    return list(settings.KICI_OPERATOR_LISTEN)
+
+
+def gateway_address() -> tuple[str, int] | None:
+    """The agents' gateway (the host and port of ``KICI_CONSOLE_URL``), None when it is one of the
+    operator listeners (then the operator's server answers agents too). Raises
+    ``ImproperlyConfigured`` for a console URL that names no address and port."""
     url = urlsplit(settings.KICI_CONSOLE_URL)
     if not url.hostname or not url.port:
         raise ImproperlyConfigured(f"KICI_CONSOLE_URL={settings.KICI_CONSOLE_URL!r} names no host and port")
-    if (url.hostname, url.port) not in seen:
-        endpoints.append(_endpoint(url.hostname, url.port))
-    return endpoints
+    if (url.hostname, url.port) in operator_addresses():
+        return None
+    return url.hostname, url.port
+
+
+def listening_socket(host: str, port: int, backlog: int | None = None) -> socket.socket:
+    """A TCP socket listening on ``host:port`` with ``SO_REUSEPORT``, so that several server
+    processes listen on one address and the kernel spreads new connections over them; its queue
+    of connections not yet accepted holds ``backlog`` (``KICI_LISTEN_BACKLOG``; the kernel caps
+    it at ``net.core.somaxconn``). Inheritable: a server started with ``exec`` adopts it. Raises
+    OSError when the address cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(backlog or settings.KICI_LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def daphne_endpoints(sockets: list[socket.socket], ipv6: list[tuple[str, int]]) -> list[str]:
+    """daphne ``-e`` endpoint strings: adopting each IPv4 listening socket of ``sockets``, and
+    listening on each IPv6 address of ``ipv6`` itself (Twisted adopts only IPv4 sockets by file
+    descriptor, so those cannot be shared by several processes)."""
+    adopted = [f"fd:fileno={s.fileno()}" for s in sockets]
+    return adopted + [f"tcp6:port={port}:interface={host.replace(':', chr(92) + ':')}" for host, port in ipv6]
 
 
 def _content_length(scope: dict) -> int | None:
@@ -79,30 +109,31 @@ def _content_length(scope: dict) -> int | None:
 
 
 async def _send_json(send, status: int, reason: str, message: str) -> None:
-    """An answer in the one ``/api/v1`` error shape (``kici_site.errors.api_error``)."""
+    """An answer in the one ``/api/v1`` error shape (``kici_site.errors.api_error``); a 413 also
+    asks the server to close the connection rather than read the rest of the body."""
     body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 413:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class ListenerGuard:
-    """ASGI middleware in front of the whole application (HTTP and WebSocket)."""
+    """ASGI middleware in front of the whole application (HTTP and WebSocket). With ``gateway``
+    (the gateway's own processes, ``kici_site.gateway``) every request is treated as arriving on
+    the gateway, whatever its scope says."""
 
-    def __init__(self, app, *, operator_listeners=None, max_body_bytes: int | None = None):
+    def __init__(self, app, *, operator_listeners=None, max_body_bytes: int | None = None, gateway: bool = False):
         self.app = app
         self.operator_listeners = operator_listeners or settings.KICI_OPERATOR_LISTEN
         self.max_body_bytes = max_body_bytes or settings.KICI_MAX_REQUEST_BODY_BYTES
+        self.gateway = gateway
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        if not on_operator_listener(scope, self.operator_listeners):
+        if self.gateway or not on_operator_listener(scope, self.operator_listeners):
             if scope["type"] == "websocket":
                 await receive()  # websocket.connect
                 return await send({"type": "websocket.close", "code": 4404})

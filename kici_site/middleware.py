@@ -22,6 +22,7 @@ from asgiref.sync import markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.utils.cache import add_never_cache_headers
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 from lib.json_input import parse_json
 from lib.wording import key_path
@@ -249,3 +250,30 @@ class NoStoreMiddleware(_DualMiddleware):
         if _signed_in_browser(request, response):
             add_never_cache_headers(response)
         return response
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise's static files in a sync or async stack. WhiteNoise's own middleware is sync
+    only, so under ASGI every request, not only a static file's, crossed to a thread and back
+    around it (two thread hops per API call). Here a request for anything else passes straight
+    on, and a static file is served from a worker thread."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        super().__init__(get_response)
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.is_async:
+            return self._acall(request)
+        return super().__call__(request)
+
+    async def _acall(self, request):
+        static_file = self.find_file(request.path_info) if self.autorefresh else self.files.get(request.path_info)
+        if static_file is None:
+            return await self.get_response(request)
+        return await sync_to_async(self.serve, thread_sensitive=False)(static_file, request)

@@ -12,6 +12,7 @@ from django.utils.csp import CSP
 
 from .env import (
     database_from_url,
+    database_pool,
     env_bool,
     env_http_url,
     env_int,
@@ -71,7 +72,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # WhiteNoise, usable in the async stack (no thread hop for requests that are not static files).
+    "kici_site.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,6 +90,14 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # Login throttling; last, as django-axes requires.
     "axes.middleware.AxesMiddleware",
+]
+
+# The machine-facing API (/api/, bearer tokens, JSON) is served through these alone
+# (kici_site.asgi.ApiHandler): it needs no session, CSRF, messages, CSP or login throttle, and
+# under ASGI each of Django's synchronous middleware hooks is a hop to a thread and back.
+KICI_API_MIDDLEWARE = [
+    "kici_site.middleware.ErrorBodyMiddleware",
+    "kici_site.middleware.NulByteMiddleware",
 ]
 
 ROOT_URLCONF = "kici_site.urls"
@@ -114,6 +124,14 @@ TEMPLATES = [
 
 DATABASES = {"default": database_from_url("DATABASE_URL", env_str("DATABASE_URL", "postgres://127.0.0.1:5432/kici"))}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
+# A serving process keeps up to KICI_DB_POOL_SIZE persistent connections in a psycopg pool: an API
+# request borrows one and gives it back as its view returns (kici_site.asgi.ApiHandler), so no
+# request pays for a connection's start.
+# 0 = no pool, one connection per request or job (forked rq work-horses must not inherit a pool's
+# open sockets). make run sets it for each gateway process, sized so that all of them stay within
+# PostgreSQL's max_connections (operations.supervision.db_pool_size).
+KICI_DB_POOL_SIZE = env_int("KICI_DB_POOL_SIZE", 0, minimum=0)
+DATABASES["default"]["OPTIONS"] = database_pool(KICI_DB_POOL_SIZE, DATABASES["default"]["CONN_MAX_AGE"])
 DATABASES["default"]["TEST"] = {"NAME": env_str("KICI_TEST_DATABASE", "test_kici")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -220,6 +238,13 @@ KICI_OPERATOR_LISTEN = env_listeners("KICI_OPERATOR_LISTEN", "127.0.0.1:8000")
 # Request bodies above this many bytes are refused with 413 before the application reads them.
 KICI_MAX_REQUEST_BODY_BYTES = env_int("KICI_MAX_REQUEST_BODY_BYTES", 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = KICI_MAX_REQUEST_BODY_BYTES
+# The agents' gateway (kici_site.gateway): seconds a request's headers, then its body, may take to
+# arrive; connections one source address may hold open to it at once (nft ct count, make run);
+# the listen backlog of the console's sockets (bursts of connections wait there, not in resets).
+KICI_GATEWAY_HEADER_TIMEOUT_SECONDS = env_int("KICI_GATEWAY_HEADER_TIMEOUT_SECONDS", 10, minimum=1)
+KICI_GATEWAY_BODY_TIMEOUT_SECONDS = env_int("KICI_GATEWAY_BODY_TIMEOUT_SECONDS", 30, minimum=1)
+KICI_GATEWAY_CONNECTIONS_PER_SOURCE = env_int("KICI_GATEWAY_CONNECTIONS_PER_SOURCE", 16, minimum=2)
+KICI_LISTEN_BACKLOG = env_int("KICI_LISTEN_BACKLOG", 4096, minimum=64)
 KICI_AGENT_TOKEN_TTL_SECONDS = env_int("KICI_AGENT_TOKEN_TTL_SECONDS", 3600, minimum=10)
 KICI_SPAWN_TIMEOUT_SECONDS = env_int("KICI_SPAWN_TIMEOUT_SECONDS", 300, minimum=1)
 KICI_STORAGE_URL = env_str("KICI_STORAGE_URL")

@@ -10,13 +10,13 @@ class LiveConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_out
 
         from agents.events import event_committed
-        from agents.heartbeats import agent_row_changed
+        from agents.heartbeats import agent_rows_changed
         from operations.models import operation_progress
 
-        from .publish import publish_committed_event, send_agent_row, send_operation_progress
+        from .publish import publish_committed_event, send_agent_rows, send_operation_progress
         from .session import on_logged_out
 
         event_committed.connect(publish_committed_event, dispatch_uid="live.publish_committed_event")
-        agent_row_changed.connect(send_agent_row, dispatch_uid="live.send_agent_row")
+        agent_rows_changed.connect(send_agent_rows, dispatch_uid="live.send_agent_rows")
         operation_progress.connect(send_operation_progress, dispatch_uid="live.send_operation_progress")
         user_logged_out.connect(on_logged_out, dispatch_uid="live.close_sockets_on_logout")

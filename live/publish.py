@@ -9,23 +9,55 @@ consumer renders the changed parts from the database with the same template part
 a live update.
 
 The events and agent rows the ``agents`` app commits, and operations' progress, reach this module
-through their apps' signals (``agents.events.event_committed``, ``agents.heartbeats.agent_row_changed``,
+through their apps' signals (``agents.events.event_committed``, ``agents.heartbeats.agent_rows_changed``,
 ``operations.models.operation_progress``), connected in ``live.apps``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+import os
+import threading
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from .render import render_live_update
-from .rows import OPERATIONS_GROUP, SCALERS_GROUP, agent_groups
+from .rows import AGENTS_GROUP, OPERATIONS_GROUP, SCALERS_GROUP, agent_groups, agent_rows_group, scaler_rows_group
 from .streams import StreamKey
 
 log = logging.getLogger(__name__)
 
 EVENTS_GLOBAL_GROUP = "events.global"
+#: Seconds a synchronous push waits for the channel layer before it fails (TimeoutError).
+PUSH_TIMEOUT_SECONDS = 10.0
+
+
+class _LayerLoop:
+    """One event loop on a daemon thread that runs every synchronous push of this process. The
+    channel layer keeps its Redis connection per event loop, and ``async_to_sync`` called from a
+    thread with no loop starts a new loop per call: a connection opened and dropped per push, half
+    the CPU time of a heartbeat. Here the loop, and so the connection, lives as long as the process."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+
+    def run(self, coro: Coroutine, timeout: float = PUSH_TIMEOUT_SECONDS) -> Any:
+        """Run ``coro`` on the loop and return its result; raises what it raises, or TimeoutError."""
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.loop = asyncio.new_event_loop()
+                self.thread = threading.Thread(target=self.loop.run_forever, name="kici-layer-loop", daemon=True)
+                self.thread.start()
+            loop = self.loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+_LAYER_LOOP = _LayerLoop()
+# A forked rq work-horse inherits the loop object but not its thread: start afresh in the child.
+os.register_at_fork(after_in_child=_LAYER_LOOP.__init__)
 
 
 def events_agent_group(agent_id: str) -> str:
@@ -87,13 +119,11 @@ def publish_event(event: Any) -> None:
     """Push a stored ``ScalerEvent`` to ``events.global`` and ``events.agent.<agent_id>`` (sync).
 
     Called by ``agents.events.record_event`` after commit. Renders the live HTML once (see
-    :func:`event_message`), then ``async_to_sync(channel_layer.group_send)`` per group. Raises
-    whatever the channel layer raises (the caller logs it).
+    :func:`event_message`), then the channel layer's ``group_send`` per group on the process's
+    push loop. Raises whatever the channel layer raises (the caller logs it).
     """
-    from asgiref.sync import async_to_sync
-
     message = event_message(event)
-    async_to_sync(apublish_message)(message, event_groups(message["agent_ref"]))
+    _LAYER_LOOP.run(apublish_message(message, event_groups(message["agent_ref"])))
 
 
 def rows_notice(noun: str, keys: Iterable) -> dict:
@@ -123,10 +153,9 @@ def agent_row_notices(agent_id: str, scaler_pk: int, *, capacity: bool) -> list[
 
 
 def publish_rows(notices: Iterable[tuple[str, dict]]) -> None:
-    """:func:`apublish_rows` from sync code. Raises whatever the channel layer raises."""
-    from asgiref.sync import async_to_sync
-
-    async_to_sync(apublish_rows)(list(notices))
+    """:func:`apublish_rows` from sync code, on the process's push loop. Raises whatever the
+    channel layer raises."""
+    _LAYER_LOOP.run(apublish_rows(list(notices)))
 
 
 def publish_committed_event(sender: Any, event: Any, **kwargs: Any) -> None:
@@ -138,10 +167,25 @@ def publish_committed_event(sender: Any, event: Any, **kwargs: Any) -> None:
         publish_rows(agent_row_notices(agent.agent_id, agent.scaler_id, capacity=True))
 
 
-def send_agent_row(sender: Any, agent_id: str, scaler_id: int, capacity: bool = False, **kwargs: Any) -> None:
-    """Receiver of ``agents.heartbeats.agent_row_changed`` (a heartbeat, an admission): the agent's
-    row, and with ``capacity`` its scaler's row (sync)."""
-    publish_rows(agent_row_notices(agent_id, scaler_id, capacity=capacity))
+def agent_rows_notices(rows: dict[str, int], scalers: Iterable[int] = ()) -> list[tuple[str, dict]]:
+    """The notices of several agents' changed rows (``rows``: agent id -> scaler pk), one per
+    group: the agent list's, each scaler's with its agents, each agent's own page; and, for
+    ``scalers`` whose capacity changed, one to ``rows.scalers`` for their rows."""
+    by_scaler: dict[int, list[str]] = {}
+    for agent_id, scaler_pk in rows.items():
+        by_scaler.setdefault(scaler_pk, []).append(agent_id)
+    notices = [(AGENTS_GROUP, rows_notice("agents", rows))]
+    notices += [(scaler_rows_group(pk), rows_notice("agents", ids)) for pk, ids in by_scaler.items()]
+    notices += [(agent_rows_group(agent_id), rows_notice("agents", [agent_id])) for agent_id in rows]
+    if scalers := sorted(scalers):
+        notices.append((SCALERS_GROUP, rows_notice("scalers", scalers)))
+    return notices
+
+
+def send_agent_rows(sender: Any, rows: dict[str, int], scalers: Iterable[int] = (), **kwargs: Any) -> None:
+    """Receiver of ``agents.heartbeats.agent_rows_changed`` (heartbeats, admissions): the agents'
+    rows and the changed scalers' rows (sync), in one call to the channel layer."""
+    publish_rows(agent_rows_notices(rows, scalers))
 
 
 def operation_group(operation_id: int) -> str:
@@ -157,21 +201,22 @@ def publish_progress(
     slice from the database, so a notice handled late never repeats a line). Never raises: a push
     failure must not fail the producer."""
     try:
-        from asgiref.sync import async_to_sync
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
         if layer is None:
             return
-        async_to_sync(layer.group_send)(
-            operation_group(operation_id),
-            {
-                "type": "operation.progress",
-                "operation_id": operation_id,
-                "keys": list(keys),
-                "log_from": log_from,
-                "log_to": log_to,
-            },
+        _LAYER_LOOP.run(
+            layer.group_send(
+                operation_group(operation_id),
+                {
+                    "type": "operation.progress",
+                    "operation_id": operation_id,
+                    "keys": list(keys),
+                    "log_from": log_from,
+                    "log_to": log_to,
+                },
+            )
         )
     except Exception:
         log.warning("could not publish progress of operation %s", operation_id, exc_info=True)

@@ -1,6 +1,7 @@
-"""The console's processes under supervisord (``make run``): daphne, ``KICI_WORKERS`` rq workers
-and the scaler sweeper, each restarted when it exits, and an event listener that records each
-unexpected exit (docs/recovery.md "Supervised processes").
+"""The console's processes under supervisord (``make run``): ``KICI_SERVERS`` daphne processes on
+the operator listeners, as many gateway processes on the agents' gateway, ``KICI_WORKERS`` rq
+workers and the scaler sweeper, each restarted when it exits, and an event listener that records
+each unexpected exit (docs/recovery.md "Supervised processes", docs/serving.md).
 
 :func:`supervisord_config` writes the configuration ``scripts/run.sh`` starts supervisord with
 (``manage.py supervisor_config``); :func:`record_process_state` is what the listener
@@ -23,7 +24,7 @@ from agents.events import record_event
 from scalers.metrics import SharedSeries, count
 
 #: The supervised programs (supervisord group names), in start order; the stop runs the other way.
-PROGRAMS = ("daphne", "worker", "sweeper")
+PROGRAMS = ("daphne", "gateway", "worker", "sweeper")
 PROCESS_RESTARTS = "kici_scaler_process_restarts_total"
 #: On /metrics (registered by ``operations.apps``), at 0 for every program until its first exit.
 PROCESS_RESTARTS_SERIES = SharedSeries(
@@ -44,23 +45,58 @@ STOP_MARGIN_SECONDS = 30
 LISTENED_EVENTS = ("PROCESS_STATE_EXITED", "PROCESS_STATE_BACKOFF", "PROCESS_STATE_FATAL")
 
 
-def supervisord_config(*, root: Path, run_dir: Path, log_dir: Path, workers: int, endpoints: list[str]) -> str:
+#: Share of PostgreSQL's ``max_connections`` the server processes' pools may hold together; the
+#: rest is for the workers, the sweeper, the commands, psql and other clients.
+POOL_SHARE = 0.5
+#: Bounds of one server process's pool: two covers a request and the admission decider; more than
+#: eight would only queue more work on one process's single request thread.
+POOL_MIN, POOL_MAX = 2, 8
+
+
+def db_pool_size(max_connections: int, server_processes: int, others: int) -> int:
+    """Connections each pooled server process may keep (``KICI_DB_POOL_SIZE``) so that all of
+    them, ``others`` processes holding about two each (an rq worker and its work-horse, a daphne
+    process's request and admission decider) and the sweeper and event listener stay within
+    :data:`POOL_SHARE` of PostgreSQL's ``max_connections``: at least :data:`POOL_MIN`, at most
+    :data:`POOL_MAX`. ValueError naming ``max_connections`` when even the minimum does not fit."""
+    budget = int(max_connections * POOL_SHARE) - 2 * others - 2
+    size = min(POOL_MAX, budget // max(server_processes, 1))
+    if size < POOL_MIN:
+        raise ValueError(
+            f"max_connections={max_connections}: too few for {server_processes} pooled server processes and "
+            f"{others} others; raise it in postgresql.conf or lower KICI_SERVERS / KICI_WORKERS"
+        )
+    return size
+
+
+def supervisord_config(
+    *,
+    root: Path,
+    run_dir: Path,
+    log_dir: Path,
+    workers: int,
+    servers: int,
+    gateway: tuple[str, int] | None,
+    pool_size: int,
+) -> str:
     """The text of supervisord's configuration: the programs of :data:`PROGRAMS` run from ``root``
-    with this process's environment (supervisord hands its own to them), daphne listening on
-    ``endpoints`` (twisted endpoint strings), logs in ``log_dir`` (``daphne.log``, ``access.log``,
-    ``worker-N.log``, ``sweeper.log``, ``process_events.log``, ``supervisord.log``), its pid file
-    and control socket (mode 0700) in ``run_dir``. ValueError naming ``workers`` when it is not a
-    positive whole number, or ``endpoints`` when it is empty."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} is not a positive whole number")
-    if not endpoints:
-        raise ValueError("endpoints=[]: daphne needs at least one endpoint to listen on")
+    with this process's environment (supervisord hands its own to them); ``servers`` daphne
+    processes sharing the operator listeners (``kici_site.operator_server``) and, when ``gateway``
+    (host, port) is given, as many gateway processes sharing it (``kici_site.gateway``), each
+    gateway process with a pool of ``pool_size`` database connections (docs/serving.md says why
+    daphne's have none); logs in ``log_dir``
+    (``daphne-N.log``, ``access.log``, ``gateway-N.log``, ``worker-N.log``, ``sweeper.log``,
+    ``process_events.log``, ``supervisord.log``), its pid file and control socket (mode 0700) in
+    ``run_dir``. ValueError naming ``workers`` or ``servers`` when it is not a positive whole
+    number."""
+    for name, value in (("workers", workers), ("servers", servers), ("pool_size", pool_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not a positive whole number")
     python = sys.executable
     manage = f"{python} {root / 'manage.py'}"
     stopwait = max(int(q.get("DEFAULT_TIMEOUT", 180)) for q in settings.RQ_QUEUES.values()) + STOP_MARGIN_SECONDS
-    listen = " ".join(f"-e {e}" for e in endpoints)
-    daphne = Path(python).with_name("daphne")
     sock = run_dir / "supervisor.sock"
+    pooled = f'KICI_DB_POOL_SIZE="{pool_size}"'
 
     config = configparser.RawConfigParser()
     config["supervisord"] = {
@@ -99,11 +135,31 @@ def supervisord_config(*, root: Path, run_dir: Path, log_dir: Path, workers: int
     }
     config["program:daphne"] = {
         **common,
-        "command": f"{daphne} {listen} --access-log {log_dir / 'access.log'} kici_site.asgi:application",
+        # Pages, WebSockets and the orchestrator's API; the first also serves IPv6 listeners.
+        "command": f"{python} -m kici_site.operator_server --access-log {log_dir / 'access.log'}"
+        " --process-num %(process_num)d",
+        "process_name": "daphne-%(process_num)d",
+        "numprocs": str(servers),
+        "numprocs_start": "1",
         "priority": "10",
         "stopwaitsecs": "30",
-        "stdout_logfile": str(log_dir / "daphne.log"),
+        "stdout_logfile": str(log_dir / "daphne-%(process_num)d.log"),
     }
+    if gateway is not None:
+        host, port = gateway
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        config["program:gateway"] = {
+            **common,
+            # The agent API alone, on the address agents dial (kici_site.gateway).
+            "command": f"{python} -m kici_site.gateway --listen {listen}",
+            "process_name": "gateway-%(process_num)d",
+            "numprocs": str(servers),
+            "numprocs_start": "1",
+            "environment": pooled,
+            "priority": "10",
+            "stopwaitsecs": "30",
+            "stdout_logfile": str(log_dir / "gateway-%(process_num)d.log"),
+        }
     config["program:worker"] = {
         **common,
         # Spawns, teardowns and approved operations run in parallel, one per worker; the scheduler

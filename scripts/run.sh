@@ -40,20 +40,22 @@ say "importing $KICI_SCALER_CONFIG_PATH"
 $M import_scalers "$KICI_SCALER_CONFIG_PATH" ${KICI_SCALER_CONFIG_DIR:+--dir "$KICI_SCALER_CONFIG_DIR"}
 
 # The console's processes under supervisord (operations/supervision.py, its configuration written
-# to var/run/supervisord.conf): daphne, KICI_WORKERS rq workers and the sweeper, each restarted when
-# it exits (a start that keeps failing is retried with a back-off, then given up), every exit
-# recorded as a console.* event and in kici_scaler_process_restarts_total. One crash stops nothing else.
+# to var/run/supervisord.conf): KICI_SERVERS daphne processes on the operator listeners, as many
+# gateway processes on the agents' gateway (docs/serving.md), KICI_WORKERS rq workers and the
+# sweeper, each restarted when it exits (a start that keeps failing is retried with a back-off,
+# then given up), every exit recorded as a console.* event and in
+# kici_scaler_process_restarts_total. One crash stops nothing else.
 WORKERS="${KICI_WORKERS:-$(nproc)}"
 [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "KICI_WORKERS=$WORKERS is not a positive whole number"
 [ "$WORKERS" -ge 2 ] || [ -n "${KICI_WORKERS:-}" ] || WORKERS=2
+SERVERS="${KICI_SERVERS:-$(nproc)}"
+[[ "$SERVERS" =~ ^[1-9][0-9]*$ ]] || die "KICI_SERVERS=$SERVERS is not a positive whole number"
 DJANGO='import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_site.settings");django.setup()'
-# The operator listener(s) and the agents' gateway; on the gateway only the agent API is served.
-ENDPOINTS_TEXT="$($PY -c "$DJANGO"'
-from kici_site.listeners import daphne_endpoints;print("\n".join(daphne_endpoints()))')"
-mapfile -t ENDPOINTS <<< "$ENDPOINTS_TEXT"
-ENDPOINT_ARGS=()
-for e in "${ENDPOINTS[@]}"; do ENDPOINT_ARGS+=(--endpoint "$e"); done
-$M supervisor_config --workers "$WORKERS" "${ENDPOINT_ARGS[@]}" --out "$RUN_DIR/supervisord.conf" --log-dir "$LOG_DIR"
+# The agents' gateway (the address of KICI_CONSOLE_URL), unless it is an operator listener.
+GATEWAY="$($PY -c "$DJANGO"'
+from kici_site.listeners import gateway_address;g=gateway_address();print(f"[{g[0]}]:{g[1]}" if g and ":" in g[0] else f"{g[0]}:{g[1]}" if g else "")')"
+$M supervisor_config --workers "$WORKERS" --servers "$SERVERS" ${GATEWAY:+--gateway "$GATEWAY"} \
+  --out "$RUN_DIR/supervisord.conf" --log-dir "$LOG_DIR"
 
 SUPERVISOR=""
 stop() {

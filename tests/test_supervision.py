@@ -1,8 +1,9 @@
 """``make run``'s processes under supervisord (``operations/supervision.py``), started as
 ``scripts/run.sh`` starts them (``manage.py supervisor_config``, then supervisord in its own session)
-against the suite's database and Redis, daphne on a free loopback port, one rq worker: a process
-killed is restarted without stopping the others, recorded as an event and on /metrics; one that
-keeps dying is given up, visibly; SIGTERM to supervisord stops them all."""
+against the suite's database and Redis, daphne on a free loopback port, the agents' gateway on
+another, one rq worker: a process killed is restarted without stopping the others, recorded as an
+event and on /metrics; one that keeps dying is given up, visibly; SIGTERM to supervisord stops them
+all."""
 
 from __future__ import annotations
 
@@ -27,9 +28,6 @@ from operations.supervision import PROCESS_RESTARTS, STARTRETRIES
 from tests.support.servers import REPO, free_port
 
 RPC_TIMEOUT = 30  # seconds
-ENDPOINTS = (
-    "import django; django.setup(); from kici_site.listeners import daphne_endpoints; print(*daphne_endpoints())"
-)
 
 
 class Console:
@@ -73,6 +71,14 @@ def _answers(url: str) -> bool:
     return response.status_code in (200, 503) and "checks" in response.json()
 
 
+def _gateway_answers(url: str) -> bool:
+    """Whether the gateway answers (the agent API's 404 for anything else)."""
+    try:
+        return requests.get(url + "/healthz", timeout=5).status_code == 404
+    except requests.ConnectionError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -85,7 +91,7 @@ def console(transactional_db, tmp_path):
     from django.db import connection
 
     db = connection.settings_dict
-    port = free_port()
+    port, gateway = free_port(), free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
@@ -94,7 +100,7 @@ def console(transactional_db, tmp_path):
         ),
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "KICI_OPERATOR_LISTEN": f"127.0.0.1:{port}",
-        "KICI_CONSOLE_URL": f"http://127.0.0.1:{port}",
+        "KICI_CONSOLE_URL": f"http://127.0.0.1:{gateway}",
         "LOG_LEVEL": "WARNING",
     }
     run_dir, log_dir = tmp_path / "run", tmp_path / "log"
@@ -102,13 +108,8 @@ def console(transactional_db, tmp_path):
     log_dir.mkdir()
     conf = run_dir / "supervisord.conf"
     manage = [sys.executable, str(REPO / "manage.py")]
-    # As run.sh does: the endpoints kici_site.listeners.daphne_endpoints gives for this environment.
-    endpoints = subprocess.run(
-        [sys.executable, "-c", ENDPOINTS], env=env, check=True, capture_output=True, text=True, timeout=60
-    ).stdout.split()
-    assert endpoints == [f"tcp:port={port}:interface=127.0.0.1"]
     subprocess.run(
-        [*manage, "supervisor_config", "--workers", "1", *(a for e in endpoints for a in ("--endpoint", e))]
+        [*manage, "supervisor_config", "--workers", "1", "--servers", "1", "--gateway", f"127.0.0.1:{gateway}"]
         + ["--out", str(conf), "--log-dir", str(log_dir)],
         env=env,
         check=True,
@@ -123,6 +124,7 @@ def console(transactional_db, tmp_path):
         start_new_session=True,
     )
     c = Console(f"http://127.0.0.1:{port}", proc, run_dir / "supervisor.sock", log_dir, env)
+    c.gateway_url = f"http://127.0.0.1:{gateway}"
     try:
 
         def all_running():
@@ -133,6 +135,7 @@ def console(transactional_db, tmp_path):
 
         _wait(all_running, RPC_TIMEOUT, "every program RUNNING", c)
         _wait(lambda: _answers(c.url), RPC_TIMEOUT, "daphne answering /healthz", c)
+        _wait(lambda: _gateway_answers(c.gateway_url), RPC_TIMEOUT, "the gateway answering", c)
         yield c
     finally:
         if proc.poll() is None:
@@ -186,7 +189,7 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
 
     worker = console.info("worker:worker-1")
     others = {name: pid for name, pid in console.pids().items() if name != "worker:worker-1"}
-    assert _restarts(console.url) == {"daphne": 0.0, "sweeper": 0.0, "worker": 0.0}
+    assert _restarts(console.url) == {"daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 0.0}
     with HealthWatch(console.url) as health:
         os.kill(worker["pid"], signal.SIGKILL)
 
@@ -208,7 +211,7 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
     assert len(events) == 1
     assert events[0].payload["program"] == "worker" and events[0].payload["pid"] == str(worker["pid"])
     assert f"worker-1 (pid {worker['pid']}) exited; restarted" in events[0].detail
-    assert _restarts(console.url) == {"daphne": 0.0, "sweeper": 0.0, "worker": 1.0}
+    assert _restarts(console.url) == {"daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 1.0}
 
 
 def test_a_process_that_keeps_dying_at_start_is_given_up_visibly_and_the_rest_still_run(console):
@@ -242,13 +245,21 @@ def _environ(pid: int) -> dict[str, str]:
 
 def test_sigterm_to_supervisord_stops_every_process(console):
     pids = console.pids()
-    assert set(pids) == {"daphne:daphne", "worker:worker-1", "sweeper:sweeper", "process_events:process_events"}
+    assert set(pids) == {
+        "daphne:daphne-1",
+        "gateway:gateway-1",
+        "worker:worker-1",
+        "sweeper:sweeper",
+        "process_events:process_events",
+    }
     assert all(_alive(pid) for pid in pids.values())
     # Each process has the environment it was started in (run.sh's: var/env, REDIS_URL, ...),
-    # plus supervisord's SUPERVISOR_* names.
-    for pid in pids.values():
+    # plus supervisord's SUPERVISOR_* names and, for the servers, their database pool's size.
+    for name, pid in pids.items():
         own = {k: v for k, v in _environ(pid).items() if not k.startswith("SUPERVISOR_")}
+        pool = own.pop("KICI_DB_POOL_SIZE", None)
         assert own == console.env
+        assert (pool is not None and 2 <= int(pool) <= 8) == name.startswith("gateway:")
     console.proc.send_signal(signal.SIGTERM)
     assert console.proc.wait(60) == 0
     assert [name for name, pid in pids.items() if _alive(pid)] == []
@@ -260,8 +271,42 @@ def test_the_configuration_refuses_a_worker_count_below_one(tmp_path):
         call_command(
             "supervisor_config", "--workers", "0", "--out", str(tmp_path / "s.conf"), "--log-dir", str(tmp_path)
         )
-    with pytest.raises(CommandError, match=r"endpoints=\[\]: daphne needs at least one endpoint"):
+    with pytest.raises(CommandError, match=r"servers=0 is not a positive whole number"):
         call_command(
-            "supervisor_config", "--workers", "1", "--out", str(tmp_path / "s.conf"), "--log-dir", str(tmp_path)
+            "supervisor_config",
+            *("--workers", "1", "--servers", "0", "--out", str(tmp_path / "s.conf"), "--log-dir", str(tmp_path)),
         )
     assert not (tmp_path / "s.conf").exists()
+
+
+def test_each_server_pools_a_share_of_max_connections_that_leaves_room_for_the_rest():
+    from operations.supervision import POOL_MAX, POOL_MIN, db_pool_size
+
+    # The shared server here: 100 connections, 2 gateway processes, 2 workers and 2 daphne.
+    size = db_pool_size(100, 2, 4)
+    assert POOL_MIN <= size <= POOL_MAX and 2 * size + 2 * 4 + 2 <= 50
+    assert db_pool_size(1000, 2, 2) == POOL_MAX
+    with pytest.raises(ValueError, match=r"max_connections=20: too few for 8 pooled server processes and 4 others"):
+        db_pool_size(20, 8, 4)
+
+
+def test_the_servers_run_as_several_processes_each_with_its_pool(tmp_path, settings):
+    from operations.supervision import supervisord_config
+
+    text = supervisord_config(
+        root=REPO, run_dir=tmp_path, log_dir=tmp_path, workers=2, servers=3, gateway=("172.30.0.1", 8000), pool_size=4
+    )
+    import configparser
+
+    config = configparser.RawConfigParser()
+    config.read_string(text)
+    assert config["program:daphne"]["numprocs"] == config["program:gateway"]["numprocs"] == "3"
+    assert config["program:gateway"]["environment"] == 'KICI_DB_POOL_SIZE="4"'
+    assert "environment" not in config["program:daphne"]  # pages: one connection per request
+    assert config["program:gateway"]["command"].endswith("-m kici_site.gateway --listen 172.30.0.1:8000")
+    assert "-m kici_site.operator_server" in config["program:daphne"]["command"]
+    assert "environment" not in config["program:worker"]  # forked work-horses: no pool
+    no_gateway = supervisord_config(
+        root=REPO, run_dir=tmp_path, log_dir=tmp_path, workers=1, servers=1, gateway=None, pool_size=2
+    )
+    assert "program:gateway" not in no_gateway

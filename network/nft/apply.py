@@ -15,6 +15,9 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from django.conf import settings
 
 from network.netlink import NetlinkError, host_networks
 from network.nft.describe import describe_expr
@@ -38,6 +41,7 @@ from network.nft.render import (
     render_chains_delete,
     render_egress_baseline,
     render_full,
+    render_gateway_cap,
     render_table_base,
 )
 from network.nft.spec import AgentSpec, IPAddress, validate_table_name
@@ -241,7 +245,33 @@ class NftClient:
         / NetlinkError.
         """
         self.apply_document(render_table_base(self.table, guard_interfaces, guard_networks, self.host_networks()))
+        self.ensure_gateway_cap()
         self._base_ready = True
+
+    def ensure_gateway_cap(self) -> None:
+        """Cap the connections one source may hold to the console's agent gateway (the address and
+        port of ``KICI_CONSOLE_URL``) at ``KICI_GATEWAY_CONNECTIONS_PER_SOURCE``
+        (:func:`render_gateway_cap`); nothing when the URL's host is a name, not an address. The
+        set of sources is made once (nft marks it dynamic, so adding it again is refused as
+        existing); the chain is refilled each time. A kernel that refuses the rule (no conntrack
+        count) is logged, not raised: the isolation does not depend on it, and each gateway
+        process caps a source's connections too (``kici_site.gateway``)."""
+        url = urlsplit(settings.KICI_CONSOLE_URL)
+        try:
+            ipaddress.ip_address(url.hostname or "")
+        except ValueError:
+            return
+        limit = settings.KICI_GATEWAY_CONNECTIONS_PER_SOURCE
+        cmds = render_gateway_cap(self.table, url.hostname, url.port or 80, limit)
+        try:
+            try:
+                self.apply_document(cmds[:2])
+            except NftError as exc:
+                if not exc.exists:
+                    raise
+            self.apply_document([cmds[0], *cmds[2:]])
+        except NftError as exc:
+            log.warning("the gateway's connection cap was not written to table %s: %s", self.table, exc)
 
     def host_networks(self) -> list:
         """The connected subnets of the namespace the table is in (``network.netlink.host_networks``

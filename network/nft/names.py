@@ -15,6 +15,11 @@ import re
 FAMILY = "inet"
 FORWARD_CHAIN = "forward"
 INPUT_CHAIN = "input"
+#: The console's agent gateway: its own input chain (before the agents' policies) capping the
+#: connections one source may hold, with the dynamic sets of sources it counts per family.
+GATEWAY_CHAIN = "gateway"
+GATEWAY_PRIORITY = -10
+GATEWAY_CONNS_SETS = {4: "gateway_conns4", 6: "gateway_conns6"}
 PRIVATE_SET = "private4"
 #: The host's own connected subnets by IP version (interval sets, refilled from the host's
 #: addresses whenever the base is written): dropped on forward like the private ranges.

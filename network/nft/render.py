@@ -30,6 +30,9 @@ from .names import (
     BRIDGE_PREROUTING_CHAIN,
     FAMILY,
     FORWARD_CHAIN,
+    GATEWAY_CHAIN,
+    GATEWAY_CONNS_SETS,
+    GATEWAY_PRIORITY,
     GUARD_NETS_SET,
     HOST_NETS_SETS,
     INPUT_CHAIN,
@@ -358,6 +361,52 @@ def render_agents(
         if items:
             cmds.append({"add": _elem(table, name, items, BRIDGE_FAMILY)})
     return cmds
+
+
+def render_gateway_cap(table: str, address: str, port: int, limit: int) -> list[dict]:
+    """Commands capping at ``limit`` the connections one source address may hold open to the
+    console's agent gateway ``address:port``: a new connection past it is reset (nft ``ct count``
+    over a dynamic set of sources of the address's family), before any agent policy sees it. Its
+    own chain, flushed and refilled: idempotent. Raises :class:`RuleSpecError` naming a bad
+    address, port or limit."""
+    validate_table_name(table)
+    try:
+        addr = ipaddress.ip_address(str(address))
+    except ValueError:
+        raise RuleSpecError(f"gateway address {address!r} is not an IPv4 or IPv6 address") from None
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise RuleSpecError(f"gateway port {port!r} is not in 1-65535")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise RuleSpecError(f"gateway connection limit {limit!r} is not a positive whole number")
+    proto = "ip" if addr.version == 4 else "ip6"
+    conns = GATEWAY_CONNS_SETS[addr.version]
+    rule = [
+        _match(_payload(proto, "daddr"), str(addr)),
+        _match(_payload("tcp", "dport"), port),
+        _match({"ct": {"key": "state"}}, "new", "in"),
+        {
+            "set": {
+                "op": "add",
+                "elem": _payload(proto, "saddr"),
+                "set": f"@{conns}",
+                "stmt": [{"ct count": {"val": limit, "inv": True}}],
+            }
+        },
+        {"counter": None},
+        {"reject": {"type": "tcp reset"}},
+    ]
+    return [
+        {"add": {"table": {"family": FAMILY, "name": table}}},
+        # nft makes a set that a rule adds to dynamic by itself (its JSON has no such flag).
+        {"add": _obj("set", table, name=conns, type=MAP_TYPES[addr.version], size=65535)},
+        {
+            "add": _obj(
+                "chain", table, name=GATEWAY_CHAIN, type="filter", hook="input", prio=GATEWAY_PRIORITY, policy="accept"
+            )
+        },
+        {"flush": _obj("chain", table, name=GATEWAY_CHAIN)},
+        _rule(table, GATEWAY_CHAIN, rule),
+    ]
 
 
 def render_full(

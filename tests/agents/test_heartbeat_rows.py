@@ -1,5 +1,6 @@
-"""Heartbeats refresh the agent's row on open pages: every heartbeat announces the row (the pages'
-consumers batch them, live.rows), and the browser's clock advances the age in between."""
+"""Heartbeats refresh the agent's row on open pages: every heartbeat marks the row, the marks go out
+together (the pages' consumers batch them again, live.rows), and the browser's clock advances the
+age in between."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 import scalers.agent_api
-from agents.heartbeats import agent_row_changed, push_heartbeat_row
+from agents.heartbeats import agent_rows_changed, push_heartbeat_row
 from agents.models import Agent
 from agents.tokens import mint_registration_token
 from tests.support.scalers import make_agent, make_scaler
@@ -64,15 +65,55 @@ def test_the_announcement_names_the_agent_and_its_scaler_after_commit(session, d
     def receiver(sender, **kwargs):
         got.append(kwargs)
 
-    agent_row_changed.connect(receiver, dispatch_uid="test-heartbeat-rows")
+    agent_rows_changed.connect(receiver, dispatch_uid="test-heartbeat-rows")
     try:
         with django_capture_on_commit_callbacks(execute=True):
             push_heartbeat_row(agent)
             assert got == []
         assert flush_events(5)
     finally:
-        agent_row_changed.disconnect(dispatch_uid="test-heartbeat-rows")
-    assert [(k["agent_id"], k["scaler_id"]) for k in got] == [(agent.agent_id, agent.scaler_id)]
+        agent_rows_changed.disconnect(dispatch_uid="test-heartbeat-rows")
+    assert [k["rows"] for k in got] == [{agent.agent_id: agent.scaler_id}]
+
+
+def test_heartbeats_marked_while_the_publisher_is_busy_go_out_as_one_push(django_capture_on_commit_callbacks):
+    import threading
+
+    from agents.events import flush_events, push_after_commit
+
+    scaler, other = make_scaler(), make_scaler()
+    agents = [make_agent(scaler), make_agent(scaler), make_agent(other)]
+    got: list[dict] = []
+    busy = threading.Event()
+    agent_rows_changed.connect(
+        lambda sender, **kw: got.append(kw["rows"]), dispatch_uid="test-heartbeat-rows", weak=False
+    )
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            push_after_commit(busy.wait)  # the publisher is busy with an earlier push
+        for agent in agents * 3:
+            with django_capture_on_commit_callbacks(execute=True):
+                push_heartbeat_row(agent)
+        busy.set()
+        assert flush_events(5)
+    finally:
+        agent_rows_changed.disconnect(dispatch_uid="test-heartbeat-rows")
+    assert got == [{a.agent_id: a.scaler_id for a in agents}]
+
+
+def test_one_push_of_several_rows_tells_each_page_once():
+    from live.publish import agent_rows_notices
+    from live.rows import AGENTS_GROUP, agent_rows_group, scaler_rows_group
+
+    notices = agent_rows_notices({"a-1": 1, "a-2": 1, "b-1": 2})
+    assert notices == [
+        (AGENTS_GROUP, {"type": "rows.dirty", "agents": ["a-1", "a-2", "b-1"]}),
+        (scaler_rows_group(1), {"type": "rows.dirty", "agents": ["a-1", "a-2"]}),
+        (scaler_rows_group(2), {"type": "rows.dirty", "agents": ["b-1"]}),
+        (agent_rows_group("a-1"), {"type": "rows.dirty", "agents": ["a-1"]}),
+        (agent_rows_group("a-2"), {"type": "rows.dirty", "agents": ["a-2"]}),
+        (agent_rows_group("b-1"), {"type": "rows.dirty", "agents": ["b-1"]}),
+    ]
 
 
 def test_the_publisher_runs_a_queued_push_after_commit(django_capture_on_commit_callbacks):

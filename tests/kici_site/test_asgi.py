@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = "import gc; import kici_site.asgi; print(gc.get_freeze_count(), len(gc.get_objects()))"
@@ -23,3 +25,67 @@ def test_the_startup_heap_is_out_of_the_collectors_reach():
     frozen, tracked = int(out[0]), int(out[1])
     assert frozen > 50_000, f"only {frozen} objects frozen"
     assert tracked < 1_000, f"{tracked} objects still tracked by the collector"
+
+
+def _get(path: str, **headers) -> tuple[int, dict, int]:
+    """``(status, headers, thread hops)`` of one GET through the ASGI application, in process."""
+    import asyncio
+    from urllib.parse import unquote
+
+    import asgiref.sync
+    from asgiref.testing import ApplicationCommunicator
+
+    from kici_site.asgi import application
+
+    hops = []
+    call = asgiref.sync.SyncToAsync.__call__
+
+    async def counted(self, *args, **kwargs):
+        hops.append(self.func)
+        return await call(self, *args, **kwargs)
+
+    async def exchange() -> dict:
+        raw = [(b"host", b"localhost")] + [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        scope = {"type": "http", "http_version": "1.1", "method": "GET", "path": unquote(path), "query_string": b""}
+        app = ApplicationCommunicator(application, {**scope, "headers": raw})
+        await app.send_input({"type": "http.request", "body": b""})
+        response = await app.receive_output(10)
+        message = response
+        while message.get("more_body", message["type"] == "http.response.start"):
+            message = await app.receive_output(10)
+        await app.wait(10)
+        return response
+
+    asgiref.sync.SyncToAsync.__call__ = counted
+    try:
+        response = asyncio.run(exchange())
+    finally:
+        asgiref.sync.SyncToAsync.__call__ = call
+    return response["status"], {k.decode().lower(): v.decode() for k, v in response["headers"]}, len(hops)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_goes_through_its_short_middleware_list_and_pages_through_the_full_one(settings):
+    settings.KICI_API_TOKEN = "asgi-test-token"
+    status, headers, hops = _get("/api/v1/agents/nobody", Authorization="Bearer asgi-test-token")
+    assert status == 404 and headers["content-type"] == "application/json"
+    # The view, the request_started/finished receivers and the response's close: no middleware hook.
+    assert hops <= 4, f"{hops} thread hops for one API call"
+    assert "content-security-policy" not in headers and "x-frame-options" not in headers
+    status, headers, hops = _get("/accounts/login/")
+    assert status == 200 and "content-security-policy" in headers and "x-frame-options" in headers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_keeps_its_json_errors_and_nul_guard():
+    status, headers, _ = _get("/api/v1/agents/a%00b", Authorization="Bearer x")
+    assert status == 400 and headers["content-type"] == "application/json"
+
+
+def test_static_files_are_served_in_the_async_stack_and_other_requests_pass_by_without_a_hop():
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    assert all(getattr(import_string(m), "async_capable", False) for m in settings.MIDDLEWARE)
+    status, headers, _ = _get("/static/css/kici.css")
+    assert status == 200 and headers["content-type"].startswith("text/css")

@@ -11,7 +11,13 @@ import requests
 from django.core.exceptions import ImproperlyConfigured
 
 from kici_site import env
-from kici_site.listeners import ListenerGuard, daphne_endpoints
+from kici_site.listeners import (
+    ListenerGuard,
+    daphne_endpoints,
+    gateway_address,
+    listening_socket,
+    operator_addresses,
+)
 from tests.support.servers import free_port, run_daphne
 
 OPERATOR, AGENTS = "127.0.0.1", "127.0.0.2"
@@ -138,13 +144,25 @@ def test_a_body_within_the_limit_reaches_the_application_whole():
 def test_make_run_listens_on_the_operator_listeners_and_the_agents_gateway(settings):
     settings.KICI_OPERATOR_LISTEN = [("127.0.0.1", 8000), ("::1", 8000)]
     settings.KICI_CONSOLE_URL = "http://172.30.0.1:8000"
-    assert daphne_endpoints() == [
-        "tcp:port=8000:interface=127.0.0.1",
-        "tcp:port=8000:interface=\\:\\:1",
-        "tcp:port=8000:interface=172.30.0.1",
-    ]
-    settings.KICI_CONSOLE_URL = "http://127.0.0.1:8000"  # the gateway is an operator listener: once
-    assert len(daphne_endpoints()) == 2
+    assert operator_addresses() == [("127.0.0.1", 8000), ("::1", 8000)]
+    assert gateway_address() == ("172.30.0.1", 8000)
+    settings.KICI_CONSOLE_URL = "http://127.0.0.1:8000"  # the gateway is an operator listener: no gateway
+    assert gateway_address() is None
+
+
+def test_several_processes_listen_on_one_address_and_daphne_adopts_the_sockets():
+    first = listening_socket("127.0.0.1", 0, backlog=128)
+    port = first.getsockname()[1]
+    second = listening_socket("127.0.0.1", port, backlog=128)  # SO_REUSEPORT: a second server process
+    try:
+        assert first.get_inheritable() and second.get_inheritable()
+        assert daphne_endpoints([first], [("::1", port)]) == [
+            f"fd:fileno={first.fileno()}",
+            f"tcp6:port={port}:interface=\\:\\:1",
+        ]
+    finally:
+        first.close()
+        second.close()
 
 
 @pytest.mark.parametrize("raw", ["127.0.0.1", ":8000", "127.0.0.1:http", "127.0.0.1:0", "[::1]:70000", " , "])

@@ -83,3 +83,13 @@ def test_favicon_ico_leads_to_the_vendored_icon(client):
     icon = client.get(response["Location"])
     body = b"".join(icon.streaming_content) if icon.streaming else icon.content
     assert icon.status_code == 200 and icon["Content-Type"].startswith("image/svg+xml") and b"<svg" in body
+
+
+def test_a_pool_size_gives_a_psycopg_pool_of_that_size():
+    assert env.database_pool(4, 0) == {"pool": {"min_size": 1, "max_size": 4, "timeout": 10, "max_idle": 300}}
+    assert env.database_pool(0, 0) == {}
+
+
+def test_a_pool_with_conn_max_age_is_refused_naming_both():
+    with pytest.raises(ImproperlyConfigured, match=r"DB_CONN_MAX_AGE=60 with KICI_DB_POOL_SIZE=4"):
+        env.database_pool(4, 60)

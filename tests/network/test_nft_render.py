@@ -443,3 +443,33 @@ def test_moving_an_accept_past_a_drop_is_a_change():
     after = ["input: drop", "input: ip daddr 10.0.0.1 accept"]
     removed, added = line_diff(before, after)
     assert removed and added and sorted(removed) == sorted(added)
+
+
+def test_the_gateway_cap_resets_a_sources_new_connection_past_the_limit():
+    from network.nft.render import render_gateway_cap
+
+    cmds = render_gateway_cap("kici", "172.30.0.1", 8000, 16)
+    chain = cmds[2]["add"]["chain"]
+    assert (chain["name"], chain["hook"], chain["prio"], chain["policy"]) == ("gateway", "input", -10, "accept")
+    assert cmds[1]["add"]["set"]["name"] == "gateway_conns4" and cmds[3] == {
+        "flush": {"chain": {"family": "inet", "table": "kici", "name": "gateway"}}
+    }
+    expr = cmds[4]["add"]["rule"]["expr"]
+    assert expr[0]["match"]["right"] == "172.30.0.1" and expr[1]["match"]["right"] == 8000
+    assert expr[3]["set"]["stmt"] == [{"ct count": {"val": 16, "inv": True}}]
+    assert expr[3]["set"]["elem"] == {"payload": {"protocol": "ip", "field": "saddr"}}
+    assert expr[-1] == {"reject": {"type": "tcp reset"}}
+    six = render_gateway_cap("kici", "fd00::1", 8000, 4)
+    assert six[1]["add"]["set"]["name"] == "gateway_conns6"
+
+
+@pytest.mark.parametrize(
+    "address, port, limit, fragment",
+    [("gw.example", 8000, 4, "gateway address"), ("172.30.0.1", 0, 4, "gateway port"), ("172.30.0.1", 80, 0, "limit")],
+)
+def test_a_bad_gateway_cap_is_refused_naming_it(address, port, limit, fragment):
+    from network.nft.render import render_gateway_cap
+    from network.nft.spec import RuleSpecError
+
+    with pytest.raises(RuleSpecError, match=fragment):
+        render_gateway_cap("kici", address, port, limit)

@@ -1,5 +1,6 @@
-"""The console served for real in a test: Django's WSGI app on a thread, or daphne (the production
-ASGI server) in a subprocess; and free loopback ports for them."""
+"""The console served for real in a test: Django's WSGI app on a thread, daphne (the operator's
+ASGI server) or the agents' gateway (``kici_site.gateway``) in subprocesses; and free loopback
+ports for them."""
 
 from __future__ import annotations
 
@@ -116,3 +117,76 @@ def daphne_server(db: dict, api_token: str) -> Iterator[str]:
         extra_env={"KICI_API_TOKEN": api_token},
     ):
         yield f"http://127.0.0.1:{port}"
+
+
+def server_env(db: dict, operator_listen: str, extra_env: dict | None = None) -> dict[str, str]:
+    """The environment of a server process serving the database ``db`` (a Django settings dict)."""
+    import os
+
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
+        "DATABASE_URL": (
+            f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,127.0.0.2",
+        "KICI_OPERATOR_LISTEN": operator_listen,
+        "LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
+    }
+
+
+@contextmanager
+def run_gateway(
+    db: dict, listen: str, *, operator_listen: str, processes: int = 1, extra_env: dict | None = None
+) -> Iterator[list]:
+    """``processes`` gateway processes (``python -m kici_site.gateway``, as make run starts them)
+    sharing ``listen`` (``host:port`` on loopback), serving the database ``db`` with a pool of 2.
+    Yields their ``subprocess.Popen`` objects once the address answers; stopped (SIGTERM, then
+    SIGKILL) when the block ends. RuntimeError with their output when none answers within 30 s."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    import requests
+
+    env = server_env(db, operator_listen, {"KICI_DB_POOL_SIZE": "2", **(extra_env or {})})
+    # Their output goes to a file: a pipe nobody reads fills up and stops a process that logs.
+    log = tempfile.TemporaryFile()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kici_site.gateway", "--listen", listen],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(f"http://{listen}/healthz", timeout=1)
+                break
+            except requests.ConnectionError:
+                if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"the gateway did not start: {log.read().decode()[-2000:]}") from None
+                time.sleep(0.2)
+        time.sleep(1)  # the other processes bind too
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        log.close()

@@ -1,6 +1,8 @@
-"""``python manage.py supervisor_config --workers N --endpoint E [--endpoint E ...] --out FILE
---log-dir DIR``: write the supervisord
-configuration ``make run`` runs the console under (``operations.supervision``)."""
+"""``python manage.py supervisor_config --workers N --servers N [--gateway HOST:PORT] --out FILE
+--log-dir DIR``: write the supervisord configuration ``make run`` runs the console under
+(``operations.supervision``), each server process's database pool sized to the database's
+``max_connections``. ``--gateway``: the agents' gateway, where gateway processes listen
+(``kici_site.listeners.gateway_address``, as ``scripts/run.sh`` gives it); none without it."""
 
 from __future__ import annotations
 
@@ -9,38 +11,55 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
-from operations.supervision import supervisord_config
+from operations.supervision import db_pool_size, supervisord_config
 
 
 class Command(BaseCommand):
-    help = "Write the supervisord configuration of the console's processes (daphne, rq workers, sweeper)."
+    help = "Write the supervisord configuration of the console's processes (servers, rq workers, sweeper)."
 
     def add_arguments(self, parser):
         parser.add_argument("--workers", type=int, required=True, help="rq workers to run (KICI_WORKERS)")
         parser.add_argument(
-            "--endpoint",
-            action="append",
-            default=[],
-            help="a daphne endpoint (kici_site.listeners.daphne_endpoints); repeat for each",
+            "--servers", type=int, default=1, help="daphne processes, and as many gateway ones (KICI_SERVERS)"
         )
+        parser.add_argument("--gateway", default="", help="HOST:PORT ([v6]:PORT) of the agents' gateway")
         parser.add_argument("--out", type=Path, required=True, help="the file written (mode 0600)")
         parser.add_argument("--run-dir", type=Path, help="pid file and control socket (default: the file's directory)")
         parser.add_argument("--log-dir", type=Path, required=True, help="the processes' logs")
 
-    def handle(
-        self, *args, workers: int, endpoint: list[str], out: Path, run_dir: Path | None, log_dir: Path, **options
-    ):
+    def handle(self, *args, workers: int, servers: int, gateway: str, out: Path, log_dir: Path, **options):
+        run_dir: Path | None = options["run_dir"]
         try:
+            gateway_at = _address(gateway) if gateway else None
+            if workers < 1:
+                raise ValueError(f"workers={workers!r} is not a positive whole number")
+            if servers < 1:
+                raise ValueError(f"servers={servers!r} is not a positive whole number")
+            with connection.cursor() as cur:
+                cur.execute("SHOW max_connections")
+                max_connections = int(cur.fetchone()[0])
+            pool = db_pool_size(max_connections, servers if gateway_at else 1, workers + servers)
             text = supervisord_config(
                 root=Path(settings.BASE_DIR),
                 run_dir=(run_dir or out.parent).resolve(),
                 log_dir=log_dir.resolve(),
                 workers=workers,
-                endpoints=endpoint,
+                servers=servers,
+                gateway=gateway_at,
+                pool_size=pool,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
+
+
+def _address(text: str) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` / ``[v6]:PORT``. ValueError naming ``--gateway``."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--gateway={text!r} is not HOST:PORT with a port in 1-65535")
+    return host.removeprefix("[").removesuffix("]"), int(port)

@@ -1,0 +1,194 @@
+"""The agents' gateway server: uvicorn processes serving only the agent API on the address agents
+dial (``KICI_CONSOLE_URL``), apart from the operator's daphne, so that a flood of agents reaches
+neither the pages nor the orchestrator (docs/serving.md).
+
+    python -m kici_site.gateway --listen HOST:PORT
+
+Several such processes listen on the same address (``SO_REUSEPORT``: the kernel spreads the
+connections over them; :func:`kici_site.listeners.listening_socket`). Each connection is held to
+:class:`GatewayProtocol`'s deadlines and body limit, enforced while reading: nothing is buffered
+beyond uvicorn's flow-control window, nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+
+import uvicorn
+from django.conf import settings
+from django.utils.module_loading import import_string
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from kici_site.listeners import listening_socket
+
+
+def _answer(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 response in the ``/api/v1`` error shape that closes the connection."""
+    body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
+    phrase = {408: "Request Timeout", 413: "Content Too Large"}[status]
+    head = (
+        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class GatewayProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol with three bounds a connection from a sandbox must keep:
+
+    * the request line and headers arrive within ``header_timeout`` seconds of the connection or
+      of the request's first byte (a kept-alive connection waits idle as uvicorn's keep-alive
+      timeout says), however slowly they trickle: else 408 and the connection is closed (a
+      connection that sent nothing at all is closed without an answer);
+    * the body arrives within ``body_timeout`` seconds of the headers: else 408 and closed;
+    * the body, declared (``Content-Length``) or chunked, is at most ``max_body`` bytes: the
+      connection is answered 413 and closed the moment more arrives, before the application
+      sees it.
+
+    A source address holding ``per_source`` connections to this process already has a new one
+    closed at once (the kernel's nft ``ct count`` rule caps them across processes; this holds
+    where that rule is not written, e.g. without isolation).
+
+    The class attributes are set from settings by :func:`protocol_class`."""
+
+    header_timeout = 10.0
+    body_timeout = 30.0
+    max_body = 1024 * 1024
+    per_source = 16
+    #: Open connections of this process by source address.
+    open_by_source: collections.Counter = collections.Counter()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._source = (transport.get_extra_info("peername") or ("",))[0]
+        self._deadline: asyncio.TimerHandle | None = None
+        self._started = False  # a byte of a request has arrived
+        self._body_read = 0
+        self.open_by_source[self._source] += 1
+        self._refused = self.open_by_source[self._source] > self.per_source
+        if self._refused:
+            self.transport = transport
+            transport.abort()
+            return
+        super().connection_made(transport)
+        self._arm(self.header_timeout, "no complete request headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.open_by_source[self._source] -= 1
+        if self.open_by_source[self._source] <= 0:
+            del self.open_by_source[self._source]
+        if not self._refused:
+            super().connection_lost(exc)
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expire, seconds, what)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self, seconds: float, what: str) -> None:
+        self._deadline = None
+        if not self._started:
+            self.transport.close()
+            return
+        self._cut(408, "request-timeout", f"{what} within {seconds:g} s")
+
+    def _cut(self, status: int, reason: str, message: str) -> None:
+        """Answer ``status`` in place of the current request's response unless that has begun, and
+        close the connection. The application's task, if one runs, sees a disconnect."""
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        current = cycle is not None and cycle.scope is self.scope
+        if not current or not cycle.response_started:
+            if current:
+                cycle.response_started = cycle.response_complete = True  # drop the app's answer
+            self.transport.write(_answer(status, reason, message))
+        self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._body_read = 0
+        self._started = True
+        if self._deadline is None:  # a kept-alive connection's next request
+            self._arm(self.header_timeout, "no complete request headers")
+
+    def on_headers_complete(self) -> None:
+        length = next((v for k, v in self.headers if k == b"content-length"), None)
+        if length is not None and length.strip().isdigit() and int(length) > self.max_body:
+            self._cut(413, "body-too-large", f"request body over {self.max_body} bytes")
+            return
+        super().on_headers_complete()
+        chunked = any(k == b"transfer-encoding" for k, _ in self.headers)
+        if chunked or (length is not None and length.strip() not in (b"", b"0")):
+            self._arm(self.body_timeout, "no complete request body")
+        else:
+            self._disarm()
+
+    def on_body(self, body: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self._body_read += len(body)
+        if self._body_read > self.max_body:
+            self._cut(413, "body-too-large", f"request body over {self.max_body} bytes")
+            return
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.transport.is_closing():
+            return
+        self._disarm()
+        super().on_message_complete()
+
+
+def protocol_class() -> type[GatewayProtocol]:
+    """:class:`GatewayProtocol` with this console's bounds (``KICI_GATEWAY_HEADER_TIMEOUT_SECONDS``,
+    ``KICI_GATEWAY_BODY_TIMEOUT_SECONDS``, ``KICI_MAX_REQUEST_BODY_BYTES``,
+    ``KICI_GATEWAY_CONNECTIONS_PER_SOURCE``)."""
+    return type(
+        "GatewayProtocol",
+        (GatewayProtocol,),
+        {
+            "header_timeout": float(settings.KICI_GATEWAY_HEADER_TIMEOUT_SECONDS),
+            "body_timeout": float(settings.KICI_GATEWAY_BODY_TIMEOUT_SECONDS),
+            "max_body": settings.KICI_MAX_REQUEST_BODY_BYTES,
+            "per_source": settings.KICI_GATEWAY_CONNECTIONS_PER_SOURCE,
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the gateway application on ``--listen`` until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m kici_site.gateway")
+    parser.add_argument("--listen", required=True, help="HOST:PORT ([v6]:PORT) to listen on")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kici_site.settings")
+    application = import_string("kici_site.asgi.gateway_application")  # sets Django up
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        parser.error(f"--listen={args.listen!r} is not HOST:PORT with a port in 1-65535")
+    sock = listening_socket(host.removeprefix("[").removesuffix("]"), int(port))
+    config = uvicorn.Config(
+        application,
+        http=protocol_class(),
+        loop="uvloop",
+        ws="none",
+        lifespan="off",
+        access_log=False,  # a heartbeat every few seconds per agent; the console's events tell more
+        server_header=False,
+        timeout_keep_alive=75,  # agents heartbeat every few seconds: keep their connection
+        log_level="warning",
+        backlog=settings.KICI_LISTEN_BACKLOG,  # uvicorn listens again on the socket with this
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
