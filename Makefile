@@ -10,7 +10,7 @@ stop-agents:  ## end the agents make run left running (a console restart keeps t
 test:  ## the whole suite (real PostgreSQL, Redis, dockerd, nft, Chromium)
 	bash scripts/test.sh $(ARGS)
 
-lint:  ## ruff: lint, import order and formatting (FIX=1 rewrites the files)
+lint:  ## ruff (lint, import order, formatting; FIX=1 rewrites the files) and mypy
 	bash scripts/lint.sh $(if $(FIX),--fix,)
 
 check:  ## validate the scaler config without applying it (CONFIG=path to check another file)

@@ -36,6 +36,10 @@ class _Marks:
     """The agent rows marked since the last push, and whether a push of them is queued."""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """No marks and a fresh lock (also in a forked child, whose copy of the lock may be held)."""
         self.lock = threading.Lock()
         self.rows: dict[str, int] = {}
         self.scalers: set[int] = set()
@@ -62,7 +66,7 @@ class _Marks:
 
 _MARKS = _Marks()
 # A forked rq work-horse starts with no marks and a fresh lock.
-os.register_at_fork(after_in_child=_MARKS.__init__)
+os.register_at_fork(after_in_child=_MARKS.reset)
 
 
 def push_heartbeat_row(agent: Agent) -> None:

@@ -50,10 +50,12 @@ def on_operator_listener(scope: dict, listeners: list[tuple[str, int | None]]) -
 def operator_addresses() -> list[tuple[str, int]]:
     """The operator listeners to listen on (``KICI_OPERATOR_LISTEN``). Raises
     ``ImproperlyConfigured`` for one without a port."""
+    out = []
     for host, port in settings.KICI_OPERATOR_LISTEN:
         if port is None:
             raise ImproperlyConfigured(f"KICI_OPERATOR_LISTEN: {host}:* cannot be listened on; give a port")
-    return list(settings.KICI_OPERATOR_LISTEN)
+        out.append((host, port))
+    return out
 
 
 def gateway_address() -> tuple[str, int] | None:

@@ -40,6 +40,10 @@ class _LayerLoop:
     the CPU time of a heartbeat. Here the loop, and so the connection, lives as long as the process."""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """No loop yet (also in a forked child, which inherits the object but not its thread)."""
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
@@ -52,12 +56,13 @@ class _LayerLoop:
                 self.thread = threading.Thread(target=self.loop.run_forever, name="kici-layer-loop", daemon=True)
                 self.thread.start()
             loop = self.loop
+        assert loop is not None, "the loop starts with its thread"
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
 
 _LAYER_LOOP = _LayerLoop()
 # A forked rq work-horse inherits the loop object but not its thread: start afresh in the child.
-os.register_at_fork(after_in_child=_LAYER_LOOP.__init__)
+os.register_at_fork(after_in_child=_LAYER_LOOP.reset)
 
 
 def events_agent_group(agent_id: str) -> str:

@@ -152,7 +152,7 @@ class OrchestratorAdminTokenForm(forms.ModelForm):
         fields = ("name",)
 
     def clean(self):
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         plain = cleaned.get("new_secret") or ""
         if not plain and not self.instance.pk:
             self.add_error("new_secret", "a new admin token needs its value")

@@ -107,6 +107,7 @@ from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
 from scalers.admission.validate import (
     InvalidScaleRequest,
+    JobImage,
     ScaleInput,
     validate_idempotency_key,
     validate_scale_request,
@@ -157,21 +158,21 @@ def _bearer(request) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def _authenticate(request, scope: str) -> tuple[Caller | None, JsonResponse | None]:
+def _authenticate(request, scope: str) -> Caller | JsonResponse:
     """The caller of ``request`` when its bearer token may ``scope``, else the refusal (module doc).
     Reads the database for a named token (at most every few seconds per token and process)."""
     raw = _bearer(request)
     try:
         caller = (environment_caller(raw) or record_caller(raw)) if raw else None
         if caller is None and not any_configured():
-            return None, _error(503, "unavailable", "no API token is configured on this console (KICI_API_TOKEN)")
+            return _error(503, "unavailable", "no API token is configured on this console (KICI_API_TOKEN)")
     except DatabaseError:
-        return None, _error(503, "unavailable", "database unavailable")
+        return _error(503, "unavailable", "database unavailable")
     if caller is None:
-        return None, _error(401, "unauthorized", "send Authorization: Bearer <an API token of this console>")
+        return _error(401, "unauthorized", "send Authorization: Bearer <an API token of this console>")
     if not caller.may(scope):
-        return None, _error(403, "forbidden", f"token {caller.name} lacks the scope {json_text(scope)}")
-    return caller, None
+        return _error(403, "forbidden", f"token {caller.name} lacks the scope {json_text(scope)}")
+    return caller
 
 
 @csrf_exempt
@@ -181,18 +182,19 @@ async def scale(request):
         return refused
     caller = environment_caller(_bearer(request))  # the common case needs no thread hop
     if caller is None:
-        caller, refused = await sync_to_async(_authenticate)(request, "scale")
-        if refused:
-            return refused
-    data, refused = _scale_request(request)
-    if refused:
-        return refused
+        answer = await sync_to_async(_authenticate)(request, "scale")
+        if isinstance(answer, JsonResponse):
+            return answer
+        caller = answer
+    data = _scale_request(request)
+    if isinstance(data, JsonResponse):
+        return data
     try:
         key = validate_idempotency_key(request.headers.get("Idempotency-Key"))
     except InvalidScaleRequest as exc:
         return _error(400, "invalid-request", str(exc), field=exc.field)
     if data.container and data.container.credentials_ref:
-        if refused := await _credentials_refusal(data):
+        if refused := await _credentials_refusal(data.container, data.job_id):
             return refused
     try:
         decision, agent = await decide_async(data, key, token_name=caller.name)
@@ -208,34 +210,34 @@ async def scale(request):
     return _decision_response(decision, data)
 
 
-def _scale_request(request) -> tuple[ScaleInput | None, JsonResponse | None]:
+def _scale_request(request) -> ScaleInput | JsonResponse:
     """The validated scale request of ``request``'s body, or the 415/413/400 answer naming what is
     wrong with it."""
     if refused := json_content_type_refusal(request):
-        return None, refused
+        return refused
     try:
         body = request.body
     except RequestDataTooBig:
-        return None, _error(413, "invalid-request", "request body too large", field="body")
+        return _error(413, "invalid-request", "request body too large", field="body")
     try:
         payload = parse_json(body or b"")
     except (ValueError, UnicodeDecodeError) as exc:
-        return None, _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
+        return _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
     try:
-        return validate_scale_request(payload), None
+        return validate_scale_request(payload)
     except InvalidScaleRequest as exc:
-        return None, _error(400, "invalid-request", str(exc), field=exc.field)
+        return _error(400, "invalid-request", str(exc), field=exc.field)
 
 
-async def _credentials_refusal(data: ScaleInput) -> JsonResponse | None:
+async def _credentials_refusal(container: JobImage, job_id: str) -> JsonResponse | None:
     """The 422 answer when the job image's ``credentialsRef`` cannot be used for it (503 when the
     database cannot say), None when it can. Checked before admission, so no agent waits on it."""
     try:
         problem = await sync_to_async(credential_problem, thread_sensitive=False)(
-            data.container.credentials_ref, data.container.image
+            container.credentials_ref, container.image
         )
     except DatabaseError as exc:
-        log.warning("scale request %s: database error %s", data.job_id, exc)
+        log.warning("scale request %s: database error %s", job_id, exc)
         return _error(503, "unavailable", "database unavailable")
     if problem:
         return _error(422, "invalid-credentials-ref", problem, field="container.credentialsRef")
@@ -325,10 +327,10 @@ def _orchestrator(scope: str):
     def wrap(view):
         @wraps(view)
         def check(request, *args, **kwargs):
-            caller, refused = _authenticate(request, scope)
-            if refused:
-                return refused
-            request.caller = caller
+            answer = _authenticate(request, scope)
+            if isinstance(answer, JsonResponse):
+                return answer
+            request.caller = answer
             return view(request, *args, **kwargs)
 
         return csrf_exempt(check)

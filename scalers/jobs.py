@@ -82,9 +82,15 @@ def enqueue_spawn(agent: Agent | Admitted, host: str = "") -> str:
     if agent.rq_job_id != job_id:
         # updated_at stamps the claim: recovery gives a job rq does not know yet a grace from it.
         Agent.objects.filter(pk=agent.pk).update(rq_job_id=job_id, updated_at=timezone.now())
-        agent.rq_job_id = job_id
+        if isinstance(agent, Agent):  # an Admitted is frozen: it is only ever enqueued with its job id
+            agent.rq_job_id = job_id
+    if host:
+        queue = queue_named(host_queue_name(host))
+    else:
+        assert isinstance(agent, Agent), "an admission's record is enqueued with its scaler's host"
+        queue = scaler_queue(agent.scaler)
     timeout = spawn_timeout_seconds() + CLEANUP_GRACE_SECONDS
-    (queue_named(host_queue_name(host)) if host else scaler_queue(agent.scaler)).enqueue(
+    queue.enqueue(
         spawn_agent,
         agent.pk,
         job_id=job_id,
@@ -201,7 +207,7 @@ def _spawn(agent: Agent) -> str:
         observe(SPAWN_DURATION, {"scaler": agent.scaler.name, "result": "failed"}, time.monotonic() - started)
         return _spawn_failed(agent, exc)
     observe(SPAWN_DURATION, {"scaler": agent.scaler.name, "result": "spawned"}, time.monotonic() - started)
-    fields = {"managed_id": result.managed_id, "backend_context": result.context}
+    fields: dict[str, object] = {"managed_id": result.managed_id, "backend_context": result.context}
     if result.ip:
         fields["ip"] = result.ip
     if result.bridge_port:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Protocol, cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -52,6 +53,15 @@ from scalers.lifecycle import (
 )
 from scalers.metrics import SCALE_TO_REGISTERED, observe
 from scalers.models import this_host
+
+
+class _Sandboxes(Protocol):
+    """What the follow asks of the backend running the real agent (the container backend)."""
+
+    def sandbox_exit(self, agent: Agent) -> str | None: ...
+
+    def captured_output_for(self, agent: Agent) -> list[str]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +137,8 @@ def look_at(agent: Agent, *, now=None) -> str:
     registering), ``expired`` (unlisted at the deadline), ``destroyed`` (exited after
     registering: torn down) or ``over`` (another path ended it meanwhile)."""
     target = kici_agent_target(agent.label_set)
-    backend = get_backend(agent.scaler)
+    assert target is not None, "only an agent of a kiciAgent label set is followed"
+    backend = cast(_Sandboxes, get_backend(agent.scaler))  # a container backend: kiciAgent is refused elsewhere
     exited = backend.sandbox_exit(agent)
     try:
         listed: bool | None = agent.agent_id in connected_agent_ids(target)

@@ -9,6 +9,8 @@ with ``drain`` also drains them: each is torn down once its job ends). Only the 
 
 from __future__ import annotations
 
+from typing import overload
+
 from django.db import transaction
 from django.db.models import F
 
@@ -33,6 +35,10 @@ def known_hosts() -> list[str]:
     return sorted(set(Scaler.objects.exclude(host="").values_list("host", flat=True)))
 
 
+@overload
+def pause_json(pause: Pause) -> dict: ...
+@overload
+def pause_json(pause: None) -> None: ...
 def pause_json(pause: Pause | None) -> dict | None:
     """A pause as the API, admission and the pages carry it: ``{scope, scaler | host, requestedBy,
     approvedBy, reason, since, operation}`` (``since`` ISO 8601); None for None."""
@@ -40,7 +46,7 @@ def pause_json(pause: Pause | None) -> dict | None:
         return None
     return pause_row_json(
         {
-            "scaler_name": pause.scaler.name if pause.scaler_id else "",
+            "scaler_name": pause.scaler.name if pause.scaler is not None else "",
             "host": pause.host,
             "requested_by": pause.requested_by,
             "approved_by": pause.approved_by,
@@ -80,8 +86,10 @@ def pause_of(scaler: Scaler) -> dict | None:
     pause = Pause.objects.select_related("scaler").filter(scaler=scaler).first()
     if pause is None and scaler.host:
         pause = Pause.objects.filter(host=scaler.host).first()
+    if pause is None:
+        return None
     shown = pause_json(pause)
-    return shown | {"wording": pause_wording(shown)} if shown else None
+    return shown | {"wording": pause_wording(shown)}
 
 
 def current_pauses() -> list[dict]:

@@ -257,12 +257,13 @@ class NftClient:
         count) is logged, not raised: the isolation does not depend on it, and each gateway
         process caps a source's connections too (``kici_site.gateway``)."""
         url = urlsplit(settings.KICI_CONSOLE_URL)
+        host = url.hostname or ""
         try:
-            ipaddress.ip_address(url.hostname or "")
+            ipaddress.ip_address(host)
         except ValueError:
             return
         limit = settings.KICI_GATEWAY_CONNECTIONS_PER_SOURCE
-        cmds = render_gateway_cap(self.table, url.hostname, url.port or 80, limit)
+        cmds = render_gateway_cap(self.table, host, url.port or 80, limit)
         try:
             try:
                 self.apply_document(cmds[:2])

@@ -507,10 +507,10 @@ class _BatchDecider:
             spawn = self.spawns[-1] if decision.action == ScaleOutcome.SPAWNING else None
             self._remember(
                 LiveAgent(
-                    decision.agent,
+                    decision.agent or "",
                     decision.agent_pk,
-                    decision.scaler,
-                    decision.backend_type,
+                    decision.scaler or "",
+                    decision.backend_type or "",
                     decision.action == ScaleOutcome.ASSIGNED,
                     req.job_id,
                     req.idempotency_key,
@@ -531,7 +531,7 @@ class _BatchDecider:
         """Replayed (the request repeats the one that asked for the live agent) or
         idempotency-mismatch naming the field; an agent this batch admits is named once written."""
         agent = found.agent
-        if agent.spawn is not None:
+        if isinstance(agent.spawn, _Spawn):
             self.replays.append((len(self.decisions), agent.spawn))
         return ScaleDecision(
             ScaleOutcome.REPLAYED if found.field is None else ScaleOutcome.IDEMPOTENCY_MISMATCH,

@@ -76,7 +76,9 @@ def _key_wording(key: str) -> str:
     return f"with Idempotency-Key {json_text(key)}" if key else "without an Idempotency-Key"
 
 
-def verdict(job_id: str, key: str, body: dict, by_job: LiveAgent | None, by_key: LiveAgent | None) -> Verdict | None:
+def verdict(
+    job_id: str, key: str, body: dict | None, by_job: LiveAgent | None, by_key: LiveAgent | None
+) -> Verdict | None:
     """How a request for ``job_id`` with ``key`` ("" for none) and ``body`` meets the live agent of
     its job (``by_job``) and of its key (``by_key``); None when neither exists (decide it)."""
     if by_job is not None:
@@ -88,8 +90,9 @@ def verdict(job_id: str, key: str, body: dict, by_job: LiveAgent | None, by_key:
                 f"job {json_text(job_id)} has live agent {agent}, asked for {_key_wording(by_job.key)}, "
                 f"not {_key_wording(key)}: repeat the first request, or end that agent first",
             )
+        first_body = by_job.body or {}
         for name in BODY_FIELDS if by_job.body is not None else ():
-            first, now = by_job.body.get(name), body.get(name)
+            first, now = first_body.get(name), (body or {}).get(name)
             if first != now:
                 return Verdict(
                     by_job,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -413,7 +413,7 @@ def _fingerprint(rows) -> str:
 
 
 def lock_and_snapshot(
-    conn, *, begin: bool = False, jobs: list[str] = (), keys: list[str] = ()
+    conn, *, begin: bool = False, jobs: Sequence[str] = (), keys: Sequence[str] = ()
 ) -> tuple[dict, World, Usage, list[dict]]:
     """Lock, then read the snapshot and the live agents of ``jobs`` and ``keys`` (idempotency
     keys; ``scalers.admission.idempotency``), in ONE round trip (one simple-protocol query).

@@ -94,9 +94,9 @@ def request_scale(
             else:
                 decision = enqueue_spawn_or_fail(decision, agent)
         return decision
-    decision, agent = get_queue().submit(req, timeout=timeout)
-    if decision.action == ScaleOutcome.SPAWNING and agent is not None:
-        decision = enqueue_spawn_or_fail(decision, agent)
+    decision, admitted = get_queue().submit(req, timeout=timeout)
+    if decision.action == ScaleOutcome.SPAWNING and admitted is not None:
+        decision = enqueue_spawn_or_fail(decision, admitted)
     return decision
 
 

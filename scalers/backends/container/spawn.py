@@ -305,7 +305,7 @@ def spawn_container(
                 "container_id": container_id,
                 "image": image,
                 "network": ISOLATED_NETWORK_NAME if network_isolation else None,
-                **(token_context(kici, kici_token_id) if kici_token_id else {}),
+                **(token_context(kici, kici_token_id) if kici is not None and kici_token_id else {}),
             },
         )
     except BaseException as exc:
