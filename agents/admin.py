@@ -1,8 +1,8 @@
-"""Agents, tokens and events in the admin: view only (``kici_site.readonly_admin``)."""
+"""Agents, tokens and events in the admin: view only (``lib.readonly_admin``)."""
 
 from django.contrib import admin
 
-from kici_site.readonly_admin import ReadOnlyAdmin
+from lib.readonly_admin import ReadOnlyAdmin
 
 from .models import Agent, AgentToken, ScalerEvent
 

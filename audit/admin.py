@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from kici_site.readonly_admin import ReadOnlyAdmin
+from lib.readonly_admin import ReadOnlyAdmin
 
 from .models import AuditRecord
 

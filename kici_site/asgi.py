@@ -20,7 +20,7 @@ from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
 
-from kici_site.errors import API_PREFIX  # noqa: E402
+from lib.errors import API_PREFIX  # noqa: E402
 
 
 class ApiHandler(ASGIHandler):

@@ -111,7 +111,7 @@ def _content_length(scope: dict) -> int | None:
 
 
 async def _send_json(send, status: int, reason: str, message: str) -> None:
-    """An answer in the one ``/api/v1`` error shape (``kici_site.errors.api_error``); a 413 also
+    """An answer in the one ``/api/v1`` error shape (``lib.errors.api_error``); a 413 also
     asks the server to close the connection rather than read the rest of the body."""
     body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

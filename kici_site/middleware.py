@@ -1,4 +1,4 @@
-"""Request guards and error bodies shared by every page and API (see ``kici_site.errors``).
+"""Request guards and error bodies shared by every page and API (see ``lib.errors``).
 
 * :class:`NulByteMiddleware`: a NUL byte (``\\x00``) can never be stored in PostgreSQL text, so a
   request carrying one in its path, a query parameter, a form field or (on ``/api/``) a JSON
@@ -24,10 +24,9 @@ from django.core.exceptions import RequestDataTooBig
 from django.utils.cache import add_never_cache_headers
 from whitenoise.middleware import WhiteNoiseMiddleware
 
+from lib.errors import api_error, error_page, is_api_request
 from lib.json_input import parse_json
 from lib.wording import key_path
-
-from .errors import api_error, error_page, is_api_request
 
 NUL = "\x00"
 _JSON_NUL = b"\\u0000"

@@ -10,7 +10,7 @@ from typing import TypedDict
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from .env import (
+from lib.env import (
     database_from_url,
     database_pool,
     env_bool,
@@ -101,7 +101,7 @@ KICI_API_MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "kici_site.urls"
-CSRF_FAILURE_VIEW = "kici_site.errors.csrf_failure"
+CSRF_FAILURE_VIEW = "lib.errors.csrf_failure"
 ASGI_APPLICATION = "kici_site.asgi.application"
 
 TEMPLATES = [
@@ -334,7 +334,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     # Client errors (4xx) are logged as one line, without Django's traceback.
-    "filters": {"one_line_4xx": {"()": "kici_site.logfilters.OneLineClientErrors"}},
+    "filters": {"one_line_4xx": {"()": "lib.logfilters.OneLineClientErrors"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["one_line_4xx"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},

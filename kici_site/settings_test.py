@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .env import redact_url, redis_place, redis_url
+from lib.env import redact_url, redis_place, redis_url
 
 os.environ.setdefault("SECRET_KEY", "test-only-not-secret-0123456789abcdef0123456789abcdef")
 # A fixed key for the registry credentials' secrets (url-safe base64 of 32 bytes).

@@ -11,7 +11,9 @@ from django.views.decorators.csp import csp_override
 from django.views.generic import RedirectView
 from django_rq.urls import get_admin_urlpatterns, get_api_urlpatterns
 
-from . import errors, health
+from lib import errors
+
+from . import health
 
 handler400 = errors.bad_request
 handler403 = errors.permission_denied

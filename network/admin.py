@@ -1,8 +1,8 @@
-"""IP allocations in the admin: view only (``kici_site.readonly_admin``)."""
+"""IP allocations in the admin: view only (``lib.readonly_admin``)."""
 
 from django.contrib import admin
 
-from kici_site.readonly_admin import ReadOnlyAdmin
+from lib.readonly_admin import ReadOnlyAdmin
 
 from .models import IpAllocation
 

@@ -1,12 +1,12 @@
 """Operations, their audit trail and sweep state in the admin: view only.
 
 Operations move only through the services (plan / approve / reject / run); see
-``kici_site.readonly_admin``.
+``lib.readonly_admin``.
 """
 
 from django.contrib import admin
 
-from kici_site.readonly_admin import ReadOnlyAdmin, ReadOnlyInline
+from lib.readonly_admin import ReadOnlyAdmin, ReadOnlyInline
 
 from .models import AuditEntry, Operation, SweepState
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from kici_site.env import env_int, env_list
+from lib.env import env_int, env_list
 
 from .choices import OperationKind
 from .kinds.catalog import get_kind

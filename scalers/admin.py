@@ -1,7 +1,7 @@
 """Scalers, label sets, reservations, admission records and capacity samples in the admin: view only.
 
 Configuration comes from ``scalers.yaml`` (import / config-reload operation); host access and
-capacity change through approved operations (``kici_site.readonly_admin``). The editable
+capacity change through approved operations (``lib.readonly_admin``). The editable
 models are :class:`~scalers.models.RegistryCredential` and
 :class:`~scalers.models.OrchestratorAdminToken`: registry logins and orchestrator admin tokens are
 secrets, kept out of ``scalers.yaml`` on purpose, and their secret is write-only here
@@ -12,7 +12,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
-from kici_site.readonly_admin import ReadOnlyAdmin, ReadOnlyInline
+from lib.readonly_admin import ReadOnlyAdmin, ReadOnlyInline
 
 from .credentials import CredentialError, encrypt_secret, normalize_registry
 from .models import (

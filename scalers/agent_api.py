@@ -18,7 +18,7 @@
   ``claim-used`` / ``claim-expired`` and the claim store's message (``invalid claim code`` /
   ``claim code already consumed`` / ``claim code expired``) as ``error.message``.
 
-Every error answer has the one ``/api/v1`` shape (``kici_site.errors.api_error``):
+Every error answer has the one ``/api/v1`` shape (``lib.errors.api_error``):
 ``{"error": {"code", "message", "field"?}, "reason": code}``; a 401's ``reason`` says why the token
 was refused (``missing-token``, ``invalid-token``, ``unknown``, ``expired``, ``used``,
 ``agent-mismatch``).
@@ -41,7 +41,7 @@ from agents.events import record_event
 from agents.heartbeats import push_heartbeat_row
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
-from kici_site.errors import api_error, json_content_type_refusal
+from lib.errors import api_error, json_content_type_refusal
 from lib.json_body import BodyRefused, validate_body
 from lib.json_input import parse_json_object
 from scalers.api_models import ClaimBody, HeartbeatBody, RegisterBody
@@ -93,7 +93,7 @@ _CLAIM_CODES = {
 
 def _bearer_request(view):
     """Decorator of the bearer-authenticated endpoints: 401 without a bearer token, then 415 for a
-    body not sent as JSON (``kici_site.errors.json_content_type_refusal``), then 400 for a body
+    body not sent as JSON (``lib.errors.json_content_type_refusal``), then 400 for a body
     that is not a JSON object; otherwise ``view(request, token, body, *args, **kwargs)``."""
 
     @wraps(view)

@@ -43,7 +43,7 @@ Answers (JSON):
   another body (the first differing field: ``labels``, ``resources``, ``runId``, ``exclude``,
   ``container``), or the key was used for another job's live agent (field ``jobId``).
 
-Errors have the one ``/api/v1`` shape (``kici_site.errors.api_error``)
+Errors have the one ``/api/v1`` shape (``lib.errors.api_error``)
 ``{"error": {"code", "message", "field"?}, "reason": code, ...}``; ``reason`` and the extras below
 stay at the top level, where orchestrators read them:
 
@@ -67,7 +67,7 @@ stay at the top level, where orchestrators read them:
   no registry credential of that name, or it is for another registry than the image's (nothing
   is written).
 * 415 ``{reason: "unsupported-media-type"}`` (every JSON POST of ``/api/v1``): a body not sent as
-  ``Content-Type: application/json`` (``kici_site.errors.json_content_type_refusal``).
+  ``Content-Type: application/json`` (``lib.errors.json_content_type_refusal``).
 * 400 ``{reason: "invalid-request"}`` with ``error.field``: malformed JSON, missing or empty
   labels, non-string labels, negative or huge resources, unknown fields, a bad ``Idempotency-Key``
   header (413 for a huge body).
@@ -97,7 +97,7 @@ from agents.choices import AgentState
 from agents.models import Agent
 from audit.choices import ActorKind, AuditAction
 from audit.records import record_audit
-from kici_site.errors import api_error, json_content_type_refusal
+from lib.errors import api_error, json_content_type_refusal
 from lib.json_body import BodyRefused, JsonBody, validate_body
 from lib.json_input import parse_json, parse_json_object
 from lib.query import BadParameter, check_parameters, choice, whole_number
@@ -148,7 +148,7 @@ def _after_admission(decision, agent, caller: Caller, job_id: str):
 
 
 def _error(status: int, reason: str, message: str, *, field: str | None = None, **extra) -> JsonResponse:
-    """``kici_site.errors.api_error`` with ``reason`` as the code (module doc)."""
+    """``lib.errors.api_error`` with ``reason`` as the code (module doc)."""
     return api_error(status, reason, message, field=field, **extra)
 
 

@@ -189,7 +189,7 @@ class ErrorDetail(_Answer):
 
 
 class ApiError(BaseModel):
-    """Every error of ``/api/v1`` (``kici_site.errors.api_error``); an endpoint may add keys at the
+    """Every error of ``/api/v1`` (``lib.errors.api_error``); an endpoint may add keys at the
     top level (the ones below)."""
 
     model_config = ConfigDict(extra="allow")

@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
 
 from agents.choices import AgentState
-from kici_site.errors import api_error
+from lib.errors import api_error
 from scalers.admission.validate import ScaleRequestBody
 from scalers.api import CURSOR_MAX, LIST_PARAMETERS, MAX_PAGE
 from scalers.api_models import (

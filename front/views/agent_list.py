@@ -17,7 +17,7 @@ from agents.listing import (
     filter_agents,
     page_number,
 )
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.htmx import wants_partial
 from lib.query import check_parameters
 from scalers.models import Scaler

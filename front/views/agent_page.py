@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from agents.models import ScalerEvent
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.query import check_parameters, choice
 from live.rows import agent_page_version, host_access_view
 from scalers.selftest import can_run_selftest

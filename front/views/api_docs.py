@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.query import check_parameters
 from scalers.openapi import build_document
 

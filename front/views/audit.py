@@ -26,7 +26,7 @@ from agents.listing import MAX_PAGE, page_number
 from audit.choices import AuditAction
 from audit.listing import AUDIT_PARAMETERS, EXPORT_FIELDS, AuditFilters, export_row, parse_filters
 from audit.models import AuditRecord
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.htmx import wants_partial
 from lib.query import check_parameters, choice
 from operations.choices import OperationKind

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET
 from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.query import check_parameters, choice
 from scalers.capacity import global_capacity, pool_capacities, scaler_capacities
 from scalers.models import RecoveryReport, Scaler

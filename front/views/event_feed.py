@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 from agents.choices import EventType
 from agents.listing import MAX_PAGE, page_number
 from agents.models import ScalerEvent
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.htmx import wants_partial
 from lib.query import check_parameters, choice
 from scalers.models import Scaler

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from agents.listing import page_number
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.htmx import wants_partial
 from lib.query import check_parameters, whole_number
 from lib.wording import json_text

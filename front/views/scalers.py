@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.choices import ACTIVE_STATES
 from agents.listing import filter_agents
 from agents.models import Agent, ScalerEvent
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.htmx import wants_partial
 from lib.query import check_parameters, choice
 from operations.choices import OperationKind

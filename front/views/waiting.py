@@ -29,7 +29,7 @@ from django.views.decorators.http import require_GET
 
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent
-from kici_site.errors import error_page
+from lib.errors import error_page
 from lib.query import check_parameters
 from lib.units import format_bytes_iec
 from scalers.admission.caps import CapName

@@ -37,7 +37,7 @@ def _project_models():
 
 
 def test_every_project_model_is_registered_with_the_read_only_base():
-    from kici_site.readonly_admin import ReadOnlyAdmin
+    from lib.readonly_admin import ReadOnlyAdmin
 
     models = _project_models()
     assert {m._meta.app_label for m in models} == PROJECT_APPS

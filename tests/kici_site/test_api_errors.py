@@ -137,7 +137,7 @@ def test_a_forbidden_page_is_logged_as_one_line_without_a_traceback(client, capl
     assert response.status_code == 403
     records = [r for r in caplog.records if r.name == "django.request" and getattr(r, "status_code", None) == 403]
     assert records, caplog.text
-    from kici_site.logfilters import OneLineClientErrors
+    from lib.logfilters import OneLineClientErrors
 
     handler_filter = OneLineClientErrors()
     for record in records:
@@ -147,7 +147,7 @@ def test_a_forbidden_page_is_logged_as_one_line_without_a_traceback(client, capl
 
 
 def test_a_server_error_keeps_its_traceback():
-    from kici_site.logfilters import OneLineClientErrors
+    from lib.logfilters import OneLineClientErrors
 
     try:
         raise RuntimeError("boom")

@@ -71,7 +71,7 @@ HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "results"}
 
 
 def assert_fragment(response, status: int) -> str:
-    """An htmx request's error: the alert fragment in place of its target (kici_site.errors.error_page)."""
+    """An htmx request's error: the alert fragment in place of its target (lib.errors.error_page)."""
     assert response.status_code == status, response.status_code
     assert response["HX-Reswap"] == "outerHTML"
     text = response.content.decode()

@@ -10,7 +10,6 @@ import pytest
 import requests
 from django.core.exceptions import ImproperlyConfigured
 
-from kici_site import env
 from kici_site.listeners import (
     ListenerGuard,
     daphne_endpoints,
@@ -18,6 +17,7 @@ from kici_site.listeners import (
     listening_socket,
     operator_addresses,
 )
+from lib import env
 from tests.support.servers import free_port, run_daphne
 
 OPERATOR, AGENTS = "127.0.0.1", "127.0.0.2"

@@ -1,7 +1,7 @@
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from kici_site import env
+from lib import env
 
 
 def test_it_parses_a_database_url():

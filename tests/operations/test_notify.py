@@ -121,7 +121,7 @@ def test_notices_are_off_without_a_url_and_never_sent_unsigned(
     with django_capture_on_commit_callbacks(execute=True):
         create_operation("config-reload", {}, users["operator"])
     assert django_rq.get_queue("default").count == 0
-    from kici_site.env import env_http_url
+    from lib.env import env_http_url
 
     monkeypatch.setenv("KICI_NOTIFY_URL", "ftp://hooks.example.test/x")
     with pytest.raises(ImproperlyConfigured, match="KICI_NOTIFY_URL: expected an http"):

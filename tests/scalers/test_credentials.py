@@ -8,7 +8,7 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 
-from kici_site.env import env_secrets_key
+from lib.env import env_secrets_key
 from scalers.credentials import (
     CredentialError,
     auth_config,

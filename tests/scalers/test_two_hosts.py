@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
-from kici_site.env import redis_place
+from lib.env import redis_place
 from operations.choices import OperationKind, OperationStatus
 from operations.models import Operation
 from operations.queues import workers_listening
