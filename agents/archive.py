@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 from django.conf import settings
 
-from lib.logcap import CUT_LINES_XATTR, count_lines, line_number_at, numbering_lock
-from lib.tail import read_lines_before
+from consolelog.cap import CUT_LINES_XATTR, count_lines, line_number_at, numbering_lock
+from consolelog.tail import read_lines_before
 
 #: Bytes kept per agent (the end of its output).
 ARCHIVE_BYTES = 8 * 1024 * 1024
@@ -42,7 +42,7 @@ def write_archive(agent_id: str, data: bytes, lines_before: int = 0) -> Path:
     temporary file and renamed, so a reader never sees half of it). ``lines_before``: how many
     lines of the output came before ``data`` (a container's lines docker no longer held). The
     lines before the kept part, cut ones included, are recorded in the archive's
-    ``lib.logcap.CUT_LINES_XATTR``, as a cap of a live file records them, so its lines keep their
+    ``consolelog.cap.CUT_LINES_XATTR``, as a cap of a live file records them, so its lines keep their
     numbers in the output (``archived_lines``). Returns its path; raises OSError when it cannot be
     written (a filesystem without user extended attributes, when lines were cut)."""
     path = archive_path(agent_id)
@@ -87,7 +87,7 @@ def archived_lines(agent_id: str, limit: int = SHOWN_LINES, before: int | None =
     """Up to ``limit`` lines of the agent's archive numbered below ``before`` (None: its last
     lines), numbered by their place in the output (lines cut from its front counted, see
     :func:`write_archive`; empty lines skipped and capped like every console line,
-    ``lib.tail.read_lines_before``), or None when it has none. ``first`` is ``before`` when no
+    ``consolelog.tail.read_lines_before``), or None when it has none. ``first`` is ``before`` when no
     line is there; ``oldest`` the number of its first line."""
     try:
         fd = os.open(archive_path(agent_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -6,7 +6,7 @@ On the private test dockerd (``tests.support.docker``; the agent image is built 
 ``agent/build_image.sh``) a container writes LINES stdout lines (default 150,000, about 80 bytes
 each) and one stderr line every 7th; then ``live.sources.docker_log_source`` reads it twice (the
 first counts from docker's kept log and leaves checkpoints, the second starts from one) and
-``lib.dockerlogs.read_lines_before`` reads a page of 500 lines near the start. Prints the
+``consolelog.dockerlogs.read_lines_before`` reads a page of 500 lines near the start. Prints the
 seconds of each and checks both pumps numbered the backlog alike. Loopback only.
 """
 
@@ -29,8 +29,8 @@ django.setup()
 
 import redis  # noqa: E402
 
-from lib.dockerlogs import RedisCheckpoints, read_lines_before  # noqa: E402
-from lib.tail import LineNumber  # noqa: E402
+from consolelog.dockerlogs import RedisCheckpoints, read_lines_before  # noqa: E402
+from consolelog.tail import LineNumber  # noqa: E402
 from live.sources import docker_log_source  # noqa: E402
 from tests.support.docker import docker_client, ensure_private_dockerd  # noqa: E402
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lib.tail import MAX_READ_BYTES, FileTail
+from consolelog.tail import MAX_READ_BYTES, FileTail
 from live.hub import ConsoleHub
 from live.sources import MAX_LAG_BYTES
 from live.streams import StreamKey

@@ -15,8 +15,8 @@ from django.conf import settings
 from agents.archive import archived_lines
 from agents.choices import EventType
 from agents.models import ScalerEvent
-from lib.dockerlogs import RedisCheckpoints
-from lib.tail import Opener, plain_open
+from consolelog.dockerlogs import RedisCheckpoints
+from consolelog.tail import Opener, plain_open
 from scalers.backends.firecracker.jail import open_vm_file
 from scalers.backends.runtime import docker_client_for, runtime_for_scaler
 
@@ -102,7 +102,7 @@ def console_log_file(agent, stream: str) -> Path | None:
 
 
 def console_file_opener(stream: str) -> Opener:
-    """How the file of a console stream is opened (``lib.tail.Opener``): a VM's ``serial`` and
+    """How the file of a console stream is opened (``consolelog.tail.Opener``): a VM's ``serial`` and
     ``vmm`` logs sit in a chroot the VM's uid writes, so they go through
     ``scalers.backends.firecracker.jail.open_vm_file`` (no link followed, a planted one refused
     with its path); any other file plainly."""

@@ -28,7 +28,7 @@ Messages to the browser (text frames):
   (:func:`console_frame`), read by ``static/js/console.js``. The first frame (``reset``: the
   last 500 lines of the stream) and the first after a restart of the stream (a new generation)
   replace what the page shows (the page merges them by number); the others append. ``number``
-  is the line's number in the file, or in the container's output (``lib.dockerlogs``); ``ms``
+  is the line's number in the file, or in the container's output (``consolelog.dockerlogs``); ``ms``
   its receive time (a container's: docker's time of it). A viewer that cannot keep up gets a
   row of kind ``"g"`` (``… N lines dropped``) in place of the lines it missed (the page loads
   them back from the file or the docker logs);

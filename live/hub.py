@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from lib.tail import DropMarker, LineNumber, SkipMarker, StampedText
+from consolelog.tail import DropMarker, LineNumber, SkipMarker, StampedText
 
 from .sources import SourceFactory
 from .streams import (
@@ -34,7 +34,7 @@ STALE_BATCH_SECONDS = 2.0
 
 
 def _runs(texts, numbered: bool):
-    """``texts`` as ``(number, live_from, run)`` parts: each :class:`lib.tail.LineNumber` starts a
+    """``texts`` as ``(number, live_from, run)`` parts: each :class:`consolelog.tail.LineNumber` starts a
     part (``number``/``live_from`` from it; None for the part before the first). In a numbered
     stream (``numbered``, or once a number was seen) skip and drop markers are left out: the jump
     in numbers stands for them. Returns the parts and whether the stream is numbered."""
@@ -251,10 +251,10 @@ class ConsoleHub:
     async def _pump(self, st: _Stream, gen: int) -> None:
         """Read the source and publish numbered batches until cancelled or the source ends.
 
-        A numbered source (``lib.tail.LineNumber`` markers: a file, a container's docker logs)
+        A numbered source (``consolelog.tail.LineNumber`` markers: a file, a container's docker logs)
         gives each line its number in the file or the container's output; its skip and drop
         markers are not published, the jump in numbers stands for them. Lines that carry their
-        own time (``lib.tail.StampedText``: docker's) are published with it. Any other source
+        own time (``consolelog.tail.StampedText``: docker's) are published with it. Any other source
         is numbered 1, 2, … from the start of the pump, markers included.
         """
         key = st.key

@@ -1,7 +1,7 @@
 """Where a console pump reads its lines from: a log file or a container's docker logs.
 
 A source is a :data:`SourceFactory`: a zero-argument callable returning an async iterator of line
-batches, with every cap of :mod:`lib.tail`.
+batches, with every cap of :mod:`consolelog.tail`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,16 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
-from lib.dockerlogs import CHECKPOINT_LINES, Checkpoint, LogMessages, MarkGone, Numberer, RedisCheckpoints, read_from
-from lib.tail import (
+from consolelog.dockerlogs import (
+    CHECKPOINT_LINES,
+    Checkpoint,
+    LogMessages,
+    MarkGone,
+    Numberer,
+    RedisCheckpoints,
+    read_from,
+)
+from consolelog.tail import (
     MAX_LINE_BYTES,
     MAX_QUEUED_LINES,
     DropMarker,
@@ -50,15 +58,15 @@ def file_source(
     max_lag_bytes: int | None = MAX_LAG_BYTES,
     opener: Opener = plain_open,
 ) -> SourceFactory:
-    """A source following ``path`` with :class:`lib.tail.FileTail` (all of its caps).
+    """A source following ``path`` with :class:`consolelog.tail.FileTail` (all of its caps).
 
     A new pump starts ``backlog_bytes`` before the end of the file (at the next line start) so a
     viewer sees the recent past at once; older content is for the download link. A missing file
     is waited for, never created (the spawn creates it).
     The tail is paced by the pump (nothing read is dropped); when the pump falls more than
     ``max_lag_bytes`` behind a flooding guest it skips ahead with a ``[skipped N bytes]`` marker
-    (None: never skip). Lines are numbered by their place in the file (``lib.tail.LineNumber``).
-    ``opener``: every open of the file (``lib.tail.Opener``); a VM's logs
+    (None: never skip). Lines are numbered by their place in the file (``consolelog.tail.LineNumber``).
+    ``opener``: every open of the file (``consolelog.tail.Opener``); a VM's logs
     are opened without following links, and its refusal ends the stream with its message.
     """
 
@@ -98,13 +106,13 @@ async def docker_log_source(
     """Follow a container's logs (stdout and stderr) as batches of numbered, stamped lines.
 
     ``container``: a docker SDK ``Container``; ``checkpoints``: its console's
-    (:class:`lib.dockerlogs.RedisCheckpoints`). Lines are :class:`lib.tail.StampedText`,
-    numbered by their place in the container's output (``lib.dockerlogs``: counted from the latest
+    (:class:`consolelog.dockerlogs.RedisCheckpoints`). Lines are :class:`consolelog.tail.StampedText`,
+    numbered by their place in the container's output (``consolelog.dockerlogs``: counted from the latest
     checkpoint, or from the start of docker's kept log by the first reader, leaving checkpoints),
-    each batch headed by the :class:`lib.tail.LineNumber` of its first line. The last ``backlog``
+    each batch headed by the :class:`consolelog.tail.LineNumber` of its first line. The last ``backlog``
     lines docker holds come first, then the lines as they are written. Each stream has its own
-    :class:`lib.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful UTF-8).
-    Lines wait in one bounded :class:`lib.tail.LineQueue` (10,000 lines): on overflow the oldest
+    :class:`consolelog.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful UTF-8).
+    Lines wait in one bounded :class:`consolelog.tail.LineQueue` (10,000 lines): on overflow the oldest
     go, and the next batch's number jumps over them (the ``[dropped N lines]`` marker is left
     out, as for a file), so a chatty container cannot grow this process. The blocking docker
     requests and the Redis writes run in a thread. Ends when the container's log ends; closing the

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from lib.tail import take_oldest
+from consolelog.tail import take_oldest
 from scalers.backends.firecracker.failure import FAILURE_PATTERNS
 
 BATCH_LINES = 1000

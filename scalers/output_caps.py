@@ -3,7 +3,7 @@
 
 Each sweeper round asks every scaler's backend that has ``output_files()`` (Firecracker: the VMs'
 serial consoles and VMM logs; bare metal: the process-mode agents' output files) for its files and
-caps each with ``lib.logcap.cap_file``: a file holding more than the cap keeps its last half (from
+caps each with ``consolelog.cap.cap_file``: a file holding more than the cap keeps its last half (from
 a line start), the beginning is freed in place. Container output is bounded by docker's own log
 rotation (``scalers.backends.hostconfig.AGENT_LOG_CONFIG``). Design: ``docs/live-streams.md``.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-from lib.logcap import cap_file
+from consolelog.cap import cap_file
 
 from .backends import factory
 from .choices import ScalerType

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("agents", "audit", "front", "kici_site", "lib", "live", "network", "operations", "scalers")
+APPS = ("agents", "audit", "consolelog", "front", "kici_site", "lib", "live", "network", "operations", "scalers")
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -161,7 +161,7 @@ def test_project_modules_are_imported_inside_functions_only_where_django_require
 
 
 #: Each app imports only the apps before it (docs/ARCHITECTURE.md).
-LAYERS = ("lib", "audit", "agents", "network", "scalers", "operations", "live", "front")
+LAYERS = ("lib", "consolelog", "audit", "agents", "network", "scalers", "operations", "live", "front")
 
 
 def test_each_app_imports_only_the_apps_below_it():

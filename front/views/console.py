@@ -14,10 +14,10 @@ from django.views.decorators.http import require_GET
 
 from agents.archive import archive_path, archived_lines
 from agents.models import Agent
-from lib.dockerlogs import RedisCheckpoints
-from lib.dockerlogs import read_lines_before as read_container_lines
+from consolelog.dockerlogs import RedisCheckpoints
+from consolelog.dockerlogs import read_lines_before as read_container_lines
+from consolelog.tail import Opener, plain_open, read_lines_before
 from lib.query import check_parameters, whole_number
-from lib.tail import Opener, plain_open, read_lines_before
 from live.consoles import (
     agent_container,
     captured_output,
@@ -177,8 +177,8 @@ def agent_console_lines(request, agent_id: str, stream: str):
     (1 to :data:`BEFORE_MAX`; at most ``limit``, 1 to 1,000) as JSON ``{"oldest": about the first
     line still held, "first": number of rows[0], "rows": [...]}`` with the rows of ``live.streams.console_row``.
 
-    Read from the stream's file (``lib.tail.read_lines_before``; receive times from the stream's
-    ``times`` key, 0 where unknown), from a container's docker logs (``lib.dockerlogs``, the
+    Read from the stream's file (``consolelog.tail.read_lines_before``; receive times from the stream's
+    ``times`` key, 0 where unknown), from a container's docker logs (``consolelog.dockerlogs``, the
     numbers and docker times of the live stream), or, once the sandbox is gone, from the agent's
     archive (``agents.archive.archived_lines``, no times). 400 naming a bad, unknown or repeated
     parameter, 404 for a stream with nothing behind it or a file not there (yet), 502 when it cannot be read."""
@@ -226,7 +226,7 @@ def agent_console_lines(request, agent_id: str, stream: str):
 
 
 def _container_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
-    """:func:`agent_console_lines` of a container's docker logs (``lib.dockerlogs``)."""
+    """:func:`agent_console_lines` of a container's docker logs (``consolelog.dockerlogs``)."""
     import docker.errors
 
     client = redis.Redis.from_url(settings.REDIS_URL)

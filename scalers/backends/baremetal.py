@@ -38,9 +38,9 @@ from agents.archive import ARCHIVE_BYTES, archive_parts
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
-from lib.logcap import read_end
+from consolelog.cap import read_end
+from consolelog.tail import Opener
 from lib.safe_open import open_last
-from lib.tail import Opener
 from scalers.resources import EffectiveLimits
 
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option

@@ -5,7 +5,7 @@
    JSON frames {"reset": bool, "rows": [[number, ms, text, kind?, count?], ...]} (live.consumers):
    kind "e" a failure line, "m" an in-band marker, "g" a gap of `count` lines from `number` on that
    did not reach this page. Line numbers are the lines' places in the agent's file (or its
-   container's output: lib.dockerlogs), so #L<number> links stay valid. Loaded lines live in one array sorted by number, at most data-max-lines of
+   container's output: consolelog.dockerlogs), so #L<number> links stay valid. Loaded lines live in one array sorted by number, at most data-max-lines of
    them (the oldest are dropped first, and only out of sight while paused, up to twice that);
    missing runs are gap entries, drawn as one row each, which load themselves from
    data-lines-url (?before=&limit=) when they come on screen: the head gap is "load earlier".

@@ -11,7 +11,7 @@ from django.test import Client
 
 from agents.choices import AgentState
 from agents.models import Agent
-from lib.logcap import cap_file
+from consolelog.cap import cap_file
 from live.streams import StreamKey
 from live.transport import stream_key_name, times_member
 from scalers.models import Scaler

@@ -1,4 +1,4 @@
-"""A container's console (lib.dockerlogs): lines numbered by their place in the container's
+"""A container's console (consolelog.dockerlogs): lines numbered by their place in the container's
 output, the same from every pump and from the lines endpoint, with docker's times."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from django.conf import settings
 
 from agents.choices import AgentState
 from agents.models import Agent
-from lib.dockerlogs import CHECKPOINT_LINES, RedisCheckpoints, stamp_ns
-from lib.tail import LineNumber
+from consolelog.dockerlogs import CHECKPOINT_LINES, RedisCheckpoints, stamp_ns
+from consolelog.tail import LineNumber
 from live.consoles import console_source
 from live.hub import ConsoleHub
 from live.streams import StreamKey

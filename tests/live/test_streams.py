@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from lib.dockerlogs import RedisCheckpoints
-from lib.tail import LineNumber
+from consolelog.dockerlogs import RedisCheckpoints
+from consolelog.tail import LineNumber
 from live.hub import ConsoleHub
 from live.sources import docker_log_lines, docker_log_source, file_source
 from live.streams import (
@@ -225,7 +225,7 @@ async def test_the_vmm_log_is_not_flagged(hub, tmp_path):
 
 
 async def test_a_tail_drop_marker_reaches_viewers_as_a_marker_row(hub):
-    from lib.tail import DropMarker
+    from consolelog.tail import DropMarker
 
     async def source():
         yield [DropMarker(42), "after the gap"]
@@ -319,7 +319,7 @@ def test_it_refuses_a_bad_stream_key():
 
 @pytest.fixture
 def checkpoints():
-    """The line checkpoints of a container console of its own (``lib.dockerlogs``)."""
+    """The line checkpoints of a container console of its own (``consolelog.dockerlogs``)."""
     import redis
     from django.conf import settings
 

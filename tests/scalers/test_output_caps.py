@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agents.archive import archived_lines
-from lib.logcap import data_start
+from consolelog.cap import data_start
 from operations.management.commands.scaler_sweeper import Command
 from scalers.backends.baremetal import BareMetalBackend
 from scalers.output_caps import cap_agent_outputs

@@ -18,7 +18,7 @@ from django.conf import settings
 from docker.errors import APIError, NotFound
 
 from agents.archive import write_archive
-from lib.dockerlogs import RedisCheckpoints, container_output
+from consolelog.dockerlogs import RedisCheckpoints, container_output
 from scalers.kici_orchestrator import revoke_agent_token, token_to_revoke
 
 from ..base import SpawnControl, SpawnResult, scaler_option
@@ -247,7 +247,7 @@ class ContainerBackend:
 
     def _archive(self, agent_id: str, container_id: str) -> None:
         """Keep the container's output (``agents.archive``) before it goes, its lines numbered as
-        its console numbered them (``lib.dockerlogs.container_output``); a failure is logged,
+        its console numbered them (``consolelog.dockerlogs.container_output``); a failure is logged,
         never a reason to keep the container."""
         client = redis.Redis.from_url(settings.REDIS_URL)
         try:

@@ -23,7 +23,7 @@ from agents import tokens
 from agents.choices import EventType
 from agents.events import record_connecting, record_event
 from agents.models import Agent
-from lib.tail import Opener
+from consolelog.tail import Opener
 from network import netlink
 from network.ipalloc_db import DbIpAllocator
 from network.nft import apply

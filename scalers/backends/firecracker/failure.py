@@ -10,7 +10,7 @@ import json
 import logging
 import os
 
-from lib.logcap import read_end
+from consolelog.cap import read_end
 
 from .jail import open_vm_file
 

@@ -1,6 +1,6 @@
 """Forwarding a VM's serial console and VMM log, line by line, to a sink.
 
-One daemon thread per VM runs ``lib.tail.tail_file`` on both files in its own event loop and
+One daemon thread per VM runs ``consolelog.tail.tail_file`` on both files in its own event loop and
 hands every line to a sink as ``sink(agent_id, source, record)``: source ``firecracker-serial``
 (record from :func:`failure.wrap_serial_line`) or ``firecracker-vmm`` (``{"level": "info",
 "message": line}``). The last 50 serial lines are kept for failure details.
@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from lib.logcap import read_end
-from lib.tail import FileTail, split_lines
+from consolelog.cap import read_end
+from consolelog.tail import FileTail, split_lines
 
 from .failure import wrap_serial_line
 from .jail import AGENT_ID_RE, ChrootLayout, open_vm_file

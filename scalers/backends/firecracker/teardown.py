@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.archive import ARCHIVE_BYTES, archive_parts
-from lib.logcap import read_end
+from consolelog.cap import read_end
 from network import netlink
 
 from . import jail

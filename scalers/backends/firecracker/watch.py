@@ -14,7 +14,7 @@ import threading
 from collections import deque
 
 from agents.models import Agent
-from lib.logcap import read_end
+from consolelog.cap import read_end
 
 from .backend import FirecrackerBackend
 from .jail import open_vm_file

@@ -1,4 +1,4 @@
-"""A log file's line numbers (lib.logcap, lib.tail): counted from the real start, across cuts."""
+"""A log file's line numbers (consolelog.cap, consolelog.tail): counted from the real start, across cuts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-import lib.logcap
-from lib.logcap import CUT_LINES_XATTR, cap_file, count_lines, line_number_at, numbering_lock
-from lib.tail import MAX_READ_BYTES, FileTail, LineNumber, SkipMarker, read_lines_before, split_lines
+import consolelog.cap
+from consolelog.cap import CUT_LINES_XATTR, cap_file, count_lines, line_number_at, numbering_lock
+from consolelog.tail import MAX_READ_BYTES, FileTail, LineNumber, SkipMarker, read_lines_before, split_lines
 
 
 def numbered_log(count: int, every_empty: int = 7) -> bytes:
@@ -155,11 +155,11 @@ def test_a_cut_that_cannot_free_leaves_the_count_alone(tmp_path, monkeypatch):
     path.write_bytes(data)
     fd = open_rw(path)
     try:
-        monkeypatch.setattr(lib.logcap, "punch_hole", no_holes)
+        monkeypatch.setattr(consolelog.cap, "punch_hole", no_holes)
         for _ in range(2):  # every round of the sweeper tries again
             with pytest.raises(OSError):
                 cap_file(fd, len(data) // 2)
-        assert lib.logcap.cut_lines(fd) == 0
+        assert consolelog.cap.cut_lines(fd) == 0
         with numbering_lock(fd):
             assert line_number_at(fd, len(data)) == 5_001
     finally:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from lib.tail import (
+from consolelog.tail import (
     MAX_LINE_BYTES,
     MAX_QUEUED_LINES,
     MAX_READ_BYTES,
@@ -384,7 +384,7 @@ def test_the_splitter_flushes_an_incomplete_character_as_a_replacement():
 
 
 async def test_a_paced_tail_waits_for_a_slow_consumer_instead_of_dropping(tmp_path):
-    from lib.tail import SkipMarker
+    from consolelog.tail import SkipMarker
 
     path = tmp_path / "log"
     path.write_bytes(b"".join(b"paced line %06d\n" % i for i in range(100_000)))

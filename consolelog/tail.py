@@ -32,7 +32,7 @@ import os
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 
-from .logcap import (
+from .cap import (
     COUNT_CHUNK_BYTES,
     count_lines,
     cut_lines,
@@ -64,7 +64,7 @@ class DropMarker(str):
 class SkipMarker(str):
     """``[skipped N bytes]``: a :class:`FileTail` jumped over ``skipped`` bytes, either a paced
     tail (``pace=True, max_lag_bytes=...``) that had fallen that far behind, or the beginning of
-    a file a cap freed under it (``lib.logcap``); see :class:`FileTail`."""
+    a file a cap freed under it (``consolelog.cap``); see :class:`FileTail`."""
 
     skipped: int
 
@@ -76,7 +76,7 @@ class SkipMarker(str):
 
 class LineNumber(str):
     """A zero-width in-band marker of a numbered :class:`FileTail`: the next line is line
-    ``number`` of the file (``lib.logcap.line_number_at``); lines numbered below ``live_from``
+    ``number`` of the file (``consolelog.cap.line_number_at``); lines numbered below ``live_from``
     were already in the file when the tail opened it. Never shown: the reader numbers the lines
     that follow from it."""
 
@@ -91,7 +91,7 @@ class LineNumber(str):
 
 
 class StampedText(str):
-    """A line of a source that knows its own number and time (a container's docker logs, ``lib.dockerlogs``):
+    """A line of a source that knows its own number and time (a container's docker logs, ``consolelog.dockerlogs``):
     ``n``, its line number; ``ms``, docker's time of it (ms since the epoch). The console pump
     publishes ``ms`` as the line's time instead of the time it read the line."""
 
@@ -223,11 +223,11 @@ def _line_offset(fd: int, want: int, number: int, offset: int, size: int) -> int
 
 def read_lines_before(fd: int, before: int, limit: int, max_line: int = MAX_LINE_BYTES) -> tuple[int, int, list[str]]:
     """Up to ``limit`` lines of ``fd`` numbered below ``before`` (numbers of
-    ``lib.logcap.line_number_at``; the lines a :class:`FileTail` shows, capped the same way).
+    ``consolelog.cap.line_number_at``; the lines a :class:`FileTail` shows, capped the same way).
 
     Returns ``(oldest, first, lines)``: the first line the file still holds (lines a cut freed
     are gone), the number of ``lines[0]`` (``before`` when there are none). Reads the file from
-    its kept start in chunks of ``lib.logcap.COUNT_CHUNK_BYTES``, so it costs a scan of the file
+    its kept start in chunks of ``consolelog.cap.COUNT_CHUNK_BYTES``, so it costs a scan of the file
     and at most ``limit`` capped lines of memory. Raises ``OSError`` from reading."""
     with numbering_lock(fd):
         oldest = cut_lines(fd) + 1
@@ -389,7 +389,7 @@ class FileTail:
     read offset (truncation) it flushes the partial line and follows from offset 0; if the path
     now names another file (rotation: rename + create), it drains the old file to its end,
     flushes the partial line and follows the new file from its start. While the path is missing
-    the old file keeps being read. A range freed by a cap (``lib.logcap.cap_file``: the file's
+    the old file keeps being read. A range freed by a cap (``consolelog.cap.cap_file``: the file's
     beginning, its size unchanged) is stepped over to the kept output's first line, queueing a
     :class:`SkipMarker`; a reader that keeps up never meets one, since a cap keeps the file's end.
 
@@ -402,7 +402,7 @@ class FileTail:
 
     ``numbered=True`` (the console pump): the tail queues a :class:`LineNumber` before its first
     line and after every :class:`SkipMarker`, so its reader can number every line by its place
-    in the file (``lib.logcap.line_number_at``: cut lines included, empty lines not counted).
+    in the file (``consolelog.cap.line_number_at``: cut lines included, empty lines not counted).
 
     Counters for tests and benches: ``reads`` (slices read), ``bytes_read``, ``offset`` (bytes
     consumed of the current file), ``rotations``, ``truncations``, ``cuts`` (freed ranges stepped
@@ -526,7 +526,7 @@ class FileTail:
             await self._push_number()
         fd = self._open_fd()
         first = data_start(fd)
-        offset = data_start(fd, self.offset)  # past a range a cap freed (lib.logcap)
+        offset = data_start(fd, self.offset)  # past a range a cap freed (consolelog.cap)
         if offset >= size:
             self._pass_cut(offset - self.offset)
             return False
@@ -576,7 +576,7 @@ class FileTail:
                     stopper.cancel()
 
     def _pass_cut(self, skipped: int) -> None:
-        """Step over ``skipped`` bytes a cap freed (``lib.logcap.cap_file``): the partial line is
+        """Step over ``skipped`` bytes a cap freed (``consolelog.cap.cap_file``): the partial line is
         dropped (its rest is gone) and the next byte is a line start."""
         if skipped <= 0:
             return

@@ -1,10 +1,10 @@
-"""lib.dockerlogs without a docker daemon: timestamps, the line count over docker's messages, keys."""
+"""consolelog.dockerlogs without a docker daemon: timestamps, the line count over docker's messages, keys."""
 
 from __future__ import annotations
 
 import pytest
 
-from lib.dockerlogs import CHECKPOINT_LINES, STDERR, STDOUT, Checkpoint, Numberer, checkpoint_keys, stamp_ns
+from consolelog.dockerlogs import CHECKPOINT_LINES, STDERR, STDOUT, Checkpoint, Numberer, checkpoint_keys, stamp_ns
 from live.streams import StreamKey
 from live.transport import stream_key_name
 

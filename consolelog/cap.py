@@ -10,10 +10,10 @@ block and that line start read as NUL bytes.
 
 Readers skip what was freed: :func:`data_start` is where the kept output begins at or after an
 offset, :func:`leading_cut` the NUL bytes a read that starts there must drop, :func:`read_end` the
-kept end of a file. ``lib.tail.FileTail`` follows a capped file with them.
+kept end of a file. ``consolelog.tail.FileTail`` follows a capped file with them.
 
 Line numbers survive a cut: a line's number counts every non-empty line written before it (the
-lines ``lib.tail`` shows; empty lines are neither shown nor counted), including the lines a cut
+lines ``consolelog.tail`` shows; empty lines are neither shown nor counted), including the lines a cut
 freed, which :func:`cap_file` adds to the file's ``user.kici.cut-lines`` extended attribute
 (:func:`cut_lines`) before it frees them. :func:`line_number_at` reads a number; a cut and a
 reader agree under ``flock`` (exclusive for the cut, shared for the reader; the writers are
@@ -125,7 +125,7 @@ def cap_file(fd: int, cap: int) -> int:
 def count_lines(data: bytes, at_line_start: bool = True) -> int:
     """How many non-empty lines end (with ``\\n``) in ``data``; ``at_line_start``: the byte before
     ``data`` was a newline (or there was none), so a leading newline ends an empty line. The rule
-    of ``lib.tail.LineSplitter``, which skips empty lines."""
+    of ``consolelog.tail.LineSplitter``, which skips empty lines."""
     total = data.count(b"\n")
     if not total:
         return 0

@@ -10,7 +10,7 @@ kept when the container is removed). See ``docs/live-streams.md``.
 
 Both docker streams are read in one request, so they come in docker's own order (its log file's,
 which is the order of its timestamps); each frame is one docker message (a line, or a 16 KiB part
-of a longer one) and says its stream, so each stream has its own :class:`lib.tail.LineSplitter`
+of a longer one) and says its stream, so each stream has its own :class:`consolelog.tail.LineSplitter`
 and a stderr line written while a stdout line is open is never spliced into it. A line's time is
 the docker timestamp of its first message. Blocking: the readers here run in threads.
 """
@@ -192,8 +192,8 @@ class LogMessages:
 
 
 class Numberer:
-    """Turns docker messages into :class:`lib.tail.StampedText` lines numbered from ``number``,
-    each stream through its own :class:`lib.tail.LineSplitter` (capped like every console line,
+    """Turns docker messages into :class:`consolelog.tail.StampedText` lines numbered from ``number``,
+    each stream through its own :class:`consolelog.tail.LineSplitter` (capped like every console line,
     empty lines skipped and not counted). Notes a :class:`Checkpoint` in ``new_checkpoints`` at
     the first message where no line is open once :data:`CHECKPOINT_LINES` lines were numbered
     since the last one (``checkpoint_first``: at the first message too)."""

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from lib.logcap import cap_file, data_start, read_end
-from lib.tail import FileTail, SkipMarker
+from consolelog.cap import cap_file, data_start, read_end
+from consolelog.tail import FileTail, SkipMarker
 
 CAP = 256 * 1024
 LINE = "line {:08d} " + "x" * 50 + "\n"
