@@ -117,8 +117,10 @@ def _scope_from_post(request: HttpRequest) -> dict:
 
 
 #: The form fields of a plan request that describe it (what "Request approval" posts again).
+#: Every field :func:`_scope_from_post` reads: the preview page posts them all back with its
+#: "Request approval" (a field left out here would be dropped between the preview and the request).
 PLAN_FIELDS = ("kind", "scaler", "agent", "label_set", "host_access", "host_access_set", "host_access_default",
-               "host_access_revert")  # fmt: skip
+               "host_access_revert", "host", "reason", "drain")  # fmt: skip
 
 
 @require_POST

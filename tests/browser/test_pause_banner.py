@@ -37,6 +37,7 @@ def test_a_pause_shows_a_banner_with_who_and_why_until_it_is_resumed(browser_pag
     form = page.locator("#pause-scaler")
     form.get_by_label("why pause scaler paused-c").fill("firmware update on the docker host")
     form.get_by_role("button", name="Pause scaler…").click()
+    page.get_by_role("button", name="Request approval").click()  # from the preview, which stores nothing
     page.wait_for_url(re.compile(r"/operations/\d+/$"))
     assert "pause: no new agent" in page.locator("#op-targets").inner_text()
     _approve_and_run_latest()
@@ -51,6 +52,7 @@ def test_a_pause_shows_a_banner_with_who_and_why_until_it_is_resumed(browser_pag
     expect(page.locator("#paused")).to_be_visible()
 
     page.get_by_role("button", name="Resume scaler…").click()
+    page.get_by_role("button", name="Request approval").click()
     page.wait_for_url(re.compile(r"/operations/\d+/$"))
     _approve_and_run_latest()
     page.goto("/scalers/paused-c/")

@@ -157,3 +157,27 @@ def test_every_page_shows_the_pause_banner_with_who_and_why(users, client):
         assert "scaler c is paused by ops-operator, approved by ops-approver" in page and "disk replacement" in page
     run("resume", users, scaler="c")
     assert 'id="pause-banner"' not in client.get("/").content.decode()
+
+
+def test_a_pause_previewed_then_requested_keeps_its_host_reason_and_drain(users, client):
+    """The pause form opens a preview that stores nothing; its "Request approval" posts every field
+    back, so the stored operation is the pause that was previewed, reason and drain included."""
+    import re
+    from html import unescape
+
+    make_scaler("c", labels=("linux",), host="h1")
+    login(client, users["operator"])
+    preview = client.post("/operations/plan/", {"kind": "pause", "host": "h1", "reason": "kernel update", "drain": "1"})
+    assert preview.status_code == 200 and not Operation.objects.exists()
+    data: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', preview.content.decode()):
+        data.setdefault(name, []).append(unescape(value))
+    assert data["request"] == ["1"]
+    client.post("/operations/plan/", data)
+    op = Operation.objects.get()
+    assert (op.kind, op.params["host"], op.params["reason"], op.params["drain"]) == (
+        "pause",
+        "h1",
+        "kernel update",
+        True,
+    )
