@@ -14,9 +14,12 @@ fork: each work-horse inherits them instead of importing them again for every jo
 backends, the docker SDK's parts, netlink and nft: about 0.2 s a job otherwise).
 """
 
+import ctypes
 import importlib
 import inspect
 import logging
+import os
+import signal
 
 from django.conf import settings
 from redis.client import Pipeline
@@ -31,6 +34,28 @@ log = logging.getLogger(__name__)
 #: Seconds an idle worker waits on its queues before it heartbeats again (rq's default is about
 #: seven minutes); each heartbeat also writes back a record Redis lost (:meth:`KiciWorker.heartbeat`).
 IDLE_HEARTBEAT_SECONDS = 10
+
+#: prctl(2) option: the signal a process gets when its parent thread dies.
+_PR_SET_PDEATHSIG = 1
+#: The pid of the process about to fork (set before each fork, read in the child).
+_forking_pid = 0
+
+
+def _note_forking_pid() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
+
+
+def _die_with(worker_pid: int) -> None:
+    """In a child the worker forked itself (its work-horse, its scheduler): be SIGKILLed when the
+    worker dies. A worker killed outright (OOM, SIGKILL) would otherwise leave its scheduler running
+    for good with the old code, holding the scheduler locks its restarted self needs. Forks made by
+    those children are left alone; a worker already gone by now ends the child at once."""
+    if _forking_pid != worker_pid:
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != worker_pid:
+        os._exit(1)
 
 
 class JobRefused(Exception):
@@ -75,6 +100,16 @@ class KiciJob(Job):
 JOB_MODULES = ("scalers.jobs", "scalers.lifecycle", "operations.jobs", "operations.notify")
 
 
+_armed: set[int] = set()
+
+
+def _arm_children_once(worker_pid: int) -> None:
+    """Have every child this process forks die with it (:func:`_die_with`), registered once."""
+    if worker_pid not in _armed:
+        _armed.add(worker_pid)
+        os.register_at_fork(before=_note_forking_pid, after_in_child=lambda: _die_with(worker_pid))
+
+
 class KiciWorker(Worker):
     def __init__(self, *args, **kwargs):
         kwargs["serializer"] = settings.KICI_JOB_SERIALIZER
@@ -82,6 +117,7 @@ class KiciWorker(Worker):
         super().__init__(*args, **kwargs)
         for name in JOB_MODULES:
             importlib.import_module(name)
+        _arm_children_once(os.getpid())
 
     @property
     def dequeue_timeout(self) -> int:

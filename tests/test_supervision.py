@@ -79,6 +79,18 @@ def _gateway_answers(url: str) -> bool:
         return False
 
 
+def _children(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -190,6 +202,8 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
     worker = console.info("worker:worker-1")
     others = {name: pid for name, pid in console.pids().items() if name != "worker:worker-1"}
     assert _restarts(console.url) == {"daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 0.0}
+    children = _children(worker["pid"])
+    assert children, "the worker forks its scheduler"
     with HealthWatch(console.url) as health:
         os.kill(worker["pid"], signal.SIGKILL)
 
@@ -203,6 +217,8 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
         new_pid = _wait(new_worker_registered, 20, "a new rq worker registered", console)
         time.sleep(1)  # daphne keeps answering past the restart too
     assert new_pid != worker["pid"] and _alive(new_pid)
+    # The killed worker's own children (its scheduler) died with it: none is left running old code.
+    _wait(lambda: not any(_alive(pid) for pid in children), 10, f"the killed worker's children {children} gone")
     assert health.asked >= 10 and health.failed == 0
     assert {name: pid for name, pid in console.pids().items() if name != "worker:worker-1"} == others
     assert all(_alive(pid) for pid in others.values())
