@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 
@@ -138,8 +139,9 @@ def test_the_console_page_shows_lines_appended_to_the_serial_log_live(browser_pa
     # a line number is a link to that line
     page.locator("#L2 a.ln").click()
     assert page.evaluate("location.hash") == "#L2"
-    assert "is-target" in page.locator("#L2").get_attribute("class")
-    assert page.locator("#console-root").get_attribute("data-follow") == "off"
+    # The page marks the target on its hashchange handler, after the click returns: wait for it.
+    expect(page.locator("#L2")).to_have_class(re.compile(r"\bis-target\b"))
+    expect(page.locator("#console-root")).to_have_attribute("data-follow", "off")
 
 
 def test_the_agents_list_filters_as_you_type_from_the_keyboard(browser_page):
