@@ -127,14 +127,14 @@ def test_the_console_page_shows_lines_appended_to_the_serial_log_live(browser_pa
     # f pauses following; appended lines still arrive and are counted as new
     page.locator("#console-search").press("Escape")
     page.keyboard.press("f")
-    assert page.locator("#console-root").get_attribute("data-follow") == "off"
+    expect(page.locator("#console-root")).to_have_attribute("data-follow", "off")
     with serial.open("a") as f:
         f.write("agent: <b>registered</b>\n")
     lines.get_by_text("agent: <b>registered</b>").wait_for()  # what the guest writes is text
     assert lines.locator("b").count() == 0
     assert "1 new below" in page.locator("#console-new").inner_text()
     page.keyboard.press("Shift+G")
-    assert page.locator("#console-root").get_attribute("data-follow") == "on"
+    expect(page.locator("#console-root")).to_have_attribute("data-follow", "on")
 
     # a line number is a link to that line
     page.locator("#L2 a.ln").click()
