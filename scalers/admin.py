@@ -89,7 +89,26 @@ for _model in (MachinePool, ConfigState, MetricCounter, ScalerTeardown):
     admin.site.register(_model, ReadOnlyAdmin)
 
 
-class RegistryCredentialForm(forms.ModelForm):
+class _WriteOnlySecretForm(forms.ModelForm):
+    """A form whose ``new_secret`` field is write-only: required on create (``missing_secret`` says
+    so), left blank on edit to keep the stored one, encrypted into ``instance.secret``."""
+
+    missing_secret = "a new record needs its secret"
+
+    def clean(self):
+        cleaned = super().clean() or {}
+        plain = cleaned.get("new_secret") or ""
+        if not plain and not self.instance.pk:
+            self.add_error("new_secret", self.missing_secret)
+        elif plain:
+            try:
+                self.instance.secret = encrypt_secret(plain)
+            except CredentialError as exc:
+                self.add_error("new_secret", str(exc))
+        return cleaned
+
+
+class RegistryCredentialForm(_WriteOnlySecretForm):
     """``name``, ``registry``, ``username`` and a write-only ``new_secret``: required on create,
     left blank on edit to keep the stored one. The stored secret is never put into the page."""
 
@@ -100,6 +119,7 @@ class RegistryCredentialForm(forms.ModelForm):
         widget=forms.PasswordInput(render_value=False),
         help_text="the password or token; never shown again. Leave blank to keep the stored one.",
     )
+    missing_secret = "a new credential needs its secret"
 
     class Meta:
         model = RegistryCredential
@@ -110,18 +130,6 @@ class RegistryCredentialForm(forms.ModelForm):
             return normalize_registry(self.cleaned_data["registry"])
         except ValueError as exc:
             raise ValidationError(str(exc)) from None
-
-    def clean(self):
-        cleaned = super().clean() or {}
-        plain = cleaned.get("new_secret") or ""
-        if not plain and not self.instance.pk:
-            self.add_error("new_secret", "a new credential needs its secret")
-        elif plain:
-            try:
-                self.instance.secret = encrypt_secret(plain)
-            except CredentialError as exc:
-                self.add_error("new_secret", str(exc))
-        return cleaned
 
 
 @admin.register(RegistryCredential)
@@ -135,7 +143,7 @@ class RegistryCredentialAdmin(admin.ModelAdmin):
     fields = ("name", "registry", "username", "new_secret", "created_at", "updated_at")
 
 
-class OrchestratorAdminTokenForm(forms.ModelForm):
+class OrchestratorAdminTokenForm(_WriteOnlySecretForm):
     """``name`` and a write-only ``new_secret`` (the orchestrator's admin token): required on
     create, left blank on edit to keep the stored one. The stored token is never put into the page."""
 
@@ -146,22 +154,11 @@ class OrchestratorAdminTokenForm(forms.ModelForm):
         widget=forms.PasswordInput(render_value=False),
         help_text="the orchestrator's admin token; never shown again. Leave blank to keep the stored one.",
     )
+    missing_secret = "a new admin token needs its value"
 
     class Meta:
         model = OrchestratorAdminToken
         fields = ("name",)
-
-    def clean(self):
-        cleaned = super().clean() or {}
-        plain = cleaned.get("new_secret") or ""
-        if not plain and not self.instance.pk:
-            self.add_error("new_secret", "a new admin token needs its value")
-        elif plain:
-            try:
-                self.instance.secret = encrypt_secret(plain)
-            except CredentialError as exc:
-                self.add_error("new_secret", str(exc))
-        return cleaned
 
 
 @admin.register(OrchestratorAdminToken)
