@@ -108,7 +108,8 @@ class VmmApiHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if data:  # a zero-length write to a caller that already read its answer and left is EPIPE
+            self.wfile.write(data)
 
     def _fault(self, msg: str):
         self._send(400, {"fault_message": msg})
@@ -151,12 +152,13 @@ class VmmApiHandler(BaseHTTPRequestHandler):
             action = (body or {}).get("action_type")
             if action == "SendCtrlAltDel":
                 trace("SendCtrlAltDel received")
-                self._send(204)
-                trace("SendCtrlAltDel answered")
+                # Like Firecracker, the action is taken whether or not the answer reaches the caller.
                 if not self.state["ignore_cad"]:
                     self.state["log"]("reboot: Restarting system")
                     threading.Timer(0.05, lambda: os._exit(0)).start()
                     trace("reboot logged, exit in 0.05 s")
+                self._send(204)
+                trace("SendCtrlAltDel answered")
                 return None
             return self._fault(f"Unsupported action type: {action}")
         return self._fault(f"Invalid request method and/or path: PUT {self.path}")
