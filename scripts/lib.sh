@@ -25,8 +25,10 @@ apt_install() {  # apt_install pkg...: install only the packages that are missin
   for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   say "apt-get install ${missing[*]}"
-  if [ "$APT_UPDATED" -eq 0 ]; then $SUDO apt-get update -qq; APT_UPDATED=1; fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Another apt (a second make run or make test, unattended-upgrades) waits its turn, not fails.
+  local lock=(-o DPkg::Lock::Timeout=600)
+  if [ "$APT_UPDATED" -eq 0 ]; then $SUDO apt-get "${lock[@]}" update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${lock[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 config_uses_firecracker() {  # config_uses_firecracker FILE [DIR]: a scaler of type firecracker in FILE or DIR/*.y(a)ml
