@@ -60,7 +60,12 @@ def test_an_emptied_redis_loses_no_agent_and_holds_no_slot(tmp_path):
         console.launcher.start("worker-1")
 
         ended = _wait(
-            lambda: Agent.objects.filter(agent_id=waiting).exclude(state=AgentState.SPAWNING).first(),
+            # Ended: past the teardown's own destroying step too.
+            lambda: (
+                Agent.objects.filter(agent_id=waiting)
+                .exclude(state__in=(AgentState.SPAWNING, AgentState.DESTROYING))
+                .first()
+            ),
             LOST_WITHIN_SECONDS,
             f"the spawn whose job was flushed ended (still {Agent.objects.get(agent_id=waiting).state})",
         )
