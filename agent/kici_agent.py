@@ -6,7 +6,8 @@ Same protocol as ``agent/kici_agent.sh``: reads ``KICI_ORCHESTRATOR_URL``, ``KIC
 environment), registers once with ``POST /api/v1/agents/register`` (bearer = the single-use
 ephemeral token), then heartbeats ``POST /api/v1/agents/<id>/heartbeat`` (bearer = the session
 token from the register answer) every ``heartbeatIntervalSeconds`` until the console answers
-``{"stop": true}``, the console stays unreachable for 12 beats, or SIGTERM arrives.
+``{"stop": true}``, the console stays unreachable for ``KICI_CONSOLE_PATIENCE_SECONDS`` (300: a
+console restart, however slow, is not the end of its agents), or SIGTERM arrives.
 
 Exit status: 0 on a requested stop or SIGTERM, 1 when registration or the console fails,
 2 on missing environment.
@@ -78,17 +79,18 @@ def register(base: str, agent: str, token: str) -> dict | int:
     return answer
 
 
-def heartbeat_until_stopped(base: str, agent: str, session: str, interval: float) -> int:
+def heartbeat_until_stopped(base: str, agent: str, session: str, interval: float, patience: float) -> int:
     """Heartbeat every ``interval`` seconds until told to stop; the exit code: 0 when stopped or
-    forgotten by the console, 1 after 12 failed heartbeats in a row."""
+    forgotten by the console, 1 once no heartbeat succeeded for ``patience`` seconds."""
     misses = 0
+    last_answer = time.monotonic()
     while not _stopping:
         sleep_interruptibly(interval)
         if _stopping:
             break
         try:
             beat = post(f"{base}/api/v1/agents/{agent}/heartbeat", session, {"activeJobs": 0})
-            misses = 0
+            misses, last_answer = 0, time.monotonic()
             if beat.get("stop"):
                 log("console asked us to stop")
                 return 0
@@ -98,13 +100,14 @@ def heartbeat_until_stopped(base: str, agent: str, session: str, interval: float
                 return 0
             misses += 1
             log(f"heartbeat failed ({misses}): HTTP {exc.code}")
-            if misses >= 12:
+            if time.monotonic() - last_answer >= patience:
+                log(f"no heartbeat answered for {patience:g}s; exiting")
                 return 1
         except (urllib.error.URLError, OSError, ValueError) as exc:
             misses += 1
             log(f"heartbeat failed ({misses}): {exc}")
-            if misses >= 12:
-                log("console unreachable; exiting")
+            if time.monotonic() - last_answer >= patience:
+                log(f"console unreachable for {patience:g}s; exiting")
                 return 1
     log("terminated")
     return 0
@@ -125,8 +128,9 @@ def main() -> int:
         return answer
     session = answer["sessionToken"]
     interval = float(answer.get("heartbeatIntervalSeconds") or os.environ.get("KICI_HEARTBEAT_SECONDS") or 5)
+    patience = float(os.environ.get("KICI_CONSOLE_PATIENCE_SECONDS") or 300)
     log(f"registered; heartbeat every {interval:g}s")
-    return heartbeat_until_stopped(base, agent, session, interval)
+    return heartbeat_until_stopped(base, agent, session, interval, patience)
 
 
 if __name__ == "__main__":

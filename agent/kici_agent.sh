@@ -17,6 +17,9 @@ url="${KICI_ORCHESTRATOR_URL%/}"
 agent="$KICI_AGENT_ID"
 token="$KICI_AGENT_TOKEN"
 interval="${KICI_HEARTBEAT_SECONDS:-5}"
+# Seconds without an answered heartbeat before giving up: a console restart, however slow, is not
+# the end of its agents.
+patience="${KICI_CONSOLE_PATIENCE_SECONDS:-300}"
 
 log() { echo "kici-agent: $*"; }
 
@@ -93,16 +96,21 @@ fi
 log "registered; heartbeat every ${interval}s"
 
 misses=0
+last_answer=$(date +%s)
 while :; do
     sleep "$interval"
     if resp=$(post "/api/v1/agents/$agent/heartbeat" "$session" "{\"activeJobs\":0}"); then
         misses=0
+        last_answer=$(date +%s)
         case "$resp" in
             *'"stop": true'*|*'"stop":true'*) log "console asked us to stop"; exit 0 ;;
         esac
     else
         misses=$((misses + 1))
         log "heartbeat failed ($misses)"
-        [ "$misses" -ge 12 ] && { log "console unreachable; exiting"; exit 1; }
+        if [ $(($(date +%s) - last_answer)) -ge "$patience" ]; then
+            log "console unreachable for ${patience}s; exiting"
+            exit 1
+        fi
     fi
 done
