@@ -300,6 +300,10 @@ refuse_beside_left_agents() {
 stop_test_dockerd() {  # the test suite's private dockerd would hold 172.30.0.1 too
   if [ -S /run/kici-test-docker.sock ] && [ -x "$VENV/bin/python" ]; then
     say "stopping the test suite's private dockerd (its agent network collides with kici-agent-net)"
-    (cd "$ROOT" && "$VENV/bin/python" -m tests.support.docker stop) || true
+    local rc=0
+    (cd "$ROOT" && "$VENV/bin/python" -m tests.support.docker stop) || rc=$?
+    # 3: a test session or bench still uses it; stopping it would break that run.
+    [ "$rc" -eq 3 ] && die "a test session (make test or pytest) is using the suite's private dockerd, which holds 172.30.0.1 like kici-agent-net; run make run again once it has ended"
   fi
+  return 0
 }

@@ -31,6 +31,7 @@ rc=$?
 set -e
 # The suite's private dockerd: stop it (and remove its networks) unless asked to keep it, so no
 # bridge is left holding 172.30.0.1 for `make run`'s own kici-agent-net (tests/support/docker.py).
+# Left running while another session still uses it (exit 3 and a line saying so).
 if [ -z "${KICI_TEST_KEEP_DOCKERD:-}" ]; then "$VENV/bin/python" -m tests.support.docker stop || true; fi
 [ "$OWN_REDIS" = 1 ] && REDISCLI_AUTH="$SUITE_REDIS_PASSWORD" redis-cli -h 127.0.0.1 -p "$SUITE_REDIS_PORT" -n 15 flushdb >/dev/null
 [ $rc -eq 5 ] && { warn "pytest collected no tests"; exit 1; }

@@ -9,8 +9,10 @@ beyond this machine.
 ``ensure_private_dockerd()`` reuses a daemon already listening on the socket (another test
 session, or ``make test`` run twice) and otherwise starts one, detached, under a file lock so
 two sessions starting at once do not race. It is left running afterwards so that parallel test
-sessions can share it; ``make test`` stops it at the end (``python -m tests.support.docker stop``), first
-removing its containers and networks, because dockerd leaves a user network's bridge behind when
+sessions can share it; every process that asked for it holds a shared lock on
+``USERS_LOCKFILE`` until it exits, and ``python -m tests.support.docker stop`` (the end of ``make
+test``, ``make run``'s start) stops the daemon only when no such process remains, first removing
+its containers and networks, because dockerd leaves a user network's bridge behind when
 it stops, and a stale bridge holding 172.30.0.1 would collide with ``make run``'s own
 ``kici-agent-net``. For the same reason the daemon refuses to serve a session while another
 interface (``make run``'s dockerd) already holds the agent-network gateway.
@@ -38,6 +40,9 @@ EXEC_ROOT = "/run/kici-test-docker-exec"
 PIDFILE = "/run/kici-test-docker.pid"
 LOGFILE = "/tmp/kici-test-dockerd.log"
 LOCKFILE = "/run/kici-test-docker.lock"
+#: Shared-locked by every process using the daemon (a test session, a bench) until it exits.
+USERS_LOCKFILE = "/run/kici-test-docker.users"
+_users_hold = None  # this process's open file holding the shared lock
 START_TIMEOUT_SECONDS = 60.0
 
 DOCKERD_ARGS = [
@@ -117,6 +122,7 @@ def ensure_private_dockerd() -> str:
     Raises ``DockerdUnavailable`` when not root, when ``dockerd`` is not installed, or when the
     daemon does not answer a ping within ``START_TIMEOUT_SECONDS`` (60 s).
     """
+    _hold_as_user()
     if _ping():
         _check_gateway_owner()
         return DOCKER_HOST
@@ -141,6 +147,36 @@ def ensure_private_dockerd() -> str:
         raise DockerdUnavailable(
             f"dockerd did not answer on {SOCKET_PATH} within {START_TIMEOUT_SECONDS:.0f} s:\n{_log_tail()}"
         )
+
+
+def _hold_as_user() -> None:
+    """Take this process's shared lock on ``USERS_LOCKFILE`` (kept until the process exits), so
+    no ``stop`` from another session ends the daemon under it."""
+    global _users_hold
+    if _users_hold is None and os.geteuid() == 0:
+        hold = open(USERS_LOCKFILE, "a")  # held open for the process's lifetime
+        fcntl.flock(hold, fcntl.LOCK_SH)
+        _users_hold = hold
+
+
+def in_use_by_another_process() -> bool:
+    """Whether a process other than this one holds the daemon (a test session or bench still running)."""
+    if _users_hold is not None:  # ours would block a second open file: convert it and back
+        try:
+            fcntl.flock(_users_hold, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(_users_hold, fcntl.LOCK_SH)
+        return False
+    if not os.path.exists(USERS_LOCKFILE):
+        return False
+    with open(USERS_LOCKFILE, "a") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(probe, fcntl.LOCK_UN)
+        return False
 
 
 AGENT_GATEWAY = "172.30.0.1"
@@ -255,9 +291,12 @@ def _terminate(pid: int, timeout: float = 20.0) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def stop_private_dockerd() -> None:
+def stop_private_dockerd() -> bool:
     """Stop the private dockerd (no-op when not running), first removing its kici-managed
-    containers and its networks so that no bridge is left holding the agent gateway."""
+    containers and its networks so that no bridge is left holding the agent gateway. Returns
+    False, stopping nothing, while another process uses it (see ``USERS_LOCKFILE``)."""
+    if in_use_by_another_process():
+        return False
     if _ping():
         client = docker_client()
         try:
@@ -277,6 +316,7 @@ def stop_private_dockerd() -> None:
     pid = _read_pid()
     if pid is not None:
         _stop_stale()
+    return True
 
 
 def docker_client():
@@ -306,6 +346,8 @@ def run_script(client, image: str, script: str, name: str, **kwargs):
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else "start"
     if cmd == "stop":
-        stop_private_dockerd()
+        if not stop_private_dockerd():
+            print("the suite's private dockerd is left running: another test session or bench uses it", file=sys.stderr)
+            sys.exit(3)
     else:
         print(ensure_private_dockerd())

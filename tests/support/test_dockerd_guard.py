@@ -50,3 +50,37 @@ def test_it_keeps_a_bridge_another_running_dockerd_owns(dockerd, monkeypatch):
             _check_gateway_owner()
     finally:
         subprocess.run(["ip", "link", "del", name], check=False)
+
+
+def test_a_daemon_another_session_uses_is_not_stopped(tmp_path, monkeypatch):
+    """``stop`` (the end of one ``make test``, ``make run``'s start) leaves the daemon to a session
+    or bench still using it; this process's own use does not count."""
+    require_root()
+    import sys
+
+    import tests.support.docker as d
+
+    users = tmp_path / "users"
+    monkeypatch.setattr(d, "USERS_LOCKFILE", str(users))
+    monkeypatch.setattr(d, "_users_hold", None)
+    assert not d.in_use_by_another_process()
+    d._hold_as_user()
+    assert not d.in_use_by_another_process()  # only this process
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import fcntl, time; f = open({str(users)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_SH); "
+            "print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert d.in_use_by_another_process()
+        assert d.stop_private_dockerd() is False  # returned before touching any daemon
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert not d.in_use_by_another_process()
