@@ -119,6 +119,10 @@ _HEADERS = {
     "Retry-After": {"description": "seconds to wait before asking again", "schema": _DIGITS},
     "WWW-Authenticate": {"description": 'Bearer realm="kici"', "schema": {"type": "string"}},
     "Allow": {"description": "the methods this path takes", "schema": {"type": "string"}},
+    "Idempotent-Replayed": {
+        "description": "`true` when the answer is the job's live agent, answered again",
+        "schema": {"type": "string", "enum": ["true"]},
+    },
 }
 
 
@@ -129,10 +133,12 @@ def _error(description: str, model: type[BaseModel] = ApiError, *headers: str) -
     return answer
 
 
-def _ok(description: str, model: type[BaseModel], links: dict | None = None) -> dict:
-    answer = {"description": description, "content": {JSON: {"schema": _ref(model)}}}
+def _ok(description: str, model: type[BaseModel], links: dict | None = None, *headers: str) -> dict:
+    answer: dict[str, Any] = {"description": description, "content": {JSON: {"schema": _ref(model)}}}
     if links:
         answer["links"] = links
+    if headers:
+        answer["headers"] = {name: _HEADERS[name] for name in headers}
     return answer
 
 
@@ -247,17 +253,22 @@ def _operations() -> dict[str, dict[str, dict]]:
                 "tags": ["orchestrator"],
                 "summary": "Ask for an agent for one job",
                 "description": (
-                    "Every `spawning` answer is a new agent: admission does not deduplicate by `jobId`; ask again "
-                    "only after a refusal, or release the agent you do not use."
+                    "Idempotent per job: while the job's agent is live (spawning, connecting, running, draining) "
+                    "the same `jobId` is answered with that agent again (200, the first answer's body, "
+                    "`Idempotent-Replayed: true`), however many requests arrive at once. An optional "
+                    "`Idempotency-Key` header must then be repeated with the same body (else 422 "
+                    "`idempotency-mismatch`). A release, job-complete or failed spawn ends the claim."
                 ),
                 "security": scale_security,
                 "requestBody": _body(ScaleRequestBody, required=True),
                 "responses": {
                     "201": _ok("admitted: the agent is spawning", ScaleAdmitted, _agent_links("$request.body#/jobId")),
                     "200": _ok(
-                        "an idle warm agent was bound to the job (`warm: true`)",
+                        "an idle warm agent was bound to the job (`warm: true`), or the job's live agent "
+                        "answered again (`Idempotent-Replayed: true`)",
                         ScaleAdmitted,
                         _agent_links("$request.body#/jobId"),
+                        "Idempotent-Replayed",
                     ),
                     "400": _BAD_BODY,
                     **orchestrator,

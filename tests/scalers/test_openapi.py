@@ -224,6 +224,11 @@ def test_the_answers_conform_to_their_schemas(document):
     admitted = post("/api/v1/scale", {"labels": ["linux"], "jobId": "j1"})
     assert admitted.status_code == 201
     conforms(admitted, "ScaleAdmitted")
+    again = post("/api/v1/scale", {"labels": ["linux"], "jobId": "j1"})  # the same job asks again
+    assert again.status_code == 200 and again.json() == admitted.json()
+    replayed = document["paths"]["/api/v1/scale"]["post"]["responses"]["200"]
+    assert again["Idempotent-Replayed"] in replayed["headers"]["Idempotent-Replayed"]["schema"]["enum"]
+    assert "does not deduplicate" not in json.dumps(document)
     full = post("/api/v1/scale", {"labels": ["linux"], "jobId": "j2"})
     assert full.status_code == 409 and full["Retry-After"]
     conforms(full, "AtCapacity")
