@@ -42,6 +42,22 @@ class OperationError(Exception):
     """A refusal the user should read (the message says what and why; nothing was changed)."""
 
 
+#: Most characters of an approval's or rejection's note (after stripping).
+DECISION_NOTE_MAX = 2000
+
+
+class NoteTooLong(OperationError):
+    """A decision's note over :data:`DECISION_NOTE_MAX` characters: refused, never cut."""
+
+
+def checked_note(note: str) -> str:
+    """``note`` stripped; raises :class:`NoteTooLong` naming the field when it is too long."""
+    note = note.strip()
+    if len(note) > DECISION_NOTE_MAX:
+        raise NoteTooLong(f"note: at most {DECISION_NOTE_MAX} characters, got {len(note)}; nothing was decided")
+    return note
+
+
 class NothingToDo(OperationError):
     """The planner found no target; ``plan`` holds what it spared and its notes."""
 
@@ -368,6 +384,7 @@ def approve_operation(
     """
     if user is None:
         raise PermissionDenied("an operation is approved by a person (or auto_approve for a policy)")
+    note = checked_note(note)
     _require(user, APPROVE_PERM)
     operation.refresh_from_db()
     if settings.KICI_REQUIRE_DISTINCT_APPROVER and operation.requested_by_id == user.pk:
@@ -423,6 +440,7 @@ def approve_operations(operations: list[Operation], user, *, note: str = "") -> 
     check_bulk_selection(operations)
     if user is None:
         raise PermissionDenied("an operation is approved by a person (or auto_approve for a policy)")
+    note = checked_note(note)
     _require(user, APPROVE_PERM)
     refused, listening = [], {}
     for operation in operations:
@@ -501,6 +519,7 @@ def reject_operation(operation: Operation, user, *, note: str = "", now: datetim
     PermissionDenied or InvalidTransition (e.g. already approved) with nothing changed."""
     if user is None:
         raise PermissionDenied("an operation is rejected by a person")
+    note = checked_note(note)
     _require(user, APPROVE_PERM)
     operation.refresh_from_db()
     now = now or timezone.now()

@@ -30,8 +30,10 @@ from operations.models import Operation
 from operations.presenters import bulk_rows, detail_context, plan_pages, preview_context
 from operations.services import (
     APPROVE_PERM,
+    DECISION_NOTE_MAX,
     REQUEST_PERM,
     VIEW_PERM,
+    NoteTooLong,
     NothingToDo,
     OperationError,
     approve_operation,
@@ -191,10 +193,15 @@ def _require_deciding(user) -> None:
 def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
     _require_deciding(request.user)
     operation = get_object_or_404(Operation, pk=pk)
-    context = {"nav": "operations", "verb": verb, **detail_context(operation, request.user, page=1)}
+    context = {
+        "nav": "operations",
+        "verb": verb,
+        "note_max": DECISION_NOTE_MAX,
+        **detail_context(operation, request.user, page=1),
+    }
     if request.method == "GET":
         return render(request, "operations/confirm.html", context)
-    note = request.POST.get("note", "").strip()[:2000]
+    note = request.POST.get("note", "")
     try:
         if verb == "approve":
             approve_operation(
@@ -206,7 +213,9 @@ def _decide(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
             messages.success(request, f"Operation #{operation.pk} rejected; it will never run.")
     except OperationError as exc:
         title = "Not approved" if verb == "approve" else "Not rejected"
-        return render(request, "operations/refused.html", {**context, "title": title, "message": str(exc)}, status=409)
+        status = 400 if isinstance(exc, NoteTooLong) else 409
+        answer = {**context, "title": title, "message": str(exc)}
+        return render(request, "operations/refused.html", answer, status=status)
     url = reverse("operations:detail", args=[operation.pk])
     return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 
@@ -264,10 +273,11 @@ def operation_bulk_approve(request: HttpRequest) -> HttpResponse:
             "rows": rows,
             "can_decide": all(row["can_decide"] for row in rows),
             "targets": sum(row["counts"]["total"] for row in rows),
+            "note_max": DECISION_NOTE_MAX,
         }
         return render(request, "operations/bulk_confirm.html", context)
     try:
-        approved = approve_operations(operations, request.user, note=request.POST.get("note", "").strip()[:2000])
+        approved = approve_operations(operations, request.user, note=request.POST.get("note", ""))
     except (OperationError, ValueError) as exc:
         return render(request, "operations/refused.html", {"title": "Not approved", "message": str(exc)}, status=409)
     messages.success(

@@ -151,3 +151,24 @@ def test_only_approvers_may_bulk_approve(users, planned):
         response = getattr(client_of(users["operator"]), verb)("/operations/approve/", {"op": [planned[0].pk]})
         assert response.status_code == 403
     assert set(Operation.objects.values_list("status", flat=True)) == {OperationStatus.PLANNED}
+
+
+def test_a_note_over_its_limit_is_refused_whole_never_cut(users, planned):
+    from operations.services import DECISION_NOTE_MAX
+
+    approver = client_of(users["approver"])
+    long_note = "n" * (DECISION_NOTE_MAX + 1)
+    page = approver.get(f"/operations/{planned[0].pk}/approve/").content.decode()
+    assert f'name="note" maxlength="{DECISION_NOTE_MAX}"' in page
+    with listening_worker(QUEUE):
+        one = approver.post(f"/operations/{planned[0].pk}/approve/", {"note": long_note})
+        rejected = approver.post(f"/operations/{planned[0].pk}/reject/", {"note": long_note})
+        bulk = approver.post("/operations/approve/", {"op": [op.pk for op in planned], "note": long_note})
+    assert one.status_code == 400 and rejected.status_code == 400, (one.status_code, rejected.status_code)
+    expected = f"note: at most {DECISION_NOTE_MAX} characters, got {DECISION_NOTE_MAX + 1}; nothing was decided"
+    assert expected in one.content.decode() and expected in bulk.content.decode()
+    assert all(op.status == OperationStatus.PLANNED and not op.decision_note for op in Operation.objects.all())
+    with listening_worker(QUEUE):
+        fits = approver.post(f"/operations/{planned[0].pk}/reject/", {"note": " " + "n" * DECISION_NOTE_MAX + " "})
+    assert fits.status_code == 302
+    assert Operation.objects.get(pk=planned[0].pk).decision_note == "n" * DECISION_NOTE_MAX
