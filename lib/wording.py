@@ -28,12 +28,20 @@ def key_path(parent: str, key: str) -> str:
 
 def json_text(value: Any) -> str:
     """``value`` as the caller wrote it in JSON (``null``, ``true``, ``"x"``, ``["a", 1]``), at most
-    :data:`SHOWN_VALUE_CHARS` characters; a value JSON cannot write falls back to its ``repr``."""
+    :data:`SHOWN_VALUE_CHARS` characters; a value JSON cannot write falls back to its ``repr``.
+    Letters of any script are shown as they are (``"tök"``, not ``"t\\u00f6k"``); what cannot be
+    seen (controls, bidi overrides, zero-width and odd spaces) is written as its JSON escape."""
     try:
-        text = json.dumps(value)
+        text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
+    text = "".join(ch if ch.isprintable() else _escaped(ch) for ch in text)
     return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 3] + "..."
+
+
+def _escaped(ch: str) -> str:
+    """``ch`` as JSON escapes it (a surrogate pair above the BMP)."""
+    return json.dumps(ch)[1:-1]
 
 
 def listed(items: Iterable[object]) -> str:

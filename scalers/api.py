@@ -99,7 +99,7 @@ from audit.choices import ActorKind, AuditAction
 from audit.records import record_audit
 from lib.errors import api_error, json_content_type_refusal
 from lib.json_body import BodyRefused, JsonBody, validate_body
-from lib.json_input import parse_json, parse_json_object
+from lib.json_input import parse_json_object
 from lib.query import BadParameter, check_parameters, choice, whole_number
 from lib.wording import json_text, listed
 from scalers.admission.decide import ScaleDecision
@@ -220,9 +220,9 @@ def _scale_request(request) -> ScaleInput | JsonResponse:
     except RequestDataTooBig:
         return _error(413, "invalid-request", "request body too large", field="body")
     try:
-        payload = parse_json(body or b"")
+        payload = parse_json_object(body or b"")
     except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, "invalid-request", f"malformed JSON: {exc}", field="body")
+        return _error(400, "invalid-request", str(exc), field="body")
     try:
         return validate_scale_request(payload)
     except InvalidScaleRequest as exc:

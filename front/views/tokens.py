@@ -4,6 +4,7 @@ one. Every other user gets 403; the CLI twin is ``manage.py api_tokens``."""
 
 from __future__ import annotations
 
+import re
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
@@ -12,7 +13,16 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from scalers.api_tokens import ENV_TOKEN_NAME, SCOPES, TokenError, create_token, revoke_token, token_state
+from lib.wording import json_text
+from scalers.api_tokens import (
+    ENV_TOKEN_NAME,
+    MAX_EXPIRY_DAYS,
+    SCOPES,
+    TokenError,
+    create_token,
+    revoke_token,
+    token_state,
+)
 from scalers.models import ApiToken
 
 
@@ -57,8 +67,10 @@ def token_list(request):
     }
     try:
         days = form["expires_days"]
-        if days and not days.isdecimal():
-            raise TokenError("expires_days", f"a whole number of days, got {days!r}")
+        if days and not re.fullmatch(r"-?[0-9]{1,9}", days):
+            raise TokenError(
+                "expires_days", f"a whole number of days within 1..{MAX_EXPIRY_DAYS}, got {json_text(days)}"
+            )
         who = request.user.get_username()
         lifetime = int(days) if days else None
         token, raw = create_token(form["name"], form["scopes"], expires_days=lifetime, created_by=who)

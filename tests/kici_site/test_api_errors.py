@@ -227,3 +227,18 @@ def test_an_empty_post_without_a_content_type_is_not_refused_for_it(client):
     url = "/api/v1/agents/a-1/release"
     response = client.generic("POST", url, b"", content_type="", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert response.status_code == 404, response.content  # read as {}: the agent is unknown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/scale",
+        "/api/v1/agents/scaler-container-00000001/job-complete",
+        "/api/v1/agents/scaler-container-00000001/release",
+    ],
+)
+def test_malformed_json_is_worded_alike_on_every_endpoint(client, url):
+    broken = assert_error_shape(post_json(client, url, '{"jobId": ', token=TOKEN), 400, "invalid-request", "body")
+    assert broken["error"]["message"].startswith("body is not valid JSON: "), broken
+    twice = assert_error_shape(post_json(client, url, '{"a": 1, "a": 2}', token=TOKEN), 400, "invalid-request", "body")
+    assert twice["error"]["message"].startswith("body refused: "), twice

@@ -166,6 +166,11 @@ def test_an_administrator_creates_sees_once_and_revokes_a_token_in_the_console(r
     assert ">revoked</span>" in root_client.get("/tokens/").content.decode()
     bad = root_client.post("/tokens/", {"name": "Bad Name", "scopes": ["scale"]})
     assert bad.status_code == 400 and "name: 1-63 characters" in bad.content.decode()
+    # Each told the range it missed, the value written as typed (a string quoted, as JSON writes it).
+    for days, got in (("-1", "got -1"), ("0", "got 0"), ("x", "got &quot;x&quot;")):
+        bad = root_client.post("/tokens/", {"name": "ci2", "scopes": ["scale"], "expires_days": days})
+        text = bad.content.decode()
+        assert bad.status_code == 400 and f"expires_days: a whole number of days within 1..3650, {got}" in text, text
     assert ApiToken.objects.count() == 1
 
 

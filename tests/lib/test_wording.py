@@ -1,0 +1,19 @@
+"""Refused values are written as the caller wrote them: readable in any script, never hiding what
+cannot be seen."""
+
+from lib.wording import json_text
+
+
+def test_letters_of_any_script_are_shown_as_written():
+    assert json_text("tök én 漢字") == '"tök én 漢字"'
+    assert json_text(["Ω", 1, None]) == '["Ω", 1, null]'
+
+
+def test_what_cannot_be_seen_is_escaped():
+    # A bidi override, a zero-width space, a no-break space, a control, a line separator.
+    assert json_text("a\u202eb\u200bc\u00a0d\x07e\u2028") == '"a\\u202eb\\u200bc\\u00a0d\\u0007e\\u2028"'
+    assert json_text("\U000e0041") == '"\\udb40\\udc41"'  # a tag character: invisible, above the BMP
+
+
+def test_long_values_are_cut_and_marked():
+    assert json_text("x" * 100) == '"' + "x" * 56 + "..."
