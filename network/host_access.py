@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -377,6 +378,38 @@ _LOOPBACK6 = ipaddress.IPv6Network("::1/128")
 
 HostAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+#: The kernel's TCP socket tables and the state number of a listening socket in them.
+_PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+_TCP_LISTEN = "0A"
+
+
+def tcp_listeners(port: int, tables: Iterable[str] = _PROC_TCP) -> list[HostAddress] | None:
+    """The addresses this host's TCP sockets listen on for ``port`` (``0.0.0.0``/``::`` for a
+    wildcard), read from the kernel's tables in this network namespace; None when they cannot be
+    read (another namespace or a host with no procfs: nothing is known)."""
+    found: list[HostAddress] = []
+    read_any = False
+    for path in tables:
+        try:
+            with open(path) as table:
+                lines = table.readlines()[1:]
+        except OSError:
+            continue
+        read_any = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != _TCP_LISTEN:
+                continue
+            address, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) != port:
+                continue
+            # The kernel prints each 32-bit word of the address as a number in host byte order.
+            words = [bytes.fromhex(address[i : i + 8]) for i in range(0, len(address), 8)]
+            ip = ipaddress.ip_address(b"".join(w[::-1] if sys.byteorder == "little" else w for w in words))
+            mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+            found.append(mapped or ip)
+    return found if read_any else None
+
 
 @dataclass(frozen=True)
 class ConsoleService:
@@ -384,12 +417,15 @@ class ConsoleService:
     message (``PostgreSQL (DATABASE_URL)``), ``host`` as configured (an address, a wildcard such as
     ``0.0.0.0``, or a name) and ``port``. ``exact``: ``host`` is where the service listens (the
     console's own listeners), so a loopback one is out of the agents' reach; otherwise ``host`` is
-    only where the console dials it, and the service may listen on every host address too."""
+    only where the console dials it, and the service may listen on every host address too, unless
+    ``listeners`` (where this host's sockets listen on ``port``, when known: :func:`tcp_listeners`)
+    are all loopback addresses."""
 
     name: str
     host: str
     port: int
     exact: bool = False
+    listeners: tuple[HostAddress, ...] = ()
 
     def opened_by(self, entry: HostAccessEntry) -> bool:
         """Whether ``entry`` opens this service's port on an address it may listen on: the port
@@ -398,6 +434,8 @@ class ConsoleService:
         its family, so any such address matches it."""
         if entry.port not in (None, self.port):
             return False
+        if self.listeners and all(a.is_loopback for a in self.listeners):
+            return False  # the agents' packets never reach a loopback socket
         try:
             address = ipaddress.ip_address(self.host.strip("[]"))
         except ValueError:

@@ -18,7 +18,12 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from network.host_access import ConsoleService, resolve_agent_host_access, storage_host_access_entries
+from network.host_access import (
+    ConsoleService,
+    resolve_agent_host_access,
+    storage_host_access_entries,
+    tcp_listeners,
+)
 from network.nft import apply as nft_apply
 from network.nft.spec import AgentSpec
 from scalers.kici_orchestrator import kici_agent_target
@@ -45,15 +50,25 @@ def console_services() -> list[ConsoleService]:
     (``network.host_access.host_access_warnings``): its PostgreSQL (``DATABASE_URL``), its Redis
     (``REDIS_URL``), both as the console dials them, and each operator listener
     (``KICI_OPERATOR_LISTEN``, where the console listens: a loopback one is out of reach; one with
-    port ``*`` has no port to name and is left out). A setting that names no host or port is skipped."""
+    port ``*`` has no port to name and is left out). A setting that names no host or port is skipped.
+    A service dialed on loopback carries where this host's sockets listen on its port, so one
+    listening on loopback only is not warned about."""
     services = []
+
+    def dialed(name: str, host: str, port: int) -> ConsoleService:
+        try:
+            local = ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            local = host == "localhost"
+        return ConsoleService(name, host, port, listeners=tuple(tcp_listeners(port) or ()) if local else ())
+
     db = settings.DATABASES.get("default") or {}
     if db.get("HOST"):
-        services.append(ConsoleService("PostgreSQL (DATABASE_URL)", str(db["HOST"]), int(db.get("PORT") or 5432)))
+        services.append(dialed("PostgreSQL (DATABASE_URL)", str(db["HOST"]), int(db.get("PORT") or 5432)))
     try:
         redis = urlsplit(settings.REDIS_URL)
         if redis.scheme in ("redis", "rediss"):
-            services.append(ConsoleService("Redis (REDIS_URL)", redis.hostname or "localhost", redis.port or 6379))
+            services.append(dialed("Redis (REDIS_URL)", redis.hostname or "localhost", redis.port or 6379))
     except ValueError:
         pass
     for host, port in settings.KICI_OPERATOR_LISTEN:

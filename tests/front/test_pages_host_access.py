@@ -13,6 +13,7 @@ from agents.choices import AgentState
 from agents.models import Agent
 from front.host_access_editor import check_lines, known_host_addresses, plan_host_access_change
 from network.host_access import host_access_warnings
+from scalers.backends import isolation
 from scalers.models import LabelSet, Scaler
 
 pytestmark = pytest.mark.django_db
@@ -277,9 +278,13 @@ def test_a_loopback_entry_in_the_default_list_is_warned_about(viewer_client, lab
     assert plan.warnings == [f"default entry: {w}" for w in host_access_warnings(["127.0.0.1:9000"])]
 
 
-def test_an_entry_opening_the_consoles_redis_or_operator_listener_is_warned_about(operator_client, label_set, settings):
+def test_an_entry_opening_the_consoles_redis_or_operator_listener_is_warned_about(
+    operator_client, label_set, settings, monkeypatch
+):
     settings.REDIS_URL = "redis://127.0.0.1:6379/12"
     settings.KICI_OPERATOR_LISTEN = [("192.168.1.10", 8000)]
+    # Redis listens on every address of the host (dialed on loopback, reached on the gateway too).
+    monkeypatch.setattr(isolation, "tcp_listeners", lambda port: [ipaddress.ip_address("0.0.0.0")])
     html = unescape(
         operator_client.post(
             BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n172.30.0.1:6379\n*:8000"}, **HTMX
@@ -522,3 +527,18 @@ def test_an_entry_with_a_warning_gets_no_green_ok(viewer_client, label_set):
     assert "b-green" not in warned and ">ok<" not in warned
     fine = next(row for row in rows if "172.30.0.1:53" in row)
     assert 'class="entry-ok"' in fine and '<span class="badge b-green">ok</span>' in fine
+
+
+def test_a_redis_listening_on_loopback_only_is_not_warned_about(operator_client, label_set, settings, monkeypatch):
+    settings.REDIS_URL = "redis://127.0.0.1:6379/12"
+    settings.KICI_OPERATOR_LISTEN = []
+    asked = []
+
+    def loopback_only(port):
+        asked.append(port)
+        return [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")]
+
+    monkeypatch.setattr(isolation, "tcp_listeners", loopback_only)
+    answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:6379"}, **HTMX)
+    html = unescape(answer.content.decode())
+    assert 6379 in asked and "Redis (REDIS_URL)" not in html, html

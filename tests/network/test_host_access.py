@@ -515,3 +515,32 @@ def test_a_service_listening_on_a_wildcard_or_a_name_is_reached_on_every_host_ad
         'hostAccess entry "172.30.0.1:6379"',
         'hostAccess entry "192.168.1.10:5432"',
     ]
+
+
+def test_a_service_the_host_listens_for_on_loopback_only_is_not_warned_about():
+    loopback = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+    only_there = [ConsoleService("PostgreSQL (DATABASE_URL)", "localhost", 5432, listeners=loopback)]
+    assert [w for w in host_access_warnings(["*:5432", "0.0.0.0/0"], HOST, only_there) if "PostgreSQL" in w] == []
+    everywhere = [
+        ConsoleService("PostgreSQL (DATABASE_URL)", "127.0.0.1", 5432, listeners=(*loopback, net("0.0.0.0/32")[0]))
+    ]
+    (warning,) = host_access_warnings(["*:5432"], HOST, everywhere)
+    assert "opens the console's own PostgreSQL (DATABASE_URL) on 127.0.0.1:5432" in warning
+
+
+def test_the_host_listeners_of_a_port_are_read_from_the_kernel(tmp_path):
+    import socket
+
+    from network.host_access import tcp_listeners
+
+    with socket.socket() as v4, socket.socket(socket.AF_INET6) as v6:
+        v4.bind(("127.0.0.1", 0))
+        v4.listen()
+        port = v4.getsockname()[1]
+        assert tcp_listeners(port) == [ipaddress.ip_address("127.0.0.1")]
+        v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        v6.bind(("::", port))  # an IPv6 wildcard beside it
+        v6.listen()
+        assert sorted(map(str, tcp_listeners(port))) == ["127.0.0.1", "::"]
+    assert tcp_listeners(port) == []
+    assert tcp_listeners(port, tables=[str(tmp_path / "missing")]) is None
