@@ -39,9 +39,9 @@ from operations.services import (
     approve_operation,
     approve_operations,
     check_bulk_selection,
-    create_operation,
     preview_operation,
     reject_operation,
+    store_plan,
 )
 from scalers.models import Scaler
 
@@ -138,7 +138,8 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     no approval notice): the page shows the plan and a "Request approval" button posting the same
     fields with ``request=1`` and the previewed plan's ``digest``. With ``request=1`` the plan is
     made again and stored as a planned operation (an identical open plan is shown instead of a
-    duplicate), and the operation page says so when it differs from the preview."""
+    duplicate), unless it differs from the previewed ``digest``: then nothing is stored and the new
+    plan is shown as a preview again, so what is approved is what its requester saw."""
     kind = request.POST.get("kind", "")
     try:
         operation_kind = get_kind(kind)
@@ -149,10 +150,12 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     scope = _scope_from_post(request)
     storing = request.POST.get("request") == "1"
     try:
-        if storing:
-            operation = create_operation(operation_kind.name, scope, request.user, via=RequestedVia.UI)
-        else:
-            name, resolved, plan = preview_operation(operation_kind.name, scope, request.user)
+        name, resolved, plan = preview_operation(operation_kind.name, scope, request.user)
+        context = preview_context(name, resolved, plan)
+        previewed = request.POST.get("digest", "")
+        changed = storing and previewed and previewed != context["digest"]
+        if storing and not changed:
+            operation = store_plan(name, resolved, plan, request.user, via=RequestedVia.UI)
     except (ScopeInvalid, PlanRefused) as exc:
         return render(
             request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=400
@@ -168,16 +171,17 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
         return render(
             request, "operations/refused.html", {"title": "Cannot plan this", "message": str(exc)}, status=409
         )
-    if not storing:
-        fields = [(name, value) for name in PLAN_FIELDS for value in request.POST.getlist(name)]
-        context = {"nav": "operations", "fields": fields, **preview_context(name, resolved, plan)}
-        return render(request, "operations/preview.html", context)
+    if not storing or changed:
+        if changed:  # what is approved is what the requester saw: a changed plan is shown, not stored
+            messages.warning(
+                request,
+                "The plan changed since your preview, so nothing was stored: below is what was found now; "
+                "review it and request approval again.",
+            )
+        fields = [(n, value) for n in PLAN_FIELDS for value in request.POST.getlist(n)]
+        return render(request, "operations/preview.html", {"nav": "operations", "fields": fields, **context})
     if operation.reused:
         messages.info(request, f"An identical plan is already open: operation #{operation.pk}.")
-    elif request.POST.get("digest") and request.POST["digest"] != operation.plan_digest:
-        messages.warning(
-            request, "The plan changed since your preview: the targets below are what was found now; review them."
-        )
     url = reverse("operations:detail", args=[operation.pk])
     return HttpResponseClientRedirect(url) if wants_partial(request) else redirect(url)
 

@@ -316,8 +316,12 @@ def test_a_preview_is_a_dry_run_that_stores_nothing_and_request_approval_stores_
     assert response.status_code == 302 and op.plan_digest == digest and len(notices) == 1
     assert "The plan changed since your preview" not in client.get(response["Location"]).content.decode()
     Operation.objects.all().delete()
+    # A plan that changed since its preview is shown again, never stored unseen.
     response = client.post("/operations/plan/", {"kind": "config-reload", "request": "1", "digest": "0" * 64})
-    assert "The plan changed since your preview" in client.get(response["Location"]).content.decode()
+    page = response.content.decode()
+    assert response.status_code == 200 and "The plan changed since your preview, so nothing was stored" in page
+    assert Operation.objects.count() == 0 and len(notices) == 1
+    assert f'name="digest" value="{digest}"' in page, "the new preview, ready to request"
 
 
 def test_the_plan_form_previews_and_redirects_to_the_operation(users, config_file, client):
