@@ -1,5 +1,6 @@
-"""The live "needs attention" frames: the nav badge on every page and the dashboard's panel, over
-``ws/attention/`` (:class:`live.consumers.AttentionConsumer`; docs/attention.md).
+"""The live "needs attention" frames: the nav badge and the pause banner on every page and the
+dashboard's panel, over ``ws/attention/`` (:class:`live.consumers.AttentionConsumer`;
+docs/attention.md).
 
 Nothing announces most of what the summary counts (a refusal, a host that failed to ready, time
 passing a window), so each viewer re-reads at least every :data:`ATTENTION_POLL_SECONDS`, and
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 
 from django.template.loader import render_to_string
 
-from operations.attention import Attention, needs_attention
+from operations.attention import needs_attention
+from scalers.pauses import current_pauses
 
 from .publish import EVENTS_GLOBAL_GROUP
 from .rows import OPERATIONS_GROUP, SCALERS_GROUP
@@ -34,30 +36,36 @@ ATTENTION_GROUPS = (OPERATIONS_GROUP, SCALERS_GROUP, EVENTS_GLOBAL_GROUP)
 
 BADGE_TEMPLATE = "base.html#attention_badge"
 PANEL_TEMPLATE = "dashboard/index.html#attention_items"
+BANNER_TEMPLATE = "base.html#pause_banner"
 
 
 @dataclass(frozen=True)
 class Frames:
-    """One read rendered: the badge's out-of-band element, the panel's, ``key``, the items read
-    (equal keys: nothing changed; the HTML itself differs as its ages tick), and ``read_at``, when
-    the read started (``time.monotonic()``)."""
+    """One read rendered: the badge's out-of-band element, the panel's, the pause banner's,
+    ``key``, the items and pauses read (equal keys: nothing changed; the HTML itself differs as its
+    ages tick), and ``read_at``, when the read started (``time.monotonic()``)."""
 
     badge: str
     panel: str
+    banner: str
     key: tuple
     read_at: float
 
     def message(self, panel: bool) -> str:
-        """The WebSocket message: the badge, and with ``panel`` the dashboard's list too."""
-        return f"{self.badge}\n{self.panel}" if panel else self.badge
+        """The WebSocket message: the badge and the pause banner, and with ``panel`` the
+        dashboard's list too."""
+        return "\n".join((self.badge, self.banner, self.panel) if panel else (self.badge, self.banner))
 
 
-def render_frames(attention: Attention, read_at: float) -> Frames:
-    ctx = {"attention": attention, "oob": True}
+def read_and_render(read_at: float) -> Frames:
+    """What needs attention and the pauses in force, rendered as out-of-band swaps."""
+    attention, pauses = needs_attention(), current_pauses()
+    ctx = {"attention": attention, "pauses": pauses, "oob": True}
     return Frames(
         badge=render_to_string(BADGE_TEMPLATE, ctx).strip(),
         panel=render_to_string(PANEL_TEMPLATE, ctx).strip(),
-        key=tuple(attention.items),
+        banner=render_to_string(BANNER_TEMPLATE, ctx).strip(),
+        key=(tuple(attention.items), tuple(p["wording"] for p in pauses)),
         read_at=read_at,
     )
 
@@ -67,7 +75,7 @@ class SharedAttention:
     last one is older than what the caller asks for *and* at least ``min_seconds`` old.
     Thread-safe (viewers call it from the database threads of ``database_sync_to_async``)."""
 
-    def __init__(self, read=needs_attention, min_seconds: float = ATTENTION_MIN_SECONDS):
+    def __init__(self, read=read_and_render, min_seconds: float = ATTENTION_MIN_SECONDS):
         self._read = read
         self._min = min_seconds
         self._lock = threading.Lock()
@@ -81,7 +89,7 @@ class SharedAttention:
             frames = self._frames
             started = time.monotonic()
             if frames is None or (frames.read_at < not_before and started - frames.read_at >= self._min):
-                frames = self._frames = render_frames(self._read(), started)
+                frames = self._frames = self._read(started)
             return frames
 
 

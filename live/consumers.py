@@ -557,7 +557,12 @@ class AttentionConsumer(SessionBound):
         for group in ATTENTION_GROUPS:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        await self._send_if_changed(time.monotonic() - ATTENTION_MIN_SECONDS)
+        # The page was rendered before this socket opened: only a read started now is newer than
+        # it (an older one could take back a banner or count the page already shows).
+        connected = time.monotonic()
+        if not await self._send_if_changed(connected):
+            self.noticed_at = connected
+            self.wake.set()
         self.ticker = asyncio.create_task(self._tick())
 
     def _noticed(self) -> None:
@@ -572,13 +577,16 @@ class AttentionConsumer(SessionBound):
         self._noticed()
 
     async def _send_if_changed(self, not_before: float) -> bool:
-        """Send the shared read if its items changed; False when it is older than ``not_before``."""
+        """Send the shared read if its items changed; False, sending nothing, when it is older
+        than ``not_before`` (the caller asks again once a newer read may be made)."""
         frames = await database_sync_to_async(SHARED.get)(not_before)
+        if frames.read_at < not_before:
+            return False
         if frames.key != self.sent:
             await self.send(text_data=frames.message(self.panel))
             self.sent = frames.key
             self.last_sent_at = time.monotonic()
-        return frames.read_at >= not_before
+        return True
 
     async def _tick(self) -> None:
         try:

@@ -33,7 +33,7 @@ def test_a_pause_shows_a_banner_with_who_and_why_until_it_is_resumed(browser_pag
     page = browser_page(*PERMS, username="pause-browser")
 
     page.goto("/scalers/paused-c/")
-    expect(page.locator("#pause-banner")).to_have_count(0)
+    expect(page.locator("#pause-banner")).to_be_hidden()
     form = page.locator("#pause-scaler")
     form.get_by_label("why pause scaler paused-c").fill("firmware update on the docker host")
     form.get_by_role("button", name="Pause scaler…").click()
@@ -54,8 +54,11 @@ def test_a_pause_shows_a_banner_with_who_and_why_until_it_is_resumed(browser_pag
     page.get_by_role("button", name="Resume scaler…").click()
     page.get_by_role("button", name="Request approval").click()
     page.wait_for_url(re.compile(r"/operations/\d+/$"))
+    expect(page.locator("#pause-banner")).to_be_visible()
     _approve_and_run_latest()
+    # The open page drops the banner once the resume took effect, without a reload.
+    expect(page.locator("#pause-banner")).to_be_hidden(timeout=15_000)
     page.goto("/scalers/paused-c/")
-    expect(page.locator("#pause-banner")).to_have_count(0)
+    expect(page.locator("#pause-banner")).to_be_hidden()
     expect(page.locator("#pause-state")).to_contain_text("Not paused")
     assert not page.js_errors, page.js_errors

@@ -18,7 +18,7 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.models import Agent
 from live import consumers
-from live.attention import SHARED, SharedAttention
+from live.attention import SharedAttention, read_and_render
 from live.routing import websocket_urlpatterns
 from operations.services import create_operation, reject_operation
 from scalers.admission.ledger import release
@@ -159,9 +159,9 @@ async def test_a_user_without_the_view_permission_is_refused(users):
 async def test_a_process_reads_at_most_once_per_interval_whatever_its_viewers_ask():
     reads = []
 
-    def read():
+    def read(started):
         reads.append(1)
-        return SHARED._read()
+        return read_and_render(started)
 
     shared = SharedAttention(read, min_seconds=0.5)
     get = database_sync_to_async(shared.get)
@@ -190,3 +190,28 @@ async def test_a_notice_after_the_shared_read_still_reaches_the_viewer(users, co
     finally:
         await one.disconnect()
         await two.disconnect()
+
+
+BANNER = re.compile(r'<div class="alert alert-warn" role="status" id="pause-banner" hx-swap-oob="true"( hidden)?>')
+
+
+async def test_the_pause_banner_follows_a_pause_and_its_resume_without_a_reload(users, poll):
+    """A page open while a scaler is paused and resumed shows the banner come and go (a resume that
+    succeeded must not leave "Paused" on the page until a reload)."""
+    from scalers.pauses import lift_pause, set_pause
+
+    poll(0.5)
+    scaler = await database_sync_to_async(make_scaler)("banner-ws")
+    comm, first = await connect("/ws/attention/", users["viewer"])
+    try:
+        assert BANNER.search(first).group(1) == " hidden", first
+        await database_sync_to_async(set_pause)(
+            scaler=scaler, reason="disk swap", requested_by="op", approved_by="ap", operation=None
+        )
+        paused = await comm.receive_from(timeout=6)
+        assert BANNER.search(paused).group(1) is None and "disk swap" in paused, paused
+        await database_sync_to_async(lift_pause)(scaler=scaler)
+        resumed = await comm.receive_from(timeout=6)
+        assert BANNER.search(resumed).group(1) == " hidden" and "disk swap" not in resumed, resumed
+    finally:
+        await comm.disconnect()
