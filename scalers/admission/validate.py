@@ -1,5 +1,5 @@
-"""Validating a scale request before anything is decided (pure; used by the API and
-``request_scale``). Errors name the field and the offending value."""
+"""Validating a scale request before anything is decided (pure; used by the ``/scale`` view).
+Errors name the field and the offending value."""
 
 from __future__ import annotations
 

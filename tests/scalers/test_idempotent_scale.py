@@ -12,10 +12,10 @@ from django.test import Client
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission.service import request_scale
 from scalers.lifecycle import complete_job, release_agent
 from scalers.models import Pause, Reservation, ScaleOutcome
 from tests.scalers.test_warm_pools import warm_agent, warm_scaler
+from tests.support.admission import request_scale
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_agent, make_scaler
 

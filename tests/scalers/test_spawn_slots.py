@@ -16,9 +16,9 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionQueue
-from scalers.admission.service import request_scale
 from scalers.jobs import start_waiting_spawns
 from scalers.models import Reservation
+from tests.support.admission import request_scale
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler, set_global
 
