@@ -5,23 +5,13 @@ from __future__ import annotations
 
 from .decide import Admitted, Request, ScaleDecision
 from .queue import get_queue
-from .validate import (
-    ScaleInput,
-)
+from .validate import ScaleInput
 
 
-async def decide_async(
-    data: ScaleInput, idempotency_key: str = "", timeout: float | None = 30.0, *, token_name: str = ""
-) -> tuple[ScaleDecision, Admitted | None]:
-    """Queue a validated ``/scale`` body, its validated ``Idempotency-Key`` ("" for none) and the
-    name of the API token that sent it for
-    this process's admission batches and await the decision, without holding a thread. On
-    ``spawning`` the agent and its reservation are committed and the admitted agent is returned;
-    its spawn is not enqueued yet (``scalers.jobs.enqueue_spawn_or_fail`` does that). Whether
-    ``container.credentialsRef`` exists is the caller's to check first. Raises ``AdmissionTimeout``
-    or the database error of its batch.
-    """
-    request = Request(
+def scale_request(data: ScaleInput, idempotency_key: str = "", token_name: str = "") -> Request:
+    """The admission request of a validated ``/scale`` body (``validate_scale_request``), its
+    validated ``Idempotency-Key`` ("" for none) and the name of the API token that sent it."""
+    return Request(
         labels=data.labels,
         job_id=data.job_id,
         resources=data.resources,
@@ -32,4 +22,17 @@ async def decide_async(
         idempotency_key=idempotency_key,
         token_name=token_name,
     )
+
+
+async def decide_async(
+    data: ScaleInput, idempotency_key: str = "", timeout: float | None = 30.0, *, token_name: str = ""
+) -> tuple[ScaleDecision, Admitted | None]:
+    """Queue a validated ``/scale`` request (:func:`scale_request`) for this process's admission
+    batches and await the decision, without holding a thread. On ``spawning`` the agent and its
+    reservation are committed and the admitted agent is returned; its spawn is not enqueued yet
+    (``scalers.jobs.enqueue_spawn_or_fail`` does that). Whether ``container.credentialsRef``
+    exists is the caller's to check first. Raises ``AdmissionTimeout`` or the database error of its
+    batch.
+    """
+    request = scale_request(data, idempotency_key, token_name)
     return await get_queue().submit_async(request, timeout=timeout)

@@ -232,15 +232,6 @@ class ScaleRequestBody(JsonBody):
     container: JobImageBody | None = None
 
 
-def validate_container(value: Any) -> JobImage | None:
-    """Parse a job's ``container: {image, credentialsRef?}`` (``None`` for absent). Whether the
-    credential exists is the database's to say (``scalers.credentials.credential_problem``).
-    Raises :class:`InvalidScaleRequest` naming ``container.<field>``."""
-    if value is None:
-        return None
-    return _job_image(_validated(JobImageBody, value))
-
-
 def _job_image(body: JobImageBody | None) -> JobImage | None:
     return JobImage(body.image, body.credentials_ref or "") if body else None
 

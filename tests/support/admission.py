@@ -1,98 +1,69 @@
-"""Admission for tests: the synchronous ``request_scale`` the scale tests call."""
+"""Admission for tests: ``request_scale``, a scale request through the ``/scale`` view's path
+without HTTP."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 
-from lib.wording import json_text
-from scalers.admission.decide import Request, ScaleDecision, decide_batch
+from scalers.admission.decide import ScaleDecision, decide_batch
 from scalers.admission.queue import get_queue
-from scalers.admission.validate import (
-    InvalidScaleRequest,
-    JobImage,
-    _labels,
-    validate_container,
-    validate_idempotency_key,
-    validate_resources,
-)
+from scalers.admission.service import scale_request
+from scalers.admission.validate import InvalidScaleRequest, validate_idempotency_key, validate_scale_request
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.models import ScaleOutcome
 
 
 def request_scale(
-    labels,
-    job_id: str,
+    labels: Any,
+    job_id: Any,
     resources: Any = None,
     run_id: str = "",
-    exclude=(),
+    exclude: Any = (),
     warm: bool = False,
     *,
-    job_image: JobImage | dict | None = None,
+    job_image: dict | None = None,
     idempotency_key: str = "",
     timeout: float | None = 30.0,
 ) -> ScaleDecision:
-    """Decide whether a job may get an agent, and if so reserve it and enqueue its spawn.
+    """Ask for an agent as ``POST /api/v1/scale`` does: the body (``labels``, ``jobId``,
+    ``resources``, ``runId``, ``exclude``, ``container`` = ``job_image``) is validated by
+    ``validate_scale_request``, the ``Idempotency-Key`` and a ``credentialsRef`` are checked, and
+    the request is decided; a ``spawning`` decision's spawn is enqueued by
+    ``enqueue_spawn_or_fail``. ``warm=True`` makes it an unbound warm spawn (as a warm pool asks).
 
-    ``labels``: the job's ``runsOn`` (list of strings; ``[]`` routes to the first label set with
-    an empty gate). ``job_id``/``run_id``: strings recorded on the agent and the request
-    record. ``resources``: flat ``{cpus, memory}`` or nested ``{requests, limits}`` (cpus
-    in cores, memory strings like ``"2g"``). ``exclude``: labels whose label sets must not
-    be chosen. ``warm=True`` spawns an unbound warm agent instead. ``job_image``: the job's own
-    image (a :class:`~.validate.JobImage` or the ``/scale`` ``container`` object); such a job never
-    takes a warm agent, and only container label sets (bare-metal ones in container mode) run it.
-    ``idempotency_key``: the ``/scale`` ``Idempotency-Key`` header ("" for none). A job with a live
-    agent gets that agent again (``replayed``) or ``idempotency-mismatch``
-    (:mod:`scalers.admission.idempotency`).
-
-    Returns a :class:`ScaleDecision` (see there for ``action``). On ``spawning`` the agent row and
-    its reservation are committed and the spawn is enqueued (``scalers.jobs.enqueue_spawn``); if
-    enqueueing fails the agent is failed and released and ``skipped`` is returned.
-
-    Raises :class:`InvalidScaleRequest` for malformed input (nothing written), ``AdmissionTimeout``
-    when no batch took the request within ``timeout`` seconds, or the database error of its batch.
-
-    Outside a transaction the request joins this process's group-commit queue
-    (:mod:`scalers.admission.queue`); inside one (``transaction.atomic``) it is decided inline on
-    the caller's connection and the spawn is enqueued when the caller commits.
+    Outside a transaction it joins this process's admission queue, as the view's request does.
+    Inside one (a ``django_db`` test, or ``transaction.atomic``), where the queue's own connection
+    could not see the caller's rows, its batch is decided on the caller's connection and the spawn
+    enqueued when the caller commits. Raises ``InvalidScaleRequest`` naming the field (nothing
+    written), ``AdmissionTimeout``, or the database error of its batch.
     """
-    labels = _labels(list(labels) if isinstance(labels, (list, tuple)) else labels, "labels", allow_empty=True)
-    exclude = _labels(list(exclude or ()), "exclude", allow_empty=True)
-    if not isinstance(job_id, str) or (not job_id.strip() and not warm):
-        raise InvalidScaleRequest("jobId", f"must be a non-empty string, got {json_text(job_id)}")
-    parsed = validate_resources(resources) if not hasattr(resources, "requests") else resources
-    raw = resources.model_dump(mode="json", exclude_none=True) if hasattr(resources, "model_dump") else resources
-    idempotency_key = validate_idempotency_key(idempotency_key or None)
-    if isinstance(job_image, dict):
-        job_image = validate_container(job_image)
-    if job_image and job_image.credentials_ref:
-        if problem := credential_problem(job_image.credentials_ref, job_image.image):
+    body: dict[str, Any] = {"labels": list(labels) if isinstance(labels, tuple) else labels, "jobId": job_id}
+    if resources is not None:
+        body["resources"] = resources
+    if run_id:
+        body["runId"] = run_id
+    if exclude:
+        body["exclude"] = list(exclude)
+    if job_image is not None:
+        body["container"] = job_image
+    data = validate_scale_request(body)
+    key = validate_idempotency_key(idempotency_key or None)
+    if data.container and data.container.credentials_ref:
+        if problem := credential_problem(data.container.credentials_ref, data.container.image):
             raise InvalidScaleRequest("container.credentialsRef", problem)
-    req = Request(
-        labels=labels,
-        job_id=job_id.strip(),
-        resources=parsed,
-        run_id=run_id or "",
-        exclude=exclude,
-        warm=warm,
-        job_image=job_image,
-        raw_resources=raw,
-        idempotency_key=idempotency_key,
-    )
-    if connection.in_atomic_block or not getattr(settings, "KICI_ADMISSION_BATCHING", True):
-        result = decide_batch([req])
-        decision = result.decisions[0]
-        if decision.action == ScaleOutcome.SPAWNING:
-            agent = result.admitted[0]
-            if connection.in_atomic_block:
-                transaction.on_commit(lambda: enqueue_spawn_or_fail(decision, agent))
-            else:
-                decision = enqueue_spawn_or_fail(decision, agent)
+    request = dataclasses.replace(scale_request(data, key), warm=warm)
+    if not connection.in_atomic_block:
+        decision, admitted = get_queue().submit(request, timeout=timeout)
+        if decision.action == ScaleOutcome.SPAWNING and admitted is not None:
+            decision = enqueue_spawn_or_fail(decision, admitted)
         return decision
-    decision, admitted = get_queue().submit(req, timeout=timeout)
-    if decision.action == ScaleOutcome.SPAWNING and admitted is not None:
-        decision = enqueue_spawn_or_fail(decision, admitted)
+    result = decide_batch([request])
+    decision = result.decisions[0]
+    if decision.action == ScaleOutcome.SPAWNING:
+        agent = result.admitted[0]
+        transaction.on_commit(lambda: enqueue_spawn_or_fail(decision, agent))
     return decision

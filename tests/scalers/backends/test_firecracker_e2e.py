@@ -47,7 +47,6 @@ def product(fc_env, settings):
     """Settings for a spawn in ``fc_env``'s namespace, an empty host queue."""
     settings.KICI_FIRECRACKER_NETNS = fc_env.netns
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 20
-    settings.KICI_ADMISSION_BATCHING = False
     django_rq.get_queue(settings.KICI_HOST_QUEUE).empty()
     return fc_env
 
