@@ -250,7 +250,8 @@ def scalers_layer(module: str, layers=SCALERS_LAYERS) -> int | None:
 
 
 def upward_imports_in_scalers(graph: dict[str, set[str]], layers=SCALERS_LAYERS) -> list[str]:
-    """``module -> target`` for every import of a later sub-layer, or of or by a module in none."""
+    """``module -> target`` for every import of a later sub-layer, and ``module: in no sub-layer``
+    for a ``scalers`` module the table leaves out (so a new module must be placed)."""
     found = []
     for module, targets in graph.items():
         if not module.startswith("scalers."):
