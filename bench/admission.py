@@ -13,7 +13,7 @@ each concurrency runs, back to back:
   measures decisions). By default they are coroutines on one event loop taking the ``/scale``
   view's path (``validate_scale_request``, ``scalers.admission.service.decide_async``), as the
   console's web process serves them; ``--requesters threads`` makes them threads calling
-  ``scalers.admission.service.request_scale`` (the synchronous callers' path). In
+  ``tests.support.admission.request_scale`` (the tests' synchronous path). In
   rounds: every requester sends K
   requests; after each round the ledger is checked against every cap (global, per scaler,
   machine pool; counts, cpus, memory) and cleared (not timed). Each round sets new caps, so one
@@ -183,7 +183,7 @@ def warm_up(tag: str) -> None:
     """One untimed request (it routes nowhere: answered no-backend, nothing reserved), so the
     decider has rebuilt its routing view for the round's new config before the clock starts. A
     console pays that once per config change; the bench changes the config every round."""
-    from scalers.admission.service import request_scale
+    from tests.support.admission import request_scale
 
     request_scale(["bench-warm-up"], f"warm-up-{tag}", timeout=120)
 
@@ -249,7 +249,7 @@ def run_requesters(
     counts and the wall time from the common start to the last answer."""
     from django.db import connection
 
-    from scalers.admission.service import request_scale
+    from tests.support.admission import request_scale
 
     lat: list[list[float]] = [[] for _ in range(threads)]
     actions: list[dict] = [{} for _ in range(threads)]

@@ -30,7 +30,7 @@ django.setup()
 import redis  # noqa: E402
 
 from consolelog.dockerlogs import RedisCheckpoints, read_lines_before  # noqa: E402
-from consolelog.tail import LineNumber  # noqa: E402
+from consolelog.tail import StampedLine  # noqa: E402
 from live.sources import docker_log_source  # noqa: E402
 from tests.support.docker import docker_client, ensure_private_dockerd  # noqa: E402
 
@@ -57,8 +57,8 @@ def main(lines: int) -> None:
         async def pump():
             got = []
             async for batch in docker_log_source(container, checkpoints):
-                got.extend(line for line in batch if line.__class__ is not LineNumber)
-                if got[-1] == "end":
+                got.extend(line for line in batch if isinstance(line, StampedLine))
+                if got[-1].text == "end":
                     return got
 
         started = time.monotonic()
@@ -67,7 +67,7 @@ def main(lines: int) -> None:
         started = time.monotonic()
         second = asyncio.run(pump())
         again = time.monotonic() - started
-        assert [(line.n, str(line)) for line in first] == [(line.n, str(line)) for line in second]
+        assert [(line.n, line.text) for line in first] == [(line.n, line.text) for line in second]
         assert first[-1].n == total + 1
         started = time.monotonic()
         page = read_lines_before(container, checkpoints, 1200, 500)

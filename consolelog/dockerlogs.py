@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from .tail import MAX_LINE_BYTES, LineSplitter, StampedText
+from .tail import MAX_LINE_BYTES, LineSplitter, StampedLine
 
 CHECKPOINT_LINES = 1000
 """Lines between two checkpoints: what a reader counts at most before the lines it wants."""
@@ -192,7 +192,7 @@ class LogMessages:
 
 
 class Numberer:
-    """Turns docker messages into :class:`consolelog.tail.StampedText` lines numbered from ``number``,
+    """Turns docker messages into :class:`consolelog.tail.StampedLine` lines numbered from ``number``,
     each stream through its own :class:`consolelog.tail.LineSplitter` (capped like every console line,
     empty lines skipped and not counted). Notes a :class:`Checkpoint` in ``new_checkpoints`` at
     the first message where no line is open once :data:`CHECKPOINT_LINES` lines were numbered
@@ -209,7 +209,7 @@ class Numberer:
         """True while a line of either stream is open (its end not read yet)."""
         return any(s.partial or s.skipping for s in self.splitters.values())
 
-    def feed(self, stream: int, stamp: bytes, content: bytes) -> list[StampedText]:
+    def feed(self, stream: int, stamp: bytes, content: bytes) -> list[StampedLine]:
         stream = STDERR if stream == STDERR else STDOUT  # docker sends no other stream in logs
         splitter = self.splitters[stream]
         if self.since_checkpoint >= CHECKPOINT_LINES and not self.open():
@@ -224,14 +224,14 @@ class Numberer:
         first = self.next
         self.next += len(texts)
         self.since_checkpoint += len(texts)
-        return [StampedText(text, first + i, ms) for i, text in enumerate(texts)]
+        return [StampedLine(text, first + i, ms) for i, text in enumerate(texts)]
 
-    def flush(self) -> list[StampedText]:
+    def flush(self) -> list[StampedLine]:
         """The open lines of both streams (the log ended)."""
         out = []
         for stream, splitter in self.splitters.items():
             for text in splitter.flush():
-                out.append(StampedText(text, self.next, self.started[stream]))
+                out.append(StampedLine(text, self.next, self.started[stream]))
                 self.next += 1
         return out
 
@@ -270,7 +270,7 @@ def _from_mark(messages, mark: tuple[int, bytes], mark_ns: int, include_mark: bo
 class Page(NamedTuple):
     oldest: int
     first: int
-    lines: list[StampedText]
+    lines: list[StampedLine]
 
 
 def read_lines_before(
@@ -289,7 +289,7 @@ def read_lines_before(
     for index, checkpoint in enumerate(starts):
         number = checkpoint.number if checkpoint is not None else checkpoints.top() + 1
         numberer = Numberer(number, max_line=max_line, checkpoint_first=checkpoint is None)
-        lines: deque[StampedText] = deque(maxlen=limit)
+        lines: deque[StampedLine] = deque(maxlen=limit)
         messages, iterator = read_from(container, checkpoint, follow=False)
         try:
             for stream, stamp, content in iterator:
@@ -329,8 +329,8 @@ def container_output(
         for stream, stamp, content in messages:
             if offset is None and (stream, stamp) in known and not numberer.open():
                 offset = known[stream, stamp] - numberer.next
-            lines.extend(numberer.feed(stream, stamp, content))
-        lines.extend(numberer.flush())
+            lines.extend(line.text for line in numberer.feed(stream, stamp, content))
+        lines.extend(line.text for line in numberer.flush())
     finally:
         messages.close()
     if offset is None:

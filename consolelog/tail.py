@@ -31,6 +31,7 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from .cap import (
     COUNT_CHUNK_BYTES,
@@ -43,66 +44,69 @@ from .cap import (
     numbering_lock,
 )
 
-DROP_MARKER_PREFIX = "[dropped "
 
-
-class DropMarker(str):
-    """The in-band ``[dropped N lines]`` head marker; a ``str`` whose ``dropped`` is N.
-
-    A distinct type rather than a prefix test, so a guest printing ``[dropped 5 lines]`` itself
-    is counted as an ordinary line and cannot reset the count.
-    """
+@dataclass(frozen=True, slots=True)
+class DropMarker:
+    """The in-band ``[dropped N lines]`` head marker of a :class:`LineQueue` that overflowed:
+    ``dropped`` is N, cumulative. A type of its own rather than a text, so a guest printing
+    ``[dropped 5 lines]`` itself is an ordinary line and cannot reset the count."""
 
     dropped: int
 
-    def __new__(cls, count: int) -> DropMarker:
-        marker = super().__new__(cls, f"{DROP_MARKER_PREFIX}{count} lines]")
-        marker.dropped = count
-        return marker
+    @property
+    def text(self) -> str:
+        return f"[dropped {self.dropped} lines]"
 
 
-class SkipMarker(str):
+@dataclass(frozen=True, slots=True)
+class SkipMarker:
     """``[skipped N bytes]``: a :class:`FileTail` jumped over ``skipped`` bytes, either a paced
     tail (``pace=True, max_lag_bytes=...``) that had fallen that far behind, or the beginning of
     a file a cap freed under it (``consolelog.cap``); see :class:`FileTail`."""
 
     skipped: int
 
-    def __new__(cls, skipped: int) -> SkipMarker:
-        marker = super().__new__(cls, f"[skipped {skipped} bytes]")
-        marker.skipped = skipped
-        return marker
+    @property
+    def text(self) -> str:
+        return f"[skipped {self.skipped} bytes]"
 
 
-class LineNumber(str):
-    """A zero-width in-band marker of a numbered :class:`FileTail`: the next line is line
-    ``number`` of the file (``consolelog.cap.line_number_at``); lines numbered below ``live_from``
-    were already in the file when the tail opened it. Never shown: the reader numbers the lines
-    that follow from it."""
+@dataclass(frozen=True, slots=True)
+class LineNumber:
+    """A zero-width marker of a numbered :class:`FileTail`: the next line is line ``number`` of
+    the file (``consolelog.cap.line_number_at``); lines numbered below ``live_from`` were already
+    in the file when the tail opened it. Never shown: the reader numbers the lines that follow
+    from it."""
 
     number: int
-    live_from: int
-
-    def __new__(cls, number: int, live_from: int = 0) -> LineNumber:
-        marker = super().__new__(cls, f"[line {number}]")
-        marker.number = number
-        marker.live_from = live_from
-        return marker
+    live_from: int = 0
 
 
-class StampedText(str):
-    """A line of a source that knows its own number and time (a container's docker logs, ``consolelog.dockerlogs``):
-    ``n``, its line number; ``ms``, docker's time of it (ms since the epoch). The console pump
-    publishes ``ms`` as the line's time instead of the time it read the line."""
+@dataclass(frozen=True, slots=True)
+class StampedLine:
+    """A line of a source that knows its own number and time (a container's docker logs,
+    ``consolelog.dockerlogs``): ``n``, its line number; ``ms``, docker's time of it (ms since the
+    epoch). The console pump publishes ``ms`` as the line's time instead of the time it read it."""
 
+    text: str
     n: int
     ms: int
 
-    def __new__(cls, text: str, n: int, ms: int) -> StampedText:
-        line = super().__new__(cls, text)
-        line.n = n
-        line.ms = ms
-        return line
+
+#: One entry of a tail's stream: a plain line (``str``) or one of the tagged values above.
+type Entry = str | DropMarker | SkipMarker | LineNumber | StampedLine
+
+
+def shown_text(entry: Entry) -> str | None:
+    """What a reader shows for ``entry``: a line's text, a marker's wording (``[dropped N
+    lines]``), None for a :class:`LineNumber` (never shown)."""
+    match entry:
+        case str():
+            return entry
+        case LineNumber():
+            return None
+        case _:
+            return entry.text
 
 
 MAX_LINE_BYTES = 65536
@@ -265,7 +269,7 @@ def split_lines(chunks: Iterable[bytes], max_line: int = MAX_LINE_BYTES) -> list
     return out
 
 
-async def lines_of(batches: AsyncGenerator[Sequence[str]]) -> AsyncGenerator[str]:
+async def lines_of(batches: AsyncGenerator[Sequence[Entry]]) -> AsyncGenerator[Entry]:
     """Yield each line of each batch of ``batches`` in order; closing this iterator (or ending
     it) closes ``batches`` too (:func:`tail_file`, ``live.sources.docker_log_lines``)."""
     try:
@@ -308,7 +312,7 @@ class LineQueue:
         if maxlen < 2:
             raise ValueError(f"maxlen must be >= 2 (room for the marker), got {maxlen!r}")
         self.maxlen = maxlen
-        self._q: deque[str] = deque()
+        self._q: deque[Entry] = deque()
         self._has_marker = False
         self.dropped = 0
 
@@ -318,11 +322,11 @@ class LineQueue:
     def __bool__(self) -> bool:
         return bool(self._q)
 
-    def snapshot(self) -> list[str]:
+    def snapshot(self) -> list[Entry]:
         """A copy of the queued entries, oldest first (for tests)."""
         return list(self._q)
 
-    def extend(self, lines: list[str]) -> None:
+    def extend(self, lines: Sequence[Entry]) -> None:
         q = self._q
         if len(q) + len(lines) <= self.maxlen:
             q.extend(lines)
@@ -345,7 +349,7 @@ class LineQueue:
         q.appendleft(DropMarker(self.dropped))
         self._has_marker = True
 
-    def take(self, limit: int | None = None) -> list[str]:
+    def take(self, limit: int | None = None) -> list[Entry]:
         """Remove and return up to ``limit`` (all if None) entries, oldest first."""
         if not self._q:
             return []
@@ -501,7 +505,7 @@ class FileTail:
             os.close(self._fd)
             self._fd = None
 
-    def _push(self, lines: list[str]) -> None:
+    def _push(self, lines: Sequence[Entry]) -> None:
         if lines:
             self.queue.extend(lines)
             self._ready.set()
@@ -666,7 +670,7 @@ class FileTail:
 
     async def batches(
         self, stop: asyncio.Event | None = None, *, max_lines: int | None = None
-    ) -> AsyncGenerator[list[str]]:
+    ) -> AsyncGenerator[list[Entry]]:
         """Yield lists of lines (never empty) as they arrive, until ``stop`` is set.
 
         On stop: what is queued is yielded, then the partial line. Breaking
@@ -709,7 +713,7 @@ async def tail_file(
     stop: asyncio.Event | None = None,
     poll_interval: float = POLL_INTERVAL,
     from_start: bool = True,
-) -> AsyncIterator[str]:
+) -> AsyncIterator[Entry]:
     """Yield the complete lines appended to ``path`` until ``stop`` is set.
 
     ``path``: file to follow; created empty if missing (its directory must exist:

@@ -7,9 +7,10 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from consolelog.tail import DropMarker, LineNumber, SkipMarker, StampedText
+from consolelog.tail import DropMarker, Entry, LineNumber, SkipMarker, StampedLine
 
 from .sources import SourceFactory
 from .streams import (
@@ -33,18 +34,18 @@ STALE_BATCH_SECONDS = 2.0
 """A batch older than this when it reaches a process is skipped there (the process is behind)."""
 
 
-def _runs(texts, numbered: bool):
+def _runs(texts: Sequence[Entry], numbered: bool) -> tuple[list, bool]:
     """``texts`` as ``(number, live_from, run)`` parts: each :class:`consolelog.tail.LineNumber` starts a
     part (``number``/``live_from`` from it; None for the part before the first). In a numbered
     stream (``numbered``, or once a number was seen) skip and drop markers are left out: the jump
     in numbers stands for them. Returns the parts and whether the stream is numbered."""
-    if all(text.__class__ is str for text in texts):
+    if all(isinstance(text, str) for text in texts):
         return [(None, None, texts)], numbered
     parts: list = []
     current: list = []
     number = live_from = None
     for text in texts:
-        if text.__class__ is LineNumber:
+        if isinstance(text, LineNumber):
             if current or number is not None:
                 parts.append((number, live_from, current))
             number, live_from, current, numbered = text.number, text.live_from, [], True
@@ -254,7 +255,7 @@ class ConsoleHub:
         A numbered source (``consolelog.tail.LineNumber`` markers: a file, a container's docker logs)
         gives each line its number in the file or the container's output; its skip and drop
         markers are not published, the jump in numbers stands for them. Lines that carry their
-        own time (``consolelog.tail.StampedText``: docker's) are published with it. Any other source
+        own time (``consolelog.tail.StampedLine``: docker's) are published with it. Any other source
         is numbered 1, 2, … from the start of the pump, markers included.
         """
         key = st.key
@@ -271,7 +272,9 @@ class ConsoleHub:
                         if number is not None:
                             seq, live_from = number - 1, start
                         head_marker = bool(run) and isinstance(run[0], (DropMarker, SkipMarker))
-                        for chunk in split_batches(run, self.batch_lines, self.batch_chars) if run else ():
+                        shown = [entry if isinstance(entry, str) else entry.text for entry in run]
+                        offset = 0
+                        for chunk in split_batches(shown, self.batch_lines, self.batch_chars) if shown else ():
                             marks = []
                             if head_marker:
                                 marks.append([0, LEVEL_DROPPED])
@@ -280,14 +283,16 @@ class ConsoleHub:
                                 marks.extend([i, LEVEL_ERROR] for i in failure_indexes(chunk))
                             born = min(len(chunk), max(0, live_from - seq - 1))
                             stamps = None
-                            if chunk[0].__class__ is StampedText:  # each line knows its own time
+                            entries = run[offset : offset + len(chunk)]
+                            if isinstance(entries[0], StampedLine):  # each line knows its own time
                                 born = len(chunk)
-                                stamps = [text.ms if isinstance(text, StampedText) else 0 for text in chunk]
+                                stamps = [e.ms if isinstance(e, StampedLine) else 0 for e in entries]
                             elif born:  # backlog: the times an earlier pump received it, if any
                                 known = await self.transport.line_times(key, seq + 1, seq + 1 + born)
                                 stamps = [known.get(n, 0) for n in range(seq + 1, seq + 1 + born)]
                             await self._publish(key, gen, seq + 1, list(chunk), marks, born, stamps)
                             seq += len(chunk)
+                            offset += len(chunk)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - shown to the viewers instead of a silent stop

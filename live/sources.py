@@ -28,11 +28,12 @@ from consolelog.tail import (
     MAX_LINE_BYTES,
     MAX_QUEUED_LINES,
     DropMarker,
+    Entry,
     FileTail,
     LineNumber,
     LineQueue,
     Opener,
-    StampedText,
+    StampedLine,
     lines_of,
     plain_open,
 )
@@ -45,7 +46,7 @@ BACKLOG_BYTES = 256 * 1024
 MAX_LAG_BYTES = 4 * 1024 * 1024
 """How far a console pump may fall behind a file before it skips ahead (``[skipped N bytes]``)."""
 
-SourceFactory = Callable[[], AsyncGenerator[Sequence[str], None]]
+SourceFactory = Callable[[], AsyncGenerator[Sequence[Entry], None]]
 """A zero-argument callable returning an async generator of line batches (lists of ``str``): the
 hub closes it (``aclose``) when the pump stops."""
 
@@ -70,7 +71,7 @@ def file_source(
     are opened without following links, and its refusal ends the stream with its message.
     """
 
-    def open_source() -> AsyncGenerator[Sequence[str], None]:
+    def open_source() -> AsyncGenerator[Sequence[Entry], None]:
         try:
             fd = opener(os.fspath(path), os.O_RDONLY)
         except FileNotFoundError:
@@ -102,11 +103,11 @@ async def docker_log_source(
     backlog: int = RING_LINES,
     max_line: int = MAX_LINE_BYTES,
     max_queued: int = MAX_QUEUED_LINES,
-) -> AsyncGenerator[list[str], None]:
+) -> AsyncGenerator[list[Entry], None]:
     """Follow a container's logs (stdout and stderr) as batches of numbered, stamped lines.
 
     ``container``: a docker SDK ``Container``; ``checkpoints``: its console's
-    (:class:`consolelog.dockerlogs.RedisCheckpoints`). Lines are :class:`consolelog.tail.StampedText`,
+    (:class:`consolelog.dockerlogs.RedisCheckpoints`). Lines are :class:`consolelog.tail.StampedLine`,
     numbered by their place in the container's output (``consolelog.dockerlogs``: counted from the latest
     checkpoint, or from the start of docker's kept log by the first reader, leaving checkpoints),
     each batch headed by the :class:`consolelog.tail.LineNumber` of its first line. The last ``backlog``
@@ -204,7 +205,7 @@ class _DockerLogReader:
                 self.done = True
             self._wake()
 
-    def _scan_backlog(self) -> tuple[deque[StampedText], tuple | None]:
+    def _scan_backlog(self) -> tuple[deque[StampedLine], tuple | None]:
         """Number from the latest checkpoint that leaves room for the backlog; without one, or when
         docker rotated past it, number the whole kept log after every number given. Returns the
         last ``backlog`` lines and the ``(stream, stamp)`` of the last message read."""
@@ -219,10 +220,10 @@ class _DockerLogReader:
         self.numberer = Numberer(top + 1, max_line=self.max_line, checkpoint_first=True)
         return self._scan(None, self.numberer)
 
-    def _scan(self, checkpoint, numberer: Numberer) -> tuple[deque[StampedText], tuple | None]:
+    def _scan(self, checkpoint, numberer: Numberer) -> tuple[deque[StampedLine], tuple | None]:
         """Count what docker holds now from ``checkpoint`` on with ``numberer``; the last
         ``backlog`` lines and the ``(stream, stamp)`` of the last message read."""
-        recent: deque[StampedText] = deque(maxlen=self.backlog)
+        recent: deque[StampedLine] = deque(maxlen=self.backlog)
         last = None
         for stream, stamp, content in self._open_read(checkpoint, follow=False):
             last = (stream, stamp)
@@ -270,7 +271,7 @@ class _DockerLogReader:
         numberer.new_checkpoints.clear()
         self.checkpoints.set_top(numberer.next - 1)
 
-    def _push(self, lines: Sequence[StampedText]) -> None:
+    def _push(self, lines: Sequence[StampedLine]) -> None:
         """Queue ``lines`` for the event loop and wake it."""
         if lines:
             with self.lock:
@@ -287,9 +288,9 @@ def _close_quietly(messages: LogMessages) -> None:
         messages.close()
 
 
-async def docker_log_lines(container: Any, checkpoints: RedisCheckpoints, **kwargs: Any) -> AsyncIterator[StampedText]:
+async def docker_log_lines(container: Any, checkpoints: RedisCheckpoints, **kwargs: Any) -> AsyncIterator[StampedLine]:
     """Follow a container's logs line by line; see :func:`docker_log_source` for the caps."""
     async with contextlib.aclosing(lines_of(docker_log_source(container, checkpoints, **kwargs))) as lines:
         async for line in lines:
-            if isinstance(line, StampedText):  # the rest of a batch after its LineNumber
+            if isinstance(line, StampedLine):  # the rest of a batch after its LineNumber
                 yield line

@@ -20,7 +20,8 @@ class OperationsConfig(AppConfig):
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="operations.sync_roles")
         # kici_scaler_attention and the notices on /metrics (the registry is the scalers app's,
         # below this one).
-        from scalers.metrics import REGISTRY, register_series
+        from scalers.metrics import REGISTRY
+        from scalers.scrape import register_series
 
         from .attention import AttentionCollector
         from .notify import NOTICES_SERIES

@@ -22,9 +22,8 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from scalers.admission.ledger import add_to_counters, counter_increment
 from scalers.backends.emitter import EventEmitError, HttpEventEmitter
-from scalers.metrics import SharedSeries
+from scalers.metrics import SharedSeries, add_to_counters, counter_increment
 
 from .choices import OperationStatus
 from .models import Operation

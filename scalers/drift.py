@@ -35,12 +35,11 @@ from network.nft.plan import spec_rule_lines
 from network.nft.render import render_agents, render_table_base
 from network.nft.spec import AgentSpec, RuleSpecError
 
-from .admission.ledger import add_to_counters, counter_increment
 from .backends import factory
 from .backends.holders import address_lock
 from .backends.sandboxes import probe_sandboxes
 from .choices import ScalerType
-from .metrics import REPAIRS
+from .metrics import REPAIRS, add_to_counters, counter_increment
 from .models import Scaler
 
 log = logging.getLogger(__name__)

@@ -1,33 +1,26 @@
-"""Prometheus metrics on ``/metrics``; the series, their labels and example alerting rules are
-listed in ``docs/metrics.md``.
+"""The console's Prometheus series and how they are written; ``scalers.scrape`` serves them on
+``/metrics`` (the series, their labels and example alerting rules: ``docs/metrics.md``).
 
 Values several console processes produce are kept in :class:`scalers.models.MetricCounter` rows,
-written in the same transaction as the work (:func:`count`, :func:`set_gauge`, :func:`observe`)
-and read at scrape time, so any process serves them and they survive restarts. Every series of
-:data:`SHARED` is on the first scrape, at 0 for the label values known then (this console's
-scalers, caps, results); gauges of the current state are computed from the database.
+written in the same transaction as the work (:func:`count`, :func:`set_gauge`, :func:`observe`,
+:func:`add_to_counters`) and read at scrape time, so any process serves them and they survive
+restarts. The in-process counters of :data:`REGISTRY` count what only this process sees.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from math import inf
 
 from django.db import connection
-from django.http import HttpResponse, HttpResponseNotAllowed
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from agents.choices import ACTIVE_STATES, AgentState
-from scalers.admission.caps import CAP_ORDER
-from scalers.admission.ledger import add_to_counters, counter_increment, label_key
-from scalers.backends.isolation import nft_table_for
-from scalers.choices import LOCAL_SCALER_TYPES, ScalerType, SpawnStep
-from scalers.models import MetricCounter, Scaler
-from scalers.warm_pool_config import pool_status
+from agents.choices import AgentState
+from scalers.choices import SpawnStep
+from scalers.models import MetricCounter
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +75,6 @@ class Known:
         return [name for name, kind, _ in self.scalers if not types or kind in types]
 
 
-def _no_zeros(known: Known) -> Iterable[dict]:
-    return ()
-
-
 def _unlabelled(known: Known) -> Iterable[dict]:
     return ({},)
 
@@ -115,84 +104,6 @@ class SharedHistogram:
     zeros: Callable[[Known], Iterable[dict]] = field(default=lambda known: ({"scaler": n} for n in known.names()))
 
 
-def _per_scaler(*types: str) -> Callable[[Known], Iterable[dict]]:
-    return lambda known: ({"scaler": name} for name in known.names(*types))
-
-
-SHARED: dict[str, SharedSeries] = {
-    s.name: s
-    for s in (
-        SharedSeries(
-            REFUSALS,
-            "Spawn requests refused, by scaler and the cap that refused.",
-            ("scaler", "cap"),
-            zeros=lambda known: ({"scaler": n, "cap": str(c)} for n in known.names() for c in CAP_ORDER),
-        ),
-        SharedSeries(ORCH_REFUSALS, "Spawn refusals on count and resource caps (machine-pool caps left out)."),
-        SharedSeries(WARM_SPAWNS, "Warm spawns admitted, by scaler.", ("scaler",), zeros=_per_scaler()),
-        SharedSeries(WARM_REAPED, "Idle warm agents destroyed, by scaler.", ("scaler",), zeros=_per_scaler()),
-        SharedSeries(
-            SPAWN_FAILURES,
-            "scaler.failed events, by backend (scaler type) and whether a job was bound.",
-            ("backend", "bound"),
-            zeros=lambda known: (
-                {"backend": kind, "bound": bound}
-                for kind in sorted({kind for _, kind, _ in known.scalers})
-                for bound in ("false", "true")
-            ),
-        ),
-        SharedSeries(
-            REPAIRS,
-            "Isolation rules re-applied by the drift check, by nft table and kind (base, agent).",
-            ("table", "kind"),
-            zeros=lambda known: (
-                {"table": table, "kind": kind}
-                for table in sorted({t for _, k, t in known.scalers if k in LOCAL_SCALER_TYPES})
-                for kind in ("agent", "base")
-            ),
-        ),
-        SharedSeries(
-            SCALE_UP_EMITTED,
-            "kici.scaler.scale-up events emitted by event scalers, by scaler.",
-            ("scaler",),
-            zeros=_per_scaler(ScalerType.EVENT),
-        ),
-        SharedSeries(
-            SCALE_DOWN_EMITTED,
-            "kici.scaler.scale-down events emitted by event scalers, by scaler and reason.",
-            ("scaler", "reason"),
-            zeros=_no_zeros,
-        ),
-        SharedSeries(
-            EXTERNAL_PROVISION_TIMEOUT,
-            "Event-scaler provisions torn down for spawn-timeout (agent never registered).",
-            ("scaler",),
-            zeros=_per_scaler(ScalerType.EVENT),
-        ),
-        SharedSeries(
-            REDISPATCH,
-            "Jobs refused for capacity before and admitted on a later request, by trigger.",
-            ("trigger",),
-            zeros=lambda known: ({"trigger": "sweep"},),
-        ),
-        SharedSeries(
-            CONFIG_RELOADS,
-            "Scaler config reload operations, by result (attempted, success, failed).",
-            ("result",),
-            zeros=lambda known: ({"result": r} for r in ("attempted", "failed", "success")),
-        ),
-        SharedSeries(
-            REAP_UNSEEN_PROVISIONS,
-            "Event-scaler provisions unseen for at least the flap grace at the last reap sweep.",
-            gauge=True,
-        ),
-        SharedSeries(
-            REAP_BLOCKED,
-            "1 while the event-provision reaper stands down (no peer console connected), else 0.",
-            gauge=True,
-        ),
-    )
-}
 HISTOGRAMS: dict[str, SharedHistogram] = {
     h.name: h
     for h in (
@@ -217,12 +128,6 @@ HISTOGRAMS: dict[str, SharedHistogram] = {
         ),
     )
 }
-_ROW_HISTOGRAM = {f"{h.name}{suffix}": h.name for h in HISTOGRAMS.values() for suffix in ("_bucket", "_sum")}
-
-
-def register_series(series: SharedSeries) -> None:
-    """Add a series another app owns (``operations`` registers its notices from its ``ready()``)."""
-    SHARED[series.name] = series
 
 
 def count(name: str, labels: dict, amount: float = 1.0) -> None:
@@ -241,10 +146,10 @@ def set_gauge(name: str, value: float, labels: dict | None = None) -> None:
 
 def histogram_increments(name: str, labels: dict, value: float) -> dict:
     """The counter increments of one observation of ``value`` in the histogram ``name`` (one of
-    :data:`HISTOGRAMS`), for :func:`scalers.admission.ledger.add_to_counters`."""
+    :data:`HISTOGRAMS`), for :func:`add_to_counters`."""
     hist = HISTOGRAMS[name]
     le = next((b for b in hist.buckets if value <= b), inf)
-    increments = counter_increment(f"{name}_bucket", {**labels, "le": _le_text(le)})
+    increments = counter_increment(f"{name}_bucket", {**labels, "le": le_text(le)})
     increments |= counter_increment(f"{name}_sum", labels, float(value))
     return increments
 
@@ -255,152 +160,40 @@ def observe(name: str, labels: dict, value: float) -> None:
     add_to_counters(histogram_increments(name, labels, value))
 
 
-def _le_text(bound: float) -> str:
+def le_text(bound: float) -> str:
+    """The ``le`` label of a histogram bucket's upper ``bound`` (``+Inf`` for the last)."""
     return "+Inf" if bound == inf else repr(float(bound))
 
 
-class DatabaseCollector:
-    """Reads counters, histograms and gauges from the database at scrape time."""
-
-    def collect(self):
-        try:
-            yield from self._collect()
-            up = 1
-        except Exception:  # a scrape must answer even without a database
-            log.warning("metrics: database read failed", exc_info=True)
-            up = 0
-        g = GaugeMetricFamily("kici_scaler_metrics_database_up", "1 when /metrics could read the database.")
-        g.add_metric([], up)
-        yield g
-
-    def _collect(self):
-        scalers = Scaler.objects.order_by("name").only("name", "type", "config")
-        known = Known([(s.name, s.type, nft_table_for(s)) for s in scalers])
-        values: dict[str, dict[tuple, float]] = defaultdict(dict)
-        histogram_rows: dict[str, list[tuple[dict, float]]] = defaultdict(list)
-        for name, labels, value in MetricCounter.objects.order_by("name", "label_key").values_list(
-            "name", "labels", "value"
-        ):
-            if name in _ROW_HISTOGRAM:
-                histogram_rows[name].append((labels, value))
-            elif name in SHARED and sorted(labels) == sorted(SHARED[name].labels):
-                values[name][tuple(str(labels[k]) for k in SHARED[name].labels)] = value
-            # a row of an unknown name or label set is skipped rather than break the scrape
-        for series in SHARED.values():
-            seen = values[series.name]
-            for labels in series.zeros(known):
-                seen.setdefault(tuple(str(labels[k]) for k in series.labels), 0.0)
-            family_type = GaugeMetricFamily if series.gauge else CounterMetricFamily
-            family = family_type(series.name, series.help, labels=list(series.labels))
-            for key in sorted(seen):
-                family.add_metric(list(key), seen[key])
-            yield family
-        for hist in HISTOGRAMS.values():
-            yield _histogram_family(hist, known, histogram_rows)
-        yield from self._usage()
-        yield from self._warm_pools()
-
-    def _usage(self):
-        cpus = GaugeMetricFamily("kici_orch_scaler_cpus_used", "CPUs reserved.", labels=["scaler", "scaler_type"])
-        mem = GaugeMetricFamily(
-            "kici_orch_scaler_memory_bytes_used", "Memory reserved (bytes).", labels=["scaler", "scaler_type"]
-        )
-        res = GaugeMetricFamily("kici_scaler_reservations", "Reservation rows held.", labels=["scaler"])
-        agents = GaugeMetricFamily("kici_scaler_agents", "Active agents by state.", labels=["scaler", "state"])
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT s.name, s.type, count(r.id), coalesce(sum(r.cpus), 0), coalesce(sum(r.memory_bytes), 0) "
-                "FROM scalers_scaler s LEFT JOIN scalers_reservation r ON r.scaler_id = s.id "
-                "GROUP BY s.id ORDER BY s.name"
-            )
-            total_c, total_m = 0.0, 0
-            for name, kind, n, c, m in cur.fetchall():
-                cpus.add_metric([name, kind], float(c))
-                mem.add_metric([name, kind], int(m))
-                res.add_metric([name], n)
-                total_c += float(c)
-                total_m += int(m)
-            cpus.add_metric(["__global__", "__global__"], total_c)
-            mem.add_metric(["__global__", "__global__"], total_m)
-            cur.execute(
-                "SELECT s.name, a.state, count(*) FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id "
-                "WHERE a.state = ANY(%s) GROUP BY s.name, a.state ORDER BY 1, 2",
-                [[str(x) for x in ACTIVE_STATES]],
-            )
-            for name, state, n in cur.fetchall():
-                agents.add_metric([name, state], n)
-            lost = GaugeMetricFamily(
-                "kici_scaler_lost_agents",
-                "Running or draining agents marked lost, by evidence.",
-                labels=["scaler", "lost_by"],
-            )
-            cur.execute(
-                "SELECT s.name, a.lost->>'lost_by', count(*) "
-                "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id "
-                "WHERE a.state IN ('running', 'draining') AND a.lost <> '{}'::jsonb GROUP BY 1, 2 ORDER BY 1, 2"
-            )
-            for name, lost_by, n in cur.fetchall():
-                lost.add_metric([name, lost_by or "unknown"], n)
-            provisioning = GaugeMetricFamily(
-                EXTERNAL_PROVISIONING_ACTIVE,
-                "Event-scaler agents spawning, connecting, running or draining (provisions in flight), by scaler.",
-                labels=["scaler"],
-            )
-            cur.execute(
-                "SELECT s.name, count(a.id) FROM scalers_scaler s LEFT JOIN agents_agent a "
-                "ON a.scaler_id = s.id AND a.state = ANY(%s) WHERE s.type = %s GROUP BY s.name ORDER BY 1",
-                [[str(state) for state in PROVISION_STATES], str(ScalerType.EVENT)],
-            )
-            for name, n in cur.fetchall():
-                provisioning.add_metric([name], n)
-        yield from (cpus, mem, res, agents, lost, provisioning)
-
-    def _warm_pools(self):
-        target = GaugeMetricFamily(
-            "kici_orch_scaler_warm_pool_target", "Warm pool target size.", labels=["scaler", "label_set"]
-        )
-        ready = GaugeMetricFamily(
-            "kici_orch_scaler_warm_pool_ready", "Idle warm agents ready.", labels=["scaler", "label_set"]
-        )
-        flight = GaugeMetricFamily(
-            "kici_orch_scaler_warm_pool_in_flight", "Warm agents spawning.", labels=["scaler", "label_set"]
-        )
-        for p in pool_status():
-            target.add_metric([p.scaler, p.label_set], p.target)
-            ready.add_metric([p.scaler, p.label_set], p.ready)
-            flight.add_metric([p.scaler, p.label_set], p.in_flight)
-        yield from (target, ready, flight)
+def label_key(labels: dict) -> str:
+    """Canonical ``k=v,k=v`` (sorted) rendering of a label dict, the counter row key."""
+    return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
 
 
-def _histogram_family(
-    hist: SharedHistogram, known: Known, rows: dict[str, list[tuple[dict, float]]]
-) -> HistogramMetricFamily:
-    """``hist`` from its per-bucket and sum rows: cumulative buckets per label set, zeros first."""
-    per_bucket: dict[tuple, dict[str, float]] = defaultdict(dict)
-    sums: dict[tuple, float] = {}
-    for labels in hist.zeros(known):
-        sums[tuple(str(labels[k]) for k in hist.labels)] = 0.0
-    for labels, value in rows.get(f"{hist.name}_bucket", ()):
-        key = tuple(str(labels.get(k, "")) for k in hist.labels)
-        per_bucket[key][str(labels.get("le"))] = value
-        sums.setdefault(key, 0.0)
-    for labels, value in rows.get(f"{hist.name}_sum", ()):
-        sums[tuple(str(labels.get(k, "")) for k in hist.labels)] = value
-    family = HistogramMetricFamily(hist.name, hist.help, labels=list(hist.labels))
-    for key in sorted(sums):
-        counts, running, buckets = per_bucket.get(key, {}), 0.0, []
-        for bound in (*hist.buckets, inf):
-            running += counts.get(_le_text(bound), 0.0)
-            buckets.append((_le_text(bound), running))
-        family.add_metric(list(key), buckets, sums[key])
-    return family
+def increment_counters(cursor, increments: dict[tuple[str, str], tuple[dict, float]]) -> None:
+    """Add to :class:`scalers.models.MetricCounter` rows: ``{(name, label_key): (labels, amount)}``."""
+    if not increments:
+        return
+    names, keys, labels, amounts = [], [], [], []
+    for (name, key), (lab, amount) in increments.items():
+        names.append(name)
+        keys.append(key)
+        labels.append(json.dumps(lab))
+        amounts.append(float(amount))
+    cursor.execute(
+        "INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
+        "SELECT n, k, l::jsonb, v FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[]) AS u(n, k, l, v) "
+        "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value",
+        [names, keys, labels, amounts],
+    )
 
 
-REGISTRY.register(DatabaseCollector())
+def add_to_counters(increments: dict[tuple[str, str], tuple[dict, float]]) -> None:
+    """:func:`increment_counters` on the current connection (own statement, autocommit or not)."""
+    with connection.cursor() as cur:
+        increment_counters(cur, increments)
 
 
-def metrics_view(request):
-    """``GET /metrics``: the Prometheus text exposition of :data:`REGISTRY`."""
-    if request.method not in ("GET", "HEAD"):
-        return HttpResponseNotAllowed(["GET", "HEAD"])
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+def counter_increment(name: str, labels: dict, amount: float = 1.0) -> dict[tuple[str, str], tuple[dict, float]]:
+    """One increment in the shape :func:`increment_counters` takes."""
+    return {(name, label_key(labels)): (labels, amount)}

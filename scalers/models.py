@@ -259,7 +259,7 @@ class UsageTally(models.Model):
 
 
 class ScaleOutcome(models.TextChoices):
-    """What ``request_scale`` answered. ``assigned`` = an idle warm agent was bound."""
+    """What admission answered a scale request. ``assigned`` = an idle warm agent was bound."""
 
     SPAWNING = "spawning", "spawning"
     ASSIGNED = "assigned", "assigned a warm agent"

@@ -21,9 +21,8 @@ from datetime import datetime
 from django.db import connection
 
 from agents.models import Agent
-from scalers.admission.ledger import add_to_counters
 from scalers.choices import SpawnStep
-from scalers.metrics import SPAWN_STEP, histogram_increments
+from scalers.metrics import SPAWN_STEP, add_to_counters, histogram_increments
 
 #: The marks in the order they are normally reached; ``admitted`` is 0 by definition.
 MARKS = (

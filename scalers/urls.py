@@ -4,7 +4,7 @@ and ``/metrics``."""
 
 from django.urls import path
 
-from . import agent_api, api, metrics, openapi
+from . import agent_api, api, openapi, scrape
 
 urlpatterns = [
     path("api/v1/agents/register", agent_api.register, name="agent_register"),
@@ -16,5 +16,5 @@ urlpatterns = [
     path("api/v1/agents/<str:agent_id>", api.agent_detail, name="api_agent_detail"),
     path("api/v1/agents/<str:agent_id>/job-complete", api.job_complete, name="api_job_complete"),
     path("api/v1/agents/<str:agent_id>/release", api.agent_release, name="api_agent_release"),
-    path("metrics", metrics.metrics_view, name="metrics"),
+    path("metrics", scrape.metrics_view, name="metrics"),
 ]

@@ -6,7 +6,7 @@
   warning and no pool. Target = the scaler's ``warmPool.size``.
 * Tick (every :data:`WARM_TICK_SECONDS`, the first one immediately in :func:`start_warm_pools`):
   idle check, then deficit pass. The gauges are computed from the database at scrape time
-  (:mod:`scalers.metrics`), so each pool's target is visible before its first fill.
+  (:mod:`scalers.scrape`), so each pool's target is visible before its first fill.
 * Deficit pass (:func:`deficit_pass`): under the admission lock, in one transaction with the
   spawns it issues, so two passes (two processes) never overshoot: ``deficit = size − ready −
   in_flight`` where ready = idle warm agents of the set and in_flight = its warm agents not
@@ -45,7 +45,7 @@ from .admission.caps import count_headroom
 from .admission.decide import Request, decide_batch
 from .jobs import enqueue_spawn_or_fail
 from .lifecycle import drain_and_destroy
-from .metrics import WARM_REAPED
+from .metrics import WARM_REAPED, add_to_counters, counter_increment
 from .warm_pool_config import configured_pools, pool_counts, read_world
 
 log = logging.getLogger("scalers.warm_pools")
@@ -129,7 +129,7 @@ def idle_check(now: datetime | None = None, *, reconcile: bool = False) -> int:
                 continue
             if drain_and_destroy(agent, "warm-pool-idle", destroy_reason="idle"):
                 destroyed += 1
-                ledger.add_to_counters(ledger.counter_increment(WARM_REAPED, {"scaler": agent.scaler.name}))
+                add_to_counters(counter_increment(WARM_REAPED, {"scaler": agent.scaler.name}))
     return destroyed
 
 

@@ -180,6 +180,105 @@ def test_each_app_imports_only_the_apps_below_it():
     assert sorted(found) == []
 
 
+#: The sub-layers inside ``scalers``, lowest first (docs/ARCHITECTURE.md): a module imports only
+#: modules of its own sub-layer or of one before it. A module belongs to the sub-layer of its
+#: longest matching prefix; every ``scalers`` module must belong to one.
+SCALERS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "records",
+        (
+            "scalers.api_tokens",
+            "scalers.capacity",
+            "scalers.choices",
+            "scalers.config",
+            "scalers.credentials",
+            "scalers.hosts",
+            "scalers.importing",
+            "scalers.kici_orchestrator",
+            "scalers.labels",
+            "scalers.leader",
+            "scalers.metrics",
+            "scalers.models",
+            "scalers.pauses",
+            "scalers.resources",
+            "scalers.samples",
+            "scalers.warm_schedule",
+        ),
+    ),
+    ("admission", ("scalers.admission", "scalers.waiting", "scalers.warm_pool_config")),
+    ("backends", ("scalers.backends",)),
+    (
+        "lifecycle",
+        (
+            "scalers.drift",
+            "scalers.jobs",
+            "scalers.kici_agents",
+            "scalers.lifecycle",
+            "scalers.output_caps",
+            "scalers.provision_reaper",
+            "scalers.recovery",
+            "scalers.selftest",
+            "scalers.spawn_trace",
+            "scalers.warm_pools",
+        ),
+    ),
+    (
+        "apis",
+        (
+            "scalers.admin",
+            "scalers.agent_api",
+            "scalers.api",
+            "scalers.api_models",
+            "scalers.apps",
+            "scalers.management",
+            "scalers.openapi",
+            "scalers.scrape",
+            "scalers.urls",
+        ),
+    ),
+)
+
+
+def scalers_layer(module: str, layers=SCALERS_LAYERS) -> int | None:
+    """The index of ``module``'s sub-layer in ``layers`` (longest prefix wins), None for none."""
+    best: tuple[int, int] | None = None
+    for rank, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (rank, len(prefix))
+    return best[0] if best else None
+
+
+def upward_imports_in_scalers(graph: dict[str, set[str]], layers=SCALERS_LAYERS) -> list[str]:
+    """``module -> target`` for every import of a later sub-layer, and ``module: in no sub-layer``
+    for a ``scalers`` module the table leaves out (so a new module must be placed)."""
+    found = []
+    for module, targets in graph.items():
+        if not module.startswith("scalers."):
+            continue
+        rank = scalers_layer(module, layers)
+        if rank is None:
+            found.append(f"{module}: in no sub-layer")
+            continue
+        for target in targets:
+            if target.startswith("scalers.") and (other := scalers_layer(target, layers)) is not None and other > rank:
+                found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+def test_the_sub_layer_check_finds_an_upward_import():
+    layers = (("low", ("scalers.low",)), ("high", ("scalers.high",)))
+    graph = {"scalers.low": {"scalers.high.x"}, "scalers.high.x": {"scalers.low"}, "scalers.stray": set()}
+    assert upward_imports_in_scalers(graph, layers) == [
+        "scalers.low -> scalers.high.x",
+        "scalers.stray: in no sub-layer",
+    ]
+
+
+def test_each_scalers_module_imports_only_its_sub_layer_and_those_below():
+    assert upward_imports_in_scalers(import_graph()) == []
+
+
 def _tracked_files() -> list[Path]:
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     return [ROOT / name for name in out.decode().split("\0") if name]

@@ -239,7 +239,7 @@ def _container_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
         return JsonResponse({"error": f"could not read the container's logs: {exc}"}, status=502)
     finally:
         client.close()
-    rows = [console_row(Line(text, text.n, ts=text.ms / 1000)) for text in page.lines]
+    rows = [console_row(Line(line.text, line.n, ts=line.ms / 1000)) for line in page.lines]
     return JsonResponse({"oldest": page.oldest, "first": page.first, "rows": rows})
 
 

@@ -24,10 +24,9 @@ from django.utils import timezone
 
 from agents.choices import EventType
 from lib.units import format_bytes_iec
-from scalers.backends.tools import not_started_reason
 from scalers.choices import ScalerType
 from scalers.hosts import scaler_host
-from scalers.metrics import ORCH_REFUSALS, REDISPATCH, REFUSALS, WARM_SPAWNS
+from scalers.metrics import ORCH_REFUSALS, REDISPATCH, REFUSALS, WARM_SPAWNS, label_key
 from scalers.models import ScaleOutcome
 from scalers.pauses import pause_wording
 
@@ -43,7 +42,7 @@ from .caps import (
     resource_cap_limits,
 )
 from .idempotency import LiveAgent, Verdict, scale_body, verdict
-from .matching import LabelSetInfo, ScalerInfo, World
+from .matching import LabelSetInfo, ScalerInfo, World, not_started_reason
 from .validate import JobImage
 from .warmfit import Shape, warm_agent_can_serve
 
@@ -185,7 +184,7 @@ def _counter_key(name: str, labels: dict) -> tuple[str, str]:
     if key is None:
         if len(_COUNTER_KEYS) >= 4096:
             _COUNTER_KEYS.clear()
-        key = _COUNTER_KEYS[memo] = (name, ledger.label_key(labels))
+        key = _COUNTER_KEYS[memo] = (name, label_key(labels))
     return key
 
 

@@ -31,6 +31,7 @@ from psycopg.types.json import Jsonb
 from agents.choices import ACTIVE_STATES, LIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT, Agent
+from scalers.metrics import label_key
 from scalers.models import Reservation, ScaleOutcome, this_host
 from scalers.pauses import pause_row_json
 
@@ -168,43 +169,6 @@ def lock_admission(cursor) -> dict:
         if row is None:  # pragma: no cover
             raise ConfigMissing("scalers_configstate row 1 could not be created")
     return _config_dict(row)
-
-
-# --------------------------------------------------------------------------- metric counters
-
-
-def label_key(labels: dict) -> str:
-    """Canonical ``k=v,k=v`` (sorted) rendering of a label dict, the counter row key."""
-    return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
-
-
-def increment_counters(cursor, increments: dict[tuple[str, str], tuple[dict, float]]) -> None:
-    """Add to :class:`scalers.models.MetricCounter` rows: ``{(name, label_key): (labels, amount)}``."""
-    if not increments:
-        return
-    names, keys, labels, amounts = [], [], [], []
-    for (name, key), (lab, amount) in increments.items():
-        names.append(name)
-        keys.append(key)
-        labels.append(json.dumps(lab))
-        amounts.append(float(amount))
-    cursor.execute(
-        "INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
-        "SELECT n, k, l::jsonb, v FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[]) AS u(n, k, l, v) "
-        "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value",
-        [names, keys, labels, amounts],
-    )
-
-
-def add_to_counters(increments: dict[tuple[str, str], tuple[dict, float]]) -> None:
-    """:func:`increment_counters` on the current connection (own statement, autocommit or not)."""
-    with connection.cursor() as cur:
-        increment_counters(cur, increments)
-
-
-def counter_increment(name: str, labels: dict, amount: float = 1.0) -> dict[tuple[str, str], tuple[dict, float]]:
-    """One increment in the shape :func:`increment_counters` takes."""
-    return {(name, label_key(labels)): (labels, amount)}
 
 
 # --------------------------------------------------------------------------- idle warm agents

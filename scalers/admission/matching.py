@@ -69,6 +69,12 @@ class ScalerInfo:
         return None
 
 
+def not_started_reason(name: str, missing: list[str] | tuple[str, ...]) -> str:
+    """The refusal and status text of a scaler whose host tools are missing (``missing``: one
+    problem per tool, as ``scalers.backends.tools`` words them)."""
+    return f"scaler {name} is not started: missing host tools: " + "; ".join(missing)
+
+
 #: Distinct ``(labels, exclude)`` routes, and resolved resources, a :class:`World` remembers.
 MAX_ROUTES = 4096
 

@@ -1,5 +1,5 @@
-"""Validating a scale request before anything is decided (pure; used by the API and
-``request_scale``). Errors name the field and the offending value."""
+"""Validating a scale request before anything is decided (pure; used by the ``/scale`` view).
+Errors name the field and the offending value."""
 
 from __future__ import annotations
 
@@ -230,15 +230,6 @@ class ScaleRequestBody(JsonBody):
     exclude: Annotated[LabelList | None, BeforeValidator(_exclude)] = None
     resources: Annotated[Resources | None, BeforeValidator(validate_resources)] = None
     container: JobImageBody | None = None
-
-
-def validate_container(value: Any) -> JobImage | None:
-    """Parse a job's ``container: {image, credentialsRef?}`` (``None`` for absent). Whether the
-    credential exists is the database's to say (``scalers.credentials.credential_problem``).
-    Raises :class:`InvalidScaleRequest` naming ``container.<field>``."""
-    if value is None:
-        return None
-    return _job_image(_validated(JobImageBody, value))
 
 
 def _job_image(body: JobImageBody | None) -> JobImage | None:

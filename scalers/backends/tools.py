@@ -36,6 +36,7 @@ from django.db import transaction
 
 from agents.choices import EventType
 from agents.events import record_event
+from scalers.admission.matching import not_started_reason
 from scalers.choices import ScalerType
 from scalers.models import Scaler
 
@@ -172,11 +173,6 @@ def missing_tools(scaler: Scaler, *, environ: Mapping[str, str] | None = None) -
     problems = [tool.problem() for tool in required_tools_for(scaler, environ=environ)]
     problems.append(net_admin_problem(scaler.type))
     return [p for p in problems if p]
-
-
-def not_started_reason(name: str, missing: list[str] | tuple[str, ...]) -> str:
-    """The refusal and status text of a scaler whose tools are missing."""
-    return f"scaler {name} is not started: missing host tools: " + "; ".join(missing)
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def test_the_rule_lost_by_a_gone_sandbox_at_once_by_silence_only_past_the_timeou
 def test_a_killed_container_is_planned_by_the_sweep_shown_lost_and_released_so_the_slot_is_usable(
     users, container_agent, docker_client, run_rq_jobs, client, settings, no_spawn
 ):
-    from scalers.admission.service import request_scale
+    from tests.support.admission import request_scale
 
     settings.KICI_LOST_AGENTS_AUTO_RELEASE = False  # a person approves here; the default is tested below
     scaler = docker_scaler(max_agents=1)

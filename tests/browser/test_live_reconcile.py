@@ -15,8 +15,8 @@ from agents.events import flush_events, record_event
 from agents.models import Agent
 from operations.kinds.host_access_apply import record_rules_rewrite
 from scalers.admission.queue import shutdown_queue
-from scalers.admission.service import request_scale
 from scalers.models import ConfigState, LabelSet, Scaler
+from tests.support.admission import request_scale
 
 pytestmark = pytest.mark.browser
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scalers.admission.queue import shutdown_queue
-from scalers.admission.service import request_scale
+from tests.support.admission import request_scale
 from tests.support.scalers import make_scaler
 
 pytestmark = pytest.mark.browser

@@ -29,7 +29,7 @@ def test_each_stream_has_its_own_splitter_and_a_line_is_numbered_when_it_ends():
     assert numberer.feed(STDOUT, stamp(1), b"x" * 5) == []  # a part of a long line
     (err,) = numberer.feed(STDERR, stamp(2), b"err\n")
     (out,) = numberer.feed(STDOUT, stamp(3), b"yy\n")
-    assert (err.n, str(err)) == (10, "err") and (out.n, str(out)) == (11, "xxxxxyy")
+    assert (err.n, err.text) == (10, "err") and (out.n, out.text) == (11, "xxxxxyy")
     assert out.ms == stamp_ns(stamp(1)) // 1_000_000  # the time of its first part
     assert numberer.feed(STDOUT, stamp(4), b"\n") == [] and numberer.next == 12  # empty: not counted
 

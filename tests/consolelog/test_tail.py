@@ -15,6 +15,7 @@ from consolelog.tail import (
     FileTail,
     LineQueue,
     LineSplitter,
+    SkipMarker,
     tail_file,
 )
 
@@ -175,7 +176,7 @@ async def test_it_keeps_a_cumulative_drop_marker_at_the_head(tmp_path):
     queued = tail.queue.snapshot()
     assert tail.reads == 1
     assert len(queued) == MAX_QUEUED_LINES
-    assert queued[0] == "[dropped 6 lines]" and isinstance(queued[0], DropMarker)
+    assert queued[0] == DropMarker(6) and queued[0].text == "[dropped 6 lines]"
     assert queued[1:3] == ["line 7", "line 8"]
 
     append(path, b"line 10006\nline 10007\nline 10008\n")  # three more in one read
@@ -186,7 +187,7 @@ async def test_it_keeps_a_cumulative_drop_marker_at_the_head(tmp_path):
     await task
     queued = tail.queue.snapshot()
     assert len(queued) == MAX_QUEUED_LINES
-    assert queued[0] == "[dropped 9 lines]"
+    assert queued[0] == DropMarker(9)
     assert queued[1:] == [f"line {i}" for i in range(10, 10_009)]
     assert sum(1 for entry in queued if isinstance(entry, DropMarker)) == 1
 
@@ -249,7 +250,7 @@ async def test_a_100000_line_burst_keeps_10000_with_one_marker(tmp_path):
     queued = tail.queue.snapshot()
     assert len(queued) == MAX_QUEUED_LINES
     markers = [entry for entry in queued if isinstance(entry, DropMarker)]
-    assert markers == ["[dropped 90001 lines]"] and queued[0] is markers[0]
+    assert markers == [DropMarker(90001)] and queued[0] is markers[0]
     assert queued[1] == "burst line 090001" and queued[-1] == "burst line 099999"
 
 
@@ -356,12 +357,12 @@ async def test_it_resumes_at_a_line_boundary_from_an_offset(tmp_path):
 def test_a_guest_line_that_looks_like_a_marker_is_counted_not_replaced():
     queue = LineQueue(4)
     queue.extend(["[dropped 99 lines]", "a", "b", "c", "d"])
-    assert queue.snapshot() == ["[dropped 2 lines]", "b", "c", "d"]
+    assert queue.snapshot() == [DropMarker(2), "b", "c", "d"]
     queue.extend(["e"])
-    assert queue.snapshot() == ["[dropped 3 lines]", "c", "d", "e"]
-    assert queue.take(2) == ["[dropped 3 lines]", "c"]
+    assert queue.snapshot() == [DropMarker(3), "c", "d", "e"]
+    assert queue.take(2) == [DropMarker(3), "c"]
     queue.extend(["f", "g", "h"])
-    assert queue.snapshot() == ["[dropped 5 lines]", "f", "g", "h"]
+    assert queue.snapshot() == [DropMarker(5), "f", "g", "h"]
 
 
 def test_the_splitter_holds_no_more_than_the_cap_whatever_the_chunking():
@@ -384,8 +385,6 @@ def test_the_splitter_flushes_an_incomplete_character_as_a_replacement():
 
 
 async def test_a_paced_tail_waits_for_a_slow_consumer_instead_of_dropping(tmp_path):
-    from consolelog.tail import SkipMarker
-
     path = tmp_path / "log"
     path.write_bytes(b"".join(b"paced line %06d\n" % i for i in range(100_000)))
     tail = FileTail(path, poll_interval=POLL, pace=True)
@@ -414,7 +413,7 @@ async def test_a_paced_tail_skips_ahead_when_it_falls_too_far_behind(tmp_path):
         if tail.offset >= path.stat().st_size and not tail.queue:
             stop.set()
     skipped = path.stat().st_size - 2 * MAX_READ_BYTES
-    assert got[0] == f"[skipped {skipped} bytes]" and tail.skipped_bytes == skipped
+    assert got[0] == SkipMarker(skipped) and tail.skipped_bytes == skipped
     assert len(got) - 1 <= 2 * MAX_READ_BYTES // 100 and set(got[1:]) == {"f" * 99}
 
 

@@ -14,8 +14,8 @@ from agents.models import Agent
 from front.views.waiting import waiting_groups
 from operations.attention import needs_attention
 from scalers.admission.ledger import release
-from scalers.admission.service import request_scale
 from scalers.models import ScaleRequest
+from tests.support.admission import request_scale
 from tests.support.scalers import make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]

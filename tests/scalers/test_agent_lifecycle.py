@@ -10,9 +10,9 @@ from django.utils import timezone
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from agents.tokens import TokenRejected, mint_registration_token, redeem_registration_token
-from scalers.admission.service import request_scale
 from scalers.lifecycle import drain_idle_agents
 from scalers.models import Reservation
+from tests.support.admission import request_scale
 from tests.support.scalers import DEFAULT_LABEL_SET_ENTRY, make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]

@@ -8,14 +8,15 @@ import json
 
 import pytest
 import requests
+from django.db import transaction
 from django.test import Client
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission.service import request_scale
 from scalers.lifecycle import complete_job, release_agent
 from scalers.models import Pause, Reservation, ScaleOutcome
 from tests.scalers.test_warm_pools import warm_agent, warm_scaler
+from tests.support.admission import request_scale
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_agent, make_scaler
 
@@ -188,13 +189,20 @@ def test_20_identical_posts_to_daphne_at_once_make_one_agent(daphne_server):
     assert Agent.objects.count() == 1 == Reservation.objects.count()
 
 
-@pytest.mark.parametrize("batching", [True, False], ids=["one-queue", "a-transaction-each"])
-def test_20_identical_requests_on_their_own_connections_make_one_agent(settings, batching):
-    """``a-transaction-each``: every request decides its own batch on its own connection, so 19
-    writes meet the unique index and are decided again reading the live agent under the lock."""
-    settings.KICI_ADMISSION_BATCHING = batching
+@pytest.mark.parametrize("own_transaction", [False, True], ids=["one-queue", "a-transaction-each"])
+def test_20_identical_requests_on_their_own_connections_make_one_agent(own_transaction):
+    """``a-transaction-each``: every request decides its own batch on its own connection (as
+    separate console processes do), so 19 writes meet the unique index and are decided again
+    reading the live agent under the lock."""
     make_scaler("c", max_agents=50)
-    results = run_threads(20, lambda _i: request_scale(["linux"], "job-1", idempotency_key="k-1"))
+
+    def ask(_i):
+        if not own_transaction:
+            return request_scale(["linux"], "job-1", idempotency_key="k-1")
+        with transaction.atomic():
+            return request_scale(["linux"], "job-1", idempotency_key="k-1")
+
+    results = run_threads(20, ask)
     assert not [r for r in results if isinstance(r, BaseException)], results
     actions = sorted(d.action for d in results)
     assert actions == [ScaleOutcome.REPLAYED] * 19 + [ScaleOutcome.SPAWNING], actions

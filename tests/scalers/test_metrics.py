@@ -16,9 +16,9 @@ from agents.models import Agent, ScalerEvent
 from agents.retention import prune_old_records
 from operations.attention import KINDS
 from scalers.admission.queue import lock_failure_reason
-from scalers.admission.service import request_scale
 from scalers.metrics import REAP_BLOCKED, SCALE_UP_EMITTED, count, set_gauge
 from scalers.models import Scaler
+from tests.support.admission import request_scale
 from tests.support.scalers import make_agent, make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]

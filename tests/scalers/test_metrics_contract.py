@@ -18,13 +18,13 @@ from scalers.metrics import (
     HISTOGRAMS,
     SCALE_DOWN_EMITTED,
     SCALE_TO_REGISTERED,
-    SHARED,
     SPAWN_DURATION,
     SPAWN_STEP,
     count,
     observe,
     set_gauge,
 )
+from scalers.scrape import SHARED
 from tests.support.root import IN_CI
 from tests.support.scalers import make_agent, make_scaler
 

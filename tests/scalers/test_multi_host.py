@@ -27,7 +27,6 @@ from operations.kinds.catalog import get_kind
 from operations.management.commands.scaler_sweeper import Command
 from operations.models import Operation, SweepState
 from operations.services import NoWorkerListening, approve_operation, store_plan
-from scalers.admission.recovery import recover_state
 from scalers.backends.firecracker import adapter
 from scalers.backends.firecracker.adapter import FirecrackerScalerBackend, provision_marker
 from scalers.backends.sandboxes import probe_sandboxes
@@ -38,6 +37,7 @@ from scalers.jobs import enqueue_spawn, schedule_watch
 from scalers.leader import Leadership, host_lock_key
 from scalers.lifecycle import drain_idle_agents, enqueue_reclaim, enqueue_teardown, retry_stuck_teardowns
 from scalers.models import Scaler
+from scalers.recovery import recover_state
 from tests.support.operations import listening_worker
 from tests.support.scalers import make_agent, make_scaler
 

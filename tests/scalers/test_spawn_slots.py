@@ -10,15 +10,15 @@ import threading
 
 import django_rq
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from scalers.admission.decide import Request
 from scalers.admission.queue import AdmissionQueue
-from scalers.admission.service import request_scale
 from scalers.jobs import start_waiting_spawns
 from scalers.models import Reservation
+from tests.support.admission import request_scale
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler, set_global
 
@@ -29,7 +29,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def silent_agent(tmp_path, settings):
     """A bare-metal "agent" that prints one line and never registers; an empty host queue."""
     settings.KICI_AGENT_LOG_DIR = str(tmp_path / "logs")
-    settings.KICI_ADMISSION_BATCHING = False
     path = tmp_path / "silent"
     path.write_text("#!/bin/sh\necho silent agent up\nexec sleep 60\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -79,11 +78,10 @@ def test_an_agent_that_never_registers_fails_at_its_deadline_and_frees_its_slot(
     assert request_scale(["linux"], "job-3").action == "spawning", "its slot is free again"
 
 
-@pytest.mark.parametrize("batching", [True, False])
-def test_an_admitted_agent_takes_its_spawn_slot_in_its_admission_transaction(settings, monkeypatch, batching):
+@pytest.mark.parametrize("own_transaction", [False, True], ids=["one-queue", "a-transaction-each"])
+def test_an_admitted_agent_takes_its_spawn_slot_in_its_admission_transaction(monkeypatch, own_transaction):
     """Agents that fit ``maxConcurrentSpawns`` are written holding their spawn job id, so their
     start needs only the rq enqueue after the commit, not a second transaction; the rest wait."""
-    settings.KICI_ADMISSION_BATCHING = batching
     enqueued = []
     monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": enqueued.append(agent.agent_id))
 
@@ -92,15 +90,21 @@ def test_an_admitted_agent_takes_its_spawn_slot_in_its_admission_transaction(set
 
     monkeypatch.setattr("scalers.jobs.start_waiting_spawns", no_second_transaction)
     make_scaler(max_agents=5, max_concurrent_spawns=2)
-    decisions = [request_scale(["linux"], f"job-{i}") for i in range(3)]
+
+    def ask(job_id):
+        if not own_transaction:
+            return request_scale(["linux"], job_id)
+        with transaction.atomic():
+            return request_scale(["linux"], job_id)
+
+    decisions = [ask(f"job-{i}") for i in range(3)]
     assert [d.action for d in decisions] == ["spawning"] * 3
     agents = [_agent(d) for d in decisions]
     assert [a.rq_job_id for a in agents] == [f"spawn-{agents[0].agent_id}", f"spawn-{agents[1].agent_id}", ""]
     assert enqueued == [agents[0].agent_id, agents[1].agent_id]
 
 
-def test_a_new_agent_waits_behind_older_waiting_agents_and_the_slot_goes_to_the_oldest(settings, monkeypatch):
-    settings.KICI_ADMISSION_BATCHING = False
+def test_a_new_agent_waits_behind_older_waiting_agents_and_the_slot_goes_to_the_oldest(monkeypatch):
     enqueued = []
     monkeypatch.setattr("scalers.jobs.enqueue_spawn", lambda agent, host="": enqueued.append(agent.agent_id))
     make_scaler(max_agents=5, max_concurrent_spawns=1)

@@ -13,11 +13,11 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.models import Agent
 from scalers.admission.matching import WORLD_CACHE
-from scalers.admission.service import request_scale
 from scalers.lifecycle import clear_draining, mark_draining
 from scalers.models import LabelSet, Reservation, Scaler
 from scalers.warm_pool_config import configured_pools, pool_status, read_world
 from scalers.warm_pools import WarmPools, deficit_pass, idle_check
+from tests.support.admission import request_scale
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler, set_global
 

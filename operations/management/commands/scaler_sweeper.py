@@ -44,7 +44,6 @@ from agents.retention import delete_in_batches, prune_old_records
 from audit.models import AuditRecord
 from operations import sweeps
 from operations.findings import detect_findings
-from scalers.admission.recovery import recover_state
 from scalers.backends import factory
 from scalers.backends.tools import check_host_tools
 from scalers.choices import ScalerType
@@ -63,6 +62,7 @@ from scalers.lifecycle import (
 from scalers.models import RecoveryReport, Scaler, ScaleRequest
 from scalers.output_caps import cap_agent_outputs
 from scalers.provision_reaper import ProvisionReaper
+from scalers.recovery import recover_state
 from scalers.samples import prune_samples, take_samples
 from scalers.warm_pools import WARM_POOLS, start_warm_pools
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from consolelog.cap import read_end
-from consolelog.tail import FileTail, split_lines
+from consolelog.tail import FileTail, shown_text, split_lines
 
 from .failure import wrap_serial_line
 from .jail import AGENT_ID_RE, ChrootLayout, open_vm_file
@@ -88,8 +88,9 @@ class LogForwarder:
         self._tails.append((tail, path, keep))
         try:
             async for batch in tail.batches(stop):
-                for line in batch:
-                    self._emit(source, line)
+                for entry in batch:
+                    if (text := shown_text(entry)) is not None:
+                        self._emit(source, text)
         except OSError as e:
             log.warning("cannot tail %s for %s: %s", path, self.agent_id, e)
 

@@ -15,11 +15,11 @@ from agents.choices import AgentState
 from agents.models import Agent
 from scalers.admission import ledger, matching
 from scalers.admission.caps import CAP_ORDER
-from scalers.admission.service import request_scale
 from scalers.admission.validate import InvalidScaleRequest, validate_resources
 from scalers.jobs import start_waiting_spawns
 from scalers.metrics import REDISPATCH
 from scalers.models import MetricCounter, Reservation, ScaleRequest
+from tests.support.admission import request_scale
 from tests.support.scalers import make_pool, make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]
@@ -28,7 +28,7 @@ GiB = 1024**3
 
 
 def counter(name: str, **labels) -> float:
-    from scalers.admission.ledger import label_key
+    from scalers.metrics import label_key
 
     row = MetricCounter.objects.filter(name=name, label_key=label_key(labels)).first()
     return row.value if row else 0.0

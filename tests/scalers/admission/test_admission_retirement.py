@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
-from scalers.admission.service import request_scale
 from scalers.lifecycle import mark_draining, retirement_sweep
 from scalers.models import Reservation, Scaler, ScalerTeardown
+from tests.support.admission import request_scale
 from tests.support.scalers import make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalers.admission.service import request_scale
+from tests.support.admission import request_scale
 from tests.support.scalers import make_scaler, set_global
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]

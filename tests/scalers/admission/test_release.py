@@ -25,7 +25,6 @@ from rq.registry import StartedJobRegistry
 from agents.choices import AgentState, EventType
 from agents.models import Agent, AgentToken, ScalerEvent
 from scalers.admission.ledger import release
-from scalers.admission.service import request_scale
 from scalers.lifecycle import (
     complete_job,
     drain_idle_agents,
@@ -40,6 +39,7 @@ from scalers.lifecycle import (
     teardown_agent,
 )
 from scalers.models import Reservation
+from tests.support.admission import request_scale
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler
 

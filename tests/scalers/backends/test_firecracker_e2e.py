@@ -25,7 +25,6 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from network.models import IpAllocation
 from network.nft.apply import NftClient
-from scalers.admission.service import request_scale
 from scalers.backends.factory import get_backend
 from scalers.backends.firecracker.adapter import FirecrackerScalerBackend
 from scalers.backends.firecracker.api import FirecrackerApi
@@ -34,6 +33,7 @@ from scalers.config.loader import load_scalers_config
 from scalers.importing import apply_scalers_config
 from scalers.lifecycle import release_agent, teardown_agent
 from scalers.models import Reservation
+from tests.support.admission import request_scale
 from tests.support.firecracker import FAKE_JAILER, fake_kernel, owned_vm_dir, real_binaries, require_kvm, tiny_kernel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
@@ -47,7 +47,6 @@ def product(fc_env, settings):
     """Settings for a spawn in ``fc_env``'s namespace, an empty host queue."""
     settings.KICI_FIRECRACKER_NETNS = fc_env.netns
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 20
-    settings.KICI_ADMISSION_BATCHING = False
     django_rq.get_queue(settings.KICI_HOST_QUEUE).empty()
     return fc_env
 

@@ -19,9 +19,9 @@ from rq import Queue, SimpleWorker
 from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from agents.tokens import TokenRejected, mint_registration_token, redeem_registration_token
-from scalers.admission.recovery import ENQUEUE_GRACE_SECONDS, recover_state
 from scalers.leader import DEAD_PEER_SECONDS, KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, Leadership
 from scalers.models import RecoveryReport, Reservation
+from scalers.recovery import ENQUEUE_GRACE_SECONDS, recover_state
 from tests.support.scalers import make_scaler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("stop_admission_queue")]

@@ -19,11 +19,10 @@ from rq.job import Job, JobStatus
 from agents.choices import ACTIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import Agent, AgentToken
+from scalers.admission import ledger
 from scalers.choices import LOCAL_SCALER_TYPES
 from scalers.lifecycle import teardown_agent
 from scalers.models import RecoveryReport, Reservation, this_host
-
-from . import ledger
 
 log = logging.getLogger("scalers.admission")
 
