@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods
 
 from lib.wording import json_text
 from scalers.api_tokens import (
@@ -79,10 +79,16 @@ def token_list(request):
     return _page(request, created=token, raw=raw)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @admin_required
 def token_revoke(request, name: str):
-    """Revoke ``name`` (404 for an unknown one), then back to the list."""
+    """GET: the confirmation step (what revoking ``name`` does, with its last use); POST: revoke
+    it (404 for an unknown one), then back to the list."""
+    if request.method == "GET":
+        token = ApiToken.objects.filter(name=name).first()
+        if token is None or token_state(token) != "active":
+            return _page(request, error=f"name: no active token named {json_text(name)}", status=404)
+        return render(request, "scalers/token_revoke.html", {"token": token})
     try:
         revoke_token(name, revoked_by=request.user.get_username())
     except TokenError as exc:

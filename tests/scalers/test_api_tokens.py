@@ -18,7 +18,7 @@ from django.utils import timezone
 from agents.choices import AgentState
 from agents.models import Agent
 from scalers import api_tokens
-from scalers.api_tokens import TokenError, create_token, hash_token, revoke_token
+from scalers.api_tokens import TokenError, create_token, hash_token, revoke_token, token_state
 from scalers.models import ApiToken
 from tests.support.scalers import make_scaler
 
@@ -162,6 +162,13 @@ def test_an_administrator_creates_sees_once_and_revokes_a_token_in_the_console(r
     assert raw.startswith("kct_") and ApiToken.objects.get(name="ci").token_hash == hash_token(raw)
     listed = root_client.get("/tokens/").content.decode()
     assert raw not in listed and 'id="token-ci"' in listed and ">active</span>" in listed
+    assert 'href="/tokens/ci/revoke/">Revoke…</a>' in listed and "/audit/?who=KICI_API_TOKEN" in listed
+    confirm = root_client.get("/tokens/ci/revoke/")  # a confirmation step, changing nothing
+    assert (
+        confirm.status_code == 200
+        and "401" in confirm.content.decode()
+        and token_state(ApiToken.objects.get()) == "active"
+    )
     assert root_client.post("/tokens/ci/revoke/").status_code == 302
     assert ">revoked</span>" in root_client.get("/tokens/").content.decode()
     bad = root_client.post("/tokens/", {"name": "Bad Name", "scopes": ["scale"]})
