@@ -103,11 +103,12 @@ class WaterfallBar:
 
 
 def waterfall(trace: dict | None) -> list[WaterfallBar]:
-    """The bars of the steps ``trace`` (``Agent.spawn_trace``) has both marks of, in step order;
-    [] for an empty trace. A step that ends before it starts (marks of two clocks) is drawn with no
-    width."""
+    """The bars of the steps ``trace`` (``Agent.spawn_trace``) has both marks of, in the order they
+    started (steps overlap: the agent's own start runs while its rules are written); [] for an
+    empty trace. A step that ends before it starts (marks of two clocks) is drawn with no width."""
     marks = {"admitted": 0.0, **(trace or {})}
     spans = [(step, marks[a], marks[b]) for step, (a, b) in STEPS.items() if a in marks and b in marks]
+    spans.sort(key=lambda span: span[1])  # stable: steps starting together keep their step order
     if not spans:
         return []
     total = max(max(end for _, _, end in spans), 1e-6)

@@ -72,7 +72,9 @@ def test_a_backend_without_rules_leaves_those_steps_out():
 
 def test_the_waterfall_places_each_step_on_the_admission_to_running_axis():
     bars = {bar.step: bar for bar in waterfall({**JOB, **REGISTRATION})}
-    assert list(bars) == [step.value for step in STEPS]
+    # In the order the steps started: the agent's own start (0.34 s) before the rules (0.35 s).
+    assert list(bars) == ["queue", "checks", "create", "start", "agent", "rules", "connecting", "register"]
+    assert [bar.start for bar in bars.values()] == sorted(bar.start for bar in bars.values())
     assert bars["create"].start == 0.08 and bars["create"].ms == 220
     assert bars["register"].left_pct + bars["register"].width_pct == pytest.approx(100)
     assert bars["queue"].left_pct == 0 and waterfall({}) == []
