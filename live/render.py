@@ -41,7 +41,7 @@ def render_live_update(event: ScalerEvent | int) -> str:
     if event.agent_id:
         agent = Agent.objects.select_related("scaler").filter(pk=event.agent_id).first()
     if agent is not None:
-        for cap in scaler_capacities([agent.scaler]):
+        for cap in scaler_capacities([agent.scaler], pauses=True):
             parts.append(render_to_string(f"{PAGE}#cap_card", {"cap": cap, "oob": True}))
         parts.append(render_to_string(f"{PAGE}#cap_card", {"cap": global_capacity(), "oob": True}))
     parts.append(f'<i data-server-time="{server_time()}"></i>')

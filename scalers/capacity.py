@@ -15,7 +15,8 @@ from django.db.models import Count, Q, Sum
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
 
-from .models import ConfigState, MachinePool, Reservation, Scaler
+from .models import ConfigState, MachinePool, Pause, Reservation, Scaler
+from .pauses import pause_json, pause_wording
 
 
 @dataclass
@@ -24,7 +25,8 @@ class Capacity:
 
     ``reserved``: reservation rows (agents admitted and not yet released). ``states``: active agents
     per state (``{"running": 3, "spawning": 1}``). ``cpus`` / ``memory_bytes``: summed reservation
-    requests (CPUs, bytes). ``max_*``: the caps, ``None`` when uncapped.
+    requests (CPUs, bytes). ``max_*``: the caps, ``None`` when uncapped. ``pause``: the sentence of
+    the pause holding the scaler (its own or its host's), "" when none.
     """
 
     key: str
@@ -37,6 +39,7 @@ class Capacity:
     memory_bytes: int = 0
     states: dict[str, int] = field(default_factory=dict)
     scaler: Scaler | None = None
+    pause: str = ""
 
     @property
     def running(self) -> int:
@@ -60,10 +63,11 @@ class Capacity:
         return [(s.value, self.states[s.value]) for s in AgentState if self.states.get(s.value)]
 
 
-def scaler_capacities(scalers=None) -> list[Capacity]:
-    """Capacity for ``scalers`` (a queryset or list; default: every scaler), in the given order.
+def scaler_capacities(scalers=None, *, pauses: bool = False) -> list[Capacity]:
+    """Capacity for ``scalers`` (a queryset or list; default: every scaler), in the given order;
+    with ``pauses``, each one's ``pause`` too (the pages; the samples do without).
 
-    Two grouped queries whatever the number of scalers.
+    Two queries whatever the number of scalers, three with ``pauses``.
     """
     scalers = list(Scaler.objects.all() if scalers is None else scalers)
     ids = [s.pk for s in scalers]
@@ -80,6 +84,12 @@ def scaler_capacities(scalers=None) -> list[Capacity]:
         .annotate(n=Count("id"))
     ):
         states[row["scaler_id"]][row["state"]] = row["n"]
+    paused: dict[tuple[str, Any], str] = {}
+    if pauses:
+        hosts = {s.host for s in scalers if s.host}
+        for pause in Pause.objects.select_related("scaler").filter(Q(scaler_id__in=ids) | Q(host__in=hosts)):
+            where = ("scaler", pause.scaler_id) if pause.scaler_id else ("host", pause.host)
+            paused[where] = pause_wording(pause_json(pause))
     out = []
     for s in scalers:
         r = reserved.get(s.pk, {})
@@ -95,6 +105,7 @@ def scaler_capacities(scalers=None) -> list[Capacity]:
                 memory_bytes=r.get("mem") or 0,
                 states=states.get(s.pk, {}),
                 scaler=s,
+                pause=paused.get(("scaler", s.pk)) or paused.get(("host", s.host), ""),
             )
         )
     return out

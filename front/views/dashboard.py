@@ -96,7 +96,7 @@ def dashboard(request):
     ctx.update(
         global_cap=global_capacity(),
         pool_caps=pool_capacities(),
-        scaler_caps=scaler_capacities(Scaler.objects.filter(Q(retiring=False) | Exists(_active_agents))),
+        scaler_caps=scaler_capacities(Scaler.objects.filter(Q(retiring=False) | Exists(_active_agents)), pauses=True),
         recovery=recovery_report(),
         agent_resync_url=f"{url}?part=agents",
         event_resync_url=f"{url}?part=events",

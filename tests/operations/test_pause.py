@@ -155,8 +155,10 @@ def test_every_page_shows_the_pause_banner_with_who_and_why(users, client):
         page = client.get(url).content.decode()
         assert 'id="pause-banner">' in page, url
         assert "scaler c is paused by ops-operator, approved by ops-approver" in page and "disk replacement" in page
+    assert 'data-testid="paused" title="scaler c is paused by ops-operator' in client.get("/").content.decode()
     run("resume", users, scaler="c")
-    assert 'id="pause-banner" hidden>' in client.get("/").content.decode()
+    dashboard = client.get("/").content.decode()
+    assert 'id="pause-banner" hidden>' in dashboard and 'data-testid="paused"' not in dashboard
 
 
 def test_a_pause_previewed_then_requested_keeps_its_host_reason_and_drain(users, client):
