@@ -16,6 +16,7 @@ import pytest
 from scalers.backends.firecracker import jail
 from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.logs import SERIAL_SOURCE
+from scalers.backends.spawn_env import kici_agent_pairs
 from tests.support.firecracker import real_binaries, require_kvm
 from tests.support.guest import (
     BUSYBOX,
@@ -34,6 +35,7 @@ from tests.support.guest import (
     serve_in_netns,
 )
 from tests.support.root import require_root
+from tests.support.scalers import make_agent, make_scaler
 
 AGENT = REPO / "agent"
 NO_HARDWARE_KVM = (
@@ -226,6 +228,97 @@ def test_the_mmds_reader_gives_up_naming_the_keys_when_mmds_stays_empty(guest_ne
         run = _in_guest(net, ["busybox", "sh", str(AGENT / "guest_mmds.sh")], env)
         assert run.returncode == 1
         assert "held no kici-orchestrator-url, kici-agent-id and kici-agent-token after 2s" in run.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _real_agent_row(gateway: str, roles=None):
+    """A firecracker agent row of a label set running the real KiCI agent of ``ws://<gateway>:8480/ws``."""
+    scaler = make_scaler(
+        type="firecracker", labels=("real-vm", "linux"), roles=roles,
+        ls_config={"kiciAgent": {"orchestratorUrl": f"ws://{gateway}:8480/ws", "adminTokenRef": "orch"}},
+    )  # fmt: skip
+    return make_agent(scaler)
+
+
+def _guest_eth0(net) -> None:
+    """eth0 of the guest side up with its address and the route to MMDS, as the init leaves it."""
+    subprocess.run(["ip", "-n", net["guest"], "addr", "add", f"{net['ip']}/24", "dev", "eth0"], check=True)
+    subprocess.run(["ip", "-n", net["guest"], "link", "set", "eth0", "up"], check=True)
+    subprocess.run(["ip", "-n", net["guest"], "route", "add", jail.MMDS_ADDRESS, "dev", "eth0"], check=True)
+
+
+def _env_lines(stdout: str) -> dict[str, str]:
+    """The environment busybox ``env`` printed (the reader's own log lines left out)."""
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line and not line.startswith("kici-"))
+
+
+@pytest.mark.root
+@pytest.mark.django_db
+@pytest.mark.parametrize("version", ["V2", "V1"])
+def test_the_mmds_reader_starts_the_real_kici_agent_with_exactly_the_environment_the_console_gives_it(
+    guest_net, tmp_path, version
+):
+    # The console's document for a VM of a kiciAgent label set (the reference's keys), read by the
+    # guest reader, which execs the real agent: here busybox env, which prints what it was given.
+    # Whatever the reader's own environment holds (its KICI_* knobs, a stray variable) must not
+    # reach the agent, which refuses any KICI_* variable it does not know.
+    net = guest_net
+    agent = _real_agent_row(net["gateway"], roles=["builder"])
+    pairs = kici_agent_pairs(agent, "kat_from-the-orchestrator", execution_mode="firecracker")
+    mmds = Mmds(version=version)
+    mmds.data.update(jail.agent_env_mmds(pairs, net["gateway"]))
+    meta = mmds.data["latest"]["meta-data"]
+    assert meta["kici-orchestrator-url"] == f"ws://{net['gateway']}:8480/ws"
+    assert (meta["kici-agent-token"], meta["kici-scaler-managed"]) == ("kat_from-the-orchestrator", "1")
+    assert meta["kici-env"] == {"KICI_ROLES": "builder", "KICI_EXECUTION_MODE": "firecracker"}
+    server = serve_in_netns(net["host"], jail.MMDS_ADDRESS, 80, mmds.handler())
+    try:
+        _guest_eth0(net)
+        path = busybox_path(tmp_path)
+        env = environ_for_guest(
+            path, KICI_REAL_AGENT=f"{path}/env", KICI_AGENT_SCRIPT="/nonexistent", KICI_MMDS_WAIT_SECONDS="5",
+            KICI_STRAY="from the init", TERM="linux",
+        )  # fmt: skip
+        run = _in_guest(net, ["busybox", "sh", str(AGENT / "guest_mmds.sh")], env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        expected = {
+            "HOME": "/root",
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "TMPDIR": "/tmp",
+            **dict(pairs),
+        }
+        assert _env_lines(run.stdout) == expected, run.stdout + run.stderr
+        assert f"kici-mmds: real KiCI agent {agent.agent_id}, orchestrator ws://{net['gateway']}:8480/ws" in run.stdout
+        assert "kat_from-the-orchestrator" not in run.stdout.replace("KICI_AGENT_TOKEN=kat_from-the-orchestrator", "")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.root
+@pytest.mark.django_db
+def test_the_mmds_reader_refuses_a_websocket_orchestrator_when_the_guest_has_no_real_agent(guest_net, tmp_path):
+    net = guest_net
+    agent = _real_agent_row(net["gateway"])
+    mmds = Mmds()
+    pairs = kici_agent_pairs(agent, "kat_x", execution_mode="firecracker")
+    mmds.data.update(jail.agent_env_mmds(pairs, net["gateway"]))
+    server = serve_in_netns(net["host"], jail.MMDS_ADDRESS, 80, mmds.handler())
+    try:
+        _guest_eth0(net)
+        shown = tmp_path / "console_agent.sh"
+        shown.write_text('echo "the console agent ran"\n')
+        env = environ_for_guest(busybox_path(tmp_path), KICI_REAL_AGENT=str(tmp_path / "missing"),
+                                KICI_AGENT_SCRIPT=str(shown), KICI_MMDS_WAIT_SECONDS="5")  # fmt: skip
+        run = _in_guest(net, ["busybox", "sh", str(AGENT / "guest_mmds.sh")], env)
+        assert run.returncode == 127, run.stdout + run.stderr
+        assert (
+            f"kici-mmds: MMDS names the WebSocket orchestrator ws://{net['gateway']}:8480/ws (the real KiCI agent), "
+            f"but {tmp_path / 'missing'} is not installed in this guest"
+        ) in run.stdout
+        assert "the console agent ran" not in run.stdout and "kat_x" not in run.stdout
     finally:
         server.shutdown()
         server.server_close()

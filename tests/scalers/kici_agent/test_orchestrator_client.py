@@ -138,7 +138,7 @@ def test_the_editor_and_the_host_access_operation_show_the_real_agents_default()
 
 
 def test_a_destroyed_agents_token_is_revoked_where_its_spawn_recorded_it(orchestrator, admin_token):
-    from scalers.backends.container.backend import ContainerBackend
+    from scalers.backends.kici_token import revoke_recorded_kici_token
     from scalers.kici_orchestrator import token_context
 
     scaler = _scaler(orchestrator.port)
@@ -147,6 +147,6 @@ def test_a_destroyed_agents_token_is_revoked_where_its_spawn_recorded_it(orchest
     agent = make_agent(scaler, backend_context=token_context(kici_agent_target(label_set), token_id))
     label_set.config = {"labels": ["real-linux"], "image": "kici-agent:local"}  # a reload dropped kiciAgent
     label_set.save()
-    ContainerBackend(scaler)._revoke_kici_token(agent)
+    revoke_recorded_kici_token(agent)
     assert orchestrator.tokens == {}
-    ContainerBackend(scaler)._revoke_kici_token(agent)  # already revoked: done, no error
+    revoke_recorded_kici_token(agent)  # already revoked: done, no error
