@@ -268,6 +268,43 @@ def test_a_vm_of_the_real_kici_agent_gets_its_environment_through_mmds_and_ends_
         assert nothing_left(env, agent_id, agent.ip) == []
 
 
+def test_a_vm_whose_guest_has_no_real_agent_fails_at_once_with_the_inits_words_and_its_token_revoked(
+    product, settings, drive_rq
+):
+    env = product
+    # The guest's reader finds no /usr/local/bin/kici-agent: it exits 127, the init says so and
+    # resets the VM, 1.5 s after MMDS was written.
+    kernel = env.write_image(
+        "vmlinux",
+        fake_kernel(
+            "serial kici-mmds: MMDS names the WebSocket orchestrator ws://x/ws (the real KiCI agent), "
+            "but /usr/local/bin/kici-agent is not installed in this guest",
+            "serial kici-init: agent exited (127)",
+            "exit 1.5 0",
+        ),
+    )
+    with stand_in_orchestrator() as orchestrator:
+        OrchestratorAdminToken.objects.create(name="orch", secret=encrypt_secret(ADMIN_TOKEN))
+        ws_url = f"ws://{env.gateway}:8480/ws"
+        kici = (
+            f"        kiciAgent:\n          orchestratorUrl: {ws_url}\n"
+            f"          adminUrl: http://127.0.0.1:{orchestrator.port}\n          adminTokenRef: orch\n"
+        )
+        import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel, label_set=kici)
+        agent_id = request_scale(["linux", "vm"], "job-fcint-kici-3").agent
+        t0 = time.monotonic()
+        assert drive_rq(lambda: Agent.objects.get(agent_id=agent_id).state == AgentState.FAILED, 15)
+        assert time.monotonic() - t0 < 10, "failed when the VM ended, long before the 20 s deadline"
+        agent = Agent.objects.get(agent_id=agent_id)
+        assert agent.failure_reason.startswith(
+            f"the KiCI agent exited with code 127 without registering with {ws_url}; the orchestrator lists no "
+            f"agent {agent_id} among those registered with it; its token at-1 was never presented"
+        ), agent.failure_reason
+        assert "/usr/local/bin/kici-agent is not installed in this guest" in agent.failure_reason
+        assert orchestrator.tokens == {}  # revoked
+        assert nothing_left(env, agent_id, agent.ip) == []
+
+
 def test_a_failed_vm_spawn_of_the_real_kici_agent_revokes_the_token_it_minted(product, settings, run_rq_jobs):
     env = product
     # The guest dies as soon as its API socket answered: MMDS (and the token) cannot be written.
