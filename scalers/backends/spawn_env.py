@@ -1,7 +1,8 @@
 """What every agent is spawned with: labels, console URL, environment, limits.
 
 Pure functions over a scaler, its label set and an agent, shared by the container, bare-metal
-and event backends so the three cannot drift.
+and event backends so the three cannot drift; the real KiCI agent's environment
+(:func:`kici_agent_pairs`) is the container's and the Firecracker VM's alike.
 """
 
 from __future__ import annotations

@@ -259,10 +259,10 @@ class FirecrackerScalerBackend:
             self.ensure_host_ready(unless_provisioned=True)
         except Exception as exc:  # fail closed: no VM on an unprovisioned host
             raise SpawnError(f"host provisioning failed: {exc}", "provisioning") from exc
-        self._agents[agent_id] = agent
         kici = kici_agent_target(agent.label_set)
         minted: list[str] = []  # the orchestrator token id of a real KiCI agent, once minted
         kici_boot = self._kici_boot(agent, kici, minted) if kici is not None else {}
+        self._agents[agent_id] = agent
         cancel, stop = CancelSignal(), threading.Event()
         watch.track(agent_id, self.fc)
         bridge = threading.Thread(
