@@ -150,3 +150,18 @@ def test_a_destroyed_agents_token_is_revoked_where_its_spawn_recorded_it(orchest
     revoke_recorded_kici_token(agent)
     assert orchestrator.tokens == {}
     revoke_recorded_kici_token(agent)  # already revoked: done, no error
+
+
+def test_the_real_agents_environment_is_one_list_whose_execution_mode_names_the_sandbox(orchestrator):
+    from scalers.backends.spawn_env import kici_agent_env, kici_agent_pairs
+
+    agent = make_agent(_scaler(orchestrator.port))
+    vm = kici_agent_pairs(agent, "kat_x", execution_mode="firecracker")
+    assert [k for k, _ in vm] == [
+        "KICI_ORCHESTRATOR_URL", "KICI_AGENT_ID", "KICI_LABELS", "KICI_AGENT_TOKEN", "KICI_SCALER_MANAGED",
+        "KICI_EXECUTION_MODE",
+    ]  # fmt: skip
+    assert vm[-1] == ("KICI_EXECUTION_MODE", "firecracker")
+    assert kici_agent_env(agent, "kat_x") == [f"{k}={v}" for k, v in vm[:-1]] + ["KICI_EXECUTION_MODE=bare-metal"]
+    with pytest.raises(ValueError, match="execution_mode must be one of"):
+        kici_agent_pairs(agent, "kat_x", execution_mode="vm")
