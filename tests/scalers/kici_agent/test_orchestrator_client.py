@@ -135,6 +135,16 @@ def test_the_editor_and_the_host_access_operation_show_the_real_agents_default()
     assert effective_host_access(label_set, ["172.30.0.1:53"]) == ["172.30.0.1:53"]
     console_set = make_scaler(labels=("plain",)).label_sets.first()
     assert "172.30.0.1:53" in resolved_host_access(None, console_set, "172.30.0.1")
+    # A Firecracker label set: the same default on the VM gateway (the firecracker block's).
+    from scalers.models import ConfigState
+
+    ConfigState.objects.update_or_create(pk=1, defaults={"firecracker": {"gateway": "10.9.0.1"}})
+    vm_set = make_scaler(
+        type="firecracker", labels=("real-vm",),
+        ls_config={"kiciAgent": {"orchestratorUrl": "ws://10.9.0.1:8480/ws", "adminTokenRef": "orch"}},
+    ).label_sets.first()  # fmt: skip
+    assert effective_host_access(vm_set, None) == ["10.9.0.1:8480"]
+    assert resolved_host_access(None, vm_set, "10.9.0.1") == ["10.9.0.1:8480"]
 
 
 def test_a_destroyed_agents_token_is_revoked_where_its_spawn_recorded_it(orchestrator, admin_token):
