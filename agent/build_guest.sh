@@ -12,9 +12,15 @@
 #   rootfs.ext4  the same tree as an ext4 image (mkfs.ext4 -d): the rootfs drive the backend
 #                requires; the initramfs is what runs
 #   BUILD        the hash of the inputs these were built from
-# Idempotent: the inputs (kernel package version, busybox, these scripts) are hashed and nothing
-# is rebuilt when OUTDIR/BUILD holds that hash. Needs apt-get, dpkg-deb, lz4, mkfs.ext4 and
-# busybox-static on the build host. Exits non-zero with a message when a step fails.
+# Idempotent: the inputs (kernel package version, busybox, these scripts, the agent tree) are
+# hashed and nothing is rebuilt when OUTDIR/BUILD holds that hash. Needs apt-get, dpkg-deb, lz4,
+# mkfs.ext4 and busybox-static on the build host. Exits non-zero with a message when a step fails.
+#
+# The real KiCI agent (label sets with kiciAgent): KICI_GUEST_AGENT_TREE=DIR copies the tree DIR
+# over the guest's root, in both artifacts. It must hold an executable usr/local/bin/kici-agent
+# (what agent/guest_mmds.sh execs when MMDS names a ws:// orchestrator) and everything it runs
+# (Node, its shared libraries, the agent's deploy; docs/firecracker-adapter.md). Without it the
+# guest holds only busybox and the console's agent: a fast build.
 #
 # Usage: agent/build_guest.sh [OUTDIR]    (KICI_GUEST_KERNEL_PACKAGE overrides the kernel package)
 set -eu
@@ -24,6 +30,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT="${1:-$HERE/../var/guest}"
 META="${KICI_GUEST_KERNEL_PACKAGE:-linux-image-cloud-amd64}"
 MODULES="virtio_mmio virtio_blk virtio_net"
+TREE="${KICI_GUEST_AGENT_TREE:-}"
 
 die() { echo "build_guest: $*" >&2; exit 1; }
 for tool in apt-get apt-cache dpkg-deb lz4 mkfs.ext4 sha256sum; do
@@ -38,8 +45,14 @@ PKG=$(apt-cache depends "$META" 2>/dev/null | sed -n 's/^ *Depends: \(linux-imag
 VERSION=$(apt-cache policy "$PKG" 2>/dev/null | sed -n 's/^ *Candidate: //p')
 [ -n "$VERSION" ] && [ "$VERSION" != "(none)" ] || die "apt offers no $PKG (apt-get update?)"
 
-BUILD=$(printf '%s=%s\n' "$PKG" "$VERSION" | cat - "$BUSYBOX" "$HERE/build_guest.sh" "$HERE/guest_init.sh" \
-    "$HERE/guest_mmds.sh" "$HERE/kici_agent.sh" | sha256sum | cut -c1-16)
+TREE_HASH=none
+if [ -n "$TREE" ]; then
+    [ -d "$TREE" ] || die "KICI_GUEST_AGENT_TREE=$TREE is not a directory"
+    [ -x "$TREE/usr/local/bin/kici-agent" ] || die "KICI_GUEST_AGENT_TREE=$TREE holds no executable usr/local/bin/kici-agent"
+    TREE_HASH=$(tar -C "$TREE" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - . | sha256sum | cut -c1-64)
+fi
+BUILD=$(printf '%s=%s\ntree=%s\n' "$PKG" "$VERSION" "$TREE_HASH" | cat - "$BUSYBOX" "$HERE/build_guest.sh" \
+    "$HERE/guest_init.sh" "$HERE/guest_mmds.sh" "$HERE/kici_agent.sh" | sha256sum | cut -c1-16)
 if [ "$(cat "$OUT/BUILD" 2>/dev/null)" = "$BUILD" ] && [ -s "$OUT/vmlinux" ] && [ -s "$OUT/initrd.img" ] \
     && [ -s "$OUT/rootfs.ext4" ]; then
     echo "build_guest: $OUT is up to date ($BUILD: $PKG $VERSION)"
@@ -82,6 +95,9 @@ printf 'root:x:0:\nnogroup:x:65534:\n' > "$R/etc/group"
 install -m 0755 "$HERE/guest_init.sh" "$R/init"
 install -m 0755 "$HERE/guest_mmds.sh" "$R/kici_mmds.sh"
 install -m 0755 "$HERE/kici_agent.sh" "$R/kici_agent.sh"
+if [ -n "$TREE" ]; then
+    cp -a "$TREE/." "$R/" || die "copying KICI_GUEST_AGENT_TREE=$TREE failed"
+fi
 
 module_file() { find "$MODDIR/kernel" -name "$1.ko" -o -name "$1.ko.xz" -o -name "$1.ko.zst" | head -n1; }
 ORDER="$WORK/order"
@@ -117,4 +133,4 @@ for f in vmlinux initrd.img rootfs.ext4; do
     mv -f "$WORK/$f" "$OUT/$f"
 done
 echo "$BUILD" > "$OUT/BUILD"
-echo "build_guest: built $OUT ($BUILD: $PKG $VERSION, modules $(tr '\n' ' ' < "$ORDER"))"
+echo "build_guest: built $OUT ($BUILD: $PKG $VERSION, modules $(tr '\n' ' ' < "$ORDER")${TREE:+, agent tree $TREE})"

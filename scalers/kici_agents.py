@@ -56,11 +56,16 @@ from scalers.models import this_host
 
 
 class _Sandboxes(Protocol):
-    """What the follow asks of the backend running the real agent (the container backend)."""
+    """What the follow asks of the backend running the real agent (container or Firecracker):
+    how its sandbox ended (None while it runs), its last output, and the news that the agent
+    registered (a microVM's MMDS then drops the token, as the reference does on the agent's
+    ``config.ack``)."""
 
     def sandbox_exit(self, agent: Agent) -> str | None: ...
 
     def captured_output_for(self, agent: Agent) -> list[str]: ...
+
+    def sandbox_registered(self, agent: Agent) -> None: ...
 
 
 log = logging.getLogger(__name__)
@@ -138,7 +143,7 @@ def look_at(agent: Agent, *, now=None) -> str:
     registering: torn down) or ``over`` (another path ended it meanwhile)."""
     target = kici_agent_target(agent.label_set)
     assert target is not None, "only an agent of a kiciAgent label set is followed"
-    backend = cast(_Sandboxes, get_backend(agent.scaler))  # a container backend: kiciAgent is refused elsewhere
+    backend = cast(_Sandboxes, get_backend(agent.scaler))  # container or firecracker: kiciAgent is refused elsewhere
     exited = backend.sandbox_exit(agent)
     try:
         listed: bool | None = agent.agent_id in connected_agent_ids(target)
@@ -148,7 +153,10 @@ def look_at(agent: Agent, *, now=None) -> str:
     now = now or timezone.now()
     if agent.state == AgentState.CONNECTING:
         if listed:
-            return "running" if _registered(agent, target, now) else "over"
+            if not _registered(agent, target, now):
+                return "over"
+            _tell_sandbox(backend, agent)
+            return "running"
         if exited is None and now < registration_deadline(agent):
             return "watching"
         answer = _orchestrator_answer(agent, target, listed, asked)
@@ -195,6 +203,15 @@ def _registered(agent: Agent, target: KiciAgentTarget, now) -> bool:
         )
     observe(SCALE_TO_REGISTERED, {"scaler": agent.scaler.name}, (now - agent.created_at).total_seconds())
     return True
+
+
+def _tell_sandbox(backend: _Sandboxes, agent: Agent) -> None:
+    """``sandbox_registered``; a failure is logged (the agent runs; a microVM's MMDS keeps its
+    token until the VM is gone, and the token is revoked with the agent)."""
+    try:
+        backend.sandbox_registered(agent)
+    except Exception:  # the registration stands either way
+        log.warning("could not tell the sandbox of %s that it registered", agent.agent_id, exc_info=True)
 
 
 def _orchestrator_answer(agent: Agent, target: KiciAgentTarget, listed: bool | None, asked: str) -> str:

@@ -1,7 +1,8 @@
 """What every agent is spawned with: labels, console URL, environment, limits.
 
 Pure functions over a scaler, its label set and an agent, shared by the container, bare-metal
-and event backends so the three cannot drift.
+and event backends so the three cannot drift; the real KiCI agent's environment
+(:func:`kici_agent_pairs`) is the container's and the Firecracker VM's alike.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 
 #: Prefix of host environment variables forwarded into every agent, suffix = the agent's name.
 FORWARD_PREFIX = "KICI_AGENT_ENV_"
+
+#: The real KiCI agent's ``KICI_EXECUTION_MODE`` values (where its steps run).
+KICI_EXECUTION_MODES = ("bare-metal", "container", "firecracker")
 
 #: System variables a bare-metal process inherits; everything else is dropped
 #: unless KICI_TRUSTED_ENV=true.
@@ -99,19 +103,24 @@ def _label_env(label_set: LabelSet | None) -> list[tuple[str, str]]:
     return [(str(k), str(v)) for k, v in env.items()]
 
 
-def kici_agent_env(agent: Agent, token: str | None) -> list[str]:
-    """``Env`` of a container running the real KiCI agent (label set ``kiciAgent``): exactly the
-    variables it accepts and needs, nothing of the console's own agent nor forwarded.
+def kici_agent_pairs(agent: Agent, token: str | None, *, execution_mode: str) -> list[tuple[str, str]]:
+    """The environment of the real KiCI agent (label set ``kiciAgent``), as ``(name, value)`` pairs
+    in this order: exactly the variables it accepts and needs, nothing of the console's own agent
+    nor forwarded. Every backend running it starts it with these (a container's ``Env``, a
+    microVM's MMDS keys: ``firecracker.jail.agent_env_mmds``).
 
     ``KICI_ORCHESTRATOR_URL`` (the orchestrator's ``/ws`` URL), ``KICI_AGENT_ID``, ``KICI_LABELS``
     (the label set's labels, all within the token's), ``KICI_AGENT_TOKEN`` (the orchestrator's),
     ``KICI_ROLES`` (the scaler's ``roles``; unset = all, each adds a ``kici:role:*`` label the
-    token allows), ``KICI_SCALER_MANAGED=1`` (it exits once idle) and
-    ``KICI_EXECUTION_MODE=bare-metal`` (steps run in this container; scaler-managed without it,
-    the agent would take itself for a Firecracker guest)."""
+    token allows), ``KICI_SCALER_MANAGED=1`` (it exits once idle) and ``KICI_EXECUTION_MODE``
+    (``execution_mode``: where its steps run; ``bare-metal`` in a container, ``firecracker`` in a
+    microVM; scaler-managed without it, the agent takes itself for a Firecracker guest). Raises
+    ``ValueError`` without a ``kiciAgent`` label set or a token, or for an unknown mode."""
     target = kici_agent_target(agent.label_set)
     if target is None or not token:
         raise ValueError(f"{agent.agent_id}: the real KiCI agent needs a kiciAgent label set and an orchestrator token")
+    if execution_mode not in KICI_EXECUTION_MODES:
+        raise ValueError(f"execution_mode must be one of {KICI_EXECUTION_MODES}, got {execution_mode!r}")
     pairs = [
         ("KICI_ORCHESTRATOR_URL", target.ws_url),
         ("KICI_AGENT_ID", agent.agent_id),
@@ -121,8 +130,14 @@ def kici_agent_env(agent: Agent, token: str | None) -> list[str]:
     roles = agent.scaler.roles
     if roles is not None and "all" not in roles:
         pairs.append(("KICI_ROLES", ",".join(roles)))
-    pairs += [("KICI_SCALER_MANAGED", "1"), ("KICI_EXECUTION_MODE", "bare-metal")]
-    return [f"{k}={v}" for k, v in pairs]
+    pairs += [("KICI_SCALER_MANAGED", "1"), ("KICI_EXECUTION_MODE", execution_mode)]
+    return pairs
+
+
+def kici_agent_env(agent: Agent, token: str | None) -> list[str]:
+    """``Env`` of a container running the real KiCI agent: :func:`kici_agent_pairs` with steps run
+    in the container (``KICI_EXECUTION_MODE=bare-metal``)."""
+    return [f"{k}={v}" for k, v in kici_agent_pairs(agent, token, execution_mode="bare-metal")]
 
 
 def container_env(

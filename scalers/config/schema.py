@@ -672,20 +672,25 @@ def _label_set_issues(entry: ScalerEntry) -> list[SchemaIssue]:
     return issues
 
 
+#: Scaler types whose sandboxes can run the real KiCI agent (``kiciAgent``).
+KICI_AGENT_SCALER_TYPES = ("container", "firecracker")
+
+
 def _kici_agent_issues(entry: ScalerEntry, i: int, ls: LabelSet) -> list[SchemaIssue]:
-    """A ``kiciAgent`` label set runs in a container and gets only the real agent's own environment:
-    not on another scaler type, not with ``env`` (the real agent refuses an unknown ``KICI_*``
+    """A ``kiciAgent`` label set runs in a container or a Firecracker microVM and gets only the real
+    agent's own environment: not on another scaler type, not with ``env`` (the real agent refuses an unknown ``KICI_*``
     variable, and its environment is the console's to write), not in a warm pool or for several
     jobs (the real agent exits once idle)."""
     if ls.kici_agent is None:
         return []
     where = f'Scaler "{entry.name}" label set [{i}]'
     issues: list[SchemaIssue] = []
-    if entry.type != "container":
+    if entry.type not in KICI_AGENT_SCALER_TYPES:
         issues.append(
             SchemaIssue(
                 ("labelSets", i, "kiciAgent"),
-                f"{where} sets kiciAgent on a {entry.type} scaler; only container scalers run the real KiCI agent",
+                f"{where} sets kiciAgent on a {entry.type} scaler; only container and firecracker scalers "
+                "run the real KiCI agent",
             )
         )
     if ls.env:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import secrets
 import struct
 import subprocess
@@ -27,10 +28,12 @@ BUSYBOX = "/bin/busybox"
 XEN_ELFNOTE_PHYS32_ENTRY = 18
 
 
-def build_guest(out: Path = GUEST_DIR) -> Path:
-    """Run agent/build_guest.sh into ``out``; raises AssertionError with its output when it fails."""
+def build_guest(out: Path = GUEST_DIR, agent_tree: Path | None = None) -> Path:
+    """Run agent/build_guest.sh into ``out`` (with ``agent_tree`` as its ``KICI_GUEST_AGENT_TREE``);
+    raises AssertionError with its output when it fails."""
+    env = {**os.environ, "KICI_GUEST_AGENT_TREE": str(agent_tree or "")}
     proc = subprocess.run(["sh", str(REPO / "agent" / "build_guest.sh"), str(out)], capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+                          timeout=900, env=env)  # fmt: skip
     assert proc.returncode == 0, f"agent/build_guest.sh failed ({proc.returncode}): {proc.stdout}{proc.stderr}"
     return out
 

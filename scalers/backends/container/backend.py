@@ -19,7 +19,6 @@ from docker.errors import APIError, NotFound
 
 from agents.archive import write_archive
 from consolelog.dockerlogs import RedisCheckpoints, container_output
-from scalers.kici_orchestrator import revoke_agent_token, token_to_revoke
 
 from ..base import SpawnControl, SpawnResult, scaler_option
 from ..docker_net import (
@@ -31,6 +30,7 @@ from ..docker_net import (
     network_bridge_name,
 )
 from ..isolation import ContainerIsolation, IsolationTarget, nft_table_for
+from ..kici_token import revoke_recorded_kici_token
 from ..orphans import OrphanTarget
 from ..ownership import Owner, current_owner
 from ..runtime import RuntimeInfo, runtime_for_scaler
@@ -213,19 +213,15 @@ class ContainerBackend:
         address may already belong to a new container, whose rules share the address key
         (``holders.remove_unless_held``; the agent and its own container are left out).
         Idempotent: an unknown id or an already-removed container is not an error.
-        A real KiCI agent's orchestrator token is revoked last (:meth:`_revoke_kici_token`).
+        A real KiCI agent's orchestrator token is revoked last (``kici_token.revoke_recorded_kici_token``:
+        raises ``OrchestratorError`` when the orchestrator cannot take it, so the teardown is retried).
         """
         self._remove_container(agent)
-        self._revoke_kici_token(agent)
+        revoke_recorded_kici_token(agent)
 
-    def _revoke_kici_token(self, agent) -> None:
-        """Revoke the orchestrator token of a real KiCI agent where its spawn recorded it
-        (``backend_context``, ``kici_orchestrator.token_context``), if any: the admin interface
-        mints tokens that never expire. Raises ``OrchestratorError`` when the
-        orchestrator cannot be asked, so the teardown keeps the reservation and is retried."""
-        recorded = token_to_revoke(agent.backend_context or {})
-        if recorded is not None:
-            revoke_agent_token(*recorded)
+    def sandbox_registered(self, agent) -> None:
+        """The real KiCI agent of ``agent`` registered with its orchestrator: nothing to do for a
+        container (its environment is its own)."""
 
     def _remove_container(self, agent) -> None:
         container_id = agent.managed_id or self.host.find(self.scaler.name, agent.agent_id)

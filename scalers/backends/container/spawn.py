@@ -20,14 +20,7 @@ from agents.events import record_connecting, record_event
 from agents.models import Agent
 from network import netlink
 from scalers.credentials import CredentialError, auth_config
-from scalers.kici_orchestrator import (
-    OrchestratorError,
-    kici_agent_target,
-    mint_agent_token,
-    revoke_agent_token,
-    token_context,
-    token_labels,
-)
+from scalers.kici_orchestrator import kici_agent_target, token_context
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..docker_net import (
@@ -40,6 +33,7 @@ from ..docker_net import (
 )
 from ..hostconfig import build_agent_container_host_config
 from ..isolation import resolve_host_access, resolve_kici_host_access
+from ..kici_token import mint_spawn_kici_token, revoke_failed_spawn_kici_token
 from ..spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
 from .host import DockerHost
 from .job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, ensure_runtime_volume
@@ -313,7 +307,7 @@ def spawn_container(
             exc, agent, host, rules, container_id, address, started=started, base_timeout=base_timeout
         )
         if kici is not None and kici_token_id:
-            revoke_kici_token(kici, kici_token_id, agent.agent_id)
+            revoke_failed_spawn_kici_token(kici, kici_token_id, agent.agent_id)
         if isinstance(exc, SpawnAborted | SpawnError):
             raise
         stage = control.stages[-1] if control.stages else ""
@@ -337,23 +331,8 @@ def mint_spawn_token(agent, kici) -> tuple[str, str]:
             f"a job image ({agent.job_image}) cannot run it",
             "create",
         )
-    token_id, token = mint_agent_token(kici, token_labels(agent.label_set, agent.scaler.roles))
-    Agent.objects.filter(pk=agent.pk).update(backend_context=token_context(kici, token_id))
-    record_event(
-        agent,
-        EventType.PROVISIONING,
-        f"creating container for the KiCI agent of {kici.ws_url} (orchestrator token {token_id})",
-    )
+    token_id, token = mint_spawn_kici_token(agent, kici, "container")
     return token, token_id
-
-
-def revoke_kici_token(target, token_id: str, agent_id: str) -> None:
-    """Revoke the orchestrator token of a spawn that failed; a failure is logged (the token was
-    never handed to a running agent, and its row names it for the operator)."""
-    try:
-        revoke_agent_token(target, token_id)
-    except OrchestratorError:
-        log.warning("could not revoke orchestrator token %s of %s", token_id, agent_id, exc_info=True)
 
 
 def undo_failed_spawn(

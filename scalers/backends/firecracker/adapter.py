@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -27,22 +28,29 @@ from consolelog.tail import Opener
 from network import netlink
 from network.ipalloc_db import DbIpAllocator
 from network.nft import apply
+from scalers.kici_orchestrator import kici_agent_target, token_context
 from scalers.models import ConfigState
 
 from ..base import BootFailure, SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..failure import mark_spawn_failed
-from ..isolation import IsolationTarget, host_services
-from ..spawn_env import console_url, full_labels, spawn_limits
+from ..isolation import IsolationTarget, host_services, resolve_kici_host_access
+from ..kici_token import mint_spawn_kici_token, revoke_failed_spawn_kici_token, revoke_recorded_kici_token
+from ..spawn_env import console_url, full_labels, kici_agent_pairs, spawn_limits
 from . import jail, watch
 from .backend import ABORT_REASON, FirecrackerBackend, FirecrackerCapacityError, FirecrackerSpawnError
 from .bootwatch import boot_failure_from_disk, release_thread_db
 from .cancel import CancelSignal
+from .failure import read_failure_type
 from .logs import vm_log_files
+from .pidprobe import probe_vm_pid
 from .settings import FirecrackerSettings
 from .sweeps import default_tracked_provider
 from .watch import POLL_SECONDS, serial_tail
 
 log = logging.getLogger(__name__)
+
+#: The guest init's serial line once its agent exited (``agent/guest_init.sh``): the exit status.
+AGENT_EXIT_LINE = re.compile(r"kici-init: agent exited \((\d+)\)")
 
 #: Where the kernel keeps the id of the current boot (a fresh one after every reboot).
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -251,6 +259,9 @@ class FirecrackerScalerBackend:
             self.ensure_host_ready(unless_provisioned=True)
         except Exception as exc:  # fail closed: no VM on an unprovisioned host
             raise SpawnError(f"host provisioning failed: {exc}", "provisioning") from exc
+        kici = kici_agent_target(agent.label_set)
+        minted: list[str] = []  # the orchestrator token id of a real KiCI agent, once minted
+        kici_boot = self._kici_boot(agent, kici, minted) if kici is not None else {}
         self._agents[agent_id] = agent
         cancel, stop = CancelSignal(), threading.Event()
         watch.track(agent_id, self.fc)
@@ -263,14 +274,17 @@ class FirecrackerScalerBackend:
         bridge.start()
         try:
             vm = self.fc.spawn(
-                agent_id, self._label_set(agent), spawn_limits(agent), console_url(agent.scaler),
-                labels=full_labels(agent), cancel=cancel,
+                agent_id, self._label_set(agent), spawn_limits(agent),
+                kici.ws_url if kici is not None else console_url(agent.scaler),
+                labels=full_labels(agent), cancel=cancel, **kici_boot,
             )  # fmt: skip
         except FirecrackerCapacityError as exc:
             self._forget(agent_id)
             raise SpawnError(exc.reason, "capacity") from exc
         except Exception as exc:  # FirecrackerSpawnError and anything before tracking
             self._forget(agent_id)
+            if kici is not None and minted:
+                revoke_failed_spawn_kici_token(kici, minted[0], agent_id)
             reason = exc.reason if isinstance(exc, FirecrackerSpawnError) else str(exc)
             captured = self._failed_emitted.get(agent_id, ("", []))[1]
             if cancel.is_set() and self._release_reasons.get(agent_id) == "spawn-timeout":
@@ -298,6 +312,7 @@ class FirecrackerScalerBackend:
             "mac": vm.mac,
             "bridge": self.fc.settings.bridge_name,
             "table": self.fc.settings.table,
+            **(token_context(kici, minted[0]) if kici is not None and minted else {}),
         }
         if self.netns:
             context["host_netns"] = self.netns
@@ -308,6 +323,23 @@ class FirecrackerScalerBackend:
 
     def _forget(self, agent_id: str) -> None:
         watch.untrack(agent_id, self.fc)
+
+    def _kici_boot(self, agent, kici, minted: list[str]) -> dict[str, Any]:
+        """What a VM running the real KiCI agent of ``kici`` boots with, as ``FirecrackerBackend.spawn``
+        keywords: its host access (``resolve_kici_host_access``: by default the orchestrator's port
+        on the VM gateway, nothing else of the host) and an MMDS document that carries exactly the
+        real agent's environment (``spawn_env.kici_agent_pairs``, steps run in the VM:
+        ``KICI_EXECUTION_MODE=firecracker``) under the reference's keys (``jail.agent_env_mmds``),
+        with a token the orchestrator mints once the VM answers; its id is appended to ``minted``."""
+        gateway = self.fc.settings.gateway
+        host_access, _explicit = resolve_kici_host_access(self._label_set(agent)["networkPolicy"], kici, gateway)
+
+        def mmds() -> dict:
+            token_id, token = mint_spawn_kici_token(agent, kici, "microVM")
+            minted.append(token_id)
+            return jail.agent_env_mmds(kici_agent_pairs(agent, token, execution_mode="firecracker"), gateway)
+
+        return {"host_access": host_access, "mmds": mmds}
 
     # ---- registration -------------------------------------------------------------------------
 
@@ -340,19 +372,48 @@ class FirecrackerScalerBackend:
         """The last 50 serial-console lines of the agent's VM ([] when there is no log)."""
         return serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log")
 
+    def sandbox_exit(self, agent) -> str | None:
+        """None while the agent's VM runs, else how its agent ended, for the follow of a real KiCI
+        agent (``scalers.kici_agents``): ``exited with code N`` from the guest init's last
+        ``kici-init: agent exited (N)`` serial line (the init resets the VM when its agent exits),
+        ``stopped with its VM (firecracker pid P exited, <failure type>)`` without one, ``has no
+        VM`` when its directory is gone. Reads the pid file and serial log only."""
+        chroot = self.fc.chroot_dir(agent.agent_id)
+        if not chroot.is_dir():
+            return "has no VM"
+        probe = probe_vm_pid(chroot)
+        if probe.running:
+            return None
+        serial = chroot / "serial-console.log"
+        for line in reversed(serial_tail(serial)):
+            found = AGENT_EXIT_LINE.search(line)
+            if found:
+                return f"exited with code {found.group(1)}"
+        return f"stopped with its VM (firecracker pid {probe.pid} exited, {read_failure_type(serial)})"
+
+    def sandbox_registered(self, agent) -> None:
+        """The real KiCI agent of ``agent`` registered with its orchestrator: its VM's exit is no
+        longer a boot failure, and MMDS drops the token (``clear_mmds``, as the reference does on
+        the agent's ``config.ack``, which only its orchestrator sees). Raises API errors."""
+        self.mark_registered(agent)
+        self.clear_mmds(agent)
+
     # ---- teardown and sweeps ------------------------------------------------------------------
 
     def destroy(self, agent, reason: str = "shutdown") -> None:
         """Ctrl-Alt-Del, wait, SIGKILL a confirmed VM, then rules, TAP, IP row, directory.
 
-        Works from disk for a VM another process spawned; idempotent. Raises ``RuntimeError`` when
-        the VM directory is still there afterwards (the caller keeps the reservation and retries)."""
+        Works from disk for a VM another process spawned; idempotent. A real KiCI agent's
+        orchestrator token is revoked last. Raises ``RuntimeError`` when the VM directory is still
+        there afterwards, ``OrchestratorError`` when the orchestrator cannot take the revocation
+        (either way the caller keeps the reservation and retries)."""
         agent_id = agent.agent_id
         fc = watch.live(agent_id) or self.fc
         fc.destroy(agent_id)
         self._forget(agent_id)
         if self.fc.chroot_dir(agent_id).parent.exists():
             raise RuntimeError(f"the VM directory of {agent_id} is still present after destroy")
+        revoke_recorded_kici_token(agent)
 
     def reap_unowned(self, agent_id: str) -> bool:
         """Force-reclaim an untracked VM of this scaler; True when reclaimed."""

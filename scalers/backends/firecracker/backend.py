@@ -231,6 +231,8 @@ class FirecrackerBackend:
         labels: Sequence[str] | None = None,
         cancel: CancelSignal | None = None,
         timeout_s: float | None = None,
+        host_access: Sequence[str] | None = None,
+        mmds: Callable[[], dict] | None = None,
     ) -> FirecrackerVm:
         """Boot one VM and return its record once MMDS holds the bootstrap data.
 
@@ -238,8 +240,12 @@ class FirecrackerBackend:
         ``initrdPath``, ``overlayDriveSizeMib``, ``vcpuCount``, ``memSizeMib``, ``env``, ``networkPolicy``,
         ``backpressureMode``). ``limits``: effective limits (``cpus``, ``memory_bytes``) or None.
         ``labels``: the full agent labels (default: the set's). ``cancel``: fired by the caller's
-        deadline or shutdown; ``timeout_s``: arms such a deadline here. Any failure emits one
-        ``scaler.failed``, removes everything created, and raises :class:`FirecrackerSpawnError`.
+        deadline or shutdown; ``timeout_s``: arms such a deadline here. ``host_access``: the VM's
+        resolved host access (default: resolved here from the label set's ``networkPolicy``,
+        ``orchestrator_url`` and the host services). ``mmds``: builds the MMDS document itself,
+        minting what token it needs, once the VM's API socket answers (default: ``mint_token`` and
+        ``jail.build_mmds_payload``). Any failure emits one ``scaler.failed``, removes everything
+        created, and raises :class:`FirecrackerSpawnError`.
         """
         s = self.settings
         cancel = cancel or CancelSignal()
@@ -254,12 +260,13 @@ class FirecrackerBackend:
                     "process although admission let this one through",
                 )
             layout = jail.ChrootLayout.for_agent(s.chroot_base_dir, agent_id)
-            host_access = resolve_agent_host_access(
-                label_set.get("networkPolicy"), orchestrator_url, s.gateway, self.host_services
-            )
+            if host_access is None:
+                host_access = resolve_agent_host_access(
+                    label_set.get("networkPolicy"), orchestrator_url, s.gateway, self.host_services
+                )
             vm = FirecrackerVm(
                 agent_id=agent_id, labels=list(labels or label_set.get("labels") or []), label_set=label_set,
-                host_access=host_access, layout=layout, cancel=cancel,
+                host_access=list(host_access), layout=layout, cancel=cancel,
             )  # fmt: skip
             self._vms[agent_id] = vm
 
@@ -271,8 +278,8 @@ class FirecrackerBackend:
         timer = cancel.cancel_after(timeout_s, ABORT_REASON) if timeout_s else None
         try:
             if self.store_host_access is not None:
-                self.store_host_access(agent_id, host_access)
-            self._boot(vm, limits, orchestrator_url)
+                self.store_host_access(agent_id, vm.host_access)
+            self._boot(vm, limits, orchestrator_url, mmds)
             with self._lock:
                 if vm.abandoned:
                     raise _Aborted()
@@ -304,7 +311,7 @@ class FirecrackerBackend:
         if vm.cancel.is_set() or vm.abandoned:
             raise _Aborted()
 
-    def _boot(self, vm: FirecrackerVm, limits: Any, orchestrator_url: str) -> None:
+    def _boot(self, vm: FirecrackerVm, limits: Any, orchestrator_url: str, mmds: Callable[[], dict] | None) -> None:
         s, ls, aid = self.settings, vm.label_set, vm.agent_id
         self._emit(aid, EventType.PROVISIONING, "preparing rootfs and kernel")
         jail.check_free_space(s.chroot_base_dir, s.min_free_bytes)  # the disk guard: ChrootVolumeFull
@@ -341,13 +348,17 @@ class FirecrackerBackend:
             name=f"fc-watch:{aid}", daemon=True,
         ).start()  # fmt: skip
         self._wait_for_socket(vm)
-        token = self.mint_token(aid, vm.labels) if self.mint_token else None
-        self._check(vm)
-        env = jail.forwarded_env(self.environ, ls.get("env"), lambda m: log.warning("%s: %s", aid, m))
-        payload = jail.build_mmds_payload(
-            orchestrator_url=orchestrator_url, agent_id=aid, labels=vm.labels, gateway=s.gateway,
-            token=token, backpressure_mode=ls.get("backpressureMode"), env=env,
-        )  # fmt: skip
+        if mmds is not None:
+            payload = mmds()
+            self._check(vm)
+        else:
+            token = self.mint_token(aid, vm.labels) if self.mint_token else None
+            self._check(vm)
+            env = jail.forwarded_env(self.environ, ls.get("env"), lambda m: log.warning("%s: %s", aid, m))
+            payload = jail.build_mmds_payload(
+                orchestrator_url=orchestrator_url, agent_id=aid, labels=vm.labels, gateway=s.gateway,
+                token=token, backpressure_mode=ls.get("backpressureMode"), env=env,
+            )  # fmt: skip
         FirecrackerApi(str(vm.layout.socket), vm.cancel).put_mmds(payload)
 
     def _launch_jailer(self, vm: FirecrackerVm) -> subprocess.Popen:

@@ -204,6 +204,49 @@ def build_mmds_payload(
     return {"latest": {"meta-data": meta}}
 
 
+#: The MMDS meta-data key of each agent variable the reference's Firecracker backend writes under a
+#: key of its own; the guest (``agent/guest_mmds.sh``) maps each back. Every other variable of an
+#: agent's environment travels in the ``kici-env`` map under its own name.
+MMDS_ENV_KEYS = {
+    "KICI_ORCHESTRATOR_URL": "kici-orchestrator-url",
+    "KICI_AGENT_ID": "kici-agent-id",
+    "KICI_LABELS": "kici-labels",
+    "KICI_AGENT_TOKEN": "kici-agent-token",
+    "KICI_SCALER_MANAGED": "kici-scaler-managed",
+    "KICI_BACKPRESSURE_MODE": "kici-backpressure-mode",
+}
+
+
+def agent_env_mmds(env: Sequence[tuple[str, str]], gateway: str) -> dict:
+    """``{"latest": {"meta-data": {...}}}`` for ``PUT /mmds`` that starts the guest's agent with
+    exactly the environment ``env`` (``(name, value)`` pairs, e.g. the real KiCI agent's,
+    ``spawn_env.kici_agent_pairs``): each variable of :data:`MMDS_ENV_KEYS` under its key, every
+    other one in ``kici-env``, plus ``kici-gateway-ip``. Nothing is skipped: raises ``ValueError``
+    naming the variable for a name that is not a shell variable name, a repeated name, or a
+    ``kici-env`` over the :data:`ENV_BUDGET_BYTES` budget."""
+    meta: dict[str, Any] = {"kici-gateway-ip": gateway}
+    extra: dict[str, str] = {}
+    seen: set[str] = set()
+    for name, value in env:
+        if not ENV_KEY_RE.match(name):
+            raise ValueError(f"agent environment: {name!r} is not a variable name")
+        if name in seen:
+            raise ValueError(f"agent environment: {name} is given twice")
+        seen.add(name)
+        if name in MMDS_ENV_KEYS:
+            meta[MMDS_ENV_KEYS[name]] = str(value)
+        else:
+            extra[name] = str(value)
+    used = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in extra.items())
+    if used > ENV_BUDGET_BYTES:
+        raise ValueError(
+            f"agent environment: kici-env needs {used} bytes, over the {ENV_BUDGET_BYTES}-byte MMDS budget"
+        )
+    if extra:
+        meta["kici-env"] = extra
+    return {"latest": {"meta-data": meta}}
+
+
 def sudo_wrap(argv: Sequence[str], require_sudo: bool) -> list[str]:
     """``argv`` prefixed with ``sudo -n`` when ``require_sudo`` (the scaler's ``requireSudo``)."""
     return (["sudo", "-n"] if require_sudo else []) + list(argv)

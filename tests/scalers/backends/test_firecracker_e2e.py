@@ -28,13 +28,18 @@ from network.nft.apply import NftClient
 from scalers.backends.factory import get_backend
 from scalers.backends.firecracker.adapter import FirecrackerScalerBackend
 from scalers.backends.firecracker.api import FirecrackerApi
+from scalers.backends.firecracker.jail import agent_env_mmds
 from scalers.backends.firecracker.pidprobe import probe_vm_pid
+from scalers.backends.spawn_env import kici_agent_pairs
 from scalers.config.loader import load_scalers_config
+from scalers.credentials import encrypt_secret
 from scalers.importing import apply_scalers_config
+from scalers.kici_orchestrator import token_labels
 from scalers.lifecycle import release_agent, teardown_agent
-from scalers.models import Reservation
+from scalers.models import OrchestratorAdminToken, Reservation
 from tests.support.admission import request_scale
 from tests.support.firecracker import FAKE_JAILER, fake_kernel, owned_vm_dir, real_binaries, require_kvm, tiny_kernel
+from tests.support.kici_stand_in import ADMIN_TOKEN, stand_in_orchestrator
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.root]
 
@@ -51,8 +56,9 @@ def product(fc_env, settings):
     return fc_env
 
 
-def import_scalers(env, *, jailer, firecracker, kernel) -> str:
-    """Write and import a scalers.yaml with one firecracker scaler; returns the scaler name."""
+def import_scalers(env, *, jailer, firecracker, kernel, label_set: str = "") -> str:
+    """Write and import a scalers.yaml with one firecracker scaler (``label_set``: more yaml lines of
+    its label set, indented as its keys); returns the scaler name."""
     name = "fcint-vm"
     text = f"""version: 1
 globalMaxAgents: 4
@@ -80,7 +86,7 @@ scalers:
       - labels: [linux, vm]
         rootfsPath: {env.rootfs()}
         overlayDriveSizeMib: 8
-"""
+{label_set}"""
     path = env.images / "scalers.yaml"
     path.write_text(text)
     apply_scalers_config(load_scalers_config(str(path), None), str(path))
@@ -201,6 +207,121 @@ def test_a_firecracker_agent_is_admitted_spawned_registers_and_leaves_nothing_af
     assert wait_for(lambda: not _alive(pid), 5)
     assert ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.RELEASED).count() == 1
     assert not ScalerEvent.objects.filter(agent_ref=agent_id, type=EventType.FAILED).exists()
+
+
+def test_a_vm_of_the_real_kici_agent_gets_its_environment_through_mmds_and_ends_with_its_token(
+    product, settings, run_rq_jobs, drive_rq
+):
+    # A kiciAgent label set on a firecracker scaler: the orchestrator (a stand-in of its admin
+    # interface) mints the token; MMDS carries exactly the real agent's environment under the
+    # reference's keys; the default host access is the orchestrator's port on the VM gateway; the
+    # follow sees the agent registered (the orchestrator lists it) and MMDS drops the token; the
+    # guest's agent exits (the init's serial line, then the VM resets) and the console ends it:
+    # token revoked, nothing left.
+    env = product
+    kernel = env.write_image("vmlinux", fake_kernel("serial fake guest: init started"))
+    with stand_in_orchestrator() as orchestrator:
+        OrchestratorAdminToken.objects.create(name="orch", secret=encrypt_secret(ADMIN_TOKEN))
+        ws_url = f"ws://{env.gateway}:8480/ws"
+        kici = (
+            f"        kiciAgent:\n          orchestratorUrl: {ws_url}\n"
+            f"          adminUrl: http://127.0.0.1:{orchestrator.port}\n          adminTokenRef: orch\n"
+        )
+        import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel, label_set=kici)
+
+        agent_id = request_scale(["linux", "vm"], "job-fcint-kici").agent
+        run_rq_jobs(settings.KICI_HOST_QUEUE)
+        agent = Agent.objects.select_related("scaler", "label_set").get(agent_id=agent_id)
+        assert agent.state == AgentState.CONNECTING, agent.failure_reason
+        assert orchestrator.tokens["at-1"]["labels"] == token_labels(agent.label_set, agent.scaler.roles)
+        socket_path = env.base / "firecracker" / agent_id / "root" / "run" / "firecracker.socket"
+        mmds = FirecrackerApi(str(socket_path)).get_mmds()
+        pairs = kici_agent_pairs(agent, "kat_at-1", execution_mode="firecracker")
+        assert mmds == agent_env_mmds(pairs, env.gateway)
+        meta = mmds["latest"]["meta-data"]
+        assert (meta["kici-orchestrator-url"], meta["kici-agent-id"], meta["kici-agent-token"]) == (
+            ws_url, agent_id, "kat_at-1"
+        )  # fmt: skip
+        assert (meta["kici-labels"], meta["kici-scaler-managed"]) == ("linux,vm", "1")
+        assert meta["kici-env"] == {"KICI_EXECUTION_MODE": "firecracker"}  # no KICI_ROLES: all roles
+        assert agent.host_access == [f"{env.gateway}:8480"] and agent.host_access_explicit is False
+        assert agent.ip in {str(a) for a in NftClient(TABLE, netns=env.netns).list_agents()}
+        assert agent.backend_context["kici_token_id"] == "at-1" and agent.backend_context["tap"]
+        assert ScalerEvent.objects.filter(
+            agent_ref=agent_id, detail=f"creating microVM for the KiCI agent of {ws_url} (orchestrator token at-1)"
+        ).exists()
+
+        orchestrator.connected = [agent_id]
+        assert drive_rq(lambda: Agent.objects.get(agent_id=agent_id).state == AgentState.RUNNING, 10)
+        assert wait_for(lambda: FirecrackerApi(str(socket_path)).get_mmds() == {"latest": {"meta-data": {}}}, 5)
+
+        # The guest's agent exits once idle: the init logs its status and resets the VM.
+        with open(env.base / "firecracker" / agent_id / "root" / "serial-console.log", "a") as serial:
+            serial.write("kici-init: agent exited (0)\n")
+        FirecrackerApi(str(socket_path)).request("PUT", "/actions", {"action_type": "SendCtrlAltDel"})
+        orchestrator.connected = []
+        assert drive_rq(lambda: Agent.objects.get(agent_id=agent_id).state == AgentState.DESTROYED, 15)
+        agent = Agent.objects.get(agent_id=agent_id)
+        assert agent.teardown_reason == "the KiCI agent exited with code 0 (it shuts down once idle)"
+        assert orchestrator.tokens == {}  # revoked
+        assert nothing_left(env, agent_id, agent.ip) == []
+
+
+def test_a_vm_whose_guest_has_no_real_agent_fails_at_once_with_the_inits_words_and_its_token_revoked(
+    product, settings, drive_rq
+):
+    env = product
+    # The guest's reader finds no /usr/local/bin/kici-agent: it exits 127, the init says so and
+    # resets the VM, 1.5 s after MMDS was written.
+    kernel = env.write_image(
+        "vmlinux",
+        fake_kernel(
+            "serial kici-mmds: MMDS names the WebSocket orchestrator ws://x/ws (the real KiCI agent), "
+            "but /usr/local/bin/kici-agent is not installed in this guest",
+            "serial kici-init: agent exited (127)",
+            "exit 1.5 0",
+        ),
+    )
+    with stand_in_orchestrator() as orchestrator:
+        OrchestratorAdminToken.objects.create(name="orch", secret=encrypt_secret(ADMIN_TOKEN))
+        ws_url = f"ws://{env.gateway}:8480/ws"
+        kici = (
+            f"        kiciAgent:\n          orchestratorUrl: {ws_url}\n"
+            f"          adminUrl: http://127.0.0.1:{orchestrator.port}\n          adminTokenRef: orch\n"
+        )
+        import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel, label_set=kici)
+        agent_id = request_scale(["linux", "vm"], "job-fcint-kici-3").agent
+        t0 = time.monotonic()
+        assert drive_rq(lambda: Agent.objects.get(agent_id=agent_id).state == AgentState.FAILED, 15)
+        assert time.monotonic() - t0 < 10, "failed when the VM ended, long before the 20 s deadline"
+        agent = Agent.objects.get(agent_id=agent_id)
+        assert agent.failure_reason.startswith(
+            f"the KiCI agent exited with code 127 without registering with {ws_url}; the orchestrator lists no "
+            f"agent {agent_id} among those registered with it; its token at-1 was never presented"
+        ), agent.failure_reason
+        assert "/usr/local/bin/kici-agent is not installed in this guest" in agent.failure_reason
+        assert orchestrator.tokens == {}  # revoked
+        assert nothing_left(env, agent_id, agent.ip) == []
+
+
+def test_a_failed_vm_spawn_of_the_real_kici_agent_revokes_the_token_it_minted(product, settings, run_rq_jobs):
+    env = product
+    # The guest dies as soon as its API socket answered: MMDS (and the token) cannot be written.
+    kernel = env.write_image("vmlinux", fake_kernel("panic-after-ready Kernel panic - not syncing: test"))
+    with stand_in_orchestrator() as orchestrator:
+        OrchestratorAdminToken.objects.create(name="orch", secret=encrypt_secret(ADMIN_TOKEN))
+        kici = (
+            f"        kiciAgent:\n          orchestratorUrl: ws://{env.gateway}:8480/ws\n"
+            f"          adminUrl: http://127.0.0.1:{orchestrator.port}\n          adminTokenRef: orch\n"
+        )
+        import_scalers(env, jailer=FAKE_JAILER, firecracker="/opt/fake/firecracker", kernel=kernel, label_set=kici)
+        agent_id = request_scale(["linux", "vm"], "job-fcint-kici-2").agent
+        run_rq_jobs(settings.KICI_HOST_QUEUE)
+        agent = Agent.objects.get(agent_id=agent_id)
+        assert agent.state == AgentState.FAILED
+        assert [c[:2] for c in orchestrator.calls if c[0] == "POST"] == [("POST", "/api/v1/agent-tokens")]
+        assert orchestrator.tokens == {}  # minted, then revoked with the failed spawn
+        assert nothing_left(env, agent_id, agent.ip) == []
 
 
 def test_a_real_guest_that_panics_fails_the_spawn_with_its_failure_type_and_releases_everything(

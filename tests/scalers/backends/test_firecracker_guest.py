@@ -16,9 +16,11 @@ import pytest
 from scalers.backends.firecracker import jail
 from scalers.backends.firecracker.api import FirecrackerApi
 from scalers.backends.firecracker.logs import SERIAL_SOURCE
+from scalers.backends.spawn_env import kici_agent_pairs
 from tests.support.firecracker import real_binaries, require_kvm
 from tests.support.guest import (
     BUSYBOX,
+    GUEST_DIR,
     REPO,
     XEN_ELFNOTE_PHYS32_ENTRY,
     Console,
@@ -34,6 +36,7 @@ from tests.support.guest import (
     serve_in_netns,
 )
 from tests.support.root import require_root
+from tests.support.scalers import make_agent, make_scaler
 
 AGENT = REPO / "agent"
 NO_HARDWARE_KVM = (
@@ -88,6 +91,13 @@ def test_the_rootfs_image_holds_the_same_tree_and_a_second_build_changes_nothing
     before = {f: (guest / f).stat().st_mtime_ns for f in ("vmlinux", "initrd.img", "rootfs.ext4")}
     build_guest()
     assert {f: (guest / f).stat().st_mtime_ns for f in before} == before
+
+
+def test_the_build_refuses_an_agent_tree_without_the_real_agent(tmp_path):
+    (tmp_path / "tree" / "usr" / "local" / "bin").mkdir(parents=True)
+    with pytest.raises(AssertionError, match="holds no executable usr/local/bin/kici-agent"):
+        build_guest(tmp_path / "out", agent_tree=tmp_path / "tree")
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_initrd_path_reaches_the_vm_config_and_the_chroot(tmp_path):
@@ -231,16 +241,106 @@ def test_the_mmds_reader_gives_up_naming_the_keys_when_mmds_stays_empty(guest_ne
         server.server_close()
 
 
-# ---- the whole guest, booted -------------------------------------------------------------------
+def _real_agent_row(gateway: str, roles=None):
+    """A firecracker agent row of a label set running the real KiCI agent of ``ws://<gateway>:8480/ws``."""
+    scaler = make_scaler(
+        type="firecracker", labels=("real-vm", "linux"), roles=roles,
+        ls_config={"kiciAgent": {"orchestratorUrl": f"ws://{gateway}:8480/ws", "adminTokenRef": "orch"}},
+    )  # fmt: skip
+    return make_agent(scaler)
+
+
+def _guest_eth0(net) -> None:
+    """eth0 of the guest side up with its address and the route to MMDS, as the init leaves it."""
+    subprocess.run(["ip", "-n", net["guest"], "addr", "add", f"{net['ip']}/24", "dev", "eth0"], check=True)
+    subprocess.run(["ip", "-n", net["guest"], "link", "set", "eth0", "up"], check=True)
+    subprocess.run(["ip", "-n", net["guest"], "route", "add", jail.MMDS_ADDRESS, "dev", "eth0"], check=True)
+
+
+def _env_lines(stdout: str) -> dict[str, str]:
+    """The environment busybox ``env`` printed (the reader's own log lines left out)."""
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line and not line.startswith("kici-"))
 
 
 @pytest.mark.root
-@pytest.mark.slow
-def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_mmds(guest, tmp_path):
-    # QEMU's microvm machine in software emulation (no KVM needed) describes its virtio-mmio
-    # devices in ACPI (LNRO0005) as Firecracker does: the same kernel, initramfs and boot arguments
-    # boot through the modules, eth0 from ip=, MMDS and the agent's registration; the agent's
-    # stop ends the init, which resets the machine.
+@pytest.mark.django_db
+@pytest.mark.parametrize("version", ["V2", "V1"])
+def test_the_mmds_reader_starts_the_real_kici_agent_with_exactly_the_environment_the_console_gives_it(
+    guest_net, tmp_path, version
+):
+    # The console's document for a VM of a kiciAgent label set (the reference's keys), read by the
+    # guest reader, which execs the real agent: here busybox env, which prints what it was given.
+    # Whatever the reader's own environment holds (its KICI_* knobs, a stray variable) must not
+    # reach the agent, which refuses any KICI_* variable it does not know.
+    net = guest_net
+    agent = _real_agent_row(net["gateway"], roles=["builder"])
+    pairs = kici_agent_pairs(agent, "kat_from-the-orchestrator", execution_mode="firecracker")
+    mmds = Mmds(version=version)
+    mmds.data.update(jail.agent_env_mmds(pairs, net["gateway"]))
+    meta = mmds.data["latest"]["meta-data"]
+    assert meta["kici-orchestrator-url"] == f"ws://{net['gateway']}:8480/ws"
+    assert (meta["kici-agent-token"], meta["kici-scaler-managed"]) == ("kat_from-the-orchestrator", "1")
+    assert meta["kici-env"] == {"KICI_ROLES": "builder", "KICI_EXECUTION_MODE": "firecracker"}
+    server = serve_in_netns(net["host"], jail.MMDS_ADDRESS, 80, mmds.handler())
+    try:
+        _guest_eth0(net)
+        path = busybox_path(tmp_path)
+        env = environ_for_guest(
+            path, KICI_REAL_AGENT=f"{path}/env", KICI_AGENT_SCRIPT="/nonexistent", KICI_MMDS_WAIT_SECONDS="5",
+            KICI_STRAY="from the init", TERM="linux",
+        )  # fmt: skip
+        run = _in_guest(net, ["busybox", "sh", str(AGENT / "guest_mmds.sh")], env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        expected = {
+            "HOME": "/root",
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "TMPDIR": "/tmp",
+            **dict(pairs),
+        }
+        assert _env_lines(run.stdout) == expected, run.stdout + run.stderr
+        assert f"kici-mmds: real KiCI agent {agent.agent_id}, orchestrator ws://{net['gateway']}:8480/ws" in run.stdout
+        assert "kat_from-the-orchestrator" not in run.stdout.replace("KICI_AGENT_TOKEN=kat_from-the-orchestrator", "")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.root
+@pytest.mark.django_db
+def test_the_mmds_reader_refuses_a_websocket_orchestrator_when_the_guest_has_no_real_agent(guest_net, tmp_path):
+    net = guest_net
+    agent = _real_agent_row(net["gateway"])
+    mmds = Mmds()
+    pairs = kici_agent_pairs(agent, "kat_x", execution_mode="firecracker")
+    mmds.data.update(jail.agent_env_mmds(pairs, net["gateway"]))
+    server = serve_in_netns(net["host"], jail.MMDS_ADDRESS, 80, mmds.handler())
+    try:
+        _guest_eth0(net)
+        shown = tmp_path / "console_agent.sh"
+        shown.write_text('echo "the console agent ran"\n')
+        env = environ_for_guest(busybox_path(tmp_path), KICI_REAL_AGENT=str(tmp_path / "missing"),
+                                KICI_AGENT_SCRIPT=str(shown), KICI_MMDS_WAIT_SECONDS="5")  # fmt: skip
+        run = _in_guest(net, ["busybox", "sh", str(AGENT / "guest_mmds.sh")], env)
+        assert run.returncode == 127, run.stdout + run.stderr
+        assert (
+            f"kici-mmds: MMDS names the WebSocket orchestrator ws://{net['gateway']}:8480/ws (the real KiCI agent), "
+            f"but {tmp_path / 'missing'} is not installed in this guest"
+        ) in run.stdout
+        assert "the console agent ran" not in run.stdout and "kat_x" not in run.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---- the whole guest, booted -------------------------------------------------------------------
+
+
+def _boot_emulated(guest, tmp_path, meta_for, console_for=None) -> tuple[int | None, str, Mmds, list]:
+    """Boot the built ``guest`` in QEMU's microvm machine (software emulation) on a TAP in a
+    namespace of its own, whose host side holds the gateway, an MMDS (V2) serving
+    ``meta_for(gateway)`` and, when ``console_for`` is given, the HTTP handler
+    ``console_for(gateway)`` on the gateway's port 8000. Returns ``(exit code or None when it did not
+    reset within 240 s, serial log, the MMDS, the servers' handlers)``."""
     require_root()
     qemu = shutil.which("qemu-system-x86_64")
     assert qemu, "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86: make test installs it)"
@@ -248,18 +348,8 @@ def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_
     ns, tap = f"kgst-{os.getpid()}-{n}-q", "kgst-tap0"
     octet = 10 + (os.getpid() + n) % 200
     gateway, ip = f"10.253.{octet}.1", f"10.253.{octet}.2"
-    agent_id, token = "scaler-firecracker-0000e1e1", "tok-emulated"
-    console = Console(agent_id, token)
     mmds = Mmds(version="V2")
-    mmds.data.update(
-        jail.build_mmds_payload(
-            orchestrator_url=f"http://{gateway}:8000",
-            agent_id=agent_id,
-            labels=["linux", "vm"],
-            gateway=gateway,
-            token=token,
-        )  # fmt: skip
-    )
+    mmds.data.update(meta_for(gateway))
     boot_args = jail.build_vm_config(
         ip=ip, gateway=gateway, netmask="255.255.255.0", mac="06:00:0a:fd:00:02", tap=tap, vcpus=1, mem_mib=256
     )["boot-source"]["boot_args"]
@@ -271,10 +361,9 @@ def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_
         for addr in (f"{gateway}/24", f"{jail.MMDS_ADDRESS}/32"):
             subprocess.run(["ip", "-n", ns, "addr", "add", addr, "dev", tap], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", tap, "up"], check=True)
-        servers = [
-            serve_in_netns(ns, jail.MMDS_ADDRESS, 80, mmds.handler()),
-            serve_in_netns(ns, gateway, 8000, console.handler()),
-        ]
+        servers = [serve_in_netns(ns, jail.MMDS_ADDRESS, 80, mmds.handler())]
+        if console_for is not None:
+            servers.append(serve_in_netns(ns, gateway, 8000, console_for(gateway)))
         serial = tmp_path / "serial.log"
         machine = "microvm,acpi=on,x-option-roms=off,pit=on,pic=on,isa-serial=on,rtc=on"
         # Virtual time from the instruction count: on a loaded host, real-time emulation makes the
@@ -296,12 +385,8 @@ def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_
             except subprocess.TimeoutExpired:
                 code = None
         log = serial.read_text(errors="replace")
-        assert code == 0, f"the emulated guest did not reset after its agent stopped (exit {code}):\n{log[-4000:]}"
         assert f"kici-init: eth0 is {ip}/24 via {gateway}" in log and "virtio_blk" in log, log[-4000:]
-        assert "kici-agent: registered" in log and "kici-agent: console asked us to stop" in log, log[-4000:]
-        register = [r for r in console.requests if r[0] == "/api/v1/agents/register"]
-        assert len(register) == 1 and register[0][1] == f"Bearer {token}"
-        assert any(r[0] == "PUT" for r in mmds.requests)  # a V2 session
+        return code, log, mmds, servers
     finally:
         if vm is not None and vm.poll() is None:
             vm.kill()
@@ -310,6 +395,74 @@ def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_
             server.shutdown()
             server.server_close()
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_the_built_guest_boots_emulated_and_its_init_and_agent_register_through_mmds(guest, tmp_path):
+    # QEMU's microvm machine in software emulation (no KVM needed) describes its virtio-mmio
+    # devices in ACPI (LNRO0005) as Firecracker does: the same kernel, initramfs and boot arguments
+    # boot through the modules, eth0 from ip=, MMDS and the agent's registration; the agent's
+    # stop ends the init, which resets the machine.
+    agent_id, token = "scaler-firecracker-0000e1e1", "tok-emulated"
+    console = Console(agent_id, token)
+    code, log, mmds, _ = _boot_emulated(
+        guest, tmp_path,
+        lambda gateway: jail.build_mmds_payload(
+            orchestrator_url=f"http://{gateway}:8000", agent_id=agent_id, labels=["linux", "vm"], gateway=gateway,
+            token=token,
+        ),
+        lambda gateway: console.handler(),
+    )  # fmt: skip
+    assert code == 0, f"the emulated guest did not reset after its agent stopped (exit {code}):\n{log[-4000:]}"
+    assert "kici-agent: registered" in log and "kici-agent: console asked us to stop" in log, log[-4000:]
+    register = [r for r in console.requests if r[0] == "/api/v1/agents/register"]
+    assert len(register) == 1 and register[0][1] == f"Bearer {token}"
+    assert any(r[0] == "PUT" for r in mmds.requests)  # a V2 session
+
+
+#: A stand-in for the real KiCI agent in a guest's agent tree: prints the environment it was
+#: exec'd with (its /proc environ: what the reader gave it, nothing its own shell adds), then exits
+#: 0 as the real agent does once idle.
+REAL_AGENT_STAND_IN = """#!/bin/sh
+tr '\\000' '\\n' < /proc/$$/environ | sed 's/^/real-agent-env: /'
+"""
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_a_guest_built_with_an_agent_tree_boots_emulated_and_starts_the_real_agent_with_exactly_its_environment(
+    tmp_path,
+):
+    # agent/build_guest.sh with KICI_GUEST_AGENT_TREE puts the tree's usr/local/bin/kici-agent in
+    # the guest; booted, the init reads the console's MMDS document for a kiciAgent VM and execs
+    # it with exactly the real agent's environment; its exit resets the VM.
+    tree = tmp_path / "tree"
+    (tree / "usr" / "local" / "bin").mkdir(parents=True)
+    stand_in = tree / "usr" / "local" / "bin" / "kici-agent"
+    stand_in.write_text(REAL_AGENT_STAND_IN)
+    stand_in.chmod(0o755)
+    guest = build_guest(GUEST_DIR.parent / "test-guest-agent-tree", agent_tree=tree)
+    files = read_cpio(guest / "initrd.img")
+    assert files["usr/local/bin/kici-agent"][1] == REAL_AGENT_STAND_IN.encode()
+    pairs: list[tuple[str, str]] = []
+
+    def meta_for(gateway: str) -> dict:
+        pairs.extend(kici_agent_pairs(_real_agent_row(gateway), "kat_emulated", execution_mode="firecracker"))
+        return jail.agent_env_mmds(pairs, gateway)
+
+    code, log, _, _ = _boot_emulated(guest, tmp_path, meta_for)
+    assert code == 0, f"the emulated guest did not reset after its agent exited (exit {code}):\n{log[-4000:]}"
+    seen = dict(
+        line.split("real-agent-env: ", 1)[1].rstrip("\r").split("=", 1)
+        for line in log.splitlines()
+        if "real-agent-env: " in line
+    )
+    expected = {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "TMPDIR": "/tmp", **dict(pairs)}  # fmt: skip
+    assert seen == expected, log[-4000:]
+    assert "kici-init: agent exited (0)" in log, log[-4000:]
 
 
 # ---- a real boot --------------------------------------------------------------------------------

@@ -276,3 +276,40 @@ def test_failure_lines_are_wrapped_as_errors_and_json_lines_pass_through(tmp_pat
     log.write_text("boot\nFailed to execute /init\n")
     assert read_failure_type(log) == "init-failure"
     assert read_failure_type(tmp_path / "missing.log") == "unknown"
+
+
+def test_an_agent_environment_goes_to_mmds_under_the_reference_keys_and_the_rest_in_kici_env():
+    pairs = [
+        ("KICI_ORCHESTRATOR_URL", "ws://10.0.0.1:8480/ws"), ("KICI_AGENT_ID", "scaler-firecracker-0000aaaa"),
+        ("KICI_LABELS", "linux,vm"), ("KICI_AGENT_TOKEN", "kat_x"), ("KICI_ROLES", "builder"),
+        ("KICI_SCALER_MANAGED", "1"), ("KICI_EXECUTION_MODE", "firecracker"),
+    ]  # fmt: skip
+    assert jail.agent_env_mmds(pairs, "10.0.0.1") == {
+        "latest": {
+            "meta-data": {
+                "kici-gateway-ip": "10.0.0.1",
+                "kici-orchestrator-url": "ws://10.0.0.1:8480/ws",
+                "kici-agent-id": "scaler-firecracker-0000aaaa",
+                "kici-labels": "linux,vm",
+                "kici-agent-token": "kat_x",
+                "kici-scaler-managed": "1",
+                "kici-env": {"KICI_ROLES": "builder", "KICI_EXECUTION_MODE": "firecracker"},
+            }
+        }
+    }
+    assert "kici-env" not in jail.agent_env_mmds(pairs[:4], "10.0.0.1")["latest"]["meta-data"]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "words"),
+    [
+        ([("KICI-ROLES", "x")], "'KICI-ROLES' is not a variable name"),
+        ([("KICI_ROLES", "a"), ("KICI_ROLES", "b")], "KICI_ROLES is given twice"),
+        ([("KICI_BIG", "x" * jail.ENV_BUDGET_BYTES)], f"over the {jail.ENV_BUDGET_BYTES}-byte MMDS budget"),
+    ],
+)
+def test_an_agent_environment_mmds_cannot_carry_is_refused_naming_it(pairs, words):
+    # Nothing is skipped quietly: the environment is the console's own, so a variable it cannot
+    # carry is a fault to name, not a value to drop.
+    with pytest.raises(ValueError, match=words):
+        jail.agent_env_mmds(pairs, "10.0.0.1")

@@ -94,3 +94,63 @@ def test_an_imported_label_set_names_its_orchestrator():
         "main-orchestrator",
         8480,
     )
+
+
+FIRECRACKER = """\
+version: 1
+scalers:
+  - name: real-vm
+    type: firecracker
+    maxAgents: 2
+    firecrackerPath: /usr/local/bin/firecracker
+    jailerPath: /usr/local/bin/jailer
+    kernelPath: /var/lib/kici/vmlinux
+    uid: 10000
+    gid: 10000
+    labelSets:
+      - labels: [real-vm]
+        rootfsPath: /var/lib/kici/rootfs-real.ext4
+        kiciAgent:
+          orchestratorUrl: ws://10.0.0.1:8480/ws
+          adminTokenRef: main-orchestrator
+"""
+
+
+def test_it_accepts_the_real_agent_in_a_firecracker_label_set():
+    config = parse_scalers_config_text(FIRECRACKER, "scalers.yaml")
+    kici = config.scalers[0].label_sets[0].kici_agent
+    assert (kici.orchestrator_url, kici.admin_token_ref) == ("ws://10.0.0.1:8480/ws", "main-orchestrator")
+    raw = config.scalers[0].to_raw()["labelSets"][0]
+    assert raw["kiciAgent"] == {"orchestratorUrl": "ws://10.0.0.1:8480/ws", "adminTokenRef": "main-orchestrator"}
+    assert raw["rootfsPath"] == "/var/lib/kici/rootfs-real.ext4"
+
+
+REF = "          adminTokenRef: main-orchestrator\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "words"),
+    [
+        ("ws://10.0.0.1:8480/ws", "http://10.0.0.1:8480/ws", "15: scalers.0.labelSets.0.kiciAgent.orchestratorUrl",
+         "WebSocket URL"),
+        ("ws://10.0.0.1:8480/ws", "ws://10.0.0.1:8480/agents", "15: scalers.0.labelSets.0.kiciAgent.orchestratorUrl",
+         "ending in /ws"),
+        (REF, "          adminTokenRef: ''\n", "16: scalers.0.labelSets.0.kiciAgent.adminTokenRef", ""),
+        (REF, REF + "        env:\n          KICI_ROLES: builder\n", "17: scalers.0.labelSets.0.env", "KICI_ROLES"),
+        (REF, REF + "        maxUses: 2\n", "17: scalers.0.labelSets.0.maxUses", "exits once idle"),
+        (REF, REF + "          adminUrl: ftp://10.0.0.1\n", "17: scalers.0.labelSets.0.kiciAgent.adminUrl",
+         "http:// or https://"),
+    ],
+)  # fmt: skip
+def test_it_names_the_line_and_field_of_a_bad_real_agent_value_on_a_firecracker_scaler(old, new, field, words):
+    problems = problems_of(FIRECRACKER.replace(old, new))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"scalers.yaml:{field}: "), problems
+    assert words in problems[0]
+
+
+def test_it_still_refuses_the_real_agent_on_a_bare_metal_scaler_naming_the_types_that_run_it():
+    text = GOOD.replace("type: container", "type: bare-metal")
+    problems = [p for p in problems_of(text) if "kiciAgent" in p]
+    assert len(problems) == 1, problems
+    assert "bare-metal scaler; only container and firecracker scalers run the real KiCI agent" in problems[0]

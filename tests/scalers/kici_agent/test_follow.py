@@ -25,12 +25,16 @@ class FakeBackend:
     def __init__(self):
         self.exit: str | None = None
         self.destroyed: list[str] = []
+        self.registered: list[str] = []
 
     def sandbox_exit(self, agent):
         return self.exit
 
     def captured_output_for(self, agent):
         return ['{"level":"error","msg":"the agent\'s last words"}']
+
+    def sandbox_registered(self, agent):
+        self.registered.append(agent.agent_id)
 
     def destroy(self, agent, reason="shutdown"):
         self.destroyed.append(agent.agent_id)
@@ -77,10 +81,13 @@ def _reload(agent) -> Agent:
 def test_a_connecting_agent_the_orchestrator_lists_is_running(orchestrator, backend):
     agent = _agent(orchestrator)
     assert look_at(agent) == "watching"
+    assert backend.registered == []
     orchestrator.connected = [agent.agent_id]
     assert look_at(_reload(agent)) == "running"
     agent = _reload(agent)
     assert agent.state == AgentState.RUNNING and agent.registered_at and agent.last_heartbeat
+    assert backend.registered == [agent.agent_id]  # told once, when it registered
+    assert look_at(agent) == "running" and backend.registered == [agent.agent_id]
     event = ScalerEvent.objects.get(agent=agent, type=EventType.REGISTERED)
     assert event.detail == f"the KiCI agent registered with ws://127.0.0.1:{orchestrator.port}/ws"
 

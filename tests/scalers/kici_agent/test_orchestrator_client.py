@@ -135,10 +135,20 @@ def test_the_editor_and_the_host_access_operation_show_the_real_agents_default()
     assert effective_host_access(label_set, ["172.30.0.1:53"]) == ["172.30.0.1:53"]
     console_set = make_scaler(labels=("plain",)).label_sets.first()
     assert "172.30.0.1:53" in resolved_host_access(None, console_set, "172.30.0.1")
+    # A Firecracker label set: the same default on the VM gateway (the firecracker block's).
+    from scalers.models import ConfigState
+
+    ConfigState.objects.update_or_create(pk=1, defaults={"firecracker": {"gateway": "10.9.0.1"}})
+    vm_set = make_scaler(
+        type="firecracker", labels=("real-vm",),
+        ls_config={"kiciAgent": {"orchestratorUrl": "ws://10.9.0.1:8480/ws", "adminTokenRef": "orch"}},
+    ).label_sets.first()  # fmt: skip
+    assert effective_host_access(vm_set, None) == ["10.9.0.1:8480"]
+    assert resolved_host_access(None, vm_set, "10.9.0.1") == ["10.9.0.1:8480"]
 
 
 def test_a_destroyed_agents_token_is_revoked_where_its_spawn_recorded_it(orchestrator, admin_token):
-    from scalers.backends.container.backend import ContainerBackend
+    from scalers.backends.kici_token import revoke_recorded_kici_token
     from scalers.kici_orchestrator import token_context
 
     scaler = _scaler(orchestrator.port)
@@ -147,6 +157,21 @@ def test_a_destroyed_agents_token_is_revoked_where_its_spawn_recorded_it(orchest
     agent = make_agent(scaler, backend_context=token_context(kici_agent_target(label_set), token_id))
     label_set.config = {"labels": ["real-linux"], "image": "kici-agent:local"}  # a reload dropped kiciAgent
     label_set.save()
-    ContainerBackend(scaler)._revoke_kici_token(agent)
+    revoke_recorded_kici_token(agent)
     assert orchestrator.tokens == {}
-    ContainerBackend(scaler)._revoke_kici_token(agent)  # already revoked: done, no error
+    revoke_recorded_kici_token(agent)  # already revoked: done, no error
+
+
+def test_the_real_agents_environment_is_one_list_whose_execution_mode_names_the_sandbox(orchestrator):
+    from scalers.backends.spawn_env import kici_agent_env, kici_agent_pairs
+
+    agent = make_agent(_scaler(orchestrator.port))
+    vm = kici_agent_pairs(agent, "kat_x", execution_mode="firecracker")
+    assert [k for k, _ in vm] == [
+        "KICI_ORCHESTRATOR_URL", "KICI_AGENT_ID", "KICI_LABELS", "KICI_AGENT_TOKEN", "KICI_SCALER_MANAGED",
+        "KICI_EXECUTION_MODE",
+    ]  # fmt: skip
+    assert vm[-1] == ("KICI_EXECUTION_MODE", "firecracker")
+    assert kici_agent_env(agent, "kat_x") == [f"{k}={v}" for k, v in vm[:-1]] + ["KICI_EXECUTION_MODE=bare-metal"]
+    with pytest.raises(ValueError, match="execution_mode must be one of"):
+        kici_agent_pairs(agent, "kat_x", execution_mode="vm")
