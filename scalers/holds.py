@@ -171,5 +171,5 @@ def hold_wording(agent: Agent) -> str:
             f"when it ends: {hold.get('reason', '')}"
         )
     until = str(hold.get("until", ""))[:19].replace("T", " ")
-    ended = f" instead of ending {hold.get('end')} ({hold.get('endReason')})" if hold.get("end") else ""
+    ended = f", kept from its teardown after {hold['endReason']}" if hold.get("endReason") else ""
     return f"held by {who}{op} until {until} UTC{ended}: {hold.get('reason', '')}"
