@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from agents.choices import EVENT_BADGES, AgentState
 from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seconds
-from lib.units import format_age, format_bytes_iec
+from lib.units import format_age, format_bytes_iec, format_duration
 from scalers.agent_api import HEARTBEAT_INTERVAL_SECONDS
 from scalers.holds import ARMABLE_STATES, hold_wording, is_armed
 from scalers.spawn_trace import waterfall
@@ -38,6 +38,12 @@ def code_spans(text: str) -> SafeString:
 def bytes_iec(value) -> str:
     """Format a byte count with binary units (``lib.units.format_bytes_iec``)."""
     return format_bytes_iec(value)
+
+
+@register.filter
+def duration(value) -> str:
+    """Seconds as the two largest units (``lib.units.format_duration``): ``7200`` → ``2h 0m``."""
+    return format_duration(value)
 
 
 @register.filter

@@ -28,6 +28,8 @@ from operations.kinds.base import ScopeInvalid
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
 from scalers.backends.container.tracked import db_tracked_agents
+from scalers.backends.docker_net import ISOLATED_NETWORK_NAME, ensure_isolated_network
+from scalers.backends.ownership import current_owner
 from scalers.drift import KEPT_STATES
 from scalers.lifecycle import (
     complete_job,
@@ -326,3 +328,43 @@ def test_the_hold_form_previews_and_requests_with_its_reason_and_seconds(users, 
     assert (op.kind, op.params) == ("agent-hold", {"reason": "why not", "seconds": 300})
     bad = client.post("/operations/plan/", fields | {"seconds": "soon"})
     assert bad.status_code == 400 and "seconds: must be a whole number" in bad.content.decode()
+
+
+@pytest.mark.docker
+def test_a_held_container_is_spared_by_the_orphan_sweep_and_removed_when_its_hold_expires(
+    users, docker_client, agent_image
+):
+    """With the real container backend: the held agent's container keeps running, an orphan reap
+    finds nothing to take (it is tracked), and the expiry removes it and releases the slot."""
+    ensure_isolated_network(docker_client)
+    api_ = docker_client.api
+    scaler = make_scaler(ls_config=HOLDING, config={"networkIsolation": False})
+    agent = make_agent(scaler, AgentState.RUNNING, registered_at=timezone.now(), bound_job_id="job-1")
+    labels = {"kici-managed": "true", **current_owner(scaler.name).labels(), "kici-agent-id": agent.agent_id}
+    host_config = api_.create_host_config(network_mode=ISOLATED_NETWORK_NAME, init=True)
+    container = api_.create_container(agent_image, command=["sleep", "600"], labels=labels, host_config=host_config)
+    try:
+        api_.start(container["Id"])
+        Agent.objects.filter(pk=agent.pk).update(managed_id=container["Id"])
+        complete_job(agent.agent_id, "job-1", failed=True)
+        assert fresh(agent).state == AgentState.HELD
+        with pytest.raises(NothingToDo) as caught:
+            create_operation("orphan-containers", {"scaler": scaler.name}, users["operator"])
+        (spared,) = caught.value.plan.spared
+        assert spared.reason.startswith(f"tracked: agent {agent.agent_id} is held"), spared
+        assert api_.inspect_container(container["Id"])["State"]["Running"]
+        assert reap_expired_holds(now=fresh(agent).held_until) == 1
+        assert fresh(agent).state == AgentState.DESTROYED
+        assert not api_.containers(all=True, filters={"id": container["Id"]})
+        assert not Reservation.objects.filter(agent=agent).exists()
+    finally:
+        if api_.containers(all=True, filters={"id": container["Id"]}):
+            api_.remove_container(container["Id"], force=True)
+
+
+def test_the_scaler_page_shows_which_label_sets_hold_on_failure(users, client):
+    scaler = make_scaler(label_sets=[["linux", "a"], ["linux", "b"]])
+    scaler.label_sets.filter(index=0).update(config=HOLDING | {"labels": ["linux", "a"]})
+    login(client, users["viewer"])
+    page = client.get(f"/scalers/{scaler.name}/").content.decode()
+    assert page.count("data-debug-hold") == 1 and "held on failure: 10m 0s" in page
