@@ -25,6 +25,7 @@ from agents.tokens import mint_session_token
 from audit.models import AuditRecord
 from operations.jobs import run_operation
 from operations.kinds.base import ScopeInvalid
+from operations.kinds.lost_agents import teardown_lost_agent
 from operations.models import Operation
 from operations.services import NothingToDo, approve_operation, create_operation
 from scalers.backends.container.tracked import db_tracked_agents
@@ -368,3 +369,20 @@ def test_the_scaler_page_shows_which_label_sets_hold_on_failure(users, client):
     login(client, users["viewer"])
     page = client.get(f"/scalers/{scaler.name}/").content.decode()
     assert page.count("data-debug-hold") == 1 and "held on failure: 10m 0s" in page
+
+
+def test_an_agent_lost_by_heartbeat_is_held_and_one_whose_sandbox_is_gone_is_released(backend):
+    scaler = make_scaler(ls_config=HOLDING)
+    beat = timezone.now() - timedelta(minutes=10)
+    silent = make_agent(scaler, AgentState.RUNNING, managed_id="a" * 64, last_heartbeat=beat)
+    gone = make_agent(scaler, AgentState.RUNNING, managed_id="b" * 64, last_heartbeat=beat)
+    outcome, detail = teardown_lost_agent(
+        silent.pk, AgentState.RUNNING, beat, reason="lost", failure_reason="lost (heartbeat)", hold=True
+    )
+    assert (outcome, fresh(silent).state) == ("done", AgentState.HELD) and "held for debugging" in detail
+    outcome, _ = teardown_lost_agent(
+        gone.pk, AgentState.RUNNING, beat, reason="lost", failure_reason="lost (sandbox)", hold=False
+    )
+    assert (outcome, fresh(gone).state) == ("done", AgentState.FAILED)
+    assert backend.destroyed == [(gone.agent_id, True)]
+    assert Reservation.objects.filter(agent=silent).exists() and not Reservation.objects.filter(agent=gone).exists()
