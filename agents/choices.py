@@ -9,18 +9,22 @@ class AgentState(models.TextChoices):
     RUNNING = "running", "Running"
     DRAINING = "draining", "Draining"
     DESTROYING = "destroying", "Destroying"
+    HELD = "held", "Held"
     DESTROYED = "destroyed", "Destroyed"
     FAILED = "failed", "Failed"
 
 
 #: States that hold a slot and whose sandbox may exist. ``spawning``: admitted, its backend call
-#: queued or in flight; ``connecting``: the backend call is done, the agent has not registered yet.
+#: queued or in flight; ``connecting``: the backend call is done, the agent has not registered yet;
+#: ``held``: it ended, but its sandbox, rules and reservation are kept for debugging until the
+#: hold expires or is released (``scalers.holds``).
 ACTIVE_STATES = (
     AgentState.SPAWNING,
     AgentState.CONNECTING,
     AgentState.RUNNING,
     AgentState.DRAINING,
     AgentState.DESTROYING,
+    AgentState.HELD,
 )
 #: States of an agent that serves, or is about to serve, the job it is bound to: a ``/scale`` for
 #: that job (or with the idempotency key it was asked for with) answers this agent again. A
@@ -36,6 +40,7 @@ STATE_COLOURS = {
     AgentState.RUNNING: "green",
     AgentState.DRAINING: "amber",
     AgentState.DESTROYING: "amber",
+    AgentState.HELD: "amber",
     AgentState.DESTROYED: "grey",
     AgentState.FAILED: "red",
 }
@@ -56,6 +61,8 @@ class EventType(models.TextChoices):
     DRAINING = "agent.draining", "draining"
     LOST = "agent.lost", "lost"
     DESTROYED = "agent.destroyed", "destroyed"
+    HOLD_ARMED = "agent.hold_armed", "hold armed"
+    HELD = "agent.held", "held for debugging"
     RELEASED = "reservation.released", "reservation released"
     CONFIG_CHANGED = "config.changed", "configuration changed by an import"
     CONFIG_OVERRIDE_KEPT = "config.override_kept", "file changed, console value kept"
@@ -74,6 +81,8 @@ EVENT_BADGES: dict[str, str] = {
     EventType.READY: "b-green",
     EventType.REGISTERED: "b-green",
     EventType.DRAINING: "b-amber",
+    EventType.HOLD_ARMED: "b-amber",
+    EventType.HELD: "b-amber",
     EventType.DESTROYED: "b-grey",
     EventType.RELEASED: "b-grey",
     EventType.CONFIG_CHANGED: "b-amber",

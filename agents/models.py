@@ -79,6 +79,15 @@ class Agent(models.Model):
         blank=True,
         help_text="the lost-agents sweep's mark while this agent is lost (agents.liveness.current_mark); {} otherwise",
     )
+    hold = models.JSONField(
+        default=dict,
+        blank=True,
+        db_default={},
+        help_text="its debug hold (scalers.holds): who asked, why, how long, and once held what ended it; {} for none",
+    )
+    held_until = models.DateTimeField(
+        null=True, blank=True, help_text="while held: when the sweeper tears its kept sandbox down"
+    )
     spawn_trace = models.JSONField(
         default=dict,
         blank=True,

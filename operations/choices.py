@@ -13,6 +13,8 @@ class OperationKind(models.TextChoices):
     LOST_AGENTS = "lost-agents", "Release lost agents"
     AGENT_DRAIN = "agent-drain", "Drain agents"
     AGENT_DESTROY = "agent-destroy", "Destroy agents"
+    AGENT_HOLD = "agent-hold", "Hold agents' sandboxes for debugging"
+    HOLD_RELEASE = "hold-release", "Release held agents"
     SCALER_RETIREMENT = "scaler-retirement", "Tear down a retired scaler"
     HOST_ACCESS_APPLY = "host-access-apply", "Apply a host-access change"
     CONFIG_RELOAD = "config-reload", "Reload scalers.yaml"

@@ -9,7 +9,8 @@
   503 ``lookup-failed`` when the database could not be asked (counted in
   ``kici_orch_scaler_adoption_lookup_failures_total``; the agent asks again).
 - ``POST /api/v1/agents/<agent_id>/heartbeat`` — bearer: the session token. Body (optional):
-  ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}``; the agent's row on open
+  ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}`` (``drain`` while
+  draining or held: a held sandbox takes no new job but keeps running); the agent's row on open
   pages is refreshed live (every heartbeat, batched per page: ``agents.heartbeats``); 410 with
   ``{state, drain: false, stop: true}`` (plus the error) once the agent is destroyed or failed;
   401 for a bad token; 400 for bad input.
@@ -230,7 +231,7 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
     return JsonResponse(
         {
             "state": agent.state,
-            "drain": agent.state == AgentState.DRAINING,
+            "drain": agent.state in (AgentState.DRAINING, AgentState.HELD),
             "stop": agent.state == AgentState.DESTROYING,
         }
     )

@@ -454,7 +454,10 @@ def _end(request, agent_id: str, model: type[JsonBody], call):
 @_orchestrator("scale")
 def job_complete(request, agent_id: str):
     return _end(
-        request, agent_id, JobCompleteBody, lambda a, body: complete_job(a, body.job_id, caller=request.caller.name)
+        request,
+        agent_id,
+        JobCompleteBody,
+        lambda a, body: complete_job(a, body.job_id, caller=request.caller.name, failed=body.result == "failure"),
     )
 
 

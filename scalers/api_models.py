@@ -41,10 +41,24 @@ def _reason(value: Any) -> str | None:
     raise BodyRefused("reason", f"must be a string of at most {MAX_REASON_LENGTH} characters, got {json_text(value)}")
 
 
+def _result(value: Any) -> str | None:
+    if value is None or value in JOB_RESULTS:
+        return value
+    raise BodyRefused("result", f"must be one of {', '.join(JOB_RESULTS)}, got {json_text(value)}")
+
+
+#: The ``result`` a job-complete may report; ``failure`` lets a label set's ``debugHold.onFailure``
+#: keep the agent's sandbox (``scalers.holds``).
+JOB_RESULTS = ("success", "failure")
+
+
 class JobCompleteBody(JsonBody):
-    """``POST /api/v1/agents/{agentId}/job-complete``: the job the agent was bound to ended."""
+    """``POST /api/v1/agents/{agentId}/job-complete``: the job the agent was bound to ended;
+    ``result`` (optional) says how: ``failure`` holds the agent when its label set says
+    ``debugHold.onFailure``."""
 
     job_id: Annotated[Annotated[str, Field(min_length=1, pattern=r"\S")], BeforeValidator(_job_id)]
+    result: Annotated[Literal["success", "failure"] | None, BeforeValidator(_result)] = None
 
 
 class ReleaseBody(JsonBody):

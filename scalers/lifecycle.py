@@ -31,7 +31,11 @@ Ends and their ``reason``:
   :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
 * drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
   warm-pool idle destroys (:func:`drain_and_destroy`) and retiring scalers (:func:`retirement_sweep`);
-* a registration refused because its agent ended: :func:`reclaim_job` removes the sandbox.
+* a registration refused because its agent ended: :func:`reclaim_job` removes the sandbox;
+* debug holds (``scalers.holds``): an end that would tear down an agent with an armed hold, or a
+  failure of a label set with ``debugHold.onFailure``, holds it instead (:func:`teardown_agent`,
+  :func:`complete_job`, :func:`release_agent`); :func:`reap_expired_holds` (the sweeper) and
+  :func:`release_hold` (an approved ``hold-release``) end it later with the end it was spared.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from scalers.admission.ledger import release
 from scalers.backends.factory import get_backend
 from scalers.backends.failure import failure_detail, mark_spawn_failed
 from scalers.choices import LOCAL_SCALER_TYPES, ScalerType
+from scalers.holds import hold_to_take, take_hold
 from scalers.hosts import scaler_queue
 from scalers.models import Reservation, Scaler, ScalerTeardown, this_host
 
@@ -76,8 +81,14 @@ def teardown_agent(
     final_state: str = AgentState.DESTROYED,
     failure_reason: str = "",
     destroy_reason: str = "shutdown",
+    hold: bool = True,
 ) -> bool:
     """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation.
+
+    With ``hold`` (the default), an agent with an armed hold, or failing (``final_state`` failed)
+    in a label set with ``debugHold.onFailure``, is held instead (``scalers.holds.take_hold``):
+    nothing is removed or released and False is returned. An explicit destroy, a retried teardown
+    and the end of a hold pass ``hold=False``.
 
     Steps: move an active agent to ``destroying`` (compare-and-swap; a spawning agent's rq job
     sees its row leave ``spawning`` and aborts); ``get_backend(scaler).destroy(agent,
@@ -90,6 +101,12 @@ def teardown_agent(
     backend can be loaded for an agent that has a sandbox), the agent stays ``destroying`` with
     its reservation and False is returned: the sweeper retries.
     """
+    if hold:
+        taken = hold_to_take(agent, failed=final_state == AgentState.FAILED)
+        if taken is not None and take_hold(
+            agent, taken, end_state=final_state, reason=reason, failure_reason=failure_reason
+        ):
+            return False
     now = timezone.now()
     if agent.state in ACTIVE_STATES and agent.state != AgentState.DESTROYING:
         Agent.objects.filter(pk=agent.pk, state__in=ACTIVE_STATES).update(
@@ -462,7 +479,7 @@ def retry_stuck_teardowns(min_age_seconds: float = STUCK_TEARDOWN_SECONDS, now=N
         final = AgentState.FAILED if agent.failure_reason else AgentState.DESTROYED
         # The cause stays the reason (job-complete, release, drain...): the retry is only how it ended.
         reason = f"{agent.teardown_reason} (teardown retried)" if agent.teardown_reason else "teardown-retry"
-        if teardown_agent(agent, reason, final_state=final):
+        if teardown_agent(agent, reason, final_state=final, hold=False):
             n += 1
     return n
 
@@ -610,9 +627,12 @@ def _record_call(agent: Agent, call: str, caller: str, **payload) -> None:
         )
 
 
-def complete_job(agent_id: str, job_id: str, *, caller: str = "") -> Agent:
+def complete_job(agent_id: str, job_id: str, *, caller: str = "", failed: bool = False) -> Agent:
     """Record that ``job_id`` finished on ``agent_id`` and end or recycle the agent (module doc).
-    ``caller``: the API token's name, recorded as an ``api.call`` event (none when "").
+    ``caller``: the API token's name, recorded as an ``api.call`` event (none when "");
+    ``failed``: the orchestrator reported the job failed (``result: failure``): a label set with
+    ``debugHold.onFailure`` holds the agent instead of ending or recycling it, as an armed hold
+    does for any end.
 
     Idempotent: a repeat for the job already completed answers the agent as it now is. Raises
     :class:`Refused` 404 for an unknown agent, 409 (``job-mismatch``) when the agent is not bound to
@@ -628,7 +648,7 @@ def complete_job(agent_id: str, job_id: str, *, caller: str = "") -> Agent:
             raise Refused(
                 409, "job-mismatch", f"agent {agent_id} is bound to {bound}, not {json_text(job_id)}", field="jobId"
             )
-        _record_call(agent, "job-complete", caller, jobId=job_id)
+        _record_call(agent, "job-complete", caller, jobId=job_id, **({"result": "failure"} if failed else {}))
         agent.completed_job_id = job_id
         agent.jobs_served += 1
         fields = {
@@ -637,8 +657,10 @@ def complete_job(agent_id: str, job_id: str, *, caller: str = "") -> Agent:
             "jobs_served": agent.jobs_served,
             "updated_at": timezone.now(),
         }
+        held = hold_to_take(agent, failed=failed) if agent.state not in TERMINAL_STATES else None
         recycle = (
-            agent.warm
+            held is None
+            and agent.warm
             and agent.state == AgentState.RUNNING
             and not agent.scaler.retiring
             and agent.label_set is not None
@@ -650,6 +672,9 @@ def complete_job(agent_id: str, job_id: str, *, caller: str = "") -> Agent:
             agent.scale_body = None
         Agent.objects.filter(pk=agent.pk).update(**fields)
         if agent.state in TERMINAL_STATES or recycle:
+            return agent
+        why = "job-complete (the job failed)" if failed else "job-complete"
+        if held is not None and take_hold(agent, held, end_state=AgentState.DESTROYED, reason=why):
             return agent
         if _start_teardown(agent, "job-complete"):
             transaction.on_commit(lambda: enqueue_teardown(agent, "job-complete", destroy_reason="job-complete"))
@@ -666,6 +691,9 @@ def release_agent(agent_id: str, reason: str, *, caller: str = "") -> Agent:
         if agent.state in TERMINAL_STATES:
             return agent
         why = f"released by the orchestrator: {reason}" if reason else "released by the orchestrator"
+        held = hold_to_take(agent, failed=False)
+        if held is not None and take_hold(agent, held, end_state=AgentState.DESTROYED, reason=why):
+            return agent
         if _start_teardown(agent, why):
             transaction.on_commit(lambda: enqueue_teardown(agent, why, destroy_reason="released"))
     return agent
@@ -691,6 +719,47 @@ def drain_idle_agents() -> int:
         if teardown_agent(agent, "drained", destroy_reason="drain"):
             released += 1
     return released
+
+
+# --- the end of a debug hold ----------------------------------------------------------------------
+
+
+def _end_hold(agent: Agent, why: str) -> bool:
+    """Tear down held ``agent`` with the end its hold spared (compare-and-swap ``held`` →
+    ``destroying``, so of two ends racing only one acts): ``why`` plus the spared reason is the
+    teardown's reason, the spared state (``failed`` keeps its failure reason) its final state.
+    Returns False when it was no longer held; True once the teardown ran (a destroy that failed
+    leaves it ``destroying`` with its reservation, for :func:`retry_stuck_teardowns`)."""
+    hold = agent.hold or {}
+    reason = f"{why} ({hold['endReason']})" if hold.get("endReason") else why
+    won = Agent.objects.filter(pk=agent.pk, state=AgentState.HELD).update(
+        state=AgentState.DESTROYING, updated_at=timezone.now(), teardown_reason=reason[:200]
+    )
+    if not won:
+        return False
+    agent.state = AgentState.DESTROYING
+    final = AgentState.FAILED if hold.get("end") == AgentState.FAILED else AgentState.DESTROYED
+    teardown_agent(
+        agent, reason, final_state=final, failure_reason=agent.failure_reason, destroy_reason="shutdown", hold=False
+    )
+    return True
+
+
+def reap_expired_holds(now: datetime | None = None) -> int:
+    """Tear down the held agents of this host's scalers whose ``held_until`` passed (the sweeper,
+    every round). Returns how many were ended."""
+    now = now or timezone.now()
+    due = Agent.objects.select_related("scaler").filter(
+        scaler__host=this_host(), state=AgentState.HELD, held_until__lte=now
+    )
+    return sum(1 for agent in due if _end_hold(agent, "hold expired"))
+
+
+def release_hold(agent_id: str, by: str) -> bool:
+    """End the hold of ``agent_id`` before it expires (an approved ``hold-release`` operation):
+    its sandbox is torn down now. ``by`` names who asked. False when it is not held."""
+    agent = Agent.objects.select_related("scaler").filter(agent_id=agent_id, state=AgentState.HELD).first()
+    return agent is not None and _end_hold(agent, f"hold released by {by}")
 
 
 # --- cleanup jobs on the scaler's host queue ------------------------------------------------------------

@@ -197,6 +197,11 @@ class LabelSet(models.Model):
         return int((self.config or {}).get("maxUses") or 1)
 
     @property
+    def debug_hold(self) -> dict:
+        """Its ``debugHold`` entry as imported (``{onFailure?, durationSeconds?}``); {} when unset."""
+        return dict((self.config or {}).get("debugHold") or {})
+
+    @property
     def file_host_access(self) -> list[str] | None:
         """The ``networkPolicy.hostAccess`` of the imported file entry (``config``); None = the default."""
         value = ((self.config or {}).get("networkPolicy") or {}).get("hostAccess")

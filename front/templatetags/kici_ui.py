@@ -15,10 +15,11 @@ from django.utils.html import escape, format_html
 from django.utils.http import RFC3986_SUBDELIMS
 from django.utils.safestring import SafeString, mark_safe
 
-from agents.choices import EVENT_BADGES
+from agents.choices import EVENT_BADGES, AgentState
 from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seconds
-from lib.units import format_age, format_bytes_iec
+from lib.units import format_age, format_bytes_iec, format_duration
 from scalers.agent_api import HEARTBEAT_INTERVAL_SECONDS
+from scalers.holds import ARMABLE_STATES, hold_wording, is_armed
 from scalers.spawn_trace import waterfall
 
 register = template.Library()
@@ -37,6 +38,12 @@ def code_spans(text: str) -> SafeString:
 def bytes_iec(value) -> str:
     """Format a byte count with binary units (``lib.units.format_bytes_iec``)."""
     return format_bytes_iec(value)
+
+
+@register.filter
+def duration(value) -> str:
+    """Seconds as the two largest units (``lib.units.format_duration``): ``7200`` → ``2h 0m``."""
+    return format_duration(value)
 
 
 @register.filter
@@ -161,6 +168,20 @@ def lost_mark(agent):
     """The lost-agents sweep's mark on ``agent`` while it still holds (``agents.liveness.current_mark``:
     ``{"lost_by", "sandbox", "reasons", "operation", "at", "heartbeat_at"}``), else None. No query."""
     return current_mark(agent)
+
+
+@register.filter
+def hold_text(agent) -> str:
+    """Who holds (or armed a hold on) ``agent``, why and until when (``scalers.holds.hold_wording``),
+    while it is held or its hold armed; "" otherwise. No query."""
+    return hold_wording(agent) if agent.state == AgentState.HELD or hold_armed(agent) else ""
+
+
+@register.filter
+def hold_armed(agent) -> bool:
+    """An operator's hold waits for ``agent``'s end, which has not come (``scalers.holds.is_armed``).
+    No query."""
+    return agent.state in ARMABLE_STATES and is_armed(agent)
 
 
 @register.filter

@@ -105,6 +105,9 @@ def _scope_from_post(request: HttpRequest) -> dict:
     for name in ("host", "reason"):
         if name in request.POST:
             params[name] = request.POST[name]
+    if "seconds" in request.POST:  # a hold's duration; a non-number is refused naming it (AgentHold.validate_scope)
+        seconds = request.POST["seconds"].strip()
+        params["seconds"] = int(seconds) if seconds.isdigit() else seconds
     if "drain" in request.POST:  # a checkbox; anything else is refused naming it (Pause.validate_scope)
         drain = request.POST["drain"]
         params["drain"] = {"1": True, "on": True, "true": True, "0": False, "off": False, "false": False}.get(
@@ -122,7 +125,7 @@ def _scope_from_post(request: HttpRequest) -> dict:
 #: Every field :func:`_scope_from_post` reads: the preview page posts them all back with its
 #: "Request approval" (a field left out here would be dropped between the preview and the request).
 PLAN_FIELDS = ("kind", "scaler", "agent", "label_set", "host_access", "host_access_set", "host_access_default",
-               "host_access_revert", "host", "reason", "drain")  # fmt: skip
+               "host_access_revert", "host", "reason", "drain", "seconds")  # fmt: skip
 
 
 @require_POST
@@ -132,7 +135,8 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     """Plan an operation from a form (``kind``, ``scaler``, ``agent`` (repeatable), ``label_set``,
     ``host_access`` (repeatable, one entry per line; with ``host_access_set=1`` an empty list is
     explicit), ``host_access_default=1`` (back to the default) or ``host_access_revert=1`` (back to
-    the file's value), ``host``, ``reason`` and ``drain=1`` (pause, resume)).
+    the file's value), ``host``, ``reason`` and ``drain=1`` (pause, resume), ``reason`` and
+    ``seconds`` (agent-hold)).
 
     Without ``request=1`` it is a preview, a dry run that stores nothing (no operation, no badge,
     no approval notice): the page shows the plan and a "Request approval" button posting the same

@@ -5,7 +5,8 @@ running agent is first marked draining; one that still has active jobs is left r
 undone, and the target skipped with the count: drain it first. An agent an operator already
 drained keeps draining while it has jobs. ``active_jobs`` is compared: a job started since the
 preview skips the agent. The teardown is ``scalers.lifecycle.teardown_agent`` (backend
-destroy, agent destroyed, reservation released).
+destroy, agent destroyed, reservation released); an explicit destroy never holds the sandbox, and
+destroys a held agent too (as a ``hold-release`` would, but ending it ``destroyed``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class AgentDestroy(Kind):
                         f"draining with {agent.active_jobs} active job(s); it is destroyed when they finish",
                     )
                     continue
-                teardown_agent(agent, f"destroyed by operation #{run.operation_id}", destroy_reason="shutdown")
+                teardown_agent(
+                    agent, f"destroyed by operation #{run.operation_id}", destroy_reason="shutdown", hold=False
+                )
                 agent.refresh_from_db()
             except Exception as exc:  # noqa: BLE001
                 run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")

@@ -7,6 +7,7 @@ from .agent_destroy import AgentDestroy
 from .agent_drain import AgentDrain
 from .base import Kind
 from .config_reload import ConfigReload
+from .holding import AgentHold, HoldRelease
 from .host_access_apply import HostAccessApply
 from .lost_agents import LostAgents
 from .orphan_containers import OrphanContainers
@@ -26,6 +27,8 @@ KINDS: dict[OperationKind, type[Kind]] = {
         LostAgents,
         AgentDrain,
         AgentDestroy,
+        AgentHold,
+        HoldRelease,
         ScalerRetirement,
         HostAccessApply,
         ConfigReload,

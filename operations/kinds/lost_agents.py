@@ -47,6 +47,7 @@ from agents.events import record_event
 from agents.liveness import WATCHED_STATES, assess, heartbeat_key, heartbeat_timeout_seconds
 from agents.models import Agent
 from scalers.backends.sandboxes import probe_sandboxes
+from scalers.holds import hold_wording
 from scalers.lifecycle import teardown_agent
 from scalers.models import RecoveryReport, Reservation, Scaler
 
@@ -70,7 +71,7 @@ def console_boot_time() -> datetime | None:
 
 
 def teardown_lost_agent(
-    agent_pk: int, state: str, last_heartbeat, *, reason: str, failure_reason: str
+    agent_pk: int, state: str, last_heartbeat, *, reason: str, failure_reason: str, hold: bool = False
 ) -> tuple[str, str]:
     """Release one lost agent → ``(TargetOutcome, detail)``.
 
@@ -80,7 +81,8 @@ def teardown_lost_agent(
     ``final_state=failed`` and destroy reason ``heartbeat-timeout``: the backend removes the sandbox
     remains, the agent ends ``failed`` with ``failure_reason``, the reservation is released. A
     destroy that raises leaves the agent ``destroying`` with its reservation (``failed``; admission's
-    sweeper retries the teardown).
+    sweeper retries the teardown). With ``hold`` (an agent lost by heartbeat, whose sandbox may
+    still run) a debug hold keeps the sandbox instead (``scalers.holds``): ``done``, saying so.
     """
     now = timezone.now()
     moved = Agent.objects.filter(pk=agent_pk, state=state, last_heartbeat=last_heartbeat).update(
@@ -98,9 +100,16 @@ def teardown_lost_agent(
         return TargetOutcome.SKIPPED, f"it is {row['state']} now, no longer {state}"
     agent = Agent.objects.select_related("scaler").get(pk=agent_pk)
     released = teardown_agent(
-        agent, reason, final_state=AgentState.FAILED, failure_reason=failure_reason, destroy_reason="heartbeat-timeout"
+        agent,
+        reason,
+        final_state=AgentState.FAILED,
+        failure_reason=failure_reason,
+        destroy_reason="heartbeat-timeout",
+        hold=hold,
     )
     agent.refresh_from_db()
+    if agent.state == AgentState.HELD:
+        return TargetOutcome.DONE, f"held for debugging, its sandbox and reservation kept: {hold_wording(agent)}"
     if agent.state != AgentState.FAILED:
         return (
             TargetOutcome.FAILED,
@@ -257,6 +266,7 @@ class LostAgents(Kind):
                     last_heartbeat,
                     reason=f"lost agent released by operation #{run.operation_id}",
                     failure_reason=f"lost ({why}); released by operation #{run.operation_id}",
+                    hold=target.evidence.get("lost_by") == "heartbeat",
                 )
             except Exception as exc:  # noqa: BLE001 - one agent failing does not stop the others
                 run.report(target.key, TargetOutcome.FAILED, f"{type(exc).__name__}: {exc}")

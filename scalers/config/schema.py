@@ -466,6 +466,22 @@ class KiciAgent(_Strict):
     admin_token_ref: NonEmptyStr
 
 
+#: Bounds of a debug hold's duration in seconds (``scalers.holds``): a kept sandbox holds its slot.
+MIN_HOLD_SECONDS = 60
+MAX_HOLD_SECONDS = 24 * 3600
+DEFAULT_HOLD_SECONDS = 2 * 3600
+
+
+class DebugHold(_Strict):
+    """``debugHold`` of a label set (strict): ``onFailure`` (false) keeps the sandbox of each of its
+    agents that fails (spawn given up after the backend call, lost, or a job the orchestrator
+    reported failed) instead of tearing it down, for ``durationSeconds`` (7200; 60 to 86400), with
+    its isolation rules and its reservation (``scalers.holds``)."""
+
+    on_failure: StrictBool = False
+    duration_seconds: Integer = Field(default=DEFAULT_HOLD_SECONDS, ge=MIN_HOLD_SECONDS, le=MAX_HOLD_SECONDS)
+
+
 class LabelSet(_Strict):
     """One ``labelSets[]`` entry (strict).
 
@@ -500,6 +516,8 @@ class LabelSet(_Strict):
     max_uses: Integer = Field(default=1, gt=0)
     #: The sandbox runs the real KiCI agent of this orchestrator (docs/real-kici-agent.md).
     kici_agent: KiciAgent | None = None
+    #: Keep the sandbox of a failed agent for debugging (``scalers.holds``).
+    debug_hold: DebugHold | None = None
 
     @property
     def normalized(self) -> str:

@@ -8,6 +8,8 @@
 - ``netRaw: true`` where no container runs the agent (a Firecracker guest, whose root holds
   every capability inside its VM; a bare-metal host process): there is nothing to give back.
   Where it does take effect the scaler page shows it as a warning instead.
+- ``debugHold.onFailure: true`` on an event scaler: its machines are the provisioner's, ended by
+  the event-provision reaper; the console holds only sandboxes it made (``scalers.holds``).
 
 ``import_scalers --check`` (``make check``) prints them; an import records each new one as a
 ``config.warning`` event and a log line (``scalers.importing``).
@@ -44,6 +46,15 @@ def entry_warnings(entry: Mapping[str, Any]) -> list[ConfigWarning]:
                     name,
                     f"labelSets.{i}.netRaw",
                     f'Scaler "{name}" label set [{i}] runs no agent container: netRaw has no effect',
+                )
+            )
+        if (ls.get("debugHold") or {}).get("onFailure") and entry.get("type") == "event":
+            out.append(
+                ConfigWarning(
+                    name,
+                    f"labelSets.{i}.debugHold",
+                    f'Event scaler "{name}" label set [{i}] provisions machines the console does not hold: '
+                    "debugHold has no effect",
                 )
             )
     if entry.get("type") != "bare-metal":

@@ -22,7 +22,7 @@ from operations.services import NothingToDo, create_operation
 from scalers.backends.ownership import current_owner
 from scalers.models import RecoveryReport, Reservation
 from tests.support.operations import approve_and_run, outcome
-from tests.support.scalers import make_agent, make_scaler
+from tests.support.scalers import DEFAULT_LABEL_SET_ENTRY, make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -363,3 +363,21 @@ def test_an_unknown_evidence_scope_is_refused_by_name(users):
     with pytest.raises(ScopeInvalid, match="evidence: 'guess' is not one of sandbox-gone, heartbeat"):
         create_operation("lost-agents", {"params": {"evidence": "guess"}}, users["operator"])
     assert Operation.objects.count() == 0
+
+
+def test_with_debug_hold_a_silent_agent_is_held_and_one_whose_sandbox_is_gone_is_released(
+    container_agent, docker_client, run_rq_jobs, users
+):
+    scaler = docker_scaler(ls_config=DEFAULT_LABEL_SET_ENTRY | {"debugHold": {"onFailure": True}})
+    dead, dead_cid = container_agent(scaler)
+    silent, silent_cid = container_agent(scaler, last_heartbeat=timezone.now() - timedelta(seconds=600))
+    docker_client.api.kill(dead_cid)
+    ops = {op.params["evidence"]: op for op in sweep()}
+    run_rq_jobs(ops["sandbox-gone"].host_queue)
+    held = approve_and_run(ops["heartbeat"], users["approver"], run_rq_jobs)
+    result, detail = outcome(held, f"agent:{silent.agent_id}")
+    assert result == "done" and "held for debugging" in detail, held.outcomes
+    states = dict(Agent.objects.filter(pk__in=[dead.pk, silent.pk]).values_list("agent_id", "state"))
+    assert states == {dead.agent_id: AgentState.FAILED, silent.agent_id: AgentState.HELD}
+    assert docker_client.api.containers(filters={"id": silent_cid}), "the held sandbox keeps running"
+    assert not docker_client.api.containers(all=True, filters={"id": dead_cid})

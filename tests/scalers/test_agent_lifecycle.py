@@ -86,7 +86,12 @@ def test_job_complete_for_another_job_is_409_and_changes_nothing():
     ("call", "body", "field", "message"),
     [
         ("release", {"why": "lost it"}, "why", "why: unknown field (allowed: reason)"),
-        ("job-complete", {"jobId": "job-1", "status": "ok"}, "status", "status: unknown field (allowed: jobId)"),
+        (
+            "job-complete",
+            {"jobId": "job-1", "status": "ok"},
+            "status",
+            "status: unknown field (allowed: jobId, result)",
+        ),
         ("job-complete", {}, "jobId", "jobId: must be a non-empty string, got null"),
         ("release", {"reason": 7}, "reason", "reason: must be a string of at most 500 characters, got 7"),
     ],

@@ -2,7 +2,7 @@
 
     operations plan KIND [--scaler NAME | --host NAME] [--agent ID ...] [--label-set PK]
                          [--host-access [ENTRY ...] | --host-access-default | --host-access-revert]
-                         [--reason TEXT] [--drain] --user USERNAME
+                         [--reason TEXT] [--drain] [--seconds N] --user USERNAME
     operations show ID
     operations approve ID --user USERNAME [--note TEXT] [--run-now] [--confirm-warnings]
     operations reject ID --user USERNAME [--note TEXT]
@@ -16,6 +16,8 @@ host whose worker is down. An operation with warnings (``show`` prints them) is 
 
 Pause and resume: ``plan pause --scaler NAME --reason TEXT [--drain]`` (or ``--host NAME`` for
 every scaler of one host), ``plan resume --scaler NAME`` (or ``--host NAME``), then ``approve``.
+Debug holds: ``plan agent-hold --agent ID --reason TEXT [--seconds N]`` (default 7200), ``plan
+hold-release --agent ID``.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ class Command(BaseCommand):
         plan.add_argument("--agent", action="append", default=[], help="agent id (repeatable)")
         plan.add_argument("--label-set", type=int)
         plan.add_argument("--host", help="pause / resume: the host (KICI_HOST_NAME) instead of one scaler")
-        plan.add_argument("--reason", help="pause: why (shown to operators and in /scale's 409 answer)")
+        plan.add_argument("--reason", help="pause, agent-hold: why (shown to operators; a pause's in /scale's 409)")
         plan.add_argument("--drain", action="store_true", help="pause: drain the running agents too")
+        plan.add_argument("--seconds", type=int, help="agent-hold: how long the sandbox is kept once it ends")
         group = plan.add_mutually_exclusive_group()
         group.add_argument(
             "--host-access",
@@ -153,6 +156,8 @@ class Command(BaseCommand):
             params["reason"] = options["reason"]
         if options["drain"]:
             params["drain"] = True
+        if options["seconds"] is not None:
+            params["seconds"] = options["seconds"]
         scope = {
             "scaler": options["scaler"],
             "agent_ids": options["agent"],

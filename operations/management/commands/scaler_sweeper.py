@@ -12,7 +12,8 @@ did anything, in two groups (docs/multi-host.md):
   (``scalers.output_caps``), the stale-spawn prune (registration deadlines passed, backend calls
   past the stale window), the resumption of lost follows of real KiCI agents
   (``scalers.kici_agents.resume_follows``), token-TTL expiry, the check of failed spawn jobs in rq, retries of
-  failed teardowns, the teardown of drained agents (``scalers.lifecycle.drain_idle_agents``), the
+  failed teardowns, the teardown of drained agents (``scalers.lifecycle.drain_idle_agents``) and of
+  held agents whose hold expired (``scalers.lifecycle.reap_expired_holds``), the
   retirement sweep, the warm pools' idle check, the orphan and drift findings (``operations.findings``:
   detected every round, shown, never planned), and the operation sweeps planned from this host's
   runtime (``operations.sweeps``: orphan containers and VMs, stale rules, lost agents by sandbox);
@@ -55,6 +56,7 @@ from scalers.lifecycle import (
     drain_idle_agents,
     expire_unregistered_agents,
     prune_stale_spawns,
+    reap_expired_holds,
     reap_failed_spawn_jobs,
     retirement_sweep,
     retry_stuck_teardowns,
@@ -153,6 +155,7 @@ class Command(BaseCommand):
             self.handle_failed_spawn_jobs,
             self.handle_stuck_teardowns,
             self.handle_drains,
+            self.handle_expired_holds,
             self.handle_retirement,
             self.handle_warm_pool_idle,
             self.handle_findings,
@@ -255,6 +258,10 @@ class Command(BaseCommand):
 
     def handle_drains(self) -> bool:
         return drain_idle_agents() > 0
+
+    def handle_expired_holds(self) -> bool:
+        """Held agents past their ``held_until``: their kept sandboxes torn down (``scalers.holds``)."""
+        return reap_expired_holds() > 0
 
     def handle_provision_reap(self) -> bool:
         """The event-provision reaper, when its interval is due: True when it tore something down."""

@@ -41,7 +41,7 @@ class Command(BaseCommand):
         )
         failed = []
         for agent in agents:
-            teardown_agent(agent, REASON, destroy_reason="shutdown")
+            teardown_agent(agent, REASON, destroy_reason="shutdown", hold=False)
             state = Agent.objects.filter(pk=agent.pk).values_list("state", flat=True).get()
             if state not in TERMINAL_STATES:
                 failed.append(agent.agent_id)

@@ -480,3 +480,63 @@ def test_net_raw_must_be_a_boolean_naming_file_line_and_field():
     )
     assert (problem.file, problem.line, problem.path) == ("raw.yaml", 9, "scalers.0.labelSets.0.netRaw")
     assert str(problem) == 'raw.yaml:9: scalers.0.labelSets.0.netRaw: Expected true or false, received "yes"'
+
+
+@pytest.mark.parametrize(
+    ("entry", "line", "path", "says"),
+    [
+        ('debugHold: {onFailure: "yes"}', 9, "debugHold.onFailure", 'Expected true or false, received "yes"'),
+        (
+            "debugHold: {onFailure: true, durationSeconds: 30}",
+            9,
+            "debugHold.durationSeconds",
+            "greater than or equal to 60",
+        ),
+        ("debugHold: {durationSeconds: 90000}", 9, "debugHold.durationSeconds", "less than or equal to 86400"),
+        ("debugHold: {durationSeconds: 2h}", 9, "debugHold.durationSeconds", 'Expected an integer, received "2h"'),
+        ("debugHold: {onFailure: true, keep: 1}", 9, "debugHold.keep", 'Unrecognized key "keep"'),
+        ("debugHold: true", 9, "debugHold", "Expected a mapping, received true"),
+    ],
+)
+def test_debug_hold_is_checked_naming_file_line_and_field(entry, line, path, says):
+    (problem,) = problems_of(
+        f"""\
+        version: 1
+        scalers:
+          - name: c
+            type: container
+            maxAgents: 1
+            labelSets:
+              - labels: [linux]
+                image: a
+                {entry}
+        """,
+        "holds.yaml",
+    )
+    assert (problem.file, problem.line, problem.path) == ("holds.yaml", line, f"scalers.0.labelSets.0.{path}")
+    assert says in problem.message, problem.message
+
+
+def test_a_debug_hold_defaults_to_two_hours_on_failure_off():
+    config = parse_scalers_config_text(
+        textwrap.dedent(
+            """\
+            version: 1
+            scalers:
+              - name: c
+                type: container
+                maxAgents: 1
+                labelSets:
+                  - labels: [linux]
+                    image: a
+                    debugHold: {onFailure: true}
+                  - labels: [other]
+                    image: a
+                    debugHold: {}
+            """
+        ),
+        "scalers.yaml",
+    )
+    held, plain = config.scalers[0].label_sets
+    assert (held.debug_hold.on_failure, held.debug_hold.duration_seconds) == (True, 7200)
+    assert (plain.debug_hold.on_failure, plain.debug_hold.duration_seconds) == (False, 7200)

@@ -101,3 +101,16 @@ def test_net_raw_without_an_agent_container_is_warned_about():
     assert [w.path for w in entry_warnings(metal)] == ["labelSets.0.netRaw"]
     container = {"name": "c", "type": "container", "labelSets": [{"labels": ["a"], "image": "i", "netRaw": True}]}
     assert entry_warnings(container) == []  # it takes effect: the scaler page warns instead
+
+
+def test_a_debug_hold_on_an_event_scaler_is_warned_about():
+    held = {"labels": ["a"], "debugHold": {"onFailure": True}}
+    event = {"name": "ev", "type": "event", "labelSets": [held, {"labels": ["b"], "debugHold": {"onFailure": False}}]}
+    assert [(w.path, w.message) for w in entry_warnings(event)] == [
+        (
+            "labelSets.0.debugHold",
+            'Event scaler "ev" label set [0] provisions machines the console does not hold: debugHold has no effect',
+        )
+    ]
+    container = {"name": "c", "type": "container", "labelSets": [held | {"image": "i"}]}
+    assert entry_warnings(container) == []
