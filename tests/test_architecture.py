@@ -211,6 +211,7 @@ SCALERS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "lifecycle",
         (
             "scalers.drift",
+            "scalers.holds",
             "scalers.jobs",
             "scalers.kici_agents",
             "scalers.lifecycle",
