@@ -99,14 +99,28 @@ def archived_times(agent_id: str, first: int, stop: int) -> dict[int, int]:
     return out
 
 
-def archive_parts(agent_id: str, parts: list[tuple[str, bytes]]) -> Path | None:
+def archive_parts(
+    agent_id: str, parts: list[tuple[str, bytes]], times: list[dict[int, int]] | None = None
+) -> Path | None:
     """Keep several outputs of one sandbox as its archive, each under a ``--- <title> ---`` line,
     the last part's end kept when they exceed :data:`ARCHIVE_BYTES` (the archive's lines are
-    numbered by their place in it). None when ``parts`` is empty; raises OSError when it cannot
-    be written."""
+    numbered by their place in it). ``times``: per part, the times of its lines by their index in
+    it (0: its first line; ``consolelog.times.end_with_times``), kept as :func:`write_archive`
+    keeps them. None when ``parts`` is empty; raises OSError when it cannot be written."""
     if not parts:
         return None
-    return write_archive(agent_id, b"".join(f"--- {title} ---\n".encode() + data for title, data in parts))
+    data = b""
+    runs: list[tuple[int, int, int]] = []
+    for index, (title, part) in enumerate(parts):
+        data += f"--- {title} ---\n".encode()
+        base = count_lines(data) + 1  # the number of the part's first line in the archive
+        for offset, ms in sorted((times[index] if times and index < len(times) else {}).items()):
+            if runs and runs[-1][2] == ms and runs[-1][0] + runs[-1][1] == base + offset:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, ms)
+            else:
+                runs.append((base + offset, 1, ms))
+        data += part
+    return write_archive(agent_id, data, times=runs)
 
 
 class Archived(NamedTuple):

@@ -19,6 +19,7 @@ from consolelog.dockerlogs import RedisCheckpoints, container_lines
 from consolelog.dockerlogs import read_lines_before as read_container_lines
 from consolelog.search import Found, compile_query, file_lines, search_lines, search_regex_bounded
 from consolelog.tail import Opener, plain_open, read_lines_before
+from consolelog.times import line_times
 from lib.query import check_parameters, choice, whole_number
 from live.consoles import (
     agent_container,
@@ -30,8 +31,7 @@ from live.consoles import (
     sandbox_gone,
 )
 from live.rows import agent_page_version
-from live.streams import LEVEL_DEBUG, LEVEL_ERROR, Line, StreamKey, console_row, failure_indexes
-from live.transport import line_times
+from live.streams import LEVEL_DEBUG, LEVEL_ERROR, Line, console_row, failure_indexes
 
 from .common import agent_or_404, viewer_required
 
@@ -217,7 +217,7 @@ def agent_console_lines(request, agent_id: str, stream: str):
         os.close(fd)
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        times = line_times(client, StreamKey(agent.agent_id, stream), first, first + len(texts))
+        times = line_times(client, agent.agent_id, stream, first, first + len(texts))
     finally:
         client.close()
     errors = set(failure_indexes(texts)) if stream == "serial" else set()
@@ -345,7 +345,7 @@ def _search_file(agent: Agent, stream: str, path, run) -> tuple[Found, dict[int,
         return found, {}
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        times = line_times(client, StreamKey(agent.agent_id, stream), found.hits[0].n, found.hits[-1].n + 1)
+        times = line_times(client, agent.agent_id, stream, found.hits[0].n, found.hits[-1].n + 1)
     finally:
         client.close()
     return found, times
