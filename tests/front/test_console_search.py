@@ -139,6 +139,13 @@ def test_it_refuses_bad_input_naming_the_field(viewer_client, vm_agent, query, m
     assert response.status_code == 400 and message in response.json()["error"]
 
 
+def test_a_search_past_its_time_budget_answers_what_it_found_and_where_it_stopped(viewer_client, vm_agent, monkeypatch):
+    monkeypatch.setattr("front.views.console.SEARCH_SECONDS", 0.0)
+    data = viewer_client.get(url(vm_agent), {"q": "line 1"}).json()
+    assert data["stopped"] is True and data["last"] == data["scanned"] == consolelog.search.CHECK_EVERY
+    assert [hit[0] for hit in data["hits"]][:3] == [1, 10, 11] and data["hits"][-1][0] <= data["last"]
+
+
 def test_a_regular_expression_that_runs_too_long_on_one_line_is_stopped(viewer_client, vm_agent, monkeypatch):
     monkeypatch.setattr(consolelog.search, "KILL_GRACE_SECONDS", 0.5)
     monkeypatch.setattr("front.views.console.SEARCH_SECONDS", 0.5)
