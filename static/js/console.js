@@ -424,7 +424,7 @@
       matchEl.textContent = "";
     } else if (wholeLog()) {
       var all = hits.length + hitsRest;
-      matchEl.textContent = (hitCurrent >= 0 ? (hitCurrent + 1) + " / " + all : plural(all, "match", "matches")) +
+      matchEl.textContent = (hitCurrent >= 0 ? num(hitCurrent + 1) + " / " + num(all) : plural(all, "match", "matches")) +
         " in the whole log · " + loadedText;
     } else if (current >= 0) {
       matchEl.textContent = (current + 1) + " / " + matches.length + " (loaded lines)";
