@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -37,14 +38,23 @@ def archive_path(agent_id: str) -> Path:
     return archive_dir(agent_id) / "console.log"
 
 
-def write_archive(agent_id: str, data: bytes, lines_before: int = 0) -> Path:
+def times_path(agent_id: str) -> Path:
+    """The archive's line times: one ``first count ms`` run per line of text, by line number."""
+    return archive_dir(agent_id) / "console.times"
+
+
+def write_archive(
+    agent_id: str, data: bytes, lines_before: int = 0, times: Iterable[tuple[int, int, int]] = ()
+) -> Path:
     """Keep the last :data:`ARCHIVE_BYTES` of ``data`` as the agent's archive (written to a
     temporary file and renamed, so a reader never sees half of it). ``lines_before``: how many
     lines of the output came before ``data`` (a container's lines docker no longer held). The
     lines before the kept part, cut ones included, are recorded in the archive's
     ``consolelog.cap.CUT_LINES_XATTR``, as a cap of a live file records them, so its lines keep their
-    numbers in the output (``archived_lines``). Returns its path; raises OSError when it cannot be
-    written (a filesystem without user extended attributes, when lines were cut)."""
+    numbers in the output (``archived_lines``). ``times``: the lines' times as the console showed
+    them, runs ``(first line number, count, ms since the epoch)``, kept beside it
+    (:func:`archived_times`). Returns its path; raises OSError when it cannot be written (a
+    filesystem without user extended attributes, when lines were cut)."""
     path = archive_path(agent_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     cut = 0
@@ -60,18 +70,57 @@ def write_archive(agent_id: str, data: bytes, lines_before: int = 0) -> Path:
         out.write(data)
         if lines_before + cut:
             os.setxattr(out.fileno(), CUT_LINES_XATTR, str(lines_before + cut).encode())
+    stamps = times_path(agent_id)
+    runs = "".join(f"{first} {count} {ms}\n" for first, count, ms in times if count > 0 and ms > 0)
+    if runs:
+        pending = stamps.with_name(stamps.name + ".tmp")
+        pending.write_text(runs)
+        os.replace(pending, stamps)
+    else:
+        stamps.unlink(missing_ok=True)
     os.replace(tmp, path)
     return path
 
 
-def archive_parts(agent_id: str, parts: list[tuple[str, bytes]]) -> Path | None:
+def archived_times(agent_id: str, first: int, stop: int) -> dict[int, int]:
+    """``{line number: ms}`` of the archive's lines ``[first, stop)`` that have a kept time
+    (:func:`write_archive`); empty when none were kept or the file cannot be read."""
+    out: dict[int, int] = {}
+    try:
+        with open(times_path(agent_id), encoding="ascii") as runs:
+            for run in runs:
+                start, count, ms = (int(part) for part in run.split())
+                if start >= stop:
+                    break
+                for number in range(max(start, first), min(start + count, stop)):
+                    out[number] = ms
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def archive_parts(
+    agent_id: str, parts: list[tuple[str, bytes]], times: list[dict[int, int]] | None = None
+) -> Path | None:
     """Keep several outputs of one sandbox as its archive, each under a ``--- <title> ---`` line,
     the last part's end kept when they exceed :data:`ARCHIVE_BYTES` (the archive's lines are
-    numbered by their place in it). None when ``parts`` is empty; raises OSError when it cannot
-    be written."""
+    numbered by their place in it). ``times``: per part, the times of its lines by their index in
+    it (0: its first line; ``consolelog.times.end_with_times``), kept as :func:`write_archive`
+    keeps them. None when ``parts`` is empty; raises OSError when it cannot be written."""
     if not parts:
         return None
-    return write_archive(agent_id, b"".join(f"--- {title} ---\n".encode() + data for title, data in parts))
+    data = b""
+    runs: list[tuple[int, int, int]] = []
+    for index, (title, part) in enumerate(parts):
+        data += f"--- {title} ---\n".encode()
+        base = count_lines(data) + 1  # the number of the part's first line in the archive
+        for offset, ms in sorted((times[index] if times and index < len(times) else {}).items()):
+            if runs and runs[-1][2] == ms and runs[-1][0] + runs[-1][1] == base + offset:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, ms)
+            else:
+                runs.append((base + offset, 1, ms))
+        data += part
+    return write_archive(agent_id, data, times=runs)
 
 
 class Archived(NamedTuple):

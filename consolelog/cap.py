@@ -80,15 +80,31 @@ def read_end(fd: int, limit: int, offset: int = 0) -> bytes:
     range and the zeroed bytes of a cut are skipped, so what is returned after a cut starts at a
     line start. A read that a cut raced (the file's first kept byte moved meanwhile) is done again.
     Raises ``OSError`` from reading."""
+    return _read_end(fd, limit, offset)[1]
+
+
+def _read_end(fd: int, limit: int, offset: int = 0) -> tuple[int, bytes]:
+    """:func:`read_end` and the offset its bytes start at."""
     while True:
         first = data_start(fd)
         size = os.fstat(fd).st_size
         start = data_start(fd, max(offset, size - limit, 0))
         if start >= size:
-            return b""
+            return size, b""
         data = os.pread(fd, size - start, start)
         if data_start(fd) == first:
-            return data[leading_cut(data, first) :]
+            skip = leading_cut(data, first)
+            return start + skip, data[skip:]
+
+
+def read_end_numbered(fd: int, limit: int) -> tuple[int, bytes]:
+    """:func:`read_end` of ``fd`` and the number of its first line (the line its first byte is
+    in: a part of a line when the read starts inside one), as the console numbers the file's
+    lines (:func:`line_number_at`). Costs a count of the kept bytes before it."""
+    with numbering_lock(fd):
+        start, data = _read_end(fd, limit)
+        kept = kept_start(fd)
+        return cut_lines(fd) + (count_file_lines(fd, kept, start) if start > kept else 0) + 1, data
 
 
 def cap_file(fd: int, cap: int) -> int:

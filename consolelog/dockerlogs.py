@@ -312,18 +312,19 @@ def read_lines_before(
     return Page(before, before, [])
 
 
-def container_output(
+def container_lines(
     container: Any, checkpoints: RedisCheckpoints, *, max_line: int = MAX_LINE_BYTES
-) -> tuple[int, bytes]:
+) -> list[StampedText]:
     """Every line docker holds of ``container``'s console, as the console shows them (capped, one
-    per ``\\n``, empty ones skipped), and how many lines of its output came before them: found
-    from the first of its checkpoints docker still holds, so the lines keep the console's numbers
-    (none kept but some given: after every number given, as a pump would number them; none
-    given: 0). For the archive kept when the container is removed. Raises the SDK's errors."""
+    per ``\\n``, empty ones skipped), each with its console number (``n``) and docker's time
+    (``ms``): numbered from the first of its checkpoints docker still holds (none kept but some
+    given: after every number given, as a pump would number them; none given: from 1). For the
+    archive kept when the container is removed and for a search of the whole output. Raises the
+    SDK's errors."""
     known = {(c.stream, c.stamp.encode()): c.number for c in map(Checkpoint.parse, checkpoints.all())}
     numberer = Numberer(1, max_line=max_line)
     offset = None
-    lines: list[str] = []
+    lines: list[StampedText] = []
     messages = LogMessages(container, follow=False)
     try:
         for stream, stamp, content in messages:
@@ -335,4 +336,21 @@ def container_output(
         messages.close()
     if offset is None:
         offset = checkpoints.top() if known else 0
-    return offset, "".join(f"{line}\n" for line in lines).encode()
+    return [StampedText(line, line.n + offset, line.ms) for line in lines] if offset else lines
+
+
+def container_output(
+    container: Any, checkpoints: RedisCheckpoints, *, max_line: int = MAX_LINE_BYTES
+) -> tuple[int, bytes, list[tuple[int, int, int]]]:
+    """:func:`container_lines` as the archive keeps them: how many lines of the output came before
+    them, their text (one per ``\\n``) and their times as runs ``(first number, count, ms)``
+    (``agents.archive.write_archive``). Raises the SDK's errors."""
+    lines = container_lines(container, checkpoints, max_line=max_line)
+    runs: list[tuple[int, int, int]] = []
+    for line in lines:
+        if runs and runs[-1][2] == line.ms and runs[-1][0] + runs[-1][1] == line.n:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, line.ms)
+        else:
+            runs.append((line.n, 1, line.ms))
+    before = lines[0].n - 1 if lines else 0
+    return before, "".join(f"{line}\n" for line in lines).encode(), runs

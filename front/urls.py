@@ -77,6 +77,9 @@ urlpatterns = [
         name="agent_console_download",
     ),
     path("agents/<str:agent_id>/console/<str:stream>/lines", console.agent_console_lines, name="agent_console_lines"),
+    path(
+        "agents/<str:agent_id>/console/<str:stream>/search", console.agent_console_search, name="agent_console_search"
+    ),
     path("events/", event_feed.event_list, name="event_list"),
     path("audit/", audit.audit_list, name="audit_list"),
     path("tokens/", tokens.token_list, name="token_list"),

@@ -157,7 +157,8 @@ def captured_output(agent) -> dict:
     Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str], "first": int,
     "archived": bool}``; ``first`` is the number of ``lines[0]`` in the output (an archive's lines
     keep their numbers, the ones cut from its front counted; captured lines count from 1);
-    ``lines`` is empty when nothing was kept.
+    ``lines`` is empty when nothing was kept; an archive's also has ``oldest``, the number of its
+    first line.
     """
     from django.db.models import Q
 
@@ -175,6 +176,7 @@ def captured_output(agent) -> dict:
             "message": message.strip(),
             "lines": archived.lines,
             "first": archived.first,
+            "oldest": archived.oldest,
             "archived": True,
         }
     lines = rest.split("\n") if marker and rest else []

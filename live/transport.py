@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from consolelog.times import console_key_name, times_of
+
 from .streams import RING_LINES, Line, StreamKey, lines_from_blobs, lines_from_message, ring_blob
 
 log = logging.getLogger(__name__)
@@ -139,31 +141,10 @@ def times_member(message: dict) -> tuple[int, str] | None:
     return first, f"{first}:{count}:{round(message['ts'] * 1000)}"
 
 
-def times_of(entries: Iterable[bytes | str], first: int, stop: int) -> dict[int, int]:
-    """``{line number: receive time in ms}`` for the lines ``[first, stop)`` that ``entries``
-    (``times`` members, any order) cover."""
-    out: dict[int, int] = {}
-    for entry in entries:
-        text = entry.decode() if isinstance(entry, bytes) else entry
-        start, count, ms = (int(part) for part in text.split(":"))
-        for number in range(max(start, first), min(start + count, stop)):
-            out[number] = ms
-    return out
-
-
 def stream_key_name(key: StreamKey, what: str, prefix: str = "kici:console") -> str:
-    """The Redis key ``<prefix>:<agent_id>:<stream>:<what>`` of a console stream."""
-    return f"{prefix}:{key.agent_id}:{key.stream}:{what}"
-
-
-def line_times(client: Any, key: StreamKey, first: int, stop: int, prefix: str = "kici:console") -> dict[int, int]:
-    """Receive times (ms) of the lines ``[first, stop)`` of a stream, from its ``times`` key, with
-    a synchronous ``redis.Redis`` ``client`` (the range view). Lines no pump received live, or
-    longer ago than :data:`TIMES_KEPT` batches, are absent."""
-    name = stream_key_name(key, "times", prefix)
-    entries = client.zrevrangebyscore(name, first, "-inf", start=0, num=1)
-    entries += client.zrangebyscore(name, f"({first}", f"({stop}")
-    return times_of(entries, first, stop)
+    """The Redis key ``<prefix>:<agent_id>:<stream>:<what>`` of a console stream
+    (``consolelog.times.console_key_name``)."""
+    return console_key_name(key.agent_id, key.stream, what, prefix)
 
 
 # Append one packed batch to the ring, then drop the oldest entries while the rest still holds
@@ -208,7 +189,7 @@ class RedisTransport:
         least the last ``ring_size`` lines; ``ring-counts`` their sizes), ``gen`` (generation counter),
         ``viewers`` (sorted set of viewer ids scored by expiry, refreshed by each process), ``times``
     (sorted set of the last :data:`TIMES_KEPT` batches' receive times, :func:`times_member`, scored
-    by their first line number: :func:`line_times` reads it). The ring is
+    by their first line number: ``consolelog.times.line_times`` reads it). The ring is
         written before the batch is sent, so a viewer that reads the snapshot after joining misses
         nothing.
     """
@@ -343,7 +324,7 @@ class RedisTransport:
         return (int(gen) if gen is not None else None), lines_from_blobs(blobs, self.ring_size)
 
     async def line_times(self, key, first, stop):
-        """See :func:`line_times` (the same read, asynchronous)."""
+        """``consolelog.times.line_times`` (the same read, asynchronous)."""
         name = self._key(key, "times")
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zrevrangebyscore(name, first, "-inf", start=0, num=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -12,12 +13,14 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from agents.archive import archive_path, archived_lines
+from agents.archive import archive_path, archived_lines, archived_times
 from agents.models import Agent
-from consolelog.dockerlogs import RedisCheckpoints
+from consolelog.dockerlogs import RedisCheckpoints, container_lines
 from consolelog.dockerlogs import read_lines_before as read_container_lines
+from consolelog.search import Found, compile_query, file_lines, search_lines, search_regex_bounded
 from consolelog.tail import Opener, plain_open, read_lines_before
-from lib.query import check_parameters, whole_number
+from consolelog.times import line_times
+from lib.query import check_parameters, choice, whole_number
 from live.consoles import (
     agent_container,
     captured_output,
@@ -28,8 +31,7 @@ from live.consoles import (
     sandbox_gone,
 )
 from live.rows import agent_page_version
-from live.streams import LEVEL_DEBUG, LEVEL_ERROR, Line, StreamKey, console_row, failure_indexes
-from live.transport import line_times
+from live.streams import LEVEL_DEBUG, LEVEL_ERROR, Line, console_row, failure_indexes
 
 from .common import agent_or_404, viewer_required
 
@@ -67,6 +69,7 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         "lines_url": reverse("agent_console_lines", args=[agent.agent_id, stream])
         if console_log_file(agent, stream) is not None or runs_in_container(agent)
         else "",
+        "search_url": reverse("agent_console_search", args=[agent.agent_id, stream]),
         "gone": sandbox_gone(agent, stream),
         "page_version": agent_page_version(agent),
     }
@@ -75,9 +78,11 @@ def agent_console(request, agent_id: str, stream: str | None = None):
         ctx["captured"] = captured
         ctx["captured_rows"] = [(captured["first"] + i, text) for i, text in enumerate(captured["lines"])]
         ctx["captured_last"] = captured["first"] + len(captured["lines"]) - 1
-        # The archive's lines as the console's rows ([number, ms, text]; no times are kept): the
-        # page's virtual list starts from them and loads earlier ones from the archive.
-        ctx["archived_rows"] = [[n, 0, text] for n, text in ctx["captured_rows"]] if captured["archived"] else []
+        # The archive's lines as the console's rows ([number, ms, text], with the times kept
+        # beside it): the page's virtual list starts from them and loads earlier ones from it.
+        rows = ctx["captured_rows"] if captured["archived"] else []
+        times = archived_times(agent.agent_id, rows[0][0], rows[-1][0] + 1) if rows else {}
+        ctx["archived_rows"] = [[n, times.get(n, 0), text] for n, text in rows]
         ctx["lines_url"] = reverse("agent_console_lines", args=[agent.agent_id, stream])
     return render(request, "agents/console.html", ctx)
 
@@ -180,7 +185,7 @@ def agent_console_lines(request, agent_id: str, stream: str):
     Read from the stream's file (``consolelog.tail.read_lines_before``; receive times from the stream's
     ``times`` key, 0 where unknown), from a container's docker logs (``consolelog.dockerlogs``, the
     numbers and docker times of the live stream), or, once the sandbox is gone, from the agent's
-    archive (``agents.archive.archived_lines``, no times). 400 naming a bad, unknown or repeated
+    archive (``agents.archive.archived_lines``, with the times kept beside it). 400 naming a bad, unknown or repeated
     parameter, 404 for a stream with nothing behind it or a file not there (yet), 502 when it cannot be read."""
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
@@ -212,7 +217,7 @@ def agent_console_lines(request, agent_id: str, stream: str):
         os.close(fd)
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        times = line_times(client, StreamKey(agent.agent_id, stream), first, first + len(texts))
+        times = line_times(client, agent.agent_id, stream, first, first + len(texts))
     finally:
         client.close()
     errors = set(failure_indexes(texts)) if stream == "serial" else set()
@@ -250,5 +255,133 @@ def _archive_lines(agent: Agent, before: int, limit: int) -> JsonResponse:
         return JsonResponse(
             {"error": f"the sandbox of {agent.agent_id} is gone and none of its output was kept"}, status=404
         )
-    rows = [console_row(Line(text, archived.first + i)) for i, text in enumerate(archived.lines)]
-    return JsonResponse({"oldest": archived.oldest, "first": archived.first, "rows": rows})
+    first = archived.first
+    times = archived_times(agent.agent_id, first, first + len(archived.lines))
+    rows = [
+        console_row(Line(text, first + i, ts=times.get(first + i, 0) / 1000)) for i, text in enumerate(archived.lines)
+    ]
+    return JsonResponse({"oldest": archived.oldest, "first": first, "rows": rows})
+
+
+#: Default and largest ``limit`` of :func:`agent_console_search`, in hits.
+SEARCH_HITS = 200
+SEARCH_HITS_MAX = 1000
+#: Time budget of one search, in seconds: past it the search answers what it found so far.
+SEARCH_SECONDS = 10.0
+
+
+@require_GET
+@viewer_required
+def agent_console_search(request, agent_id: str, stream: str):
+    """``/agents/<id>/console/<stream>/search?q=&regex=&case=&after=&limit=``: the lines of the
+    stream's whole kept output that contain ``q`` (case-insensitive unless ``case=1``; a regular
+    expression with ``regex=1``, its cost bounded by ``consolelog.search``), numbered above
+    ``after`` (0), at most ``limit`` (1 to 1,000; 200), as JSON ``{"hits": [[number, ms, excerpt,
+    [[start, end], ...]], ...], "more": hits beyond them, "first", "last": the lines searched,
+    "scanned", "stopped": the time budget ran out after "last"}``.
+
+    Reads what the lines endpoint reads (the file, a container's docker logs, a finished agent's
+    archive), every line of it, with the same numbers and times. 400 naming a bad parameter (a
+    bad or too costly ``q``), 404 for a stream with nothing behind it, 502 when it cannot be read."""
+    agent = agent_or_404(agent_id)
+    if stream not in [s for s, _ in console_streams(agent)]:
+        raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
+    try:
+        check_parameters(request.GET, single=("q", "regex", "case", "after", "limit"))
+        regex = choice("regex", request.GET.get("regex"), ("0", "1")) == "1"
+        case = choice("case", request.GET.get("case"), ("0", "1")) == "1"
+        after = whole_number("after", request.GET.get("after"), 0, BEFORE_MAX, default=0)
+        limit = whole_number("limit", request.GET.get("limit"), 1, SEARCH_HITS_MAX, default=SEARCH_HITS)
+        query = request.GET.get("q", "")
+        pattern = compile_query(query, regex=regex, case=case)
+    except ValueError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+
+    def run(lines) -> Found:
+        if regex:
+            return search_regex_bounded(lines, query, case=case, after=after, limit=limit, seconds=SEARCH_SECONDS)
+        return search_lines(lines, pattern, after=after, limit=limit, seconds=SEARCH_SECONDS)
+
+    try:
+        if sandbox_gone(agent, stream):
+            found, times = _search_archive(agent, run)
+        elif (path := console_log_file(agent, stream)) is not None:
+            found, times = _search_file(agent, stream, path, run)
+        elif runs_in_container(agent):
+            found, times = _search_container(agent, run)
+        else:
+            return JsonResponse({"error": f"the {stream} stream of {agent.agent_id} has no output to read"}, status=404)
+    except ValueError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    except LookupError as exc:
+        return JsonResponse({"error": str(exc)}, status=404)
+    except (OSError, RuntimeError) as exc:
+        return JsonResponse({"error": f"could not search the {stream} output of {agent.agent_id}: {exc}"}, status=502)
+    return JsonResponse(
+        {
+            "hits": [[hit.n, times.get(hit.n, 0), hit.excerpt, hit.marks] for hit in found.hits],
+            "more": found.more,
+            "first": found.first,
+            "last": found.last,
+            "scanned": found.scanned,
+            "stopped": found.stopped,
+        }
+    )
+
+
+def _search_file(agent: Agent, stream: str, path, run) -> tuple[Found, dict[int, int]]:
+    """:func:`agent_console_search` of a log file, with the receive times of its hits (the
+    stream's ``times`` key). LookupError when the file is not there (yet)."""
+    try:
+        fd = console_file_opener(stream)(os.fspath(path), os.O_RDONLY)
+    except FileNotFoundError:
+        raise LookupError(f"{path} does not exist (yet)") from None
+    try:
+        with contextlib.closing(file_lines(fd)) as lines:  # its numbering lock goes with it
+            found = run(lines)
+    finally:
+        os.close(fd)
+    if not found.hits:
+        return found, {}
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        times = line_times(client, agent.agent_id, stream, found.hits[0].n, found.hits[-1].n + 1)
+    finally:
+        client.close()
+    return found, times
+
+
+def _search_container(agent: Agent, run) -> tuple[Found, dict[int, int]]:
+    """:func:`agent_console_search` of a container's docker logs, with docker's times.
+    LookupError when the container is gone, OSError when docker cannot be read."""
+    import docker.errors
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        lines = container_lines(agent_container(agent), RedisCheckpoints(client, agent.agent_id))
+    except docker.errors.NotFound:
+        raise LookupError(f"the container of {agent.agent_id} is gone") from None
+    except (docker.errors.DockerException, ValueError) as exc:
+        raise OSError(f"could not read the container's logs: {exc}") from None
+    finally:
+        client.close()
+    found = run((line.n, str(line)) for line in lines)
+    hits = {hit.n for hit in found.hits}
+    return found, {line.n: line.ms for line in lines if line.n in hits}
+
+
+def _search_archive(agent: Agent, run) -> tuple[Found, dict[int, int]]:
+    """:func:`agent_console_search` of a finished agent's archive, with the times kept beside it.
+    LookupError when none of its output was kept."""
+    try:
+        fd = os.open(archive_path(agent.agent_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        raise LookupError(f"the sandbox of {agent.agent_id} is gone and none of its output was kept") from None
+    try:
+        with contextlib.closing(file_lines(fd)) as lines:  # its numbering lock goes with it
+            found = run(lines)
+    finally:
+        os.close(fd)
+    if not found.hits:
+        return found, {}
+    return found, archived_times(agent.agent_id, found.hits[0].n, found.hits[-1].n + 1)

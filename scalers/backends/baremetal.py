@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import redis
 from django.conf import settings
 
 from agents import tokens
@@ -40,6 +41,7 @@ from agents.events import record_connecting, record_event
 from agents.models import Agent
 from consolelog.cap import read_end
 from consolelog.tail import Opener
+from consolelog.times import end_with_times
 from lib.safe_open import open_last
 from scalers.resources import EffectiveLimits
 
@@ -276,20 +278,25 @@ class BareMetalBackend:
 
     @staticmethod
     def _archive(agent_id: str, log_path: str | None) -> None:
-        """Keep the end of the process's output file as its archive (``agents.archive``); the file
-        itself goes with retention. A failure is logged only."""
+        """Keep the end of the process's output file as its archive (``agents.archive``), with the
+        times its lines were received (``consolelog.times.end_with_times``); the file itself goes
+        with retention. A failure is logged only."""
         if not log_path:
             return
+        client = redis.Redis.from_url(settings.REDIS_URL)
         try:
             fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                archive_parts(agent_id, [("process output", read_end(fd, ARCHIVE_BYTES))])
+                data, times = end_with_times(fd, ARCHIVE_BYTES, client, agent_id, "console")
+                archive_parts(agent_id, [("process output", data)], [times])
             finally:
                 os.close(fd)
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
             log.warning("could not keep the output of %s: %s", agent_id, exc)
+        finally:
+            client.close()
 
     def captured_output_for(self, agent) -> list[str]:
         if self.mode_for(agent) == "container":

@@ -1,5 +1,6 @@
 /* Console page: a virtual list of an agent's live output, with follow / pause, earlier lines loaded
-   from the file, per-line times, search over the loaded lines, line links and keyboard shortcuts.
+   from the file, per-line times, a search of the whole log, line links, going to a line by number,
+   a summary of what is loaded and keyboard shortcuts.
 
    Data. The page's own WebSocket (data-ws-url, ?flow=ack: one {"ack":1} per frame handled) sends
    JSON frames {"reset": bool, "rows": [[number, ms, text, kind?, count?], ...]} (live.consumers):
@@ -20,8 +21,23 @@
    follow button ("At the end") and no reconnect after the socket closes. Lines still in flight
    arrive on the open socket.
 
-   Keys: f follow/pause, / search, Enter / Shift+Enter next / previous match, g top (and load
-   earlier), G bottom (and follow), Esc leaves the search box. */
+   Search. The query (plain text, or a regular expression with "regex"; any case unless "match
+   case") marks its matches in the loaded lines and is sent to data-search-url
+   (front.views.console.agent_console_search), which searches every line the agent's output still
+   keeps and answers its hits (number, time, excerpt and the spans to mark), 200 at a time with a
+   count of the rest. The hits are listed in #console-hits; Enter / Shift+Enter (or the arrows)
+   and a click on a hit show it: the page of lines around it loads into the gap that holds it, as
+   a #L<number> link does, so no line before it needs to load. A line number in #console-goto is
+   shown the same way. A regular expression marks the loaded lines only once the server accepted
+   it (it refuses the costly ones), so the page never runs one it refused.
+
+   Summary. #console-summary says how many lines the log has (the highest number seen, or the last
+   line a search read), how many came over this page's live stream (a new pump's backlog
+   included), how many were loaded from the log (the socket's first snapshot, pages of earlier
+   lines), how many are not loaded (they load on scroll) and how many are no longer kept.
+
+   Keys: f follow/pause, / search, : go to line, Enter / Shift+Enter next / previous hit, g top
+   (and load earlier), G bottom (and follow), Esc leaves the search box. */
 (function () {
   "use strict";
   var root = document.getElementById("console-root");
@@ -39,8 +55,17 @@
   var matchEl = document.getElementById("console-matches");
   var newEl = document.getElementById("console-new");
   var liveEl = root.querySelector("[data-live-status]");
+  var regexBox = document.getElementById("console-regex");
+  var caseBox = document.getElementById("console-case");
+  var gotoBox = document.getElementById("console-goto");
+  var summaryEl = document.getElementById("console-summary");
+  var hitsEl = document.getElementById("console-hits");
+  var hitsList = document.getElementById("console-hits-list");
+  var hitsSummary = document.getElementById("console-hits-summary");
+  var hitsMore = document.getElementById("console-hits-more");
   var wsUrl = root.getAttribute("data-ws-url");
   var linesUrl = root.getAttribute("data-lines-url") || "";
+  var searchUrl = root.getAttribute("data-search-url") || "";
   var numbered = !!linesUrl; // a file or docker logs: numbers are stable, a reconnect merges instead of replacing
   var maxLines = parseInt(root.getAttribute("data-max-lines"), 10) || 50000;
   var OVERSCAN = 30;
@@ -55,8 +80,18 @@
   var snapshotSeen = false;
   var target = null;
   var targetPending = false; // a #L<number> of the address, not shown yet
-  var needle = "";
+  var needle = ""; // the query as typed (trimmed)
+  var needleRe = null; // it as a RegExp marking the loaded lines (null: none)
+  var needleG = null; // the same, global (for the spans to mark)
   var matches = []; // numbers of the loaded lines that match, ascending
+  // The whole log's search: hits [number, ms, excerpt, marks] of the query `hitsQuery`, `hitsRest`
+  // more beyond them, the one shown (-1: none), the request in flight.
+  var hits = [], hitsRest = 0, hitCurrent = -1, hitsQuery = "", hitsError = "", searching = null;
+  var liveArrived = 0; // lines that came over the socket after its snapshot
+  var loadedBefore = 0; // lines loaded otherwise: the snapshot, pages of the file, the archive
+  // The first line the log still holds, as the page, the lines endpoint or a search last said.
+  var oldestKept = parseInt(root.getAttribute("data-oldest-line"), 10) || 1;
+  var knownTotal = 0; // the last line a search read
   var current = -1;
   var shown = null; // with "only matches": indexes into lines of what is drawn
   var drawPending = false;
@@ -92,7 +127,47 @@
     return -1;
   }
 
-  function isHit(e) { return !e.gap && needle && e.tx.toLowerCase().indexOf(needle) >= 0; }
+  function isHit(e) { return !e.gap && needleRe !== null && needleRe.test(e.tx); }
+
+  // The query as RegExps for the loaded lines; a regular expression only once `accepted`.
+  function buildMatcher(accepted) {
+    needle = search.value.trim();
+    needleRe = needleG = null;
+    if (!needle || (regexBox.checked && !accepted)) return;
+    var flags = caseBox.checked ? "" : "i";
+    var src = regexBox.checked ? needle : needle.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    try {
+      needleRe = new RegExp(src, flags);
+      needleG = new RegExp(src, "g" + flags);
+    } catch (err) {
+      needleRe = needleG = null; // a Python expression JavaScript reads otherwise: no marks
+    }
+  }
+
+  function spansOf(text) {
+    var out = [], m;
+    needleG.lastIndex = 0;
+    while ((m = needleG.exec(text)) !== null) {
+      if (!m[0].length) { needleG.lastIndex++; continue; }
+      out.push([m.index, m.index + m[0].length]);
+    }
+    return out;
+  }
+
+  // `text` into `parent` with the spans `marks` ([start, end), ascending) in <mark>.
+  function marked(parent, text, marks) {
+    var from = 0;
+    for (var i = 0; i < marks.length; i++) {
+      var a = marks[i][0], b = marks[i][1];
+      if (a < from) continue;
+      if (a > from) parent.appendChild(document.createTextNode(text.slice(from, a)));
+      var mk = document.createElement("mark");
+      mk.textContent = text.slice(a, b);
+      parent.appendChild(mk);
+      from = b;
+    }
+    if (from < text.length) parent.appendChild(document.createTextNode(text.slice(from)));
+  }
 
   function append(rows) {
     var added = 0;
@@ -112,7 +187,7 @@
 
   function replaceAll(rows) {
     lines = []; realCount = 0; matches = []; current = -1;
-    append(rows);
+    return append(rows);
   }
 
   // A reset of a numbered stream: keep what is loaded below the snapshot, take the snapshot.
@@ -126,7 +201,7 @@
     }
     lines.length = keep;
     recount();
-    append(rows);
+    return append(rows);
   }
 
   function recount() {
@@ -209,11 +284,13 @@
       replacement.push({ n: g.n, c: first - g.n, gap: true, head: g.head, done: first <= oldest || !rows.length });
     }
     rows.forEach(function (r) { replacement.push(entry(r)); });
+    loadedBefore += rows.length;
+    if (data.oldest) oldestKept = data.oldest;
     if (before < end) replacement.push({ n: before, c: end - before, gap: true });
     var above = i <= firstVisible(); // the gap starts at or above the screen: keep what it showed in place
     Array.prototype.splice.apply(lines, [i, 1].concat(replacement));
     realCount += rows.length;
-    if (needle) recount();
+    if (needleRe) recount();
     if (above && !follow) shiftScroll(replacement.length - 1);
     buildShown();
     schedule();
@@ -226,7 +303,7 @@
   function firstVisible() { return Math.floor(view.scrollTop / rowH); }
 
   function buildShown() {
-    if (!(onlyMatches.checked && needle)) { shown = null; return; }
+    if (!(onlyMatches.checked && needleRe)) { shown = null; return; }
     shown = [];
     for (var i = 0; i < lines.length; i++) if (lines[i].gap || isHit(lines[i])) shown.push(i);
   }
@@ -239,17 +316,8 @@
   }
 
   function textNode(parent, text) {
-    if (!needle) { parent.textContent = text; return; }
-    var hay = text.toLowerCase(), from = 0, i = hay.indexOf(needle);
-    while (i >= 0) {
-      if (i > from) parent.appendChild(document.createTextNode(text.slice(from, i)));
-      var mk = document.createElement("mark");
-      mk.textContent = text.slice(i, i + needle.length);
-      parent.appendChild(mk);
-      from = i + needle.length;
-      i = hay.indexOf(needle, from);
-    }
-    if (from < text.length) parent.appendChild(document.createTextNode(text.slice(from)));
+    if (!needleG) { parent.textContent = text; return; }
+    marked(parent, text, spansOf(text));
   }
 
   // Fill `div` (new or recycled) with the row of entry e.
@@ -351,13 +419,40 @@
   function status() {
     countEl.textContent = realCount + " line" + (realCount === 1 ? "" : "s") + " loaded";
     newEl.textContent = !follow && unseen ? unseen + " new below (G)" : "";
-    if (needle) {
-      matchEl.textContent = current >= 0
-        ? (current + 1) + " / " + matches.length + " (loaded lines)"
-        : matches.length + " match" + (matches.length === 1 ? "" : "es") + " (loaded lines)";
-    } else {
+    var loadedText = matches.length + " in the loaded lines";
+    if (!needle) {
       matchEl.textContent = "";
+    } else if (wholeLog()) {
+      var all = hits.length + hitsRest;
+      matchEl.textContent = (hitCurrent >= 0 ? num(hitCurrent + 1) + " / " + num(all) : plural(all, "match", "matches")) +
+        " in the whole log · " + loadedText;
+    } else if (current >= 0) {
+      matchEl.textContent = (current + 1) + " / " + matches.length + " (loaded lines)";
+    } else {
+      matchEl.textContent = plural(matches.length, "match", "matches") + " (loaded lines)" + (hitsError ? "" : searching ? " · searching the whole log" : "");
     }
+    summary();
+  }
+
+  function num(n) { return n.toLocaleString("en-US"); }
+  function plural(n, one, many) { return num(n) + " " + (n === 1 ? one : many); }
+
+  // What the page holds of the log (see "Summary" above).
+  function summary() {
+    var l = last();
+    var total = Math.max(knownTotal, l ? endOf(l) - 1 : 0);
+    root.setAttribute("data-total-lines", total);
+    root.setAttribute("data-live-lines", liveArrived);
+    if (!numbered || !total) { summaryEl.textContent = ""; return; }
+    var gone = Math.max(0, oldestKept - 1);
+    var missing = Math.max(0, total - gone - realCount);
+    var parts = [];
+    if (wsUrl) parts.push(num(liveArrived) + " came over the live stream");
+    parts.push(num(loadedBefore) + (wsUrl ? " loaded from the log" : " loaded from its archive"));
+    var text = plural(total, "line", "lines") + " in the " + (wsUrl ? "log" : "output") + ": " + parts.join(", ");
+    if (missing) text += "; " + num(missing) + " not loaded (they load on scroll; search covers them)";
+    if (gone) text += "; lines 1–" + num(gone) + " no longer kept";
+    summaryEl.textContent = text;
   }
 
   // ---- follow, target, search -----------------------------------------------------------------
@@ -390,8 +485,12 @@
     scrollToIndex(i);
   }
 
-  function runSearch() {
-    needle = search.value.trim().toLowerCase();
+  // The query as sent to the server: what a hit list answers.
+  function queryKey() { return search.value.trim() + "\u0000" + regexBox.checked + "\u0000" + caseBox.checked; }
+
+  // Mark the query's matches in the loaded lines (`accepted`: the server took its expression).
+  function runSearch(accepted) {
+    buildMatcher(accepted);
     version++;
     current = -1;
     recount();
@@ -399,7 +498,117 @@
     schedule();
   }
 
+  // The whole log's hits are those of the query in the box.
+  function wholeLog() { return !!searchUrl && !hitsError && hitsQuery === queryKey() && searching === null; }
+
+  // Ask the server for the hits of the query numbered above `after` (0: from the start), then
+  // call `then` (if any) once they are listed.
+  function searchLog(after, then) {
+    if (!searchUrl) return;
+    if (searching) searching.abort();
+    searching = null;
+    var q = search.value.trim();
+    if (!q) { hitsEl.hidden = true; hits = []; hitsRest = 0; hitCurrent = -1; hitsQuery = ""; hitsError = ""; status(); return; }
+    var key = queryKey();
+    var params = new URLSearchParams({ q: q });
+    if (regexBox.checked) params.set("regex", "1");
+    if (caseBox.checked) params.set("case", "1");
+    if (after) params.set("after", String(after));
+    var ctrl = new AbortController();
+    searching = ctrl;
+    root.setAttribute("data-searching", "1");
+    hitsEl.hidden = false;
+    if (!after) hitsSummary.textContent = "searching the whole log…";
+    status();
+    fetch(searchUrl + "?" + params.toString(), { credentials: "same-origin", headers: { Accept: "application/json" }, signal: ctrl.signal })
+      .then(function (r) { return r.json().then(function (d) { return { ok: r.ok, status: r.status, data: d }; }); })
+      .then(function (res) {
+        if (searching !== ctrl) return;
+        searching = null;
+        root.removeAttribute("data-searching");
+        if (!res.ok) { searchFailed(key, res.data.error || "HTTP " + res.status); return; }
+        gotHits(key, after, res.data);
+        if (then) then();
+      })
+      .catch(function (err) {
+        if (searching !== ctrl) return;
+        searching = null;
+        root.removeAttribute("data-searching");
+        searchFailed(key, "the search failed: " + err.message);
+      });
+  }
+
+  function searchFailed(key, message) {
+    hitsQuery = key;
+    hitsError = message;
+    hits = []; hitsRest = 0; hitCurrent = -1;
+    hitsList.textContent = "";
+    hitsMore.hidden = true;
+    hitsSummary.textContent = message;
+    hitsEl.setAttribute("data-error", "");
+    if (regexBox.checked) runSearch(false); // a refused expression marks nothing
+    status();
+  }
+
+  function gotHits(key, after, data) {
+    hitsEl.removeAttribute("data-error");
+    if (!after || key !== hitsQuery) { hits = []; hitCurrent = -1; hitsList.textContent = ""; }
+    hitsQuery = key;
+    hitsError = "";
+    var start = hits.length;
+    data.hits.forEach(function (h) { hits.push(h); });
+    hitsRest = data.more;
+    knownTotal = Math.max(knownTotal, data.last || 0);
+    if (data.scanned && !after) oldestKept = data.first;
+    var frag = document.createDocumentFragment();
+    for (var i = start; i < hits.length; i++) frag.appendChild(hitItem(hits[i], i));
+    hitsList.appendChild(frag);
+    var all = hits.length + hitsRest;
+    var text = all
+      ? (hitsRest ? "the first " + num(hits.length) + " of " : "") + plural(all, "hit", "hits") + " in the whole log"
+      : "no hits in the whole log";
+    text += data.scanned ? " (lines " + num(data.first) + "–" + num(data.last) + ")" : " (it holds no lines)";
+    if (data.stopped) text += "; the search stopped after line " + num(data.last) + ": it ran out of time";
+    hitsSummary.textContent = text;
+    hitsMore.hidden = !hitsRest;
+    hitsMore.textContent = "next " + num(Math.min(200, hitsRest)) + " hits";
+    root.setAttribute("data-hits", all);
+    if (regexBox.checked) runSearch(true);
+    status();
+  }
+
+  function hitItem(h, index) {
+    var li = document.createElement("li");
+    var b = document.createElement("button");
+    b.type = "button";
+    b.setAttribute("data-line", h[0]);
+    b.setAttribute("data-index", index);
+    b.innerHTML = '<span class="ln"></span><span class="ts"></span><span class="tx"></span>';
+    b.children[0].textContent = h[0];
+    b.children[1].textContent = fmtTime(h[1]);
+    marked(b.children[2], h[2], h[3]);
+    li.appendChild(b);
+    return li;
+  }
+
+  // Show hit `i` of the whole log's list (its next page is asked for first when i is past it).
+  function showHit(i) {
+    if (i >= hits.length && hitsRest) { searchLog(hits[hits.length - 1][0], function () { showHit(i); }); return; }
+    if (!hits.length) return;
+    hitCurrent = (i + hits.length) % hits.length;
+    var was = hitsList.querySelector("[aria-current]");
+    if (was) was.removeAttribute("aria-current");
+    var b = hitsList.querySelector('[data-index="' + hitCurrent + '"]');
+    if (b) { b.setAttribute("aria-current", "true"); b.scrollIntoView({ block: "nearest" }); }
+    goTo(hits[hitCurrent][0]);
+  }
+
   function jump(delta) {
+    if (wholeLog()) {
+      if (!hits.length) return;
+      showHit(hitCurrent < 0 ? (delta > 0 ? 0 : hits.length - 1) : hitCurrent + delta);
+      return;
+    }
     if (!matches.length) return;
     current = (current + delta + matches.length) % matches.length;
     setFollow(false);
@@ -408,20 +617,66 @@
     status();
   }
 
+  // Show line n: it, or the page around it loaded into the gap that holds it.
+  function goTo(n) {
+    var l = last();
+    var note = document.getElementById("console-copied");
+    if (!l || n < 1 || n >= endOf(l)) {
+      note.textContent = "line " + num(n) + " has not reached this page" + (l ? " (its last line is " + num(endOf(l) - 1) + ")" : "");
+      setTimeout(function () { note.textContent = ""; }, 4000);
+      return;
+    }
+    history.replaceState(null, "", "#L" + n);
+    setFollow(false);
+    target = n;
+    targetPending = indexOf(n) < 0;
+    showTarget();
+    status();
+  }
+
   var searchTimer = null;
-  search.addEventListener("input", function () {
+  function queryChanged() {
     clearTimeout(searchTimer);
-    searchTimer = setTimeout(runSearch, 120);
-  });
+    searchTimer = setTimeout(function () { runSearch(false); searchLog(0); }, 250);
+  }
+  search.addEventListener("input", queryChanged);
+  regexBox.addEventListener("change", queryChanged);
+  caseBox.addEventListener("change", queryChanged);
   search.addEventListener("keydown", function (e) {
     if (e.key === "Enter") {
       e.preventDefault();
-      if (search.value.trim().toLowerCase() !== needle) runSearch();
-      jump(e.shiftKey ? -1 : 1);
+      var delta = e.shiftKey ? -1 : 1;
+      if (searchUrl && hitsQuery !== queryKey()) {
+        clearTimeout(searchTimer);
+        runSearch(false);
+        searchLog(0, function () { jump(delta); });
+        return;
+      }
+      if (searching) return; // its answer is coming
+      jump(delta);
     }
   });
   document.getElementById("console-next").addEventListener("click", function () { jump(1); });
   document.getElementById("console-prev").addEventListener("click", function () { jump(-1); });
+  hitsList.addEventListener("click", function (e) {
+    var b = e.target.closest("button[data-index]");
+    if (b) showHit(parseInt(b.getAttribute("data-index"), 10));
+  });
+  hitsMore.addEventListener("click", function () { if (hits.length) searchLog(hits[hits.length - 1][0]); });
+  document.getElementById("console-hits-close").addEventListener("click", function () { hitsEl.hidden = true; });
+  gotoBox.addEventListener("keydown", function (e) {
+    if (e.key !== "Enter") return;
+    e.preventDefault();
+    var raw = gotoBox.value.trim().replace(/[,_\s]/g, "");
+    if (!/^[0-9]+$/.test(raw)) {
+      gotoBox.setCustomValidity("a line number: a whole number from 1");
+      gotoBox.reportValidity();
+      return;
+    }
+    gotoBox.setCustomValidity("");
+    goTo(parseInt(raw, 10));
+  });
+  gotoBox.addEventListener("input", function () { gotoBox.setCustomValidity(""); });
   onlyMatches.addEventListener("change", function () { buildShown(); schedule(); });
   timesBox.addEventListener("change", function () { root.classList.toggle("hide-times", !timesBox.checked); });
 
@@ -473,6 +728,7 @@
     if (e.key === "f") { e.preventDefault(); setFollow(!follow); }
     else if (e.key === "g") { e.preventDefault(); setFollow(false); view.scrollTop = 0; schedule(); }
     else if (e.key === "G") { e.preventDefault(); setFollow(true); }
+    else if (e.key === ":") { e.preventDefault(); gotoBox.focus(); gotoBox.select(); }
   }, true);
 
   // ---- the socket -----------------------------------------------------------------------------
@@ -501,10 +757,11 @@
     var frame = JSON.parse(ev.data);
     var added;
     if (frame.reset) {
-      if (numbered && snapshotSeen) merge(frame.rows); else replaceAll(frame.rows);
+      loadedBefore += numbered && snapshotSeen ? merge(frame.rows) : replaceAll(frame.rows);
       added = 0;
     } else {
       added = append(frame.rows);
+      liveArrived += added;
     }
     if (!follow && snapshotSeen) unseen += added;
     snapshotSeen = true;
@@ -532,7 +789,7 @@
   // A finished agent's archive: its last rows are in the page, nothing more will come.
   function showArchived() {
     var rows = JSON.parse(document.getElementById(root.getAttribute("data-static-rows")).textContent);
-    replaceAll(rows);
+    loadedBefore += replaceAll(rows);
     snapshotSeen = true;
     buildShown();
     schedule();

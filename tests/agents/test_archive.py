@@ -9,7 +9,15 @@ import pytest
 from django.utils import timezone
 
 import agents.archive
-from agents.archive import archive_dir, archive_path, archived_lines, write_archive
+from agents.archive import (
+    archive_dir,
+    archive_parts,
+    archive_path,
+    archived_lines,
+    archived_times,
+    times_path,
+    write_archive,
+)
 from agents.choices import AgentState
 from agents.models import Agent
 from agents.retention import prune_old_records
@@ -85,3 +93,16 @@ def test_a_finished_agents_page_and_lines_endpoint_number_its_archive_as_the_out
     body = response.json()
     assert body["oldest"] == first and body["first"] == first, body
     assert [row[0::2] for row in body["rows"]] == [[n, f"output {n}"] for n in range(first, first + 3)]
+
+
+def test_the_parts_of_an_archive_keep_their_lines_times_at_their_places_in_it():
+    parts = [("serial console", b"boot\nkernel\n"), ("VMM log", b"vmm 1\nvmm 2\nvmm 3")]
+    archive_parts("scaler-firecracker-0000a1a3", parts, [{0: 5_000, 1: 5_000}, {1: 7_000, 2: 7_000}])
+    lines = archived_lines("scaler-firecracker-0000a1a3").lines
+    assert lines == ["--- serial console ---", "boot", "kernel", "--- VMM log ---", "vmm 1", "vmm 2", "vmm 3"]
+    assert archived_times("scaler-firecracker-0000a1a3", 1, 8) == {2: 5_000, 3: 5_000, 6: 7_000, 7: 7_000}
+    assert times_path("scaler-firecracker-0000a1a3").read_text() == "2 2 5000\n6 2 7000\n"
+    # Without times nothing is kept beside it, and an old file of times goes.
+    archive_parts("scaler-firecracker-0000a1a3", parts)
+    assert archived_times("scaler-firecracker-0000a1a3", 1, 8) == {}
+    assert not times_path("scaler-firecracker-0000a1a3").exists()

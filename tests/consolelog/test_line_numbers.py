@@ -9,7 +9,14 @@ import os
 import pytest
 
 import consolelog.cap
-from consolelog.cap import CUT_LINES_XATTR, cap_file, count_lines, line_number_at, numbering_lock
+from consolelog.cap import (
+    CUT_LINES_XATTR,
+    cap_file,
+    count_lines,
+    line_number_at,
+    numbering_lock,
+    read_end_numbered,
+)
 from consolelog.tail import MAX_READ_BYTES, FileTail, LineNumber, SkipMarker, read_lines_before, split_lines
 
 
@@ -162,5 +169,27 @@ def test_a_cut_that_cannot_free_leaves_the_count_alone(tmp_path, monkeypatch):
         assert consolelog.cap.cut_lines(fd) == 0
         with numbering_lock(fd):
             assert line_number_at(fd, len(data)) == 5_001
+    finally:
+        os.close(fd)
+
+
+def test_the_kept_end_of_a_file_says_the_number_of_its_first_line(tmp_path):
+    path = tmp_path / "log"
+    data = numbered_log(20_000)
+    path.write_bytes(data)
+    fd = open_rw(path)
+    try:
+        # Uncut, from inside a line: its first line is the rest of that line, numbered as it.
+        for limit in (1000, 1001, 1002, 4321):
+            first, end = read_end_numbered(fd, limit)
+            start = len(data) - limit
+            assert end == data[start:]
+            line_start = data.rfind(b"\n", 0, start) + 1
+            assert first == int(data[line_start:].split()[1]), limit
+        assert read_end_numbered(fd, len(data) * 2) == (1, data)
+        # After a cut, counted with the lines the cut freed.
+        assert cap_file(fd, len(data) // 2) > 0
+        first, end = read_end_numbered(fd, len(data))
+        assert end.startswith(b"line ") and first == int(end.split()[1]) == int(os.getxattr(fd, CUT_LINES_XATTR)) + 1
     finally:
         os.close(fd)

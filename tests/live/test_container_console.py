@@ -116,6 +116,23 @@ def test_earlier_lines_of_a_container_load_from_its_docker_logs(run_container, c
     assert [row[:1] + row[2:3] for row in page["rows"]] == [[n, f"line {n}"] for n in range(1, 1001)]
 
 
+def test_a_search_reads_the_whole_docker_log_with_the_consoles_numbers_and_times(
+    run_container, checkpoints, viewer_client
+):
+    container, agent = run_container(WRITE_LINES.format(n=3000), "done")
+    backlog = pump_backlog(agent, 3001)  # the page would hold these: lines 2502 to 3001
+    url = f"/agents/{agent.agent_id}/console/console/search"
+    data = viewer_client.get(url, {"q": "LINE 12"}).json()  # 12, 120..129, 1200..1299
+    assert [hit[0] for hit in data["hits"]] == [12, *range(120, 130), *range(1200, 1300)]
+    assert data["hits"][0][2:] == ["line 12", [[0, 7]]] and data["hits"][0][1] > 0  # docker's time
+    assert data["first"] == 1 and data["last"] == 3001 and data["more"] == 0
+    page = lines_page(viewer_client, agent, before=13, limit=1)
+    assert data["hits"][0][:3] == page["rows"][0][:3]  # the lines endpoint's number, time and text
+    assert viewer_client.get(url, {"q": "done"}).json()["hits"][0][0] == backlog[-1].n == 3001
+    regex = viewer_client.get(url, {"q": r"^line 29\d9$", "regex": "1"}).json()
+    assert [hit[0] for hit in regex["hits"]] == list(range(2909, 3000, 10))
+
+
 def test_a_fresh_lines_endpoint_counts_as_the_first_pump_would(run_container, checkpoints, viewer_client):
     container, agent = run_container(WRITE_LINES.format(n=1500), "done")
     page = lines_page(viewer_client, agent, before=1300, limit=3)  # no pump ever ran: it counts
@@ -174,7 +191,7 @@ def test_the_console_rows_carry_dockers_times(run_container, checkpoints):
 def test_a_removed_containers_archive_keeps_the_numbers_of_its_console(
     run_container, checkpoints, docker_client, settings, tmp_path
 ):
-    from agents.archive import archived_lines
+    from agents.archive import archived_lines, archived_times
     from scalers.backends.container.backend import ContainerBackend
 
     settings.KICI_AGENT_LOG_DIR = str(tmp_path)
@@ -202,3 +219,5 @@ def test_a_removed_containers_archive_keeps_the_numbers_of_its_console(
     assert [(archived.first + i, text) for i, text in enumerate(archived.lines)][-500:] == [
         (line.n, line.text) for line in backlog
     ]
+    # Each line keeps docker's time, as its live console showed it.
+    assert archived_times(agent.agent_id, backlog[0].n, backlog[-1].n + 1) == {line.n: line.ms for line in backlog}

@@ -243,13 +243,13 @@ class ContainerBackend:
 
     def _archive(self, agent_id: str, container_id: str) -> None:
         """Keep the container's output (``agents.archive``) before it goes, its lines numbered as
-        its console numbered them (``consolelog.dockerlogs.container_output``); a failure is logged,
-        never a reason to keep the container."""
+        its console numbered them, with docker's times (``consolelog.dockerlogs.container_output``);
+        a failure is logged, never a reason to keep the container."""
         client = redis.Redis.from_url(settings.REDIS_URL)
         try:
             checkpoints = RedisCheckpoints(client, agent_id)
-            lines_before, output = container_output(self.docker.containers.get(container_id), checkpoints)
-            write_archive(agent_id, output, lines_before=lines_before)
+            lines_before, output, times = container_output(self.docker.containers.get(container_id), checkpoints)
+            write_archive(agent_id, output, lines_before=lines_before, times=times)
         except Exception as exc:  # noqa: BLE001 - the teardown goes on without the archive
             log.warning("could not keep the output of %s: %s", agent_id, exc)
         finally:

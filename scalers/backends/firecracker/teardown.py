@@ -16,8 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
+from django.conf import settings as django_settings
+
 from agents.archive import ARCHIVE_BYTES, archive_parts
-from consolelog.cap import read_end
+from consolelog.times import end_with_times
 from network import netlink
 
 from . import jail
@@ -94,23 +97,35 @@ class Teardown:
         return jail.remove_vm_dir(self.settings.chroot_base_dir, agent_id, self.settings.require_sudo)
 
     def archive_output(self, agent_id: str) -> None:
-        """The ends of the VM's serial console and VMM log, as its archive (``agents.archive``).
-        Each file is opened without following a link (``jail.open_vm_file``); a refused or missing
-        one is left out, a failure is logged, never a reason to keep the VM dir."""
+        """The ends of the VM's serial console and VMM log, as its archive (``agents.archive``),
+        with the times their lines were received (``consolelog.times.end_with_times``). Each file
+        is opened without following a link (``jail.open_vm_file``); a refused or missing one is
+        left out, a failure is logged, never a reason to keep the VM dir."""
         layout = jail.ChrootLayout.for_agent(self.settings.chroot_base_dir, agent_id)
         parts = []
-        for title, path in (("serial console", layout.serial_log), ("VMM log", layout.vmm_log)):
-            try:
-                fd = jail.open_vm_file(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    parts.append((title, read_end(fd, ARCHIVE_BYTES)))
-                finally:
-                    os.close(fd)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.warning("output of %s not kept from %s: %s", agent_id, path, exc)
+        times = []
+        client = redis.Redis.from_url(django_settings.REDIS_URL)
         try:
-            archive_parts(agent_id, parts)
+            for title, path, stream in (
+                ("serial console", layout.serial_log, "serial"),
+                ("VMM log", layout.vmm_log, "vmm"),
+            ):
+                try:
+                    fd = jail.open_vm_file(path, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        data, stamps = end_with_times(fd, ARCHIVE_BYTES, client, agent_id, stream)
+                    finally:
+                        os.close(fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    log.warning("output of %s not kept from %s: %s", agent_id, path, exc)
+                    continue
+                parts.append((title, data))
+                times.append(stamps)
+        finally:
+            client.close()
+        try:
+            archive_parts(agent_id, parts, times)
         except (OSError, ValueError) as exc:
             log.warning("could not keep the output of %s: %s", agent_id, exc)

@@ -13,10 +13,13 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
+import redis
 
-from agents.archive import archived_lines
+from agents.archive import archived_lines, archived_times
+from consolelog.times import console_key_name
 from lib.safe_open import UnsafePathError
 from scalers.backends.firecracker import jail, logs
 from scalers.backends.firecracker.failure import read_failure_type
@@ -283,3 +286,30 @@ def test_removing_a_vm_dir_keeps_its_serial_console_and_vmm_log_but_never_a_plan
     kept = ["--- serial console ---", "[    0.0] Linux version", "kici-agent: registered"]
     assert archived_lines(AGENT).lines == kept
     assert not layout.vm_dir.exists() and secret.read_text() == "root:$6$secret\n"
+
+
+def test_a_vm_archive_keeps_the_times_its_lines_were_received(tmp_path, settings):
+    """The serial console's lines keep the receive times the live console showed (the stream's
+    ``times`` key), at their places in the archive; the VMM log's lines no pump received have none."""
+    settings.KICI_AGENT_LOG_DIR = str(tmp_path / "logs")
+    layout = jail.ChrootLayout.for_agent(tmp_path / "base", AGENT)
+    layout.chroot.mkdir(parents=True)
+    layout.serial_log.write_bytes(b"".join(b"serial %d\n" % n for n in range(1, 2001)))
+    layout.vmm_log.write_bytes(b"vmm started\n")
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    times = console_key_name(AGENT, "serial", "times")
+    client.delete(times)
+    try:
+        client.zadd(times, {"1990:11:1800000000123": 1990})  # lines 1990..2000, received live
+        # The archive keeps the serial console's last 100 bytes: it starts inside line 1990.
+        with mock.patch("scalers.backends.firecracker.teardown.ARCHIVE_BYTES", 100):
+            teardown = Teardown(SimpleNamespace(chroot_base_dir=str(tmp_path / "base"), require_sudo=False), None, None)
+            teardown.archive_output(AGENT)
+    finally:
+        client.delete(times)
+        client.close()
+    archived = archived_lines(AGENT)
+    numbered = dict(zip(range(archived.first, archived.first + len(archived.lines)), archived.lines, strict=True))
+    stamped = {numbered[n]: ms for n, ms in archived_times(AGENT, 1, 100).items()}
+    # The part starts with the rest of line 1992 ("992"), numbered and stamped as that line.
+    assert stamped == {text: 1_800_000_000_123 for text in ["992", *(f"serial {n}" for n in range(1993, 2001))]}
