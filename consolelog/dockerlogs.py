@@ -314,7 +314,7 @@ def read_lines_before(
 
 def container_lines(
     container: Any, checkpoints: RedisCheckpoints, *, max_line: int = MAX_LINE_BYTES
-) -> list[StampedText]:
+) -> list[StampedLine]:
     """Every line docker holds of ``container``'s console, as the console shows them (capped, one
     per ``\\n``, empty ones skipped), each with its console number (``n``) and docker's time
     (``ms``): numbered from the first of its checkpoints docker still holds (none kept but some
@@ -324,19 +324,19 @@ def container_lines(
     known = {(c.stream, c.stamp.encode()): c.number for c in map(Checkpoint.parse, checkpoints.all())}
     numberer = Numberer(1, max_line=max_line)
     offset = None
-    lines: list[StampedText] = []
+    lines: list[StampedLine] = []
     messages = LogMessages(container, follow=False)
     try:
         for stream, stamp, content in messages:
             if offset is None and (stream, stamp) in known and not numberer.open():
                 offset = known[stream, stamp] - numberer.next
-            lines.extend(line.text for line in numberer.feed(stream, stamp, content))
-        lines.extend(line.text for line in numberer.flush())
+            lines.extend(numberer.feed(stream, stamp, content))
+        lines.extend(numberer.flush())
     finally:
         messages.close()
     if offset is None:
         offset = checkpoints.top() if known else 0
-    return [StampedText(line, line.n + offset, line.ms) for line in lines] if offset else lines
+    return [StampedLine(line.text, line.n + offset, line.ms) for line in lines] if offset else lines
 
 
 def container_output(
@@ -353,4 +353,4 @@ def container_output(
         else:
             runs.append((line.n, 1, line.ms))
     before = lines[0].n - 1 if lines else 0
-    return before, "".join(f"{line}\n" for line in lines).encode(), runs
+    return before, "".join(f"{line.text}\n" for line in lines).encode(), runs

@@ -365,7 +365,7 @@ def _search_container(agent: Agent, run) -> tuple[Found, dict[int, int]]:
         raise OSError(f"could not read the container's logs: {exc}") from None
     finally:
         client.close()
-    found = run((line.n, str(line)) for line in lines)
+    found = run((line.n, line.text) for line in lines)
     hits = {hit.n for hit in found.hits}
     return found, {line.n: line.ms for line in lines if line.n in hits}
 
