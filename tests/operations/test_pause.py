@@ -183,3 +183,18 @@ def test_a_pause_previewed_then_requested_keeps_its_host_reason_and_drain(users,
         "kernel update",
         True,
     )
+
+
+def test_the_scaler_page_groups_the_scaler_and_host_pause_controls_apart(users, client):
+    """Each control sits under what it pauses or resumes: the host's reason field is not read as a
+    reason for resuming the scaler."""
+    make_scaler("c", labels=("linux",), host="h1")
+    run("pause", users, scaler="c", params={"reason": "disk replacement"})
+    login(client, users["operator"])
+    page = client.get("/scalers/c/").content.decode()
+    scaler_group = page[page.index('id="pause-group-scaler"') : page.index('id="pause-group-host"')]
+    host_group = page[page.index('id="pause-group-host"') :]
+    host_group = host_group[: host_group.index("</fieldset>")]
+    assert "<legend>Scaler c</legend>" in scaler_group and "Resume scaler…" in scaler_group
+    assert "pause-host" not in scaler_group
+    assert "<legend>Host h1: every scaler on it</legend>" in host_group and 'id="pause-host"' in host_group
