@@ -334,15 +334,16 @@ def scaler_charts(samples: Sequence, *, start: datetime, end: datetime, sample_s
     """The scaler page's charts from its capacity samples (oldest first): agents against
     maxAgents, CPUs against resourceCap.maxCpu, memory against resourceCap.maxMemory, and the
     /scale to registration latency p50 / p95. Lines break where samples are missing for more
-    than 2.5 sample intervals (the sweeper was not leading). A window over a day labels its time
-    axis with the weekday and date."""
+    than 2.5 sample intervals (the sweeper was not leading). A window that starts on another
+    local day than it ends labels its time axis with the weekday and date (a bare "11:07" at the
+    start of the last 24 hours reads as today's)."""
     gap = timedelta(seconds=2.5 * sample_seconds)
 
     def pts(attr: str) -> list[Point]:
         return [(s.taken_at, getattr(s, attr)) for s in samples]
 
     common: _Window = {"start": start, "end": end, "max_gap": gap}
-    if end - start > timedelta(days=1):
+    if timezone.localtime(start).date() != timezone.localtime(end).date():
         common["time_label"] = _local_day
     return [
         line_chart(

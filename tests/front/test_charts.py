@@ -295,3 +295,15 @@ def test_a_week_of_minute_samples_is_kept_and_read_in_one_query_as_bucket_peaks(
     assert {r.max_memory_bytes for r in rows} == {4 * GIB}
     hour = recent_samples(scaler, timedelta(hours=1), sample_seconds=60)
     assert 59 <= len(hour) <= 61 and {r.agents for r in hour} == {0, 1, 2, 3}, "a short window is read as stored"
+
+
+@pytest.mark.django_db
+def test_a_window_starting_on_another_day_dates_its_time_axis(viewer_client):
+    """The last 24 hours always start yesterday: the start reads "Fri 04 11:07", not "11:07"."""
+    from front.charts import scaler_charts
+
+    end = timezone.make_aware(datetime(2026, 12, 5, 11, 7))
+    day = scaler_charts([], start=end - timedelta(days=1), end=end, sample_seconds=60)[0].svg
+    assert ">Fri 04 11:07</text>" in day and ">now</text>" in day
+    hour = scaler_charts([], start=end - timedelta(hours=1), end=end, sample_seconds=60)[0].svg
+    assert ">10:07</text>" in hour
