@@ -40,3 +40,12 @@ def test_a_success_before_the_limit_resets_the_count(client, settings):
     for _ in range(settings.AXES_FAILURE_LIMIT - 1):
         _login(client, "wrong")
     assert _login(client, "right-password").status_code == 302
+
+
+def test_the_form_says_what_is_wrong_an_empty_field_or_the_credentials(client):
+    get_user_model().objects.create_user("alice", password="right-password")
+    empty = client.post("/accounts/login/", {"username": "", "password": ""}).content.decode()
+    assert "Enter your username and password." in empty and "correct username" not in empty
+    assert "Enter your password." in client.post("/accounts/login/", {"username": "alice"}).content.decode()
+    wrong = _login(client, "wrong").content.decode()
+    assert "Please enter a correct username and password" in wrong, wrong
