@@ -279,3 +279,15 @@ def test_the_page_filters_by_scaler_and_says_how_many_more_a_group_holds(browser
 def test_a_bad_parameter_is_refused_naming_it(browser_client, query, message):
     r = browser_client.get(f"/scalers/why-waiting/?{query}")
     assert r.status_code == 400 and message in r.content.decode()
+
+
+def test_a_job_refused_before_it_was_sized_shows_no_resources_rather_than_zero(browser_client):
+    from scalers.pauses import set_pause
+
+    scaler = make_scaler("c", max_agents=2)
+    set_pause(scaler=scaler, reason="disk swap", requested_by="op", approved_by="ap", operation=None)
+    request_scale(["linux"], "paused-job")
+    html = browser_client.get("/scalers/why-waiting/").content.decode()
+    row = html[html.index('<td class="mono">paused-job</td>') :]
+    row = row[: row.index("</tr>")]
+    assert "not sized" in row and ">0<" not in row and "0 B" not in row, row
