@@ -53,6 +53,13 @@ class ApiHandler(ASGIHandler):
 
         return returning_its_connection
 
+    async def send_response(self, response, send):
+        """Django's, with ``Content-Length`` on an answer that is not streamed: without it the
+        server sends the answer chunked (HTTP/1.1) or closes the connection after it (HTTP/1.0)."""
+        if not response.streaming and not response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))
+        await super().send_response(response, send)
+
     def load_middleware(self, is_async=False):
         full = settings.MIDDLEWARE
         settings.MIDDLEWARE = settings.KICI_API_MIDDLEWARE
@@ -142,6 +149,10 @@ class SyncApiHandler(BaseHandler):
                 (b"Set-Cookie", cookie.output(header="").encode("ascii").strip())
                 for cookie in response.cookies.values()
             ]
+            if not response.has_header("Content-Length"):
+                # Without it the server sends the answer chunked (HTTP/1.1) or closes the
+                # connection after it (HTTP/1.0).
+                headers.append((b"Content-Length", str(len(content)).encode("ascii")))
             return response.status_code, headers, content
         finally:
             response.close()  # request_finished: the connection goes back to the pool

@@ -89,3 +89,13 @@ def test_static_files_are_served_in_the_async_stack_and_other_requests_pass_by_w
     assert all(getattr(import_string(m), "async_capable", False) for m in settings.MIDDLEWARE)
     status, headers, _ = _get("/static/css/kici.css")
     assert status == 200 and headers["content-type"].startswith("text/css")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api_answers_carry_their_length_from_either_handler(settings):
+    """Without Content-Length the server chunks an answer (HTTP/1.1) or closes its connection
+    (HTTP/1.0): a synchronous view's answer and the asynchronous /scale's both carry one."""
+    settings.KICI_API_TOKEN = "asgi-test-token"
+    for path in ("/api/v1/agents/nobody", "/api/v1/scale"):
+        status, headers, _ = _get(path, Authorization="Bearer asgi-test-token")
+        assert status in (404, 405) and int(headers["content-length"]) > 0, (path, headers)
