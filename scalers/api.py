@@ -230,11 +230,21 @@ def _scale_request(request) -> ScaleInput | JsonResponse:
         return _error(400, "invalid-request", str(exc), field=exc.field)
 
 
+def _credential_problem(ref: str, image: str) -> str | None:
+    """``scalers.credentials.credential_problem`` from an executor thread, then that thread's
+    connection goes back (to the process's pool, when it has one): no request cycle closes it
+    there, and a pooled connection an executor thread kept would be lost to every request."""
+    try:
+        return credential_problem(ref, image)
+    finally:
+        close_old_connections()
+
+
 async def _credentials_refusal(container: JobImage, job_id: str) -> JsonResponse | None:
     """The 422 answer when the job image's ``credentialsRef`` cannot be used for it (503 when the
     database cannot say), None when it can. Checked before admission, so no agent waits on it."""
     try:
-        problem = await sync_to_async(credential_problem, thread_sensitive=False)(
+        problem = await sync_to_async(_credential_problem, thread_sensitive=False)(
             container.credentials_ref, container.image
         )
     except DatabaseError as exc:
