@@ -1,12 +1,13 @@
 """Live row updates for heartbeats: open pages follow the agents.
 
-A heartbeat stores no event (one every 5 s per agent would drown the timeline), so by itself it
-changes nothing on an open page. Every heartbeat therefore marks the agent's row as changed; the
+A heartbeat stores no event (one every interval per agent would drown the timeline), so by itself
+it changes nothing on an open page. Every heartbeat therefore marks the agent's row as changed; the
 marks gathered while the event publisher thread is busy go out together as one
-:data:`agent_rows_changed` (after commit, on that thread), so a thousand heartbeats a second cost
-a few pushes, not a thousand (each push is a round of Redis PUBLISHes). The ``live`` app connects
-it to the row groups of the pages showing the agents, whose consumers batch the changed rows into
-at most one frame per page per second (``live.rows``). Between two frames the browser's clock
+:data:`agent_rows_changed` (after commit, on that thread, at most one push every
+:data:`ROW_PUSH_GAP_SECONDS`), so a thousand heartbeats a second cost a few pushes, not a thousand
+(each push is a round of Redis PUBLISHes). The ``live`` app connects it to the row groups of the
+pages showing the agents, whose consumers batch the changed rows into at most one frame per page
+per second (``live.rows``). Between two frames the browser's clock
 advances the age (static/js/kici.js).
 """
 
@@ -16,8 +17,9 @@ import os
 import threading
 import time
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.dispatch import Signal
+from django.utils import timezone
 
 from .events import push_after_commit
 from .models import Agent
@@ -30,6 +32,10 @@ agent_rows_changed = Signal()
 #: Seconds after which a batch handed to the publisher and never sent (its backlog was full) is
 #: given up and a new one handed over.
 _LOST_BATCH_SECONDS = 10.0
+#: Least seconds between two pushes of marked rows: a push waits out the rest on the publisher
+#: thread, gathering the marks of that time into it. Pages show the rows at most once a second
+#: (``live.rows``); a push costs about a millisecond of CPU, a heartbeat's own work about as much.
+ROW_PUSH_GAP_SECONDS = 0.25
 
 
 class _Marks:
@@ -44,6 +50,7 @@ class _Marks:
         self.rows: dict[str, int] = {}
         self.scalers: set[int] = set()
         self.queued_at: float | None = None
+        self.sent_at = float("-inf")
 
     def mark(self, agent_id: str, scaler_id: int, *, capacity: bool = False) -> None:
         with self.lock:
@@ -57,9 +64,13 @@ class _Marks:
         push_after_commit(self.send)
 
     def send(self) -> None:
+        wait = self.sent_at + ROW_PUSH_GAP_SECONDS - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
         with self.lock:
             rows, scalers = self.rows, self.scalers
             self.rows, self.scalers, self.queued_at = {}, set(), None
+            self.sent_at = time.monotonic()
         if rows:
             agent_rows_changed.send(sender=Agent, rows=rows, scalers=scalers)
 
@@ -67,6 +78,26 @@ class _Marks:
 _MARKS = _Marks()
 # A forked rq work-horse starts with no marks and a fresh lock.
 os.register_at_fork(after_in_child=_MARKS.reset)
+
+
+def store_heartbeat(agent: Agent, active_jobs: int | None) -> None:
+    """Record a heartbeat of ``agent`` (only its ``pk``, ``agent_id`` and ``scaler_id`` are read):
+    ``last_heartbeat`` now and, when given, ``active_jobs``, in one statement and one round trip to
+    PostgreSQL; then mark its row for the open pages (:func:`push_heartbeat_row`).
+
+    The commit does not wait for its WAL flush (``synchronous_commit`` off for this statement's
+    transaction alone): a crash of PostgreSQL may forget the last fraction of a second of
+    heartbeats, which the next beats restore long before an agent counts as lost, while the flush
+    would hold the serving process idle for each heartbeat (a millisecond or more on a busy disk).
+    Raises ``DatabaseError``."""
+    with connection.cursor() as cursor:
+        # Two statements in one query string: PostgreSQL runs them as one implicit transaction.
+        cursor.execute(
+            f"SET LOCAL synchronous_commit TO OFF; UPDATE {Agent._meta.db_table} "
+            "SET last_heartbeat = %s, active_jobs = COALESCE(%s, active_jobs) WHERE id = %s",
+            (timezone.now(), active_jobs, agent.pk),
+        )
+    push_heartbeat_row(agent)
 
 
 def push_heartbeat_row(agent: Agent) -> None:

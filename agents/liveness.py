@@ -4,9 +4,10 @@ An agent is **lost** when it is ``running`` or ``draining`` (it registered and h
 
 * its sandbox is **provably gone**: the container is missing or exited/dead (docker), the VM's
   firecracker process is not running per the pid probe, the bare-metal process is gone; or
-* its last heartbeat is older than ``settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` (default 90 s;
-  agents beat every 5 s). The age counts from the later of the last heartbeat and the
-  console's last boot (a console that was down heard nobody; ``since``).
+* its last heartbeat is older than ``settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` (default four
+  heartbeat intervals, 120 s; agents beat every ``KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS``, 30 s).
+  The age counts from the later of the last heartbeat and the console's last boot (a console
+  that was down heard nobody; ``since``).
 
 ``lost_by`` says which evidence decides: ``sandbox`` (provably gone: the reservation is held by
 nothing) or ``heartbeat`` (silent, but its sandbox may still run). Nothing here touches docker or
@@ -28,10 +29,10 @@ UNKNOWN_SANDBOX_STATES = frozenset({"unknown", "not probed"})
 
 
 def heartbeat_timeout_seconds() -> int:
-    """``settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` (seconds; default 90)."""
+    """``settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` (seconds)."""
     from django.conf import settings
 
-    return int(getattr(settings, "KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS", 90))
+    return int(settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS)
 
 
 def heartbeat_key(value: datetime | None) -> str | None:

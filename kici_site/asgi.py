@@ -13,12 +13,19 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kici_site.settings")
 django_asgi_app = get_asgi_application()
 
+import asyncio  # noqa: E402
+import io  # noqa: E402
 from functools import wraps  # noqa: E402
 from inspect import iscoroutinefunction  # noqa: E402
 
 from django.conf import settings  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.core import signals  # noqa: E402
+from django.core.exceptions import RequestDataTooBig  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix  # noqa: E402
+from django.core.handlers.base import BaseHandler  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
+from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseBase  # noqa: E402
+from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix  # noqa: E402
 
 from lib.errors import API_PREFIX  # noqa: E402
 
@@ -46,6 +53,13 @@ class ApiHandler(ASGIHandler):
 
         return returning_its_connection
 
+    async def send_response(self, response, send):
+        """Django's, with ``Content-Length`` on an answer that is not streamed: without it the
+        server sends the answer chunked (HTTP/1.1) or closes the connection after it (HTTP/1.0)."""
+        if not response.streaming and not response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))
+        await super().send_response(response, send)
+
     def load_middleware(self, is_async=False):
         full = settings.MIDDLEWARE
         settings.MIDDLEWARE = settings.KICI_API_MIDDLEWARE
@@ -55,11 +69,109 @@ class ApiHandler(ASGIHandler):
             settings.MIDDLEWARE = full
 
 
+class SyncApiHandler(BaseHandler):
+    """The API's synchronous views (every ``/api/`` view but the orchestrator's ``/scale``), served
+    the way a WSGI worker serves them: the request's body is read on the event loop, then the whole
+    request (``request_started``, ``KICI_API_MIDDLEWARE``, the view, the response's content and its
+    close with ``request_finished``, which gives the database connection back to the process's
+    pool) runs as one call, on the event loop's thread, with the loop set aside for that call.
+
+    Django's ASGI handler gives each request a thread of its own and crosses to it and back for the
+    signals, the view and the close; on a busy machine each crossing waits for the scheduler, and
+    together they cost more CPU than the view (docs/serving.md). What a synchronous worker gives up
+    holds here too: while a view runs (a query or two, milliseconds) this process reads no other
+    request and pushes no WebSocket frame; the other server processes on the address do.
+
+    The loop is set aside (:func:`asyncio.events._set_running_loop`) so that the view runs as in a
+    synchronous worker: Django's ORM, which refuses to run where an event loop is running, and
+    ``async_to_sync`` (which would otherwise refuse to nest in a running loop) see none."""
+
+    def __init__(self):
+        super().__init__()
+        full = settings.MIDDLEWARE
+        settings.MIDDLEWARE = settings.KICI_API_MIDDLEWARE
+        try:
+            self.load_middleware(is_async=False)
+        finally:
+            settings.MIDDLEWARE = full
+
+    @staticmethod
+    def route(scope) -> tuple[bool, ResolverMatch | None]:
+        """Whether this handler serves ``scope`` (an ``/api/`` path whose view is synchronous, or
+        that no view matches: its 404 is this handler's), and the path's resolver match if any."""
+        if not scope["path"].startswith(API_PREFIX):
+            return False, None
+        try:
+            match = get_resolver().resolve(scope["path"])
+        except Resolver404:
+            return True, None
+        return not iscoroutinefunction(match.func), match
+
+    async def __call__(self, scope, receive, send, match: ResolverMatch | None = None):
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        loop = asyncio.get_running_loop()
+        asyncio.events._set_running_loop(None)
+        try:
+            status, headers, content = self.respond(scope, bytes(body), match)
+        finally:
+            asyncio.events._set_running_loop(loop)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+    def respond(
+        self, scope, body: bytes, match: ResolverMatch | None = None
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The whole of one request: (status, headers, body) of its answer. ``match``: the path's
+        resolver match when known (:meth:`route`), so the path is resolved once."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        response: HttpResponseBase
+        try:
+            request = ASGIRequest(scope, io.BytesIO(body))
+        except UnicodeDecodeError:
+            response = HttpResponseBadRequest()
+        except RequestDataTooBig:
+            response = HttpResponse("413 Payload too large", status=413)
+        else:
+            request.resolver_match = match
+            response = self.get_response(request)
+        try:
+            content = b"".join(response) if response.streaming else response.content  # type: ignore[attr-defined]
+            headers = [(header.encode("ascii"), value.encode("latin1")) for header, value in response.items()]
+            headers += [
+                (b"Set-Cookie", cookie.output(header="").encode("ascii").strip())
+                for cookie in response.cookies.values()
+            ]
+            if not response.has_header("Content-Length"):
+                # Without it the server sends the answer chunked (HTTP/1.1) or closes the
+                # connection after it (HTTP/1.0).
+                headers.append((b"Content-Length", str(len(content)).encode("ascii")))
+            return response.status_code, headers, content
+        finally:
+            response.close()  # request_finished: the connection goes back to the pool
+
+    def resolve_request(self, request):
+        """The match :meth:`respond` was given, else Django's resolution (404 when none)."""
+        return request.resolver_match or super().resolve_request(request)
+
+
 api_asgi_app = ApiHandler()
+sync_api_app = SyncApiHandler()
 
 
 async def django_http(scope, receive, send):
-    """``/api/`` to :data:`api_asgi_app`, everything else to the full Django application."""
+    """The API's synchronous views to :data:`sync_api_app`, its asynchronous ones (``/scale``) to
+    :data:`api_asgi_app`, everything else to the full Django application."""
+    served, match = SyncApiHandler.route(scope)
+    if served:
+        return await sync_api_app(scope, receive, send, match)
     app = api_asgi_app if scope["path"].startswith(API_PREFIX) else django_asgi_app
     return await app(scope, receive, send)
 

@@ -256,8 +256,14 @@ KICI_NFT_NETNS = None
 KICI_NETWORK_ISOLATION = env_bool("KICI_NETWORK_ISOLATION", True)
 KICI_OPERATION_PLAN_TTL_SECONDS = env_int("KICI_OPERATION_PLAN_TTL_SECONDS", 3600, minimum=10)
 KICI_SWEEP_INTERVAL_SECONDS = env_int("KICI_SWEEP_INTERVAL_SECONDS", 900, minimum=5)
-# An agent running/draining that sent no heartbeat for this long is lost (agents.liveness); agents beat every 5 s.
-KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS = env_int("KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS", 90, minimum=10)
+# Seconds between an agent's heartbeats (the register answer's heartbeatIntervalSeconds): 30 s, as the
+# reference agent, so that two cores carry the heartbeats of 10,000 agents (docs/serving.md).
+KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS = env_int("KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS", 30, minimum=1)
+# An agent running/draining that sent no heartbeat for this long is lost (agents.liveness): by
+# default four intervals, so three beats lost in a row (a network blip, a console restart) are not.
+KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS = env_int(
+    "KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS", 4 * KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS, minimum=10
+)
 # The lost-agents sweep approves by itself the release of agents whose sandbox is provably gone
 # (container exited/missing, VM or process not running); silence alone always waits for a person.
 KICI_LOST_AGENTS_AUTO_RELEASE = env_bool("KICI_LOST_AGENTS_AUTO_RELEASE", True)

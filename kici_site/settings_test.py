@@ -89,3 +89,8 @@ KICI_NFT_TABLE = "kicitest"
 KICI_AGENT_LOG_DIR = os.environ.get("KICI_TEST_AGENT_LOG_DIR") or os.path.join(
     tempfile.gettempdir(), f"kici-test-agents-{os.getpid()}"
 )
+
+# The suite's agents beat every 5 s, lost after 90 s: a test that waits for a drain or a stop to
+# reach an agent waits one short interval.
+KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS = 5
+KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS = int(os.environ.get("KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS", 90))

@@ -55,8 +55,8 @@ POOL_MIN, POOL_MAX = 2, 8
 
 def db_pool_size(max_connections: int, server_processes: int, others: int) -> int:
     """Connections each pooled server process may keep (``KICI_DB_POOL_SIZE``) so that all of
-    them, ``others`` processes holding about two each (an rq worker and its work-horse, a daphne
-    process's request and admission decider) and the sweeper and event listener stay within
+    them, ``others`` processes holding about two each (an rq worker and its work-horse) and the
+    sweeper and event listener stay within
     :data:`POOL_SHARE` of PostgreSQL's ``max_connections``: at least :data:`POOL_MIN`, at most
     :data:`POOL_MAX`. ValueError naming ``max_connections`` when even the minimum does not fit."""
     budget = int(max_connections * POOL_SHARE) - 2 * others - 2
@@ -83,8 +83,8 @@ def supervisord_config(
     with this process's environment (supervisord hands its own to them); ``servers`` daphne
     processes sharing the operator listeners (``kici_site.operator_server``) and, when ``gateway``
     (host, port) is given, as many gateway processes sharing it (``kici_site.gateway``), each
-    gateway process with a pool of ``pool_size`` database connections (docs/serving.md says why
-    daphne's have none); logs in ``log_dir``
+    server process with a pool of ``pool_size`` database connections (docs/serving.md); logs in
+    ``log_dir``
     (``daphne-N.log``, ``access.log``, ``gateway-N.log``, ``worker-N.log``, ``sweeper.log``,
     ``process_events.log``, ``supervisord.log``), its pid file and control socket (mode 0700) in
     ``run_dir``. ValueError naming ``workers`` or ``servers`` when it is not a positive whole
@@ -141,6 +141,7 @@ def supervisord_config(
         "process_name": "daphne-%(process_num)d",
         "numprocs": str(servers),
         "numprocs_start": "1",
+        "environment": pooled,
         "priority": "10",
         "stopwaitsecs": "30",
         "stdout_logfile": str(log_dir / "daphne-%(process_num)d.log"),

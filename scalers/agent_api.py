@@ -39,7 +39,7 @@ from django.views.decorators.http import require_POST
 
 from agents.choices import TERMINAL_STATES, UNREGISTERED_STATES, AgentState, EventType
 from agents.events import record_event
-from agents.heartbeats import push_heartbeat_row
+from agents.heartbeats import store_heartbeat
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from lib.errors import api_error, json_content_type_refusal
@@ -53,8 +53,6 @@ from scalers.metrics import ADOPTION_LOOKUP_FAILURES, SCALE_TO_REGISTERED, obser
 from scalers.spawn_trace import record_marks
 
 log = logging.getLogger(__name__)
-
-HEARTBEAT_INTERVAL_SECONDS = 5
 
 
 def _bearer(request) -> str | None:
@@ -194,7 +192,7 @@ def register(request, raw: str, body: dict):
             "mandatoryLabels": _mandatory_labels(agent),
             "warm": not agent.bound_job_id,
             "sessionToken": session,
-            "heartbeatIntervalSeconds": HEARTBEAT_INTERVAL_SECONDS,
+            "heartbeatIntervalSeconds": settings.KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS,
         }
     )
 
@@ -222,12 +220,7 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
             drain=False,
             stop=True,
         )
-    now = timezone.now()
-    fields: dict[str, object] = {"last_heartbeat": now}
-    if active is not None:
-        fields["active_jobs"] = active
-    Agent.objects.filter(pk=agent.pk).update(**fields)
-    push_heartbeat_row(agent)  # open pages show the new age (batched per page: live.rows)
+    store_heartbeat(agent, active)  # open pages show the new age (batched per page: live.rows)
     return JsonResponse(
         {
             "state": agent.state,

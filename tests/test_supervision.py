@@ -275,7 +275,7 @@ def test_sigterm_to_supervisord_stops_every_process(console):
         own = {k: v for k, v in _environ(pid).items() if not k.startswith("SUPERVISOR_")}
         pool = own.pop("KICI_DB_POOL_SIZE", None)
         assert own == console.env
-        assert (pool is not None and 2 <= int(pool) <= 8) == name.startswith("gateway:")
+        assert (pool is not None and 2 <= int(pool) <= 8) == name.startswith(("gateway:", "daphne:"))
     console.proc.send_signal(signal.SIGTERM)
     assert console.proc.wait(60) == 0
     assert [name for name, pid in pids.items() if _alive(pid)] == []
@@ -298,9 +298,9 @@ def test_the_configuration_refuses_a_worker_count_below_one(tmp_path):
 def test_each_server_pools_a_share_of_max_connections_that_leaves_room_for_the_rest():
     from operations.supervision import POOL_MAX, POOL_MIN, db_pool_size
 
-    # The shared server here: 100 connections, 2 gateway processes, 2 workers and 2 daphne.
-    size = db_pool_size(100, 2, 4)
-    assert POOL_MIN <= size <= POOL_MAX and 2 * size + 2 * 4 + 2 <= 50
+    # The shared server here: 100 connections, 2 gateway and 2 daphne processes, 2 workers.
+    size = db_pool_size(100, 4, 2)
+    assert POOL_MIN <= size <= POOL_MAX and 4 * size + 2 * 2 + 2 <= 50
     assert db_pool_size(1000, 2, 2) == POOL_MAX
     with pytest.raises(ValueError, match=r"max_connections=20: too few for 8 pooled server processes and 4 others"):
         db_pool_size(20, 8, 4)
@@ -318,7 +318,7 @@ def test_the_servers_run_as_several_processes_each_with_its_pool(tmp_path, setti
     config.read_string(text)
     assert config["program:daphne"]["numprocs"] == config["program:gateway"]["numprocs"] == "3"
     assert config["program:gateway"]["environment"] == 'KICI_DB_POOL_SIZE="4"'
-    assert "environment" not in config["program:daphne"]  # pages: one connection per request
+    assert config["program:daphne"]["environment"] == 'KICI_DB_POOL_SIZE="4"'
     assert config["program:gateway"]["command"].endswith("-m kici_site.gateway --listen 172.30.0.1:8000")
     assert "-m kici_site.operator_server" in config["program:daphne"]["command"]
     assert "environment" not in config["program:worker"]  # forked work-horses: no pool

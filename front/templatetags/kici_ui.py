@@ -9,6 +9,7 @@ from functools import lru_cache
 from urllib.parse import quote
 
 from django import template
+from django.conf import settings
 from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 from django.utils.html import escape, format_html
@@ -18,7 +19,6 @@ from django.utils.safestring import SafeString, mark_safe
 from agents.choices import EVENT_BADGES, AgentState
 from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seconds
 from lib.units import format_age, format_bytes_iec, format_duration
-from scalers.agent_api import HEARTBEAT_INTERVAL_SECONDS
 from scalers.holds import ARMABLE_STATES, hold_wording, is_armed
 from scalers.spawn_trace import waterfall
 
@@ -86,9 +86,9 @@ def _rel_time(value: datetime, extra: str):
 
 def heartbeat_thresholds() -> tuple[int, int]:
     """``(amber, red)`` in seconds: a heartbeat older than two heartbeat intervals
-    (``scalers.agent_api.HEARTBEAT_INTERVAL_SECONDS``) is late, one older than
+    (``KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS``) is late, one older than
     ``KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` makes the agent lost (``agents.liveness``)."""
-    return 2 * HEARTBEAT_INTERVAL_SECONDS, heartbeat_timeout_seconds()
+    return 2 * settings.KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS, heartbeat_timeout_seconds()
 
 
 @register.simple_tag

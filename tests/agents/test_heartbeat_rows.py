@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-import scalers.agent_api
+import agents.heartbeats
 from agents.heartbeats import agent_rows_changed, push_heartbeat_row
 from agents.models import Agent
 from agents.tokens import mint_registration_token
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def pushes(monkeypatch):
     pushed: list[int] = []
-    monkeypatch.setattr(scalers.agent_api, "push_heartbeat_row", lambda agent: pushed.append(agent.pk))
+    monkeypatch.setattr(agents.heartbeats, "push_heartbeat_row", lambda agent: pushed.append(agent.pk))
     return pushed
 
 
@@ -124,3 +124,50 @@ def test_the_publisher_runs_a_queued_push_after_commit(django_capture_on_commit_
         push_after_commit(lambda: ran.append("pushed"))
         assert ran == []
     assert flush_events(5) and ran == ["pushed"]
+
+
+def test_a_heartbeat_stores_its_time_and_keeps_the_active_jobs_it_does_not_name(client, session):
+    agent, token = session
+    Agent.objects.filter(pk=agent.pk).update(active_jobs=3, last_heartbeat=timezone.now() - timedelta(minutes=5))
+    before = timezone.now()
+    assert beat(client, agent, token).status_code == 200
+    agent.refresh_from_db()
+    assert agent.active_jobs == 3 and agent.last_heartbeat >= before
+    assert beat(client, agent, token, {"activeJobs": 0}).status_code == 200
+    agent.refresh_from_db()
+    assert agent.active_jobs == 0
+
+
+def test_a_heartbeat_is_two_queries_and_its_write_does_not_wait_for_the_wal_flush(client, session):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    agent, token = session
+    with CaptureQueriesContext(connection) as queries:
+        assert beat(client, agent, token, {"activeJobs": 1}).status_code == 200
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert len(sql) == 2, sql
+    assert sql[1].startswith("SET LOCAL synchronous_commit TO OFF; UPDATE")
+
+
+def test_pushes_of_marked_rows_are_at_least_the_gap_apart(django_capture_on_commit_callbacks):
+    import time
+
+    from agents.events import flush_events
+    from agents.heartbeats import ROW_PUSH_GAP_SECONDS
+
+    scaler = make_scaler()
+    first, second = make_agent(scaler), make_agent(scaler)
+    got: list[tuple[float, dict]] = []
+    agent_rows_changed.connect(
+        lambda sender, **kw: got.append((time.monotonic(), kw["rows"])), dispatch_uid="test-heartbeat-rows", weak=False
+    )
+    try:
+        for agent in (first, second):
+            with django_capture_on_commit_callbacks(execute=True):
+                push_heartbeat_row(agent)
+            assert flush_events(5)
+    finally:
+        agent_rows_changed.disconnect(dispatch_uid="test-heartbeat-rows")
+    assert [rows for _, rows in got] == [{a.agent_id: a.scaler_id} for a in (first, second)]
+    assert ROW_PUSH_GAP_SECONDS > 0 and got[1][0] - got[0][0] >= ROW_PUSH_GAP_SECONDS * 0.95

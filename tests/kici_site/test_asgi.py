@@ -69,8 +69,8 @@ def test_the_api_goes_through_its_short_middleware_list_and_pages_through_the_fu
     settings.KICI_API_TOKEN = "asgi-test-token"
     status, headers, hops = _get("/api/v1/agents/nobody", Authorization="Bearer asgi-test-token")
     assert status == 404 and headers["content-type"] == "application/json"
-    # The view, the request_started/finished receivers and the response's close: no middleware hook.
-    assert hops <= 4, f"{hops} thread hops for one API call"
+    # A synchronous API view runs whole on the server's thread, as in a WSGI worker: no hop at all.
+    assert hops == 0, f"{hops} thread hops for one API call"
     assert "content-security-policy" not in headers and "x-frame-options" not in headers
     status, headers, hops = _get("/accounts/login/")
     assert status == 200 and "content-security-policy" in headers and "x-frame-options" in headers
@@ -89,3 +89,13 @@ def test_static_files_are_served_in_the_async_stack_and_other_requests_pass_by_w
     assert all(getattr(import_string(m), "async_capable", False) for m in settings.MIDDLEWARE)
     status, headers, _ = _get("/static/css/kici.css")
     assert status == 200 and headers["content-type"].startswith("text/css")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api_answers_carry_their_length_from_either_handler(settings):
+    """Without Content-Length the server chunks an answer (HTTP/1.1) or closes its connection
+    (HTTP/1.0): a synchronous view's answer and the asynchronous /scale's both carry one."""
+    settings.KICI_API_TOKEN = "asgi-test-token"
+    for path in ("/api/v1/agents/nobody", "/api/v1/scale"):
+        status, headers, _ = _get(path, Authorization="Bearer asgi-test-token")
+        assert status in (404, 405) and int(headers["content-length"]) > 0, (path, headers)

@@ -40,7 +40,7 @@ class Command(BaseCommand):
             with connection.cursor() as cur:
                 cur.execute("SHOW max_connections")
                 max_connections = int(cur.fetchone()[0])
-            pool = db_pool_size(max_connections, servers if gateway_at else 1, workers + servers)
+            pool = db_pool_size(max_connections, servers * (2 if gateway_at else 1), workers)
             text = supervisord_config(
                 root=Path(settings.BASE_DIR),
                 run_dir=(run_dir or out.parent).resolve(),
