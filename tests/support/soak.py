@@ -398,6 +398,10 @@ def run_console(
         "KICI_AGENT_LOG_DIR": str(workdir / "agents"),
         "KICI_NFT_TABLE": nft_table,
         "KICI_SWEEP_LOST_AGENTS_SECONDS": "5",
+        # The suite's heartbeat (kici_site.settings_test), not the production 30 s: drains and
+        # stops reach the agents within seconds.
+        "KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS": "5",
+        "KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS": os.environ.get("KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS", "90"),
         "KICI_SWEEP_ORPHAN_CONTAINERS_SECONDS": "0",
         "KICI_SWEEP_ORPHAN_VMS_SECONDS": "0",
         "KICI_SWEEP_STALE_ISOLATION_RULES_SECONDS": "0",

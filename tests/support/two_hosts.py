@@ -188,6 +188,10 @@ class Host:
             "KICI_NFT_TABLE": self.nft_table,
             "KICI_API_TOKEN": api_token,
             "KICI_AGENT_LOG_DIR": str(self.workdir / "agents"),
+            # The suite's heartbeat (kici_site.settings_test), not the production 30 s: drains and
+            # stops reach the agents within seconds.
+            "KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS": "5",
+            "KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS": os.environ.get("KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS", "90"),
             "KICI_SCALER_CONFIG_PATH": str(self.workdir / "scalers.yaml"),
             "KICI_OPERATOR_LISTEN": f"{self.address}:{WEB_PORT}",
             "ALLOWED_HOSTS": self.address,
