@@ -103,7 +103,8 @@ def request_scale(
 async def decide_async(
     data: ScaleInput, idempotency_key: str = "", timeout: float | None = 30.0, *, token_name: str = ""
 ) -> tuple[ScaleDecision, Admitted | None]:
-    """Queue a validated ``/scale`` body, its validated ``Idempotency-Key`` ("" for none) and the
+    """Queue a validated ``/scale`` body (or KiCI scale-up), its validated ``Idempotency-Key`` (its
+    ``requestId``; "" for none) and the
     name of the API token that sent it for
     this process's admission batches and await the decision, without holding a thread. On
     ``spawning`` the agent and its reservation are committed and the admitted agent is returned;
@@ -121,5 +122,8 @@ async def decide_async(
         job_image=data.container,
         idempotency_key=idempotency_key,
         token_name=token_name,
+        agent_id=data.agent_id,
+        agent_labels=data.agent_labels,
+        event=data.event,
     )
     return await get_queue().submit_async(request, timeout=timeout)

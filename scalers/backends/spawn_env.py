@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from scalers.kici_orchestrator import agent_labels as kici_agent_labels
-from scalers.kici_orchestrator import kici_agent_target
+from scalers.kici_orchestrator import kici_agent_target, scale_up_claim
 from scalers.labels import agent_labels
 from scalers.models import ConfigState
 from scalers.resources import EffectiveLimits, effective_limits, resolve_resources
@@ -108,17 +108,35 @@ def kici_agent_env(agent: Agent, token: str | None) -> list[str]:
     ``KICI_ROLES`` (the scaler's ``roles``; unset = all, each adds a ``kici:role:*`` label the
     token allows), ``KICI_SCALER_MANAGED=1`` (it exits once idle) and
     ``KICI_EXECUTION_MODE=bare-metal`` (steps run in this container; scaler-managed without it,
-    the agent would take itself for a Firecracker guest)."""
+    the agent would take itself for a Firecracker guest).
+
+    An agent a KiCI scale-up asked for (``scalers.kici_orchestrator.scale_up_claim``) gets the
+    scale-up's orchestrator URL and labels, ``KICI_SCALER_CLAIM_CODE`` (it redeems the code there
+    for its own token) instead of ``KICI_AGENT_TOKEN``, and ``KICI_ROLES`` from its ``kici:role:*``
+    labels when it has any (the minted token allows only those). Raises ``ValueError`` for a label
+    set without ``kiciAgent`` or an agent with neither token nor claim code."""
     target = kici_agent_target(agent.label_set)
-    if target is None or not token:
-        raise ValueError(f"{agent.agent_id}: the real KiCI agent needs a kiciAgent label set and an orchestrator token")
-    pairs = [
-        ("KICI_ORCHESTRATOR_URL", target.ws_url),
-        ("KICI_AGENT_ID", agent.agent_id),
-        ("KICI_LABELS", ",".join(kici_agent_labels(agent.label_set))),
-        ("KICI_AGENT_TOKEN", token),
-    ]
-    roles = agent.scaler.roles
+    claim = scale_up_claim(agent)
+    if target is None or not (token or claim):
+        raise ValueError(
+            f"{agent.agent_id}: the real KiCI agent needs a kiciAgent label set and an orchestrator token or claim code"
+        )
+    if claim is not None:
+        pairs = [
+            ("KICI_ORCHESTRATOR_URL", claim.orchestrator_url),
+            ("KICI_AGENT_ID", agent.agent_id),
+            ("KICI_LABELS", ",".join(claim.labels)),
+            ("KICI_SCALER_CLAIM_CODE", claim.claim_code),
+        ]
+        roles = list(claim.roles) or agent.scaler.roles
+    else:
+        pairs = [
+            ("KICI_ORCHESTRATOR_URL", target.ws_url),
+            ("KICI_AGENT_ID", agent.agent_id),
+            ("KICI_LABELS", ",".join(kici_agent_labels(agent.label_set))),
+            ("KICI_AGENT_TOKEN", str(token)),
+        ]
+        roles = agent.scaler.roles
     if roles is not None and "all" not in roles:
         pairs.append(("KICI_ROLES", ",".join(roles)))
     pairs += [("KICI_SCALER_MANAGED", "1"), ("KICI_EXECUTION_MODE", "bare-metal")]

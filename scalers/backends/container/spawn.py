@@ -25,6 +25,7 @@ from scalers.kici_orchestrator import (
     kici_agent_target,
     mint_agent_token,
     revoke_agent_token,
+    scale_up_claim,
     token_context,
     token_labels,
 )
@@ -324,8 +325,10 @@ def mint_spawn_token(agent, kici) -> tuple[str, str]:
     """``(token, orchestrator token id)`` of a spawn, with its ``creating container`` event: the
     console's one-time registration token (id ``""``), or, for a label set running the real KiCI
     agent (``kici``: its ``KiciAgentTarget``), a token its orchestrator minted for the agent's
-    labels, its id stored on the row at once so that a failure from here on revokes it. Raises
-    ``SpawnError`` for a job image on such a label set, ``OrchestratorError`` when minting fails."""
+    labels, its id stored on the row at once so that a failure from here on revokes it. An agent
+    a KiCI scale-up asked for mints nothing: it redeems the scale-up's claim code itself
+    (``("", "")``). Raises ``SpawnError`` for a job image on such a label set,
+    ``OrchestratorError`` when minting fails."""
     if kici is None:
         with transaction.atomic():  # one commit for the token and the event
             token = tokens.mint_registration_token(agent)
@@ -337,6 +340,14 @@ def mint_spawn_token(agent, kici) -> tuple[str, str]:
             f"a job image ({agent.job_image}) cannot run it",
             "create",
         )
+    if (claim := scale_up_claim(agent)) is not None:
+        record_event(
+            agent,
+            EventType.PROVISIONING,
+            f"creating container for the KiCI agent of {claim.orchestrator_url} "
+            "(it redeems the claim code of its kici.scaler.scale-up there)",
+        )
+        return "", ""
     token_id, token = mint_agent_token(kici, token_labels(agent.label_set, agent.scaler.roles))
     Agent.objects.filter(pk=agent.pk).update(backend_context=token_context(kici, token_id))
     record_event(
