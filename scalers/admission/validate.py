@@ -288,8 +288,11 @@ KICI_AGENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 #: A claim code: printable ASCII without spaces (it is put in an environment variable), 1-256
 #: characters (the orchestrator's are 64 hex digits).
 CLAIM_CODE_PATTERN = r"^[!-~]{1,256}$"
-#: What the schema says of ``orchestratorUrl`` (the check, ``kici_agent_url``, also bounds the port).
-ORCHESTRATOR_URL_PATTERN = r"^wss?://[^/?#@\s]+(/[^?#\s]*)?/ws$"
+#: A TCP port, 0-65535, as the URL pattern's.
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+#: ``orchestratorUrl``: ws(s), a host name or IPv4 address, an optional port, a path ending ``/ws``;
+#: no credentials, query or fragment. Everything it takes, ``kici_agent_url`` takes too.
+ORCHESTRATOR_URL_PATTERN = rf"^wss?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:{_PORT})?(/[A-Za-z0-9._~-]+)*/ws$"
 #: Labels a KiCI orchestrator adds to a scale-up's (``kici:agent:``, ``kici:scaler:``,
 #: ``kici:role:``): they go to the agent, not into routing.
 KICI_LABEL_PREFIX = "kici:"
