@@ -190,12 +190,9 @@ async def scale(request):
     """Admit (or refuse) one job; see the module docstring for the answers."""
     if refused := _only(request, "POST"):
         return refused
-    caller = environment_caller(_bearer(request))  # the common case needs no thread hop
-    if caller is None:
-        answer = await sync_to_async(_authenticate)(request, "scale")
-        if isinstance(answer, JsonResponse):
-            return answer
-        caller = answer
+    caller = await _scale_caller(request)
+    if isinstance(caller, JsonResponse):
+        return caller
     data = _scale_request(request)
     if isinstance(data, JsonResponse):
         return data
@@ -207,6 +204,15 @@ async def scale(request):
         if refused := await _credentials_refusal(data.container, data.job_id):
             return refused
     return await _admit(data, key, caller)
+
+
+async def _scale_caller(request) -> Caller | JsonResponse:
+    """The caller of a scale POST, or its refusal (:func:`_authenticate`, scope ``scale``); the
+    environment's token needs no thread hop."""
+    caller = environment_caller(_bearer(request))
+    if caller is not None:
+        return caller
+    return await sync_to_async(_authenticate)(request, "scale")
 
 
 async def _admit(data: ScaleInput, key: str, caller: Caller) -> JsonResponse:
@@ -244,12 +250,9 @@ async def kici_scale_up(request):
     keyed by ``requestId``. An ``Idempotency-Key`` header, when sent, must be that ``requestId``."""
     if refused := _only(request, "POST"):
         return refused
-    caller = environment_caller(_bearer(request))
-    if caller is None:
-        answer = await sync_to_async(_authenticate)(request, "scale")
-        if isinstance(answer, JsonResponse):
-            return answer
-        caller = answer
+    caller = await _scale_caller(request)
+    if isinstance(caller, JsonResponse):
+        return caller
     parsed = _body_of(request)
     if isinstance(parsed, JsonResponse):
         return parsed
