@@ -32,6 +32,28 @@ def nft_table(settings):
     yield from nft_table_for(settings, TABLE, create=False)
 
 
+#: An image that stays up, as the real agent does until it has claimed and run its job: the
+#: console's own agent (``agent_image``) exits at once without ``KICI_AGENT_TOKEN``, which the
+#: scale-up's agent never gets.
+SLEEPER = "kici-event-sleeper:test"
+
+
+@pytest.fixture
+def sleeper_image(docker_client, agent_image):
+    """``SLEEPER``: the agent image with ``sleep 600`` as its command (committed, no build)."""
+    created = docker_client.api.create_container(agent_image, command=["true"])
+    try:
+        docker_client.api.commit(
+            created["Id"], repository=SLEEPER.split(":")[0], tag="test", changes=['CMD ["sleep", "600"]']
+        )
+    finally:
+        docker_client.api.remove_container(created["Id"], force=True)
+    image = docker_client.api.inspect_image(SLEEPER)["Id"]
+    yield SLEEPER
+    remove_test_containers(docker_client)  # a failed test's container still uses the image
+    docker_client.api.remove_image(image, force=True)
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_containers(docker_client):
     yield
@@ -44,7 +66,7 @@ def post(path: str, body: dict):
 
 @pytest.mark.usefixtures("stop_admission_queue")
 def test_a_scale_up_starts_its_agent_in_a_container_and_the_scale_down_removes_it(
-    docker_client, agent_image, nft_table, settings, run_rq_jobs
+    docker_client, sleeper_image, nft_table, settings, run_rq_jobs
 ):
     settings.KICI_API_TOKEN = TOKEN
     ensure_isolated_network(docker_client)
@@ -54,7 +76,7 @@ def test_a_scale_up_starts_its_agent_in_a_container_and_the_scale_down_removes_i
         make_scaler(
             labels=("linux-real",),
             ls_config={
-                "image": agent_image,
+                "image": sleeper_image,
                 "imagePullPolicy": "Never",
                 "kiciAgent": {"orchestratorUrl": url, "adminTokenRef": "orch"},
             },
