@@ -309,9 +309,14 @@ def _operations() -> dict[str, dict[str, dict]]:
                     "200": _ok("a repeat of the request that admitted the live agent", ScaleAdmitted),
                     "400": _BAD_BODY,
                     **orchestrator,
-                    "409": _error(
-                        "`at-capacity` or `paused`: ask again after `Retry-After` seconds", AtCapacity, "Retry-After"
-                    ),
+                    "409": {
+                        "description": (
+                            "`at-capacity` (a cap is full) or `paused` (its scaler or host is paused; `pause` says "
+                            "who and why): ask again after `Retry-After` seconds"
+                        ),
+                        "headers": {"Retry-After": _HEADERS["Retry-After"]},
+                        "content": {JSON: {"schema": {"anyOf": [_ref(AtCapacity), _ref(ApiError)]}}},
+                    },
                     "413": _TOO_LARGE,
                     "415": _NOT_JSON,
                     "422": {

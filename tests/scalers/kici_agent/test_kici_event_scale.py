@@ -18,7 +18,7 @@ from audit.models import AuditRecord
 from scalers.backends.container.spawn import mint_spawn_token
 from scalers.backends.spawn_env import container_env
 from scalers.kici_orchestrator import kici_agent_target
-from scalers.models import Reservation
+from scalers.models import Pause, Reservation
 from tests.support.concurrency import run_threads
 from tests.support.scalers import make_scaler
 
@@ -173,6 +173,17 @@ def test_two_request_ids_for_one_agent_id_at_once_make_one_agent(daphne_server):
     assert sorted(code for code, _ in results) == [201] + [422] * 9, results
     assert all(body["error"]["field"] == "agentId" for code, body in results if code == 422)
     assert list(Agent.objects.values_list("agent_id", flat=True)) == [PAYLOAD["agentId"]]
+
+
+def test_a_paused_or_full_scaler_answers_409_with_retry_after():
+    scaler = real_scaler(max_agents=1)
+    Pause.objects.create(scaler=scaler, reason="maintenance", requested_by="ops", approved_by="ops")
+    paused = post(UP, PAYLOAD)
+    assert paused.status_code == 409 and paused.json()["reason"] == "paused" and paused["Retry-After"], paused.content
+    Pause.objects.all().delete()
+    assert post(UP, PAYLOAD).status_code == 201
+    full = post(UP, PAYLOAD | {"agentId": "scaler-event-2", "requestId": "req-2", "jobId": "job-2"})
+    assert full.status_code == 409 and full.json()["reason"] == "at-capacity" and full["Retry-After"], full.content
 
 
 def test_a_label_set_not_running_the_kici_agent_of_that_orchestrator_is_refused():
