@@ -21,6 +21,15 @@ record (``ScaleRequest.token_name``) and on the agent it admits or binds
 * ``POST /api/v1/agents/<agentId>/release {"reason"?}``: the orchestrator lost or gave up the agent;
   it is torn down. Idempotent.
 
+A KiCI 0.9 event scaler's provisioning and teardown workflows (the console behind that scaler;
+``docs/real-kici-agent.md``) post the payloads of their events as they hold them:
+
+* ``POST /api/v1/scale/kici-event/scale-up`` (``kici.scaler.scale-up``): admitted as a ``/scale``
+  is, with the same answers, for the agent ``agentId``, which the spawn starts with the payload's
+  claim code (:func:`kici_scale_up`). Keyed by ``requestId``.
+* ``POST /api/v1/scale/kici-event/scale-down`` (``kici.scaler.scale-down``): a release of that
+  agent (:func:`kici_scale_down`).
+
 ``POST /api/v1/scale``: ask for an agent for one job.
 
 Request: JSON ``{labels: [str, ...], jobId: str, resources?: {...}, runId?: str, exclude?: [str],
@@ -111,9 +120,10 @@ from scalers.admission.validate import (
     JobImage,
     ScaleInput,
     validate_idempotency_key,
+    validate_kici_scale_up,
     validate_scale_request,
 )
-from scalers.api_models import JobCompleteBody, ReleaseBody
+from scalers.api_models import JobCompleteBody, KiciScaleDownBody, ReleaseBody
 from scalers.api_tokens import Caller, any_configured, environment_caller, record_caller
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
@@ -125,7 +135,7 @@ log = logging.getLogger(__name__)
 audit = logging.getLogger("kici.audit")
 
 
-def _after_admission(decision, agent, caller: Caller, job_id: str):
+def _after_admission(decision, agent, caller: Caller, data: ScaleInput):
     """From an executor thread: enqueue the spawn of a ``spawning`` decision, then store the audit
     record of an admission that stands (``spawning`` or ``assigned``; the batch that decided it
     committed already, with the decisions of other callers in it). Then let that thread's connection
@@ -141,7 +151,7 @@ def _after_admission(decision, agent, caller: Caller, job_id: str):
                 actor_kind=ActorKind.TOKEN,
                 scaler_name=decision.scaler or "",
                 agent_ref=decision.agent or "",
-                detail=f"job {job_id}: {decision.action}",
+                detail=f"{_asked(data)}: {decision.action}",
             )
         return decision
     finally:
@@ -181,12 +191,9 @@ async def scale(request):
     """Admit (or refuse) one job; see the module docstring for the answers."""
     if refused := _only(request, "POST"):
         return refused
-    caller = environment_caller(_bearer(request))  # the common case needs no thread hop
-    if caller is None:
-        answer = await sync_to_async(_authenticate)(request, "scale")
-        if isinstance(answer, JsonResponse):
-            return answer
-        caller = answer
+    caller = await _scale_caller(request)
+    if isinstance(caller, JsonResponse):
+        return caller
     data = _scale_request(request)
     if isinstance(data, JsonResponse):
         return data
@@ -197,23 +204,76 @@ async def scale(request):
     if data.container and data.container.credentials_ref:
         if refused := await _credentials_refusal(data.container, data.job_id):
             return refused
+    return await _admit(data, key, caller)
+
+
+async def _scale_caller(request) -> Caller | JsonResponse:
+    """The caller of a scale POST, or its refusal (:func:`_authenticate`, scope ``scale``); the
+    environment's token needs no thread hop."""
+    caller = environment_caller(_bearer(request))
+    if caller is not None:
+        return caller
+    return await sync_to_async(_authenticate)(request, "scale")
+
+
+async def _admit(data: ScaleInput, key: str, caller: Caller) -> JsonResponse:
+    """Decide a validated request (``/scale`` or a KiCI scale-up) keyed by ``key`` ("" for none),
+    enqueue its spawn and audit it; the answer (module doc)."""
+    what = data.job_id or data.agent_id
     try:
         decision, agent = await decide_async(data, key, token_name=caller.name)
     except AdmissionTimeout as exc:
         return _error(503, "unavailable", str(exc))
     except DatabaseError as exc:
-        log.warning("scale request %s: database error %s", data.job_id, exc)
+        log.warning("scale request %s: database error %s", what, exc)
         return _error(503, "unavailable", "database unavailable")
     if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
-        decision = await sync_to_async(_after_admission, thread_sensitive=False)(decision, agent, caller, data.job_id)
+        decision = await sync_to_async(_after_admission, thread_sensitive=False)(decision, agent, caller, data)
     if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED, ScaleOutcome.REPLAYED):
-        audit.info("scale by token %s: job %s -> %s (%s)", caller.name, data.job_id, decision.agent, decision.action)
+        audit.info("scale by token %s: %s -> %s (%s)", caller.name, _asked(data), decision.agent, decision.action)
     return _decision_response(decision, data)
 
 
-def _scale_request(request) -> ScaleInput | JsonResponse:
-    """The validated scale request of ``request``'s body, or the 415/413/400 answer naming what is
-    wrong with it."""
+def _asked(data: ScaleInput) -> str:
+    """What a request asked for, in the audit's words: ``job <id>``, or ``kici.scaler.scale-up of
+    scaler <name>[ for job <id>]``."""
+    if data.event is None:
+        return f"job {data.job_id}"
+    job = f" for job {data.job_id}" if data.job_id else ""
+    return f"kici.scaler.scale-up of scaler {data.event['scalerName']}{job}"
+
+
+@csrf_exempt
+async def kici_scale_up(request):
+    """``POST /api/v1/scale/kici-event/scale-up``: the payload of a KiCI event scaler's
+    ``kici.scaler.scale-up`` (``scalers.admission.validate.KiciScaleUpBody``), as its provisioning
+    workflow holds it: admit the agent ``agentId`` as ``/scale`` admits a job's (the same answers),
+    keyed by ``requestId``. An ``Idempotency-Key`` header, when sent, must be that ``requestId``."""
+    if refused := _only(request, "POST"):
+        return refused
+    caller = await _scale_caller(request)
+    if isinstance(caller, JsonResponse):
+        return caller
+    parsed = _body_of(request)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    try:
+        data, key = validate_kici_scale_up(parsed)
+        header = validate_idempotency_key(request.headers.get("Idempotency-Key"))
+    except InvalidScaleRequest as exc:
+        return _error(400, "invalid-request", str(exc), field=exc.field)
+    if header and header != key:
+        return _error(
+            400,
+            "invalid-request",
+            f"Idempotency-Key: must be the body's requestId {json_text(key)} or absent, got {json_text(header)}",
+            field="Idempotency-Key",
+        )
+    return await _admit(data, key, caller)
+
+
+def _body_of(request) -> object:
+    """The parsed JSON body of ``request``, or the 415/413/400 answer naming what is wrong with it."""
     if refused := json_content_type_refusal(request):
         return refused
     try:
@@ -221,9 +281,17 @@ def _scale_request(request) -> ScaleInput | JsonResponse:
     except RequestDataTooBig:
         return _error(413, "invalid-request", "request body too large", field="body")
     try:
-        payload = parse_json_object(body or b"")
+        return parse_json_object(body or b"")
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, "invalid-request", str(exc), field="body")
+
+
+def _scale_request(request) -> ScaleInput | JsonResponse:
+    """The validated scale request of ``request``'s body, or the 415/413/400 answer naming what is
+    wrong with it."""
+    payload = _body_of(request)
+    if isinstance(payload, JsonResponse):
+        return payload
     try:
         return validate_scale_request(payload)
     except InvalidScaleRequest as exc:
@@ -527,3 +595,50 @@ def agent_release(request, agent_id: str):
         ReleaseBody,
         lambda a, body: release_agent(a, (body.reason or "").strip(), caller=request.caller.name),
     )
+
+
+@_orchestrator("scale")
+def kici_scale_down(request):
+    """``POST /api/v1/scale/kici-event/scale-down``: the payload of a KiCI event scaler's
+    ``kici.scaler.scale-down`` (``scalers.api_models.KiciScaleDownBody``): tear its agent down, as
+    a release does (its ``reason`` and ``requestId`` recorded with it). Idempotent, and so is an
+    agent id this console never had: 200 with ``state`` null (the scale-up it answers may have
+    been refused). 422 ``scaler-mismatch`` (``error.field`` ``scalerName``) when the agent was
+    scaled up for another scaler than ``scalerName``."""
+    if refused := _only(request, "POST"):
+        return refused
+    parsed = _body_of(request)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    try:
+        body = validate_body(KiciScaleDownBody, parsed)
+    except BodyRefused as exc:
+        return _error(400, "invalid-request", str(exc), field=exc.field)
+    agent = Agent.objects.filter(agent_id=body.agent_id).only("scale_body").first()
+    if agent is None:
+        audit.info("kici scale-down by token %s: no agent %s", request.caller.name, body.agent_id)
+        return JsonResponse({"agentId": body.agent_id, "state": None, "reason": body.reason})
+    asked_for = (agent.scale_body or {}).get("scalerName")
+    if asked_for is not None and asked_for != body.scaler_name:
+        return _error(
+            422,
+            "scaler-mismatch",
+            f"agent {body.agent_id} was scaled up for scaler {json_text(asked_for)}, not {json_text(body.scaler_name)}",
+            field="scalerName",
+        )
+    why = f"kici.scaler.scale-down {body.reason} (requestId {body.request_id})"
+    try:
+        with transaction.atomic():  # the change and its audit record commit together
+            agent = release_agent(body.agent_id, why, caller=request.caller.name)
+            record_audit(
+                AuditAction.API_RELEASE,
+                actor=request.caller.name,
+                actor_kind=ActorKind.TOKEN,
+                scaler_name=agent.scaler.name,
+                agent_ref=body.agent_id,
+                detail=f"reason {json_text(why)}",
+            )
+    except Refused as exc:
+        return _error(exc.status, exc.code, exc.message, field=exc.field)
+    audit.info("kici scale-down by token %s: %s (%s)", request.caller.name, body.agent_id, body.reason)
+    return JsonResponse({"agentId": agent.agent_id, "state": agent.state, "reason": body.reason})

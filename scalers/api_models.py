@@ -10,7 +10,7 @@ Request bodies refuse in the wording their views always used; the agent's own bo
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -18,6 +18,14 @@ from pydantic.alias_generators import to_camel
 from agents.choices import AgentState
 from lib.json_body import MISSING, BodyRefused, JsonBody
 from lib.wording import json_text
+from scalers.admission.validate import (
+    Ident,
+    KiciAgentId,
+    RequestId,
+    kici_agent_id,
+    kici_request_id,
+    kici_scaler_name,
+)
 
 #: Largest ``activeJobs`` a heartbeat may report.
 MAX_ACTIVE_JOBS = 10_000
@@ -66,6 +74,28 @@ class ReleaseBody(JsonBody):
     ``reason`` (trimmed) is recorded with its teardown."""
 
     reason: Annotated[Annotated[str, Field(max_length=MAX_REASON_LENGTH)] | None, BeforeValidator(_reason)] = None
+
+
+#: Why a KiCI event scaler asks for an agent's teardown (``kici.scaler.scale-down``'s ``reason``).
+ScaleDownReason = Literal["idle", "job-complete", "heartbeat-timeout", "spawn-timeout", "drain", "shutdown"]
+SCALE_DOWN_REASONS: tuple[str, ...] = get_args(ScaleDownReason)
+
+
+def _scale_down_reason(value: Any) -> str:
+    if value in SCALE_DOWN_REASONS:
+        return value
+    shown = None if value is MISSING else value
+    raise BodyRefused("reason", f"must be one of {', '.join(SCALE_DOWN_REASONS)}, got {json_text(shown)}")
+
+
+class KiciScaleDownBody(JsonBody):
+    """The payload of a KiCI 0.9 event scaler's ``kici.scaler.scale-down`` event: tear down the
+    agent ``agentId`` that a scale-up of scaler ``scalerName`` started. Unknown keys are refused."""
+
+    scaler_name: Annotated[Annotated[Ident, Field(min_length=1, pattern=r"\S")], BeforeValidator(kici_scaler_name)]
+    agent_id: Annotated[KiciAgentId, BeforeValidator(kici_agent_id)]
+    reason: Annotated[ScaleDownReason, BeforeValidator(_scale_down_reason)]
+    request_id: Annotated[RequestId, BeforeValidator(kici_request_id)]
 
 
 # --- the agent's request bodies ----------------------------------------------------------------------
@@ -191,6 +221,16 @@ class ClaimGrant(_Answer):
     token: str
     orchestrator_url: str
     labels: list[str]
+
+
+class ScaleDownDone(_Answer):
+    """The agent a scale-down named, as it now is: ``state`` ``destroying`` (its teardown began)
+    or the state it ended in; null when this console never had an agent of that id (nothing to
+    tear down: a scale-up it refused, or another console's)."""
+
+    agent_id: str
+    state: AgentState | None
+    reason: str
 
 
 class ErrorDetail(_Answer):

@@ -34,6 +34,8 @@ CALL_TIMEOUT_SECONDS = 10
 KICI_TOKEN_ID = "kici_token_id"
 #: Characters of an orchestrator's answer kept in an error message.
 ANSWER_CHARS = 300
+#: The prefix of a role label (``kici:role:builder``).
+ROLE_PREFIX = "kici:role:"
 
 
 class OrchestratorError(RuntimeError):
@@ -88,6 +90,33 @@ def kici_agent_target(label_set) -> KiciAgentTarget | None:
         parsed = urlsplit(ws_url)
         admin_url = urlunsplit(("https" if parsed.scheme == "wss" else "http", parsed.netloc, "", "", ""))
     return KiciAgentTarget(ws_url, str(admin_url).rstrip("/"), str(config["adminTokenRef"]))
+
+
+@dataclass(frozen=True)
+class ScaleUpClaim:
+    """What a KiCI event scaler's scale-up gave its agent (``scalers.api.kici_scale_up``, kept on
+    the agent row's ``scale_body``): the orchestrator's ``/ws`` URL, the single-use claim code the
+    agent redeems there for its own token (``KICI_SCALER_CLAIM_CODE``), and the labels it
+    registers with (the job's and the orchestrator's ``kici:*`` ones)."""
+
+    orchestrator_url: str
+    claim_code: str
+    labels: tuple[str, ...]
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles its ``kici:role:*`` labels name (the token the claim mints allows only those)."""
+        return tuple(label.removeprefix(ROLE_PREFIX) for label in self.labels if label.startswith(ROLE_PREFIX))
+
+
+def scale_up_claim(agent) -> ScaleUpClaim | None:
+    """The :class:`ScaleUpClaim` of ``agent`` when a KiCI scale-up asked for it, else None."""
+    body = agent.scale_body
+    if not isinstance(body, dict) or not body.get("claimCode"):
+        return None
+    return ScaleUpClaim(
+        str(body["orchestratorUrl"]), str(body["claimCode"]), tuple(str(label) for label in body["labels"])
+    )
 
 
 def agent_labels(label_set) -> list[str]:

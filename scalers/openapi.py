@@ -25,7 +25,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json
 
 from agents.choices import AgentState
 from lib.errors import api_error
-from scalers.admission.validate import ScaleRequestBody
+from scalers.admission.validate import KiciScaleUpBody, ScaleRequestBody
 from scalers.api import CURSOR_MAX, LIST_PARAMETERS, MAX_PAGE
 from scalers.api_models import (
     AgentFinished,
@@ -39,12 +39,14 @@ from scalers.api_models import (
     HeartbeatAnswer,
     HeartbeatBody,
     JobCompleteBody,
+    KiciScaleDownBody,
     NoMatchingLabelSet,
     NotSpawning,
     RegisterBody,
     Registered,
     ReleaseBody,
     ScaleAdmitted,
+    ScaleDownDone,
 )
 
 OPENAPI_VERSION = "3.1.0"
@@ -53,6 +55,8 @@ JSON = "application/json"
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     ScaleRequestBody,
+    KiciScaleUpBody,
+    KiciScaleDownBody,
     JobCompleteBody,
     ReleaseBody,
     RegisterBody,
@@ -61,6 +65,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
 )
 ANSWER_MODELS: tuple[type[BaseModel], ...] = (
     ScaleAdmitted,
+    ScaleDownDone,
     AgentView,
     AgentPage,
     Registered,
@@ -293,6 +298,75 @@ def _operations() -> dict[str, dict[str, dict]]:
                 },
             }
         },
+        "api_kici_scale_up": {
+            "post": {
+                "operationId": "kiciScaleUp",
+                "tags": ["orchestrator", "kici-event"],
+                "summary": "A KiCI event scaler's kici.scaler.scale-up: start that agent",
+                "description": (
+                    "The payload of a KiCI 0.9 `kici.scaler.scale-up` event, as the provisioning workflow holds it. "
+                    "Its labels without the `kici:*` ones route to a label set running the real KiCI agent "
+                    "(`kiciAgent`) of `orchestratorUrl`; the agent starts with id `agentId` and redeems `claimCode` "
+                    "there for its own token. Answered as `/scale` is. Idempotent on `requestId`: a repeat while the "
+                    "agent is live answers it again (200, `Idempotent-Replayed: true`), however many are sent at "
+                    "once; a different payload under it, or an `agentId` that exists already, is a 422 "
+                    "`idempotency-mismatch` naming the field. An `Idempotency-Key` header, when sent, must be the "
+                    "`requestId`."
+                ),
+                "security": scale_security,
+                "requestBody": _body(KiciScaleUpBody, required=True),
+                "responses": {
+                    "201": _ok("admitted: the agent `agentId` is spawning", ScaleAdmitted),
+                    "200": _ok("a repeat of the request that admitted the live agent", ScaleAdmitted),
+                    "400": _BAD_BODY,
+                    **orchestrator,
+                    "409": {
+                        "description": (
+                            "`at-capacity` (a cap is full) or `paused` (its scaler or host is paused; `pause` says "
+                            "who and why): ask again after `Retry-After` seconds"
+                        ),
+                        "headers": {"Retry-After": _HEADERS["Retry-After"]},
+                        "content": {JSON: {"schema": {"anyOf": [_ref(AtCapacity), _ref(ApiError)]}}},
+                    },
+                    "413": _TOO_LARGE,
+                    "415": _NOT_JSON,
+                    "422": {
+                        "description": (
+                            "`exceeds-cap`, `no-matching-label-set` (none matches, or the one that does does not run "
+                            "the KiCI agent of `orchestratorUrl`), or `idempotency-mismatch` (`error.field`): asking "
+                            "again cannot help"
+                        ),
+                        "content": {
+                            JSON: {"schema": {"anyOf": [_ref(ExceedsCap), _ref(NoMatchingLabelSet), _ref(ApiError)]}}
+                        },
+                    },
+                    "503": _UNAVAILABLE,
+                },
+            }
+        },
+        "api_kici_scale_down": {
+            "post": {
+                "operationId": "kiciScaleDown",
+                "tags": ["orchestrator", "kici-event"],
+                "summary": "A KiCI event scaler's kici.scaler.scale-down: tear that agent down",
+                "description": (
+                    "The payload of a KiCI 0.9 `kici.scaler.scale-down` event, as the teardown workflow holds it: "
+                    "the agent is released (its reason and `requestId` recorded). Idempotent: an agent that ended "
+                    "answers its final state, one this console never had answers `state: null`."
+                ),
+                "security": scale_security,
+                "requestBody": _body(KiciScaleDownBody, required=True),
+                "responses": {
+                    "200": _ok("the agent as it now is (`destroying`, ended, or null: never here)", ScaleDownDone),
+                    "400": _BAD_BODY,
+                    **orchestrator,
+                    "413": _TOO_LARGE,
+                    "415": _NOT_JSON,
+                    "422": _error("`scaler-mismatch`: the agent was scaled up for another `scalerName`"),
+                    "503": _UNAVAILABLE,
+                },
+            }
+        },
         "api_agent_list": {
             "get": {
                 "operationId": "listAgents",
@@ -498,6 +572,13 @@ def build_document() -> dict:
         "tags": [
             {"name": "orchestrator", "description": "asking for agents and ending them (operator listener)"},
             {"name": "agent", "description": "what an agent calls (the agents' gateway)"},
+            {
+                "name": "kici-event",
+                "description": (
+                    "the console behind a KiCI 0.9 event scaler: its provisioning and teardown workflows post the "
+                    "`kici.scaler.scale-up` and `kici.scaler.scale-down` payloads (operator listener)"
+                ),
+            },
         ],
         "paths": paths,
         "components": {"schemas": component_schemas(), "securitySchemes": _security_schemes()},

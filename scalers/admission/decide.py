@@ -22,8 +22,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents.choices import EventType
+from agents.choices import LIVE_STATES, AgentState, EventType
 from lib.units import format_bytes_iec
+from lib.wording import json_text
 from scalers.choices import ScalerType
 from scalers.hosts import scaler_host
 from scalers.metrics import ORCH_REFUSALS, REDISPATCH, REFUSALS, WARM_SPAWNS, label_key
@@ -105,12 +106,21 @@ class Request:
     #: The name of the API token that asked (``scalers.api_tokens``; "" for an internal caller),
     #: kept on the request record and on the agent it admits or binds.
     token_name: str = ""
+    #: A KiCI scale-up event (``scalers.admission.validate.KiciScaleUpBody``): the agent's id (not
+    #: minted; one that exists already is refused, field ``agentId``), the labels it registers with,
+    #: and the payload kept on it. Only a label set running the real KiCI agent of the payload's
+    #: orchestrator takes it, and never an idle warm agent.
+    agent_id: str = ""
+    agent_labels: tuple[str, ...] = ()
+    event: dict | None = None
 
     @cached_property
     def body(self) -> dict | None:
         """The request as kept on its agent and compared on a repeat; None for a warm spawn."""
         if self.warm:
             return None
+        if self.event is not None:
+            return self.event
         return scale_body(self.labels, self.raw_resources, self.run_id, self.exclude, self.job_image)
 
 
@@ -171,6 +181,8 @@ class _Spawn:
     body: dict | None
     token: str
     slot: bool = False
+    #: Its id was given (a KiCI scale-up), not minted: never re-minted.
+    given_id: bool = False
 
 
 _COUNTER_KEYS: dict[tuple, tuple[str, str]] = {}
@@ -358,9 +370,10 @@ def _route(world: World, requests: list[Request]) -> list[tuple[ScalerInfo, Labe
 
 def _reads_more(routed, requests: list[Request]) -> bool:
     """True when deciding the batch reads rows the snapshot does not hold (idle warm agents, an
-    event scaler's provision backoff): then it is decided under the lock from a fresh snapshot."""
+    event scaler's provision backoff, whether a given agent id exists): then it is decided under
+    the lock from a fresh snapshot."""
     return any(
-        m and (m[0].type == ScalerType.EVENT or (m[0].warm_pool_enabled and not r.warm))
+        r.agent_id or (m and (m[0].type == ScalerType.EVENT or (m[0].warm_pool_enabled and not r.warm)))
         for m, r in zip(routed, requests, strict=True)
     )
 
@@ -423,6 +436,7 @@ class _BatchDecider:
         "by_job",
         "by_key",
         "replays",
+        "ids_taken",
     )
 
     def __init__(
@@ -450,6 +464,8 @@ class _BatchDecider:
         self.by_key: dict[str, LiveAgent] = {}
         #: Requests answered with an agent this batch admits: (decision index, its spawn).
         self.replays: list[tuple[int, _Spawn]] = []
+        #: The given agent ids (KiCI scale-ups) that exist, with their state; the batch adds its own.
+        self.ids_taken = _agent_ids_taken(cur, [r.agent_id for r in requests if r.agent_id])
         for row in live:
             self._remember(
                 LiveAgent(
@@ -465,15 +481,17 @@ class _BatchDecider:
             )
 
     def _remember(self, agent: LiveAgent) -> None:
-        self.by_job[agent.job_id] = agent
+        if agent.job_id:
+            self.by_job[agent.job_id] = agent
         if agent.key:
             self.by_key[agent.key] = agent
 
     def decide(self, req: Request, match: tuple[ScalerInfo, LabelSetInfo] | None) -> None:
         """Decide ``req`` and keep its decision, filling in its request record (requests with a
         job id get one) from the decision. A request meeting a live agent of its job or key gets
-        no record: the first request's stands."""
-        if req.job_id and not req.warm:
+        no record: the first request's stands. A KiCI scale-up whose agent id exists (and is not
+        its own repeat) is an idempotency mismatch naming ``agentId``."""
+        if (req.job_id or req.idempotency_key) and not req.warm:
             found = verdict(
                 req.job_id,
                 req.idempotency_key,
@@ -484,6 +502,9 @@ class _BatchDecider:
             if found is not None:
                 self.decisions.append(self._answer_live(found))
                 return
+        if req.agent_id and (taken := self._agent_id_taken(req)) is not None:
+            self.decisions.append(taken)
+            return
         record = None
         if req.job_id:
             record = {
@@ -502,7 +523,15 @@ class _BatchDecider:
             self.records.append(record)
         decision = self._decide_one(req, match, record)
         self.decisions.append(decision)
-        if req.job_id and not req.warm and decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
+        if (
+            (req.job_id or req.idempotency_key)
+            and not req.warm
+            and decision.action
+            in (
+                ScaleOutcome.SPAWNING,
+                ScaleOutcome.ASSIGNED,
+            )
+        ):
             spawn = self.spawns[-1] if decision.action == ScaleOutcome.SPAWNING else None
             self._remember(
                 LiveAgent(
@@ -525,6 +554,23 @@ class _BatchDecider:
                 scaler_name=decision.scaler or "",
                 agent_ref=decision.agent or "",
             )
+
+    def _agent_id_taken(self, req: Request) -> ScaleDecision | None:
+        """Idempotency-mismatch, field ``agentId``: an agent of the scale-up's id exists (a
+        scale-up starts its agent once; a repeat of the one that started it was answered before)."""
+        state = self.ids_taken.get(req.agent_id)
+        if state is None:
+            return None
+        if state in LIVE_STATES:
+            why = f"is live ({state}), asked for by another request than requestId {json_text(req.idempotency_key)}"
+        else:
+            why = f"has ended ({state})"
+        return ScaleDecision(
+            ScaleOutcome.IDEMPOTENCY_MISMATCH,
+            agent=req.agent_id,
+            field="agentId",
+            reason=f"agent {req.agent_id} {why}: a scale-up starts its agent once",
+        )
 
     def _answer_live(self, found: Verdict) -> ScaleDecision:
         """Replayed (the request repeats the one that asked for the live agent) or
@@ -551,7 +597,11 @@ class _BatchDecider:
             return _no_matching_label_set(req)
         info, ls = match
         decision = (
-            _paused(info) or _cannot_run_job_image(req, info, ls) or _tools_missing(info) or self._in_backoff(info)
+            _paused(info)
+            or _cannot_run_job_image(req, info, ls)
+            or _cannot_redeem_claim(req, info, ls)
+            or _tools_missing(info)
+            or self._in_backoff(info)
         )
         if decision is not None:
             return decision
@@ -575,8 +625,9 @@ class _BatchDecider:
         return ScaleDecision(ScaleOutcome.SKIPPED, scaler=info.name, reason=reason, backend_type=info.type)
 
     def _assign_warm(self, req: Request, info: ScalerInfo) -> ScaleDecision | None:
-        """Assigned: an idle warm agent of ``info`` that fits was bound to the job."""
-        if req.warm or not info.warm_pool_enabled or not self.idle:
+        """Assigned: an idle warm agent of ``info`` that fits was bound to the job (never to a KiCI
+        scale-up, whose agent has its own id)."""
+        if req.warm or req.agent_id or not info.warm_pool_enabled or not self.idle:
             return None
         chosen = _pick_warm(self.cur, self.idle, self.taken, info, req)
         if chosen is None:
@@ -626,7 +677,10 @@ class _BatchDecider:
     ) -> ScaleDecision:
         """Spawning: book the admission into the usage snapshot and queue its agent for the write."""
         self.usage.admit(info.caps, cpus, mem)
-        agent_id = mint_agent_id(info.type)
+        agent_id = req.agent_id or mint_agent_id(info.type)
+        labels = req.agent_labels or ls.agent_labels
+        if req.agent_id:
+            self.ids_taken[agent_id] = AgentState.SPAWNING
         self.spawns.append(
             _Spawn(
                 index=len(self.decisions),
@@ -635,7 +689,7 @@ class _BatchDecider:
                 agent_id=agent_id,
                 scaler_id=info.pk,
                 label_set_id=ls.pk,
-                labels=ls.agent_labels,
+                labels=labels,
                 warm=req.warm,
                 job="" if req.warm else req.job_id,
                 run="" if req.warm else req.run_id,
@@ -649,6 +703,7 @@ class _BatchDecider:
                 key="" if req.warm else req.idempotency_key,
                 body=req.body,
                 token=req.token_name,
+                given_id=bool(req.agent_id),
             )
         )
         if req.warm:
@@ -658,7 +713,7 @@ class _BatchDecider:
             agent=agent_id,
             scaler=info.name,
             backend_type=info.type,
-            labels=tuple(ls.agent_labels),
+            labels=tuple(labels),
         )
 
     def _bump(self, name: str, labels: dict, amount: float = 1.0) -> None:
@@ -763,6 +818,36 @@ def _cannot_run_job_image(req: Request, info: ScalerInfo, ls: LabelSetInfo) -> S
     )
 
 
+def _cannot_redeem_claim(req: Request, info: ScalerInfo, ls: LabelSetInfo) -> ScaleDecision | None:
+    """No-backend: a KiCI scale-up routed to a label set that does not run the real KiCI agent of
+    its orchestrator (the console's own agent cannot redeem a claim code; another orchestrator's
+    agent would dial where its rules do not let it)."""
+    if req.event is None:
+        return None
+    wanted = str(req.event["orchestratorUrl"])
+    if ls.kici_orchestrator_url == wanted:
+        return None
+    runs = f"the KiCI agent of {ls.kici_orchestrator_url}" if ls.kici_orchestrator_url else "the console's own agent"
+    return ScaleDecision(
+        ScaleOutcome.NO_BACKEND,
+        scaler=info.name,
+        backend_type=info.type,
+        reason=(
+            f"label set [{ls.index}] of scaler {info.name} ({info.type}) runs {runs}, not the KiCI agent of "
+            f"orchestratorUrl {wanted}: a scale-up needs a kiciAgent label set of that orchestrator"
+        ),
+        labels=tuple(req.labels),
+    )
+
+
+def _agent_ids_taken(cur, agent_ids: list[str]) -> dict[str, str]:
+    """``{agent id: state}`` of the agents of ``agent_ids`` that exist (read under the lock)."""
+    if not agent_ids:
+        return {}
+    cur.execute("SELECT agent_id, state FROM agents_agent WHERE agent_id = ANY(%s::text[])", [agent_ids])
+    return dict(cur.fetchall())
+
+
 def _tools_missing(info: ScalerInfo) -> ScaleDecision | None:
     """Skipped: the scaler was not started because host tools it needs are missing."""
     if not info.tools_missing:
@@ -837,9 +922,12 @@ def _pick_warm(cur, idle: list[dict], taken: set[int], info: ScalerInfo, req: Re
 
 
 def _dedupe_ids(spawns: list[_Spawn]) -> None:
-    """Re-mint ids repeated within the batch (ids already in the table are caught by the write)."""
-    seen: set[str] = set()
+    """Re-mint minted ids repeated within the batch or equal to a given one (ids already in the
+    table are caught by the write; a given id is never repeated: :meth:`_BatchDecider.decide`)."""
+    seen: set[str] = {sp.agent_id for sp in spawns if sp.given_id}
     for sp in spawns:
+        if sp.given_id:
+            continue
         while sp.agent_id in seen:
             sp.agent_id = mint_agent_id(sp.kind)
         seen.add(sp.agent_id)

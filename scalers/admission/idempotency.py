@@ -13,9 +13,13 @@ it the job's and the key's claim. While it is live, a ``/scale`` for the same jo
 * with the same key and another body: refused, the field the first difference is in.
 
 A request whose key a live agent of *another* job was asked for with is refused, field ``jobId``
-(a key names one request). The database holds both rules for every writer (the unique indexes
-``agent_one_live_per_job`` and ``agent_one_live_per_key``): a batch that would break one fails
-and is decided again knowing the live agents of its jobs and keys (``scalers.admission.decide``).
+(a key names one request). A KiCI scale-up event (``scalers.admission.validate.KiciScaleUpBody``)
+is keyed by its ``requestId``, with or without a job: its body is the payload
+(:data:`EVENT_BODY_FIELDS`, its claim code compared but never shown).
+
+The database holds both rules for every writer (the unique indexes ``agent_one_live_per_job``
+and ``agent_one_live_per_key``): a batch that would break one fails and is decided again knowing
+the live agents of its jobs and keys (``scalers.admission.decide``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,19 @@ from .validate import JobImage
 
 #: The fields of a scale body compared on a repeat, in the order a mismatch is reported.
 BODY_FIELDS = ("labels", "resources", "runId", "exclude", "container")
+#: The fields of a KiCI scale-up's payload compared on a repeat, in the order a mismatch is reported.
+EVENT_BODY_FIELDS = (
+    "agentId",
+    "scalerName",
+    "labels",
+    "mandatoryLabels",
+    "resources",
+    "orchestratorUrl",
+    "claimCode",
+    "jobId",
+)
+#: Fields whose values a refusal does not show (secrets).
+UNSHOWN_FIELDS = frozenset({"claimCode"})
 #: The header's name, as the refusal's ``field``.
 KEY_FIELD = "Idempotency-Key"
 
@@ -80,7 +97,11 @@ def verdict(
     job_id: str, key: str, body: dict | None, by_job: LiveAgent | None, by_key: LiveAgent | None
 ) -> Verdict | None:
     """How a request for ``job_id`` with ``key`` ("" for none) and ``body`` meets the live agent of
-    its job (``by_job``) and of its key (``by_key``); None when neither exists (decide it)."""
+    its job (``by_job``) and of its key (``by_key``); None when neither exists (decide it). A
+    request without a job (a KiCI scale-up) meets the live agent of its key asked for without one
+    as its repeat."""
+    if by_job is None and not job_id and key and by_key is not None and not by_key.job_id:
+        by_job = by_key
     if by_job is not None:
         agent = by_job.agent_id
         if key != by_job.key:
@@ -91,14 +112,19 @@ def verdict(
                 f"not {_key_wording(key)}: repeat the first request, or end that agent first",
             )
         first_body = by_job.body or {}
-        for name in BODY_FIELDS if by_job.body is not None else ():
+        fields = EVENT_BODY_FIELDS if "claimCode" in first_body else BODY_FIELDS
+        whose = f"job {json_text(job_id)}" if job_id else f"requestId {json_text(key)}"
+        for name in fields if by_job.body is not None else ():
             first, now = first_body.get(name), (body or {}).get(name)
             if first != now:
+                asked = (
+                    f"another {name}" if name in UNSHOWN_FIELDS else f"{name} {json_text(first)}, not {json_text(now)}"
+                )
                 return Verdict(
                     by_job,
                     name,
-                    f"job {json_text(job_id)} has live agent {agent}, asked for with {name} {json_text(first)}, "
-                    f"not {json_text(now)}: repeat the first request, or end that agent first",
+                    f"{whose} has live agent {agent}, asked for with {asked}: repeat the first request, "
+                    "or end that agent first",
                 )
         return Verdict(by_job)
     if key and by_key is not None:

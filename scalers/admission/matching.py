@@ -35,6 +35,9 @@ class LabelSetInfo:
     #: one in container mode (``image`` and no ``binaryPath``), unless it runs the real KiCI agent
     #: (``kiciAgent``: its own image holds the agent).
     runs_job_images: bool = False
+    #: ``kiciAgent.orchestratorUrl`` when its sandboxes run the real KiCI agent, else "": only such
+    #: a label set, of that orchestrator, can start the agent of a KiCI scale-up event.
+    kici_orchestrator_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ def build_world(
                 gate=tuple(entry.gates[i]),
                 resources=(ls["config"] or {}).get("resources"),
                 image=(ls["config"] or {}).get("image"),
+                kici_orchestrator_url=str(((ls["config"] or {}).get("kiciAgent") or {}).get("orchestratorUrl") or ""),
                 runs_job_images=not (ls["config"] or {}).get("kiciAgent")
                 and (
                     row["type"] == ScalerType.CONTAINER

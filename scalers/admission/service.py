@@ -9,8 +9,9 @@ from .validate import ScaleInput
 
 
 def scale_request(data: ScaleInput, idempotency_key: str = "", token_name: str = "") -> Request:
-    """The admission request of a validated ``/scale`` body (``validate_scale_request``), its
-    validated ``Idempotency-Key`` ("" for none) and the name of the API token that sent it."""
+    """The admission request of a validated ``/scale`` body (``validate_scale_request``) or KiCI
+    scale-up, its validated ``Idempotency-Key`` (a scale-up's ``requestId``; "" for none) and the
+    name of the API token that sent it."""
     return Request(
         labels=data.labels,
         job_id=data.job_id,
@@ -21,6 +22,9 @@ def scale_request(data: ScaleInput, idempotency_key: str = "", token_name: str =
         job_image=data.container,
         idempotency_key=idempotency_key,
         token_name=token_name,
+        agent_id=data.agent_id,
+        agent_labels=data.agent_labels,
+        event=data.event,
     )
 
 

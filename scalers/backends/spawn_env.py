@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from scalers.kici_orchestrator import agent_labels as kici_agent_labels
-from scalers.kici_orchestrator import kici_agent_target
+from scalers.kici_orchestrator import kici_agent_target, scale_up_claim
 from scalers.labels import agent_labels
 from scalers.models import ConfigState
 from scalers.resources import EffectiveLimits, effective_limits, resolve_resources
@@ -114,20 +114,37 @@ def kici_agent_pairs(agent: Agent, token: str | None, *, execution_mode: str) ->
     ``KICI_ROLES`` (the scaler's ``roles``; unset = all, each adds a ``kici:role:*`` label the
     token allows), ``KICI_SCALER_MANAGED=1`` (it exits once idle) and ``KICI_EXECUTION_MODE``
     (``execution_mode``: where its steps run; ``bare-metal`` in a container, ``firecracker`` in a
-    microVM; scaler-managed without it, the agent takes itself for a Firecracker guest). Raises
-    ``ValueError`` without a ``kiciAgent`` label set or a token, or for an unknown mode."""
+    microVM; scaler-managed without it, the agent takes itself for a Firecracker guest).
+
+    An agent a KiCI scale-up asked for (``scalers.kici_orchestrator.scale_up_claim``) gets the
+    scale-up's orchestrator URL and labels, ``KICI_SCALER_CLAIM_CODE`` (it redeems the code there
+    for its own token) instead of ``KICI_AGENT_TOKEN``, and ``KICI_ROLES`` from its ``kici:role:*``
+    labels when it has any (the minted token allows only those). Raises ``ValueError`` for a label
+    set without ``kiciAgent``, an agent with neither token nor claim code, or an unknown mode."""
     target = kici_agent_target(agent.label_set)
-    if target is None or not token:
-        raise ValueError(f"{agent.agent_id}: the real KiCI agent needs a kiciAgent label set and an orchestrator token")
+    claim = scale_up_claim(agent)
+    if target is None or not (token or claim):
+        raise ValueError(
+            f"{agent.agent_id}: the real KiCI agent needs a kiciAgent label set and an orchestrator token or claim code"
+        )
     if execution_mode not in KICI_EXECUTION_MODES:
         raise ValueError(f"execution_mode must be one of {KICI_EXECUTION_MODES}, got {execution_mode!r}")
-    pairs = [
-        ("KICI_ORCHESTRATOR_URL", target.ws_url),
-        ("KICI_AGENT_ID", agent.agent_id),
-        ("KICI_LABELS", ",".join(kici_agent_labels(agent.label_set))),
-        ("KICI_AGENT_TOKEN", token),
-    ]
-    roles = agent.scaler.roles
+    if claim is not None:
+        pairs = [
+            ("KICI_ORCHESTRATOR_URL", claim.orchestrator_url),
+            ("KICI_AGENT_ID", agent.agent_id),
+            ("KICI_LABELS", ",".join(claim.labels)),
+            ("KICI_SCALER_CLAIM_CODE", claim.claim_code),
+        ]
+        roles = list(claim.roles) or agent.scaler.roles
+    else:
+        pairs = [
+            ("KICI_ORCHESTRATOR_URL", target.ws_url),
+            ("KICI_AGENT_ID", agent.agent_id),
+            ("KICI_LABELS", ",".join(kici_agent_labels(agent.label_set))),
+            ("KICI_AGENT_TOKEN", str(token)),
+        ]
+        roles = agent.scaler.roles
     if roles is not None and "all" not in roles:
         pairs.append(("KICI_ROLES", ",".join(roles)))
     pairs += [("KICI_SCALER_MANAGED", "1"), ("KICI_EXECUTION_MODE", execution_mode)]

@@ -429,8 +429,9 @@ class NetworkPolicy(_Loose):
     host_access: list[HostAccessEntry] | None = None
 
 
-def _kici_agent_url(value: str) -> str:
-    """A real KiCI agent's orchestrator URL: ``ws://`` or ``wss://`` with a host, ending ``/ws``."""
+def kici_agent_url(value: str) -> str:
+    """A real KiCI agent's orchestrator URL: ``ws://`` or ``wss://`` with a host, ending ``/ws``,
+    without credentials, query or fragment. Returns it; raises ``ValueError`` saying what is wrong."""
     parsed = urlsplit(value)
     if parsed.scheme not in ("ws", "wss") or not parsed.hostname or not parsed.path.endswith("/ws"):
         raise ValueError(
@@ -461,7 +462,7 @@ class KiciAgent(_Strict):
     the console mints and revokes each agent's token with (``scalers.kici_orchestrator``).
     """
 
-    orchestrator_url: Annotated[str, AfterValidator(_kici_agent_url)]
+    orchestrator_url: Annotated[str, AfterValidator(kici_agent_url)]
     admin_url: Annotated[str, AfterValidator(_admin_url)] | None = None
     admin_token_ref: NonEmptyStr
 

@@ -16,8 +16,15 @@ from openapi_spec_validator import OpenAPIV31SpecValidator
 from agents.models import Agent
 from kici_site.listeners import AGENT_ROUTES
 from lib.json_body import BodyRefused, validate_body
-from scalers.admission.validate import validate_scale_request
-from scalers.api_models import ClaimBody, HeartbeatBody, JobCompleteBody, RegisterBody, ReleaseBody
+from scalers.admission.validate import validate_kici_scale_up, validate_scale_request
+from scalers.api_models import (
+    ClaimBody,
+    HeartbeatBody,
+    JobCompleteBody,
+    KiciScaleDownBody,
+    RegisterBody,
+    ReleaseBody,
+)
 from scalers.openapi import build_document
 from tests.support.scalers import make_scaler
 
@@ -103,7 +110,7 @@ def test_it_names_the_three_bearer_schemes_and_each_operation_uses_one(document)
     }
     assert used["registerAgent"] == ["registrationToken"] and used["heartbeat"] == ["agentSession"]
     assert used["claimAgent"] == [] and used["openapiDocument"] == []
-    orchestrator = {"scale", "listAgents", "getAgent", "jobComplete", "releaseAgent"}
+    orchestrator = {"scale", "listAgents", "getAgent", "jobComplete", "releaseAgent", "kiciScaleUp", "kiciScaleDown"}
     assert all(used[op] == ["orchestratorToken"] for op in orchestrator)
 
 
@@ -205,6 +212,140 @@ def test_the_other_bodies_agree_with_their_schemas(document, model, body, field)
         with pytest.raises(BodyRefused) as refused:
             validate_body(model, body)
         assert refused.value.field == field and not schema_takes
+
+
+SCALE_UP = {
+    "scalerName": "cloud",
+    "agentId": "scaler-event-0a1b2c3d",
+    "labels": ["linux", "kici:agent:event", "kici:role:builder"],
+    "orchestratorUrl": "ws://172.30.0.1:8480/ws",
+    "claimCode": "ab" * 32,
+    "requestId": "r-1",
+}
+VALID_SCALE_UPS = [
+    SCALE_UP,
+    SCALE_UP | {"mandatoryLabels": [], "resources": {}, "jobId": "j"},
+    SCALE_UP | {"resources": {"cpus": 0.5, "memBytes": 1 << 30}, "orchestratorUrl": "wss://orch.example:443/a/ws"},
+    SCALE_UP | {"mandatoryLabels": None, "resources": None, "jobId": None},
+]
+INVALID_SCALE_UPS = [
+    ([SCALE_UP], "body"),
+    ({k: v for k, v in SCALE_UP.items() if k != "agentId"}, "agentId"),
+    (SCALE_UP | {"agentId": "-leading-dash"}, "agentId"),
+    (SCALE_UP | {"agentId": "a" * 101}, "agentId"),
+    ({k: v for k, v in SCALE_UP.items() if k != "claimCode"}, "claimCode"),
+    (SCALE_UP | {"claimCode": "with space"}, "claimCode"),
+    (SCALE_UP | {"claimCode": "x" * 257}, "claimCode"),
+    ({k: v for k, v in SCALE_UP.items() if k != "requestId"}, "requestId"),
+    (SCALE_UP | {"requestId": "x" * 256}, "requestId"),
+    (SCALE_UP | {"requestId": "   "}, "requestId"),
+    (SCALE_UP | {"scalerName": ""}, "scalerName"),
+    (SCALE_UP | {"labels": []}, "labels"),
+    (SCALE_UP | {"labels": ["ok", 3]}, "labels[1]"),
+    (SCALE_UP | {"orchestratorUrl": "http://h/ws"}, "orchestratorUrl"),
+    (SCALE_UP | {"orchestratorUrl": "ws://h/wsx"}, "orchestratorUrl"),
+    (SCALE_UP | {"orchestratorUrl": "ws://h/ws?x=1"}, "orchestratorUrl"),
+    (SCALE_UP | {"resources": {"cpus": 0}}, "resources.cpus"),
+    (SCALE_UP | {"resources": {"cpus": 0.001}}, "resources.cpus"),
+    (SCALE_UP | {"resources": {"cpus": 257}}, "resources.cpus"),
+    (SCALE_UP | {"resources": {"memBytes": 1024}}, "resources.memBytes"),
+    (SCALE_UP | {"resources": {"memBytes": "1g"}}, "resources.memBytes"),
+    (SCALE_UP | {"resources": {"memory": "1g"}}, "resources.memory"),
+    (SCALE_UP | {"resources": []}, "resources"),
+    (SCALE_UP | {"jobId": ""}, "jobId"),
+    (SCALE_UP | {"token": "kat_x"}, "token"),
+]
+
+
+@pytest.mark.parametrize("body", VALID_SCALE_UPS)
+def test_a_scale_up_the_schema_takes_is_taken(document, body):
+    assert _schema_validator(document, "KiciScaleUpBody").is_valid(body)
+    validate_kici_scale_up(body)
+
+
+@pytest.mark.parametrize(("body", "field"), INVALID_SCALE_UPS)
+def test_a_scale_up_the_validator_refuses_the_schema_refuses_too(document, body, field):
+    with pytest.raises(BodyRefused) as refused:
+        validate_kici_scale_up(body)
+    assert refused.value.field == field
+    assert not _schema_validator(document, "KiciScaleUpBody").is_valid(body), body
+
+
+SCALE_DOWN = {"scalerName": "cloud", "agentId": "scaler-event-0a1b2c3d", "reason": "idle", "requestId": "r-2"}
+SCALE_DOWNS = [
+    (SCALE_DOWN, None),
+    *((SCALE_DOWN | {"reason": reason}, None) for reason in ("job-complete", "heartbeat-timeout", "spawn-timeout")),
+    (SCALE_DOWN | {"reason": "drain"}, None),
+    (SCALE_DOWN | {"reason": "shutdown"}, None),
+    (SCALE_DOWN | {"reason": "gone"}, "reason"),
+    ({k: v for k, v in SCALE_DOWN.items() if k != "reason"}, "reason"),
+    (SCALE_DOWN | {"agentId": "a b"}, "agentId"),
+    (SCALE_DOWN | {"requestId": ""}, "requestId"),
+    (SCALE_DOWN | {"scalerName": None}, "scalerName"),
+    (SCALE_DOWN | {"labels": []}, "labels"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), SCALE_DOWNS)
+def test_a_scale_down_agrees_with_its_schema(document, body, field):
+    schema_takes = _schema_validator(document, "KiciScaleDownBody").is_valid(body)
+    if field is None:
+        validate_body(KiciScaleDownBody, body)
+        assert schema_takes
+    else:
+        with pytest.raises(BodyRefused) as refused:
+            validate_body(KiciScaleDownBody, body)
+        assert refused.value.field == field and not schema_takes
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("stop_admission_queue", "no_enqueue")
+def test_the_kici_event_answers_conform_to_their_schemas(document):
+    make_scaler(
+        "real",
+        labels=("linux",),
+        ls_config={
+            "image": "img:1",
+            "kiciAgent": {"orchestratorUrl": SCALE_UP["orchestratorUrl"], "adminTokenRef": "o"},
+        },
+    )
+    client = Client()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+
+    def post(path, body):
+        return client.post(path, json.dumps(body), content_type="application/json", **auth)
+
+    def conforms(response, name):
+        errors = [e.message for e in _schema_validator(document, name).iter_errors(response.json())]
+        assert errors == [], (name, response.json())
+
+    up = "/api/v1/scale/kici-event/scale-up"
+    down = "/api/v1/scale/kici-event/scale-down"
+    assert set(document["paths"][up]) == {"post"} and set(document["paths"][down]) == {"post"}
+    admitted = post(up, SCALE_UP)
+    assert admitted.status_code == 201, admitted.content
+    conforms(admitted, "ScaleAdmitted")
+    replayed = post(up, SCALE_UP)
+    assert replayed.status_code == 200
+    conforms(replayed, "ScaleAdmitted")
+    mismatch = post(up, SCALE_UP | {"claimCode": "other"})
+    assert mismatch.status_code == 422 and "422" in document["paths"][up]["post"]["responses"]
+    conforms(mismatch, "ApiError")
+    unmatched = post(up, SCALE_UP | {"labels": ["macos"], "requestId": "r-9", "agentId": "b"})
+    assert unmatched.status_code == 422
+    conforms(unmatched, "NoMatchingLabelSet")
+    bad = post(up, SCALE_UP | {"agentId": ""})
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "agentId"
+    conforms(bad, "ApiError")
+    released = post(down, SCALE_DOWN)
+    assert released.status_code == 200, released.content
+    conforms(released, "ScaleDownDone")
+    never = post(down, SCALE_DOWN | {"agentId": "never-here"})
+    assert never.status_code == 200 and never.json()["state"] is None
+    conforms(never, "ScaleDownDone")
+    other = post(down, SCALE_DOWN | {"scalerName": "other"})
+    assert other.status_code == 422 and "422" in document["paths"][down]["post"]["responses"]
+    conforms(other, "ApiError")
 
 
 @pytest.mark.django_db(transaction=True)

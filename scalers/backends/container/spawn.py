@@ -20,7 +20,7 @@ from agents.events import record_connecting, record_event
 from agents.models import Agent
 from network import netlink
 from scalers.credentials import CredentialError, auth_config
-from scalers.kici_orchestrator import kici_agent_target, token_context
+from scalers.kici_orchestrator import kici_agent_target, scale_up_claim, token_context
 
 from ..base import SpawnAborted, SpawnControl, SpawnError, SpawnResult
 from ..docker_net import (
@@ -318,8 +318,10 @@ def mint_spawn_token(agent, kici) -> tuple[str, str]:
     """``(token, orchestrator token id)`` of a spawn, with its ``creating container`` event: the
     console's one-time registration token (id ``""``), or, for a label set running the real KiCI
     agent (``kici``: its ``KiciAgentTarget``), a token its orchestrator minted for the agent's
-    labels, its id stored on the row at once so that a failure from here on revokes it. Raises
-    ``SpawnError`` for a job image on such a label set, ``OrchestratorError`` when minting fails."""
+    labels, its id stored on the row at once so that a failure from here on revokes it. An agent
+    a KiCI scale-up asked for mints nothing: it redeems the scale-up's claim code itself
+    (``("", "")``). Raises ``SpawnError`` for a job image on such a label set,
+    ``OrchestratorError`` when minting fails."""
     if kici is None:
         with transaction.atomic():  # one commit for the token and the event
             token = tokens.mint_registration_token(agent)
@@ -331,6 +333,14 @@ def mint_spawn_token(agent, kici) -> tuple[str, str]:
             f"a job image ({agent.job_image}) cannot run it",
             "create",
         )
+    if (claim := scale_up_claim(agent)) is not None:
+        record_event(
+            agent,
+            EventType.PROVISIONING,
+            f"creating container for the KiCI agent of {claim.orchestrator_url} "
+            "(it redeems the claim code of its kici.scaler.scale-up there)",
+        )
+        return "", ""
     token_id, token = mint_spawn_kici_token(agent, kici, "container")
     return token, token_id
 
