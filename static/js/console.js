@@ -109,7 +109,80 @@
   // ---- the array ------------------------------------------------------------------------------
   function entry(row) {
     if (row[3] === "g") return { n: row[0], c: row[4], gap: true };
-    return { n: row[0], ms: row[1], tx: row[2], k: row[3] || "" };
+    var text = row[2];
+    if (text.indexOf("\x1b") < 0) return { n: row[0], ms: row[1], tx: text, k: row[3] || "" };
+    var parsed = ansi(text);
+    return { n: row[0], ms: row[1], tx: parsed.text, sgr: parsed.runs, k: row[3] || "" };
+  }
+
+  // ---- terminal colours -----------------------------------------------------------------------
+  // A line's ANSI escape sequences: SGR (ESC [ ... m) becomes runs [start, end, classes] over the
+  // text without them (the 16 colours, bold, dim, italic, underline, inverse as a-* classes: no
+  // inline style under the CSP); every other sequence (cursor moves, OSC titles) is dropped.
+  var ESCAPES = /\x1b(?:\[([0-9;:?]*)([@-~])|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])/g;
+  function ansi(raw) {
+    var out = "", runs = [], st = {}, from = 0, m;
+    function cls() {
+      var c = [];
+      var fg = st.inv ? st.bg : st.fg, bg = st.inv ? st.fg : st.bg;
+      if (fg !== undefined) c.push("a-f" + fg);
+      if (bg !== undefined) c.push("a-g" + bg);
+      if (st.inv && fg === undefined) c.push("a-fi");
+      if (st.inv && bg === undefined) c.push("a-gi");
+      if (st.b) c.push("a-b");
+      if (st.d) c.push("a-d");
+      if (st.i) c.push("a-i");
+      if (st.u) c.push("a-u");
+      return c.join(" ");
+    }
+    function text(t) {
+      if (!t) return;
+      var c = cls();
+      if (c) {
+        var last = runs[runs.length - 1];
+        if (last && last[1] === out.length && last[2] === c) last[1] += t.length;
+        else runs.push([out.length, out.length + t.length, c]);
+      }
+      out += t;
+    }
+    function colour(p, i) { // 38/48;5;n or 38/48;2;r;g;b at p[i]: [colour or undefined, params used]
+      if (p[i + 1] === 5) return [p[i + 2] < 16 ? p[i + 2] : undefined, 3];
+      if (p[i + 1] === 2) return [undefined, 5];
+      return [undefined, 1];
+    }
+    ESCAPES.lastIndex = 0;
+    while ((m = ESCAPES.exec(raw)) !== null) {
+      text(raw.slice(from, m.index));
+      from = ESCAPES.lastIndex;
+      if (m[2] !== "m") continue;
+      var p = (m[1] || "0").split(/[;:]/).map(function (v) { return v === "" ? 0 : parseInt(v, 10); });
+      for (var i = 0; i < p.length; i++) {
+        var v = p[i];
+        if (v === 0) st = {};
+        else if (v === 1) st.b = true;
+        else if (v === 2) st.d = true;
+        else if (v === 3) st.i = true;
+        else if (v === 4) st.u = true;
+        else if (v === 7) st.inv = true;
+        else if (v === 22) st.b = st.d = false;
+        else if (v === 23) st.i = false;
+        else if (v === 24) st.u = false;
+        else if (v === 27) st.inv = false;
+        else if (v >= 30 && v <= 37) st.fg = v - 30;
+        else if (v >= 90 && v <= 97) st.fg = v - 82;
+        else if (v === 39) st.fg = undefined;
+        else if (v >= 40 && v <= 47) st.bg = v - 40;
+        else if (v >= 100 && v <= 107) st.bg = v - 92;
+        else if (v === 49) st.bg = undefined;
+        else if (v === 38 || v === 48) {
+          var c = colour(p, i);
+          if (v === 38) st.fg = c[0]; else st.bg = c[0];
+          i += c[1] - 1;
+        }
+      }
+    }
+    text(raw.slice(from));
+    return { text: out, runs: runs };
   }
 
   function last() { return lines.length ? lines[lines.length - 1] : null; }
@@ -154,19 +227,28 @@
     return out;
   }
 
-  // `text` into `parent` with the spans `marks` ([start, end), ascending) in <mark>.
-  function marked(parent, text, marks) {
-    var from = 0;
-    for (var i = 0; i < marks.length; i++) {
-      var a = marks[i][0], b = marks[i][1];
-      if (a < from) continue;
-      if (a > from) parent.appendChild(document.createTextNode(text.slice(from, a)));
-      var mk = document.createElement("mark");
-      mk.textContent = text.slice(a, b);
-      parent.appendChild(mk);
-      from = b;
+  // `text` into `parent` with the spans `marks` ([start, end), ascending) in <mark>, and the
+  // colour runs `runs` ([start, end, classes], ascending; optional) as classes.
+  function marked(parent, text, marks, runs) {
+    var cuts = [0, text.length], i;
+    for (i = 0; i < marks.length; i++) cuts.push(marks[i][0], marks[i][1]);
+    for (i = 0; runs && i < runs.length; i++) cuts.push(runs[i][0], runs[i][1]);
+    cuts.sort(function (x, y) { return x - y; });
+    var mi = 0, ri = 0;
+    for (i = 0; i + 1 < cuts.length; i++) {
+      var a = cuts[i], b = cuts[i + 1];
+      if (a === b) continue;
+      while (mi < marks.length && marks[mi][1] <= a) mi++;
+      while (runs && ri < runs.length && runs[ri][1] <= a) ri++;
+      var mark = mi < marks.length && marks[mi][0] <= a;
+      var cls = runs && ri < runs.length && runs[ri][0] <= a ? runs[ri][2] : "";
+      var piece = text.slice(a, b);
+      if (!mark && !cls) { parent.appendChild(document.createTextNode(piece)); continue; }
+      var el = document.createElement(mark ? "mark" : "span");
+      if (cls) el.className = cls;
+      el.textContent = piece;
+      parent.appendChild(el);
     }
-    if (from < text.length) parent.appendChild(document.createTextNode(text.slice(from)));
   }
 
   function append(rows) {
@@ -315,9 +397,9 @@
     return p(d.getUTCHours(), 2) + ":" + p(d.getUTCMinutes(), 2) + ":" + p(d.getUTCSeconds(), 2) + "." + p(d.getUTCMilliseconds(), 3);
   }
 
-  function textNode(parent, text) {
-    if (!needleG) { parent.textContent = text; return; }
-    marked(parent, text, spansOf(text));
+  function textNode(parent, text, runs) {
+    if (!needleG && !runs) { parent.textContent = text; return; }
+    marked(parent, text, needleG ? spansOf(text) : [], runs);
   }
 
   // Fill `div` (new or recycled) with the row of entry e.
@@ -347,7 +429,7 @@
     a.nextSibling.textContent = fmtTime(e.ms);
     var tx = div.lastChild;
     tx.textContent = "";
-    textNode(tx, e.tx);
+    textNode(tx, e.tx, e.sgr);
     return div;
   }
 

@@ -140,3 +140,32 @@ def test_a_finished_console_shows_its_lines_times_and_searches_its_archive(brows
     page.locator("#L1042.is-target").wait_for()
     expect(page.locator("#L1042 .ts")).to_have_text("08:00:00.000")  # loaded from the archive, with its time
     assert not page.js_errors, page.js_errors
+
+
+def test_terminal_colours_show_as_colours_and_other_escapes_never_show(browser_page):
+    agent = make_agent(make_scaler("c"), state=AgentState.DESTROYED, reserve=False)
+    output = (
+        "plain line\n"
+        "\x1b[31mred\x1b[0m then \x1b[1;92mbold bright green\x1b[m done\n"
+        "\x1b]0;a title\x07\x1b[2Kcleared \x1b[38;5;4mblue\x1b[39m \x1b[7minverse\x1b[27m\n"
+    ).encode()
+    write_archive(agent.agent_id, output, lines_before=0, times=[])
+    page = browser_page(csp=True)
+    page.goto(f"/agents/{agent.agent_id}/console/")
+    page.locator("#L3").wait_for()
+    expect(page.locator("#L2 .tx")).to_have_text("red then bold bright green done")
+    expect(page.locator("#L2 .tx .a-f1")).to_have_text("red")
+    expect(page.locator("#L2 .tx .a-f10.a-b")).to_have_text("bold bright green")
+    expect(page.locator("#L3 .tx")).to_have_text("cleared blue inverse")
+    expect(page.locator("#L3 .tx .a-f4")).to_have_text("blue")
+    expect(page.locator("#L3 .tx .a-fi.a-gi")).to_have_text("inverse")
+    red = page.locator("#L2 .tx .a-f1").evaluate("e => getComputedStyle(e).color")
+    plain = page.locator("#L1 .tx").evaluate("e => getComputedStyle(e).color")
+    assert red != plain, (red, plain)
+    # A search over the shown text marks inside the colours.
+    page.locator("body").press("/")
+    page.keyboard.type("bright")
+    expect(page.locator("#L2 .tx mark.a-f10")).to_have_text("bright")
+    expect(page.locator("#L2 .tx")).to_have_text("red then bold bright green done")
+    assert "\x1b" not in page.locator("#console-lines").inner_text()
+    assert not page.js_errors, page.js_errors
