@@ -145,10 +145,10 @@ def test_a_finished_console_shows_its_lines_times_and_searches_its_archive(brows
 def test_terminal_colours_show_as_colours_and_other_escapes_never_show(browser_page):
     agent = make_agent(make_scaler("c"), state=AgentState.DESTROYED, reserve=False)
     output = (
-        "plain line\n"
-        "\x1b[31mred\x1b[0m then \x1b[1;92mbold bright green\x1b[m done\n"
-        "\x1b]0;a title\x07\x1b[2Kcleared \x1b[38;5;4mblue\x1b[39m \x1b[7minverse\x1b[27m\n"
-    ).encode()
+        b"plain line\n"
+        b"\x1b[31mred\x1b[0m then \x1b[1;92mbold bright green\x1b[m done\n"
+        b"\x1b]0;a title\x07\x1b[2Kcleared \x1b[38;5;4mblue\x1b[39m \x1b[7minverse\x1b[27m\n"
+    )
     write_archive(agent.agent_id, output, lines_before=0, times=[])
     page = browser_page(csp=True)
     page.goto(f"/agents/{agent.agent_id}/console/")
