@@ -11,13 +11,14 @@ An explicit list, even empty, wins outright; otherwise the default list
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
 from agents.choices import ACTIVE_STATES
 from agents.models import Agent
-from lib.wording import json_text
+from lib.wording import json_text, listed
 from network.host_access import (
     MAX_ENTRY_LENGTH,
     HostAccessError,
@@ -132,6 +133,17 @@ class EditorPlan:
     address_error: str = ""
     #: An explicit list that closes the console's port (``network.host_access.console_port_warning``).
     console_warning: str = ""
+    #: Entries typed while the default mode is chosen that neither the default nor the list in
+    #: force holds: the default mode ignores them (a note, not a warning: nothing they say is applied).
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def ignored_note(self) -> str:
+        if not self.ignored:
+            return ""
+        return (
+            f'The default mode ignores the typed entries {listed(self.ignored)}: choose "Explicit list" to apply them.'
+        )
 
     @property
     def refused(self) -> list[EntryCheck]:
@@ -324,6 +336,20 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         if kici_agent_target(label_set) is not None
         else console_port_warning(effective, label_set.scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
     )
+    typed = [line.strip() for line in re.split(r"[\n,]", text) if line.strip()] if mode == DEFAULT else []
+    kept = set(effective) | set(current or ())
+    ignored = [entry for entry in dict.fromkeys(typed) if entry not in kept]
     return EditorPlan(
-        label_set, mode, checks, general, entries, effective, diffs, unchanged, addresses, address_error, console or ""
+        label_set,
+        mode,
+        checks,
+        general,
+        entries,
+        effective,
+        diffs,
+        unchanged,
+        addresses,
+        address_error,
+        console or "",
+        ignored,
     )

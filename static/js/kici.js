@@ -318,6 +318,14 @@
   document.addEventListener("htmx:wsAfterMessage", countPicked);
   document.addEventListener("DOMContentLoaded", countPicked);
 
+  // ---- a field whose editing picks a choice (data-picks="<radio id>"): typing entries into the
+  // host-access editor while "Default" is chosen means the explicit list (the preview follows) ----
+  document.addEventListener("input", function (e) {
+    var t = e.target, id = t && t.getAttribute && t.getAttribute("data-picks");
+    var radio = id && document.getElementById(id);
+    if (radio && !radio.checked) radio.checked = true;
+  }, true);
+
   // ---- keyboard ------------------------------------------------------------------------------
   function typing(e) {
     var t = e.target;

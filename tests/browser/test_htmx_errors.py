@@ -30,3 +30,17 @@ def test_a_refused_preview_replaces_the_stale_ok_and_leaves_nothing_to_apply(bro
     expect(page.locator("#preview #apply")).to_be_enabled()
     assert "10.0.0.6:443" in page.locator("#effective").inner_text()
     assert not page.locator("#preview[role=alert]").count()
+
+
+def test_typing_entries_in_the_default_mode_picks_the_explicit_list(browser_page):
+    scaler = Scaler.objects.create(name="ui-picks-explicit", type="container", max_agents=4)
+    LabelSet.objects.create(scaler=scaler, index=0, labels=["linux"], normalized="linux")
+    page = browser_page("operations.request_operation")
+    page.goto(f"/scalers/{scaler.name}/label-sets/0/host-access/")
+    expect(page.locator("input[name=mode][value=default]")).to_be_checked()
+    page.locator("#entries").press("End")
+    page.locator("#entries").type("\n172.30.0.1:5000")
+    expect(page.locator("#mode-explicit")).to_be_checked()
+    expect(page.locator("#effective")).to_contain_text("172.30.0.1:5000")  # the preview follows
+    expect(page.locator("#preview-ignored")).to_have_count(0)
+    assert not page.js_errors, page.js_errors

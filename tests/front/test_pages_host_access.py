@@ -112,6 +112,20 @@ def test_the_default_mode_shows_the_default_list(viewer_client, label_set):
     assert 'value="default" checked' in html
 
 
+def test_entries_typed_in_the_default_mode_are_said_to_be_ignored(operator_client, label_set):
+    """The default mode applies the default list whatever the textarea holds: an entry typed there
+    beyond it is named as ignored (the page's script picks "Explicit list" as one types)."""
+    typed = "172.30.0.1:53\n172.30.0.1:8000\n172.30.0.1:5000"
+    answer = operator_client.post(BASE + "preview", {"mode": "default", "entries": typed}, **HTMX)
+    html = unescape(answer.content.decode())
+    assert 'The default mode ignores the typed entries [172.30.0.1:5000]: choose "Explicit list"' in html, html
+    assert 'id="preview-warnings"' not in html, "a note: nothing it names is applied, nothing to confirm"
+    untouched = operator_client.post(BASE + "preview", {"mode": "default", "entries": "172.30.0.1:53"}, **HTMX)
+    assert "ignores the typed entries" not in untouched.content.decode()
+    page = operator_client.get(BASE).content.decode()
+    assert 'data-picks="mode-explicit"' in page and 'id="mode-explicit"' in page
+
+
 def test_the_editors_examples_are_entries_that_work_on_this_host(viewer_client, label_set):
     # Examples on foreign addresses (10.0.0.1:5000, 192.168.1.40) each drew the editor's own
     # "opens nothing on this host" warning once typed; they name the agents' gateway now.
