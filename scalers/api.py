@@ -5,7 +5,8 @@ Every route takes ``Authorization: Bearer <token>``: ``KICI_API_TOKEN`` or a nam
 GETs. 401 ``unauthorized`` without a valid one, 403 ``forbidden`` for a token without the scope,
 503 ``unavailable`` when the console has no token at all. Answers are JSON; every admission,
 job-complete and release is stored as an audit record (``audit``) with the caller's token
-name, logged (logger ``kici.audit``), and kept with what it touched: a scale's on its request
+name (an admission's in the transaction that admits or binds: ``scalers.admission.decide``),
+logged (logger ``kici.audit``), and kept with what it touched: a scale's on its request
 record (``ScaleRequest.token_name``) and on the agent it admits or binds
 (``Agent.asked_by_token``), a job-complete's and a release's as an ``api.call`` event of the agent.
 
@@ -124,25 +125,13 @@ log = logging.getLogger(__name__)
 audit = logging.getLogger("kici.audit")
 
 
-def _after_admission(decision, agent, caller: Caller, job_id: str):
-    """From an executor thread: enqueue the spawn of a ``spawning`` decision, then store the audit
-    record of an admission that stands (``spawning`` or ``assigned``; the batch that decided it
-    committed already, with the decisions of other callers in it). Then let that thread's connection
-    go the way ``CONN_MAX_AGE`` says (the request cycle that would close it does not run in this
-    thread). Returns the decision as it now stands."""
+def _enqueue_spawn(decision, agent):
+    """From an executor thread: enqueue the spawn of a ``spawning`` decision (its batch committed
+    already, with its audit record), then let that thread's connection go the way ``CONN_MAX_AGE``
+    says (the request cycle that would close it does not run in this thread). Returns the decision
+    as it now stands (``skipped`` when the spawn could not be enqueued)."""
     try:
-        if decision.action == ScaleOutcome.SPAWNING and agent is not None:
-            decision = enqueue_spawn_or_fail(decision, agent)
-        if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
-            record_audit(
-                AuditAction.API_SCALE,
-                actor=caller.name,
-                actor_kind=ActorKind.TOKEN,
-                scaler_name=decision.scaler or "",
-                agent_ref=decision.agent or "",
-                detail=f"job {job_id}: {decision.action}",
-            )
-        return decision
+        return enqueue_spawn_or_fail(decision, agent)
     finally:
         close_old_connections()
 
@@ -203,8 +192,8 @@ async def scale(request):
     except DatabaseError as exc:
         log.warning("scale request %s: database error %s", data.job_id, exc)
         return _error(503, "unavailable", "database unavailable")
-    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
-        decision = await sync_to_async(_after_admission, thread_sensitive=False)(decision, agent, caller, data.job_id)
+    if decision.action == ScaleOutcome.SPAWNING and agent is not None:
+        decision = await sync_to_async(_enqueue_spawn, thread_sensitive=False)(decision, agent)
     if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED, ScaleOutcome.REPLAYED):
         audit.info("scale by token %s: job %s -> %s (%s)", caller.name, data.job_id, decision.agent, decision.action)
     return _decision_response(decision, data)

@@ -23,6 +23,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.choices import EventType
+from audit.choices import ActorKind, AuditAction
+from audit.records import audit_fields
 from lib.units import format_bytes_iec
 from scalers.backends.tools import not_started_reason
 from scalers.choices import ScalerType
@@ -104,7 +106,8 @@ class Request:
     #: The ``/scale`` ``Idempotency-Key`` header ("" for none; ``scalers.admission.idempotency``).
     idempotency_key: str = ""
     #: The name of the API token that asked (``scalers.api_tokens``; "" for an internal caller),
-    #: kept on the request record and on the agent it admits or binds.
+    #: kept on the request record and on the agent it admits or binds; an admission or bind it
+    #: asked for is an ``api.scale`` audit record, written with the batch.
     token_name: str = ""
 
     @cached_property
@@ -424,6 +427,7 @@ class _BatchDecider:
         "by_job",
         "by_key",
         "replays",
+        "audited",
     )
 
     def __init__(
@@ -451,6 +455,9 @@ class _BatchDecider:
         self.by_key: dict[str, LiveAgent] = {}
         #: Requests answered with an agent this batch admits: (decision index, its spawn).
         self.replays: list[tuple[int, _Spawn]] = []
+        #: Admissions an API token asked for, audited with the batch: (request, decision index,
+        #: its spawn or None for a bound warm agent).
+        self.audited: list[tuple[Request, int, _Spawn | None]] = []
         for row in live:
             self._remember(
                 LiveAgent(
@@ -505,6 +512,8 @@ class _BatchDecider:
         self.decisions.append(decision)
         if req.job_id and not req.warm and decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
             spawn = self.spawns[-1] if decision.action == ScaleOutcome.SPAWNING else None
+            if req.token_name:
+                self.audited.append((req, len(self.decisions) - 1, spawn))
             self._remember(
                 LiveAgent(
                     decision.agent or "",
@@ -689,6 +698,17 @@ class _BatchDecider:
         hand_on = _take_spawn_slots(spawns, world, usage)
         _dedupe_ids(spawns)
         hosts = {sp.scaler_id: scaler_host(world.scalers[sp.scaler_id]) for sp in spawns}
+        audits = [
+            audit_fields(
+                AuditAction.API_SCALE,
+                actor=req.token_name,
+                actor_kind=ActorKind.TOKEN,
+                scaler_name=decisions[index].scaler or "",
+                agent_ref=spawn.agent_id if spawn is not None else decisions[index].agent or "",
+                detail=f"job {req.job_id}: {decisions[index].action}",
+            )
+            for req, index, spawn in self.audited
+        ]
         fold = usage.tally_rows >= ledger.FOLD_ROWS
         pks = _write(
             self.cur,
@@ -702,6 +722,7 @@ class _BatchDecider:
             guard=guard,
             world=world,
             refused=refused,
+            audits=audits,
         )
         if outrun:
             log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
@@ -859,6 +880,7 @@ def _write(
     guard: str | None,
     world: World,
     refused: tuple[list[str], list[str]] | None,
+    audits: list[dict],
 ) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
@@ -881,4 +903,5 @@ def _write(
         guard=guard,
         hold=world if commit else None,
         refused=refused,
+        audits=audits,
     )
