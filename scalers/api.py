@@ -5,7 +5,8 @@ Every route takes ``Authorization: Bearer <token>``: ``KICI_API_TOKEN`` or a nam
 GETs. 401 ``unauthorized`` without a valid one, 403 ``forbidden`` for a token without the scope,
 503 ``unavailable`` when the console has no token at all. Answers are JSON; every admission,
 job-complete and release is stored as an audit record (``audit``) with the caller's token
-name, logged (logger ``kici.audit``), and kept with what it touched: a scale's on its request
+name (an admission's in the transaction that admits or binds: ``scalers.admission.decide``),
+logged (logger ``kici.audit``), and kept with what it touched: a scale's on its request
 record (``ScaleRequest.token_name``) and on the agent it admits or binds
 (``Agent.asked_by_token``), a job-complete's and a release's as an ``api.call`` event of the agent.
 
@@ -112,7 +113,7 @@ from lib.json_body import BodyRefused, JsonBody, validate_body
 from lib.json_input import parse_json_object
 from lib.query import BadParameter, check_parameters, choice, whole_number
 from lib.wording import json_text, listed
-from scalers.admission.decide import ScaleDecision
+from scalers.admission.decide import ScaleDecision, scale_asked
 from scalers.admission.queue import AdmissionTimeout
 from scalers.admission.service import decide_async
 from scalers.admission.validate import (
@@ -135,25 +136,13 @@ log = logging.getLogger(__name__)
 audit = logging.getLogger("kici.audit")
 
 
-def _after_admission(decision, agent, caller: Caller, data: ScaleInput):
-    """From an executor thread: enqueue the spawn of a ``spawning`` decision, then store the audit
-    record of an admission that stands (``spawning`` or ``assigned``; the batch that decided it
-    committed already, with the decisions of other callers in it). Then let that thread's connection
-    go the way ``CONN_MAX_AGE`` says (the request cycle that would close it does not run in this
-    thread). Returns the decision as it now stands."""
+def _enqueue_spawn(decision, agent):
+    """From an executor thread: enqueue the spawn of a ``spawning`` decision (its batch committed
+    already, with its audit record), then let that thread's connection go the way ``CONN_MAX_AGE``
+    says (the request cycle that would close it does not run in this thread). Returns the decision
+    as it now stands (``skipped`` when the spawn could not be enqueued)."""
     try:
-        if decision.action == ScaleOutcome.SPAWNING and agent is not None:
-            decision = enqueue_spawn_or_fail(decision, agent)
-        if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
-            record_audit(
-                AuditAction.API_SCALE,
-                actor=caller.name,
-                actor_kind=ActorKind.TOKEN,
-                scaler_name=decision.scaler or "",
-                agent_ref=decision.agent or "",
-                detail=f"{_asked(data)}: {decision.action}",
-            )
-        return decision
+        return enqueue_spawn_or_fail(decision, agent)
     finally:
         close_old_connections()
 
@@ -227,20 +216,16 @@ async def _admit(data: ScaleInput, key: str, caller: Caller) -> JsonResponse:
     except DatabaseError as exc:
         log.warning("scale request %s: database error %s", what, exc)
         return _error(503, "unavailable", "database unavailable")
-    if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED):
-        decision = await sync_to_async(_after_admission, thread_sensitive=False)(decision, agent, caller, data)
+    if decision.action == ScaleOutcome.SPAWNING and agent is not None:
+        decision = await sync_to_async(_enqueue_spawn, thread_sensitive=False)(decision, agent)
     if decision.action in (ScaleOutcome.SPAWNING, ScaleOutcome.ASSIGNED, ScaleOutcome.REPLAYED):
         audit.info("scale by token %s: %s -> %s (%s)", caller.name, _asked(data), decision.agent, decision.action)
     return _decision_response(decision, data)
 
 
 def _asked(data: ScaleInput) -> str:
-    """What a request asked for, in the audit's words: ``job <id>``, or ``kici.scaler.scale-up of
-    scaler <name>[ for job <id>]``."""
-    if data.event is None:
-        return f"job {data.job_id}"
-    job = f" for job {data.job_id}" if data.job_id else ""
-    return f"kici.scaler.scale-up of scaler {data.event['scalerName']}{job}"
+    """What a request asked for, in the audit's words (``scalers.admission.decide.scale_asked``)."""
+    return scale_asked(data.job_id, data.event)
 
 
 @csrf_exempt

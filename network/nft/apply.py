@@ -200,14 +200,15 @@ class NftClient:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def check_available(self) -> None:
+    def check_available(self) -> str:
         """Fail closed when nft cannot be used.
 
-        Runs ``list tables``. Raises :class:`NftUnavailableError` saying libnftables is
-        missing or that the process lacks CAP_NET_ADMIN, or :class:`NftError` for anything else.
+        Runs ``list tables`` and returns its JSON output. Raises :class:`NftUnavailableError`
+        saying libnftables is missing or that the process lacks CAP_NET_ADMIN, or
+        :class:`NftError` for anything else.
         """
         try:
-            self._run("list tables")
+            return self._run("list tables")
         except NftUnavailableError:
             raise
         except NftError as exc:
@@ -233,6 +234,29 @@ class NftClient:
             ) from None
 
     # -- writes --------------------------------------------------------------------------------
+
+    def table_handles(self) -> str:
+        """This console's tables as they are now, ``"<family>:<handle>"`` joined by commas (one
+        ``list tables``, which is also :meth:`check_available`), "" when one of the three is
+        missing. The kernel numbers tables as it makes them, so a table deleted and made again
+        reads differently. Raises like :meth:`check_available`."""
+        listed = json.loads(self.check_available() or "{}").get("nftables") or []
+        handles = {
+            t["table"]["family"]: t["table"]["handle"]
+            for t in listed
+            if "table" in t and t["table"].get("name") == self.table
+        }
+        families = (FAMILY, BRIDGE_FAMILY, NETDEV_FAMILY)
+        if any(f not in handles for f in families):
+            return ""
+        return ",".join(f"{f}:{handles[f]}" for f in families)
+
+    def trust_base(self) -> None:
+        """Take the tables, their base chains and guards as in force without writing them (another
+        process of this host just did, see ``scalers.backends.container.ready``): the first agent
+        written by this client then skips :meth:`ensure_table`; a table gone meanwhile is still
+        rebuilt by :meth:`apply_agent`."""
+        self._base_ready = True
 
     def ensure_table(self, guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()) -> None:
         """Create (or refresh) both tables, their maps and sets, the base chains and a guard chain

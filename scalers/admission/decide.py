@@ -23,6 +23,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.choices import LIVE_STATES, AgentState, EventType
+from audit.choices import ActorKind, AuditAction
+from audit.records import audit_fields
 from lib.units import format_bytes_iec
 from lib.wording import json_text
 from scalers.choices import ScalerType
@@ -88,6 +90,15 @@ class ScaleDecision:
         return self.action == ScaleOutcome.SPAWNING
 
 
+def scale_asked(job_id: str, event: dict | None) -> str:
+    """What a scale request asked for, in the audit's words: ``job <id>``, or
+    ``kici.scaler.scale-up of scaler <name>[ for job <id>]`` for a KiCI scale-up ``event``."""
+    if event is None:
+        return f"job {job_id}"
+    job = f" for job {job_id}" if job_id else ""
+    return f"kici.scaler.scale-up of scaler {event['scalerName']}{job}"
+
+
 @dataclass
 class Request:
     """One request to decide. ``target`` = ``(scaler pk, label set pk)`` skips routing (warm spawns)."""
@@ -104,7 +115,8 @@ class Request:
     #: The ``/scale`` ``Idempotency-Key`` header ("" for none; ``scalers.admission.idempotency``).
     idempotency_key: str = ""
     #: The name of the API token that asked (``scalers.api_tokens``; "" for an internal caller),
-    #: kept on the request record and on the agent it admits or binds.
+    #: kept on the request record and on the agent it admits or binds; an admission or bind it
+    #: asked for is an ``api.scale`` audit record, written with the batch.
     token_name: str = ""
     #: A KiCI scale-up event (``scalers.admission.validate.KiciScaleUpBody``): the agent's id (not
     #: minted; one that exists already is refused, field ``agentId``), the labels it registers with,
@@ -437,6 +449,7 @@ class _BatchDecider:
         "by_key",
         "replays",
         "ids_taken",
+        "audited",
     )
 
     def __init__(
@@ -466,6 +479,9 @@ class _BatchDecider:
         self.replays: list[tuple[int, _Spawn]] = []
         #: The given agent ids (KiCI scale-ups) that exist, with their state; the batch adds its own.
         self.ids_taken = _agent_ids_taken(cur, [r.agent_id for r in requests if r.agent_id])
+        #: Admissions an API token asked for, audited with the batch: (request, decision index,
+        #: its spawn or None for a bound warm agent).
+        self.audited: list[tuple[Request, int, _Spawn | None]] = []
         for row in live:
             self._remember(
                 LiveAgent(
@@ -533,6 +549,8 @@ class _BatchDecider:
             )
         ):
             spawn = self.spawns[-1] if decision.action == ScaleOutcome.SPAWNING else None
+            if req.token_name:
+                self.audited.append((req, len(self.decisions) - 1, spawn))
             self._remember(
                 LiveAgent(
                     decision.agent or "",
@@ -743,6 +761,17 @@ class _BatchDecider:
         hand_on = _take_spawn_slots(spawns, world, usage)
         _dedupe_ids(spawns)
         hosts = {sp.scaler_id: scaler_host(world.scalers[sp.scaler_id]) for sp in spawns}
+        audits = [
+            audit_fields(
+                AuditAction.API_SCALE,
+                actor=req.token_name,
+                actor_kind=ActorKind.TOKEN,
+                scaler_name=decisions[index].scaler or "",
+                agent_ref=spawn.agent_id if spawn is not None else decisions[index].agent or "",
+                detail=f"{scale_asked(req.job_id, req.event)}: {decisions[index].action}",
+            )
+            for req, index, spawn in self.audited
+        ]
         fold = usage.tally_rows >= ledger.FOLD_ROWS
         pks = _write(
             self.cur,
@@ -756,6 +785,7 @@ class _BatchDecider:
             guard=guard,
             world=world,
             refused=refused,
+            audits=audits,
         )
         if outrun:
             log.warning("%s: %d reservations, %d active agents", LEDGER_WARNING, *outrun)
@@ -946,6 +976,7 @@ def _write(
     guard: str | None,
     world: World,
     refused: tuple[list[str], list[str]] | None,
+    audits: list[dict],
 ) -> dict[str, int]:
     for sp in spawns:
         if sp.record is not None:
@@ -968,4 +999,5 @@ def _write(
         guard=guard,
         hold=world if commit else None,
         refused=refused,
+        audits=audits,
     )

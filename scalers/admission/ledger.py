@@ -31,6 +31,7 @@ from psycopg.types.json import Jsonb
 from agents.choices import ACTIVE_STATES, LIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT, Agent
+from audit.models import AuditRecord
 from scalers.metrics import label_key
 from scalers.models import Reservation, ScaleOutcome, this_host
 from scalers.pauses import pause_row_json
@@ -465,6 +466,20 @@ RECORD_ROW = (
 #: Per-row fields of a counter increment.
 COUNTER_ROW = (("cn", "text"), ("ck", "text"), ("cl", "jsonb"), ("cv", "float8"))
 
+#: Per-row fields of an audit record (the keys of ``audit.records.audit_fields``; its time is the
+#: batch's ``now``).
+AUDIT_ROW = (
+    ("action", "text"),
+    ("actor", "text"),
+    ("actor_kind", "text"),
+    ("scaler_name", "text"),
+    ("operation_id", "int8"),
+    ("operation_kind", "text"),
+    ("agent_ref", "text"),
+    ("detail", "text"),
+    ("remote_addr", "inet"),
+)
+
 #: The write statement's parameters, in the order ``PREPARE`` numbers them (``$1`` first).
 WRITE_PARAMS = (
     "state",
@@ -479,6 +494,7 @@ WRITE_PARAMS = (
     "rd_name",
     "rd_key",
     "rd_labels",
+    "audits",
 )
 
 
@@ -519,6 +535,7 @@ def _write_statement() -> str:
         {name: f"u.{name}" for name, _ in AGENT_ROW},
         {"state": "state", "owner_instance": "owner", "created_at": "now", "updated_at": "now"},
     )
+    au_cols, au_exprs = _insert_columns(AuditRecord, {name: f"au.{name}" for name, _ in AUDIT_ROW}, {"at": "now"})
     r_cols, r_exprs = _insert_columns(
         Reservation,
         {"agent_id": "a.id"} | {name: f"v.{name}" for name, _ in RESERVATION_ROW if name != "agent_ref"},
@@ -555,7 +572,11 @@ def _write_statement() -> str:
         "d AS (INSERT INTO scalers_metriccounter (name, label_key, labels, value) "
         "SELECT %(rd_name)s::text, %(rd_key)s::text, %(rd_labels)s::jsonb, n FROM p "
         "WHERE n > 0 AND %(rd_name)s::text <> '' "
-        "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value RETURNING 1) "
+        "ON CONFLICT (name, label_key) DO UPDATE SET value = scalers_metriccounter.value + EXCLUDED.value "
+        "RETURNING 1), "
+        # The audit records of the admissions API tokens asked for.
+        f"au AS (INSERT INTO {AuditRecord._meta.db_table} ({', '.join(au_cols)}) SELECT {', '.join(au_exprs)} "
+        f"FROM {_rows_of('audits', 'au', AUDIT_ROW)} RETURNING 1) "
         "SELECT a.id, a.agent_id FROM a"
     )
     position = {name: i for i, name in enumerate(WRITE_PARAMS, 1)}
@@ -712,11 +733,13 @@ def write_query(
     records: list[dict],
     counters: dict[tuple[str, str], tuple[dict, float]],
     redispatch: tuple[str, dict] | None = None,
+    audits: Sequence[dict] = (),
 ) -> tuple[str, list]:
     """The ``EXECUTE`` of the prepared write of a decided batch and its arguments (for a
     client-side binding cursor): new agents (state spawning; ``rq_job_id`` set for those that
     took a spawn slot in this transaction), their reservations, the request records (one per job
-    id, ``attempts`` the number of times the batch holds it) and the counter increments.
+    id, ``attempts`` the number of times the batch holds it), the counter increments and the audit
+    records (``audits``: ``audit.records.audit_fields`` dicts, stamped ``now``).
     ``redispatch``: ``(counter name, labels)`` that is added the number of jobs whose stored
     decision was ``at-capacity`` and that this batch admits (spawning or assigned).
 
@@ -751,6 +774,7 @@ def write_query(
         "rd_name": rd_name,
         "rd_key": label_key(rd_labels),
         "rd_labels": _json(rd_labels),
+        "audits": _json([{name: a[name] for name, _ in AUDIT_ROW} for a in audits]),
     }
     placeholders = ", ".join(["%s"] * len(WRITE_PARAMS))
     return f"EXECUTE {WRITE_STATEMENT}({placeholders})", [params[name] for name in WRITE_PARAMS]

@@ -189,8 +189,8 @@ def test_an_agent_whose_first_action_is_a_forbidden_connection_reaches_nothing_b
     allowed = listeners["allowed"].sock.getsockname()[1]
     real = ContainerBackend.create_config
 
-    def create_config(self, agent, token, image, runtime_volume=None):
-        kwargs = real(self, agent, token, image, runtime_volume)
+    def create_config(self, agent, token, image, runtime_volume=None, network_id=""):
+        kwargs = real(self, agent, token, image, runtime_volume, network_id)
         loop = f"while :; do nc -w 1 {GW} {forbidden} </dev/null; nc -w 1 {GW} {allowed} </dev/null; done"
         kwargs["command"] = ["sh", "-c", loop]
         return kwargs

@@ -132,7 +132,7 @@ class ContainerBackend:
             self.isolation.client.check_available()
             net_id = ensure_isolated_network(self.docker)
             if self.spawns_on_local_host:
-                self.rules.ensure_guard(network_bridge_name(self.docker, net_id), max_age=0)
+                self.rules.ensure_guard(network_bridge_name(self.docker, net_id), write=True)
 
     def isolation_target(self) -> IsolationTarget | None:
         """The guarded bridge of ``kici-agent-net`` and each agent's rules from its row, for the
@@ -154,9 +154,17 @@ class ContainerBackend:
 
     # -- spawn ---------------------------------------------------------------------------------
 
-    def create_config(self, agent, token: str | None, image: str, runtime_volume: str | None = None) -> dict:
+    def create_config(
+        self,
+        agent,
+        token: str | None,
+        image: str,
+        runtime_volume: str | None = None,
+        network_id: str = "",
+    ) -> dict:
         """Keyword arguments of ``APIClient.create_container`` for this agent
-        (``spawn.container_create_config``; ``runtime_volume`` for a job's own image)."""
+        (``spawn.container_create_config``; ``runtime_volume`` for a job's own image, ``network_id``
+        the agent network's id to pin)."""
 
         def local_socket() -> str | None:
             return self.runtime.socket_path if self.spawns_on_local_host else None
@@ -170,6 +178,7 @@ class ContainerBackend:
             network_isolation=self.network_isolation,
             job_image=self.job_image,
             runtime_volume=runtime_volume,
+            network_id=network_id,
         )
 
     def spawn(self, agent, control: SpawnControl) -> SpawnResult:

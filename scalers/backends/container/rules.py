@@ -4,15 +4,12 @@ sandbox holds the address (a dead container's address may already be a new conta
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 from ..isolation import ContainerIsolation
+from .ready import GUARD_CHECK_SECONDS, guard_in_force, guard_written
 
 log = logging.getLogger(__name__)
-
-#: Seconds a written guard is trusted before the next spawn writes it again.
-GUARD_CHECK_SECONDS = 60.0
 
 
 class ContainerRuleWriter:
@@ -32,7 +29,6 @@ class ContainerRuleWriter:
         self._isolation: ContainerIsolation | None = None
         self.list_containers = list_containers
         self.enabled = enabled
-        self._guarded: dict[str, float] = {}
 
     @property
     def isolation(self) -> ContainerIsolation:
@@ -40,15 +36,19 @@ class ContainerRuleWriter:
             self._isolation = self._make_isolation()
         return self._isolation
 
-    def ensure_guard(self, bridge: str, max_age: float = GUARD_CHECK_SECONDS) -> None:
-        """Fail closed unless nft works and the guard on ``bridge`` is in place: written at the
-        first spawn and again once ``max_age`` seconds have passed (the drift check repairs it in
-        between). Raises ``NftUnavailableError`` / ``NftError``."""
-        now = time.monotonic()
-        if now - self._guarded.get(bridge, float("-inf")) < max_age:
+    def ensure_guard(self, bridge: str, *, write: bool = False) -> None:
+        """Fail closed unless nft works and the guard on ``bridge`` is in place: written by the
+        first spawn of this host and again once :data:`~.ready.GUARD_CHECK_SECONDS` have passed
+        or the tables were made again (``ready.guard_in_force``; the drift check repairs it in
+        between), else taken as written; ``write``: written now whatever the record says. Raises
+        ``NftUnavailableError`` / ``NftError``."""
+        client = self.isolation.client
+        handles = client.table_handles()
+        if not write and guard_in_force(client.table, client.netns, bridge, handles):
+            client.trust_base()
             return
         self.isolation.check(bridge)
-        self._guarded[bridge] = now
+        guard_written(client.table, client.netns, bridge, client.table_handles(), GUARD_CHECK_SECONDS)
 
     def remove_unless_held(self, address: str, exclude: Iterable[str], why: str) -> bool:
         """Delete ``address``'s rules unless a sandbox other than ``exclude`` (ids of the one

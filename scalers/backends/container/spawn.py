@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.db import transaction
-from docker.errors import APIError, ImageNotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 
 from agents import tokens
 from agents.choices import EventType
@@ -27,9 +27,7 @@ from ..docker_net import (
     ISOLATED_NETWORK_GATEWAY,
     ISOLATED_NETWORK_NAME,
     agent_mac,
-    cached_isolated_network,
     container_network_facts,
-    network_bridge_name,
 )
 from ..hostconfig import build_agent_container_host_config
 from ..isolation import resolve_host_access, resolve_kici_host_access
@@ -37,6 +35,7 @@ from ..kici_token import mint_spawn_kici_token, revoke_failed_spawn_kici_token
 from ..spawn_env import console_url, container_env, container_labels, label_set_option, network_policy, spawn_limits
 from .host import DockerHost
 from .job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, ensure_runtime_volume
+from .ready import AgentNetwork, agent_network, forget_agent_network
 from .rules import ContainerRuleWriter
 
 log = logging.getLogger(__name__)
@@ -66,6 +65,7 @@ def container_create_config(
     network_isolation: bool,
     job_image: bool = False,
     runtime_volume: str | None = None,
+    network_id: str = "",
 ) -> dict:
     """Keyword arguments of ``APIClient.create_container`` for this agent: image, env, labels,
     HostConfig (the one builder), and, when isolation is on, ``kici-agent-net`` as network with the
@@ -74,7 +74,12 @@ def container_create_config(
 
     ``job_image``: a bare-metal scaler's container mode (job-image env, no bound-job labels).
     ``runtime_volume``: the agent's job image (``agent.job_image``) runs with this volume read-only
-    at ``RUNTIME_DIR`` and the injected entrypoint, and gets ``KICI_JOB_IMAGE_AGENT=1``."""
+    at ``RUNTIME_DIR`` and the injected entrypoint, and gets ``KICI_JOB_IMAGE_AGENT=1``.
+    ``network_id``: the agent network's id as the spawn read it, pinned on the endpoint
+    (``NetworkID``), so that a network made again under the name since fails the start (the
+    create on daemons that check it) instead of attaching to a bridge the spawn has not guarded
+    (:mod:`.ready`). The network stays named by its name: a daemon before API 1.44 gives the
+    container-wide MAC only to the endpoint of the network ``NetworkMode`` names."""
     if runtime_volume:
         binds = [*binds, f"{runtime_volume}:{RUNTIME_DIR}:ro"]
     net_raw = bool(label_set_option(agent.label_set, "netRaw", False))
@@ -96,7 +101,8 @@ def container_create_config(
         # docker.io 20.10) read only the container-wide one and ignore the endpoint's. Both carry
         # the same value, which newer daemons accept.
         kwargs["mac_address"] = mac
-        kwargs["networking_config"] = {"EndpointsConfig": {ISOLATED_NETWORK_NAME: {"MacAddress": mac}}}
+        endpoint = {"MacAddress": mac, **({"NetworkID": network_id} if network_id else {})}
+        kwargs["networking_config"] = {"EndpointsConfig": {ISOLATED_NETWORK_NAME: endpoint}}
     kwargs["host_config"] = host_config
     return kwargs
 
@@ -154,6 +160,63 @@ def create_with_pull(api, agent, kwargs: dict, image: str, policy: str, credenti
             raise SpawnError(f"image {image} is not present and imagePullPolicy is Never", "create") from None
         pull_image(api, agent, image, credentials_ref)
         return api.create_container(**kwargs)
+
+
+class Attachment:
+    """A spawn's agent network on ``host`` and, on this host's runtime (``local``), the guard on
+    its bridge (``rules``), both as this host recorded them (:mod:`.ready`); nothing when
+    ``rules`` has isolation off."""
+
+    def __init__(self, host: DockerHost, rules: ContainerRuleWriter, local: bool):
+        self.host = host
+        self.rules = rules
+        self.local = local
+        self.runtime_key = str(getattr(host.api, "base_url", id(host.docker)))
+        self.network: AgentNetwork = AgentNetwork("", "")
+
+    def attach(self) -> str | None:
+        """Read (or find and record) the network, guard its bridge; the bridge, None when remote
+        or without isolation. Raises the SDK's errors, ``IsolatedNetworkError``,
+        ``NftUnavailableError`` / ``NftError``."""
+        if not self.rules.enabled:
+            return None
+        self.network = agent_network(self.host.docker, self.runtime_key, local=self.local)
+        if not self.local:
+            return None
+        self.rules.ensure_guard(self.network.bridge)
+        return self.network.bridge
+
+    def config_options(self) -> dict:
+        """The create config's ``network_id`` option: the agent network's id (none without isolation)."""
+        return {"network_id": self.network.id} if self.rules.enabled else {}
+
+    def create_and_start(self, create: Callable[[], str], start: Callable[[str], None]) -> tuple[str, str | None]:
+        """``start(create())`` (the create pinning :attr:`network` by id): the container's id and
+        the bridge it is on. When the runtime says that network is gone (a daemon before API 1.44
+        says so at the start, a later one at the create), the container is removed, the record
+        dropped, the network found (or made) and guarded again, and both called once more."""
+        container_id = ""
+        try:
+            container_id = create()
+            start(container_id)
+            return container_id, self.network.bridge or None
+        except NotFound as exc:
+            if not self.rules.enabled or not network_missing(exc, self.network.id):
+                raise
+        log.info("%s %s is gone: finding it again", ISOLATED_NETWORK_NAME, self.network.id[:12])
+        if container_id:
+            self.host.remove(container_id)
+        forget_agent_network(self.runtime_key)
+        bridge = self.attach()
+        container_id = create()
+        start(container_id)
+        return container_id, bridge
+
+
+def network_missing(exc: NotFound, network_id: str) -> bool:
+    """Whether the runtime refused a create or start because the network ``network_id`` it names
+    does not exist (an image it lacks is ``ImageNotFound``, handled by the pull policy)."""
+    return not isinstance(exc, ImageNotFound) and network_id in str(exc.explanation or exc)
 
 
 def bridge_port(agent, container_id: str, mac: str | None, pid: int | None, bridge: str, netns: str | None) -> str:
@@ -227,24 +290,27 @@ def spawn_container(
     kici_token_id = ""
     try:
         check("create")
-        if network_isolation:
-            net_id = cached_isolated_network(host.docker, str(getattr(host.api, "base_url", id(host.docker))))
-            if local:
-                bridge = network_bridge_name(host.docker, net_id)
-                rules.ensure_guard(bridge)
+        attachment = Attachment(host, rules, local)
+        bridge = attachment.attach()
         token, kici_token_id = mint_spawn_token(agent, kici)
         control.mark("checked")
         runtime_volume = ensure_runtime_volume(host.api) if agent.job_image else None
-        config = build_config(agent, token, image, runtime_volume=runtime_volume)
-        created = create_with_pull(host.api, agent, config, image, policy, credentials_ref)
-        container_id = created["Id"]
-        agent.managed_id = container_id
-        # At once: a worker killed from here on leaves a container the failure path must find.
-        Agent.objects.filter(pk=agent.pk).update(managed_id=container_id)
-        control.mark("created")
 
-        check("start")
-        host.api.start(container_id)
+        def create() -> str:
+            nonlocal container_id
+            config = build_config(agent, token, image, runtime_volume=runtime_volume, **attachment.config_options())
+            container_id = create_with_pull(host.api, agent, config, image, policy, credentials_ref)["Id"]
+            agent.managed_id = container_id
+            # At once: a worker killed from here on leaves a container the failure path must find.
+            Agent.objects.filter(pk=agent.pk).update(managed_id=container_id)
+            control.mark("created")
+            return container_id
+
+        def start(created: str) -> None:
+            check("start")
+            host.api.start(created)
+
+        container_id, bridge = attachment.create_and_start(create, start)
         started = True
         control.mark("started")
 

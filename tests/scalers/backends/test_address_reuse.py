@@ -100,8 +100,8 @@ def _pin_address(monkeypatch, agent_id: str, address: str) -> None:
     container's address (the IPAM hands out addresses freed by removed containers)."""
     real = ContainerBackend.create_config
 
-    def create_config(self, agent, token, image, runtime_volume=None):
-        kwargs = real(self, agent, token, image, runtime_volume)
+    def create_config(self, agent, token, image, runtime_volume=None, network_id=""):
+        kwargs = real(self, agent, token, image, runtime_volume, network_id)
         if agent.agent_id == agent_id:
             kwargs["networking_config"] = {
                 "EndpointsConfig": {ISOLATED_NETWORK_NAME: {"IPAMConfig": {"IPv4Address": address}}}

@@ -10,6 +10,7 @@ import pytest
 from network.nft.names import AGENT_MAC_PREFIX
 from scalers.backends.container.backend import ContainerBackend
 from scalers.backends.container.job_runtime import AGENT_ENTRYPOINT, RUNTIME_DIR, runtime_volume_name
+from scalers.backends.container.ready import forget_spawn_facts
 from scalers.backends.container.spawn import spawn_image
 from scalers.backends.docker_net import (
     ISOLATED_NETWORK_NAME,
@@ -331,6 +332,7 @@ def test_concurrent_creators_end_with_one_network_with_the_fixed_subnet(docker_c
             pytest.fail(f"{ISOLATED_NETWORK_NAME} still has containers attached: {list(attached)}")
         docker_client.api.remove_network(existing["Id"])
     forget_isolated_network()
+    forget_spawn_facts()
     ids, errors = [], []
 
     def create():

@@ -34,6 +34,7 @@ from network.nft.names import AGENT_MAC_PREFIX, BRIDGE_FAMILY, PORT_SETS
 from network.nft.spec import AgentSpec
 from operations.kinds.reaping import backend_for
 from scalers.backends.container.backend import ContainerBackend
+from scalers.backends.container.ready import forget_spawn_facts
 from scalers.backends.docker_net import (
     ISOLATED_NETWORK_GATEWAY,
     ISOLATED_NETWORK_NAME,
@@ -167,8 +168,8 @@ def run_command(monkeypatch, command: list[str]) -> None:
     """Agent containers run ``command`` instead of the agent script; everything else is the backend's."""
     real = ContainerBackend.create_config
 
-    def create_config(self, agent, token, image, runtime_volume=None):
-        return {**real(self, agent, token, image, runtime_volume), "command": command}
+    def create_config(self, agent, token, image, runtime_volume=None, network_id=""):
+        return {**real(self, agent, token, image, runtime_volume, network_id), "command": command}
 
     monkeypatch.setattr(ContainerBackend, "create_config", create_config)
 
@@ -263,10 +264,12 @@ def console(world, settings, monkeypatch):
     monkeypatch.setattr("scalers.jobs.get_backend", lambda scaler, **options: backend_for(scaler))
     run_command(monkeypatch, SLEEP)
     forget_isolated_network()
+    forget_spawn_facts()
     c = Console(world)
     yield c
     c.close()
     forget_isolated_network()
+    forget_spawn_facts()
 
 
 @pytest.fixture(params=["0", "1"], ids=["br_netfilter-off", "br_netfilter-on"])
