@@ -22,8 +22,7 @@ from agents.choices import AgentState, EventType
 from agents.models import Agent, ScalerEvent
 from network.nft.apply import describe_agent_rules
 from scalers import kici_agents
-from scalers.backends import spawn_env
-from scalers.backends.container import spawn as container_spawn
+from scalers.backends import kici_token, spawn_env
 from scalers.backends.docker_net import ISOLATED_NETWORK_GATEWAY, ensure_isolated_network
 from scalers.credentials import encrypt_secret
 from scalers.models import OrchestratorAdminToken, Reservation
@@ -313,7 +312,7 @@ def test_a_token_whose_labels_leave_out_the_roles_gets_the_agent_refused(
     orchestrator = gateway_orchestrator[0]
     real_scaler()
     settings.KICI_SPAWN_TIMEOUT_SECONDS = 20
-    monkeypatch.setattr(container_spawn, "token_labels", lambda label_set, roles: list(label_set.labels))
+    monkeypatch.setattr(kici_token, "token_labels", lambda label_set, roles: list(label_set.labels))
     agent = _ends(_scale("job-real-labels"), drive_rq, 60)
     assert agent.state == AgentState.FAILED
     reason = agent.failure_reason
