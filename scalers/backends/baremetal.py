@@ -9,6 +9,10 @@ and the ``scaler.provisioning`` event says the limits were NOT enforced. Destroy
 group, up to 5 s, then SIGKILL to the group; the pid is acted on only while
 ``/proc/<pid>/stat`` still shows the start time recorded at spawn (a recycled pid is left alone).
 
+A process-mode label set with ``kiciAgent`` runs the real KiCI agent: ``spawn_env.kici_process_env``'s
+environment, its orchestrator token minted and revoked through ``kici_token``, and the process
+started under ``exit_record`` so that the follow (``sandbox_exit``) learns its exit code.
+
 Container mode (label set with ``image`` and no ``binaryPath``): the container backend's path with
 the four ownership labels (no bound-job labels), ``KICI_JOB_IMAGE_AGENT=1``, the same HostConfig
 builder, ``kici-agent-net`` and the same forward + input rules. It is always isolated: the entry's
