@@ -56,7 +56,7 @@ from scalers.models import this_host
 
 
 class _Sandboxes(Protocol):
-    """What the follow asks of the backend running the real agent (container or Firecracker):
+    """What the follow asks of the backend running the real agent (container, Firecracker or bare-metal process):
     how its sandbox ended (None while it runs), its last output, and the news that the agent
     registered (a microVM's MMDS then drops the token, as the reference does on the agent's
     ``config.ack``)."""
@@ -143,7 +143,7 @@ def look_at(agent: Agent, *, now=None) -> str:
     registering: torn down) or ``over`` (another path ended it meanwhile)."""
     target = kici_agent_target(agent.label_set)
     assert target is not None, "only an agent of a kiciAgent label set is followed"
-    backend = cast(_Sandboxes, get_backend(agent.scaler))  # container or firecracker: kiciAgent is refused elsewhere
+    backend = cast(_Sandboxes, get_backend(agent.scaler))  # kiciAgent runs only where sandbox_exit exists
     exited = backend.sandbox_exit(agent)
     try:
         listed: bool | None = agent.agent_id in connected_agent_ids(target)

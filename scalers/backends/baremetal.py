@@ -9,6 +9,10 @@ and the ``scaler.provisioning`` event says the limits were NOT enforced. Destroy
 group, up to 5 s, then SIGKILL to the group; the pid is acted on only while
 ``/proc/<pid>/stat`` still shows the start time recorded at spawn (a recycled pid is left alone).
 
+A process-mode label set with ``kiciAgent`` runs the real KiCI agent: ``spawn_env.kici_process_env``'s
+environment, its orchestrator token minted and revoked through ``kici_token``, and the process
+started under ``exit_record`` so that the follow (``sandbox_exit``) learns its exit code.
+
 Container mode (label set with ``image`` and no ``binaryPath``): the container backend's path with
 the four ownership labels (no bound-job labels), ``KICI_JOB_IMAGE_AGENT=1``, the same HostConfig
 builder, ``kici-agent-net`` and the same forward + input rules. It is always isolated: the entry's
@@ -43,14 +47,17 @@ from consolelog.cap import read_end
 from consolelog.tail import Opener
 from consolelog.times import end_with_times
 from lib.safe_open import open_last
+from scalers.kici_orchestrator import kici_agent_target, scale_up_claim, token_context
 from scalers.resources import EffectiveLimits
 
+from . import exit_record
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .container.backend import ContainerBackend
 from .container.orphans import ContainerPlan
 from .failure import CAPTURED_LINES
+from .kici_token import mint_spawn_kici_token, revoke_failed_spawn_kici_token, revoke_recorded_kici_token
 from .orphans import OrphanTarget
-from .spawn_env import label_set_option, process_env, spawn_limits
+from .spawn_env import kici_process_env, label_set_option, process_env, spawn_limits
 
 TERM_GRACE_SECONDS = 5.0
 #: Bytes of the end of a process's output file :meth:`BareMetalBackend.captured_output_for` reads.
@@ -128,6 +135,11 @@ def _open_in_log_dir(path: str | os.PathLike, flags: int) -> int:
     return open_last(path, 1, flags)
 
 
+def exit_status_path(log_path: Path) -> Path:
+    """Where ``exit_record`` writes how a real KiCI agent process ended: beside its output file."""
+    return log_path.with_suffix(".exit")
+
+
 def agent_log_dir() -> Path:
     """Where process-mode agents write stdout/stderr: ``KICI_AGENT_LOG_DIR`` or ``<BASE_DIR>/var/agents``."""
     base = (
@@ -203,14 +215,35 @@ class BareMetalBackend:
         if argv[0] == "systemd-run" and not systemd_user_scope_available():
             argv = [binary]
             note = " (cgroup limits NOT enforced: systemd-run --user is unavailable here)"
-        token = tokens.mint_registration_token(agent)
-        record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
+        kici = kici_agent_target(agent.label_set)
         log_path = agent_log_dir() / f"{agent.agent_id}.log"
+        token, kici_token_id, kici_context = "", "", {}
+        if kici is None:
+            token = tokens.mint_registration_token(agent)
+            record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
+            env = process_env(agent, token)
+        else:
+            if scale_up_claim(agent) is None:
+                kici_token_id, token = mint_spawn_kici_token(agent, kici, "a process")
+                kici_context = token_context(kici, kici_token_id)
+            if note:
+                record_event(agent, EventType.PROVISIONING, "spawning the KiCI agent process" + note)
+            env = kici_process_env(agent, token)
+            exit_path = exit_status_path(log_path)
+            exit_path.unlink(missing_ok=True)
+            argv = [sys.executable, "-I", str(Path(exit_record.__file__)), str(exit_path), *argv]
+
+        def undo() -> None:
+            if kici is None:
+                tokens.revoke_agent_tokens(agent)
+            elif kici_token_id:
+                revoke_failed_spawn_kici_token(kici, kici_token_id, agent.agent_id)
+
         try:
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
                     argv,
-                    env=process_env(agent, token),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -219,10 +252,11 @@ class BareMetalBackend:
                     cwd="/",
                 )
         except OSError as exc:
-            tokens.revoke_agent_tokens(agent)
+            undo()
             raise SpawnError(f"spawn failed: {exc}", "spawn") from exc
         start_time = _proc_start_time(proc.pid)
         context = {
+            **kici_context,
             "mode": "process",
             "pid": proc.pid,
             "pgid": proc.pid,
@@ -236,10 +270,15 @@ class BareMetalBackend:
             control.check("ready")
         except BaseException:
             self._terminate(proc.pid, start_time)
-            tokens.revoke_agent_tokens(agent)
+            undo()
             raise
         record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
-        record_connecting(agent, "waiting for agent registration")
+        record_connecting(
+            agent,
+            "waiting for agent registration"
+            if kici is None
+            else f"waiting for the KiCI agent to register with {kici.ws_url}",
+        )
         return SpawnResult(managed_id=str(proc.pid), context=context)
 
     # -- destroy -------------------------------------------------------------------------------
@@ -275,6 +314,30 @@ class BareMetalBackend:
         if pid:
             self._terminate(int(pid), ctx.get("start_time"))
         self._archive(agent.agent_id, ctx.get("log_path"))
+        revoke_recorded_kici_token(agent)
+
+    def sandbox_exit(self, agent) -> str | None:
+        """None while the agent's process runs, else how it ended, for the follow of a real KiCI
+        agent (``scalers.kici_agents``): ``exited with code N`` or ``was killed by signal N`` from
+        its status file (``exit_record``), ``exited (no exit status recorded)`` when the wrapper
+        itself was killed, ``has no process`` when the spawn recorded none."""
+        ctx = agent.backend_context or {}
+        pid = ctx.get("pid")
+        if not pid:
+            return "has no process"
+        if _alive(int(pid), ctx.get("start_time")):
+            return None
+        try:
+            status = exit_status_path(Path(ctx.get("log_path") or "")).read_text().strip()
+        except OSError:
+            return "exited (no exit status recorded)"
+        if status.startswith("signal "):
+            return f"was killed by {status}"
+        return f"exited with code {status}"
+
+    def sandbox_registered(self, agent) -> None:
+        """The real KiCI agent of ``agent`` registered: nothing to do for a process (its
+        environment is its own)."""
 
     @staticmethod
     def _archive(agent_id: str, log_path: str | None) -> None:

@@ -1,5 +1,5 @@
 """The orchestrator token of a sandbox running the real KiCI agent (label set ``kiciAgent``), for
-every backend that runs it (container, Firecracker): minted per spawn, recorded on the agent row
+every backend that runs it (container, Firecracker, bare-metal process): minted per spawn, recorded on the agent row
 before anything else is made, revoked when the spawn fails or the agent ends
 (``docs/real-kici-agent.md``). The orchestrator's admin interface mints tokens that never expire,
 so none is left behind.

@@ -2,7 +2,7 @@
 
 Pure functions over a scaler, its label set and an agent, shared by the container, bare-metal
 and event backends so the three cannot drift; the real KiCI agent's environment
-(:func:`kici_agent_pairs`) is the container's and the Firecracker VM's alike.
+(:func:`kici_agent_pairs`) is the container's, the Firecracker VM's and the bare-metal process's alike.
 """
 
 from __future__ import annotations
@@ -107,14 +107,15 @@ def kici_agent_pairs(agent: Agent, token: str | None, *, execution_mode: str) ->
     """The environment of the real KiCI agent (label set ``kiciAgent``), as ``(name, value)`` pairs
     in this order: exactly the variables it accepts and needs, nothing of the console's own agent
     nor forwarded. Every backend running it starts it with these (a container's ``Env``, a
-    microVM's MMDS keys: ``firecracker.jail.agent_env_mmds``).
+    microVM's MMDS keys: ``firecracker.jail.agent_env_mmds``, a bare-metal process's environment:
+    :func:`kici_process_env`).
 
     ``KICI_ORCHESTRATOR_URL`` (the orchestrator's ``/ws`` URL), ``KICI_AGENT_ID``, ``KICI_LABELS``
     (the label set's labels, all within the token's), ``KICI_AGENT_TOKEN`` (the orchestrator's),
     ``KICI_ROLES`` (the scaler's ``roles``; unset = all, each adds a ``kici:role:*`` label the
     token allows), ``KICI_SCALER_MANAGED=1`` (it exits once idle) and ``KICI_EXECUTION_MODE``
-    (``execution_mode``: where its steps run; ``bare-metal`` in a container, ``firecracker`` in a
-    microVM; scaler-managed without it, the agent takes itself for a Firecracker guest).
+    (``execution_mode``: where its steps run; ``bare-metal`` in a container or a bare-metal
+    process, ``firecracker`` in a microVM; scaler-managed without it, the agent takes itself for a Firecracker guest).
 
     An agent a KiCI scale-up asked for (``scalers.kici_orchestrator.scale_up_claim``) gets the
     scale-up's orchestrator URL and labels, ``KICI_SCALER_CLAIM_CODE`` (it redeems the code there
@@ -155,6 +156,19 @@ def kici_agent_env(agent: Agent, token: str | None) -> list[str]:
     """``Env`` of a container running the real KiCI agent: :func:`kici_agent_pairs` with steps run
     in the container (``KICI_EXECUTION_MODE=bare-metal``)."""
     return [f"{k}={v}" for k, v in kici_agent_pairs(agent, token, execution_mode="bare-metal")]
+
+
+def kici_process_env(agent: Agent, token: str | None, *, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a bare-metal process running the real KiCI agent: the allow-listed system
+    variables of ``environ`` (:data:`PROCESS_ENV_ALLOWLIST`: ``PATH``, ``HOME``, ``TMPDIR``, ...; never
+    ``KICI_TRUSTED_ENV``'s whole environment nor a forwarded ``KICI_AGENT_ENV_*``, since the agent
+    refuses every ``KICI_*`` it does not know), then :func:`kici_agent_pairs` with steps run as the
+    agent's own processes on this host (``KICI_EXECUTION_MODE=bare-metal``). Raises ``ValueError``
+    as :func:`kici_agent_pairs` does."""
+    environ = os.environ if environ is None else environ
+    env = {k: environ[k] for k in PROCESS_ENV_ALLOWLIST if k in environ}
+    env.update(kici_agent_pairs(agent, token, execution_mode="bare-metal"))
+    return env
 
 
 def container_env(

@@ -692,12 +692,14 @@ def _label_set_issues(entry: ScalerEntry) -> list[SchemaIssue]:
 
 
 #: Scaler types whose sandboxes can run the real KiCI agent (``kiciAgent``).
-KICI_AGENT_SCALER_TYPES = ("container", "firecracker")
+KICI_AGENT_SCALER_TYPES = ("container", "bare-metal", "firecracker")
 
 
 def _kici_agent_issues(entry: ScalerEntry, i: int, ls: LabelSet) -> list[SchemaIssue]:
-    """A ``kiciAgent`` label set runs in a container or a Firecracker microVM and gets only the real
-    agent's own environment: not on another scaler type, not with ``env`` (the real agent refuses an unknown ``KICI_*``
+    """A ``kiciAgent`` label set runs in a container, a Firecracker microVM or a bare-metal process
+    (``binaryPath``: the command that starts the agent) and gets only the real agent's own
+    environment: not on another scaler type, not in bare-metal container mode (a container scaler
+    runs the agent's image), not with ``env`` (the real agent refuses an unknown ``KICI_*``
     variable, and its environment is the console's to write), not in a warm pool or for several
     jobs (the real agent exits once idle)."""
     if ls.kici_agent is None:
@@ -708,8 +710,16 @@ def _kici_agent_issues(entry: ScalerEntry, i: int, ls: LabelSet) -> list[SchemaI
         issues.append(
             SchemaIssue(
                 ("labelSets", i, "kiciAgent"),
-                f"{where} sets kiciAgent on a {entry.type} scaler; only container and firecracker scalers "
-                "run the real KiCI agent",
+                f"{where} sets kiciAgent on a {entry.type} scaler; only container, bare-metal and firecracker "
+                "scalers run the real KiCI agent",
+            )
+        )
+    if entry.type == "bare-metal" and not ls.binary_path:
+        issues.append(
+            SchemaIssue(
+                ("labelSets", i, "binaryPath"),
+                f"{where} sets kiciAgent without binaryPath; a bare-metal scaler runs the real KiCI agent as "
+                "the process binaryPath names (use a container scaler to run it from an image)",
             )
         )
     if ls.env:

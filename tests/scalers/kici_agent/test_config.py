@@ -73,10 +73,10 @@ def test_it_refuses_env_beside_the_real_agent():
 
 
 def test_it_refuses_the_real_agent_on_another_scaler_type_or_for_several_jobs():
-    text = GOOD.replace("type: container", "type: bare-metal") + "        maxUses: 3\n"
+    text = GOOD.replace("type: container", "type: event") + "        maxUses: 3\n"
     problems = problems_of(text)
     kici = [p for p in problems if p.startswith("scalers.yaml:9: scalers.0.labelSets.0.kiciAgent: ")]
-    assert len(kici) == 1 and "bare-metal" in kici[0], problems
+    assert len(kici) == 1 and "event scaler; only container, bare-metal and firecracker" in kici[0], problems
     assert any(p.startswith("scalers.yaml:12: scalers.0.labelSets.0.maxUses: ") for p in problems), problems
 
 
@@ -149,8 +149,44 @@ def test_it_names_the_line_and_field_of_a_bad_real_agent_value_on_a_firecracker_
     assert words in problems[0]
 
 
-def test_it_still_refuses_the_real_agent_on_a_bare_metal_scaler_naming_the_types_that_run_it():
-    text = GOOD.replace("type: container", "type: bare-metal")
-    problems = [p for p in problems_of(text) if "kiciAgent" in p]
+BARE_METAL = """\
+version: 1
+scalers:
+  - name: real-host
+    type: bare-metal
+    maxAgents: 2
+    labelSets:
+      - labels: [real-host]
+        binaryPath: /usr/local/bin/kici-agent
+        kiciAgent:
+          orchestratorUrl: ws://127.0.0.1:8480/ws
+          adminTokenRef: main-orchestrator
+"""
+
+
+def test_it_accepts_the_real_agent_as_a_bare_metal_process():
+    config = parse_scalers_config_text(BARE_METAL, "scalers.yaml")
+    raw = config.scalers[0].to_raw()["labelSets"][0]
+    assert raw["kiciAgent"] == {"orchestratorUrl": "ws://127.0.0.1:8480/ws", "adminTokenRef": "main-orchestrator"}
+    assert raw["binaryPath"] == "/usr/local/bin/kici-agent"
+
+
+BM_REF = "          adminTokenRef: main-orchestrator\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "words"),
+    [
+        ("ws://127.0.0.1:8480/ws", "wss://127.0.0.1:8480/", "10: scalers.0.labelSets.0.kiciAgent.orchestratorUrl",
+         "ending in /ws"),
+        (BM_REF, BM_REF + "        env:\n          KICI_PORT: '0'\n", "12: scalers.0.labelSets.0.env", "KICI_PORT"),
+        (BM_REF, BM_REF + "        maxUses: 2\n", "12: scalers.0.labelSets.0.maxUses", "exits once idle"),
+        ("        binaryPath: /usr/local/bin/kici-agent\n", "        image: kici-real-agent:test\n",
+         "7: scalers.0.labelSets.0.binaryPath", "without binaryPath"),
+    ],
+)  # fmt: skip
+def test_it_names_the_line_and_field_of_a_bad_real_agent_value_on_a_bare_metal_scaler(old, new, field, words):
+    problems = problems_of(BARE_METAL.replace(old, new))
     assert len(problems) == 1, problems
-    assert "bare-metal scaler; only container and firecracker scalers run the real KiCI agent" in problems[0]
+    assert problems[0].startswith(f"scalers.yaml:{field}: "), problems
+    assert words in problems[0]
