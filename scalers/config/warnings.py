@@ -10,6 +10,9 @@
   Where it does take effect the scaler page shows it as a warning instead.
 - ``debugHold.onFailure: true`` on an event scaler: its machines are the provisioner's, ended by
   the event-provision reaper; the console holds only sandboxes it made (``scalers.holds``).
+- ``kiciAgent`` on a bare-metal label set: the real KiCI agent, scaler-managed and run as root,
+  appends an ``iptables`` OUTPUT rule (dropping the metadata address) to the host itself, one per
+  agent and never removed; its ``binaryPath`` should drop privileges (docs/real-kici-agent.md).
 
 ``import_scalers --check`` (``make check``) prints them; an import records each new one as a
 ``config.warning`` event and a log line (``scalers.importing``).
@@ -69,6 +72,16 @@ def entry_warnings(entry: Mapping[str, Any]) -> list[ConfigWarning]:
             )
         )
     for i, ls in enumerate(entry.get("labelSets") or []):
+        if ls.get("kiciAgent"):
+            out.append(
+                ConfigWarning(
+                    name,
+                    f"labelSets.{i}.kiciAgent",
+                    f'Bare-metal scaler "{name}" label set [{i}] runs the real KiCI agent on the host: run as '
+                    "root it appends an iptables OUTPUT rule to this host per agent (never removed); let "
+                    "its binaryPath drop privileges",
+                )
+            )
         if ls.get("binaryPath") and ls.get("networkPolicy"):
             out.append(
                 ConfigWarning(

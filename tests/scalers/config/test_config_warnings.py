@@ -114,3 +114,16 @@ def test_a_debug_hold_on_an_event_scaler_is_warned_about():
     ]
     container = {"name": "c", "type": "container", "labelSets": [held | {"image": "i"}]}
     assert entry_warnings(container) == []
+
+
+def test_the_real_agent_on_a_bare_metal_host_is_warned_about_its_firewall_rule():
+    entry = {
+        "name": "metal",
+        "type": "bare-metal",
+        "labelSets": [
+            {"labels": ["a"], "binaryPath": "/usr/local/bin/kici-agent", "kiciAgent": {"orchestratorUrl": "ws://o/ws"}},
+            {"labels": ["b"], "binaryPath": "/opt/kici/kici-agent"},
+        ],
+    }
+    (warning,) = entry_warnings(entry)
+    assert warning.path == "labelSets.0.kiciAgent" and "iptables OUTPUT rule" in warning.message
