@@ -162,21 +162,21 @@ def _hold_as_user() -> None:
 def in_use_by_another_process() -> bool:
     """Whether a process other than this one holds the daemon (a test session or bench still running)."""
     if _users_hold is not None:  # ours would block a second open file: convert it and back
-        try:
-            fcntl.flock(_users_hold, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(_users_hold, fcntl.LOCK_SH)
-        return False
+        return not _exclusive_for_a_moment(_users_hold, keep=fcntl.LOCK_SH)
     if not os.path.exists(USERS_LOCKFILE):
         return False
     with open(USERS_LOCKFILE, "a") as probe:
-        try:
-            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(probe, fcntl.LOCK_UN)
+        return not _exclusive_for_a_moment(probe, keep=fcntl.LOCK_UN)
+
+
+def _exclusive_for_a_moment(file, keep: int) -> bool:
+    """Whether ``file``'s lock can be made exclusive now (no other holder); then set to ``keep``."""
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
+    fcntl.flock(file, keep)
+    return True
 
 
 AGENT_GATEWAY = "172.30.0.1"
