@@ -49,3 +49,11 @@ def test_the_form_says_what_is_wrong_an_empty_field_or_the_credentials(client):
     assert "Enter your password." in client.post("/accounts/login/", {"username": "alice"}).content.decode()
     wrong = _login(client, "wrong").content.decode()
     assert "Please enter a correct username and password" in wrong, wrong
+
+
+def test_an_overlong_user_name_is_a_failed_login_not_a_server_error(client):
+    answer = client.post("/accounts/login/", {"username": "u" * 300, "password": "x"}, REMOTE_ADDR="127.0.0.1")
+    assert answer.status_code == 200 and "Please enter a correct username and password" in answer.content.decode()
+    from axes.models import AccessAttempt
+
+    assert AccessAttempt.objects.get().username == "u" * 255  # counted, under the stored part
