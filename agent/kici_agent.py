@@ -90,6 +90,8 @@ def heartbeat_until_stopped(base: str, agent: str, session: str, interval: float
             break
         try:
             beat = post(f"{base}/api/v1/agents/{agent}/heartbeat", session, {"activeJobs": 0})
+            if misses:
+                log(f"heartbeat answered again after {misses} failed")
             misses, last_answer = 0, time.monotonic()
             if beat.get("stop"):
                 log("console asked us to stop")

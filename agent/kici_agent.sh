@@ -100,6 +100,7 @@ last_answer=$(date +%s)
 while :; do
     sleep "$interval"
     if resp=$(post "/api/v1/agents/$agent/heartbeat" "$session" "{\"activeJobs\":0}"); then
+        [ "$misses" -gt 0 ] && log "heartbeat answered again after $misses failed"
         misses=0
         last_answer=$(date +%s)
         case "$resp" in

@@ -107,6 +107,7 @@ def test_an_agent_keeps_heartbeating_through_a_console_down_for_many_beats(conso
             agent.kill()
     assert agent.returncode == 0, out
     assert "heartbeat failed (15)" in out and "console asked us to stop" in out, out
+    assert "heartbeat answered again after " in out, out  # its console says the console is back
 
 
 @pytest.mark.parametrize("kind", ["kici_agent.sh", "kici_agent.py"])
