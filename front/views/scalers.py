@@ -107,17 +107,20 @@ def scaler_detail(request, name: str):
     """``/scalers/<name>/``: caps, configuration, what the detection found (orphans, stale rules),
     capacity samples as charts over ``?range=`` (1h, 6h, 24h or 7d; 24h by default), label sets with
     host access (and, where the console's value is in force, the file's beside it), live agents,
-    events. ``?part=findings``: only the "Found" panel (the page re-fetches it); any other htmx
-    request gets the charts alone (the range picker). 400 naming any other parameter, part or range."""
+    events. ``?part=findings``: only the "Found" panel (the page re-fetches it); ``?part=pause``:
+    only the Pause panel (re-fetched when the page's pause banner changes); any other htmx request
+    gets the charts alone (the range picker). 400 naming any other parameter, part or range."""
     try:
         check_parameters(request.GET, single=("part", "range"))
-        part = choice("part", request.GET.get("part"), ("findings",))
+        part = choice("part", request.GET.get("part"), ("findings", "pause"))
         range_key = choice("range", request.GET.get("range"), tuple(CHART_RANGES)) or DEFAULT_CHART_RANGE
     except ValueError as exc:
         return error_page(request, 400, str(exc))
     scaler = _scaler(name)
     if part == "findings":
         return render(request, "scalers/detail.html#findings", {"scaler": scaler, **_findings_context(scaler)})
+    if part == "pause":
+        return render(request, "scalers/pause_panel.html", {"scaler": scaler, **_pause_context(scaler)})
     now = timezone.now()
     charts = _chart_context(scaler, range_key, now)
     if wants_partial(request):
@@ -133,8 +136,7 @@ def scaler_detail(request, name: str):
         **_findings_context(scaler),
         "nav": "scalers",
         "scaler": scaler,
-        "pause": pause_of(scaler),
-        "host_paused": Pause.objects.filter(host=scaler.host).exclude(host="").exists(),
+        **_pause_context(scaler),
         "warm_now": size_now(warm, now) if scaler.warm_pool_enabled and warm.get("schedule") else None,
         "warm_zone": warm.get("timeZone") or "UTC",
         "cap": scaler_capacities([scaler])[0],
@@ -150,7 +152,6 @@ def scaler_detail(request, name: str):
         "overridden": [ls for ls in label_sets if ls.host_access_override and not ls.retired],
         "differing": [ls for ls in label_sets if ls.host_access_differs and not ls.retired],
         "accept": css_attr_selector("data-scaler", scaler.name),
-        "max_reason": MAX_REASON,
         **charts,
     }
     return render(request, "scalers/detail.html", ctx)
@@ -168,6 +169,16 @@ def _label_set_row(scaler: Scaler, label_set: LabelSet, n_active: int) -> LabelS
 
 #: Seconds between two re-fetches of a scaler page's "Found" panel (a sweeper round is 5 s).
 FINDINGS_POLL_SECONDS = 5
+
+
+def _pause_context(scaler: Scaler) -> dict:
+    """The Pause panel's context: the pause holding the scaler, whether its host is paused, the
+    longest reason."""
+    return {
+        "pause": pause_of(scaler),
+        "host_paused": Pause.objects.filter(host=scaler.host).exclude(host="").exists(),
+        "max_reason": MAX_REASON,
+    }
 
 
 def _findings_context(scaler: Scaler) -> dict:

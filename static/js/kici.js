@@ -318,6 +318,19 @@
   document.addEventListener("htmx:wsAfterMessage", countPicked);
   document.addEventListener("DOMContentLoaded", countPicked);
 
+  // ---- the pause banner changed (pushed by the attention socket): panels showing a pause re-fetch
+  // themselves on "kici:pauses" ---------------------------------------------------------------------
+  var pausesSeen = null;
+  function checkPauses() {
+    var banner = document.getElementById("pause-banner");
+    if (!banner) return;
+    var now = banner.hidden ? "" : banner.textContent.trim();
+    if (pausesSeen !== null && now !== pausesSeen) document.body.dispatchEvent(new CustomEvent("kici:pauses"));
+    pausesSeen = now;
+  }
+  document.addEventListener("DOMContentLoaded", checkPauses);
+  document.addEventListener("htmx:wsAfterMessage", checkPauses);
+
   // ---- a field whose editing picks a choice (data-picks="<radio id>"): typing entries into the
   // host-access editor while "Default" is chosen means the explicit list (the preview follows) ----
   document.addEventListener("input", function (e) {

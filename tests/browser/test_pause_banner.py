@@ -62,3 +62,20 @@ def test_a_pause_shows_a_banner_with_who_and_why_until_it_is_resumed(browser_pag
     expect(page.locator("#pause-banner")).to_be_hidden()
     expect(page.locator("#pause-state")).to_contain_text("Not paused")
     assert not page.js_errors, page.js_errors
+
+
+def test_an_open_scaler_page_follows_a_pause_and_a_resume_in_its_pause_panel(browser_page):
+    from scalers.pauses import lift_pause, set_pause
+
+    scaler = make_scaler("paused-live", labels=("linux",))
+    page = browser_page(*PERMS, username="pause-live")
+    page.goto("/scalers/paused-live/")
+    expect(page.locator("#pause-state")).to_contain_text("Not paused")
+    set_pause(scaler=scaler, reason="rack move", requested_by="ops", approved_by="lead", operation=None)
+    expect(page.locator("#pause-banner")).to_be_visible(timeout=15_000)
+    expect(page.locator("#pause-state")).to_contain_text("rack move")  # the panel, not only the banner
+    expect(page.locator("#pause-group-scaler")).to_contain_text("Resume scaler…")
+    lift_pause(scaler=scaler)
+    expect(page.locator("#pause-state")).to_contain_text("Not paused", timeout=15_000)
+    expect(page.locator("#pause-scaler")).to_be_visible()
+    assert not page.js_errors, page.js_errors
