@@ -11,7 +11,6 @@ An explicit list, even empty, wins outright; otherwise the default list
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -336,7 +335,8 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         if kici_agent_target(label_set) is not None
         else console_port_warning(effective, label_set.scaler.orchestrator_url or settings.KICI_CONSOLE_URL, gateway)
     )
-    typed = [line.strip() for line in re.split(r"[\n,]", text) if line.strip()] if mode == DEFAULT else []
+    # The textarea read as the explicit mode reads it (check_lines: lines, commas, canonical text).
+    typed = [c.text for c in check_lines(text) if c.text] if mode == DEFAULT else []
     kept = set(effective) | set(current or ())
     ignored = [entry for entry in dict.fromkeys(typed) if entry not in kept]
     return EditorPlan(
