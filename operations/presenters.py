@@ -7,10 +7,9 @@ import json
 
 from lib.units import format_bytes_iec, format_duration
 from operations.choices import OUTCOME_COLOURS
-from operations.kinds.base import jsonable, plan_digest
-from operations.kinds.catalog import get_kind
+from operations.kinds.base import jsonable
 from operations.models import Operation, target_dom_id
-from operations.services import can_approve, unconfirmed_warnings_reason
+from operations.services import can_approve, stored_plan, unconfirmed_warnings_reason
 
 _LABELS = {
     "age_seconds": "age",
@@ -86,7 +85,7 @@ def preview_context(kind: str, scope, plan) -> dict:
     an unsaved :class:`Operation` for its kind, scope and first :data:`ROWS_PER_PAGE` rows
     (``rows``, as the operation page shows them), the spared candidates with their evidence,
     ``more`` (targets not shown) and the plan's ``digest`` (what "Request approval" compares)."""
-    targets = [jsonable(t.as_json()) for t in plan.targets]
+    targets, digest = stored_plan(kind, plan)
     operation = Operation(
         kind=kind,
         scaler_name=scope.scaler.name if scope.scaler else "",
@@ -104,7 +103,7 @@ def preview_context(kind: str, scope, plan) -> dict:
             {**s, "evidence_items": evidence_items(s.get("evidence", {}))}
             for s in (jsonable(s.as_json()) for s in plan.spared)
         ],
-        "digest": plan_digest(targets, get_kind(kind).volatile),
+        "digest": digest,
     }
 
 

@@ -267,6 +267,13 @@ def create_operation(
     return store_plan(kind, scope, plan, user, via=via, now=now)
 
 
+def stored_plan(kind: str, plan: Plan) -> tuple[list[dict], str]:
+    """``plan``'s targets as an operation stores them (JSON) and the digest stored with them (the
+    kind's volatile keys left out): what a preview shows and what its request compares."""
+    targets = [jsonable(t.as_json()) for t in plan.targets]
+    return targets, plan_digest(targets, get_kind(kind).volatile)
+
+
 def store_plan(
     kind: str, scope: Scope, plan: Plan, user, *, via: str, now: datetime | None = None, notify: bool = True
 ) -> Operation:
@@ -275,8 +282,7 @@ def store_plan(
     ``notify``: a new operation is announced to ``KICI_NOTIFY_URL`` after the commit
     (``operations.notify``); a sweep whose policy approves it by itself passes False."""
     now = now or timezone.now()
-    targets = [jsonable(t.as_json()) for t in plan.targets]
-    digest = plan_digest(targets, get_kind(kind).volatile)
+    targets, digest = stored_plan(kind, plan)
     scope_key = scope.key(kind)
     with transaction.atomic():
         # Two sweeps (or a sweep and a person) planning the same scope at once must not both store.

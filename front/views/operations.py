@@ -42,6 +42,7 @@ from operations.services import (
     preview_operation,
     reject_operation,
     store_plan,
+    stored_plan,
 )
 from scalers.models import Scaler
 
@@ -155,9 +156,8 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
     storing = request.POST.get("request") == "1"
     try:
         name, resolved, plan = preview_operation(operation_kind.name, scope, request.user)
-        context = preview_context(name, resolved, plan)
         previewed = request.POST.get("digest", "")
-        changed = storing and previewed and previewed != context["digest"]
+        changed = storing and previewed and previewed != stored_plan(name, plan)[1]
         if storing and not changed:
             operation = store_plan(name, resolved, plan, request.user, via=RequestedVia.UI)
     except (ScopeInvalid, PlanRefused) as exc:
@@ -183,7 +183,8 @@ def operation_plan(request: HttpRequest) -> HttpResponse:
                 "review it and request approval again.",
             )
         fields = [(n, value) for n in PLAN_FIELDS for value in request.POST.getlist(n)]
-        return render(request, "operations/preview.html", {"nav": "operations", "fields": fields, **context})
+        context = {"nav": "operations", "fields": fields, **preview_context(name, resolved, plan)}
+        return render(request, "operations/preview.html", context)
     if operation.reused:
         messages.info(request, f"An identical plan is already open: operation #{operation.pk}.")
     url = reverse("operations:detail", args=[operation.pk])
