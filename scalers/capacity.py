@@ -15,8 +15,8 @@ from django.db.models import Count, Q, Sum
 from agents.choices import ACTIVE_STATES, AgentState
 from agents.models import Agent
 
-from .models import ConfigState, MachinePool, Pause, Reservation, Scaler
-from .pauses import pause_json, pause_wording
+from .models import ConfigState, MachinePool, Reservation, Scaler
+from .pauses import pauses_holding
 
 
 @dataclass
@@ -84,12 +84,7 @@ def scaler_capacities(scalers=None, *, pauses: bool = False) -> list[Capacity]:
         .annotate(n=Count("id"))
     ):
         states[row["scaler_id"]][row["state"]] = row["n"]
-    paused: dict[tuple[str, Any], str] = {}
-    if pauses:
-        hosts = {s.host for s in scalers if s.host}
-        for pause in Pause.objects.select_related("scaler").filter(Q(scaler_id__in=ids) | Q(host__in=hosts)):
-            where = ("scaler", pause.scaler_id) if pause.scaler_id else ("host", pause.host)
-            paused[where] = pause_wording(pause_json(pause))
+    paused = pauses_holding(scalers) if pauses else {}
     out = []
     for s in scalers:
         r = reserved.get(s.pk, {})
@@ -105,7 +100,7 @@ def scaler_capacities(scalers=None, *, pauses: bool = False) -> list[Capacity]:
                 memory_bytes=r.get("mem") or 0,
                 states=states.get(s.pk, {}),
                 scaler=s,
-                pause=paused.get(("scaler", s.pk)) or paused.get(("host", s.host), ""),
+                pause=paused[s.pk]["wording"] if s.pk in paused else "",
             )
         )
     return out

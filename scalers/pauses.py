@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import overload
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from lib.wording import json_text
 
@@ -80,16 +80,27 @@ def pause_wording(pause: dict) -> str:
     )
 
 
+def pauses_holding(scalers: list[Scaler]) -> dict[int, dict]:
+    """The pause holding each of ``scalers`` (its own, else its host's) as :func:`pause_json` plus
+    ``wording``, by scaler pk; a scaler that no pause holds is left out. One query."""
+    hosts = {s.host for s in scalers if s.host}
+    own: dict[int, dict] = {}
+    by_host: dict[str, dict] = {}
+    query = Q(scaler__in=[s.pk for s in scalers]) | Q(host__in=hosts)
+    for pause in Pause.objects.select_related("scaler").filter(query):
+        shown = pause_json(pause)
+        shown = shown | {"wording": pause_wording(shown)}
+        if pause.scaler_id:
+            own[pause.scaler_id] = shown
+        else:
+            by_host[pause.host] = shown
+    held = {s.pk: own.get(s.pk) or by_host.get(s.host) for s in scalers}
+    return {pk: pause for pk, pause in held.items() if pause is not None}
+
+
 def pause_of(scaler: Scaler) -> dict | None:
-    """The pause holding ``scaler`` (its own, else its host's) as :func:`pause_json` plus
-    ``wording``; None."""
-    pause = Pause.objects.select_related("scaler").filter(scaler=scaler).first()
-    if pause is None and scaler.host:
-        pause = Pause.objects.filter(host=scaler.host).first()
-    if pause is None:
-        return None
-    shown = pause_json(pause)
-    return shown | {"wording": pause_wording(shown)}
+    """The pause holding ``scaler`` (:func:`pauses_holding`), None when none does."""
+    return pauses_holding([scaler]).get(scaler.pk)
 
 
 def current_pauses() -> list[dict]:
