@@ -6,6 +6,8 @@ badge on every page and the ``kici_scaler_attention{kind}`` gauge (docs/attentio
 * ``approval``: operations planned and not expired, waiting for a person to approve or reject them;
 * ``lost``: running or draining agents whose lost mark still holds (``agents.liveness.current_mark``),
   by scaler;
+* ``held``: agents in a debug hold (``scalers.holds``): their sandboxes kept for a person to look
+  inside, counted against the caps until released or reaped at ``held_until``, by scaler;
 * ``waiting``: jobs whose latest admission decision left them queued and that no agent serves
   (``scalers.waiting.waiting_requests``, as the "Why waiting" page counts them: a job told to ask
   again only while it does), by scaler, outcome and the cap its decision named; and
@@ -41,6 +43,7 @@ from agents.choices import AgentState, EventType
 from agents.liveness import WATCHED_STATES, current_mark
 from agents.models import Agent, ScalerEvent
 from scalers.admission.backoff import CONSISTENT_FAILURES
+from scalers.holds import SOURCE_OPERATOR
 from scalers.models import ScaleOutcome, Scaler
 from scalers.waiting import waiting_requests
 
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 KIND_NAMES = {
     "approval": "awaiting approval",
     "lost": "lost agents",
+    "held": "held agents",
     "waiting": "waiting jobs",
     "not_ready": "scalers not ready",
     "isolation": "isolation repairs",
@@ -72,6 +76,8 @@ SLOT_WAIT_GRACE = timedelta(seconds=30)
 FAILING_AFTER = CONSISTENT_FAILURES
 #: Operations linked one by one under the approval item.
 MAX_OPERATION_LINKS = 5
+#: Held agents linked one by one under their scaler's item.
+MAX_HELD_LINKS = 5
 #: Findings of one group described one by one in its item (the rest are counted).
 MAX_FINDINGS_SHOWN = 3
 #: What one finding of each detecting kind is called.
@@ -198,6 +204,49 @@ def _lost(out: Attention) -> None:
                 since=min((t for t in (_parse(m.get("at")) for m in marks) if t is not None), default=None),
             )
         )
+
+
+def _held(out: Attention) -> None:
+    rows = (
+        Agent.objects.filter(state=AgentState.HELD)
+        .only("agent_id", "hold", "held_until", "scaler__name")
+        .select_related("scaler")
+        .order_by("scaler__name", "held_until", "agent_id")
+    )
+    by_scaler: dict[str, list[Agent]] = defaultdict(list)
+    for agent in rows:
+        by_scaler[agent.scaler.name].append(agent)
+    for name, held in by_scaler.items():
+        n = len(held)
+        links = tuple(
+            (f"{a.agent_id} ({_holder(a)}, until {_clock(a.held_until)})", _url("agent_detail", a.agent_id))
+            for a in held[:MAX_HELD_LINKS]
+        )
+        out.add(
+            Item(
+                kind="held",
+                count=n,
+                text=f"{_plural(n, 'held agent')} on {name}: {'its sandbox' if n == 1 else 'their sandboxes'} "
+                "kept for debugging and counted against its caps; release when done, or the sweeper "
+                "reaps at the hold's end",
+                url=_url("agent_list", state=AgentState.HELD, scaler=name),
+                since=min((t for t in (_parse((a.hold or {}).get("since")) for a in held) if t), default=None),
+                since_label="held",
+                links=links,
+            )
+        )
+
+
+def _holder(agent: Agent) -> str:
+    """Who holds ``agent``: the operator who asked, or the label set's ``debugHold``."""
+    hold = agent.hold or {}
+    if hold.get("by") and hold.get("source") == SOURCE_OPERATOR:
+        return f"held by {hold['by']}"
+    return "debugHold.onFailure"
+
+
+def _clock(at: datetime | None) -> str:
+    return at.strftime("%Y-%m-%d %H:%M UTC") if at else "?"
 
 
 def _parse(value) -> datetime | None:
@@ -372,13 +421,14 @@ def _findings(out: Attention, now: datetime) -> None:
 
 def needs_attention(now: datetime | None = None) -> Attention:
     """What needs a person at ``now`` (default: the current time): the module docstring's kinds,
-    in :data:`KINDS` order. Ten queries, however many operations, agents, requests and events
+    in :data:`KINDS` order. Eleven queries, however many operations, agents, requests and events
     (docs/attention.md says when it is fewer or more).
     Raises what the database raises."""
     now = now or timezone.now()
     out = Attention()
     _approvals(out, now)
     _lost(out)
+    _held(out)
     _waiting(out, now)
     _not_ready(out)
     _isolation(out, now)

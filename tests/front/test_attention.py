@@ -212,6 +212,39 @@ def test_isolation_repairs_of_the_last_hour_appear_and_age_out(viewer_client):
     assert "Nothing needs you." in panel(viewer_client)
 
 
+def hold(agent: Agent, by: str = "", minutes: int = 120) -> None:
+    """The hold ``scalers.holds.take_hold`` leaves: an operator's (``by``) or the label set's."""
+    now = timezone.now()
+    until = now + timedelta(minutes=minutes)
+    source = {"source": "operator", "by": by} if by else {"source": "label-set", "by": "scalers.yaml"}
+    Agent.objects.filter(pk=agent.pk).update(
+        state=AgentState.HELD,
+        held_until=until,
+        hold=source
+        | {"reason": "look inside", "seconds": minutes * 60, "since": now.isoformat(), "until": until.isoformat()},
+    )
+
+
+def test_held_agents_appear_per_scaler_with_who_holds_each_until_they_end(viewer_client):
+    c, d = make_scaler("c"), make_scaler("d")
+    a = make_agent(c, AgentState.RUNNING, agent_id="held-a", managed_id="ca")
+    b = make_agent(c, AgentState.RUNNING, agent_id="held-b", managed_id="cb")
+    hold(a, by="alice", minutes=30)
+    hold(b)
+    make_agent(d, AgentState.RUNNING, agent_id="busy-d", managed_id="cd")  # running: needs nobody
+    shown = panel(viewer_client)
+    assert "2 held agents on c: their sandboxes kept for debugging and counted against its caps" in shown
+    assert 'href="/agents/?state=held&amp;scaler=c"' in shown and 'href="/agents/held-a/"' in shown
+    assert "held-a (held by alice, until " in shown and "held-b (debugHold.onFailure, until " in shown
+    # The soonest to end first.
+    assert shown.index("held-a (") < shown.index("held-b (")
+    assert " on d" not in shown and badge(viewer_client) == "2"
+    Agent.objects.filter(pk=a.pk).update(state=AgentState.DESTROYED)
+    assert "1 held agent on c: its sandbox kept" in panel(viewer_client) and badge(viewer_client) == "1"
+    Agent.objects.filter(pk=b.pk).update(state=AgentState.FAILED)
+    assert "Nothing needs you." in panel(viewer_client)
+
+
 def _many(n: int, tag: str) -> None:
     """``n`` of every kind, spread over three scalers."""
     scalers = [make_scaler(f"{tag}-{i}") for i in range(3)]
@@ -226,6 +259,7 @@ def _many(n: int, tag: str) -> None:
         failed = make_agent(s, AgentState.FAILED)
         record_event(failed, EventType.FAILED, "failed")
         find(s, f"container:{tag}-{i}", f"kici-{tag}-{i}")
+        hold(make_agent(s, AgentState.HELD, managed_id=f"c-{tag}-{i}"), by="alice")
     Scaler.objects.filter(name__startswith=tag).update(host_error="RuntimeError: no bridge")
 
 
@@ -248,7 +282,8 @@ def test_the_summary_costs_the_same_queries_however_many_rows(viewer_client):
     # Every refused job still asking counts, under the cap its decision named, and every slot wait.
     assert first.counts["waiting"] == 6 + 6 and second.counts["waiting"] == 66 + 66
     assert first.counts["findings"] == 6 and second.counts["findings"] == 66
-    assert len(few) == len(many) == 10
+    assert first.counts["held"] == 6 and second.counts["held"] == 66
+    assert len(few) == len(many) == 11
     assert len(page_few) == len(page_many)
 
 
