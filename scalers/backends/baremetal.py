@@ -1,6 +1,6 @@
 """The bare-metal backend: agents as host processes, or as containers in container mode.
 
-Process mode (label set with ``binaryPath``): the binary (e.g. ``agent/kici_agent.py``) runs
+Process mode (label set with ``binaryPath``): the binary (e.g. ``sandbox_agent/kici_agent.py``) runs
 detached in its own session and process group, with ``spawn_env.process_env``'s environment. With
 ``enforceCgroups`` on Linux, a positive limit and a working ``systemd-run --user`` it runs under
 ``systemd-run --user --scope ... --property=CPUQuota=..% --property=MemoryMax=..``;

@@ -61,7 +61,7 @@ def ensure_runtime_volume(api) -> str:
     except ImageNotFound:
         raise SpawnError(
             f"agent image {agent_image} is not on the runtime: a job image needs it for the agent "
-            "(agent/build_image.sh builds it)",
+            "(sandbox_agent/build_image.sh builds it)",
             "runtime",
         ) from None
     name = runtime_volume_name(image_id)
