@@ -1,46 +1,7 @@
 """What a scaled agent may reach on the console host's own addresses: the ``hostAccess`` entry
 grammar (parsing, refusal messages, warnings) and the resolution of one agent's host access (the
-default set and the storage endpoint).
-
-A sandbox's packets to one of the host's addresses (the bridge gateway, the host's LAN address) are
-delivered on the netfilter *input* hook and never cross *forward*, so forward rules alone leave every
-host port open. The entries here are the narrow set an agent may reach, in the ``hostAccess``
-vocabulary an operator writes in ``scalers.yaml``; ``network.nft.render`` turns them into input rules.
-
-Grammar (bracketed IPv6 included)::
-
-    5000                 port 5000 on any IPv4 host address
-    *:5000               same
-    10.0.0.1:5000        one address, one port
-    10.98.0.0/24:443     a CIDR, one port
-    192.168.1.40         one address, every port and protocol
-    10.0.0.0/8           a CIDR, every port
-    *                    the whole host (IPv4)
-    10.0.0.1:*           same as ``10.0.0.1``
-    [fd00::1]:9000       IPv6 address, one port
-    [fd00::/64]:443      IPv6 CIDR, one port
-    [fd00::1]            IPv6 address, every port
-
-Refused, each with a message naming the entry and saying what is wrong with it: empty entries,
-whitespace inside an entry (``127.0.0.1 :8000``; whitespace around it is trimmed), an empty address
-before the port (``:53``: write ``*:53`` or ``53``), hostnames, dotted numbers that are not a valid
-IPv4 address or CIDR (``192.168.1.256``: octet 256 is above 255; also leading zeros, three or five
-parts, prefix above 32), IPv6 without brackets (``::1``: write ``[::1]``) and IPv4 in them, more
-than one ``:`` outside brackets, CIDRs with host bits set (``10.0.0.1/24``: ambiguous, say
-``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535 (negative ones included), an empty port
-after the ``:``, and ports that are not a number (``http``, ``4000/tcp``).
-
-Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
-(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach; addresses and ranges that hold none
-of this host's addresses (``10.0.0.0/8:22`` on a host with no 10/8 address), which open nothing;
-ranges with a port that hold several host addresses; entries that open a port of the console's own
-backing services (:class:`ConsoleService`: its PostgreSQL, Redis, operator listener); and entries
-with no port on more than one address (``*``, ``0.0.0.0/0``), which open every port of the host to
-the agents.
-
-Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
-only through an explicit bracketed entry, so ``*:4000`` never opens an IPv6 port.
-"""
+default set and the storage endpoint). The grammar, what is refused and what is warned about:
+docs/nft-isolation.md ("Host access entries")."""
 
 from __future__ import annotations
 

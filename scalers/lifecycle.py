@@ -1,42 +1,6 @@
 """The one owner of an agent's transitions after admission: spawn failures, teardown, drain,
-job completion, release by the orchestrator, recovery's and the sweeper's ends.
-
-The rule for "a failed agent stops counting unless its sandbox still runs": an agent counts
-through its reservation row (and while it is in an active state). :func:`teardown_agent` removes
-the sandbox through the backend first and releases the reservation
-(``scalers.admission.ledger.release``) only once ``destroy`` returned; when ``destroy`` raises, the
-agent stays ``destroying`` *with* its reservation, so capacity that may still be in use stays
-billed, and the sweeper retries (:func:`retry_stuck_teardowns`). A sandbox that was never created
-(no ``managed_id``, local backend) has nothing to remove. Backends report to this module (they
-raise, or return); they never release anything themselves.
-
-Ends and their ``reason``:
-
-* the spawn job failed and its backend cleaned up: :func:`fail_spawn` with ``cleaned_up=True``
-  (``spawn-failed``, ``spawn-timeout``), called by ``scalers.jobs.spawn_agent``;
-* rq job crash or timeout / worker killed: :func:`on_spawn_job_failure` (``spawn-job-failed``),
-  attached by ``scalers.jobs`` as the spawn job's ``on_failure``; a killed worker's job reaches
-  it through rq's abandoned-job cleanup, and :func:`reap_failed_spawn_jobs` checks rq for the rest;
-* registration deadline reached (a ``connecting`` agent at ``spawn_started_at`` + spawn timeout):
-  :func:`expire_registration` (``spawn-timeout``), from the host queue's registration watch
-  (``scalers.jobs.watch_registration``) or the sweeper's :func:`prune_stale_spawns`; a boot the
-  backend reports failed while connecting: :func:`fail_connecting` (``spawn-failed``); never
-  registered within its token TTL: :func:`expire_unregistered_agents` (``token-expired``); a backend
-  call that outlived the stale window: :func:`prune_stale_spawns` (``stale-prune``). A delivered
-  event provision (:func:`awaits_the_reaper`) is left by the registration deadline and the prune
-  to the event-provision reaper (``scalers.provision_reaper``: ``spawn-timeout`` /
-  ``heartbeat-timeout``); the token-TTL expiry stays its last backstop;
-* the orchestrator: :func:`complete_job` (``job-complete``; every agent serves one job, unless its
-  label set's ``maxUses`` lets a warm agent go back to idle for another) and
-  :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
-* drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
-  warm-pool idle destroys (:func:`drain_and_destroy`) and retiring scalers (:func:`retirement_sweep`);
-* a registration refused because its agent ended: :func:`reclaim_job` removes the sandbox;
-* debug holds (``scalers.holds``): an end that would tear down an agent with an armed hold, or a
-  failure of a label set with ``debugHold.onFailure``, holds it instead (:func:`teardown_agent`,
-  :func:`complete_job`, :func:`release_agent`); :func:`reap_expired_holds` (the sweeper) and
-  :func:`release_hold` (an approved ``hold-release``) end it later with the end it was spared.
-"""
+job completion, release by the orchestrator, recovery's and the sweeper's ends. Why a reservation
+outlives a failed destroy, and every end with its reason: docs/lifecycle.md ("Ends")."""
 
 from __future__ import annotations
 
