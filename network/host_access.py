@@ -417,29 +417,12 @@ def host_access_warnings(
     host_addresses: Iterable[HostAddress] | None = None,
     services: Iterable[ConsoleService] = (),
 ) -> list[str]:
-    """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
-
-    Kinds:
-
-    * an entry naming the host's loopback (inside ``127.0.0.0/8``, or ``[::1]``). An agent's
-      packets arrive on the bridge, and the kernel drops packets addressed to a loopback address
-      that arrive on any other interface (martians), so such an entry opens nothing; a service
-      listening only on 127.0.0.1 must listen on the gateway address instead;
-    * with ``host_addresses`` (this host's addresses and the agents' gateway), an address or range
-      holding none of them (``10.0.0.5:443``, ``10.0.0.0/8:22`` on a host without a 10/8 address):
-      host access opens ports on the host's own addresses only, so the entry opens nothing (what
-      an agent may reach on other machines is ``networkPolicy``'s);
-    * with ``host_addresses``, a range with a port holding more than one of them: it opens that
-      port on each (e.g. the host's LAN address besides the gateway), named in the message;
-    * an entry opening a port of one of ``services`` (the console's PostgreSQL, Redis, operator
-      listener: :class:`ConsoleService`) on a host address or a wildcard: agents would reach the
-      console's database, its queues or its pages, admin and scale API;
-    * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``): it
-      opens every port of every such address of this host (the console, the database, sshd) to
-      every agent of the label set.
-
-    Entries that do not parse are skipped (the parser reports them). Returns at most one message
-    per entry, naming it, in list order.
+    """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem
+    to (loopback, no host address, several host addresses, the console's own services, every port;
+    each kind and why: docs/nft-isolation.md, "Host access entries"). ``host_addresses`` (this
+    host's addresses and the agents' gateway) enables the address checks. Entries that do not parse
+    are skipped (the parser reports them). Returns at most one message per entry, naming it, in
+    list order.
     """
     known = None
     if host_addresses is not None:
