@@ -47,19 +47,12 @@ def teardown_agent(
     destroy_reason: str = "shutdown",
     hold: bool = True,
 ) -> bool:
-    """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation.
-
-    With ``hold`` (the default), an agent with an armed hold, or failing (``final_state`` failed)
-    in a label set with ``debugHold.onFailure``, is held instead (``scalers.holds.take_hold``):
-    nothing is removed or released and False is returned. An explicit destroy, a retried teardown
-    and the end of a hold pass ``hold=False``.
-
-    Steps: move an active agent to ``destroying`` (compare-and-swap; a spawning agent's rq job
-    sees its row leave ``spawning`` and aborts); ``get_backend(scaler).destroy(agent,
-    destroy_reason)``; then in one transaction set ``final_state`` (``destroyed`` or ``failed``),
-    ``finished_at`` and ``failure_reason``, revoke its unused registration tokens, record
-    ``agent.destroyed`` (for ``destroyed``) and :func:`release`. ``destroy_reason`` is the
-    event backend's scale-down reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...).
+    """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation; the
+    steps: docs/lifecycle.md ("Teardown"). ``destroy_reason`` is the event backend's scale-down
+    reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...). With ``hold`` (the default), an
+    agent with an armed hold, or failing in a label set with ``debugHold.onFailure``, is held
+    instead and False is returned; an explicit destroy, a retried teardown and the end of a hold
+    pass ``hold=False``.
 
     Returns True when the reservation was released by this call. When ``destroy`` raises (or no
     backend can be loaded for an agent that has a sandbox), the agent stays ``destroying`` with
@@ -123,19 +116,9 @@ def fail_spawn(
     ``error``: the exception the spawn raised, or a detail string; ``captured``: the agent's last
     output lines for the detail (an exception's own ``captured_output`` when not given);
     ``payload``: extra fields of the ``scaler.failed`` event (a boot's ``failureType``).
-
-    ``cleaned_up=False`` (the sweeps, the rq failure callback, the registration deadline, a spawn
-    that could not be enqueued): a ``scaler.failed`` event unless one was already recorded for
-    the agent, then :func:`teardown_agent` with ``final_state=failed``, which removes the sandbox
-    first and keeps the reservation when that fails (the sweeper retries).
-
-    ``cleaned_up=True`` (the spawn job, once the backend's failure path removed what the spawn
-    created): a compare-and-swap to ``failed`` from any state in
-    ``scalers.backends.failure.SPAWN_FAILURE_ENDS`` (an agent that registered or was drained while
-    its spawn was still finishing ends ``failed`` too, instead of staying active with no
-    sandbox), the event with the failed ``stage`` unless the backend reported its own failure
-    (``event_recorded``), its tokens revoked, and the release. The event and the release happen
-    even when someone else already moved the agent, so a spawn given up on still reports why.
+    ``cleaned_up``: the backend's failure path already removed what the spawn created (the spawn
+    job); without it the sandbox is removed through :func:`teardown_agent`. What each way does:
+    docs/lifecycle.md ("Teardown").
 
     Returns True when the reservation was released by this call.
     """
