@@ -3,7 +3,7 @@
     REDIS_URL=redis://127.0.0.1:6379/<db> SECRET_KEY=x .venv/bin/python bench/container_console.py [LINES]
 
 On the private test dockerd (``tests.support.docker``; the agent image is built with
-``agent/build_image.sh``) a container writes LINES stdout lines (default 150,000, about 80 bytes
+``sandbox_agent/build_image.sh``) a container writes LINES stdout lines (default 150,000, about 80 bytes
 each) and one stderr line every 7th; then ``live.sources.docker_log_source`` reads it twice (the
 first counts from docker's kept log and leaves checkpoints, the second starts from one) and
 ``consolelog.dockerlogs.read_lines_before`` reads a page of 500 lines near the start. Prints the
@@ -37,7 +37,7 @@ from tests.support.docker import docker_client, ensure_private_dockerd  # noqa: 
 
 def main(lines: int) -> None:
     os.environ["DOCKER_HOST"] = ensure_private_dockerd()
-    subprocess.run(["sh", "agent/build_image.sh", "kici-agent:local"], check=True, capture_output=True)
+    subprocess.run(["sh", "sandbox_agent/build_image.sh", "kici-agent:local"], check=True, capture_output=True)
     client = docker_client()
     store = redis.Redis.from_url(os.environ["REDIS_URL"])
     checkpoints = RedisCheckpoints(store, f"bench-{uuid.uuid4().hex[:6]}")

@@ -158,7 +158,7 @@ def main() -> int:
     import subprocess
 
     subprocess.run(
-        ["sh", str(ROOT / "agent" / "build_image.sh"), "kici-agent:local"],
+        ["sh", str(ROOT / "sandbox_agent" / "build_image.sh"), "kici-agent:local"],
         check=True,
         env={**os.environ},
         capture_output=True,

@@ -63,7 +63,7 @@ def prepare_docker() -> str:
 
     docker_host = ensure_private_dockerd()
     subprocess.run(
-        ["sh", str(ROOT / "agent" / "build_image.sh"), "kici-agent:local"],
+        ["sh", str(ROOT / "sandbox_agent" / "build_image.sh"), "kici-agent:local"],
         env={**os.environ, "DOCKER_HOST": docker_host},
         check=True,
         capture_output=True,

@@ -1,27 +1,7 @@
-"""Bounded tail of an append-only log file.
-
-The guest of a microVM writes to its serial console unprivileged, so every byte this module
-buffers is tenant-controlled. Every buffer is bounded and an overflow is reported in-band:
-
-* a logical line longer than :data:`MAX_LINE_BYTES` is emitted as its first ``MAX_LINE_BYTES``
-  characters followed by ``" [truncated]"``; when the overflow is seen before the newline (a
-  guest running ``yes | tr -d '\\n' > /dev/console``) the truncated line is emitted at once and
-  the rest of that logical line is discarded, without decoding it, up to the next newline;
-* the file is read at most :data:`MAX_READ_BYTES` per slice, and a waiting burst is drained slice
-  after slice without waiting for the next poll;
-* at most :data:`MAX_QUEUED_LINES` complete lines wait for the consumer; on overflow the oldest
-  are dropped and a single head marker ``[dropped N lines]`` carries the cumulative count.
-
-The line cap counts **decoded characters**, despite its name, so a line of 65,536 four-byte
-characters is kept whole (at most 256 KiB of text). The partial-line buffer therefore never holds
-more than 65,536 characters, whatever the byte stream.
-
-Lines are split on ``"\\n"`` only (a ``"\\r"`` before it is kept); empty lines are skipped.
-
-Parts, in order: the in-band markers, bytes to capped lines (:class:`LineSplitter`, pure), the
-bounded queue (:class:`LineQueue`, pure), following a file on disk (:class:`FileTail`,
-:func:`tail_file`).
-"""
+"""Bounded tail of an append-only log file. The guest of a microVM writes to its serial console
+unprivileged, so every byte this module buffers is tenant-controlled: every buffer is bounded and
+an overflow is reported in-band. The bounds, and the module's parts: docs/live-streams.md ("The
+file tail's bounds")."""
 
 from __future__ import annotations
 

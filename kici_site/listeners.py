@@ -1,25 +1,8 @@
-"""Which requests each listener serves, and how large a request body may be.
-
-The console listens on the operator's address (``KICI_OPERATOR_LISTEN``, loopback by default) and on
-the agents' gateway (the address of ``KICI_CONSOLE_URL``), where every sandbox can reach it. The
-guard fails closed: a request that did not arrive on an operator listener reaches only the routes
-an agent calls (register, claim, its heartbeat: :data:`AGENT_ROUTES`); anything else there, the
-orchestrator's API included, is 404 and a WebSocket is closed. A request that comes from no
-socket (no ``server`` in its scope: in-process callers) is not on the network and passes.
-
-Every HTTP body is bounded by ``KICI_MAX_REQUEST_BODY_BYTES`` before Django reads it: a
-``Content-Length`` over the limit is refused with 413 at once; a body that grows past it while
-streaming is cut off and answered 413 in place of the application's response. (daphne's HTTP layer
-receives a body whole before the application is called; this bound keeps Django from parsing or
-spooling it.)
-
-A WebSocket handshake must come from a page of the console itself (:class:`OperatorOriginValidator`):
-its ``Origin``, scheme, host and port, must be the handshake's own (the scheme and ``Host`` it
-arrived with, ``Host`` in ``ALLOWED_HOSTS``: the rule of Django's CSRF origin check), or one of the
-configured operator origins (:func:`operator_origins`). Anything else, no ``Origin`` included, is
-refused before the handshake completes (daphne answers 403). The WebSocket's cookie is the
-console's session, and cookies are shared by every port of one host: a page on another local port
-must not open a live console with it.
+"""Which requests each listener serves, and how large a request body may be. The guard fails
+closed: off the operator's listeners only the routes an agent calls (:data:`AGENT_ROUTES`) answer.
+Every HTTP body is bounded before Django reads it, and a WebSocket handshake must come from a page
+of the console itself (:class:`OperatorOriginValidator`). Design: docs/serving.md ("What each
+listener serves") and docs/browser-security.md ("WebSocket origins").
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The live "needs attention" frames: the nav badge and the pause banner on every page and the
-dashboard's panel, over ``ws/attention/`` (:class:`live.consumers.AttentionConsumer`;
-docs/attention.md).
-
-Nothing announces most of what the summary counts (a refusal, a host that failed to ready, time
-passing a window), so each viewer re-reads at least every :data:`ATTENTION_POLL_SECONDS`, and
-sooner on a notice of its groups (:data:`ATTENTION_GROUPS`: operations planned or decided, agent
-events and their scalers' capacity). A read is shared by every viewer of the process
-(:class:`SharedAttention`): a process reads at most once per :data:`ATTENTION_MIN_SECONDS`
-however many pages are open and however many notices arrive, and a viewer whose notice came
-after the shared read asks again once the next read is due. A viewer is sent a frame only when
-the items changed.
+dashboard's panel, over ``ws/attention/``. Most of what they count is announced by nothing, so
+viewers poll, woken sooner by notices, and a process's viewers share one read
+(:class:`SharedAttention`). Rates and costs: docs/attention.md ("Live").
 """
 
 from __future__ import annotations

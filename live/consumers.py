@@ -1,53 +1,6 @@
-"""WebSocket consumers: an agent's live console, the live event feeds and an operation's progress.
-
-Routes (:mod:`live.routing`), behind ``OperatorOriginValidator(AuthMiddlewareStack(...))`` in
-``kici_site/asgi.py`` (the ``Origin``, port included, must be the console's own):
-
-* ``ws/agents/<agent_id>/console/<stream>/`` → :class:`ConsoleConsumer`; ``stream`` is ``serial``
-  or ``vmm`` for a Firecracker VM (``serial-console.log`` / ``vmm.log`` in its chroot), ``console``
-  for a container (its docker logs) or any agent whose ``backend_context["log_path"]`` names a
-  file (which streams an agent has, and what is behind each, is :mod:`live.consoles`);
-* ``ws/events/`` and ``ws/agents/<agent_id>/events/`` → :class:`EventsConsumer`, relaying the
-  ``events.global`` / ``events.agent.<agent_id>`` groups (producers call
-  :func:`live.publish.publish_event`);
-* ``ws/operations/<operation_id>/`` → :class:`OperationConsumer` (group ``operation.<id>``);
-* ``ws/rows/<view>/?<filters>`` → :class:`RowsConsumer`, the rows of a page that lists agents,
-  operations or scalers (:mod:`live.rows`);
-* ``ws/attention/[?panel=1]`` → :class:`AttentionConsumer`, the nav badge of what needs a person
-  (and the dashboard's panel) (:mod:`live.attention`).
-
-The console and event consumers need an authenticated user with ``agents.view_agent``; otherwise the
-socket is accepted and closed at once with code 4403 (a code the htmx ``ws`` extension does not
-reconnect on). An unknown agent or stream closes with 4404. Every socket closes with 4401 within
-seconds of its session's end (sign-out, expiry, the user deactivated) and with 4403 when its
-permission is taken away (:mod:`live.session`).
-
-Messages to the browser (text frames):
-
-* console: JSON, ``{"reset": bool, "rows": [[number, ms, text, kind?, count?], ...]}``
-  (:func:`console_frame`), read by ``static/js/console.js``. The first frame (``reset``: the
-  last 500 lines of the stream) and the first after a restart of the stream (a new generation)
-  replace what the page shows (the page merges them by number); the others append. ``number``
-  is the line's number in the file, or in the container's output (``consolelog.dockerlogs``); ``ms``
-  its receive time (a container's: docker's time of it). A viewer that cannot keep up gets a
-  row of kind ``"g"`` (``… N lines dropped``) in place of the lines it missed (the page loads
-  them back from the file or the docker logs);
-* events: the HTML rendered by :func:`live.render.render_live_update` for each event, several per
-  frame; a slow viewer gets ``<tbody hx-swap-oob="afterbegin:#event-rows">`` with one
-  ``… N events dropped`` row.
-
-Frames go out at most every :data:`FRAME_INTERVAL` seconds with at most :data:`FRAME_MAX_ROWS`
-rows. Optional flow control: connect with ``?flow=ack`` and send ``{"ack": 1}`` (any JSON object
-with an ``ack`` count) after handling each frame; at most :data:`ACK_WINDOW` frames are then in
-flight, and a client that stops acknowledging loses lines to the drop row instead of growing the
-server's socket buffers (daphne does not apply back-pressure on WebSocket sends).
-
-An operation's viewer gets a snapshot on connect (status, progress, every row, the whole log,
-audit), because messages sent while a socket was away are lost; then each ``operation.progress``
-notice is rendered from the database with the page's own partials
-(``operations/detail.html#live_update``) and sent as out-of-band swaps. Viewers need
-``operations.view_operation``.
-"""
+"""WebSocket consumers: an agent's live console, the live event feeds, an operation's progress, the
+live rows and the attention badge. Their routes, permissions, close codes, frames and flow control
+are in docs/live-streams.md ("The sockets")."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""Pushing to the live pages' Channels groups.
-
-Stored events go to ``events.global`` and ``events.agent.<agent_id>`` (:func:`publish_event`).
-Changed agent, operation and scaler rows go as ``rows.dirty`` notices (ids only) to the row groups
-of :mod:`live.rows` (:func:`publish_rows`), whose consumers render them per page. An
-operation's progress goes to ``operation.<id>`` (:func:`publish_progress`) as a small notice: the
-consumer renders the changed parts from the database with the same template partials as the page
-(``operations/detail.html#...``), so the markup of a row cannot drift between the first render and
-a live update.
-
-The events and agent rows the ``agents`` app commits, and operations' progress, reach this module
-through their apps' signals (``agents.events.event_committed``, ``agents.heartbeats.agent_rows_changed``,
-``operations.models.operation_progress``), connected in ``live.apps``.
+"""Pushing to the live pages' Channels groups: stored events (:func:`publish_event`), ``rows.dirty``
+notices of changed rows, ids only (:func:`publish_rows`), and an operation's progress
+(:func:`publish_progress`); consumers render from the database with the page's own partials, so
+the markup cannot drift between the first render and a live update. Groups and the signals that
+feed them: docs/live-streams.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """Live rows of the pages that list agents, operations or scalers: which rows a page shows, and
-the frames that keep them current (docs/live-streams.md, "Live rows").
-
-A page's WebSocket ``ws/rows/<view>/?<filters>`` (:class:`live.consumers.RowsConsumer`) names a
-*row view* (:func:`row_view`): the page's own query, through the same filter functions as the page
-(``agents.listing.filter_agents``, ``operations.listing.filter_operations``,
-``scalers.capacity.listed_scaler_capacities``), so a row cannot be on the page and missing from its
-pushes, or the other way round. The consumer joins the view's groups, where producers
-(``live.publish``) send ``{"type": "rows.dirty", "<noun>": [ids]}`` notices; it collects the ids
-for up to :data:`ROW_BATCH_SECONDS` and renders the rows that changed from the database with the
-page's own row partial.
-
-Groups: ``rows.agents`` (every agent), ``rows.scaler.<scaler pk>`` (the agents of one scaler),
-``rows.agent.<agent_id>`` (one agent), ``rows.operations``, ``rows.scalers``.
-
-A frame is one ``<tbody hx-swap-oob="afterbegin:#<rows>" data-upsert data-server-time="ISO">``
-with the changed rows of the view (kici.js replaces a row in place or inserts it at the top),
-``data-remove="<row ids>"`` for rows that left the view (an agent that failed, on a list of active
-agents) and, in the first frame after connecting, ``data-sync``: the rows of the view as they are
-now, every other row of the table goes (messages sent while a socket was away are lost).
-
-A view whose pages show a count beside the list (:class:`AgentRows`: ``/agents/``'s
-``#list-count``, the dashboard's and a scaler page's ``#live-agents-count``) puts the count
-elements after the ``<tbody>`` in the same frame, swapped out of band by id (a page drops those
-it does not have): the count of every row matching the view's filters, read from the database, not
-of the rows drawn, which are one page of them. It goes in the first frame and in every frame
-after, and a frame goes when only the count changed (an agent joining or leaving a later page).
+the frames that keep them current. A row view filters with the page's own query and renders with
+its own row partial, so a row cannot be on the page and missing from its pushes, or the other way
+round. Groups, producers, frames, batching and counts: docs/live-streams.md ("Live rows").
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""Live sockets end with the session and the permission that opened them.
-
-A WebSocket is authenticated once, at its handshake; what follows must not outlive the right to
-see it. Every consumer of :mod:`live.consumers` binds itself (:class:`SessionBound`) to
-
-* the group of its session (:func:`session_group`): a sign-out sends it
-  ``{"type": "session.end"}`` (:func:`close_sockets_of`, on ``user_logged_out``), and every
-  socket of that session closes at once with :data:`CLOSE_SIGNED_OUT`;
-* a re-check every :data:`SESSION_CHECK_SECONDS` (:func:`session_verdict`) of the session as it
-  is stored now (gone, expired, another user, a changed password, the user deactivated: closed
-  with :data:`CLOSE_SIGNED_OUT`) and of the permission the socket needs (taken away, e.g. the
-  user left the group that gave it: :data:`CLOSE_FORBIDDEN`).
-
-The pages show 4401 as "signed out" and do not reconnect on it (``static/js/kici.js``,
-``static/js/console.js``).
+"""Live sockets end with the session and the permission that opened them: a socket is
+authenticated once, at its handshake, and what follows must not outlive the right to see it. Every
+consumer binds itself (:class:`SessionBound`) to its session's group (a sign-out closes it at once)
+and re-checks session and permission every :data:`SESSION_CHECK_SECONDS`. Close codes and what the
+pages do with them: docs/browser-security.md ("Sockets end with the session").
 """
 
 from __future__ import annotations

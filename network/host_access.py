@@ -1,46 +1,7 @@
 """What a scaled agent may reach on the console host's own addresses: the ``hostAccess`` entry
 grammar (parsing, refusal messages, warnings) and the resolution of one agent's host access (the
-default set and the storage endpoint).
-
-A sandbox's packets to one of the host's addresses (the bridge gateway, the host's LAN address) are
-delivered on the netfilter *input* hook and never cross *forward*, so forward rules alone leave every
-host port open. The entries here are the narrow set an agent may reach, in the ``hostAccess``
-vocabulary an operator writes in ``scalers.yaml``; ``network.nft.render`` turns them into input rules.
-
-Grammar (bracketed IPv6 included)::
-
-    5000                 port 5000 on any IPv4 host address
-    *:5000               same
-    10.0.0.1:5000        one address, one port
-    10.98.0.0/24:443     a CIDR, one port
-    192.168.1.40         one address, every port and protocol
-    10.0.0.0/8           a CIDR, every port
-    *                    the whole host (IPv4)
-    10.0.0.1:*           same as ``10.0.0.1``
-    [fd00::1]:9000       IPv6 address, one port
-    [fd00::/64]:443      IPv6 CIDR, one port
-    [fd00::1]            IPv6 address, every port
-
-Refused, each with a message naming the entry and saying what is wrong with it: empty entries,
-whitespace inside an entry (``127.0.0.1 :8000``; whitespace around it is trimmed), an empty address
-before the port (``:53``: write ``*:53`` or ``53``), hostnames, dotted numbers that are not a valid
-IPv4 address or CIDR (``192.168.1.256``: octet 256 is above 255; also leading zeros, three or five
-parts, prefix above 32), IPv6 without brackets (``::1``: write ``[::1]``) and IPv4 in them, more
-than one ``:`` outside brackets, CIDRs with host bits set (``10.0.0.1/24``: ambiguous, say
-``10.0.0.0/24`` or ``10.0.0.1``), ports outside 1-65535 (negative ones included), an empty port
-after the ``:``, and ports that are not a number (``http``, ``4000/tcp``).
-
-Accepted but warned about (:func:`host_access_warnings`, never blocking): loopback entries
-(``127.0.0.1:5432``, ``[::1]``), which agents cannot reach; addresses and ranges that hold none
-of this host's addresses (``10.0.0.0/8:22`` on a host with no 10/8 address), which open nothing;
-ranges with a port that hold several host addresses; entries that open a port of the console's own
-backing services (:class:`ConsoleService`: its PostgreSQL, Redis, operator listener); and entries
-with no port on more than one address (``*``, ``0.0.0.0/0``), which open every port of the host to
-the agents.
-
-Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
-only through an explicit bracketed entry, so ``*:4000`` never opens an IPv6 port.
-"""
+default set and the storage endpoint). The grammar, what is refused and what is warned about:
+docs/nft-isolation.md ("Host access entries")."""
 
 from __future__ import annotations
 
@@ -456,29 +417,12 @@ def host_access_warnings(
     host_addresses: Iterable[HostAddress] | None = None,
     services: Iterable[ConsoleService] = (),
 ) -> list[str]:
-    """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
-
-    Kinds:
-
-    * an entry naming the host's loopback (inside ``127.0.0.0/8``, or ``[::1]``). An agent's
-      packets arrive on the bridge, and the kernel drops packets addressed to a loopback address
-      that arrive on any other interface (martians), so such an entry opens nothing; a service
-      listening only on 127.0.0.1 must listen on the gateway address instead;
-    * with ``host_addresses`` (this host's addresses and the agents' gateway), an address or range
-      holding none of them (``10.0.0.5:443``, ``10.0.0.0/8:22`` on a host without a 10/8 address):
-      host access opens ports on the host's own addresses only, so the entry opens nothing (what
-      an agent may reach on other machines is ``networkPolicy``'s);
-    * with ``host_addresses``, a range with a port holding more than one of them: it opens that
-      port on each (e.g. the host's LAN address besides the gateway), named in the message;
-    * an entry opening a port of one of ``services`` (the console's PostgreSQL, Redis, operator
-      listener: :class:`ConsoleService`) on a host address or a wildcard: agents would reach the
-      console's database, its queues or its pages, admin and scale API;
-    * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``): it
-      opens every port of every such address of this host (the console, the database, sshd) to
-      every agent of the label set.
-
-    Entries that do not parse are skipped (the parser reports them). Returns at most one message
-    per entry, naming it, in list order.
+    """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem
+    to (loopback, no host address, several host addresses, the console's own services, every port;
+    each kind and why: docs/nft-isolation.md, "Host access entries"). ``host_addresses`` (this
+    host's addresses and the agents' gateway) enables the address checks. Entries that do not parse
+    are skipped (the parser reports them). Returns at most one message per entry, naming it, in
+    list order.
     """
     known = None
     if host_addresses is not None:

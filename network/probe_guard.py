@@ -1,18 +1,7 @@
-"""The route check every self-test probe passes before a packet is sent: a self-test must
-never generate traffic that could leave this machine.
-
-The live isolation self-test sends real packets from inside an agent's namespace. Should the
-agent's rules be broken, such a packet goes wherever the host routes it, so the only safe
-destinations are ones whose route ends on this machine: the host's own addresses (route type
-``local``) and other sandboxes on the agents' own bridge (the route's device is the bridge itself,
-no gateway). Everything else is refused, and the self-test verifies it from the rules instead.
-
-The question is asked the way the kernel would answer for the agent's packet: ``ip -j route get
-<dst> from <agent address> iif <bridge>`` in the host's namespace (the bridge is found as the
-interface holding the agents' gateway address). When that lookup fails (the host does not
-forward: "No route to host", which also means it would not forward the probe), the host's own
-route to ``dst`` is asked (``ip -j route get <dst>``) and the same two answers are accepted; an
-unreadable answer refuses the probe.
+"""The route check every self-test probe passes before a packet is sent: a self-test must never
+generate traffic that could leave this machine, so only destinations whose route ends here (the
+host's own addresses, sandboxes on the agents' own bridge) are probed. How the route is asked:
+docs/nft-isolation.md ("The isolation self-test").
 """
 
 from __future__ import annotations

@@ -1,31 +1,7 @@
 """Live isolation self-test: does an agent's isolation hold? (the agent page's "self-test"
-button), without sending anything that could leave this machine.
-
-Two kinds of evidence, per target:
-
-* **Probed** (real packets): only destinations whose route ends on this machine, as the
-  :class:`~network.probe_guard.ProbeGuard` finds before each probe: the host's own addresses (the
-  bridge gateway's ports, host-access entries on host addresses) and other agents on the same
-  bridge. Sockets are created on a thread that joined the agent's namespace with ``setns`` (a
-  named namespace or ``/proc/<pid>/ns/net`` of a process in the sandbox, e.g. a container's init),
-  so the probes leave from the agent's own interface with its own address and meet the same rules
-  its traffic does. Every probe has a timeout; probes run in parallel; the number of targets is
-  capped. Needs CAP_SYS_ADMIN (setns): the console's worker runs as root.
-* **Verified from the rules, not probed**: RFC1918, the metadata service, public addresses, and
-  any probe target the route check refuses. The agent's chain is read back from the kernel
-  (``NftClient.list_agents`` / ``list_address_sets``) and evaluated for that packet
-  (``network.nft.verdict``): "blocked by rule (verified, not probed)" means the address is in the
-  verdict map pointing at its chain and that chain's first deciding rule drops it (nothing earlier
-  accepts it). The chain is the forward chain, or the input chain when the destination is a host
-  address.
-
-Reading a probe: ``open`` (handshake completed) and ``refused`` (the host answered with a reset or
-an ICMP port-unreachable) both mean packets got through the firewall; ``filtered`` (silence until
-the timeout) and ``unreachable`` (no route / ICMP unreachable) mean they did not. A target expected
-blocked that answers ``refused`` is a FAIL: the port is merely closed, not isolated. Rule states:
-``blocked-by-rule``, ``allowed-by-rule``, ``unverified`` (no rules in force, the address not
-mapped, or a rule that cannot be read: a FAIL for a target expected blocked).
-"""
+button), without sending anything that could leave this machine: targets whose route ends here are
+probed from the agent's own namespace, every other one is judged from its rules read back from the
+kernel. Both kinds of evidence and how to read them: docs/nft-isolation.md ("The isolation self-test")."""
 
 from __future__ import annotations
 

@@ -1,28 +1,8 @@
 """What needs a person now: one summary for the dashboard's "Needs attention" panel, the nav
-badge on every page and the ``kici_scaler_attention{kind}`` gauge (docs/attention.md).
-
-:func:`needs_attention` reads, in a fixed number of queries whatever the number of rows:
-
-* ``approval``: operations planned and not expired, waiting for a person to approve or reject them;
-* ``lost``: running or draining agents whose lost mark still holds (``agents.liveness.current_mark``),
-  by scaler;
-* ``held``: agents in a debug hold (``scalers.holds``): their sandboxes kept for a person to look
-  inside, counted against the caps until released or reaped at ``held_until``, by scaler;
-* ``waiting``: jobs whose latest admission decision left them queued and that no agent serves
-  (``scalers.waiting.waiting_requests``, as the "Why waiting" page counts them: a job told to ask
-  again only while it does), by scaler, outcome and the cap its decision named; and
-  admitted spawns that have waited more than :data:`SLOT_WAIT_GRACE` for a ``maxConcurrentSpawns``
-  slot, by scaler;
-* ``not_ready``: scalers whose host the sweeper could not ready (``Scaler.host_error``), and scalers
-  whose last :data:`FAILING_AFTER` spawns or more failed with no registration since;
-* ``isolation``: isolation repairs of the drift check within :data:`RECENT_REPAIRS`
-  (``scaler.network`` events whose detail starts with one of :data:`ISOLATION_REPAIR_PREFIXES`);
-* ``findings``: orphans and stale isolation rules the detection of every sweeper round found
-  (``operations.findings``), by scaler and kind, with the evidence of the first ones; a group an
-  open planned operation of the same kind and scaler already covers counts under ``approval``.
-
-Each :class:`Item` has one line for people and a link to the page that explains or resolves it.
-Links are reversed by URL name (the map is ``front.urls``); nothing here imports the pages.
+badge on every page and the ``kici_scaler_attention{kind}`` gauge. :func:`needs_attention` reads
+it in a fixed number of queries whatever the number of rows; each kind and what counts in it:
+docs/attention.md ("What counts"). Each :class:`Item` has one line for people and a link reversed
+by URL name (the map is ``front.urls``), so nothing here imports the pages.
 """
 
 from __future__ import annotations

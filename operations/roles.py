@@ -6,9 +6,9 @@
   watchers do not);
 * ``approvers``: operators + ``operations.approve_operation`` (approve or reject one).
 
-Created by the data migration ``0002_roles`` and kept complete after every ``migrate`` (post_migrate),
-so view permissions of models added later by other apps join the groups too. Idempotent; never
-removes a permission an administrator added by hand.
+Created by the migration ``operations.0001_squashed_0007_hold`` and kept complete after every
+``migrate`` (post_migrate), so view permissions of models added later by other apps join the groups
+too. Idempotent; never removes a permission an administrator added by hand.
 """
 
 from __future__ import annotations

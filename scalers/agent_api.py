@@ -1,29 +1,6 @@
-"""Agent-facing API: registration, heartbeat, event-scaler claims.
-
-- ``POST /api/v1/agents/register`` — bearer: the single-use ephemeral token from
-  ``KICI_AGENT_TOKEN``. Body (optional JSON): ``{"agentId": "..."}``. 200 →
-  ``{agentId, scaler, boundJobId, runId, labels, mandatoryLabels, warm, sessionToken,
-  heartbeatIntervalSeconds}``; 401 for a missing, unknown, expired or reused token (or an
-  ``agentId`` that is not the token's); 409 when the agent is no longer spawning (its spawn was
-  given up; when its row has ended, its sandbox is reclaimed by ``scalers.jobs.reclaim_job``); 400 for malformed JSON;
-  503 ``lookup-failed`` when the database could not be asked (counted in
-  ``kici_orch_scaler_adoption_lookup_failures_total``; the agent asks again).
-- ``POST /api/v1/agents/<agent_id>/heartbeat`` — bearer: the session token. Body (optional):
-  ``{"activeJobs": n}`` (integer 0..10000). 200 → ``{state, drain, stop}`` (``drain`` while
-  draining or held: a held sandbox takes no new job but keeps running); the agent's row on open
-  pages is refreshed live (every heartbeat, batched per page: ``agents.heartbeats``); 410 with
-  ``{state, drain: false, stop: true}`` (plus the error) once the agent is destroyed or failed;
-  401 for a bad token; 400 for bad input.
-- ``POST /api/v1/agents/claim`` — body ``{"claimCode": "..."}`` from a ``kici.scaler.scale-up``
-  event; 200 → ``{agentId, token, orchestratorUrl, labels}``; 401 with reason ``invalid-claim`` /
-  ``claim-used`` / ``claim-expired`` and the claim store's message (``invalid claim code`` /
-  ``claim code already consumed`` / ``claim code expired``) as ``error.message``.
-
-Every error answer has the one ``/api/v1`` shape (``lib.errors.api_error``):
-``{"error": {"code", "message", "field"?}, "reason": code}``; a 401's ``reason`` says why the token
-was refused (``missing-token``, ``invalid-token``, ``unknown``, ``expired``, ``used``,
-``agent-mismatch``).
-"""
+"""Agent-facing API: registration, heartbeat, event-scaler claims; the only routes the agents'
+gateway serves. Each route's token, body and answers: docs/api-contract.md ("The agent's routes
+and their answers")."""
 
 from __future__ import annotations
 

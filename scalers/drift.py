@@ -1,23 +1,7 @@
-"""The isolation drift check: the rules in the kernel against the active agents in the database.
-
-Every sweeper round, for each nft table this host's isolated scalers use (containers, the
-container mode of bare-metal scalers, Firecracker VMs), the kernel's rules are read once and
-compared with what each active agent's row says it must have: both map elements jumping to
-policy chains with exactly the rules its stored host access and its label set's policy render,
-and its (port, MAC, address) binding; and the base (the two inet chains, one guard chain per bridge, the
-bridge table's chains). What is missing or changed is re-applied in ONE transaction, under the
-addresses' locks and after re-reading the rows, so an agent torn down meanwhile is not given
-rules back. The guard's drop policy keeps everything from the bridge dropped until then (a
-flushed table keeps its chains). Each repair bumps ``kici_scaler_isolation_repairs_total`` and
-records an event. Policy chains no element jumps to any more (their last agent gone) are
-deleted at the end of each check. Design: ``docs/nft-isolation.md``.
-
-An agent in drift whose sandbox is provably gone (``agents.liveness.GONE_SANDBOX_STATES`` by
-``scalers.backends.sandboxes.probe_sandboxes``: its container missing or exited, its VM's process
-not running) is not repaired: its rules went with its sandbox (a veth that no longer exists, e.g.
-after a restart), nothing tampered with them, and releasing it is the lost-agents sweep's
-(``operations.kinds.lost_agents``). It is reported in ``DriftReport.gone`` and recorded once as
-"isolation rules not restored", which is not a repair (``operations.attention``).
+"""The isolation drift check: the rules in the kernel against the active agents in the database,
+every sweeper round; what differs is re-applied in one transaction after re-reading the rows, so
+an agent torn down meanwhile is not given rules back, and an agent whose sandbox is provably gone
+is reported, not repaired. Design: docs/nft-isolation.md ("The drift check").
 """
 
 from __future__ import annotations

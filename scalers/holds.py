@@ -1,27 +1,7 @@
 """Debug holds: the sandbox of an agent that ended kept for a bounded time, so a person can look
-inside it, then reaped by the sweeper (Zuul's autohold).
-
-A hold comes from one of two places:
-
-* a label set's ``debugHold: {onFailure: true, durationSeconds: N}`` (``scalers.config.schema``):
-  every agent of it that *fails* is held: a spawn given up after its backend call (registration
-  deadline, a boot that failed, the stale prune, the token TTL), a lost agent, or a job the
-  orchestrator reported with ``result: failure``;
-* an approved ``agent-hold`` operation (``operations.kinds.holding``) *arms* a hold on one live
-  agent (who asked, who approved, why, for how long): whatever ends that agent next (job-complete,
-  release, drain, failure) holds it instead.
-
-Holding (:func:`take_hold`, called by ``scalers.lifecycle`` where a teardown would begin) moves the
-agent to ``held`` and sets ``held_until``; nothing is destroyed: the sandbox keeps running, its
-isolation rules stay in force (``held`` is one of ``ACTIVE_STATES``, which the drift check keeps
-and the orphan sweeps count as tracked) and its reservation stays, so it counts against every cap.
-Its agent is told to drain (no new job). The sweeper tears it down at ``held_until``
-(``scalers.lifecycle.reap_expired_holds``) and an approved ``hold-release`` ends it sooner
-(``scalers.lifecycle.release_hold``), with the state the end would have had (``failed`` or
-``destroyed``). An explicit destroy (``agent-destroy``, ``stop_agents``) and a retried teardown
-never hold. A ``spawning`` agent is never held: its backend call is in flight and cleans up after
-itself when its row leaves ``spawning``; an agent with no sandbox (no ``managed_id``) neither, nor
-an event provision (its machine is the provisioner's, ended by the event-provision reaper).
+inside it, then reaped by the sweeper (Zuul's autohold). :func:`take_hold` is called by
+``scalers.lifecycle`` where a teardown would begin; where holds come from, what a held agent keeps
+and which ends never hold: docs/configuration.md ("Debug holds").
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Apply a validated ``scalers.yaml`` to the database, all or nothing.
 
-Used by ``import_scalers`` and the config reload. Scalers in the file are created or updated,
-scalers missing from it are marked *retiring* (never deleted: their agents and reservations
-still count until the retirement sweep tears them down), a backend type never changes under
-live agents.
-
-Each host imports its own file and owns the scalers it creates (``Scaler.host``, this host's
-``KICI_HOST_NAME``): an import creates, updates and retires only this host's scalers. A name another
-host owns is refused, naming both hosts, unless that host retired it and it has nothing live left
-(no active agent, no reservation): then the row moves to this host. Machine pools and the global
-part (caps, defaults, the firecracker block) are the installation's: the last import writes them
-(docs/multi-host.md).
-
-Everything happens inside one transaction that first locks the ``ConfigState``
-singleton row, the same row admission locks to serialise its decisions, so an
-admission sees either the old configuration or the new one, never a mix.
-
-A label set's host access set in the console (``LabelSet.host_access_override``) is kept over
-the file's value. Every value in force that an import changes, and every file value that changes
-under a console value, is recorded as an event naming the value, old and new, and the file
-(docs/configuration.md).
+Used by ``import_scalers`` and the config reload. Everything happens inside one transaction that
+first locks the ``ConfigState`` singleton row, the same row admission locks to serialise its
+decisions, so an admission sees either the old configuration or the new one, never a mix. Scalers
+missing from the file retire (never deleted: their agents still count until torn down); a host
+imports only its own scalers (docs/multi-host.md, "A scaler belongs to a host"); a console value
+is kept over the file's and every change is recorded (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -334,27 +320,9 @@ def _record_kept_host_access(
 
 
 def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
-    """Write ``config`` to the database in one transaction and report what changed.
-
-    * ``ConfigState`` (pk 1): global caps, ``defaults`` (the ``defaults.resources``
-      request as a nested dict, ``{}`` when absent), the ``firecracker`` block (``{}``
-      when absent), ``source``, ``imported_at`` (always bumped), ``raw`` (the whole
-      config with YAML key names).
-    * ``MachinePool`` rows upserted by name; pools no longer in the file are deleted
-      unless a scaler or reservation still references them (then kept, reported).
-    * ``Scaler`` rows upserted by name (``config`` = the entry with YAML key names);
-      a retiring scaler back in the file is resurrected; scalers missing from the
-      file are marked ``retiring`` (``retiring_since`` = now), never deleted.
-    * ``LabelSet`` rows matched by normalised labels (so reordering keeps identities),
-      renumbered to config order; rows no longer in the file are marked ``retired``; a host
-      access set in the console is kept (``host_access_override``).
-    * One ``config.changed`` event per value in force that changed (none on the first import:
-      nothing was in force), one ``config.override_kept`` event per file value that changed
-      under a console value; both name the value, old, new and ``source``.
-    * One ``config.warning`` event and log line per warning (``scalers.config.warnings``) the
-      scaler's previous entry did not already have: a warning is recorded once, when it appears.
-
-    Only this host's scalers (``Scaler.host``) are created, updated or retired (module doc).
+    """Write ``config`` to the database in one transaction and report what changed: this host's
+    scalers, their label sets and machine pools, the global part, and an event per value that
+    changed (what each row receives: docs/configuration.md, "What an import writes").
 
     Raises :class:`~scalers.config.loader.ConfigInvalid` (nothing written) when a scaler's
     ``type`` would change while it still has live agents or reservations (a

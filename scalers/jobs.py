@@ -1,31 +1,6 @@
 """rq jobs that run spawns on the queue of the scaler's host (``scalers.hosts``); the teardown and
-reclaim jobs are ``scalers.lifecycle``'s.
-
-- :func:`start_waiting_spawns` is the per-scaler spawn semaphore (``maxConcurrentSpawns``): an
-  admitted agent waits in ``spawning`` with no ``rq_job_id`` until fewer than that many of its
-  scaler's backend calls are in flight, then gets one and its job :func:`spawn_agent` is
-  enqueued (job id ``spawn-<agent id>``). An admission batch takes its new agents' free slots in
-  its own transaction under the same row lock (``scalers.admission.ledger.spawn_slots``); this
-  runs whenever a backend call ends (the end of :func:`spawn_agent` and
-  :func:`spawn_job_failed`), on every sweeper round, and after an admission that saw free slots
-  behind waiting agents.
-- :func:`spawn_agent` runs the backend's spawn under the spawn deadline
-  (``scalers.lifecycle.registration_deadline``) and cancellation (the agent row leaving
-  ``spawning``), stores the result, moves the agent to ``connecting`` and returns: the spawn job
-  never waits for the registration. On a failure: ``scaler.failed`` (with captured output), the
-  agent marked failed, what was created removed, the reservation released
-  (``scalers.lifecycle.fail_spawn``).
-- :func:`watch_registration` is the registration wait, outside the spawn job: a short job on the
-  host queue that looks once (the deadline, the backend's optional ``boot_failure``) and
-  schedules itself again (every :data:`BOOT_CHECK_SECONDS` for a backend that can tell a failed
-  boot, else at the deadline). It needs a worker run ``--with-scheduler``; the sweeper's
-  ``scalers.lifecycle.prune_stale_spawns`` is the deadline's backstop.
-- :func:`enqueue_spawn_or_fail` (admission's callers, after the commit) enqueues an admitted agent
-  that took a slot, and answers ``skipped`` when its spawn could not be enqueued.
-- The spawn job's timeout is the spawn timeout plus ``CLEANUP_GRACE_SECONDS``: the spawn itself
-  gives up at the deadline and cleans up inside that grace; rq's hard kill and the failure
-  callback :func:`spawn_job_failed` are the backstop for a job that hangs anyway.
-"""
+reclaim jobs are ``scalers.lifecycle``'s. How the spawn semaphore, the spawn job and the
+registration watch fit: docs/lifecycle.md ("Spawn jobs")."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""Following a real KiCI agent (label set ``kiciAgent``) through its life, from outside it.
-
-The real agent never speaks to the console: it registers with its orchestrator over a WebSocket
-and, scaler-managed, exits by itself a few seconds after it goes idle. So the console learns its
-state from two sources it trusts (``docs/real-kici-agent.md``):
-
-- the orchestrator's own list of the agents registered with it (its fleet topology,
-  ``scalers.kici_orchestrator.connected_agent_ids``): listed means ``running``, and each look
-  that finds it listed counts as a heartbeat;
-- the sandbox: a container that exited means the agent is gone.
-
-:func:`follow_kici_agent` is a short rq job on the scaler's host queue that looks once and
-schedules itself again every :data:`FOLLOW_SECONDS` until the agent has ended. One look
-(:func:`look_at`): a ``connecting`` agent the orchestrator lists is ``running``; one whose
-container exited first, or that is still unlisted at the registration deadline, is failed with
-the orchestrator's answer (how many agents it lists, whether the token was ever presented) and
-the agent's last output. A ``running`` agent whose container exited is torn down at once as
-``destroyed``, with a reason saying that the agent exited and how: its slot is free when the
-look ends. A follow lost with Redis or a killed worker is resumed by the sweeper
-(:func:`resume_follows`, within :data:`FOLLOW_LOST_SECONDS`, before the heartbeat timeout would
-call a healthy agent lost); its deadline prune stays the backstop for a connecting agent.
+"""Following a real KiCI agent (label set ``kiciAgent``) through its life, from outside it: the
+real agent never speaks to the console, so :func:`follow_kici_agent` (a short rq job that looks
+once and schedules itself again) reads the orchestrator's list of registered agents and the
+sandbox. What one look decides, and how a lost follow resumes: docs/real-kici-agent.md ("How the
+console knows what the agent does").
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """A real KiCI orchestrator's admin interface, as the console uses it for the label sets whose
-sandboxes run the real KiCI agent (``kiciAgent``; design: ``docs/real-kici-agent.md``).
-
-- :func:`mint_agent_token`: ``POST /api/v1/agent-tokens`` with the operator's admin token, one
-  token per spawn, bound to the labels that agent sends (its label set's and its roles'
-  ``kici:role:*``). The admin interface mints static tokens only (no expiry), so each is revoked
-  (:func:`revoke_agent_token`, ``DELETE /api/v1/agent-tokens/<id>``, which also closes the agent's
-  WebSocket) when its agent ends; none is left to expire.
-- :func:`connected_agent_ids`: ``GET /admin/fleet-topology``, the orchestrator's own list of the
-  agents connected and registered with it.
-- :func:`token_last_seen`: ``GET /api/v1/agent-tokens``, whether a token was ever presented.
-
-The admin token is an ``OrchestratorAdminToken`` row, encrypted like the registry credentials
-(``scalers.credentials``), decrypted for each call and never logged, shown or put in a message.
-Every call is bounded by :data:`CALL_TIMEOUT_SECONDS`; a failure raises :class:`OrchestratorError`
-naming the URL and the orchestrator's answer.
+sandboxes run the real KiCI agent: mint and revoke each agent's token, list the agents registered
+with it, and whether a token was ever presented (design: docs/real-kici-agent.md). The admin token
+is decrypted for each call and never logged, shown or put in a message; every call is bounded by
+:data:`CALL_TIMEOUT_SECONDS` and a failure raises :class:`OrchestratorError` naming the URL and the
+orchestrator's answer.
 """
 
 from __future__ import annotations

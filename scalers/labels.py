@@ -1,22 +1,6 @@
-"""Label logic: canonical forms, auto-injected labels, gates, routing and overlaps.
-
-Pure functions over plain values (no Django, no database).
-
-Vocabulary:
-
-* *declared* labels: a label set's ``labels`` as written in ``scalers.yaml``,
-  canonicalised (trimmed, lower-cased).
-* *enriched* label set: declared labels plus the auto labels a scaler's agents carry
-  (``kici:os:*``, ``kici:arch:*``, plain platform taints, ``kici:agent:<type>``,
-  ``kici:scaler:<name>``, ``kici:role:*``). Routing matches job labels against these.
-* *gate*: labels a job must carry to be routed to a label set at all
-  (``mandatoryLabels`` plus platform taints).
-
-Sections, in order: canonical forms and the reserved ``kici:`` prefix; roles; this host's
-platform and the taints of a declared platform or of plain labels; gates and the auto labels
-of enriched label sets and spawned agents; routing a job's labels to a scaler and label set;
-label sets declared by two different scalers.
-"""
+"""Label logic: canonical forms, auto-injected labels, gates, routing and overlaps; pure functions
+over plain values (no Django, no database). The vocabulary (declared, enriched, gate) and the
+module's sections: docs/configuration.md ("Labels")."""
 
 from __future__ import annotations
 

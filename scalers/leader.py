@@ -1,17 +1,8 @@
-"""Which console process leads the sweeps: a PostgreSQL session advisory lock.
-
-Several consoles may share one database; only one should run the stale prune, the retirement
-sweep, warm-pool ticks and token-TTL expiry (they are safe to race, but doubled work is waste).
-:class:`Leadership` holds ``pg_try_advisory_lock(LEADER_LOCK_KEY)`` on a *dedicated* psycopg
-connection, separate from Django's (which Django may close between units of work): the lock
-lives exactly as long as that connection. If the connection dies, PostgreSQL releases the lock
-and another process takes over on its next poll; this process notices on its next poll (the
-liveness query fails) and stops leading.
-
-A leader killed on a live host closes its socket and PostgreSQL ends the session at once. A host
-that vanishes (power, network) sends nothing, so the session carries TCP keepalives on both ends
-(:data:`KEEPALIVE_OPTIONS`): PostgreSQL ends it within :data:`DEAD_PEER_SECONDS` instead of its
-default two hours, and the dead host's own liveness query fails as quickly instead of hanging.
+"""Which console process leads the sweeps: a PostgreSQL session advisory lock held by
+:class:`Leadership` on a dedicated psycopg connection (Django may close its own between units of
+work), so the lock lives exactly as long as that connection; TCP keepalives (:data:`KEEPALIVE_OPTIONS`)
+end a vanished host's session within :data:`DEAD_PEER_SECONDS`. Failover cases: docs/recovery.md
+("Leader failover").
 """
 
 from __future__ import annotations

@@ -1,42 +1,6 @@
 """The one owner of an agent's transitions after admission: spawn failures, teardown, drain,
-job completion, release by the orchestrator, recovery's and the sweeper's ends.
-
-The rule for "a failed agent stops counting unless its sandbox still runs": an agent counts
-through its reservation row (and while it is in an active state). :func:`teardown_agent` removes
-the sandbox through the backend first and releases the reservation
-(``scalers.admission.ledger.release``) only once ``destroy`` returned; when ``destroy`` raises, the
-agent stays ``destroying`` *with* its reservation, so capacity that may still be in use stays
-billed, and the sweeper retries (:func:`retry_stuck_teardowns`). A sandbox that was never created
-(no ``managed_id``, local backend) has nothing to remove. Backends report to this module (they
-raise, or return); they never release anything themselves.
-
-Ends and their ``reason``:
-
-* the spawn job failed and its backend cleaned up: :func:`fail_spawn` with ``cleaned_up=True``
-  (``spawn-failed``, ``spawn-timeout``), called by ``scalers.jobs.spawn_agent``;
-* rq job crash or timeout / worker killed: :func:`on_spawn_job_failure` (``spawn-job-failed``),
-  attached by ``scalers.jobs`` as the spawn job's ``on_failure``; a killed worker's job reaches
-  it through rq's abandoned-job cleanup, and :func:`reap_failed_spawn_jobs` checks rq for the rest;
-* registration deadline reached (a ``connecting`` agent at ``spawn_started_at`` + spawn timeout):
-  :func:`expire_registration` (``spawn-timeout``), from the host queue's registration watch
-  (``scalers.jobs.watch_registration``) or the sweeper's :func:`prune_stale_spawns`; a boot the
-  backend reports failed while connecting: :func:`fail_connecting` (``spawn-failed``); never
-  registered within its token TTL: :func:`expire_unregistered_agents` (``token-expired``); a backend
-  call that outlived the stale window: :func:`prune_stale_spawns` (``stale-prune``). A delivered
-  event provision (:func:`awaits_the_reaper`) is left by the registration deadline and the prune
-  to the event-provision reaper (``scalers.provision_reaper``: ``spawn-timeout`` /
-  ``heartbeat-timeout``); the token-TTL expiry stays its last backstop;
-* the orchestrator: :func:`complete_job` (``job-complete``; every agent serves one job, unless its
-  label set's ``maxUses`` lets a warm agent go back to idle for another) and
-  :func:`release_agent`; a teardown decided in a request is queued (:func:`enqueue_teardown`);
-* drain: :func:`mark_draining`, then :func:`drain_idle_agents` once no job is active (``drained``);
-  warm-pool idle destroys (:func:`drain_and_destroy`) and retiring scalers (:func:`retirement_sweep`);
-* a registration refused because its agent ended: :func:`reclaim_job` removes the sandbox;
-* debug holds (``scalers.holds``): an end that would tear down an agent with an armed hold, or a
-  failure of a label set with ``debugHold.onFailure``, holds it instead (:func:`teardown_agent`,
-  :func:`complete_job`, :func:`release_agent`); :func:`reap_expired_holds` (the sweeper) and
-  :func:`release_hold` (an approved ``hold-release``) end it later with the end it was spared.
-"""
+job completion, release by the orchestrator, recovery's and the sweeper's ends. Why a reservation
+outlives a failed destroy, and every end with its reason: docs/lifecycle.md ("Ends")."""
 
 from __future__ import annotations
 
@@ -83,19 +47,12 @@ def teardown_agent(
     destroy_reason: str = "shutdown",
     hold: bool = True,
 ) -> bool:
-    """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation.
-
-    With ``hold`` (the default), an agent with an armed hold, or failing (``final_state`` failed)
-    in a label set with ``debugHold.onFailure``, is held instead (``scalers.holds.take_hold``):
-    nothing is removed or released and False is returned. An explicit destroy, a retried teardown
-    and the end of a hold pass ``hold=False``.
-
-    Steps: move an active agent to ``destroying`` (compare-and-swap; a spawning agent's rq job
-    sees its row leave ``spawning`` and aborts); ``get_backend(scaler).destroy(agent,
-    destroy_reason)``; then in one transaction set ``final_state`` (``destroyed`` or ``failed``),
-    ``finished_at`` and ``failure_reason``, revoke its unused registration tokens, record
-    ``agent.destroyed`` (for ``destroyed``) and :func:`release`. ``destroy_reason`` is the
-    event backend's scale-down reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...).
+    """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation; the
+    steps: docs/lifecycle.md ("Teardown"). ``destroy_reason`` is the event backend's scale-down
+    reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...). With ``hold`` (the default), an
+    agent with an armed hold, or failing in a label set with ``debugHold.onFailure``, is held
+    instead and False is returned; an explicit destroy, a retried teardown and the end of a hold
+    pass ``hold=False``.
 
     Returns True when the reservation was released by this call. When ``destroy`` raises (or no
     backend can be loaded for an agent that has a sandbox), the agent stays ``destroying`` with
@@ -159,19 +116,9 @@ def fail_spawn(
     ``error``: the exception the spawn raised, or a detail string; ``captured``: the agent's last
     output lines for the detail (an exception's own ``captured_output`` when not given);
     ``payload``: extra fields of the ``scaler.failed`` event (a boot's ``failureType``).
-
-    ``cleaned_up=False`` (the sweeps, the rq failure callback, the registration deadline, a spawn
-    that could not be enqueued): a ``scaler.failed`` event unless one was already recorded for
-    the agent, then :func:`teardown_agent` with ``final_state=failed``, which removes the sandbox
-    first and keeps the reservation when that fails (the sweeper retries).
-
-    ``cleaned_up=True`` (the spawn job, once the backend's failure path removed what the spawn
-    created): a compare-and-swap to ``failed`` from any state in
-    ``scalers.backends.failure.SPAWN_FAILURE_ENDS`` (an agent that registered or was drained while
-    its spawn was still finishing ends ``failed`` too, instead of staying active with no
-    sandbox), the event with the failed ``stage`` unless the backend reported its own failure
-    (``event_recorded``), its tokens revoked, and the release. The event and the release happen
-    even when someone else already moved the agent, so a spawn given up on still reports why.
+    ``cleaned_up``: the backend's failure path already removed what the spawn created (the spawn
+    job); without it the sandbox is removed through :func:`teardown_agent`. What each way does:
+    docs/lifecycle.md ("Teardown").
 
     Returns True when the reservation was released by this call.
     """

@@ -46,8 +46,8 @@ class ConfigState(models.Model):
 class ConfigGeneration(models.Model):
     """A token that changes with every write to the rows admission routes by (a singleton, pk=1).
 
-    Statement triggers on ``scalers_scaler``, ``scalers_labelset``, ``scalers_machinepool``
-    (migration ``0008_config_generation``) and ``scalers_pause`` (``0018``) set ``token`` to a
+    Statement triggers on ``scalers_scaler``, ``scalers_labelset``, ``scalers_machinepool`` and
+    ``scalers_pause`` (migration ``scalers.0002_squashed_0021_held_counts_active``) set ``token`` to a
     fresh random UUID in the writing transaction, so it commits with the change and is never
     reused, even after a TRUNCATE or a restored backup. Admission keys its cached routing table by
     it instead of hashing every row on each batch (``scalers.admission.ledger``).
@@ -238,9 +238,10 @@ class Reservation(models.Model):
 
 class UsageTally(models.Model):
     """One change to what admission counts, written by the database itself: triggers on
-    ``scalers_reservation`` and ``agents_agent`` (migration ``0012_usage_tally``) add a row per
-    scaler (and machine pool) for every statement that changes its reservations or its active,
-    in-flight or waiting agents, whoever runs it. A scaler's usage is the sum of its rows, so the
+    ``scalers_reservation`` and ``agents_agent`` (migration
+    ``scalers.0002_squashed_0021_held_counts_active``) add a row per scaler (and machine pool) for
+    every statement that changes its reservations or its active, in-flight or waiting agents,
+    whoever runs it. A scaler's usage is the sum of its rows, so the
     admission snapshot reads a few rows per scaler instead of aggregating the whole fleet; a batch
     folds the rows into one per scaler and pool under the admission lock when they pile up.
 

@@ -1,31 +1,8 @@
 """The event-provision reaper: ends event-scaler provisions whose agent never registered, or
 registered and went silent, through the ordinary teardown (which emits ``kici.scaler.scale-down``).
-
-Run by the leading sweeper (``scaler_sweeper``'s ``handle_provision_reap``) every
-``KICI_SCALER_REAP_INTERVAL_MS``; the verdict per provision is ``scalers.backends.event_reaper``'s.
-How the reference's cluster notions read in a console that shares one database
-(docs/event-provisions.md has the why):
-
-* *candidate*: an agent of an event scaler, connecting (the spawn job delivered the scale-up and
-  returned), running or draining (registered: heartbeat verdicts), or spawning (a spawn job that
-  stored the delivery and died before the move to connecting), whose scale-up was delivered
-  (``backend_context.requestId``, ``scalers.lifecycle.awaits_the_reaper``) and no scale-down sent,
-  created longer ago than the spawn timeout (``KICI_SPAWN_TIMEOUT_SECONDS``);
-* *registered anywhere*: it registered and its last heartbeat is within
-  ``KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS``;
-* *owner*: ``Agent.owner_instance``; *adopter*: the console instance that took its registration
-  (the ``agent.registered`` event's ``instance``), for an agent that registered;
-* *peers*: the other consoles, known from their sweeper sessions (``scalers.leader``); *known*
-  = every instance seen since this process began leading, *connected* = those with a session
-  now; an adopter is live while it is connected or was seen within the flap grace.
-
-The unseen clock and the re-attempt throttle are this leader's memory, as in the reference: a
-new leader starts them again, so a restart can only delay a reap, never hasten one. Verdicts that
-condemn are recorded on the agent (``scaler.failed`` for ``spawn-timeout``, ``agent.lost`` for
-``heartbeat-timeout``) and counted (``kici_orch_scaler_scale_down_emitted_total`` by the backend,
-``kici_orch_scaler_external_provision_timeout_total`` here); the two gauges
-``kici_orch_scaler_reap_unseen_provisions`` and ``kici_orch_scaler_reap_blocked`` are written at
-the end of every sweep.
+Run by the leading sweeper; the verdict per provision is ``scalers.backends.event_reaper``'s. How
+the reference's cluster notions read in a console that shares one database, and why it acts
+without an approved operation: docs/event-provisions.md ("The reaper").
 """
 
 from __future__ import annotations

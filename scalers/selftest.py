@@ -1,16 +1,7 @@
-"""The agent page's live isolation self-test: from an Agent row to ``network.selftest``.
-
-``network.selftest.run_isolation_selftest`` probes from inside a network namespace; this module
-finds the agent's namespace, rebuilds its rule spec from what is stored (address, resolved host
-access, the label set's allowlist/denyAll), picks the canaries with
-``network.selftest.default_selftest_targets``, reads the agent's rules and the table's address sets
-back from the kernel, sets up the route guard (``network.probe_guard``: the bridge is the interface
-holding the gateway address) and returns the results.
-
-No packet can leave this machine: real packets go only to the host's own addresses and
-to other agents on the same bridge, each after a route check; RFC1918, the metadata service and
-public addresses are verified from the rules in force and shown as "blocked by rule (verified,
-not probed)".
+"""The agent page's live isolation self-test: from an Agent row to ``network.selftest``. Finds the
+agent's namespace, rebuilds its rule spec from what is stored, picks the canaries, reads its rules
+back from the kernel and sets up the route guard; no packet can leave this machine (docs/nft-isolation.md,
+"The isolation self-test").
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """The trace of one spawn: when each of its steps ended, stored with the agent and observed in a
-histogram per step.
-
-A trace is a set of marks, each the seconds from the agent's admission (``created_at``) to a
-moment of its spawn, in ``Agent.spawn_trace`` (``{"created": 0.412, ...}``). The spawn job and
-the registration write their marks separately (the agent may register before its spawn job has
-written its own), each merging them into the stored ones with one statement. A step of
-:data:`STEPS` spans two marks; the writer whose marks complete a step observes its duration in
-``kici_scaler_spawn_step_seconds`` in the same transaction, so every step is counted once.
-Marks are wall-clock times of this host (the worker, the web process and the runtime share its
-clock). A backend without a moment (no rules without isolation, no runtime start time) leaves
-its mark out, and the steps that need it are neither shown nor observed.
+histogram per step, each step counted once whoever completes it. How marks are written and merged:
+docs/container-spawn.md ("Trace").
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Which jobs wait, and whether the cap that refused one still holds it.
-
-A job waits when its latest decision (``ScaleRequest``) left it queued (``WAITING_OUTCOMES``) and
-no agent serves it: an orchestrator that asks twice for one job gets the second ask refused while
-the first one's agent holds the slot, so a record can say ``at-capacity`` for a job that runs. A
-job told to ask again (``at-capacity``, ``skipped``) waits only while it does: one not asked about
-within :func:`retry_window` is no longer the orchestrator's current job here. A permanent refusal
-(``exceeds-cap``, ``no-backend``: asking again cannot help) is shown for ``WAITING_WINDOW``: it
-waits for a person to change the configuration. The "Why waiting" page and "Needs attention"
-both read :func:`waiting_requests`.
-
-An ``at-capacity`` record names the cap that refused when the job last asked; the orchestrator
-asks again on its own schedule, so the record outlives the refusal. :class:`CapsNow` decides the
-recorded request again against the usage as it stands, with admission's own cap check
-(``scalers.admission.caps.first_refusing_cap``): the cap that refuses it now, or none (capacity
-freed: the job waits for the orchestrator to ask again, not for capacity).
+"""Which jobs wait, and whether the cap that refused one still holds it: :func:`waiting_requests`
+(read by the "Why waiting" page and "Needs attention") and :class:`CapsNow`, which decides a
+recorded ``at-capacity`` request again with admission's own cap check. When a job counts as
+waiting, and for how long: docs/attention.md ("What counts").
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
-"""Warm pools: idle agents kept ready per (scaler × label set).
-
-* A pool exists for each label set of a non-retiring scaler with ``warmPool.enabled`` when (1)
-  the set's gate is reachable from its query labels (declared labels ∪ platform taints) and (2)
-  the set resolves to a non-zero shape from itself or ``defaults`` (limits alone count). Else a
-  warning and no pool. Target = the scaler's ``warmPool.size``.
-* Tick (every :data:`WARM_TICK_SECONDS`, the first one immediately in :func:`start_warm_pools`):
-  idle check, then deficit pass. The gauges are computed from the database at scrape time
-  (:mod:`scalers.scrape`), so each pool's target is visible before its first fill.
-* Deficit pass (:func:`deficit_pass`): under the admission lock, in one transaction with the
-  spawns it issues, so two passes (two processes) never overshoot: ``deficit = size − ready −
-  in_flight`` where ready = idle warm agents of the set and in_flight = its warm agents not
-  registered yet (spawning or connecting), clamped by the remaining headroom
-  ``min(globalMaxAgents − global count, maxAgents − scaler count)`` tracked across the whole
-  pass. Warm spawns go through the same caps as jobs, so warm agents count toward every cap. A
-  refused or failed warm spawn simply is not in flight any more (derived), and the next tick
-  retries.
-* Idle check (:func:`idle_check`): per pool, ``excess = idle − size``; among the oldest
-  ``excess`` idle agents (by ``registered_at``) those idle longer than ``idleTimeoutSeconds`` are
-  drained and destroyed. Idle agents of a pool that no longer exists are destroyed
-  at once; after a config change a shrunk pool loses its oldest surplus at once.
-  Destroy goes through ``mark_draining`` first and is abandoned if the agent took a job.
-* A job consumes an idle warm agent before a spawn: see ``scalers.admission.decide``.
-
-Idle and excess are counted per pool (label set), not per scaler, so one full pool of a scaler
-never makes another of its pools reap.
+"""Warm pools: idle agents kept ready per (scaler × label set), filled under the admission lock
+with the same caps as jobs and trimmed per pool. When a pool exists, the tick, the deficit pass
+and the idle check: docs/lifecycle.md ("Warm pools").
 """
 
 from __future__ import annotations

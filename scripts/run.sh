@@ -26,12 +26,12 @@ M="$PY manage.py"
 say "migrating the database"
 $M migrate --noinput -v0
 say "building the agent image"
-bash agent/build_image.sh
+bash sandbox_agent/build_image.sh
 if config_uses_firecracker "$KICI_SCALER_CONFIG_PATH" "${KICI_SCALER_CONFIG_DIR:-}"; then
   # The guest the scaler's kernelPath, initrdPath and rootfsPath point at (README "Firecracker guest").
   apt_install lz4 e2fsprogs
   say "building the Firecracker guest in var/guest"
-  sh agent/build_guest.sh "$ROOT/var/guest"
+  sh sandbox_agent/build_guest.sh "$ROOT/var/guest"
 fi
 say "creating the isolated agent network"
 $M ensure_agent_network

@@ -251,15 +251,15 @@ def docker_client(dockerd, settings):
 
 @pytest.fixture(scope="session")
 def agent_image(dockerd):
-    """Build (or reuse) the agent image ``kici-agent:local`` (agent/build_image.sh) on the private dockerd."""
+    """Build (or reuse) the agent image ``kici-agent:local`` (sandbox_agent/build_image.sh) on the private dockerd."""
     import subprocess
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "agent" / "build_image.sh"
+    script = Path(__file__).resolve().parent.parent / "sandbox_agent" / "build_image.sh"
     env = {**os.environ, "DOCKER_HOST": dockerd}
     proc = subprocess.run(["sh", str(script), "kici-agent:local"], env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        pytest.fail(f"agent/build_image.sh failed:\n{proc.stdout}\n{proc.stderr}")
+        pytest.fail(f"sandbox_agent/build_image.sh failed:\n{proc.stdout}\n{proc.stderr}")
     return "kici-agent:local"
 
 

@@ -59,4 +59,4 @@ def test_make_run_builds_the_firecracker_guest_only_for_a_config_with_a_firecrac
     assert uses("vms.yaml") and uses("containers.yaml", "dir")
     assert not uses("containers.yaml") and not uses("containers.yaml", "other") and not uses("containers.yaml", "")
     run_sh = (ROOT / "scripts" / "run.sh").read_text()
-    assert 'config_uses_firecracker "$KICI_SCALER_CONFIG_PATH"' in run_sh and "agent/build_guest.sh" in run_sh
+    assert 'config_uses_firecracker "$KICI_SCALER_CONFIG_PATH"' in run_sh and "sandbox_agent/build_guest.sh" in run_sh

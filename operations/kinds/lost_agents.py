@@ -1,39 +1,7 @@
 """Release lost agents: agents still ``running``/``draining`` whose sandbox is gone or that stopped
 heartbeating (``agents.liveness`` has the rule): otherwise an agent whose container dies stays
-running forever.
-
-Such an agent keeps its reservation and its slot although nothing runs: the stale-reservations kind
-does not see it (its agent is active), and the orphan sweep spares its container (its agent is
-tracked). This kind lists each lost agent with its evidence:
-
-* ``lost_by``: ``sandbox`` (provably gone: container missing/exited/dead, VM process not running,
-  bare-metal process gone) or ``heartbeat`` (no heartbeat for longer than
-  ``KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS``, counted from the console's last boot at the earliest);
-* ``last_heartbeat`` (ISO time) and ``heartbeat_age_seconds``; the sandbox state and its detail.
-
-The run re-plans: an agent that heartbeated since the preview (``last_heartbeat`` changed), left
-running/draining, or changed ``lost_by`` is skipped with the reason. Then, per agent, a
-compare-and-swap on (state, last heartbeat) moves it to ``destroying`` (a heartbeat that lands
-between re-plan and act still skips it), ``scalers.admission.teardown_agent`` removes the sandbox
-remains through the backend (an exited container, its rules; scale-down ``heartbeat-timeout`` for
-an event agent), marks the agent ``failed`` ("lost: ...") and releases its reservation.
-
-Scope: optionally one scaler; ``params.evidence`` = ``sandbox-gone`` or ``heartbeat`` restricts the
-plan to one kind of evidence (the other kind is listed as spared). The periodic sweep plans both,
-per scaler, every ``KICI_SWEEP_LOST_AGENTS_SECONDS`` (default :attr:`LostAgents.sweep_seconds`).
-
-Auto-approval (:meth:`LostAgents.auto_approves`): a ``sandbox-gone`` operation is approved by the sweep itself
-unless ``KICI_LOST_AGENTS_AUTO_RELEASE=false``: its reservation is held by nothing (the container
-exited or is missing, the VM or process is not running), so waiting for a person only keeps a slot
-from other jobs; the run re-checks the evidence before acting. A ``heartbeat`` operation always
-waits for a person (unless ``lost-agents`` is listed in ``KICI_AUTO_APPROVE``): a silent agent's
-sandbox may still run a job (a network partition, a hung console), and destroying it is a guess.
-
-Every sweep also marks the lost agents it found on their rows (``Agent.lost``, shown next to the
-state on the dashboard and the agent pages, ``agents.liveness.current_mark``) and records one
-``agent.lost`` event per agent when the mark is new: lost agents are visible before anyone opens
-the operation.
-"""
+running forever. The evidence, the re-plan, and why only a gone sandbox is released without a
+person: docs/lost-agents.md ("The lost-agents kind")."""
 
 from __future__ import annotations
 

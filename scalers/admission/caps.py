@@ -1,17 +1,8 @@
-"""The cap check of admission as pure arithmetic over a usage snapshot.
-
-No database here: :mod:`scalers.admission.ledger` reads the snapshot under the admission lock,
-:func:`first_refusing_cap` decides one request against it and :meth:`Usage.admit` books the
-admitted request into it, so the next request of the same batch sees it.
-
-Cap names (the ``cap`` of a refusal, the ``cap`` label of ``kici_scaler_spawn_refusals_total``):
-``globalMaxAgents``, ``maxAgents``, ``resourceCap.cpu``, ``resourceCap.memory``,
-``globalResourceCap.cpu``, ``globalResourceCap.memory``, ``machinePool.cpu``,
-``machinePool.memory``, checked in that order.
-
-``maxConcurrentSpawns`` is not a cap of admission: it bounds the backend calls in flight, so an
-admitted agent waits for a spawn slot (``scalers.jobs.start_waiting_spawns``) instead of being
-refused.
+"""The cap check of admission as pure arithmetic over a usage snapshot: no database here.
+:mod:`scalers.admission.ledger` reads the snapshot under the admission lock,
+:func:`first_refusing_cap` decides one request against it (caps in :data:`CAP_ORDER`) and
+:meth:`Usage.admit` books the admitted request into it, so the next request of the same batch
+sees it. ``maxConcurrentSpawns`` is not a cap: docs/admission.md.
 """
 
 from __future__ import annotations

@@ -261,33 +261,13 @@ MINT_ATTEMPTS = 10
 def decide_batch(
     requests: list[Request], *, instance_id: str | None = None, now: datetime | None = None
 ) -> BatchResult:
-    """Decide ``requests`` in order under the admission lock, in one transaction.
-
-    Per request: route ⇒ no-backend; a paused scaler or host ⇒ paused; a scaler not started
-    because host tools are missing (``scalers.backends.tools``) ⇒ skipped naming the scaler and
-    the tools; event scaler in provision backoff ⇒ skipped; resolve
-    resources; an idle warm agent that fits ⇒ assigned; a request larger than a resource cap on
-    its own ⇒ exceeds-cap naming the cap (permanent: answered at-capacity, the
-    orchestrator would retry forever); the caps in :data:`~scalers.admission.caps.CAP_ORDER` ⇒
-    at-capacity naming the cap;
-    otherwise a spawning Agent plus its Reservation are written. Refusals increment
-    ``kici_scaler_spawn_refusals_total{scaler,cap}`` (and the unlabelled gauge, which leaves out
-    machine-pool refusals). Raises database errors; then nothing is written.
-
-    Outside a transaction the batch runs in one of its own: in one round trip when it is decided
-    from the snapshot the connection's previous batch left (``ledger.take_held_snapshot``; the
-    write checks under the lock that nothing moved it), else in two; inside the caller's, under a
-    savepoint, from a fresh snapshot. A minted agent id that already exists undoes the batch, which is
-    decided again with new ids (at most :data:`MINT_ATTEMPTS` times, then ``RuntimeError``).
-
-    A request for a job (or with an idempotency key) that has a live agent is answered
-    ``replayed`` or ``idempotency-mismatch`` (:mod:`scalers.admission.idempotency`). A batch
-    decided from a fresh snapshot reads those live agents with it, in the same round trip. One
-    decided from the held snapshot reads nothing before its write: a job it would admit that has
-    a live agent fails the write (the unique indexes on live agents' jobs and keys), and a job it
-    would refuse sends it to the fresh path first; either way it is decided again knowing them.
-
-    The caller enqueues the spawns of ``BatchResult.admitted`` after the commit.
+    """Decide ``requests`` in order under the admission lock, in one transaction (the caller's, under
+    a savepoint, when there is one): each is refused naming why, answered with an idle warm agent or
+    a live agent of its job, or admitted as a spawning Agent with its Reservation. The order of the
+    checks, the round trips and the replay rule: docs/admission.md ("One batch", "One live agent
+    per job"). Raises database errors, then nothing is written; ``RuntimeError`` when a minted
+    agent id is taken :data:`MINT_ATTEMPTS` times. The caller enqueues the spawns of
+    ``BatchResult.admitted`` after the commit.
     """
     instance_id = instance_id or settings.KICI_INSTANCE_ID
     now = now or timezone.now()

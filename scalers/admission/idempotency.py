@@ -1,25 +1,8 @@
 """Idempotent scale: a job has at most one live agent, and so has an ``Idempotency-Key``.
-
-A job's agent is live while it is in ``agents.choices.LIVE_STATES`` (spawning, connecting,
-running, draining); a release, a job-complete that ends it or a failed spawn ends it, and with
-it the job's and the key's claim. While it is live, a ``/scale`` for the same job is answered
-(pure, :func:`verdict`):
-
-* asked for the same way (same ``Idempotency-Key`` or none both times, same body: ``labels``,
-  ``resources``, ``runId``, ``exclude``, ``container``, as validated): that agent again (200, the
-  first answer's body);
-* with another key, or with a key where the first had none or the other way round: refused,
-  field ``Idempotency-Key`` (the job is taken: a new intent for it must wait for its end);
-* with the same key and another body: refused, the field the first difference is in.
-
-A request whose key a live agent of *another* job was asked for with is refused, field ``jobId``
-(a key names one request). A KiCI scale-up event (``scalers.admission.validate.KiciScaleUpBody``)
-is keyed by its ``requestId``, with or without a job: its body is the payload
-(:data:`EVENT_BODY_FIELDS`, its claim code compared but never shown).
-
-The database holds both rules for every writer (the unique indexes ``agent_one_live_per_job``
-and ``agent_one_live_per_key``): a batch that would break one fails and is decided again knowing
-the live agents of its jobs and keys (``scalers.admission.decide``).
+:func:`verdict` (pure) answers a request that meets a live agent: that agent again, or a refusal
+naming the field that differs. The database holds both rules for every writer (the unique indexes
+``agent_one_live_per_job`` and ``agent_one_live_per_key``). Each case and why:
+docs/admission.md ("One live agent per job").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Database side of admission: the lock, the usage snapshot, idle warm agents, metric counters
-and writing a decided batch.
-
-Every function here runs inside the caller's transaction on the caller's connection
-(:mod:`scalers.admission.decide` opens it). SQL is written out because these few statements run
-once per *batch* on the hot path; everything else uses the ORM.
-
-The lock (one mutex shared by every console process on the database):
-``SELECT ... FROM scalers_configstate WHERE id = 1 FOR UPDATE``. Chosen over a transaction-level
-advisory lock because the same statement returns the global caps, and because a config import
-that updates that row is serialised with admission for free. Reads that follow the lock are
-separate statements, so under READ COMMITTED they see every transaction committed before the
-lock was granted (a sub-select in the locking statement would keep its pre-wait snapshot).
+and writing a decided batch. Every function runs inside the caller's transaction on the caller's
+connection; SQL is written out because these few statements run once per batch on the hot path.
+Why the lock is the ``ConfigState`` row: docs/admission.md ("The lock").
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
-"""The bare-metal backend: agents as host processes, or as containers in container mode.
-
-Process mode (label set with ``binaryPath``): the binary (e.g. ``agent/kici_agent.py``) runs
-detached in its own session and process group, with ``spawn_env.process_env``'s environment. With
-``enforceCgroups`` on Linux, a positive limit and a working ``systemd-run --user`` it runs under
-``systemd-run --user --scope ... --property=CPUQuota=..% --property=MemoryMax=..``;
-when systemd cannot be reached (no user bus, as in containers and minimal VMs) it runs directly
-and the ``scaler.provisioning`` event says the limits were NOT enforced. Destroy: SIGTERM to the
-group, up to 5 s, then SIGKILL to the group; the pid is acted on only while
-``/proc/<pid>/stat`` still shows the start time recorded at spawn (a recycled pid is left alone).
-
-A process-mode label set with ``kiciAgent`` runs the real KiCI agent: ``spawn_env.kici_process_env``'s
-environment, its orchestrator token minted and revoked through ``kici_token``, and the process
-started under ``exit_record`` so that the follow (``sandbox_exit``) learns its exit code.
-
-Container mode (label set with ``image`` and no ``binaryPath``): the container backend's path with
-the four ownership labels (no bound-job labels), ``KICI_JOB_IMAGE_AGENT=1``, the same HostConfig
-builder, ``kici-agent-net`` and the same forward + input rules. It is always isolated: the entry's
-``networkIsolation: false`` is ignored (warned about at config load, ``scalers.config.warnings``);
-only the console-wide ``KICI_NETWORK_ISOLATION`` turns it off.
-
-``networkPolicy`` on a process-mode label set cannot be enforced: warned about at config load
-(``scalers.config.warnings``).
-"""
+"""The bare-metal backend: agents as host processes, or as containers in container mode. How a
+process is started, limited and ended (its pid checked against its start time, so a recycled pid
+is left alone), and what container mode shares with the container backend: docs/bare-metal.md."""
 
 from __future__ import annotations
 

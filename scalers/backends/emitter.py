@@ -1,18 +1,7 @@
-"""Delivering scaler events (``kici.scaler.scale-up`` / ``scale-down``) to provisioning targets.
-
-A target is an ``http(s)://`` URL, or a name such as ``myorg/infra`` (a workflow repository),
-mapped to a URL by ``settings.KICI_PROVISIONING_TARGET_URLS`` (a dict, or the environment
-variable of that name as ``name=url,name2=url2``). Each delivery is one POST of
-``{"event", "deliveryId", "timestampMs", "payload"}`` signed with HMAC-SHA256 over the exact body
-bytes, key ``KICI_PROVISIONING_SECRET``::
-
-    X-Kici-Event: kici.scaler.scale-up
-    X-Kici-Delivery: <uuid4>
-    X-Kici-Signature-256: sha256=<hex>
-
-Connection errors, timeouts, 429 and 5xx are retried with exponential backoff (0.5 s doubling,
-at most 8 s between tries, ``attempts`` tries, never past ``deadline``); any other non-2xx fails
-at once. Every target must accept, or :class:`EventEmitError` is raised.
+"""Delivering scaler events (``kici.scaler.scale-up`` / ``scale-down``) to provisioning targets,
+signed with HMAC-SHA256 and retried with backoff up to a deadline; every target must accept, or
+:class:`EventEmitError` is raised. Targets, the request and the retries: docs/event-provisions.md
+("Deliveries").
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""The event backend: agents provisioned by someone else, asked for by signed events.
-
-Spawn registers a claim and emits ``kici.scaler.scale-up`` to the scaler's
-``provisioningTargets``; the provisioner redeems the claim code (``POST /api/v1/agents/claim``)
-for a registration token and starts an agent that registers like any other. The token is never
-in the event. Destroy emits ``kici.scaler.scale-down`` once (idempotent) and invalidates the
-claims. ``shutdown_all`` emits nothing: cloud instances outlive the console process.
-
-``roles``, ``mandatoryLabels``, ``platform``, ``agentTokenTtlSeconds``, ``claimTtlSeconds`` and
-``provisioningTargets`` are read off ``self.scaler`` at every spawn; :meth:`EventBackend.reload`
-replaces that entry, so a reload takes effect on the next spawn.
-
-Every event delivered is counted (``kici_orch_scaler_scale_up_emitted_total{scaler}``,
-``kici_orch_scaler_scale_down_emitted_total{scaler, reason}``, :mod:`scalers.metrics`). What
-becomes of a provision whose agent never registers or goes silent is the reaper's
-(:mod:`scalers.provision_reaper`).
+"""The event backend: agents provisioned by someone else, asked for by signed events. The token is
+never in the event: the provisioner redeems a claim code for it. Spawn, destroy, what a reload
+changes and what is counted: docs/event-provisions.md ("The event backend").
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
-"""The one ``HostConfig`` builder for every KiCI agent container.
-
-Two paths create an agent container: the container backend and the bare-metal backend's
-container mode. Both call :func:`build_agent_container_host_config` and nothing else builds a
-HostConfig, so the two cannot differ (e.g. one applying the operator's limits, the other not).
-
-Capabilities: only ``NET_RAW`` is dropped (``CapDrop: ["NET_RAW"]``), and no
-``no-new-privileges``. Both paths run the agent with ``KICI_EXECUTION_MODE=bare-metal``, so
-unless a job brings its own image the workflow's build steps run as ordinary processes INSIDE
-this container. ``apt-get``/``dpkg`` need CHOWN, DAC_OVERRIDE, FOWNER, SETUID and SETGID, and
-``no-new-privileges`` breaks ``sudo`` and every setuid binary; dropping those would silently
-break every ``type: container`` build. ``NET_RAW`` is different: no build step needs raw or
-packet sockets (the agent, also when injected into a job's image, talks HTTP with ``wget``;
-``ping`` is the usual casualty), while with it a job can forge frames on the agent bridge, which
-only the bridge table then stops (``docs/nft-isolation.md``, "Layer 2"). A label set that needs
-it sets ``netRaw: true``, which the scaler page shows as a warning. The confining boundary for
-nested JOB containers is one level in: the agent applies ``CapDrop: ALL``,
-``no-new-privileges`` and a tighter pids limit to each of them.
-
-``PidsLimit`` is the exception and stays: 4096 bounds a fork bomb and costs a build nothing.
-``Init`` runs docker's init (tini) as PID 1 so the agent gets SIGTERM delivered and reaped
-promptly and ``stop(t=10)`` returns in well under its timeout.
+"""The one ``HostConfig`` builder for every KiCI agent container: the container backend and the
+bare-metal backend's container mode both call :func:`build_agent_container_host_config` and
+nothing else builds one, so the two cannot differ. Why only ``NET_RAW`` is dropped and what
+``PidsLimit`` and ``Init`` are for: docs/container-spawn.md ("The HostConfig").
 """
 
 from __future__ import annotations

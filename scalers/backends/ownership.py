@@ -1,19 +1,7 @@
-"""Who owns a sandbox: the installation, the console instance and the scaler that made it.
-
-Consoles may share a docker host or a VM host, and two of them may share a scaler name (a staging
-console, or one started on a restored copy of the database). Every sandbox therefore carries three
-ownership labels besides ``kici-managed=true`` and ``kici-agent-id`` (a container as labels, a
-Firecracker VM in the owner file beside its chroot):
-
-- ``kici-installation-id``: ``scalers.models.Installation``, one id per database (a restored copy
-  keeps it);
-- ``kici-instance-id``: ``settings.KICI_INSTANCE_ID``, the console instance (stable across its
-  restarts, different for a second console on the same host: see the README);
-- ``kici-scaler-name``: the scaler.
-
-A sweep counts a sandbox as its own only when all three equal its own (:func:`judge_ownership`).
-One with a missing or empty owner label (made before the labels existed, or half made) belongs to
-nobody known: it is logged and spared, never reaped.
+"""Who owns a sandbox: the installation, the console instance and the scaler that made it. A sweep
+counts a sandbox as its own only when all three labels equal its own (:func:`judge_ownership`);
+one with a missing or empty owner label is logged and spared, never reaped. Why and the labels:
+docs/sandbox-ownership.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Is an agent's sandbox still there? One probe per scaler for many agents (for lost-agent detection,
-``agents.liveness``; ``operations.kinds.lost_agents``).
-
-* container agents (and bare-metal agents in container mode): ONE listing of every
-  ``kici-managed=true`` container on the scaler's runtime (``GET /containers/json?all=1``); an agent
-  whose container (by ``kici-agent-id`` label or by id) is absent from a listing that worked is
-  ``missing``; otherwise the container's own state (``running``, ``exited``, ``dead``, ``paused``,
-  ``created``, ``restarting``, ``removing``) with its status line as detail. A runtime that cannot
-  be listed gives ``unknown`` for all of them: nothing is proven.
-* Firecracker agents: the PID-reuse-safe probe of ``<chroot>/firecracker.pid`` (``firecracker.pidprobe``):
-  a pid that is not running (or a recycled one) is ``exited``; a chroot that no longer exists is
-  ``missing``; an unreadable pid file in a chroot that exists is ``unknown``.
-* bare-metal process-mode agents: the recorded pid and its start time (``/proc/<pid>/stat``): a
-  process that is gone, a zombie, or a recycled pid is ``exited``.
-* event agents run on someone else's machine: ``not probed`` (only the heartbeat can tell).
-
-Read-only: nothing is stopped, removed or signalled here.
-"""
+``agents.liveness``; ``operations.kinds.lost_agents``); read-only, nothing is stopped, removed or
+signalled here. What each backend's probe answers: docs/lost-agents.md."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
 """The host tools a scaler needs before it may start, and the check the sweeper runs each round.
-
-:func:`required_tools_for` names them per type (the reference's ``requiredToolsFor``):
-
-- ``firecracker``: ``firecrackerPath`` and ``jailerPath`` (files), ``mkfs.ext4`` (the overlay
-  drive), ``nft`` (the VMs' rules), ``ip`` (default route, ``ip netns exec``), ``sudo`` with
-  ``requireSudo``; and CAP_NET_ADMIN for this process (:func:`net_admin_problem`): the VMs' nft
-  rules (libnftables) and the bridge and TAP devices (netlink) are written by this process, which
-  ``requireSudo`` cannot cover (it wraps commands: the jailer, chown, sysctl, iptables), so a
-  console driving Firecracker runs as root.
-- ``bare-metal``: every process-mode label set's ``binaryPath`` (a file) and the interpreter its
-  ``#!`` line names (the reference requires ``node`` because its agent is a node script; this
-  console's agent is ``#!/usr/bin/env python3``); ``bwrap`` when ``KICI_SANDBOX=true`` reaches the
-  agent (forwarded ``KICI_AGENT_ENV_KICI_SANDBOX`` or the label set's ``env``); ``nft`` when a
-  label set runs in container mode (always isolated).
-- ``container``: ``nft`` while isolation is on. The runtime itself is a socket, checked by
-  ``ensure_host_ready``.
-- ``event``: nothing.
-
-A path given in config is checked as an existing executable file; a bare name through
-``shutil.which`` on this process's ``PATH``. :func:`check_host_tools` stores what is missing on
-the scaler (``Scaler.host_tools_missing``), which admission reads: a scaler with missing tools is
-not started (every scale request routed to it is refused naming the tools).
+:func:`required_tools_for` names them per type (the reference's ``requiredToolsFor``);
+:func:`check_host_tools` stores what is missing on the scaler (``Scaler.host_tools_missing``),
+which admission reads: a scaler with missing tools is not started. The tools per type and why
+each: docs/configuration.md ("A scaler whose host tools are missing is not started").
 """
 
 from __future__ import annotations

@@ -1,35 +1,7 @@
 """The ``scalers.yaml`` schema (pydantic v2); existing ``scalers.yaml`` files are read unchanged.
-
-Python attributes are snake_case; the YAML keys (camelCase) are the aliases, and only
-the aliases are accepted on input (``max_agents:`` in a YAML file is an unknown key).
-``model_dump(by_alias=True, exclude_none=True)`` (or
-:meth:`ScalersConfig.to_raw`) gives back a document that validates to an equal object,
-which is what the database stores.
-
-Strictness: scaler entries, label sets, resource shapes,
-resource caps, machine pools and ``platform`` refuse unknown keys
-(``unrecognized_keys``); the top level, ``defaults``, ``warmPool``, ``networkPolicy``
-and the ``firecracker`` block drop them silently. An explicit YAML ``null`` on an
-optional key means "absent".
-
-Validation happens in two layers, so that *every* problem can be reported with its
-own path:
-
-1. :func:`validate_document` validates the top level and each scaler entry
-   separately, then runs the refinements (per-type requirements, gate reachability,
-   machine-pool references, duplicate names, label-set overlaps) on whatever parsed.
-   It returns ``(config | None, issues)``; paths are tuples such as
-   ``("scalers", 0, "labelSets", 1, "labels")``.
-2. :class:`ScalersConfig` re-checks the same refinements in a model validator, so a
-   ``ScalersConfig`` object is always a fully valid configuration however it was built.
-   (A bare :class:`ScalerEntry` only carries field-level checks; use
-   :func:`scaler_entry_issues` for its refinements.)
-
-Sections, in order: validation issues (:class:`SchemaIssue`, pydantic errors in the
-established message wording), scalar types and the strict and loose base objects, resource shapes
-(requests, caps, machine pools), a scaler entry and its parts, the refinements within and
-across entries, the top level (:class:`ScalersConfig`), and validating a whole document
-(:func:`validate_document`, :func:`parse_resource_request`).
+Every problem is reported with its own path, and a ``ScalersConfig`` is always fully valid however
+it was built. Key spelling, strictness and the two layers of validation: docs/configuration.md
+("The file's schema").
 """
 
 from __future__ import annotations

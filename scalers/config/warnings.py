@@ -1,21 +1,7 @@
-"""Warnings about a valid ``scalers.yaml``: settings that are accepted but have no effect.
-
-- A bare-metal label set that runs a host process (``binaryPath``) and declares a
-  ``networkPolicy``: nothing can enforce a policy on a host process (an ``image``-only label set
-  runs in container mode, where it is enforced, and is not warned about).
-- ``networkIsolation: false`` on a bare-metal entry: its container mode always runs on
-  ``kici-agent-net`` with isolation rules, so the setting is ignored.
-- ``netRaw: true`` where no container runs the agent (a Firecracker guest, whose root holds
-  every capability inside its VM; a bare-metal host process): there is nothing to give back.
-  Where it does take effect the scaler page shows it as a warning instead.
-- ``debugHold.onFailure: true`` on an event scaler: its machines are the provisioner's, ended by
-  the event-provision reaper; the console holds only sandboxes it made (``scalers.holds``).
-- ``kiciAgent`` on a bare-metal label set: the real KiCI agent, scaler-managed and run as root,
-  appends an ``iptables`` OUTPUT rule (dropping the metadata address) to the host itself, one per
-  agent and never removed; its ``binaryPath`` should drop privileges (docs/real-kici-agent.md).
-
-``import_scalers --check`` (``make check``) prints them; an import records each new one as a
-``config.warning`` event and a log line (``scalers.importing``).
+"""Warnings about a valid ``scalers.yaml``: settings that are accepted but have no effect. Never
+blocking: ``import_scalers --check`` prints them and an import records each new one. Each setting
+and why it cannot take effect: docs/configuration.md ("Settings accepted without effect are warned
+about").
 """
 
 from __future__ import annotations

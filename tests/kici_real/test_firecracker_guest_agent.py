@@ -1,4 +1,4 @@
-"""The Firecracker guest's MMDS reader (agent/guest_mmds.sh) starting the real KiCI agent (v0.1.24):
+"""The Firecracker guest's MMDS reader (sandbox_agent/guest_mmds.sh) starting the real KiCI agent (v0.1.24):
 the console's MMDS document for a VM of a ``kiciAgent`` label set, served at the MMDS address to a
 network namespace standing in for the guest, makes the real agent register with the real
 orchestrator and exit once idle. The reader's own ``KICI_*`` settings are in its environment, so
@@ -25,7 +25,7 @@ from tests.support.scalers import make_agent, make_scaler
 
 pytestmark = [pytest.mark.kici_real, pytest.mark.root, pytest.mark.slow, pytest.mark.django_db]
 
-READER = REPO / "agent" / "guest_mmds.sh"
+READER = REPO / "sandbox_agent" / "guest_mmds.sh"
 
 
 def _guest_namespace(orchestrator_netns: str) -> tuple[str, str]:

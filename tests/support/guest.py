@@ -1,4 +1,4 @@
-"""Test helpers for the Firecracker guest (agent/build_guest.sh): the built artifacts, an
+"""Test helpers for the Firecracker guest (sandbox_agent/build_guest.sh): the built artifacts, an
 MMDS-shaped server, a console that records registrations, busybox's applets as the guest's PATH.
 
 The guest is built once into ``var/test-guest`` (gitignored); ``build_guest.sh`` hashes its inputs
@@ -29,12 +29,12 @@ XEN_ELFNOTE_PHYS32_ENTRY = 18
 
 
 def build_guest(out: Path = GUEST_DIR, agent_tree: Path | None = None) -> Path:
-    """Run agent/build_guest.sh into ``out`` (with ``agent_tree`` as its ``KICI_GUEST_AGENT_TREE``);
+    """Run sandbox_agent/build_guest.sh into ``out`` (with ``agent_tree`` as its ``KICI_GUEST_AGENT_TREE``);
     raises AssertionError with its output when it fails."""
     env = {**os.environ, "KICI_GUEST_AGENT_TREE": str(agent_tree or "")}
-    proc = subprocess.run(["sh", str(REPO / "agent" / "build_guest.sh"), str(out)], capture_output=True, text=True,
-                          timeout=900, env=env)  # fmt: skip
-    assert proc.returncode == 0, f"agent/build_guest.sh failed ({proc.returncode}): {proc.stdout}{proc.stderr}"
+    script = REPO / "sandbox_agent" / "build_guest.sh"
+    proc = subprocess.run(["sh", str(script), str(out)], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, f"sandbox_agent/build_guest.sh failed ({proc.returncode}): {proc.stdout}{proc.stderr}"
     return out
 
 

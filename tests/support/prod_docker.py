@@ -177,11 +177,11 @@ def stop_prod_dockerd() -> None:
 
 def build_agent_image(image: str = "kici-agent:local") -> str:
     """Build (or reuse: the script hashes its inputs) the agent image into this daemon with
-    ``agent/build_image.sh``; returns its name. Raises :class:`ProdDockerdUnavailable` with the
+    ``sandbox_agent/build_image.sh``; returns its name. Raises :class:`ProdDockerdUnavailable` with the
     script's output when it fails."""
-    script = Path(__file__).resolve().parents[2] / "agent" / "build_image.sh"
+    script = Path(__file__).resolve().parents[2] / "sandbox_agent" / "build_image.sh"
     env = {**os.environ, "DOCKER_HOST": DOCKER_HOST}
     proc = subprocess.run(["sh", str(script), image], env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise ProdDockerdUnavailable(f"agent/build_image.sh failed:\n{proc.stdout}\n{proc.stderr}")
+        raise ProdDockerdUnavailable(f"sandbox_agent/build_image.sh failed:\n{proc.stdout}\n{proc.stderr}")
     return image

@@ -165,7 +165,7 @@ class Host:
         return f"dockerd of {self.name} did not come up:\n{log_tail(self.dockerd_log)}"
 
     def build_agent_image(self) -> None:
-        script = REPO / "agent" / "build_image.sh"
+        script = REPO / "sandbox_agent" / "build_image.sh"
         env = {**os.environ, "DOCKER_HOST": self.docker_host}
         proc = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:

@@ -1,32 +1,11 @@
 """``python manage.py scaler_sweeper [--once] [--interval SECONDS]``: the long-running sweeper.
 
-At start it recovers this instance's rows (``recover_state``, trigger ``boot``). Then every
-``--interval`` seconds it seeks the sweeper leadership (``scalers.leader``); on gaining it after
-boot it recovers again (``leader-change``). Each round runs units of work that report whether they
-did anything, in two groups (docs/multi-host.md):
-
-* this host's, on every host's sweeper, leading or not (by the one sweeper of the host holding the
-  host's lock, ``scalers.leader.host_lock_key``), each touching only the scalers of this host
-  (``Scaler.host``) and what they made: the host-tool check and host readiness, the
-  isolation drift check of its nft tables (``scalers.drift``), the output cap
-  (``scalers.output_caps``), the stale-spawn prune (registration deadlines passed, backend calls
-  past the stale window), the resumption of lost follows of real KiCI agents
-  (``scalers.kici_agents.resume_follows``), token-TTL expiry, the check of failed spawn jobs in rq, retries of
-  failed teardowns, the teardown of drained agents (``scalers.lifecycle.drain_idle_agents``) and of
-  held agents whose hold expired (``scalers.lifecycle.reap_expired_holds``), the
-  retirement sweep, the warm pools' idle check, the orphan and drift findings (``operations.findings``:
-  detected every round, shown, never planned), and the operation sweeps planned from this host's
-  runtime (``operations.sweeps``: orphan containers and VMs, stale rules, lost agents by sandbox);
-* the global ones, on the leader only: the start of spawns waiting for a slot, the
-  event-provision reaper (``scalers.provision_reaper``: its own interval, its clocks forgotten
-  when leadership is lost), the warm pools' deficit pass, the global operation sweeps (stale
-  reservations, lost agents by heartbeat, plan expiry), the capacity samples (``scalers.samples``:
-  one row per scaler every ``KICI_CAPACITY_SAMPLE_SECONDS``) and retention (old requests, finished
-  agents, events, tokens, capacity samples). The lead is checked again before each of them, so a
-  process whose lock session ended mid-round stops there.
-
-Every sweep only *plans* operations. SIGTERM / SIGINT stop it after the current unit of work and
-release the lead.
+At start it recovers this instance's rows (``recover_state``, trigger ``boot``); then every
+``--interval`` seconds it seeks the leadership (``scalers.leader``), recovering again on gaining
+it, and runs its units of work: this host's on every host's sweeper, the global ones on the leader
+only, the lead checked again before each (which units, and why each runs where:
+docs/multi-host.md, "What each sweeper runs"). Every sweep only *plans* operations. SIGTERM /
+SIGINT stop it after the current unit of work and release the lead.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The runtime volume that carries the agent into a job's own image.
-
-A job image is foreign: it need not have a shell, ``wget`` or the agent. Its container mounts the
-volume ``kici-job-runtime-<12 hex of the agent image id>`` read-only at :data:`RUNTIME_DIR`,
-holding the agent image's static busybox (with one link per applet) and ``kici_agent.sh``, and
-runs :data:`AGENT_ENTRYPOINT` instead of the image's own entrypoint and command.
-
-The volume is filled from the agent image (``KICI_AGENT_IMAGE``, which the runtime must have, as
-for every container scaler) by a short-lived helper container without network. The fill is
-idempotent (each file is written beside its place and renamed over it), so concurrent spawns and
-consoles may fill the same volume; each console process fills it once per runtime and agent
-image, then only checks that it still exists (one removed since is filled again). The volume is
-named by the agent image's id, so a rebuilt agent gets a new one. Design:
-``docs/registry-credentials.md``.
+"""The runtime volume that carries the agent into a job's own image, which need not have a shell,
+``wget`` or the agent: mounted read-only at :data:`RUNTIME_DIR`, run with :data:`AGENT_ENTRYPOINT`,
+named by the agent image's id and filled idempotently from it, so concurrent spawns and consoles
+may fill the same volume. Design: docs/registry-credentials.md.
 """
 
 from __future__ import annotations
@@ -61,7 +51,7 @@ def ensure_runtime_volume(api) -> str:
     except ImageNotFound:
         raise SpawnError(
             f"agent image {agent_image} is not on the runtime: a job image needs it for the agent "
-            "(agent/build_image.sh builds it)",
+            "(sandbox_agent/build_image.sh builds it)",
             "runtime",
         ) from None
     name = runtime_volume_name(image_id)

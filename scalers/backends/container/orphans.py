@@ -1,29 +1,7 @@
 """The orphan rule for agent containers, written once: pure functions over containers as listed.
-
-Consoles may share a docker host, and a sweep that removed every ``kici-managed=true`` container
-would kill the neighbours' running agents. A container is an orphan of a scaler only when ALL of
-these hold:
-
-- it carries ``kici-managed=true`` and exactly this scaler's ``kici-scaler-name`` (an empty,
-  missing or prefix-alike name, ``ci`` vs ``ci-2``, is someone else's: not in this scaler's plan);
-- its ownership labels are this console's (``scalers.backends.ownership``: installation, instance
-  and scaler name all equal). Another installation's or console's container is spared with that
-  reason; one whose ``kici-installation-id`` or ``kici-instance-id`` is missing or empty is spared
-  as "skipped: ownership unknown" and logged;
-- its ``kici-agent-id`` is not tracked by this console (an agent row of this scaler in
-  spawning / running / draining / destroying);
-- it is not running, or it is running and its agent id is NOT registered. A running container
-  without an agent id, or any running container when the registry is unwired, is spared.
-
-A container the runtime is already removing is left to it.
-
-:func:`judge_container` decides for one container: a list summary when planning, or a fresh
-inspect result (:func:`summary_of_inspect`) right before acting. :func:`plan_container_orphans`
-applies it to a listing and returns the targets and the spared containers with their reasons.
-
-Rules: an address on ``kici-agent-net`` with rules in this console's table that nothing holds
-(``scalers.backends.holders``: no kici-managed container of ANY scaler or console, no active agent
-row, no VM allocation). When the runtime listing failed, no rule is planned.
+Consoles may share a docker host, so a container is an orphan of a scaler only when every
+condition of docs/sandbox-ownership.md ("Orphan containers") holds; :func:`judge_container` decides
+for one container, :func:`plan_container_orphans` for a listing.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """What every container spawn of this host needs in place before its create, checked once for all
 of them: the agent network's id and bridge on a runtime, and the guard on that bridge in the
-scaler's nft tables.
-
-Each spawn runs in a work-horse rq forks for that job alone, so a memo kept in the process dies
-with it, and every spawn would list the networks, inspect the bridge and write the nft base tables
-again (the ``checks`` step of the spawn trace). The facts are kept in the console's Redis instead,
-per host (``KICI_HOST_NAME``: hosts sharing a Redis have runtimes and tables of their own), and
-each is dropped by what proves it stale:
-
-* the network (:func:`agent_network`): the create names the network by its id, so a network
-  removed, or removed and made again, fails the create (404) instead of attaching elsewhere; the
-  spawn then forgets the record (:func:`forget_agent_network`), finds or makes the network,
-  guards its bridge and creates again;
-* the guard (:func:`guard_in_force`): recorded with the handles of the console's three nft tables
-  for :data:`GUARD_CHECK_SECONDS`; a spawn reads the handles (one ``list tables``, which is also
-  the check that nft works) and writes the base and the guard again when they differ (a table
-  deleted and made again gets new handles) or the record has expired.
-
-A Redis that cannot be read or written costs the checks, never a spawn: a fact not found is
-checked again.
+scaler's nft tables. Kept in the console's Redis per host, since each spawn runs in a work-horse
+that dies with its job; what drops each fact: docs/container-spawn.md ("Checked once"). A Redis
+that cannot be read or written costs the checks, never a spawn.
 """
 
 from __future__ import annotations

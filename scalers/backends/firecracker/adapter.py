@@ -49,7 +49,7 @@ from .watch import POLL_SECONDS, serial_tail
 
 log = logging.getLogger(__name__)
 
-#: The guest init's serial line once its agent exited (``agent/guest_init.sh``): the exit status.
+#: The guest init's serial line once its agent exited (``sandbox_agent/guest_init.sh``): the exit status.
 AGENT_EXIT_LINE = re.compile(r"kici-init: agent exited \((\d+)\)")
 
 #: Where the kernel keeps the id of the current boot (a fresh one after every reboot).

@@ -1,19 +1,7 @@
-"""The Firecracker scaler backend: spawn, abandon, destroy, reap.
-
-Threads, not asyncio: a spawn runs in an rq worker. Per VM the backend keeps a :class:`FirecrackerVm`
-in memory while ``spawn`` runs; the jailer watcher and the log forwarder are daemon threads of the
-process that called ``spawn``, and the caller ends them with :meth:`FirecrackerBackend.hand_over`
-once ``spawn`` returned. Everything after that (the boot check of ``bootwatch.boot_failure_from_disk``,
-destroy, reap, orphan sweeps) is re-derived from disk (the chroot and its pid file) and the
-``ip_allocations`` rows, in any process.
-
-:class:`FirecrackerBackend` is the one object a scaler uses; it keeps the VMs of this process and
-runs the spawn sequence, and composes the parts that each do one thing: the jail (``jail``: chroot
-layout, jailer argv, config and MMDS documents), the VMM API client (``api.FirecrackerApi``), the
-boot watcher (``bootwatch``), the rule writer (``rules.RuleWriter``), the teardown
-(``teardown.Teardown``), the log forwarder (``logs.LogForwarder``) and the orphan sweeps
-(``sweeps.OrphanSweeps``).
-"""
+"""The Firecracker scaler backend: spawn, abandon, destroy, reap. Threads, not asyncio (a spawn runs
+in an rq worker); after ``spawn`` returns everything is re-derived from disk and the
+``ip_allocations`` rows, in any process. What the backend keeps, and the parts it composes:
+docs/firecracker-adapter.md ("The backend's parts")."""
 
 from __future__ import annotations
 

@@ -205,7 +205,7 @@ def build_mmds_payload(
 
 
 #: The MMDS meta-data key of each agent variable the reference's Firecracker backend writes under a
-#: key of its own; the guest (``agent/guest_mmds.sh``) maps each back. Every other variable of an
+#: key of its own; the guest (``sandbox_agent/guest_mmds.sh``) maps each back. Every other variable of an
 #: agent's environment travels in the ``kici-env`` map under its own name.
 MMDS_ENV_KEYS = {
     "KICI_ORCHESTRATOR_URL": "kici-orchestrator-url",

@@ -1,26 +1,8 @@
 """Orphan sweeps of a Firecracker scaler, planned first so an operator can preview them.
-
-:func:`plan_orphans` is pure: it takes :class:`OrphanFacts` (what the host looked like) and returns
-``scalers.backends.orphans.OrphanTarget`` s (:func:`vm_target`); :func:`spared_vms` lists the VMs
-:func:`vm_live_reason` keeps, with the reason. :func:`apply_orphans` re-checks every target
-against the host as it is now before acting, so a plan that went stale while awaiting approval
-never reaps something live.
-
-Passes (live = tracked ids ∪ chroot dirs whose pid file names a running process, confirmed or not;
-kept = live ∪ VM dirs whose owner file is not this console's, see below):
- 1. ``ip_allocations`` rows of this scaler whose VM is not kept: logs forwarded, TAP deleted, IP
-    released, directory removed.
- 2. chroot dirs with no allocation row at all, not kept: logs forwarded, directory removed.
- 3. interfaces named ``kici-<8 hex>`` (not ``kici-br0``/``kici-br1``/``kici-m01``), in no allocation
-    read before or after listing the links, not derived from a kept id: deleted.
- 4. isolation rules of IPs this scaler allocated to a VM that is not kept: deleted. Rules the DB
-    does not attribute to this scaler are left alone (another scaler on the host owns them).
-
-Ownership: a VM dir is this console's only when its owner file (``jail.read_owner``) carries this
-console's installation, instance and scaler name (``scalers.backends.ownership``). Another
-console's (a restored copy of the database, a staging console on the same host) or another
-scaler's is spared with that reason; one whose file is missing or lacks a label is spared as
-"skipped: ownership unknown", never reaped.
+:func:`plan_orphans` is pure over :class:`OrphanFacts`; :func:`apply_orphans` re-checks every
+target against the host as it is now before acting, so a plan that went stale while awaiting
+approval never reaps something live. The passes and what is kept: docs/sandbox-ownership.md
+("Orphan VMs").
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """Host provisioning for Firecracker scalers when ``autoProvisionHost`` is set: the bridge, IP
-forwarding, egress and the isolation table the VMs' rules live in.
-
-Order: bridge (``gateway/prefix``, up) → ``net.ipv4.ip_forward=1`` → the isolation table in the
-*configured* table name with the bridge as a guarded interface → the egress baseline
-(``NftClient.ensure_egress``: masquerade of the subnet out of the default-route interface, TCP MSS
-clamp to 1460; skipped with a warning when there is no default route) → dockerd's ``DOCKER-USER``
-accepts for the bridge, when dockerd runs → the end-to-end
-port-isolation probe (fail-closed) → every tracked VM's rules re-applied in one transaction.
-
-On a host where dockerd runs (its iptables ``filter`` table has a ``DOCKER-USER`` chain and
-``FORWARD`` policy DROP), the VMs' forwarded traffic would be dropped there whatever this table
-allows: :func:`ensure_docker_user_accepts` puts two accepts for the bridge at the top of
-``DOCKER-USER`` (out of the bridge; replies back into it). The isolation table still filters
-every VM packet: an accept in docker's table ends only that table's verdict.
-
-Not done (host-specific, left to the operator): the NetworkManager configuration that keeps it
-from managing the bridge and TAP devices.
-"""
+forwarding, egress and the isolation table the VMs' rules live in, fail-closed on the
+port-isolation probe. The order of the steps and why docker's ``DOCKER-USER`` chain gets two
+accepts: docs/firecracker-adapter.md ("Host provisioning")."""
 
 from __future__ import annotations
 

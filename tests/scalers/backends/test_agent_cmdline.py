@@ -30,7 +30,7 @@ from tests.support.root import require_root
 pytestmark = pytest.mark.root
 
 ROOT = Path(__file__).resolve().parents[3]
-AGENT = ROOT / "agent"
+AGENT = ROOT / "sandbox_agent"
 CONSOLE_PORT = 8000
 #: Seconds each console and MMDS answer waits: the clients' processes stay alive that long.
 SLOW = 0.4

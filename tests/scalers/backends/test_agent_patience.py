@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.guest import BUSYBOX, busybox_path, environ_for_guest
 
-AGENT = Path(__file__).resolve().parents[3] / "agent"
+AGENT = Path(__file__).resolve().parents[3] / "sandbox_agent"
 #: Seconds between heartbeats, as the console's register answer says.
 INTERVAL = 0.2
 

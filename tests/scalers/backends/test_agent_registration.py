@@ -27,8 +27,8 @@ def test_every_agent_registers_once_the_console_is_back_after_a_restart(tmp_path
     control.mkdir()
     host_path = "/usr/bin:/bin"
     programs = {  # name: (argv, PATH, more environment)
-        "kici_agent.sh": ([BUSYBOX, "sh", str(ROOT / "agent" / "kici_agent.sh")], busybox_path(tmp_path), {}),
-        "kici_agent.py": ([sys.executable, str(ROOT / "agent" / "kici_agent.py")], host_path, {}),
+        "kici_agent.sh": ([BUSYBOX, "sh", str(ROOT / "sandbox_agent" / "kici_agent.sh")], busybox_path(tmp_path), {}),
+        "kici_agent.py": ([sys.executable, str(ROOT / "sandbox_agent" / "kici_agent.py")], host_path, {}),
         "soak_agent.py": (
             [sys.executable, str(ROOT / "bench" / "agents" / "soak_agent.py")],
             host_path,

@@ -81,9 +81,9 @@ def write_script(tmp_path: Path, name: str, body: str) -> str:
 
 @pytest.fixture
 def agent_binary(tmp_path):
-    """The project's Python agent (agent/kici_agent.py) behind a wrapper that pins this venv's interpreter."""
+    """The project's Python agent (sandbox_agent/kici_agent.py) behind a wrapper that pins this venv's interpreter."""
     return write_script(
-        tmp_path, "kici-agent", f"#!/bin/sh\nexec {sys.executable} {ROOT / 'agent' / 'kici_agent.py'}\n"
+        tmp_path, "kici-agent", f"#!/bin/sh\nexec {sys.executable} {ROOT / 'sandbox_agent' / 'kici_agent.py'}\n"
     )
 
 

@@ -1,4 +1,4 @@
-"""The Firecracker guest agent/build_guest.sh makes: its artifacts, its init and MMDS reader
+"""The Firecracker guest sandbox_agent/build_guest.sh makes: its artifacts, its init and MMDS reader
 running the reference agent against an MMDS-shaped server in network namespaces, and a real boot
 where the CPU has hardware virtualization.
 """
@@ -38,7 +38,7 @@ from tests.support.guest import (
 from tests.support.root import require_root
 from tests.support.scalers import make_agent, make_scaler
 
-AGENT = REPO / "agent"
+AGENT = REPO / "sandbox_agent"
 NO_HARDWARE_KVM = (
     "real boot needs hardware virtualization: /proc/cpuinfo has no vmx or svm flag, so /dev/kvm here is a "
     "software nested hypervisor, on which a stock kernel stops with KVM_EXIT_INTERNAL_ERROR"
@@ -435,7 +435,7 @@ tr '\\000' '\\n' < /proc/$$/environ | sed 's/^/real-agent-env: /'
 def test_a_guest_built_with_an_agent_tree_boots_emulated_and_starts_the_real_agent_with_exactly_its_environment(
     tmp_path,
 ):
-    # agent/build_guest.sh with KICI_GUEST_AGENT_TREE puts the tree's usr/local/bin/kici-agent in
+    # sandbox_agent/build_guest.sh with KICI_GUEST_AGENT_TREE puts the tree's usr/local/bin/kici-agent in
     # the guest; booted, the init reads the console's MMDS document for a kiciAgent VM and execs
     # it with exactly the real agent's environment; its exit resets the VM.
     tree = tmp_path / "tree"

@@ -2,11 +2,11 @@
 # Build the reference agent image `kici-agent:local` WITHOUT any registry.
 #
 # The image is a `docker import` of a rootfs tarball: Debian's busybox-static binary (installed
-# with apt-get when missing), one symlink per busybox applet, and agent/kici_agent.sh as CMD.
+# with apt-get when missing), one symlink per busybox applet, and sandbox_agent/kici_agent.sh as CMD.
 # Idempotent and fast: the inputs are hashed, and when an image with that hash (ENV
 # KICI_AGENT_BUILD) already exists nothing is rebuilt.
 #
-# Usage: agent/build_image.sh [IMAGE]    (DOCKER_HOST selects the daemon, as for the docker CLI)
+# Usage: sandbox_agent/build_image.sh [IMAGE]    (DOCKER_HOST selects the daemon, as for the docker CLI)
 set -eu
 # The image's files get their modes from here, not from the caller's umask (077 would leave its
 # directories unreadable to a non-root job user).

@@ -5,8 +5,8 @@
 # Output in OUTDIR (default var/guest):
 #   vmlinux      the ELF kernel Firecracker loads (PVH entry note), unpacked from the LZ4 payload
 #                of the Debian cloud kernel's bzImage (Firecracker on x86_64 boots ELF only)
-#   initrd.img   gzip'd cpio (newc): /init (agent/guest_init.sh), busybox and its applets,
-#                agent/guest_mmds.sh, agent/kici_agent.sh, and the virtio modules with their
+#   initrd.img   gzip'd cpio (newc): /init (sandbox_agent/guest_init.sh), busybox and its applets,
+#                sandbox_agent/guest_mmds.sh, sandbox_agent/kici_agent.sh, and the virtio modules with their
 #                dependencies (the cloud kernel has virtio_mmio, virtio_blk and virtio_net as
 #                modules, and binds virtio-mmio devices only through ACPI: LNRO0005)
 #   rootfs.ext4  the same tree as an ext4 image (mkfs.ext4 -d): the rootfs drive the backend
@@ -18,11 +18,11 @@
 #
 # The real KiCI agent (label sets with kiciAgent): KICI_GUEST_AGENT_TREE=DIR copies the tree DIR
 # over the guest's root, in both artifacts. It must hold an executable usr/local/bin/kici-agent
-# (what agent/guest_mmds.sh execs when MMDS names a ws:// orchestrator) and everything it runs
+# (what sandbox_agent/guest_mmds.sh execs when MMDS names a ws:// orchestrator) and everything it runs
 # (Node, its shared libraries, the agent's deploy; docs/firecracker-adapter.md). Without it the
 # guest holds only busybox and the console's agent: a fast build.
 #
-# Usage: agent/build_guest.sh [OUTDIR]    (KICI_GUEST_KERNEL_PACKAGE overrides the kernel package)
+# Usage: sandbox_agent/build_guest.sh [OUTDIR]    (KICI_GUEST_KERNEL_PACKAGE overrides the kernel package)
 set -eu
 umask 022
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """KiCI reference agent (Python standard library only) for bare-metal process mode.
 
-Same protocol as ``agent/kici_agent.sh``: reads ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``,
+Same protocol as ``sandbox_agent/kici_agent.sh``: reads ``KICI_ORCHESTRATOR_URL``, ``KICI_AGENT_ID``,
 ``KICI_AGENT_TOKEN`` (and informational ``KICI_LABELS``) from the environment (the process-mode
 environment), registers once with ``POST /api/v1/agents/register`` (bearer = the single-use
 ephemeral token), then heartbeats ``POST /api/v1/agents/<id>/heartbeat`` (bearer = the session

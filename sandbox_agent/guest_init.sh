@@ -1,5 +1,5 @@
 #!/bin/sh
-# /init of the KiCI Firecracker guest (busybox sh, PID 1 of the initramfs agent/build_guest.sh makes).
+# /init of the KiCI Firecracker guest (busybox sh, PID 1 of the initramfs sandbox_agent/build_guest.sh makes).
 #
 # Mounts /proc, /sys and /dev; loads the virtio modules listed in /lib/modules/load-order (the
 # Debian cloud kernel has them as modules; virtio_mmio binds the devices Firecracker describes in
