@@ -450,11 +450,38 @@ class ConsoleService:
             return address.version == 4
         return address in entry.daddr
 
+    def described(self, entry: HostAccessEntry, gateway: HostAddress | None) -> str:
+        """This service as a warning names it: where the console has it, where this host's sockets
+        listen for it (when known and not all loopback), and where agents would reach it: the
+        agents' ``gateway`` (the address agents dial the host on) when ``entry`` covers it and the
+        service may listen there."""
+        text = f"{self.name} on {self.host}:{self.port}"
+        shown = [a for a in self.listeners if not a.is_loopback]
+        if shown:
+            text += ", listening on " + ", ".join(f"{_bracketed(str(a))}:{self.port}" for a in shown)
+        if gateway is not None and _covers(entry, gateway) and self.opened_by(_gateway_entry(gateway, self.port)):
+            text += f", reached by agents at {_bracketed(str(gateway))}:{self.port}"
+        return text
+
+
+def _covers(entry: HostAccessEntry, address: HostAddress) -> bool:
+    """Whether ``entry``'s address part holds ``address`` (a wildcard holds every IPv4 one)."""
+    return address.version == 4 if entry.daddr is None else address in entry.daddr
+
+
+def _gateway_entry(gateway: HostAddress, port: int | None) -> HostAccessEntry:
+    """The entry opening ``port`` (every port for None) on ``gateway`` alone."""
+    net = ipaddress.ip_network(gateway)
+    text = f"{_bracketed(str(gateway))}" + ("" if port is None else f":{port}")
+    return HostAccessEntry(text=text, daddr=net, port=port, family="ipv4" if gateway.version == 4 else "ipv6")
+
 
 def host_access_warnings(
     entries: Iterable[str | HostAccessEntry],
     host_addresses: Iterable[HostAddress] | None = None,
     services: Iterable[ConsoleService] = (),
+    *,
+    gateway: HostAddress | None = None,
 ) -> list[str]:
     """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
 
@@ -476,6 +503,9 @@ def host_access_warnings(
     * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``): it
       opens every port of every such address of this host (the console, the database, sshd) to
       every agent of the label set.
+
+    ``gateway``: the agents' gateway (the address agents reach this host on), named in the advice
+    ("reached by agents at 172.30.0.1:5432", "172.30.0.1:53"); without it the advice names none.
 
     Entries that do not parse are skipped (the parser reports them). Returns at most one message
     per entry, naming it, in list order.
@@ -508,28 +538,31 @@ def host_access_warnings(
                 "reach on other machines is the label set's networkPolicy allowlist."
             )
             continue
+        example = f' (e.g. "{_gateway_entry(gateway, 53).text}")' if gateway is not None else ""
         opened = [s for s in services if s.opened_by(entry)]
         if opened:
-            named = ", ".join(f"{s.name} on {s.host}:{s.port}" for s in opened)
+            named = "; ".join(s.described(entry, gateway) for s in opened)
             warnings.append(
                 f"hostAccess entry {_quote(entry.text)} opens the console's own {named} to the agents: "
                 "an agent could read or change the console's data or reach its operator pages. "
-                "Remove the entry, or name only the ports agents need on the agents' gateway."
+                f"Remove the entry, or name only the ports agents need on the agents' gateway{example}."
             )
             continue
         if entry.port is None and (net is None or net.num_addresses > 1):
             where = "every address of this host" if net is None or net.prefixlen == 0 else f"every address in {net}"
             warnings.append(
                 f"hostAccess entry {_quote(entry.text)} opens every port on {where} to the agents: the console, "
-                "the database and any other service the host listens on. Name the ports agents need instead "
-                '(e.g. "172.30.0.1:53").'
+                "the database and any other service the host listens on. Name the ports agents need on the "
+                f"agents' gateway instead{example}."
             )
             continue
         if covered and len(covered) > 1:
+            # The gateway is the address agents reach the host on: the one to name, when covered.
+            one = gateway if gateway in covered else covered[0]
             warnings.append(
                 f"hostAccess entry {_quote(entry.text)} opens port {entry.port} on {len(covered)} addresses of this "
                 f"host: {', '.join(str(a) for a in covered)}, not only on the agents' gateway. Name the one "
-                f'address agents need instead (e.g. "{covered[0]}:{entry.port}").'
+                f'address agents need instead (e.g. "{_gateway_entry(one, entry.port).text}").'
             )
     return warnings
 

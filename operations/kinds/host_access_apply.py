@@ -100,11 +100,12 @@ def _warnings(entries: list[str], gateway: str) -> list[str]:
     the agents' gateway and the console's backing services (the editor warns about the same
     entries). When the addresses cannot be listed, that is itself a warning: the entries could not
     be checked."""
+    address = ipaddress.ip_address(gateway)
     try:
-        known = [*host_addresses(), ipaddress.ip_address(gateway)]
+        known = [*host_addresses(), address]
     except NetlinkError as exc:
         return [f"this host's addresses could not be listed ({exc}): the entries were not checked against them"]
-    return host_access_warnings(entries, known, console_services())
+    return host_access_warnings(entries, known, console_services(), gateway=address)
 
 
 def _policy(label_set) -> dict:

@@ -556,3 +556,21 @@ def test_a_redis_listening_on_loopback_only_is_not_warned_about(operator_client,
     answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:6379"}, **HTMX)
     html = unescape(answer.content.decode())
     assert 6379 in asked and "Redis (REDIS_URL)" not in html, html
+
+
+def test_the_advice_about_an_exposed_database_names_the_agents_gateway(
+    operator_client, label_set, settings, monkeypatch
+):
+    """docker0 (172.17.0.1) sorts before the agents' bridge: the advice names the bridge's gateway."""
+    monkeypatch.setitem(settings.DATABASES["default"], "HOST", "127.0.0.1")
+    settings.KICI_OPERATOR_LISTEN = []
+    monkeypatch.setattr(isolation, "tcp_listeners", lambda port: [ipaddress.ip_address("0.0.0.0")])
+    monkeypatch.setattr(
+        "front.host_access_editor.host_addresses",
+        lambda: [ipaddress.ip_address(a) for a in ("127.0.0.1", "172.17.0.1")],
+    )
+    answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "0.0.0.0/0"}, **HTMX)
+    html = unescape(answer.content.decode())
+    exposed = "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432, listening on 0.0.0.0:5432, reached by agents at 172.30.0.1"
+    assert exposed in html, html
+    assert '(e.g. "172.30.0.1:53")' in html and "172.17.0.1:" not in html

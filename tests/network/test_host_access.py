@@ -544,3 +544,29 @@ def test_the_host_listeners_of_a_port_are_read_from_the_kernel(tmp_path):
         assert sorted(map(str, tcp_listeners(port))) == ["127.0.0.1", "::"]
     assert tcp_listeners(port) == []
     assert tcp_listeners(port, tables=[str(tmp_path / "missing")]) is None
+
+
+#: A host with docker0 (172.17.0.1) besides the agents' bridge (172.30.0.1): the advice names the
+#: latter, the address agents reach the host on, never the first one sorted.
+DOCKER_HOST = [ipaddress.ip_address(a) for a in ("127.0.0.1", "172.17.0.1", "172.30.0.1", "192.168.1.10")]
+GATEWAY = ipaddress.ip_address("172.30.0.1")
+
+
+@pytest.mark.parametrize("entry", ["0.0.0.0/0", "*", "*:5432", "172.16.0.0/12:5432"])
+def test_the_advice_about_an_exposed_service_names_where_agents_reach_it(entry):
+    wildcard = (ipaddress.ip_address("0.0.0.0"),)
+    postgres = [ConsoleService("PostgreSQL (DATABASE_URL)", "127.0.0.1", 5432, listeners=wildcard)]
+    (warning,) = host_access_warnings([entry], DOCKER_HOST, postgres, gateway=GATEWAY)
+    assert "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432, listening on 0.0.0.0:5432, " in warning, warning
+    assert "reached by agents at 172.30.0.1:5432" in warning
+    assert "172.17.0.1" not in warning
+
+
+def test_the_advice_about_a_wide_entry_or_a_range_names_the_agents_gateway():
+    other_gateway = ipaddress.ip_address("10.0.0.1")
+    host = [*DOCKER_HOST, other_gateway]
+    wide, ranged = host_access_warnings(["172.16.0.0/12", "0.0.0.0/0:22"], host, gateway=other_gateway)
+    assert wide.endswith('Name the ports agents need on the agents\' gateway instead (e.g. "10.0.0.1:53").'), wide
+    assert ranged.endswith('(e.g. "10.0.0.1:22").'), ranged
+    (ranged,) = host_access_warnings(["172.16.0.0/12:22"], DOCKER_HOST, gateway=GATEWAY)
+    assert ranged.endswith('(e.g. "172.30.0.1:22").'), ranged
