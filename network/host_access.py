@@ -47,7 +47,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -383,13 +383,18 @@ _PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 _TCP_LISTEN = "0A"
 
 
-def tcp_listeners(port: int, tables: Iterable[str] = _PROC_TCP) -> list[HostAddress] | None:
-    """The addresses this host's TCP sockets listen on for ``port`` (``0.0.0.0``/``::`` for a
-    wildcard), read from the kernel's tables in this network namespace; None when they cannot be
-    read (another namespace or a host with no procfs: nothing is known)."""
-    found: list[HostAddress] = []
+#: Where this host's TCP sockets listen: port → the addresses (``0.0.0.0``/``::`` for a wildcard).
+Listening = Mapping[int, tuple[HostAddress, ...]]
+
+
+def tcp_listening(tables: Iterable[str] | None = None) -> dict[int, tuple[HostAddress, ...]] | None:
+    """Every listening TCP socket of this host's network namespace, by port, read once from the
+    kernel's ``tables`` (default ``/proc/net/tcp`` and ``tcp6``), in table order; None when none
+    can be read (another namespace or a host with no procfs: nothing is known). Read it once per
+    check and hand it to whatever needs it (:func:`host_access_warnings`, the console's services)."""
+    found: dict[int, list[HostAddress]] = {}
     read_any = False
-    for path in tables:
+    for path in _PROC_TCP if tables is None else tables:
         try:
             with open(path) as table:
                 lines = table.readlines()[1:]
@@ -401,14 +406,12 @@ def tcp_listeners(port: int, tables: Iterable[str] = _PROC_TCP) -> list[HostAddr
             if len(fields) < 4 or fields[3] != _TCP_LISTEN:
                 continue
             address, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) != port:
-                continue
             # The kernel prints each 32-bit word of the address as a number in host byte order.
             words = [bytes.fromhex(address[i : i + 8]) for i in range(0, len(address), 8)]
             ip = ipaddress.ip_address(b"".join(w[::-1] if sys.byteorder == "little" else w for w in words))
             mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-            found.append(mapped or ip)
-    return found if read_any else None
+            found.setdefault(int(hex_port, 16), []).append(mapped or ip)
+    return {port: tuple(addresses) for port, addresses in found.items()} if read_any else None
 
 
 @dataclass(frozen=True)
@@ -418,7 +421,7 @@ class ConsoleService:
     ``0.0.0.0``, or a name) and ``port``. ``exact``: ``host`` is where the service listens (the
     console's own listeners), so a loopback one is out of the agents' reach; otherwise ``host`` is
     only where the console dials it, and the service may listen on every host address too, unless
-    ``listeners`` (where this host's sockets listen on ``port``, when known: :func:`tcp_listeners`)
+    ``listeners`` (where this host's sockets listen on ``port``, when known: :func:`tcp_listening`)
     are all loopback addresses."""
 
     name: str

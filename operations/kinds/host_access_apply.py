@@ -45,6 +45,7 @@ from network.host_access import (
     host_access_warnings,
     parse_host_access_entry,
     same_host_access,
+    tcp_listening,
 )
 from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
@@ -105,7 +106,7 @@ def _warnings(entries: list[str], gateway: str) -> list[str]:
         known = [*host_addresses(), address]
     except NetlinkError as exc:
         return [f"this host's addresses could not be listed ({exc}): the entries were not checked against them"]
-    return host_access_warnings(entries, known, console_services(), gateway=address)
+    return host_access_warnings(entries, known, console_services(tcp_listening()), gateway=address)
 
 
 def _policy(label_set) -> dict:

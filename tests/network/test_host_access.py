@@ -528,22 +528,22 @@ def test_a_service_the_host_listens_for_on_loopback_only_is_not_warned_about():
     assert "opens the console's own PostgreSQL (DATABASE_URL) on 127.0.0.1:5432" in warning
 
 
-def test_the_host_listeners_of_a_port_are_read_from_the_kernel(tmp_path):
+def test_the_host_listeners_are_read_from_the_kernel(tmp_path):
     import socket
 
-    from network.host_access import tcp_listeners
+    from network.host_access import tcp_listening
 
     with socket.socket() as v4, socket.socket(socket.AF_INET6) as v6:
         v4.bind(("127.0.0.1", 0))
         v4.listen()
         port = v4.getsockname()[1]
-        assert tcp_listeners(port) == [ipaddress.ip_address("127.0.0.1")]
+        assert tcp_listening()[port] == (ipaddress.ip_address("127.0.0.1"),)
         v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         v6.bind(("::", port))  # an IPv6 wildcard beside it
         v6.listen()
-        assert sorted(map(str, tcp_listeners(port))) == ["127.0.0.1", "::"]
-    assert tcp_listeners(port) == []
-    assert tcp_listeners(port, tables=[str(tmp_path / "missing")]) is None
+        assert sorted(map(str, tcp_listening()[port])) == ["127.0.0.1", "::"]
+    assert port not in tcp_listening()
+    assert tcp_listening(tables=[str(tmp_path / "missing")]) is None
 
 
 #: A host with docker0 (172.17.0.1) besides the agents' bridge (172.30.0.1): the advice names the
