@@ -35,8 +35,8 @@ Accepted but warned about (:func:`host_access_warnings`, never blocking): loopba
 of this host's addresses (``10.0.0.0/8:22`` on a host with no 10/8 address), which open nothing;
 ranges with a port that hold several host addresses; entries that open a port of the console's own
 backing services (:class:`ConsoleService`: its PostgreSQL, Redis, operator listener); and entries
-with no port on more than one address (``*``, ``0.0.0.0/0``), which open every port of the host to
-the agents.
+with no port on more than one address (``*``, ``0.0.0.0/0``) or on one of the host's own addresses
+(``172.30.0.1``, the agents' gateway), which open every port of the host to the agents.
 
 Wildcard entries (``*``, ``*:port``, a bare port) cover IPv4 host addresses only: IPv6 is reachable
 only through an explicit bracketed entry, so ``*:4000`` never opens an IPv6 port.
@@ -457,14 +457,14 @@ class ConsoleService:
         """This service as a warning names it: where the console has it, where this host's sockets
         listen for it (when known and not all loopback), and where agents would reach it: the
         agents' ``gateway`` (the address agents dial the host on) when ``entry`` covers it and the
-        service may listen there."""
+        service may listen there ("to the agents at 172.30.0.1:5432")."""
         text = f"{self.name} on {self.host}:{self.port}"
         shown = [a for a in self.listeners if not a.is_loopback]
         if shown:
             text += ", listening on " + ", ".join(f"{_bracketed(str(a))}:{self.port}" for a in shown)
         if gateway is not None and _covers(entry, gateway) and self.opened_by(_gateway_entry(gateway, self.port)):
-            text += f", reached by agents at {_bracketed(str(gateway))}:{self.port}"
-        return text
+            return f"{text}, to the agents at {_bracketed(str(gateway))}:{self.port}"
+        return f"{text}, to the agents"
 
 
 def _covers(entry: HostAccessEntry, address: HostAddress) -> bool:
@@ -479,12 +479,46 @@ def _gateway_entry(gateway: HostAddress, port: int | None) -> HostAccessEntry:
     return HostAccessEntry(text=text, daddr=net, port=port, family="ipv4" if gateway.version == 4 else "ipv6")
 
 
+#: Listening ports a warning names, at most; the others are counted.
+_EXPOSED_SHOWN = 12
+
+
+def _every_address(net: IPNetwork | None) -> str:
+    """Where a port-less entry opens every port, in a warning's words."""
+    if net is None or net.prefixlen == 0:
+        return "every address of this host"
+    if net.num_addresses == 1:
+        return f"this host's address {net.network_address}"
+    return f"every address in {net}"
+
+
+def _exposed_ports(entry: HostAccessEntry, listening: Listening | None) -> str:
+    """``" (listening there now: 22 on 0.0.0.0, 8000 on 172.30.0.1)"``: the ports this host's
+    sockets listen on (``listening``) at an address ``entry`` covers, a wildcard of its family
+    included; loopback sockets are out of the agents' reach. Empty when ``listening`` is not
+    known or holds none; more than :data:`_EXPOSED_SHOWN` ports are counted, not named."""
+    version = 4 if entry.daddr is None else entry.daddr.version
+    found: list[str] = []
+    for port, addresses in sorted((listening or {}).items()):
+        reached = [
+            a
+            for a in addresses
+            if a.version == version and not a.is_loopback and (a.is_unspecified or _covers(entry, a))
+        ]
+        found.extend(f"{port} on {_bracketed(str(a))}" for a in dict.fromkeys(reached))
+    if not found:
+        return ""
+    more = f" and {len(found) - _EXPOSED_SHOWN} more" if len(found) > _EXPOSED_SHOWN else ""
+    return f" (listening there now: {', '.join(found[:_EXPOSED_SHOWN])}{more})"
+
+
 def host_access_warnings(
     entries: Iterable[str | HostAccessEntry],
     host_addresses: Iterable[HostAddress] | None = None,
     services: Iterable[ConsoleService] = (),
     *,
     gateway: HostAddress | None = None,
+    listening: Listening | None = None,
 ) -> list[str]:
     """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem to.
 
@@ -503,12 +537,14 @@ def host_access_warnings(
     * an entry opening a port of one of ``services`` (the console's PostgreSQL, Redis, operator
       listener: :class:`ConsoleService`) on a host address or a wildcard: agents would reach the
       console's database, its queues or its pages, admin and scale API;
-    * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``): it
-      opens every port of every such address of this host (the console, the database, sshd) to
-      every agent of the label set.
+    * an entry with no port on more than one address (``*``, ``0.0.0.0/0``, ``10.0.0.0/8``) or on
+      one of this host's own addresses (``172.30.0.1``, the agents' gateway: every port of the host
+      as agents see it): it opens every port of every such address of this host (the console, the
+      database, sshd) to every agent of the label set. With ``listening``
+      (:func:`tcp_listening`), the message names the ports listening there now.
 
     ``gateway``: the agents' gateway (the address agents reach this host on), named in the advice
-    ("reached by agents at 172.30.0.1:5432", "172.30.0.1:53"); without it the advice names none.
+    ("to the agents at 172.30.0.1:5432", "172.30.0.1:53"); without it the advice names none.
 
     Entries that do not parse are skipped (the parser reports them). Returns at most one message
     per entry, naming it, in list order.
@@ -543,20 +579,24 @@ def host_access_warnings(
             continue
         example = f' (e.g. "{_gateway_entry(gateway, 53).text}")' if gateway is not None else ""
         opened = [s for s in services if s.opened_by(entry)]
+        every_port = entry.port is None and (
+            net is None or net.num_addresses > 1 or bool(covered) or (gateway is not None and gateway in net)
+        )
+        exposed = _exposed_ports(entry, listening) if every_port else ""
         if opened:
             named = "; ".join(s.described(entry, gateway) for s in opened)
+            also = f" It opens every other port there too{exposed}." if every_port else ""
             warnings.append(
-                f"hostAccess entry {_quote(entry.text)} opens the console's own {named} to the agents: "
-                "an agent could read or change the console's data or reach its operator pages. "
+                f"hostAccess entry {_quote(entry.text)} opens the console's own {named}: "
+                f"an agent could read or change the console's data or reach its operator pages.{also} "
                 f"Remove the entry, or name only the ports agents need on the agents' gateway{example}."
             )
             continue
-        if entry.port is None and (net is None or net.num_addresses > 1):
-            where = "every address of this host" if net is None or net.prefixlen == 0 else f"every address in {net}"
+        if every_port:
             warnings.append(
-                f"hostAccess entry {_quote(entry.text)} opens every port on {where} to the agents: the console, "
-                "the database and any other service the host listens on. Name the ports agents need on the "
-                f"agents' gateway instead{example}."
+                f"hostAccess entry {_quote(entry.text)} opens every port on {_every_address(net)} to the agents: "
+                f"the console, the database and any other service the host listens on{exposed}. Name the ports "
+                f"agents need on the agents' gateway instead{example}."
             )
             continue
         if covered and len(covered) > 1:

@@ -106,7 +106,8 @@ def _warnings(entries: list[str], gateway: str) -> list[str]:
         known = [*host_addresses(), address]
     except NetlinkError as exc:
         return [f"this host's addresses could not be listed ({exc}): the entries were not checked against them"]
-    return host_access_warnings(entries, known, console_services(tcp_listening()), gateway=address)
+    listening = tcp_listening()
+    return host_access_warnings(entries, known, console_services(listening), gateway=address, listening=listening)
 
 
 def _policy(label_set) -> dict:

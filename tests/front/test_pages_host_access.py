@@ -591,6 +591,17 @@ def test_the_advice_about_an_exposed_database_names_the_agents_gateway(
     )
     answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "0.0.0.0/0"}, **HTMX)
     html = unescape(answer.content.decode())
-    exposed = "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432, listening on 0.0.0.0:5432, reached by agents at 172.30.0.1"
+    exposed = "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432, listening on 0.0.0.0:5432, to the agents at 172.30.0.1"
     assert exposed in html, html
     assert '(e.g. "172.30.0.1:53")' in html and "172.17.0.1:" not in html
+
+
+def test_the_bare_gateway_is_warned_about_like_a_wide_entry(operator_client, label_set, settings, monkeypatch):
+    """``172.30.0.1`` is every port of the host as agents see it: warned about, naming what listens."""
+    settings.KICI_OPERATOR_LISTEN = []
+    lo = (ipaddress.ip_address("127.0.0.1"),)
+    monkeypatch.setattr("front.host_access_editor.tcp_listening", lambda: {22: WILDCARD, 5432: lo, 6379: lo})
+    answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1"}, **HTMX)
+    html = unescape(answer.content.decode())
+    assert 'line 1: hostAccess entry "172.30.0.1" opens every port on this host\'s address 172.30.0.1' in html, html
+    assert "(listening there now: 22 on 0.0.0.0)" in html

@@ -558,7 +558,7 @@ def test_the_advice_about_an_exposed_service_names_where_agents_reach_it(entry):
     postgres = [ConsoleService("PostgreSQL (DATABASE_URL)", "127.0.0.1", 5432, listeners=wildcard)]
     (warning,) = host_access_warnings([entry], DOCKER_HOST, postgres, gateway=GATEWAY)
     assert "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432, listening on 0.0.0.0:5432, " in warning, warning
-    assert "reached by agents at 172.30.0.1:5432" in warning
+    assert "to the agents at 172.30.0.1:5432" in warning
     assert "172.17.0.1" not in warning
 
 
@@ -570,3 +570,46 @@ def test_the_advice_about_a_wide_entry_or_a_range_names_the_agents_gateway():
     assert ranged.endswith('(e.g. "10.0.0.1:22").'), ranged
     (ranged,) = host_access_warnings(["172.16.0.0/12:22"], DOCKER_HOST, gateway=GATEWAY)
     assert ranged.endswith('(e.g. "172.30.0.1:22").'), ranged
+
+
+#: Where this host's sockets listen: sshd everywhere, PostgreSQL on loopback only, a service on
+#: the gateway, one on the LAN address, and an IPv6 wildcard.
+LISTENING = {
+    22: (ipaddress.ip_address("0.0.0.0"),),
+    5432: (ipaddress.ip_address("127.0.0.1"),),
+    8080: (ipaddress.ip_address("172.30.0.1"),),
+    9000: (ipaddress.ip_address("192.168.1.10"),),
+    9100: (ipaddress.ip_address("::"),),
+}
+
+
+@pytest.mark.parametrize(
+    "entry, where, exposed",
+    [
+        ("172.30.0.1", "this host's address 172.30.0.1", "22 on 0.0.0.0, 8080 on 172.30.0.1"),
+        ("172.30.0.1:*", "this host's address 172.30.0.1", "22 on 0.0.0.0, 8080 on 172.30.0.1"),
+        ("192.168.1.10", "this host's address 192.168.1.10", "22 on 0.0.0.0, 9000 on 192.168.1.10"),
+        ("0.0.0.0/0", "every address of this host", "22 on 0.0.0.0, 8080 on 172.30.0.1, 9000 on 192.168.1.10"),
+        ("*", "every address of this host", "22 on 0.0.0.0, 8080 on 172.30.0.1, 9000 on 192.168.1.10"),
+        ("[fd00::1]", "this host's address fd00::1", "9100 on [::]"),
+    ],
+)
+def test_an_entry_opening_every_port_of_a_host_address_names_what_listens_there(entry, where, exposed):
+    host = [*DOCKER_HOST, ipaddress.ip_address("fd00::1")]
+    (warning,) = host_access_warnings([entry], host, gateway=GATEWAY, listening=LISTENING)
+    assert warning.startswith(f'hostAccess entry "{entry}" opens every port on {where} to the agents: '), warning
+    assert f"(listening there now: {exposed})." in warning, warning
+
+
+def test_the_gateway_alone_on_every_port_is_warned_about_without_the_host_addresses():
+    (warning,) = host_access_warnings(["172.30.0.1"], gateway=GATEWAY)
+    assert "opens every port on this host's address 172.30.0.1" in warning
+    assert host_access_warnings(["172.30.0.1:53"], gateway=GATEWAY, listening=LISTENING) == []
+
+
+def test_an_entry_opening_a_service_and_every_other_port_says_both():
+    wildcard = (ipaddress.ip_address("0.0.0.0"),)
+    postgres = [ConsoleService("PostgreSQL (DATABASE_URL)", "127.0.0.1", 5432, listeners=wildcard)]
+    (warning,) = host_access_warnings(["172.30.0.1"], DOCKER_HOST, postgres, gateway=GATEWAY, listening=LISTENING)
+    assert "opens the console's own PostgreSQL (DATABASE_URL)" in warning
+    assert "It opens every other port there too (listening there now: 22 on 0.0.0.0, 8080 on 172.30.0.1)." in warning
