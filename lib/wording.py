@@ -35,8 +35,21 @@ def json_text(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
-    text = "".join(ch if ch.isprintable() else _escaped(ch) for ch in text)
+    text = visible_text(text)
     return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 3] + "..."
+
+
+#: Characters :func:`visible_text` keeps though they print nothing: a text's own layout.
+_LAYOUT = frozenset("\n\t")
+
+
+def visible_text(text: str) -> str:
+    """``text`` with every character that cannot be seen (controls, bidi overrides and isolates
+    such as U+202E, zero-width and odd spaces: what ``str.isprintable`` refuses) written as its
+    JSON escape (``\\u202e``), so text an agent, its sandbox or the orchestrator supplied cannot
+    reorder or hide what a page shows around it. Line breaks and tabs are kept (multi-line
+    details). The one rule for such text, in messages and on pages (the ``visible`` filter)."""
+    return "".join(ch if ch.isprintable() or ch in _LAYOUT else _escaped(ch) for ch in text)
 
 
 def _escaped(ch: str) -> str:
