@@ -52,6 +52,18 @@ def visible_text(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch in _LAYOUT else _escaped(ch) for ch in text)
 
 
+def header_text(value: str) -> str:
+    """A request header's value as the client sent it, for a message that repeats it. Servers hand
+    Django each header byte as one latin-1 character, so UTF-8 sent as ``café`` arrives as
+    ``cafÃ©``: the bytes are read back as UTF-8 (what a client that sends non-ASCII means), and
+    bytes that are not UTF-8 are shown as ``\\xNN`` escapes, never as mojibake."""
+    try:
+        raw = value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value  # not from the wire (a test client's own text): already what was meant
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def _escaped(ch: str) -> str:
     """``ch`` as JSON escapes it (a surrogate pair above the BMP)."""
     return json.dumps(ch)[1:-1]
