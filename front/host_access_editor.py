@@ -20,8 +20,10 @@ from agents.models import Agent
 from lib.wording import json_text, listed
 from network.host_access import (
     MAX_ENTRY_LENGTH,
+    ConsoleService,
     HostAccessError,
     HostAddress,
+    Listening,
     console_port_warning,
     describe_host_access_entry,
     host_access_warnings,
@@ -29,6 +31,7 @@ from network.host_access import (
     resolve_agent_host_access,
     same_host_access,
     storage_host_access_entries,
+    tcp_listening,
 )
 from network.netlink import NetlinkError, host_addresses
 from network.nft.plan import Op, rule_changes, spec_rule_lines
@@ -135,6 +138,12 @@ class EditorPlan:
     #: Entries typed while the default mode is chosen that neither the default nor the list in
     #: force holds: the default mode ignores them (a note, not a warning: nothing they say is applied).
     ignored: list[str] = field(default_factory=list)
+    #: The agents' gateway (:func:`gateway_for`), the address the warnings' advice names.
+    gateway: HostAddress | None = None
+    #: The console's backing services the warnings guard (``console_services``), as this preview read them.
+    services: list[ConsoleService] = field(default_factory=list)
+    #: This host's listening sockets as this preview read them (``tcp_listening``), named by warnings.
+    listening: Listening | None = None
 
     @property
     def ignored_note(self) -> str:
@@ -163,7 +172,9 @@ class EditorPlan:
         rest = [e for e in self.effective if e not in seen]
         unknown = [self.address_error] if self.address_error else []
         console = [self.console_warning] if self.console_warning else []
-        warned = host_access_warnings(rest, self.host_addresses, console_services())
+        warned = host_access_warnings(
+            rest, self.host_addresses, self.services, gateway=self.gateway, listening=self.listening
+        )
         defaults = [f"default entry: {w}" for w in warned]
         return unknown + console + typed + defaults
 
@@ -182,14 +193,22 @@ class EditorPlan:
         return max(0, len(self.diffs) - PREVIEW_DIFFS)
 
 
-def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> list[EntryCheck]:
+def check_lines(
+    text: str,
+    host_addresses: list[HostAddress] | None = None,
+    gateway: HostAddress | None = None,
+    services: list[ConsoleService] | None = None,
+    listening: Listening | None = None,
+) -> list[EntryCheck]:
     """Parse the textarea: one entry per line, commas also separate entries. Blank lines are
     layout and ignored; an empty piece between commas (``5000, ,6000``) is an empty entry and is
     refused like ``""`` in scalers.yaml. ``host_addresses``: what entries are warned against
-    (``network.host_access.host_access_warnings``); None skips those warnings."""
+    (``network.host_access.host_access_warnings``); None skips those warnings. ``gateway``: the
+    agents' gateway, the address the warnings' advice names; ``services``: the console's backing
+    services those warnings guard (``scalers.backends.isolation.console_services``); ``listening``:
+    this host's listening sockets (``network.host_access.tcp_listening``) the warnings name."""
     checks: list[EntryCheck] = []
     seen: set[str] = set()
-    services = console_services()
     for number, raw in enumerate((text or "").splitlines(), start=1):
         if not raw.strip():
             continue
@@ -201,7 +220,12 @@ def check_lines(text: str, host_addresses: list[HostAddress] | None = None) -> l
                 shown = item if len(item) <= MAX_ENTRY_LENGTH else item[:MAX_ENTRY_LENGTH] + "…"
                 checks.append(EntryCheck(line=number, text=shown, ok=False, error=str(exc)))
                 continue
-            warning = next(iter(host_access_warnings([parsed], host_addresses, services)), "")
+            warning = next(
+                iter(
+                    host_access_warnings([parsed], host_addresses, services or (), gateway=gateway, listening=listening)
+                ),
+                "",
+            )
             checks.append(
                 EntryCheck(
                     line=number,
@@ -303,13 +327,18 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
     checks: list[EntryCheck] = []
     entries: list[str] | None = None
     addresses, address_error = None, ""
+    gateway = gateway_for(label_set.scaler)
+    gateway_address = ipaddress.ip_address(gateway)
+    # This host's listening sockets, read once for every warning of this preview.
+    listening = tcp_listening()
+    services = console_services(listening)
     if mode not in MODES:
         general.append(f"mode: must be one of {', '.join(MODES)}, got {json_text(mode)}")
     elif (limit := input_limit_error(text)) is not None:
         general.append(limit[1])  # nothing parsed: the work and the answer stay small
     elif mode == EXPLICIT:
         addresses, address_error = known_host_addresses(label_set.scaler)
-        checks = check_lines(text, addresses)
+        checks = check_lines(text, addresses, gateway_address, services, listening)
         entries = list(dict.fromkeys(c.text for c in checks if c.ok))
     if general or any(not c.ok for c in checks):
         return EditorPlan(label_set, mode, checks, general, None, [], [], False)
@@ -321,7 +350,6 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         mode == EXPLICIT and current is not None and same_host_access(current, entries)
     )
     effective = effective_host_access(label_set, entries)
-    gateway = gateway_for(label_set.scaler)
     current_effective = effective_host_access(label_set, current)
     agents = list(
         Agent.objects.filter(label_set=label_set, state__in=ACTIVE_STATES)
@@ -352,4 +380,7 @@ def plan_host_access_change(label_set: LabelSet, mode: str, text: str, *, agent_
         address_error,
         console or "",
         ignored,
+        gateway_address,
+        services,
+        listening,
     )

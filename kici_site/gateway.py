@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import os
 
 import uvicorn
@@ -23,18 +22,13 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from kici_site.listeners import listening_socket
-
-
-def _answer(status: int, reason: str, message: str) -> bytes:
-    """A whole HTTP/1.1 response in the ``/api/v1`` error shape that closes the connection."""
-    body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
-    phrase = {408: "Request Timeout", 413: "Content Too Large"}[status]
-    head = (
-        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
+from kici_site.listeners import (
+    MAX_HEADER_LINE_BYTES,
+    MAX_REQUEST_HEAD_BYTES,
+    MAX_REQUEST_LINE_BYTES,
+    closing_answer,
+    listening_socket,
+)
 
 
 class GatewayProtocol(HttpToolsProtocol):
@@ -47,7 +41,10 @@ class GatewayProtocol(HttpToolsProtocol):
     * the body arrives within ``body_timeout`` seconds of the headers: else 408 and closed;
     * the body, declared (``Content-Length``) or chunked, is at most ``max_body`` bytes: the
       connection is answered 413 and closed the moment more arrives, before the application
-      sees it.
+      sees it;
+    * the request target is at most ``MAX_REQUEST_LINE_BYTES`` (else 414), one header line at most
+      ``MAX_HEADER_LINE_BYTES`` and the whole head at most ``MAX_REQUEST_HEAD_BYTES`` (else 431),
+      as on the operator's daphne (``kici_site.listeners``): answered and closed as they arrive.
 
     A source address holding ``per_source`` connections to this process already has a new one
     closed at once (the kernel's nft ``ct count`` rule caps them across processes; this holds
@@ -67,6 +64,10 @@ class GatewayProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._started = False  # a byte of a request has arrived
         self._body_read = 0
+        self._url_read = 0
+        self._head_read = 0  # bytes of data that ended inside the current request's head
+        self._headers_read = 0  # bytes of the current request's complete header lines
+        self._in_head = False
         self.open_by_source[self._source] += 1
         self._refused = self.open_by_source[self._source] > self.per_source
         if self._refused:
@@ -110,17 +111,57 @@ class GatewayProtocol(HttpToolsProtocol):
         if not current or not cycle.response_started:
             if current:
                 cycle.response_started = cycle.response_complete = True  # drop the app's answer
-            self.transport.write(_answer(status, reason, message))
+            self.transport.write(closing_answer(status, reason, message))
         self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        in_head_before = self._in_head or not self._started
+        super().data_received(data)
+        if self.transport.is_closing() or not self._in_head:
+            return
+        # The request's head has not ended in this data: all of it (from the head's start) is head.
+        # This bounds what the parser holds of a header line not complete yet.
+        self._head_read += len(data) if in_head_before else 0
+        if self._head_read > MAX_REQUEST_HEAD_BYTES:
+            self._cut(431, "headers-too-large", f"request head over {MAX_REQUEST_HEAD_BYTES} bytes")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._body_read = 0
+        self._url_read = 0
+        self._head_read = 0
+        self._headers_read = 0
+        self._in_head = True
         self._started = True
         if self._deadline is None:  # a kept-alive connection's next request
             self._arm(self.header_timeout, "no complete request headers")
 
+    def on_url(self, url: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self._url_read += len(url)
+        if self._url_read > MAX_REQUEST_LINE_BYTES:
+            self._cut(414, "uri-too-long", f"request target over {MAX_REQUEST_LINE_BYTES} bytes")
+            return
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        line = len(name) + len(value) + 4  # "name: value\r\n"
+        self._headers_read += line
+        if line > MAX_HEADER_LINE_BYTES:
+            self._cut(431, "headers-too-large", f"a header line over {MAX_HEADER_LINE_BYTES} bytes")
+            return
+        if self._url_read + self._headers_read > MAX_REQUEST_HEAD_BYTES:
+            self._cut(431, "headers-too-large", f"request head over {MAX_REQUEST_HEAD_BYTES} bytes")
+            return
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self.transport.is_closing():
+            return
         length = next((v for k, v in self.headers if k == b"content-length"), None)
         if length is not None and length.strip().isdigit() and int(length) > self.max_body:
             self._cut(413, "body-too-large", f"request body over {self.max_body} bytes")

@@ -17,6 +17,33 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http.request import split_domain_port, validate_host
 from django.utils.http import is_same_domain
 
+#: Bytes of a request line (method, target, version) either server reads; a longer one is
+#: answered 414 (twisted's own line limit, which daphne keeps).
+MAX_REQUEST_LINE_BYTES = 16 * 1024
+#: Bytes of one header line either server reads; a longer one is answered 431.
+MAX_HEADER_LINE_BYTES = 16 * 1024
+#: Bytes of a request's head (request line and headers) either server reads; more is answered 431.
+MAX_REQUEST_HEAD_BYTES = 64 * 1024
+
+_STATUS_PHRASES = {
+    408: "Request Timeout",
+    413: "Content Too Large",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+}
+
+
+def closing_answer(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 response in the ``/api/v1`` error shape that closes the connection, for a
+    server refusing a request before the application sees it (408, 413, 414, 431)."""
+    body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
+    head = (
+        f"HTTP/1.1 {status} {_STATUS_PHRASES[status]}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
 #: What an agent itself calls: register, claim (event backends), its own heartbeat.
 AGENT_ROUTES = re.compile(r"/api/v1/agents/(register|claim|[^/]+/heartbeat)")
 

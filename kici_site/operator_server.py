@@ -4,20 +4,69 @@ operator listener (``KICI_OPERATOR_LISTEN``).
     python -m kici_site.operator_server [--process-num N] [--access-log FILE]
 
 binds each IPv4 listener with ``SO_REUSEPORT`` (:func:`kici_site.listeners.listening_socket`), so
-that several such processes serve one address, then becomes daphne adopting those sockets. An IPv6
-listener is served by process 1 alone (daphne cannot adopt an IPv6 socket). Raises
+that several such processes serve one address, then runs daphne in this process adopting those
+sockets. An IPv6 listener is served by process 1 alone (daphne cannot adopt an IPv6 socket). Raises
 ``SystemExit`` naming the address that cannot be bound.
+
+daphne's HTTP/1.1 is twisted's ``HTTPChannel``, which closes the connection without a word on a
+line longer than its limit: an 18 KB URL got an empty reply. Its connections here are
+:class:`OperatorChannel`, which answers such a request 414 (the request line) or 431 (a header
+line, or the whole head) with the limits of the agents' gateway (``kici_site.listeners``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+from typing import Any, cast
 
 import django
+from daphne import http_protocol
+from daphne.cli import CommandLineInterface
+from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
-from kici_site.listeners import daphne_endpoints, listening_socket, operator_addresses
+from kici_site.listeners import (
+    MAX_REQUEST_HEAD_BYTES,
+    MAX_REQUEST_LINE_BYTES,
+    closing_answer,
+    daphne_endpoints,
+    listening_socket,
+    operator_addresses,
+)
+
+
+class OperatorChannel(HTTPChannel):
+    """twisted's HTTP/1.1 channel answering a request over the head limits instead of dropping it:
+    a request line over ``MAX_REQUEST_LINE_BYTES`` is 414, a header line over that (twisted reads
+    every head line with one limit, ``MAX_HEADER_LINE_BYTES`` being the same) or a head over
+    ``MAX_REQUEST_HEAD_BYTES`` is 431; the answer closes the connection."""
+
+    MAX_LENGTH = MAX_REQUEST_LINE_BYTES
+    totalHeadersSize = MAX_REQUEST_HEAD_BYTES
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        # Nothing of this request's head counted yet: the line too long is its request line.
+        if self._receivedHeaderSize == 0:
+            self._refuse(414, "uri-too-long", f"request line over {MAX_REQUEST_LINE_BYTES} bytes")
+        else:
+            self._refuse(431, "headers-too-large", f"a header line over {MAX_REQUEST_LINE_BYTES} bytes")
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._refuse(431, "headers-too-large", f"request head over {MAX_REQUEST_HEAD_BYTES} bytes")
+            return
+        super().lineReceived(line)
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        # The transport is twisted's TCP one (typed as a zope interface, whose methods mypy misreads).
+        cast(Any, self.transport).write(closing_answer(status, reason, message))
+        self.loseConnection()
+
+
+def operator_channel_protocol(factory: http_protocol.HTTPFactory) -> _GenericHTTPChannelProtocol:
+    """What daphne's HTTP factory builds for each connection: twisted's protocol wrapper (which
+    also negotiates HTTP/2 where enabled) around an :class:`OperatorChannel`."""
+    return _GenericHTTPChannelProtocol(OperatorChannel())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,12 +86,15 @@ def main(argv: list[str] | None = None) -> None:
             sockets.append(listening_socket(host, port))
         except OSError as exc:
             raise SystemExit(f"cannot listen on {host}:{port}: {exc}") from None
-    command = [sys.executable, "-m", "daphne"]
+    command = []
     for endpoint in daphne_endpoints(sockets, ipv6):
         command += ["-e", endpoint]
     if args.access_log:
         command += ["--access-log", args.access_log]
-    os.execv(sys.executable, [*command, "kici_site.asgi:application"])
+    # daphne builds its connections with the factory's ``protocol``: this process's are answered
+    # when over the head limits (OperatorChannel), not dropped.
+    http_protocol.HTTPFactory.protocol = operator_channel_protocol
+    CommandLineInterface().run([*command, "kici_site.asgi:application"])
 
 
 if __name__ == "__main__":

@@ -35,8 +35,33 @@ def json_text(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
-    text = "".join(ch if ch.isprintable() else _escaped(ch) for ch in text)
+    text = visible_text(text)
     return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 3] + "..."
+
+
+#: Characters :func:`visible_text` keeps though they print nothing: a text's own layout.
+_LAYOUT = frozenset("\n\t")
+
+
+def visible_text(text: str) -> str:
+    """``text`` with every character that cannot be seen (controls, bidi overrides and isolates
+    such as U+202E, zero-width and odd spaces: what ``str.isprintable`` refuses) written as its
+    JSON escape (``\\u202e``), so text an agent, its sandbox or the orchestrator supplied cannot
+    reorder or hide what a page shows around it. Line breaks and tabs are kept (multi-line
+    details). The one rule for such text, in messages and on pages (the ``visible`` filter)."""
+    return "".join(ch if ch.isprintable() or ch in _LAYOUT else _escaped(ch) for ch in text)
+
+
+def header_text(value: str) -> str:
+    """A request header's value as the client sent it, for a message that repeats it. Servers hand
+    Django each header byte as one latin-1 character, so UTF-8 sent as ``café`` arrives as
+    ``cafÃ©``: the bytes are read back as UTF-8 (what a client that sends non-ASCII means), and
+    bytes that are not UTF-8 are shown as ``\\xNN`` escapes, never as mojibake."""
+    try:
+        raw = value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value  # not from the wire (a test client's own text): already what was meant
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def _escaped(ch: str) -> str:

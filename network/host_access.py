@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -344,13 +344,18 @@ _PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 _TCP_LISTEN = "0A"
 
 
-def tcp_listeners(port: int, tables: Iterable[str] = _PROC_TCP) -> list[HostAddress] | None:
-    """The addresses this host's TCP sockets listen on for ``port`` (``0.0.0.0``/``::`` for a
-    wildcard), read from the kernel's tables in this network namespace; None when they cannot be
-    read (another namespace or a host with no procfs: nothing is known)."""
-    found: list[HostAddress] = []
+#: Where this host's TCP sockets listen: port → the addresses (``0.0.0.0``/``::`` for a wildcard).
+Listening = Mapping[int, tuple[HostAddress, ...]]
+
+
+def tcp_listening(tables: Iterable[str] | None = None) -> dict[int, tuple[HostAddress, ...]] | None:
+    """Every listening TCP socket of this host's network namespace, by port, read once from the
+    kernel's ``tables`` (default ``/proc/net/tcp`` and ``tcp6``), in table order; None when none
+    can be read (another namespace or a host with no procfs: nothing is known). Read it once per
+    check and hand it to whatever needs it (:func:`host_access_warnings`, the console's services)."""
+    found: dict[int, list[HostAddress]] = {}
     read_any = False
-    for path in tables:
+    for path in _PROC_TCP if tables is None else tables:
         try:
             with open(path) as table:
                 lines = table.readlines()[1:]
@@ -362,14 +367,12 @@ def tcp_listeners(port: int, tables: Iterable[str] = _PROC_TCP) -> list[HostAddr
             if len(fields) < 4 or fields[3] != _TCP_LISTEN:
                 continue
             address, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) != port:
-                continue
             # The kernel prints each 32-bit word of the address as a number in host byte order.
             words = [bytes.fromhex(address[i : i + 8]) for i in range(0, len(address), 8)]
             ip = ipaddress.ip_address(b"".join(w[::-1] if sys.byteorder == "little" else w for w in words))
             mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-            found.append(mapped or ip)
-    return found if read_any else None
+            found.setdefault(int(hex_port, 16), []).append(mapped or ip)
+    return {port: tuple(addresses) for port, addresses in found.items()} if read_any else None
 
 
 @dataclass(frozen=True)
@@ -379,7 +382,7 @@ class ConsoleService:
     ``0.0.0.0``, or a name) and ``port``. ``exact``: ``host`` is where the service listens (the
     console's own listeners), so a loopback one is out of the agents' reach; otherwise ``host`` is
     only where the console dials it, and the service may listen on every host address too, unless
-    ``listeners`` (where this host's sockets listen on ``port``, when known: :func:`tcp_listeners`)
+    ``listeners`` (where this host's sockets listen on ``port``, when known: :func:`tcp_listening`)
     are all loopback addresses."""
 
     name: str
@@ -411,11 +414,72 @@ class ConsoleService:
             return address.version == 4
         return address in entry.daddr
 
+    def described(self, entry: HostAccessEntry, gateway: HostAddress | None) -> str:
+        """This service as a warning names it: where the console has it, where this host's sockets
+        listen for it (when known and not all loopback), and where agents would reach it: the
+        agents' ``gateway`` (the address agents dial the host on) when ``entry`` covers it and the
+        service may listen there ("to the agents at 172.30.0.1:5432")."""
+        text = f"{self.name} on {self.host}:{self.port}"
+        shown = [a for a in self.listeners if not a.is_loopback]
+        if shown:
+            text += ", listening on " + ", ".join(f"{_bracketed(str(a))}:{self.port}" for a in shown)
+        if gateway is not None and _covers(entry, gateway) and self.opened_by(_gateway_entry(gateway, self.port)):
+            return f"{text}, to the agents at {_bracketed(str(gateway))}:{self.port}"
+        return f"{text}, to the agents"
+
+
+def _covers(entry: HostAccessEntry, address: HostAddress) -> bool:
+    """Whether ``entry``'s address part holds ``address`` (a wildcard holds every IPv4 one)."""
+    return address.version == 4 if entry.daddr is None else address in entry.daddr
+
+
+def _gateway_entry(gateway: HostAddress, port: int | None) -> HostAccessEntry:
+    """The entry opening ``port`` (every port for None) on ``gateway`` alone."""
+    net = ipaddress.ip_network(gateway)
+    text = f"{_bracketed(str(gateway))}" + ("" if port is None else f":{port}")
+    return HostAccessEntry(text=text, daddr=net, port=port, family="ipv4" if gateway.version == 4 else "ipv6")
+
+
+#: Listening ports a warning names, at most; the others are counted.
+_EXPOSED_SHOWN = 12
+
+
+def _every_address(net: IPNetwork | None) -> str:
+    """Where a port-less entry opens every port, in a warning's words."""
+    if net is None or net.prefixlen == 0:
+        return "every address of this host"
+    if net.num_addresses == 1:
+        return f"this host's address {net.network_address}"
+    return f"every address in {net}"
+
+
+def _exposed_ports(entry: HostAccessEntry, listening: Listening | None) -> str:
+    """``" (listening there now: 22 on 0.0.0.0, 8000 on 172.30.0.1)"``: the ports this host's
+    sockets listen on (``listening``) at an address ``entry`` covers, a wildcard of its family
+    included; loopback sockets are out of the agents' reach. Empty when ``listening`` is not
+    known or holds none; more than :data:`_EXPOSED_SHOWN` ports are counted, not named."""
+    version = 4 if entry.daddr is None else entry.daddr.version
+    found: list[str] = []
+    for port, addresses in sorted((listening or {}).items()):
+        reached = [
+            a
+            for a in addresses
+            if a.version == version and not a.is_loopback and (a.is_unspecified or _covers(entry, a))
+        ]
+        found.extend(f"{port} on {_bracketed(str(a))}" for a in dict.fromkeys(reached))
+    if not found:
+        return ""
+    more = f" and {len(found) - _EXPOSED_SHOWN} more" if len(found) > _EXPOSED_SHOWN else ""
+    return f" (listening there now: {', '.join(found[:_EXPOSED_SHOWN])}{more})"
+
 
 def host_access_warnings(
     entries: Iterable[str | HostAccessEntry],
     host_addresses: Iterable[HostAddress] | None = None,
     services: Iterable[ConsoleService] = (),
+    *,
+    gateway: HostAddress | None = None,
+    listening: Listening | None = None,
 ) -> list[str]:
     """Non-fatal remarks on a ``hostAccess`` list: entries that parse but cannot do what they seem
     to (loopback, no host address, several host addresses, the console's own services, every port;
@@ -452,28 +516,35 @@ def host_access_warnings(
                 "reach on other machines is the label set's networkPolicy allowlist."
             )
             continue
+        example = f' (e.g. "{_gateway_entry(gateway, 53).text}")' if gateway is not None else ""
         opened = [s for s in services if s.opened_by(entry)]
+        every_port = entry.port is None and (
+            net is None or net.num_addresses > 1 or bool(covered) or (gateway is not None and gateway in net)
+        )
+        exposed = _exposed_ports(entry, listening) if every_port else ""
         if opened:
-            named = ", ".join(f"{s.name} on {s.host}:{s.port}" for s in opened)
+            named = "; ".join(s.described(entry, gateway) for s in opened)
+            also = f" It opens every other port there too{exposed}." if every_port else ""
             warnings.append(
-                f"hostAccess entry {_quote(entry.text)} opens the console's own {named} to the agents: "
-                "an agent could read or change the console's data or reach its operator pages. "
-                "Remove the entry, or name only the ports agents need on the agents' gateway."
+                f"hostAccess entry {_quote(entry.text)} opens the console's own {named}: "
+                f"an agent could read or change the console's data or reach its operator pages.{also} "
+                f"Remove the entry, or name only the ports agents need on the agents' gateway{example}."
             )
             continue
-        if entry.port is None and (net is None or net.num_addresses > 1):
-            where = "every address of this host" if net is None or net.prefixlen == 0 else f"every address in {net}"
+        if every_port:
             warnings.append(
-                f"hostAccess entry {_quote(entry.text)} opens every port on {where} to the agents: the console, "
-                "the database and any other service the host listens on. Name the ports agents need instead "
-                '(e.g. "172.30.0.1:53").'
+                f"hostAccess entry {_quote(entry.text)} opens every port on {_every_address(net)} to the agents: "
+                f"the console, the database and any other service the host listens on{exposed}. Name the ports "
+                f"agents need on the agents' gateway instead{example}."
             )
             continue
         if covered and len(covered) > 1:
+            # The gateway is the address agents reach the host on: the one to name, when covered.
+            one = gateway if gateway in covered else covered[0]
             warnings.append(
                 f"hostAccess entry {_quote(entry.text)} opens port {entry.port} on {len(covered)} addresses of this "
                 f"host: {', '.join(str(a) for a in covered)}, not only on the agents' gateway. Name the one "
-                f'address agents need instead (e.g. "{covered[0]}:{entry.port}").'
+                f'address agents need instead (e.g. "{_gateway_entry(one, entry.port).text}").'
             )
     return warnings
 

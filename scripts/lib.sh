@@ -245,6 +245,31 @@ running_agent_containers() {  # ids of the running agent containers: kici-manage
   docker ps -q --filter label=kici-managed=true --filter network=kici-agent-net 2>/dev/null || true
 }
 
+# What a stopped make run may have left running, one line each, found without starting anything
+# (read-only): the dockerd it started (var/run/dockerd.pid), kici-managed containers and
+# kici-agent-net on a docker that answers, this console's isolation tables, a process-mode agent
+# writing into this checkout's agent logs (KICI_AGENT_LOG_DIR), a Firecracker VM. Nothing printed:
+# none of its agents can be running, and nothing needs starting to end them.
+agent_plane_traces() {
+  local dpid; dpid="$(our_dockerd_pid)"
+  if [ -n "$dpid" ]; then echo "the dockerd make run started (pid $dpid)"; fi
+  if docker info >/dev/null 2>&1; then
+    local n; n="$(docker ps -aq --filter label=kici-managed=true 2>/dev/null | wc -l)"
+    if [ "$n" -gt 0 ]; then echo "$n kici-managed container(s)"; fi
+    if docker network inspect kici-agent-net >/dev/null 2>&1; then echo "the network kici-agent-net"; fi
+  fi
+  local family table="${KICI_NFT_TABLE:-kici}"
+  for family in inet bridge netdev; do
+    if $SUDO nft list table "$family" "$table" >/dev/null 2>&1; then echo "the nft table $family $table"; fi
+  done
+  local logs; logs="$(realpath -m "${KICI_AGENT_LOG_DIR:-$ROOT/var/agents}")"
+  if $SUDO find /proc/[0-9]*/fd -maxdepth 1 -lname "$logs/*" -print -quit 2>/dev/null | grep -q .; then
+    echo "a process-mode agent writing into $logs"
+  fi
+  if pgrep -x firecracker >/dev/null 2>&1; then echo "a Firecracker VM (firecracker process)"; fi
+  return 0
+}
+
 # End the data plane of a console that is not running: every kici-managed container on kici-agent-net,
 # the network, this console's two isolation tables, then the dockerd make run started. Without their
 # containers the tables' map elements and port bindings would judge the next sandbox that reuses one

@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 from agents.choices import EVENT_BADGES, AgentState
 from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seconds
 from lib.units import format_age, format_bytes_iec, format_duration
+from lib.wording import visible_text
 from scalers.holds import ARMABLE_STATES, hold_wording, is_armed
 from scalers.spawn_trace import waterfall
 
@@ -142,6 +143,14 @@ def agent_address(agent):
 def declared_labels(labels) -> list[str]:
     """The labels without the automatic ``kici:`` ones (added to every agent), for compact tables."""
     return [label for label in (labels or []) if not str(label).startswith("kici:")]
+
+
+@register.filter
+def visible(text) -> str:
+    """Text an agent, its sandbox or the orchestrator supplied (event details, failure reasons,
+    job ids) with what cannot be seen escaped (``lib.wording.visible_text``: ``\\u202e``); then
+    autoescaped as any value."""
+    return visible_text("" if text is None else str(text))
 
 
 @register.filter

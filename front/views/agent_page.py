@@ -11,6 +11,7 @@ from agents.models import ScalerEvent
 from lib.errors import error_page
 from lib.query import check_parameters, choice
 from live.rows import agent_page_version, host_access_view
+from scalers.holds import MAX_REASON as MAX_HOLD_REASON
 from scalers.selftest import can_run_selftest
 
 from .common import agent_or_404, viewer_required
@@ -45,6 +46,7 @@ def agent_detail(request, agent_id: str):
         "max_rows": 500,
         "host_access": host_access_view(agent),
         "can_selftest": can_run_selftest(request.user),
+        "max_hold_reason": MAX_HOLD_REASON,
         "streams": console_streams(agent),
         "page_version": agent_page_version(agent),
         "event_resync_url": f"{reverse('agent_detail', args=[agent.agent_id])}?part=events",

@@ -45,6 +45,7 @@ from network.host_access import (
     host_access_warnings,
     parse_host_access_entry,
     same_host_access,
+    tcp_listening,
 )
 from network.netlink import NetlinkError, host_addresses
 from network.nft.apply import NftClient
@@ -100,11 +101,13 @@ def _warnings(entries: list[str], gateway: str) -> list[str]:
     the agents' gateway and the console's backing services (the editor warns about the same
     entries). When the addresses cannot be listed, that is itself a warning: the entries could not
     be checked."""
+    address = ipaddress.ip_address(gateway)
     try:
-        known = [*host_addresses(), ipaddress.ip_address(gateway)]
+        known = [*host_addresses(), address]
     except NetlinkError as exc:
         return [f"this host's addresses could not be listed ({exc}): the entries were not checked against them"]
-    return host_access_warnings(entries, known, console_services())
+    listening = tcp_listening()
+    return host_access_warnings(entries, known, console_services(listening), gateway=address, listening=listening)
 
 
 def _policy(label_set) -> dict:

@@ -14,7 +14,7 @@ from pydantic import BeforeValidator, Field
 
 from lib.json_body import MISSING, PRINTABLE_FORMAT, BodyRefused, JsonBody, validate_body
 from lib.units import parse_memory
-from lib.wording import json_text
+from lib.wording import header_text, json_text
 from scalers.config.schema import Resources, kici_agent_url, parse_resource_request
 from scalers.credentials import IMAGE_REFERENCE, MAX_IMAGE_LENGTH, image_problem
 from scalers.resources import MIN_MEMORY_BYTES, resource_floor_error
@@ -69,14 +69,17 @@ MAX_IDEMPOTENCY_KEY_LENGTH = 255
 def validate_idempotency_key(value: str | None) -> str:
     """The ``/scale`` ``Idempotency-Key`` header, trimmed; "" when absent. Raises
     :class:`InvalidScaleRequest` (field ``Idempotency-Key``) for an empty one, a longer one than
-    :data:`MAX_IDEMPOTENCY_KEY_LENGTH` or one with characters outside printable ASCII."""
+    :data:`MAX_IDEMPOTENCY_KEY_LENGTH` or one with characters outside printable ASCII (header
+    values are ASCII in practice, and a key is compared byte for byte); the refused value is
+    repeated as the client sent it (``lib.wording.header_text``), not as the latin-1 text the
+    server decoded it to."""
     if value is None:
         return ""
     key = value.strip()
     if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not all(" " <= c <= "~" for c in key):
+        shown = json_text(header_text(value))
         raise InvalidScaleRequest(
-            "Idempotency-Key",
-            f"must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters, got {json_text(value)}",
+            "Idempotency-Key", f"must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters, got {shown}"
         )
     return key
 

@@ -20,9 +20,9 @@ from django.conf import settings
 
 from network.host_access import (
     ConsoleService,
+    Listening,
     resolve_agent_host_access,
     storage_host_access_entries,
-    tcp_listeners,
 )
 from network.nft import apply as nft_apply
 from network.nft.spec import AgentSpec
@@ -45,14 +45,15 @@ def host_services() -> list[str]:
     return storage_host_access_entries(getattr(settings, "KICI_STORAGE_URL", None))
 
 
-def console_services() -> list[ConsoleService]:
+def console_services(listening: Listening | None) -> list[ConsoleService]:
     """The console's own backing services no agent may reach, for the host-access warnings
     (``network.host_access.host_access_warnings``): its PostgreSQL (``DATABASE_URL``), its Redis
     (``REDIS_URL``), both as the console dials them, and each operator listener
     (``KICI_OPERATOR_LISTEN``, where the console listens: a loopback one is out of reach; one with
     port ``*`` has no port to name and is left out). A setting that names no host or port is skipped.
-    A service dialed on loopback carries where this host's sockets listen on its port, so one
-    listening on loopback only is not warned about."""
+    A service dialed on loopback carries where this host's sockets listen on its port
+    (``listening``: ``network.host_access.tcp_listening``, read once by the caller; None when not
+    known), so one listening on loopback only is not warned about."""
     services = []
 
     def dialed(name: str, host: str, port: int) -> ConsoleService:
@@ -60,7 +61,7 @@ def console_services() -> list[ConsoleService]:
             local = ipaddress.ip_address(host.strip("[]")).is_loopback
         except ValueError:
             local = host == "localhost"
-        return ConsoleService(name, host, port, listeners=tuple(tcp_listeners(port) or ()) if local else ())
+        return ConsoleService(name, host, port, listeners=tuple((listening or {}).get(port, ())) if local else ())
 
     db = settings.DATABASES.get("default") or {}
     if db.get("HOST"):

@@ -93,7 +93,7 @@ def _issue_message(err: Mapping[str, Any]) -> str:
     if kind == "missing":
         return "Required"
     if kind == "extra_forbidden":
-        return f'Unrecognized key "{loc[-1] if loc else "?"}" (unrecognized_keys)'
+        return f'Unrecognized key "{loc[-1] if loc else "?"}" (unrecognized_keys), received {received}'
     if kind == "value_error":
         return str(err.get("ctx", {}).get("error", err["msg"]))
     if kind in ("number_type", "int_type", "version") and "received" in err["msg"]:
@@ -276,8 +276,10 @@ def _resource_shape(value: Any) -> str | None:
     if isinstance(value, ResourceSpec):
         return _FLAT
     if isinstance(value, dict):
-        keys = {k for k, v in value.items() if v is not None}
-        if keys <= _NESTED_KEYS:
+        # The shape is read from the keys it knows; an unknown one (``cpu``) is then refused by
+        # that shape's model, naming the key, not taken for a mix of the two shapes.
+        keys = {k for k, v in value.items() if v is not None} & (_NESTED_KEYS | _FLAT_KEYS)
+        if keys and keys <= _NESTED_KEYS:
             return _NESTED
         if keys <= _FLAT_KEYS:
             return _FLAT

@@ -509,3 +509,28 @@ def test_operators_get_the_selftest_button_and_viewers_a_disabled_one(client, vi
     assert f'hx-post="/agents/{agent.agent_id}/isolation/selftest"' not in html and "Run self-test</button>" in html
     client.force_login(_user("op", "agents.view_agent", "operations.request_operation"))
     assert f'hx-post="/agents/{agent.agent_id}/isolation/selftest"' in client.get(url).content.decode()
+
+
+# --- text an agent supplied --------------------------------------------------------------------
+
+
+def test_invisible_and_bidi_characters_an_agent_supplied_are_shown_escaped(viewer_client, scaler):
+    """A right-to-left override (or a zero-width space) in an event's detail, a failure reason or
+    a reported job id must not reorder or hide what a page shows: it is written as its escape."""
+    sneaky = "exit 0 \u202egpj.exe\u200b"
+    agent = _agent(scaler, 1, state=AgentState.FAILED, failure_reason=f"spawn failed: {sneaky}\nmore {sneaky}")
+    Agent.objects.filter(pk=agent.pk).update(completed_job_id=f"job-{sneaky}")
+    event = record_event(agent, EventType.FAILED, f"agent said: {sneaky}\nsecond line {sneaky}")
+    escaped = "exit 0 \\u202egpj.exe\\u200b"
+    pages = {
+        "agent page": viewer_client.get(f"/agents/{agent.agent_id}/").content.decode(),
+        "events list": viewer_client.get("/events/").content.decode(),
+        "dashboard": viewer_client.get("/").content.decode(),
+        "events stream": render_live_update(event.pk),
+        "console page": viewer_client.get(f"/agents/{agent.agent_id}/console/").content.decode(),
+    }
+    for name, html in pages.items():
+        assert "\u202e" not in html and "\u200b" not in html, name
+        assert escaped in unescape(html), name
+    # Line breaks are the text's own layout: kept.
+    assert f"second line {escaped}" in unescape(pages["events list"])

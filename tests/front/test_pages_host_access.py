@@ -13,12 +13,13 @@ from agents.choices import AgentState
 from agents.models import Agent
 from front.host_access_editor import check_lines, known_host_addresses, plan_host_access_change
 from network.host_access import host_access_warnings
-from scalers.backends import isolation
 from scalers.models import LabelSet, Scaler
 
 pytestmark = pytest.mark.django_db
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
+#: A socket listening on every IPv4 address of the host.
+WILDCARD = (ipaddress.ip_address("0.0.0.0"),)
 BASE = "/scalers/ci/label-sets/0/host-access/"
 
 
@@ -298,7 +299,7 @@ def test_an_entry_opening_the_consoles_redis_or_operator_listener_is_warned_abou
     settings.REDIS_URL = "redis://127.0.0.1:6379/12"
     settings.KICI_OPERATOR_LISTEN = [("192.168.1.10", 8000)]
     # Redis listens on every address of the host (dialed on loopback, reached on the gateway too).
-    monkeypatch.setattr(isolation, "tcp_listeners", lambda port: [ipaddress.ip_address("0.0.0.0")])
+    monkeypatch.setattr("front.host_access_editor.tcp_listening", lambda: {6379: WILDCARD, 5432: WILDCARD})
     html = unescape(
         operator_client.post(
             BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:53\n172.30.0.1:6379\n*:8000"}, **HTMX
@@ -546,13 +547,61 @@ def test_an_entry_with_a_warning_gets_no_green_ok(viewer_client, label_set):
 def test_a_redis_listening_on_loopback_only_is_not_warned_about(operator_client, label_set, settings, monkeypatch):
     settings.REDIS_URL = "redis://127.0.0.1:6379/12"
     settings.KICI_OPERATOR_LISTEN = []
-    asked = []
-
-    def loopback_only(port):
-        asked.append(port)
-        return [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")]
-
-    monkeypatch.setattr(isolation, "tcp_listeners", loopback_only)
+    loopback = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+    monkeypatch.setattr("front.host_access_editor.tcp_listening", lambda: {6379: loopback})
     answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:6379"}, **HTMX)
     html = unescape(answer.content.decode())
-    assert 6379 in asked and "Redis (REDIS_URL)" not in html, html
+    assert "172.30.0.1:6379" in html and "Redis (REDIS_URL)" not in html, html
+    monkeypatch.setattr("front.host_access_editor.tcp_listening", lambda: {6379: WILDCARD})
+    answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1:6379"}, **HTMX)
+    assert "Redis (REDIS_URL)" in unescape(answer.content.decode())
+
+
+def test_a_preview_reads_the_hosts_listening_sockets_once(operator_client, label_set, settings, monkeypatch):
+    """The kernel's socket tables are read once per preview, however many services and entries."""
+    from network import host_access
+
+    monkeypatch.setitem(settings.DATABASES["default"], "HOST", "127.0.0.1")
+    settings.REDIS_URL = "redis://127.0.0.1:6379/12"
+    opened = []
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(host_access, "open", counting_open, raising=False)
+    entries = "172.30.0.1:53\n172.30.0.1:6379\n*:5432\n0.0.0.0/0"
+    for mode in ("explicit", "default"):
+        opened.clear()
+        answer = operator_client.post(BASE + "preview", {"mode": mode, "entries": entries}, **HTMX)
+        assert answer.status_code == 200
+        assert sorted(opened) == ["/proc/net/tcp", "/proc/net/tcp6"], (mode, opened)
+
+
+def test_the_advice_about_an_exposed_database_names_the_agents_gateway(
+    operator_client, label_set, settings, monkeypatch
+):
+    """docker0 (172.17.0.1) sorts before the agents' bridge: the advice names the bridge's gateway."""
+    monkeypatch.setitem(settings.DATABASES["default"], "HOST", "127.0.0.1")
+    settings.KICI_OPERATOR_LISTEN = []
+    monkeypatch.setattr("front.host_access_editor.tcp_listening", lambda: {6379: WILDCARD, 5432: WILDCARD})
+    monkeypatch.setattr(
+        "front.host_access_editor.host_addresses",
+        lambda: [ipaddress.ip_address(a) for a in ("127.0.0.1", "172.17.0.1")],
+    )
+    answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "0.0.0.0/0"}, **HTMX)
+    html = unescape(answer.content.decode())
+    exposed = "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432, listening on 0.0.0.0:5432, to the agents at 172.30.0.1"
+    assert exposed in html, html
+    assert '(e.g. "172.30.0.1:53")' in html and "172.17.0.1:" not in html
+
+
+def test_the_bare_gateway_is_warned_about_like_a_wide_entry(operator_client, label_set, settings, monkeypatch):
+    """``172.30.0.1`` is every port of the host as agents see it: warned about, naming what listens."""
+    settings.KICI_OPERATOR_LISTEN = []
+    lo = (ipaddress.ip_address("127.0.0.1"),)
+    monkeypatch.setattr("front.host_access_editor.tcp_listening", lambda: {22: WILDCARD, 5432: lo, 6379: lo})
+    answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1"}, **HTMX)
+    html = unescape(answer.content.decode())
+    assert 'line 1: hostAccess entry "172.30.0.1" opens every port on this host\'s address 172.30.0.1' in html, html
+    assert "(listening there now: 22 on 0.0.0.0)" in html

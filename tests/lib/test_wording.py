@@ -17,3 +17,10 @@ def test_what_cannot_be_seen_is_escaped():
 
 def test_long_values_are_cut_and_marked():
     assert json_text("x" * 100) == '"' + "x" * 56 + "..."
+
+
+def test_visible_text_escapes_what_cannot_be_seen_and_keeps_the_layout():
+    from lib.wording import visible_text
+
+    assert visible_text("a\u202eb\u2066c\u200bd\u00a0e\x1bf\r") == "a\\u202eb\\u2066c\\u200bd\\u00a0e\\u001bf\\r"
+    assert visible_text("tök\tén\n漢字") == "tök\tén\n漢字"

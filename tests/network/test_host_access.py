@@ -528,19 +528,88 @@ def test_a_service_the_host_listens_for_on_loopback_only_is_not_warned_about():
     assert "opens the console's own PostgreSQL (DATABASE_URL) on 127.0.0.1:5432" in warning
 
 
-def test_the_host_listeners_of_a_port_are_read_from_the_kernel(tmp_path):
+def test_the_host_listeners_are_read_from_the_kernel(tmp_path):
     import socket
 
-    from network.host_access import tcp_listeners
+    from network.host_access import tcp_listening
 
     with socket.socket() as v4, socket.socket(socket.AF_INET6) as v6:
         v4.bind(("127.0.0.1", 0))
         v4.listen()
         port = v4.getsockname()[1]
-        assert tcp_listeners(port) == [ipaddress.ip_address("127.0.0.1")]
+        assert tcp_listening()[port] == (ipaddress.ip_address("127.0.0.1"),)
         v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         v6.bind(("::", port))  # an IPv6 wildcard beside it
         v6.listen()
-        assert sorted(map(str, tcp_listeners(port))) == ["127.0.0.1", "::"]
-    assert tcp_listeners(port) == []
-    assert tcp_listeners(port, tables=[str(tmp_path / "missing")]) is None
+        assert sorted(map(str, tcp_listening()[port])) == ["127.0.0.1", "::"]
+    assert port not in tcp_listening()
+    assert tcp_listening(tables=[str(tmp_path / "missing")]) is None
+
+
+#: A host with docker0 (172.17.0.1) besides the agents' bridge (172.30.0.1): the advice names the
+#: latter, the address agents reach the host on, never the first one sorted.
+DOCKER_HOST = [ipaddress.ip_address(a) for a in ("127.0.0.1", "172.17.0.1", "172.30.0.1", "192.168.1.10")]
+GATEWAY = ipaddress.ip_address("172.30.0.1")
+
+
+@pytest.mark.parametrize("entry", ["0.0.0.0/0", "*", "*:5432", "172.16.0.0/12:5432"])
+def test_the_advice_about_an_exposed_service_names_where_agents_reach_it(entry):
+    wildcard = (ipaddress.ip_address("0.0.0.0"),)
+    postgres = [ConsoleService("PostgreSQL (DATABASE_URL)", "127.0.0.1", 5432, listeners=wildcard)]
+    (warning,) = host_access_warnings([entry], DOCKER_HOST, postgres, gateway=GATEWAY)
+    assert "PostgreSQL (DATABASE_URL) on 127.0.0.1:5432, listening on 0.0.0.0:5432, " in warning, warning
+    assert "to the agents at 172.30.0.1:5432" in warning
+    assert "172.17.0.1" not in warning
+
+
+def test_the_advice_about_a_wide_entry_or_a_range_names_the_agents_gateway():
+    other_gateway = ipaddress.ip_address("10.0.0.1")
+    host = [*DOCKER_HOST, other_gateway]
+    wide, ranged = host_access_warnings(["172.16.0.0/12", "0.0.0.0/0:22"], host, gateway=other_gateway)
+    assert wide.endswith('Name the ports agents need on the agents\' gateway instead (e.g. "10.0.0.1:53").'), wide
+    assert ranged.endswith('(e.g. "10.0.0.1:22").'), ranged
+    (ranged,) = host_access_warnings(["172.16.0.0/12:22"], DOCKER_HOST, gateway=GATEWAY)
+    assert ranged.endswith('(e.g. "172.30.0.1:22").'), ranged
+
+
+#: Where this host's sockets listen: sshd everywhere, PostgreSQL on loopback only, a service on
+#: the gateway, one on the LAN address, and an IPv6 wildcard.
+LISTENING = {
+    22: (ipaddress.ip_address("0.0.0.0"),),
+    5432: (ipaddress.ip_address("127.0.0.1"),),
+    8080: (ipaddress.ip_address("172.30.0.1"),),
+    9000: (ipaddress.ip_address("192.168.1.10"),),
+    9100: (ipaddress.ip_address("::"),),
+}
+
+
+@pytest.mark.parametrize(
+    "entry, where, exposed",
+    [
+        ("172.30.0.1", "this host's address 172.30.0.1", "22 on 0.0.0.0, 8080 on 172.30.0.1"),
+        ("172.30.0.1:*", "this host's address 172.30.0.1", "22 on 0.0.0.0, 8080 on 172.30.0.1"),
+        ("192.168.1.10", "this host's address 192.168.1.10", "22 on 0.0.0.0, 9000 on 192.168.1.10"),
+        ("0.0.0.0/0", "every address of this host", "22 on 0.0.0.0, 8080 on 172.30.0.1, 9000 on 192.168.1.10"),
+        ("*", "every address of this host", "22 on 0.0.0.0, 8080 on 172.30.0.1, 9000 on 192.168.1.10"),
+        ("[fd00::1]", "this host's address fd00::1", "9100 on [::]"),
+    ],
+)
+def test_an_entry_opening_every_port_of_a_host_address_names_what_listens_there(entry, where, exposed):
+    host = [*DOCKER_HOST, ipaddress.ip_address("fd00::1")]
+    (warning,) = host_access_warnings([entry], host, gateway=GATEWAY, listening=LISTENING)
+    assert warning.startswith(f'hostAccess entry "{entry}" opens every port on {where} to the agents: '), warning
+    assert f"(listening there now: {exposed})." in warning, warning
+
+
+def test_the_gateway_alone_on_every_port_is_warned_about_without_the_host_addresses():
+    (warning,) = host_access_warnings(["172.30.0.1"], gateway=GATEWAY)
+    assert "opens every port on this host's address 172.30.0.1" in warning
+    assert host_access_warnings(["172.30.0.1:53"], gateway=GATEWAY, listening=LISTENING) == []
+
+
+def test_an_entry_opening_a_service_and_every_other_port_says_both():
+    wildcard = (ipaddress.ip_address("0.0.0.0"),)
+    postgres = [ConsoleService("PostgreSQL (DATABASE_URL)", "127.0.0.1", 5432, listeners=wildcard)]
+    (warning,) = host_access_warnings(["172.30.0.1"], DOCKER_HOST, postgres, gateway=GATEWAY, listening=LISTENING)
+    assert "opens the console's own PostgreSQL (DATABASE_URL)" in warning
+    assert "It opens every other port there too (listening there now: 22 on 0.0.0.0, 8080 on 172.30.0.1)." in warning

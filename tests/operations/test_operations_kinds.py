@@ -461,10 +461,10 @@ def test_a_host_access_plan_compares_entries_as_a_set_not_as_a_sequence(users, n
 def test_a_host_access_plan_warns_about_entries_opening_the_consoles_backing_services(settings, monkeypatch):
     """Redis (REDIS_URL) and the operator listener (KICI_OPERATOR_LISTEN) are the console's own:
     an approver confirms a warning naming them; the default list opens neither."""
-    from scalers.backends import isolation
-
     # This Redis listens on every address of the host, as its packaged default may.
-    monkeypatch.setattr(isolation, "tcp_listeners", lambda port: [ipaddress.ip_address("0.0.0.0")])
+    monkeypatch.setattr(
+        "operations.kinds.host_access_apply.tcp_listening", lambda: {6379: (ipaddress.ip_address("0.0.0.0"),)}
+    )
     settings.REDIS_URL = "redis://127.0.0.1:6379/12"
     settings.KICI_OPERATOR_LISTEN = [("192.168.1.10", 8000)]
     scaler = make_scaler(name=f"ops-hs-{secrets.token_hex(2)}", orchestrator_url="http://172.30.0.1:8000")

@@ -198,3 +198,20 @@ def test_the_scaler_page_groups_the_scaler_and_host_pause_controls_apart(users, 
     assert "<legend>Scaler c</legend>" in scaler_group and "Resume scaler…" in scaler_group
     assert "pause-host" not in scaler_group
     assert "<legend>Host h1: every scaler on it</legend>" in host_group and 'id="pause-host"' in host_group
+
+
+def test_the_pause_forms_never_cut_a_long_reason_the_server_refuses_it_saying_so(users, client):
+    import re
+    from html import unescape
+
+    from scalers.pauses import MAX_REASON
+
+    scaler = make_scaler("c", labels=("linux",), host="h1")
+    login(client, users["operator"])
+    page = client.get(f"/scalers/{scaler.name}/").content.decode()
+    fields = re.findall(r'<input name="reason"[^>]*>', page)
+    assert len(fields) == 2 and all("maxlength" not in f and f"at most {MAX_REASON}" in f for f in fields), fields
+    refused = client.post("/operations/plan/", {"kind": "pause", "host": "h1", "reason": "r" * (MAX_REASON + 1)})
+    assert refused.status_code == 400, refused.status_code
+    assert f"reason: must be a non-empty text of at most {MAX_REASON} characters" in unescape(refused.content.decode())
+    assert not Operation.objects.exists()

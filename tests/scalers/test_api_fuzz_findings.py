@@ -123,3 +123,25 @@ def test_a_heartbeat_still_refuses_what_is_no_whole_count(sent):
         HTTP_AUTHORIZATION=f"Bearer {mint_session_token(agent)}",
     )
     assert response.status_code == 400 and response.json()["error"]["field"] == "activeJobs", response.content
+
+
+@pytest.mark.parametrize(
+    ("resources", "field", "words"),
+    [
+        ({"cpu": -1}, "resources.cpu", ['Unrecognized key "cpu"', "received -1"]),
+        ({"cpus": -1}, "resources.cpus", ["greater than 0", "received -1"]),
+        ({"cpus": "two"}, "resources.cpus", ['received "two"']),
+        ({"gpus": 1, "memory": "1g"}, "resources.gpus", ['Unrecognized key "gpus"', "received 1"]),
+        ({"requests": {"cpu": 2}}, "resources.requests.cpu", ['Unrecognized key "cpu"', "received 2"]),
+        ({"limits": {"cpus": 0}}, "resources.limits.cpus", ["greater than 0", "received 0"]),
+        ({"memory": "-1g"}, "resources.memory", ['"-1g"']),
+        ({"cpus": 1, "limits": {"cpus": 1}}, "resources", ["cannot be mixed", 'received {"cpus": 1']),
+    ],
+)
+def test_a_bad_resource_value_is_refused_naming_its_field_and_value(resources, field, words):
+    """Never "the two shapes cannot be mixed" for what is one shape with a bad or unknown key."""
+    error = _post("/api/v1/scale", {"labels": ["linux"], "jobId": "j", "resources": resources})
+    assert error["field"] == field, error
+    assert all(word in error["message"] for word in words), error
+    if field != "resources":
+        assert "mixed" not in error["message"], error

@@ -386,3 +386,18 @@ def test_an_agent_lost_by_heartbeat_is_held_and_one_whose_sandbox_is_gone_is_rel
     assert (outcome, fresh(gone).state) == ("done", AgentState.FAILED)
     assert backend.destroyed == [(gone.agent_id, True)]
     assert Reservation.objects.filter(agent=silent).exists() and not Reservation.objects.filter(agent=gone).exists()
+
+
+def test_the_hold_form_never_cuts_a_long_reason_the_server_refuses_it_saying_so(users, client):
+    from scalers.holds import MAX_REASON
+
+    agent = make_agent(make_scaler(), AgentState.RUNNING, managed_id="c" * 64)
+    login(client, users["operator"])
+    page = client.get(f"/agents/{agent.agent_id}/").content.decode()
+    (field,) = re.findall(r'<input name="reason"[^>]*>', page)
+    assert "maxlength" not in field and f"at most {MAX_REASON} characters" in field, field
+    fields = {"kind": "agent-hold", "agent": agent.agent_id, "reason": "r" * (MAX_REASON + 1), "seconds": "300"}
+    refused = client.post("/operations/plan/", fields)
+    assert refused.status_code == 400, refused.status_code
+    assert f"reason: must be a non-empty text of at most {MAX_REASON} characters" in unescape(refused.content.decode())
+    assert not Operation.objects.exists()

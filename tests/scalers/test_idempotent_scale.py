@@ -208,3 +208,21 @@ def test_20_identical_requests_on_their_own_connections_make_one_agent(own_trans
     assert actions == [ScaleOutcome.REPLAYED] * 19 + [ScaleOutcome.SPAWNING], actions
     assert len({d.agent for d in results}) == 1
     assert Agent.objects.count() == 1 == Reservation.objects.count()
+
+
+@pytest.mark.parametrize(
+    ("sent", "shown"),
+    [("caf\u00e9".encode(), '"caf\u00e9"'), ("\u2603".encode(), '"\u2603"'), (b"k\xff", '"k\\\\xff"')],
+)
+def test_a_non_ascii_key_is_refused_repeating_it_as_sent_not_as_mojibake(sent, shown):
+    """A server hands each header byte to Django as one latin-1 character: UTF-8 "café" arrives
+    as "cafÃ©". The refusal names the header and repeats what the client sent."""
+    make_scaler("c", max_agents=5)
+    r = post(BODY, key=sent.decode("latin-1"))
+    assert r.status_code == 400, r.content
+    error = r.json()["error"]
+    assert error["field"] == "Idempotency-Key"
+    assert error["message"].startswith("Idempotency-Key: must be 1 to 255 printable ASCII characters, got "), error
+    assert error["message"].endswith(f"got {shown}"), error
+    assert "\u00c3" not in error["message"] and "\u00e2" not in error["message"]
+    assert not Agent.objects.exists()
