@@ -48,6 +48,11 @@ class Activity:
     job_id: str = ""
     run_id: str = ""
 
+    @property
+    def text(self) -> str:
+        """``busy: job <id> (run <id>)`` or ``idle``, as the pages say it."""
+        return f"busy: job {self.job_id} (run {self.run_id})" if self.state == BUSY else IDLE
+
     def as_context(self) -> dict[str, str]:
         """Its form on the agent row (``backend_context["kici_activity"]``, read by the pages)."""
         return {"state": self.state, "jobId": self.job_id, "runId": self.run_id}

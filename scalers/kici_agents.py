@@ -237,21 +237,16 @@ def _note(agent: Agent, listed: bool | None, activity: Activity | None, now) -> 
     fields: dict[str, object] = {"last_heartbeat": now} if listed else {}
     if activity is not None and activity != Activity.from_context((agent.backend_context or {}).get(KICI_ACTIVITY)):
         patch = {KICI_ACTIVITY: activity.as_context()}
-        fields["active_jobs"] = 1 if activity.state == BUSY else 0
+        agent.active_jobs = fields["active_jobs"] = 1 if activity.state == BUSY else 0
         fields["backend_context"] = Func(
             F("backend_context"), Value(patch, output_field=JSONField()), function="", arg_joiner=" || "
         )
         agent.backend_context = {**(agent.backend_context or {}), **patch}
-        agent.active_jobs = cast(int, fields["active_jobs"])
-        log.info("the KiCI agent %s is %s", agent.agent_id, _activity_text(activity))
+        log.info("the KiCI agent %s is %s", agent.agent_id, activity.text)
     if not fields:
         return
     Agent.objects.filter(pk=agent.pk, state__in=(AgentState.RUNNING, AgentState.DRAINING)).update(**fields)
     push_heartbeat_row(agent)
-
-
-def _activity_text(activity: Activity) -> str:
-    return f"busy: job {activity.job_id} (run {activity.run_id})" if activity.state == BUSY else "idle"
 
 
 def _registered(agent: Agent, target: KiciAgentTarget, now) -> bool:

@@ -78,3 +78,4 @@ def test_an_activity_keeps_its_form_on_the_agent_row():
     assert Activity.from_context(Activity(IDLE).as_context()) == Activity(IDLE)
     assert Activity.from_context(None) is None
     assert Activity.from_context({"state": "sleeping"}) is None
+    assert busy.text == f"busy: job {GREET_JOB} (run {RUN})" and Activity(IDLE).text == "idle"
