@@ -280,3 +280,14 @@ def test_one_topology_answer_serves_every_agent_of_an_orchestrator_in_a_round(or
     time.sleep(TOPOLOGY_SHARED_MS / 1000 + 0.1)  # the next round asks again
     assert follow_kici_agent(first.pk) == "running"
     assert topology_calls() == 2
+
+
+def test_a_change_of_activity_refreshes_the_open_pages_even_between_heartbeats(orchestrator, backend, monkeypatch):
+    pushed = []
+    monkeypatch.setattr("scalers.kici_agents.push_heartbeat_row", lambda agent: pushed.append(agent.active_jobs))
+    agent = _agent(orchestrator, state=AgentState.RUNNING)  # not listed: no heartbeat to store
+    assert look_at(agent) == "running" and pushed == []
+    backend.log = _through("hello from the real agent")
+    assert look_at(_reload(agent)) == "running" and pushed == [1]
+    assert look_at(_reload(agent)) == "running" and pushed == [1]  # nothing new: no push
+    assert _reload(agent).last_heartbeat is None
