@@ -1,17 +1,22 @@
 """Following a real KiCI agent (label set ``kiciAgent``) through its life, from outside it: the
 real agent never speaks to the console, so :func:`follow_kici_agent` (a short rq job that looks
-once and schedules itself again) reads the orchestrator's list of registered agents and the
-sandbox. What one look decides, and how a lost follow resumes: docs/real-kici-agent.md ("How the
-console knows what the agent does").
+once and schedules itself again) reads the orchestrator's list of registered agents (one answer
+shared by the follows of all its agents for :data:`TOPOLOGY_SHARED_MS`), the sandbox, and the
+agent's own log (``scalers.kici_agent_log``: busy, idle, refused). What one look decides, and how
+a lost follow resumes: docs/real-kici-agent.md ("How the console knows what the agent does").
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol, cast
 
 from django.db import transaction
+from django.db.models import F, Func, JSONField, Value
 from django.utils import timezone
 
 from agents.choices import AgentState, EventType
@@ -20,6 +25,7 @@ from agents.heartbeats import push_heartbeat_row
 from agents.models import Agent
 from scalers.backends.factory import get_backend
 from scalers.hosts import scaler_queue
+from scalers.kici_agent_log import BUSY, Activity, latest_activity, refusal
 from scalers.kici_orchestrator import (
     KICI_TOKEN_ID,
     KiciAgentTarget,
@@ -40,14 +46,17 @@ from scalers.models import this_host
 
 
 class _Sandboxes(Protocol):
-    """What the follow asks of the backend running the real agent (container, Firecracker or bare-metal process):
-    how its sandbox ended (None while it runs), its last output, and the news that the agent
+    """What the follow asks of the backend running the real agent (container, Firecracker or
+    bare-metal process): how its sandbox ended (None while it runs), its last output, the last
+    lines of the agent's own log (``scalers.kici_agent_log``), and the news that the agent
     registered (a microVM's MMDS then drops the token, as the reference does on the agent's
     ``config.ack``)."""
 
     def sandbox_exit(self, agent: Agent) -> str | None: ...
 
     def captured_output_for(self, agent: Agent) -> list[str]: ...
+
+    def agent_log_lines(self, agent: Agent) -> list[str]: ...
 
     def sandbox_registered(self, agent: Agent) -> None: ...
 
@@ -58,6 +67,12 @@ log = logging.getLogger(__name__)
 FOLLOW_SECONDS = 1.0
 #: Seconds after its last scheduling that an agent's follow counts as lost (:func:`resume_follows`).
 FOLLOW_LOST_SECONDS = 30
+#: Milliseconds one answer of an orchestrator's fleet topology (or its failure) serves the follows
+#: of all its agents (:func:`shared_listing`): under :data:`FOLLOW_SECONDS`, so each round asks it
+#: about once whatever the number of agents.
+TOPOLOGY_SHARED_MS = 900
+#: ``backend_context`` key of what a real agent does (``scalers.kici_agent_log.Activity``).
+KICI_ACTIVITY = "kici_activity"
 
 _FOLLOWED = (AgentState.CONNECTING, AgentState.RUNNING, AgentState.DRAINING)
 
@@ -114,23 +129,47 @@ def follow_kici_agent(agent_pk: int) -> str:
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
     if agent is None or agent.state not in _FOLLOWED or not is_kici_agent(agent):
         return "over"
-    outcome = look_at(agent)
+    connection = scaler_queue(agent.scaler).connection
+    outcome = look_at(agent, ask=lambda target: shared_listing(connection, target))
     if outcome in ("watching", "running"):
         schedule_follow(agent)
     return outcome
 
 
-def look_at(agent: Agent, *, now=None) -> str:
-    """One look at a followed agent (module doc). Returns ``watching`` (connecting, not yet
-    listed), ``running`` (listed, or its container still runs), ``failed`` (exited before
-    registering), ``expired`` (unlisted at the deadline), ``destroyed`` (exited after
+def shared_listing(connection, target: KiciAgentTarget) -> set[str]:
+    """``connected_agent_ids(target)``, asked once per :data:`TOPOLOGY_SHARED_MS` for the follows
+    of every agent of that admin URL and admin token: the answer (or the failure, raised again as
+    :class:`OrchestratorError`) is kept that long in Redis (``connection``). Two follows that miss
+    it at the same moment both ask; that is all a race costs."""
+    key = "kici:topology:" + hashlib.sha256(f"{target.admin_url} {target.admin_token_ref}".encode()).hexdigest()[:24]
+    kept = connection.get(key)
+    if kept is not None:
+        answer = json.loads(kept)
+        if "error" in answer:
+            raise OrchestratorError(answer["error"])
+        return set(answer["ids"])
+    try:
+        ids = connected_agent_ids(target)
+    except OrchestratorError as exc:
+        connection.set(key, json.dumps({"error": str(exc)}), px=TOPOLOGY_SHARED_MS)
+        raise
+    connection.set(key, json.dumps({"ids": sorted(ids)}), px=TOPOLOGY_SHARED_MS)
+    return ids
+
+
+def look_at(agent: Agent, *, now=None, ask: Callable[[KiciAgentTarget], set[str]] = connected_agent_ids) -> str:
+    """One look at a followed agent (module doc); ``ask`` gives the ids the orchestrator lists
+    (the follow job shares one answer among the agents of an orchestrator: :func:`shared_listing`).
+    Returns ``watching`` (connecting, not yet listed), ``running`` (listed, or its sandbox still
+    runs), ``failed`` (exited before registering), ``refused`` (the orchestrator closed it with
+    4010 before it registered), ``expired`` (unlisted at the deadline), ``destroyed`` (exited after
     registering: torn down) or ``over`` (another path ended it meanwhile)."""
     target = kici_agent_target(agent.label_set)
     assert target is not None, "only an agent of a kiciAgent label set is followed"
     backend = cast(_Sandboxes, get_backend(agent.scaler))  # kiciAgent runs only where sandbox_exit exists
     exited = backend.sandbox_exit(agent)
     try:
-        listed: bool | None = agent.agent_id in connected_agent_ids(target)
+        listed: bool | None = agent.agent_id in ask(target)
         asked = ""
     except OrchestratorError as exc:
         listed, asked = None, str(exc)
@@ -141,17 +180,22 @@ def look_at(agent: Agent, *, now=None) -> str:
                 return "over"
             _tell_sandbox(backend, agent)
             return "running"
-        if exited is None and now < registration_deadline(agent):
+        refused = refusal(backend.agent_log_lines(agent)) if exited is None else None
+        if exited is None and refused is None and now < registration_deadline(agent):
             return "watching"
         answer = _orchestrator_answer(agent, target, listed, asked)
         if exited is not None:
-            detail, reason, outcome = f"the KiCI agent {exited} without registering", "spawn-failed", "failed"
+            detail = f"the KiCI agent {exited} without registering with {target.ws_url}"
+            reason, outcome = "spawn-failed", "failed"
+        elif refused is not None:
+            detail = f"the KiCI agent was refused by {target.ws_url}, which {refused}; it stays up without retrying"
+            reason, outcome = "spawn-failed", "refused"
         else:
-            detail = f"the KiCI agent did not register within {spawn_timeout_seconds()} s"
+            detail = f"the KiCI agent did not register within {spawn_timeout_seconds()} s with {target.ws_url}"
             reason, outcome = "spawn-timeout", "expired"
         ended = fail_connecting(
             agent,
-            f"{detail} with {target.ws_url}; the orchestrator {answer}",
+            f"{detail}; the orchestrator {answer}",
             captured=backend.captured_output_for(agent),
             reason=reason,
             destroy_reason=reason,
@@ -161,12 +205,28 @@ def look_at(agent: Agent, *, now=None) -> str:
         reason = f"the KiCI agent {exited}" + (" (it shuts down once idle)" if exited.endswith("code 0") else "")
         teardown_agent(agent, reason, destroy_reason="agent-exited")
         return "destroyed"
-    if listed:
-        Agent.objects.filter(pk=agent.pk, state__in=(AgentState.RUNNING, AgentState.DRAINING)).update(
-            last_heartbeat=now
-        )
-        push_heartbeat_row(agent)
+    _note(agent, listed, latest_activity(backend.agent_log_lines(agent)), now)
     return "running"
+
+
+def _note(agent: Agent, listed: bool | None, activity: Activity | None, now) -> None:
+    """Store what a look at a live agent found: a heartbeat when the orchestrator lists it, and
+    what it does when its log says something new (``active_jobs`` 1 or 0, ``backend_context``
+    :data:`KICI_ACTIVITY`, merged into the stored context in the database so no other key is
+    overwritten); the open pages' rows refresh when anything was stored."""
+    fields: dict[str, object] = {"last_heartbeat": now} if listed else {}
+    if activity is not None and activity != Activity.from_context((agent.backend_context or {}).get(KICI_ACTIVITY)):
+        patch = {KICI_ACTIVITY: activity.as_context()}
+        agent.active_jobs = fields["active_jobs"] = 1 if activity.state == BUSY else 0
+        fields["backend_context"] = Func(
+            F("backend_context"), Value(patch, output_field=JSONField()), function="", arg_joiner=" || "
+        )
+        agent.backend_context = {**(agent.backend_context or {}), **patch}
+        log.info("the KiCI agent %s is %s", agent.agent_id, activity.text)
+    if not fields:
+        return
+    Agent.objects.filter(pk=agent.pk, state__in=(AgentState.RUNNING, AgentState.DRAINING)).update(**fields)
+    push_heartbeat_row(agent)
 
 
 def _registered(agent: Agent, target: KiciAgentTarget, now) -> bool:

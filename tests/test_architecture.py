@@ -194,6 +194,7 @@ SCALERS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "scalers.credentials",
             "scalers.hosts",
             "scalers.importing",
+            "scalers.kici_agent_log",
             "scalers.kici_orchestrator",
             "scalers.labels",
             "scalers.leader",

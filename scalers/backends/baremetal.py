@@ -33,13 +33,14 @@ from . import exit_record
 from .base import SpawnControl, SpawnError, SpawnResult, scaler_option
 from .container.backend import ContainerBackend
 from .container.orphans import ContainerPlan
-from .failure import CAPTURED_LINES
+from .failure import AGENT_LOG_LINES, CAPTURED_LINES
 from .kici_token import mint_spawn_kici_token, revoke_failed_spawn_kici_token, revoke_recorded_kici_token
 from .orphans import OrphanTarget
 from .spawn_env import kici_process_env, label_set_option, process_env, spawn_limits
 
 TERM_GRACE_SECONDS = 5.0
-#: Bytes of the end of a process's output file :meth:`BareMetalBackend.captured_output_for` reads.
+#: Bytes of the end of a process's output file :meth:`BareMetalBackend.captured_output_for` and
+#: :meth:`BareMetalBackend.agent_log_lines` read.
 CAPTURED_BYTES = 64 * 1024
 _systemd_user_ok: bool | None = None
 
@@ -343,6 +344,20 @@ class BareMetalBackend:
     def captured_output_for(self, agent) -> list[str]:
         if self.mode_for(agent) == "container":
             return self.containers.captured_output_for(agent)
+        return self._output_end(agent)[-CAPTURED_LINES:]
+
+    def agent_log_lines(self, agent) -> list[str]:
+        """The last :data:`~scalers.backends.failure.AGENT_LOG_LINES` lines of the agent process's
+        output file (its standard output and error), for the follow of a real KiCI agent
+        (``scalers.kici_agents``); [] when there is none."""
+        if self.mode_for(agent) == "container":
+            return self.containers.agent_log_lines(agent)
+        return self._output_end(agent)[-AGENT_LOG_LINES:]
+
+    @staticmethod
+    def _output_end(agent) -> list[str]:
+        """The lines of the last :data:`CAPTURED_BYTES` of the agent process's output file; [] when
+        it has none or it cannot be read."""
         path = (agent.backend_context or {}).get("log_path")
         if not path:
             return []
@@ -354,7 +369,7 @@ class BareMetalBackend:
                 os.close(fd)
         except OSError:
             return []
-        return data.decode("utf-8", "replace").splitlines()[-CAPTURED_LINES:]
+        return data.decode("utf-8", "replace").splitlines()
 
     @staticmethod
     def output_files() -> list[tuple[Path, Opener]]:

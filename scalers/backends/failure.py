@@ -10,6 +10,8 @@ from agents.models import Agent
 #: Lines of agent output (a container's logs, a process's log file) attached to a ``scaler.failed``
 #: detail.
 CAPTURED_LINES = 50
+#: Lines of a real KiCI agent's own log the follow reads at each look (``agent_log_lines``).
+AGENT_LOG_LINES = 200
 
 
 def failure_detail(error: BaseException, captured: list[str]) -> str:

@@ -105,6 +105,11 @@ def test_the_console_spawns_the_real_agent_as_a_process_that_registers_and_ends_
     agent = _reload(agent)
     assert agent.state == AgentState.DESTROYED
     assert agent.teardown_reason == "the KiCI agent exited with code 0 (it shuts down once idle)"
+    # Its output file said it was idle between registering and exiting (it ran no job).
+    assert (agent.active_jobs, agent.backend_context.get("kici_activity")) == (
+        0,
+        {"state": "idle", "jobId": "", "runId": ""},
+    ), agent.backend_context
     status, body = orchestrator.get("/api/v1/agent-tokens")
     assert status == 200 and body["tokens"] == [], body
     assert not Reservation.objects.filter(agent=agent).exists()

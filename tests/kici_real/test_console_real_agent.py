@@ -9,6 +9,7 @@ reaches it there, where its label set's host access allows, and nowhere else.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -159,14 +160,21 @@ def _orchestrator_tokens(orchestrator) -> list[dict]:
     return body["tokens"]
 
 
-def _greet_status(orchestrator) -> str | None:
-    """The status of the run's ``greet`` job in the orchestrator's record, None before it exists."""
+def _greet(orchestrator) -> dict:
+    """The run's ``greet`` job in the orchestrator's record (``jobId``, ``status``, ...), {} before
+    it exists."""
     status, body = orchestrator.get("/api/v1/admin/runs")
     if status != 200 or not body["runs"]:
-        return None
+        return {}
     status, body = orchestrator.get(f"/api/v1/admin/runs/{body['runs'][0]['runId']}/jobs")
     greet = [job for job in body.get("jobs", []) if job["jobName"] == "greet"] if status == 200 else []
-    return greet[0]["status"] if greet else None
+    return greet[0] if greet else {}
+
+
+def _activity(agent: Agent) -> tuple[int, dict | None]:
+    """``(active_jobs, backend_context["kici_activity"])`` of the agent's row now."""
+    row = Agent.objects.filter(pk=agent.pk).values("active_jobs", "backend_context").get()
+    return row["active_jobs"], row["backend_context"].get("kici_activity")
 
 
 def _docker_time(value: str) -> float:
@@ -228,16 +236,36 @@ def test_the_console_runs_a_real_job_on_the_real_agent_in_its_sandbox(
 
     monkeypatch.setattr(kici_agents, "teardown_agent", teardown)
     probes = None
+    # What the console's row says the agent does, each change in order; and the agent list and
+    # page, read while the orchestrator says the greet job runs on it and the row says it is busy.
+    seen: list[tuple[int, dict | None]] = []
+    shown: dict[str, str] = {}
+
+    def busy_with(job_id: str) -> bool:
+        """Record the row's activity when it changed; whether it says busy with ``job_id``."""
+        now = _activity(agent)
+        if "freed" not in ends and (not seen or seen[-1] != now):
+            seen.append(now)
+        return bool(now[1] and now[1]["jobId"] == job_id)
+
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and "freed" not in ends:
         drive_rq(lambda: True, 0)
-        if probes is None and _greet_status(orchestrator) == "running":
+        busy_with("")
+        greet = _greet(orchestrator)
+        if greet.get("status") != "running":
+            time.sleep(0.2)
+            continue
+        # The step sleeps 6 s: the follow (one look a second) finds the job in the agent's log.
+        if not shown and drive_rq(functools.partial(busy_with, greet["jobId"]), 4):
+            shown["list"] = admin_client.get("/agents/").content.decode()
+            shown["page"] = admin_client.get(f"/agents/{agent.agent_id}/").content.decode()
+        if probes is None:  # each closed port takes its 3 s timeout
             probes = {
                 "orchestrator": _probe(docker_client, agent.managed_id, ISOLATED_NETWORK_GATEWAY, port),
                 "gateway other port": _probe(docker_client, agent.managed_id, ISOLATED_NETWORK_GATEWAY, other_port),
                 "gateway dns": _probe(docker_client, agent.managed_id, ISOLATED_NETWORK_GATEWAY, 53),
             }
-        time.sleep(0.2)
     pusher.join(30)
     other.close()
 
@@ -249,6 +277,16 @@ def test_the_console_runs_a_real_job_on_the_real_agent_in_its_sandbox(
         ("greet", "success", agent.agent_id),
     }, jobs
     assert probes == {"orchestrator": True, "gateway other port": False, "gateway dns": False}, probes
+    # Busy with the greet job while it ran (as the orchestrator's record says), idle after it, then ended.
+    greet_id, builder_id = (next(j["jobId"] for j in jobs if j["jobName"] == n) for n in ("greet", "__build__sandbox"))
+    run_id = run["runId"]
+    busy_greet = (1, {"state": "busy", "jobId": greet_id, "runId": run_id})
+    idle = (0, {"state": "idle", "jobId": "", "runId": ""})
+    assert seen[-2:] == [busy_greet, idle], seen
+    assert all(a in (idle, busy_greet, (1, {**busy_greet[1], "jobId": builder_id}), (0, None)) for a in seen), seen
+    assert shown, seen  # the row said busy with the greet job while the orchestrator said it ran
+    assert f"busy: job {greet_id}" in shown["list"], shown["list"][-3000:]
+    assert f"busy: job <code>{greet_id}</code>" in shown["page"] and f"run <code>{run_id}</code>" in shown["page"]
     registered = [line for line in orchestrator.log().splitlines() if "Agent registered" in line]
     assert any(agent.agent_id in line for line in registered), registered
 
@@ -305,20 +343,26 @@ def test_an_unknown_kici_variable_makes_the_real_agent_refuse_and_the_spawn_fail
     _nothing_left(agent, orchestrator, docker_client)
 
 
-def test_a_token_whose_labels_leave_out_the_roles_gets_the_agent_refused(
+def test_a_token_whose_labels_leave_out_the_roles_gets_the_agent_refused_and_ended_at_once(
     gateway_orchestrator, real_scaler, docker_client, drive_rq, monkeypatch, settings
 ):
-    # Refused (close code 4010), the real agent does not retry but neither exits: it ends at the deadline.
+    # Refused (close code 4010), the real agent neither retries nor exits: its log says so, and
+    # the console ends it then, long before the registration deadline.
     orchestrator = gateway_orchestrator[0]
     real_scaler()
-    settings.KICI_SPAWN_TIMEOUT_SECONDS = 20
+    settings.KICI_SPAWN_TIMEOUT_SECONDS = 60
     monkeypatch.setattr(kici_token, "token_labels", lambda label_set, roles: list(label_set.labels))
-    agent = _ends(_scale("job-real-labels"), drive_rq, 60)
+    agent = _ends(_scale("job-real-labels"), drive_rq, 45)
     assert agent.state == AgentState.FAILED
     reason = agent.failure_reason
-    assert "the KiCI agent did not register within 20 s with ws://" in reason, reason
+    assert reason.startswith("the KiCI agent was refused by ws://"), reason
+    assert (
+        "which closed the connection with code 4010: "
+        "Agent labels exceed token-bound scope: kici:role:builder,kici:role:init-runner; "
+        "it stays up without retrying; "
+    ) in reason, reason
     assert f"lists no agent {agent.agent_id}" in reason and "was last presented at" in reason, reason
-    assert "Agent labels exceed token-bound scope: kici:role:builder,kici:role:init-runner" in reason, reason
+    assert (agent.finished_at - agent.created_at).total_seconds() < 45
     _nothing_left(agent, orchestrator, docker_client)
 
 

@@ -29,6 +29,7 @@ from ..docker_net import (
     ensure_isolated_network,
     network_bridge_name,
 )
+from ..failure import AGENT_LOG_LINES
 from ..isolation import ContainerIsolation, IsolationTarget, nft_table_for
 from ..kici_token import revoke_recorded_kici_token
 from ..orphans import OrphanTarget
@@ -212,6 +213,13 @@ class ContainerBackend:
     def captured_output_for(self, agent) -> list[str]:
         """Last 50 output lines of the agent's container (for a ``scaler.failed`` detail); [] if none."""
         return self.host.output_tail(agent.managed_id or self.host.find(self.scaler.name, agent.agent_id))
+
+    def agent_log_lines(self, agent) -> list[str]:
+        """The last :data:`~scalers.backends.failure.AGENT_LOG_LINES` lines the agent's container
+        wrote on its standard output, where the real KiCI agent logs (a forked step's output it
+        relays goes to its standard error), for the follow (``scalers.kici_agents``); [] if none."""
+        container_id = agent.managed_id or self.host.find(self.scaler.name, agent.agent_id)
+        return self.host.output_tail(container_id, AGENT_LOG_LINES, stderr=False)
 
     # -- destroy -------------------------------------------------------------------------------
 

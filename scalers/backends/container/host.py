@@ -83,12 +83,15 @@ class DockerHost:
                 return False
             raise
 
-    def output_tail(self, container_id: str | None) -> builtins.list[str]:
-        """The container's last output lines (stdout and stderr); [] when there is none or it is gone."""
+    def output_tail(
+        self, container_id: str | None, lines: int = CAPTURED_LINES, *, stderr: bool = True
+    ) -> builtins.list[str]:
+        """The container's last ``lines`` output lines (stdout, and stderr unless ``stderr`` is
+        False); [] when there is none or it is gone."""
         if not container_id:
             return []
         try:
-            raw = self.api.logs(container_id, stdout=True, stderr=True, tail=CAPTURED_LINES)
+            raw = self.api.logs(container_id, stdout=True, stderr=stderr, tail=lines)
         except Exception:  # noqa: BLE001 - the container may be gone already
             return []
-        return raw.decode("utf-8", "replace").splitlines()[-CAPTURED_LINES:]
+        return raw.decode("utf-8", "replace").splitlines()[-lines:]

@@ -32,7 +32,7 @@ from scalers.kici_orchestrator import kici_agent_target, token_context
 from scalers.models import ConfigState
 
 from ..base import BootFailure, SpawnAborted, SpawnControl, SpawnError, SpawnResult
-from ..failure import mark_spawn_failed
+from ..failure import AGENT_LOG_LINES, mark_spawn_failed
 from ..isolation import IsolationTarget, host_services, resolve_kici_host_access
 from ..kici_token import mint_spawn_kici_token, revoke_failed_spawn_kici_token, revoke_recorded_kici_token
 from ..spawn_env import console_url, full_labels, kici_agent_pairs, spawn_limits
@@ -371,6 +371,12 @@ class FirecrackerScalerBackend:
     def captured_output_for(self, agent) -> list[str]:
         """The last 50 serial-console lines of the agent's VM ([] when there is no log)."""
         return serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log")
+
+    def agent_log_lines(self, agent) -> list[str]:
+        """The last :data:`~scalers.backends.failure.AGENT_LOG_LINES` serial-console lines of the
+        agent's VM, where the guest's agent writes its log, for the follow of a real KiCI agent
+        (``scalers.kici_agents``); [] when there is no log."""
+        return serial_tail(self.fc.chroot_dir(agent.agent_id) / "serial-console.log", AGENT_LOG_LINES)
 
     def sandbox_exit(self, agent) -> str | None:
         """None while the agent's VM runs, else how its agent ended, for the follow of a real KiCI
