@@ -99,3 +99,14 @@ def test_api_answers_carry_their_length_from_either_handler(settings):
     for path in ("/api/v1/agents/nobody", "/api/v1/scale"):
         status, headers, _ = _get(path, Authorization="Bearer asgi-test-token")
         assert status in (404, 405) and int(headers["content-length"]) > 0, (path, headers)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_asynchronous_api_answers_without_a_thread_hop(settings):
+    """``/scale`` (here refused: GET is not allowed) runs on the server's thread from the request
+    to its close, its error's log line included: Django's handler crossed to a thread three times
+    (the request's start, the log line, the close) and started one per request."""
+    settings.KICI_API_TOKEN = "asgi-test-token"
+    status, headers, hops = _get("/api/v1/scale", Authorization="Bearer asgi-test-token")
+    assert status == 405 and headers["allow"] == "POST"
+    assert hops == 0, f"{hops} thread hops for one /scale"
