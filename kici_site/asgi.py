@@ -57,7 +57,16 @@ async def _read_body(receive) -> bytes | None:
             return bytes(body)
 
 
-class ApiHandler(ASGIHandler):
+class _ResolvedOnce:
+    """A handler that resolves a request's path once: :func:`django_http` resolved it already to
+    choose the handler (:meth:`SyncApiHandler.route`) and hands the match over."""
+
+    def resolve_request(self, request):
+        """The match the request was given, else Django's resolution (404 when none)."""
+        return request.resolver_match or super().resolve_request(request)  # type: ignore[misc]
+
+
+class ApiHandler(_ResolvedOnce, ASGIHandler):
     """The API's asynchronous views (``/scale``, the KiCI scale-up and scale-down): Django's ASGI
     handler over ``settings.KICI_API_MIDDLEWARE`` instead of ``MIDDLEWARE``, without its thread
     hops. Django's gives each request a thread of its own (``ThreadSensitiveContext``) and crosses
@@ -90,11 +99,12 @@ class ApiHandler(ASGIHandler):
 
         return returning_its_connection
 
-    async def __call__(self, scope, receive, send):
-        await self.handle(scope, receive, send)
+    async def __call__(self, scope, receive, send, match: ResolverMatch | None = None):
+        await self.handle(scope, receive, send, match)
 
-    async def handle(self, scope, receive, send):
-        """Django's ``ASGIHandler.handle`` with the synchronous parts on the loop's thread."""
+    async def handle(self, scope, receive, send, match: ResolverMatch | None = None):
+        """Django's ``ASGIHandler.handle`` with the synchronous parts on the loop's thread.
+        ``match``: the path's resolver match when known, so the path is resolved once."""
         body = await _read_body(receive)
         if body is None:
             return
@@ -106,6 +116,7 @@ class ApiHandler(ASGIHandler):
             await self.send_response(error_response, send)
             _without_running_loop(error_response.close)
             return
+        request.resolver_match = match
 
         class RequestProcessed(Exception):
             pass
@@ -154,7 +165,7 @@ class ApiHandler(ASGIHandler):
             settings.MIDDLEWARE = full
 
 
-class SyncApiHandler(BaseHandler):
+class SyncApiHandler(_ResolvedOnce, BaseHandler):
     """The API's synchronous views (every ``/api/`` view but the orchestrator's ``/scale``), served
     the way a WSGI worker serves them: the request's body is read on the event loop, then the whole
     request (``request_started``, ``KICI_API_MIDDLEWARE``, the view, the response's content and its
@@ -231,10 +242,6 @@ class SyncApiHandler(BaseHandler):
         finally:
             response.close()  # request_finished: the connection goes back to the pool
 
-    def resolve_request(self, request):
-        """The match :meth:`respond` was given, else Django's resolution (404 when none)."""
-        return request.resolver_match or super().resolve_request(request)
-
 
 api_asgi_app = ApiHandler()
 sync_api_app = SyncApiHandler()
@@ -242,12 +249,14 @@ sync_api_app = SyncApiHandler()
 
 async def django_http(scope, receive, send):
     """The API's synchronous views to :data:`sync_api_app`, its asynchronous ones (``/scale``) to
-    :data:`api_asgi_app`, everything else to the full Django application."""
+    :data:`api_asgi_app`, each with the path's match, everything else to the full Django
+    application."""
     served, match = SyncApiHandler.route(scope)
     if served:
         return await sync_api_app(scope, receive, send, match)
-    app = api_asgi_app if scope["path"].startswith(API_PREFIX) else django_asgi_app
-    return await app(scope, receive, send)
+    if match is not None:
+        return await api_asgi_app(scope, receive, send, match)
+    return await django_asgi_app(scope, receive, send)
 
 
 # Import consumers only after Django is set up.
