@@ -20,24 +20,70 @@ from inspect import iscoroutinefunction  # noqa: E402
 
 from django.conf import settings  # noqa: E402
 from django.core import signals  # noqa: E402
-from django.core.exceptions import RequestDataTooBig  # noqa: E402
+from django.core.exceptions import RequestAborted, RequestDataTooBig  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix  # noqa: E402
 from django.core.handlers.base import BaseHandler  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
 from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseBase  # noqa: E402
-from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix  # noqa: E402
+from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix, set_urlconf  # noqa: E402
+from django.utils.log import log_response  # noqa: E402
 
 from lib.errors import API_PREFIX  # noqa: E402
 
 
-class ApiHandler(ASGIHandler):
-    """Django's ASGI handler over ``settings.KICI_API_MIDDLEWARE`` instead of ``MIDDLEWARE``.
-    Django reads the list from settings when it builds the chain, once, when the handler is made
-    (at import, before any request): the list is swapped in for that call alone.
+def _without_running_loop(call, *args, **kwargs):
+    """``call(*args, **kwargs)`` on the event loop's thread with the running loop set aside, as in
+    a synchronous worker: Django's ORM (which refuses to run where an event loop is running) and
+    ``async_to_sync`` (which would otherwise refuse to nest in a running loop) see none. Returns
+    what ``call`` returns; while it runs, this process serves nothing else."""
+    loop = asyncio.get_running_loop()
+    asyncio.events._set_running_loop(None)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        asyncio.events._set_running_loop(loop)
 
-    A synchronous view gives its database connection back (to the process's pool) in the thread
-    and call that used it, as it returns: left to the end of the request, the pooled connections
-    of concurrent requests were lost under load and the pool ran dry."""
+
+async def _read_body(receive) -> bytes | None:
+    """The request's whole body from the server (bounded before it gets here: the listener guard,
+    and on the gateway its protocol), or None when the client went away meanwhile."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+class _ResolvedOnce:
+    """A handler that resolves a request's path once: :func:`django_http` resolved it already to
+    choose the handler (:meth:`SyncApiHandler.route`) and hands the match over."""
+
+    def resolve_request(self, request):
+        """The match the request was given, else Django's resolution (404 when none)."""
+        return request.resolver_match or super().resolve_request(request)  # type: ignore[misc]
+
+
+class ApiHandler(_ResolvedOnce, ASGIHandler):
+    """The API's asynchronous views (``/scale``, the KiCI scale-up and scale-down): Django's ASGI
+    handler over ``settings.KICI_API_MIDDLEWARE`` instead of ``MIDDLEWARE``, without its thread
+    hops. Django's gives each request a thread of its own (``ThreadSensitiveContext``) and crosses
+    to a thread for ``request_started``, for the log line of an error answer and for the
+    response's close (``request_finished``): on a busy machine each crossing waits for the
+    scheduler, and together they cost more than a refused ``/scale`` itself. Here those
+    synchronous parts (signal receivers that close connections, a log line) run on the loop's
+    thread with the loop set aside (:func:`_without_running_loop`), the body is read into memory
+    (bounded before), and the view still runs on the loop beside a watch for the client's
+    disconnect, which cancels it (admission then withdraws a request no batch has taken).
+
+    A view's thread-sensitive ``sync_to_async`` runs on asgiref's one synchronous thread of the
+    process (no request context to give it its own): it gives back any database connection it
+    took as it returns (``scalers.api``).
+
+    Django reads the middleware list from settings when it builds the chain, once, when the
+    handler is made (at import, before any request): the list is swapped in for that call alone."""
 
     def make_view_atomic(self, view):
         view = super().make_view_atomic(view)
@@ -52,6 +98,56 @@ class ApiHandler(ASGIHandler):
                 close_old_connections()
 
         return returning_its_connection
+
+    async def __call__(self, scope, receive, send, match: ResolverMatch | None = None):
+        await self.handle(scope, receive, send, match)
+
+    async def handle(self, scope, receive, send, match: ResolverMatch | None = None):
+        """Django's ``ASGIHandler.handle`` with the synchronous parts on the loop's thread.
+        ``match``: the path's resolver match when known, so the path is resolved once."""
+        body = await _read_body(receive)
+        if body is None:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        _without_running_loop(signals.request_started.send, sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, io.BytesIO(body))
+        if request is None:
+            assert error_response is not None, "Django answers a request it could not make"
+            await self.send_response(error_response, send)
+            _without_running_loop(error_response.close)
+            return
+        request.resolver_match = match
+
+        class RequestProcessed(Exception):
+            pass
+
+        response = None
+        try:
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self.listen_for_disconnect(receive))
+                    response = await self.run_get_response(request)
+                    await self.send_response(response, send)
+                    raise RequestProcessed
+            except* (RequestProcessed, RequestAborted):
+                pass
+        except BaseExceptionGroup as exception_group:
+            if len(exception_group.exceptions) == 1:
+                raise exception_group.exceptions[0] from None
+            raise
+        if response is None:
+            _without_running_loop(signals.request_finished.send, sender=self.__class__)
+        else:
+            _without_running_loop(response.close)  # request_finished: connections given back
+
+    async def get_response_async(self, request):
+        """Django's, with an error answer's log line written here rather than from a thread."""
+        set_urlconf(settings.ROOT_URLCONF)
+        response = await self._middleware_chain(request)  # type: ignore[attr-defined]
+        response._resource_closers.append(request.close)
+        if response.status_code >= 400:
+            log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
+        return response
 
     async def send_response(self, response, send):
         """Django's, with ``Content-Length`` on an answer that is not streamed: without it the
@@ -69,7 +165,7 @@ class ApiHandler(ASGIHandler):
             settings.MIDDLEWARE = full
 
 
-class SyncApiHandler(BaseHandler):
+class SyncApiHandler(_ResolvedOnce, BaseHandler):
     """The API's synchronous views (every ``/api/`` view but the orchestrator's ``/scale``), served
     the way a WSGI worker serves them: the request's body is read on the event loop, then the whole
     request (``request_started``, ``KICI_API_MIDDLEWARE``, the view, the response's content and its
@@ -82,9 +178,8 @@ class SyncApiHandler(BaseHandler):
     holds here too: while a view runs (a query or two, milliseconds) this process reads no other
     request and pushes no WebSocket frame; the other server processes on the address do.
 
-    The loop is set aside (:func:`asyncio.events._set_running_loop`) so that the view runs as in a
-    synchronous worker: Django's ORM, which refuses to run where an event loop is running, and
-    ``async_to_sync`` (which would otherwise refuse to nest in a running loop) see none."""
+    The loop is set aside (:func:`_without_running_loop`) so that the view runs as in a
+    synchronous worker."""
 
     def __init__(self):
         super().__init__()
@@ -108,20 +203,10 @@ class SyncApiHandler(BaseHandler):
         return not iscoroutinefunction(match.func), match
 
     async def __call__(self, scope, receive, send, match: ResolverMatch | None = None):
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-        loop = asyncio.get_running_loop()
-        asyncio.events._set_running_loop(None)
-        try:
-            status, headers, content = self.respond(scope, bytes(body), match)
-        finally:
-            asyncio.events._set_running_loop(loop)
+        body = await _read_body(receive)
+        if body is None:
+            return
+        status, headers, content = _without_running_loop(self.respond, scope, body, match)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
@@ -157,10 +242,6 @@ class SyncApiHandler(BaseHandler):
         finally:
             response.close()  # request_finished: the connection goes back to the pool
 
-    def resolve_request(self, request):
-        """The match :meth:`respond` was given, else Django's resolution (404 when none)."""
-        return request.resolver_match or super().resolve_request(request)
-
 
 api_asgi_app = ApiHandler()
 sync_api_app = SyncApiHandler()
@@ -168,12 +249,14 @@ sync_api_app = SyncApiHandler()
 
 async def django_http(scope, receive, send):
     """The API's synchronous views to :data:`sync_api_app`, its asynchronous ones (``/scale``) to
-    :data:`api_asgi_app`, everything else to the full Django application."""
+    :data:`api_asgi_app`, each with the path's match, everything else to the full Django
+    application."""
     served, match = SyncApiHandler.route(scope)
     if served:
         return await sync_api_app(scope, receive, send, match)
-    app = api_asgi_app if scope["path"].startswith(API_PREFIX) else django_asgi_app
-    return await app(scope, receive, send)
+    if match is not None:
+        return await api_asgi_app(scope, receive, send, match)
+    return await django_asgi_app(scope, receive, send)
 
 
 # Import consumers only after Django is set up.

@@ -36,6 +36,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("", include("front.urls")),
+    # The machine-facing routes before the pages: the two sets match no path in common, and a path
+    # is resolved by trying the patterns in order, so an API call (the many) fails through none of
+    # the pages' patterns on its way.
     path("", include("scalers.urls")),
+    path("", include("front.urls")),
 ]

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from agents.choices import TERMINAL_STATES, UNREGISTERED_STATES, AgentState, EventType
 from agents.events import record_event
-from agents.heartbeats import store_heartbeat
+from agents.heartbeats import beat_with_session, store_heartbeat
 from agents.models import Agent
 from agents.tokens import TokenRejected, authenticate_session, mint_session_token, redeem_registration_token
 from lib.errors import api_error, json_content_type_refusal
@@ -178,16 +178,24 @@ def register(request, raw: str, body: dict):
 @require_POST
 @_bearer_request
 def heartbeat(request, raw: str, body: dict, agent_id: str):
-    """Record a heartbeat from a registered agent (see the module doc). The token is checked
-    before the body: a caller without one learns nothing about what a body must hold."""
+    """Record a heartbeat from a registered agent (see the module doc). The token is answered
+    before the body: a caller without one learns nothing about what a body must hold.
+
+    A valid body is written in the one statement that checks the token (``beat_with_session``);
+    only when that writes nothing is the token read again to say why (401, or 410 for an ended
+    agent)."""
+    try:
+        active, refused = validate_body(HeartbeatBody, body).active_jobs, None
+    except BodyRefused as exc:
+        active, refused = None, exc
+    if refused is None and (beaten := beat_with_session(raw, agent_id, active)) is not None:
+        return _heartbeat_answer(beaten)
     try:
         agent = authenticate_session(raw, agent_id)
     except TokenRejected as exc:
         return _unauthorized(exc.reason)
-    try:
-        active = validate_body(HeartbeatBody, body).active_jobs
-    except BodyRefused as exc:
-        return _bad_request(str(exc), exc.field)
+    if refused is not None:
+        return _bad_request(str(refused), refused.field)
     if agent.state in TERMINAL_STATES:
         return api_error(
             410,
@@ -197,7 +205,14 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
             drain=False,
             stop=True,
         )
-    store_heartbeat(agent, active)  # open pages show the new age (batched per page: live.rows)
+    # Reached only when the token or the state moved between the two statements: write as asked.
+    store_heartbeat(agent, active)
+    return _heartbeat_answer(agent)
+
+
+def _heartbeat_answer(agent: Agent) -> JsonResponse:
+    """200 ``{state, drain, stop}`` of a recorded heartbeat (open pages show its new age, batched
+    per page: ``live.rows``)."""
     return JsonResponse(
         {
             "state": agent.state,

@@ -113,7 +113,16 @@ async def _scale_caller(request) -> Caller | JsonResponse:
     caller = environment_caller(_bearer(request))
     if caller is not None:
         return caller
-    return await sync_to_async(_authenticate)(request, "scale")
+    return await sync_to_async(_authenticate_in_thread)(request, "scale")
+
+
+def _authenticate_in_thread(request, scope: str) -> Caller | JsonResponse:
+    """:func:`_authenticate` from an executor thread, whose connection then goes the way
+    ``CONN_MAX_AGE`` says (back to the pool): no request cycle closes it in that thread."""
+    try:
+        return _authenticate(request, scope)
+    finally:
+        close_old_connections()
 
 
 async def _admit(data: ScaleInput, key: str, caller: Caller) -> JsonResponse:

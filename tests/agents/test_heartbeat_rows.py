@@ -138,7 +138,7 @@ def test_a_heartbeat_stores_its_time_and_keeps_the_active_jobs_it_does_not_name(
     assert agent.active_jobs == 0
 
 
-def test_a_heartbeat_is_two_queries_and_its_write_does_not_wait_for_the_wal_flush(client, session):
+def test_a_heartbeat_is_one_query_and_its_write_does_not_wait_for_the_wal_flush(client, session):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -146,8 +146,52 @@ def test_a_heartbeat_is_two_queries_and_its_write_does_not_wait_for_the_wal_flus
     with CaptureQueriesContext(connection) as queries:
         assert beat(client, agent, token, {"activeJobs": 1}).status_code == 200
     sql = [q["sql"] for q in queries.captured_queries]
-    assert len(sql) == 2, sql
-    assert sql[1].startswith("SET LOCAL synchronous_commit TO OFF; UPDATE")
+    assert len(sql) == 1, sql
+    assert sql[0].startswith("SET LOCAL synchronous_commit TO OFF; UPDATE")
+
+
+def _refused_beat_writes_nothing(client, agent, token, body, status, pushes):
+    """``body`` from ``token`` is answered ``status``; the agent's row and the pages are untouched."""
+    stale = timezone.now() - timedelta(minutes=5)
+    Agent.objects.filter(pk=agent.pk).update(active_jobs=3, last_heartbeat=stale)
+    response = beat(client, agent, token, body)
+    assert response.status_code == status, response.content
+    agent.refresh_from_db()
+    assert (agent.last_heartbeat, agent.active_jobs) == (stale, 3)
+    assert pushes == []
+    return response.json()
+
+
+def test_a_heartbeat_with_an_expired_session_token_writes_nothing(client, session, pushes):
+    from agents.models import AgentToken
+    from agents.tokens import hash_token
+
+    agent, token = session
+    AgentToken.objects.filter(token_hash=hash_token(token)).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert _refused_beat_writes_nothing(client, agent, token, {"activeJobs": 1}, 401, pushes)["reason"] == "expired"
+
+
+def test_a_heartbeat_for_another_agent_writes_nothing(client, session, pushes):
+    agent, token = session
+    other = make_agent(make_scaler(name="other-scaler"))
+    response = beat(client, other, token, {"activeJobs": 1})
+    assert response.status_code == 401 and response.json()["reason"] == "agent-mismatch"
+    other.refresh_from_db()
+    assert other.active_jobs != 1 and pushes == []
+    _refused_beat_writes_nothing(client, agent, "kas_not-a-known-token", {"activeJobs": 1}, 401, pushes)
+
+
+def test_a_heartbeat_of_an_ended_agent_writes_nothing_and_says_stop(client, session, pushes):
+    agent, token = session
+    Agent.objects.filter(pk=agent.pk).update(state="failed")
+    answer = _refused_beat_writes_nothing(client, agent, token, {"activeJobs": 1}, 410, pushes)
+    assert answer["stop"] is True and answer["state"] == "failed"
+
+
+def test_a_heartbeat_with_a_bad_body_writes_nothing(client, session, pushes):
+    agent, token = session
+    answer = _refused_beat_writes_nothing(client, agent, token, {"activeJobs": -1}, 400, pushes)
+    assert answer["error"]["field"] == "activeJobs"
 
 
 def test_pushes_of_marked_rows_are_at_least_the_gap_apart(django_capture_on_commit_callbacks):

@@ -99,3 +99,44 @@ def test_api_answers_carry_their_length_from_either_handler(settings):
     for path in ("/api/v1/agents/nobody", "/api/v1/scale"):
         status, headers, _ = _get(path, Authorization="Bearer asgi-test-token")
         assert status in (404, 405) and int(headers["content-length"]) > 0, (path, headers)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_asynchronous_api_answers_without_a_thread_hop(settings):
+    """``/scale`` (here refused: GET is not allowed) runs on the server's thread from the request
+    to its close, its error's log line included: Django's handler crossed to a thread three times
+    (the request's start, the log line, the close) and started one per request."""
+    settings.KICI_API_TOKEN = "asgi-test-token"
+    status, headers, hops = _get("/api/v1/scale", Authorization="Bearer asgi-test-token")
+    assert status == 405 and headers["allow"] == "POST"
+    assert hops == 0, f"{hops} thread hops for one /scale"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_api_path_is_resolved_once_and_before_the_pages_patterns(settings, monkeypatch):
+    """Each API call is resolved once (the match that chose its handler is handed over), and
+    its resolution tries none of the pages' patterns (a failed include builds the list of every
+    pattern it tried)."""
+    from django.urls import get_resolver
+    from django.urls.resolvers import URLResolver
+
+    import front.urls
+
+    settings.KICI_API_TOKEN = "asgi-test-token"
+    resolve = URLResolver.resolve
+    root_calls = []
+
+    def counted(self, path):
+        if self.urlconf_name == settings.ROOT_URLCONF:
+            root_calls.append(path)
+        return resolve(self, path)
+
+    monkeypatch.setattr(URLResolver, "resolve", counted)
+    for path in ("/api/v1/scale", "/api/v1/agents/nobody"):
+        root_calls.clear()
+        _get(path, Authorization="Bearer asgi-test-token")
+        assert root_calls == [path]
+    pages = {id(p) for p in front.urls.urlpatterns}
+    for path in ("/api/v1/scale", "/api/v1/agents/a/heartbeat", "/api/v1/agents/a"):
+        tried = get_resolver().resolve(path).tried
+        assert not any(id(p) in pages for chain in tried for p in chain), path
