@@ -239,6 +239,7 @@ class BareMetalBackend:
             elif kici_token_id:
                 revoke_failed_spawn_kici_token(kici, kici_token_id, agent.agent_id)
 
+        control.mark("checked")
         try:
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
@@ -254,6 +255,9 @@ class BareMetalBackend:
         except OSError as exc:
             undo()
             raise SpawnError(f"spawn failed: {exc}", "spawn") from exc
+        # Popen returns once the program is exec'd: from here on it runs (the trace's agent step).
+        control.mark("started")
+        control.mark("process_started", control.marks["started"])
         start_time = _proc_start_time(proc.pid)
         context = {
             **kici_context,
