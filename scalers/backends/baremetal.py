@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import transaction
 
 from agents import tokens
 from agents.archive import ARCHIVE_BYTES, archive_parts
@@ -219,8 +220,9 @@ class BareMetalBackend:
         log_path = agent_log_dir() / f"{agent.agent_id}.log"
         token, kici_token_id, kici_context = "", "", {}
         if kici is None:
-            token = tokens.mint_registration_token(agent)
-            record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
+            with transaction.atomic():  # one commit for the token and the event
+                token = tokens.mint_registration_token(agent)
+                record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
             env = process_env(agent, token)
         else:
             if scale_up_claim(agent) is None:
@@ -276,13 +278,14 @@ class BareMetalBackend:
             self._terminate(proc.pid, start_time)
             undo()
             raise
-        record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
-        record_connecting(
-            agent,
-            "waiting for agent registration"
-            if kici is None
-            else f"waiting for the KiCI agent to register with {kici.ws_url}",
-        )
+        with transaction.atomic():  # one commit for both events
+            record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
+            record_connecting(
+                agent,
+                "waiting for agent registration"
+                if kici is None
+                else f"waiting for the KiCI agent to register with {kici.ws_url}",
+            )
         return SpawnResult(managed_id=str(proc.pid), context=context)
 
     # -- destroy -------------------------------------------------------------------------------
