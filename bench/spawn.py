@@ -40,7 +40,7 @@ admitted; the steps of ``Agent.spawn_trace``; ``api``, ``running`` committed -> 
 answering it).
 Exits 1 when a spawn failed or the warm pool did not fill. Loopback, the private dockerd and its
 agent bridge only; at most ``rounds * (sequential + max-agents)`` containers of each kind, one set
-at a time, each removed.
+at a time, each removed; in process mode one agent process at a time, each ended.
 """
 
 from __future__ import annotations
