@@ -1,7 +1,7 @@
 """Spawn latency: the console's ``/scale`` -> ``running`` against a raw ``docker run -d``, in one run.
 
     sudo .venv/bin/python bench/spawn.py [--rounds 3] [--sequential 6] [--max-agents 10] [--workers 2]
-                                         [--warm-only] [--warm-hits N]
+                                         [--warm-only | --process-only] [--warm-hits N]
                                          [--database-url postgres://127.0.0.1:5432/kici_bench_spawn]
                                          [--redis-url redis://127.0.0.1:6379/13] [--keep]
 
@@ -25,13 +25,22 @@ the ``GET`` answering ``running`` and, apart, to the /scale answer; their p50 an
 beside the target (p50 < :data:`WARM_TARGET_MS` ms), with the p50 of each of ``--rounds`` groups.
 ``--warm-only``: the warm hits alone (no raw runs, no cold spawns).
 
+Then, in a second console (``run_console``'s process backend, no runtime), bare-metal process mode:
+a bare-metal label set whose ``binaryPath`` runs the console's own agent (:data:`AGENT_PROGRAM`,
+behind a wrapper pinning this interpreter, as ``tests/scalers/backends/test_baremetal.py`` does)
+as a host process, ``--rounds`` x ``--sequential`` /scale -> running one after the other, their
+p50 and p95 beside the target (p50 < :data:`PROCESS_TARGET_MS` ms), each round's p50 and the
+step breakdown. ``--process-only``: that mode alone (no runtime, no root needed).
+
 Each agent is ended with job-complete and gone before the next measurement starts.
 
 Prints per round p50/p95 (ms) of each and the ratios console/raw, the median of the rounds, and
-the per-step breakdown of the console's spawns (``Agent.spawn_trace``: median ms of each step).
+the per-step breakdown of the console's spawns (median ms of each step: ``admit``, /scale sent ->
+admitted; the steps of ``Agent.spawn_trace``; ``api``, ``running`` committed -> the ``GET``
+answering it).
 Exits 1 when a spawn failed or the warm pool did not fill. Loopback, the private dockerd and its
 agent bridge only; at most ``rounds * (sequential + max-agents)`` containers of each kind, one set
-at a time, each removed.
+at a time, each removed; in process mode one agent process at a time, each ended.
 """
 
 from __future__ import annotations
@@ -59,16 +68,23 @@ POLL_SECONDS = 0.01
 RUNNING_TIMEOUT = 60.0
 #: The warm hit's target: /scale -> running p50 below this many milliseconds.
 WARM_TARGET_MS = 50.0
+#: Bare-metal process mode's target: /scale -> running p50 below this many milliseconds.
+PROCESS_TARGET_MS = 300.0
+#: The console's own agent program, which process mode runs.
+AGENT_PROGRAM = ROOT / "agent" / "kici_agent.py"
 
 
 class Run(NamedTuple):
-    """One /scale -> running: the agent, its job, seconds to the ``GET`` answering ``running`` and
-    seconds to the /scale answer."""
+    """One /scale -> running: the agent, its job, seconds to the ``GET`` answering ``running``,
+    seconds to the /scale answer, and the wall-clock times (``time.time()``) the /scale was sent
+    and the ``GET`` answered ``running`` (for the steps before the admission and after ``running``)."""
 
     agent_id: str
     job: str
     seconds: float
     answered: float
+    sent_at: float
+    seen_at: float
 
 
 def pct(values: list[float], q: float) -> float:
@@ -149,7 +165,7 @@ class Scaling:
         not run."""
         job = self.job_id()
         url = self.console.url
-        started = time.monotonic()
+        sent_at, started = time.time(), time.monotonic()
         answer = self.session().post(f"{url}/api/v1/scale", json={"labels": self.labels, "jobId": job}, timeout=30)
         answered = time.monotonic() - started
         if answer.status_code not in (200, 201):  # 200: an idle warm agent was bound
@@ -159,7 +175,7 @@ class Scaling:
         while time.monotonic() - started < RUNNING_TIMEOUT:
             state = self.session().get(f"{url}/api/v1/agents/{agent_id}", timeout=30).json()["state"]
             if state == "running":
-                return Run(agent_id, job, time.monotonic() - started, answered)
+                return Run(agent_id, job, time.monotonic() - started, answered, sent_at, time.time())
             if state in ("failed", "destroyed"):
                 break
             time.sleep(poll)
@@ -180,17 +196,27 @@ class Scaling:
             time.sleep(0.1)
 
 
-def step_breakdown(agent_ids: list[str]) -> dict[str, float]:
-    """Median ms of each spawn step over ``agent_ids`` (their ``spawn_trace``)."""
+def step_breakdown(runs: list[Run]) -> dict[str, float]:
+    """Median ms of each step of ``runs``: ``admit`` (/scale sent -> the agent's admission), each
+    spawn step of its ``spawn_trace``, and ``api`` (``running`` committed -> the bench's ``GET``
+    answered ``running``: the commit, the poll interval and the ``GET`` itself). ``admit`` and
+    ``api`` compare the bench's clock with the console's: the same host's."""
     from agents.models import Agent
     from scalers.spawn_trace import STEPS
 
-    per_step: dict[str, list[float]] = {step.value: [] for step in STEPS}
-    for trace in Agent.objects.filter(agent_id__in=agent_ids).values_list("spawn_trace", flat=True):
+    per_step: dict[str, list[float]] = {"admit": [], **{step.value: [] for step in STEPS}, "api": []}
+    by_id = {r.agent_id: r for r in runs}
+    for agent_id, created, trace in Agent.objects.filter(agent_id__in=by_id).values_list(
+        "agent_id", "created_at", "spawn_trace"
+    ):
+        run, admitted = by_id[agent_id], created.timestamp()
         marks = {"admitted": 0.0, **trace}
+        per_step["admit"].append(1000 * (admitted - run.sent_at))
         for step, (a, b) in STEPS.items():
             if a in marks and b in marks:
                 per_step[step.value].append(1000 * (marks[b] - marks[a]))
+        if "running" in marks:
+            per_step["api"].append(1000 * (run.seen_at - admitted - marks["running"]))
     return {step: statistics.median(v) for step, v in per_step.items() if v}
 
 
@@ -206,13 +232,12 @@ def one_round(scaling: Scaling, docker_host: str, sequential: int, burst: int, i
         figures["raw_burst_all"] = time.monotonic() - started
     finally:
         remove_raw(docker_host)
-    seq_ids, seq = [], []
+    seq_runs = []
     for _ in range(sequential):
         run = scaling.scale_to_running()
-        seq.append(run.seconds)
-        seq_ids.append(run.agent_id)
+        seq_runs.append(run)
         scaling.end(run.agent_id, run.job)
-    figures["console"], figures["console_ids"] = seq, seq_ids
+    figures["console"], figures["console_runs"] = [r.seconds for r in seq_runs], seq_runs
     started = time.monotonic()
     # Polled less often by each of the burst, so the polls do not load the console it measures.
     results = at_once(burst, lambda i: scaling.scale_to_running(poll=POLL_SECONDS * burst))
@@ -224,7 +249,7 @@ def one_round(scaling: Scaling, docker_host: str, sequential: int, burst: int, i
     if failed:
         raise RuntimeError(f"{len(failed)} of {burst} burst spawns failed: {failed[0]}")
     figures["console_burst"] = [r.seconds for r in done]
-    figures["burst_ids"] = [r.agent_id for r in done]
+    figures["burst_runs"] = done
     return figures
 
 
@@ -279,6 +304,43 @@ def warm_report(hits: list[Run], groups: int) -> list[str]:
     ]
 
 
+def process_mode(workdir: Path, rounds: int, sequential: int, workers: int) -> list[list[Run]]:
+    """Bare-metal process mode: ``rounds`` groups of ``sequential`` /scale -> running, one after
+    the other, in a console of its own whose label set runs :data:`AGENT_PROGRAM` as a process."""
+    from tests.support.soak import LABELS, run_console
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    wrapper = workdir / "kici-agent"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {AGENT_PROGRAM}\n")
+    wrapper.chmod(0o755)
+    groups: list[list[Run]] = []
+    with run_console(workdir, backend="process", workers=workers, agent_program=wrapper) as console:
+        scaling = Scaling(console, LABELS)
+        scaling.end(*scaling.scale_to_running()[:2])  # warm-up: the workers' first spawn
+        for _ in range(rounds):
+            group = []
+            for _ in range(sequential):
+                run = scaling.scale_to_running()
+                group.append(run)
+                scaling.end(run.agent_id, run.job)
+            groups.append(group)
+    return groups
+
+
+def process_report(groups: list[list[Run]]) -> list[str]:
+    """Process mode's p50 and p95 beside the target, each round's p50 and the step breakdown."""
+    ms = [1000 * r.seconds for g in groups for r in g]
+    p50 = pct(ms, 0.5)
+    verdict = "met" if p50 < PROCESS_TARGET_MS else "missed"
+    steps = step_breakdown([r for g in groups for r in g])
+    return [
+        f"bare-metal process /scale -> GET running, {len(ms)} spawns: p50 {p50:.0f} ms, p95 {pct(ms, 0.95):.0f} ms "
+        f"(target p50 < {PROCESS_TARGET_MS:.0f} ms: {verdict}); p50 per round: "
+        + ", ".join(f"{pct([1000 * r.seconds for r in g], 0.5):.0f} ms" for g in groups),
+        "  steps (median ms): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()),
+    ]
+
+
 def report(rounds: list[dict]) -> list[str]:
     def ms(x: float) -> str:
         return f"{1000 * x:7.0f}"
@@ -303,10 +365,47 @@ def report(rounds: list[dict]) -> list[str]:
         f"median of {len(rounds)} rounds: /scale -> running p50 {med[0]:.2f}x raw docker run -d, "
         f"p95 {med[1]:.2f}x; burst all running {med[2]:.2f}x the raw burst"
     )
-    for label, key in (("sequential", "console_ids"), ("burst", "burst_ids")):
-        steps = step_breakdown([a for f in rounds for a in f[key]])
+    for label, key in (("sequential", "console_runs"), ("burst", "burst_runs")):
+        steps = step_breakdown([r for f in rounds for r in f[key]])
         lines.append(f"steps, {label} (median ms): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()))
     return lines
+
+
+def containers(args: argparse.Namespace, workdir: Path) -> int:
+    """The container rounds (unless ``--warm-only``) and the warm hits, in a console of their own;
+    1 when the warm pool did not fill. Its scaler is retired at the end, so that a later console's
+    /scale (process mode, same labels) is not routed to it."""
+    from scalers.models import Scaler
+    from tests.support.soak import LABELS, run_console
+
+    docker_host = prepare_docker()
+    rounds: list[dict] = []
+    with run_console(
+        workdir,
+        backend="container",
+        max_agents=args.max_agents,
+        workers=args.workers,
+        docker_host=docker_host,
+        nft_table="kicispawnbench",
+    ) as console:
+        try:
+            scaling = Scaling(console, LABELS)
+            scaling.end(*scaling.scale_to_running()[:2])  # warm-up: first imports, network, guard
+            if not args.warm_only:
+                for _ in range(args.rounds):
+                    rounds.append(one_round(scaling, docker_host, args.sequential, args.max_agents, "kici-agent:local"))
+                print(f"{args.workers} workers, burst of {args.max_agents}, {args.sequential} sequential per round")
+                print("\n".join(report(rounds)), flush=True)
+            # Last: an idle warm agent left over would serve the next round's /scale.
+            try:
+                hits = warm_hits(scaling, args.warm_hits or args.rounds * args.sequential)
+            except RuntimeError as exc:
+                print(f"warm hits: not measured: {exc}")
+                return 1
+            print("\n".join(warm_report(hits, args.rounds)), flush=True)
+        finally:
+            Scaler.objects.filter(pk=console.scaler.pk).update(retiring=True)
+    return 0
 
 
 def main() -> int:
@@ -315,7 +414,9 @@ def main() -> int:
     parser.add_argument("--sequential", type=int, default=6, help="spawns one after the other per round")
     parser.add_argument("--max-agents", type=int, default=10, help="the scaler's maxAgents: the burst size")
     parser.add_argument("--workers", type=int, default=2, help="rq workers")
-    parser.add_argument("--warm-only", action="store_true", help="the warm hits alone")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--warm-only", action="store_true", help="the warm hits alone")
+    modes.add_argument("--process-only", action="store_true", help="bare-metal process mode alone")
     parser.add_argument("--warm-hits", type=int, default=0, help="warm hits (default rounds x sequential)")
     parser.add_argument("--database-url", default="postgres://127.0.0.1:5432/kici_bench_spawn")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
@@ -341,35 +442,14 @@ def main() -> int:
     import django
 
     django.setup()
-    from tests.support.soak import LABELS, run_console
-
-    docker_host = prepare_docker()
     workdir = Path(tempfile.mkdtemp(prefix="kici-spawn-bench-"))
-    rounds: list[dict] = []
     try:
-        with run_console(
-            workdir,
-            backend="container",
-            max_agents=args.max_agents,
-            workers=args.workers,
-            docker_host=docker_host,
-            nft_table="kicispawnbench",
-        ) as console:
-            scaling = Scaling(console, LABELS)
-            scaling.end(*scaling.scale_to_running()[:2])  # warm-up: first imports, network, guard
-            if not args.warm_only:
-                for _ in range(args.rounds):
-                    rounds.append(one_round(scaling, docker_host, args.sequential, args.max_agents, "kici-agent:local"))
-                print(f"{args.workers} workers, burst of {args.max_agents}, {args.sequential} sequential per round")
-                print("\n".join(report(rounds)), flush=True)
-            # Last: an idle warm agent left over would serve the next round's /scale.
-            try:
-                hits = warm_hits(scaling, args.warm_hits or args.rounds * args.sequential)
-            except RuntimeError as exc:
-                print(f"warm hits: not measured: {exc}")
-                return 1
-            print("\n".join(warm_report(hits, args.rounds)))
-            print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+        if not args.process_only and containers(args, workdir / "container"):
+            return 1
+        if not args.warm_only:
+            groups = process_mode(workdir / "process", args.rounds, args.sequential, args.workers)
+            print("\n".join(process_report(groups)))
+        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     finally:
         from django.db import connections
 

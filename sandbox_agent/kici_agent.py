@@ -11,17 +11,22 @@ console restart, however slow, is not the end of its agents), or SIGTERM arrives
 
 Exit status: 0 on a requested stop or SIGTERM, 1 when registration or the console fails,
 2 on missing environment.
+
+Speaks HTTP through ``http.client`` (``http://`` or ``https://`` console URLs, certificates
+checked as ``urllib`` does), dialling the console directly: a proxy named in the environment is
+not used. Not ``urllib.request``, whose imports (``tempfile``, ``hashlib``, ``email.utils``, ...)
+would be most of the agent's start before it registers (``docs/container-spawn.md``).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
+from urllib.parse import urlsplit
 
 _stopping = False
 
@@ -35,16 +40,43 @@ def log(msg: str) -> None:
     print(f"kici-agent: {msg}", flush=True)
 
 
+class HTTPStatusError(Exception):
+    """The console answered with a status other than 2xx (``code``)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"HTTP {code}")
+        self.code = code
+
+
+#: What a failed exchange with the console raises (besides :class:`HTTPStatusError`): no
+#: connection or a timeout (``OSError``), a malformed answer (``HTTPException``), an answer that
+#: is not JSON or a URL that is not http(s) (``ValueError``).
+EXCHANGE_ERRORS = (OSError, http.client.HTTPException, ValueError)
+
+
 def post(url: str, bearer: str, body: dict, timeout: float = 10.0) -> dict:
-    """POST JSON with a bearer token; return the decoded JSON answer. Raises urllib errors."""
-    req = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # console URL from our own env
-        return json.loads(resp.read() or b"{}")
+    """POST JSON to ``url`` (http:// or https://) with a bearer token, ``timeout`` seconds for the
+    connection and each read; the decoded JSON answer ({} for an empty one). Raises
+    :class:`HTTPStatusError` for a non-2xx answer, else one of :data:`EXCHANGE_ERRORS`."""
+    parts = urlsplit(url)  # the console URL from our own environment
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"KICI_ORCHESTRATOR_URL must be an http:// or https:// URL, got {url}")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname or "", parts.port, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+            body=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
+        )
+        answer = conn.getresponse()
+        data = answer.read()
+    finally:
+        conn.close()
+    if not 200 <= answer.status < 300:
+        raise HTTPStatusError(answer.status)
+    return json.loads(data or b"{}")
 
 
 def sleep_interruptibly(seconds: float) -> None:
@@ -65,12 +97,12 @@ def register(base: str, agent: str, token: str) -> dict | int:
         try:
             answer = post(f"{base}/api/v1/agents/register", token, {"agentId": agent})
             break
-        except urllib.error.HTTPError as exc:
+        except HTTPStatusError as exc:
             if exc.code in (400, 401, 403, 404, 409):
                 log(f"registration refused: HTTP {exc.code}")
                 return 1
             log(f"registration attempt {attempt}: HTTP {exc.code}")
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except EXCHANGE_ERRORS as exc:
             log(f"registration attempt {attempt}: {exc}")
         sleep_interruptibly(2.0)
     if not answer or not answer.get("sessionToken"):
@@ -96,7 +128,7 @@ def heartbeat_until_stopped(base: str, agent: str, session: str, interval: float
             if beat.get("stop"):
                 log("console asked us to stop")
                 return 0
-        except urllib.error.HTTPError as exc:
+        except HTTPStatusError as exc:
             if exc.code in (401, 403, 404, 410):
                 log(f"console no longer knows this agent: HTTP {exc.code}")
                 return 0
@@ -105,7 +137,7 @@ def heartbeat_until_stopped(base: str, agent: str, session: str, interval: float
             if time.monotonic() - last_answer >= patience:
                 log(f"no heartbeat answered for {patience:g}s; exiting")
                 return 1
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except EXCHANGE_ERRORS as exc:
             misses += 1
             log(f"heartbeat failed ({misses}): {exc}")
             if time.monotonic() - last_answer >= patience:

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import transaction
 
 from agents import tokens
 from agents.archive import ARCHIVE_BYTES, archive_parts
@@ -199,8 +200,9 @@ class BareMetalBackend:
         log_path = agent_log_dir() / f"{agent.agent_id}.log"
         token, kici_token_id, kici_context = "", "", {}
         if kici is None:
-            token = tokens.mint_registration_token(agent)
-            record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
+            with transaction.atomic():  # one commit for the token and the event
+                token = tokens.mint_registration_token(agent)
+                record_event(agent, EventType.PROVISIONING, "spawning agent process" + note)
             env = process_env(agent, token)
         else:
             if scale_up_claim(agent) is None:
@@ -219,6 +221,7 @@ class BareMetalBackend:
             elif kici_token_id:
                 revoke_failed_spawn_kici_token(kici, kici_token_id, agent.agent_id)
 
+        control.mark("checked")
         try:
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
@@ -234,6 +237,9 @@ class BareMetalBackend:
         except OSError as exc:
             undo()
             raise SpawnError(f"spawn failed: {exc}", "spawn") from exc
+        # Popen returns once the program is exec'd: from here on it runs (the trace's agent step).
+        control.mark("started")
+        control.mark("process_started", control.marks["started"])
         start_time = _proc_start_time(proc.pid)
         context = {
             **kici_context,
@@ -252,13 +258,14 @@ class BareMetalBackend:
             self._terminate(proc.pid, start_time)
             undo()
             raise
-        record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
-        record_connecting(
-            agent,
-            "waiting for agent registration"
-            if kici is None
-            else f"waiting for the KiCI agent to register with {kici.ws_url}",
-        )
+        with transaction.atomic():  # one commit for both events
+            record_event(agent, EventType.READY, f"agent process started (PID {proc.pid})")
+            record_connecting(
+                agent,
+                "waiting for agent registration"
+                if kici is None
+                else f"waiting for the KiCI agent to register with {kici.ws_url}",
+            )
         return SpawnResult(managed_id=str(proc.pid), context=context)
 
     # -- destroy -------------------------------------------------------------------------------

@@ -319,13 +319,15 @@ def run_console(
     heartbeat_seconds: float = 1.0,
     docker_host: str = "",
     nft_table: str = "kicisoak",
+    agent_program: Path | None = None,
 ) -> Iterator[Console]:
     """A real console on a free loopback port over Django's default database (already migrated),
     with one scaler ``soak-<hex>`` (``maxAgents`` = ``max_agents``), run by ``workers`` rq workers
     and the sweeper. Logs go to ``workdir``; the processes are stopped (SIGTERM, then SIGKILL) and
     any agent left is killed when the block ends.
 
-    ``backend="process"``: a bare-metal scaler in process mode whose agents are :data:`AGENT`.
+    ``backend="process"``: a bare-metal scaler in process mode whose agents are :data:`AGENT`, or
+    the executable ``agent_program`` when given (its ``binaryPath``, run as it is).
     ``backend="container"``: a container scaler on the dockerd of ``docker_host`` (agent image
     ``kici-agent:local``, never pulled) with network isolation on in the nft table ``nft_table``
     (dropped at the end); daphne also listens on the agent gateway 172.30.0.1, where the agents
@@ -357,7 +359,7 @@ def run_console(
             f"soak-{secrets.token_hex(3)}",
             type="bare-metal",
             labels=LABELS,
-            ls_config={"binaryPath": str(wrapper)},
+            ls_config={"binaryPath": str(agent_program or wrapper)},
             max_agents=max_agents,
             orchestrator_url=url,
             host=host,  # the console's: its workers and sweeper run the scaler

@@ -21,6 +21,7 @@ from scalers.jobs import spawn_agent
 from scalers.lifecycle import teardown_agent
 from scalers.models import Reservation
 from scalers.resources import EffectiveLimits
+from scalers.spawn_trace import waterfall
 from tests.support.containers import remove_test_containers
 from tests.support.scalers import make_agent, make_scaler
 from tests.support.servers import free_port, wsgi_server
@@ -117,6 +118,10 @@ def test_a_process_agent_registers_and_is_terminated_with_its_group(agent_binary
         types = list(ScalerEvent.objects.filter(agent=agent).order_by("id").values_list("type", "detail"))
         assert types[0][0] == EventType.PROVISIONING and types[0][1].startswith("spawning agent process")
         assert (EventType.READY, f"agent process started (PID {pid})") in types
+        # The trace times the agent's own start: from its process's exec to its registration.
+        marks = agent.spawn_trace
+        assert marks["checked"] <= marks["started"] == marks["process_started"] <= marks["register_received"]
+        assert "agent" in [bar.step for bar in waterfall(marks)]
         scraped = Client().get("/metrics").content.decode()
         assert f'kici_scaler_scale_to_registered_seconds_count{{scaler="{scaler.name}"}} 1.0' in scraped
         assert f'kici_scaler_spawn_duration_seconds_count{{result="spawned",scaler="{scaler.name}"}} 1.0' in scraped
