@@ -71,7 +71,7 @@ WARM_TARGET_MS = 50.0
 #: Bare-metal process mode's target: /scale -> running p50 below this many milliseconds.
 PROCESS_TARGET_MS = 300.0
 #: The console's own agent program, which process mode runs.
-AGENT_PROGRAM = ROOT / "agent" / "kici_agent.py"
+AGENT_PROGRAM = ROOT / "sandbox_agent" / "kici_agent.py"
 
 
 class Run(NamedTuple):
