@@ -58,6 +58,9 @@ KILL_SESSION = (
     '[ "$4" = "{sid}" ] && kill -{signal} "${{d#/proc/}}" 2>/dev/null; done; true'
 )
 
+#: The terminal's answers to a program's queries, which reach the shell as input but nobody typed:
+#: cursor position (``ESC [ row ; col R``, busybox's prompt asks), device attributes, focus.
+TERMINAL_REPORTS = re.compile(rb"\x1b\[\??[\d;]*[Rc]|\x1b\[[IO]")
 #: Bytes read from the exec at once (one frame to the browser at most).
 READ_BYTES = 64 * 1024
 #: Bytes a transcript file holds at most; output beyond is counted, not written.
@@ -224,8 +227,9 @@ class Transcript:
             self.unrecorded += len(data)
 
     def typed(self, data: bytes, now: datetime) -> None:
-        """Keystrokes: each line (ended by Enter) is written under a marker of who typed it, when."""
-        self._line += data
+        """Keystrokes: each line (ended by Enter) is written under a marker of who typed it, when
+        (the terminal's own reports left out: :data:`TERMINAL_REPORTS`)."""
+        self._line += TERMINAL_REPORTS.sub(b"", data)
         while True:
             cut = min((i for i in (self._line.find(b"\r"), self._line.find(b"\n")) if i >= 0), default=-1)
             if cut < 0 and len(self._line) < INPUT_LINE_MAX:
