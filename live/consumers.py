@@ -721,10 +721,13 @@ class ShellConsumer(SessionBound):
         self.transcript = Transcript(agent.agent_id, self.actor)
         try:
             await asyncio.to_thread(self.transcript.open, self._header())
-        except OSError as exc:  # no transcript, no shell: every session is recorded
+            await self._audit(AuditAction.SHELL_OPENED, self._header(), at=self.opened_at)
+        except Exception as exc:  # not recorded, no shell: every session is in the archive and the trail
+            log.warning("shell into %s refused: it could not be recorded", agent.agent_id, exc_info=True)
             await asyncio.to_thread(self.shell.close)
-            return await self._refuse(CLOSE_NOT_SHELLABLE, f"the shell's transcript cannot be written: {exc}")
-        await self._audit(AuditAction.SHELL_OPENED, self._header(), at=self.opened_at)
+            self.transcript.close("not opened: it could not be recorded", timezone.now())
+            self.shell = None
+            return await self._refuse(CLOSE_NOT_SHELLABLE, f"the shell could not be recorded: {exc}")
         await self.bind_session(SHELL_PERM)
         await self.accept()
         opened = {"agent": agent.agent_id, "maxSeconds": self.max_seconds, "idleSeconds": self.idle_seconds}
@@ -804,8 +807,9 @@ class ShellConsumer(SessionBound):
                 await self.send(bytes_data=data)
         except asyncio.CancelledError:
             raise
-        except OSError:
-            log.info("shell exec stream of %s broke", self.agent, exc_info=True)
+        except Exception:  # the exec's stream broke (its daemon went away): the session ends
+            log.warning("shell exec stream of %s broke", self.agent, exc_info=True)
+            return await self._end("the connection to the container broke")
         await self._end("the shell exited")
 
     async def _watch(self) -> None:

@@ -259,3 +259,29 @@ async def test_a_held_agent_takes_a_shell_and_exit_ends_it(container_agent, appr
     _, messages, closed = await _until_closed(comm, 8)
     assert closed is not None and messages[-1] == {"closed": "the shell exited"}
     await comm.disconnect()
+
+
+async def test_a_shell_that_cannot_be_recorded_is_not_opened(monkeypatch):
+    """The audit trail cannot be written: the exec is ended and the socket refused (no session
+    without its records)."""
+    closed: list[bool] = []
+
+    class Exec:
+        container_id = "c0ffee" * 10
+
+        def close(self):
+            closed.append(True)
+
+    def broken_audit(*args, **kwargs):
+        raise RuntimeError("the database is gone")
+
+    monkeypatch.setattr(ContainerShell, "open", classmethod(lambda cls, agent, cols, rows: Exec()))
+    monkeypatch.setattr("live.consumers.record_audit", broken_audit)
+    client = await database_sync_to_async(_user)("shell-approver", "operations.approve_operation")
+    agent = await database_sync_to_async(_agent)(AgentState.RUNNING, "container", managed_id="c0ffee")
+    comm = await _socket(client, agent.agent_id)
+    _, messages, close = await _until_closed(comm, 5)
+    assert close is not None and close["code"] == CLOSE_NOT_SHELLABLE
+    assert messages == [{"closed": "the shell could not be recorded: the database is gone"}]
+    assert closed == [True]
+    await comm.disconnect()
