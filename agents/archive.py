@@ -4,7 +4,7 @@
 sandbox wrote (a container's stdout and stderr, a VM's serial console and VMM log, a bare-metal
 process's output), saved by the backend right before it removes the sandbox. The finished agent's
 console page shows its end and offers it for download; retention (``agents.retention``) deletes it
-with the agent.
+with the agent. ``shell.log`` beside it holds the transcripts of the shells opened into the sandbox.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ def archive_dir(agent_id: str) -> Path:
 
 def archive_path(agent_id: str) -> Path:
     return archive_dir(agent_id) / "console.log"
+
+
+def shell_transcript_path(agent_id: str) -> Path:
+    """The transcripts of the shells opened into the agent's sandbox (``live.shell``), one session
+    after another, kept beside its console archive and deleted with it."""
+    return archive_dir(agent_id) / "shell.log"
 
 
 def times_path(agent_id: str) -> Path:

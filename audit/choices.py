@@ -8,7 +8,8 @@ class AuditAction(models.TextChoices):
     ``host-access-apply`` or ``config-reload``, is ``AuditRecord.operation_kind``); ``target.*`` is
     what a run did to one target of its plan (an orphan container removed, an agent destroyed);
     ``api.*`` are the orchestrator's calls that changed something, by token; ``config.*`` are the
-    values a ``scalers.yaml`` import changed; ``login.*`` and ``logout`` are the sign-ins."""
+    values a ``scalers.yaml`` import changed; ``login.*`` and ``logout`` are the sign-ins; ``shell.*`` an
+    approver's shell into an agent's container (``live.shell``), opened and closed."""
 
     OPERATION_REQUESTED = "operation.requested", "operation requested"
     OPERATION_APPROVED = "operation.approved", "operation approved"
@@ -28,6 +29,8 @@ class AuditAction(models.TextChoices):
     LOGIN_FAILED = "login.failed", "sign-in refused"
     LOCKED_OUT = "login.locked-out", "locked out after failed sign-ins"
     LOGOUT = "logout", "signed out"
+    SHELL_OPENED = "shell.opened", "shell into an agent opened"
+    SHELL_CLOSED = "shell.closed", "shell into an agent closed"
 
 
 class ActorKind(models.TextChoices):
@@ -52,4 +55,6 @@ ACTION_BADGES = {
     AuditAction.LOCKED_OUT: "b-red",
     AuditAction.CONFIG_CHANGED: "b-amber",
     AuditAction.API_RELEASE: "b-amber",
+    AuditAction.SHELL_OPENED: "b-amber",
+    AuditAction.SHELL_CLOSED: "b-grey",
 }

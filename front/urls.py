@@ -14,6 +14,7 @@ from .views import (
     isolation,
     operations,
     scalers,
+    shell,
     tokens,
     waiting,
 )
@@ -80,6 +81,8 @@ urlpatterns = [
     path(
         "agents/<str:agent_id>/console/<str:stream>/search", console.agent_console_search, name="agent_console_search"
     ),
+    path("agents/<str:agent_id>/shell/", shell.agent_shell, name="agent_shell"),
+    path("agents/<str:agent_id>/shell/transcript", shell.agent_shell_transcript, name="agent_shell_transcript"),
     path("events/", event_feed.event_list, name="event_list"),
     path("audit/", audit.audit_list, name="audit_list"),
     path("tokens/", tokens.token_list, name="token_list"),

@@ -311,6 +311,10 @@ KICI_AGENT_LOG_DIR = env_str("KICI_AGENT_LOG_DIR", str(BASE_DIR / "var" / "agent
 # Bytes of output a running agent's file may hold (VM serial console, VMM log, process output)
 # before the sweeper frees all but its last half (scalers.output_caps).
 KICI_AGENT_OUTPUT_CAP_BYTES = env_int("KICI_AGENT_OUTPUT_CAP_BYTES", 8 * 1024 * 1024, minimum=65536)
+# An approver's shell into a container agent (live.shell) ends this long after it opened, and
+# after this long without a keystroke.
+KICI_SHELL_MAX_SECONDS = env_int("KICI_SHELL_MAX_SECONDS", 900, minimum=1)
+KICI_SHELL_IDLE_SECONDS = env_int("KICI_SHELL_IDLE_SECONDS", 300, minimum=1)
 
 # --- Browser security (sessions, cookies, Content-Security-Policy) ---------------------------
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto: cookies only over https, and

@@ -1,6 +1,7 @@
 """WebSocket consumers: an agent's live console, the live event feeds, an operation's progress, the
-live rows and the attention badge. Their routes, permissions, close codes, frames and flow control
-are in docs/live-streams.md ("The sockets")."""
+live rows, the attention badge and an approver's shell into an agent. Their routes, permissions,
+close codes, frames and flow control are in docs/live-streams.md ("The sockets"); the shell's in
+docs/shell.md."""
 
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import QueryDict
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from agents.models import Agent
+from audit.choices import AuditAction
+from audit.records import record_audit, user_actor
 from lib.json_input import parse_json
+from lib.units import format_bytes_iec, format_duration
 from operations.models import Operation
 from operations.presenters import detail_context
 
@@ -30,7 +35,8 @@ from .hub import ConsoleHub
 from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
 from .render import render_live_update
 from .rows import MAX_DIRTY, ROW_BATCH_SECONDS, RowView, row_view
-from .session import CLOSE_FORBIDDEN, SessionBound
+from .session import CLOSE_FORBIDDEN, CLOSE_SIGNED_OUT, SessionBound
+from .shell import SHELL_PERM, SHELL_STATES, ContainerShell, Transcript, may_open_shells, shell_refusal
 from .streams import Line, StreamKey, ViewerBuffer, console_row
 from .transport import RedisTransport
 
@@ -577,3 +583,242 @@ class AttentionConsumer(SessionBound):
             for group in ATTENTION_GROUPS:
                 with contextlib.suppress(Exception):
                     await self.channel_layer.group_discard(group, self.channel_name)
+
+
+CLOSE_NOT_SHELLABLE = 4409
+"""A shell refused: the agent is not running or held, not a container agent, or its exec failed."""
+
+SHELL_CHECK_SECONDS = 2.0
+"""Seconds between two reads of a shell's agent state (the time limits are kept to the second)."""
+
+#: Why a shell ended when its socket closed under it, by close code.
+_SOCKET_ENDS = {
+    CLOSE_SIGNED_OUT: "the session ended (signed out)",
+    CLOSE_FORBIDDEN: "the permission to approve operations was taken away",
+}
+
+
+def _terminal_size(scope) -> tuple[int, int]:
+    """``(cols, rows)`` of the page's terminal from ``?cols=&rows=`` (80 × 24 when absent or bad)."""
+    query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
+    try:
+        cols, rows = int(query["cols"][0]), int(query["rows"][0])
+    except (KeyError, ValueError):
+        return 80, 24
+    return max(2, min(cols, 1000)), max(2, min(rows, 500))
+
+
+@database_sync_to_async
+def _shell_agent(user, agent_id: str) -> tuple[Agent | None, int, str | None]:
+    """The agent, and the close code and reason of a refusal (reason None: the shell may open)."""
+    agent = Agent.objects.select_related("scaler").filter(agent_id=agent_id).first()
+    refusal = shell_refusal(user, agent)
+    if not may_open_shells(user):
+        return agent, CLOSE_FORBIDDEN, refusal
+    return agent, CLOSE_NOT_FOUND if agent is None else CLOSE_NOT_SHELLABLE, refusal
+
+
+@database_sync_to_async
+def _agent_state(agent_id: str) -> str | None:
+    return Agent.objects.filter(agent_id=agent_id).values_list("state", flat=True).first()
+
+
+class ShellConsumer(SessionBound):
+    """``ws/agents/<agent_id>/shell/?cols=&rows=[&flow=ack]``: a terminal bridged to a ``docker exec``
+    with a TTY in the agent's container (:class:`live.shell.ContainerShell`), for approvers.
+
+    Frames: binary both ways are the terminal's bytes (keystrokes in, output out); text frames
+    are JSON: from the page ``{"resize": [cols, rows]}`` and, with ``?flow=ack``, ``{"ack": n}``
+    after each output frame written (at most :data:`ACK_WINDOW` in flight, so a flood of output
+    waits in the container's TTY); to the page ``{"opened": {...}}`` once, then ``{"closed":
+    reason}`` right before the close. A refusal (:func:`live.shell.shell_refusal`) is accepted and
+    closed with its reason: 4403 not an approver, 4404 no such agent, :data:`CLOSE_NOT_SHELLABLE`
+    otherwise; no exec is made.
+
+    The session ends after ``KICI_SHELL_MAX_SECONDS``, after ``KICI_SHELL_IDLE_SECONDS`` without a
+    keystroke, when the agent leaves running/held, when the shell exits, and with the socket (the
+    browser closed, the session or the permission ended). Every session is a ``shell.opened`` and
+    a ``shell.closed`` audit record and a transcript in the agent's archive
+    (:class:`live.shell.Transcript`).
+    """
+
+    shell: ContainerShell | None = None
+    transcript: Transcript | None = None
+    agent: Agent | None = None
+    flow: _Flow | None = None
+    reader: asyncio.Task | None = None
+    watcher: asyncio.Task | None = None
+    ended: bool = False
+    finished: asyncio.Event
+
+    async def connect(self):
+        agent_id = self.scope["url_route"]["kwargs"].get("agent_id", "")
+        agent, code, refusal = await _shell_agent(self.scope.get("user"), agent_id)
+        if refusal is not None:
+            return await self._refuse(code, refusal)
+        assert agent is not None, "shell_refusal refuses a missing agent"
+        self.agent = agent
+        cols, rows = _terminal_size(self.scope)
+        try:
+            self.shell = await asyncio.to_thread(ContainerShell.open, agent, cols, rows)
+        except Exception as exc:  # the container is gone or its daemon does not answer
+            log.info("shell into %s refused: docker exec failed", agent.agent_id, exc_info=True)
+            return await self._refuse(CLOSE_NOT_SHELLABLE, f"could not start a shell in agent {agent.agent_id}: {exc}")
+        self.flow = _flow_from_scope(self.scope)
+        self.actor, self.actor_kind = user_actor(self.scope.get("user"))
+        self.opened_at, self.opened_clock = timezone.now(), time.monotonic()
+        self.last_input = self.opened_clock
+        self.bytes_in = self.bytes_out = 0
+        self.max_seconds, self.idle_seconds = settings.KICI_SHELL_MAX_SECONDS, settings.KICI_SHELL_IDLE_SECONDS
+        self.transcript = Transcript(agent.agent_id, self.actor)
+        try:
+            await asyncio.to_thread(self.transcript.open, self._header())
+            await self._audit(AuditAction.SHELL_OPENED, self._header(), at=self.opened_at)
+        except Exception as exc:  # not recorded, no shell: every session is in the archive and the trail
+            log.warning("shell into %s refused: it could not be recorded", agent.agent_id, exc_info=True)
+            await asyncio.to_thread(self.shell.close)
+            self.transcript.close("not opened: it could not be recorded", timezone.now())
+            self.shell = None
+            return await self._refuse(CLOSE_NOT_SHELLABLE, f"the shell could not be recorded: {exc}")
+        await self.bind_session(SHELL_PERM)
+        await self.accept()
+        opened = {"agent": agent.agent_id, "maxSeconds": self.max_seconds, "idleSeconds": self.idle_seconds}
+        await self.send(text_data=json.dumps({"opened": opened}))
+        self.reader = asyncio.create_task(self._pump())
+        self.watcher = asyncio.create_task(self._watch())
+
+    async def _refuse(self, code: int, reason: str) -> None:
+        await self.accept()
+        await self.send(text_data=json.dumps({"closed": reason}))
+        await self.close(code=code, reason=reason[:120])
+
+    def _header(self) -> str:
+        assert self.agent is not None and self.shell is not None, "set in connect"
+        return (
+            f"shell into agent {self.agent.agent_id} ({self.agent.state}, scaler {self.agent.scaler.name}, "
+            f"container {self.shell.container_id[:12]}) opened by {self.actor} at "
+            f"{self.opened_at:%Y-%m-%dT%H:%M:%SZ}; limits {format_duration(self.max_seconds)}, "
+            f"idle {format_duration(self.idle_seconds)}"
+        )
+
+    async def _audit(self, action: str, detail: str, *, at) -> None:
+        assert self.agent is not None, "set in connect"
+        client = self.scope.get("client") or [None]
+        await database_sync_to_async(record_audit)(
+            action,
+            actor=self.actor,
+            actor_kind=self.actor_kind,
+            scaler_name=self.agent.scaler.name,
+            agent_ref=self.agent.agent_id,
+            detail=detail,
+            remote_addr=client[0],
+            at=at,
+        )
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.ended or self.shell is None:
+            return
+        if bytes_data:
+            self.last_input = time.monotonic()
+            self.bytes_in += len(bytes_data)
+            assert self.transcript is not None, "set in connect"
+            self.transcript.typed(bytes_data, timezone.now())
+            with contextlib.suppress(OSError):  # the shell ended: its reader ends the session
+                await self.shell.write(bytes_data)
+        elif text_data:
+            await self._control(text_data)
+
+    async def _control(self, text_data: str) -> None:
+        try:
+            data = parse_json(text_data)
+        except ValueError:
+            return
+        if not isinstance(data, dict):
+            return
+        if self.flow is not None and (count := _ack_count(text_data)):
+            self.flow.ack(count)
+        size = data.get("resize")
+        if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) for v in size):
+            assert self.shell is not None, "set in connect"
+            cols, rows = max(2, min(size[0], 1000)), max(2, min(size[1], 500))
+            with contextlib.suppress(Exception):  # an exec that just ended: the reader ends the session
+                await asyncio.to_thread(self.shell.resize, cols, rows)
+
+    async def _pump(self) -> None:
+        """Output from the exec to the page (and the transcript) until the shell exits."""
+        assert self.shell is not None and self.transcript is not None, "set in connect"
+        try:
+            while True:
+                if self.flow is not None:
+                    await self.flow.acquire()
+                data = await self.shell.read()
+                if not data:
+                    break
+                self.bytes_out += len(data)
+                self.transcript.output(data)
+                await self.send(bytes_data=data)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the exec's stream broke (its daemon went away): the session ends
+            log.warning("shell exec stream of %s broke", self.agent, exc_info=True)
+            return await self._end("the connection to the container broke")
+        await self._end("the shell exited")
+
+    async def _watch(self) -> None:
+        """End the session at its time limit, when idle, or when the agent left running/held."""
+        assert self.agent is not None, "set in connect"
+        while True:
+            now = time.monotonic()
+            if now - self.opened_clock >= self.max_seconds:
+                return await self._end(f"time limit: a shell lasts at most {format_duration(self.max_seconds)}")
+            if now - self.last_input >= self.idle_seconds:
+                return await self._end(f"idle: no keystroke for {format_duration(self.idle_seconds)}")
+            state = await _agent_state(self.agent.agent_id)
+            if state not in SHELL_STATES:
+                return await self._end(f"the agent left running/held: it is {state or 'gone'}")
+            left = min(self.opened_clock + self.max_seconds, self.last_input + self.idle_seconds) - time.monotonic()
+            await asyncio.sleep(max(0.05, min(SHELL_CHECK_SECONDS, left)))
+
+    async def _end(self, reason: str, *, socket_open: bool = True) -> None:
+        """End the session once: the exec and its processes, the transcript's footer, the
+        ``shell.closed`` record; then, while the socket is open, tell the page why and close."""
+        if self.ended:
+            return
+        self.ended = True
+        self.finished = asyncio.Event()
+        for task in (self.reader, self.watcher):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        assert self.shell is not None and self.transcript is not None and self.agent is not None, "set in connect"
+        await asyncio.to_thread(self.shell.close)
+        ended_at = timezone.now()
+        seconds = (ended_at - self.opened_at).total_seconds()
+        summary = (
+            f"shell into agent {self.agent.agent_id} by {self.actor} closed at {ended_at:%Y-%m-%dT%H:%M:%SZ} "
+            f"(opened {self.opened_at:%Y-%m-%dT%H:%M:%SZ}, {seconds:.1f} s; "
+            f"{format_bytes_iec(self.bytes_in)} in, {format_bytes_iec(self.bytes_out)} out): {reason}"
+        )
+        await asyncio.to_thread(self.transcript.close, summary, ended_at)
+        try:
+            await self._audit(AuditAction.SHELL_CLOSED, summary, at=ended_at)
+        except Exception:  # the transcript has it; the audit write must not keep the socket open
+            log.exception("shell.closed audit record of %s failed", self.agent.agent_id)
+        self.finished.set()
+        if socket_open:
+            with contextlib.suppress(Exception):
+                await self.send(text_data=json.dumps({"closed": reason}))
+                await self.close(code=1000, reason=reason[:120])
+
+    async def disconnect(self, code):
+        await self.unbind_session()
+        if self.shell is None:
+            return
+        if not self.ended:
+            reason = _SOCKET_ENDS.get(code, f"the browser closed the shell (code {code})")
+            # Shielded: the server may cancel a consumer that is slow to leave; the records still finish.
+            await asyncio.shield(asyncio.ensure_future(self._end(reason, socket_open=False)))
+        else:  # an end under way (a limit, the shell's exit) finishes its records first
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.finished.wait(), 30)
