@@ -17,6 +17,8 @@ the orchestrator's admin interface through a forwarder on the host's loopback (`
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import time
 from pathlib import Path
@@ -87,6 +89,18 @@ def orchestrator_in_netns(kici_real_build, tmp_path):
                 yield orch, port, add_local_repo(orch, tmp_path / "repos", "host", WORKFLOW)
 
 
+@pytest.fixture
+def agent_groups():
+    """Process groups of the agents the test spawned: any still alive at the end is killed (a test
+    failing before the console ended its agent would leave it reconnecting to a stopped
+    orchestrator for ever)."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        if _group_members(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+
+
 def _reload(agent) -> Agent:
     return Agent.objects.select_related("scaler", "label_set").get(pk=agent.pk)
 
@@ -116,7 +130,7 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def test_the_console_runs_a_real_job_on_the_real_agent_as_a_process_and_ends_it_with_its_token(
-    orchestrator_in_netns, kici_real_build, settings, tmp_path, monkeypatch, admin_client
+    orchestrator_in_netns, kici_real_build, settings, tmp_path, monkeypatch, admin_client, agent_groups
 ):
     orchestrator, admin_port, sha = orchestrator_in_netns
     monkeypatch.setattr("scalers.jobs.schedule_follow", lambda agent: None)  # the test looks itself
@@ -160,8 +174,9 @@ def test_the_console_runs_a_real_job_on_the_real_agent_as_a_process_and_ends_it_
     assert queued["status"] == "pending" and not queued.get("agentId"), queued
     agent = make_agent(scaler)
     assert spawn_agent(agent.pk) == "spawned"
-    assert _follow_until(agent, {"running", "failed", "expired"}, 60) == "running", _reload(agent).failure_reason
     pgid = _reload(agent).backend_context["pgid"]
+    agent_groups.append(pgid)
+    assert _follow_until(agent, {"running", "failed", "expired"}, 60) == "running", _reload(agent).failure_reason
     status, body = orchestrator.get("/api/v1/agent-tokens")
     [minted] = [t for t in body["tokens"] if t["id"] not in builder_tokens]
     assert minted["id"] == _reload(agent).backend_context["kici_token_id"]
