@@ -30,15 +30,16 @@ from scalers.models import OrchestratorAdminToken, Reservation
 from tests.support.containers import remove_test_containers
 from tests.support.docker import docker_client as make_docker_client
 from tests.support.kici_real import (
-    commit_workflow,
+    add_local_repo,
+    console_activity,
     finished_run,
     gateway_forwarder,
-    link_sdk,
     own_database,
     private_netns,
     push_webhook,
     real_agent_image,
     real_agent_volumes,
+    run_job,
     run_orchestrator,
 )
 from tests.support.nft import nft_table_for
@@ -93,9 +94,7 @@ def gateway_orchestrator(kici_real_build, dockerd, tmp_path_factory):
             public = f"http://{ISOLATED_NETWORK_GATEWAY}:{port}"
             with run_orchestrator(kici_real_build, netns, workdir / "orchestrator", database_url, public) as orch:
                 repos = workdir / "repos"
-                link_sdk(kici_real_build, repos)
-                sha = commit_workflow(kici_real_build, netns, repos / "acme" / "demo", "sandbox", WORKFLOW)
-                orch.kici_admin("source", "add", "local", "--org", "acme", "--path", str(repos), "--name", "demo")
+                sha = add_local_repo(orch, repos, "sandbox", WORKFLOW)
                 yield orch, port, sha, repos
 
 
@@ -158,23 +157,6 @@ def _orchestrator_tokens(orchestrator) -> list[dict]:
     status, body = orchestrator.get("/api/v1/agent-tokens")
     assert status == 200, body
     return body["tokens"]
-
-
-def _greet(orchestrator) -> dict:
-    """The run's ``greet`` job in the orchestrator's record (``jobId``, ``status``, ...), {} before
-    it exists."""
-    status, body = orchestrator.get("/api/v1/admin/runs")
-    if status != 200 or not body["runs"]:
-        return {}
-    status, body = orchestrator.get(f"/api/v1/admin/runs/{body['runs'][0]['runId']}/jobs")
-    greet = [job for job in body.get("jobs", []) if job["jobName"] == "greet"] if status == 200 else []
-    return greet[0] if greet else {}
-
-
-def _activity(agent: Agent) -> tuple[int, dict | None]:
-    """``(active_jobs, backend_context["kici_activity"])`` of the agent's row now."""
-    row = Agent.objects.filter(pk=agent.pk).values("active_jobs", "backend_context").get()
-    return row["active_jobs"], row["backend_context"].get("kici_activity")
 
 
 def _docker_time(value: str) -> float:
@@ -243,7 +225,7 @@ def test_the_console_runs_a_real_job_on_the_real_agent_in_its_sandbox(
 
     def busy_with(job_id: str) -> bool:
         """Record the row's activity when it changed; whether it says busy with ``job_id``."""
-        now = _activity(agent)
+        now = console_activity(agent)
         if "freed" not in ends and (not seen or seen[-1] != now):
             seen.append(now)
         return bool(now[1] and now[1]["jobId"] == job_id)
@@ -252,7 +234,7 @@ def test_the_console_runs_a_real_job_on_the_real_agent_in_its_sandbox(
     while time.monotonic() < deadline and "freed" not in ends:
         drive_rq(lambda: True, 0)
         busy_with("")
-        greet = _greet(orchestrator)
+        greet = run_job(orchestrator)
         if greet.get("status") != "running":
             time.sleep(0.2)
             continue

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.models import Agent
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "kici_real_build.sh"
 CACHE_ROOT = Path("/var/cache/kici-real")
@@ -419,6 +421,16 @@ def commit_workflow(build: KiciRealBuild, netns: str, repo: Path, name: str, sou
     return git("rev-parse", "HEAD")
 
 
+def add_local_repo(orchestrator: Orchestrator, repos: Path, name: str, source: str) -> str:
+    """The repo ``acme/demo`` under ``repos`` holding the workflow ``name`` (``source``, compiled by
+    the real compiler), registered as the orchestrator's ``local`` source; ``@kici-dev/sdk``
+    resolves under ``repos``. Returns HEAD's sha, which :func:`push_webhook` delivers."""
+    link_sdk(orchestrator.build, repos)
+    sha = commit_workflow(orchestrator.build, orchestrator.netns, repos / "acme" / "demo", name, source)
+    orchestrator.kici_admin("source", "add", "local", "--org", "acme", "--path", str(repos), "--name", "demo")
+    return sha
+
+
 def push_webhook(orchestrator: Orchestrator, org: str, name: str, sha: str, timeout: float = 90):
     """The push of ``sha`` to ``org/name``'s main, as the built-in ``local`` source takes it
     (``POST /webhook/<org>/generic/<name>``). It answers once the builder job has packed and
@@ -455,6 +467,23 @@ def finished_run(orchestrator, job_name: str = "greet") -> tuple[dict, list[dict
         return None
     status, body = orchestrator.get("/api/v1/admin/runs")
     return body["runs"][0], jobs
+
+
+def run_job(orchestrator, job_name: str = "greet") -> dict:
+    """The one run's job ``job_name`` in the orchestrator's record (``jobId``, ``status``,
+    ``agentId``, ...), {} before it exists."""
+    status, body = orchestrator.get("/api/v1/admin/runs")
+    if status != 200 or not body["runs"]:
+        return {}
+    status, body = orchestrator.get(f"/api/v1/admin/runs/{body['runs'][0]['runId']}/jobs")
+    named = [job for job in body.get("jobs", []) if job["jobName"] == job_name] if status == 200 else []
+    return named[0] if named else {}
+
+
+def console_activity(agent) -> tuple[int, dict | None]:
+    """``(active_jobs, backend_context["kici_activity"])`` of the console's row of ``agent`` now."""
+    row = Agent.objects.filter(pk=agent.pk).values("active_jobs", "backend_context").get()
+    return row["active_jobs"], row["backend_context"].get("kici_activity")
 
 
 # --- the agent ---------------------------------------------------------------------------------------
