@@ -364,7 +364,7 @@ class FileTail:
     ``start_offset``: where to begin; ``poll_interval``, ``max_read``: how often and how much it reads;
     ``pace``, ``max_lag_bytes``: the pump's back-pressure; ``numbered``: queue :class:`LineNumber`
     markers; ``opener`` (:data:`Opener`): every open goes through it. Truncation, rotation, cuts,
-    pacing and the counters: docs/console-log.md.
+    pacing and the counters: docs/console-log.md ("Following a file").
     """
 
     def __init__(
