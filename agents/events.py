@@ -1,15 +1,9 @@
-"""Recording lifecycle events: stored in the database, then pushed live to browsers.
-
-Every producer (rq jobs, API views, sweeps) calls :func:`record_event`. The push happens only
-after the surrounding transaction commits, so a browser never sees an event that was rolled back,
-and it happens on a background publisher thread, so rendering the live HTML and talking to the
-channel layer never sit on a spawn's critical path (a spawn must cost little more than a raw
-``docker run``).
-A process that is about to exit calls :func:`flush_events` (the rq worker class
-``kici_site.worker.KiciWorker`` does so after every job).
-
-The push itself is the receiver of :data:`event_committed` (connected by the ``live`` app), so
-this base app does not import the app that streams to browsers.
+"""Recording lifecycle events: stored in the database, then pushed live to browsers. Every producer
+calls :func:`record_event`; the push happens after the transaction commits (a browser never sees a
+rolled-back event), on a background publisher thread, so rendering and the channel layer stay off
+a spawn's critical path. A process about to exit calls :func:`flush_events` (the rq worker does
+after every job). The push is the receiver of :data:`event_committed`, connected by ``live``, so
+this base app does not import it.
 """
 
 from __future__ import annotations
@@ -65,15 +59,11 @@ def record_event(
 
 
 def record_connecting(agent: Agent, detail: str, payload: dict | None = None) -> ScalerEvent | None:
-    """Record ``agent.connecting`` ("waiting for agent registration") unless the agent registered.
-
-    A fast agent can register before its backend reaches this step; stored afterwards the event
-    would claim the console waits for a registration it already has (and sit after
-    ``agent.registered`` in the timeline). So the agent row is locked (``SELECT ... FOR UPDATE``)
-    and the event stored only while it is ``spawning`` or ``connecting`` and unregistered: the registration's own
-    compare-and-swap then waits for this transaction, which puts ``agent.connecting`` before
-    ``agent.registered``. Returns the event, or None when nothing was stored (registered, or no
-    longer spawning).
+    """Record ``agent.connecting`` unless the agent registered. A fast agent can register before its
+    backend reaches this step, so the row is locked (``SELECT ... FOR UPDATE``) and the event stored
+    only while it is ``spawning`` or ``connecting`` and unregistered; the registration's own
+    compare-and-swap then waits for this transaction, which keeps ``agent.connecting`` before
+    ``agent.registered``. Returns the event, or None when nothing was stored.
     """
     with transaction.atomic():
         row = Agent.objects.select_for_update().filter(pk=agent.pk).values_list("state", "registered_at").first()

@@ -66,14 +66,11 @@ LIST_PARAMETERS = ("state", "scaler", "label", "q", "sort", "page")
 
 
 def filter_agents(params) -> tuple:
-    """Apply the list filters ``state`` (a state, ``active`` or ``all``; default active), ``scaler``
-    (name), ``label`` (comma-separated labels the agent carries, :func:`parse_labels`) and ``q``
-    (substring of agent id, managed id, bound job, an address, or a label) to agents, ordered by
-    ``sort`` (:func:`sort_order`).
-
-    Returns ``(queryset, cleaned)`` with ``cleaned`` the values actually applied (the sort is always
-    there). BadParameter naming the value for an unknown state or sort: a filter that is silently
-    dropped shows a list the operator did not ask for.
+    """Apply the list filters ``state`` (a state, ``active`` or ``all``; default active), ``scaler``,
+    ``label`` (comma-separated, :func:`parse_labels`) and ``q`` (a substring of the agent id, managed
+    id, bound job, an address or a label), ordered by ``sort`` (:func:`sort_order`). Returns
+    ``(queryset, cleaned)``, the values applied. BadParameter naming the value for an unknown state or
+    sort: a filter silently dropped shows a list the operator did not ask for.
     """
     sort = (params.get("sort") or "").strip() or DEFAULT_SORT
     order = sort_order(sort)

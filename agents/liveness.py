@@ -1,18 +1,8 @@
-"""When is an agent lost? The rule, as pure logic over one agent row and one sandbox probe.
-
-An agent is **lost** when it is ``running`` or ``draining`` (it registered and holds a slot) and
-
-* its sandbox is **provably gone**: the container is missing or exited/dead (docker), the VM's
-  firecracker process is not running per the pid probe, the bare-metal process is gone; or
-* its last heartbeat is older than ``settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS`` (default four
-  heartbeat intervals, 120 s; agents beat every ``KICI_AGENT_HEARTBEAT_INTERVAL_SECONDS``, 30 s).
-  The age counts from the later of the last heartbeat and the console's last boot (a console
-  that was down heard nobody; ``since``).
-
-``lost_by`` says which evidence decides: ``sandbox`` (provably gone: the reservation is held by
-nothing) or ``heartbeat`` (silent, but its sandbox may still run). Nothing here touches docker or
-the database; :mod:`scalers.backends.sandboxes` probes, :mod:`operations.kinds.lost_agents` plans
-and releases.
+"""When is an agent lost? The rule, as pure logic over one agent row and one sandbox probe: a
+``running`` or ``draining`` agent whose sandbox is provably gone (``lost_by`` ``sandbox``) or whose
+heartbeat is older than ``settings.KICI_AGENT_HEARTBEAT_TIMEOUT_SECONDS``, counted from the console's
+last boot at the earliest (``heartbeat``). Nothing here touches docker or the database. The rule
+and why: docs/lost-agents.md ("The rule").
 """
 
 from __future__ import annotations

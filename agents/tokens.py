@@ -1,14 +1,10 @@
-"""Agent credentials: single-use registration tokens and per-agent session tokens.
-
-Only the SHA-256 of a token is stored (``AgentToken.token_hash``) plus its first characters
-(``prefix``) for support. Two kinds, told apart by their text prefix:
-
-- ``ket_…`` ephemeral registration token: minted at spawn with a TTL
-  (``settings.KICI_AGENT_TOKEN_TTL_SECONDS``, or the event scaler's ``agentTokenTtlSeconds``),
-  handed to the sandbox in ``KICI_AGENT_TOKEN``, redeemed exactly once by
-  ``POST /api/v1/agents/register``.
-- ``kas_…`` session token: minted by a successful registration and returned to the agent once;
-  authenticates its heartbeats until the agent reaches a terminal state.
+"""Agent credentials: single-use registration tokens and per-agent session tokens. Only a token's
+SHA-256 is stored (``AgentToken.token_hash``), with its first characters (``prefix``) for support.
+``ket_…``: the ephemeral registration token, minted at spawn with a TTL
+(``settings.KICI_AGENT_TOKEN_TTL_SECONDS``, or the event scaler's ``agentTokenTtlSeconds``), handed
+to the sandbox in ``KICI_AGENT_TOKEN``, redeemed once by ``POST /api/v1/agents/register``.
+``kas_…``: the session token a registration returns once; it authenticates the agent's heartbeats
+until it reaches a terminal state.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Holding a log file another process keeps writing to a size cap, in place, and reading what is kept.
 
-The writers are processes this console does not control, and not all of them append: firecracker
-opens its VMM log read-write without ``O_APPEND``, so truncating or renaming the file under it
-would leave its next write at its old offset (a file as long as before) or in a file nobody reads.
-:func:`cap_file` instead frees the file's beginning with ``fallocate(FALLOC_FL_PUNCH_HOLE)``: the
-writer's offset and every reader's offset stay valid, the file's size still counts every byte ever
-written, but only its end (from a line start) keeps disk blocks. The bytes between the last freed
-block and that line start read as NUL bytes.
-
-Readers skip what was freed: :func:`data_start` is where the kept output begins at or after an
-offset, :func:`leading_cut` the NUL bytes a read that starts there must drop, :func:`read_end` the
-kept end of a file. ``consolelog.tail.FileTail`` follows a capped file with them.
-
-Line numbers survive a cut: a line's number counts every non-empty line written before it (the
-lines ``consolelog.tail`` shows; empty lines are neither shown nor counted), including the lines a cut
-freed, which :func:`cap_file` adds to the file's ``user.kici.cut-lines`` extended attribute
-(:func:`cut_lines`) before it frees them. :func:`line_number_at` reads a number; a cut and a
-reader agree under ``flock`` (exclusive for the cut, shared for the reader; the writers are
-not concerned).
+The writers are not ours and not all of them append, so :func:`cap_file` frees the file's
+beginning with ``fallocate(FALLOC_FL_PUNCH_HOLE)`` instead of truncating or renaming it: every
+offset stays valid. Readers skip what was freed (:func:`data_start`, :func:`leading_cut`,
+:func:`read_end`), and a line keeps its number across cuts (:func:`cut_lines`,
+:func:`line_number_at`, under ``flock``). Design: docs/live-streams.md ("Agent output on disk",
+"Line numbers and times").
 """
 
 from __future__ import annotations

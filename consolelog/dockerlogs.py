@@ -1,18 +1,9 @@
 """A container's console: its docker logs, each line numbered by its place in the container's output.
-
-Docker keeps no line count, so the console keeps one: the first reader of a container counts its
-lines from the start of docker's kept log and leaves a sparse index of **checkpoints** in Redis
-(every :data:`CHECKPOINT_LINES` lines: line number, docker stream, docker timestamp of the message
-that line starts in). A later reader (a new pump, the ``lines?before=`` endpoint) asks docker only
-for the messages from the nearest checkpoint on (``since=``) and counts from there, so the same
-line gets the same number from every reader (the console's pump, its lines endpoint, the archive
-kept when the container is removed). See ``docs/live-streams.md``.
-
-Both docker streams are read in one request, so they come in docker's own order (its log file's,
-which is the order of its timestamps); each frame is one docker message (a line, or a 16 KiB part
-of a longer one) and says its stream, so each stream has its own :class:`consolelog.tail.LineSplitter`
-and a stderr line written while a stdout line is open is never spliced into it. A line's time is
-the docker timestamp of its first message. Blocking: the readers here run in threads.
+Docker keeps no line count, so the first reader counts and leaves sparse checkpoints in Redis
+(every :data:`CHECKPOINT_LINES` lines), and later readers count from the nearest one, so every
+reader gives a line the same number. Both streams come in one request, in docker's order, each with
+its own splitter; a line's time is docker's stamp of its first message. Blocking: the readers run
+in threads. Design: docs/live-streams.md ("Line numbers and times": container consoles).
 """
 
 from __future__ import annotations
@@ -144,15 +135,12 @@ class RedisCheckpoints:
 
 
 class LogMessages:
-    """One docker logs request of ``container`` (both streams, with timestamps), iterated as
-    ``(stream, stamp, content)``: ``stream`` 1 (stdout) or 2 (stderr), ``stamp`` docker's
-    timestamp (bytes), ``content`` the message's bytes (its newline included when it ends a line).
-    ``since_ns``: only messages stamped then or later; ``follow``: keep reading as the container
-    writes. ``close()`` (any thread) ends the request and so a blocked iteration. Raises the SDK's
-    errors; ValueError for a container with a TTY (its log has no frames saying the stream).
-
-    The SDK's ``Container.logs`` drops which stream each frame is from, so this sends the request
-    itself through the container's API client and reads the frames (8-byte header, payload).
+    """One docker logs request of ``container`` (both streams, with timestamps), iterated as ``(stream,
+    stamp, content)``: ``stream`` 1 (stdout) or 2 (stderr), docker's ``stamp`` (bytes), the message's
+    bytes (with its newline when it ends a line). ``since_ns``: only messages stamped then or later;
+    ``follow``: keep reading. ``close()`` (any thread) ends the request. The SDK's ``Container.logs``
+    drops each frame's stream, so this reads the frames itself. Raises the SDK's errors; ValueError for
+    a container with a TTY (no stream in its frames).
     """
 
     def __init__(self, container: Any, *, follow: bool, since_ns: int | None = None):

@@ -1,14 +1,10 @@
-"""Searching an agent's whole kept output: every line a console page could load, not only the loaded ones.
-
-A query is a plain substring (case-insensitive unless asked) or a regular expression. Python's
-``re`` backtracks and cannot be interrupted inside one line, so a pattern's cost is bounded before
-it runs (:func:`compile_query`): at most :data:`MAX_PATTERN_CHARS` characters, no backreference,
-no lookaround, no repeat inside a repeat and at most :data:`MAX_REPEATS` repeats, over lines of
-at most ``consolelog.tail.MAX_LINE_BYTES`` characters; and the scan as a whole stops after
-``seconds`` (:func:`search_lines`), saying where it stopped.
-
-The lines come numbered as the console numbers them: :func:`file_lines` for a log file (cuts
-counted, ``consolelog.cap``), ``consolelog.dockerlogs.container_lines`` for a container.
+"""Searching an agent's whole kept output: every line a console page could load, not only the loaded
+ones. A query is a plain substring (case-insensitive unless asked) or a regular expression whose
+cost is bounded before it runs (:func:`compile_query`: :data:`MAX_PATTERN_CHARS`, no
+backreference or lookaround, no nested repeat, :data:`MAX_REPEATS`), since ``re`` cannot be
+interrupted inside a line; the scan stops after ``seconds`` (:func:`search_lines`), saying where.
+Lines come numbered as the console numbers them (:func:`file_lines`,
+``consolelog.dockerlogs.container_lines``). Design: docs/live-streams.md ("The console page").
 """
 
 from __future__ import annotations

@@ -360,41 +360,11 @@ def plain_open(path: str, flags: int) -> int:
 
 class FileTail:
     """Follows one file: a reader task fills a :class:`LineQueue`, the consumer takes batches.
-
-    ``path``: the file; created empty (append mode) if missing, its directory must exist
-    (``FileNotFoundError`` otherwise). With ``create=False`` a missing file (or directory) is
-    waited for instead, polled every ``poll_interval`` (a viewer must not create files in a
-    VM's chroot). ``from_start``: read existing content (True) or only what
-    is appended after the start (False). ``start_offset``: explicit byte offset to start at
-    (overrides ``from_start``; the first, possibly partial, line is skipped when it is > 0).
-
-    The reader looks at the file every ``poll_interval`` seconds; while data is waiting it reads
-    slice after slice (``max_read`` bytes each) without sleeping. If the file shrinks below the
-    read offset (truncation) it flushes the partial line and follows from offset 0; if the path
-    now names another file (rotation: rename + create), it drains the old file to its end,
-    flushes the partial line and follows the new file from its start. While the path is missing
-    the old file keeps being read. A range freed by a cap (``consolelog.cap.cap_file``: the file's
-    beginning, its size unchanged) is stepped over to the kept output's first line, queueing a
-    :class:`SkipMarker`; a reader that keeps up never meets one, since a cap keeps the file's end.
-
-    ``pace=True`` (used by the console pump): the reader stops
-    reading while half the queue is full and resumes when the consumer takes lines, so nothing
-    is dropped and no CPU is spent on lines that would be dropped — the file is the buffer.
-    With ``max_lag_bytes`` a paced reader that falls further behind than that jumps to
-    ``max_lag_bytes / 2`` before the end (at the next line) and queues a :class:`SkipMarker`,
-    so a flooding guest costs neither memory nor unbounded lag.
-
-    ``numbered=True`` (the console pump): the tail queues a :class:`LineNumber` before its first
-    line and after every :class:`SkipMarker`, so its reader can number every line by its place
-    in the file (``consolelog.cap.line_number_at``: cut lines included, empty lines not counted).
-
-    Counters for tests and benches: ``reads`` (slices read), ``bytes_read``, ``offset`` (bytes
-    consumed of the current file), ``rotations``, ``truncations``, ``cuts`` (freed ranges stepped
-    over), ``splitter.peak_partial``, ``queue.dropped``, ``skipped_bytes``.
-
-    ``opener`` (:data:`Opener`): every open of the file, creation included, goes through it (a
-    file in a directory a VM can write is opened without following links:
-    ``scalers.backends.firecracker.jail.open_vm_file``); its errors are raised like ``os.open``'s.
+    ``path``: created empty if missing unless ``create=False`` (then waited for); ``from_start`` /
+    ``start_offset``: where to begin; ``poll_interval``, ``max_read``: how often and how much it reads;
+    ``pace``, ``max_lag_bytes``: the pump's back-pressure; ``numbered``: queue :class:`LineNumber`
+    markers; ``opener`` (:data:`Opener`): every open goes through it. Truncation, rotation, cuts,
+    pacing and the counters: docs/console-log.md ("Following a file").
     """
 
     def __init__(
@@ -694,18 +664,12 @@ async def tail_file(
     poll_interval: float = POLL_INTERVAL,
     from_start: bool = True,
 ) -> AsyncIterator[Entry]:
-    """Yield the complete lines appended to ``path`` until ``stop`` is set.
-
-    ``path``: file to follow; created empty if missing (its directory must exist:
-    ``FileNotFoundError``). ``stop``: when set, the tail stops watching, yields what is queued,
-    then any remaining partial line, and ends. ``poll_interval``: seconds between looks at the
-    file (100 ms). ``from_start``: begin at offset 0 or at the current end.
-
-    Yields ``str`` lines without their newline; empty lines are skipped; over-long lines end in
-    ``" [truncated]"``; when the consumer falls more than 10,000 lines behind, the oldest are
-    dropped and a :class:`DropMarker` (``"[dropped N lines]"``, N cumulative) is yielded first.
-    Invalid UTF-8 is replaced (U+FFFD), never raised. Truncation and replacement of the file are
-    followed (see :class:`FileTail`).
+    """Yield the complete lines appended to ``path`` (created empty if missing, in a directory that must
+    exist: ``FileNotFoundError``) until ``stop`` is set, then what is queued and any partial line.
+    ``poll_interval``: seconds between looks (100 ms); ``from_start``: begin at offset 0 or the end.
+    Yields ``str`` lines without their newline and the in-band markers (docs/live-streams.md, "The
+    file tail's bounds"); invalid UTF-8 is replaced (U+FFFD), never raised. Truncation and rotation
+    are followed as :class:`FileTail` does.
     """
     tail = FileTail(path, poll_interval=poll_interval, from_start=from_start)
     async with contextlib.aclosing(lines_of(tail.batches(stop))) as lines:

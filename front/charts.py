@@ -1,14 +1,9 @@
-"""Server-rendered SVG line charts: a time series (or a few) against a cap, as one inline ``<svg>``.
-
-No outside asset: the markup is the whole chart; colours come from classes in
-``static/css/kici.css`` (``chart-*``), with presentation attributes so it still reads unstyled.
-The chart is an image to assistive technology (``role="img"``): its ``<title>`` and
-``aria-label`` carry the summary the eye reads off the lines (latest, peak, the cap).
-``data-hover`` holds what the console's own ``static/js/charts.js`` shows under the pointer (a
-crosshair, each line's value and the time, formatted here); without the script the chart is whole.
-
-:func:`line_chart` is pure: the same series give the same markup. :func:`scaler_charts` turns the
-capacity samples of one scaler (``scalers.samples``) into the four charts of its page.
+"""Server-rendered SVG line charts: a time series (or a few) against a cap, as one inline ``<svg>``,
+with no outside asset (``chart-*`` classes of ``static/css/kici.css``, presentation attributes so
+it reads unstyled), an image to assistive technology whose ``<title>`` and ``aria-label`` carry the
+summary, and ``data-hover`` for ``static/js/charts.js``. :func:`line_chart` is pure;
+:func:`scaler_charts` turns one scaler's capacity samples into its page's four charts. Design:
+docs/capacity-charts.md ("Drawing").
 """
 
 from __future__ import annotations
@@ -229,13 +224,10 @@ def line_chart(
     time_label: Callable[[datetime], str] = _local_hhmm,
     point_time: Callable[[datetime], str] = _local_minute,
 ) -> Chart:
-    """Chart ``series`` over ``[start, end]`` with ``cap`` (if given) as a dashed step line.
-
-    The value axis runs from 0 to :func:`nice_ceiling` of the largest value or cap (``binary`` for
-    byte counts) with three labels in ``fmt``; the time axis is labelled at its start, middle and
-    end (``time_label``; the end reads "now"). Lines break at a ``None`` value and where two points
-    are more than ``max_gap`` apart; a point with no neighbour is a dot. Every text is escaped.
-    The hover data names each drawn point's time with ``point_time`` and its value with ``fmt``.
+    """Chart ``series`` over ``[start, end]`` with ``cap`` (if given) as a dashed step line: the value
+    axis from 0 to :func:`nice_ceiling` (``binary`` for bytes) labelled in ``fmt``, the time axis by
+    ``time_label`` (the end reads "now"), lines broken at ``None`` and at gaps over ``max_gap``, hover
+    data by ``point_time`` and ``fmt``; every text escaped (docs/capacity-charts.md, "Drawing").
     Raises ``ValueError`` when ``end`` is not after ``start``.
     """
     if end <= start:

@@ -111,16 +111,11 @@ class AgentRuleDiff:
 
 @dataclass
 class EditorPlan:
-    """Everything the editor shows for one input.
-
-    ``mode``: ``default`` or ``explicit``. ``checks``: one per typed entry. ``errors``: every
-    message that blocks applying (each refused entry, with its line, then ``general_errors``: a bad
-    mode, too many entries). ``warnings``: messages that do not block applying (loopback entries,
-    typed or in the effective list; entries holding none of ``host_addresses``). ``entries``: the
-    explicit list to store (None for the default). ``effective``: what agents of this label set
-    would get. ``diffs``: per live agent. ``unchanged``: the input equals what the label
-    set has now. ``host_addresses``: this host's addresses and the agents' gateway
-    (:func:`known_host_addresses`), None when they could not be listed (``address_error`` says why).
+    """Everything the editor shows for one input: ``mode`` (``default`` or ``explicit``), ``checks`` (one
+    per typed entry), ``errors`` that block applying (refused entries with their line, then
+    ``general_errors``), ``warnings`` that do not, ``entries`` to store (None: the default),
+    ``effective`` (what the label set's agents would get), ``diffs`` per live agent, ``unchanged``,
+    ``host_addresses`` (:func:`known_host_addresses`; None when unlisted, ``address_error`` says why).
     """
 
     label_set: LabelSet

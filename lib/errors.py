@@ -1,22 +1,9 @@
-"""One shape for every error the console answers: JSON for ``/api/v1/*``, a styled page elsewhere.
-
-JSON (every ``/api/v1`` endpoint)::
-
-    {"error": {"code": "invalid-request", "message": "labels[0]: must be a string, got 5",
-               "field": "labels[0]"},          # "field" only when one field is at fault
-     "reason": "invalid-request",              # the same code, kept at the top level
-     ...}                                      # endpoint extras, e.g. /scale's 409 "cap"
-
-``reason`` stays at the top level because the scale API's callers read it there
-(409 ``{reason: "at-capacity", cap}``, 422 ``{reason: "no-matching-label-set"}``).
-
-Pages: ``templates/400.html`` / ``403.html`` / ``404.html`` / ``405.html`` extend the page frame
-(navigation, styling); ``templates/500.html`` is static (no database, no request context).
-
-htmx requests (``lib.htmx.wants_partial``) get the error fragment instead of a page, and the pages
-swap every 4xx answer into the request's target (``responseHandling`` in ``templates/base.html``):
-one rule for every form, preview and filter, so an operator always sees why a request was refused
-and a stale "ok" preview (with its enabled button) never stays on the page.
+"""One shape for every error the console answers: JSON for ``/api/v1/*`` (``{"error": {"code",
+"message", "field"?}, "reason": code, ...}``: docs/api-contract.md), a styled page elsewhere
+(``templates/<status>.html``; ``500.html`` is static, no database or request context). htmx
+requests (``lib.htmx.wants_partial``) get the error fragment, and the pages swap every 4xx into
+the request's target (``responseHandling`` in ``templates/base.html``), so an operator always sees
+why a request was refused and a stale "ok" preview never stays on the page.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """JSON request bodies as pydantic models: one definition is both the check of a body and its JSON
-Schema (the API's OpenAPI document is generated from these models, so the two cannot drift).
-
-A body model (:class:`JsonBody`) names its keys in camelCase (the attributes are snake_case) and
-refuses a value that is not an object and any key it does not know, naming the first (sorted)
-with the keys it takes. A field's own check is a ``BeforeValidator`` that raises
-:class:`BodyRefused` in the project's wording (``<field>: <what is wrong>, got <value>``); pydantic
-then holds the checked value to the field's declared type and constraints, the ones the schema
-publishes, so nothing the schema forbids is ever taken. A required key that is absent reaches its
-check as :data:`MISSING`, so the check words that refusal too, in field order.
-
-:func:`validate_body` returns the model or raises the first refusal as :class:`BodyRefused`.
+Schema, so the OpenAPI document cannot drift (docs/api-contract.md, "One source"). A
+:class:`JsonBody` names its keys in camelCase and refuses a non-object and unknown keys; a field's
+``BeforeValidator`` raises :class:`BodyRefused` in the project's wording (``<field>: <what is
+wrong>, got <value>``), then pydantic holds the value to the declared type and constraints. An
+absent required key reaches its check as :data:`MISSING`. :func:`validate_body` returns the model
+or raises the first refusal.
 """
 
 from __future__ import annotations

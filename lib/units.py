@@ -43,15 +43,10 @@ class InvalidMemoryFormat(ValueError):
 
 
 def parse_memory(value: str) -> int:
-    """Parse a memory string into a whole number of bytes.
-
-    ``parse_memory("512m") == 536870912``; ``"2G"`` -> 2147483648; ``"1024k"`` -> 1048576;
-    ``"1.5g"`` -> 1610612736; ``"512 m"`` -> 536870912 (whitespace allowed only
-    between number and unit). The decimal is evaluated exactly and floored, so
-    ``"0.1k"`` -> 102.
-
-    Raises :class:`InvalidMemoryFormat` (a ``ValueError``) for anything else,
-    including non-string input.
+    """Parse a memory string into a whole number of bytes: ``"512m"`` → 536870912, ``"2G"`` →
+    2147483648, ``"1024k"`` → 1048576, ``"1.5g"`` → 1610612736, ``"512 m"`` (whitespace only between
+    number and unit). The decimal is evaluated exactly and floored (``"0.1k"`` → 102). Raises
+    :class:`InvalidMemoryFormat` (a ``ValueError``) for anything else, non-strings included.
     """
     if not isinstance(value, str):
         raise InvalidMemoryFormat(value)

@@ -150,15 +150,11 @@ def sandbox_gone(agent, stream: str) -> bool:
 
 
 def captured_output(agent) -> dict:
-    """What was kept of a finished agent's output: the end of its archive (``agents.archive``,
-    written when its sandbox was removed), else the last lines (up to 50) attached to its latest
-    ``scaler.failed`` event (or its ``failure_reason``) when a spawn failed.
-
-    Returns ``{"event": ScalerEvent | None, "message": str, "lines": [str], "first": int,
-    "archived": bool}``; ``first`` is the number of ``lines[0]`` in the output (an archive's lines
-    keep their numbers, the ones cut from its front counted; captured lines count from 1);
-    ``lines`` is empty when nothing was kept; an archive's also has ``oldest``, the number of its
-    first line.
+    """What was kept of a finished agent's output: the end of its archive (``agents.archive``), else the
+    last lines (up to 50) of its latest ``scaler.failed`` event (or its ``failure_reason``). Returns
+    ``{"event", "message", "lines", "first", "archived"}`` (and an archive's ``oldest``, its first
+    line's number): ``first`` is the number of ``lines[0]``, an archive's lines keeping theirs, captured
+    lines counted from 1; ``lines`` is empty when nothing was kept.
     """
     from django.db.models import Q
 

@@ -91,20 +91,13 @@ class _Stream:
 
 
 class ConsoleHub:
-    """Shares one pump per console stream among its viewers; see ``docs/live-streams.md``.
-
-    ``transport``: :class:`LocalTransport` (default) or :class:`RedisTransport`.
-    ``viewer_lines``: per-viewer buffer (2,000). ``batch_lines`` / ``batch_chars``: most lines /
-    characters per published batch. ``tick``: seconds between ownership checks (lock renewal,
-    viewer heartbeats, takeover of a dead owner's pump); a third of the lock TTL or less.
-
-    A process that receives a batch more than :data:`STALE_BATCH_SECONDS` old skips it
-    undecoded (counted in ``stale_batches``): a process that fell behind catches up at once, and
-    its viewers get a drop row for the gap.
-
-    ``subscribe(key, source, flag_failures=...)`` returns a :class:`Viewer` whose ``snapshot``
-    holds up to 500 recent lines; ``unsubscribe(viewer)`` (idempotent) removes it, and the pump
-    stops when no viewer is left anywhere. ``pump_task(key)`` exposes the running pump (tests).
+    """Shares one pump per console stream among its viewers (docs/live-streams.md, "One console stream").
+    ``transport``: :class:`LocalTransport` (default) or :class:`RedisTransport`; ``viewer_lines``:
+    per-viewer buffer (2,000); ``batch_lines``/``batch_chars``: the most per published batch; ``tick``:
+    seconds between ownership checks, and stale batches are skipped (docs/console-log.md, "A stream's
+    Redis keys"). ``subscribe(key, source, flag_failures=...)`` returns a :class:`Viewer` whose
+    ``snapshot`` holds up to 500 recent lines; ``unsubscribe(viewer)`` (idempotent) removes it, and
+    the pump stops when no viewer is left anywhere. ``pump_task(key)``: the running pump (tests).
     """
 
     def __init__(

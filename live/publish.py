@@ -71,14 +71,11 @@ def event_groups(agent_ref: str | None) -> list[str]:
 
 
 def event_message(event: Any, render: bool | None = None) -> dict:
-    """The ``event.message`` group message for a stored ``ScalerEvent``.
-
-    ``{"type": "event.message", "event_id": pk, "agent_ref": id[, "html": <live.render
-    .render_live_update(event)>]}``. Without ``html`` each receiving console process renders the
-    event from the database once (``live.consumers.EventsConsumer``). ``render`` defaults to
+    """The ``event.message`` group message for a stored ``ScalerEvent``: ``{"type": "event.message",
+    "event_id": pk, "agent_ref": id[, "html": ...]}``. Without ``html`` (also when rendering fails)
+    each receiving console process renders the event from the database once. ``render`` defaults to
     ``settings.KICI_RENDER_EVENTS_AT_PUBLISH`` (False): rendering in the producer would put the
-    template work on the spawn worker's critical path. When rendering
-    fails the message goes without ``html`` too.
+    template work on the spawn worker's critical path.
     """
     message = {"type": "event.message", "event_id": event.pk, "agent_ref": event.agent_ref or ""}
     if render is None:

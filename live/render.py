@@ -22,14 +22,10 @@ PAGE = "dashboard/index.html"
 
 def render_live_update(event: ScalerEvent | int) -> str:
     """The WebSocket message for one stored event (a ScalerEvent or its pk); ``""`` if it is gone.
-
-    Synchronous (database reads): call it from an async consumer through
-    ``channels.db.database_sync_to_async``. The string holds, each swapped out of band:
-
-    1. ``<tbody hx-swap-oob="afterbegin:#event-rows">`` with the event row (feeds, timelines);
-    2. when the event has an agent: the capacity cards of the agent's scaler and of the whole
-       console (``<div id="cap-scaler-<pk>" hx-swap-oob="outerHTML">``, ``#cap-global``);
-    3. ``<i data-server-time="ISO">``: the console's clock (kici.js counts ages on it).
+    Synchronous (database reads: call it through ``database_sync_to_async``). Its parts, each swapped
+    out of band: the event row (``afterbegin:#event-rows``); for an agent's event the capacity cards
+    of its scaler (``#cap-scaler-<pk>``) and the console (``#cap-global``); and
+    ``<i data-server-time="ISO">``, the console's clock that kici.js counts ages on.
     """
     if not isinstance(event, ScalerEvent):
         found = ScalerEvent.objects.select_related("agent", "agent__scaler").filter(pk=event).first()

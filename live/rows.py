@@ -253,17 +253,12 @@ def agent_page_version(agent: Agent) -> str:
 
 
 class AgentPage(RowView):
-    """``ws/rows/agent/?id=<agent_id>&v=<version>``: an agent's page and its console page.
-
-    Every frame holds the summary row, the Details panel (``agents/detail.html#details``) and the
-    console page's state (``agents/console.html#agent_state``: a page drops what it does not
-    show). When :func:`agent_page_version` differs from ``v`` (or from the last frame's), also the
-    "Network isolation" panel (``agents/detail.html#network``, which reads the rules in force
-    again); once the agent ended, also the header's actions (``agents/detail.html#actions``: its
-    state and end in place of the "live" indicator, no Drain or Destroy). An active agent's
-    header is never pushed: its status is the page's connection indicator (kici.js) and its
-    action forms carry the viewer's CSRF token. ``user``: the viewer (the self-test button is
-    theirs to press or not)."""
+    """``ws/rows/agent/?id=<agent_id>&v=<version>``: an agent's page and its console page. Every frame
+    holds the summary row, the Details panel and the console page's state; the "Network isolation"
+    panel and, once the agent ended, the header's actions go when :func:`agent_page_version` differs
+    from ``v`` or the last frame's. An active agent's header is never pushed (its forms carry the
+    viewer's CSRF token). ``user``: the viewer. Design: docs/live-streams.md ("Live rows").
+    """
 
     def __init__(self, params):
         self.noun, self.perm = "agents", "agents.view_agent"

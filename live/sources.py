@@ -59,16 +59,11 @@ def file_source(
     max_lag_bytes: int | None = MAX_LAG_BYTES,
     opener: Opener = plain_open,
 ) -> SourceFactory:
-    """A source following ``path`` with :class:`consolelog.tail.FileTail` (all of its caps).
-
-    A new pump starts ``backlog_bytes`` before the end of the file (at the next line start) so a
-    viewer sees the recent past at once; older content is for the download link. A missing file
-    is waited for, never created (the spawn creates it).
-    The tail is paced by the pump (nothing read is dropped); when the pump falls more than
-    ``max_lag_bytes`` behind a flooding guest it skips ahead with a ``[skipped N bytes]`` marker
-    (None: never skip). Lines are numbered by their place in the file (``consolelog.tail.LineNumber``).
-    ``opener``: every open of the file (``consolelog.tail.Opener``); a VM's logs
-    are opened without following links, and its refusal ends the stream with its message.
+    """A source following ``path`` with :class:`consolelog.tail.FileTail` (all of its caps), paced by the
+    pump and numbered. A new pump starts ``backlog_bytes`` before the end (at a line start); a missing
+    file is waited for, never created; a pump more than ``max_lag_bytes`` behind skips ahead with a
+    ``[skipped N bytes]`` marker (None: never). ``opener``: every open of the file (a VM's logs are
+    opened without following links; a refusal ends the stream with its message).
     """
 
     def open_source() -> AsyncGenerator[Sequence[Entry], None]:
@@ -104,20 +99,12 @@ async def docker_log_source(
     max_line: int = MAX_LINE_BYTES,
     max_queued: int = MAX_QUEUED_LINES,
 ) -> AsyncGenerator[list[Entry], None]:
-    """Follow a container's logs (stdout and stderr) as batches of numbered, stamped lines.
-
-    ``container``: a docker SDK ``Container``; ``checkpoints``: its console's
-    (:class:`consolelog.dockerlogs.RedisCheckpoints`). Lines are :class:`consolelog.tail.StampedLine`,
-    numbered by their place in the container's output (``consolelog.dockerlogs``: counted from the latest
-    checkpoint, or from the start of docker's kept log by the first reader, leaving checkpoints),
-    each batch headed by the :class:`consolelog.tail.LineNumber` of its first line. The last ``backlog``
-    lines docker holds come first, then the lines as they are written. Each stream has its own
-    :class:`consolelog.tail.LineSplitter` (64 Ki-character cap, ``" [truncated]"``, stateful UTF-8).
-    Lines wait in one bounded :class:`consolelog.tail.LineQueue` (10,000 lines): on overflow the oldest
-    go, and the next batch's number jumps over them (the ``[dropped N lines]`` marker is left
-    out, as for a file), so a chatty container cannot grow this process. The blocking docker
-    requests and the Redis writes run in a thread. Ends when the container's log ends; closing the
-    iterator closes the docker request. Docker errors are raised from the iterator.
+    """Follow a container's logs (both streams) as batches of :class:`consolelog.tail.StampedLine`,
+    numbered by their place in its output from ``checkpoints`` (docs/live-streams.md, "Line numbers and
+    times"), each batch headed by its first line's :class:`consolelog.tail.LineNumber`: the last
+    ``backlog`` lines first, then as written. One bounded queue (``max_queued``) drops the oldest on
+    overflow, the next number jumping over them, so a chatty container cannot grow this process. The
+    docker and Redis calls run in a thread; ends with the container's log; raises docker's errors.
     """
     reader = _DockerLogReader(
         asyncio.get_running_loop(), container, checkpoints, backlog=backlog, max_line=max_line, max_queued=max_queued

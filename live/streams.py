@@ -53,14 +53,10 @@ def is_failure_line(text: str) -> bool:
 
 
 class Line(NamedTuple):
-    """One console row: ``text``; ``seq`` (its line number: see ``docs/live-streams.md``);
-    ``level``; ``ts``, when the console received it (seconds since the epoch; 0 when it was
-    already in the file when the pump started, so its time is unknown).
-
-    ``level`` is ``"debug"`` (plain), ``"error"`` (a failure pattern, serial console only) or
-    ``"dropped"`` (an in-band marker). A viewer drop row has ``dropped`` = how many lines it
-    stands for and ``seq`` = the first of them; it is not a line of the stream. (A named tuple:
-    hundreds of thousands are made per second.)
+    """One console row: ``text``; ``seq`` (its line number); ``level`` ``"debug"``, ``"error"`` (a
+    failure pattern, serial console only) or ``"dropped"`` (an in-band marker); ``ts``, when the
+    console received it (seconds since the epoch; 0: unknown). A viewer's drop row has ``dropped``,
+    the lines it stands for, from ``seq``. A named tuple: hundreds of thousands are made per second.
     """
 
     text: str
@@ -186,15 +182,11 @@ VIEWER_BUFFER_LINES = 2000
 
 
 class ViewerBuffer:
-    """What one viewer has not been sent yet: at most ``maxlen`` rows, oldest dropped first.
-
-    ``push(lines, gen)`` appends a batch of :class:`Line` (ordered by ``seq``). With ``ordered``
-    (console streams) it also ignores lines already seen, starts over on a newer generation
-    (``pop_batch`` then reports ``reset``) and turns a gap in ``seq`` into a drop row. On
-    overflow the oldest rows are removed and one drop row at the head counts them (merged with a
-    drop row already there). Memory: ``maxlen`` rows plus one batch while it is being pushed.
-    ``noun`` names what is dropped (``lines``, ``events``). ``dropped_total`` counts every line
-    this viewer lost.
+    """What one viewer has not been sent yet: at most ``maxlen`` rows, oldest dropped first, one drop
+    row at the head counting them. ``push(lines, gen)`` appends a batch ordered by ``seq``; with
+    ``ordered`` (console streams) lines already seen are ignored, a newer generation starts over
+    (``pop_batch`` reports ``reset``) and a gap in ``seq`` becomes a drop row. Memory: ``maxlen`` rows
+    plus one batch. ``noun``: what is dropped; ``dropped_total``: every line this viewer lost.
     """
 
     def __init__(self, maxlen: int = VIEWER_BUFFER_LINES, *, ordered: bool = True, noun: str = "lines"):

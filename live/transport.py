@@ -180,18 +180,10 @@ _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del
 
 class RedisTransport:
     """Channels Redis layer + Redis keys: batches between processes, one pump per key cluster-wide.
-
-        ``layer``: a Channels layer (``channels_redis``); ``redis``: a ``redis.asyncio.Redis`` client.
-        One process-wide channel (``layer.new_channel()``) joins each group that has local listeners,
-        so a batch crosses Redis once per process, not once per viewer. Keys (prefix
-        ``kici:console:<agent_id>:<stream>:``): ``owner`` (lock: random token, ``lock_ttl`` seconds,
-        renewed by the hub every ``lock_ttl / 3``), ``ring`` (the last batches, packed, holding at
-        least the last ``ring_size`` lines; ``ring-counts`` their sizes), ``gen`` (generation counter),
-        ``viewers`` (sorted set of viewer ids scored by expiry, refreshed by each process), ``times``
-    (sorted set of the last :data:`TIMES_KEPT` batches' receive times, :func:`times_member`, scored
-    by their first line number: ``consolelog.times.line_times`` reads it). The ring is
-        written before the batch is sent, so a viewer that reads the snapshot after joining misses
-        nothing.
+    ``layer``: a ``channels_redis`` layer; ``redis``: a ``redis.asyncio.Redis`` client. A batch
+    crosses Redis once per process, and the ring is written before the batch is sent, so a viewer that
+    reads the snapshot after joining misses nothing. The keys: docs/console-log.md ("A stream's Redis
+    keys").
     """
 
     def __init__(

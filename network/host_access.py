@@ -277,16 +277,10 @@ def _parse_bracketed(entry: str) -> HostAccessEntry:
 
 
 def parse_host_access_entry(text: str) -> HostAccessEntry:
-    """Parse one ``hostAccess`` entry (grammar in the module doc).
-
-    Returns a :class:`HostAccessEntry`. Raises :class:`HostAccessError` (a ``ValueError``) whose
-    message names the entry and the reason: ``hostAccess entry is empty``, ``... has no address
-    before the ":" ...``, ``... which is not a valid IPv4 address: octet 256 is above 255`` (dotted
-    numbers), ``... which is not an IPv4 address, an IPv4 CIDR, or "*". Hostnames are not accepted
-    ...`` (names), ``... is an IPv6 address without brackets: write "[::1]"``, ``... has whitespace
-    inside it ...``, ``... host bits set ...``, ``... has port "http": a port is written as digits
-    ...``, ``... outside 1-65535`` (negative ports too). Non-string input raises ``HostAccessError``
-    too. Whitespace around the entry is trimmed.
+    """Parse one ``hostAccess`` entry (whitespace around it trimmed) into a :class:`HostAccessEntry`.
+    Raises :class:`HostAccessError` (a ``ValueError``, also for a non-string) naming the entry and the
+    reason, e.g. ``... which is not a valid IPv4 address: octet 256 is above 255``; the grammar and
+    every refusal: docs/nft-isolation.md ("Host access entries").
     """
     if not isinstance(text, str):
         raise HostAccessError(text, f"hostAccess entry must be a string, got {json_text(text)}")
@@ -693,14 +687,11 @@ def agent_facing_storage_url(
 
 
 def storage_host_access_entries(storage_url: str | None) -> list[str]:
-    """Host-access entries for the agent-facing storage endpoint.
-
-    ``storage_url``: the URL agents dial (see :func:`agent_facing_storage_url`), or ``None``.
-    Returns ``["<ip>:<port>"]`` when the host is an IP literal (port explicit or implied by the
-    scheme: http/ws 80, https/wss 443; IPv6 literals come back bracketed), ``["*:<port>"]`` for a
-    name with an explicit port, and ``[]`` for a name without a port (a remote endpoint reached
-    through forward, which no input rule governs), an unknown scheme without a port, ``None``, or
-    an unparseable URL. Never raises.
+    """Host-access entries for the agent-facing storage endpoint ``storage_url`` (see
+    :func:`agent_facing_storage_url`, or ``None``): ``["<ip>:<port>"]`` for an IP literal (IPv6
+    bracketed; port explicit or from the scheme: http/ws 80, https/wss 443), ``["*:<port>"]`` for a
+    name with an explicit port, else ``[]`` (a name reached through forward, an unknown scheme without
+    a port, ``None``, an unparseable URL). Never raises.
     """
     if not storage_url or not isinstance(storage_url, str):
         return []
@@ -755,18 +746,12 @@ def resolve_agent_host_access(
     host_services: Iterable[str] | None = None,
     gateway6: str | None = None,
 ) -> list[str]:
-    """The ``hostAccess`` list in force for one agent sandbox.
-
-    ``policy``: the label set's network policy (an object with ``host_access``, a dict with
-    ``host_access``/``hostAccess``, or ``None``). An explicit list, even ``[]``, wins outright and
-    is returned verbatim. Otherwise the default: ``<gateway>:53`` (DNS on the bridge gateway),
-    ``<gateway>:<console port>`` and, when the agent network has IPv6 (``gateway6``),
-    ``[<gateway6>]:<console port>`` (port explicit or scheme-implied; omitted when
-    ``orchestrator_url`` does not parse or has an unknown scheme), then ``host_services`` (e.g. from
-    :func:`storage_host_access_entries`), de-duplicated keeping the first occurrence. The console
-    port is opened on the gateways only, never on every host address: the host's other addresses
-    may carry the operator listener (pages, admin, scale API) on the same port.
-    Returns entry strings; they are not parsed here (the renderer parses and refuses bad ones).
+    """The ``hostAccess`` list in force for one agent sandbox, as entry strings (parsed, and refused,
+    by the renderer). ``policy``: the label set's network policy (an object with ``host_access``, a
+    dict with ``host_access``/``hostAccess``, or ``None``); its explicit list, even ``[]``, wins
+    outright, else the default from ``gateway``, ``gateway6``, the console port of
+    ``orchestrator_url`` and ``host_services``. The default, and why the console port is opened on
+    the gateways only: docs/nft-isolation.md ("Host access entries").
     """
     explicit = _policy_host_access(policy)
     if explicit is not None:

@@ -1,12 +1,7 @@
-"""Database-backed VM address allocation (the ``ip_allocations`` table).
-
-Allocators on one database take a transaction-level advisory lock on the subnet around their
-read-and-insert, so they do not race at all: without it every contender picks the same lowest
-free address, one wins each round, and a slow allocator could lose sixteen rounds in a row. The
-``IpAllocation`` primary key (the address) remains the backstop against any writer that does not
-take the lock: a loser re-picks, up to 16 times. Every allocation reads the live rows
-first (all scalers: the subnet is shared by every Firecracker scaler on the host) plus any
-addresses the caller found on interfaces, so state is never rebuilt from empty.
+"""Database-backed VM address allocation (the ``ip_allocations`` table): a transaction-level
+advisory lock on the subnet around each read-and-insert, the primary key as the backstop (a loser
+re-picks, up to 16 times), and every allocation reads the live rows of all scalers first. Why:
+docs/firecracker-adapter.md ("Addresses and TAP names").
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Bridge and TAP plumbing over netlink (pyroute2), with bridge port isolation.
-
-Every VM TAP (and, in tests, every agent veth) is enslaved with ``IFLA_BRPORT_ISOLATED`` on: two
-isolated ports of one bridge cannot exchange frames at all, and no nft rule sees that L2 traffic,
-so without the flag tenants reach each other whatever the firewall says.
-
-Every public function takes a keyword-only ``netns``: the name of a network namespace
-(``/run/netns/<name>``) to act in, ``None`` for the caller's own; the work then runs on a thread
-that joined the namespace with ``setns`` (no fork). Errors from the kernel surface as :class:`NetlinkError` naming the
-interface and the operation.
+"""Bridge and TAP plumbing over netlink (pyroute2), with bridge port isolation: every VM TAP (and, in
+tests, every agent veth) is enslaved with ``IFLA_BRPORT_ISOLATED`` on (why: docs/firecracker-adapter.md,
+"Addresses and TAP names"). Every public function takes a keyword-only ``netns``, a namespace name
+(``/run/netns/<name>``) or ``None`` for the caller's own; the work then runs on a thread that joined
+it with ``setns`` (no fork). Kernel errors raise :class:`NetlinkError` naming the interface and the
+operation.
 """
 
 from __future__ import annotations
@@ -120,17 +116,12 @@ def _hashed_tap_name(agent_id: str) -> str:
 
 
 def tap_name_for(agent_id: str, in_use: Mapping[str, str] | None = None) -> str:
-    """The TAP name for a VM: ``kici-<last 8 characters of the id>``.
-
-    ``scaler-firecracker-1d993749`` → ``kici-1d993749``; ``abc`` → ``kici-abc``; at most 13 bytes.
-
-    Fallback (documented, collision-free in practice): when the last 8 characters hold anything
-    but ASCII letters, digits, ``_``, ``.``, ``-``, or when ``in_use`` (existing TAP name → the
-    agent id that owns it, e.g. from ``IpAllocation`` rows) says another agent already has the
-    name, the name is ``kici-x`` + the first 9 hex digits of SHA-256(agent id) (15 bytes, 36 bits).
-    Both forms are deterministic for a given id and ``in_use``; store the returned name (the
-    ``tap_device`` column) rather than re-deriving it. Raises ``ValueError`` for an empty id or
-    when even the hashed name is held by another agent.
+    """The TAP name for a VM: ``kici-<last 8 characters of the id>`` (``scaler-firecracker-1d993749`` →
+    ``kici-1d993749``), or ``kici-x`` + 9 hex digits of SHA-256(id) when those characters are not
+    plain or ``in_use`` (TAP name → owning agent id) gives the name to another agent. Deterministic;
+    store the result (``tap_device``) rather than derive it again (docs/firecracker-adapter.md,
+    "Addresses and TAP names"). Raises ``ValueError`` for an empty id or when even the hashed name is
+    another agent's.
     """
     if not isinstance(agent_id, str) or not agent_id:
         raise ValueError(f"agent id {agent_id!r} must be a non-empty string")
@@ -343,14 +334,11 @@ def bridge_port_of(pid: int, mac: str, bridge: str) -> str:
 
 @_netns_aware
 def teach_gateway(pid: int, mac: str, gateway: str, bridge: str) -> None:
-    """Inside process ``pid``'s network namespace (a container's), on its interface with MAC
-    ``mac``: record ``gateway`` (an address of ``bridge``) at the bridge's MAC, as a ``stale``
-    neighbour entry (the kernel confirms it with a probe at first use, as any learned entry).
-
-    A container that dialled out before its bridge port was bound had its ARP request for the
-    gateway dropped by the guard; the kernel asks again only a second later. Answering the
-    question now releases the packets queued behind it at once. Sends nothing. Raises
-    :class:`NetlinkError` when the bridge or the interface is missing or the kernel refuses.
+    """Inside process ``pid``'s network namespace (a container's), on its interface with MAC ``mac``:
+    record ``gateway`` (an address of ``bridge``) at the bridge's MAC as a ``stale`` neighbour entry
+    (confirmed by the kernel at first use), releasing at once the packets queued behind an ARP request
+    the guard dropped before the bridge port was bound (docs/container-spawn.md). Sends nothing.
+    Raises :class:`NetlinkError` when the bridge or the interface is missing or the kernel refuses.
     """
     with _ipr() as ipr:
         bridge_index = _index(ipr, bridge)

@@ -241,15 +241,11 @@ def run_isolation_selftest(
     rules: AgentRules | None = None,
     sets: Mapping[str, Iterable] | None = None,
 ) -> list[ProbeResult]:
-    """Run every target; results in target order.
-
-    ``netns_or_container_pid``: a namespace name (``/run/netns/<name>``) or the pid of any process
-    in the sandbox (``/proc/<pid>/ns/net``; a container's ``State.Pid``). ``guard``: the route
-    check (:class:`~network.probe_guard.ProbeGuard`, required: no packet is sent without it).
-    ``rules`` / ``sets``: the agent's rules and the table's address sets read back from the kernel,
-    for the targets that are verified instead of probed (``mode="rule"``, or refused by the
-    guard). ``timeout``: seconds per probe (0 < t ≤ 10). At most 64 targets. Raises
-    ``ValueError`` for bad arguments and ``RuntimeError`` when the namespace cannot be joined.
+    """Run every target (at most 64); results in target order. ``netns_or_container_pid``: a namespace
+    name or the pid of a process in the sandbox; ``guard``: the route check (required: no packet is
+    sent without it); ``rules``/``sets``: read back from the kernel, for targets verified instead of
+    probed; ``timeout``: seconds per probe (0 < t ≤ 10). Raises ``ValueError`` for bad arguments,
+    ``RuntimeError`` when the namespace cannot be joined (docs/nft-isolation.md, "The isolation self-test").
     """
     targets = list(targets)
     if len(targets) > MAX_TARGETS:
@@ -291,18 +287,11 @@ def default_selftest_targets(
     console_port: int | None = None,
     host_addresses: Iterable[str] = (),
 ) -> list[ProbeTarget]:
-    """The canaries for one agent, from its resolved rules.
-
-    Probed (``mode="probe"``, each still subject to the route check): each host-access entry with a
-    port, on its address (the gateway for a wildcard entry; the network's first address for a
-    CIDR), over TCP, expected reachable; a sample of other gateway ports no entry allows and
-    ``other_agents`` (their ``agent_port``), expected blocked; ``console_port`` on up to
-    :data:`CONSOLE_PORT_SAMPLE` of ``host_addresses`` other than the gateway (the host's LAN
-    address, docker0's), expected blocked unless an entry opens it there: agents reach the console
-    on the gateway only, and the operator listener may share the port elsewhere. Verified from the rules, never
-    probed (``mode="rule"``): ``private_canaries`` (address, port) in RFC1918, the metadata
-    service and one ``public`` address; expected blocked, except an allowlisted one and, without
-    ``denyAll``, the public one. Capped at 64 targets.
+    """The canaries for one agent, from its resolved rules: probed (``mode="probe"``, still subject to
+    the route check) its host-access entries, other gateway ports, ``other_agents`` on
+    ``agent_port`` and ``console_port`` on other ``host_addresses``; verified from the rules
+    (``mode="rule"``) ``private_canaries``, ``metadata`` and ``public``. Which is expected blocked, and
+    why: docs/nft-isolation.md ("The isolation self-test"). Capped at 64 targets.
     """
     gw = str(spec.gateway)
     allowed: list[ProbeTarget] = []

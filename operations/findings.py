@@ -1,16 +1,8 @@
-"""Findings: what the orphan and drift detections see now, shown before anyone plans anything.
-
-Every sweeper round (``scaler_sweeper``'s ``handle_findings``, this host's scalers only) runs the
-planning function of each detecting kind (:data:`DETECTING_KINDS`: orphan containers, orphan VMs,
-stale isolation rules) for each of its sweep scopes: the same pure plan a preview shows and an
-approved run re-checks, which only lists (docker's containers, the VM processes and chroots, the
-nft table) and changes nothing. Its targets are kept as :class:`operations.models.Finding` rows
-with their evidence; a target no longer found is deleted. Nothing is planned, stored as an
-operation, approved or announced: the dashboard's "Needs attention" (``operations.attention``),
-the nav badge and the scaler page show the findings, and a person previews a reap from there.
-
-A scope whose runtime cannot be listed keeps its findings as they were (nothing can be said) and
-is logged; the periodic sweeps (``operations.sweeps``) still plan operations at their interval.
+"""Findings: what the orphan and drift detections see now, shown before anyone plans anything. Every
+sweeper round runs each detecting kind's pure plan (:data:`DETECTING_KINDS`) for this host's
+scopes and keeps its targets as :class:`operations.models.Finding` rows (a target gone is
+deleted); nothing is planned, approved or announced. A scope whose runtime cannot be listed keeps
+its findings as they were. Design: docs/operations.md ("Findings").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Approval notices: tell people an operation is waiting for them.
-
-When ``settings.KICI_NOTIFY_URL`` is set, every operation stored as *planned* that no policy
-approves by itself (a person asked for it, or a sweep found something it may not act on alone) is
-POSTed there once, by an rq job on the ``default`` queue after the plan commits. The delivery is
-the event backend's (``scalers.backends.emitter``): ``{"event", "deliveryId", "timestampMs",
-"payload"}`` with ``X-Kici-Event: kici.operation.approval-needed`` and ``X-Kici-Signature-256:
-sha256=<HMAC-SHA256 of the body under KICI_NOTIFY_SECRET>``; connection errors, 429 and 5xx are
-retried with backoff. The payload names the operation and links to its page under
-``KICI_OPERATOR_URL``; it carries no target evidence. An operation decided or expired before the
-job runs gets no notice. A failed delivery is logged and counted
-(``kici_scaler_notices_total{event,result}``); it never blocks or undoes the plan.
+"""Approval notices: tell people an operation is waiting for them. With ``settings.KICI_NOTIFY_URL``
+set, every operation stored as planned that no policy approves by itself is POSTed there once, by
+an rq job after the plan commits, signed and retried as the event backend's deliveries
+(``scalers.backends.emitter``). A failed delivery is logged and counted; it never blocks or undoes
+the plan. The request and its payload: docs/attention.md ("Approval notices (webhook)").
 """
 
 from __future__ import annotations

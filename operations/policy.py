@@ -1,12 +1,6 @@
-"""Per-kind sweep interval and auto-approve policy, read from the environment at each sweep.
-
-* ``KICI_SWEEP_<KIND>_SECONDS`` (``<KIND>`` = the kind upper-cased with ``-`` as ``_``, e.g.
-  ``KICI_SWEEP_ORPHAN_CONTAINERS_SECONDS``): seconds between two sweeps of that kind for one scope;
-  ``0`` turns the sweep off; default the kind's own ``sweep_seconds`` when it has one (lost agents:
-  30 s), else ``settings.KICI_SWEEP_INTERVAL_SECONDS`` (900 s, a 15-minute orphan sweep). Minimum 5.
-* ``KICI_AUTO_APPROVE``: comma-separated kinds whose swept operations are approved without a person,
-  e.g. ``stale-reservations,scaler-retirement``. Empty by default: nothing is reaped, released or
-  retired on a guess. Unknown kinds are refused naming the value.
+"""Per-kind sweep interval (``KICI_SWEEP_<KIND>_SECONDS``) and auto-approve policy
+(``KICI_AUTO_APPROVE``), read from the environment at each sweep; empty by default, so nothing is
+reaped, released or retired on a guess. Defaults and bounds: docs/operations.md ("Periodic sweeps").
 """
 
 from __future__ import annotations

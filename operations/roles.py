@@ -1,14 +1,8 @@
-"""The three roles as Django groups.
-
-* ``viewers``: ``view_*`` on every model of scalers, agents, network and operations;
-* ``operators``: viewers + ``operations.request_operation`` (plan an operation) + ``audit.view_auditrecord``
-  (the audit page: who did what, sign-ins with their addresses; people who act read the trail of actions,
-  watchers do not);
-* ``approvers``: operators + ``operations.approve_operation`` (approve or reject one).
-
-Created by the migration ``operations.0001_squashed_0007_hold`` and kept complete after every
-``migrate`` (post_migrate), so view permissions of models added later by other apps join the groups
-too. Idempotent; never removes a permission an administrator added by hand.
+"""The three roles as Django groups: ``viewers``, ``operators`` (plan operations, read the audit) and
+``approvers`` (approve or reject). Created by the migration and kept complete after every
+``migrate`` (post_migrate), so view permissions of models added later join too; idempotent, never
+removing a permission added by hand. Each role's permissions: docs/operations.md ("Roles and
+permissions").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Creating, approving, rejecting and expiring operations: the one path for the UI, the CLI and sweeps.
-
-Every status change is a compare-and-swap (``filter(pk=..., status=old).update(...)``) that proceeds
-only if exactly one row changed, and writes one :class:`~operations.models.AuditEntry` in the same
-transaction. Permissions:
-
-* ``operations.view_operation``: see operations (viewers);
-* ``operations.request_operation``: plan one (operators);
-* ``operations.approve_operation``: approve or reject one (approvers); with
-  ``settings.KICI_REQUIRE_DISTINCT_APPROVER`` the approver must not be the requester.
-
-A ``user`` of ``None`` is the system (periodic sweeps, auto-approve policy, the worker).
+"""Creating, approving, rejecting and expiring operations: the one path for the UI, the CLI and
+sweeps. Every status change is a compare-and-swap that proceeds only if exactly one row changed,
+and writes one :class:`~operations.models.AuditEntry` in the same transaction. A ``user`` of
+``None`` is the system. Permissions and the order of the checks: docs/operations.md ("Roles and
+permissions").
 """
 
 from __future__ import annotations
@@ -379,14 +372,11 @@ def approve_operation(
     enqueue: bool = True,
     warnings_confirmed: bool = False,
 ) -> Operation:
-    """Approve a planned operation and enqueue its run on commit (queue ``operation.host_queue``).
-
-    Checks, in order, each raising with nothing changed: ``operations.approve_operation``
-    (PermissionDenied), the distinct-approver setting (ApproverMustDiffer), status planned
-    (InvalidTransition), not expired (PlanExpired: the operation is marked expired), its warnings
-    confirmed (WarningsNotConfirmed unless ``warnings_confirmed`` when it has any), a worker
-    listening on the queue (NoWorkerListening; ``require_worker=False`` skips this for the CLI's
-    ``--run-now``). ``enqueue=False`` approves without enqueueing (the caller runs it inline).
+    """Approve a planned operation and enqueue its run on commit (queue ``operation.host_queue``). Raises,
+    with nothing changed, PermissionDenied, ApproverMustDiffer, InvalidTransition, PlanExpired (marked
+    expired), WarningsNotConfirmed (unless ``warnings_confirmed``) or NoWorkerListening
+    (``require_worker=False`` skips it for ``--run-now``), checked in that order (docs/operations.md).
+    ``enqueue=False`` approves without enqueueing (the caller runs it inline).
     """
     if user is None:
         raise PermissionDenied("an operation is approved by a person (or auto_approve for a policy)")
@@ -434,13 +424,10 @@ def check_bulk_selection(operations: list[Operation]) -> None:
 
 
 def approve_operations(operations: list[Operation], user, *, note: str = "") -> list[Operation]:
-    """Approve every one of ``operations`` or none (the bulk confirmation step of ``/operations/``).
-
-    Each is checked first as :func:`approve_operation` checks it (permission, distinct approver,
-    planned, not expired, a worker on its queue); any refusal raises :class:`BulkRefused` naming
-    each refused operation and why, with nothing changed. Then all are approved in one transaction
-    (their runs enqueued once it commits): one lost to a race (decided or expired meanwhile) rolls
-    back every approval and raises :class:`BulkRefused` with its reason. ValueError from :func:`check_bulk_selection`;
+    """Approve every one of ``operations`` or none (the bulk confirmation of ``/operations/``): each is
+    checked as :func:`approve_operation` does, then all are approved in one transaction, their runs
+    enqueued on commit. Raises :class:`BulkRefused` naming each refused operation and why, also when
+    one is lost to a race (every approval rolled back); ValueError from :func:`check_bulk_selection`;
     PermissionDenied without ``operations.approve_operation``.
     """
     check_bulk_selection(operations)

@@ -79,16 +79,13 @@ def supervisord_config(
     gateway: tuple[str, int] | None,
     pool_size: int,
 ) -> str:
-    """The text of supervisord's configuration: the programs of :data:`PROGRAMS` run from ``root``
-    with this process's environment (supervisord hands its own to them); ``servers`` daphne
-    processes sharing the operator listeners (``kici_site.operator_server``) and, when ``gateway``
-    (host, port) is given, as many gateway processes sharing it (``kici_site.gateway``), each
-    server process with a pool of ``pool_size`` database connections (docs/serving.md); logs in
-    ``log_dir``
-    (``daphne-N.log``, ``access.log``, ``gateway-N.log``, ``worker-N.log``, ``sweeper.log``,
-    ``process_events.log``, ``supervisord.log``), its pid file and control socket (mode 0700) in
-    ``run_dir``. ValueError naming ``workers`` or ``servers`` when it is not a positive whole
-    number."""
+    """The text of supervisord's configuration: the programs of :data:`PROGRAMS` run from ``root`` with
+    this environment; ``servers`` daphne processes sharing the operator listeners and, with
+    ``gateway`` (host, port), as many gateway processes, each with a pool of ``pool_size`` database
+    connections; logs in ``log_dir``, pid file and control socket (0700) in ``run_dir``
+    (docs/recovery.md, "Supervised processes"). ValueError naming ``workers`` or ``servers`` when
+    it is not a positive whole number.
+    """
     for name, value in (("workers", workers), ("servers", servers), ("pool_size", pool_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} is not a positive whole number")

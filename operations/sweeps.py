@@ -1,22 +1,8 @@
 """Periodic sweeps: plan each swept kind for each of its scopes and store what they find as planned
-operations. Called by the sweeper command (``scaler_sweeper``) of every host: a scope a kind plans
-from a host's own runtime (``Kind.planned_by_host``: orphan containers and VMs, stale rules, lost
-agents by sandbox, retirement) is planned only by the sweeper of its scaler's host; the global
-ones (stale reservations, lost agents by heartbeat), the expiry of plans and the check of lost
-runs only by the leading sweeper (docs/multi-host.md).
-
-* A sweep runs for one (kind, scope) at most once per its policy interval (``operations.policy``).
-* A sweep that finds nothing creates nothing.
-* No duplicate while an identical planned operation (same kind, scope and plan digest) is open, and
-  no plan of a scope while an operation of it is running (its targets would be listed again while
-  they are being acted on, e.g. a container being stopped).
-* A kind listed in ``KICI_AUTO_APPROVE`` is approved and enqueued by policy; so is an operation
-  whose kind's ``auto_approves(scope)`` says so (lost agents whose sandbox is provably gone);
-  others wait for a person.
-* Each kind's ``observe(scope, plan, operation)`` is told what each sweep found, also when it found
-  nothing (lost agents mark their rows).
-* Planned operations past their TTL are marked expired; approved or running operations whose rq job
-  was lost (failed, stopped or vanished) are marked failed, so nothing hangs in "running" forever.
+operations. Called by every host's sweeper: scopes planned from a host's own runtime only by that
+host's, the global ones, plan expiry and the check of lost runs only by the leader. At most once
+per policy interval, nothing for nothing found, no duplicate of an open plan, no plan of a scope
+being acted on; auto-approval by policy. The rules: docs/operations.md ("Periodic sweeps").
 """
 
 from __future__ import annotations

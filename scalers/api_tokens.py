@@ -1,12 +1,9 @@
 """Who may call the orchestrator's API: ``KICI_API_TOKEN`` from the environment, and named tokens
 kept as :class:`scalers.models.ApiToken` records (hashed at rest, shown once, scoped, expiring,
-revocable), created and revoked by an administrator on ``/tokens/`` or with
-``manage.py api_tokens``.
-
-A request's bearer is checked against ``KICI_API_TOKEN`` first (no database), then against the
-records by its SHA-256. A verdict on a record is kept in this process for
-:data:`VERDICT_SECONDS`, so a revocation or an expiry takes effect on every process within that
-time; ``last_used_at`` is written at most once a minute per token.
+revocable), managed by an administrator on ``/tokens/`` or with ``manage.py api_tokens``. A bearer
+is checked against ``KICI_API_TOKEN`` first (no database), then against the records by its
+SHA-256; a verdict on a record is kept in this process for :data:`VERDICT_SECONDS` (a revocation
+takes effect everywhere within that), and ``last_used_at`` is written at most once a minute.
 """
 
 from __future__ import annotations

@@ -103,15 +103,11 @@ def _value_changes(
 
 @dataclass
 class ImportSummary:
-    """What :func:`apply_scalers_config` did (scaler names, config order where possible).
-
-    ``created``: new scalers; ``changed``: existing scalers whose entry or label sets
-    changed; ``resurrected``: retiring scalers back in the file; ``unchanged``;
-    ``retiring``: scalers newly marked retiring (missing from the file);
-    ``label_sets``: label sets in the file; ``retired_label_sets``: label-set rows
-    newly retired; ``pools_removed``: machine-pool rows deleted (unreferenced and no
-    longer in the file); ``pools_kept``: pools no longer in the file but still
-    referenced by a retiring scaler or a reservation, kept so their cap holds;
+    """What :func:`apply_scalers_config` did, by scaler name (config order where possible):
+    ``created``, ``changed`` (entry or label sets), ``resurrected`` (retiring, back in the file),
+    ``unchanged``, ``retiring`` (newly, missing from the file); ``label_sets`` in the file and
+    ``retired_label_sets`` newly retired; machine pools ``pools_removed`` (unreferenced) and
+    ``pools_kept`` (still referenced by a retiring scaler or a reservation, so their cap holds);
     ``warnings``: every warning of the file (``scalers.config.warnings``), ``path: message``.
     """
 
@@ -321,13 +317,10 @@ def _record_kept_host_access(
 
 def apply_scalers_config(config: ScalersConfig, source: str) -> ImportSummary:
     """Write ``config`` to the database in one transaction and report what changed: this host's
-    scalers, their label sets and machine pools, the global part, and an event per value that
-    changed (what each row receives: docs/configuration.md, "What an import writes").
-
-    Raises :class:`~scalers.config.loader.ConfigInvalid` (nothing written) when a scaler's
-    ``type`` would change while it still has live agents or reservations (a
-    backend type never changes under running agents; retire it first), or when a scaler's name
-    belongs to another host that still uses it.
+    scalers, their label sets and machine pools, the global part, and an event per changed value
+    (docs/configuration.md, "What an import writes"). Raises
+    :class:`~scalers.config.loader.ConfigInvalid`, nothing written, when a scaler's ``type`` would
+    change under live agents or reservations (retire it first) or its name is another host's in use.
     """
     now = timezone.now()
     summary = ImportSummary(source=source)

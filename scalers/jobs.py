@@ -44,14 +44,11 @@ BOOT_CHECK_SECONDS = 1.0
 
 
 def enqueue_spawn(agent: Agent | Admitted, host: str = "") -> str:
-    """Enqueue ``spawn_agent(agent.pk)`` on the queue of its scaler's host now and return its job
-    id. ``agent``: the row, or an admission's record of it (``Admitted``, which holds its job id).
-    An agent whose slot its caller claimed in its own transaction (``agent.rq_job_id`` already
-    the job id: the admission batch, :func:`start_waiting_spawns`) is enqueued as it is; otherwise
-    the job id is recorded on the agent first. Job timeout: spawn timeout +
-    ``CLEANUP_GRACE_SECONDS``; on a hard failure rq calls :func:`spawn_job_failed`. Callers go
-    through the spawn semaphore. ``host``: the host owning the agent's scaler when the caller
-    knows it (an admission does), else it is read from the scaler.
+    """Enqueue ``spawn_agent(agent.pk)`` on its scaler's host queue now and return its job id.
+    ``agent``: the row, or an admission's ``Admitted`` record; one whose slot its caller claimed in
+    its own transaction (``rq_job_id`` already set) is enqueued as it is, otherwise the job id is
+    recorded first. ``host``: the scaler's host when the caller knows it, else read. Callers go
+    through the spawn semaphore; timeout and failure callback: docs/lifecycle.md ("Spawn jobs").
     """
     job_id = spawn_job_id(agent.agent_id)
     if agent.rq_job_id != job_id:
@@ -148,15 +145,11 @@ def _cancel_reason(agent_pk: int) -> str | None:
 
 
 def spawn_agent(agent_pk: int) -> str:
-    """The rq job: spawn one admitted agent. Returns ``spawned``, ``failed`` or ``skipped``.
-
-    Skips an agent that is no longer ``spawning`` (cancelled before the job ran). Sets
-    ``spawn_started_at`` once (the deadline counts from it), runs the backend spawn, stores the
-    result, moves the agent ``spawning`` → ``connecting`` (compare-and-swap: an agent that
-    registered meanwhile stays ``running``), records its trace marks (``scalers.spawn_trace``) and
-    schedules :func:`watch_registration` (not for a
-    delivered event provision, which the event-provision reaper watches). Whatever the
-    outcome, its spawn slot is then handed on (:func:`start_waiting_spawns`).
+    """The rq job: spawn one admitted agent. Returns ``spawned``, ``failed`` or ``skipped`` (no longer
+    ``spawning``). Sets ``spawn_started_at`` once (the deadline counts from it), runs the backend
+    spawn, moves the agent to ``connecting`` by compare-and-swap (one that registered meanwhile stays
+    ``running``), records its trace marks and schedules :func:`watch_registration` unless a reaper
+    watches it; whatever the outcome, hands its slot on. Design: docs/lifecycle.md ("Spawn jobs").
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
     if agent is None:
@@ -241,14 +234,11 @@ def schedule_watch(agent: Agent, backend) -> None:
 
 
 def watch_registration(agent_pk: int) -> str:
-    """The rq job of the registration wait: one look at a ``connecting`` agent, never a wait.
-
-    Returns ``over`` (registered or ended by another path: nothing more to watch), ``expired``
-    (past its deadline: ``scalers.lifecycle.expire_registration``), ``failed`` (the backend's
-    ``boot_failure`` reported a failed boot: ``scalers.lifecycle.fail_connecting`` with its detail,
-    output and payload, release reason ``spawn-failed``) or ``watching`` (looked again later,
-    :func:`schedule_watch`). A delivered event provision is ``over`` too: its wait is the
-    event-provision reaper's (``scalers.lifecycle.awaits_the_reaper``).
+    """The rq job of the registration wait: one look at a ``connecting`` agent, never a wait. Returns
+    ``over`` (registered, ended by another path, or a delivered event provision the reaper waits
+    for), ``expired`` (``scalers.lifecycle.expire_registration``), ``failed`` (the backend's
+    ``boot_failure``: ``scalers.lifecycle.fail_connecting``, release reason ``spawn-failed``) or
+    ``watching`` (:func:`schedule_watch`). Design: docs/lifecycle.md ("Spawn jobs").
     """
     agent = Agent.objects.select_related("scaler", "label_set").filter(pk=agent_pk).first()
     if agent is None or agent.state != AgentState.CONNECTING or awaits_the_reaper(agent):

@@ -1,23 +1,10 @@
 """What the real KiCI agent's own log says it does: idle, busy with a job, or refused by its
-orchestrator (design: ``docs/real-kici-agent.md``, "Idle and busy").
-
-The agent (v0.1.24) logs one JSON object per line on its standard output when that is not a
-terminal (winston's JSON format: ``level``, ``message``, ``service`` ``agent``, ``timestamp`` and
-the fields of the call; inside a job also ``jobId`` and ``runId``).
-Three of its messages mark what it does, each written by the agent itself at the moment it changes:
-
-- ``Accepting job dispatch`` (fields ``jobId``, ``runId``): it acknowledged a job and starts it;
-- ``Scaler-managed agent idle...`` (``idle, waiting <ms>ms for follow-up jobs``, ``idle after job
-  completion, shutting down``, ``idle but disconnected, ...``) and ``Scaler-managed agent reconnected
-  and idle, ...``: its last job ended (a scaler-managed agent writes one after every job);
-- ``Orchestrator connection closed`` with ``code`` 4010: the orchestrator refused its token or
-  labels; the agent neither retries nor exits.
-
-Anything else (a step's output the agent relays, prefixed, on its standard error; a kernel line on
-a VM's serial console; text that is not such a JSON object) is passed over. The agent's output is
-its sandbox's, so a job can write lines of this shape too: what is read here is shown to the
-operator and ends a refused agent before it registered (when no job has run in its sandbox yet),
-nothing more.
+orchestrator (design: docs/real-kici-agent.md, "Idle and busy"). Only the agent's own JSON records
+count (``service`` ``agent``): ``Accepting job dispatch`` (busy, ``jobId``, ``runId``), the
+``Scaler-managed agent ... idle`` lines (idle), and ``Orchestrator connection closed`` with
+``code`` 4010 (refused; it neither retries nor exits); anything else is passed over. A job can
+write lines of this shape too, so what is read here is only shown, and ends a refused agent only
+before it registered, while no job has run in its sandbox.
 """
 
 from __future__ import annotations

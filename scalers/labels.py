@@ -386,16 +386,11 @@ def find_backend_for_labels(
     entries: Sequence[RoutingEntry],
     exclude: Iterable[str] = (),
 ) -> BackendMatch | None:
-    """Pick the scaler and label set for a job's ``runsOn`` labels.
-
-    * Empty ``job_labels``: the first label set (config order) whose gate is empty.
-    * Otherwise, over every entry and label set: skip a scaler whose ``gates`` length
-      differs from its label sets (unroutable); skip a set unless every gate label is
-      in the job labels; require job labels ⊆ the enriched set; skip a set containing
-      any ``exclude`` label; keep the strictly smallest set (first seen wins ties).
-
-    Matching is case-insensitive (everything lower-cased). Returns ``None`` when
-    nothing matches (the caller answers ``no-backend``).
+    """Pick the scaler and label set for a job's ``runsOn`` labels, case-insensitively: for none, the
+    first label set (config order) whose gate is empty; else the strictly smallest set (first seen
+    wins ties) whose gate labels are all in the job's, whose enriched labels hold all the job's and
+    none of ``exclude`` (a scaler whose ``gates`` and label sets differ in length is unroutable).
+    Returns ``None`` when nothing matches (the caller answers ``no-backend``).
     """
     job = {label.strip().lower() for label in job_labels}
     excluded = {label.strip().lower() for label in exclude}

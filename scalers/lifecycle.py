@@ -47,16 +47,12 @@ def teardown_agent(
     destroy_reason: str = "shutdown",
     hold: bool = True,
 ) -> bool:
-    """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation; the
-    steps: docs/lifecycle.md ("Teardown"). ``destroy_reason`` is the event backend's scale-down
-    reason (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...). With ``hold`` (the default), an
-    agent with an armed hold, or failing in a label set with ``debugHold.onFailure``, is held
-    instead and False is returned; an explicit destroy, a retried teardown and the end of a hold
-    pass ``hold=False``.
-
-    Returns True when the reservation was released by this call. When ``destroy`` raises (or no
-    backend can be loaded for an agent that has a sandbox), the agent stays ``destroying`` with
-    its reservation and False is returned: the sweeper retries.
+    """Remove an agent's sandbox, then mark it ``final_state`` and release its reservation (the steps:
+    docs/lifecycle.md, "Teardown"). ``destroy_reason``: the event backend's scale-down reason
+    (``idle``, ``drain``, ``spawn-timeout``, ``shutdown``...). ``hold=False`` (an explicit destroy, a
+    retried teardown, the end of a hold) ends even an agent a hold would keep. Returns True when this
+    call released the reservation; False when the agent was held, or when ``destroy`` raised (or no
+    backend loads for a sandbox) and it stays ``destroying`` with its reservation for the sweeper.
     """
     if hold:
         taken = hold_to_take(agent, failed=final_state == AgentState.FAILED)
@@ -111,16 +107,12 @@ def fail_spawn(
     cleaned_up: bool = False,
     payload: dict | None = None,
 ) -> bool:
-    """Fail a spawn: record ``scaler.failed``, mark the agent failed, release its reservation.
-
-    ``error``: the exception the spawn raised, or a detail string; ``captured``: the agent's last
-    output lines for the detail (an exception's own ``captured_output`` when not given);
-    ``payload``: extra fields of the ``scaler.failed`` event (a boot's ``failureType``).
-    ``cleaned_up``: the backend's failure path already removed what the spawn created (the spawn
-    job); without it the sandbox is removed through :func:`teardown_agent`. What each way does:
-    docs/lifecycle.md ("Teardown").
-
-    Returns True when the reservation was released by this call.
+    """Fail a spawn: record ``scaler.failed``, mark the agent failed, release its reservation. ``error``:
+    the exception the spawn raised, or a detail; ``captured``: the agent's last output lines (default:
+    the exception's ``captured_output``); ``payload``: extra event fields (a boot's ``failureType``);
+    ``cleaned_up``: the backend's failure path already removed what the spawn created, else
+    :func:`teardown_agent` removes it (the two ways: docs/lifecycle.md, "Teardown"). Returns True when
+    this call released the reservation.
     """
     if isinstance(error, BaseException):
         captured = list(captured or getattr(error, "captured_output", None) or [])
@@ -270,19 +262,10 @@ def expire_registration(agent_pk: int, *, now: datetime | None = None) -> bool:
 
 
 def prune_stale_spawns(now=None) -> int:
-    """The sweeper's end of spawns past their time, for this host's scalers (their ends remove
-    sandboxes only this host reaches). Returns how many were failed.
-
-    * ``connecting`` agents past their :func:`registration_deadline`: :func:`expire_registration`
-      (the backstop of the host queue's registration watch, which needs a worker running the rq
-      scheduler);
-    * ``spawning`` agents whose backend call started longer than :func:`stale_window_seconds` ago
-      (the rq job itself gives up at the deadline; this catches a job that hangs or was lost):
-      failed and released (``stale-prune``). Spawns still waiting for a spawn slot
-      (``spawn_started_at`` null) are never pruned here.
-
-    Event provisions that :func:`awaits_the_reaper` are left to the event-provision reaper in
-    both states.
+    """The sweeper's end of this host's spawns past their time: ``connecting`` agents past their
+    :func:`registration_deadline` (:func:`expire_registration`) and ``spawning`` agents whose backend
+    call outlived :func:`stale_window_seconds` (``stale-prune``). Returns how many were failed. What
+    each catches, and what it leaves alone: docs/lifecycle.md ("The sweeper's spawn backstops").
     """
     now = now or timezone.now()
     overdue = Agent.objects.filter(
@@ -341,19 +324,10 @@ def expire_unregistered_agents(now=None) -> int:
 
 
 def reap_failed_spawn_jobs(min_age_seconds: float = 10.0, now=None) -> int:
-    """Fail spawning agents of this host's scalers whose rq job failed or is gone. Returns how
-    many were failed.
-
-    * rq reports the job failed, stopped or canceled (``spawn-job-failed``): a backstop for
-      :func:`on_spawn_job_failure` (a worker killed before rq's abandoned-job cleanup ran);
-    * the job is no longer in Redis (``spawn-job-lost``: Redis restarted without the data, a
-      ``FLUSHDB``, an eviction, a queue emptied by another client): nothing will ever run the
-      spawn, so its slot is given back now rather than at its token's expiry. A job still
-      running keeps its hash, and one that finished moved its agent out of ``spawning``.
-
-    Only agents whose job id was set ``min_age_seconds`` ago or more (a job is enqueued when its
-    admission commits), and never an event provision the reaper waits for. Redis unreachable:
-    nothing is judged (next sweep).
+    """Fail this host's spawning agents whose rq job failed, stopped or was canceled
+    (``spawn-job-failed``) or is no longer in Redis (``spawn-job-lost``), once their job id is
+    ``min_age_seconds`` old. Returns how many were failed; Redis unreachable: none (next sweep). Why
+    each case, and what it leaves alone: docs/lifecycle.md ("The sweeper's spawn backstops").
     """
     now = now or timezone.now()
     agents = list(
@@ -575,15 +549,11 @@ def _record_call(agent: Agent, call: str, caller: str, **payload) -> None:
 
 
 def complete_job(agent_id: str, job_id: str, *, caller: str = "", failed: bool = False) -> Agent:
-    """Record that ``job_id`` finished on ``agent_id`` and end or recycle the agent (module doc).
-    ``caller``: the API token's name, recorded as an ``api.call`` event (none when "");
-    ``failed``: the orchestrator reported the job failed (``result: failure``): a label set with
-    ``debugHold.onFailure`` holds the agent instead of ending or recycling it, as an armed hold
-    does for any end.
-
-    Idempotent: a repeat for the job already completed answers the agent as it now is. Raises
-    :class:`Refused` 404 for an unknown agent, 409 (``job-mismatch``) when the agent is not bound to
-    ``job_id``.
+    """Record that ``job_id`` finished on ``agent_id`` and end or recycle the agent. ``caller``: the API
+    token's name, recorded as an ``api.call`` event (none when ""); ``failed``: the orchestrator
+    reported ``result: failure``, so a label set with ``debugHold.onFailure`` holds the agent (as an
+    armed hold does for any end). Idempotent: a repeat answers the agent as it now is. Raises
+    :class:`Refused` 404 for an unknown agent, 409 ``job-mismatch`` when it is not bound to ``job_id``.
     """
     with transaction.atomic():
         agent = _locked(agent_id)

@@ -238,14 +238,10 @@ class Reservation(models.Model):
 
 class UsageTally(models.Model):
     """One change to what admission counts, written by the database itself: triggers on
-    ``scalers_reservation`` and ``agents_agent`` (migration
-    ``scalers.0002_squashed_0021_held_counts_active``) add a row per scaler (and machine pool) for
-    every statement that changes its reservations or its active, in-flight or waiting agents,
-    whoever runs it. A scaler's usage is the sum of its rows, so the
-    admission snapshot reads a few rows per scaler instead of aggregating the whole fleet; a batch
-    folds the rows into one per scaler and pool under the admission lock when they pile up.
-
-    ``cpus`` is exact (numeric), so sums of additions and removals return to zero.
+    ``scalers_reservation`` and ``agents_agent`` add a row per scaler (and machine pool) for every
+    statement that changes its reservations or counted agents, whoever runs it. A scaler's usage is
+    the sum of its rows; ``cpus`` is numeric, so additions and removals cancel exactly. Why a tally,
+    and its fold: docs/admission.md ("One batch").
     """
 
     scaler_id = models.BigIntegerField(null=True)
@@ -470,15 +466,12 @@ class OrchestratorAdminToken(models.Model):
 
 
 class CapacitySample(models.Model):
-    """What one scaler held against its caps at ``taken_at``, written by the leading sweeper
-    every ``KICI_CAPACITY_SAMPLE_SECONDS`` (``scalers.samples``) and pruned after 48 h.
-
-    ``agents``: reservation rows (what ``maxAgents`` counts); ``running``: agents in state
-    running; ``cpus`` / ``memory_bytes``: summed reserved requests (CPUs, bytes); ``max_*``: the
-    scaler's caps at that moment (``None`` = uncapped). ``registered``: agents spawned for a
-    ``/scale`` (not for a warm pool) that registered since the previous sample, and
-    ``latency_p50_seconds`` / ``latency_p95_seconds`` the percentiles of their admission to
-    registration time, in seconds (``None`` when none registered).
+    """What one scaler held against its caps at ``taken_at``, written by the leading sweeper every
+    ``KICI_CAPACITY_SAMPLE_SECONDS`` (``scalers.samples``). ``agents``: reservation rows; ``running``;
+    ``cpus``/``memory_bytes``: summed reserved requests; ``max_*``: the caps then (``None`` =
+    uncapped); ``registered`` and ``latency_p50_seconds``/``latency_p95_seconds``: the ``/scale``
+    agents registered since the previous sample and their admission-to-registration percentiles.
+    Each field and the retention: docs/capacity-charts.md ("Samples").
     """
 
     scaler = models.ForeignKey(Scaler, on_delete=models.CASCADE, related_name="capacity_samples")

@@ -1,13 +1,8 @@
-"""The OpenAPI 3.1 document of ``/api/v1``: the orchestrator's API and the agent's, served at
-``/api/v1/openapi.json`` on the operator listener (``front.views.api_docs`` renders it as a page).
-
-Every request and answer schema is generated from the pydantic models the views check bodies
-against (``scalers.admission.validate.ScaleRequestBody``, ``scalers.api_models``), so a body
-rule changes the document with it. What a model cannot say is here: each operation's route (by
-its URL name in ``scalers.urls``), method, bearer scheme, query parameters (the list's, from
-``scalers.api.LIST_PARAMETERS``) and the answers it gives, with their headers (``Retry-After``,
-``WWW-Authenticate``, ``Allow``). ``tests/scalers/test_openapi.py`` holds the routes and the
-document together.
+"""The OpenAPI 3.1 document of ``/api/v1`` (the orchestrator's API and the agent's), served at
+``/api/v1/openapi.json`` on the operator listener and rendered by ``front.views.api_docs``. Every
+body schema is generated from the pydantic models the views check against, so a body rule changes
+the document with it; what a model cannot say (routes by URL name, methods, bearer, query
+parameters, answers and their headers) is here. Design: docs/api-contract.md.
 """
 
 from __future__ import annotations

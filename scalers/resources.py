@@ -1,14 +1,9 @@
-"""Resource requests: mirroring, the job → label set → defaults cascade, limits.
+"""Resource requests: mirroring, the job → label set → defaults cascade, limits. Pure functions.
 
-Pure functions.
-
-Units: ``cpus`` are (fractional) CPUs, ``mem_bytes`` are bytes. A resolved value of
-``0`` means "undeclared"; such values are dropped from the limits handed to a
-backend (:func:`effective_limits`).
-
-Inputs are ``scalers.config.schema.ResourceRequest`` objects (nested shape; the schema has
-already turned a flat ``{cpus, memory}`` into ``{requests: ..., limits: ...}``) or
-plain mappings of either shape, or ``None``.
+``cpus`` are (fractional) CPUs, ``mem_bytes`` bytes; a resolved ``0`` means undeclared and is
+dropped from the limits handed to a backend (:func:`effective_limits`). Inputs are
+``scalers.config.schema.ResourceRequest`` objects (nested shape, as the schema turns a flat
+``{cpus, memory}`` into) or plain mappings of either shape, or ``None``.
 """
 
 from __future__ import annotations
@@ -147,18 +142,12 @@ def _resolve_side(layers: list[_Side | None]) -> ResourceAmount:
 
 
 def resolve_resources(job: Any = None, label_set: Any = None, defaults: Any = None) -> ResolvedResources:
-    """Resolve effective requests and limits through the cascade.
-
-    Each layer (``job`` resources, the label set's ``resources``, top-level
-    ``defaults.resources``) is mirrored first; then per field (``cpus``, ``memory``)
-    and per side (requests, limits independently) the first layer that defines it
-    wins; nothing anywhere ⇒ 0. Memory strings are parsed here (bytes): a bad one
-    raises ``lib.units.InvalidMemoryFormat`` (a ``ValueError``, message
-    ``Invalid memory format: "<s>". ...``).
-
-    Example: defaults ``{requests: {cpus 1, 1g}, limits: {cpus 2, 2g}}``,
-    label set flat ``{cpus 4, 8g}``, job ``{limits: {memory: 16g}}`` ⇒ requests and
-    limits both ``ResourceAmount(cpus=4, mem_bytes=17179869184)``.
+    """Resolve effective requests and limits through the cascade: each layer (``job``, the label set's
+    ``resources``, ``defaults.resources``) is mirrored, then per field and side the first layer that
+    defines it wins (none ⇒ 0). Memory strings are parsed to bytes; a bad one raises
+    ``lib.units.InvalidMemoryFormat`` (a ``ValueError``). Example: defaults ``{requests: {cpus 1,
+    1g}, limits: {cpus 2, 2g}}``, label set flat ``{cpus 4, 8g}``, job ``{limits: {memory: 16g}}`` ⇒
+    requests and limits both ``ResourceAmount(cpus=4, mem_bytes=17179869184)``.
     """
     layers = [mirror_request(job), mirror_request(label_set), mirror_request(defaults)]
     requests = _resolve_side([m.requests for m in layers])

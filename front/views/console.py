@@ -179,14 +179,12 @@ BEFORE_MAX = 2**53 - 1
 @viewer_required
 def agent_console_lines(request, agent_id: str, stream: str):
     """``/agents/<id>/console/<stream>/lines?before=N&limit=500``: the lines numbered below ``N``
-    (1 to :data:`BEFORE_MAX`; at most ``limit``, 1 to 1,000) as JSON ``{"oldest": about the first
-    line still held, "first": number of rows[0], "rows": [...]}`` with the rows of ``live.streams.console_row``.
-
-    Read from the stream's file (``consolelog.tail.read_lines_before``; receive times from the stream's
-    ``times`` key, 0 where unknown), from a container's docker logs (``consolelog.dockerlogs``, the
-    numbers and docker times of the live stream), or, once the sandbox is gone, from the agent's
-    archive (``agents.archive.archived_lines``, with the times kept beside it). 400 naming a bad, unknown or repeated
-    parameter, 404 for a stream with nothing behind it or a file not there (yet), 502 when it cannot be read."""
+    (1 to :data:`BEFORE_MAX`; at most ``limit``, 1 to 1,000) as JSON ``{"oldest", "first", "rows"}``
+    (rows of ``live.streams.console_row``), from the file, a container's docker logs or a finished
+    agent's archive, with their times (docs/live-streams.md, "Line numbers and times"). 400 naming a
+    bad, unknown or repeated parameter, 404 for a stream with nothing behind it or no file (yet), 502
+    when it cannot be read.
+    """
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")
@@ -273,16 +271,13 @@ SEARCH_SECONDS = 10.0
 @require_GET
 @viewer_required
 def agent_console_search(request, agent_id: str, stream: str):
-    """``/agents/<id>/console/<stream>/search?q=&regex=&case=&after=&limit=``: the lines of the
-    stream's whole kept output that contain ``q`` (case-insensitive unless ``case=1``; a regular
-    expression with ``regex=1``, its cost bounded by ``consolelog.search``), numbered above
-    ``after`` (0), at most ``limit`` (1 to 1,000; 200), as JSON ``{"hits": [[number, ms, excerpt,
-    [[start, end], ...]], ...], "more": hits beyond them, "first", "last": the lines searched,
-    "scanned", "stopped": the time budget ran out after "last"}``.
-
-    Reads what the lines endpoint reads (the file, a container's docker logs, a finished agent's
-    archive), every line of it, with the same numbers and times. 400 naming a bad parameter (a
-    bad or too costly ``q``), 404 for a stream with nothing behind it, 502 when it cannot be read."""
+    """``/agents/<id>/console/<stream>/search?q=&regex=&case=&after=&limit=``: the lines of the stream's
+    whole kept output (what the lines endpoint reads) containing ``q`` (``case=1``, ``regex=1``: cost
+    bounded by ``consolelog.search``), numbered above ``after``, at most ``limit`` (1 to 1,000; 200),
+    as JSON ``{"hits": [[number, ms, excerpt, [[start, end], ...]], ...], "more", "first", "last",
+    "scanned", "stopped"}``. 400 naming a bad parameter, 404 for a stream with nothing behind it, 502
+    when it cannot be read.
+    """
     agent = agent_or_404(agent_id)
     if stream not in [s for s, _ in console_streams(agent)]:
         raise Http404(f"agent {agent.agent_id} has no stream {stream!r}")

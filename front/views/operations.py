@@ -133,18 +133,13 @@ PLAN_FIELDS = ("kind", "scaler", "agent", "label_set", "host_access", "host_acce
 @login_required
 @permission_required(REQUEST_PERM, raise_exception=True)
 def operation_plan(request: HttpRequest) -> HttpResponse:
-    """Plan an operation from a form (``kind``, ``scaler``, ``agent`` (repeatable), ``label_set``,
-    ``host_access`` (repeatable, one entry per line; with ``host_access_set=1`` an empty list is
-    explicit), ``host_access_default=1`` (back to the default) or ``host_access_revert=1`` (back to
-    the file's value), ``host``, ``reason`` and ``drain=1`` (pause, resume), ``reason`` and
-    ``seconds`` (agent-hold)).
-
-    Without ``request=1`` it is a preview, a dry run that stores nothing (no operation, no badge,
-    no approval notice): the page shows the plan and a "Request approval" button posting the same
-    fields with ``request=1`` and the previewed plan's ``digest``. With ``request=1`` the plan is
-    made again and stored as a planned operation (an identical open plan is shown instead of a
-    duplicate), unless it differs from the previewed ``digest``: then nothing is stored and the new
-    plan is shown as a preview again, so what is approved is what its requester saw."""
+    """Plan an operation from a form (``kind``, ``scaler``, ``agent``, ``label_set``, ``host_access``
+    with ``host_access_set``/``_default``/``_revert``, ``host``, ``reason``, ``drain``, ``seconds``).
+    Without ``request=1`` a dry run that stores nothing; with it the plan is made again and stored
+    (an identical open plan is shown instead), unless it differs from the previewed ``digest``: then
+    it is shown as a preview again, so what is approved is what its requester saw. Design:
+    docs/operations.md and docs/ARCHITECTURE.md ("How an orphan reap flows").
+    """
     kind = request.POST.get("kind", "")
     try:
         operation_kind = get_kind(kind)

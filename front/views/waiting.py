@@ -1,22 +1,7 @@
-"""The "Why is this job waiting?" page: each waiting request, the cap that refused it, and the
-reservations holding that cap.
-
-A request is waiting when its latest decision (``ScaleRequest``) was ``at-capacity``,
-``exceeds-cap``, ``no-backend`` or ``skipped`` within ``scalers.models.WAITING_WINDOW`` and no agent
-serves its job (``scalers.waiting.waiting_requests``). Requests are grouped by what holds
-them (outcome, cap, scaler); each group lists its jobs and, for a cap, the reservations that
-count against it: agent id, state, age, owner instance, cpus and memory. An ``exceeds-cap`` group
-(a request larger than the cap on its own) lists no holders: no reservation holds it back, and it
-can never be admitted until the cap is raised.
-
-An ``at-capacity`` request is decided again against the caps as they stand
-(``scalers.waiting.CapsNow``): it is grouped under the cap that refuses it now, which may not be
-the one its record names, or, when no cap would refuse it, in a "capacity freed" group of its
-recorded cap, without holders: the job waits for the orchestrator to ask again, not for capacity.
-
-``?job=<id>`` answers for one job first (its latest decision, the agent serving it, and the group
-holding it); ``?scaler=<name>`` keeps that scaler's requests. Each group shows its newest
-:data:`GROUP_ROWS` jobs and says how many more it holds.
+"""The "Why is this job waiting?" page: each waiting request (``scalers.waiting.waiting_requests``),
+the cap that refuses it now (``scalers.waiting.CapsNow``), and the reservations holding that cap;
+``?job=<id>`` answers for one job first, ``?scaler=<name>`` keeps one scaler's. The groups and why
+an ``at-capacity`` request is decided again: docs/admission.md ("Why is this job waiting?").
 """
 
 from __future__ import annotations

@@ -81,15 +81,12 @@ class NftUnavailableError(NftError):
 
 @dataclass
 class AgentRules:
-    """One agent's rules as read back from the kernel.
-
-    ``forward_chain`` / ``input_chain``: the chain its forward / input map element jumps to (None:
-    no element). ``mapped_forward`` / ``mapped_input``: that element jumps to a policy chain of its
-    kind. ``has_forward_chain`` / ``has_input_chain``: that chain exists. ``forward`` / ``input``:
-    its rules, each a list of nft JSON expressions, in order (empty when it is missing; shared with
-    every agent of the same policy, do not mutate). ``bindings``: the ``(port, MAC)`` pairs bound to
-    the address in the bridge table's binding set (what the guard lets through);
-    ``unguarded_ports``: those of its ports missing from ``agent_ports`` (a tampered set).
+    """One agent's rules as read back from the kernel. ``forward_chain``/``input_chain``: the chain its
+    map element jumps to (None: no element); ``mapped_forward``/``mapped_input``: it jumps to a policy
+    chain; ``has_forward_chain``/``has_input_chain``: that chain exists; ``forward``/``input``: its
+    rules as nft JSON expression lists, in order (empty when missing; shared between agents of one
+    policy: do not mutate). ``bindings``: the ``(port, MAC)`` pairs bound to the address (what the
+    guard lets through); ``unguarded_ports``: those missing from ``agent_ports`` (a tampered set).
     """
 
     address: IPAddress
@@ -259,14 +256,11 @@ class NftClient:
         self._base_ready = True
 
     def ensure_table(self, guard_interfaces: Iterable[str] = (), guard_networks: Iterable[str] = ()) -> None:
-        """Create (or refresh) both tables, their maps and sets, the base chains and a guard chain
-        per bridge; agent rules are kept.
-
-        ``guard_interfaces``: bridges whose frames pass only from a known agent on its own port
-        (each must exist); ``guard_networks``: their IPv4 subnets (never bridged port to port).
-        The host's connected subnets (dropped on forward) are read from its addresses now
-        (:meth:`host_networks`). Safe to call any number of times. Raises RuleSpecError / NftError
-        / NetlinkError.
+        """Create (or refresh) both tables, their maps and sets, the base chains and a guard chain per
+        bridge in ``guard_interfaces`` (each must exist; ``guard_networks``: their IPv4 subnets); agent
+        rules are kept and the host's subnets are read now (:meth:`host_networks`). Safe to call any
+        number of times (docs/nft-isolation.md, "Writing the base and an agent's rules"). Raises
+        RuleSpecError / NftError / NetlinkError.
         """
         self.apply_document(render_table_base(self.table, guard_interfaces, guard_networks, self.host_networks()))
         self.ensure_gateway_cap()
@@ -527,14 +521,11 @@ class NftClient:
         subnet: str | ipaddress.IPv4Network | ipaddress.IPv6Network,
         only: Iterable[IPAddress | str] | None = None,
     ) -> list[str]:
-        """Delete the rules of every agent address inside ``subnet`` that no live sandbox holds.
-
-        ``live_addresses``: addresses held by live sandboxes across ALL scalers and consoles on
-        this host, or ``None`` when that listing failed, in which case nothing is reaped. Addresses
-        outside ``subnet`` (e.g. 172.30.0.0/16) are never touched; a failure to read the table reaps
-        nothing. ``only``: when given, no address outside it is touched either (the caller's
-        re-checked candidates, so rules written after its holder listing are never reaped). One
-        transaction for all deletions. Returns the reaped addresses as strings, sorted.
+        """Delete, in one transaction, the rules of every agent address inside ``subnet`` that no live
+        sandbox holds. ``live_addresses``: held by live sandboxes of ALL scalers and consoles on this host,
+        or ``None`` when that listing failed (then, as when the table cannot be read, nothing is reaped).
+        ``only``: the caller's re-checked candidates; nothing outside them is touched, so rules written
+        after its holder listing stay. Returns the reaped addresses, sorted (docs/address-holders.md).
         """
         if live_addresses is None:
             log.warning("reap skipped: the live address listing failed, so nothing is reaped")

@@ -85,14 +85,10 @@ _CT_ACCEPT = [
 
 
 def forward_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
-    """The agent's forward chain, head to tail, as a list of expression lists.
-
-    The private-range drops are one lookup in the table's ``private4`` interval set (10/8,
-    172.16/12, 192.168/16, 169.254/16, 100.64/10): same verdict per packet, fewer rules per agent.
-    Then the host's own connected subnets (``hostnets4`` / ``hostnets6``, filled from the host's
-    addresses when the base is written) are dropped: an allowlist entry, placed before, is the
-    only way to them. The returned lists are shared between agents with the same policy: do not
-    mutate.
+    """The agent's forward chain, head to tail, as expression lists: the private-range drops are one
+    lookup in the ``private4`` interval set, then the host's connected subnets (``hostnets4``/``6``)
+    are dropped, so an allowlist entry placed before is the only way to them (docs/nft-isolation.md).
+    The lists are shared between agents of one policy: do not mutate.
     """
     return _forward_rules(spec.gateway, spec.allowlist, spec.deny_all)
 
@@ -124,14 +120,9 @@ def host_access_rule_exprs(entry: HostAccessEntry) -> list[list[dict]]:
 
 
 def input_rule_exprs(spec: AgentSpec) -> list[list[dict]]:
-    """The agent's input chain, head to tail: reply-direction ct accept,
-    entries, drop.
-
-    Only packets in the *reply* direction of a tracked flow (the agent answering a connection the
-    host opened, and ICMP errors about it) are accepted by conntrack state. Every packet of a flow
-    the agent opened (original direction) is checked against the entries, so a connection opened
-    before the rules were written stops at the first packet after they are, and one to an allowed
-    entry keeps passing through that entry.
+    """The agent's input chain, head to tail: reply-direction ct accept, entries, drop. A flow the agent
+    opened is checked against the entries packet by packet, so one opened before the rules stops at
+    their first packet (docs/nft-isolation.md, "Input conntrack and the container start-up gap").
     """
     rules = [_CT_ACCEPT]
     for entry in spec.host_access:
@@ -200,21 +191,11 @@ _ARP_SHAPE = [
 
 
 def bridge_rule_exprs() -> dict[str, list[list[dict]]]:
-    """Rules of the bridge table's three base chains, by chain name.
-
-    ``prerouting`` marks the frames of known agents: untagged IPv4, ARP or IPv6 whose (ingress
-    port, source MAC, source address) is a binding; for ARP the sender MAC and address in the
-    payload must be the binding's too. Nothing else is marked: a tagged frame (``ether type``
-    reads the outer tag), another ethertype, a foreign MAC or address.
-    ``port-guard`` (prerouting, after every console's marking) drops every unmarked frame from a
-    bound agent's port, and unmarked ARP claiming an agent-subnet sender from any port (an agent
-    before its binding): without it a tagged frame, which the ``inet`` hooks see only once the
-    kernel stripped its tags (one tag: still IPv4 to ``meta protocol``; two: not at all), could be
-    bridged to a neighbour or poison a neighbour table.
-    ``forward`` drops every frame bridged from one port to another that comes from or goes to a
-    bound agent's port, an agent subnet (IPv4 and ARP) or an agent MAC (IPv6): agents never reach
-    each other on the bridge, whether or not ``br_netfilter`` passes bridged frames through the
-    inet hooks.
+    """Rules of the bridge table's three base chains, by chain name: ``prerouting`` marks the frames of
+    known agents (untagged IPv4, ARP or IPv6 matching a binding; for ARP the payload's sender too),
+    ``port-guard`` drops every unmarked frame from a bound agent's port and unmarked ARP claiming an
+    agent-subnet sender, and ``forward`` drops every frame bridged to or from an agent's port, subnet
+    or MAC. Why each: docs/nft-isolation.md ("Layer 2").
     """
     nets = f"@{GUARD_NETS_SET}"
     ports = f"@{AGENT_PORTS_SET}"

@@ -1,12 +1,7 @@
-"""Which rules would change for live agents if a policy changed (the host-access editor's
-preview and the host-access-apply plan). Pure: the same function serves the preview and the
-approved apply's re-check.
-
-Rules are compared by verdict, not by position alone: within a run of consecutive accept rules of
-one chain the first match decides, but every match accepts, so their order changes no packet's
-fate. Reordering hostAccess entries only reorders such a run (every entry's rules accept, between
-the conntrack accept and the final drop), so it is no change; moving a rule past one that is not
-an accept is.
+"""Which rules would change for live agents if a policy changed (the host-access editor's preview
+and the host-access-apply plan). Pure: the same function serves the preview and the approved
+apply's re-check. Rules are compared by verdict, so reordering a run of accepts is no change:
+docs/nft-isolation.md ("Previewing a host-access change").
 """
 
 from __future__ import annotations

@@ -104,19 +104,12 @@ def render_table_base(
     guard_networks: Iterable[str] = (),
     host_networks: Iterable[Any] | None = None,
 ) -> list[dict]:
-    """Commands creating the three tables, their sets and maps, the base chains and the guard
-    chains of each bridge in ``guard_interfaces`` (idempotent, re-runnable).
-
-    Existing policy chains, map and set elements are kept; every base and guard chain is flushed
-    and refilled in the same transaction, so re-running never duplicates a rule and leaves no
-    moment without one. ``guard_interfaces`` (bridges agents sit on; each must exist) and
-    ``guard_networks`` (their IPv4 subnets, the bridge table's ``guard_nets4``) are added, never
-    removed here, so scalers sharing a table keep each other's. Each bridge gets a guard chain in
-    the ``inet`` table and one in the ``netdev`` table. ``host_networks``: the host's own connected
-    subnets (both families, read from its addresses by the caller: ``network.netlink.host_networks``);
-    the ``hostnets`` sets are flushed and refilled with them, or left as they are when None. Raises
-    :class:`RuleSpecError` for a bad name or subnet. Returns a list of commands; wrap with
-    :func:`document`.
+    """Commands creating the three tables, their sets and maps, the base chains and the guard chains of
+    each bridge in ``guard_interfaces`` (each must exist; ``guard_networks``: their IPv4 subnets),
+    idempotent and re-runnable; ``host_networks``: the host's connected subnets for the ``hostnets``
+    sets (None: left as they are). What is kept, flushed or only added: docs/nft-isolation.md ("Writing
+    the base and an agent's rules"). Raises :class:`RuleSpecError` for a bad name or subnet. Returns a
+    list of commands; wrap with :func:`document`.
     """
     validate_table_name(table)
     ifnames = [validate_ifname(name, "guarded bridge") for name in guard_interfaces]
@@ -252,14 +245,10 @@ def _jump(chain: str) -> dict:
 
 
 def render_agent_add(table: str, spec: AgentSpec, replace: Sequence[str] = ()) -> list[dict]:
-    """Commands that (re)write one agent's rules: its two policy chains flushed and refilled, its
-    two map elements added, and (with ``spec.port``) its (port, MAC, address) bound, so the guard
-    lets its frames through only in the same transaction that puts its rules in force.
-
-    A map element that exists with another verdict cannot be added over: ``replace`` names the
-    kinds (``"fwd"``, ``"in"``) whose element exists pointing elsewhere, deleted first in the same
-    transaction (the applier reads the kernel to know). Applying it twice leaves one copy of each
-    rule. Needs the base (:func:`render_table_base`) to exist.
+    """Commands that (re)write one agent's rules, map elements and (with ``spec.port``) its binding in
+    one transaction; ``replace``: the kinds (``"fwd"``, ``"in"``) whose element exists pointing
+    elsewhere, deleted first. Idempotent; needs the base (:func:`render_table_base`). Design:
+    docs/nft-isolation.md ("Writing the base and an agent's rules").
     """
     validate_table_name(table)
     v = spec.address.version

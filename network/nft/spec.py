@@ -83,16 +83,12 @@ def parse_allowlist_entry(text: str) -> IPNetwork:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """Everything the rules for one agent depend on, already validated.
-
-    ``address``: the agent's source address, the key of its map elements and chain names.
-    ``gateway``: the bridge gateway (accepted on forward). ``allowlist``: networks accepted
-    on forward ahead of the private-range drops, in order. ``deny_all``: drop everything else on
-    forward. ``host_access``: the *resolved* entries, rendered on input in order. ``port``: the
-    bridge port (veth or TAP) the agent owns, and ``mac``: the agent's MAC on it (lower case); the
-    (port, MAC, address) binding is what the guard lets through, untagged only (None: no binding,
-    so a guarded bridge passes nothing from the agent).
-    Build one with :meth:`build`, which validates every field first.
+    """Everything the rules for one agent depend on, already validated (build with :meth:`build`).
+    ``address``: its source address, the key of its map elements; ``gateway``: accepted on forward;
+    ``allowlist``: networks accepted ahead of the private-range drops, in order; ``deny_all``: drop
+    everything else on forward; ``host_access``: the resolved entries, on input in order; ``port`` and
+    ``mac`` (lower case): its bridge port and MAC, bound with the address for the guard (None: no
+    binding, so a guarded bridge passes nothing from it).
     """
 
     address: IPAddress

@@ -1,12 +1,7 @@
 """What an agent's chain does with one packet, worked out from its rules as nft prints them back
-(the live self-test's "blocked by rule (verified, not probed)").
-
-The self-test may not send packets to destinations that could leave the machine (RFC1918, the
-metadata service, public addresses), so for those it reads the agent's chain back from the kernel
-and evaluates it here, rule by rule, for one fully described packet: the first rule whose
-matches all hold gives the verdict. Only the expression shapes the renderer writes (and nft
-prints back) are understood; anything else stops the evaluation with ``unknown``, because a rule
-it cannot read might accept the packet. Pure: no kernel access.
+(the self-test's "blocked by rule (verified, not probed)", for destinations it may not probe):
+the first rule whose matches all hold gives the verdict, and an expression shape the renderer does
+not write stops it with ``unknown``. Pure. Design: docs/nft-isolation.md ("The isolation self-test").
 """
 
 from __future__ import annotations

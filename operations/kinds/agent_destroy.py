@@ -1,12 +1,6 @@
-"""Destroy agents: tear down the sandbox and release the reservation.
-
-Scope: one or more agent ids (of one scaler). Target: an agent in an active state. At run time a
-running agent is first marked draining; one that still has active jobs is left running, the drain
-undone, and the target skipped with the count: drain it first. An agent an operator already
-drained keeps draining while it has jobs. ``active_jobs`` is compared: a job started since the
-preview skips the agent. The teardown is ``scalers.lifecycle.teardown_agent`` (backend
-destroy, agent destroyed, reservation released); an explicit destroy never holds the sandbox, and
-destroys a held agent too (as a ``hold-release`` would, but ending it ``destroyed``).
+"""Destroy agents: tear down the sandbox and release the reservation
+(``scalers.lifecycle.teardown_agent``), never holding it. A running agent is drained first and
+skipped while it still has jobs. Scope, targets and why: docs/operations.md ("agent-destroy").
 """
 
 from __future__ import annotations

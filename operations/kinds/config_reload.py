@@ -1,18 +1,7 @@
 """Reload ``scalers.yaml``: validate, show the diff, commit on approval (plan → validate → commit).
-
-The plan is the real import run inside a transaction that is rolled back, so the preview and the
-commit go through the same code (``scalers.importing.apply_scalers_config``) and cannot disagree.
-Targets: each scaler created, updated (with the fields and label sets that change), resurrected or
-marked retiring, each machine pool deleted, and the global settings when they change; unchanged
-scalers are listed as spared. Every target carries the sha256 of the files read, so an edit to the
-file after the preview skips the whole reload (``atomic``: it is applied whole or not at all).
-
-It reads only the configured files, ``KICI_SCALER_CONFIG_PATH`` and ``KICI_SCALER_CONFIG_DIR``: the
-operation takes no path, so nobody can make the console open another file. An invalid file is
-refused with every problem, ``FILE:LINE: path: message``.
-
-A label set's host access set in the console stays in force over the file (the import keeps it);
-the preview names each such value beside the file's (docs/configuration.md).
+The plan is the real import run in a transaction that is rolled back, so preview and commit cannot
+disagree; every target carries the sha256 of the files read (``atomic``). Only the configured
+files are read: the operation takes no path. Design: docs/operations.md ("config-reload").
 """
 
 from __future__ import annotations

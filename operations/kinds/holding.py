@@ -1,14 +1,6 @@
-"""Hold an agent's sandbox for debugging, and release a hold early (``scalers.holds``).
-
-``agent-hold`` arms a hold on live agents: whatever ends each next (job-complete, release, drain,
-failure) keeps its sandbox, isolation rules and reservation for ``params.seconds`` (default 7200,
-60 to 86400) instead of tearing it down. ``params.reason`` (required, at most 500 characters)
-says why. Target: a live agent (spawning, connecting, running, draining) without a hold; spared:
-one that already has a hold (who and why), or has ended or is being torn down.
-
-``hold-release`` tears down held agents now, with the end their hold spared. Target: a ``held``
-agent; spared: any other (an agent whose hold is only armed loses nothing by waiting: its hold is
-taken when it ends).
+"""Hold an agent's sandbox for debugging (``agent-hold``), and release a hold early
+(``hold-release``), over ``scalers.holds``. Parameters, targets and what is spared:
+docs/operations.md ("agent-hold and hold-release").
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
-"""Apply a host-access change: set a label set's ``networkPolicy.hostAccess`` and re-write the input
-rules of its live agents (a host-access change applies only through an approved operation).
-
-Scope: one label set and either ``params.host_access``: a list of entries (an explicit list, even
-empty, wins outright) or ``None`` (back to the default: gateway DNS, the console port, host
-services), or ``params.revert_to_file: true``: back to what ``scalers.yaml`` says, following the
-file again. Every entry is validated with the ``hostAccess`` grammar first; a bad one is refused
-naming the entry.
-
-Targets:
-
-* ``labelset:<pk>``: the stored value, from → to;
-* ``agent:<id>`` for each live agent of the label set with an address: its resolved host access now
-  and after, and the rule diff: the rules read back from the kernel (``AgentRules.rule_lines()``) vs
-  the rules the new list renders (``network.nft.plan.spec_rule_lines``), so the preview shows what
-  is really in force, not what should be. An agent whose rules already match is spared.
-
-``atomic``: if the label set or any agent's rules changed since the preview, nothing is applied.
-The run writes the label set first, then each agent's rules in one nft transaction per agent and
-the agent row's stored host access (a later self-heal re-applies what is stored), recorded on the
-agent's timeline as a ``scaler.network`` event (:func:`record_rules_rewrite`). An agent whose
-address another sandbox holds by then (``scalers.backends.holders``) is skipped: its rules are
-keyed by that address and would replace the holder's.
-
-A value set here is a console override (``LabelSet.host_access_override``, with the operation's
-id): imports and reloads keep it over the file's value until a revert to the file is run; the
-preview says so when the file's value differs (docs/configuration.md).
+"""Apply a host-access change: set a label set's ``networkPolicy.hostAccess`` (an explicit list, the
+default, or back to the file) and re-write the input rules of its live agents; a host-access
+change applies only through an approved operation. The preview diffs the rules read back from the
+kernel, not what should be, and a value set here is a console override the imports keep. Scope,
+targets and the run: docs/operations.md ("host-access-apply").
 """
 
 from __future__ import annotations

@@ -41,16 +41,12 @@ def console_boot_time() -> datetime | None:
 def teardown_lost_agent(
     agent_pk: int, state: str, last_heartbeat, *, reason: str, failure_reason: str, hold: bool = False
 ) -> tuple[str, str]:
-    """Release one lost agent → ``(TargetOutcome, detail)``.
-
-    A compare-and-swap moves the row from ``state`` with exactly ``last_heartbeat`` (a datetime or
-    None, as planned) to ``destroying``; a row that heartbeated or changed state since is left alone
-    (``skipped``, saying what it is now). Then ``scalers.lifecycle.teardown_agent`` with
-    ``final_state=failed`` and destroy reason ``heartbeat-timeout``: the backend removes the sandbox
-    remains, the agent ends ``failed`` with ``failure_reason``, the reservation is released. A
-    destroy that raises leaves the agent ``destroying`` with its reservation (``failed``; admission's
-    sweeper retries the teardown). With ``hold`` (an agent lost by heartbeat, whose sandbox may
-    still run) a debug hold keeps the sandbox instead (``scalers.holds``): ``done``, saying so.
+    """Release one lost agent → ``(TargetOutcome, detail)``: a compare-and-swap from ``state`` with
+    exactly ``last_heartbeat`` (as planned) to ``destroying`` (``skipped`` when the row moved), then
+    ``scalers.lifecycle.teardown_agent`` (``failed`` with ``failure_reason``, destroy reason
+    ``heartbeat-timeout``). A destroy that raises leaves it ``destroying`` with its reservation
+    (``failed``; the sweeper retries). With ``hold`` a debug hold keeps the sandbox instead
+    (``done``, saying so). Design: docs/lost-agents.md.
     """
     now = timezone.now()
     moved = Agent.objects.filter(pk=agent_pk, state=state, last_heartbeat=last_heartbeat).update(

@@ -1,18 +1,7 @@
-"""Reap orphan containers of one container scaler.
-
-The rule is the backend's, written once (``scalers.backends.container.orphans.judge_container``):
-only containers whose ownership labels are all this console's (installation, instance, scaler
-name: another console's is spared with that reason, one without them as "skipped: ownership
-unknown"), never one whose agent this console tracks, and a running one only when its agent is
-not registered. The plan is the backend's
-``plan_containers()``: its targets, and every other container of this scaler with the reason the
-rule spares it. The run re-plans; a container whose agent registered (or became tracked) since the
-preview is spared in the fresh plan and is skipped with that reason, and ``apply_orphans`` judges
-each container once more, freshly inspected, right before stopping and removing it.
-
-Scope: one ``container`` scaler, or a ``bare-metal`` scaler with container-mode label sets (its agent
-containers carry the same labels). Stale isolation rules are a separate kind
-(``stale-isolation-rules``).
+"""Reap orphan containers of one container scaler (or a bare-metal one's container-mode agents). The
+rule is the backend's, written once (``scalers.backends.container.orphans.judge_container``); the
+run re-plans and judges each container once more right before removing it. Design:
+docs/sandbox-ownership.md and docs/operations.md ("orphan-containers").
 """
 
 from __future__ import annotations

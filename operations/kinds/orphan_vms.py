@@ -1,16 +1,7 @@
-"""Reap orphan Firecracker VMs, chroots, TAPs and rules of one firecracker scaler.
-
-The passes and their rules are the backend's (``scalers.backends.firecracker.orphans``): live =
-tracked ids ∪ chroots whose pid file names a running process (``vm_live_reason``; confirmed or not:
-a chroot is never deleted from under a live process). Pass 1 allocations of this scaler whose VM is
-not live, pass 2 chroot dirs with no allocation, pass 3 stray ``kici-<8 hex>`` interfaces, pass 4
-rules of IPs this scaler allocated to a VM that is not live. A VM dir whose owner file is not this
-console's (another console's, or ownership unknown) is spared in every pass, with that reason.
-Each target carries the pid-probe result of its chroot; live VMs are listed as spared with the
-rule's reason (``spared_vms``). At run time the backend re-checks every target once more
-(``orphan_recheck``) right before acting.
-
-Scope: one ``firecracker`` scaler.
+"""Reap orphan Firecracker VMs, chroots, TAPs and rules of one firecracker scaler. The passes and
+their rules are the backend's (``scalers.backends.firecracker.orphans``), which re-checks every
+target right before acting. Design: docs/sandbox-ownership.md ("Orphan VMs") and
+docs/operations.md ("orphan-vms").
 """
 
 from __future__ import annotations

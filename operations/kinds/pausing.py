@@ -1,14 +1,6 @@
-"""Pause and resume a scaler, or every scaler of one host (``scalers.pauses``).
-
-A pause stops admission for its scope: no agent is spawned or bound, and ``/scale`` answers 409
-``paused`` naming who asked, who approved and why. Its agents keep running unless the pause
-drains them (``drain``: each running agent is drained, and torn down once its job ends). A resume
-removes the pause; drained agents stay drained.
-
-Scope: ``--scaler NAME`` or ``params.host`` (a host owning at least one scaler), not both;
-``params.reason`` (pause: required, at most 500 characters) and ``params.drain`` (pause: true or
-false). The single target is the scaler or the host; one already paused (or, for a resume, not
-paused) is spared, with who paused it and why. ``running_agents`` is volatile.
+"""Pause and resume a scaler, or every scaler of one host (``scalers.pauses``): a pause stops
+admission for its scope and may drain its agents; a resume removes it. Parameters and targets:
+docs/operations.md ("pause and resume").
 """
 
 from __future__ import annotations

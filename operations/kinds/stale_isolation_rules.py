@@ -1,13 +1,7 @@
-"""Reap stale isolation rules on ``kici-agent-net``.
-
-An agent address with rules in this console's table is stale when nothing holds it
-(``scalers.backends.holders``: no ``kici-managed`` container on the runtime, of ANY scaler or
-console since the network is shared; no active agent row; no VM allocation). When the runtime
-or the table cannot be listed, nothing is planned: reaping blind is worse than leaving a stale
-rule. Addresses still held are listed as spared with their holders.
-
-Scope: one container scaler (its runtime and its table, ``nftTable`` else ``KICI_NFT_TABLE``); the
-sweep plans one scaler per distinct (runtime, table). Firecracker rules are part of orphan-vms.
+"""Reap stale isolation rules on ``kici-agent-net``: an address with rules in this console's table
+that nothing holds (``scalers.backends.holders``). When the runtime or the table cannot be listed
+nothing is planned: reaping blind is worse than leaving a stale rule. Scope: docs/operations.md
+("stale-isolation-rules").
 """
 
 from __future__ import annotations

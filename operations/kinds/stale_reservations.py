@@ -1,18 +1,7 @@
-"""Release stale reservations: capacity held for agents that can no longer use it.
-
-A reservation is stale when its agent
-
-* is ``destroyed`` or ``failed`` and its sandbox no longer runs ("a failed agent stops counting
-  unless its container or VM still runs"), or
-* is still ``spawning``, never registered, and started longer ago than the stale-spawn window
-  ``max(KICI_SPAWN_TIMEOUT_SECONDS, 300 s)``, with no rq spawn job still running.
-
-An agent still ``running``/``draining`` whose sandbox is gone or that stopped heartbeating is not
-stale here but *lost*: the ``lost-agents`` kind releases it (and removes the sandbox remains).
-
-Scope: optionally one scaler (else every scaler). Everything else is left alone; a terminal agent
-whose container still runs is listed as spared with that reason. Releasing goes through
-``scalers.admission.ledger.release`` (idempotent).
+"""Release stale reservations: capacity held for agents that can no longer use it (ended with no
+sandbox left, or a spawn past the stale window with no job running), through
+``scalers.admission.ledger.release``. An active agent whose sandbox is gone is lost, not stale
+(``lost-agents``). The rule: docs/operations.md ("stale-reservations").
 """
 
 from __future__ import annotations

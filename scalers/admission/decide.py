@@ -56,20 +56,13 @@ LEDGER_WARNING = "refused a spawn on reserved capacity no running agent accounts
 
 @dataclass(frozen=True)
 class ScaleDecision:
-    """The answer to one scale request.
-
-    ``action`` (a :class:`scalers.models.ScaleOutcome`, stored as the request record's
-    ``outcome``): ``spawning`` (admitted; an agent row in state spawning and its reservation were
-    written), ``assigned`` (an idle warm agent was bound to the job instead), ``at-capacity``
-    (``cap`` names the refusing cap; retrying later may succeed), ``exceeds-cap`` (the request
-    alone is larger than resource cap ``cap``: it can never be admitted while that cap stands, so
-    retrying cannot help), ``no-backend`` (no label set matches) or ``skipped``
-    (provision backoff, a label set whose resources do not resolve).
-    ``agent`` is the agent id (``scaler-<type>-<8 hex>``) for spawning/assigned. ``replayed``: the
-    job's live agent ``agent`` answers the request again (``warm``: as a warm agent);
-    ``idempotency-mismatch``: the live agent ``agent`` was asked for otherwise, ``field`` says
-    where (:mod:`scalers.admission.idempotency`). Neither is written. ``paused``: the scaler or
-    its host is paused (``pause`` says by whom and why; :mod:`scalers.pauses`).
+    """The answer to one scale request. ``action`` (a :class:`scalers.models.ScaleOutcome`, the request
+    record's ``outcome``): ``spawning`` or ``assigned`` (an idle warm agent bound; ``agent`` the agent
+    id for both), ``at-capacity`` or ``exceeds-cap`` (``cap`` the refusing cap; the second can never
+    be admitted while that cap stands), ``no-backend``, ``skipped``, and, written for neither,
+    ``replayed`` (the job's live ``agent`` again; ``warm``) and ``idempotency-mismatch`` (``field``);
+    ``paused`` (``pause`` says by whom and why). When each is given: docs/admission.md ("The order
+    of the checks") and docs/api-contract.md.
     """
 
     action: ScaleOutcome
@@ -311,15 +304,13 @@ def _decide_in_own_transaction(
 
 
 def _decide(cur, requests: list[Request], instance_id: str, now: datetime, *, commit: bool, live: bool) -> BatchResult:
-    """In a transaction of its own (``commit``), a batch is decided from the snapshot the
-    connection's previous batch left after its own writes, when there is one and the batch reads
-    nothing else: then ``BEGIN``, the lock, the check that the state under it is still that
-    snapshot, the write and ``COMMIT`` travel in one round trip. Otherwise, or when the check
-    fails (nothing was written), in two: ``BEGIN``, the lock and a fresh snapshot; then the write
-    and ``COMMIT``. Either way each decision is made against the state under the lock after its
-    request was queued. Inside the caller's transaction, from a fresh snapshot. A fresh snapshot
-    comes with the live agents of the batch's jobs and keys. ``live``: decide from a fresh one
-    (a write found a live agent the held snapshot did not know)."""
+    """Decide and write one batch: in a transaction of its own (``commit``) from the snapshot the
+    connection's previous batch left when there is one and the batch reads nothing else (one round
+    trip, guarded), else from a fresh one read under the lock with the live agents of the batch's jobs
+    and keys (two); inside the caller's transaction, from a fresh one. ``live``: decide from a fresh
+    one (a write found a live agent the held snapshot did not know). Design: docs/admission.md ("One
+    batch").
+    """
     conn = cur.connection
     held = ledger.take_held_snapshot(conn) if commit and not live else None
     if held is not None:
@@ -881,17 +872,12 @@ def _unresolvable(info: ScalerInfo, ls: LabelSetInfo, exc: ValueError) -> ScaleD
 
 
 def _take_spawn_slots(spawns: list[_Spawn], world: World, usage: Usage) -> set[int]:
-    """Give the batch's new agents the free spawn slots of their scalers (``maxConcurrentSpawns``),
-    in batch order, in this transaction: an agent written with its spawn job id needs no second
-    transaction after the commit, only its rq enqueue. Agents of a scaler that has agents waiting
-    for a slot wait behind them. Returns the scalers that had free slots and waiting agents (the
-    caller hands those slots on, oldest first, after the commit).
-
-    The counts are the usage snapshot's, read under the admission lock. That is enough without the
-    scaler row lock ``scalers.jobs.start_waiting_spawns`` takes: it claims only agents already
-    waiting, and a batch claims only when none waits in its snapshot; agents are made waiting only
-    by admissions, which the admission lock serialises, so the two never claim the same free
-    slot."""
+    """Give the batch's new agents the free spawn slots of their scalers (``maxConcurrentSpawns``), in
+    batch order, in this transaction, from the usage snapshot's counts; agents of a scaler that has
+    agents waiting wait behind them. Returns the scalers that had free slots and waiting agents (the
+    caller hands those on, oldest first, after the commit). Why no scaler row lock is needed:
+    docs/admission.md ("maxConcurrentSpawns is a queue, not a refusal").
+    """
     hand_on: set[int] = set()
     free: dict[int, int] = {}
     for sp in spawns:

@@ -371,16 +371,12 @@ def _fingerprint(rows) -> str:
 def lock_and_snapshot(
     conn, *, begin: bool = False, jobs: Sequence[str] = (), keys: Sequence[str] = ()
 ) -> tuple[dict, World, Usage, list[dict]]:
-    """Lock, then read the snapshot and the live agents of ``jobs`` and ``keys`` (idempotency
-    keys; ``scalers.admission.idempotency``), in ONE round trip (one simple-protocol query).
-    Returns the config row, the World, the Usage and the live agents as dicts ``{id, agent_id,
-    scaler, type, warm, bound_job_id, idempotency_key, scale_body}``.
-
-    The server runs the snapshot statement only after the locking one returned, and under READ
-    COMMITTED it takes its own snapshot then, so it sees everything committed before the lock was
-    granted. ``conn``: the raw psycopg connection, inside the caller's transaction, or in
-    autocommit mode with ``begin=True``: then the transaction's ``BEGIN`` goes in the same round
-    trip.
+    """Lock, then read the snapshot and the live agents of ``jobs`` and idempotency ``keys`` in ONE
+    round trip; the snapshot statement runs after the lock is granted, so it sees every commit before
+    it (docs/admission.md, "The lock"). ``conn``: the raw psycopg connection, in the caller's
+    transaction or in autocommit with ``begin=True`` (``BEGIN`` in the same round trip). Returns the
+    config row, the World, the Usage and the live agents as dicts ``{id, agent_id, scaler, type,
+    warm, bound_job_id, idempotency_key, scale_body}``.
     """
     prepare_statements(conn)
     with psycopg.ClientCursor(conn) as cur:
@@ -643,28 +639,13 @@ def write_batch(
     refused: tuple[list[str], list[str]] | None = None,
     **batch,
 ) -> dict[str, int]:
-    """Write a decided batch (``batch``: :func:`write_query`'s arguments) in ONE statement.
-    ``fold``: fold the usage tally's rows too (the caller holds the admission lock; see
-    :data:`FOLD_ROWS`). ``commit``: send the transaction's ``COMMIT`` in the same round trip (the
-    caller began it, see :func:`lock_and_snapshot`). ``conn``: the raw psycopg connection of the
-    caller's transaction.
-
-    ``guard``: the digest of a held snapshot the batch was decided against, in autocommit mode
-    (with ``commit``): the round trip then begins the transaction, takes the lock and checks
-    that the state under it is still that snapshot before writing, and raises
-    :class:`SnapshotMoved` (rolled back, nothing written) when it is not. ``hold``: the batch's
-    World (with ``commit``): the snapshot after the batch's own writes is read before the commit
-    and held for the next batch on ``conn`` (:func:`take_held_snapshot`), unless the routing rows
-    changed meanwhile or held snapshots of ``conn`` moved twice in a row in the last
-    :data:`HOLD_OFF_BATCHES` batches.
-
-    ``refused``: with ``guard``, the jobs and idempotency keys the batch refuses: the guard also
-    fails (:class:`SnapshotMoved`) when one of them has a live agent (``scalers.admission.idempotency``:
-    the request is a repeat, answered with that agent once decided again from a fresh snapshot).
-
-    Returns ``{agent_id: pk}`` for the agents written. Raises ``psycopg.errors.UniqueViolation``
-    when an agent id already exists (:func:`agent_id_taken` tells that case apart); the
-    transaction is then failed and nothing of it is kept.
+    """Write a decided batch (``batch``: :func:`write_query`'s arguments) in ONE statement on ``conn``,
+    the raw psycopg connection of the caller's transaction (docs/admission.md, "One batch"). ``fold``:
+    fold the tally's rows too (:data:`FOLD_ROWS`; the caller holds the lock). ``commit``: ``COMMIT``
+    in the same round trip. ``guard`` (autocommit, with ``commit``): the held snapshot's digest,
+    checked under the lock first, with the ``refused`` jobs and keys; ``hold``: the batch's World, to
+    hold the snapshot after it. Returns ``{agent_id: pk}``. Raises :class:`SnapshotMoved` or
+    ``psycopg.errors.UniqueViolation`` (:func:`agent_id_taken`); nothing is kept then.
     """
     prepare_statements(conn)
     sql, args = write_query(**batch)
@@ -726,17 +707,14 @@ def write_query(
     redispatch: tuple[str, dict] | None = None,
     audits: Sequence[dict] = (),
 ) -> tuple[str, list]:
-    """The ``EXECUTE`` of the prepared write of a decided batch and its arguments (for a
-    client-side binding cursor): new agents (state spawning; ``rq_job_id`` set for those that
-    took a spawn slot in this transaction), their reservations, the request records (one per job
-    id, ``attempts`` the number of times the batch holds it), the counter increments and the audit
-    records (``audits``: ``audit.records.audit_fields`` dicts, stamped ``now``).
-    ``redispatch``: ``(counter name, labels)`` that is added the number of jobs whose stored
-    decision was ``at-capacity`` and that this batch admits (spawning or assigned).
-
-    ``agents``: tuples in :data:`AGENT_ROW` order (``labels`` a list of strings);
-    ``reservations``: tuples in :data:`RESERVATION_ROW` order; ``records``: dicts with the keys of
-    :data:`RECORD_ROW`. Each kind of row goes to the server as one JSON document."""
+    """The ``EXECUTE`` of the prepared write of a decided batch and its arguments (for a client-side
+    binding cursor), each kind of row one JSON document: ``agents`` (tuples in :data:`AGENT_ROW`
+    order, spawning, ``rq_job_id`` set when they took a spawn slot), ``reservations``
+    (:data:`RESERVATION_ROW`), ``records`` (one per job id, keys of :data:`RECORD_ROW`, ``attempts``
+    how often the batch holds it), ``counters`` increments, ``audits`` (``audit.records.audit_fields``
+    dicts, stamped ``now``); ``redispatch``: ``(counter name, labels)``, added the jobs stored
+    ``at-capacity`` that this batch admits.
+    """
     latest: dict[str, dict] = {}
     attempts: dict[str, int] = {}
     for r in records:

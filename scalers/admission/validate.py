@@ -124,15 +124,11 @@ def _ident(value: Any, field: str, *, required: bool) -> str:
 
 
 def validate_resources(value: Any) -> Any:
-    """Parse a job's ``resources`` (flat or nested) and refuse negative or huge values.
-
-    Returns a ``scalers.config.schema.ResourceRequest`` (``None`` for absent). Raises
-    :class:`InvalidScaleRequest` naming the field as the caller wrote it:
-    ``resources.<side>.<field>`` for the nested shape, ``resources.<field>`` for the flat one.
-
-    Jobs repeat a few shapes, so a JSON value's parse is remembered by its canonical text (the
-    result is immutable); the remembered parse is of that text itself, so it is the parse of the
-    value. Refusals are not remembered.
+    """Parse a job's ``resources`` (flat or nested) and refuse negative or huge values. Returns a
+    ``scalers.config.schema.ResourceRequest`` (``None`` for absent); raises
+    :class:`InvalidScaleRequest` naming the field as written (``resources.<side>.<field>`` nested,
+    ``resources.<field>`` flat). Jobs repeat a few shapes, so a parse is remembered by the value's
+    canonical JSON text (the result is immutable); refusals are not remembered.
     """
     if value is None:
         return None

@@ -104,25 +104,10 @@ class BootFailure:
 
 @runtime_checkable
 class Backend(Protocol):
-    """What every scaler backend offers.
-
-    - ``spawn(agent, control) -> SpawnResult``: provision the sandbox, record the lifecycle
-      events up to ``agent.connecting``; on any failure remove what it created and raise
-      ``SpawnError`` / ``SpawnAborted``. Returns as soon as the sandbox is handed over (the agent
-      can register); it never waits for the registration (``scalers.jobs`` watches that from the
-      host queue, outside the spawn job).
-    - optional ``boot_failure(agent) -> BootFailure | None``: a quick look (well under a second,
-      from disk or the runtime, from any process of this host) at whether a ``connecting``
-      agent's boot has already failed; asked by the registration watch about once a second.
-    - ``destroy(agent)``: tear down; idempotent; an already-gone sandbox is not an error.
-    - ``reap_unowned(agent_id) -> bool``: remove sandboxes this backend spawned for that id
-      (a refused registration); True when something was removed.
-    - ``plan_orphans() -> list[OrphanTarget]`` / ``apply_orphans(plan) -> int``: the orphan
-      sweep split into a previewable plan and an apply that re-checks each target.
-    - ``cleanup_orphans() -> int``: plan + apply.
-    - ``reload(scaler)``: replace the entry read at every spawn.
-    - ``ensure_host_ready()``: make this host ready for the scaler's spawns (its network, bridge,
-      rules base, images), idempotently; raises naming what is missing. Asked by the sweeper.
+    """What every scaler backend offers. ``boot_failure(agent) -> BootFailure | None`` is optional:
+    a quick look (well under a second, from disk or the runtime, from any process of this host) at
+    whether a ``connecting`` agent's boot has already failed, asked by the registration watch about
+    once a second.
     """
 
     type: str
@@ -131,21 +116,42 @@ class Backend(Protocol):
     @property
     def spawns_on_local_host(self) -> bool: ...
 
-    def spawn(self, agent: Agent, control: SpawnControl) -> SpawnResult: ...
+    def spawn(self, agent: Agent, control: SpawnControl) -> SpawnResult:
+        """Provision the sandbox and record the lifecycle events up to ``agent.connecting``;
+        return once it is handed over, never waiting for the registration (``scalers.jobs``
+        watches that). On any failure remove what it created and raise ``SpawnError`` /
+        ``SpawnAborted``."""
+        ...
 
-    def destroy(self, agent: Agent, reason: str = "shutdown") -> None: ...
+    def destroy(self, agent: Agent, reason: str = "shutdown") -> None:
+        """Tear down; idempotent; an already-gone sandbox is not an error."""
+        ...
 
-    def reap_unowned(self, agent_id: str) -> bool: ...
+    def reap_unowned(self, agent_id: str) -> bool:
+        """Remove the sandboxes spawned for ``agent_id`` (a refused registration); True when
+        something was removed."""
+        ...
 
-    def plan_orphans(self) -> list[OrphanTarget]: ...
+    def plan_orphans(self) -> list[OrphanTarget]:
+        """The orphan sweep's previewable plan."""
+        ...
 
-    def apply_orphans(self, plan: list[OrphanTarget]) -> int: ...
+    def apply_orphans(self, plan: list[OrphanTarget]) -> int:
+        """Apply ``plan``, re-checking each target; returns how many were removed."""
+        ...
 
-    def cleanup_orphans(self) -> int: ...
+    def cleanup_orphans(self) -> int:
+        """Plan and apply the orphan sweep."""
+        ...
 
-    def reload(self, scaler: Scaler) -> None: ...
+    def reload(self, scaler: Scaler) -> None:
+        """Replace the entry read at every spawn."""
+        ...
 
-    def ensure_host_ready(self) -> object: ...
+    def ensure_host_ready(self) -> object:
+        """Make this host ready for the scaler's spawns (network, bridge, rules base, images),
+        idempotently; raises naming what is missing. Asked by the sweeper."""
+        ...
 
 
 def scaler_option(scaler_or_config: Any, key: str, default: Any = None) -> Any:

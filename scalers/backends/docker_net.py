@@ -50,16 +50,11 @@ def find_isolated_network(docker) -> dict | None:
 
 
 def ensure_isolated_network(docker) -> str:
-    """Create or find ``kici-agent-net`` and return its id.
-
-    Created as ``{Name: kici-agent-net, Driver: bridge, IPAM: 172.30.0.0/16 gw 172.30.0.1,
-    Labels: {kici-managed: "true"}}``. Idempotent, also against a concurrent creator:
-    a 409 on create re-lists and uses the winner's network.
-
-    A 403 whose cause is a concurrent creator holding the subnet ("pool overlaps") is treated
-    the same way. Raises ``IsolatedNetworkError`` (``... after 409 conflict``) when the network
-    is still missing after a conflict (or a 403 names another network holding the subnet), and lets
-    other ``docker.errors.APIError`` propagate.
+    """Create or find ``kici-agent-net`` (bridge, IPAM 172.30.0.0/16 gw 172.30.0.1, label
+    ``kici-managed: "true"``) and return its id. Idempotent, also against a concurrent creator: a 409
+    on create, or a 403 because a concurrent creator holds the subnet ("pool overlaps"), re-lists and
+    uses the winner's network. Raises ``IsolatedNetworkError`` when it is still missing after that (or
+    a 403 names another network holding the subnet); other ``docker.errors.APIError`` propagate.
     """
     existing = find_isolated_network(docker)
     if existing:

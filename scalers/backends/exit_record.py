@@ -1,12 +1,10 @@
 """Run a command and record how it ended: ``python -I exit_record.py <status file> <argv...>``.
 
-The bare-metal backend starts the real KiCI agent through this wrapper because the process that
-spawned it (an rq work horse) is gone by the time the follow looks, so no one could wait for the
-agent's exit code otherwise. The command gets this process's environment unchanged (Python adds no
-variable), and stdin/stdout/stderr as given. The status file gets the exit code (``0``..``255``) or
-``signal N`` when a signal ended it, written to ``<file>.tmp`` and renamed into place, so a reader
-sees all of it or nothing. Exits with the command's code (128 + N for signal N). A signal that
-ends this wrapper first (the group's SIGTERM on destroy) leaves no status file.
+The bare-metal backend starts the real KiCI agent through this wrapper because the rq work horse
+that spawned it is gone by the time the follow looks. The command gets this environment and stdio
+unchanged; the status file gets ``0``..``255`` or ``signal N``, renamed into place whole. Exits
+with the command's code (128 + N for signal N); a signal that ends the wrapper first (the group's
+SIGTERM on destroy) leaves no file. Design: docs/bare-metal.md.
 """
 
 from __future__ import annotations

@@ -25,17 +25,11 @@ def build_agent_container_host_config(
     extra_hosts: list[str] | None = None,
     net_raw: bool = False,
 ) -> dict:
-    """Return the agent container's HostConfig as a Docker Engine API dict.
-
-    - ``Memory`` (bytes) only when ``limits.mem_bytes > 0``; ``NanoCpus = round(cpus * 1e9)``
-      only when ``limits.cpus > 0``.
-    - ``Binds`` only when non-empty (``/host:/ctr[:ro]`` strings); ``ExtraHosts`` only when
-      non-empty (``name:ip`` strings).
-    - Always ``AutoRemove: false``, ``PidsLimit: 4096``, ``Init: true``, ``LogConfig``
-      :data:`AGENT_LOG_CONFIG`; ``CapDrop: ["NET_RAW"]`` unless ``net_raw`` (the label set's
-      ``netRaw``); never ``SecurityOpt`` (the module docstring says why).
-
-    Raises ``ValueError`` naming the field for a negative limit or a non-string bind/host entry.
+    """Return the agent container's HostConfig as a Docker Engine API dict: ``Memory`` (bytes) and
+    ``NanoCpus`` (``round(cpus * 1e9)``) only for limits above 0, ``Binds`` (``/host:/ctr[:ro]``) and
+    ``ExtraHosts`` (``name:ip``) only when non-empty; always ``AutoRemove: false``, ``PidsLimit``,
+    ``Init: true``, :data:`AGENT_LOG_CONFIG`, ``CapDrop: ["NET_RAW"]`` unless ``net_raw``; never
+    ``SecurityOpt``. Raises ``ValueError`` naming the field for a negative limit or a non-string entry.
     """
     host_config: dict = {
         "AutoRemove": False,

@@ -154,15 +154,11 @@ class ContainerIsolation:
         port: str | None = None,
         mac: str | None = None,
     ) -> None:
-        """Write forward (gateway accept, allowlist, private drops, denyAll) and input (host access)
-        rules for one container address, and bind it with its ``mac`` to ``port`` (its veth on the
-        bridge), in one transaction: its frames pass the guard only once its rules are in force.
-        Raises ``RuleSpecError``/``NftError``.
-
-        Rules left behind for the address by a previous holder are replaced in that same
-        transaction (chains flushed and refilled, map elements re-pointed). Written under the
-        address's lock (``holders.address_lock``), so a concurrent teardown of a previous holder
-        cannot delete them between its holder check and its delete.
+        """Write forward (gateway accept, allowlist, private drops, denyAll) and input (host access) rules
+        for one container address and bind it with its ``mac`` to ``port`` (its veth) in one transaction,
+        so its frames pass the guard only once its rules are in force; a previous holder's rules for the
+        address are replaced in that transaction. Written under the address's lock
+        (``holders.address_lock``: docs/address-holders.md). Raises ``RuleSpecError``/``NftError``.
         """
         spec = self.spec(address, policy, host_access, port, mac)
         with holders.address_lock(str(spec.address)):

@@ -13,15 +13,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class OrphanTarget:
-    """One thing the sweep would remove, with the evidence for it.
-
-    ``kind``: for containers ``"container"`` (``target`` = container id) or ``"rule"`` (``target`` =
-    address); for Firecracker VMs ``"allocation"``, ``"chroot"`` (``target`` = VM id), ``"tap"``
-    (``target`` = interface) or ``"rules"`` (``target`` = address). ``scaler``: the sweeping scaler.
-    ``agent_id``: the agent the thing belonged to ("" if none). ``reason``: one line for a person.
-    ``evidence``: the facts the decision used (a container's name, state, labels, addresses; a VM
-    target's pass, ``ip`` and ``tap``). JSON-serialisable via :meth:`to_dict` / :meth:`from_dict`, so
-    a plan can be stored, shown and approved.
+    """One thing the sweep would remove, with the evidence for it; JSON-serialisable (:meth:`to_dict`,
+    :meth:`from_dict`), so a plan can be stored, shown and approved. ``kind``/``target``: containers'
+    ``container`` (id) or ``rule`` (address); Firecracker's ``allocation`` or ``chroot`` (VM id),
+    ``tap`` (interface) or ``rules`` (address). ``scaler``: the sweeping one; ``agent_id``: "" if none;
+    ``reason``: one line for a person; ``evidence``: the facts the decision used.
     """
 
     kind: str

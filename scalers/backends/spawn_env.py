@@ -104,24 +104,14 @@ def _label_env(label_set: LabelSet | None) -> list[tuple[str, str]]:
 
 
 def kici_agent_pairs(agent: Agent, token: str | None, *, execution_mode: str) -> list[tuple[str, str]]:
-    """The environment of the real KiCI agent (label set ``kiciAgent``), as ``(name, value)`` pairs
-    in this order: exactly the variables it accepts and needs, nothing of the console's own agent
-    nor forwarded. Every backend running it starts it with these (a container's ``Env``, a
-    microVM's MMDS keys: ``firecracker.jail.agent_env_mmds``, a bare-metal process's environment:
-    :func:`kici_process_env`).
-
-    ``KICI_ORCHESTRATOR_URL`` (the orchestrator's ``/ws`` URL), ``KICI_AGENT_ID``, ``KICI_LABELS``
-    (the label set's labels, all within the token's), ``KICI_AGENT_TOKEN`` (the orchestrator's),
-    ``KICI_ROLES`` (the scaler's ``roles``; unset = all, each adds a ``kici:role:*`` label the
-    token allows), ``KICI_SCALER_MANAGED=1`` (it exits once idle) and ``KICI_EXECUTION_MODE``
-    (``execution_mode``: where its steps run; ``bare-metal`` in a container or a bare-metal
-    process, ``firecracker`` in a microVM; scaler-managed without it, the agent takes itself for a Firecracker guest).
-
-    An agent a KiCI scale-up asked for (``scalers.kici_orchestrator.scale_up_claim``) gets the
-    scale-up's orchestrator URL and labels, ``KICI_SCALER_CLAIM_CODE`` (it redeems the code there
-    for its own token) instead of ``KICI_AGENT_TOKEN``, and ``KICI_ROLES`` from its ``kici:role:*``
-    labels when it has any (the minted token allows only those). Raises ``ValueError`` for a label
-    set without ``kiciAgent``, an agent with neither token nor claim code, or an unknown mode."""
+    """The environment of the real KiCI agent (label set ``kiciAgent``) as ``(name, value)`` pairs in
+    order: exactly the variables it accepts and needs, nothing of the console's own agent nor
+    forwarded; every backend running it starts it with these. ``execution_mode``: where its steps
+    run (``bare-metal`` or ``firecracker``). An agent a KiCI scale-up asked for gets the scale-up's URL
+    and labels and a claim code instead of a token. Each variable: docs/real-kici-agent.md (the
+    spawn's "Environment", and "The spawn" of a scale-up). Raises ``ValueError`` for a label set
+    without ``kiciAgent``, an agent with neither token nor claim code, or an unknown mode.
+    """
     target = kici_agent_target(agent.label_set)
     claim = scale_up_claim(agent)
     if target is None or not (token or claim):

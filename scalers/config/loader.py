@@ -1,14 +1,9 @@
-"""Load ``scalers.yaml`` (plus drop-ins) and report every problem with file and line.
-
-Loading and merging the main file and its drop-ins; the schema rules, including the
-cross-scaler label-set overlap check, come from :mod:`scalers.config.schema`.
-
-Every problem becomes one :class:`ConfigProblem` whose ``str()`` is
-``FILE:LINE: dotted.path: message``. LINE is the line of the offending key (found by
-walking the PyYAML node tree); for a missing key it is the line of the nearest
-enclosing key that exists. YAML syntax errors carry their own line. A problem inside
-a scaler that came from a drop-in file names that file, its line and the path inside
-that file (``scalers.<index in that file>...``).
+"""Load ``scalers.yaml`` (plus drop-ins) and report every problem with file and line; the schema
+rules, the cross-scaler label-set overlap check included, are :mod:`scalers.config.schema`'s.
+Every problem is one :class:`ConfigProblem`, ``FILE:LINE: dotted.path: message``: LINE is the
+offending key's (from the PyYAML node tree), or the nearest enclosing key's for a missing one; a
+YAML syntax error carries its own; a problem in a drop-in's scaler names that file, its line and
+the path inside it (``scalers.<index in that file>...``).
 """
 
 from __future__ import annotations
@@ -243,14 +238,10 @@ def parse_scalers_config_text(text: str, filename: str = "<string>") -> ScalersC
 
 
 def load_scalers_config(path: str, drop_in_dir: str | None = None) -> ScalersConfig:
-    """Load the main config file and, if given, the drop-in directory.
-
-    Drop-ins: ``*.yaml`` / ``*.yml`` regular files of ``drop_in_dir`` in lexicographic
-    order; only each one's top-level ``scalers`` list (when it is a list) is appended
-    to the main file's ``scalers``; every other key of a drop-in is ignored. The merged
-    document is validated once. Raises :class:`ConfigInvalid` with every problem:
-    unreadable files, YAML syntax errors, schema violations, duplicate scaler names
-    and cross-scaler label-set overlaps.
+    """Load the main config file and the drop-ins of ``drop_in_dir``: its ``*.yaml``/``*.yml`` regular
+    files in lexicographic order, of which only the top-level ``scalers`` list is appended (every
+    other key is ignored); the merged document is validated once. Raises :class:`ConfigInvalid` with
+    every problem: unreadable files, YAML syntax, the schema, duplicate names, label-set overlaps.
     """
     extra: list[ConfigProblem] = []
     text, problem = _read(path)

@@ -831,15 +831,12 @@ class _TopLevel(_Loose):
 
 
 class ScalersConfig(_TopLevel):
-    """A whole, valid ``scalers.yaml`` (main file plus drop-ins).
-
-    Attributes: ``version`` (1), ``global_max_agents`` (50), ``defaults``
-    (:class:`Defaults` or ``None``), ``global_resource_cap`` (:class:`ResourceCap` or
-    ``None``; use ``.max_cpu`` / ``.max_memory_bytes``), ``machine_pools``,
-    ``scalers`` (:class:`ScalerEntry` list, config order), ``firecracker``
-    (:class:`FirecrackerNetwork` or ``None``; :attr:`firecracker_network` gives the
-    defaults when absent). Validating one always runs every refinement; for
-    per-problem paths use :func:`validate_document` or ``scalers.config.loader``.
+    """A whole, valid ``scalers.yaml`` (main file plus drop-ins): ``version`` (1),
+    ``global_max_agents`` (50), ``defaults``, ``global_resource_cap`` (``.max_cpu``,
+    ``.max_memory_bytes``), ``machine_pools``, ``scalers`` (config order), ``firecracker``
+    (:attr:`firecracker_network` gives the defaults when absent); the optional ones ``None`` when
+    absent. Validating one runs every refinement; for per-problem paths use
+    :func:`validate_document` or ``scalers.config.loader``.
     """
 
     scalers: list[ScalerEntry]

@@ -1,23 +1,7 @@
-"""``manage.py operations``: the command-line twin of every operations page action.
-
-    operations plan KIND [--scaler NAME | --host NAME] [--agent ID ...] [--label-set PK]
-                         [--host-access [ENTRY ...] | --host-access-default | --host-access-revert]
-                         [--reason TEXT] [--drain] [--seconds N] --user USERNAME
-    operations show ID
-    operations approve ID --user USERNAME [--note TEXT] [--run-now] [--confirm-warnings]
-    operations reject ID --user USERNAME [--note TEXT]
-    operations list [--status STATUS] [--kind KIND] [--scaler NAME] [--limit N]
-
-Every action goes through ``operations.services`` with the same checks as the pages (permissions of
-``--user``, distinct approver, expiry, a worker listening on the queue). ``--run-now`` runs an
-approved operation in this process instead of enqueueing it (only for this host's queue), for a
-host whose worker is down. An operation with warnings (``show`` prints them) is approved only with
-``--confirm-warnings``. Refusals exit with status 1 and one line saying why.
-
-Pause and resume: ``plan pause --scaler NAME --reason TEXT [--drain]`` (or ``--host NAME`` for
-every scaler of one host), ``plan resume --scaler NAME`` (or ``--host NAME``), then ``approve``.
-Debug holds: ``plan agent-hold --agent ID --reason TEXT [--seconds N]`` (default 7200), ``plan
-hold-release --agent ID``.
+"""``manage.py operations``: the command-line twin of every operations page action (``plan``,
+``show``, ``approve``, ``reject``, ``list``), through ``operations.services`` with the same checks
+as the pages. ``--run-now`` runs an approved operation in this process, for a host whose worker is
+down; refusals exit 1 with one line saying why. Usage: docs/operations.md ("The command line").
 """
 
 from __future__ import annotations

@@ -174,16 +174,11 @@ class Command(BaseCommand):
     # Units of work -----------------------------------------------------------------------------
 
     def handle_host_readiness(self) -> bool:
-        """Every round, for every scaler of this host: check the host tools it needs
-        (``scalers.backends.tools.check_host_tools``); a scaler short of one is not started
-        (admission refuses it, naming the tools; the change is an event and a log line) and is
-        checked again next round, so installing the tool starts it without a restart. Then
-        ``ensure_host_ready`` for every scaler with its tools that is not yet readied in this version
-        (at boot, once its tools appear, and for scalers a reload added or changed): container
-        backends check nft (fail closed) and create kici-agent-net, firecracker backends provision
-        the bridge, baseline rules and the port-isolation probe. A failure only degrades that
-        scaler: it is logged, kept in ``Scaler.host_error`` (what "Needs attention" shows) and
-        retried on the next round; a success clears it."""
+        """Every round, for every scaler of this host: check the host tools it needs (a scaler short of one
+        is not started, and starts once they appear), then ``ensure_host_ready`` for each not yet readied
+        in this version; a failure only degrades that scaler (``Scaler.host_error``, retried next round).
+        Design: docs/multi-host.md ("What each sweeper runs").
+        """
         did = False
         for scaler in Scaler.objects.on_this_host().filter(retiring=False).exclude(type=ScalerType.EVENT):
             key = (scaler.pk, scaler.updated_at)

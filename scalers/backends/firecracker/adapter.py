@@ -244,14 +244,12 @@ class FirecrackerScalerBackend:
             release_thread_db()
 
     def spawn(self, agent, control: SpawnControl) -> SpawnResult:
-        """Boot the agent's VM and return once MMDS holds its token, the VM handed over (no thread
-        of this process watches it any more: :meth:`boot_failure` does, from disk).
-
-        Provisions the host first unless a process of this host already did for these settings in
-        this boot (``ensure_host_ready(unless_provisioned=True)``). The deadline and the
-        ``control.cancelled`` callback are bridged to the backend's ``CancelSignal`` (checked every
-        0.2 s). Raises ``SpawnAborted`` (deadline/cancelled) or ``SpawnError`` after everything
-        created was removed; ``event_recorded`` is True when ``scaler.failed`` was already recorded.
+        """Boot the agent's VM and return once MMDS holds its token and the VM is handed over (from then on
+        :meth:`boot_failure` watches it, from disk). Provisions the host first unless a process of this
+        host already did for these settings in this boot; the deadline and ``control.cancelled`` reach
+        the backend's ``CancelSignal`` (checked every 0.2 s). Raises ``SpawnAborted`` (deadline,
+        cancelled) or ``SpawnError`` once everything created is removed (``event_recorded`` True when
+        ``scaler.failed`` was already recorded). Design: docs/firecracker-adapter.md ("Lifetime of a spawn").
         """
         agent_id = agent.agent_id
         control.check("provisioning")

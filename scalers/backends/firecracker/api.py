@@ -63,16 +63,11 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class FirecrackerApi:
-    """HTTP/1.1 client for one VM's API socket.
-
-    ``socket_path``: host path of ``<chroot>/run/firecracker.socket``. ``cancel``: optional
-    :class:`CancelSignal`; once it fires, every in-flight request is aborted (its socket is shut
-    down) and every later request raises :class:`FirecrackerApiAborted` without connecting.
-    A plain ``threading.Event`` is accepted too, but is then only
-    checked before and after each request. ``timeout``: seconds per socket operation.
-
-    Errors: :class:`FirecrackerApiError` for a non-2xx status; ``OSError`` (e.g.
-    ``FileNotFoundError``, ``ConnectionRefusedError``, ``TimeoutError``) when the socket does not answer.
+    """HTTP/1.1 client for one VM's API socket (``socket_path``: ``<chroot>/run/firecracker.socket``);
+    ``timeout``: seconds per socket operation. Once ``cancel`` (a :class:`CancelSignal`) fires, every
+    in-flight request is aborted (its socket shut down) and every later one raises
+    :class:`FirecrackerApiAborted`; a plain ``threading.Event`` is only checked around each request.
+    Raises :class:`FirecrackerApiError` for a non-2xx status, ``OSError`` when the socket does not answer.
     """
 
     def __init__(self, socket_path: str, cancel: threading.Event | None = None, timeout: float = DEFAULT_TIMEOUT_S):

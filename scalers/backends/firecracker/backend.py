@@ -95,25 +95,12 @@ def _default_store_host_access(agent_id: str, host_access: list[str]) -> None:
 
 
 class FirecrackerBackend:
-    """One Firecracker scaler on this host.
-
-    ``settings``: :class:`FirecrackerSettings`. ``ip_allocator``: ``network.ipalloc_db.DbIpAllocator``
-    (``allocate(vm_id, scaler_name)``, ``release(vm_id)``, ``allocations(scaler_name=None)``).
-    ``nft``: ``network.nft.apply.NftClient`` on the configured table.
-    ``mint_token(agent_id, labels) -> str | None``. ``emit(agent_id, type, detail, payload)``:
-    lifecycle events (``scaler.failed`` payload ``{"reason", "failureType"}``).
-    ``host_services``: extra default ``hostAccess`` entries. ``log_sink(agent_id, source,
-    record)``. ``store_host_access(agent_id, entries)``: persists the resolved list on the agent
-    record (default: ``agents.Agent.host_access``). ``environ``: source of ``KICI_AGENT_ENV_*``.
-    ``tracked_provider(scaler_name)``: ids other processes are spawning or running (default: active
-    ``agents.Agent`` rows); orphan sweeps treat them as live. ``boot_over(agent_id)``: asked before
-    a VM whose spawn returned is abandoned; True (the agent registered, or another path ends it)
-    leaves the VM alone and stops watching its boot. None: never. ``owner_provider(scaler_name)``:
-    this console's ``ownership.Owner``, written to each VM's owner file and required of every VM
-    an orphan sweep reaps (default: ``ownership.current_owner``).
-
-    Parts: ``rules`` (:class:`~.rules.RuleWriter`), ``teardown`` (:class:`~.teardown.Teardown`),
-    ``orphans`` (:class:`~.sweeps.OrphanSweeps`).
+    """One Firecracker scaler on this host, built from its :class:`FirecrackerSettings` and what it
+    calls back into the console (the IP allocator, the nft client, token minting, events, the log
+    sink, the host-access store, the tracked ids and owner of its orphan sweeps, ``boot_over``), each
+    described in docs/firecracker-adapter.md ("The backend's parts"). Parts: ``rules``
+    (:class:`~.rules.RuleWriter`), ``teardown`` (:class:`~.teardown.Teardown`), ``orphans``
+    (:class:`~.sweeps.OrphanSweeps`).
     """
 
     backend_type = "firecracker"
@@ -222,18 +209,13 @@ class FirecrackerBackend:
         host_access: Sequence[str] | None = None,
         mmds: Callable[[], dict] | None = None,
     ) -> FirecrackerVm:
-        """Boot one VM and return its record once MMDS holds the bootstrap data.
-
-        ``label_set``: the label-set entry (camelCase: ``labels``, ``rootfsPath``, ``kernelPath``,
-        ``initrdPath``, ``overlayDriveSizeMib``, ``vcpuCount``, ``memSizeMib``, ``env``, ``networkPolicy``,
-        ``backpressureMode``). ``limits``: effective limits (``cpus``, ``memory_bytes``) or None.
-        ``labels``: the full agent labels (default: the set's). ``cancel``: fired by the caller's
-        deadline or shutdown; ``timeout_s``: arms such a deadline here. ``host_access``: the VM's
-        resolved host access (default: resolved here from the label set's ``networkPolicy``,
-        ``orchestrator_url`` and the host services). ``mmds``: builds the MMDS document itself,
-        minting what token it needs, once the VM's API socket answers (default: ``mint_token`` and
-        ``jail.build_mmds_payload``). Any failure emits one ``scaler.failed``, removes everything
-        created, and raises :class:`FirecrackerSpawnError`.
+        """Boot one VM and return its record once MMDS holds the bootstrap data. ``label_set``: the
+        camelCase label-set entry; ``limits``: effective ``cpus``/``memory_bytes`` or None; ``labels``:
+        the agent's (default: the set's); ``cancel``/``timeout_s``: the caller's deadline or shutdown, or
+        one armed here; ``host_access``: resolved (default: from ``networkPolicy``, ``orchestrator_url``
+        and the host services); ``mmds``: builds the MMDS document once the API socket answers (default:
+        ``mint_token`` and ``jail.build_mmds_payload``). Any failure emits one ``scaler.failed``, removes
+        everything created and raises :class:`FirecrackerSpawnError`.
         """
         s = self.settings
         cancel = cancel or CancelSignal()

@@ -1,14 +1,10 @@
 """The VM's jail: paths, jailer argv, ``config.json``, MMDS payload, and the chroot on disk.
 
 Pure builders (``jailer_args``, ``resolve_vm_shape``, ``build_vm_config``, ``forwarded_env``,
-``build_mmds_payload``) are separate from the functions that touch the disk (``prepare_chroot``,
-``remove_vm_dir``, ``open_vm_file``, the one way any file of a chroot is opened, and the
-VM's owner file: ``write_owner``, ``read_owner``).
-
-The owner file ``<vm_dir>/owner.json`` holds the VM's ownership labels (``kici-managed``,
-``kici-installation-id``, ``kici-instance-id``, ``kici-scaler-name``, ``kici-agent-id``: see
-``scalers.backends.ownership``). It sits beside the chroot, out of the jailed process's reach, and
-is written before anything else of the VM, so a half-made VM is never nobody's.
+``build_mmds_payload``) are apart from what touches the disk (``prepare_chroot``, ``remove_vm_dir``,
+``open_vm_file``, the one way any file of a chroot is opened, and the owner file ``<vm_dir>/owner.json``:
+``write_owner``, ``read_owner``). Why the chroot is laid out so, and the owner file:
+docs/firecracker-adapter.md ("The chroot's files") and docs/sandbox-ownership.md.
 """
 
 from __future__ import annotations
@@ -417,15 +413,11 @@ def copy_sparse(src: int, dst: int) -> None:
 
 
 def place_base_image(src: str | os.PathLike, chroot_fd: int, name: str, uid: int, gid: int) -> str:
-    """Put the operator's image ``src`` into the chroot (open as ``chroot_fd``) as ``name``.
-
-    Both images are read-only for the VM (the kernel, and the rootfs drive is ``is_read_only``),
-    so a hard link is enough and costs nothing, as long as the VM's ``uid``/``gid`` can read the
-    image and cannot write it; it is then never chowned or chmodded. Otherwise (or when the link
-    crosses devices or is refused) the chroot gets its own copy: a reflink where the filesystem can
-    (FICLONE), else a sparse copy; mode 0440, group ``gid`` (set here when this process is root,
-    else by the caller through sudo). Returns ``"linked"``, ``"reflinked"``
-    or ``"copied"``. The image's owner, mode and content are never changed.
+    """Put the operator's image ``src`` into the chroot (open as ``chroot_fd``) as ``name``: a hard link
+    when the VM's ``uid``/``gid`` can read it and cannot write it, else the chroot's own copy (reflink,
+    else sparse; mode 0440, group ``gid`` when this process is root, else set by the caller through
+    sudo). Returns ``"linked"``, ``"reflinked"`` or ``"copied"``; the image's owner, mode and content
+    are never changed. Why: docs/firecracker-adapter.md ("The chroot's files").
     """
     st = os.stat(src)
     if vm_may_read(st, uid, gid) and not vm_may_write(st, uid, gid):
@@ -499,19 +491,13 @@ def prepare_chroot(
     mkfs: str = "mkfs.ext4",
     initrd_path: str | os.PathLike = "",
 ) -> ChrootLayout:
-    """Lay out ``<base>/firecracker/<id>/root`` for the jailer.
-
-    First the owner file (``owner_labels``, beside the chroot: :func:`write_owner`); then
-    rootfs → ``rootfs.ext4``, kernel → ``kernel`` and, when ``initrd_path`` is set, the initramfs
-    → ``initrd`` (:func:`place_base_image`: a hard link left as
-    the operator made it, or the chroot's own copy); a sparse ``overlay.ext4`` of ``overlay_mib``
-    MiB formatted with ``mkfs.ext4 -qF``; ``config.json``; empty ``serial-console.log`` and
-    ``vmm.log``; a ``run`` directory for the API socket. The VM dir, the chroot and the files the
-    VM only reads stay this process's; only :data:`VM_OWNED` (``run``, the overlay, the VMM log)
-    are chowned to ``uid:gid`` (``sudo -n chown`` with ``require_sudo``). Every file is created
-    with ``O_EXCL|O_NOFOLLOW`` relative to the chroot's descriptor, with its mode set whatever the
-    umask. Raises FileNotFoundError naming a missing ``rootfsPath``/``kernelPath``/``initrdPath``,
-    FileExistsError if the VM dir already exists, RuntimeError when ``mkfs.ext4`` is missing or fails.
+    """Lay out ``<base>/firecracker/<id>/root`` for the jailer: the owner file first (:func:`write_owner`),
+    the images (:func:`place_base_image`), a sparse ``overlay.ext4`` of ``overlay_mib`` MiB made with
+    ``mkfs``, ``config.json``, empty logs and ``run/``; only :data:`VM_OWNED` is chowned to ``uid:gid``
+    (``sudo -n chown`` with ``require_sudo``); files are made ``O_EXCL|O_NOFOLLOW`` in the chroot
+    (docs/firecracker-adapter.md, "The chroot's files"). Raises FileNotFoundError naming a missing
+    ``rootfsPath``/``kernelPath``/``initrdPath``, FileExistsError if the VM dir exists, RuntimeError
+    when ``mkfs.ext4`` is missing or fails.
     """
     images = [(rootfs_path, "rootfsPath", "rootfs.ext4"), (kernel_path, "kernelPath", "kernel")]
     if initrd_path:

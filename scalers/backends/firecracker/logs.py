@@ -1,13 +1,10 @@
 """Forwarding a VM's serial console and VMM log, line by line, to a sink.
 
-One daemon thread per VM runs ``consolelog.tail.tail_file`` on both files in its own event loop and
-hands every line to a sink as ``sink(agent_id, source, record)``: source ``firecracker-serial``
-(record from :func:`failure.wrap_serial_line`) or ``firecracker-vmm`` (``{"level": "info",
-"message": line}``). The last 50 serial lines are kept for failure details.
-
-Both files sit in the VM's chroot, so they are only ever opened through ``jail.open_vm_file``
-(no link followed, never created here): a link planted in their place is refused with a warning
-naming the path, and the file it points to is neither read nor written.
+One daemon thread per VM tails both files (``consolelog.tail.tail_file``) in its own event loop and
+hands every line on as ``sink(agent_id, source, record)``: ``firecracker-serial`` (record from
+:func:`failure.wrap_serial_line`; the last 50 kept for failure details) or ``firecracker-vmm``
+(``{"level": "info", "message": line}``). Both files are opened only through ``jail.open_vm_file``
+(docs/firecracker-adapter.md, "The chroot's files").
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """PID-reuse-safe probing of a VM's ``<chroot>/firecracker.pid``: is the VM running, and is the
 process behind the pid really this chroot's firecracker (the only one that may be signalled)?
-
-Checks, in order: (1) the file parses to a positive PID; (2) ``/proc/<pid>/stat`` is readable;
-(3) the process started no later than the pid file's mtime + 60 s (else the number was recycled);
-(4) ``comm`` is ``firecracker`` and the process's root is this chroot when that can be read at
-all. (1)-(3) decide *running*; (4) decides *identity_confirmed*.
-
-The jailer ``pivot_root``s inside its own mount namespace, so ``readlink /proc/<pid>/root``
-reads ``/`` for a genuine VM, never the chroot path. The root therefore matches when the link
-text equals the chroot path OR when ``stat`` of ``/proc/<pid>/root`` has the chroot directory's
-(st_dev, st_ino). An unreadable link (EACCES/EPERM) counts as confirmed.
+The checks, in order, and why the jailer's ``pivot_root`` makes the root check compare inodes:
+docs/firecracker-adapter.md ("The pid probe").
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """``python manage.py stop_agents``: end every active agent this console instance runs locally.
 
-A console restart leaves its agents running (``docs/recovery.md``); this is how an operator ends
-them on purpose (``make stop-agents``). Each active agent of a local scaler (container,
-firecracker, bare-metal) of this host (``Scaler.host``: another host's sandboxes are only that
-host's to remove, docs/multi-host.md) owned by ``settings.KICI_INSTANCE_ID`` is torn down the ordinary way
-(``scalers.lifecycle.teardown_agent``): its sandbox and isolation rules removed, the row marked
-``destroyed``, its reservation released. It runs whether the console's processes run or not.
-
-Prints one line per agent; exits 1 when a teardown failed (that agent stays ``destroying`` with
-its reservation, and the sweeper, or the next run of this command, retries it).
+A console restart leaves its agents running; this is how an operator ends them on purpose
+(``make stop-agents``, docs/recovery.md "Ending the agents on purpose"). Each active agent of a
+local scaler of this host owned by ``settings.KICI_INSTANCE_ID`` is torn down the ordinary way
+(``scalers.lifecycle.teardown_agent``), whether the console's processes run or not. Prints one
+line per agent; exits 1 when a teardown failed (it stays ``destroying`` for a retry).
 """
 
 from __future__ import annotations
