@@ -1,14 +1,6 @@
-"""Live row updates for heartbeats: open pages follow the agents.
-
-A heartbeat stores no event (one every interval per agent would drown the timeline), so by itself
-it changes nothing on an open page. Every heartbeat therefore marks the agent's row as changed; the
-marks gathered while the event publisher thread is busy go out together as one
-:data:`agent_rows_changed` (after commit, on that thread, at most one push every
-:data:`ROW_PUSH_GAP_SECONDS`), so a thousand heartbeats a second cost a few pushes, not a thousand
-(each push is a round of Redis PUBLISHes). The ``live`` app connects it to the row groups of the
-pages showing the agents, whose consumers batch the changed rows into at most one frame per page
-per second (``live.rows``). Between two frames the browser's clock
-advances the age (static/js/kici.js).
+"""Live row updates for heartbeats: a heartbeat stores no event, so each marks its agent's row as
+changed and the marks go out together, at most one push every :data:`ROW_PUSH_GAP_SECONDS`, to
+the pages showing the agents (why and how: docs/serving.md, "One heartbeat").
 """
 
 from __future__ import annotations
@@ -84,14 +76,9 @@ os.register_at_fork(after_in_child=_MARKS.reset)
 
 
 def store_heartbeat(agent: Agent, active_jobs: int | None) -> None:
-    """Record a heartbeat of ``agent`` (only its ``pk``, ``agent_id`` and ``scaler_id`` are read):
-    ``last_heartbeat`` now and, when given, ``active_jobs``, in one statement and one round trip to
-    PostgreSQL; then mark its row for the open pages (:func:`push_heartbeat_row`).
-
-    The commit does not wait for its WAL flush (``synchronous_commit`` off for this statement's
-    transaction alone): a crash of PostgreSQL may forget the last fraction of a second of
-    heartbeats, which the next beats restore long before an agent counts as lost, while the flush
-    would hold the serving process idle for each heartbeat (a millisecond or more on a busy disk).
+    """Record a heartbeat of ``agent`` (only ``pk``, ``agent_id`` and ``scaler_id`` are read):
+    ``last_heartbeat`` now and, when given, ``active_jobs``, in one statement without waiting for
+    its WAL flush (docs/serving.md says why that is safe); then mark its row for the open pages.
     Raises ``DatabaseError``."""
     with connection.cursor() as cursor:
         # Two statements in one query string: PostgreSQL runs them as one implicit transaction.
@@ -116,15 +103,11 @@ def _beat_sql() -> str:
 
 
 def beat_with_session(raw: str, agent_id: str, active_jobs: int | None) -> Agent | None:
-    """Record a heartbeat of ``agent_id`` authenticated by the session token ``raw``, in one
-    statement and one round trip: :func:`store_heartbeat`'s write, made only when ``raw`` is a
-    session token, known, unexpired and ``agent_id``'s, and the agent is not in a terminal state;
-    then its row is marked for the open pages (:func:`push_heartbeat_row`).
-
-    Returns the agent (``pk``, ``agent_id``, ``state``, ``scaler_id``; its other fields unset), or
-    None when nothing was written: then ``agents.tokens.authenticate_session`` says why (or the
-    agent's state is terminal). The common heartbeat pays one round trip instead of the two of
-    reading the token and then writing. Raises ``DatabaseError``."""
+    """Record a heartbeat of ``agent_id`` authenticated by the session token ``raw`` in one
+    statement: written only when ``raw`` is ``agent_id``'s known, unexpired session token and the
+    agent has not ended. Returns the agent (``pk``, ``agent_id``, ``state``, ``scaler_id`` set), or
+    None when nothing was written (``agents.tokens.authenticate_session`` then says why). Raises
+    ``DatabaseError``."""
     if not isinstance(raw, str) or not raw.startswith(SESSION_PREFIX):
         return None
     now = timezone.now()

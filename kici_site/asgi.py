@@ -68,22 +68,10 @@ class _ResolvedOnce:
 
 class ApiHandler(_ResolvedOnce, ASGIHandler):
     """The API's asynchronous views (``/scale``, the KiCI scale-up and scale-down): Django's ASGI
-    handler over ``settings.KICI_API_MIDDLEWARE`` instead of ``MIDDLEWARE``, without its thread
-    hops. Django's gives each request a thread of its own (``ThreadSensitiveContext``) and crosses
-    to a thread for ``request_started``, for the log line of an error answer and for the
-    response's close (``request_finished``): on a busy machine each crossing waits for the
-    scheduler, and together they cost more than a refused ``/scale`` itself. Here those
-    synchronous parts (signal receivers that close connections, a log line) run on the loop's
-    thread with the loop set aside (:func:`_without_running_loop`), the body is read into memory
-    (bounded before), and the view still runs on the loop beside a watch for the client's
-    disconnect, which cancels it (admission then withdraws a request no batch has taken).
-
-    A view's thread-sensitive ``sync_to_async`` runs on asgiref's one synchronous thread of the
-    process (no request context to give it its own): it gives back any database connection it
-    took as it returns (``scalers.api``).
-
-    Django reads the middleware list from settings when it builds the chain, once, when the
-    handler is made (at import, before any request): the list is swapped in for that call alone."""
+    handler over ``settings.KICI_API_MIDDLEWARE``, with the request signals, an error's log line and
+    the response's close run on the loop's thread instead of a thread hop each; the view runs on
+    the loop beside a watch for the client's disconnect (docs/serving.md, "The machine-facing
+    API"). The middleware list is swapped in for the one call that builds the chain."""
 
     def make_view_atomic(self, view):
         view = super().make_view_atomic(view)
@@ -166,20 +154,11 @@ class ApiHandler(_ResolvedOnce, ASGIHandler):
 
 
 class SyncApiHandler(_ResolvedOnce, BaseHandler):
-    """The API's synchronous views (every ``/api/`` view but the orchestrator's ``/scale``), served
-    the way a WSGI worker serves them: the request's body is read on the event loop, then the whole
-    request (``request_started``, ``KICI_API_MIDDLEWARE``, the view, the response's content and its
-    close with ``request_finished``, which gives the database connection back to the process's
-    pool) runs as one call, on the event loop's thread, with the loop set aside for that call.
-
-    Django's ASGI handler gives each request a thread of its own and crosses to it and back for the
-    signals, the view and the close; on a busy machine each crossing waits for the scheduler, and
-    together they cost more CPU than the view (docs/serving.md). What a synchronous worker gives up
-    holds here too: while a view runs (a query or two, milliseconds) this process reads no other
-    request and pushes no WebSocket frame; the other server processes on the address do.
-
-    The loop is set aside (:func:`_without_running_loop`) so that the view runs as in a
-    synchronous worker."""
+    """The API's synchronous views (every ``/api/`` view but ``/scale``), served as a WSGI worker
+    serves them: the body is read on the event loop, then the whole request (signals, middleware,
+    view, close) runs as one call on the loop's thread with the loop set aside. While a view runs
+    this process serves nothing else; the other processes on the address do (docs/serving.md,
+    "The machine-facing API")."""
 
     def __init__(self):
         super().__init__()

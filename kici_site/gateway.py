@@ -1,13 +1,7 @@
 """The agents' gateway server: uvicorn processes serving only the agent API on the address agents
 dial (``KICI_CONSOLE_URL``), apart from the operator's daphne, so that a flood of agents reaches
-neither the pages nor the orchestrator (docs/serving.md).
-
-    python -m kici_site.gateway --listen HOST:PORT
-
-Several such processes listen on the same address (``SO_REUSEPORT``: the kernel spreads the
-connections over them; :func:`kici_site.listeners.listening_socket`). Each connection is held to
-:class:`GatewayProtocol`'s deadlines and body limit, enforced while reading: nothing is buffered
-beyond uvicorn's flow-control window, nothing is written to disk.
+neither the pages nor the orchestrator. ``python -m kici_site.gateway --listen HOST:PORT``; its
+processes share the address with ``SO_REUSEPORT`` (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -32,25 +26,11 @@ from kici_site.listeners import (
 
 
 class GatewayProtocol(HttpToolsProtocol):
-    """uvicorn's HTTP/1.1 protocol with three bounds a connection from a sandbox must keep:
-
-    * the request line and headers arrive within ``header_timeout`` seconds of the connection or
-      of the request's first byte (a kept-alive connection waits idle as uvicorn's keep-alive
-      timeout says), however slowly they trickle: else 408 and the connection is closed (a
-      connection that sent nothing at all is closed without an answer);
-    * the body arrives within ``body_timeout`` seconds of the headers: else 408 and closed;
-    * the body, declared (``Content-Length``) or chunked, is at most ``max_body`` bytes: the
-      connection is answered 413 and closed the moment more arrives, before the application
-      sees it;
-    * the request target is at most ``MAX_REQUEST_LINE_BYTES`` (else 414), one header line at most
-      ``MAX_HEADER_LINE_BYTES`` and the whole head at most ``MAX_REQUEST_HEAD_BYTES`` (else 431),
-      as on the operator's daphne (``kici_site.listeners``): answered and closed as they arrive.
-
-    A source address holding ``per_source`` connections to this process already has a new one
-    closed at once (the kernel's nft ``ct count`` rule caps them across processes; this holds
-    where that rule is not written, e.g. without isolation).
-
-    The class attributes are set from settings by :func:`protocol_class`."""
+    """uvicorn's HTTP/1.1 protocol with the bounds a connection from a sandbox must keep, enforced
+    while reading: header and body deadlines (408), the body limit (413), the head limits (414,
+    431), and ``per_source`` connections per source address; each answered and closed as it is
+    passed (the bounds and why: docs/serving.md, "The processes"). The class attributes are set
+    from settings by :func:`protocol_class`."""
 
     header_timeout = 10.0
     body_timeout = 30.0

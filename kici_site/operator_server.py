@@ -1,17 +1,9 @@
 """One operator server process: daphne (pages, WebSockets, the orchestrator's API) on every
-operator listener (``KICI_OPERATOR_LISTEN``).
-
-    python -m kici_site.operator_server [--process-num N] [--access-log FILE]
-
-binds each IPv4 listener with ``SO_REUSEPORT`` (:func:`kici_site.listeners.listening_socket`), so
-that several such processes serve one address, then runs daphne in this process adopting those
-sockets. An IPv6 listener is served by process 1 alone (daphne cannot adopt an IPv6 socket). Raises
-``SystemExit`` naming the address that cannot be bound.
-
-daphne's HTTP/1.1 is twisted's ``HTTPChannel``, which closes the connection without a word on a
-line longer than its limit: an 18 KB URL got an empty reply. Its connections here are
-:class:`OperatorChannel`, which answers such a request 414 (the request line) or 431 (a header
-line, or the whole head) with the limits of the agents' gateway (``kici_site.listeners``).
+operator listener (``KICI_OPERATOR_LISTEN``), ``python -m kici_site.operator_server
+[--process-num N] [--access-log FILE]``. IPv4 listeners are shared with ``SO_REUSEPORT``; an IPv6
+one is served by process 1 alone. Its connections are :class:`OperatorChannel`, which answers an
+over-long head 414/431 where twisted would close silently (docs/serving.md). Raises
+``SystemExit`` naming an address that cannot be bound.
 """
 
 from __future__ import annotations

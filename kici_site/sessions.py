@@ -1,15 +1,7 @@
-"""How long a signed-in session lives: an idle end and an absolute end.
-
-A session expires ``KICI_SESSION_IDLE_SECONDS`` after its last request (``SESSION_COOKIE_AGE``),
-and ``KICI_SESSION_MAX_SECONDS`` after its sign-in however busy it is. Rather than saving the
-session on every request (``SESSION_SAVE_EVERY_REQUEST``: one database write per page, htmx
-fragment and poll), :class:`SessionLifetimeMiddleware` renews its expiry at most once per
-:func:`renew_every` seconds, so the idle end comes between ``idle - renew_every`` and ``idle``
-seconds after the last request. Requests without a session cookie (the agent API,
-``/api/v1/scale``) pass untouched, with no database access.
-
-The expiry lives in the session row (``expire_date``), so an expired session is gone for every
-reader alike: pages, and the WebSockets' periodic re-check (``live.session``).
+"""How long a signed-in session lives: ``KICI_SESSION_IDLE_SECONDS`` after its last request and
+``KICI_SESSION_MAX_SECONDS`` after its sign-in; :class:`SessionLifetimeMiddleware` renews the
+expiry at most once per :func:`renew_every` seconds instead of a write per request
+(docs/browser-security.md). Requests without a session cookie pass with no database access.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The rq worker class the console runs (``rqworker``; ``RQ["WORKER_CLASS"]`` names it).
-
-A forked work-horse ends with ``os._exit``: anything still queued on the event publisher
-thread would be lost, so every job is followed by a bounded flush.
-
-Jobs are decoded with ``settings.KICI_JOB_SERIALIZER`` (JSON) whatever ``--serializer`` says: a
-pickled job runs code while it is being decoded, so an entry another Redis client pushed in
-pickle form fails to decode (the job fails) and never runs. A decoded job runs only a function
-of the console's own packages (``settings.KICI_JOB_PACKAGES``), callbacks included (:class:`KiciJob`):
-a JSON entry naming ``os.system`` fails instead.
-
-The worker imports the modules of the console's jobs (:data:`JOB_MODULES`) once, before its first
-fork: each work-horse inherits them instead of importing them again for every job (a spawn's
-backends, the docker SDK's parts, netlink and nft: about 0.2 s a job otherwise).
+"""The rq worker class the console runs (``RQ["WORKER_CLASS"]``): jobs decoded as JSON only and
+limited to the console's own functions (docs/ARCHITECTURE.md, its opening), the job
+modules imported once before the first fork, and a bounded flush of the event publisher after
+every job (a work-horse ends with ``os._exit``).
 """
 
 import ctypes

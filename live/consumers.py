@@ -625,22 +625,9 @@ def _agent_state(agent_id: str) -> str | None:
 
 class ShellConsumer(SessionBound):
     """``ws/agents/<agent_id>/shell/?cols=&rows=[&flow=ack]``: a terminal bridged to a ``docker exec``
-    with a TTY in the agent's container (:class:`live.shell.ContainerShell`), for approvers.
-
-    Frames: binary both ways are the terminal's bytes (keystrokes in, output out); text frames
-    are JSON: from the page ``{"resize": [cols, rows]}`` and, with ``?flow=ack``, ``{"ack": n}``
-    after each output frame written (at most :data:`ACK_WINDOW` in flight, so a flood of output
-    waits in the container's TTY); to the page ``{"opened": {...}}`` once, then ``{"closed":
-    reason}`` right before the close. A refusal (:func:`live.shell.shell_refusal`) is accepted and
-    closed with its reason: 4403 not an approver, 4404 no such agent, :data:`CLOSE_NOT_SHELLABLE`
-    otherwise; no exec is made.
-
-    The session ends after ``KICI_SHELL_MAX_SECONDS``, after ``KICI_SHELL_IDLE_SECONDS`` without a
-    keystroke, when the agent leaves running/held, when the shell exits, and with the socket (the
-    browser closed, the session or the permission ended). Every session is a ``shell.opened`` and
-    a ``shell.closed`` audit record and a transcript in the agent's archive
-    (:class:`live.shell.Transcript`).
-    """
+    with a TTY in the agent's container (:class:`live.shell.ContainerShell`), for approvers; a
+    refusal (:func:`live.shell.shell_refusal`) closes with its reason and makes no exec. Frames,
+    limits, audit and transcript: docs/shell.md."""
 
     shell: ContainerShell | None = None
     transcript: Transcript | None = None

@@ -1,19 +1,7 @@
-"""An approver's shell into a running or held container agent: the ``docker exec`` behind it and
-its transcript. The WebSocket side is ``live.consumers.ShellConsumer``.
-
-* :func:`shell_refusal` says why a user may not open a shell into an agent (not an approver, an
-  agent that is not running or held, not a container agent), or None.
-* :class:`ContainerShell` is one ``docker exec`` with a TTY and stdin into the agent's container
-  (``exec_create(tty=True, stdin=True)`` + ``exec_start(socket=True)``, on the docker client of
-  the agent's scaler, ``scalers.backends.runtime``), read and written as a non-blocking socket.
-  Docker does not end an exec when its client goes away, so :meth:`ContainerShell.close` ends
-  every process of the shell's session inside the container (HUP, then KILL a second later) with
-  a second, detached exec, from the pid the shell announces in an OSC sequence before anything else
-  (:data:`PID_MARK`, taken out of the output).
-* :class:`Transcript` appends one session to the agent's ``shell.log``
-  (``agents.archive.shell_transcript_path``, kept after the agent is gone, deleted with it):
-  a header, the output as the terminal showed it, each line typed under a marker naming who typed
-  it and when, and a footer with why it ended; bounded to :data:`TRANSCRIPT_MAX_BYTES` per agent.
+"""An approver's shell into a running or held container agent: who may open one
+(:func:`shell_refusal`), the ``docker exec`` with a TTY behind it (:class:`ContainerShell`, which
+ends the shell's processes itself since docker does not end an exec when its client goes away),
+and its transcript in the agent's ``shell.log`` (:class:`Transcript`). How it works: docs/shell.md.
 """
 
 from __future__ import annotations
