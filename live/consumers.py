@@ -608,6 +608,11 @@ def _terminal_size(scope) -> tuple[int, int]:
     return max(2, min(cols, 1000)), max(2, min(rows, 500))
 
 
+def _left(state: str | None) -> str:
+    """Why a shell ended when its agent is no longer running or held."""
+    return f"the agent left running/held: it is {state or 'gone'}"
+
+
 @database_sync_to_async
 def _shell_agent(user, agent_id: str) -> tuple[Agent | None, int, str | None]:
     """The agent, and the close code and reason of a refusal (reason None: the shell may open)."""
@@ -748,8 +753,15 @@ class ShellConsumer(SessionBound):
             raise
         except Exception:  # the exec's stream broke (its daemon went away): the session ends
             log.warning("shell exec stream of %s broke", self.agent, exc_info=True)
-            return await self._end("the connection to the container broke")
-        await self._end("the shell exited")
+            return await self._end(await self._left_or("the connection to the container broke"))
+        await self._end(await self._left_or("the shell exited"))
+
+    async def _left_or(self, reason: str) -> str:
+        """Why the exec ended: the agent leaving running/held (its container stopping ends the exec
+        before the watch's next look) when it did, else ``reason``."""
+        assert self.agent is not None, "set in connect"
+        state = await _agent_state(self.agent.agent_id)
+        return reason if state in SHELL_STATES else _left(state)
 
     async def _watch(self) -> None:
         """End the session at its time limit, when idle, or when the agent left running/held."""
@@ -762,7 +774,7 @@ class ShellConsumer(SessionBound):
                 return await self._end(f"idle: no keystroke for {format_duration(self.idle_seconds)}")
             state = await _agent_state(self.agent.agent_id)
             if state not in SHELL_STATES:
-                return await self._end(f"the agent left running/held: it is {state or 'gone'}")
+                return await self._end(_left(state))
             left = min(self.opened_clock + self.max_seconds, self.last_input + self.idle_seconds) - time.monotonic()
             await asyncio.sleep(max(0.05, min(SHELL_CHECK_SECONDS, left)))
 
@@ -803,7 +815,9 @@ class ShellConsumer(SessionBound):
         if self.shell is None:
             return
         if not self.ended:
-            reason = _SOCKET_ENDS.get(code, f"the browser closed the shell (code {code})")
+            reason = _SOCKET_ENDS.get(code) or (
+                f"the browser closed the shell (code {code})" if code else "the browser closed the shell"
+            )
             # Shielded: the server may cancel a consumer that is slow to leave; the records still finish.
             await asyncio.shield(asyncio.ensure_future(self._end(reason, socket_open=False)))
         else:  # an end under way (a limit, the shell's exit) finishes its records first

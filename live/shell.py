@@ -13,6 +13,9 @@ import os
 import re
 from datetime import UTC, datetime
 
+import docker.errors
+import requests
+
 from agents.archive import ARCHIVE_BYTES, shell_transcript_path
 from agents.choices import AgentState
 from agents.models import Agent
@@ -154,8 +157,9 @@ class ContainerShell:
                 self.client.api.exec_start(kill, detach=True)  # it runs its second on its own
             elif self.client.api.exec_inspect(self.exec_id).get("Running"):
                 log.warning("shell exec %s announced no pid: its processes are left running", self.exec_id)
-        except Exception:  # the container is gone, or its daemon: nothing left to end
-            log.info("could not end shell exec %s", self.exec_id, exc_info=True)
+        except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+            # the container stopped or is gone, or its daemon: nothing left to end
+            log.info("shell exec %s: its processes were not ended (%s)", self.exec_id, str(exc).splitlines()[0][:200])
         finally:
             for part in (self.sock, self._stream, self.client):
                 with contextlib.suppress(Exception):

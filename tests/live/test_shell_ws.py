@@ -193,13 +193,14 @@ async def test_a_shell_runs_a_command_and_its_transcript_outlives_a_closed_brows
     assert b"kici-shell;pid" not in output  # the pid mark is the bridge's, not the page's
     await comm.send_to(bytes_data=b"sleep 445\r")
     await asyncio.sleep(0.3)
-    await comm.disconnect()  # the browser just goes away
+    await comm.disconnect(code=None)  # the browser just goes away (a close without a code)
 
     records = await database_sync_to_async(_records_when_closed)(agent.agent_id)
     assert [r.action for r in records] == ["shell.opened", "shell.closed"]
     assert all(r.actor == "shell-approver" and r.scaler_name == "shell-container" for r in records)
     closed = records[1].detail
     assert "the browser closed the shell" in closed and " in, " in closed and " out)" in closed, closed
+    assert "(code" not in closed, closed
     transcript = shell_transcript_path(agent.agent_id).read_text(errors="replace")
     assert "opened by shell-approver" in transcript
     assert "[kici-shell input by shell-approver at " in transcript
@@ -246,6 +247,22 @@ async def test_a_session_ends_when_the_agent_leaves_running(container_agent, app
     _, messages, closed = await _until_closed(comm, 8)
     assert closed is not None and closed["code"] == 1000
     assert messages[-1] == {"closed": "the agent left running/held: it is destroying"}
+    await comm.disconnect()
+
+
+@pytest.mark.docker
+async def test_an_agent_torn_down_under_its_shell_is_why_the_shell_ended(container_agent, approver):
+    """The teardown stops the container, which ends the exec before the watch's next look: the
+    page and the record say the agent left, not that the shell exited."""
+    agent, container = container_agent
+    comm = await _socket(approver, agent.agent_id)
+    await comm.receive_output(timeout=10)  # opened
+    await database_sync_to_async(Agent.objects.filter(pk=agent.pk).update)(state=AgentState.DESTROYING)
+    await asyncio.to_thread(container.kill)
+    _, messages, closed = await _until_closed(comm, 8)
+    assert closed is not None and messages[-1] == {"closed": "the agent left running/held: it is destroying"}
+    records = await database_sync_to_async(_records_when_closed)(agent.agent_id)
+    assert records[-1].detail.endswith("the agent left running/held: it is destroying"), records[-1].detail
     await comm.disconnect()
 
 
