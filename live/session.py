@@ -14,6 +14,7 @@ import logging
 from importlib import import_module
 
 from asgiref.sync import async_to_sync
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
@@ -78,6 +79,21 @@ class SessionBound(AsyncWebsocketConsumer):
     session_perm: str | None = None
     _session_group: str | None = None
     _session_watch: asyncio.Task | None = None
+
+    async def send(self, text_data=None, bytes_data=None, close=False):
+        """Send a frame; one racing the browser's leaving is dropped (daphne raises autobahn's
+        ``Disconnected`` for it), as nobody is left to read it and ``disconnect`` follows."""
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except Disconnected:
+            log.debug("a frame for a socket that just closed was dropped")
+
+    async def close(self, code=None, reason=None):
+        """Close the socket; a socket the browser closed already needs nothing more."""
+        try:
+            await super().close(code=code, reason=reason)
+        except Disconnected:
+            log.debug("a close for a socket that just closed was dropped")
 
     async def bind_session(self, perm: str | None) -> None:
         self.session_perm = perm

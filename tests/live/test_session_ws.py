@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -14,7 +15,7 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 
 from live.consumers import close_console_hub
-from live.session import CLOSE_FORBIDDEN, CLOSE_SIGNED_OUT, SESSION_CHECK_SECONDS
+from live.session import CLOSE_FORBIDDEN, CLOSE_SIGNED_OUT, SESSION_CHECK_SECONDS, SessionBound
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -157,3 +158,17 @@ async def test_the_periodic_check_closes_a_socket_whose_right_ended(two_sessions
         assert await close_code(comm, 3) == code
     assert await stays_open(other, 0.5)
     await other.disconnect()
+
+
+async def test_a_frame_or_close_racing_the_browsers_leaving_is_dropped_not_raised():
+    """daphne raises autobahn's Disconnected for a frame sent as the browser leaves (a snapshot sent
+    after a quick navigation); every consumer drops it instead of logging an application error."""
+
+    async def gone(message):
+        raise Disconnected("Attempt to send on a closed protocol")
+
+    consumer = SessionBound()
+    consumer.base_send = gone
+    await consumer.send(text_data="late frame")
+    await consumer.send(bytes_data=b"late bytes")
+    await consumer.close(code=1000)
