@@ -32,16 +32,16 @@ from .models import Finding, Operation
 
 log = logging.getLogger(__name__)
 
-#: The kinds, in the order the panel lists them, each with its name for people; every one is a
-#: value of the gauge's ``kind`` label.
-KIND_NAMES = {
-    "approval": "awaiting approval",
-    "lost": "lost agents",
-    "held": "held agents",
-    "waiting": "waiting jobs",
-    "not_ready": "scalers not ready",
-    "isolation": "isolation repairs",
-    "findings": "orphans and drift found",
+#: The kinds, in the order the panel lists them, each with its name for people, one and many;
+#: every one is a value of the gauge's ``kind`` label.
+KIND_NAMES: dict[str, tuple[str, str]] = {
+    "approval": ("awaiting approval", "awaiting approval"),
+    "lost": ("lost agent", "lost agents"),
+    "held": ("held agent", "held agents"),
+    "waiting": ("waiting job", "waiting jobs"),
+    "not_ready": ("scaler not ready", "scalers not ready"),
+    "isolation": ("isolation repair", "isolation repairs"),
+    "findings": ("orphan or drift found", "orphans and drift found"),
 }
 KINDS = tuple(KIND_NAMES)
 
@@ -104,8 +104,8 @@ class Attention:
 
     @property
     def summary(self) -> str:
-        """``2 awaiting approval, 1 lost agents``, or ``nothing needs you``."""
-        parts = [f"{n} {KIND_NAMES[kind]}" for kind, n in self.counts.items() if n]
+        """``2 awaiting approval, 1 lost agent``, or ``nothing needs you``."""
+        parts = [f"{n} {KIND_NAMES[kind][n != 1]}" for kind, n in self.counts.items() if n]
         return ", ".join(parts) or "nothing needs you"
 
     def add(self, item: Item) -> None:

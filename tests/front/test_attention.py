@@ -239,8 +239,10 @@ def test_held_agents_appear_per_scaler_with_who_holds_each_until_they_end(viewer
     # The soonest to end first.
     assert shown.index("held-a (") < shown.index("held-b (")
     assert " on d" not in shown and badge(viewer_client) == "2"
+    assert needs_attention().summary == "2 held agents"
     Agent.objects.filter(pk=a.pk).update(state=AgentState.DESTROYED)
     assert "1 held agent on c: its sandbox kept" in panel(viewer_client) and badge(viewer_client) == "1"
+    assert needs_attention().summary == "1 held agent"  # the badge's title: one is not "agents"
     Agent.objects.filter(pk=b.pk).update(state=AgentState.FAILED)
     assert "Nothing needs you." in panel(viewer_client)
 
