@@ -231,6 +231,8 @@ def test_an_approved_hold_is_armed_taken_at_the_agents_end_shown_and_released_ea
     login(client, users["viewer"])
     page = client.get(f"/agents/{agent.agent_id}/").content.decode()
     assert "hold armed by ops-operator, approved by ops-approver" in page and "flaky test in job-1" in page
+    hold_cell = page.split('id="agent-hold"', 1)[1].split("</span>", 1)[0]
+    assert hold_cell.count("hold armed") == 1, hold_cell  # said once, not as a badge and again
 
     release_agent(agent.agent_id, "cancelled")  # any end, not only a failure, is held
     held = fresh(agent)
