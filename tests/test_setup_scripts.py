@@ -7,6 +7,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,3 +62,18 @@ def test_make_run_builds_the_firecracker_guest_only_for_a_config_with_a_firecrac
     assert not uses("containers.yaml") and not uses("containers.yaml", "other") and not uses("containers.yaml", "")
     run_sh = (ROOT / "scripts" / "run.sh").read_text()
     assert 'config_uses_firecracker "$KICI_SCALER_CONFIG_PATH"' in run_sh and "sandbox_agent/build_guest.sh" in run_sh
+
+
+def test_the_default_configs_agent_settings_are_ones_the_agent_reads():
+    """A ``KICI_*`` variable in ``examples/scalers.yaml``'s ``env`` that the console's agent does
+    not read is a setting an operator copies and trusts but nothing obeys."""
+    config = yaml.safe_load((ROOT / "examples" / "scalers.yaml").read_text())
+    agent = (ROOT / "sandbox_agent" / "kici_agent.py").read_text()
+    names = {
+        name
+        for scaler in config["scalers"]
+        for label_set in scaler.get("labelSets", [])
+        for name in (label_set.get("env") or {})
+        if name.startswith("KICI_")
+    }
+    assert not {name for name in names if f'"{name}"' not in agent}
