@@ -270,10 +270,11 @@ class NftClient:
         """Cap the connections one source may hold to the console's agent gateway (the address and
         port of ``KICI_CONSOLE_URL``) at ``KICI_GATEWAY_CONNECTIONS_PER_SOURCE``
         (:func:`render_gateway_cap`); nothing when the URL's host is a name, not an address. The
-        set of sources is made once (nft marks it dynamic, so adding it again is refused as
-        existing); the chain is refilled each time. A kernel that refuses the rule (no conntrack
-        count) is logged, not raised: the isolation does not depend on it, and each gateway
-        process caps a source's connections too (``kici_site.gateway``)."""
+        set of sources is made in the transaction of the rule that adds to it: only so does nft
+        make it dynamic (its JSON has no such flag), which the rule needs; once made, adding it
+        again is refused as existing, and the chain alone is refilled. A kernel that refuses the
+        rule (no conntrack count) is logged, not raised: the isolation does not depend on it, and
+        each gateway process caps a source's connections too (``kici_site.gateway``)."""
         url = urlsplit(settings.KICI_CONSOLE_URL)
         host = url.hostname or ""
         try:
@@ -284,13 +285,24 @@ class NftClient:
         cmds = render_gateway_cap(self.table, host, url.port or 80, limit)
         try:
             try:
-                self.apply_document(cmds[:2])
+                self.apply_document(cmds)
             except NftError as exc:
-                if not exc.exists:
-                    raise
-            self.apply_document([cmds[0], *cmds[2:]])
+                if exc.exists:
+                    self.apply_document([cmds[0], *cmds[2:]])
+                else:
+                    self._remake_sources_set(cmds, exc)
         except NftError as exc:
             log.warning("the gateway's connection cap was not written to table %s: %s", self.table, exc)
+
+    def _remake_sources_set(self, cmds: list[dict], refused: NftError) -> None:
+        """Make the gateway cap's set of sources again with its rule: one made without it (not
+        dynamic) refuses the rule. Raises ``refused`` when there was no such set to remove."""
+        made = cmds[1]["add"]["set"]
+        try:
+            self.apply_document([{"delete": {"set": {k: made[k] for k in ("family", "table", "name")}}}])
+        except NftError:
+            raise refused from None
+        self.apply_document(cmds)
 
     def host_networks(self) -> list:
         """The connected subnets of the namespace the table is in (``network.netlink.host_networks``
