@@ -368,6 +368,24 @@ def teach_gateway(pid: int, mac: str, gateway: str, bridge: str) -> None:
 
 
 @_netns_aware
+def teach_bridge(address: str, mac: str, bridge: str) -> None:
+    """On ``bridge``: record ``address`` (a sandbox's, just given to it) at ``mac`` as a ``stale``
+    neighbour entry. An address freed by one sandbox and given to the next is otherwise still
+    mapped to the old sandbox's MAC, and the host's answers go there until the kernel's probe
+    notices, seconds later: the new sandbox learned the gateway's MAC without asking
+    (:func:`teach_gateway`), so the host never hears it. Sends nothing. Raises
+    :class:`NetlinkError` when the bridge is missing or the kernel refuses."""
+    with _ipr() as ipr:
+        index = _index(ipr, bridge)
+        if index is None:
+            raise NetlinkError(f"bridge {bridge} not found{_where()}")
+        try:
+            ipr.neigh("replace", dst=address, lladdr=mac, ifindex=index, state=NUD_STALE)
+        except _PyrNetlinkError as exc:
+            raise NetlinkError(f"cannot set the neighbour {address} on {bridge}{_where()}: {exc}") from exc
+
+
+@_netns_aware
 def delete_link(name: str) -> bool:
     """Delete an interface; a missing one is a no-op. Returns True when one was deleted."""
     with _ipr() as ipr:

@@ -157,3 +157,15 @@ def test_a_missing_namespace_is_a_clear_error():
     require_root()
     with pytest.raises(NetlinkError, match="net-does-not-exist cannot be opened"):
         netlink.link_names(netns="net-does-not-exist")
+
+
+@pytest.mark.root
+def test_the_bridge_is_taught_a_reused_address_at_its_new_holders_mac(ns):
+    netlink.ensure_bridge("kici-br9", "10.213.7.1/24", netns=ns.name)
+    ns.ip("link", "set", "kici-br9", "up")
+    ns.ip("neigh", "add", "10.213.7.2", "lladdr", "02:00:00:00:00:0a", "dev", "kici-br9", "nud", "reachable")
+    netlink.teach_bridge("10.213.7.2", "02:00:00:00:00:0b", "kici-br9", netns=ns.name)
+    shown = ns.ip("neigh", "show", "10.213.7.2", "dev", "kici-br9").stdout
+    assert "02:00:00:00:00:0b" in shown and "02:00:00:00:00:0a" not in shown, shown
+    with pytest.raises(NetlinkError, match="kici-br8 not found"):
+        netlink.teach_bridge("10.213.7.2", "02:00:00:00:00:0b", "kici-br8", netns=ns.name)

@@ -235,15 +235,17 @@ def bridge_port(agent, container_id: str, mac: str | None, pid: int | None, brid
     return netlink.bridge_port_of(pid, mac, bridge, netns=netns)
 
 
-def teach_gateway(pid: int, mac: str, bridge: str, netns: str | None) -> None:
+def teach_gateway(pid: int, mac: str, address: str, bridge: str, netns: str | None) -> None:
     """Now that the container's port is bound, give it the gateway's MAC
-    (``network.netlink.teach_gateway``): its first connection to the console then leaves at once
-    instead of after the kernel's next ARP attempt, a second later. Only a latency is at stake,
-    so a failure is logged, never raised."""
+    (``network.netlink.teach_gateway``) and the bridge the container's (``teach_bridge``): its
+    first connection to the console then leaves at once instead of after the kernel's next ARP
+    attempt, a second later, and the answers reach it even when its address was another
+    sandbox's a moment ago. Only a latency is at stake, so a failure is logged, never raised."""
     try:
         netlink.teach_gateway(pid, mac, ISOLATED_NETWORK_GATEWAY, bridge, netns=netns)
+        netlink.teach_bridge(address, mac, bridge, netns=netns)
     except netlink.NetlinkError as exc:
-        log.info("could not give container pid %s its gateway's MAC: %s", pid, exc)
+        log.info("could not teach container pid %s and its bridge each other's MAC: %s", pid, exc)
 
 
 def spawn_container(
@@ -341,7 +343,7 @@ def spawn_container(
             if address:
                 rules.isolation.apply(address, policy_cfg, host_access, port=port, mac=mac if port else None)
                 if port and mac and pid and bridge:
-                    teach_gateway(pid, mac, bridge, rules.isolation.client.netns)
+                    teach_gateway(pid, mac, address, bridge, rules.isolation.client.netns)
             else:
                 log.warning(
                     "agent %s has no address on %s; no isolation rules written",

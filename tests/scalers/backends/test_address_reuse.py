@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import subprocess
 
 import pytest
 from django.utils import timezone
@@ -147,6 +148,12 @@ def test_destroying_a_dead_agent_leaves_the_rules_of_the_live_agent_now_on_its_a
     assert _rules_in_force(nft_table, x) == b_rules
     assert any("dport 4444" in line for line in b_rules)
     assert b.bridge_port and b.bridge_port in _bound_ports(nft_table, x)
+    # The bridge knows X at B's MAC (the spawn taught it): the host's answers reach B at once
+    # instead of going to A's old MAC until the kernel's probe, seconds later.
+    b_mac = docker_client.api.inspect_container(b.managed_id)["NetworkSettings"]["Networks"][ISOLATED_NETWORK_NAME]
+    ip_cmd = ["ip", "-n", nft_table.netns] if nft_table.netns else ["ip"]
+    neigh = subprocess.run([*ip_cmd, "neigh", "show", x], capture_output=True, text=True, check=True).stdout
+    assert b_mac["MacAddress"].lower() in neigh.lower(), neigh
 
     # An operator destroys the dead agent A through an approved agent-destroy operation.
     op = create_operation("agent-destroy", {"agent_ids": [a.agent_id]}, users["operator"])
