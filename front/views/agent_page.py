@@ -7,6 +7,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from agents.archive import shell_transcript_path
 from agents.models import ScalerEvent
 from lib.errors import error_page
 from lib.query import check_parameters, choice
@@ -48,6 +49,7 @@ def agent_detail(request, agent_id: str):
         "can_selftest": can_run_selftest(request.user),
         "max_hold_reason": MAX_HOLD_REASON,
         "streams": console_streams(agent),
+        "shell_transcripts": shell_transcript_path(agent.agent_id).exists(),
         "page_version": agent_page_version(agent),
         "event_resync_url": f"{reverse('agent_detail', args=[agent.agent_id])}?part=events",
     }

@@ -22,7 +22,10 @@ def test_who_is_not_an_approver_gets_no_shell_page_link_or_transcript(request, w
     agent = _agent()
     assert client.get(f"/agents/{agent.agent_id}/shell/").status_code == 403
     assert client.get(f"/agents/{agent.agent_id}/shell/transcript").status_code == 403
-    assert 'id="shell-link"' not in client.get(f"/agents/{agent.agent_id}/").content.decode()
+    shell_transcript_path(agent.agent_id).parent.mkdir(parents=True, exist_ok=True)
+    shell_transcript_path(agent.agent_id).write_text("=== shell opened ===\n")
+    page = client.get(f"/agents/{agent.agent_id}/").content.decode()
+    assert 'id="shell-link"' not in page and 'id="shell-transcripts"' not in page
 
 
 @pytest.mark.parametrize("state", [AgentState.RUNNING, AgentState.HELD])
@@ -55,6 +58,7 @@ def test_an_agent_the_shell_cannot_enter_gets_the_reason_and_no_terminal(approve
 def test_the_transcripts_download_once_a_shell_was_opened(approver_client):
     agent = _agent(AgentState.DESTROYED)
     assert approver_client.get(f"/agents/{agent.agent_id}/shell/transcript").status_code == 404
+    assert 'id="shell-transcripts"' not in approver_client.get(f"/agents/{agent.agent_id}/").content.decode()
     path = shell_transcript_path(agent.agent_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"=== shell opened ===\n\x1b[1mbold\x1b[0m\n")
@@ -63,3 +67,6 @@ def test_the_transcripts_download_once_a_shell_was_opened(approver_client):
     assert b"".join(response.streaming_content) == path.read_bytes()
     assert response["Content-Disposition"] == f'attachment; filename="{agent.agent_id}-shell.log"'
     assert "Download transcripts" in approver_client.get(f"/agents/{agent.agent_id}/shell/").content.decode()
+    # A finished agent's page links its transcripts.
+    link = f'id="shell-transcripts" href="/agents/{agent.agent_id}/shell/transcript"'
+    assert link in approver_client.get(f"/agents/{agent.agent_id}/").content.decode()
