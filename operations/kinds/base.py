@@ -175,11 +175,12 @@ class Kind:
 
 
 def is_registered(agent) -> bool:
-    """Whether an agent row says its agent registered and is still live."""
+    """Whether an agent row says its agent registered and its sandbox still runs (a held agent's
+    is kept running, drained)."""
     return (
         agent is not None
         and agent.registered_at is not None
-        and agent.state in (AgentState.RUNNING, AgentState.DRAINING)
+        and agent.state in (AgentState.RUNNING, AgentState.DRAINING, AgentState.HELD)
     )
 
 

@@ -222,9 +222,12 @@ def test_expiry_and_releases_racing_end_a_hold_once(backend):
 
 def test_an_approved_hold_is_armed_taken_at_the_agents_end_shown_and_released_early(backend, users, client):
     scaler = make_scaler()
-    agent = make_agent(scaler, AgentState.RUNNING, managed_id="c" * 64, bound_job_id="job-1")
+    agent = make_agent(
+        scaler, AgentState.RUNNING, managed_id="c" * 64, bound_job_id="job-1", registered_at=timezone.now()
+    )
     op = run("agent-hold", users, agent_ids=[agent.agent_id], params={"reason": "flaky test in job-1", "seconds": 900})
     assert op.status == "succeeded", op.outcomes
+    assert op.plan[0]["evidence"]["registered"] is True
     armed = fresh(agent)
     assert armed.state == AgentState.RUNNING
     assert (armed.hold["by"], armed.hold["approvedBy"], armed.hold["seconds"]) == ("ops-operator", "ops-approver", 900)
@@ -247,6 +250,7 @@ def test_an_approved_hold_is_armed_taken_at_the_agents_end_shown_and_released_ea
 
     op = run("hold-release", users, agent_ids=[agent.agent_id])
     assert op.status == "succeeded" and op.outcomes[f"agent:{agent.agent_id}"]["outcome"] == "done", op.outcomes
+    assert op.plan[0]["evidence"]["registered"] is True  # a held agent's sandbox still runs it
     ended = fresh(agent)
     assert ended.state == AgentState.DESTROYED and backend.destroyed == [(agent.agent_id, True)]
     assert not Reservation.objects.filter(agent=agent).exists()
