@@ -110,6 +110,10 @@ def _parse_port(entry: str, text: str | None) -> int | None:
     port = int(text)
     if not 1 <= port <= 65535:
         raise HostAccessError(entry, f"hostAccess entry {_quote(entry)} has port {text}, outside 1-65535")
+    if text.startswith("0"):  # as an octet's: the entry is kept as written, so it must read as it means
+        raise HostAccessError(
+            entry, f"hostAccess entry {_quote(entry)} has port {_quote(text)} with a leading zero: write {port}"
+        )
     return port
 
 

@@ -202,6 +202,9 @@ def test_each_accepted_entry_parses_to_its_normal_form(entry, canonical):
         ("10.0.0.0/33:443", "not a valid IPv4 CIDR: prefix /33 is above 32"),
         ("10.0.0.1/024", "not a valid IPv4 CIDR: prefix /024 has a leading zero"),
         ("10.0.0.0/", 'the prefix after "/" is "", not a number 0-32'),
+        ("172.30.0.1:08000", 'has port "08000" with a leading zero: write 8000'),
+        ("[fd00::1]:0443", 'has port "0443" with a leading zero: write 443'),
+        ("080", 'has port "080" with a leading zero: write 80'),
     ],
 )
 def test_a_dotted_number_that_is_no_address_says_what_is_wrong_not_hostnames(text, reason):
