@@ -332,6 +332,7 @@ def parse_host_access_entry(text: str) -> HostAccessEntry:
 
 
 _LOOPBACK4 = ipaddress.IPv4Network("127.0.0.0/8")
+_UNSPECIFIED4 = ipaddress.IPv4Network("0.0.0.0/32")
 _LOOPBACK6 = ipaddress.IPv6Network("::1/128")
 
 
@@ -506,12 +507,16 @@ def host_access_warnings(
             )
             continue
         covered = None if known is None or net is None else [a for a in known if a in net]
-        if covered == []:
-            listed = ", ".join(str(a) for a in known or ()) or "none"
+        if covered == [] and net is not None:
+            # The host's addresses of the entry's family: an IPv4 entry is not told of link-local IPv6.
+            listed = ", ".join(str(a) for a in known or () if a.version == net.version) or "none"
+            every = ""
+            if net == _UNSPECIFIED4 and entry.port:  # "0.0.0.0:port" read as a listen address
+                every = f' For port {entry.port} on every host IPv4 address, write "*:{entry.port}".'
             warnings.append(
                 f"hostAccess entry {_quote(entry.text)} holds none of this host's addresses ({listed}), so this "
                 "entry opens nothing: host access opens ports on the host's own addresses only. What agents may "
-                "reach on other machines is the label set's networkPolicy allowlist."
+                f"reach on other machines is the label set's networkPolicy allowlist.{every}"
             )
             continue
         example = f' (e.g. "{_gateway_entry(gateway, 53).text}")' if gateway is not None else ""

@@ -449,15 +449,30 @@ def test_a_hostname_error_reads_as_the_reference_example():
     )
 
 
-HOST = [ipaddress.ip_address(a) for a in ("127.0.0.1", "172.30.0.1", "192.168.1.10", "192.168.7.1", "::1")]
+HOST = [
+    ipaddress.ip_address(a)
+    for a in ("127.0.0.1", "172.30.0.1", "192.168.1.10", "192.168.7.1", "::1", "fe80::1c2d:3eff:fe4f:5a6b")
+]
 
 
-@pytest.mark.parametrize("entry", ["10.0.0.0/8:22", "10.0.0.5:443", "10.0.0.0/8", "[fd00::/64]:443", "10.0.0.5"])
+@pytest.mark.parametrize("entry", ["10.0.0.0/8:22", "10.0.0.5:443", "10.0.0.0/8", "10.0.0.5"])
 def test_an_address_or_range_holding_none_of_the_host_addresses_opens_nothing(entry):
     (warning,) = host_access_warnings([entry], HOST)
     assert warning.startswith(f'hostAccess entry "{entry}" holds none of this host\'s addresses (')
-    assert "172.30.0.1, 192.168.1.10, 192.168.7.1)" in warning and "127.0.0.1" not in warning
-    assert "so this entry opens nothing" in warning
+    # The host's addresses of the entry's family: no loopback, no link-local IPv6 for an IPv4 entry.
+    assert "(172.30.0.1, 192.168.1.10, 192.168.7.1)" in warning and "127.0.0.1" not in warning
+    assert "so this entry opens nothing" in warning and "write" not in warning
+
+
+def test_an_ipv6_entry_holding_none_of_the_host_addresses_lists_those_of_its_family():
+    (warning,) = host_access_warnings(["[fd00::/64]:443"], HOST)
+    assert "holds none of this host's addresses (fe80::1c2d:3eff:fe4f:5a6b), so this entry opens nothing" in warning
+
+
+def test_a_listen_address_written_as_an_entry_is_told_the_wildcard():
+    (warning,) = host_access_warnings(["0.0.0.0:8000"], HOST)
+    assert "holds none of this host's addresses" in warning
+    assert warning.endswith('For port 8000 on every host IPv4 address, write "*:8000".'), warning
 
 
 def test_a_range_with_a_port_over_several_host_addresses_names_them():
