@@ -600,6 +600,8 @@ def test_the_bare_gateway_is_warned_about_like_a_wide_entry(operator_client, lab
     """``172.30.0.1`` is every port of the host as agents see it: warned about, naming what listens."""
     settings.KICI_OPERATOR_LISTEN = []
     lo = (ipaddress.ip_address("127.0.0.1"),)
+    # The console's Redis named, not the suite's (make test's listens on another port).
+    settings.REDIS_URL = "redis://127.0.0.1:6379/12"
     monkeypatch.setattr("front.host_access_editor.tcp_listening", lambda: {22: WILDCARD, 5432: lo, 6379: lo})
     answer = operator_client.post(BASE + "preview", {"mode": "explicit", "entries": "172.30.0.1"}, **HTMX)
     html = unescape(answer.content.decode())
