@@ -33,10 +33,15 @@ _STATUS_PHRASES = {
 }
 
 
+def _error_body(reason: str, message: str) -> bytes:
+    """An answer's body in the one ``/api/v1`` error shape (``lib.errors.api_error``)."""
+    return json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
+
+
 def closing_answer(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP/1.1 response in the ``/api/v1`` error shape that closes the connection, for a
     server refusing a request before the application sees it (408, 413, 414, 431)."""
-    body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
+    body = _error_body(reason, message)
     head = (
         f"HTTP/1.1 {status} {_STATUS_PHRASES[status]}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
@@ -121,9 +126,9 @@ def _content_length(scope: dict) -> int | None:
 
 
 async def _send_json(send, status: int, reason: str, message: str) -> None:
-    """An answer in the one ``/api/v1`` error shape (``lib.errors.api_error``); a 413 also
-    asks the server to close the connection rather than read the rest of the body."""
-    body = json.dumps({"error": {"code": reason, "message": message}, "reason": reason}).encode()
+    """An answer in the one ``/api/v1`` error shape; a 413 also asks the server to close the
+    connection rather than read the rest of the body."""
+    body = _error_body(reason, message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 413:
         headers.append((b"connection", b"close"))
