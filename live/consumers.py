@@ -36,7 +36,16 @@ from .publish import EVENTS_GLOBAL_GROUP, events_agent_group, operation_group
 from .render import render_live_update
 from .rows import MAX_DIRTY, ROW_BATCH_SECONDS, RowView, row_view
 from .session import CLOSE_FORBIDDEN, CLOSE_SIGNED_OUT, SessionBound
-from .shell import SHELL_PERM, SHELL_STATES, ContainerShell, Transcript, may_open_shells, shell_refusal
+from .shell import (
+    SHELL_PERM,
+    SHELL_STATES,
+    ContainerShell,
+    Transcript,
+    may_open_shells,
+    shell_refusal,
+    stamp,
+    terminal_size,
+)
 from .streams import Line, StreamKey, ViewerBuffer, console_row
 from .transport import RedisTransport
 
@@ -605,7 +614,7 @@ def _terminal_size(scope) -> tuple[int, int]:
         cols, rows = int(query["cols"][0]), int(query["rows"][0])
     except (KeyError, ValueError):
         return 80, 24
-    return max(2, min(cols, 1000)), max(2, min(rows, 500))
+    return terminal_size(cols, rows)
 
 
 def _left(state: str | None) -> str:
@@ -663,9 +672,10 @@ class ShellConsumer(SessionBound):
         self.bytes_in = self.bytes_out = 0
         self.max_seconds, self.idle_seconds = settings.KICI_SHELL_MAX_SECONDS, settings.KICI_SHELL_IDLE_SECONDS
         self.transcript = Transcript(agent.agent_id, self.actor)
+        header = self._header()
         try:
-            await asyncio.to_thread(self.transcript.open, self._header())
-            await self._audit(AuditAction.SHELL_OPENED, self._header(), at=self.opened_at)
+            await asyncio.to_thread(self.transcript.open, header)
+            await self._audit(AuditAction.SHELL_OPENED, header, at=self.opened_at)
         except Exception as exc:  # not recorded, no shell: every session is in the archive and the trail
             log.warning("shell into %s refused: it could not be recorded", agent.agent_id, exc_info=True)
             await asyncio.to_thread(self.shell.close)
@@ -689,7 +699,7 @@ class ShellConsumer(SessionBound):
         return (
             f"shell into agent {self.agent.agent_id} ({self.agent.state}, scaler {self.agent.scaler.name}, "
             f"container {self.shell.container_id[:12]}) opened by {self.actor} at "
-            f"{self.opened_at:%Y-%m-%dT%H:%M:%SZ}; limits {format_duration(self.max_seconds)}, "
+            f"{stamp(self.opened_at)}; limits {format_duration(self.max_seconds)}, "
             f"idle {format_duration(self.idle_seconds)}"
         )
 
@@ -732,7 +742,7 @@ class ShellConsumer(SessionBound):
         size = data.get("resize")
         if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) for v in size):
             assert self.shell is not None, "set in connect"
-            cols, rows = max(2, min(size[0], 1000)), max(2, min(size[1], 500))
+            cols, rows = terminal_size(*size)
             with contextlib.suppress(Exception):  # an exec that just ended: the reader ends the session
                 await asyncio.to_thread(self.shell.resize, cols, rows)
 
@@ -795,8 +805,8 @@ class ShellConsumer(SessionBound):
         ended_at = timezone.now()
         seconds = (ended_at - self.opened_at).total_seconds()
         summary = (
-            f"shell into agent {self.agent.agent_id} by {self.actor} closed at {ended_at:%Y-%m-%dT%H:%M:%SZ} "
-            f"(opened {self.opened_at:%Y-%m-%dT%H:%M:%SZ}, {seconds:.1f} s; "
+            f"shell into agent {self.agent.agent_id} by {self.actor} closed at {stamp(ended_at)} "
+            f"(opened {stamp(self.opened_at)}, {seconds:.1f} s; "
             f"{format_bytes_iec(self.bytes_in)} in, {format_bytes_iec(self.bytes_out)} out): {reason}"
         )
         await asyncio.to_thread(self.transcript.close, summary, ended_at)

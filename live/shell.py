@@ -166,8 +166,14 @@ class ContainerShell:
                     part.close()
 
 
-def _stamp(moment: datetime) -> str:
+def stamp(moment: datetime) -> str:
+    """``moment`` as a shell's records write it: UTC, to the second (``2026-12-05T15:30:00Z``)."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def terminal_size(cols: int, rows: int) -> tuple[int, int]:
+    """``(cols, rows)`` held to the sizes a shell's terminal may take (2-1000 × 2-500)."""
+    return max(2, min(cols, 1000)), max(2, min(rows, 500))
 
 
 def _typed(line: bytes) -> str:
@@ -233,7 +239,7 @@ class Transcript:
     def _mark_line(self, line: bytes, now: datetime) -> None:
         if not line:  # Enter alone, or the \n of a pasted \r\n
             return
-        self._write(f"\n[kici-shell input by {self.user} at {_stamp(now)}] {_typed(line)}\n".encode(), always=True)
+        self._write(f"\n[kici-shell input by {self.user} at {stamp(now)}] {_typed(line)}\n".encode(), always=True)
 
     def close(self, footer: str, now: datetime) -> None:
         if self._line:
