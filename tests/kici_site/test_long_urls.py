@@ -4,18 +4,12 @@ as make run starts them: daphne on the operator's address, the uvicorn gateway o
 from __future__ import annotations
 
 import select
-import signal
 import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 from kici_site.listeners import MAX_REQUEST_LINE_BYTES
-from tests.support.servers import REPO, free_port, run_gateway, server_env
+from tests.support.servers import free_port, operator_server, run_gateway
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,41 +45,6 @@ def _many_headers(count: int, size: int) -> bytes:
 
 def _long_header(size: int) -> bytes:
     return f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: {'a' * size}\r\nConnection: close\r\n\r\n".encode()
-
-
-@contextmanager
-def _operator_server(db: dict, port: int) -> Iterator[None]:
-    """``python -m kici_site.operator_server`` (as make run starts it) on 127.0.0.1:``port``."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kici_site.operator_server"],
-        cwd=REPO,
-        env=server_env(db, f"127.0.0.1:{port}"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not _listening(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the operator server did not start")
-            time.sleep(0.2)
-        yield
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 #: (request, status line) over each limit of kici_site.listeners, and just under them.
@@ -125,7 +84,7 @@ def _trickled_header(port: int) -> bytes:
 
 def test_the_operator_server_answers_a_long_url_414_and_long_headers_431(db):
     port = free_port()
-    with _operator_server(db, port):
+    with operator_server(db, port):
         _check(port)
 
 

@@ -55,7 +55,6 @@ def run_daphne(
     stopped (SIGTERM, then SIGKILL) when the block ends. Raises RuntimeError with daphne's output
     when it does not answer within 30 s."""
     import os
-    import signal
     import subprocess
     import sys
     import time
@@ -97,12 +96,57 @@ def run_daphne(
     try:
         yield
     finally:
+        stop_process(proc)
+
+
+@contextmanager
+def operator_server(db: dict, port: int) -> Iterator[None]:
+    """``python -m kici_site.operator_server`` (as make run starts it) on 127.0.0.1:``port``,
+    serving the database ``db``; waits until the port accepts, stopped when the block ends.
+    RuntimeError when it does not listen within 30 s."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kici_site.operator_server"],
+        cwd=REPO,
+        env=server_env(db, f"127.0.0.1:{port}"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _accepts(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the operator server did not start")
+            time.sleep(0.2)
+        yield
+    finally:
+        stop_process(proc)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def stop_process(proc) -> None:
+    """Stop a server process: SIGTERM, then SIGKILL when it has not left within 10 s."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 @contextmanager
@@ -184,9 +228,5 @@ def run_gateway(
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc)
         log.close()
