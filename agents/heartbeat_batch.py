@@ -101,8 +101,9 @@ class HeartbeatBatcher:
         keys = list(futures)
         written: dict[int, tuple[str, int]] = {}
         try:
-            sql, params = beats_statement([(*key, active[key]) for key in keys], timezone.now())
-            written = {i: (state, scaler_id) for i, _pk, state, scaler_id in await self._execute(sql, params)}
+            if time.monotonic() >= self._down_until:  # else queued before the last batch failed
+                sql, params = beats_statement([(*key, active[key]) for key in keys], timezone.now())
+                written = {i: (state, scaler_id) for i, _pk, state, scaler_id in await self._execute(sql, params)}
         except (psycopg.Error, OSError) as exc:  # TimeoutError is an OSError
             log.warning("heartbeat batch of %d not written (the view writes them): %s", len(batch), exc)
             self._down_until = time.monotonic() + RETRY_SECONDS
@@ -132,9 +133,8 @@ class HeartbeatBatcher:
         and bounded waits for a row lock and for the statement."""
         params = self._params if self._params is not None else connection_params()
         connection = await psycopg.AsyncConnection.connect(
-            **{"connect_timeout": CONNECT_TIMEOUT_SECONDS, **params},
+            **{"connect_timeout": CONNECT_TIMEOUT_SECONDS, **params, "application_name": APPLICATION_NAME},
             autocommit=True,
-            application_name=APPLICATION_NAME,
         )
         await connection.execute(
             "SELECT set_config('synchronous_commit', 'off', false), set_config('lock_timeout', %s, false), "
