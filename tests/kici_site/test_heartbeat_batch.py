@@ -46,10 +46,17 @@ def _running(scaler, count: int) -> list[tuple[str, str]]:
     return out
 
 
-def _request(agent_id: str, token: str, body: bytes = b'{"activeJobs": 2}', query: str = "") -> bytes:
+def _request(
+    agent_id: str,
+    token: str,
+    body: bytes = b'{"activeJobs": 2}',
+    query: str = "",
+    content_type: str = "application/json",
+    authorization: str = "Bearer",
+) -> bytes:
     return (
         f"POST /api/v1/agents/{agent_id}/heartbeat{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Authorization: {authorization} {token}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body
 
@@ -87,6 +94,7 @@ def test_a_batch_writes_only_the_beats_its_checks_pass_and_the_others_get_the_vi
     scaler = make_scaler(max_agents=50)
     (blocker, blocker_token), *valid = _running(scaler, 4)
     (other, other_token), (expired, expired_token), (ended, ended_token), (bad, bad_token) = _running(scaler, 4)
+    (plain, plain_token), (nul, nul_token), (basic, basic_token) = _running(scaler, 3)
     AgentToken.objects.filter(agent__agent_id=expired).update(expires_at=timezone.now() - timedelta(seconds=1))
     Agent.objects.filter(agent_id=ended).update(state=AgentState.DESTROYED)
     refused = {
@@ -95,6 +103,9 @@ def test_a_batch_writes_only_the_beats_its_checks_pass_and_the_others_get_the_vi
         expired: (_request(expired, expired_token), 401, "expired"),
         ended: (_request(ended, ended_token), 410, "agent-finished"),
         bad: (_request(bad, bad_token, b'{"activeJobs": -1}'), 400, "invalid-request"),
+        plain: (_request(plain, plain_token, content_type="text/plain"), 415, "unsupported-media-type"),
+        nul: (_request(nul, nul_token, b'{"note": "\\u0000"}'), 400, "invalid-request"),
+        basic: (_request(basic, basic_token, authorization="Basic"), 401, "missing-token"),
     }
     before = {agent_id: Agent.objects.get(agent_id=agent_id).last_heartbeat for agent_id in refused}
     port, operator = free_port(), free_port()
@@ -116,7 +127,7 @@ def test_a_batch_writes_only_the_beats_its_checks_pass_and_the_others_get_the_vi
             for agent_id, (request, _, _) in refused.items():
                 rest[agent_id] = socket.create_connection(("127.0.0.1", port), timeout=20)
                 rest[agent_id].sendall(request)
-            time.sleep(0.5)  # read and queued by the gateway (well within the lock timeout)
+            time.sleep(1)  # read and queued by the gateway (within the batcher's lock timeout, 2 s)
             lock.rollback()
         assert _status_and_body(_answer(first))[0] == 200
         answers = {agent_id: _status_and_body(_answer(sock)) for agent_id, sock in rest.items()}
