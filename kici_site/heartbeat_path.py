@@ -3,8 +3,9 @@ handler when it succeeds. The body is read, checked as the view checks it (beare
 ``Content-Type``, a JSON object, ``HeartbeatBody``, no NUL), and the beat is written by the
 process's batcher (``agents.heartbeat_batch``); written, it is answered 200 with the view's own
 answer (``scalers.agent_api.heartbeat_answer``). Anything else (no or a refused token, a bad body,
-a beat the statement did not write, a database failure) goes on to the Django application with
-its body unread, whose view gives the exact refusal. Why: docs/serving.md ("One heartbeat").
+a beat the statement did not write, a database failure) goes on to the Django application, its
+body handed over as it was read, and the view gives the exact refusal (or writes the beat
+itself). Why: docs/serving.md ("One heartbeat").
 """
 
 from __future__ import annotations
