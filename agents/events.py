@@ -76,7 +76,14 @@ def push_after_commit(push) -> None:
     """Run ``push()`` (a zero-argument callable doing a live push, e.g. an agent row update without
     an event, see ``agents.heartbeats``) on the publisher thread once the current transaction
     commits, in order with the event pushes. Its failures are logged, never raised."""
-    transaction.on_commit(lambda: _PUBLISHER.submit(push))
+    transaction.on_commit(lambda: push_committed(push))
+
+
+def push_committed(push) -> None:
+    """Run ``push()`` on the publisher thread now, in order with the event pushes: for a change
+    already committed (an ``on_commit`` callback, or a write on a connection of its own). No
+    database access, so safe on an event loop. Its failures are logged, never raised."""
+    _PUBLISHER.submit(push)
 
 
 def flush_events(timeout: float = 5.0) -> bool:

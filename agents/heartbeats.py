@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
+from datetime import datetime
 from functools import cache
 
 from django.db import connection, transaction
@@ -15,7 +17,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from .choices import TERMINAL_STATES
-from .events import push_after_commit
+from .events import push_committed
 from .models import Agent, AgentToken
 from .tokens import SESSION_PREFIX, hash_token
 
@@ -48,6 +50,8 @@ class _Marks:
         self.sent_at = float("-inf")
 
     def mark(self, agent_id: str, scaler_id: int, *, capacity: bool = False) -> None:
+        """Mark a row whose change is committed; queue a push of the marks unless one is queued.
+        No database access: safe on an event loop (the lock is held for a few statements)."""
         with self.lock:
             self.rows[agent_id] = scaler_id
             if capacity:
@@ -56,7 +60,7 @@ class _Marks:
             if self.queued_at is not None and now - self.queued_at < _LOST_BATCH_SECONDS:
                 return
             self.queued_at = now
-        push_after_commit(self.send)
+        push_committed(self.send)
 
     def send(self) -> None:
         wait = self.sent_at + ROW_PUSH_GAP_SECONDS - time.monotonic()
@@ -91,33 +95,49 @@ def store_heartbeat(agent: Agent, active_jobs: int | None) -> None:
 
 
 @cache
-def _beat_sql() -> str:
-    """The statement of :func:`beat_with_session` (no commit wait, then the guarded update)."""
+def _beats_sql() -> str:
+    """The text of :func:`beats_statement` (constant, whatever the number of beats)."""
     return (
-        f"SET LOCAL synchronous_commit TO OFF; UPDATE {Agent._meta.db_table} a "
-        "SET last_heartbeat = %s, active_jobs = COALESCE(%s, a.active_jobs) "
-        f"FROM {AgentToken._meta.db_table} t WHERE t.token_hash = %s AND t.agent_id = a.id "
-        "AND t.expires_at > %s AND a.agent_id = %s AND NOT (a.state = ANY(%s)) "
-        "RETURNING a.id, a.state, a.scaler_id"
+        f"UPDATE {Agent._meta.db_table} a "
+        "SET last_heartbeat = %s, active_jobs = COALESCE(v.active, a.active_jobs) "
+        "FROM unnest(%s::text[], %s::text[], %s::integer[]) WITH ORDINALITY AS v(token_hash, agent_id, active, i) "
+        f"JOIN {AgentToken._meta.db_table} t ON t.token_hash = v.token_hash "
+        "WHERE t.agent_id = a.id AND t.expires_at > %s AND a.agent_id = v.agent_id "
+        "AND NOT (a.state = ANY(%s::text[])) "
+        "RETURNING v.i, a.id, a.state, a.scaler_id"
     )
 
 
+def beats_statement(beats: Sequence[tuple[str, str, int | None]], now: datetime) -> tuple[str, tuple]:
+    """The one statement that writes heartbeats, as ``(sql, params)`` with ``%s`` placeholders:
+    ``beats`` are ``(token_hash, agent_id, active_jobs)`` (``hash_token`` of the session token,
+    the URL's agent, None to keep the stored count), no two with the same token hash and agent.
+    A beat is written (``last_heartbeat = now``, ``active_jobs`` when given) only when its hash is
+    a known session token, unexpired at ``now``, of the agent ``agent_id``, and that agent has not
+    ended; those checks are the statement's ``WHERE``. Its rows are ``(i, pk, state, scaler_id)``
+    of each beat written, ``i`` its 1-based place in ``beats``. Run it without waiting for its
+    WAL flush (docs/serving.md, "One heartbeat")."""
+    hashes, agent_ids, active = (list(column) for column in zip(*beats, strict=True)) if beats else ([], [], [])
+    return _beats_sql(), (now, hashes, agent_ids, active, now, list(TERMINAL_STATES))
+
+
 def beat_with_session(raw: str, agent_id: str, active_jobs: int | None) -> Agent | None:
-    """Record a heartbeat of ``agent_id`` authenticated by the session token ``raw`` in one
-    statement: written only when ``raw`` is ``agent_id``'s known, unexpired session token and the
-    agent has not ended. Returns the agent (``pk``, ``agent_id``, ``state``, ``scaler_id`` set), or
-    None when nothing was written (``agents.tokens.authenticate_session`` then says why). Raises
+    """Record a heartbeat of ``agent_id`` authenticated by the session token ``raw``: the one-beat
+    use of :func:`beats_statement` on Django's connection, its commit not waiting for the WAL
+    flush. Returns the agent (``pk``, ``agent_id``, ``state``, ``scaler_id`` set), or None when
+    nothing was written (``agents.tokens.authenticate_session`` then says why). Raises
     ``DatabaseError``."""
     if not isinstance(raw, str) or not raw.startswith(SESSION_PREFIX):
         return None
-    now = timezone.now()
+    sql, params = beats_statement([(hash_token(raw), agent_id, active_jobs)], timezone.now())
     with connection.cursor() as cursor:
-        cursor.execute(_beat_sql(), (now, active_jobs, hash_token(raw), now, agent_id, list(TERMINAL_STATES)))
+        # Two statements in one query string: PostgreSQL runs them as one implicit transaction.
+        cursor.execute("SET LOCAL synchronous_commit TO OFF; " + sql, params)
         cursor.nextset()  # past the SET's result, to the UPDATE's
         row = cursor.fetchone()
     if row is None:
         return None
-    agent = Agent(pk=row[0], agent_id=agent_id, state=row[1], scaler_id=row[2])
+    agent = Agent(pk=row[1], agent_id=agent_id, state=row[2], scaler_id=row[3])
     push_heartbeat_row(agent)
     return agent
 
@@ -128,6 +148,12 @@ def push_heartbeat_row(agent: Agent) -> None:
     ``agent.scaler_id``: no query."""
     agent_id, scaler_id = agent.agent_id, agent.scaler_id
     transaction.on_commit(lambda: _MARKS.mark(agent_id, scaler_id))
+
+
+def push_committed_heartbeat_row(agent_id: str, scaler_id: int) -> None:
+    """Mark the row of a heartbeat already committed outside Django's transactions (the gateway's
+    batches, ``agents.heartbeat_batch``). No database access: safe on an event loop."""
+    _MARKS.mark(agent_id, scaler_id)
 
 
 def push_admitted_row(agent_id: str, scaler_id: int) -> None:

@@ -29,7 +29,8 @@ from lib.json_input import parse_json
 from lib.wording import key_path
 
 NUL = "\x00"
-_JSON_NUL = b"\\u0000"
+#: A NUL in a JSON body: the escape that writes it (a raw NUL byte is not valid JSON).
+JSON_NUL = b"\\u0000"
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
@@ -84,7 +85,7 @@ def nul_field(request) -> tuple[str, str | None] | None:
                 return _query_dict_field(request.POST, "form")
             if is_api_request(request):
                 body = request.body
-                if _JSON_NUL in body:
+                if JSON_NUL in body:
                     try:
                         field = _json_nul_field(parse_json(body))
                     except (ValueError, UnicodeDecodeError):

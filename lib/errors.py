@@ -13,6 +13,7 @@ from http import HTTPStatus
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template import TemplateDoesNotExist
 from django.template.loader import render_to_string
+from django.utils.http import parse_header_parameters
 
 from lib.htmx import wants_partial
 
@@ -68,14 +69,21 @@ def api_error(
 JSON_CONTENT_TYPE = "application/json"
 
 
+def json_content_type_accepted(sent: str, content_length: str) -> bool:
+    """Whether a POST to a JSON endpoint with the ``Content-Type`` ``sent`` and the
+    ``Content-Length`` ``content_length`` (each ``""`` when absent) may be read as JSON (the rule
+    of :func:`json_content_type_refusal`). Raises ValueError for a ``Content-Type`` too long to
+    parse."""
+    return parse_header_parameters(sent)[0] == JSON_CONTENT_TYPE or (not sent and content_length in ("", "0"))
+
+
 def json_content_type_refusal(request: HttpRequest) -> JsonResponse | None:
     """None when a POST to a JSON endpoint may be read as JSON: its ``Content-Type`` is
     ``application/json`` (any parameters, e.g. ``; charset=utf-8``), or it has neither a body nor a
     ``Content-Type``. Otherwise the 415 ``unsupported-media-type`` answer naming the content type
     sent, so a client posting ``text/plain`` or a form learns at once instead of by a guess."""
     sent = request.META.get("CONTENT_TYPE", "")
-    bodiless = request.headers.get("Content-Length", "") in ("", "0")
-    if request.content_type == JSON_CONTENT_TYPE or (not sent and bodiless):
+    if json_content_type_accepted(sent, request.headers.get("Content-Length", "")):
         return None
     shown = repr(sent[:100]) if sent else "none"
     response = api_error(

@@ -32,12 +32,16 @@ from scalers.spawn_trace import record_marks
 log = logging.getLogger(__name__)
 
 
-def _bearer(request) -> str | None:
-    header = request.headers.get("Authorization", "")
+def bearer_token(header: str) -> str | None:
+    """The token of an ``Authorization`` header's value ``Bearer <token>``, None for any other."""
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         return None
     return value.strip()
+
+
+def _bearer(request) -> str | None:
+    return bearer_token(request.headers.get("Authorization", ""))
 
 
 _TOKEN_MESSAGES = {
@@ -189,7 +193,7 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
     except BodyRefused as exc:
         active, refused = None, exc
     if refused is None and (beaten := beat_with_session(raw, agent_id, active)) is not None:
-        return _heartbeat_answer(beaten)
+        return heartbeat_answer(beaten.state)
     try:
         agent = authenticate_session(raw, agent_id)
     except TokenRejected as exc:
@@ -207,17 +211,18 @@ def heartbeat(request, raw: str, body: dict, agent_id: str):
         )
     # Reached only when the token or the state moved between the two statements: write as asked.
     store_heartbeat(agent, active)
-    return _heartbeat_answer(agent)
+    return heartbeat_answer(agent.state)
 
 
-def _heartbeat_answer(agent: Agent) -> JsonResponse:
-    """200 ``{state, drain, stop}`` of a recorded heartbeat (open pages show its new age, batched
-    per page: ``live.rows``)."""
+def heartbeat_answer(state: str) -> JsonResponse:
+    """200 ``{state, drain, stop}`` of a recorded heartbeat of an agent in ``state`` (open pages
+    show its new age, batched per page: ``live.rows``); the gateway's batched heartbeats answer
+    with it too (``kici_site.heartbeat_path``)."""
     return JsonResponse(
         {
-            "state": agent.state,
-            "drain": agent.state in (AgentState.DRAINING, AgentState.HELD),
-            "stop": agent.state == AgentState.DESTROYING,
+            "state": state,
+            "drain": state in (AgentState.DRAINING, AgentState.HELD),
+            "stop": state == AgentState.DESTROYING,
         }
     )
 
