@@ -112,6 +112,9 @@ class Agent(models.Model):
             # No index on last_heartbeat: every heartbeat would then write all of the table's
             # indexes (no HOT update); /agents/?sort=last_heartbeat sorts narrow rows instead
             # (agents.listing.page_rows, docs/fleet-lists.md).
+            # The lost agents (operations.attention, the nav badge of every page): a few rows, found
+            # without reading the table. No heartbeat writes `lost`, so heartbeats stay HOT updates.
+            models.Index(fields=["state"], condition=~Q(lost={}), name="agent_lost"),
         ]
         # One live agent per job and per idempotency key, whoever writes (scalers.admission.idempotency):
         # a batch that would make a second one fails, and is decided again knowing the first.
