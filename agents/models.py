@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Q
 
 from .choices import ACTIVE_STATES, LIVE_STATES, TERMINAL_STATES, AgentState, EventType
 
@@ -109,8 +109,12 @@ class Agent(models.Model):
         indexes = [
             models.Index(fields=["scaler", "state"]),
             models.Index(fields=["registered_at"], name="agent_registered_at"),
-            # /agents/?sort=[-]last_heartbeat (agents.listing.sort_order), read in either direction
-            models.Index(F("last_heartbeat").desc(nulls_last=True), F("id").desc(), name="agent_heartbeat_order"),
+            # No index on last_heartbeat: every heartbeat would then write all of the table's
+            # indexes (no HOT update); /agents/?sort=last_heartbeat sorts narrow rows instead
+            # (agents.listing.page_rows, docs/fleet-lists.md).
+            # The lost agents (operations.attention, the nav badge of every page): a few rows, found
+            # without reading the table. No heartbeat writes `lost`, so heartbeats stay HOT updates.
+            models.Index(fields=["state"], condition=~Q(lost={}), name="agent_lost"),
         ]
         # One live agent per job and per idempotency key, whoever writes (scalers.admission.idempotency):
         # a batch that would make a second one fails, and is decided again knowing the first.

@@ -16,12 +16,19 @@ For each page it prints the median server time of 5 renders (ms, after one warm-
 a target is missed. Touches only the scratch database; no docker, nft or network.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
+
+import sys
+
+# Run as a script, this folder would come first on the path and its http.py would shadow the
+# standard library's http package (Django imports http.cookies): the folder goes last instead.
+BENCH = sys.path.pop(0)
+sys.path.append(BENCH)
 
 import argparse
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 

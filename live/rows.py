@@ -13,7 +13,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from agents.listing import DEFAULT_SORT, LIST_PAGE_SIZE, MAX_PAGE, filter_agents
+from agents.listing import DEFAULT_SORT, LIST_PAGE_SIZE, MAX_PAGE, filter_agents, page_rows
 from agents.models import Agent
 from lib.query import BadParameter, whole_number
 from operations.listing import PAGE_SIZE as OPERATIONS_PAGE_SIZE
@@ -134,9 +134,13 @@ class _PagedRows(RowView):
         # After the <tbody>: a template parses table content only as its first element.
         return f"{rows}\n{self.count_html(self.count)}"
 
+    def page_objects(self, start: int, stop: int) -> list:
+        """Rows ``start`` to ``stop`` (exclusive) of :meth:`queryset`."""
+        return list(self.queryset()[start:stop])
+
     def snapshot(self):
         start = (self.page - 1) * self.limit
-        objects = list(self.queryset()[start : start + self.limit])
+        objects = self.page_objects(start, start + self.limit)
         if self.counted:
             self.count = self.queryset().count()
         return [self._render(objects, sync=True)], {self._key(o) for o in objects}
@@ -191,6 +195,9 @@ class AgentRows(_PagedRows):
 
     def queryset(self):
         return self.qs
+
+    def page_objects(self, start, stop):
+        return page_rows(self.qs, start, stop)
 
     def key_field(self):
         return "agent_id"

@@ -21,6 +21,7 @@ from agents.liveness import WATCHED_STATES, current_mark, heartbeat_timeout_seco
 from lib.units import format_age, format_bytes_iec, format_duration
 from lib.wording import visible_text
 from scalers.holds import ARMABLE_STATES, hold_wording, is_armed
+from scalers.kici_agents import KICI_ACTIVITY
 from scalers.spawn_trace import waterfall
 
 register = template.Library()
@@ -75,14 +76,12 @@ def rel_time(value: datetime | None, empty: str = "—"):
     return _rel_time(value, "")
 
 
-def _rel_time(value: datetime, extra: str):
-    return format_html(
-        '<time data-rel datetime="{}" title="{}"{}>{}</time>',
-        value.isoformat(),
-        value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        extra,
-        format_age((timezone.now() - value).total_seconds()),
-    )
+def _rel_time(value: datetime, extra: str) -> SafeString:
+    """``extra``: attributes made by the caller, safe. Every other part is digits, letters and
+    punctuation this function writes (two per row of a table: no ``format_html`` escaping)."""
+    iso, title = value.isoformat(), value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    age = format_age((timezone.now() - value).total_seconds())
+    return mark_safe(f'<time data-rel datetime="{iso}" title="{title}"{extra}>{age}</time>')
 
 
 def heartbeat_thresholds() -> tuple[int, int]:
@@ -109,7 +108,7 @@ def heartbeat_age(agent):
     warn, late = heartbeat_thresholds()
     age = (timezone.now() - value).total_seconds()
     level = "age-late" if age > late else "age-warn" if age > warn else "age-ok"
-    return _rel_time(value, format_html(' class="{}" data-warn-after="{}" data-late-after="{}"', level, warn, late))
+    return _rel_time(value, f' class="{level}" data-warn-after="{warn}" data-late-after="{late}"')
 
 
 @register.simple_tag
@@ -177,6 +176,14 @@ def lost_mark(agent):
     """The lost-agents sweep's mark on ``agent`` while it still holds (``agents.liveness.current_mark``:
     ``{"lost_by", "sandbox", "reasons", "operation", "at", "heartbeat_at"}``), else None. No query."""
     return current_mark(agent)
+
+
+@register.filter
+def kici_activity(agent) -> dict | None:
+    """What the KiCI agent's own log says it does (``backend_context["kici_activity"]``:
+    ``{"state", "jobId", "runId"}``), or None. No query; a template's lookup of a missing key costs
+    three caught exceptions per row."""
+    return (agent.backend_context or {}).get(KICI_ACTIVITY)
 
 
 @register.filter

@@ -16,6 +16,7 @@ from agents.listing import (
     STATE_FILTERS,
     filter_agents,
     page_number,
+    page_rows,
 )
 from lib.errors import error_page
 from lib.htmx import wants_partial
@@ -58,6 +59,7 @@ def agent_list(request):
         return error_page(request, 400, str(exc))
     paginator = Paginator(qs, LIST_PAGE_SIZE)
     page = paginator.get_page(number)
+    start = (page.number - 1) * LIST_PAGE_SIZE
     last_page = min(paginator.num_pages, MAX_PAGE)
     filters = {**cleaned, "sort": "" if cleaned["sort"] == DEFAULT_SORT else cleaned["sort"]}
     ctx = {
@@ -68,7 +70,7 @@ def agent_list(request):
         "last_page": last_page,
         "capped": paginator.num_pages > MAX_PAGE,
         "has_next": page.number < last_page,
-        "agents": page.object_list,
+        "agents": page_rows(qs, start, start + LIST_PAGE_SIZE),
         "agent_limit": LIST_PAGE_SIZE,
         "filters": cleaned,
         "state_filters": STATE_FILTERS,

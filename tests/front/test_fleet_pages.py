@@ -180,6 +180,34 @@ def test_ties_go_by_id_so_pages_never_overlap(viewer_client, fleet):
     assert seen == list(Agent.objects.order_by("id").values_list("agent_id", flat=True))
 
 
+@pytest.mark.parametrize("scaler", ["", "fleet-b"])
+def test_the_heartbeat_sort_puts_silent_agents_oldest_and_ties_by_id_across_pages(viewer_client, fleet, scaler):
+    """Sorted by heartbeat over two pages, with and without a filter: an agent never heard from
+    counts as the oldest, agents heard at the same instant go by id in the sort's direction, so the
+    pages neither overlap nor skip one, in both directions; each page's live rows are its rows."""
+    a, b = fleet
+    now = timezone.now().replace(microsecond=0)
+    agents = add_agents(a, 40) + add_agents(b, LIST_PAGE_SIZE + 10, AgentState.DRAINING, start=100)  # 2 pages
+    beats = [None, now, now - timedelta(seconds=5)]  # cycled: a third each, every third one tied
+    for i, agent in enumerate(agents):
+        agent.last_heartbeat = beats[i % 3]
+    Agent.objects.bulk_update(agents, ["last_heartbeat"])
+    add_agents(b, 2, AgentState.FAILED, start=900, last_heartbeat=now + timedelta(seconds=1))  # not active
+    listed = [x for x in agents if not scaler or x.scaler.name == scaler]
+    oldest_first = sorted(listed, key=lambda x: (x.last_heartbeat is not None, x.last_heartbeat or now, x.pk))
+    expected = {"last_heartbeat": [x.agent_id for x in oldest_first]}
+    expected["-last_heartbeat"] = expected["last_heartbeat"][::-1]
+    for sort, order in expected.items():
+        seen = []
+        for page in (1, 2):
+            params = {"state": "active", "scaler": scaler, "sort": sort, "page": str(page)}
+            page_rows = rows(viewer_client.get("/agents/", params).content.decode())
+            (frame,), _ = row_view("agents", params).snapshot()
+            assert rows(frame) == page_rows
+            seen += page_rows
+        assert seen == order, sort
+
+
 def test_the_agent_list_filters_by_labels_state_and_scaler(viewer_client, fleet):
     a, b = fleet
     gpu = LabelSet.objects.create(
