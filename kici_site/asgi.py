@@ -29,6 +29,7 @@ from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_pre
 from django.utils.log import log_response  # noqa: E402
 
 from lib.errors import API_PREFIX  # noqa: E402
+from scalers.api import agent_detail, agent_detail_answer  # noqa: E402
 
 
 def _without_running_loop(call, *args, **kwargs):
@@ -193,7 +194,12 @@ class SyncApiHandler(_ResolvedOnce, BaseHandler):
         self, scope, body: bytes, match: ResolverMatch | None = None
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """The whole of one request: (status, headers, body) of its answer. ``match``: the path's
-        resolver match when known (:meth:`route`), so the path is resolved once."""
+        resolver match when known (:meth:`route`), so the path is resolved once. A plain GET of an
+        agent is answered without Django's handler when it can be (``agent_detail_answer``)."""
+        if match is not None and match.func is agent_detail:
+            answer = agent_detail_answer(scope, **match.kwargs)
+            if answer is not None:
+                return answer
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         response: HttpResponseBase

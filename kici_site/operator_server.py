@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import django
 from daphne import http_protocol
+from daphne import server as daphne_server
 from daphne.cli import CommandLineInterface
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
@@ -61,6 +62,18 @@ def operator_channel_protocol(factory: http_protocol.HTTPFactory) -> _GenericHTT
     return _GenericHTTPChannelProtocol(OperatorChannel())
 
 
+class OperatorHTTPFactory(http_protocol.HTTPFactory):
+    """daphne's HTTP factory for this process: its connections are :class:`OperatorChannel`
+    (:func:`operator_channel_protocol`), and twisted's own access line is not written."""
+
+    protocol = operator_channel_protocol
+
+    def log(self, request) -> None:
+        """Nothing. twisted formats a combined-log line for every finished request and writes it to
+        its legacy log, which daphne at the verbosity this process runs (its default) sends
+        nowhere; daphne's access log (``--access-log``) is written by daphne itself and stays."""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kici_site.operator_server")
     parser.add_argument("--process-num", type=int, default=1, help="1 also serves the IPv6 operator listeners")
@@ -83,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         command += ["-e", endpoint]
     if args.access_log:
         command += ["--access-log", args.access_log]
-    # daphne builds its connections with the factory's ``protocol``: this process's are answered
-    # when over the head limits (OperatorChannel), not dropped.
-    http_protocol.HTTPFactory.protocol = operator_channel_protocol
+    # daphne's server builds its HTTP factory by this name: this process's answers a request over
+    # the head limits (OperatorChannel) instead of dropping it, and writes no line nobody reads.
+    daphne_server.HTTPFactory = OperatorHTTPFactory
     CommandLineInterface().run([*command, "kici_site.asgi:application"])
 
 

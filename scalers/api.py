@@ -11,8 +11,9 @@ from functools import cache, wraps
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from agents.choices import TERMINAL_STATES, AgentState
@@ -36,7 +37,7 @@ from scalers.admission.validate import (
     validate_scale_request,
 )
 from scalers.api_models import JobCompleteBody, KiciScaleDownBody, ReleaseBody
-from scalers.api_tokens import Caller, any_configured, environment_caller, record_caller
+from scalers.api_tokens import Caller, any_configured, environment_caller, token_caller
 from scalers.credentials import credential_problem
 from scalers.jobs import enqueue_spawn_or_fail
 from scalers.lifecycle import Refused, complete_job, release_agent
@@ -63,10 +64,14 @@ def _error(status: int, reason: str, message: str, *, field: str | None = None, 
     return api_error(status, reason, message, field=field, **extra)
 
 
-def _bearer(request) -> str:
-    header = request.headers.get("Authorization", "")
+def bearer_token(header: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header's value, "" for any other."""
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _bearer(request) -> str:
+    return bearer_token(request.headers.get("Authorization", ""))
 
 
 def _authenticate(request, scope: str) -> Caller | JsonResponse:
@@ -74,7 +79,7 @@ def _authenticate(request, scope: str) -> Caller | JsonResponse:
     Reads the database for a named token (at most every few seconds per token and process)."""
     raw = _bearer(request)
     try:
-        caller = (environment_caller(raw) or record_caller(raw)) if raw else None
+        caller = token_caller(raw)
         if caller is None and not any_configured():
             return _error(503, "unavailable", "no API token is configured on this console (KICI_API_TOKEN)")
     except DatabaseError:
@@ -399,10 +404,21 @@ def _bad_parameter(exc: BadParameter) -> JsonResponse:
     return _error(400, "invalid-request", str(exc), field=exc.field)
 
 
-@_orchestrator("read")
+#: The scope a token needs to follow agents (``GET /api/v1/agents``, ``GET /api/v1/agents/<agentId>``).
+READ_SCOPE = "read"
+
+
+def agent_document(values: dict) -> bytes:
+    """The body of ``GET /api/v1/agents/<agentId>`` for an agent's :func:`agent_values`: its
+    :func:`agent_values_json` as ``JsonResponse`` writes it."""
+    return json.dumps(agent_values_json(values), cls=DjangoJSONEncoder).encode()
+
+
+@_orchestrator(READ_SCOPE)
 def agent_detail(request, agent_id: str):
     """``GET /api/v1/agents/<agentId>``: the agent (:func:`agent_json`); 400 naming any query
-    parameter (it takes none), 404 for an unknown agent."""
+    parameter (it takes none), 404 for an unknown agent. The plain GET of a known agent is usually
+    answered before Django's handler, by :func:`agent_detail_answer`."""
     if refused := _only(request, "GET"):
         return refused
     try:
@@ -412,10 +428,44 @@ def agent_detail(request, agent_id: str):
     agent = agent_values(agent_id)
     if agent is None:
         return _error(404, "not-found", f"no agent {agent_id!r}")
-    return JsonResponse(agent_values_json(agent))
+    return HttpResponse(agent_document(agent), content_type="application/json")
 
 
-@_orchestrator("read")
+def agent_detail_answer(scope: dict, agent_id: str) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    """:func:`agent_detail`'s 200 answer (status, headers, body) to the ASGI request ``scope`` for
+    ``agent_id`` (the path's match), made without Django's request object, signals or middleware,
+    when the request is a plain one: ``GET``, no query string, no NUL in the path, one
+    ``Authorization`` header whose bearer token may :data:`READ_SCOPE` (:func:`token_caller`), a
+    known agent. None for anything else, a database error included: then Django's handler serves
+    the request and the view gives the answer (every refusal has its one home there). The
+    connection goes back as the request cycle gives it back (``close_old_connections``, to the
+    pool). Where the ORM may run (no running event loop)."""
+    if scope["method"] != "GET" or scope["query_string"] or "\x00" in scope["path"]:
+        return None
+    header = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if header is not None:
+                return None  # Django joins repeated headers: the view says what that is
+            header = value
+    if header is None:
+        return None
+    try:
+        caller = token_caller(bearer_token(header.decode("latin-1")))
+        if caller is None or not caller.may(READ_SCOPE):
+            return None
+        values = agent_values(agent_id)
+    except DatabaseError:
+        return None
+    finally:
+        close_old_connections()
+    if values is None:
+        return None
+    body = agent_document(values)
+    return 200, [(b"Content-Type", b"application/json"), (b"Content-Length", str(len(body)).encode("ascii"))], body
+
+
+@_orchestrator(READ_SCOPE)
 def agent_list(request):
     """``GET /api/v1/agents?scaler=&state=&jobId=&limit=&cursor=``: agents in creation order,
     ``limit`` (1 to :data:`MAX_PAGE`, default 100) at a time, ``nextCursor`` the ``cursor`` of the

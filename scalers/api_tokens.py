@@ -176,6 +176,15 @@ def record_caller(raw: str) -> Caller | None:
     return caller
 
 
+def token_caller(raw: str) -> Caller | None:
+    """The caller whose bearer token is ``raw`` ("" for none sent): ``KICI_API_TOKEN`` first (no
+    database), then a record (:func:`record_caller`); None when it is neither. Raises database
+    errors."""
+    if not raw:
+        return None
+    return environment_caller(raw) or record_caller(raw)
+
+
 def forget_verdicts() -> None:
     """Drop this process's kept verdicts (a revocation here takes effect at once)."""
     with _verdicts_lock:
