@@ -100,10 +100,10 @@ def run_daphne(
 
 
 @contextmanager
-def operator_server(db: dict, port: int) -> Iterator[None]:
+def operator_server(db: dict, port: int, extra_env: dict | None = None) -> Iterator[None]:
     """``python -m kici_site.operator_server`` (as make run starts it) on 127.0.0.1:``port``,
-    serving the database ``db``; waits until the port accepts, stopped when the block ends.
-    RuntimeError when it does not listen within 30 s."""
+    serving the database ``db`` (``extra_env`` added to its environment); waits until the port
+    accepts, stopped when the block ends. RuntimeError when it does not listen within 30 s."""
     import subprocess
     import sys
     import time
@@ -111,7 +111,7 @@ def operator_server(db: dict, port: int) -> Iterator[None]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "kici_site.operator_server"],
         cwd=REPO,
-        env=server_env(db, f"127.0.0.1:{port}"),
+        env=server_env(db, f"127.0.0.1:{port}", extra_env),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
