@@ -182,3 +182,35 @@ def test_a_forked_child_gets_a_queue_of_its_own():
     os.close(read)
     os.waitpid(pid, 0)
     assert answer == b"own"
+
+
+def test_the_deciders_connection_runs_the_batch_write_on_one_plan():
+    """Refusal batches on the decider's connection: the prepared batch write runs on its generic
+    plan each time, never planned anew for a batch (the decision and the record are admission's)."""
+    from django.db import connection
+
+    from scalers.admission.decide import decide_batch
+    from scalers.admission.ledger import WRITE_STATEMENT
+    from tests.support.scalers import make_agent, make_scaler
+
+    make_agent(make_scaler("full", max_agents=1), state="running")
+    plans: list[tuple[int, int]] = []
+
+    def decide_and_look(requests: list[Request]) -> BatchResult:
+        result = decide_batch(requests)
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s", [WRITE_STATEMENT]
+            )
+            plans.append(cur.fetchone())
+        return result
+
+    q = AdmissionQueue(decide=decide_and_look, name="adm-queue-plans")
+    try:
+        for _ in range(8):
+            decision, _agent = q.submit(request("j-refused"), timeout=10)
+            assert decision.action == ScaleOutcome.AT_CAPACITY
+    finally:
+        q.shutdown()
+    generic, custom = plans[-1]
+    assert (generic, custom) == (8, 0), f"the write ran {generic} times on its generic plan, {custom} on one of its own"
