@@ -184,25 +184,27 @@ def test_a_forked_child_gets_a_queue_of_its_own():
     assert answer == b"own"
 
 
-def test_the_deciders_connection_runs_the_batch_write_on_one_plan():
-    """Refusal batches on the decider's connection: the prepared batch write runs on its generic
-    plan each time, never planned anew for a batch (the decision and the record are admission's)."""
+def test_the_deciders_connection_runs_the_batch_statements_on_one_plan_each():
+    """Refusal batches on the decider's connection: the prepared batch write, and the check that
+    no refused job has a live agent (each batch after the first, decided from the held snapshot),
+    run on their generic plans, never planned anew for a batch."""
     from django.db import connection
 
     from scalers.admission.decide import decide_batch
-    from scalers.admission.ledger import WRITE_STATEMENT
+    from scalers.admission.ledger import NO_LIVE_STATEMENT, WRITE_STATEMENT
     from tests.support.scalers import make_agent, make_scaler
 
     make_agent(make_scaler("full", max_agents=1), state="running")
-    plans: list[tuple[int, int]] = []
+    plans: dict[str, tuple[int, int]] = {}
 
     def decide_and_look(requests: list[Request]) -> BatchResult:
         result = decide_batch(requests)
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s", [WRITE_STATEMENT]
+                "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements WHERE name = ANY(%s)",
+                [[WRITE_STATEMENT, NO_LIVE_STATEMENT]],
             )
-            plans.append(cur.fetchone())
+            plans.update({name: (generic, custom) for name, generic, custom in cur.fetchall()})
         return result
 
     q = AdmissionQueue(decide=decide_and_look, name="adm-queue-plans")
@@ -212,5 +214,4 @@ def test_the_deciders_connection_runs_the_batch_write_on_one_plan():
             assert decision.action == ScaleOutcome.AT_CAPACITY
     finally:
         q.shutdown()
-    generic, custom = plans[-1]
-    assert (generic, custom) == (8, 0), f"the write ran {generic} times on its generic plan, {custom} on one of its own"
+    assert plans == {WRITE_STATEMENT: (8, 0), NO_LIVE_STATEMENT: (7, 0)}, "(generic plans, custom plans)"
