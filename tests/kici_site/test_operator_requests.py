@@ -118,3 +118,19 @@ def test_refused_scales_on_one_connection_are_answered_and_recorded_each(server)
     assert refusals.value == 5
     assert MetricCounter.objects.get(name=ORCH_REFUSALS).value == 5
     assert Agent.objects.count() == 1 and Reservation.objects.count() == 1
+
+
+def test_a_websocket_handshake_is_still_upgraded(server):
+    """The requests are daphne's still: a WebSocket handshake from the console's own origin is
+    switched to the WebSocket protocol (the attention badge's route, which then closes for an
+    anonymous client)."""
+    handshake = (
+        f"GET /ws/attention/ HTTP/1.1\r\nHost: 127.0.0.1:{server}\r\nOrigin: http://127.0.0.1:{server}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server), timeout=10) as sock:
+        sock.sendall(handshake)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 101 "), answer[:300]
+    assert b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in answer, "the accept key of the handshake"
