@@ -58,6 +58,12 @@ async def _read_body(receive) -> bytes | None:
             return bytes(body)
 
 
+class _RequestProcessed(Exception):
+    """Raised in :meth:`ApiHandler.handle`'s task group once the answer is sent: it ends the watch
+    for the client's disconnect. One class for every request: a class made per request costs each
+    its creation and leaves a reference cycle for the collector."""
+
+
 class _ResolvedOnce:
     """A handler that resolves a request's path once: :func:`django_http` resolved it already to
     choose the handler (:meth:`SyncApiHandler.route`) and hands the match over."""
@@ -106,10 +112,6 @@ class ApiHandler(_ResolvedOnce, ASGIHandler):
             _without_running_loop(error_response.close)
             return
         request.resolver_match = match
-
-        class RequestProcessed(Exception):
-            pass
-
         response = None
         try:
             try:
@@ -117,8 +119,8 @@ class ApiHandler(_ResolvedOnce, ASGIHandler):
                     tg.create_task(self.listen_for_disconnect(receive))
                     response = await self.run_get_response(request)
                     await self.send_response(response, send)
-                    raise RequestProcessed
-            except* (RequestProcessed, RequestAborted):
+                    raise _RequestProcessed
+            except* (_RequestProcessed, RequestAborted):
                 pass
         except BaseExceptionGroup as exception_group:
             if len(exception_group.exceptions) == 1:

@@ -2,7 +2,8 @@
 operator listener (``KICI_OPERATOR_LISTEN``), ``python -m kici_site.operator_server
 [--process-num N] [--access-log FILE]``. IPv4 listeners are shared with ``SO_REUSEPORT``; an IPv6
 one is served by process 1 alone. Its connections are :class:`OperatorChannel`, which answers an
-over-long head 414/431 where twisted would close silently (docs/serving.md). Raises
+over-long head 414/431 where twisted would close silently, and whose requests are
+:class:`OperatorRequest`, daphne's without twisted's form parsing (docs/serving.md). Raises
 ``SystemExit`` naming an address that cannot be bound.
 """
 
@@ -28,14 +29,36 @@ from kici_site.listeners import (
 )
 
 
+class OperatorRequest(http_protocol.WebRequest):
+    """daphne's request with twisted's form parsing off (twisted's own ``parsePOSTFormSubmission``):
+    twisted would parse every POST's ``Content-Type`` with the ``email`` package and a form or
+    multipart body into ``request.args``, which daphne never reads (Django parses the body
+    itself), and would answer a multipart body it cannot parse 400 and close the connection
+    before the application sees it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, parsePOSTFormSubmission=False, **kwargs)
+
+
 class OperatorChannel(HTTPChannel):
     """twisted's HTTP/1.1 channel answering a request over the head limits instead of dropping it:
     a request line over ``MAX_REQUEST_LINE_BYTES`` is 414, a header line over that (twisted reads
     every head line with one limit, ``MAX_HEADER_LINE_BYTES`` being the same) or a head over
-    ``MAX_REQUEST_HEAD_BYTES`` is 431; the answer closes the connection."""
+    ``MAX_REQUEST_HEAD_BYTES`` is 431; the answer closes the connection. Its requests are
+    :class:`OperatorRequest`."""
 
     MAX_LENGTH = MAX_REQUEST_LINE_BYTES
     totalHeadersSize = MAX_REQUEST_HEAD_BYTES
+
+    @property
+    def requestFactory(self) -> type[OperatorRequest]:
+        return OperatorRequest
+
+    @requestFactory.setter
+    def requestFactory(self, factory: type) -> None:
+        # daphne's factory hands each connection its WebRequest; OperatorRequest is that request.
+        if factory is not http_protocol.WebRequest:
+            raise TypeError(f"an operator connection builds OperatorRequest (daphne's WebRequest), not {factory!r}")
 
     def lineLengthExceeded(self, line: bytes) -> None:
         # Nothing of this request's head counted yet: the line too long is its request line.
@@ -64,7 +87,8 @@ def operator_channel_protocol(factory: http_protocol.HTTPFactory) -> _GenericHTT
 
 class OperatorHTTPFactory(http_protocol.HTTPFactory):
     """daphne's HTTP factory for this process: its connections are :class:`OperatorChannel`
-    (:func:`operator_channel_protocol`), and twisted's own access line is not written."""
+    (:func:`operator_channel_protocol`), whose requests are :class:`OperatorRequest`, and twisted's
+    own access line is not written."""
 
     protocol = operator_channel_protocol
 
@@ -97,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.access_log:
         command += ["--access-log", args.access_log]
     # daphne's server builds its HTTP factory by this name: this process's answers a request over
-    # the head limits (OperatorChannel) instead of dropping it, and writes no line nobody reads.
+    # the head limits (OperatorChannel) instead of dropping it, leaves its body to Django to parse
+    # (OperatorRequest), and writes no line nobody reads.
     daphne_server.HTTPFactory = OperatorHTTPFactory
     CommandLineInterface().run([*command, "kici_site.asgi:application"])
 

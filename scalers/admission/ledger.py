@@ -59,12 +59,13 @@ WRITE_STATEMENT = "kici_admission_write"
 FOLD_STATEMENT = "kici_admission_fold"
 GUARD_STATEMENT = "kici_admission_guard"
 LOCK_ONLY_STATEMENT = "kici_admission_lock_only"
+NO_LIVE_STATEMENT = "kici_admission_no_live"
 
 _PREPARED: weakref.WeakSet = weakref.WeakSet()
 
 
 def prepare_statements(conn) -> None:
-    """``PREPARE`` the lock, the snapshot, the batch write and the tally fold on ``conn`` (a raw
+    """``PREPARE`` the lock, the guards, the snapshot, the batch write and the tally fold on ``conn`` (a raw
     psycopg connection), once per connection: a batch then sends each round trip as one simple-protocol
     query of ``EXECUTE``s, which the server neither parses nor plans again and psycopg sends
     without its per-statement machinery. Prepared statements belong to the session, so a rolled
@@ -200,20 +201,26 @@ def bind_warm_agent(
     return cursor.rowcount == 1
 
 
-#: The live agents (``agents.choices.LIVE_STATES``) bound to a list of jobs or asked for with a
-#: list of idempotency keys; its predicates are those of the two partial unique indexes, so each
-#: job and key is one look-up in them.
-_LIVE_WHERE = (
-    "a.state IN ({live}) AND ((a.bound_job_id = ANY(%s::text[]) AND a.bound_job_id <> '') "
-    "OR (a.idempotency_key = ANY(%s::text[]) AND a.idempotency_key <> ''))"
-).format(live=", ".join(f"'{s}'" for s in LIVE_STATES))
+def _live_where(jobs: str, keys: str) -> str:
+    """The live agents (``agents.choices.LIVE_STATES``) bound to the jobs of the array parameter
+    ``jobs`` or asked for with the idempotency keys of ``keys``; its predicates are those of the
+    two partial unique indexes, so each job and key is one look-up in them."""
+    live = ", ".join(f"'{s}'" for s in LIVE_STATES)
+    return (
+        f"a.state IN ({live}) AND ((a.bound_job_id = ANY({jobs}::text[]) AND a.bound_job_id <> '') "
+        f"OR (a.idempotency_key = ANY({keys}::text[]) AND a.idempotency_key <> ''))"
+    )
+
+
 _LIVE_SQL = (
     "SELECT a.id, a.agent_id, s.name, s.type, a.warm, a.bound_job_id, a.idempotency_key, a.scale_body "
-    "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE " + _LIVE_WHERE
+    "FROM agents_agent a JOIN scalers_scaler s ON s.id = a.scaler_id WHERE " + _live_where("%s", "%s")
 )
-#: The guard of a batch from a held snapshot that refuses jobs: fails as a moved snapshot when one
-#: of them (or of their keys) has a live agent, which is then the answer (a repeat).
-_NO_LIVE_SQL = f"SELECT kici_admission_guard(NOT EXISTS (SELECT 1 FROM agents_agent a WHERE {_LIVE_WHERE}))"
+#: The guard of a batch from a held snapshot that refuses jobs (``$1``) or keys (``$2``): fails as a
+#: moved snapshot when one of them has a live agent, which is then the answer (a repeat). Prepared
+#: (:data:`NO_LIVE_STATEMENT`): planning it, the partial indexes' predicates proved each time, cost
+#: more than running it.
+_NO_LIVE_SQL = f"SELECT kici_admission_guard(NOT EXISTS (SELECT 1 FROM agents_agent a WHERE {_live_where('$1', '$2')}))"
 _LIVE_COLUMNS = ("id", "agent_id", "scaler", "type", "warm", "bound_job_id", "idempotency_key", "scale_body")
 
 
@@ -581,6 +588,7 @@ def _statements() -> dict[str, str]:
         FOLD_STATEMENT: _FOLD_SQL,
         GUARD_STATEMENT: _GUARD_SQL,
         LOCK_ONLY_STATEMENT: _LOCK_ONLY_SQL,
+        NO_LIVE_STATEMENT: _NO_LIVE_SQL,
     }
 
 
@@ -657,7 +665,7 @@ def write_batch(
     if guard is not None:
         head = ["BEGIN", f"EXECUTE {LOCK_ONLY_STATEMENT}", f"EXECUTE {GUARD_STATEMENT}(%s)"]
         if refused and (refused[0] or refused[1]):
-            head.append(_NO_LIVE_SQL)
+            head.append(f"EXECUTE {NO_LIVE_STATEMENT}(%s, %s)")
             args = [guard, list(refused[0]), list(refused[1]), *args]
         else:
             args = [guard, *args]

@@ -254,11 +254,18 @@ class AdmissionQueue:
         _wake(batch)
 
     def _prepare_connection(self) -> None:
+        """Set up the decider's connection once: its lock timeout, and generic plans for the
+        batch's prepared statements (``scalers.admission.ledger.prepare_statements``). Left to
+        choose, PostgreSQL planned the batch write anew for every batch that admits nothing (its
+        custom plan, leaving out the parts such a batch skips, looks cheaper than the generic one),
+        and planning the statement cost more than running it; their plans depend on no parameter's
+        value (the rows come as JSON documents, the look-ups are by unique index)."""
         connection.ensure_connection()
         raw = connection.connection
         if raw is not self._conn_seen:
             with connection.cursor() as cur:
                 cur.execute(f"SET lock_timeout = {int(self.lock_timeout_ms)}")
+                cur.execute("SET plan_cache_mode = force_generic_plan")
             self._conn_seen = raw
 
     def _close_connection(self) -> None:

@@ -182,3 +182,36 @@ def test_a_forked_child_gets_a_queue_of_its_own():
     os.close(read)
     os.waitpid(pid, 0)
     assert answer == b"own"
+
+
+def test_the_deciders_connection_runs_the_batch_statements_on_one_plan_each():
+    """Refusal batches on the decider's connection: the prepared batch write, and the check that
+    no refused job has a live agent (each batch after the first, decided from the held snapshot),
+    run on their generic plans, never planned anew for a batch."""
+    from django.db import connection
+
+    from scalers.admission.decide import decide_batch
+    from scalers.admission.ledger import NO_LIVE_STATEMENT, WRITE_STATEMENT
+    from tests.support.scalers import make_agent, make_scaler
+
+    make_agent(make_scaler("full", max_agents=1), state="running")
+    plans: dict[str, tuple[int, int]] = {}
+
+    def decide_and_look(requests: list[Request]) -> BatchResult:
+        result = decide_batch(requests)
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements WHERE name = ANY(%s)",
+                [[WRITE_STATEMENT, NO_LIVE_STATEMENT]],
+            )
+            plans.update({name: (generic, custom) for name, generic, custom in cur.fetchall()})
+        return result
+
+    q = AdmissionQueue(decide=decide_and_look, name="adm-queue-plans")
+    try:
+        for _ in range(8):
+            decision, _agent = q.submit(request("j-refused"), timeout=10)
+            assert decision.action == ScaleOutcome.AT_CAPACITY
+    finally:
+        q.shutdown()
+    assert plans == {WRITE_STATEMENT: (8, 0), NO_LIVE_STATEMENT: (7, 0)}, "(generic plans, custom plans)"
