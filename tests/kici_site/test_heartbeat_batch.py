@@ -172,17 +172,22 @@ class _Proxy:
         self.target = (host, port)
         self.port = free_port()
         self.listener: socket.socket | None = None
+        self.accepting: threading.Thread | None = None
         self.open: list[socket.socket] = []
         self.lock = threading.Lock()
         self.restore()
 
     def restore(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+        self.listener.settimeout(0.1)
+        self.accepting = threading.Thread(target=self._accept, args=(self.listener,), daemon=True)
+        self.accepting.start()
 
     def cut(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept: new connections are refused
-        self.listener.close()
+        listener, self.listener = self.listener, None
+        assert listener is not None and self.accepting is not None, "cut twice"
+        self.accepting.join()  # sees that it is no longer the listener within its timeout
+        listener.close()  # closed only here, with no thread in its accept: new connections refused
         with self.lock:
             for sock in self.open:
                 try:
@@ -193,11 +198,12 @@ class _Proxy:
             self.open = []
 
     def _accept(self, listener: socket.socket) -> None:
-        while True:
+        while self.listener is listener:
             try:
                 client, _ = listener.accept()
-            except OSError:
-                return
+            except TimeoutError:
+                continue
+            client.settimeout(None)
             server = socket.create_connection(self.target)
             with self.lock:
                 self.open += [client, server]
