@@ -201,7 +201,7 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
 
     worker = console.info("worker:worker-1")
     others = {name: pid for name, pid in console.pids().items() if name != "worker:worker-1"}
-    assert _restarts(console.url) == {"daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 0.0}
+    assert _restarts(console.url) == {"api": 0.0, "daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 0.0}
     children = _children(worker["pid"])
     assert children, "the worker forks its scheduler"
     with HealthWatch(console.url) as health:
@@ -227,7 +227,7 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
     assert len(events) == 1
     assert events[0].payload["program"] == "worker" and events[0].payload["pid"] == str(worker["pid"])
     assert f"worker-1 (pid {worker['pid']}) exited; restarted" in events[0].detail
-    assert _restarts(console.url) == {"daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 1.0}
+    assert _restarts(console.url) == {"api": 0.0, "daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 1.0}
 
 
 def test_a_process_that_keeps_dying_at_start_is_given_up_visibly_and_the_rest_still_run(console):
@@ -325,4 +325,4 @@ def test_the_servers_run_as_several_processes_each_with_its_pool(tmp_path, setti
     no_gateway = supervisord_config(
         root=REPO, run_dir=tmp_path, log_dir=tmp_path, workers=1, servers=1, gateway=None, pool_size=2
     )
-    assert "program:gateway" not in no_gateway
+    assert "program:gateway" not in no_gateway and "program:api" not in no_gateway
