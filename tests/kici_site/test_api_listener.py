@@ -173,3 +173,11 @@ def test_an_api_listener_that_is_an_operator_listener_is_refused(settings, tmp_p
     settings.KICI_API_LISTEN = [("127.0.0.1", None)]
     with pytest.raises(CommandError, match=r"KICI_API_LISTEN: 127.0.0.1:\* cannot be listened on"):
         _config(tmp_path)
+
+
+def test_a_host_access_that_opens_the_api_listener_is_warned_about(settings):
+    from scalers.backends.isolation import console_services
+
+    settings.KICI_API_LISTEN = [("192.168.1.10", 8001)]
+    named = [(s.name, s.host, s.port) for s in console_services(None)]
+    assert ("orchestrator's API listener (KICI_API_LISTEN)", "192.168.1.10", 8001) in named
