@@ -8,6 +8,7 @@ listener serves") and docs/browser-security.md ("WebSocket origins").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -100,14 +101,18 @@ def operator_addresses() -> list[tuple[str, int]]:
 
 def api_addresses() -> list[tuple[str, int]]:
     """The orchestrator's API listeners (``KICI_API_LISTEN``), none when it is empty. Raises
-    ``ImproperlyConfigured`` for one without a port or one that is an operator listener."""
-    operator = operator_addresses()
+    ``ImproperlyConfigured`` for one without a port, or one that is an operator listener or the
+    agents' gateway (processes sharing an address with ``SO_REUSEPORT`` share its connections)."""
+    taken: dict[tuple[str | None, int | None], str] = dict.fromkeys(operator_addresses(), "KICI_OPERATOR_LISTEN")
+    url = urlsplit(settings.KICI_CONSOLE_URL)
+    with contextlib.suppress(ValueError):  # a console URL without a valid port names no address
+        taken.setdefault((url.hostname, url.port), "KICI_CONSOLE_URL")
     out = []
     for host, port in settings.KICI_API_LISTEN:
         if port is None:
             raise ImproperlyConfigured(f"KICI_API_LISTEN: {host}:* cannot be listened on; give a port")
-        if (host, port) in operator:
-            raise ImproperlyConfigured(f"KICI_API_LISTEN: {host}:{port} is also in KICI_OPERATOR_LISTEN")
+        if (host, port) in taken:
+            raise ImproperlyConfigured(f"KICI_API_LISTEN: {host}:{port} is also in {taken[host, port]}")
         out.append((host, port))
     return out
 

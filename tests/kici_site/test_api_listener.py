@@ -163,12 +163,16 @@ def test_make_runs_supervisor_runs_the_api_processes_on_its_addresses(settings, 
     assert "program:api" not in _config(tmp_path)
 
 
-def test_an_api_listener_that_is_an_operator_listener_is_refused(settings, tmp_path):
+def test_an_api_listener_on_an_operator_listener_or_the_gateway_is_refused(settings, tmp_path):
     from django.core.management import CommandError
 
     settings.KICI_OPERATOR_LISTEN = [("127.0.0.1", 8000)]
     settings.KICI_API_LISTEN = [("127.0.0.1", 8000)]
     with pytest.raises(CommandError, match=r"KICI_API_LISTEN: 127.0.0.1:8000 is also in KICI_OPERATOR_LISTEN"):
+        _config(tmp_path)
+    settings.KICI_CONSOLE_URL = "http://172.30.0.1:8000"
+    settings.KICI_API_LISTEN = [("172.30.0.1", 8000)]
+    with pytest.raises(CommandError, match=r"KICI_API_LISTEN: 172.30.0.1:8000 is also in KICI_CONSOLE_URL"):
         _config(tmp_path)
     settings.KICI_API_LISTEN = [("127.0.0.1", None)]
     with pytest.raises(CommandError, match=r"KICI_API_LISTEN: 127.0.0.1:\* cannot be listened on"):
