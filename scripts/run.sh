@@ -78,6 +78,7 @@ SUPERVISOR=$!
 for _ in $(seq 1 60); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/healthz" 2>/dev/null && break; sleep 0.5; done
 say "KiCI Scaler Console: http://127.0.0.1:$PORT/   (logs in var/log/, Ctrl-C stops;" \
   "\`.venv/bin/supervisorctl -c var/run/supervisord.conf status\` shows the processes)"
+[ -z "$KICI_API_LISTEN" ] || say "the orchestrator's API: $KICI_API_LISTEN (KICI_API_LISTEN)"
 wait "$SUPERVISOR" || true
 warn "supervisord exited; see var/log/supervisord.log"
 stop
