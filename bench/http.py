@@ -10,19 +10,21 @@ to it: ``full`` (one agent, at its cap of 1), ``open`` (a cap of 100,000) and ``
 
 * the baseline: ``bench/baseline/bare_django.py`` (one view, one indexed query on the console's agent table,
   a persistent connection) under gunicorn, 2 sync workers;
-* the console as ``make run`` serves it: 2 daphne processes (``kici_site.operator_server``) and 2
-  gateway processes (``kici_site.gateway``), sharing their addresses, each with a pool of 4
-  database connections; the gateway's per-source connection cap is lifted (every client here is
-  127.0.0.1, standing for many agents).
+* the console as ``make run`` serves it: 2 daphne processes (``kici_site.operator_server``) on the
+  operator listener, 2 gateway processes (``kici_site.gateway``) on the agents' gateway and 2 API
+  processes (``kici_site.gateway --api``) on the orchestrator's API listener (``KICI_API_LISTEN``),
+  sharing their addresses, each with a pool of 4 database connections; the gateway's per-source
+  connection cap is lifted (every client here is 127.0.0.1, standing for many agents).
 
 Then, per run, with ``ab`` (apache2-utils; keep-alive, ``--concurrency`` clients, ``--seconds``
-each): the baseline's agent GET, the console's agent GET (``GET /api/v1/agents/<id>``), heartbeat
-(on the gateway), ``/scale`` refused at capacity (409); with Python clients: ``/scale`` admitted
-then released (pairs), and a burst of 400 concurrent ``/scale`` on ``burst`` (each its own
-connection, opened at once), counting resets and over-admissions. Prints req/s, p50, p99 (ms) and
-errors per path, the median of ``--runs`` runs, and the ratios to the baseline against the targets
-(agent GET and heartbeat >= 0.8x, ``/scale`` refused >= 0.5x, burst: 0 resets, p99 < 1 s, 0
-over-admitted).
+each): the baseline's agent GET, the console's agent GET (``GET /api/v1/agents/<id>``) on the API
+listener and, for comparison, on the operator listener (daphne), heartbeat (on the gateway),
+``/scale`` refused at capacity (409, on the API listener); with Python clients, on the API
+listener: ``/scale`` admitted then released (pairs), and a burst of 400 concurrent ``/scale`` on
+``burst`` (each its own connection, opened at once), counting resets and over-admissions. Prints
+req/s, p50, p99 (ms) and errors per path, the median of ``--runs`` runs, and the ratios to the
+baseline against the targets (agent GET and heartbeat >= 0.8x, ``/scale`` refused >= 0.5x,
+burst: 0 resets, p99 < 1 s, 0 over-admitted).
 
 Then a simulated fleet (N agents heartbeating at the console's interval while an operator page
 loads every second): for each ``--fleet`` size, in order, that many running agents of ``open``
@@ -118,11 +120,12 @@ class Servers:
 
     def __init__(self, env: dict[str, str]):
         self.env, self.procs, self.log = env, [], tempfile.TemporaryFile()
-        self.base, self.operator, self.gateway = free_port(), free_port(), free_port()
+        self.base, self.operator, self.gateway, self.api = free_port(), free_port(), free_port(), free_port()
 
     def start(self) -> None:
         env = {**self.env, "KICI_OPERATOR_LISTEN": f"127.0.0.1:{self.operator}"}
         env["KICI_CONSOLE_URL"] = f"http://127.0.0.1:{self.gateway}"
+        env["KICI_API_LISTEN"] = f"127.0.0.1:{self.api}"
         gunicorn = Path(sys.executable).with_name("gunicorn")
         self._spawn(
             [str(gunicorn), "-w", "2", "-b", f"127.0.0.1:{self.base}", "--chdir", "bench/baseline"],
@@ -135,8 +138,12 @@ class Servers:
                 [sys.executable, "-m", "kici_site.gateway", "--listen", f"127.0.0.1:{self.gateway}"],
                 {**env, "KICI_DB_POOL_SIZE": "4", "KICI_GATEWAY_CONNECTIONS_PER_SOURCE": "10000"},
             )
+            self._spawn(
+                [sys.executable, "-m", "kici_site.gateway", "--api", "--listen", f"127.0.0.1:{self.api}"],
+                {**env, "KICI_DB_POOL_SIZE": "4"},
+            )
         deadline = time.monotonic() + 60
-        for port in (self.base, self.operator, self.gateway):
+        for port in (self.base, self.operator, self.gateway, self.api):
             while not _answers(port):
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
                     self.log.seek(0)
@@ -471,22 +478,23 @@ def fleet(servers: Servers, steps: list[int]) -> list[dict]:
 
 
 def one_run(servers: Servers, agent_id: str, session: str, seconds: float, concurrency: int) -> dict[str, dict]:
-    b, o, g = servers.base, servers.operator, servers.gateway
+    b, o, g, a = servers.base, servers.operator, servers.gateway, servers.api
     return {
         "baseline agent GET": ab(f"http://127.0.0.1:{b}/api/v1/agents/{agent_id}", seconds, concurrency, TOKEN),
-        "agent GET": ab(f"http://127.0.0.1:{o}/api/v1/agents/{agent_id}", seconds, concurrency, TOKEN),
+        "agent GET": ab(f"http://127.0.0.1:{a}/api/v1/agents/{agent_id}", seconds, concurrency, TOKEN),
+        "agent GET (daphne)": ab(f"http://127.0.0.1:{o}/api/v1/agents/{agent_id}", seconds, concurrency, TOKEN),
         "heartbeat": ab(
             f"http://127.0.0.1:{g}/api/v1/agents/{agent_id}/heartbeat", seconds, concurrency, session, {"activeJobs": 0}
         ),
         "/scale refused": ab(
-            f"http://127.0.0.1:{o}/api/v1/scale",
+            f"http://127.0.0.1:{a}/api/v1/scale",
             seconds,
             concurrency,
             TOKEN,
             {"labels": ["bench", "full"], "jobId": "bench-refused"},  # 409 at-capacity, every time
         ),
-        "/scale admitted+released": admitted_and_released(o, seconds, concurrency),
-        f"burst of {BURST} /scale": burst(o),
+        "/scale admitted+released": admitted_and_released(a, seconds, concurrency),
+        f"burst of {BURST} /scale": burst(a),
     }
 
 
@@ -508,6 +516,11 @@ def report(runs: list[dict[str, dict]]) -> int:
         ok = ratio >= target
         missed += not ok
         print(f"{name:<36} {ratio:5.2f}x  {'met' if ok else 'MISSED'}")
+    daphne = median["agent GET (daphne)"]["rps"] / base
+    print(f"{'agent GET on the operator listener':<36} {daphne:5.2f}x  (daphne, for comparison)")
+    for path in ("agent GET", "agent GET (daphne)", "heartbeat", "/scale refused"):
+        ratios = ", ".join(f"{r[path]['rps'] / r['baseline agent GET']['rps']:.2f}" for r in runs)
+        print(f"  {path} per run: {ratios}")
     b = median[f"burst of {BURST} /scale"]
     ok = b["resets"] == 0 and b["p99"] < 1000 and b["over"] == 0
     missed += not ok

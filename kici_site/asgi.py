@@ -251,7 +251,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from kici_site.heartbeat_path import HeartbeatPath  # noqa: E402
-from kici_site.listeners import ListenerGuard, OperatorOriginValidator  # noqa: E402
+from kici_site.listeners import API, GATEWAY, ListenerGuard, OperatorOriginValidator  # noqa: E402
 from live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ListenerGuard(
@@ -265,7 +265,11 @@ application = ListenerGuard(
 
 # The agents' gateway processes (kici_site.gateway): the agent API alone, HTTP alone; a heartbeat
 # that succeeds is written in a batch and answered ahead of Django (kici_site.heartbeat_path).
-gateway_application = ListenerGuard(HeartbeatPath(django_http), gateway=True)
+gateway_application = ListenerGuard(HeartbeatPath(django_http), listener=GATEWAY)
+
+# The orchestrator's API processes (kici_site.gateway --api): the API but the agent routes, and
+# /healthz; HTTP alone.
+api_application = ListenerGuard(django_http, listener=API)
 
 # Everything loaded so far lives as long as the process: move it out of the collector's reach, so
 # a full collection walks only what requests made, not the framework's heap (a full collection

@@ -1,7 +1,10 @@
-"""The agents' gateway server: uvicorn processes serving only the agent API on the address agents
-dial (``KICI_CONSOLE_URL``), apart from the operator's daphne, so that a flood of agents reaches
-neither the pages nor the orchestrator. ``python -m kici_site.gateway --listen HOST:PORT``; its
-processes share the address with ``SO_REUSEPORT`` (docs/serving.md).
+"""The machine-facing servers: uvicorn processes serving one listener's part alone, apart from the
+operator's daphne. ``python -m kici_site.gateway --listen HOST:PORT`` is the agents' gateway, the
+agent API on the address agents dial (``KICI_CONSOLE_URL``), so that a flood of agents reaches
+neither the pages nor the orchestrator; with ``--api`` (``--listen`` once per ``KICI_API_LISTEN``
+address) the orchestrator's API, so that neither the pages nor the agents slow it. Both keep the
+same bounds while reading (:class:`GatewayProtocol`); the processes of one listener share its
+addresses with ``SO_REUSEPORT`` (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -30,12 +33,12 @@ class GatewayProtocol(HttpToolsProtocol):
     while reading: header and body deadlines (408), the body limit (413), the head limits (414,
     431), and ``per_source`` connections per source address; each answered and closed as it is
     passed (the bounds and why: docs/serving.md, "The processes"). The class attributes are set
-    from settings by :func:`protocol_class`."""
+    from settings by :func:`protocol_class`; ``per_source`` None: no cap."""
 
     header_timeout = 10.0
     body_timeout = 30.0
     max_body = 1024 * 1024
-    per_source = 16
+    per_source: int | None = 16
     #: Open connections of this process by source address.
     open_by_source: collections.Counter = collections.Counter()
 
@@ -49,7 +52,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self._headers_read = 0  # bytes of the current request's complete header lines
         self._in_head = False
         self.open_by_source[self._source] += 1
-        self._refused = self.open_by_source[self._source] > self.per_source
+        self._refused = self.per_source is not None and self.open_by_source[self._source] > self.per_source
         if self._refused:
             self.transport = transport
             transport.abort()
@@ -169,10 +172,11 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
 
-def protocol_class() -> type[GatewayProtocol]:
+def protocol_class(*, per_source_cap: bool = True) -> type[GatewayProtocol]:
     """:class:`GatewayProtocol` with this console's bounds (``KICI_GATEWAY_HEADER_TIMEOUT_SECONDS``,
-    ``KICI_GATEWAY_BODY_TIMEOUT_SECONDS``, ``KICI_MAX_REQUEST_BODY_BYTES``,
-    ``KICI_GATEWAY_CONNECTIONS_PER_SOURCE``)."""
+    ``KICI_GATEWAY_BODY_TIMEOUT_SECONDS``, ``KICI_MAX_REQUEST_BODY_BYTES``, and with
+    ``per_source_cap`` ``KICI_GATEWAY_CONNECTIONS_PER_SOURCE``; without it no cap, for the
+    orchestrator, one address with many connections)."""
     return type(
         "GatewayProtocol",
         (GatewayProtocol,),
@@ -180,35 +184,48 @@ def protocol_class() -> type[GatewayProtocol]:
             "header_timeout": float(settings.KICI_GATEWAY_HEADER_TIMEOUT_SECONDS),
             "body_timeout": float(settings.KICI_GATEWAY_BODY_TIMEOUT_SECONDS),
             "max_body": settings.KICI_MAX_REQUEST_BODY_BYTES,
-            "per_source": settings.KICI_GATEWAY_CONNECTIONS_PER_SOURCE,
+            "per_source": settings.KICI_GATEWAY_CONNECTIONS_PER_SOURCE if per_source_cap else None,
         },
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve the gateway application on ``--listen`` until SIGTERM/SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m kici_site.gateway")
-    parser.add_argument("--listen", required=True, help="HOST:PORT ([v6]:PORT) to listen on")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kici_site.settings")
-    application = import_string("kici_site.asgi.gateway_application")  # sets Django up
-    host, _, port = args.listen.rpartition(":")
+def _address(parser: argparse.ArgumentParser, listen: str) -> tuple[str, int]:
+    """``(host, port)`` of ``--listen`` ``HOST:PORT`` / ``[v6]:PORT``; a usage error otherwise."""
+    host, _, port = listen.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        parser.error(f"--listen={args.listen!r} is not HOST:PORT with a port in 1-65535")
-    sock = listening_socket(host.removeprefix("[").removesuffix("]"), int(port))
+        parser.error(f"--listen={listen!r} is not HOST:PORT with a port in 1-65535")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the gateway application, or with ``--api`` the orchestrator's API, on every
+    ``--listen`` address until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m kici_site.gateway")
+    parser.add_argument(
+        "--listen", required=True, action="append", help="HOST:PORT ([v6]:PORT) to listen on; repeatable"
+    )
+    parser.add_argument("--api", action="store_true", help="serve the orchestrator's API, not the agents'")
+    args = parser.parse_args(argv)
+    addresses = [_address(parser, listen) for listen in args.listen]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kici_site.settings")
+    # Importing the application sets Django up.
+    application = import_string("kici_site.asgi.api_application" if args.api else "kici_site.asgi.gateway_application")
+    sockets = [listening_socket(host, port) for host, port in addresses]
     config = uvicorn.Config(
         application,
-        http=protocol_class(),
+        http=protocol_class(per_source_cap=not args.api),
         loop="uvloop",
         ws="none",
         lifespan="off",
-        access_log=False,  # a heartbeat every few seconds per agent; the console's events tell more
+        # Agents heartbeat every few seconds and the orchestrator asks as often: the console's
+        # events and records tell more than a line per request.
+        access_log=False,
         server_header=False,
-        timeout_keep_alive=75,  # agents heartbeat every few seconds: keep their connection
+        timeout_keep_alive=75,  # keep the connections of agents and the orchestrator between calls
         log_level="warning",
         backlog=settings.KICI_LISTEN_BACKLOG,  # uvicorn listens again on the socket with this
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 if __name__ == "__main__":

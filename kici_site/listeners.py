@@ -1,5 +1,6 @@
 """Which requests each listener serves, and how large a request body may be. The guard fails
-closed: off the operator's listeners only the routes an agent calls (:data:`AGENT_ROUTES`) answer.
+closed: off the operator's listeners only the routes an agent calls (:data:`AGENT_ROUTES`) answer,
+and on the orchestrator's API listener only the API without them (:func:`orchestrator_path`).
 Every HTTP body is bounded before Django reads it, and a WebSocket handshake must come from a page
 of the console itself (:class:`OperatorOriginValidator`). Design: docs/serving.md ("What each
 listener serves") and docs/browser-security.md ("WebSocket origins").
@@ -7,6 +8,7 @@ listener serves") and docs/browser-security.md ("WebSocket origins").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -16,6 +18,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http.request import split_domain_port, validate_host
 from django.utils.http import is_same_domain
+
+from lib.errors import API_PREFIX
 
 #: Bytes of a request line (method, target, version) either server reads; a longer one is
 #: answered 414 (twisted's own line limit, which daphne keeps).
@@ -52,6 +56,28 @@ def closing_answer(status: int, reason: str, message: str) -> bytes:
 #: What an agent itself calls: register, claim (event backends), its own heartbeat.
 AGENT_ROUTES = re.compile(r"/api/v1/agents/(register|claim|[^/]+/heartbeat)")
 
+#: The listeners whose processes serve one part alone (``ListenerGuard(listener=...)``): the
+#: agents' gateway (``KICI_CONSOLE_URL``) and the orchestrator's API (``KICI_API_LISTEN``).
+GATEWAY, API = "gateway", "api"
+
+
+def agent_path(path: str) -> bool:
+    """Whether the agents' gateway serves ``path``: one of :data:`AGENT_ROUTES`."""
+    return AGENT_ROUTES.fullmatch(path) is not None
+
+
+def orchestrator_path(path: str) -> bool:
+    """Whether the orchestrator's API listener serves ``path``: under ``/api/`` but no path that
+    begins as an agent route does, or ``/healthz``."""
+    return path == "/healthz" or (path.startswith(API_PREFIX) and AGENT_ROUTES.match(path) is None)
+
+
+#: Per listener: the paths it serves and what its 404 says of it.
+_SERVED = {
+    GATEWAY: (agent_path, "only the agent API is served on this address"),
+    API: (orchestrator_path, "only the orchestrator's API is served on this address"),
+}
+
 
 def on_operator_listener(scope: dict, listeners: list[tuple[str, int | None]]) -> bool:
     """Whether ``scope`` arrived on one of ``listeners`` (``(host, port)``, port None = any)."""
@@ -69,6 +95,24 @@ def operator_addresses() -> list[tuple[str, int]]:
     for host, port in settings.KICI_OPERATOR_LISTEN:
         if port is None:
             raise ImproperlyConfigured(f"KICI_OPERATOR_LISTEN: {host}:* cannot be listened on; give a port")
+        out.append((host, port))
+    return out
+
+
+def api_addresses() -> list[tuple[str, int]]:
+    """The orchestrator's API listeners (``KICI_API_LISTEN``), none when it is empty. Raises
+    ``ImproperlyConfigured`` for one without a port, or one that is an operator listener or the
+    agents' gateway (processes sharing an address with ``SO_REUSEPORT`` share its connections)."""
+    taken: dict[tuple[str | None, int | None], str] = dict.fromkeys(operator_addresses(), "KICI_OPERATOR_LISTEN")
+    url = urlsplit(settings.KICI_CONSOLE_URL)
+    with contextlib.suppress(ValueError):  # a console URL without a valid port names no address
+        taken.setdefault((url.hostname, url.port), "KICI_CONSOLE_URL")
+    out = []
+    for host, port in settings.KICI_API_LISTEN:
+        if port is None:
+            raise ImproperlyConfigured(f"KICI_API_LISTEN: {host}:* cannot be listened on; give a port")
+        if (host, port) in taken:
+            raise ImproperlyConfigured(f"KICI_API_LISTEN: {host}:{port} is also in {taken[host, port]}")
         out.append((host, port))
     return out
 
@@ -137,25 +181,33 @@ async def _send_json(send, status: int, reason: str, message: str) -> None:
 
 
 class ListenerGuard:
-    """ASGI middleware in front of the whole application (HTTP and WebSocket). With ``gateway``
-    (the gateway's own processes, ``kici_site.gateway``) every request is treated as arriving on
-    the gateway, whatever its scope says."""
+    """ASGI middleware in front of the whole application (HTTP and WebSocket). With ``listener``
+    (:data:`GATEWAY` or :data:`API`: the processes of ``kici_site.gateway`` serving that listener)
+    every request is treated as arriving there, whatever its scope says; without it, a request
+    that did not arrive on an operator listener is treated as arriving on the gateway. Off the
+    operator listeners a WebSocket is closed and a path that listener does not serve is 404."""
 
-    def __init__(self, app, *, operator_listeners=None, max_body_bytes: int | None = None, gateway: bool = False):
+    def __init__(self, app, *, operator_listeners=None, max_body_bytes: int | None = None, listener: str | None = None):
+        if listener is not None and listener not in _SERVED:
+            raise ValueError(f"listener={listener!r} is not one of {', '.join(_SERVED)}")
         self.app = app
         self.operator_listeners = operator_listeners or settings.KICI_OPERATOR_LISTEN
         self.max_body_bytes = max_body_bytes or settings.KICI_MAX_REQUEST_BODY_BYTES
-        self.gateway = gateway
+        self.listener = listener
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        if self.gateway or not on_operator_listener(scope, self.operator_listeners):
+        listener = self.listener
+        if listener is None and not on_operator_listener(scope, self.operator_listeners):
+            listener = GATEWAY
+        if listener is not None:
             if scope["type"] == "websocket":
                 await receive()  # websocket.connect
                 return await send({"type": "websocket.close", "code": 4404})
-            if not AGENT_ROUTES.fullmatch(scope["path"]):
-                return await _send_json(send, 404, "not-found", "only the agent API is served on this address")
+            served, refusal = _SERVED[listener]
+            if not served(scope["path"]):
+                return await _send_json(send, 404, "not-found", refusal)
         if scope["type"] == "websocket":
             return await self.app(scope, receive, send)
         return await self._bounded(scope, receive, send)

@@ -236,6 +236,10 @@ KICI_CONSOLE_URL = env_str("KICI_CONSOLE_URL", "http://172.30.0.1:8000")
 # any other listener, such as the agents' gateway of KICI_CONSOLE_URL, reaches only the agent API
 # (kici_site.listeners).
 KICI_OPERATOR_LISTEN = env_listeners("KICI_OPERATOR_LISTEN", "127.0.0.1:8000")
+# Where the orchestrator's API alone is served (the API but the agent routes, and /healthz), by
+# uvicorn processes of its own (kici_site.gateway --api); empty: nowhere apart (the operator
+# listeners serve it too either way).
+KICI_API_LISTEN = env_listeners("KICI_API_LISTEN", "", optional=True)
 # Request bodies above this many bytes are refused with 413 before the application reads them.
 KICI_MAX_REQUEST_BODY_BYTES = env_int("KICI_MAX_REQUEST_BODY_BYTES", 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = KICI_MAX_REQUEST_BODY_BYTES

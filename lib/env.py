@@ -181,11 +181,12 @@ def env_http_url(name: str, default: str = "") -> str:
     return raw
 
 
-def env_listeners(name: str, default: str) -> list[tuple[str, int | None]]:
+def env_listeners(name: str, default: str, *, optional: bool = False) -> list[tuple[str, int | None]]:
     """Parse ``$name`` as comma-separated ``host:port`` listeners (``[v6]:port``; port ``*`` = any).
 
-    Returns ``(host, port)`` pairs, ``port`` None for ``*``. Refuses an item without a host or port,
-    or with a port outside 1-65535, naming the variable and the item.
+    Returns ``(host, port)`` pairs, ``port`` None for ``*``; with ``optional``, none when it names
+    none. Refuses an item without a host or port, or with a port outside 1-65535, naming the
+    variable and the item.
     """
     raw = os.environ.get(name, "") or default
     listeners: list[tuple[str, int | None]] = []
@@ -202,7 +203,7 @@ def env_listeners(name: str, default: str) -> list[tuple[str, int | None]]:
         if not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ImproperlyConfigured(f"{name}: {item!r} has no port in 1-65535 (or *)")
         listeners.append((host, int(port)))
-    if not listeners:
+    if not listeners and not optional:
         raise ImproperlyConfigured(f"{name} names no listener")
     return listeners
 

@@ -1,5 +1,6 @@
 """The console's processes under supervisord (``make run``): ``KICI_SERVERS`` daphne processes on
-the operator listeners, as many gateway processes on the agents' gateway, ``KICI_WORKERS`` rq
+the operator listeners, as many gateway processes on the agents' gateway and as many API processes
+on the orchestrator's API listeners (``KICI_API_LISTEN``), ``KICI_WORKERS`` rq
 workers and the scaler sweeper, each restarted when it exits, and an event listener that records
 each unexpected exit (docs/recovery.md "Supervised processes", docs/serving.md).
 
@@ -24,7 +25,7 @@ from agents.events import record_event
 from scalers.metrics import SharedSeries, count
 
 #: The supervised programs (supervisord group names), in start order; the stop runs the other way.
-PROGRAMS = ("daphne", "gateway", "worker", "sweeper")
+PROGRAMS = ("daphne", "gateway", "api", "worker", "sweeper")
 PROCESS_RESTARTS = "kici_scaler_process_restarts_total"
 #: On /metrics (registered by ``operations.apps``), at 0 for every program until its first exit.
 PROCESS_RESTARTS_SERIES = SharedSeries(
@@ -78,10 +79,12 @@ def supervisord_config(
     servers: int,
     gateway: tuple[str, int] | None,
     pool_size: int,
+    api: list[tuple[str, int]] | None = None,
 ) -> str:
     """The text of supervisord's configuration: the programs of :data:`PROGRAMS` run from ``root`` with
     this environment; ``servers`` daphne processes sharing the operator listeners and, with
-    ``gateway`` (host, port), as many gateway processes, each with a pool of ``pool_size`` database
+    ``gateway`` (host, port), as many gateway processes, and with ``api`` ((host, port) each) as many
+    API processes, each with a pool of ``pool_size`` database
     connections; logs in ``log_dir``, pid file and control socket (0700) in ``run_dir``
     (docs/recovery.md, "Supervised processes"). ValueError naming ``workers`` or ``servers`` when
     it is not a positive whole number.
@@ -143,20 +146,22 @@ def supervisord_config(
         "stopwaitsecs": "30",
         "stdout_logfile": str(log_dir / "daphne-%(process_num)d.log"),
     }
-    if gateway is not None:
-        host, port = gateway
-        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        config["program:gateway"] = {
+    # The machine-facing listeners (kici_site.gateway): the agent API alone, on the address agents
+    # dial, and the orchestrator's API alone, on its own addresses.
+    for program, addresses, flag in (("gateway", [gateway] if gateway else [], ""), ("api", api or [], " --api")):
+        if not addresses:
+            continue
+        listen = " ".join(f"--listen {_address(host, port)}" for host, port in addresses)
+        config[f"program:{program}"] = {
             **common,
-            # The agent API alone, on the address agents dial (kici_site.gateway).
-            "command": f"{python} -m kici_site.gateway --listen {listen}",
-            "process_name": "gateway-%(process_num)d",
+            "command": f"{python} -m kici_site.gateway{flag} {listen}",
+            "process_name": f"{program}-%(process_num)d",
             "numprocs": str(servers),
             "numprocs_start": "1",
             "environment": pooled,
             "priority": "10",
             "stopwaitsecs": "30",
-            "stdout_logfile": str(log_dir / "gateway-%(process_num)d.log"),
+            "stdout_logfile": str(log_dir / f"{program}-%(process_num)d.log"),
         }
     config["program:worker"] = {
         **common,
@@ -182,6 +187,11 @@ def supervisord_config(
     out = io.StringIO()
     config.write(out)
     return out.getvalue()
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def record_process_state(event: str, payload: dict[str, str]) -> None:

@@ -20,6 +20,8 @@ export KICI_SCALER_CONFIG_PATH="${KICI_SCALER_CONFIG_PATH:-$ROOT/examples/scaler
 PORT="${KICI_PORT:-8000}"
 export KICI_CONSOLE_URL="${KICI_CONSOLE_URL:-http://172.30.0.1:$PORT}"
 export KICI_OPERATOR_LISTEN="${KICI_OPERATOR_LISTEN:-127.0.0.1:$PORT}"
+# The orchestrator's API on a listener of its own (uvicorn processes); set it empty for none.
+export KICI_API_LISTEN="${KICI_API_LISTEN-127.0.0.1:$((PORT + 1))}"
 PY="$VENV/bin/python"
 M="$PY manage.py"
 
@@ -41,7 +43,8 @@ $M import_scalers "$KICI_SCALER_CONFIG_PATH" ${KICI_SCALER_CONFIG_DIR:+--dir "$K
 
 # The console's processes under supervisord (operations/supervision.py, its configuration written
 # to var/run/supervisord.conf): KICI_SERVERS daphne processes on the operator listeners, as many
-# gateway processes on the agents' gateway (docs/serving.md), KICI_WORKERS rq workers and the
+# gateway processes on the agents' gateway and as many API processes on KICI_API_LISTEN
+# (docs/serving.md), KICI_WORKERS rq workers and the
 # sweeper, each restarted when it exits (a start that keeps failing is retried with a back-off,
 # then given up), every exit recorded as a console.* event and in
 # kici_scaler_process_restarts_total. One crash stops nothing else.
@@ -75,6 +78,7 @@ SUPERVISOR=$!
 for _ in $(seq 1 60); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/healthz" 2>/dev/null && break; sleep 0.5; done
 say "KiCI Scaler Console: http://127.0.0.1:$PORT/   (logs in var/log/, Ctrl-C stops;" \
   "\`.venv/bin/supervisorctl -c var/run/supervisord.conf status\` shows the processes)"
+[ -z "$KICI_API_LISTEN" ] || say "the orchestrator's API: $KICI_API_LISTEN (KICI_API_LISTEN)"
 wait "$SUPERVISOR" || true
 warn "supervisord exited; see var/log/supervisord.log"
 stop

@@ -1,9 +1,9 @@
 """``make run``'s processes under supervisord (``operations/supervision.py``), started as
 ``scripts/run.sh`` starts them (``manage.py supervisor_config``, then supervisord in its own session)
 against the suite's database and Redis, daphne on a free loopback port, the agents' gateway on
-another, one rq worker: a process killed is restarted without stopping the others, recorded as an
-event and on /metrics; one that keeps dying is given up, visibly; SIGTERM to supervisord stops them
-all."""
+another, the orchestrator's API on a third, one rq worker: a process killed is restarted without
+stopping the others, recorded as an event and on /metrics; one that keeps dying is given up,
+visibly; SIGTERM to supervisord stops them all."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def console(transactional_db, tmp_path):
     from django.db import connection
 
     db = connection.settings_dict
-    port, gateway = free_port(), free_port()
+    port, gateway, api = free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "kici_site.settings_test",
@@ -113,6 +113,7 @@ def console(transactional_db, tmp_path):
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "KICI_OPERATOR_LISTEN": f"127.0.0.1:{port}",
         "KICI_CONSOLE_URL": f"http://127.0.0.1:{gateway}",
+        "KICI_API_LISTEN": f"127.0.0.1:{api}",
         "LOG_LEVEL": "WARNING",
     }
     run_dir, log_dir = tmp_path / "run", tmp_path / "log"
@@ -137,6 +138,7 @@ def console(transactional_db, tmp_path):
     )
     c = Console(f"http://127.0.0.1:{port}", proc, run_dir / "supervisor.sock", log_dir, env)
     c.gateway_url = f"http://127.0.0.1:{gateway}"
+    c.api_url = f"http://127.0.0.1:{api}"
     try:
 
         def all_running():
@@ -148,6 +150,7 @@ def console(transactional_db, tmp_path):
         _wait(all_running, RPC_TIMEOUT, "every program RUNNING", c)
         _wait(lambda: _answers(c.url), RPC_TIMEOUT, "daphne answering /healthz", c)
         _wait(lambda: _gateway_answers(c.gateway_url), RPC_TIMEOUT, "the gateway answering", c)
+        _wait(lambda: _answers(c.api_url), RPC_TIMEOUT, "the API processes answering /healthz", c)
         yield c
     finally:
         if proc.poll() is None:
@@ -201,7 +204,7 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
 
     worker = console.info("worker:worker-1")
     others = {name: pid for name, pid in console.pids().items() if name != "worker:worker-1"}
-    assert _restarts(console.url) == {"daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 0.0}
+    assert _restarts(console.url) == {"api": 0.0, "daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 0.0}
     children = _children(worker["pid"])
     assert children, "the worker forks its scheduler"
     with HealthWatch(console.url) as health:
@@ -227,7 +230,7 @@ def test_a_killed_worker_is_back_within_seconds_and_the_rest_kept_running(consol
     assert len(events) == 1
     assert events[0].payload["program"] == "worker" and events[0].payload["pid"] == str(worker["pid"])
     assert f"worker-1 (pid {worker['pid']}) exited; restarted" in events[0].detail
-    assert _restarts(console.url) == {"daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 1.0}
+    assert _restarts(console.url) == {"api": 0.0, "daphne": 0.0, "gateway": 0.0, "sweeper": 0.0, "worker": 1.0}
 
 
 def test_a_process_that_keeps_dying_at_start_is_given_up_visibly_and_the_rest_still_run(console):
@@ -264,6 +267,7 @@ def test_sigterm_to_supervisord_stops_every_process(console):
     assert set(pids) == {
         "daphne:daphne-1",
         "gateway:gateway-1",
+        "api:api-1",
         "worker:worker-1",
         "sweeper:sweeper",
         "process_events:process_events",
@@ -275,11 +279,11 @@ def test_sigterm_to_supervisord_stops_every_process(console):
         own = {k: v for k, v in _environ(pid).items() if not k.startswith("SUPERVISOR_")}
         pool = own.pop("KICI_DB_POOL_SIZE", None)
         assert own == console.env
-        assert (pool is not None and 2 <= int(pool) <= 8) == name.startswith(("gateway:", "daphne:"))
+        assert (pool is not None and 2 <= int(pool) <= 8) == name.startswith(("gateway:", "daphne:", "api:"))
     console.proc.send_signal(signal.SIGTERM)
     assert console.proc.wait(60) == 0
     assert [name for name, pid in pids.items() if _alive(pid)] == []
-    assert not _answers(console.url)
+    assert not _answers(console.url) and not _answers(console.api_url)
 
 
 def test_the_configuration_refuses_a_worker_count_below_one(tmp_path):
@@ -325,4 +329,4 @@ def test_the_servers_run_as_several_processes_each_with_its_pool(tmp_path, setti
     no_gateway = supervisord_config(
         root=REPO, run_dir=tmp_path, log_dir=tmp_path, workers=1, servers=1, gateway=None, pool_size=2
     )
-    assert "program:gateway" not in no_gateway
+    assert "program:gateway" not in no_gateway and "program:api" not in no_gateway

@@ -50,7 +50,8 @@ def console_services(listening: Listening | None) -> list[ConsoleService]:
     (``network.host_access.host_access_warnings``): its PostgreSQL (``DATABASE_URL``), its Redis
     (``REDIS_URL``), both as the console dials them, and each operator listener
     (``KICI_OPERATOR_LISTEN``, where the console listens: a loopback one is out of reach; one with
-    port ``*`` has no port to name and is left out). A setting that names no host or port is skipped.
+    port ``*`` has no port to name and is left out) and orchestrator's API listener
+    (``KICI_API_LISTEN``). A setting that names no host or port is skipped.
     A service dialed on loopback carries where this host's sockets listen on its port
     (``listening``: ``network.host_access.tcp_listening``, read once by the caller; None when not
     known), so one listening on loopback only is not warned about."""
@@ -75,6 +76,9 @@ def console_services(listening: Listening | None) -> list[ConsoleService]:
     for host, port in settings.KICI_OPERATOR_LISTEN:
         if port is not None:
             services.append(ConsoleService("operator listener (KICI_OPERATOR_LISTEN)", host, port, exact=True))
+    for host, port in settings.KICI_API_LISTEN:
+        if port is not None:
+            services.append(ConsoleService("orchestrator's API listener (KICI_API_LISTEN)", host, port, exact=True))
     return services
 
 

@@ -115,6 +115,22 @@ def test_a_websocket_off_the_operator_listener_is_closed():
     assert sent == [{"type": "websocket.close", "code": 4404}]
 
 
+def test_the_api_listener_serves_the_orchestrators_api_and_nothing_else_whatever_the_scope_says():
+    guard = ListenerGuard(_echo_app(), operator_listeners=[(OPERATOR, 8000)], max_body_bytes=1024, listener="api")
+    served = ["/api/v1/scale", "/api/v1/agents/a-1", "/api/v1/agents", "/api/v1/agents/a-1/release", "/healthz"]
+    refused = ["/", "/agents/", "/metrics", "/static/css/kici.css", "/api/v1/agents/register", "/api/v1/agents/claim"]
+    refused += ["/api/v1/agents/a-1/heartbeat", "/api/v1/agents/a-1/heartbeat/", "/apix", "/healthz/"]
+    for path in served + refused:
+        scope = {"type": "http", "path": path, "server": (OPERATOR, 8000), "headers": []}
+        sent = asyncio.run(_asgi(guard, scope, [{"type": "http.request", "body": b""}]))
+        assert sent[0]["status"] == (200 if path in served else 404), path
+    scope = {"type": "websocket", "path": "/ws/events/", "server": (OPERATOR, 8000), "headers": []}
+    sent = asyncio.run(_asgi(guard, scope, [{"type": "websocket.connect"}]))
+    assert sent == [{"type": "websocket.close", "code": 4404}]
+    with pytest.raises(ValueError, match=r"listener='pages' is not one of gateway, api"):
+        ListenerGuard(_echo_app(), listener="pages")
+
+
 def test_an_unknown_listener_port_on_the_operator_address_serves_only_the_agent_api():
     scope = {"type": "http", "path": "/admin/", "server": (OPERATOR, 9999), "headers": []}
     sent = asyncio.run(_asgi(_guard(), scope, [{"type": "http.request", "body": b""}]))

@@ -1,6 +1,6 @@
 """The console served for real in a test: Django's WSGI app on a thread, daphne (the operator's
-ASGI server) or the agents' gateway (``kici_site.gateway``) in subprocesses; and free loopback
-ports for them."""
+ASGI server), the agents' gateway or the orchestrator's API processes (``kici_site.gateway``) in
+subprocesses; and free loopback ports for them."""
 
 from __future__ import annotations
 
@@ -182,10 +182,17 @@ def server_env(db: dict, operator_listen: str, extra_env: dict | None = None) ->
 
 @contextmanager
 def run_gateway(
-    db: dict, listen: str, *, operator_listen: str, processes: int = 1, extra_env: dict | None = None
+    db: dict,
+    listen: str,
+    *,
+    operator_listen: str,
+    processes: int = 1,
+    extra_env: dict | None = None,
+    api: bool = False,
 ) -> Iterator[list]:
-    """``processes`` gateway processes (``python -m kici_site.gateway``, as make run starts them)
-    sharing ``listen`` (``host:port`` on loopback), serving the database ``db`` with a pool of 2.
+    """``processes`` gateway processes (``python -m kici_site.gateway``, as make run starts them;
+    with ``api`` the orchestrator's API processes, ``--api``) sharing ``listen`` (``host:port`` on
+    loopback), serving the database ``db`` with a pool of 2.
     Yields their ``subprocess.Popen`` objects once the address answers; stopped (SIGTERM, then
     SIGKILL) when the block ends. RuntimeError with their output when none answers within 30 s."""
     import signal
@@ -201,7 +208,7 @@ def run_gateway(
     log = tempfile.TemporaryFile()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "kici_site.gateway", "--listen", listen],
+            [sys.executable, "-m", "kici_site.gateway", *(["--api"] if api else []), "--listen", listen],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -2,7 +2,9 @@
 --log-dir DIR``: write the supervisord configuration ``make run`` runs the console under
 (``operations.supervision``), each server process's database pool sized to the database's
 ``max_connections``. ``--gateway``: the agents' gateway, where gateway processes listen
-(``kici_site.listeners.gateway_address``, as ``scripts/run.sh`` gives it); none without it."""
+(``kici_site.listeners.gateway_address``, as ``scripts/run.sh`` gives it); none without it. The
+orchestrator's API processes listen on ``KICI_API_LISTEN`` (``kici_site.listeners.api_addresses``);
+none when it is empty."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import os
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from kici_site.listeners import api_addresses
 from operations.supervision import db_pool_size, supervisord_config
 
 
@@ -22,7 +26,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--workers", type=int, required=True, help="rq workers to run (KICI_WORKERS)")
         parser.add_argument(
-            "--servers", type=int, default=1, help="daphne processes, and as many gateway ones (KICI_SERVERS)"
+            "--servers", type=int, default=1, help="daphne processes, and as many gateway and API ones (KICI_SERVERS)"
         )
         parser.add_argument("--gateway", default="", help="HOST:PORT ([v6]:PORT) of the agents' gateway")
         parser.add_argument("--out", type=Path, required=True, help="the file written (mode 0600)")
@@ -33,6 +37,7 @@ class Command(BaseCommand):
         run_dir: Path | None = options["run_dir"]
         try:
             gateway_at = _address(gateway) if gateway else None
+            api = api_addresses()
             if workers < 1:
                 raise ValueError(f"workers={workers!r} is not a positive whole number")
             if servers < 1:
@@ -40,7 +45,8 @@ class Command(BaseCommand):
             with connection.cursor() as cur:
                 cur.execute("SHOW max_connections")
                 max_connections = int(cur.fetchone()[0])
-            pool = db_pool_size(max_connections, servers * (2 if gateway_at else 1), workers)
+            programs = 1 + (gateway_at is not None) + bool(api)
+            pool = db_pool_size(max_connections, servers * programs, workers)
             text = supervisord_config(
                 root=Path(settings.BASE_DIR),
                 run_dir=(run_dir or out.parent).resolve(),
@@ -49,8 +55,9 @@ class Command(BaseCommand):
                 servers=servers,
                 gateway=gateway_at,
                 pool_size=pool,
+                api=api,
             )
-        except ValueError as exc:
+        except (ValueError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from None
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
