@@ -121,3 +121,14 @@ def test_inside_a_transaction_block_it_runs_the_plain_statement():
     with transaction.atomic():
         assert agent_values(agent.agent_id) == _orm_values(agent.agent_id)
         assert Agent.objects.filter(agent_id=agent.agent_id).exists()
+
+
+def test_a_statement_lost_twice_is_answered_by_the_plain_one(monkeypatch):
+    """Prepared and lost again before its run (as behind a pooler in transaction mode): the plain
+    statement answers rather than the error."""
+    import scalers.api
+
+    agent = make_agent(make_scaler(), AgentState.RUNNING, labels=["linux"])
+    monkeypatch.setattr(scalers.api, "prepare_once", lambda conn, statements: None)
+    assert agent_values(agent.agent_id) == _orm_values(agent.agent_id)
+    assert _executions() is None
