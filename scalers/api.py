@@ -23,6 +23,7 @@ from audit.records import record_audit
 from lib.errors import api_error, json_content_type_refusal
 from lib.json_body import BodyRefused, JsonBody, validate_body
 from lib.json_input import parse_json_object
+from lib.prepared import forget, prepare_once, statement_lost
 from lib.query import BadParameter, check_parameters, choice, whole_number
 from lib.wording import json_text, listed
 from scalers.admission.decide import ScaleDecision, scale_asked
@@ -327,28 +328,62 @@ def agent_values_json(values: dict) -> dict:
 
 
 @cache
-def _agent_by_id_sql() -> str:
-    """The statement of :func:`agent_values`: :data:`AGENT_JSON_FIELDS` of one agent by its id."""
+def _agent_by_id_sql(param: str = "%s") -> str:
+    """The statement of :func:`agent_values`: :data:`AGENT_JSON_FIELDS` of one agent by its id,
+    the id as ``param`` (``%s`` for a Django cursor, ``$1`` for ``PREPARE``)."""
     columns = ", ".join("s.name" if field == "scaler__name" else f"a.{field}" for field in AGENT_JSON_FIELDS)
     return (
         f"SELECT {columns} FROM {Agent._meta.db_table} a JOIN {Scaler._meta.db_table} s ON s.id = a.scaler_id "
-        "WHERE a.agent_id = %s"
+        f"WHERE a.agent_id = {param}"
     )
+
+
+#: The name :func:`agent_values` prepares its statement under, on each pooled connection.
+AGENT_BY_ID_STATEMENT = "kici_agent_by_id"
 
 
 def agent_values(agent_id: str) -> dict | None:
     """:data:`AGENT_JSON_FIELDS` of the agent ``agent_id`` as ``values()`` gives them (None when
     there is none), from a statement written once: the ORM's compile of the same query cost a third
     of a ``GET /api/v1/agents/<agentId>``. Raises ``DatabaseError``."""
-    with connection.cursor() as cursor:
-        cursor.execute(_agent_by_id_sql(), [agent_id])
-        row = cursor.fetchone()
+    connection.ensure_connection()
+    if connection.in_atomic_block or not connection.get_autocommit():
+        # A failing EXECUTE would abort the caller's transaction: the statement as it is.
+        row = _agent_row(_agent_by_id_sql(), agent_id)
+    else:
+        row = _prepared_agent_row(agent_id)
     if row is None:
         return None
     values = dict(zip(AGENT_JSON_FIELDS, row, strict=True))
     if values["labels"] is not None:  # jsonb arrives as its text (Django's loader for it)
         values["labels"] = json.loads(values["labels"])
     return values
+
+
+def _agent_row(sql: str, agent_id: str) -> tuple | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [agent_id])
+        return cursor.fetchone()
+
+
+def _prepared_agent_row(agent_id: str) -> tuple | None:
+    """:func:`agent_values`'s row by the statement prepared on this connection (in autocommit),
+    which PostgreSQL neither parses nor plans again. A statement found gone or invalid
+    (``lib.prepared.statement_lost``) is prepared again and run once more; found so again, the
+    plain statement answers. Raises ``DatabaseError``."""
+    raw = connection.connection
+    statements = {AGENT_BY_ID_STATEMENT: _agent_by_id_sql("$1")}
+    for _attempt in range(2):
+        with connection.wrap_database_errors:
+            prepare_once(raw, statements)
+        try:
+            return _agent_row(f"EXECUTE {AGENT_BY_ID_STATEMENT}(%s)", agent_id)
+        except DatabaseError as exc:
+            if not statement_lost(exc):
+                raise
+            with connection.wrap_database_errors:
+                forget(raw, statements)
+    return _agent_row(_agent_by_id_sql(), agent_id)
 
 
 def agent_json(agent: Agent) -> dict:

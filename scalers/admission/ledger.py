@@ -23,6 +23,7 @@ from agents.choices import ACTIVE_STATES, LIVE_STATES, AgentState, EventType
 from agents.events import record_event
 from agents.models import LIVE_JOB_CONSTRAINT, LIVE_KEY_CONSTRAINT, Agent
 from audit.models import AuditRecord
+from lib.prepared import prepare_once
 from scalers.metrics import label_key
 from scalers.models import Reservation, ScaleOutcome, this_host
 from scalers.pauses import pause_row_json
@@ -61,25 +62,13 @@ GUARD_STATEMENT = "kici_admission_guard"
 LOCK_ONLY_STATEMENT = "kici_admission_lock_only"
 NO_LIVE_STATEMENT = "kici_admission_no_live"
 
-_PREPARED: weakref.WeakSet = weakref.WeakSet()
-
 
 def prepare_statements(conn) -> None:
     """``PREPARE`` the lock, the guards, the snapshot, the batch write and the tally fold on ``conn`` (a raw
-    psycopg connection), once per connection: a batch then sends each round trip as one simple-protocol
-    query of ``EXECUTE``s, which the server neither parses nor plans again and psycopg sends
-    without its per-statement machinery. Prepared statements belong to the session, so a rolled
-    back transaction keeps them; the ones a connection already has (its ``PREPARE`` was cut short)
-    are left as they are."""
-    if conn in _PREPARED:
-        return
-    with psycopg.Cursor(conn) as cur:
-        cur.execute("SELECT name FROM pg_prepared_statements WHERE name = ANY(%s)", [list(_statements())])
-        have = {row[0] for row in cur.fetchall()}
-        for name, text in _statements().items():
-            if name not in have:
-                cur.execute(f"PREPARE {name} AS {text}")
-    _PREPARED.add(conn)
+    psycopg connection), once per connection (``lib.prepared.prepare_once``): a batch then sends each
+    round trip as one simple-protocol query of ``EXECUTE``s, which the server neither parses nor
+    plans again and psycopg sends without its per-statement machinery."""
+    prepare_once(conn, _statements())
 
 
 _TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
