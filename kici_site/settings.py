@@ -125,11 +125,11 @@ TEMPLATES = [
 DATABASES = {"default": database_from_url("DATABASE_URL", env_str("DATABASE_URL", "postgres://127.0.0.1:5432/kici"))}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
 # A serving process keeps up to KICI_DB_POOL_SIZE persistent connections in a psycopg pool: an API
-# request borrows one and gives it back as its view returns (kici_site.asgi.ApiHandler), so no
-# request pays for a connection's start.
+# request borrows one and gives it back in the call that serves it (kici_site.asgi.SyncApiHandler),
+# so no request pays for a connection's start.
 # 0 = no pool, one connection per request or job (forked rq work-horses must not inherit a pool's
-# open sockets). make run sets it for each gateway process, sized so that all of them stay within
-# PostgreSQL's max_connections (operations.supervision.db_pool_size).
+# open sockets). make run sets it for each daphne, gateway and api process, sized so that all of
+# them stay within PostgreSQL's max_connections (operations.supervision.db_pool_size).
 KICI_DB_POOL_SIZE = env_int("KICI_DB_POOL_SIZE", 0, minimum=0)
 DATABASES["default"]["OPTIONS"] = database_pool(KICI_DB_POOL_SIZE, DATABASES["default"]["CONN_MAX_AGE"])
 DATABASES["default"]["TEST"] = {"NAME": env_str("KICI_TEST_DATABASE", "test_kici")}
