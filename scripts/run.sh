@@ -57,7 +57,18 @@ DJANGO='import django,os;os.environ.setdefault("DJANGO_SETTINGS_MODULE","kici_si
 # The agents' gateway (the address of KICI_CONSOLE_URL), unless it is an operator listener.
 GATEWAY="$($PY -c "$DJANGO"'
 from kici_site.listeners import gateway_address;g=gateway_address();print(f"[{g[0]}]:{g[1]}" if g and ":" in g[0] else f"{g[0]}:{g[1]}" if g else "")')"
-$M supervisor_config --workers "$WORKERS" --servers "$SERVERS" ${GATEWAY:+--gateway "$GATEWAY"} \
+# The orchestrator's API listeners (KICI_API_LISTEN), checked: none may be an operator listener or
+# the gateway; one --api HOST:PORT each.
+API_ARGS="$($PY -c "$DJANGO"'
+import sys
+from django.core.exceptions import ImproperlyConfigured
+from kici_site.listeners import api_addresses
+try:
+    print(" ".join(f"--api [{h}]:{p}" if ":" in h else f"--api {h}:{p}" for h, p in api_addresses()))
+except ImproperlyConfigured as exc:
+    sys.exit(str(exc))')" || die "the orchestrator's API listeners: see above"
+# shellcheck disable=SC2086 # API_ARGS is words of options and addresses, none with a space
+$M supervisor_config --workers "$WORKERS" --servers "$SERVERS" ${GATEWAY:+--gateway "$GATEWAY"} $API_ARGS \
   --out "$RUN_DIR/supervisord.conf" --log-dir "$LOG_DIR"
 
 SUPERVISOR=""

@@ -123,7 +123,7 @@ def console(transactional_db, tmp_path):
     manage = [sys.executable, str(REPO / "manage.py")]
     subprocess.run(
         [*manage, "supervisor_config", "--workers", "1", "--servers", "1", "--gateway", f"127.0.0.1:{gateway}"]
-        + ["--out", str(conf), "--log-dir", str(log_dir)],
+        + ["--api", f"127.0.0.1:{api}", "--out", str(conf), "--log-dir", str(log_dir)],
         env=env,
         check=True,
         timeout=60,

@@ -144,39 +144,50 @@ def test_twenty_connections_from_one_address_are_all_served(servers):
             sock.close()
 
 
-def _config(tmp_path) -> configparser.RawConfigParser:
+def _config(tmp_path, *api: str) -> configparser.RawConfigParser:
     out = tmp_path / "s.conf"
-    call_command("supervisor_config", "--workers", "1", "--servers", "2", "--out", str(out), "--log-dir", str(tmp_path))
+    options = [arg for address in api for arg in ("--api", address)]
+    call_command(
+        "supervisor_config", "--workers", "1", "--servers", "2", *options, "--out", str(out), "--log-dir", str(tmp_path)
+    )
     config = configparser.RawConfigParser()
     config.read_string(out.read_text())
     return config
 
 
 def test_make_runs_supervisor_runs_the_api_processes_on_its_addresses(settings, tmp_path):
-    settings.KICI_OPERATOR_LISTEN = [("127.0.0.1", 8000)]
-    settings.KICI_API_LISTEN = [("127.0.0.1", 8001), ("::1", 8001)]
-    program = _config(tmp_path)["program:api"]
+    program = _config(tmp_path, "127.0.0.1:8001", "[::1]:8001")["program:api"]
     assert program["command"].endswith("-m kici_site.gateway --api --listen 127.0.0.1:8001 --listen [::1]:8001")
     assert program["numprocs"] == "2" and program["process_name"] == "api-%(process_num)d"
     assert program["environment"].startswith("KICI_DB_POOL_SIZE=")
-    settings.KICI_API_LISTEN = []
     assert "program:api" not in _config(tmp_path)
 
 
-def test_an_api_listener_on_an_operator_listener_or_the_gateway_is_refused(settings, tmp_path):
+def test_an_api_address_without_a_port_is_refused_naming_the_option(tmp_path):
     from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match=r"--api='127.0.0.1' is not HOST:PORT"):
+        _config(tmp_path, "127.0.0.1")
+
+
+def test_an_api_listener_on_an_operator_listener_or_the_gateway_is_refused(settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from kici_site.listeners import api_addresses
 
     settings.KICI_OPERATOR_LISTEN = [("127.0.0.1", 8000)]
     settings.KICI_API_LISTEN = [("127.0.0.1", 8000)]
-    with pytest.raises(CommandError, match=r"KICI_API_LISTEN: 127.0.0.1:8000 is also in KICI_OPERATOR_LISTEN"):
-        _config(tmp_path)
+    with pytest.raises(ImproperlyConfigured, match=r"KICI_API_LISTEN: 127.0.0.1:8000 is also in KICI_OPERATOR_LISTEN"):
+        api_addresses()
     settings.KICI_CONSOLE_URL = "http://172.30.0.1:8000"
     settings.KICI_API_LISTEN = [("172.30.0.1", 8000)]
-    with pytest.raises(CommandError, match=r"KICI_API_LISTEN: 172.30.0.1:8000 is also in KICI_CONSOLE_URL"):
-        _config(tmp_path)
+    with pytest.raises(ImproperlyConfigured, match=r"KICI_API_LISTEN: 172.30.0.1:8000 is also in KICI_CONSOLE_URL"):
+        api_addresses()
     settings.KICI_API_LISTEN = [("127.0.0.1", None)]
-    with pytest.raises(CommandError, match=r"KICI_API_LISTEN: 127.0.0.1:\* cannot be listened on"):
-        _config(tmp_path)
+    with pytest.raises(ImproperlyConfigured, match=r"KICI_API_LISTEN: 127.0.0.1:\* cannot be listened on"):
+        api_addresses()
+    settings.KICI_API_LISTEN = [("127.0.0.1", 8001), ("::1", 8001)]
+    assert api_addresses() == [("127.0.0.1", 8001), ("::1", 8001)]
 
 
 def test_a_host_access_that_opens_the_api_listener_is_warned_about(settings):
