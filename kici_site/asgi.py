@@ -28,6 +28,7 @@ from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseBase  
 from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix, set_urlconf  # noqa: E402
 from django.utils.log import log_response  # noqa: E402
 
+from kici_site.listeners import read_body  # noqa: E402
 from lib.errors import API_PREFIX  # noqa: E402
 from scalers.api import agent_detail, agent_detail_answer  # noqa: E402
 
@@ -43,19 +44,6 @@ def _without_running_loop(call, *args, **kwargs):
         return call(*args, **kwargs)
     finally:
         asyncio.events._set_running_loop(loop)
-
-
-async def _read_body(receive) -> bytes | None:
-    """The request's whole body from the server (bounded before it gets here: the listener guard,
-    and on the gateway its protocol), or None when the client went away meanwhile."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            return bytes(body)
 
 
 class _RequestProcessed(Exception):
@@ -100,7 +88,7 @@ class ApiHandler(_ResolvedOnce, ASGIHandler):
     async def handle(self, scope, receive, send, match: ResolverMatch | None = None):
         """Django's ``ASGIHandler.handle`` with the synchronous parts on the loop's thread.
         ``match``: the path's resolver match when known, so the path is resolved once."""
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return
         set_script_prefix(get_script_prefix(scope))
@@ -185,7 +173,7 @@ class SyncApiHandler(_ResolvedOnce, BaseHandler):
         return not iscoroutinefunction(match.func), match
 
     async def __call__(self, scope, receive, send, match: ResolverMatch | None = None):
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return
         status, headers, content = _without_running_loop(self.respond, scope, body, match)

@@ -14,6 +14,7 @@ import re
 from functools import cache
 
 from agents.heartbeat_batch import HeartbeatBatcher
+from kici_site.listeners import read_body
 from kici_site.middleware import JSON_NUL, NUL
 from lib.errors import json_content_type_accepted
 from lib.json_body import BodyRefused, validate_body
@@ -70,18 +71,13 @@ class HeartbeatPath:
         match = HEARTBEAT_PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if match is None or scope["method"] != "POST" or scope.get("query_string") or NUL in match[1]:
             return await self.app(scope, receive, send)
-        body = bytearray()
-        while True:  # bounded before it gets here: the listener guard and the gateway's protocol
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-        beat = beat_of(scope["headers"], bytes(body))
+        body = await read_body(receive)
+        if body is None:
+            return
+        beat = beat_of(scope["headers"], body)
         state = None if beat is None else await self.batcher.beat(beat[0], match[1], beat[1])
         if state is None:
-            return await self.app(scope, _replaying(bytes(body), receive), send)
+            return await self.app(scope, _replaying(body, receive), send)
         headers, content = _answer(state)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})

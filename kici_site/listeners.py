@@ -339,3 +339,17 @@ class OperatorOriginValidator:
             await receive()  # websocket.connect
             return await send({"type": "websocket.close", "code": 4403})
         return await self.app(scope, receive, send)
+
+
+async def read_body(receive) -> bytes | None:
+    """The request's whole body from the server (bounded before it gets here: the listener guard,
+    and on the gateway and API listeners their protocol), or None when the client went away
+    meanwhile."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return bytes(body)
