@@ -4,41 +4,20 @@ what the ORM's view of the same agent (``agent_json``) says, field by field."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 import pytest
 from django.http import JsonResponse
 from django.test import Client
-from django.utils import timezone
 
-from agents.choices import AgentState
 from scalers.api import agent_json, agent_values
-from tests.support.scalers import make_agent, make_scaler
+from tests.support.scalers import agent_field_cases, make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db
 
 TOKEN = "agent-json-test-token"
 
 
-@pytest.mark.parametrize(
-    ("state", "fields"),
-    [
-        (AgentState.SPAWNING, {}),
-        (
-            AgentState.RUNNING,
-            {
-                "labels": ["linux", "x64", "kici:auto"],
-                "ip": "10.77.0.9",
-                "bound_job_id": "job-7",
-                "warm": True,
-                "active_jobs": 2,
-                "registered_at": timezone.now() - timedelta(minutes=3),
-                "last_heartbeat": timezone.now() - timedelta(seconds=4),
-            },
-        ),
-        (AgentState.DESTROYED, {"ip": "10.77.0.10", "labels": []}),  # an ended agent shows no address
-    ],
-)
+@pytest.mark.parametrize(("state", "fields"), agent_field_cases())
 def test_the_agent_get_answers_what_the_orm_reads(settings, state, fields):
     settings.KICI_API_TOKEN = TOKEN
     agent = make_agent(make_scaler(), state, **fields)

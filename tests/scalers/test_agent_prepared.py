@@ -5,17 +5,14 @@ outside a transaction block: the same values as the ORM reads, prepared again af
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from django.db import connection, transaction
-from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
 from lib.prepared import forget
 from scalers.api import AGENT_BY_ID_STATEMENT, AGENT_JSON_FIELDS, agent_values
-from tests.support.scalers import make_agent, make_scaler
+from tests.support.scalers import agent_field_cases, make_agent, make_scaler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,25 +45,7 @@ def _orm_values(agent_id: str) -> dict:
     return Agent.objects.filter(agent_id=agent_id).values(*AGENT_JSON_FIELDS).get()
 
 
-@pytest.mark.parametrize(
-    ("state", "fields"),
-    [
-        (AgentState.SPAWNING, {}),  # null labels, ip, job, times
-        (
-            AgentState.RUNNING,
-            {
-                "labels": ["linux", "x64", "kici:auto"],
-                "ip": "10.77.0.9",
-                "bound_job_id": "job-7",
-                "warm": True,
-                "active_jobs": 2,
-                "registered_at": timezone.now() - timedelta(minutes=3),
-                "last_heartbeat": timezone.now() - timedelta(seconds=4),
-            },
-        ),
-        (AgentState.DESTROYED, {"ip": "10.77.0.10", "labels": []}),
-    ],
-)
+@pytest.mark.parametrize(("state", "fields"), agent_field_cases())
 def test_the_prepared_statement_gives_what_the_orm_reads(state, fields):
     agent = make_agent(make_scaler(), state, **fields)
     assert agent_values(agent.agent_id) == _orm_values(agent.agent_id)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
+from datetime import timedelta
+
+from django.utils import timezone
 
 from agents.choices import AgentState
 from agents.models import Agent
@@ -105,3 +108,26 @@ def make_agent(scaler: Scaler, state: str = AgentState.SPAWNING, reserve: bool =
     if reserve:
         Reservation.objects.create(scaler=scaler, agent=agent, cpus=1, memory_bytes=1 << 30, owner_instance="test")
     return agent
+
+
+def agent_field_cases() -> list[tuple[str, dict]]:
+    """``(state, fields)`` of agents whose orchestrator-facing values differ in every way that
+    matters to a reader of them (``make_agent``'s arguments): a spawning agent with every optional
+    field null, a running one with all of them set, an ended one with an address it no longer
+    shows."""
+    return [
+        (AgentState.SPAWNING, {}),
+        (
+            AgentState.RUNNING,
+            {
+                "labels": ["linux", "x64", "kici:auto"],
+                "ip": "10.77.0.9",
+                "bound_job_id": "job-7",
+                "warm": True,
+                "active_jobs": 2,
+                "registered_at": timezone.now() - timedelta(minutes=3),
+                "last_heartbeat": timezone.now() - timedelta(seconds=4),
+            },
+        ),
+        (AgentState.DESTROYED, {"ip": "10.77.0.10", "labels": []}),
+    ]
